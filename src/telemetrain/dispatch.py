@@ -1,0 +1,313 @@
+"""Background delivery: one bounded queue and one worker thread per I/O sink.
+
+The training thread only appends a packed record (see ``records``) to a ``collections.deque`` (atomic under the GIL, no lock taken). The
+worker wakes every ``interval`` seconds (or on ``flush()``), takes everything queued and hands it to the sink as one
+batch. Each I/O sink has its own queue and thread, so a slow or blocked sink delays and drops only its own records.
+
+Drop policy: a queue holds at most ``capacity`` records; a record offered to a full queue is dropped (the newest is
+dropped, what is queued is kept) and counted. Drops are reported as a ``Diagnostic`` record and warned about once.
+
+Failure policy (``FailurePolicy``): a batch whose ``write`` raises is counted as failed and dropped; after
+``max_consecutive`` failures in a row the sink is suspended for ``backoff_s`` seconds (doubling on each further
+failure up to ``backoff_max_s``), records offered meanwhile are dropped and counted, then the next batch is tried
+again. A success resets the backoff. The first failure is warned about once and every failure streak is reported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+import warnings
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .records import unpack
+
+if TYPE_CHECKING:
+    from .sinks.base import Sink
+
+__all__ = ["BackgroundRunner", "FailurePolicy", "InlineRunner", "SinkStats", "TelemetryWarning"]
+
+
+class TelemetryWarning(RuntimeWarning):
+    """A telemetry failure that was contained: training goes on, the record of it is in the run store."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FailurePolicy:
+    max_consecutive: int = 5
+    backoff_s: float = 1.0
+    backoff_max_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.max_consecutive < 1:
+            raise ValueError(f"max_consecutive must be >= 1, got {self.max_consecutive}")
+        if not self.backoff_s > 0 or not self.backoff_max_s >= self.backoff_s:
+            raise ValueError("backoff_s must be > 0 and backoff_max_s >= backoff_s")
+
+
+@dataclasses.dataclass
+class SinkStats:
+    """Counters of one attached sink (see ``Telemetry.health()``)."""
+
+    sink: str
+    background: bool
+    delivered: int = 0
+    dropped: int = 0  # queue full, or sink suspended
+    failed: int = 0  # records in batches whose write raised
+    failures: int = 0  # write calls that raised
+    suspended: bool = False
+    last_error: str = ""
+
+
+# Reports a diagnostic: (what, runner, count, message).
+Reporter = Callable[[str, "_Runner", int, str], None]
+
+
+class _Runner:
+    """What the two runners share: counters and the failure policy."""
+
+    def __init__(self, sink: Sink, policy: FailurePolicy, report: Reporter) -> None:
+        self.sink = sink
+        self.policy = policy
+        self._report = report
+        self.stats = SinkStats(sink=sink.name, background=isinstance(self, BackgroundRunner))
+        self._consecutive = 0
+        self._suspended_until = 0.0
+        self._backoff = policy.backoff_s
+        self._warned = False
+
+    def _deliver(self, batch: list[Any]) -> None:
+        """Hand a batch of packed records to the sink, containing any failure. Never raises."""
+        stats = self.stats
+        if self._suspended_until:
+            if time.monotonic() < self._suspended_until:
+                stats.dropped += len(batch)
+                return
+            self._suspended_until = 0.0
+        try:
+            self.sink.write(batch if self.sink.accepts_packed else [unpack(p) for p in batch])
+        except BaseException as exc:  # noqa: BLE001 - nothing a sink raises may reach training
+            self._on_failure(exc, len(batch))
+        else:
+            stats.delivered += len(batch)
+            if self._consecutive:
+                self._consecutive = 0
+                self._backoff = self.policy.backoff_s
+                if stats.suspended:
+                    stats.suspended = False
+                    self._report("sink_resumed", self, 0, "")
+
+    def _on_failure(self, exc: BaseException, n: int) -> None:
+        stats = self.stats
+        stats.failures += 1
+        stats.failed += n
+        stats.last_error = f"{type(exc).__name__}: {exc}"
+        self._consecutive += 1
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"telemetrain: sink {self.sink.name!r} failed ({stats.last_error}); training continues, failures are "
+                "counted in Telemetry.health() and written as diagnostic records. Further failures are not warned.",
+                TelemetryWarning,
+                stacklevel=2,
+            )
+        self._report("sink_error", self, n, stats.last_error)
+        if self._consecutive >= self.policy.max_consecutive:
+            self._suspended_until = time.monotonic() + self._backoff
+            self._report("sink_suspended", self, 0, f"for {self._backoff:g} s after {self._consecutive} failures")
+            self._backoff = min(self._backoff * 2, self.policy.backoff_max_s)
+            stats.suspended = True
+
+
+class InlineRunner(_Runner):
+    """Runs a cheap sink in the caller's thread, with the same failure containment."""
+
+    def __init__(self, sink: Sink, policy: FailurePolicy, report: Reporter) -> None:
+        super().__init__(sink, policy, report)
+        handle = sink.handle
+        stats = self.stats
+
+        def deliver_one(packed: Any) -> None:
+            if self._suspended_until:
+                self._deliver([packed])
+                return
+            try:
+                handle(unpack(packed))
+            except BaseException as exc:  # noqa: BLE001
+                self._on_failure(exc, 1)
+            else:
+                stats.delivered += 1
+                if self._consecutive:
+                    self._consecutive = 0
+                    self._backoff = self.policy.backoff_s
+
+        self.enqueue: Callable[[Any], None] = deliver_one
+
+    def start(self) -> None:
+        pass
+
+    def flush(self, timeout: float | None = None) -> bool:
+        try:
+            self.sink.flush()
+        except BaseException as exc:  # noqa: BLE001
+            self._on_failure(exc, 0)
+        return True
+
+    def close(self, timeout: float | None = None) -> bool:
+        self.flush()
+        try:
+            self.sink.close()
+        except BaseException as exc:  # noqa: BLE001
+            self._on_failure(exc, 0)
+        return True
+
+    def after_fork_in_child(self) -> None:
+        self.sink.after_fork_in_child()
+
+
+class BackgroundRunner(_Runner):
+    """A sink behind a bounded queue and its own daemon thread."""
+
+    def __init__(
+        self,
+        sink: Sink,
+        policy: FailurePolicy,
+        report: Reporter,
+        *,
+        capacity: int = 100_000,
+        interval: float = 0.2,
+        on_wake: Callable[[], None] | None = None,
+    ) -> None:
+        if capacity < 1:
+            raise ValueError(f"queue capacity must be >= 1, got {capacity}")
+        if not interval > 0:
+            raise ValueError(f"flush interval must be > 0 seconds, got {interval}")
+        super().__init__(sink, policy, report)
+        self.capacity = capacity
+        self.interval = interval
+        self._on_wake = on_wake
+        self._reported_drops = 0
+        self._reset_process_state()
+
+    def _reset_process_state(self) -> None:
+        """Fresh queue, locks and thread state: at construction and in a forked child."""
+        self._queue: deque[Any] = deque()
+        self._wake = threading.Event()
+        self._cv = threading.Condition(threading.RLock())
+        self._flush_requested = 0
+        self._flush_done = 0
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._closed = False
+        queue, capacity, append, stats = self._queue, self.capacity, self._queue.append, self.stats
+
+        def enqueue(record: Any) -> None:  # the hot path: one len(), one append
+            if len(queue) < capacity:
+                append(record)
+            else:
+                stats.dropped += 1
+
+        self.enqueue: Callable[[Any], None] = enqueue
+
+    # -- lifecycle -------------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None or self._closed:
+            return
+        with self._cv:
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(target=self._run, name=f"telemetrain-{self.sink.name}", daemon=True)
+                self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def flush(self, timeout: float | None = 5.0) -> bool:
+        """Deliver everything queued before this call and flush the sink. False if the sink did not finish in time."""
+        if not self.running:
+            self._drain_once(flush_sink=True)
+            return True
+        with self._cv:
+            self._flush_requested += 1
+            target = self._flush_requested
+            self._wake.set()
+            return self._cv.wait_for(lambda: self._flush_done >= target or not self.running, timeout)
+
+    def close(self, timeout: float | None = 5.0) -> bool:
+        """Deliver what is queued, stop the thread and close the sink. False if the sink was stuck."""
+        if self._closed:
+            return True
+        thread = self._thread
+        self._stopping = True
+        self._wake.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+            if thread.is_alive():  # a stuck sink: leave the daemon thread behind rather than hang the exit
+                self._closed = True
+                return False
+        self._closed = True
+        self._drain_once(flush_sink=True)
+        try:
+            self.sink.close()
+        except BaseException as exc:  # noqa: BLE001
+            self._on_failure(exc, 0)
+        return True
+
+    def after_fork_in_child(self) -> None:
+        # What is queued belongs to the parent (its own thread writes it); the parent's thread does not exist here.
+        self.stats = SinkStats(sink=self.sink.name, background=True)
+        self._reported_drops = 0
+        self._reset_process_state()
+        self.sink.after_fork_in_child()
+
+    # -- the worker ------------------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(self.interval)
+            self._wake.clear()
+            with self._cv:
+                requested = self._flush_requested
+            stopping = self._stopping
+            self._drain_once(flush_sink=requested > self._flush_done or stopping)
+            if requested > self._flush_done:
+                with self._cv:
+                    self._flush_done = requested
+                    self._cv.notify_all()
+            if stopping:
+                return
+
+    def _drain_once(self, *, flush_sink: bool) -> None:
+        if self._on_wake is not None:
+            self._on_wake()
+        queue = self._queue
+        while queue:
+            n = len(queue)
+            popleft = queue.popleft
+            batch = [popleft() for _ in range(n)]
+            self._deliver(batch)
+        self._report_drops()
+        if flush_sink:
+            try:
+                self.sink.flush()
+            except BaseException as exc:  # noqa: BLE001
+                self._on_failure(exc, 0)
+
+    def _report_drops(self) -> None:
+        dropped = self.stats.dropped
+        new = dropped - self._reported_drops
+        if new <= 0:
+            return
+        if self._reported_drops == 0:
+            warnings.warn(
+                f"telemetrain: sink {self.sink.name!r} is not keeping up; records are being dropped (queue capacity "
+                f"{self.capacity}). Counts are in Telemetry.health() and in diagnostic records.",
+                TelemetryWarning,
+                stacklevel=2,
+            )
+        self._reported_drops = dropped
+        self._report("dropped", self, new, f"queue capacity {self.capacity}")

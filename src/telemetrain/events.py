@@ -1,0 +1,353 @@
+"""Drop-in for ``torch.distributed.elastic.events``, plus the native event call.
+
+``record(event, destination)`` stamps the event (torchelastic leaves ``timestamp`` at 0), puts it in the native
+pipeline (run store, console, ...) and, for a destination other than ``"null"``, logs its JSON to the
+``torchelastic-events-<destination>`` logger as torchelastic does. An unknown destination is warned about once and
+does not raise. Differences from torchelastic are listed in docs/compat.md.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+import warnings
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from itertools import count
+from typing import Any, Union
+
+from .records import Event as EventRecord
+from .telemetry import _default, get_telemetry
+
+__all__ = [
+    "Event",
+    "EventHandler",
+    "EventMetadataValue",
+    "EventSource",
+    "NodeState",
+    "NullEventHandler",
+    "RdzvEvent",
+    "configure",
+    "construct_and_record_rdzv_event",
+    "event",
+    "get_logging_handler",
+    "record",
+    "record_rdzv_event",
+    "register_logging_handler",
+]
+
+EventMetadataValue = Union[str, int, float, bool, None]  # noqa: UP007 - torchelastic's alias, kept as written
+
+ELASTIC_GROUP = "torchelastic"
+RDZV_GROUP = "torchelastic.rdzv"
+_id_prefix = f"{os.getpid():x}-{time.monotonic_ns() & 0xFFFFFF:06x}"
+_id_counter = count(1)
+
+
+def _next_event_id() -> str:
+    return f"{_id_prefix}-{next(_id_counter):x}"
+
+
+def _reset_ids_after_fork() -> None:
+    global _id_prefix, _id_counter
+    _id_prefix = f"{os.getpid():x}-{time.monotonic_ns() & 0xFFFFFF:06x}"
+    _id_counter = count(1)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_ids_after_fork)
+
+
+class EventSource(str, Enum):
+    """Known identifiers of the event producers."""
+
+    AGENT = "AGENT"
+    WORKER = "WORKER"
+
+
+class NodeState(str, Enum):
+    """The states that a node can be in rendezvous."""
+
+    INIT = "INIT"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+
+
+@dataclass
+class Event:
+    """torchelastic's event, plus ``id`` (unique per process) and ``mono_ns`` (monotonic time, set at record time).
+
+    ``timestamp`` is milliseconds since the epoch; ``record`` sets it when the caller left it 0.
+    """
+
+    name: str
+    source: EventSource
+    timestamp: int = 0
+    metadata: dict[str, EventMetadataValue] = field(default_factory=dict)
+    id: str = field(default="", compare=False)
+    mono_ns: int = field(default=0, compare=False)
+
+    def __str__(self) -> str:
+        return self.serialize()
+
+    @staticmethod
+    def deserialize(data: str | Event) -> Event:
+        if isinstance(data, Event):
+            return data
+        if not isinstance(data, str):
+            raise TypeError(f"data must be a str or an Event, got {type(data).__name__}")
+        data_dict = json.loads(data)
+        data_dict["source"] = EventSource[data_dict["source"]]
+        return Event(**data_dict)
+
+    def serialize(self) -> str:
+        return json.dumps(asdict(self))
+
+
+@dataclass
+class RdzvEvent:
+    """A rendezvous event, as torchelastic's."""
+
+    name: str
+    run_id: str
+    message: str
+    hostname: str
+    pid: int
+    node_state: NodeState
+    master_endpoint: str = ""
+    rank: int | None = None
+    local_id: int | None = None
+    error_trace: str = ""
+
+    def __str__(self) -> str:
+        return self.serialize()
+
+    @staticmethod
+    def deserialize(data: str | RdzvEvent) -> RdzvEvent:
+        if isinstance(data, RdzvEvent):
+            return data
+        if not isinstance(data, str):
+            raise TypeError(f"data must be a str or an RdzvEvent, got {type(data).__name__}")
+        data_dict = json.loads(data)
+        data_dict["node_state"] = NodeState[data_dict["node_state"]]
+        return RdzvEvent(**data_dict)
+
+    def serialize(self) -> str:
+        return json.dumps(asdict(self))
+
+
+# -- destinations (torchelastic's logging handlers) ------------------------------------------------------------------
+
+_log_handlers: dict[str, logging.Handler] = {
+    "console": logging.StreamHandler(),
+    "dynamic_rendezvous": logging.NullHandler(),
+    "null": logging.NullHandler(),
+}
+_events_loggers: dict[str, logging.Logger] = {}
+_warned_destinations: set[str] = set()
+_lock = threading.Lock()
+
+
+def get_logging_handler(destination: str = "null") -> logging.Handler:
+    """The logging handler of a destination (``console``, ``dynamic_rendezvous``, ``null`` or registered)."""
+    try:
+        return _log_handlers[destination]
+    except KeyError:
+        raise KeyError(
+            f"unknown event destination {destination!r}; known: {', '.join(sorted(_log_handlers))} "
+            "(add one with register_logging_handler)"
+        ) from None
+
+
+def register_logging_handler(destination: str, handler: logging.Handler) -> None:
+    """Add or replace a destination. The logger of a destination already used is re-pointed too."""
+    if not isinstance(destination, str) or not destination:
+        raise TypeError("destination must be a non-empty str")
+    if not isinstance(handler, logging.Handler):
+        raise TypeError(f"handler must be a logging.Handler, got {type(handler).__name__}")
+    with _lock:
+        old = _log_handlers.get(destination)
+        _log_handlers[destination] = handler
+        logger = _events_loggers.get(destination)
+        if logger is not None:
+            if old is not None:
+                logger.removeHandler(old)
+            logger.addHandler(handler)
+
+
+def _get_or_create_logger(destination: str = "null") -> logging.Logger:
+    logger = _events_loggers.get(destination)
+    if logger is not None:
+        return logger
+    with _lock:
+        logger = _events_loggers.get(destination)
+        if logger is None:
+            handler = get_logging_handler(destination)
+            logger = logging.getLogger(f"torchelastic-events-{destination}")
+            logger.setLevel(os.environ.get("LOGLEVEL", "INFO"))
+            logger.propagate = False
+            logger.addHandler(handler)
+            _events_loggers[destination] = logger
+    return logger
+
+
+def _log_to(destination: str, message_source: Any) -> None:
+    """Log ``message_source.serialize()`` to a destination, unless it is null. Never raises."""
+    handler = _log_handlers.get(destination)
+    if handler is None:
+        if destination not in _warned_destinations:
+            _warned_destinations.add(destination)
+            warnings.warn(
+                f"telemetrain.events: unknown destination {destination!r}; the event is kept in telemetrain's own "
+                "sinks only (register one with register_logging_handler)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return
+    if isinstance(handler, logging.NullHandler):
+        return
+    try:
+        _get_or_create_logger(destination).info(message_source.serialize())
+    except Exception as exc:  # noqa: BLE001 - a logging failure must not reach the caller
+        if destination not in _warned_destinations:
+            _warned_destinations.add(destination)
+            warnings.warn(f"telemetrain.events: logging to {destination!r} failed: {exc!r}", RuntimeWarning, stacklevel=3)
+
+
+# -- handlers (the API the TorchElastic customization doc describes) -------------------------------------------------
+
+
+class EventHandler:
+    """Receives every recorded ``Event`` (in the caller's thread; a handler that raises is contained)."""
+
+    def record(self, event: Event) -> None:
+        raise NotImplementedError
+
+
+class NullEventHandler(EventHandler):
+    def record(self, event: Event) -> None:
+        pass
+
+
+_HANDLER_KEY = "telemetrain.events.handler"
+_warned_handlers: set[int] = set()
+
+
+def configure(handler: EventHandler) -> None:
+    """Send every recorded ``Event`` to ``handler`` too (the default is ``NullEventHandler``)."""
+    if not isinstance(handler, EventHandler):
+        raise TypeError(f"handler must be an EventHandler, got {type(handler).__name__}")
+    get_telemetry().extensions[_HANDLER_KEY] = handler
+
+
+def _call_handler(handler: EventHandler, ev: Event) -> None:
+    try:
+        handler.record(ev)
+    except Exception as exc:  # noqa: BLE001
+        if id(handler) not in _warned_handlers:
+            _warned_handlers.add(id(handler))
+            warnings.warn(
+                f"telemetrain.events: handler {type(handler).__name__} raised {exc!r}; the event is kept, further "
+                "failures of this handler are not warned",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+
+
+def record(event: Event, destination: str = "null") -> None:
+    """Record a torchelastic ``Event``: stamp it, send it to telemetrain's sinks, the configured handler and the
+    logging destination."""
+    if not isinstance(event, Event):
+        raise TypeError(f"event must be a telemetrain.events.Event, got {type(event).__name__}")
+    t = _default.telemetry or get_telemetry()
+    mono, wall = t.now()
+    if not event.timestamp:
+        event.timestamp = wall // 1_000_000
+    if not event.mono_ns:
+        event.mono_ns = mono
+    if not event.id:
+        event.id = _next_event_id()
+    route = t._event_routes.get(ELASTIC_GROUP)
+    if route is None:
+        route = t._resolve("event", ELASTIC_GROUP)
+    if route:
+        attributes = dict(event.metadata)
+        attributes["source"] = event.source.value if isinstance(event.source, Enum) else event.source
+        route((EventRecord, mono, wall, t._identity, ELASTIC_GROUP, event.name, "info", attributes, event.id, ""))
+    handler = t.extensions.get(_HANDLER_KEY)
+    if handler is not None and not isinstance(handler, NullEventHandler):
+        _call_handler(handler, event)
+    if destination != "null":
+        _log_to(destination, event)
+
+
+def record_rdzv_event(event: RdzvEvent) -> None:
+    """Record a rendezvous event: telemetrain's sinks (group ``torchelastic.rdzv``) and the
+    ``dynamic_rendezvous`` destination."""
+    if not isinstance(event, RdzvEvent):
+        raise TypeError(f"event must be an RdzvEvent, got {type(event).__name__}")
+    t = _default.telemetry or get_telemetry()
+    attributes = {k: (v.value if isinstance(v, Enum) else v) for k, v in asdict(event).items() if k != "name"}
+    severity = "error" if event.node_state == NodeState.FAILED else "info"
+    t.event(event.name, attributes, severity=severity, group=RDZV_GROUP)
+    _log_to("dynamic_rendezvous", event)
+
+
+def construct_and_record_rdzv_event(
+    run_id: str,
+    message: str,
+    node_state: NodeState,
+    name: str = "",
+    hostname: str = "",
+    pid: int | None = None,
+    master_endpoint: str = "",
+    local_id: int | None = None,
+    rank: int | None = None,
+) -> None:
+    """Build and record a rendezvous event named ``<caller file>:<name or caller function>``.
+
+    Returns at once when neither telemetrain's sinks nor the ``dynamic_rendezvous`` destination would take it.
+    The caller is found with ``sys._getframe`` (torchelastic uses ``inspect.stack()``, which reads every file).
+    """
+    t = _default.telemetry or get_telemetry()
+    if not t.listening("event", RDZV_GROUP) and isinstance(get_logging_handler("dynamic_rendezvous"), logging.NullHandler):
+        return
+    caller = sys._getframe(1)
+    file_name = os.path.basename(caller.f_code.co_filename)
+    if not name:
+        name = caller.f_code.co_name
+    del caller
+    event = RdzvEvent(
+        name=f"{file_name}:{name}",
+        run_id=run_id,
+        message=message,
+        hostname=hostname or socket.getfqdn(),
+        pid=pid if pid is not None else os.getpid(),
+        node_state=node_state,
+        master_endpoint=master_endpoint,
+        rank=rank,
+        local_id=local_id,
+        error_trace=traceback.format_exc() if node_state == NodeState.FAILED else "",
+    )
+    record_rdzv_event(event)
+
+
+# -- the native call ---------------------------------------------------------------------------------------------------
+
+
+def event(
+    name: str,
+    attributes: dict[str, Any] | None = None,
+    *,
+    severity: str = "info",
+    group: str = "events",
+) -> None:
+    """Record a native event on the default ``Telemetry``: a name, attributes and a severity."""
+    (_default.telemetry or get_telemetry()).event(name, attributes, severity=severity, group=group)

@@ -1,0 +1,130 @@
+"""Run identity: who produced a record.
+
+Read once per process from the torchrun/torchelastic environment (or the ``TELEMETRAIN_*`` overrides), overridable
+in code, and replaced in a forked child so the child's records carry the child's pid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import secrets
+import socket
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["Identity", "identity_from_env", "new_run_id"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Identity:
+    """Where a record came from. Shared by reference by every record of one process."""
+
+    run_id: str
+    session_tag: str
+    perf_tag: str
+    rank: int
+    local_rank: int
+    world_size: int
+    host: str
+    pid: int
+    group_rank: int = 0
+    restart_count: int = 0
+    role: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("run_id", "session_tag", "perf_tag"):
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise TypeError(f"Identity.{name} must be a str, got {type(value).__name__}")
+            if not value or "/" in value or value in (".", ".."):
+                raise ValueError(f"Identity.{name} must be a non-empty name without '/', got {value!r}")
+        for name in ("rank", "local_rank", "world_size", "pid", "group_rank", "restart_count"):
+            value = getattr(self, name)
+            if type(value) is not int:
+                raise TypeError(f"Identity.{name} must be an int, got {type(value).__name__}")
+        if self.world_size < 1:
+            raise ValueError(f"Identity.world_size must be >= 1, got {self.world_size}")
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"Identity.rank must be in [0, world_size={self.world_size}), got {self.rank}")
+
+    def replace(self, **changes: Any) -> Identity:
+        return dataclasses.replace(self, **changes)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Identity:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in fields})
+
+
+def new_run_id() -> str:
+    """A sortable, unique run id: UTC start time plus 24 random bits."""
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
+
+
+def _int_env(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name} must be an integer, got {raw!r}") from None
+
+
+def _entry_name() -> str:
+    argv0 = sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c", "-m") else ""
+    stem = os.path.splitext(os.path.basename(argv0))[0]
+    return stem or "python"
+
+
+def _safe_name(value: str) -> str:
+    cleaned = "".join(c if c.isalnum() or c in "-_.+=@" else "_" for c in value).strip(".")
+    return cleaned or "run"
+
+
+def identity_from_env(env: Mapping[str, str] | None = None, **overrides: Any) -> Identity:
+    """Build the identity of this process.
+
+    Precedence: keyword overrides > ``TELEMETRAIN_*`` variables > torchrun/torchelastic variables > defaults.
+
+    - ``session_tag``: ``TELEMETRAIN_SESSION_TAG``, else torchelastic's job id ``TORCHELASTIC_RUN_ID`` (unless it is
+      torchrun's placeholder ``"none"``), else ``SLURM_JOB_ID``, else the run id (a session of one run).
+    - ``run_id`` (one attempt of the session; a restart gets a new one): ``TELEMETRAIN_RUN_ID``, else under
+      torchelastic ``<TORCHELASTIC_RUN_ID>.<restart count>`` so every rank of an attempt agrees without talking,
+      else a fresh sortable id.
+    - ``perf_tag`` (runs that should perform alike): ``TELEMETRAIN_PERF_TAG``, else the entry script's name.
+    """
+    env = os.environ if env is None else env
+    restart_count = _int_env(env, "TORCHELASTIC_RESTART_COUNT", 0)
+    elastic_id = env.get("TORCHELASTIC_RUN_ID", "")
+    if elastic_id == "none":
+        # torchrun's placeholder: ranks of one node still agree through their common parent, the agent.
+        elastic_id = f"none-{os.getppid()}"
+    run_id = env.get("TELEMETRAIN_RUN_ID") or (f"{elastic_id}.{restart_count}" if elastic_id else new_run_id())
+    session_tag = (
+        env.get("TELEMETRAIN_SESSION_TAG")
+        or (elastic_id if elastic_id else "")
+        or (f"slurm-{env['SLURM_JOB_ID']}" if env.get("SLURM_JOB_ID") else "")
+        or run_id
+    )
+    values: dict[str, Any] = {
+        "run_id": _safe_name(run_id),
+        "session_tag": _safe_name(session_tag),
+        "perf_tag": _safe_name(env.get("TELEMETRAIN_PERF_TAG") or _entry_name()),
+        "rank": _int_env(env, "RANK", 0),
+        "local_rank": _int_env(env, "LOCAL_RANK", 0),
+        "world_size": _int_env(env, "WORLD_SIZE", 1),
+        "group_rank": _int_env(env, "GROUP_RANK", 0),
+        "restart_count": restart_count,
+        "role": env.get("ROLE_NAME", ""),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+    }
+    values.update(overrides)
+    return Identity(**values)

@@ -1,0 +1,256 @@
+"""Drop-in for ``torch.distributed.elastic.metrics``: same names, signatures, key naming and console format.
+
+Swap ``from torch.distributed.elastic import metrics`` for ``from telemetrain import metrics`` and existing code,
+``MetricHandler`` subclasses included, runs unchanged. Every value also flows into the native pipeline (the run
+store and any other sink). Differences from torchelastic, each deliberate, are listed in docs/compat.md: values must
+be numbers, a handler that raises is contained, ``@prof`` times on the monotonic clock.
+"""
+
+from __future__ import annotations
+
+import abc
+import functools
+import time
+import warnings
+from collections import namedtuple
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from .records import MetricPoint
+from .sinks.base import Sink
+from .telemetry import Telemetry, _default, check_name, check_value, get_telemetry
+
+__all__ = [
+    "ConsoleMetricHandler",
+    "MetricData",
+    "MetricHandler",
+    "MetricStream",
+    "MetricsConfig",
+    "NullMetricHandler",
+    "configure",
+    "getStream",
+    "get_elapsed_time_ms",
+    "initialize_metrics",
+    "prof",
+    "profile",
+    "publish_metric",
+    "put_metric",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+_monotonic_ns = time.monotonic_ns
+
+MetricData = namedtuple("MetricData", ["timestamp", "group_name", "name", "value"])
+
+
+class MetricsConfig:
+    __slots__ = ["params"]
+
+    def __init__(self, params: dict[str, str] | None = None) -> None:
+        self.params = params
+        if self.params is None:
+            self.params = {}
+
+
+class MetricHandler(abc.ABC):
+    @abc.abstractmethod
+    def emit(self, metric_data: MetricData) -> None:
+        pass
+
+
+class ConsoleMetricHandler(MetricHandler):
+    def emit(self, metric_data: MetricData) -> None:
+        print(f"[{metric_data.timestamp}][{metric_data.group_name}]: {metric_data.name}={metric_data.value}")
+
+
+class NullMetricHandler(MetricHandler):
+    def emit(self, metric_data: MetricData) -> None:
+        pass
+
+
+class _HandlerSink(Sink):
+    """A user's MetricHandler as an inline sink: called in the caller's thread, as torchelastic does, but contained."""
+
+    background = False
+    kinds = frozenset({"metric"})
+
+    def __init__(self, handler: MetricHandler) -> None:
+        self.handler = handler
+        self.name = f"metric_handler:{type(handler).__name__}"
+        self._emit = handler.emit
+
+    def handle(self, record: Any) -> None:
+        self._emit(MetricData(record.wall_ns / 1e9, record.group, record.name, record.value))
+
+    def write(self, records: Sequence[Any]) -> None:
+        for r in records:
+            self.handle(r)
+
+
+_HANDLERS_KEY = "telemetrain.metrics.handlers"
+
+
+def _handlers(t: Telemetry) -> dict[str | None, MetricHandler]:
+    return t.extensions.setdefault(_HANDLERS_KEY, {})
+
+
+def configure(handler: MetricHandler, group: str | None = None) -> None:
+    """Send the metrics of ``group`` (all groups without their own handler, if ``None``) to ``handler`` too."""
+    if not isinstance(handler, MetricHandler):
+        raise TypeError(f"handler must be a MetricHandler, got {type(handler).__name__}")
+    if group is not None:
+        check_name(group, "group")
+    t = get_telemetry()
+    _handlers(t)[group] = handler
+    t.set_hook("metric", group, None if isinstance(handler, NullMetricHandler) else _HandlerSink(handler))
+
+
+def _handler_for(t: Telemetry, group: str) -> MetricHandler:
+    handlers = _handlers(t)
+    return handlers.get(group) or handlers.get(None) or _NULL_HANDLER
+
+
+_NULL_HANDLER = NullMetricHandler()
+
+
+class MetricStream:
+    def __init__(self, group_name: str, handler: MetricHandler) -> None:
+        self.group_name = group_name
+        self.handler = handler
+
+    def add_value(self, metric_name: str, metric_value: int) -> None:
+        t = _default.telemetry or get_telemetry()
+        if self.handler is _handler_for(t, self.group_name):
+            put_metric(metric_name, metric_value, self.group_name)
+            return
+        # A stream built by hand around another handler: the native sinks, then that handler.
+        metric_value = check_value(metric_value, "metric_value")
+        check_name(metric_name, "metric_name")
+        mono, wall = t.now()
+        route = t.native_route("metric", self.group_name)
+        if route:
+            route((MetricPoint, mono, wall, t.identity, self.group_name, metric_name, metric_value, "", None))
+        if not isinstance(self.handler, NullMetricHandler):
+            self.handler.emit(MetricData(wall / 1e9, self.group_name, metric_name, metric_value))
+
+
+def getStream(group: str) -> MetricStream:  # noqa: N802 - torchelastic's name
+    t = _default.telemetry or get_telemetry()
+    return MetricStream(group, _handler_for(t, group))
+
+
+def put_metric(metric_name: str, metric_value: int, metric_group: str = "torchelastic") -> None:
+    """Publish one value to ``metric_group``; returns at once if nobody listens to the group."""
+    t = _default.telemetry or get_telemetry()
+    try:
+        route = t._metric_routes.get(metric_group)
+    except TypeError:
+        raise TypeError(f"metric_group must be a str, got {type(metric_group).__name__}") from None
+    if route is None:
+        route = t._resolve("metric", metric_group, "metric_group")
+    if not route:
+        return
+    if type(metric_value) is not int and type(metric_value) is not float:
+        metric_value = check_value(metric_value, "metric_value")
+    if type(metric_name) is not str or not metric_name:
+        metric_name = check_name(metric_name, "metric_name")
+    mono = _monotonic_ns()
+    route((MetricPoint, mono, mono + t._wall_offset_ns, t._identity, metric_group, metric_name, metric_value, "", None))
+
+
+def publish_metric(metric_group: str, metric_name: str, metric_value: int) -> None:
+    warnings.warn(
+        "Deprecated, use put_metric(metric_name, metric_value, metric_group) instead", FutureWarning, stacklevel=2
+    )
+    put_metric(metric_name, metric_value, metric_group)
+
+
+def get_elapsed_time_ms(start_time_in_seconds: float) -> int:
+    """Milliseconds since a ``time.time()`` reading (wall clock, as torchelastic)."""
+    return int((time.time() - start_time_in_seconds) * 1000)
+
+
+def _get_metric_name(fn: Callable[..., Any]) -> str:
+    """torchelastic's rule: ``<module leaf>.<name>`` for a module-level function, else the full ``__qualname__``."""
+    qualname = fn.__qualname__
+    split = qualname.split(".")
+    if len(split) == 1:
+        module = fn.__module__
+        return module.split(".")[-1] + "." + split[0] if module else split[0]
+    return qualname
+
+
+def prof(fn: F | None = None, group: str = "torchelastic") -> Any:
+    """Emit ``<key>.success`` or ``<key>.failure`` (1) and ``<key>.duration.ms`` for each call of the function.
+
+    Usable bare (``@prof``) or with a group (``@prof(group="agent")``). The key is computed once, at decoration.
+    """
+    check_name(group, "group")
+
+    def wrap(f: F) -> F:
+        key = _get_metric_name(f)
+        success, failure, duration = key + ".success", key + ".failure", key + ".duration.ms"
+
+        @functools.wraps(f)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            start = _monotonic_ns()
+            outcome = duration  # a BaseException that is not an Exception records the duration only
+            try:
+                result = f(*args, **kwargs)
+                outcome = success
+                return result
+            except Exception:
+                outcome = failure
+                raise
+            finally:
+                _record_call(outcome, duration, start, group)
+
+        return wrapper  # type: ignore[return-value]
+
+    if fn is not None:
+        return wrap(fn)
+    return wrap
+
+
+def _record_call(outcome: str, duration: str, start: int, group: str) -> None:
+    """The two metrics of one profiled call, sharing one route lookup and one clock read."""
+    t = _default.telemetry or get_telemetry()
+    route = t._metric_routes.get(group)
+    if route is None:
+        route = t._resolve("metric", group, "group")
+    if not route:
+        return
+    end = _monotonic_ns()
+    wall, identity = end + t._wall_offset_ns, t._identity
+    elapsed_ms = (end - start) // 1_000_000
+    if outcome is not duration:
+        route((MetricPoint, end, wall, identity, group, outcome, 1, "", None))
+    route((MetricPoint, end, wall, identity, group, duration, elapsed_ms, "", None))
+
+
+def profile(group: str | None = None) -> Callable[[F], F]:
+    """Deprecated torchelastic decorator: ``<name>.success|.failure|.duration.ms`` through ``publish_metric``."""
+    warnings.warn("Deprecated, use @prof instead", FutureWarning, stacklevel=2)
+    group = group or "torchelastic"  # torchelastic would emit with group_name None to the default handler
+
+    def wrap(func: F) -> F:
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            start = time.monotonic()
+            try:
+                result = func(*args, **kwargs)
+                publish_metric(group, f"{func.__name__}.success", 1)
+            except Exception:
+                publish_metric(group, f"{func.__name__}.failure", 1)
+                raise
+            finally:
+                publish_metric(group, f"{func.__name__}.duration.ms", int((time.monotonic() - start) * 1000))
+            return result
+
+        return wrapper  # type: ignore[return-value]
+
+    return wrap
+
+
+def initialize_metrics(cfg: MetricsConfig | None = None) -> None:
+    """A no-op, as in torchelastic."""

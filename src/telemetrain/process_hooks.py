@@ -1,0 +1,131 @@
+"""Process lifecycle: flush at exit and on SIGTERM/SIGINT, re-initialise in a forked child.
+
+Installed the first time a ``Telemetry`` starts a background runner (never at import). Signal handlers chain to the
+handler that was installed before ours: a Python handler is called after our flush; the default action is restored
+and the signal re-raised, so the process still dies of it (torchelastic reads the exit status); an ignored signal
+stays ignored. Handlers can only be installed from the main thread; from another thread we try again later.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import sys
+import threading
+import weakref
+from types import FrameType
+from typing import Any, Protocol
+
+__all__ = ["install", "track"]
+
+EXIT_FLUSH_TIMEOUT_S = 5.0
+SIGNAL_FLUSH_TIMEOUT_S = 3.0
+_SIGNALS = ("SIGTERM", "SIGINT")
+
+
+class _Tracked(Protocol):
+    def close(self, timeout: float | None = ...) -> bool: ...
+    def flush(self, timeout: float | None = ...) -> bool: ...
+    def _after_fork_in_child(self) -> None: ...
+
+
+_live: weakref.WeakSet[Any] = weakref.WeakSet()
+_installed = {"atexit": False, "fork": False}
+_previous: dict[int, Any] = {}
+_lock = threading.Lock()
+
+
+def track(telemetry: _Tracked) -> None:
+    _live.add(telemetry)
+
+
+def untrack(telemetry: _Tracked) -> None:
+    _live.discard(telemetry)
+
+
+def _close_all(timeout: float = EXIT_FLUSH_TIMEOUT_S) -> None:
+    for t in list(_live):
+        try:
+            t.close(timeout)
+        except Exception:  # noqa: BLE001 - exit must go on
+            pass
+
+
+def _flush_all(timeout: float) -> None:
+    for t in list(_live):
+        try:
+            t.flush(timeout)
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    previous = _previous.get(signum, signal.SIG_DFL)
+    if callable(previous):
+        _flush_all(SIGNAL_FLUSH_TIMEOUT_S)
+        previous(signum, frame)
+    elif previous == signal.SIG_DFL:
+        # die of the signal, as the process would have without us
+        _close_all(SIGNAL_FLUSH_TIMEOUT_S)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+    else:  # SIG_IGN: the signal was being ignored; keep ignoring it, but our data is safe either way
+        _flush_all(SIGNAL_FLUSH_TIMEOUT_S)
+
+
+def _install_signals() -> None:
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for name in _SIGNALS:
+        signum = getattr(signal, name, None)
+        if signum is None or signum in _previous:
+            continue
+        try:
+            current = signal.getsignal(signum)
+            if current is _on_signal:
+                continue
+            signal.signal(signum, _on_signal)
+        except (ValueError, OSError):  # not the main interpreter, or not allowed here
+            continue
+        _previous[signum] = current
+
+
+class _MpSentinel:
+    """multiprocessing's after-fork registry holds its keys weakly: this object lives as long as the module."""
+
+
+_MP_SENTINEL = _MpSentinel()
+
+
+def _mp_child_started(_: object) -> None:
+    # Runs inside multiprocessing's child bootstrap, after it cleared the finalizers inherited from the parent.
+    # Its children leave through os._exit (atexit is skipped) but run these finalizers first.
+    mp_util = sys.modules.get("multiprocessing.util")
+    if mp_util is not None:
+        mp_util.Finalize(None, _close_all, exitpriority=100)
+
+
+def _after_fork_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()
+    for t in list(_live):
+        try:
+            t._after_fork_in_child()
+        except Exception:  # noqa: BLE001 - a child must start even if our reset failed
+            pass
+    mp_util = sys.modules.get("multiprocessing.util")
+    if mp_util is not None:
+        mp_util.register_after_fork(_MP_SENTINEL, _mp_child_started)
+
+
+def install() -> None:
+    """Idempotent; cheap after the first call in a process."""
+    with _lock:
+        if not _installed["atexit"]:
+            atexit.register(_close_all)
+            _installed["atexit"] = True
+        if not _installed["fork"] and hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=_after_fork_in_child)
+            _installed["fork"] = True
+        _install_signals()

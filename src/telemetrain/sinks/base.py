@@ -1,0 +1,42 @@
+"""The sink interface."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+class Sink:
+    """Receives records.
+
+    ``background = True`` (the default) puts the sink behind its own queue and thread: ``write`` is called there with
+    batches, never on the training thread. ``background = False`` runs ``handle`` inline, in the caller's thread: only
+    for sinks that are cheap and never block. ``kinds`` is the default subscription (``None``: every record kind).
+
+    A sink may raise: the failure is contained, counted and reported by the runner around it.
+
+    ``accepts_packed = True`` means ``write`` takes packed records, ``(RecordClass, *fields)`` tuples, as they come
+    off the queue (saves unpacking in the writer thread; see ``records``).
+    """
+
+    name: str = "sink"
+    background: bool = True
+    kinds: frozenset[str] | None = None
+    accepts_packed: bool = False
+
+    def write(self, records: Sequence[Any]) -> None:
+        """Consume a batch of records, oldest first."""
+        raise NotImplementedError
+
+    def handle(self, record: Any) -> None:
+        """Consume one record (inline sinks)."""
+        self.write((record,))
+
+    def flush(self) -> None:
+        """Make what was written durable/visible."""
+
+    def close(self) -> None:
+        """Release resources. Called once, after a final flush."""
+
+    def after_fork_in_child(self) -> None:
+        """Called in a forked child: drop what belongs to the parent (open files, sockets, buffers)."""

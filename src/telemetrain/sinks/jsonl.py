@@ -1,0 +1,145 @@
+"""The run store writer: one append-only JSONL file per process.
+
+Runs in its own background thread (see ``dispatch``). Each batch is encoded into one string and handed to the
+kernel with ``os.write`` on an ``O_APPEND`` descriptor: there is no user-space buffer, so a batch is on its way to
+disk when ``write`` returns, a SIGKILL loses at most what is still queued, and a forked child has nothing of the
+parent's to flush twice. The file is chosen from the identity of the records it receives, so a forked child (new
+pid) writes its own file, and a file is never truncated.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .._version import __version__
+from ..identity import Identity
+from ..store.codec import ENCODERS, encode_header
+from ..store.layout import RUN_META, default_root, process_file_name, run_dir
+from .base import Sink
+
+
+def _versions() -> dict[str, str]:
+    versions = {"python": platform.python_version(), "telemetrain": __version__}
+    torch = sys.modules.get("torch")  # never import torch ourselves: it is heavy and may not be installed
+    if torch is not None and hasattr(torch, "__version__"):
+        versions["torch"] = str(torch.__version__)
+    return versions
+
+
+def write_run_meta(directory: Path, identity: Identity, config: Mapping[str, Any] | None) -> bool:
+    """Create ``run.json`` once per run; the first process to get there wins, atomically. True if we created it."""
+    target = directory / RUN_META
+    if target.exists():
+        return False
+    meta = {
+        "format": "telemetrain-run",
+        "v": 1,
+        "run_id": identity.run_id,
+        "session_tag": identity.session_tag,
+        "perf_tag": identity.perf_tag,
+        "world_size": identity.world_size,
+        "restart_count": identity.restart_count,
+        "created_wall_ns": time.time_ns(),
+        "created_by": identity.as_dict(),
+        "versions": _versions(),
+        "hardware": {
+            "host": socket.gethostname(),
+            "cpu_count": os.cpu_count(),
+            "machine": platform.machine(),
+            "platform": platform.platform(),
+        },
+        "config": dict(config or {}),
+    }
+    tmp = directory / f".run.json.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(meta, indent=1, default=repr) + "\n")
+    try:
+        os.link(tmp, target)  # fails if another process already created it: never overwrite
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+class RunStoreSink(Sink):
+    """Writes every record it receives into ``<root>/<session_tag>/<run_id>/rank-<R>.<pid>.jsonl``."""
+
+    name = "jsonl"
+    background = True
+    accepts_packed = True
+
+    def __init__(self, root: str | os.PathLike[str] | None = None, *, config: Mapping[str, Any] | None = None) -> None:
+        self.root = Path(root) if root is not None else default_root()
+        self.config = dict(config or {})
+        self._fd = -1
+        self._identity: Identity | None = None
+        self.path: Path | None = None
+        self.bytes_written = 0
+
+    def run_dir_for(self, identity: Identity) -> Path:
+        return run_dir(self.root, identity)
+
+    def _open(self, identity: Identity) -> None:
+        self._close_fd()
+        directory = self.run_dir_for(identity)
+        directory.mkdir(parents=True, exist_ok=True)
+        write_run_meta(directory, identity, self.config)
+        path = directory / process_file_name(identity)
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        self._identity = identity
+        self.path = path
+        extra = {"versions": _versions(), "argv": list(sys.argv)}
+        self._write_all(encode_header(identity, time.monotonic_ns(), time.time_ns(), extra).encode())
+
+    def _write_all(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            n = os.write(self._fd, view)
+            view = view[n:]
+            self.bytes_written += n
+
+    def write(self, records: Sequence[Any]) -> None:
+        encoders = ENCODERS
+        lines: list[str] = []
+        identity = self._identity
+        for packed in records:
+            if packed[3] is not identity:
+                if lines:  # records of another process identity (a fork, a re-identified run): own file
+                    self._write_all("".join(lines).encode())
+                    lines = []
+                identity = packed[3]
+                if identity != self._identity:
+                    self._open(identity)
+                else:
+                    self._identity = identity
+            lines.append(encoders[packed[0]](packed))
+        if lines:
+            # surrogates from odd user strings must not lose the whole batch
+            self._write_all("".join(lines).encode("utf-8", "backslashreplace"))
+
+    def flush(self) -> None:
+        pass  # every write goes straight to the kernel; fsync would cost far more than it protects here
+
+    def close(self) -> None:
+        self._close_fd()
+
+    def _close_fd(self) -> None:
+        if self._fd >= 0:
+            try:
+                os.close(self._fd)
+            finally:
+                self._fd = -1
+
+    def after_fork_in_child(self) -> None:
+        # The descriptor is the parent's file: close our copy (the parent's stays open) and start our own on demand.
+        self._close_fd()
+        self._identity = None
+        self.path = None

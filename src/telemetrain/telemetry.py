@@ -1,0 +1,423 @@
+"""``Telemetry``: one instance owns identity, routing, sinks and their runners. Module-level APIs use a default
+instance (like ``logging``'s root logger); tests and libraries create their own.
+"""
+
+from __future__ import annotations
+
+import numbers
+import os
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from . import process_hooks
+from .dispatch import BackgroundRunner, FailurePolicy, InlineRunner
+from .identity import Identity, identity_from_env
+from .records import SEVERITIES, Diagnostic, Event, MetricPoint, pack
+from .router import Attachment, Router
+from .sinks.base import Sink
+from .sinks.console import ConsoleSink
+from .sinks.jsonl import RunStoreSink
+
+__all__ = ["Telemetry", "get_telemetry", "reset", "set_telemetry"]
+
+_monotonic_ns = time.monotonic_ns
+_SEVERITY_SET = frozenset(SEVERITIES)
+_FALSY = {"0", "off", "false", "no", ""}
+
+
+def check_value(value: Any, arg: str) -> int | float | bool:
+    """The slow path of every numeric argument: accept real numbers (numpy scalars too), refuse the rest."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    hint = ""
+    if hasattr(value, "item") and hasattr(value, "dim"):
+        hint = " (a tensor: pass tensor.item() yourself; telemetrain never calls it because it syncs the device)"
+    raise TypeError(f"{arg} must be an int or float, got {type(value).__name__}: {value!r:.80}{hint}")
+
+
+def check_name(name: Any, arg: str) -> str:
+    if type(name) is not str:
+        if isinstance(name, str):
+            return str(name)
+        raise TypeError(f"{arg} must be a str, got {type(name).__name__}")
+    if not name:
+        raise ValueError(f"{arg} must be a non-empty str")
+    return name
+
+
+def _check_group(group: Any, arg: str = "group") -> str:
+    if not isinstance(group, str):
+        raise TypeError(f"{arg} must be a str, got {type(group).__name__}")
+    if not group:
+        raise ValueError(f"{arg} must be a non-empty str")
+    return group
+
+
+class Telemetry:
+    """Routing, sinks and identity for one process (or one test).
+
+    ``store``: ``True`` writes the run store under ``$TELEMETRAIN_DIR`` or ``./telemetrain-runs``; a path writes it
+    there; ``False`` writes none. ``console``: also print one line per record to stderr. Nothing is opened, and no
+    thread starts, until the first record is emitted.
+    """
+
+    def __init__(
+        self,
+        identity: Identity | None = None,
+        *,
+        store: bool | str | os.PathLike[str] = True,
+        console: bool = False,
+        config: Mapping[str, Any] | None = None,
+        queue_capacity: int = 100_000,
+        flush_interval: float = 0.2,
+        failure_policy: FailurePolicy | None = None,
+    ) -> None:
+        if identity is not None and not isinstance(identity, Identity):
+            raise TypeError(f"identity must be an Identity, got {type(identity).__name__}")
+        if type(queue_capacity) is not int or queue_capacity < 1:
+            raise ValueError(f"queue_capacity must be a positive int, got {queue_capacity!r}")
+        if not isinstance(flush_interval, (int, float)) or not flush_interval > 0:
+            raise ValueError(f"flush_interval must be > 0 seconds, got {flush_interval!r}")
+        self._identity = identity if identity is not None else identity_from_env()
+        self.queue_capacity = queue_capacity
+        self.flush_interval = float(flush_interval)
+        self.failure_policy = failure_policy or FailurePolicy()
+        self._router = Router()
+        self._metric_routes = self._router.routes["metric"]
+        self._event_routes = self._router.routes["event"]
+        self._lock = threading.RLock()
+        self._closed = False
+        self._reporting = threading.local()
+        self._hook_runners: dict[tuple[str, str | None], InlineRunner] = {}
+        self.extensions: dict[str, Any] = {}  # per-instance state of compatible APIs and integrations
+        self.refresh_clock()
+        self.store: RunStoreSink | None = None
+        if store is not False:
+            if store is not True and not isinstance(store, (str, os.PathLike)):
+                raise TypeError(f"store must be a bool or a path, got {type(store).__name__}")
+            self.store = RunStoreSink(None if store is True else Path(store), config=config)
+            self.add_sink(self.store)
+        if console:
+            self.add_sink(ConsoleSink())
+        process_hooks.track(self)
+
+    # -- identity and clock ----------------------------------------------------------------------------------------
+
+    @property
+    def identity(self) -> Identity:
+        return self._identity
+
+    def set_identity(self, identity: Identity | None = None, **changes: Any) -> Identity:
+        """Replace the identity (whole, or some fields). Later records carry the new one."""
+        base = identity if identity is not None else self._identity
+        if not isinstance(base, Identity):
+            raise TypeError(f"identity must be an Identity, got {type(base).__name__}")
+        self._identity = base.replace(**changes) if changes else base
+        return self._identity
+
+    def refresh_clock(self) -> None:
+        """Wall time of a record is its monotonic time plus this offset, re-read on every dispatcher wake-up: one
+        clock read on the hot path instead of two."""
+        self._wall_offset_ns = time.time_ns() - _monotonic_ns()
+
+    @property
+    def run_dir(self) -> Path | None:
+        """The run directory this process writes (``None`` without a run store)."""
+        return self.store.run_dir_for(self._identity) if self.store is not None else None
+
+    # -- sinks and routing -----------------------------------------------------------------------------------------
+
+    def add_sink(
+        self,
+        sink: Sink,
+        *,
+        kinds: Iterable[str] | str | None = None,
+        groups: Iterable[str] | str | None = None,
+        background: bool | None = None,
+    ) -> Attachment:
+        """Attach a sink for some record kinds (default: the sink's own ``kinds``, else all) and groups (default:
+        all). ``background`` overrides the sink's own choice of running behind the dispatcher."""
+        if not isinstance(sink, Sink):
+            raise TypeError(f"sink must be a telemetrain.sinks.Sink, got {type(sink).__name__}")
+        kinds_f, groups_f = self._router.subscription(kinds if kinds is not None else sink.kinds, groups)
+        run_behind = sink.background if background is None else bool(background)
+        runner: InlineRunner | BackgroundRunner
+        if run_behind:
+            runner = BackgroundRunner(
+                sink,
+                self.failure_policy,
+                self._report,
+                capacity=self.queue_capacity,
+                interval=self.flush_interval,
+                on_wake=self.refresh_clock,
+            )
+        else:
+            runner = InlineRunner(sink, self.failure_policy, self._report)
+        attachment = Attachment(sink=sink, runner=runner, kinds=kinds_f, groups=groups_f)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("this Telemetry is closed")
+            self._router.attach(attachment)
+        return attachment
+
+    def remove_sink(self, sink_or_attachment: Sink | Attachment, timeout: float | None = 5.0) -> None:
+        """Detach a sink, delivering what it has queued first, and close it."""
+        with self._lock:
+            for a in list(self._router.attachments):
+                if a is sink_or_attachment or a.sink is sink_or_attachment:
+                    self._router.detach(a)
+                    a.runner.close(timeout)
+
+    @property
+    def sinks(self) -> list[Sink]:
+        return [a.sink for a in self._router.attachments]
+
+    def mute(self, *groups: str) -> None:
+        """No sink listens to these groups any more: calls for them return at once, before building a record."""
+        with self._lock:
+            self._router.muted.update(_check_group(g) for g in groups)
+            self._router.invalidate()
+
+    def unmute(self, *groups: str) -> None:
+        with self._lock:
+            self._router.muted.difference_update(groups)
+            self._router.invalidate()
+
+    def set_hook(self, kind: str, group: str | None, sink: Sink | None) -> None:
+        """An extra inline listener for one kind and group (``None``: every group without its own hook), contained
+        like any sink. ``sink=None`` makes the group explicitly silent for hooks."""
+        with self._lock:
+            runner = None if sink is None else InlineRunner(sink, self.failure_policy, self._report)
+            if runner is None:
+                self._hook_runners.pop((kind, group), None)
+            else:
+                self._hook_runners[(kind, group)] = runner
+            self._router.set_hook(kind, group, None if runner is None else runner.enqueue)
+
+    def listening(self, kind: str, group: str) -> bool:
+        """Whether a record of this kind and group would go anywhere."""
+        return bool(self.route(kind, group))
+
+    def _resolve(self, kind: str, group: str, arg: str = "group") -> Any:
+        _check_group(group, arg)
+        with self._lock:
+            if self._closed:
+                return False
+            route = self._router.resolve(kind, group)
+        if route:
+            process_hooks.install()
+        return route
+
+    def route(self, kind: str, group: str) -> Any:
+        """The delivery callable for packed records of (kind, group), or ``False`` when nobody listens."""
+        routes = self._router.routes[kind]
+        try:
+            route = routes.get(group)
+        except TypeError:
+            raise TypeError(f"group must be a str, got {type(group).__name__}") from None
+        return route if route is not None else self._resolve(kind, group)
+
+    def native_route(self, kind: str, group: str) -> Any:
+        """The route without hooks (for compatible APIs that deliver to their own handler themselves)."""
+        with self._lock:
+            return False if self._closed else self._router.native_route(kind, group)
+
+    # -- emitting --------------------------------------------------------------------------------------------------
+
+    def metric(
+        self, name: str, value: float, group: str = "default", *, unit: str = "", step: int | None = None
+    ) -> None:
+        """Record one value. Returns at once (before any check) if nobody listens to ``group``."""
+        try:
+            route = self._metric_routes.get(group)
+        except TypeError:
+            raise TypeError(f"group must be a str, got {type(group).__name__}") from None
+        if route is None:
+            route = self._resolve("metric", group)
+        if not route:
+            return
+        if type(value) is not float and type(value) is not int:
+            value = check_value(value, "value")
+        if type(name) is not str or not name:
+            name = check_name(name, "name")
+        if step is not None and type(step) is not int:
+            step = int(check_value(step, "step"))
+        mono = _monotonic_ns()
+        route((MetricPoint, mono, mono + self._wall_offset_ns, self._identity, group, name, value, unit, step))
+
+    def event(
+        self,
+        name: str,
+        attributes: Mapping[str, Any] | None = None,
+        *,
+        severity: str = "info",
+        group: str = "events",
+        event_id: str = "",
+        span_id: str = "",
+    ) -> None:
+        """Record that something happened. ``attributes`` is copied (shallow)."""
+        try:
+            route = self._event_routes.get(group)
+        except TypeError:
+            raise TypeError(f"group must be a str, got {type(group).__name__}") from None
+        if route is None:
+            route = self._resolve("event", group)
+        if not route:
+            return
+        if type(name) is not str or not name:
+            name = check_name(name, "name")
+        if severity not in _SEVERITY_SET:
+            raise ValueError(f"severity must be one of {', '.join(SEVERITIES)}, got {severity!r}")
+        if attributes is not None:
+            if not isinstance(attributes, Mapping):
+                raise TypeError(f"attributes must be a mapping, got {type(attributes).__name__}")
+            attributes = dict(attributes)
+        mono = _monotonic_ns()
+        route((Event, mono, mono + self._wall_offset_ns, self._identity, group, name, severity, attributes, event_id, span_id))
+
+    def emit(self, record: Any) -> None:
+        """Route a typed record built elsewhere (samplers, stats, bridges). Not for the hottest paths."""
+        route = self.route(record.kind, record.group)
+        if route:
+            route(pack(record))
+
+    def now(self) -> tuple[int, int]:
+        """(monotonic ns, wall ns) on this instance's clocks, as records carry them."""
+        mono = _monotonic_ns()
+        return mono, mono + self._wall_offset_ns
+
+    # -- delivery control ------------------------------------------------------------------------------------------
+
+    def flush(self, timeout: float | None = 5.0) -> bool:
+        """Deliver and flush everything emitted so far. False if a sink did not finish within ``timeout``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        ok = True
+        for a in list(self._router.attachments):
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ok = a.runner.flush(left) and ok
+        return ok
+
+    def close(self, timeout: float | None = 5.0) -> bool:
+        """Flush, stop the dispatcher threads and close the sinks. Idempotent. Later calls record nothing."""
+        with self._lock:
+            if self._closed:
+                return True
+            self._closed = True
+            attachments = list(self._router.attachments)
+            self._router.invalidate()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        ok = True
+        for a in attachments:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ok = a.runner.close(left) and ok
+        process_hooks.untrack(self)
+        return ok
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def health(self) -> dict[str, Any]:
+        """Counters per sink: delivered, dropped, failed, suspended, last error."""
+        runners = [a.runner for a in self._router.attachments] + list(self._hook_runners.values())
+        sinks = [dict(vars(r.stats)) for r in runners]
+        return {
+            "sinks": sinks,
+            "dropped": sum(s["dropped"] for s in sinks),
+            "failed": sum(s["failed"] for s in sinks),
+        }
+
+    def __enter__(self) -> Telemetry:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals -------------------------------------------------------------------------------------------------
+
+    def _report(self, what: str, runner: Any, count: int, message: str) -> None:
+        """Write a diagnostic record to every sink that listens, except one that is failing."""
+        if getattr(self._reporting, "active", False):
+            return  # a sink failing while we report another failure: counted, not reported again
+        self._reporting.active = True
+        try:
+            mono, wall = self.now()
+            record = (Diagnostic, mono, wall, self._identity, "telemetrain", what, runner.sink.name, count, message)
+            skip_self = what != "dropped"
+            for a in list(self._router.attachments):
+                if skip_self and a.runner is runner:
+                    continue
+                if a.listens("diagnostic", "telemetrain"):
+                    a.runner.enqueue(record)
+        except Exception:  # noqa: BLE001 - reporting must never fail the caller
+            pass
+        finally:
+            self._reporting.active = False
+
+    def _after_fork_in_child(self) -> None:
+        self._lock = threading.RLock()
+        self._reporting = threading.local()
+        self._identity = self._identity.replace(pid=os.getpid())
+        self.refresh_clock()
+        for a in self._router.attachments:
+            a.runner.after_fork_in_child()
+        self._router.invalidate()
+
+
+# -- the default instance ------------------------------------------------------------------------------------------
+
+
+class _Default:
+    """Holds the default instance; module-level APIs read ``_default.telemetry`` on every call so ``reset()`` and
+    ``set_telemetry()`` take effect at once."""
+
+    telemetry: Telemetry | None = None
+    lock = threading.Lock()
+
+
+_default = _Default()
+
+
+def _from_env() -> Telemetry:
+    store_env = os.environ.get("TELEMETRAIN_STORE")
+    store: bool | str = True
+    if store_env is not None:
+        store = False if store_env.strip().lower() in _FALSY else True
+    console = os.environ.get("TELEMETRAIN_CONSOLE", "").strip().lower() not in _FALSY
+    return Telemetry(store=store, console=console)
+
+
+def get_telemetry() -> Telemetry:
+    """The default instance, created on first use from the environment (``TELEMETRAIN_DIR``, ``TELEMETRAIN_STORE``,
+    ``TELEMETRAIN_CONSOLE``, the identity variables). Creating it opens nothing and starts no thread."""
+    t = _default.telemetry
+    if t is None:
+        with _default.lock:
+            t = _default.telemetry
+            if t is None:
+                t = _default.telemetry = _from_env()
+    return t
+
+
+def set_telemetry(telemetry: Telemetry) -> Telemetry | None:
+    """Make ``telemetry`` the default instance; returns the previous one (not closed)."""
+    if not isinstance(telemetry, Telemetry):
+        raise TypeError(f"telemetry must be a Telemetry, got {type(telemetry).__name__}")
+    with _default.lock:
+        previous, _default.telemetry = _default.telemetry, telemetry
+    return previous
+
+
+def reset(timeout: float | None = 5.0) -> None:
+    """Close the default instance and forget it; the next use builds a fresh one (for tests)."""
+    with _default.lock:
+        previous, _default.telemetry = _default.telemetry, None
+    if previous is not None:
+        previous.close(timeout)
