@@ -42,7 +42,9 @@ def metric(name: str, value: float, group: str = "default", *, unit: str = "", s
     get_telemetry().metric(name, value, group, unit=unit, step=step)
 
 
-def event(name: str, attributes: dict[str, Any] | None = None, *, severity: str = "info", group: str = "events") -> None:
+def event(
+    name: str, attributes: dict[str, Any] | None = None, *, severity: str = "info", group: str = "events"
+) -> None:
     """Record an event on the default instance (see ``Telemetry.event``)."""
     get_telemetry().event(name, attributes, severity=severity, group=group)
 

@@ -1,8 +1,9 @@
 """Background delivery: one bounded queue and one worker thread per I/O sink.
 
-The training thread only appends a packed record (see ``records``) to a ``collections.deque`` (atomic under the GIL, no lock taken). The
-worker wakes every ``interval`` seconds (or on ``flush()``), takes everything queued and hands it to the sink as one
-batch. Each I/O sink has its own queue and thread, so a slow or blocked sink delays and drops only its own records.
+The training thread only appends a packed record (see ``records``) to a ``collections.deque`` (atomic under the
+GIL, no lock taken). The worker wakes every ``interval`` seconds (or on ``flush()``), takes everything queued and
+hands it to the sink as one batch. Each I/O sink has its own queue and thread, so a slow or blocked sink delays and
+drops only its own records.
 
 Drop policy: a queue holds at most ``capacity`` records; a record offered to a full queue is dropped (the newest is
 dropped, what is queued is kept) and counted. Drops are reported as a ``Diagnostic`` record and warned about once.
@@ -23,7 +24,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .records import unpack
+from .records import IdentityOf, unpack
 
 if TYPE_CHECKING:
     from .sinks.base import Sink
@@ -69,8 +70,9 @@ Reporter = Callable[[str, "_Runner", int, str], None]
 class _Runner:
     """What the two runners share: counters and the failure policy."""
 
-    def __init__(self, sink: Sink, policy: FailurePolicy, report: Reporter) -> None:
+    def __init__(self, sink: Sink, policy: FailurePolicy, report: Reporter, identity_of: IdentityOf) -> None:
         self.sink = sink
+        self.identity_of = identity_of
         self.policy = policy
         self._report = report
         self.stats = SinkStats(sink=sink.name, background=isinstance(self, BackgroundRunner))
@@ -88,7 +90,7 @@ class _Runner:
                 return
             self._suspended_until = 0.0
         try:
-            self.sink.write(batch if self.sink.accepts_packed else [unpack(p) for p in batch])
+            self.sink.write_packed(batch, self.identity_of)
         except BaseException as exc:  # noqa: BLE001 - nothing a sink raises may reach training
             self._on_failure(exc, len(batch))
         else:
@@ -125,8 +127,8 @@ class _Runner:
 class InlineRunner(_Runner):
     """Runs a cheap sink in the caller's thread, with the same failure containment."""
 
-    def __init__(self, sink: Sink, policy: FailurePolicy, report: Reporter) -> None:
-        super().__init__(sink, policy, report)
+    def __init__(self, sink: Sink, policy: FailurePolicy, report: Reporter, identity_of: IdentityOf) -> None:
+        super().__init__(sink, policy, report, identity_of)
         handle = sink.handle
         stats = self.stats
 
@@ -135,7 +137,7 @@ class InlineRunner(_Runner):
                 self._deliver([packed])
                 return
             try:
-                handle(unpack(packed))
+                handle(unpack(packed, identity_of))
             except BaseException as exc:  # noqa: BLE001
                 self._on_failure(exc, 1)
             else:
@@ -176,6 +178,7 @@ class BackgroundRunner(_Runner):
         sink: Sink,
         policy: FailurePolicy,
         report: Reporter,
+        identity_of: IdentityOf,
         *,
         capacity: int = 100_000,
         interval: float = 0.2,
@@ -185,7 +188,7 @@ class BackgroundRunner(_Runner):
             raise ValueError(f"queue capacity must be >= 1, got {capacity}")
         if not interval > 0:
             raise ValueError(f"flush interval must be > 0 seconds, got {interval}")
-        super().__init__(sink, policy, report)
+        super().__init__(sink, policy, report, identity_of)
         self.capacity = capacity
         self.interval = interval
         self._on_wake = on_wake

@@ -22,7 +22,6 @@ from enum import Enum
 from itertools import count
 from typing import Any, Union
 
-from .records import Event as EventRecord
 from .telemetry import _default, get_telemetry
 
 __all__ = [
@@ -218,7 +217,9 @@ def _log_to(destination: str, message_source: Any) -> None:
     except Exception as exc:  # noqa: BLE001 - a logging failure must not reach the caller
         if destination not in _warned_destinations:
             _warned_destinations.add(destination)
-            warnings.warn(f"telemetrain.events: logging to {destination!r} failed: {exc!r}", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"telemetrain.events: logging to {destination!r} failed: {exc!r}", RuntimeWarning, stacklevel=3
+            )
 
 
 # -- handlers (the API the TorchElastic customization doc describes) -------------------------------------------------
@@ -280,7 +281,7 @@ def record(event: Event, destination: str = "null") -> None:
     if route:
         attributes = dict(event.metadata)
         attributes["source"] = event.source.value if isinstance(event.source, Enum) else event.source
-        route((EventRecord, mono, wall, t._identity, ELASTIC_GROUP, event.name, "info", attributes, event.id, ""))
+        route(("event", mono, wall, t._token, ELASTIC_GROUP, event.name, "info", attributes, event.id, ""))
     handler = t.extensions.get(_HANDLER_KEY)
     if handler is not None and not isinstance(handler, NullEventHandler):
         _call_handler(handler, event)
@@ -317,7 +318,9 @@ def construct_and_record_rdzv_event(
     The caller is found with ``sys._getframe`` (torchelastic uses ``inspect.stack()``, which reads every file).
     """
     t = _default.telemetry or get_telemetry()
-    if not t.listening("event", RDZV_GROUP) and isinstance(get_logging_handler("dynamic_rendezvous"), logging.NullHandler):
+    if not t.listening("event", RDZV_GROUP) and isinstance(
+        get_logging_handler("dynamic_rendezvous"), logging.NullHandler
+    ):
         return
     caller = sys._getframe(1)
     file_name = os.path.basename(caller.f_code.co_filename)

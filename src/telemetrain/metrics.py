@@ -16,7 +16,6 @@ from collections import namedtuple
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from .records import MetricPoint
 from .sinks.base import Sink
 from .telemetry import Telemetry, _default, check_name, check_value, get_telemetry
 
@@ -129,12 +128,12 @@ class MetricStream:
         mono, wall = t.now()
         route = t.native_route("metric", self.group_name)
         if route:
-            route((MetricPoint, mono, wall, t.identity, self.group_name, metric_name, metric_value, "", None))
+            route(("metric", mono, wall, t._token, self.group_name, metric_name, metric_value, "", None))
         if not isinstance(self.handler, NullMetricHandler):
             self.handler.emit(MetricData(wall / 1e9, self.group_name, metric_name, metric_value))
 
 
-def getStream(group: str) -> MetricStream:  # noqa: N802 - torchelastic's name
+def getStream(group: str) -> MetricStream:
     t = _default.telemetry or get_telemetry()
     return MetricStream(group, _handler_for(t, group))
 
@@ -155,7 +154,7 @@ def put_metric(metric_name: str, metric_value: int, metric_group: str = "torchel
     if type(metric_name) is not str or not metric_name:
         metric_name = check_name(metric_name, "metric_name")
     mono = _monotonic_ns()
-    route((MetricPoint, mono, mono + t._wall_offset_ns, t._identity, metric_group, metric_name, metric_value, "", None))
+    route(("metric", mono, mono + t._wall_offset_ns, t._token, metric_group, metric_name, metric_value, "", None))
 
 
 def publish_metric(metric_group: str, metric_name: str, metric_value: int) -> None:
@@ -221,11 +220,11 @@ def _record_call(outcome: str, duration: str, start: int, group: str) -> None:
     if not route:
         return
     end = _monotonic_ns()
-    wall, identity = end + t._wall_offset_ns, t._identity
+    wall, token = end + t._wall_offset_ns, t._token
     elapsed_ms = (end - start) // 1_000_000
     if outcome is not duration:
-        route((MetricPoint, end, wall, identity, group, outcome, 1, "", None))
-    route((MetricPoint, end, wall, identity, group, duration, elapsed_ms, "", None))
+        route(("metric", end, wall, token, group, outcome, 1, "", None))
+    route(("metric", end, wall, token, group, duration, elapsed_ms, "", None))
 
 
 def profile(group: str | None = None) -> Callable[[F], F]:

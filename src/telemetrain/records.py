@@ -12,14 +12,19 @@ between sinks and threads. Every record starts with the same five fields::
 
 Attribute dicts are owned by the record once it is built: callers hand over a fresh dict (the APIs copy).
 
-On the training thread a record travels *packed*: a plain tuple ``(RecordClass, field0, field1, ...)``. CPython
-builds a plain tuple several times faster than any class instance (~20 ns against ~150 ns for a tuple subclass), so
-the hot paths pack and the dispatcher thread unpacks (``unpack``) before a sink sees the typed record. Sinks that
-set ``accepts_packed`` (the run-store writer) read packed tuples directly.
+On the training thread a record travels *packed*: a plain tuple of atomic values
+``(kind, mono_ns, wall_ns, identity_token, group, name, *the kind's other fields)``. Two reasons, both measured
+(BENCHMARKS.md): CPython builds a plain tuple several times faster than any class instance (~20 ns against ~150 ns
+for a tuple subclass), and a plain tuple holding only strings and numbers is *untracked* by the cyclic garbage
+collector after its first collection, whereas records holding a class or an ``Identity`` object stay tracked and
+make every collection re-walk the whole queue (2-3x the cost of the call with GC on). The identity travels as an int
+token that the owning ``Telemetry`` maps back. The dispatcher thread unpacks (``unpack``) before a sink sees the
+typed record; the run-store writer reads packed tuples directly.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from .identity import Identity
@@ -140,20 +145,19 @@ class Diagnostic(NamedTuple):
 
 
 _new = tuple.__new__
+IdentityOf = Callable[[int], Identity]
 
 
-def unpack(packed: tuple[Any, ...]) -> Any:
-    """``(RecordClass, *fields)`` -> ``RecordClass(*fields)``."""
-    return _new(packed[0], packed[1:])
+def unpack(packed: tuple[Any, ...], identity_of: IdentityOf) -> Any:
+    """A packed record -> its typed record, the identity token resolved by ``identity_of``."""
+    return _new(KINDS[packed[0]], (packed[1], packed[2], identity_of(packed[3]), *packed[4:]))
 
 
-def pack(record: Any) -> tuple[Any, ...]:
-    """A typed record -> ``(RecordClass, *fields)``."""
-    return (type(record), *record)
+def pack(record: Any, token: int) -> tuple[Any, ...]:
+    """A typed record -> its packed form, with ``token`` standing for its identity."""
+    return (record.kind, record[0], record[1], token, *record[3:])
 
 
 Record = MetricPoint | Event | SpanStart | SpanEnd | StatWindow | Diagnostic
 
-KINDS: dict[str, type] = {
-    cls.kind: cls for cls in (MetricPoint, Event, SpanStart, SpanEnd, StatWindow, Diagnostic)
-}
+KINDS: dict[str, type] = {cls.kind: cls for cls in (MetricPoint, Event, SpanStart, SpanEnd, StatWindow, Diagnostic)}

@@ -21,7 +21,9 @@ Deliver = Callable[[Any], None]
 __all__ = ["Attachment", "Router"]
 
 
-def _frozen(values: Iterable[str] | str | None, what: str, allowed: Iterable[str] | None = None) -> frozenset[str] | None:
+def _frozen(
+    values: Iterable[str] | str | None, what: str, allowed: Iterable[str] | None = None
+) -> frozenset[str] | None:
     if values is None:
         return None
     if isinstance(values, str):

@@ -15,7 +15,7 @@ from typing import Any
 from . import process_hooks
 from .dispatch import BackgroundRunner, FailurePolicy, InlineRunner
 from .identity import Identity, identity_from_env
-from .records import SEVERITIES, Diagnostic, Event, MetricPoint, pack
+from .records import SEVERITIES, pack
 from .router import Attachment, Router
 from .sinks.base import Sink
 from .sinks.console import ConsoleSink
@@ -85,7 +85,9 @@ class Telemetry:
             raise ValueError(f"queue_capacity must be a positive int, got {queue_capacity!r}")
         if not isinstance(flush_interval, (int, float)) or not flush_interval > 0:
             raise ValueError(f"flush_interval must be > 0 seconds, got {flush_interval!r}")
-        self._identity = identity if identity is not None else identity_from_env()
+        # Packed records carry an int token for the identity (see records); tokens are never reused.
+        self._identities: dict[int, Identity] = {}
+        self._install_identity(identity if identity is not None else identity_from_env())
         self.queue_capacity = queue_capacity
         self.flush_interval = float(flush_interval)
         self.failure_policy = failure_policy or FailurePolicy()
@@ -119,8 +121,29 @@ class Telemetry:
         base = identity if identity is not None else self._identity
         if not isinstance(base, Identity):
             raise TypeError(f"identity must be an Identity, got {type(base).__name__}")
-        self._identity = base.replace(**changes) if changes else base
-        return self._identity
+        return self._install_identity(base.replace(**changes) if changes else base)
+
+    def _install_identity(self, identity: Identity) -> Identity:
+        token = len(self._identities) + 1
+        self._identities[token] = identity
+        # token first: a record built between the two stores carries the old, still valid, pair
+        self._token = token
+        self._identity = identity
+        return identity
+
+    def _token_for(self, identity: Identity) -> int:
+        if identity is self._identity:
+            return self._token
+        for token, known in self._identities.items():
+            if known == identity:
+                return token
+        token = len(self._identities) + 1
+        self._identities[token] = identity
+        return token
+
+    def identity_of(self, token: int) -> Identity:
+        """The identity a packed record's token stands for."""
+        return self._identities[token]
 
     def refresh_clock(self) -> None:
         """Wall time of a record is its monotonic time plus this offset, re-read on every dispatcher wake-up: one
@@ -154,12 +177,13 @@ class Telemetry:
                 sink,
                 self.failure_policy,
                 self._report,
+                self.identity_of,
                 capacity=self.queue_capacity,
                 interval=self.flush_interval,
                 on_wake=self.refresh_clock,
             )
         else:
-            runner = InlineRunner(sink, self.failure_policy, self._report)
+            runner = InlineRunner(sink, self.failure_policy, self._report, self.identity_of)
         attachment = Attachment(sink=sink, runner=runner, kinds=kinds_f, groups=groups_f)
         with self._lock:
             if self._closed:
@@ -194,7 +218,7 @@ class Telemetry:
         """An extra inline listener for one kind and group (``None``: every group without its own hook), contained
         like any sink. ``sink=None`` makes the group explicitly silent for hooks."""
         with self._lock:
-            runner = None if sink is None else InlineRunner(sink, self.failure_policy, self._report)
+            runner = None if sink is None else InlineRunner(sink, self.failure_policy, self._report, self.identity_of)
             if runner is None:
                 self._hook_runners.pop((kind, group), None)
             else:
@@ -250,7 +274,7 @@ class Telemetry:
         if step is not None and type(step) is not int:
             step = int(check_value(step, "step"))
         mono = _monotonic_ns()
-        route((MetricPoint, mono, mono + self._wall_offset_ns, self._identity, group, name, value, unit, step))
+        route(("metric", mono, mono + self._wall_offset_ns, self._token, group, name, value, unit, step))
 
     def event(
         self,
@@ -280,13 +304,26 @@ class Telemetry:
                 raise TypeError(f"attributes must be a mapping, got {type(attributes).__name__}")
             attributes = dict(attributes)
         mono = _monotonic_ns()
-        route((Event, mono, mono + self._wall_offset_ns, self._identity, group, name, severity, attributes, event_id, span_id))
+        route(
+            (
+                "event",
+                mono,
+                mono + self._wall_offset_ns,
+                self._token,
+                group,
+                name,
+                severity,
+                attributes,
+                event_id,
+                span_id,
+            )
+        )
 
     def emit(self, record: Any) -> None:
         """Route a typed record built elsewhere (samplers, stats, bridges). Not for the hottest paths."""
         route = self.route(record.kind, record.group)
         if route:
-            route(pack(record))
+            route(pack(record, self._token_for(record.identity)))
 
     def now(self) -> tuple[int, int]:
         """(monotonic ns, wall ns) on this instance's clocks, as records carry them."""
@@ -349,7 +386,7 @@ class Telemetry:
         self._reporting.active = True
         try:
             mono, wall = self.now()
-            record = (Diagnostic, mono, wall, self._identity, "telemetrain", what, runner.sink.name, count, message)
+            record = ("diagnostic", mono, wall, self._token, "telemetrain", what, runner.sink.name, count, message)
             skip_self = what != "dropped"
             for a in list(self._router.attachments):
                 if skip_self and a.runner is runner:
@@ -364,7 +401,7 @@ class Telemetry:
     def _after_fork_in_child(self) -> None:
         self._lock = threading.RLock()
         self._reporting = threading.local()
-        self._identity = self._identity.replace(pid=os.getpid())
+        self._install_identity(self._identity.replace(pid=os.getpid()))
         self.refresh_clock()
         for a in self._router.attachments:
             a.runner.after_fork_in_child()

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..records import IdentityOf, unpack
+
 
 class Sink:
     """Receives records.
@@ -15,18 +17,21 @@ class Sink:
 
     A sink may raise: the failure is contained, counted and reported by the runner around it.
 
-    ``accepts_packed = True`` means ``write`` takes packed records, ``(RecordClass, *fields)`` tuples, as they come
-    off the queue (saves unpacking in the writer thread; see ``records``).
+    Runners call ``write_packed`` with records as they come off the queue (packed, see ``records``); the default
+    unpacks them and calls ``write``. A sink may override ``write_packed`` to skip unpacking (the run-store writer).
     """
 
     name: str = "sink"
     background: bool = True
     kinds: frozenset[str] | None = None
-    accepts_packed: bool = False
 
     def write(self, records: Sequence[Any]) -> None:
         """Consume a batch of records, oldest first."""
         raise NotImplementedError
+
+    def write_packed(self, packed: Sequence[tuple[Any, ...]], identity_of: IdentityOf) -> None:
+        """Consume a batch of packed records (``identity_of`` resolves their identity tokens)."""
+        self.write([unpack(p, identity_of) for p in packed])
 
     def handle(self, record: Any) -> None:
         """Consume one record (inline sinks)."""

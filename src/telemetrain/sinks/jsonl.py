@@ -21,6 +21,7 @@ from typing import Any
 
 from .._version import __version__
 from ..identity import Identity
+from ..records import IdentityOf, pack
 from ..store.codec import ENCODERS, encode_header
 from ..store.layout import RUN_META, default_root, process_file_name, run_dir
 from .base import Sink
@@ -74,12 +75,12 @@ class RunStoreSink(Sink):
 
     name = "jsonl"
     background = True
-    accepts_packed = True
 
     def __init__(self, root: str | os.PathLike[str] | None = None, *, config: Mapping[str, Any] | None = None) -> None:
         self.root = Path(root) if root is not None else default_root()
         self.config = dict(config or {})
         self._fd = -1
+        self._token = -1
         self._identity: Identity | None = None
         self.path: Path | None = None
         self.bytes_written = 0
@@ -107,23 +108,24 @@ class RunStoreSink(Sink):
             self.bytes_written += n
 
     def write(self, records: Sequence[Any]) -> None:
+        self.write_packed([pack(r, 0) for r in records], lambda _token, rs=records: rs[0].identity)  # type: ignore[misc]
+
+    def write_packed(self, packed: Sequence[tuple[Any, ...]], identity_of: IdentityOf) -> None:
         encoders = ENCODERS
         lines: list[str] = []
-        identity = self._identity
-        for packed in records:
-            if packed[3] is not identity:
-                if lines:  # records of another process identity (a fork, a re-identified run): own file
-                    self._write_all("".join(lines).encode())
-                    lines = []
-                identity = packed[3]
+        token = self._token
+        for p in packed:
+            if p[3] != token:
+                identity = identity_of(p[3])
                 if identity != self._identity:
+                    if lines:  # records of another identity (a fork, a re-identified run) go to their own file
+                        self._write_all("".join(lines).encode())
+                        lines = []
                     self._open(identity)
-                else:
-                    self._identity = identity
-            lines.append(encoders[packed[0]](packed))
+                token = self._token = p[3]
+            lines.append(encoders[p[0]](p))
         if lines:
-            # surrogates from odd user strings must not lose the whole batch
-            self._write_all("".join(lines).encode("utf-8", "backslashreplace"))
+            self._write_all("".join(lines).encode())
 
     def flush(self) -> None:
         pass  # every write goes straight to the kernel; fsync would cost far more than it protects here
@@ -142,4 +144,5 @@ class RunStoreSink(Sink):
         # The descriptor is the parent's file: close our copy (the parent's stays open) and start our own on demand.
         self._close_fd()
         self._identity = None
+        self._token = -1
         self.path = None

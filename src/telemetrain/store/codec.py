@@ -70,7 +70,7 @@ def _attrs(attributes: Mapping[str, Any] | None) -> str:
         return _dumps(_tag_nonfinite(attributes), allow_nan=False, default=repr, separators=(",", ":"))
 
 
-# Encoders take packed records: (RecordClass, mono_ns, wall_ns, identity, group, name, *kind fields).
+# Encoders take packed records: (kind, mono_ns, wall_ns, identity token, group, name, *kind fields).
 
 
 def _head(kind: str, p: Any) -> str:
@@ -123,19 +123,20 @@ def _enc_diagnostic(p: Any) -> str:
     return f'{_head("diagnostic", p)},"sink":{_s(p[6])},"count":{p[7]},"message":{_s(p[8])}}}\n'
 
 
-ENCODERS: dict[type, Callable[[Any], str]] = {
-    MetricPoint: _enc_metric,
-    Event: _enc_event,
-    SpanStart: _enc_span_start,
-    SpanEnd: _enc_span_end,
-    StatWindow: _enc_stat,
-    Diagnostic: _enc_diagnostic,
+ENCODERS: dict[str, Callable[[Any], str]] = {
+    MetricPoint.kind: _enc_metric,
+    Event.kind: _enc_event,
+    SpanStart.kind: _enc_span_start,
+    SpanEnd.kind: _enc_span_end,
+    StatWindow.kind: _enc_stat,
+    Diagnostic.kind: _enc_diagnostic,
 }
 
 
 def encode(record: Any) -> str:
-    """One record (typed or packed) as one JSON line, with the newline."""
-    packed = record if type(record[0]) is type else pack(record)
+    """One record (typed or packed) as one JSON line, with the newline. The identity is not in the line: it is in
+    the header of the file (``encode_header``)."""
+    packed = record if type(record[0]) is str else pack(record, 0)
     return ENCODERS[packed[0]](packed)
 
 

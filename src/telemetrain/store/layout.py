@@ -1,7 +1,7 @@
 """Where a run lives on disk (format v1, see docs/format.md)::
 
-    <root>/<session_tag>/<run_id>/run.json
-    <root>/<session_tag>/<run_id>/rank-<R>.<pid>.jsonl
+<root>/<session_tag>/<run_id>/run.json
+<root>/<session_tag>/<run_id>/rank-<R>.<pid>.jsonl
 """
 
 from __future__ import annotations
