@@ -56,7 +56,8 @@ class SinkStats:
     sink: str
     background: bool
     delivered: int = 0
-    dropped: int = 0  # queue full, or sink suspended
+    dropped: int = 0  # not delivered: offered to a full queue, or while suspended
+    dropped_suspended: int = 0  # the part of ``dropped`` offered while the sink was suspended after failures
     failed: int = 0  # records in batches whose write raised
     failures: int = 0  # write calls that raised
     suspended: bool = False
@@ -65,6 +66,14 @@ class SinkStats:
 
 # Reports a diagnostic: (what, runner, count, message).
 Reporter = Callable[[str, "_Runner", int, str], None]
+
+
+def warn_once_safely(message: str) -> None:
+    """Warn without ever raising: under ``-W error`` a warning is an exception, and it must not reach training."""
+    try:
+        warnings.warn(message, TelemetryWarning, stacklevel=3)
+    except Exception:  # noqa: BLE001
+        pass
 
 
 class _Runner:
@@ -87,6 +96,7 @@ class _Runner:
         if self._suspended_until:
             if time.monotonic() < self._suspended_until:
                 stats.dropped += len(batch)
+                stats.dropped_suspended += len(batch)
                 return
             self._suspended_until = 0.0
         try:
@@ -108,15 +118,13 @@ class _Runner:
         stats.failed += n
         stats.last_error = f"{type(exc).__name__}: {exc}"
         self._consecutive += 1
+        self._report("sink_error", self, n, stats.last_error)
         if not self._warned:
             self._warned = True
-            warnings.warn(
+            warn_once_safely(
                 f"telemetrain: sink {self.sink.name!r} failed ({stats.last_error}); training continues, failures are "
-                "counted in Telemetry.health() and written as diagnostic records. Further failures are not warned.",
-                TelemetryWarning,
-                stacklevel=2,
+                "counted in Telemetry.health() and written as diagnostic records. Further failures are not warned."
             )
-        self._report("sink_error", self, n, stats.last_error)
         if self._consecutive >= self.policy.max_consecutive:
             self._suspended_until = time.monotonic() + self._backoff
             self._report("sink_suspended", self, 0, f"for {self._backoff:g} s after {self._consecutive} failures")
@@ -147,8 +155,12 @@ class InlineRunner(_Runner):
                     self._backoff = self.policy.backoff_s
 
         self.enqueue: Callable[[Any], None] = deliver_one
+        self.enqueue_diagnostic: Callable[[Any], None] = deliver_one
 
     def start(self) -> None:
+        pass
+
+    def request_stop(self) -> None:
         pass
 
     def flush(self, timeout: float | None = None) -> bool:
@@ -193,6 +205,7 @@ class BackgroundRunner(_Runner):
         self.interval = interval
         self._on_wake = on_wake
         self._reported_drops = 0
+        self._warned_drops = False
         self._reset_process_state()
 
     def _reset_process_state(self) -> None:
@@ -214,6 +227,8 @@ class BackgroundRunner(_Runner):
                 stats.dropped += 1
 
         self.enqueue: Callable[[Any], None] = enqueue
+        # Diagnostics skip the bound: at most a few per wake-up, and reporting a drop must not cause another one.
+        self.enqueue_diagnostic: Callable[[Any], None] = append
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
 
@@ -240,13 +255,17 @@ class BackgroundRunner(_Runner):
             self._wake.set()
             return self._cv.wait_for(lambda: self._flush_done >= target or not self.running, timeout)
 
+    def request_stop(self) -> None:
+        """Ask the thread to deliver what is queued and stop, without waiting (see ``close``)."""
+        self._stopping = True
+        self._wake.set()
+
     def close(self, timeout: float | None = 5.0) -> bool:
         """Deliver what is queued, stop the thread and close the sink. False if the sink was stuck."""
         if self._closed:
             return True
         thread = self._thread
-        self._stopping = True
-        self._wake.set()
+        self.request_stop()
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
             if thread.is_alive():  # a stuck sink: leave the daemon thread behind rather than hang the exit
@@ -264,6 +283,7 @@ class BackgroundRunner(_Runner):
         # What is queued belongs to the parent (its own thread writes it); the parent's thread does not exist here.
         self.stats = SinkStats(sink=self.sink.name, background=True)
         self._reported_drops = 0
+        self._warned_drops = False
         self._reset_process_state()
         self.sink.after_fork_in_child()
 
@@ -305,12 +325,12 @@ class BackgroundRunner(_Runner):
         new = dropped - self._reported_drops
         if new <= 0:
             return
-        if self._reported_drops == 0:
-            warnings.warn(
-                f"telemetrain: sink {self.sink.name!r} is not keeping up; records are being dropped (queue capacity "
-                f"{self.capacity}). Counts are in Telemetry.health() and in diagnostic records.",
-                TelemetryWarning,
-                stacklevel=2,
-            )
         self._reported_drops = dropped
-        self._report("dropped", self, new, f"queue capacity {self.capacity}")
+        queue_full = dropped - self.stats.dropped_suspended
+        self._report("dropped", self, new, f"queue capacity {self.capacity}" if queue_full else "sink suspended")
+        if queue_full and not self._warned_drops:
+            self._warned_drops = True
+            warn_once_safely(
+                f"telemetrain: sink {self.sink.name!r} is not keeping up; records are being dropped (queue capacity "
+                f"{self.capacity}). Counts are in Telemetry.health() and in diagnostic records."
+            )

@@ -24,6 +24,8 @@ from typing import Any, Union
 
 from .telemetry import _default, get_telemetry
 
+_monotonic_ns = time.monotonic_ns
+
 __all__ = [
     "Event",
     "EventHandler",
@@ -265,10 +267,11 @@ def _call_handler(handler: EventHandler, ev: Event) -> None:
 def record(event: Event, destination: str = "null") -> None:
     """Record a torchelastic ``Event``: stamp it, send it to telemetrain's sinks, the configured handler and the
     logging destination."""
-    if not isinstance(event, Event):
+    if type(event) is not Event and not isinstance(event, Event):
         raise TypeError(f"event must be a telemetrain.events.Event, got {type(event).__name__}")
     t = _default.telemetry or get_telemetry()
-    mono, wall = t.now()
+    mono = _monotonic_ns()
+    wall = mono + t._wall_offset_ns
     if not event.timestamp:
         event.timestamp = wall // 1_000_000
     if not event.mono_ns:
@@ -280,7 +283,8 @@ def record(event: Event, destination: str = "null") -> None:
         route = t._resolve("event", ELASTIC_GROUP)
     if route:
         attributes = dict(event.metadata)
-        attributes["source"] = event.source.value if isinstance(event.source, Enum) else event.source
+        # ``_value_`` directly: Enum's ``.value`` is a slow descriptor, and a plain str source passes through
+        attributes["source"] = getattr(event.source, "_value_", event.source)
         route(("event", mono, wall, t._token, ELASTIC_GROUP, event.name, "info", attributes, event.id, ""))
     handler = t.extensions.get(_HANDLER_KEY)
     if handler is not None and not isinstance(handler, NullEventHandler):

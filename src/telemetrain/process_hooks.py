@@ -31,13 +31,20 @@ class _Tracked(Protocol):
 
 
 _live: weakref.WeakSet[Any] = weakref.WeakSet()
-_installed = {"atexit": False, "fork": False}
+_installed: dict[str, Any] = {"atexit": False, "fork": False, "mp_pid": 0}
 _previous: dict[int, Any] = {}
 _lock = threading.Lock()
 
 
 def track(telemetry: _Tracked) -> None:
+    """Called for every new Telemetry: the fork hook must exist before the first fork (DataLoader workers start
+    before the first metric), so it is registered here; it starts no thread and opens no file."""
     _live.add(telemetry)
+    if not _installed["fork"] and hasattr(os, "register_at_fork"):
+        with _lock:
+            if not _installed["fork"]:
+                os.register_at_fork(after_in_child=_after_fork_in_child)
+                _installed["fork"] = True
 
 
 def untrack(telemetry: _Tracked) -> None:
@@ -103,6 +110,7 @@ def _mp_child_started(_: object) -> None:
     # Its children leave through os._exit (atexit is skipped) but run these finalizers first.
     mp_util = sys.modules.get("multiprocessing.util")
     if mp_util is not None:
+        _installed["mp_pid"] = os.getpid()
         mp_util.Finalize(None, _close_all, exitpriority=100)
 
 
@@ -125,7 +133,19 @@ def install() -> None:
         if not _installed["atexit"]:
             atexit.register(_close_all)
             _installed["atexit"] = True
-        if not _installed["fork"] and hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=_after_fork_in_child)
-            _installed["fork"] = True
         _install_signals()
+        _register_mp_finalizer_if_child()
+
+
+def _register_mp_finalizer_if_child() -> None:
+    """In a multiprocessing child whose first record came after the fork, register the exit flush here."""
+    mp = sys.modules.get("multiprocessing")
+    if mp is None or _installed.get("mp_pid") == os.getpid():
+        return
+    try:
+        in_child = mp.parent_process() is not None
+    except Exception:  # noqa: BLE001
+        return
+    if in_child:
+        _installed["mp_pid"] = os.getpid()
+        _mp_child_started(None)

@@ -87,6 +87,7 @@ class Telemetry:
             raise ValueError(f"flush_interval must be > 0 seconds, got {flush_interval!r}")
         # Packed records carry an int token for the identity (see records); tokens are never reused.
         self._identities: dict[int, Identity] = {}
+        self._pid = os.getpid()
         self._install_identity(identity if identity is not None else identity_from_env())
         self.queue_capacity = queue_capacity
         self.flush_interval = float(flush_interval)
@@ -231,6 +232,8 @@ class Telemetry:
 
     def _resolve(self, kind: str, group: str, arg: str = "group") -> Any:
         _check_group(group, arg)
+        if self._pid != os.getpid():  # forked without our at-fork hook having run (it is installed lazily)
+            self._after_fork_in_child()
         with self._lock:
             if self._closed:
                 return False
@@ -349,6 +352,8 @@ class Telemetry:
             self._closed = True
             attachments = list(self._router.attachments)
             self._router.invalidate()
+        for a in attachments:  # all threads drain in parallel: a stuck sink does not eat the others' time
+            a.runner.request_stop()
         deadline = None if timeout is None else time.monotonic() + timeout
         ok = True
         for a in attachments:
@@ -387,18 +392,18 @@ class Telemetry:
         try:
             mono, wall = self.now()
             record = ("diagnostic", mono, wall, self._token, "telemetrain", what, runner.sink.name, count, message)
-            skip_self = what != "dropped"
             for a in list(self._router.attachments):
-                if skip_self and a.runner is runner:
-                    continue
+                if a.runner.stats.suspended or (a.runner is runner and what != "dropped"):
+                    continue  # a failing sink does not hear about its own failures
                 if a.listens("diagnostic", "telemetrain"):
-                    a.runner.enqueue(record)
+                    a.runner.enqueue_diagnostic(record)
         except Exception:  # noqa: BLE001 - reporting must never fail the caller
             pass
         finally:
             self._reporting.active = False
 
     def _after_fork_in_child(self) -> None:
+        self._pid = os.getpid()
         self._lock = threading.RLock()
         self._reporting = threading.local()
         self._install_identity(self._identity.replace(pid=os.getpid()))
