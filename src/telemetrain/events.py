@@ -152,6 +152,7 @@ _log_handlers: dict[str, logging.Handler] = {
     "null": logging.NullHandler(),
 }
 _events_loggers: dict[str, logging.Logger] = {}
+_attached: dict[str, logging.Handler] = {}  # the handler we attached to each destination's logger
 _warned_destinations: set[str] = set()
 _lock = threading.Lock()
 
@@ -174,13 +175,29 @@ def register_logging_handler(destination: str, handler: logging.Handler) -> None
     if not isinstance(handler, logging.Handler):
         raise TypeError(f"handler must be a logging.Handler, got {type(handler).__name__}")
     with _lock:
-        old = _log_handlers.get(destination)
         _log_handlers[destination] = handler
         logger = _events_loggers.get(destination)
         if logger is not None:
-            if old is not None:
-                logger.removeHandler(old)
-            logger.addHandler(handler)
+            attached = _attached.pop(destination, None)
+            if attached is not None:
+                logger.removeHandler(attached)
+            _attached[destination] = _shared_builtin_handler(destination)
+            logger.addHandler(_attached[destination])
+
+
+_BUILTIN_HANDLERS = dict(_log_handlers)
+
+
+def _shared_builtin_handler(destination: str) -> logging.Handler:
+    """torchelastic attaches its handler to the same global logger; when its module is loaded and the destination
+    is a built-in one we have not replaced, use its handler object so each event is printed once, not twice."""
+    handler = get_logging_handler(destination)
+    torch_handlers = sys.modules.get("torch.distributed.elastic.events.handlers")
+    if torch_handlers is not None and handler is _BUILTIN_HANDLERS.get(destination):
+        theirs = getattr(torch_handlers, "_log_handlers", {}).get(destination)
+        if isinstance(theirs, logging.Handler):
+            return theirs
+    return handler
 
 
 def _get_or_create_logger(destination: str = "null") -> logging.Logger:
@@ -190,7 +207,7 @@ def _get_or_create_logger(destination: str = "null") -> logging.Logger:
     with _lock:
         logger = _events_loggers.get(destination)
         if logger is None:
-            handler = get_logging_handler(destination)
+            handler = _attached[destination] = _shared_builtin_handler(destination)
             logger = logging.getLogger(f"torchelastic-events-{destination}")
             logger.setLevel(os.environ.get("LOGLEVEL", "INFO"))
             logger.propagate = False
@@ -336,7 +353,7 @@ def construct_and_record_rdzv_event(
         run_id=run_id,
         message=message,
         hostname=hostname or socket.getfqdn(),
-        pid=pid if pid is not None else os.getpid(),
+        pid=pid or os.getpid(),  # as torchelastic: 0 means "this process" too
         node_state=node_state,
         master_endpoint=master_endpoint,
         rank=rank,

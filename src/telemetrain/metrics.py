@@ -106,7 +106,7 @@ def configure(handler: MetricHandler, group: str | None = None) -> None:
 
 def _handler_for(t: Telemetry, group: str) -> MetricHandler:
     handlers = _handlers(t)
-    return handlers.get(group) or handlers.get(None) or _NULL_HANDLER
+    return handlers.get(group, handlers.get(None, _NULL_HANDLER))
 
 
 _NULL_HANDLER = NullMetricHandler()

@@ -89,12 +89,14 @@ class Router:
         if not group:
             raise ValueError("group must be a non-empty str")
         delivers: list[Deliver] = []
-        if group not in self.muted:
-            for a in self.attachments:
-                if a.listens(kind, group):
-                    if start:
-                        a.runner.start()
-                    delivers.append(a.runner.enqueue)
+        if group in self.muted:  # muted means nobody at all: sinks and hooks
+            self.routes[kind][group] = False
+            return False
+        for a in self.attachments:
+            if a.listens(kind, group):
+                if start:
+                    a.runner.start()
+                delivers.append(a.runner.enqueue)
         hooks = self.hooks[kind]
         hook = hooks.get(group, hooks.get(None))
         if hook is not None:

@@ -1,0 +1,323 @@
+"""The ``telemetrain`` command: ``demo`` writes a run from a small real training job, ``show`` summarises a run.
+
+Standard library only at import: torch is imported by ``demo`` alone, when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import math
+import os
+import shlex
+import sys
+import warnings
+from collections import Counter
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, TextIO
+
+from ._version import __version__
+from .store.layout import default_root
+from .store.reader import NotARunError, Run, find_runs, open_run
+
+__all__ = ["main"]
+
+DEFAULT_DEMO_STEPS = 800  # ~10-20 s on a 2-core CPU
+TORCH_PIN = "torch==2.13.0"
+
+
+class CLIError(Exception):
+    """A problem to report as one line on stderr, exit status 2, without a traceback."""
+
+
+# -- formatting helpers ------------------------------------------------------------------------------------------------
+
+
+def _iso(wall_ns: int) -> str:
+    dt = datetime.fromtimestamp(wall_ns / 1e9, tz=timezone.utc)
+    return dt.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _fmt_value(value: Any) -> str:
+    """Numbers for people: ints as they are, floats to 6 significant digits, nan/inf/-inf spelled so."""
+    if isinstance(value, bool) or not isinstance(value, float):
+        return str(value)
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return f"{value:.6g}"
+
+
+def _fmt_config(value: Any) -> str:
+    """Config values as written (``1.0`` stays ``1.0``), non-finite floats as nan/inf."""
+    if isinstance(value, float):
+        return repr(value) if math.isfinite(value) else _fmt_value(value)
+    return str(value)
+
+
+def _fmt_duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.3f} s"
+    minutes, secs = divmod(seconds, 60)
+    hours, minutes = divmod(int(minutes), 60)
+    return f"{hours}h{minutes:02d}m{secs:06.3f}s" if hours else f"{minutes}m{secs:06.3f}s"
+
+
+def _table(rows: list[tuple[str, ...]], indent: str = "  ") -> list[str]:
+    """Left-aligned columns (the last one unpadded)."""
+    if not rows:
+        return []
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return [indent + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1] for r in rows]
+
+
+# -- show --------------------------------------------------------------------------------------------------------------
+
+
+def summarize(run: Run) -> list[str]:
+    """The ``show`` report of a run, as lines."""
+    lines = [
+        f"run         {run.run_id}",
+        f"directory   {run.path}",
+        f"session     {run.session_tag}",
+        f"perf_tag    {run.perf_tag}",
+    ]
+    config = run.meta.get("config")
+    if isinstance(config, dict) and config:
+        lines.append("config      " + " ".join(f"{k}={_fmt_config(v)}" for k, v in config.items()))
+
+    records = run.records()
+    ranks = run.ranks
+    lines.append(f"ranks       {len(ranks)} ({', '.join(map(str, ranks)) or 'none'}), {len(run.processes)} process(es)")
+    proc_rows = []
+    for p in run.processes:
+        extra = "".join(f", {n} {k}" for k, n in (("torn", p.torn), ("corrupt", p.corrupt)) if n)
+        proc_rows.append(
+            (f"rank {p.rank}", f"pid {p.pid}", f"host {p.identity.host}", f"{len(p.records)} records{extra}")
+        )
+    lines += _table(proc_rows)
+
+    walls = [r.wall_ns for r in records] or [p.header["wall_ns"] for p in run.processes if "wall_ns" in p.header]
+    if not walls and isinstance(run.meta.get("created_wall_ns"), int):
+        walls = [run.meta["created_wall_ns"]]
+    if walls:
+        start, end = min(walls), max(walls)
+        lines.append(f"time        {_iso(start)} -> {_iso(end)} ({_fmt_duration((end - start) / 1e9)})")
+    else:
+        lines.append("time        unknown (no records)")
+
+    by_kind = Counter(r.kind for r in records)
+    kinds = ", ".join(f"{k} {n}" for k, n in sorted(by_kind.items()))
+    lines.append(f"records     {len(records)}" + (f": {kinds}" if kinds else ""))
+    by_group = Counter((r.group, r.kind) for r in records)
+    lines += _table([(f"group {g}", k, str(n)) for (g, k), n in sorted(by_group.items())])
+
+    # Records come in wall-time order, so the last assignment is the last value (across all ranks).
+    last: dict[tuple[str, str], Any] = {}
+    points: Counter[tuple[str, str]] = Counter()
+    for r in records:
+        if r.kind == "metric":
+            key = (r.group, r.name)
+            last[key] = r
+            points[key] += 1
+    lines.append(f"metrics     {len(last)} (group/name = last value, points)")
+    metric_rows = []
+    for key in sorted(last):
+        r = last[key]
+        notes = [f"{points[key]} point{'s' if points[key] != 1 else ''}"]
+        if r.step is not None:
+            notes.append(f"step {r.step}")
+        if r.unit:
+            notes.append(r.unit)
+        metric_rows.append((f"{key[0]}/{key[1]}", f"= {_fmt_value(r.value)}", f"({', '.join(notes)})"))
+    lines += _table(metric_rows)
+
+    event_counts = Counter((r.group, r.name) for r in records if r.kind == "event")
+    lines.append(f"events      {sum(event_counts.values())}")
+    lines += _table([(f"{g}/{n}", str(c)) for (g, n), c in sorted(event_counts.items())])
+    bad = Counter(r.severity for r in records if r.kind == "event" and r.severity in ("warning", "error", "critical"))
+    if bad:
+        lines.append("  by severity: " + ", ".join(f"{s} {n}" for s, n in sorted(bad.items())))
+
+    diagnostics = [r for r in records if r.kind == "diagnostic"]
+    lines.append(f"problems    torn lines {run.torn}, corrupt lines {run.corrupt}, diagnostics {len(diagnostics)}")
+    grouped: dict[tuple[str, str], list[Any]] = {}
+    for d in diagnostics:
+        grouped.setdefault((d.name, d.sink), []).append(d)
+    diag_rows = []
+    for (name, sink), ds in sorted(grouped.items()):
+        message = ds[-1].message.replace("\n", " ")[:160]
+        diag_rows.append((name, f"sink {sink or '?'}", f"x{len(ds)}", f"count {sum(d.count for d in ds)}", message))
+    lines += _table(diag_rows)
+    return lines
+
+
+def _resolve_run(target: str | None, err: TextIO) -> Path:
+    """The run directory to show: ``target`` itself when it is a run, else the newest run under it."""
+    base = Path(target) if target is not None else default_root()
+    if not base.exists():
+        if target is None:
+            raise CLIError(f"no runs yet: {base} does not exist (run `telemetrain demo`, or pass a run directory)")
+        raise CLIError(f"no such directory: {base}")
+    if not base.is_dir():
+        raise CLIError(f"{base} is a file; a run is a directory holding run.json and rank-<R>.<pid>.jsonl files")
+    runs = find_runs(base)
+    if base in runs:
+        return base
+    if not runs:
+        raise CLIError(f"{base} is not a telemetrain run directory (no run.json, no rank-*.jsonl) and holds no runs")
+    if len(runs) > 1:
+        print(
+            f"note: {base} holds {len(runs)} runs; showing the newest (list them: telemetrain show --list {_q(base)})",
+            file=err,
+        )
+    return runs[-1]
+
+
+def _q(path: Path | str) -> str:
+    return shlex.quote(str(path))
+
+
+def _list_runs(target: str | None, out: TextIO) -> int:
+    base = Path(target) if target is not None else default_root()
+    if not base.is_dir():
+        raise CLIError(f"no such directory: {base}")
+    runs = find_runs(base)
+    if not runs:
+        raise CLIError(f"no telemetrain runs under {base}")
+    rows = []
+    for path in runs:
+        try:
+            run = open_run(path)
+        except (OSError, NotARunError) as exc:
+            rows.append(("?", str(path), f"unreadable: {exc}"))
+            continue
+        created = run.meta.get("created_wall_ns")
+        when = _iso(created) if isinstance(created, int) else "?"
+        rows.append((when, str(path), f"{len(run)} records"))
+    print("\n".join(_table(rows, indent="")), file=out)
+    return 0
+
+
+def _cmd_show(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if args.list:
+        return _list_runs(args.run_dir, out)
+    path = _resolve_run(args.run_dir, err)
+    try:
+        run = open_run(path)
+    except (OSError, NotARunError) as exc:  # FileNotFoundError included: the directory went away meanwhile
+        raise CLIError(str(exc)) from None
+    print("\n".join(summarize(run)), file=out)
+    return 0
+
+
+# -- demo --------------------------------------------------------------------------------------------------------------
+
+
+def _cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if importlib.util.find_spec("torch") is None:
+        raise CLIError(f"the demo needs PyTorch, which is not installed: pip install {TORCH_PIN}")
+    with warnings.catch_warnings():
+        # A CPU torch without numpy warns at import; the demo never uses numpy.
+        warnings.filterwarnings("ignore", message=".*Failed to initialize NumPy.*")
+        from .demo.train import DemoConfig, run_demo
+
+    root = Path(args.root) if args.root is not None else default_root()
+    result = run_demo(DemoConfig(steps=args.steps, seed=args.seed), root=root, console=args.console, out=out)
+    run_dir = result.run_dir.absolute()
+    print(
+        f"done: {result.steps} steps in {result.seconds:.1f} s, val loss {_fmt_value(result.val_loss)}, "
+        f"accuracy {result.val_accuracy:.1%}",
+        file=out,
+    )
+    print(f"sample: {result.sample!r}", file=out)
+    print(f"run: {run_dir}", file=out)
+    print(f"see it with: telemetrain show {_q(run_dir)}", file=out)
+    return 0
+
+
+# -- entry point -----------------------------------------------------------------------------------------------------
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="telemetrain", description="Telemetry for PyTorch training jobs: write a demo run, summarise runs."
+    )
+    parser.add_argument("--version", action="version", version=f"telemetrain {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    demo = sub.add_parser(
+        "demo",
+        help="train a small real model on the CPU and write its run",
+        description=(
+            "Train a next-character GRU (~47k parameters) on the source code of a few Python standard-library "
+            "modules (read from this Python install; nothing is downloaded), recording metrics, events and a "
+            f"checkpoint into the run store. Needs {TORCH_PIN}."
+        ),
+    )
+    demo.add_argument(
+        "--steps", type=_positive_int, default=DEFAULT_DEMO_STEPS, help="training steps (default: %(default)s)"
+    )
+    demo.add_argument(
+        "--root", help="run store root (default: $TELEMETRAIN_DIR, else ./telemetrain-runs)", metavar="DIR"
+    )
+    demo.add_argument("--seed", type=int, default=0, help="random seed; same seed, same run (default: %(default)s)")
+    demo.add_argument("--console", action="store_true", help="also print every record to stderr")
+
+    show = sub.add_parser(
+        "show",
+        help="summarise a run",
+        description=(
+            "Summarise a run: identity, processes, time span, records per kind and group, the last value of every "
+            "metric, events by name, and problems (torn or corrupt lines, diagnostics). RUN_DIR may also be a "
+            "session directory or a store root: the newest run under it is shown, with a note on stderr. Without "
+            "RUN_DIR, the newest run under $TELEMETRAIN_DIR (else ./telemetrain-runs)."
+        ),
+    )
+    show.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="a run directory, or a directory holding runs")
+    show.add_argument("--list", action="store_true", help="list the runs under RUN_DIR (oldest first) instead")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (2 for a usage or input error)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version and usage errors: argparse has printed what it had to
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    out, err = sys.stdout, sys.stderr
+    try:
+        if args.command == "demo":
+            return _cmd_demo(args, out, err)
+        if args.command == "show":
+            return _cmd_show(args, out, err)
+        parser.print_help(out)
+        return 2
+    except (CLIError, PermissionError) as exc:
+        print(f"telemetrain: error: {exc}", file=err)
+        return 2
+    except KeyboardInterrupt:
+        print("telemetrain: interrupted", file=err)
+        return 130
+    except BrokenPipeError:
+        # `telemetrain show | head`: the reader left; stop quietly, and keep Python from complaining at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,78 @@
+"""Shared fixtures: an isolated default ``Telemetry`` per test, and a check that no test leaks one or its threads."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import telemetrain
+from telemetrain.store import open_run
+from telemetrain.telemetry import _default
+
+# Variables that shape the identity or the default instance: cleared so the tests do not depend on the environment
+# they run in (a CI job under torchrun, a developer's TELEMETRAIN_DIR, ...).
+IDENTITY_ENV = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_NAME",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT",
+    "SLURM_JOB_ID",
+    "TELEMETRAIN_RUN_ID",
+    "TELEMETRAIN_SESSION_TAG",
+    "TELEMETRAIN_PERF_TAG",
+    "TELEMETRAIN_DIR",
+    "TELEMETRAIN_STORE",
+    "TELEMETRAIN_CONSOLE",
+)
+
+
+def telemetrain_threads() -> list[threading.Thread]:
+    return [th for th in threading.enumerate() if th.name.startswith("telemetrain-") and th.is_alive()]
+
+
+@pytest.fixture(autouse=True)
+def _clean_env_and_no_leaks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Clear the identity variables; after the test, fail if it left a default instance or a dispatcher thread."""
+    for name in IDENTITY_ENV:
+        monkeypatch.delenv(name, raising=False)
+    leaked_before = telemetrain_threads()
+    yield
+    problems = []
+    if _default.telemetry is not None:
+        problems.append("a default Telemetry instance was left behind")
+        telemetrain.reset()
+    threads = [th for th in telemetrain_threads() if th not in leaked_before]
+    if threads:
+        problems.append(f"dispatcher threads left running: {[th.name for th in threads]}")
+    if problems:
+        pytest.fail("; ".join(problems), pytrace=False)
+
+
+@pytest.fixture
+def telemetry(tmp_path: Path) -> Iterator[telemetrain.Telemetry]:
+    """A Telemetry writing its run store under ``tmp_path``, installed as the default instance."""
+    t = telemetrain.Telemetry(store=tmp_path)
+    telemetrain.set_telemetry(t)
+    try:
+        yield t
+    finally:
+        telemetrain.reset()
+        t.close()  # in case a test replaced the default: close ours anyway (idempotent)
+
+
+@pytest.fixture
+def read_run() -> Callable[..., list[Any]]:
+    """``read_run(t, kinds=None)``: flush ``t`` and read its run back from the store, in time order."""
+
+    def read(t: telemetrain.Telemetry, kinds: str | None = None) -> list[Any]:
+        assert t.flush(), "flush did not finish"
+        return open_run(t.run_dir).records(kinds)
+
+    return read

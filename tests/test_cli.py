@@ -1,0 +1,247 @@
+"""The ``telemetrain`` command: --version, demo (a real short training run) and show."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import telemetrain
+from telemetrain import cli
+from telemetrain.records import Diagnostic
+from telemetrain.store import open_run
+
+
+def _run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "telemetrain.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def _printed_run_dir(stdout: str) -> Path:
+    lines = [line for line in stdout.splitlines() if line.startswith("run: ")]
+    assert len(lines) == 1, stdout
+    return Path(lines[0][len("run: ") :])
+
+
+def _synthetic_run(root: Path, run_id: str, **metrics: float) -> Path:
+    """A run written through the public API, without torch."""
+    identity = telemetrain.identity_from_env({}, run_id=run_id, session_tag="synthetic", perf_tag="test")
+    with telemetrain.Telemetry(identity, store=root, config={"lr": 0.5, "bad": math.nan}) as t:
+        for name, value in metrics.items():
+            t.metric(name, value, "m")
+        t.event("hello", {"x": 1}, severity="warning")
+        run_dir = t.run_dir
+    assert run_dir is not None
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    pytest.importorskip("torch")
+    root = tmp_path_factory.mktemp("store")
+    proc = _run_cli("demo", "--steps", "30", "--root", str(root), "--seed", "3")
+    assert proc.returncode == 0, proc.stderr
+    return _printed_run_dir(proc.stdout), proc
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out == f"telemetrain {telemetrain.__version__}\n"
+
+
+def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main([]) == 2
+    assert "demo" in capsys.readouterr().out
+
+
+def test_bad_steps_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["demo", "--steps", "0"]) == 2
+    assert "must be >= 1" in capsys.readouterr().err
+
+
+def test_demo_prints_progress_and_hint(demo_run: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    run_dir, proc = demo_run
+    assert run_dir.is_absolute() and run_dir.is_dir()
+    assert f"telemetrain show {run_dir}" in proc.stdout
+    progress = [line for line in proc.stdout.splitlines() if line.startswith("step ")]
+    assert len(progress) == 10  # every 10% of 30 steps
+    assert progress[-1].startswith("step 30/30") and "samples/s" in progress[-1]
+    assert "Traceback" not in proc.stderr and "NumPy" not in proc.stderr
+
+
+def test_demo_writes_a_complete_run(demo_run: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    run_dir, _ = demo_run
+    run = open_run(run_dir)
+    assert run.meta["config"]["steps"] == 30 and run.meta["config"]["seed"] == 3
+    assert run.perf_tag == "telemetrain-demo"
+    assert run.torn == 0 and run.corrupt == 0
+    metrics = run.records("metric")
+    by_key: dict[tuple[str, str], list[telemetrain.MetricPoint]] = {}
+    for m in metrics:
+        by_key.setdefault((m.group, m.name), []).append(m)
+
+    for name in ("train.loss", "train.samples_per_s", "train.lr", "train.grad_norm"):
+        assert len(by_key[("train", name)]) == 30, name
+    losses = [m.value for m in by_key[("train", "train.loss")]]
+    assert all(isinstance(v, float) and math.isfinite(v) for v in losses)
+    assert losses[0] > 4.0  # ~ln(97) before learning anything
+    assert all(m.value > 0 for m in by_key[("train", "train.samples_per_s")])
+
+    # @metrics.prof(group="demo"): torchelastic's key naming, one success and one duration per call
+    assert len(by_key[("demo", "train.train_step.success")]) == 30
+    assert len(by_key[("demo", "train.train_step.duration.ms")]) == 30
+    assert {m.value for m in by_key[("demo", "train.train_step.success")]} == {1}
+    assert ("demo", "train.evaluate.success") in by_key and ("demo", "train.evaluate.duration.ms") in by_key
+    assert not any(name.endswith(".failure") for _, name in by_key)
+
+    # native metrics carry unit and the global step: before training, then every 20% of steps
+    val_loss = by_key[("val", "val.loss")]
+    assert [m.step for m in val_loss] == [0, 6, 12, 18, 24, 30]
+    assert all(m.unit == "nats" for m in val_loss)
+    assert val_loss[-1].value < val_loss[0].value  # it learned something
+    assert [m.step for m in by_key[("val", "val.accuracy")]][-1] == 30
+
+    evs = run.records("event")
+    elastic = [e for e in evs if e.group == "torchelastic"]
+    assert elastic[0].name == "demo.start" and elastic[-1].name == "demo.end"
+    assert sum(e.name == "demo.evaluation" for e in elastic) == 6
+    assert all(e.attributes and e.attributes["source"] == "WORKER" for e in elastic)
+    assert elastic[-1].attributes["status"] == "ok"
+    checkpoint_events = [e for e in elastic if e.name == "demo.checkpoint"]
+    assert len(checkpoint_events) == 1
+    checkpoint = Path(checkpoint_events[0].attributes["path"])
+    assert checkpoint.parent == run_dir and checkpoint.stat().st_size == checkpoint_events[0].attributes["bytes"]
+    native = {e.name for e in evs if e.group == "events"}
+    assert {"data.loaded", "val.new_best", "demo.sample"} <= native
+
+    import torch
+
+    state = torch.load(checkpoint, weights_only=True)
+    assert state["step"] == 30 and "embed.weight" in state["model"]
+
+
+def test_demo_is_deterministic_and_restores_the_default(
+    demo_run: tuple[Path, subprocess.CompletedProcess[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first, _ = demo_run
+    telemetrain.reset()
+    assert cli.main(["demo", "--steps", "30", "--root", str(tmp_path), "--seed", "3"]) == 0
+    second = _printed_run_dir(capsys.readouterr().out)
+    assert second != first and second.is_relative_to(tmp_path.absolute())
+
+    def losses(run_dir: Path) -> list[float]:
+        return [m.value for m in open_run(run_dir).records("metric") if m.name == "train.loss"]
+
+    assert losses(second) == pytest.approx(losses(first), rel=1e-4)
+    # The demo's Telemetry was the default only while it ran: the default is a fresh one again.
+    assert not telemetrain.get_telemetry().closed
+    telemetrain.reset()
+
+
+def test_show_summarises_the_demo_run(demo_run: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    run_dir, _ = demo_run
+    proc = _run_cli("show", str(run_dir))
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    run = open_run(run_dir)
+    assert f"run         {run.run_id}" in out
+    assert f"session     {run.session_tag}" in out and "perf_tag    telemetrain-demo" in out
+    assert "rank 0" in out and f"pid {run.processes[0].pid}" in out
+    for name in ("train/train.loss", "train/train.samples_per_s", "demo/train.train_step.duration.ms"):
+        assert name in out
+    assert "(30 points)" in out
+    assert "val/val.loss" in out and "step 30, nats" in out
+    assert "torchelastic/demo.evaluation  6" in out
+    assert "torn lines 0, corrupt lines 0, diagnostics 0" in out
+    assert proc.stderr == ""
+
+
+def test_show_without_argument_uses_the_newest_run_under_the_default_root(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    older = _synthetic_run(tmp_path, "r1-older", a=1.0)
+    newer = _synthetic_run(tmp_path, "r2-newer", a=2.0)
+    monkeypatch.setenv("TELEMETRAIN_DIR", str(tmp_path))
+    assert cli.main(["show"]) == 0
+    captured = capsys.readouterr()
+    assert "run         r2-newer" in captured.out and "m/a  = 2" in captured.out
+    assert "holds 2 runs; showing the newest" in captured.err
+
+    assert cli.main(["show", "--list"]) == 0
+    listing = capsys.readouterr().out.splitlines()
+    assert [str(older) in listing[0], str(newer) in listing[1]] == [True, True]
+
+
+def test_show_prints_nan_inf_problems_and_diagnostics(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    identity = telemetrain.identity_from_env({}, run_id="odd", session_tag="s")
+    with telemetrain.Telemetry(identity, store=tmp_path, config={"bad": math.inf}) as t:
+        t.metric("nan", math.nan, "m")
+        t.metric("inf", math.inf, "m")
+        t.metric("neg", -math.inf, "m", step=7)
+        mono, wall = t.now()
+        t.emit(Diagnostic(mono, wall, t.identity, "telemetrain", "sink_error", "mysink", 3, "boom"))
+        run_dir = t.run_dir
+    assert run_dir is not None
+    (log,) = run_dir.glob("rank-*.jsonl")
+    with open(log, "a") as fh:
+        fh.write("this is not json\n")
+        fh.write('{"v":1,"kind":"metric","mo')  # a crash mid-line
+    assert cli.main(["show", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "m/nan  = nan" in out and "m/inf  = inf" in out and "m/neg  = -inf  (1 point, step 7)" in out
+    assert "config      bad=inf" in out
+    assert "torn lines 1, corrupt lines 1, diagnostics 1" in out
+    assert "sink_error  sink mysink  x1  count 3  boom" in out
+    assert "rank 0  pid" in out and "torn" in out.split("rank 0", 1)[1].splitlines()[0]
+
+
+@pytest.mark.parametrize("kind", ["missing", "empty", "file"])
+def test_show_bad_directory_is_a_one_line_error(tmp_path: Path, kind: str) -> None:
+    target = tmp_path / "x"
+    if kind == "empty":
+        target.mkdir()
+    elif kind == "file":
+        target.write_text("hi")
+    proc = _run_cli("show", str(target))
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("telemetrain: error: ") and str(target) in lines[0]
+
+
+def test_show_with_no_runs_under_default_root(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TELEMETRAIN_DIR", str(tmp_path / "nothing-here"))
+    assert cli.main(["show"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "telemetrain demo" in err
+
+
+def test_demo_without_torch_says_how_to_install_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_find_spec = cli.importlib.util.find_spec
+    monkeypatch.setattr(
+        cli.importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real_find_spec(name, *a)
+    )
+    assert cli.main(["demo", "--root", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "pip install torch==2.13.0" in err and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_import_does_not_import_torch() -> None:
+    code = "import sys, telemetrain, telemetrain.cli, telemetrain.demo; print('torch' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.strip() == "False", proc.stderr
