@@ -53,6 +53,9 @@ class DemoConfig:
     val_fraction: float = 0.1
     eval_batches: int = 16  # a fixed slice of the validation set, so evaluations are cheap and comparable
     evals: int = 5  # evaluations during training, besides the one before the first step
+    # One intra-op thread: the matrices are too small for more to pay, a shared CPU then cannot stall the demo
+    # (spinning OpenMP threads can), and results do not depend on the machine's core count.
+    threads: int = 1
 
     @property
     def warmup_steps(self) -> int:
@@ -181,9 +184,12 @@ def run_demo(
     config = dataclasses.asdict(cfg) | {"warmup_steps": cfg.warmup_steps, "model": "CharGRU", "optimizer": "AdamW"}
     t = telemetrain.Telemetry(_demo_identity(), store=root, console=console, config=config)
     previous = telemetrain.set_telemetry(t)  # metrics.* and events.* now go to t
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.threads)
     try:
         return _train(cfg, t, out)
     finally:
+        torch.set_num_threads(previous_threads)
         t.close()
         # Leave the process as we found it (main() may be called in-process, e.g. by tests).
         if previous is None:

@@ -24,10 +24,13 @@ _RESET = "\x1b[0m"
 _DIM = "\x1b[2m"
 
 
+_CONTROL = {i: f"\\x{i:02x}" for i in (*range(0x20), 0x7F)} | {0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t"}
+
+
 def _value(v: Any) -> str:
     if isinstance(v, float):
         return repr(v) if math.isfinite(v) else ("nan" if v != v else ("inf" if v > 0 else "-inf"))
-    return str(v)
+    return str(v).translate(_CONTROL)  # one record, one line: no raw newlines or terminal escapes
 
 
 def _attrs(attributes: Any) -> str:
@@ -42,9 +45,9 @@ def format_record(record: Any) -> tuple[str, str]:
     if kind == "metric":
         unit = f" {record.unit}" if record.unit else ""
         step = f" step={record.step}" if record.step is not None else ""
-        return "metric", f"{record.group}/{record.name} = {_value(record.value)}{unit}{step}"
+        return "metric", f"{_value(record.group)}/{_value(record.name)} = {_value(record.value)}{unit}{step}"
     if kind == "event":
-        return "event", f"{record.group}/{record.name} [{record.severity}]{_attrs(record.attributes)}"
+        return "event", f"{_value(record.group)}/{_value(record.name)} [{record.severity}]{_attrs(record.attributes)}"
     if kind == "span_start":
         return "span>", f"{record.name}{_attrs(record.attributes)}"
     if kind == "span_end":

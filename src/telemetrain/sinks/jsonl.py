@@ -22,7 +22,7 @@ from typing import Any
 from .._version import __version__
 from ..identity import Identity
 from ..records import IdentityOf, pack
-from ..store.codec import ENCODERS, encode_header
+from ..store.codec import ENCODERS, _tag_nonfinite, encode_header
 from ..store.layout import RUN_META, default_root, process_file_name, run_dir
 from .base import Sink
 
@@ -60,7 +60,7 @@ def write_run_meta(directory: Path, identity: Identity, config: Mapping[str, Any
         "config": dict(config or {}),
     }
     tmp = directory / f".run.json.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(meta, indent=1, default=repr) + "\n")
+    tmp.write_text(json.dumps(_tag_nonfinite(meta), indent=1, default=repr, allow_nan=False) + "\n")
     try:
         os.link(tmp, target)  # fails if another process already created it: never overwrite
         return True

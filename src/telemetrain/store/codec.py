@@ -143,7 +143,7 @@ def encode(record: Any) -> str:
 def encode_header(identity: Identity, mono_ns: int, wall_ns: int, extra: Mapping[str, Any]) -> str:
     """The first line of every process file: who wrote the lines that follow."""
     obj = {"v": 1, "kind": "process", "mono_ns": mono_ns, "wall_ns": wall_ns, "identity": identity.as_dict(), **extra}
-    return _dumps(obj, separators=(",", ":"), default=repr) + "\n"
+    return _dumps(_tag_nonfinite(obj), separators=(",", ":"), default=repr, allow_nan=False) + "\n"
 
 
 # -- decoding ----------------------------------------------------------------------------------------------------------
