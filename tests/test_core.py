@@ -421,7 +421,8 @@ print(json.dumps(out))
     assert out["after_construct"] == []
     assert out["files_before_record"] == []
     assert out["after_default_metric"] == []
-    assert out["after_record"] == ["telemetrain-jsonl"]
+    # one writer per background sink, plus the per-process trimmer that keeps queues within their capacity
+    assert sorted(out["after_record"]) == ["telemetrain-jsonl", "telemetrain-trimmer"]
     assert out["after_close"] == []
 
 
@@ -436,10 +437,11 @@ def test_thread_starts_with_the_first_record(tmp_path: Path) -> None:
         assert started() == []
         assert list(tmp_path.iterdir()) == []  # nothing opened either
         t.metric("x", 1)
-        assert started() == ["telemetrain-jsonl"]
+        assert sorted(started()) == ["telemetrain-jsonl", "telemetrain-trimmer"]
         t.metric("y", 2)
         t.event("z")
-        assert started() == ["telemetrain-jsonl"]  # one thread per background sink, not per record
+        # one thread per background sink (plus the process's trimmer), not per record
+        assert sorted(started()) == ["telemetrain-jsonl", "telemetrain-trimmer"]
     finally:
         assert t.close()
     assert started() == []

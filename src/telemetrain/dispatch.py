@@ -1,12 +1,15 @@
 """Background delivery: one bounded queue and one worker thread per I/O sink.
 
-The training thread only appends a packed record (see ``records``) to a ``collections.deque`` (atomic under the
-GIL, no lock taken). The worker wakes every ``interval`` seconds (or on ``flush()``), takes everything queued and
-hands it to the sink as one batch. Each I/O sink has its own queue and thread, so a slow or blocked sink delays and
-drops only its own records.
+The training thread only appends a packed record (see ``records``) to a ``collections.deque``: the route of a
+record is the deque's own ``append`` (a C call, atomic under the GIL, no lock, no Python frame). The worker wakes
+every ``interval`` seconds (or on ``flush()``), takes everything queued and hands it to the sink as one batch. Each
+I/O sink has its own queue and thread, so a slow or blocked sink delays and drops only its own records.
 
-Drop policy: a queue holds at most ``capacity`` records; a record offered to a full queue is dropped (the newest is
-dropped, what is queued is kept) and counted. Drops are reported as a ``Diagnostic`` record and warned about once.
+Drop policy: a queue holds at most ``capacity`` records. Because the hot path does not check (a check would cost a
+Python call per record, ~100 ns, more than everything else the call does), one trimmer thread per process enforces
+the bound every ``TRIM_INTERVAL_S`` (20 ms): what is above capacity is dropped, newest first, and counted exactly.
+So memory stays within capacity plus 20 ms of the fastest possible producer, even when the sink's own thread is
+blocked. Drops are reported as a ``Diagnostic`` record and warned about once.
 
 Failure policy (``FailurePolicy``): a batch whose ``write`` raises is counted as failed and dropped; after
 ``max_consecutive`` failures in a row the sink is suspended for ``backoff_s`` seconds (doubling on each further
@@ -17,14 +20,16 @@ again. A success resets the backoff. The first failure is warned about once and 
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
 import warnings
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .records import IdentityOf, unpack
+from .records import PackedSource, unpack
 
 if TYPE_CHECKING:
     from .sinks.base import Sink
@@ -76,12 +81,16 @@ def warn_once_safely(message: str) -> None:
         pass
 
 
+TRIM_INTERVAL_S = 0.02
+
+
 class _Runner:
     """What the two runners share: counters and the failure policy."""
 
-    def __init__(self, sink: Sink, policy: FailurePolicy, report: Reporter, identity_of: IdentityOf) -> None:
+    def __init__(self, sink: Sink, policy: FailurePolicy, report: Reporter, source: PackedSource) -> None:
+        self._take_lock = threading.Lock()  # guards taking from the queue and the drop counters; never the hot path
         self.sink = sink
-        self.identity_of = identity_of
+        self.source = source
         self.policy = policy
         self._report = report
         self.stats = SinkStats(sink=sink.name, background=isinstance(self, BackgroundRunner))
@@ -90,21 +99,26 @@ class _Runner:
         self._backoff = policy.backoff_s
         self._warned = False
 
-    def _deliver(self, batch: list[Any]) -> None:
-        """Hand a batch of packed records to the sink, containing any failure. Never raises."""
+    def _deliver(self, batch: list[Any], *, counted: bool = True) -> None:
+        """Hand a batch of packed records to the sink, containing any failure. Never raises. ``counted=False`` for
+        telemetrain's own diagnostics, which are not part of the delivered/dropped record counts."""
         stats = self.stats
         if self._suspended_until:
             if time.monotonic() < self._suspended_until:
-                stats.dropped += len(batch)
-                stats.dropped_suspended += len(batch)
+                if not counted:
+                    return
+                with self._take_lock:
+                    stats.dropped += len(batch)
+                    stats.dropped_suspended += len(batch)
                 return
             self._suspended_until = 0.0
         try:
-            self.sink.write_packed(batch, self.identity_of)
+            self.sink.write_packed(batch, self.source)
         except BaseException as exc:  # noqa: BLE001 - nothing a sink raises may reach training
             self._on_failure(exc, len(batch))
         else:
-            stats.delivered += len(batch)
+            if counted:
+                stats.delivered += len(batch)
             if self._consecutive:
                 self._consecutive = 0
                 self._backoff = self.policy.backoff_s
@@ -135,8 +149,8 @@ class _Runner:
 class InlineRunner(_Runner):
     """Runs a cheap sink in the caller's thread, with the same failure containment."""
 
-    def __init__(self, sink: Sink, policy: FailurePolicy, report: Reporter, identity_of: IdentityOf) -> None:
-        super().__init__(sink, policy, report, identity_of)
+    def __init__(self, sink: Sink, policy: FailurePolicy, report: Reporter, source: PackedSource) -> None:
+        super().__init__(sink, policy, report, source)
         handle = sink.handle
         stats = self.stats
 
@@ -145,7 +159,7 @@ class InlineRunner(_Runner):
                 self._deliver([packed])
                 return
             try:
-                handle(unpack(packed, identity_of))
+                handle(unpack(packed, source.identity_of(packed[2]), source.wall_offset_ns))
             except BaseException as exc:  # noqa: BLE001
                 self._on_failure(exc, 1)
             else:
@@ -190,7 +204,7 @@ class BackgroundRunner(_Runner):
         sink: Sink,
         policy: FailurePolicy,
         report: Reporter,
-        identity_of: IdentityOf,
+        source: PackedSource,
         *,
         capacity: int = 100_000,
         interval: float = 0.2,
@@ -200,7 +214,7 @@ class BackgroundRunner(_Runner):
             raise ValueError(f"queue capacity must be >= 1, got {capacity}")
         if not interval > 0:
             raise ValueError(f"flush interval must be > 0 seconds, got {interval}")
-        super().__init__(sink, policy, report, identity_of)
+        super().__init__(sink, policy, report, source)
         self.capacity = capacity
         self.interval = interval
         self._on_wake = on_wake
@@ -211,6 +225,7 @@ class BackgroundRunner(_Runner):
     def _reset_process_state(self) -> None:
         """Fresh queue, locks and thread state: at construction and in a forked child."""
         self._queue: deque[Any] = deque()
+        self._take_lock = threading.Lock()
         self._wake = threading.Event()
         self._cv = threading.Condition(threading.RLock())
         self._flush_requested = 0
@@ -218,17 +233,25 @@ class BackgroundRunner(_Runner):
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._closed = False
-        queue, capacity, append, stats = self._queue, self.capacity, self._queue.append, self.stats
+        # The hot path: the route is this C method itself. The bound is the trimmer's job (module docstring).
+        self.enqueue: Callable[[Any], None] = self._queue.append
+        # Diagnostics wait apart: they must not be trimmed, nor counted as dropped records. A sink that stays blocked
+        # keeps only the latest of them.
+        self._diagnostics: deque[Any] = deque(maxlen=1000)
+        self.enqueue_diagnostic: Callable[[Any], None] = self._diagnostics.append
 
-        def enqueue(record: Any) -> None:  # the hot path: one len(), one append
-            if len(queue) < capacity:
-                append(record)
-            else:
-                stats.dropped += 1
-
-        self.enqueue: Callable[[Any], None] = enqueue
-        # Diagnostics skip the bound: at most a few per wake-up, and reporting a drop must not cause another one.
-        self.enqueue_diagnostic: Callable[[Any], None] = append
+    def trim(self) -> None:
+        """Drop what is above capacity, newest first, counted; report new drops. Called by the trimmer thread."""
+        queue = self._queue
+        if len(queue) > self.capacity:
+            with self._take_lock:  # the worker takes from the left under this lock; producers only append
+                pop = queue.pop
+                n = len(queue) - self.capacity
+                for _ in range(n):
+                    pop()
+                self.stats.dropped += n
+        if self.stats.dropped != self._reported_drops:
+            self._report_drops()
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
 
@@ -239,6 +262,11 @@ class BackgroundRunner(_Runner):
             if self._thread is None and not self._closed:
                 self._thread = threading.Thread(target=self._run, name=f"telemetrain-{self.sink.name}", daemon=True)
                 self._thread.start()
+                _trimmer.watch(self)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     @property
     def running(self) -> bool:
@@ -270,9 +298,13 @@ class BackgroundRunner(_Runner):
             thread.join(timeout)
             if thread.is_alive():  # a stuck sink: leave the daemon thread behind rather than hang the exit
                 self._closed = True
+                _trimmer.unwatch(self)
+                self._queue.clear()  # nobody will write these: free the memory
                 return False
         self._closed = True
+        _trimmer.unwatch(self)
         self._drain_once(flush_sink=True)
+        self.trim()
         try:
             self.sink.close()
         except BaseException as exc:  # noqa: BLE001
@@ -307,13 +339,17 @@ class BackgroundRunner(_Runner):
     def _drain_once(self, *, flush_sink: bool) -> None:
         if self._on_wake is not None:
             self._on_wake()
+        diagnostics = self._diagnostics
+        if diagnostics:
+            self._deliver([diagnostics.popleft() for _ in range(len(diagnostics))], counted=False)
         queue = self._queue
+        popleft = queue.popleft
         while queue:
-            n = len(queue)
-            popleft = queue.popleft
-            batch = [popleft() for _ in range(n)]
+            with self._take_lock:  # the trimmer may pop from the right meanwhile; the lock keeps n exact
+                batch = [popleft() for _ in range(len(queue))]
             self._deliver(batch)
-        self._report_drops()
+        if self.stats.dropped != self._reported_drops:
+            self._report_drops()
         if flush_sink:
             try:
                 self.sink.flush()
@@ -321,11 +357,12 @@ class BackgroundRunner(_Runner):
                 self._on_failure(exc, 0)
 
     def _report_drops(self) -> None:
-        dropped = self.stats.dropped
-        new = dropped - self._reported_drops
-        if new <= 0:
-            return
-        self._reported_drops = dropped
+        with self._take_lock:
+            dropped = self.stats.dropped
+            new = dropped - self._reported_drops
+            if new <= 0:
+                return
+            self._reported_drops = dropped
         queue_full = dropped - self.stats.dropped_suspended
         self._report("dropped", self, new, f"queue capacity {self.capacity}" if queue_full else "sink suspended")
         if queue_full and not self._warned_drops:
@@ -334,3 +371,55 @@ class BackgroundRunner(_Runner):
                 f"telemetrain: sink {self.sink.name!r} is not keeping up; records are being dropped (queue capacity "
                 f"{self.capacity}). Counts are in Telemetry.health() and in diagnostic records."
             )
+
+
+class _Trimmer:
+    """One daemon thread per process that keeps every started background queue within its capacity.
+
+    Process infrastructure like the signal and fork hooks, so one per process rather than per ``Telemetry``. It runs
+    only while some runner is started, and exits when none is left.
+    """
+
+    def __init__(self) -> None:
+        self._after_fork()
+
+    def _after_fork(self) -> None:
+        self._runners: weakref.WeakSet[BackgroundRunner] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def watch(self, runner: BackgroundRunner) -> None:
+        with self._lock:
+            self._runners.add(runner)
+            if self._thread is None:
+                self._stop = threading.Event()
+                self._thread = threading.Thread(target=self._run, args=(self._stop,), name="telemetrain-trimmer")
+                self._thread.daemon = True
+                self._thread.start()
+
+    def unwatch(self, runner: BackgroundRunner) -> None:
+        with self._lock:
+            self._runners.discard(runner)
+            thread = self._thread
+            if self._runners or thread is None:
+                return
+            self._thread = None  # the last runner is gone: stop now rather than at the next tick
+            self._stop.set()
+        if thread is not threading.current_thread():
+            thread.join(1.0)
+
+    def _run(self, stop: threading.Event) -> None:
+        while not stop.wait(TRIM_INTERVAL_S):
+            with self._lock:
+                runners = list(self._runners)
+            for runner in runners:
+                try:
+                    runner.trim()
+                except Exception:  # noqa: BLE001 - keep trimming the others
+                    pass
+
+
+_trimmer = _Trimmer()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_trimmer._after_fork)

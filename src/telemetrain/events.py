@@ -264,7 +264,14 @@ def configure(handler: EventHandler) -> None:
     """Send every recorded ``Event`` to ``handler`` too (the default is ``NullEventHandler``)."""
     if not isinstance(handler, EventHandler):
         raise TypeError(f"handler must be an EventHandler, got {type(handler).__name__}")
-    get_telemetry().extensions[_HANDLER_KEY] = handler
+    t = get_telemetry()
+    t.extensions[_HANDLER_KEY] = handler
+    global _configured
+    # record() checks this pair instead of a dict lookup: (the Telemetry it was configured on, the handler)
+    _configured = None if isinstance(handler, NullEventHandler) else (t, handler)
+
+
+_configured: tuple[Any, EventHandler] | None = None
 
 
 def _call_handler(handler: EventHandler, ev: Event) -> None:
@@ -288,24 +295,39 @@ def record(event: Event, destination: str = "null") -> None:
         raise TypeError(f"event must be a telemetrain.events.Event, got {type(event).__name__}")
     t = _default.telemetry or get_telemetry()
     mono = _monotonic_ns()
-    wall = mono + t._wall_offset_ns
-    if not event.timestamp:
-        event.timestamp = wall // 1_000_000
-    if not event.mono_ns:
-        event.mono_ns = mono
-    if not event.id:
+    if not event.id:  # first record of this Event object: id, and the times the caller left unset
         event.id = _next_event_id()
+        if not event.timestamp:
+            event.timestamp = (mono + t._wall_offset_ns) // 1_000_000
+        if not event.mono_ns:
+            event.mono_ns = mono
     route = t._event_routes.get(ELASTIC_GROUP)
     if route is None:
         route = t._resolve("event", ELASTIC_GROUP)
     if route:
-        attributes = dict(event.metadata)
-        # ``_value_`` directly: Enum's ``.value`` is a slow descriptor, and a plain str source passes through
-        attributes["source"] = getattr(event.source, "_value_", event.source)
-        route(("event", mono, wall, t._token, ELASTIC_GROUP, event.name, "info", attributes, event.id, ""))
-    handler = t.extensions.get(_HANDLER_KEY)
-    if handler is not None and not isinstance(handler, NullEventHandler):
-        _call_handler(handler, event)
+        # attributes flattened to the end of the packed record, keys then values (see records.ATTRIBUTE_LAYOUT);
+        # ``_value_`` directly because Enum's ``.value`` is a slow descriptor, and a plain str source passes through
+        md = event.metadata
+        source = getattr(event.source, "_value_", event.source)
+        route(
+            (
+                "event",
+                mono,
+                t._token,
+                ELASTIC_GROUP,
+                event.name,
+                "info",
+                event.id,
+                "",
+                *md,
+                "source",
+                *md.values(),
+                source,
+            )
+        )
+    configured = _configured
+    if configured is not None and configured[0] is t:
+        _call_handler(configured[1], event)
     if destination != "null":
         _log_to(destination, event)
 

@@ -128,7 +128,7 @@ class MetricStream:
         mono, wall = t.now()
         route = t.native_route("metric", self.group_name)
         if route:
-            route(("metric", mono, wall, t._token, self.group_name, metric_name, metric_value, "", None))
+            route(("metric", mono, t._token, self.group_name, metric_name, metric_value))
         if not isinstance(self.handler, NullMetricHandler):
             self.handler.emit(MetricData(wall / 1e9, self.group_name, metric_name, metric_value))
 
@@ -140,21 +140,28 @@ def getStream(group: str) -> MetricStream:
 
 def put_metric(metric_name: str, metric_value: int, metric_group: str = "torchelastic") -> None:
     """Publish one value to ``metric_group``; returns at once if nobody listens to the group."""
-    t = _default.telemetry or get_telemetry()
     try:
-        route = t._metric_routes.get(metric_group)
+        route = _default.metric_routes_get(metric_group)
     except TypeError:
         raise TypeError(f"metric_group must be a str, got {type(metric_group).__name__}") from None
     if route is None:
-        route = t._resolve("metric", metric_group, "metric_group")
+        route = get_telemetry()._resolve("metric", metric_group, "metric_group")
     if not route:
         return
     if type(metric_value) is not int and type(metric_value) is not float:
         metric_value = check_value(metric_value, "metric_value")
     if type(metric_name) is not str or not metric_name:
         metric_name = check_name(metric_name, "metric_name")
-    mono = _monotonic_ns()
-    route(("metric", mono, mono + t._wall_offset_ns, t._token, metric_group, metric_name, metric_value, "", None))
+    route(
+        (
+            "metric",
+            _monotonic_ns(),
+            (_default.telemetry or get_telemetry())._token,
+            metric_group,
+            metric_name,
+            metric_value,
+        )
+    )
 
 
 def publish_metric(metric_group: str, metric_name: str, metric_value: int) -> None:
@@ -209,10 +216,10 @@ def prof(fn: F | None = None, group: str = "torchelastic") -> Any:
                     route = t._resolve("metric", group, "group")
                 if route:
                     end = _monotonic_ns()
-                    wall, token = end + t._wall_offset_ns, t._token
+                    token = t._token
                     if outcome is not duration:
-                        route(("metric", end, wall, token, group, outcome, 1, "", None))
-                    route(("metric", end, wall, token, group, duration, (end - start) // 1_000_000, "", None))
+                        route(("metric", end, token, group, outcome, 1))
+                    route(("metric", end, token, group, duration, (end - start) // 1_000_000))
 
         return wrapper  # type: ignore[return-value]
 

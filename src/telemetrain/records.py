@@ -13,19 +13,23 @@ between sinks and threads. Every record starts with the same five fields::
 Attribute dicts are owned by the record once it is built: callers hand over a fresh dict (the APIs copy).
 
 On the training thread a record travels *packed*: a plain tuple of atomic values
-``(kind, mono_ns, wall_ns, identity_token, group, name, *the kind's other fields)``. Two reasons, both measured
-(BENCHMARKS.md): CPython builds a plain tuple several times faster than any class instance (~20 ns against ~150 ns
-for a tuple subclass), and a plain tuple holding only strings and numbers is *untracked* by the cyclic garbage
-collector after its first collection, whereas records holding a class or an ``Identity`` object stay tracked and
-make every collection re-walk the whole queue (2-3x the cost of the call with GC on). The identity travels as an int
-token that the owning ``Telemetry`` maps back. The dispatcher thread unpacks (``unpack``) before a sink sees the
-typed record; the run-store writer reads packed tuples directly.
+``(kind, mono_ns, identity_token, group, name, *the kind's other fields)``, where trailing fields that have their
+default value may be left out. Reasons, all measured (BENCHMARKS.md): CPython builds a plain tuple several times
+faster than any class instance (~20 ns against ~150 ns for a tuple subclass); a plain tuple holding only strings and
+numbers is *untracked* by the cyclic garbage collector after its first collection, whereas records holding a class,
+an ``Identity`` object, a dict or a nested tuple stay tracked and make collections re-walk the whole queue (2-3x the
+cost of the call with GC on); and every element less is less to allocate (a 6-tuple costs ~70 ns less than a
+9-tuple with a second big int). So the identity travels as an int token, attributes flattened into the record (see
+``ATTRIBUTE_LAYOUT``), and the
+wall time is added by the consumer (``mono_ns + wall offset``, see ``Telemetry.refresh_clock``) -- except for a
+record built elsewhere with its own wall time (``Telemetry.emit``): its time slot holds the pair ``(mono, wall)``.
+The dispatcher thread unpacks (``unpack``) before a sink sees the typed record; the run-store writer reads packed
+tuples directly.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from .identity import Identity
 
@@ -144,18 +148,63 @@ class Diagnostic(NamedTuple):
     kind = "diagnostic"
 
 
-_new = tuple.__new__
-IdentityOf = Callable[[int], Identity]
+class PackedSource(Protocol):
+    """What turns packed records back into typed ones: the ``Telemetry`` that packed them."""
+
+    def identity_of(self, token: int) -> Identity: ...
+
+    @property
+    def wall_offset_ns(self) -> int: ...
 
 
-def unpack(packed: tuple[Any, ...], identity_of: IdentityOf) -> Any:
-    """A packed record -> its typed record, the identity token resolved by ``identity_of``."""
-    return _new(KINDS[packed[0]], (packed[1], packed[2], identity_of(packed[3]), *packed[4:]))
+# Kinds with an attributes dict. Packed, their attributes are flattened to the end of the tuple, keys then values:
+# ``(kind, time, token, group, name, *the other fields, *keys, *values)``. A nested tuple or dict would keep the
+# record tracked by the GC for several collections (measured); one flat tuple of atomics is untracked at the first.
+# Value: (index of the attributes field among the fields after ``name``, number of the other fields).
+ATTRIBUTE_LAYOUT: dict[str, tuple[int, int]] = {"event": (1, 3), "span_start": (3, 3), "span_end": (3, 4)}
+
+
+def split_attributes(packed: tuple[Any, ...], n_other: int) -> tuple[tuple[Any, ...], dict[str, Any] | None]:
+    """(the other fields, the attributes) of a packed record of a kind with attributes."""
+    end = 5 + n_other
+    tail = packed[end:]
+    n = len(tail) // 2
+    return packed[5:end], (dict(zip(tail[:n], tail[n:], strict=True)) if n else None)
+
+
+def unpack(packed: tuple[Any, ...], identity: Identity, wall_offset_ns: int) -> Any:
+    """A packed record -> its typed record."""
+    kind = packed[0]
+    mono = packed[1]
+    if type(mono) is tuple:  # (mono, wall) of a record that came with its own wall time
+        mono, wall = mono
+        wall_offset_ns = wall - mono
+    layout = ATTRIBUTE_LAYOUT.get(kind)
+    if layout is None:
+        fields = packed[3:]
+    else:
+        at, n_other = layout
+        other, attributes = split_attributes(packed, n_other)
+        fields = (packed[3], packed[4], *other[:at], attributes, *other[at:])
+    return KINDS[kind](mono, mono + wall_offset_ns, identity, *fields)
+
+
+def unpack_batch(packed: Any, source: PackedSource) -> list[Any]:
+    offset = source.wall_offset_ns
+    identity_of = source.identity_of
+    return [unpack(p, identity_of(p[2]), offset) for p in packed]
 
 
 def pack(record: Any, token: int) -> tuple[Any, ...]:
     """A typed record -> its packed form, with ``token`` standing for its identity."""
-    return (record.kind, record[0], record[1], token, *record[3:])
+    head = (record.kind, (record[0], record[1]), token, record[3], record[4])
+    layout = ATTRIBUTE_LAYOUT.get(record.kind)
+    if layout is None:
+        return (*head, *record[5:])
+    at, _ = layout
+    fields = record[5:]
+    attributes = fields[at] or {}
+    return (*head, *fields[:at], *fields[at + 1 :], *attributes, *attributes.values())
 
 
 Record = MetricPoint | Event | SpanStart | SpanEnd | StatWindow | Diagnostic

@@ -146,10 +146,20 @@ class Telemetry:
         """The identity a packed record's token stands for."""
         return self._identities[token]
 
+    @property
+    def wall_offset_ns(self) -> int:
+        """Wall ns minus monotonic ns, as last read (see ``refresh_clock``)."""
+        return self._wall_offset_ns
+
     def refresh_clock(self) -> None:
-        """Wall time of a record is its monotonic time plus this offset, re-read on every dispatcher wake-up: one
-        clock read on the hot path instead of two."""
-        self._wall_offset_ns = time.time_ns() - _monotonic_ns()
+        """Wall time of a record is its monotonic time plus this offset, re-read on every dispatcher wake-up before
+        the batch is written: the hot path reads one clock instead of two, and packs one big int instead of two.
+
+        The offset is replaced only when the wall clock really moved (a step, or 1 ms of slew): reading the two
+        clocks jitters by ~100 ns, and every sink should stamp a given record with the same wall time."""
+        offset = time.time_ns() - _monotonic_ns()
+        if abs(offset - getattr(self, "_wall_offset_ns", offset + 10**9)) >= 1_000_000:
+            self._wall_offset_ns = offset
 
     @property
     def run_dir(self) -> Path | None:
@@ -178,13 +188,13 @@ class Telemetry:
                 sink,
                 self.failure_policy,
                 self._report,
-                self.identity_of,
+                self,
                 capacity=self.queue_capacity,
                 interval=self.flush_interval,
                 on_wake=self.refresh_clock,
             )
         else:
-            runner = InlineRunner(sink, self.failure_policy, self._report, self.identity_of)
+            runner = InlineRunner(sink, self.failure_policy, self._report, self)
         attachment = Attachment(sink=sink, runner=runner, kinds=kinds_f, groups=groups_f)
         with self._lock:
             if self._closed:
@@ -219,7 +229,7 @@ class Telemetry:
         """An extra inline listener for one kind and group (``None``: every group without its own hook), contained
         like any sink. ``sink=None`` makes the group explicitly silent for hooks."""
         with self._lock:
-            runner = None if sink is None else InlineRunner(sink, self.failure_policy, self._report, self.identity_of)
+            runner = None if sink is None else InlineRunner(sink, self.failure_policy, self._report, self)
             if runner is None:
                 self._hook_runners.pop((kind, group), None)
             else:
@@ -276,8 +286,10 @@ class Telemetry:
             name = check_name(name, "name")
         if step is not None and type(step) is not int:
             step = int(check_value(step, "step"))
-        mono = _monotonic_ns()
-        route(("metric", mono, mono + self._wall_offset_ns, self._token, group, name, value, unit, step))
+        if unit or step is not None:
+            route(("metric", _monotonic_ns(), self._token, group, name, value, unit, step))
+        else:  # the short packed form: trailing defaults left out (see records)
+            route(("metric", _monotonic_ns(), self._token, group, name, value))
 
     def event(
         self,
@@ -302,23 +314,27 @@ class Telemetry:
             name = check_name(name, "name")
         if severity not in _SEVERITY_SET:
             raise ValueError(f"severity must be one of {', '.join(SEVERITIES)}, got {severity!r}")
-        if attributes is not None:
-            if not isinstance(attributes, Mapping):
+        if not attributes:
+            if attributes is not None and not isinstance(attributes, Mapping):
                 raise TypeError(f"attributes must be a mapping, got {type(attributes).__name__}")
-            attributes = dict(attributes)
-        mono = _monotonic_ns()
+            route(("event", _monotonic_ns(), self._token, group, name, severity, event_id, span_id))
+            return
+        if not isinstance(attributes, Mapping):
+            raise TypeError(f"attributes must be a mapping, got {type(attributes).__name__}")
+        # packed with the attributes flattened to the end, keys then values (see records.ATTRIBUTE_LAYOUT): a copy
+        # the caller cannot change afterwards
         route(
             (
                 "event",
-                mono,
-                mono + self._wall_offset_ns,
+                _monotonic_ns(),
                 self._token,
                 group,
                 name,
                 severity,
-                attributes,
                 event_id,
                 span_id,
+                *attributes,
+                *attributes.values(),
             )
         )
 
@@ -369,6 +385,9 @@ class Telemetry:
     def health(self) -> dict[str, Any]:
         """Counters per sink: delivered, dropped, failed, suspended, last error."""
         runners = [a.runner for a in self._router.attachments] + list(self._hook_runners.values())
+        for r in runners:
+            if isinstance(r, BackgroundRunner) and not r.closed:
+                r.trim()  # settle the bound now, so the counts are exact at this moment
         sinks = [dict(vars(r.stats)) for r in runners]
         return {
             "sinks": sinks,
@@ -390,8 +409,7 @@ class Telemetry:
             return  # a sink failing while we report another failure: counted, not reported again
         self._reporting.active = True
         try:
-            mono, wall = self.now()
-            record = ("diagnostic", mono, wall, self._token, "telemetrain", what, runner.sink.name, count, message)
+            record = ("diagnostic", _monotonic_ns(), self._token, "telemetrain", what, runner.sink.name, count, message)
             for a in list(self._router.attachments):
                 if a.runner.stats.suspended or (a.runner is runner and what != "dropped"):
                     continue  # a failing sink does not hear about its own failures
@@ -416,12 +434,23 @@ class Telemetry:
 # -- the default instance ------------------------------------------------------------------------------------------
 
 
+def _bootstrap_metric_route(group: str) -> Any:
+    """The default's metric route lookup before a default exists: build it, then look up."""
+    return get_telemetry()._metric_routes.get(group)
+
+
 class _Default:
     """Holds the default instance; module-level APIs read ``_default.telemetry`` on every call so ``reset()`` and
-    ``set_telemetry()`` take effect at once."""
+    ``set_telemetry()`` take effect at once. ``metric_routes_get`` is the default's route lookup for metrics, kept
+    ready so the torchelastic ``put_metric`` answers "anyone listening?" with one call."""
 
-    telemetry: Telemetry | None = None
-    lock = threading.Lock()
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.install(None)
+
+    def install(self, telemetry: Telemetry | None) -> None:
+        self.telemetry = telemetry
+        self.metric_routes_get: Any = telemetry._metric_routes.get if telemetry is not None else _bootstrap_metric_route
 
 
 _default = _Default()
@@ -444,7 +473,8 @@ def get_telemetry() -> Telemetry:
         with _default.lock:
             t = _default.telemetry
             if t is None:
-                t = _default.telemetry = _from_env()
+                t = _from_env()
+                _default.install(t)
     return t
 
 
@@ -453,13 +483,15 @@ def set_telemetry(telemetry: Telemetry) -> Telemetry | None:
     if not isinstance(telemetry, Telemetry):
         raise TypeError(f"telemetry must be a Telemetry, got {type(telemetry).__name__}")
     with _default.lock:
-        previous, _default.telemetry = _default.telemetry, telemetry
+        previous = _default.telemetry
+        _default.install(telemetry)
     return previous
 
 
 def reset(timeout: float | None = 5.0) -> None:
     """Close the default instance and forget it; the next use builds a fresh one (for tests)."""
     with _default.lock:
-        previous, _default.telemetry = _default.telemetry, None
+        previous = _default.telemetry
+        _default.install(None)
     if previous is not None:
         previous.close(timeout)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..records import IdentityOf, unpack
+from ..records import PackedSource, unpack_batch
 
 
 class Sink:
@@ -29,9 +29,9 @@ class Sink:
         """Consume a batch of records, oldest first."""
         raise NotImplementedError
 
-    def write_packed(self, packed: Sequence[tuple[Any, ...]], identity_of: IdentityOf) -> None:
-        """Consume a batch of packed records (``identity_of`` resolves their identity tokens)."""
-        self.write([unpack(p, identity_of) for p in packed])
+    def write_packed(self, packed: Sequence[tuple[Any, ...]], source: PackedSource) -> None:
+        """Consume a batch of packed records (``source`` resolves identity tokens and wall time)."""
+        self.write(unpack_batch(packed, source))
 
     def handle(self, record: Any) -> None:
         """Consume one record (inline sinks)."""

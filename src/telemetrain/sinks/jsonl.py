@@ -21,8 +21,8 @@ from typing import Any
 
 from .._version import __version__
 from ..identity import Identity
-from ..records import IdentityOf, pack
-from ..store.codec import ENCODERS, _tag_nonfinite, encode_header
+from ..records import PackedSource
+from ..store.codec import ENCODERS, encode, encode_header, tag_nonfinite
 from ..store.layout import RUN_META, default_root, process_file_name, run_dir
 from .base import Sink
 
@@ -60,7 +60,7 @@ def write_run_meta(directory: Path, identity: Identity, config: Mapping[str, Any
         "config": dict(config or {}),
     }
     tmp = directory / f".run.json.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(_tag_nonfinite(meta), indent=1, default=repr, allow_nan=False) + "\n")
+    tmp.write_text(json.dumps(tag_nonfinite(meta), indent=1, default=repr, allow_nan=False) + "\n")
     try:
         os.link(tmp, target)  # fails if another process already created it: never overwrite
         return True
@@ -108,24 +108,31 @@ class RunStoreSink(Sink):
             self.bytes_written += n
 
     def write(self, records: Sequence[Any]) -> None:
-        self.write_packed([pack(r, 0) for r in records], lambda _token, rs=records: rs[0].identity)  # type: ignore[misc]
+        """Typed records (the packed path below is the usual one)."""
+        for record in records:
+            self._switch_to(record.identity, -1)
+            self._write_all(encode(record).encode())
 
-    def write_packed(self, packed: Sequence[tuple[Any, ...]], identity_of: IdentityOf) -> None:
+    def write_packed(self, packed: Sequence[tuple[Any, ...]], source: PackedSource) -> None:
         encoders = ENCODERS
+        offset = source.wall_offset_ns
         lines: list[str] = []
         token = self._token
         for p in packed:
-            if p[3] != token:
-                identity = identity_of(p[3])
-                if identity != self._identity:
-                    if lines:  # records of another identity (a fork, a re-identified run) go to their own file
-                        self._write_all("".join(lines).encode())
-                        lines = []
-                    self._open(identity)
-                token = self._token = p[3]
-            lines.append(encoders[p[0]](p))
+            if p[2] != token:
+                if lines:  # records of another identity (a fork, a re-identified run) may go to another file
+                    self._write_all("".join(lines).encode())
+                    lines = []
+                token = p[2]
+                self._switch_to(source.identity_of(token), token)
+            lines.append(encoders[p[0]](p, offset))
         if lines:
             self._write_all("".join(lines).encode())
+
+    def _switch_to(self, identity: Identity, token: int) -> None:
+        if identity != self._identity:
+            self._open(identity)
+        self._token = token
 
     def flush(self) -> None:
         pass  # every write goes straight to the kernel; fsync would cost far more than it protects here

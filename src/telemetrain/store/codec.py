@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..identity import Identity
-from ..records import Diagnostic, Event, MetricPoint, SpanEnd, SpanStart, StatWindow, pack
+from ..records import Diagnostic, Event, MetricPoint, SpanEnd, SpanStart, StatWindow, pack, split_attributes
 
 __all__ = ["decode_line", "encode", "encode_header"]
 
@@ -51,13 +51,13 @@ def _num(value: Any) -> str:
     return _num(float(value)) if isinstance(value, float) else _num(int(value))
 
 
-def _tag_nonfinite(obj: Any) -> Any:
+def tag_nonfinite(obj: Any) -> Any:
     if isinstance(obj, float) and not math.isfinite(obj):
         return {"$float": "NaN" if obj != obj else ("Infinity" if obj > 0 else "-Infinity")}
     if isinstance(obj, Mapping):
-        return {str(k): _tag_nonfinite(v) for k, v in obj.items()}
+        return {str(k): tag_nonfinite(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_tag_nonfinite(v) for v in obj]
+        return [tag_nonfinite(v) for v in obj]
     return obj
 
 
@@ -67,63 +67,91 @@ def _attrs(attributes: Mapping[str, Any] | None) -> str:
     try:
         return _dumps(attributes, allow_nan=False, default=repr, separators=(",", ":"))
     except ValueError:  # a non-finite float somewhere inside
-        return _dumps(_tag_nonfinite(attributes), allow_nan=False, default=repr, separators=(",", ":"))
+        return _dumps(tag_nonfinite(attributes), allow_nan=False, default=repr, separators=(",", ":"))
 
 
-# Encoders take packed records: (kind, mono_ns, wall_ns, identity token, group, name, *kind fields).
+# Encoders take a packed record (kind, mono_ns, identity token, group, name, *fields; trailing defaults may be
+# missing, see records) and the wall offset of its producer: wall_ns = mono_ns + offset.
+
+_TAILS: dict[str, tuple[Any, ...]] = {
+    cls.kind: tuple(cls._field_defaults.get(f) for f in cls._fields[5:])
+    for cls in (MetricPoint, Event, SpanStart, SpanEnd, StatWindow, Diagnostic)
+}
 
 
-def _head(kind: str, p: Any) -> str:
-    return f'{{"v":1,"kind":"{kind}","mono_ns":{p[1]},"wall_ns":{p[2]},"group":{_s(p[4])},"name":{_s(p[5])}'
+def _full(p: Any) -> Any:
+    """The packed record with its omitted trailing fields filled with their defaults."""
+    tail = _TAILS[p[0]]
+    missing = len(tail) + 5 - len(p)
+    return p + tail[len(tail) - missing :] if missing else p
 
 
-def _enc_metric(p: Any) -> str:
-    # MetricPoint fields after the head: value, unit, step
-    tail = f',"unit":{_s(p[7])}' if p[7] else ""
-    if p[8] is not None:
-        tail += f',"step":{p[8]}'
+def _times(p: Any, off: int) -> tuple[int, int]:
+    t = p[1]
+    return (t, t + off) if type(t) is int else t  # (mono, wall) for a record that came with its own wall time
+
+
+def _head(kind: str, p: Any, off: int) -> str:
+    mono, wall = _times(p, off)
+    return f'{{"v":1,"kind":"{kind}","mono_ns":{mono},"wall_ns":{wall},"group":{_s(p[3])},"name":{_s(p[4])}'
+
+
+def _enc_metric(p: Any, off: int) -> str:
+    # MetricPoint fields after the head: value[, unit[, step]]
+    tail = ""
+    if len(p) > 6:
+        if p[6]:
+            tail = f',"unit":{_s(p[6])}'
+        if len(p) > 7 and p[7] is not None:
+            tail += f',"step":{p[7]}'
+    mono, wall = _times(p, off)
     return (
-        f'{{"v":1,"kind":"metric","mono_ns":{p[1]},"wall_ns":{p[2]},"group":{_s(p[4])},"name":{_s(p[5])},'
-        f'"value":{_num(p[6])}{tail}}}\n'
+        f'{{"v":1,"kind":"metric","mono_ns":{mono},"wall_ns":{wall},"group":{_s(p[3])},"name":{_s(p[4])},'
+        f'"value":{_num(p[5])}{tail}}}\n'
     )
 
 
-def _enc_event(p: Any) -> str:
-    # Event: severity, attributes, event_id, span_id
+def _enc_event(p: Any, off: int) -> str:
+    # Event, packed: severity, event_id, span_id, *attribute keys, *attribute values
+    (severity, event_id, span_id), attributes = split_attributes(p, 3)
     return (
-        f'{_head("event", p)},"severity":{_s(p[6])},"attributes":{_attrs(p[7])},'
-        f'"event_id":{_s(p[8])},"span_id":{_s(p[9])}}}\n'
+        f'{_head("event", p, off)},"severity":{_s(severity)},"attributes":{_attrs(attributes)},'
+        f'"event_id":{_s(event_id)},"span_id":{_s(span_id)}}}\n'
     )
 
 
-def _enc_span_start(p: Any) -> str:
-    # SpanStart: span_id, parent_id, trace_id, attributes
+def _enc_span_start(p: Any, off: int) -> str:
+    # SpanStart, packed: span_id, parent_id, trace_id, *attributes
+    (span_id, parent_id, trace_id), attributes = split_attributes(p, 3)
     return (
-        f'{_head("span_start", p)},"span_id":{_s(p[6])},"parent_id":{_s(p[7])},'
-        f'"trace_id":{_s(p[8])},"attributes":{_attrs(p[9])}}}\n'
+        f'{_head("span_start", p, off)},"span_id":{_s(span_id)},"parent_id":{_s(parent_id)},'
+        f'"trace_id":{_s(trace_id)},"attributes":{_attrs(attributes)}}}\n'
     )
 
 
-def _enc_span_end(p: Any) -> str:
-    # SpanEnd: span_id, duration_ns, status, attributes, error
+def _enc_span_end(p: Any, off: int) -> str:
+    # SpanEnd, packed: span_id, duration_ns, status, error, *attributes
+    (span_id, duration_ns, status, error), attributes = split_attributes(p, 4)
     return (
-        f'{_head("span_end", p)},"span_id":{_s(p[6])},"duration_ns":{p[7]},"status":{_s(p[8])},'
-        f'"attributes":{_attrs(p[9])},"error":{_s(p[10])}}}\n'
+        f'{_head("span_end", p, off)},"span_id":{_s(span_id)},"duration_ns":{duration_ns},"status":{_s(status)},'
+        f'"attributes":{_attrs(attributes)},"error":{_s(error)}}}\n'
     )
 
 
-def _enc_stat(p: Any) -> str:
+def _enc_stat(p: Any, off: int) -> str:
     # StatWindow: start_mono_ns, count, values, unit
-    values = ",".join(f"{_s(k)}:{_num(v)}" for k, v in p[8].items())
-    return f'{_head("stat", p)},"start_mono_ns":{p[6]},"count":{p[7]},"values":{{{values}}},"unit":{_s(p[9])}}}\n'
+    p = _full(p)
+    values = ",".join(f"{_s(k)}:{_num(v)}" for k, v in p[7].items())
+    return f'{_head("stat", p, off)},"start_mono_ns":{p[5]},"count":{p[6]},"values":{{{values}}},"unit":{_s(p[8])}}}\n'
 
 
-def _enc_diagnostic(p: Any) -> str:
+def _enc_diagnostic(p: Any, off: int) -> str:
     # Diagnostic: sink, count, message
-    return f'{_head("diagnostic", p)},"sink":{_s(p[6])},"count":{p[7]},"message":{_s(p[8])}}}\n'
+    p = _full(p)
+    return f'{_head("diagnostic", p, off)},"sink":{_s(p[5])},"count":{p[6]},"message":{_s(p[7])}}}\n'
 
 
-ENCODERS: dict[str, Callable[[Any], str]] = {
+ENCODERS: dict[str, Callable[[Any, int], str]] = {
     MetricPoint.kind: _enc_metric,
     Event.kind: _enc_event,
     SpanStart.kind: _enc_span_start,
@@ -134,16 +162,15 @@ ENCODERS: dict[str, Callable[[Any], str]] = {
 
 
 def encode(record: Any) -> str:
-    """One record (typed or packed) as one JSON line, with the newline. The identity is not in the line: it is in
-    the header of the file (``encode_header``)."""
-    packed = record if type(record[0]) is str else pack(record, 0)
-    return ENCODERS[packed[0]](packed)
+    """One typed record as one JSON line, with the newline. The identity is not in the line: it is in the header of
+    the file (``encode_header``)."""
+    return ENCODERS[record.kind](pack(record, 0), 0)
 
 
 def encode_header(identity: Identity, mono_ns: int, wall_ns: int, extra: Mapping[str, Any]) -> str:
     """The first line of every process file: who wrote the lines that follow."""
     obj = {"v": 1, "kind": "process", "mono_ns": mono_ns, "wall_ns": wall_ns, "identity": identity.as_dict(), **extra}
-    return _dumps(_tag_nonfinite(obj), separators=(",", ":"), default=repr, allow_nan=False) + "\n"
+    return _dumps(tag_nonfinite(obj), separators=(",", ":"), default=repr, allow_nan=False) + "\n"
 
 
 # -- decoding ----------------------------------------------------------------------------------------------------------
@@ -159,18 +186,18 @@ def _f(value: Any) -> Any:
     return value
 
 
-def _untag(obj: Any) -> Any:
+def untag_nonfinite(obj: Any) -> Any:
     if isinstance(obj, dict):
         if len(obj) == 1 and "$float" in obj:
             return _NONFINITE[obj["$float"]]
-        return {k: _untag(v) for k, v in obj.items()}
+        return {k: untag_nonfinite(v) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [_untag(v) for v in obj]
+        return [untag_nonfinite(v) for v in obj]
     return obj
 
 
 def _attrs_in(obj: Any) -> dict[str, Any] | None:
-    return _untag(obj) if obj else None
+    return untag_nonfinite(obj) if obj else None
 
 
 def decode_line(line: str | bytes, identity: Identity) -> Any:

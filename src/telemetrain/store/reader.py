@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..identity import Identity
-from .codec import decode_line
+from .codec import decode_line, untag_nonfinite
 from .layout import RUN_META, is_process_file
 
 __all__ = ["NotARunError", "ProcessLog", "Run", "find_runs", "open_run"]
@@ -166,8 +166,8 @@ def _read_meta(path: Path) -> dict[str, Any]:
     if not meta_path.exists():
         return {}
     try:
-        meta = json.loads(meta_path.read_text())
-    except (OSError, ValueError):
+        meta = untag_nonfinite(json.loads(meta_path.read_text()))
+    except (OSError, ValueError, KeyError):
         return {}
     return meta if isinstance(meta, dict) else {}
 
