@@ -615,3 +615,41 @@ def test_run_json_is_written_once_with_identity(tmp_path: Path) -> None:
     assert run.meta["created_by"]["pid"] == 1001
     assert [(p.pid, [r.name for r in p.records]) for p in run.processes] == [(1001, ["a"]), (1002, ["b"])]
     assert run.processes[1].identity == first.replace(pid=1002)
+
+
+def test_prof_pairs_count_as_two_records_everywhere(tmp_path: Path) -> None:
+    """@prof queues success+duration as one packed pair; every count and every sink must still see two records."""
+    from telemetrain import metrics
+
+    t = telemetrain.Telemetry(store=tmp_path)
+    seen: list[str] = []
+
+    class Collect(Sink):
+        name = "collect"
+
+        def write(self, records: Any) -> None:
+            seen.extend(r.name for r in records)
+
+    t.add_sink(Collect())
+    previous = telemetrain.set_telemetry(t)
+    try:
+
+        @metrics.prof(group="p")
+        def work() -> int:
+            return 1
+
+        for _ in range(10):
+            work()
+        assert t.flush()
+        stats = {s["sink"]: s for s in t.health()["sinks"]}
+        assert stats["jsonl"]["delivered"] == 20 and stats["collect"]["delivered"] == 20
+    finally:
+        t.close()
+        if previous is not None:
+            telemetrain.set_telemetry(previous)
+        else:
+            telemetrain.reset()
+    key = "test_prof_pairs_count_as_two_records_everywhere.<locals>.work"  # torchelastic's rule: the qualname
+    assert seen == [f"{key}.success", f"{key}.duration.ms"] * 10
+    names = [r.name for r in open_run(t.run_dir).records("metric")]
+    assert names == seen

@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .records import PackedSource, unpack
+from .records import METRIC_PAIR, PackedSource, unpack_all
 
 if TYPE_CHECKING:
     from .sinks.base import Sink
@@ -84,6 +84,11 @@ def warn_once_safely(message: str) -> None:
 TRIM_INTERVAL_S = 0.02
 
 
+def count_records(batch: list[Any]) -> int:
+    """Records in a batch of packed tuples: a metric pair stands for two (see records.METRIC_PAIR)."""
+    return len(batch) + sum(1 for p in batch if p[0] == METRIC_PAIR)
+
+
 class _Runner:
     """What the two runners share: counters and the failure policy."""
 
@@ -107,18 +112,19 @@ class _Runner:
             if time.monotonic() < self._suspended_until:
                 if not counted:
                     return
+                n = count_records(batch)
                 with self._take_lock:
-                    stats.dropped += len(batch)
-                    stats.dropped_suspended += len(batch)
+                    stats.dropped += n
+                    stats.dropped_suspended += n
                 return
             self._suspended_until = 0.0
         try:
             self.sink.write_packed(batch, self.source)
         except BaseException as exc:  # noqa: BLE001 - nothing a sink raises may reach training
-            self._on_failure(exc, len(batch))
+            self._on_failure(exc, count_records(batch))
         else:
             if counted:
-                stats.delivered += len(batch)
+                stats.delivered += count_records(batch)
             if self._consecutive:
                 self._consecutive = 0
                 self._backoff = self.policy.backoff_s
@@ -158,15 +164,16 @@ class InlineRunner(_Runner):
             if self._suspended_until:
                 self._deliver([packed])
                 return
-            try:
-                handle(unpack(packed, source.identity_of(packed[2]), source.wall_offset_ns))
-            except BaseException as exc:  # noqa: BLE001
-                self._on_failure(exc, 1)
-            else:
-                stats.delivered += 1
-                if self._consecutive:
-                    self._consecutive = 0
-                    self._backoff = self.policy.backoff_s
+            for record in unpack_all(packed, source.identity_of(packed[2]), source.wall_offset_ns):
+                try:
+                    handle(record)
+                except BaseException as exc:  # noqa: BLE001
+                    self._on_failure(exc, 1)
+                else:
+                    stats.delivered += 1
+                    if self._consecutive:
+                        self._consecutive = 0
+                        self._backoff = self.policy.backoff_s
 
         self.enqueue: Callable[[Any], None] = deliver_one
         self.enqueue_diagnostic: Callable[[Any], None] = deliver_one
@@ -245,11 +252,13 @@ class BackgroundRunner(_Runner):
         queue = self._queue
         if len(queue) > self.capacity:
             with self._take_lock:  # the worker takes from the left under this lock; producers only append
-                pop = queue.pop
-                n = len(queue) - self.capacity
-                for _ in range(n):
-                    pop()
-                self.stats.dropped += n
+                n = len(queue) - self.capacity  # again under the lock: the worker may have drained meanwhile
+                if n > 0:
+                    pop = queue.pop
+                    records = 0
+                    for _ in range(n):
+                        records += 2 if pop()[0] == METRIC_PAIR else 1
+                    self.stats.dropped += records
         if self.stats.dropped != self._reported_drops:
             self._report_drops()
 
@@ -344,9 +353,11 @@ class BackgroundRunner(_Runner):
             self._deliver([diagnostics.popleft() for _ in range(len(diagnostics))], counted=False)
         queue = self._queue
         popleft = queue.popleft
+        capacity = self.capacity
         while queue:
             with self._take_lock:  # the trimmer may pop from the right meanwhile; the lock keeps n exact
-                batch = [popleft() for _ in range(len(queue))]
+                # at most a queue's worth per batch: the queue can overshoot between trims, a batch need not
+                batch = [popleft() for _ in range(min(len(queue), capacity))]
             self._deliver(batch)
         if self.stats.dropped != self._reported_drops:
             self._report_drops()

@@ -16,6 +16,7 @@ from collections import namedtuple
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from .records import METRIC_PAIR
 from .sinks.base import Sink
 from .telemetry import Telemetry, _default, check_name, check_value, get_telemetry
 
@@ -216,10 +217,10 @@ def prof(fn: F | None = None, group: str = "torchelastic") -> Any:
                     route = t._resolve("metric", group, "group")
                 if route:
                     end = _monotonic_ns()
-                    token = t._token
-                    if outcome is not duration:
-                        route(("metric", end, token, group, outcome, 1))
-                    route(("metric", end, token, group, duration, (end - start) // 1_000_000))
+                    if outcome is duration:
+                        route(("metric", end, t._token, group, duration, (end - start) // 1_000_000))
+                    else:  # success/failure and duration in one packed tuple (records.METRIC_PAIR)
+                        route((METRIC_PAIR, end, t._token, group, outcome, 1, duration, (end - start) // 1_000_000))
 
         return wrapper  # type: ignore[return-value]
 

@@ -16,7 +16,18 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..identity import Identity
-from ..records import Diagnostic, Event, MetricPoint, SpanEnd, SpanStart, StatWindow, pack, split_attributes
+from ..records import (
+    METRIC_PAIR,
+    Diagnostic,
+    Event,
+    MetricPoint,
+    SpanEnd,
+    SpanStart,
+    StatWindow,
+    pack,
+    split_attributes,
+    split_pair,
+)
 
 __all__ = ["decode_line", "encode", "encode_header"]
 
@@ -151,7 +162,13 @@ def _enc_diagnostic(p: Any, off: int) -> str:
     return f'{_head("diagnostic", p, off)},"sink":{_s(p[5])},"count":{p[6]},"message":{_s(p[7])}}}\n'
 
 
+def _enc_metric_pair(p: Any, off: int) -> str:
+    first, second = split_pair(p)
+    return _enc_metric(first, off) + _enc_metric(second, off)
+
+
 ENCODERS: dict[str, Callable[[Any, int], str]] = {
+    METRIC_PAIR: _enc_metric_pair,
     MetricPoint.kind: _enc_metric,
     Event.kind: _enc_event,
     SpanStart.kind: _enc_span_start,
