@@ -87,6 +87,7 @@ class Telemetry:
             raise ValueError(f"flush_interval must be > 0 seconds, got {flush_interval!r}")
         # Packed records carry an int token for the identity (see records); tokens are never reused.
         self._identities: dict[int, Identity] = {}
+        self._identity_lock = threading.Lock()
         self._pid = os.getpid()
         self._install_identity(identity if identity is not None else identity_from_env())
         self.queue_capacity = queue_capacity
@@ -125,22 +126,24 @@ class Telemetry:
         return self._install_identity(base.replace(**changes) if changes else base)
 
     def _install_identity(self, identity: Identity) -> Identity:
-        token = len(self._identities) + 1
-        self._identities[token] = identity
-        # token first: a record built between the two stores carries the old, still valid, pair
-        self._token = token
-        self._identity = identity
+        with self._identity_lock:
+            token = len(self._identities) + 1
+            self._identities[token] = identity
+            # token first: a record built between the two stores carries the old, still valid, pair
+            self._token = token
+            self._identity = identity
         return identity
 
     def _token_for(self, identity: Identity) -> int:
         if identity is self._identity:
             return self._token
-        for token, known in self._identities.items():
-            if known == identity:
-                return token
-        token = len(self._identities) + 1
-        self._identities[token] = identity
-        return token
+        with self._identity_lock:  # two threads must not hand out the same new token
+            for token, known in self._identities.items():
+                if known == identity:
+                    return token
+            token = len(self._identities) + 1
+            self._identities[token] = identity
+            return token
 
     def identity_of(self, token: int) -> Identity:
         """The identity a packed record's token stands for."""
@@ -423,6 +426,7 @@ class Telemetry:
     def _after_fork_in_child(self) -> None:
         self._pid = os.getpid()
         self._lock = threading.RLock()
+        self._identity_lock = threading.Lock()
         self._reporting = threading.local()
         self._install_identity(self._identity.replace(pid=os.getpid()))
         self.refresh_clock()
