@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import threading
+import types
+import typing
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -76,3 +78,17 @@ def read_run() -> Callable[..., list[Any]]:
         return open_run(t.run_dir).records(kinds)
 
     return read
+
+
+def norm_type(tp: Any) -> Any:
+    """An annotation in a form that does not depend on the defining module or on ``X | None`` vs ``Optional[X]``."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return ("union", frozenset(norm_type(a) for a in typing.get_args(tp)))
+    if origin is not None:
+        return (norm_type(origin), tuple(norm_type(a) for a in typing.get_args(tp)))
+    if tp is None or tp is type(None):
+        return "None"
+    if isinstance(tp, type):
+        return tp.__qualname__
+    return repr(tp)

@@ -9,7 +9,6 @@ import logging
 import os
 import socket
 import time
-import types
 import typing
 import uuid
 import warnings
@@ -21,6 +20,7 @@ import torch.distributed.elastic.events as tevents
 import torch.distributed.elastic.events.handlers as thandlers
 
 import telemetrain
+from conftest import norm_type
 from telemetrain import events
 
 # -- helpers ---------------------------------------------------------------------------------------------------------
@@ -87,25 +87,12 @@ def torch_rdzv_handler(monkeypatch: pytest.MonkeyPatch) -> Iterator[ListHandler]
     logging.getLogger("torchelastic-events-dynamic_rendezvous").removeHandler(handler)
 
 
-def _norm_type(tp: Any) -> Any:
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        return ("union", frozenset(_norm_type(a) for a in typing.get_args(tp)))
-    if origin is not None:
-        return (_norm_type(origin), tuple(_norm_type(a) for a in typing.get_args(tp)))
-    if tp is None or tp is type(None):
-        return "None"
-    if isinstance(tp, type):
-        return tp.__qualname__
-    return repr(tp)
-
-
 def _fields(cls: type) -> list[tuple[str, Any, Any, Any]]:
     hints = typing.get_type_hints(cls)
     return [
         (
             f.name,
-            _norm_type(hints[f.name]),
+            norm_type(hints[f.name]),
             f.default,
             f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING,
         )

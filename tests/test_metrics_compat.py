@@ -11,7 +11,6 @@ import math
 import re
 import time
 import types
-import typing
 import warnings
 from typing import Any
 
@@ -20,6 +19,7 @@ import torch.distributed.elastic.metrics as tmetrics
 import torch.distributed.elastic.metrics.api as tapi
 
 import telemetrain
+from conftest import norm_type
 from telemetrain import metrics
 
 # -- helpers ---------------------------------------------------------------------------------------------------------
@@ -59,20 +59,6 @@ def stored_metrics(read_run: Any, t: telemetrain.Telemetry) -> list[tuple[str, s
     ]
 
 
-def _norm_type(tp: Any) -> Any:
-    """An annotation in a form that does not depend on the defining module or on ``X | None`` vs ``Optional[X]``."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        return ("union", frozenset(_norm_type(a) for a in typing.get_args(tp)))
-    if origin is not None:
-        return (_norm_type(origin), tuple(_norm_type(a) for a in typing.get_args(tp)))
-    if tp is None or tp is type(None):
-        return "None"
-    if isinstance(tp, type):
-        return tp.__qualname__
-    return repr(tp)
-
-
 def _params(fn: Any) -> list[tuple[str, Any, Any, Any]]:
     sig = inspect.signature(fn, eval_str=True)
     return [
@@ -80,7 +66,7 @@ def _params(fn: Any) -> list[tuple[str, Any, Any, Any]]:
             p.name,
             p.kind,
             p.default,
-            inspect.Parameter.empty if p.annotation is inspect.Parameter.empty else _norm_type(p.annotation),
+            inspect.Parameter.empty if p.annotation is inspect.Parameter.empty else norm_type(p.annotation),
         )
         for p in sig.parameters.values()
     ]
