@@ -254,7 +254,7 @@ def test_failing_sink_is_contained_counted_warned_once_and_suspended(tmp_path: P
     diags = [r for r in run.records("diagnostic") if r.sink == "failing"]
     errors = [d for d in diags if d.name == "sink_error"]
     assert len(errors) == MAX_CONSECUTIVE
-    assert all(d.count == per_failure and "sink is broken" in d.message for d in errors)
+    assert all(d.record_count == per_failure and "sink is broken" in d.message for d in errors)
     assert [d.name for d in diags if d.name == "sink_suspended"] == ["sink_suspended"]
     assert [d for d in collect.records if d.kind == "diagnostic" and d.name == "sink_error"]
 
@@ -267,7 +267,7 @@ def test_failing_sink_is_contained_counted_warned_once_and_suspended(tmp_path: P
     # wake-ups add nothing (no diagnostics about the sink's own drop reports, fed back to it)
     assert stats["dropped"] == emitted - MAX_CONSECUTIVE * per_failure, diags
     if background:
-        reported = [d.count for d in diags if d.name == "dropped"]
+        reported = [d.record_count for d in diags if d.name == "dropped"]
         assert sum(reported) == stats["dropped"], reported
 
 

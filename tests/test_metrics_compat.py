@@ -72,13 +72,19 @@ def _params(fn: Any) -> list[tuple[str, Any, Any, Any]]:
     ]
 
 
+# Deliberately widened (docs/compat.md): torchelastic annotates ``metric_value: int`` but passes anything through;
+# telemetrain accepts any real number, and ``float`` (which admits ``int``) says so to a type checker.
+WIDENED = {("metric_value", "int"): "float"}
+
+
 def assert_same_parameters(ours: Any, theirs: Any) -> None:
-    """Same names, kinds and defaults; the same annotation wherever torchelastic has one (ours may add some)."""
+    """Same names, kinds and defaults; the same annotation wherever torchelastic has one (ours may add some, and may
+    widen the ones listed in WIDENED)."""
     mine, their = _params(ours), _params(theirs)
     assert [p[:3] for p in mine] == [p[:3] for p in their]
     for m, th in zip(mine, their, strict=True):
         if th[3] is not inspect.Parameter.empty:
-            assert m[3] == th[3], f"annotation of {th[0]!r}"
+            assert m[3] == WIDENED.get((th[0], th[3]), th[3]), f"annotation of {th[0]!r}"
 
 
 # -- public names and signatures -------------------------------------------------------------------------------------

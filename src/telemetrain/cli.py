@@ -66,7 +66,7 @@ def _fmt_duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m{secs:06.3f}s" if hours else f"{minutes}m{secs:06.3f}s"
 
 
-def _table(rows: list[tuple[str, ...]], indent: str = "  ") -> list[str]:
+def _table(rows: Sequence[tuple[Any, ...]], indent: str = "  ") -> list[str]:
     """Left-aligned columns (the last one unpadded)."""
     if not rows:
         return []
@@ -150,7 +150,9 @@ def summarize(run: Run) -> list[str]:
     diag_rows = []
     for (name, sink), ds in sorted(grouped.items()):
         message = ds[-1].message.replace("\n", " ")[:160]
-        diag_rows.append((name, f"sink {sink or '?'}", f"x{len(ds)}", f"count {sum(d.count for d in ds)}", message))
+        diag_rows.append(
+            (name, f"sink {sink or '?'}", f"x{len(ds)}", f"count {sum(d.record_count for d in ds)}", message)
+        )
     lines += _table(diag_rows)
     return lines
 

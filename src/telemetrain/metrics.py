@@ -14,7 +14,7 @@ import time
 import warnings
 from collections import namedtuple
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast, overload
 
 from .records import METRIC_PAIR
 from .sinks.base import Sink
@@ -91,7 +91,7 @@ _HANDLERS_KEY = "telemetrain.metrics.handlers"
 
 
 def _handlers(t: Telemetry) -> dict[str | None, MetricHandler]:
-    return t.extensions.setdefault(_HANDLERS_KEY, {})
+    return cast("dict[str | None, MetricHandler]", t.extensions.setdefault(_HANDLERS_KEY, {}))
 
 
 def configure(handler: MetricHandler, group: str | None = None) -> None:
@@ -118,7 +118,7 @@ class MetricStream:
         self.group_name = group_name
         self.handler = handler
 
-    def add_value(self, metric_name: str, metric_value: int) -> None:
+    def add_value(self, metric_name: str, metric_value: float) -> None:
         t = _default.telemetry or get_telemetry()
         if self.handler is _handler_for(t, self.group_name):
             put_metric(metric_name, metric_value, self.group_name)
@@ -139,7 +139,7 @@ def getStream(group: str) -> MetricStream:
     return MetricStream(group, _handler_for(t, group))
 
 
-def put_metric(metric_name: str, metric_value: int, metric_group: str = "torchelastic") -> None:
+def put_metric(metric_name: str, metric_value: float, metric_group: str = "torchelastic") -> None:
     """Publish one value to ``metric_group``; returns at once if nobody listens to the group."""
     try:
         route = _default.metric_routes_get(metric_group)
@@ -165,7 +165,7 @@ def put_metric(metric_name: str, metric_value: int, metric_group: str = "torchel
     )
 
 
-def publish_metric(metric_group: str, metric_name: str, metric_value: int) -> None:
+def publish_metric(metric_group: str, metric_name: str, metric_value: float) -> None:
     warnings.warn(
         "Deprecated, use put_metric(metric_name, metric_value, metric_group) instead", FutureWarning, stacklevel=2
     )
@@ -187,7 +187,15 @@ def _get_metric_name(fn: Callable[..., Any]) -> str:
     return qualname
 
 
-def prof(fn: F | None = None, group: str = "torchelastic") -> Any:
+@overload
+def prof(fn: F, group: str = "torchelastic") -> F: ...
+
+
+@overload
+def prof(fn: None = None, group: str = "torchelastic") -> Callable[[F], F]: ...
+
+
+def prof(fn: F | None = None, group: str = "torchelastic") -> F | Callable[[F], F]:
     """Emit ``<key>.success`` or ``<key>.failure`` (1) and ``<key>.duration.ms`` for each call of the function.
 
     Usable bare (``@prof``) or with a group (``@prof(group="agent")``). The key is computed once, at decoration.

@@ -29,7 +29,7 @@ tuples directly.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Protocol
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 from .identity import Identity
 
@@ -53,9 +53,7 @@ Attributes = dict[str, Any]
 SEVERITIES = ("debug", "info", "warning", "error", "critical")
 
 
-class MetricPoint(NamedTuple):
-    """One value of a named metric (torchelastic ``put_metric``, a derived training metric, a system sample)."""
-
+class _MetricPointFields(NamedTuple):
     mono_ns: int
     wall_ns: int
     identity: Identity
@@ -65,12 +63,15 @@ class MetricPoint(NamedTuple):
     unit: str = ""
     step: int | None = None
 
-    kind = "metric"
+
+class MetricPoint(_MetricPointFields):
+    """One value of a named metric (torchelastic ``put_metric``, a derived training metric, a system sample)."""
+
+    __slots__ = ()
+    kind: ClassVar[str] = "metric"
 
 
-class Event(NamedTuple):
-    """Something that happened, with attributes. ``span_id`` links it to the span that was current."""
-
+class _EventFields(NamedTuple):
     mono_ns: int
     wall_ns: int
     identity: Identity
@@ -81,12 +82,15 @@ class Event(NamedTuple):
     event_id: str = ""
     span_id: str = ""
 
-    kind = "event"
+
+class Event(_EventFields):
+    """Something that happened, with attributes. ``span_id`` links it to the span that was current."""
+
+    __slots__ = ()
+    kind: ClassVar[str] = "event"
 
 
-class SpanStart(NamedTuple):
-    """A span was opened. Written at once, so a span still open at a crash is visible."""
-
+class _SpanStartFields(NamedTuple):
     mono_ns: int
     wall_ns: int
     identity: Identity
@@ -97,12 +101,15 @@ class SpanStart(NamedTuple):
     trace_id: str = ""
     attributes: Attributes | None = None
 
-    kind = "span_start"
+
+class SpanStart(_SpanStartFields):
+    """A span was opened. Written at once, so a span still open at a crash is visible."""
+
+    __slots__ = ()
+    kind: ClassVar[str] = "span_start"
 
 
-class SpanEnd(NamedTuple):
-    """A span was closed. ``status`` is ``ok``, ``error`` or ``terminated``."""
-
+class _SpanEndFields(NamedTuple):
     mono_ns: int
     wall_ns: int
     identity: Identity
@@ -114,38 +121,49 @@ class SpanEnd(NamedTuple):
     attributes: Attributes | None = None
     error: str = ""
 
-    kind = "span_end"
+
+class SpanEnd(_SpanEndFields):
+    """A span was closed. ``status`` is ``ok``, ``error`` or ``terminated``."""
+
+    __slots__ = ()
+    kind: ClassVar[str] = "span_end"
 
 
-class StatWindow(NamedTuple):
-    """A closed window of a stat: its bounds, its sample count and one value per aggregation."""
-
+class _StatWindowFields(NamedTuple):
     mono_ns: int
     wall_ns: int
     identity: Identity
     group: str
     name: str
     start_mono_ns: int
-    count: int
+    sample_count: int
     values: dict[str, Number]
     unit: str = ""
 
-    kind = "stat"
+
+class StatWindow(_StatWindowFields):
+    """A closed window of a stat: its bounds, its sample count and one value per aggregation."""
+
+    __slots__ = ()
+    kind: ClassVar[str] = "stat"
 
 
-class Diagnostic(NamedTuple):
-    """telemetrain about itself: a sink failure, dropped records, a suspended sink."""
-
+class _DiagnosticFields(NamedTuple):
     mono_ns: int
     wall_ns: int
     identity: Identity
     group: str
     name: str  # what happened: "sink_error", "dropped", "sink_suspended", "sink_resumed"
     sink: str = ""
-    count: int = 0
+    record_count: int = 0
     message: str = ""
 
-    kind = "diagnostic"
+
+class Diagnostic(_DiagnosticFields):
+    """telemetrain about itself: a sink failure, dropped records, a suspended sink."""
+
+    __slots__ = ()
+    kind: ClassVar[str] = "diagnostic"
 
 
 class PackedSource(Protocol):

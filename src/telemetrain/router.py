@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Literal
 
 from .dispatch import BackgroundRunner, InlineRunner
 from .records import KINDS
 from .sinks.base import Sink
 
 Deliver = Callable[[Any], None]
+Route = Deliver | Literal[False]  # the delivery callable for a (kind, group), or False when nobody listens
 
 __all__ = ["Attachment", "Router"]
 
@@ -54,7 +55,7 @@ class Router:
     def __init__(self) -> None:
         self.attachments: list[Attachment] = []
         self.muted: set[str] = set()
-        self.routes: dict[str, dict[str, Deliver | bool]] = {kind: {} for kind in KINDS}
+        self.routes: dict[str, dict[str, Route]] = {kind: {} for kind in KINDS}
         # Per-kind extra listeners keyed by group, with a default under None (the torchelastic-compatible
         # per-group MetricHandler lives here). A group mapped to None is explicitly silent.
         self.hooks: dict[str, dict[str | None, Deliver | None]] = {kind: {} for kind in KINDS}
@@ -82,7 +83,7 @@ class Router:
         for cache in self.routes.values():
             cache.clear()
 
-    def resolve(self, kind: str, group: str, *, start: bool = True) -> Deliver | bool:
+    def resolve(self, kind: str, group: str, *, start: bool = True) -> Route:
         """Compute, cache and return the route for (kind, group); starts the runners it needs."""
         if type(group) is not str:
             raise TypeError(f"group must be a str, got {type(group).__name__}")
@@ -105,7 +106,7 @@ class Router:
         self.routes[kind][group] = route
         return route
 
-    def native_route(self, kind: str, group: str) -> Deliver | bool:
+    def native_route(self, kind: str, group: str) -> Route:
         """The sinks only, without hooks (not cached)."""
         if group in self.muted:
             return False
@@ -117,7 +118,7 @@ class Router:
         return fan_out(out)
 
 
-def fan_out(delivers: list[Deliver]) -> Deliver | bool:
+def fan_out(delivers: list[Deliver]) -> Route:
     """One callable delivering to all of ``delivers``; ``False`` for none."""
     if not delivers:
         return False

@@ -112,7 +112,7 @@ def train_step(
     logits, _ = model(x)
     loss = nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    loss.backward()  # type: ignore[no-untyped-call]  # torch's own annotation gap
     grad_norm = nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     optimizer.step()
     scheduler.step()
@@ -286,7 +286,7 @@ def _loop(cfg: DemoConfig, t: telemetrain.Telemetry, run_dir: Path, started: flo
     while step < cfg.steps:
         tick = time.perf_counter()
         epoch, (x, y) = next(batches)
-        lr = scheduler.get_last_lr()[0]  # the rate this step uses
+        lr = float(scheduler.get_last_lr()[0])  # the rate this step uses
         loss, grad_norm = train_step(model, optimizer, scheduler, x, y, cfg.grad_clip)
         elapsed = time.perf_counter() - tick
         step += 1

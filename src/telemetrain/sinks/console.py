@@ -55,9 +55,9 @@ def format_record(record: Any) -> tuple[str, str]:
         return "span<", f"{record.name} {record.duration_ns / 1e6:.3f} ms {record.status}{err}"
     if kind == "stat":
         values = " ".join(f"{k}={_value(v)}" for k, v in record.values.items())
-        return "stat", f"{record.group}/{record.name} n={record.count} {values}"
+        return "stat", f"{record.group}/{record.name} n={record.sample_count} {values}"
     if kind == "diagnostic":
-        return "telemetrain", f"{record.name} sink={record.sink} count={record.count} {record.message}".rstrip()
+        return "telemetrain", f"{record.name} sink={record.sink} count={record.record_count} {record.message}".rstrip()
     return kind, repr(record)
 
 

@@ -150,14 +150,14 @@ def _enc_span_end(p: Any, off: int) -> str:
 
 
 def _enc_stat(p: Any, off: int) -> str:
-    # StatWindow: start_mono_ns, count, values, unit
+    # StatWindow: start_mono_ns, sample_count, values, unit
     p = _full(p)
     values = ",".join(f"{_s(k)}:{_num(v)}" for k, v in p[7].items())
     return f'{_head("stat", p, off)},"start_mono_ns":{p[5]},"count":{p[6]},"values":{{{values}}},"unit":{_s(p[8])}}}\n'
 
 
 def _enc_diagnostic(p: Any, off: int) -> str:
-    # Diagnostic: sink, count, message
+    # Diagnostic: sink, record_count, message
     p = _full(p)
     return f'{_head("diagnostic", p, off)},"sink":{_s(p[5])},"count":{p[6]},"message":{_s(p[7])}}}\n'
 
@@ -226,20 +226,34 @@ def decode_line(line: str | bytes, identity: Identity) -> Any:
     kind = obj["kind"]
     if kind == "process":
         return obj
-    head = (obj["mono_ns"], obj["wall_ns"], identity, obj["group"], obj["name"])
+    mono, wall, group, name = obj["mono_ns"], obj["wall_ns"], obj["group"], obj["name"]
     if kind == "metric":
-        return MetricPoint(*head, _f(obj["value"]), obj.get("unit", ""), obj.get("step"))
+        return MetricPoint(mono, wall, identity, group, name, _f(obj["value"]), obj.get("unit", ""), obj.get("step"))
     if kind == "event":
-        return Event(*head, obj["severity"], _attrs_in(obj["attributes"]), obj["event_id"], obj["span_id"])
+        attributes = _attrs_in(obj["attributes"])
+        return Event(mono, wall, identity, group, name, obj["severity"], attributes, obj["event_id"], obj["span_id"])
     if kind == "span_start":
-        return SpanStart(*head, obj["span_id"], obj["parent_id"], obj["trace_id"], _attrs_in(obj["attributes"]))
+        attributes = _attrs_in(obj["attributes"])
+        return SpanStart(
+            mono, wall, identity, group, name, obj["span_id"], obj["parent_id"], obj["trace_id"], attributes
+        )
     if kind == "span_end":
+        attributes = _attrs_in(obj["attributes"])
         return SpanEnd(
-            *head, obj["span_id"], obj["duration_ns"], obj["status"], _attrs_in(obj["attributes"]), obj["error"]
+            mono,
+            wall,
+            identity,
+            group,
+            name,
+            obj["span_id"],
+            obj["duration_ns"],
+            obj["status"],
+            attributes,
+            obj["error"],
         )
     if kind == "stat":
         values = {k: _f(v) for k, v in obj["values"].items()}
-        return StatWindow(*head, obj["start_mono_ns"], obj["count"], values, obj["unit"])
+        return StatWindow(mono, wall, identity, group, name, obj["start_mono_ns"], obj["count"], values, obj["unit"])
     if kind == "diagnostic":
-        return Diagnostic(*head, obj["sink"], obj["count"], obj["message"])
+        return Diagnostic(mono, wall, identity, group, name, obj["sink"], obj["count"], obj["message"])
     raise ValueError(f"unknown record kind {kind!r}")
