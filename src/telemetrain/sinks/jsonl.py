@@ -84,6 +84,7 @@ class RunStoreSink(Sink):
         self._identity: Identity | None = None
         self.path: Path | None = None
         self.bytes_written = 0
+        self.unencodable = 0  # records replaced by an "unencodable" diagnostic line
 
     def run_dir_for(self, identity: Identity) -> Path:
         return run_dir(self.root, identity)
@@ -125,9 +126,22 @@ class RunStoreSink(Sink):
                     lines = []
                 token = p[2]
                 self._switch_to(source.identity_of(token), token)
-            lines.append(encoders[p[0]](p, offset))
+            try:
+                lines.append(encoders[p[0]](p, offset))
+            except Exception as exc:  # noqa: BLE001 - one record that cannot be written must not cost the batch
+                lines.append(self._unencodable(p, offset, exc))
         if lines:
             self._write_all("".join(lines).encode())
+
+    def _unencodable(self, p: tuple[Any, ...], offset: int, exc: Exception) -> str:
+        """A diagnostic line in place of a record that could not be encoded (e.g. an int past Python's 4300-digit
+        str limit), naming it."""
+        self.unencodable += 1
+        what = f"{p[0]} {p[3]!r:.100}/{p[4]!r:.100}: {type(exc).__name__}: {exc}"
+        mono = p[1] if type(p[1]) is int else p[1][0]
+        return ENCODERS["diagnostic"](
+            ("diagnostic", mono, p[2], "telemetrain", "unencodable", self.name, 1, what), offset
+        )
 
     def _switch_to(self, identity: Identity, token: int) -> None:
         if identity != self._identity:
