@@ -32,6 +32,8 @@ def _stream(root: str, ack_every: int, flush_interval: float, chained_marker: st
     saves the data: only the flush telemetrain does before chaining to this handler can).
     """
     state = {"n": 0}
+    # As in an interactive program: a shell's background job would otherwise start with SIGINT ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if chained_marker is not None:
 
         def own_handler(signum: int, frame: object) -> None:

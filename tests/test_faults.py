@@ -364,8 +364,11 @@ def test_blocked_sink_never_blocks_the_caller(tmp_path: Path) -> None:
 # -- 3. SIGTERM mid-stream -------------------------------------------------------------------------------------------
 
 
-def test_sigterm_mid_stream_flushes_everything_and_dies_of_the_signal(tmp_path: Path) -> None:
-    run_id = f"term-{uuid.uuid4().hex[:8]}"
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signal_mid_stream_flushes_everything_and_dies_of_the_signal(tmp_path: Path, sig: signal.Signals) -> None:
+    """SIGTERM: our handler flushes, restores the default action and re-raises. SIGINT: it flushes and chains to
+    Python's own handler, whose KeyboardInterrupt ends the program (which then dies of SIGINT)."""
+    run_id = f"sig-{uuid.uuid4().hex[:8]}"
     with open(tmp_path / "stderr.txt", "w") as err:
         proc = subprocess.Popen(
             _helper("stream", tmp_path, ACK_EVERY, 0.2), stdout=subprocess.PIPE, stderr=err, text=True, env=_env(run_id)
@@ -374,13 +377,15 @@ def test_sigterm_mid_stream_flushes_everything_and_dies_of_the_signal(tmp_path: 
             acks = _Acks(proc)
             acks.wait_for(20_000)
             _wait_for_data(_run_path(tmp_path, run_id) / f"rank-0.{proc.pid}.jsonl", 64 * 1024)  # written + queued
-            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(sig)
             acknowledged = acks.to_eof()  # emitted before the signal was handled
             proc.wait(HANG_S)
         finally:
             _kill(proc)
     stderr = (tmp_path / "stderr.txt").read_text()
-    assert proc.returncode == -signal.SIGTERM, stderr
+    assert proc.returncode == -sig, stderr
+    if sig == signal.SIGINT:
+        assert "KeyboardInterrupt" in stderr  # Python's own handler ran after ours
     run = open_run(_run_path(tmp_path, run_id))
     [log] = run.processes
     assert log.pid == proc.pid

@@ -1,0 +1,93 @@
+"""The console sink: one readable line per record, colour only on a terminal."""
+
+from __future__ import annotations
+
+import io
+import os
+import pty
+from pathlib import Path
+
+import pytest
+
+import telemetrain
+from telemetrain import Diagnostic, Identity, SpanEnd, SpanStart, StatWindow
+from telemetrain.sinks import ConsoleSink
+
+ESC = "\x1b["
+
+
+def _identity() -> Identity:
+    return telemetrain.identity_from_env(env={"RANK": "3", "WORLD_SIZE": "4"})
+
+
+def _lines(stream: io.StringIO) -> list[str]:
+    return stream.getvalue().splitlines()
+
+
+def test_one_line_per_record_of_every_kind_without_colour_off_a_terminal() -> None:
+    out = io.StringIO()
+    t = telemetrain.Telemetry(_identity(), store=False)
+    t.add_sink(ConsoleSink(out))
+    ident = t.identity
+    t.metric("loss", float("nan"), "train", unit="1", step=7)
+    t.metric("big", float("-inf"), "train")
+    t.event("checkpoint.saved", {"path": "a\nb", "bell": "\x07"}, severity="warning", group="ckpt")
+    t.emit(SpanStart(10, 1_700_000_000_000_000_000, ident, "spans", "forward", "s1"))
+    t.emit(SpanEnd(20, 1_700_000_000_000_000_010, ident, "spans", "forward", "s1", 2_500_000, "error", None, "Boom"))
+    t.emit(StatWindow(30, 1_700_000_000_000_000_020, ident, "stats", "step_time", 0, 4, {"p50": 0.5}))
+    t.emit(Diagnostic(40, 1_700_000_000_000_000_030, ident, "telemetrain", "dropped", "jsonl", 12, "queue full"))
+    assert t.close()
+    lines = _lines(out)
+    assert len(lines) == 7  # the newline inside an attribute did not split its record
+    assert ESC not in out.getvalue()  # a StringIO is no terminal: no colour
+    assert all(" rank 3 " in line for line in lines)
+    assert lines[0].endswith("train/loss = nan 1 step=7")
+    assert lines[1].endswith("train/big = -inf")
+    assert "ckpt/checkpoint.saved [warning]" in lines[2] and "path=a\\nb" in lines[2] and "bell=\\x07" in lines[2]
+    assert "span> " in lines[3] and "forward" in lines[3]
+    assert lines[4].endswith("forward 2.500 ms error error=Boom")
+    assert lines[5].endswith("stats/step_time n=4 p50=0.5")
+    assert lines[6].endswith("dropped sink=jsonl count=12 queue full")
+
+
+def test_colour_on_a_real_terminal_and_never_with_no_color(monkeypatch: pytest.MonkeyPatch) -> None:
+    leader, follower = pty.openpty()
+    try:
+        with os.fdopen(follower, "w", closefd=False) as tty:
+            assert tty.isatty()
+            t = telemetrain.Telemetry(_identity(), store=False)
+            t.add_sink(ConsoleSink(tty))
+            t.event("boom", severity="error")
+            assert t.close()
+            written = os.read(leader, 65536).decode()
+        assert ESC + "31m" in written  # error severity in red
+        assert "boom [error]" in written
+
+        monkeypatch.setenv("NO_COLOR", "1")
+        with os.fdopen(follower, "w", closefd=False) as tty:
+            t = telemetrain.Telemetry(_identity(), store=False)
+            t.add_sink(ConsoleSink(tty))
+            t.event("calm")
+            assert t.close()
+            written = os.read(leader, 65536).decode()
+        assert "calm [info]" in written and ESC not in written
+    finally:
+        os.close(leader)
+        os.close(follower)
+
+
+def test_console_env_switch_on_the_default_instance(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """TELEMETRAIN_CONSOLE=1 gives the default instance a console sink on stderr (TELEMETRAIN_STORE=0: no files)."""
+    monkeypatch.setenv("TELEMETRAIN_CONSOLE", "1")
+    monkeypatch.setenv("TELEMETRAIN_STORE", "0")
+    monkeypatch.chdir(tmp_path)
+    telemetrain.reset()
+    try:
+        telemetrain.metric("hello", 1, "g")
+        assert telemetrain.flush()
+    finally:
+        telemetrain.reset()
+    assert "g/hello = 1" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
