@@ -182,6 +182,38 @@ def _writer(root: str, n: int, go_file: str) -> None:
     print(json.dumps({"pid": os.getpid(), "closed": ok, "dropped": t.health()["dropped"]}), flush=True)
 
 
+def _disk_full(root: str) -> None:
+    """The run-store file hits a size limit (as on a full disk: writes fail with EFBIG/ENOSPC), then space returns.
+
+    Emits ``seq`` 0..199 with room for only a few dozen lines, then lifts the limit and emits 200..299. Prints a JSON
+    summary: nothing may have raised into this loop."""
+    import resource
+
+    from telemetrain import FailurePolicy
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # else exceeding RLIMIT_FSIZE kills the process
+    policy = FailurePolicy(max_consecutive=2, backoff_s=0.05, backoff_max_s=0.05)
+    t = Telemetry(store=root, flush_interval=0.01, failure_policy=policy)
+    t.metric("seq", 0, GROUP)
+    assert t.flush()
+    size = os.path.getsize(t.store.path)  # type: ignore[union-attr,arg-type]
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size + 3000, resource.RLIM_INFINITY))
+    for i in range(1, 200):
+        t.metric("seq", i, GROUP)
+        if i % 20 == 0:
+            t.flush()  # several batches: the first one hits the limit part-way, later ones fail outright
+    t.flush()
+    failed_while_full = t.health()["failed"]
+    resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    time.sleep(0.3)  # past the suspension backoff
+    for i in range(200, 300):
+        t.metric("seq", i, GROUP)
+    assert t.flush()
+    health = t.health()
+    t.close()
+    print(json.dumps({"failed_while_full": failed_while_full, "health": health}))
+
+
 def main(argv: list[str]) -> None:
     # A watchdog in case the parent test dies: never outlive it by much.
     watchdog = threading.Timer(SELF_DESTRUCT_S + 30.0, lambda: os._exit(99))
@@ -195,6 +227,8 @@ def main(argv: list[str]) -> None:
         _fork_storm(root, int(args[0]))
     elif scenario == "mp_workers":
         _mp_workers(root, args[0], int(args[1]))
+    elif scenario == "disk_full":
+        _disk_full(root)
     elif scenario == "writer":
         _writer(root, int(args[0]), args[1])
     else:

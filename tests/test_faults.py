@@ -687,3 +687,27 @@ def test_non_finite_values_round_trip_as_valid_json(tmp_path: Path) -> None:
     [stat] = run.records("stat")
     assert stat.values["min"] == -math.inf and stat.values["max"] == math.inf and math.isnan(stat.values["mean"])
     assert stat.values["count"] == 3
+
+
+# -- 10. a full disk ------------------------------------------------------------------------------------------------
+
+
+def test_full_disk_is_contained_and_the_file_stays_readable(tmp_path: Path) -> None:
+    """Writes fail part-way through a batch (RLIMIT_FSIZE stands in for a full disk): the training loop never sees
+    it, the failures are counted, the partial line stays one skipped line, and once space returns records are
+    written again, intact."""
+    run_id = f"full-{uuid.uuid4().hex[:8]}"
+    proc = subprocess.run(
+        _helper("disk_full", tmp_path), capture_output=True, text=True, env=_env(run_id), timeout=HANG_S * 4
+    )
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout.splitlines()[-1])
+    assert summary["failed_while_full"] > 0
+    assert summary["health"]["failed"] == summary["failed_while_full"]  # nothing failed after space came back
+    run = open_run(_run_path(tmp_path, run_id))
+    assert run.torn == 0 and run.corrupt <= 1  # the line cut by the limit, terminated before the next write
+    values = _values(run.records(), "seq")
+    written_while_full = [v for v in values if v < 200]
+    assert written_while_full == list(range(len(written_while_full))) and len(written_while_full) >= 1
+    assert len(written_while_full) < 200  # the limit did bite
+    assert [v for v in values if v >= 200] == list(range(200, 300))  # all of it, once space was back

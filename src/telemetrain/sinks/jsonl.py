@@ -85,6 +85,7 @@ class RunStoreSink(Sink):
         self.path: Path | None = None
         self.bytes_written = 0
         self.unencodable = 0  # records replaced by an "unencodable" diagnostic line
+        self._torn_tail = False  # the last write stopped inside a line
 
     def run_dir_for(self, identity: Identity) -> Path:
         return run_dir(self.root, identity)
@@ -102,9 +103,18 @@ class RunStoreSink(Sink):
         self._write_all(encode_header(identity, time.monotonic_ns(), time.time_ns(), extra).encode())
 
     def _write_all(self, data: bytes) -> None:
+        if self._torn_tail:
+            # A write failed part-way (a full disk): end that partial line first, so it stays one undecodable line
+            # and the records after it are intact.
+            os.write(self._fd, b"\n")
+            self._torn_tail = False
         view = memoryview(data)
         while view:
-            n = os.write(self._fd, view)
+            try:
+                n = os.write(self._fd, view)
+            except OSError:
+                self._torn_tail = len(view) < len(data)
+                raise
             view = view[n:]
             self.bytes_written += n
 
@@ -155,6 +165,7 @@ class RunStoreSink(Sink):
         self._close_fd()
 
     def _close_fd(self) -> None:
+        self._torn_tail = False
         if self._fd >= 0:
             try:
                 os.close(self._fd)
