@@ -653,3 +653,47 @@ def test_prof_pairs_count_as_two_records_everywhere(tmp_path: Path) -> None:
     assert seen == [f"{key}.success", f"{key}.duration.ms"] * 10
     names = [r.name for r in open_run(t.run_dir).records("metric")]
     assert names == seen
+
+
+def test_identity_under_slurm_without_torchrun() -> None:
+    """srun starts the ranks itself: every rank of a job step must land in the same run, with its SLURM rank."""
+    env = {
+        "SLURM_JOB_ID": "4242",
+        "SLURM_STEP_ID": "0",
+        "SLURM_PROCID": "5",
+        "SLURM_LOCALID": "1",
+        "SLURM_NTASKS": "8",
+        "SLURM_NODEID": "2",
+        "SLURM_RESTART_COUNT": "1",
+    }
+    ranks = [identity_from_env(env={**env, "SLURM_PROCID": str(r)}) for r in (5, 6)]
+    a = ranks[0]
+    assert (a.rank, a.local_rank, a.world_size, a.group_rank, a.restart_count) == (5, 1, 8, 2, 1)
+    assert a.run_id == "slurm-4242.0.1" and a.session_tag == "slurm-4242"
+    assert {r.run_id for r in ranks} == {a.run_id}  # the ranks agree without talking
+    # torchrun inside a SLURM allocation: torchrun's variables win
+    b = identity_from_env(env={**env, "RANK": "0", "WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "job", "LOCAL_RANK": "0"})
+    assert (b.rank, b.world_size, b.run_id, b.session_tag) == (0, 2, "job.0", "job")
+
+
+def test_identity_under_open_mpi() -> None:
+    env = {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4"}
+    i = identity_from_env(env=env)
+    assert (i.rank, i.local_rank, i.world_size) == (3, 1, 4)
+
+
+def test_store_root_is_pinned_when_the_instance_is_built(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A relative root resolves against the working directory at construction: a later chdir does not move the run."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    t = telemetrain.Telemetry(identity_from_env(env={}), store="runs")
+    monkeypatch.chdir(tmp_path / "b")
+    try:
+        t.metric("x", 1)
+        assert t.flush()
+    finally:
+        t.close()
+    assert t.run_dir is not None and t.run_dir.is_relative_to(tmp_path / "a" / "runs")
+    assert open_run(t.run_dir).records()[0].name == "x"
+    assert list((tmp_path / "b").iterdir()) == []

@@ -88,39 +88,64 @@ def _safe_name(value: str) -> str:
     return cleaned or "run"
 
 
+def _first_int(env: Mapping[str, str], names: tuple[str, ...], default: int) -> int:
+    """The first of ``names`` that is set, as an int (torchrun's variable first, then SLURM's, then MPI's)."""
+    for name in names:
+        if env.get(name, "") != "":
+            return _int_env(env, name, default)
+    return default
+
+
 def identity_from_env(env: Mapping[str, str] | None = None, **overrides: Any) -> Identity:
     """Build the identity of this process.
 
-    Precedence: keyword overrides > ``TELEMETRAIN_*`` variables > torchrun/torchelastic variables > defaults.
+    Precedence: keyword overrides > ``TELEMETRAIN_*`` variables > torchrun/torchelastic variables > SLURM and MPI
+    variables (for jobs started by ``srun`` or ``mpirun`` without torchrun) > defaults.
 
-    - ``session_tag``: ``TELEMETRAIN_SESSION_TAG``, else torchelastic's job id ``TORCHELASTIC_RUN_ID`` (unless it is
-      torchrun's placeholder ``"none"``), else ``SLURM_JOB_ID``, else the run id (a session of one run).
-    - ``run_id`` (one attempt of the session; a restart gets a new one): ``TELEMETRAIN_RUN_ID``, else under
-      torchelastic ``<TORCHELASTIC_RUN_ID>.<restart count>`` so every rank of an attempt agrees without talking,
-      else a fresh sortable id.
+    - ``session_tag`` (one job, across its restarts): ``TELEMETRAIN_SESSION_TAG``, else torchelastic's job id
+      ``TORCHELASTIC_RUN_ID`` (unless it is torchrun's placeholder ``"none"``), else ``slurm-<SLURM_JOB_ID>``, else
+      the run id (a session of one run).
+    - ``run_id`` (one attempt of the session; a restart gets a new one), chosen so that every rank of an attempt
+      agrees without talking: ``TELEMETRAIN_RUN_ID``, else ``<TORCHELASTIC_RUN_ID>.<restart count>`` under
+      torchelastic, else ``slurm-<job id>[.<step id>].<SLURM_RESTART_COUNT>`` under SLURM, else a fresh sortable id
+      (a single process, or ranks started otherwise: set ``TELEMETRAIN_RUN_ID`` for them).
     - ``perf_tag`` (runs that should perform alike): ``TELEMETRAIN_PERF_TAG``, else the entry script's name.
+    - ``rank``/``local_rank``/``world_size``: ``RANK``/``LOCAL_RANK``/``WORLD_SIZE``, else ``SLURM_PROCID``/
+      ``SLURM_LOCALID``/``SLURM_NTASKS``, else Open MPI's ``OMPI_COMM_WORLD_*``, else 0/0/1.
     """
     env = os.environ if env is None else env
-    restart_count = _int_env(env, "TORCHELASTIC_RESTART_COUNT", 0)
     elastic_id = env.get("TORCHELASTIC_RUN_ID", "")
+    # under torchelastic its own count of restarts, else SLURM's (a requeued job)
+    elastic = bool(elastic_id) or "TORCHELASTIC_RESTART_COUNT" in env
+    restart_count = _int_env(env, "TORCHELASTIC_RESTART_COUNT" if elastic else "SLURM_RESTART_COUNT", 0)
     if elastic_id == "none":
         # torchrun's placeholder: ranks of one node still agree through their common parent, the agent.
         elastic_id = f"none-{os.getppid()}"
-    run_id = env.get("TELEMETRAIN_RUN_ID") or (f"{elastic_id}.{restart_count}" if elastic_id else new_run_id())
+    slurm_job = env.get("SLURM_JOB_ID", "")
+    slurm_run = ""
+    if slurm_job:
+        step = env.get("SLURM_STEP_ID", "")
+        slurm_run = f"slurm-{slurm_job}" + (f".{step}" if step else "") + f".{restart_count}"
+    run_id = (
+        env.get("TELEMETRAIN_RUN_ID")
+        or (f"{elastic_id}.{restart_count}" if elastic_id else "")
+        or slurm_run
+        or new_run_id()
+    )
     session_tag = (
         env.get("TELEMETRAIN_SESSION_TAG")
         or (elastic_id if elastic_id else "")
-        or (f"slurm-{env['SLURM_JOB_ID']}" if env.get("SLURM_JOB_ID") else "")
+        or (f"slurm-{slurm_job}" if slurm_job else "")
         or run_id
     )
     values: dict[str, Any] = {
         "run_id": _safe_name(run_id),
         "session_tag": _safe_name(session_tag),
         "perf_tag": _safe_name(env.get("TELEMETRAIN_PERF_TAG") or _entry_name()),
-        "rank": _int_env(env, "RANK", 0),
-        "local_rank": _int_env(env, "LOCAL_RANK", 0),
-        "world_size": _int_env(env, "WORLD_SIZE", 1),
-        "group_rank": _int_env(env, "GROUP_RANK", 0),
+        "rank": _first_int(env, ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"), 0),
+        "local_rank": _first_int(env, ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"), 0),
+        "world_size": _first_int(env, ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"), 1),
+        "group_rank": _first_int(env, ("GROUP_RANK", "SLURM_NODEID"), 0),
         "restart_count": restart_count,
         "role": env.get("ROLE_NAME", ""),
         "host": socket.gethostname(),

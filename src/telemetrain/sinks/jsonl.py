@@ -77,7 +77,8 @@ class RunStoreSink(Sink):
     background = True
 
     def __init__(self, root: str | os.PathLike[str] | None = None, *, config: Mapping[str, Any] | None = None) -> None:
-        self.root = Path(root) if root is not None else default_root()
+        # absolute now: a later chdir of the program must not move (or split) its run
+        self.root = (Path(root) if root is not None else default_root()).absolute()
         self.config = dict(config or {})
         self._fd = -1
         self._token = -1
