@@ -245,3 +245,17 @@ def test_import_does_not_import_torch() -> None:
     code = "import sys, telemetrain, telemetrain.cli, telemetrain.demo; print('torch' in sys.modules)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.stdout.strip() == "False", proc.stderr
+
+
+def test_show_escapes_terminal_control_sequences(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A metric named with an ANSI escape or a newline is shown escaped: it cannot recolour or rewrite the screen."""
+    t = telemetrain.Telemetry(telemetrain.identity_from_env(env={}), store=tmp_path)
+    try:
+        t.metric("evil\x1b[2J\x1b]0;pwned\x07name", 1.0, "g\nroup")
+        t.event("ev\rent", {"k": "\x9b31m"})
+    finally:
+        t.close()
+    assert cli.main(["show", str(t.run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out and "\r" not in out and "\x9b" not in out
+    assert "evil\\x1b[2J\\x1b]0;pwned\\x07name" in out and "g\\nroup" in out

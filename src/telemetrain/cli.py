@@ -21,6 +21,7 @@ from typing import Any, TextIO
 from ._version import __version__
 from .store.layout import default_root
 from .store.reader import NotARunError, Run, find_runs, open_run
+from .text import printable
 
 __all__ = ["main"]
 
@@ -200,7 +201,7 @@ def _list_runs(target: str | None, out: TextIO) -> int:
         created = run.meta.get("created_wall_ns")
         when = _iso(created) if isinstance(created, int) else "?"
         rows.append((when, str(path), f"{len(run)} records"))
-    print("\n".join(_table(rows, indent="")), file=out)
+    print("\n".join(printable(line) for line in _table(rows, indent="")), file=out)
     return 0
 
 
@@ -212,7 +213,8 @@ def _cmd_show(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         run = open_run(path)
     except (OSError, NotARunError) as exc:  # FileNotFoundError included: the directory went away meanwhile
         raise CLIError(str(exc)) from None
-    print("\n".join(summarize(run)), file=out)
+    # names and attributes come from whoever wrote the run: no terminal escapes reach the screen
+    print("\n".join(printable(line) for line in summarize(run)), file=out)
     return 0
 
 

@@ -9,6 +9,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+from ..text import printable
 from .base import Sink
 
 _COLORS = {
@@ -24,13 +25,10 @@ _RESET = "\x1b[0m"
 _DIM = "\x1b[2m"
 
 
-_CONTROL = {i: f"\\x{i:02x}" for i in (*range(0x20), 0x7F)} | {0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t"}
-
-
 def _value(v: Any) -> str:
     if isinstance(v, float):
         return repr(v) if math.isfinite(v) else ("nan" if v != v else ("inf" if v > 0 else "-inf"))
-    return str(v).translate(_CONTROL)  # one record, one line: no raw newlines or terminal escapes
+    return printable(str(v))  # one record, one line: no raw newlines or terminal escapes
 
 
 def _attrs(attributes: Any) -> str:

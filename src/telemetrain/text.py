@@ -1,0 +1,17 @@
+"""Text from records, made safe to print: one line per item, no terminal control sequences."""
+
+from __future__ import annotations
+
+__all__ = ["printable"]
+
+# C0 controls, DEL and C1 controls: a name or attribute must not move the cursor, recolour or retitle a terminal.
+_ESCAPES = {i: f"\\x{i:02x}" for i in (*range(0x20), 0x7F, *range(0x80, 0xA0))} | {
+    0x0A: "\\n",
+    0x0D: "\\r",
+    0x09: "\\t",
+}
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters written as escapes (``\\n``, ``\\x1b``, ...)."""
+    return text.translate(_ESCAPES)
