@@ -248,7 +248,8 @@ class Telemetry:
         if self._pid != os.getpid():  # forked without our at-fork hook having run (it is installed lazily)
             self._after_fork_in_child()
         with self._lock:
-            if self._closed:
+            if self._closed:  # closed (e.g. at exit): remember that nobody listens, so later calls stay cheap
+                self._router.routes[kind][group] = False
                 return False
             route = self._router.resolve(kind, group)
         if route:
