@@ -204,9 +204,13 @@ def _f(value: Any) -> Any:
 
 
 def untag_nonfinite(obj: Any) -> Any:
+    """Tags back to floats. Only the exact shape ``{"$float": "NaN" | "Infinity" | "-Infinity"}`` is a tag: any
+    other dict, ``{"$float": None}`` say, is the caller's data and stays as it is."""
     if isinstance(obj, dict):
         if len(obj) == 1 and "$float" in obj:
-            return _NONFINITE[obj["$float"]]
+            tagged = obj["$float"]
+            if type(tagged) is str and tagged in _NONFINITE:
+                return _NONFINITE[tagged]
         return {k: untag_nonfinite(v) for k, v in obj.items()}
     if isinstance(obj, list):
         return [untag_nonfinite(v) for v in obj]
