@@ -114,7 +114,7 @@ def test_demo_writes_a_complete_run(demo_run: tuple[Path, subprocess.CompletedPr
     elastic = [e for e in evs if e.group == "torchelastic"]
     assert elastic[0].name == "demo.start" and elastic[-1].name == "demo.end"
     assert sum(e.name == "demo.evaluation" for e in elastic) == 6
-    assert all(e.attributes and e.attributes["source"] == "WORKER" for e in elastic)
+    assert all(e.attributes and e.attributes["torchelastic.source"] == "WORKER" for e in elastic)
     assert elastic[-1].attributes["status"] == "ok"
     checkpoint_events = [e for e in elastic if e.name == "demo.checkpoint"]
     assert len(checkpoint_events) == 1

@@ -100,6 +100,11 @@ def _fields(cls: type) -> list[tuple[str, Any, Any, Any]]:
     ]
 
 
+def as_torchelastic(ev: events.Event) -> Any:
+    """The same event as torchelastic's own class: what it would log."""
+    return tevents.Event(ev.name, tevents.EventSource[ev.source.name], ev.timestamp, dict(ev.metadata))
+
+
 def make_event(**kw: Any) -> events.Event:
     kw.setdefault("name", "torchelastic.worker.status.SUCCEEDED")
     kw.setdefault("source", events.EventSource.WORKER)
@@ -238,7 +243,13 @@ def test_record_stamps_and_stores_the_event(telemetry: telemetrain.Telemetry, re
     assert ev.id and ev.mono_ns > 0
     (rec,) = read_run(telemetry, "event")
     assert (rec.group, rec.name, rec.severity) == ("torchelastic", ev.name, "info")
-    assert rec.attributes == {"global_rank": 1, "state": "SUCCEEDED", "raw_error": None, "source": "WORKER"}
+    assert rec.attributes == {
+        "global_rank": 1,
+        "state": "SUCCEEDED",
+        "raw_error": None,
+        "torchelastic.source": "WORKER",  # namespaced: a metadata key "source" must survive
+        "torchelastic.timestamp": ev.timestamp,  # the event's own time, whoever set it
+    }
     assert rec.event_id == ev.id
     assert rec.mono_ns == ev.mono_ns
     assert rec.wall_ns // 1_000_000 == ev.timestamp
@@ -277,7 +288,9 @@ def test_record_to_console_logs_the_json(
     (log_record,) = collector.records
     assert log_record.name == "torchelastic-events-console"
     assert log_record.levelno == logging.INFO
-    assert log_record.getMessage() == ev.serialize()
+    # exactly the line torchelastic logs for the same event, so its own Event.deserialize reads it
+    assert log_record.getMessage() == as_torchelastic(ev).serialize()
+    assert tevents.Event.deserialize(log_record.getMessage()) == as_torchelastic(ev)
     assert events.Event.deserialize(log_record.getMessage()) == ev
     logger = logging.getLogger("torchelastic-events-console")
     assert logger.propagate is False
@@ -311,7 +324,7 @@ def test_console_event_is_printed_once_next_to_torchelastic(telemetry: telemetra
             h.setStream(stream)  # type: ignore[attr-defined]
     lines = out.getvalue().splitlines()
     assert lines.count(theirs.serialize()) == 1, lines
-    assert lines.count(ours.serialize()) == 1, lines
+    assert lines.count(as_torchelastic(ours).serialize()) == 1, lines
 
 
 def test_unknown_destination_warns_once_and_still_stores(telemetry: telemetrain.Telemetry, read_run: Any) -> None:
@@ -348,8 +361,8 @@ def test_register_logging_handler_adds_and_replaces_a_destination(
     destination(second, name)  # replace: the logger is re-pointed
     ev2 = make_event(name="two")
     events.record(ev2, name)
-    assert first.messages == [ev1.serialize()]
-    assert second.messages == [ev2.serialize()]
+    assert first.messages == [as_torchelastic(ev1).serialize()]
+    assert second.messages == [as_torchelastic(ev2).serialize()]
     assert first.records[0].name == f"torchelastic-events-{name}"
     with pytest.raises(TypeError):
         events.register_logging_handler("", ListHandler())

@@ -73,10 +73,11 @@ class SinkStats:
 Reporter = Callable[[str, "_Runner", int, str], None]
 
 
-def warn_once_safely(message: str) -> None:
-    """Warn without ever raising: under ``-W error`` a warning is an exception, and it must not reach training."""
+def warn_safely(message: str, category: type[Warning] = TelemetryWarning, stacklevel: int = 2) -> None:
+    """Warn without ever raising: under ``-W error`` a warning is an exception, and it must not reach training.
+    ``stacklevel`` counts from the caller of this function, as ``warnings.warn``'s does from its caller."""
     try:
-        warnings.warn(message, TelemetryWarning, stacklevel=3)
+        warnings.warn(message, category, stacklevel=stacklevel + 1)
     except Exception:  # noqa: BLE001
         pass
 
@@ -141,7 +142,7 @@ class _Runner:
         self._report("sink_error", self, n, stats.last_error)
         if not self._warned:
             self._warned = True
-            warn_once_safely(
+            warn_safely(
                 f"telemetrain: sink {self.sink.name!r} failed ({stats.last_error}); training continues, failures are "
                 "counted in Telemetry.health() and written as diagnostic records. Further failures are not warned."
             )
@@ -378,7 +379,7 @@ class BackgroundRunner(_Runner):
         self._report("dropped", self, new, f"queue capacity {self.capacity}" if queue_full else "sink suspended")
         if queue_full and not self._warned_drops:
             self._warned_drops = True
-            warn_once_safely(
+            warn_safely(
                 f"telemetrain: sink {self.sink.name!r} is not keeping up; records are being dropped (queue capacity "
                 f"{self.capacity}). Counts are in Telemetry.health() and in diagnostic records."
             )

@@ -8,6 +8,7 @@ does not raise. Differences from torchelastic are listed in docs/compat.md.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -16,12 +17,12 @@ import sys
 import threading
 import time
 import traceback
-import warnings
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from itertools import count
 from typing import Any, Union
 
+from .dispatch import warn_safely
 from .telemetry import _default, get_telemetry
 
 _monotonic_ns = time.monotonic_ns
@@ -188,16 +189,42 @@ def register_logging_handler(destination: str, handler: logging.Handler) -> None
 _BUILTIN_HANDLERS = dict(_log_handlers)
 
 
-def _shared_builtin_handler(destination: str) -> logging.Handler:
-    """torchelastic attaches its handler to the same global logger; when its module is loaded and the destination
-    is a built-in one we have not replaced, use its handler object so each event is printed once, not twice."""
-    handler = get_logging_handler(destination)
+def _torch_handler(destination: str) -> logging.Handler | None:
+    """torchelastic's own handler object for a destination, if its events module is loaded."""
     torch_handlers = sys.modules.get("torch.distributed.elastic.events.handlers")
-    if torch_handlers is not None and handler is _BUILTIN_HANDLERS.get(destination):
-        theirs = getattr(torch_handlers, "_log_handlers", {}).get(destination)
-        if isinstance(theirs, logging.Handler):
-            return theirs
-    return handler
+    theirs = getattr(torch_handlers, "_log_handlers", {}).get(destination) if torch_handlers is not None else None
+    return theirs if isinstance(theirs, logging.Handler) else None
+
+
+class _YieldToTorch(logging.Handler):
+    """Our built-in handler on the logger torchelastic shares with us (``torchelastic-events-<destination>``): if
+    torchelastic attaches its own handler there too (its module imported after we logged), ours stands aside, so
+    each event, theirs and ours, is printed once."""
+
+    def __init__(self, destination: str, inner: logging.Handler) -> None:
+        super().__init__()
+        self.destination = destination
+        self.inner = inner
+
+    def handle(self, record: logging.LogRecord) -> bool:
+        theirs = _torch_handler(self.destination)
+        logger = _events_loggers.get(self.destination)
+        if theirs is not None and logger is not None and theirs in logger.handlers:
+            return False
+        return bool(self.inner.handle(record))
+
+    def emit(self, record: logging.LogRecord) -> None:  # handle() above does the work
+        self.inner.emit(record)
+
+
+def _shared_builtin_handler(destination: str) -> logging.Handler:
+    """The handler to attach for a destination: torchelastic's own object for a built-in destination when its
+    module is loaded (so the shared logger has one), else ours (standing aside if torchelastic comes later)."""
+    handler = get_logging_handler(destination)
+    if handler is not _BUILTIN_HANDLERS.get(destination):
+        return handler  # registered by the user: theirs to keep
+    theirs = _torch_handler(destination)
+    return theirs if theirs is not None else _YieldToTorch(destination, handler)
 
 
 def _get_or_create_logger(destination: str = "null") -> logging.Logger:
@@ -216,13 +243,24 @@ def _get_or_create_logger(destination: str = "null") -> logging.Logger:
     return logger
 
 
-def _log_to(destination: str, message_source: Any) -> None:
-    """Log ``message_source.serialize()`` to a destination, unless it is null. Never raises."""
+def _elastic_json(event: Any) -> str:
+    """What torchelastic logs: its own four keys for an Event (so its ``Event.deserialize`` reads our lines), the
+    event's own ``serialize()`` otherwise."""
+    if isinstance(event, Event):
+        source = getattr(event.source, "_value_", event.source)
+        return json.dumps(
+            {"name": event.name, "source": source, "timestamp": event.timestamp, "metadata": event.metadata}
+        )
+    return str(event.serialize())
+
+
+def _log_to(destination: str, event: Any) -> None:
+    """Log the event's JSON to a destination, unless it is null. Never raises."""
     handler = _log_handlers.get(destination)
     if handler is None:
         if destination not in _warned_destinations:
             _warned_destinations.add(destination)
-            warnings.warn(
+            warn_safely(
                 f"telemetrain.events: unknown destination {destination!r}; the event is kept in telemetrain's own "
                 "sinks only (register one with register_logging_handler)",
                 RuntimeWarning,
@@ -232,13 +270,11 @@ def _log_to(destination: str, message_source: Any) -> None:
     if isinstance(handler, logging.NullHandler):
         return
     try:
-        _get_or_create_logger(destination).info(message_source.serialize())
+        _get_or_create_logger(destination).info(_elastic_json(event))
     except Exception as exc:  # noqa: BLE001 - a logging failure must not reach the caller
         if destination not in _warned_destinations:
             _warned_destinations.add(destination)
-            warnings.warn(
-                f"telemetrain.events: logging to {destination!r} failed: {exc!r}", RuntimeWarning, stacklevel=3
-            )
+            warn_safely(f"telemetrain.events: logging to {destination!r} failed: {exc!r}", RuntimeWarning, stacklevel=3)
 
 
 # -- handlers (the API the TorchElastic customization doc describes) -------------------------------------------------
@@ -274,40 +310,59 @@ def configure(handler: EventHandler) -> None:
 _configured: tuple[Any, EventHandler] | None = None
 
 
-def _call_handler(handler: EventHandler, ev: Event) -> None:
+def _call_handler(handler: EventHandler, ev: Any) -> None:
     try:
         handler.record(ev)
-    except Exception as exc:  # noqa: BLE001
+    except BaseException as exc:  # noqa: BLE001 - contained like a sink's failure, whatever it is
         if id(handler) not in _warned_handlers:
             _warned_handlers.add(id(handler))
-            warnings.warn(
+            warn_safely(
                 f"telemetrain.events: handler {type(handler).__name__} raised {exc!r}; the event is kept, further "
                 "failures of this handler are not warned",
                 RuntimeWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
 
 
+def _looks_like(obj: Any, fields: tuple[str, ...]) -> bool:
+    """A torchelastic event object (same fields, another class) is accepted where ours is."""
+    return all(hasattr(obj, f) for f in fields)
+
+
+_EVENT_FIELDS = ("name", "source", "timestamp", "metadata")
+_RDZV_FIELDS = ("name", "run_id", "message", "hostname", "pid", "node_state")
+
+
 def record(event: Event, destination: str = "null") -> None:
-    """Record a torchelastic ``Event``: stamp it, send it to telemetrain's sinks, the configured handler and the
-    logging destination."""
-    if type(event) is not Event and not isinstance(event, Event):
+    """Record a torchelastic ``Event`` (ours, or torchelastic's own class): stamp it, send it to telemetrain's sinks,
+    the configured handler and the logging destination.
+
+    In the run store it is an ``event`` record of group ``torchelastic`` whose attributes are the metadata plus
+    ``torchelastic.source`` and ``torchelastic.timestamp`` (the event's own time, in ms)."""
+    ours = type(event) is Event or isinstance(event, Event)
+    if not ours and not _looks_like(event, _EVENT_FIELDS):
         raise TypeError(f"event must be a telemetrain.events.Event, got {type(event).__name__}")
     t = _default.telemetry or get_telemetry()
     mono = _monotonic_ns()
-    if not event.id:  # first record of this Event object: id, and the times the caller left unset
-        event.id = _next_event_id()
+    if ours:
+        if not event.id:  # first record of this Event object: id, and the times the caller left unset
+            event.id = _next_event_id()
+            if not event.timestamp:
+                event.timestamp = (mono + t._wall_offset_ns) // 1_000_000
+            if not event.mono_ns:
+                event.mono_ns = mono
+        event_id = event.id
+    else:  # torchelastic's own Event: stamped as ours are, but it has no id field to keep one in
         if not event.timestamp:
             event.timestamp = (mono + t._wall_offset_ns) // 1_000_000
-        if not event.mono_ns:
-            event.mono_ns = mono
+        event_id = _next_event_id()
     route = t._event_routes.get(ELASTIC_GROUP)
     if route is None:
         route = t._resolve("event", ELASTIC_GROUP)
     if route:
         # attributes flattened to the end of the packed record, keys then values (see records.ATTRIBUTE_LAYOUT);
         # ``_value_`` directly because Enum's ``.value`` is a slow descriptor, and a plain str source passes through
-        md = event.metadata
+        md = event.metadata or {}
         source = getattr(event.source, "_value_", event.source)
         route(
             (
@@ -317,12 +372,14 @@ def record(event: Event, destination: str = "null") -> None:
                 ELASTIC_GROUP,
                 event.name,
                 "info",
-                event.id,
+                event_id,
                 "",
                 *md,
-                "source",
+                "torchelastic.source",
+                "torchelastic.timestamp",
                 *md.values(),
                 source,
+                event.timestamp,
             )
         )
     configured = _configured
@@ -333,15 +390,40 @@ def record(event: Event, destination: str = "null") -> None:
 
 
 def record_rdzv_event(event: RdzvEvent) -> None:
-    """Record a rendezvous event: telemetrain's sinks (group ``torchelastic.rdzv``) and the
-    ``dynamic_rendezvous`` destination."""
-    if not isinstance(event, RdzvEvent):
+    """Record a rendezvous event (ours, or torchelastic's own class): telemetrain's sinks (group
+    ``torchelastic.rdzv``, severity ``error`` for ``FAILED``) and the ``dynamic_rendezvous`` destination."""
+    if not isinstance(event, RdzvEvent) and not _looks_like(event, _RDZV_FIELDS):
         raise TypeError(f"event must be an RdzvEvent, got {type(event).__name__}")
     t = _default.telemetry or get_telemetry()
-    attributes = {k: (v.value if isinstance(v, Enum) else v) for k, v in asdict(event).items() if k != "name"}
-    severity = "error" if event.node_state == NodeState.FAILED else "info"
-    t.event(event.name, attributes, severity=severity, group=RDZV_GROUP)
+    route = t.route("event", RDZV_GROUP)
+    if route:
+        fields = {
+            f: getattr(event, f, None) for f in (*_RDZV_FIELDS, "master_endpoint", "rank", "local_id", "error_trace")
+        }
+        attributes = {k: getattr(v, "_value_", v) for k, v in fields.items() if k != "name"}
+        failed = getattr(event.node_state, "_value_", event.node_state) == NodeState.FAILED.value
+        # packed directly: torchelastic allows an empty name, which the native event() call refuses
+        route(
+            (
+                "event",
+                _monotonic_ns(),
+                t._token,
+                RDZV_GROUP,
+                str(event.name or ""),
+                "error" if failed else "info",
+                _next_event_id(),
+                "",
+                *attributes,
+                *attributes.values(),
+            )
+        )
     _log_to("dynamic_rendezvous", event)
+
+
+@functools.lru_cache(maxsize=1)
+def _fqdn() -> str:
+    """``socket.getfqdn()`` can take a DNS round trip; rendezvous heartbeats would pay it every time."""
+    return socket.getfqdn()
 
 
 def construct_and_record_rdzv_event(
@@ -365,16 +447,20 @@ def construct_and_record_rdzv_event(
         get_logging_handler("dynamic_rendezvous"), logging.NullHandler
     ):
         return
-    caller = sys._getframe(1)
-    file_name = os.path.basename(caller.f_code.co_filename)
-    if not name:
-        name = caller.f_code.co_name
-    del caller
+    try:
+        caller = sys._getframe(1)
+    except ValueError:  # no Python caller (a thread's entry point): torchelastic's own fallback
+        file_name = "no_file"
+    else:
+        file_name = os.path.basename(caller.f_code.co_filename)
+        if not name:
+            name = caller.f_code.co_name
+        del caller
     event = RdzvEvent(
         name=f"{file_name}:{name}",
         run_id=run_id,
         message=message,
-        hostname=hostname or socket.getfqdn(),
+        hostname=hostname or _fqdn(),
         pid=pid or os.getpid(),  # as torchelastic: 0 means "this process" too
         node_state=node_state,
         master_endpoint=master_endpoint,

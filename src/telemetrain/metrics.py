@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import abc
 import functools
+import sys
 import time
 import warnings
 from collections import namedtuple
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast, overload
 
+from .dispatch import warn_safely
 from .records import METRIC_PAIR
 from .sinks.base import Sink
 from .telemetry import Telemetry, _default, check_name, check_value, get_telemetry
@@ -94,15 +96,26 @@ def _handlers(t: Telemetry) -> dict[str | None, MetricHandler]:
     return cast("dict[str | None, MetricHandler]", t.extensions.setdefault(_HANDLERS_KEY, {}))
 
 
+def _is_null(handler: Any) -> bool:
+    """Ours or torchelastic's NullMetricHandler (a handler written for torchelastic keeps its meaning here)."""
+    if isinstance(handler, NullMetricHandler):
+        return True
+    theirs = sys.modules.get("torch.distributed.elastic.metrics.api")
+    return theirs is not None and isinstance(handler, getattr(theirs, "NullMetricHandler", ()))
+
+
 def configure(handler: MetricHandler, group: str | None = None) -> None:
-    """Send the metrics of ``group`` (all groups without their own handler, if ``None``) to ``handler`` too."""
-    if not isinstance(handler, MetricHandler):
-        raise TypeError(f"handler must be a MetricHandler, got {type(handler).__name__}")
+    """Send the metrics of ``group`` (all groups without their own handler, if ``None``) to ``handler`` too.
+
+    ``handler`` is a ``MetricHandler``: ours, torchelastic's (a subclass written for torch works unchanged), or any
+    object with an ``emit(metric_data)`` method."""
+    if not isinstance(handler, MetricHandler) and not callable(getattr(handler, "emit", None)):
+        raise TypeError(f"handler must be a MetricHandler (with an emit method), got {type(handler).__name__}")
     if group is not None:
-        check_name(group, "group")
+        group = check_name(group, "group")
     t = get_telemetry()
     _handlers(t)[group] = handler
-    t.set_hook("metric", group, None if isinstance(handler, NullMetricHandler) else _HandlerSink(handler))
+    t.set_hook("metric", group, None if _is_null(handler) else _HandlerSink(handler))
 
 
 def _handler_for(t: Telemetry, group: str) -> MetricHandler:
@@ -130,8 +143,11 @@ class MetricStream:
         route = t.native_route("metric", self.group_name)
         if route:
             route(("metric", mono, t._token, self.group_name, metric_name, metric_value))
-        if not isinstance(self.handler, NullMetricHandler):
-            self.handler.emit(MetricData(wall / 1e9, self.group_name, metric_name, metric_value))
+        if not _is_null(self.handler):
+            try:
+                self.handler.emit(MetricData(wall / 1e9, self.group_name, metric_name, metric_value))
+            except BaseException as exc:  # noqa: BLE001 - contained as the configured handlers are
+                warn_safely(f"telemetrain.metrics: handler {type(self.handler).__name__} raised {exc!r}", stacklevel=2)
 
 
 def getStream(group: str) -> MetricStream:
@@ -199,8 +215,9 @@ def prof(fn: F | None = None, group: str = "torchelastic") -> F | Callable[[F], 
     """Emit ``<key>.success`` or ``<key>.failure`` (1) and ``<key>.duration.ms`` for each call of the function.
 
     Usable bare (``@prof``) or with a group (``@prof(group="agent")``). The key is computed once, at decoration.
+    ``group=None`` means ``"torchelastic"`` (torchelastic would emit with group ``None``).
     """
-    check_name(group, "group")
+    group = check_name(group or "torchelastic", "group")
 
     def wrap(f: F) -> F:
         key = _get_metric_name(f)

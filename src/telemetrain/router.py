@@ -85,13 +85,15 @@ class Router:
 
     def resolve(self, kind: str, group: str, *, start: bool = True) -> Route:
         """Compute, cache and return the route for (kind, group); starts the runners it needs."""
-        if type(group) is not str:
+        if not isinstance(group, str):
             raise TypeError(f"group must be a str, got {type(group).__name__}")
         if not group:
             raise ValueError("group must be a non-empty str")
+        key = group  # cached under what the hot path looks up; matched by its text (a str Enum hashes otherwise)
+        group = str.__str__(group)
         delivers: list[Deliver] = []
         if group in self.muted:  # muted means nobody at all: sinks and hooks
-            self.routes[kind][group] = False
+            self.routes[kind][key] = False
             return False
         for a in self.attachments:
             if a.listens(kind, group):
@@ -103,7 +105,7 @@ class Router:
         if hook is not None:
             delivers.append(hook)
         route = fan_out(delivers)
-        self.routes[kind][group] = route
+        self.routes[kind][key] = route
         return route
 
     def native_route(self, kind: str, group: str) -> Route:

@@ -30,8 +30,8 @@ _FALSY = {"0", "off", "false", "no", ""}
 
 def check_value(value: Any, arg: str) -> int | float | bool:
     """The slow path of every numeric argument: accept real numbers (numpy scalars too), refuse the rest."""
-    if isinstance(value, bool):
-        return value
+    if isinstance(value, bool) or getattr(getattr(value, "dtype", None), "kind", None) == "b":
+        return bool(value)  # numpy.bool_ is no numbers.Integral
     if isinstance(value, numbers.Integral):
         return int(value)
     if isinstance(value, numbers.Real):
@@ -43,21 +43,17 @@ def check_value(value: Any, arg: str) -> int | float | bool:
 
 
 def check_name(name: Any, arg: str) -> str:
-    if type(name) is not str:
-        if isinstance(name, str):
-            return str(name)
+    """A non-empty str; a str subclass (a str Enum member, say) becomes the plain str of its text."""
+    if not isinstance(name, str):
         raise TypeError(f"{arg} must be a str, got {type(name).__name__}")
-    if not name:
+    text: str = name if type(name) is str else str.__str__(name)  # str() of an Enum member gives "Cls.MEMBER"
+    if not text:
         raise ValueError(f"{arg} must be a non-empty str")
-    return name
+    return text
 
 
 def _check_group(group: Any, arg: str = "group") -> str:
-    if not isinstance(group, str):
-        raise TypeError(f"{arg} must be a str, got {type(group).__name__}")
-    if not group:
-        raise ValueError(f"{arg} must be a non-empty str")
-    return group
+    return check_name(group, arg)
 
 
 class Telemetry:
