@@ -85,6 +85,14 @@ def warn_safely(message: str, category: type[Warning] = TelemetryWarning, stackl
 TRIM_INTERVAL_S = 0.02
 
 
+def describe(exc: BaseException) -> str:
+    """``Type: message`` of an exception, even one whose ``__str__`` itself raises."""
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except BaseException:  # noqa: BLE001 - a broken __str__ must not escape the containment it is part of
+        return f"{type(exc).__name__}: <unprintable>"
+
+
 def count_records(batch: list[Any]) -> int:
     """Records in a batch of packed tuples: a metric pair stands for two (see records.METRIC_PAIR)."""
     return len(batch) + sum(1 for p in batch if p[0] == METRIC_PAIR)
@@ -94,7 +102,9 @@ class _Runner:
     """What the two runners share: counters and the failure policy."""
 
     def __init__(self, sink: Sink, policy: FailurePolicy, report: Reporter, source: PackedSource) -> None:
-        self._take_lock = threading.Lock()  # guards taking from the queue and the drop counters; never the hot path
+        # Guards taking from the queue and the drop counters; never taken on the hot path. Re-entrant: a signal
+        # handler that flushes can interrupt the main thread while it holds the lock (health(), a direct flush).
+        self._take_lock = threading.RLock()
         self.sink = sink
         self.source = source
         self.policy = policy
@@ -122,7 +132,7 @@ class _Runner:
         try:
             self.sink.write_packed(batch, self.source)
         except BaseException as exc:  # noqa: BLE001 - nothing a sink raises may reach training
-            self._on_failure(exc, count_records(batch))
+            self._on_failure(exc, count_records(batch) if counted else 0)
         else:
             if counted:
                 stats.delivered += count_records(batch)
@@ -137,7 +147,7 @@ class _Runner:
         stats = self.stats
         stats.failures += 1
         stats.failed += n
-        stats.last_error = f"{type(exc).__name__}: {exc}"
+        stats.last_error = describe(exc)
         self._consecutive += 1
         self._report("sink_error", self, n, stats.last_error)
         if not self._warned:
@@ -161,23 +171,29 @@ class InlineRunner(_Runner):
         handle = sink.handle
         stats = self.stats
 
-        def deliver_one(packed: Any) -> None:
+        def deliver_one(packed: Any, counted: bool = True) -> None:
             if self._suspended_until:
-                self._deliver([packed])
+                self._deliver([packed], counted=counted)
                 return
-            for record in unpack_all(packed, source.identity_of(packed[2]), source.wall_offset_ns):
+            try:
+                records = unpack_all(packed, source.identity_of(packed[2]), source.wall_offset_ns)
+            except BaseException as exc:  # noqa: BLE001 - e.g. a token of another instance: contained, counted
+                self._on_failure(exc, count_records([packed]) if counted else 0)
+                return
+            for record in records:
                 try:
                     handle(record)
                 except BaseException as exc:  # noqa: BLE001
-                    self._on_failure(exc, 1)
+                    self._on_failure(exc, 1 if counted else 0)
                 else:
-                    stats.delivered += 1
+                    if counted:  # telemetrain's own diagnostics are not part of the record counts
+                        stats.delivered += 1
                     if self._consecutive:
                         self._consecutive = 0
                         self._backoff = self.policy.backoff_s
 
         self.enqueue: Callable[[Any], None] = deliver_one
-        self.enqueue_diagnostic: Callable[[Any], None] = deliver_one
+        self.enqueue_diagnostic: Callable[[Any], None] = lambda packed: deliver_one(packed, False)
 
     def start(self) -> None:
         pass
@@ -233,7 +249,9 @@ class BackgroundRunner(_Runner):
     def _reset_process_state(self) -> None:
         """Fresh queue, locks and thread state: at construction and in a forked child."""
         self._queue: deque[Any] = deque()
-        self._take_lock = threading.Lock()
+        self._take_lock = threading.RLock()
+        self._close_lock = threading.RLock()
+        self._sink_closed = False
         self._wake = threading.Event()
         self._cv = threading.Condition(threading.RLock())
         self._flush_requested = 0
@@ -257,8 +275,11 @@ class BackgroundRunner(_Runner):
                 if n > 0:
                     pop = queue.pop
                     records = 0
-                    for _ in range(n):
-                        records += 2 if pop()[0] == METRIC_PAIR else 1
+                    try:
+                        for _ in range(n):
+                            records += 2 if pop()[0] == METRIC_PAIR else 1
+                    except IndexError:  # emptied under us by a re-entrant drain (a signal handler's flush)
+                        pass
                     self.stats.dropped += records
         if self.stats.dropped != self._reported_drops:
             self._report_drops()
@@ -299,7 +320,10 @@ class BackgroundRunner(_Runner):
         self._wake.set()
 
     def close(self, timeout: float | None = 5.0) -> bool:
-        """Deliver what is queued, stop the thread and close the sink. False if the sink was stuck."""
+        """Deliver what is queued, stop the thread and close the sink. False if the sink was stuck.
+
+        Idempotent and re-entrant: a second close (another thread, atexit, a signal handler interrupting the first)
+        does the remaining work instead of returning early, and the sink is closed once."""
         if self._closed:
             return True
         thread = self._thread
@@ -307,19 +331,32 @@ class BackgroundRunner(_Runner):
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
             if thread.is_alive():  # a stuck sink: leave the daemon thread behind rather than hang the exit
-                self._closed = True
-                _trimmer.unwatch(self)
-                self._queue.clear()  # nobody will write these: free the memory
+                _trimmer.unwatch(self)  # nothing new reaches this queue once its Telemetry is closing
+                self._abandon_queue()
                 return False
-        self._closed = True
-        _trimmer.unwatch(self)
-        self._drain_once(flush_sink=True)
-        self.trim()
-        try:
-            self.sink.close()
-        except BaseException as exc:  # noqa: BLE001
-            self._on_failure(exc, 0)
+        with self._close_lock:
+            if self._closed:
+                return True
+            _trimmer.unwatch(self)
+            self._drain_once(flush_sink=True)
+            self.trim()
+            if not self._sink_closed:
+                self._sink_closed = True
+                try:
+                    self.sink.close()
+                except BaseException as exc:  # noqa: BLE001
+                    self._on_failure(exc, 0)
+            self._closed = True
         return True
+
+    def _abandon_queue(self) -> None:
+        """Nobody will write what a stuck sink has queued: free the memory, and count it as dropped."""
+        with self._take_lock:
+            n = count_records(list(self._queue))
+            self._queue.clear()
+            self.stats.dropped += n
+        if n:
+            self._report_drops()
 
     def after_fork_in_child(self) -> None:
         # What is queued belongs to the parent (its own thread writes it); the parent's thread does not exist here.
@@ -338,7 +375,10 @@ class BackgroundRunner(_Runner):
             with self._cv:
                 requested = self._flush_requested
             stopping = self._stopping
-            self._drain_once(flush_sink=requested > self._flush_done or stopping)
+            try:
+                self._drain_once(flush_sink=requested > self._flush_done or stopping)
+            except BaseException as exc:  # noqa: BLE001 - _deliver contains sinks; this is a last line: never die
+                self._on_failure(exc, 0)
             if requested > self._flush_done:
                 with self._cv:
                     self._flush_done = requested
@@ -355,10 +395,22 @@ class BackgroundRunner(_Runner):
         queue = self._queue
         popleft = queue.popleft
         capacity = self.capacity
-        while queue:
+        # What is queued now, and no more: records that keep arriving while the sink writes wait for the next
+        # wake-up, so a flush or stop request is answered even under a steady stream (or a sink that emits).
+        remaining = len(queue)
+        while remaining > 0:
+            batch: list[Any] = []
+            take = batch.append
             with self._take_lock:  # the trimmer may pop from the right meanwhile; the lock keeps n exact
                 # at most a queue's worth per batch: the queue can overshoot between trims, a batch need not
-                batch = [popleft() for _ in range(min(len(queue), capacity))]
+                try:
+                    for _ in range(min(remaining, capacity)):
+                        take(popleft())
+                except IndexError:  # emptied under us by a re-entrant drain (a signal handler's flush)
+                    remaining = 0
+            if not batch:
+                break
+            remaining -= len(batch)
             self._deliver(batch)
         if self.stats.dropped != self._reported_drops:
             self._report_drops()
@@ -397,7 +449,7 @@ class _Trimmer:
 
     def _after_fork(self) -> None:
         self._runners: weakref.WeakSet[BackgroundRunner] = weakref.WeakSet()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entrant: a signal handler's close may unwatch while watch() holds it
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 

@@ -57,9 +57,10 @@ def _next_event_id() -> str:
 
 
 def _reset_ids_after_fork() -> None:
-    global _id_prefix, _id_counter
+    global _id_prefix, _id_counter, _lock
     _id_prefix = f"{os.getpid():x}-{time.monotonic_ns() & 0xFFFFFF:06x}"
     _id_counter = count(1)
+    _lock = threading.Lock()  # a fork while another thread held it must not leave the child stuck
 
 
 if hasattr(os, "register_at_fork"):

@@ -15,7 +15,7 @@ from typing import Any
 from . import process_hooks
 from .dispatch import BackgroundRunner, FailurePolicy, InlineRunner
 from .identity import Identity, identity_from_env
-from .records import SEVERITIES, pack
+from .records import KINDS, SEVERITIES, pack
 from .router import Attachment, Router
 from .sinks.base import Sink
 from .sinks.console import ConsoleSink
@@ -25,6 +25,7 @@ __all__ = ["Telemetry", "get_telemetry", "reset", "set_telemetry"]
 
 _monotonic_ns = time.monotonic_ns
 _SEVERITY_SET = frozenset(SEVERITIES)
+_RECORD_TYPES = frozenset(KINDS.values())
 _FALSY = {"0", "off", "false", "no", ""}
 
 
@@ -50,6 +51,18 @@ def check_name(name: Any, arg: str) -> str:
     if not text:
         raise ValueError(f"{arg} must be a non-empty str")
     return text
+
+
+def check_step(step: Any) -> int:
+    """A step is a whole number: an int, a numpy integer, or a float with no fractional part."""
+    if isinstance(step, bool) or not isinstance(step, numbers.Real):
+        raise TypeError(f"step must be an int, got {type(step).__name__}")
+    if isinstance(step, numbers.Integral):
+        return int(step)
+    as_float = float(step)
+    if not as_float.is_integer():
+        raise ValueError(f"step must be a whole number, got {step!r}")
+    return int(as_float)
 
 
 def _check_group(group: Any, arg: str = "group") -> str:
@@ -93,7 +106,8 @@ class Telemetry:
         self._metric_routes = self._router.routes["metric"]
         self._event_routes = self._router.routes["event"]
         self._lock = threading.RLock()
-        self._closed = False
+        self._closed = False  # no new records are accepted
+        self._shut = False  # and every sink has been closed
         self._reporting = threading.local()
         self._hook_runners: dict[tuple[str, str | None], InlineRunner] = {}
         self.extensions: dict[str, Any] = {}  # per-instance state of compatible APIs and integrations
@@ -128,11 +142,13 @@ class Telemetry:
             # token first: a record built between the two stores carries the old, still valid, pair
             self._token = token
             self._identity = identity
+            self._current = (token, identity)
         return identity
 
     def _token_for(self, identity: Identity) -> int:
-        if identity is self._identity:
-            return self._token
+        token, current = self._current  # one read: a set_identity() in another thread cannot split the pair
+        if identity is current:
+            return token
         with self._identity_lock:  # two threads must not hand out the same new token
             for token, known in self._identities.items():
                 if known == identity:
@@ -204,10 +220,11 @@ class Telemetry:
     def remove_sink(self, sink_or_attachment: Sink | Attachment, timeout: float | None = 5.0) -> None:
         """Detach a sink, delivering what it has queued first, and close it."""
         with self._lock:
-            for a in list(self._router.attachments):
-                if a is sink_or_attachment or a.sink is sink_or_attachment:
-                    self._router.detach(a)
-                    a.runner.close(timeout)
+            removed = [a for a in self._router.attachments if a is sink_or_attachment or a.sink is sink_or_attachment]
+            for a in removed:
+                self._router.detach(a)
+        for a in removed:  # outside the lock: producers re-resolving their routes must not wait for this drain
+            a.runner.close(timeout)
 
     @property
     def sinks(self) -> list[Sink]:
@@ -284,8 +301,10 @@ class Telemetry:
             value = check_value(value, "value")
         if type(name) is not str or not name:
             name = check_name(name, "name")
+        if type(unit) is not str:
+            raise TypeError(f"unit must be a str, got {type(unit).__name__}")
         if step is not None and type(step) is not int:
-            step = int(check_value(step, "step"))
+            step = check_step(step)
         if unit or step is not None:
             route(("metric", _monotonic_ns(), self._token, group, name, value, unit, step))
         else:  # the short packed form: trailing defaults left out (see records)
@@ -312,6 +331,9 @@ class Telemetry:
             return
         if type(name) is not str or not name:
             name = check_name(name, "name")
+        if type(event_id) is not str or type(span_id) is not str:
+            bad, value = ("event_id", event_id) if type(event_id) is not str else ("span_id", span_id)
+            raise TypeError(f"{bad} must be a str, got {type(value).__name__}")
         if severity not in _SEVERITY_SET:
             raise ValueError(f"severity must be one of {', '.join(SEVERITIES)}, got {severity!r}")
         if not attributes:
@@ -340,6 +362,10 @@ class Telemetry:
 
     def emit(self, record: Any) -> None:
         """Route a typed record built elsewhere (samplers, stats, bridges). Not for the hottest paths."""
+        if type(record) not in _RECORD_TYPES:
+            raise TypeError(f"record must be a telemetrain record ({', '.join(KINDS)}), got {type(record).__name__}")
+        if not isinstance(record.identity, Identity):
+            raise TypeError(f"record.identity must be an Identity, got {type(record.identity).__name__}")
         route = self.route(record.kind, record.group)
         if route:
             route(pack(record, self._token_for(record.identity)))
@@ -363,19 +389,25 @@ class Telemetry:
     def close(self, timeout: float | None = 5.0) -> bool:
         """Flush, stop the dispatcher threads and close the sinks. Idempotent. Later calls record nothing."""
         with self._lock:
-            if self._closed:
+            if self._shut:
                 return True
+            # From here on nothing new is accepted. A second close while this one runs (another thread, atexit, a
+            # signal handler interrupting it) does the remaining work rather than return early: the runners' close
+            # is idempotent and re-entrant.
             self._closed = True
             attachments = list(self._router.attachments)
+            hooks = list(self._hook_runners.values())
             self._router.invalidate()
         for a in attachments:  # all threads drain in parallel: a stuck sink does not eat the others' time
             a.runner.request_stop()
         deadline = None if timeout is None else time.monotonic() + timeout
         ok = True
-        for a in attachments:
+        for runner in [a.runner for a in attachments] + hooks:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ok = a.runner.close(left) and ok
-        process_hooks.untrack(self)
+            ok = runner.close(left) and ok
+        if ok:
+            self._shut = True
+            process_hooks.untrack(self)
         return ok
 
     @property
@@ -435,26 +467,24 @@ class Telemetry:
 # -- the default instance ------------------------------------------------------------------------------------------
 
 
-def _bootstrap_metric_route(group: str) -> Any:
-    """The default's metric route lookup before a default exists: build it, then look up."""
-    return get_telemetry()._metric_routes.get(group)
-
-
 class _Default:
-    """Holds the default instance; module-level APIs read ``_default.telemetry`` on every call so ``reset()`` and
-    ``set_telemetry()`` take effect at once. ``metric_routes_get`` is the default's route lookup for metrics, kept
-    ready so the torchelastic ``put_metric`` answers "anyone listening?" with one call."""
+    """Holds the default instance; module-level APIs read ``_default.telemetry`` once per call (and use that one
+    instance throughout the call) so ``reset()`` and ``set_telemetry()`` take effect at once."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        self._after_fork()
         self.install(None)
+
+    def _after_fork(self) -> None:
+        self.lock = threading.Lock()  # a fork while another thread held it must not leave the child stuck
 
     def install(self, telemetry: Telemetry | None) -> None:
         self.telemetry = telemetry
-        self.metric_routes_get: Any = telemetry._metric_routes.get if telemetry is not None else _bootstrap_metric_route
 
 
 _default = _Default()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_default._after_fork)
 
 
 def _from_env() -> Telemetry:

@@ -132,11 +132,19 @@ class RunStoreSink(Sink):
         token = self._token
         for p in packed:
             if p[2] != token:
+                try:
+                    identity = source.identity_of(p[2])
+                except Exception as exc:  # noqa: BLE001 - a token this source never issued: lose that record only
+                    if self._fd >= 0:
+                        lines.append(self._unencodable(p, offset, exc))
+                    else:
+                        self.unencodable += 1
+                    continue
                 if lines:  # records of another identity (a fork, a re-identified run) may go to another file
                     self._write_all("".join(lines).encode())
                     lines = []
                 token = p[2]
-                self._switch_to(source.identity_of(token), token)
+                self._switch_to(identity, token)
             try:
                 lines.append(encoders[p[0]](p, offset))
             except Exception as exc:  # noqa: BLE001 - one record that cannot be written must not cost the batch

@@ -200,6 +200,8 @@ def _f(value: Any) -> Any:
             return _NONFINITE[value]
         except KeyError:
             raise ValueError(f"not a number: {value!r}") from None
+    if type(value) not in (int, float, bool):
+        raise ValueError(f"not a number: {value!r}")
     return value
 
 
@@ -231,6 +233,12 @@ def decode_line(line: str | bytes, identity: Identity) -> Any:
     if kind == "process":
         return obj
     mono, wall, group, name = obj["mono_ns"], obj["wall_ns"], obj["group"], obj["name"]
+    # well-formed JSON with the wrong types is as corrupt as a broken line (and must not break sorting later)
+    if type(mono) is not int or type(wall) is not int or type(group) is not str or type(name) is not str:
+        raise ValueError("common fields of the wrong type")
+    attributes_in = obj.get("attributes")
+    if attributes_in is not None and not isinstance(attributes_in, dict):
+        raise ValueError("attributes must be an object")
     if kind == "metric":
         return MetricPoint(mono, wall, identity, group, name, _f(obj["value"]), obj.get("unit", ""), obj.get("step"))
     if kind == "event":
