@@ -697,3 +697,56 @@ def test_store_root_is_pinned_when_the_instance_is_built(tmp_path: Path, monkeyp
     assert t.run_dir is not None and t.run_dir.is_relative_to(tmp_path / "a" / "runs")
     assert open_run(t.run_dir).records()[0].name == "x"
     assert list((tmp_path / "b").iterdir()) == []
+
+
+def test_a_handler_that_emits_into_its_own_group_is_not_called_again(tmp_path: Path) -> None:
+    """A MetricHandler that itself calls put_metric for the group it handles: the nested value reaches the run store,
+    but not the handler again (which would recurse until the stack ran out)."""
+    from telemetrain import metrics
+
+    t = telemetrain.Telemetry(identity_from_env(env={}), store=tmp_path)
+    seen: list[str] = []
+
+    class Echo(metrics.MetricHandler):
+        def emit(self, metric_data: metrics.MetricData) -> None:
+            seen.append(metric_data.name)
+            metrics.put_metric(metric_data.name + ".echo", 1, metric_data.group_name)
+
+    previous = telemetrain.set_telemetry(t)
+    try:
+        metrics.configure(Echo(), "g")
+        metrics.put_metric("x", 1, "g")
+        assert t.flush()
+        health = t.health()
+    finally:
+        t.close()
+        if previous is not None:
+            telemetrain.set_telemetry(previous)
+        else:
+            telemetrain.reset()
+    assert seen == ["x"]
+    assert [r.name for r in open_run(t.run_dir).records()] == ["x", "x.echo"]
+    assert health["failed"] == 0
+
+
+def test_reader_orders_records_that_carry_their_own_wall_time(tmp_path: Path) -> None:
+    ident = identity_from_env(env={})
+    t = telemetrain.Telemetry(ident, store=tmp_path)
+    try:
+        t.metric("now", 1)
+        mono, wall = t.now()
+        t.emit(MetricPoint(mono, wall - 10**9, ident, "g", "replayed.a.second.ago", 2))  # later in the file
+        assert t.flush()
+    finally:
+        t.close()
+    assert [r.name for r in open_run(t.run_dir).records()] == ["replayed.a.second.ago", "now"]
+
+
+def test_flush_after_close_is_a_harmless_no_op(tmp_path: Path) -> None:
+    t = telemetrain.Telemetry(identity_from_env(env={}), store=tmp_path)
+    t.metric("x", 1)
+    assert t.close()
+    assert t.flush()
+    t.metric("after", 2)  # recorded nowhere, raises nothing
+    assert t.health()["failed"] == 0
+    assert [r.name for r in open_run(t.run_dir).records()] == ["x"]

@@ -171,10 +171,25 @@ class InlineRunner(_Runner):
         handle = sink.handle
         stats = self.stats
 
+        local = threading.local()
+
         def deliver_one(packed: Any, counted: bool = True) -> None:
+            if getattr(local, "active", False):
+                # The sink (a MetricHandler, say) emitted into its own route from inside handle(): that record goes to
+                # the other sinks, not round again through this one (which would recurse until the stack ran out).
+                if counted:
+                    stats.dropped += count_records([packed])
+                return
             if self._suspended_until:
                 self._deliver([packed], counted=counted)
                 return
+            local.active = True
+            try:
+                _deliver_now(packed, counted)
+            finally:
+                local.active = False
+
+        def _deliver_now(packed: Any, counted: bool) -> None:
             try:
                 records = unpack_all(packed, source.identity_of(packed[2]), source.wall_offset_ns)
             except BaseException as exc:  # noqa: BLE001 - e.g. a token of another instance: contained, counted
@@ -217,6 +232,7 @@ class InlineRunner(_Runner):
         return True
 
     def after_fork_in_child(self) -> None:
+        self._take_lock = threading.RLock()
         self.sink.after_fork_in_child()
 
 
@@ -305,6 +321,8 @@ class BackgroundRunner(_Runner):
 
     def flush(self, timeout: float | None = 5.0) -> bool:
         """Deliver everything queued before this call and flush the sink. False if the sink did not finish in time."""
+        if self._closed:
+            return True  # nothing can be queued any more, and the sink is closed
         if not self.running:
             self._drain_once(flush_sink=True)
             return True

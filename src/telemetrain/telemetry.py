@@ -461,6 +461,8 @@ class Telemetry:
         self.refresh_clock()
         for a in self._router.attachments:
             a.runner.after_fork_in_child()
+        for runner in self._hook_runners.values():
+            runner.after_fork_in_child()
         self._router.invalidate()
 
 

@@ -148,8 +148,9 @@ class Run:
         streams = []
         for i, p in enumerate(self.processes):
             recs = p.records if wanted is None else [r for r in p.records if r.kind in wanted]
-            # Within a process, threads may enqueue a hair out of order: sort each file on its own clock first.
-            recs = sorted(recs, key=lambda r: r[0])
+            # Within a process, threads may enqueue a hair out of order, and a record emitted with its own wall time
+            # may come late: sort each file by wall time (monotonic time breaking ties), then merge.
+            recs = sorted(recs, key=lambda r: (r[1], r[0]))
             streams.append(((r[1], p.rank, p.pid, i, n, r) for n, r in enumerate(recs)))
         for item in heapq.merge(*streams):
             yield item[-1]
