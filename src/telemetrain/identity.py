@@ -11,11 +11,12 @@ import os
 import secrets
 import socket
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["Identity", "identity_from_env", "new_run_id"]
+__all__ = ["Identity", "identity_from_env", "identity_of", "new_run_id", "token_for"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -60,6 +61,44 @@ class Identity:
     def from_dict(cls, data: Mapping[str, Any]) -> Identity:
         fields = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in fields})
+
+
+# -- identity tokens ---------------------------------------------------------------------------------------------------
+# Packed records carry an int token for their identity (see records). Tokens are process-wide and never reused, so a
+# token issued by any Telemetry resolves in any sink: a record that races a set_telemetry() or set_identity() keeps
+# the identity it was built with, whichever queue it lands in.
+
+_tokens: dict[int, Identity] = {}
+_token_of: dict[Identity, int] = {}
+_tokens_lock = threading.Lock()
+
+
+def token_for(identity: Identity) -> int:
+    """The token of an identity (equal identities share one)."""
+    token = _token_of.get(identity)
+    if token is not None:
+        return token
+    with _tokens_lock:
+        token = _token_of.get(identity)
+        if token is None:
+            token = len(_tokens) + 1
+            _tokens[token] = identity
+            _token_of[identity] = token
+        return token
+
+
+def identity_of(token: int) -> Identity:
+    """The identity a token stands for (``KeyError`` for a token never issued in this process)."""
+    return _tokens[token]
+
+
+def _after_fork_in_child() -> None:
+    global _tokens_lock
+    _tokens_lock = threading.Lock()  # a fork while another thread held it must not leave the child stuck
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def new_run_id() -> str:

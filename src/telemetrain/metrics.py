@@ -157,20 +157,29 @@ def getStream(group: str) -> MetricStream:
 
 def put_metric(metric_name: str, metric_value: float, metric_group: str = "torchelastic") -> None:
     """Publish one value to ``metric_group``; returns at once if nobody listens to the group."""
-    t = _default.telemetry or get_telemetry()  # once: route and identity token must come from one instance
     try:
-        route = t._metric_routes.get(metric_group)
+        route = _default.metric_routes_get(metric_group)
     except TypeError:
         raise TypeError(f"metric_group must be a str, got {type(metric_group).__name__}") from None
     if route is None:
-        route = t._resolve("metric", metric_group, "metric_group")
+        route = get_telemetry()._resolve("metric", metric_group, "metric_group")
     if not route:
         return
     if type(metric_value) is not int and type(metric_value) is not float:
         metric_value = check_value(metric_value, "metric_value")
     if type(metric_name) is not str or not metric_name:
         metric_name = check_name(metric_name, "metric_name")
-    route(("metric", _monotonic_ns(), t._token, metric_group, metric_name, metric_value))
+    # the token is process-wide: valid in any queue even if the default changed since the lookup above
+    route(
+        (
+            "metric",
+            _monotonic_ns(),
+            (_default.telemetry or get_telemetry())._token,
+            metric_group,
+            metric_name,
+            metric_value,
+        )
+    )
 
 
 def publish_metric(metric_group: str, metric_name: str, metric_value: float) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from . import process_hooks
 from .dispatch import BackgroundRunner, FailurePolicy, InlineRunner
-from .identity import Identity, identity_from_env
+from .identity import Identity, identity_from_env, identity_of, token_for
 from .records import KINDS, SEVERITIES, pack
 from .router import Attachment, Router
 from .sinks.base import Sink
@@ -94,9 +94,6 @@ class Telemetry:
             raise ValueError(f"queue_capacity must be a positive int, got {queue_capacity!r}")
         if not isinstance(flush_interval, (int, float)) or not flush_interval > 0:
             raise ValueError(f"flush_interval must be > 0 seconds, got {flush_interval!r}")
-        # Packed records carry an int token for the identity (see records); tokens are never reused.
-        self._identities: dict[int, Identity] = {}
-        self._identity_lock = threading.Lock()
         self._pid = os.getpid()
         self._install_identity(identity if identity is not None else identity_from_env())
         self.queue_capacity = queue_capacity
@@ -136,30 +133,14 @@ class Telemetry:
         return self._install_identity(base.replace(**changes) if changes else base)
 
     def _install_identity(self, identity: Identity) -> Identity:
-        with self._identity_lock:
-            token = len(self._identities) + 1
-            self._identities[token] = identity
-            # token first: a record built between the two stores carries the old, still valid, pair
-            self._token = token
-            self._identity = identity
-            self._current = (token, identity)
+        # token first: a record built between the two stores carries the old pair, whose token stays valid
+        self._token = token_for(identity)
+        self._identity = identity
         return identity
 
-    def _token_for(self, identity: Identity) -> int:
-        token, current = self._current  # one read: a set_identity() in another thread cannot split the pair
-        if identity is current:
-            return token
-        with self._identity_lock:  # two threads must not hand out the same new token
-            for token, known in self._identities.items():
-                if known == identity:
-                    return token
-            token = len(self._identities) + 1
-            self._identities[token] = identity
-            return token
-
     def identity_of(self, token: int) -> Identity:
-        """The identity a packed record's token stands for."""
-        return self._identities[token]
+        """The identity a packed record's token stands for (tokens are process-wide, see ``identity.token_for``)."""
+        return identity_of(token)
 
     @property
     def wall_offset_ns(self) -> int:
@@ -368,7 +349,7 @@ class Telemetry:
             raise TypeError(f"record.identity must be an Identity, got {type(record.identity).__name__}")
         route = self.route(record.kind, record.group)
         if route:
-            route(pack(record, self._token_for(record.identity)))
+            route(pack(record, token_for(record.identity)))
 
     def now(self) -> tuple[int, int]:
         """(monotonic ns, wall ns) on this instance's clocks, as records carry them."""
@@ -455,7 +436,6 @@ class Telemetry:
     def _after_fork_in_child(self) -> None:
         self._pid = os.getpid()
         self._lock = threading.RLock()
-        self._identity_lock = threading.Lock()
         self._reporting = threading.local()
         self._install_identity(self._identity.replace(pid=os.getpid()))
         self.refresh_clock()
@@ -469,9 +449,18 @@ class Telemetry:
 # -- the default instance ------------------------------------------------------------------------------------------
 
 
+def _no_default_yet(group: str) -> None:
+    """The metric route lookup before a default exists: build the default; ``None`` sends the caller down its slow
+    path."""
+    get_telemetry()
+
+
 class _Default:
-    """Holds the default instance; module-level APIs read ``_default.telemetry`` once per call (and use that one
-    instance throughout the call) so ``reset()`` and ``set_telemetry()`` take effect at once."""
+    """Holds the default instance; module-level APIs read it on every call so ``reset()`` and ``set_telemetry()`` take
+    effect at once. ``metric_routes_get`` is the default's metric route lookup, kept ready so the torchelastic
+    ``put_metric`` answers "anyone listening?" with one call. (If the default changes between that lookup and the
+    identity token read, the record carries the new default's identity: tokens are process-wide, so it stays
+    valid.)"""
 
     def __init__(self) -> None:
         self._after_fork()
@@ -482,6 +471,7 @@ class _Default:
 
     def install(self, telemetry: Telemetry | None) -> None:
         self.telemetry = telemetry
+        self.metric_routes_get: Any = telemetry._metric_routes.get if telemetry is not None else _no_default_yet
 
 
 _default = _Default()
