@@ -750,3 +750,18 @@ def test_flush_after_close_is_a_harmless_no_op(tmp_path: Path) -> None:
     t.metric("after", 2)  # recorded nowhere, raises nothing
     assert t.health()["failed"] == 0
     assert [r.name for r in open_run(t.run_dir).records()] == ["x"]
+
+
+def test_numpy_scalars_are_numbers(tmp_path: Path) -> None:
+    np = pytest.importorskip("numpy")
+    t = telemetrain.Telemetry(identity_from_env(env={}), store=tmp_path)
+    values = [np.float32(1.5), np.float64("nan"), np.int64(3), np.uint8(7), np.bool_(True)]
+    try:
+        for v in values:
+            t.metric("x", v)
+        assert t.flush()
+    finally:
+        t.close()
+    got = [r.value for r in open_run(t.run_dir).records()]
+    assert [type(v) for v in got] == [float, float, int, int, bool]
+    assert got[0] == 1.5 and math.isnan(got[1]) and got[2:] == [3, 7, True]
