@@ -765,3 +765,17 @@ def test_numpy_scalars_are_numbers(tmp_path: Path) -> None:
     got = [r.value for r in open_run(t.run_dir).records()]
     assert [type(v) for v in got] == [float, float, int, int, bool]
     assert got[0] == 1.5 and math.isnan(got[1]) and got[2:] == [3, 7, True]
+
+
+def test_a_tensor_value_is_refused_with_a_hint_and_never_synchronised(tmp_path: Path) -> None:
+    """telemetrain never calls .item() for the caller (it would synchronise a GPU): the error says what to do."""
+    torch = pytest.importorskip("torch")
+    t = telemetrain.Telemetry(identity_from_env(env={}), store=tmp_path)
+    try:
+        with pytest.raises(TypeError, match=r"value must be an int or float, got Tensor.*tensor\.item\(\)"):
+            t.metric("loss", torch.tensor(0.5))
+        t.metric("loss", torch.tensor(0.5).item())
+        assert t.flush()
+    finally:
+        t.close()
+    assert [r.value for r in open_run(t.run_dir).records()] == [0.5]
