@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import types
 import typing
@@ -101,3 +102,56 @@ def norm_type(tp: Any) -> Any:
     if isinstance(tp, type):
         return tp.__qualname__
     return repr(tp)
+
+
+# -- torchelastic side by side ------------------------------------------------------------------------------------
+
+
+class ListHandler(logging.Handler):
+    """A logging handler that keeps every message it is given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+        self.messages.append(record.getMessage())
+
+
+def recorder(base: type) -> Any:
+    """A MetricHandler (of torchelastic's or our base class) that keeps what it is given."""
+
+    class Recorder(base):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            self.data: list[Any] = []
+
+        def emit(self, metric_data: Any) -> None:
+            self.data.append(metric_data)
+
+    return Recorder()
+
+
+@pytest.fixture
+def torch_metrics(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
+    """torchelastic's metrics module with fresh module globals for this test (it keeps its handlers in globals)."""
+    import torch.distributed.elastic.metrics as tmetrics
+    import torch.distributed.elastic.metrics.api as tapi
+
+    monkeypatch.setattr(tapi, "_metrics_map", {})
+    monkeypatch.setattr(tapi, "_default_metrics_handler", tapi.NullMetricHandler())
+    return tmetrics
+
+
+@pytest.fixture
+def torch_rdzv_handler(monkeypatch: pytest.MonkeyPatch) -> Iterator[ListHandler]:
+    """torchelastic's rendezvous events switched on for this test (its only switch: replace the private handler)."""
+    import torch.distributed.elastic.events as tevents
+    import torch.distributed.elastic.events.handlers as thandlers
+
+    handler = ListHandler()
+    monkeypatch.setitem(thandlers._log_handlers, "dynamic_rendezvous", handler)
+    monkeypatch.setattr(tevents, "_events_loggers", {})
+    yield handler
+    logging.getLogger("torchelastic-events-dynamic_rendezvous").removeHandler(handler)

@@ -17,28 +17,12 @@ from typing import Any
 
 import pytest
 import torch.distributed.elastic.events as tevents
-import torch.distributed.elastic.events.handlers as thandlers
 
 import telemetrain
-from conftest import norm_type
+from conftest import ListHandler, norm_type
 from telemetrain import events
 
 # -- helpers ---------------------------------------------------------------------------------------------------------
-
-
-class ListHandler(logging.Handler):
-    """A logging handler that keeps its records."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-    @property
-    def messages(self) -> list[str]:
-        return [r.getMessage() for r in self.records]
 
 
 class CollectingEventHandler(events.EventHandler):
@@ -75,16 +59,6 @@ def destination() -> Iterator[Callable[..., str]]:
             logger = events._events_loggers.pop(name, None)
             if logger is not None and handler is not None:
                 logger.removeHandler(handler)
-
-
-@pytest.fixture
-def torch_rdzv_handler(monkeypatch: pytest.MonkeyPatch) -> Iterator[ListHandler]:
-    """Turn torchelastic's rendezvous events on (its only switch: replace the private handler), for this test."""
-    handler = ListHandler()
-    monkeypatch.setitem(thandlers._log_handlers, "dynamic_rendezvous", handler)
-    monkeypatch.setattr(tevents, "_events_loggers", {})
-    yield handler
-    logging.getLogger("torchelastic-events-dynamic_rendezvous").removeHandler(handler)
 
 
 def _fields(cls: type) -> list[tuple[str, Any, Any, Any]]:

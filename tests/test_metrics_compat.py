@@ -19,30 +19,10 @@ import torch.distributed.elastic.metrics as tmetrics
 import torch.distributed.elastic.metrics.api as tapi
 
 import telemetrain
-from conftest import norm_type
+from conftest import norm_type, recorder
 from telemetrain import metrics
 
 # -- helpers ---------------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def torch_metrics(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
-    monkeypatch.setattr(tapi, "_metrics_map", {})
-    monkeypatch.setattr(tapi, "_default_metrics_handler", tapi.NullMetricHandler())
-    return tmetrics
-
-
-def recorder(base: type) -> Any:
-    """A MetricHandler (of torchelastic's or our base class) that keeps what it is given."""
-
-    class Recorder(base):  # type: ignore[misc, valid-type]
-        def __init__(self) -> None:
-            self.data: list[Any] = []
-
-        def emit(self, metric_data: Any) -> None:
-            self.data.append(metric_data)
-
-    return Recorder()
 
 
 def triples(data: list[Any]) -> list[tuple[str, str, Any]]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import _thread
 import enum
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -15,58 +14,18 @@ import time
 import types
 import uuid
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch.distributed.elastic.events as tevents
-import torch.distributed.elastic.events.handlers as thandlers
-import torch.distributed.elastic.metrics as tmetrics
 import torch.distributed.elastic.metrics.api as tapi
 
 import telemetrain
+from conftest import ListHandler, recorder
 from telemetrain import events, metrics
 
 # -- helpers ---------------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def torch_metrics(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
-    """torchelastic's metrics with fresh module globals for this test."""
-    monkeypatch.setattr(tapi, "_metrics_map", {})
-    monkeypatch.setattr(tapi, "_default_metrics_handler", tapi.NullMetricHandler())
-    return tmetrics
-
-
-def recorder(base: type) -> Any:
-    class Recorder(base):  # type: ignore[misc, valid-type]
-        def __init__(self) -> None:
-            self.data: list[Any] = []
-
-        def emit(self, metric_data: Any) -> None:
-            self.data.append(metric_data)
-
-    return Recorder()
-
-
-class ListHandler(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
-@pytest.fixture
-def torch_rdzv_handler(monkeypatch: pytest.MonkeyPatch) -> Iterator[ListHandler]:
-    """torchelastic's rendezvous events switched on (its only switch: replace the private handler)."""
-    handler = ListHandler()
-    monkeypatch.setitem(thandlers._log_handlers, "dynamic_rendezvous", handler)
-    monkeypatch.setattr(tevents, "_events_loggers", {})
-    yield handler
-    logging.getLogger("torchelastic-events-dynamic_rendezvous").removeHandler(handler)
 
 
 class Group(str, enum.Enum):
