@@ -75,20 +75,13 @@ class Router:
         self.hooks[kind][group] = deliver
         self.invalidate()
 
-    def clear_hooks(self, kind: str) -> None:
-        self.hooks[kind].clear()
-        self.invalidate()
-
     def invalidate(self) -> None:
         for cache in self.routes.values():
             cache.clear()
 
     def resolve(self, kind: str, group: str, *, start: bool = True) -> Route:
-        """Compute, cache and return the route for (kind, group); starts the runners it needs."""
-        if not isinstance(group, str):
-            raise TypeError(f"group must be a str, got {type(group).__name__}")
-        if not group:
-            raise ValueError("group must be a non-empty str")
+        """Compute, cache and return the route for (kind, group); starts the runners it needs. The caller has
+        checked that ``group`` is a non-empty str."""
         key = group  # cached under what the hot path looks up; matched by its text (a str Enum hashes otherwise)
         group = str.__str__(group)
         delivers: list[Deliver] = []

@@ -65,9 +65,6 @@ def check_step(step: Any) -> int:
     return int(as_float)
 
 
-def _check_group(group: Any, arg: str = "group") -> str:
-    return check_name(group, arg)
-
 
 class Telemetry:
     """Routing, sinks and identity for one process (or one test).
@@ -214,7 +211,7 @@ class Telemetry:
     def mute(self, *groups: str) -> None:
         """No sink listens to these groups any more: calls for them return at once, before building a record."""
         with self._lock:
-            self._router.muted.update(_check_group(g) for g in groups)
+            self._router.muted.update(check_name(g, "group") for g in groups)
             self._router.invalidate()
 
     def unmute(self, *groups: str) -> None:
@@ -238,7 +235,7 @@ class Telemetry:
         return bool(self.route(kind, group))
 
     def _resolve(self, kind: str, group: str, arg: str = "group") -> Any:
-        _check_group(group, arg)
+        check_name(group, arg)
         if self._pid != os.getpid():  # forked without our at-fork hook having run (it is installed lazily)
             self._after_fork_in_child()
         with self._lock:
@@ -282,11 +279,11 @@ class Telemetry:
             value = check_value(value, "value")
         if type(name) is not str or not name:
             name = check_name(name, "name")
-        if type(unit) is not str:
-            raise TypeError(f"unit must be a str, got {type(unit).__name__}")
-        if step is not None and type(step) is not int:
-            step = check_step(step)
-        if unit or step is not None:
+        if unit or step is not None:  # the common case (neither) skips these checks
+            if type(unit) is not str:
+                raise TypeError(f"unit must be a str, got {type(unit).__name__}")
+            if step is not None and type(step) is not int:
+                step = check_step(step)
             route(("metric", _monotonic_ns(), self._token, group, name, value, unit, step))
         else:  # the short packed form: trailing defaults left out (see records)
             route(("metric", _monotonic_ns(), self._token, group, name, value))
