@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import types
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import telemetrain
+from telemetrain.sinks import Sink
 from telemetrain.store import open_run
 from telemetrain.telemetry import _default
 
@@ -155,3 +157,34 @@ def torch_rdzv_handler(monkeypatch: pytest.MonkeyPatch) -> Iterator[ListHandler]
     monkeypatch.setattr(tevents, "_events_loggers", {})
     yield handler
     logging.getLogger("torchelastic-events-dynamic_rendezvous").removeHandler(handler)
+
+
+# -- sinks and the default instance ----------------------------------------------------------------------------------
+
+
+class ListSink(Sink):
+    """Collects every record it is given (thread-safe)."""
+
+    def __init__(self, name: str = "collect", *, background: bool = True) -> None:
+        self.name = name
+        self.background = background
+        self.records: list[Any] = []
+        self._lock = threading.Lock()
+
+    def write(self, records: Sequence[Any]) -> None:
+        with self._lock:
+            self.records.extend(records)
+
+
+@contextlib.contextmanager
+def as_default(t: telemetrain.Telemetry) -> Iterator[telemetrain.Telemetry]:
+    """``t`` is the default instance inside the block; afterwards it is closed and the previous default is back."""
+    previous = telemetrain.set_telemetry(t)
+    try:
+        yield t
+    finally:
+        t.close()
+        if previous is not None:
+            telemetrain.set_telemetry(previous)
+        else:
+            telemetrain.reset()

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import telemetrain
-from conftest import IDENTITY_ENV, telemetrain_threads
+from conftest import IDENTITY_ENV, as_default, telemetrain_threads
 from telemetrain import Diagnostic, Event, Identity, MetricPoint, SpanEnd, SpanStart, StatWindow, identity_from_env
 from telemetrain.records import KINDS
 from telemetrain.sinks import Sink
@@ -631,8 +631,7 @@ def test_prof_pairs_count_as_two_records_everywhere(tmp_path: Path) -> None:
             seen.extend(r.name for r in records)
 
     t.add_sink(Collect())
-    previous = telemetrain.set_telemetry(t)
-    try:
+    with as_default(t):
 
         @metrics.prof(group="p")
         def work() -> int:
@@ -643,12 +642,6 @@ def test_prof_pairs_count_as_two_records_everywhere(tmp_path: Path) -> None:
         assert t.flush()
         stats = {s["sink"]: s for s in t.health()["sinks"]}
         assert stats["jsonl"]["delivered"] == 20 and stats["collect"]["delivered"] == 20
-    finally:
-        t.close()
-        if previous is not None:
-            telemetrain.set_telemetry(previous)
-        else:
-            telemetrain.reset()
     key = "test_prof_pairs_count_as_two_records_everywhere.<locals>.work"  # torchelastic's rule: the qualname
     assert seen == [f"{key}.success", f"{key}.duration.ms"] * 10
     names = [r.name for r in open_run(t.run_dir).records("metric")]
@@ -712,18 +705,11 @@ def test_a_handler_that_emits_into_its_own_group_is_not_called_again(tmp_path: P
             seen.append(metric_data.name)
             metrics.put_metric(metric_data.name + ".echo", 1, metric_data.group_name)
 
-    previous = telemetrain.set_telemetry(t)
-    try:
+    with as_default(t):
         metrics.configure(Echo(), "g")
         metrics.put_metric("x", 1, "g")
         assert t.flush()
         health = t.health()
-    finally:
-        t.close()
-        if previous is not None:
-            telemetrain.set_telemetry(previous)
-        else:
-            telemetrain.reset()
     assert seen == ["x"]
     assert [r.name for r in open_run(t.run_dir).records()] == ["x", "x.echo"]
     assert health["failed"] == 0

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 import telemetrain
+from conftest import as_default
 from telemetrain import metrics
 from telemetrain.store import open_run
 
@@ -35,8 +36,7 @@ class RecordingDataset(torch.utils.data.Dataset):  # type: ignore[misc]
 def test_dataloader_workers_write_their_own_files(tmp_path: Path, persistent_workers: bool) -> None:
     n = 64
     t = telemetrain.Telemetry(telemetrain.identity_from_env(env={}), store=tmp_path)
-    previous = telemetrain.set_telemetry(t)
-    try:
+    with as_default(t):
         # No record before the workers fork: the fork hook must already be in place (it is set up by Telemetry()).
         loader = torch.utils.data.DataLoader(
             RecordingDataset(n),
@@ -49,12 +49,6 @@ def test_dataloader_workers_write_their_own_files(tmp_path: Path, persistent_wor
         metrics.put_metric("epoch_done", 1, "train")
         del loader  # persistent workers are shut down here (their iterator is dropped)
         assert t.flush()
-    finally:
-        t.close()
-        if previous is not None:
-            telemetrain.set_telemetry(previous)
-        else:
-            telemetrain.reset()
     assert seen == list(range(n))
     run = open_run(t.run_dir)
     parent = os.getpid()

@@ -25,6 +25,7 @@ from typing import Any
 import psutil
 import pytest
 
+from conftest import ListSink
 from telemetrain import FailurePolicy, Identity, StatWindow, Telemetry, TelemetryWarning, identity_from_env
 from telemetrain.sinks import RunStoreSink, Sink
 from telemetrain.store import open_run, run_dir
@@ -94,6 +95,14 @@ def _wait_for_data(path: Path, min_bytes: int) -> None:
     _wait_until(lambda: path.exists() and path.stat().st_size >= min_bytes, what=f"{min_bytes} bytes in {path.name}")
 
 
+def _start_stream(
+    root: Path, run_id: str, err: Any, flush_interval: float, marker: Path | None = None
+) -> subprocess.Popen[str]:
+    """The ``stream`` helper (emits ``seq`` 0, 1, ... and acknowledges every ACK_EVERY on stdout) in a subprocess."""
+    args = ("stream", root, ACK_EVERY, flush_interval) + ((marker,) if marker is not None else ())
+    return subprocess.Popen(_helper(*args), stdout=subprocess.PIPE, stderr=err, text=True, env=_env(run_id))
+
+
 def _kill(proc: subprocess.Popen[Any]) -> None:
     if proc.poll() is None:
         proc.kill()
@@ -145,20 +154,6 @@ class _Acks:
         while not self.eof and self._take(deadline):
             pass
         return self.last
-
-
-class ListSink(Sink):
-    """Collects every record it is given."""
-
-    def __init__(self, name: str = "collect", *, background: bool = True) -> None:
-        self.name = name
-        self.background = background
-        self.records: list[Any] = []
-        self._lock = threading.Lock()
-
-    def write(self, records: Sequence[Any]) -> None:
-        with self._lock:
-            self.records.extend(records)
 
 
 class FailingSink(Sink):
@@ -370,9 +365,7 @@ def test_signal_mid_stream_flushes_everything_and_dies_of_the_signal(tmp_path: P
     Python's own handler, whose KeyboardInterrupt ends the program (which then dies of SIGINT)."""
     run_id = f"sig-{uuid.uuid4().hex[:8]}"
     with open(tmp_path / "stderr.txt", "w") as err:
-        proc = subprocess.Popen(
-            _helper("stream", tmp_path, ACK_EVERY, 0.2), stdout=subprocess.PIPE, stderr=err, text=True, env=_env(run_id)
-        )
+        proc = _start_stream(tmp_path, run_id, err, 0.2)
         try:
             acks = _Acks(proc)
             acks.wait_for(20_000)
@@ -401,13 +394,7 @@ def test_sigterm_chains_to_the_programs_own_handler_after_flushing(tmp_path: Pat
     run_id = f"chain-{uuid.uuid4().hex[:8]}"
     marker = tmp_path / "handler-ran"
     with open(tmp_path / "stderr.txt", "w") as err:
-        proc = subprocess.Popen(
-            _helper("stream", tmp_path, ACK_EVERY, 0.2, marker),
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
-            env=_env(run_id),
-        )
+        proc = _start_stream(tmp_path, run_id, err, 0.2, marker)
         try:
             acks = _Acks(proc)
             acks.wait_for(20_000)
@@ -432,13 +419,7 @@ def test_sigterm_chains_to_the_programs_own_handler_after_flushing(tmp_path: Pat
 def test_sigkill_mid_stream_leaves_a_readable_prefix(tmp_path: Path) -> None:
     run_id = f"kill-{uuid.uuid4().hex[:8]}"
     with open(tmp_path / "stderr.txt", "w") as err:
-        proc = subprocess.Popen(
-            _helper("stream", tmp_path, ACK_EVERY, 0.01),
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
-            env=_env(run_id),
-        )
+        proc = _start_stream(tmp_path, run_id, err, 0.01)
         try:
             acks = _Acks(proc)
             acks.wait_for(20_000)

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import telemetrain
+from conftest import as_default
 from telemetrain import metrics
 from telemetrain.store import open_run
 
@@ -123,8 +124,7 @@ def test_put_metric_accepts_numbers_and_rejects_the_rest_clearly(
     tmp_path_factory: pytest.TempPathFactory, name: Any, value: Any, group: Any
 ) -> None:
     t = _fresh(tmp_path_factory.mktemp("p"))
-    previous = telemetrain.set_telemetry(t)
-    try:
+    with as_default(t):
         try:
             metrics.put_metric(name, value, group)
             accepted = True
@@ -133,12 +133,6 @@ def test_put_metric_accepts_numbers_and_rejects_the_rest_clearly(
             assert any(arg in str(exc) for arg in ("metric_name", "metric_value", "metric_group")), exc
         metrics.put_metric("after", 1, "fence")  # a rejected call loses nothing else
         assert t.flush()
-    finally:
-        t.close()
-        if previous is not None:
-            telemetrain.set_telemetry(previous)
-        else:
-            telemetrain.reset()
     valid = (
         isinstance(name, str)
         and name != ""

@@ -22,26 +22,13 @@ from typing import Any
 import pytest
 
 import telemetrain
+from conftest import ListSink
 from telemetrain import MetricPoint, Telemetry, TelemetryWarning, events, metrics
 from telemetrain.sinks.base import Sink
 from telemetrain.store import open_run
 from telemetrain.telemetry import _default
 
 HANG_S = 20.0  # generous: only turns a hang into a failure
-
-
-class ListSink(Sink):
-    """Collects every record it is given (thread-safe)."""
-
-    def __init__(self, name: str = "list", *, background: bool = True) -> None:
-        self.name = name
-        self.background = background
-        self.records: list[Any] = []
-        self._lock = threading.Lock()
-
-    def write(self, records: Sequence[Any]) -> None:
-        with self._lock:
-            self.records.extend(records)
 
 
 class GatedSink(ListSink):
