@@ -139,10 +139,12 @@ class _StatWindowFields(NamedTuple):
     sample_count: int
     values: dict[str, Number]
     unit: str = ""
+    histogram: dict[str, Any] | None = None
 
 
 class StatWindow(_StatWindowFields):
-    """A closed window of a stat: its bounds, its sample count and one value per aggregation."""
+    """A closed window of a stat: ``start_mono_ns`` to ``mono_ns``, its sample count, one value per aggregation,
+    and (when the stat asks for it) the exponential histogram in OpenTelemetry's shape (see ``stats.histogram``)."""
 
     __slots__ = ()
     kind: ClassVar[str] = "stat"

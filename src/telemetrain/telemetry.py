@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from . import process_hooks
-from .dispatch import BackgroundRunner, FailurePolicy, InlineRunner
+from .dispatch import BackgroundRunner, FailurePolicy, InlineRunner, describe, warn_safely
 from .identity import Identity, identity_from_env, identity_of, token_for
 from .records import KINDS, SEVERITIES, pack
 from .router import Attachment, Router
@@ -105,6 +105,8 @@ class Telemetry:
         self._reporting = threading.local()
         self._hook_runners: dict[tuple[str, str | None], InlineRunner] = {}
         self.extensions: dict[str, Any] = {}  # per-instance state of compatible APIs and integrations
+        self._producers: list[Any] = []
+        self._final_collect_done = False
         self.refresh_clock()
         self.store: RunStoreSink | None = None
         if store is not False:
@@ -261,6 +263,22 @@ class Telemetry:
         with self._lock:
             return False if self._closed else self._router.native_route(kind, group)
 
+    def add_producer(self, producer: Any) -> None:
+        """Something that holds data in memory and emits it later (stat windows, gauges, samplers):
+        ``producer.collect(final)`` runs at the start of every ``flush()`` (final=False) and once at ``close()``
+        before the sinks close (final=True); ``producer.after_fork_in_child()`` runs in a forked child."""
+        if not callable(getattr(producer, "collect", None)):
+            raise TypeError(f"producer must have a collect(final) method, got {type(producer).__name__}")
+        with self._lock:
+            self._producers.append(producer)
+
+    def _collect(self, final: bool) -> None:
+        for producer in list(self._producers):
+            try:
+                producer.collect(final)
+            except Exception as exc:  # noqa: BLE001 - flush and close go on
+                warn_safely(f"telemetrain: collecting from {type(producer).__name__} failed: {describe(exc)}")
+
     # -- emitting --------------------------------------------------------------------------------------------------
 
     def metric(
@@ -357,6 +375,8 @@ class Telemetry:
 
     def flush(self, timeout: float | None = 5.0) -> bool:
         """Deliver and flush everything emitted so far. False if a sink did not finish within ``timeout``."""
+        if not self._closed:
+            self._collect(final=False)
         deadline = None if timeout is None else time.monotonic() + timeout
         ok = True
         for a in list(self._router.attachments):
@@ -366,6 +386,9 @@ class Telemetry:
 
     def close(self, timeout: float | None = 5.0) -> bool:
         """Flush, stop the dispatcher threads and close the sinks. Idempotent. Later calls record nothing."""
+        if not self._final_collect_done:  # open stat windows and the like are reported while sinks still listen
+            self._final_collect_done = True
+            self._collect(final=True)
         with self._lock:
             if self._shut:
                 return True
@@ -441,6 +464,10 @@ class Telemetry:
         for runner in self._hook_runners.values():
             runner.after_fork_in_child()
         self._router.invalidate()
+        for producer in self._producers:
+            reset = getattr(producer, "after_fork_in_child", None)
+            if reset is not None:
+                reset()
 
 
 # -- the default instance ------------------------------------------------------------------------------------------

@@ -150,10 +150,14 @@ def _enc_span_end(p: Any, off: int) -> str:
 
 
 def _enc_stat(p: Any, off: int) -> str:
-    # StatWindow: start_mono_ns, sample_count, values, unit
+    # StatWindow: start_mono_ns, sample_count, values, unit, histogram
     p = _full(p)
     values = ",".join(f"{_s(k)}:{_num(v)}" for k, v in p[7].items())
-    return f'{_head("stat", p, off)},"start_mono_ns":{p[5]},"count":{p[6]},"values":{{{values}}},"unit":{_s(p[8])}}}\n'
+    histogram = "" if p[9] is None else f',"histogram":{_dumps(p[9], separators=(",", ":"))}'
+    return (
+        f'{_head("stat", p, off)},"start_mono_ns":{p[5]},"count":{p[6]},"values":{{{values}}},'
+        f'"unit":{_s(p[8])}{histogram}}}\n'
+    )
 
 
 def _enc_diagnostic(p: Any, off: int) -> str:
@@ -265,7 +269,12 @@ def decode_line(line: str | bytes, identity: Identity) -> Any:
         )
     if kind == "stat":
         values = {k: _f(v) for k, v in obj["values"].items()}
-        return StatWindow(mono, wall, identity, group, name, obj["start_mono_ns"], obj["count"], values, obj["unit"])
+        histogram = obj.get("histogram")
+        if histogram is not None and not isinstance(histogram, dict):
+            raise ValueError("histogram must be an object")
+        return StatWindow(
+            mono, wall, identity, group, name, obj["start_mono_ns"], obj["count"], values, obj["unit"], histogram
+        )
     if kind == "diagnostic":
         return Diagnostic(mono, wall, identity, group, name, obj["sink"], obj["count"], obj["message"])
     raise ValueError(f"unknown record kind {kind!r}")

@@ -1,0 +1,96 @@
+"""One daemon thread per process that runs timed work: closing time windows at their boundary, reading gauges.
+
+torch.monitor closes a window only inside ``add()``, so a stat that goes quiet never reports its last window; here
+the collector closes it at the boundary whatever the training thread does. A task is any object with a
+``tick(now_ns) -> next due ns | None`` method; the collector holds it weakly (a task that is garbage-collected simply
+stops), calls it at its due time and reschedules it with what it returns.
+
+The thread starts with the first scheduled task (never at import) and exits when no task is left. A forked child
+starts with no tasks and no thread (detected by pid, so the order of at-fork hooks does not matter); owners
+reschedule their tasks there. Ticks are late when the interpreter is busy (under the GIL a waiting thread gets it
+within ``sys.getswitchinterval()``, 5 ms by default): a window's record carries the time it was actually closed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import os
+import threading
+import time
+import weakref
+from typing import Any, Protocol
+
+from .dispatch import describe, warn_safely
+
+__all__ = ["Collector", "Task", "collector"]
+
+_IDLE_EXIT_S = 5.0
+
+
+class Task(Protocol):
+    def tick(self, now_ns: int) -> int | None: ...
+
+
+class Collector:
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._cond = threading.Condition(threading.Lock())
+        self._heap: list[tuple[int, int, weakref.ref[Any]]] = []
+        self._seq = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._warned = False
+
+    def schedule(self, task: Task, due_ns: int) -> None:
+        """Call ``task.tick`` at ``due_ns`` (monotonic) or soon after."""
+        if self._pid != os.getpid():
+            self._reset()
+        with self._cond:
+            heapq.heappush(self._heap, (due_ns, next(self._seq), weakref.ref(task)))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="telemetrain-collector", daemon=True)
+                self._thread.start()
+            elif self._heap[0][0] == due_ns:
+                self._cond.notify()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._pid == os.getpid()
+
+    def _run(self) -> None:
+        cond = self._cond
+        while True:
+            with cond:
+                idle_since = time.monotonic()
+                while True:
+                    if not self._heap:
+                        if time.monotonic() - idle_since >= _IDLE_EXIT_S:
+                            self._thread = None
+                            return
+                        cond.wait(_IDLE_EXIT_S)
+                        continue
+                    due = self._heap[0][0]
+                    now = time.monotonic_ns()
+                    if due <= now:
+                        _, _, ref = heapq.heappop(self._heap)
+                        break
+                    cond.wait((due - now) / 1e9)
+            task = ref()
+            if task is None:
+                continue
+            try:
+                nxt = task.tick(now)
+            except Exception as exc:  # noqa: BLE001 - one failing task must not stop the others
+                nxt = None
+                if not self._warned:
+                    self._warned = True
+                    warn_safely(f"telemetrain collector: a task failed and was dropped: {describe(exc)}")
+            if nxt is not None:
+                self.schedule(task, nxt)
+            del task
+
+
+collector = Collector()

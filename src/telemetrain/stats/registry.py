@@ -1,0 +1,148 @@
+"""The registry of one ``Telemetry``'s stats and gauges: list them, find them by name or prefix.
+
+It is also what ties them to the pipeline's lifecycle: ``Telemetry.flush()`` closes open windows (and reads
+gauges), ``Telemetry.close()`` (at exit, on SIGTERM) does so a last time, and a forked child resets every stat.
+
+Stats are held weakly, as torch.monitor's are: a stat lives as long as the code using it holds it, and reports its
+open window when it is garbage-collected. Gauges are held strongly (a gauge is usually created and forgotten) until
+``close()``. Names need not be unique; ``get`` returns the most recently created live one.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from ..collector import collector
+from ..dispatch import describe, warn_safely
+from ..telemetry import Telemetry, get_telemetry
+
+if TYPE_CHECKING:
+    from .gauge import Gauge
+    from .stat import Stat
+
+__all__ = ["StatRegistry", "registry"]
+
+_EXTENSION = "stats"
+_create_lock = threading.Lock()
+
+
+class StatRegistry:
+    def __init__(self, telemetry: Telemetry) -> None:
+        self._telemetry = telemetry
+        self._lock = threading.Lock()
+        self._stats: dict[int, weakref.ref[Stat]] = {}
+        self._gauges: dict[int, Gauge] = {}
+        telemetry.add_producer(self)
+
+    # -- membership ------------------------------------------------------------------------------------------------
+
+    def register(self, item: Stat | Gauge) -> None:
+        from .gauge import Gauge
+
+        with self._lock:
+            if isinstance(item, Gauge):
+                self._gauges[id(item)] = item
+            else:
+                key = id(item)
+                self._stats[key] = weakref.ref(item, lambda _, key=key: self._forget(key))  # type: ignore[misc]
+                if item._window_ns:
+                    collector.schedule(item, item._deadline)
+
+    def _forget(self, key: int) -> None:
+        with self._lock:
+            ref = self._stats.get(key)
+            if ref is not None and ref() is None:
+                del self._stats[key]
+
+    def unregister(self, item: Stat | Gauge) -> None:
+        with self._lock:
+            self._gauges.pop(id(item), None)
+            ref = self._stats.get(id(item))
+            if ref is not None and ref() is item:
+                del self._stats[id(item)]
+
+    # -- queries ---------------------------------------------------------------------------------------------------
+
+    @property
+    def stats(self) -> list[Stat]:
+        """Live stats, oldest first."""
+        with self._lock:
+            refs = list(self._stats.values())
+        return [s for s in (r() for r in refs) if s is not None]
+
+    @property
+    def gauges(self) -> list[Gauge]:
+        with self._lock:
+            return list(self._gauges.values())
+
+    def __iter__(self) -> Iterator[Stat | Gauge]:
+        return iter([*self.stats, *self.gauges])
+
+    def __len__(self) -> int:
+        return len(self.stats) + len(self.gauges)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self.get(name) is not None
+
+    def get(self, name: str) -> Stat | Gauge | None:
+        """The stat or gauge called ``name`` (the newest, if several), or ``None``."""
+        found = [item for item in self if item.name == name]
+        return found[-1] if found else None
+
+    def find(self, prefix: str = "") -> list[Stat | Gauge]:
+        """Stats and gauges whose name starts with ``prefix``, sorted by name."""
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix must be a str, got {type(prefix).__name__}")
+        return sorted((item for item in self if item.name.startswith(prefix)), key=lambda item: item.name)
+
+    def names(self) -> list[str]:
+        return sorted({item.name for item in self})
+
+    def snapshot(self, prefix: str = "") -> dict[str, Any]:
+        """``{name: last values}`` of the matching stats and ``{name: reading}`` of the matching gauges."""
+        from .gauge import Gauge
+
+        out: dict[str, Any] = {}
+        for item in self.find(prefix):
+            out[item.name] = item.read() if isinstance(item, Gauge) else item.get()
+        return out
+
+    # -- the Telemetry producer protocol ---------------------------------------------------------------------------
+
+    def collect(self, final: bool) -> None:
+        """Flush every stat (close open windows) and read every gauge once."""
+        from .gauge import Gauge
+
+        items: list[Stat | Gauge] = [*self.stats, *self.gauges]
+        for item in items:
+            try:
+                if isinstance(item, Gauge):
+                    item.collect()
+                else:
+                    item.flush()
+            except Exception as exc:  # noqa: BLE001 - one broken stat must not stop the others' flush
+                warn_safely(f"telemetrain: flushing {item.name!r} failed: {describe(exc)}")
+
+    def after_fork_in_child(self) -> None:
+        self._lock = threading.Lock()
+        for stat in self.stats:
+            stat._after_fork_in_child()
+            if stat._window_ns:
+                collector.schedule(stat, stat._deadline)
+        for gauge in self.gauges:
+            gauge._after_fork_in_child()
+
+
+def registry(telemetry: Telemetry | None = None) -> StatRegistry:
+    """The registry of ``telemetry`` (default: the default instance), created on first use."""
+    t = telemetry if telemetry is not None else get_telemetry()
+    found: StatRegistry | None = t.extensions.get(_EXTENSION)
+    if found is None:
+        with _create_lock:
+            found = t.extensions.get(_EXTENSION)
+            if found is None:
+                found = t.extensions[_EXTENSION] = StatRegistry(t)
+    return found

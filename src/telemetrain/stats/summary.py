@@ -1,0 +1,318 @@
+"""``Summary``: what a stat knows about one window, in a form that merges across windows, processes and ranks.
+
+Exact parts: ``count`` (every sample), ``finite`` (samples that are numbers), ``sum``, ``min``, ``max``, ``m2`` (sum of
+squared deviations from the mean, merged with Chan et al.'s parallel formula, so ``stddev`` merges without the
+cancellation of sum-of-squares), ``nan_count``, ``inf_count`` and ``last``.
+
+Distribution (for quantiles and the histogram): the samples themselves while there are at most ``RAW_LIMIT`` of them,
+so quantiles of small windows are exact (numpy's default "linear" method, the same arithmetic); beyond that an
+``ExpHistogram`` (relative error 0.54%, see ``histogram``). Memory is therefore bounded whatever the sample count.
+
+Non-finite samples (NaN, +inf, -inf) are data, not numbers to aggregate: they count in ``count`` and in
+``nan_count``/``inf_count``, ``last`` keeps them, and they are left out of sum, mean, min, max, stddev, quantiles and
+the histogram, which they would otherwise corrupt for the whole window.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from operator import mul
+from typing import Any
+
+from .aggregations import DIST, M2, MINMAX, quantile_of
+from .histogram import ExpHistogram, lerp
+
+__all__ = ["RAW_LIMIT", "Summary"]
+
+RAW_LIMIT = 2048
+ALL = MINMAX | M2 | DIST
+Number = int | float
+
+
+class Summary:
+    """A mergeable summary of samples. ``track`` (bit flags from ``aggregations``) says which optional parts to keep;
+    a merged summary keeps what both sides kept. Not thread-safe: its owner locks."""
+
+    __slots__ = ("count", "finite", "histogram", "inf_count", "last", "m2", "max", "min", "nan_count", "raw", "sum",
+                 "track")
+
+    def __init__(self, track: int = ALL) -> None:
+        self.track = track
+        self.count = 0
+        self.finite = 0
+        self.nan_count = 0
+        self.inf_count = 0
+        self.sum: Number = 0
+        self.min: Number | None = None
+        self.max: Number | None = None
+        self.m2 = 0.0
+        self.last: Number | None = None
+        self.raw: list[Number] | None = [] if track & DIST else None
+        self.histogram: ExpHistogram | None = None
+
+    @classmethod
+    def of(cls, values: Iterable[Number], track: int = ALL) -> Summary:
+        out = cls(track)
+        out.fold(list(values))
+        return out
+
+    # -- adding ----------------------------------------------------------------------------------------------------
+
+    def fold(self, chunk: list[Number]) -> None:
+        """Add a batch of samples (ints, floats; type-checked by the caller). Takes ownership of ``chunk``."""
+        n = len(chunk)
+        if not n:
+            return
+        self.count += n
+        self.last = chunk[-1]
+        total = sum(chunk)
+        if total - total != 0:  # a NaN or an infinity among them (or a sum that overflowed): set them apart
+            chunk = self._set_apart_nonfinite(chunk)
+            n = len(chunk)
+            if not n:
+                return
+            total = sum(chunk)
+        track = self.track
+        before = self.finite
+        if track & M2:
+            mean = total / n
+            deviations = [x - mean for x in chunk]
+            m2 = float(sum(map(mul, deviations, deviations)))
+            if before:
+                delta = mean - self.sum / before
+                m2 += self.m2 + delta * delta * before * n / (before + n)
+            self.m2 = m2
+        if track & MINMAX:
+            lo, hi = min(chunk), max(chunk)
+            if not before:
+                self.min, self.max = lo, hi
+            else:
+                if lo < self.min:  # type: ignore[operator]
+                    self.min = lo
+                if hi > self.max:  # type: ignore[operator]
+                    self.max = hi
+        self.finite = before + n
+        self.sum += total
+        if track & DIST:
+            raw = self.raw
+            if raw is not None and len(raw) + n <= RAW_LIMIT:
+                raw.extend(chunk)
+            else:
+                self._histogram().record(chunk)
+
+    def _set_apart_nonfinite(self, chunk: list[Number]) -> list[Number]:
+        finite = [x for x in chunk if x - x == 0]
+        nans = sum(1 for x in chunk if x != x)
+        self.nan_count += nans
+        self.inf_count += len(chunk) - len(finite) - nans
+        return finite
+
+    def _histogram(self) -> ExpHistogram:
+        """The histogram, building it from the raw samples first (from then on the summary is approximate)."""
+        hist = self.histogram
+        if hist is None:
+            hist = self.histogram = ExpHistogram()
+        if self.raw:
+            hist.record(self.raw)
+        self.raw = None
+        return hist
+
+    # -- reading ---------------------------------------------------------------------------------------------------
+
+    @property
+    def exact(self) -> bool:
+        """Whether quantiles are exact (all samples kept) rather than estimates from the histogram."""
+        return self.raw is not None
+
+    @property
+    def mean(self) -> float | None:
+        return self.sum / self.finite if self.finite else None
+
+    @property
+    def stddev(self) -> float | None:
+        """Population standard deviation (ddof=0, numpy.std's default)."""
+        if not self.finite or not self.track & M2:
+            return None
+        return math.sqrt(max(self.m2, 0.0) / self.finite)
+
+    def quantiles(self, qs: Sequence[float]) -> list[float | None]:
+        """Quantiles (0..1) of the finite samples; ``None`` when there are none or distribution is not tracked."""
+        for q in qs:
+            if not 0.0 <= q <= 1.0:
+                raise ValueError(f"quantiles must be in [0, 1], got {q!r}")
+        if not self.finite or not self.track & DIST:
+            return [None for _ in qs]
+        if self.raw is None:
+            assert self.histogram is not None
+            return self.histogram.quantiles(qs, self.min, self.max)
+        ordered = sorted(self.raw)
+        last = len(ordered) - 1
+        out: list[float | None] = []
+        for q in qs:
+            rank = q * last
+            below = math.floor(rank)
+            a = ordered[below]
+            b = ordered[min(below + 1, last)]
+            out.append(float(lerp(a, b, rank - below)))
+        return out
+
+    def histogram_dict(self) -> dict[str, Any] | None:
+        """The finite samples as an OpenTelemetry-shaped exponential histogram (see ``ExpHistogram.to_dict``)."""
+        if not self.track & DIST:
+            return None
+        if self.raw is not None:
+            hist = ExpHistogram()
+            if self.raw:
+                hist.record(self.raw)
+            return hist.to_dict()
+        assert self.histogram is not None
+        return self.histogram.to_dict()
+
+    def values(self, aggregations: Iterable[str], duration_s: float | None = None) -> dict[str, Number]:
+        """One value per aggregation (``histogram`` is not a number: see ``histogram_dict``). Aggregations without a
+        value (the mean of an empty window) are left out, never invented; ``nan_count``/``inf_count`` are added when
+        non-zero."""
+        out: dict[str, Number] = {}
+        wanted_q: list[tuple[str, float]] = []
+        for key in aggregations:
+            value: Number | None
+            if key == "count":
+                value = self.count
+            elif key == "sum":
+                value = self.sum
+            elif key == "mean":
+                value = self.mean
+            elif key == "min":
+                value = self.min
+            elif key == "max":
+                value = self.max
+            elif key == "stddev":
+                value = self.stddev
+            elif key == "value":
+                value = self.last
+            elif key == "rate":
+                value = self.count / duration_s if duration_s else None
+            else:
+                q = quantile_of(key)
+                if q is not None:
+                    wanted_q.append((key, q))
+                continue
+            if value is not None:
+                out[key] = value
+        if wanted_q:
+            for (key, _), value in zip(wanted_q, self.quantiles([q for _, q in wanted_q]), strict=True):
+                if value is not None:
+                    out[key] = value
+        if self.nan_count:
+            out["nan_count"] = self.nan_count
+        if self.inf_count:
+            out["inf_count"] = self.inf_count
+        return out
+
+    # -- merging and transport -------------------------------------------------------------------------------------
+
+    def copy(self) -> Summary:
+        out = Summary(self.track)
+        for name in ("count", "finite", "nan_count", "inf_count", "sum", "min", "max", "m2", "last"):
+            setattr(out, name, getattr(self, name))
+        out.raw = None if self.raw is None else list(self.raw)
+        out.histogram = None if self.histogram is None else self.histogram.copy()
+        return out
+
+    def merge(self, other: Summary) -> Summary:
+        """A new summary of both sets of samples. Count, sum, min, max, mean and stddev are exact; quantiles stay
+        exact while both sides kept their samples and there are at most ``RAW_LIMIT`` together, and are otherwise
+        within the histogram's bound. ``last`` is ``other``'s when it has one (pass the later window second)."""
+        if not isinstance(other, Summary):
+            raise TypeError(f"other must be a Summary, got {type(other).__name__}")
+        out = Summary(self.track & other.track)
+        out.count = self.count + other.count
+        out.nan_count = self.nan_count + other.nan_count
+        out.inf_count = self.inf_count + other.inf_count
+        out.last = other.last if other.count else self.last
+        out.finite = self.finite + other.finite
+        out.sum = self.sum + other.sum
+        present = [s for s in (self, other) if s.finite]
+        if out.track & MINMAX and present:
+            out.min = min(s.min for s in present)  # type: ignore[type-var]
+            out.max = max(s.max for s in present)  # type: ignore[type-var]
+        if out.track & M2 and len(present) == 2:
+            na, nb = self.finite, other.finite
+            delta = other.sum / nb - self.sum / na
+            out.m2 = self.m2 + other.m2 + delta * delta * na * nb / (na + nb)
+        elif out.track & M2 and present:
+            out.m2 = present[0].m2
+        if out.track & DIST:
+            if self.raw is not None and other.raw is not None and len(self.raw) + len(other.raw) <= RAW_LIMIT:
+                out.raw = self.raw + other.raw
+            else:
+                out.raw = None
+                hist = ExpHistogram()
+                for side in (self, other):
+                    if side.raw:
+                        hist.record(side.raw)
+                    elif side.histogram is not None:
+                        hist.merge(side.histogram)
+                out.histogram = hist
+        return out
+
+    def to_dict(self, compact: bool = False) -> dict[str, Any]:
+        """A JSON-able form for sending to another process (``from_dict`` reads it back). ``compact`` replaces kept
+        samples by the histogram (a few hundred bytes instead of up to ``RAW_LIMIT`` numbers)."""
+        out: dict[str, Any] = {
+            "track": self.track,
+            "count": self.count,
+            "finite": self.finite,
+            "nan_count": self.nan_count,
+            "inf_count": self.inf_count,
+            "sum": self.sum,
+            "min": self.min,
+            "max": self.max,
+            "m2": self.m2,
+            "last": self.last,
+        }
+        if self.track & DIST:
+            if self.raw is not None and not compact:
+                out["raw"] = list(self.raw)
+            else:
+                out["histogram"] = self.histogram_dict()
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Summary:
+        try:
+            out = cls(int(data["track"]))
+            for name in ("count", "finite", "nan_count", "inf_count"):
+                value = data[name]
+                if type(value) is not int or value < 0:
+                    raise ValueError(name)
+                setattr(out, name, value)
+            for name in ("sum", "min", "max", "m2", "last"):
+                value = data.get(name)
+                if value is not None and type(value) not in (int, float):
+                    raise ValueError(name)
+                setattr(out, name, value if value is not None or name not in ("sum", "m2") else 0)
+            if out.track & DIST:
+                if "raw" in data:
+                    raw = list(data["raw"])
+                    if len(raw) > RAW_LIMIT or any(type(v) not in (int, float) for v in raw):
+                        raise ValueError("raw")
+                    out.raw = raw
+                else:
+                    out.raw = None
+                    out.histogram = ExpHistogram.from_dict(data["histogram"])
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"not a summary: {exc}") from None
+        return out
+
+    def __repr__(self) -> str:
+        return f"Summary(count={self.count}, mean={self.mean}, min={self.min}, max={self.max}, exact={self.exact})"
+
+
+def merge_all(summaries: Iterable[Summary]) -> Summary | None:
+    """All summaries merged, in order (``None`` for none)."""
+    out: Summary | None = None
+    for s in summaries:
+        out = s.copy() if out is None else out.merge(s)
+    return out
