@@ -5,7 +5,8 @@ the collector closes it at the boundary whatever the training thread does. A tas
 ``tick(now_ns) -> next due ns | None`` method; the collector holds it weakly (a task that is garbage-collected simply
 stops), calls it at its due time and reschedules it with what it returns.
 
-The thread starts with the first scheduled task (never at import) and exits when no task is left. A forked child
+The thread starts with the first scheduled task (never at import) and exits as soon as no task is left (a task is
+gone when cancelled or garbage-collected), so a closed ``Telemetry`` leaves no thread behind. A forked child
 starts with no tasks and no thread (detected by pid, so the order of at-fork hooks does not matter); owners
 reschedule their tasks there. Ticks are late when the interpreter is busy (under the GIL a waiting thread gets it
 within ``sys.getswitchinterval()``, 5 ms by default): a window's record carries the time it was actually closed.
@@ -25,9 +26,6 @@ from .dispatch import describe, warn_safely
 
 __all__ = ["Collector", "Task", "collector"]
 
-_IDLE_EXIT_S = 5.0
-
-
 class Task(Protocol):
     def tick(self, now_ns: int) -> int | None: ...
 
@@ -38,11 +36,13 @@ class Collector:
 
     def _reset(self) -> None:
         self._pid = os.getpid()
-        self._cond = threading.Condition(threading.Lock())
+        # re-entrant: a signal handler's close (cancel) may interrupt this thread's own schedule()
+        self._cond = threading.Condition(threading.RLock())
         self._heap: list[tuple[int, int, weakref.ref[Any]]] = []
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
         self._warned = False
+        self._dirty = False  # some task was garbage-collected: prune before sleeping
 
     def schedule(self, task: Task, due_ns: int) -> None:
         """Call ``task.tick`` at ``due_ns`` (monotonic) or soon after."""
@@ -56,6 +56,25 @@ class Collector:
             elif self._heap[0][0] == due_ns:
                 self._cond.notify()
 
+    def cancel(self, task: Task) -> None:
+        """Forget ``task``'s scheduled calls."""
+        if self._pid != os.getpid():
+            return
+        with self._cond:
+            self._heap = [entry for entry in self._heap if entry[2]() not in (task, None)]
+            heapq.heapify(self._heap)
+            self._cond.notify()
+
+    def poke(self) -> None:
+        """A task was garbage-collected: let the thread drop it (and exit if it was the last). Called from weakref
+        callbacks, which may run inside this very collector's locked code: never blocks."""
+        self._dirty = True
+        if self._pid == os.getpid() and self._cond.acquire(blocking=False):
+            try:
+                self._cond.notify()
+            finally:
+                self._cond.release()
+
     @property
     def running(self) -> bool:
         return self._thread is not None and self._pid == os.getpid()
@@ -64,14 +83,14 @@ class Collector:
         cond = self._cond
         while True:
             with cond:
-                idle_since = time.monotonic()
                 while True:
+                    if self._dirty:
+                        self._dirty = False
+                        self._heap = [entry for entry in self._heap if entry[2]() is not None]
+                        heapq.heapify(self._heap)
                     if not self._heap:
-                        if time.monotonic() - idle_since >= _IDLE_EXIT_S:
-                            self._thread = None
-                            return
-                        cond.wait(_IDLE_EXIT_S)
-                        continue
+                        self._thread = None
+                        return
                     due = self._heap[0][0]
                     now = time.monotonic_ns()
                     if due <= now:

@@ -110,6 +110,7 @@ class Gauge:
     def close(self) -> None:
         """Stop reading it and take it out of the registry."""
         self._closed = True
+        collector.cancel(self)
         from .registry import registry
 
         registry(self._telemetry).unregister(self)

@@ -35,6 +35,7 @@ class StatRegistry:
         self._lock = threading.Lock()
         self._stats: dict[int, weakref.ref[Stat]] = {}
         self._gauges: dict[int, Gauge] = {}
+        self._dead: list[int] = []
         telemetry.add_producer(self)
 
     # -- membership ------------------------------------------------------------------------------------------------
@@ -43,6 +44,7 @@ class StatRegistry:
         from .gauge import Gauge
 
         with self._lock:
+            self._prune()
             if isinstance(item, Gauge):
                 self._gauges[id(item)] = item
             else:
@@ -52,13 +54,22 @@ class StatRegistry:
                     collector.schedule(item, item._deadline)
 
     def _forget(self, key: int) -> None:
-        with self._lock:
+        # a weakref callback: it may run in any thread, inside any code (even this registry's own iteration), so it
+        # only notes the key; the next locked call prunes it
+        self._dead.append(key)
+        collector.poke()
+
+    def _prune(self) -> None:
+        """Under the lock: drop the entries of garbage-collected stats."""
+        while self._dead:
+            key = self._dead.pop()
             ref = self._stats.get(key)
             if ref is not None and ref() is None:
                 del self._stats[key]
 
     def unregister(self, item: Stat | Gauge) -> None:
         with self._lock:
+            self._prune()
             self._gauges.pop(id(item), None)
             ref = self._stats.get(id(item))
             if ref is not None and ref() is item:
@@ -70,6 +81,7 @@ class StatRegistry:
     def stats(self) -> list[Stat]:
         """Live stats, oldest first."""
         with self._lock:
+            self._prune()
             refs = list(self._stats.values())
         return [s for s in (r() for r in refs) if s is not None]
 
@@ -113,7 +125,8 @@ class StatRegistry:
     # -- the Telemetry producer protocol ---------------------------------------------------------------------------
 
     def collect(self, final: bool) -> None:
-        """Flush every stat (close open windows) and read every gauge once."""
+        """Flush every stat (close open windows) and read every gauge once; ``final`` (the Telemetry is closing):
+        then close them all, so no collector work is left for a pipeline that no longer listens."""
         from .gauge import Gauge
 
         items: list[Stat | Gauge] = [*self.stats, *self.gauges]
@@ -121,6 +134,10 @@ class StatRegistry:
             try:
                 if isinstance(item, Gauge):
                     item.collect()
+                    if final:
+                        item.close()
+                elif final:
+                    item.close()
                 else:
                     item.flush()
             except Exception as exc:  # noqa: BLE001 - one broken stat must not stop the others' flush

@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar, overload
 
+from ..collector import collector
 from ..dispatch import describe, warn_safely
 from ..records import StatWindow
 from ..telemetry import Telemetry, check_name, check_value, get_telemetry
@@ -259,6 +260,7 @@ class Stat:
             return
         self.flush()
         self._closed = True
+        collector.cancel(self)
         from .registry import registry
 
         registry(self._telemetry).unregister(self)
