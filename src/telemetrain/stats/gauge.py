@@ -79,17 +79,19 @@ class Gauge:
             return None
         if value is None:
             return None
+        number: int | float
         if type(value) is bool:
-            value = int(value)
-        elif not isinstance(value, (int, float)):
+            number = int(value)
+        elif isinstance(value, (int, float)):
+            number = value
+        else:
             item = getattr(value, "item", None)  # a numpy scalar (a tensor would need a device sync: refused)
             scalar = item() if getattr(value, "dim", None) is None and callable(item) else None
-            if isinstance(scalar, (int, float)) and not isinstance(scalar, bool):
-                value = scalar
-            else:
+            if not isinstance(scalar, (int, float)) or isinstance(scalar, bool):
                 self._failed(f"returned {type(value).__name__}, not a number")
                 return None
-        self.last_value = number = value
+            number = scalar
+        self.last_value = number
         return number
 
     def collect(self) -> None:
