@@ -136,6 +136,8 @@ def summarize(run: Run) -> list[str]:
         metric_rows.append((f"{key[0]}/{key[1]}", f"= {_fmt_value(r.value)}", f"({', '.join(notes)})"))
     lines += _table(metric_rows)
 
+    lines += _stat_lines(records)
+
     event_counts = Counter((r.group, r.name) for r in records if r.kind == "event")
     lines.append(f"events      {sum(event_counts.values())}")
     lines += _table([(f"{g}/{n}", str(c)) for (g, n), c in sorted(event_counts.items())])
@@ -156,6 +158,24 @@ def summarize(run: Run) -> list[str]:
         )
     lines += _table(diag_rows)
     return lines
+
+
+def _stat_lines(records: Sequence[Any]) -> list[str]:
+    """Per stat: windows, samples, and the last window's values."""
+    windows: dict[tuple[str, str], list[Any]] = {}
+    for r in records:
+        if r.kind == "stat":
+            windows.setdefault((r.group, r.name), []).append(r)
+    lines = [f"stats       {len(windows)} (group/name: windows, samples; last window's values)"]
+    rows = []
+    for key in sorted(windows):
+        ws = windows[key]
+        last = ws[-1]
+        unit = f" {last.unit}" if last.unit else ""
+        values = " ".join(f"{k}={_fmt_value(v)}" for k, v in last.values.items() if k != "count")
+        samples = sum(w.sample_count for w in ws)
+        rows.append((f"{key[0]}/{key[1]}", f"{len(ws)} windows", f"{samples} samples", f"{values}{unit}"))
+    return lines + _table(rows)
 
 
 def _resolve_run(target: str | None, err: TextIO) -> Path:
@@ -286,9 +306,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="summarise a run",
         description=(
             "Summarise a run: identity, processes, time span, records per kind and group, the last value of every "
-            "metric, events by name, and problems (torn or corrupt lines, diagnostics). RUN_DIR may also be a "
-            "session directory or a store root: the newest run under it is shown, with a note on stderr. Without "
-            "RUN_DIR, the newest run under $TELEMETRAIN_DIR (else ./telemetrain-runs)."
+            "metric, every stat's last window, events by name, and problems (torn or corrupt lines, diagnostics). "
+            "RUN_DIR may also be a session directory or a store root: the newest run under it is shown, with a "
+            "note on stderr. Without RUN_DIR, the newest run under $TELEMETRAIN_DIR (else ./telemetrain-runs)."
         ),
     )
     show.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="a run directory, or a directory holding runs")

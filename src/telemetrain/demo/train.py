@@ -5,8 +5,9 @@ embedding, a one-layer GRU and a linear head, about 47k parameters, trained with
 schedule. It runs on the CPU in seconds and learns visibly (validation loss falls from ~4.5 nats per character to
 ~1.6 in the default 800 steps).
 
-Instrumentation uses the torchelastic-compatible APIs unchanged (``from telemetrain import metrics, events``:
-``put_metric``, ``@prof``, ``record(Event(...))``) next to the native ``Telemetry.metric`` / ``Telemetry.event``.
+Instrumentation uses the compatible APIs unchanged (``from telemetrain import metrics, events, monitor``:
+torchelastic's ``put_metric``, ``@prof``, ``record(Event(...))`` and torch.monitor's ``Stat``) next to the native
+``Telemetry.metric`` / ``Telemetry.event`` and windowed ``Stat``s with percentiles.
 
 This module imports torch: only ``telemetrain demo`` imports it, never ``import telemetrain``.
 """
@@ -27,7 +28,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 import telemetrain
-from telemetrain import events, metrics
+from telemetrain import events, metrics, monitor
+from telemetrain.stats import Gauge, Stat
 
 from .data import VOCAB, CharWindows, decode, encode, load_corpus
 
@@ -276,6 +278,13 @@ def _loop(cfg: DemoConfig, t: telemetrain.Telemetry, run_dir: Path, started: flo
 
     eval_every = max(1, math.ceil(cfg.steps / cfg.evals))
     report_every = max(1, cfg.steps // 10)
+    # windowed stats: exact percentiles per window of steps, and a torch.monitor stat closed every 2 s on time
+    step_time = Stat(
+        "train.step_time", ["count", "mean", "p50", "p90", "p99", "max"], samples=report_every, unit="s", telemetry=t
+    )
+    data_wait = Stat("train.data_wait", ["mean", "p99", "max"], samples=report_every, unit="s", telemetry=t)
+    loss_stat = monitor.Stat("train.loss", [monitor.MEAN, monitor.MIN, monitor.VALUE], 2.0, telemetry=t)
+    rss = Gauge("process.max_rss", _max_rss_bytes, unit="bytes", interval=1.0, telemetry=t)
     width = len(str(cfg.steps))
     best = math.inf
     val_loss, val_acc = _evaluate_and_record(t, model, val_loader, cfg, step=0)
@@ -285,10 +294,13 @@ def _loop(cfg: DemoConfig, t: telemetrain.Telemetry, run_dir: Path, started: flo
     batches = _batches(loader)
     while step < cfg.steps:
         tick = time.perf_counter()
-        epoch, (x, y) = next(batches)
+        with data_wait.time():
+            epoch, (x, y) = next(batches)
         lr = float(scheduler.get_last_lr()[0])  # the rate this step uses
         loss, grad_norm = train_step(model, optimizer, scheduler, x, y, cfg.grad_clip)
         elapsed = time.perf_counter() - tick
+        step_time.add(elapsed)
+        loss_stat.add(loss)
         step += 1
         samples_per_s = len(x) / elapsed if elapsed > 0 else 0.0
         metrics.put_metric("train.loss", loss, "train")
@@ -300,9 +312,11 @@ def _loop(cfg: DemoConfig, t: telemetrain.Telemetry, run_dir: Path, started: flo
         window_samples += len(x)
         window_time += elapsed
         if step % report_every == 0 or step == cfg.steps:
+            times = step_time.get()  # the window that closed at this step
             print(
                 f"step {step:>{width}}/{cfg.steps}  loss {window_loss / window_samples:.4f}  "
-                f"{window_samples / window_time:,.0f} samples/s  lr {lr:.2e}",
+                f"{window_samples / window_time:,.0f} samples/s  lr {lr:.2e}  "
+                f"step p50 {times.get('p50', 0) * 1e3:.1f} ms p99 {times.get('p99', 0) * 1e3:.1f} ms",
                 file=out,
                 flush=True,
             )
@@ -314,10 +328,23 @@ def _loop(cfg: DemoConfig, t: telemetrain.Telemetry, run_dir: Path, started: flo
                 t.event("val.new_best", {"step": step, "val_loss": val_loss})
             print(f"  eval at step {step}: val loss {val_loss:.4f}  accuracy {val_acc:.1%}", file=out, flush=True)
 
+    for stat in (step_time, data_wait, loss_stat):
+        stat.close()  # report what is open now (closing the Telemetry would too)
+    rss.close()
     checkpoint = _save_checkpoint(model, optimizer, cfg, step, run_dir)
     sample = sample_text(model, "def ", 120, cfg.seed)
     t.event("demo.sample", {"step": step, "text": sample})
     return DemoResult(run_dir, step, time.perf_counter() - started, val_loss, val_acc, checkpoint, sample)
+
+
+def _max_rss_bytes() -> int | None:
+    """Peak resident memory of this process (a gauge read by the collector thread); None where unknown."""
+    try:
+        import resource
+    except ImportError:  # not on Windows
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB on Linux
 
 
 def _evaluate_and_record(

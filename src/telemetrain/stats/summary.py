@@ -169,7 +169,7 @@ class Summary:
         assert self.histogram is not None
         return self.histogram.to_dict()
 
-    def values(self, aggregations: Iterable[str], duration_s: float | None = None) -> dict[str, Number]:
+    def values(self, aggregations: Sequence[str], duration_s: float | None = None) -> dict[str, Number]:
         """One value per aggregation (``histogram`` is not a number: see ``histogram_dict``). Aggregations without a
         value (the mean of an empty window) are left out, never invented; ``nan_count``/``inf_count`` are added when
         non-zero."""
@@ -204,6 +204,7 @@ class Summary:
             for (key, _), value in zip(wanted_q, self.quantiles([q for _, q in wanted_q]), strict=True):
                 if value is not None:
                     out[key] = value
+            out = {key: out[key] for key in aggregations if key in out}  # the order asked for
         if self.nan_count:
             out["nan_count"] = self.nan_count
         if self.inf_count:
