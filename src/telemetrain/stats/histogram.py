@@ -11,13 +11,15 @@ histogram keeps at most ``max_buckets`` buckets per sign (default 4096: magnitud
 1 ns to 584 years in seconds); a wider spread downscales (scale 5: 1.08%, and so on), so memory stays bounded
 whatever the data. ``relative_error`` says what the current scale guarantees.
 
-Recording is batched (``record_sorted``): the values are sorted once (in C) and each occupied bucket is found by one
-``log2`` and one ``bisect``, so the cost is per occupied bucket rather than per value.
+Recording is batched (``record``): the values are sorted once (in C) and each occupied bucket is found by one
+``log2`` and one ``bisect``, so the cost is per occupied bucket rather than per value; when numpy is already loaded
+(torch loads it) large batches are bucketed by numpy instead (~25 ns a value instead of 50-150).
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from array import array
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
@@ -28,6 +30,7 @@ __all__ = ["DEFAULT_MAX_BUCKETS", "DEFAULT_SCALE", "ExpHistogram", "relative_err
 DEFAULT_SCALE = 6
 DEFAULT_MAX_BUCKETS = 4096
 _MIN_SCALE = -10  # base 2**1024: every finite double in a handful of buckets
+_NUMPY_FROM = 256  # below this many values numpy's per-call overhead outweighs its speed
 _log2 = math.log2
 _ceil = math.ceil
 
@@ -157,6 +160,15 @@ class ExpHistogram:
 
     def record(self, values: Iterable[float]) -> None:
         """Add finite values, in any order (the caller has removed NaN and infinities)."""
+        np = sys.modules.get("numpy")  # used when the process already has it (torch imports it); never imported here
+        if np is not None:
+            values = list(values)
+            if len(values) >= _NUMPY_FROM:
+                try:
+                    self._record_numpy(np, values)
+                    return
+                except Exception:  # noqa: BLE001 - an odd numpy (or ints too big for float64): the plain way
+                    pass
         ordered = sorted(values)
         split = bisect_right(ordered, 0.0)
         first_zero = split
@@ -168,8 +180,27 @@ class ExpHistogram:
         if split < len(ordered):
             self._add(self._positive, ordered[split:])
 
+    def _record_numpy(self, np: Any, values: list[float]) -> None:
+        """``record`` vectorised: the same bucket indexes (``ceil(log2(v) * 2**scale) - 1``), 3-5x faster."""
+        array_ = np.asarray(values, dtype=np.float64)
+        zeros = int(np.count_nonzero(array_ == 0.0))
+        positive = array_[array_ > 0.0]
+        negative = -array_[array_ < 0.0]
+        for buckets, magnitudes in ((self._positive, positive), (self._negative, negative)):
+            if not magnitudes.size:
+                continue
+            # the scale of this moment: adding the positives may have downscaled
+            index = np.ceil(np.log2(magnitudes) * 2.0**self.scale).astype(np.int64) - 1
+            lo = int(index.min())
+            counts = np.bincount(index - lo)
+            occupied = np.flatnonzero(counts)
+            self._add_pairs(buckets, [(lo + int(i), int(n)) for i, n in zip(occupied, counts[occupied], strict=True)])
+        self.zero_count += zeros
+
     def _add(self, buckets: _Buckets, magnitudes: list[float]) -> None:
-        pairs = _occupied(magnitudes, self.scale)
+        self._add_pairs(buckets, _occupied(magnitudes, self.scale))
+
+    def _add_pairs(self, buckets: _Buckets, pairs: list[tuple[int, int]]) -> None:
         by = self._downscale_needed(buckets, pairs[0][0], pairs[-1][0])
         if by:
             self.downscale(by)

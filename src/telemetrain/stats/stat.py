@@ -282,15 +282,21 @@ class Stat:
         return self._deadline
 
     def _full(self) -> None:
-        """The batch is full, or a count window reached its N-th sample: fold, and close what is due."""
-        with self._guard() as ok:
-            if ok:
-                self._drain()
-                if self._window_ns:
-                    now = _mono()
-                    if now >= self._deadline:  # the collector is late (busy interpreter): close on its behalf
-                        self._close(now)
-        self._emit_pending()
+        """The batch is full, or a count window reached its N-th sample: fold, and close what is due. (``_guard``
+        spelled out: with small count windows this runs every few samples.)"""
+        with self._lock:
+            if not self._busy:
+                self._busy = True
+                try:
+                    self._drain()
+                    if self._window_ns:
+                        now = _mono()
+                        if now >= self._deadline:  # the collector is late (busy interpreter): close on its behalf
+                            self._close(now)
+                finally:
+                    self._busy = False
+        if self._pending:
+            self._emit_pending()
 
     @contextmanager
     def _guard(self) -> Iterator[bool]:
