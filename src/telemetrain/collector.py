@@ -43,6 +43,7 @@ class Collector:
         self._thread: threading.Thread | None = None
         self._warned = False
         self._dirty = False  # some task was garbage-collected: prune before sleeping
+        self._in_flight = False  # a task's tick is running (it may reschedule itself)
 
     def schedule(self, task: Task, due_ns: int) -> None:
         """Call ``task.tick`` at ``due_ns`` (monotonic) or soon after."""
@@ -56,14 +57,18 @@ class Collector:
             elif self._heap[0][0] == due_ns:
                 self._cond.notify()
 
-    def cancel(self, task: Task) -> None:
-        """Forget ``task``'s scheduled calls."""
+    def cancel(self, task: Task | None = None) -> None:
+        """Forget ``task``'s scheduled calls, and those of garbage-collected tasks. When nothing is left, wait for the
+        thread to end (up to 1 s), so that a closed ``Telemetry`` leaves no thread behind."""
         if self._pid != os.getpid():
             return
         with self._cond:
             self._heap = [entry for entry in self._heap if entry[2]() not in (task, None)]
             heapq.heapify(self._heap)
             self._cond.notify()
+            thread = self._thread if not self._heap and not self._in_flight else None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(1.0)
 
     def poke(self) -> None:
         """A task was garbage-collected: let the thread drop it (and exit if it was the last). Called from weakref
@@ -95,20 +100,22 @@ class Collector:
                     now = time.monotonic_ns()
                     if due <= now:
                         _, _, ref = heapq.heappop(self._heap)
+                        self._in_flight = True
                         break
                     cond.wait((due - now) / 1e9)
             task = ref()
-            if task is None:
-                continue
-            try:
-                nxt = task.tick(now)
-            except Exception as exc:  # noqa: BLE001 - one failing task must not stop the others
-                nxt = None
-                if not self._warned:
-                    self._warned = True
-                    warn_safely(f"telemetrain collector: a task failed and was dropped: {describe(exc)}")
-            if nxt is not None:
-                self.schedule(task, nxt)
+            nxt = None
+            if task is not None:
+                try:
+                    nxt = task.tick(now)
+                except Exception as exc:  # noqa: BLE001 - one failing task must not stop the others
+                    if not self._warned:
+                        self._warned = True
+                        warn_safely(f"telemetrain collector: a task failed and was dropped: {describe(exc)}")
+            with cond:
+                self._in_flight = False
+                if nxt is not None:
+                    heapq.heappush(self._heap, (nxt, next(self._seq), ref))
             del task
 
 

@@ -246,6 +246,7 @@ def log_event(event: Event) -> None:
     """Deliver ``event`` to every handler (synchronously, in this thread) and record it in the pipeline."""
     if not isinstance(event, Event):
         raise TypeError(f"event must be a telemetrain.monitor.Event, got {type(event).__name__}")
+    _check_data(event.data)  # again: the dict may have been changed in place since it was set
     state = _handlers()
     try:
         timestamp = event.timestamp.timestamp()

@@ -142,6 +142,8 @@ class StatRegistry:
                     item.flush()
             except Exception as exc:  # noqa: BLE001 - one broken stat must not stop the others' flush
                 warn_safely(f"telemetrain: flushing {item.name!r} failed: {describe(exc)}")
+        if final:
+            collector.cancel()  # garbage-collected stats' entries too: let the thread end now if nothing is left
 
     def after_fork_in_child(self) -> None:
         self._lock = threading.Lock()

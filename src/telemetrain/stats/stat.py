@@ -96,6 +96,7 @@ class Stat:
         "_limit",
         "_listeners",
         "_lock",
+        "_name",
         "_pending",
         "_pid",
         "_start",
@@ -106,7 +107,6 @@ class Stat:
         "_window_ns",
         "group",
         "help",
-        "name",
         "report_empty",
         "samples",
         "unit",
@@ -126,7 +126,7 @@ class Stat:
         report_empty: bool = True,
         telemetry: Telemetry | None = None,
     ) -> None:
-        self.name = check_name(name, "name")
+        self._name = check_name(name, "name")
         self._aggregations = parse_aggregations(aggregations)
         self.window = None if window is None else window_seconds(window)
         if samples is not None and (type(samples) is not int or samples < 1):
@@ -199,6 +199,11 @@ class Stat:
         return timer if fn is None else timer(fn)
 
     # -- reading ---------------------------------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """Read-only: renaming a stat mid-run would split its series."""
+        return self._name
 
     @property
     def aggregations(self) -> tuple[str, ...]:
