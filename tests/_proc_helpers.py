@@ -237,3 +237,32 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+
+
+# -- stats (test_stats.py) --------------------------------------------------------------------------------------------
+# Run as ``python -c "import _proc_helpers as h; h.stat_partial_window(root, emit_first, then)"`` (``main`` above
+# is left as it is).
+
+_KEEP: list[object] = []
+
+
+def stat_partial_window(root: str, emit_first: str, then: str) -> None:
+    """A stat with a one-hour time window gets samples 0..9, so its window is still open when the process ends.
+
+    ``emit_first``: ``"metric"`` emits one metric record before the samples, ``"none"`` records nothing but the stat
+    (a program that only uses stats). ``then``: ``"exit"`` falls off the end (a normal exit, the stat still alive as
+    a script's globals are); ``"sleep"`` sleeps until the parent sends SIGTERM. Prints ``ready`` when the samples
+    are in."""
+    from telemetrain.stats import Stat
+
+    t = Telemetry(store=root)
+    stat = Stat("partial", ["count", "sum"], window=3600, telemetry=t)
+    if emit_first == "metric":
+        t.metric("started", 1, GROUP)
+    for i in range(10):
+        stat.add(i)
+    _KEEP.extend((t, stat))  # alive until the interpreter exits, as a script's module globals are
+    print("ready", flush=True)
+    if then == "sleep":
+        time.sleep(SELF_DESTRUCT_S)
+        os._exit(3)  # never reached in a passing test: the parent signals us long before
