@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import threading
 import time
 import warnings
@@ -307,8 +308,14 @@ class BackgroundRunner(_Runner):
             return
         with self._cv:
             if self._thread is None and not self._closed:
-                self._thread = threading.Thread(target=self._run, name=f"telemetrain-{self.sink.name}", daemon=True)
-                self._thread.start()
+                if sys.is_finalizing():
+                    return  # a thread started now would never run: flush and close deliver inline instead
+                thread = threading.Thread(target=self._run, name=f"telemetrain-{self.sink.name}", daemon=True)
+                try:
+                    thread.start()
+                except RuntimeError:  # "can't create new thread at interpreter shutdown" (3.12+, from atexit)
+                    return
+                self._thread = thread
                 _trimmer.watch(self)
 
     @property

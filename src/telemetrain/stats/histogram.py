@@ -325,7 +325,10 @@ class ExpHistogram:
     def from_dict(cls, data: Mapping[str, Any], max_buckets: int = DEFAULT_MAX_BUCKETS) -> ExpHistogram:
         """The inverse of ``to_dict``; ``ValueError`` for anything malformed (it may come from another process)."""
         try:
-            out = cls(int(data["scale"]), max_buckets)
+            scale = data["scale"]
+            if type(scale) is not int:
+                raise ValueError(f"scale must be an int, got {scale!r}")
+            out = cls(scale, max_buckets)
             zero = data.get("zero_count", 0)
             stores = [(out._positive, data.get("positive") or {}), (out._negative, data.get("negative") or {})]
             if type(zero) is not int or zero < 0:

@@ -15,6 +15,7 @@ import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from .. import process_hooks
 from ..collector import collector
 from ..dispatch import describe, warn_safely
 from ..telemetry import Telemetry, get_telemetry
@@ -52,6 +53,8 @@ class StatRegistry:
                 self._stats[key] = weakref.ref(item, lambda _, key=key: self._forget(key))  # type: ignore[misc]
                 if item._window_ns:
                     collector.schedule(item, item._deadline)
+        # a process that only uses stats still reports its open windows at exit and on SIGTERM
+        process_hooks.install()
 
     def _forget(self, key: int) -> None:
         # a weakref callback: it may run in any thread, inside any code (even this registry's own iteration), so it

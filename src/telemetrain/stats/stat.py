@@ -31,6 +31,7 @@ import functools
 import inspect
 import math
 import os
+import sys
 import threading
 import time
 from collections import deque
@@ -163,7 +164,8 @@ class Stat:
         self._active = active
         self._start = _mono()
         self._window = Summary(self._track)
-        self._emitted_count = -1
+        # a cumulative stat reports at a flush when its count changed; an empty one once, if it reports empties
+        self._emitted_count = -1 if self.report_empty and active else 0
         self._wall_phase = self._telemetry.wall_offset_ns
         self._deadline = self._next_boundary(self._start) if self._window_ns else 0
         self._set_limit()
@@ -404,6 +406,8 @@ class Stat:
 
     def __del__(self) -> None:
         try:
+            if sys.is_finalizing():  # too late: no thread can start to write it (atexit already reported it)
+                return
             if not self._closed and self._pid == os.getpid() and (self._buf or self._window.count):
                 self.flush()
         except Exception:  # noqa: BLE001 - interpreter shutdown, half-built object

@@ -10,12 +10,14 @@ so quantiles of small windows are exact (numpy's default "linear" method, the sa
 
 Non-finite samples (NaN, +inf, -inf) are data, not numbers to aggregate: they count in ``count`` and in
 ``nan_count``/``inf_count``, ``last`` keeps them, and they are left out of sum, mean, min, max, stddev, quantiles and
-the histogram, which they would otherwise corrupt for the whole window.
+the histogram, which they would otherwise corrupt for the whole window. An int beyond float range counts as an
+infinity there (``last`` keeps it as it is).
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from operator import mul
 from typing import Any
@@ -27,6 +29,7 @@ __all__ = ["RAW_LIMIT", "Summary"]
 
 RAW_LIMIT = 2048
 ALL = MINMAX | M2 | DIST
+_FLOAT_MAX = sys.float_info.max
 Number = int | float
 
 
@@ -64,9 +67,15 @@ class Summary:
         n = len(chunk)
         if not n:
             return
-        self.count += n
         self.last = chunk[-1]
-        total = sum(chunk)
+        try:
+            total = sum(chunk)
+            if type(total) is int and (max(chunk) > _FLOAT_MAX or min(chunk) < -_FLOAT_MAX):
+                raise OverflowError  # all ints, one past float range: mean and stddev could not be computed
+        except OverflowError:
+            chunk = [_as_float(x) for x in chunk]  # ints past float range are +-inf to aggregation
+            total = sum(chunk)
+        self.count += n
         if total - total != 0:  # a NaN or an infinity among them (or a sum that overflowed): set them apart
             chunk = self._set_apart_nonfinite(chunk)
             n = len(chunk)
@@ -294,21 +303,36 @@ class Summary:
                 if value is not None and type(value) not in (int, float):
                     raise ValueError(name)
                 setattr(out, name, value if value is not None or name not in ("sum", "m2") else 0)
+            if out.finite + out.nan_count + out.inf_count != out.count:
+                raise ValueError("count is not finite + nan_count + inf_count")
+            if out.finite and (out.min is None or out.max is None or not out.min <= out.max):
+                raise ValueError("min and max")
             if out.track & DIST:
                 if "raw" in data:
                     raw = list(data["raw"])
-                    if len(raw) > RAW_LIMIT or any(type(v) not in (int, float) for v in raw):
-                        raise ValueError("raw")
+                    if len(raw) > RAW_LIMIT or len(raw) != out.finite:
+                        raise ValueError("raw: not one sample per finite sample")
+                    if any(type(v) not in (int, float) or v - v != 0 for v in raw):
+                        raise ValueError("raw: not finite numbers")
                     out.raw = raw
                 else:
                     out.raw = None
                     out.histogram = ExpHistogram.from_dict(data["histogram"])
+                    if out.histogram.count != out.finite:
+                        raise ValueError("histogram: not one count per finite sample")
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"not a summary: {exc}") from None
         return out
 
     def __repr__(self) -> str:
         return f"Summary(count={self.count}, mean={self.mean}, min={self.min}, max={self.max}, exact={self.exact})"
+
+
+def _as_float(x: Number) -> Number:
+    try:
+        return float(x)
+    except OverflowError:
+        return math.inf if x > 0 else -math.inf
 
 
 def merge_all(summaries: Iterable[Summary]) -> Summary | None:
