@@ -212,6 +212,8 @@ _state_lock = threading.Lock()
 
 
 def _handlers(telemetry: Telemetry | None = None) -> _Handlers:
+    if telemetry is not None and not isinstance(telemetry, Telemetry):
+        raise TypeError(f"telemetry must be a Telemetry, got {type(telemetry).__name__}")
     t = telemetry if telemetry is not None else get_telemetry()
     found = t.extensions.get("monitor")
     if found is None:
@@ -222,32 +224,38 @@ def _handlers(telemetry: Telemetry | None = None) -> _Handlers:
     return found
 
 
-def register_event_handler(callback: Callable[[Event], None]) -> EventHandlerHandle:
-    """Call ``callback(event)`` for every logged event and every stat window, in registration order."""
+def register_event_handler(
+    callback: Callable[[Event], None], *, telemetry: Telemetry | None = None
+) -> EventHandlerHandle:
+    """Call ``callback(event)`` for every logged event and every stat window, in registration order. ``telemetry``
+    (ours): the instance whose stats and events it hears (default: the default instance)."""
     if not callable(callback):
         raise TypeError(f"callback must be callable, got {type(callback).__name__}")
-    state = _handlers()
+    state = _handlers(telemetry)
     handle = EventHandlerHandle(callback, _HANDLE_TOKEN)
     with state.lock:
         state.handles = (*state.handles, handle)
     return handle
 
 
-def unregister_event_handler(handler: EventHandlerHandle) -> None:
+def unregister_event_handler(handler: EventHandlerHandle, *, telemetry: Telemetry | None = None) -> None:
     """Stop calling a handler. Unregistering one that is not registered (again) does nothing."""
     if not isinstance(handler, EventHandlerHandle):
         raise TypeError(f"handler must be an EventHandlerHandle, got {type(handler).__name__}")
-    state = _handlers()
+    state = _handlers(telemetry)
     with state.lock:
         state.handles = tuple(h for h in state.handles if h is not handler)
 
 
-def log_event(event: Event) -> None:
-    """Deliver ``event`` to every handler (synchronously, in this thread) and record it in the pipeline."""
+def log_event(event: Event, *, telemetry: Telemetry | None = None) -> None:
+    """Deliver ``event`` to every handler (synchronously, in this thread) and record it in the pipeline (of
+    ``telemetry``, ours: default the default instance)."""
     if not isinstance(event, Event):
         raise TypeError(f"event must be a telemetrain.monitor.Event, got {type(event).__name__}")
     _check_data(event.data)  # again: the dict may have been changed in place since it was set
-    state = _handlers()
+    if telemetry is not None and not isinstance(telemetry, Telemetry):
+        raise TypeError(f"telemetry must be a Telemetry, got {type(telemetry).__name__}")
+    state = _handlers(telemetry)
     try:
         timestamp = event.timestamp.timestamp()
     except (OverflowError, OSError, ValueError):

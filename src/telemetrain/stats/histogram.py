@@ -13,7 +13,7 @@ whatever the data. ``relative_error`` says what the current scale guarantees.
 
 Recording is batched (``record``): the values are sorted once (in C) and each occupied bucket is found by one
 ``log2`` and one ``bisect``, so the cost is per occupied bucket rather than per value; when numpy is already loaded
-(torch loads it) large batches are bucketed by numpy instead (~25 ns a value instead of 50-150).
+(torch loads it) large batches are bucketed by numpy instead (2-3x faster).
 """
 
 from __future__ import annotations
@@ -194,7 +194,7 @@ class ExpHistogram:
             lo = int(index.min())
             counts = np.bincount(index - lo)
             occupied = np.flatnonzero(counts)
-            self._add_pairs(buckets, [(lo + int(i), int(n)) for i, n in zip(occupied, counts[occupied], strict=True)])
+            self._add_pairs(buckets, list(zip((occupied + lo).tolist(), counts[occupied].tolist(), strict=True)))
         self.zero_count += zeros
 
     def _add(self, buckets: _Buckets, magnitudes: list[float]) -> None:

@@ -19,9 +19,14 @@ Each closed window becomes a ``StatWindow`` record (start, end, sample count, on
 histogram when asked). An empty time window is reported as count 0 when ``report_empty`` (the default) -- in a
 forked child only once the stat has had a sample there, so DataLoader workers do not report the parent's stats.
 
-Memory per stat is bounded whatever the rate: at most ``BATCH`` pending samples, ``RAW_LIMIT`` kept samples and a
-histogram of at most 2 x 4096 buckets of 8 bytes -- under 200 KiB in all, a few hundred bytes for a stat without
-quantiles.
+Memory per stat is bounded whatever the rate or the window (measured by ``bench/bench_stats.py``):
+- pending samples: fewer than ``BATCH`` (2048), 32 bytes each as Python floats (a list slot and the float), 40 as ints;
+- the open window: a few hundred bytes, plus for quantile stats either its kept samples (at most ``RAW_LIMIT``, 2048,
+  32 bytes each) or its histogram (at most 2 x 4096 buckets of 8 bytes): 64 KiB at most;
+- the last closed window (``last_summary``, for merging across ranks): the same again.
+So at most ~3 KiB plus 64 KiB pending for a stat without quantiles, and at most 216 KiB with float samples (232 KiB
+with ints) for one with quantiles. Closing a window whose histogram uses all 2 x 4096 buckets needs ~1.5 MB more for
+a moment (the bucket counts as Python ints).
 """
 
 from __future__ import annotations
@@ -102,7 +107,9 @@ class Stat:
         "_pid",
         "_start",
         "_telemetry",
+        "_time_scale",
         "_track",
+        "_unit",
         "_wall_phase",
         "_window",
         "_window_ns",
@@ -110,7 +117,6 @@ class Stat:
         "help",
         "report_empty",
         "samples",
-        "unit",
         "window",
     )
 
@@ -136,7 +142,8 @@ class Stat:
         for arg, text in (("unit", unit), ("help", help)):
             if not isinstance(text, str):
                 raise TypeError(f"{arg} must be a str, got {type(text).__name__}")
-        self.unit = unit
+        self._unit = unit
+        self._time_scale: float | None = _TIME_SCALE.get(unit)
         self.help = help
         self.group = check_name(group, "group")
         self.report_empty = bool(report_empty)
@@ -190,14 +197,12 @@ class Stat:
         """``with stat.time():`` adds the block's duration (monotonic clock) in the stat's time unit (``s`` unless
         the unit is ``ms``, ``us`` or ``ns``; a stat without a unit gets ``s``). As a decorator (``@stat.time`` or
         ``@stat.time()``) it times every call, coroutines included. Exceptions are timed too, and propagate."""
-        scale = _TIME_SCALE.get(self.unit)
-        if scale is None:
-            if self.unit:
-                raise ValueError(f"stat {self.name!r} has unit {self.unit!r}: time() needs s, ms, us or ns")
-            self.unit, scale = "s", 1e-9
+        if self._time_scale is None:
+            if self._unit:
+                raise ValueError(f"stat {self._name!r} has unit {self._unit!r}: time() needs s, ms, us or ns")
+            self._unit, self._time_scale = "s", 1e-9
         timer = _new_timer(_Timer)
         timer._stat = self
-        timer._scale = scale
         return timer if fn is None else timer(fn)
 
     # -- reading ---------------------------------------------------------------------------------------------------
@@ -206,6 +211,10 @@ class Stat:
     def name(self) -> str:
         """Read-only: renaming a stat mid-run would split its series."""
         return self._name
+
+    @property
+    def unit(self) -> str:
+        return self._unit
 
     @property
     def aggregations(self) -> tuple[str, ...]:
@@ -377,7 +386,7 @@ class Stat:
                 start,
                 count,
                 values,
-                self.unit,
+                self._unit,
                 histogram,
             )
             try:
@@ -427,9 +436,8 @@ _new_timer = object.__new__
 class _Timer:
     """One ``with stat.time():`` block, or a decorator."""
 
-    __slots__ = ("_scale", "_start", "_stat")
+    __slots__ = ("_start", "_stat")
     _stat: Stat
-    _scale: float
     _start: int
 
     def __enter__(self) -> _Timer:
@@ -437,17 +445,18 @@ class _Timer:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        elapsed = (_mono() - self._start) * self._scale
+        elapsed = _mono() - self._start
         stat = self._stat
         buf = stat._buf
-        buf.append(elapsed)
+        buf.append(elapsed * stat._time_scale)  # type: ignore[operator]  # set by time()
         if len(buf) >= stat._limit:
             stat._full()
 
     def __call__(self, fn: F) -> F:
         if not callable(fn):
             raise TypeError(f"time() decorates a function, got {type(fn).__name__}")
-        stat, scale = self._stat, self._scale
+        stat = self._stat
+        scale: float = stat._time_scale  # type: ignore[assignment]  # set by time()
 
         def record(start: int) -> None:
             buf = stat._buf

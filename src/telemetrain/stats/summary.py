@@ -1,8 +1,9 @@
 """``Summary``: what a stat knows about one window, in a form that merges across windows, processes and ranks.
 
-Exact parts: ``count`` (every sample), ``finite`` (samples that are numbers), ``sum``, ``min``, ``max``, ``m2`` (sum of
-squared deviations from the mean, merged with Chan et al.'s parallel formula, so ``stddev`` merges without the
-cancellation of sum-of-squares), ``nan_count``, ``inf_count`` and ``last``.
+Samples are aggregated as floats, as torch.monitor's are (so ints are exact up to 2**53). Exact parts: ``count``
+(every sample), ``finite`` (samples that are numbers), ``sum``, ``min``, ``max``, ``m2`` (sum of squared deviations
+from the mean, merged with Chan et al.'s parallel formula, so ``stddev`` merges without the cancellation of
+sum-of-squares), ``nan_count``, ``inf_count`` and ``last``.
 
 Distribution (for quantiles and the histogram): the samples themselves while there are at most ``RAW_LIMIT`` of them,
 so quantiles of small windows are exact (numpy's default "linear" method, the same arithmetic); beyond that an
@@ -17,7 +18,6 @@ infinity there (``last`` keeps it as it is).
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Iterable, Mapping, Sequence
 from operator import mul
 from typing import Any
@@ -29,7 +29,6 @@ __all__ = ["RAW_LIMIT", "Summary"]
 
 RAW_LIMIT = 2048
 ALL = MINMAX | M2 | DIST
-_FLOAT_MAX = sys.float_info.max
 Number = int | float
 
 
@@ -37,7 +36,7 @@ class Summary:
     """A mergeable summary of samples. ``track`` (bit flags from ``aggregations``) says which optional parts to keep;
     a merged summary keeps what both sides kept. Not thread-safe: its owner locks."""
 
-    __slots__ = ("count", "finite", "histogram", "inf_count", "last", "m2", "max", "min", "nan_count", "raw", "sum",
+    __slots__ = ("_max", "_min", "count", "finite", "histogram", "inf_count", "last", "m2", "nan_count", "raw", "sum",
                  "track")
 
     def __init__(self, track: int = ALL) -> None:
@@ -47,8 +46,8 @@ class Summary:
         self.nan_count = 0
         self.inf_count = 0
         self.sum: Number = 0
-        self.min: Number | None = None
-        self.max: Number | None = None
+        self._min: Number | None = None  # while samples are kept (``raw``), min and max come from them
+        self._max: Number | None = None
         self.m2 = 0.0
         self.last: Number | None = None
         self.raw: list[Number] | None = [] if track & DIST else None
@@ -67,15 +66,17 @@ class Summary:
         n = len(chunk)
         if not n:
             return
-        self.last = chunk[-1]
+        last = chunk[-1]
         try:
             total = sum(chunk)
-            if type(total) is int and (max(chunk) > _FLOAT_MAX or min(chunk) < -_FLOAT_MAX):
-                raise OverflowError  # all ints, one past float range: mean and stddev could not be computed
-        except OverflowError:
-            chunk = [_as_float(x) for x in chunk]  # ints past float range are +-inf to aggregation
+            if type(total) is int:  # all ints: aggregated as floats, like every stat (an int past float range raises)
+                chunk = list(map(float, chunk))
+                total = sum(chunk)
+        except OverflowError:  # an int past float range (mixed with floats, sum() raised): it is an infinity here
+            chunk = [_as_float(x) for x in chunk]
             total = sum(chunk)
         self.count += n
+        self.last = last
         if total - total != 0:  # a NaN or an infinity among them (or a sum that overflowed): set them apart
             chunk = self._set_apart_nonfinite(chunk)
             n = len(chunk)
@@ -92,23 +93,24 @@ class Summary:
                 delta = mean - self.sum / before
                 m2 += self.m2 + delta * delta * before * n / (before + n)
             self.m2 = m2
-        if track & MINMAX:
-            lo, hi = min(chunk), max(chunk)
-            if not before:
-                self.min, self.max = lo, hi
-            else:
-                if lo < self.min:  # type: ignore[operator]
-                    self.min = lo
-                if hi > self.max:  # type: ignore[operator]
-                    self.max = hi
+        raw = self.raw
+        keep = raw is not None and len(raw) + n <= RAW_LIMIT
+        if track & MINMAX and not keep:  # while the samples are kept, min and max are read from them
+            self._fold_minmax(chunk)
         self.finite = before + n
         self.sum += total
         if track & DIST:
-            raw = self.raw
-            if raw is not None and len(raw) + n <= RAW_LIMIT:
-                raw.extend(chunk)
+            if keep:
+                raw.extend(chunk)  # type: ignore[union-attr]
             else:
                 self._histogram().record(chunk)
+
+    def _fold_minmax(self, chunk: Sequence[Number]) -> None:
+        lo, hi = min(chunk), max(chunk)
+        if self._min is None or lo < self._min:
+            self._min = lo
+        if self._max is None or hi > self._max:
+            self._max = hi
 
     def _set_apart_nonfinite(self, chunk: list[Number]) -> list[Number]:
         finite = [x for x in chunk if x - x == 0]
@@ -123,6 +125,8 @@ class Summary:
         if hist is None:
             hist = self.histogram = ExpHistogram()
         if self.raw:
+            if self.track & MINMAX:
+                self._fold_minmax(self.raw)
             hist.record(self.raw)
         self.raw = None
         return hist
@@ -133,6 +137,19 @@ class Summary:
     def exact(self) -> bool:
         """Whether quantiles are exact (all samples kept) rather than estimates from the histogram."""
         return self.raw is not None
+
+    @property
+    def min(self) -> Number | None:
+        """The smallest finite sample (``None`` without one, or when min/max are not tracked)."""
+        if self.raw is not None:
+            return min(self.raw) if self.raw and self.track & MINMAX else None
+        return self._min
+
+    @property
+    def max(self) -> Number | None:
+        if self.raw is not None:
+            return max(self.raw) if self.raw and self.track & MINMAX else None
+        return self._max
 
     @property
     def mean(self) -> float | None:
@@ -154,18 +171,8 @@ class Summary:
             return [None for _ in qs]
         if self.raw is None:
             assert self.histogram is not None
-            return self.histogram.quantiles(qs, self.min, self.max)
-        ordered = sorted(self.raw)
-        last = len(ordered) - 1
-        out: list[float | None] = []
-        for q in qs:
-            rank = q * last
-            below = math.floor(rank)
-            a = ordered[below]
-            b = ordered[min(below + 1, last)]
-            out.append(float(lerp(a, b, rank - below)))
-        return out
-
+            return self.histogram.quantiles(qs, self._min, self._max)
+        return _exact_quantiles(sorted(self.raw), qs)
     def histogram_dict(self) -> dict[str, Any] | None:
         """The finite samples as an OpenTelemetry-shaped exponential histogram (see ``ExpHistogram.to_dict``)."""
         if not self.track & DIST:
@@ -184,6 +191,11 @@ class Summary:
         non-zero."""
         out: dict[str, Number] = {}
         wanted_q: list[tuple[str, float]] = []
+        lo, hi = self._min, self._max
+        ordered: list[Number] | None = None
+        if self.raw and self.track & MINMAX:  # samples kept: one sort gives min, max and the quantiles
+            ordered = sorted(self.raw)
+            lo, hi = ordered[0], ordered[-1]
         for key in aggregations:
             value: Number | None
             if key == "count":
@@ -193,9 +205,9 @@ class Summary:
             elif key == "mean":
                 value = self.mean
             elif key == "min":
-                value = self.min
+                value = lo if self.finite else None
             elif key == "max":
-                value = self.max
+                value = hi if self.finite else None
             elif key == "stddev":
                 value = self.stddev
             elif key == "value":
@@ -210,7 +222,9 @@ class Summary:
             if value is not None:
                 out[key] = value
         if wanted_q:
-            for (key, _), value in zip(wanted_q, self.quantiles([q for _, q in wanted_q]), strict=True):
+            qs = [q for _, q in wanted_q]
+            estimates = _exact_quantiles(ordered, qs) if ordered is not None else self.quantiles(qs)
+            for (key, _), value in zip(wanted_q, estimates, strict=True):
                 if value is not None:
                     out[key] = value
             out = {key: out[key] for key in aggregations if key in out}  # the order asked for
@@ -224,7 +238,7 @@ class Summary:
 
     def copy(self) -> Summary:
         out = Summary(self.track)
-        for name in ("count", "finite", "nan_count", "inf_count", "sum", "min", "max", "m2", "last"):
+        for name in ("count", "finite", "nan_count", "inf_count", "sum", "_min", "_max", "m2", "last"):
             setattr(out, name, getattr(self, name))
         out.raw = None if self.raw is None else list(self.raw)
         out.histogram = None if self.histogram is None else self.histogram.copy()
@@ -245,8 +259,8 @@ class Summary:
         out.sum = self.sum + other.sum
         present = [s for s in (self, other) if s.finite]
         if out.track & MINMAX and present:
-            out.min = min(s.min for s in present)  # type: ignore[type-var]
-            out.max = max(s.max for s in present)  # type: ignore[type-var]
+            out._min = min(s.min for s in present)  # type: ignore[type-var]
+            out._max = max(s.max for s in present)  # type: ignore[type-var]
         if out.track & M2 and len(present) == 2:
             na, nb = self.finite, other.finite
             delta = other.sum / nb - self.sum / na
@@ -302,10 +316,11 @@ class Summary:
                 value = data.get(name)
                 if value is not None and type(value) not in (int, float):
                     raise ValueError(name)
-                setattr(out, name, value if value is not None or name not in ("sum", "m2") else 0)
+                attribute = {"min": "_min", "max": "_max"}.get(name, name)
+                setattr(out, attribute, value if value is not None or name not in ("sum", "m2") else 0)
             if out.finite + out.nan_count + out.inf_count != out.count:
                 raise ValueError("count is not finite + nan_count + inf_count")
-            if out.finite and (out.min is None or out.max is None or not out.min <= out.max):
+            if out.finite and out.track & MINMAX and (out._min is None or out._max is None or not out._min <= out._max):
                 raise ValueError("min and max")
             if out.track & DIST:
                 if "raw" in data:
@@ -326,6 +341,17 @@ class Summary:
 
     def __repr__(self) -> str:
         return f"Summary(count={self.count}, mean={self.mean}, min={self.min}, max={self.max}, exact={self.exact})"
+
+
+def _exact_quantiles(ordered: Sequence[Number], qs: Sequence[float]) -> list[float | None]:
+    """numpy's "linear" quantiles of sorted samples, with numpy's arithmetic."""
+    last = len(ordered) - 1
+    out: list[float | None] = []
+    for q in qs:
+        rank = q * last
+        below = math.floor(rank)
+        out.append(float(lerp(ordered[below], ordered[min(below + 1, last)], rank - below)))
+    return out
 
 
 def _as_float(x: Number) -> Number:
