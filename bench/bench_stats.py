@@ -642,14 +642,6 @@ def _measure_memory(make: Callable[[], object], steps: Callable[[object], None])
         base = tracemalloc.get_traced_memory()[0]
         s = make()
         steps(s)
-        # the collector folds an append-only stat's pending samples every 20 ms: let it settle (a fold in progress
-        # holds a batch in its frame), so "held" is the state between folds
-        from telemetrain.stats.stat import BATCH, FOLD_INTERVAL_S
-
-        deadline = time.monotonic() + 10.0  # tracemalloc makes a fold several times slower
-        while len(s._buf) >= BATCH and time.monotonic() < deadline:
-            time.sleep(FOLD_INTERVAL_S / 4)
-        time.sleep(FOLD_INTERVAL_S * 2)
         gc.collect()
         held, peak = tracemalloc.get_traced_memory()
     finally:

@@ -146,9 +146,6 @@ class StatRegistry:
             except Exception as exc:  # noqa: BLE001 - one broken stat must not stop the others' flush
                 warn_safely(f"telemetrain: flushing {item.name!r} failed: {describe(exc)}")
         if final:
-            from .stat import _folder
-
-            _folder.stop_if_idle()
             collector.cancel()  # garbage-collected stats' entries too: let the thread end now if nothing is left
 
     def after_fork_in_child(self) -> None:

@@ -1,11 +1,9 @@
 """``Stat``: a named series of samples aggregated over windows (by count, by time, both, or cumulative).
 
-The hot path only appends: ``add`` checks the type and puts the sample on a list (atomic under the GIL, so concurrent
-threads lose nothing). The process's collector thread folds the list into the open window's ``Summary`` (C-level
-``sum``/``min``/``max``, ~2-5 ns a sample) every ``FOLD_INTERVAL_S`` once it holds ``BATCH`` samples, and whenever
-the window closes or the stat is read. A stat with count windows (``samples=N``) checks the length too, so that its
-window closes inside the ``add`` of its N-th sample, exactly (~30 ns more). Quantile stats keep their samples until a
-window has more than ``RAW_LIMIT`` (exact quantiles) and fold them into the histogram beyond.
+The hot path only appends: ``add`` puts the sample on a list (atomic under the GIL, so concurrent threads lose
+nothing) and checks its length. Every ``BATCH`` samples, or at the N-th sample of a count window, the list is folded
+into the open window's ``Summary`` (C-level ``sum``/``min``/``max``, ~2-5 ns a sample); quantile stats keep their
+samples until a window has more than ``RAW_LIMIT`` (exact quantiles) and fold them into the histogram beyond.
 
 Windows close:
 - by count at the N-th sample (``samples=N``); no sample is ever dropped, the next window starts at once;
@@ -21,12 +19,9 @@ Each closed window becomes a ``StatWindow`` record (start, end, sample count, on
 histogram when asked). An empty time window is reported as count 0 when ``report_empty`` (the default) -- in a
 forked child only once the stat has had a sample there, so DataLoader workers do not report the parent's stats.
 
-Memory per stat is bounded whatever the window (measured by ``bench/bench_stats.py``):
-- pending samples: 32 bytes each as Python floats (a list slot and the float; up to 1/8 more of spare list room),
-  40 as ints. At most ``BATCH`` (2048) for a count-window stat; for the others ``SELF_FOLD_AT`` (8192) plus what
-  arrives between two collector passes (20 ms, plus up to the interpreter's 5 ms switch interval for the collector
-  to get the GIL): a few per training step in practice, some 400,000 (13 MB) for a loop that does nothing but
-  ``add`` at full speed, until the switch to self-folding above;
+Memory per stat is bounded whatever the rate or the window (measured by ``bench/bench_stats.py``):
+- pending samples: fewer than ``BATCH`` (2048), 32 bytes each as Python floats (a list slot and the float; up to 1/8
+  more of spare list room), 40 as ints: at most ~72 KiB;
 - the open window: a few hundred bytes, plus for quantile stats either its kept samples (at most ``RAW_LIMIT``, 2048,
   32 bytes each) or its histogram (at most 2 x 4096 buckets of 8 bytes): 64 KiB at most;
 - the last closed window (``last_summary``, for merging across ranks): the same again.
@@ -45,7 +40,6 @@ import os
 import sys
 import threading
 import time
-import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -58,11 +52,9 @@ from ..telemetry import Telemetry, check_name, check_value, get_telemetry
 from .aggregations import DEFAULT_AGGREGATIONS, parse_aggregations, tracking
 from .summary import Summary
 
-__all__ = ["BATCH", "FOLD_INTERVAL_S", "MIN_WINDOW_S", "SELF_FOLD_AT", "Stat"]
+__all__ = ["BATCH", "MIN_WINDOW_S", "Stat"]
 
 BATCH = 2048
-FOLD_INTERVAL_S = 0.02
-SELF_FOLD_AT = 4 * BATCH
 MIN_WINDOW_S = 0.001
 _mono = time.monotonic_ns
 _TIME_SCALE = {"s": 1e-9, "ms": 1e-6, "us": 1e-3, "µs": 1e-3, "ns": 1}
@@ -106,7 +98,6 @@ class Stat:
         "_closed",
         "_deadline",
         "_emitted_count",
-        "_inline_folds",
         "_last_summary",
         "_last_values",
         "_limit",
@@ -168,10 +159,6 @@ class Stat:
         self._last_summary: Summary | None = None
         self._buf: list[int | float] = []
         self._init_state(active=True)
-        if samples is not None:  # the add that checks the length, to close each window at its N-th sample
-            _checking_add(self, True)
-        else:
-            _folder.watch(self)
         from .registry import registry  # the registry module imports this one
 
         registry(self._telemetry).register(self)
@@ -181,7 +168,6 @@ class Stat:
         self._lock = threading.RLock()
         self._busy = False  # set while a locked region runs: a signal handler re-entering it skips (see _guard)
         self._pending: deque[tuple[Any, ...]] = deque()
-        self._inline_folds = 0  # folds done by the checking add since the collector last looked
         del self._buf[:]
         self._active = active
         self._start = _mono()
@@ -198,7 +184,10 @@ class Stat:
         """Add one sample (an int or a float; NaN and infinities are counted apart, see ``Summary``)."""
         if type(value) is not float and type(value) is not int:
             value = _number(value)
-        self._buf.append(value)  # folded by the collector (``_folder``), or when the stat is read or flushed
+        buf = self._buf
+        buf.append(value)
+        if len(buf) >= self._limit:
+            self._full()
 
     @overload
     def time(self, fn: None = None) -> _Timer: ...
@@ -288,7 +277,6 @@ class Stat:
             return
         self.flush()
         self._closed = True
-        _folder.unwatch(self)
         collector.cancel(self)
         from .registry import registry
 
@@ -311,12 +299,8 @@ class Stat:
         return self._deadline
 
     def _full(self) -> None:
-        """The checking add's batch is full, or a count window reached its N-th sample: fold, and close what is due.
-        (``_guard`` spelled out: with small count windows this runs every few samples.)"""
-        self._inline_folds += 1
-        self._fold_pending()
-
-    def _fold_pending(self) -> None:
+        """The batch is full, or a count window reached its N-th sample: fold, and close what is due. (``_guard``
+        spelled out: with small count windows this runs every few samples.)"""
         with self._lock:
             if not self._busy:
                 self._busy = True
@@ -352,7 +336,7 @@ class Stat:
         window = self._window
         left = len(buf)  # what is there now: samples another thread appends meanwhile wait for the next drain
         while left > 0:
-            # at most a batch at a time, so that folding a long backlog needs no more than a batch of extra memory
+            # at most a batch at a time, so that folding a backlog needs no more than a batch of extra memory
             take = min(left, BATCH) if not samples else min(left, samples - window.count, BATCH)
             chunk = buf[:take]  # two steps, each atomic: what is appended meanwhile stays at the end
             del buf[:take]
@@ -431,8 +415,6 @@ class Stat:
         self._last_values = {}
         self._last_summary = None
         self._init_state(active=False)
-        if not self.samples:
-            _folder.watch(self)
 
     def __del__(self) -> None:
         try:
@@ -451,94 +433,6 @@ class Stat:
         return f"Stat({self.name!r}, {list(self._aggregations)}, {how})"
 
 
-class _CountedAdd:
-    """The ``add`` that also checks the length: a stat with count windows has it (its window closes exactly in the
-    ``add`` of its N-th sample), and so does a stat whose producer outruns the collector, for a while (memory stays
-    within ``BATCH`` pending samples without the collector)."""
-
-    __slots__ = ()
-    _buf: list[int | float]
-    _limit: int
-    _full: Callable[[], None]
-
-    def add(self, value: float) -> None:
-        """Add one sample (an int or a float; NaN and infinities are counted apart, see ``Summary``)."""
-        if type(value) is not float and type(value) is not int:
-            value = _number(value)
-        buf = self._buf
-        buf.append(value)
-        if len(buf) >= self._limit:
-            self._full()
-
-
-_checking_classes: dict[type, type] = {}  # Stat class -> the same class with the checking add
-_plain_classes: dict[type, type] = {}  # and back
-
-
-def _checking_add(stat: Stat, on: bool) -> None:
-    """Switch ``stat`` to (or back from) the checking ``add``: a subclass with no slots of its own has the same
-    layout, so an instance can change class (an atomic pointer swap; a call in progress finishes as it began)."""
-    cls = type(stat)
-    if on and cls not in _plain_classes:
-        sub = _checking_classes.get(cls)
-        if sub is None:
-            attrs = {"__slots__": (), "__module__": cls.__module__, "__qualname__": cls.__qualname__}
-            sub = _checking_classes[cls] = type(cls.__name__, (_CountedAdd, cls), attrs)
-            _plain_classes[sub] = cls
-        stat.__class__ = sub
-    elif not on and cls in _plain_classes:
-        stat.__class__ = _plain_classes[cls]
-
-
-class _Folder:
-    """The collector task that folds the pending samples of stats whose ``add`` only appends: every
-    ``FOLD_INTERVAL_S``, each that holds ``BATCH`` or more. Per process, like the collector; holds stats weakly."""
-
-    def __init__(self) -> None:
-        self._stats: weakref.WeakSet[Stat] = weakref.WeakSet()
-        self._scheduled_in = 0  # the pid where it is scheduled (a forked child reschedules it)
-
-    def watch(self, stat: Stat) -> None:
-        self._stats.add(stat)
-        pid = os.getpid()
-        if self._scheduled_in != pid:
-            self._scheduled_in = pid
-            collector.schedule(self, _mono() + round(FOLD_INTERVAL_S * 1e9))
-
-    def unwatch(self, stat: Stat) -> None:
-        self._stats.discard(stat)
-
-    def tick(self, now_ns: int) -> int | None:
-        if self._scheduled_in != os.getpid():
-            return None
-        stats = list(self._stats)
-        if not stats:
-            self._scheduled_in = 0  # nothing to fold: the collector may stop; the next watch() schedules again
-            if not self._stats:
-                return None
-            self._scheduled_in = os.getpid()  # a stat was watched meanwhile and saw this task still scheduled
-        for stat in stats:
-            pending = len(stat._buf)
-            if type(stat) in _plain_classes:  # the producer folds for itself: until it stops needing to
-                if not stat._inline_folds and pending < BATCH:
-                    _checking_add(stat, False)
-                stat._inline_folds = 0
-            elif pending >= BATCH:
-                if pending >= SELF_FOLD_AT:  # the producer outruns this thread: let it fold its own batches
-                    stat._inline_folds = 0
-                    _checking_add(stat, True)
-                stat._fold_pending()
-        return now_ns + round(FOLD_INTERVAL_S * 1e9)
-
-
-    def stop_if_idle(self) -> None:
-        """No stat left to fold (their Telemetry closed): leave the collector now rather than at the next tick."""
-        if not self._stats and self._scheduled_in == os.getpid():
-            self._scheduled_in = 0
-            collector.cancel(self)
-
-
-_folder = _Folder()
 _new_timer = object.__new__
 
 
