@@ -15,10 +15,9 @@ Rows (ns per operation, median and best of ``--repeats``):
 plus the JSONL writer's sustained throughput (records/s from the first emit to the end of ``flush()``, file line
 count checked) and a flood into a 10,000-record queue (drops counted, peak RSS growth).
 
-Method (the one of the peer benchmark): each statement is compiled into its own function and run ``n`` times in
-``for _ in itertools.repeat(None, n)``, timed with ``time.perf_counter_ns``; ``n`` is calibrated to about
-``--target-ms`` per repeat; the GC stays enabled and ``gc.collect()`` runs before each repeat; a busy loop warms
-the CPU up first. Numbers include the loop overhead (the "empty loop" row).
+Method: the peers method (``_method.py`` beside this script, that of the peer benchmark): each statement compiled
+into its own loop, ``n`` calibrated to about ``--target-ms`` per repeat, GC enabled with ``gc.collect()`` before
+each repeat, a busy loop first. Numbers include the loop overhead (the "empty loop" row).
 
 Caller-side cost: telemetrain's writer thread encodes and writes on its own thread. In a training step that
 overlaps with GPU/C++ work that releases the GIL; in a pure-Python loop it would steal the GIL from the
@@ -36,10 +35,8 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import math
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -51,32 +48,18 @@ from itertools import repeat
 from pathlib import Path
 from time import monotonic_ns, perf_counter_ns
 
+import _method
+from _method import NOTES, RESULTS, difference_row, measure, new_row, progress, row_of
+
 warnings.filterwarnings("ignore")  # torch's "Failed to initialize NumPy", telemetrain's drop warning in the flood
 
 ARGS: argparse.Namespace
-RESULTS: list[dict] = []
-NOTES: list[str] = []
-SKIPPED: list[str] = []
 EXTRA: dict[str, dict] = {}  # throughput / flood measurements
 SHORT_N = 10_000  # ops per repeat of the "short queue" rows
+DISTS = ("torch", "prometheus-client", "opentelemetry-sdk", "telemetrain", "psutil")  # versions reported
 
 
-# -- harness ---------------------------------------------------------------------------------------------------------
-
-_LOOP = """
-def timed(n, _clock=_clock, _repeat=_repeat):
-    t0 = _clock()
-    for _ in _repeat(None, n):
-        {stmt}
-    return _clock() - t0
-"""
-
-
-def compile_stmt(stmt: str, names: dict) -> Callable[[int], int]:
-    """``stmt`` (one line) in its own function ``timed(n) -> elapsed ns``, with ``names`` as its globals."""
-    scope = dict(names, _clock=perf_counter_ns, _repeat=repeat)
-    exec(compile(_LOOP.format(stmt=stmt), f"<bench {stmt[:50]}>", "exec"), scope)
-    return scope["timed"]
+# -- harness (the peers method: _method.py) --------------------------------------------------------------------------
 
 
 def bench(
@@ -90,68 +73,19 @@ def bench(
     max_n: int | None = None,
 ) -> dict:
     """Measure ``stmt``; ``between()`` runs after calibration and after every repeat, outside the timed region."""
-    timed = compile_stmt(stmt, names or {})
-    warm = 2000
-    timed(warm)  # first calls; lets 3.11 specialise the bytecode
-    per = max(timed(warm) / warm, 1.0)
-    n = max(ARGS.min_n, min(max_n or ARGS.max_n, int(ARGS.target_ms * 1e6 / per)))
-    samples = []
-    for _ in range(ARGS.repeats):
-        if between is not None:
-            between()
-        gc.collect()
-        if gc_off:
-            gc.disable()
-        try:
-            samples.append(timed(n) / n)
-        finally:
-            gc.enable()
-    if between is not None:
-        between()
-    row = {
-        "library": lib,
-        "operation": op,
-        "median_ns": statistics.median(samples),
-        "best_ns": min(samples),
-        "n": n,
-        "repeats": samples,
-    }
+    samples, n = measure(stmt, names, between=between, gc_off=gc_off, max_n=max_n)
+    row = new_row(lib, op, samples, n)
     RESULTS.append(row)
     progress(f"{lib:<18} {op:<72} {row['median_ns']:9.1f} ns  (n={n})")
     return row
 
 
 def derived(lib: str, op: str, a: dict, b: dict) -> dict:
-    """Row ``a - b`` (median of the differences of the paired repeats, and best - best)."""
-    diffs = [x - y for x, y in zip(a["repeats"], b["repeats"], strict=True)]
-    row = {
-        "library": lib,
-        "operation": op,
-        "median_ns": a["median_ns"] - b["median_ns"],
-        "best_ns": a["best_ns"] - b["best_ns"],
-        "n": "-",
-        "repeats": diffs,
-    }
+    """Row ``a - b`` (median - median, best - best; repeats: the differences of the paired repeats)."""
+    row = difference_row(lib, op, a, b)
     RESULTS.append(row)
     progress(f"{lib:<18} {op:<72} {row['median_ns']:9.1f} ns")
     return row
-
-
-def row_of(lib: str, op_prefix: str) -> dict | None:
-    for r in RESULTS:
-        if r["library"] == lib and r["operation"].startswith(op_prefix):
-            return r
-    return None
-
-
-def progress(msg: str) -> None:
-    if ARGS.verbose:
-        print("  " + msg, file=sys.stderr, flush=True)
-
-
-def skip(section: str, exc: BaseException) -> None:
-    SKIPPED.append(f"{section}: skipped ({type(exc).__name__}: {exc})")
-    progress(SKIPPED[-1])
 
 
 # -- baseline and peers -------------------------------------------------------------------------------------------
@@ -734,18 +668,7 @@ def checks() -> list[dict]:
 def render_table() -> str:
     base = row_of("baseline", "empty function call")
     base_ns = base["median_ns"] if base else math.nan
-    lines = [
-        "| library | operation | median ns/op | best ns/op | ratio to empty call | n |",
-        "|---|---|---:|---:|---:|---:|",
-    ]
-    for r in RESULTS:
-        op = r["operation"].replace("|", "\\|")
-        n = f"{r['n']:,}" if isinstance(r["n"], int) else r["n"]
-        lines.append(
-            f"| {r['library']} | {op} | {r['median_ns']:.1f} | {r['best_ns']:.1f} | "
-            f"{r['median_ns'] / base_ns:.1f}x | {n} |"
-        )
-    return "\n".join(lines)
+    return _method.render_table([("ratio to empty call", "---:")], lambda r: [f"{r['median_ns'] / base_ns:.1f}x"])
 
 
 def render_writer() -> str:
@@ -776,85 +699,20 @@ def render_writer() -> str:
     return "\n".join(lines)
 
 
-def _versions() -> dict[str, str]:
-    from importlib import metadata
-
-    out = {}
-    for dist in ("torch", "prometheus-client", "opentelemetry-sdk", "telemetrain", "psutil"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = "not installed"
-    return out
-
-
-def _source_state() -> str:
-    """The commit of the telemetrain checkout this run measured (and whether src/ had local changes)."""
-    import subprocess
-
-    root = Path(__file__).resolve().parents[1]
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10, check=True
-        ).stdout.strip()
-        diff = subprocess.run(
-            ["git", "diff", "HEAD", "--", "src"], cwd=root, capture_output=True, timeout=10, check=True
-        ).stdout
-        untracked = subprocess.run(
-            ["git", "ls-files", "--others", "--exclude-standard", "--", "src"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.split()
-    except (OSError, subprocess.SubprocessError):
-        return "n/a"
-    if not diff and not untracked:
-        return head
-    import hashlib
-
-    return (
-        f"{head} + uncommitted changes in src/ (diff sha1 {hashlib.sha1(diff).hexdigest()[:10]}, "
-        f"{len(untracked)} untracked files)"
-    )
-
-
-def _loadavg() -> str:
-    try:
-        return ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "n/a"
-
-
-def _spin(seconds: float) -> None:
-    end = perf_counter_ns() + int(seconds * 1e9)
-    while perf_counter_ns() < end:
-        pass
-
-
 def main(argv: list[str] | None = None) -> int:
     global ARGS
-    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="short smoke run (2 repeats of ~20 ms, small throughput runs)")
-    ap.add_argument("--json", metavar="FILE", help="also write the raw results to FILE")
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--target-ms", type=float, default=200.0, help="approximate duration of one repeat")
-    ap.add_argument("--max-n", type=int, default=1_000_000)
-    ap.add_argument("--min-n", type=int, default=5_000)
-    ap.add_argument("--warmup-s", type=float, default=1.0)
+    ap = _method.parser(__doc__, "short smoke run (2 repeats of ~20 ms, small throughput runs)")
     ap.add_argument("--throughput-n", type=int, default=1_000_000)
     ap.add_argument("--throughput-runs", type=int, default=3)
     ap.add_argument("--flood-n", type=int, default=3_000_000)
-    ap.add_argument("-q", "--quiet", dest="verbose", action="store_false", help="no progress on stderr")
-    ARGS = ap.parse_args(argv)
+    ARGS = _method.parse_args(ap, argv)
     if ARGS.quick:
         ARGS.repeats, ARGS.target_ms, ARGS.min_n, ARGS.max_n = 2, 20.0, 500, 200_000
         ARGS.warmup_s, ARGS.throughput_n, ARGS.throughput_runs, ARGS.flood_n = 0.2, 100_000, 1, 300_000
 
     tmpdir = tempfile.mkdtemp(prefix="bench_core_")
-    load_before = _loadavg()
-    _spin(ARGS.warmup_s)
+    load_before = _method.loadavg()
+    _method.spin(ARGS.warmup_s)
     sections = [
         ("baseline", section_baseline),
         ("torchelastic", section_torchelastic),
@@ -865,30 +723,15 @@ def main(argv: list[str] | None = None) -> int:
         ("throughput", lambda: section_throughput(tmpdir)),
         ("flood", lambda: section_flood(tmpdir)),
     ]
-    failed = False
     try:
-        for name, fn in sections:
-            progress(f"[{name}]")
-            try:
-                fn()
-            except ImportError as exc:  # a peer that is not installed
-                skip(name, exc)
-            except Exception as exc:  # noqa: BLE001 - report and go on; our own sections failing fails the run
-                skip(name, exc)
-                if name in ("baseline", "telemetrain", "throughput", "flood"):  # pieces read internals: a note
-                    failed = True
+        # a peer failing is a note; our own sections failing fails the run (pieces read internals: a note)
+        failed = _method.run_sections(sections, lambda name: name in ("baseline", "telemetrain", "throughput", "flood"))
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
-    load_after = _loadavg()
+    load_after = _method.loadavg()
     results_checks = checks()
 
-    print(
-        f"python {platform.python_version()} ({platform.python_implementation()}), {platform.machine()}, "
-        f"os.cpu_count()={os.cpu_count()}"
-    )
-    print("versions: " + ", ".join(f"{k}=={v}" for k, v in _versions().items()))
-    print(f"telemetrain source: {_source_state()}")
-    print(f"load average (1, 5, 15 min) before: {load_before}; after: {load_after}")
+    _method.print_header(DISTS, load_before, load_after)
     print(
         f"method: median and best of {ARGS.repeats} repeats, n calibrated to ~{ARGS.target_ms:.0f} ms per repeat "
         f"(n in [{ARGS.min_n:,}, {ARGS.max_n:,}]), GC enabled, gc.collect() before each repeat, perf_counter_ns"
@@ -903,33 +746,20 @@ def main(argv: list[str] | None = None) -> int:
         "not to drop; the writer shares the GIL with the emitting loop. Line counts include 1 header line "
         "and 1 warm-up record."
     )
-    for note in NOTES:
-        print(f"- {note}")
-    for s in SKIPPED:
-        print(f"- SKIPPED {s}")
+    _method.print_notes()
     print()
     print("ratio checks (medians of this run):")
     for c in results_checks:
         print(f"check {c['num']}: {c['status']}: {c['title']}: {c['text']}")
     if ARGS.json:
-        with open(ARGS.json, "w") as fh:
-            json.dump(
-                {
-                    "python": platform.python_version(),
-                    "cpu_count": os.cpu_count(),
-                    "versions": _versions(),
-                    "load_before": load_before,
-                    "load_after": load_after,
-                    "args": vars(ARGS),
-                    "results": RESULTS,
-                    "writer": EXTRA,
-                    "checks": results_checks,
-                    "notes": NOTES,
-                    "skipped": SKIPPED,
-                },
-                fh,
-                indent=1,
-            )
+        fields = {
+            "load_before": load_before,
+            "load_after": load_after,
+            "args": vars(ARGS),
+            "results": RESULTS,
+            "writer": EXTRA,
+        }
+        _method.write_json(ARGS.json, DISTS, fields, results_checks)
     return 1 if failed else 0
 
 

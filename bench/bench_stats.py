@@ -28,11 +28,9 @@ Sections (ns per operation, median and best of ``--repeats``; every row names th
                ``Summary.fold`` of a 2048-sample batch for mean/count and for quantiles in histogram mode, and the
                ``min``/``max``/``sorted`` passes of the latter
 
-Method (the one of bench_core.py and of the peer benchmark /work/shared/bench/peers_bench.py): each statement is
-compiled into its own function and run ``n`` times in ``for _ in itertools.repeat(None, n)``, timed with
-``time.perf_counter_ns``; ``n`` is calibrated to about ``--target-ms`` per repeat (at most ``--max-n``); the GC stays
-enabled and ``gc.collect()`` runs before each repeat; a busy loop warms the CPU up first. Numbers include the loop
-overhead (the "empty loop" row).
+Method: the peers method of bench_core.py (``_method.py`` beside this script, that of the peer benchmark
+/work/shared/bench/peers_bench.py), with ``n`` at most ``--max-n``. Numbers include the loop overhead (the "empty
+loop" row).
 
 Everything inline is included: ``add`` folds its batch every 2048 samples (or at the end of a count window) inside
 the call, and that time is inside the timed loops. Background work is included too, because it shares the GIL: the
@@ -59,7 +57,6 @@ import gc
 import json
 import math
 import os
-import platform
 import random
 import shutil
 import statistics
@@ -72,20 +69,21 @@ import warnings
 from collections import Counter
 from collections.abc import Callable
 from datetime import timedelta
-from itertools import cycle, repeat
+from itertools import cycle
 from pathlib import Path
 from string import ascii_lowercase
 from time import perf_counter_ns
 
+import _method
+from _method import NOTES, RESULTS, calibrated_n, compile_stmt, difference_row, measure, new_row, progress, row_of, skip
+
 warnings.filterwarnings("ignore")  # torch's "Failed to initialize NumPy" where numpy is absent
 
 ARGS: argparse.Namespace
-RESULTS: list[dict] = []
-NOTES: list[str] = []
-SKIPPED: list[str] = []
 EXTRA: dict[str, object] = {"threads": [], "memory": [], "window_close": []}
 EMITTED: Counter[str] = Counter()  # windows reported per stat name (listener), checked against the run store
 EMITTED_SAMPLES: Counter[str] = Counter()
+DISTS = ("torch", "telemetrain")  # versions reported
 
 KIB = 1024
 MEAN_COUNT = ["mean", "count"]
@@ -93,40 +91,22 @@ QUANTILES = ["count", "mean", "p50", "p90", "p99"]
 QUANTILES_HIST = [*QUANTILES, "histogram"]
 
 
-# -- harness (bench_core.py's) ----------------------------------------------------------------------------------------
-
-_LOOP = """
-def timed(n, _clock=_clock, _repeat=_repeat):
-    t0 = _clock()
-    for _ in _repeat(None, n):
-        {stmt}
-    return _clock() - t0
-"""
+# -- harness (the peers method: _method.py) --------------------------------------------------------------------------
 
 
-def compile_stmt(stmt: str, names: dict) -> Callable[[int], int]:
-    """``stmt`` (one line) in its own function ``timed(n) -> elapsed ns``, with ``names`` as its globals."""
-    scope = dict(names, _clock=perf_counter_ns, _repeat=repeat)
-    exec(compile(_LOOP.format(stmt=stmt), f"<bench {stmt[:50]}>", "exec"), scope)
-    return scope["timed"]
-
-
-def _row(lib: str, op: str, samples: list[float], n: object, peer: dict | None) -> dict:
-    row = {
-        "library": lib,
-        "operation": op,
-        "median_ns": statistics.median(samples),
-        "best_ns": min(samples),
-        "n": n,
-        "repeats": samples,
-        "peer": None if peer is None else f"{peer['library']} | {peer['operation']}",
-        "peer_median_ns": None if peer is None else peer["median_ns"],
-    }
+def _record(row: dict, peer: dict | None) -> dict:
+    """``row`` with its peer row and the ratio to it, added to RESULTS."""
+    row["peer"] = None if peer is None else f"{peer['library']} | {peer['operation']}"
+    row["peer_median_ns"] = None if peer is None else peer["median_ns"]
     row["ratio"] = None if peer is None else row["median_ns"] / peer["median_ns"]
     RESULTS.append(row)
     ratio = "" if row["ratio"] is None else f"  {row['ratio']:.2f}x peer"
-    progress(f"{lib:<20} {op:<78} {row['median_ns']:9.1f} ns{ratio}  (n={n})")
+    progress(f"{row['library']:<20} {row['operation']:<78} {row['median_ns']:9.1f} ns{ratio}  (n={row['n']})")
     return row
+
+
+def _row(lib: str, op: str, samples: list[float], n: object, peer: dict | None) -> dict:
+    return _record(new_row(lib, op, samples, n), peer)
 
 
 def bench(
@@ -142,36 +122,13 @@ def bench(
     warm: int = 2000,
 ) -> dict:
     """Measure ``stmt``; ``between()`` runs after calibration and after every repeat, outside the timed region."""
-    timed = compile_stmt(stmt, names or {})
-    timed(warm)  # first calls; lets 3.11 specialise the bytecode
-    per = max(timed(warm) / warm, 1.0)
-    n = max(ARGS.min_n, min(max_n or ARGS.max_n, int(ARGS.target_ms * 1e6 / per)))
-    samples = []
-    for _ in range(ARGS.repeats):
-        if between is not None:
-            between()
-        if ARGS.collect:
-            gc.collect()
-        if gc_off:
-            gc.disable()
-        try:
-            samples.append(timed(n) / n)
-        finally:
-            gc.enable()
-    if between is not None:
-        between()
+    samples, n = measure(stmt, names, between=between, gc_off=gc_off, max_n=max_n, warm=warm, collect=ARGS.collect)
     return _row(lib, op, samples, n, peer)
 
 
 def derived(lib: str, op: str, a: dict, b: dict, *, peer: dict | None = None) -> dict:
-    """Row ``a - b`` (the differences of the paired repeats)."""
-    diffs = [x - y for x, y in zip(a["repeats"], b["repeats"], strict=True)]
-    row = _row(lib, op, diffs, "-", peer)
-    row["median_ns"] = a["median_ns"] - b["median_ns"]
-    row["best_ns"] = a["best_ns"] - b["best_ns"]
-    if peer is not None:
-        row["ratio"] = row["median_ns"] / peer["median_ns"]
-    return row
+    """Row ``a - b`` (median - median, best - best; repeats: the differences of the paired repeats)."""
+    return _record(difference_row(lib, op, a, b), peer)
 
 
 def paired(lib: str, op: str, stmt: str, names: dict, peer: dict, peer_stmt: str, peer_names: dict) -> dict:
@@ -180,8 +137,7 @@ def paired(lib: str, op: str, stmt: str, names: dict, peer: dict, peer_stmt: str
     ours, theirs = compile_stmt(stmt, names), compile_stmt(peer_stmt, peer_names)
     for f in (ours, theirs):
         f(2000)
-    per = max(ours(2000) / 2000, theirs(2000) / 2000, 1.0)
-    n = max(ARGS.min_n, min(ARGS.max_n, int(ARGS.target_ms * 1e6 / per)))
+    n = calibrated_n(max(ours(2000) / 2000, theirs(2000) / 2000, 1.0))
     mine, ratios = [], []
     for k in range(2 * ARGS.repeats):
         if ARGS.collect:
@@ -197,23 +153,6 @@ def paired(lib: str, op: str, stmt: str, names: dict, peer: dict, peer_stmt: str
     row["pair_ratios"] = ratios
     progress(f"{'':<20} paired ratio {row['ratio']:.3f} (pairs: {', '.join(f'{r:.2f}' for r in ratios)})")
     return row
-
-
-def row_of(lib: str, op_prefix: str) -> dict | None:
-    for r in RESULTS:
-        if r["library"] == lib and r["operation"].startswith(op_prefix):
-            return r
-    return None
-
-
-def progress(msg: str) -> None:
-    if ARGS.verbose:
-        print("  " + msg, file=sys.stderr, flush=True)
-
-
-def skip(section: str, exc: BaseException) -> None:
-    SKIPPED.append(f"{section}: skipped ({type(exc).__name__}: {exc})")
-    progress(SKIPPED[-1])
 
 
 # -- values -----------------------------------------------------------------------------------------------------------
@@ -1203,17 +1142,11 @@ def best_ratio(row: dict) -> float:
 
 
 def render_table() -> str:
-    lines = [
-        "| library | operation | median ns/op | best ns/op | ratio to peer | peer | n |",
-        "|---|---|---:|---:|---:|---|---:|",
-    ]
-    for r in RESULTS:
-        op = r["operation"].replace("|", "\\|")
-        n = f"{r['n']:,}" if isinstance(r["n"], int) else r["n"]
+    def cells(r: dict) -> list[str]:
         ratio = "" if r["ratio"] is None else f"{r['ratio']:.3f}x"
-        peer = "" if r["peer"] is None else r["peer"].replace("|", "\\|")
-        lines.append(f"| {r['library']} | {op} | {r['median_ns']:.1f} | {r['best_ns']:.1f} | {ratio} | {peer} | {n} |")
-    return "\n".join(lines)
+        return [ratio, "" if r["peer"] is None else r["peer"].replace("|", "\\|")]
+
+    return _method.render_table([("ratio to peer", "---:"), ("peer", "---")], cells)
 
 
 def render_memory() -> str:
@@ -1231,67 +1164,14 @@ def render_memory() -> str:
     return "\n".join(lines)
 
 
-def _versions() -> dict[str, str]:
-    from importlib import metadata
-
-    out = {}
-    for dist in ("torch", "telemetrain"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = "not installed"
-    return out
-
-
-def _source_state() -> str:
-    """The commit of the telemetrain checkout this run measured (and whether src/ had local changes)."""
-    import hashlib
-    import subprocess
-
-    root = Path(__file__).resolve().parents[1]
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10, check=True
-        ).stdout.strip()
-        diff = subprocess.run(
-            ["git", "diff", "HEAD", "--", "src"], cwd=root, capture_output=True, timeout=10, check=True
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return "n/a"
-    if not diff:
-        return head
-    return f"{head} + uncommitted changes in src/ (diff sha1 {hashlib.sha1(diff).hexdigest()[:10]})"
-
-
-def _loadavg() -> str:
-    try:
-        return ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "n/a"
-
-
-def _spin(seconds: float) -> None:
-    end = perf_counter_ns() + int(seconds * 1e9)
-    while perf_counter_ns() < end:
-        pass
-
-
 def main(argv: list[str] | None = None) -> int:
     global ARGS
-    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="short smoke run (< 15 s)")
-    ap.add_argument("--json", metavar="FILE", help="also write the raw results to FILE")
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--target-ms", type=float, default=200.0, help="approximate duration of one repeat")
-    ap.add_argument("--max-n", type=int, default=1_000_000)
-    ap.add_argument("--min-n", type=int, default=5_000)
-    ap.add_argument("--warmup-s", type=float, default=1.0)
+    ap = _method.parser(__doc__, "short smoke run (< 15 s)")
     ap.add_argument("--thread-n", type=int, default=300_000, help="adds per thread and repeat")
     ap.add_argument("--mem-n", type=int, default=1_000_000, help="samples of the big memory scenarios")
     ap.add_argument("--close-windows", type=int, default=100, help="windows closed per close row")
     ap.add_argument("--only", help="comma-separated sections to run (baseline always runs first)")
-    ap.add_argument("-q", "--quiet", dest="verbose", action="store_false", help="no progress on stderr")
-    ARGS = ap.parse_args(argv)
+    ARGS = _method.parse_args(ap, argv)
     ARGS.collect = not ARGS.quick  # gc.collect() takes ~75 ms with torch loaded: the smoke run skips it
     if ARGS.quick:
         ARGS.repeats, ARGS.target_ms, ARGS.min_n, ARGS.max_n, ARGS.warmup_s = 2, 15.0, 500, 100_000, 0.1
@@ -1300,8 +1180,8 @@ def main(argv: list[str] | None = None) -> int:
     import telemetrain
 
     tmpdir = tempfile.mkdtemp(prefix="bench_stats_")
-    load_before = _loadavg()
-    _spin(ARGS.warmup_s)
+    load_before = _method.loadavg()
+    _method.spin(ARGS.warmup_s)
     t = telemetrain.Telemetry(store=os.path.join(tmpdir, "store"))
     sections = [
         ("baseline", section_baseline),
@@ -1316,35 +1196,18 @@ def main(argv: list[str] | None = None) -> int:
     if ARGS.only:
         wanted = {"baseline", *ARGS.only.split(",")}
         sections = [(name, fn) for name, fn in sections if name in wanted]
-    failed = False
     try:
-        for name, fn in sections:
-            progress(f"[{name}]")
-            t0 = perf_counter_ns()
-            try:
-                fn()
-            except ImportError as exc:  # torch not installed
-                skip(name, exc)
-            except Exception as exc:  # noqa: BLE001 - report and go on; our own sections failing fails the run
-                skip(name, exc)
-                if name != "pieces":  # pieces read internals: a note
-                    failed = True
-            progress(f"[{name}] {(perf_counter_ns() - t0) / 1e9:.1f} s")
+        # a section failing fails the run, torch not installed apart (pieces read internals: a note)
+        failed = _method.run_sections(sections, lambda name: name != "pieces")
         gc.collect()
         t.close(timeout=60)
         EXTRA["store"] = check_store(t)
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
-    load_after = _loadavg()
+    load_after = _method.loadavg()
     results_checks = checks()
 
-    print(
-        f"python {platform.python_version()} ({platform.python_implementation()}), {platform.machine()}, "
-        f"os.cpu_count()={os.cpu_count()}"
-    )
-    print("versions: " + ", ".join(f"{k}=={v}" for k, v in _versions().items()))
-    print(f"telemetrain source: {_source_state()}")
-    print(f"load average (1, 5, 15 min) before: {load_before}; after: {load_after}")
+    _method.print_header(DISTS, load_before, load_after)
     collect = "gc.collect() before each repeat" if ARGS.collect else "no gc.collect() between repeats (--quick)"
     print(
         f"method: median and best of {ARGS.repeats} repeats, n calibrated to ~{ARGS.target_ms:.0f} ms per repeat "
@@ -1356,10 +1219,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(render_memory())
     print()
-    for note in NOTES:
-        print(f"- {note}")
-    for s in SKIPPED:
-        print(f"- SKIPPED {s}")
+    _method.print_notes()
     print()
     print("checks (medians of this run):")
     for c in results_checks:
@@ -1379,31 +1239,20 @@ def main(argv: list[str] | None = None) -> int:
             status = "FAIL" if any(c["status"] in ("FAIL", "SKIP") for c in mine) else "PASS"
         print(f"target {key}: {status}: {title} ({sum(c['status'] == 'PASS' for c in mine)}/{len(mine)} checks pass)")
     if ARGS.json:
-        with open(ARGS.json, "w") as fh:
-            json.dump(
-                {
-                    "python": platform.python_version(),
-                    "cpu_count": os.cpu_count(),
-                    "versions": _versions(),
-                    "source": _source_state(),
-                    "load_before": load_before,
-                    "load_after": load_after,
-                    "args": vars(ARGS),
-                    "results": RESULTS,
-                    "threads": EXTRA["threads"],
-                    "memory": EXTRA["memory"],
-                    "window_close": EXTRA["window_close"],
-                    "store": EXTRA.get("store"),
-                    "fold_ns_per_sample": EXTRA.get("fold_ns_per_sample"),
-                    "numpy_loaded": EXTRA.get("numpy_loaded"),
-                    "checks": results_checks,
-                    "notes": NOTES,
-                    "skipped": SKIPPED,
-                },
-                fh,
-                indent=1,
-                default=str,
-            )
+        fields = {
+            "source": _method.source_state(),
+            "load_before": load_before,
+            "load_after": load_after,
+            "args": vars(ARGS),
+            "results": RESULTS,
+            "threads": EXTRA["threads"],
+            "memory": EXTRA["memory"],
+            "window_close": EXTRA["window_close"],
+            "store": EXTRA.get("store"),
+            "fold_ns_per_sample": EXTRA.get("fold_ns_per_sample"),
+            "numpy_loaded": EXTRA.get("numpy_loaded"),
+        }
+        _method.write_json(ARGS.json, DISTS, fields, results_checks)
     return 1 if failed else 0
 
 

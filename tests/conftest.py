@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import types
 import typing
@@ -188,3 +189,23 @@ def as_default(t: telemetrain.Telemetry) -> Iterator[telemetrain.Telemetry]:
             telemetrain.set_telemetry(previous)
         else:
             telemetrain.reset()
+
+
+# -- helper subprocesses -----------------------------------------------------------------------------------------------
+
+
+def helper_env(run_id: str, session: str, *, pythonpath: Path | None = None, **extra: str) -> dict[str, str]:
+    """The environment of a helper subprocess: a fixed identity (``run_id``, ``session``), nothing inherited that could
+    change it (telemetrain's, torchelastic's and SLURM's variables, the rank variables), unbuffered output;
+    ``pythonpath`` first on PYTHONPATH (a folder the helper imports from); ``extra`` on top."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("TELEMETRAIN_", "TORCHELASTIC_", "SLURM_"))
+        and k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "ROLE_NAME")
+    }
+    env.update({"TELEMETRAIN_RUN_ID": run_id, "TELEMETRAIN_SESSION_TAG": session, "PYTHONUNBUFFERED": "1"})
+    if pythonpath is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env.update(extra)
+    return env

@@ -1,4 +1,5 @@
-"""Smoke test of bench/bench_core.py: the quick run works and prints its table and all five ratio checks.
+"""Smoke tests of bench/bench_core.py and bench/bench_stats.py: the quick runs work and print their tables and
+checks (bench_core.py: all five ratio checks).
 
 Timing is noisy (shared machines, CI), so PASS is not asserted: only that every check is computed from finite
 numbers.
@@ -11,19 +12,24 @@ import math
 import re
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "bench_core.py"
+BENCH_STATS = BENCH.with_name("bench_stats.py")
 
 
-def test_bench_core_quick(tmp_path: Path) -> None:
-    for peer in ("torch", "prometheus_client", "opentelemetry.sdk", "psutil"):
-        pytest.importorskip(peer)
-    out_json = tmp_path / "bench.json"
+def _quick_run(
+    script: Path, tmp_path: Path, header: str, rows: Sequence[str], may_skip: tuple[str, ...]
+) -> tuple[str, dict]:
+    """Run ``script --quick --quiet --json`` from ``tmp_path`` (not from the checkout, so the script's sibling import
+    must work from anywhere); check that it succeeds, prints the table ``header`` and every one of ``rows``, skips only
+    the sections named in ``may_skip`` and writes finite medians. Returns stdout and the JSON results."""
+    out_json = tmp_path / f"{script.stem}.json"
     proc = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--quiet", "--json", str(out_json)],
+        [sys.executable, str(script), "--quick", "--quiet", "--json", str(out_json)],
         capture_output=True,
         text=True,
         timeout=240,
@@ -32,8 +38,22 @@ def test_bench_core_quick(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
 
-    assert "| library | operation | median ns/op | best ns/op |" in out
-    for row in (
+    assert header in out
+    for row in rows:
+        assert row in out, f"missing row {row!r}"
+    skipped = [line for line in out.splitlines() if line.startswith("- SKIPPED")]
+    assert all(line.startswith(tuple(f"- SKIPPED {name}" for name in may_skip)) for line in skipped), skipped
+
+    data = json.loads(out_json.read_text())
+    for r in data["results"]:
+        assert math.isfinite(r["median_ns"]) and math.isfinite(r["best_ns"]), r
+    return out, data
+
+
+def test_bench_core_quick(tmp_path: Path) -> None:
+    for peer in ("torch", "prometheus_client", "opentelemetry.sdk", "psutil"):
+        pytest.importorskip(peer)
+    rows = (
         "empty function call",
         'torchelastic | metrics.put_metric("m", 1, "grp")',
         "prometheus_client | Counter.inc()",
@@ -45,17 +65,14 @@ def test_bench_core_quick(tmp_path: Path) -> None:
         "(e) t.metric",
         "throughput run 1",
         "put_metric as fast as possible",
-    ):
-        assert row in out, f"missing row {row!r}"
-    skipped = [line for line in out.splitlines() if line.startswith("- SKIPPED")]
+    )
     # only the "pieces" section (which reads telemetrain internals) may be skipped
-    assert all(line.startswith("- SKIPPED pieces") for line in skipped), skipped
+    out, data = _quick_run(BENCH, tmp_path, "| library | operation | median ns/op | best ns/op |", rows, ("pieces",))
 
     checks = re.findall(r"^check (\d): (PASS|GAP|SKIP): (.*)$", out, flags=re.MULTILINE)
     assert [int(c[0]) for c in checks] == [1, 2, 3, 4, 5], out
     assert all(status in ("PASS", "GAP") for _, status, _ in checks), checks
 
-    data = json.loads(out_json.read_text())
     assert [c["num"] for c in data["checks"]] == [1, 2, 3, 4, 5]
     for c in data["checks"][:4]:
         for key in ("ours_ns", "peer_ns", "ratio"):
@@ -66,30 +83,13 @@ def test_bench_core_quick(tmp_path: Path) -> None:
     assert c5["dropped"] > 0, c5  # the flood offers more than the 10,000-record queue takes
     assert data["writer"]["throughput"]["all_written"], data["writer"]["throughput"]
     assert data["writer"]["caller_side"]["dropped"] == 0, data["writer"]["caller_side"]
-    for r in data["results"]:
-        assert math.isfinite(r["median_ns"]) and math.isfinite(r["best_ns"]), r
-
-
-BENCH_STATS = BENCH.with_name("bench_stats.py")
 
 
 def test_bench_stats_quick(tmp_path: Path) -> None:
     """bench/bench_stats.py --quick runs, prints its rows, memory table and checks, and writes its JSON. Timing and
     the PASS/FAIL verdicts are not asserted: only that each check is computed."""
     pytest.importorskip("torch")
-    out_json = tmp_path / "bench_stats.json"
-    proc = subprocess.run(
-        [sys.executable, str(BENCH_STATS), "--quick", "--quiet", "--json", str(out_json)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=tmp_path,  # nothing may be written to the checkout (the run store goes to a temp dir)
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    out = proc.stdout
-
-    assert "| library | operation | median ns/op | best ns/op | ratio to peer | peer | n |" in out
-    for row in (
+    rows = (
         "baseline | empty function call",
         "torch.monitor | Stat([MEAN,COUNT], 600s).add(1.0), no handler",
         "torch.monitor | Stat([MEAN,COUNT], 600s).add(nx()), no handler",
@@ -108,13 +108,16 @@ def test_bench_stats_quick(tmp_path: Path) -> None:
         "@s.time overhead",
         "close one window: 2048 lognormal samples, [count,mean,p50,p90,p99,histogram]",
         "pieces | method call + type check",
-    ):
-        assert row in out, f"missing row {row!r}"
-    assert "| memory scenario | samples | pending |" in out
-    skipped = [line for line in out.splitlines() if line.startswith("- SKIPPED")]
+    )
     # only the "pieces" section (which reads telemetrain internals) and torch's private _WaitCounter may be skipped
-    allowed = ("- SKIPPED pieces", "- SKIPPED torch.monitor._WaitCounter")
-    assert all(line.startswith(allowed) for line in skipped), skipped
+    out, data = _quick_run(
+        BENCH_STATS,
+        tmp_path,
+        "| library | operation | median ns/op | best ns/op | ratio to peer | peer | n |",
+        rows,
+        ("pieces", "torch.monitor._WaitCounter"),
+    )
+    assert "| memory scenario | samples | pending |" in out
 
     checks = re.findall(r"^check (\w+): (PASS|FAIL|INFO|SKIP): (.*)$", out, flags=re.MULTILINE)
     ids = [c[0] for c in checks]
@@ -126,7 +129,6 @@ def test_bench_stats_quick(tmp_path: Path) -> None:
     assert [t[0] for t in targets] == ["1", "3", "4", "5", "7"], targets
     assert all(status in ("PASS", "FAIL") for _, status in targets), targets
 
-    data = json.loads(out_json.read_text())
     for key in ("versions", "args", "results", "threads", "memory", "window_close", "store", "checks", "notes"):
         assert key in data, key
     assert [c["id"] for c in data["checks"]] == expected
@@ -135,7 +137,6 @@ def test_bench_stats_quick(tmp_path: Path) -> None:
             if key in c and c[key] is not None:
                 assert math.isfinite(c[key]) and c[key] > 0, c
     for r in data["results"]:
-        assert math.isfinite(r["median_ns"]) and math.isfinite(r["best_ns"]), r
         assert r["ratio"] is None or math.isfinite(r["ratio"]), r
     assert len(data["threads"]) == 4
     for th in data["threads"]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import gc
 import json
 import math
-import os
 import queue
 import signal
 import subprocess
@@ -25,7 +24,7 @@ from typing import Any
 import psutil
 import pytest
 
-from conftest import ListSink
+from conftest import ListSink, helper_env
 from telemetrain import FailurePolicy, Identity, StatWindow, Telemetry, TelemetryWarning, identity_from_env
 from telemetrain.sinks import RunStoreSink, Sink
 from telemetrain.store import open_run, run_dir
@@ -43,19 +42,6 @@ ACK_EVERY = 250  # the streaming helper prints how many records it emitted after
 
 def _identity(run_id: str | None = None, **changes: Any) -> Identity:
     return identity_from_env({}, run_id=run_id or f"t-{uuid.uuid4().hex[:8]}", session_tag=SESSION, **changes)
-
-
-def _env(run_id: str, **extra: str) -> dict[str, str]:
-    """The environment of a helper process: a fixed identity, nothing inherited that could change it."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("TELEMETRAIN_", "TORCHELASTIC_", "SLURM_"))
-        and k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "ROLE_NAME")
-    }
-    env.update({"TELEMETRAIN_RUN_ID": run_id, "TELEMETRAIN_SESSION_TAG": SESSION, "PYTHONUNBUFFERED": "1"})
-    env.update(extra)
-    return env
 
 
 def _helper(*args: object) -> list[str]:
@@ -100,7 +86,9 @@ def _start_stream(
 ) -> subprocess.Popen[str]:
     """The ``stream`` helper (emits ``seq`` 0, 1, ... and acknowledges every ACK_EVERY on stdout) in a subprocess."""
     args = ("stream", root, ACK_EVERY, flush_interval) + ((marker,) if marker is not None else ())
-    return subprocess.Popen(_helper(*args), stdout=subprocess.PIPE, stderr=err, text=True, env=_env(run_id))
+    return subprocess.Popen(
+        _helper(*args), stdout=subprocess.PIPE, stderr=err, text=True, env=helper_env(run_id, SESSION)
+    )
 
 
 def _kill(proc: subprocess.Popen[Any]) -> None:
@@ -458,7 +446,7 @@ def test_fork_storm_while_writing(tmp_path: Path) -> None:
         _helper("fork_storm", tmp_path, n_children),
         capture_output=True,
         text=True,
-        env=_env(run_id),
+        env=helper_env(run_id, SESSION),
         timeout=150,
     )
     assert proc.returncode == 0, proc.stderr
@@ -502,7 +490,7 @@ def test_multiprocessing_fork_workers_records_reach_disk_without_flush(tmp_path:
         _helper("mp_workers", tmp_path, variant, n_workers),
         capture_output=True,
         text=True,
-        env=_env(run_id),
+        env=helper_env(run_id, SESSION),
         timeout=90,
     )
     assert proc.returncode == 0, proc.stderr
@@ -534,7 +522,7 @@ def test_concurrent_processes_share_one_run_directory(tmp_path: Path) -> None:
     procs = []
     try:
         for rank in range(n_procs):
-            env = _env(run_id, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(n_procs))
+            env = helper_env(run_id, SESSION, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(n_procs))
             procs.append(
                 subprocess.Popen(
                     _helper("writer", tmp_path, n, go),
@@ -679,7 +667,11 @@ def test_full_disk_is_contained_and_the_file_stays_readable(tmp_path: Path) -> N
     written again, intact."""
     run_id = f"full-{uuid.uuid4().hex[:8]}"
     proc = subprocess.run(
-        _helper("disk_full", tmp_path), capture_output=True, text=True, env=_env(run_id), timeout=HANG_S * 4
+        _helper("disk_full", tmp_path),
+        capture_output=True,
+        text=True,
+        env=helper_env(run_id, SESSION),
+        timeout=HANG_S * 4,
     )
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout.splitlines()[-1])

@@ -31,7 +31,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import ListSink
+from conftest import ListSink, helper_env
 from telemetrain import Diagnostic, StatWindow, Telemetry, TelemetryWarning, identity_from_env
 from telemetrain.stats import (
     RAW_LIMIT,
@@ -152,18 +152,6 @@ def _assert_exact(estimates: Sequence[float | None], values: Sequence[float], qs
         a, b = _neighbours(ordered, q)
         tol = 1e-12 * max(abs(ref), abs(a), abs(b))
         assert abs(est - ref) <= tol, f"q={q}: {est!r} vs numpy {ref!r}"
-
-
-def _env(run_id: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("TELEMETRAIN_", "TORCHELASTIC_", "SLURM_"))
-        and k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "ROLE_NAME")
-    }
-    env.update({"TELEMETRAIN_RUN_ID": run_id, "TELEMETRAIN_SESSION_TAG": SESSION, "PYTHONUNBUFFERED": "1"})
-    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    return env
 
 
 # -- 1. quantile accuracy against numpy --------------------------------------------------------------------------------
@@ -745,7 +733,7 @@ def _run_partial_window_helper(tmp_path: Path, emit_first: str, then: str) -> tu
     )
     with open(tmp_path / "stderr.txt", "w") as err:
         proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=err, text=True,
-                                env=_env(run_id), cwd=TESTS)
+                                env=helper_env(run_id, SESSION, pythonpath=TESTS), cwd=TESTS)
         try:
             assert proc.stdout is not None
             line = proc.stdout.readline()

@@ -1,0 +1,279 @@
+"""The peers method, shared by ``bench_core.py`` and ``bench_stats.py`` (the method of the peer benchmark
+``shared/bench/peers_bench.py``; BENCHMARKS.md, "Method").
+
+Each statement is compiled into its own function and run ``n`` times in ``for _ in itertools.repeat(None, n)``,
+timed with ``time.perf_counter_ns``; ``n`` is calibrated to about ``--target-ms`` per repeat (within ``--min-n`` ..
+``--max-n``); ``--repeats`` repeats, median and best reported; the GC stays enabled and ``gc.collect()`` runs before
+each repeat; a busy loop (``--warmup-s``) warms the CPU up first. Numbers include the loop overhead.
+
+Also here: what a run has measured (``RESULTS``), noted (``NOTES``) and skipped (``SKIPPED``), the options every
+script has, progress on stderr, and the description of the machine and of the source a run measured. A script runs
+alone in its process and imports this module as a sibling (its own folder is first on ``sys.path``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from itertools import repeat
+from pathlib import Path
+from time import perf_counter_ns
+
+ARGS: argparse.Namespace  # set by parse_args()
+RESULTS: list[dict] = []
+NOTES: list[str] = []
+SKIPPED: list[str] = []
+
+
+# -- options --------------------------------------------------------------------------------------------------------
+
+
+def parser(doc: str | None, quick_help: str) -> argparse.ArgumentParser:
+    """The options of the method (the script adds its own after them; ``parse_args`` adds ``--quiet`` last)."""
+    ap = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help=quick_help)
+    ap.add_argument("--json", metavar="FILE", help="also write the raw results to FILE")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--target-ms", type=float, default=200.0, help="approximate duration of one repeat")
+    ap.add_argument("--max-n", type=int, default=1_000_000)
+    ap.add_argument("--min-n", type=int, default=5_000)
+    ap.add_argument("--warmup-s", type=float, default=1.0)
+    return ap
+
+
+def parse_args(ap: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parse ``argv``; the result is also the ``ARGS`` the functions here read."""
+    global ARGS
+    ap.add_argument("-q", "--quiet", dest="verbose", action="store_false", help="no progress on stderr")
+    ARGS = ap.parse_args(argv)
+    return ARGS
+
+
+# -- measuring ------------------------------------------------------------------------------------------------------
+
+_LOOP = """
+def timed(n, _clock=_clock, _repeat=_repeat):
+    t0 = _clock()
+    for _ in _repeat(None, n):
+        {stmt}
+    return _clock() - t0
+"""
+
+
+def compile_stmt(stmt: str, names: dict) -> Callable[[int], int]:
+    """``stmt`` (one line) in its own function ``timed(n) -> elapsed ns``, with ``names`` as its globals."""
+    scope = dict(names, _clock=perf_counter_ns, _repeat=repeat)
+    exec(compile(_LOOP.format(stmt=stmt), f"<bench {stmt[:50]}>", "exec"), scope)
+    return scope["timed"]
+
+
+def calibrated_n(per_ns: float, max_n: int | None = None) -> int:
+    """Operations per repeat for about ``--target-ms`` at ``per_ns`` each, within ``--min-n`` .. ``max_n``."""
+    return max(ARGS.min_n, min(max_n or ARGS.max_n, int(ARGS.target_ms * 1e6 / per_ns)))
+
+
+def measure(
+    stmt: str,
+    names: dict | None = None,
+    *,
+    between: Callable[[], None] | None = None,
+    gc_off: bool = False,
+    max_n: int | None = None,
+    warm: int = 2000,
+    collect: bool = True,
+) -> tuple[list[float], int]:
+    """ns per run of ``stmt``, one sample per repeat, and the calibrated ``n``. ``between()`` runs after calibration
+    and after every repeat, outside the timed region; ``collect``: ``gc.collect()`` before each repeat."""
+    timed = compile_stmt(stmt, names or {})
+    timed(warm)  # first calls; lets 3.11 specialise the bytecode
+    n = calibrated_n(max(timed(warm) / warm, 1.0), max_n)
+    samples = []
+    for _ in range(ARGS.repeats):
+        if between is not None:
+            between()
+        if collect:
+            gc.collect()
+        if gc_off:
+            gc.disable()
+        try:
+            samples.append(timed(n) / n)
+        finally:
+            gc.enable()
+    if between is not None:
+        between()
+    return samples, n
+
+
+def new_row(lib: str, op: str, samples: list[float], n: object) -> dict:
+    """A result row (not yet in ``RESULTS``): the median and the best of ``samples``."""
+    return {
+        "library": lib,
+        "operation": op,
+        "median_ns": statistics.median(samples),
+        "best_ns": min(samples),
+        "n": n,
+        "repeats": samples,
+    }
+
+
+def difference_row(lib: str, op: str, a: dict, b: dict) -> dict:
+    """Row ``a - b`` (not yet in ``RESULTS``): median - median, best - best; its repeats are the differences of
+    the paired repeats."""
+    row = new_row(lib, op, [x - y for x, y in zip(a["repeats"], b["repeats"], strict=True)], "-")
+    row["median_ns"] = a["median_ns"] - b["median_ns"]
+    row["best_ns"] = a["best_ns"] - b["best_ns"]
+    return row
+
+
+def row_of(lib: str, op_prefix: str) -> dict | None:
+    for r in RESULTS:
+        if r["library"] == lib and r["operation"].startswith(op_prefix):
+            return r
+    return None
+
+
+def spin(seconds: float) -> None:
+    end = perf_counter_ns() + int(seconds * 1e9)
+    while perf_counter_ns() < end:
+        pass
+
+
+# -- running --------------------------------------------------------------------------------------------------------
+
+
+def progress(msg: str) -> None:
+    if ARGS.verbose:
+        print("  " + msg, file=sys.stderr, flush=True)
+
+
+def skip(section: str, exc: BaseException) -> None:
+    SKIPPED.append(f"{section}: skipped ({type(exc).__name__}: {exc})")
+    progress(SKIPPED[-1])
+
+
+def run_sections(sections: Iterable[tuple[str, Callable[[], None]]], must_pass: Callable[[str], bool]) -> bool:
+    """Run the sections in order; one that raises is skipped with a note and the run goes on. Returns whether a
+    section for which ``must_pass(name)`` raised something other than an ImportError (a peer not installed)."""
+    failed = False
+    for name, fn in sections:
+        progress(f"[{name}]")
+        t0 = perf_counter_ns()
+        try:
+            fn()
+        except ImportError as exc:
+            skip(name, exc)
+        except Exception as exc:  # noqa: BLE001 - report and go on; the caller says which sections fail the run
+            skip(name, exc)
+            failed = failed or must_pass(name)
+        progress(f"[{name}] {(perf_counter_ns() - t0) / 1e9:.1f} s")
+    return failed
+
+
+# -- description of the run -----------------------------------------------------------------------------------------
+
+
+def versions(dists: Sequence[str]) -> dict[str, str]:
+    from importlib import metadata
+
+    out = {}
+    for dist in dists:
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = "not installed"
+    return out
+
+
+def source_state() -> str:
+    """The commit of the telemetrain checkout this run measured (and whether src/ had local changes)."""
+    import hashlib
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        diff = subprocess.run(
+            ["git", "diff", "HEAD", "--", "src"], cwd=root, capture_output=True, timeout=10, check=True
+        ).stdout
+        untracked = subprocess.run(
+            ["git", "ls-files", "--others", "--exclude-standard", "--", "src"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return "n/a"
+    if not diff and not untracked:
+        return head
+    return (
+        f"{head} + uncommitted changes in src/ (diff sha1 {hashlib.sha1(diff).hexdigest()[:10]}, "
+        f"{len(untracked)} untracked files)"
+    )
+
+
+def loadavg() -> str:
+    try:
+        return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
+def print_header(dists: Sequence[str], load_before: str, load_after: str) -> None:
+    """The machine, the versions of ``dists``, the source measured and the load around the run."""
+    print(
+        f"python {platform.python_version()} ({platform.python_implementation()}), {platform.machine()}, "
+        f"os.cpu_count()={os.cpu_count()}"
+    )
+    print("versions: " + ", ".join(f"{k}=={v}" for k, v in versions(dists).items()))
+    print(f"telemetrain source: {source_state()}")
+    print(f"load average (1, 5, 15 min) before: {load_before}; after: {load_after}")
+
+
+def render_table(extra: Sequence[tuple[str, str]], cells: Callable[[dict], Sequence[str]]) -> str:
+    """RESULTS as a markdown table: library, operation, median, best, then the script's ``extra`` columns (title,
+    alignment; ``cells(row)`` gives a row's), then n."""
+    lines = [
+        "| library | operation | median ns/op | best ns/op | " + "".join(f"{title} | " for title, _ in extra) + "n |",
+        "|---|---|---:|---:|" + "".join(f"{align}|" for _, align in extra) + "---:|",
+    ]
+    for r in RESULTS:
+        op = r["operation"].replace("|", "\\|")
+        n = f"{r['n']:,}" if isinstance(r["n"], int) else r["n"]
+        lines.append(
+            f"| {r['library']} | {op} | {r['median_ns']:.1f} | {r['best_ns']:.1f} | "
+            + "".join(f"{c} | " for c in cells(r))
+            + f"{n} |"
+        )
+    return "\n".join(lines)
+
+
+def print_notes() -> None:
+    for note in NOTES:
+        print(f"- {note}")
+    for s in SKIPPED:
+        print(f"- SKIPPED {s}")
+
+
+def write_json(path: str, dists: Sequence[str], fields: dict, checks: list[dict]) -> None:
+    """The raw results: the machine, ``fields`` (the script's), then the checks, notes and skipped sections."""
+    data = {
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "versions": versions(dists),
+        **fields,
+        "checks": checks,
+        "notes": NOTES,
+        "skipped": SKIPPED,
+    }
+    with open(path, "w") as fh:
+        json.dump(data, fh, indent=1, default=str)
