@@ -90,7 +90,7 @@ class Event(_EventFields):
     kind: ClassVar[str] = "event"
 
 
-class _SpanStartFields(NamedTuple):
+class _SpanStartFields(NamedTuple):  # ids: hex strings (16 digits; trace 32), "" for none
     mono_ns: int
     wall_ns: int
     identity: Identity
@@ -192,6 +192,19 @@ def split_attributes(packed: tuple[Any, ...], n_other: int) -> tuple[tuple[Any, 
     return packed[5:end], (dict(zip(tail[:n], tail[n:], strict=True)) if n else None)
 
 
+def span_hex(value: Any) -> str:
+    """A span id as 16 hex digits ("" for none). The tracer packs ints; records built elsewhere carry str."""
+    if type(value) is str:
+        return value
+    return f"{value:016x}" if value else ""
+
+
+def trace_hex(value: Any) -> str:
+    if type(value) is str:
+        return value
+    return f"{value:032x}" if value else ""
+
+
 def unpack(packed: tuple[Any, ...], identity: Identity, wall_offset_ns: int) -> Any:
     """A packed record -> its typed record."""
     kind = packed[0]
@@ -205,6 +218,10 @@ def unpack(packed: tuple[Any, ...], identity: Identity, wall_offset_ns: int) -> 
     else:
         at, n_other = layout
         other, attributes = split_attributes(packed, n_other)
+        if kind == "span_start":  # ids in flight may be ints (see spans)
+            other = (span_hex(other[0]), span_hex(other[1]), trace_hex(other[2]))
+        elif kind == "span_end":
+            other = (span_hex(other[0]), *other[1:])
         fields = (packed[3], packed[4], *other[:at], attributes, *other[at:])
     return KINDS[kind](mono, mono + wall_offset_ns, identity, *fields)
 

@@ -25,8 +25,10 @@ from ..records import (
     SpanStart,
     StatWindow,
     pack,
+    span_hex,
     split_attributes,
     split_pair,
+    trace_hex,
 )
 
 __all__ = ["decode_line", "encode", "encode_header"]
@@ -132,11 +134,11 @@ def _enc_event(p: Any, off: int) -> str:
 
 
 def _enc_span_start(p: Any, off: int) -> str:
-    # SpanStart, packed: span_id, parent_id, trace_id, *attributes
+    # SpanStart, packed: span_id, parent_id, trace_id, *attributes (ids: hex str, or ints from the tracer)
     (span_id, parent_id, trace_id), attributes = split_attributes(p, 3)
     return (
-        f'{_head("span_start", p, off)},"span_id":{_s(span_id)},"parent_id":{_s(parent_id)},'
-        f'"trace_id":{_s(trace_id)},"attributes":{_attrs(attributes)}}}\n'
+        f'{_head("span_start", p, off)},"span_id":"{span_hex(span_id)}","parent_id":"{span_hex(parent_id)}",'
+        f'"trace_id":"{trace_hex(trace_id)}","attributes":{_attrs(attributes)}}}\n'
     )
 
 
@@ -144,8 +146,8 @@ def _enc_span_end(p: Any, off: int) -> str:
     # SpanEnd, packed: span_id, duration_ns, status, error, *attributes
     (span_id, duration_ns, status, error), attributes = split_attributes(p, 4)
     return (
-        f'{_head("span_end", p, off)},"span_id":{_s(span_id)},"duration_ns":{duration_ns},"status":{_s(status)},'
-        f'"attributes":{_attrs(attributes)},"error":{_s(error)}}}\n'
+        f'{_head("span_end", p, off)},"span_id":"{span_hex(span_id)}","duration_ns":{duration_ns},'
+        f'"status":{_s(status)},"attributes":{_attrs(attributes)},"error":{_s(error)}}}\n'
     )
 
 
