@@ -176,8 +176,8 @@ class Span:
         self._token = _current_set(self) if make_current else None
         return self
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        end = _mono()
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any, end_ns: int | None = None) -> None:
+        end = _mono() if end_ns is None else end_ns
         token = self._token
         if token is not None:
             self._token = None
@@ -208,16 +208,18 @@ class Span:
         if tracer._started:
             tracer._started.pop(self.span_id, None)
 
-    def end(self, status: str | None = None, error: str = "") -> None:
-        """End a span started with ``Tracer.start`` (a second end is ignored). If it is the current span, its parent
-        becomes current again."""
+    def end(self, status: str | None = None, error: str = "", *, end_ns: int | None = None) -> None:
+        """End a span started with ``Tracer.start`` (a second end is ignored); ``end_ns`` (monotonic) backdates the
+        end. If it is the current span, its parent becomes current again."""
         if self.end_ns or not self.start_ns:
             return
         if status is not None:
             self.set_status(status, error)
         if self._token is None and _current_get() is self:
             _current_set(self.parent)
-        self.__exit__(None, None, None)
+        if end_ns is not None and (type(end_ns) is not int or end_ns < self.start_ns):
+            end_ns = None if type(end_ns) is not int else self.start_ns  # never a negative duration
+        self.__exit__(None, None, None, end_ns)
 
     # -- reading ---------------------------------------------------------------------------------------------------
 

@@ -1,0 +1,172 @@
+"""one-logger's callbacks, as module-level functions with its signatures, on the default ``TrainingRecorder``
+(``get_recorder()``). Each ``*_time_msec`` is milliseconds since the epoch; a falsy value means now. None of them ever
+raises into training for a telemetry reason (misuse becomes an error event); a wrong argument type at the call site
+is a ``TypeError``/``ValueError``."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from ..spans import Span
+from .default import get_recorder
+
+__all__ = [
+    "on_app_end",
+    "on_app_start",
+    "on_dataloader_init_end",
+    "on_dataloader_init_start",
+    "on_distributed_init_end",
+    "on_distributed_init_start",
+    "on_load_checkpoint_end",
+    "on_load_checkpoint_start",
+    "on_model_init_end",
+    "on_model_init_start",
+    "on_optimizer_init_end",
+    "on_optimizer_init_start",
+    "on_save_checkpoint_end",
+    "on_save_checkpoint_start",
+    "on_save_checkpoint_success",
+    "on_testing_end",
+    "on_testing_single_iteration_end",
+    "on_testing_single_iteration_start",
+    "on_testing_start",
+    "on_train_end",
+    "on_train_start",
+    "on_training_single_iteration_end",
+    "on_training_single_iteration_start",
+    "on_validation_end",
+    "on_validation_single_iteration_end",
+    "on_validation_single_iteration_start",
+    "on_validation_start",
+]
+
+
+def on_app_start(start_time_msec: float | None = None) -> Span | None:
+    return get_recorder().on_app_start(start_time_msec)
+
+
+def on_app_end(finish_time_msec: float | None = None) -> None:
+    get_recorder().on_app_end(finish_time_msec)
+
+
+def on_distributed_init_start(start_time_msec: float | None = None) -> Span | None:
+    return get_recorder().on_distributed_init_start(start_time_msec)
+
+
+def on_distributed_init_end(finish_time_msec: float | None = None) -> None:
+    get_recorder().on_distributed_init_end(finish_time_msec)
+
+
+def on_model_init_start(start_time_msec: float | None = None) -> Span | None:
+    return get_recorder().on_model_init_start(start_time_msec)
+
+
+def on_model_init_end(finish_time_msec: float | None = None) -> None:
+    get_recorder().on_model_init_end(finish_time_msec)
+
+
+def on_dataloader_init_start(start_time_msec: float | None = None) -> Span | None:
+    return get_recorder().on_dataloader_init_start(start_time_msec)
+
+
+def on_dataloader_init_end(finish_time_msec: float | None = None) -> None:
+    get_recorder().on_dataloader_init_end(finish_time_msec)
+
+
+def on_optimizer_init_start(start_time_msec: float | None = None) -> Span | None:
+    return get_recorder().on_optimizer_init_start(start_time_msec)
+
+
+def on_optimizer_init_end(finish_time_msec: float | None = None) -> None:
+    get_recorder().on_optimizer_init_end(finish_time_msec)
+
+
+def on_load_checkpoint_start(start_time_msec: float | None = None) -> Span | None:
+    return get_recorder().on_load_checkpoint_start(start_time_msec)
+
+
+def on_load_checkpoint_end(
+    finish_time_msec: float | None = None,
+    *,
+    path: str | os.PathLike[str] | None = None,
+) -> None:
+    get_recorder().on_load_checkpoint_end(finish_time_msec, path=path)
+
+
+def on_train_start(
+    train_iterations_start: int,
+    train_samples_start: int | None = None,
+    train_iterations_target_or_fn: int | Callable[[],
+    int] | None = None,
+    train_samples_target_or_fn: int | Callable[[],
+    int] | None = None,
+    start_time_msec: float | None = None,
+) -> Span | None:
+    return get_recorder().on_train_start(
+        train_iterations_start,
+        train_samples_start,
+        train_iterations_target_or_fn,
+        train_samples_target_or_fn,
+        start_time_msec,
+    )
+
+
+def on_train_end(finish_time_msec: float | None = None) -> None:
+    get_recorder().on_train_end(finish_time_msec)
+
+
+def on_training_single_iteration_start(start_time_msec: float | None = None) -> Span | None:
+    return get_recorder().on_training_single_iteration_start(start_time_msec)
+
+
+def on_training_single_iteration_end(finish_time_msec: float | None = None) -> None:
+    get_recorder().on_training_single_iteration_end(finish_time_msec)
+
+
+def on_validation_start(start_time_msec: float | None = None) -> Span | None:
+    return get_recorder().on_validation_start(start_time_msec)
+
+
+def on_validation_end(finish_time_msec: float | None = None) -> None:
+    get_recorder().on_validation_end(finish_time_msec)
+
+
+def on_validation_single_iteration_start(start_time_msec: float | None = None) -> Span | None:
+    return get_recorder().on_validation_single_iteration_start(start_time_msec)
+
+
+def on_validation_single_iteration_end(finish_time_msec: float | None = None) -> None:
+    get_recorder().on_validation_single_iteration_end(finish_time_msec)
+
+
+def on_testing_start(start_time_msec: float | None = None) -> Span | None:
+    return get_recorder().on_testing_start(start_time_msec)
+
+
+def on_testing_end(finish_time_msec: float | None = None) -> None:
+    get_recorder().on_testing_end(finish_time_msec)
+
+
+def on_testing_single_iteration_start(start_time_msec: float | None = None) -> Span | None:
+    return get_recorder().on_testing_single_iteration_start(start_time_msec)
+
+
+def on_testing_single_iteration_end(finish_time_msec: float | None = None) -> None:
+    get_recorder().on_testing_single_iteration_end(finish_time_msec)
+
+
+def on_save_checkpoint_start(global_step: int, start_time_msec: float | None = None) -> Span | None:
+    return get_recorder().on_save_checkpoint_start(global_step, start_time_msec)
+
+
+def on_save_checkpoint_success(global_step: int, time_msec: float | None = None) -> None:
+    get_recorder().on_save_checkpoint_success(global_step, time_msec)
+
+
+def on_save_checkpoint_end(
+    finish_time_msec: float | None = None,
+    *,
+    path: str | os.PathLike[str] | None = None,
+) -> None:
+    get_recorder().on_save_checkpoint_end(finish_time_msec, path=path)

@@ -1,0 +1,196 @@
+"""``TrainingTelemetryConfig``: one-logger's training config (same field names, the same lazy ``*_or_fn`` values),
+validated when built, settable late (``TrainingRecorder.set_training_telemetry_config``), plus ours: warm-up, the
+export sampling of iteration spans, the peak FLOP/s for MFU.
+
+``*_or_fn`` fields take a value or a zero-argument callable evaluated when the value is needed (one-logger's
+pattern: e.g. a batch size known only after the data loader is built). The property without the suffix evaluates it.
+
+perf_tag / session_tag / is_baseline_run, as one-logger's README defines them: jobs that should perform alike (same
+model, same hardware, same settings) share a ``perf_tag``, so they can be compared and regressions flagged; the
+processes and restarts that together make one logical run (one training, resumed after failures) share a
+``session_tag``; ``is_baseline_run`` marks the run others are compared with. ``session_tag`` comes from the run
+identity (``TELEMETRAIN_SESSION_TAG``, or the launcher's run id) unless given here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+__all__ = ["CheckpointStrategy", "TrainingTelemetryConfig", "evaluate"]
+
+
+class CheckpointStrategy:
+    SYNC = "sync"
+    ASYNC = "async"
+
+
+def evaluate(value_or_fn: Any) -> Any:
+    """A ``*_or_fn`` value: call it if it is callable."""
+    return value_or_fn() if callable(value_or_fn) else value_or_fn
+
+
+def _positive_int(value: Any, name: str, *, allow_none: bool = True) -> None:
+    if (value is None and allow_none) or callable(value):
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive int (or a function returning one), got {value!r}")
+
+
+@dataclasses.dataclass
+class TrainingTelemetryConfig:
+    """The job's training facts. ``global_batch_size_or_fn`` (samples per iteration, across ranks) and
+    ``perf_tag_or_fn`` are required, as in one-logger."""
+
+    global_batch_size_or_fn: int | Callable[[], int]
+    perf_tag_or_fn: str | list[str] | Callable[[], str | list[str]] = ""
+    micro_batch_size_or_fn: int | Callable[[], int] | None = None
+    seq_length_or_fn: int | Callable[[], int] | None = None
+    flops_per_sample_or_fn: float | Callable[[], float] | None = None
+    train_iterations_target_or_fn: int | Callable[[], int] | None = None
+    train_samples_target_or_fn: int | Callable[[], int] | None = None
+    log_every_n_train_iterations: int = 50
+    is_log_throughput_enabled_or_fn: bool | Callable[[], bool] = True
+    is_train_iterations_enabled_or_fn: bool | Callable[[], bool] = True
+    is_validation_iterations_enabled_or_fn: bool | Callable[[], bool] = True
+    is_test_iterations_enabled_or_fn: bool | Callable[[], bool] = True
+    is_save_checkpoint_enabled_or_fn: bool | Callable[[], bool] = True
+    save_checkpoint_strategy: str = CheckpointStrategy.SYNC
+    custom_metadata: Mapping[str, Any] | None = None
+    session_tag_or_fn: str | Callable[[], str] | None = None
+    is_baseline_run_or_fn: bool | Callable[[], bool] = False
+    world_size_or_fn: int | Callable[[], int] | None = None
+    # ours
+    warmup_iterations: int = 1
+    export_iteration_spans_every: int | None = None
+    peak_tflops_per_gpu: float | None = None
+    device_name: str | None = None
+    dtype: str = "bfloat16"
+
+    def __post_init__(self) -> None:
+        _positive_int(self.global_batch_size_or_fn, "global_batch_size_or_fn", allow_none=False)
+        for name in ("micro_batch_size_or_fn", "seq_length_or_fn", "train_iterations_target_or_fn",
+                     "train_samples_target_or_fn", "world_size_or_fn"):
+            _positive_int(getattr(self, name), name)
+        fps = self.flops_per_sample_or_fn
+        if fps is not None and not callable(fps):
+            if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not fps > 0 or math.isinf(fps):
+                raise ValueError(f"flops_per_sample_or_fn must be > 0, got {fps!r}")
+        perf = self.perf_tag_or_fn
+        if not callable(perf) and not isinstance(perf, (str, list)):
+            raise TypeError(f"perf_tag_or_fn must be a str, a list of str or a function, got {type(perf).__name__}")
+        if isinstance(perf, list) and not all(isinstance(p, str) for p in perf):
+            raise TypeError("perf_tag_or_fn must be a list of str")
+        if type(self.log_every_n_train_iterations) is not int or self.log_every_n_train_iterations < 1:
+            raise ValueError(
+                f"log_every_n_train_iterations must be an int >= 1, got {self.log_every_n_train_iterations!r}"
+            )
+        if self.save_checkpoint_strategy not in (CheckpointStrategy.SYNC, CheckpointStrategy.ASYNC):
+            raise ValueError(
+                f"save_checkpoint_strategy must be 'sync' or 'async', got {self.save_checkpoint_strategy!r}"
+            )
+        if type(self.warmup_iterations) is not int or self.warmup_iterations < 0:
+            raise ValueError(f"warmup_iterations must be an int >= 0, got {self.warmup_iterations!r}")
+        every = self.export_iteration_spans_every
+        if every is not None and (type(every) is not int or every < 1):
+            raise ValueError(f"export_iteration_spans_every must be an int >= 1, got {every!r}")
+        peak = self.peak_tflops_per_gpu
+        if peak is not None and (isinstance(peak, bool) or not isinstance(peak, (int, float)) or not peak > 0
+                                 or math.isinf(peak)):
+            raise ValueError(f"peak_tflops_per_gpu must be > 0, got {peak!r}")
+        if self.custom_metadata is not None and not isinstance(self.custom_metadata, Mapping):
+            raise TypeError(f"custom_metadata must be a mapping, got {type(self.custom_metadata).__name__}")
+
+    # -- evaluated values ------------------------------------------------------------------------------------------
+
+    @property
+    def global_batch_size(self) -> int:
+        return int(evaluate(self.global_batch_size_or_fn))
+
+    @property
+    def perf_tag(self) -> str | list[str]:
+        value: str | list[str] = evaluate(self.perf_tag_or_fn)
+        return value
+
+    @property
+    def micro_batch_size(self) -> int | None:
+        return _opt_int(evaluate(self.micro_batch_size_or_fn))
+
+    @property
+    def seq_length(self) -> int | None:
+        return _opt_int(evaluate(self.seq_length_or_fn))
+
+    @property
+    def flops_per_sample(self) -> float | None:
+        value = evaluate(self.flops_per_sample_or_fn)
+        return None if value is None else float(value)
+
+    @property
+    def train_iterations_target(self) -> int | None:
+        return _opt_int(evaluate(self.train_iterations_target_or_fn))
+
+    @property
+    def train_samples_target(self) -> int | None:
+        return _opt_int(evaluate(self.train_samples_target_or_fn))
+
+    @property
+    def is_log_throughput_enabled(self) -> bool:
+        return bool(evaluate(self.is_log_throughput_enabled_or_fn))
+
+    @property
+    def is_train_iterations_enabled(self) -> bool:
+        return bool(evaluate(self.is_train_iterations_enabled_or_fn))
+
+    @property
+    def is_validation_iterations_enabled(self) -> bool:
+        return bool(evaluate(self.is_validation_iterations_enabled_or_fn))
+
+    @property
+    def is_test_iterations_enabled(self) -> bool:
+        return bool(evaluate(self.is_test_iterations_enabled_or_fn))
+
+    @property
+    def is_save_checkpoint_enabled(self) -> bool:
+        return bool(evaluate(self.is_save_checkpoint_enabled_or_fn))
+
+    @property
+    def session_tag(self) -> str | None:
+        value = evaluate(self.session_tag_or_fn)
+        return None if value is None else str(value)
+
+    @property
+    def is_baseline_run(self) -> bool:
+        return bool(evaluate(self.is_baseline_run_or_fn))
+
+    @property
+    def world_size(self) -> int | None:
+        return _opt_int(evaluate(self.world_size_or_fn))
+
+    def as_attributes(self) -> dict[str, Any]:
+        """one-logger's ``TrainingTelemetryAttributes`` (the ``update_training_telemetry_config`` event), evaluated."""
+        out: dict[str, Any] = {
+            "perf_tag": self.perf_tag,
+            "global_batch_size": self.global_batch_size,
+            "log_every_n_train_iterations": self.log_every_n_train_iterations,
+            "micro_batch_size": self.micro_batch_size,
+            "seq_length": self.seq_length,
+            "flops_per_sample": self.flops_per_sample,
+            "train_iterations_target": self.train_iterations_target,
+            "train_samples_target": self.train_samples_target,
+            "checkpoint_strategy": self.save_checkpoint_strategy,
+            "is_train_iterations_enabled": self.is_train_iterations_enabled,
+            "is_validation_iterations_enabled": self.is_validation_iterations_enabled,
+            "is_test_iterations_enabled": self.is_test_iterations_enabled,
+            "is_save_checkpoint_enabled": self.is_save_checkpoint_enabled,
+            "is_log_throughput_enabled": self.is_log_throughput_enabled,
+            "warmup_iterations": self.warmup_iterations,
+        }
+        if self.custom_metadata:
+            out["custom_metadata"] = [f"{k}:{v}" for k, v in self.custom_metadata.items()]
+        return {k: v for k, v in out.items() if v is not None}
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else int(value)

@@ -1,0 +1,148 @@
+"""one-logger's context managers (and decorators) over a ``TrainingRecorder``: each calls the start callback, then
+the end callback even when the body raises (one-logger's do too, but never record the exception: ours end the span
+with status ``error``, the exception's type and message)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from ..spans import Span
+from .names import SpanName
+from .recorder import TrainingRecorder
+
+__all__ = ["TrainingContexts"]
+
+
+class TrainingContexts:
+    """The context managers of one recorder (``training.application()`` etc. use the default one)."""
+
+    def __init__(self, recorder: Callable[[], TrainingRecorder]) -> None:
+        self._recorder = recorder
+
+    @contextmanager
+    def _pair(self, start: str, end: str, name: SpanName, *args: Any, **end_kwargs: Any) -> Iterator[Span | None]:
+        recorder = self._recorder()
+        s = getattr(recorder, start)(*args)
+        try:
+            yield s
+        except BaseException as exc:
+            _fail(recorder, name, exc)
+            raise
+        finally:
+            getattr(recorder, end)(**end_kwargs)
+
+    def application(self) -> Any:
+        return self._pair("on_app_start", "on_app_end", SpanName.APPLICATION)
+
+    def distributed_init(self) -> Any:
+        return self._pair("on_distributed_init_start", "on_distributed_init_end", SpanName.DIST_INIT)
+
+    def model_init(self) -> Any:
+        return self._pair("on_model_init_start", "on_model_init_end", SpanName.MODEL_INIT)
+
+    def dataloader_init(self) -> Any:
+        return self._pair("on_dataloader_init_start", "on_dataloader_init_end", SpanName.DATA_LOADER_INIT)
+
+    def optimizer_init(self) -> Any:
+        return self._pair("on_optimizer_init_start", "on_optimizer_init_end", SpanName.OPTIMIZER_INIT)
+
+    def checkpoint_load(self, path: str | os.PathLike[str] | None = None) -> Any:
+        return self._pair("on_load_checkpoint_start", "on_load_checkpoint_end", SpanName.CHECKPOINT_LOAD, path=path)
+
+    def training_loop(
+        self,
+        train_iterations_start: int,
+        train_samples_start: int | None = None,
+        train_iterations_target_or_fn: Any = None,
+        train_samples_target_or_fn: Any = None,
+    ) -> Any:
+        return self._pair("on_train_start", "on_train_end", SpanName.TRAINING_LOOP, train_iterations_start,
+                          train_samples_start, train_iterations_target_or_fn, train_samples_target_or_fn)
+
+    def training_iteration(self) -> Any:
+        return self._pair("on_training_single_iteration_start", "on_training_single_iteration_end",
+                          SpanName.TRAINING_SINGLE_ITERATION)
+
+    def validation_loop(self) -> Any:
+        return self._pair("on_validation_start", "on_validation_end", SpanName.VALIDATION_LOOP)
+
+    def validation_iteration(self) -> Any:
+        return self._pair("on_validation_single_iteration_start", "on_validation_single_iteration_end",
+                          SpanName.VALIDATION_SINGLE_ITERATION)
+
+    def testing_loop(self) -> Any:
+        return self._pair("on_testing_start", "on_testing_end", SpanName.TESTING_LOOP)
+
+    def testing_iteration(self) -> Any:
+        return self._pair("on_testing_single_iteration_start", "on_testing_single_iteration_end",
+                          SpanName.TESTING_SINGLE_ITERATION)
+
+    @contextmanager
+    def checkpoint_save(self, global_step: int, path: str | os.PathLike[str] | None = None) -> Iterator[Span | None]:
+        """A save: success is reported when the body returns (sync strategy; for async, call
+        ``on_save_checkpoint_success`` when the save is finalised), the end always. A body that raises is a failed
+        save: its span ends with status error and no success is reported."""
+        recorder = self._recorder()
+        s = recorder.on_save_checkpoint_start(global_step)
+        try:
+            yield s
+        except BaseException as exc:
+            _fail(recorder, recorder._save_span_name(), exc)
+            recorder.on_save_checkpoint_end(path=path)
+            raise
+        if recorder._save_span_name() is SpanName.CHECKPOINT_SAVE_SYNC:
+            recorder.on_save_checkpoint_success(global_step)
+        recorder.on_save_checkpoint_end(path=path)
+
+    def data_loading(self) -> Any:
+        return self._recorder().data_loading()
+
+    def forward(self) -> Any:
+        return self._recorder().forward()
+
+    def backward(self) -> Any:
+        return self._recorder().backward()
+
+    def optimizer_update(self) -> Any:
+        return self._recorder().optimizer_update()
+
+    def zero_grad(self) -> Any:
+        return self._recorder().zero_grad()
+
+
+def _fail(recorder: TrainingRecorder, name: SpanName, exc: BaseException) -> None:
+    s = recorder._spans.get(name.value)
+    if s is not None and not s.ended:
+        from ..dispatch import describe
+
+        s.set_status("error", describe(exc))
+
+
+def _default_recorder() -> TrainingRecorder:
+    from .default import get_recorder
+
+    return get_recorder()
+
+
+_default = TrainingContexts(_default_recorder)
+application = _default.application
+distributed_init = _default.distributed_init
+model_init = _default.model_init
+dataloader_init = _default.dataloader_init
+optimizer_init = _default.optimizer_init
+checkpoint_load = _default.checkpoint_load
+checkpoint_save = _default.checkpoint_save
+training_loop = _default.training_loop
+training_iteration = _default.training_iteration
+validation_loop = _default.validation_loop
+validation_iteration = _default.validation_iteration
+testing_loop = _default.testing_loop
+testing_iteration = _default.testing_iteration
+data_loading = _default.data_loading
+forward = _default.forward
+backward = _default.backward
+optimizer_update = _default.optimizer_update
+zero_grad = _default.zero_grad

@@ -1,0 +1,62 @@
+"""The span and event names of a training job: nv-one-logger's strings, so its dashboards and queries still apply."""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = ["EventName", "SpanName"]
+
+
+class SpanName(str, enum.Enum):
+    """one-logger's ``StandardTrainingJobSpanName`` plus ``StandardSpanName.APPLICATION`` (same values; one-logger's
+    testing iteration is the upper-case ``"TESTING_SINGLE_ITERATION"``, written here in the lower case of the rest)."""
+
+    APPLICATION = "application"
+    TRAINING_LOOP = "training_loop"
+    TRAINING_SINGLE_ITERATION = "training_single_iteration"
+    VALIDATION_LOOP = "validation_loop"
+    VALIDATION_SINGLE_ITERATION = "validation_single_iteration"
+    TESTING_LOOP = "testing_loop"
+    TESTING_SINGLE_ITERATION = "testing_single_iteration"
+    DIST_INIT = "distributed_code_initialization"
+    DATA_LOADER_INIT = "data_loader_initialization"
+    MODEL_INIT = "model_initialization"
+    OPTIMIZER_INIT = "optimizer_initialization"
+    CHECKPOINT_LOAD = "checkpoint_load"
+    CHECKPOINT_SAVE_SYNC = "checkpoint_save_sync"
+    CHECKPOINT_SAVE_ASYNC = "checkpoint_save_async"
+    CHECKPOINT_SAVE_FINALIZATION = "checkpoint_save_finalization"
+    DATA_LOADING = "data_loading"
+    MODEL_FORWARD = "model_forward"
+    ZERO_GRAD = "zero_grad"
+    MODEL_BACKWARD = "model_backward"
+    OPTIMIZER_UPDATE = "optimizer_update"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class EventName(str, enum.Enum):
+    """one-logger's ``StandardTrainingJobEventName`` (same values), plus ``error`` for misuse and failures."""
+
+    ONE_LOGGER_INITIALIZATION = "one_logger_initialization"
+    UPDATE_TRAINING_TELEMETRY_CONFIG = "update_training_telemetry_config"
+    TRAINING_METRICS_UPDATE = "training_metrics_update"
+    VALIDATION_METRICS_UPDATE = "validation_metrics_update"
+    TESTING_METRICS_UPDATE = "testing_metrics_update"
+    SAVE_CHECKPOINT_SUCCESS = "save_checkpoint_success"
+    SYNC_CHECKPOINT_METRICS_UPDATE = "sync_checkpoint_metrics_update"
+    ERROR = "error"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# the sub-phases of an iteration, and the name each has in the iteration's split
+PHASES = {
+    SpanName.DATA_LOADING.value: "dataloader",
+    SpanName.MODEL_FORWARD.value: "forward",
+    SpanName.MODEL_BACKWARD.value: "backward",
+    SpanName.OPTIMIZER_UPDATE.value: "optimizer",
+    SpanName.ZERO_GRAD.value: "zero_grad",
+}

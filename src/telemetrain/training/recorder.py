@@ -1,0 +1,813 @@
+"""``TrainingRecorder``: one-logger's training lifecycle (its spans, events, callbacks, derived metrics) at a fraction
+of its cost, with the metrics it declared but never filled, and without ever raising into the training job.
+
+Every callback is O(1): an iteration adds its duration to a list that is folded into window and cumulative
+``Summary``s (exact percentiles up to 2048 samples a window, 0.54% beyond) when the metrics are reported, every
+``log_every_n_train_iterations`` iterations (aligned to the global step) and once more at the end of training
+(one-logger never reports the last partial window). Misuse -- an end without a start, a callback twice, a save that
+fails, a span left open -- becomes an ``error`` event with the callback's name and the state it found, counted in
+``errors``; the call returns normally.
+
+Derived metrics (``training_metrics_update``; docs/training.md defines each):
+- per window (the iterations since the previous update) and cumulative (this job, warm-up iterations excluded from
+  the time statistics): iteration time count/mean/min/max/p50/p90/p99 (seconds);
+- samples, tokens, samples/s and tokens/s over the window's wall time (end of the previous window's last iteration to
+  this window's last; so time between iterations -- data loading outside the iteration, logging -- counts);
+- TFLOP/s per GPU = FLOPs per sample x samples / wall time / world size / 1e12, and MFU against an explicit peak or
+  the device's peak from ``flops.PEAK_TFLOPS`` (an unknown device gives no MFU; the peak used is reported);
+- the split of iteration time between data loading, forward, backward, optimizer and zero_grad when those sub-spans
+  are used; checkpoint save and load times (count/total/min/max/mean) and sizes; time to the first iteration.
+Each value is also a metric record (group ``training``, step = the global iteration), for dashboards.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import __version__
+from ..dispatch import describe, warn_safely
+from ..spans import Span, Tracer, current_span, tracer
+from ..stats.summary import Summary
+from ..telemetry import Telemetry, get_telemetry
+from .config import CheckpointStrategy, TrainingTelemetryConfig
+from .names import PHASES, EventName, SpanName
+
+__all__ = ["TrainingRecorder"]
+
+_mono = time.monotonic_ns
+_QUANTILES = ("p50", "p90", "p99")
+_TIME_AGGS = ("count", "mean", "min", "max", "sum", *_QUANTILES)
+GROUP = "training"
+
+
+def _path_bytes(path: str | os.PathLike[str] | None) -> int | None:
+    """Size of a checkpoint file, or of every file under a checkpoint directory; None when it cannot be read."""
+    if path is None:
+        return None
+    try:
+        if os.path.isdir(path):
+            total = 0
+            for root, _, files in os.walk(path):
+                for name in files:
+                    try:
+                        total += os.path.getsize(os.path.join(root, name))
+                    except OSError:
+                        pass
+            return total
+        return os.path.getsize(path)
+    except OSError:
+        return None
+
+
+@dataclass
+class _Durations:
+    """Count/total/min/max of some durations (checkpoint saves, loads), in seconds."""
+
+    count: int = 0
+    total: float = 0.0
+    min: float | None = None
+    max: float | None = None
+    bytes_total: int = 0
+    bytes_last: int | None = None
+
+    def add(self, seconds: float, size: int | None = None) -> None:
+        self.count += 1
+        self.total += seconds
+        self.min = seconds if self.min is None else min(self.min, seconds)
+        self.max = seconds if self.max is None else max(self.max, seconds)
+        if size is not None:
+            self.bytes_total += size
+            self.bytes_last = size
+
+    def as_attributes(self, prefix: str) -> dict[str, Any]:
+        if not self.count:
+            return {f"{prefix}_count": 0}
+        out: dict[str, Any] = {
+            f"{prefix}_count": self.count,
+            f"{prefix}_time_total_sec": self.total,
+            f"{prefix}_time_min_sec": self.min,
+            f"{prefix}_time_max_sec": self.max,
+            f"{prefix}_time_mean_sec": self.total / self.count,
+        }
+        if self.bytes_last is not None:
+            out[f"{prefix}_size_bytes"] = self.bytes_last
+            out[f"{prefix}_size_total_bytes"] = self.bytes_total
+        return out
+
+
+@dataclass
+class _Window:
+    """The iterations since the last metrics update."""
+
+    times: list[float] = field(default_factory=list)  # iteration seconds, warm-up excluded; folded at 2048
+    summary: Summary = field(default_factory=lambda: Summary())
+    iterations: int = 0  # warm-up included
+    start_ns: int = 0  # end of the previous window's last iteration (or the loop's start)
+    phases: dict[str, float] = field(default_factory=dict)  # phase -> seconds
+
+    def fold(self) -> None:
+        if self.times:
+            self.summary.fold(self.times)
+            self.times = []
+
+
+def _simple_pair(name: SpanName, what: str) -> tuple[Callable[..., Span | None], Callable[..., None]]:
+    """The start and end callbacks of an initialisation phase (a span under the application)."""
+
+    def start(self: TrainingRecorder, start_time_msec: float | None = None) -> Span | None:
+        with self._lock:
+            return self._start(f"on_{what}_start", name, start_time_msec, parent=SpanName.APPLICATION)
+
+    def end(self: TrainingRecorder, finish_time_msec: float | None = None) -> None:
+        with self._lock:
+            self._end(f"on_{what}_end", name, finish_time_msec)
+
+    start.__name__, end.__name__ = f"on_{what}_start", f"on_{what}_end"
+    return start, end
+
+
+class TrainingRecorder:
+    """One training job's lifecycle telemetry (an instance per job; ``training.callbacks`` drive a default one)."""
+
+    def __init__(self, config: TrainingTelemetryConfig | None = None, *, telemetry: Telemetry | None = None) -> None:
+        if config is not None and not isinstance(config, TrainingTelemetryConfig):
+            raise TypeError(f"config must be a TrainingTelemetryConfig, got {type(config).__name__}")
+        if telemetry is not None and not isinstance(telemetry, Telemetry):
+            raise TypeError(f"telemetry must be a Telemetry, got {type(telemetry).__name__}")
+        self.telemetry = telemetry if telemetry is not None else get_telemetry()
+        self.tracer: Tracer = tracer(self.telemetry)
+        self.config: TrainingTelemetryConfig | None = None
+        self.errors = 0
+        self._lock = threading.RLock()
+        self._spans: dict[str, Span] = {}
+        self._app_start_ns = 0
+        self._reset_training_state()
+        self._saves = _Durations()
+        self._loads = _Durations()
+        self._save_attempts = 0
+        self._save_successes = 0
+        self._first_success_wall: float | None = None
+        self._latest_success_wall: float | None = None
+        self._snapshots: dict[int, dict[str, Any]] = {}
+        self._checkpoint_path: str | os.PathLike[str] | None = None
+        self._validation_total_sec = 0.0
+        self._iterations_at_validation = 0
+        self._iterations_at_testing = 0
+        self._loop_summary: dict[str, Summary] = {}
+        self._loop_times: dict[str, list[float]] = {}
+        self._peak: Any = None
+        self._peak_resolved = False
+        for phase_name in PHASES:
+            self.tracer.on_end(phase_name, self._on_phase_end)
+        if config is not None:
+            self.set_training_telemetry_config(config)
+
+    def _reset_training_state(self) -> None:
+        self._loop_start_ns = 0
+        self._iterations_start = 0
+        self._samples_start = 0
+        self._iterations = 0  # completed this job
+        self._iteration_total_sec = 0.0  # all iterations this job (for productive time)
+        self._window = _Window()
+        self._cumulative = Summary()
+        self._steady_start_ns = 0  # end of the last warm-up iteration
+        self._steady_iterations = 0
+        self._throughput_min: float | None = None
+        self._throughput_max: float | None = None
+        self._first_iteration_end_wall: float | None = None
+        self._last_iteration_end_wall: float | None = None
+        self._time_to_first_iteration: float | None = None
+        self._iterations_target: int | None = None
+        self._samples_target: int | None = None
+
+    # -- configuration ---------------------------------------------------------------------------------------------
+
+    def set_training_telemetry_config(self, config: TrainingTelemetryConfig) -> None:
+        """Set (or replace) the config; emits ``update_training_telemetry_config`` (on the application span)."""
+        if not isinstance(config, TrainingTelemetryConfig):
+            raise TypeError(f"config must be a TrainingTelemetryConfig, got {type(config).__name__}")
+        with self._lock:
+            self.config = config
+            self._peak_resolved = False
+            iteration = SpanName.TRAINING_SINGLE_ITERATION.value
+            every = config.export_iteration_spans_every or config.log_every_n_train_iterations
+            self.tracer.sample(iteration, every)
+            self.tracer.sample(SpanName.VALIDATION_SINGLE_ITERATION.value, every)
+            self.tracer.sample(SpanName.TESTING_SINGLE_ITERATION.value, every)
+            if self._app_start_ns:  # else on_app_start emits it (one-logger's order)
+                self._guarded("set_training_telemetry_config", self._emit_config)
+
+    def _emit_config(self) -> None:
+        assert self.config is not None
+        self._event(EventName.UPDATE_TRAINING_TELEMETRY_CONFIG, self.config.as_attributes(), SpanName.APPLICATION)
+
+    # -- helpers ---------------------------------------------------------------------------------------------------
+
+    def _mono_of(self, time_msec: float | None) -> int | None:
+        """A ``*_time_msec`` (ms since the epoch; falsy: now) on the monotonic clock, by the current offset."""
+        if not time_msec:
+            return None
+        if isinstance(time_msec, bool) or not isinstance(time_msec, (int, float)):
+            raise TypeError(f"time_msec must be milliseconds since the epoch, got {type(time_msec).__name__}")
+        return round(time_msec * 1e6) - self.telemetry.wall_offset_ns
+
+    def _misuse(self, callback: str, message: str, **context: Any) -> None:
+        self.errors += 1
+        if self.errors == 1:
+            warn_safely(f"telemetrain.training: {callback}: {message} (recorded as an error event; later ones are not "
+                        "warned about)", stacklevel=4)
+        attributes = {"error_message": message, "callback": callback, **context}
+        try:
+            self.telemetry.event(EventName.ERROR.value, attributes, severity="error", group=GROUP)
+        except Exception:  # noqa: BLE001
+            pass
+
+    def _guarded(self, callback: str, fn: Callable[[], Any]) -> Any:
+        """Run ``fn``; an exception (a bug of ours, a config function that raises) is recorded, never raised."""
+        try:
+            return fn()
+        except Exception as exc:  # noqa: BLE001 - telemetry never breaks training
+            self._misuse(callback, f"failed: {describe(exc)}")
+            return None
+
+    def _event(self, name: EventName, attributes: Mapping[str, Any], on: SpanName | None = None) -> None:
+        span = self._spans.get(on.value) if on is not None else None
+        span_id = span.span_id_hex if span is not None else ""
+        self.telemetry.event(name.value, attributes, group=GROUP, span_id=span_id)
+
+    def _start(
+        self,
+        callback: str,
+        name: SpanName,
+        time_msec: float | None,
+        attributes: Mapping[str, Any] | None = None,
+        parent: SpanName | None = None,
+    ) -> Span | None:
+        key = name.value
+        existing = self._spans.get(key)
+        if existing is not None and not existing.ended:
+            self._misuse(callback, f"{key} is already open: this start is ignored", span=key)
+            return None
+        start_ns = self._mono_of(time_msec)
+        parent_span = self._spans.get(parent.value) if parent is not None else None
+        if parent_span is not None and parent_span.ended:
+            parent_span = None
+        s = self.tracer.start(key, group=GROUP, parent=parent_span, start_ns=start_ns, attributes=attributes)
+        self._spans[key] = s
+        return s
+
+    def _end(self, callback: str, name: SpanName, time_msec: float | None, status: str | None = None,
+             error: str = "") -> Span | None:
+        s = self._spans.pop(name.value, None)
+        if s is None or s.ended:
+            self._misuse(callback, f"{name.value} was not started (or already ended): nothing to end", span=name.value)
+            return None
+        end_ns = self._mono_of(time_msec)
+        if status is not None:
+            s.set_status(status, error)
+        s.end(end_ns=end_ns)
+        return s
+
+    # -- application and initialisation ----------------------------------------------------------------------------
+
+    def on_app_start(self, start_time_msec: float | None = None) -> Span | None:
+        with self._lock:
+            s = self._start("on_app_start", SpanName.APPLICATION, start_time_msec)
+            if s is None:
+                return None
+            self._app_start_ns = s.start_ns
+            self._guarded("on_app_start", self._emit_initialization)
+            if self.config is not None:
+                self._guarded("on_app_start", self._emit_config)
+            return s
+
+    def _emit_initialization(self) -> None:
+        identity = self.telemetry.identity
+        config = self.config
+        attributes: dict[str, Any] = {
+            "world_size": (config.world_size if config else None) or identity.world_size,
+            "one_logger_training_telemetry_version": f"telemetrain {__version__}",
+            "enable_for_current_rank": True,
+            "session_tag": (config.session_tag if config else None) or identity.session_tag,
+            "is_baseline_run": config.is_baseline_run if config else False,
+            "summary_data_schema_version": "1.0.0",
+            "node_name": identity.host,
+            "rank": identity.rank,
+        }
+        if config is not None and config.custom_metadata:
+            attributes["custom_metadata"] = [f"{k}:{v}" for k, v in config.custom_metadata.items()]
+        self._event(EventName.ONE_LOGGER_INITIALIZATION, attributes, SpanName.APPLICATION)
+
+    def on_app_end(self, finish_time_msec: float | None = None) -> None:
+        """End the application; spans still open are ended as ``terminated`` (each an error event), the training
+        loop's last metrics are reported first."""
+        with self._lock:
+            if SpanName.TRAINING_LOOP.value in self._spans:
+                self._misuse("on_app_end", "training_loop still open at application end: ended here")
+                self.on_train_end(finish_time_msec)
+            for key, s in list(self._spans.items()):
+                if key != SpanName.APPLICATION.value and not s.ended:
+                    self._misuse("on_app_end", f"{key} still open at application end: terminated", span=key)
+                    self._spans.pop(key, None)
+                    s.end("terminated", "still open at application end", end_ns=self._mono_of(finish_time_msec))
+            self._end("on_app_end", SpanName.APPLICATION, finish_time_msec)
+        self.telemetry.flush()
+
+    on_distributed_init_start, on_distributed_init_end = _simple_pair(SpanName.DIST_INIT, "distributed_init")
+    on_model_init_start, on_model_init_end = _simple_pair(SpanName.MODEL_INIT, "model_init")
+    on_dataloader_init_start, on_dataloader_init_end = _simple_pair(SpanName.DATA_LOADER_INIT, "dataloader_init")
+    on_optimizer_init_start, on_optimizer_init_end = _simple_pair(SpanName.OPTIMIZER_INIT, "optimizer_init")
+
+    def on_load_checkpoint_start(self, start_time_msec: float | None = None) -> Span | None:
+        with self._lock:
+            return self._start("on_load_checkpoint_start", SpanName.CHECKPOINT_LOAD, start_time_msec,
+                               parent=SpanName.APPLICATION)
+
+    def on_load_checkpoint_end(
+        self, finish_time_msec: float | None = None, *, path: str | os.PathLike[str] | None = None
+    ) -> None:
+        """``path`` (ours): the checkpoint file or directory, for its size."""
+        with self._lock:
+            s = self._end("on_load_checkpoint_end", SpanName.CHECKPOINT_LOAD, finish_time_msec)
+            if s is not None:
+                self._loads.add(s.duration_ns / 1e9, _path_bytes(path))
+
+    # -- training loop and iterations ------------------------------------------------------------------------------
+
+    def on_train_start(
+        self,
+        train_iterations_start: int,
+        train_samples_start: int | None = None,
+        train_iterations_target_or_fn: int | Callable[[], int] | None = None,
+        train_samples_target_or_fn: int | Callable[[], int] | None = None,
+        start_time_msec: float | None = None,
+    ) -> Span | None:
+        if isinstance(train_iterations_start, bool) or not isinstance(train_iterations_start, int) \
+                or train_iterations_start < 0:
+            raise ValueError(f"train_iterations_start must be an int >= 0, got {train_iterations_start!r}")
+        with self._lock:
+            if self.config is None:
+                self._misuse("on_train_start", "no training config set (set_training_telemetry_config): throughput and "
+                             "samples are not computed")
+            existing = self._spans.get(SpanName.TRAINING_LOOP.value)
+            if existing is not None and not existing.ended:
+                self._misuse("on_train_start", "training_loop is already open: this start is ignored")
+                return None
+            self._reset_training_state()
+            gbs = self._gbs()
+            self._iterations_start = train_iterations_start
+            self._samples_start = (train_samples_start if train_samples_start is not None
+                                   else train_iterations_start * (gbs or 0))
+            config = self.config
+            self._iterations_target = self._guarded("on_train_start", lambda: _value(
+                train_iterations_target_or_fn, config.train_iterations_target if config else None))
+            self._samples_target = self._guarded("on_train_start", lambda: _value(
+                train_samples_target_or_fn, config.train_samples_target if config else None))
+            attributes: dict[str, Any] = {
+                "train_iterations_start": train_iterations_start,
+                "train_samples_start": self._samples_start,
+            }
+            if self._iterations_target is not None:
+                attributes["train_iterations_target"] = self._iterations_target
+            if self._samples_target is not None:
+                attributes["train_samples_target"] = self._samples_target
+                seq = self._guarded("on_train_start", lambda: config.seq_length if config else None)
+                if seq:
+                    attributes["train_tokens_target"] = seq * self._samples_target
+            s = self._start("on_train_start", SpanName.TRAINING_LOOP, start_time_msec, attributes,
+                            parent=SpanName.APPLICATION)
+            if s is not None:
+                self._loop_start_ns = s.start_ns
+                self._window.start_ns = s.start_ns
+            return s
+
+    def on_train_end(self, finish_time_msec: float | None = None) -> None:
+        """End the training loop, reporting the iterations since the last update (one-logger drops them)."""
+        with self._lock:
+            if SpanName.TRAINING_SINGLE_ITERATION.value in self._spans:
+                self._misuse("on_train_end", "an iteration is still open at training end: ended here")
+                self.on_training_single_iteration_end(finish_time_msec)
+            if self._window.iterations:
+                self._guarded("on_train_end", lambda: self._report_training(final=True))
+            self._end("on_train_end", SpanName.TRAINING_LOOP, finish_time_msec)
+
+    def on_training_single_iteration_start(self, start_time_msec: float | None = None) -> Span | None:
+        key = SpanName.TRAINING_SINGLE_ITERATION.value
+        with self._lock:
+            stale = self._spans.get(key)
+            if stale is not None and not stale.ended:
+                self._misuse("on_training_single_iteration_start", "the previous iteration was not ended: ended here "
+                             "with status error, and not counted", iteration=self._iterations_start + self._iterations)
+                self._spans.pop(key, None)
+                stale.end("error", "no on_training_single_iteration_end")
+            if SpanName.TRAINING_LOOP.value not in self._spans:
+                self._misuse("on_training_single_iteration_start", "no training loop (on_train_start) open")
+            start_ns = self._mono_of(start_time_msec)
+            loop = self._spans.get(SpanName.TRAINING_LOOP.value)
+            s = self.tracer.start(key, group=GROUP, parent=loop, start_ns=start_ns)
+            self._spans[key] = s
+            return s
+
+    def on_training_single_iteration_end(self, finish_time_msec: float | None = None) -> None:
+        with self._lock:
+            s = self._end("on_training_single_iteration_end", SpanName.TRAINING_SINGLE_ITERATION, finish_time_msec)
+            if s is None:
+                return
+            end_ns = s.end_ns
+            seconds = (end_ns - s.start_ns) / 1e9
+            self._iterations += 1
+            self._iteration_total_sec += seconds
+            window = self._window
+            window.iterations += 1
+            config = self.config
+            warmup = config.warmup_iterations if config is not None else 0
+            if self._iterations > warmup:
+                window.times.append(seconds)
+                if len(window.times) >= 2048:
+                    window.fold()
+                self._steady_iterations += 1
+            elif self._iterations == warmup:
+                self._steady_start_ns = end_ns
+            wall = (end_ns + self.telemetry.wall_offset_ns) / 1e9
+            if self._first_iteration_end_wall is None:
+                self._first_iteration_end_wall = wall
+                origin = self._app_start_ns or self._loop_start_ns
+                if origin:
+                    self._time_to_first_iteration = (end_ns - origin) / 1e9
+            self._last_iteration_end_wall = wall
+            self._last_iteration_end_ns = end_ns
+            every = config.log_every_n_train_iterations if config is not None else 50
+            if (self._iterations_start + self._iterations) % every == 0:
+                self._guarded("on_training_single_iteration_end", lambda: self._report_training(final=False))
+
+    # -- the derived metrics ---------------------------------------------------------------------------------------
+
+    def _gbs(self) -> int | None:
+        config = self.config
+        return self._guarded("global_batch_size", lambda: config.global_batch_size) if config is not None else None
+
+    def _world_size(self) -> int:
+        config = self.config
+        ws = self._guarded("world_size", lambda: config.world_size) if config is not None else None
+        return int(ws or self.telemetry.identity.world_size or 1)
+
+    def peak(self) -> Any:
+        """The peak TFLOP/s per GPU used for MFU (a ``flops.PeakFlops``), or None when unknown (no MFU)."""
+        if not self._peak_resolved:
+            self._peak_resolved = True
+            self._peak = None
+            self._peak = self._guarded("peak", self._find_peak)
+        return self._peak
+
+    def _find_peak(self) -> Any:
+        from . import flops  # imports torch only when a device must be looked up
+
+        config = self.config
+        if config is not None and config.peak_tflops_per_gpu:
+            return flops.explicit_peak(config.peak_tflops_per_gpu, config.device_name or "explicit")
+        return flops.peak_tflops(config.device_name if config else None, config.dtype if config else "bfloat16")
+
+    def _report_training(self, final: bool) -> None:
+        window = self._window
+        window.fold()
+        end_ns = getattr(self, "_last_iteration_end_ns", 0) or _mono()
+        config = self.config
+        gbs = self._gbs() or 0
+        seq = self._guarded("seq_length", lambda: config.seq_length) if config else None
+        fps = self._guarded("flops_per_sample", lambda: config.flops_per_sample) if config else None
+        world = self._world_size()
+        current = self._iterations_start + self._iterations
+        attributes: dict[str, Any] = {
+            "train_iterations_start": self._iterations_start,
+            "current_iteration": current - 1,
+            "num_iterations": self._iterations,
+            "train_samples_start": self._samples_start,
+            "num_train_samples": self._iterations * gbs,
+            "interval": config.log_every_n_train_iterations if config else window.iterations,
+            "window_iterations": window.iterations,
+            "final": final,
+        }
+        # iteration time: the window (one-logger documents per-window values; it computed them cumulatively)
+        self._cumulative = self._cumulative.merge(window.summary)
+        w = window.summary.values(_TIME_AGGS)
+        if w.get("count"):
+            attributes.update({
+                "avg_iteration_time_sec": w["mean"], "min_iteration_time_sec": w["min"],
+                "max_iteration_time_sec": w["max"], "total_iteration_time_sec": w["sum"],
+                **{f"{q}_iteration_time_sec": w[q] for q in _QUANTILES if q in w},
+            })
+        c = self._cumulative.values(_TIME_AGGS)
+        if c.get("count"):
+            attributes.update({
+                "cumulative_avg_iteration_time_sec": c["mean"], "cumulative_min_iteration_time_sec": c["min"],
+                "cumulative_max_iteration_time_sec": c["max"],
+                **{f"cumulative_{q}_iteration_time_sec": c[q] for q in _QUANTILES if q in c},
+            })
+        # throughput over the window's wall time
+        wall_s = (end_ns - window.start_ns) / 1e9 if window.start_ns else 0.0
+        samples = window.iterations * gbs
+        attributes["window_seconds"] = wall_s
+        if gbs:
+            attributes["window_samples"] = samples
+        if seq:
+            attributes["train_tokens"] = self._iterations * gbs * seq
+        if wall_s > 0 and gbs:
+            attributes["samples_per_second"] = samples / wall_s
+            if seq:
+                attributes["tokens_per_second"] = attributes["avg_tokens_per_second"] = samples * seq / wall_s
+        steady_s = (end_ns - self._steady_start_ns) / 1e9 if self._steady_start_ns else 0.0
+        if steady_s > 0 and gbs:
+            attributes["cumulative_samples_per_second"] = self._steady_iterations * gbs / steady_s
+        if fps and gbs:
+            total_flops = self._iterations * gbs * fps
+            attributes["total_flops"] = total_flops
+            attributes["completed_floating_point_operations_overall"] = (
+                self._iterations_start * gbs * fps + total_flops)
+            if wall_s > 0:
+                tflops = samples * fps / wall_s / world / 1e12
+                attributes["train_throughput_per_gpu"] = attributes["avg_tflops"] = tflops
+                self._throughput_max = tflops if self._throughput_max is None else max(self._throughput_max, tflops)
+                self._throughput_min = tflops if self._throughput_min is None else min(self._throughput_min, tflops)
+                attributes["train_throughput_per_gpu_max"] = self._throughput_max
+                attributes["train_throughput_per_gpu_min"] = self._throughput_min
+                peak = self.peak()
+                if peak is not None:
+                    attributes["mfu"] = tflops / peak.tflops
+                    attributes["peak_tflops_per_gpu"] = peak.tflops
+                    attributes["peak_source"] = f"{peak.device} {peak.dtype}: {peak.source}"
+            if steady_s > 0:
+                attributes["cumulative_train_throughput_per_gpu"] = (
+                    self._steady_iterations * gbs * fps / steady_s / world / 1e12)
+        if gbs:
+            attributes["avg_batch_size"] = gbs
+        # the split between the sub-phases, when used
+        if window.phases and window.iterations:
+            for phase, seconds in window.phases.items():
+                attributes[f"avg_{phase}_time_sec"] = seconds / window.iterations
+                if wall_s > 0:
+                    attributes[f"{phase}_time_fraction"] = seconds / wall_s
+        if self._first_iteration_end_wall is not None:
+            attributes["first_logged_train_iterations_finish_timestamp_sec"] = self._first_iteration_end_wall
+            attributes["last_logged_train_iterations_finish_timestamp_sec"] = self._last_iteration_end_wall
+        if self._time_to_first_iteration is not None:
+            attributes["time_to_first_iteration_sec"] = self._time_to_first_iteration
+        attributes.update(self._saves.as_attributes("save_checkpoint"))
+        attributes.update(self._loads.as_attributes("load_checkpoint"))
+        self._event(EventName.TRAINING_METRICS_UPDATE, attributes, SpanName.TRAINING_LOOP)
+        self._emit_metrics(attributes, current - 1)
+        self._window = _Window(start_ns=end_ns)
+
+    _METRICS = {
+        "avg_iteration_time_sec": ("train.iteration_time.mean", "s"),
+        "p50_iteration_time_sec": ("train.iteration_time.p50", "s"),
+        "p90_iteration_time_sec": ("train.iteration_time.p90", "s"),
+        "p99_iteration_time_sec": ("train.iteration_time.p99", "s"),
+        "max_iteration_time_sec": ("train.iteration_time.max", "s"),
+        "samples_per_second": ("train.samples_per_second", "1/s"),
+        "tokens_per_second": ("train.tokens_per_second", "1/s"),
+        "train_throughput_per_gpu": ("train.tflops_per_gpu", "TFLOP/s"),
+        "mfu": ("train.mfu", "1"),
+        "avg_dataloader_time_sec": ("train.phase.dataloader", "s"),
+        "avg_forward_time_sec": ("train.phase.forward", "s"),
+        "avg_backward_time_sec": ("train.phase.backward", "s"),
+        "avg_optimizer_time_sec": ("train.phase.optimizer", "s"),
+        "avg_zero_grad_time_sec": ("train.phase.zero_grad", "s"),
+    }
+
+    def _emit_metrics(self, attributes: Mapping[str, Any], step: int) -> None:
+        for key, (name, unit) in self._METRICS.items():
+            value = attributes.get(key)
+            if value is not None:
+                self.telemetry.metric(name, value, GROUP, unit=unit, step=step)
+
+    def _on_phase_end(self, s: Span) -> None:
+        """A sub-phase span ended (ours or the user's own ``span("model_forward")``): into the window's split."""
+        phase = PHASES.get(s.name)
+        if phase is not None:
+            phases = self._window.phases
+            phases[phase] = phases.get(phase, 0.0) + s.duration_ns / 1e9
+
+    # -- validation and testing ------------------------------------------------------------------------------------
+
+    def on_validation_start(self, start_time_msec: float | None = None) -> Span | None:
+        with self._lock:
+            s = self._start("on_validation_start", SpanName.VALIDATION_LOOP, start_time_msec,
+                            parent=SpanName.APPLICATION)
+            if s is not None:
+                self._loop_summary[SpanName.VALIDATION_LOOP.value] = Summary()
+                self._loop_times[SpanName.VALIDATION_LOOP.value] = []
+            return s
+
+    def on_validation_end(self, finish_time_msec: float | None = None) -> None:
+        with self._lock:
+            self._loop_end("on_validation_end", SpanName.VALIDATION_LOOP, SpanName.VALIDATION_SINGLE_ITERATION,
+                           EventName.VALIDATION_METRICS_UPDATE, finish_time_msec)
+
+    def on_validation_single_iteration_start(self, start_time_msec: float | None = None) -> Span | None:
+        with self._lock:
+            return self._loop_iteration_start("on_validation_single_iteration_start",
+                                              SpanName.VALIDATION_SINGLE_ITERATION, SpanName.VALIDATION_LOOP,
+                                              start_time_msec)
+
+    def on_validation_single_iteration_end(self, finish_time_msec: float | None = None) -> None:
+        with self._lock:
+            self._loop_iteration_end("on_validation_single_iteration_end", SpanName.VALIDATION_SINGLE_ITERATION,
+                                     SpanName.VALIDATION_LOOP, finish_time_msec)
+
+    def on_testing_start(self, start_time_msec: float | None = None) -> Span | None:
+        with self._lock:
+            s = self._start("on_testing_start", SpanName.TESTING_LOOP, start_time_msec, parent=SpanName.APPLICATION)
+            if s is not None:
+                self._loop_summary[SpanName.TESTING_LOOP.value] = Summary()
+                self._loop_times[SpanName.TESTING_LOOP.value] = []
+            return s
+
+    def on_testing_end(self, finish_time_msec: float | None = None) -> None:
+        with self._lock:
+            self._loop_end("on_testing_end", SpanName.TESTING_LOOP, SpanName.TESTING_SINGLE_ITERATION,
+                           EventName.TESTING_METRICS_UPDATE, finish_time_msec)
+
+    def on_testing_single_iteration_start(self, start_time_msec: float | None = None) -> Span | None:
+        """Ours: one-logger has a testing-iteration span name but no callback for it."""
+        with self._lock:
+            return self._loop_iteration_start("on_testing_single_iteration_start", SpanName.TESTING_SINGLE_ITERATION,
+                                              SpanName.TESTING_LOOP, start_time_msec)
+
+    def on_testing_single_iteration_end(self, finish_time_msec: float | None = None) -> None:
+        with self._lock:
+            self._loop_iteration_end("on_testing_single_iteration_end", SpanName.TESTING_SINGLE_ITERATION,
+                                     SpanName.TESTING_LOOP, finish_time_msec)
+
+    def _loop_iteration_start(self, callback: str, name: SpanName, loop: SpanName,
+                              time_msec: float | None) -> Span | None:
+        stale = self._spans.get(name.value)
+        if stale is not None and not stale.ended:
+            self._misuse(callback, f"the previous {name.value} was not ended: ended here with status error")
+            self._spans.pop(name.value, None)
+            stale.end("error", f"no end callback for {name.value}")
+        if loop.value not in self._spans:
+            self._misuse(callback, f"no {loop.value} open")
+        return self._start(callback, name, time_msec, parent=loop)
+
+    def _loop_iteration_end(self, callback: str, name: SpanName, loop: SpanName, time_msec: float | None) -> None:
+        s = self._end(callback, name, time_msec)
+        if s is None:
+            return
+        times = self._loop_times.setdefault(loop.value, [])
+        times.append(s.duration_ns / 1e9)
+        if len(times) >= 2048:
+            self._loop_summary.setdefault(loop.value, Summary()).fold(times)
+            self._loop_times[loop.value] = []
+
+    def _loop_end(self, callback: str, loop: SpanName, iteration: SpanName, event: EventName,
+                  time_msec: float | None) -> None:
+        if iteration.value in self._spans:
+            self._misuse(callback, f"{iteration.value} still open at {loop.value} end: ended here")
+            self._loop_iteration_end(callback, iteration, loop, time_msec)
+        summary = self._loop_summary.pop(loop.value, Summary())
+        times = self._loop_times.pop(loop.value, [])
+        if times:
+            summary.fold(times)
+        current = self._iterations_start + self._iterations
+        last = self._iterations_at_validation if loop is SpanName.VALIDATION_LOOP else self._iterations_at_testing
+        attributes: dict[str, Any] = {"current_iteration": current - 1 if current else 0, "interval": current - last}
+        values = summary.values(_TIME_AGGS)
+        if values.get("count"):
+            attributes.update({
+                "num_iterations": values["count"], "avg_iteration_time_sec": values["mean"],
+                "min_iteration_time_sec": values["min"], "max_iteration_time_sec": values["max"],
+                "total_iteration_time_sec": values["sum"],
+                **{f"{q}_iteration_time_sec": values[q] for q in _QUANTILES if q in values},
+            })
+        s = self._spans.get(loop.value)
+        if s is not None:
+            attributes["loop_time_sec"] = s.duration_ns / 1e9
+        self._event(event, attributes, loop)
+        ended = self._end(callback, loop, time_msec)
+        if loop is SpanName.VALIDATION_LOOP:
+            self._iterations_at_validation = current
+            if ended is not None:
+                self._validation_total_sec += ended.duration_ns / 1e9
+        else:
+            self._iterations_at_testing = current
+
+    # -- checkpoints -----------------------------------------------------------------------------------------------
+
+    def _save_span_name(self) -> SpanName:
+        if self.config is not None and self.config.save_checkpoint_strategy == CheckpointStrategy.ASYNC:
+            return SpanName.CHECKPOINT_SAVE_ASYNC
+        return SpanName.CHECKPOINT_SAVE_SYNC
+
+    def on_save_checkpoint_start(self, global_step: int, start_time_msec: float | None = None) -> Span | None:
+        if isinstance(global_step, bool) or not isinstance(global_step, int):
+            raise TypeError(f"global_step must be an int, got {type(global_step).__name__}")
+        with self._lock:
+            self._save_attempts += 1
+            name = self._save_span_name()
+            attributes = {
+                "checkpoint_strategy": (name is SpanName.CHECKPOINT_SAVE_ASYNC and "async") or "sync",
+                "current_iteration": global_step,
+                "save_checkpoint_attempt_count": self._save_attempts,
+            }
+            s = self._start("on_save_checkpoint_start", name, start_time_msec, attributes, parent=SpanName.APPLICATION)
+            # what this checkpoint will hold once it is saved: the productive work up to now
+            gbs = self._gbs() or 0
+            config = self.config
+            fps = self._guarded("flops_per_sample", lambda: config.flops_per_sample) if config is not None else None
+            completed = self._iterations_start + self._iterations
+            self._snapshots[global_step] = {
+                "productive_train_iterations": completed,
+                "productive_train_samples": self._samples_start + self._iterations * gbs,
+                "productive_train_iterations_sec": self._iteration_total_sec,
+                "productive_validation_iterations_sec": self._validation_total_sec,
+                **({"productive_train_tflops": completed * gbs * fps / 1e12} if fps and gbs else {}),
+            }
+            return s
+
+    def on_save_checkpoint_success(self, global_step: int, time_msec: float | None = None) -> None:
+        with self._lock:
+            snapshot = self._snapshots.pop(global_step, None)
+            if snapshot is None:
+                self._misuse("on_save_checkpoint_success", "no on_save_checkpoint_start for this step: the productive "
+                             "figures are not known and are left out", global_step=global_step)
+                snapshot = {}
+            for step in [s for s in self._snapshots if s < global_step]:  # older saves that never succeeded
+                del self._snapshots[step]
+            self._save_successes += 1
+            now_wall = ((self._mono_of(time_msec) or _mono()) + self.telemetry.wall_offset_ns) / 1e9
+            if self._first_success_wall is None:
+                self._first_success_wall = now_wall
+            self._latest_success_wall = now_wall
+            attributes: dict[str, Any] = {
+                "checkpoint_strategy": "async" if self._save_span_name() is SpanName.CHECKPOINT_SAVE_ASYNC else "sync",
+                "current_iteration": global_step,
+                "first_successful_save_checkpoint_timestamp_sec": self._first_success_wall,
+                "latest_successful_save_checkpoint_timestamp_sec": self._latest_success_wall,
+                "save_checkpoint_success_count": self._save_successes,
+                **snapshot,
+            }
+            if self._loop_start_ns:
+                attributes["training_start_timestamp_sec"] = (self._loop_start_ns + self.telemetry.wall_offset_ns) / 1e9
+            if self._checkpoint_path is not None:
+                attributes["checkpoint_directory"] = os.fspath(self._checkpoint_path)
+                size = _path_bytes(self._checkpoint_path)
+                if size is not None:
+                    attributes["checkpoint_size"] = size
+            on = self._save_span_name() if self._save_span_name().value in self._spans else SpanName.TRAINING_LOOP
+            self._event(EventName.SAVE_CHECKPOINT_SUCCESS, attributes, on)
+
+    def on_save_checkpoint_end(
+        self, finish_time_msec: float | None = None, *, path: str | os.PathLike[str] | None = None
+    ) -> None:
+        """``path`` (ours): the checkpoint file or directory, for its size (also given to the success event)."""
+        with self._lock:
+            name = self._save_span_name()
+            s = self._spans.get(name.value)
+            self._checkpoint_path = path
+            size = _path_bytes(path)
+            if s is not None:
+                end_ns = self._mono_of(finish_time_msec) or _mono()
+                self._saves.add((end_ns - s.start_ns) / 1e9, size)
+                attributes: dict[str, Any] = {
+                    "save_checkpoint_sync_time_total_sec": self._saves.total,
+                    "save_checkpoint_sync_time_min_sec": self._saves.min,
+                    "save_checkpoint_sync_time_max_sec": self._saves.max,
+                    **self._saves.as_attributes("save_checkpoint"),
+                }
+                if size is not None:
+                    attributes["checkpoint_size"] = size
+                self._event(EventName.SYNC_CHECKPOINT_METRICS_UPDATE, attributes, name)
+            self._end("on_save_checkpoint_end", name, finish_time_msec)
+
+    # -- context managers ------------------------------------------------------------------------------------------
+
+    def data_loading(self) -> Any:
+        """A sub-phase of the current iteration (its time goes into the iteration split)."""
+        return self.tracer.span(SpanName.DATA_LOADING.value, group=GROUP)
+
+    def forward(self) -> Any:
+        return self.tracer.span(SpanName.MODEL_FORWARD.value, group=GROUP)
+
+    def backward(self) -> Any:
+        return self.tracer.span(SpanName.MODEL_BACKWARD.value, group=GROUP)
+
+    def optimizer_update(self) -> Any:
+        return self.tracer.span(SpanName.OPTIMIZER_UPDATE.value, group=GROUP)
+
+    def zero_grad(self) -> Any:
+        return self.tracer.span(SpanName.ZERO_GRAD.value, group=GROUP)
+
+    @property
+    def current_span(self) -> Span | None:
+        return current_span()
+
+
+def _value(value_or_fn: Any, default: Any) -> Any:
+    if value_or_fn is None:
+        return default
+    return value_or_fn() if callable(value_or_fn) else value_or_fn
