@@ -273,7 +273,8 @@ class Telemetry:
             self._producers.append(producer)
 
     def _collect(self, final: bool) -> None:
-        for producer in list(self._producers):
+        # newest first: a producer built on another (the training recorder on the tracer) reports before it
+        for producer in reversed(list(self._producers)):
             try:
                 producer.collect(final)
             except Exception as exc:  # noqa: BLE001 - flush and close go on

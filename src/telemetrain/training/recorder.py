@@ -166,6 +166,24 @@ class TrainingRecorder:
             self.tracer.on_end(phase_name, self._on_phase_end)
         if config is not None:
             self.set_training_telemetry_config(config)
+        self.telemetry.add_producer(self)
+
+    # -- the Telemetry producer protocol: exit and SIGTERM -----------------------------------------------------------
+
+    def collect(self, final: bool) -> None:
+        """When the Telemetry closes (exit, SIGTERM) with training under way: report the iterations since the last
+        update (so the progress of an interrupted run is known to the iteration), then leave the open spans to the
+        tracer, which ends them as ``terminated``."""
+        if not final:
+            return
+        with self._lock:
+            loop = self._spans.get(SpanName.TRAINING_LOOP.value)
+            if loop is not None and not loop.ended and self._window.iterations:
+                self._guarded("exit", lambda: self._report_training(final=True))
+
+    def after_fork_in_child(self) -> None:
+        self._lock = threading.RLock()
+        self._spans = {}  # the parent's: a forked DataLoader worker is not the training loop
 
     def _reset_training_state(self) -> None:
         self._loop_start_ns = 0
