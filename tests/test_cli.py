@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -160,7 +161,11 @@ def test_show_summarises_the_demo_run(demo_run: tuple[Path, subprocess.Completed
         assert name in out
     assert "(30 points)" in out
     assert "val/val.loss" in out and "step 30, nats" in out
-    assert "torchelastic/demo.evaluation  6" in out
+    assert re.search(r"torchelastic/demo\.evaluation +6\n", out)
+    # the training lifecycle: derived metrics of the last window, and what the run did
+    assert re.search(r"training +30 iterations this run \(global step 29\), \d+ metrics updates", out)
+    assert "iteration time (last window)  p50 " in out and "samples/s" in out and "tokens/s" in out
+    assert re.search(r"checkpoints / validations +1 saved +6 validation loops +0 telemetry misuse errors", out)
     assert "torn lines 0, corrupt lines 0, diagnostics 0" in out
     assert proc.stderr == ""
 

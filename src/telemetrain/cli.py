@@ -137,6 +137,7 @@ def summarize(run: Run) -> list[str]:
     lines += _table(metric_rows)
 
     lines += _stat_lines(records)
+    lines += _training_lines(records)
 
     event_counts = Counter((r.group, r.name) for r in records if r.kind == "event")
     lines.append(f"events      {sum(event_counts.values())}")
@@ -175,6 +176,46 @@ def _stat_lines(records: Sequence[Any]) -> list[str]:
         values = " ".join(f"{k}={_fmt_value(v)}" for k, v in last.values.items() if k != "count")
         samples = sum(w.sample_count for w in ws)
         rows.append((f"{key[0]}/{key[1]}", f"{len(ws)} windows", f"{samples} samples", f"{values}{unit}"))
+    return lines + _table(rows)
+
+
+def _training_lines(records: Sequence[Any]) -> list[str]:
+    """The derived training metrics: the last ``training_metrics_update`` of each process, and the lifecycle."""
+    updates = [
+        r for r in records if r.kind == "event" and r.group == "training" and r.name == "training_metrics_update"
+    ]
+    if not updates:
+        return []
+    last = updates[-1].attributes or {}
+
+    def ms(key: str) -> str:
+        value = last.get(key)
+        return f"{value * 1e3:.2f} ms" if isinstance(value, (int, float)) else "-"
+
+    lines = [f"training    {last.get('num_iterations', '?')} iterations this run (global step "
+             f"{last.get('current_iteration', '?')}), {len(updates)} metrics updates (training_metrics_update)"]
+    rows = [("iteration time (last window)", f"p50 {ms('p50_iteration_time_sec')}  p90 {ms('p90_iteration_time_sec')}"
+             f"  p99 {ms('p99_iteration_time_sec')}  mean {ms('avg_iteration_time_sec')}"
+             f"  max {ms('max_iteration_time_sec')}")]
+    rows.append(("iteration time (whole run)", f"p50 {ms('cumulative_p50_iteration_time_sec')}  p99 "
+                 f"{ms('cumulative_p99_iteration_time_sec')}  mean {ms('cumulative_avg_iteration_time_sec')}"))
+    throughput = []
+    for key, label in (("samples_per_second", "samples/s"), ("tokens_per_second", "tokens/s"),
+                       ("train_throughput_per_gpu", "TFLOP/s per GPU"), ("mfu", "MFU")):
+        if isinstance(last.get(key), (int, float)):
+            throughput.append(f"{_fmt_value(last[key])} {label}")
+    rows.append(("throughput (last window)", "  ".join(throughput) or "-"))
+    split = [f"{phase} {last[f'{phase}_time_fraction']:.0%}" for phase in
+             ("dataloader", "forward", "backward", "optimizer", "zero_grad") if f"{phase}_time_fraction" in last]
+    if split:
+        rows.append(("time split (last window)", "  ".join(split)))
+    if isinstance(last.get("time_to_first_iteration_sec"), (int, float)):
+        rows.append(("time to first iteration", f"{last['time_to_first_iteration_sec']:.3f} s"))
+    saves = [r for r in records if r.kind == "event" and r.name == "save_checkpoint_success"]
+    validations = [r for r in records if r.kind == "event" and r.name == "validation_metrics_update"]
+    errors = [r for r in records if r.kind == "event" and r.group == "training" and r.name == "error"]
+    rows.append(("checkpoints / validations", f"{len(saves)} saved  {len(validations)} validation loops  "
+                 f"{len(errors)} telemetry misuse errors"))
     return lines + _table(rows)
 
 

@@ -14,6 +14,7 @@ This module imports torch: only ``telemetrain demo`` imports it, never ``import 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -30,6 +31,7 @@ from torch.utils.data import DataLoader
 import telemetrain
 from telemetrain import events, metrics, monitor
 from telemetrain.stats import Gauge, Stat
+from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
 
 from .data import VOCAB, CharWindows, decode, encode, load_corpus
 
@@ -109,21 +111,33 @@ def train_step(
     x: torch.Tensor,
     y: torch.Tensor,
     grad_clip: float,
+    recorder: TrainingRecorder | None = None,
 ) -> tuple[float, float]:
-    """One optimisation step; returns (loss, gradient norm before clipping) as Python floats."""
-    logits, _ = model(x)
-    loss = nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()  # type: ignore[no-untyped-call]  # torch's own annotation gap
-    grad_norm = nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    optimizer.step()
-    scheduler.step()
+    """One optimisation step; returns (loss, gradient norm before clipping) as Python floats. With a recorder, its
+    phases are sub-spans of the iteration (forward, zero_grad, backward, optimizer update)."""
+    with _phase(recorder, "forward"):
+        logits, _ = model(x)
+        loss = nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+    with _phase(recorder, "zero_grad"):
+        optimizer.zero_grad(set_to_none=True)
+    with _phase(recorder, "backward"):
+        loss.backward()  # type: ignore[no-untyped-call]  # torch's own annotation gap
+    with _phase(recorder, "optimizer_update"):
+        grad_norm = nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        optimizer.step()
+        scheduler.step()
     # .item() syncs with the device; on the CPU that costs nothing, and the demo wants the numbers.
     return loss.item(), grad_norm.item()
 
 
+def _phase(recorder: TrainingRecorder | None, name: str) -> Any:
+    return contextlib.nullcontext() if recorder is None else getattr(recorder, name)()
+
+
 @metrics.prof(group="demo")
-def evaluate(model: CharGRU, loader: DataLoader[Any], max_batches: int) -> tuple[float, float]:
+def evaluate(
+    model: CharGRU, loader: DataLoader[Any], max_batches: int, recorder: TrainingRecorder | None = None
+) -> tuple[float, float]:
     """Mean loss (nats per character) and next-character accuracy on the first ``max_batches`` batches."""
     model.eval()
     total_loss, correct, count = 0.0, 0, 0
@@ -131,12 +145,16 @@ def evaluate(model: CharGRU, loader: DataLoader[Any], max_batches: int) -> tuple
         for i, (x, y) in enumerate(loader):
             if i >= max_batches:
                 break
+            if recorder is not None:
+                recorder.on_validation_single_iteration_start()
             logits, _ = model(x)
             total_loss += nn.functional.cross_entropy(
                 logits.reshape(-1, logits.size(-1)), y.reshape(-1), reduction="sum"
             ).item()
             correct += int((logits.argmax(-1) == y).sum())
             count += y.numel()
+            if recorder is not None:
+                recorder.on_validation_single_iteration_end()
     model.train()
     return total_loss / count, correct / count
 
@@ -245,7 +263,37 @@ def _train(cfg: DemoConfig, t: telemetrain.Telemetry, out: TextIO) -> DemoResult
 
 
 def _loop(cfg: DemoConfig, t: telemetrain.Telemetry, run_dir: Path, started: float, out: TextIO) -> DemoResult:
+    # the training lifecycle (one-logger's model): application > init phases > training loop > iterations >
+    # data loading / forward / backward / optimizer; validation loops; checkpoint saves
+    report_every = max(1, cfg.steps // 10)
+    rec = TrainingRecorder(
+        TrainingTelemetryConfig(
+            global_batch_size_or_fn=cfg.batch_size,
+            seq_length_or_fn=cfg.context,
+            perf_tag_or_fn="telemetrain-demo",
+            log_every_n_train_iterations=report_every,
+            train_iterations_target_or_fn=cfg.steps,
+        ),
+        telemetry=t,
+    )
+    rec.on_app_start()
+    try:
+        return _lifecycle(cfg, t, rec, run_dir, started, out, report_every)
+    finally:
+        rec.on_app_end()
+
+
+def _lifecycle(
+    cfg: DemoConfig,
+    t: telemetrain.Telemetry,
+    rec: TrainingRecorder,
+    run_dir: Path,
+    started: float,
+    out: TextIO,
+    report_every: int,
+) -> DemoResult:
     torch.manual_seed(cfg.seed)
+    rec.on_dataloader_init_start()
     text, modules = load_corpus()
     ids = torch.tensor(encode(text), dtype=torch.long)
     split = int(len(ids) * (1 - cfg.val_fraction))  # contiguous split: no window straddles train and validation
@@ -260,11 +308,16 @@ def _loop(cfg: DemoConfig, t: telemetrain.Telemetry, run_dir: Path, started: flo
         generator=torch.Generator().manual_seed(cfg.seed),
     )
     val_loader = DataLoader(val_set, batch_size=cfg.batch_size, shuffle=False, num_workers=0)
+    rec.on_dataloader_init_end()
 
+    rec.on_model_init_start()
     model = CharGRU(len(VOCAB), cfg.embed_dim, cfg.hidden_dim)
     params = sum(p.numel() for p in model.parameters())
+    rec.on_model_init_end()
+    rec.on_optimizer_init_start()
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg))
+    rec.on_optimizer_init_end()
     t.event(
         "data.loaded",
         {"modules": modules, "chars": len(text), "train_windows": len(train_set), "val_windows": len(val_set)},
@@ -277,7 +330,6 @@ def _loop(cfg: DemoConfig, t: telemetrain.Telemetry, run_dir: Path, started: flo
     print(f"writing the run to {run_dir}", file=out, flush=True)
 
     eval_every = max(1, math.ceil(cfg.steps / cfg.evals))
-    report_every = max(1, cfg.steps // 10)
     # windowed stats: exact percentiles per window of steps, and a torch.monitor stat closed every 2 s on time
     step_time = Stat(
         "train.step_time", ["count", "mean", "p50", "p90", "p99", "max"], samples=report_every, unit="s", telemetry=t
@@ -287,17 +339,20 @@ def _loop(cfg: DemoConfig, t: telemetrain.Telemetry, run_dir: Path, started: flo
     rss = Gauge("process.max_rss", _max_rss_bytes, unit="bytes", interval=1.0, telemetry=t)
     width = len(str(cfg.steps))
     best = math.inf
-    val_loss, val_acc = _evaluate_and_record(t, model, val_loader, cfg, step=0)
+    val_loss, val_acc = _evaluate_and_record(t, model, val_loader, cfg, step=0, recorder=rec)
     print(f"  eval at step 0: val loss {val_loss:.4f}  accuracy {val_acc:.1%}", file=out, flush=True)
     window_loss, window_samples, window_time = 0.0, 0, 0.0
     step = 0
     batches = _batches(loader)
+    rec.on_train_start(train_iterations_start=0)
     while step < cfg.steps:
         tick = time.perf_counter()
-        with data_wait.time():
+        rec.on_training_single_iteration_start()
+        with data_wait.time(), rec.data_loading():
             epoch, (x, y) = next(batches)
         lr = float(scheduler.get_last_lr()[0])  # the rate this step uses
-        loss, grad_norm = train_step(model, optimizer, scheduler, x, y, cfg.grad_clip)
+        loss, grad_norm = train_step(model, optimizer, scheduler, x, y, cfg.grad_clip, rec)
+        rec.on_training_single_iteration_end()
         elapsed = time.perf_counter() - tick
         step_time.add(elapsed)
         loss_stat.add(loss)
@@ -322,7 +377,7 @@ def _loop(cfg: DemoConfig, t: telemetrain.Telemetry, run_dir: Path, started: flo
             )
             window_loss, window_samples, window_time = 0.0, 0, 0.0
         if step % eval_every == 0 or step == cfg.steps:
-            val_loss, val_acc = _evaluate_and_record(t, model, val_loader, cfg, step)
+            val_loss, val_acc = _evaluate_and_record(t, model, val_loader, cfg, step, recorder=rec)
             if val_loss < best:
                 best = val_loss
                 t.event("val.new_best", {"step": step, "val_loss": val_loss})
@@ -331,7 +386,11 @@ def _loop(cfg: DemoConfig, t: telemetrain.Telemetry, run_dir: Path, started: flo
     for stat in (step_time, data_wait, loss_stat):
         stat.close()  # report what is open now (closing the Telemetry would too)
     rss.close()
+    rec.on_save_checkpoint_start(step)
     checkpoint = _save_checkpoint(model, optimizer, cfg, step, run_dir)
+    rec.on_save_checkpoint_success(step)
+    rec.on_save_checkpoint_end(path=checkpoint)
+    rec.on_train_end()
     sample = sample_text(model, "def ", 120, cfg.seed)
     t.event("demo.sample", {"step": step, "text": sample})
     return DemoResult(run_dir, step, time.perf_counter() - started, val_loss, val_acc, checkpoint, sample)
@@ -348,9 +407,20 @@ def _max_rss_bytes() -> int | None:
 
 
 def _evaluate_and_record(
-    t: telemetrain.Telemetry, model: CharGRU, loader: DataLoader[Any], cfg: DemoConfig, step: int
+    t: telemetrain.Telemetry,
+    model: CharGRU,
+    loader: DataLoader[Any],
+    cfg: DemoConfig,
+    step: int,
+    recorder: TrainingRecorder | None = None,
 ) -> tuple[float, float]:
-    val_loss, val_acc = evaluate(model, loader, cfg.eval_batches)
+    if recorder is not None:
+        recorder.on_validation_start()
+    try:
+        val_loss, val_acc = evaluate(model, loader, cfg.eval_batches, recorder)
+    finally:
+        if recorder is not None:
+            recorder.on_validation_end()
     t.metric("val.loss", val_loss, "val", unit="nats", step=step)
     t.metric("val.accuracy", val_acc, "val", unit="ratio", step=step)
     events.record(
