@@ -483,12 +483,12 @@ class TrainingRecorder:
         return self._peak
 
     def _find_peak(self) -> Any:
-        from . import flops  # imports torch only when a device must be looked up
+        from .flops import explicit_peak, peak_tflops  # torch is imported only when a device must be looked up
 
         config = self.config
         if config is not None and config.peak_tflops_per_gpu:
-            return flops.explicit_peak(config.peak_tflops_per_gpu, config.device_name or "explicit")
-        return flops.peak_tflops(config.device_name if config else None, config.dtype if config else "bfloat16")
+            return explicit_peak(config.peak_tflops_per_gpu, config.device_name or "explicit")
+        return peak_tflops(config.device_name if config else None, config.dtype if config else "bfloat16")
 
     def _report_training(self, final: bool) -> None:
         window = self._window
