@@ -1344,3 +1344,21 @@ def test_property_merge_of_two_parts_equals_the_whole(values: list[float], cut: 
     # and through the wire format
     wire = json.dumps(merged.to_dict())
     assert json.dumps(Summary.from_dict(json.loads(wire)).to_dict()) == wire
+
+
+def test_absorb_equals_merge() -> None:
+    """absorb() (in place, growing its own histogram) computes what merge() does."""
+    import random as _random
+
+    rng = _random.Random(7)
+    parts = [[rng.lognormvariate(0, 1.5) for _ in range(rng.randrange(1, 3000))] for _ in range(6)]
+    merged = Summary()
+    absorbed = Summary()
+    for part in parts:
+        merged = merged.merge(Summary.of(part))
+        absorbed.absorb(Summary.of(part))
+    qs = [0.0, 0.1, 0.5, 0.9, 0.99, 1.0]
+    assert absorbed.count == merged.count and absorbed.sum == merged.sum
+    assert absorbed.min == merged.min and absorbed.max == merged.max
+    assert absorbed.quantiles(qs) == merged.quantiles(qs)
+    assert absorbed.histogram_dict() == merged.histogram_dict()

@@ -22,7 +22,8 @@ import math
 import sys
 from array import array
 from bisect import bisect_right
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import accumulate
 from typing import Any
 
 __all__ = ["DEFAULT_MAX_BUCKETS", "DEFAULT_SCALE", "ExpHistogram", "relative_error"]
@@ -233,22 +234,29 @@ class ExpHistogram:
     def relative_error(self) -> float:
         return relative_error(self.scale)
 
-    def _ordered_buckets(self) -> list[tuple[int, float]]:
-        """(cumulative count at the bucket's end, the bucket's value estimate), from the most negative value up."""
-        base = 2.0 ** (2.0**-self.scale)
-        factor = 2.0 / (base + 1.0)
-        out: list[tuple[int, float]] = []
-        cumulative = 0
-        for index, n in reversed(self._negative.items()):
-            cumulative += n
-            out.append((cumulative, -_upper(index, self.scale) * factor))
-        if self.zero_count:
-            cumulative += self.zero_count
-            out.append((cumulative, 0.0))
-        for index, n in self._positive.items():
-            cumulative += n
-            out.append((cumulative, _upper(index, self.scale) * factor))
-        return out
+    def _order_statistic_finder(self) -> tuple[int, Callable[[int], float]]:
+        """(total count, a function rank -> the value estimate of the bucket holding that order statistic). The
+        cumulative counts come from C (``accumulate`` over the dense arrays); a value is computed only for the
+        buckets asked for, so a quantile costs O(log buckets) after one O(buckets) C pass."""
+        neg, pos = self._negative, self._positive
+        neg_cum = list(accumulate(reversed(neg.counts)))  # most negative bucket first
+        neg_total = neg_cum[-1] if neg_cum else 0
+        zero_end = neg_total + self.zero_count
+        pos_cum = list(accumulate(pos.counts, initial=zero_end))[1:]
+        total = pos_cum[-1] if pos_cum else zero_end
+        scale = self.scale
+        factor = float(2.0 / (2.0 ** (2.0**-scale) + 1.0))
+        neg_top = neg.offset + len(neg.counts) - 1
+
+        def value(rank: int) -> float:
+            if rank < neg_total:
+                index = neg_top - bisect_right(neg_cum, rank)
+                return -_upper(index, scale) * factor
+            if rank < zero_end:
+                return 0.0
+            return _upper(pos.offset + bisect_right(pos_cum, rank), scale) * factor
+
+        return total, value
 
     def quantiles(
         self, qs: Sequence[float], lowest: float | None = None, highest: float | None = None
@@ -257,18 +265,16 @@ class ExpHistogram:
         ("linear") method does, so each is within ``relative_error`` of ``numpy.quantile`` on the same values (when
         the two neighbouring order statistics share a sign). ``lowest``/``highest`` (the exact min and max) clamp the
         estimates and make q=0 and q=1 exact. ``None`` for an empty histogram."""
-        ordered = self._ordered_buckets()
-        total = ordered[-1][0] if ordered else 0
+        total, estimate = self._order_statistic_finder()
         if not total:
             return [None for _ in qs]
-        ends = [c for c, _ in ordered]
 
         def order_statistic(k: int) -> float:
             if k == 0 and lowest is not None:
                 return lowest
             if k == total - 1 and highest is not None:
                 return highest
-            value = ordered[bisect_right(ends, k)][1]
+            value = estimate(k)
             if lowest is not None and value < lowest:
                 return lowest
             if highest is not None and value > highest:

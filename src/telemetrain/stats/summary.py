@@ -244,7 +244,7 @@ class Summary:
         out.histogram = None if self.histogram is None else self.histogram.copy()
         return out
 
-    def merge(self, other: Summary) -> Summary:
+    def merge(self, other: Summary, _into: ExpHistogram | None = None) -> Summary:
         """A new summary of both sets of samples. Count, sum, min, max, mean and stddev are exact; quantiles stay
         exact while both sides kept their samples and there are at most ``RAW_LIMIT`` together, and are otherwise
         within the histogram's bound. ``last`` is ``other``'s when it has one (pass the later window second)."""
@@ -272,14 +272,26 @@ class Summary:
                 out.raw = self.raw + other.raw
             else:
                 out.raw = None
-                hist = ExpHistogram()
-                for side in (self, other):
+                sides: tuple[Summary, ...]
+                if _into is not None:  # absorb(): this side's own histogram, grown in place
+                    hist, sides = _into, (other,)
+                else:
+                    hist, sides = ExpHistogram(), (self, other)
+                for side in sides:
                     if side.raw:
                         hist.record(side.raw)
                     elif side.histogram is not None:
                         hist.merge(side.histogram)
                 out.histogram = hist
         return out
+
+    def absorb(self, other: Summary) -> None:
+        """Add ``other``'s samples into this summary in place: what ``merge`` computes, growing this summary's own
+        histogram rather than copying it (O(other), not O(both): a cumulative summary absorbing each window)."""
+        hist = self.histogram if self.raw is None else None
+        merged = self.merge(other, _into=hist)
+        for name in self.__slots__:
+            setattr(self, name, getattr(merged, name))
 
     def to_dict(self, compact: bool = False) -> dict[str, Any]:
         """A JSON-able form for sending to another process (``from_dict`` reads it back). ``compact`` replaces kept

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..spans import Span
-from .names import SpanName
+from .names import S
 from .recorder import TrainingRecorder
 
 __all__ = ["TrainingContexts"]
@@ -23,7 +23,7 @@ class TrainingContexts:
         self._recorder = recorder
 
     @contextmanager
-    def _pair(self, start: str, end: str, name: SpanName, *args: Any, **end_kwargs: Any) -> Iterator[Span | None]:
+    def _pair(self, start: str, end: str, name: str, *args: Any, **end_kwargs: Any) -> Iterator[Span | None]:
         recorder = self._recorder()
         s = getattr(recorder, start)(*args)
         try:
@@ -35,22 +35,22 @@ class TrainingContexts:
             getattr(recorder, end)(**end_kwargs)
 
     def application(self) -> Any:
-        return self._pair("on_app_start", "on_app_end", SpanName.APPLICATION)
+        return self._pair("on_app_start", "on_app_end", S.APPLICATION)
 
     def distributed_init(self) -> Any:
-        return self._pair("on_distributed_init_start", "on_distributed_init_end", SpanName.DIST_INIT)
+        return self._pair("on_distributed_init_start", "on_distributed_init_end", S.DIST_INIT)
 
     def model_init(self) -> Any:
-        return self._pair("on_model_init_start", "on_model_init_end", SpanName.MODEL_INIT)
+        return self._pair("on_model_init_start", "on_model_init_end", S.MODEL_INIT)
 
     def dataloader_init(self) -> Any:
-        return self._pair("on_dataloader_init_start", "on_dataloader_init_end", SpanName.DATA_LOADER_INIT)
+        return self._pair("on_dataloader_init_start", "on_dataloader_init_end", S.DATA_LOADER_INIT)
 
     def optimizer_init(self) -> Any:
-        return self._pair("on_optimizer_init_start", "on_optimizer_init_end", SpanName.OPTIMIZER_INIT)
+        return self._pair("on_optimizer_init_start", "on_optimizer_init_end", S.OPTIMIZER_INIT)
 
     def checkpoint_load(self, path: str | os.PathLike[str] | None = None) -> Any:
-        return self._pair("on_load_checkpoint_start", "on_load_checkpoint_end", SpanName.CHECKPOINT_LOAD, path=path)
+        return self._pair("on_load_checkpoint_start", "on_load_checkpoint_end", S.CHECKPOINT_LOAD, path=path)
 
     def training_loop(
         self,
@@ -59,26 +59,26 @@ class TrainingContexts:
         train_iterations_target_or_fn: Any = None,
         train_samples_target_or_fn: Any = None,
     ) -> Any:
-        return self._pair("on_train_start", "on_train_end", SpanName.TRAINING_LOOP, train_iterations_start,
+        return self._pair("on_train_start", "on_train_end", S.TRAINING_LOOP, train_iterations_start,
                           train_samples_start, train_iterations_target_or_fn, train_samples_target_or_fn)
 
     def training_iteration(self) -> Any:
         return self._pair("on_training_single_iteration_start", "on_training_single_iteration_end",
-                          SpanName.TRAINING_SINGLE_ITERATION)
+                          S.TRAINING_SINGLE_ITERATION)
 
     def validation_loop(self) -> Any:
-        return self._pair("on_validation_start", "on_validation_end", SpanName.VALIDATION_LOOP)
+        return self._pair("on_validation_start", "on_validation_end", S.VALIDATION_LOOP)
 
     def validation_iteration(self) -> Any:
         return self._pair("on_validation_single_iteration_start", "on_validation_single_iteration_end",
-                          SpanName.VALIDATION_SINGLE_ITERATION)
+                          S.VALIDATION_SINGLE_ITERATION)
 
     def testing_loop(self) -> Any:
-        return self._pair("on_testing_start", "on_testing_end", SpanName.TESTING_LOOP)
+        return self._pair("on_testing_start", "on_testing_end", S.TESTING_LOOP)
 
     def testing_iteration(self) -> Any:
         return self._pair("on_testing_single_iteration_start", "on_testing_single_iteration_end",
-                          SpanName.TESTING_SINGLE_ITERATION)
+                          S.TESTING_SINGLE_ITERATION)
 
     @contextmanager
     def checkpoint_save(self, global_step: int, path: str | os.PathLike[str] | None = None) -> Iterator[Span | None]:
@@ -93,7 +93,7 @@ class TrainingContexts:
             _fail(recorder, recorder._save_span_name(), exc)
             recorder.on_save_checkpoint_end(path=path)
             raise
-        if recorder._save_span_name() is SpanName.CHECKPOINT_SAVE_SYNC:
+        if recorder._save_span_name() == S.CHECKPOINT_SAVE_SYNC:
             recorder.on_save_checkpoint_success(global_step)
         recorder.on_save_checkpoint_end(path=path)
 
@@ -113,8 +113,8 @@ class TrainingContexts:
         return self._recorder().zero_grad()
 
 
-def _fail(recorder: TrainingRecorder, name: SpanName, exc: BaseException) -> None:
-    s = recorder._spans.get(name.value)
+def _fail(recorder: TrainingRecorder, name: str, exc: BaseException) -> None:
+    s = recorder._spans.get(name)
     if s is not None and not s.ended:
         from ..dispatch import describe
 

@@ -35,7 +35,7 @@ from ..spans import Span, Tracer, current_span, tracer
 from ..stats.summary import Summary
 from ..telemetry import Telemetry, get_telemetry
 from .config import CheckpointStrategy, TrainingTelemetryConfig
-from .names import PHASES, EventName, SpanName
+from .names import PHASES, E, S
 
 __all__ = ["TrainingRecorder"]
 
@@ -116,12 +116,12 @@ class _Window:
             self.times = []
 
 
-def _simple_pair(name: SpanName, what: str) -> tuple[Callable[..., Span | None], Callable[..., None]]:
+def _simple_pair(name: str, what: str) -> tuple[Callable[..., Span | None], Callable[..., None]]:
     """The start and end callbacks of an initialisation phase (a span under the application)."""
 
     def start(self: TrainingRecorder, start_time_msec: float | None = None) -> Span | None:
         with self._lock:
-            return self._start(f"on_{what}_start", name, start_time_msec, parent=SpanName.APPLICATION)
+            return self._start(f"on_{what}_start", name, start_time_msec, parent=S.APPLICATION)
 
     def end(self: TrainingRecorder, finish_time_msec: float | None = None) -> None:
         with self._lock:
@@ -177,7 +177,7 @@ class TrainingRecorder:
         if not final:
             return
         with self._lock:
-            loop = self._spans.get(SpanName.TRAINING_LOOP.value)
+            loop = self._spans.get(S.TRAINING_LOOP)
             if loop is not None and not loop.ended and self._window.iterations:
                 self._guarded("exit", lambda: self._report_training(final=True))
 
@@ -197,8 +197,8 @@ class TrainingRecorder:
         self._steady_iterations = 0
         self._throughput_min: float | None = None
         self._throughput_max: float | None = None
-        self._first_iteration_end_wall: float | None = None
-        self._last_iteration_end_wall: float | None = None
+        self._first_iteration_end_ns = 0
+        self._last_iteration_end_ns = 0
         self._time_to_first_iteration: float | None = None
         self._iterations_target: int | None = None
         self._samples_target: int | None = None
@@ -212,17 +212,17 @@ class TrainingRecorder:
         with self._lock:
             self.config = config
             self._peak_resolved = False
-            iteration = SpanName.TRAINING_SINGLE_ITERATION.value
+            iteration = S.TRAINING_SINGLE_ITERATION
             every = config.export_iteration_spans_every or config.log_every_n_train_iterations
             self.tracer.sample(iteration, every)
-            self.tracer.sample(SpanName.VALIDATION_SINGLE_ITERATION.value, every)
-            self.tracer.sample(SpanName.TESTING_SINGLE_ITERATION.value, every)
+            self.tracer.sample(S.VALIDATION_SINGLE_ITERATION, every)
+            self.tracer.sample(S.TESTING_SINGLE_ITERATION, every)
             if self._app_start_ns:  # else on_app_start emits it (one-logger's order)
                 self._guarded("set_training_telemetry_config", self._emit_config)
 
     def _emit_config(self) -> None:
         assert self.config is not None
-        self._event(EventName.UPDATE_TRAINING_TELEMETRY_CONFIG, self.config.as_attributes(), SpanName.APPLICATION)
+        self._event(E.UPDATE_TRAINING_TELEMETRY_CONFIG, self.config.as_attributes(), S.APPLICATION)
 
     # -- helpers ---------------------------------------------------------------------------------------------------
 
@@ -241,7 +241,7 @@ class TrainingRecorder:
                         "warned about)", stacklevel=4)
         attributes = {"error_message": message, "callback": callback, **context}
         try:
-            self.telemetry.event(EventName.ERROR.value, attributes, severity="error", group=GROUP)
+            self.telemetry.event(E.ERROR, attributes, severity="error", group=GROUP)
         except Exception:  # noqa: BLE001
             pass
 
@@ -253,37 +253,37 @@ class TrainingRecorder:
             self._misuse(callback, f"failed: {describe(exc)}")
             return None
 
-    def _event(self, name: EventName, attributes: Mapping[str, Any], on: SpanName | None = None) -> None:
-        span = self._spans.get(on.value) if on is not None else None
+    def _event(self, name: str, attributes: Mapping[str, Any], on: str | None = None) -> None:
+        span = self._spans.get(on) if on is not None else None
         span_id = span.span_id_hex if span is not None else ""
-        self.telemetry.event(name.value, attributes, group=GROUP, span_id=span_id)
+        self.telemetry.event(name, attributes, group=GROUP, span_id=span_id)
 
     def _start(
         self,
         callback: str,
-        name: SpanName,
+        name: str,
         time_msec: float | None,
         attributes: Mapping[str, Any] | None = None,
-        parent: SpanName | None = None,
+        parent: str | None = None,
     ) -> Span | None:
-        key = name.value
+        key = name
         existing = self._spans.get(key)
         if existing is not None and not existing.ended:
             self._misuse(callback, f"{key} is already open: this start is ignored", span=key)
             return None
         start_ns = self._mono_of(time_msec)
-        parent_span = self._spans.get(parent.value) if parent is not None else None
+        parent_span = self._spans.get(parent) if parent is not None else None
         if parent_span is not None and parent_span.ended:
             parent_span = None
         s = self.tracer.start(key, group=GROUP, parent=parent_span, start_ns=start_ns, attributes=attributes)
         self._spans[key] = s
         return s
 
-    def _end(self, callback: str, name: SpanName, time_msec: float | None, status: str | None = None,
+    def _end(self, callback: str, name: str, time_msec: float | None, status: str | None = None,
              error: str = "") -> Span | None:
-        s = self._spans.pop(name.value, None)
+        s = self._spans.pop(name, None)
         if s is None or s.ended:
-            self._misuse(callback, f"{name.value} was not started (or already ended): nothing to end", span=name.value)
+            self._misuse(callback, f"{name} was not started (or already ended): nothing to end", span=name)
             return None
         end_ns = self._mono_of(time_msec)
         if status is not None:
@@ -295,7 +295,7 @@ class TrainingRecorder:
 
     def on_app_start(self, start_time_msec: float | None = None) -> Span | None:
         with self._lock:
-            s = self._start("on_app_start", SpanName.APPLICATION, start_time_msec)
+            s = self._start("on_app_start", S.APPLICATION, start_time_msec)
             if s is None:
                 return None
             self._app_start_ns = s.start_ns
@@ -319,39 +319,39 @@ class TrainingRecorder:
         }
         if config is not None and config.custom_metadata:
             attributes["custom_metadata"] = [f"{k}:{v}" for k, v in config.custom_metadata.items()]
-        self._event(EventName.ONE_LOGGER_INITIALIZATION, attributes, SpanName.APPLICATION)
+        self._event(E.ONE_LOGGER_INITIALIZATION, attributes, S.APPLICATION)
 
     def on_app_end(self, finish_time_msec: float | None = None) -> None:
         """End the application; spans still open are ended as ``terminated`` (each an error event), the training
         loop's last metrics are reported first."""
         with self._lock:
-            if SpanName.TRAINING_LOOP.value in self._spans:
+            if S.TRAINING_LOOP in self._spans:
                 self._misuse("on_app_end", "training_loop still open at application end: ended here")
                 self.on_train_end(finish_time_msec)
             for key, s in list(self._spans.items()):
-                if key != SpanName.APPLICATION.value and not s.ended:
+                if key != S.APPLICATION and not s.ended:
                     self._misuse("on_app_end", f"{key} still open at application end: terminated", span=key)
                     self._spans.pop(key, None)
                     s.end("terminated", "still open at application end", end_ns=self._mono_of(finish_time_msec))
-            self._end("on_app_end", SpanName.APPLICATION, finish_time_msec)
+            self._end("on_app_end", S.APPLICATION, finish_time_msec)
         self.telemetry.flush()
 
-    on_distributed_init_start, on_distributed_init_end = _simple_pair(SpanName.DIST_INIT, "distributed_init")
-    on_model_init_start, on_model_init_end = _simple_pair(SpanName.MODEL_INIT, "model_init")
-    on_dataloader_init_start, on_dataloader_init_end = _simple_pair(SpanName.DATA_LOADER_INIT, "dataloader_init")
-    on_optimizer_init_start, on_optimizer_init_end = _simple_pair(SpanName.OPTIMIZER_INIT, "optimizer_init")
+    on_distributed_init_start, on_distributed_init_end = _simple_pair(S.DIST_INIT, "distributed_init")
+    on_model_init_start, on_model_init_end = _simple_pair(S.MODEL_INIT, "model_init")
+    on_dataloader_init_start, on_dataloader_init_end = _simple_pair(S.DATA_LOADER_INIT, "dataloader_init")
+    on_optimizer_init_start, on_optimizer_init_end = _simple_pair(S.OPTIMIZER_INIT, "optimizer_init")
 
     def on_load_checkpoint_start(self, start_time_msec: float | None = None) -> Span | None:
         with self._lock:
-            return self._start("on_load_checkpoint_start", SpanName.CHECKPOINT_LOAD, start_time_msec,
-                               parent=SpanName.APPLICATION)
+            return self._start("on_load_checkpoint_start", S.CHECKPOINT_LOAD, start_time_msec,
+                               parent=S.APPLICATION)
 
     def on_load_checkpoint_end(
         self, finish_time_msec: float | None = None, *, path: str | os.PathLike[str] | None = None
     ) -> None:
         """``path`` (ours): the checkpoint file or directory, for its size."""
         with self._lock:
-            s = self._end("on_load_checkpoint_end", SpanName.CHECKPOINT_LOAD, finish_time_msec)
+            s = self._end("on_load_checkpoint_end", S.CHECKPOINT_LOAD, finish_time_msec)
             if s is not None:
                 self._loads.add(s.duration_ns / 1e9, _path_bytes(path))
 
@@ -372,7 +372,7 @@ class TrainingRecorder:
             if self.config is None:
                 self._misuse("on_train_start", "no training config set (set_training_telemetry_config): throughput and "
                              "samples are not computed")
-            existing = self._spans.get(SpanName.TRAINING_LOOP.value)
+            existing = self._spans.get(S.TRAINING_LOOP)
             if existing is not None and not existing.ended:
                 self._misuse("on_train_start", "training_loop is already open: this start is ignored")
                 return None
@@ -397,8 +397,8 @@ class TrainingRecorder:
                 seq = self._guarded("on_train_start", lambda: config.seq_length if config else None)
                 if seq:
                     attributes["train_tokens_target"] = seq * self._samples_target
-            s = self._start("on_train_start", SpanName.TRAINING_LOOP, start_time_msec, attributes,
-                            parent=SpanName.APPLICATION)
+            s = self._start("on_train_start", S.TRAINING_LOOP, start_time_msec, attributes,
+                            parent=S.APPLICATION)
             if s is not None:
                 self._loop_start_ns = s.start_ns
                 self._window.start_ns = s.start_ns
@@ -407,15 +407,15 @@ class TrainingRecorder:
     def on_train_end(self, finish_time_msec: float | None = None) -> None:
         """End the training loop, reporting the iterations since the last update (one-logger drops them)."""
         with self._lock:
-            if SpanName.TRAINING_SINGLE_ITERATION.value in self._spans:
+            if S.TRAINING_SINGLE_ITERATION in self._spans:
                 self._misuse("on_train_end", "an iteration is still open at training end: ended here")
                 self.on_training_single_iteration_end(finish_time_msec)
             if self._window.iterations:
                 self._guarded("on_train_end", lambda: self._report_training(final=True))
-            self._end("on_train_end", SpanName.TRAINING_LOOP, finish_time_msec)
+            self._end("on_train_end", S.TRAINING_LOOP, finish_time_msec)
 
     def on_training_single_iteration_start(self, start_time_msec: float | None = None) -> Span | None:
-        key = SpanName.TRAINING_SINGLE_ITERATION.value
+        key = S.TRAINING_SINGLE_ITERATION
         with self._lock:
             stale = self._spans.get(key)
             if stale is not None and not stale.ended:
@@ -423,17 +423,17 @@ class TrainingRecorder:
                              "with status error, and not counted", iteration=self._iterations_start + self._iterations)
                 self._spans.pop(key, None)
                 stale.end("error", "no on_training_single_iteration_end")
-            if SpanName.TRAINING_LOOP.value not in self._spans:
+            if S.TRAINING_LOOP not in self._spans:
                 self._misuse("on_training_single_iteration_start", "no training loop (on_train_start) open")
             start_ns = self._mono_of(start_time_msec)
-            loop = self._spans.get(SpanName.TRAINING_LOOP.value)
+            loop = self._spans.get(S.TRAINING_LOOP)
             s = self.tracer.start(key, group=GROUP, parent=loop, start_ns=start_ns)
             self._spans[key] = s
             return s
 
     def on_training_single_iteration_end(self, finish_time_msec: float | None = None) -> None:
         with self._lock:
-            s = self._end("on_training_single_iteration_end", SpanName.TRAINING_SINGLE_ITERATION, finish_time_msec)
+            s = self._end("on_training_single_iteration_end", S.TRAINING_SINGLE_ITERATION, finish_time_msec)
             if s is None:
                 return
             end_ns = s.end_ns
@@ -451,13 +451,11 @@ class TrainingRecorder:
                 self._steady_iterations += 1
             elif self._iterations == warmup:
                 self._steady_start_ns = end_ns
-            wall = (end_ns + self.telemetry.wall_offset_ns) / 1e9
-            if self._first_iteration_end_wall is None:
-                self._first_iteration_end_wall = wall
+            if not self._first_iteration_end_ns:
+                self._first_iteration_end_ns = end_ns
                 origin = self._app_start_ns or self._loop_start_ns
                 if origin:
                     self._time_to_first_iteration = (end_ns - origin) / 1e9
-            self._last_iteration_end_wall = wall
             self._last_iteration_end_ns = end_ns
             every = config.log_every_n_train_iterations if config is not None else 50
             if (self._iterations_start + self._iterations) % every == 0:
@@ -493,7 +491,7 @@ class TrainingRecorder:
     def _report_training(self, final: bool) -> None:
         window = self._window
         window.fold()
-        end_ns = getattr(self, "_last_iteration_end_ns", 0) or _mono()
+        end_ns = self._last_iteration_end_ns or _mono()
         config = self.config
         gbs = self._gbs() or 0
         seq = self._guarded("seq_length", lambda: config.seq_length) if config else None
@@ -511,7 +509,7 @@ class TrainingRecorder:
             "final": final,
         }
         # iteration time: the window (one-logger documents per-window values; it computed them cumulatively)
-        self._cumulative = self._cumulative.merge(window.summary)
+        self._cumulative.absorb(window.summary)
         w = window.summary.values(_TIME_AGGS)
         if w.get("count"):
             attributes.update({
@@ -569,14 +567,16 @@ class TrainingRecorder:
                 attributes[f"avg_{phase}_time_sec"] = seconds / window.iterations
                 if wall_s > 0:
                     attributes[f"{phase}_time_fraction"] = seconds / wall_s
-        if self._first_iteration_end_wall is not None:
-            attributes["first_logged_train_iterations_finish_timestamp_sec"] = self._first_iteration_end_wall
-            attributes["last_logged_train_iterations_finish_timestamp_sec"] = self._last_iteration_end_wall
+        if self._first_iteration_end_ns:
+            offset = self.telemetry.wall_offset_ns
+            first, last = self._first_iteration_end_ns + offset, self._last_iteration_end_ns + offset
+            attributes["first_logged_train_iterations_finish_timestamp_sec"] = first / 1e9
+            attributes["last_logged_train_iterations_finish_timestamp_sec"] = last / 1e9
         if self._time_to_first_iteration is not None:
             attributes["time_to_first_iteration_sec"] = self._time_to_first_iteration
         attributes.update(self._saves.as_attributes("save_checkpoint"))
         attributes.update(self._loads.as_attributes("load_checkpoint"))
-        self._event(EventName.TRAINING_METRICS_UPDATE, attributes, SpanName.TRAINING_LOOP)
+        self._event(E.TRAINING_METRICS_UPDATE, attributes, S.TRAINING_LOOP)
         self._emit_metrics(attributes, current - 1)
         self._window = _Window(start_ns=end_ns)
 
@@ -614,85 +614,85 @@ class TrainingRecorder:
 
     def on_validation_start(self, start_time_msec: float | None = None) -> Span | None:
         with self._lock:
-            s = self._start("on_validation_start", SpanName.VALIDATION_LOOP, start_time_msec,
-                            parent=SpanName.APPLICATION)
+            s = self._start("on_validation_start", S.VALIDATION_LOOP, start_time_msec,
+                            parent=S.APPLICATION)
             if s is not None:
-                self._loop_summary[SpanName.VALIDATION_LOOP.value] = Summary()
-                self._loop_times[SpanName.VALIDATION_LOOP.value] = []
+                self._loop_summary[S.VALIDATION_LOOP] = Summary()
+                self._loop_times[S.VALIDATION_LOOP] = []
             return s
 
     def on_validation_end(self, finish_time_msec: float | None = None) -> None:
         with self._lock:
-            self._loop_end("on_validation_end", SpanName.VALIDATION_LOOP, SpanName.VALIDATION_SINGLE_ITERATION,
-                           EventName.VALIDATION_METRICS_UPDATE, finish_time_msec)
+            self._loop_end("on_validation_end", S.VALIDATION_LOOP, S.VALIDATION_SINGLE_ITERATION,
+                           E.VALIDATION_METRICS_UPDATE, finish_time_msec)
 
     def on_validation_single_iteration_start(self, start_time_msec: float | None = None) -> Span | None:
         with self._lock:
             return self._loop_iteration_start("on_validation_single_iteration_start",
-                                              SpanName.VALIDATION_SINGLE_ITERATION, SpanName.VALIDATION_LOOP,
+                                              S.VALIDATION_SINGLE_ITERATION, S.VALIDATION_LOOP,
                                               start_time_msec)
 
     def on_validation_single_iteration_end(self, finish_time_msec: float | None = None) -> None:
         with self._lock:
-            self._loop_iteration_end("on_validation_single_iteration_end", SpanName.VALIDATION_SINGLE_ITERATION,
-                                     SpanName.VALIDATION_LOOP, finish_time_msec)
+            self._loop_iteration_end("on_validation_single_iteration_end", S.VALIDATION_SINGLE_ITERATION,
+                                     S.VALIDATION_LOOP, finish_time_msec)
 
     def on_testing_start(self, start_time_msec: float | None = None) -> Span | None:
         with self._lock:
-            s = self._start("on_testing_start", SpanName.TESTING_LOOP, start_time_msec, parent=SpanName.APPLICATION)
+            s = self._start("on_testing_start", S.TESTING_LOOP, start_time_msec, parent=S.APPLICATION)
             if s is not None:
-                self._loop_summary[SpanName.TESTING_LOOP.value] = Summary()
-                self._loop_times[SpanName.TESTING_LOOP.value] = []
+                self._loop_summary[S.TESTING_LOOP] = Summary()
+                self._loop_times[S.TESTING_LOOP] = []
             return s
 
     def on_testing_end(self, finish_time_msec: float | None = None) -> None:
         with self._lock:
-            self._loop_end("on_testing_end", SpanName.TESTING_LOOP, SpanName.TESTING_SINGLE_ITERATION,
-                           EventName.TESTING_METRICS_UPDATE, finish_time_msec)
+            self._loop_end("on_testing_end", S.TESTING_LOOP, S.TESTING_SINGLE_ITERATION,
+                           E.TESTING_METRICS_UPDATE, finish_time_msec)
 
     def on_testing_single_iteration_start(self, start_time_msec: float | None = None) -> Span | None:
         """Ours: one-logger has a testing-iteration span name but no callback for it."""
         with self._lock:
-            return self._loop_iteration_start("on_testing_single_iteration_start", SpanName.TESTING_SINGLE_ITERATION,
-                                              SpanName.TESTING_LOOP, start_time_msec)
+            return self._loop_iteration_start("on_testing_single_iteration_start", S.TESTING_SINGLE_ITERATION,
+                                              S.TESTING_LOOP, start_time_msec)
 
     def on_testing_single_iteration_end(self, finish_time_msec: float | None = None) -> None:
         with self._lock:
-            self._loop_iteration_end("on_testing_single_iteration_end", SpanName.TESTING_SINGLE_ITERATION,
-                                     SpanName.TESTING_LOOP, finish_time_msec)
+            self._loop_iteration_end("on_testing_single_iteration_end", S.TESTING_SINGLE_ITERATION,
+                                     S.TESTING_LOOP, finish_time_msec)
 
-    def _loop_iteration_start(self, callback: str, name: SpanName, loop: SpanName,
+    def _loop_iteration_start(self, callback: str, name: str, loop: str,
                               time_msec: float | None) -> Span | None:
-        stale = self._spans.get(name.value)
+        stale = self._spans.get(name)
         if stale is not None and not stale.ended:
-            self._misuse(callback, f"the previous {name.value} was not ended: ended here with status error")
-            self._spans.pop(name.value, None)
-            stale.end("error", f"no end callback for {name.value}")
-        if loop.value not in self._spans:
-            self._misuse(callback, f"no {loop.value} open")
+            self._misuse(callback, f"the previous {name} was not ended: ended here with status error")
+            self._spans.pop(name, None)
+            stale.end("error", f"no end callback for {name}")
+        if loop not in self._spans:
+            self._misuse(callback, f"no {loop} open")
         return self._start(callback, name, time_msec, parent=loop)
 
-    def _loop_iteration_end(self, callback: str, name: SpanName, loop: SpanName, time_msec: float | None) -> None:
+    def _loop_iteration_end(self, callback: str, name: str, loop: str, time_msec: float | None) -> None:
         s = self._end(callback, name, time_msec)
         if s is None:
             return
-        times = self._loop_times.setdefault(loop.value, [])
+        times = self._loop_times.setdefault(loop, [])
         times.append(s.duration_ns / 1e9)
         if len(times) >= 2048:
-            self._loop_summary.setdefault(loop.value, Summary()).fold(times)
-            self._loop_times[loop.value] = []
+            self._loop_summary.setdefault(loop, Summary()).fold(times)
+            self._loop_times[loop] = []
 
-    def _loop_end(self, callback: str, loop: SpanName, iteration: SpanName, event: EventName,
+    def _loop_end(self, callback: str, loop: str, iteration: str, event: str,
                   time_msec: float | None) -> None:
-        if iteration.value in self._spans:
-            self._misuse(callback, f"{iteration.value} still open at {loop.value} end: ended here")
+        if iteration in self._spans:
+            self._misuse(callback, f"{iteration} still open at {loop} end: ended here")
             self._loop_iteration_end(callback, iteration, loop, time_msec)
-        summary = self._loop_summary.pop(loop.value, Summary())
-        times = self._loop_times.pop(loop.value, [])
+        summary = self._loop_summary.pop(loop, Summary())
+        times = self._loop_times.pop(loop, [])
         if times:
             summary.fold(times)
         current = self._iterations_start + self._iterations
-        last = self._iterations_at_validation if loop is SpanName.VALIDATION_LOOP else self._iterations_at_testing
+        last = self._iterations_at_validation if loop == S.VALIDATION_LOOP else self._iterations_at_testing
         attributes: dict[str, Any] = {"current_iteration": current - 1 if current else 0, "interval": current - last}
         values = summary.values(_TIME_AGGS)
         if values.get("count"):
@@ -702,12 +702,12 @@ class TrainingRecorder:
                 "total_iteration_time_sec": values["sum"],
                 **{f"{q}_iteration_time_sec": values[q] for q in _QUANTILES if q in values},
             })
-        s = self._spans.get(loop.value)
+        s = self._spans.get(loop)
         if s is not None:
             attributes["loop_time_sec"] = s.duration_ns / 1e9
         self._event(event, attributes, loop)
         ended = self._end(callback, loop, time_msec)
-        if loop is SpanName.VALIDATION_LOOP:
+        if loop == S.VALIDATION_LOOP:
             self._iterations_at_validation = current
             if ended is not None:
                 self._validation_total_sec += ended.duration_ns / 1e9
@@ -716,10 +716,10 @@ class TrainingRecorder:
 
     # -- checkpoints -----------------------------------------------------------------------------------------------
 
-    def _save_span_name(self) -> SpanName:
+    def _save_span_name(self) -> str:
         if self.config is not None and self.config.save_checkpoint_strategy == CheckpointStrategy.ASYNC:
-            return SpanName.CHECKPOINT_SAVE_ASYNC
-        return SpanName.CHECKPOINT_SAVE_SYNC
+            return S.CHECKPOINT_SAVE_ASYNC
+        return S.CHECKPOINT_SAVE_SYNC
 
     def on_save_checkpoint_start(self, global_step: int, start_time_msec: float | None = None) -> Span | None:
         if isinstance(global_step, bool) or not isinstance(global_step, int):
@@ -728,11 +728,11 @@ class TrainingRecorder:
             self._save_attempts += 1
             name = self._save_span_name()
             attributes = {
-                "checkpoint_strategy": (name is SpanName.CHECKPOINT_SAVE_ASYNC and "async") or "sync",
+                "checkpoint_strategy": (name == S.CHECKPOINT_SAVE_ASYNC and "async") or "sync",
                 "current_iteration": global_step,
                 "save_checkpoint_attempt_count": self._save_attempts,
             }
-            s = self._start("on_save_checkpoint_start", name, start_time_msec, attributes, parent=SpanName.APPLICATION)
+            s = self._start("on_save_checkpoint_start", name, start_time_msec, attributes, parent=S.APPLICATION)
             # what this checkpoint will hold once it is saved: the productive work up to now
             gbs = self._gbs() or 0
             config = self.config
@@ -762,7 +762,7 @@ class TrainingRecorder:
                 self._first_success_wall = now_wall
             self._latest_success_wall = now_wall
             attributes: dict[str, Any] = {
-                "checkpoint_strategy": "async" if self._save_span_name() is SpanName.CHECKPOINT_SAVE_ASYNC else "sync",
+                "checkpoint_strategy": "async" if self._save_span_name() == S.CHECKPOINT_SAVE_ASYNC else "sync",
                 "current_iteration": global_step,
                 "first_successful_save_checkpoint_timestamp_sec": self._first_success_wall,
                 "latest_successful_save_checkpoint_timestamp_sec": self._latest_success_wall,
@@ -776,8 +776,8 @@ class TrainingRecorder:
                 size = _path_bytes(self._checkpoint_path)
                 if size is not None:
                     attributes["checkpoint_size"] = size
-            on = self._save_span_name() if self._save_span_name().value in self._spans else SpanName.TRAINING_LOOP
-            self._event(EventName.SAVE_CHECKPOINT_SUCCESS, attributes, on)
+            on = self._save_span_name() if self._save_span_name() in self._spans else S.TRAINING_LOOP
+            self._event(E.SAVE_CHECKPOINT_SUCCESS, attributes, on)
 
     def on_save_checkpoint_end(
         self, finish_time_msec: float | None = None, *, path: str | os.PathLike[str] | None = None
@@ -785,7 +785,7 @@ class TrainingRecorder:
         """``path`` (ours): the checkpoint file or directory, for its size (also given to the success event)."""
         with self._lock:
             name = self._save_span_name()
-            s = self._spans.get(name.value)
+            s = self._spans.get(name)
             self._checkpoint_path = path
             size = _path_bytes(path)
             if s is not None:
@@ -799,26 +799,26 @@ class TrainingRecorder:
                 }
                 if size is not None:
                     attributes["checkpoint_size"] = size
-                self._event(EventName.SYNC_CHECKPOINT_METRICS_UPDATE, attributes, name)
+                self._event(E.SYNC_CHECKPOINT_METRICS_UPDATE, attributes, name)
             self._end("on_save_checkpoint_end", name, finish_time_msec)
 
     # -- context managers ------------------------------------------------------------------------------------------
 
     def data_loading(self) -> Any:
         """A sub-phase of the current iteration (its time goes into the iteration split)."""
-        return self.tracer.span(SpanName.DATA_LOADING.value, group=GROUP)
+        return self.tracer.span(S.DATA_LOADING, group=GROUP)
 
     def forward(self) -> Any:
-        return self.tracer.span(SpanName.MODEL_FORWARD.value, group=GROUP)
+        return self.tracer.span(S.MODEL_FORWARD, group=GROUP)
 
     def backward(self) -> Any:
-        return self.tracer.span(SpanName.MODEL_BACKWARD.value, group=GROUP)
+        return self.tracer.span(S.MODEL_BACKWARD, group=GROUP)
 
     def optimizer_update(self) -> Any:
-        return self.tracer.span(SpanName.OPTIMIZER_UPDATE.value, group=GROUP)
+        return self.tracer.span(S.OPTIMIZER_UPDATE, group=GROUP)
 
     def zero_grad(self) -> Any:
-        return self.tracer.span(SpanName.ZERO_GRAD.value, group=GROUP)
+        return self.tracer.span(S.ZERO_GRAD, group=GROUP)
 
     @property
     def current_span(self) -> Span | None:
