@@ -138,6 +138,8 @@ def summarize(run: Run) -> list[str]:
 
     lines += _stat_lines(records)
     lines += _training_lines(records)
+    if any(r.kind == "event" and r.group == "training" for r in records):
+        lines += _goodput_lines(run)
 
     event_counts = Counter((r.group, r.name) for r in records if r.kind == "event")
     lines.append(f"events      {sum(event_counts.values())}")
@@ -216,6 +218,27 @@ def _training_lines(records: Sequence[Any]) -> list[str]:
     errors = [r for r in records if r.kind == "event" and r.group == "training" and r.name == "error"]
     rows.append(("checkpoints / validations", f"{len(saves)} saved  {len(validations)} validation loops  "
                  f"{len(errors)} telemetry misuse errors"))
+    return lines + _table(rows)
+
+
+def _goodput_lines(run: Run) -> list[str]:
+    """Goodput of the session the run belongs to (its restarts together), when it trained."""
+    from .training.goodput import goodput
+
+    try:
+        report = goodput(run.path.parent if run.path.parent != run.path else run.path)
+    except (ValueError, OSError):
+        return []
+    runs = report.runs
+    lines = [f"goodput     {report.goodput:.1%} of {_fmt_duration(report.wall_seconds)} productive "
+             f"({report.productive_iterations} iterations kept, {report.lost_iterations} lost) over {len(runs)} "
+             f"run(s) of session {report.session_tag}" + ("  (approximate)" if report.approximate else "")]
+    badput = report.badput.as_dict()
+    rows = [(f"badput {name}", f"{seconds:.3f} s", f"{seconds / report.wall_seconds:.1%}")
+            for name, seconds in badput.items() if isinstance(seconds, (int, float)) and report.wall_seconds > 0]
+    for r in runs:
+        rows.append((f"run {r.run_id}", r.status, f"iterations {r.first_iteration}..{r.last_iteration}, last "
+                     f"checkpoint {r.last_checkpoint_step}"))
     return lines + _table(rows)
 
 

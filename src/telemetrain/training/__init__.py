@@ -36,12 +36,16 @@ from .context import (
     zero_grad,
 )
 from .default import configure, get_recorder, set_training_telemetry_config
+from .goodput import Badput, GoodputReport, RunGoodput, goodput, goodput_by_rank
 from .names import EventName, SpanName
 from .recorder import TrainingRecorder
 
 __all__ = [
+    "Badput",
     "CheckpointStrategy",
     "EventName",
+    "GoodputReport",
+    "RunGoodput",
     "SpanName",
     "TrainingContexts",
     "TrainingRecorder",
@@ -57,6 +61,8 @@ __all__ = [
     "distributed_init",
     "forward",
     "get_recorder",
+    "goodput",
+    "goodput_by_rank",
     "model_init",
     "optimizer_init",
     "optimizer_update",
