@@ -266,3 +266,49 @@ def stat_partial_window(root: str, emit_first: str, then: str) -> None:
     if then == "sleep":
         time.sleep(SELF_DESTRUCT_S)
         os._exit(3)  # never reached in a passing test: the parent signals us long before
+
+
+# -- spans and training (test_spans.py, test_training.py) ---------------------------------------------------------
+# Run the same way: ``python -c "import _proc_helpers as h; h.spans_open_at_exit(root, then)"``.
+
+
+def spans_open_at_exit(root: str, then: str) -> None:
+    """Spans still open when the process ends: ``closed_before`` (ended normally), ``started_open``
+    (``Tracer.start``, never ended). ``then``: ``"exit"`` prints ``ready`` and falls off the end (a normal exit with
+    the started span open); ``"sleep"`` also opens ``outer`` > ``inner`` with ``with`` blocks, prints ``ready`` inside
+    them and sleeps until the parent sends SIGTERM."""
+    from telemetrain.spans import tracer
+
+    t = Telemetry(store=root)
+    tr = tracer(t)
+    with tr.span("closed_before"):
+        pass
+    started = tr.start("started_open", make_current=False)
+    _KEEP.extend((t, started))
+    if then == "exit":
+        print("ready", flush=True)
+        return
+    with tr.span("outer"), tr.span("inner"):
+        print("ready", flush=True)
+        time.sleep(SELF_DESTRUCT_S)
+        os._exit(3)  # never reached in a passing test: the parent signals us long before
+
+
+def training_until_sigterm(root: str, iterations: int, every: int) -> None:
+    """A training loop on the default recorder (context managers): ``iterations`` iterations complete, then the next
+    one starts and blocks (printing ``ready``) until the parent sends SIGTERM. ``every``: log_every_n_train_iterations.
+    """
+    import telemetrain
+    from telemetrain import training
+
+    t = Telemetry(store=root)
+    telemetrain.set_telemetry(t)
+    training.configure(training.TrainingTelemetryConfig(global_batch_size_or_fn=4, log_every_n_train_iterations=every))
+    with training.application(), training.training_loop(train_iterations_start=0):
+        for _ in range(iterations):
+            with training.training_iteration():
+                time.sleep(0.001)
+        with training.training_iteration():
+            print("ready", flush=True)
+            time.sleep(SELF_DESTRUCT_S)
+            os._exit(3)  # never reached in a passing test

@@ -1,5 +1,5 @@
-"""Smoke tests of bench/bench_core.py and bench/bench_stats.py: the quick runs work and print their tables and
-checks (bench_core.py: all five ratio checks).
+"""Smoke tests of bench/bench_core.py, bench/bench_stats.py and bench/bench_training.py: the quick runs work and print
+their tables and checks (bench_core.py: all five ratio checks).
 
 Timing is noisy (shared machines, CI), so PASS is not asserted: only that every check is computed from finite
 numbers.
@@ -149,3 +149,95 @@ def test_bench_stats_quick(tmp_path: Path) -> None:
     for key in ("stat_records_in_store", "reported_windows", "dropped", "ok"):
         assert key in data["store"], data["store"]
     assert data["store"]["stat_records_in_store"] > 0
+
+
+BENCH_TRAINING = BENCH.with_name("bench_training.py")
+
+
+def _importable(module: str) -> bool:
+    try:
+        __import__(module)
+    except ImportError:
+        return False
+    return True
+
+
+def test_bench_training_quick(tmp_path: Path) -> None:
+    """bench/bench_training.py --quick runs, prints its rows and checks, and writes its JSON. Timing and the PASS/FAIL
+    verdicts are not asserted: only that each check is computed. A peer that is not installed (nv-one-logger,
+    OpenTelemetry SDK, torch) has its section skipped with a note, and its rows are not expected."""
+    has_one_logger = _importable("yaml") and _importable(
+        "nv_one_logger.training_telemetry.api.training_telemetry_provider"
+    )
+    has_otel = _importable("opentelemetry.sdk.trace")
+    has_torch = _importable("torch")
+    rows = [
+        "baseline | empty function call `f()`",
+        "telemetrain | 1 train iteration: TrainingRecorder.on_training_single_iteration_start(); _end(), iterations 0-1k",
+        "telemetrain | same, iterations 1k-3k of the same loop",
+        "telemetrain | same, iterations 20k-22k of the same loop",
+        "telemetrain | same, mean over the whole loop",
+        "telemetrain | 1 train iteration: training.callbacks.on_training_single_iteration_start(); _end()",
+        'telemetrain | `with span("it"): pass`, root span -> async JSONL (caller side)',
+        'telemetrain | `with span("it"): pass` inside an open `span("parent")`, child span',
+        'telemetrain | `with span("it"): pass`, root span -> async JSONL, writer awake',
+        "pieces | recorder iteration, log_every_n_train_iterations=10**9 (no metrics report)",
+        "pieces | metrics report amortised per iteration",
+        '`tr.span("it")` (builds the Span, not entered)',
+    ]
+    may_skip = ["pieces"]
+    if has_one_logger:
+        rows += [
+            "nv-one-logger | 1 train iteration: on_training_single_iteration_start(); _end(), iterations 0-1k",
+            "nv-one-logger | same, iterations 10k-11k of the same loop",
+        ]
+    else:
+        may_skip.append("one-logger")
+    if has_otel:
+        rows += [
+            'opentelemetry-sdk | `with tracer.start_as_current_span("it"): pass`, root, BatchSpanProcessor',
+            'paired | telemetrain `with span("it"): pass` root, interleaved with OTel',
+            'paired | telemetrain `with span("it"): pass` child, interleaved with OTel',
+        ]
+    else:
+        may_skip.append("otel-spans")
+    if has_torch:
+        rows += [
+            "training run | MLP 768-768-768-10, batch 64, 40 steps",
+            "full lifecycle telemetry, ns per step",
+            "training run | telemetry overhead per step",
+            "training run | the same telemetry calls around empty bodies",
+        ]
+    else:
+        may_skip.append("training")
+    out, data = _quick_run(
+        BENCH_TRAINING,
+        tmp_path,
+        "| library | operation | median ns/op | best ns/op | ratio to peer | peer | n |",
+        rows,
+        tuple(may_skip),
+    )
+
+    checks = re.findall(r"^check (\w+): (PASS|FAIL|INFO|SKIP): (.*)$", out, flags=re.MULTILINE)
+    ids = [c[0] for c in checks]
+    expected = ["1a", *(["1c"] if has_one_logger else []), "1b", "2a", "2b", "3", "4"]
+    assert ids == expected, ids
+    status = dict((c[0], c[1]) for c in checks)
+    assert status["1b"] in ("PASS", "FAIL") and status["4"] in ("PASS", "FAIL"), checks
+    for cid, present in (("1a", has_one_logger), ("2a", has_otel), ("2b", has_otel), ("3", has_torch)):
+        assert (status[cid] in ("PASS", "FAIL")) if present else status[cid] == "SKIP", (cid, checks)
+    targets = re.findall(r"^target (\w+): (PASS|FAIL|SKIP): ", out, flags=re.MULTILINE)
+    assert [t[0] for t in targets] == ["1a", "1b", "2", "3", "4"], targets
+
+    for key in ("versions", "args", "results", "ours", "ours_callbacks", "ours_store", "checks", "notes"):
+        assert key in data, key
+    assert [c["id"] for c in data["checks"]] == expected
+    for c in data["checks"]:
+        for key in ("ours_ns", "peer_ns", "ratio", "cpu_ratio"):
+            if key in c and c[key] is not None:
+                assert math.isfinite(c[key]) and c[key] > 0, c
+    for r in data["results"]:
+        assert r["ratio"] is None or math.isfinite(r["ratio"]), r
+    # every iteration child wrote its run store completely (a correctness check, not a timing)
+    assert data["ours_store"] and all(v["ok"] for v in data["ours_store"]), data["ours_store"]
+    assert data["span_store"]["caller side"]["ok"], data["span_store"]
