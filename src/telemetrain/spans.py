@@ -97,6 +97,7 @@ class Span:
     __slots__ = (
         "__weakref__",
         "_export_id",
+        "_restore",
         "_route",
         "_token",
         "_tracer",
@@ -128,6 +129,7 @@ class Span:
     _export_id: int  # its own id when exported, else the nearest exported ancestor's (0: none)
     _route: Any  # the end record's route; False when not exported
     _token: Any
+    _restore: Span | None  # started with make_current: the span to make current again at its end
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
 
@@ -213,12 +215,18 @@ class Span:
         end. If it is the current span, its parent becomes current again."""
         if self.end_ns or not self.start_ns:
             return
+        if end_ns is not None:
+            if type(end_ns) is not int:
+                raise TypeError(f"end_ns must be an int (monotonic ns), got {type(end_ns).__name__}")
+            end_ns = max(end_ns, self.start_ns)  # never a negative duration
         if status is not None:
             self.set_status(status, error)
         if self._token is None and _current_get() is self:
-            _current_set(self.parent)
-        if end_ns is not None and (type(end_ns) is not int or end_ns < self.start_ns):
-            end_ns = None if type(end_ns) is not int else self.start_ns  # never a negative duration
+            # what was current when it started (or its parent), skipping spans that have ended meanwhile
+            restore = getattr(self, "_restore", self.parent)
+            while restore is not None and restore.end_ns:
+                restore = restore.parent
+            _current_set(restore)
         self.__exit__(None, None, None, end_ns)
 
     # -- reading ---------------------------------------------------------------------------------------------------
@@ -394,8 +402,10 @@ class Tracer:
             raise TypeError(f"start_ns must be an int (monotonic ns), got {type(start_ns).__name__}")
         s = self.span(name, group=group)
         s.start_attributes = dict(attributes) if attributes else None
-        s.__enter__(parent if parent is not None else _current_get(), start_ns, False)
+        current = _current_get()
+        s.__enter__(parent if parent is not None else current, start_ns, False)
         if make_current:
+            s._restore = current
             _current_set(s)
         self._started[s.span_id] = s
         return s

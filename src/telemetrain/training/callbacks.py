@@ -160,8 +160,10 @@ def on_save_checkpoint_start(global_step: int, start_time_msec: float | None = N
     return get_recorder().on_save_checkpoint_start(global_step, start_time_msec)
 
 
-def on_save_checkpoint_success(global_step: int, time_msec: float | None = None) -> None:
-    get_recorder().on_save_checkpoint_success(global_step, time_msec)
+def on_save_checkpoint_success(
+    global_step: int, time_msec: float | None = None, *, path: str | os.PathLike[str] | None = None
+) -> None:
+    get_recorder().on_save_checkpoint_success(global_step, time_msec, path=path)
 
 
 def on_save_checkpoint_end(

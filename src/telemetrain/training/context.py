@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from ..dispatch import describe
 from ..spans import Span
 from .names import S
 from .recorder import TrainingRecorder
@@ -91,10 +92,12 @@ class TrainingContexts:
             yield s
         except BaseException as exc:
             _fail(recorder, recorder._save_span_name(), exc)
+            recorder._misuse("checkpoint_save", f"the checkpoint save failed: {describe(exc)}", global_step=global_step)
+            recorder._save_succeeded = True  # reported just above: not again as "ended without success"
             recorder.on_save_checkpoint_end(path=path)
             raise
         if recorder._save_span_name() == S.CHECKPOINT_SAVE_SYNC:
-            recorder.on_save_checkpoint_success(global_step)
+            recorder.on_save_checkpoint_success(global_step, path=path)
         recorder.on_save_checkpoint_end(path=path)
 
     def data_loading(self) -> Any:
@@ -116,8 +119,6 @@ class TrainingContexts:
 def _fail(recorder: TrainingRecorder, name: str, exc: BaseException) -> None:
     s = recorder._spans.get(name)
     if s is not None and not s.ended:
-        from ..dispatch import describe
-
         s.set_status("error", describe(exc))
 
 

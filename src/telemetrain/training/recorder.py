@@ -105,6 +105,7 @@ class _Window:
     """The iterations since the last metrics update."""
 
     times: list[float] = field(default_factory=list)  # iteration seconds, warm-up excluded; folded at 2048
+    warmup_times: list[float] = field(default_factory=list)  # reported only when the window has nothing else
     summary: Summary = field(default_factory=lambda: Summary())
     iterations: int = 0  # warm-up included
     start_ns: int = 0  # end of the previous window's last iteration (or the loop's start)
@@ -154,7 +155,7 @@ class TrainingRecorder:
         self._first_success_wall: float | None = None
         self._latest_success_wall: float | None = None
         self._snapshots: dict[int, dict[str, Any]] = {}
-        self._checkpoint_path: str | os.PathLike[str] | None = None
+        self._save_succeeded = False
         self._validation_total_sec = 0.0
         self._iterations_at_validation = 0
         self._iterations_at_testing = 0
@@ -449,8 +450,10 @@ class TrainingRecorder:
                 if len(window.times) >= 2048:
                     window.fold()
                 self._steady_iterations += 1
-            elif self._iterations == warmup:
-                self._steady_start_ns = end_ns
+            else:
+                window.warmup_times.append(seconds)
+                if self._iterations == warmup:
+                    self._steady_start_ns = end_ns
             if not self._first_iteration_end_ns:
                 self._first_iteration_end_ns = end_ns
                 origin = self._app_start_ns or self._loop_start_ns
@@ -511,6 +514,9 @@ class TrainingRecorder:
         # iteration time: the window (one-logger documents per-window values; it computed them cumulatively)
         self._cumulative.absorb(window.summary)
         w = window.summary.values(_TIME_AGGS)
+        if not w.get("count") and window.warmup_times:  # a window of warm-up only: its own times, flagged
+            w = Summary.of(window.warmup_times).values(_TIME_AGGS)
+            attributes["warmup_only"] = True
         if w.get("count"):
             attributes.update({
                 "avg_iteration_time_sec": w["mean"], "min_iteration_time_sec": w["min"],
@@ -691,6 +697,9 @@ class TrainingRecorder:
         times = self._loop_times.pop(loop, [])
         if times:
             summary.fold(times)
+        ended = self._end(callback, loop, time_msec)
+        if ended is None:
+            return  # no loop to report on: the error event says so; no figures are invented
         current = self._iterations_start + self._iterations
         last = self._iterations_at_validation if loop == S.VALIDATION_LOOP else self._iterations_at_testing
         attributes: dict[str, Any] = {"current_iteration": current - 1 if current else 0, "interval": current - last}
@@ -702,15 +711,11 @@ class TrainingRecorder:
                 "total_iteration_time_sec": values["sum"],
                 **{f"{q}_iteration_time_sec": values[q] for q in _QUANTILES if q in values},
             })
-        s = self._spans.get(loop)
-        if s is not None:
-            attributes["loop_time_sec"] = s.duration_ns / 1e9
-        self._event(event, attributes, loop)
-        ended = self._end(callback, loop, time_msec)
+        attributes["loop_time_sec"] = ended.duration_ns / 1e9
+        self.telemetry.event(event, attributes, group=GROUP, span_id=ended.span_id_hex)
         if loop == S.VALIDATION_LOOP:
             self._iterations_at_validation = current
-            if ended is not None:
-                self._validation_total_sec += ended.duration_ns / 1e9
+            self._validation_total_sec += values.get("sum", 0.0)  # the validation iterations' time, as one-logger
         else:
             self._iterations_at_testing = current
 
@@ -726,6 +731,7 @@ class TrainingRecorder:
             raise TypeError(f"global_step must be an int, got {type(global_step).__name__}")
         with self._lock:
             self._save_attempts += 1
+            self._save_succeeded = False
             name = self._save_span_name()
             attributes = {
                 "checkpoint_strategy": (name == S.CHECKPOINT_SAVE_ASYNC and "async") or "sync",
@@ -747,8 +753,12 @@ class TrainingRecorder:
             }
             return s
 
-    def on_save_checkpoint_success(self, global_step: int, time_msec: float | None = None) -> None:
+    def on_save_checkpoint_success(
+        self, global_step: int, time_msec: float | None = None, *, path: str | os.PathLike[str] | None = None
+    ) -> None:
+        """``path`` (ours): the checkpoint file or directory saved, for its size and directory."""
         with self._lock:
+            self._save_succeeded = True
             snapshot = self._snapshots.pop(global_step, None)
             if snapshot is None:
                 self._misuse("on_save_checkpoint_success", "no on_save_checkpoint_start for this step: the productive "
@@ -771,9 +781,9 @@ class TrainingRecorder:
             }
             if self._loop_start_ns:
                 attributes["training_start_timestamp_sec"] = (self._loop_start_ns + self.telemetry.wall_offset_ns) / 1e9
-            if self._checkpoint_path is not None:
-                attributes["checkpoint_directory"] = os.fspath(self._checkpoint_path)
-                size = _path_bytes(self._checkpoint_path)
+            if path is not None:
+                attributes["checkpoint_directory"] = os.fspath(path)
+                size = _path_bytes(path)
                 if size is not None:
                     attributes["checkpoint_size"] = size
             on = self._save_span_name() if self._save_span_name() in self._spans else S.TRAINING_LOOP
@@ -786,8 +796,13 @@ class TrainingRecorder:
         with self._lock:
             name = self._save_span_name()
             s = self._spans.get(name)
-            self._checkpoint_path = path
             size = _path_bytes(path)
+            if s is not None and name == S.CHECKPOINT_SAVE_SYNC and not self._save_succeeded:
+                # a sync save that ends without success failed (async ones succeed later, when finalised)
+                self._misuse("on_save_checkpoint_end", "the checkpoint save ended without on_save_checkpoint_success: "
+                             "it failed, and what it would have held is not productive", span=name)
+                if s.status == "ok":
+                    s.set_status("error", "no on_save_checkpoint_success")
             if s is not None:
                 end_ns = self._mono_of(finish_time_msec) or _mono()
                 self._saves.add((end_ns - s.start_ns) / 1e9, size)
