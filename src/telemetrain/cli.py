@@ -314,7 +314,9 @@ def _cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         from .demo.train import DemoConfig, run_demo
 
     root = Path(args.root) if args.root is not None else default_root()
-    result = run_demo(DemoConfig(steps=args.steps, seed=args.seed), root=root, console=args.console, out=out)
+    result = run_demo(
+        DemoConfig(steps=args.steps, seed=args.seed), root=root, console=args.console, out=out, crash=args.crash
+    )
     run_dir = result.run_dir.absolute()
     print(
         f"done: {result.steps} steps in {result.seconds:.1f} s, val loss {_fmt_value(result.val_loss)}, "
@@ -323,7 +325,7 @@ def _cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     )
     print(f"sample: {result.sample!r}", file=out)
     print(f"run: {run_dir}", file=out)
-    print(f"see it with: telemetrain show {_q(run_dir)}", file=out)
+    print(f"see it with: telemetrain show {_q(run_dir)}   (the session's goodput covers every attempt)", file=out)
     return 0
 
 
@@ -364,6 +366,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--seed", type=int, default=0, help="random seed; same seed, same run (default: %(default)s)")
     demo.add_argument("--console", action="store_true", help="also print every record to stderr")
+    demo.add_argument(
+        "--no-crash",
+        dest="crash",
+        action="store_false",
+        help="do not simulate the preemption and restart (by default the first attempt gets SIGTERM at 60%% of the "
+        "steps and a second one resumes from its last checkpoint, in the same session)",
+    )
 
     show = sub.add_parser(
         "show",

@@ -22,7 +22,7 @@ spans open in the closing thread's context (the main thread, for atexit and sign
 another thread at that moment is not seen; its start record stays without an end (the reader shows it open).
 
 The hot path (enter + exit) is three Python calls, two clock reads, two appended tuples and a ContextVar set/reset;
-everything else is deferred to the writer thread (``bench/bench_spans.py``).
+everything else is deferred to the writer thread (``bench/bench_training.py`` measures it).
 """
 
 from __future__ import annotations

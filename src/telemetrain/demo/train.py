@@ -17,7 +17,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import multiprocessing
 import os
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -198,16 +200,56 @@ def run_demo(
     root: str | os.PathLike[str],
     console: bool = False,
     out: TextIO | None = None,
+    crash: bool = True,
 ) -> DemoResult:
-    """Train, writing the run under ``root``; progress goes to ``out`` (stdout)."""
+    """Train, writing the runs under ``root``; progress goes to ``out`` (stdout).
+
+    With ``crash`` (the default, from 8 steps), the job is preempted once, as a scheduler does it: a first process
+    trains, saving a checkpoint every quarter of the steps, and is sent SIGTERM at 60% of the steps; a second one --
+    the restart, in the same session, restart_count 1 -- loads the last checkpoint and finishes. Goodput then shows
+    the iterations lost between that checkpoint and the preemption."""
     out = out or sys.stdout
+    identity = _demo_identity()
+    if crash and cfg.steps >= 8:
+        crash_at = max(2, cfg.steps * 6 // 10)
+        first = identity.replace(run_id=f"{identity.session_tag}-a0", restart_count=0)
+        print(f"attempt 1 (a separate process) will be preempted with SIGTERM at step {crash_at}", file=out, flush=True)
+        out.flush()
+        ctx = multiprocessing.get_context("spawn")
+        child = ctx.Process(target=_preempted_attempt, args=(cfg, os.fspath(root), first, crash_at, console))
+        child.start()
+        child.join()
+        print(f"attempt 1 ended by signal {-(child.exitcode or 0)} (SIGTERM = {int(signal.SIGTERM)}); restarting from "
+              "its last checkpoint", file=out, flush=True)
+        resume = Path(root) / first.session_tag / first.run_id / CHECKPOINT_NAME
+        identity = identity.replace(run_id=f"{identity.session_tag}-a1", restart_count=1)
+        return _run(cfg, identity, root, console, out, resume if resume.exists() else None, None)
+    return _run(cfg, identity, root, console, out, None, None)
+
+
+def _preempted_attempt(
+    cfg: DemoConfig, root: str, identity: telemetrain.Identity, crash_at: int, console: bool
+) -> None:
+    """The first attempt, in its own process: trains until ``crash_at``, where it is sent SIGTERM."""
+    _run(cfg, identity, root, console, sys.stdout, None, crash_at)
+
+
+def _run(
+    cfg: DemoConfig,
+    identity: telemetrain.Identity,
+    root: str | os.PathLike[str],
+    console: bool,
+    out: TextIO,
+    resume: Path | None,
+    crash_at: int | None,
+) -> DemoResult:
     config = dataclasses.asdict(cfg) | {"warmup_steps": cfg.warmup_steps, "model": "CharGRU", "optimizer": "AdamW"}
-    t = telemetrain.Telemetry(_demo_identity(), store=root, console=console, config=config)
+    t = telemetrain.Telemetry(identity, store=root, console=console, config=config)
     previous = telemetrain.set_telemetry(t)  # metrics.* and events.* now go to t
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
     try:
-        return _train(cfg, t, out)
+        return _train(cfg, t, out, resume, crash_at)
     finally:
         torch.set_num_threads(previous_threads)
         t.close()
@@ -218,7 +260,9 @@ def run_demo(
             telemetrain.set_telemetry(previous)
 
 
-def _train(cfg: DemoConfig, t: telemetrain.Telemetry, out: TextIO) -> DemoResult:
+def _train(
+    cfg: DemoConfig, t: telemetrain.Telemetry, out: TextIO, resume: Path | None = None, crash_at: int | None = None
+) -> DemoResult:
     run_dir = t.run_dir
     assert run_dir is not None  # built with a store
     started = time.perf_counter()
@@ -235,7 +279,7 @@ def _train(cfg: DemoConfig, t: telemetrain.Telemetry, out: TextIO) -> DemoResult
         )
     )
     try:
-        result = _loop(cfg, t, run_dir, started, out)
+        result = _loop(cfg, t, run_dir, started, out, resume, crash_at)
     except BaseException as exc:
         status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
         events.record(
@@ -262,7 +306,15 @@ def _train(cfg: DemoConfig, t: telemetrain.Telemetry, out: TextIO) -> DemoResult
     return result
 
 
-def _loop(cfg: DemoConfig, t: telemetrain.Telemetry, run_dir: Path, started: float, out: TextIO) -> DemoResult:
+def _loop(
+    cfg: DemoConfig,
+    t: telemetrain.Telemetry,
+    run_dir: Path,
+    started: float,
+    out: TextIO,
+    resume: Path | None = None,
+    crash_at: int | None = None,
+) -> DemoResult:
     # the training lifecycle (one-logger's model): application > init phases > training loop > iterations >
     # data loading / forward / backward / optimizer; validation loops; checkpoint saves
     report_every = max(1, cfg.steps // 10)
@@ -278,7 +330,7 @@ def _loop(cfg: DemoConfig, t: telemetrain.Telemetry, run_dir: Path, started: flo
     )
     rec.on_app_start()
     try:
-        return _lifecycle(cfg, t, rec, run_dir, started, out, report_every)
+        return _lifecycle(cfg, t, rec, run_dir, started, out, report_every, resume, crash_at)
     finally:
         rec.on_app_end()
 
@@ -291,6 +343,8 @@ def _lifecycle(
     started: float,
     out: TextIO,
     report_every: int,
+    resume: Path | None = None,
+    crash_at: int | None = None,
 ) -> DemoResult:
     torch.manual_seed(cfg.seed)
     rec.on_dataloader_init_start()
@@ -318,6 +372,16 @@ def _lifecycle(
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg))
     rec.on_optimizer_init_end()
+    start_step = 0
+    if resume is not None:  # a restart: the last checkpoint of the attempt before
+        rec.on_load_checkpoint_start()
+        state = torch.load(resume, weights_only=True)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        start_step = int(state["step"])
+        rec.on_load_checkpoint_end(path=resume)
+        print(f"restart: resumed from the checkpoint of step {start_step} ({resume})", file=out, flush=True)
     t.event(
         "data.loaded",
         {"modules": modules, "chars": len(text), "train_windows": len(train_set), "val_windows": len(val_set)},
@@ -342,9 +406,12 @@ def _lifecycle(
     val_loss, val_acc = _evaluate_and_record(t, model, val_loader, cfg, step=0, recorder=rec)
     print(f"  eval at step 0: val loss {val_loss:.4f}  accuracy {val_acc:.1%}", file=out, flush=True)
     window_loss, window_samples, window_time = 0.0, 0, 0.0
-    step = 0
+    step = start_step
     batches = _batches(loader)
-    rec.on_train_start(train_iterations_start=0)
+    for _ in range(start_step):  # the data position the checkpoint was at (same seed, same order)
+        next(batches)
+    checkpoint_every = max(1, cfg.steps // 4)
+    rec.on_train_start(train_iterations_start=start_step)
     while step < cfg.steps:
         tick = time.perf_counter()
         rec.on_training_single_iteration_start()
@@ -376,6 +443,15 @@ def _lifecycle(
                 flush=True,
             )
             window_loss, window_samples, window_time = 0.0, 0, 0.0
+        if step % checkpoint_every == 0 and step < cfg.steps:
+            rec.on_save_checkpoint_start(step)
+            path = _save_checkpoint(model, optimizer, cfg, step, run_dir, scheduler)
+            rec.on_save_checkpoint_success(step, path=path)
+            rec.on_save_checkpoint_end(path=path)
+        if crash_at is not None and step >= crash_at:
+            print(f"step {step}: SIGTERM (simulated preemption)", file=out, flush=True)
+            os.kill(os.getpid(), signal.SIGTERM)  # telemetrain flushes, ends open spans as terminated, re-raises
+            time.sleep(5)  # the signal arrives at the next bytecode; never reached
         if step % eval_every == 0 or step == cfg.steps:
             val_loss, val_acc = _evaluate_and_record(t, model, val_loader, cfg, step, recorder=rec)
             if val_loss < best:
@@ -387,8 +463,8 @@ def _lifecycle(
         stat.close()  # report what is open now (closing the Telemetry would too)
     rss.close()
     rec.on_save_checkpoint_start(step)
-    checkpoint = _save_checkpoint(model, optimizer, cfg, step, run_dir)
-    rec.on_save_checkpoint_success(step)
+    checkpoint = _save_checkpoint(model, optimizer, cfg, step, run_dir, scheduler)
+    rec.on_save_checkpoint_success(step, path=checkpoint)
     rec.on_save_checkpoint_end(path=checkpoint)
     rec.on_train_end()
     sample = sample_text(model, "def ", 120, cfg.seed)
@@ -434,7 +510,12 @@ def _evaluate_and_record(
 
 
 def _save_checkpoint(
-    model: CharGRU, optimizer: torch.optim.Optimizer, cfg: DemoConfig, step: int, run_dir: Path
+    model: CharGRU,
+    optimizer: torch.optim.Optimizer,
+    cfg: DemoConfig,
+    step: int,
+    run_dir: Path,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
 ) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)  # the store creates it on its first write, which may still be queued
     path = run_dir / CHECKPOINT_NAME
@@ -443,6 +524,7 @@ def _save_checkpoint(
         {
             "model": model.state_dict(),
             "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict() if scheduler is not None else {},
             "step": step,
             "config": dataclasses.asdict(cfg),
             "vocab": VOCAB,

@@ -54,6 +54,16 @@ class Summary:
         self.histogram: ExpHistogram | None = None
 
     @classmethod
+    def sketch(cls, track: int = ALL) -> Summary:
+        """A summary that keeps no samples: quantiles from the histogram from the first sample (within its bound),
+        for long-lived summaries that absorb window after window."""
+        out = cls(track)
+        if track & DIST:
+            out.raw = None
+            out.histogram = ExpHistogram()
+        return out
+
+    @classmethod
     def of(cls, values: Iterable[Number], track: int = ALL) -> Summary:
         out = cls(track)
         out.fold(list(values))

@@ -23,6 +23,7 @@ Each value is also a metric record (group ``training``, step = the global iterat
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -193,7 +194,7 @@ class TrainingRecorder:
         self._iterations = 0  # completed this job
         self._iteration_total_sec = 0.0  # all iterations this job (for productive time)
         self._window = _Window()
-        self._cumulative = Summary()
+        self._cumulative = Summary.sketch()  # histogram from the start: each report costs O(buckets), not O(n log n)
         self._steady_start_ns = 0  # end of the last warm-up iteration
         self._steady_iterations = 0
         self._throughput_min: float | None = None
@@ -398,6 +399,7 @@ class TrainingRecorder:
                 seq = self._guarded("on_train_start", lambda: config.seq_length if config else None)
                 if seq:
                     attributes["train_tokens_target"] = seq * self._samples_target
+            self.peak()  # resolved now, not inside an iteration's report
             s = self._start("on_train_start", S.TRAINING_LOOP, start_time_msec, attributes,
                             parent=S.APPLICATION)
             if s is not None:
@@ -484,12 +486,15 @@ class TrainingRecorder:
         return self._peak
 
     def _find_peak(self) -> Any:
-        from .flops import explicit_peak, peak_tflops  # torch is imported only when a device must be looked up
+        from .flops import explicit_peak, peak_tflops
 
         config = self.config
         if config is not None and config.peak_tflops_per_gpu:
             return explicit_peak(config.peak_tflops_per_gpu, config.device_name or "explicit")
-        return peak_tflops(config.device_name if config else None, config.dtype if config else "bfloat16")
+        device = config.device_name if config else None
+        if device is None and sys.modules.get("torch") is None:
+            return None  # no torch loaded, so no CUDA device to look up: no MFU (importing torch here would stall)
+        return peak_tflops(device, config.dtype if config else "bfloat16")
 
     def _report_training(self, final: bool) -> None:
         window = self._window
