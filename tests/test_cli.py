@@ -49,9 +49,36 @@ def _synthetic_run(root: Path, run_id: str, **metrics: float) -> Path:
 def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
     pytest.importorskip("torch")
     root = tmp_path_factory.mktemp("store")
-    proc = _run_cli("demo", "--steps", "30", "--root", str(root), "--seed", "3")
+    proc = _run_cli("demo", "--steps", "30", "--root", str(root), "--seed", "3", "--no-crash")
     assert proc.returncode == 0, proc.stderr
     return _printed_run_dir(proc.stdout), proc
+
+
+def test_demo_preempts_once_restarts_and_shows_goodput(tmp_path: Path) -> None:
+    """The default demo: attempt 1 (its own process) is sent SIGTERM at 60% of the steps, attempt 2 resumes from its
+    last checkpoint in the same session; show reports both attempts and the iterations the preemption lost."""
+    pytest.importorskip("torch")
+    proc = _run_cli("demo", "--steps", "40", "--root", str(tmp_path), "--seed", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert "SIGTERM (simulated preemption)" in proc.stdout and "resumed from the checkpoint of step 20" in proc.stdout
+    run_dir = _printed_run_dir(proc.stdout)
+    session = run_dir.parent
+    runs = sorted(p for p in session.iterdir() if p.is_dir())
+    assert [p.name[-2:] for p in runs] == ["a0", "a1"]
+    first, second = open_run(runs[0]), open_run(runs[1])
+    assert first.processes[0].identity.restart_count == 0 and second.processes[0].identity.restart_count == 1
+    loop_end = [r for r in first.records("span_end") if r.name == "training_loop"]
+    assert [r.status for r in loop_end] == ["terminated"]  # ended by telemetrain's SIGTERM handler
+    updates = [r for r in first.records("event") if r.name == "training_metrics_update"]
+    assert updates[-1].attributes["current_iteration"] == 23  # 60% of 40 steps, zero-based
+    assert [r.name for r in second.records("span_end") if r.name == "checkpoint_load"] == ["checkpoint_load"]
+    loads = [r for r in second.records("span_start") if r.name == "training_loop"]
+    assert loads[0].attributes["train_iterations_start"] == 20  # its checkpoint, a quarter of the steps x 2
+    shown = _run_cli("show", str(run_dir))
+    assert shown.returncode == 0, shown.stderr
+    assert re.search(r"goodput +\d+\.\d% of .* productive \(40 iterations kept, 4 lost\) over 2 run\(s\)", shown.stdout)
+    assert "badput lost_progress" in shown.stdout
+    assert re.search(r"run \S+-a0 +interrupted", shown.stdout) and re.search(r"run \S+-a1 +finished", shown.stdout)
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -118,9 +145,10 @@ def test_demo_writes_a_complete_run(demo_run: tuple[Path, subprocess.CompletedPr
     assert all(e.attributes and e.attributes["torchelastic.source"] == "WORKER" for e in elastic)
     assert elastic[-1].attributes["status"] == "ok"
     checkpoint_events = [e for e in elastic if e.name == "demo.checkpoint"]
-    assert len(checkpoint_events) == 1
-    checkpoint = Path(checkpoint_events[0].attributes["path"])
-    assert checkpoint.parent == run_dir and checkpoint.stat().st_size == checkpoint_events[0].attributes["bytes"]
+    # every quarter of the 30 steps (7, 14, 21, 28), and at the end; each overwrites the run's checkpoint file
+    assert [e.attributes["step"] for e in checkpoint_events] == [7, 14, 21, 28, 30]
+    checkpoint = Path(checkpoint_events[-1].attributes["path"])
+    assert checkpoint.parent == run_dir and checkpoint.stat().st_size == checkpoint_events[-1].attributes["bytes"]
     native = {e.name for e in evs if e.group == "events"}
     assert {"data.loaded", "val.new_best", "demo.sample"} <= native
 
@@ -135,7 +163,7 @@ def test_demo_is_deterministic_and_restores_the_default(
 ) -> None:
     first, _ = demo_run
     telemetrain.reset()
-    assert cli.main(["demo", "--steps", "30", "--root", str(tmp_path), "--seed", "3"]) == 0
+    assert cli.main(["demo", "--steps", "30", "--root", str(tmp_path), "--seed", "3", "--no-crash"]) == 0
     second = _printed_run_dir(capsys.readouterr().out)
     assert second != first and second.is_relative_to(tmp_path.absolute())
 
@@ -165,7 +193,7 @@ def test_show_summarises_the_demo_run(demo_run: tuple[Path, subprocess.Completed
     # the training lifecycle: derived metrics of the last window, and what the run did
     assert re.search(r"training +30 iterations this run \(global step 29\), \d+ metrics updates", out)
     assert "iteration time (last window)  p50 " in out and "samples/s" in out and "tokens/s" in out
-    assert re.search(r"checkpoints / validations +1 saved +6 validation loops +0 telemetry misuse errors", out)
+    assert re.search(r"checkpoints / validations +5 saved +6 validation loops +0 telemetry misuse errors", out)
     assert "torn lines 0, corrupt lines 0, diagnostics 0" in out
     assert proc.stderr == ""
 
