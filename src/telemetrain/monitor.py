@@ -208,19 +208,11 @@ class _Handlers:
             pass
 
 
-_state_lock = threading.Lock()
-
-
 def _handlers(telemetry: Telemetry | None = None) -> _Handlers:
     if telemetry is not None and not isinstance(telemetry, Telemetry):
         raise TypeError(f"telemetry must be a Telemetry, got {type(telemetry).__name__}")
     t = telemetry if telemetry is not None else get_telemetry()
-    found = t.extensions.get("monitor")
-    if found is None:
-        with _state_lock:
-            found = t.extensions.get("monitor")
-            if found is None:
-                found = t.extensions["monitor"] = _Handlers(t)
+    found: _Handlers = t.extension("monitor", _Handlers)
     return found
 
 

@@ -484,18 +484,10 @@ class Tracer:
         return sorted((s for s in self._started.values() if not s.end_ns), key=lambda s: s.start_ns)
 
 
-_create_lock = threading.Lock()
-
-
 def tracer(telemetry: Telemetry | None = None) -> Tracer:
     """The ``Tracer`` of ``telemetry`` (default: the default instance), created on first use."""
     t = telemetry if telemetry is not None else get_telemetry()
-    found: Tracer | None = t.extensions.get("tracer")
-    if found is None:
-        with _create_lock:
-            found = t.extensions.get("tracer")
-            if found is None:
-                found = t.extensions["tracer"] = Tracer(t)
+    found: Tracer = t.extension("tracer", Tracer)
     return found
 
 

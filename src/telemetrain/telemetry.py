@@ -8,7 +8,7 @@ import numbers
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -262,6 +262,17 @@ class Telemetry:
         """The route without hooks (for compatible APIs that deliver to their own handler themselves)."""
         with self._lock:
             return False if self._closed else self._router.native_route(kind, group)
+
+    def extension(self, key: str, factory: Callable[[Telemetry], Any]) -> Any:
+        """The per-instance state of an API built on this Telemetry (the stats registry, the tracer, the training
+        recorder, the torch.monitor handlers): created once by ``factory(self)``, under a lock."""
+        found = self.extensions.get(key)
+        if found is None:
+            with self._lock:
+                found = self.extensions.get(key)
+                if found is None:
+                    found = self.extensions[key] = factory(self)
+        return found
 
     def add_producer(self, producer: Any) -> None:
         """Something that holds data in memory and emits it later (stat windows, gauges, samplers):

@@ -27,7 +27,6 @@ if TYPE_CHECKING:
 __all__ = ["StatRegistry", "registry"]
 
 _EXTENSION = "stats"
-_create_lock = threading.Lock()
 
 
 class StatRegistry:
@@ -161,10 +160,5 @@ class StatRegistry:
 def registry(telemetry: Telemetry | None = None) -> StatRegistry:
     """The registry of ``telemetry`` (default: the default instance), created on first use."""
     t = telemetry if telemetry is not None else get_telemetry()
-    found: StatRegistry | None = t.extensions.get(_EXTENSION)
-    if found is None:
-        with _create_lock:
-            found = t.extensions.get(_EXTENSION)
-            if found is None:
-                found = t.extensions[_EXTENSION] = StatRegistry(t)
+    found: StatRegistry = t.extension(_EXTENSION, StatRegistry)
     return found

@@ -3,8 +3,6 @@ unless told otherwise), created on first use."""
 
 from __future__ import annotations
 
-import threading
-
 from ..telemetry import Telemetry, get_telemetry
 from .config import TrainingTelemetryConfig
 from .recorder import TrainingRecorder
@@ -12,18 +10,12 @@ from .recorder import TrainingRecorder
 __all__ = ["configure", "get_recorder", "set_training_telemetry_config"]
 
 _EXTENSION = "training"
-_lock = threading.Lock()
 
 
 def get_recorder(telemetry: Telemetry | None = None) -> TrainingRecorder:
     """The ``TrainingRecorder`` of ``telemetry`` (default: the default instance)."""
     t = telemetry if telemetry is not None else get_telemetry()
-    found: TrainingRecorder | None = t.extensions.get(_EXTENSION)
-    if found is None:
-        with _lock:
-            found = t.extensions.get(_EXTENSION)
-            if found is None:
-                found = t.extensions[_EXTENSION] = TrainingRecorder(telemetry=t)
+    found: TrainingRecorder = t.extension(_EXTENSION, lambda t: TrainingRecorder(telemetry=t))
     return found
 
 
