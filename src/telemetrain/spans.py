@@ -86,10 +86,6 @@ def _new_span_id() -> int:
     return _salt | n
 
 
-def _new_trace_id() -> int:
-    return _rng.getrandbits(128) or 1
-
-
 class Span:
     """One span: ``with`` it once, or decorate a function with it (every call is then a new span with its name,
     group and attributes). ``Tracer.start`` returns one to ``end()`` later."""
