@@ -1153,3 +1153,21 @@ def test_the_training_loop_stays_current_after_a_save_or_a_validation(telemetry:
             pass
         seen.append(current_span())
     assert seen == [loop, loop]
+
+
+def test_reports_carry_the_loops_cumulative_iteration_time(telemetry: Telemetry, read_run: Any) -> None:
+    """Each report carries the loop's total iteration time so far, warm-up included (goodput needs it between
+    checkpoints)."""
+    recorder = TrainingRecorder(TrainingTelemetryConfig(global_batch_size_or_fn=2, log_every_n_train_iterations=2),
+                                telemetry=telemetry)
+    base = time.time() * 1000 - 60_000
+    recorder.on_train_start(0, start_time_msec=base)
+    durations = [100, 200, 300, 400]
+    clock = base
+    for d in durations:
+        recorder.on_training_single_iteration_start(start_time_msec=clock + 10)
+        recorder.on_training_single_iteration_end(finish_time_msec=clock + 10 + d)
+        clock += 10 + d
+    recorder.on_train_end(finish_time_msec=clock + 5)
+    reports = [r.attributes for r in read_run(telemetry, "event") if r.name == "training_metrics_update"]
+    assert [round(r["cumulative_iteration_time_sec"], 6) for r in reports] == [0.3, 1.0]

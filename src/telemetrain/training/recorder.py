@@ -515,6 +515,8 @@ class TrainingRecorder:
             "interval": config.log_every_n_train_iterations if config else window.iterations,
             "window_iterations": window.iterations,
             "final": final,
+            # every iteration's time, warm-up included (for goodput: what this loop has done so far)
+            "cumulative_iteration_time_sec": self._iteration_total_sec,
         }
         # iteration time: the window (one-logger documents per-window values; it computed them cumulatively)
         self._cumulative.absorb(window.summary)
