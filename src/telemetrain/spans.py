@@ -436,23 +436,30 @@ class Tracer:
                     warn_safely(f"telemetrain: a span listener failed: {describe(exc)}")
 
     def _export_late(self, s: Span) -> None:
-        """An unexported span that failed: write its start (with its real start time) and its end."""
+        """An unexported span failed: export it (start and end, with its real times), and its unexported ancestors
+        too (their start now, their end when they end), so its parent is in the store as for any exported span."""
         telemetry = self.telemetry
+        chain = [s]
         parent = s.parent
-        while parent is not None and not parent._route:
+        while parent is not None and parent._route is False:
+            chain.append(parent)
             parent = parent.parent
-        parent_id = parent.span_id if parent is not None else 0
-        attributes = s.start_attributes or {}
-        route = telemetry.route("span_start", s.group)
-        if route:
-            wall = s.start_ns + telemetry.wall_offset_ns
-            route(("span_start", (s.start_ns, wall), telemetry._token, s.group, s.name, s.span_id, parent_id,
-                   s.trace_id, *attributes, *attributes.values()))
-        route = telemetry.route("span_end", s.group)
-        if route:
+        start_route = telemetry.route("span_start", s.group)
+        offset = telemetry.wall_offset_ns
+        for span in reversed(chain):  # outermost first, so each parent's start precedes its children's
+            span_parent = span.parent
+            if start_route:
+                attributes = span.start_attributes or {}
+                _write_start(start_route, span, span_parent, offset, attributes)
+            span._export_id = span.span_id
+            if span is not s:
+                end_route = telemetry.route("span_end", span.group)
+                span._route = end_route or None
+        end_route = telemetry.route("span_end", s.group)
+        if end_route:
             updated = s.attributes or {}
-            route(("span_end", s.end_ns, telemetry._token, s.group, s.name, s.span_id, s.end_ns - s.start_ns,
-                   s.status, s.error, *updated, *updated.values()))
+            end_route(("span_end", s.end_ns, telemetry._token, s.group, s.name, s.span_id, s.end_ns - s.start_ns,
+                       s.status, s.error, *updated, *updated.values()))
 
     # -- the Telemetry producer protocol ---------------------------------------------------------------------------
 
@@ -478,6 +485,13 @@ class Tracer:
     def open_spans(self) -> list[Span]:
         """Spans started with ``start()`` and not ended yet, oldest first."""
         return sorted((s for s in self._started.values() if not s.end_ns), key=lambda s: s.start_ns)
+
+
+def _write_start(start_route: Any, s: Span, parent: Span | None, offset: int, attributes: Mapping[str, Any]) -> None:
+    """Write ``s``'s start record now, with its own (past) start time."""
+    start_route(("span_start", (s.start_ns, s.start_ns + offset), s._tracer.telemetry._token, s.group, s.name,
+                 s.span_id, parent.span_id if parent is not None else 0, s.trace_id, *attributes,
+                 *attributes.values()))
 
 
 def tracer(telemetry: Telemetry | None = None) -> Tracer:

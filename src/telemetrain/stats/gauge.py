@@ -86,7 +86,10 @@ class Gauge:
             number = value
         else:
             item = getattr(value, "item", None)  # a numpy scalar (a tensor would need a device sync: refused)
-            scalar = item() if getattr(value, "dim", None) is None and callable(item) else None
+            try:
+                scalar = item() if getattr(value, "dim", None) is None and callable(item) else None
+            except Exception:  # noqa: BLE001 - an array of several values, say: not a number
+                scalar = None
             if not isinstance(scalar, (int, float)) or isinstance(scalar, bool):
                 self._failed(f"returned {type(value).__name__}, not a number")
                 return None

@@ -32,7 +32,8 @@ _EXTENSION = "stats"
 class StatRegistry:
     def __init__(self, telemetry: Telemetry) -> None:
         self._telemetry = telemetry
-        self._lock = threading.Lock()
+        # re-entrant: SIGTERM's close runs collect() on the main thread, possibly inside its own register()
+        self._lock = threading.RLock()
         self._stats: dict[int, weakref.ref[Stat]] = {}
         self._gauges: dict[int, Gauge] = {}
         self._dead: list[int] = []
@@ -148,7 +149,7 @@ class StatRegistry:
             collector.cancel()  # garbage-collected stats' entries too: let the thread end now if nothing is left
 
     def after_fork_in_child(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         for stat in self.stats:
             stat._after_fork_in_child()
             if stat._window_ns:

@@ -258,7 +258,9 @@ class Stat:
         if self._pid != os.getpid():
             self._after_fork_in_child()
         with self._guard() as ok:
-            if ok:
+            if not ok:  # a signal handler's close, in the middle of this stat's own fold: report what is there
+                self._report_snapshot()
+            else:
                 self._drain()
                 now = _mono()
                 if not (self._window_ns or self.samples):
@@ -401,6 +403,14 @@ class Stat:
                     listener(self, record)
                 except Exception as exc:  # noqa: BLE001
                     warn_safely(f"telemetrain: a listener of stat {self.name!r} failed: {describe(exc)}")
+
+    def _report_snapshot(self) -> None:
+        """Report the open window and the pending samples without changing either (they are being folded below this
+        frame): the batch in the fold's hands at that instant may be missing, the rest of the window is not."""
+        snapshot = self._window.copy()
+        snapshot.fold(list(self._buf))
+        if snapshot.count:
+            self._report(snapshot, self._start, _mono())
 
     def _next_boundary(self, now: int) -> int:
         size = self._window_ns

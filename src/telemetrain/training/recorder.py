@@ -549,7 +549,9 @@ class TrainingRecorder:
             attributes["samples_per_second"] = samples / wall_s
             if seq:
                 attributes["tokens_per_second"] = attributes["avg_tokens_per_second"] = samples * seq / wall_s
-        steady_s = (end_ns - self._steady_start_ns) / 1e9 if self._steady_start_ns else 0.0
+        steady_start = self._steady_start_ns or (self._loop_start_ns if config is not None and
+                                                 config.warmup_iterations == 0 else 0)
+        steady_s = (end_ns - steady_start) / 1e9 if steady_start else 0.0
         if steady_s > 0 and gbs:
             attributes["cumulative_samples_per_second"] = self._steady_iterations * gbs / steady_s
         if fps and gbs:
