@@ -110,3 +110,80 @@ def test_cumulative_throughput_without_warmup(tmp_path: Path) -> None:
     reports = [e.attributes for e in open_run(run_dir).records("event") if e.name == "training_metrics_update"]
     assert reports and all("cumulative_samples_per_second" in a and "cumulative_train_throughput_per_gpu" in a
                            for a in reports)
+
+
+def _odd_line(tmp_path: Path, line: str) -> Path:
+    """A normal run, plus one odd line appended to its process file."""
+    with Telemetry(store=tmp_path) as t:
+        t.metric("m", 1.0)
+        run_dir = t.run_dir
+    assert run_dir is not None
+    process_file = next(run_dir.glob("rank-*.jsonl"))
+    with process_file.open("a") as f:
+        f.write(line + "\n")
+    return run_dir
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        '"kind":"stat","start_mono_ns":0,"count":3,"values":[],"unit":""',
+        '"kind":"stat","start_mono_ns":0,"count":"3","values":{},"unit":""',
+        '"kind":"diagnostic","sink":"s","count":"3","message":"m"',
+        '"kind":"metric","value":1,"unit":5',
+        '"kind":"event","severity":"info","attributes":{"forward_time_fraction":"x"},"event_id":"","span_id":""',
+    ],
+)
+def test_show_survives_an_odd_line(tmp_path: Path, fields: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from telemetrain import cli
+
+    head = '{"v":1,"mono_ns":5,"wall_ns":1700000000000000000,"group":"training","name":"training_metrics_update",'
+    run_dir = _odd_line(tmp_path, head + fields + "}")
+    assert cli.main(["show", str(run_dir)]) == 0
+    assert "problems" in capsys.readouterr().out
+
+
+def test_histogram_merge_rescales_each_sign() -> None:
+    """Merging the positive side may downscale: the negative side must then be shifted by the new difference."""
+    from telemetrain.stats import ExpHistogram
+
+    a = ExpHistogram(max_buckets=16)
+    a.record([1e-3, -5.0])
+    b = ExpHistogram(max_buckets=16)
+    b.record([1e3, -5.0])
+    a.merge(b)
+    assert a.count == 4
+    base = 2.0 ** (2.0**-a.scale)
+    (estimate,) = a.quantiles([0.25])  # between the two -5.0 order statistics; no clamping
+    assert estimate is not None and 5.0 / base <= -estimate <= 5.0 * base  # within its bucket at the final scale
+
+
+def test_span_ids_given_as_strings_are_escaped() -> None:
+    from telemetrain.identity import identity_from_env
+    from telemetrain.records import SpanStart
+    from telemetrain.store.codec import decode_line, encode
+
+    identity = identity_from_env({})
+    line = encode(SpanStart(1, 2, identity, "g", "n", 'ab"c', "", "", None))
+    assert decode_line(line, identity).span_id == 'ab"c'
+
+
+def test_a_monitor_value_past_float_range_is_inf_not_an_error(tmp_path: Path) -> None:
+    import datetime
+
+    from telemetrain import monitor
+    from telemetrain.telemetry import set_telemetry
+
+    with Telemetry(store=tmp_path) as t:
+        previous = set_telemetry(t)
+        try:
+            s = monitor.Stat("big", [monitor.VALUE, monitor.MEAN], datetime.timedelta(seconds=60), max_samples=1)
+            s.add(10**400)
+            assert s.get()[monitor.VALUE] == float("inf")
+        finally:
+            if previous is not None:
+                set_telemetry(previous)
+            else:
+                import telemetrain
+
+                telemetrain.reset()

@@ -208,7 +208,8 @@ def _training_lines(records: Sequence[Any]) -> list[str]:
             throughput.append(f"{_fmt_value(last[key])} {label}")
     rows.append(("throughput (last window)", "  ".join(throughput) or "-"))
     split = [f"{phase} {last[f'{phase}_time_fraction']:.0%}" for phase in
-             ("dataloader", "forward", "backward", "optimizer", "zero_grad") if f"{phase}_time_fraction" in last]
+             ("dataloader", "forward", "backward", "optimizer", "zero_grad")
+             if _is_number(last.get(f"{phase}_time_fraction"))]
     if split:
         rows.append(("time split (last window)", "  ".join(split)))
     if isinstance(last.get("time_to_first_iteration_sec"), (int, float)):
@@ -221,6 +222,10 @@ def _training_lines(records: Sequence[Any]) -> list[str]:
     return lines + _table(rows)
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _goodput_lines(run: Run) -> list[str]:
     """Goodput of the session the run belongs to (its restarts together), when it trained."""
     from .training.goodput import goodput
@@ -229,6 +234,8 @@ def _goodput_lines(run: Run) -> list[str]:
         report = goodput(run.path.parent if run.path.parent != run.path else run.path)
     except (ValueError, OSError):
         return []
+    except Exception as exc:  # noqa: BLE001 - odd records must not take the whole summary down
+        return [f"goodput     not computed: {type(exc).__name__}: {exc}"]
     runs = report.runs
     lines = [f"goodput     {report.goodput:.1%} of {_fmt_duration(report.wall_seconds)} productive "
              f"({report.productive_iterations} iterations kept, {report.lost_iterations} lost) over {len(runs)} "

@@ -31,6 +31,7 @@ from typing import Any
 from .dispatch import describe, warn_safely
 from .records import Diagnostic, StatWindow
 from .stats import stat as _stat
+from .stats.summary import _as_float
 from .telemetry import Telemetry, check_name, get_telemetry
 
 __all__ = [
@@ -315,7 +316,7 @@ class Stat(_stat.Stat):
         for key, member in self._requested:
             if key == "histogram":
                 continue
-            out[member if member is not None else key] = float(values.get(key, 0.0))
+            out[member if member is not None else key] = _as_float(values.get(key, 0.0))
         return out
 
 
@@ -323,7 +324,7 @@ def _deliver_window(stat: _stat.Stat, record: StatWindow) -> None:
     handlers = _handlers(stat.telemetry)
     if not handlers.handles:
         return
-    data: dict[str, DataValue] = {f"{stat.name}.{key}": float(value) for key, value in record.values.items()}
+    data: dict[str, DataValue] = {f"{stat.name}.{key}": _as_float(value) for key, value in record.values.items()}
     timestamp = datetime.datetime.fromtimestamp(record.wall_ns / 1e9)  # naive local time, as torch returns it
     handlers.deliver(Event(STAT_EVENT, timestamp, data))
 

@@ -304,9 +304,9 @@ class ExpHistogram:
         if not isinstance(other, ExpHistogram):
             raise TypeError(f"other must be an ExpHistogram, got {type(other).__name__}")
         self.downscale(self.scale - other.scale)
-        by = other.scale - self.scale
         self.zero_count += other.zero_count
         for mine, theirs in ((self._positive, other._positive), (self._negative, other._negative)):
+            by = other.scale - self.scale  # again for each sign: merging the positive side may have downscaled
             pairs = _merge_pairs([(i >> by, n) for i, n in theirs.items()])
             if not pairs:
                 continue
@@ -347,7 +347,7 @@ class ExpHistogram:
                 if len(counts) > max_buckets:
                     raise ValueError("more buckets than max_buckets")
                 buckets.offset, buckets.counts = offset, array("q", counts)
-        except (KeyError, TypeError, AttributeError) as exc:
+        except (KeyError, TypeError, AttributeError, OverflowError) as exc:
             raise ValueError(f"not a histogram: {exc}") from None
         return out
 

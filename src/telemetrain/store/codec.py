@@ -133,12 +133,21 @@ def _enc_event(p: Any, off: int) -> str:
     )
 
 
+def _id(value: Any, trace: bool = False) -> str:
+    """A span or trace id as a JSON string: the tracer's ints as hex (no escaping needed), anything else escaped."""
+    if type(value) is int and value >= 0:
+        if not value:
+            return '""'
+        return f'"{value:032x}"' if trace else f'"{value:016x}"'
+    return _s(trace_hex(value) if trace else span_hex(value)) if type(value) is str else _s(str(value))
+
+
 def _enc_span_start(p: Any, off: int) -> str:
     # SpanStart, packed: span_id, parent_id, trace_id, *attributes (ids: hex str, or ints from the tracer)
     (span_id, parent_id, trace_id), attributes = split_attributes(p, 3)
     return (
-        f'{_head("span_start", p, off)},"span_id":"{span_hex(span_id)}","parent_id":"{span_hex(parent_id)}",'
-        f'"trace_id":"{trace_hex(trace_id)}","attributes":{_attrs(attributes)}}}\n'
+        f'{_head("span_start", p, off)},"span_id":{_id(span_id)},"parent_id":{_id(parent_id)},'
+        f'"trace_id":{_id(trace_id, trace=True)},"attributes":{_attrs(attributes)}}}\n'
     )
 
 
@@ -146,7 +155,7 @@ def _enc_span_end(p: Any, off: int) -> str:
     # SpanEnd, packed: span_id, duration_ns, status, error, *attributes
     (span_id, duration_ns, status, error), attributes = split_attributes(p, 4)
     return (
-        f'{_head("span_end", p, off)},"span_id":"{span_hex(span_id)}","duration_ns":{duration_ns},'
+        f'{_head("span_end", p, off)},"span_id":{_id(span_id)},"duration_ns":{duration_ns},'
         f'"status":{_s(status)},"attributes":{_attrs(attributes)},"error":{_s(error)}}}\n'
     )
 
@@ -246,7 +255,10 @@ def decode_line(line: str | bytes, identity: Identity) -> Any:
     if attributes_in is not None and not isinstance(attributes_in, dict):
         raise ValueError("attributes must be an object")
     if kind == "metric":
-        return MetricPoint(mono, wall, identity, group, name, _f(obj["value"]), obj.get("unit", ""), obj.get("step"))
+        unit, step = obj.get("unit", ""), obj.get("step")
+        if type(unit) is not str or (step is not None and type(step) is not int):
+            raise ValueError("metric unit or step of the wrong type")
+        return MetricPoint(mono, wall, identity, group, name, _f(obj["value"]), unit, step)
     if kind == "event":
         attributes = _attrs_in(obj["attributes"])
         return Event(mono, wall, identity, group, name, obj["severity"], attributes, obj["event_id"], obj["span_id"])
@@ -270,6 +282,12 @@ def decode_line(line: str | bytes, identity: Identity) -> Any:
             obj["error"],
         )
     if kind == "stat":
+        if not isinstance(obj["values"], dict) or type(obj["count"]) is not int:
+            raise ValueError("stat fields of the wrong type")
+        if type(obj["start_mono_ns"]) is not int:
+            raise ValueError("stat start_mono_ns must be an int")
+        if type(obj["unit"]) is not str:
+            raise ValueError("stat unit must be a string")
         values = {k: _f(v) for k, v in obj["values"].items()}
         histogram = obj.get("histogram")
         if histogram is not None and not isinstance(histogram, dict):
@@ -278,5 +296,7 @@ def decode_line(line: str | bytes, identity: Identity) -> Any:
             mono, wall, identity, group, name, obj["start_mono_ns"], obj["count"], values, obj["unit"], histogram
         )
     if kind == "diagnostic":
+        if type(obj["sink"]) is not str or type(obj["count"]) is not int or type(obj["message"]) is not str:
+            raise ValueError("diagnostic fields of the wrong type")
         return Diagnostic(mono, wall, identity, group, name, obj["sink"], obj["count"], obj["message"])
     raise ValueError(f"unknown record kind {kind!r}")

@@ -92,7 +92,7 @@ def read_process_file(path: Path, meta: dict[str, Any] | None = None) -> Process
             identity = _fallback_identity(path, meta)
         try:
             rec = decode_line(raw, identity)
-        except (ValueError, KeyError, TypeError, IndexError):
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError):
             corrupt += 1
             continue
         if isinstance(rec, dict):  # a later process header (identity changed within the file)

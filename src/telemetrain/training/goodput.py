@@ -299,7 +299,9 @@ def _int(attributes: Mapping[str, Any], key: str) -> int | None:
 def _stamp(attributes: Mapping[str, Any], key: str) -> int | None:
     """A ``*_timestamp_sec`` attribute (wall seconds) in wall ns."""
     value = _num(attributes, key)
-    return None if value is None or value <= 0 else round(value * 1e9)
+    if value is None or value <= 0 or not math.isfinite(value * 1e9):
+        return None
+    return round(value * 1e9)
 
 
 def _window_of(attributes: Mapping[str, Any]) -> _Window | None:
@@ -311,7 +313,7 @@ def _window_of(attributes: Mapping[str, Any]) -> _Window | None:
     avg = _num(attributes, "avg_iteration_time_sec")
     if total is None:
         timed = 0  # no iteration of the window was timed: all warm-up
-    elif avg is not None and avg > 0:
+    elif avg is not None and avg > 0 and math.isfinite(total / avg):
         timed = min(round(total / avg), iterations)
     else:
         timed = iterations
