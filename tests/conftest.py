@@ -5,6 +5,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
+import subprocess
+import sys
 import threading
 import types
 import typing
@@ -192,6 +195,37 @@ def as_default(t: telemetrain.Telemetry) -> Iterator[telemetrain.Telemetry]:
 
 
 # -- helper subprocesses -----------------------------------------------------------------------------------------------
+
+
+def run_helper_process(
+    tmp_path: Path, code: str, run_id: str, session: str, *, sigterm: bool, timeout: float = 20.0
+) -> tuple[int | None, Path, str]:
+    """Run ``python -c code`` (with ``tests/`` importable, ``_proc_helpers`` scenarios) under a fixed identity; wait
+    for it to print ``ready``; send SIGTERM if asked; wait up to ``timeout``. Returns (exit status, or None if it hung
+    and was killed; its run directory; its stderr)."""
+    tests = Path(__file__).parent
+    stderr_path = tmp_path / "stderr.txt"
+    with open(stderr_path, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=err, text=True,
+                                env=helper_env(run_id, session, pythonpath=tests), cwd=tests)
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            assert line.strip() == "ready", stderr_path.read_text()
+            if sigterm:
+                proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        finally:
+            returncode = proc.poll()
+            if returncode is None:
+                proc.kill()
+                proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+    return returncode, tmp_path / session / run_id, stderr_path.read_text()
 
 
 def helper_env(run_id: str, session: str, *, pythonpath: Path | None = None, **extra: str) -> dict[str, str]:

@@ -12,8 +12,6 @@ import asyncio
 import contextvars
 import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -25,7 +23,7 @@ from typing import Any
 import pytest
 
 import telemetrain
-from conftest import helper_env
+from conftest import run_helper_process
 from telemetrain import Telemetry, TelemetryWarning
 from telemetrain.spans import Span, _current, current_span, span, tracer
 from telemetrain.store import open_run
@@ -518,31 +516,9 @@ def test_spans_open_when_the_telemetry_closes_end_terminated(tmp_path: Path) -> 
 def _run_open_spans_helper(tmp_path: Path, then: str) -> tuple[int | None, list[Any], str]:
     run_id = f"spans-{uuid.uuid4().hex[:8]}"
     code = f"import _proc_helpers as h; h.spans_open_at_exit({str(tmp_path)!r}, {then!r})"
-    with open(tmp_path / "stderr.txt", "w") as err:
-        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=err, text=True,
-                                env=helper_env(run_id, SESSION, pythonpath=TESTS), cwd=TESTS)
-        try:
-            assert proc.stdout is not None
-            line = proc.stdout.readline()
-            assert line.strip() == "ready", (tmp_path / "stderr.txt").read_text()
-            if then == "sleep":
-                proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(HANG_S)
-            except subprocess.TimeoutExpired:
-                pass
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-                returncode = None
-            else:
-                returncode = proc.returncode
-            if proc.stdout is not None:
-                proc.stdout.close()
-    path = tmp_path / SESSION / run_id
-    records = open_run(path).records() if path.is_dir() else []
-    return returncode, records, (tmp_path / "stderr.txt").read_text()
+    returncode, path, stderr = run_helper_process(tmp_path, code, run_id, SESSION, sigterm=then == "sleep",
+                                                  timeout=HANG_S)
+    return returncode, open_run(path).records() if path.is_dir() else [], stderr
 
 
 def test_sigterm_ends_the_open_spans_terminated(tmp_path: Path) -> None:

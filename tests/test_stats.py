@@ -16,8 +16,6 @@ import json
 import math
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -31,7 +29,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import ListSink, helper_env
+from conftest import ListSink, run_helper_process
 from telemetrain import Diagnostic, StatWindow, Telemetry, TelemetryWarning, identity_from_env
 from telemetrain.stats import (
     RAW_LIMIT,
@@ -726,37 +724,12 @@ def test_stat_flush_and_close_of_the_stat_itself(tmp_path: Path) -> None:
 
 
 def _run_partial_window_helper(tmp_path: Path, emit_first: str, then: str) -> tuple[int | None, list[StatWindow]]:
-    run_id = f"stat-{uuid.uuid4().hex[:8]}"
-    code = (
-        "import sys, _proc_helpers as h; "
-        f"h.stat_partial_window({str(tmp_path)!r}, {emit_first!r}, {then!r})"
-    )
-    with open(tmp_path / "stderr.txt", "w") as err:
-        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=err, text=True,
-                                env=helper_env(run_id, SESSION, pythonpath=TESTS), cwd=TESTS)
-        try:
-            assert proc.stdout is not None
-            line = proc.stdout.readline()
-            assert line.strip() == "ready", (tmp_path / "stderr.txt").read_text()
-            if then == "sleep":
-                proc.send_signal(signal.SIGTERM)
-            try:
-                # exiting takes a fraction of a second; a process still there after this is hung
-                proc.wait(HANG_S if then == "sleep" else 8.0)
-            except subprocess.TimeoutExpired:
-                pass
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-                returncode = None
-            else:
-                returncode = proc.returncode
-            if proc.stdout is not None:
-                proc.stdout.close()
-    path = tmp_path / SESSION / run_id
-    records = [r for r in open_run(path).records("stat") if r.name == "partial"] if path.is_dir() else []
-    return returncode, records
+    run_id = f"partial-{uuid.uuid4().hex[:8]}"
+    code = f"import _proc_helpers as h; h.stat_partial_window({str(tmp_path)!r}, {emit_first!r}, {then!r})"
+    # exiting takes a fraction of a second; a process still there after the limit is hung
+    returncode, path, _ = run_helper_process(tmp_path, code, run_id, SESSION, sigterm=then == "sleep",
+                                             timeout=HANG_S if then == "sleep" else 8.0)
+    return returncode, [r for r in open_run(path).records("stat") if r.name == "partial"] if path.is_dir() else []
 
 
 @pytest.mark.parametrize("emit_first", ["metric", "none"])

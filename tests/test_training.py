@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import inspect
 import signal
-import subprocess
-import sys
 import time
 import uuid
 import warnings
@@ -23,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conftest import helper_env
+from conftest import run_helper_process
 from telemetrain import Telemetry, TelemetryWarning, training
 from telemetrain.spans import _current
 from telemetrain.stats import relative_error
@@ -973,27 +971,9 @@ def test_a_config_function_that_raises_is_recorded_not_raised(
 def test_sigterm_mid_training_reports_up_to_the_last_iteration(tmp_path: Path) -> None:
     run_id = f"train-{uuid.uuid4().hex[:8]}"
     code = f"import _proc_helpers as h; h.training_until_sigterm({str(tmp_path)!r}, 8, 5)"
-    with open(tmp_path / "stderr.txt", "w") as err:
-        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=err, text=True,
-                                env=helper_env(run_id, SESSION, pythonpath=TESTS), cwd=TESTS)
-        try:
-            assert proc.stdout is not None
-            line = proc.stdout.readline()
-            assert line.strip() == "ready", (tmp_path / "stderr.txt").read_text()
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(HANG_S)
-            except subprocess.TimeoutExpired:
-                pass
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            if proc.stdout is not None:
-                proc.stdout.close()
-    stderr = (tmp_path / "stderr.txt").read_text()
-    assert proc.returncode == -signal.SIGTERM, stderr
-    records = open_run(tmp_path / SESSION / run_id).records()
+    returncode, path, stderr = run_helper_process(tmp_path, code, run_id, SESSION, sigterm=True, timeout=HANG_S)
+    assert returncode == -signal.SIGTERM, stderr
+    records = open_run(path).records()
     reports = _attrs(records, "training_metrics_update")
     assert [(a["current_iteration"], a["num_iterations"], a["window_iterations"], a["final"]) for a in reports] == [
         (4, 5, 5, False), (7, 8, 3, True)], stderr
