@@ -131,6 +131,17 @@ def difference_row(lib: str, op: str, a: dict, b: dict) -> dict:
     return row
 
 
+def record_with_peer(row: dict, peer: dict | None) -> dict:
+    """``row`` with its peer row and the ratio to it (medians), added to RESULTS."""
+    row["peer"] = None if peer is None else f"{peer['library']} | {peer['operation']}"
+    row["peer_median_ns"] = None if peer is None else peer["median_ns"]
+    row["ratio"] = None if peer is None else row["median_ns"] / peer["median_ns"]
+    RESULTS.append(row)
+    ratio = "" if row["ratio"] is None else f"  {row['ratio']:.3f}x peer"
+    progress(f"{row['library']:<24} {row['operation'][:84]:<84} {row['median_ns']:11.1f} ns{ratio}  (n={row['n']})")
+    return row
+
+
 def row_of(lib: str, op_prefix: str) -> dict | None:
     for r in RESULTS:
         if r["library"] == lib and r["operation"].startswith(op_prefix):
@@ -157,11 +168,17 @@ def skip(section: str, exc: BaseException) -> None:
     progress(SKIPPED[-1])
 
 
-def run_sections(sections: Iterable[tuple[str, Callable[[], None]]], must_pass: Callable[[str], bool]) -> bool:
-    """Run the sections in order; one that raises is skipped with a note and the run goes on. Returns whether a
-    section for which ``must_pass(name)`` raised something other than an ImportError (a peer not installed)."""
+def run_sections(
+    sections: Iterable[tuple[str, Callable[[], None]]], must_pass: Callable[[str], bool], only: str | None = None
+) -> bool:
+    """Run the sections in order (``only``: a comma-separated subset, the baseline always); one that raises is
+    skipped with a note and the run goes on. Returns whether a section for which ``must_pass(name)`` raised
+    something other than an ImportError (a peer not installed)."""
+    wanted = {"baseline", *only.split(",")} if only else None
     failed = False
     for name, fn in sections:
+        if wanted is not None and name not in wanted:
+            continue
         progress(f"[{name}]")
         t0 = perf_counter_ns()
         try:

@@ -94,15 +94,7 @@ QUANTILES_HIST = [*QUANTILES, "histogram"]
 # -- harness (the peers method: _method.py) --------------------------------------------------------------------------
 
 
-def _record(row: dict, peer: dict | None) -> dict:
-    """``row`` with its peer row and the ratio to it, added to RESULTS."""
-    row["peer"] = None if peer is None else f"{peer['library']} | {peer['operation']}"
-    row["peer_median_ns"] = None if peer is None else peer["median_ns"]
-    row["ratio"] = None if peer is None else row["median_ns"] / peer["median_ns"]
-    RESULTS.append(row)
-    ratio = "" if row["ratio"] is None else f"  {row['ratio']:.2f}x peer"
-    progress(f"{row['library']:<20} {row['operation']:<78} {row['median_ns']:9.1f} ns{ratio}  (n={row['n']})")
-    return row
+_record = _method.record_with_peer
 
 
 def _row(lib: str, op: str, samples: list[float], n: object, peer: dict | None) -> dict:
@@ -1193,12 +1185,9 @@ def main(argv: list[str] | None = None) -> int:
         ("close", lambda: section_close(t)),
         ("pieces", lambda: section_pieces(t)),
     ]
-    if ARGS.only:
-        wanted = {"baseline", *ARGS.only.split(",")}
-        sections = [(name, fn) for name, fn in sections if name in wanted]
     try:
         # a section failing fails the run, torch not installed apart (pieces read internals: a note)
-        failed = _method.run_sections(sections, lambda name: name != "pieces")
+        failed = _method.run_sections(sections, lambda name: name != "pieces", ARGS.only)
         gc.collect()
         t.close(timeout=60)
         EXTRA["store"] = check_store(t)

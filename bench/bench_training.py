@@ -114,15 +114,7 @@ ONE_LOGGER_MODULE = "nv_one_logger.training_telemetry.api.training_telemetry_pro
 # -- harness (the peers method: _method.py) --------------------------------------------------------------------------
 
 
-def _record(row: dict, peer: dict | None) -> dict:
-    """``row`` with its peer row and the ratio to it, added to RESULTS."""
-    row["peer"] = None if peer is None else f"{peer['library']} | {peer['operation']}"
-    row["peer_median_ns"] = None if peer is None else peer["median_ns"]
-    row["ratio"] = None if peer is None else row["median_ns"] / peer["median_ns"]
-    RESULTS.append(row)
-    ratio = "" if row["ratio"] is None else f"  {row['ratio']:.3f}x peer"
-    progress(f"{row['library']:<24} {row['operation'][:84]:<84} {row['median_ns']:11.1f} ns{ratio}  (n={row['n']})")
-    return row
+_record = _method.record_with_peer
 
 
 def _row(lib: str, op: str, samples: list[float], n: object, peer: dict | None = None) -> dict:
@@ -1452,13 +1444,11 @@ def main(argv: list[str] | None = None) -> int:
         ("training", lambda: section_training(tmpdir)),
         ("pieces", lambda: section_pieces(tmpdir)),
     ]
-    if ARGS.only:
-        wanted = {"baseline", *ARGS.only.split(",")}
-        sections = [(name, fn) for name, fn in sections if name in wanted]
     try:
         # a section of ours failing fails the run; a peer not installed is an ImportError (skipped with a note);
         # the pieces read internals (a note)
-        failed = _method.run_sections(sections, lambda name: name not in ("pieces", "one-logger", "otel-spans"))
+        optional = ("pieces", "one-logger", "otel-spans")
+        failed = _method.run_sections(sections, lambda name: name not in optional, ARGS.only)
         for stores in _STORES:
             EXTRA["span_store"] = stores.close()
     finally:
