@@ -1,0 +1,159 @@
+"""This process and its descendants through psutil: CPU, resident memory, threads, file descriptors, child count.
+
+DataLoader workers, torch.compile workers and any ``subprocess`` the job starts are descendants of the training
+process; a sampler that watches one pid misses their CPU and memory, which is where input pipelines spend theirs.
+
+- CPU utilisation is CPU seconds (user + system) in the interval / (interval x CPUs this process may run on, its
+  affinity), OpenTelemetry's ``process.cpu.utilization``: 1.0 means every allowed CPU busy. Per process the previous
+  CPU time is kept, keyed by (pid, start time) so a reused pid is a new process. A descendant first seen now counts
+  with all its CPU time if it was born after the previous sample (the normal case: the tree is scanned every cycle),
+  else from now on. A descendant that exits between two samples takes its CPU time since the previous sample with it
+  (it is not in the parent's ``children_*`` times until reaped, and those would count earlier intervals again).
+- Tree memory is the sum of resident set sizes. Pages a forked worker still shares with its parent (copy-on-write)
+  count once per process, as ``top`` shows them: an upper bound of the tree's real footprint.
+- Finding descendants costs a read of every process's ``/proc/<pid>/stat`` (psutil's ``children(recursive=True)``),
+  about 10 us per process on the host. Periodic samples scan at most as often as keeps the scans under 0.5% of one
+  core (their measured cost x 200); between scans the known descendants are still read, and the dead ones dropped.
+  The first sample, the last and those taken on demand always scan.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import psutil
+
+from .base import Cycle
+from .names import GROUP
+
+__all__ = ["ProcessTreeSource"]
+
+SCAN_COST_FACTOR = 200  # at most 1/200 of the time scanning for descendants
+
+_Key = tuple[int, float]  # (pid, create time): a pid can be reused
+
+
+def _cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # not on macOS or Windows
+        return psutil.cpu_count() or 1
+
+
+class ProcessTreeSource:
+    name = "process"
+
+    def __init__(self, tree: bool = True) -> None:
+        self._root = psutil.Process(os.getpid())
+        self._root_key: _Key = (self._root.pid, self._root.create_time())
+        self._tree = tree
+        self._members: dict[int, psutil.Process] = {}
+        self._cpu: dict[_Key, float] = {}  # CPU seconds at the previous sample
+        self._last_mono: int | None = None
+        self._last_scan_wall = 0.0
+        self._scanned_last_cycle = False
+        self._next_scan_ns = 0
+        self.scan_cost_ns = 0
+        self.scans = 0
+
+    def describe(self) -> dict[str, Any]:
+        return {"process.pid": self._root.pid, "process.tree": self._tree, "process.cpu_count": _cpu_count()}
+
+    @property
+    def pids(self) -> frozenset[int]:
+        return frozenset((self._root.pid, *self._members))
+
+    def _scan(self, cycle: Cycle) -> None:
+        t0 = time.thread_time_ns()
+        found = cycle.read("process.children", lambda: self._root.children(recursive=True))
+        if found is None:
+            return
+        members: dict[int, psutil.Process] = {}
+        for proc in found:
+            known = self._members.get(proc.pid)
+            try:  # keep the known object (it holds psutil's cached identity) unless the pid was reused
+                same = known is not None and known.create_time() == proc.create_time()
+            except psutil.Error:
+                continue
+            members[proc.pid] = known if same and known is not None else proc
+        self._members = members
+        self._last_scan_wall = time.time()
+        self.scans += 1
+        self.scan_cost_ns = time.thread_time_ns() - t0
+        self._next_scan_ns = cycle.mono_ns + self.scan_cost_ns * SCAN_COST_FACTOR
+
+    def sample(self, cycle: Cycle) -> None:
+        add = cycle.add
+        root = self._root
+        cpu_count = _cpu_count()
+        elapsed_s = None if self._last_mono is None else (cycle.mono_ns - self._last_mono) / 1e9
+        capacity = elapsed_s * cpu_count if elapsed_s is not None and elapsed_s > 0 else None
+        first_seen_counts = self._scanned_last_cycle  # a newcomer was born after the previous sample
+        previous_scan_wall = self._last_scan_wall
+        scanned = False
+        if self._tree and (cycle.thorough or cycle.mono_ns >= self._next_scan_ns):
+            self._scan(cycle)
+            scanned = True
+
+        cpu_now: dict[_Key, float] = {}
+        with root.oneshot():
+            times = cycle.read("process.cpu", root.cpu_times)
+            memory = cycle.read("process.memory", root.memory_info)
+            add(GROUP, "process.thread.count", cycle.read("process.threads", root.num_threads))
+        if hasattr(root, "num_fds"):
+            add(GROUP, "process.open_file_descriptor.count", cycle.read("process.fds", root.num_fds))
+        root_rss = None if memory is None else int(memory.rss)
+        add(GROUP, "process.memory.usage", root_rss)
+        root_delta = None
+        if times is not None:
+            seconds = times.user + times.system
+            cpu_now[self._root_key] = seconds
+            add(GROUP, "process.cpu.time", seconds)
+            previous = self._cpu.get(self._root_key)
+            if previous is not None:
+                root_delta = max(0.0, seconds - previous)
+                if capacity is not None:
+                    add(GROUP, "process.cpu.utilization", root_delta / capacity)
+
+        if self._tree:
+            tree_delta = root_delta
+            tree_rss = root_rss
+            live = 0
+            for pid, proc in list(self._members.items()):
+                try:
+                    with proc.oneshot():
+                        if proc.status() == psutil.STATUS_ZOMBIE:
+                            raise psutil.ZombieProcess(pid)
+                        child_times = proc.cpu_times()
+                        rss = proc.memory_info().rss
+                        key = (pid, proc.create_time())
+                except psutil.NoSuchProcess:  # exited (or a zombie waiting to be reaped): not a live member
+                    del self._members[pid]
+                    continue
+                except psutil.Error as exc:  # AccessDenied: a descendant that changed user
+                    cycle.fail("process.tree", exc)
+                    continue
+                live += 1
+                seconds = child_times.user + child_times.system
+                cpu_now[key] = seconds
+                previous = self._cpu.get(key)
+                if previous is not None:
+                    delta: float | None = max(0.0, seconds - previous)
+                elif first_seen_counts or key[1] >= previous_scan_wall:
+                    delta = seconds  # born since the previous sample: all its CPU time is in this interval
+                else:
+                    delta = None  # found late (the scan was skipped): counted from now on
+                if tree_delta is not None and delta is not None:
+                    tree_delta += delta
+                if tree_rss is not None:
+                    tree_rss += int(rss)
+            add(GROUP, "process.children.count", live)
+            add(GROUP, "process.tree.memory.usage", tree_rss)
+            if tree_delta is not None and capacity is not None:
+                add(GROUP, "process.tree.cpu.utilization", tree_delta / capacity)
+        self._cpu = cpu_now
+        self._last_mono = cycle.mono_ns
+        self._scanned_last_cycle = scanned
+        cycle.pids = self.pids
