@@ -137,6 +137,7 @@ def summarize(run: Run) -> list[str]:
     lines += _table(metric_rows)
 
     lines += _stat_lines(records)
+    lines += _system_lines(records)
     lines += _training_lines(records)
     if any(r.kind == "event" and r.group == "training" for r in records):
         lines += _goodput_lines(run)
@@ -179,6 +180,122 @@ def _stat_lines(records: Sequence[Any]) -> list[str]:
         samples = sum(w.sample_count for w in ws)
         rows.append((f"{key[0]}/{key[1]}", f"{len(ws)} windows", f"{samples} samples", f"{values}{unit}"))
     return lines + _table(rows)
+
+
+def _iec(n: float) -> str:
+    """Bytes for people: 1.5 GiB."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _system_lines(records: Sequence[Any]) -> list[str]:
+    """What the system sampler recorded (``telemetrain.system``): host, processes, GPUs, allocator, run energy."""
+    # (who, group) -> name -> values in time order; who: the host for host-wide and GPU series, else the process
+    series: dict[tuple[str, str], dict[str, list[float]]] = {}
+    energy_last: dict[tuple[str, str, str, int], float] = {}
+    for r in records:
+        if r.kind != "metric" or not (r.group == "system" or r.group.startswith("system.")):
+            continue
+        if not _is_number(r.value) or not math.isfinite(r.value):
+            continue
+        ident = r.identity
+        host_wide = r.name.startswith("system.") or r.group.startswith("system.gpu.")
+        who = f"host {ident.host}" if host_wide else f"rank {ident.rank} pid {ident.pid}"
+        series.setdefault((who, r.group), {}).setdefault(r.name, []).append(float(r.value))
+        if r.name in ("hw.energy", "hw.energy.integrated"):  # J since that process's sampler started
+            energy_last[(who, r.group, r.name, ident.pid)] = float(r.value)
+    starts = [r for r in records if r.kind == "event" and r.name == "system.sampler.start"]
+    if not series and not starts:
+        return []
+    intervals = sorted({float(a["interval_s"]) for a in (r.attributes or {} for r in starts)
+                        if _is_number(a.get("interval_s"))})
+    cpus = {f"rank {r.identity.rank} pid {r.identity.pid}": (r.attributes or {}).get("process.cpu_count")
+            for r in starts}
+    samplers = {(r.identity.host, r.identity.pid) for r in starts}
+    lines = [f"system      sampled by {len(samplers) or '?'} process(es) every "
+             f"{', '.join(f'{i:g}' for i in intervals) or '?'} s (telemetrain.system)"]
+    rows: list[tuple[str, ...]] = []
+    for (who, group), m in sorted(series.items()):
+        rows += _system_rows(who, group, m, cpus.get(who))
+    lines += _table(rows)
+    # the run's energy: per device, the most that one of the processes sampling it saw (two ranks that both sample a
+    # GPU must not count it twice)
+    energy: dict[tuple[str, str, str], float] = {}
+    for (who, group, name, _), joules in energy_last.items():
+        energy[(who, group, name)] = max(energy.get((who, group, name), 0.0), joules)
+    if energy:
+        total = sum(energy.values())
+        how = Counter("integrated from power" if k[2].endswith("integrated") else "energy counter" for k in energy)
+        lines.append(f"  energy      {total:,.1f} J = {total / 3.6e6:.6g} kWh from {len(energy)} GPU(s) while "
+                     "sampled (" + ", ".join(f"{n} {s}" for s, n in sorted(how.items())) + ")")
+    reasons = sorted({str((r.attributes or {}).get("reason")) for r in records
+                      if r.kind == "event" and r.name == "system.gpu.unavailable"})
+    lines += [f"  gpu         none sampled: {reason}" for reason in reasons]
+    return lines
+
+
+def _system_rows(who: str, group: str, m: dict[str, list[float]], n_cpu: Any) -> list[tuple[str, ...]]:
+    """The show rows of one (host or process, group) of system metrics."""
+
+    def mean(v: list[float]) -> float:
+        return sum(v) / len(v)
+
+    def last(name: str) -> float:
+        return m.get(name, [0.0])[-1]
+
+    rows: list[tuple[str, ...]] = []
+    if group == "system":
+        if m.get("system.cpu.utilization"):
+            v = m["system.cpu.utilization"]
+            rows.append((who, "cpu", f"mean {mean(v):.1%}  max {max(v):.1%} of all CPUs"))
+        if m.get("system.memory.usage"):
+            v = m["system.memory.usage"]
+            swap = m.get("system.paging.usage")
+            rows.append((who, "memory", f"mean {_iec(mean(v))}  max {_iec(max(v))} of "
+                         f"{_iec(last('system.memory.limit'))}" + (f"; swap max {_iec(max(swap))}" if swap else "")))
+        if m.get("system.disk.io.read") or m.get("system.network.io.receive"):
+            rows.append((who, "i/o", f"disk read {_iec(last('system.disk.io.read'))} write "
+                         f"{_iec(last('system.disk.io.write'))}; network receive "
+                         f"{_iec(last('system.network.io.receive'))} transmit "
+                         f"{_iec(last('system.network.io.transmit'))} (host-wide, while sampled)"))
+        if m.get("process.memory.usage"):
+            text = f"rss max {_iec(max(m['process.memory.usage']))}"
+            if m.get("process.tree.memory.usage"):
+                text += (f", with descendants max {_iec(max(m['process.tree.memory.usage']))} "
+                         f"({max(m.get('process.children.count', [0])):.0f} at most)")
+            for label, name in (("cpu", "process.cpu.utilization"),
+                                ("with descendants", "process.tree.cpu.utilization")):
+                if m.get(name):
+                    cores = f" = {mean(m[name]) * n_cpu:.2f} cores" if isinstance(n_cpu, int) else ""
+                    text += f"; {label} mean {mean(m[name]):.1%}{cores}, max {max(m[name]):.1%}"
+            rows.append((who, "process", text))
+    elif group.startswith("system.filesystem.") and m.get("system.filesystem.usage"):
+        rows.append((who, f"filesystem {group.removeprefix('system.filesystem.')}",
+                     f"used max {_iec(max(m['system.filesystem.usage']))} of {_iec(last('system.filesystem.limit'))}"))
+    elif group.startswith("system.gpu."):
+        parts = []
+        if m.get("hw.gpu.utilization"):
+            parts.append(f"util mean {mean(m['hw.gpu.utilization']):.0%} max {max(m['hw.gpu.utilization']):.0%}")
+        if m.get("hw.gpu.memory.usage"):
+            parts.append(f"memory max {_iec(max(m['hw.gpu.memory.usage']))} of {_iec(last('hw.gpu.memory.limit'))}")
+        if m.get("hw.power"):
+            parts.append(f"power mean {mean(m['hw.power']):.0f} W max {max(m['hw.power']):.0f} W")
+        if m.get("hw.temperature"):
+            parts.append(f"temperature max {max(m['hw.temperature']):.0f} C")
+        for name in ("hw.gpu.throttle.power", "hw.gpu.throttle.thermal"):
+            if m.get(name) and max(m[name]) > 0:
+                parts.append(f"{name.rsplit('.', 1)[1]} throttling in {mean(m[name]):.0%} of samples")
+        if parts:
+            rows.append((who, f"gpu {group.removeprefix('system.gpu.')}", "; ".join(parts)))
+    elif group.startswith("system.cuda.") and m.get("torch.cuda.memory.allocated.peak"):
+        rows.append((who, f"cuda {group.removeprefix('system.cuda.')} allocator",
+                     f"allocated peak {_iec(last('torch.cuda.memory.allocated.peak'))}, reserved peak "
+                     f"{_iec(last('torch.cuda.memory.reserved.peak'))}, {last('torch.cuda.alloc_retries'):.0f} alloc "
+                     f"retries, {last('torch.cuda.ooms'):.0f} OOMs"))
+    return rows
 
 
 def _training_lines(records: Sequence[Any]) -> list[str]:
