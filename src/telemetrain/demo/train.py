@@ -246,6 +246,7 @@ def _run(
     config = dataclasses.asdict(cfg) | {"warmup_steps": cfg.warmup_steps, "model": "CharGRU", "optimizer": "AdamW"}
     t = telemetrain.Telemetry(identity, store=root, console=console, config=config)
     previous = telemetrain.set_telemetry(t)  # metrics.* and events.* now go to t
+    _start_system_sampler(t, out)  # stopped, with a last sample, when t closes (SIGTERM included)
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
     try:
@@ -258,6 +259,16 @@ def _run(
             telemetrain.reset()
         else:
             telemetrain.set_telemetry(previous)
+
+
+def _start_system_sampler(t: telemetrain.Telemetry, out: TextIO) -> None:
+    """CPU, memory, process tree, GPU and allocator samples every second (a demo run is short)."""
+    try:
+        from telemetrain.system import start_sampler
+    except ImportError as exc:  # psutil missing: the demo runs without system metrics
+        print(f"note: no system metrics: {exc}", file=out)
+        return
+    start_sampler(t, interval=1.0)
 
 
 def _train(
