@@ -11,10 +11,15 @@ process; a sampler that watches one pid misses their CPU and memory, which is wh
   (it is not in the parent's ``children_*`` times until reaped, and those would count earlier intervals again).
 - Tree memory is the sum of resident set sizes. Pages a forked worker still shares with its parent (copy-on-write)
   count once per process, as ``top`` shows them: an upper bound of the tree's real footprint.
-- Finding descendants costs a read of every process's ``/proc/<pid>/stat`` (psutil's ``children(recursive=True)``),
-  about 10 us per process on the host. Periodic samples scan at most as often as keeps the scans under 0.5% of one
-  core (their measured cost x 200); between scans the known descendants are still read, and the dead ones dropped.
-  The first sample, the last and those taken on demand always scan.
+- Finding descendants needs every process's parent. psutil's ``children(recursive=True)`` reads
+  ``/proc/<pid>/stat`` of every process on the host at each call (~10 us each: ~1 ms with 100 processes, ~10 ms with
+  1000). On Linux the scan here lists ``/proc`` and reads the parent only of processes it has not seen before: a
+  parent changes only by re-parenting, when the parent dies, and a process whose cached parent is gone is no longer
+  reachable from this one, as it should be. Every 20th scan reads them all again, so a pid reused between two scans,
+  or a re-parenting to a subreaper inside the tree, is seen within 20 scans. Other systems use psutil. Periodic
+  samples also scan at most as often as keeps the scans under 0.5% of one core (their measured cost x 200); between
+  scans the known descendants are still read, and the dead ones dropped. The first sample, the last and those taken
+  on demand always scan.
 """
 
 from __future__ import annotations
@@ -35,6 +40,59 @@ SCAN_COST_FACTOR = 200  # at most 1/200 of the time scanning for descendants
 _Key = tuple[int, float]  # (pid, create time): a pid can be reused
 
 
+FULL_SCAN_EVERY = 20
+_PROC = "/proc"
+
+
+class _ProcDescendants:
+    """Descendants of a pid from ``/proc`` (Linux), with each process's (parent, start time) cached by pid."""
+
+    def __init__(self, root: int) -> None:
+        self.root = root
+        self._parent: dict[int, tuple[int, int]] = {}  # pid -> (ppid, start time in clock ticks)
+        self.scans = 0
+
+    @staticmethod
+    def _read(pid: int) -> tuple[int, int] | None:
+        try:
+            fd = os.open(f"{_PROC}/{pid}/stat", os.O_RDONLY)
+            try:
+                data = os.read(fd, 1024)
+            finally:
+                os.close(fd)
+            fields = data[data.rindex(b")") + 2 :].split()  # the name may hold spaces and parentheses
+            return int(fields[1]), int(fields[19])
+        except (OSError, ValueError, IndexError):  # gone meanwhile
+            return None
+
+    def __call__(self) -> list[tuple[int, int]]:
+        """(pid, start time) of every descendant."""
+        full = self.scans % FULL_SCAN_EVERY == 0
+        self.scans += 1
+        pids = [int(name) for name in os.listdir(_PROC) if name.isdigit()]
+        known = self._parent
+        fresh: dict[int, tuple[int, int]] = {}
+        for pid in pids:
+            entry = None if full else known.get(pid)
+            if entry is None:
+                entry = self._read(pid)
+                if entry is None:
+                    continue
+            fresh[pid] = entry
+        self._parent = fresh  # the gone ones dropped
+        children: dict[int, list[int]] = {}
+        for pid, (ppid, _) in fresh.items():
+            children.setdefault(ppid, []).append(pid)
+        out: dict[int, int] = {}
+        todo = list(children.get(self.root, ()))
+        while todo:
+            pid = todo.pop()
+            if pid != self.root and pid not in out:
+                out[pid] = fresh[pid][1]
+                todo.extend(children.get(pid, ()))
+        return list(out.items())
+
+
 def _cpu_count() -> int:
     try:
         return len(os.sched_getaffinity(0)) or 1
@@ -50,6 +108,9 @@ class ProcessTreeSource:
         self._root_key: _Key = (self._root.pid, self._root.create_time())
         self._tree = tree
         self._members: dict[int, psutil.Process] = {}
+        linux = os.path.isfile(f"{_PROC}/{self._root.pid}/stat")
+        self._descendants = _ProcDescendants(self._root.pid) if linux else None
+        self._starts: dict[int, int] = {}  # members' start times, as the scanner read them
         self._cpu: dict[_Key, float] = {}  # CPU seconds at the previous sample
         self._last_mono: int | None = None
         self._last_scan_wall = 0.0
@@ -67,17 +128,36 @@ class ProcessTreeSource:
 
     def _scan(self, cycle: Cycle) -> None:
         t0 = time.thread_time_ns()
-        found = cycle.read("process.children", lambda: self._root.children(recursive=True))
-        if found is None:
-            return
         members: dict[int, psutil.Process] = {}
-        for proc in found:
-            known = self._members.get(proc.pid)
-            try:  # keep the known object (it holds psutil's cached identity) unless the pid was reused
-                same = known is not None and known.create_time() == proc.create_time()
-            except psutil.Error:
-                continue
-            members[proc.pid] = known if same and known is not None else proc
+        scanner = self._descendants
+        if scanner is not None:
+            found_pids = cycle.read("process.children", scanner)
+            if found_pids is None:
+                return
+            starts: dict[int, int] = {}
+            for pid, start in found_pids:
+                known = self._members.get(pid)
+                if known is not None and self._starts.get(pid) == start:
+                    members[pid] = known  # the same process: keep its object (psutil caches its identity)
+                    starts[pid] = start
+                    continue
+                try:
+                    members[pid] = psutil.Process(pid)
+                    starts[pid] = start
+                except psutil.Error:  # gone meanwhile
+                    continue
+            self._starts = starts
+        else:
+            found = cycle.read("process.children", lambda: self._root.children(recursive=True))
+            if found is None:
+                return
+            for proc in found:
+                known = self._members.get(proc.pid)
+                try:
+                    same = known is not None and known.create_time() == proc.create_time()
+                except psutil.Error:
+                    continue
+                members[proc.pid] = known if same and known is not None else proc
         self._members = members
         self._last_scan_wall = time.time()
         self.scans += 1
