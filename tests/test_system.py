@@ -245,17 +245,30 @@ TREE_WORKER = textwrap.dedent(
 )
 
 
-def test_process_tree_counts_descendants_cpu_and_memory(t: telemetrain.Telemetry) -> None:
+def _tree_source(s: Sampler) -> Any:
+    return next(source for source in s._sources or () if source.name == "process")
+
+
+@pytest.mark.parametrize("scan", ["proc", "psutil"])
+def test_process_tree_counts_descendants_cpu_and_memory(t: telemetrain.Telemetry, scan: str) -> None:
     """A child with a grandchild (each holding 48 MiB and burning 0.3 s of CPU) and a second child started after the
-    first sample: all show up in the process-tree figures, not in this process's own."""
+    first sample: all show up in the process-tree figures, not in this process's own. ``scan``: descendants found
+    by the incremental /proc scan (Linux) or by psutil (elsewhere)."""
     mb, burn = 48, 0.3
     procs = [subprocess.Popen([sys.executable, "-c", TREE_WORKER, "1", str(mb), str(burn), TREE_WORKER],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)]
     try:
         assert procs[0].stdout is not None and procs[0].stdout.readline().strip() == "ready"
         s = Sampler(t, interval=60, gpus=[])
+        s.sample_now()  # builds the sources
+        tree = _tree_source(s)
+        if scan == "psutil":
+            tree._descendants = None
+        elif tree._descendants is None:
+            pytest.skip("no /proc here: psutil finds the descendants")
         ncpu = _cpu_count()
         first = s.sample_now()
+        assert tree.pids == {os.getpid(), *(p.pid for p in psutil.Process().children(recursive=True))}
         after_first = time.monotonic()
         assert first[("system", "process.children.count")] == 2  # child and grandchild
         own_rss = first[("system", "process.memory.usage")]
@@ -294,6 +307,36 @@ def test_process_tree_counts_descendants_cpu_and_memory(t: telemetrain.Telemetry
     third = s.sample_now()
     assert third[("system", "process.children.count")] == 0
     assert third[("system", "process.tree.memory.usage")] == third[("system", "process.memory.usage")]
+
+
+def test_an_orphaned_grandchild_leaves_the_tree(t: telemetrain.Telemetry) -> None:
+    """When a descendant dies, its children are re-parented away from this process: no longer in the tree (the
+    incremental scan still has their old parent cached)."""
+    code = "import subprocess, time; c = subprocess.Popen(['sleep', '60']); print(c.pid, flush=True); time.sleep(60)"
+    middle = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert middle.stdout is not None
+    orphan = int(middle.stdout.readline())
+    try:
+        s = Sampler(t, interval=60, gpus=[])
+        assert s.sample_now()[("system", "process.children.count")] == 2
+        tree = _tree_source(s)
+        assert tree.pids == {os.getpid(), middle.pid, orphan}
+        middle.kill()
+        middle.wait()
+        new_parent = psutil.Process(orphan).ppid()
+        assert new_parent != middle.pid  # re-parented
+        if new_parent == os.getpid():
+            pytest.skip("this process is a subreaper: the orphan stays in its tree")
+        s.sample_now()
+        assert tree.pids == {os.getpid()}
+        assert s.latest()[("system", "process.children.count")] == 0
+    finally:
+        middle.kill()
+        middle.wait()
+        try:
+            psutil.Process(orphan).kill()
+        except psutil.NoSuchProcess:
+            pass
 
 
 class _BurningDataset:
