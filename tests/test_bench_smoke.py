@@ -243,3 +243,46 @@ def test_bench_training_quick(tmp_path: Path) -> None:
     # every iteration child wrote its run store completely (a correctness check, not a timing)
     assert data["ours_store"] and all(v["ok"] for v in data["ours_store"]), data["ours_store"]
     assert data["span_store"]["caller side"]["ok"], data["span_store"]
+
+
+BENCH_SYSTEM = BENCH.with_name("bench_system.py")
+
+
+def test_bench_system_quick(tmp_path: Path) -> None:
+    """bench/bench_system.py --quick runs, prints its rows and checks, and writes its JSON. Timing and the PASS/FAIL
+    verdicts are not asserted: only that each check is computed from finite numbers."""
+    pytest.importorskip("psutil")
+    has_torch = _importable("torch")
+    rows = [
+        "telemetrain.system | one cycle: host + process tree + disk + net, thread CPU",
+        "telemetrain.system | same, all-in process CPU (the store's writer included)",
+        "telemetrain.system | one cycle: the default sampler",
+        "pieces | source process alone",
+        "pieces | source host alone",
+        "telemetrain.system | live sampler thread every 0.05 s",
+    ]
+    if has_torch:
+        rows += [
+            "training run | MLP 512-512-512-10, batch 64, 30 steps: sampler off",
+            "sampler on at 1 s, ns per step",
+            "training run | control: sampler off vs off",
+        ]
+    out, data = _quick_run(
+        BENCH_SYSTEM,
+        tmp_path,
+        "| library | operation | median ns/op | best ns/op | ratio to peer | peer | n |",
+        rows,
+        () if has_torch else ("training",),
+    )
+    checks = re.findall(r"^check (\w+): (PASS|FAIL|SKIP): (.*)$", out, flags=re.MULTILINE)
+    assert [c[0] for c in checks] == ["1a", "1b", "2"], checks
+    status = dict((c[0], c[1]) for c in checks)
+    assert status["1a"] in ("PASS", "FAIL") and status["1b"] in ("PASS", "FAIL"), checks
+    assert status["2"] in (("PASS", "FAIL") if has_torch else ("SKIP",)), checks
+    for key in ("versions", "args", "results", "thread", "records_per_cycle", "checks", "notes"):
+        assert key in data, key
+    assert data["thread"]["samples"] >= 2 and data["thread"]["errors"] == 0
+    for c in data["checks"]:
+        for key in ("cycle_ns", "share", "ratio", "control"):
+            if key in c:
+                assert math.isfinite(c[key]) and c[key] > 0, c
