@@ -283,6 +283,6 @@ def test_bench_system_quick(tmp_path: Path) -> None:
         assert key in data, key
     assert data["thread"]["samples"] >= 2 and data["thread"]["errors"] == 0
     for c in data["checks"]:
-        for key in ("cycle_ns", "share", "ratio", "control"):
+        for key in ("cycle_ns", "share", "ratio", "control", "cpu_ratio"):
             if key in c:
                 assert math.isfinite(c[key]) and c[key] > 0, c
