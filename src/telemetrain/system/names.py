@@ -74,7 +74,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "hw.gpu.throttle.power": ("1", "1 while clocks are held down by the power cap or power brake, else 0"),
     "hw.gpu.throttle.thermal": ("1", "1 while clocks are held down by a thermal slowdown, else 0"),
     "hw.gpu.throttle.hw_slowdown": ("1", "1 during a hardware slowdown, else 0"),
-    "hw.gpu.throttle.reasons": ("1", "NVML's clock event reason bit mask, as read"),
+    "hw.gpu.throttle.reasons": ("{bitmask}", "NVML's clock event reason bit mask, as read"),
     "hw.errors.corrected": ("{error}", "corrected ECC errors since driver load (volatile)"),
     "hw.errors.uncorrected": ("{error}", "uncorrected ECC errors since driver load (volatile)"),
     # torch.cuda caching allocator (group "system.cuda.<k>")
