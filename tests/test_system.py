@@ -524,6 +524,20 @@ def test_the_thread_samples_every_interval(t: telemetrain.Telemetry) -> None:
     assert s.samples >= 6 and s.errors == 0
 
 
+def test_a_sampler_its_closed_telemetry_did_not_stop_ends_its_thread(t: telemetrain.Telemetry) -> None:
+    """The safety net for a start() that races the Telemetry's close (the close's hook then misses it): the thread
+    sees the Telemetry closed at its next wake-up and ends instead of sampling into nothing for ever."""
+    s = Sampler(t, interval=0.01, gpus=[]).start()
+    assert s.first_sample.wait(30)
+    t.extensions["system.sampler"].samplers.discard(s)  # as if it had started just after the close's hook ran
+    t.close()
+    deadline = time.monotonic() + 30
+    while (s.running or _sampler_threads()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not s.running and not _sampler_threads()
+    assert s.stop()  # already stopped: nothing to do
+
+
 def test_samples_are_gauges_in_the_registry_without_extra_records(t: telemetrain.Telemetry) -> None:
     s = Sampler(t, interval=3600, gpus=[]).start()
     assert s.first_sample.wait(30)
@@ -694,6 +708,14 @@ def test_bad_arguments_raise_at_the_call(kwargs: dict[str, Any], error: type[Exc
         system.start_sampler(**kwargs)
     sampler = system.get_sampler()
     assert sampler is None or not sampler.running
+
+
+def test_stop_checks_its_timeout(t: telemetrain.Telemetry) -> None:
+    s = Sampler(t, gpus=[])
+    with pytest.raises(TypeError, match="timeout"):
+        s.stop("5")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="timeout"):
+        s.stop(-1.0)
 
 
 def test_config_flag_from_the_environment(t: telemetrain.Telemetry, monkeypatch: pytest.MonkeyPatch) -> None:

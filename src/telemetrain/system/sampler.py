@@ -296,8 +296,11 @@ class Sampler:
     def stop(self, timeout: float | None = 5.0, *, reason: str = "stop") -> bool:
         """Stop the thread and take a last sample. Idempotent. False if the thread did not end within ``timeout``
         (stuck in a driver call): it is abandoned (a daemon) and that last sample is skipped."""
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0):
-            raise ValueError(f"timeout must be None or seconds >= 0, got {timeout!r}")
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+                raise TypeError(f"timeout must be None or a number of seconds, got {type(timeout).__name__}")
+            if not timeout >= 0:
+                raise ValueError(f"timeout must be None or seconds >= 0, got {timeout!r}")
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._state_lock:
             if not self._running or self._pid != os.getpid():
@@ -353,6 +356,12 @@ class Sampler:
                 self._cycle(start=True)
             due = _mono() + interval_ns
             while not event.wait(max(0.0, (due - _mono()) / 1e9)):
+                if self._telemetry.closed:  # closed while start() raced its close: nothing listens, end quietly
+                    with self._state_lock:
+                        if self._stop_event is event:
+                            self._running = False
+                            self._thread = self._stop_event = None
+                    break
                 with self._sample_lock:
                     if event.is_set():  # stop() came while we waited for the lock: its final sample follows
                         break
