@@ -385,14 +385,14 @@ def test_start_and_end_callback_style(telemetry: Telemetry, read_run: Callable[.
         quiet = tr.start("not_current", make_current=False)
         assert current_span() is cb and quiet.parent is cb
         explicit = tr.start("explicit_child", parent=quiet, make_current=False)
-        assert tr.open_spans == [cb, quiet, explicit]  # oldest first
+        assert tr.open_spans == [outer, cb, quiet, explicit]  # every open span (with-spans too), oldest first
         explicit.end()
         quiet.end(status="error", error="Cancelled: by user")
         cb.set_attribute("b", 2)
         cb.end()
         cb.end("error", "ignored")  # a second end is ignored
         assert current_span() is outer  # its parent is current again
-        assert tr.open_spans == []
+        assert tr.open_spans == [outer]
         t0 = time.monotonic_ns() - 10_000_000
         backdated = tr.start("backdated", start_ns=t0)
         backdated.end(end_ns=t0 + 1_234_567)

@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .records import METRIC_PAIR, PackedSource, unpack_all
+from .records import PAIRS, PackedSource, unpack_all
 
 if TYPE_CHECKING:
     from .sinks.base import Sink
@@ -95,8 +95,8 @@ def describe(exc: BaseException) -> str:
 
 
 def count_records(batch: list[Any]) -> int:
-    """Records in a batch of packed tuples: a metric pair stands for two (see records.METRIC_PAIR)."""
-    return len(batch) + sum(1 for p in batch if p[0] == METRIC_PAIR)
+    """Records in a batch of packed tuples: a pair stands for two (see records.PAIRS)."""
+    return len(batch) + sum(1 for p in batch if p[0] in PAIRS)
 
 
 class _Runner:
@@ -294,7 +294,7 @@ class BackgroundRunner(_Runner):
                     records = 0
                     try:
                         for _ in range(n):
-                            records += 2 if pop()[0] == METRIC_PAIR else 1
+                            records += 2 if pop()[0] in PAIRS else 1
                     except IndexError:  # emptied under us by a re-entrant drain (a signal handler's flush)
                         pass
                     self.stats.dropped += records

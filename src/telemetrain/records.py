@@ -232,10 +232,20 @@ def unpack(packed: tuple[Any, ...], identity: Identity, wall_offset_ns: int) -> 
 METRIC_PAIR = "metric_pair"
 
 
+# A whole span, start and end, packed as one tuple at its end: ``(SPAN_PAIR, start_mono, token, group, name,
+# span_id, parent_id, trace_id, duration_ns, status, error[, n_start, *start keys, *start values, *end keys,
+# *end values])``. A short span (one that ends before the tracer's next tick, see ``spans``) travels this way: one
+# tuple and one append instead of two. It exists only in flight: it unpacks to a ``SpanStart`` and a ``SpanEnd`` and
+# the run store writes it as those two lines.
+SPAN_PAIR = "span_pair"
+PAIRS = frozenset((METRIC_PAIR, SPAN_PAIR))  # in-flight kinds that stand for two records
+
+
 def unpack_all(packed: tuple[Any, ...], identity: Identity, wall_offset_ns: int) -> list[Any]:
-    """A packed record -> the typed records it stands for (two for a metric pair, else one)."""
-    if packed[0] == METRIC_PAIR:
-        first, second = split_pair(packed)
+    """A packed record -> the typed records it stands for (two for a pair, else one)."""
+    kind = packed[0]
+    if kind in PAIRS:
+        first, second = split_pair(packed) if kind == METRIC_PAIR else split_span_pair(packed)
         return [unpack(first, identity, wall_offset_ns), unpack(second, identity, wall_offset_ns)]
     return [unpack(packed, identity, wall_offset_ns)]
 
@@ -245,12 +255,25 @@ def split_pair(packed: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...
     return ("metric", time, token, group, name, value), ("metric", time, token, group, name2, value2)
 
 
+def split_span_pair(packed: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """A ``SPAN_PAIR`` -> its packed ``span_start`` and ``span_end``."""
+    _, start, token, group, name, span_id, parent_id, trace_id, duration, status, error = packed[:11]
+    begin = ("span_start", start, token, group, name, span_id, parent_id, trace_id)
+    end = ("span_end", start + duration, token, group, name, span_id, duration, status, error)
+    if len(packed) == 11:
+        return begin, end
+    n_start = packed[11]
+    tail = packed[12:]
+    n_end = (len(tail) - 2 * n_start) // 2
+    return begin + tail[: 2 * n_start], end + tail[2 * n_start : 2 * n_start + 2 * n_end]
+
+
 def unpack_batch(packed: Any, source: PackedSource) -> list[Any]:
     offset = source.wall_offset_ns
     identity_of = source.identity_of
     out: list[Any] = []
     for p in packed:
-        if p[0] == METRIC_PAIR:
+        if p[0] in PAIRS:
             out.extend(unpack_all(p, identity_of(p[2]), offset))
         else:
             out.append(unpack(p, identity_of(p[2]), offset))

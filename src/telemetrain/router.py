@@ -59,6 +59,8 @@ class Router:
         # Per-kind extra listeners keyed by group, with a default under None (the torchelastic-compatible
         # per-group MetricHandler lives here). A group mapped to None is explicitly silent.
         self.hooks: dict[str, dict[str | None, Deliver | None]] = {kind: {} for kind in KINDS}
+        # group -> (span_start route, span_end route, paired): see Telemetry.span_routes
+        self.span_routes: dict[str, tuple[Route, Route, bool]] = {}
 
     def subscription(self, kinds: Iterable[str] | str | None, groups: Iterable[str] | str | None) -> tuple[Any, Any]:
         return _frozen(kinds, "kinds", KINDS), _frozen(groups, "groups")
@@ -78,6 +80,17 @@ class Router:
     def invalidate(self) -> None:
         for cache in self.routes.values():
             cache.clear()
+        self.span_routes.clear()
+
+    def same_listeners(self, kind: str, other: str, group: str) -> bool:
+        """Whether records of ``kind`` and ``other`` in ``group`` go to exactly the same sinks, and no hook
+        takes either (so one packed pair standing for both reaches every listener of each)."""
+        group = str.__str__(group)
+        for k in (kind, other):
+            hooks = self.hooks[k]
+            if hooks.get(group, hooks.get(None)) is not None:
+                return False
+        return all(a.listens(kind, group) == a.listens(other, group) for a in self.attachments)
 
     def resolve(self, kind: str, group: str, *, start: bool = True) -> Route:
         """Compute, cache and return the route for (kind, group); starts the runners it needs. The caller has

@@ -38,9 +38,10 @@ from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
+from .collector import collector
 from .dispatch import describe, warn_safely
-from .records import span_hex
-from .telemetry import Telemetry, check_name, get_telemetry
+from .records import SPAN_PAIR, span_hex, trace_hex
+from .telemetry import Telemetry, _default, check_name, get_telemetry
 
 __all__ = ["Span", "Tracer", "current_span", "span", "tracer"]
 
@@ -92,7 +93,9 @@ class Span:
 
     __slots__ = (
         "__weakref__",
+        "_active",
         "_export_id",
+        "_pending",
         "_restore",
         "_route",
         "_token",
@@ -112,7 +115,7 @@ class Span:
 
     name: str
     group: str
-    span_id: int
+    span_id: int  # 0 while not exported (drawn when it is)
     trace_id: int
     parent: Span | None
     start_ns: int
@@ -123,56 +126,102 @@ class Span:
     attributes: dict[str, Any] | None
     _tracer: Tracer
     _export_id: int  # its own id when exported, else the nearest exported ancestor's (0: none)
-    _route: Any  # the end record's route; False when not exported
+    _route: Any  # the end record's route; None: exported, nobody listens; False: not exported
+    _pending: bool  # exported, and its start record is not written yet (it travels with the end: SPAN_PAIR)
     _token: Any
     _restore: Span | None  # started with make_current: the span to make current again at its end
+    _active: Span | None  # a quiet child current wherever this span is (Tracer.quiet): the new spans' parent
+
+    def __init__(self, tracer: Tracer, name: str, group: str, attributes: dict[str, Any] | None) -> None:
+        # (built by span(), Tracer.span/start/child: an __init__ is cheaper than setting slots from outside)
+        self._tracer = tracer
+        self.name = name
+        self.group = group
+        self.start_attributes = attributes
+        self.attributes = None
+        self.status = STATUS_OK
+        self.error = ""
+        self.start_ns = 0
+        self.end_ns = 0
+        self._active = None
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
 
-    def __enter__(self, parent: Any = _UNSET, start_ns: int | None = None, make_current: bool = True) -> Span:
-        # (Tracer.start calls this with its arguments: one body for both ways of starting a span)
+    def __enter__(self) -> Span:
+        # The hot path of ``with span(...)``: kept flat (every call and attribute counts; bench_training.py).
         if self.start_ns:
             raise RuntimeError(f"span {self.name!r} was already started: a span is entered once")
         tracer = self._tracer
-        if parent is _UNSET:
-            parent = _current_get()
+        parent = _current_get()
+        if parent is not None and parent._active is not None:
+            parent = parent._active
         self.parent = parent
-        n = _next_id()
-        self.span_id = span_id = _salt | n if n < 0xFFFFFFFF else _new_span_id()
-        if parent is None:
-            self.trace_id = trace_id = _trace_base | span_id  # unique per root span, no random draw per span
-            parent_id = 0
-            exported = True
-        else:
-            self.trace_id = trace_id = parent.trace_id
-            parent_id = parent.span_id
-            exported = parent._route is not False
-        if tracer._every and exported:
+        exported = parent is None or parent._route is not False
+        if exported and tracer._every and self.name in tracer._every:
             exported = tracer._sampled(self.name)
-        self.start_ns = start = start_ns if start_ns is not None else _mono()
         if exported:
-            self._export_id = span_id
+            n = _next_id()
+            self.span_id = self._export_id = span_id = _salt | n if n < 0xFFFFFFFF else _new_span_id()
+            self.trace_id = _trace_base | span_id if parent is None else parent.trace_id
             group = self.group
-            route = tracer._start_routes.get(group)
-            if route is None:
-                route = tracer.telemetry.route("span_start", group)
-            if route:
-                attributes = self.start_attributes
-                if attributes:
-                    route(("span_start", start, tracer.telemetry._token, group, self.name, span_id, parent_id,
-                           trace_id, *attributes, *attributes.values()))
-                else:
-                    route(("span_start", start, tracer.telemetry._token, group, self.name, span_id, parent_id,
-                           trace_id))
-            route = tracer._end_routes.get(group)
-            if route is None:
-                route = tracer.telemetry.route("span_end", group)
-            self._route = route or None  # None: exported, but nobody listens to its end (still an exported parent)
+            routes = tracer._span_routes.get(group)
+            if routes is None:
+                routes = tracer._routes_for(group)
+            if routes[2]:  # the start travels with the end, unless the span outlives a tick (Tracer.tick)
+                self._route = routes[1]
+                self._pending = True
+                tracer._deferred[span_id] = self
+                self.start_ns = _mono()
+            else:
+                self._route = routes[1] or None
+                self._pending = False
+                self.start_ns = _mono()
+                if routes[0]:
+                    _write_start(routes[0], self)
+                tracer._started[self] = self
         else:
+            self.span_id = 0
+            if parent is None:
+                self.trace_id = self._export_id = 0
+            else:
+                self.trace_id = parent.trace_id
+                self._export_id = parent._export_id
+            self._route = False
+            self._pending = False
+            self.start_ns = _mono()
+        self._token = _current_set(self)
+        return self
+
+    def _begin(self, parent: Span | None, start_ns: int | None) -> None:
+        """Start a callback-style span (``Tracer.start``): its start record is written now (such spans are the long
+        ones: application, training loop, checkpoint save)."""
+        tracer = self._tracer
+        self.parent = parent
+        exported = parent is None or parent._route is not False
+        if exported and tracer._every:
+            exported = tracer._sampled(self.name)
+        self._pending = False
+        self._token = None
+        if exported:
+            self._export(start_ns if start_ns is not None else _mono())
+        else:
+            self.span_id = 0
+            self.trace_id = parent.trace_id if parent is not None else 0
             self._export_id = parent._export_id if parent is not None else 0
             self._route = False
-        self._token = _current_set(self) if make_current else None
-        return self
+            self.start_ns = start_ns if start_ns is not None else _mono()
+        tracer._started[self] = self
+
+    def _export(self, start_ns: int) -> None:
+        """Draw its ids and write its start record (at ``start_ns``, a past time when exported late)."""
+        parent = self.parent
+        self.span_id = self._export_id = span_id = _new_span_id()
+        self.trace_id = _trace_base | span_id if parent is None else parent.trace_id
+        self.start_ns = start_ns
+        start_route, end_route, _ = self._tracer._routes_for(self.group)
+        self._route = end_route or None
+        if start_route:
+            _write_start(start_route, self)
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any, end_ns: int | None = None) -> None:
         end = _mono() if end_ns is None else end_ns
@@ -190,21 +239,36 @@ class Span:
             self.status = STATUS_ERROR
             self.error = describe(exc)
         route = self._route
-        if route:
-            attributes = self.attributes
-            if attributes:
-                route(("span_end", end, self._tracer.telemetry._token, self.group, self.name, self.span_id,
-                       end - self.start_ns, self.status, self.error, *attributes, *attributes.values()))
-            else:
-                route(("span_end", end, self._tracer.telemetry._token, self.group, self.name, self.span_id,
-                       end - self.start_ns, self.status, self.error))
-        elif route is False and self.status == STATUS_ERROR:
-            self._tracer._export_late(self)  # failures are always visible, sampled or not
         tracer = self._tracer
-        if tracer._listeners:
-            tracer._notify(self)
+        if route:
+            # the pop decides, atomically, between this end and a tick writing the start (Tracer.tick)
+            if self._pending and tracer._deferred.pop(self.span_id, None) is not None:
+                start = self.start_ns
+                parent = self.parent
+                before = self.start_attributes
+                after = self.attributes
+                if before or after:
+                    before = before or {}
+                    after = after or {}
+                    route((SPAN_PAIR, start, tracer.telemetry._token, self.group, self.name, self.span_id,
+                           parent.span_id if parent is not None else 0, self.trace_id, end - start, self.status,
+                           self.error, len(before), *before, *before.values(), *after, *after.values()))
+                else:
+                    route((SPAN_PAIR, start, tracer.telemetry._token, self.group, self.name, self.span_id,
+                           parent.span_id if parent is not None else 0, self.trace_id, end - start, self.status,
+                           self.error))
+                listeners = tracer._listeners.get(self.name)
+                if listeners:
+                    tracer._notify(self, listeners)
+                return  # (a deferred span is not in _started)
+            _write_end(route, self, end)
+        elif route is False and self.status == STATUS_ERROR:
+            tracer._export_late(self)  # failures are always visible, sampled or not
+        listeners = tracer._listeners.get(self.name)
+        if listeners:
+            tracer._notify(self, listeners)
         if tracer._started:
-            tracer._started.pop(self.span_id, None)
+            tracer._started.pop(self, None)
 
     def end(self, status: str | None = None, error: str = "", *, end_ns: int | None = None) -> None:
         """End a span started with ``Tracer.start`` (a second end is ignored); ``end_ns`` (monotonic) backdates the
@@ -229,11 +293,12 @@ class Span:
 
     @property
     def span_id_hex(self) -> str:
+        """16 hex digits; "" before the start and while not exported (sampled out)."""
         return span_hex(self.span_id) if self.start_ns else ""
 
     @property
     def trace_id_hex(self) -> str:
-        return f"{self.trace_id:032x}" if self.start_ns else ""
+        return trace_hex(self.trace_id) if self.start_ns else ""
 
     @property
     def parent_id(self) -> int:
@@ -293,10 +358,25 @@ class Span:
         if not self.start_ns:
             return f"Span({self.name!r}, not started)"
         state = "open" if not self.end_ns else f"{self.status} {self.duration_ns / 1e6:.3f} ms"
-        return f"Span({self.name!r}, {self.span_id_hex}, {state})"
+        return f"Span({self.name!r}, {self.span_id_hex or 'not exported'}, {state})"
 
 
-_new_span = object.__new__
+def _write_start(route: Any, s: Span) -> None:
+    """``s``'s start record, at its own start time (``(mono, wall)`` when that is in the past: exported late)."""
+    parent = s.parent
+    attributes = s.start_attributes or {}
+    route(("span_start", s.start_ns, s._tracer.telemetry._token, s.group, s.name, s.span_id,
+           parent.span_id if parent is not None else 0, s.trace_id, *attributes, *attributes.values()))
+
+
+def _write_end(route: Any, s: Span, end: int) -> None:
+    attributes = s.attributes
+    if attributes:
+        route(("span_end", end, s._tracer.telemetry._token, s.group, s.name, s.span_id, end - s.start_ns, s.status,
+               s.error, *attributes, *attributes.values()))
+    else:
+        route(("span_end", end, s._tracer.telemetry._token, s.group, s.name, s.span_id, end - s.start_ns, s.status,
+               s.error))
 
 
 def _decorate(tracer: Tracer, name: str, group: str, attributes: dict[str, Any] | None, fn: F) -> F:
@@ -329,10 +409,14 @@ class Tracer:
         self._every: dict[str, int] = {}
         self._seen: dict[str, int] = {}
         self._listeners: dict[str, tuple[Callable[[Span], None], ...]] = {}
-        self._started: dict[int, Span] = {}  # open spans started with start() (``with`` spans: the context chain)
-        # the Telemetry's route tables (cleared in place, never replaced): one dict lookup per record
-        self._start_routes = telemetry._router.routes["span_start"]
-        self._end_routes = telemetry._router.routes["span_end"]
+        # open spans whose start record is written (or that are not exported), and open exported spans whose start
+        # waits to travel with their end (by span id): together, every open span of every thread
+        self._started: dict[Span, Span] = {}
+        self._deferred: dict[int, Span] = {}
+        # the Telemetry's span route table (cleared in place, never replaced): one dict lookup per span
+        self._span_routes = telemetry._router.span_routes
+        self._tick_ns = max(int(telemetry.flush_interval * 1e9), 50_000_000)
+        self._ticking = False
         self._lock = threading.Lock()
         self._warned = False
         telemetry.add_producer(self)
@@ -366,16 +450,7 @@ class Tracer:
             name = check_name(name, "name")
         if type(group) is not str or not group:
             group = check_name(group, "group")
-        s: Span = _new_span(Span)
-        s._tracer = self
-        s.name = name
-        s.group = group
-        s.start_attributes = attributes or None
-        s.attributes = None
-        s.status = STATUS_OK
-        s.error = ""
-        s.start_ns = s.end_ns = 0
-        return s
+        return self._new(name, group, attributes or None)
 
     def start(
         self,
@@ -399,24 +474,42 @@ class Tracer:
         s = self.span(name, group=group)
         s.start_attributes = dict(attributes) if attributes else None
         current = _current_get()
-        s.__enter__(parent if parent is not None else current, start_ns, False)
+        if parent is None:
+            parent = current._active or current if current is not None else None
+        s._begin(parent, start_ns)
         if make_current:
             s._restore = current
             _current_set(s)
-        self._started[s.span_id] = s
+        return s
+
+    def child(self, name: str, group: str, parent: Span) -> Span:
+        """``start(name, group=group, parent=parent)`` without the argument checks and the sampling (the training
+        recorder samples its iterations itself). Made current; ``end()`` it."""
+        s = Span(self, name, group, None)
+        s._restore = _current_get()
+        s._begin(parent, None)
+        _current_set(s)
+        return s
+
+    def quiet(self, name: str, group: str, parent: Span) -> Span:
+        """A span under ``parent`` that is not exported, for an owner that restarts it many times: the recorder's
+        sampled-out iterations. For each use the owner sets ``start_ns`` and makes it ``parent._active`` -- current
+        wherever ``parent`` is, without the cost of a ContextVar set (~1.5k instructions) -- and clears that at its
+        end; it ``end()``s it only to retire it. As for any unexported span, spans inside it are not exported, and
+        a failure inside it exports it (it is then ended and retired like any span)."""
+        s = Span(self, name, group, None)
+        s.parent = s._restore = parent
+        s.span_id = 0
+        s.trace_id = parent.trace_id
+        s._export_id = parent._export_id
+        s._route = False
+        s._pending = False
+        s._token = None
+        s.start_ns = _mono()
         return s
 
     def _new(self, name: str, group: str, attributes: dict[str, Any] | None) -> Span:
-        s: Span = _new_span(Span)
-        s._tracer = self
-        s.name = name
-        s.group = group
-        s.start_attributes = attributes
-        s.attributes = None
-        s.status = STATUS_OK
-        s.error = ""
-        s.start_ns = s.end_ns = 0
-        return s
+        return Span(self, name, group, attributes)
 
     def _sampled(self, name: str) -> bool:
         every = self._every.get(name)
@@ -426,8 +519,19 @@ class Tracer:
         self._seen[name] = n + 1
         return n % every == 0
 
-    def _notify(self, s: Span) -> None:
-        for listener in self._listeners.get(s.name, ()):
+    def _routes_for(self, group: str) -> tuple[Any, Any, bool]:
+        """The group's (start route, end route, paired); a paired group's short spans travel as one SPAN_PAIR, so
+        the tick that writes the start of a long one must be running."""
+        routes: tuple[Any, Any, bool] = self.telemetry.span_routes(group)
+        if routes[2] and not self._ticking:
+            with self._lock:
+                if not self._ticking:
+                    self._ticking = True
+                    collector.schedule(self, _mono() + self._tick_ns)
+        return routes
+
+    def _notify(self, s: Span, listeners: tuple[Callable[[Span], None], ...]) -> None:
+        for listener in listeners:
             try:
                 listener(s)
             except Exception as exc:  # noqa: BLE001 - a listener never breaks the traced code
@@ -438,28 +542,36 @@ class Tracer:
     def _export_late(self, s: Span) -> None:
         """An unexported span failed: export it (start and end, with its real times), and its unexported ancestors
         too (their start now, their end when they end), so its parent is in the store as for any exported span."""
-        telemetry = self.telemetry
         chain = [s]
         parent = s.parent
         while parent is not None and parent._route is False:
             chain.append(parent)
             parent = parent.parent
-        start_route = telemetry.route("span_start", s.group)
-        offset = telemetry.wall_offset_ns
-        for span in reversed(chain):  # outermost first, so each parent's start precedes its children's
-            span_parent = span.parent
-            if start_route:
-                attributes = span.start_attributes or {}
-                _write_start(start_route, span, span_parent, offset, attributes)
-            span._export_id = span.span_id
-            if span is not s:
-                end_route = telemetry.route("span_end", span.group)
-                span._route = end_route or None
-        end_route = telemetry.route("span_end", s.group)
-        if end_route:
-            updated = s.attributes or {}
-            end_route(("span_end", s.end_ns, telemetry._token, s.group, s.name, s.span_id, s.end_ns - s.start_ns,
-                       s.status, s.error, *updated, *updated.values()))
+        for span in reversed(chain):  # outermost first: each parent's start precedes its children's
+            span._export(span.start_ns)
+        route = s._route
+        if route:
+            _write_end(route, s, s.end_ns)
+
+    # -- the collector task: the start record of a span that outlives a tick ---------------------------------------
+
+    def tick(self, now_ns: int) -> int | None:
+        """Write the start record of every deferred span open for a tick or more, so that a span open at a crash
+        is in the store (a shorter one is lost at a crash like any record still in the queue)."""
+        deferred = self._deferred
+        if deferred:
+            started = self._started
+            cutoff = now_ns - self._tick_ns
+            for span_id, s in list(deferred.items()):
+                if s.start_ns <= cutoff and deferred.pop(span_id, None) is s:  # else its end has taken it
+                    s._pending = False
+                    started[s] = s
+                    route = self._routes_for(s.group)[0]
+                    if route:
+                        _write_start(route, s)
+            for s in [s for s in started.values() if s.end_ns]:  # ended while this tick held them
+                started.pop(s, None)
+        return None if self.telemetry.closed else now_ns + self._tick_ns
 
     # -- the Telemetry producer protocol ---------------------------------------------------------------------------
 
@@ -467,7 +579,7 @@ class Tracer:
         """At close (exit, SIGTERM): end what is still open with status ``terminated``, innermost first."""
         if not final:
             return
-        open_spans = {id(s): s for s in self._started.values() if not s.end_ns}
+        open_spans = {id(s): s for s in (*self._started.values(), *self._deferred.values()) if not s.end_ns}
         for s in iter_ancestors(_current_get()):
             if s._tracer is self and not s.end_ns:
                 open_spans[id(s)] = s
@@ -476,22 +588,21 @@ class Tracer:
             s.error = s.error or "still open when telemetry closed (exit or signal)"
             s._token = None
             s.__exit__(None, None, None)
+        if self._ticking:
+            self._ticking = False
+            collector.cancel(self)
 
     def after_fork_in_child(self) -> None:
         self._started = {}  # the parent's spans: the parent ends them
+        self._deferred = {}
+        self._ticking = False  # the child's collector has no task
         self._lock = threading.Lock()
 
     @property
     def open_spans(self) -> list[Span]:
-        """Spans started with ``start()`` and not ended yet, oldest first."""
-        return sorted((s for s in self._started.values() if not s.end_ns), key=lambda s: s.start_ns)
-
-
-def _write_start(start_route: Any, s: Span, parent: Span | None, offset: int, attributes: Mapping[str, Any]) -> None:
-    """Write ``s``'s start record now, with its own (past) start time."""
-    start_route(("span_start", (s.start_ns, s.start_ns + offset), s._tracer.telemetry._token, s.group, s.name,
-                 s.span_id, parent.span_id if parent is not None else 0, s.trace_id, *attributes,
-                 *attributes.values()))
+        """Every span of this tracer still open, in any thread, oldest first."""
+        spans = (*self._started.values(), *self._deferred.values())
+        return sorted((s for s in spans if not s.end_ns), key=lambda s: s.start_ns)
 
 
 def tracer(telemetry: Telemetry | None = None) -> Tracer:
@@ -501,14 +612,31 @@ def tracer(telemetry: Telemetry | None = None) -> Tracer:
     return found
 
 
+# The last (Telemetry, Tracer) that span() looked up: most programs use one, so most spans skip the lookup.
+_last: tuple[Telemetry | None, Tracer | None] = (None, None)
+
+
 def span(name: str, *, group: str = "spans", telemetry: Telemetry | None = None, **attributes: Any) -> Span:
     """``with span("model_forward", batch=3) as s:`` or ``@span("evaluate")``: see the module docstring."""
-    return tracer(telemetry).span(name, group=group, **attributes)
+    global _last
+    t = telemetry if telemetry is not None else _default.telemetry
+    last = _last
+    if t is last[0] and t is not None:
+        tr: Tracer = last[1]  # type: ignore[assignment]
+    else:
+        tr = tracer(t)
+        _last = (tr.telemetry, tr)
+    if type(name) is not str or not name:
+        name = check_name(name, "name")
+    if type(group) is not str or not group:
+        group = check_name(group, "group")
+    return Span(tr, name, group, attributes or None)
 
 
 def current_span() -> Span | None:
     """The span current in this thread or task (None outside any)."""
-    return _current_get()
+    s = _current_get()
+    return s._active or s if s is not None else None
 
 
 def iter_ancestors(s: Span | None) -> Iterator[Span]:

@@ -274,6 +274,24 @@ class Telemetry:
             raise TypeError(f"group must be a str, got {type(group).__name__}") from None
         return route if route is not None else self._resolve(kind, group)
 
+    def span_routes(self, group: str) -> tuple[Any, Any, bool]:
+        """(the ``span_start`` route, the ``span_end`` route, paired) for ``group``: paired when both go to the same
+        sinks, so that a short span may travel as one ``SPAN_PAIR`` tuple on the end route (see records). Cached
+        until the routes change."""
+        found = self._router.span_routes.get(group)
+        if found is not None:
+            return found
+        start = self.route("span_start", group)
+        end = self.route("span_end", group)
+        with self._lock:
+            router = self._router
+            paired = bool(start) and bool(end) and router.same_listeners("span_start", "span_end", group)
+            entry = (start, end, paired)
+            # cached only if no attachment changed meanwhile (a change clears the caches)
+            if router.routes["span_start"].get(group) is start and router.routes["span_end"].get(group) is end:
+                router.span_routes[group] = entry
+        return entry
+
     def native_route(self, kind: str, group: str) -> Any:
         """The route without hooks (for compatible APIs that deliver to their own handler themselves)."""
         with self._lock:

@@ -18,6 +18,7 @@ from typing import Any
 from ..identity import Identity
 from ..records import (
     METRIC_PAIR,
+    SPAN_PAIR,
     Diagnostic,
     Event,
     MetricPoint,
@@ -28,6 +29,7 @@ from ..records import (
     span_hex,
     split_attributes,
     split_pair,
+    split_span_pair,
     trace_hex,
 )
 
@@ -182,8 +184,14 @@ def _enc_metric_pair(p: Any, off: int) -> str:
     return _enc_metric(first, off) + _enc_metric(second, off)
 
 
+def _enc_span_pair(p: Any, off: int) -> str:
+    first, second = split_span_pair(p)
+    return _enc_span_start(first, off) + _enc_span_end(second, off)
+
+
 ENCODERS: dict[str, Callable[[Any, int], str]] = {
     METRIC_PAIR: _enc_metric_pair,
+    SPAN_PAIR: _enc_span_pair,
     MetricPoint.kind: _enc_metric,
     Event.kind: _enc_event,
     SpanStart.kind: _enc_span_start,
