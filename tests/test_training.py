@@ -33,6 +33,7 @@ from telemetrain.training import (
     TrainingTelemetryConfig,
     callbacks,
 )
+from telemetrain.training import reports as training_reports
 
 HANG_S = 20.0  # only a hang gets near it
 TESTS = Path(__file__).parent
@@ -118,7 +119,11 @@ def _iterate(r: TrainingRecorder, start_ms: float, durations_ms: list[float], ga
 # -- 1. the derived metrics on controlled timings ----------------------------------------------------------------------
 
 
-def test_derived_metrics_on_controlled_timings(telemetry: Telemetry, read_run: Callable[..., Any]) -> None:
+def test_derived_metrics_on_controlled_timings(telemetry: Telemetry, read_run: Callable[..., Any],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # cumulative percentiles are reported once CUMULATIVE_BATCH new times have come in (1000 by default: see
+    # test_cumulative_percentiles_when_fresh); 3 here, so that every window of this test refreshes them
+    monkeypatch.setattr(training_reports, "CUMULATIVE_BATCH", 3)
     gbs, seq, fps, world, every, resumed = 8, 16, 1e12, 2, 4, 4
     config = TrainingTelemetryConfig(global_batch_size_or_fn=gbs, seq_length_or_fn=seq, flops_per_sample_or_fn=fps,
                                      world_size_or_fn=world, log_every_n_train_iterations=every)
@@ -214,6 +219,34 @@ def test_derived_metrics_on_controlled_timings(telemetry: Telemetry, read_run: C
         assert [(m.step, m.value) for m in points] == [(rep["current_iteration"], rep[key]) for rep in reports], name
     assert {m.unit for m in metrics if m.name == "train.samples_per_second"} == {"1/s"}
     assert _attrs(records, "error") == []
+
+
+
+def test_cumulative_percentiles_when_fresh(telemetry: Telemetry, read_run: Callable[..., Any],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cumulative percentiles appear in a report only when every time so far is in them: once CUMULATIVE_BATCH
+    new steady-state times have come in, and in the final report; the cumulative count/mean/min/max in every one."""
+    monkeypatch.setattr(training_reports, "CUMULATIVE_BATCH", 10)
+    r = TrainingRecorder(TrainingTelemetryConfig(global_batch_size_or_fn=1, log_every_n_train_iterations=4,
+                                                 warmup_iterations=0), telemetry=telemetry)
+    base = _base_ms()
+    r.on_app_start(base)
+    r.on_train_start(0, start_time_msec=base)
+    durations = [float(10 + k) for k in range(14)]
+    _iterate(r, base, durations)
+    r.on_train_end()
+    got = _attrs(read_run(telemetry), "training_metrics_update")
+    # windows of 4, 4, 4 and the tail of 2: 4, 8, 12 (>= 10: fresh), 14 with 2 new (final: fresh)
+    assert [("cumulative_p50_iteration_time_sec" in a) for a in got] == [False, False, True, True]
+    assert all("cumulative_avg_iteration_time_sec" in a for a in got)
+    seconds = [d / 1000 for d in durations]
+    for report, n in zip(got, (4, 8, 12, 14), strict=True):
+        # (explicit times pass through the monotonic clock: exact to about a microsecond)
+        assert report["cumulative_avg_iteration_time_sec"] == pytest.approx(float(np.mean(seconds[:n])), abs=1e-6)
+        assert report["cumulative_max_iteration_time_sec"] == pytest.approx(max(seconds[:n]), abs=1e-6)
+    for report, n in ((got[2], 12), (got[3], 14)):
+        assert report["cumulative_p90_iteration_time_sec"] == pytest.approx(
+            float(np.percentile(seconds[:n], 90)), rel=relative_error(6))
 
 
 def test_sub_phase_split_from_explicit_span_times(telemetry: Telemetry, read_run: Callable[..., Any]) -> None:

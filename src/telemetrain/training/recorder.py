@@ -27,22 +27,21 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .. import __version__
 from ..dispatch import describe, warn_safely
-from ..spans import Span, Tracer, current_span, tracer
+from ..spans import Span, Tracer, _current_get, _current_set, current_span, tracer
 from ..stats.summary import Summary
 from ..telemetry import Telemetry, get_telemetry
 from .config import CheckpointStrategy, TrainingTelemetryConfig
 from .names import PHASES, E, S
+from .reports import FOLD_EVERY, METRICS, QUANTILES, TIME_AGGS, Reporter, Snapshot, Window
 
 __all__ = ["TrainingRecorder"]
 
 _mono = time.monotonic_ns
-_QUANTILES = ("p50", "p90", "p99")
-_TIME_AGGS = ("count", "mean", "min", "max", "sum", *_QUANTILES)
 GROUP = "training"
 
 
@@ -101,23 +100,6 @@ class _Durations:
         return out
 
 
-@dataclass
-class _Window:
-    """The iterations since the last metrics update."""
-
-    times: list[float] = field(default_factory=list)  # iteration seconds, warm-up excluded; folded at 2048
-    warmup_times: list[float] = field(default_factory=list)  # reported only when the window has nothing else
-    summary: Summary = field(default_factory=lambda: Summary())
-    iterations: int = 0  # warm-up included
-    start_ns: int = 0  # end of the previous window's last iteration (or the loop's start)
-    phases: dict[str, float] = field(default_factory=dict)  # phase -> seconds
-
-    def fold(self) -> None:
-        if self.times:
-            self.summary.fold(self.times)
-            self.times = []
-
-
 def _simple_pair(name: str, what: str) -> tuple[Callable[..., Span | None], Callable[..., None]]:
     """The start and end callbacks of an initialisation phase (a span under the application)."""
 
@@ -147,7 +129,16 @@ class TrainingRecorder:
         self.errors = 0
         self._lock = threading.RLock()
         self._spans: dict[str, Span] = {}
+        # the hot path's state, apart from _spans: the open loop and iteration, and the config values it reads
+        self._loop: Span | None = None
+        self._iteration: Span | None = None
+        self._every = 50
+        self._warmup = 0
+        self._export_every = 50
+        self._quiet: Span | None = None  # the loop's reusable span for sampled-out iterations (Tracer.quiet)
+        self._iterations_begun = 0
         self._app_start_ns = 0
+        self._reporter = Reporter(self._emit_report, self._report_failed)
         self._reset_training_state()
         self._saves = _Durations()
         self._loads = _Durations()
@@ -177,28 +168,32 @@ class TrainingRecorder:
         update (so the progress of an interrupted run is known to the iteration), then leave the open spans to the
         tracer, which ends them as ``terminated``."""
         if not final:
+            self._reporter.drain()  # a flush: the reports computed so far are in the store after it
             return
         with self._lock:
             loop = self._spans.get(S.TRAINING_LOOP)
-            if loop is not None and not loop.ended and self._window.iterations:
-                self._guarded("exit", lambda: self._report_training(final=True))
+            if loop is not None and not loop.ended and self._iterations > self._window_begin:
+                self._report(final=True)
 
     def after_fork_in_child(self) -> None:
         self._lock = threading.RLock()
         self._spans = {}  # the parent's: a forked DataLoader worker is not the training loop
+        self._loop = self._iteration = None
+        self._reporter.after_fork_in_child()
 
     def _reset_training_state(self) -> None:
+        self._quiet = None
+        self._iterations_begun = 0
         self._loop_start_ns = 0
         self._iterations_start = 0
         self._samples_start = 0
         self._iterations = 0  # completed this job
         self._iteration_total_sec = 0.0  # all iterations this job (for productive time)
-        self._window = _Window()
-        self._cumulative = Summary.sketch()  # histogram from the start: each report costs O(buckets), not O(n log n)
+        self._reporter.new_loop()
+        self._window = Window()
+        self._window_begin = 0  # self._iterations when the window began
+        self._next_report = 0  # report when self._iterations reaches this (0: not before the config is known)
         self._steady_start_ns = 0  # end of the last warm-up iteration
-        self._steady_iterations = 0
-        self._throughput_min: float | None = None
-        self._throughput_max: float | None = None
         self._first_iteration_end_ns = 0
         self._last_iteration_end_ns = 0
         self._time_to_first_iteration: float | None = None
@@ -213,10 +208,12 @@ class TrainingRecorder:
             raise TypeError(f"config must be a TrainingTelemetryConfig, got {type(config).__name__}")
         with self._lock:
             self.config = config
+            self._every = config.log_every_n_train_iterations
+            self._warmup = config.warmup_iterations
+            self._schedule_report()
             self._peak_resolved = False
-            iteration = S.TRAINING_SINGLE_ITERATION
             every = config.export_iteration_spans_every or config.log_every_n_train_iterations
-            self.tracer.sample(iteration, every)
+            self._export_every = every  # training iterations: sampled here (the hot path), the others by the tracer
             self.tracer.sample(S.VALIDATION_SINGLE_ITERATION, every)
             self.tracer.sample(S.TESTING_SINGLE_ITERATION, every)
             if self._app_start_ns:  # else on_app_start emits it (one-logger's order)
@@ -330,6 +327,9 @@ class TrainingRecorder:
             if S.TRAINING_LOOP in self._spans:
                 self._misuse("on_app_end", "training_loop still open at application end: ended here")
                 self.on_train_end(finish_time_msec)
+            elif self._iteration is not None:
+                self._misuse("on_app_end", "an iteration is still open at application end: ended here")
+                self.on_training_single_iteration_end(finish_time_msec)
             for key, s in list(self._spans.items()):
                 if key != S.APPLICATION and not s.ended:
                     self._misuse("on_app_end", f"{key} still open at application end: terminated", span=key)
@@ -403,68 +403,122 @@ class TrainingRecorder:
             s = self._start("on_train_start", S.TRAINING_LOOP, start_time_msec, attributes,
                             parent=S.APPLICATION)
             if s is not None:
+                self._loop = s
                 self._loop_start_ns = s.start_ns
                 self._window.start_ns = s.start_ns
+            self._schedule_report()
             return s
 
     def on_train_end(self, finish_time_msec: float | None = None) -> None:
         """End the training loop, reporting the iterations since the last update (one-logger drops them)."""
         with self._lock:
-            if S.TRAINING_SINGLE_ITERATION in self._spans:
+            if self._iteration is not None:
                 self._misuse("on_train_end", "an iteration is still open at training end: ended here")
                 self.on_training_single_iteration_end(finish_time_msec)
-            if self._window.iterations:
-                self._guarded("on_train_end", lambda: self._report_training(final=True))
+            if self._iterations > self._window_begin:
+                self._report(final=True)
+            self._reporter.drain()
+            self._loop = None
             self._end("on_train_end", S.TRAINING_LOOP, finish_time_msec)
 
+    # The iteration callbacks are the hot path (bench/bench_training.py): with the loop open and no explicit time,
+    # they take no lock (a job calls them from its one training thread) and a sampled-out iteration is only timed.
+
     def on_training_single_iteration_start(self, start_time_msec: float | None = None) -> Span | None:
-        key = S.TRAINING_SINGLE_ITERATION
+        loop = self._loop
+        if start_time_msec is None and self._iteration is None and loop is not None and not loop.end_ns:
+            k = self._iterations_begun
+            self._iterations_begun = k + 1
+            if k % self._export_every:  # sampled out: only timed, on the loop's reusable quiet span
+                q = self._quiet
+                if q is None or q.end_ns or q.parent is not loop:
+                    q = self._quiet = self.tracer.quiet(S.TRAINING_SINGLE_ITERATION, GROUP, loop)
+                elif q.attributes is not None:
+                    q.attributes = None  # set during an earlier iteration
+                q.start_ns = _mono()
+                loop._active = q  # current wherever the loop is (Tracer.quiet)
+                self._iteration = q
+                return q
+            s = self._iteration = self.tracer.child(S.TRAINING_SINGLE_ITERATION, GROUP, loop)
+            return s
         with self._lock:
-            stale = self._spans.get(key)
-            if stale is not None and not stale.ended:
+            stale = self._iteration
+            if stale is not None:
                 self._misuse("on_training_single_iteration_start", "the previous iteration was not ended: ended here "
                              "with status error, and not counted", iteration=self._iterations_start + self._iterations)
-                self._spans.pop(key, None)
+                self._iteration = None
+                _deactivate(stale)
                 stale.end("error", "no on_training_single_iteration_end")
-            if S.TRAINING_LOOP not in self._spans:
-                self._misuse("on_training_single_iteration_start", "no training loop (on_train_start) open")
-            start_ns = self._mono_of(start_time_msec)
             loop = self._spans.get(S.TRAINING_LOOP)
-            s = self.tracer.start(key, group=GROUP, parent=loop, start_ns=start_ns)
-            self._spans[key] = s
+            if loop is None or loop.ended:
+                self._misuse("on_training_single_iteration_start", "no training loop (on_train_start) open")
+                loop = None
+            start_ns = self._mono_of(start_time_msec)
+            k = self._iterations_begun
+            self._iterations_begun = k + 1
+            if k % self._export_every and loop is not None:  # sampled out, as on the fast path (a fresh span)
+                s = self.tracer.quiet(S.TRAINING_SINGLE_ITERATION, GROUP, loop)
+                if start_ns is not None:
+                    s.start_ns = start_ns
+                s._restore = _current_get()
+                _current_set(s)
+            else:
+                s = self.tracer.start(S.TRAINING_SINGLE_ITERATION, group=GROUP, parent=loop, start_ns=start_ns)
+            self._iteration = s
             return s
 
     def on_training_single_iteration_end(self, finish_time_msec: float | None = None) -> None:
-        with self._lock:
-            s = self._end("on_training_single_iteration_end", S.TRAINING_SINGLE_ITERATION, finish_time_msec)
-            if s is None:
-                return
+        s = self._iteration
+        if s is None or s.end_ns or finish_time_msec is not None:
+            with self._lock:
+                s = self._iteration
+                self._iteration = None
+                if s is None or s.ended:
+                    self._misuse("on_training_single_iteration_end", f"{S.TRAINING_SINGLE_ITERATION} was not started "
+                                 "(or already ended): nothing to end", span=S.TRAINING_SINGLE_ITERATION)
+                    return
+                _deactivate(s)
+                s.end(end_ns=self._mono_of(finish_time_msec))
+                end_ns = s.end_ns
+        elif s is self._quiet and s._route is False and s.status == "ok":
+            end_ns = _mono()
+            self._iteration = None
+            loop = s.parent
+            if loop is not None and loop._active is s:
+                loop._active = None
+            listeners = self.tracer._listeners.get(S.TRAINING_SINGLE_ITERATION)
+            if listeners:  # (end_ns set while they run: they see an ended span)
+                s.end_ns = end_ns
+                self.tracer._notify(s, listeners)
+                s.end_ns = 0
+        else:  # exported; or the quiet span, exported or failed meanwhile: ended (and retired) as any span
+            self._iteration = None
+            _deactivate(s)
+            s.end()
             end_ns = s.end_ns
-            seconds = (end_ns - s.start_ns) / 1e9
-            self._iterations += 1
-            self._iteration_total_sec += seconds
-            window = self._window
-            window.iterations += 1
-            config = self.config
-            warmup = config.warmup_iterations if config is not None else 0
-            if self._iterations > warmup:
-                window.times.append(seconds)
-                if len(window.times) >= 2048:
-                    window.fold()
-                self._steady_iterations += 1
-            else:
-                window.warmup_times.append(seconds)
-                if self._iterations == warmup:
-                    self._steady_start_ns = end_ns
-            if not self._first_iteration_end_ns:
-                self._first_iteration_end_ns = end_ns
-                origin = self._app_start_ns or self._loop_start_ns
-                if origin:
-                    self._time_to_first_iteration = (end_ns - origin) / 1e9
-            self._last_iteration_end_ns = end_ns
-            every = config.log_every_n_train_iterations if config is not None else 50
-            if (self._iterations_start + self._iterations) % every == 0:
-                self._guarded("on_training_single_iteration_end", lambda: self._report_training(final=False))
+        seconds = (end_ns - s.start_ns) / 1e9
+        self._iterations = n = self._iterations + 1
+        self._iteration_total_sec += seconds
+        if n > self._warmup:
+            times = self._window.times
+            times.append(seconds)
+            if len(times) >= FOLD_EVERY:  # the reporter folds them (bounded memory whatever the interval)
+                window = self._window
+                window.chunks.append(times)
+                window.times = []
+                self._reporter.submit(window)
+        else:
+            self._window.warmup_times.append(seconds)
+            if n == self._warmup:
+                self._steady_start_ns = end_ns
+        if n == 1:
+            self._first_iteration_end_ns = end_ns
+            origin = self._app_start_ns or self._loop_start_ns
+            if origin:
+                self._time_to_first_iteration = (end_ns - origin) / 1e9
+        self._last_iteration_end_ns = end_ns
+        if n == self._next_report:
+            self._report(final=False)
 
     # -- the derived metrics ---------------------------------------------------------------------------------------
 
@@ -496,127 +550,68 @@ class TrainingRecorder:
             return None  # no torch loaded, so no CUDA device to look up: no MFU (importing torch here would stall)
         return peak_tflops(device, config.dtype if config else "bfloat16")
 
-    def _report_training(self, final: bool) -> None:
+    def _schedule_report(self) -> None:
+        """The next report: when the global iteration reaches a multiple of log_every_n_train_iterations."""
+        every = self._every
+        self._next_report = self._iterations + every - (self._iterations_start + self._iterations) % every
+
+    def _report(self, final: bool) -> None:
+        """Capture the window and hand it to the reporter (the training thread's whole share of a report); a final
+        report is computed here and now."""
+        try:
+            self._reporter.submit(self._snapshot(final))
+            if final:
+                self._reporter.drain()
+        except Exception as exc:  # noqa: BLE001 - telemetry never breaks training
+            self._report_failed(exc)
+        self._schedule_report()
+
+    def _snapshot(self, final: bool) -> Snapshot:
         window = self._window
-        window.fold()
         end_ns = self._last_iteration_end_ns or _mono()
+        self._window = Window(start_ns=end_ns)
+        begin, self._window_begin = self._window_begin, self._iterations
         config = self.config
-        gbs = self._gbs() or 0
-        seq = self._guarded("seq_length", lambda: config.seq_length) if config else None
-        fps = self._guarded("flops_per_sample", lambda: config.flops_per_sample) if config else None
-        world = self._world_size()
-        current = self._iterations_start + self._iterations
-        attributes: dict[str, Any] = {
-            "train_iterations_start": self._iterations_start,
-            "current_iteration": current - 1,
-            "num_iterations": self._iterations,
-            "train_samples_start": self._samples_start,
-            "num_train_samples": self._iterations * gbs,
-            "interval": config.log_every_n_train_iterations if config else window.iterations,
-            "window_iterations": window.iterations,
-            "final": final,
-            # every iteration's time, warm-up included (for goodput: what this loop has done so far)
-            "cumulative_iteration_time_sec": self._iteration_total_sec,
-        }
-        # iteration time: the window (one-logger documents per-window values; it computed them cumulatively)
-        self._cumulative.absorb(window.summary)
-        w = window.summary.values(_TIME_AGGS)
-        if not w.get("count") and window.warmup_times:  # a window of warm-up only: its own times, flagged
-            w = Summary.of(window.warmup_times).values(_TIME_AGGS)
-            attributes["warmup_only"] = True
-        if w.get("count"):
-            attributes.update({
-                "avg_iteration_time_sec": w["mean"], "min_iteration_time_sec": w["min"],
-                "max_iteration_time_sec": w["max"], "total_iteration_time_sec": w["sum"],
-                **{f"{q}_iteration_time_sec": w[q] for q in _QUANTILES if q in w},
-            })
-        c = self._cumulative.values(_TIME_AGGS)
-        if c.get("count"):
-            attributes.update({
-                "cumulative_avg_iteration_time_sec": c["mean"], "cumulative_min_iteration_time_sec": c["min"],
-                "cumulative_max_iteration_time_sec": c["max"],
-                **{f"cumulative_{q}_iteration_time_sec": c[q] for q in _QUANTILES if q in c},
-            })
-        # throughput over the window's wall time
-        wall_s = (end_ns - window.start_ns) / 1e9 if window.start_ns else 0.0
-        samples = window.iterations * gbs
-        attributes["window_seconds"] = wall_s
-        if gbs:
-            attributes["window_samples"] = samples
-        if seq:
-            attributes["train_tokens"] = self._iterations * gbs * seq
-        if wall_s > 0 and gbs:
-            attributes["samples_per_second"] = samples / wall_s
-            if seq:
-                attributes["tokens_per_second"] = attributes["avg_tokens_per_second"] = samples * seq / wall_s
-        steady_start = self._steady_start_ns or (self._loop_start_ns if config is not None and
-                                                 config.warmup_iterations == 0 else 0)
-        steady_s = (end_ns - steady_start) / 1e9 if steady_start else 0.0
-        if steady_s > 0 and gbs:
-            attributes["cumulative_samples_per_second"] = self._steady_iterations * gbs / steady_s
-        if fps and gbs:
-            total_flops = self._iterations * gbs * fps
-            attributes["total_flops"] = total_flops
-            attributes["completed_floating_point_operations_overall"] = (
-                self._iterations_start * gbs * fps + total_flops)
-            if wall_s > 0:
-                tflops = samples * fps / wall_s / world / 1e12
-                attributes["train_throughput_per_gpu"] = attributes["avg_tflops"] = tflops
-                self._throughput_max = tflops if self._throughput_max is None else max(self._throughput_max, tflops)
-                self._throughput_min = tflops if self._throughput_min is None else min(self._throughput_min, tflops)
-                attributes["train_throughput_per_gpu_max"] = self._throughput_max
-                attributes["train_throughput_per_gpu_min"] = self._throughput_min
-                peak = self.peak()
-                if peak is not None:
-                    attributes["mfu"] = tflops / peak.tflops
-                    attributes["peak_tflops_per_gpu"] = peak.tflops
-                    attributes["peak_source"] = f"{peak.device} {peak.dtype}: {peak.source}"
-            if steady_s > 0:
-                attributes["cumulative_train_throughput_per_gpu"] = (
-                    self._steady_iterations * gbs * fps / steady_s / world / 1e12)
-        if gbs:
-            attributes["avg_batch_size"] = gbs
-        # the split between the sub-phases, when used
-        if window.phases and window.iterations:
-            for phase, seconds in window.phases.items():
-                attributes[f"avg_{phase}_time_sec"] = seconds / window.iterations
-                if wall_s > 0:
-                    attributes[f"{phase}_time_fraction"] = seconds / wall_s
-        if self._first_iteration_end_ns:
-            offset = self.telemetry.wall_offset_ns
-            first, last = self._first_iteration_end_ns + offset, self._last_iteration_end_ns + offset
-            attributes["first_logged_train_iterations_finish_timestamp_sec"] = first / 1e9
-            attributes["last_logged_train_iterations_finish_timestamp_sec"] = last / 1e9
-        if self._time_to_first_iteration is not None:
-            attributes["time_to_first_iteration_sec"] = self._time_to_first_iteration
-        attributes.update(self._saves.as_attributes("save_checkpoint"))
-        attributes.update(self._loads.as_attributes("load_checkpoint"))
-        self._event(E.TRAINING_METRICS_UPDATE, attributes, S.TRAINING_LOOP)
-        self._emit_metrics(attributes, current - 1)
-        self._window = _Window(start_ns=end_ns)
+        loop = self._spans.get(S.TRAINING_LOOP)
+        return Snapshot(
+            final=final,
+            window=window,
+            window_iterations=self._iterations - begin,
+            end_ns=end_ns,
+            iterations=self._iterations,
+            iterations_start=self._iterations_start,
+            samples_start=self._samples_start,
+            iteration_total_sec=self._iteration_total_sec,
+            steady_start_ns=self._steady_start_ns or (
+                self._loop_start_ns if config is not None and config.warmup_iterations == 0 else 0),
+            steady_iterations=max(self._iterations - self._warmup, 0),
+            first_iteration_end_ns=self._first_iteration_end_ns,
+            last_iteration_end_ns=self._last_iteration_end_ns,
+            time_to_first_iteration=self._time_to_first_iteration,
+            interval=config.log_every_n_train_iterations if config else self._iterations - begin,
+            gbs=self._gbs() or 0,
+            seq=self._guarded("seq_length", lambda: config.seq_length) if config else None,
+            fps=self._guarded("flops_per_sample", lambda: config.flops_per_sample) if config else None,
+            world=self._world_size(),
+            peak=self.peak(),
+            saves=self._saves.as_attributes("save_checkpoint"),
+            loads=self._loads.as_attributes("load_checkpoint"),
+            wall_offset_ns=self.telemetry.wall_offset_ns,
+            span_id=loop.span_id_hex if loop is not None else "",
+        )
 
-    _METRICS = {
-        "avg_iteration_time_sec": ("train.iteration_time.mean", "s"),
-        "p50_iteration_time_sec": ("train.iteration_time.p50", "s"),
-        "p90_iteration_time_sec": ("train.iteration_time.p90", "s"),
-        "p99_iteration_time_sec": ("train.iteration_time.p99", "s"),
-        "max_iteration_time_sec": ("train.iteration_time.max", "s"),
-        "samples_per_second": ("train.samples_per_second", "1/s"),
-        "tokens_per_second": ("train.tokens_per_second", "1/s"),
-        "train_throughput_per_gpu": ("train.tflops_per_gpu", "TFLOP/s"),
-        "mfu": ("train.mfu", "1"),
-        "avg_dataloader_time_sec": ("train.phase.dataloader", "s"),
-        "avg_forward_time_sec": ("train.phase.forward", "s"),
-        "avg_backward_time_sec": ("train.phase.backward", "s"),
-        "avg_optimizer_time_sec": ("train.phase.optimizer", "s"),
-        "avg_zero_grad_time_sec": ("train.phase.zero_grad", "s"),
-    }
-
-    def _emit_metrics(self, attributes: Mapping[str, Any], step: int) -> None:
-        for key, (name, unit) in self._METRICS.items():
+    def _emit_report(self, snap: Snapshot, attributes: Mapping[str, Any]) -> None:
+        """The reporter's output: the event (linked to the loop), then each metric as a record."""
+        telemetry = self.telemetry
+        telemetry.event(E.TRAINING_METRICS_UPDATE, attributes, group=GROUP, span_id=snap.span_id)
+        step = snap.iterations_start + snap.iterations - 1
+        for key, (name, unit) in METRICS.items():
             value = attributes.get(key)
             if value is not None:
-                self.telemetry.metric(name, value, GROUP, unit=unit, step=step)
+                telemetry.metric(name, value, GROUP, unit=unit, step=step)
+
+    def _report_failed(self, exc: BaseException) -> None:
+        self._misuse("training_metrics_update", f"failed: {describe(exc)}")
 
     def _on_phase_end(self, s: Span) -> None:
         """A sub-phase span ended (ours or the user's own ``span("model_forward")``): into the window's split."""
@@ -712,13 +707,13 @@ class TrainingRecorder:
         current = self._iterations_start + self._iterations
         last = self._iterations_at_validation if loop == S.VALIDATION_LOOP else self._iterations_at_testing
         attributes: dict[str, Any] = {"current_iteration": current - 1 if current else 0, "interval": current - last}
-        values = summary.values(_TIME_AGGS)
+        values = summary.values(TIME_AGGS)
         if values.get("count"):
             attributes.update({
                 "num_iterations": values["count"], "avg_iteration_time_sec": values["mean"],
                 "min_iteration_time_sec": values["min"], "max_iteration_time_sec": values["max"],
                 "total_iteration_time_sec": values["sum"],
-                **{f"{q}_iteration_time_sec": values[q] for q in _QUANTILES if q in values},
+                **{f"{q}_iteration_time_sec": values[q] for q in QUANTILES if q in values},
             })
         attributes["loop_time_sec"] = ended.duration_ns / 1e9
         self.telemetry.event(event, attributes, group=GROUP, span_id=ended.span_id_hex)
@@ -847,6 +842,13 @@ class TrainingRecorder:
     @property
     def current_span(self) -> Span | None:
         return current_span()
+
+
+def _deactivate(s: Span) -> None:
+    """``s`` is no longer current through its parent (``Tracer.quiet``)."""
+    parent = s.parent
+    if parent is not None and parent._active is s:
+        parent._active = None
 
 
 def _value(value_or_fn: Any, default: Any) -> Any:

@@ -1,0 +1,276 @@
+"""The derived training metrics (``training_metrics_update``), computed off the training thread.
+
+At each report the recorder's iteration callback only *captures* a ``Snapshot`` -- the finished ``Window`` of
+iteration times (swapped for a fresh one: O(1)) and the counters and config values of that instant -- and hands it
+to a ``Reporter``. The reporter computes the metrics (percentiles, the cumulative sketch, throughput, MFU) and emits
+the event and the metric records in the process's collector thread (DESIGN principle 1: folding and percentiles
+happen off the step), so a report costs the training thread a few microseconds instead of ~100. Reports come out
+in order. The final report of a loop (training end, exit, SIGTERM), a ``Telemetry.flush()``, and the start of a new
+loop first compute whatever is pending in the calling thread, so nothing is lost or reordered around them.
+
+Every formula is in docs/training.md; the recorder's tests check each one on controlled timings.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..collector import collector
+from ..stats.aggregations import M2, MINMAX
+from ..stats.summary import Summary
+
+__all__ = ["METRICS", "QUANTILES", "TIME_AGGS", "Reporter", "Snapshot", "Window", "compute"]
+
+QUANTILES = ("p50", "p90", "p99")
+TIME_AGGS = ("count", "mean", "min", "max", "sum", *QUANTILES)
+FOLD_EVERY = 2048  # iteration times handed to the reporter to fold in this many (bounded memory for long windows)
+CUMULATIVE_BATCH = 1000  # iteration times put into the cumulative histogram at a time (see Reporter.add_window)
+MAX_PENDING = 512  # reports waiting for the collector thread before the training thread computes them itself
+
+# derived metric -> (metric record name, unit): each value of the event is also a metric record, for dashboards
+METRICS = {
+    "avg_iteration_time_sec": ("train.iteration_time.mean", "s"),
+    "p50_iteration_time_sec": ("train.iteration_time.p50", "s"),
+    "p90_iteration_time_sec": ("train.iteration_time.p90", "s"),
+    "p99_iteration_time_sec": ("train.iteration_time.p99", "s"),
+    "max_iteration_time_sec": ("train.iteration_time.max", "s"),
+    "samples_per_second": ("train.samples_per_second", "1/s"),
+    "tokens_per_second": ("train.tokens_per_second", "1/s"),
+    "train_throughput_per_gpu": ("train.tflops_per_gpu", "TFLOP/s"),
+    "mfu": ("train.mfu", "1"),
+    "avg_dataloader_time_sec": ("train.phase.dataloader", "s"),
+    "avg_forward_time_sec": ("train.phase.forward", "s"),
+    "avg_backward_time_sec": ("train.phase.backward", "s"),
+    "avg_optimizer_time_sec": ("train.phase.optimizer", "s"),
+    "avg_zero_grad_time_sec": ("train.phase.zero_grad", "s"),
+}
+
+
+@dataclass
+class Window:
+    """The iterations since the last metrics update. The training thread appends to ``times`` and moves every
+    ``FOLD_EVERY`` of them to ``chunks``; only the reporter folds (under its lock)."""
+
+    times: list[float] = field(default_factory=list)  # iteration seconds, warm-up excluded
+    chunks: list[list[float]] = field(default_factory=list)  # full lists of times, waiting to be folded
+    warmup_times: list[float] = field(default_factory=list)  # reported only when the window has nothing else
+    summary: Summary = field(default_factory=Summary)
+    start_ns: int = 0  # end of the previous window's last iteration (or the loop's start)
+    phases: dict[str, float] = field(default_factory=dict)  # phase -> seconds
+
+    def fold_chunks(self) -> None:
+        chunks = self.chunks
+        while chunks:
+            self.summary.fold(chunks.pop(0))
+
+
+@dataclass
+class Snapshot:
+    """What a report needs, captured on the training thread at the report's instant."""
+
+    final: bool
+    window: Window
+    window_iterations: int  # warm-up included
+    end_ns: int  # the window's last iteration end (monotonic)
+    iterations: int  # completed this job
+    iterations_start: int
+    samples_start: int
+    iteration_total_sec: float
+    steady_start_ns: int
+    steady_iterations: int
+    first_iteration_end_ns: int
+    last_iteration_end_ns: int
+    time_to_first_iteration: float | None
+    interval: int
+    gbs: int
+    seq: int | None
+    fps: float | None
+    world: int
+    peak: Any
+    saves: dict[str, Any]
+    loads: dict[str, Any]
+    wall_offset_ns: int
+    span_id: str  # the training loop's (the event is linked to it)
+
+
+def compute(snap: Snapshot, state: Reporter) -> dict[str, Any]:
+    """The ``training_metrics_update`` attributes of one snapshot (updates the cumulative state)."""
+    window = snap.window
+    window.fold_chunks()
+    if window.times:
+        window.summary.fold(window.times)
+        window.times = []
+    gbs, seq, fps, world = snap.gbs, snap.seq, snap.fps, snap.world
+    end_ns = snap.end_ns
+    current = snap.iterations_start + snap.iterations
+    attributes: dict[str, Any] = {
+        "train_iterations_start": snap.iterations_start,
+        "current_iteration": current - 1,
+        "num_iterations": snap.iterations,
+        "train_samples_start": snap.samples_start,
+        "num_train_samples": snap.iterations * gbs,
+        "interval": snap.interval,
+        "window_iterations": snap.window_iterations,
+        "final": snap.final,
+        # every iteration's time, warm-up included (for goodput: what this loop has done so far)
+        "cumulative_iteration_time_sec": snap.iteration_total_sec,
+    }
+    # iteration time: the window (one-logger documents per-window values; it computed them cumulatively)
+    fresh = state.add_window(window.summary, snap.final)
+    w = window.summary.values(TIME_AGGS)
+    if not w.get("count") and window.warmup_times:  # a window of warm-up only: its own times, flagged
+        w = Summary.of(window.warmup_times).values(TIME_AGGS)
+        attributes["warmup_only"] = True
+    if w.get("count"):
+        attributes.update({
+            "avg_iteration_time_sec": w["mean"], "min_iteration_time_sec": w["min"],
+            "max_iteration_time_sec": w["max"], "total_iteration_time_sec": w["sum"],
+            **{f"{q}_iteration_time_sec": w[q] for q in QUANTILES if q in w},
+        })
+    c = state.moments.values(("count", "mean", "min", "max"))
+    if c.get("count"):
+        attributes.update({
+            "cumulative_avg_iteration_time_sec": c["mean"], "cumulative_min_iteration_time_sec": c["min"],
+            "cumulative_max_iteration_time_sec": c["max"],
+        })
+        if fresh:  # (see Reporter.add_window)
+            q = state.cumulative.values(QUANTILES)
+            attributes.update({f"cumulative_{k}_iteration_time_sec": q[k] for k in QUANTILES if k in q})
+    # throughput over the window's wall time
+    wall_s = (end_ns - window.start_ns) / 1e9 if window.start_ns else 0.0
+    samples = snap.window_iterations * gbs
+    attributes["window_seconds"] = wall_s
+    if gbs:
+        attributes["window_samples"] = samples
+    if seq:
+        attributes["train_tokens"] = snap.iterations * gbs * seq
+    if wall_s > 0 and gbs:
+        attributes["samples_per_second"] = samples / wall_s
+        if seq:
+            attributes["tokens_per_second"] = attributes["avg_tokens_per_second"] = samples * seq / wall_s
+    steady_s = (end_ns - snap.steady_start_ns) / 1e9 if snap.steady_start_ns else 0.0
+    if steady_s > 0 and gbs:
+        attributes["cumulative_samples_per_second"] = snap.steady_iterations * gbs / steady_s
+    if fps and gbs:
+        total_flops = snap.iterations * gbs * fps
+        attributes["total_flops"] = total_flops
+        attributes["completed_floating_point_operations_overall"] = snap.iterations_start * gbs * fps + total_flops
+        if wall_s > 0:
+            tflops = samples * fps / wall_s / world / 1e12
+            attributes["train_throughput_per_gpu"] = attributes["avg_tflops"] = tflops
+            high, low = state.throughput_max, state.throughput_min
+            state.throughput_max = tflops if high is None else max(high, tflops)
+            state.throughput_min = tflops if low is None else min(low, tflops)
+            attributes["train_throughput_per_gpu_max"] = state.throughput_max
+            attributes["train_throughput_per_gpu_min"] = state.throughput_min
+            peak = snap.peak
+            if peak is not None:
+                attributes["mfu"] = tflops / peak.tflops
+                attributes["peak_tflops_per_gpu"] = peak.tflops
+                attributes["peak_source"] = f"{peak.device} {peak.dtype}: {peak.source}"
+        if steady_s > 0:
+            attributes["cumulative_train_throughput_per_gpu"] = (
+                snap.steady_iterations * gbs * fps / steady_s / world / 1e12)
+    if gbs:
+        attributes["avg_batch_size"] = gbs
+    # the split between the sub-phases, when used
+    if window.phases and snap.window_iterations:
+        for phase, seconds in list(window.phases.items()):
+            attributes[f"avg_{phase}_time_sec"] = seconds / snap.window_iterations
+            if wall_s > 0:
+                attributes[f"{phase}_time_fraction"] = seconds / wall_s
+    if snap.first_iteration_end_ns:
+        offset = snap.wall_offset_ns
+        first, last = snap.first_iteration_end_ns + offset, snap.last_iteration_end_ns + offset
+        attributes["first_logged_train_iterations_finish_timestamp_sec"] = first / 1e9
+        attributes["last_logged_train_iterations_finish_timestamp_sec"] = last / 1e9
+    if snap.time_to_first_iteration is not None:
+        attributes["time_to_first_iteration_sec"] = snap.time_to_first_iteration
+    attributes.update(snap.saves)
+    attributes.update(snap.loads)
+    return attributes
+
+
+Emit = Callable[[Snapshot, Mapping[str, Any]], None]
+
+
+class Reporter:
+    """Computes and emits the snapshots handed to it, in order, in the collector thread (or in the caller's, in
+    ``drain``). Owns the cumulative state of one training loop."""
+
+    def __init__(self, emit: Emit, on_error: Callable[[BaseException], None]) -> None:
+        self._emit = emit
+        self._on_error = on_error
+        self._after_fork()
+        self.new_loop()
+
+    def _after_fork(self) -> None:
+        self._lock = threading.RLock()  # re-entrant: a signal handler's final report may interrupt a drain
+        self._pending: deque[Snapshot | Window] = deque()
+
+    def new_loop(self) -> None:
+        self.drain()  # the previous loop's reports, with the previous loop's cumulative state
+        with self._lock:
+            # the loop's iteration times, warm-up excluded: count/mean/min/max exact at every report ...
+            self.moments = Summary(MINMAX | M2)
+            # ... and the distribution, for the cumulative percentiles: the windows' times are batched and put into
+            # the histogram CUMULATIVE_BATCH at a time (the histogram's cost is per value; its quantiles cost
+            # O(buckets), so computing them at every report would cost more than the report)
+            self.cumulative = Summary.sketch()
+            self._batch: list[float] = []
+            self.throughput_min: float | None = None
+            self.throughput_max: float | None = None
+
+    def add_window(self, window: Summary, final: bool) -> bool:
+        """Count a window into the cumulative state; True when the cumulative percentiles are up to date, which a
+        report then includes: the final one, and each one at which ``CUMULATIVE_BATCH`` or more iteration times
+        have come in since the last (every report when windows are that long)."""
+        self.moments.absorb(window)
+        batch = self._batch
+        if window.raw is not None:
+            batch.extend(window.raw)
+        elif window.histogram is not None:  # a window of more than RAW_LIMIT times: already a histogram
+            self.cumulative.absorb(window)
+        if batch and (final or len(batch) >= CUMULATIVE_BATCH):
+            self.cumulative.fold(batch)
+            self._batch = []
+        return not self._batch and self.cumulative.count > 0
+
+    def submit(self, item: Snapshot | Window) -> None:
+        """A snapshot to report, or a window whose full chunks to fold: done in the collector thread soon. If the
+        collector falls behind (a loop far faster than a report: a benchmark), the caller catches up itself, so
+        what waits stays bounded."""
+        pending = self._pending
+        pending.append(item)
+        if len(pending) > MAX_PENDING:
+            self.drain()
+        else:
+            collector.schedule(self, time.monotonic_ns())
+
+    def tick(self, now_ns: int) -> None:
+        self.drain()
+
+    def drain(self) -> None:
+        """Compute and emit everything pending, in this thread."""
+        pending = self._pending
+        with self._lock:
+            while pending:
+                try:
+                    item = pending.popleft()
+                except IndexError:  # taken by another thread's drain
+                    break
+                try:
+                    if isinstance(item, Window):
+                        item.fold_chunks()
+                    else:
+                        self._emit(item, compute(item, self))
+                except Exception as exc:  # noqa: BLE001 - telemetry never breaks training
+                    self._on_error(exc)
+
+    def after_fork_in_child(self) -> None:
+        self._after_fork()
