@@ -14,6 +14,10 @@ Sections (ns per operation, median and best of ``--repeats``; every row names th
                one-logger is a process singleton whose per-iteration cost grows with the loop's length, so each repeat
                is a fresh child process that times fixed blocks at known positions of one loop: iterations 0-1k (first
                calls, no warm-up) and 10k-11k
+               Iteration rows are the training thread's CPU time (``time.thread_time_ns``: the caller side, what the
+               step pays; one-logger does all its work there), with a wall-time row beside (all-in on this CPU-only
+               machine, where our reporter and writer threads share the GIL with the loop; on a GPU job they run
+               while the training thread waits for the device)
   iteration    the same two calls on ``TrainingRecorder(config, telemetry=Telemetry(store=<tmp>))`` (global batch 8,
                ``log_every_n_train_iterations=50``, flops per sample given; the run store's writer at its normal 0.2 s
                ``flush_interval``: it keeps up, the loop emits ~0.2 records an iteration), a fresh child process per
@@ -80,8 +84,9 @@ import warnings
 from collections import Counter, deque
 from collections.abc import Callable
 from contextvars import ContextVar
+from itertools import repeat
 from pathlib import Path
-from time import monotonic_ns, perf_counter_ns, process_time_ns
+from time import monotonic_ns, perf_counter_ns, process_time_ns, thread_time_ns
 from typing import Any
 
 import _method
@@ -265,16 +270,15 @@ def _one_logger_child(spec: dict, tmpdir: str) -> dict:
     cb.on_app_start()
     TrainingTelemetryProvider.instance().set_training_telemetry_config(training_config)
     cb.on_train_start(train_iterations_start=0)
-    pair = compile_stmt(
-        "s(); e()", {"s": cb.on_training_single_iteration_start, "e": cb.on_training_single_iteration_end}
-    )
+    pair = _pair_timer(cb.on_training_single_iteration_start, cb.on_training_single_iteration_end)
     first, late = spec["first"], spec["late"]
-    out: dict = {"blocks": {}}
-    out["blocks"]["0"] = pair(first) / first  # iterations [0, first): first calls, no warm-up on purpose
-    t0 = perf_counter_ns()
-    pair(late - first)
-    out["advance_ns"] = (perf_counter_ns() - t0) / (late - first)
-    out["blocks"][str(late)] = pair(first) / first
+    out: dict = {"blocks": {}, "blocks_wall": {}}
+    cpu, wall = pair(first)  # iterations [0, first): first calls, no warm-up on purpose
+    out["blocks"]["0"], out["blocks_wall"]["0"] = cpu / first, wall / first
+    cpu, _ = pair(late - first)
+    out["advance_ns"] = cpu / (late - first)
+    cpu, wall = pair(first)
+    out["blocks"][str(late)], out["blocks_wall"][str(late)] = cpu / first, wall / first
     cb.on_train_end()
     cb.on_app_end()
     out["export_bytes"] = export_path.stat().st_size if export_path.exists() else 0
@@ -304,10 +308,28 @@ def _new_loop(mode: str, tmpdir: str, name: str, torch_loaded: bool):
     return api, recorder, t
 
 
-def _iteration_pair(api) -> Callable[[int], int]:
-    return compile_stmt(
-        "s(); e()", {"s": api.on_training_single_iteration_start, "e": api.on_training_single_iteration_end}
-    )
+_PAIR_LOOP = """
+def timed(n, _cpu=_cpu, _wall=_wall, _repeat=_repeat):
+    c0 = _cpu()
+    w0 = _wall()
+    for _ in _repeat(None, n):
+        s(); e()
+    w1 = _wall()
+    return _cpu() - c0, w1 - w0
+"""
+
+
+def _pair_timer(start: Callable[[], Any], end: Callable[[], Any]) -> Callable[[int], tuple[int, int]]:
+    """``timed(n) -> (cpu_ns, wall_ns)`` of n ``start(); end()`` pairs: the calling thread's CPU time (the caller
+    side: what the training thread spends; the writer and the reporter work in other threads, as the GPU would let
+    them) and the wall time (all-in on this CPU-only machine: their work shares the GIL with the loop)."""
+    scope = {"s": start, "e": end, "_cpu": thread_time_ns, "_wall": perf_counter_ns, "_repeat": repeat}
+    exec(compile(_PAIR_LOOP, "<bench iteration pair>", "exec"), scope)
+    return scope["timed"]  # type: ignore[no-any-return]
+
+
+def _iteration_pair(api) -> Callable[[int], tuple[int, int]]:
+    return _pair_timer(api.on_training_single_iteration_start, api.on_training_single_iteration_end)
 
 
 def _finish_loop(api, recorder, t, done: int) -> dict:
@@ -363,30 +385,30 @@ def _ours_child(mode: str, spec: dict, tmpdir: str) -> dict:
         return out
     pair = _iteration_pair(api)
     first, block = spec["first"], spec["block"]
-    out["first_ns"] = pair(first) / first  # iterations [0, first): first calls, no warm-up
+    cpu, wall = pair(first)  # iterations [0, first): first calls, no warm-up
+    out["first_ns"], out["first_wall_ns"] = cpu / first, wall / first
     done = first
     refs = 0
     for pos in spec["positions"]:
         if pos > done:
-            t0 = perf_counter_ns()
-            pair(pos - done)
-            out["advances"].append({"start": done, "n": pos - done, "ns": (perf_counter_ns() - t0) / (pos - done)})
+            cpu, _ = pair(pos - done)
+            out["advances"].append({"start": done, "n": pos - done, "ns": cpu / (pos - done)})
             done = pos
         blocks = []
         for k in range(spec["pairs"]):
             if not spec["reference"]:
-                ns, ref = pair(block) / block, None
+                ns, ref = pair(block)[0] / block, None
             else:
                 ref_api, ref_recorder, ref_t = _new_loop(mode, tmpdir, f"ref{refs}", torch_loaded)
                 refs += 1
                 ref_pair = _iteration_pair(ref_api)
                 ref_pair(first)  # the reference loop's iterations 0-1k, untimed
                 if k % 2 == 0:
-                    ns = pair(block) / block
-                    ref = ref_pair(block) / block
+                    ns = pair(block)[0] / block
+                    ref = ref_pair(block)[0] / block
                 else:
-                    ref = ref_pair(block) / block
-                    ns = pair(block) / block
+                    ref = ref_pair(block)[0] / block
+                    ns = pair(block)[0] / block
                 _finish_loop(ref_api, ref_recorder, ref_t, first + block)
             blocks.append({"start": done, "n": block, "ns": ns, "ref_ns": ref})
             done += block
@@ -401,7 +423,7 @@ def _ours_child(mode: str, spec: dict, tmpdir: str) -> dict:
 def _cumulative_buckets(recorder) -> int | None:
     """Occupied buckets of the recorder's cumulative iteration-time histogram (internals; None if they change)."""
     try:
-        hist = recorder._cumulative.histogram
+        hist = recorder._reporter.cumulative.histogram
         return None if hist is None else len(hist._positive.items()) + len(hist._negative.items())
     except AttributeError:
         return None
@@ -449,6 +471,13 @@ def section_one_logger(tmpdir: str) -> None:
         "(fresh process)",
         [r["blocks"]["0"] for r in runs],
         FIRST_BLOCK,
+    )
+    _row(
+        lib,
+        f"same, iterations 0-{FIRST_BLOCK // 1000}k, wall time",
+        [r["blocks_wall"]["0"] for r in runs],
+        FIRST_BLOCK,
+        first,
     )
     _row(
         lib,
@@ -515,6 +544,14 @@ def section_iteration(tmpdir: str) -> None:
         [r["first_ns"] for r in runs],
         FIRST_BLOCK,
         peer,
+    )
+    _row(
+        lib,
+        f"same, iterations {_positions_label(0, FIRST_BLOCK)}, wall time (all-in: the reporter and the writer share "
+        "the GIL with the loop)",
+        [r["first_wall_ns"] for r in runs],
+        FIRST_BLOCK,
+        row_of("nv-one-logger", f"same, iterations 0-{FIRST_BLOCK // 1000}k, wall time"),
     )
     ref_label = _positions_label(FIRST_BLOCK, block)
     ref = _row(
