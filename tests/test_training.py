@@ -190,8 +190,10 @@ def test_derived_metrics_on_controlled_timings(telemetry: Telemetry, read_run: C
             "avg_batch_size": gbs,
             "time_to_first_iteration_sec": (ends[0] - base) / 1000,  # from the application's start
         })
-        # the cumulative percentiles come from the run's histogram (it absorbs every window): within its bound
-        bound = relative_error(6)
+        # the cumulative percentiles come from the run's histogram: within its bound of the times as measured, which
+        # differ from the nominal ones by the float rounding of ms timestamps near 1.7e12 (~0.2 us); 0.5 s is a bucket
+        # boundary, so that rounding may move a time to the next bucket: hence the 1e-5 on top
+        bound = relative_error(6) + 1e-5
         _assert_close(report, {
             "cumulative_p50_iteration_time_sec": float(c50),
             "cumulative_p90_iteration_time_sec": float(c90),

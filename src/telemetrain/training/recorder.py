@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .. import __version__
@@ -74,8 +74,10 @@ class _Durations:
     max: float | None = None
     bytes_total: int = 0
     bytes_last: int | None = None
+    _attributes: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False, compare=False)
 
     def add(self, seconds: float, size: int | None = None) -> None:
+        self._attributes.clear()  # (as_attributes' cache)
         self.count += 1
         self.total += seconds
         self.min = seconds if self.min is None else min(self.min, seconds)
@@ -85,6 +87,13 @@ class _Durations:
             self.bytes_last = size
 
     def as_attributes(self, prefix: str) -> dict[str, Any]:
+        """Cached until the next ``add`` (each metrics report reads them: a dict build per report otherwise)."""
+        cached = self._attributes.get(prefix)
+        if cached is None:
+            cached = self._attributes[prefix] = self._build(prefix)
+        return cached
+
+    def _build(self, prefix: str) -> dict[str, Any]:
         if not self.count:
             return {f"{prefix}_count": 0}
         out: dict[str, Any] = {
@@ -134,6 +143,7 @@ class TrainingRecorder:
         self._iteration: Span | None = None
         self._every = 50
         self._warmup = 0
+        self._fixed: tuple[int, int | None, float | None] | None = None
         self._export_every = 50
         self._quiet: Span | None = None  # the loop's reusable span for sampled-out iterations (Tracer.quiet)
         self._iterations_begun = 0
@@ -174,6 +184,7 @@ class TrainingRecorder:
             loop = self._spans.get(S.TRAINING_LOOP)
             if loop is not None and not loop.ended and self._iterations > self._window_begin:
                 self._report(final=True)
+            self._reporter.close()
 
     def after_fork_in_child(self) -> None:
         self._lock = threading.RLock()
@@ -210,6 +221,8 @@ class TrainingRecorder:
             self.config = config
             self._every = config.log_every_n_train_iterations
             self._warmup = config.warmup_iterations
+            lazy = (config.global_batch_size_or_fn, config.seq_length_or_fn, config.flops_per_sample_or_fn)
+            self._fixed = None if any(callable(v) for v in lazy) else self._sizes()  # else evaluated per report
             self._schedule_report()
             self._peak_resolved = False
             every = config.export_iteration_spans_every or config.log_every_n_train_iterations
@@ -522,6 +535,14 @@ class TrainingRecorder:
 
     # -- the derived metrics ---------------------------------------------------------------------------------------
 
+    def _sizes(self) -> tuple[int, int | None, float | None]:
+        """Global batch, sequence length, FLOPs per sample (``*_or_fn`` evaluated now, as one-logger does)."""
+        config = self.config
+        if config is None:
+            return 0, None, None
+        return (self._gbs() or 0, self._guarded("seq_length", lambda: config.seq_length),
+                self._guarded("flops_per_sample", lambda: config.flops_per_sample))
+
     def _gbs(self) -> int | None:
         config = self.config
         return self._guarded("global_batch_size", lambda: config.global_batch_size) if config is not None else None
@@ -573,6 +594,7 @@ class TrainingRecorder:
         begin, self._window_begin = self._window_begin, self._iterations
         config = self.config
         loop = self._spans.get(S.TRAINING_LOOP)
+        gbs, seq, fps = self._fixed or self._sizes()
         return Snapshot(
             final=final,
             window=window,
@@ -589,9 +611,9 @@ class TrainingRecorder:
             last_iteration_end_ns=self._last_iteration_end_ns,
             time_to_first_iteration=self._time_to_first_iteration,
             interval=config.log_every_n_train_iterations if config else self._iterations - begin,
-            gbs=self._gbs() or 0,
-            seq=self._guarded("seq_length", lambda: config.seq_length) if config else None,
-            fps=self._guarded("flops_per_sample", lambda: config.flops_per_sample) if config else None,
+            gbs=gbs,
+            seq=seq,
+            fps=fps,
             world=self._world_size(),
             peak=self.peak(),
             saves=self._saves.as_attributes("save_checkpoint"),

@@ -17,7 +17,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..collector import collector
@@ -51,17 +51,19 @@ METRICS = {
 }
 
 
-@dataclass
 class Window:
     """The iterations since the last metrics update. The training thread appends to ``times`` and moves every
     ``FOLD_EVERY`` of them to ``chunks``; only the reporter folds (under its lock)."""
 
-    times: list[float] = field(default_factory=list)  # iteration seconds, warm-up excluded
-    chunks: list[list[float]] = field(default_factory=list)  # full lists of times, waiting to be folded
-    warmup_times: list[float] = field(default_factory=list)  # reported only when the window has nothing else
-    summary: Summary = field(default_factory=Summary)
-    start_ns: int = 0  # end of the previous window's last iteration (or the loop's start)
-    phases: dict[str, float] = field(default_factory=dict)  # phase -> seconds
+    __slots__ = ("chunks", "phases", "start_ns", "summary", "times", "warmup_times")
+
+    def __init__(self, start_ns: int = 0) -> None:
+        self.times: list[float] = []  # iteration seconds, warm-up excluded
+        self.chunks: list[list[float]] = []  # full lists of times, waiting to be folded
+        self.warmup_times: list[float] = []  # reported only when the window has nothing else
+        self.summary = Summary()
+        self.start_ns = start_ns  # end of the previous window's last iteration (or the loop's start)
+        self.phases: dict[str, float] = {}  # phase -> seconds
 
     def fold_chunks(self) -> None:
         chunks = self.chunks
@@ -69,7 +71,7 @@ class Window:
             self.summary.fold(chunks.pop(0))
 
 
-@dataclass
+@dataclass(slots=True)
 class Snapshot:
     """What a report needs, captured on the training thread at the report's instant."""
 
@@ -247,10 +249,11 @@ class Reporter:
         what waits stays bounded."""
         pending = self._pending
         pending.append(item)
-        if len(pending) > MAX_PENDING:
-            self.drain()
-        else:
+        n = len(pending)
+        if n == 1:  # else a drain is already due, and takes this one too (it pops until the deque is empty)
             collector.schedule(self, time.monotonic_ns())
+        elif n > MAX_PENDING:
+            self.drain()
 
     def tick(self, now_ns: int) -> None:
         self.drain()
@@ -271,6 +274,12 @@ class Reporter:
                         self._emit(item, compute(item, self))
                 except Exception as exc:  # noqa: BLE001 - telemetry never breaks training
                     self._on_error(exc)
+
+    def close(self) -> None:
+        """Compute what is pending here, and take this reporter off the collector (its Telemetry is closing: the
+        collector thread may end)."""
+        self.drain()
+        collector.cancel(self)
 
     def after_fork_in_child(self) -> None:
         self._after_fork()
