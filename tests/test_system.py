@@ -733,6 +733,32 @@ def test_config_flag_from_the_environment(t: telemetrain.Telemetry, monkeypatch:
     assert system.stop_sampler()
 
 
+def test_the_default_instance_starts_the_sampler_the_environment_asks_for(tmp_path: Path) -> None:
+    """$TELEMETRAIN_SYSTEM on the default Telemetry (the one module-level APIs build on first use): its run has
+    samples, at the interval asked for, from the first use on; without the variable, none."""
+    code = textwrap.dedent(
+        """
+        import telemetrain
+        from telemetrain import metrics
+        metrics.put_metric("m", 1, "g")  # the first use builds the default instance from the environment
+        telemetrain.get_telemetry().close()
+        """
+    )
+    found = {}
+    for flag in ("0.5", None):
+        run_id = f"env-{flag}-{uuid.uuid4().hex[:8]}"
+        extra = {"TELEMETRAIN_DIR": str(tmp_path)} | ({system.sampler.ENV: flag} if flag else {})
+        proc = subprocess.run([sys.executable, "-c", code], env=helper_env(run_id, SESSION, **extra),
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        records = open_run(tmp_path / SESSION / run_id).records()
+        found[flag] = [r for r in records if r.kind == "event" and r.name == "system.sampler.start"]
+        assert any(r.kind == "metric" and r.name == "m" for r in records)
+    (start,) = found["0.5"]
+    assert start.attributes["interval_s"] == 0.5
+    assert found[None] == []
+
+
 def test_importing_needs_psutil_and_starts_nothing() -> None:
     code = textwrap.dedent(
         """

@@ -555,7 +555,15 @@ def _from_env() -> Telemetry:
     if store_env is not None:
         store = False if store_env.strip().lower() in _FALSY else True
     console = os.environ.get("TELEMETRAIN_CONSOLE", "").strip().lower() not in _FALSY
-    return Telemetry(store=store, console=console)
+    telemetry = Telemetry(store=store, console=console)
+    if os.environ.get("TELEMETRAIN_SYSTEM", "").strip().lower() not in _FALSY:
+        try:  # the system sampler, asked for by the environment (docs/system.md); an extra
+            from .system import enable_from_env
+        except ImportError as exc:
+            warn_safely(f"telemetrain: $TELEMETRAIN_SYSTEM is set but the system sampler cannot load: {exc}")
+        else:
+            enable_from_env(telemetry)
+    return telemetry
 
 
 def get_telemetry() -> Telemetry:
