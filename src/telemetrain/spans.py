@@ -51,6 +51,7 @@ _current: ContextVar[Span | None] = ContextVar("telemetrain_current_span", defau
 _current_get = _current.get
 _current_set = _current.set
 _current_reset = _current.reset
+_thread_id = threading.get_ident
 
 STATUS_OK = "ok"
 STATUS_ERROR = "error"
@@ -95,6 +96,7 @@ class Span:
         "__weakref__",
         "_active",
         "_export_id",
+        "_owner",
         "_pending",
         "_restore",
         "_route",
@@ -130,7 +132,8 @@ class Span:
     _pending: bool  # exported, and its start record is not written yet (it travels with the end: SPAN_PAIR)
     _token: Any
     _restore: Span | None  # started with make_current: the span to make current again at its end
-    _active: Span | None  # a quiet child current wherever this span is (Tracer.quiet): the new spans' parent
+    _active: Span | None  # a quiet span current, in its owner thread, wherever this one is (Tracer.quiet)
+    _owner: int  # a quiet span's thread (threading.get_ident)
 
     def __init__(self, tracer: Tracer, name: str, group: str, attributes: dict[str, Any] | None) -> None:
         # (built by span(), Tracer.span/start/child: an __init__ is cheaper than setting slots from outside)
@@ -153,7 +156,7 @@ class Span:
             raise RuntimeError(f"span {self.name!r} was already started: a span is entered once")
         tracer = self._tracer
         parent = _current_get()
-        if parent is not None and parent._active is not None:
+        if parent is not None and parent._active is not None and parent._active._owner == _thread_id():
             parent = parent._active
         self.parent = parent
         exported = parent is None or parent._route is not False
@@ -171,6 +174,8 @@ class Span:
                 self._route = routes[1]
                 self._pending = True
                 tracer._deferred[span_id] = self
+                if not tracer._ticking:
+                    tracer._start_ticking()
                 self.start_ns = _mono()
             else:
                 self._route = routes[1] or None
@@ -475,7 +480,7 @@ class Tracer:
         s.start_attributes = dict(attributes) if attributes else None
         current = _current_get()
         if parent is None:
-            parent = current._active or current if current is not None else None
+            parent = _effective(current)
         s._begin(parent, start_ns)
         if make_current:
             s._restore = current
@@ -493,11 +498,13 @@ class Tracer:
 
     def quiet(self, name: str, group: str, parent: Span) -> Span:
         """A span under ``parent`` that is not exported, for an owner that restarts it many times: the recorder's
-        sampled-out iterations. For each use the owner sets ``start_ns`` and makes it ``parent._active`` -- current
-        wherever ``parent`` is, without the cost of a ContextVar set (~1.5k instructions) -- and clears that at its
-        end; it ``end()``s it only to retire it. As for any unexported span, spans inside it are not exported, and
-        a failure inside it exports it (it is then ended and retired like any span)."""
+        sampled-out iterations. For each use the owner sets ``start_ns`` and makes it the ``_active`` span of the
+        current span -- so it is current wherever that span is, in this thread, without the cost of a ContextVar set
+        (~1.5k instructions each way) -- and clears that at its end; it ``end()``s it only to retire it. As for any
+        unexported span, spans inside it are not exported, and a failure inside it exports it (it is then ended and
+        retired like any span). Other threads, whose current span may be the same, do not see it."""
         s = Span(self, name, group, None)
+        s._owner = _thread_id()
         s.parent = s._restore = parent
         s.span_id = 0
         s.trace_id = parent.trace_id
@@ -524,11 +531,14 @@ class Tracer:
         the tick that writes the start of a long one must be running."""
         routes: tuple[Any, Any, bool] = self.telemetry.span_routes(group)
         if routes[2] and not self._ticking:
-            with self._lock:
-                if not self._ticking:
-                    self._ticking = True
-                    collector.schedule(self, _mono() + self._tick_ns)
+            self._start_ticking()
         return routes
+
+    def _start_ticking(self) -> None:
+        with self._lock:
+            if not self._ticking:
+                self._ticking = True
+                collector.schedule(self, _mono() + self._tick_ns)
 
     def _notify(self, s: Span, listeners: tuple[Callable[[Span], None], ...]) -> None:
         for listener in listeners:
@@ -569,7 +579,8 @@ class Tracer:
                     route = self._routes_for(s.group)[0]
                     if route:
                         _write_start(route, s)
-            for s in [s for s in started.values() if s.end_ns]:  # ended while this tick held them
+            for s in [s for s in list(started.values()) if s.end_ns]:  # ended while this tick held them
+                # (list() copies in one C call: other threads add and remove spans meanwhile)
                 started.pop(s, None)
         return None if self.telemetry.closed else now_ns + self._tick_ns
 
@@ -586,8 +597,11 @@ class Tracer:
         for s in sorted(open_spans.values(), key=lambda s: s.start_ns, reverse=True):
             s.status = STATUS_TERMINATED
             s.error = s.error or "still open when telemetry closed (exit or signal)"
-            s._token = None
+            # ended from here without touching the ContextVar (it may be another thread's context); the token is
+            # kept, so the span's own `with` exit still makes its parent current again in its thread
+            token, s._token = s._token, None
             s.__exit__(None, None, None)
+            s._token = token
         if self._ticking:
             self._ticking = False
             collector.cancel(self)
@@ -635,8 +649,17 @@ def span(name: str, *, group: str = "spans", telemetry: Telemetry | None = None,
 
 def current_span() -> Span | None:
     """The span current in this thread or task (None outside any)."""
-    s = _current_get()
-    return s._active or s if s is not None else None
+    return _effective(_current_get())
+
+
+def _effective(s: Span | None) -> Span | None:
+    """The span new spans take as parent where ``s`` is current: its quiet child when it has one active in this
+    thread (``Tracer.quiet``), else ``s``."""
+    if s is not None:
+        active = s._active
+        if active is not None and active._owner == _thread_id():
+            return active
+    return s
 
 
 def iter_ancestors(s: Span | None) -> Iterator[Span]:

@@ -448,8 +448,13 @@ class TrainingRecorder:
                     q = self._quiet = self.tracer.quiet(S.TRAINING_SINGLE_ITERATION, GROUP, loop)
                 elif q.attributes is not None:
                     q.attributes = None  # set during an earlier iteration
+                current = _current_get()
+                q._restore = current
+                if current is not None:
+                    current._active = q  # current wherever `current` is, in this thread (Tracer.quiet)
+                else:
+                    _current_set(q)
                 q.start_ns = _mono()
-                loop._active = q  # current wherever the loop is (Tracer.quiet)
                 self._iteration = q
                 return q
             s = self._iteration = self.tracer.child(S.TRAINING_SINGLE_ITERATION, GROUP, loop)
@@ -496,9 +501,7 @@ class TrainingRecorder:
         elif s is self._quiet and s._route is False and s.status == "ok":
             end_ns = _mono()
             self._iteration = None
-            loop = s.parent
-            if loop is not None and loop._active is s:
-                loop._active = None
+            _deactivate(s)
             listeners = self.tracer._listeners.get(S.TRAINING_SINGLE_ITERATION)
             if listeners:  # (end_ns set while they run: they see an ended span)
                 s.end_ns = end_ns
@@ -867,10 +870,14 @@ class TrainingRecorder:
 
 
 def _deactivate(s: Span) -> None:
-    """``s`` is no longer current through its parent (``Tracer.quiet``)."""
-    parent = s.parent
-    if parent is not None and parent._active is s:
-        parent._active = None
+    """A quiet span ``s`` is no longer current (``Tracer.quiet``): the span that was current at its start is again
+    (or, when none was, nothing is)."""
+    restore = s._restore
+    if restore is not None:
+        if restore._active is s:
+            restore._active = None
+    elif _current_get() is s:
+        _current_set(None)
 
 
 def _value(value_or_fn: Any, default: Any) -> Any:
