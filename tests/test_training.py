@@ -8,6 +8,7 @@ metric is checked against arithmetic done here; nothing asserts how fast the rea
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import signal
 import time
@@ -280,6 +281,45 @@ def test_sub_phase_split_from_explicit_span_times(telemetry: Telemetry, read_run
         expected[f"avg_{short[name]}_time_sec"] = sum(durations) / 2 / 1e9
         expected[f"{short[name]}_time_fraction"] = sum(durations) / 1e9 / wall
     _assert_close(report, {"window_seconds": wall, **expected}, rel=1e-9, abs_=1e-5)
+
+
+def test_an_iteration_that_raises_is_exported_with_status_error_sampled_or_not(
+    telemetry: Telemetry, read_run: Callable[..., Any]
+) -> None:
+    """The context manager marks the iteration it leaves by an exception as failed: exported with its error even
+    when it was sampled out (iterations 0 and 5 are exported here; 2 and 5 raise), and the loop goes on."""
+    r = TrainingRecorder(TrainingTelemetryConfig(global_batch_size_or_fn=1, log_every_n_train_iterations=5),
+                         telemetry=telemetry)
+    ctx = TrainingContexts(lambda: r)
+    with ctx.training_loop(0):
+        for k in range(8):
+            with contextlib.suppress(KeyError), ctx.training_iteration():
+                if k in (2, 5):
+                    raise KeyError(f"batch {k}")
+    records = read_run(telemetry)
+    ends = _spans(records, "span_end", "training_single_iteration")
+    failed = [e for e in ends if e.status == "error"]
+    assert [e.error for e in failed] == ["KeyError: 'batch 2'", "KeyError: 'batch 5'"]
+    assert sorted(e.status for e in ends) == ["error", "error", "ok"]  # iteration 0, and the two failures
+    starts = {s.span_id for s in _spans(records, "span_start", "training_single_iteration")}
+    assert {e.span_id for e in ends} == starts
+    assert _attrs(records, "training_metrics_update")[-1]["num_iterations"] == 8  # failed iterations still count
+
+
+def test_the_context_managers_are_decorators(telemetry: Telemetry, read_run: Callable[..., Any]) -> None:
+    r = TrainingRecorder(TrainingTelemetryConfig(global_batch_size_or_fn=1, log_every_n_train_iterations=2),
+                         telemetry=telemetry)
+    ctx = TrainingContexts(lambda: r)
+
+    @ctx.training_iteration()
+    def step(k: int) -> int:
+        assert r.current_span is not None and r.current_span.name == "training_single_iteration"
+        return k * 2
+
+    with ctx.training_loop(0):
+        assert [step(k) for k in range(4)] == [0, 2, 4, 6]
+    reports = _attrs(read_run(telemetry), "training_metrics_update")
+    assert [a["num_iterations"] for a in reports] == [2, 4]
 
 
 def test_sub_phase_split_from_the_recorder_context_managers(
