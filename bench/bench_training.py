@@ -79,7 +79,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import warnings
 from collections import Counter, deque
 from collections.abc import Callable
@@ -1155,51 +1154,49 @@ def section_pieces(tmpdir: str) -> None:
     import pstats
 
     from telemetrain.spans import tracer
-    from telemetrain.training.names import SpanName
 
     lib = "pieces"
-    # -- the iteration
+    # -- the iteration (the training thread's CPU time, as the iteration rows)
     with_reports = _ItPieces(tmpdir, LOG_EVERY)
     without = _ItPieces(tmpdir, 10**9)
     try:
-        it_stmt = "s(); e()"
-        r1 = with_reports.r
-        full = bench(
-            lib,
-            f"recorder iteration, steady state (after 3k iterations), N={LOG_EVERY}",
-            it_stmt,
-            {"s": r1.on_training_single_iteration_start, "e": r1.on_training_single_iteration_end},
-            max_n=200_000,
-        )
-        r2 = without.r
-        bare = bench(
-            lib,
-            "recorder iteration, log_every_n_train_iterations=10**9 (no metrics report)",
-            it_stmt,
-            {"s": r2.on_training_single_iteration_start, "e": r2.on_training_single_iteration_end},
-            max_n=200_000,
-        )
-        report = derived(lib, f"metrics report amortised per iteration (N={LOG_EVERY} - no report)", full, bare)
-        tr = tracer(without.t)
-        loop = without.r._spans.get(SpanName.TRAINING_LOOP.value)  # internals: the open training_loop span
-        span_part = bench(
-            lib,
-            'tracer.start("training_single_iteration", group="training", parent=loop).end() (sampled 1 in 50, as '
-            "inside the recorder)",
-            's(nm, group="training", parent=loop).end()',
-            {"s": tr.start, "nm": SpanName.TRAINING_SINGLE_ITERATION.value, "loop": loop},
-            max_n=200_000,
-        )
-        derived(lib, "recorder's own work around the span = no-report iteration - tracer start/end", bare, span_part)
-        enum = bench(
-            lib,
-            "`SpanName.TRAINING_LOOP.value` (an Enum member's value)",
-            "SpanName.TRAINING_LOOP.value",
-            {"SpanName": SpanName},
-        )
-        lock = bench(lib, "`with lock: pass` (threading.RLock)", "with lock: pass", {"lock": threading.RLock()})
+        def cpu_row(op: str, r: Any) -> dict:
+            timer = _pair_timer(r.on_training_single_iteration_start, r.on_training_single_iteration_end)
+            n = 50_000
+            timer(2000)
+            samples = []
+            for _ in range(ARGS.repeats):
+                gc.collect()
+                samples.append(timer(n)[0] / n)
+            return _row(lib, op, samples, n)
+
+        full = cpu_row(f"recorder iteration, steady state (after 3k iterations), N={LOG_EVERY}, training thread CPU",
+                       with_reports.r)
+        bare = cpu_row("recorder iteration, log_every_n_train_iterations=10**9 (no metrics report), training thread "
+                       "CPU", without.r)
+        capture = derived(lib, f"report capture amortised per iteration (N={LOG_EVERY} - no report)", full, bare)
+        # the report computed (in the collector thread normally): here in this thread, on captured snapshots
+        reporter = with_reports.r._reporter  # internals: the recorder's Reporter
+        reporter.drain()
+        queued: list = []
+        submit = reporter.submit
+        reporter.submit = queued.append  # type: ignore[method-assign]  # capture only, compute below
+        try:
+            s, e = with_reports.r.on_training_single_iteration_start, with_reports.r.on_training_single_iteration_end
+            for _ in range(LOG_EVERY * 200):
+                s()
+                e()
+        finally:
+            reporter.submit = submit  # type: ignore[method-assign]
+        reports = [q for q in queued if not hasattr(q, "chunks")]
+        reporter._pending.extend(queued)
+        t0 = thread_time_ns()
+        reporter.drain()
+        per_report = (thread_time_ns() - t0) / max(len(reports), 1)
+        _row(lib, f"one metrics report computed and emitted (the collector thread's work, every {LOG_EVERY} "
+             "iterations)", [per_report], len(reports))
         # calls per iteration (cProfile), no report
-        s, e = r2.on_training_single_iteration_start, r2.on_training_single_iteration_end
+        s, e = without.r.on_training_single_iteration_start, without.r.on_training_single_iteration_end
         prof = cProfile.Profile()
         n = 2000
         prof.enable()
@@ -1209,25 +1206,14 @@ def section_pieces(tmpdir: str) -> None:
         prof.disable()
         st = pstats.Stats(prof)
         calls = st.total_calls / n  # type: ignore[attr-defined]
-        enum_calls = (
-            sum(
-                v[1]
-                for k, v in st.stats.items()  # type: ignore[attr-defined]
-                if k[0].endswith("enum.py") and k[2] == "__get__"  # type: ignore
-            )
-            / n
-        )
-        # the report alone: its cost by cumulative-histogram size, from the per-report cost
-        per_report = report["median_ns"] * LOG_EVERY
         NOTES.append(
-            f"pieces, iteration: {calls:.0f} Python-level calls per no-report iteration (cProfile), of which "
-            f"{enum_calls:.0f} Enum descriptor reads (SpanName.X.value, ~{enum['median_ns']:.0f} ns each); two "
-            f"RLock acquisitions (~{lock['median_ns']:.0f} ns each with/exit); a metrics report costs "
-            f"~{per_report / 1e3:.0f} us (every {LOG_EVERY} iterations; ~{report['median_ns']:.0f} ns per iteration)."
+            f"pieces, iteration: {calls:.0f} Python-level calls per no-report iteration (cProfile); the training "
+            f"thread's share of a metrics report (the capture) ~{capture['median_ns'] * LOG_EVERY / 1e3:.0f} us, "
+            f"the collector thread's ~{per_report / 1e3:.0f} us (every {LOG_EVERY} iterations)."
         )
         EXTRA["pieces"] = {
             "calls_per_iteration": calls,
-            "enum_reads_per_iteration": enum_calls,
+            "capture_us": capture["median_ns"] * LOG_EVERY / 1e3,
             "report_us": per_report / 1e3,
         }
     finally:
@@ -1267,7 +1253,7 @@ def section_pieces(tmpdir: str) -> None:
     q: deque = deque()
     bench(
         lib,
-        "`q.append((kind, t, tok, group, name, sid, pid, tid))` (one packed record; a span writes two)",
+        "`q.append((kind, t, tok, group, name, sid, pid, tid))` (one packed record; a short span writes one)",
         "q.append((k, a, b, g, nm, c, d, e))",
         {"q": q, "k": "span_start", "a": 1, "b": 2, "g": "spans", "nm": "it", "c": 3, "d": 0, "e": 4},
         between=q.clear,

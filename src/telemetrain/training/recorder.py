@@ -140,6 +140,7 @@ class TrainingRecorder:
         self._spans: dict[str, Span] = {}
         # the hot path's state, apart from _spans: the open loop and iteration, and the config values it reads
         self._loop: Span | None = None
+        self._loop_hex = ""
         self._iteration: Span | None = None
         self._every = 50
         self._warmup = 0
@@ -417,6 +418,7 @@ class TrainingRecorder:
                             parent=S.APPLICATION)
             if s is not None:
                 self._loop = s
+                self._loop_hex = s.span_id_hex
                 self._loop_start_ns = s.start_ns
                 self._window.start_ns = s.start_ns
             self._schedule_report()
@@ -622,7 +624,7 @@ class TrainingRecorder:
             saves=self._saves.as_attributes("save_checkpoint"),
             loads=self._loads.as_attributes("load_checkpoint"),
             wall_offset_ns=self.telemetry.wall_offset_ns,
-            span_id=loop.span_id_hex if loop is not None else "",
+            span_id=self._loop_hex if loop is self._loop else (loop.span_id_hex if loop is not None else ""),
         )
 
     def _emit_report(self, snap: Snapshot, attributes: Mapping[str, Any]) -> None:

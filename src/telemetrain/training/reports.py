@@ -31,6 +31,7 @@ TIME_AGGS = ("count", "mean", "min", "max", "sum", *QUANTILES)
 FOLD_EVERY = 2048  # iteration times handed to the reporter to fold in this many (bounded memory for long windows)
 CUMULATIVE_BATCH = 1000  # iteration times put into the cumulative histogram at a time (see Reporter.add_window)
 MAX_PENDING = 512  # reports waiting for the collector thread before the training thread computes them itself
+TICK_NS = 50_000_000  # while reports keep coming, the collector drains them this often
 
 # derived metric -> (metric record name, unit): each value of the event is also a metric record, for dashboards
 METRICS = {
@@ -214,6 +215,7 @@ class Reporter:
     def _after_fork(self) -> None:
         self._lock = threading.RLock()  # re-entrant: a signal handler's final report may interrupt a drain
         self._pending: deque[Snapshot | Window] = deque()
+        self._ticking = False  # a tick is scheduled on the collector
 
     def new_loop(self) -> None:
         self.drain()  # the previous loop's reports, with the previous loop's cumulative state
@@ -249,24 +251,34 @@ class Reporter:
         what waits stays bounded."""
         pending = self._pending
         pending.append(item)
-        n = len(pending)
-        if n == 1:  # else a drain is already due, and takes this one too (it pops until the deque is empty)
+        if not self._ticking:
+            self._ticking = True
             collector.schedule(self, time.monotonic_ns())
-        elif n > MAX_PENDING:
+        elif len(pending) > MAX_PENDING:
             self.drain()
 
-    def tick(self, now_ns: int) -> None:
-        self.drain()
+    def tick(self, now_ns: int) -> int | None:
+        """Drain; tick again in ``TICK_NS`` after a tick that found work (so a loop reporting faster than that pays
+        no collector wake-up per report), stop after one that found none (``submit`` schedules it again)."""
+        if self.drain():
+            return now_ns + TICK_NS
+        self._ticking = False
+        if self._pending:  # appended between the drain and the flag: submit saw the flag still set
+            self._ticking = True
+            return now_ns + TICK_NS
+        return None
 
-    def drain(self) -> None:
-        """Compute and emit everything pending, in this thread."""
+    def drain(self) -> int:
+        """Compute and emit everything pending, in this thread; returns how many items that was."""
         pending = self._pending
+        done = 0
         with self._lock:
             while pending:
                 try:
                     item = pending.popleft()
                 except IndexError:  # taken by another thread's drain
                     break
+                done += 1
                 try:
                     if isinstance(item, Window):
                         item.fold_chunks()
@@ -274,6 +286,7 @@ class Reporter:
                         self._emit(item, compute(item, self))
                 except Exception as exc:  # noqa: BLE001 - telemetry never breaks training
                     self._on_error(exc)
+        return done
 
     def close(self) -> None:
         """Compute what is pending here, and take this reporter off the collector (its Telemetry is closing: the
