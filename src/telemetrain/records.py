@@ -233,10 +233,11 @@ METRIC_PAIR = "metric_pair"
 
 
 # A whole span, start and end, packed as one tuple at its end: ``(SPAN_PAIR, start_mono, token, group, name,
-# span_id, parent_id, trace_id, duration_ns, status, error[, n_start, *start keys, *start values, *end keys,
-# *end values])``. A short span (one that ends before the tracer's next tick, see ``spans``) travels this way: one
-# tuple and one append instead of two. It exists only in flight: it unpacks to a ``SpanStart`` and a ``SpanEnd`` and
-# the run store writes it as those two lines.
+# span_id, parent_id, trace_id, duration_ns[, status, error[, n_start, *start keys, *start values, *end keys,
+# *end values]])`` (status "ok" and error "" are left out when there are no attributes). A short span (one that
+# ends before the tracer's next tick, see ``spans``) travels this way: one tuple and one append instead of two. It
+# exists only in flight: it unpacks to a ``SpanStart`` and a ``SpanEnd`` and the run store writes it as those two
+# lines.
 SPAN_PAIR = "span_pair"
 PAIRS = frozenset((METRIC_PAIR, SPAN_PAIR))  # in-flight kinds that stand for two records
 
@@ -257,10 +258,14 @@ def split_pair(packed: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...
 
 def split_span_pair(packed: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """A ``SPAN_PAIR`` -> its packed ``span_start`` and ``span_end``."""
-    _, start, token, group, name, span_id, parent_id, trace_id, duration, status, error = packed[:11]
+    if len(packed) == 9:
+        _, start, token, group, name, span_id, parent_id, trace_id, duration = packed
+        status, error = "ok", ""
+    else:
+        _, start, token, group, name, span_id, parent_id, trace_id, duration, status, error = packed[:11]
     begin = ("span_start", start, token, group, name, span_id, parent_id, trace_id)
     end = ("span_end", start + duration, token, group, name, span_id, duration, status, error)
-    if len(packed) == 11:
+    if len(packed) <= 11:
         return begin, end
     n_start = packed[11]
     tail = packed[12:]

@@ -173,7 +173,7 @@ class Span:
             if routes[2]:  # the start travels with the end, unless the span outlives a tick (Tracer.tick)
                 self._route = routes[1]
                 self._pending = True
-                tracer._deferred[span_id] = self
+                tracer._deferred.add(self)
                 if not tracer._ticking:
                     tracer._start_ticking()
                 self.start_ns = _mono()
@@ -246,27 +246,37 @@ class Span:
         route = self._route
         tracer = self._tracer
         if route:
-            # the pop decides, atomically, between this end and a tick writing the start (Tracer.tick)
-            if self._pending and tracer._deferred.pop(self.span_id, None) is not None:
-                start = self.start_ns
-                parent = self.parent
-                before = self.start_attributes
-                after = self.attributes
-                if before or after:
-                    before = before or {}
-                    after = after or {}
-                    route((SPAN_PAIR, start, tracer.telemetry._token, self.group, self.name, self.span_id,
-                           parent.span_id if parent is not None else 0, self.trace_id, end - start, self.status,
-                           self.error, len(before), *before, *before.values(), *after, *after.values()))
+            if self._pending:
+                # set.remove decides, atomically, between this end and a tick writing the start (Tracer.tick)
+                try:
+                    tracer._deferred.remove(self)
+                except KeyError:  # the tick took it: its start record is written
+                    _write_end(route, self, end)
                 else:
-                    route((SPAN_PAIR, start, tracer.telemetry._token, self.group, self.name, self.span_id,
-                           parent.span_id if parent is not None else 0, self.trace_id, end - start, self.status,
-                           self.error))
-                listeners = tracer._listeners.get(self.name)
-                if listeners:
-                    tracer._notify(self, listeners)
-                return  # (a deferred span is not in _started)
-            _write_end(route, self, end)
+                    start = self.start_ns
+                    parent = self.parent
+                    before = self.start_attributes
+                    after = self.attributes
+                    if before or after:
+                        before = before or {}
+                        after = after or {}
+                        route((SPAN_PAIR, start, tracer.telemetry._token, self.group, self.name, self.span_id,
+                               parent.span_id if parent is not None else 0, self.trace_id, end - start, self.status,
+                               self.error, len(before), *before, *before.values(), *after, *after.values()))
+                    elif self.status == STATUS_OK:  # the short form: status ok and no error are left out
+                        route((SPAN_PAIR, start, tracer.telemetry._token, self.group, self.name, self.span_id,
+                               parent.span_id if parent is not None else 0, self.trace_id, end - start))
+                    else:
+                        route((SPAN_PAIR, start, tracer.telemetry._token, self.group, self.name, self.span_id,
+                               parent.span_id if parent is not None else 0, self.trace_id, end - start, self.status,
+                               self.error))
+                    if tracer._listeners:
+                        listeners = tracer._listeners.get(self.name)
+                        if listeners:
+                            tracer._notify(self, listeners)
+                    return  # (a deferred span is not in _started)
+            else:
+                _write_end(route, self, end)
         elif route is False and self.status == STATUS_ERROR:
             tracer._export_late(self)  # failures are always visible, sampled or not
         listeners = tracer._listeners.get(self.name)
@@ -417,7 +427,7 @@ class Tracer:
         # open spans whose start record is written (or that are not exported), and open exported spans whose start
         # waits to travel with their end (by span id): together, every open span of every thread
         self._started: dict[Span, Span] = {}
-        self._deferred: dict[int, Span] = {}
+        self._deferred: set[Span] = set()
         # the Telemetry's span route table (cleared in place, never replaced): one dict lookup per span
         self._span_routes = telemetry._router.span_routes
         self._tick_ns = max(int(telemetry.flush_interval * 1e9), 50_000_000)
@@ -572,15 +582,19 @@ class Tracer:
         if deferred:
             started = self._started
             cutoff = now_ns - self._tick_ns
-            for span_id, s in list(deferred.items()):
-                if s.start_ns <= cutoff and deferred.pop(span_id, None) is s:  # else its end has taken it
-                    s._pending = False
-                    started[s] = s
-                    route = self._routes_for(s.group)[0]
-                    if route:
-                        _write_start(route, s)
+            for s in list(deferred):  # (list() copies in one C call: other threads add and remove spans meanwhile)
+                if s.start_ns > cutoff:
+                    continue
+                try:
+                    deferred.remove(s)
+                except KeyError:  # its end has taken it
+                    continue
+                s._pending = False
+                started[s] = s
+                route = self._routes_for(s.group)[0]
+                if route:
+                    _write_start(route, s)
             for s in [s for s in list(started.values()) if s.end_ns]:  # ended while this tick held them
-                # (list() copies in one C call: other threads add and remove spans meanwhile)
                 started.pop(s, None)
         return None if self.telemetry.closed else now_ns + self._tick_ns
 
@@ -590,7 +604,7 @@ class Tracer:
         """At close (exit, SIGTERM): end what is still open with status ``terminated``, innermost first."""
         if not final:
             return
-        open_spans = {id(s): s for s in (*self._started.values(), *self._deferred.values()) if not s.end_ns}
+        open_spans = {id(s): s for s in (*self._started.values(), *self._deferred) if not s.end_ns}
         for s in iter_ancestors(_current_get()):
             if s._tracer is self and not s.end_ns:
                 open_spans[id(s)] = s
@@ -608,14 +622,14 @@ class Tracer:
 
     def after_fork_in_child(self) -> None:
         self._started = {}  # the parent's spans: the parent ends them
-        self._deferred = {}
+        self._deferred = set()
         self._ticking = False  # the child's collector has no task
         self._lock = threading.Lock()
 
     @property
     def open_spans(self) -> list[Span]:
         """Every span of this tracer still open, in any thread, oldest first."""
-        spans = (*self._started.values(), *self._deferred.values())
+        spans = (*self._started.values(), *self._deferred)
         return sorted((s for s in spans if not s.end_ns), key=lambda s: s.start_ns)
 
 
@@ -630,21 +644,37 @@ def tracer(telemetry: Telemetry | None = None) -> Tracer:
 _last: tuple[Telemetry | None, Tracer | None] = (None, None)
 
 
-def span(name: str, *, group: str = "spans", telemetry: Telemetry | None = None, **attributes: Any) -> Span:
-    """``with span("model_forward", batch=3) as s:`` or ``@span("evaluate")``: see the module docstring."""
-    global _last
-    t = telemetry if telemetry is not None else _default.telemetry
-    last = _last
-    if t is last[0] and t is not None:
-        tr: Tracer = last[1]  # type: ignore[assignment]
-    else:
-        tr = tracer(t)
-        _last = (tr.telemetry, tr)
-    if type(name) is not str or not name:
-        name = check_name(name, "name")
-    if type(group) is not str or not group:
-        group = check_name(group, "group")
-    return Span(tr, name, group, attributes or None)
+class span(Span):  # (lowercase: it is used as a function, span("name", **attributes))
+    """``with span("model_forward", batch=3) as s:`` or ``@span("evaluate")``: a new ``Span`` of ``telemetry``'s
+    tracer (default: the default instance's); see the module docstring. (A subclass rather than a function returning
+    a Span: one Python call less per span.)"""
+
+    __slots__ = ()
+
+    def __init__(self, name: str, *, group: str = "spans", telemetry: Telemetry | None = None,
+                 **attributes: Any) -> None:
+        global _last
+        t = telemetry if telemetry is not None else _default.telemetry
+        last = _last
+        if t is last[0] and t is not None:
+            tr: Tracer = last[1]  # type: ignore[assignment]
+        else:
+            tr = tracer(t)
+            _last = (tr.telemetry, tr)
+        if type(name) is not str or not name:
+            name = check_name(name, "name")
+        if type(group) is not str or not group:
+            group = check_name(group, "group")
+        self._tracer = tr
+        self.name = name
+        self.group = group
+        self.start_attributes = attributes or None
+        self.attributes = None
+        self.status = STATUS_OK
+        self.error = ""
+        self.start_ns = 0
+        self.end_ns = 0
+        self._active = None
 
 
 def current_span() -> Span | None:
