@@ -383,6 +383,34 @@ def test_loop_ended_with_error_is_not_finished(tmp_path: Path) -> None:
     badput(report, checkpoint_save=1.0, lost_progress=2.0)
 
 
+def test_a_span_end_written_before_its_start_is_still_matched(tmp_path: Path) -> None:
+    """The tracer's tick may write a long span's start record just as the span ends, after its end record (see
+    spans.Tracer.tick): the same figures as in the order of the calls."""
+    s = Sim(tmp_path, "late-start").app_start()
+    s.train_start(0)
+    s.iterations(5, 1000, data=250, data_outside=True).save(500)
+    s.iterations(3, 1000, data=250, data_outside=True)
+    s.die()
+    (path,) = (tmp_path / SESSION / "late-start").glob("rank-*.jsonl")
+    lines = path.read_text().splitlines(keepends=True)
+    starts = [i for i, line in enumerate(lines) if '"kind":"span_start"' in line and '"name":"data_loading"' in line]
+    moved = 0
+    for i in starts:  # every data_loading start moved to just after its end
+        line = lines[i]
+        span_id = json.loads(line)["span_id"]
+        end = next(k for k, other in enumerate(lines) if '"kind":"span_end"' in other
+                   and json.loads(other)["span_id"] == span_id)
+        lines.insert(end + 1, line)
+        lines[i] = ""
+        moved += 1
+    assert moved == 8
+    path.write_text("".join(lines))
+    report = goodput(tmp_path / SESSION)
+    check_identity(report)
+    assert report.productive_seconds == pytest.approx(5.0, abs=TOL)
+    badput(report, checkpoint_save=0.5, data_wait=1.25, lost_progress=3.75)
+
+
 def test_data_loading_outside_the_iterations(tmp_path: Path) -> None:
     """Data loading timed before each iteration (not inside it): it is not part of the iteration times, so it comes
     out of the time between iterations; lost iterations take their data loading with them."""

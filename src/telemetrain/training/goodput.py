@@ -334,6 +334,7 @@ def _read_process(log: ProcessLog, run_index: int) -> _Process:
     """The training lifecycle of one process file, in the order it was written (the order of the calls: events are
     stamped when emitted, spans at their explicit times, so file order is the one to trust for "which loop")."""
     by_id: dict[str, _Span] = {}
+    early_ends: dict[str, Any] = {}
     spans: list[_Span] = []
     loops: list[_Loop] = []
     loop_of: dict[str, _Loop] = {}
@@ -352,6 +353,9 @@ def _read_process(log: ProcessLog, run_index: int) -> _Process:
             spans.append(s)
             if s.name in _LIFECYCLE:
                 stamps.append(s.start_ns)
+            early = early_ends.pop(s.span_id, None)
+            if early is not None:  # its end came first (the tracer's tick wrote the start as the span ended)
+                s.end_ns, s.status = max(early.wall_ns, s.start_ns), early.status
             if s.name == SpanName.TRAINING_LOOP.value:
                 start = _int(s.attributes, "train_iterations_start") or 0
                 loop = _Loop(span=s, start=max(start, 0), index=len(loops))
@@ -361,7 +365,11 @@ def _read_process(log: ProcessLog, run_index: int) -> _Process:
                 loop_of[s.parent_id].iteration_spans.append(s)
         elif kind == "span_end":
             found = by_id.get(rec.span_id)
-            if found is None or found.end_ns is not None:
+            if found is None:
+                if rec.name in _TRACKED:
+                    early_ends[rec.span_id] = rec
+                continue
+            if found.end_ns is not None:
                 continue
             found.end_ns = max(rec.wall_ns, found.start_ns)
             found.status = rec.status
