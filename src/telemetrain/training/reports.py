@@ -29,7 +29,7 @@ __all__ = ["METRICS", "QUANTILES", "TIME_AGGS", "Reporter", "Snapshot", "Window"
 QUANTILES = ("p50", "p90", "p99")
 TIME_AGGS = ("count", "mean", "min", "max", "sum", *QUANTILES)
 FOLD_EVERY = 2048  # iteration times handed to the reporter to fold in this many (bounded memory for long windows)
-CUMULATIVE_BATCH = 1000  # iteration times put into the cumulative histogram at a time (see Reporter.add_window)
+CUMULATIVE_BATCH = 1000  # iteration times batched into the cumulative histogram while behind (Reporter.add_window)
 MAX_PENDING = 512  # reports waiting for the collector thread before the training thread computes them itself
 TICK_NS = 50_000_000  # while reports keep coming, the collector drains them this often
 
@@ -101,8 +101,9 @@ class Snapshot:
     span_id: str  # the training loop's (the event is linked to it)
 
 
-def compute(snap: Snapshot, state: Reporter) -> dict[str, Any]:
-    """The ``training_metrics_update`` attributes of one snapshot (updates the cumulative state)."""
+def compute(snap: Snapshot, state: Reporter, behind: bool = False) -> dict[str, Any]:
+    """The ``training_metrics_update`` attributes of one snapshot (updates the cumulative state); ``behind``: more
+    snapshots wait (see ``Reporter.add_window``)."""
     window = snap.window
     window.fold_chunks()
     if window.times:
@@ -124,7 +125,7 @@ def compute(snap: Snapshot, state: Reporter) -> dict[str, Any]:
         "cumulative_iteration_time_sec": snap.iteration_total_sec,
     }
     # iteration time: the window (one-logger documents per-window values; it computed them cumulatively)
-    fresh = state.add_window(window.summary, snap.final)
+    fresh = state.add_window(window.summary, snap.final, behind)
     w = window.summary.values(TIME_AGGS)
     if not w.get("count") and window.warmup_times:  # a window of warm-up only: its own times, flagged
         w = Summary.of(window.warmup_times).values(TIME_AGGS)
@@ -230,17 +231,19 @@ class Reporter:
             self.throughput_min: float | None = None
             self.throughput_max: float | None = None
 
-    def add_window(self, window: Summary, final: bool) -> bool:
+    def add_window(self, window: Summary, final: bool, behind: bool = False) -> bool:
         """Count a window into the cumulative state; True when the cumulative percentiles are up to date, which a
-        report then includes: the final one, and each one at which ``CUMULATIVE_BATCH`` or more iteration times
-        have come in since the last (every report when windows are that long)."""
+        report then includes. They are brought up to date at every report unless the reporter is ``behind`` (more
+        reports wait: a loop reporting faster than they are computed, in practice only a benchmark's empty loop);
+        then only every ``CUMULATIVE_BATCH`` iteration times and at the final report, which keeps it cheap enough
+        to catch up."""
         self.moments.absorb(window)
         batch = self._batch
         if window.raw is not None:
             batch.extend(window.raw)
         elif window.histogram is not None:  # a window of more than RAW_LIMIT times: already a histogram
             self.cumulative.absorb(window)
-        if batch and (final or len(batch) >= CUMULATIVE_BATCH):
+        if batch and (final or not behind or len(batch) >= CUMULATIVE_BATCH):
             self.cumulative.fold(batch)
             self._batch = []
         return not self._batch and self.cumulative.count > 0
@@ -283,7 +286,7 @@ class Reporter:
                     if isinstance(item, Window):
                         item.fold_chunks()
                     else:
-                        self._emit(item, compute(item, self))
+                        self._emit(item, compute(item, self, behind=bool(pending)))
                 except Exception as exc:  # noqa: BLE001 - telemetry never breaks training
                     self._on_error(exc)
         return done
