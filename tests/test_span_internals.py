@@ -814,11 +814,11 @@ def test_a_report_that_raises_is_an_error_event_and_the_next_reports_follow(
     real = reports.compute
     calls = {"n": 0}
 
-    def compute_once_failing(snap: Any, state: Any) -> dict[str, Any]:
+    def compute_once_failing(snap: Any, state: Any, behind: bool = False) -> dict[str, Any]:
         calls["n"] += 1
         if calls["n"] == 3:
             raise ZeroDivisionError("injected")
-        return real(snap, state)
+        return real(snap, state, behind)
 
     monkeypatch.setattr(reports, "compute", compute_once_failing)
     r = _recorder(t, every=10, warmup_iterations=0)
