@@ -1,0 +1,218 @@
+"""TensorBoard event files: metrics, stat windows and derived training metrics as scalars, the run as text.
+
+Needs the ``tensorboard`` extra (``pip install 'telemetrain[tensorboard]'``); neither torch nor TensorFlow.
+
+Layout: one event file per process under ``<logdir>/<run_id>/rank<rank>`` (``run_subdirs=False``: in ``logdir``
+itself), so ``tensorboard --logdir <logdir>`` shows each rank of each run as its own TensorBoard run.
+
+Tags (TensorBoard groups tags by what precedes the first ``/``):
+
+- a metric record: its name for group ``default``, else ``<group>/<name>`` (``system/system.cpu.utilization``,
+  ``system.gpu.0/hw.gpu.utilization``, ``training/train.mfu``); step: the record's, else a count per tag from 0;
+- a stat window: ``<stat tag>/<aggregation>`` (``default/latency/p99`` is ``latency/p99``); step: a count per stat;
+- a ``training_metrics_update`` event: ``training_metrics_update/<attribute>`` for each numeric attribute; step:
+  its ``current_iteration``;
+- the identity as text (``run/identity``) and as hparams; the training config event as text (``run/training_config``).
+
+Wall time is the record's. Values are float32, as every TensorBoard scalar is: NaN and +-inf are kept, a finite
+value beyond float32's range becomes +-inf (the run store keeps the exact value).
+
+The records are encoded with TensorBoard's own protos and TFRecord writer (``RecordWriter``) and written to the file
+in the dispatcher's thread, once per batch: no second writer thread, an I/O error reaches the dispatcher (which
+counts it), and a forked child drops the parent's file without flushing anything of it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+try:
+    from tensorboard.compat.proto import event_pb2, summary_pb2, types_pb2  # type: ignore[import-untyped]
+    from tensorboard.plugins.hparams.summary_v2 import hparams_pb  # type: ignore[import-untyped]
+    from tensorboard.plugins.scalar import metadata as scalar_metadata  # type: ignore[import-untyped]
+    from tensorboard.plugins.text.summary_v2 import text_pb  # type: ignore[import-untyped]
+    from tensorboard.summary.writer.record_writer import RecordWriter  # type: ignore[import-untyped]
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the tests
+    raise ImportError(
+        "telemetrain.sinks.tensorboard needs tensorboard, which is not installed: "
+        "pip install 'telemetrain[tensorboard]'"
+    ) from exc
+
+from ..identity import Identity
+from .base import Sink
+
+__all__ = ["TensorBoardSink", "metric_tag"]
+
+TRAINING_METRICS_EVENT = "training_metrics_update"
+TRAINING_CONFIG_EVENT = "update_training_telemetry_config"
+_IDENTITY_FIELDS = ("run_id", "session_tag", "perf_tag", "rank", "local_rank", "world_size", "host", "role")
+_file_numbers = itertools.count()  # two sinks of one process in one directory get two files
+
+
+def metric_tag(group: str, name: str) -> str:
+    """The tag of a metric (or the base of a stat's tags): the name alone in group ``default``."""
+    return name if group == "default" else f"{group}/{name}"
+
+
+def _markdown_table(items: dict[str, Any]) -> str:
+    # TensorBoard renders text as (sanitised) markdown: escape what would break the table or start markup
+    def cell(v: Any) -> str:
+        text = str(v)
+        for ch in "\\|`*_[]<>":
+            text = text.replace(ch, "\\" + ch)
+        return text.replace("\n", " ")
+
+    return "| key | value |\n|---|---|\n" + "\n".join(f"| {cell(k)} | {cell(v)} |" for k, v in items.items())
+
+
+class _Buffer:
+    """What ``RecordWriter`` writes into: the bytes of one batch, written to the file in one go."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.parts.append(data)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    @property
+    def closed(self) -> bool:
+        return False
+
+
+class _EventFile:
+    """One event file: its descriptor, the tags that already carry their metadata, the step counters."""
+
+    def __init__(self, directory: Path, identity: Identity, wall_s: float) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        name = f"events.out.tfevents.{int(time.time()):010d}.{identity.host}.{os.getpid()}.{next(_file_numbers)}"
+        self.path = directory / name
+        self.fd: int | None = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        self.buffer = _Buffer()
+        self.records = RecordWriter(self.buffer)
+        self.described: set[str] = set()
+        self.counters: dict[str, int] = {}
+        self.add(event_pb2.Event(wall_time=wall_s, file_version="brain.Event:2"))
+        ident = {f: getattr(identity, f) for f in _IDENTITY_FIELDS}
+        self.add_summary(text_pb("run/identity", _markdown_table(ident)), 0, wall_s)
+        trial = f"{identity.run_id}/rank{identity.rank}"
+        self.add_summary(hparams_pb(ident, trial_id=trial, start_time_secs=wall_s), 0, wall_s)
+
+    def add(self, event: Any) -> None:
+        self.records.write(event.SerializeToString())
+
+    def add_summary(self, summary: Any, step: int, wall_s: float) -> None:
+        self.add(event_pb2.Event(wall_time=wall_s, step=step, summary=summary))
+
+    def add_scalar(self, tag: str, value: float, step: int | None, wall_s: float) -> None:
+        if step is None:
+            step = self.counters.get(tag, 0)
+            self.counters[tag] = step + 1
+        v = summary_pb2.Summary.Value(tag=tag)
+        v.tensor.dtype = types_pb2.DT_FLOAT
+        v.tensor.tensor_shape.SetInParent()
+        v.tensor.float_val.append(value)  # float32: NaN and +-inf kept, a finite value past its range -> +-inf
+        if tag not in self.described:  # TensorBoard reads a tag's metadata from its first value only
+            self.described.add(tag)
+            v.metadata.CopyFrom(scalar_metadata.create_summary_metadata(display_name="", description=""))
+        self.add(event_pb2.Event(wall_time=wall_s, step=step, summary=summary_pb2.Summary(value=[v])))
+
+    def write_out(self) -> None:
+        """Write the buffered records; on an error they are dropped (the batch is counted as failed)."""
+        parts = self.buffer.parts
+        if not parts or self.fd is None:
+            return
+        data = memoryview(b"".join(parts))
+        parts.clear()
+        while data:
+            data = data[os.write(self.fd, data) :]
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)
+
+
+class TensorBoardSink(Sink):
+    """Scalars and run text in TensorBoard event files under ``logdir`` (see the module doc for the tags)."""
+
+    name = "tensorboard"
+    background = True
+    kinds = frozenset({"metric", "stat", "event"})
+
+    def __init__(self, logdir: str | os.PathLike[str], *, run_subdirs: bool = True) -> None:
+        if not isinstance(logdir, (str, os.PathLike)):
+            raise TypeError(f"logdir must be a path, got {type(logdir).__name__}")
+        self.logdir = Path(logdir)
+        self.run_subdirs = bool(run_subdirs)
+        self._files: dict[Identity, _EventFile] = {}
+
+    def _file(self, record: Any) -> _EventFile:
+        f = self._files.get(record.identity)
+        if f is None:
+            ident: Identity = record.identity
+            directory = self.logdir / ident.run_id / f"rank{ident.rank}" if self.run_subdirs else self.logdir
+            f = self._files[ident] = _EventFile(directory, ident, record.wall_ns / 1e9)
+        return f
+
+    def write(self, records: Sequence[Any]) -> None:
+        touched: dict[int, _EventFile] = {}
+        try:
+            for record in records:
+                f = self._file(record)
+                touched[id(f)] = f
+                self._add(f, record)
+        finally:  # what was encoded before an error is still written
+            for f in touched.values():
+                f.write_out()
+
+    def _add(self, f: _EventFile, record: Any) -> None:
+        kind = record.kind
+        wall_s = record.wall_ns / 1e9
+        if kind == "metric":
+            f.add_scalar(metric_tag(record.group, record.name), float(record.value), record.step, wall_s)
+        elif kind == "stat":
+            base = metric_tag(record.group, record.name)
+            step = f.counters.get(base, 0)
+            f.counters[base] = step + 1
+            for agg, value in record.values.items():
+                f.add_scalar(f"{base}/{agg}", float(value), step, wall_s)
+        elif kind == "event" and record.attributes:
+            if record.name == TRAINING_METRICS_EVENT:
+                attrs = record.attributes
+                current = attrs.get("current_iteration")
+                at = current if type(current) is int else None
+                for key, value in attrs.items():
+                    if type(value) in (int, float):  # bool is not numeric here (``final``)
+                        f.add_scalar(f"{TRAINING_METRICS_EVENT}/{key}", float(value), at, wall_s)
+            elif record.name == TRAINING_CONFIG_EVENT:
+                f.add_summary(text_pb("run/training_config", _markdown_table(record.attributes)), 0, wall_s)
+
+    def flush(self) -> None:
+        for f in self._files.values():
+            f.write_out()
+
+    def close(self) -> None:
+        files, self._files = list(self._files.values()), {}
+        for f in files:
+            try:
+                f.write_out()
+            finally:
+                f.close()
+
+    def after_fork_in_child(self) -> None:
+        # the descriptors are the parent's files: close our copies, unwritten (the child opens its own on demand)
+        for f in self._files.values():
+            f.buffer.parts.clear()
+            f.close()
+        self._files = {}
