@@ -665,6 +665,7 @@ class span(Span):  # (lowercase: it is used as a function, span("name", **attrib
             name = check_name(name, "name")
         if type(group) is not str or not group:
             group = check_name(group, "group")
+        # Span.__init__'s fields, set here: calling it would cost the Python call this subclass exists to save
         self._tracer = tr
         self.name = name
         self.group = group
