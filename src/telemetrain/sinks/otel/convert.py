@@ -1,0 +1,129 @@
+"""Record fields -> OpenTelemetry names, attributes and resources (pure functions)."""
+
+from __future__ import annotations
+
+import operator
+import os
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.util.types import AttributeValue
+
+from ...identity import Identity
+
+# Names already in an OpenTelemetry namespace (system sampler, docs/system.md) keep their name; others get a prefix,
+# as semantic conventions ask of application-specific names.
+KEEP_PREFIXES = ("system.", "process.", "hw.", "torch.")
+
+# Cumulative readings (totals since a start): exported as observable counters. Energy is the landscape's example:
+# a joules counter from which the backend derives watts.
+COUNTER_NAMES = frozenset(
+    {
+        "system.disk.io.read",
+        "system.disk.io.write",
+        "system.network.io.receive",
+        "system.network.io.transmit",
+        "process.cpu.time",
+        "hw.errors.corrected",
+        "hw.errors.uncorrected",
+        "torch.cuda.alloc_retries",
+        "torch.cuda.ooms",
+    }
+)
+COUNTER_UNITS = frozenset({"J"})
+
+GROUP_KEY = "telemetrain.group"
+_BAD_NAME_CHARS = re.compile(r"[^A-Za-z0-9_./\-]")
+_INT64 = 2**63
+
+
+def metric_name(name: str, prefix: str) -> str:
+    """A valid OTel instrument name (``[A-Za-z][A-Za-z0-9_./-]{0,254}``) for a record name."""
+    full = name if name.startswith(KEEP_PREFIXES) else prefix + name
+    full = _BAD_NAME_CHARS.sub("_", full)
+    if not full[:1].isalpha():
+        full = "m" + full
+    return full[:255]
+
+
+def is_counter(name: str, unit: str) -> bool:
+    return unit in COUNTER_UNITS or name in COUNTER_NAMES or name.endswith((".total", "_total"))
+
+
+def stat_unit(aggregation: str, unit: str) -> str:
+    """The unit of one aggregation of a stat whose samples are in ``unit``."""
+    if aggregation in ("count", "nan_count", "inf_count"):
+        return "{sample}"
+    if aggregation == "rate":
+        return f"{unit}/s" if unit and unit != "1" else "1/s"
+    return unit
+
+
+def _scalar(value: Any) -> str | bool | int | float | None:
+    if value is None:
+        return None
+    if isinstance(value, (str, bool, float)):
+        return value
+    if hasattr(value, "__index__"):  # int, numpy ints
+        try:
+            i = operator.index(value)
+        except TypeError:
+            return repr(value)
+        return i if -_INT64 <= i < _INT64 else str(i)  # OTLP ints are int64
+    if hasattr(value, "__float__"):  # numpy floats, Decimal, ...
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            pass
+    return repr(value)
+
+
+def attribute_value(value: Any) -> AttributeValue | None:
+    """An OTel attribute value: str/bool/int/float or a homogeneous sequence of one of them; anything else as its
+    ``repr`` (a record's attributes are free-form). ``None`` for no value (the key is left out)."""
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes, bytearray)):
+        items = [_scalar(v) for v in value]
+        kinds = {type(v) for v in items}
+        if len(kinds) == 1 and None not in items:
+            return tuple(items)
+        return repr(value)
+    return _scalar(value)
+
+
+def attributes(values: Mapping[str, Any] | None, extra: Mapping[str, AttributeValue] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = dict(extra) if extra else {}
+    if values:
+        for key, value in values.items():
+            converted = attribute_value(value)
+            if converted is not None:
+                out[str(key)] = converted
+    return out
+
+
+def resource_attributes(identity: Identity) -> dict[str, AttributeValue]:
+    """Constant per process: who produced the telemetry. ``service.name`` is the perf tag (runs that should perform
+    alike) unless ``OTEL_SERVICE_NAME`` is set; the run identity goes under ``telemetrain.*``."""
+    attrs: dict[str, AttributeValue] = {
+        "service.namespace": "telemetrain",
+        "service.instance.id": f"{identity.run_id}.rank{identity.rank}",
+        "telemetrain.run_id": identity.run_id,
+        "telemetrain.session_tag": identity.session_tag,
+        "telemetrain.perf_tag": identity.perf_tag,
+        "telemetrain.rank": identity.rank,
+        "telemetrain.local_rank": identity.local_rank,
+        "telemetrain.world_size": identity.world_size,
+        "telemetrain.restart_count": identity.restart_count,
+        "host.name": identity.host,
+        "process.pid": identity.pid,
+    }
+    if not os.environ.get("OTEL_SERVICE_NAME"):
+        attrs["service.name"] = identity.perf_tag
+    return attrs
+
+
+def otel_resource(identity: Identity) -> Resource:
+    """The resource the sink's own providers use (for providers you build yourself: ``resource=otel_resource(...)``).
+    ``OTEL_RESOURCE_ATTRIBUTES`` is merged in, ours taking precedence."""
+    return Resource.create(resource_attributes(identity))

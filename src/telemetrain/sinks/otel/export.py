@@ -1,0 +1,94 @@
+"""Exporting from the sink's own thread, for the providers the sink builds itself.
+
+The SDK's batch span processor and periodic metric reader each run a thread of their own and only log an export
+failure. The sink already runs behind telemetrain's dispatcher (batched, off the training thread), so its own
+providers export synchronously in that thread instead, and a failed export raises: the dispatcher counts it
+(``Telemetry.health()``), reports it and backs off, like any sink failure.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from opentelemetry.context import Context
+from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricReader, MetricsData
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
+
+
+class OTelExportError(RuntimeError):
+    """An exporter reported a failure (the dispatcher counts it)."""
+
+
+class DirectSpanExport(SpanProcessor):
+    """Collects ended spans; ``export()`` hands them to the exporter in the calling thread."""
+
+    def __init__(self, exporter: SpanExporter) -> None:
+        self.exporter = exporter
+        self._ended: list[ReadableSpan] = []
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        pass
+
+    def on_end(self, span: ReadableSpan) -> None:
+        self._ended.append(span)
+
+    def export(self) -> None:
+        batch, self._ended = self._ended, []
+        if batch and self.exporter.export(batch) is not SpanExportResult.SUCCESS:
+            raise OTelExportError(f"span exporter {type(self.exporter).__name__} failed ({len(batch)} spans lost)")
+
+    def shutdown(self) -> None:
+        self._ended = []
+        self.exporter.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+class PushMetricReader(MetricReader):
+    """A reader that exports when the sink calls ``collect()`` (every ``metric_interval`` seconds and on flush)."""
+
+    def __init__(self, exporter: MetricExporter) -> None:
+        # the exporter's preferences (OTLP: cumulative), as the SDK's periodic reader takes them
+        super().__init__(
+            preferred_temporality=getattr(exporter, "_preferred_temporality", None),
+            preferred_aggregation=getattr(exporter, "_preferred_aggregation", None),
+        )
+        self.exporter = exporter
+
+    def _receive_metrics(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> None:
+        if metrics_data is None:
+            return
+        if self.exporter.export(metrics_data, timeout_millis=timeout_millis) is not MetricExportResult.SUCCESS:
+            raise OTelExportError(f"metric exporter {type(self.exporter).__name__} failed")
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        self.exporter.shutdown(timeout_millis=timeout_millis)
+
+
+class GivenIds(IdGenerator):
+    """Hands out the ids the sink gives just before it starts a span (ours, so OTel's ids equal the run store's);
+    random ones otherwise (another thread using the same tracer, a record without ids). Per thread."""
+
+    def __init__(self) -> None:
+        self._given = threading.local()
+        self._random = RandomIdGenerator()
+
+    def give(self, trace_id: int, span_id: int) -> None:
+        self._given.ids = (trace_id, span_id)
+
+    def _take(self, which: int) -> int:
+        ids = getattr(self._given, "ids", None)
+        return ids[which] if ids is not None else 0
+
+    def generate_span_id(self) -> int:
+        return self._take(1) or self._random.generate_span_id()
+
+    def generate_trace_id(self) -> int:
+        return self._take(0) or self._random.generate_trace_id()
+
+    def is_trace_id_random(self) -> bool:
+        return False  # ours are a random process salt over a counter, not W3C-random

@@ -1,0 +1,350 @@
+"""``OTelSink``: telemetrain records -> OpenTelemetry spans (with our ids) and metrics.
+
+Spans: each ``SpanStart`` starts an SDK span with the record's trace and span ids (a per-thread id generator hands
+them to the SDK's tracer), parented by an explicit ``Context`` built here -- never the application's current one, and
+nothing is attached to it -- and each ``SpanEnd`` ends it with the record's time, attributes and status. Parents are
+by id, so a child whose parent's record comes later (the tracer's short spans travel start and end together, at
+their end, children first) still gets the right parent.
+
+Metrics: a ``MetricPoint`` sets a synchronous gauge, or feeds an observable counter when it is a cumulative reading
+(``convert.is_counter``); each aggregation of a ``StatWindow`` sets a gauge ``<name>.<aggregation>``. The device or
+group of a record is the one data-point attribute (``telemetrain.group``); the run identity is in the resource.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from opentelemetry.context import Context
+from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation, _Gauge
+from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
+from opentelemetry.sdk.metrics.export import MetricExporter
+from opentelemetry.sdk.trace import Tracer as SdkTracer
+from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
+from opentelemetry.sdk.trace.export import SpanExporter
+from opentelemetry.trace import (
+    NonRecordingSpan,
+    Span,
+    SpanContext,
+    Status,
+    StatusCode,
+    TraceFlags,
+    Tracer,
+    TracerProvider,
+    set_span_in_context,
+)
+
+from ..._version import __version__
+from ...identity import Identity
+from ..base import Sink
+from .convert import GROUP_KEY, attributes, is_counter, metric_name, otel_resource, stat_unit
+from .export import DirectSpanExport, GivenIds, OTelExportError, PushMetricReader
+
+__all__ = ["OTelExportError", "OTelSink"]
+
+SCOPE = "telemetrain"
+_OTLP = "opentelemetry.exporter.otlp.proto.http"
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+# One for all sinks: providers cache their tracer per scope, so sinks sharing a provider share a tracer (per thread)
+_IDS = GivenIds()
+
+
+def _otlp(module: str, cls: str) -> Any:
+    """An OTLP/HTTP exporter class (the default exporters), or one ImportError naming the extra."""
+    try:
+        return getattr(importlib.import_module(f"{_OTLP}.{module}"), cls)
+    except ImportError as exc:
+        raise ImportError(
+            "OTelSink's default exporters need opentelemetry-exporter-otlp-proto-http: pip install "
+            "'telemetrain[otel]' (or pass tracer_provider/meter_provider or span_exporter/metric_exporter)"
+        ) from exc
+
+
+def _hex(value: str) -> int:
+    try:
+        return int(value, 16) if value else 0
+    except ValueError:  # a record built elsewhere with a malformed id: let the SDK draw one
+        return 0
+
+
+class OTelSink(Sink):
+    """Send spans and metrics to OpenTelemetry.
+
+    ``tracer_provider`` / ``meter_provider``: yours (any processors, readers and exporters; the sink never shuts them
+    down, it only force-flushes them on ``flush``). ``None`` builds the sink's own provider, lazily, with the
+    resource of the first record's identity (``otel_resource``) and ``span_exporter`` / ``metric_exporter``
+    (default: OTLP over HTTP, configured by the standard ``OTEL_EXPORTER_OTLP_*`` variables). The sink's own
+    providers export in the sink's thread, spans after every batch and metrics every ``metric_interval`` seconds and
+    on flush; a failed export raises, so the dispatcher counts it.
+    """
+
+    name = "otel"
+    background = True
+    kinds = frozenset({"metric", "stat", "span_start", "span_end", "event"})
+
+    def __init__(
+        self,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
+        *,
+        span_exporter: SpanExporter | None = None,
+        metric_exporter: MetricExporter | None = None,
+        metric_interval: float = 10.0,
+        metric_prefix: str = "telemetrain.",
+        max_pending_events: int = 10_000,
+        flush_timeout: float = 10.0,
+    ) -> None:
+        if not metric_interval > 0 or not flush_timeout > 0:
+            raise ValueError("metric_interval and flush_timeout must be > 0 seconds")
+        if type(max_pending_events) is not int or max_pending_events < 0:
+            raise ValueError(f"max_pending_events must be an int >= 0, got {max_pending_events!r}")
+        if tracer_provider is None and span_exporter is None:
+            _otlp("trace_exporter", "OTLPSpanExporter")  # fail here, not at the first record
+        if meter_provider is None and metric_exporter is None:
+            _otlp("metric_exporter", "OTLPMetricExporter")
+        self._user_tp = tracer_provider
+        self._user_mp = meter_provider
+        self._span_exporter = span_exporter
+        self._metric_exporter = metric_exporter
+        self.metric_interval = float(metric_interval)
+        self.metric_prefix = metric_prefix
+        self.max_pending_events = max_pending_events
+        self._timeout_ms = int(flush_timeout * 1000)
+        self._ids = _IDS
+        self._handlers: dict[str, Callable[[Any], None]] = {
+            "metric": self._metric,
+            "stat": self._stat,
+            "span_start": self._span_start,
+            "span_end": self._span_end,
+            "event": self._event,
+        }
+        # traces
+        self._tracer: Tracer | None = None
+        self._own_tp: SdkTracerProvider | None = None
+        self._direct: DirectSpanExport | None = None
+        self._open: dict[str, Span] = {}  # span id -> its OTel span, from its start record to its end record
+        self._pending: dict[str, list[Any]] = {}  # span id -> events that came before the span's start record
+        self._n_pending = 0
+        # metrics
+        self._meter: Meter | None = None
+        self._own_mp: SdkMeterProvider | None = None
+        self._reader: PushMetricReader | None = None
+        self._gauges: dict[tuple[str, str], _Gauge] = {}
+        self._counters: dict[tuple[str, str], dict[str, float]] = {}  # instrument -> group -> latest total
+        self._group_attrs: dict[str, dict[str, str]] = {}
+        self._last_collect = time.monotonic()
+        # what could not be exported (also in docs/backends/opentelemetry.md)
+        self.dropped_events = 0  # span events whose span never started here (buffer full)
+        self.unmatched_ends = 0  # end records whose start this sink never saw (attached mid-span)
+
+    # -- the Sink interface ----------------------------------------------------------------------------------------
+
+    def write(self, records: Sequence[Any]) -> None:
+        handlers = self._handlers
+        for record in records:
+            handler = handlers.get(record.kind)
+            if handler is not None:
+                handler(record)
+        if self._direct is not None:
+            self._direct.export()
+        if self._reader is not None and time.monotonic() - self._last_collect >= self.metric_interval:
+            self._collect()
+
+    def flush(self) -> None:
+        if self._direct is not None:
+            self._direct.export()
+        elif self._tracer is not None:
+            _force_flush(self._user_tp, self._timeout_ms)
+        if self._reader is not None:
+            self._collect()
+        elif self._meter is not None:
+            _force_flush(self._user_mp, self._timeout_ms)
+
+    def close(self) -> None:
+        # our own providers only: the application's are its own to shut down
+        if self._own_tp is not None:
+            self._own_tp.shutdown()
+        if self._own_mp is not None:
+            self._own_mp.shutdown(timeout_millis=self._timeout_ms)
+
+    def after_fork_in_child(self) -> None:
+        # the parent's open spans and buffered events are the parent's; its own providers' exporters (HTTP sessions)
+        # too: rebuilt at the child's first record. Instruments on the application's meter stay (re-creating one
+        # would return the parent's with its callback), their latest values go.
+        self._open.clear()
+        self._pending.clear()
+        self._n_pending = 0
+        if self._own_tp is not None:
+            self._tracer = self._own_tp = self._direct = None
+        if self._own_mp is not None:
+            self._meter = self._own_mp = self._reader = None
+            self._gauges = {}
+            self._counters = {}
+        else:
+            for values in self._counters.values():
+                values.clear()
+
+    # -- spans -----------------------------------------------------------------------------------------------------
+
+    def _tracer_for(self, identity: Identity) -> Tracer:
+        if self._tracer is None:
+            provider = self._user_tp
+            if provider is None:
+                exporter = self._span_exporter or _otlp("trace_exporter", "OTLPSpanExporter")()
+                self._direct = DirectSpanExport(exporter)
+                resource = otel_resource(identity)
+                own = SdkTracerProvider(resource=resource, id_generator=self._ids, shutdown_on_exit=False)
+                own.add_span_processor(self._direct)
+                self._own_tp = provider = own
+            tracer = provider.get_tracer(SCOPE, __version__)
+            if isinstance(tracer, SdkTracer):  # another SDK's tracer draws its own ids (documented)
+                tracer.id_generator = self._ids
+            self._tracer = tracer
+        return self._tracer
+
+    def _span_start(self, record: Any) -> None:
+        if not record.span_id:
+            return
+        tracer = self._tracer_for(record.identity)
+        parent = self._open.get(record.parent_id) if record.parent_id else None
+        trace_id = _hex(record.trace_id)
+        if parent is not None:
+            context = set_span_in_context(parent, Context())
+        elif record.parent_id:
+            # the parent's record is not here yet (short spans arrive children first) or went elsewhere: by id
+            ref = SpanContext(trace_id, _hex(record.parent_id), is_remote=False, trace_flags=_SAMPLED)
+            context = set_span_in_context(NonRecordingSpan(ref), Context())
+        else:
+            context = Context()  # a root: an empty context, not the caller's current one
+        self._ids.give(trace_id, _hex(record.span_id))
+        try:
+            span = tracer.start_span(
+                record.name,
+                context=context,
+                attributes=attributes(record.attributes, {GROUP_KEY: record.group}),
+                start_time=record.wall_ns,
+            )
+        finally:
+            self._ids.give(0, 0)
+        self._open[record.span_id] = span
+        early = self._pending.pop(record.span_id, None)
+        if early:
+            self._n_pending -= len(early)
+            for event in early:
+                _add_event(span, event)
+
+    def _span_end(self, record: Any) -> None:
+        span = self._open.pop(record.span_id, None)
+        if span is None:
+            self.unmatched_ends += 1
+            return
+        if record.attributes:
+            span.set_attributes(attributes(record.attributes))
+        if record.status == "ok":
+            span.set_status(Status(StatusCode.OK))
+        elif record.status == "terminated":
+            span.set_status(Status(StatusCode.ERROR, "terminated"))
+        else:
+            span.set_status(Status(StatusCode.ERROR, record.error or record.status))
+        span.end(end_time=record.wall_ns)
+
+    def _event(self, record: Any) -> None:
+        """An event linked to a span becomes a span event; one that comes before its span's start record (a short
+        span's start travels with its end) waits for it, within ``max_pending_events``. Unlinked events are not
+        exported (they stay in the run store)."""
+        if not record.span_id:
+            return
+        span = self._open.get(record.span_id)
+        if span is not None:
+            _add_event(span, record)
+            return
+        if self._n_pending >= self.max_pending_events:  # the oldest waiting span's events go
+            if not self._pending:
+                self.dropped_events += 1
+                return
+            oldest = next(iter(self._pending))
+            self.dropped_events += len(self._pending[oldest])
+            self._n_pending -= len(self._pending.pop(oldest))
+            if self._n_pending >= self.max_pending_events:
+                self.dropped_events += 1
+                return
+        self._pending.setdefault(record.span_id, []).append(record)
+        self._n_pending += 1
+
+    # -- metrics ---------------------------------------------------------------------------------------------------
+
+    def _meter_for(self, identity: Identity) -> Meter:
+        if self._meter is None:
+            provider = self._user_mp
+            if provider is None:
+                exporter = self._metric_exporter or _otlp("metric_exporter", "OTLPMetricExporter")()
+                self._reader = PushMetricReader(exporter)
+                self._own_mp = provider = SdkMeterProvider(
+                    metric_readers=[self._reader], resource=otel_resource(identity), shutdown_on_exit=False
+                )
+            self._meter = provider.get_meter(SCOPE, __version__)
+        return self._meter
+
+    def _group(self, group: str) -> dict[str, str]:
+        attrs = self._group_attrs.get(group)
+        if attrs is None:
+            attrs = self._group_attrs[group] = {GROUP_KEY: group}
+        return attrs
+
+    def _metric(self, record: Any) -> None:
+        value = record.value
+        if type(value) is bool:
+            value = int(value)
+        name = metric_name(record.name, self.metric_prefix)
+        if is_counter(record.name, record.unit):
+            self._count(record.identity, name, record.unit, record.group, value)
+        else:
+            self._set(record.identity, name, record.unit, record.group, value)
+
+    def _stat(self, record: Any) -> None:
+        base = metric_name(record.name, self.metric_prefix)
+        for aggregation, value in record.values.items():
+            self._set(record.identity, f"{base}.{aggregation}", stat_unit(aggregation, record.unit), record.group,
+                      value)
+
+    def _set(self, identity: Identity, name: str, unit: str, group: str, value: float) -> None:
+        gauge = self._gauges.get((name, unit))
+        if gauge is None:
+            gauge = self._gauges[(name, unit)] = self._meter_for(identity).create_gauge(name, unit=unit)
+        gauge.set(value, self._group(group))
+
+    def _count(self, identity: Identity, name: str, unit: str, group: str, total: float) -> None:
+        values = self._counters.get((name, unit))
+        if values is None:
+            values = self._counters[(name, unit)] = {}
+            self._meter_for(identity).create_observable_counter(name, callbacks=[self._observer(values)], unit=unit)
+        values[group] = total
+
+    def _observer(self, values: dict[str, float]) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def observe(options: CallbackOptions) -> Iterable[Observation]:
+            # read in the collecting thread (a periodic reader's): list() copies the dict in one C call
+            return [Observation(v, self._group(g)) for g, v in list(values.items())]
+
+        return observe
+
+    def _collect(self) -> None:
+        self._last_collect = time.monotonic()
+        assert self._reader is not None
+        self._reader.collect(timeout_millis=self._timeout_ms)
+
+
+def _add_event(span: Span, record: Any) -> None:
+    extra: dict[str, Any] = {"telemetrain.severity": record.severity, GROUP_KEY: record.group}
+    if record.event_id:
+        extra["telemetrain.event_id"] = record.event_id
+    span.add_event(record.name, attributes(record.attributes, extra), timestamp=record.wall_ns)
+
+
+def _force_flush(provider: Any, timeout_ms: int) -> None:
+    """Force-flush the application's provider (the API's providers have no ``force_flush``; the SDK's do)."""
+    force_flush = getattr(provider, "force_flush", None)
+    if force_flush is not None:
+        force_flush(timeout_millis=timeout_ms)
