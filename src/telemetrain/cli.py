@@ -453,6 +453,23 @@ def _cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return 0
 
 
+# -- trace -------------------------------------------------------------------------------------------------------------
+
+
+def _cmd_trace(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from .trace import export_trace
+
+    try:
+        result = export_trace(args.run_dir, args.output, max_per_name=args.max_per_name, all_metrics=args.all_metrics)
+    except (OSError, NotARunError) as exc:
+        raise CLIError(str(exc)) from None
+    dropped = sum(n for kinds in result.dropped.values() for names in kinds.values() for n in names.values())
+    note = f", {dropped} left out by --max-per-name" if dropped else ""
+    print(f"wrote {result.path} ({result.size_bytes} bytes, {result.events} events, {result.processes} "
+          f"process(es){note}); open it in https://ui.perfetto.dev", file=out)
+    return 0
+
+
 # -- entry point -----------------------------------------------------------------------------------------------------
 
 
@@ -510,6 +527,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     show.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="a run directory, or a directory holding runs")
     show.add_argument("--list", action="store_true", help="list the runs under RUN_DIR (oldest first) instead")
+
+    trace = sub.add_parser(
+        "trace",
+        help="write a run's timeline as a Chrome trace for Perfetto",
+        description=(
+            "Write the spans, throughput and system counters, and events of a run (or of every run under a session "
+            "directory: restarts and ranks side by side) as a Chrome Trace Event Format JSON file, to open in "
+            "https://ui.perfetto.dev or chrome://tracing."
+        ),
+    )
+    trace.add_argument("run_dir", metavar="RUN_DIR", help="a run directory, or a directory holding runs")
+    trace.add_argument("-o", "--output", default="trace.json", help="output file (default: %(default)s)")
+    trace.add_argument("--max-per-name", type=_positive_int, default=5000,
+                       help="at most this many spans, counter points and instants per name and process, evenly "
+                       "spaced (default: %(default)s)")
+    trace.add_argument("--all-metrics", action="store_true",
+                       help="every numeric metric as a counter track, not only throughput and the main system samples")
     return parser
 
 
@@ -526,6 +560,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_demo(args, out, err)
         if args.command == "show":
             return _cmd_show(args, out, err)
+        if args.command == "trace":
+            return _cmd_trace(args, out, err)
         parser.print_help(out)
         return 2
     except (CLIError, PermissionError) as exc:

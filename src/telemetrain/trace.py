@@ -1,0 +1,488 @@
+"""Export a run (or a session of runs) from the run store as a Chrome Trace Event Format file, for Perfetto.
+
+Offline: it reads what the run store wrote (``telemetrain.store``) after the fact, so it costs the training job
+nothing. Layout (``docs/backends/perfetto.md``):
+
+- one trace process per (run, rank, pid), named ``rank R @ host``;
+- tid 1 ``lifecycle``: the training spans, nested exactly as their parent ids say (children clipped to their parent
+  after rounding to microseconds, so the viewer never has to guess); tid 2 ``checkpoint (async)``: async saves, which
+  outlive the iteration that started them; spans that say which thread they ran in (``thread.name``/``thread.id``
+  attributes) get that thread's track, any other span that does not fit its parent's track a further one;
+- counters: throughput from ``training_metrics_update`` and the system samples; instants: the events;
+- spans without an end (a crash) end at the process's last record with ``args.status = "open at end of data"``;
+- at most ``max_per_name`` spans (and counter points, and instants) per name and process, evenly spaced; what was
+  dropped is counted in ``otherData.telemetrain.dropped``.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .store.reader import Run, find_runs, open_run
+
+__all__ = ["DEFAULT_MAX_PER_NAME", "TraceResult", "build_trace", "export_trace", "load_runs"]
+
+DEFAULT_MAX_PER_NAME = 5000  # ~10 span names x 5000 x ~200 bytes: ~10 MB per process, whatever the run length
+OPEN_STATUS = "open at end of data"
+
+TID_LIFECYCLE = 1
+TID_ASYNC = 2
+
+# spans that run beside the lifecycle stack, not inside it
+_ASYNC_SPANS = frozenset({"checkpoint_save_async", "checkpoint_save_finalization"})
+
+# training_metrics_update attribute -> counter name (the names of the matching metric records, docs/training.md)
+_THROUGHPUT = {
+    "samples_per_second": "train.samples_per_second",
+    "tokens_per_second": "train.tokens_per_second",
+    "train_throughput_per_gpu": "train.tflops_per_gpu",
+    "mfu": "train.mfu",
+}
+
+# system samples drawn as counters by default (docs/system.md); the rest with all_metrics=True
+_SYSTEM_COUNTERS = frozenset({
+    "system.cpu.utilization",
+    "system.memory.usage",
+    "process.cpu.utilization",
+    "process.tree.cpu.utilization",
+    "process.memory.usage",
+    "process.tree.memory.usage",
+    "hw.gpu.utilization",
+    "hw.gpu.memory.usage",
+    "hw.power",
+    "torch.cuda.memory.allocated",
+    "torch.cuda.memory.reserved",
+})
+
+
+@dataclasses.dataclass
+class TraceResult:
+    """What ``export_trace`` wrote."""
+
+    path: Path
+    size_bytes: int
+    events: int
+    processes: int
+    dropped: dict[str, dict[str, dict[str, int]]]  # process label -> "spans"/"counters"/"instants" -> name -> count
+
+
+def load_runs(path: str | os.PathLike[str]) -> list[Run]:
+    """The run at ``path``, or every run under it (a session directory, a store root), oldest first."""
+    base = Path(path)
+    runs = find_runs(base)
+    if not runs:
+        return [open_run(base)]  # raises FileNotFoundError / NotARunError with the reader's message
+    return [open_run(p) for p in runs]
+
+
+# -- spans -------------------------------------------------------------------------------------------------------------
+
+
+class _Span:
+    __slots__ = ("args", "category", "children", "dropped", "end", "name", "parent_id", "span_id", "start", "thread")
+
+    def __init__(self, span_id: str, name: str, category: str, parent_id: str, start: int) -> None:
+        self.span_id = span_id
+        self.name = name
+        self.category = category
+        self.parent_id = parent_id
+        self.start = start  # µs from the trace origin, set to ints once rounded
+        self.end = start
+        self.args: dict[str, Any] = {}
+        self.children: list[_Span] = []
+        self.dropped = False
+        self.thread = ""
+
+
+def _thread_of(attributes: Mapping[str, Any]) -> str:
+    """The thread a span says it ran in (OpenTelemetry's ``thread.name`` / ``thread.id`` attributes), else ""."""
+    for key in ("thread.name", "thread.id"):
+        value = attributes.get(key)
+        if value is not None and value != "":
+            return str(value)
+    return ""
+
+
+def _collect_spans(records: Iterable[Any], last_ns: int, origin_ns: int) -> list[_Span]:
+    """Start and end records paired by span id, in µs from ``origin_ns``. A start without an end ends at
+    ``last_ns``; an end without a start (its line lost) begins ``duration`` before it."""
+    spans: dict[str, _Span] = {}
+    ended: set[str] = set()
+    for r in records:
+        if r.kind == "span_start":
+            s = spans.get(r.span_id)
+            if s is None:
+                s = spans[r.span_id] = _Span(r.span_id, r.name, r.group, r.parent_id, r.wall_ns)
+                s.end = last_ns
+            else:  # its end came first (same wall time, or a late writer): the start fixes where it begins
+                s.end = r.wall_ns + (s.end - s.start)
+                s.start, s.parent_id = r.wall_ns, r.parent_id
+            if r.attributes:
+                s.args.update(r.attributes)
+        elif r.kind == "span_end":
+            s = spans.get(r.span_id)
+            if s is None:
+                s = spans[r.span_id] = _Span(r.span_id, r.name, r.group, "", r.wall_ns - r.duration_ns)
+            s.end = s.start + r.duration_ns
+            ended.add(r.span_id)
+            if r.attributes:
+                s.args.update(r.attributes)
+            if r.status != "ok":
+                s.args["status"] = r.status
+            if r.error:
+                s.args["error"] = r.error
+    out = list(spans.values())
+    for s in out:
+        s.thread = _thread_of(s.args)
+        if s.span_id not in ended:
+            s.args["status"] = OPEN_STATUS
+        s.args["span_id"] = s.span_id
+        s.start, s.end = _us(s.start - origin_ns), _us(max(s.end, s.start) - origin_ns)
+    return out
+
+
+def _us(ns: int) -> int:
+    """ns -> µs, rounded half up. Monotonic, so a child inside its parent in ns stays inside in µs."""
+    return (ns + 500) // 1000
+
+
+def _evenly(items: Sequence[Any], keep: int) -> tuple[list[Any], list[Any]]:
+    """(kept, dropped): ``keep`` items evenly spaced over ``items``, first and last included."""
+    n = len(items)
+    if n <= keep:
+        return list(items), []
+    if keep <= 1:
+        return list(items[:keep]), list(items[keep:])
+    chosen = {round(i * (n - 1) / (keep - 1)) for i in range(keep)}
+    return [x for i, x in enumerate(items) if i in chosen], [x for i, x in enumerate(items) if i not in chosen]
+
+
+def _cap_spans(spans: list[_Span], by_id: Mapping[str, _Span], max_per_name: int, dropped: dict[str, int]) -> None:
+    """At most ``max_per_name`` spans per name, evenly spaced in time. Names are capped from the top of the tree down,
+    and a dropped span takes its subtree with it, so the kept sub-phases are those of kept iterations."""
+    depth: dict[str, int] = {}
+
+    def depth_of(s: _Span) -> int:
+        d, p, seen = 0, by_id.get(s.parent_id), {s.span_id}
+        while p is not None and p.span_id not in seen:  # (ids from corrupt data could form a loop)
+            known = depth.get(p.span_id)
+            if known is not None:
+                d += known + 1
+                break
+            seen.add(p.span_id)
+            d += 1
+            p = by_id.get(p.parent_id)
+        depth[s.span_id] = d
+        return d
+
+    by_name: dict[str, list[_Span]] = {}
+    min_depth: dict[str, int] = {}
+    for s in sorted(spans, key=lambda x: x.start):
+        by_name.setdefault(s.name, []).append(s)
+        d = depth_of(s)
+        min_depth[s.name] = min(d, min_depth.get(s.name, d))
+
+    def drop(s: _Span) -> None:
+        stack = [s]
+        while stack:
+            x = stack.pop()
+            if not x.dropped:
+                x.dropped = True
+                dropped[x.name] = dropped.get(x.name, 0) + 1
+                stack.extend(x.children)
+
+    for name in sorted(by_name, key=lambda n: (min_depth[n], n)):
+        live = [s for s in by_name[name] if not s.dropped]
+        for s in _evenly(live, max_per_name)[1]:
+            drop(s)
+
+
+def _family(s: _Span, parent: _Span | None, parent_family: str) -> str:
+    """The track family of a span: async saves and spans of a named thread leave their parent's; roots start one."""
+    if s.name in _ASYNC_SPANS and (parent is None or parent.name not in _ASYNC_SPANS):
+        return "async"
+    if s.thread and (parent is None or s.thread != parent.thread):
+        return f"thread {s.thread}"
+    if parent is None:
+        return "lifecycle" if s.category == "training" else "other"
+    return parent_family
+
+
+def _walk(spans: list[_Span], by_id: Mapping[str, _Span]) -> list[tuple[str, int, _Span]]:
+    """(family, depth, span) for every kept span, parents before children; each child clipped into its parent (it
+    ran inside it: only clock rounding or a late end record puts it outside)."""
+    out: list[tuple[str, int, _Span]] = []
+    seen: set[str] = set()
+    roots = [s for s in spans if not s.dropped and (s.parent_id not in by_id or s.parent_id == s.span_id)]
+    stack: list[tuple[_Span, _Span | None, str, int]] = [(s, None, "", 0) for s in roots]
+    while True:
+        while stack:
+            s, parent, parent_family, depth = stack.pop()
+            if s.span_id in seen:
+                continue
+            seen.add(s.span_id)
+            family = _family(s, parent, parent_family)
+            if parent is not None and family == parent_family:
+                s.start = min(max(s.start, parent.start), parent.end)
+                s.end = min(max(s.end, s.start), parent.end)
+            out.append((family, depth, s))
+            stack.extend((c, s, family, depth + 1) for c in s.children if not c.dropped)
+        # spans no root leads to (parent ids in a loop: corrupt data) still show, as roots
+        rest = [s for s in spans if not s.dropped and s.span_id not in seen]
+        if not rest:
+            return out
+        stack.append((min(rest, key=lambda x: x.start), None, "", 0))
+
+
+def _assign_tracks(walked: list[tuple[str, int, _Span]]) -> tuple[list[tuple[int, _Span]], dict[int, str]]:
+    """Spans onto tracks so that each track nests perfectly. Per family, lanes of open-span stacks: a span goes to
+    its parent's lane if it nests there (the usual case: one thread's spans nest in time), else to the first lane
+    where it nests, else to a new lane."""
+    lanes: dict[str, list[tuple[int, list[_Span]]]] = {}  # family -> [(tid, stack of open spans)]
+    lane_of: dict[str, int] = {}  # span id -> index of its lane in its family
+    names: dict[int, str] = {}
+    labels = {"lifecycle": "lifecycle", "async": "checkpoint (async)"}
+    next_tid = 3
+    placed: list[tuple[int, _Span]] = []
+    for family, _depth, s in sorted(walked, key=lambda fds: (fds[2].start, -fds[2].end, fds[1])):
+        family_lanes = lanes.setdefault(family, [])
+        preferred = lane_of.get(s.parent_id)
+        order = list(range(len(family_lanes)))
+        if preferred is not None and preferred < len(order):
+            order.remove(preferred)
+            order.insert(0, preferred)
+        chosen = None
+        for k in order:
+            stack = family_lanes[k][1]
+            while stack and stack[-1].end <= s.start:
+                stack.pop()
+            if not stack or s.end <= stack[-1].end:
+                chosen = k
+                break
+        if chosen is None:
+            if not family_lanes and family in ("lifecycle", "async"):
+                tid = TID_LIFECYCLE if family == "lifecycle" else TID_ASYNC
+            else:
+                tid, next_tid = next_tid, next_tid + 1
+            label = labels.get(family, family)
+            names[tid] = label if not family_lanes else f"{label} ({len(family_lanes) + 1})"
+            family_lanes.append((tid, []))
+            chosen = len(family_lanes) - 1
+        tid, stack = family_lanes[chosen]
+        stack.append(s)
+        lane_of[s.span_id] = chosen
+        placed.append((tid, s))
+    return placed, names
+
+
+# -- values ------------------------------------------------------------------------------------------------------------
+
+
+def _jsonable(value: Any) -> Any:
+    """Attribute values as strict JSON (viewers reject NaN): non-finite floats spelled as strings."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _counter_name(r: Any) -> str:
+    """A metric's counter: its name, with the device of per-device groups (system.gpu.0 -> ``hw.power gpu 0``)."""
+    for prefix, label in (("system.gpu.", "gpu"), ("system.cuda.", "cuda")):
+        if r.group.startswith(prefix):
+            return f"{r.name} {label} {r.group[len(prefix):]}"
+    if r.group.startswith("system.filesystem."):
+        return f"{r.name} {r.group[len('system.filesystem.'):]}"
+    return str(r.name)
+
+
+# -- the trace ---------------------------------------------------------------------------------------------------------
+
+
+class _Process:
+    def __init__(self, run: Run, identity: Any) -> None:
+        self.run = run
+        self.identity = identity
+        self.records: list[Any] = []
+
+    @property
+    def label(self) -> str:
+        i = self.identity
+        return f"rank {i.rank} @ {i.host} (run {i.run_id}, pid {i.pid})"
+
+
+def _processes(runs: Sequence[Run]) -> list[_Process]:
+    """One per (run, rank, pid), in run order (oldest first), then rank, then pid: that order gives the trace pids."""
+    out: dict[tuple[int, str, int, int], _Process] = {}
+    for n, run in enumerate(runs):
+        for log in run.processes:
+            for r in log.records:
+                i = r.identity
+                key = (n, i.run_id, i.rank, i.pid)
+                p = out.get(key)
+                if p is None:
+                    p = out[key] = _Process(run, i)
+                p.records.append(r)
+    for p in out.values():
+        p.records.sort(key=lambda r: (r.wall_ns, r.mono_ns))
+    return [out[k] for k in sorted(out)]
+
+
+def build_trace(
+    runs: Sequence[Run], *, max_per_name: int = DEFAULT_MAX_PER_NAME, all_metrics: bool = False
+) -> dict[str, Any]:
+    """The trace of ``runs`` as a Chrome Trace Event Format object (``traceEvents``, ``displayTimeUnit``,
+    ``otherData``). ``ts``/``dur`` are integer µs from the earliest record (``otherData.telemetrain.origin_wall_ns``),
+    so every rank and run shares one clock. ``all_metrics``: every numeric metric record is a counter, not only the
+    throughput and the main system samples."""
+    if type(max_per_name) is not int or max_per_name < 1:
+        raise ValueError(f"max_per_name must be an int >= 1, got {max_per_name!r}")
+    procs = _processes(runs)
+    origin = min((p.records[0].wall_ns for p in procs if p.records), default=0)
+    meta: list[dict[str, Any]] = []
+    body: list[dict[str, Any]] = []
+    dropped_all: dict[str, dict[str, dict[str, int]]] = {}
+    open_spans = 0
+    for pid, proc in enumerate(procs, start=1):
+        i = proc.identity
+        dropped: dict[str, dict[str, int]] = {"spans": {}, "counters": {}, "instants": {}}
+        meta.append({"ph": "M", "pid": pid, "name": "process_name",
+                     "args": {"name": proc.label}})
+        meta.append({"ph": "M", "pid": pid, "name": "process_sort_index", "args": {"sort_index": pid}})
+        meta.append({"ph": "M", "pid": pid, "name": "process_labels",
+                     "args": {"labels": f"session {i.session_tag}, perf {i.perf_tag}, local rank {i.local_rank}"}})
+        last_ns = proc.records[-1].wall_ns if proc.records else origin
+
+        spans = _collect_spans((r for r in proc.records if r.kind in ("span_start", "span_end")), last_ns, origin)
+        by_id = {s.span_id: s for s in spans}
+        for s in spans:
+            parent = by_id.get(s.parent_id)
+            if parent is not None and parent is not s:
+                parent.children.append(s)
+        _cap_spans(spans, by_id, max_per_name, dropped["spans"])
+        placed, track_names = _assign_tracks(_walk(spans, by_id))
+        for tid, label in sorted(track_names.items()):
+            meta.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": label}})
+            meta.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_sort_index", "args": {"sort_index": tid}})
+        placed.sort(key=lambda ts: (ts[0], ts[1].start, -ts[1].end))
+        for tid, s in placed:
+            open_spans += s.args.get("status") == OPEN_STATUS
+            body.append({"ph": "X", "pid": pid, "tid": tid, "name": s.name, "cat": s.category, "ts": s.start,
+                         "dur": s.end - s.start, "args": _jsonable(s.args)})
+
+        body.extend(_capped(_counters(proc, pid, origin, all_metrics), max_per_name, dropped["counters"]))
+        body.extend(_capped(_instants(proc, pid, origin), max_per_name, dropped["instants"]))
+        if any(dropped.values()):
+            dropped_all[proc.label] = {kind: dict(sorted(d.items())) for kind, d in dropped.items() if d}
+    return {
+        "traceEvents": meta + body,
+        "displayTimeUnit": "ms",
+        "otherData": {"telemetrain": {
+            "origin_wall_ns": origin,
+            "runs": [r.run_id for r in runs],
+            "max_per_name": max_per_name,
+            "open_spans": open_spans,
+            "dropped": dropped_all,
+        }},
+    }
+
+
+def _capped(events: Iterator[dict[str, Any]], max_per_name: int, dropped: dict[str, int]) -> list[dict[str, Any]]:
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for e in events:
+        by_name.setdefault(e["name"], []).append(e)
+    out = []
+    for name, evs in by_name.items():
+        kept, lost = _evenly(evs, max_per_name)
+        out.extend(kept)
+        if lost:
+            dropped[name] = dropped.get(name, 0) + len(lost)
+    return out
+
+
+def _counters(proc: _Process, pid: int, origin: int, all_metrics: bool) -> Iterator[dict[str, Any]]:
+    for r in proc.records:
+        ts = _us(r.wall_ns - origin)
+        if r.kind == "event" and r.group == "training" and r.name == "training_metrics_update":
+            attributes = r.attributes or {}
+            for key, name in _THROUGHPUT.items():
+                value = _number(attributes.get(key))
+                if value is not None:
+                    yield {"ph": "C", "pid": pid, "name": name, "ts": ts, "args": {"value": value}}
+        elif r.kind == "metric":
+            if r.group == "training" and r.name in _THROUGHPUT.values():
+                continue  # drawn from the event above
+            if not all_metrics and r.name not in _SYSTEM_COUNTERS:
+                continue
+            value = _number(r.value)
+            if value is not None:
+                yield {"ph": "C", "pid": pid, "name": _counter_name(r), "ts": ts, "args": {"value": value}}
+
+
+def _instants(proc: _Process, pid: int, origin: int) -> Iterator[dict[str, Any]]:
+    """Events (all but the metrics updates, which are counters) and diagnostics, process-wide instants."""
+    for r in proc.records:
+        if r.kind == "event":
+            if r.group == "training" and r.name == "training_metrics_update":
+                continue
+            args: dict[str, Any] = {"severity": r.severity, **(r.attributes or {})}
+            if r.span_id:
+                args["span_id"] = r.span_id
+            yield {"ph": "i", "s": "p", "pid": pid, "tid": TID_LIFECYCLE, "name": r.name, "cat": r.group,
+                   "ts": _us(r.wall_ns - origin), "args": _jsonable(args)}
+        elif r.kind == "diagnostic":
+            yield {"ph": "i", "s": "p", "pid": pid, "tid": TID_LIFECYCLE, "name": f"telemetrain {r.name}",
+                   "cat": "diagnostic", "ts": _us(r.wall_ns - origin),
+                   "args": {"sink": r.sink, "count": r.record_count, "message": r.message}}
+
+
+def export_trace(
+    source: str | os.PathLike[str],
+    out: str | os.PathLike[str] = "trace.json",
+    *,
+    max_per_name: int = DEFAULT_MAX_PER_NAME,
+    all_metrics: bool = False,
+) -> TraceResult:
+    """Write the trace of the run (or of every run under the directory) ``source`` to ``out``, atomically: a reader
+    never sees half a file, and a failed export leaves any previous one in place."""
+    runs = load_runs(source)
+    trace = build_trace(runs, max_per_name=max_per_name, all_metrics=all_metrics)
+    target = Path(out)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent if str(target.parent) else ".")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            # one event per line: still one JSON object, but greppable and diffable
+            fh.write('{"displayTimeUnit":"ms","traceEvents":[\n')
+            events = trace["traceEvents"]
+            for n, event in enumerate(events):
+                fh.write(json.dumps(event, separators=(",", ":"), allow_nan=False, default=repr))
+                fh.write(",\n" if n + 1 < len(events) else "\n")
+            fh.write('],"otherData":')
+            fh.write(json.dumps(trace["otherData"], separators=(",", ":"), allow_nan=False, default=repr))
+            fh.write("}\n")
+        os.replace(tmp, target)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    tele = trace["otherData"]["telemetrain"]
+    return TraceResult(path=target, size_bytes=target.stat().st_size, events=len(trace["traceEvents"]),
+                       processes=sum(1 for e in trace["traceEvents"] if e["name"] == "process_name"),
+                       dropped=tele["dropped"])
