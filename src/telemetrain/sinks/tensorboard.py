@@ -7,8 +7,9 @@ itself), so ``tensorboard --logdir <logdir>`` shows each rank of each run as its
 
 Tags (TensorBoard groups tags by what precedes the first ``/``):
 
-- a metric record: its name for group ``default``, else ``<group>/<name>`` (``system/system.cpu.utilization``,
-  ``system.gpu.0/hw.gpu.utilization``, ``training/train.mfu``); step: the record's, else a count per tag from 0;
+- a metric record: its name for group ``default``, ``system/<device>/<name>`` for group ``system.<device>``
+  (``system/gpu.0/hw.gpu.utilization``), else ``<group>/<name>`` (``system/system.cpu.utilization``,
+  ``training/train.mfu``); step: the record's, else a count per tag from 0;
 - a stat window: ``<stat tag>/<aggregation>`` (``default/latency/p99`` is ``latency/p99``); step: a count per stat;
 - a ``training_metrics_update`` event: ``training_metrics_update/<attribute>`` for each numeric attribute; step:
   its ``current_iteration``;
@@ -55,8 +56,13 @@ _file_numbers = itertools.count()  # two sinks of one process in one directory g
 
 
 def metric_tag(group: str, name: str) -> str:
-    """The tag of a metric (or the base of a stat's tags): the name alone in group ``default``."""
-    return name if group == "default" else f"{group}/{name}"
+    """The tag of a metric (or the base of a stat's tags): the name alone in group ``default``; the device groups of
+    system samples (``system.gpu.0``) under ``system/``, so all system samples share one TensorBoard section."""
+    if group == "default":
+        return name
+    if group.startswith("system."):
+        return f"system/{group[7:]}/{name}"
+    return f"{group}/{name}"
 
 
 def _markdown_table(items: dict[str, Any]) -> str:

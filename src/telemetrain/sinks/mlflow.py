@@ -1,0 +1,217 @@
+"""MLflow tracking: metrics with their steps, identity and training config as params, one MLflow run per process.
+
+Needs the ``mlflow`` extra (``pip install 'telemetrain[mlflow]'``: mlflow-skinny, the tracking client alone).
+
+Metric keys: the name for group ``default``; ``system/<name>`` for group ``system`` and ``system/<device>/<name>``
+for ``system.<device>`` (``system/gpu.0/hw.gpu.utilization``); else ``<group>/<name>``. A stat window gives
+``<key>/<aggregation>``; a ``training_metrics_update`` event ``training_metrics_update/<attribute>`` for each numeric
+attribute at step ``current_iteration``. Steps: the record's, else a count per key from 0. Timestamps: the record's
+wall time. Params: ``identity.<field>`` and ``config.<attribute>`` (the ``update_training_telemetry_config`` event).
+
+Everything talks to the tracking server from the dispatcher's thread, one ``log_batch`` call per batch of records
+(the client splits it into requests within MLflow's limits); the run is created (or attached) there on the first
+batch. So a server that is down, or a bad URI, costs training nothing: the batch fails and the dispatcher counts it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+try:
+    from mlflow.entities import Metric, Param
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the tests
+    raise ImportError(
+        "telemetrain.sinks.mlflow needs mlflow, which is not installed: pip install 'telemetrain[mlflow]'"
+    ) from exc
+
+from ..dispatch import warn_safely
+from ..identity import Identity
+from .base import Sink
+
+__all__ = ["MLflowSink", "metric_key"]
+
+TRAINING_METRICS_EVENT = "training_metrics_update"
+TRAINING_CONFIG_EVENT = "update_training_telemetry_config"
+_IDENTITY_FIELDS = ("run_id", "session_tag", "perf_tag", "rank", "local_rank", "world_size", "host", "role")
+# MLflow's limits on a key and a param value (mlflow.utils.validation)
+_MAX_KEY = 250
+_MAX_PARAM_VALUE = 6000
+_BAD_KEY_CHARS = re.compile(r"[^\w.\- /]")  # MLflow's allowed set, less ':' (refused on Windows)
+
+
+def _clean_key(key: str) -> str:
+    """A valid MLflow key: allowed characters only, and a path that normalises to itself."""
+    parts = [p if p not in (".", "..") else "_" for p in _BAD_KEY_CHARS.sub("_", key).split("/") if p]
+    return "/".join(parts)[:_MAX_KEY] or "_"
+
+
+def metric_key(group: str, name: str) -> str:
+    """The MLflow key of a metric (or the base of a stat's keys)."""
+    if group == "default":
+        key = name
+    elif group == "system" or group.startswith("system."):
+        key = f"system/{group[7:]}/{name}" if group != "system" else f"system/{name}"
+    else:
+        key = f"{group}/{name}"
+    return _clean_key(key)
+
+
+class MLflowSink(Sink):
+    """Logs to an MLflow run: a new one per process (``experiment_name`` or MLflow's default experiment), or the
+    run ``run_id`` (attached: not ended at close unless ``end_run=True``).
+
+    ``tracking_uri``: MLflow's (``http://host:5000``, ``file:///path``; default: ``MLFLOW_TRACKING_URI`` as MLflow
+    reads it). ``run_name``: default ``<run_id>`` (``<run_id>-rank<rank>`` when several ranks). ``tags``: extra run
+    tags. A run this sink created is ended at close with status FINISHED.
+    """
+
+    name = "mlflow"
+    background = True
+    kinds = frozenset({"metric", "stat", "event"})
+
+    def __init__(
+        self,
+        tracking_uri: str | None = None,
+        *,
+        experiment_name: str | None = None,
+        run_id: str | None = None,
+        run_name: str | None = None,
+        tags: Mapping[str, str] | None = None,
+        end_run: bool | None = None,
+    ) -> None:
+        for arg, value in (("tracking_uri", tracking_uri), ("experiment_name", experiment_name),
+                           ("run_id", run_id), ("run_name", run_name)):
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"{arg} must be a str, got {type(value).__name__}")
+        if run_id is not None and experiment_name is not None:
+            raise ValueError("give run_id (attach to a run) or experiment_name (create one), not both")
+        self.tracking_uri = tracking_uri
+        self.experiment_name = experiment_name
+        self.run_name = run_name
+        self.tags = {str(k): str(v) for k, v in (tags or {}).items()}
+        self._given_run_id = run_id
+        self.end_run = end_run if end_run is not None else run_id is None
+        self._client: MlflowClient | None = None
+        self.run_id: str | None = None  # the MLflow run, once created or attached
+        self._counters: dict[str, int] = {}
+        self._params: dict[str, str] = {}  # logged
+        self._pending_params: dict[str, str] = {}
+        self._changed_warned = False
+
+    # -- the run ---------------------------------------------------------------------------------------------------
+
+    def _run(self, identity: Identity) -> tuple[MlflowClient, str]:
+        if self._client is None:
+            self._client = MlflowClient(tracking_uri=self.tracking_uri)
+        client = self._client
+        if self.run_id is None:
+            if self._given_run_id is not None:
+                run_id = client.get_run(self._given_run_id).info.run_id  # fails here if there is no such run
+            else:
+                run_id = client.create_run(self._experiment_id(client), run_name=self._name(identity),
+                                           tags=self.tags or None).info.run_id
+            self.run_id = run_id
+            self._add_params({f"identity.{f}": getattr(identity, f) for f in _IDENTITY_FIELDS})
+        return client, self.run_id
+
+    def _experiment_id(self, client: MlflowClient) -> str:
+        name = self.experiment_name or os.environ.get("MLFLOW_EXPERIMENT_NAME")
+        if not name:
+            return "0"  # MLflow's Default experiment
+        found = client.get_experiment_by_name(name)
+        if found is not None:
+            return str(found.experiment_id)
+        try:
+            return str(client.create_experiment(name))
+        except MlflowException:  # another rank created it meanwhile
+            found = client.get_experiment_by_name(name)
+            if found is None:
+                raise
+            return str(found.experiment_id)
+
+    def _name(self, identity: Identity) -> str:
+        if self.run_name:
+            return self.run_name
+        return identity.run_id if identity.world_size == 1 else f"{identity.run_id}-rank{identity.rank}"
+
+    def _add_params(self, params: Mapping[str, Any]) -> None:
+        for key, value in params.items():
+            k, v = _clean_key(key), str(value)[:_MAX_PARAM_VALUE]
+            old = self._params.get(k)
+            if old is None:
+                self._pending_params[k] = v
+            elif old != v and not self._changed_warned:  # MLflow refuses to change a param
+                self._changed_warned = True
+                warn_safely(f"telemetrain: MLflow param {k!r} changed ({old!r} -> {v!r}); MLflow keeps the first value")
+
+    # -- records ---------------------------------------------------------------------------------------------------
+
+    def _step(self, key: str, step: int | None) -> int:
+        if step is not None:
+            return step
+        n = self._counters.get(key, 0)
+        self._counters[key] = n + 1
+        return n
+
+    def write(self, records: Sequence[Any]) -> None:
+        if not records:
+            return
+        client, run_id = self._run(records[0].identity)
+        metrics: list[Metric] = []
+        add = metrics.append
+        for r in records:
+            kind = r.kind
+            ms = r.wall_ns // 1_000_000
+            if kind == "metric":
+                key = metric_key(r.group, r.name)
+                add(Metric(key=key, value=float(r.value), timestamp=ms, step=self._step(key, r.step)))
+            elif kind == "stat":
+                base = metric_key(r.group, r.name)
+                step = self._step(base, None)
+                for agg, value in r.values.items():
+                    add(Metric(key=_clean_key(f"{base}/{agg}"), value=float(value), timestamp=ms, step=step))
+            elif kind == "event" and r.attributes:
+                if r.name == TRAINING_METRICS_EVENT:
+                    current = r.attributes.get("current_iteration")
+                    for attr, value in r.attributes.items():
+                        if type(value) in (int, float):  # bool is not numeric here (``final``)
+                            key = _clean_key(f"{TRAINING_METRICS_EVENT}/{attr}")
+                            at = self._step(key, current if type(current) is int else None)
+                            add(Metric(key=key, value=float(value), timestamp=ms, step=at))
+                elif r.name == TRAINING_CONFIG_EVENT:
+                    self._add_params({f"config.{k}": v for k, v in r.attributes.items()})
+        if metrics:
+            client.log_batch(run_id, metrics=metrics)
+        if self._pending_params:
+            self._log_params(client, run_id)
+
+    def _log_params(self, client: MlflowClient, run_id: str) -> None:
+        pending = self._pending_params
+        try:
+            client.log_batch(run_id, params=[Param(k, v) for k, v in pending.items()])
+        except MlflowException as exc:
+            if exc.error_code == "INVALID_PARAMETER_VALUE":  # a conflict with the run's own params: retrying won't help
+                pending.clear()
+            raise  # else (server down) they are sent again with the next batch
+        self._params.update(pending)
+        pending.clear()
+
+    def close(self) -> None:
+        client, run_id = self._client, self.run_id
+        self._client = None
+        if client is not None and run_id is not None and self.end_run:
+            client.set_terminated(run_id, "FINISHED")
+
+    def after_fork_in_child(self) -> None:
+        # the client's connections are the parent's; a run this sink created is the parent's: the child makes its own
+        self._client = None
+        if self._given_run_id is None:
+            self.run_id = None
+            self._params.clear()
+        self._pending_params.clear()
+        self._counters.clear()

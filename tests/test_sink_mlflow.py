@@ -1,0 +1,184 @@
+"""MLflowSink: a local file store read back with MlflowClient; a server that is down and a bad URI are contained."""
+
+from __future__ import annotations
+
+import math
+import socket
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("mlflow")
+
+from mlflow.tracking import MlflowClient
+
+import telemetrain
+from telemetrain.records import StatWindow
+from telemetrain.sinks.mlflow import MLflowSink, metric_key
+from telemetrain.store import open_run
+
+
+@pytest.fixture
+def store_uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps the file store behind this switch
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")  # MLflow's own usage reporting
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
+    return (tmp_path / "mlruns").as_uri()
+
+
+def history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, int, str]]:
+    """(step, timestamp ms, repr(value)) of every value of a metric, sorted (repr: NaN compares equal to itself)."""
+    return sorted((m.step, m.timestamp, repr(m.value)) for m in client.get_metric_history(run_id, key))
+
+
+def health_of(t: telemetrain.Telemetry) -> dict[str, Any]:
+    (s,) = [s for s in t.health()["sinks"] if s["sink"] == "mlflow"]
+    return s
+
+
+def test_keys_follow_the_groups_and_stay_valid() -> None:
+    assert metric_key("default", "loss") == "loss"
+    assert metric_key("system", "system.cpu.utilization") == "system/system.cpu.utilization"
+    assert metric_key("system.gpu.0", "hw.gpu.utilization") == "system/gpu.0/hw.gpu.utilization"
+    assert metric_key("system.filesystem./data/../x", "u") == "system/filesystem./data/_/x/u"
+    assert metric_key("training", "train.mfu") == "training/train.mfu"
+    assert metric_key("my group", "a:b{c}") == "my group/a_b_c_"
+
+
+def test_metrics_params_and_run_status_read_back(tmp_path: Path, store_uri: str) -> None:
+    t = telemetrain.Telemetry(store=tmp_path / "store")
+    sink = MLflowSink(store_uri, experiment_name="telemetrain-test")
+    t.add_sink(sink)
+    t.event("update_training_telemetry_config", {"global_batch_size": 256, "seq_length": 2048}, group="training")
+    for i, v in enumerate([1.5, float("nan"), float("inf"), float("-inf"), 2**40, True]):
+        t.metric("loss", v, step=10 * i)
+    for v in (0.25, 0.5, 0.75):
+        t.metric("system.cpu.utilization", v, "system", unit="1")  # no step: 0, 1, 2
+        t.metric("hw.gpu.utilization", v / 2, "system.gpu.0", unit="1")
+    for i in range(2500):  # more than one log_batch call's worth
+        t.metric("many", float(i), step=i)
+    mono, wall = t.now()
+    for n in range(2):
+        values = {"mean": 1.5 + n, "p99": 2.5 + n}
+        t.emit(StatWindow(mono + n, wall + n * 1_000_000, t.identity, "default", "latency", mono, 4, values, "s"))
+    t.event("training_metrics_update", {"current_iteration": 49, "mfu": 0.38, "final": True, "peak_source": "x"},
+            group="training")
+    t.event("training_metrics_update", {"current_iteration": 99, "mfu": 0.4}, group="training")
+    t.close()
+
+    client = MlflowClient(store_uri)
+    exp = client.get_experiment_by_name("telemetrain-test")
+    assert exp is not None
+    (run,) = client.search_runs([exp.experiment_id])
+    assert run.info.run_id == sink.run_id and run.info.status == "FINISHED"
+    assert run.info.run_name == t.identity.run_id
+    params = run.data.params
+    assert params["identity.run_id"] == t.identity.run_id and params["identity.rank"] == "0"
+    assert params["config.global_batch_size"] == "256" and params["config.seq_length"] == "2048"
+
+    want: dict[str, list[tuple[int, int, str]]] = {}
+    counters: dict[str, int] = {}
+    for r in open_run(t.run_dir).records():
+        ms = r.wall_ns // 1_000_000
+        if r.kind == "metric":
+            key = metric_key(r.group, r.name)
+            step = r.step if r.step is not None else counters.setdefault(key, 0)
+            if r.step is None:
+                counters[key] += 1
+            want.setdefault(key, []).append((step, ms, repr(float(r.value))))
+        elif r.kind == "stat":
+            n = counters.setdefault("latency", 0)
+            counters["latency"] += 1
+            for agg, v in r.values.items():
+                want.setdefault(f"latency/{agg}", []).append((n, ms, repr(float(v))))
+        elif r.kind == "event" and r.name == "training_metrics_update":
+            a = r.attributes
+            for k in ("current_iteration", "mfu"):
+                want.setdefault(f"training_metrics_update/{k}", []).append(
+                    (a["current_iteration"], ms, repr(float(a[k]))))
+    assert sorted(run.data.metrics) == sorted(want)
+    for key, points in want.items():
+        assert history(client, run.info.run_id, key) == sorted(points), key
+    loss = [float(v) for _, _, v in history(client, run.info.run_id, "loss")]
+    assert math.isnan(loss[1]) and loss[2:4] == [math.inf, -math.inf] and loss[4] == 2.0**40
+    assert [s for s, _, _ in history(client, run.info.run_id, "system/gpu.0/hw.gpu.utilization")] == [0, 1, 2]
+
+
+def test_attached_run_gets_the_data_and_is_left_running(tmp_path: Path, store_uri: str) -> None:
+    client = MlflowClient(store_uri)
+    run = client.create_run("0", run_name="mine")
+    t = telemetrain.Telemetry(store=False)
+    t.add_sink(MLflowSink(store_uri, run_id=run.info.run_id))
+    t.metric("acc", 0.9, step=3)
+    t.close()
+    got = client.get_run(run.info.run_id)
+    assert got.info.status == "RUNNING"  # its owner ends it
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "acc")] == [(3, 0.9)]
+    assert got.data.params["identity.run_id"] == t.identity.run_id
+
+
+def test_a_changed_config_keeps_the_first_value_and_warns_once(tmp_path: Path, store_uri: str) -> None:
+    t = telemetrain.Telemetry(store=False)
+    sink = MLflowSink(store_uri)
+    t.add_sink(sink)
+    t.event("update_training_telemetry_config", {"global_batch_size": 256}, group="training")
+    assert t.flush()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        t.event("update_training_telemetry_config", {"global_batch_size": 512, "seq_length": 8}, group="training")
+        t.metric("x", 1.0)
+        assert t.flush()
+    t.close()
+    assert any("global_batch_size" in str(w.message) for w in caught)
+    assert health_of(t)["failed"] == 0
+    assert sink.run_id is not None
+    params = MlflowClient(store_uri).get_run(sink.run_id).data.params
+    assert params["config.global_batch_size"] == "256" and params["config.seq_length"] == "8"
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])  # nothing listens once the socket is closed
+
+
+@pytest.mark.parametrize("kind", ["server_down", "bad_uri"])
+def test_an_unreachable_tracking_server_is_contained_and_counted(
+    tmp_path: Path, store_uri: str, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # fail at once rather than back off for minutes
+    uri = f"http://127.0.0.1:{_closed_port()}" if kind == "server_down" else "nosuchscheme://nowhere"
+    t = telemetrain.Telemetry(store=tmp_path / "store")
+    t.add_sink(MLflowSink(uri, experiment_name="e"))
+    with pytest.warns(telemetrain.TelemetryWarning, match="sink 'mlflow' failed"):
+        for i in range(3):
+            t.metric("loss", float(i), step=i)  # never raises into the caller
+        assert t.flush()
+    s = health_of(t)
+    assert s["failed"] == 3 and s["failures"] >= 1 and s["delivered"] == 0 and s["last_error"]
+    t.close()
+    records = open_run(t.run_dir).records()
+    assert [r.value for r in records if r.kind == "metric"] == [0.0, 1.0, 2.0]  # the run store got everything
+    assert any(r.kind == "diagnostic" and r.name == "sink_error" and r.sink == "mlflow" for r in records)
+
+
+def test_importing_without_mlflow_names_the_extra() -> None:
+    code = textwrap.dedent(
+        """
+        import sys
+        sys.modules["mlflow"] = None  # as if the [mlflow] extra were not installed
+        try:
+            import telemetrain.sinks.mlflow
+        except ImportError as exc:
+            print(exc)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "pip install 'telemetrain[mlflow]'" in proc.stdout
