@@ -47,7 +47,8 @@ def _train(t: Telemetry, *, rank: int) -> None:
     strategy = "async" if rank == 1 else "sync"
     r = TrainingRecorder(TrainingTelemetryConfig(
         global_batch_size_or_fn=8, seq_length_or_fn=16, flops_per_sample_or_fn=1e6, log_every_n_train_iterations=2,
-        export_iteration_spans_every=1, save_checkpoint_strategy=strategy, warmup_iterations=0), telemetry=t)
+        export_iteration_spans_every=1, save_checkpoint_strategy=strategy, warmup_iterations=0,
+        peak_tflops_per_gpu=1.0), telemetry=t)
     ctx = TrainingContexts(lambda: r)
     t0 = time.monotonic_ns()
     tracer(t).start("known_wait", group="test", start_ns=t0, make_current=False).end(end_ns=t0 + KNOWN_NS)
@@ -254,7 +255,7 @@ def test_counters_for_throughput_and_system_samples(session: Path) -> None:
         counters.setdefault((e["pid"], e["name"]), []).append(e)
         assert isinstance(e["args"]["value"], float)
     for pid in (1, 2):
-        for name in ("train.samples_per_second", "train.tokens_per_second", "train.tflops_per_gpu"):
+        for name in ("train.samples_per_second", "train.tokens_per_second", "train.tflops_per_gpu", "train.mfu"):
             assert counters.get((pid, name)), (pid, name, sorted(counters))
             assert all(e["args"]["value"] > 0 for e in counters[(pid, name)])
         for name in ("system.cpu.utilization", "process.memory.usage", "process.cpu.utilization"):
