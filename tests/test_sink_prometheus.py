@@ -1,0 +1,415 @@
+"""The Prometheus sink: names and mapping, a real Prometheus server scraping it, and its failure modes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("prometheus_client", reason="needs the prometheus extra: pip install 'telemetrain[prometheus]'")
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from telemetrain import Telemetry
+from telemetrain.identity import identity_from_env
+from telemetrain.records import MetricPoint
+from telemetrain.sinks.prometheus import PrometheusSink, metric_name
+from telemetrain.stats import Stat
+from telemetrain.store import open_run
+from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
+
+PROMETHEUS = shutil.which("prometheus") or ("/usr/bin/prometheus" if os.path.exists("/usr/bin/prometheus") else None)
+WAIT_S = 30.0
+OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # local servers: never through a proxy
+IDENTITY = {"run_id": "run-a", "session_tag": "sess-a", "perf_tag": "bs32", "rank": 0, "local_rank": 0}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def scrape(port: int) -> dict[str, list[Any]]:
+    """{sample name: [(labels, value), ...]} from the sink's endpoint, parsed by prometheus_client's own parser."""
+    text = OPENER.open(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    out: dict[str, list[Any]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return out
+
+
+def only(samples: dict[str, list[Any]], name: str) -> float:
+    (entry,) = samples[name]
+    return float(entry[1])
+
+
+# -- a real Prometheus server ----------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def prometheus_server(tmp_path: Path, target_port: int) -> Iterator[str]:
+    """Start Debian's ``prometheus`` scraping 127.0.0.1:<target_port> every second; yield its base URL."""
+    assert PROMETHEUS is not None
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        "scrape_configs:\n  - job_name: telemetrain\n    static_configs:\n"
+        f"      - targets: ['127.0.0.1:{target_port}']\n"
+    )
+    port = free_port()
+    log = open(tmp_path / "prometheus.log", "wb")
+    proc = subprocess.Popen(
+        [
+            PROMETHEUS,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            try:
+                if OPENER.open(base + "/-/ready", timeout=2).status == 200:
+                    break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log.flush()
+                pytest.fail(f"prometheus did not start: {(tmp_path / 'prometheus.log').read_text()[-2000:]}")
+            time.sleep(0.2)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def query(base: str, promql: str) -> list[Any]:
+    url = f"{base}/api/v1/query?query={urllib.parse.quote(promql)}"
+    body = json.loads(OPENER.open(url, timeout=10).read())
+    assert body["status"] == "success", body
+    return list(body["data"]["result"])
+
+
+def wait_for(base: str, promql: str) -> list[Any]:
+    """Poll until the query returns a series (bounded: a broken exporter fails here, it does not hang)."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        result = query(base, promql)
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail(f"no series for {promql!r} within {WAIT_S} s")
+        time.sleep(0.25)
+
+
+# -- names ------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "unit", "expected"),
+    [
+        ("loss", "", "telemetrain_loss"),
+        ("train.iteration_time.p99", "s", "telemetrain_train_iteration_time_p99_seconds"),
+        ("train.samples_per_second", "1/s", "telemetrain_train_samples_per_second"),
+        ("train.mfu", "1", "telemetrain_train_mfu_ratio"),
+        ("train.tflops_per_gpu", "TFLOP/s", "telemetrain_train_tflops_per_gpu"),
+        ("system.memory.usage", "By", "system_memory_usage_bytes"),
+        ("process.cpu.time", "s", "process_cpu_time_seconds"),
+        ("hw.energy", "J", "hw_energy_joules"),
+        ("hw.gpu.utilization", "1", "hw_gpu_utilization_ratio"),
+        ("hw.temperature", "Cel", "hw_temperature_celsius"),
+        ("process.thread.count", "{thread}", "process_thread_count"),
+        ("torch.cuda.memory.allocated", "By", "telemetrain_torch_cuda_memory_allocated_bytes"),
+        ("telemetrain.queue.depth", "", "telemetrain_queue_depth"),
+        ("step_seconds", "s", "telemetrain_step_seconds"),
+        ("9lives-and spaces", "", "telemetrain__9lives_and_spaces"),
+    ],
+)
+def test_metric_names(name: str, unit: str, expected: str) -> None:
+    assert metric_name(name, unit) == expected
+    assert re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", expected)
+
+
+def test_import_without_prometheus_client_names_the_extra() -> None:
+    code = "import sys; sys.modules['prometheus_client'] = None; import telemetrain.sinks.prometheus"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "ImportError: telemetrain.sinks.prometheus needs prometheus_client" in proc.stderr
+    assert "pip install 'telemetrain[prometheus]'" in proc.stderr
+
+
+def test_bad_arguments_raise_at_once() -> None:
+    with pytest.raises(ValueError, match="port"):
+        PrometheusSink(port=70000)
+    with pytest.raises(ValueError, match="local_rank"):
+        PrometheusSink(local_rank=-1)
+    with pytest.raises(TypeError, match="addr"):
+        PrometheusSink(port=0, addr="")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="max_series"):
+        PrometheusSink(port=0, max_series=0)
+
+
+# -- the endpoint -----------------------------------------------------------------------------------------------------
+
+
+def test_binds_loopback_by_default_and_the_port_follows_local_rank() -> None:
+    sink = PrometheusSink(port=0)
+    try:
+        assert sink.address is not None and sink.address[0] == "127.0.0.1"
+        assert sink.port == sink.address[1] and sink.port != 0
+    finally:
+        sink.close()
+    assert not sink.serving and sink.port is None
+    port = free_port()
+    sink = PrometheusSink(base_port=port - 3, local_rank=3)
+    try:
+        assert sink.port == port and sink.address == ("127.0.0.1", port)
+    finally:
+        sink.close()
+    with pytest.raises(urllib.error.URLError) as refused:
+        OPENER.open(f"http://127.0.0.1:{port}/metrics", timeout=5)
+    assert isinstance(refused.value.reason, ConnectionRefusedError)
+
+
+def test_mapping_on_the_endpoint(tmp_path: Path) -> None:
+    t = Telemetry(identity_from_env(**IDENTITY), store=False)
+    sink = PrometheusSink(port=0, counters=["tokens.seen"])
+    t.add_sink(sink)
+    try:
+        t.metric("tokens.seen", 4096)
+        t.metric("process.cpu.time", 12.5, group="system", unit="s")
+        t.metric("loss", 2.5)
+        t.metric("loss", 1.25)  # the latest value wins
+        t.metric("hw.energy", 1000.0, group="system.gpu.1", unit="J")
+        t.metric("nan.metric", math.nan)
+        t.metric("inf.metric", -math.inf, unit="s")
+        stat = Stat("step.time", ("mean", "p50", "max", "p99.9"), samples=4, unit="s", telemetry=t)
+        for v in (0.1, 0.2, 0.3, 0.4):
+            stat.add(v)
+        t.event("training_metrics_update", {"mfu": 0.5, "final": True, "peak_source": "config"}, group="training")
+        assert t.flush()
+        samples = scrape(sink.port or 0)
+        assert only(samples, "telemetrain_loss") == 1.25
+        assert only(samples, "telemetrain_tokens_seen_total") == 4096
+        assert only(samples, "process_cpu_time_seconds_total") == 12.5
+        (labels, value), = samples["hw_energy_joules_total"]
+        assert value == 1000.0 and labels["group"] == "system.gpu.1"
+        assert {k: labels[k] for k in IDENTITY} == {k: str(v) for k, v in IDENTITY.items()}
+        assert set(labels) == {"run_id", "session_tag", "perf_tag", "rank", "local_rank", "host", "group"}
+        assert math.isnan(only(samples, "telemetrain_nan_metric"))
+        assert only(samples, "telemetrain_inf_metric_seconds") == -math.inf
+        assert only(samples, "telemetrain_step_time_seconds_count") == 4
+        assert only(samples, "telemetrain_step_time_seconds_mean") == pytest.approx(0.25)
+        assert only(samples, "telemetrain_step_time_seconds_max") == pytest.approx(0.4)
+        assert "telemetrain_step_time_seconds_p99_9" in samples
+        assert only(samples, "telemetrain_train_mfu_ratio") == 0.5
+        assert not any("final" in name or "peak_source" in name for name in samples)  # numbers only
+        kinds = {lab["kind"]: v for lab, v in samples["telemetrain_records_total"]}
+        assert kinds["metric"] == 7 and kinds["stat"] == 1 and kinds["event"] == 1
+    finally:
+        t.close()
+    assert not sink.serving
+
+
+def test_a_scrape_sees_whole_batches() -> None:
+    """Two metrics written in one batch always show the same value, while batches keep coming."""
+    sink = PrometheusSink(port=0)
+    identity = identity_from_env(**IDENTITY)
+    stop = threading.Event()
+    written = [0]
+
+    def writer() -> None:
+        i = 0
+        while not stop.is_set():
+            i += 1
+            sink.write([MetricPoint(0, 0, identity, "default", name, float(i)) for name in ("a", "b", "c")])
+            written[0] = i
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    seen = set()
+    try:
+        deadline = time.monotonic() + 10
+        while len(seen) < 20 and time.monotonic() < deadline:
+            samples = scrape(sink.port or 0)
+            if "telemetrain_a" not in samples:
+                continue
+            a, b, c = (only(samples, f"telemetrain_{n}") for n in "abc")
+            assert a == b == c
+            seen.add(a)
+    finally:
+        stop.set()
+        thread.join()
+        sink.close()
+    assert len(seen) >= 2, f"the scrapes saw {len(seen)} distinct values over {written[0]} batches"
+
+
+def test_a_taken_port_is_contained_and_served_once_free(tmp_path: Path) -> None:
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen()
+    port = blocker.getsockname()[1]
+    t = Telemetry(identity_from_env(**IDENTITY), store=tmp_path)
+    try:
+        sink = PrometheusSink(port=port)  # no exception: the port is the environment's, not a programming error
+        assert not sink.serving and sink.bind_error is not None
+        t.add_sink(sink)
+        with pytest.warns(Warning, match="prometheus"):
+            t.metric("loss", 3.0)  # training goes on
+            assert t.flush()
+        (stats,) = [s for s in t.health()["sinks"] if s["sink"] == "prometheus"]
+        assert stats["failures"] == 1 and stats["failed"] == 1
+        assert f"127.0.0.1:{port}" in stats["last_error"]
+        assert t.flush()  # the diagnostic went to the run store's queue after the store's own flush
+        diagnostics = open_run(t.run_dir).records("diagnostic")
+        assert [d.name for d in diagnostics if d.sink == "prometheus"] == ["sink_error"]
+        blocker.close()  # the port is free again: the next write binds it
+        t.metric("acc", 0.9)
+        assert t.flush()
+        assert sink.serving and sink.port == port
+        samples = scrape(port)
+        assert only(samples, "telemetrain_loss") == 3.0 and only(samples, "telemetrain_acc") == 0.9
+    finally:
+        blocker.close()
+        t.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_does_not_serve_the_parents_socket(tmp_path: Path) -> None:
+    t = Telemetry(identity_from_env(**IDENTITY), store=False)
+    sink = PrometheusSink(port=0)
+    t.add_sink(sink)
+    try:
+        t.metric("loss", 1.0)
+        assert t.flush()
+        parent_port = sink.port
+        fd = sink._server.socket.fileno()
+        result = tmp_path / "child.json"
+        pid = os.fork()
+        if pid == 0:  # the child: report what it sees, then leave without running the parent's cleanup
+            code = 1
+            try:
+                threads = [th.name for th in threading.enumerate() if th.name.startswith("telemetrain-prometheus")]
+                try:
+                    os.fstat(fd)
+                    fd_open = True
+                except OSError:
+                    fd_open = False
+                state = {"serving": sink.serving, "port": sink.port, "threads": threads, "fd_open": fd_open}
+                t.metric("child", 2.0)  # port 0: the child binds a port of its own
+                t.flush()
+                state["child_port"] = sink.port
+                state["child_scrape"] = "telemetrain_child" in scrape(sink.port or 0)
+                t.close()
+                result.write_text(json.dumps(state))
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        state = json.loads(result.read_text())
+        assert state["serving"] is False and state["port"] is None and state["threads"] == []
+        assert state["fd_open"] is False
+        assert state["child_port"] not in (None, parent_port) and state["child_scrape"] is True
+        samples = scrape(parent_port or 0)  # the parent still serves, and only its own values
+        assert only(samples, "telemetrain_loss") == 1.0 and "telemetrain_child" not in samples
+    finally:
+        t.close()
+
+
+# -- a real Prometheus server scraping the endpoint -------------------------------------------------------------------
+
+
+@pytest.mark.skipif(PROMETHEUS is None, reason="the prometheus binary is absent (Debian: apt-get install prometheus)")
+def test_a_real_prometheus_scrapes_metrics_stats_and_the_training_report(tmp_path: Path) -> None:
+    t = Telemetry(identity_from_env(**IDENTITY), store=tmp_path / "runs")
+    sink = PrometheusSink(port=0)
+    t.add_sink(sink)
+    try:
+        t.metric("loss", 0.75, step=10)
+        t.metric("hw.energy", 5000.0, group="system.gpu.0", unit="J")
+        t.metric("process.memory.usage", 2.0**30, group="system", unit="By")
+        t.metric("nan.metric", math.nan)
+        t.metric("inf.metric", math.inf)
+        stat = Stat("data.wait", ("mean", "p50", "p99"), samples=3, unit="s", telemetry=t)
+        for v in (0.5, 1.0, 3.0):
+            stat.add(v)
+        recorder = TrainingRecorder(
+            TrainingTelemetryConfig(global_batch_size_or_fn=2, seq_length_or_fn=8, log_every_n_train_iterations=2,
+                                    flops_per_sample_or_fn=1e12, peak_tflops_per_gpu=100.0),
+            telemetry=t,
+        )
+        base = float(int(time.time() * 1000) - 60_000)
+        recorder.on_train_start(0, start_time_msec=base)
+        for it in range(4):
+            recorder.on_training_single_iteration_start(base + 100 * it)
+            recorder.on_training_single_iteration_end(base + 100 * it + 80)
+        assert t.flush()
+        reports = [e.attributes for e in open_run(t.run_dir).records("event") if e.name == "training_metrics_update"]
+        report = reports[-1]
+
+        with prometheus_server(tmp_path, sink.port or 0) as prom:
+            (loss,) = wait_for(prom, "telemetrain_loss")
+            labels = loss["metric"]
+            assert float(loss["value"][1]) == 0.75
+            assert {k: labels[k] for k in IDENTITY} == {k: str(v) for k, v in IDENTITY.items()}
+            assert labels["host"] == t.identity.host and labels["job"] == "telemetrain"
+            assert "step" not in labels and "group" not in labels  # no high-cardinality labels; no device here
+
+            (energy,) = wait_for(prom, "hw_energy_joules_total")
+            assert energy["metric"]["group"] == "system.gpu.0" and float(energy["value"][1]) == 5000.0
+            (memory,) = wait_for(prom, "process_memory_usage_bytes")
+            assert float(memory["value"][1]) == 2.0**30
+            assert wait_for(prom, "telemetrain_nan_metric")[0]["value"][1] == "NaN"
+            assert wait_for(prom, "telemetrain_inf_metric")[0]["value"][1] == "+Inf"
+
+            assert float(wait_for(prom, "telemetrain_data_wait_seconds_count")[0]["value"][1]) == 3
+            assert float(wait_for(prom, "telemetrain_data_wait_seconds_mean")[0]["value"][1]) == pytest.approx(1.5)
+            assert float(wait_for(prom, "telemetrain_data_wait_seconds_p50")[0]["value"][1]) == pytest.approx(1.0)
+
+            expected = {
+                "telemetrain_train_iteration_time_mean_seconds": report["avg_iteration_time_sec"],
+                "telemetrain_train_iteration_time_p50_seconds": report["p50_iteration_time_sec"],
+                "telemetrain_train_iteration_time_p99_seconds": report["p99_iteration_time_sec"],
+                "telemetrain_train_samples_per_second": report["samples_per_second"],
+                "telemetrain_train_tokens_per_second": report["tokens_per_second"],
+                "telemetrain_train_tflops_per_gpu": report["train_throughput_per_gpu"],
+                "telemetrain_train_mfu_ratio": report["mfu"],
+                "telemetrain_train_window_seconds": report["window_seconds"],
+                "telemetrain_train_current_iteration": report["current_iteration"],
+            }
+            for name, value in expected.items():
+                (series,) = wait_for(prom, name)
+                assert float(series["value"][1]) == pytest.approx(value, rel=1e-9), name
+            assert report["avg_iteration_time_sec"] == pytest.approx(0.08, abs=1e-6)
+            kinds = {r["metric"]["kind"] for r in wait_for(prom, "telemetrain_records_total")}
+            assert {"metric", "stat", "event", "span_start", "span_end"} <= kinds
+    finally:
+        t.close()
