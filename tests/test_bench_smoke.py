@@ -182,8 +182,9 @@ def test_bench_training_quick(tmp_path: Path) -> None:
         'telemetrain | `with span("it"): pass`, root span -> async JSONL (caller side)',
         'telemetrain | `with span("it"): pass` inside an open `span("parent")`, child span',
         'telemetrain | `with span("it"): pass`, root span -> async JSONL, writer awake',
-        "pieces | recorder iteration, log_every_n_train_iterations=10**9 (no metrics report)",
-        "pieces | metrics report amortised per iteration",
+        "pieces | recorder iteration, log_every_n_train_iterations=10**9 (no metrics report), training thread CPU",
+        "pieces | report capture amortised per iteration",
+        "pieces | one metrics report computed and emitted",
         '`tr.span("it")` (builds the Span, not entered)',
     ]
     may_skip = ["pieces"]

@@ -919,3 +919,14 @@ def test_the_tick_survives_spans_started_and_ended_in_other_threads(make: Callab
     with span("after_churn", telemetry=t) as s:
         found = _wait_for(lambda: _for_id(_read(t), s.span_id_hex)[0], timeout=3.0, interval=0.05)
     assert found, "the tick no longer writes the start of a long span"
+
+
+def test_a_callback_span_terminated_at_close_is_no_longer_current(tmp_path: Path) -> None:
+    """A span from Tracer.start (made current) still open at close: ended as terminated, and what was current at its
+    start is current again, so later spans in this thread do not become its children."""
+    t = Telemetry(store=tmp_path)
+    before = current_span()
+    s = tracer(t).start("left_open")
+    assert current_span() is s
+    t.close()
+    assert s.status == "terminated" and current_span() is before

@@ -611,9 +611,13 @@ class Tracer:
         for s in sorted(open_spans.values(), key=lambda s: s.start_ns, reverse=True):
             s.status = STATUS_TERMINATED
             s.error = s.error or "still open when telemetry closed (exit or signal)"
-            # ended from here without touching the ContextVar (it may be another thread's context); the token is
-            # kept, so the span's own `with` exit still makes its parent current again in its thread
-            token, s._token = s._token, None
+            token = s._token
+            if token is None:  # started with Tracer.start: end() makes what was current at its start current again
+                s.end()
+                continue
+            # a `with` span: ended from here without touching the ContextVar (it may be another thread's context);
+            # the token is kept, so the span's own `with` exit still makes its parent current again in its thread
+            s._token = None
             s.__exit__(None, None, None)
             s._token = token
         if self._ticking:
