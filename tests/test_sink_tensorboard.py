@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import math
 import subprocess
 import sys
@@ -167,6 +168,18 @@ def test_two_processes_of_a_run_get_their_own_directories(tmp_path: Path) -> Non
     run = tmp_path / t.identity.run_id
     assert sorted(p.name for p in run.iterdir()) == ["rank0", "rank1"]
     assert scalars(load(run / "rank0"))["x"][0][1] == 1.0 and scalars(load(run / "rank1"))["x"][0][1] == 2.0
+
+
+def test_records_are_framed_byte_for_byte_as_tensorboards_record_writer() -> None:
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    from telemetrain.sinks import tensorboard as tb
+
+    assert tb.masked_crc32c is tb._fast_masked_crc32c  # the C CRC is installed with the test extra
+    for data in (b"", b"x", bytes(range(256)) * 7, np.random.default_rng(1).bytes(4099)):
+        out = io.BytesIO()
+        RecordWriter(out).write(data)
+        assert tb.tfrecord(data) == out.getvalue()
 
 
 def test_importing_without_tensorboard_names_the_extra() -> None:

@@ -99,6 +99,7 @@ class MLflowSink(Sink):
         self._client: MlflowClient | None = None
         self.run_id: str | None = None  # the MLflow run, once created or attached
         self._counters: dict[str, int] = {}
+        self._keys: dict[tuple[str, str], str] = {}  # (group, name) -> key: cleaning costs more than the lookup
         self._params: dict[str, str] = {}  # logged
         self._pending_params: dict[str, str] = {}
         self._changed_warned = False
@@ -158,6 +159,14 @@ class MLflowSink(Sink):
         self._counters[key] = n + 1
         return n
 
+    def _key(self, group: str, name: str) -> str:
+        key = self._keys.get((group, name))
+        if key is None:
+            if len(self._keys) >= 100_000:  # bounded, whatever names come
+                self._keys.clear()
+            key = self._keys[group, name] = metric_key(group, name)
+        return key
+
     def write(self, records: Sequence[Any]) -> None:
         if not records:
             return
@@ -168,10 +177,10 @@ class MLflowSink(Sink):
             kind = r.kind
             ms = r.wall_ns // 1_000_000
             if kind == "metric":
-                key = metric_key(r.group, r.name)
+                key = self._key(r.group, r.name)
                 add(Metric(key=key, value=float(r.value), timestamp=ms, step=self._step(key, r.step)))
             elif kind == "stat":
-                base = metric_key(r.group, r.name)
+                base = self._key(r.group, r.name)
                 step = self._step(base, None)
                 for agg, value in r.values.items():
                     add(Metric(key=_clean_key(f"{base}/{agg}"), value=float(value), timestamp=ms, step=step))
