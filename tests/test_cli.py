@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -292,3 +293,45 @@ def test_show_escapes_terminal_control_sequences(tmp_path: Path, capsys: pytest.
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\x07" not in out and "\r" not in out and "\x9b" not in out
     assert "evil\\x1b[2J\\x1b]0;pwned\\x07name" in out and "g\\nroup" in out
+
+
+def test_demo_backend_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One flag each: the demo trains with TensorBoard, MLflow and Prometheus attached and writes the session's
+    Perfetto trace at the end; what each wrote is read back with the backend's own reader."""
+    pytest.importorskip("torch")
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("mlflow")
+    pytest.importorskip("prometheus_client")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # for this process's MlflowClient (MLflow 3)
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
+
+    tb, trace = tmp_path / "tb", tmp_path / "trace.json"
+    mlruns = f"file://{tmp_path / 'mlruns'}"
+    proc = _run_cli("demo", "--steps", "30", "--no-crash", "--root", str(tmp_path / "runs"), "--prometheus",
+                    "--tensorboard", str(tb), "--mlflow", mlruns, "--trace", str(trace),
+                    env={"MLFLOW_ALLOW_FILE_STORE": "true", "MLFLOW_DISABLE_TELEMETRY": "true"})
+    assert proc.returncode == 0, proc.stderr
+    for name in ("prometheus", "tensorboard", "mlflow"):
+        assert f"backend: {name}" in proc.stdout
+    run_dir = _printed_run_dir(proc.stdout)
+    run = open_run(run_dir)
+    assert not [d for d in run.records("diagnostic")]  # no backend failed
+    # TensorBoard: the demo's training loss, every step
+    (rank_dir,) = [p for p in tb.rglob("rank*") if p.is_dir()]
+    acc = EventAccumulator(str(rank_dir), size_guidance={"tensors": 0})  # 0: keep every value
+    acc.Reload()
+    loss = [tag for tag in acc.Tags()["tensors"] if tag.endswith("train.loss")]
+    points = [m for m in run.records("metric") if m.name == "train.loss"]
+    assert len(points) == 30 and all(m.step is None for m in points)  # (put_metric has no step: TB counts them)
+    assert loss and [e.step for e in acc.Tensors(loss[0])] == list(range(30))
+    # MLflow: the same metric with its steps
+    client = MlflowClient(mlruns)
+    (experiment,) = [e for e in client.search_experiments() if e.name == "telemetrain-demo"]
+    (mlrun,) = client.search_runs([experiment.experiment_id])
+    keys = [k for k in mlrun.data.metrics if k.endswith("train.loss")]
+    assert keys and len(client.get_metric_history(mlrun.info.run_id, keys[0])) == 30
+    assert mlrun.info.status == "FINISHED"
+    # Perfetto: a trace of the session with the training loop on it
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any(e.get("name") == "training_loop" and e.get("ph") == "X" for e in events)

@@ -435,11 +435,15 @@ def _cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     with warnings.catch_warnings():
         # A CPU torch without numpy warns at import; the demo never uses numpy.
         warnings.filterwarnings("ignore", message=".*Failed to initialize NumPy.*")
+        from .demo.backends import Backends
         from .demo.train import DemoConfig, run_demo
 
     root = Path(args.root) if args.root is not None else default_root()
+    backends = Backends(prometheus=args.prometheus, otel=args.otel, tensorboard=args.tensorboard, mlflow=args.mlflow,
+                        trace=args.trace)
     result = run_demo(
-        DemoConfig(steps=args.steps, seed=args.seed), root=root, console=args.console, out=out, crash=args.crash
+        DemoConfig(steps=args.steps, seed=args.seed), root=root, console=args.console, out=out, crash=args.crash,
+        backends=backends,
     )
     run_dir = result.run_dir.absolute()
     print(
@@ -507,6 +511,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--seed", type=int, default=0, help="random seed; same seed, same run (default: %(default)s)")
     demo.add_argument("--console", action="store_true", help="also print every record to stderr")
+    demo.add_argument("--prometheus", action="store_true",
+                      help="serve the metrics for Prometheus on 127.0.0.1:9464 (needs telemetrain[prometheus])")
+    demo.add_argument("--otel", action="store_true",
+                      help="export spans and metrics by OTLP/HTTP to $OTEL_EXPORTER_OTLP_ENDPOINT (default "
+                      "localhost:4318; needs telemetrain[otel])")
+    demo.add_argument("--tensorboard", metavar="DIR", help="write TensorBoard event files under DIR "
+                      "(needs telemetrain[tensorboard])")
+    demo.add_argument("--mlflow", metavar="URI", help="log to the MLflow tracking URI, e.g. file:///tmp/mlruns "
+                      "(needs telemetrain[mlflow])")
+    demo.add_argument("--trace", metavar="FILE", help="at the end, write the session as a Perfetto/Chrome trace")
     demo.add_argument(
         "--no-crash",
         dest="crash",

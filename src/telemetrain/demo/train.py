@@ -35,6 +35,7 @@ from telemetrain import events, metrics, monitor
 from telemetrain.stats import Gauge, Stat
 from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
 
+from .backends import Backends, attach
 from .data import VOCAB, CharWindows, decode, encode, load_corpus
 
 __all__ = ["CharGRU", "DemoConfig", "DemoResult", "evaluate", "run_demo", "train_step"]
@@ -201,6 +202,7 @@ def run_demo(
     console: bool = False,
     out: TextIO | None = None,
     crash: bool = True,
+    backends: Backends | None = None,
 ) -> DemoResult:
     """Train, writing the runs under ``root``; progress goes to ``out`` (stdout).
 
@@ -209,6 +211,19 @@ def run_demo(
     the restart, in the same session, restart_count 1 -- loads the last checkpoint and finishes. Goodput then shows
     the iterations lost between that checkpoint and the preemption."""
     out = out or sys.stdout
+    backends = backends or Backends()
+    result = _attempts(cfg, root, console, out, crash, backends)
+    if backends.trace is not None:  # the whole session (both attempts) as one timeline
+        from ..trace import export_trace
+
+        written = export_trace(result.run_dir.parent, backends.trace)
+        print(f"trace: {written.path} ({written.events} events): open it in https://ui.perfetto.dev", file=out)
+    return result
+
+
+def _attempts(
+    cfg: DemoConfig, root: str | os.PathLike[str], console: bool, out: TextIO, crash: bool, backends: Backends
+) -> DemoResult:
     identity = _demo_identity()
     if crash and cfg.steps >= 8:
         crash_at = max(2, cfg.steps * 6 // 10)
@@ -216,22 +231,23 @@ def run_demo(
         print(f"attempt 1 (a separate process) will be preempted with SIGTERM at step {crash_at}", file=out, flush=True)
         out.flush()
         ctx = multiprocessing.get_context("spawn")
-        child = ctx.Process(target=_preempted_attempt, args=(cfg, os.fspath(root), first, crash_at, console))
+        child = ctx.Process(target=_preempted_attempt,
+                            args=(cfg, os.fspath(root), first, crash_at, console, backends))
         child.start()
         child.join()
         print(f"attempt 1 ended by signal {-(child.exitcode or 0)} (SIGTERM = {int(signal.SIGTERM)}); restarting from "
               "its last checkpoint", file=out, flush=True)
         resume = Path(root) / first.session_tag / first.run_id / CHECKPOINT_NAME
         identity = identity.replace(run_id=f"{identity.session_tag}-a1", restart_count=1)
-        return _run(cfg, identity, root, console, out, resume if resume.exists() else None, None)
-    return _run(cfg, identity, root, console, out, None, None)
+        return _run(cfg, identity, root, console, out, resume if resume.exists() else None, None, backends)
+    return _run(cfg, identity, root, console, out, None, None, backends)
 
 
 def _preempted_attempt(
-    cfg: DemoConfig, root: str, identity: telemetrain.Identity, crash_at: int, console: bool
+    cfg: DemoConfig, root: str, identity: telemetrain.Identity, crash_at: int, console: bool, backends: Backends
 ) -> None:
     """The first attempt, in its own process: trains until ``crash_at``, where it is sent SIGTERM."""
-    _run(cfg, identity, root, console, sys.stdout, None, crash_at)
+    _run(cfg, identity, root, console, sys.stdout, None, crash_at, backends)
 
 
 def _run(
@@ -242,10 +258,13 @@ def _run(
     out: TextIO,
     resume: Path | None,
     crash_at: int | None,
+    backends: Backends | None = None,
 ) -> DemoResult:
     config = dataclasses.asdict(cfg) | {"warmup_steps": cfg.warmup_steps, "model": "CharGRU", "optimizer": "AdamW"}
     t = telemetrain.Telemetry(identity, store=root, console=console, config=config)
     previous = telemetrain.set_telemetry(t)  # metrics.* and events.* now go to t
+    if backends is not None and backends.any_sink:
+        attach(t, backends, out)
     _start_system_sampler(t, out)  # stopped, with a last sample, when t closes (SIGTERM included)
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
