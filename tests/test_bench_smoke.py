@@ -287,3 +287,63 @@ def test_bench_system_quick(tmp_path: Path) -> None:
         for key in ("cycle_ns", "share", "ratio", "control", "cpu_ratio"):
             if key in c:
                 assert math.isfinite(c[key]) and c[key] > 0, c
+
+
+BENCH_SINKS = BENCH.with_name("bench_sinks.py")
+
+
+def test_bench_sinks_quick(tmp_path: Path) -> None:
+    """bench/bench_sinks.py --quick runs, prints its rows and checks, and writes its JSON. Timing and the PASS/FAIL
+    verdicts of check 2 are not asserted; the delivery checks (every record delivered to every sink, nothing dropped or
+    failed) are. A backend whose package is not installed has its rows and checks skipped with a note."""
+    backends = {
+        "prometheus": ("c", "run store + PrometheusSink(port=0)", ("prometheus_client",)),
+        "otel": ("d", "run store + OTelSink(SDK TracerProvider, MeterProvider + InMemoryMetricReader)",
+                 ("opentelemetry.sdk.metrics",)),
+        "tensorboard": ("e", "run store + TensorBoardSink(tmpdir)", ("tensorboard",)),
+        "mlflow": ("f", "run store + MLflowSink(file store)", ("mlflow",)),
+    }
+    present = {key: all(_importable(m) for m in modules) for key, (_, _, modules) in backends.items()}
+    variants = [
+        "baseline: a no-op function with metric's signature (loop and call floor)",
+        "run store alone",
+        "run store + do-nothing background sink (control)",
+    ] + [label for key, (_, label, _) in backends.items() if present[key]]
+    measures = [
+        "paced: training-thread CPU",
+        "paced: wall",
+        "burst: training-thread CPU",
+        "burst: wall",
+        "paced: other threads' CPU per record",
+        "burst: other threads' CPU per record",
+    ]
+    rows = [f"| {m} | {v} |" for m in measures for v in variants if not ("other" in m and v.startswith("baseline"))]
+    out, data = _quick_run(
+        BENCH_SINKS,
+        tmp_path,
+        "| library | operation | median ns/op | best ns/op | ratio to do-nothing sink | ratio to store alone | n |",
+        rows,
+        tuple(key for key, ok in present.items() if not ok),
+    )
+
+    checks = re.findall(r"^check (\w+): (PASS|FAIL|INFO|SKIP): (.*)$", out, flags=re.MULTILINE)
+    assert [c[0] for c in checks] == ["1a", "1b", "1c", "1d", "1e", "1f", "2b", "2c", "2d", "2e", "2f"], checks
+    status = dict((c[0], c[1]) for c in checks)
+    assert status["1a"] == status["1b"] == "PASS" and status["2b"] == "INFO", checks
+    for key, (letter, _, _) in backends.items():
+        assert status["1" + letter] == ("PASS" if present[key] else "SKIP"), (key, checks)
+        assert status["2" + letter] in (("PASS", "FAIL") if present[key] else ("SKIP",)), (key, checks)
+
+    for key in ("versions", "args", "results", "rounds", "checks", "notes"):
+        assert key in data, key
+    assert len(data["results"]) == len(rows)
+    for r in data["results"]:
+        assert math.isfinite(r["median_ns"]) and r["median_ns"] > 0, r
+        for col in ("ratio_control", "ratio_store"):
+            assert r[col] is None or (math.isfinite(r[col]) and r[col] > 0), r
+    for mode in ("paced", "burst"):
+        for key, runs in data["rounds"][mode].items():
+            assert len(runs) == 2, (mode, key)  # --quick: 2 rounds
+            for run in runs:
+                if key != "no-op call":
+                    assert run["ok"] and run["health"]["dropped"] == 0 and run["health"]["failed"] == 0, run
