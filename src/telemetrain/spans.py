@@ -2,9 +2,12 @@
 
 ``span(name, **attributes)`` is a context manager and a decorator. The current span lives in a ``ContextVar``, so
 nesting follows threads and asyncio tasks; a span started in a fresh thread has no parent unless one is passed.
-Each exported span writes a start record when it opens (so a span still open at a crash is visible) and an end record
-with its duration, status (``ok``; ``error`` with the exception's type and message; ``terminated`` when it was still
-open when its ``Telemetry`` closed: at exit, on SIGTERM) and the attributes set after the start. ``Span.add_event``
+Each exported span writes a start record and an end record with its duration, status (``ok``; ``error`` with the
+exception's type and message; ``terminated`` when it was still open when its ``Telemetry`` closed: at exit, on
+SIGTERM) and the attributes set after the start. A callback-style span (``Tracer.start``) writes its start when it
+opens; a ``with`` span's start travels with its end in one tuple (``records.SPAN_PAIR``) unless it is still open at
+the tracer's next tick (every flush interval), which writes it then: so a span open at a crash is in the store unless
+it began within the last tick or two, like any record still queued. ``Span.add_event``
 records an event linked to it.
 
 Ids are OpenTelemetry-shaped: a 128-bit trace id shared by a root span and its descendants and a 64-bit span id
@@ -17,11 +20,10 @@ while one in N is written). A span inside an unexported one is not exported eith
 every exported span is in the store); an event inside one is linked to the nearest exported ancestor. A span that
 ends with an error is exported anyway (its start record is written then, with its real start time).
 
-"terminated": at close, the Tracer ends the spans started with ``Tracer.start`` that are still open, and the ``with``
-spans open in the closing thread's context (the main thread, for atexit and signal handlers). A ``with`` span open in
-another thread at that moment is not seen; its start record stays without an end (the reader shows it open).
+"terminated": at close, the Tracer ends every span still open, in any thread (it keeps them: ``open_spans``); a
+``with`` span so ended still makes its parent current again when its block exits.
 
-The hot path (enter + exit) is three Python calls, two clock reads, two appended tuples and a ContextVar set/reset;
+The hot path (enter + exit) is three Python calls, two clock reads, one appended tuple and a ContextVar set/reset;
 everything else is deferred to the writer thread (``bench/bench_training.py`` measures it).
 """
 
