@@ -1,10 +1,11 @@
 """``TrainingRecorder``: one-logger's training lifecycle (its spans, events, callbacks, derived metrics) at a fraction
 of its cost, with the metrics it declared but never filled, and without ever raising into the training job.
 
-Every callback is O(1): an iteration adds its duration to a list that is folded into window and cumulative
-``Summary``s (exact percentiles up to 2048 samples a window, 0.54% beyond) when the metrics are reported, every
-``log_every_n_train_iterations`` iterations (aligned to the global step) and once more at the end of training
-(one-logger never reports the last partial window). Misuse -- an end without a start, a callback twice, a save that
+Every callback is O(1): an iteration adds its duration to a list; every ``log_every_n_train_iterations``
+iterations (aligned to the global step) and once more at the end of training (one-logger never reports the last
+partial window) the window is captured and handed to the ``reports.Reporter``, which folds it into window and
+cumulative ``Summary``s (exact percentiles up to 2048 samples a window, 0.54% beyond) and emits the report in the
+collector thread. The iteration callbacks take no lock and time a sampled-out iteration on a reusable quiet span. Misuse -- an end without a start, a callback twice, a save that
 fails, a span left open -- becomes an ``error`` event with the callback's name and the state it found, counted in
 ``errors``; the call returns normally.
 
