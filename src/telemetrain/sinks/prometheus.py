@@ -21,6 +21,7 @@ except ImportError as exc:  # one clear message naming the extra
         "telemetrain.sinks.prometheus needs prometheus_client: pip install 'telemetrain[prometheus]'"
     ) from exc
 
+from ..cumulative import CUMULATIVE_METRICS, CUMULATIVE_UNITS
 from ..dispatch import warn_safely
 from ..identity import Identity, identity_from_env
 from ..training.reports import METRICS as TRAINING_METRICS
@@ -48,20 +49,6 @@ UNIT_SUFFIXES = {
     "Cel": "celsius",
     "1": "ratio",
 }
-# Cumulative system metrics (docs/system.md): exported as counters, `_total`. Anything in joules is one too.
-COUNTERS = frozenset(
-    {
-        "system.disk.io.read",
-        "system.disk.io.write",
-        "system.network.io.receive",
-        "system.network.io.transmit",
-        "process.cpu.time",
-        "hw.errors.corrected",
-        "hw.errors.uncorrected",
-        "torch.cuda.alloc_retries",
-        "torch.cuda.ooms",
-    }
-)
 TRAINING_EVENT = ("training", "training_metrics_update")
 _CACHE_MAX = 4096
 _INVALID = re.compile(r"[^a-zA-Z0-9_]")
@@ -230,7 +217,7 @@ class PrometheusSink(Sink):
                 raise ValueError(f"base_port + local_rank = {port} is not a port")
         self.requested_port = port
         self.addr = addr
-        self.counters = COUNTERS | frozenset(counters)
+        self.counters = CUMULATIVE_METRICS | frozenset(counters)  # running totals: counters, `_total`
         self._table = _Table(max_series)
         self._registry = CollectorRegistry(auto_describe=False)
         self._registry.register(self._table)
@@ -320,7 +307,7 @@ class PrometheusSink(Sink):
         if spec is None:
             if len(self._specs) >= _CACHE_MAX:
                 self._specs.clear()
-            counter = name in self.counters or unit == "J"
+            counter = name in self.counters or unit in CUMULATIVE_UNITS
             doc = f"{name} ({unit})" if unit else name
             spec = self._specs[(name, unit)] = (metric_name(name, unit), "counter" if counter else "gauge", doc)
         self._table.set(spec[0], spec[1], spec[2], label_id, float(value))

@@ -5,9 +5,9 @@ Every callback is O(1): an iteration adds its duration to a list; every ``log_ev
 iterations (aligned to the global step) and once more at the end of training (one-logger never reports the last
 partial window) the window is captured and handed to the ``reports.Reporter``, which folds it into window and
 cumulative ``Summary``s (exact percentiles up to 2048 samples a window, 0.54% beyond) and emits the report in the
-collector thread. The iteration callbacks take no lock and time a sampled-out iteration on a reusable quiet span. Misuse -- an end without a start, a callback twice, a save that
-fails, a span left open -- becomes an ``error`` event with the callback's name and the state it found, counted in
-``errors``; the call returns normally.
+collector thread. The iteration callbacks take no lock and time a sampled-out iteration on a reusable quiet span.
+Misuse -- an end without a start, a callback twice, a save that fails, a span left open -- becomes an ``error``
+event with the callback's name and the state it found, counted in ``errors``; the call returns normally.
 
 Derived metrics (``training_metrics_update``; docs/training.md defines each):
 - per window (the iterations since the previous update) and cumulative (this job, warm-up iterations excluded from

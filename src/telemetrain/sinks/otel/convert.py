@@ -11,28 +11,14 @@ from typing import Any
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.util.types import AttributeValue
 
+from ...cumulative import is_cumulative
 from ...identity import Identity
 
 # Names already in an OpenTelemetry namespace (system sampler, docs/system.md) keep their name; others get a prefix,
 # as semantic conventions ask of application-specific names.
 KEEP_PREFIXES = ("system.", "process.", "hw.", "torch.")
 
-# Cumulative readings (totals since a start): exported as observable counters. Energy is the landscape's example:
-# a joules counter from which the backend derives watts.
-COUNTER_NAMES = frozenset(
-    {
-        "system.disk.io.read",
-        "system.disk.io.write",
-        "system.network.io.receive",
-        "system.network.io.transmit",
-        "process.cpu.time",
-        "hw.errors.corrected",
-        "hw.errors.uncorrected",
-        "torch.cuda.alloc_retries",
-        "torch.cuda.ooms",
-    }
-)
-COUNTER_UNITS = frozenset({"J"})
+# Running totals (energy, I/O since a start...) are observable counters: the list is shared (cumulative.py).
 
 GROUP_KEY = "telemetrain.group"
 _BAD_NAME_CHARS = re.compile(r"[^A-Za-z0-9_./\-]")
@@ -48,8 +34,7 @@ def metric_name(name: str, prefix: str) -> str:
     return full[:255]
 
 
-def is_counter(name: str, unit: str) -> bool:
-    return unit in COUNTER_UNITS or name in COUNTER_NAMES or name.endswith((".total", "_total"))
+is_counter = is_cumulative
 
 
 def stat_unit(aggregation: str, unit: str) -> str:

@@ -1,0 +1,32 @@
+"""Which metrics are running totals rather than readings: the backends that tell the two apart (Prometheus counters
+with ``_total``, OpenTelemetry observable counters) share this one list.
+
+A total is a value that only grows from a start (the system sampler's I/O bytes since it started, a process's CPU
+time, error counts) or anything in joules: energy is exported as a counter and the backend derives watts from its
+rate (landscape.md §3.2). Everything else is a gauge.
+"""
+
+from __future__ import annotations
+
+__all__ = ["CUMULATIVE_METRICS", "CUMULATIVE_UNITS", "is_cumulative"]
+
+# cumulative metrics of docs/system.md
+CUMULATIVE_METRICS = frozenset(
+    {
+        "system.disk.io.read",
+        "system.disk.io.write",
+        "system.network.io.receive",
+        "system.network.io.transmit",
+        "process.cpu.time",
+        "hw.errors.corrected",
+        "hw.errors.uncorrected",
+        "torch.cuda.alloc_retries",
+        "torch.cuda.ooms",
+    }
+)
+CUMULATIVE_UNITS = frozenset({"J"})
+
+
+def is_cumulative(name: str, unit: str) -> bool:
+    """A running total: a known cumulative metric, a quantity in joules, or a name that says so."""
+    return unit in CUMULATIVE_UNITS or name in CUMULATIVE_METRICS or name.endswith((".total", "_total"))
