@@ -281,6 +281,22 @@ def print_notes() -> None:
         print(f"- SKIPPED {s}")
 
 
+def print_checks(checks: list[dict]) -> None:
+    print("checks (medians of this run):")
+    for c in checks:
+        print(f"check {c['id']}: {c['status']}: {c.get('title', '')}: {c['text']}")
+
+
+def write_run_json(path: str | None, dists: Sequence[str], load: tuple[str, str], args: object, extra: dict,
+                   checks: list[dict]) -> None:
+    """``write_json`` with the fields every script writes (source, load, arguments, rows) and its ``extra``; nothing
+    when ``path`` is None (no ``--json``)."""
+    if path:
+        fields = {"source": source_state(), "load_before": load[0], "load_after": load[1], "args": vars(args),
+                  "results": RESULTS, **extra}
+        write_json(path, dists, fields, checks)
+
+
 def write_json(path: str, dists: Sequence[str], fields: dict, checks: list[dict]) -> None:
     """The raw results: the machine, ``fields`` (the script's), then the checks, notes and skipped sections."""
     data = {

@@ -475,13 +475,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     _method.print_notes()
     print()
-    print("checks (medians of this run):")
-    for c in results_checks:
-        print(f"check {c['id']}: {c['status']}: {c['title']}: {c['text']}")
-    if ARGS.json:
-        fields = {"source": _method.source_state(), "load_before": load_before, "load_after": load_after,
-                  "args": vars(ARGS), "results": RESULTS, **EXTRA}
-        _method.write_json(ARGS.json, DISTS, fields, results_checks)
+    _method.print_checks(results_checks)
+    _method.write_run_json(ARGS.json, DISTS, (load_before, load_after), ARGS, EXTRA, results_checks)
     return 1 if failed else 0
 
 

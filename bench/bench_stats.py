@@ -1210,9 +1210,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     _method.print_notes()
     print()
-    print("checks (medians of this run):")
-    for c in results_checks:
-        print(f"check {c['id']}: {c['status']}: {c['title']}: {c['text']}")
+    _method.print_checks(results_checks)
     targets = {
         "1": "add <= 0.5x torch.monitor",
         "3": "2 threads: exact counts",

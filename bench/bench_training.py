@@ -1491,9 +1491,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     _method.print_notes()
     print()
-    print("checks (medians of this run):")
-    for c in results_checks:
-        print(f"check {c['id']}: {c['status']}: {c['title']}: {c['text']}")
+    _method.print_checks(results_checks)
     for key, title in TARGETS.items():
         mine = [c for c in results_checks if c["id"].startswith(key) and c["status"] != "INFO"]
         if not mine or all(c["status"] == "SKIP" for c in mine):
@@ -1501,16 +1499,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             status = "FAIL" if any(c["status"] in ("FAIL", "SKIP") for c in mine) else "PASS"
         print(f"target {key}: {status}: {title} ({sum(c['status'] == 'PASS' for c in mine)}/{len(mine)} checks pass)")
-    if ARGS.json:
-        fields = {
-            "source": _method.source_state(),
-            "load_before": load_before,
-            "load_after": load_after,
-            "args": vars(ARGS),
-            "results": RESULTS,
-            **EXTRA,
-        }
-        _method.write_json(ARGS.json, DISTS, fields, results_checks)
+    _method.write_run_json(ARGS.json, DISTS, (load_before, load_after), ARGS, EXTRA, results_checks)
     return 1 if failed else 0
 
 
