@@ -413,3 +413,193 @@ def test_a_real_prometheus_scrapes_metrics_stats_and_the_training_report(tmp_pat
             assert {"metric", "stat", "event", "span_start", "span_end"} <= kinds
     finally:
         t.close()
+
+
+# -- pushing to a Pushgateway (short jobs) ----------------------------------------------------------------------------
+
+PUSHGATEWAY = shutil.which("prometheus-pushgateway") or (
+    "/usr/bin/prometheus-pushgateway" if os.path.exists("/usr/bin/prometheus-pushgateway") else None
+)
+needs_pushgateway = pytest.mark.skipif(
+    PUSHGATEWAY is None,
+    reason="the prometheus-pushgateway binary is absent (Debian: apt-get install prometheus-pushgateway)",
+)
+
+
+@contextlib.contextmanager
+def pushgateway(tmp_path: Path) -> Iterator[str]:
+    """Start Debian's ``prometheus-pushgateway`` on a free loopback port; yield its base URL."""
+    assert PUSHGATEWAY is not None
+    port = free_port()
+    log_path = tmp_path / "pushgateway.log"
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(
+        [
+            PUSHGATEWAY,
+            f"--web.listen-address=127.0.0.1:{port}",
+            f"--persistence.file={tmp_path / 'pushgateway.data'}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            try:
+                if OPENER.open(base + "/-/ready", timeout=2).status == 200:
+                    break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log.flush()
+                pytest.fail(f"prometheus-pushgateway did not start: {log_path.read_text()[-2000:]}")
+            time.sleep(0.1)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def gateway_samples(base: str, job: str) -> dict[str, list[Any]]:
+    """{sample name: [(labels, value), ...]} of the series pushed under ``job``, from the gateway's /metrics."""
+    text = OPENER.open(f"{base}/metrics", timeout=10).read().decode()
+    out: dict[str, list[Any]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.labels.get("job") == job:
+                out.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return out
+
+
+def by_rank(entries: list[Any]) -> dict[str, float]:
+    return {labels["rank"]: float(value) for labels, value in entries}
+
+
+def test_bad_push_arguments_raise_at_once() -> None:
+    with pytest.raises(TypeError, match="push_to"):
+        PrometheusSink(port=0, push_to=9091)  # type: ignore[arg-type]
+    for url in ("", "ftp://gw:9091", "http://", "http://gw:notaport", "http://gw:99999"):
+        with pytest.raises(ValueError, match="push_to"):
+            PrometheusSink(port=0, push_to=url)
+    with pytest.raises(TypeError, match="push_job"):
+        PrometheusSink(port=0, push_to="http://127.0.0.1:9091", push_job=None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="push_job"):
+        PrometheusSink(port=0, push_to="http://127.0.0.1:9091", push_job="")
+    for timeout in (0, -1.0, math.inf, math.nan, True):
+        with pytest.raises(ValueError, match="push_timeout"):
+            PrometheusSink(port=0, push_to="http://127.0.0.1:9091", push_timeout=timeout)
+    with pytest.raises(TypeError, match="serve"):
+        PrometheusSink(port=0, push_to="http://127.0.0.1:9091", serve="no")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="serve=False needs push_to"):
+        PrometheusSink(serve=False)
+    sink = PrometheusSink(push_to="127.0.0.1:9091/", serve=False)  # no scheme: http, as prometheus_client reads it
+    assert sink.push_to == "http://127.0.0.1:9091" and not sink.serving and sink.port is None
+    sink.close()  # nothing written: nothing to push, nothing raised
+
+
+@needs_pushgateway
+def test_a_short_job_pushes_to_a_real_pushgateway_without_serving(tmp_path: Path) -> None:
+    with pushgateway(tmp_path) as gateway:
+        t = Telemetry(identity_from_env(**IDENTITY), store=False)
+        sink = PrometheusSink(push_to=gateway, push_job="short-job", serve=False, counters=["tokens.seen"])
+        assert not sink.serving and sink.port is None and sink.address is None
+        t.add_sink(sink)
+        try:
+            t.metric("loss", 2.5)
+            t.metric("tokens.seen", 4096)
+            t.metric("hw.energy", 1000.0, group="system.gpu.1", unit="J")
+            stat = Stat("step.time", ("mean", "max"), samples=2, unit="s", telemetry=t)
+            stat.add(0.1)
+            stat.add(0.3)
+            assert t.flush()
+            samples = gateway_samples(gateway, "short-job")
+            (labels, value), = samples["telemetrain_loss"]
+            assert value == 2.5
+            assert {k: labels[k] for k in IDENTITY} == {k: str(v) for k, v in IDENTITY.items()}
+            assert labels["job"] == "short-job" and labels["host"] == t.identity.host
+            assert only(samples, "telemetrain_tokens_seen_total") == 4096
+            (labels, value), = samples["hw_energy_joules_total"]
+            assert value == 1000.0 and labels["group"] == "system.gpu.1"
+            assert only(samples, "telemetrain_step_time_seconds_count") == 2
+            assert only(samples, "telemetrain_step_time_seconds_mean") == pytest.approx(0.2)
+            # the group's own bookkeeping, under the grouping key: run_id and rank
+            (labels, _), = samples["push_time_seconds"]
+            assert (labels["run_id"], labels["rank"]) == ("run-a", "0")
+            assert only(samples, "push_failure_time_seconds") == 0  # never failed
+            t.metric("loss", 1.25)  # the next push replaces the group's values
+        finally:
+            t.close()  # the final flush pushes
+        samples = gateway_samples(gateway, "short-job")
+        assert only(samples, "telemetrain_loss") == 1.25
+        kinds = {labels["kind"]: value for labels, value in samples["telemetrain_records_total"]}
+        assert kinds["metric"] == 4 and kinds["stat"] == 1
+        assert sink.push_error is None and sink.pushes == 2  # one per flush; close did not push the same again
+        (stats,) = [s for s in t.health()["sinks"] if s["sink"] == "prometheus"]
+        assert stats["failures"] == 0
+
+
+@needs_pushgateway
+def test_each_rank_is_its_own_group_and_the_endpoint_still_serves(tmp_path: Path) -> None:
+    """The identity changes mid-run (rank set after init): each run_id/rank pushes its own group, no conflict."""
+    with pushgateway(tmp_path) as gateway:
+        t = Telemetry(identity_from_env(**IDENTITY), store=False)
+        sink = PrometheusSink(port=0, push_to=gateway)  # serves and pushes
+        t.add_sink(sink)
+        try:
+            t.metric("loss", 3.0)
+            t.set_identity(rank=1, world_size=2)
+            t.metric("loss", 2.0)
+            assert t.flush()
+            samples = gateway_samples(gateway, "telemetrain")
+            assert by_rank(samples["telemetrain_loss"]) == {"0": 3.0, "1": 2.0}
+            assert set(by_rank(samples["push_time_seconds"])) == {"0", "1"}
+            assert by_rank(scrape(sink.port or 0)["telemetrain_loss"]) == {"0": 3.0, "1": 2.0}
+        finally:
+            t.close()
+        assert sink.push_error is None and not sink.serving
+
+
+def test_a_pushgateway_that_is_down_is_counted_and_training_goes_on(tmp_path: Path) -> None:
+    port = free_port()  # closed: nothing listens there
+    t = Telemetry(identity_from_env(**IDENTITY), store=tmp_path)
+    sink = PrometheusSink(push_to=f"http://127.0.0.1:{port}", serve=False)
+    t.add_sink(sink)
+    try:
+        with pytest.warns(Warning, match="prometheus"):
+            t.metric("loss", 3.0)  # training goes on
+            assert t.flush()
+        (stats,) = [s for s in t.health()["sinks"] if s["sink"] == "prometheus"]
+        assert stats["failures"] == 1 and stats["failed"] == 0  # the push failed; the records were taken
+        assert stats["delivered"] == 1 and not stats["suspended"]
+        assert f"prometheus push to http://127.0.0.1:{port}" in stats["last_error"]
+        assert isinstance(sink.push_error, OSError)
+        assert t.flush()  # the diagnostic went to the run store's queue after the store's own flush
+        diagnostics = open_run(t.run_dir).records("diagnostic")
+        assert "sink_error" in [d.name for d in diagnostics if d.sink == "prometheus"]
+        t.metric("acc", 0.9)  # still taken, still counted
+        assert t.flush()
+        (stats,) = [s for s in t.health()["sinks"] if s["sink"] == "prometheus"]
+        assert stats["delivered"] == 2 and stats["failures"] >= 2
+    finally:
+        t.close()
+
+
+@needs_pushgateway
+def test_close_pushes_what_no_flush_pushed(tmp_path: Path) -> None:
+    """A sink used without the dispatcher (write, then close): close pushes the values."""
+    with pushgateway(tmp_path) as gateway:
+        sink = PrometheusSink(push_to=gateway, push_job="direct", serve=False)
+        identity = identity_from_env(**IDENTITY)
+        sink.write([MetricPoint(0, 0, identity, "default", "loss", 0.5)])
+        assert gateway_samples(gateway, "direct") == {}  # a write does not push
+        sink.close()
+        assert only(gateway_samples(gateway, "direct"), "telemetrain_loss") == 0.5
+        assert sink.pushes == 1
+        sink.flush()  # closed: no push, nothing raised
+        assert sink.pushes == 1

@@ -3,18 +3,21 @@
 Needs the ``prometheus`` extra (``pip install 'telemetrain[prometheus]'``: prometheus_client). The sink runs behind
 the dispatcher like every I/O sink: its ``write`` folds a batch into an in-memory table under one lock, and a scrape
 (prometheus_client's HTTP server, in its own thread, on a private ``CollectorRegistry``) copies the table under the
-same lock, so a scrape sees whole batches. Mapping and names: ``docs/backends/prometheus.md``.
+same lock, so a scrape sees whole batches. With ``push_to`` the sink also pushes the table to a Pushgateway at each
+``flush`` and at ``close``, in the sink's thread (short jobs). Mapping and names: ``docs/backends/prometheus.md``.
 """
 
 from __future__ import annotations
 
 import re
 import threading
+import urllib.error
+import urllib.parse
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 try:
-    from prometheus_client import CollectorRegistry, start_http_server
+    from prometheus_client import CollectorRegistry, push_to_gateway, start_http_server
     from prometheus_client.metrics_core import Metric
 except ImportError as exc:  # one clear message naming the extra
     raise ImportError(
@@ -27,13 +30,16 @@ from ..identity import Identity, identity_from_env
 from ..training.reports import METRICS as TRAINING_METRICS
 from .base import Sink
 
-__all__ = ["DEFAULT_BASE_PORT", "PrometheusSink", "metric_name"]
+__all__ = ["DEFAULT_BASE_PORT", "DEFAULT_PUSH_JOB", "PUSH_GROUPING_KEY", "PrometheusSink", "metric_name"]
 
 # 9464 is the port Prometheus' exporter list gives OpenTelemetry's in-process Prometheus exporter: an application's
 # own metrics endpoint, which is what this is. Daemons usually found on a GPU node (node exporter 9100, DCGM exporter
 # 9400) stay clear of 9464..9471 for 8 ranks a node.
 DEFAULT_BASE_PORT = 9464
 DEFAULT_MAX_SERIES = 10_000
+DEFAULT_PUSH_JOB = "telemetrain"
+DEFAULT_PUSH_TIMEOUT_S = 3.0
+PUSH_GROUPING_KEY = ("run_id", "rank")  # a Pushgateway group per process of a run: its pushes replace only its own
 PREFIX = "telemetrain_"
 OTEL_NAMESPACES = ("system.", "process.", "hw.")  # OpenTelemetry's own namespaces keep their names, unprefixed
 DEVICE_GROUPS = ("system.gpu.", "system.cuda.", "system.filesystem.")  # groups naming a device: a `group` label
@@ -125,6 +131,7 @@ class _Table:
         self.lock = threading.Lock()
         self.families: dict[str, _Family] = {}
         self.label_sets: list[dict[str, str]] = []
+        self.group_keys: list[tuple[str, ...]] = []  # per label set: its values of PUSH_GROUPING_KEY
         self._label_ids: dict[tuple[tuple[str, str], ...], int] = {}
         self.max_series = max_series
         self.series = 0
@@ -136,6 +143,7 @@ class _Table:
         if found is None:
             found = self._label_ids[key] = len(self.label_sets)
             self.label_sets.append(labels)
+            self.group_keys.append(tuple(labels.get(k, "") for k in PUSH_GROUPING_KEY))
         return found
 
     def set(self, name: str, type_: str, doc: str, label_id: int, value: float) -> None:
@@ -157,16 +165,31 @@ class _Table:
     def clear(self) -> None:
         self.families.clear()
         self.label_sets.clear()
+        self.group_keys.clear()
         self._label_ids.clear()
         self.series = 0
         self.dropped_series = 0
 
     def collect(self) -> Iterator[Metric]:
+        return self.collect_group(None)
+
+    def push_groups(self) -> list[tuple[str, ...]]:
+        """The distinct values of PUSH_GROUPING_KEY among the label sets in use, first seen first."""
+        with self.lock:
+            return list(dict.fromkeys(self.group_keys))
+
+    def collect_group(self, group: tuple[str, ...] | None) -> Iterator[Metric]:
+        """The families, with only the samples of one push group (``None``: all of them)."""
         with self.lock:  # copy only: the exposition is encoded outside the lock
             snapshot = [(n, f.type, f.doc, list(f.samples.items())) for n, f in self.families.items()]
             label_sets = list(self.label_sets)  # label dicts are never changed once made
+            group_keys = list(self.group_keys)
             dropped = self.dropped_series
         for name, type_, doc, samples in snapshot:
+            if group is not None:
+                samples = [s for s in samples if group_keys[s[0]] == group]
+                if not samples:
+                    continue
             metric = Metric(name, doc, type_)
             sample_name = name + "_total" if type_ == "counter" else name
             for label_id, value in samples:
@@ -175,6 +198,31 @@ class _Table:
         metric = Metric("telemetrain_prometheus_dropped_series", "new series refused above max_series", "counter")
         metric.add_sample("telemetrain_prometheus_dropped_series_total", {}, float(dropped))
         yield metric
+
+
+class _PushGroup:
+    """What one push sends (prometheus_client's push takes any object with ``collect``): one group's series."""
+
+    def __init__(self, table: _Table, group: tuple[str, ...]) -> None:
+        self.table = table
+        self.group = group
+
+    def collect(self) -> Iterator[Metric]:
+        return self.table.collect_group(self.group)
+
+
+def _gateway_url(push_to: object) -> str:
+    if not isinstance(push_to, str):
+        raise TypeError(f"push_to must be a str (the Pushgateway's URL) or None, got {push_to!r}")
+    url = push_to if "://" in push_to else "http://" + push_to
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number or out of range
+    except ValueError as exc:
+        raise ValueError(f"push_to is not a URL: {push_to!r} ({exc})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"push_to must be an http(s) URL with a host, like 'http://127.0.0.1:9091', got {push_to!r}")
+    return url.rstrip("/")
 
 
 class PrometheusSink(Sink):
@@ -189,6 +237,13 @@ class PrometheusSink(Sink):
     The server starts here. If it cannot bind (the port is taken), nothing is raised here: each ``write`` retries the
     bind and raises while it fails, so the dispatcher counts the failure, reports it and backs off (training goes
     on); the values stay current in memory and are served once the bind succeeds.
+
+    ``push_to``: a Pushgateway's URL (``"http://127.0.0.1:9091"``): a ``flush`` (``Telemetry.flush()``, and the final
+    one at close) or ``close`` that follows new records pushes the current values there with ``push_to_gateway``
+    (replacing the group's series), one group per ``run_id``/``rank`` (``PUSH_GROUPING_KEY``) under job ``push_job``,
+    each push bounded by ``push_timeout`` seconds. A push that fails raises from ``flush`` (``close``) so the
+    dispatcher counts and reports it; the values stay and the next flush after new records pushes them.
+    ``serve=False``: push only, no endpoint (needs ``push_to``).
     """
 
     name = "prometheus"
@@ -203,6 +258,10 @@ class PrometheusSink(Sink):
         local_rank: int | None = None,
         counters: Iterable[str] = (),
         max_series: int = DEFAULT_MAX_SERIES,
+        push_to: str | None = None,
+        push_job: str = DEFAULT_PUSH_JOB,
+        push_timeout: float = DEFAULT_PUSH_TIMEOUT_S,
+        serve: bool = True,
     ) -> None:
         for arg, value in (("port", port), ("base_port", base_port), ("local_rank", local_rank)):
             if value is not None and (type(value) is not int or not 0 <= value <= 65535):
@@ -211,12 +270,31 @@ class PrometheusSink(Sink):
             raise TypeError(f"addr must be a non-empty str, got {addr!r}")
         if type(max_series) is not int or max_series < 1:
             raise ValueError(f"max_series must be a positive int, got {max_series!r}")
+        gateway = None if push_to is None else _gateway_url(push_to)
+        if not isinstance(push_job, str):
+            raise TypeError(f"push_job must be a str, got {push_job!r}")
+        if not push_job:
+            raise ValueError("push_job must be a non-empty str")
+        if type(push_timeout) not in (int, float) or not 0 < push_timeout < float("inf"):
+            raise ValueError(f"push_timeout must be a positive number of seconds, got {push_timeout!r}")
+        if type(serve) is not bool:
+            raise TypeError(f"serve must be a bool, got {serve!r}")
+        if not serve and gateway is None:
+            raise ValueError("serve=False needs push_to: the sink would neither serve nor push its values")
         if port is None:
             port = base_port + (identity_from_env().local_rank if local_rank is None else local_rank)
             if port > 65535:
                 raise ValueError(f"base_port + local_rank = {port} is not a port")
         self.requested_port = port
         self.addr = addr
+        self.serve = serve
+        self.push_to = gateway  # the gateway's URL (an http:// added when the scheme was left out); None: no push
+        self.push_job = push_job
+        self.push_timeout = float(push_timeout)
+        self.push_error: OSError | None = None  # the last push's failure; None after one that succeeded
+        self.pushes = 0  # pushes that succeeded (one per group)
+        self._version = 0  # writes so far: a flush pushes only when there were writes since the last push
+        self._pushed_version = 0
         self.counters = CUMULATIVE_METRICS | frozenset(counters)  # running totals: counters, `_total`
         self._table = _Table(max_series)
         self._registry = CollectorRegistry(auto_describe=False)
@@ -230,7 +308,8 @@ class PrometheusSink(Sink):
         self._specs: dict[tuple[str, str], tuple[str, str, str]] = {}
         self.port: int | None = None  # the bound port; None while not serving
         self.bind_error: OSError | None = None
-        self._bind()
+        if serve:
+            self._bind()
 
     # -- the server ------------------------------------------------------------------------------------------------
 
@@ -290,7 +369,8 @@ class PrometheusSink(Sink):
         if dropped and not self._warned_series:
             self._warned_series = True
             warn_safely(f"telemetrain: prometheus sink holds max_series={table.max_series} series; new ones dropped")
-        if self._server is None and not self._closed:
+        self._version += 1
+        if self.serve and self._server is None and not self._closed:
             self._bind()
             if self.bind_error is not None:  # raised for the dispatcher to count, report and back off
                 raise OSError(f"prometheus endpoint {self.addr}:{self.requested_port} not serving: {self.bind_error}")
@@ -321,18 +401,55 @@ class PrometheusSink(Sink):
             if agg != "count" and type(value) in (int, float):
                 table.set(f"{base}_{_sanitise(agg)}", "gauge", f"{doc}: {agg} of the last window", label_id, value)
 
+    # -- the push --------------------------------------------------------------------------------------------------
+
+    def _push(self) -> None:
+        """Push each group's series to the gateway; raise (for the dispatcher to count) if any push failed."""
+        gateway = self.push_to
+        if gateway is None or self._pushed_version == self._version:
+            return  # nothing new (the close path flushes twice; a failed push is not retried without new records)
+        self._pushed_version = self._version
+        failure: OSError | None = None
+        for group in self._table.push_groups():
+            try:
+                push_to_gateway(
+                    gateway,
+                    job=self.push_job,
+                    registry=_PushGroup(self._table, group),
+                    grouping_key=dict(zip(PUSH_GROUPING_KEY, group, strict=True)),
+                    timeout=self.push_timeout,
+                )
+            except OSError as exc:  # URLError, HTTPError (a rejected push), a timeout
+                failure = failure or exc
+                if not isinstance(exc, urllib.error.HTTPError):
+                    break  # the gateway is unreachable: the other groups would only wait for the same timeout
+            else:
+                self.pushes += 1
+        self.push_error = failure
+        if failure is not None:
+            raise OSError(f"prometheus push to {gateway} (job {self.push_job!r}) failed: {failure}") from failure
+
+    def flush(self) -> None:
+        if not self._closed:
+            self._push()
+
     # -- lifecycle -------------------------------------------------------------------------------------------------
 
     def close(self) -> None:
+        if self._closed:
+            return
         self._closed = True
         server, thread = self._server, self._thread
         self._server = self._thread = None
         self.port = None
-        if server is not None:
-            server.shutdown()
-            server.server_close()
-        if thread is not None:
-            thread.join(5.0)
+        try:
+            self._push()  # what the final flush has not pushed yet (a sink used without the dispatcher)
+        finally:
+            if server is not None:
+                server.shutdown()
+                server.server_close()
+            if thread is not None:
+                thread.join(5.0)
 
     def after_fork_in_child(self) -> None:
         # The parent's server thread does not exist here (shutdown() would wait for it forever): close only our copy
@@ -343,5 +460,8 @@ class PrometheusSink(Sink):
         self._table.lock = threading.Lock()
         self._table.clear()
         self._label_ids.clear()
+        # The push groups are keyed by run_id/rank, which a child shares with its parent: a push from here would
+        # replace the parent's series with the child's. The child does not push.
+        self.push_to = None
         if server is not None:
             server.socket.close()
