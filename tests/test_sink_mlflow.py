@@ -182,3 +182,37 @@ def test_importing_without_mlflow_names_the_extra() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "pip install 'telemetrain[mlflow]'" in proc.stdout
+
+
+_ENDING = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    import telemetrain
+    from telemetrain.sinks.mlflow import MLflowSink
+    uri, how = sys.argv[1], sys.argv[2]
+    t = telemetrain.Telemetry(store=False)
+    t.add_sink(MLflowSink(uri, experiment_name="ending", run_name=how))
+    t.metric("loss", 0.5, "train", step=1)
+    t.flush()  # the run exists
+    if how == "sigterm":
+        os.kill(os.getpid(), signal.SIGTERM)  # our handler closes the Telemetry, then the process dies of it
+        time.sleep(30)
+    if how == "exception":
+        raise RuntimeError("the training job failed")
+    """
+)
+
+
+@pytest.mark.parametrize(("how", "status", "returncode"),
+                         [("exit", "FINISHED", 0), ("sigterm", "KILLED", -15), ("exception", "FAILED", 1)])
+def test_the_run_ends_with_the_process_fate(tmp_path: Path, store_uri: str, how: str, status: str,
+                                            returncode: int) -> None:
+    """A normal exit ends the run FINISHED; dying of SIGTERM (torchelastic stopping a worker), KILLED; an uncaught
+    exception, FAILED -- so MLflow's run list tells them apart."""
+    proc = subprocess.run([sys.executable, "-c", _ENDING, store_uri, how], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == returncode, proc.stderr
+    client = MlflowClient(store_uri)
+    (experiment,) = [e for e in client.search_experiments() if e.name == "ending"]
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.run_name == how and run.info.status == status
+    assert [m.value for m in client.get_metric_history(run.info.run_id, "train/loss")] == [0.5]

@@ -17,7 +17,7 @@ import weakref
 from types import FrameType
 from typing import Any, Protocol
 
-__all__ = ["install", "track"]
+__all__ = ["ending", "install", "track"]
 
 EXIT_FLUSH_TIMEOUT_S = 5.0
 SIGNAL_FLUSH_TIMEOUT_S = 3.0
@@ -67,6 +67,28 @@ def _flush_all(timeout: float) -> None:
             pass
 
 
+_dying_of: dict[str, int] = {}  # "signal": the signal this process is dying of, once our handler re-raises it
+
+
+def ending() -> str | None:
+    """Why the process is ending, for a sink closing now (an MLflow run's final status): ``"killed"`` while our
+    handler closes everything before dying of SIGTERM/SIGINT, ``"failed"`` at exit after an uncaught exception
+    (``sys.last_type``, set when Python printed it), else None (a normal exit, or an explicit close)."""
+    if "signal" in _dying_of:
+        return "killed"
+    if _exiting["now"] and getattr(sys, "last_type", None) is not None:
+        return "failed"
+    return None
+
+
+_exiting = {"now": False}
+
+
+def _at_exit() -> None:
+    _exiting["now"] = True
+    _close_all()
+
+
 def _on_signal(signum: int, frame: FrameType | None) -> None:
     previous = _previous.get(signum, signal.SIG_DFL)
     if callable(previous):
@@ -74,6 +96,7 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
         previous(signum, frame)
     elif previous == signal.SIG_DFL:
         # die of the signal, as the process would have without us
+        _dying_of["signal"] = signum
         _close_all(SIGNAL_FLUSH_TIMEOUT_S)
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
@@ -131,7 +154,7 @@ def install() -> None:
     """Idempotent; cheap after the first call in a process."""
     with _lock:
         if not _installed["atexit"]:
-            atexit.register(_close_all)
+            atexit.register(_at_exit)
             _installed["atexit"] = True
         _install_signals()
         _register_mp_finalizer_if_child()

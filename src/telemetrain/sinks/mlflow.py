@@ -29,6 +29,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess by th
         "telemetrain.sinks.mlflow needs mlflow, which is not installed: pip install 'telemetrain[mlflow]'"
     ) from exc
 
+from .. import process_hooks
 from ..dispatch import warn_safely
 from ..identity import Identity
 from .base import Sink
@@ -67,7 +68,8 @@ class MLflowSink(Sink):
 
     ``tracking_uri``: MLflow's (``http://host:5000``, ``file:///path``; default: ``MLFLOW_TRACKING_URI`` as MLflow
     reads it). ``run_name``: default ``<run_id>`` (``<run_id>-rank<rank>`` when several ranks). ``tags``: extra run
-    tags. A run this sink created is ended at close with status FINISHED.
+    tags. A run this sink created is ended at close: FINISHED, or KILLED when the process is dying of SIGTERM/SIGINT,
+    or FAILED at an exit after an uncaught exception.
     """
 
     name = "mlflow"
@@ -214,7 +216,9 @@ class MLflowSink(Sink):
         client, run_id = self._client, self.run_id
         self._client = None
         if client is not None and run_id is not None and self.end_run:
-            client.set_terminated(run_id, "FINISHED")
+            # the process's fate, when it is ending: SIGTERM/SIGINT -> KILLED, an uncaught exception -> FAILED
+            status = {"killed": "KILLED", "failed": "FAILED"}.get(process_hooks.ending() or "", "FINISHED")
+            client.set_terminated(run_id, status)
 
     def after_fork_in_child(self) -> None:
         # the client's connections are the parent's; a run this sink created is the parent's: the child makes its own
