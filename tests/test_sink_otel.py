@@ -382,3 +382,52 @@ def test_without_the_otlp_exporter_defaults_need_the_extra() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "telemetrain[otel]" in out
+
+
+class _CapturingMetrics(MetricExporter):
+    def __init__(self) -> None:
+        super().__init__()
+        self.exported: list[MetricsData] = []
+
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
+        self.exported.append(metrics_data)
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        pass
+
+
+def test_a_stat_histogram_is_an_otel_exponential_histogram(tmp_path: Path) -> None:
+    """A stat with the histogram aggregation: each window goes out, through the sink's own reader, as a delta
+    exponential-histogram data point with the window's buckets, count, sum, min and max, and encodes as OTLP."""
+    from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+    from opentelemetry.sdk.metrics.export import ExponentialHistogram
+
+    from telemetrain.stats import Stat
+
+    exporter = _CapturingMetrics()
+    t = Telemetry(store=tmp_path)
+    t.add_sink(OTelSink(TracerProvider(), metric_exporter=exporter))
+    stat = Stat("step_time", ["histogram", "sum", "min", "max"], samples=50, unit="s", telemetry=t)
+    for k in range(100):  # two windows
+        stat.add(0.01 + 0.001 * (k % 17))
+    assert t.flush()
+    windows = [r for r in open_run(tmp_path / t.identity.session_tag / t.identity.run_id).records("stat")
+               if r.name == "step_time"]
+    points = [(m, p) for data in exporter.exported for rm in data.resource_metrics for sm in rm.scope_metrics
+              for m in sm.metrics if isinstance(m.data, ExponentialHistogram) for p in m.data.data_points]
+    assert len(windows) == 2 and len(points) == 2
+    for window, (metric, point) in zip(windows, points, strict=True):
+        assert metric.name == "telemetrain.step_time" and metric.unit == "s"
+        h = window.histogram
+        assert (point.scale, point.zero_count) == (h["scale"], h["zero_count"])
+        assert (point.positive.offset, list(point.positive.bucket_counts)) == (h["positive"]["offset"],
+                                                                                h["positive"]["counts"])
+        assert point.count == 50 and point.sum == pytest.approx(window.values["sum"])
+        assert (point.min, point.max) == (window.values["min"], window.values["max"])
+        assert point.time_unix_nano == window.wall_ns
+    assert encode_metrics(exporter.exported[-1]).resource_metrics  # OTLP protobuf
+    t.close()

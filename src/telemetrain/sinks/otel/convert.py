@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import operator
 import os
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from opentelemetry.sdk.metrics.export import Buckets, ExponentialHistogramDataPoint
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.util.types import AttributeValue
 
@@ -112,3 +114,33 @@ def otel_resource(identity: Identity) -> Resource:
     """The resource the sink's own providers use (for providers you build yourself: ``resource=otel_resource(...)``).
     ``OTEL_RESOURCE_ATTRIBUTES`` is merged in, ours taking precedence."""
     return Resource.create(resource_attributes(identity))
+
+
+def histogram_point(record: Any, attrs: Mapping[str, Any]) -> ExponentialHistogramDataPoint | None:
+    """A stat window's exponential histogram (records.StatWindow.histogram: OpenTelemetry's layout already) as a
+    delta data point over the window; None when the window's sum cannot be known (no ``sum`` or ``mean``
+    aggregation): the aggregations still go out as gauges."""
+    h = record.histogram
+    values = record.values
+    positive, negative = h.get("positive") or {}, h.get("negative") or {}
+    count = int(h.get("zero_count", 0)) + sum(positive.get("counts", ())) + sum(negative.get("counts", ()))
+    total = values.get("sum")
+    if total is None and values.get("mean") is not None:
+        total = values["mean"] * count
+    if total is None or not count:
+        return None
+    window_ns = record.mono_ns - record.start_mono_ns
+    return ExponentialHistogramDataPoint(
+        attributes=dict(attrs),
+        start_time_unix_nano=record.wall_ns - window_ns,
+        time_unix_nano=record.wall_ns,
+        count=count,
+        sum=float(total),
+        scale=int(h["scale"]),
+        zero_count=int(h.get("zero_count", 0)),
+        positive=Buckets(int(positive.get("offset", 0)), list(positive.get("counts", ()))),
+        negative=Buckets(int(negative.get("offset", 0)), list(negative.get("counts", ()))),
+        flags=0,
+        min=float(values.get("min", math.nan)),
+        max=float(values.get("max", math.nan)),
+    )

@@ -9,13 +9,24 @@ providers export synchronously in that thread instead, and a failed export raise
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry.context import Context
-from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricReader, MetricsData
+from opentelemetry.sdk.metrics.export import (
+    Metric,
+    MetricExporter,
+    MetricExportResult,
+    MetricReader,
+    MetricsData,
+    ResourceMetrics,
+    ScopeMetrics,
+)
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 
 class OTelExportError(RuntimeError):
@@ -58,8 +69,22 @@ class PushMetricReader(MetricReader):
             preferred_aggregation=getattr(exporter, "_preferred_aggregation", None),
         )
         self.exporter = exporter
+        # metrics the SDK cannot build from instruments (our stats' exponential histograms, already aggregated),
+        # added to each export: (scope, resource, take the pending ones)
+        self.extra: tuple[InstrumentationScope, Resource, Callable[[], list[Metric]]] | None = None
 
     def _receive_metrics(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> None:
+        if self.extra is not None:
+            scope, resource, take = self.extra
+            extra = take()
+            if extra:
+                ours = ScopeMetrics(scope, extra, "")
+                if metrics_data is not None and metrics_data.resource_metrics:
+                    first, *rest = metrics_data.resource_metrics
+                    merged = ResourceMetrics(first.resource, [*first.scope_metrics, ours], first.schema_url)
+                    metrics_data = MetricsData([merged, *rest])
+                else:
+                    metrics_data = MetricsData([ResourceMetrics(resource, [ours], "")])
         if metrics_data is None:
             return
         if self.exporter.export(metrics_data, timeout_millis=timeout_millis) is not MetricExportResult.SUCCESS:

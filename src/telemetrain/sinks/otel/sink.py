@@ -21,10 +21,11 @@ from typing import Any
 from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation, _Gauge
 from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
-from opentelemetry.sdk.metrics.export import MetricExporter
+from opentelemetry.sdk.metrics.export import AggregationTemporality, ExponentialHistogram, Metric, MetricExporter
 from opentelemetry.sdk.trace import Tracer as SdkTracer
 from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import (
     NonRecordingSpan,
     Span,
@@ -40,7 +41,7 @@ from opentelemetry.trace import (
 from ..._version import __version__
 from ...identity import Identity
 from ..base import Sink
-from .convert import GROUP_KEY, attributes, is_counter, metric_name, otel_resource, stat_unit
+from .convert import GROUP_KEY, attributes, histogram_point, is_counter, metric_name, otel_resource, stat_unit
 from .export import DirectSpanExport, GivenIds, OTelExportError, PushMetricReader
 
 __all__ = ["OTelExportError", "OTelSink"]
@@ -132,6 +133,7 @@ class OTelSink(Sink):
         self._meter: Meter | None = None
         self._own_mp: SdkMeterProvider | None = None
         self._reader: PushMetricReader | None = None
+        self._histograms: list[Metric] = []  # stats' exponential histograms, for the own reader's next export
         self._gauges: dict[tuple[str, str], _Gauge] = {}
         self._counters: dict[tuple[str, str], dict[str, float]] = {}  # instrument -> group -> latest total
         self._group_attrs: dict[str, dict[str, str]] = {}
@@ -288,8 +290,10 @@ class OTelSink(Sink):
             if provider is None:
                 exporter = self._metric_exporter or _otlp("metric_exporter", "OTLPMetricExporter")()
                 self._reader = PushMetricReader(exporter)
+                resource = otel_resource(identity)
+                self._reader.extra = (InstrumentationScope(SCOPE, __version__), resource, self._take_histograms)
                 self._own_mp = provider = SdkMeterProvider(
-                    metric_readers=[self._reader], resource=otel_resource(identity), shutdown_on_exit=False
+                    metric_readers=[self._reader], resource=resource, shutdown_on_exit=False
                 )
             self._meter = provider.get_meter(SCOPE, __version__)
         return self._meter
@@ -321,6 +325,16 @@ class OTelSink(Sink):
         for aggregation, value in record.values.items():
             self._set(record.identity, f"{base}.{aggregation}", stat_unit(aggregation, record.unit), record.group,
                       value)
+        if record.histogram is not None and self._user_mp is None:
+            self._meter_for(record.identity)  # builds the sink's own reader, which exports these
+            point = histogram_point(record, self._group(record.group))
+            if point is not None:
+                self._histograms.append(Metric(base, record.name, record.unit, ExponentialHistogram(
+                    [point], AggregationTemporality.DELTA)))
+
+    def _take_histograms(self) -> list[Metric]:
+        taken, self._histograms = self._histograms, []
+        return taken
 
     def _set(self, identity: Identity, name: str, unit: str, group: str, value: float) -> None:
         self._latest[(name, unit, group)] = (identity, value)
