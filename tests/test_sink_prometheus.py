@@ -75,17 +75,17 @@ def prometheus_server(tmp_path: Path, target_port: int) -> Iterator[str]:
         f"      - targets: ['127.0.0.1:{target_port}']\n"
     )
     port = free_port()
-    log = open(tmp_path / "prometheus.log", "wb")
-    proc = subprocess.Popen(
-        [
-            PROMETHEUS,
-            f"--config.file={config}",
-            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    with _serve([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                 f"--web.listen-address=127.0.0.1:{port}"], port, tmp_path / "prometheus.log") as base:
+        yield base
+
+
+@contextlib.contextmanager
+def _serve(argv: list[str], port: int, log_path: Path) -> Iterator[str]:
+    """Run a Prometheus-family server (``argv``, listening on 127.0.0.1:``port``) until its ``/-/ready`` answers;
+    yield its base URL; stop it after."""
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + WAIT_S
@@ -97,8 +97,8 @@ def prometheus_server(tmp_path: Path, target_port: int) -> Iterator[str]:
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
                 log.flush()
-                pytest.fail(f"prometheus did not start: {(tmp_path / 'prometheus.log').read_text()[-2000:]}")
-            time.sleep(0.2)
+                pytest.fail(f"{Path(argv[0]).name} did not start: {log_path.read_text()[-2000:]}")
+            time.sleep(0.1)
         yield base
     finally:
         proc.terminate()
@@ -431,39 +431,9 @@ def pushgateway(tmp_path: Path) -> Iterator[str]:
     """Start Debian's ``prometheus-pushgateway`` on a free loopback port; yield its base URL."""
     assert PUSHGATEWAY is not None
     port = free_port()
-    log_path = tmp_path / "pushgateway.log"
-    log = open(log_path, "wb")
-    proc = subprocess.Popen(
-        [
-            PUSHGATEWAY,
-            f"--web.listen-address=127.0.0.1:{port}",
-            f"--persistence.file={tmp_path / 'pushgateway.data'}",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + WAIT_S
-        while True:
-            try:
-                if OPENER.open(base + "/-/ready", timeout=2).status == 200:
-                    break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                log.flush()
-                pytest.fail(f"prometheus-pushgateway did not start: {log_path.read_text()[-2000:]}")
-            time.sleep(0.1)
+    with _serve([PUSHGATEWAY, f"--web.listen-address=127.0.0.1:{port}",
+                 f"--persistence.file={tmp_path / 'pushgateway.data'}"], port, tmp_path / "pushgateway.log") as base:
         yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 def gateway_samples(base: str, job: str) -> dict[str, list[Any]]:
