@@ -281,6 +281,18 @@ def print_notes() -> None:
         print(f"- SKIPPED {s}")
 
 
+def print_report(table: str, checks: list[dict], json_path: str | None, dists: Sequence[str], load: tuple[str, str],
+                 args: object, extra: dict) -> None:
+    """After the header and method lines: the table, the notes, the checks; the JSON when asked for."""
+    print()
+    print(table)
+    print()
+    print_notes()
+    print()
+    print_checks(checks)
+    write_run_json(json_path, dists, load, args, extra, checks)
+
+
 def print_checks(checks: list[dict]) -> None:
     print("checks (medians of this run):")
     for c in checks:

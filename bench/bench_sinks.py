@@ -470,13 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"method: {ARGS.repeats} rounds per mode, variants interleaved (rotating order), a fresh Telemetry per "
           f"variant and round; median and best of the rounds, ratios = median of per-round ratios; GC enabled, "
           f"{collect}; whole run {(perf_counter_ns() - t_start) / 1e9:.0f} s")
-    print()
-    print(render_table())
-    print()
-    _method.print_notes()
-    print()
-    _method.print_checks(results_checks)
-    _method.write_run_json(ARGS.json, DISTS, (load_before, load_after), ARGS, EXTRA, results_checks)
+    _method.print_report(render_table(), results_checks, ARGS.json, DISTS, (load_before, load_after), ARGS, EXTRA)
     return 1 if failed else 0
 
 

@@ -312,13 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     _method.print_header(DISTS, load_before, load_after)
     print(f"method: median and best of {ARGS.repeats} repeats of {ARGS.cycles} cycles (CPU time: thread_time_ns, "
           f"process_time_ns); training: {ARGS.train_rounds} rounds of three runs, perf_counter_ns")
-    print()
-    print(render_table())
-    print()
-    _method.print_notes()
-    print()
-    _method.print_checks(results_checks)
-    _method.write_run_json(ARGS.json, DISTS, (load_before, load_after), ARGS, EXTRA, results_checks)
+    _method.print_report(render_table(), results_checks, ARGS.json, DISTS, (load_before, load_after), ARGS, EXTRA)
     return 1 if failed else 0
 
 
