@@ -504,7 +504,12 @@ class TrainingRecorder:
         elif s is self._quiet and s._route is False and s.status == "ok":
             end_ns = _mono()
             self._iteration = None
-            _deactivate(s)
+            restore = s._restore  # _deactivate(s), inline: this is the per-iteration path
+            if restore is not None:
+                if restore._active is s:
+                    restore._active = None
+            elif _current_get() is s:
+                _current_set(None)
             listeners = self.tracer._listeners.get(S.TRAINING_SINGLE_ITERATION)
             if listeners:  # (end_ns set while they run: they see an ended span)
                 s.end_ns = end_ns
