@@ -19,6 +19,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ._version import __version__
+from .analysis import commands as analysis_commands
+from .cli_common import CLIError, resolve_run
+from .distributed import commands as launch_commands
+from .report import commands as report_commands
 from .store.layout import default_root
 from .store.reader import NotARunError, Run, find_runs, open_run
 from .text import printable
@@ -27,10 +31,6 @@ __all__ = ["main"]
 
 DEFAULT_DEMO_STEPS = 800  # ~10-20 s on a 2-core CPU
 TORCH_PIN = "torch==2.13.0"
-
-
-class CLIError(Exception):
-    """A problem to report as one line on stderr, exit status 2, without a traceback."""
 
 
 # -- formatting helpers ------------------------------------------------------------------------------------------------
@@ -366,28 +366,6 @@ def _goodput_lines(run: Run) -> list[str]:
     return lines + _table(rows)
 
 
-def _resolve_run(target: str | None, err: TextIO) -> Path:
-    """The run directory to show: ``target`` itself when it is a run, else the newest run under it."""
-    base = Path(target) if target is not None else default_root()
-    if not base.exists():
-        if target is None:
-            raise CLIError(f"no runs yet: {base} does not exist (run `telemetrain demo`, or pass a run directory)")
-        raise CLIError(f"no such directory: {base}")
-    if not base.is_dir():
-        raise CLIError(f"{base} is a file; a run is a directory holding run.json and rank-<R>.<pid>.jsonl files")
-    runs = find_runs(base)
-    if base in runs:
-        return base
-    if not runs:
-        raise CLIError(f"{base} is not a telemetrain run directory (no run.json, no rank-*.jsonl) and holds no runs")
-    if len(runs) > 1:
-        print(
-            f"note: {base} holds {len(runs)} runs; showing the newest (list them: telemetrain show --list {_q(base)})",
-            file=err,
-        )
-    return runs[-1]
-
-
 def _q(path: Path | str) -> str:
     return shlex.quote(str(path))
 
@@ -416,7 +394,7 @@ def _list_runs(target: str | None, out: TextIO) -> int:
 def _cmd_show(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.list:
         return _list_runs(args.run_dir, out)
-    path = _resolve_run(args.run_dir, err)
+    path = resolve_run(args.run_dir, err)
     try:
         run = open_run(path)
     except (OSError, NotARunError) as exc:  # FileNotFoundError included: the directory went away meanwhile
@@ -493,6 +471,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"telemetrain {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # Commands that live with what they drive; each sets ``run(args, out, err) -> int`` as its default.
+    launch_commands.register(sub)
+    report_commands.register(sub)
+    analysis_commands.register(sub)
 
     demo = sub.add_parser(
         "demo",
@@ -576,6 +558,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_show(args, out, err)
         if args.command == "trace":
             return _cmd_trace(args, out, err)
+        run = getattr(args, "run", None)
+        if run is not None:
+            return int(run(args, out, err))
         parser.print_help(out)
         return 2
     except (CLIError, PermissionError) as exc:

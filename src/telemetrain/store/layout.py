@@ -2,6 +2,7 @@
 
 <root>/<session_tag>/<run_id>/run.json
 <root>/<session_tag>/<run_id>/rank-<R>.<pid>.jsonl
+<root>/<session_tag>/<run_id>/agent-<node>.<pid>.jsonl     the launcher's elastic agent (``telemetrain launch``)
 """
 
 from __future__ import annotations
@@ -25,9 +26,19 @@ def run_dir(root: str | os.PathLike[str], identity: Identity) -> Path:
     return Path(root) / identity.session_tag / identity.run_id
 
 
+AGENT_ROLE = "agent"  # the identity role of the launcher's agent process; its rank is its node's rank
+
+
 def process_file_name(identity: Identity) -> str:
+    if identity.role == AGENT_ROLE:
+        return f"agent-{identity.group_rank}.{identity.pid}.jsonl"
     return f"rank-{identity.rank}.{identity.pid}.jsonl"
 
 
 def is_process_file(name: str) -> bool:
-    return name.startswith("rank-") and name.endswith(".jsonl")
+    """A worker's file or an agent's."""
+    return name.endswith(".jsonl") and (name.startswith("rank-") or name.startswith("agent-"))
+
+
+def is_agent_file(name: str) -> bool:
+    return name.startswith("agent-") and name.endswith(".jsonl")

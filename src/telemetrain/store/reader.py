@@ -17,11 +17,11 @@ from typing import Any
 
 from ..identity import Identity
 from .codec import decode_line, untag_nonfinite
-from .layout import RUN_META, is_process_file
+from .layout import RUN_META, is_agent_file, is_process_file
 
 __all__ = ["NotARunError", "ProcessLog", "Run", "find_runs", "open_run"]
 
-_FILE_RE = re.compile(r"^rank-(\d+)\.(\d+)\.jsonl$")
+_FILE_RE = re.compile(r"^(?:rank|agent)-(\d+)\.(\d+)\.jsonl$")
 
 
 class NotARunError(ValueError):
@@ -108,12 +108,20 @@ def read_process_file(path: Path, meta: dict[str, Any] | None = None) -> Process
 
 
 class Run:
-    """A run directory: ``run.json`` plus one file per process."""
+    """A run directory: ``run.json`` plus one file per process.
 
-    def __init__(self, path: Path, meta: dict[str, Any], processes: list[ProcessLog]) -> None:
+    ``processes`` are the training processes (ranks and their forked children); ``agents`` the elastic agents of
+    ``telemetrain launch`` (one per node and attempt), kept apart so that per-rank analyses never mistake an agent for
+    a rank. ``records(..., agents=True)`` merges both.
+    """
+
+    def __init__(
+        self, path: Path, meta: dict[str, Any], processes: list[ProcessLog], agents: list[ProcessLog] | None = None
+    ) -> None:
         self.path = path
         self.meta = meta
         self.processes = processes
+        self.agents = agents or []
 
     @property
     def run_id(self) -> str:
@@ -133,20 +141,21 @@ class Run:
 
     @property
     def torn(self) -> int:
-        return sum(p.torn for p in self.processes)
+        return sum(p.torn for p in self.processes + self.agents)
 
     @property
     def corrupt(self) -> int:
-        return sum(p.corrupt for p in self.processes)
+        return sum(p.corrupt for p in self.processes + self.agents)
 
-    def records(self, kinds: Iterable[str] | str | None = None) -> list[Any]:
-        """All records of all processes, ordered by wall time (ties: rank, then pid, then file order)."""
-        return list(self.iter_records(kinds))
+    def records(self, kinds: Iterable[str] | str | None = None, *, agents: bool = False) -> list[Any]:
+        """All records of all processes (and of the agents, with ``agents=True``), ordered by wall time (ties: rank,
+        then pid, then file order)."""
+        return list(self.iter_records(kinds, agents=agents))
 
-    def iter_records(self, kinds: Iterable[str] | str | None = None) -> Iterator[Any]:
+    def iter_records(self, kinds: Iterable[str] | str | None = None, *, agents: bool = False) -> Iterator[Any]:
         wanted = None if kinds is None else ({kinds} if isinstance(kinds, str) else set(kinds))
         streams = []
-        for i, p in enumerate(self.processes):
+        for i, p in enumerate(self.processes + self.agents if agents else self.processes):
             recs = p.records if wanted is None else [r for r in p.records if r.kind in wanted]
             # Within a process, threads may enqueue a hair out of order, and a record emitted with its own wall time
             # may come late: sort each file by wall time (monotonic time breaking ties), then merge.
@@ -189,9 +198,10 @@ def open_run(path: str | os.PathLike[str]) -> Run:
         if nested:
             hint = f"; it contains {len(nested)} run(s), e.g. {nested[-1]}"
         raise NotARunError(f"{p} is not a telemetrain run directory (no run.json, no rank-*.jsonl){hint}")
-    processes = [read_process_file(f, meta) for f in files]
-    processes.sort(key=lambda pl: (pl.rank, pl.pid))
-    return Run(p, meta, processes)
+    logs = [read_process_file(f, meta) for f in files]
+    logs.sort(key=lambda pl: (pl.rank, pl.pid))
+    agents = [log for log in logs if is_agent_file(log.path.name)]
+    return Run(p, meta, [log for log in logs if not is_agent_file(log.path.name)], agents)
 
 
 def find_runs(root: str | os.PathLike[str]) -> list[Path]:

@@ -1,0 +1,1 @@
+"""Reading runs back: comparisons against a baseline, session goodput, a live view."""

@@ -1,0 +1,1 @@
+"""Multi-rank jobs: the launcher, cross-rank aggregation and straggler detection."""

@@ -1,0 +1,1 @@
+"""Bridges from training frameworks and torch's own telemetry modules into telemetrain."""
