@@ -1,0 +1,586 @@
+"""Lightning: a ``Callback`` that maps a ``Trainer``'s run onto the training lifecycle (``training.TrainingRecorder``)
+-- no class patched, nothing of Lightning's replaced.
+
+    from telemetrain.integrations.lightning import TelemetrainCallback
+    trainer = Trainer(callbacks=[TelemetrainCallback(seq_length=2048)])
+    trainer.fit(model, datamodule=dm)
+
+The mapping (docs/integrations.md has the details and the limits):
+- each ``fit``/``validate``/``test``/``predict`` call is an ``application`` span (``setup`` to ``teardown``);
+- ``training_loop`` is ``on_train_start`` to ``on_train_end``; ``validation_loop`` and ``testing_loop`` with their
+  iterations are the validation and test batches (the sanity check is left out);
+- a ``training_single_iteration`` is one optimizer step: it starts at the first micro-batch of a gradient
+  accumulation group and ends at the end of the batch after which ``trainer.global_step`` has advanced; the
+  micro-batches are counted (``micro_batches``, on exported iterations and on the loop);
+- checkpoint saves start at ``on_save_checkpoint`` (the state is dumped, the file not yet written) and succeed
+  once written: a synchronous save at the next hook this callback gets (``Trainer.save_checkpoint`` returned without
+  raising), an ``AsyncCheckpointIO`` save when its background write has finished (a marker task queued behind it on
+  the plugin's single writer thread; without that thread, at ``on_fit_end``, after Lightning waited for every
+  write); loads are timed from the last hook before the restore to ``on_load_checkpoint``;
+- ``on_exception`` ends what is open with status ``error`` (a pending save without success), and the next call on
+  the same ``Trainer`` and callback starts afresh.
+The configuration (``TrainingTelemetryConfig``) is derived from the ``Trainer`` at ``on_train_start``: the global batch
+(the loader's batch size, else the first batch's, x ``accumulate_grad_batches`` x ``world_size``), the world size,
+the iteration target (``max_steps``, else ``estimated_stepping_batches``), ``log_every_n_train_iterations``
+(``log_every_n_steps``) and the checkpoint strategy; keyword arguments override any field, or ``config=`` replaces it.
+
+``TelemetrainCallback`` subclasses ``lightning.pytorch.Callback`` (``pytorch_lightning.Callback`` when only the
+older package is installed); ``callback_class("pytorch_lightning")`` gives the class for the other package.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import time
+from typing import Any
+
+from ..dispatch import describe, warn_safely
+from ..spans import Span
+from ..telemetry import Telemetry
+from ..training.config import CheckpointStrategy, TrainingTelemetryConfig
+from ..training.recorder import TrainingRecorder
+
+__all__ = ["PACKAGES", "TelemetrainCallback", "callback_class"]
+
+PACKAGES = ("lightning.pytorch", "pytorch_lightning")
+
+TelemetrainCallback: type  # (declared only: made on first access by __getattr__, on the installed package)
+
+_FIELDS = {f.name for f in dataclasses.fields(TrainingTelemetryConfig)}
+
+
+def _config_field(key: str) -> str:
+    """An override's config field: ``seq_length`` or ``seq_length_or_fn``."""
+    if key in _FIELDS:
+        return key
+    if f"{key}_or_fn" in _FIELDS:
+        return f"{key}_or_fn"
+    raise TypeError(f"unknown TrainingTelemetryConfig field {key!r} (fields: {', '.join(sorted(_FIELDS))})")
+
+
+def _wall_ms() -> float:
+    return time.time() * 1000.0
+
+
+class _PendingSave:
+    """A checkpoint save between ``on_save_checkpoint`` and its outcome."""
+
+    __slots__ = ("async_io", "span", "start_wall", "step")
+
+    def __init__(self, step: int, span: Span | None, async_io: Any) -> None:
+        self.step = step
+        self.span = span
+        self.async_io = async_io  # the AsyncCheckpointIO writing it, None for a synchronous save
+        self.start_wall = time.time()
+
+
+class _LightningTelemetry:
+    """The hooks (the Lightning-free half of the callback; ``callback_class`` puts a ``Callback`` base under it)."""
+
+    def __init__(
+        self,
+        config: TrainingTelemetryConfig | None = None,
+        *,
+        recorder: TrainingRecorder | None = None,
+        telemetry: Telemetry | None = None,
+        application: bool = True,
+        **overrides: Any,
+    ) -> None:
+        """``config``: the whole training config (else derived from the Trainer, with ``overrides`` -- config fields,
+        with or without ``_or_fn`` -- on top). ``recorder``/``telemetry``: where the lifecycle goes (default: a
+        recorder of its own on the default Telemetry, made at the first ``setup``). ``application=False``: the
+        ``application`` span is the caller's (``training.application()`` around several Trainer calls)."""
+        if config is not None and not isinstance(config, TrainingTelemetryConfig):
+            raise TypeError(f"config must be a TrainingTelemetryConfig, got {type(config).__name__}")
+        if recorder is not None and not isinstance(recorder, TrainingRecorder):
+            raise TypeError(f"recorder must be a TrainingRecorder, got {type(recorder).__name__}")
+        if telemetry is not None and not isinstance(telemetry, Telemetry):
+            raise TypeError(f"telemetry must be a Telemetry, got {type(telemetry).__name__}")
+        if recorder is not None and telemetry is not None and recorder.telemetry is not telemetry:
+            raise ValueError("recorder and telemetry disagree: the recorder writes to another Telemetry")
+        if config is not None and overrides:
+            raise ValueError("give either config or field overrides, not both")
+        self._overrides = {_config_field(k): v for k, v in overrides.items()}
+        if self._overrides:  # validated now, not at the first fit
+            TrainingTelemetryConfig(**{"global_batch_size_or_fn": 1, **self._overrides})
+        self._config = config
+        self._recorder = recorder
+        self._telemetry = telemetry
+        self._application = application
+        self.failures = 0  # exceptions inside this callback's hooks (contained: training goes on)
+        self.micro_batches = 0  # training batches seen over this callback's life
+        self.optimizer_steps = 0  # training iterations ended (= optimizer steps)
+        self._reset()
+
+    def _reset(self) -> None:
+        self._app: Span | None = None
+        self._loop: Span | None = None
+        self._iteration: Span | None = None  # open training iteration (an optimizer step in progress)
+        self._step_at_start = 0
+        self._micro = 0  # micro-batches in the open iteration
+        self._loop_micro = 0
+        self._eval: dict[str, Span | None] = {}  # open validation/testing loop and iteration spans, by name
+        self._save: _PendingSave | None = None  # a save waiting for its outcome
+        self._async_waiting: list[_PendingSave] = []  # handed to an AsyncCheckpointIO without a writer thread
+        self._load_from_ms: float | None = None  # the last hook before a checkpoint restore (wall ms)
+        self._load_done = False
+        self._micro_batch_size: int | None = None
+        self._accumulate = 1
+        self._world = 1
+        self._learn_from_batch = False  # no batch size known at the loop start: take the first batch's
+
+    # -- plumbing --------------------------------------------------------------------------------------------------
+
+    @property
+    def recorder(self) -> TrainingRecorder:
+        """The recorder this callback drives (made on first use)."""
+        if self._recorder is None:
+            self._recorder = TrainingRecorder(self._config, telemetry=self._telemetry)
+        return self._recorder
+
+    def _failed(self, hook: str, exc: BaseException) -> None:
+        """A bug of ours or an unexpected Trainer: counted, warned about once, never raised into training."""
+        self.failures += 1
+        if self.failures == 1:
+            warn_safely(f"telemetrain.integrations.lightning: {hook} failed: {describe(exc)} (training goes on; later "
+                        "failures are counted in TelemetrainCallback.failures, not warned about)", stacklevel=3)
+
+    # -- application -----------------------------------------------------------------------------------------------
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        try:
+            self._reset()
+            recorder = self.recorder
+            if self._config is not None and recorder.config is not self._config:
+                recorder.set_training_telemetry_config(self._config)
+            if self._application:
+                self._app = recorder.on_app_start()
+                if self._app is not None:
+                    self._app.set_attribute("lightning_stage", str(getattr(stage, "value", stage)))
+            self._load_from_ms = _wall_ms()
+        except Exception as exc:  # noqa: BLE001 - telemetry never breaks training
+            self._failed("setup", exc)
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        try:
+            self._settle_save(trainer)
+            self._settle_async_waiting()
+            if self._app is not None:
+                self._app = None
+                self.recorder.on_app_end()
+        except Exception as exc:  # noqa: BLE001
+            self._failed("teardown", exc)
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        try:
+            if getattr(trainer.strategy, "restore_checkpoint_after_setup", False):
+                self._load_from_ms = _wall_ms()  # the restore is still to come (after this hook)
+            else:
+                self._check_load(trainer)
+        except Exception as exc:  # noqa: BLE001
+            self._failed("on_fit_start", exc)
+
+    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        try:
+            self._settle_save(trainer)
+            self._settle_async_waiting()  # Lightning's teardown waited for every async write, and none raised
+        except Exception as exc:  # noqa: BLE001
+            self._failed("on_fit_end", exc)
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        """End everything open with status error, innermost first (the recorder's end callbacks: their figures and
+        events as usual); a save still waiting for its outcome failed."""
+        error = describe(exception)
+        recorder = self.recorder
+        steps: list[tuple[str, Any]] = []
+        save = self._save
+        if save is not None:
+            self._save = None
+            steps.append(("save", lambda: self._end_failed_save(save, error)))
+        if self._iteration is not None:
+            steps.append(("iteration", lambda: self._end_span(self._iteration, error,
+                                                              recorder.on_training_single_iteration_end)))
+        for iteration, loop, end_iteration, end_loop in (
+            ("validation_single_iteration", "validation_loop", recorder.on_validation_single_iteration_end,
+             recorder.on_validation_end),
+            ("testing_single_iteration", "testing_loop", recorder.on_testing_single_iteration_end,
+             recorder.on_testing_end),
+        ):
+            if iteration in self._eval:
+                steps.append((iteration, lambda n=iteration, f=end_iteration: self._end_span(self._eval[n], error, f)))
+            if loop in self._eval:
+                steps.append((loop, lambda n=loop, f=end_loop: self._end_span(self._eval[n], error, f)))
+        if self._loop is not None:
+            steps.append(("training_loop", lambda: self._end_loop(error)))
+        if self._app is not None:
+            steps.append(("application", lambda: self._end_span(self._app, error, recorder.on_app_end)))
+        for what, step in steps:
+            try:
+                step()
+            except Exception as exc:  # noqa: BLE001 - the next one still ends
+                self._failed(f"on_exception ({what})", exc)
+        self._settle_async_waiting(success=False)
+        self._reset()
+
+    @staticmethod
+    def _end_span(span: Span | None, error: str, end: Any) -> None:
+        if span is not None:
+            span.set_status("error", error)
+        end()
+
+    def _end_loop(self, error: str) -> None:
+        loop = self._loop
+        if loop is not None:
+            loop.set_status("error", error)
+            loop.set_attribute("micro_batches", self._loop_micro)
+        self._loop = None
+        self.recorder.on_train_end()
+
+    # -- checkpoints -----------------------------------------------------------------------------------------------
+
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        try:
+            self._settle_save(trainer)  # a previous save returned: this is the next one
+            io = getattr(trainer.strategy, "checkpoint_io", None)
+            async_io = io if _is_async_io(io) else None
+            step = int(trainer.global_step)
+            span = self.recorder.on_save_checkpoint_start(step)
+            self._save = _PendingSave(step, span, async_io)
+        except Exception as exc:  # noqa: BLE001
+            self._failed("on_save_checkpoint", exc)
+
+    def _settle_save(self, trainer: Any) -> None:
+        """A hook after ``on_save_checkpoint``: ``Trainer.save_checkpoint`` has returned. A synchronous save has
+        succeeded; an async one has been handed to its writer thread (its span ends, its success comes later)."""
+        save = self._save
+        if save is None:
+            return
+        self._save = None
+        path = _saved_path(trainer, save)
+        recorder = self.recorder
+        if save.async_io is None:
+            recorder.on_save_checkpoint_success(save.step, path=path)
+            recorder.on_save_checkpoint_end(path=path)
+            return
+        recorder.on_save_checkpoint_end()
+        submit = getattr(getattr(save.async_io, "_executor", None), "submit", None)
+        if callable(submit):  # one writer thread, first in first out: this runs once the save is written
+            submit(self._async_written, save, path)
+        else:
+            self._async_waiting.append(save)
+
+    def _async_written(self, save: _PendingSave, path: str | None) -> None:
+        """In the AsyncCheckpointIO's writer thread, after the save: a success unless the write failed."""
+        try:
+            if getattr(save.async_io, "_error", None) is None:
+                written = path if path is not None and os.path.exists(path) else None
+                self.recorder.on_save_checkpoint_success(save.step, path=written)
+        except Exception as exc:  # noqa: BLE001
+            self._failed("async checkpoint success", exc)
+
+    def _settle_async_waiting(self, success: bool = True) -> None:
+        waiting, self._async_waiting = self._async_waiting, []
+        if success:
+            for save in waiting:
+                self.recorder.on_save_checkpoint_success(save.step)
+
+    def _end_failed_save(self, save: _PendingSave, error: str) -> None:
+        if save.span is not None and not save.span.ended:
+            save.span.set_status("error", error)
+            self.recorder.on_save_checkpoint_end()
+
+    def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        try:
+            self._check_load(trainer)
+        except Exception as exc:  # noqa: BLE001
+            self._failed("on_load_checkpoint", exc)
+
+    def _check_load(self, trainer: Any) -> None:
+        """After a restore (``trainer.ckpt_path`` is the checkpoint this call loaded): its span, once."""
+        if self._load_done or self._load_from_ms is None:
+            return
+        path = trainer.ckpt_path
+        if path is None:
+            return
+        self._load_done = True
+        recorder = self.recorder
+        recorder.on_load_checkpoint_start(self._load_from_ms)
+        local = os.fspath(path) if isinstance(path, (str, os.PathLike)) and os.path.exists(path) else None
+        recorder.on_load_checkpoint_end(path=local)
+
+    # -- training --------------------------------------------------------------------------------------------------
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        try:
+            self._settle_save(trainer)
+            self._check_load(trainer)
+            recorder = self.recorder
+            if self._config is None:
+                recorder.set_training_telemetry_config(self._derive_config(trainer))
+            self._loop_micro = 0
+            self._loop = recorder.on_train_start(int(trainer.global_step))
+        except Exception as exc:  # noqa: BLE001
+            self._failed("on_train_start", exc)
+
+    def _derive_config(self, trainer: Any) -> TrainingTelemetryConfig:
+        fields: dict[str, Any] = {
+            "global_batch_size_or_fn": self._global_batch_size,
+            "micro_batch_size_or_fn": self._known_micro_batch_size,
+            "log_every_n_train_iterations": max(int(getattr(trainer, "log_every_n_steps", 50) or 50), 1),
+            "world_size_or_fn": max(int(trainer.world_size), 1),
+            "save_checkpoint_strategy": (CheckpointStrategy.ASYNC if _is_async_io(trainer.strategy.checkpoint_io)
+                                         else CheckpointStrategy.SYNC),
+        }
+        target = _iterations_target(trainer)
+        if target is not None:
+            fields["train_iterations_target_or_fn"] = target
+        self._micro_batch_size = _loader_batch_size(trainer.train_dataloader)
+        self._accumulate = max(int(getattr(trainer, "accumulate_grad_batches", 1) or 1), 1)
+        self._world = fields["world_size_or_fn"]
+        fields.update(self._overrides)
+        self._learn_from_batch = "global_batch_size_or_fn" not in self._overrides and self._micro_batch_size is None
+        return TrainingTelemetryConfig(**fields)
+
+    def _known_micro_batch_size(self) -> int | None:
+        return self._micro_batch_size
+
+    def _global_batch_size(self) -> int:
+        """Samples per optimizer step across ranks (0 until a batch size is known)."""
+        mbs = self._micro_batch_size
+        return mbs * self._accumulate * self._world if mbs else 0
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        try:
+            if self._save is not None:
+                self._settle_save(trainer)
+            self.micro_batches += 1
+            self._loop_micro += 1
+            if self._iteration is not None:  # another micro-batch of the optimizer step under way
+                self._micro += 1
+                return
+            if self._learn_from_batch:
+                self._learn_batch_size(batch)
+            self._micro = 1
+            self._step_at_start = trainer.global_step
+            self._iteration = self.recorder.on_training_single_iteration_start()
+        except Exception as exc:  # noqa: BLE001
+            self._failed("on_train_batch_start", exc)
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        try:
+            iteration = self._iteration
+            if iteration is not None and trainer.global_step != self._step_at_start:  # the optimizer stepped
+                self._iteration = None
+                self.optimizer_steps += 1
+                if iteration.exported:
+                    iteration.set_attribute("micro_batches", self._micro)
+                self.recorder.on_training_single_iteration_end()
+        except Exception as exc:  # noqa: BLE001
+            self._failed("on_train_batch_end", exc)
+
+    def _learn_batch_size(self, batch: Any) -> None:
+        """The first batch's size (no loader batch size was known): the config is sent again with it."""
+        self._learn_from_batch = False
+        size = _batch_size(batch)
+        if size:
+            self._micro_batch_size = size
+            recorder = self.recorder
+            if recorder.config is not None:
+                recorder.set_training_telemetry_config(recorder.config)
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        try:
+            self._settle_save(trainer)
+        except Exception as exc:  # noqa: BLE001
+            self._failed("on_train_epoch_end", exc)
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        try:
+            self._settle_save(trainer)
+            recorder = self.recorder
+            if self._iteration is not None:  # micro-batches after the last optimizer step (none in Lightning's loop)
+                self._iteration = None
+                recorder.on_training_single_iteration_end()
+            loop, self._loop = self._loop, None
+            if loop is not None:
+                loop.set_attribute("micro_batches", self._loop_micro)
+                recorder.on_train_end()
+        except Exception as exc:  # noqa: BLE001
+            self._failed("on_train_end", exc)
+
+    # -- validation and testing ------------------------------------------------------------------------------------
+
+    def on_sanity_check_start(self, trainer: Any, pl_module: Any) -> None:
+        try:
+            self._check_load(trainer)
+        except Exception as exc:  # noqa: BLE001
+            self._failed("on_sanity_check_start", exc)
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        try:
+            if trainer.sanity_checking:
+                return
+            self._settle_save(trainer)
+            self._check_load(trainer)
+            self._eval["validation_loop"] = self.recorder.on_validation_start()
+        except Exception as exc:  # noqa: BLE001
+            self._failed("on_validation_start", exc)
+
+    def on_validation_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int,
+                                  dataloader_idx: int = 0) -> None:
+        try:
+            if trainer.sanity_checking:
+                return
+            self._eval["validation_single_iteration"] = self.recorder.on_validation_single_iteration_start()
+        except Exception as exc:  # noqa: BLE001
+            self._failed("on_validation_batch_start", exc)
+
+    def on_validation_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int,
+                                dataloader_idx: int = 0) -> None:
+        try:
+            if trainer.sanity_checking:
+                return
+            if self._eval.pop("validation_single_iteration", False) is not False:
+                self.recorder.on_validation_single_iteration_end()
+        except Exception as exc:  # noqa: BLE001
+            self._failed("on_validation_batch_end", exc)
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        try:
+            if trainer.sanity_checking:
+                return
+            self._settle_save(trainer)
+            if self._eval.pop("validation_loop", False) is not False:
+                self.recorder.on_validation_end()
+        except Exception as exc:  # noqa: BLE001
+            self._failed("on_validation_end", exc)
+
+    def on_test_start(self, trainer: Any, pl_module: Any) -> None:
+        try:
+            self._check_load(trainer)
+            self._eval["testing_loop"] = self.recorder.on_testing_start()
+        except Exception as exc:  # noqa: BLE001
+            self._failed("on_test_start", exc)
+
+    def on_test_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int,
+                            dataloader_idx: int = 0) -> None:
+        try:
+            self._eval["testing_single_iteration"] = self.recorder.on_testing_single_iteration_start()
+        except Exception as exc:  # noqa: BLE001
+            self._failed("on_test_batch_start", exc)
+
+    def on_test_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int,
+                          dataloader_idx: int = 0) -> None:
+        try:
+            if self._eval.pop("testing_single_iteration", False) is not False:
+                self.recorder.on_testing_single_iteration_end()
+        except Exception as exc:  # noqa: BLE001
+            self._failed("on_test_batch_end", exc)
+
+    def on_test_end(self, trainer: Any, pl_module: Any) -> None:
+        try:
+            if self._eval.pop("testing_loop", False) is not False:
+                self.recorder.on_testing_end()
+        except Exception as exc:  # noqa: BLE001
+            self._failed("on_test_end", exc)
+
+    def on_predict_start(self, trainer: Any, pl_module: Any) -> None:
+        try:
+            self._check_load(trainer)
+        except Exception as exc:  # noqa: BLE001
+            self._failed("on_predict_start", exc)
+
+
+# -- Trainer facts, each read defensively (a Trainer subclass or another version may lack one) -------------------------
+
+
+def _is_async_io(io: Any) -> bool:
+    """An ``AsyncCheckpointIO`` (by class name: it is the same class under both package names)."""
+    return any(cls.__name__ == "AsyncCheckpointIO" for cls in type(io).__mro__)
+
+
+def _iterations_target(trainer: Any) -> int | None:
+    max_steps = getattr(trainer, "max_steps", -1)
+    if isinstance(max_steps, int) and max_steps > 0:
+        return max_steps
+    try:
+        estimated = trainer.estimated_stepping_batches
+    except Exception:  # noqa: BLE001 - an infinite or unsized loader: no target
+        return None
+    return int(estimated) if isinstance(estimated, (int, float)) and 0 < estimated < float("inf") else None
+
+
+def _loader_batch_size(loader: Any) -> int | None:
+    size = getattr(loader, "batch_size", None)
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+
+
+def _batch_size(batch: Any) -> int | None:
+    """The first tensor's leading dimension in a batch (a tensor, a sequence or a mapping of them)."""
+    shape = getattr(batch, "shape", None)
+    if shape is not None:
+        return int(shape[0]) if len(shape) else None
+    items = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
+    for item in items:
+        size = _batch_size(item)
+        if size:
+            return size
+    return None
+
+
+def _saved_path(trainer: Any, save: _PendingSave) -> str | None:
+    """The file a ``ModelCheckpoint`` has just written, for the success event's size and directory (best effort: its
+    last saved path and step, read after ``Trainer.save_checkpoint`` returned; a synchronous save's file must also
+    have been modified since the save began). None when no checkpoint callback saved at that step (a manual
+    ``trainer.save_checkpoint``)."""
+    newest: tuple[float, str] | None = None
+    for cb in getattr(trainer, "checkpoint_callbacks", None) or ():
+        path = getattr(cb, "_last_checkpoint_saved", None)
+        if not isinstance(path, str) or not path or getattr(cb, "_last_global_step_saved", None) != save.step:
+            continue
+        if save.async_io is not None:
+            return path  # still being written: checked when it is
+        try:
+            mtime = os.path.getmtime(path)
+        except OSError:
+            continue
+        if mtime >= save.start_wall - 1.0 and (newest is None or mtime > newest[0]):  # (1 s: coarse file clocks)
+            newest = (mtime, path)
+    return newest[1] if newest else None
+
+
+# -- the Callback classes ----------------------------------------------------------------------------------------------
+
+_CLASSES: dict[str, type] = {}
+
+
+def callback_class(package: str = PACKAGES[0]) -> type:
+    """``TelemetrainCallback`` on ``package``'s ``Callback`` (``"lightning.pytorch"`` or ``"pytorch_lightning"``):
+    the Trainer of each package accepts only its own package's callbacks."""
+    if package not in PACKAGES:
+        raise ValueError(f"package must be one of {', '.join(PACKAGES)}, got {package!r}")
+    cls = _CLASSES.get(package)
+    if cls is None:
+        base = importlib.import_module(package).Callback
+        cls = _CLASSES[package] = type("TelemetrainCallback", (_LightningTelemetry, base), {
+            "__module__": __name__,
+            "__doc__": f"Training-lifecycle telemetry for a {package} Trainer (telemetrain.integrations.lightning).",
+        })
+    return cls
+
+
+def _default_class() -> type:
+    for package in PACKAGES:
+        try:
+            return callback_class(package)
+        except ImportError:
+            continue
+    raise ImportError("TelemetrainCallback needs Lightning: pip install lightning (or pytorch_lightning)")
+
+
+def __getattr__(name: str) -> Any:
+    if name == "TelemetrainCallback":
+        return _default_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
