@@ -1,0 +1,463 @@
+"""Hugging Face ``transformers.Trainer`` -> the training lifecycle: ``TelemetrainHFCallback``, a ``TrainerCallback``
+that drives a ``TrainingRecorder`` (one-logger's spans, events and derived metrics) from the Trainer's hooks.
+
+    cb = TelemetrainHFCallback()
+    trainer = Trainer(model, args, train_dataset=train, eval_dataset=val, callbacks=[cb])
+    with cb.guard():              # optional: an exception ends the open spans with status error
+        trainer.train()
+
+The mapping (read from ``Trainer._inner_training_loop``/``_run_epoch``/``_maybe_log_save_evaluate``, transformers 5):
+
+- ``train()`` is a ``training_loop`` (``on_train_begin`` .. ``on_train_end``) inside an ``application``;
+  ``train_iterations_start`` is ``state.global_step``, so a resumed run starts at its checkpoint's step.
+- An iteration is an optimizer step: ``on_step_begin`` (first micro-batch; the step's batches are already fetched)
+  .. ``on_step_end`` (after ``optimizer.step``, the scheduler and ``zero_grad``). Micro-batches (``on_substep_end``
+  and the step's last one) are counted: ``micro_batches``, and a metric at each training log.
+  ``on_pre_optimizer_step`` .. ``on_optimizer_step`` is the ``optimizer_update`` sub-phase.
+- Evaluation and prediction have no start hook, only ``on_prediction_step`` after each batch and ``on_evaluate`` /
+  ``on_predict`` at the end, which alone say which it was. Their batch times are kept and written as a
+  ``validation_loop`` (evaluate) or ``testing_loop`` (predict) with explicit times at that end. Inside ``train()``
+  the loop starts at the last hook before it (the step's end or its log); a stand-alone ``trainer.evaluate()``
+  starts at the end of its first batch, which is not timed as an iteration (no hook precedes it).
+- A checkpoint save: ``_save_checkpoint`` runs right after the last hook before it (``on_step_end``/
+  ``on_epoch_end``, the log, the evaluation) and ``on_save`` right after it has written the checkpoint: the
+  ``checkpoint_save_sync`` span is written at ``on_save``, from that last hook to now, then the success (with the
+  ``checkpoint-<step>`` folder and its size) and the end.
+- Resume: ``train(resume_from_checkpoint=...)`` loads before ``on_train_begin``, with no hook around the load. A
+  ``state.global_step > 0`` at ``on_train_begin`` is a resume: a ``checkpoint_load`` span is written from the last
+  known start (the ``guard()`` entry, or the Trainer's ``on_init_end``) to ``on_train_begin``: an upper bound, as
+  it includes ``train()``'s set-up (data loader, optimizer, ``accelerate.prepare``); attribute ``includes_setup``.
+- ``on_log``: every numeric value of ``logs`` (loss, learning_rate, grad_norm, eval_*, train_*) is a metric of
+  group ``metrics_group`` (``"hf"``) at step ``state.global_step``; NaN and inf are stored as they are.
+
+Exceptions: the Trainer has no exception hook. ``guard()`` (a context manager around ``train()``, ``evaluate()``...)
+ends what is open with status ``error`` and the exception: the optimizer span, the iteration (not counted: its step
+did not complete), a pending evaluation, the training loop (its final metrics reported first), and the application
+the callback opened; then the exception goes on. Without ``guard()``, the next ``on_train_begin`` ends the previous
+call's open spans the same way, at the time of the last hook seen; a process that exits first has them ended as
+``terminated`` by its Telemetry's close. (``sys.excepthook`` and ``atexit`` are process-wide and see an exception
+only if nothing catches it: a job that catches it and retries would leave its spans open.)
+
+Config: a given ``TrainingTelemetryConfig`` is used as is; else it is derived at each ``on_train_begin``:
+``global_batch_size`` = train batch per device x gradient accumulation x ``world_size``; ``micro_batch_size`` and
+``seq_length`` from the first batch's ``input_ids`` (a forward pre-hook on the model, removed after one batch);
+``log_every_n_train_iterations`` = ``state.logging_steps``; ``train_iterations_target`` = ``state.max_steps``;
+``flops_per_sample`` if given. Telemetry never breaks training: a failure inside a hook is recorded as an ``error``
+event (counted in ``errors``, warned once) and the hook returns normally.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from ..dispatch import describe, warn_safely
+from ..spans import Span
+from ..telemetry import Telemetry
+from ..training.config import TrainingTelemetryConfig
+from ..training.default import get_recorder
+from ..training.names import S
+from ..training.recorder import TrainingRecorder, _deactivate
+
+__all__ = ["TelemetrainHFCallback"]
+
+_mono = time.monotonic_ns
+GROUP = "training"
+CHECKPOINT_PREFIX = "checkpoint"  # transformers' PREFIX_CHECKPOINT_DIR: <output_dir>/checkpoint-<global_step>
+
+
+class TelemetrainHFCallback(TrainerCallback):
+    """A ``transformers.TrainerCallback`` recording the Trainer's lifecycle on a ``TrainingRecorder``.
+
+    ``config``: the job's ``TrainingTelemetryConfig``, used as is (default: derived from the Trainer's arguments and
+    the first batch at each ``train()``). ``flops_per_sample``: for the derived config (TFLOP/s and MFU).
+    ``telemetry``/``recorder``: where to record (default: the recorder of the default ``Telemetry``).
+    ``metrics_group``: the group of the ``logs`` metrics."""
+
+    def __init__(
+        self,
+        config: TrainingTelemetryConfig | None = None,
+        *,
+        flops_per_sample: float | None = None,
+        telemetry: Telemetry | None = None,
+        recorder: TrainingRecorder | None = None,
+        metrics_group: str = "hf",
+    ) -> None:
+        if config is not None and not isinstance(config, TrainingTelemetryConfig):
+            raise TypeError(f"config must be a TrainingTelemetryConfig, got {type(config).__name__}")
+        if flops_per_sample is not None and (isinstance(flops_per_sample, bool)
+                                             or not isinstance(flops_per_sample, (int, float))
+                                             or not 0 < flops_per_sample < float("inf")):
+            raise ValueError(f"flops_per_sample must be a number > 0, got {flops_per_sample!r}")
+        if telemetry is not None and not isinstance(telemetry, Telemetry):
+            raise TypeError(f"telemetry must be a Telemetry, got {type(telemetry).__name__}")
+        if recorder is not None and not isinstance(recorder, TrainingRecorder):
+            raise TypeError(f"recorder must be a TrainingRecorder, got {type(recorder).__name__}")
+        if not isinstance(metrics_group, str) or not metrics_group:
+            raise TypeError(f"metrics_group must be a non-empty str, got {metrics_group!r}")
+        self.recorder = recorder if recorder is not None else get_recorder(telemetry)
+        self.telemetry = self.recorder.telemetry
+        self.config = config
+        self.flops_per_sample = flops_per_sample
+        self.metrics_group = metrics_group
+        self.errors = 0  # failures inside the hooks (each also an error event)
+        self.micro_batches = 0  # micro-batches of the current (or last) train() call
+        self.seq_length: int | None = None  # from the first batch's input_ids
+        self.micro_batch_size: int | None = None
+        self._app: Span | None = None  # the application span this callback opened
+        self._loop: Span | None = None
+        self._iteration: Span | None = None
+        self._optimizer: Span | None = None
+        self._guards = 0
+        self._origin_ns = 0  # a known start of what precedes on_train_begin: the guard's entry, or on_init_end
+        self._boundary_ns = 0  # the last hook inside train(): what runs next (evaluation, save) starts here; 0: none
+        self._last_hook_ns = 0
+        self._eval_start_ns = 0
+        self._eval_ends: list[int] = []  # the end of each evaluation/prediction batch not yet written
+        self._eval_untimed = 0
+        self._hook: Any = None  # the forward pre-hook handle reading the first batch's shape
+        self._derived: TrainingTelemetryConfig | None = None  # the config derived at the last train()
+        self._config_pending = False  # the derived config, with the first batch's shape, is to be set
+
+    # -- containment -----------------------------------------------------------------------------------------------
+
+    def _failed(self, hook: str, exc: BaseException) -> None:
+        self.errors += 1
+        if self.errors == 1:
+            warn_safely(f"telemetrain.integrations.hf: {hook} failed: {describe(exc)} (recorded as an error event; "
+                        "later ones are not warned about)", stacklevel=3)
+        try:
+            self.telemetry.event("error", {"error_message": f"failed: {describe(exc)}", "callback": hook},
+                                 severity="error", group=GROUP)
+        except Exception:  # noqa: BLE001 - telemetry never breaks training
+            pass
+
+    def _ms(self, mono_ns: int) -> float | None:
+        """A monotonic time as the recorder's ``*_time_msec`` (ms since the epoch); 0 (unknown): None, i.e. now."""
+        return (mono_ns + self.telemetry.wall_offset_ns) / 1e6 if mono_ns else None
+
+    # -- train() ---------------------------------------------------------------------------------------------------
+
+    def on_init_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> None:
+        if not self._origin_ns:
+            self._origin_ns = _mono()
+
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       **kwargs: Any) -> None:
+        now = _mono()
+        try:
+            if self._loop is not None and not self._loop.ended:
+                self._abort("the previous train() did not reach on_train_end (it raised?)", self._last_hook_ns)
+            recorder = self.recorder
+            config = self.config
+            if config is None and (recorder.config is None or recorder.config is self._derived):
+                config = self._derived = self._derive(args, state)  # (a config the user set is left alone)
+            if config is not None:
+                recorder.set_training_telemetry_config(config)
+            self._start_app()
+            if state.global_step > 0:
+                self._record_load(args, state, now)
+            self._origin_ns = 0
+            self.micro_batches = 0
+            self._loop = recorder.on_train_start(state.global_step, None, state.max_steps or None)
+            model = kwargs.get("model")
+            if self.seq_length is None and self._hook is None and model is not None:
+                self._hook = model.register_forward_pre_hook(self._read_batch, with_kwargs=True)
+            self._boundary_ns = self._last_hook_ns = _mono()
+        except Exception as exc:  # noqa: BLE001 - telemetry never breaks training
+            self._failed("on_train_begin", exc)
+
+    def _start_app(self) -> None:
+        """The application span, from the known origin, unless one is open (ours, or the user's own
+        ``training.application()``)."""
+        if self._app is not None and not self._app.ended:
+            return
+        self._app = None
+        app = self.recorder._spans.get(S.APPLICATION)  # (private: the recorder does not say what is open)
+        if app is None or app.ended:
+            self._app = self.recorder.on_app_start(self._ms(self._origin_ns))
+
+    def _derive(self, args: TrainingArguments, state: TrainerState) -> TrainingTelemetryConfig:
+        per_device = int(state.train_batch_size or args.train_batch_size)
+        world = max(int(args.world_size), 1)
+        return TrainingTelemetryConfig(
+            global_batch_size_or_fn=per_device * max(int(args.gradient_accumulation_steps), 1) * world,
+            micro_batch_size_or_fn=self.micro_batch_size,
+            seq_length_or_fn=self.seq_length,
+            flops_per_sample_or_fn=self.flops_per_sample,
+            train_iterations_target_or_fn=state.max_steps or None,
+            log_every_n_train_iterations=max(int(state.logging_steps or 50), 1),
+            world_size_or_fn=world,
+        )
+
+    def _set_batch_shape(self) -> None:
+        """The derived config again, with the micro-batch size and sequence length of the first batch (one-logger's
+        late config: a second ``update_training_telemetry_config``)."""
+        derived = self._derived
+        if derived is not None and self.recorder.config is derived:
+            self._derived = dataclasses.replace(derived, micro_batch_size_or_fn=self.micro_batch_size,
+                                                seq_length_or_fn=self.seq_length)
+            self.recorder.set_training_telemetry_config(self._derived)
+
+    def _read_batch(self, module: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+        """The model's forward pre-hook, for one batch: its ``input_ids`` shape is the micro-batch and the sequence
+        length (padded)."""
+        try:
+            ids = kwargs.get("input_ids")
+            if ids is None and args:
+                ids = args[0]
+            shape = getattr(ids, "shape", None)
+            if shape is not None and len(shape) >= 2:
+                self.micro_batch_size, self.seq_length = int(shape[0]), int(shape[-1])
+                self._config_pending = self._derived is not None  # set at this step's end, outside the forward
+        finally:
+            self._remove_hook()
+
+    def _remove_hook(self) -> None:
+        hook, self._hook = self._hook, None
+        if hook is not None:
+            hook.remove()
+
+    def _record_load(self, args: TrainingArguments, state: TrainerState, now: int) -> None:
+        """A resumed train(): a checkpoint_load span up to now, when its start is known (see the module's doc)."""
+        found = _checkpoint_dir(args, state.global_step)
+        if not self._origin_ns:
+            self.telemetry.event("checkpoint_resumed", {"global_step": state.global_step,
+                                                         "checkpoint_directory": found or ""}, group=self.metrics_group)
+            return
+        s = self.recorder.on_load_checkpoint_start(self._ms(self._origin_ns))
+        if s is not None:
+            s.set_attribute("includes_setup", True)
+            s.set_attribute("global_step", state.global_step)
+        self.recorder.on_load_checkpoint_end(self._ms(now), path=found)
+
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                     **kwargs: Any) -> None:
+        try:
+            self._remove_hook()
+            self._flush_eval(S.VALIDATION_LOOP)  # (none: every evaluation ends with on_evaluate)
+            if self._loop is not None and not self._loop.ended:
+                self.telemetry.metric("micro_batches", self.micro_batches, self.metrics_group, step=state.global_step)
+                self.recorder.on_train_end()
+            self._loop = None
+            if self._guards == 0:
+                self._end_app()
+            self._boundary_ns = 0
+        except Exception as exc:  # noqa: BLE001
+            self._failed("on_train_end", exc)
+
+    def _end_app(self, status: str | None = None, error: str = "", finish_ns: int = 0) -> None:
+        app, self._app = self._app, None
+        if app is not None and not app.ended:
+            if status is not None:
+                app.set_status(status, error)
+            self.recorder.on_app_end(self._ms(finish_ns))
+
+    # -- steps: the hot path ---------------------------------------------------------------------------------------
+
+    def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                      **kwargs: Any) -> None:
+        try:
+            self._iteration = self.recorder.on_training_single_iteration_start()
+        except Exception as exc:  # noqa: BLE001
+            self._failed("on_step_begin", exc)
+
+    def on_pre_optimizer_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                              **kwargs: Any) -> None:
+        try:
+            s = self._optimizer = self.recorder.optimizer_update()
+            s.__enter__()
+        except Exception as exc:  # noqa: BLE001
+            self._optimizer = None
+            self._failed("on_pre_optimizer_step", exc)
+
+    def on_optimizer_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                          **kwargs: Any) -> None:
+        s, self._optimizer = self._optimizer, None
+        if s is not None:
+            try:
+                s.__exit__(None, None, None)
+            except Exception as exc:  # noqa: BLE001
+                self._failed("on_optimizer_step", exc)
+
+    def on_substep_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       **kwargs: Any) -> None:
+        self.micro_batches += 1
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> None:
+        self.micro_batches += 1
+        try:
+            self._iteration = None
+            self.recorder.on_training_single_iteration_end()
+            if self._config_pending:
+                self._config_pending = False
+                self._set_batch_shape()
+        except Exception as exc:  # noqa: BLE001
+            self._failed("on_step_end", exc)
+        self._boundary_ns = self._last_hook_ns = _mono()
+
+    def on_epoch_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                     **kwargs: Any) -> None:
+        if self._loop is not None:
+            self._boundary_ns = self._last_hook_ns = _mono()
+
+    # -- logs ------------------------------------------------------------------------------------------------------
+
+    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+               logs: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        try:
+            metric, group, step = self.telemetry.metric, self.metrics_group, state.global_step
+            for name, value in (logs or {}).items():
+                if type(value) is float or (type(value) is int):
+                    metric(name, value, group, step=step)
+                elif not isinstance(value, bool) and isinstance(value, (int, float)):
+                    metric(name, float(value), group, step=step)
+            if logs and "loss" in logs and self._loop is not None:
+                metric("micro_batches", self.micro_batches, group, step=step)
+        except Exception as exc:  # noqa: BLE001
+            self._failed("on_log", exc)
+        if self._loop is not None and not self._eval_ends:
+            self._boundary_ns = self._last_hook_ns = _mono()
+
+    # -- evaluation and prediction ---------------------------------------------------------------------------------
+
+    def on_prediction_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                           **kwargs: Any) -> None:
+        now = _mono()
+        if not self._eval_ends and not self._eval_start_ns:
+            if self._boundary_ns:
+                self._eval_start_ns = self._boundary_ns
+            else:  # a stand-alone evaluate(): no hook before its first batch
+                self._eval_start_ns = now
+                self._eval_untimed += 1
+                return
+        self._eval_ends.append(now)
+
+    def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    metrics: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        try:
+            self._flush_eval(S.VALIDATION_LOOP, force=True)
+        except Exception as exc:  # noqa: BLE001
+            self._failed("on_evaluate", exc)
+        if self._loop is not None:
+            self._boundary_ns = self._last_hook_ns = _mono()
+
+    def on_predict(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                   metrics: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        try:
+            self._flush_eval(S.TESTING_LOOP, force=True)
+        except Exception as exc:  # noqa: BLE001
+            self._failed("on_predict", exc)
+        if self._loop is not None:
+            self._boundary_ns = self._last_hook_ns = _mono()
+
+    def _flush_eval(self, loop: str, *, force: bool = False, error: str = "", finish_ns: int = 0) -> None:
+        """Write the evaluation (or prediction) whose batches were kept: the loop, each batch an iteration."""
+        ends, self._eval_ends = self._eval_ends, []
+        start, self._eval_start_ns = self._eval_start_ns or self._boundary_ns, 0
+        untimed, self._eval_untimed = self._eval_untimed, 0
+        if not (ends or untimed or force):
+            return
+        r = self.recorder
+        validation = loop == S.VALIDATION_LOOP
+        s = (r.on_validation_start if validation else r.on_testing_start)(self._ms(start))
+        if s is not None and untimed:
+            s.set_attribute("untimed_iterations", untimed)
+        begin, end = ((r.on_validation_single_iteration_start, r.on_validation_single_iteration_end) if validation
+                      else (r.on_testing_single_iteration_start, r.on_testing_single_iteration_end))
+        previous = start
+        for t in ends:
+            begin(self._ms(previous))
+            end(self._ms(t))
+            previous = t
+        if s is not None and error:
+            s.set_status("error", error)
+        (r.on_validation_end if validation else r.on_testing_end)(self._ms(finish_ns))
+
+    # -- checkpoints -----------------------------------------------------------------------------------------------
+
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                **kwargs: Any) -> None:
+        now = _mono()
+        try:
+            step = state.global_step
+            found = _checkpoint_dir(args, step)
+            r = self.recorder
+            r.on_save_checkpoint_start(step, self._ms(self._boundary_ns or now))
+            r.on_save_checkpoint_success(step, self._ms(now), path=found)
+            r.on_save_checkpoint_end(self._ms(now), path=found)
+        except Exception as exc:  # noqa: BLE001
+            self._failed("on_save", exc)
+        if self._loop is not None:
+            self._boundary_ns = self._last_hook_ns = _mono()
+
+    # -- exceptions ------------------------------------------------------------------------------------------------
+
+    @contextmanager
+    def guard(self) -> Iterator[TelemetrainHFCallback]:
+        """Around ``trainer.train()`` (and ``evaluate()``...): an exception ends what is open with status error and
+        goes on. The application starts at the entry (if none is open) and ends at the exit."""
+        self._guards += 1
+        if self._guards == 1:
+            self._origin_ns = self._origin_ns or _mono()
+            try:
+                self._start_app()
+            except Exception as exc:  # noqa: BLE001
+                self._failed("guard", exc)
+        try:
+            yield self
+        except BaseException as exc:
+            try:
+                self._abort(describe(exc), 0)
+            except Exception as inner:  # noqa: BLE001
+                self._failed("guard", inner)
+            raise
+        finally:
+            self._guards -= 1
+            if self._guards == 0:
+                self._origin_ns = 0
+                try:
+                    self._end_app()
+                except Exception as exc:  # noqa: BLE001
+                    self._failed("guard", exc)
+
+    def _abort(self, error: str, finish_ns: int) -> None:
+        """End what is open with status error, at ``finish_ns`` (0: now): the optimizer span, the iteration (not
+        counted), an evaluation under way, the training loop (its last metrics reported), the application."""
+        self._remove_hook()
+        opt, self._optimizer = self._optimizer, None
+        if opt is not None and not opt.ended:
+            opt.set_status("error", error)
+            opt.__exit__(None, None, None, finish_ns or None)
+        recorder = self.recorder
+        it = recorder._iteration  # (private: the recorder has no "abandon this iteration" callback)
+        self._iteration = None
+        if it is not None and not it.ended:
+            recorder._iteration = None
+            _deactivate(it)
+            it.end("error", error, end_ns=finish_ns or None)
+        if self._eval_ends or self._eval_start_ns or self._eval_untimed:
+            self._flush_eval(S.VALIDATION_LOOP, error=error, finish_ns=finish_ns)
+        loop, self._loop = self._loop, None
+        if loop is not None and not loop.ended:
+            loop.set_status("error", error)
+            recorder.on_train_end(self._ms(finish_ns))
+        self._boundary_ns = 0
+        self._end_app("error", error, finish_ns)
+
+
+def _checkpoint_dir(args: TrainingArguments, global_step: int) -> str | None:
+    """The Trainer's checkpoint folder for ``global_step``, if it is there (a hyperparameter search's trials save
+    under a run folder of their own: not found, so no path and no size)."""
+    if not args.output_dir:
+        return None
+    path = os.path.join(args.output_dir, f"{CHECKPOINT_PREFIX}-{global_step}")
+    return path if os.path.isdir(path) else None

@@ -1,0 +1,314 @@
+"""The Hugging Face Trainer integration against a real ``transformers.Trainer`` (a 1-layer GPT-2 built from a config,
+synthetic token data, CPU, nothing downloaded): optimizer steps as iterations with micro-batches counted, evaluation
+loops, checkpoint saves that cover the files written, the Trainer's logs as metrics (NaN kept), a resume, and an
+exception in the model's forward that ends the spans with status error while the next ``train()`` works."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from telemetrain import Telemetry  # noqa: E402
+from telemetrain.spans import _current  # noqa: E402
+from telemetrain.training import TrainingTelemetryConfig  # noqa: E402
+
+hf = pytest.importorskip("telemetrain.integrations.hf")
+
+SEQ = 16
+BATCH = 4
+ACCUM = 2
+COARSE_CLOCK_NS = 10_000_000
+
+
+@pytest.fixture(autouse=True)
+def _offline_and_no_current_span(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No hub access; each test starts with no current span and leaves none behind (see test_training.py)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    token = _current.set(None)
+    yield
+    _current.reset(token)
+
+
+class Tokens(torch.utils.data.Dataset):  # type: ignore[misc]
+    """``n`` fixed random token sequences; each is its own label (causal LM)."""
+
+    def __init__(self, n: int, seed: int = 0) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(0, 64, (n, SEQ), generator=g)
+
+    def __len__(self) -> int:
+        return int(self.ids.shape[0])
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+class FlakyGPT2(transformers.GPT2LMHeadModel):  # type: ignore[misc]
+    """A GPT-2 whose forward raises on its ``fail_on_call``-th call (None: never)."""
+
+    fail_on_call: int | None = None
+    calls = 0
+
+    def forward(self, input_ids: Any = None, labels: Any = None, **kwargs: Any) -> Any:
+        # (named parameters: the Trainer keeps only the batch keys the forward's signature names)
+        self.calls += 1
+        if self.calls == self.fail_on_call:
+            raise RuntimeError("boom in forward")
+        return super().forward(input_ids=input_ids, labels=labels, **kwargs)
+
+
+def _model() -> Any:
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=64, n_positions=32,
+                                     bos_token_id=0, eos_token_id=0)
+    return FlakyGPT2(config)
+
+
+def _trainer(tmp_path: Path, cb: Any, model: Any | None = None, **overrides: Any) -> Any:
+    settings: dict[str, Any] = dict(
+        output_dir=str(tmp_path / "out"), max_steps=10, per_device_train_batch_size=BATCH,
+        per_device_eval_batch_size=BATCH, gradient_accumulation_steps=ACCUM, eval_strategy="steps", eval_steps=5,
+        save_steps=5, logging_steps=2, report_to=[], use_cpu=True, disable_tqdm=True, seed=0,
+    )
+    settings.update(overrides)
+    args = transformers.TrainingArguments(**settings)
+    return transformers.Trainer(model=model if model is not None else _model(), args=args,
+                                train_dataset=Tokens(64), eval_dataset=Tokens(12, seed=1), callbacks=[cb])
+
+
+class Span(NamedTuple):
+    """A span's start and end records together (wall times in ns)."""
+
+    span_id: str
+    parent_id: str
+    start_ns: int
+    end_ns: int
+    status: str
+    error: str
+    attributes: dict[str, Any]
+
+
+def _spans(records: list[Any], name: str) -> list[Span]:
+    """The ended spans called ``name``, in start order."""
+    starts = {r.span_id: r for r in records if r.kind == "span_start" and r.name == name}
+    out = []
+    for end in (r for r in records if r.kind == "span_end" and r.name == name):
+        start = starts[end.span_id]
+        out.append(Span(end.span_id, start.parent_id, start.wall_ns, end.wall_ns, end.status, end.error,
+                        {**(start.attributes or {}), **(end.attributes or {})}))
+    return sorted(out, key=lambda s: s.start_ns)
+
+
+def _events(records: list[Any], name: str) -> list[dict[str, Any]]:
+    return [r.attributes for r in records if r.kind == "event" and r.name == name]
+
+
+def _metrics(records: list[Any], name: str, group: str = "hf") -> list[tuple[int | None, float]]:
+    return [(r.step, r.value) for r in records if r.kind == "metric" and r.group == group and r.name == name]
+
+
+def test_steps_evaluations_saves_and_logs_are_recorded(tmp_path: Path, telemetry: Telemetry,
+                                                       read_run: Callable[..., Any]) -> None:
+    cb = hf.TelemetrainHFCallback(telemetry=telemetry)
+    trainer = _trainer(tmp_path, cb)
+    with cb.guard():
+        trainer.train()
+    records = read_run(telemetry)
+    steps = trainer.state.global_step
+    assert steps == 10 and cb.errors == 0
+
+    # one application, one training loop, both ok; iterations are optimizer steps, micro-batches counted
+    assert [s.status for s in _spans(records, "application")] == ["ok"]
+    (loop,) = _spans(records, "training_loop")
+    assert loop.status == "ok"
+    reports = _events(records, "training_metrics_update")
+    assert reports[-1]["num_iterations"] == steps and reports[-1]["current_iteration"] == steps - 1
+    assert [r["current_iteration"] for r in reports] == [1, 3, 5, 7, 9]  # every logging_steps=2 optimizer steps
+    assert cb.micro_batches == steps * ACCUM
+    assert _metrics(records, "micro_batches")[-1] == (steps, steps * ACCUM)
+    first, config = _events(records, "update_training_telemetry_config")  # the second knows the first batch
+    assert "seq_length" not in first and config["global_batch_size"] == BATCH * ACCUM and config["seq_length"] == SEQ
+    assert config["micro_batch_size"] == BATCH and config["train_iterations_target"] == steps
+    assert reports[-1]["train_tokens"] == steps * BATCH * ACCUM * SEQ
+    iterations = _spans(records, "training_single_iteration")
+    assert iterations and all(s.parent_id == loop.span_id for s in iterations)
+    assert _metrics(records, "train.phase.optimizer", group="training")  # on_pre_optimizer_step..on_optimizer_step
+
+    # an evaluation every 5 steps: 12 samples in batches of 4 -> 3 iterations each
+    validations = _events(records, "validation_metrics_update")
+    assert [v["num_iterations"] for v in validations] == [3, 3]
+    assert [v["current_iteration"] for v in validations] == [4, 9]
+    assert len(_spans(records, "validation_loop")) == 2
+
+    # a save every 5 steps, after the evaluation; each save span covers the files the Trainer wrote
+    successes = _events(records, "save_checkpoint_success")
+    assert [s["current_iteration"] for s in successes] == [5, 10]
+    saves = _spans(records, "checkpoint_save_sync")
+    assert [s.status for s in saves] == ["ok", "ok"]
+    for success, save, evaluation in zip(successes, saves, _spans(records, "validation_loop"), strict=True):
+        folder = Path(success["checkpoint_directory"])
+        assert folder == tmp_path / "out" / f"checkpoint-{success['current_iteration']}"
+        assert success["checkpoint_size"] == sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+        written = [f.stat().st_mtime_ns for f in folder.rglob("*") if f.is_file()]
+        assert save.start_ns <= min(written) and max(written) <= save.end_ns
+        assert evaluation.end_ns <= save.start_ns  # the evaluation ran first: not in the save
+
+    # the Trainer's logs, as metrics at their global step: the same values as its own log history
+    logged = [(h["step"], h["loss"]) for h in trainer.state.log_history if "loss" in h]
+    assert _metrics(records, "loss") == logged  # (floats round-trip the store exactly)
+    evals = [(h["step"], h["eval_loss"]) for h in trainer.state.log_history if "eval_loss" in h]
+    assert _metrics(records, "eval_loss") == evals
+    assert [step for step, _ in _metrics(records, "learning_rate")] == [2, 4, 6, 8, 10]
+
+
+def test_stand_alone_evaluate_and_predict(tmp_path: Path, telemetry: Telemetry,
+                                          read_run: Callable[..., Any]) -> None:
+    """Outside train(): evaluate() is a validation loop, predict() a testing loop; no hook precedes the first batch,
+    so it is not timed as an iteration (and said so)."""
+    cb = hf.TelemetrainHFCallback(telemetry=telemetry)
+    trainer = _trainer(tmp_path, cb, eval_strategy="no")
+    trainer.evaluate()
+    trainer.predict(Tokens(20, seed=2))
+    records = read_run(telemetry)
+    (validation,) = _events(records, "validation_metrics_update")
+    assert validation["num_iterations"] == 2  # 3 batches, the first untimed
+    (loop,) = _spans(records, "validation_loop")
+    assert loop.attributes["untimed_iterations"] == 1
+    (testing,) = _events(records, "testing_metrics_update")
+    assert testing["num_iterations"] == 4  # 5 batches
+    assert not _spans(records, "training_loop") and cb.errors == 0
+
+
+def test_nan_loss_is_stored_as_nan(tmp_path: Path, telemetry: Telemetry, read_run: Callable[..., Any]) -> None:
+    model = _model()
+    with torch.no_grad():
+        model.lm_head.weight.fill_(float("nan"))  # (tied to the embedding: every logit is NaN)
+    cb = hf.TelemetrainHFCallback(telemetry=telemetry)
+    trainer = _trainer(tmp_path, cb, model=model, max_steps=2, logging_steps=1, eval_strategy="no",
+                       save_strategy="no", logging_nan_inf_filter=False)
+    trainer.train()
+    assert all(math.isnan(h["loss"]) for h in trainer.state.log_history if "loss" in h)
+    losses = _metrics(read_run(telemetry), "loss")
+    assert [step for step, _ in losses] == [1, 2]
+    assert all(math.isnan(value) for _, value in losses)
+
+
+def _failing_run(tmp_path: Path, telemetry: Telemetry, *, guarded: bool) -> tuple[Any, Any]:
+    """A train() whose forward raises at the first micro-batch of step 4, then a train() that completes."""
+    cb = hf.TelemetrainHFCallback(telemetry=telemetry)
+    model = _model()
+    model.fail_on_call = 3 * ACCUM + 1
+    trainer = _trainer(tmp_path, cb, model=model, max_steps=6, eval_strategy="no", save_strategy="no")
+    with pytest.raises(RuntimeError, match="boom in forward"):
+        if guarded:
+            with cb.guard():
+                trainer.train()
+        else:
+            trainer.train()
+    model.fail_on_call = None
+    if guarded:
+        with cb.guard():
+            trainer.train()
+    else:
+        trainer.train()
+    return cb, trainer
+
+
+@pytest.mark.parametrize("guarded", [True, False], ids=["guard", "next-train"])
+def test_an_exception_in_forward_ends_the_spans_with_error_and_the_next_train_works(
+    tmp_path: Path, telemetry: Telemetry, read_run: Callable[..., Any], guarded: bool
+) -> None:
+    cb, trainer = _failing_run(tmp_path, telemetry, guarded=guarded)
+    records = read_run(telemetry)
+    assert cb.errors == 0
+    failed, ok = _spans(records, "training_loop")
+    assert failed.status == "error" and ok.status == "ok"
+    if guarded:
+        assert "boom in forward" in failed.error
+    broken = [s for s in _spans(records, "training_single_iteration") if s.status == "error"]
+    assert len(broken) == 1 and broken[0].parent_id == failed.span_id
+    apps = _spans(records, "application")
+    assert [a.status for a in apps] == ["error", "ok"]
+    # the failed call reported its 3 completed steps (the failing one is not counted), the next its 6
+    finals = [r for r in _events(records, "training_metrics_update") if r["final"]]
+    assert finals[0]["num_iterations"] == 3 and finals[0]["current_iteration"] == 2
+    last = _events(records, "training_metrics_update")[-1]
+    assert last["num_iterations"] == trainer.state.global_step == 6 and last["current_iteration"] == 5
+    assert not [s for s in _spans(records, "optimizer_update") if s.status != "ok"]
+    if not guarded:  # ended at the last hook the failed call reached, not when the next one noticed
+        assert failed.end_ns <= ok.start_ns
+
+
+def test_resume_from_checkpoint_starts_at_its_step_and_records_the_load(
+    tmp_path: Path, telemetry: Telemetry, read_run: Callable[..., Any]
+) -> None:
+    cb = hf.TelemetrainHFCallback(telemetry=telemetry)
+    with cb.guard():
+        _trainer(tmp_path, cb, max_steps=4, save_steps=4, eval_strategy="no").train()
+    resumed = _trainer(tmp_path, cb, max_steps=6, save_steps=100, eval_strategy="no")
+    with cb.guard():
+        resumed.train(resume_from_checkpoint=True)
+    records = read_run(telemetry)
+    first, second = _spans(records, "training_loop")
+    assert first.attributes["train_iterations_start"] == 0
+    assert second.attributes["train_iterations_start"] == 4
+    (load,) = _spans(records, "checkpoint_load")
+    assert load.attributes["includes_setup"] is True and load.attributes["global_step"] == 4
+    assert load.end_ns <= second.start_ns  # before the loop starts
+    last = _events(records, "training_metrics_update")[-1]
+    assert last["current_iteration"] == 5 and last["num_iterations"] == 2
+    assert last["load_checkpoint_count"] == 1 and last["load_checkpoint_size_bytes"] > 0
+
+
+def test_a_given_config_is_used_as_is(tmp_path: Path, telemetry: Telemetry, read_run: Callable[..., Any]) -> None:
+    config = TrainingTelemetryConfig(global_batch_size_or_fn=123, perf_tag_or_fn="hf-test",
+                                     log_every_n_train_iterations=3)
+    cb = hf.TelemetrainHFCallback(config, telemetry=telemetry)
+    _trainer(tmp_path, cb, max_steps=3, eval_strategy="no", save_strategy="no").train()
+    records = read_run(telemetry)
+    (event,) = _events(records, "update_training_telemetry_config")
+    assert event["global_batch_size"] == 123 and event["perf_tag"] == "hf-test"
+    (report,) = _events(records, "training_metrics_update")
+    assert report["num_train_samples"] == 3 * 123
+
+
+def test_a_failing_config_function_does_not_break_training(tmp_path: Path, telemetry: Telemetry,
+                                                           read_run: Callable[..., Any]) -> None:
+    def broken() -> int:
+        raise ZeroDivisionError("no sequence length")
+
+    config = TrainingTelemetryConfig(global_batch_size_or_fn=8, seq_length_or_fn=broken,
+                                     log_every_n_train_iterations=2)
+    cb = hf.TelemetrainHFCallback(config, telemetry=telemetry)
+    trainer = _trainer(tmp_path, cb, max_steps=4, eval_strategy="no", save_strategy="no")
+    with pytest.warns(Warning, match="no sequence length"):
+        trainer.train()
+    assert trainer.state.global_step == 4
+    records = read_run(telemetry)
+    assert any("no sequence length" in e["error_message"] for e in _events(records, "error"))
+    assert [s.status for s in _spans(records, "training_loop")] == ["ok"]
+
+
+@pytest.mark.parametrize(("kwargs", "error"), [
+    ({"config": {"global_batch_size_or_fn": 8}}, TypeError),
+    ({"flops_per_sample": -1.0}, ValueError),
+    ({"telemetry": "t"}, TypeError),
+    ({"recorder": object()}, TypeError),
+    ({"metrics_group": ""}, TypeError),
+])
+def test_bad_arguments_raise_naming_the_argument(telemetry: Telemetry, kwargs: dict[str, Any],
+                                                 error: type[Exception]) -> None:
+    with pytest.raises(error, match=next(iter(kwargs))):
+        hf.TelemetrainHFCallback(**kwargs)
