@@ -1,1 +1,28 @@
-"""Reading runs back: comparisons against a baseline, session goodput, a live view."""
+"""Reading runs back: comparisons against a baseline, session goodput, a live view.
+
+``compare_runs(candidates, baseline)`` is the Python entry point of ``telemetrain compare`` (docs/compare.md).
+"""
+
+from .compare import (
+    CandidateComparison,
+    Comparison,
+    MetricComparison,
+    PerfTagMismatch,
+    RunRef,
+    bootstrap_ratio,
+    compare_runs,
+)
+from .samples import RunSamples, Window, run_samples
+
+__all__ = [
+    "CandidateComparison",
+    "Comparison",
+    "MetricComparison",
+    "PerfTagMismatch",
+    "RunRef",
+    "RunSamples",
+    "Window",
+    "bootstrap_ratio",
+    "compare_runs",
+    "run_samples",
+]

@@ -2,11 +2,273 @@
 
 from __future__ import annotations
 
-from typing import Any
+import argparse
+import contextlib
+import json
+import math
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from ..cli_common import CLIError, resolve_run
+from ..store.reader import NotARunError, find_runs
+from ..text import printable
+from .compare import (
+    DEFAULT_CONFIDENCE,
+    DEFAULT_MIN_EFFECT,
+    DEFAULT_RESAMPLES,
+    PerfTagMismatch,
+    compare_runs,
+)
+from .samples import RunSamples, load_run, open_run_meta, run_bytes, run_samples
 
 __all__ = ["register"]
+
+_PROGRESS_FROM_BYTES = 32 << 20  # smaller runs load in about a second: no bar
+_RICH_MISSING = 'needs rich, which is not installed: pip install "telemetrain[report]"'
+
+
+def _fraction(text: str) -> float:
+    """``0.03``, ``3%``."""
+    try:
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number or percentage: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
 
 
 def register(sub: Any) -> None:
     """Add this module's subcommands to the ``telemetrain`` parser (``sub`` is its subparsers action)."""
-    del sub
+    compare = sub.add_parser(
+        "compare",
+        help="compare runs' iteration time and throughput against a baseline",
+        description=(
+            "Compare each RUN_DIR with a baseline run: median iteration time, throughput, each phase's time and each "
+            "rank's iteration time, with a bootstrap confidence interval of the candidate/baseline ratio over the "
+            "report windows. A change is a regression or improvement only when the whole interval lies beyond "
+            "--min-effect. The baseline is --baseline, else the newest other run with --perf-tag (default: the "
+            "first candidate's perf_tag) under --root (default: the candidate's store root). Runs whose perf_tags "
+            "differ are refused unless --force."
+        ),
+    )
+    compare.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="candidate run(s)")
+    which = compare.add_mutually_exclusive_group()
+    which.add_argument("--baseline", metavar="RUN_DIR", help="the baseline run")
+    which.add_argument("--perf-tag", metavar="TAG", help="baseline: the newest other run with this perf_tag")
+    compare.add_argument("--root", metavar="DIR", help="where --perf-tag looks for the baseline")
+    compare.add_argument("--force", action="store_true", help="compare even if the perf_tags differ")
+    compare.add_argument("--confidence", type=_fraction, default=DEFAULT_CONFIDENCE,
+                         help="confidence level of the interval (default: %(default)s)")
+    compare.add_argument("--min-effect", type=_fraction, default=DEFAULT_MIN_EFFECT,
+                         help="smallest relative change reported as significant, e.g. 0.03 or 3%% (default: "
+                         "%(default)s)")
+    compare.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES,
+                         help="bootstrap resamples (default: %(default)s)")
+    compare.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: %(default)s)")
+    compare.add_argument("--html", metavar="FILE", help="also write the comparison as a self-contained HTML page")
+    compare.add_argument("--json", action="store_true", help="print the comparison as JSON instead of a table")
+    compare.add_argument("--fail-on-regression", action="store_true",
+                         help="exit with status 1 when a regression is found (for CI)")
+    compare.set_defaults(run=_cmd_compare)
+
+    goodput = sub.add_parser(
+        "goodput",
+        help="goodput and badput of a session across its restarts",
+        description=(
+            "Goodput of a session (every restart of one job): productive time against each badput category "
+            "(initialization, checkpoint load and save, data wait, lost progress, validation, idle), and one row per "
+            "attempt. SESSION_DIR is <root>/<session_tag>; a run directory stands for its session. See "
+            "docs/goodput.md."
+        ),
+    )
+    goodput.add_argument("session_dir", metavar="SESSION_DIR", help="a session directory (or one of its runs)")
+    goodput.add_argument("--rank", type=int, default=0, help="whose timeline (default: %(default)s)")
+    goodput.add_argument("--by-rank", action="store_true", help="also one row per rank's view")
+    goodput.add_argument("--json", action="store_true", help="print the report as JSON")
+    goodput.set_defaults(run=_cmd_goodput)
+
+    tail = sub.add_parser(
+        "tail",
+        help="a live terminal view of a running job",
+        description=(
+            "Follow a run as it is written: latest iteration, throughput, iteration time p50/p99, each rank's last "
+            "report, recent warnings, errors and checkpoints. RUN_DIR may be a session or store root (the newest run "
+            'under it). Needs rich: pip install "telemetrain[report]".'
+        ),
+    )
+    tail.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="a run directory, or a directory holding runs")
+    tail.add_argument("--interval", type=_positive_float, default=2.0,
+                      help="seconds between refreshes (default: %(default)s)")
+    tail.add_argument("--once", action="store_true", help="draw one frame and exit")
+    tail.set_defaults(run=_cmd_tail)
+
+
+# -- compare -----------------------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _progress(err: TextIO, total: int) -> Iterator[Any]:
+    """A byte progress bar on ``err`` while runs load, when it is a terminal and rich is there; else nothing."""
+    isatty = getattr(err, "isatty", None)
+    if not (isatty and isatty()) or total < _PROGRESS_FROM_BYTES:
+        yield None
+        return
+    try:
+        from rich.console import Console
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+    except ImportError:  # the bar is a nicety: load without it
+        yield None
+        return
+
+    columns = (TextColumn("loading runs"), BarColumn(), DownloadColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=Console(file=err), transient=True) as progress:
+        yield progress, progress.add_task("load", total=total)
+
+
+def _load_all(paths: Sequence[Path], err: TextIO) -> list[RunSamples]:
+    total = sum(run_bytes(p) for p in paths)
+    loaded = []
+    with _progress(err, total) as bar:
+        for path in paths:
+            on_file = None
+            if bar is not None:
+                progress, task = bar
+
+                def on_file(size: int, progress: Any = progress, task: Any = task) -> None:
+                    progress.advance(task, size)
+
+            try:
+                loaded.append(run_samples(load_run(path, on_file)))
+            except (OSError, NotARunError) as exc:
+                raise CLIError(str(exc)) from None
+    return loaded
+
+
+def _perf_tag_of(path: Path) -> str:
+    """A run's perf_tag from run.json, else its first process header; "" when neither says."""
+    tag = open_run_meta(path).get("perf_tag")
+    if tag:
+        return str(tag)
+    for f in sorted(path.glob("rank-*.jsonl")):
+        try:
+            with open(f, "rb") as fh:
+                header = json.loads(fh.readline())
+            return str(header["identity"]["perf_tag"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return ""
+
+
+def _find_baseline(tag: str, root: Path, exclude: set[Path]) -> Path:
+    if not root.is_dir():
+        raise CLIError(f"no such directory: {root} (where to look for a baseline with perf_tag {tag!r})")
+    for path in reversed(find_runs(root)):  # newest first
+        if path.resolve() not in exclude and _perf_tag_of(path) == tag:
+            return path
+    raise CLIError(f"no other run with perf_tag {tag!r} under {root} to compare with (pass --baseline RUN_DIR)")
+
+
+def _cmd_compare(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if not 0 < args.confidence < 1:
+        raise CLIError(f"--confidence must be between 0 and 1, got {args.confidence}")
+    if not 0 <= args.min_effect < 1:
+        raise CLIError(f"--min-effect must be in [0, 1), got {args.min_effect}")
+    if args.resamples < 100:
+        raise CLIError(f"--resamples must be at least 100, got {args.resamples}")
+    candidates = [resolve_run(target, err) for target in args.run_dirs]
+    exclude = {c.resolve() for c in candidates}
+    if args.baseline is not None:
+        baseline = resolve_run(args.baseline, err)
+        if baseline.resolve() in exclude:
+            raise CLIError(f"the baseline {baseline} is also a candidate")
+    else:
+        tag = args.perf_tag if args.perf_tag is not None else _perf_tag_of(candidates[0])
+        root = Path(args.root) if args.root is not None else candidates[0].resolve().parent.parent
+        baseline = _find_baseline(tag, root, exclude)
+        print(f"baseline: {baseline} (newest other run with perf_tag {printable(tag)!r} under {root})", file=err)
+    *cand_samples, base_samples = _load_all([*candidates, baseline], err)
+    try:
+        comparison = compare_runs(cand_samples, base_samples, confidence=args.confidence, min_effect=args.min_effect,
+                                  resamples=args.resamples, seed=args.seed, force=args.force)
+    except PerfTagMismatch as exc:
+        raise CLIError(f"{exc} (--force)") from None
+    from .compare_text import format_comparison
+
+    if args.json:
+        print(json.dumps(comparison.as_dict(), indent=2, allow_nan=False), file=out)
+    else:
+        print("\n".join(printable(line) for line in format_comparison(comparison)), file=out)
+    if args.html:
+        from .compare_html import comparison_html
+
+        try:
+            Path(args.html).write_text(comparison_html(comparison), encoding="utf-8")
+        except OSError as exc:
+            raise CLIError(f"cannot write {args.html}: {exc}") from None
+        print(f"wrote {args.html}", file=err)
+    return 1 if args.fail_on_regression and comparison.regressions else 0
+
+
+# -- goodput -----------------------------------------------------------------------------------------------------------
+
+
+def _session_of(target: str) -> Path:
+    path = Path(target)
+    if not path.exists():
+        raise CLIError(f"no such directory: {path}")
+    if not path.is_dir():
+        raise CLIError(f"{path} is a file; a session is a directory holding run directories")
+    runs = find_runs(path)
+    if path in runs:  # a run: its session is the folder it is in
+        return path.parent
+    if not runs:
+        raise CLIError(f"{path} is not a telemetrain session directory: it holds no runs")
+    return path
+
+
+def _cmd_goodput(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from ..training.goodput import goodput, goodput_by_rank
+    from .goodput_view import format_goodput, format_goodput_by_rank
+
+    session = _session_of(args.session_dir)
+    try:
+        report = goodput(session, rank=args.rank)
+        by_rank = goodput_by_rank(session) if args.by_rank else None
+    except (OSError, ValueError) as exc:  # an empty session, several sessions, a rank without records
+        raise CLIError(str(exc)) from None
+    if args.json:
+        data = report.as_dict()
+        if by_rank is not None:
+            data["by_rank"] = {str(rank): r.as_dict() for rank, r in by_rank.items()}
+        print(json.dumps(data, indent=2), file=out)
+        return 0
+    lines = format_goodput(report)
+    if by_rank is not None:
+        lines += ["", *format_goodput_by_rank(by_rank)]
+    print("\n".join(printable(line) for line in lines), file=out)
+    return 0
+
+
+# -- tail --------------------------------------------------------------------------------------------------------------
+
+
+def _cmd_tail(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    try:
+        import rich  # noqa: F401 - the view is drawn with it
+    except ImportError:
+        raise CLIError(f"telemetrain tail {_RICH_MISSING}") from None
+    from .tail import run_tail
+
+    return run_tail(resolve_run(args.run_dir, err), out, interval=args.interval, once=args.once)

@@ -1,0 +1,97 @@
+"""A comparison as a terminal table (plain text; names from the runs are made printable by the caller)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from .compare import REGRESSION, CandidateComparison, Comparison, MetricComparison, RunRef
+
+__all__ = ["format_change", "format_comparison", "format_quantity"]
+
+
+def format_quantity(value: float, unit: str) -> str:
+    """Seconds in s/ms/us, anything else to 4 significant digits."""
+    if not math.isfinite(value):
+        return "-"
+    if unit == "s":
+        if abs(value) >= 1:
+            return f"{value:.3f} s"
+        if abs(value) >= 1e-3:
+            return f"{value * 1e3:.2f} ms"
+        return f"{value * 1e6:.1f} us"
+    return f"{value:.4g} {unit}"
+
+
+def format_change(ratio: float) -> str:
+    return "-" if not math.isfinite(ratio) else f"{(ratio - 1) * 100:+.1f}%"
+
+
+def format_interval(m: MetricComparison) -> str:
+    if not (math.isfinite(m.ci_low) and math.isfinite(m.ci_high)):
+        return "-"
+    return f"[{format_change(m.ci_low)}, {format_change(m.ci_high)}]"
+
+
+def describe(m: MetricComparison, confidence: float) -> str:
+    """One line naming a metric's change, its size and confidence: ``iteration time +15.0% (95% CI +14.2%..+15.9%)``."""
+    return (f"{m.label} {format_change(m.ratio)} ({confidence:.0%} CI {format_change(m.ci_low)}.."
+            f"{format_change(m.ci_high)}, {m.candidate_windows} vs {m.baseline_windows} windows)")
+
+
+def _run_line(role: str, ref: RunRef) -> str:
+    ranks = ", ".join(map(str, ref.ranks)) or "none"
+    spans = ""
+    if ref.iteration_p50 is not None and ref.iteration_p99 is not None:
+        spans = (f"; sampled iterations p50 {format_quantity(ref.iteration_p50, 's')} "
+                 f"p99 {format_quantity(ref.iteration_p99, 's')}")
+    return f"{role:<10} {ref.run_id}  perf_tag {ref.perf_tag}, {ref.windows} windows, ranks {ranks}{spans}"
+
+
+def _run_lines(role: str, ref: RunRef) -> list[str]:
+    return [_run_line(role, ref), f"{'':<10} {ref.path}"]
+
+
+def _table(rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+
+
+def _candidate_lines(c: CandidateComparison, comparison: Comparison) -> list[str]:
+    lines = _run_lines("candidate", c.candidate)
+    header = ("metric", "baseline", "candidate", "change", f"{comparison.confidence:.0%} CI", "verdict")
+    rows = [header]
+    for m in c.metrics:
+        verdict = m.verdict.upper() if m.significant else m.verdict
+        rows.append((m.label, format_quantity(m.baseline_median, m.unit), format_quantity(m.candidate_median, m.unit),
+                     format_change(m.ratio), format_interval(m), verdict))
+    lines += _table(rows)
+    regressions, improvements = c.regressions, c.improvements
+    if regressions:
+        lines.append(f"  {len(regressions)} regression(s): "
+                     + "; ".join(describe(m, comparison.confidence) for m in regressions))
+    if improvements:
+        lines.append(f"  {len(improvements)} improvement(s): "
+                     + "; ".join(describe(m, comparison.confidence) for m in improvements))
+    if not regressions and not improvements:
+        lines.append(f"  no significant change (none beyond +/-{comparison.min_effect:.0%} with "
+                     f"{comparison.confidence:.0%} confidence)")
+    lines += [f"  note: {n}" for n in c.notes]
+    return lines
+
+
+def format_comparison(comparison: Comparison) -> list[str]:
+    """The whole comparison, as lines."""
+    lines = _run_lines("baseline", comparison.baseline)
+    for c in comparison.candidates:
+        lines.append("")
+        lines += _candidate_lines(c, comparison)
+    lines.append("")
+    lines += [f"note: {n}" for n in comparison.notes]
+    lines.append(f"method: median of per-window means, bootstrap {comparison.resamples} resamples (seed "
+                 f"{comparison.seed}), {comparison.confidence:.0%} percentile CI of candidate/baseline; a change is "
+                 f"significant when the whole CI lies beyond +/-{comparison.min_effect:.0%}")
+    total = sum(1 for _, m in comparison.regressions if m.verdict == REGRESSION)
+    lines.append(f"result: {total} regression(s), {len(comparison.improvements)} improvement(s) over "
+                 f"{len(comparison.candidates)} candidate(s)")
+    return lines

@@ -1,0 +1,84 @@
+"""A session's goodput as a terminal table: per attempt (restart), productive time against each badput category."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from ..training.goodput import BADPUT_CATEGORIES, GoodputReport
+
+__all__ = ["format_goodput", "format_goodput_by_rank"]
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value < 120:
+        return f"{value:.3f} s"
+    minutes, secs = divmod(value, 60)
+    hours, minutes = divmod(int(minutes), 60)
+    return f"{hours}h{minutes:02d}m{secs:04.1f}s" if hours else f"{minutes}m{secs:04.1f}s"
+
+
+def _share(part: float, whole: float) -> str:
+    return f"{part / whole:.1%}" if whole > 0 else "-"
+
+
+def _table(rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return [indent + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+
+
+def _iterations(first: int | None, last: int | None) -> str:
+    return "-" if first is None or last is None else f"{first}..{last}"
+
+
+def format_goodput(report: GoodputReport) -> list[str]:
+    """Goodput, the badput breakdown and one row per attempt, as lines."""
+    wall = report.wall_seconds
+    lines = [
+        f"session     {report.session_tag}  ({report.session_dir})",
+        f"rank        {report.rank} (ranks in the session: {', '.join(map(str, report.ranks)) or 'none'})",
+        f"goodput     {report.goodput:.1%}: {_seconds(report.productive_seconds)} productive of "
+        f"{_seconds(wall)} wall time" + ("  (approximate)" if report.approximate else ""),
+        f"iterations  {report.productive_iterations} productive, {report.lost_iterations} lost (redone or never "
+        "checkpointed)",
+        "",
+        "breakdown (every second of the session once):",
+    ]
+    rows: list[tuple[str, ...]] = [("productive", _seconds(report.productive_seconds),
+                                    _share(report.productive_seconds, wall))]
+    badput = report.badput.as_dict()
+    for name in BADPUT_CATEGORIES:
+        rows.append((f"badput {name}", _seconds(badput[name]), _share(badput[name], wall)))
+    rows.append(("total", _seconds(wall), _share(wall, wall)))
+    lines += _table(rows)
+    lines += ["", f"attempts ({len(report.runs)}, in restart order):"]
+    attempts: list[tuple[str, ...]] = [
+        ("#", "run", "status", "iterations", "checkpoint", "productive", "lost", "lost s", "data wait")]
+    for r in report.runs:
+        checkpoint = "-" if r.last_checkpoint_step is None else f"step {r.last_checkpoint_step}"
+        attempts.append((str(r.restart_order), r.run_id, r.status + (" ~" if r.approximate else ""),
+                     _iterations(r.first_iteration, r.last_iteration), checkpoint,
+                     f"{r.productive_iterations} it, {_seconds(r.productive_seconds)}", f"{r.lost_iterations} it",
+                     _seconds(r.lost_seconds), _seconds(r.data_wait_seconds)))
+    lines += _table(attempts)
+    if any(r.approximate for r in report.runs):
+        lines.append("  ~ approximate: a killed attempt's figures stop at its last report")
+    notes = list(report.notes) + [f"{r.run_id}: {n}" for r in report.runs for n in r.notes]
+    lines += [f"note: {n}" for n in notes]
+    return lines
+
+
+def format_goodput_by_rank(reports: Mapping[int, GoodputReport]) -> list[str]:
+    """One row per rank's view: goodput and its largest badput category."""
+    rows = [("rank", "goodput", "productive", "lost it", "largest badput")]
+    for rank, report in sorted(reports.items()):
+        badput = report.badput.as_dict()
+        worst = max(BADPUT_CATEGORIES, key=lambda name: badput[name])
+        rows.append((str(rank), f"{report.goodput:.1%}", _seconds(report.productive_seconds),
+                     str(report.lost_iterations), f"{worst} {_seconds(badput[worst])}"))
+    lowest = min(reports.items(), key=lambda kv: kv[1].goodput) if reports else None
+    lines = ["by rank (each rank's own timeline):", *_table(rows)]
+    if lowest is not None and len(reports) > 1:
+        lines.append(f"  lowest: rank {lowest[0]} at {lowest[1].goodput:.1%}")
+    return lines

@@ -1,0 +1,198 @@
+"""The iteration-time and throughput samples of a run, as the comparison uses them.
+
+The unit is the report window: each rank's ``training_metrics_update`` event (every ``log_every_n_train_iterations``)
+carries the window's mean iteration time, its throughput and its phase split. Every iteration feeds those figures,
+whereas iteration spans are exported one in N, so windows are the complete record; the sampled iteration spans are
+kept alongside for the per-iteration percentiles shown next to the comparison. The first window of each training loop
+of each process is left out (warm-up: compilation, allocator growth, cold caches), as are windows without a finite,
+positive mean.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..store.layout import is_agent_file, is_process_file
+from ..store.reader import NotARunError, ProcessLog, Run, open_run, read_process_file
+
+__all__ = ["PHASES", "RunSamples", "Window", "load_run", "run_samples"]
+
+PHASES = ("dataloader", "forward", "backward", "optimizer")
+_UPDATE = "training_metrics_update"
+_ITERATION_SPAN = "training_single_iteration"
+
+
+@dataclass(frozen=True)
+class Window:
+    """One rank's report window."""
+
+    rank: int
+    pid: int
+    iteration: int  # global zero-based iteration at the window's end
+    iterations: int  # iterations in the window
+    iteration_time: float  # mean iteration time over the window, seconds
+    samples_per_second: float | None  # the window's throughput (global batch x iterations / wall seconds)
+    phases: Mapping[str, float]  # mean seconds per iteration of each timed sub-phase
+    final: bool = False
+
+
+@dataclass
+class RunSamples:
+    """What a comparison needs of one run: its identity and its steady-state windows."""
+
+    path: Path
+    run_id: str
+    session_tag: str
+    perf_tag: str
+    created_wall_ns: int
+    windows: list[Window]
+    skipped_windows: int = 0  # warm-up windows and windows without a usable mean
+    iteration_spans: dict[int, list[float]] = field(default_factory=dict)  # rank -> sampled iteration seconds
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted({w.rank for w in self.windows})
+
+    def series(self, metric: str, rank: int | None = None) -> list[float]:
+        """The metric's values, one per window in iteration order: ``iteration_time``, ``samples_per_second`` or a
+        phase name. With ``rank=None`` the windows of all ranks that end at the same iteration are averaged into one
+        (data-parallel ranks step together, so they are one observation, not world_size independent ones)."""
+        by_iteration: dict[int, list[float]] = {}
+        for w in self.windows:
+            if rank is not None and w.rank != rank:
+                continue
+            value = _value_of(w, metric)
+            if value is not None:
+                by_iteration.setdefault(w.iteration, []).append(value)
+        return [statistics.fmean(v) for _, v in sorted(by_iteration.items())]
+
+    def iteration_percentiles(self) -> tuple[float, float] | None:
+        """p50 and p99 of the sampled iteration spans of all ranks (None without any)."""
+        times = sorted(t for ts in self.iteration_spans.values() for t in ts)
+        if not times:
+            return None
+        return _quantile(times, 0.5), _quantile(times, 0.99)
+
+
+def _quantile(ordered: Sequence[float], q: float) -> float:
+    position = q * (len(ordered) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def _value_of(w: Window, metric: str) -> float | None:
+    if metric == "iteration_time":
+        return w.iteration_time
+    if metric == "samples_per_second":
+        return w.samples_per_second
+    return w.phases.get(metric)
+
+
+def _finite(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def load_run(path: str | Path, on_file: Callable[[int], None] | None = None) -> Run:
+    """``open_run``, calling ``on_file(bytes)`` after each process file is read (for a progress bar)."""
+    if on_file is None:
+        return open_run(path)
+    p = Path(path)
+    if not p.is_dir():
+        return open_run(p)  # its error
+    files = sorted(f for f in p.iterdir() if f.is_file() and is_process_file(f.name))
+    if not files:
+        return open_run(p)  # an empty run (run.json only), or its error
+    meta = open_run_meta(p)
+    logs: list[ProcessLog] = []
+    for f in files:
+        logs.append(read_process_file(f, meta))
+        on_file(f.stat().st_size)
+    logs.sort(key=lambda pl: (pl.rank, pl.pid))
+    agents = [log for log in logs if is_agent_file(log.path.name)]
+    return Run(p, meta, [log for log in logs if not is_agent_file(log.path.name)], agents)
+
+
+def open_run_meta(path: Path) -> dict[str, Any]:
+    """``run.json`` of a run directory (empty if missing or unreadable)."""
+    try:
+        meta = json.loads((path / "run.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def run_bytes(path: str | Path) -> int:
+    """Total size of a run's process files (the work a load does)."""
+    p = Path(path)
+    try:
+        return sum(f.stat().st_size for f in p.iterdir() if f.is_file() and is_process_file(f.name))
+    except OSError:
+        return 0
+
+
+def run_samples(run: Run | str | Path) -> RunSamples:
+    """The steady-state windows and sampled iteration spans of a run (a ``Run`` or its directory)."""
+    if not isinstance(run, Run):
+        run = open_run(run)
+    windows: list[Window] = []
+    skipped = 0
+    spans: dict[int, list[float]] = {}
+    for process in run.processes:
+        seen_loop_start: set[int] = set()
+        for r in process.records:
+            if r.kind == "span_end" and r.name == _ITERATION_SPAN and r.group == "training" and r.status == "ok":
+                spans.setdefault(process.rank, []).append(r.duration_ns / 1e9)
+                continue
+            if r.kind != "event" or r.name != _UPDATE or r.group != "training":
+                continue
+            a = r.attributes or {}
+            window = _window_of(process.rank, process.pid, a)
+            # the first report of each training loop (told apart by the iteration it started at) holds the warm-up
+            loop_start = a.get("train_iterations_start")
+            key = loop_start if isinstance(loop_start, int) else -1
+            first_of_loop = key not in seen_loop_start
+            seen_loop_start.add(key)
+            if window is None or first_of_loop:
+                skipped += 1
+                continue
+            windows.append(window)
+    if not run.processes:
+        raise NotARunError(f"{run.path} holds no process files")
+    created = run.meta.get("created_wall_ns")
+    return RunSamples(
+        path=run.path,
+        run_id=run.run_id,
+        session_tag=run.session_tag,
+        perf_tag=run.perf_tag,
+        created_wall_ns=created if isinstance(created, int) else 0,
+        windows=windows,
+        skipped_windows=skipped,
+        iteration_spans=spans,
+    )
+
+
+def _window_of(rank: int, pid: int, a: Mapping[str, Any]) -> Window | None:
+    mean = _finite(a.get("avg_iteration_time_sec"))
+    iteration = a.get("current_iteration")
+    count = a.get("window_iterations")
+    if mean is None or mean <= 0 or not isinstance(iteration, int) or not isinstance(count, int) or count < 1:
+        return None
+    throughput = _finite(a.get("samples_per_second"))
+    phases = {}
+    for phase in PHASES:
+        value = _finite(a.get(f"avg_{phase}_time_sec"))
+        if value is not None:
+            phases[phase] = value
+    return Window(rank=rank, pid=pid, iteration=iteration, iterations=count, iteration_time=mean,
+                  samples_per_second=throughput if throughput and throughput > 0 else None, phases=phases,
+                  final=bool(a.get("final")))

@@ -1,0 +1,298 @@
+"""``telemetrain tail``: a live terminal view of a run being written.
+
+The process files are read incrementally: each file's offset is kept, and a last line without its newline (a write
+in progress) is held back until it is complete. Only events, diagnostics and process headers are decoded (the view
+needs nothing else), so following a busy run costs little. What is kept is bounded: per rank the latest report, and
+the last few notable events. ``rich`` is imported when the view is drawn (the ``report`` extra).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from ..identity import Identity
+from ..store.codec import decode_line
+from ..store.layout import is_agent_file, is_process_file
+from ..text import printable
+from .samples import open_run_meta
+
+__all__ = ["FileFollower", "RankState", "TailState", "render", "run_tail"]
+
+RECENT_EVENTS = 10
+_NOTABLE_SEVERITIES = ("warning", "error", "critical")
+# training events worth seeing as they happen (training_metrics_update is summarised per rank instead)
+_NOTABLE_TRAINING = ("save_checkpoint_success", "validation_metrics_update", "testing_metrics_update",
+                     "one_logger_initialization")
+_WANTED = (b'"event"', b'"diagnostic"', b'"process"')
+_LOOP_END = b'"name":"training_loop"'  # of the span_end lines, only the training loop's are decoded
+
+
+class FileFollower:
+    """One growing process file: what was appended since the last ``poll``, as records."""
+
+    def __init__(self, path: Path, meta: dict[str, Any]) -> None:
+        self.path = path
+        self.meta = meta
+        self.offset = 0
+        self.pending = b""  # a line whose newline has not been written yet
+        self.identity: Identity | None = None
+        self.corrupt = 0
+
+    def poll(self) -> list[Any]:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
+        except OSError:
+            return []
+        self.offset += len(data)
+        if not data:
+            return []
+        lines = (self.pending + data).split(b"\n")
+        self.pending = lines.pop()
+        records = []
+        for raw in lines:
+            if not raw.strip():
+                continue
+            if self.identity is None or b'"process"' in raw[:40]:
+                if self._header(raw):
+                    continue
+            if not any(w in raw[:40] for w in _WANTED) and not (b'"span_end"' in raw[:40] and _LOOP_END in raw):
+                continue
+            try:
+                rec = decode_line(raw, self._identity())
+            except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+                self.corrupt += 1
+                continue
+            if not isinstance(rec, dict):
+                records.append(rec)
+        return records
+
+    def _header(self, raw: bytes) -> bool:
+        try:
+            obj = json.loads(raw)
+            if isinstance(obj, dict) and obj.get("kind") == "process":
+                self.identity = Identity.from_dict(obj["identity"])
+                return True
+        except (ValueError, KeyError, TypeError):
+            pass
+        return False
+
+    def _identity(self) -> Identity:
+        if self.identity is None:  # header lost: what the file name and run.json tell (as the reader does)
+            from ..store.reader import _fallback_identity
+
+            self.identity = _fallback_identity(self.path, self.meta)
+        return self.identity
+
+
+@dataclass
+class RankState:
+    """The latest training report of one rank."""
+
+    rank: int
+    iteration: int | None = None
+    wall_ns: int = 0  # when the report was written
+    samples_per_second: float | None = None
+    p50: float | None = None
+    p99: float | None = None
+    mean: float | None = None
+    final: bool = False
+    reports: int = 0
+    loop_status: str | None = None  # how its last training loop ended: ok, error, terminated; None while open
+
+
+@dataclass
+class TailState:
+    """What the view shows, updated from new records."""
+
+    path: Path
+    run_id: str = ""
+    perf_tag: str = ""
+    ranks: dict[int, RankState] = field(default_factory=dict)
+    recent: deque[tuple[int, int, str, str, str]] = field(default_factory=lambda: deque(maxlen=RECENT_EVENTS))
+    errors: int = 0
+    warnings: int = 0
+    diagnostics: int = 0
+    records: int = 0
+    followers: dict[Path, FileFollower] = field(default_factory=dict)
+
+    def poll(self) -> int:
+        """Read what was appended to the run (new files included); returns the number of new records."""
+        meta = open_run_meta(self.path)
+        self.run_id = str(meta.get("run_id") or self.path.name)
+        self.perf_tag = str(meta.get("perf_tag") or self.perf_tag)
+        try:
+            names = sorted(f for f in self.path.iterdir() if is_process_file(f.name) and not is_agent_file(f.name))
+        except OSError:
+            names = []
+        new = 0
+        for f in names:
+            follower = self.followers.get(f)
+            if follower is None:
+                follower = self.followers[f] = FileFollower(f, meta)
+            for rec in follower.poll():
+                self._add(rec)
+                new += 1
+        self.records += new
+        return new
+
+    @property
+    def pending_lines(self) -> int:
+        return sum(1 for f in self.followers.values() if f.pending)
+
+    @property
+    def corrupt(self) -> int:
+        return sum(f.corrupt for f in self.followers.values())
+
+    def _add(self, r: Any) -> None:
+        rank = r.identity.rank
+        if r.kind == "span_end":
+            if r.name == "training_loop" and r.group == "training":
+                self._rank(rank).loop_status = r.status
+            return
+        if r.kind == "diagnostic":
+            self.diagnostics += 1
+            self.recent.append((r.wall_ns, rank, "diagnostic", f"{r.name} {r.sink}", r.message))
+            return
+        if r.group == "training" and r.name == "training_metrics_update":
+            self._report(rank, r)
+            return
+        severity = r.severity
+        if severity in ("error", "critical"):
+            self.errors += 1
+        elif severity == "warning":
+            self.warnings += 1
+        if severity in _NOTABLE_SEVERITIES or (r.group == "training" and r.name in _NOTABLE_TRAINING):
+            self.recent.append((r.wall_ns, rank, severity, f"{r.group}/{r.name}", _brief(r.attributes)))
+
+    def _rank(self, rank: int) -> RankState:
+        s = self.ranks.get(rank)
+        if s is None:
+            s = self.ranks[rank] = RankState(rank)
+        return s
+
+    def status(self) -> str:
+        """waiting (no report yet), training, finished (every rank's loop ended ok), or stopped (a loop ended
+        otherwise: an exception, SIGTERM)."""
+        ranks = list(self.ranks.values())
+        if not ranks:
+            return "waiting for the first report"
+        ended = [s.loop_status for s in ranks]
+        if all(e == "ok" for e in ended):
+            return "finished"
+        stopped = sorted({e for e in ended if e not in (None, "ok")})
+        if stopped and all(e is not None for e in ended):
+            return f"stopped ({', '.join(stopped)})"
+        return "training"
+
+    def _report(self, rank: int, r: Any) -> None:
+        a = r.attributes or {}
+        s = self._rank(rank)
+        s.loop_status = None  # a report: its loop is open (again)
+        iteration = a.get("current_iteration")
+        if isinstance(iteration, int):
+            s.iteration = iteration
+        s.wall_ns = r.wall_ns
+        s.samples_per_second = _number(a.get("samples_per_second"))
+        s.p50 = _number(a.get("p50_iteration_time_sec"))
+        s.p99 = _number(a.get("p99_iteration_time_sec"))
+        s.mean = _number(a.get("avg_iteration_time_sec"))
+        s.final = bool(a.get("final"))
+        s.reports += 1
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _brief(attributes: Any, limit: int = 80) -> str:
+    """A few scalar attributes, numbers shortened."""
+    if not isinstance(attributes, dict):
+        return ""
+    parts = []
+    for k, v in attributes.items():
+        if isinstance(v, float):
+            parts.append(f"{k}={v:.4g}")
+        elif isinstance(v, (int, str, bool)) and not str(k).startswith("torchelastic."):
+            parts.append(f"{k}={v}")
+    text = " ".join(parts)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.2f} ms"
+
+
+def _ago(wall_ns: int, now_ns: int) -> str:
+    if not wall_ns:
+        return "-"
+    seconds = max(0.0, (now_ns - wall_ns) / 1e9)
+    return f"{seconds:.0f} s ago" if seconds < 120 else f"{seconds / 60:.0f} min ago"
+
+
+def render(state: TailState, now_ns: int | None = None) -> Any:
+    """The frame: a rich renderable (rich must be importable)."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    ranks = sorted(state.ranks.values(), key=lambda s: s.rank)
+    latest = max((s for s in ranks if s.iteration is not None), key=lambda s: s.wall_ns, default=None)
+    top = max((s.iteration for s in ranks if s.iteration is not None), default=None)
+    status = state.status()
+    head = Text(printable(f"run {state.run_id}  perf_tag {state.perf_tag}  {status}  ({state.path})"), style="bold")
+    summary = Table.grid(padding=(0, 2))
+    summary.add_row("iteration", "-" if top is None else str(top),
+                    "throughput", "-" if latest is None or latest.samples_per_second is None
+                    else f"{latest.samples_per_second:,.1f} samples/s")
+    summary.add_row("iteration time", "-" if latest is None else f"p50 {_ms(latest.p50)}  p99 {_ms(latest.p99)}",
+                    "problems", f"{state.errors} errors, {state.warnings} warnings, {state.diagnostics} diagnostics, "
+                    f"{state.corrupt} corrupt lines")
+    per_rank = Table(title="ranks (latest report)", title_justify="left")
+    for column in ("rank", "iteration", "behind", "mean", "p50", "p99", "samples/s", "updated"):
+        per_rank.add_column(column, justify="right")
+    for s in ranks:
+        behind = "-" if top is None or s.iteration is None else str(top - s.iteration)
+        ended = "" if s.loop_status is None else f" (loop {s.loop_status})"
+        per_rank.add_row(str(s.rank), "-" if s.iteration is None else str(s.iteration), behind, _ms(s.mean),
+                         _ms(s.p50), _ms(s.p99), "-" if s.samples_per_second is None
+                         else f"{s.samples_per_second:,.1f}", _ago(s.wall_ns, now_ns) + ended)
+    events = Table(title="recent events", title_justify="left")
+    for column in ("when", "rank", "severity", "event", "attributes"):
+        events.add_column(column)
+    for wall_ns, rank, severity, name, text in state.recent:
+        style = "red" if severity in ("error", "critical") else ("yellow" if severity == "warning" else "")
+        events.add_row(_ago(wall_ns, now_ns), str(rank), Text(severity, style=style), Text(printable(name)),
+                       Text(printable(text)))
+    return Group(head, summary, per_rank, events)
+
+
+def run_tail(path: Path, out: TextIO, *, interval: float, once: bool,
+             sleep: Callable[[float], None] = time.sleep) -> int:
+    """Draw the view of ``path`` on ``out``: one frame with ``once``, else refreshed every ``interval`` seconds until
+    interrupted."""
+    from rich.console import Console
+    from rich.live import Live
+
+    state = TailState(path)
+    state.poll()
+    if once:
+        Console(file=out, width=120).print(render(state))
+        return 0
+    console = Console(file=out)
+    try:
+        with Live(render(state), console=console, auto_refresh=False, transient=False) as live:
+            while True:
+                sleep(interval)
+                state.poll()
+                live.update(render(state), refresh=True)
+    except KeyboardInterrupt:
+        return 0
