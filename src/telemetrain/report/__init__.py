@@ -1,1 +1,42 @@
-"""The HTML report of a run."""
+"""The HTML report of a run: ``write_report(run_dir)`` or ``telemetrain report RUN_DIR``.
+
+One self-contained HTML file with static inline SVG charts and no script (docs/report.md): it opens offline, and
+there is nothing in it that could run.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .load import Progress
+
+__all__ = ["Progress", "write_report"]
+
+
+def write_report(run_dir: str | os.PathLike[str], output: str | os.PathLike[str] | None = None, *,
+                 progress: Progress | None = None) -> Path:
+    """Write the report of the run in ``run_dir`` to ``output`` (default: ``<run_dir>/report.html``) and return its
+    path. The report also covers the run's session (goodput, restarts) when ``run_dir`` sits in one.
+
+    ``progress(what, done, total)`` is told how far loading and rendering are. Raises ``FileNotFoundError`` for a
+    missing directory and ``store.NotARunError`` (a ``ValueError``) for a directory that holds no run.
+    """
+    from .html import render
+    from .load import load_run
+    from .model import build_model
+
+    run = load_run(run_dir, progress)
+    if progress is not None:
+        progress("analysing", 0, 2)
+    model = build_model(run)
+    if progress is not None:
+        progress("rendering", 1, 2)
+    page = render(model)
+    path = Path(output) if output is not None else Path(run_dir) / "report.html"
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(page, encoding="utf-8")
+    os.replace(tmp, path)  # a reader never sees half a page
+    if progress is not None:
+        progress("written", 2, 2)
+    return path

@@ -1,0 +1,457 @@
+"""The report page: sections of tables and inline SVG charts, one self-contained HTML file, no script.
+
+Every string that comes from the run (names, attributes, config, paths) is escaped here or in ``svg``; nothing is
+inserted raw except the markup this module and ``svg`` build.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from .. import __version__
+from .model import PHASES, ReportModel, Window
+from .svg import esc, fmt_unit, heatmap, line_chart, stacked_bars, timeline
+
+__all__ = ["render"]
+
+MAX_CHART_POINTS = 1000
+MAX_HEATMAP_COLUMNS = 200
+STATUS_COLOURS = {"finished": "#2ca02c", "interrupted": "#ff7f0e", "killed": "#d62728", "no_training": "#9e9e9e",
+                  "absent": "#e0e0e0", "this run": "#1f77b4"}
+GOODPUT_COLOURS = {"productive": "#2ca02c", "initialization": "#ff7f0e", "checkpoint_load": "#17becf",
+                   "checkpoint_save": "#1f77b4", "data_wait": "#bcbd22", "lost_progress": "#d62728",
+                   "validation": "#9467bd", "idle": "#bbbbbb"}
+PHASE_COLOURS = {"dataloader": "#ff7f0e", "forward": "#1f77b4", "backward": "#9467bd", "optimizer": "#2ca02c",
+                 "zero_grad": "#8c564b", "other": "#bbbbbb"}
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:0;color:#222;background:#f6f7f9}
+header{background:#1f2a37;color:#fff;padding:14px 24px}header h1{margin:0;font-size:20px}
+header p{margin:4px 0 0;color:#cbd5e1;font-size:13px}
+nav{background:#fff;border-bottom:1px solid #ddd;padding:6px 24px;font-size:13px;position:sticky;top:0}
+nav a{margin-right:14px;color:#1f5fa8;text-decoration:none}
+main{padding:8px 24px 40px;max-width:1360px}
+section{background:#fff;border:1px solid #e2e5e9;border-radius:6px;margin:14px 0;padding:10px 16px}
+h2{font-size:17px;margin:6px 0 10px}h3{font-size:14px;margin:14px 0 6px;color:#333}
+table{border-collapse:collapse;font-size:12px;margin:4px 0 8px}
+td,th{border-bottom:1px solid #eee;padding:3px 8px;text-align:left;vertical-align:top}
+th{background:#f1f3f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
+.cards{display:flex;flex-wrap:wrap;gap:10px}
+.card{border:1px solid #e2e5e9;border-radius:6px;padding:8px 12px;min-width:150px;max-width:260px}
+.card .v{font-size:20px;font-weight:600}.card .l{font-size:12px;color:#555}.card .h{font-size:11px;color:#888}
+.finding{border-left:4px solid #999;padding:4px 10px;margin:6px 0;font-size:13px}
+.finding.error{border-color:#d62728;background:#fdf0f0}.finding.warning{border-color:#ff9f1c;background:#fff8ec}
+.finding.info{border-color:#1f77b4;background:#f0f6fc}.finding b{display:block}
+.note{color:#666;font-size:12px}.attrs{font-family:ui-monospace,monospace;font-size:11px;word-break:break-all}
+.cols{display:flex;flex-wrap:wrap;gap:0 28px;align-items:flex-start}
+svg.chart{display:block;margin:6px 0;max-width:100%;height:auto}
+"""
+
+
+def _iso(wall_ns: int) -> str:
+    return _dt.datetime.fromtimestamp(wall_ns / 1e9, tz=_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+
+
+def _table(header: Sequence[str], rows: Iterable[Sequence[Any]], numeric: Sequence[int] = ()) -> str:
+    out = ["<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>"]
+    for row in rows:
+        cells = []
+        for i, cell in enumerate(row):
+            cls = ' class="num"' if i in numeric else ""
+            cells.append(f"<td{cls}>{cell if isinstance(cell, _Raw) else esc(cell)}</td>")
+        out.append("<tr>" + "".join(cells) + "</tr>")
+    out.append("</table>")
+    return "".join(out)
+
+
+class _Raw(str):
+    """Markup built here (already escaped), to put in a table cell as is."""
+
+
+def _attrs(attributes: dict[str, Any] | None, limit: int = 240) -> _Raw:
+    if not attributes:
+        return _Raw("")
+    text = ", ".join(f"{k}={_value(v)}" for k, v in attributes.items())
+    if len(text) > limit:
+        text = text[:limit] + " ..."
+    return _Raw(f'<span class="attrs">{esc(text)}</span>')
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.6g}" if math.isfinite(v) else str(v)
+    return str(v)
+
+
+def _section(anchor: str, title: str, body: str) -> str:
+    return f'<section id="{anchor}"><h2>{esc(title)}</h2>{body}</section>'
+
+
+def _flatten(prefix: str, value: Any, out: list[tuple[str, str]]) -> None:
+    if isinstance(value, dict) and value:
+        for k, v in value.items():
+            _flatten(f"{prefix}.{k}" if prefix else str(k), v, out)
+    else:
+        out.append((prefix, _value(value)))
+
+
+# -- sections --------------------------------------------------------------------------------------------------------
+
+
+def _headline(m: ReportModel) -> str:
+    cards = "".join(f'<div class="card"><div class="l">{esc(label)}</div><div class="v">{esc(value)}</div>'
+                    f'<div class="h">{esc(how)}</div></div>' for label, value, how in m.headline)
+    return f'<div class="cards">{cards}</div>'
+
+
+def _findings(m: ReportModel) -> str:
+    if not m.findings:
+        return '<p class="note">No anomaly found: no crash, slow rank, slow phase, slow iteration, NaN/inf value, ' \
+               "dropped record, sink failure or damaged line.</p>"
+    return "".join(f'<div class="finding {esc(f.severity)}" data-kind="{esc(f.kind)}"><b>{esc(f.title)}</b>'
+                   f"{esc(f.detail)}</div>" for f in m.findings)
+
+
+def _identity(m: ReportModel) -> str:
+    meta = m.meta
+    rows = [("run", m.run_id), ("session", m.session_tag), ("perf tag", m.perf_tag), ("directory", str(m.path)),
+            ("world size", meta.get("world_size", "?")), ("restart count", meta.get("restart_count", "?"))]
+    created = meta.get("created_wall_ns")
+    if isinstance(created, int):
+        rows.append(("created", _iso(created)))
+    if m.end_ns > m.start_ns:
+        rows.append(("records from", f"{_iso(m.start_ns)} to {_iso(m.end_ns)}"))
+    body = '<div class="cols"><div>' + _table(("field", "value"), rows) + "</div>"
+    for key in ("config", "versions", "hardware"):
+        flat: list[tuple[str, str]] = []
+        _flatten("", meta.get(key) or {}, flat)
+        if flat:
+            body += f"<div><h3>{esc(key)}</h3>" + _table(("key", "value"), flat) + "</div>"
+    body += "</div>"
+    procs = []
+    for p in m.processes:
+        i = p.identity
+        argv = p.header.get("argv")
+        procs.append((i.rank, i.local_rank, i.host, i.pid, i.role, len(p.records), p.torn, p.corrupt, p.path.name,
+                      " ".join(map(str, argv))[:200] if isinstance(argv, list) else ""))
+    body += "<h3>processes</h3>" + _table(
+        ("rank", "local rank", "host", "pid", "role", "records", "torn", "corrupt", "file", "argv"), procs,
+        numeric=(0, 1, 3, 5, 6, 7))
+    if m.agents:
+        body += "<h3>launcher agents</h3>" + _table(
+            ("host", "pid", "records", "file"),
+            [(p.identity.host, p.identity.pid, len(p.records), p.path.name) for p in m.agents], numeric=(1, 2))
+    return body
+
+
+def _phases(m: ReportModel) -> str:
+    body = ""
+    if m.phase_seconds:
+        rows = []
+        for rank, seconds in sorted(m.phase_seconds.items()):
+            rows.append((f"rank {rank}", [(p, seconds.get(p, 0.0)) for p in (*PHASES, "other")]))
+        body += "<h3>iteration time by phase, per rank</h3>" + stacked_bars(
+            "iteration time by phase per rank", rows, colours=PHASE_COLOURS)
+        table_rows = []
+        for rank, seconds in sorted(m.phase_seconds.items()):
+            total = sum(seconds.values()) or 1.0
+            table_rows.append((rank, *(f"{fmt_unit(seconds.get(p, 0.0), 's')} ({seconds.get(p, 0.0) / total:.0%})"
+                                       for p in (*PHASES, "other"))))
+        body += _table(("rank", *PHASES, "other"), table_rows, numeric=tuple(range(7)))
+        body += ('<p class="note">From the training_metrics_update events: avg_&lt;phase&gt;_time_sec x '
+                 "window_iterations, summed over the windows; other = avg_iteration_time_sec x window_iterations "
+                 "minus the phases (a loop's warm-up iteration taken at its window's mean). "
+                 "Without those events, the exported sub-phase spans are summed (a sample of the iterations).</p>")
+    lifecycle: dict[str, list[float]] = defaultdict(list)
+    rank0 = m.ranks[0] if m.ranks else 0
+    for span in m.lifecycle:
+        if span.rank == rank0 and span.duration_s is not None:
+            lifecycle[span.name].append(span.duration_s)
+    if lifecycle:
+        body += f"<h3>lifecycle spans (rank {rank0})</h3>" + _table(
+            ("span", "count", "total", "mean"),
+            [(name, len(d), fmt_unit(sum(d), "s"), fmt_unit(sum(d) / len(d), "s")) for name, d in lifecycle.items()],
+            numeric=(1, 2, 3))
+    g = m.goodput
+    if g is not None:
+        segments = [("productive", g.productive_seconds), *g.badput.as_dict().items()]
+        body += f"<h3>where the session's time went (goodput, rank {g.rank})</h3>" + stacked_bars(
+            "session time by category", [("session", segments)],
+            colours=GOODPUT_COLOURS)
+        body += _table(("category", "seconds", "share"),
+                       [(name, f"{s:.3f}", f"{s / g.wall_seconds:.1%}" if g.wall_seconds else "-")
+                        for name, s in segments], numeric=(1, 2))
+    return body or '<p class="note">No training phases recorded (no TrainingRecorder spans or events).</p>'
+
+
+def _bucket(windows: Sequence[Window], limit: int) -> list[list[Window]]:
+    if len(windows) <= limit:
+        return [[w] for w in windows]
+    size = math.ceil(len(windows) / limit)
+    return [list(windows[i:i + size]) for i in range(0, len(windows), size)]
+
+
+def _iteration_chart(m: ReportModel) -> str:
+    if m.windows:
+        rank = min(m.windows)
+        buckets = _bucket(m.windows[rank], MAX_CHART_POINTS)
+
+        def line(get: Any, agg: Any) -> list[tuple[float, float]]:
+            out = []
+            for b in buckets:
+                values = [v for v in (get(w) for w in b) if v is not None]
+                if values:
+                    out.append((float(b[-1].iteration), float(agg(values))))
+            return out
+
+        p50 = line(lambda w: w.p50, statistics.fmean)
+        p90 = line(lambda w: w.p90, max)
+        p99 = line(lambda w: w.p99, max)
+        avg = line(lambda w: w.avg, statistics.fmean)
+        markers = [(float(w.iteration), w.max or 0.0, f"rank {w.rank}: an iteration of {fmt_unit(w.max or 0.0, 's')} "
+                    f"in the window ending at iteration {w.iteration}") for w in m.slow_windows if w.rank == rank]
+        chart = line_chart(f"iteration time, rank {rank}", [("p50", p50), ("mean", avg)],
+                           bands=[("p50..p90", p50, p90), ("p90..p99", p90, p99)], markers=markers[:500], unit="s",
+                           x_label="iteration (end of each metrics window)")
+        note = (f"Rank {rank}'s training_metrics_update windows ({len(m.windows[rank])}): the window's p50 and mean "
+                "iteration time, shaded from p50 to p90 and p90 to p99; red: windows whose slowest iteration took "
+                "more than 3x the rank's median p50. Other ranks: the heatmap below.")
+        if len(buckets) < len(m.windows[rank]):
+            note += (f" Drawn as {len(buckets)} points of {math.ceil(len(m.windows[rank]) / len(buckets))} windows "
+                     "each (mean of p50 and mean, max of p90 and p99).")
+        return chart + f'<p class="note">{esc(note)}</p>'
+    if m.iteration_spans:
+        rank = min(m.iteration_spans)
+        points = m.iteration_spans[rank]
+        step = max(1, len(points) // MAX_CHART_POINTS)
+        chart = line_chart(f"iteration time, rank {rank}", [("exported iteration spans", points[::step])], unit="s",
+                           x_label="seconds since the run's start")
+        return chart + ('<p class="note">No training_metrics_update events: the duration of the exported '
+                        "training_single_iteration spans (one in export_iteration_spans_every).</p>")
+    return '<p class="note">No iteration timing in this run.</p>'
+
+
+def _heatmap(m: ReportModel) -> str:
+    if not m.windows:
+        return '<p class="note">No per-rank iteration windows (training_metrics_update events).</p>' + \
+            _stragglers_table(m)
+    ranks = sorted(m.windows)
+    lo = min(w.iteration for ws in m.windows.values() for w in ws)
+    hi = max(w.iteration for ws in m.windows.values() for w in ws)
+    ncols = max(1, min(MAX_HEATMAP_COLUMNS, max(len(ws) for ws in m.windows.values())))
+    width = (hi - lo + 1) / ncols
+
+    def col(step: int) -> int:
+        return min(ncols - 1, max(0, int((step - lo) / width)))
+
+    sums = [[0.0] * ncols for _ in ranks]
+    counts = [[0] * ncols for _ in ranks]
+    values = []
+    for i, rank in enumerate(ranks):
+        for w in m.windows[rank]:
+            if w.avg is not None and math.isfinite(w.avg):
+                j = col(w.iteration)
+                sums[i][j] += w.avg
+                counts[i][j] += 1
+                values.append(w.avg)
+    cells: list[list[float | None]] = [[s / n if n else None for s, n in zip(srow, crow, strict=True)]
+                                       for srow, crow in zip(sums, counts, strict=True)]
+    typical = statistics.median(values) if values else 1.0
+    flags_by_cell: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
+    row_of = {rank: i for i, rank in enumerate(ranks)}
+    for s in m.stragglers:
+        who, step = s.get("rank"), s.get("step")
+        if isinstance(who, int) and who in row_of and isinstance(step, int):
+            flags_by_cell[(row_of[who], col(step))].append(s)
+    flags = []
+    for (i, j), items in flags_by_cell.items():
+        scores = [float(s["score"]) for s in items if isinstance(s.get("score"), (int, float))]
+        phases = sorted({str(s.get("phase")) for s in items})
+        flags.append((i, j, f"rank {ranks[i]}: {len(items)} straggler report(s) ({', '.join(phases)})"
+                      + (f", score up to {max(scores):.2f}" if scores else "")))
+    slow = dict(m.slow_ranks)
+    labels = [f"rank {r}" + (" slow" if r in slow else "") for r in ranks]
+    columns = [(lo + j * width, lo + (j + 1) * width - 1) for j in range(ncols)]
+    chart = heatmap("per-rank mean iteration time", labels, cells, typical=typical if typical > 0 else 1.0,
+                    columns=columns, flags=flags)
+    note = (f"Colour: each rank's mean iteration time (avg_iteration_time_sec of its windows) against the median of "
+            f"all windows ({fmt_unit(typical, 's')}). Triangles: straggler events (group cross_rank). A rank is "
+            "named slow when its median window time is at least 1.2x the median of the ranks.")
+    rank_rows = []
+    for rank in ranks:
+        avgs = [w.avg for w in m.windows[rank] if w.avg is not None and math.isfinite(w.avg)]
+        med = statistics.median(avgs) if avgs else None
+        rank_rows.append((rank, len(m.windows[rank]), fmt_unit(med, "s") if med is not None else "-",
+                          f"{slow[rank]:.2f}x" if rank in slow else ""))
+    return (chart + f'<p class="note">{esc(note)}</p>' +
+            _table(("rank", "windows", "median window mean", "slow"), rank_rows, numeric=(0, 1, 2)) +
+            _stragglers_table(m))
+
+
+def _stragglers_table(m: ReportModel) -> str:
+    if not m.stragglers:
+        return '<p class="note">No straggler events (group cross_rank) in this run.</p>'
+    groups: dict[tuple[str, ...], list[dict[str, Any]]] = defaultdict(list)
+    for s in m.stragglers:
+        groups[tuple(str(s.get(k)) for k in ("rank", "host", "phase", "kind"))].append(s)
+    rows = []
+    for key, items in sorted(groups.items()):
+        scores = [float(s["score"]) for s in items if isinstance(s.get("score"), (int, float))]
+        steps = [s["step"] for s in items if isinstance(s.get("step"), int)]
+        thresholds = {s.get("threshold") for s in items}
+        rows.append((*key, len(items), f"{max(scores):.2f}" if scores else "-",
+                     ", ".join(str(t) for t in thresholds), f"{min(steps)}..{max(steps)}" if steps else "-"))
+    return "<h3>straggler reports</h3>" + _table(
+        ("rank", "host", "phase", "kind", "reports", "max score", "threshold", "steps"), rows, numeric=(4, 5))
+
+
+def _system(m: ReportModel) -> str:
+    if not m.system:
+        return '<p class="note">No system samples (telemetrain.system sampler off, or psutil missing).</p>'
+    out = []
+    for title, unit, series in m.system:
+        out.append(f"<h3>{esc(title)}</h3>" + line_chart(title, [(s.label, s.points) for s in series], unit=unit,
+                                                         x_label="seconds since the run's start", height=180))
+    return "".join(out)
+
+
+def _checkpoints(m: ReportModel) -> str:
+    body = ""
+    lanes: list[tuple[str, list[tuple[float, float, str, str]]]] = []
+    markers: list[tuple[int, float, str, str]] = []
+    g = m.goodput
+    this_lane = 0
+    origin = m.start_ns / 1e9
+    if g is not None and g.runs:
+        origin = min(r.start_time_sec for r in g.runs if r.start_time_sec is not None) if any(
+            r.start_time_sec is not None for r in g.runs) else origin
+        for i, r in enumerate(g.runs):
+            bars = []
+            if r.start_time_sec is not None and r.end_time_sec is not None:
+                tip = (f"run {r.run_id}: {r.status}, iterations {r.first_iteration}..{r.last_iteration}, last "
+                       f"checkpoint at step {r.last_checkpoint_step}")
+                bars.append((r.start_time_sec - origin, r.end_time_sec - origin,
+                             STATUS_COLOURS.get(r.status, "#999"), tip))
+            lanes.append((f"{'> ' if r.run_id == m.run_id else ''}{r.run_id}", bars))
+            if r.run_id == m.run_id:
+                this_lane = i
+    else:
+        lanes.append((m.run_id, [(0.0, (m.end_ns - m.start_ns) / 1e9, STATUS_COLOURS["this run"], "this run")]))
+        origin = m.start_ns / 1e9
+    for span in m.checkpoints:
+        colour = "#2ca02c" if span.name.startswith("checkpoint_save") else "#1f77b4"
+        if span.status != "ok":
+            colour = "#d62728"
+        step = span.attributes.get("global_step", span.attributes.get("current_iteration", ""))
+        markers.append((this_lane, span.start_ns / 1e9 - origin, colour,
+                        f"rank {span.rank} {span.name} step {step}: {span.status}, "
+                        f"{fmt_unit(span.duration_s, 's') if span.duration_s is not None else 'never ended'}"))
+    body += timeline("restarts and checkpoints", lanes, markers=markers[:1000],
+                     x_label="seconds since the session's start")
+    body += ('<p class="note">Bars: the session\'s runs (green finished, orange interrupted, red killed), from '
+             "goodput's per-run timeline; the run of this report is marked &gt;. Ticks: this run's checkpoint saves "
+             "(green), loads (blue), failures (red).</p>")
+    if g is not None:
+        body += "<h3>runs of the session</h3>" + _table(
+            ("run", "status", "iterations", "last checkpoint step", "checkpointed", "productive", "lost", "notes"),
+            [(r.run_id, r.status, f"{r.first_iteration}..{r.last_iteration}", r.last_checkpoint_step,
+              r.checkpointed_iterations, r.productive_iterations, r.lost_iterations, "; ".join(r.notes))
+             for r in g.runs], numeric=(3, 4, 5, 6))
+    if m.checkpoints:
+        body += "<h3>checkpoint spans</h3>" + _table(
+            ("start (s)", "rank", "span", "duration", "status", "attributes"),
+            [(f"{(s.start_ns - m.start_ns) / 1e9:.3f}", s.rank, s.name,
+              fmt_unit(s.duration_s, "s") if s.duration_s is not None else "never ended", s.status,
+              _attrs(s.attributes)) for s in m.checkpoints[:500]], numeric=(0, 1, 3))
+    if m.checkpoint_successes:
+        body += "<h3>save_checkpoint_success</h3>" + _table(
+            ("time (s)", "source", "productive iterations", "attributes"),
+            [(f"{m.seconds(e.wall_ns):.3f}", e.source, e.attributes.get("productive_train_iterations", ""),
+              _attrs(e.attributes)) for e in m.checkpoint_successes[:500]], numeric=(0, 2))
+    if not m.checkpoints and not m.checkpoint_successes:
+        body += '<p class="note">No checkpoint spans or events in this run.</p>'
+    return body
+
+
+def _events(m: ReportModel) -> str:
+    body = "<h3>warnings, errors, failed spans, diagnostics</h3>"
+    if m.problems:
+        body += _table(("time (s)", "source", "group", "name", "severity", "attributes"),
+                       [(f"{m.seconds(e.wall_ns):.3f}", e.source, e.group, e.name, e.severity, _attrs(e.attributes))
+                        for e in m.problems[:500]], numeric=(0,))
+        if len(m.problems) > 500:
+            body += f'<p class="note">{len(m.problems) - 500} more not shown.</p>'
+    else:
+        body += '<p class="note">None.</p>'
+    body += "<h3>events</h3>"
+    if m.events:
+        body += _table(("time (s)", "source", "group", "name", "severity", "attributes"),
+                       [(f"{m.seconds(e.wall_ns):.3f}", e.source, e.group, e.name, e.severity, _attrs(e.attributes))
+                        for e in m.events], numeric=(0,))
+        if m.events_left_out:
+            body += f'<p class="note">{m.events_left_out} more events not shown (counts below).</p>'
+    else:
+        body += '<p class="note">None besides the training metrics updates.</p>'
+    if m.event_counts:
+        body += "<h3>events by name</h3>" + _table(
+            ("source", "group", "name", "count"),
+            [(*key, n) for key, n in sorted(m.event_counts.items())], numeric=(3,))
+    return body
+
+
+def _records(m: ReportModel) -> str:
+    body = ""
+    if m.metric_stats:
+        rows = []
+        for (group, name), (count, last, lo, hi, unit) in sorted(m.metric_stats.items())[:2000]:
+            rows.append((group, name, count, _value(last), _value(lo), _value(hi), unit))
+        body += "<h3>metrics</h3>" + _table(("group", "name", "count", "last", "min", "max", "unit"), rows,
+                                            numeric=(2, 3, 4, 5))
+        if len(m.metric_stats) > 2000:
+            body += f'<p class="note">{len(m.metric_stats) - 2000} more metric names not shown.</p>'
+    if m.span_stats:
+        span_rows = [(group, name, count, fmt_unit(seconds, "s"), fmt_unit(seconds / count, "s"), bad)
+                for (group, name), (count, seconds, bad) in sorted(m.span_stats.items())[:2000]]
+        body += "<h3>spans (ended)</h3>" + _table(("group", "name", "count", "total", "mean", "not ok"), span_rows,
+                                                  numeric=(2, 3, 4, 5))
+    return body or '<p class="note">No metrics or spans.</p>'
+
+
+SECTIONS = (
+    ("headline", "Headline"),
+    ("anomalies", "Anomalies"),
+    ("identity", "Run and config"),
+    ("phases", "Time by phase"),
+    ("iterations", "Iteration time"),
+    ("ranks", "Per-rank heatmap"),
+    ("system", "System samples"),
+    ("checkpoints", "Checkpoints and restarts"),
+    ("events", "Events and errors"),
+    ("records", "Metrics and spans"),
+)
+
+
+def render(m: ReportModel) -> str:
+    """The whole page."""
+    builders = {"headline": _headline, "anomalies": _findings, "identity": _identity, "phases": _phases,
+                "iterations": _iteration_chart, "ranks": _heatmap, "system": _system, "checkpoints": _checkpoints,
+                "events": _events, "records": _records}
+    sections = "".join(_section(anchor, title, builders[anchor](m)) for anchor, title in SECTIONS)
+    nav = "".join(f'<a href="#{anchor}">{esc(title)}</a>' for anchor, title in SECTIONS)
+    now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+    title = f"telemetrain report: {m.run_id}"
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; "
+        "img-src data:\">"
+        f"<meta name=\"viewport\" content=\"width=device-width\"><title>{esc(title)}</title><style>{_CSS}</style>"
+        f"</head><body><header><h1>{esc(title)}</h1><p>session {esc(m.session_tag)} &middot; perf tag "
+        f"{esc(m.perf_tag)} &middot; {len(m.ranks)} rank(s), {len(m.processes)} process(es) &middot; {esc(m.path)}"
+        f" &middot; generated {esc(now)} by telemetrain {esc(__version__)}</p></header><nav>{nav}</nav>"
+        f"<main>{sections}</main></body></html>\n"
+    )

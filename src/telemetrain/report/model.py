@@ -1,0 +1,656 @@
+"""What the report computes from a run and its session: plain data, no HTML (``html.py`` lays it out).
+
+One pass over each process's records collects what every section needs; the derived figures (slow ranks, slow
+phases, slow iterations) are computed from the per-rank windows afterwards. docs/report.md defines each number.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..store.reader import ProcessLog, Run
+
+__all__ = ["PHASES", "Finding", "ReportModel", "Window", "build_model"]
+
+PHASES = ("dataloader", "forward", "backward", "optimizer", "zero_grad")
+# the sub-phase spans of an iteration -> the phase their time is reported under (avg_<phase>_time_sec)
+PHASE_SPANS = {"data_loading": "dataloader", "model_forward": "forward", "model_backward": "backward",
+               "optimizer_update": "optimizer", "zero_grad": "zero_grad"}
+LIFECYCLE_SPANS = ("application", "distributed_code_initialization", "data_loader_initialization",
+                   "model_initialization", "optimizer_initialization", "checkpoint_load", "checkpoint_save_sync",
+                   "checkpoint_save_async", "training_loop", "validation_loop", "testing_loop")
+CHECKPOINT_SPANS = ("checkpoint_load", "checkpoint_save_sync", "checkpoint_save_async")
+# events whose figures have their own sections: left out of the events table (they would flood it)
+ROUTINE_EVENTS = frozenset({"training_metrics_update", "sync_checkpoint_metrics_update", "validation_metrics_update",
+                            "testing_metrics_update", "straggler"})
+# (metric name, chart title, unit) of the system charts, in page order
+SYSTEM_CHARTS = (
+    ("system.cpu.utilization", "host CPU utilization", "1"),
+    ("system.memory.utilization", "host memory utilization", "1"),
+    ("process.cpu.utilization", "process CPU utilization (per rank)", "1"),
+    ("process.memory.usage", "process resident memory (per rank)", "By"),
+    ("hw.gpu.utilization", "GPU utilization", "1"),
+    ("hw.gpu.memory.utilization", "GPU memory utilization", "1"),
+    ("hw.power", "GPU power", "W"),
+    ("hw.temperature", "GPU temperature", "Cel"),
+)
+_SYSTEM_NAMES = frozenset(name for name, _, _ in SYSTEM_CHARTS)
+_ENERGY_NAMES = ("hw.energy", "hw.energy.integrated")
+
+SLOW_RANK_FACTOR = 1.2  # a rank whose median window time is this many times the median of the ranks'
+SLOW_ITERATION_FACTOR = 3.0  # a window whose slowest iteration is this many times the rank's median
+SLOW_PHASE_FACTOR = 2.0  # a window whose phase time is this many times the phase's median on that rank ...
+SLOW_PHASE_MIN_SHARE = 0.05  # ... and adds at least this share of a median iteration (tiny phases are noise)
+MAX_EVENT_ROWS = 300
+MAX_SERIES_POINTS = 800
+
+
+@dataclasses.dataclass(slots=True)
+class Window:
+    """One ``training_metrics_update`` of one rank: the iterations since its previous report."""
+
+    rank: int
+    iteration: int  # current_iteration: the global step of the window's last iteration
+    wall_ns: int
+    iterations: int
+    avg: float | None
+    p50: float | None
+    p90: float | None
+    p99: float | None
+    max: float | None
+    total: float | None
+    samples_per_second: float | None
+    phases: dict[str, float]
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """One problem the report names, most severe first: ``severity`` is ``error``, ``warning`` or ``info``."""
+
+    severity: str
+    kind: str
+    title: str
+    detail: str
+
+
+@dataclasses.dataclass
+class SpanRow:
+    rank: int
+    name: str
+    start_ns: int
+    duration_s: float | None  # None: never ended (the process was killed)
+    status: str
+    attributes: dict[str, Any]
+    error: str = ""
+
+
+@dataclasses.dataclass
+class EventRow:
+    wall_ns: int
+    source: str  # "rank 3" or "agent <host>"
+    group: str
+    name: str
+    severity: str
+    attributes: dict[str, Any]
+
+
+@dataclasses.dataclass
+class Series:
+    label: str
+    points: list[tuple[float, float]]  # (seconds since the run's start, value)
+
+
+@dataclasses.dataclass
+class ReportModel:
+    path: Path
+    meta: dict[str, Any]
+    run_id: str
+    session_tag: str
+    perf_tag: str
+    start_ns: int
+    end_ns: int
+    processes: list[ProcessLog]
+    agents: list[ProcessLog]
+    headline: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)  # (label, value, how)
+    windows: dict[int, list[Window]] = dataclasses.field(default_factory=dict)
+    iteration_spans: dict[int, list[tuple[float, float]]] = dataclasses.field(default_factory=dict)  # (t, seconds)
+    phase_seconds: dict[int, dict[str, float]] = dataclasses.field(default_factory=dict)  # rank -> phase -> s
+    lifecycle: list[SpanRow] = dataclasses.field(default_factory=list)
+    checkpoints: list[SpanRow] = dataclasses.field(default_factory=list)
+    checkpoint_successes: list[EventRow] = dataclasses.field(default_factory=list)
+    events: list[EventRow] = dataclasses.field(default_factory=list)
+    events_left_out: int = 0
+    event_counts: Counter[tuple[str, str, str]] = dataclasses.field(default_factory=Counter)
+    problems: list[EventRow] = dataclasses.field(default_factory=list)  # warning+ events, failed spans, diagnostics
+    stragglers: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    slow_ranks: list[tuple[int, float]] = dataclasses.field(default_factory=list)  # (rank, x the median of ranks)
+    slow_windows: list[Window] = dataclasses.field(default_factory=list)
+    system: list[tuple[str, str, list[Series]]] = dataclasses.field(default_factory=list)  # (title, unit, series)
+    metric_stats: dict[tuple[str, str], list[Any]] = dataclasses.field(default_factory=dict)
+    span_stats: dict[tuple[str, str], list[Any]] = dataclasses.field(default_factory=dict)
+    findings: list[Finding] = dataclasses.field(default_factory=list)
+    goodput: Any = None  # training.goodput.GoodputReport of the session, when it could be computed
+    goodput_error: str = ""
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted({p.rank for p in self.processes})
+
+    def seconds(self, wall_ns: int) -> float:
+        """``wall_ns`` as seconds since the run's start (the x axis of the time charts)."""
+        return (wall_ns - self.start_ns) / 1e9
+
+
+def _num(attributes: dict[str, Any], key: str) -> float | None:
+    value = attributes.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def _window(rank: int, wall_ns: int, attributes: dict[str, Any]) -> Window | None:
+    iteration = attributes.get("current_iteration")
+    if isinstance(iteration, bool) or not isinstance(iteration, int):
+        return None
+    phases = {}
+    for phase in PHASES:
+        value = _num(attributes, f"avg_{phase}_time_sec")
+        if value is not None and math.isfinite(value):
+            phases[phase] = value
+    n = attributes.get("window_iterations")
+    return Window(
+        rank=rank, iteration=iteration, wall_ns=wall_ns, iterations=n if isinstance(n, int) else 0,
+        avg=_num(attributes, "avg_iteration_time_sec"), p50=_num(attributes, "p50_iteration_time_sec"),
+        p90=_num(attributes, "p90_iteration_time_sec"), p99=_num(attributes, "p99_iteration_time_sec"),
+        max=_num(attributes, "max_iteration_time_sec"), total=_num(attributes, "total_iteration_time_sec"),
+        samples_per_second=_num(attributes, "samples_per_second"), phases=phases,
+    )
+
+
+class _Collector:
+    """The one pass over every record of the run."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.windows: dict[int, list[Window]] = defaultdict(list)
+        self.last_update: dict[int, dict[str, Any]] = {}
+        self.iteration_spans: dict[int, list[tuple[int, float]]] = defaultdict(list)
+        self.span_phase_seconds: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self.lifecycle: list[SpanRow] = []
+        self.successes: list[EventRow] = []
+        self.events: list[EventRow] = []
+        self.events_left_out = 0
+        self.event_counts: Counter[tuple[str, str, str]] = Counter()
+        self.problems: list[EventRow] = []
+        self.stragglers: list[dict[str, Any]] = []
+        self.nonfinite: dict[tuple[str, str], list[Any]] = {}  # (group, name) -> [count, first step, example, rank]
+        self.system: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)  # (name, who) -> points
+        self.energy: dict[tuple[str, str, str], float] = {}  # (host, group, name) -> largest value
+        self.dropped = 0
+        self.sink_failures: Counter[tuple[str, str]] = Counter()  # (sink, what) -> records concerned
+        self.unencodable = 0
+        self.metric_stats: dict[tuple[str, str], list[Any]] = {}  # (group, name) -> [count, last, min, max, unit]
+        self.span_stats: dict[tuple[str, str], list[Any]] = {}  # (group, name) -> [count, seconds, not ok]
+        self.first_ns: int | None = None
+        self.last_ns: int | None = None
+
+    def collect(self) -> None:
+        for log in self.run.processes:
+            self._process(log, f"rank {log.rank}", agent=False)
+        for log in self.run.agents:
+            self._process(log, f"agent {log.identity.host}", agent=True)
+        self.events.sort(key=lambda e: e.wall_ns)
+        self.problems.sort(key=lambda e: e.wall_ns)
+
+    def _note_event(self, row: EventRow) -> None:
+        if len(self.events) < MAX_EVENT_ROWS:
+            self.events.append(row)
+        else:
+            self.events_left_out += 1
+
+    def _process(self, log: ProcessLog, source: str, *, agent: bool) -> None:
+        rank = log.rank
+        host = log.identity.host
+        open_spans: dict[str, tuple[str, int, dict[str, Any]]] = {}
+        windows = self.windows[rank]
+        spans = self.iteration_spans[rank]
+        phase_seconds = self.span_phase_seconds[rank]
+        nonfinite = self.nonfinite
+        metric_stats = self.metric_stats
+        span_stats = self.span_stats
+        first = last = None
+        for r in log.records:
+            kind = r.kind
+            wall = r.wall_ns
+            if first is None or wall < first:
+                first = wall
+            if last is None or wall > last:
+                last = wall
+            if kind == "metric":
+                value = r.value
+                if type(value) is float and not math.isfinite(value):
+                    entry = nonfinite.setdefault((r.group, r.name), [0, r.step, value, rank])
+                    entry[0] += 1
+                name = r.name
+                key = (r.group, name)
+                st = metric_stats.get(key)
+                if st is None:
+                    metric_stats[key] = [1, value, value, value, r.unit]
+                elif type(value) is not bool:
+                    st[0] += 1
+                    st[1] = value
+                    if value < st[2]:
+                        st[2] = value
+                    if value > st[3]:
+                        st[3] = value
+                if name in _SYSTEM_NAMES and not isinstance(value, bool):
+                    who = host if name.startswith("system.") else f"rank {rank}"
+                    if name.startswith("hw."):
+                        who = f"{host} {r.group.removeprefix('system.')}"
+                    self.system[(name, who)].append((wall, float(value)))
+                elif name in _ENERGY_NAMES and isinstance(value, (int, float)) and math.isfinite(value):
+                    device = (host, r.group, name)
+                    self.energy[device] = max(self.energy.get(device, 0.0), float(value))
+            elif kind == "span_start":
+                if r.name in LIFECYCLE_SPANS:
+                    open_spans[r.span_id] = (r.name, wall, dict(r.attributes or {}))
+            elif kind == "span_end":
+                name = r.name
+                duration = r.duration_ns / 1e9
+                key = (r.group, name)
+                st = span_stats.get(key)
+                if st is None:
+                    span_stats[key] = st = [0, 0.0, 0]
+                st[0] += 1
+                st[1] += duration
+                if r.status != "ok":
+                    st[2] += 1
+                if name == "training_single_iteration":
+                    spans.append((wall, duration))
+                elif name in PHASE_SPANS:
+                    phase_seconds[PHASE_SPANS[name]] += duration
+                if name in LIFECYCLE_SPANS:
+                    _, _, attributes = open_spans.pop(r.span_id, (name, wall, {}))
+                    attributes.update(r.attributes or {})
+                    self.lifecycle.append(SpanRow(rank, name, wall - r.duration_ns, duration, r.status, attributes,
+                                                  r.error))
+                if r.status != "ok":
+                    self.problems.append(EventRow(wall, source, r.group, name, "error" if r.status == "error"
+                                                  else "warning", {"span status": r.status, "error": r.error,
+                                                                   "duration_s": duration}))
+            elif kind == "event":
+                name = r.name
+                group = r.group
+                attributes = r.attributes or {}
+                self.event_counts[(source if agent else "ranks", group, name)] += 1
+                if group == "training" and name == "training_metrics_update":
+                    window = _window(rank, wall, attributes)
+                    if window is not None:
+                        windows.append(window)
+                    self.last_update[rank] = attributes
+                    continue
+                if group == "cross_rank" and name == "straggler":
+                    self.stragglers.append({**attributes, "reported_by": rank, "wall_ns": wall})
+                    continue
+                row = EventRow(wall, source, group, name, r.severity, attributes)
+                if name == "save_checkpoint_success":
+                    self.successes.append(row)
+                if r.severity in ("warning", "error", "critical") or (group == "training" and name == "error"):
+                    self.problems.append(row)
+                elif name not in ROUTINE_EVENTS:
+                    self._note_event(row)
+            elif kind == "stat":
+                values = r.values or {}
+                bad = (values.get("nan_count") or 0) + (values.get("inf_count") or 0)
+                if bad:
+                    entry = nonfinite.setdefault((r.group, r.name + " (stat)"), [0, None, math.nan, rank])
+                    entry[0] += int(bad)
+            elif kind == "diagnostic":
+                name = r.name
+                if name == "dropped":
+                    self.dropped += r.record_count
+                elif name == "unencodable":
+                    self.unencodable += max(r.record_count, 1)
+                elif name in ("sink_error", "sink_suspended"):
+                    self.sink_failures[(r.sink, name)] += max(r.record_count, 1)
+                if name != "sink_resumed":
+                    self.problems.append(EventRow(wall, source, "diagnostic", name, "warning",
+                                                  {"sink": r.sink, "records": r.record_count, "message": r.message}))
+        for name, start, attributes in open_spans.values():  # started, never ended: the process was killed
+            self.lifecycle.append(SpanRow(rank, name, start, None, "never ended", attributes))
+        if first is not None:
+            self.first_ns = first if self.first_ns is None else min(self.first_ns, first)
+        if last is not None:
+            self.last_ns = last if self.last_ns is None else max(self.last_ns, last)
+
+
+def _downsample(points: Sequence[tuple[float, float]], limit: int = MAX_SERIES_POINTS) -> list[tuple[float, float]]:
+    if len(points) <= limit:
+        return list(points)
+    step = len(points) / limit
+    return [points[int(i * step)] for i in range(limit)] + [points[-1]]
+
+
+def _median(values: Iterable[float | None]) -> float | None:
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    return statistics.median(finite) if finite else None
+
+
+def _fmt_s(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "-"
+    if abs(seconds) < 1:
+        return f"{seconds * 1e3:.3g} ms"
+    return f"{seconds:.3g} s"
+
+
+def _ranges(steps: Sequence[int]) -> str:
+    """``[1, 2, 3, 7]`` -> ``1..3, 7`` (sorted input)."""
+    if not steps:
+        return ""
+    parts = []
+    start = prev = steps[0]
+    for s in steps[1:]:
+        if s != prev + 1:
+            parts.append(f"{start}..{prev}" if prev != start else str(start))
+            start = s
+        prev = s
+    parts.append(f"{start}..{prev}" if prev != start else str(start))
+    return ", ".join(parts[:6]) + (f" (+{len(parts) - 6} more)" if len(parts) > 6 else "")
+
+
+# -- derived figures -----------------------------------------------------------------------------------------------
+
+
+def _slow_ranks(windows: dict[int, list[Window]]) -> list[tuple[int, float]]:
+    medians = {rank: _median(w.avg for w in ws) for rank, ws in windows.items()}
+    known = {rank: m for rank, m in medians.items() if m is not None}
+    if len(known) < 2:
+        return []
+    overall = statistics.median(known.values())
+    if overall <= 0:
+        return []
+    return sorted(((rank, m / overall) for rank, m in known.items() if m >= SLOW_RANK_FACTOR * overall),
+                  key=lambda x: -x[1])
+
+
+def _slow_windows(windows: dict[int, list[Window]]) -> list[Window]:
+    slow: list[Window] = []
+    for ws in windows.values():
+        typical = _median(w.p50 if w.p50 is not None else w.avg for w in ws)
+        if not typical:
+            continue
+        slow.extend(w for w in ws if w.max is not None and w.max > SLOW_ITERATION_FACTOR * typical)
+    return sorted(slow, key=lambda w: (w.iteration, w.rank))
+
+
+def _slow_phases(windows: dict[int, list[Window]]) -> list[Finding]:
+    """Per phase: the windows in which it took far longer than its own median on that rank."""
+    hits: dict[str, list[tuple[int, int, float, float]]] = defaultdict(list)  # phase -> (rank, step, value, median)
+    for rank, ws in windows.items():
+        typical_iteration = _median(w.avg for w in ws)
+        if not typical_iteration:
+            continue
+        for phase in PHASES:
+            values = [w.phases[phase] for w in ws if phase in w.phases]
+            if len(values) < 3:
+                continue
+            typical = statistics.median(values)
+            for w in ws:
+                value = w.phases.get(phase)
+                if value is not None and value >= SLOW_PHASE_FACTOR * typical and \
+                        value - typical >= SLOW_PHASE_MIN_SHARE * typical_iteration:
+                    hits[phase].append((rank, w.iteration, value, typical))
+    findings = []
+    for phase, items in sorted(hits.items(), key=lambda kv: -max(v / max(m, 1e-12) for _, _, v, m in kv[1])):
+        ranks = sorted({rank for rank, _, _, _ in items})
+        worst = max(items, key=lambda x: x[2] / max(x[3], 1e-12))
+        steps = sorted({step for _, step, _, _ in items})
+        findings.append(Finding(
+            "warning", "slow phase", f"slow phase: {phase}",
+            f"{phase} took >= {SLOW_PHASE_FACTOR:g}x its median in {len(items)} window(s) on rank(s) "
+            f"{_ranges(ranks)} (windows ending at iterations {_ranges(steps)}); worst: rank {worst[0]} at iteration "
+            f"{worst[1]}, {_fmt_s(worst[2])} per iteration against a median of {_fmt_s(worst[3])} "
+            f"({worst[2] / max(worst[3], 1e-12):.1f}x)"))
+    return findings
+
+
+def _straggler_findings(stragglers: list[dict[str, Any]]) -> list[Finding]:
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+    for s in stragglers:
+        groups[(s.get("rank"), s.get("host"), s.get("phase"), s.get("kind"))].append(s)
+    findings = []
+    for (rank, host, phase, kind), items in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        scores = [float(s["score"]) for s in items if isinstance(s.get("score"), (int, float))]
+        steps = sorted(s["step"] for s in items if isinstance(s.get("step"), int))
+        span = f" at steps {steps[0]}..{steps[-1]}" if steps else ""
+        findings.append(Finding(
+            "warning", "straggler", f"straggler: rank {rank} ({phase})",
+            f"{len(items)} straggler report(s) for rank {rank} on {host}, phase {phase}, {kind} slowdown"
+            + (f" up to {max(scores):.2f}x" if scores else "") + span))
+    return findings
+
+
+def _energy_headline(energy: dict[tuple[str, str, str], float]) -> tuple[str, str]:
+    if not energy:
+        return "n/a", "no GPU energy samples (hw.energy): a CPU-only run, or the system sampler was off"
+    per_device: dict[tuple[str, str], tuple[float, str]] = {}
+    for (host, group, name), joules in energy.items():
+        best = per_device.get((host, group))
+        if best is None or (name == "hw.energy" and best[1] != "hw.energy"):  # the counter over the integral
+            per_device[(host, group)] = (joules, name)
+    total = sum(j for j, _ in per_device.values())
+    counters = sum(1 for _, n in per_device.values() if n == "hw.energy")
+    return (f"{total / 3.6e6:.3g} kWh ({total:,.0f} J)",
+            f"sum over {len(per_device)} GPU(s) of the largest energy any process recorded for it "
+            f"({counters} from the energy counter, {len(per_device) - counters} integrated from power)")
+
+
+def _fmt_num(value: float | None, unit: str = "", digits: int = 4) -> str:
+    if value is None:
+        return "n/a"
+    if not math.isfinite(value):
+        return str(value)
+    return f"{value:,.{digits}g}{unit}"
+
+
+def _headline(model: ReportModel, c: _Collector) -> list[tuple[str, str, str]]:
+    rows: list[tuple[str, str, str]] = []
+    ranks = sorted(c.last_update)
+    last = c.last_update[ranks[0]] if ranks else {}
+    who = f"rank {ranks[0]}'s last training_metrics_update" if ranks else ""
+    rows.append(("wall time", _fmt_s(max(0.0, (model.end_ns - model.start_ns) / 1e9)),
+                 "first to last record of the run, all processes"))
+    if last:
+        done = _num(last, "num_iterations")
+        step = last.get("current_iteration")
+        rows.append(("iterations", f"{done:,.0f} (to step {step})" if done is not None else "n/a",
+                     f"num_iterations of {who}"))
+        rows.append(("throughput", _fmt_num(_num(last, "cumulative_samples_per_second"), " samples/s"),
+                     f"cumulative_samples_per_second of {who}: samples since warm-up / seconds since then"))
+        tokens = _num(last, "tokens_per_second")
+        if tokens:
+            rows.append(("tokens/s (last window)", _fmt_num(tokens), f"tokens_per_second of {who}"))
+        tflops = _num(last, "cumulative_train_throughput_per_gpu")
+        rows.append(("TFLOP/s per GPU", _fmt_num(tflops),
+                     "cumulative_train_throughput_per_gpu (needs flops_per_sample in the config)"))
+        peak = _num(last, "peak_tflops_per_gpu")
+        mfu = tflops / peak if tflops is not None and peak else _num(last, "mfu")
+        rows.append(("MFU", f"{mfu:.1%}" if mfu is not None and math.isfinite(mfu) else "n/a",
+                     "cumulative TFLOP/s per GPU / peak_tflops_per_gpu (n/a without a known peak: CPU, unknown GPU)"))
+        rows.append(("iteration time p50 / p99",
+                     f"{_fmt_s(_num(last, 'cumulative_p50_iteration_time_sec'))} / "
+                     f"{_fmt_s(_num(last, 'cumulative_p99_iteration_time_sec'))}",
+                     f"cumulative percentiles of {who} (warm-up excluded)"))
+    else:
+        rows.append(("throughput", "n/a", "no training_metrics_update events (no TrainingRecorder in this run)"))
+    g = model.goodput
+    if g is not None:
+        rows.append(("goodput", f"{g.goodput:.1%}" + (" (approx.)" if g.approximate else ""),
+                     f"productive seconds / wall seconds of session {g.session_tag} ({len(g.runs)} run(s), rank "
+                     f"{g.rank}'s timeline; docs/goodput.md)"))
+    else:
+        rows.append(("goodput", "n/a", model.goodput_error or "not computed"))
+    value, how = _energy_headline(c.energy)
+    rows.append(("GPU energy", value, how))
+    return rows
+
+
+def _goodput(run: Run, rank: int) -> tuple[Any, str]:
+    from ..training.goodput import goodput
+
+    error = ""
+    for session_dir in (run.path.parent, run.path):  # a run folder alone is a session of one run
+        try:
+            return goodput(session_dir, rank=rank), ""
+        except (ValueError, OSError) as exc:
+            error = str(exc)
+        except Exception as exc:  # noqa: BLE001 - odd records must not take the whole report down
+            return None, f"goodput not computed: {type(exc).__name__}: {exc}"
+    return None, error
+
+
+def _crash_findings(model: ReportModel) -> list[Finding]:
+    ended: dict[tuple[str, str, str], list[int]] = defaultdict(list)  # (span, what, error) -> ranks
+    for span in model.lifecycle:
+        if span.name in ("training_loop", "application") and span.status != "ok":
+            what = "was killed (started, never ended)" if span.duration_s is None else f"ended {span.status}"
+            ended[(span.name, what, span.error)].append(span.rank)
+    findings = [Finding("error", "crash", f"crash: {name} {what} on rank(s) {_ranges(sorted(set(ranks)))}",
+                        f"{name} {what} on {len(set(ranks))} rank(s)" + (f": {error}" if error else ""))
+                for (name, what, error), ranks in sorted(ended.items(), key=lambda kv: kv[0][0] != "training_loop")]
+    g = model.goodput
+    if g is None:
+        return findings
+    runs = list(g.runs)
+    for i, r in enumerate(runs):
+        if r.status in ("interrupted", "killed") and r.run_id != model.run_id:
+            findings.append(Finding(
+                "error", "crash", f"crash: run {r.run_id} {r.status}",
+                f"run {r.run_id} (attempt {r.restart_order + 1} of the session) was {r.status} after iteration "
+                f"{r.last_iteration}; its last checkpoint held {r.checkpointed_iterations} iteration(s); "
+                f"{r.lost_iterations} iteration(s) lost"))
+        if i > 0:
+            prev = runs[i - 1]
+            findings.append(Finding(
+                "info", "restart", f"restart: run {r.run_id} after {prev.run_id}",
+                f"attempt {r.restart_order + 1} ({r.run_id}, {r.status}) started at iteration {r.first_iteration} "
+                f"after {prev.run_id} ({prev.status}) stopped at {prev.last_iteration}"))
+    return findings
+
+
+def _findings(model: ReportModel, c: _Collector) -> list[Finding]:
+    found = _crash_findings(model)
+    for rank, factor in model.slow_ranks:
+        found.append(Finding("warning", "slow rank", f"slow rank: rank {rank}",
+                             f"rank {rank}'s median window iteration time is {factor:.2f}x the median of all ranks "
+                             f"(threshold {SLOW_RANK_FACTOR:g}x)"))
+    found += _straggler_findings(model.stragglers)
+    found += _slow_phases(model.windows)
+    if model.slow_windows:
+        worst = max(model.slow_windows, key=lambda w: w.max or 0.0)
+        found.append(Finding(
+            "warning", "slow iterations", f"slow iterations: {len(model.slow_windows)} window(s)",
+            f"windows whose slowest iteration took > {SLOW_ITERATION_FACTOR:g}x the rank's median p50; worst: "
+            f"{_fmt_s(worst.max)} on rank {worst.rank} in the window ending at iteration {worst.iteration}"))
+    for (group, name), (count, step, example, rank) in sorted(c.nonfinite.items()):
+        where = f" (first at step {step}, rank {rank})" if step is not None else f" (first on rank {rank})"
+        found.append(Finding("warning", "nan/inf", f"non-finite values: {name}",
+                             f"{count} NaN/inf value(s) of {group}/{name}{where}, e.g. {example}"))
+    if c.dropped:
+        found.append(Finding("warning", "dropped records", f"dropped records: {c.dropped}",
+                             f"{c.dropped} record(s) were dropped before reaching a sink (queue full or sink "
+                             "suspended; diagnostic records named 'dropped')"))
+    for (sink, what), count in sorted(c.sink_failures.items()):
+        found.append(Finding("warning", "sink failure", f"sink failure: {sink} ({what})",
+                             f"{count} record(s) concerned by {what} diagnostics of sink {sink!r}"))
+    if c.unencodable:
+        found.append(Finding("warning", "unencodable", f"unencodable records: {c.unencodable}",
+                             "records that could not be encoded were replaced by diagnostics"))
+    torn, corrupt = model_torn_corrupt(model)
+    if torn or corrupt:
+        found.append(Finding("warning", "damaged lines", f"damaged lines: {corrupt} corrupt, {torn} torn",
+                             "lines the reader skipped: a torn last line (a crash mid-write) or lines that did not "
+                             "decode"))
+    world = model.meta.get("world_size")
+    if isinstance(world, int) and model.processes and len(model.ranks) < world:
+        missing = sorted(set(range(world)) - set(model.ranks))
+        found.append(Finding("warning", "missing ranks", f"missing ranks: {len(missing)}",
+                             f"world_size is {world} but rank(s) {_ranges(missing)} wrote nothing in this run"))
+    failed_spans = [e for e in model.problems if "span status" in e.attributes]
+    errors = [e for e in model.problems if e.severity in ("error", "critical") and "span status" not in e.attributes]
+    if errors:
+        names = Counter(e.name for e in errors)
+        found.append(Finding("error", "errors", f"error events: {len(errors)}",
+                             ", ".join(f"{n} x{k}" for n, k in names.most_common(8))))
+    if failed_spans:
+        names = Counter(f"{e.name} ({e.attributes['span status']})" for e in failed_spans)
+        found.append(Finding("warning", "failed spans", f"spans not ok: {len(failed_spans)}",
+                             ", ".join(f"{n} x{k}" for n, k in names.most_common(8))))
+    order = {"error": 0, "warning": 1, "info": 2}
+    return sorted(found, key=lambda f: order.get(f.severity, 3))
+
+
+def model_torn_corrupt(model: ReportModel) -> tuple[int, int]:
+    logs = model.processes + model.agents
+    return sum(p.torn for p in logs), sum(p.corrupt for p in logs)
+
+
+def _system(model: ReportModel, c: _Collector) -> list[tuple[str, str, list[Series]]]:
+    charts = []
+    for name, title, unit in SYSTEM_CHARTS:
+        series = [Series(who, _downsample(sorted((model.seconds(w), v) for w, v in points)))
+                  for (metric, who), points in sorted(c.system.items()) if metric == name]
+        if series:
+            charts.append((title, unit, series))
+    return charts
+
+
+def build_model(run: Run) -> ReportModel:
+    """Everything the report shows about ``run`` (and about its session: goodput, restarts)."""
+    c = _Collector(run)
+    c.collect()
+    start = c.first_ns if c.first_ns is not None else int(run.meta.get("created_wall_ns") or 0)
+    end = c.last_ns if c.last_ns is not None else start
+    model = ReportModel(path=run.path, meta=run.meta, run_id=run.run_id, session_tag=run.session_tag,
+                        perf_tag=run.perf_tag, start_ns=start, end_ns=end, processes=run.processes,
+                        agents=run.agents)
+    model.windows = {rank: sorted(ws, key=lambda w: (w.iteration, w.wall_ns)) for rank, ws in c.windows.items() if ws}
+    model.iteration_spans = {rank: [(model.seconds(w), d) for w, d in sorted(points)]
+                             for rank, points in c.iteration_spans.items() if points}
+    for rank in sorted(set(model.windows) | set(c.span_phase_seconds)):
+        ws = model.windows.get(rank, [])
+        if ws and any(w.phases for w in ws):
+            seconds = {p: sum(w.phases.get(p, 0.0) * w.iterations for w in ws) for p in PHASES}
+            # the window's phase averages cover all its iterations, its iteration times leave the warm-up out: the
+            # warm-up iterations are taken at the window's mean
+            total = sum(w.avg * w.iterations for w in ws if w.avg is not None and math.isfinite(w.avg))
+            other = total - sum(seconds.values())
+            seconds["other"] = other if other > 1e-9 * max(total, 1.0) else 0.0  # float dust is not a phase
+        elif c.span_phase_seconds.get(rank):
+            seconds = dict(c.span_phase_seconds[rank])  # exported spans only: a sample of the iterations
+        else:
+            continue
+        model.phase_seconds[rank] = seconds
+    model.lifecycle = sorted(c.lifecycle, key=lambda s: (s.start_ns, s.rank))
+    model.checkpoints = [s for s in model.lifecycle if s.name in CHECKPOINT_SPANS]
+    model.checkpoint_successes = sorted(c.successes, key=lambda e: e.wall_ns)
+    model.events, model.events_left_out, model.event_counts = c.events, c.events_left_out, c.event_counts
+    model.problems = c.problems
+    model.metric_stats, model.span_stats = c.metric_stats, c.span_stats
+    model.stragglers = sorted(c.stragglers, key=lambda s: (s.get("step") if isinstance(s.get("step"), int) else -1,
+                                                           str(s.get("rank"))))
+    model.slow_ranks = _slow_ranks(model.windows)
+    model.slow_windows = _slow_windows(model.windows)
+    model.system = _system(model, c)
+    ranks = run.ranks
+    model.goodput, model.goodput_error = _goodput(run, ranks[0] if ranks else 0) if run.processes else (None, "")
+    model.headline = _headline(model, c)
+    model.findings = _findings(model, c)
+    return model

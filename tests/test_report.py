@@ -1,0 +1,386 @@
+"""The HTML report (``telemetrain report``, ``telemetrain.report.write_report``) on real run stores.
+
+The session below is written by real ``Telemetry`` instances (one per rank and run) driving real ``TrainingRecorder``s
+at explicit times (``*_time_msec`` and explicit monotonic ns for the sub-phase spans), with problems planted in it:
+a slow phase (data loading, iterations 60-79 on every rank), a slow rank (rank 2, every phase 1.6x), one slow
+iteration, straggler events, a NaN loss, a sink that fails, a torn line, and a crash (the first run closes mid-loop,
+after a checkpoint) followed by a restart from that checkpoint. The page is opened in real headless Chromium.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from telemetrain import Telemetry, identity_from_env
+from telemetrain.cli import main
+from telemetrain.dispatch import FailurePolicy
+from telemetrain.report import write_report
+from telemetrain.report.load import load_run
+from telemetrain.report.model import build_model
+from telemetrain.sinks import Sink
+from telemetrain.spans import tracer
+from telemetrain.store import open_run
+from telemetrain.training import SpanName, TrainingRecorder, TrainingTelemetryConfig
+from telemetrain.training.goodput import goodput
+
+pytestmark = pytest.mark.filterwarnings("ignore:telemetrain. sink 'broken' failed")
+
+SESSION = "rep"
+# The simulated timeline ends shortly before the real clock's now: the crash (a real close) and the records without
+# explicit times (metrics, events) then fall just after it, as in a real run.
+BASE_MS = int(time.time() * 1000) - 40_000
+WORLD = 4
+XSS = "<script>alert(1)</script>"
+XSS_CONSOLE = "<script>console.error('xss-ran')</script>"
+PHASE_MS = {SpanName.DATA_LOADING: 10, SpanName.MODEL_FORWARD: 30, SpanName.MODEL_BACKWARD: 50,
+            SpanName.OPTIMIZER_UPDATE: 10}
+SLOW_RANK, SLOW_RANK_FACTOR = 2, 1.6
+SLOW_PHASE_STEPS, SLOW_PHASE_MS = range(60, 80), 120
+SLOW_ITERATION_STEP, SLOW_ITERATION_MS = 45, 2000
+
+
+class BrokenSink(Sink):
+    """A backend that always fails: the run store gets its sink_error, sink_suspended and dropped diagnostics."""
+
+    name = "broken"
+
+    def write(self, records: Any) -> None:
+        raise OSError("disk full (planted)")
+
+
+class Rank:
+    """One rank of one run, driven at explicit times: ``now`` is ms after BASE_MS, ``step`` the next iteration."""
+
+    def __init__(self, root: Path, run_id: str, rank: int, *, restart_count: int = 0, now: int = 0) -> None:
+        identity = identity_from_env({}, run_id=run_id, session_tag=SESSION, perf_tag="report-test", rank=rank,
+                                     local_rank=rank, world_size=WORLD, restart_count=restart_count)
+        # one failure suspends a sink for a minute: what the broken sink is offered meanwhile is dropped
+        policy = FailurePolicy(max_consecutive=1, backoff_s=60.0, backoff_max_s=60.0)
+        self.t = Telemetry(identity, store=root, config={"model": XSS, "lr": 0.1, "nested": {"depth": 2}},
+                           failure_policy=policy)
+        config = TrainingTelemetryConfig(global_batch_size_or_fn=8, log_every_n_train_iterations=10,
+                                         flops_per_sample_or_fn=1e9, peak_tflops_per_gpu=1.0)
+        self.r = TrainingRecorder(config, telemetry=self.t)
+        self.rank = rank
+        self.now = now
+        self.step = 0
+
+    def ms(self, at: int) -> int:
+        return BASE_MS + at
+
+    def mono(self, at: int) -> int:
+        return round(self.ms(at) * 1e6) - self.t.wall_offset_ns
+
+    def start(self, *, resume_from: int = 0) -> Rank:
+        self.r.on_app_start(self.ms(self.now))
+        for phase, ms in (("model_init", 200), ("dataloader_init", 100)):
+            getattr(self.r, f"on_{phase}_start")(self.ms(self.now))
+            getattr(self.r, f"on_{phase}_end")(self.ms(self.now + ms))
+            self.now += ms
+        if resume_from:
+            self.r.on_load_checkpoint_start(self.ms(self.now))
+            self.r.on_load_checkpoint_end(self.ms(self.now + 300))
+            self.now += 300
+        self.step = resume_from
+        self.r.on_train_start(resume_from, start_time_msec=self.ms(self.now))
+        return self
+
+    def iterations(self, until: int) -> Rank:
+        scale = SLOW_RANK_FACTOR if self.rank == SLOW_RANK else 1.0
+        while self.step < until:
+            start = self.now
+            self.r.on_training_single_iteration_start(self.ms(start))
+            at = start
+            for name, ms in PHASE_MS.items():
+                if name == SpanName.DATA_LOADING and self.step in SLOW_PHASE_STEPS:
+                    ms = SLOW_PHASE_MS
+                ms = round(ms * scale)
+                s = self.r.tracer.start(name.value, group="training", start_ns=self.mono(at))
+                s.end(end_ns=self.mono(at + ms))
+                at += ms
+            if self.step == SLOW_ITERATION_STEP and self.rank == 0:
+                at += SLOW_ITERATION_MS
+            self.r.on_training_single_iteration_end(self.ms(at))
+            self.now = at + 5
+            self.step += 1
+        return self
+
+    def save(self) -> Rank:
+        self.r.on_save_checkpoint_start(self.step, self.ms(self.now))
+        self.r.on_save_checkpoint_success(self.step, self.ms(self.now + 400))
+        self.r.on_save_checkpoint_end(self.ms(self.now + 400))
+        self.now += 400
+        return self
+
+    def finish(self) -> None:
+        self.r.on_train_end(self.ms(self.now))
+        self.r.on_app_end(self.ms(self.now + 50))
+        assert self.t.close()
+
+
+def _write_session(root: Path) -> tuple[Path, Path]:
+    """The first run crashes at iteration 130 (its last checkpoint: 100); the second resumes at 100 and finishes."""
+    ranks = [Rank(root, "job.0", r, now=7 * r).start() for r in range(WORLD)]
+    ranks[3].t.add_sink(BrokenSink())
+    ranks[3].t.metric("probe", 1.0, "train")
+    ranks[3].t.flush()  # the broken sink fails and is suspended
+    for r in ranks:
+        r.iterations(50).save().iterations(100).save().iterations(130)
+    for step in (20, 40, 60):
+        ranks[0].t.event("straggler", {"rank": SLOW_RANK, "host": "node-b", "phase": "iteration", "kind": "relative",
+                                       "score": SLOW_RANK_FACTOR, "threshold": 1.2, "step": step}, group="cross_rank")
+    ranks[1].t.metric("train.loss", float("nan"), "train", step=33)
+    ranks[1].t.metric("train.loss", 0.5, "train", step=34)
+    ranks[0].t.metric(XSS, 1.0, "train")
+    ranks[0].t.metric(XSS_CONSOLE, 2.0, "train")
+    ranks[0].t.event(XSS, {"payload": XSS_CONSOLE}, severity="warning")
+    ranks[0].r.tracer.start(XSS, group="user").end()
+    ranks[0].t.event("loss spike", {"value": 12.5}, severity="error", group="train")
+    for r in ranks:  # the crash: every rank's telemetry closes mid-loop (SIGTERM); spans end terminated
+        assert r.t.close()
+    run0 = root / SESSION / "job.0"
+    with open(next(run0.glob("rank-1.*.jsonl")), "ab") as fh:
+        fh.write(b'{"v":1,"kind":"metric","mono_ns":1,"wall_')  # a torn last line
+    restarted = [Rank(root, "job.1", r, restart_count=1, now=60_000).start(resume_from=100) for r in range(WORLD)]
+    for r in restarted:
+        r.iterations(200).save().finish()
+    return run0, root / SESSION / "job.1"
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return _write_session(tmp_path_factory.mktemp("store"))
+
+
+@pytest.fixture(scope="module")
+def crashed_page(session: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_report(session[0], tmp_path_factory.mktemp("page") / "crashed.html")
+
+
+def _kinds(run_dir: Path) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for f in build_model(open_run(run_dir)).findings:
+        out.setdefault(f.kind, []).append(f.title)
+    return out
+
+
+def test_the_report_names_each_planted_problem(session: tuple[Path, Path], crashed_page: Path) -> None:
+    kinds = _kinds(session[0])
+    assert kinds["slow phase"] == ["slow phase: dataloader"]
+    assert kinds["slow rank"] == [f"slow rank: rank {SLOW_RANK}"]
+    assert kinds["straggler"] == [f"straggler: rank {SLOW_RANK} (iteration)"]
+    assert kinds["slow iterations"] == ["slow iterations: 1 window(s)"]
+    assert kinds["crash"] == [f"crash: training_loop ended terminated on rank(s) 0..{WORLD - 1}",
+                              f"crash: application ended terminated on rank(s) 0..{WORLD - 1}"]
+    assert kinds["nan/inf"] == ["non-finite values: train.loss"]
+    assert any(t.startswith("sink failure: broken") for t in kinds["sink failure"])
+    assert kinds["dropped records"]
+    assert kinds["damaged lines"] == ["damaged lines: 0 corrupt, 1 torn"]
+    assert kinds["errors"] == ["error events: 1"]
+    page = crashed_page.read_text()
+    for title in ("slow phase: dataloader", f"slow rank: rank {SLOW_RANK}", f"straggler: rank {SLOW_RANK}",
+                  "crash: training_loop ended terminated", "non-finite values: train.loss", "sink failure: broken",
+                  "loss spike"):
+        assert title in page, title
+
+
+def test_the_slow_phase_and_the_slow_rank_are_located(session: tuple[Path, Path]) -> None:
+    model = build_model(open_run(session[0]))
+    [slow_phase] = [f for f in model.findings if f.kind == "slow phase"]
+    # windows end at iterations 9, 19, ...: the slow steps 60..79 are the windows ending at 69 and 79, on every rank
+    assert f"rank(s) 0..{WORLD - 1}" in slow_phase.detail
+    assert "(windows ending at iterations 69, 79)" in slow_phase.detail and "(12.0x)" in slow_phase.detail
+    assert [rank for rank, _ in model.slow_ranks] == [SLOW_RANK]
+    assert model.slow_ranks[0][1] == pytest.approx(SLOW_RANK_FACTOR, rel=0.1)
+    [slow] = model.slow_windows
+    assert (slow.rank, slow.iteration) == (0, 49)
+    assert slow.max == pytest.approx((sum(PHASE_MS.values()) + SLOW_ITERATION_MS) / 1e3, abs=1e-3)
+
+
+def test_time_by_phase_adds_up_the_planted_phase_times(session: tuple[Path, Path]) -> None:
+    """Rank 1 (not slow) of the restarted run: iterations 100..199, none in the slow range. The phase times cover
+    every iteration, the loop's warm-up one included."""
+    model = build_model(open_run(session[1]))
+    seconds = model.phase_seconds[1]
+    timed = 100
+    assert seconds["dataloader"] == pytest.approx(timed * 0.010, rel=1e-3)
+    assert seconds["forward"] == pytest.approx(timed * 0.030, rel=1e-3)
+    assert seconds["backward"] == pytest.approx(timed * 0.050, rel=1e-3)
+    assert seconds["optimizer"] == pytest.approx(timed * 0.010, rel=1e-3)
+    assert seconds["other"] == pytest.approx(0.0, abs=1e-3)  # the 5 ms gaps are between iterations, not in them
+    assert model.phase_seconds[SLOW_RANK]["backward"] == pytest.approx(timed * 0.080, rel=1e-3)
+
+
+def test_the_restarted_run_shows_the_crash_the_restart_and_the_session_goodput(session: tuple[Path, Path],
+                                                                             tmp_path: Path) -> None:
+    model = build_model(open_run(session[1]))
+    titles = [f.title for f in model.findings]
+    assert "crash: run job.0 interrupted" in titles
+    assert "restart: run job.1 after job.0" in titles
+    expected = goodput(session[1].parent)
+    headline = {label: value for label, value, _ in model.headline}
+    assert headline["goodput"] == f"{expected.goodput:.1%}"
+    assert [r.run_id for r in model.goodput.runs] == ["job.0", "job.1"]
+    page = write_report(session[1], tmp_path / "r.html").read_text()
+    assert "restarts and checkpoints" in page and "job.0" in page and "interrupted" in page
+
+
+def test_headline_numbers_come_from_the_last_metrics_update(session: tuple[Path, Path]) -> None:
+    run = open_run(session[1])
+    updates = [r for r in run.processes[0].records if r.kind == "event" and r.name == "training_metrics_update"]
+    last = updates[-1].attributes
+    headline = {label: value for label, value, _ in build_model(run).headline}
+    assert headline["throughput"] == f"{last['cumulative_samples_per_second']:,.4g} samples/s"
+    tflops = last["cumulative_train_throughput_per_gpu"]
+    assert headline["TFLOP/s per GPU"] == f"{tflops:,.4g}"
+    assert headline["MFU"] == f"{tflops / 1.0:.1%}"  # peak_tflops_per_gpu=1.0 in the config
+    assert headline["iterations"] == "100 (to step 199)"
+    assert headline["GPU energy"] == "n/a"
+
+
+def test_gpu_energy_counts_each_device_once(tmp_path: Path) -> None:
+    """Two ranks of one host record the same GPU's counter: the largest value counts, once; another GPU adds."""
+    for rank, (gpu0, gpu1) in enumerate(((1000.0, 0.0), (3600.0, 500.0))):
+        identity = identity_from_env({}, run_id="e", session_tag="s", rank=rank, world_size=2)
+        t = Telemetry(identity, store=tmp_path)
+        t.metric("hw.energy", gpu0 / 2, "system.gpu.0", unit="J")
+        t.metric("hw.energy", gpu0, "system.gpu.0", unit="J")
+        if gpu1:
+            t.metric("hw.energy.integrated", gpu1, "system.gpu.1", unit="J")
+        assert t.close()
+    [(_, value, how)] = [h for h in build_model(open_run(tmp_path / "s" / "e")).headline if h[0] == "GPU energy"]
+    assert value == f"{4100 / 3.6e6:.3g} kWh (4,100 J)"
+    assert "2 GPU(s)" in how and "1 from the energy counter, 1 integrated" in how
+
+
+def test_names_from_the_run_are_escaped(crashed_page: Path) -> None:
+    page = crashed_page.read_text()
+    assert XSS not in page and XSS_CONSOLE not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "&lt;script&gt;console.error(&#x27;xss-ran&#x27;)&lt;/script&gt;" in page
+    assert "<script" not in page.lower()  # the page has no script of its own either
+
+
+# -- headless Chromium -----------------------------------------------------------------------------------------------
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
+
+
+def _chromium(url: str, *flags: str) -> subprocess.CompletedProcess[str]:
+    assert CHROMIUM is not None
+    return subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0",
+         "--no-first-run", "--disable-extensions", *flags, url],
+        capture_output=True, text=True, timeout=90,
+    )
+
+
+def _console(stderr: str) -> list[str]:
+    """What the page wrote to the console (messages and uncaught errors), from Chromium's log."""
+    return [line for line in stderr.splitlines() if ":CONSOLE" in line]
+
+
+@needs_chromium
+def test_console_check_sees_a_script_that_runs(tmp_path: Path) -> None:
+    """The control for the check below: an unescaped payload does run, and the check sees it."""
+    page = tmp_path / "raw.html"
+    page.write_text(f"<!DOCTYPE html><html><body><p>{XSS_CONSOLE}</p></body></html>")
+    proc = _chromium(page.as_uri(), "--dump-dom")
+    assert any("xss-ran" in line for line in _console(proc.stderr)), proc.stderr[-2000:]
+
+
+@needs_chromium
+def test_chromium_renders_the_report_without_console_errors(crashed_page: Path, tmp_path: Path) -> None:
+    dom = _chromium(crashed_page.as_uri(), "--dump-dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert _console(dom.stderr) == [], _console(dom.stderr)
+    html = dom.stdout
+    assert "<script" not in html.lower()  # the payloads stayed text: no script element in the live DOM
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert len(re.findall(r'<svg[^>]*class="chart line-chart"', html)) >= 1
+    assert len(re.findall(r'<svg[^>]*class="chart heatmap"', html)) == 1
+    assert len(re.findall(r'<svg[^>]*class="chart bars"', html)) >= 1
+    assert len(re.findall(r'<svg[^>]*class="chart timeline"', html)) == 1
+    assert len(re.findall(r'class="flag"', html)) >= 1  # the straggler reports on the heatmap
+
+    shot = tmp_path / "shot.png"
+    proc = _chromium(crashed_page.as_uri(), f"--screenshot={shot}", "--window-size=1200,1600",
+                     "--hide-scrollbars")
+    assert proc.returncode == 0 and shot.exists(), proc.stderr[-2000:]
+    image = pytest.importorskip("PIL.Image").open(shot).convert("RGB")
+    assert image.size == (1200, 1600)
+    colours = image.getcolors(maxcolors=1_000_000)
+    assert colours is not None and len(colours) > 50, "the screenshot is (nearly) blank"
+    background = max(colours)[0]
+    assert background < 0.9 * image.size[0] * image.size[1]  # not one colour almost everywhere
+
+
+# -- command line ------------------------------------------------------------------------------------------------------
+
+
+def test_cli_writes_the_report_and_prints_its_path(session: tuple[Path, Path], tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out.html"
+    assert main(["report", str(session[1].parent), "-o", str(out), "--progress"]) == 0
+    captured = capsys.readouterr()
+    assert f"wrote {out}" in captured.out and str(session[1]) in captured.out  # the newest run of the session
+    assert "holds 2 runs" in captured.err
+    assert "reading rank-" in captured.err and "100%" in captured.err  # the bar, asked for
+    assert out.read_text().startswith("<!DOCTYPE html>")
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+@pytest.mark.parametrize("case", ["missing", "file", "foreign"])
+def test_cli_errors_are_one_readable_line(case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "nothing-here"
+    if case == "file":
+        target.write_text("hello")
+    elif case == "foreign":
+        target.mkdir()
+        (target / "notes.txt").write_text("not a run")
+    assert main(["report", str(target), "-o", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert err.startswith("telemetrain: error: ")
+    expected = {"missing": "no such directory", "file": "is a file", "foreign": "is not a telemetrain run directory"}
+    assert expected[case] in err
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_write_report_default_path_and_progress(session: tuple[Path, Path], tmp_path: Path) -> None:
+    run_dir = tmp_path / "copy"
+    shutil.copytree(session[1], run_dir)
+    calls: list[tuple[str, int, int]] = []
+    path = write_report(run_dir, progress=lambda what, done, total: calls.append((what, done, total)))
+    assert path == run_dir / "report.html" and path.exists()
+    reads = [c for c in calls if c[0].startswith("reading ")]
+    assert len(reads) == WORLD and [c[1] for c in reads] == sorted(c[1] for c in reads)
+    assert calls[-1][0] == "written" and calls[-1][1] == calls[-1][2]
+    assert load_run(run_dir, lambda *a: None).run_id == open_run(run_dir).run_id  # the report file is not a rank file
+    with pytest.raises(FileNotFoundError):
+        write_report(tmp_path / "absent")
+
+
+def test_a_run_without_training_still_reports(tmp_path: Path) -> None:
+    identity = identity_from_env({}, run_id="plain", session_tag="s", rank=0, world_size=1)
+    t = Telemetry(identity, store=tmp_path)
+    for step in range(5):
+        t.metric("loss", 1.0 / (step + 1), "train", step=step)
+    t.metric("loss", math.inf, "train", step=5)
+    with tracer(t).span("work"):
+        pass
+    assert t.close()
+    model = build_model(open_run(tmp_path / "s" / "plain"))
+    assert [f.title for f in model.findings] == ["non-finite values: loss"]
+    assert model.goodput is None and "no training lifecycle" in model.goodput_error
+    page = write_report(tmp_path / "s" / "plain", tmp_path / "p.html").read_text()
+    assert "No iteration timing in this run." in page and "work" in page
