@@ -127,7 +127,7 @@ def test_steps_evaluations_saves_and_logs_are_recorded(tmp_path: Path, telemetry
         trainer.train()
     records = read_run(telemetry)
     steps = trainer.state.global_step
-    assert steps == 10 and cb.errors == 0
+    assert steps == 10 and cb.failures == 0
 
     # one application, one training loop, both ok; iterations are optimizer steps, micro-batches counted
     assert [s.status for s in _spans(records, "application")] == ["ok"]
@@ -137,7 +137,8 @@ def test_steps_evaluations_saves_and_logs_are_recorded(tmp_path: Path, telemetry
     assert reports[-1]["num_iterations"] == steps and reports[-1]["current_iteration"] == steps - 1
     assert [r["current_iteration"] for r in reports] == [1, 3, 5, 7, 9]  # every logging_steps=2 optimizer steps
     assert cb.micro_batches == steps * ACCUM
-    assert _metrics(records, "micro_batches")[-1] == (steps, steps * ACCUM)
+    assert _metrics(records, "micro_batches")[-1] == (steps, steps * ACCUM)  # at each training log
+    assert loop.attributes["micro_batches"] == steps * ACCUM
     first, config = _events(records, "update_training_telemetry_config")  # the second knows the first batch
     assert "seq_length" not in first and config["global_batch_size"] == BATCH * ACCUM and config["seq_length"] == SEQ
     assert config["micro_batch_size"] == BATCH and config["train_iterations_target"] == steps
@@ -188,7 +189,7 @@ def test_stand_alone_evaluate_and_predict(tmp_path: Path, telemetry: Telemetry,
     assert loop.attributes["untimed_iterations"] == 1
     (testing,) = _events(records, "testing_metrics_update")
     assert testing["num_iterations"] == 4  # 5 batches
-    assert not _spans(records, "training_loop") and cb.errors == 0
+    assert not _spans(records, "training_loop") and cb.failures == 0
 
 
 def test_nan_loss_is_stored_as_nan(tmp_path: Path, telemetry: Telemetry, read_run: Callable[..., Any]) -> None:
@@ -232,7 +233,7 @@ def test_an_exception_in_forward_ends_the_spans_with_error_and_the_next_train_wo
 ) -> None:
     cb, trainer = _failing_run(tmp_path, telemetry, guarded=guarded)
     records = read_run(telemetry)
-    assert cb.errors == 0
+    assert cb.failures == 0
     failed, ok = _spans(records, "training_loop")
     assert failed.status == "error" and ok.status == "ok"
     if guarded:
@@ -249,6 +250,24 @@ def test_an_exception_in_forward_ends_the_spans_with_error_and_the_next_train_wo
     assert not [s for s in _spans(records, "optimizer_update") if s.status != "ok"]
     if not guarded:  # ended at the last hook the failed call reached, not when the next one noticed
         assert failed.end_ns <= ok.start_ns
+
+
+def test_a_failed_save_is_a_save_span_with_status_error(tmp_path: Path, telemetry: Telemetry,
+                                                        read_run: Callable[..., Any]) -> None:
+    """A file where the checkpoint folder goes: the Trainer's save raises after the last hook before it."""
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "checkpoint-2").write_text("in the way")
+    cb = hf.TelemetrainHFCallback(telemetry=telemetry)
+    trainer = _trainer(tmp_path, cb, max_steps=4, save_steps=2, eval_strategy="no")
+    with pytest.raises(OSError), pytest.warns(Warning, match="without on_save_checkpoint_success"), cb.guard():
+        trainer.train()
+    records = read_run(telemetry)
+    (save,) = _spans(records, "checkpoint_save_sync")
+    assert save.status == "error" and save.attributes["current_iteration"] == 2
+    assert not _events(records, "save_checkpoint_success")
+    (loop,) = _spans(records, "training_loop")
+    assert loop.status == "error" and loop.end_ns >= save.end_ns
+    assert _events(records, "training_metrics_update")[-1]["num_iterations"] == 2
 
 
 def test_resume_from_checkpoint_starts_at_its_step_and_records_the_load(
@@ -284,6 +303,19 @@ def test_a_given_config_is_used_as_is(tmp_path: Path, telemetry: Telemetry, read
     assert report["num_train_samples"] == 3 * 123
 
 
+def test_overrides_go_on_top_of_the_derived_config(tmp_path: Path, telemetry: Telemetry,
+                                                   read_run: Callable[..., Any]) -> None:
+    cb = hf.TelemetrainHFCallback(telemetry=telemetry, seq_length=99, flops_per_sample=1e6, peak_tflops_per_gpu=1.0)
+    _trainer(tmp_path, cb, max_steps=2, logging_steps=2, eval_strategy="no", save_strategy="no").train()
+    records = read_run(telemetry)
+    configs = _events(records, "update_training_telemetry_config")
+    assert {c["seq_length"] for c in configs} == {99}  # the first batch's 16 does not replace it
+    assert configs[-1]["micro_batch_size"] == BATCH and configs[-1]["global_batch_size"] == BATCH * ACCUM
+    (report,) = _events(records, "training_metrics_update")
+    assert report["total_flops"] == 2 * BATCH * ACCUM * 1e6 and report["peak_tflops_per_gpu"] == 1.0
+    assert report["mfu"] == pytest.approx(report["train_throughput_per_gpu"] / 1.0)
+
+
 def test_a_failing_config_function_does_not_break_training(tmp_path: Path, telemetry: Telemetry,
                                                            read_run: Callable[..., Any]) -> None:
     def broken() -> int:
@@ -304,6 +336,8 @@ def test_a_failing_config_function_does_not_break_training(tmp_path: Path, telem
 @pytest.mark.parametrize(("kwargs", "error"), [
     ({"config": {"global_batch_size_or_fn": 8}}, TypeError),
     ({"flops_per_sample": -1.0}, ValueError),
+    ({"seq_lenght": 16}, TypeError),
+    ({"config": TrainingTelemetryConfig(global_batch_size_or_fn=8), "seq_length": 16}, ValueError),
     ({"telemetry": "t"}, TypeError),
     ({"recorder": object()}, TypeError),
     ({"metrics_group": ""}, TypeError),

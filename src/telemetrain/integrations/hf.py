@@ -42,8 +42,9 @@ Config: a given ``TrainingTelemetryConfig`` is used as is; else it is derived at
 ``global_batch_size`` = train batch per device x gradient accumulation x ``world_size``; ``micro_batch_size`` and
 ``seq_length`` from the first batch's ``input_ids`` (a forward pre-hook on the model, removed after one batch);
 ``log_every_n_train_iterations`` = ``state.logging_steps``; ``train_iterations_target`` = ``state.max_steps``;
-``flops_per_sample`` if given. Telemetry never breaks training: a failure inside a hook is recorded as an ``error``
-event (counted in ``errors``, warned once) and the hook returns normally.
+keyword arguments override any field (``flops_per_sample=...`` for TFLOP/s and MFU). Telemetry never breaks
+training: a failure inside a hook is recorded as an ``error`` event (counted in ``failures``, warned once) and the
+hook returns normally.
 """
 
 from __future__ import annotations
@@ -72,47 +73,60 @@ GROUP = "training"
 CHECKPOINT_PREFIX = "checkpoint"  # transformers' PREFIX_CHECKPOINT_DIR: <output_dir>/checkpoint-<global_step>
 
 
+_FIELDS = {f.name for f in dataclasses.fields(TrainingTelemetryConfig)}
+
+
+def _field(key: str) -> str:
+    """An override's config field: ``seq_length`` or ``seq_length_or_fn``."""
+    for name in (key, f"{key}_or_fn"):
+        if name in _FIELDS:
+            return name
+    raise TypeError(f"unknown TrainingTelemetryConfig field {key!r} (fields: {', '.join(sorted(_FIELDS))})")
+
+
 class TelemetrainHFCallback(TrainerCallback):
     """A ``transformers.TrainerCallback`` recording the Trainer's lifecycle on a ``TrainingRecorder``.
 
-    ``config``: the job's ``TrainingTelemetryConfig``, used as is (default: derived from the Trainer's arguments and
-    the first batch at each ``train()``). ``flops_per_sample``: for the derived config (TFLOP/s and MFU).
-    ``telemetry``/``recorder``: where to record (default: the recorder of the default ``Telemetry``).
-    ``metrics_group``: the group of the ``logs`` metrics."""
+    ``config``: the job's ``TrainingTelemetryConfig``, used as is; else it is derived from the Trainer's arguments
+    and the first batch at each ``train()``, with ``overrides`` on top (config fields, with or without ``_or_fn``:
+    ``flops_per_sample=6 * n_params * seq``, ``perf_tag="gpt2-small"``...). ``telemetry``/``recorder``: where to
+    record (default: the recorder of the default ``Telemetry``, which ``training.application()`` and the other
+    module-level context managers also use). ``metrics_group``: the group of the ``logs`` metrics."""
 
     def __init__(
         self,
         config: TrainingTelemetryConfig | None = None,
         *,
-        flops_per_sample: float | None = None,
         telemetry: Telemetry | None = None,
         recorder: TrainingRecorder | None = None,
         metrics_group: str = "hf",
+        **overrides: Any,
     ) -> None:
         if config is not None and not isinstance(config, TrainingTelemetryConfig):
             raise TypeError(f"config must be a TrainingTelemetryConfig, got {type(config).__name__}")
-        if flops_per_sample is not None and (isinstance(flops_per_sample, bool)
-                                             or not isinstance(flops_per_sample, (int, float))
-                                             or not 0 < flops_per_sample < float("inf")):
-            raise ValueError(f"flops_per_sample must be a number > 0, got {flops_per_sample!r}")
         if telemetry is not None and not isinstance(telemetry, Telemetry):
             raise TypeError(f"telemetry must be a Telemetry, got {type(telemetry).__name__}")
         if recorder is not None and not isinstance(recorder, TrainingRecorder):
             raise TypeError(f"recorder must be a TrainingRecorder, got {type(recorder).__name__}")
+        if recorder is not None and telemetry is not None and recorder.telemetry is not telemetry:
+            raise ValueError("recorder and telemetry disagree: the recorder writes to another Telemetry")
         if not isinstance(metrics_group, str) or not metrics_group:
             raise TypeError(f"metrics_group must be a non-empty str, got {metrics_group!r}")
+        if config is not None and overrides:
+            raise ValueError("give either config or field overrides, not both")
+        self._overrides = {_field(k): v for k, v in overrides.items()}
+        if self._overrides:  # validated now, not at the first train()
+            TrainingTelemetryConfig(**{"global_batch_size_or_fn": 1, **self._overrides})
         self.recorder = recorder if recorder is not None else get_recorder(telemetry)
         self.telemetry = self.recorder.telemetry
         self.config = config
-        self.flops_per_sample = flops_per_sample
         self.metrics_group = metrics_group
-        self.errors = 0  # failures inside the hooks (each also an error event)
+        self.failures = 0  # exceptions inside this callback's hooks (each also an error event; training goes on)
         self.micro_batches = 0  # micro-batches of the current (or last) train() call
         self.seq_length: int | None = None  # from the first batch's input_ids
         self.micro_batch_size: int | None = None
         self._app: Span | None = None  # the application span this callback opened
         self._loop: Span | None = None
-        self._iteration: Span | None = None
         self._optimizer: Span | None = None
         self._guards = 0
         self._origin_ns = 0  # a known start of what precedes on_train_begin: the guard's entry, or on_init_end
@@ -124,12 +138,14 @@ class TelemetrainHFCallback(TrainerCallback):
         self._hook: Any = None  # the forward pre-hook handle reading the first batch's shape
         self._derived: TrainingTelemetryConfig | None = None  # the config derived at the last train()
         self._config_pending = False  # the derived config, with the first batch's shape, is to be set
+        self._save_due = -1  # the global step of a save the Trainer is to make next (-1: none)
+        self._eval_due = False  # an evaluation is to come before it
 
     # -- containment -----------------------------------------------------------------------------------------------
 
     def _failed(self, hook: str, exc: BaseException) -> None:
-        self.errors += 1
-        if self.errors == 1:
+        self.failures += 1
+        if self.failures == 1:
             warn_safely(f"telemetrain.integrations.hf: {hook} failed: {describe(exc)} (recorded as an error event; "
                         "later ones are not warned about)", stacklevel=3)
         try:
@@ -185,30 +201,36 @@ class TelemetrainHFCallback(TrainerCallback):
             self._app = self.recorder.on_app_start(self._ms(self._origin_ns))
 
     def _derive(self, args: TrainingArguments, state: TrainerState) -> TrainingTelemetryConfig:
-        per_device = int(state.train_batch_size or args.train_batch_size)
+        per_device = int(state.train_batch_size or args.train_batch_size)  # (x GPUs of a DataParallel)
         world = max(int(args.world_size), 1)
-        return TrainingTelemetryConfig(
-            global_batch_size_or_fn=per_device * max(int(args.gradient_accumulation_steps), 1) * world,
-            micro_batch_size_or_fn=self.micro_batch_size,
-            seq_length_or_fn=self.seq_length,
-            flops_per_sample_or_fn=self.flops_per_sample,
-            train_iterations_target_or_fn=state.max_steps or None,
-            log_every_n_train_iterations=max(int(state.logging_steps or 50), 1),
-            world_size_or_fn=world,
-        )
+        fields: dict[str, Any] = {
+            "global_batch_size_or_fn": per_device * max(int(args.gradient_accumulation_steps), 1) * world,
+            "micro_batch_size_or_fn": self.micro_batch_size,
+            "seq_length_or_fn": self.seq_length,
+            "train_iterations_target_or_fn": state.max_steps or None,
+            "log_every_n_train_iterations": max(int(state.logging_steps or 50), 1),
+            "world_size_or_fn": world,
+        }
+        return TrainingTelemetryConfig(**{**fields, **self._overrides})
 
     def _set_batch_shape(self) -> None:
         """The derived config again, with the micro-batch size and sequence length of the first batch (one-logger's
         late config: a second ``update_training_telemetry_config``)."""
         derived = self._derived
         if derived is not None and self.recorder.config is derived:
-            self._derived = dataclasses.replace(derived, micro_batch_size_or_fn=self.micro_batch_size,
-                                                seq_length_or_fn=self.seq_length)
-            self.recorder.set_training_telemetry_config(self._derived)
+            shape: dict[str, Any] = {"micro_batch_size_or_fn": self.micro_batch_size,
+                                     "seq_length_or_fn": self.seq_length}
+            for name in self._overrides:
+                shape.pop(name, None)
+            if shape:
+                self._derived = dataclasses.replace(derived, **shape)
+                self.recorder.set_training_telemetry_config(self._derived)
 
     def _read_batch(self, module: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
         """The model's forward pre-hook, for one batch: its ``input_ids`` shape is the micro-batch and the sequence
-        length (padded)."""
+        length (padded). An evaluation batch (the model in eval mode: ``eval_on_start``) is passed over."""
+        if not getattr(module, "training", True):
+            return
         try:
             ids = kwargs.get("input_ids")
             if ids is None and args:
@@ -244,9 +266,10 @@ class TelemetrainHFCallback(TrainerCallback):
             self._remove_hook()
             self._flush_eval(S.VALIDATION_LOOP)  # (none: every evaluation ends with on_evaluate)
             if self._loop is not None and not self._loop.ended:
-                self.telemetry.metric("micro_batches", self.micro_batches, self.metrics_group, step=state.global_step)
+                self._loop.set_attribute("micro_batches", self.micro_batches)
                 self.recorder.on_train_end()
             self._loop = None
+            self._save_due, self._eval_due = -1, False
             if self._guards == 0:
                 self._end_app()
             self._boundary_ns = 0
@@ -265,7 +288,7 @@ class TelemetrainHFCallback(TrainerCallback):
     def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                       **kwargs: Any) -> None:
         try:
-            self._iteration = self.recorder.on_training_single_iteration_start()
+            self.recorder.on_training_single_iteration_start()
         except Exception as exc:  # noqa: BLE001
             self._failed("on_step_begin", exc)
 
@@ -295,19 +318,25 @@ class TelemetrainHFCallback(TrainerCallback):
                     **kwargs: Any) -> None:
         self.micro_batches += 1
         try:
-            self._iteration = None
             self.recorder.on_training_single_iteration_end()
             if self._config_pending:
                 self._config_pending = False
                 self._set_batch_shape()
         except Exception as exc:  # noqa: BLE001
             self._failed("on_step_end", exc)
-        self._boundary_ns = self._last_hook_ns = _mono()
+        self._due(state, control)
 
     def on_epoch_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      **kwargs: Any) -> None:
         if self._loop is not None:
-            self._boundary_ns = self._last_hook_ns = _mono()
+            self._due(state, control)
+
+    def _due(self, state: TrainerState, control: TrainerControl) -> None:
+        """After a step or an epoch the Trainer logs, evaluates and saves, as ``control`` says (the default flow
+        callback, ahead of this one, has set it): what a failure before ``on_save`` leaves unsaved."""
+        self._save_due = state.global_step if control.should_save else -1
+        self._eval_due = control.should_evaluate
+        self._boundary_ns = self._last_hook_ns = _mono()
 
     # -- logs ------------------------------------------------------------------------------------------------------
 
@@ -343,6 +372,7 @@ class TelemetrainHFCallback(TrainerCallback):
 
     def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     metrics: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        self._eval_due = False
         try:
             self._flush_eval(S.VALIDATION_LOOP, force=True)
         except Exception as exc:  # noqa: BLE001
@@ -387,6 +417,7 @@ class TelemetrainHFCallback(TrainerCallback):
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                 **kwargs: Any) -> None:
         now = _mono()
+        self._save_due = -1
         try:
             step = state.global_step
             found = _checkpoint_dir(args, step)
@@ -446,9 +477,17 @@ class TelemetrainHFCallback(TrainerCallback):
             it.end("error", error, end_ns=finish_ns or None)
         if self._eval_ends or self._eval_start_ns or self._eval_untimed:
             self._flush_eval(S.VALIDATION_LOOP, error=error, finish_ns=finish_ns)
+        elif self._save_due >= 0 and not self._eval_due and self._boundary_ns:
+            # the failure came after the last hook before a save, with no evaluation due: in the save
+            s = recorder.on_save_checkpoint_start(self._save_due, self._ms(self._boundary_ns))
+            if s is not None:
+                s.set_status("error", error)
+            recorder.on_save_checkpoint_end(self._ms(finish_ns))  # (no success: the recorder reports it failed)
+        self._save_due, self._eval_due = -1, False
         loop, self._loop = self._loop, None
         if loop is not None and not loop.ended:
             loop.set_status("error", error)
+            loop.set_attribute("micro_batches", self.micro_batches)
             recorder.on_train_end(self._ms(finish_ns))
         self._boundary_ns = 0
         self._end_app("error", error, finish_ns)
