@@ -8,6 +8,7 @@ problem -- a slow phase, a slow rank, a 15% regression -- is known exactly while
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import random
@@ -22,7 +23,7 @@ import pytest
 
 import telemetrain.spans as spans_module
 from telemetrain import Telemetry, cli, identity_from_env
-from telemetrain.analysis import PerfTagMismatch, bootstrap_ratio, compare_runs, run_samples
+from telemetrain.analysis import PerfTagMismatch, bootstrap_ratio, commands, compare_runs, run_samples
 from telemetrain.analysis.compare import IMPROVEMENT, NO_CHANGE, REGRESSION, decide
 from telemetrain.analysis.compare_html import comparison_html
 from telemetrain.analysis.tail import FileFollower, TailState
@@ -250,10 +251,12 @@ def test_cli_names_each_regression_and_writes_html(store: dict[str, Path], tmp_p
     assert len(blocks) == 4
     regressed, slow_phase, slow_rank = blocks[1:]
     assert regressed.startswith("regressed") and "REGRESSION" in regressed
-    assert "regression(s): iteration time +1" in regressed and "95% CI" in regressed
+    assert "regression(s):\n    iteration time +1" in regressed and "95% CI" in regressed
     assert "forward phase +4" in slow_phase.split("regression(s):")[1]
     assert "rank 1 iteration time +" in slow_rank.split("regression(s):")[1]
     assert "rank 0 iteration time" not in slow_rank.split("regression(s):")[1]
+    assert "slower ranks: rank 1 +" in slow_rank and "(the other 1 rank(s): no regression)" in slow_rank
+    assert "slower phases, by time added per iteration: forward +" in slow_phase
     text = page.read_text()
     assert text.startswith("<!DOCTYPE html>") and "http" not in text.replace("http-equiv", "")
     assert "forward phase" in text and "regression" in text
@@ -323,6 +326,41 @@ def test_html_renders_in_chromium(store: dict[str, Path], tmp_path: Path) -> Non
     assert dom.count("<table>") == 2, proc.stderr[-2000:]
     assert dom.count("<tr class=\"regression\">") >= 2 + 4 + 2  # everything slowed in the regressed run
     assert "regressed: 8 regression(s)" in dom and "clean1: no regression" in dom
+
+
+class Terminal(io.StringIO):
+    """stderr as a terminal (rich draws on anything that says it is one)."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_long_loads_show_progress_on_a_terminal(store: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(commands, "_PROGRESS_FROM_BYTES", 0)  # every load counts as long
+    err, out = Terminal(), io.StringIO()
+    args = cli.build_parser().parse_args(["compare", str(store["clean1"]), "--baseline", str(store["base"])])
+    assert args.run(args, out, err) == 0
+    assert "loading runs" in err.getvalue() and "no significant change" in out.getvalue()
+    err = Terminal()
+    args = cli.build_parser().parse_args(["goodput", str(store["base"])])
+    assert args.run(args, out, err) == 0
+    assert "reading the session" in err.getvalue()
+    quiet = io.StringIO()  # not a terminal: nothing drawn
+    args = cli.build_parser().parse_args(["compare", str(store["clean1"]), "--baseline", str(store["base"])])
+    assert args.run(args, out, quiet) == 0 and quiet.getvalue() == ""
+
+
+def test_bench_compare_quick(tmp_path: Path) -> None:
+    """bench/bench_compare.py runs end to end (small) and writes its table and JSON (timings are not asserted)."""
+    script = Path(__file__).resolve().parents[1] / "bench" / "bench_compare.py"
+    out_json = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, str(script), "--ranks", "2", "--iterations", "1000", "--repeats", "1",
+                           "--json", str(out_json)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "telemetrain compare --json" in proc.stdout
+    data = json.loads(out_json.read_text())
+    assert data["windows"] == 2 * 2 * 19 and len(data["results"]) == 3
+    assert all(math.isfinite(r["median_s"]) and r["median_s"] > 0 for r in data["results"])
 
 
 # -- errors ------------------------------------------------------------------------------------------------------------

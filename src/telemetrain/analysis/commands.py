@@ -20,7 +20,7 @@ from .compare import (
     PerfTagMismatch,
     compare_runs,
 )
-from .samples import RunSamples, load_run, open_run_meta, run_bytes, run_samples
+from .samples import RunSamples, open_run_meta, read_samples, run_bytes
 
 __all__ = ["register"]
 
@@ -118,11 +118,15 @@ def register(sub: Any) -> None:
 # -- compare -----------------------------------------------------------------------------------------------------------
 
 
+def _is_terminal(stream: TextIO) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
 @contextlib.contextmanager
 def _progress(err: TextIO, total: int) -> Iterator[Any]:
     """A byte progress bar on ``err`` while runs load, when it is a terminal and rich is there; else nothing."""
-    isatty = getattr(err, "isatty", None)
-    if not (isatty and isatty()) or total < _PROGRESS_FROM_BYTES:
+    if not _is_terminal(err) or total < _PROGRESS_FROM_BYTES:
         yield None
         return
     try:
@@ -135,6 +139,21 @@ def _progress(err: TextIO, total: int) -> Iterator[Any]:
     columns = (TextColumn("loading runs"), BarColumn(), DownloadColumn(), TimeRemainingColumn())
     with Progress(*columns, console=Console(file=err), transient=True) as progress:
         yield progress, progress.add_task("load", total=total)
+
+
+@contextlib.contextmanager
+def _spinner(err: TextIO, total: int, what: str) -> Iterator[None]:
+    """A spinner on ``err`` during a long read that reports no progress (goodput reads whole runs)."""
+    if not _is_terminal(err) or total < _PROGRESS_FROM_BYTES:
+        yield
+        return
+    try:
+        from rich.console import Console
+    except ImportError:
+        yield
+        return
+    with Console(file=err).status(f"{what} ({total / 2**20:.0f} MiB)"):
+        yield
 
 
 def _load_all(paths: Sequence[Path], err: TextIO) -> list[RunSamples]:
@@ -150,7 +169,7 @@ def _load_all(paths: Sequence[Path], err: TextIO) -> list[RunSamples]:
                     progress.advance(task, size)
 
             try:
-                loaded.append(run_samples(load_run(path, on_file)))
+                loaded.append(read_samples(path, on_file))
             except (OSError, NotARunError) as exc:
                 raise CLIError(str(exc)) from None
     return loaded
@@ -244,8 +263,9 @@ def _cmd_goodput(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
     session = _session_of(args.session_dir)
     try:
-        report = goodput(session, rank=args.rank)
-        by_rank = goodput_by_rank(session) if args.by_rank else None
+        with _spinner(err, sum(run_bytes(run) for run in find_runs(session)), "reading the session"):
+            report = goodput(session, rank=args.rank)
+            by_rank = goodput_by_rank(session) if args.by_rank else None
     except (OSError, ValueError) as exc:  # an empty session, several sessions, a rank without records
         raise CLIError(str(exc)) from None
     if args.json:

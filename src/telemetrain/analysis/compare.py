@@ -45,7 +45,7 @@ DEFAULT_CONFIDENCE = 0.95
 # placement, data order), which a within-run interval cannot see; larger ones are worth a look.
 DEFAULT_MIN_EFFECT = 0.03
 DEFAULT_RESAMPLES = 2000
-MAX_UNITS = 400
+MAX_UNITS = 200
 MIN_WINDOWS = 2  # per side: fewer and there is nothing to resample
 
 REGRESSION = "regression"

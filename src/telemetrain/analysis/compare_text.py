@@ -35,8 +35,24 @@ def format_interval(m: MetricComparison) -> str:
 
 def describe(m: MetricComparison, confidence: float) -> str:
     """One line naming a metric's change, its size and confidence: ``iteration time +15.0% (95% CI +14.2%..+15.9%)``."""
-    return (f"{m.label} {format_change(m.ratio)} ({confidence:.0%} CI {format_change(m.ci_low)}.."
-            f"{format_change(m.ci_high)}, {m.candidate_windows} vs {m.baseline_windows} windows)")
+    interval = f"{format_change(m.ci_low)}..{format_change(m.ci_high)}"
+    return f"{m.label} {format_change(m.ratio)} ({confidence:.0%} CI {interval})"
+
+
+def _where(c: CandidateComparison) -> list[str]:
+    """Where the time went: the regressed phases by the time they added, and which ranks regressed when not all."""
+    lines = []
+    phases = sorted((m for m in c.regressions if m.scope == "phase"),
+                    key=lambda m: m.candidate_median - m.baseline_median, reverse=True)
+    if phases:
+        lines.append("  slower phases, by time added per iteration: " + ", ".join(
+            f"{m.metric} +{format_quantity(m.candidate_median - m.baseline_median, m.unit)}" for m in phases))
+    ranks = [m for m in c.metrics if m.scope == "rank"]
+    slow = [m for m in ranks if m.verdict == REGRESSION]
+    if slow and len(slow) < len(ranks):
+        lines.append("  slower ranks: " + ", ".join(f"rank {m.rank} {format_change(m.ratio)}" for m in slow)
+                     + f" (the other {len(ranks) - len(slow)} rank(s): no regression)")
+    return lines
 
 
 def _run_line(role: str, ref: RunRef) -> str:
@@ -67,12 +83,11 @@ def _candidate_lines(c: CandidateComparison, comparison: Comparison) -> list[str
                      format_change(m.ratio), format_interval(m), verdict))
     lines += _table(rows)
     regressions, improvements = c.regressions, c.improvements
-    if regressions:
-        lines.append(f"  {len(regressions)} regression(s): "
-                     + "; ".join(describe(m, comparison.confidence) for m in regressions))
-    if improvements:
-        lines.append(f"  {len(improvements)} improvement(s): "
-                     + "; ".join(describe(m, comparison.confidence) for m in improvements))
+    for what, found in (("regression(s)", regressions), ("improvement(s)", improvements)):
+        if found:
+            lines.append(f"  {len(found)} {what}:")
+            lines += [f"    {describe(m, comparison.confidence)}" for m in found]
+    lines += _where(c)
     if not regressions and not improvements:
         lines.append(f"  no significant change (none beyond +/-{comparison.min_effect:.0%} with "
                      f"{comparison.confidence:.0%} confidence)")

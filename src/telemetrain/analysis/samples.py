@@ -13,19 +13,23 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..store.layout import is_agent_file, is_process_file
-from ..store.reader import NotARunError, ProcessLog, Run, open_run, read_process_file
+from ..identity import Identity
+from ..store.codec import decode_line
+from ..store.layout import RUN_META, is_agent_file, is_process_file
+from ..store.reader import NotARunError, Run, _fallback_identity, open_run
 
-__all__ = ["PHASES", "RunSamples", "Window", "load_run", "run_samples"]
+__all__ = ["PHASES", "RunSamples", "Window", "read_samples", "run_samples"]
 
 PHASES = ("dataloader", "forward", "backward", "optimizer")
 _UPDATE = "training_metrics_update"
 _ITERATION_SPAN = "training_single_iteration"
+_UPDATE_BYTES = b'"name":"training_metrics_update"'
+_ITERATION_BYTES = b'"name":"training_single_iteration"'
 
 
 @dataclass(frozen=True)
@@ -102,83 +106,132 @@ def _finite(value: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def load_run(path: str | Path, on_file: Callable[[int], None] | None = None) -> Run:
-    """``open_run``, calling ``on_file(bytes)`` after each process file is read (for a progress bar)."""
-    if on_file is None:
-        return open_run(path)
-    p = Path(path)
-    if not p.is_dir():
-        return open_run(p)  # its error
-    files = sorted(f for f in p.iterdir() if f.is_file() and is_process_file(f.name))
-    if not files:
-        return open_run(p)  # an empty run (run.json only), or its error
-    meta = open_run_meta(p)
-    logs: list[ProcessLog] = []
-    for f in files:
-        logs.append(read_process_file(f, meta))
-        on_file(f.stat().st_size)
-    logs.sort(key=lambda pl: (pl.rank, pl.pid))
-    agents = [log for log in logs if is_agent_file(log.path.name)]
-    return Run(p, meta, [log for log in logs if not is_agent_file(log.path.name)], agents)
-
-
 def open_run_meta(path: Path) -> dict[str, Any]:
     """``run.json`` of a run directory (empty if missing or unreadable)."""
     try:
-        meta = json.loads((path / "run.json").read_text())
+        meta = json.loads((path / RUN_META).read_text())
     except (OSError, ValueError):
         return {}
     return meta if isinstance(meta, dict) else {}
 
 
+def _worker_files(path: Path) -> list[Path]:
+    return sorted(f for f in path.iterdir() if f.is_file() and is_process_file(f.name) and not is_agent_file(f.name))
+
+
 def run_bytes(path: str | Path) -> int:
     """Total size of a run's process files (the work a load does)."""
-    p = Path(path)
     try:
-        return sum(f.stat().st_size for f in p.iterdir() if f.is_file() and is_process_file(f.name))
+        return sum(f.stat().st_size for f in _worker_files(Path(path)))
     except OSError:
         return 0
 
 
-def run_samples(run: Run | str | Path) -> RunSamples:
-    """The steady-state windows and sampled iteration spans of a run (a ``Run`` or its directory)."""
-    if not isinstance(run, Run):
-        run = open_run(run)
-    windows: list[Window] = []
-    skipped = 0
-    spans: dict[int, list[float]] = {}
-    for process in run.processes:
-        seen_loop_start: set[int] = set()
-        for r in process.records:
-            if r.kind == "span_end" and r.name == _ITERATION_SPAN and r.group == "training" and r.status == "ok":
-                spans.setdefault(process.rank, []).append(r.duration_ns / 1e9)
+class _Collector:
+    """Windows and iteration spans, fed one process's records at a time."""
+
+    def __init__(self) -> None:
+        self.windows: list[Window] = []
+        self.skipped = 0
+        self.spans: dict[int, list[float]] = {}
+        self.perf_tag = ""
+
+    def feed(self, records: Iterable[Any]) -> None:
+        loops_seen: set[tuple[int, int]] = set()
+        for r in records:
+            ident = r.identity
+            self.perf_tag = self.perf_tag or ident.perf_tag
+            if r.kind == "span_end":
+                if r.name == _ITERATION_SPAN and r.group == "training" and r.status == "ok":
+                    self.spans.setdefault(ident.rank, []).append(r.duration_ns / 1e9)
                 continue
             if r.kind != "event" or r.name != _UPDATE or r.group != "training":
                 continue
             a = r.attributes or {}
-            window = _window_of(process.rank, process.pid, a)
             # the first report of each training loop (told apart by the iteration it started at) holds the warm-up
             loop_start = a.get("train_iterations_start")
-            key = loop_start if isinstance(loop_start, int) else -1
-            first_of_loop = key not in seen_loop_start
-            seen_loop_start.add(key)
+            key = (ident.pid, loop_start if isinstance(loop_start, int) else -1)
+            first_of_loop = key not in loops_seen
+            loops_seen.add(key)
+            window = _window_of(ident.rank, ident.pid, a)
             if window is None or first_of_loop:
-                skipped += 1
-                continue
-            windows.append(window)
+                self.skipped += 1
+            else:
+                self.windows.append(window)
+
+    def result(self, path: Path, meta: Mapping[str, Any]) -> RunSamples:
+        created = meta.get("created_wall_ns")
+        return RunSamples(
+            path=path,
+            run_id=str(meta.get("run_id") or path.name),
+            session_tag=str(meta.get("session_tag") or path.parent.name),
+            perf_tag=str(meta.get("perf_tag") or self.perf_tag),
+            created_wall_ns=created if isinstance(created, int) else 0,
+            windows=self.windows,
+            skipped_windows=self.skipped,
+            iteration_spans=self.spans,
+        )
+
+
+def _wanted_lines(path: Path, meta: dict[str, Any]) -> Iterator[Any]:
+    """The records of one process file that the comparison reads, decoding no other line: the reports and the
+    iteration spans' ends are a few percent of a file. A last line without its newline (a crash, a run still being
+    written) and lines that do not decode are skipped, as the reader does."""
+    with open(path, "rb") as fh:
+        lines = fh.read().split(b"\n")
+    lines.pop()  # b"" after the final newline, else a torn line
+    identity: Identity | None = None
+    for raw in lines:
+        if identity is None or b'"process"' in raw[:40]:
+            try:
+                obj = json.loads(raw)
+                if isinstance(obj, dict) and obj.get("kind") == "process":
+                    identity = Identity.from_dict(obj["identity"])
+                    continue
+            except (ValueError, KeyError, TypeError):
+                pass
+        if _UPDATE_BYTES not in raw and not (_ITERATION_BYTES in raw and b'"span_end"' in raw[:40]):
+            continue
+        if identity is None:
+            identity = _fallback_identity(path, meta)
+        try:
+            rec = decode_line(raw, identity)
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+            continue
+        if not isinstance(rec, dict):
+            yield rec
+
+
+def read_samples(path: str | Path, on_file: Callable[[int], None] | None = None) -> RunSamples:
+    """The samples of the run directory ``path``, read straight from its files (faster than loading the whole run);
+    ``on_file(bytes)`` is called after each file (for a progress bar). Raises ``FileNotFoundError`` and
+    ``NotARunError`` as ``open_run`` does."""
+    p = Path(path)
+    if not p.is_dir():
+        open_run(p)  # raises its error: missing, or a file
+    files = _worker_files(p)
+    meta = open_run_meta(p)
+    if not files:
+        open_run(p)  # not a run: raises, naming what was expected
+        raise NotARunError(f"{p} holds no process files (rank-<R>.<pid>.jsonl)")
+    collector = _Collector()
+    for f in files:
+        collector.feed(_wanted_lines(f, meta))
+        if on_file is not None:
+            on_file(f.stat().st_size)
+    return collector.result(p, meta)
+
+
+def run_samples(run: Run | str | Path) -> RunSamples:
+    """The steady-state windows and sampled iteration spans of a run (a loaded ``Run``, or its directory)."""
+    if not isinstance(run, Run):
+        return read_samples(run)
     if not run.processes:
         raise NotARunError(f"{run.path} holds no process files")
-    created = run.meta.get("created_wall_ns")
-    return RunSamples(
-        path=run.path,
-        run_id=run.run_id,
-        session_tag=run.session_tag,
-        perf_tag=run.perf_tag,
-        created_wall_ns=created if isinstance(created, int) else 0,
-        windows=windows,
-        skipped_windows=skipped,
-        iteration_spans=spans,
-    )
+    collector = _Collector()
+    for process in run.processes:
+        collector.feed(process.records)
+    return collector.result(run.path, run.meta)
 
 
 def _window_of(rank: int, pid: int, a: Mapping[str, Any]) -> Window | None:
