@@ -41,8 +41,8 @@ h2{font-size:17px;margin:6px 0 10px}h3{font-size:14px;margin:14px 0 6px;color:#3
 table{border-collapse:collapse;font-size:12px;margin:4px 0 8px}
 td,th{border-bottom:1px solid #eee;padding:3px 8px;text-align:left;vertical-align:top}
 th{background:#f1f3f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
-.cards{display:flex;flex-wrap:wrap;gap:10px}
-.card{border:1px solid #e2e5e9;border-radius:6px;padding:8px 12px;min-width:150px;max-width:260px}
+.cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(240px,1fr));gap:10px}
+.card{border:1px solid #e2e5e9;border-radius:6px;padding:8px 12px}
 .card .v{font-size:20px;font-weight:600}.card .l{font-size:12px;color:#555}.card .h{font-size:11px;color:#888}
 .finding{border-left:4px solid #999;padding:4px 10px;margin:6px 0;font-size:13px}
 .finding.error{border-color:#d62728;background:#fdf0f0}.finding.warning{border-color:#ff9f1c;background:#fff8ec}
@@ -315,9 +315,10 @@ def _system(m: ReportModel) -> str:
         return '<p class="note">No system samples (telemetrain.system sampler off, or psutil missing).</p>'
     out = []
     for title, unit, series in m.system:
-        out.append(f"<h3>{esc(title)}</h3>" + line_chart(title, [(s.label, s.points) for s in series], unit=unit,
-                                                         x_label="seconds since the run's start", height=180))
-    return "".join(out)
+        out.append(f"<div><h3>{esc(title)}</h3>" + line_chart(
+            title, [(s.label, s.points) for s in series], unit=unit, x_label="seconds since the run's start",
+            height=170, width=640) + "</div>")
+    return '<div class="cols">' + "".join(out) + "</div>"
 
 
 def _checkpoints(m: ReportModel) -> str:
@@ -425,13 +426,13 @@ def _records(m: ReportModel) -> str:
 SECTIONS = (
     ("headline", "Headline"),
     ("anomalies", "Anomalies"),
-    ("identity", "Run and config"),
-    ("phases", "Time by phase"),
     ("iterations", "Iteration time"),
     ("ranks", "Per-rank heatmap"),
+    ("phases", "Time by phase"),
     ("system", "System samples"),
     ("checkpoints", "Checkpoints and restarts"),
     ("events", "Events and errors"),
+    ("identity", "Run and config"),
     ("records", "Metrics and spans"),
 )
 

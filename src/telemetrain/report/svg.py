@@ -112,7 +112,7 @@ def line_chart(
     unit: str = "",
     x_label: str = "",
     x_fmt: Callable[[float], str] = _number,
-    width: int = 900,
+    width: int = 1280,
     height: int = 260,
     y_zero: bool = True,
 ) -> str:
@@ -187,7 +187,7 @@ def heatmap(
     columns: Sequence[tuple[float, float]],
     flags: Sequence[tuple[int, int, str]] = (),
     unit: str = "s",
-    width: int = 900,
+    width: int = 1280,
 ) -> str:
     """``cells[row][col]`` coloured by its ratio to ``typical``; ``columns[col]`` = (first, last) iteration of the
     column; ``flags`` (row, col, tooltip) draw a marker on a cell."""
@@ -240,7 +240,7 @@ def stacked_bars(
     rows: Sequence[tuple[str, Sequence[tuple[str, float]]]],
     *,
     unit: str = "s",
-    width: int = 900,
+    width: int = 1280,
     colours: dict[str, str] | None = None,
 ) -> str:
     """One horizontal bar per row, its segments (name, value) side by side, all bars on one scale."""
@@ -287,7 +287,7 @@ def timeline(
     *,
     markers: Sequence[tuple[int, float, str, str]] = (),
     x_label: str = "seconds since the start",
-    width: int = 900,
+    width: int = 1280,
 ) -> str:
     """Lanes (label, bars: (start, end, colour, tooltip)) on one time axis; markers (lane, x, colour, tooltip)."""
     xs = [v for _, bars in lanes for a, b, _, _ in bars for v in (a, b)] + [x for _, x, _, _ in markers]
