@@ -6,7 +6,8 @@ real ``TrainingRecorder``s at explicit times (``*_time_msec``; explicit monotoni
 training job would write it: a ``training_metrics_update`` event and its ``train.*`` metric records every 50
 iterations (2,000 windows per rank), the exported iteration spans (one in 50) with their sub-phases, a checkpoint
 save every 10,000 iterations, and a few straggler events. Rank ``r``'s iterations take ``100 + 2r`` ms; rank 5 is
-30% slower from iteration 40,000 on, so the heatmap and the findings have something to show.
+30% slower from iteration 40,000 on (``--quick``: the last rank, from 40% of the iterations), so the heatmap and
+the findings have something to show.
 
 Timed, each ``--repeats`` times (median and best; ``gc.collect()`` before each):
 
@@ -45,7 +46,7 @@ DISTS = ("telemetrain",)
 LIMIT_S = 10.0
 BASE_MS = 1_700_000_000_000
 PHASES_MS = (("data_loading", 0.10), ("model_forward", 0.30), ("model_backward", 0.45), ("optimizer_update", 0.10))
-SLOW_RANK, SLOW_FROM, SLOW_FACTOR = 5, 40_000, 1.3
+SLOW_FACTOR = 1.3  # rank min(5, ranks - 1) from 40% of the iterations on
 
 
 def write_run(root: Path, ranks: int, iterations: int, log_every: int) -> Path:
@@ -73,9 +74,10 @@ def write_run(root: Path, ranks: int, iterations: int, log_every: int) -> Path:
         r.on_model_init_end(BASE_MS + now)
         r.on_train_start(0, start_time_msec=BASE_MS + now)
         base = 100.0 + 2 * rank
+        slow_rank, slow_from = min(5, ranks - 1), int(0.4 * iterations)
         start_span = r.tracer.start
         for step in range(iterations):
-            duration = base * (SLOW_FACTOR if rank == SLOW_RANK and step >= SLOW_FROM else 1.0)
+            duration = base * (SLOW_FACTOR if rank == slow_rank and step >= slow_from else 1.0)
             r.on_training_single_iteration_start(BASE_MS + now)
             at = now
             for name, share in PHASES_MS:
@@ -89,8 +91,8 @@ def write_run(root: Path, ranks: int, iterations: int, log_every: int) -> Path:
                 r.on_save_checkpoint_success(step + 1, BASE_MS + now + 1500)
                 r.on_save_checkpoint_end(BASE_MS + now + 1500)
                 now += 1500.0
-            if rank == 0 and step % 5000 == 0 and step >= SLOW_FROM:
-                t.event("straggler", {"rank": SLOW_RANK, "host": "node-a", "phase": "iteration", "kind": "relative",
+            if rank == 0 and step % 5000 == 0 and step >= slow_from:
+                t.event("straggler", {"rank": slow_rank, "host": "node-a", "phase": "iteration", "kind": "relative",
                                       "score": SLOW_FACTOR, "threshold": 1.2, "step": step}, group="cross_rank")
         r.on_train_end(BASE_MS + now)
         r.on_app_end(BASE_MS + now + 100)

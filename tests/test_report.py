@@ -152,6 +152,12 @@ def _write_session(root: Path) -> tuple[Path, Path]:
     restarted = [Rank(root, "job.1", r, restart_count=1, now=60_000).start(resume_from=100) for r in range(WORLD)]
     for r in restarted:
         r.iterations(200).save().finish()
+    # the launcher's agent of the second attempt writes its own file into the run folder
+    agent = Telemetry(identity_from_env({}, run_id="job.1", session_tag=SESSION, role="agent", rank=0, group_rank=0,
+                                        world_size=WORLD, restart_count=1), store=root)
+    agent.event("torchelastic.worker.status.SUCCEEDED", {"group_world_size": 1, "state": "SUCCEEDED"},
+                group="torchelastic")
+    assert agent.close()
     return run0, root / SESSION / "job.1"
 
 
@@ -231,6 +237,15 @@ def test_the_restarted_run_shows_the_crash_the_restart_and_the_session_goodput(s
     assert [r.run_id for r in model.goodput.runs] == ["job.0", "job.1"]
     page = write_report(session[1], tmp_path / "r.html").read_text()
     assert "restarts and checkpoints" in page and "job.0" in page and "interrupted" in page
+
+
+def test_the_launcher_agents_events_are_shown_apart_from_the_ranks(session: tuple[Path, Path]) -> None:
+    model = build_model(open_run(session[1]))
+    assert model.ranks == list(range(WORLD)) and len(model.agents) == 1  # the agent is not a rank
+    [row] = [e for e in model.events if e.group == "torchelastic"]
+    assert (row.source, row.name) == (f"agent {model.agents[0].identity.host}",
+                                      "torchelastic.worker.status.SUCCEEDED")
+    assert not any(f.kind == "missing ranks" for f in model.findings)
 
 
 def test_headline_numbers_come_from_the_last_metrics_update(session: tuple[Path, Path]) -> None:
@@ -334,7 +349,7 @@ def test_cli_writes_the_report_and_prints_its_path(session: tuple[Path, Path], t
     captured = capsys.readouterr()
     assert f"wrote {out}" in captured.out and str(session[1]) in captured.out  # the newest run of the session
     assert "holds 2 runs" in captured.err
-    assert "reading rank-" in captured.err and "100%" in captured.err  # the bar, asked for
+    assert "\rreading agent-0." in captured.err and "100%" in captured.err  # the bar, asked for (first file first)
     assert out.read_text().startswith("<!DOCTYPE html>")
     assert not list(tmp_path.glob(".*.tmp"))
 
@@ -363,7 +378,7 @@ def test_write_report_default_path_and_progress(session: tuple[Path, Path], tmp_
     path = write_report(run_dir, progress=lambda what, done, total: calls.append((what, done, total)))
     assert path == run_dir / "report.html" and path.exists()
     reads = [c for c in calls if c[0].startswith("reading ")]
-    assert len(reads) == WORLD and [c[1] for c in reads] == sorted(c[1] for c in reads)
+    assert len(reads) == WORLD + 1 and [c[1] for c in reads] == sorted(c[1] for c in reads)  # the ranks and the agent
     assert calls[-1][0] == "written" and calls[-1][1] == calls[-1][2]
     assert load_run(run_dir, lambda *a: None).run_id == open_run(run_dir).run_id  # the report file is not a rank file
     with pytest.raises(FileNotFoundError):
