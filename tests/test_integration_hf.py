@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 import os
+import runpy
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -346,3 +348,15 @@ def test_bad_arguments_raise_naming_the_argument(telemetry: Telemetry, kwargs: d
                                                  error: type[Exception]) -> None:
     with pytest.raises(error, match=next(iter(kwargs))):
         hf.TelemetrainHFCallback(**kwargs)
+
+
+def test_the_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """examples/hf_trainer.py, run as a script in this process (torch and transformers are imported already)."""
+    example = Path(__file__).resolve().parents[1] / "examples" / "hf_trainer.py"
+    monkeypatch.setenv("TELEMETRAIN_DIR", str(tmp_path / "runs"))
+    monkeypatch.setattr(sys, "argv", [str(example), "--steps", "4"])
+    runpy.run_path(str(example), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "training_loop ok: 1" in out and "checkpoint_save_sync ok: 2" in out
+    assert "iterations (optimizer steps): 4, micro-batches: 8" in out
+    assert str(tmp_path / "runs") in out
