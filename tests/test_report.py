@@ -399,3 +399,47 @@ def test_a_run_without_training_still_reports(tmp_path: Path) -> None:
     assert model.goodput is None and "no training lifecycle" in model.goodput_error
     page = write_report(tmp_path / "s" / "plain", tmp_path / "p.html").read_text()
     assert "No iteration timing in this run." in page and "work" in page
+
+
+def test_without_metrics_windows_the_exported_iteration_spans_are_charted(tmp_path: Path) -> None:
+    identity = identity_from_env({}, run_id="spans", session_tag="s", rank=0, world_size=1)
+    t = Telemetry(identity, store=tmp_path)
+    tr = tracer(t)
+    for _ in range(3):
+        with tr.span("training_single_iteration", group="training"):
+            with tr.span("model_forward", group="training"):
+                pass
+    assert t.close()
+    model = build_model(open_run(tmp_path / "s" / "spans"))
+    assert not model.windows and len(model.iteration_spans[0]) == 3
+    assert set(model.phase_seconds[0]) == {"forward"}  # from the exported sub-phase spans
+    page = write_report(tmp_path / "s" / "spans", tmp_path / "p.html").read_text()
+    assert "the duration of the exported training_single_iteration spans" in page
+    assert page.count('class="chart line-chart"') == 1
+
+
+def test_odd_records_do_not_break_the_report(tmp_path: Path) -> None:
+    """Events with the right names and the wrong shapes (written by someone else), bools and NaN among metrics."""
+    identity = identity_from_env({}, run_id="odd", session_tag="s", rank=0, world_size=3)
+    t = Telemetry(identity, store=tmp_path)
+    t.event("training_metrics_update", {"current_iteration": "ten", "avg_iteration_time_sec": "fast"},
+            group="training")
+    t.event("training_metrics_update", {"current_iteration": 9, "avg_iteration_time_sec": math.nan,
+                                        "max_iteration_time_sec": math.inf, "avg_forward_time_sec": None},
+            group="training")
+    t.event("straggler", {"rank": "two", "score": "high"}, group="cross_rank")
+    t.event("straggler", {}, group="cross_rank")
+    t.event("save_checkpoint_success", {"productive_train_iterations": [1, 2]}, group="training")
+    t.metric("flag", True, "train")
+    t.metric("flag", False, "train")
+    t.metric("x", math.nan, "train")
+    t.metric("x", 2.0, "train")
+    t.metric("hw.power", math.nan, "system.gpu.0", unit="W")
+    assert t.close()
+    model = build_model(open_run(tmp_path / "s" / "odd"))
+    kinds = {f.kind for f in model.findings}
+    assert {"straggler", "nan/inf", "missing ranks"} <= kinds
+    assert model.metric_stats[("train", "flag")][:2] == [2, False]
+    assert model.metric_stats[("train", "x")][:4] == [2, 2.0, 2.0, 2.0]  # min and max of the finite values
+    page = write_report(tmp_path / "s" / "odd", tmp_path / "p.html").read_text()
+    assert "straggler: rank two" in page and "rank(s) 1..2 wrote nothing" in page

@@ -83,6 +83,8 @@ def _attrs(attributes: dict[str, Any] | None, limit: int = 240) -> _Raw:
 
 
 def _value(v: Any) -> str:
+    if v is None:
+        return "-"
     if isinstance(v, float):
         return f"{v:.6g}" if math.isfinite(v) else str(v)
     return str(v)

@@ -241,13 +241,13 @@ class _Collector:
                 key = (r.group, name)
                 st = metric_stats.get(key)
                 if st is None:
-                    metric_stats[key] = [1, value, value, value, r.unit]
-                elif type(value) is not bool:
-                    st[0] += 1
-                    st[1] = value
-                    if value < st[2]:
+                    metric_stats[key] = st = [0, value, None, None, r.unit]
+                st[0] += 1
+                st[1] = value
+                if type(value) is not bool and math.isfinite(value):  # min and max of the finite numbers
+                    if st[2] is None or value < st[2]:
                         st[2] = value
-                    if value > st[3]:
+                    if st[3] is None or value > st[3]:
                         st[3] = value
                 if name in _SYSTEM_NAMES and not isinstance(value, bool):
                     who = host if name.startswith("system.") else f"rank {rank}"
