@@ -26,7 +26,7 @@ from telemetrain import Telemetry, cli, identity_from_env
 from telemetrain.analysis import PerfTagMismatch, bootstrap_ratio, commands, compare_runs, run_samples
 from telemetrain.analysis.compare import IMPROVEMENT, NO_CHANGE, REGRESSION, decide
 from telemetrain.analysis.compare_html import comparison_html
-from telemetrain.analysis.tail import FileFollower, TailState
+from telemetrain.analysis.tail import FileFollower, TailState, run_tail
 from telemetrain.training import SpanName, TrainingRecorder, TrainingTelemetryConfig
 
 BASE_MS = 1_700_000_000_000
@@ -235,6 +235,22 @@ def test_windows_exclude_warmup_and_are_averaged_over_ranks(store: dict[str, Pat
         (samples.series("iteration_time", rank=0)[0] + samples.series("iteration_time", rank=1)[0]) / 2)
     assert 0.095 < samples.series("iteration_time")[5] < 0.106  # ~100 ms an iteration
     assert set(samples.iteration_spans) == {0, 1}  # one in 10 iterations exported
+
+
+def test_too_few_windows_is_said_not_guessed(tmp_path: Path, store: dict[str, Path]) -> None:
+    """A run without training reports, and one with a handful: insufficient data or a note, never a verdict from
+    nothing."""
+    identity = identity_from_env({}, run_id="no-training", session_tag="cmp", perf_tag="gpt-tiny", rank=0,
+                                 local_rank=0, world_size=1)
+    with Telemetry(identity, store=tmp_path) as t:
+        t.metric("loss", 0.5)
+    short = make_run(tmp_path, "short", seed=3, ranks=2, iterations=60)  # 6 reports a rank, 5 after warm-up
+    comparison = compare_runs([tmp_path / "cmp" / "no-training", short], store["base"])
+    empty, few = comparison.candidates
+    assert {m.verdict for m in empty.metrics} == {"insufficient data"} and empty.metrics[0].candidate_windows == 0
+    assert any("0 steady-state report window(s)" in n for n in empty.notes)
+    assert any("only 5 report windows; the interval is coarse" in n for n in few.notes)
+    assert not comparison.regressions
 
 
 # -- compare: the command ----------------------------------------------------------------------------------------------
@@ -537,6 +553,33 @@ def test_tail_once_follows_a_live_run(tmp_path: Path, capsys: pytest.CaptureFixt
     code, out, _ = run_cli("tail", "--once", str(tmp_path), capsys=capsys)  # a root: its newest run
     assert code == 0 and "live-tag  finished" in out and "data/slow_batch" in out and "batch=7" in out
     assert "0 errors, 1 warnings" in out
+
+
+def test_tail_refreshes_until_interrupted(tmp_path: Path) -> None:
+    """The live loop: between refreshes the job trains on; the view shows the new reports; Ctrl-C ends it with 0."""
+    sim = RankSim(tmp_path, "live", rank=0, world_size=1, perf_tag="p", session="s", log_every=10).start()
+    rng = random.Random(0)
+
+    def train(n: int) -> None:
+        for _ in range(n):
+            sim.iteration({p: noisy(rng, ms) for p, ms in PHASE_MS.items()})
+        sim.t.flush()
+
+    train(20)
+    refreshes = []
+
+    def sleep(seconds: float) -> None:  # the interval elapses: more training, then (the third time) Ctrl-C
+        refreshes.append(seconds)
+        if len(refreshes) == 3:
+            raise KeyboardInterrupt
+        train(20)
+
+    out = io.StringIO()
+    assert run_tail(tmp_path / "s" / "live", out, interval=0.5, once=False, sleep=sleep) == 0
+    assert refreshes == [0.5, 0.5, 0.5]
+    row = next(line for line in out.getvalue().splitlines()[::-1] if line.startswith("│    0 │"))
+    assert int(row.split("│")[2]) == 59  # the last frame: the report after 60 iterations
+    sim.finish()
 
 
 def test_tail_state_is_incremental(tmp_path: Path) -> None:

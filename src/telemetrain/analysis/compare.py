@@ -46,7 +46,8 @@ DEFAULT_CONFIDENCE = 0.95
 DEFAULT_MIN_EFFECT = 0.03
 DEFAULT_RESAMPLES = 2000
 MAX_UNITS = 200
-MIN_WINDOWS = 2  # per side: fewer and there is nothing to resample
+MIN_WINDOWS = 3  # per side: fewer and resampling tells nothing
+FEW_WINDOWS = 10  # below this, a percentile bootstrap of a median is coarse: said in a note
 
 REGRESSION = "regression"
 IMPROVEMENT = "improvement"
@@ -303,8 +304,14 @@ def compare_samples(candidate: RunSamples, baseline: RunSamples, *, confidence: 
         missing = sorted(set(candidate.ranks) ^ set(baseline.ranks))
         if missing:
             notes.append(f"ranks in only one of the runs, not compared per rank: {', '.join(map(str, missing))}")
-    if not candidate.windows:
-        notes.append(f"{candidate.path}: no steady-state training_metrics_update windows")
+    for role, run in (("candidate", candidate), ("baseline", baseline)):
+        n = len(run.series("iteration_time"))
+        if n < MIN_WINDOWS:
+            notes.append(f"{role} {run.run_id}: {n} steady-state report window(s) (training_metrics_update after the "
+                         f"first); at least {MIN_WINDOWS} are needed: a longer run or a smaller "
+                         "log_every_n_train_iterations")
+        elif n < FEW_WINDOWS:
+            notes.append(f"{role} {run.run_id}: only {n} report windows; the interval is coarse")
     return CandidateComparison(candidate=RunRef.of(candidate), metrics=tuple(metrics), notes=tuple(notes))
 
 

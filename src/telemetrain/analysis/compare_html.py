@@ -9,7 +9,7 @@ import html
 import math
 
 from .compare import IMPROVEMENT, REGRESSION, CandidateComparison, Comparison, MetricComparison, RunRef
-from .compare_text import format_change, format_interval, format_quantity
+from .compare_text import format_change, format_interval, format_quantity, where_lines
 
 __all__ = ["comparison_html"]
 
@@ -17,7 +17,7 @@ _CSS = """
 body { font: 14px/1.4 system-ui, sans-serif; margin: 2em; color: #222; }
 h1 { font-size: 1.4em; } h2 { font-size: 1.15em; margin-top: 2em; }
 table { border-collapse: collapse; margin: .5em 0; }
-th, td { padding: .25em .7em; border-bottom: 1px solid #ddd; text-align: right; }
+th, td { padding: .25em .7em; border-bottom: 1px solid #ddd; text-align: right; white-space: nowrap; }
 th:first-child, td:first-child, td.verdict { text-align: left; }
 tr.regression td.verdict { color: #b00020; font-weight: bold; }
 tr.improvement td.verdict { color: #1b7f3b; font-weight: bold; }
@@ -28,22 +28,27 @@ svg { vertical-align: middle; }
 """
 
 _BAR_W, _BAR_H = 180, 14
-_SPAN = 0.5  # the bar shows ratios from 1 - _SPAN to 1 + _SPAN
 
 
 def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-def _x(ratio: float) -> float:
-    clipped = min(max(ratio, 1 - _SPAN), 1 + _SPAN)
-    return (clipped - (1 - _SPAN)) / (2 * _SPAN) * _BAR_W
+def _span(c: CandidateComparison, min_effect: float) -> float:
+    """The bars of one table show ratios 1 +/- this: room for every interval and the band, at most +/-100%."""
+    reach = [abs(v - 1) for m in c.metrics for v in (m.ci_low, m.ci_high) if math.isfinite(v)]
+    return min(1.0, max(2 * min_effect, 0.05, 1.2 * max(reach, default=0.0)))
 
 
-def _ci_bar(m: MetricComparison, min_effect: float) -> str:
+def _ci_bar(m: MetricComparison, min_effect: float, span: float) -> str:
     """The interval against the +/- min_effect band around no change."""
     if not (math.isfinite(m.ci_low) and math.isfinite(m.ci_high)):
         return ""
+
+    def _x(ratio: float) -> float:
+        clipped = min(max(ratio, 1 - span), 1 + span)
+        return (clipped - (1 - span)) / (2 * span) * _BAR_W
+
     colour = {REGRESSION: "#b00020", IMPROVEMENT: "#1b7f3b"}.get(m.verdict, "#555")
     band_lo, band_hi = _x(1 - min_effect), _x(1 + min_effect)
     lo, hi, mid = _x(m.ci_low), _x(m.ci_high), _x(m.ratio)
@@ -67,6 +72,7 @@ def _run_block(role: str, ref: RunRef) -> str:
 
 def _candidate_section(c: CandidateComparison, comparison: Comparison) -> str:
     rows = []
+    span = _span(c, comparison.min_effect)
     for m in c.metrics:
         css = {REGRESSION: "regression", IMPROVEMENT: "improvement"}.get(m.verdict, "")
         if m.verdict == "insufficient data":
@@ -74,15 +80,16 @@ def _candidate_section(c: CandidateComparison, comparison: Comparison) -> str:
         rows.append(
             f"<tr class='{css}'><td>{_e(m.label)}</td><td>{_e(format_quantity(m.baseline_median, m.unit))}</td>"
             f"<td>{_e(format_quantity(m.candidate_median, m.unit))}</td><td>{_e(format_change(m.ratio))}</td>"
-            f"<td>{_e(format_interval(m))}</td><td>{_ci_bar(m, comparison.min_effect)}</td>"
+            f"<td>{_e(format_interval(m))}</td><td>{_ci_bar(m, comparison.min_effect, span)}</td>"
             f"<td class=verdict>{_e(m.verdict)}</td><td>{m.candidate_windows} / {m.baseline_windows}</td></tr>")
     regressions = c.regressions
     summary = (f"{len(regressions)} regression(s): " + ", ".join(_e(m.label) for m in regressions)
                if regressions else "no regression")
-    notes = "".join(f"<p class=note>note: {_e(n)}</p>" for n in c.notes)
+    notes = "".join(f"<p>{_e(line)}</p>" for line in where_lines(c))
+    notes += "".join(f"<p class=note>note: {_e(n)}</p>" for n in c.notes)
     return (f"<h2>{_e(c.candidate.run_id)}: {summary}</h2>{_run_block('candidate', c.candidate)}"
             f"<table><tr><th>metric</th><th>baseline median</th><th>candidate median</th><th>change</th>"
-            f"<th>{comparison.confidence:.0%} CI</th><th>CI vs &plusmn;{comparison.min_effect:.0%}</th>"
+            f"<th>{comparison.confidence:.0%} CI</th><th>CI, axis &plusmn;{span:.0%}</th>"
             f"<th>verdict</th><th>windows</th></tr>{''.join(rows)}</table>{notes}")
 
 

@@ -39,18 +39,18 @@ def describe(m: MetricComparison, confidence: float) -> str:
     return f"{m.label} {format_change(m.ratio)} ({confidence:.0%} CI {interval})"
 
 
-def _where(c: CandidateComparison) -> list[str]:
+def where_lines(c: CandidateComparison) -> list[str]:
     """Where the time went: the regressed phases by the time they added, and which ranks regressed when not all."""
     lines = []
     phases = sorted((m for m in c.regressions if m.scope == "phase"),
                     key=lambda m: m.candidate_median - m.baseline_median, reverse=True)
     if phases:
-        lines.append("  slower phases, by time added per iteration: " + ", ".join(
+        lines.append("slower phases, by time added per iteration: " + ", ".join(
             f"{m.metric} +{format_quantity(m.candidate_median - m.baseline_median, m.unit)}" for m in phases))
     ranks = [m for m in c.metrics if m.scope == "rank"]
     slow = [m for m in ranks if m.verdict == REGRESSION]
     if slow and len(slow) < len(ranks):
-        lines.append("  slower ranks: " + ", ".join(f"rank {m.rank} {format_change(m.ratio)}" for m in slow)
+        lines.append("slower ranks: " + ", ".join(f"rank {m.rank} {format_change(m.ratio)}" for m in slow)
                      + f" (the other {len(ranks) - len(slow)} rank(s): no regression)")
     return lines
 
@@ -87,7 +87,7 @@ def _candidate_lines(c: CandidateComparison, comparison: Comparison) -> list[str
         if found:
             lines.append(f"  {len(found)} {what}:")
             lines += [f"    {describe(m, comparison.confidence)}" for m in found]
-    lines += _where(c)
+    lines += [f"  {line}" for line in where_lines(c)]
     if not regressions and not improvements:
         lines.append(f"  no significant change (none beyond +/-{comparison.min_effect:.0%} with "
                      f"{comparison.confidence:.0%} confidence)")
