@@ -69,14 +69,14 @@ def register(sub: Any) -> None:
     which.add_argument("--perf-tag", metavar="TAG", help="baseline: the newest other run with this perf_tag")
     compare.add_argument("--root", metavar="DIR", help="where --perf-tag looks for the baseline")
     compare.add_argument("--force", action="store_true", help="compare even if the perf_tags differ")
-    compare.add_argument("--confidence", type=_fraction, default=DEFAULT_CONFIDENCE,
+    compare.add_argument("--confidence", type=_fraction, default=DEFAULT_CONFIDENCE, metavar="LEVEL",
                          help="confidence level of the interval (default: %(default)s)")
-    compare.add_argument("--min-effect", type=_fraction, default=DEFAULT_MIN_EFFECT,
+    compare.add_argument("--min-effect", type=_fraction, default=DEFAULT_MIN_EFFECT, metavar="FRACTION",
                          help="smallest relative change reported as significant, e.g. 0.03 or 3%% (default: "
                          "%(default)s)")
-    compare.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES,
+    compare.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES, metavar="N",
                          help="bootstrap resamples (default: %(default)s)")
-    compare.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: %(default)s)")
+    compare.add_argument("--seed", type=int, default=0, metavar="N", help="bootstrap seed (default: %(default)s)")
     compare.add_argument("--html", metavar="FILE", help="also write the comparison as a self-contained HTML page")
     compare.add_argument("--json", action="store_true", help="print the comparison as JSON instead of a table")
     compare.add_argument("--fail-on-regression", action="store_true",
@@ -94,7 +94,7 @@ def register(sub: Any) -> None:
         ),
     )
     goodput.add_argument("session_dir", metavar="SESSION_DIR", help="a session directory (or one of its runs)")
-    goodput.add_argument("--rank", type=int, default=0, help="whose timeline (default: %(default)s)")
+    goodput.add_argument("--rank", type=int, default=0, metavar="R", help="whose timeline (default: %(default)s)")
     goodput.add_argument("--by-rank", action="store_true", help="also one row per rank's view")
     goodput.add_argument("--json", action="store_true", help="print the report as JSON")
     goodput.set_defaults(run=_cmd_goodput)
@@ -109,7 +109,7 @@ def register(sub: Any) -> None:
         ),
     )
     tail.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="a run directory, or a directory holding runs")
-    tail.add_argument("--interval", type=_positive_float, default=2.0,
+    tail.add_argument("--interval", type=_positive_float, default=2.0, metavar="SECONDS",
                       help="seconds between refreshes (default: %(default)s)")
     tail.add_argument("--once", action="store_true", help="draw one frame and exit")
     tail.set_defaults(run=_cmd_tail)
