@@ -16,9 +16,12 @@ Timed, each ``--repeats`` times (median and best; ``gc.collect()`` before each):
   analyse         ``report.model.build_model`` on the loaded run (the goodput of the session included: it reads the
                   run again, through its own ``open_run``)
   render          ``report.html.render`` of the model
-  report, total   ``write_report(run_dir, out)``: all of the above plus the write, as the CLI runs it
+  report, total   ``write_report(run_dir, out)``: all of the above plus the write, as the CLI runs it (it pauses the
+                  cyclic GC while it loads and analyses; the rows above run with the GC on, as a caller's would)
 
-Ratios: each row against ``read``. Check 1: the total <= 10 s (the issue's bound) on this machine.
+Wall and process CPU time of each; the work is single-threaded, so they agree on an idle core, and on a shared machine
+the CPU time is the cost (the wall time also holds the waits for a CPU: compare the load average printed). Ratios:
+CPU time against ``read``. Check 1: the total's CPU time <= 10 s (the issue's bound).
 
 Method: ``_method.py`` beside this script (options, machine description, notes, checks, JSON).
 
@@ -32,10 +35,11 @@ from __future__ import annotations
 
 import gc
 import shutil
+import statistics
 import sys
 import tempfile
 from pathlib import Path
-from time import perf_counter_ns
+from time import perf_counter_ns, process_time_ns
 from typing import Any
 
 import _method
@@ -103,16 +107,20 @@ def write_run(root: Path, ranks: int, iterations: int, log_every: int) -> Path:
 
 
 def timed(label: str, fn: Any, reference: dict | None = None) -> dict:
-    samples = []
+    """Wall and process CPU time of ``fn()``, ``--repeats`` times. The work is single-threaded, so on an idle core
+    the two agree; on a shared machine the wall time also holds the waits for a CPU, and CPU time is the cost."""
+    samples, cpu = [], []
     for _ in range(ARGS.repeats):
         gc.collect()
-        t0 = perf_counter_ns()
+        t0, c0 = perf_counter_ns(), process_time_ns()
         fn()
         samples.append(float(perf_counter_ns() - t0))
+        cpu.append(float(process_time_ns() - c0))
     row = new_row("telemetrain.report", label, samples, 1)
-    row["ratio"] = None if reference is None else row["median_ns"] / reference["median_ns"]
+    row["cpu_median_ns"], row["cpu_best_ns"], row["cpu_repeats"] = statistics.median(cpu), min(cpu), cpu
+    row["ratio"] = None if reference is None else row["cpu_median_ns"] / reference["cpu_median_ns"]
     RESULTS.append(row)
-    progress(f"{label:<40} {row['median_ns'] / 1e9:8.3f} s (best {row['best_ns'] / 1e9:.3f} s)")
+    progress(f"{label:<48} wall {row['median_ns'] / 1e9:7.3f} s  CPU {row['cpu_median_ns'] / 1e9:7.3f} s")
     return row
 
 
@@ -145,18 +153,23 @@ def checks() -> list[dict]:
     total = next((r for r in RESULTS if r["operation"].startswith("report, total")), None)
     if total is None:
         return [{"id": "1", "status": "SKIP", "text": "not measured"}]
-    seconds = total["median_ns"] / 1e9
+    seconds = total["cpu_median_ns"] / 1e9
     scale = "" if not ARGS.quick else " (--quick: a small run; the bound is for 8 ranks x 100k iterations)"
-    return [{"id": "1", "title": f"report of {ARGS.ranks} ranks x {ARGS.iterations:,} iterations <= {LIMIT_S:g} s",
+    return [{"id": "1", "title": f"report of {ARGS.ranks} ranks x {ARGS.iterations:,} iterations <= {LIMIT_S:g} s "
+             "of CPU (single-threaded: the wall time on an idle core)",
              "status": "PASS" if seconds <= LIMIT_S else "FAIL", "seconds": seconds,
-             "text": f"median {seconds:.2f} s, best {total['best_ns'] / 1e9:.2f} s{scale}"}]
+             "wall_seconds": total["median_ns"] / 1e9,
+             "text": f"CPU median {seconds:.2f} s (best {total['cpu_best_ns'] / 1e9:.2f} s); wall median "
+             f"{total['median_ns'] / 1e9:.2f} s (best {total['best_ns'] / 1e9:.2f} s){scale}"}]
 
 
 def render_table() -> str:
-    lines = ["| library | operation | median s | best s | ratio to read | n |", "|---|---|---:|---:|---:|---:|"]
+    lines = ["| library | operation | CPU median s | CPU best s | wall median s | wall best s | "
+             "CPU ratio to read | n |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in RESULTS:
         ratio = "" if r.get("ratio") is None else f"{r['ratio']:.2f}x"
-        lines.append(f"| {r['library']} | {r['operation']} | {r['median_ns'] / 1e9:.3f} | {r['best_ns'] / 1e9:.3f} | "
+        lines.append(f"| {r['library']} | {r['operation']} | {r['cpu_median_ns'] / 1e9:.3f} | "
+                     f"{r['cpu_best_ns'] / 1e9:.3f} | {r['median_ns'] / 1e9:.3f} | {r['best_ns'] / 1e9:.3f} | "
                      f"{ratio} | {len(r['repeats'])} |")
     return "\n".join(lines)
 
