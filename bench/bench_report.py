@@ -38,6 +38,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 from time import perf_counter_ns, process_time_ns
 from typing import Any
@@ -48,7 +49,6 @@ from _method import NOTES, RESULTS, new_row, progress
 ARGS: Any
 DISTS = ("telemetrain",)
 LIMIT_S = 10.0
-BASE_MS = 1_700_000_000_000
 PHASES_MS = (("data_loading", 0.10), ("model_forward", 0.30), ("model_backward", 0.45), ("optimizer_update", 0.10))
 SLOW_FACTOR = 1.3  # rank min(5, ranks - 1) from 40% of the iterations on
 
@@ -58,6 +58,9 @@ def write_run(root: Path, ranks: int, iterations: int, log_every: int) -> Path:
     from telemetrain import Telemetry, identity_from_env
     from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
 
+    # the simulated timeline ends about now: the records written at the real time (the process headers, the
+    # straggler events) fall right after it, as in a real run
+    base_ms = time.time() * 1000 - iterations * 160.0
     for rank in range(ranks):
         identity = identity_from_env({}, run_id="bench", session_tag="bench-report", perf_tag="bench", rank=rank,
                                      local_rank=rank % 8, world_size=ranks)
@@ -70,36 +73,36 @@ def write_run(root: Path, ranks: int, iterations: int, log_every: int) -> Path:
         now = 0.0
 
         def mono(ms: float) -> int:
-            return round((BASE_MS + ms) * 1e6) - offset  # noqa: B023 - used within this rank's iteration
+            return round((base_ms + ms) * 1e6) - offset  # noqa: B023 - used within this rank's iteration
 
-        r.on_app_start(BASE_MS + now)
-        r.on_model_init_start(BASE_MS + now)
+        r.on_app_start(base_ms + now)
+        r.on_model_init_start(base_ms + now)
         now += 2000.0
-        r.on_model_init_end(BASE_MS + now)
-        r.on_train_start(0, start_time_msec=BASE_MS + now)
+        r.on_model_init_end(base_ms + now)
+        r.on_train_start(0, start_time_msec=base_ms + now)
         base = 100.0 + 2 * rank
         slow_rank, slow_from = min(5, ranks - 1), int(0.4 * iterations)
         start_span = r.tracer.start
         for step in range(iterations):
             duration = base * (SLOW_FACTOR if rank == slow_rank and step >= slow_from else 1.0)
-            r.on_training_single_iteration_start(BASE_MS + now)
+            r.on_training_single_iteration_start(base_ms + now)
             at = now
             for name, share in PHASES_MS:
                 span = start_span(name, group="training", start_ns=mono(at))
                 at += duration * share
                 span.end(end_ns=mono(at))
-            r.on_training_single_iteration_end(BASE_MS + now + duration)
+            r.on_training_single_iteration_end(base_ms + now + duration)
             now += duration + 1.0
             if (step + 1) % 10_000 == 0:
-                r.on_save_checkpoint_start(step + 1, BASE_MS + now)
-                r.on_save_checkpoint_success(step + 1, BASE_MS + now + 1500)
-                r.on_save_checkpoint_end(BASE_MS + now + 1500)
+                r.on_save_checkpoint_start(step + 1, base_ms + now)
+                r.on_save_checkpoint_success(step + 1, base_ms + now + 1500)
+                r.on_save_checkpoint_end(base_ms + now + 1500)
                 now += 1500.0
             if rank == 0 and step % 5000 == 0 and step >= slow_from:
                 t.event("straggler", {"rank": slow_rank, "host": "node-a", "phase": "iteration", "kind": "relative",
                                       "score": SLOW_FACTOR, "threshold": 1.2, "step": step}, group="cross_rank")
-        r.on_train_end(BASE_MS + now)
-        r.on_app_end(BASE_MS + now + 100)
+        r.on_train_end(base_ms + now)
+        r.on_app_end(base_ms + now + 100)
         if not t.close(timeout=120):
             raise RuntimeError(f"rank {rank}: the run store did not flush")
         progress(f"wrote rank {rank}: {iterations:,} iterations")

@@ -347,7 +347,10 @@ def _fmt_s(seconds: float | None) -> str:
         return "-"
     if abs(seconds) < 1:
         return f"{seconds * 1e3:.3g} ms"
-    return f"{seconds:.3g} s"
+    if abs(seconds) < 1000:
+        return f"{seconds:.3g} s"
+    hours, rest = divmod(int(seconds), 3600)
+    return f"{hours}h{rest // 60:02d}m{rest % 60:02d}s" if hours else f"{rest // 60}m{rest % 60:02d}s"
 
 
 def _ranges(steps: Sequence[int]) -> str:
@@ -457,7 +460,7 @@ def _fmt_num(value: float | None, unit: str = "", digits: int = 4) -> str:
         return "n/a"
     if not math.isfinite(value):
         return str(value)
-    return f"{value:,.{digits}g}{unit}"
+    return (f"{value:,.0f}" if abs(value) >= 10**digits else f"{value:,.{digits}g}") + unit
 
 
 def _headline(model: ReportModel, c: _Collector) -> list[tuple[str, str, str]]:

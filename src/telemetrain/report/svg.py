@@ -28,7 +28,9 @@ def fmt_unit(value: float, unit: str) -> str:
     if not math.isfinite(value):
         return str(value)
     if unit == "s":
-        return f"{value * 1e3:.3g} ms" if abs(value) < 1 else f"{value:.3g} s"
+        if abs(value) < 1:
+            return f"{value * 1e3:.3g} ms"
+        return f"{value:.3g} s" if abs(value) < 1000 else f"{value:,.0f} s"
     if unit == "1":
         return f"{value:.0%}" if abs(value) >= 0.1 or value == 0 else f"{value:.1%}"
     if unit == "By":
