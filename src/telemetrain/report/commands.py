@@ -20,7 +20,8 @@ def register(sub: Any) -> None:
             "Write one self-contained HTML file (static SVG charts, no script, works offline) about a run: identity "
             "and config, throughput, MFU, goodput, energy, time by phase, iteration time, a per-rank heatmap with "
             "stragglers, system samples, checkpoints and restarts, events and errors, and the anomalies found. "
-            "RUN_DIR may also be a session directory or a store root: the newest run under it is reported."
+            "RUN_DIR may also be a session directory or a store root: the newest run under it is reported; "
+            "without RUN_DIR, the newest run under $TELEMETRAIN_DIR (else ./telemetrain-runs). See docs/report.md."
         ),
     )
     report.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="a run directory, or a directory holding runs")
@@ -28,7 +29,7 @@ def register(sub: Any) -> None:
     bar = report.add_mutually_exclusive_group()
     bar.add_argument("--progress", dest="progress", action="store_true", default=None,
                      help="show a progress bar on stderr (default: only when stderr is a terminal)")
-    bar.add_argument("--no-progress", dest="progress", action="store_false")
+    bar.add_argument("--no-progress", dest="progress", action="store_false", help="never show it")
     report.set_defaults(run=_cmd_report)
 
 
