@@ -545,6 +545,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (2 for a usage or input error)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["launch"]:  # torchrun's flags go to torchrun's own parser, untouched
+        try:
+            return launch_commands.run_launch(argv[1:], sys.stdout, sys.stderr)
+        except CLIError as exc:
+            print(f"telemetrain: error: {exc}", file=sys.stderr)
+            return 2
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

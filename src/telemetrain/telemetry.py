@@ -120,6 +120,7 @@ class Telemetry:
         self._hook_runners: dict[tuple[str, str | None], InlineRunner] = {}
         self.extensions: dict[str, Any] = {}  # per-instance state of compatible APIs and integrations
         self._producers: list[Any] = []
+        self.skipped_sinks: list[Sink] = []  # "zero" sinks not attached because this process is not rank 0
         self._final_collect_done = False
         self.refresh_clock()
         self.store: RunStoreSink | None = None
@@ -186,12 +187,23 @@ class Telemetry:
         kinds: Iterable[str] | str | None = None,
         groups: Iterable[str] | str | None = None,
         background: bool | None = None,
+        ranks: str | None = None,
     ) -> Attachment:
         """Attach a sink for some record kinds (default: the sink's own ``kinds``, else all) and groups (default:
-        all). ``background`` overrides the sink's own choice of running behind the dispatcher."""
+        all). ``background`` overrides the sink's own choice of running behind the dispatcher; ``ranks`` its
+        ``Sink.ranks``: with ``"zero"``, a process whose rank is not 0 does not attach the sink but closes it and
+        lists it in ``skipped_sinks``."""
         if not isinstance(sink, Sink):
             raise TypeError(f"sink must be a telemetrain.sinks.Sink, got {type(sink).__name__}")
         kinds_f, groups_f = self._router.subscription(kinds if kinds is not None else sink.kinds, groups)
+        rank_policy = sink.ranks if ranks is None else ranks
+        if rank_policy not in ("all", "zero"):
+            raise ValueError(f"ranks must be 'all' or 'zero', got {rank_policy!r}")
+        if rank_policy == "zero" and self._identity.rank != 0:
+            self.skipped_sinks.append(sink)
+            sink.close()
+            return Attachment(sink=sink, runner=InlineRunner(sink, self.failure_policy, self._report, self),
+                              kinds=frozenset(), groups=frozenset())
         run_behind = sink.background if background is None else bool(background)
         runner: InlineRunner | BackgroundRunner
         if run_behind:
@@ -563,6 +575,11 @@ def _from_env() -> Telemetry:
             warn_safely(f"telemetrain: $TELEMETRAIN_SYSTEM is set but the system sampler cannot load: {exc}")
         else:
             enable_from_env(telemetry)
+    if os.environ.get("TELEMETRAIN_CROSS_RANK", "").strip().lower() not in _FALSY:
+        # cross-rank aggregation, asked for by the environment (`telemetrain launch` sets it; docs/distributed.md)
+        from .distributed.cross_rank import enable_from_env as enable_cross_rank_from_env
+
+        enable_cross_rank_from_env(telemetry)
     return telemetry
 
 

@@ -1,12 +1,37 @@
-"""The ``telemetrain launch`` command."""
+"""The ``telemetrain launch`` command: torchrun with the agent's telemetry (``distributed.launch``)."""
 
 from __future__ import annotations
 
-from typing import Any
+import argparse
+from typing import Any, TextIO
 
-__all__ = ["register"]
+__all__ = ["register", "run_launch"]
+
+USAGE = "telemetrain launch [torchrun options] TRAINING_SCRIPT [SCRIPT ARGS...]"
+
+
+def run_launch(argv: list[str], out: TextIO, err: TextIO) -> int:
+    import importlib.util
+
+    from ..cli_common import CLIError
+
+    if importlib.util.find_spec("torch") is None:
+        raise CLIError("`telemetrain launch` needs PyTorch, which is not installed: pip install torch==2.13.0")
+    from .launch import main
+
+    return main(argv)
 
 
 def register(sub: Any) -> None:
-    """Add this module's subcommands to the ``telemetrain`` parser (``sub`` is its subparsers action)."""
-    del sub
+    """``launch`` takes torchrun's own flags, which torchrun's parser reads: the CLI hands it every argument after
+    ``launch`` untouched (see ``cli.main``). This entry is for ``telemetrain --help``."""
+    launch = sub.add_parser(
+        "launch",
+        help="torchrun, with the elastic agent's metrics and events in the job's run store",
+        usage=USAGE,
+        add_help=False,
+        description="Run torchrun (same flags) and record the elastic agent's telemetry beside the workers'. "
+        "`telemetrain launch --help` lists torchrun's flags.",
+    )
+    launch.add_argument("argv", nargs=argparse.REMAINDER)
+    launch.set_defaults(run=lambda args, out, err: run_launch(list(args.argv), out, err))

@@ -17,6 +17,10 @@ class Sink:
 
     A sink may raise: the failure is contained, counted and reported by the runner around it.
 
+    ``ranks``: ``"all"`` (the default) or ``"zero"``. A ``"zero"`` sink is attached only in the process of rank 0 of a
+    job (``Telemetry.add_sink`` checks the identity): the chatty, human-facing backends (console, MLflow, TensorBoard)
+    default to it, so an 8-rank job makes one MLflow run, not eight, while every rank keeps its run-store file.
+
     Runners call ``write_packed`` with records as they come off the queue (packed, see ``records``); the default
     unpacks them and calls ``write``. A sink may override ``write_packed`` to skip unpacking (the run-store writer).
     """
@@ -24,6 +28,7 @@ class Sink:
     name: str = "sink"
     background: bool = True
     kinds: frozenset[str] | None = None
+    ranks: str = "all"
 
     def write(self, records: Sequence[Any]) -> None:
         """Consume a batch of records, oldest first."""

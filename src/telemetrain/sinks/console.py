@@ -64,6 +64,7 @@ class ConsoleSink(Sink):
 
     name = "console"
     background = True
+    ranks = "zero"  # one copy per job, not per rank (Sink.ranks; add_sink(..., ranks="all") to have every rank)
 
     def __init__(self, stream: TextIO | None = None, *, color: bool | None = None) -> None:
         self._stream = stream

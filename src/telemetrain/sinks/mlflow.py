@@ -74,6 +74,7 @@ class MLflowSink(Sink):
 
     name = "mlflow"
     background = True
+    ranks = "zero"  # one copy per job, not per rank (Sink.ranks; add_sink(..., ranks="all") to have every rank)
     kinds = frozenset({"metric", "stat", "event"})
 
     def __init__(

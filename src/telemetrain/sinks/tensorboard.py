@@ -170,6 +170,7 @@ class TensorBoardSink(Sink):
 
     name = "tensorboard"
     background = True
+    ranks = "zero"  # one copy per job, not per rank (Sink.ranks; add_sink(..., ranks="all") to have every rank)
     kinds = frozenset({"metric", "stat", "event"})
 
     def __init__(self, logdir: str | os.PathLike[str], *, run_subdirs: bool = True) -> None:

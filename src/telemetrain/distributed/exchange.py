@@ -1,0 +1,75 @@
+"""A small all-gather among the ranks of a job, apart from the training's own process group.
+
+Our own gloo group, built on a prefix of the job's rendezvous store (torchrun's agent store at ``MASTER_ADDR``:
+``MASTER_PORT``, or the default group's store when the training initialised one). A separate group means our
+collectives never interleave with the training's, may run in a background thread, and carry their own timeout: a
+dead rank makes an exchange fail after ``timeout_s``, never hang. The prefix includes the run id, so the attempts of
+a restarted job never read each other's keys.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+__all__ = ["Exchange", "ExchangeError"]
+
+HOST_BYTES = 64
+
+
+class ExchangeError(RuntimeError):
+    """The exchange could not be set up, or a collective failed (a rank died or timed out)."""
+
+
+def _store(timeout: timedelta) -> Any:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        from torch.distributed.distributed_c10d import _get_default_store
+
+        return _get_default_store()
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not addr or not port:
+        raise ExchangeError("no rendezvous store: MASTER_ADDR/MASTER_PORT are not set and torch.distributed is not "
+                            "initialised (start the job with torchrun or `telemetrain launch`)")
+    from torch._C._distributed_c10d import TCPStore
+
+    return TCPStore(addr, int(port), is_master=False, timeout=timeout, wait_for_workers=False)
+
+
+class Exchange:
+    """All-gathers fixed-length float64 vectors among ``world_size`` ranks. Build and use it in one thread."""
+
+    def __init__(self, rank: int, world_size: int, key: str, timeout_s: float = 60.0) -> None:
+        import torch
+        from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
+
+        self.rank, self.world_size = rank, world_size
+        timeout = timedelta(seconds=timeout_s)
+        try:
+            store = PrefixStore(f"telemetrain/{key}/", _store(timeout))
+            self._group: Any = ProcessGroupGloo(store, rank, world_size, timeout)
+        except ExchangeError:
+            raise
+        except Exception as exc:
+            raise ExchangeError(f"could not build the exchange group: {type(exc).__name__}: {exc}") from exc
+        self._torch = torch
+
+    def allgather(self, values: Sequence[float]) -> list[list[float]]:
+        """Every rank's vector, indexed by rank. All ranks must call it with vectors of one length."""
+        torch = self._torch
+        mine = torch.tensor(list(values), dtype=torch.float64)
+        out = [torch.empty_like(mine) for _ in range(self.world_size)]
+        try:
+            self._group.allgather([out], [mine]).wait()
+        except Exception as exc:
+            raise ExchangeError(f"all-gather failed: {type(exc).__name__}: {exc}") from exc
+        return [t.tolist() for t in out]
+
+    def hosts(self, host: str) -> list[str]:
+        """Every rank's host name (cut to 64 bytes)."""
+        raw = host.encode("utf-8", "replace")[:HOST_BYTES].ljust(HOST_BYTES, b"\0")
+        rows = self.allgather([float(b) for b in raw])
+        return [bytes(int(b) for b in row).rstrip(b"\0").decode("utf-8", "replace") for row in rows]

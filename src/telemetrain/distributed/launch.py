@@ -1,0 +1,159 @@
+"""``telemetrain launch``: torchrun, with the elastic agent's own telemetry in the job's run store.
+
+torchrun's agent emits rendezvous timings, worker states, restarts, success/failure and flakiness, but into null
+handlers, and torchrun offers no way to configure them (shared/reference/torch_apis.md, 2.2 and 4). This launcher is
+torchrun itself -- same flags, parsed by torchrun's own parser, run by ``torch.distributed.run.run`` and the elastic
+agent, with no rendezvous of our own -- after three changes in the agent process:
+
+1. A job id, when torchrun would make up a random one (``--standalone``, or one node without a rendezvous
+   endpoint): a sortable ``YYYYmmddTHHMMSSZ-xxxxxx``, given to torchrun as ``--rdzv-id``. It becomes the workers'
+   ``TORCHELASTIC_RUN_ID``, so every worker of every attempt agrees on the session (the job) and the run id
+   ``<job>.<restart count>`` (one attempt) without talking (identity.identity_from_env).
+2. A Telemetry for the agent, writing ``agent-<node>.<pid>.jsonl`` into the same run folder as the workers, with the
+   torchelastic bridge (integrations.torchelastic) installed: the agent's metrics, worker events and rendezvous
+   events land there. When the agent restarts the worker group, its own records follow into the next attempt's folder.
+3. Environment for the workers: ``TELEMETRAIN_PERF_TAG`` (the entry script, so agent and workers agree) and
+   ``TELEMETRAIN_CROSS_RANK=1`` (cross-rank aggregation), unless already set.
+4. With restarts allowed, ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` unless set: torch's c10d rendezvous otherwise
+   serves every attempt's workers from one store with no per-attempt prefix, and a restarted worker can read the
+   dead attempt's gloo/NCCL addresses and fail or hang in ``init_process_group`` (pytorch/pytorch#135712 and
+   #167288; here 4 restarts in 6 failed with plain torchrun 2.13, none in 6 with the variable set).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ..identity import identity_from_env, new_run_id
+from ..store.layout import AGENT_ROLE
+from ..telemetry import Telemetry
+
+__all__ = ["AttemptFollower", "main"]
+
+GROUP = "launcher"
+
+
+class AttemptFollower:
+    """Moves the agent's records to the next attempt's run when the agent restarts the workers.
+
+    The agent's monitor loop emits ``workers.<role>.remaining_restarts`` then ``workers.<role>.<state>``; on
+    ``failed``/``unhealthy`` with restarts left it restarts the group, and the new workers get
+    ``TORCHELASTIC_RESTART_COUNT`` one higher. Following those two metrics keeps the agent's count equal to theirs.
+    """
+
+    def __init__(self, telemetry: Telemetry, job: str | None) -> None:
+        self.telemetry = telemetry
+        self.job = job  # None: the run id was fixed by $TELEMETRAIN_RUN_ID, keep it
+        self.attempt = 0
+        self.remaining: int | None = None
+
+    def on_metric(self, group: str, name: str, value: Any) -> None:
+        parts = name.split(".")
+        if group != "torchelastic" or len(parts) != 3 or parts[0] != "workers":
+            return
+        if parts[2] == "remaining_restarts" and isinstance(value, int):
+            self.remaining = value
+        elif parts[2] in ("failed", "unhealthy") and self.remaining is not None and self.remaining > 0:
+            self.attempt += 1
+            self.remaining -= 1
+            changes: dict[str, Any] = {"restart_count": self.attempt}
+            if self.job is not None:
+                changes["run_id"] = f"{self.job}.{self.attempt}"
+            self.telemetry.set_identity(**changes)
+            self.telemetry.event("attempt_start", {"attempt": self.attempt, "reason": parts[2],
+                                                   "remaining_restarts": self.remaining}, group=GROUP)
+
+
+def _entry_stem(args: Any) -> str:
+    script = str(args.training_script)
+    if args.module:
+        return script.rsplit(".", 1)[-1]
+    return os.path.splitext(os.path.basename(script))[0] or "python"
+
+
+def _choose_rendezvous(args: Any, max_nodes: int) -> None:
+    """Where torchrun would pick a random uuid for the rendezvous id, pick a sortable job id instead (same
+    rendezvous: c10d on localhost, as torchrun does)."""
+    if args.standalone:
+        args.standalone = False
+        args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", new_run_id()
+    elif args.rdzv_backend == "static" and not args.rdzv_endpoint and args.master_port is None and max_nodes == 1:
+        args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", new_run_id()
+
+
+def _agent_telemetry(args: Any, job_env: str, world_size: int, config: dict[str, Any]) -> Telemetry:
+    env = dict(os.environ)
+    env["TORCHELASTIC_RUN_ID"] = job_env
+    env["TORCHELASTIC_RESTART_COUNT"] = "0"
+    node = int(args.node_rank)
+    identity = identity_from_env(env, role=AGENT_ROLE, rank=node, local_rank=0, group_rank=node,
+                                 world_size=max(world_size, node + 1))
+    return Telemetry(identity, config=config)
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run torchrun with ``argv`` (torchrun's flags, then the script and its arguments); torchrun's exit status."""
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch  # noqa: F401 - fail here, clearly, if it moved
+
+    from ..integrations.torchelastic import install
+
+    parser = torchrun.get_args_parser()
+    parser.prog = "telemetrain launch"
+    args = parser.parse_args(list(argv))
+    _, max_nodes = torchrun.parse_min_max_nnodes(args.nnodes)
+    _choose_rendezvous(args, max_nodes)
+    os.environ.setdefault("TELEMETRAIN_PERF_TAG", _entry_stem(args))
+    os.environ.setdefault("TELEMETRAIN_CROSS_RANK", "1")
+    if int(args.max_restarts) > 0:
+        os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    # the job as the workers will see it: torchrun's placeholder "none" becomes none-<agent pid> for them
+    job_env = args.rdzv_id if args.rdzv_id != "none" else f"none-{os.getpid()}"
+    nproc = torchrun.determine_local_world_size(args.nproc_per_node)
+    config = {
+        "launcher": "telemetrain launch",
+        "entrypoint": (["-m"] if args.module else []) + [str(args.training_script), *args.training_script_args],
+        "nnodes": str(args.nnodes),
+        "nproc_per_node": nproc,
+        "max_restarts": int(args.max_restarts),
+        "rdzv_backend": str(args.rdzv_backend),
+        "rdzv_id": str(args.rdzv_id),
+        "monitor_interval": float(args.monitor_interval),
+        "share_rdzv_tcp_store": os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "0") != "1",
+    }
+    telemetry = _agent_telemetry(args, job_env, nproc * max_nodes, config)
+    fixed_run_id = bool(os.environ.get("TELEMETRAIN_RUN_ID"))
+    follower = AttemptFollower(telemetry, None if fixed_run_id else telemetry.identity.session_tag)
+    bridge = install(telemetry, rendezvous=True, on_metric=follower.on_metric)
+    if args.event_log_handler == "null":
+        args.event_log_handler = "telemetrain"
+    started = time.monotonic()
+    telemetry.event("launch_start", config, group=GROUP)
+    telemetry.event("attempt_start", {"attempt": 0, "reason": "start", "remaining_restarts": int(args.max_restarts)},
+                    group=GROUP)
+    outcome, status = "failed", 1
+    try:
+        torchrun.run(args)  # type: ignore[no-untyped-call]
+        outcome, status = "succeeded", 0
+    except ChildFailedError as exc:
+        for global_rank, failure in sorted(exc.failures.items()):
+            telemetry.event("worker_failed", {
+                "rank": global_rank, "local_rank": failure.local_rank, "exitcode": failure.exitcode,
+                "pid": failure.pid, "message": str(failure.message)[:2000], "error_file": str(failure.error_file),
+            }, group=GROUP, severity="error")
+        print(exc.format_msg(), file=sys.stderr)  # type: ignore[no-untyped-call]
+    except BaseException as exc:  # a signal (torchelastic's SignalException), an interrupt: recorded, then re-raised
+        outcome = type(exc).__name__
+        raise
+    finally:
+        telemetry.event("launch_end", {"outcome": outcome, "exitcode": status, "attempts": follower.attempt + 1,
+                                       "seconds": time.monotonic() - started}, group=GROUP,
+                        severity="info" if status == 0 else "error")
+        bridge.uninstall()
+        telemetry.close()
+    return status

@@ -1,0 +1,204 @@
+"""Straggler detection on per-rank window summaries: which rank is slow, in which phase, by how much.
+
+Two scores per rank and phase, both slowdown factors (1.0 = as fast as the reference, 1.5 = 50% slower):
+
+- **relative**: the rank's time against the median rank's (for throughput, the median's rate over the rank's). It
+  finds the one rank that holds the others up.
+- **individual**: the rank's time against its own best window so far (the first window, warm-up, excluded). It
+  finds a rank, or a whole job, getting slower over time.
+
+A score counts only when it is over its threshold, when the time it adds is a real share of an iteration
+(``min_share`` of the rank's iteration time: a phase of 20 us that doubles is noise, not a straggler), and after
+``patience`` windows in a row (one slow window is a hiccup). A finding is reported once, when it starts, and again
+when it ends.
+
+Synchronous data parallelism hides the cause in one way: while one rank is slow in, say, data loading, every other
+rank waits inside the collective (the backward pass's all-reduce, or the optimizer step of sharded optimizers), so
+those ranks look slow in that phase. A relative finding in a ``sync_phases`` phase is therefore dropped when, in the
+same window, another rank is slow in a phase that is not a sync phase: that rank is the cause, the rest is waiting.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+__all__ = ["PHASES", "Finding", "StragglerDetector", "phases_of"]
+
+# phase -> higher is worse? (times are; a rate is the other way round)
+PHASES: dict[str, bool] = {
+    "iteration": True,
+    "dataloader": True,
+    "forward": True,
+    "backward": True,
+    "optimizer": True,
+    "samples_per_second": False,
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A straggler starting (``ended=False``) or ending."""
+
+    rank: int
+    phase: str
+    kind: str  # "relative" or "individual"
+    score: float
+    threshold: float
+    step: int
+    reference: float  # the median rank's value (relative) or the rank's best (individual)
+    value: float
+    ended: bool = False
+
+
+def _finite(x: float | None) -> bool:
+    return x is not None and math.isfinite(x)
+
+
+@dataclass
+class StragglerDetector:
+    relative_threshold: float = 1.3
+    individual_threshold: float = 1.5
+    min_share: float = 0.05
+    patience: int = 2
+    sync_phases: tuple[str, ...] = ("backward", "optimizer")
+    _best: dict[tuple[int, str], float] = field(default_factory=dict)
+    _windows: dict[int, int] = field(default_factory=dict)
+    _streak: dict[tuple[int, str, str], int] = field(default_factory=dict)
+    _active: dict[tuple[int, str, str], Finding] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("relative_threshold", "individual_threshold"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 1:
+                raise ValueError(f"{name} must be a slowdown factor > 1, got {value!r}")
+        if isinstance(self.min_share, bool) or not isinstance(self.min_share, (int, float)) or self.min_share < 0:
+            raise ValueError(f"min_share must be a fraction >= 0, got {self.min_share!r}")
+        if type(self.patience) is not int or self.patience < 1:
+            raise ValueError(f"patience must be an int >= 1, got {self.patience!r}")
+
+    @property
+    def active(self) -> list[Finding]:
+        """The stragglers found and not yet over."""
+        return list(self._active.values())
+
+    def scores(self, values: Mapping[int, Mapping[str, float]]) -> dict[int, dict[str, float]]:
+        """Relative score of every rank and phase in one window (NaN where the phase is missing)."""
+        out: dict[int, dict[str, float]] = {rank: {} for rank in values}
+        for phase, worse_high in PHASES.items():
+            present = {r: v[phase] for r, v in values.items() if _finite(v.get(phase))}
+            median = statistics.median(present.values()) if present else math.nan
+            for rank in values:
+                x = present.get(rank)
+                if x is None or not median > 0 or not x > 0:
+                    out[rank][phase] = math.nan
+                else:
+                    out[rank][phase] = x / median if worse_high else median / x
+        return out
+
+    def update(self, step: int, values: Mapping[int, Mapping[str, float]]) -> list[Finding]:
+        """Feed one exchanged window (rank -> phase -> value); returns the findings that start or end with it."""
+        relative = self._relative(step, values)
+        individual = self._individual(step, values)
+        flagged = {(f.rank, f.phase, f.kind): f for f in relative + individual}
+        changes: list[Finding] = []
+        for key in list(self._streak):
+            if key not in flagged:
+                del self._streak[key]
+        for key, finding in flagged.items():
+            self._streak[key] = self._streak.get(key, 0) + 1
+            if self._streak[key] >= self.patience and key not in self._active:
+                self._active[key] = finding
+                changes.append(finding)
+        for key in list(self._active):
+            if key not in flagged:
+                old = self._active.pop(key)
+                now = self._value_of(values, old.rank, old.phase)
+                changes.append(Finding(old.rank, old.phase, old.kind, now / old.reference if _finite(now) and
+                                       old.reference > 0 else math.nan, old.threshold, step, old.reference,
+                                       now, ended=True))
+        return changes
+
+    @staticmethod
+    def _value_of(values: Mapping[int, Mapping[str, float]], rank: int, phase: str) -> float:
+        v = values.get(rank, {}).get(phase)
+        return float(v) if v is not None and math.isfinite(v) else math.nan
+
+    def _iteration_of(self, values: Mapping[int, Mapping[str, float]], rank: int) -> float:
+        it = values.get(rank, {}).get("iteration")
+        if _finite(it):
+            return float(it)  # type: ignore[arg-type]
+        present = [v["iteration"] for v in values.values() if _finite(v.get("iteration"))]
+        return statistics.median(present) if present else math.nan
+
+    def _relative(self, step: int, values: Mapping[int, Mapping[str, float]]) -> list[Finding]:
+        if len(values) < 2:
+            return []
+        found: list[Finding] = []
+        for phase, worse_high in PHASES.items():
+            present = {r: float(v[phase]) for r, v in values.items() if _finite(v.get(phase))}
+            if len(present) < 2:
+                continue
+            median = statistics.median(present.values())
+            if not median > 0:
+                continue
+            for rank, x in present.items():
+                if not x > 0:
+                    continue
+                score = x / median if worse_high else median / x
+                # the time this rank adds, for a rate through the iteration time it implies
+                excess = (x - median) if worse_high else self._iteration_of(values, rank) * (1 - x / median)
+                if score >= self.relative_threshold and excess >= self.min_share * self._iteration_of(values, rank):
+                    found.append(Finding(rank, phase, "relative", score, self.relative_threshold, step, median, x))
+        causes = {f.rank for f in found if f.phase not in self.sync_phases and f.phase in _WORK_PHASES}
+        return [f for f in found if not (f.phase in self.sync_phases and causes - {f.rank})]
+
+    def _individual(self, step: int, values: Mapping[int, Mapping[str, float]]) -> list[Finding]:
+        found: list[Finding] = []
+        for rank, phases in values.items():
+            seen = self._windows.get(rank, 0)
+            self._windows[rank] = seen + 1
+            if seen == 0:
+                continue  # the first window holds the warm-up
+            iteration = self._iteration_of(values, rank)
+            for phase, worse_high in PHASES.items():
+                x = phases.get(phase)
+                if not _finite(x) or not x > 0:  # type: ignore[operator]
+                    continue
+                x = float(x)  # type: ignore[arg-type]
+                key = (rank, phase)
+                best = self._best.get(key)
+                if best is None:
+                    self._best[key] = x
+                    continue
+                score = x / best if worse_high else best / x
+                excess = (x - best) if worse_high else iteration * (1 - x / best)
+                if score >= self.individual_threshold and excess >= self.min_share * iteration:
+                    found.append(Finding(rank, phase, "individual", score, self.individual_threshold, step, best, x))
+                if (x < best) if worse_high else (x > best):
+                    self._best[key] = x
+        return found
+
+
+# the phases whose slowness is a cause (work a rank does alone), as opposed to the iteration or its rate
+_WORK_PHASES = frozenset({"dataloader", "forward", "backward", "optimizer"})
+
+
+def phases_of(report: Mapping[str, object]) -> dict[str, float]:
+    """The detector's phases from a ``training_metrics_update`` event's attributes (absent ones are NaN)."""
+    keys = {
+        "iteration": "avg_iteration_time_sec",
+        "dataloader": "avg_dataloader_time_sec",
+        "forward": "avg_forward_time_sec",
+        "backward": "avg_backward_time_sec",
+        "optimizer": "avg_optimizer_time_sec",
+        "samples_per_second": "samples_per_second",
+    }
+    out: dict[str, float] = {}
+    for phase, key in keys.items():
+        v = report.get(key)
+        out[phase] = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
+    return out
+

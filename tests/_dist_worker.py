@@ -1,0 +1,107 @@
+"""A training worker for the multi-rank tests, started by ``telemetrain launch`` (a real elastic agent, gloo, CPU).
+
+A tiny DDP model trained for ``STEPS`` iterations with the lifecycle recorded by telemetrain's default Telemetry
+(identity from torchrun's environment). Behaviour planted through the environment:
+
+- ``SLOW_RANK``/``SLOW_PHASE``/``SLOW_S``: that rank sleeps in that phase (``dataloader`` or ``forward``);
+- ``KILL_RANK``/``KILL_AT``/``KILL_ATTEMPT``: that rank SIGKILLs itself before iteration ``KILL_AT`` of that attempt
+  (``TORCHELASTIC_RESTART_COUNT``; -1: every attempt);
+- ``CKPT_DIR``/``CKPT_EVERY``: save a checkpoint every N iterations, and resume from the newest at start;
+- ``NO_DDP=1``: no collectives in the training (each rank trains alone), ``EXIT_RANK``/``EXIT_AT``: that rank leaves
+  early (exit 0), ``CROSS_TIMEOUT``: enable cross-rank aggregation in code with this exchange timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from telemetrain import get_telemetry
+from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
+
+
+def env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+def main() -> None:
+    steps, log_every = env_int("STEPS", 200), env_int("LOG_EVERY", 10)
+    slow_rank, slow_phase, slow_s = env_int("SLOW_RANK", -1), os.environ.get("SLOW_PHASE", "dataloader"), float(
+        os.environ.get("SLOW_S", "0.01"))
+    kill_rank, kill_at, kill_attempt = env_int("KILL_RANK", -1), env_int("KILL_AT", -1), env_int("KILL_ATTEMPT", 0)
+    exit_rank, exit_at = env_int("EXIT_RANK", -1), env_int("EXIT_AT", -1)
+    ckpt_dir, ckpt_every = os.environ.get("CKPT_DIR"), env_int("CKPT_EVERY", 0)
+    no_ddp = os.environ.get("NO_DDP") == "1"
+    attempt = env_int("TORCHELASTIC_RESTART_COUNT", 0)
+
+    telemetry = get_telemetry()
+    if os.environ.get("CROSS_TIMEOUT"):
+        from telemetrain.distributed import enable_cross_rank
+
+        enable_cross_rank(telemetry, every=env_int("CROSS_EVERY", 50), timeout_s=float(os.environ["CROSS_TIMEOUT"]))
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model: torch.nn.Module = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    if not no_ddp:
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    rec = TrainingRecorder(TrainingTelemetryConfig(
+        global_batch_size_or_fn=16 * world, perf_tag_or_fn="dist-test", log_every_n_train_iterations=log_every,
+        train_iterations_target_or_fn=steps, world_size_or_fn=world,
+    ), telemetry=telemetry)
+    rec.on_app_start()
+    start = 0
+    ckpt = os.path.join(ckpt_dir, "ckpt.pt") if ckpt_dir else None
+    if ckpt is not None and os.path.exists(ckpt):
+        rec.on_load_checkpoint_start()
+        state = torch.load(ckpt, weights_only=True)
+        model.load_state_dict(state["model"])
+        start = int(state["step"])
+        rec.on_load_checkpoint_end(path=ckpt)
+    rec.on_train_start(train_iterations_start=start)
+    for step in range(start, steps):
+        if rank == kill_rank and step == kill_at and kill_attempt in (-1, attempt):
+            telemetry.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        if rank == exit_rank and step == exit_at:
+            rec.on_train_end()
+            rec.on_app_end()
+            telemetry.close()
+            sys.exit(0)
+        rec.on_training_single_iteration_start()
+        with rec.data_loading():
+            if rank == slow_rank and slow_phase == "dataloader":
+                time.sleep(slow_s)
+            x = torch.randn(16, 32)
+        with rec.forward():
+            if rank == slow_rank and slow_phase == "forward":
+                time.sleep(slow_s)
+            loss = model(x).pow(2).mean()
+        with rec.backward():
+            loss.backward()
+        with rec.optimizer_update():
+            opt.step()
+            opt.zero_grad()
+        rec.on_training_single_iteration_end()
+        if ckpt is not None and ckpt_every and (step + 1) % ckpt_every == 0:
+            rec.on_save_checkpoint_start(global_step=step + 1)
+            if rank == 0:
+                torch.save({"model": model.state_dict(), "step": step + 1}, ckpt + ".tmp")
+                os.replace(ckpt + ".tmp", ckpt)
+            if not no_ddp:
+                dist.barrier()
+            rec.on_save_checkpoint_success(global_step=step + 1)
+            rec.on_save_checkpoint_end()
+    rec.on_train_end()
+    rec.on_app_end()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

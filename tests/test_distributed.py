@@ -1,0 +1,259 @@
+"""Multi-rank jobs: ``telemetrain launch`` (a real elastic agent and gloo ranks on CPU), cross-rank aggregation,
+straggler detection, restarts and dead ranks; plus the detector's rules on controlled numbers."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import telemetrain
+from telemetrain.distributed.stragglers import StragglerDetector, phases_of
+from telemetrain.sinks.console import ConsoleSink
+from telemetrain.store.reader import Run, find_runs, open_run
+from telemetrain.training.goodput import goodput
+
+WORKER = str(Path(__file__).with_name("_dist_worker.py"))
+LAUNCH_TIMEOUT_S = 240  # a hang fails the test instead of the suite
+
+
+def launch(tmp_path: Path, nproc: int, *extra: str, **env: Any) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("TELEMETRAIN_", "TORCHELASTIC_"))}
+    full_env.update({"TELEMETRAIN_DIR": str(tmp_path / "runs"), "OMP_NUM_THREADS": "1"})
+    full_env.update({k: str(v) for k, v in env.items()})
+    cmd = [sys.executable, "-m", "telemetrain.cli", "launch", "--nproc-per-node", str(nproc), "--monitor-interval",
+           "0.1", *extra, WORKER]
+    return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S, check=False)
+
+
+def runs_of(tmp_path: Path) -> list[Run]:
+    return [open_run(p) for p in find_runs(tmp_path / "runs")]
+
+
+def events(run: Run, group: str, name: str | None = None, agents: bool = True) -> list[Any]:
+    return [r for r in run.records("event", agents=agents) if r.group == group and (name is None or r.name == name)]
+
+
+# -- the launcher: one run folder with the agent's and the workers' telemetry ------------------------------------------
+
+
+def test_two_ranks_one_run_folder_with_agent_and_worker_telemetry(tmp_path: Path) -> None:
+    result = launch(tmp_path, 2, STEPS=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = runs_of(tmp_path)
+    job = run.session_tag
+    assert run.run_id == f"{job}.0" and job[:8].isdigit()  # the sortable job id the launcher chose
+    assert sorted(p.rank for p in run.processes) == [0, 1]
+    for p in run.processes:
+        ident = p.identity
+        assert (ident.world_size, ident.local_rank, ident.restart_count) == (2, p.rank, 0)
+        assert (ident.session_tag, ident.run_id, ident.perf_tag) == (job, f"{job}.0", "_dist_worker")
+    (agent,) = run.agents
+    assert agent.path.name.startswith("agent-0.") and agent.identity.role == "agent"
+    assert (agent.identity.session_tag, agent.identity.run_id) == (job, f"{job}.0")
+    metric_names = {r.name for r in agent.records if r.kind == "metric" and r.group == "torchelastic"}
+    assert {"SimpleElasticAgent._rendezvous.duration.ms", "workers.default.run_success_no_retries",
+            "workers.default.flakiness", "workers.default.healthy",
+            "workers.default.remaining_restarts"} <= metric_names
+    statuses = events(run, "torchelastic")
+    succeeded = [e for e in statuses if e.name == "torchelastic.worker.status.SUCCEEDED"]
+    assert sorted(e.attributes["global_rank"] for e in succeeded if e.attributes["source"] == "WORKER") == [0, 1]
+    assert any(e.attributes["source"] == "AGENT" for e in succeeded)
+    assert all(e.attributes["worker.role_world_size"] == 2 for e in succeeded if e.attributes["source"] == "WORKER")
+    assert events(run, "torchelastic.rendezvous")  # the rendezvous events, normally dropped by torch
+    (end,) = events(run, "launcher", "launch_end")
+    assert (end.attributes["outcome"], end.attributes["exitcode"], end.attributes["attempts"]) == ("succeeded", 0, 1)
+    # the monitor loop's 10 Hz metrics are kept on change and heartbeat, not every 0.1 s
+    healthy = [r for r in agent.records if r.kind == "metric" and r.name == "workers.default.healthy"]
+    assert 1 <= len(healthy) <= 4
+    # cross-rank aggregation ran (the launcher turns it on) and rank 0 recorded the spread; nobody was slow
+    spread = [r for r in run.processes[0].records if r.kind == "metric" and r.group == "cross_rank"]
+    assert {r.step for r in spread} == {49, 99}
+    assert not [r for r in run.processes[1].records if r.kind == "metric" and r.group == "cross_rank"]
+    assert not events(run, "cross_rank", "straggler")
+    assert not events(run, "cross_rank", "cross_rank_stopped")
+
+
+def test_four_ranks_a_planted_straggler_is_named_with_its_phase(tmp_path: Path) -> None:
+    result = launch(tmp_path, 4, STEPS=150, SLOW_RANK=2, SLOW_PHASE="dataloader", SLOW_S=0.02,
+                    TELEMETRAIN_CROSS_RANK=25)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = runs_of(tmp_path)
+    assert sorted(p.rank for p in run.processes) == [0, 1, 2, 3]
+    assert {p.identity.world_size for p in run.processes} == {4}
+    found = events(run, "cross_rank", "straggler")
+    assert found, "no straggler event"
+    named = {(e.attributes["rank"], e.attributes["phase"]) for e in found}
+    assert (2, "dataloader") in named
+    assert {rank for rank, _ in named} == {2}  # the waiting ranks' slow all-reduce is not blamed on them
+    first = next(e for e in found if e.attributes["phase"] == "dataloader")
+    assert first.attributes["kind"] == "relative" and first.attributes["score"] >= 1.3
+    assert first.attributes["host"] == run.processes[2].identity.host and first.severity == "warning"
+    # the spread names the slow rank as the max of the phase
+    max_rank = [r.value for r in run.processes[0].records if r.kind == "metric"
+                and r.name == "cross_rank.dataloader.max_rank"]
+    assert max_rank and set(max_rank) == {2}
+
+
+def test_a_killed_worker_is_restarted_and_the_session_goodput_counts_the_lost_iterations(tmp_path: Path) -> None:
+    result = launch(tmp_path, 2, "--max-restarts", "1", STEPS=100, KILL_RANK=1, KILL_AT=65, KILL_ATTEMPT=0,
+                    CKPT_DIR=str(tmp_path), CKPT_EVERY=25, LOG_EVERY=5)
+    assert result.returncode == 0, result.stderr[-3000:]
+    first, second = runs_of(tmp_path)
+    job = first.session_tag
+    assert (first.run_id, second.run_id) == (f"{job}.0", f"{job}.1")
+    assert {p.identity.restart_count for p in second.processes} == {1}
+    # the agent followed the restart: its records after it are in the second attempt's folder
+    assert first.agents and second.agents
+    (restart,) = events(second, "launcher", "attempt_start")
+    assert restart.attributes["attempt"] == 1 and restart.identity.restart_count == 1
+    failed = [r for r in first.agents[0].records if r.kind == "metric" and r.name == "workers.default.failed"]
+    assert failed and failed[0].identity.run_id == f"{job}.0"
+    (end,) = events(second, "launcher", "launch_end")
+    assert (end.attributes["outcome"], end.attributes["attempts"]) == ("succeeded", 2)
+    # goodput over the session: the second attempt resumed at the checkpoint of step 50, so 50..64 were lost
+    report = goodput(first.path.parent, rank=0)
+    assert [r.run_id for r in report.runs] == [f"{job}.0", f"{job}.1"]
+    assert report.runs[0].checkpointed_iterations == 50
+    assert 10 <= report.lost_iterations <= 16 and report.runs[0].lost_iterations == report.lost_iterations
+    assert report.runs[1].finished and report.productive_iterations == 100
+    assert report.badput.lost_progress > 0
+
+
+def test_a_rank_that_dies_without_restarts_ends_the_job_without_a_hang(tmp_path: Path) -> None:
+    result = launch(tmp_path, 2, STEPS=400, KILL_RANK=1, KILL_AT=40, KILL_ATTEMPT=-1)
+    assert result.returncode == 1
+    assert "FAILED" in result.stderr
+    (run,) = runs_of(tmp_path)
+    failures = {e.attributes["rank"]: e for e in events(run, "launcher", "worker_failed")}
+    assert failures[1].attributes["exitcode"] == -9 and failures[1].severity == "error"  # the root cause is named
+    (end,) = events(run, "launcher", "launch_end")
+    assert (end.attributes["outcome"], end.attributes["exitcode"]) == ("failed", 1)
+    assert any(e.name == "torchelastic.worker.status.FAILED" for e in events(run, "torchelastic"))
+
+
+def test_the_exchange_times_out_when_a_rank_is_gone_and_training_goes_on(tmp_path: Path) -> None:
+    # no collectives in the training: rank 0 trains on after rank 1 left, and its exchange must give up, not hang
+    result = launch(tmp_path, 2, STEPS=160, NO_DDP=1, EXIT_RANK=1, EXIT_AT=30, TELEMETRAIN_CROSS_RANK=0,
+                    CROSS_TIMEOUT=2, CROSS_EVERY=20, LOG_EVERY=20)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = runs_of(tmp_path)
+    (stopped,) = events(run, "cross_rank", "cross_rank_stopped")
+    assert stopped.identity.rank == 0 and stopped.attributes["step"] == 39 and stopped.severity == "warning"
+    rank0 = run.processes[0]
+    updates = [r for r in rank0.records if r.kind == "event" and r.name == "training_metrics_update"]
+    assert updates[-1].attributes["current_iteration"] == 159  # rank 0 trained to the end
+
+
+def test_launch_help_is_torchruns_and_bad_flags_are_torchruns_errors(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "telemetrain.cli", "launch", "--help"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0 and "telemetrain launch" in out.stdout and "--nproc-per-node" in out.stdout
+    bad = subprocess.run([*cmd[:-1], "--no-such-flag", WORKER], capture_output=True, text=True, timeout=60,
+                         check=False)
+    assert bad.returncode == 2 and "--no-such-flag" in bad.stderr
+
+
+# -- the straggler detector on controlled numbers --------------------------------------------------------------------
+
+
+def window(iteration: float, **phases: float) -> dict[str, float]:
+    out = {p: math.nan for p in ("dataloader", "forward", "backward", "optimizer")}
+    out.update(phases)
+    out["iteration"] = iteration
+    out["samples_per_second"] = 16 / iteration
+    return out
+
+
+def test_a_slow_phase_is_found_after_patience_and_reported_once_then_its_end() -> None:
+    d = StragglerDetector(patience=2)
+    even = {r: window(0.010, dataloader=0.001, forward=0.003, backward=0.004) for r in range(4)}
+    slow = dict(even)
+    slow[3] = window(0.010, dataloader=0.006, forward=0.003, backward=0.001)  # the others wait in backward
+    for r in range(3):
+        slow[r] = window(0.010, dataloader=0.001, forward=0.003, backward=0.006)
+    assert d.update(9, even) == []
+    assert d.update(19, slow) == []  # one window is a hiccup
+    (found,) = d.update(29, slow)
+    assert (found.rank, found.phase, found.kind, found.ended) == (3, "dataloader", "relative", False)
+    assert found.score == pytest.approx(0.006 / 0.001) and found.step == 29
+    assert d.update(39, slow) == []  # reported once
+    (ended,) = d.update(49, even)
+    assert (ended.rank, ended.phase, ended.ended) == (3, "dataloader", True)
+    assert d.active == []
+
+
+def test_noise_and_tiny_phases_raise_nothing() -> None:
+    import random
+
+    rng = random.Random(7)
+    d = StragglerDetector()
+    for step in range(40):
+        values = {r: window(0.010 * rng.uniform(0.9, 1.1), dataloader=0.00002 * rng.uniform(0.2, 5.0),
+                            forward=0.003 * rng.uniform(0.9, 1.1), backward=0.004 * rng.uniform(0.9, 1.1))
+                  for r in range(8)}
+        assert d.update(step, values) == [], step
+
+
+def test_a_slow_sync_phase_alone_is_reported() -> None:
+    d = StragglerDetector(patience=1)
+    values = {r: window(0.010, forward=0.003, backward=0.004) for r in range(3)}
+    values[1] = window(0.014, forward=0.003, backward=0.008)
+    found = d.update(0, values)
+    assert {(f.rank, f.phase) for f in found} == {(1, "backward"), (1, "iteration"), (1, "samples_per_second")}
+
+
+def test_individual_degradation_against_the_ranks_own_best() -> None:
+    d = StragglerDetector(patience=2)
+    for step in range(3):  # warm-up window, then the best
+        assert d.update(step, {0: window(0.010, forward=0.005), 1: window(0.010, forward=0.005)}) == []
+    slower = {0: window(0.020, forward=0.015), 1: window(0.020, forward=0.015)}  # the whole job: not relative
+    assert d.update(3, slower) == []
+    found = d.update(4, slower)
+    assert {(f.rank, f.phase, f.kind) for f in found} >= {(0, "forward", "individual"), (1, "forward", "individual")}
+    assert all(f.kind == "individual" for f in found)
+
+
+def test_detector_arguments_are_checked() -> None:
+    for kwargs in ({"relative_threshold": 1.0}, {"individual_threshold": "2"}, {"min_share": -1}, {"patience": 0}):
+        with pytest.raises(ValueError, match=next(iter(kwargs))):
+            StragglerDetector(**kwargs)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="every"):
+        telemetrain.distributed.CrossRankAggregator(telemetrain.Telemetry(store=False), every=0)
+    with pytest.raises(ValueError, match="record_on"):
+        telemetrain.distributed.CrossRankAggregator(telemetrain.Telemetry(store=False), record_on="one")
+
+
+def test_phases_of_a_report_takes_numbers_and_leaves_the_rest_nan() -> None:
+    phases = phases_of({"avg_iteration_time_sec": 0.5, "avg_forward_time_sec": True, "samples_per_second": 3})
+    assert phases["iteration"] == 0.5 and phases["samples_per_second"] == 3.0
+    assert math.isnan(phases["forward"]) and math.isnan(phases["dataloader"])
+
+
+# -- rank-0-only export for chatty sinks -----------------------------------------------------------------------------
+
+
+def test_chatty_sinks_attach_on_rank_zero_only_unless_asked(tmp_path: Path) -> None:
+    ident = telemetrain.identity_from_env({}, rank=1, world_size=2)
+    t = telemetrain.Telemetry(ident, store=tmp_path)
+    console = ConsoleSink()
+    t.add_sink(console)
+    assert console not in t.sinks and t.skipped_sinks == [console]
+    every_rank = ConsoleSink()
+    t.add_sink(every_rank, ranks="all")
+    assert every_rank in t.sinks
+    with pytest.raises(ValueError, match="ranks"):
+        t.add_sink(ConsoleSink(), ranks="first")
+    t.metric("x", 1.0)
+    t.close()
+    assert [r.value for r in open_run(t.run_dir).records("metric")] == [1.0]  # the run store is on every rank
+    zero = telemetrain.Telemetry(telemetrain.identity_from_env({}, rank=0, world_size=2), store=False)
+    sink = ConsoleSink()
+    zero.add_sink(sink)
+    assert sink in zero.sinks
+    zero.close()
