@@ -282,6 +282,9 @@ def test_names_from_the_run_are_escaped(crashed_page: Path) -> None:
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "&lt;script&gt;console.error(&#x27;xss-ran&#x27;)&lt;/script&gt;" in page
     assert "<script" not in page.lower()  # the page has no script of its own either
+    escaped = "<td>&lt;script&gt;alert(1)&lt;/script&gt;</td>"
+    assert f"<td>train</td>{escaped}" in page  # the metric, in the metrics table
+    assert f"<td>user</td>{escaped}" in page  # the span, in the spans table
 
 
 # -- headless Chromium -----------------------------------------------------------------------------------------------
