@@ -254,6 +254,26 @@ def test_an_exception_in_forward_ends_the_spans_with_error_and_the_next_train_wo
         assert failed.end_ns <= ok.start_ns
 
 
+def test_an_exception_during_an_evaluation_ends_it_with_error(tmp_path: Path, telemetry: Telemetry,
+                                                              read_run: Callable[..., Any]) -> None:
+    """The evaluation after step 3 (batches 7, 8, 9 of the forward's calls) fails at its second batch."""
+    cb = hf.TelemetrainHFCallback(telemetry=telemetry)
+    model = _model()
+    model.fail_on_call = 3 * ACCUM + 2
+    trainer = _trainer(tmp_path, cb, model=model, max_steps=6, eval_steps=3, save_strategy="no")
+    with pytest.raises(RuntimeError, match="boom in forward"), cb.guard():
+        trainer.train()
+    records = read_run(telemetry)
+    (validation,) = _spans(records, "validation_loop")
+    assert validation.status == "error" and "boom in forward" in validation.error
+    (event,) = _events(records, "validation_metrics_update")
+    assert event["num_iterations"] == 1  # the batch that completed
+    (loop,) = _spans(records, "training_loop")
+    assert loop.status == "error" and loop.start_ns <= validation.start_ns
+    assert _events(records, "training_metrics_update")[-1]["num_iterations"] == 3
+    assert not _spans(records, "checkpoint_save_sync") and cb.failures == 0
+
+
 def test_a_failed_save_is_a_save_span_with_status_error(tmp_path: Path, telemetry: Telemetry,
                                                         read_run: Callable[..., Any]) -> None:
     """A file where the checkpoint folder goes: the Trainer's save raises after the last hook before it."""
