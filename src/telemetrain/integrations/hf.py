@@ -12,7 +12,8 @@ The mapping (read from ``Trainer._inner_training_loop``/``_run_epoch``/``_maybe_
   ``train_iterations_start`` is ``state.global_step``, so a resumed run starts at its checkpoint's step.
 - An iteration is an optimizer step: ``on_step_begin`` (first micro-batch; the step's batches are already fetched)
   .. ``on_step_end`` (after ``optimizer.step``, the scheduler and ``zero_grad``). Micro-batches (``on_substep_end``
-  and the step's last one) are counted: ``micro_batches``, and a metric at each training log.
+  and the step's last one) are counted: ``micro_batches``, a metric at each training log and an attribute of the
+  loop span.
   ``on_pre_optimizer_step`` .. ``on_optimizer_step`` is the ``optimizer_update`` sub-phase.
 - Evaluation and prediction have no start hook, only ``on_prediction_step`` after each batch and ``on_evaluate`` /
   ``on_predict`` at the end, which alone say which it was. Their batch times are kept and written as a
@@ -32,11 +33,12 @@ The mapping (read from ``Trainer._inner_training_loop``/``_run_epoch``/``_maybe_
 
 Exceptions: the Trainer has no exception hook. ``guard()`` (a context manager around ``train()``, ``evaluate()``...)
 ends what is open with status ``error`` and the exception: the optimizer span, the iteration (not counted: its step
-did not complete), a pending evaluation, the training loop (its final metrics reported first), and the application
-the callback opened; then the exception goes on. Without ``guard()``, the next ``on_train_begin`` ends the previous
-call's open spans the same way, at the time of the last hook seen; a process that exits first has them ended as
-``terminated`` by its Telemetry's close. (``sys.excepthook`` and ``atexit`` are process-wide and see an exception
-only if nothing catches it: a job that catches it and retries would leave its spans open.)
+did not complete), a pending evaluation, a save under way (a save was due and no evaluation before it), the training
+loop (its final metrics reported first), and the application the callback opened; then the exception goes on.
+Without ``guard()``, the next ``on_train_begin`` ends the previous call's open spans the same way, at the time of
+the last hook seen; a process that exits first has them ended as ``terminated`` by its Telemetry's close.
+(``sys.excepthook`` and ``atexit`` are process-wide and see an exception only if nothing catches it: a job that
+catches it and retries would leave its spans open.)
 
 Config: a given ``TrainingTelemetryConfig`` is used as is; else it is derived at each ``on_train_begin``:
 ``global_batch_size`` = train batch per device x gradient accumulation x ``world_size``; ``micro_batch_size`` and
