@@ -16,6 +16,7 @@ import telemetrain
 from telemetrain import cli
 from telemetrain.records import Diagnostic
 from telemetrain.store import open_run
+from telemetrain.store.reader import find_runs
 
 
 def _run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -50,16 +51,47 @@ def _synthetic_run(root: Path, run_id: str, **metrics: float) -> Path:
 def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
     pytest.importorskip("torch")
     root = tmp_path_factory.mktemp("store")
-    proc = _run_cli("demo", "--steps", "30", "--root", str(root), "--seed", "3", "--no-crash")
+    proc = _run_cli("demo", "--steps", "30", "--root", str(root), "--seed", "3", "--no-crash", "--in-process")
     assert proc.returncode == 0, proc.stderr
     return _printed_run_dir(proc.stdout), proc
 
 
-def test_demo_preempts_once_restarts_and_shows_goodput(tmp_path: Path) -> None:
-    """The default demo: attempt 1 (its own process) is sent SIGTERM at 60% of the steps, attempt 2 resumes from its
-    last checkpoint in the same session; show reports both attempts and the iterations the preemption lost."""
+def test_default_demo_is_a_launched_two_rank_job_restarted_by_the_agent(tmp_path: Path) -> None:
+    """The default demo runs under `telemetrain launch --nproc-per-node 2`: rank 1 of the first attempt is preempted
+    (SIGTERM) at 60% of the steps, the elastic agent restarts the job, the second attempt resumes from the last
+    checkpoint; each attempt's folder holds both ranks and the agent; the demo ends by writing the report."""
     pytest.importorskip("torch")
     proc = _run_cli("demo", "--steps", "40", "--root", str(tmp_path), "--seed", "1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "will be preempted (SIGTERM) at step 24" in proc.stdout
+    assert "resumed from the checkpoint of step 20" in proc.stdout
+    run_dir = _printed_run_dir(proc.stdout)
+    first, second = (open_run(p) for p in find_runs(run_dir.parent))
+    job = first.session_tag
+    assert (first.run_id, second.run_id) == (f"{job}.0", f"{job}.1") and second.path == run_dir
+    for run, attempt in ((first, 0), (second, 1)):
+        assert sorted(p.rank for p in run.processes) == [0, 1]
+        assert {p.identity.restart_count for p in run.processes} == {attempt}
+        assert len(run.agents) == 1 and run.agents[0].identity.role == "agent"
+    preempted = [r for r in first.processes[1].records if r.kind == "span_end" and r.name == "training_loop"]
+    assert [r.status for r in preempted] == ["terminated"]
+    failed = [r for r in first.processes[0].records if r.kind == "span_end" and r.name == "training_loop"]
+    # rank 0 either lost its peer mid all-reduce or was stopped by the agent first: never "finished"
+    assert [r.status for r in failed] in (["error"], ["terminated"])
+    report = [line for line in proc.stdout.splitlines() if line.startswith("report: ")]
+    assert report and Path(report[0].split()[1]).is_file()
+    shown = _run_cli("show", str(run_dir))
+    assert shown.returncode == 0, shown.stderr
+    assert re.search(r"goodput +\d+\.\d% of .* productive \(40 iterations kept, [1-9]\d* lost\) over 2 run\(s\)",
+                     shown.stdout)
+    assert "agents      1 (node 0" in shown.stdout
+
+
+def test_in_process_demo_preempts_once_restarts_and_shows_goodput(tmp_path: Path) -> None:
+    """The one-process demo: attempt 1 (its own process) is sent SIGTERM at 60% of the steps, attempt 2 resumes from
+    its last checkpoint in the same session; show reports both attempts and the iterations the preemption lost."""
+    pytest.importorskip("torch")
+    proc = _run_cli("demo", "--steps", "40", "--root", str(tmp_path), "--seed", "1", "--in-process")
     assert proc.returncode == 0, proc.stderr
     assert "SIGTERM (simulated preemption)" in proc.stdout and "resumed from the checkpoint of step 20" in proc.stdout
     run_dir = _printed_run_dir(proc.stdout)
@@ -164,7 +196,8 @@ def test_demo_is_deterministic_and_restores_the_default(
 ) -> None:
     first, _ = demo_run
     telemetrain.reset()
-    assert cli.main(["demo", "--steps", "30", "--root", str(tmp_path), "--seed", "3", "--no-crash"]) == 0
+    assert cli.main(["demo", "--steps", "30", "--root", str(tmp_path), "--seed", "3", "--no-crash",
+                     "--in-process"]) == 0
     second = _printed_run_dir(capsys.readouterr().out)
     assert second != first and second.is_relative_to(tmp_path.absolute())
 
@@ -317,12 +350,14 @@ def test_demo_backend_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     run_dir = _printed_run_dir(proc.stdout)
     run = open_run(run_dir)
     assert not [d for d in run.records("diagnostic")]  # no backend failed
-    # TensorBoard: the demo's training loss, every step
+    # TensorBoard: the demo's training loss, every step; rank 0 only (two ranks ran: the chatty backends are rank 0's)
+    assert sorted(p.rank for p in run.processes) == [0, 1]
     (rank_dir,) = [p for p in tb.rglob("rank*") if p.is_dir()]
+    assert rank_dir.name == "rank0"
     acc = EventAccumulator(str(rank_dir), size_guidance={"tensors": 0})  # 0: keep every value
     acc.Reload()
     loss = [tag for tag in acc.Tags()["tensors"] if tag.endswith("train.loss")]
-    points = [m for m in run.records("metric") if m.name == "train.loss"]
+    points = [m for m in run.processes[0].records if m.kind == "metric" and m.name == "train.loss"]
     assert len(points) == 30 and all(m.step is None for m in points)  # (put_metric has no step: TB counts them)
     assert loss and [e.step for e in acc.Tensors(loss[0])] == list(range(30))
     # MLflow: the same metric with its steps

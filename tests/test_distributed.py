@@ -55,6 +55,7 @@ def test_two_ranks_one_run_folder_with_agent_and_worker_telemetry(tmp_path: Path
         assert (ident.session_tag, ident.run_id, ident.perf_tag) == (job, f"{job}.0", "_dist_worker")
     (agent,) = run.agents
     assert agent.path.name.startswith("agent-0.") and agent.identity.role == "agent"
+    assert run.meta["created_by"]["role"] != "agent"  # run.json (and its config) is the training's
     assert (agent.identity.session_tag, agent.identity.run_id) == (job, f"{job}.0")
     metric_names = {r.name for r in agent.records if r.kind == "metric" and r.group == "torchelastic"}
     assert {"SimpleElasticAgent._rendezvous.duration.ms", "workers.default.run_success_no_retries",

@@ -1237,3 +1237,27 @@ def test_reports_carry_the_loops_cumulative_iteration_time(telemetry: Telemetry,
     recorder.on_train_end(finish_time_msec=clock + 5)
     reports = [r.attributes for r in read_run(telemetry, "event") if r.name == "training_metrics_update"]
     assert [round(r["cumulative_iteration_time_sec"], 6) for r in reports] == [0.3, 1.0]
+
+
+def test_on_exception_ends_the_open_spans_as_failed_without_a_misuse_error(tmp_path: Path) -> None:
+    t = Telemetry(store=tmp_path)
+    rec = TrainingRecorder(TrainingTelemetryConfig(global_batch_size_or_fn=4, log_every_n_train_iterations=2),
+                           telemetry=t)
+    rec.on_app_start()
+    rec.on_train_start(train_iterations_start=0)
+    for _ in range(3):
+        rec.on_training_single_iteration_start()
+        rec.on_training_single_iteration_end()
+    rec.on_training_single_iteration_start()
+    rec.on_exception(RuntimeError("peer rank died"))
+    rec.on_app_end()
+    with pytest.raises(TypeError, match="exc"):
+        rec.on_exception("not an exception")  # type: ignore[arg-type]
+    t.close()
+    records = open_run(t.run_dir).records()
+    (loop,) = _spans(records, "span_end", "training_loop")
+    assert loop.status == "error" and "RuntimeError: peer rank died" in (loop.error or "")
+    (app,) = _spans(records, "span_end", "application")
+    assert app.status == "error"
+    assert not [e for e in _events(records, "error") if "still open" in str(e.attributes)]
+    assert _attrs(records, "training_metrics_update")[-1]["num_iterations"] == 4  # the failed one is counted

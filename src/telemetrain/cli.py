@@ -100,6 +100,18 @@ def summarize(run: Run) -> list[str]:
             (f"rank {p.rank}", f"pid {p.pid}", f"host {p.identity.host}", f"{len(p.records)} records{extra}")
         )
     lines += _table(proc_rows)
+    if run.agents:  # `telemetrain launch`: the elastic agent of each node, beside its workers
+        agent_rows = []
+        for p in run.agents:
+            events = [r for r in p.records if r.kind == "event"]
+            restarts = sum(1 for r in events if r.group == "launcher" and r.name == "attempt_start"
+                           and (r.attributes or {}).get("attempt"))
+            end = next((r for r in events if r.group == "launcher" and r.name == "launch_end"), None)
+            outcome = f", job {(end.attributes or {}).get('outcome')}" if end is not None else ""
+            agent_rows.append((f"node {p.identity.group_rank}", f"pid {p.pid}", f"host {p.identity.host}",
+                               f"{len(p.records)} records, {len(events)} events, {restarts} restart(s){outcome}"))
+        lines.append(f"agents      {len(run.agents)} (" + "; ".join(" ".join(r[:2]) for r in agent_rows) + ")")
+        lines += _table(agent_rows)
 
     walls = [r.wall_ns for r in records] or [p.header["wall_ns"] for p in run.processes if "wall_ns" in p.header]
     if not walls and isinstance(run.meta.get("created_wall_ns"), int):
@@ -414,23 +426,41 @@ def _cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         # A CPU torch without numpy warns at import; the demo never uses numpy.
         warnings.filterwarnings("ignore", message=".*Failed to initialize NumPy.*")
         from .demo.backends import Backends
+        from .demo.launched import run_launched_demo
         from .demo.train import DemoConfig, run_demo
 
     root = Path(args.root) if args.root is not None else default_root()
     backends = Backends(prometheus=args.prometheus, otel=args.otel, tensorboard=args.tensorboard, mlflow=args.mlflow,
                         trace=args.trace)
-    result = run_demo(
-        DemoConfig(steps=args.steps, seed=args.seed), root=root, console=args.console, out=out, crash=args.crash,
-        backends=backends,
-    )
-    run_dir = result.run_dir.absolute()
-    print(
-        f"done: {result.steps} steps in {result.seconds:.1f} s, val loss {_fmt_value(result.val_loss)}, "
-        f"accuracy {result.val_accuracy:.1%}",
-        file=out,
-    )
-    print(f"sample: {result.sample!r}", file=out)
+    cfg = DemoConfig(steps=args.steps, seed=args.seed)
+    if args.in_process:
+        result = run_demo(cfg, root=root, console=args.console, out=out, crash=args.crash, backends=backends)
+        run_dir = result.run_dir.absolute()
+        print(
+            f"done: {result.steps} steps in {result.seconds:.1f} s, val loss {_fmt_value(result.val_loss)}, "
+            f"accuracy {result.val_accuracy:.1%}",
+            file=out,
+        )
+        print(f"sample: {result.sample!r}", file=out)
+    else:
+        launched = run_launched_demo(cfg, root=root, nproc=args.nproc, crash=args.crash, console=args.console,
+                                     backends=backends, out=out)
+        if launched.run_dir is None:
+            raise CLIError(f"the launched demo wrote no run under {launched.session_dir}")
+        run_dir = launched.run_dir.absolute()
+        if launched.status != 0:
+            print(f"the demo job failed (exit status {launched.status}); its run: {run_dir}", file=err)
+            return launched.status
+        if backends.trace is not None:
+            from .trace import export_trace
+
+            written = export_trace(launched.session_dir, backends.trace)
+            print(f"trace: {written.path} ({written.events} events): open it in https://ui.perfetto.dev", file=out)
     print(f"run: {run_dir}", file=out)
+    from .report import write_report
+
+    report = write_report(run_dir)
+    print(f"report: {report}  (open it in a browser; it covers the session's restarts too)", file=out)
     print(f"see it with: telemetrain show {_q(run_dir)}   (the session's goodput covers every attempt)", file=out)
     return 0
 
@@ -492,6 +522,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--root", help="run store root (default: $TELEMETRAIN_DIR, else ./telemetrain-runs)", metavar="DIR"
     )
     demo.add_argument("--seed", type=int, default=0, help="random seed; same seed, same run (default: %(default)s)")
+    demo.add_argument("--nproc", type=_positive_int, default=2,
+                      help="gloo ranks on this CPU, under `telemetrain launch` (default: %(default)s)")
+    demo.add_argument("--in-process", action="store_true",
+                      help="train in this process instead, without the launcher (one rank; the preemption is a "
+                      "SIGTERM to a first child process)")
     demo.add_argument("--console", action="store_true", help="also print every record to stderr")
     demo.add_argument("--prometheus", action="store_true",
                       help="serve the metrics for Prometheus on 127.0.0.1:9464 (needs telemetrain[prometheus])")
@@ -507,8 +542,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-crash",
         dest="crash",
         action="store_false",
-        help="do not simulate the preemption and restart (by default the first attempt gets SIGTERM at 60%% of the "
-        "steps and a second one resumes from its last checkpoint, in the same session)",
+        help="do not simulate the preemption and restart (by default the last rank of the first attempt gets SIGTERM "
+        "at 60%% of the steps, the elastic agent restarts the job, and the second attempt resumes from the last "
+        "checkpoint, in the same session)",
     )
 
     show = sub.add_parser(

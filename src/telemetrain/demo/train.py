@@ -108,7 +108,7 @@ def lr_factor(step: int, cfg: DemoConfig) -> float:
 
 @metrics.prof(group="demo")
 def train_step(
-    model: CharGRU,
+    model: nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     x: torch.Tensor,
@@ -139,7 +139,7 @@ def _phase(recorder: TrainingRecorder | None, name: str) -> Any:
 
 @metrics.prof(group="demo")
 def evaluate(
-    model: CharGRU, loader: DataLoader[Any], max_batches: int, recorder: TrainingRecorder | None = None
+    model: nn.Module, loader: DataLoader[Any], max_batches: int, recorder: TrainingRecorder | None = None
 ) -> tuple[float, float]:
     """Mean loss (nats per character) and next-character accuracy on the first ``max_batches`` batches."""
     model.eval()
@@ -266,6 +266,10 @@ def _run(
     if backends is not None and backends.any_sink:
         attach(t, backends, out)
     _start_system_sampler(t, out)  # stopped, with a last sample, when t closes (SIGTERM included)
+    if t.identity.world_size > 1:  # under `telemetrain launch`: the ranks compare their windows (docs/distributed.md)
+        from ..distributed.cross_rank import enable_from_env
+
+        enable_from_env(t)
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
     try:
@@ -361,6 +365,9 @@ def _loop(
     rec.on_app_start()
     try:
         return _lifecycle(cfg, t, rec, run_dir, started, out, report_every, resume, crash_at)
+    except BaseException as exc:  # a peer rank died mid all-reduce, say: the spans end as failed, not finished
+        rec.on_exception(exc)
+        raise
     finally:
         rec.on_app_end()
 
@@ -383,20 +390,24 @@ def _lifecycle(
     split = int(len(ids) * (1 - cfg.val_fraction))  # contiguous split: no window straddles train and validation
     train_set = CharWindows(ids[:split], cfg.context)
     val_set = CharWindows(ids[split:], cfg.context, stride=cfg.context)
+    rank, world = _rank_and_world()
     loader = DataLoader(
         train_set,
         batch_size=cfg.batch_size,
         shuffle=True,
         drop_last=True,
         num_workers=0,
-        generator=torch.Generator().manual_seed(cfg.seed),
+        generator=torch.Generator().manual_seed(cfg.seed + rank),  # each rank its own order of the data
     )
     val_loader = DataLoader(val_set, batch_size=cfg.batch_size, shuffle=False, num_workers=0)
     rec.on_dataloader_init_end()
 
     rec.on_model_init_start()
-    model = CharGRU(len(VOCAB), cfg.embed_dim, cfg.hidden_dim)
-    params = sum(p.numel() for p in model.parameters())
+    net = CharGRU(len(VOCAB), cfg.embed_dim, cfg.hidden_dim)  # the same initial weights on every rank (seeded)
+    params = sum(p.numel() for p in net.parameters())
+    model: nn.Module = net
+    if world > 1:  # data parallel over the launcher's gloo ranks: gradients are averaged in backward
+        model = nn.parallel.DistributedDataParallel(net)
     rec.on_model_init_end()
     rec.on_optimizer_init_start()
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -406,7 +417,7 @@ def _lifecycle(
     if resume is not None:  # a restart: the last checkpoint of the attempt before
         rec.on_load_checkpoint_start()
         state = torch.load(resume, weights_only=True)
-        model.load_state_dict(state["model"])
+        net.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         start_step = int(state["step"])
@@ -418,7 +429,8 @@ def _lifecycle(
     )
     print(
         f"telemetrain demo: next-character GRU ({params:,} parameters) on {len(text):,} characters of Python "
-        f"source ({', '.join(modules)}); {cfg.steps} steps of batch {cfg.batch_size}",
+        f"source ({', '.join(modules)}); {cfg.steps} steps of batch {cfg.batch_size}"
+        + (f" on each of {world} ranks" if world > 1 else ""),
         file=out,
     )
     print(f"writing the run to {run_dir}", file=out, flush=True)
@@ -433,7 +445,7 @@ def _lifecycle(
     rss = Gauge("process.max_rss", _max_rss_bytes, unit="bytes", interval=1.0, telemetry=t)
     width = len(str(cfg.steps))
     best = math.inf
-    val_loss, val_acc = _evaluate_and_record(t, model, val_loader, cfg, step=0, recorder=rec)
+    val_loss, val_acc = _evaluate_and_record(t, net, val_loader, cfg, step=0, recorder=rec)
     print(f"  eval at step 0: val loss {val_loss:.4f}  accuracy {val_acc:.1%}", file=out, flush=True)
     window_loss, window_samples, window_time = 0.0, 0, 0.0
     step = start_step
@@ -475,7 +487,7 @@ def _lifecycle(
             window_loss, window_samples, window_time = 0.0, 0, 0.0
         if step % checkpoint_every == 0 and step < cfg.steps:
             rec.on_save_checkpoint_start(step)
-            path = _save_checkpoint(model, optimizer, cfg, step, run_dir, scheduler)
+            path = _save_checkpoint(net, optimizer, cfg, step, run_dir, scheduler)
             rec.on_save_checkpoint_success(step, path=path)
             rec.on_save_checkpoint_end(path=path)
         if crash_at is not None and step >= crash_at:
@@ -483,7 +495,7 @@ def _lifecycle(
             os.kill(os.getpid(), signal.SIGTERM)  # telemetrain flushes, ends open spans as terminated, re-raises
             time.sleep(5)  # the signal arrives at the next bytecode; never reached
         if step % eval_every == 0 or step == cfg.steps:
-            val_loss, val_acc = _evaluate_and_record(t, model, val_loader, cfg, step, recorder=rec)
+            val_loss, val_acc = _evaluate_and_record(t, net, val_loader, cfg, step, recorder=rec)
             if val_loss < best:
                 best = val_loss
                 t.event("val.new_best", {"step": step, "val_loss": val_loss})
@@ -493,11 +505,11 @@ def _lifecycle(
         stat.close()  # report what is open now (closing the Telemetry would too)
     rss.close()
     rec.on_save_checkpoint_start(step)
-    checkpoint = _save_checkpoint(model, optimizer, cfg, step, run_dir, scheduler)
+    checkpoint = _save_checkpoint(net, optimizer, cfg, step, run_dir, scheduler)
     rec.on_save_checkpoint_success(step, path=checkpoint)
     rec.on_save_checkpoint_end(path=checkpoint)
     rec.on_train_end()
-    sample = sample_text(model, "def ", 120, cfg.seed)
+    sample = sample_text(net, "def ", 120, cfg.seed)
     t.event("demo.sample", {"step": step, "text": sample})
     return DemoResult(run_dir, step, time.perf_counter() - started, val_loss, val_acc, checkpoint, sample)
 
@@ -514,7 +526,7 @@ def _max_rss_bytes() -> int | None:
 
 def _evaluate_and_record(
     t: telemetrain.Telemetry,
-    model: CharGRU,
+    model: nn.Module,
     loader: DataLoader[Any],
     cfg: DemoConfig,
     step: int,
@@ -539,6 +551,15 @@ def _evaluate_and_record(
     return val_loss, val_acc
 
 
+def _rank_and_world() -> tuple[int, int]:
+    """This process's rank and the world size when the launcher started it with a process group, else (0, 1)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
 def _save_checkpoint(
     model: CharGRU,
     optimizer: torch.optim.Optimizer,
@@ -547,9 +568,17 @@ def _save_checkpoint(
     run_dir: Path,
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
 ) -> Path:
+    """Rank 0 writes the file (the ranks hold the same weights); every rank waits for it, so each rank's save span
+    covers the save."""
     run_dir.mkdir(parents=True, exist_ok=True)  # the store creates it on its first write, which may still be queued
     path = run_dir / CHECKPOINT_NAME
     tick = time.perf_counter()
+    rank, world = _rank_and_world()
+    if rank != 0:
+        import torch.distributed as dist
+
+        dist.barrier()
+        return path
     torch.save(
         {
             "model": model.state_dict(),
@@ -559,8 +588,13 @@ def _save_checkpoint(
             "config": dataclasses.asdict(cfg),
             "vocab": VOCAB,
         },
-        path,
+        path.with_suffix(".tmp"),
     )
+    os.replace(path.with_suffix(".tmp"), path)  # a rank killed mid-save never leaves a torn checkpoint to resume from
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
     events.record(
         events.Event(
             name="demo.checkpoint",

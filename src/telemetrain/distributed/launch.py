@@ -85,14 +85,14 @@ def _choose_rendezvous(args: Any, max_nodes: int) -> None:
         args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", new_run_id()
 
 
-def _agent_telemetry(args: Any, job_env: str, world_size: int, config: dict[str, Any]) -> Telemetry:
+def _agent_telemetry(args: Any, job_env: str, world_size: int) -> Telemetry:
     env = dict(os.environ)
     env["TORCHELASTIC_RUN_ID"] = job_env
     env["TORCHELASTIC_RESTART_COUNT"] = "0"
     node = int(args.node_rank)
     identity = identity_from_env(env, role=AGENT_ROLE, rank=node, local_rank=0, group_rank=node,
                                  world_size=max(world_size, node + 1))
-    return Telemetry(identity, config=config)
+    return Telemetry(identity)  # the launch config goes into the launch_start event; run.json is the workers' to write
 
 
 def main(argv: Sequence[str]) -> int:
@@ -126,7 +126,7 @@ def main(argv: Sequence[str]) -> int:
         "monitor_interval": float(args.monitor_interval),
         "share_rdzv_tcp_store": os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "0") != "1",
     }
-    telemetry = _agent_telemetry(args, job_env, nproc * max_nodes, config)
+    telemetry = _agent_telemetry(args, job_env, nproc * max_nodes)
     fixed_run_id = bool(os.environ.get("TELEMETRAIN_RUN_ID"))
     follower = AttemptFollower(telemetry, None if fixed_run_id else telemetry.identity.session_tag)
     bridge = install(telemetry, rendezvous=True, on_metric=follower.on_metric)

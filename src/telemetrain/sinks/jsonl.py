@@ -23,7 +23,7 @@ from .._version import __version__
 from ..identity import Identity
 from ..records import PackedSource
 from ..store.codec import ENCODERS, encode, encode_header, tag_nonfinite
-from ..store.layout import RUN_META, default_root, process_file_name, run_dir
+from ..store.layout import AGENT_ROLE, RUN_META, default_root, process_file_name, run_dir
 from .base import Sink
 
 
@@ -95,7 +95,8 @@ class RunStoreSink(Sink):
         self._close_fd()
         directory = self.run_dir_for(identity)
         directory.mkdir(parents=True, exist_ok=True)
-        write_run_meta(directory, identity, self.config)
+        if identity.role != AGENT_ROLE:  # the launcher's agent gets there first; run.json is the training's to write
+            write_run_meta(directory, identity, self.config)
         path = directory / process_file_name(identity)
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
         self._identity = identity

@@ -339,8 +339,10 @@ class TrainingRecorder:
         """End the application; spans still open are ended as ``terminated`` (each an error event), the training
         loop's last metrics are reported first."""
         with self._lock:
-            if S.TRAINING_LOOP in self._spans:
-                self._misuse("on_app_end", "training_loop still open at application end: ended here")
+            loop = self._spans.get(S.TRAINING_LOOP)
+            if loop is not None:
+                if loop.status != "error":  # after on_exception it is no misuse: the training failed
+                    self._misuse("on_app_end", "training_loop still open at application end: ended here")
                 self.on_train_end(finish_time_msec)
             elif self._iteration is not None:
                 self._misuse("on_app_end", "an iteration is still open at application end: ended here")
@@ -352,6 +354,21 @@ class TrainingRecorder:
                     s.end("terminated", "still open at application end", end_ns=self._mono_of(finish_time_msec))
             self._end("on_app_end", S.APPLICATION, finish_time_msec)
         self.telemetry.flush()
+
+    def on_exception(self, exc: BaseException) -> None:
+        """An exception is leaving the training code: every open span of this recorder (the iteration, the loops, a
+        save, the application) is marked ``error`` with it, so whatever ends them next (``on_app_end``, the
+        integrations' end hooks) ends them as failed, and goodput counts the run as interrupted."""
+        if not isinstance(exc, BaseException):
+            raise TypeError(f"exc must be an exception, got {type(exc).__name__}")
+        text = describe(exc)
+        with self._lock:
+            iteration = self._iteration
+            if iteration is not None and not iteration.ended:
+                iteration.set_status("error", text)
+            for s in self._spans.values():
+                if not s.ended:
+                    s.set_status("error", text)
 
     on_distributed_init_start, on_distributed_init_end = _simple_pair(S.DIST_INIT, "distributed_init")
     on_model_init_start, on_model_init_end = _simple_pair(S.MODEL_INIT, "model_init")
@@ -429,7 +446,8 @@ class TrainingRecorder:
         """End the training loop, reporting the iterations since the last update (one-logger drops them)."""
         with self._lock:
             if self._iteration is not None:
-                self._misuse("on_train_end", "an iteration is still open at training end: ended here")
+                if self._iteration.status != "error":  # after on_exception it is no misuse
+                    self._misuse("on_train_end", "an iteration is still open at training end: ended here")
                 self.on_training_single_iteration_end(finish_time_msec)
             if self._iterations > self._window_begin:
                 self._report(final=True)

@@ -1,0 +1,62 @@
+"""``telemetrain demo`` as a multi-rank job: this process becomes the elastic agent of ``telemetrain launch``, which
+starts ``telemetrain.demo.worker`` on N gloo ranks. The job id is chosen here so the session folder is known."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import TextIO
+
+from ..identity import new_run_id
+from ..store.reader import find_runs
+from .backends import Backends
+from .train import DemoConfig
+
+__all__ = ["LaunchedDemo", "run_launched_demo"]
+
+
+class LaunchedDemo:
+    def __init__(self, status: int, session_dir: Path, runs: list[Path]) -> None:
+        self.status = status
+        self.session_dir = session_dir
+        self.runs = runs
+
+    @property
+    def run_dir(self) -> Path | None:
+        """The last attempt's run."""
+        return self.runs[-1] if self.runs else None
+
+
+def run_launched_demo(
+    cfg: DemoConfig, *, root: Path, nproc: int, crash: bool, console: bool, backends: Backends, out: TextIO
+) -> LaunchedDemo:
+    from ..distributed.launch import main as launch
+
+    job = new_run_id()
+    fail_at = max(2, cfg.steps * 6 // 10) if crash and cfg.steps >= 8 else None
+    argv = [
+        "--nproc-per-node", str(nproc), "--max-restarts", "1" if fail_at is not None else "0",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--rdzv-id", job,
+        "-m", "telemetrain.demo.worker", "--steps", str(cfg.steps), "--seed", str(cfg.seed), "--root", str(root),
+    ]
+    if fail_at is not None:
+        argv += ["--fail-at", str(fail_at)]
+    for flag, on in (("--console", console), ("--prometheus", backends.prometheus), ("--otel", backends.otel)):
+        if on:
+            argv.append(flag)
+    if backends.tensorboard is not None:
+        argv += ["--tensorboard", backends.tensorboard]
+    if backends.mlflow is not None:
+        argv += ["--mlflow", backends.mlflow]
+    print(f"telemetrain launch --nproc-per-node {nproc}: job {job}, {nproc} gloo rank(s) on this CPU"
+          + (f"; rank {nproc - 1} will be preempted at step {fail_at} and the agent will restart the job"
+             if fail_at is not None else ""), file=out, flush=True)
+    os.environ["TELEMETRAIN_DIR"] = str(root)  # the agent's own store, beside the workers'
+    os.environ.setdefault("TELEMETRAIN_PERF_TAG", "telemetrain-demo")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's own default for its workers, without its warning
+    out.flush()
+    sys.stdout.flush()
+    status = launch(argv)
+    session = root / job
+    return LaunchedDemo(status, session, find_runs(session))
