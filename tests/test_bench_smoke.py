@@ -347,3 +347,23 @@ def test_bench_sinks_quick(tmp_path: Path) -> None:
             for run in runs:
                 if key != "no-op call":
                     assert run["ok"] and run["health"]["dropped"] == 0 and run["health"]["failed"] == 0, run
+
+
+BENCH_CROSS_RANK = BENCH.with_name("bench_cross_rank.py")
+
+
+def test_bench_cross_rank_quick(tmp_path: Path) -> None:
+    """bench/bench_cross_rank.py --quick launches one round of each mode (2 gloo ranks each) and computes its check
+    from the aggregator's own exchange count and CPU time."""
+    pytest.importorskip("torch")
+    out_json = tmp_path / "cross_rank.json"
+    proc = subprocess.run([sys.executable, str(BENCH_CROSS_RANK), "--quick", "--quiet", "--json", str(out_json)],
+                          capture_output=True, text=True, timeout=400, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for mode in ("| off |", "| ours |", "| inline |"):
+        assert mode in proc.stdout
+    data = json.loads(out_json.read_text())
+    ours = next(r for r in data["rows"] if r["mode"] == "ours")
+    assert ours["exchanges"] == 6  # 300 steps, one exchange every 50 (the final report is not exchanged)
+    assert math.isfinite(ours["direct_share"]) and ours["exchange_cpu_ms"] > 0
+    assert data["checks"][0]["status"] in ("PASS", "FAIL")

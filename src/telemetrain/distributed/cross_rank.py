@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import os
 import statistics
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -70,6 +71,8 @@ class CrossRankAggregator(Sink):
         self.record_on = record_on
         self.detector = detector if detector is not None else StragglerDetector()
         self.exchanges = 0
+        self.cpu_ns = 0  # this thread's CPU time in exchanges and recording (bench/bench_cross_rank.py reports it)
+        self.wall_ns = 0  # and the wall time, waits for the other ranks included
         self.stopped: str | None = None  # why, once an exchange failed
         self._exchange: Exchange | None = None
         self._hosts: list[str] = []
@@ -85,7 +88,10 @@ class CrossRankAggregator(Sink):
             if attributes.get("final") or type(step) is not int or step + 1 < self._next_due:
                 continue
             self._next_due = ((step + 1) // self.every + 1) * self.every
+            cpu, wall = time.thread_time_ns(), time.perf_counter_ns()
             self._exchange_report(record.identity, step, attributes)
+            self.cpu_ns += time.thread_time_ns() - cpu
+            self.wall_ns += time.perf_counter_ns() - wall
 
     def _exchange_report(self, identity: Any, step: int, report: dict[str, Any]) -> None:
         if identity.world_size < 2:
