@@ -511,7 +511,7 @@ def _goodput(run: Run, rank: int) -> tuple[Any, str]:
     error = ""
     for session_dir in (run.path.parent, run.path):  # a run folder alone is a session of one run
         try:
-            return goodput(session_dir, rank=rank), ""
+            return goodput(session_dir, rank=rank, opened=(run,)), ""  # this run is read already
         except (ValueError, OSError) as exc:
             error = str(exc)
         except Exception as exc:  # noqa: BLE001 - odd records must not take the whole report down

@@ -26,7 +26,7 @@ import dataclasses
 import itertools
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -414,7 +414,7 @@ def _read_process(log: ProcessLog, run_index: int) -> _Process:
     )
 
 
-def _load(session_dir: str | os.PathLike[str]) -> _Session:
+def _load(session_dir: str | os.PathLike[str], opened: Sequence[Run] = ()) -> _Session:
     path = Path(session_dir)
     if not path.exists():
         raise FileNotFoundError(f"no such session folder: {path}")
@@ -426,7 +426,8 @@ def _load(session_dir: str | os.PathLike[str]) -> _Session:
             f"{path}: empty session, no runs in it (a session folder holds <run_id>/ folders with run.json and "
             "rank-<R>.<pid>.jsonl files)"
         )
-    runs = [open_run(d) for d in run_dirs]
+    already = {Path(r.path).resolve(): r for r in opened}
+    runs = [already.get(d.resolve()) or open_run(d) for d in run_dirs]
     tags = sorted({r.session_tag for r in runs})
     if len(tags) > 1:
         shown = ", ".join(tags[:5]) + (", ..." if len(tags) > 5 else "")
@@ -786,19 +787,21 @@ def _report(session: _Session, rank: int) -> GoodputReport:
 # -- the API ---------------------------------------------------------------------------------------------------------
 
 
-def goodput(session_dir: str | os.PathLike[str], *, rank: int = 0) -> GoodputReport:
+def goodput(session_dir: str | os.PathLike[str], *, rank: int = 0, opened: Sequence[Run] = ()) -> GoodputReport:
     """Goodput and badput of a session folder of the run store (``<root>/<session_tag>/``: every restart of one job),
     on ``rank``'s timeline (rank 0 by default; ``goodput_by_rank`` gives every rank).
 
     The session's wall time runs from its first training-lifecycle timestamp to its last, over every run and rank;
     ``productive_seconds + badput.total == wall_seconds``. docs/goodput.md defines each term.
 
+    ``opened``: runs of the session the caller has read already (the report's), used instead of reading them again.
+
     Raises ``FileNotFoundError`` for a missing folder and ``ValueError`` for an empty session (no runs, or runs
     without any training lifecycle record), a folder holding several sessions, or a rank with no record.
     """
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
         raise ValueError(f"rank must be an int >= 0, got {rank!r}")
-    return _report(_load(session_dir), rank)
+    return _report(_load(session_dir, opened), rank)
 
 
 def goodput_by_rank(session_dir: str | os.PathLike[str]) -> dict[int, GoodputReport]:
