@@ -132,9 +132,10 @@ def test_steps_evaluations_saves_and_logs_are_recorded(tmp_path: Path, telemetry
     assert steps == 10 and cb.failures == 0
 
     # one application, one training loop, both ok; iterations are optimizer steps, micro-batches counted
-    assert [s.status for s in _spans(records, "application")] == ["ok"]
+    (app,) = _spans(records, "application")
     (loop,) = _spans(records, "training_loop")
-    assert loop.status == "ok"
+    assert app.status == "ok" and loop.status == "ok" and loop.parent_id == app.span_id
+    assert app.start_ns < loop.start_ns and loop.end_ns <= app.end_ns  # from the Trainer's construction on
     reports = _events(records, "training_metrics_update")
     assert reports[-1]["num_iterations"] == steps and reports[-1]["current_iteration"] == steps - 1
     assert [r["current_iteration"] for r in reports] == [1, 3, 5, 7, 9]  # every logging_steps=2 optimizer steps
