@@ -367,3 +367,21 @@ def test_bench_cross_rank_quick(tmp_path: Path) -> None:
     assert ours["exchanges"] == 6  # 300 steps, one exchange every 50 (the final report is not exchanged)
     assert math.isfinite(ours["direct_share"]) and ours["exchange_cpu_ms"] > 0
     assert data["checks"][0]["status"] in ("PASS", "FAIL")
+
+
+BENCH_REPORT = BENCH.with_name("bench_report.py")
+
+
+def test_bench_report_quick(tmp_path: Path) -> None:
+    """bench/bench_report.py --quick runs, prints its rows and check, and writes its JSON. Timing and the PASS/FAIL
+    verdict are not asserted: only that the check is computed from finite numbers."""
+    out, data = _quick_run(
+        BENCH_REPORT, tmp_path,
+        "| library | operation | CPU median s | CPU best s | wall median s | wall best s | CPU ratio to read | n |",
+        ("read: store.open_run", "load: report.load.load_run", "analyse: report.model.build_model",
+         "render: report.html.render", "report, total: write_report"), ())
+    checks = re.findall(r"^check (\w+): (PASS|FAIL|SKIP): (.*)$", out, flags=re.MULTILINE)
+    assert [(c[0], c[1] in ("PASS", "FAIL")) for c in checks] == [("1", True)], checks
+    for r in data["results"]:
+        assert math.isfinite(r["cpu_median_ns"]) and r["cpu_median_ns"] > 0, r
+    assert math.isfinite(data["checks"][0]["seconds"]) and data["run"]["records"] > 0
