@@ -385,3 +385,26 @@ def test_bench_report_quick(tmp_path: Path) -> None:
     for r in data["results"]:
         assert math.isfinite(r["cpu_median_ns"]) and r["cpu_median_ns"] > 0, r
     assert math.isfinite(data["checks"][0]["seconds"]) and data["run"]["records"] > 0
+
+
+BENCH_HF = BENCH.with_name("bench_hf.py")
+
+
+def test_bench_hf_quick(tmp_path: Path) -> None:
+    """bench/bench_hf.py --quick runs, prints its rows and its three checks, and writes its JSON. Timing and the
+    PASS/FAIL verdicts of checks 1 and 2 are not asserted; check 3 (every telemetry run wrote its lifecycle) is."""
+    pytest.importorskip("transformers")
+    rows = (
+        "baseline | empty function call `f()`",
+        "plain loop | 1 step: recorder.on_training_single_iteration_start(); _end() (the plain-loop case)",
+        "hf callback | 1 step (accumulation 2): the callback's 5 hooks called directly",
+        "hf dispatch | 1 step's 5 events through CallbackHandler, default callbacks only",
+        "hf dispatch | adding the callback to a Trainer: marginal cost per step (difference)",
+        "Trainer + TelemetrainHFCallback, ns per optimizer step",
+        "Trainer + TelemetrainHFCallback, process CPU ns per optimizer step",
+    )
+    header = "| library | operation | median ns/op | best ns/op | ratio to peer | peer | n |"
+    out, data = _quick_run(BENCH_HF, tmp_path, header, rows, ())
+    checks = re.findall(r"^check (\d): (PASS|FAIL|SKIP): (.*)$", out, flags=re.MULTILINE)
+    assert [c[0] for c in checks] == ["1", "2", "3"] and checks[2][1] == "PASS", checks
+    assert data["training"]["stores"] and all(s["ok"] for s in data["training"]["stores"])

@@ -258,3 +258,19 @@ def test_chatty_sinks_attach_on_rank_zero_only_unless_asked(tmp_path: Path) -> N
     zero.add_sink(sink)
     assert sink in zero.sinks
     zero.close()
+
+
+def test_the_launch_example_writes_one_run_folder_and_names_its_slow_rank(tmp_path: Path) -> None:
+    example = Path(__file__).resolve().parents[1] / "examples" / "launch_ddp.py"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TELEMETRAIN_", "TORCHELASTIC_"))}
+    env.update({"TELEMETRAIN_DIR": str(tmp_path / "runs"), "OMP_NUM_THREADS": "1"})
+    cmd = [sys.executable, "-m", "telemetrain.cli", "launch", "--nproc-per-node", "2", str(example), "--steps",
+           "150", "--slow-rank", "1"]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "rank 0: final loss" in result.stdout
+    (run,) = runs_of(tmp_path)
+    assert sorted(p.rank for p in run.processes) == [0, 1] and len(run.agents) == 1
+    assert {p.identity.perf_tag for p in run.processes} == {"launch_ddp"}
+    stragglers = events(run, "cross_rank", "straggler")
+    assert {(e.attributes["rank"], e.attributes["phase"]) for e in stragglers} == {(1, "dataloader")}
