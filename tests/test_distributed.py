@@ -124,6 +124,11 @@ def test_a_killed_worker_is_restarted_and_the_session_goodput_counts_the_lost_it
     assert 10 <= report.lost_iterations <= 16 and report.runs[0].lost_iterations == report.lost_iterations
     assert report.runs[1].finished and report.productive_iterations == 100
     assert report.badput.lost_progress > 0
+    # the Perfetto trace of the session shows each attempt's ranks and its agent
+    from telemetrain.trace import build_trace
+
+    names = [e["args"]["name"] for e in build_trace([first, second])["traceEvents"] if e["name"] == "process_name"]
+    assert [n.split(" @ ")[0] for n in names] == ["rank 0", "rank 1", "agent of node 0"] * 2
 
 
 def test_a_rank_that_dies_without_restarts_ends_the_job_without_a_hang(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .store.layout import AGENT_ROLE
 from .store.reader import Run, find_runs, open_run
 
 __all__ = ["DEFAULT_MAX_PER_NAME", "TraceResult", "build_trace", "export_trace", "load_runs"]
@@ -326,17 +327,20 @@ class _Process:
     @property
     def label(self) -> str:
         i = self.identity
+        if i.role == AGENT_ROLE:  # telemetrain launch's elastic agent: its events (restarts, worker states) as marks
+            return f"agent of node {i.group_rank} @ {i.host} (run {i.run_id}, pid {i.pid})"
         return f"rank {i.rank} @ {i.host} (run {i.run_id}, pid {i.pid})"
 
 
 def _processes(runs: Sequence[Run]) -> list[_Process]:
-    """One per (run, rank, pid), in run order (oldest first), then rank, then pid: that order gives the trace pids."""
-    out: dict[tuple[int, str, int, int], _Process] = {}
+    """One per (run, rank, pid), in run order (oldest first), then rank, then pid: that order gives the trace pids;
+    a run's agents after its ranks."""
+    out: dict[tuple[int, str, int, int, int], _Process] = {}
     for n, run in enumerate(runs):
-        for log in run.processes:
+        for log in run.processes + run.agents:
             for r in log.records:
                 i = r.identity
-                key = (n, i.run_id, i.rank, i.pid)
+                key = (n, i.run_id, int(i.role == AGENT_ROLE), i.rank, i.pid)
                 p = out.get(key)
                 if p is None:
                     p = out[key] = _Process(run, i)
