@@ -408,3 +408,17 @@ def test_bench_hf_quick(tmp_path: Path) -> None:
     checks = re.findall(r"^check (\d): (PASS|FAIL|SKIP): (.*)$", out, flags=re.MULTILINE)
     assert [c[0] for c in checks] == ["1", "2", "3"] and checks[2][1] == "PASS", checks
     assert data["training"]["stores"] and all(s["ok"] for s in data["training"]["stores"])
+
+
+BENCH_BRIDGE = BENCH.with_name("bench_torchelastic_bridge.py")
+
+
+def test_bench_torchelastic_bridge_quick(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    rows = ('torchelastic | metrics.put_metric("m", 1, "grp"), null handler',
+            'bridge | torch metrics.put_metric("m", 1, "grp") -> run store (caller side)',
+            "bridge | torch events.record(prebuilt Event) -> run store (caller side)",
+            'telemetrain | metrics.put_metric("m", 1, "grp") -> run store (the drop-in)')
+    _, data = _quick_run(BENCH_BRIDGE, tmp_path, "| library | operation | median ns/op | best ns/op | ratio to peer |",
+                         rows, ())
+    assert all(r["ratio"] > 0 for r in data["results"] if r["ratio"] is not None)

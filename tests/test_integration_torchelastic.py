@@ -145,3 +145,23 @@ def test_install_checks_its_arguments(telemetry: telemetrain.Telemetry) -> None:
     with pytest.raises(ValueError, match="heartbeat_s"):
         install(telemetry, heartbeat_s=-1)
     assert te_metrics_api._default_metrics_handler.__class__.__name__ == "NullMetricHandler"
+
+
+def test_the_example_routes_torchs_calls_into_the_store(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "torchelastic_bridge.py"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TELEMETRAIN_")}
+    env["TELEMETRAIN_DIR"] = str(tmp_path)
+    proc = subprocess.run([sys.executable, str(example)], env=env, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    from telemetrain.store.reader import find_runs
+
+    (run_dir,) = find_runs(tmp_path)
+    run = open_run(run_dir)
+    names = {(r.group, r.name) for r in run.records("metric")}
+    assert {("trainer", "loss"), ("trainer", "__main__.train_step.success")} <= names
+    assert [e.name for e in run.records("event")] == ["checkpoint.saved"]
