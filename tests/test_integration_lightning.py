@@ -100,7 +100,7 @@ def fit(tmp_path: Path, t: telemetrain.Telemetry, callback: Any = None, model: A
     callback = callback if callback is not None else tl.TelemetrainCallback(telemetry=t)
     tr = trainer(tmp_path, callback, **kwargs)
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*(num_workers|does not have many workers).*")
+        warnings.filterwarnings("ignore", message=".*(num_workers|does not have many workers|LeafSpec).*")
         tr.fit(model or Tiny(), loader(TRAIN_SAMPLES), loader(VAL_SAMPLES, seed=1))
     return tr
 
@@ -218,7 +218,8 @@ def test_a_failing_save_ends_its_span_with_error(tmp_path: Path, t: telemetrain.
         def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:  # after the callbacks' hooks
             raise OSError("disk full")
 
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(OSError, match="disk full"), \
+            pytest.warns(telemetrain.TelemetryWarning, match="save ended without on_save_checkpoint_success"):
         fit(tmp_path, t, model=Unsavable())
     recs = records(t)
     [save] = ends(recs, "checkpoint_save_sync")
@@ -249,7 +250,7 @@ def test_resuming_records_the_load_and_starts_at_the_saved_step(tmp_path: Path, 
     first = fit(tmp_path / "a", t, callback, max_epochs=1)
     ckpt = Path(first.checkpoint_callback.best_model_path)
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*(num_workers|does not have many workers).*")
+        warnings.filterwarnings("ignore", message=".*(num_workers|does not have many workers|LeafSpec).*")
         tr = trainer(tmp_path / "b", callback, max_epochs=2)
         tr.fit(Tiny(), loader(TRAIN_SAMPLES), loader(VAL_SAMPLES, seed=1), ckpt_path=ckpt)
     recs = records(t)
@@ -319,24 +320,34 @@ def test_the_pytorch_lightning_name(tmp_path: Path, t: telemetrain.Telemetry) ->
 
 
 def test_a_failure_inside_the_callback_never_reaches_training(tmp_path: Path, t: telemetrain.Telemetry) -> None:
-    class Odd(Tiny):
-        """A batch of an unexpected type and a global batch size function that raises: the callback copes."""
-
-    callback = tl.TelemetrainCallback(telemetry=t, global_batch_size=lambda: 1 // 0)
-    tr = fit(tmp_path, t, callback, Odd())
+    callback = tl.TelemetrainCallback(telemetry=t, global_batch_size=lambda: 1 // 0)  # a user function that raises
+    with pytest.warns(telemetrain.TelemetryWarning, match="ZeroDivisionError"):
+        tr = fit(tmp_path, t, callback)
     assert tr.global_step == EPOCHS * STEPS_PER_EPOCH
     recs = records(t)
     assert len(ends(recs, "training_single_iteration")) == EPOCHS * STEPS_PER_EPOCH
     assert any("ZeroDivisionError" in e.attributes["error_message"] for e in events(recs, "error"))
 
 
-def test_the_example_runs(tmp_path: Path) -> None:
+def run_example(name: str, tmp_path: Path, *args: str) -> str:
     import subprocess
     import sys
 
-    example = Path(__file__).resolve().parents[1] / "examples" / "lightning_fit.py"
+    example = Path(__file__).resolve().parents[1] / "examples" / name
     env = {**os.environ, "TELEMETRAIN_DIR": str(tmp_path)}
-    proc = subprocess.run([sys.executable, str(example), "--steps", "4"], capture_output=True, text=True, env=env,
+    proc = subprocess.run([sys.executable, str(example), *args], capture_output=True, text=True, env=env,
                           cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "training_single_iteration" in proc.stdout
+    return proc.stdout
+
+
+def test_the_lightning_example_runs(tmp_path: Path) -> None:
+    out = run_example("lightning_fit.py", tmp_path, "--steps", "4")
+    assert "optimizer steps: 4" in out and "iterations 4, samples 128" in out
+    assert "checkpoint saves that succeeded: 1" in out
+
+
+def test_the_plain_loop_example_runs(tmp_path: Path) -> None:
+    out = run_example("plain_loop.py", tmp_path, "--steps", "20", "--log-every", "10", "--save-every", "10")
+    assert "iterations 20" in out and "checkpoint saves that succeeded: 2" in out
+    assert "model_forward x" in out and "training_single_iteration x" in out

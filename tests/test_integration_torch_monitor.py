@@ -190,3 +190,15 @@ def test_threads_logging_at_once_do_not_deadlock(tmp_path: Path) -> None:
     ticks = [e for e in open_run(run).records("event") if e.name == "tick"]
     assert sorted((e.attributes["thread"], e.attributes["k"]) for e in ticks) == [
         (i, k) for i in range(4) for k in range(300)]
+
+
+def test_the_example_runs(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "torch_monitor_bridge.py"
+    proc = subprocess.run([sys.executable, str(example)], capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                          env={**os.environ, "TELEMETRAIN_DIR": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "step_time_ms.mean x" in proc.stdout and "epoch_end {" in proc.stdout
