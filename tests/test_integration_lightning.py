@@ -278,6 +278,54 @@ def test_validate_and_test_calls(tmp_path: Path, t: telemetrain.Telemetry) -> No
     assert not ends(recs, "training_loop")
 
 
+def test_manual_optimization_counts_optimizer_steps(tmp_path: Path, t: telemetrain.Telemetry) -> None:
+    """Manual optimization stepping every third batch: an iteration is still an optimizer step."""
+
+    class Manual(Tiny):
+        def __init__(self) -> None:
+            super().__init__()
+            self.automatic_optimization = False
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(self.layer(x), y)
+            self.manual_backward(loss)
+            if batch_idx % 3 == 2:
+                self.optimizers().step()
+                self.optimizers().zero_grad()
+            return loss
+
+    callback = tl.TelemetrainCallback(telemetry=t)
+    tr = fit(tmp_path, t, callback, Manual(), accumulate_grad_batches=1, max_epochs=1, enable_checkpointing=False,
+             callbacks=[callback])
+    recs = records(t)
+    batches = TRAIN_SAMPLES // BATCH
+    assert tr.global_step == batches // 3
+    iterations = ends(recs, "training_single_iteration")
+    assert [r.attributes for r in iterations[:-1]] == [{"micro_batches": 3}] * (batches // 3)
+    # the batches after the last step (automatic optimization leaves none) are ended with the loop, flagged
+    assert iterations[-1].attributes == {"micro_batches": batches % 3, "optimizer_step": False}
+    assert callback.micro_batches == batches and callback.optimizer_steps == batches // 3
+    assert events(recs, "training_metrics_update")[-1].attributes["num_iterations"] == batches // 3 + 1
+
+
+def test_several_trainer_calls_in_one_application(tmp_path: Path, t: telemetrain.Telemetry) -> None:
+    from telemetrain.training import TrainingContexts
+
+    recorder = TrainingRecorder(telemetry=t)
+    callback = tl.TelemetrainCallback(recorder=recorder, application=False)
+    with TrainingContexts(lambda: recorder).application():
+        tr = fit(tmp_path, t, callback, max_epochs=1)
+        tr.test(Tiny(), loader(4), verbose=False)
+    recs = records(t)
+    [app] = ends(recs, "application")
+    assert app.status == "ok" and "lightning_stage" not in (app.attributes or {})
+    starts = {r.span_id: r for r in recs if r.kind == "span_start"}
+    for name in ("training_loop", "validation_loop", "testing_loop", "checkpoint_save_sync"):
+        spans = ends(recs, name)
+        assert spans and all(starts[r.span_id].parent_id == app.span_id for r in spans), name
+
+
 # -- configuration -----------------------------------------------------------------------------------------------------
 
 

@@ -400,8 +400,9 @@ class _LightningTelemetry:
         try:
             self._settle_save(trainer)
             recorder = self.recorder
-            if self._iteration is not None:  # micro-batches after the last optimizer step (none in Lightning's loop)
-                self._iteration = None
+            iteration, self._iteration = self._iteration, None
+            if iteration is not None:  # batches after the last optimizer step (manual optimization): ended, flagged
+                iteration.set_attributes({"micro_batches": self._micro, "optimizer_step": False})
                 recorder.on_training_single_iteration_end()
             loop, self._loop = self._loop, None
             if loop is not None:
