@@ -28,6 +28,10 @@ from telemetrain.integrations import lightning as tl  # noqa: E402
 from telemetrain.store import open_run  # noqa: E402
 from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig  # noqa: E402
 
+# Lightning's own deprecation notice (its pytree helper) and its note on a changed checkpoint folder: not ours
+pytestmark = [pytest.mark.filterwarnings("ignore:.*LeafSpec"),
+              pytest.mark.filterwarnings("ignore:The dirpath has changed")]
+
 EPOCHS, BATCH, ACCUMULATE, TRAIN_SAMPLES, VAL_SAMPLES = 2, 2, 2, 16, 4
 STEPS_PER_EPOCH = TRAIN_SAMPLES // BATCH // ACCUMULATE
 
