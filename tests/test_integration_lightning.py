@@ -197,11 +197,11 @@ def test_every_span_is_closed(reference: Any) -> None:
 def test_an_exception_in_training_step_ends_the_spans_with_error_and_the_next_fit_works(
     tmp_path: Path, t: telemetrain.Telemetry
 ) -> None:
-    callback = tl.TelemetrainCallback(telemetry=t)
+    callback = tl.TelemetrainCallback(telemetry=t, phases=True)
     with pytest.raises(RuntimeError, match="boom"):
         fit(tmp_path / "a", t, callback, Tiny(fail_at_step=3))
     recs = records(t)
-    for name in ("application", "training_loop", "training_single_iteration"):
+    for name in ("application", "training_loop", "training_single_iteration", "model_forward"):
         failed = [r for r in ends(recs, name) if r.status == "error"]
         assert len(failed) == 1, name
         assert failed[0].error == "RuntimeError: boom in training_step"
@@ -280,6 +280,29 @@ def test_validate_and_test_calls(tmp_path: Path, t: telemetrain.Telemetry) -> No
     [update] = events(recs, "testing_metrics_update")
     assert update.attributes["num_iterations"] == 3
     assert not ends(recs, "training_loop")
+
+
+def test_phases_split_each_iteration(tmp_path: Path, t: telemetrain.Telemetry) -> None:
+    """phases=True: forward, zero_grad and backward per micro-batch, the optimizer update per step, inside it."""
+    callback = tl.TelemetrainCallback(telemetry=t, phases=True)
+    fit(tmp_path, t, callback, enable_checkpointing=False, callbacks=[callback], limit_val_batches=0,
+        num_sanity_val_steps=0)
+    recs = records(t)
+    steps = EPOCHS * STEPS_PER_EPOCH
+    iterations = {r.span_id for r in ends(recs, "training_single_iteration")}
+    assert len(iterations) == steps
+    starts = {r.span_id: r for r in recs if r.kind == "span_start"}
+    # accumulating: zero_grad only in the micro-batch whose step comes next (Lightning zeroes before that backward)
+    for name, per_step in (("model_forward", ACCUMULATE), ("model_backward", ACCUMULATE), ("zero_grad", 1),
+                           ("optimizer_update", 1)):
+        spans = ends(recs, name)
+        assert len(spans) == steps * per_step, name
+        assert {starts[r.span_id].parent_id for r in spans} == iterations, name
+        assert all(r.status == "ok" for r in spans)
+    final = events(recs, "training_metrics_update")[-1].attributes
+    for phase in ("forward", "backward", "optimizer", "zero_grad"):
+        assert final[f"avg_{phase}_time_sec"] > 0, phase
+    assert final["avg_forward_time_sec"] + final["avg_backward_time_sec"] < final["avg_iteration_time_sec"]
 
 
 def test_manual_optimization_counts_optimizer_steps(tmp_path: Path, t: telemetrain.Telemetry) -> None:
