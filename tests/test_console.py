@@ -27,7 +27,7 @@ def _lines(stream: io.StringIO) -> list[str]:
 def test_one_line_per_record_of_every_kind_without_colour_off_a_terminal() -> None:
     out = io.StringIO()
     t = telemetrain.Telemetry(_identity(), store=False)
-    t.add_sink(ConsoleSink(out))
+    t.add_sink(ConsoleSink(out), ranks="all")  # rank 3: the console is rank 0's unless asked
     ident = t.identity
     t.metric("loss", float("nan"), "train", unit="1", step=7)
     t.metric("big", float("-inf"), "train")
@@ -56,7 +56,7 @@ def test_colour_on_a_real_terminal_and_never_with_no_color(monkeypatch: pytest.M
         with os.fdopen(follower, "w", closefd=False) as tty:
             assert tty.isatty()
             t = telemetrain.Telemetry(_identity(), store=False)
-            t.add_sink(ConsoleSink(tty))
+            t.add_sink(ConsoleSink(tty), ranks="all")
             t.event("boom", severity="error")
             assert t.close()
             written = os.read(leader, 65536).decode()
@@ -66,7 +66,7 @@ def test_colour_on_a_real_terminal_and_never_with_no_color(monkeypatch: pytest.M
         monkeypatch.setenv("NO_COLOR", "1")
         with os.fdopen(follower, "w", closefd=False) as tty:
             t = telemetrain.Telemetry(_identity(), store=False)
-            t.add_sink(ConsoleSink(tty))
+            t.add_sink(ConsoleSink(tty), ranks="all")
             t.event("calm")
             assert t.close()
             written = os.read(leader, 65536).decode()
