@@ -422,3 +422,15 @@ def test_bench_torchelastic_bridge_quick(tmp_path: Path) -> None:
     _, data = _quick_run(BENCH_BRIDGE, tmp_path, "| library | operation | median ns/op | best ns/op | ratio to peer |",
                          rows, ())
     assert all(r["ratio"] > 0 for r in data["results"] if r["ratio"] is not None)
+
+
+def test_bench_lightning_quick(tmp_path: Path) -> None:
+    """bench/bench_lightning.py --quick runs, prints its rows and checks, writes its JSON (timing not asserted)."""
+    pytest.importorskip("lightning")
+    rows = ("| lightning callback | 1 step (accumulation 2): on_train_batch_start/_end x2, called directly |",
+            "+ TelemetrainCallback, process CPU ns per optimizer step",
+            "in training.training_iteration(), process CPU ns per optimizer step")
+    out, _ = _quick_run(BENCH.with_name("bench_lightning.py"), tmp_path,
+                        "| library | operation | median ns/op | best ns/op |", rows, ())
+    checks = re.findall(r"^check (\d): (PASS|GAP|FAIL|SKIP): (.*)$", out, flags=re.MULTILINE)
+    assert [c[0] for c in checks] == ["1", "2", "3", "4"] and checks[3][1] == "PASS", checks
