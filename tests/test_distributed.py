@@ -279,3 +279,17 @@ def test_the_launch_example_writes_one_run_folder_and_names_its_slow_rank(tmp_pa
     assert {p.identity.perf_tag for p in run.processes} == {"launch_ddp"}
     stragglers = events(run, "cross_rank", "straggler")
     assert {(e.attributes["rank"], e.attributes["phase"]) for e in stragglers} == {(1, "dataloader")}
+
+
+def test_the_launchers_environment_is_restored_for_an_in_process_caller(monkeypatch: pytest.MonkeyPatch) -> None:
+    from telemetrain.distributed.launch import environment
+
+    monkeypatch.setenv("TELEMETRAIN_PERF_TAG", "mine")
+    monkeypatch.delenv("TELEMETRAIN_CROSS_RANK", raising=False)
+    monkeypatch.delenv("TELEMETRAIN_DIR", raising=False)
+    with environment({"TELEMETRAIN_DIR": "/x"}, defaults={"TELEMETRAIN_PERF_TAG": "theirs",
+                                                          "TELEMETRAIN_CROSS_RANK": "1"}):
+        assert os.environ["TELEMETRAIN_PERF_TAG"] == "mine"  # a default never overrides what the user set
+        assert os.environ["TELEMETRAIN_CROSS_RANK"] == "1" and os.environ["TELEMETRAIN_DIR"] == "/x"
+    assert os.environ["TELEMETRAIN_PERF_TAG"] == "mine"
+    assert "TELEMETRAIN_CROSS_RANK" not in os.environ and "TELEMETRAIN_DIR" not in os.environ

@@ -822,7 +822,7 @@ def test_the_demo_records_system_samples(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     from telemetrain.cli import main
 
-    assert main(["demo", "--steps", "10", "--no-crash", "--root", str(tmp_path)]) == 0
+    assert main(["demo", "--steps", "10", "--no-crash", "--in-process", "--root", str(tmp_path)]) == 0
     system.stop_sampler()
     (run_dir,) = [p.parent for p in tmp_path.glob("*/*/run.json")]
     run = open_run(run_dir)

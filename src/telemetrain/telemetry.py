@@ -27,6 +27,7 @@ _monotonic_ns = time.monotonic_ns
 _SEVERITY_SET = frozenset(SEVERITIES)
 _RECORD_TYPES = frozenset(KINDS.values())
 _FALSY = {"0", "off", "false", "no", ""}
+STORE_CLOSE_BUDGET_S = 1.0  # the run store's own time at close, after the other sinks (Telemetry.close)
 
 
 def check_value(value: Any, arg: str) -> int | float | bool:
@@ -457,12 +458,20 @@ class Telemetry:
             attachments = list(self._router.attachments)
             hooks = list(self._hook_runners.values())
             self._router.invalidate()
-        for a in attachments:  # all threads drain in parallel: a stuck sink does not eat the others' time
-            a.runner.request_stop()
+        # The other sinks first, all draining in parallel (a stuck sink does not eat the others' time); the run store
+        # last, so what they report while closing (drops of a suspended sink, a last failure) still reaches the
+        # store. It gets at least STORE_CLOSE_BUDGET_S of its own even when another sink used the whole timeout.
+        store = [a.runner for a in attachments if a.sink is self.store]
+        others = [a.runner for a in attachments if a.sink is not self.store]
+        for runner in others:
+            runner.request_stop()
         deadline = None if timeout is None else time.monotonic() + timeout
         ok = True
-        for runner in [a.runner for a in attachments] + hooks:
+        for runner in others + hooks:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ok = runner.close(left) and ok
+        for runner in store:
+            left = None if deadline is None else max(STORE_CLOSE_BUDGET_S, deadline - time.monotonic())
             ok = runner.close(left) and ok
         if ok:
             self._shut = True

@@ -3,7 +3,6 @@ starts ``telemetrain.demo.worker`` on N gloo ranks. The job id is chosen here so
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import TextIO
@@ -31,6 +30,7 @@ class LaunchedDemo:
 def run_launched_demo(
     cfg: DemoConfig, *, root: Path, nproc: int, crash: bool, console: bool, backends: Backends, out: TextIO
 ) -> LaunchedDemo:
+    from ..distributed.launch import environment
     from ..distributed.launch import main as launch
 
     job = new_run_id()
@@ -52,11 +52,11 @@ def run_launched_demo(
     print(f"telemetrain launch --nproc-per-node {nproc}: job {job}, {nproc} gloo rank(s) on this CPU"
           + (f"; rank {nproc - 1} will be preempted at step {fail_at} and the agent will restart the job"
              if fail_at is not None else ""), file=out, flush=True)
-    os.environ["TELEMETRAIN_DIR"] = str(root)  # the agent's own store, beside the workers'
-    os.environ.setdefault("TELEMETRAIN_PERF_TAG", "telemetrain-demo")
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's own default for its workers, without its warning
     out.flush()
     sys.stdout.flush()
-    status = launch(argv)
+    # the agent's own store beside the workers'; torchrun's default thread count for workers, without its warning
+    with environment({"TELEMETRAIN_DIR": str(root)},
+                     defaults={"TELEMETRAIN_PERF_TAG": "telemetrain-demo", "OMP_NUM_THREADS": "1"}):
+        status = launch(argv)
     session = root / job
     return LaunchedDemo(status, session, find_runs(session))

@@ -22,17 +22,18 @@ agent, with no rendezvous of our own -- after three changes in the agent process
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from ..identity import identity_from_env, new_run_id
 from ..store.layout import AGENT_ROLE
 from ..telemetry import Telemetry
 
-__all__ = ["AttemptFollower", "main"]
+__all__ = ["AttemptFollower", "environment", "main"]
 
 GROUP = "launcher"
 
@@ -68,6 +69,25 @@ class AttemptFollower:
                                                    "remaining_restarts": self.remaining}, group=GROUP)
 
 
+@contextlib.contextmanager
+def environment(values: Mapping[str, str] | None = None, defaults: Mapping[str, str] | None = None) -> Iterator[None]:
+    """``os.environ`` with ``values`` set and ``defaults`` set where absent, restored on exit (the launcher's
+    changes are for its workers; a program that calls ``main`` or the demo in-process keeps its own)."""
+    keys = [*(values or {}), *(defaults or {})]
+    saved = {k: os.environ.get(k) for k in keys}
+    os.environ.update(values or {})
+    for k, v in (defaults or {}).items():
+        os.environ.setdefault(k, v)
+    try:
+        yield
+    finally:
+        for k, old in saved.items():
+            if old is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = old
+
+
 def _entry_stem(args: Any) -> str:
     script = str(args.training_script)
     if args.module:
@@ -98,20 +118,25 @@ def _agent_telemetry(args: Any, job_env: str, world_size: int) -> Telemetry:
 def main(argv: Sequence[str]) -> int:
     """Run torchrun with ``argv`` (torchrun's flags, then the script and its arguments); torchrun's exit status."""
     from torch.distributed import run as torchrun
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import elastic_launch  # noqa: F401 - fail here, clearly, if it moved
-
-    from ..integrations.torchelastic import install
 
     parser = torchrun.get_args_parser()
     parser.prog = "telemetrain launch"
     args = parser.parse_args(list(argv))
     _, max_nodes = torchrun.parse_min_max_nnodes(args.nnodes)
     _choose_rendezvous(args, max_nodes)
-    os.environ.setdefault("TELEMETRAIN_PERF_TAG", _entry_stem(args))
-    os.environ.setdefault("TELEMETRAIN_CROSS_RANK", "1")
+    defaults = {"TELEMETRAIN_PERF_TAG": _entry_stem(args), "TELEMETRAIN_CROSS_RANK": "1"}
     if int(args.max_restarts) > 0:
-        os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+        defaults["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    with environment(defaults=defaults):  # the workers inherit it; a caller in-process gets its own back after
+        return _launch(args, max_nodes)
+
+
+def _launch(args: Any, max_nodes: int) -> int:
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from ..integrations.torchelastic import install
+
     # the job as the workers will see it: torchrun's placeholder "none" becomes none-<agent pid> for them
     job_env = args.rdzv_id if args.rdzv_id != "none" else f"none-{os.getpid()}"
     nproc = torchrun.determine_local_world_size(args.nproc_per_node)
