@@ -684,3 +684,27 @@ def test_full_disk_is_contained_and_the_file_stays_readable(tmp_path: Path) -> N
     assert written_while_full == list(range(len(written_while_full))) and len(written_while_full) >= 1
     assert len(written_while_full) < 200  # the limit did bite
     assert [v for v in values if v >= 200] == list(range(200, 300))  # all of it, once space was back
+
+
+def test_drops_a_failing_sink_reports_while_closing_reach_the_run_store(tmp_path: Path) -> None:
+    """The run store closes after the other sinks, so a suspended sink's last drop count is in the store."""
+    from telemetrain.dispatch import FailurePolicy
+    from telemetrain.sinks.base import Sink
+    from telemetrain.store import open_run
+
+    class Broken(Sink):
+        name = "broken"
+
+        def write(self, records: Any) -> None:
+            raise OSError("backend down")
+
+    t = Telemetry(store=tmp_path, failure_policy=FailurePolicy(max_consecutive=1, backoff_s=60.0, backoff_max_s=60.0))
+    t.add_sink(Broken())
+    t.metric("first", 1.0)
+    with pytest.warns(Warning):
+        t.flush()  # the broken sink fails once and is suspended
+    for i in range(5):
+        t.metric("later", float(i))  # offered to the suspended sink: dropped, counted at its final drain
+    assert t.close()
+    dropped = [r for r in open_run(t.run_dir).records("diagnostic") if r.name == "dropped" and r.sink == "broken"]
+    assert sum(r.record_count for r in dropped) == 5
