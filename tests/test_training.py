@@ -1261,3 +1261,25 @@ def test_on_exception_ends_the_open_spans_as_failed_without_a_misuse_error(tmp_p
     assert app.status == "error"
     assert not [e for e in _events(records, "error") if "still open" in str(e.attributes)]
     assert _attrs(records, "training_metrics_update")[-1]["num_iterations"] == 4  # the failed one is counted
+
+
+def test_open_span_and_abandon_iteration_for_integrations(tmp_path: Path) -> None:
+    t = Telemetry(store=tmp_path)
+    rec = TrainingRecorder(TrainingTelemetryConfig(global_batch_size_or_fn=4, log_every_n_train_iterations=100),
+                           telemetry=t)
+    assert rec.open_span("application") is None
+    app = rec.on_app_start()
+    assert rec.open_span("application") is app
+    rec.on_train_start(train_iterations_start=0)
+    rec.on_training_single_iteration_start()
+    rec.on_training_single_iteration_end()
+    rec.on_training_single_iteration_start()
+    rec.abandon_iteration("RuntimeError: step failed")
+    rec.abandon_iteration("again")  # nothing open: nothing happens
+    rec.on_train_end()
+    rec.on_app_end()
+    assert rec.open_span("application") is None
+    t.close()
+    records = open_run(t.run_dir).records()
+    assert _attrs(records, "training_metrics_update")[-1]["num_iterations"] == 1  # the abandoned one is not counted
+    assert not [e for e in _events(records, "error")]  # and no misuse

@@ -66,7 +66,7 @@ from ..telemetry import Telemetry
 from ..training.config import TrainingTelemetryConfig
 from ..training.default import get_recorder
 from ..training.names import S
-from ..training.recorder import TrainingRecorder, _deactivate
+from ..training.recorder import TrainingRecorder
 
 __all__ = ["TelemetrainHFCallback"]
 
@@ -198,8 +198,7 @@ class TelemetrainHFCallback(TrainerCallback):
         if self._app is not None and not self._app.ended:
             return
         self._app = None
-        app = self.recorder._spans.get(S.APPLICATION)  # (private: the recorder does not say what is open)
-        if app is None or app.ended:
+        if self.recorder.open_span(S.APPLICATION) is None:
             self._app = self.recorder.on_app_start(self._ms(self._origin_ns))
 
     def _derive(self, args: TrainingArguments, state: TrainerState) -> TrainingTelemetryConfig:
@@ -471,12 +470,7 @@ class TelemetrainHFCallback(TrainerCallback):
             opt.set_status("error", error)
             opt.__exit__(None, None, None, finish_ns or None)
         recorder = self.recorder
-        it = recorder._iteration  # (private: the recorder has no "abandon this iteration" callback)
-        self._iteration = None
-        if it is not None and not it.ended:
-            recorder._iteration = None
-            _deactivate(it)
-            it.end("error", error, end_ns=finish_ns or None)
+        recorder.abandon_iteration(error, end_ns=finish_ns or None)
         if self._eval_ends or self._eval_start_ns or self._eval_untimed:
             self._flush_eval(S.VALIDATION_LOOP, error=error, finish_ns=finish_ns)
         elif self._save_due >= 0 and not self._eval_due and self._boundary_ns:

@@ -355,6 +355,24 @@ class TrainingRecorder:
             self._end("on_app_end", S.APPLICATION, finish_time_msec)
         self.telemetry.flush()
 
+    def open_span(self, name: str) -> Span | None:
+        """The recorder's open span of that name (``application``, ``training_loop``, ...), or None: for
+        integrations that must not open a second one."""
+        with self._lock:
+            s = self._spans.get(name)
+            return s if s is not None and not s.ended else None
+
+    def abandon_iteration(self, error: str, *, end_ns: int | None = None) -> None:
+        """End the open training iteration with status error, without counting it (a framework's step that failed
+        before it completed: the global step did not advance). ``end_ns``: monotonic ns, default now."""
+        with self._lock:
+            it = self._iteration
+            if it is None or it.ended:
+                return
+            self._iteration = None
+            _deactivate(it)
+            it.end("error", error, end_ns=end_ns)
+
     def on_exception(self, exc: BaseException) -> None:
         """An exception is leaving the training code: every open span of this recorder (the iteration, the loops, a
         save, the application) is marked ``error`` with it, so whatever ends them next (``on_app_end``, the
