@@ -13,10 +13,17 @@ _EXTENSION = "training"
 
 
 def get_recorder(telemetry: Telemetry | None = None) -> TrainingRecorder:
-    """The ``TrainingRecorder`` of ``telemetry`` (default: the default instance)."""
+    """The ``TrainingRecorder`` of ``telemetry`` (default: the default instance). Called by every module-level
+    context manager and callback, so the found case is one dict lookup."""
     t = telemetry if telemetry is not None else get_telemetry()
-    found: TrainingRecorder = t.extension(_EXTENSION, lambda t: TrainingRecorder(telemetry=t))
+    found: TrainingRecorder | None = t.extensions.get(_EXTENSION)
+    if found is None:
+        found = t.extension(_EXTENSION, _new_recorder)
     return found
+
+
+def _new_recorder(telemetry: Telemetry) -> TrainingRecorder:
+    return TrainingRecorder(telemetry=telemetry)
 
 
 def configure(config: TrainingTelemetryConfig | None = None, *, telemetry: Telemetry | None = None) -> TrainingRecorder:
