@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..cli_common import CLIError, resolve_run
+from ..report.progress import TextProgress
 from ..store.reader import NotARunError, find_runs
 from ..text import printable
 from .compare import (
@@ -124,50 +125,33 @@ def _is_terminal(stream: TextIO) -> bool:
 
 
 @contextlib.contextmanager
-def _progress(err: TextIO, total: int) -> Iterator[Any]:
-    """A byte progress bar on ``err`` while runs load, when it is a terminal and rich is there; else nothing."""
+def _progress(err: TextIO, total: int, what: str) -> Iterator[TextProgress | None]:
+    """The report's plain-text bar on ``err`` while ``total`` bytes of runs are read, when ``err`` is a terminal and
+    the read is long; else nothing."""
     if not _is_terminal(err) or total < _PROGRESS_FROM_BYTES:
         yield None
         return
+    bar = TextProgress(err)
+    bar(f"{what} ({total / 2**20:.0f} MiB)", 0, total)
     try:
-        from rich.console import Console
-        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
-    except ImportError:  # the bar is a nicety: load without it
-        yield None
-        return
-
-    columns = (TextColumn("loading runs"), BarColumn(), DownloadColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=Console(file=err), transient=True) as progress:
-        yield progress, progress.add_task("load", total=total)
-
-
-@contextlib.contextmanager
-def _spinner(err: TextIO, total: int, what: str) -> Iterator[None]:
-    """A spinner on ``err`` during a long read that reports no progress (goodput reads whole runs)."""
-    if not _is_terminal(err) or total < _PROGRESS_FROM_BYTES:
-        yield
-        return
-    try:
-        from rich.console import Console
-    except ImportError:
-        yield
-        return
-    with Console(file=err).status(f"{what} ({total / 2**20:.0f} MiB)"):
-        yield
+        yield bar
+    finally:
+        bar.close()
 
 
 def _load_all(paths: Sequence[Path], err: TextIO) -> list[RunSamples]:
     total = sum(run_bytes(p) for p in paths)
     loaded = []
-    with _progress(err, total) as bar:
-        for path in paths:
-            on_file = None
+    done = 0
+    with _progress(err, total, "loading runs") as bar:
+
+        def on_file(size: int) -> None:
+            nonlocal done
+            done += size
             if bar is not None:
-                progress, task = bar
+                bar("loading runs", done, total)
 
-                def on_file(size: int, progress: Any = progress, task: Any = task) -> None:
-                    progress.advance(task, size)
-
+        for path in paths:
             try:
                 loaded.append(read_samples(path, on_file))
             except (OSError, NotARunError) as exc:
@@ -263,7 +247,7 @@ def _cmd_goodput(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
     session = _session_of(args.session_dir)
     try:
-        with _spinner(err, sum(run_bytes(run) for run in find_runs(session)), "reading the session"):
+        with _progress(err, sum(run_bytes(run) for run in find_runs(session)), "reading the session"):
             report = goodput(session, rank=args.rank)
             by_rank = goodput_by_rank(session) if args.by_rank else None
     except (OSError, ValueError) as exc:  # an empty session, several sessions, a rank without records
