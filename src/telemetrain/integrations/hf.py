@@ -63,8 +63,8 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from ..dispatch import describe, warn_safely
 from ..spans import Span
 from ..telemetry import Telemetry
-from ..training.config import TrainingTelemetryConfig
-from ..training.default import get_recorder
+from ..training.config import TrainingTelemetryConfig, config_overrides
+from ..training.default import check_recorder_target, get_recorder
 from ..training.names import S
 from ..training.recorder import TrainingRecorder
 
@@ -73,17 +73,6 @@ __all__ = ["TelemetrainHFCallback"]
 _mono = time.monotonic_ns
 GROUP = "training"
 CHECKPOINT_PREFIX = "checkpoint"  # transformers' PREFIX_CHECKPOINT_DIR: <output_dir>/checkpoint-<global_step>
-
-
-_FIELDS = {f.name for f in dataclasses.fields(TrainingTelemetryConfig)}
-
-
-def _field(key: str) -> str:
-    """An override's config field: ``seq_length`` or ``seq_length_or_fn``."""
-    for name in (key, f"{key}_or_fn"):
-        if name in _FIELDS:
-            return name
-    raise TypeError(f"unknown TrainingTelemetryConfig field {key!r} (fields: {', '.join(sorted(_FIELDS))})")
 
 
 class TelemetrainHFCallback(TrainerCallback):
@@ -104,21 +93,10 @@ class TelemetrainHFCallback(TrainerCallback):
         metrics_group: str = "hf",
         **overrides: Any,
     ) -> None:
-        if config is not None and not isinstance(config, TrainingTelemetryConfig):
-            raise TypeError(f"config must be a TrainingTelemetryConfig, got {type(config).__name__}")
-        if telemetry is not None and not isinstance(telemetry, Telemetry):
-            raise TypeError(f"telemetry must be a Telemetry, got {type(telemetry).__name__}")
-        if recorder is not None and not isinstance(recorder, TrainingRecorder):
-            raise TypeError(f"recorder must be a TrainingRecorder, got {type(recorder).__name__}")
-        if recorder is not None and telemetry is not None and recorder.telemetry is not telemetry:
-            raise ValueError("recorder and telemetry disagree: the recorder writes to another Telemetry")
+        self._overrides = config_overrides(config, overrides)
+        check_recorder_target(recorder, telemetry)
         if not isinstance(metrics_group, str) or not metrics_group:
             raise TypeError(f"metrics_group must be a non-empty str, got {metrics_group!r}")
-        if config is not None and overrides:
-            raise ValueError("give either config or field overrides, not both")
-        self._overrides = {_field(k): v for k, v in overrides.items()}
-        if self._overrides:  # validated now, not at the first train()
-            TrainingTelemetryConfig(**{"global_batch_size_or_fn": 1, **self._overrides})
         self.recorder = recorder if recorder is not None else get_recorder(telemetry)
         self.telemetry = self.recorder.telemetry
         self.config = config

@@ -32,7 +32,6 @@ older package is installed); ``callback_class("pytorch_lightning")`` gives the c
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import os
 import time
@@ -41,7 +40,8 @@ from typing import Any
 from ..dispatch import describe, warn_safely
 from ..spans import Span
 from ..telemetry import Telemetry
-from ..training.config import CheckpointStrategy, TrainingTelemetryConfig
+from ..training.config import CheckpointStrategy, TrainingTelemetryConfig, config_overrides
+from ..training.default import check_recorder_target
 from ..training.names import S
 from ..training.recorder import GROUP, TrainingRecorder
 
@@ -50,18 +50,6 @@ __all__ = ["PACKAGES", "TelemetrainCallback", "callback_class"]
 PACKAGES = ("lightning.pytorch", "pytorch_lightning")
 
 TelemetrainCallback: type  # (declared only: made on first access by __getattr__, on the installed package)
-
-_FIELDS = {f.name for f in dataclasses.fields(TrainingTelemetryConfig)}
-
-
-def _config_field(key: str) -> str:
-    """An override's config field: ``seq_length`` or ``seq_length_or_fn``."""
-    if key in _FIELDS:
-        return key
-    if f"{key}_or_fn" in _FIELDS:
-        return f"{key}_or_fn"
-    raise TypeError(f"unknown TrainingTelemetryConfig field {key!r} (fields: {', '.join(sorted(_FIELDS))})")
-
 
 def _wall_ms() -> float:
     return time.time() * 1000.0
@@ -98,19 +86,8 @@ class _LightningTelemetry:
         ``application`` span is the caller's (``training.application()`` around several Trainer calls).
         ``phases=True``: each micro-batch's forward, zero_grad and backward and each step's optimizer update as
         sub-phase spans (the derived metrics' phase split), ~2.5 us per span."""
-        if config is not None and not isinstance(config, TrainingTelemetryConfig):
-            raise TypeError(f"config must be a TrainingTelemetryConfig, got {type(config).__name__}")
-        if recorder is not None and not isinstance(recorder, TrainingRecorder):
-            raise TypeError(f"recorder must be a TrainingRecorder, got {type(recorder).__name__}")
-        if telemetry is not None and not isinstance(telemetry, Telemetry):
-            raise TypeError(f"telemetry must be a Telemetry, got {type(telemetry).__name__}")
-        if recorder is not None and telemetry is not None and recorder.telemetry is not telemetry:
-            raise ValueError("recorder and telemetry disagree: the recorder writes to another Telemetry")
-        if config is not None and overrides:
-            raise ValueError("give either config or field overrides, not both")
-        self._overrides = {_config_field(k): v for k, v in overrides.items()}
-        if self._overrides:  # validated now, not at the first fit
-            TrainingTelemetryConfig(**{"global_batch_size_or_fn": 1, **self._overrides})
+        self._overrides = config_overrides(config, overrides)
+        check_recorder_target(recorder, telemetry)
         self._config = config
         self._recorder = recorder
         self._telemetry = telemetry

@@ -19,7 +19,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["CheckpointStrategy", "TrainingTelemetryConfig", "evaluate"]
+__all__ = ["CheckpointStrategy", "TrainingTelemetryConfig", "config_overrides", "evaluate"]
 
 
 class CheckpointStrategy:
@@ -194,3 +194,24 @@ class TrainingTelemetryConfig:
 
 def _opt_int(value: Any) -> int | None:
     return None if value is None else int(value)
+
+
+def config_overrides(config: TrainingTelemetryConfig | None, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """The field overrides an integration takes as keyword arguments, by their field name (``seq_length`` or
+    ``seq_length_or_fn``), checked now rather than at the first fit: a ``config`` given whole, or ``overrides`` on
+    top of a derived one, not both."""
+    if config is not None and not isinstance(config, TrainingTelemetryConfig):
+        raise TypeError(f"config must be a TrainingTelemetryConfig, got {type(config).__name__}")
+    if config is not None and overrides:
+        raise ValueError("give either config or field overrides, not both")
+    fields = {f.name for f in dataclasses.fields(TrainingTelemetryConfig)}
+    out: dict[str, Any] = {}
+    for key, value in overrides.items():
+        name = key if key in fields else f"{key}_or_fn"
+        if name not in fields:
+            raise TypeError(f"unknown TrainingTelemetryConfig field {key!r} (fields: {', '.join(sorted(fields))})")
+        out[name] = value
+    if out:
+        TrainingTelemetryConfig(**{"global_batch_size_or_fn": 1, **out})
+    return out
+

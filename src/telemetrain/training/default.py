@@ -7,7 +7,7 @@ from ..telemetry import Telemetry, get_telemetry
 from .config import TrainingTelemetryConfig
 from .recorder import TrainingRecorder
 
-__all__ = ["configure", "get_recorder", "set_training_telemetry_config"]
+__all__ = ["check_recorder_target", "configure", "get_recorder", "set_training_telemetry_config"]
 
 _EXTENSION = "training"
 
@@ -20,6 +20,16 @@ def get_recorder(telemetry: Telemetry | None = None) -> TrainingRecorder:
     if found is None:
         found = t.extension(_EXTENSION, _new_recorder)
     return found
+
+
+def check_recorder_target(recorder: TrainingRecorder | None, telemetry: Telemetry | None) -> None:
+    """An integration's ``recorder=``/``telemetry=`` arguments: each of its type, and not two different targets."""
+    if recorder is not None and not isinstance(recorder, TrainingRecorder):
+        raise TypeError(f"recorder must be a TrainingRecorder, got {type(recorder).__name__}")
+    if telemetry is not None and not isinstance(telemetry, Telemetry):
+        raise TypeError(f"telemetry must be a Telemetry, got {type(telemetry).__name__}")
+    if recorder is not None and telemetry is not None and recorder.telemetry is not telemetry:
+        raise ValueError("recorder and telemetry disagree: the recorder writes to another Telemetry")
 
 
 def _new_recorder(telemetry: Telemetry) -> TrainingRecorder:
