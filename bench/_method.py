@@ -18,8 +18,10 @@ import gc
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from itertools import repeat
 from pathlib import Path
@@ -190,6 +192,35 @@ def run_sections(
             failed = failed or must_pass(name)
         progress(f"[{name}] {(perf_counter_ns() - t0) / 1e9:.1f} s")
     return failed
+
+
+def run_framework_bench(
+    prefix: str,
+    sections_in: Callable[[str], list[tuple[str, Callable[[], None]]]],
+    checks: Callable[[], list[dict]],
+    table: Callable[[], str],
+    dists: Sequence[str],
+    extra: dict,
+) -> int:
+    """The whole run of a framework benchmark (bench_hf, bench_lightning): its sections in a temporary directory
+    (``sections_in(tmpdir)``), then the header, the method line, the table, the checks and the JSON. Exit status 1
+    when a section failed or the last check (every telemetry run complete) did."""
+    tmpdir = tempfile.mkdtemp(prefix=prefix)
+    load_before = loadavg()
+    t_start = perf_counter_ns()
+    spin(ARGS.warmup_s)
+    try:
+        failed = run_sections(sections_in(tmpdir), lambda name: True, ARGS.only)
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    load_after = loadavg()
+    results_checks = checks()
+    failed = failed or results_checks[-1]["status"] == "FAIL"
+    print_header(dists, load_before, load_after)
+    print(f"method: the peers method (bench/_method.py) for the hooks rows ({ARGS.repeats} repeats); training runs in "
+          f"rounds (see the notes); whole run {(perf_counter_ns() - t_start) / 1e9:.0f} s")
+    print_report(table(), results_checks, ARGS.json, dists, (load_before, load_after), ARGS, extra)
+    return 1 if failed else 0
 
 
 # -- description of the run -----------------------------------------------------------------------------------------

@@ -42,10 +42,8 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import types
 import warnings
 from collections.abc import Callable
@@ -444,29 +442,15 @@ def main(argv: list[str] | None = None) -> int:
     if ARGS.quick:
         ARGS.repeats, ARGS.steps, ARGS.rounds, ARGS.warmup_s, ARGS.target_ms, ARGS.min_n = 2, 12, 1, 0.1, 20.0, 200
 
-    tmpdir = tempfile.mkdtemp(prefix="bench_lightning_")
-    load_before = _method.loadavg()
-    t_start = perf_counter_ns()
-    _method.spin(ARGS.warmup_s)
-    sections = [
-        ("baseline", section_baseline),
-        ("hooks", lambda: section_hooks(tmpdir)),
-        ("lightning", lambda: section_lightning(tmpdir)),
-        ("loop", lambda: section_loop(tmpdir)),
-    ]
-    try:
-        failed = _method.run_sections(sections, lambda name: True, ARGS.only)
-    finally:
-        shutil.rmtree(tmpdir, ignore_errors=True)
-    load_after = _method.loadavg()
-    results_checks = checks()
-    failed = failed or results_checks[-1]["status"] == "FAIL"
+    def sections(tmpdir: str) -> list[tuple[str, Callable[[], None]]]:
+        return [
+            ("baseline", section_baseline),
+            ("hooks", lambda: section_hooks(tmpdir)),
+            ("lightning", lambda: section_lightning(tmpdir)),
+            ("loop", lambda: section_loop(tmpdir)),
+        ]
 
-    _method.print_header(DISTS, load_before, load_after)
-    print(f"method: the peers method (bench/_method.py) for the hooks rows ({ARGS.repeats} repeats); training runs in "
-          f"rounds (see the notes); whole run {(perf_counter_ns() - t_start) / 1e9:.0f} s")
-    _method.print_report(render_table(), results_checks, ARGS.json, DISTS, (load_before, load_after), ARGS, EXTRA)
-    return 1 if failed else 0
+    return _method.run_framework_bench("bench_lightning_", sections, checks, render_table, DISTS, EXTRA)
 
 
 if __name__ == "__main__":
