@@ -584,7 +584,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["launch"]:  # torchrun's flags go to torchrun's own parser, untouched
         try:
-            return launch_commands.run_launch(argv[1:], sys.stdout, sys.stderr)
+            return launch_commands.run_launch(argv[1:])
         except CLIError as exc:
             print(f"telemetrain: error: {exc}", file=sys.stderr)
             return 2

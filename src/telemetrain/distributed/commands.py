@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import argparse
-from typing import Any, TextIO
+from typing import Any
 
 __all__ = ["register", "run_launch"]
 
 USAGE = "telemetrain launch [torchrun options] TRAINING_SCRIPT [SCRIPT ARGS...]"
 
 
-def run_launch(argv: list[str], out: TextIO, err: TextIO) -> int:
+def run_launch(argv: list[str]) -> int:
     import importlib.util
 
     from ..cli_common import CLIError
@@ -23,9 +22,9 @@ def run_launch(argv: list[str], out: TextIO, err: TextIO) -> int:
 
 
 def register(sub: Any) -> None:
-    """``launch`` takes torchrun's own flags, which torchrun's parser reads: the CLI hands it every argument after
-    ``launch`` untouched (see ``cli.main``). This entry is for ``telemetrain --help``."""
-    launch = sub.add_parser(
+    """``launch`` takes torchrun's own flags, which torchrun's parser reads: ``cli.main`` hands it every argument
+    after ``launch`` untouched, before this parser sees them. This entry only lists it in ``telemetrain --help``."""
+    sub.add_parser(
         "launch",
         help="torchrun, with the elastic agent's metrics and events in the job's run store",
         usage=USAGE,
@@ -33,5 +32,3 @@ def register(sub: Any) -> None:
         description="Run torchrun (same flags) and record the elastic agent's telemetry beside the workers'. "
         "`telemetrain launch --help` lists torchrun's flags.",
     )
-    launch.add_argument("argv", nargs=argparse.REMAINDER)
-    launch.set_defaults(run=lambda args, out, err: run_launch(list(args.argv), out, err))

@@ -36,6 +36,8 @@ PHASES: dict[str, bool] = {
     "optimizer": True,
     "samples_per_second": False,
 }
+# the phases whose slowness is a cause (work a rank does alone), as opposed to the iteration or its rate
+_WORK_PHASES = frozenset({"dataloader", "forward", "backward", "optimizer"})
 
 
 @dataclass(frozen=True)
@@ -83,20 +85,6 @@ class StragglerDetector:
     def active(self) -> list[Finding]:
         """The stragglers found and not yet over."""
         return list(self._active.values())
-
-    def scores(self, values: Mapping[int, Mapping[str, float]]) -> dict[int, dict[str, float]]:
-        """Relative score of every rank and phase in one window (NaN where the phase is missing)."""
-        out: dict[int, dict[str, float]] = {rank: {} for rank in values}
-        for phase, worse_high in PHASES.items():
-            present = {r: v[phase] for r, v in values.items() if _finite(v.get(phase))}
-            median = statistics.median(present.values()) if present else math.nan
-            for rank in values:
-                x = present.get(rank)
-                if x is None or not median > 0 or not x > 0:
-                    out[rank][phase] = math.nan
-                else:
-                    out[rank][phase] = x / median if worse_high else median / x
-        return out
 
     def update(self, step: int, values: Mapping[int, Mapping[str, float]]) -> list[Finding]:
         """Feed one exchanged window (rank -> phase -> value); returns the findings that start or end with it."""
@@ -181,9 +169,6 @@ class StragglerDetector:
                     self._best[key] = x
         return found
 
-
-# the phases whose slowness is a cause (work a rank does alone), as opposed to the iteration or its rate
-_WORK_PHASES = frozenset({"dataloader", "forward", "backward", "optimizer"})
 
 
 def phases_of(report: Mapping[str, object]) -> dict[str, float]:
