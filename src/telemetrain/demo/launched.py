@@ -3,6 +3,7 @@ starts ``telemetrain.demo.worker`` on N gloo ranks. The job id is chosen here so
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import TextIO
@@ -15,11 +16,11 @@ from .train import DemoConfig
 __all__ = ["LaunchedDemo", "run_launched_demo"]
 
 
+@dataclasses.dataclass(frozen=True)
 class LaunchedDemo:
-    def __init__(self, status: int, session_dir: Path, runs: list[Path]) -> None:
-        self.status = status
-        self.session_dir = session_dir
-        self.runs = runs
+    status: int  # the launcher's exit status
+    session_dir: Path
+    runs: list[Path]  # the attempts' run folders, oldest first
 
     @property
     def run_dir(self) -> Path | None:
