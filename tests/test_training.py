@@ -985,7 +985,8 @@ def test_a_failed_save_never_blocks_the_next(
     with ctx.application(), ctx.training_loop(0):
         with ctx.training_iteration():
             pass
-        with pytest.raises(OSError, match="disk full"):
+        with pytest.raises(OSError, match="disk full"), \
+                pytest.warns(TelemetryWarning, match="checkpoint save failed: OSError: disk full"):
             with ctx.checkpoint_save(1, path=tmp_path / "missing.pt"):
                 raise OSError("disk full")
         with ctx.training_iteration():
