@@ -66,6 +66,7 @@ def _clean_env_and_no_leaks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     if _default.telemetry is not None:
         problems.append("a default Telemetry instance was left behind")
         telemetrain.reset()
+    _default.candidates.clear()  # an instance a test left open must not become a later test's default
     threads = [th for th in telemetrain_threads() if th not in leaked_before]
     if threads:
         problems.append(f"dispatcher threads left running: {[th.name for th in threads]}")

@@ -398,7 +398,7 @@ import telemetrain, telemetrain.metrics, telemetrain.events
 def new():
     return [t.name for t in threading.enumerate() if id(t) not in before]
 out = {"after_import": new(), "torch": "torch" in sys.modules}
-t = telemetrain.Telemetry(store=sys.argv[1])
+t = telemetrain.Telemetry(store=sys.argv[1], default=False)  # not the default: that one is built from the env
 out["after_construct"] = new()
 out["files_before_record"] = __import__("os").listdir(sys.argv[1])
 telemetrain.metrics.put_metric("x", 1)  # the default instance: built now, no store (TELEMETRAIN_STORE=0)
@@ -482,7 +482,7 @@ def test_reset_makes_a_fresh_default(monkeypatch: pytest.MonkeyPatch, tmp_path: 
         assert first.closed
         second = telemetrain.get_telemetry()
         assert second is not first and not second.closed
-        mine = telemetrain.Telemetry(store=False)
+        mine = telemetrain.Telemetry(store=False, default=False)  # made the default below, by hand
         assert telemetrain.set_telemetry(mine) is second
         assert telemetrain.get_telemetry() is mine
         second.close()
