@@ -6,9 +6,11 @@
 from .compare import (
     CandidateComparison,
     Comparison,
+    ConfigMismatch,
     MetricComparison,
     PerfTagMismatch,
     RunRef,
+    WorkloadMismatch,
     bootstrap_ratio,
     compare_runs,
 )
@@ -17,11 +19,13 @@ from .samples import RunSamples, Window, run_samples
 __all__ = [
     "CandidateComparison",
     "Comparison",
+    "ConfigMismatch",
     "MetricComparison",
     "PerfTagMismatch",
     "RunRef",
     "RunSamples",
     "Window",
+    "WorkloadMismatch",
     "bootstrap_ratio",
     "compare_runs",
     "run_samples",

@@ -18,7 +18,7 @@ from .compare import (
     DEFAULT_CONFIDENCE,
     DEFAULT_MIN_EFFECT,
     DEFAULT_RESAMPLES,
-    PerfTagMismatch,
+    WorkloadMismatch,
     compare_runs,
 )
 from .samples import RunSamples, open_run_meta, read_samples, run_bytes
@@ -69,7 +69,8 @@ def register(sub: Any) -> None:
     which.add_argument("--baseline", metavar="RUN_DIR", help="the baseline run")
     which.add_argument("--perf-tag", metavar="TAG", help="baseline: the newest other run with this perf_tag")
     compare.add_argument("--root", metavar="DIR", help="where --perf-tag looks for the baseline")
-    compare.add_argument("--force", action="store_true", help="compare even if the perf_tags differ")
+    compare.add_argument("--force", action="store_true", help="compare even if the perf_tags or the recorded "
+                         "workloads (FLOPs per sample, world size, batch size, sequence length) differ")
     compare.add_argument("--confidence", type=_fraction, default=DEFAULT_CONFIDENCE, metavar="LEVEL",
                          help="confidence level of the interval (default: %(default)s)")
     compare.add_argument("--min-effect", type=_fraction, default=DEFAULT_MIN_EFFECT, metavar="FRACTION",
@@ -205,8 +206,8 @@ def _cmd_compare(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
         comparison = compare_runs(cand_samples, base_samples, confidence=args.confidence, min_effect=args.min_effect,
                                   resamples=args.resamples, seed=args.seed, force=args.force)
-    except PerfTagMismatch as exc:
-        raise CLIError(f"{exc} (--force)") from None
+    except WorkloadMismatch as exc:
+        raise CLIError(f"{exc.reason}; pass --force to compare anyway") from None
     from .compare_text import format_comparison
 
     if args.json:

@@ -33,9 +33,11 @@ __all__ = [
     "DEFAULT_RESAMPLES",
     "CandidateComparison",
     "Comparison",
+    "ConfigMismatch",
     "MetricComparison",
     "PerfTagMismatch",
     "RunRef",
+    "WorkloadMismatch",
     "bootstrap_ratio",
     "compare_runs",
 ]
@@ -55,8 +57,22 @@ NO_CHANGE = "no significant change"
 INSUFFICIENT = "insufficient data"
 
 
-class PerfTagMismatch(ValueError):
-    """The runs were tagged as different workloads (``perf_tag``); comparing them needs ``force=True``."""
+class WorkloadMismatch(ValueError):
+    """The runs are different workloads; comparing them needs ``force=True`` (``--force``). ``reason`` says how they
+    differ, without the advice, so that each caller can name its own way to force."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"{reason}; pass force=True to compare anyway")
+        self.reason = reason
+
+
+class PerfTagMismatch(WorkloadMismatch):
+    """The runs were tagged as different workloads (``perf_tag``)."""
+
+
+class ConfigMismatch(WorkloadMismatch):
+    """The runs' recorded workloads differ (``run.json``'s ``workload``: model FLOPs per sample, batch, sequence
+    length, world size)."""
 
 
 @dataclass(frozen=True)
@@ -325,7 +341,8 @@ def compare_runs(candidates: RunSamples | Run | str | Path | Iterable[RunSamples
                  force: bool = False, phases: bool = True, ranks: bool = True) -> Comparison:
     """Compare each candidate run with ``baseline`` (run directories, ``Run``s or ``RunSamples``).
 
-    Raises ``PerfTagMismatch`` when a candidate's ``perf_tag`` differs from the baseline's, unless ``force``; and
+    Raises ``PerfTagMismatch`` when a candidate's ``perf_tag`` differs from the baseline's and ``ConfigMismatch``
+    when their recorded workloads clearly differ (``training.workload.differences``), unless ``force``; and
     ``ValueError`` for settings out of range.
     """
     if not 0 < confidence < 1:
@@ -340,15 +357,25 @@ def compare_runs(candidates: RunSamples | Run | str | Path | Iterable[RunSamples
     cands = [_as_samples(c) for c in candidates]
     if not cands:
         raise ValueError("compare_runs needs at least one candidate run")
-    differing = [c for c in cands if c.perf_tag != base.perf_tag]
     notes = []
+    differing = [c for c in cands if c.perf_tag != base.perf_tag]
     if differing:
         listing = ", ".join(f"{c.run_id} ({c.perf_tag!r})" for c in differing)
         message = f"perf_tag differs from the baseline {base.run_id} ({base.perf_tag!r}): {listing}"
         if not force:
-            raise PerfTagMismatch(message + "; these are different workloads (force to compare anyway)")
+            raise PerfTagMismatch(message + "; these are different workloads")
+        notes.append(message + "; compared anyway (forced)")
+    from ..training.workload import differences  # (the training package is not needed to read runs otherwise)
+
+    unlike = [(c, differences(c.workload, base.workload)) for c in cands]
+    unlike = [(c, diff) for c, diff in unlike if diff]
+    if unlike:
+        listing = "; ".join(f"{c.run_id}: {', '.join(diff)}" for c, diff in unlike)
+        message = f"the workload differs from the baseline {base.run_id} ({listing}, candidate vs baseline)"
+        if not force:
+            raise ConfigMismatch(message + ": these are different workloads")
         notes.append(message + "; compared anyway (forced)")
     results = tuple(compare_samples(c, base, confidence=confidence, min_effect=min_effect, resamples=resamples,
                                     seed=seed, phases=phases, ranks=ranks) for c in cands)
     return Comparison(baseline=RunRef.of(base), candidates=results, confidence=confidence, min_effect=min_effect,
-                      resamples=resamples, seed=seed, forced=bool(differing), notes=tuple(notes))
+                      resamples=resamples, seed=seed, forced=bool(differing or unlike), notes=tuple(notes))

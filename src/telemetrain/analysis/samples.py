@@ -58,6 +58,7 @@ class RunSamples:
     windows: list[Window]
     skipped_windows: int = 0  # warm-up windows and windows without a usable mean
     iteration_spans: dict[int, list[float]] = field(default_factory=dict)  # rank -> sampled iteration seconds
+    workload: dict[str, Any] = field(default_factory=dict)  # run.json's (training.workload); {} for older runs
 
     @property
     def ranks(self) -> list[int]:
@@ -170,6 +171,7 @@ class _Collector:
             windows=self.windows,
             skipped_windows=self.skipped,
             iteration_spans=self.spans,
+            workload=dict(meta["workload"]) if isinstance(meta.get("workload"), dict) else {},
         )
 
 

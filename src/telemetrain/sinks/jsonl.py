@@ -14,6 +14,7 @@ import os
 import platform
 import socket
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -35,8 +36,10 @@ def _versions() -> dict[str, str]:
     return versions
 
 
-def write_run_meta(directory: Path, identity: Identity, config: Mapping[str, Any] | None) -> bool:
-    """Create ``run.json`` once per run; the first process to get there wins, atomically. True if we created it."""
+def write_run_meta(directory: Path, identity: Identity, config: Mapping[str, Any] | None,
+                   facts: Mapping[str, Any] | None = None) -> bool:
+    """Create ``run.json`` once per run; the first process to get there wins, atomically. True if we created it.
+    ``facts``: fields known by now besides the identity's (the workload: ``RunStoreSink.set_run_meta``)."""
     target = directory / RUN_META
     if target.exists():
         return False
@@ -58,9 +61,9 @@ def write_run_meta(directory: Path, identity: Identity, config: Mapping[str, Any
             "platform": platform.platform(),
         },
         "config": dict(config or {}),
+        **(facts or {}),
     }
-    tmp = directory / f".run.json.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(tag_nonfinite(meta), indent=1, default=repr, allow_nan=False) + "\n")
+    tmp = _write_temp(directory, meta)
     try:
         os.link(tmp, target)  # fails if another process already created it: never overwrite
         return True
@@ -68,6 +71,28 @@ def write_run_meta(directory: Path, identity: Identity, config: Mapping[str, Any
         return False
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _write_temp(directory: Path, meta: Mapping[str, Any]) -> Path:
+    tmp = directory / f".run.json.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(tag_nonfinite(dict(meta)), indent=1, default=repr, allow_nan=False) + "\n")
+    return tmp
+
+
+def update_run_meta(directory: Path, identity: Identity, facts: Mapping[str, Any]) -> None:
+    """Bring the ``run.json`` this process created up to date: the identity's perf tag (set from the training config
+    after the run began) and ``facts``; replaced atomically, so a reader sees the old or the new one. A run.json
+    that cannot be read or written is left as it is: the records matter more than their summary."""
+    target = directory / RUN_META
+    try:
+        meta = json.loads(target.read_text())
+        if not isinstance(meta, dict):
+            return
+        updated = {**meta, "perf_tag": identity.perf_tag, **facts}
+        if updated != meta:
+            os.replace(_write_temp(directory, updated), target)
+    except (OSError, ValueError):
+        pass
 
 
 class RunStoreSink(Sink):
@@ -87,6 +112,17 @@ class RunStoreSink(Sink):
         self.bytes_written = 0
         self.unencodable = 0  # records replaced by an "unencodable" diagnostic line
         self._torn_tail = False  # the last write stopped inside a line
+        self._meta_lock = threading.Lock()  # run.json: the writer thread creates it, set_run_meta may update it
+        self._meta_facts: dict[str, Any] = {}
+        self._meta_dir: Path | None = None  # the run directory whose run.json this process created
+
+    def set_run_meta(self, **facts: Any) -> None:
+        """Fields for ``run.json`` known after the sink was made (the workload): in it when this process creates it,
+        written into it now if this process already did. (Another process's run.json is its own to update.)"""
+        with self._meta_lock:
+            self._meta_facts.update(facts)
+            if self._meta_dir is not None and self._identity is not None:
+                update_run_meta(self._meta_dir, self._identity, self._meta_facts)
 
     def run_dir_for(self, identity: Identity) -> Path:
         return run_dir(self.root, identity)
@@ -96,7 +132,11 @@ class RunStoreSink(Sink):
         directory = self.run_dir_for(identity)
         directory.mkdir(parents=True, exist_ok=True)
         if identity.role != AGENT_ROLE:  # the launcher's agent gets there first; run.json is the training's to write
-            write_run_meta(directory, identity, self.config)
+            with self._meta_lock:
+                if write_run_meta(directory, identity, self.config, self._meta_facts):
+                    self._meta_dir = directory
+                elif directory == self._meta_dir:  # a new identity in our run (the config's perf tag)
+                    update_run_meta(directory, identity, self._meta_facts)
         path = directory / process_file_name(identity)
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
         self._identity = identity
@@ -188,3 +228,5 @@ class RunStoreSink(Sink):
         self._identity = None
         self._token = -1
         self.path = None
+        self._meta_lock = threading.Lock()
+        self._meta_dir = None  # the parent's run.json stays the parent's

@@ -39,6 +39,7 @@ from ..telemetry import Telemetry, get_telemetry
 from .config import CheckpointStrategy, TrainingTelemetryConfig
 from .names import PHASES, E, S
 from .reports import FOLD_EVERY, METRICS, QUANTILES, TIME_AGGS, Reporter, Snapshot, Window
+from .workload import apply_perf_tag, publish_workload
 
 __all__ = ["TrainingRecorder"]
 
@@ -231,12 +232,20 @@ class TrainingRecorder:
             self._export_every = every  # training iterations: sampled here (the hot path), the others by the tracer
             self.tracer.sample(S.VALIDATION_SINGLE_ITERATION, every)
             self.tracer.sample(S.TESTING_SINGLE_ITERATION, every)
+            if not callable(config.perf_tag_or_fn):  # the run's perf tag from now on (a lazy one: at app start)
+                self._guarded("set_training_telemetry_config", lambda: apply_perf_tag(self.telemetry, config))
             if self._app_start_ns:  # else on_app_start emits it (one-logger's order)
                 self._guarded("set_training_telemetry_config", self._emit_config)
 
     def _emit_config(self) -> None:
         assert self.config is not None
-        self._event(E.UPDATE_TRAINING_TELEMETRY_CONFIG, self.config.as_attributes(), S.APPLICATION)
+        config = self.config
+        self._guarded("perf_tag", lambda: apply_perf_tag(self.telemetry, config))
+        attributes = config.as_attributes()
+        if not attributes.get("perf_tag"):  # none in the config: the run's (environment or script name)
+            attributes["perf_tag"] = self.telemetry.identity.perf_tag
+        self._event(E.UPDATE_TRAINING_TELEMETRY_CONFIG, attributes, S.APPLICATION)
+        self._guarded("workload", lambda: publish_workload(self.telemetry, config))
 
     # -- helpers ---------------------------------------------------------------------------------------------------
 
@@ -309,6 +318,9 @@ class TrainingRecorder:
 
     def on_app_start(self, start_time_msec: float | None = None) -> Span | None:
         with self._lock:
+            config = self.config
+            if config is not None:  # the config's perf tag before the first record of the application
+                self._guarded("on_app_start", lambda: apply_perf_tag(self.telemetry, config))
             s = self._start("on_app_start", S.APPLICATION, start_time_msec)
             if s is None:
                 return None
@@ -450,6 +462,8 @@ class TrainingRecorder:
                 if seq:
                     attributes["train_tokens_target"] = seq * self._samples_target
             self.peak()  # resolved now, not inside an iteration's report
+            if config is not None:  # run.json's workload, with the lazy sizes as training uses them
+                self._guarded("on_train_start", lambda: publish_workload(self.telemetry, config))
             s = self._start("on_train_start", S.TRAINING_LOOP, start_time_msec, attributes,
                             parent=S.APPLICATION)
             if s is not None:
