@@ -58,7 +58,12 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from ..extras import missing_extra
+
+try:
+    from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+except ImportError as exc:
+    raise missing_extra("telemetrain.integrations.hf", "transformers", "hf", exc) from None
 
 from ..dispatch import describe, warn_safely
 from ..spans import Span

@@ -611,7 +611,8 @@ def _default_class() -> type:
             return callback_class(package)
         except ImportError:
             continue
-    raise ImportError("TelemetrainCallback needs Lightning: pip install lightning (or pytorch_lightning)")
+    raise ImportError("TelemetrainCallback needs Lightning (lightning or pytorch_lightning, neither is installed): "
+                      "pip install 'telemetrain[lightning]'")
 
 
 def __getattr__(name: str) -> Any:

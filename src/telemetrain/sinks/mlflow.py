@@ -20,14 +20,14 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..extras import missing_extra
+
 try:
     from mlflow.entities import Metric, Param
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the tests
-    raise ImportError(
-        "telemetrain.sinks.mlflow needs mlflow, which is not installed: pip install 'telemetrain[mlflow]'"
-    ) from exc
+    raise missing_extra("telemetrain.sinks.mlflow", "mlflow", "mlflow", exc) from None
 
 from .. import process_hooks
 from ..dispatch import warn_safely

@@ -16,13 +16,13 @@ import urllib.parse
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+from ..extras import missing_extra
+
 try:
     from prometheus_client import CollectorRegistry, push_to_gateway, start_http_server
     from prometheus_client.metrics_core import Metric
 except ImportError as exc:  # one clear message naming the extra
-    raise ImportError(
-        "telemetrain.sinks.prometheus needs prometheus_client: pip install 'telemetrain[prometheus]'"
-    ) from exc
+    raise missing_extra("telemetrain.sinks.prometheus", "prometheus_client", "prometheus", exc) from None
 
 from ..cumulative import CUMULATIVE_METRICS, CUMULATIVE_UNITS
 from ..dispatch import warn_safely

@@ -37,6 +37,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..extras import missing_extra
+
 try:
     from tensorboard.compat.proto import event_pb2, summary_pb2, types_pb2  # type: ignore[import-untyped]
     from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import (  # type: ignore[import-untyped]
@@ -46,10 +48,7 @@ try:
     from tensorboard.plugins.scalar import metadata as scalar_metadata  # type: ignore[import-untyped]
     from tensorboard.plugins.text.summary_v2 import text_pb  # type: ignore[import-untyped]
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the tests
-    raise ImportError(
-        "telemetrain.sinks.tensorboard needs tensorboard, which is not installed: "
-        "pip install 'telemetrain[tensorboard]'"
-    ) from exc
+    raise missing_extra("telemetrain.sinks.tensorboard", "tensorboard", "tensorboard", exc) from None
 
 from ..identity import Identity
 from .base import Sink

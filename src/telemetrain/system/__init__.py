@@ -14,12 +14,12 @@ nvidia-ml-py, a driver or a GPU, GPU metrics are absent and the reason is record
 
 from __future__ import annotations
 
+from ..extras import missing_extra
+
 try:
     import psutil  # noqa: F401 - the extra's one hard requirement, checked here so the error names the extra
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the tests
-    raise ImportError(
-        "telemetrain.system needs psutil, which is not installed: pip install 'telemetrain[system]'"
-    ) from exc
+    raise missing_extra("telemetrain.system", "psutil", "system", exc) from None
 
 from .devices import GpuChoice, select_gpus
 from .names import CATALOGUE

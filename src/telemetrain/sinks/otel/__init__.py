@@ -5,12 +5,12 @@ See ``docs/backends/opentelemetry.md``.
 
 from __future__ import annotations
 
+from ..extras import missing_extra
+
 try:
     import opentelemetry.sdk.trace  # noqa: F401 - the one check, so a missing SDK gives one clear error
 except ImportError as exc:  # pragma: no cover - exercised in an environment without the extra
-    raise ImportError(
-        "telemetrain.sinks.otel needs the OpenTelemetry SDK: pip install 'telemetrain[otel]'"
-    ) from exc
+    raise missing_extra("telemetrain.sinks.otel", "the OpenTelemetry SDK", "otel", exc) from None
 
 from .convert import otel_resource, resource_attributes
 from .sink import OTelExportError, OTelSink
