@@ -73,11 +73,15 @@ def main() -> None:
     spans = Counter((r.name, r.status) for r in records if r.kind == "span_end")
     print("spans (name, status: count): " + ", ".join(f"{n} {s}: {c}" for (n, s), c in sorted(spans.items())))
     report = [r.attributes for r in records if r.kind == "event" and r.name == "training_metrics_update"][-1]
+    saves = sum(1 for r in records if r.kind == "event" and r.name == "save_checkpoint_success")
     print(f"iterations (optimizer steps): {report['num_iterations']}, micro-batches: {callback.micro_batches}, "
-          f"samples/s: {report['samples_per_second']:.1f}, tokens/s: {report['tokens_per_second']:.0f}, "
-          f"TFLOP/s: {report['train_throughput_per_gpu']:.4f}, "
-          f"mean iteration (after warm-up): {report['cumulative_avg_iteration_time_sec'] * 1e3:.1f} ms, "
-          f"checkpoints saved: {report['save_checkpoint_count']}")
+          f"mean iteration over the run (after warm-up): {report['cumulative_avg_iteration_time_sec'] * 1e3:.1f} ms, "
+          f"checkpoints saved: {saves}")
+    # the report's throughput is its window's (the last log_every iterations), not the whole run's as HF's
+    # train_samples_per_second above, which also counts evaluation and checkpoint time
+    print(f"throughput in the last report window ({report['window_iterations']} iterations, training time only): "
+          f"{report['samples_per_second']:.1f} samples/s, {report['tokens_per_second']:.0f} tokens/s, "
+          f"{report['train_throughput_per_gpu']:.4f} TFLOP/s per GPU")
     losses = [(r.step, r.value) for r in records if r.kind == "metric" and r.group == "hf" and r.name == "loss"]
     print("loss by step: " + ", ".join(f"{step}: {value:.3f}" for step, value in losses))
     telemetrain.reset()  # close the default instance: everything is on disk

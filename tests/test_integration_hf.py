@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import runpy
 import sys
 from collections.abc import Callable, Iterator
@@ -380,4 +381,7 @@ def test_the_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsy
     out = capsys.readouterr().out
     assert "training_loop ok: 1" in out and "checkpoint_save_sync ok: 2" in out
     assert "iterations (optimizer steps): 4, micro-batches: 8" in out
+    assert "checkpoints saved: 2" in out  # saves at steps 2 and 4, the second after the last report
+    assert re.search(r"throughput in the last report window \(\d+ iterations, training time only\): [\d.]+ samples/s",
+                     out)
     assert str(tmp_path / "runs") in out
