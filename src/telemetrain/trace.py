@@ -22,11 +22,11 @@ import dataclasses
 import json
 import math
 import os
-import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .output_file import atomic_output
 from .store.layout import AGENT_ROLE
 from .store.reader import Run, find_runs, open_run
 
@@ -470,22 +470,16 @@ def export_trace(
     runs = load_runs(source)
     trace = build_trace(runs, max_per_name=max_per_name, all_metrics=all_metrics)
     target = Path(out)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent if str(target.parent) else ".")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            # one event per line: still one JSON object, but greppable and diffable
-            fh.write('{"displayTimeUnit":"ms","traceEvents":[\n')
-            events = trace["traceEvents"]
-            for n, event in enumerate(events):
-                fh.write(json.dumps(event, separators=(",", ":"), allow_nan=False, default=repr))
-                fh.write(",\n" if n + 1 < len(events) else "\n")
-            fh.write('],"otherData":')
-            fh.write(json.dumps(trace["otherData"], separators=(",", ":"), allow_nan=False, default=repr))
-            fh.write("}\n")
-        os.replace(tmp, target)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    with atomic_output(target) as fh:  # the umask's permissions, as the report and compare pages
+        # one event per line: still one JSON object, but greppable and diffable
+        fh.write('{"displayTimeUnit":"ms","traceEvents":[\n')
+        events = trace["traceEvents"]
+        for n, event in enumerate(events):
+            fh.write(json.dumps(event, separators=(",", ":"), allow_nan=False, default=repr))
+            fh.write(",\n" if n + 1 < len(events) else "\n")
+        fh.write('],"otherData":')
+        fh.write(json.dumps(trace["otherData"], separators=(",", ":"), allow_nan=False, default=repr))
+        fh.write("}\n")
     tele = trace["otherData"]["telemetrain"]
     return TraceResult(path=target, size_bytes=target.stat().st_size, events=len(trace["traceEvents"]),
                        processes=sum(1 for e in trace["traceEvents"] if e["name"] == "process_name"),

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..cli_common import CLIError, resolve_run
+from ..output_file import write_output
 from ..report.progress import TextProgress
 from ..store.reader import NotARunError, find_runs
 from ..text import printable
@@ -218,9 +219,9 @@ def _cmd_compare(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         from .compare_html import comparison_html
 
         try:
-            Path(args.html).write_text(comparison_html(comparison), encoding="utf-8")
+            write_output(args.html, comparison_html(comparison))
         except OSError as exc:
-            raise CLIError(f"cannot write {args.html}: {exc}") from None
+            raise CLIError(str(exc)) from None
         print(f"wrote {args.html}", file=err)
     return 1 if args.fail_on_regression and comparison.regressions else 0
 

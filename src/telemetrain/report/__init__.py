@@ -10,6 +10,7 @@ import gc
 import os
 from pathlib import Path
 
+from ..output_file import write_output
 from .load import Progress
 
 __all__ = ["Progress", "write_report"]
@@ -42,10 +43,7 @@ def write_report(run_dir: str | os.PathLike[str], output: str | os.PathLike[str]
     if progress is not None:
         progress("rendering", 1, 2)
     page = render(model)
-    path = Path(output) if output is not None else Path(run_dir) / "report.html"
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(page, encoding="utf-8")
-    os.replace(tmp, path)  # a reader never sees half a page
+    path = write_output(Path(output) if output is not None else Path(run_dir) / "report.html", page)
     if progress is not None:
         progress("written", 2, 2)
     return path

@@ -14,7 +14,7 @@ import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeGuard
 
 from ..text import printable
 from .base import Sink
@@ -82,7 +82,7 @@ def _attrs(attributes: Any) -> str:
     return " " + " ".join(f"{printable(str(k))}={_value(v)}" for k, v in attributes.items())
 
 
-def _is_number(v: Any) -> bool:
+def _is_number(v: object) -> TypeGuard[float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 

@@ -17,7 +17,7 @@ import json
 import math
 import os
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 from ..dispatch import warn_safely
 from ..identity import _safe_name
@@ -83,7 +83,7 @@ def workload_from_attributes(attributes: Mapping[str, Any], world_size: int) -> 
     return {k: v for k, v in values.items() if _usable(v)}
 
 
-def _usable(value: Any) -> bool:
+def _usable(value: object) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 

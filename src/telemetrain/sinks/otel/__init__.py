@@ -5,7 +5,7 @@ See ``docs/backends/opentelemetry.md``.
 
 from __future__ import annotations
 
-from ..extras import missing_extra
+from ...extras import missing_extra
 
 try:
     import opentelemetry.sdk.trace  # noqa: F401 - the one check, so a missing SDK gives one clear error

@@ -1,0 +1,103 @@
+"""What a newcomer meets when something is missing or mistyped (issue 15, item 7): one clear error line naming what
+to do, output files written alike by every command."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import IDENTITY_ENV
+from telemetrain import Telemetry, identity_from_env
+from telemetrain.cli import main
+from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
+
+
+@pytest.mark.parametrize(("statement", "blocked", "extra"), [
+    ("import telemetrain.sinks.prometheus", ["prometheus_client"], "prometheus"),
+    ("import telemetrain.sinks.otel", ["opentelemetry"], "otel"),
+    ("import telemetrain.sinks.mlflow", ["mlflow"], "mlflow"),
+    ("import telemetrain.sinks.tensorboard", ["tensorboard"], "tensorboard"),
+    ("import telemetrain.system", ["psutil"], "system"),
+    ("import telemetrain.integrations.hf", ["transformers"], "hf"),
+    ("from telemetrain.integrations.lightning import TelemetrainCallback", ["lightning", "pytorch_lightning"],
+     "lightning"),
+])
+def test_a_missing_extra_is_one_clear_error(statement: str, blocked: list[str], extra: str) -> None:
+    """As without the extra installed (the module made unimportable): one ImportError naming the extra to install,
+    not chained to the ModuleNotFoundError it replaces (whose text it carries)."""
+    code = "import sys\n" + "".join(f"sys.modules[{name!r}] = None\n" for name in blocked) + statement
+    env = {k: v for k, v in os.environ.items() if k not in IDENTITY_ENV}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env,
+                          check=False)
+    assert proc.returncode == 1
+    assert "The above exception was the direct cause" not in proc.stderr
+    assert "During handling of the above exception" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if not line.startswith(" ") and "Error" in line]
+    assert len(errors) == 1, proc.stderr
+    assert errors[0].startswith("ImportError: ") and errors[0].endswith(f"pip install 'telemetrain[{extra}]'")
+    assert proc.stderr.rstrip().splitlines()[-1] == errors[0]  # the line to act on is the last one
+
+
+@pytest.fixture
+def trained_run(tmp_path: Path) -> Path:
+    t = Telemetry(identity_from_env({}, run_id="r", session_tag="s"), store=tmp_path / "runs")
+    r = TrainingRecorder(TrainingTelemetryConfig(global_batch_size_or_fn=8, log_every_n_train_iterations=2),
+                         telemetry=t)
+    r.on_app_start()
+    r.on_train_start(0)
+    for _ in range(4):
+        r.on_training_single_iteration_start()
+        r.on_training_single_iteration_end()
+    r.on_train_end()
+    r.on_app_end()
+    assert t.close()
+    assert t.run_dir is not None
+    return t.run_dir
+
+
+@pytest.mark.parametrize("command", ["report", "trace", "compare"])
+def test_an_output_in_a_missing_directory_is_one_clear_error(
+    trained_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    target = tmp_path / "missing" / "dir" / "out.html"
+    argv = {"report": ["report", str(trained_run), "-o", str(target)],
+            "trace": ["trace", str(trained_run), "-o", str(target)],
+            "compare": ["compare", str(trained_run), "--baseline", str(trained_run), "--html", str(target)]}[command]
+    if command == "compare":  # a run is no baseline of itself: compare it with a copy
+        copy = tmp_path / "runs" / "s" / "r2"
+        copy.mkdir()
+        for f in trained_run.iterdir():
+            (copy / f.name).write_bytes(f.read_bytes())
+        argv[argv.index("--baseline") + 1] = str(copy)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == f"telemetrain: error: cannot write {target}: the directory {target.parent} does not exist\n"
+    assert ".tmp" not in err
+    assert list(tmp_path.glob("**/.*.tmp")) == []
+
+
+@pytest.fixture
+def umask() -> Iterator[None]:
+    previous = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(previous)
+
+
+def test_trace_report_and_compare_files_get_the_umasks_permissions(trained_run: Path, tmp_path: Path,
+                                                                   umask: None) -> None:
+    outputs = {"trace": tmp_path / "trace.json", "report": tmp_path / "report.html"}
+    assert main(["trace", str(trained_run), "-o", str(outputs["trace"])]) == 0
+    assert main(["report", str(trained_run), "-o", str(outputs["report"])]) == 0
+    for name, path in outputs.items():
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644, name
+    os.umask(0o077)  # a private umask is respected too
+    assert main(["trace", str(trained_run), "-o", str(tmp_path / "private.json")]) == 0
+    assert stat.S_IMODE((tmp_path / "private.json").stat().st_mode) == 0o600
