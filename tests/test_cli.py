@@ -219,15 +219,17 @@ def test_show_summarises_the_demo_run(demo_run: tuple[Path, subprocess.Completed
     assert f"run         {run.run_id}" in out
     assert f"session     {run.session_tag}" in out and "perf_tag    telemetrain-demo" in out
     assert "rank 0" in out and f"pid {run.processes[0].pid}" in out
-    for name in ("train/train.loss", "train/train.samples_per_s", "demo/train.train_step.duration.ms"):
-        assert name in out
-    assert "(30 points)" in out
-    assert "val/val.loss" in out and "step 30, nats" in out
-    assert re.search(r"torchelastic/demo\.evaluation +6\n", out)
+    for group, name in (("train", "train.loss"), ("train", "train.samples_per_s"),
+                        ("demo", "train.train_step.duration.ms")):
+        assert re.search(rf"\n  {group} +{re.escape(name)} += \S+ +\(rank 0, 30 points", out), name
+    assert re.search(r"\n  val +val\.loss += \S+ +\(rank 0, 6 points, step 30, nats\)", out)
+    assert re.search(r"\n  torchelastic +demo\.evaluation +6\n", out)
     # the training lifecycle: derived metrics of the last window, and what the run did
-    assert re.search(r"training +30 iterations this run \(global step 29\), \d+ metrics updates", out)
-    assert "iteration time (last window)  p50 " in out and "samples/s" in out and "tokens/s" in out
-    assert re.search(r"checkpoints / validations +5 saved +6 validation loops +0 telemetry misuse errors", out)
+    assert re.search(r"training +30 iterations this run \(global step 29\) on rank 0, \d+ metrics updates", out)
+    assert "iteration time (rank 0, last window)  p50 " in out and "samples/s" in out and "tokens/s" in out
+    assert re.search(r"checkpoints / validations \(rank 0\) +5 saved +6 validation loops +0 telemetry misuse "
+                     r"errors \(all ranks\)", out)
+    assert "None" not in out
     assert "torn lines 0, corrupt lines 0, diagnostics 0" in out
     assert proc.stderr == ""
 
@@ -240,7 +242,7 @@ def test_show_without_argument_uses_the_newest_run_under_the_default_root(
     monkeypatch.setenv("TELEMETRAIN_DIR", str(tmp_path))
     assert cli.main(["show"]) == 0
     captured = capsys.readouterr()
-    assert "run         r2-newer" in captured.out and "m/a  = 2" in captured.out
+    assert "run         r2-newer" in captured.out and re.search(r"\n  m +a += 2 ", captured.out)
     assert "holds 2 runs; showing the newest" in captured.err
 
     assert cli.main(["show", "--list"]) == 0
@@ -264,7 +266,8 @@ def test_show_prints_nan_inf_problems_and_diagnostics(tmp_path: Path, capsys: py
         fh.write('{"v":1,"kind":"metric","mo')  # a crash mid-line
     assert cli.main(["show", str(run_dir)]) == 0
     out = capsys.readouterr().out
-    assert "m/nan  = nan" in out and "m/inf  = inf" in out and "m/neg  = -inf  (1 point, step 7)" in out
+    assert re.search(r"\n  m +nan += nan ", out) and re.search(r"\n  m +inf += inf ", out)
+    assert re.search(r"\n  m +neg += -inf +\(rank 0, 1 point, step 7\)", out)
     assert "config      bad=inf" in out
     assert "torn lines 1, corrupt lines 1, diagnostics 1" in out
     assert "sink_error  sink mysink  x1  count 3  boom" in out

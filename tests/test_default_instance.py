@@ -64,10 +64,10 @@ def test_the_readme_program_writes_exactly_one_run(tmp_path: Path) -> None:
     run = open_run(out["run_dir"])
     assert run.meta["config"] == {"lr": 3e-4}
     names = {(r.kind, r.name) for r in run.records()}
-    for expected in [("metric", "val.loss"), ("event", "checkpoint.saved"), ("event", "update_training_telemetry_config"),
-                     ("span_end", "application"), ("span_end", "checkpoint_save_sync"), ("span_end", "my_custom_phase"),
-                     ("stat", "train.step_time"), ("event", "training_metrics_update"), ("metric", "batches"),
-                     ("event", "done")]:
+    for expected in [("metric", "val.loss"), ("event", "checkpoint.saved"),
+                     ("event", "update_training_telemetry_config"), ("span_end", "application"),
+                     ("span_end", "checkpoint_save_sync"), ("span_end", "my_custom_phase"), ("stat", "train.step_time"),
+                     ("event", "training_metrics_update"), ("metric", "batches"), ("event", "done")]:
         assert expected in names
 
 
@@ -140,6 +140,7 @@ def test_a_second_instance_after_the_first_was_adopted_warns(tmp_path: Path) -> 
     first = telemetrain.Telemetry(store=tmp_path / "a")
     try:
         telemetrain.metric("x", 1)  # adopts first
+        assert telemetrain.get_telemetry() is first
         with pytest.warns(TelemetryWarning, match="is the first Telemetry this program created"):
             second = telemetrain.Telemetry(store=tmp_path / "b")
         second.close()

@@ -70,7 +70,7 @@ def test_compare_finds_the_baseline_by_the_configs_tag(tmp_path: Path, capsys: p
     base = simulate(tmp_path, "a-base", identity_tag="old_script")
     cand = simulate(tmp_path, "b-cand", identity_tag="new_script")  # another script name, the same config tag
     simulate(tmp_path, "c-other", perf_tag="llama", identity_tag="new_script")
-    code, out, err = cli("compare", str(cand), "--root", str(tmp_path), capsys=capsys)
+    code, _, err = cli("compare", str(cand), "--root", str(tmp_path), capsys=capsys)
     assert code == 0, err
     assert f"baseline: {base}" in err and "perf_tag 'gpt-tiny'" in err
 

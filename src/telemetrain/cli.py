@@ -11,12 +11,14 @@ import math
 import os
 import shlex
 import sys
+import time
 import warnings
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeGuard
 
 from ._version import __version__
 from .analysis import commands as analysis_commands
@@ -89,6 +91,10 @@ def summarize(run: Run) -> list[str]:
     config = run.meta.get("config")
     if isinstance(config, dict) and config:
         lines.append("config      " + " ".join(f"{k}={_fmt_config(v)}" for k, v in config.items()))
+    workload = run.meta.get("workload")
+    if isinstance(workload, dict) and workload:  # what compare checks runs against (training.workload)
+        lines.append("workload    " + " ".join(f"{k}={_fmt_value(v)}" for k, v in workload.items())
+                     + (f" (fingerprint {run.meta['fingerprint']})" if run.meta.get("fingerprint") else ""))
 
     records = run.records()
     ranks = run.ranks
@@ -128,26 +134,7 @@ def summarize(run: Run) -> list[str]:
     by_group = Counter((r.group, r.kind) for r in records)
     lines += _table([(f"group {g}", k, str(n)) for (g, k), n in sorted(by_group.items())])
 
-    # Records come in wall-time order, so the last assignment is the last value (across all ranks).
-    last: dict[tuple[str, str], Any] = {}
-    points: Counter[tuple[str, str]] = Counter()
-    for r in records:
-        if r.kind == "metric":
-            key = (r.group, r.name)
-            last[key] = r
-            points[key] += 1
-    lines.append(f"metrics     {len(last)} (group/name = last value, points)")
-    metric_rows = []
-    for key in sorted(last):
-        r = last[key]
-        notes = [f"{points[key]} point{'s' if points[key] != 1 else ''}"]
-        if r.step is not None:
-            notes.append(f"step {r.step}")
-        if r.unit:
-            notes.append(r.unit)
-        metric_rows.append((f"{key[0]}/{key[1]}", f"= {_fmt_value(r.value)}", f"({', '.join(notes)})"))
-    lines += _table(metric_rows)
-
+    lines += _metric_lines(_last_by_rank(records, "metric"))
     lines += _stat_lines(records)
     lines += _system_lines(records)
     lines += _training_lines(records)
@@ -156,7 +143,7 @@ def summarize(run: Run) -> list[str]:
 
     event_counts = Counter((r.group, r.name) for r in records if r.kind == "event")
     lines.append(f"events      {sum(event_counts.values())}")
-    lines += _table([(f"{g}/{n}", str(c)) for (g, n), c in sorted(event_counts.items())])
+    lines += _table([(g, n, str(c)) for (g, n), c in sorted(event_counts.items())])
     bad = Counter(r.severity for r in records if r.kind == "event" and r.severity in ("warning", "error", "critical"))
     if bad:
         lines.append("  by severity: " + ", ".join(f"{s} {n}" for s, n in sorted(bad.items())))
@@ -176,21 +163,76 @@ def summarize(run: Run) -> list[str]:
     return lines
 
 
-def _stat_lines(records: Sequence[Any]) -> list[str]:
-    """Per stat: windows, samples, and the last window's values."""
-    windows: dict[tuple[str, str], list[Any]] = {}
+@dataclass
+class _Series:
+    """One (group, name) of metrics or stats, as show reports it: each rank's last record, and the count."""
+
+    last: dict[int, Any] = field(default_factory=dict)  # rank -> its last record
+    count: int = 0  # points (metrics) or windows (stats), all ranks
+    samples: int = 0  # stats: samples in all windows, all ranks
+
+    @property
+    def rank(self) -> int:
+        """The rank whose figure is shown: rank 0 when it recorded the series, else the lowest that did."""
+        return min(self.last)
+
+
+def _last_by_rank(records: Sequence[Any], kind: str) -> dict[tuple[str, str], _Series]:
+    """The data show needs of one kind of record (records come in wall-time order: the last one seen is the last)."""
+    series: dict[tuple[str, str], _Series] = {}
     for r in records:
-        if r.kind == "stat":
-            windows.setdefault((r.group, r.name), []).append(r)
-    lines = [f"stats       {len(windows)} (group/name: windows, samples; last window's values)"]
+        if r.kind == kind:
+            found = series.get((r.group, r.name))
+            if found is None:
+                found = series[(r.group, r.name)] = _Series()
+            found.last[r.identity.rank] = r
+            found.count += 1
+            if kind == "stat":
+                found.samples += r.sample_count
+    return series
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _across_ranks(series: _Series, value: Any) -> str:
+    """``2 ranks: min .. max`` of the ranks' last values, when more than one rank recorded the series."""
+    if len(series.last) < 2:
+        return ""
+    values = [v for v in (value(r) for r in series.last.values()) if _is_number(v) and math.isfinite(v)]
+    spread = f": {_fmt_value(min(values))}..{_fmt_value(max(values))}" if values else ""
+    return f"; last on {len(series.last)} ranks{spread}"
+
+
+def _metric_lines(metrics: dict[tuple[str, str], _Series]) -> list[str]:
+    """Each metric's last value on one rank (named), with the spread of the other ranks' last values."""
+    lines = [f"metrics     {len(metrics)} (group, name = last value on the rank shown; points of all ranks)"]
     rows = []
-    for key in sorted(windows):
-        ws = windows[key]
-        last = ws[-1]
+    for (group, name), m in sorted(metrics.items()):
+        r = m.last[m.rank]
+        notes = [f"rank {m.rank}{_across_ranks(m, lambda x: x.value)}", _plural(m.count, "point")]
+        if r.step is not None:
+            notes.append(f"step {r.step}")
+        if r.unit:
+            notes.append(r.unit)
+        rows.append((group, name, f"= {_fmt_value(r.value)}", f"({', '.join(notes)})"))
+    return lines + _table(rows)
+
+
+def _stat_lines(records: Sequence[Any]) -> list[str]:
+    """Per stat: windows, samples, and the last window's values on one rank (named)."""
+    stats = _last_by_rank(records, "stat")
+    lines = [f"stats       {len(stats)} (group, name: windows and samples of all ranks; the last window's values on "
+             "the rank shown)"]
+    rows = []
+    for (group, name), st in sorted(stats.items()):
+        last = st.last[st.rank]
         unit = f" {last.unit}" if last.unit else ""
         values = " ".join(f"{k}={_fmt_value(v)}" for k, v in last.values.items() if k != "count")
-        samples = sum(w.sample_count for w in ws)
-        rows.append((f"{key[0]}/{key[1]}", f"{len(ws)} windows", f"{samples} samples", f"{values}{unit}"))
+        others = f" ({len(st.last)} ranks)" if len(st.last) > 1 else ""
+        rows.append((group, name, _plural(st.count, "window"), _plural(st.samples, "sample"),
+                     f"rank {st.rank}{others}: {values}{unit}"))
     return lines + _table(rows)
 
 
@@ -311,47 +353,78 @@ def _system_rows(who: str, group: str, m: dict[str, list[float]], n_cpu: Any) ->
 
 
 def _training_lines(records: Sequence[Any]) -> list[str]:
-    """The derived training metrics: the last ``training_metrics_update`` of each process, and the lifecycle."""
-    updates = [
-        r for r in records if r.kind == "event" and r.group == "training" and r.name == "training_metrics_update"
-    ]
+    """The derived training metrics of one rank (named: rank 0's, else the lowest rank's), the spread across ranks,
+    and the lifecycle."""
+    updates: dict[int, list[Any]] = {}
+    for r in records:
+        if r.kind == "event" and r.group == "training" and r.name == "training_metrics_update":
+            updates.setdefault(r.identity.rank, []).append(r)
     if not updates:
         return []
-    last = updates[-1].attributes or {}
+    rank = min(updates)
+    last = updates[rank][-1].attributes or {}
+    lasts = {k: v[-1].attributes or {} for k, v in updates.items()}
 
     def ms(key: str) -> str:
         value = last.get(key)
-        return f"{value * 1e3:.2f} ms" if isinstance(value, (int, float)) else "-"
+        return f"{value * 1e3:.2f} ms" if _is_number(value) else "-"
 
+    count = sum(len(v) for v in updates.values())
+    ranks_note = f" from {len(updates)} ranks" if len(updates) > 1 else ""
     lines = [f"training    {last.get('num_iterations', '?')} iterations this run (global step "
-             f"{last.get('current_iteration', '?')}), {len(updates)} metrics updates (training_metrics_update)"]
-    rows = [("iteration time (last window)", f"p50 {ms('p50_iteration_time_sec')}  p90 {ms('p90_iteration_time_sec')}"
+             f"{last.get('current_iteration', '?')}) on rank {rank}, {count} metrics updates{ranks_note} "
+             "(training_metrics_update)"]
+    on = f"rank {rank}, last window"
+    rows = [(f"iteration time ({on})", f"p50 {ms('p50_iteration_time_sec')}  p90 {ms('p90_iteration_time_sec')}"
              f"  p99 {ms('p99_iteration_time_sec')}  mean {ms('avg_iteration_time_sec')}"
              f"  max {ms('max_iteration_time_sec')}")]
-    rows.append(("iteration time (whole run)", f"p50 {ms('cumulative_p50_iteration_time_sec')}  p99 "
+    rows.append((f"iteration time (rank {rank}, whole run)", f"p50 {ms('cumulative_p50_iteration_time_sec')}  p99 "
                  f"{ms('cumulative_p99_iteration_time_sec')}  mean {ms('cumulative_avg_iteration_time_sec')}"))
-    throughput = []
-    for key, label in (("samples_per_second", "samples/s"), ("tokens_per_second", "tokens/s"),
-                       ("train_throughput_per_gpu", "TFLOP/s per GPU"), ("mfu", "MFU")):
-        if isinstance(last.get(key), (int, float)):
-            throughput.append(f"{_fmt_value(last[key])} {label}")
-    rows.append(("throughput (last window)", "  ".join(throughput) or "-"))
+    rows.append((f"throughput ({on})", "  ".join(_throughput(last)) or "-"))
     split = [f"{phase} {last[f'{phase}_time_fraction']:.0%}" for phase in
              ("dataloader", "forward", "backward", "optimizer", "zero_grad")
              if _is_number(last.get(f"{phase}_time_fraction"))]
     if split:
-        rows.append(("time split (last window)", "  ".join(split)))
-    if isinstance(last.get("time_to_first_iteration_sec"), (int, float)):
-        rows.append(("time to first iteration", f"{last['time_to_first_iteration_sec']:.3f} s"))
-    saves = [r for r in records if r.kind == "event" and r.name == "save_checkpoint_success"]
-    validations = [r for r in records if r.kind == "event" and r.name == "validation_metrics_update"]
-    errors = [r for r in records if r.kind == "event" and r.group == "training" and r.name == "error"]
-    rows.append(("checkpoints / validations", f"{len(saves)} saved  {len(validations)} validation loops  "
-                 f"{len(errors)} telemetry misuse errors"))
+        rows.append((f"time split ({on})", "  ".join(split)))
+    if len(lasts) > 1:
+        rows += _spread_rows(lasts)
+    if _is_number(last.get("time_to_first_iteration_sec")):
+        rows.append((f"time to first iteration (rank {rank})", f"{last['time_to_first_iteration_sec']:.3f} s"))
+    mine = [r for r in records if r.kind == "event" and r.identity.rank == rank]
+    saves = sum(1 for r in mine if r.name == "save_checkpoint_success")
+    validations = sum(1 for r in mine if r.name == "validation_metrics_update")
+    errors = sum(1 for r in records if r.kind == "event" and r.group == "training" and r.name == "error")
+    rows.append((f"checkpoints / validations (rank {rank})", f"{saves} saved  {validations} validation loops  "
+                 f"{errors} telemetry misuse errors (all ranks)"))
     return lines + _table(rows)
 
 
-def _is_number(value: Any) -> bool:
+def _throughput(a: dict[str, Any]) -> list[str]:
+    """samples/s, tokens/s, TFLOP/s per GPU and MFU (as a percentage) of one report."""
+    parts = [f"{_fmt_value(a[key])} {label}" for key, label in (
+        ("samples_per_second", "samples/s"), ("tokens_per_second", "tokens/s"),
+        ("train_throughput_per_gpu", "TFLOP/s per GPU")) if _is_number(a.get(key))]
+    if _is_number(a.get("mfu")):
+        parts.append(f"MFU {a['mfu']:.1%}")
+    return parts
+
+
+def _spread_rows(lasts: dict[int, dict[str, Any]]) -> list[tuple[str, str]]:
+    """Each rank's last window side by side: the fastest and slowest rank by mean iteration time, and the spread of
+    throughput (every rank computes the job's samples/s from its own clock)."""
+    rows = []
+    means = {k: a["avg_iteration_time_sec"] for k, a in lasts.items() if _is_number(a.get("avg_iteration_time_sec"))}
+    if means:
+        fast, slow = min(means, key=means.__getitem__), max(means, key=means.__getitem__)
+        rows.append((f"across {len(lasts)} ranks (last window)", f"mean iteration time min {means[fast] * 1e3:.2f} ms "
+                     f"(rank {fast})  max {means[slow] * 1e3:.2f} ms (rank {slow})"))
+    rates = [a["samples_per_second"] for a in lasts.values() if _is_number(a.get("samples_per_second"))]
+    if rates:
+        rows.append(("", f"samples/s min {_fmt_value(min(rates))}  max {_fmt_value(max(rates))}"))
+    return rows
+
+
+def _is_number(value: object) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
@@ -368,18 +441,92 @@ def _goodput_lines(run: Run) -> list[str]:
     runs = report.runs
     lines = [f"goodput     {report.goodput:.1%} of {_fmt_duration(report.wall_seconds)} productive "
              f"({report.productive_iterations} iterations kept, {report.lost_iterations} lost) over {len(runs)} "
-             f"run(s) of session {report.session_tag}" + ("  (approximate)" if report.approximate else "")]
+             f"run(s) of session {report.session_tag}, on rank {report.rank}'s timeline"
+             + ("  (approximate)" if report.approximate else "")]
     badput = report.badput.as_dict()
     rows = [(f"badput {name}", f"{seconds:.3f} s", f"{seconds / report.wall_seconds:.1%}")
             for name, seconds in badput.items() if isinstance(seconds, (int, float)) and report.wall_seconds > 0]
     for r in runs:
-        rows.append((f"run {r.run_id}", r.status, f"iterations {r.first_iteration}..{r.last_iteration}, last "
-                     f"checkpoint {r.last_checkpoint_step}"))
+        iterations = ("no iterations" if r.first_iteration is None or r.last_iteration is None
+                      else f"iterations {r.first_iteration}..{r.last_iteration}")
+        checkpoint = ("no checkpoint" if r.last_checkpoint_step is None
+                      else f"last checkpoint at step {r.last_checkpoint_step}")
+        rows.append((f"run {r.run_id}", r.status, f"{iterations}, {checkpoint}"))
     return lines + _table(rows)
 
 
 def _q(path: Path | str) -> str:
     return shlex.quote(str(path))
+
+
+@dataclass(frozen=True)
+class _Listed:
+    """One run of ``show --list``: what the listing says of it."""
+
+    path: Path
+    created_wall_ns: int | None
+    status: str  # finished, interrupted, killed, running, no training, unreadable: ...
+    start_ns: int | None
+    end_ns: int | None
+    iterations: int | None  # the last report of the lowest rank
+    samples_per_second: float | None
+    records: int
+
+
+RUNNING_WITHIN_S = 60.0  # a run whose training loop never ended but which wrote this recently is still running
+
+
+def _listed(path: Path, run: Run, now_ns: int) -> _Listed:
+    """The listing's figures of a run, from its records."""
+    records = run.records()
+    loops: dict[tuple[int, int], list[str]] = {}  # (rank, pid) -> statuses of its ended training loops, "" if open
+    last_update: dict[str, Any] = {}
+    update_rank = None
+    for r in records:
+        if r.group != "training":
+            continue
+        key = (r.identity.rank, r.identity.pid)
+        if r.name == "training_loop" and r.kind == "span_start":
+            loops.setdefault(key, []).append("")
+        elif r.name == "training_loop" and r.kind == "span_end":
+            ended = loops.setdefault(key, [])
+            if "" in ended:
+                ended[ended.index("")] = r.status
+            else:
+                ended.append(r.status)
+        elif r.kind == "event" and r.name == "training_metrics_update" and (
+                update_rank is None or r.identity.rank <= update_rank):
+            update_rank, last_update = r.identity.rank, r.attributes or {}
+    # the duration: from the first span to the last (the lifecycle's own timestamps), else of all records
+    walls = [r.wall_ns for r in records if r.kind in ("span_start", "span_end")] or [r.wall_ns for r in records]
+    statuses = [status for ended in loops.values() for status in ended]
+    if not statuses:
+        status = "no training"
+    elif "" in statuses:  # a loop that never ended: SIGKILL, OOM, a lost node -- or still going
+        recent = max((r.wall_ns for r in records), default=0)
+        status = "running" if now_ns - recent < RUNNING_WITHIN_S * 1e9 else "killed"
+    elif any(s != "ok" for s in statuses):
+        status = "interrupted"
+    else:
+        status = "finished"
+    created = run.meta.get("created_wall_ns")
+    iterations = last_update.get("num_iterations")
+    rate = last_update.get("samples_per_second")
+    return _Listed(path, created if isinstance(created, int) else None, status, min(walls) if walls else None,
+                   max(walls) if walls else None, int(iterations) if _is_number(iterations) else None,
+                   float(rate) if _is_number(rate) else None, len(records))
+
+
+def _listing_row(item: _Listed) -> tuple[str, ...]:
+    when = _iso(item.created_wall_ns) if item.created_wall_ns is not None else "?"
+    took = (_fmt_duration((item.end_ns - item.start_ns) / 1e9)
+            if item.start_ns is not None and item.end_ns is not None else "-")
+    if item.iterations is not None:
+        figure = f"{item.iterations:,} iterations" + (
+            f", {item.samples_per_second:,.4g} samples/s" if item.samples_per_second is not None else "")
+    else:
+        figure = f"{item.records:,} records"
+    return (when, item.status, took, figure, str(item.path))
 
 
 def _list_runs(target: str | None, out: TextIO) -> int:
@@ -389,16 +536,13 @@ def _list_runs(target: str | None, out: TextIO) -> int:
     runs = find_runs(base)
     if not runs:
         raise CLIError(f"no telemetrain runs under {base}")
-    rows = []
+    now = time.time_ns()
+    rows: list[tuple[str, ...]] = [("created", "status", "duration", "last report (lowest rank)", "run")]
     for path in runs:
         try:
-            run = open_run(path)
+            rows.append(_listing_row(_listed(path, open_run(path), now)))
         except (OSError, NotARunError) as exc:
-            rows.append(("?", str(path), f"unreadable: {exc}"))
-            continue
-        created = run.meta.get("created_wall_ns")
-        when = _iso(created) if isinstance(created, int) else "?"
-        rows.append((when, str(path), f"{len(run)} records"))
+            rows.append(("?", "unreadable", "-", str(exc), str(path)))
     print("\n".join(printable(line) for line in _table(rows, indent="")), file=out)
     return 0
 

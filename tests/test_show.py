@@ -1,0 +1,109 @@
+"""``telemetrain show``: every figure says which rank it comes from (or that it spans the ranks), no literal None,
+MFU as a percentage; ``show --list`` gives each run's status, duration and a key figure (issue 15, item 6)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from telemetrain import Telemetry, cli, identity_from_env
+from telemetrain.cli import main
+from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
+
+BASE_MS = 1_700_000_000_000.0
+
+
+def rank_run(root: Path, run_id: str, rank: int, *, ms: float, last_value: float | None = None, iterations: int = 8,
+             save: bool = True, start_ms: float = 0.0) -> Path:
+    """One rank of a two-rank run on an explicit timeline: ``ms`` per iteration; a metric whose last value is
+    ``last_value`` (written now, not on the timeline); a checkpoint save at iteration 4 unless ``save`` is False."""
+    identity = identity_from_env({}, run_id=run_id, session_tag=run_id, perf_tag="gpt-tiny", rank=rank,
+                                 local_rank=rank, world_size=2)
+    t = Telemetry(identity, store=root)
+    config = TrainingTelemetryConfig(global_batch_size_or_fn=64, flops_per_sample_or_fn=6e9, peak_tflops_per_gpu=10.0,
+                                     log_every_n_train_iterations=4)
+    r = TrainingRecorder(config, telemetry=t)
+    now = BASE_MS + start_ms
+    r.on_app_start(now)
+    r.on_train_start(0, start_time_msec=now)
+    for i in range(iterations):
+        r.on_training_single_iteration_start(now)
+        now += ms
+        r.on_training_single_iteration_end(now)
+        if i == 3 and save:
+            r.on_save_checkpoint_start(i + 1, now)
+            r.on_save_checkpoint_success(i + 1, now + 1)
+            r.on_save_checkpoint_end(now + 1)
+    if last_value is not None:
+        t.metric("loss", last_value, "train")
+    r.on_train_end(now)
+    r.on_app_end(now + 1)
+    assert t.close()
+    return root / run_id / run_id
+
+
+def show(*argv: str, capsys: pytest.CaptureFixture[str]) -> str:
+    assert main(["show", *argv]) == 0
+    return capsys.readouterr().out
+
+
+def test_show_names_the_rank_of_each_figure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rank_run(tmp_path, "job", 0, ms=100.0, last_value=1.5)
+    run_dir = rank_run(tmp_path, "job", 1, ms=125.0, last_value=2.5, start_ms=50.0)  # slower, and later in time
+    out = show(str(run_dir), capsys=capsys)
+    assert "None" not in out
+    # the metric's last value is rank 0's, named, with the spread of the ranks' last values
+    assert re.search(r"\n  train +loss += 1\.5 +\(rank 0; last on 2 ranks: 1\.5\.\.2\.5, 2 points\)", out)
+    assert re.search(r"training +8 iterations this run \(global step 7\) on rank 0, 4 metrics updates from 2 ranks",
+                     out)
+    assert re.search(r"iteration time \(rank 0, last window\) +p50 100\.00 ms", out)
+    # 64 samples per 100 ms; 6e9 FLOPs a sample over 2 GPUs: 1.92 TFLOP/s per GPU of a 10 TFLOP/s peak
+    assert re.search(r"throughput \(rank 0, last window\) +640 samples/s +1\.92 TFLOP/s per GPU +MFU 19\.2%", out)
+    assert re.search(r"across 2 ranks \(last window\) +mean iteration time min 100\.00 ms \(rank 0\) +max 125\.00 ms "
+                     r"\(rank 1\)", out)
+    assert re.search(r"samples/s min 512 +max 640", out)
+    assert re.search(r"checkpoints / validations \(rank 0\) +1 saved", out)
+    assert "on rank 0's timeline" in out  # goodput
+
+
+def test_show_spells_out_a_run_without_checkpoint_or_iterations(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = rank_run(tmp_path, "nock", 0, ms=10.0, save=False)
+    out = show(str(run_dir), capsys=capsys)
+    assert "None" not in out
+    assert re.search(r"run nock +finished +iterations 0\.\.7, no checkpoint", out)
+
+
+def test_show_prints_group_and_name_apart(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    t = Telemetry(identity_from_env({}, run_id="fs", session_tag="fs"), store=tmp_path)
+    t.metric("system.filesystem.limit", 1e9, "system.filesystem./", unit="By")
+    t.event("saved", group="ckpt/io")
+    assert t.close()
+    out = show(str(t.run_dir), capsys=capsys)
+    assert "//" not in out
+    assert re.search(r"\n  system\.filesystem\./ +system\.filesystem\.limit += 1e\+09 ", out)
+    assert re.search(r"\n  ckpt/io +saved +1\n", out)
+
+
+def test_show_list_gives_status_duration_and_a_key_figure(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    done = rank_run(tmp_path, "a-done", 0, ms=100.0)
+    killed = rank_run(tmp_path, "b-killed", 0, ms=100.0)
+    for f in killed.glob("rank-*.jsonl"):  # as after a SIGKILL: the loop and the application never ended
+        f.write_text("".join(line for line in f.read_text().splitlines(keepends=True) if '"span_end"' not in line
+                             or '"name":"training_single_iteration"' in line))
+    t = Telemetry(identity_from_env({}, run_id="c-plain", session_tag="c-plain"), store=tmp_path)
+    t.metric("x", 1)
+    assert t.close()
+    lines = show("--list", str(tmp_path), capsys=capsys).splitlines()
+    assert re.fullmatch(r"created +status +duration +last report \(lowest rank\) +run", lines[0])
+    rows = {line.split()[-1]: line for line in lines[1:]}
+    assert re.search(r"Z +finished +0\.80\d s +8 iterations, 640 samples/s +", rows[str(done)])
+    # a loop that never ended, in a run written within the last minute: still running
+    assert re.search(r"Z +running +\S+ s +8 iterations, 640 samples/s +", rows[str(killed)])
+    assert re.search(r"Z +no training +\S+ s +1 records +", rows[str(tmp_path / "c-plain" / "c-plain")])
+    monkeypatch.setattr(cli, "RUNNING_WITHIN_S", 0.0)  # as if read later: it was killed
+    lines = show("--list", str(tmp_path), capsys=capsys).splitlines()
+    assert re.search(r"Z +killed +\S+ s +8 iterations", {line.split()[-1]: line for line in lines}[str(killed)])
