@@ -80,6 +80,9 @@ def test_default_demo_is_a_launched_two_rank_job_restarted_by_the_agent(tmp_path
     assert [r.status for r in failed] in (["error"], ["terminated"])
     report = [line for line in proc.stdout.splitlines() if line.startswith("report: ")]
     assert report and Path(report[0].split()[1]).is_file()
+    # the plan said before it happens; rank 0's broken all-reduce (when it sees it first) is no traceback
+    assert "[rank 1] step 24: SIGTERM (simulated preemption), as planned" in proc.stdout
+    assert "Traceback" not in proc.stderr
     shown = _run_cli("show", str(run_dir))
     assert shown.returncode == 0, shown.stderr
     assert re.search(r"goodput +\d+\.\d% of .* productive \(40 iterations kept, [1-9]\d* lost\) over 2 run\(s\)",

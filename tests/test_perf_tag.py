@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from telemetrain import Telemetry, TelemetryWarning, identity_from_env
+from telemetrain import Telemetry, identity_from_env
 from telemetrain.analysis import ConfigMismatch, PerfTagMismatch, compare_runs
 from telemetrain.cli import main
 from telemetrain.store import open_run
@@ -94,12 +95,13 @@ def test_a_late_config_updates_run_json_and_later_records(tmp_path: Path) -> Non
         "script", "bert+large"]  # the metric before the config, the application after
 
 
-def test_the_configs_tag_wins_over_the_environment_with_a_warning(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TELEMETRAIN_PERF_TAG", "nightly")
+def test_the_configs_tag_wins_over_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``telemetrain launch`` sets $TELEMETRAIN_PERF_TAG to the script's name for every rank: the config says more."""
+    monkeypatch.setenv("TELEMETRAIN_PERF_TAG", "train_script")
     t = Telemetry(identity_from_env(run_id="env", session_tag="env"), store=tmp_path, default=False)
-    assert t.identity.perf_tag == "nightly"
-    with pytest.warns(TelemetryWarning, match=r"config's perf_tag 'gpt-tiny' is this run's; \$TELEMETRAIN_PERF_TAG="):
+    assert t.identity.perf_tag == "train_script"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         r = TrainingRecorder(TrainingTelemetryConfig(global_batch_size_or_fn=8, perf_tag_or_fn="gpt-tiny"),
                              telemetry=t)
     r.on_app_start()

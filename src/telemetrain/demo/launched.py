@@ -50,9 +50,10 @@ def run_launched_demo(
         argv += ["--tensorboard", backends.tensorboard]
     if backends.mlflow is not None:
         argv += ["--mlflow", backends.mlflow]
-    print(f"telemetrain launch --nproc-per-node {nproc}: job {job}, {nproc} gloo rank(s) on this CPU"
-          + (f"; rank {nproc - 1} will be preempted at step {fail_at} and the agent will restart the job"
-             if fail_at is not None else ""), file=out, flush=True)
+    print(f"telemetrain launch --nproc-per-node {nproc}: job {job}, {nproc} gloo rank(s) on this CPU", file=out)
+    if fail_at is not None:  # said before it happens, so that what the agent logs then reads as planned
+        print(f"planned: rank {nproc - 1} will be preempted (SIGTERM) at step {fail_at}, as a scheduler would; the "
+              "elastic agent logs its exit and restarts the job, which resumes from the last checkpoint", file=out)
     out.flush()
     sys.stdout.flush()
     # the agent's own store beside the workers'; torchrun's default thread count for workers, without its warning

@@ -22,13 +22,18 @@ import os
 import signal
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-import torch
-from torch import nn
-from torch.utils.data import DataLoader
+with warnings.catch_warnings():
+    # A torch without numpy warns as it loads, once per process (each rank, each attempt); the demo never uses numpy
+    # (the [demo] extra installs it anyway: torch is whole then).
+    warnings.filterwarnings("ignore", message=".*Failed to initialize NumPy.*")
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader
 
 import telemetrain
 from telemetrain import events, metrics, monitor
@@ -491,7 +496,12 @@ def _lifecycle(
             rec.on_save_checkpoint_success(step, path=path)
             rec.on_save_checkpoint_end(path=path)
         if crash_at is not None and step >= crash_at:
-            print(f"step {step}: SIGTERM (simulated preemption)", file=out, flush=True)
+            # said on this process's own stdout (a launched rank other than 0 prints nothing else), before it happens
+            rank, world = _rank_and_world()
+            then = ("the elastic agent will log this rank's exit (exitcode -15) and restart the job" if world > 1
+                    else "the next attempt resumes from the last checkpoint")
+            print(f"{f'[rank {rank}] ' if world > 1 else ''}step {step}: SIGTERM (simulated preemption), as planned; "
+                  f"{then}", file=sys.stdout, flush=True)
             os.kill(os.getpid(), signal.SIGTERM)  # telemetrain flushes, ends open spans as terminated, re-raises
             time.sleep(5)  # the signal arrives at the next bytecode; never reached
         if step % eval_every == 0 or step == cfg.steps:

@@ -16,8 +16,6 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch.distributed as dist
-
 from ..store.reader import find_runs
 from .backends import Backends
 from .train import CHECKPOINT_NAME, DemoConfig, _demo_identity, _run
@@ -32,6 +30,12 @@ def _latest_checkpoint(session_dir: Path, this_run: Path) -> Path | None:
     return max((run / CHECKPOINT_NAME for run in earlier), key=lambda p: p.stat().st_mtime)
 
 
+def _peer_lost(exc: BaseException) -> bool:
+    """gloo's error when a peer process went away mid-collective."""
+    text = str(exc)
+    return "closed by peer" in text or "reset by peer" in text
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m telemetrain.demo.worker")
     parser.add_argument("--steps", type=int, required=True)
@@ -44,6 +48,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tensorboard")
     parser.add_argument("--mlflow")
     args = parser.parse_args(argv)
+    import torch.distributed as dist  # here: .train imported torch first, without its numpy warning
+
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:
         dist.init_process_group("gloo")
@@ -53,14 +59,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     session = root / identity.session_tag
     resume = _latest_checkpoint(session, session / identity.run_id) if attempt > 0 else None
     fail_at = args.fail_at if attempt == 0 and rank == world - 1 else None
-    out = sys.stdout if rank == 0 else io.StringIO()  # one rank speaks for the job
-    if fail_at is not None:
-        print(f"[rank {rank}] will be preempted (SIGTERM) at step {fail_at}; the agent will restart the job",
-              flush=True)
+    out = sys.stdout if rank == 0 else io.StringIO()  # one rank speaks for the job (the CLI announced the plan)
     backends = Backends(prometheus=args.prometheus, otel=args.otel, tensorboard=args.tensorboard,
                         mlflow=args.mlflow)
     cfg = DemoConfig(steps=args.steps, seed=args.seed)
-    result = _run(cfg, identity, root, args.console, out, resume, fail_at, backends)
+    try:
+        result = _run(cfg, identity, root, args.console, out, resume, fail_at, backends)
+    except RuntimeError as exc:
+        # The planned preemption of the last rank breaks the all-reduce the other ranks are in, unless the agent
+        # stops them first: expected, so one line instead of a traceback (the run store has the error).
+        if not (args.fail_at is not None and attempt == 0 and _peer_lost(exc)):
+            raise
+        print(f"[rank {rank}] rank {world - 1}'s planned preemption ended this step's all-reduce "
+              f"({type(exc).__name__}: connection closed by peer), as expected: leaving for the agent to restart "
+              "the job", flush=True)
+        return 1
     if rank == 0:
         print(f"done: {result.steps} steps in {result.seconds:.1f} s, val loss {result.val_loss:.4f}, "
               f"accuracy {result.val_accuracy:.1%}", flush=True)

@@ -15,11 +15,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 from collections.abc import Callable, Mapping
 from typing import Any, TypeGuard
 
-from ..dispatch import warn_safely
 from ..identity import _safe_name
 from ..telemetry import Telemetry
 from .config import TrainingTelemetryConfig
@@ -29,7 +27,6 @@ __all__ = ["WORKLOAD_KEYS", "apply_perf_tag", "config_perf_tag", "differences", 
 
 # what makes runs comparable, in the order a difference is reported
 WORKLOAD_KEYS = ("flops_per_sample", "world_size", "global_batch_size", "micro_batch_size", "seq_length")
-_ENV = "TELEMETRAIN_PERF_TAG"
 
 
 def config_perf_tag(config: TrainingTelemetryConfig) -> str | None:
@@ -46,15 +43,11 @@ def config_perf_tag(config: TrainingTelemetryConfig) -> str | None:
 
 def apply_perf_tag(telemetry: Telemetry, config: TrainingTelemetryConfig) -> None:
     """Make the config's perf tag the run's: later records (and their process header) carry it, ``run.json`` is
-    created with it or updated to it. The environment's tag is then ignored, with a warning if it differed."""
+    created with it or updated to it. It wins over ``$TELEMETRAIN_PERF_TAG``, which ``telemetrain launch`` sets to
+    the entry script's name for the ranks that give none."""
     tag = config_perf_tag(config)
-    if tag is None or tag == telemetry.identity.perf_tag:
-        return
-    env = os.environ.get(_ENV, "")
-    if env and env != tag and _safe_name(env) != tag and not telemetry.extensions.get("perf_tag_warned"):
-        telemetry.extensions["perf_tag_warned"] = True
-        warn_safely(f"telemetrain: the training config's perf_tag {tag!r} is this run's; ${_ENV}={env!r} is ignored")
-    telemetry.set_identity(perf_tag=tag)
+    if tag is not None and tag != telemetry.identity.perf_tag:
+        telemetry.set_identity(perf_tag=tag)
 
 
 def _guarded(read: Callable[[], Any]) -> Any:

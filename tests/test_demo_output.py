@@ -1,0 +1,49 @@
+"""What the demo prints (issue 15, item 4): the planned preemption is announced before it happens, no rank's
+expected failure looks like a crash, and a torch without numpy does not warn."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import IDENTITY_ENV
+
+pytest.importorskip("torch")
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in IDENTITY_ENV}
+    env["PYTHONWARNINGS"] = "default"  # every warning once per place: any would show on stderr
+    return env
+
+
+def test_the_demo_loads_torch_without_numpys_warning() -> None:
+    code = "import sys\nsys.modules['numpy'] = None  # as in a venv without numpy\nimport telemetrain.demo.worker\n"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=_env(),
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+
+
+def test_a_planned_preemption_is_announced_and_the_broken_all_reduce_is_no_crash(tmp_path: Path) -> None:
+    """The demo's workers under `telemetrain launch`, the agent checking on them every 3 s: rank 1 preempts itself
+    at step 4 and rank 0, in its next all-reduce, always sees its peer gone before the agent stops it."""
+    argv = [sys.executable, "-m", "telemetrain.cli", "launch", "--nproc-per-node", "2", "--max-restarts", "1",
+            "--monitor-interval", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0",
+            "-m", "telemetrain.demo.worker", "--steps", "8", "--fail-at", "4", "--root", str(tmp_path)]
+    env = _env() | {"OMP_NUM_THREADS": "1", "TELEMETRAIN_DIR": str(tmp_path)}
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=240, env=env, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout.splitlines()
+    announced = out.index("[rank 1] step 4: SIGTERM (simulated preemption), as planned; the elastic agent will log "
+                          "this rank's exit (exitcode -15) and restart the job")
+    noted = out.index("[rank 0] rank 1's planned preemption ended this step's all-reduce (RuntimeError: connection "
+                      "closed by peer), as expected: leaving for the agent to restart the job")
+    resumed = next(i for i, line in enumerate(out) if line.startswith("restart: resumed from the checkpoint"))
+    assert announced < resumed and noted < resumed
+    assert "Traceback" not in proc.stderr and "Error:" not in proc.stderr
+    assert "Warning:" not in proc.stderr  # neither a Python warning of ours nor torch's
