@@ -1,5 +1,4 @@
-"""The peers method, shared by ``bench_core.py`` and ``bench_stats.py`` (the method of the peer benchmark
-``shared/bench/peers_bench.py``; BENCHMARKS.md, "Method").
+"""The peers method, shared by ``bench_core.py`` and ``bench_stats.py`` (BENCHMARKS.md, "Method").
 
 Each statement is compiled into its own function and run ``n`` times in ``for _ in itertools.repeat(None, n)``,
 timed with ``time.perf_counter_ns``; ``n`` is calibrated to about ``--target-ms`` per repeat (within ``--min-n`` ..

@@ -28,8 +28,8 @@ Sections (ns per operation, median and best of ``--repeats``; every row names th
                ``Summary.fold`` of a 2048-sample batch for mean/count and for quantiles in histogram mode, and the
                ``min``/``max``/``sorted`` passes of the latter
 
-Method: the peers method of bench_core.py (``_method.py`` beside this script, that of the peer benchmark
-/work/shared/bench/peers_bench.py), with ``n`` at most ``--max-n``. Numbers include the loop overhead (the "empty
+Method: the peers method of bench_core.py (``_method.py`` beside this script; BENCHMARKS.md, "Method"), with ``n``
+at most ``--max-n``. Numbers include the loop overhead (the "empty
 loop" row).
 
 Everything inline is included: ``add`` folds its batch every 2048 samples (or at the end of a count window) inside

@@ -54,11 +54,10 @@ Sections (ns per operation, median and best of ``--repeats``; every row names th
 
 Target 4: every telemetrain measurement wrote what it should (run store complete, nothing dropped, no misuse).
 
-Method: the peers method (``_method.py`` beside this script, that of the peer benchmark
-/work/shared/bench/peers_bench.py) for the in-process rows; the per-position rows time fixed blocks with the same
-compiled loop in child processes (median and best over ``--repeats`` processes). Numbers include the loop overhead
-(the "empty loop" row). A peer that is not installed (nv-one-logger, OpenTelemetry SDK, torch) has its rows skipped
-with a note.
+Method: the peers method (``_method.py`` beside this script; BENCHMARKS.md, "Method") for the in-process rows; the
+per-position rows time fixed blocks with the same compiled loop in child processes (median and best over
+``--repeats`` processes). Numbers include the loop overhead (the "empty loop" row). A peer that is not installed
+(nv-one-logger, OpenTelemetry SDK, torch) has its rows skipped with a note.
 
 Usage:
     python bench/bench_training.py                 # full run (~3-4 min), markdown on stdout, progress on stderr

@@ -3,7 +3,7 @@ with ``_total``, OpenTelemetry observable counters) share this one list.
 
 A total is a value that only grows from a start (the system sampler's I/O bytes since it started, a process's CPU
 time, error counts) or anything in joules: energy is exported as a counter and the backend derives watts from its
-rate (landscape.md §3.2). Everything else is a gauge.
+rate (https://prometheus.io/docs/practices/naming/: "export a joules counter"). Everything else is a gauge.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """``telemetrain launch``: torchrun, with the elastic agent's own telemetry in the job's run store.
 
 torchrun's agent emits rendezvous timings, worker states, restarts, success/failure and flakiness, but into null
-handlers, and torchrun offers no way to configure them (shared/reference/torch_apis.md, 2.2 and 4). This launcher is
-torchrun itself -- same flags, parsed by torchrun's own parser, run by ``torch.distributed.run.run`` and the elastic
+handlers (torch's ``distributed/elastic/metrics/api.py``, ``events/handlers.py``; docs/distributed.md). This launcher
+is torchrun itself -- same flags, parsed by torchrun's own parser, run by ``torch.distributed.run.run`` and the elastic
 agent, with no rendezvous of our own -- after three changes in the agent process:
 
 1. A job id, when torchrun would make up a random one (``--standalone``, or one node without a rendezvous

@@ -1,7 +1,8 @@
 """Route torch's own ``torch.distributed.elastic`` metrics and events into telemetrain.
 
 Code that keeps torch's imports (``from torch.distributed.elastic import metrics, events``) and the elastic agent
-itself emit into module-level handlers that default to ``/dev/null`` (shared/reference/torch_apis.md, 2.2 and 3.2).
+itself emit into module-level handlers that default to ``/dev/null`` (torch's ``distributed/elastic/metrics/api.py``:
+``NullMetricHandler``; ``events/handlers.py``: the ``"null"`` destination).
 ``install()`` points them at a Telemetry:
 
 - metrics: a ``torch.distributed.elastic.metrics.MetricHandler`` configured as torch's default handler. Each

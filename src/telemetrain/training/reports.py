@@ -3,8 +3,8 @@
 At each report the recorder's iteration callback only *captures* a ``Snapshot`` -- the finished ``Window`` of
 iteration times (swapped for a fresh one: O(1)) and the counters and config values of that instant -- and hands it
 to a ``Reporter``. The reporter computes the metrics (percentiles, the cumulative sketch, throughput, MFU) and emits
-the event and the metric records in the process's collector thread (DESIGN principle 1: folding and percentiles
-happen off the step), so a report costs the training thread a few microseconds instead of ~100. Reports come out
+the event and the metric records in the process's collector thread (the step only appends: folding and
+percentiles happen off it), so a report costs the training thread a few microseconds instead of ~100. Reports come out
 in order. The final report of a loop (training end, exit, SIGTERM), a ``Telemetry.flush()``, and the start of a new
 loop first compute whatever is pending in the calling thread, so nothing is lost or reordered around them.
 
