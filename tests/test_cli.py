@@ -249,8 +249,8 @@ def test_show_without_argument_uses_the_newest_run_under_the_default_root(
     assert "holds 2 runs; showing the newest" in captured.err
 
     assert cli.main(["show", "--list"]) == 0
-    listing = capsys.readouterr().out.splitlines()
-    assert [str(older) in listing[0], str(newer) in listing[1]] == [True, True]
+    header, *listing = capsys.readouterr().out.splitlines()
+    assert header.startswith("created") and [str(older) in listing[0], str(newer) in listing[1]] == [True, True]
 
 
 def test_show_prints_nan_inf_problems_and_diagnostics(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -52,7 +52,9 @@ def test_two_ranks_one_run_folder_with_agent_and_worker_telemetry(tmp_path: Path
     for p in run.processes:
         ident = p.identity
         assert (ident.world_size, ident.local_rank, ident.restart_count) == (2, p.rank, 0)
-        assert (ident.session_tag, ident.run_id, ident.perf_tag) == (job, f"{job}.0", "_dist_worker")
+        # the perf tag: the training config's, over the launcher's default (the script's name)
+        assert (ident.session_tag, ident.run_id, ident.perf_tag) == (job, f"{job}.0", "dist-test")
+    assert run.perf_tag == "dist-test" and run.meta["perf_tag"] == "dist-test"
     (agent,) = run.agents
     assert agent.path.name.startswith("agent-0.") and agent.identity.role == "agent"
     assert run.meta["created_by"]["role"] != "agent"  # run.json (and its config) is the training's

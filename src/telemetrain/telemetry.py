@@ -612,7 +612,10 @@ def _in_use(telemetry: Telemetry) -> bool:
     """Whether anything was recorded through, or bound to, this instance (a stat, a recorder, a resolved route)."""
     if telemetry.extensions:
         return True
-    return any(route for routes in telemetry._router.routes.values() for route in routes.values())
+    try:  # list(): copied at once (no Python code runs meanwhile), as other threads may be resolving routes
+        return any(any(list(routes.values())) for routes in list(telemetry._router.routes.values()))
+    except RuntimeError:  # changed while copied after all: it is in use
+        return True
 
 
 def _claim_default(telemetry: Telemetry, explicit: bool) -> None:
