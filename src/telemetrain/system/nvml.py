@@ -71,12 +71,21 @@ class NvmlSource:
         self.devices: list[_Device] = []
         self.reason = ""
         self.driver_version = ""
+        # set before anything can return: sample() and probe_energy() run whatever happened here, and a source that
+        # has no GPU must sample nothing rather than fail (issue 15 item 1: a warning on every newcomer's first demo)
+        self._nv: Any = None
         if nvml is _MISSING:
             try:
                 nvml = importlib.import_module("pynvml")
             except ImportError:
                 self.reason = "nvidia-ml-py is not installed (pip install 'telemetrain[system]')"
                 return
+            except Exception as exc:  # noqa: BLE001 - a broken install is an absent GPU source, not a failure
+                self.reason = f"nvidia-ml-py could not be imported ({type(exc).__name__}: {exc})"
+                return
+        if nvml is None:
+            self.reason = "nvidia-ml-py is not installed (pip install 'telemetrain[system]')"
+            return
         self._nv = nvml
         try:
             nvml.nvmlInit()
@@ -152,6 +161,8 @@ class NvmlSource:
 
     def probe_energy(self, cycle: Cycle) -> None:
         """Decide per device where its energy comes from (at the first sample): the counter, else power."""
+        if self._nv is None:
+            return
         for device in self.devices:
             if self._read(cycle, device, "energy", self._nv.nvmlDeviceGetTotalEnergyConsumption) is None:
                 if "energy" in device.unsupported:
@@ -160,6 +171,8 @@ class NvmlSource:
 
     def sample(self, cycle: Cycle) -> None:
         nv = self._nv
+        if nv is None:  # no nvidia-ml-py, no driver: the reason was recorded once (system.gpu.unavailable)
+            return
         add = cycle.add
         for device in self.devices:
             group = gpu_group(device.choice.nvml_index)
