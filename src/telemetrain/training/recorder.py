@@ -167,6 +167,8 @@ class TrainingRecorder:
         self._loop_times: dict[str, list[float]] = {}
         self._peak: Any = None
         self._peak_resolved = False
+        self._device: Any = None  # device_timing.DeviceTimer while device timing is on (gpu_report)
+        self._gpu: Any = None  # gpu_report.GpuReport: device times and energy of the loop's reports
         for phase_name in PHASES:
             self.tracer.on_end(phase_name, self._on_phase_end)
         if config is not None:
@@ -370,6 +372,8 @@ class TrainingRecorder:
             if it is None or it.ended:
                 return
             self._iteration = None
+            if self._device is not None:
+                self._device.abandon_iteration()
             _deactivate(it)
             it.end("error", error, end_ns=end_ns)
 
@@ -450,6 +454,7 @@ class TrainingRecorder:
                 if seq:
                     attributes["train_tokens_target"] = seq * self._samples_target
             self.peak()  # resolved now, not inside an iteration's report
+            self._guarded("on_train_start", self._start_gpu_report)
             s = self._start("on_train_start", S.TRAINING_LOOP, start_time_msec, attributes,
                             parent=S.APPLICATION)
             if s is not None:
@@ -481,6 +486,8 @@ class TrainingRecorder:
         if start_time_msec is None and self._iteration is None and loop is not None and not loop.end_ns:
             k = self._iterations_begun
             self._iterations_begun = k + 1
+            if self._device is not None:
+                self._device.begin_iteration(k < self._warmup)
             if k % self._export_every:  # sampled out: only timed, on the loop's reusable quiet span
                 q = self._quiet
                 if q is None or q.end_ns or q.parent is not loop:
@@ -513,6 +520,8 @@ class TrainingRecorder:
             start_ns = self._mono_of(start_time_msec)
             k = self._iterations_begun
             self._iterations_begun = k + 1
+            if self._device is not None:
+                self._device.begin_iteration(k < self._warmup)
             if k % self._export_every and loop is not None:  # sampled out, as on the fast path (a fresh span)
                 s = self.tracer.quiet(S.TRAINING_SINGLE_ITERATION, GROUP, loop)
                 if start_ns is not None:
@@ -525,6 +534,8 @@ class TrainingRecorder:
             return s
 
     def on_training_single_iteration_end(self, finish_time_msec: float | None = None) -> None:
+        if self._device is not None:
+            self._device.end_iteration()
         s = self._iteration
         if s is None or s.end_ns or finish_time_msec is not None:
             with self._lock:
@@ -667,6 +678,7 @@ class TrainingRecorder:
             loads=self._loads.as_attributes("load_checkpoint"),
             wall_offset_ns=self.telemetry.wall_offset_ns,
             span_id=self._loop_hex if loop is self._loop else (loop.span_id_hex if loop is not None else ""),
+            extras=self._gpu,
         )
 
     def _emit_report(self, snap: Snapshot, attributes: Mapping[str, Any]) -> None:
@@ -893,20 +905,36 @@ class TrainingRecorder:
     # -- context managers ------------------------------------------------------------------------------------------
 
     def data_loading(self) -> Any:
-        """A sub-phase of the current iteration (its time goes into the iteration split)."""
-        return self.tracer.span(S.DATA_LOADING, group=GROUP)
+        """A sub-phase of the current iteration (its time goes into the iteration split; timed on the device too
+        while device timing is on)."""
+        return self.tracer.span(S.DATA_LOADING, group=GROUP, device=self._device is not None)
 
     def forward(self) -> Any:
-        return self.tracer.span(S.MODEL_FORWARD, group=GROUP)
+        return self.tracer.span(S.MODEL_FORWARD, group=GROUP, device=self._device is not None)
 
     def backward(self) -> Any:
-        return self.tracer.span(S.MODEL_BACKWARD, group=GROUP)
+        return self.tracer.span(S.MODEL_BACKWARD, group=GROUP, device=self._device is not None)
 
     def optimizer_update(self) -> Any:
-        return self.tracer.span(S.OPTIMIZER_UPDATE, group=GROUP)
+        return self.tracer.span(S.OPTIMIZER_UPDATE, group=GROUP, device=self._device is not None)
 
     def zero_grad(self) -> Any:
-        return self.tracer.span(S.ZERO_GRAD, group=GROUP)
+        return self.tracer.span(S.ZERO_GRAD, group=GROUP, device=self._device is not None)
+
+    @property
+    def device_timed(self) -> bool:
+        """Whether this loop's iterations and phases are also timed on the device (``training.device_timing``)."""
+        return self._device is not None
+
+    def _start_gpu_report(self) -> None:
+        """At each loop start: device timing and GPU energy per the config, said in a ``device_timing`` event."""
+        from .gpu_report import start_gpu_report
+
+        config = self.config
+        self._gpu, info = start_gpu_report(self.telemetry, config.device_timing if config else "auto",
+                                           config.gpu_energy if config else True)
+        self._device = self._gpu.timer if self._gpu is not None else None
+        self.telemetry.event("device_timing", info, group=GROUP)
 
     @property
     def current_span(self) -> Span | None:
