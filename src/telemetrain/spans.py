@@ -684,7 +684,7 @@ class span(Span):  # (lowercase: it is used as a function, span("name", **attrib
         if device is not False:
             _device_flag(device, attributes)
             if device is True:
-                self.__class__ = _device_span_class()
+                self.__class__ = _device_span_class()  # type: ignore[assignment]
         # Span.__init__'s fields, set here: calling it would cost the Python call this subclass exists to save
         self._tracer = tr
         self.name = name

@@ -22,6 +22,7 @@ from ..identity import Identity
 from ..store.codec import decode_line
 from ..store.layout import RUN_META, is_agent_file, is_process_file
 from ..store.reader import NotARunError, Run, _fallback_identity, open_run
+from ..training.phase_times import phase_times
 
 __all__ = ["PHASES", "RunSamples", "Window", "read_samples", "run_samples"]
 
@@ -44,6 +45,7 @@ class Window:
     samples_per_second: float | None  # the window's throughput (global batch x iterations / wall seconds)
     phases: Mapping[str, float]  # mean seconds per iteration of each timed sub-phase
     final: bool = False
+    phase_source: str = "host"  # the clock of `phases`: "device" where the window has device times (phase_times)
 
 
 @dataclass
@@ -62,6 +64,12 @@ class RunSamples:
     @property
     def ranks(self) -> list[int]:
         return sorted({w.rank for w in self.windows})
+
+    @property
+    def phase_source(self) -> str:
+        """The clock of the windows' phase times: ``device``, ``host``, ``mixed``, or ``""`` without phases."""
+        clocks = {w.phase_source for w in self.windows if w.phases}
+        return clocks.pop() if len(clocks) == 1 else ("mixed" if clocks else "")
 
     def series(self, metric: str, rank: int | None = None) -> list[float]:
         """The metric's values, one per window in iteration order: ``iteration_time``, ``samples_per_second`` or a
@@ -241,11 +249,7 @@ def _window_of(rank: int, pid: int, a: Mapping[str, Any]) -> Window | None:
     if mean is None or mean <= 0 or not isinstance(iteration, int) or not isinstance(count, int) or count < 1:
         return None
     throughput = _finite(a.get("samples_per_second"))
-    phases = {}
-    for phase in PHASES:
-        value = _finite(a.get(f"avg_{phase}_time_sec"))
-        if value is not None:
-            phases[phase] = value
+    phases, source = phase_times(a, PHASES)
     return Window(rank=rank, pid=pid, iteration=iteration, iterations=count, iteration_time=mean,
                   samples_per_second=throughput if throughput and throughput > 0 else None, phases=phases,
-                  final=bool(a.get("final")))
+                  final=bool(a.get("final")), phase_source=source)

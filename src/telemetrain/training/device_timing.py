@@ -394,9 +394,10 @@ class DeviceTimer:
                 if slot is _UNTIMED:
                     return
             else:
-                slot = self._take()
-                if slot is None:
+                taken = self._take()
+                if taken is None:
                     return
+                slot = taken
                 slot.kind = _SPAN
                 slot.opener = span
                 if stack is None:
