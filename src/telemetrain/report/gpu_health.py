@@ -104,8 +104,8 @@ class _Series:
         hi = bisect.bisect_right(self.times, end + self.reach)
         return self.values[lo:hi]
 
-    def last_before(self, t: int) -> float | None:
-        i = bisect.bisect_left(self.times, t)
+    def at_or_before(self, t: int) -> float | None:
+        i = bisect.bisect_right(self.times, t)
         return self.values[i - 1] if i else None
 
 
@@ -132,8 +132,9 @@ def _join(w: GpuWindow, series: dict[str, _Series]) -> None:
         w.memory_max = max(values)
     retries = series.get("torch.cuda.alloc_retries")
     if retries is not None:
-        inside = [v for t, v in zip(retries.times, retries.values, strict=True) if w.start_ns <= t <= w.end_ns]
-        before = retries.last_before(w.start_ns)
+        # a counter: the growth from the last reading at or before the window's start to its last reading in it
+        inside = [v for t, v in zip(retries.times, retries.values, strict=True) if w.start_ns < t <= w.end_ns]
+        before = retries.at_or_before(w.start_ns)
         if inside:
             w.alloc_retries = int(max(inside) - (before if before is not None else min(inside)))
     w.samples = met
