@@ -36,6 +36,7 @@ class SimClock:
         self.events_created = 0
         self.records = 0
         self.fail_record: BaseException | None = None
+        self.fail_reads = 0  # the next reads of device times that raise (a mark that cannot be read)
 
     # -- the program's side --------------------------------------------------------------------------------------
 
@@ -77,6 +78,9 @@ class SimClock:
         return 0 <= event.t <= self.host_ns
 
     def elapsed_s(self, start: Any, end: Any) -> float:
+        if self.fail_reads:
+            self.fail_reads -= 1
+            raise RuntimeError("operation not permitted on an event last recorded in a capturing stream")
         if not (self.done(start) and self.done(end)):
             raise RuntimeError("elapsed_s on an event not completed: the timer would have had to wait")
         return (end.t - start.t) / 1e9

@@ -39,6 +39,8 @@ def sim(monkeypatch: pytest.MonkeyPatch) -> SimClock:
     clock = SimClock(launch_ns=20_000)
     monkeypatch.setattr(dt, "_mono", clock.now)  # the marks' host clock is the simulation's
     monkeypatch.setattr(dt, "_sleep", clock.sleep)
+    # no background resolution: the tests resolve where they say (reports still do, in the collector thread)
+    monkeypatch.setattr(dt, "TICK_NS", 3600 * 10**9)
     return clock
 
 
@@ -262,6 +264,31 @@ def test_a_failing_clock_turns_device_timing_off_and_training_goes_on(
     assert len(errors) == 1 and "illegal memory access" in errors[0]["error_message"]
     ups = _updates(read_run, telemetry)
     assert ups[-1]["num_iterations"] == 5  # every iteration counted on the host
+
+
+def test_an_unreadable_slot_is_unresolved_and_only_repeated_failures_turn_timing_off(
+    telemetry: Telemetry, read_run: Callable[..., Any], sim: SimClock
+) -> None:
+    """One slot whose marks cannot be read (a mark recorded inside a CUDA graph capture begun mid-iteration) costs
+    that iteration; MAX_READ_FAILURES in a row (a broken device) turn device timing off, warned once."""
+    r = _recorder(telemetry, sim, log_every_n_train_iterations=1000)
+    timer = r._device
+    _step(r, sim, MS, MS, MS)
+    sim.fail_reads = 1
+    _step(r, sim, MS, MS, MS)
+    _step(r, sim, MS, MS, MS)
+    timer.resolve()
+    w = timer.take_window()
+    assert timer.enabled and (w.iterations, w.unresolved) == (2, 1)
+    for _ in range(dt.MAX_READ_FAILURES):
+        _step(r, sim, MS, MS, MS)
+    sim.fail_reads = dt.MAX_READ_FAILURES
+    with pytest.warns(TelemetryWarning, match="device timing failed.*capturing stream"):
+        timer.resolve()
+    assert not timer.enabled
+    _step(r, sim, MS, MS, MS)  # training goes on, host-timed
+    r.on_train_end()
+    assert _updates(read_run, telemetry)[-1]["num_iterations"] == 7
 
 
 def test_host_mode_and_auto_on_a_cpu(telemetry: Telemetry, read_run: Callable[..., Any]) -> None:

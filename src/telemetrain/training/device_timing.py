@@ -34,11 +34,14 @@ event (group ``training``) and turns device timing off for the rest of the proce
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from ..collector import collector
@@ -68,6 +71,8 @@ FINAL_WAIT_S = 0.5  # a final report polls this long for the iterations the devi
 STALL_NOISE_S = 20e-6  # a segment's host-over-device excess below this is event jitter
 STAT_WINDOW_S = 10.0  # the window of the <span>.device_time stats
 EXTENSION = "device_timer"
+MAX_READ_FAILURES = 3  # slots in a row whose marks cannot be read: device timing is then turned off
+_CAPTURE_MODE_RELAXED = 2  # CU_STREAM_CAPTURE_MODE_RELAXED (cuda.h)
 GROUP = "training"
 
 _mono = time.monotonic_ns  # the host clock of the marks (the spans' clock)
@@ -105,6 +110,8 @@ class DeviceClock(Protocol):
         """Called at each iteration start: refresh what may change between iterations (the current device);
         False while the current stream is capturing a CUDA graph (no marks then)."""
         ...
+
+    # optional: ``resolving() -> context manager``, held around the reads of a resolution pass (CudaClock's)
 
 
 class CudaClock:
@@ -157,6 +164,45 @@ class CudaClock:
 
     def elapsed_s(self, start: Any, end: Any) -> float:
         return float(start.elapsed_time(end)) / 1e3
+
+    def resolving(self) -> AbstractContextManager[Any]:
+        """The reads in ``relaxed`` stream-capture mode for this thread: while another thread captures a CUDA graph in
+        ``global`` mode (``torch.cuda.graph``'s default), CUDA prohibits "potentially unsafe" calls such as
+        ``cudaEventQuery`` in every thread, and one made anyway can invalidate that capture. Our events are never
+        recorded inside a capture, so querying them is safe; relaxed mode says so to the driver
+        (``cuThreadExchangeStreamCaptureMode``; the thread's previous mode is restored after)."""
+        return _relaxed_capture_mode()
+
+
+def _exchange_capture_mode() -> Any:
+    """The driver's ``cuThreadExchangeStreamCaptureMode``, or None where it cannot be loaded."""
+    if sys.platform != "linux":
+        return None
+    try:
+        fn = ctypes.CDLL("libcuda.so.1").cuThreadExchangeStreamCaptureMode
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.POINTER(ctypes.c_int)]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_exchange: list[Any] = []  # loaded on first use
+
+
+@contextlib.contextmanager
+def _relaxed_capture_mode() -> Iterator[None]:
+    if not _exchange:
+        _exchange.append(_exchange_capture_mode())
+    fn = _exchange[0]
+    mode = ctypes.c_int(_CAPTURE_MODE_RELAXED)
+    if fn is None or fn(ctypes.byref(mode)) != 0:
+        yield
+        return
+    try:
+        yield
+    finally:
+        fn(ctypes.byref(mode))  # back to the mode the thread had
 
 
 def resolve_clock(setting: Any) -> tuple[DeviceClock | None, str]:
@@ -259,7 +305,11 @@ class DeviceTimer:
         self._captured = 0
         self._marks_dropped = 0
         self._ticking = False
+        self._read_failures = 0
         self._stats: dict[tuple[str, str], Any] = {}
+        resolving = getattr(clock, "resolving", None)
+        self._resolving: Callable[[], AbstractContextManager[Any]] = (
+            resolving if callable(resolving) else contextlib.nullcontext)
         telemetry.add_producer(self)
 
     # -- slots (training thread) -----------------------------------------------------------------------------------
@@ -448,27 +498,32 @@ class DeviceTimer:
         deadline = _mono() + int(wait_s * 1e9)
         done = 0
         pending = self._pending
-        while True:
-            try:
-                slot = pending.popleft()
-            except IndexError:
-                break
-            try:
-                ready = self._read(slot)
-            except Exception as exc:  # noqa: BLE001 - a failed read: this slot is unresolved
-                self._release(slot)
-                with self._window_lock:
-                    self._window.unresolved += 1
-                self._fail("resolve", exc)
-                break
-            if ready:
-                self._release(slot)
-                done += 1
-                continue
-            pending.appendleft(slot)
-            if _mono() >= deadline:
-                break
-            _sleep(0.001)
+        with self._resolving():
+            while True:
+                try:
+                    slot = pending.popleft()
+                except IndexError:
+                    break
+                try:
+                    ready = self._read(slot)
+                except Exception as exc:  # noqa: BLE001 - this slot's marks cannot be read: it is unresolved
+                    self._release(slot)
+                    with self._window_lock:
+                        self._window.unresolved += 1
+                    self._read_failures += 1
+                    if self._read_failures >= MAX_READ_FAILURES:  # not one odd slot (a mark recorded inside a
+                        self._fail("resolve", exc)  # capture begun mid-iteration): something is broken
+                        break
+                    continue
+                if ready:
+                    self._read_failures = 0
+                    self._release(slot)
+                    done += 1
+                    continue
+                pending.appendleft(slot)
+                if _mono() >= deadline:
+                    break
+                _sleep(0.001)
         return done
 
     def _read(self, slot: _Slot) -> bool:
