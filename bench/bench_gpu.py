@@ -13,7 +13,8 @@ trained ``--steps`` steps under a ``TrainingRecorder`` with ``device_timing="cud
      shown, not judged).
   B  no added sync: ``torch.cuda.set_sync_debug_mode("error")`` around instrumented steps that themselves never sync
      (a control step with ``.item()`` must raise, proving the mode is armed); and an instrumented step captured into a
-     CUDA graph (a sync, or an event recorded on the capturing stream, would break the capture).
+     CUDA graph (a sync, or an event recorded on the capturing stream, would break the capture); and a ``global``-mode
+     capture while another thread resolves marks, as the collector thread may.
   C  host cost of device timing: training-thread CPU time of an iteration with 5 phases and empty bodies, device
      timing on against off, blocks interleaved; the difference per iteration. Goal: <= 10 us.
   D  NVML against nvidia-smi: the sampler's values and ``nvidia-smi --query-gpu`` read back to back, idle and busy.
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -64,7 +66,7 @@ def check(name: str, ok: bool, detail: str, **values: Any) -> None:
     log(f"[{'PASS' if ok else 'FAIL'}] {name}: {detail}")
 
 
-# -- the model ----------------------------------------------------------------------------------------------------------
+# -- the model ---------------------------------------------------------------------------------------------------------
 
 
 def build_gpt(torch: Any, layers: int, d: int, heads: int, vocab: int, seq: int) -> Any:
@@ -143,7 +145,7 @@ class Job:
         return loss
 
 
-# -- A: device phases against the profiler ------------------------------------------------------------------------------
+# -- A: device phases against the profiler -----------------------------------------------------------------------------
 
 
 def kernel_times_by_phase(trace: dict[str, Any]) -> dict[str, float]:
@@ -210,7 +212,7 @@ def check_a(torch: Any, job: Job, timer: Any, steps: int, out_dir: Path) -> None
           timed=window.iterations, steps=steps)
 
 
-# -- B: no added sync ---------------------------------------------------------------------------------------------------
+# -- B: no added sync --------------------------------------------------------------------------------------------------
 
 
 def check_b(torch: Any, job: Job, timer: Any) -> None:
@@ -261,9 +263,44 @@ def check_b(torch: Any, job: Job, timer: Any) -> None:
     check("B2_graph_capture", not error and after.captured >= 1 and bool(torch.isfinite(y).all()),
           f"instrumented step captured and replayed: {error or 'ok'}; iterations begun while capturing "
           f"{after.captured} (not timed, counted)", captured=after.captured, unresolved_before=before.unresolved)
+    # a global-mode capture (torch.cuda.graph's default) while another thread resolves pending marks, as the
+    # collector thread may: the reads run in relaxed capture mode, so the capture must survive them
+    import threading
+
+    for _ in range(5):
+        job.step()  # marks pending (no sync)
+    stop = threading.Event()
+    passes = [0]
+
+    def resolve() -> None:
+        while not stop.is_set():
+            timer.resolve()
+            passes[0] += 1
+
+    worker = threading.Thread(target=resolve)
+    graph2 = torch.cuda.CUDAGraph()
+    error = ""
+    worker.start()
+    try:
+        with torch.cuda.graph(graph2):
+            z = x
+            for _ in range(300):
+                z = (z @ w).clamp_(-1, 1)
+    except Exception as exc:  # noqa: BLE001 - the check's failure
+        error = f"{type(exc).__name__}: {exc}"
+    finally:
+        stop.set()
+        worker.join()
+    if not error:
+        graph2.replay()
+        torch.cuda.synchronize()
+    check("B3_capture_with_concurrent_resolution", not error and timer.enabled and passes[0] > 0,
+          f"global-mode capture of 300 matmuls while another thread ran {passes[0]} resolution passes: "
+          f"{error or 'capture ok'}; device timing {'on' if timer.enabled else 'OFF: ' + timer.failure}",
+          passes=passes[0])
 
 
-# -- C: host cost -------------------------------------------------------------------------------------------------------
+# -- C: host cost ------------------------------------------------------------------------------------------------------
 
 
 def empty_iterations(r: Any, n: int) -> float:
@@ -314,7 +351,7 @@ def check_c(torch: Any, make_recorder: Any, blocks: int, n: int) -> None:
           cost_us=cost, on_us=[a for a, _ in pairs], off_us=[b for _, b in pairs], mark_us=per_mark)
 
 
-# -- D, E: NVML ---------------------------------------------------------------------------------------------------------
+# -- D, E: NVML --------------------------------------------------------------------------------------------------------
 
 
 def smi(index: int) -> dict[str, float] | None:
@@ -407,9 +444,9 @@ def check_e(torch: Any) -> None:
             power.append((r.mono_ns, pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0))
         time.sleep(0.05)
     worker.join()
-    monotonic = all(b[1] >= a[1] for a, b in zip(readings, readings[1:], strict=False))
+    monotonic = all(b[1] >= a[1] for a, b in itertools.pairwise(readings))
     counted = readings[-1][1] - readings[0][1] if len(readings) > 1 else 0.0
-    integral = sum((p0 + p1) / 2 * (t1 - t0) / 1e9 for (t0, p0), (t1, p1) in zip(power, power[1:], strict=False))
+    integral = sum((p0 + p1) / 2 * (t1 - t0) / 1e9 for (t0, p0), (t1, p1) in itertools.pairwise(power))
     ratio = counted / integral if integral > 0 else math.nan
     check("E_energy_counter", meter.source == "counter" and monotonic and abs(ratio - 1) <= 0.25,
           f"source {meter.source}; {len(readings)} readings, monotonic {monotonic}; counter {counted:.1f} J vs "
@@ -417,15 +454,15 @@ def check_e(torch: Any) -> None:
           integral_J=integral)
 
 
-# -- F: MFU -------------------------------------------------------------------------------------------------------------
+# -- F: MFU ------------------------------------------------------------------------------------------------------------
 
 
 def datasheet_peak(name: str) -> float | None:
+    """The dense bf16 peak of a ``torch.cuda.get_device_name()`` (SXM unless the name says PCIe or NVL)."""
     n = " ".join(name.split()).upper()
     for sku, sparse in DATASHEET_BF16_SPARSE.items():
         model, form = sku.split()
-        if model in n and (form.upper() in n or (form == "SXM" and "HBM3" in n and "PCIE" not in n
-                                                and "NVL" not in n)):
+        if model in n.split() and (form.upper() in n or (form == "SXM" and "PCIE" not in n and "NVL" not in n)):
             return sparse / 2
     return None
 
@@ -443,7 +480,7 @@ def check_f(args: argparse.Namespace, last_update: dict[str, Any], measured_tflo
           peak_datasheet=peak_hand)
 
 
-# -- main ---------------------------------------------------------------------------------------------------------------
+# -- main --------------------------------------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -505,9 +542,13 @@ def main(argv: list[str] | None = None) -> int:
     t = telemetrain.Telemetry(store=out_dir / "train")
     probe = Job(torch, args, make_recorder("host", "probe"))
     fps = flops_per_sample(probe.model, probe.batches[0][:, :-1])
+    # 6 N T over the parameters that multiply (not the embeddings' lookups) + 12 L T^2 d for attention (the T x T
+    # scores in full, as FlopCounterMode counts scaled_dot_product_attention, causal or not)
     hand_fps = 6 * (probe.params - args.vocab * args.d - args.seq * args.d) * args.seq \
-        + 12 * args.layers * args.seq * args.seq * args.d / 2  # causal attention: half of the T x T scores
-    log(f"model: {probe.params / 1e6:.1f} M parameters; FLOPs per sample: FlopCounterMode {fps:.4g}, hand {hand_fps:.4g}")
+        + 12 * args.layers * args.seq * args.seq * args.d
+    log(f"model: {probe.params / 1e6:.1f} M parameters; FLOPs per sample: FlopCounterMode {fps:.4g}, "
+        f"hand {hand_fps:.4g}")
+    RESULTS["flops_per_sample"] = {"flop_counter": fps, "hand": hand_fps}
     del probe
     config = TrainingTelemetryConfig(global_batch_size_or_fn=args.batch, seq_length_or_fn=args.seq,
                                      flops_per_sample_or_fn=fps, log_every_n_train_iterations=50,
