@@ -705,10 +705,15 @@ def _device_flag(device: Any, attributes: dict[str, Any]) -> None:
         attributes["device"] = device
 
 
-def _device_span_class() -> type[Span]:
-    from .training.device_timing import DeviceSpan  # imported only by programs that ask for device timing
+_device_span: list[type[Span]] = []
 
-    return DeviceSpan
+
+def _device_span_class() -> type[Span]:
+    if not _device_span:
+        from .training.device_timing import DeviceSpan  # imported only by programs that ask for device timing
+
+        _device_span.append(DeviceSpan)
+    return _device_span[0]
 
 
 def current_span() -> Span | None:

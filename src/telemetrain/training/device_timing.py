@@ -294,6 +294,7 @@ class DeviceTimer:
         self.enabled = True
         self.failure = ""  # why device timing was turned off
         self._record = clock.record
+        self._begin = clock.begin
         self._slots = 0  # slots created (up to capacity)
         self._free: list[_Slot] = []
         self._pending: deque[_Slot] = deque()  # closed, oldest first (append / popleft: atomic under the GIL)
@@ -363,6 +364,8 @@ class DeviceTimer:
         if not self.enabled:
             return
         self.enabled = False
+        self._open = {}  # the hot paths find no open slot: each is then one dict lookup
+        self._marks = {}
         self.failure = f"{what}: {describe(exc)}"
         warn_safely(f"telemetrain: device timing failed ({self.failure}); it is off for the rest of this process, "
                     "host times are unaffected")
@@ -373,18 +376,19 @@ class DeviceTimer:
             pass
 
     # -- iterations (the recorder's callbacks) ---------------------------------------------------------------------
+    # The hot path (bench/bench_gpu.py check C): the common case -- a pooled event free in the slot -- is inlined; a
+    # thread's first call, a slot that must grow and every failure go through the slower helpers.
 
     def begin_iteration(self, warm: bool) -> None:
-        if not self.enabled:
-            return
+        stack = self._open.get(_thread_id())
+        if stack is None:
+            if not self.enabled:
+                return
+            stack = self._open[_thread_id()] = []
+        elif stack and stack[-1].kind == _ITERATION:  # the previous iteration was never ended: give it up
+            self._release(stack.pop())
         try:
-            tid = _thread_id()
-            stack = self._open.get(tid)
-            if stack is None:
-                stack = self._open[tid] = []
-            elif stack and stack[-1].kind == _ITERATION:  # the previous iteration was never ended: give it up
-                self._release(stack.pop())
-            if not self.clock.begin():  # capturing a CUDA graph: no marks in this iteration, nor in its spans
+            if not self._begin():  # capturing a CUDA graph: no marks in this iteration, nor in its spans
                 self._captured += 1
                 stack.append(_UNTIMED)
                 return
@@ -395,21 +399,26 @@ class DeviceTimer:
                 return
             slot.kind = _ITERATION
             slot.warm = warm
-            self._mark(slot, None, -1)
+            if slot.events:
+                slot.hosts[0] = _mono()
+                self._record(slot.events[0])
+                slot.labels[0] = None
+                slot.pairs[0] = -1
+                slot.n = 1
+            else:
+                self._mark(slot, None, -1)
             stack.append(slot)
         except Exception as exc:  # noqa: BLE001 - telemetry never breaks training
             self._fail("begin_iteration", exc)
 
     def end_iteration(self) -> None:
-        if not self.enabled:
+        stack = self._open.get(_thread_id())
+        if not stack or stack[-1].kind != _ITERATION:
+            return
+        slot = stack.pop()
+        if slot is _UNTIMED:
             return
         try:
-            stack = self._open.get(_thread_id())
-            if not stack or stack[-1].kind != _ITERATION:
-                return
-            slot = stack.pop()
-            if slot is _UNTIMED:
-                return
             if self._mark(slot, None, 0) < 0:
                 self._release(slot)
                 return
@@ -434,15 +443,32 @@ class DeviceTimer:
 
     def span_start(self, span: Any) -> None:
         """A device-timed span begins: a mark in this thread's innermost open slot (a new slot if none is open)."""
+        stack = self._open.get(_thread_id())
+        if stack:
+            slot = stack[-1]
+            i = slot.n
+            if i < len(slot.events):  # the common case, inlined: a pooled event is free
+                try:
+                    slot.hosts[i] = _mono()
+                    self._record(slot.events[i])
+                except Exception as exc:  # noqa: BLE001
+                    self._fail("span start", exc)
+                    return
+                slot.labels[i] = span
+                slot.pairs[i] = -1
+                slot.n = i + 1
+                self._marks[span] = (slot, slot.use, i)
+                return
+            if slot is _UNTIMED:
+                return
+        self._span_start(span, stack)
+
+    def _span_start(self, span: Any, stack: list[_Slot] | None) -> None:
         if not self.enabled:
             return
         try:
-            tid = _thread_id()
-            stack = self._open.get(tid)
             if stack:
                 slot = stack[-1]
-                if slot is _UNTIMED:
-                    return
             else:
                 taken = self._take()
                 if taken is None:
@@ -451,7 +477,7 @@ class DeviceTimer:
                 slot.kind = _SPAN
                 slot.opener = span
                 if stack is None:
-                    stack = self._open[tid] = []
+                    stack = self._open[_thread_id()] = []
                 stack.append(slot)
             i = self._mark(slot, span, -1)
             if i < 0:
@@ -464,28 +490,37 @@ class DeviceTimer:
             self._fail("span start", exc)
 
     def span_end(self, span: Any) -> None:
-        if not self.enabled:
+        found = self._marks.pop(span, None)
+        if found is None:
             return
+        slot, use, start = found
+        if slot.use != use or slot.state != _OPEN:
+            return  # its slot closed meanwhile (the iteration ended first): not timed
         try:
-            found = self._marks.pop(span, None)
-            if found is None:
-                return
-            slot, use, start = found
-            if slot.use != use or slot.state != _OPEN:
-                return  # its slot closed meanwhile (the iteration ended first): not timed
-            self._mark(slot, span, start)
+            i = slot.n
+            if i < len(slot.events):  # inlined _mark
+                slot.hosts[i] = _mono()
+                self._record(slot.events[i])
+                slot.labels[i] = span
+                slot.pairs[i] = start
+                slot.n = i + 1
+            else:
+                self._mark(slot, span, start)
             if slot.kind == _SPAN and slot.opener is span:
-                stack = self._open.get(_thread_id())
-                if stack and stack[-1] is slot:
-                    stack.pop()
-                else:  # an iteration opened inside it is still open, or it ends in another thread than it began
-                    for other in list(self._open.values()):
-                        if slot in other:
-                            other.remove(slot)
-                            break
-                self._close(slot)
+                self._close_span_slot(slot)
         except Exception as exc:  # noqa: BLE001
             self._fail("span end", exc)
+
+    def _close_span_slot(self, slot: _Slot) -> None:
+        stack = self._open.get(_thread_id())
+        if stack and stack[-1] is slot:
+            stack.pop()
+        else:  # an iteration opened inside it is still open, or it ends in another thread than it began
+            for other in list(self._open.values()):
+                if slot in other:
+                    other.remove(slot)
+                    break
+        self._close(slot)
 
     # -- resolution (collector thread, reports) ----------------------------------------------------------------------
 
@@ -696,7 +731,11 @@ class DeviceSpan(Span):
             timer.span_start(self)
 
     def __enter__(self) -> Span:
-        self._device_start()
+        timer = self._tracer.telemetry.extensions.get(EXTENSION)
+        if timer is not None:
+            timer.span_start(self)
+        else:
+            self._device_start()
         return Span.__enter__(self)
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any, end_ns: int | None = None) -> None:

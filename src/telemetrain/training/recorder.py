@@ -37,6 +37,7 @@ from ..spans import Span, Tracer, _current_get, _current_set, current_span, trac
 from ..stats.summary import Summary
 from ..telemetry import Telemetry, get_telemetry
 from .config import CheckpointStrategy, TrainingTelemetryConfig
+from .device_timing import DeviceSpan
 from .names import PHASES, E, S
 from .reports import FOLD_EVERY, METRICS, QUANTILES, TIME_AGGS, Reporter, Snapshot, Window
 
@@ -907,19 +908,29 @@ class TrainingRecorder:
     def data_loading(self) -> Any:
         """A sub-phase of the current iteration (its time goes into the iteration split; timed on the device too
         while device timing is on)."""
-        return self.tracer.span(S.DATA_LOADING, group=GROUP, device=self._device is not None)
+        if self._device is None:
+            return self.tracer.span(S.DATA_LOADING, group=GROUP)
+        return DeviceSpan(self.tracer, S.DATA_LOADING, GROUP, None)
 
     def forward(self) -> Any:
-        return self.tracer.span(S.MODEL_FORWARD, group=GROUP, device=self._device is not None)
+        if self._device is None:
+            return self.tracer.span(S.MODEL_FORWARD, group=GROUP)
+        return DeviceSpan(self.tracer, S.MODEL_FORWARD, GROUP, None)
 
     def backward(self) -> Any:
-        return self.tracer.span(S.MODEL_BACKWARD, group=GROUP, device=self._device is not None)
+        if self._device is None:
+            return self.tracer.span(S.MODEL_BACKWARD, group=GROUP)
+        return DeviceSpan(self.tracer, S.MODEL_BACKWARD, GROUP, None)
 
     def optimizer_update(self) -> Any:
-        return self.tracer.span(S.OPTIMIZER_UPDATE, group=GROUP, device=self._device is not None)
+        if self._device is None:
+            return self.tracer.span(S.OPTIMIZER_UPDATE, group=GROUP)
+        return DeviceSpan(self.tracer, S.OPTIMIZER_UPDATE, GROUP, None)
 
     def zero_grad(self) -> Any:
-        return self.tracer.span(S.ZERO_GRAD, group=GROUP, device=self._device is not None)
+        if self._device is None:
+            return self.tracer.span(S.ZERO_GRAD, group=GROUP)
+        return DeviceSpan(self.tracer, S.ZERO_GRAD, GROUP, None)
 
     @property
     def device_timed(self) -> bool:
