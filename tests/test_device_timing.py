@@ -246,6 +246,28 @@ def test_device_spans_inside_and_outside_iterations(
     assert evaluate["count"] == 1 and evaluate["mean"] == pytest.approx(5 * MS / 1e9)  # (its launch overlapped)
 
 
+def test_callback_style_phases_are_device_timed_too(
+    telemetry: Telemetry, read_run: Callable[..., Any], sim: SimClock
+) -> None:
+    """Phases started and ended by callbacks (``Tracer.start(..., device=r.device_timed)``, as the Lightning
+    integration drives them) get their marks as the context managers' do."""
+    r = _recorder(telemetry, sim)
+    for _ in range(3):
+        r.on_training_single_iteration_start()
+        s = r.tracer.start("model_forward", group="training", device=r.device_timed)
+        sim.launch(2 * MS)
+        s.end()
+        s = r.tracer.start("model_backward", group="training", device=r.device_timed)
+        sim.launch(4 * MS)
+        sim.sync()
+        s.end()
+        r.on_training_single_iteration_end()
+    r.on_train_end()
+    ups = _updates(read_run, telemetry)
+    assert _sum(ups, "avg_forward_device_time_sec") == pytest.approx(3 * 2 * MS / 1e9)
+    assert _sum(ups, "avg_backward_device_time_sec") == pytest.approx(3 * 4 * MS / 1e9)
+
+
 def test_a_failing_clock_turns_device_timing_off_and_training_goes_on(
     telemetry: Telemetry, read_run: Callable[..., Any], sim: SimClock
 ) -> None:
