@@ -34,6 +34,7 @@ RISE = 0.10  # a window this much slower than the rank's median window, while th
 THROTTLES = {"hw.gpu.throttle.power": "power", "hw.gpu.throttle.thermal": "thermal",
              "hw.gpu.throttle.hw_slowdown": "hw_slowdown"}
 _SERIES = (*THROTTLES, "hw.gpu.clock.sm", "hw.power", "hw.gpu.memory.utilization", "torch.cuda.alloc_retries")
+_RELEVANT = frozenset((*_SERIES, "train.energy_J"))  # a run without any of these has nothing to join
 
 
 @dataclasses.dataclass
@@ -154,8 +155,12 @@ def _rises(windows: list[GpuWindow]) -> None:
                 w.rise = w.avg / median - 1
 
 
-def build_gpu_health(run: Run) -> GpuHealth:
-    """Every rank's windows joined with the GPU samples of the same process file, and the job's energy."""
+def build_gpu_health(run: Run, metric_names: Iterable[str] | None = None) -> GpuHealth:
+    """Every rank's windows joined with the GPU samples of the same process file, and the job's energy.
+    ``metric_names``: the names of the run's metrics, when the caller has them: a run with neither GPU samples nor
+    energy (a CPU job) is then not read again."""
+    if metric_names is not None and not _RELEVANT.intersection(metric_names):
+        return GpuHealth([], False, None, None, None)
     windows: list[GpuWindow] = []
     sampled = False
     energy: dict[int, tuple[float, int | None, int | None]] = {}  # rank -> (joules, samples, tokens), last report

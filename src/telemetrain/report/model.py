@@ -666,7 +666,7 @@ def build_model(run: Run) -> ReportModel:
     model.slow_ranks = _slow_ranks(model.windows)
     model.slow_windows = _slow_windows(model.windows)
     model.system = _system(model, c)
-    model.gpu = build_gpu_health(run)
+    model.gpu = build_gpu_health(run, {name for _, name in c.metric_stats})
     ranks = run.ranks
     model.goodput, model.goodput_error = _goodput(run, ranks[0] if ranks else 0) if run.processes else (None, "")
     model.headline = _headline(model, c)
