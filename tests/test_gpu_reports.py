@@ -232,8 +232,9 @@ def _train(pairs: list[tuple[Telemetry, TrainingRecorder]], gpu: SharedGpu, star
     for i in range(start, start + n):
         for _, r in pairs:
             r.on_training_single_iteration_start()
+        gpu.iterations += 1  # the iteration's joules are drawn before it ends (a report may be computed at once)
+        for _, r in pairs:
             r.on_training_single_iteration_end()
-        gpu.iterations += 1
         if (i + 1) % 5 == 0:
             for t, _ in pairs:
                 t.flush()  # the report is computed now: the energy reading is this window's end

@@ -29,6 +29,7 @@ from typing import Any
 
 from .cuda_allocator import current_device
 from .devices import select_gpus
+from .nvml import list_gpus
 from .units import EnergyCounter, PowerIntegrator
 
 __all__ = ["EnergyReading", "GpuEnergy"]
@@ -44,10 +45,6 @@ class EnergyReading:
     mono_ns: int
     joules: float
     sharers: int  # compute processes on the GPU (the most of any of its GPUs), at least 1
-
-
-def _text(value: Any) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 class _Gpu:
@@ -92,13 +89,11 @@ class GpuEnergy:
                 self.reason = "this process has not initialised CUDA: no GPU of its own to read"
                 return
             wanted = [k]
-        try:
-            count = int(nvml.nvmlDeviceGetCount())
-            handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-            uuids = [_text(nvml.nvmlDeviceGetUUID(h)) for h in handles]
-        except Exception as exc:  # noqa: BLE001
-            self.reason = f"NVML could not list the GPUs ({type(exc).__name__}: {exc})"
+        listed = list_gpus(nvml)
+        if isinstance(listed, str):
+            self.reason = listed
             return
+        handles, uuids = listed
         choices, reason = select_gpus(uuids, requested=wanted, cuda_visible=os.environ.get("CUDA_VISIBLE_DEVICES"),
                                       local_rank=None, torch_device=None)
         self.gpus = [_Gpu(handles[c.nvml_index], c.uuid) for c in choices]

@@ -26,7 +26,7 @@ from .devices import GpuChoice, select_gpus
 from .names import gpu_group
 from .units import EnergyCounter, PowerIntegrator, mhz_to_hz, milli, percent_to_ratio, ratio
 
-__all__ = ["NvmlSource"]
+__all__ = ["NvmlSource", "list_gpus"]
 
 # NVML clock event ("throttle") reason bits (nvml.h; stable across driver versions)
 _SW_POWER_CAP = 0x4
@@ -44,6 +44,16 @@ _MISSING = object()
 
 def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def list_gpus(nvml: Any) -> tuple[list[Any], list[str]] | str:
+    """Every GPU NVML sees: (handles, UUIDs) in NVML's order, or why they could not be listed."""
+    try:
+        count = int(nvml.nvmlDeviceGetCount())
+        handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        return handles, [_text(nvml.nvmlDeviceGetUUID(h)) for h in handles]
+    except Exception as exc:  # noqa: BLE001
+        return f"NVML could not list the GPUs ({type(exc).__name__}: {exc})"
 
 
 class _Device:
@@ -96,13 +106,11 @@ class NvmlSource:
             self.driver_version = _text(nvml.nvmlSystemGetDriverVersion())
         except Exception:  # noqa: BLE001 - information only
             pass
-        try:
-            count = int(nvml.nvmlDeviceGetCount())
-            handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-            uuids = [_text(nvml.nvmlDeviceGetUUID(h)) for h in handles]
-        except Exception as exc:  # noqa: BLE001
-            self.reason = f"NVML could not list the GPUs ({type(exc).__name__}: {exc})"
+        listed = list_gpus(nvml)
+        if isinstance(listed, str):
+            self.reason = listed
             return
+        handles, uuids = listed
         choices, self.reason = select_gpus(
             uuids,
             requested=requested,
