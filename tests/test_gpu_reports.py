@@ -21,6 +21,7 @@ import pytest
 from telemetrain import Telemetry, identity_from_env
 from telemetrain.analysis.compare import compare_runs
 from telemetrain.distributed.stragglers import phase_clock, phases_of
+from telemetrain.phase_times import phase_times
 from telemetrain.records import Event, MetricPoint
 from telemetrain.report.gpu_health import build_gpu_health, gpu_findings
 from telemetrain.report.html import render
@@ -30,7 +31,6 @@ from telemetrain.store import open_run
 from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
 from telemetrain.training.goodput import goodput
 from telemetrain.training.gpu_report import _energy_source
-from telemetrain.training.phase_times import phase_times
 
 SESSION = "gpu"
 S = 1_000_000_000

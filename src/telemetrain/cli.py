@@ -22,6 +22,7 @@ from ._version import __version__
 from .analysis import commands as analysis_commands
 from .cli_common import CLIError, resolve_run
 from .distributed import commands as launch_commands
+from .phase_times import DEVICE, iteration_time, phase_times
 from .report import commands as report_commands
 from .store.layout import default_root
 from .store.reader import NotARunError, Run, find_runs, open_run
@@ -339,8 +340,14 @@ def _training_lines(records: Sequence[Any]) -> list[str]:
     split = [f"{phase} {last[f'{phase}_time_fraction']:.0%}" for phase in
              ("dataloader", "forward", "backward", "optimizer", "zero_grad")
              if _is_number(last.get(f"{phase}_time_fraction"))]
+    label = "time split (last window)"
+    device, clock = phase_times(last)
+    device_total = iteration_time(last, clock)
+    if clock == DEVICE and device_total:  # on a GPU the host split is launches: the device's instead
+        split = [f"{phase} {seconds / device_total:.0%}" for phase, seconds in device.items()]
+        label = "time split (last window, device time)"
     if split:
-        rows.append(("time split (last window)", "  ".join(split)))
+        rows.append((label, "  ".join(split)))
     if isinstance(last.get("time_to_first_iteration_sec"), (int, float)):
         rows.append(("time to first iteration", f"{last['time_to_first_iteration_sec']:.3f} s"))
     saves = [r for r in records if r.kind == "event" and r.name == "save_checkpoint_success"]

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from ..identity import Identity
+from ..phase_times import phase_times
 from ..store.codec import decode_line
 from ..store.layout import RUN_META, is_agent_file, is_process_file
 from ..store.reader import NotARunError, Run, _fallback_identity, open_run
-from ..training.phase_times import phase_times
 
 __all__ = ["PHASES", "RunSamples", "Window", "read_samples", "run_samples"]
 

@@ -25,7 +25,7 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ..training.phase_times import DEVICE, phase_times
+from ..phase_times import DEVICE, phase_times
 
 __all__ = ["PHASES", "Finding", "StragglerDetector", "phase_clock", "phases_of"]
 

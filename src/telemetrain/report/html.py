@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .. import __version__
-from ..training.phase_times import LABELS
+from ..phase_times import LABELS
 from .gpu_html import gpu_section
 from .model import PHASES, ReportModel, Window
 from .svg import esc, fmt_unit, heatmap, line_chart, stacked_bars, timeline

@@ -14,8 +14,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..phase_times import DEVICE, iteration_time, phase_times
 from ..store.reader import ProcessLog, Run
-from ..training.phase_times import DEVICE, iteration_time, phase_times
 from .gpu_health import build_gpu_health, gpu_findings, gpu_headline
 
 __all__ = ["PHASES", "Finding", "ReportModel", "Window", "build_model"]

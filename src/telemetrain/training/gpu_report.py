@@ -10,17 +10,16 @@ import sys
 from typing import Any, Protocol
 
 from ..dispatch import describe
+from ..phase_times import PHASES
 from ..telemetry import Telemetry
 from .device_timing import FINAL_WAIT_S, DeviceTimer, timer_of
 
 __all__ = ["METRICS", "EnergySource", "GpuReport", "start_gpu_report"]
 
-PHASE_NAMES = ("dataloader", "forward", "backward", "optimizer", "zero_grad")
-
 # attribute -> (metric record name, unit), as reports.METRICS
 METRICS: dict[str, tuple[str, str]] = {
     "avg_iteration_device_time_sec": ("train.iteration_time.device.mean", "s"),
-    **{f"avg_{p}_device_time_sec": (f"train.phase.{p}.device", "s") for p in PHASE_NAMES},
+    **{f"avg_{p}_device_time_sec": (f"train.phase.{p}.device", "s") for p in PHASES},
     "avg_stall_time_sec": ("train.stall_time", "s"),
     "window_energy_J": ("train.energy_J", "J"),
     "energy_per_sample_J": ("train.energy_per_sample_J", "J"),
