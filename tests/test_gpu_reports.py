@@ -20,6 +20,7 @@ import pytest
 
 from telemetrain import Telemetry, identity_from_env
 from telemetrain.analysis.compare import compare_runs
+from telemetrain.cli import summarize
 from telemetrain.distributed.stragglers import phase_clock, phases_of
 from telemetrain.phase_times import phase_times
 from telemetrain.records import Event, MetricPoint
@@ -102,6 +103,8 @@ def test_the_report_splits_phases_by_device_time(tmp_path: Path) -> None:
     assert seconds["other"] == 0.0  # the device iteration is the phases
     page = render(model)
     assert "iteration time by phase, per rank: device time (CUDA events)" in page
+    show = "\n".join(summarize(open_run(s.t.run_dir)))
+    assert "time split (last window, device time)" in show and "forward 30%" in show and "backward 60%" in show
 
 
 def test_compare_labels_device_phases_and_refuses_to_mix_clocks(tmp_path: Path) -> None:
