@@ -334,7 +334,7 @@ def check_c(torch: Any, make_recorder: Any, blocks: int, n: int) -> None:
     diffs = [a - b for a, b in pairs]
     cost = statistics.median(diffs)
     # one mark alone: cudaEventRecord on the current stream through the clock
-    from telemetrain.training.device_timing import CudaClock
+    from telemetrain.training.device_clock import CudaClock
 
     clock = CudaClock(torch)
     events = [clock.event() for _ in range(256)]
@@ -510,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
     import telemetrain
     from telemetrain.system import start_sampler
     from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
-    from telemetrain.training.device_timing import timer_of
+    from telemetrain.training.device_spans import timer_of
     from telemetrain.training.flops import flops_per_sample
 
     torch.cuda.init()

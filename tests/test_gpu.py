@@ -28,7 +28,9 @@ from telemetrain import Telemetry  # noqa: E402
 from telemetrain.spans import _current  # noqa: E402
 from telemetrain.store import open_run  # noqa: E402
 from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig  # noqa: E402
-from telemetrain.training.device_timing import CudaClock, DeviceTimer, timer_of  # noqa: E402
+from telemetrain.training.device_clock import CudaClock  # noqa: E402
+from telemetrain.training.device_spans import timer_of  # noqa: E402
+from telemetrain.training.device_timing import DeviceTimer  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -710,7 +710,7 @@ _device_span: list[type[Span]] = []
 
 def _device_span_class() -> type[Span]:
     if not _device_span:
-        from .training.device_timing import DeviceSpan  # imported only by programs that ask for device timing
+        from .training.device_spans import DeviceSpan  # imported only by programs that ask for device timing
 
         _device_span.append(DeviceSpan)
     return _device_span[0]

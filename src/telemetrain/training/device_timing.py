@@ -22,8 +22,9 @@ Bookkeeping, all bounded and allocation-free in steady state:
 - Device spans that are not training phases, and phases outside an iteration, go to a windowed ``Stat``
   ``<span name>.device_time`` (group: the span's).
 
-The device clock is an interface (``DeviceClock``) so that the bookkeeping is testable without a GPU; ``CudaClock``
-is the real one (``torch.cuda.Event(enable_timing=True)``, recorded on the current stream). Streams other than the
+The device clock is an interface (``device_clock.DeviceClock``) so that the bookkeeping is testable without a GPU;
+``CudaClock`` is the real one (``torch.cuda.Event(enable_timing=True)``, recorded on the current stream). The span
+class that records marks, and which timer a Telemetry uses, are in ``device_spans``. Streams other than the
 current one at each mark are out of scope: work a program queues on a side stream is timed only as far as the current
 stream waits for it. Marks are not recorded while the current stream is being captured into a CUDA graph (that
 iteration counts as unresolved).
@@ -35,19 +36,17 @@ event (group ``training``) and turns device timing off for the rest of the proce
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import Any
 
 from ..collector import collector
 from ..dispatch import describe, warn_safely
-from ..spans import Span
 from ..telemetry import Telemetry
+from .device_clock import CudaClock, DeviceClock, resolve_clock
 from .names import PHASES
 
 __all__ = [
@@ -55,11 +54,9 @@ __all__ = [
     "DEVICE_TIMING_MODES",
     "CudaClock",
     "DeviceClock",
-    "DeviceSpan",
     "DeviceTimer",
     "DeviceWindow",
     "resolve_clock",
-    "timer_of",
 ]
 
 DEVICE_TIMING_MODES = ("auto", "cuda", "host")
@@ -72,7 +69,6 @@ STALL_NOISE_S = 20e-6  # a segment's host-over-device excess below this is event
 STAT_WINDOW_S = 10.0  # the window of the <span>.device_time stats
 EXTENSION = "device_timer"
 MAX_READ_FAILURES = 3  # slots in a row whose marks cannot be read: device timing is then turned off
-_CAPTURE_MODE_RELAXED = 2  # CU_STREAM_CAPTURE_MODE_RELAXED (cuda.h)
 GROUP = "training"
 
 _mono = time.monotonic_ns  # the host clock of the marks (the spans' clock)
@@ -83,147 +79,6 @@ _thread_id = threading.get_ident
 _FREE, _OPEN, _PENDING = 0, 1, 2
 # slot kinds
 _ITERATION, _SPAN = 0, 1
-
-
-class DeviceClock(Protocol):
-    """Where device timestamps come from. ``CudaClock`` is the real one; tests use a deterministic simulation."""
-
-    name: str
-
-    def event(self) -> Any:
-        """A new event (the timer pools them: called only while the pool grows)."""
-        ...
-
-    def record(self, event: Any) -> None:
-        """Record ``event`` on the current stream, after the work queued so far. Never blocks."""
-        ...
-
-    def done(self, event: Any) -> bool:
-        """Whether the device has reached ``event`` (``cudaEventQuery``). Never blocks."""
-        ...
-
-    def elapsed_s(self, start: Any, end: Any) -> float:
-        """Device seconds from ``start`` to ``end``, both done."""
-        ...
-
-    def begin(self) -> bool:
-        """Called at each iteration start: refresh what may change between iterations (the current device);
-        False while the current stream is capturing a CUDA graph (no marks then)."""
-        ...
-
-    # optional: ``resolving() -> context manager``, held around the reads of a resolution pass (CudaClock's)
-
-
-class CudaClock:
-    """``torch.cuda.Event(enable_timing=True)`` recorded on the current stream of the current device.
-
-    ``record`` avoids ``torch.cuda.current_stream()``'s Python object per call: it asks torch for the current stream's
-    id (``torch._C._cuda_getCurrentStream``) and builds a ``Stream`` only when that changes. Where those internals
-    are missing it falls back to ``Event.record()``."""
-
-    name = "cuda"
-
-    def __init__(self, torch: Any = None) -> None:
-        torch = torch if torch is not None else sys.modules.get("torch")
-        if torch is None:
-            raise RuntimeError("torch is not imported")
-        cuda = torch.cuda
-        self._Event = cuda.Event
-        c = torch._C
-        self._get_device: Callable[[], int] = getattr(c, "_cuda_getDevice", cuda.current_device)
-        self._capturing: Callable[[], bool] = getattr(c, "_cuda_isCurrentStreamCapturing",
-                                                      cuda.is_current_stream_capturing)
-        get_stream = getattr(c, "_cuda_getCurrentStream", None)
-        base = getattr(getattr(c, "_CudaEventBase", None), "record", None)
-        self._fast: tuple[Callable[[int], Any], Callable[[Any, Any], None], Any] | None = (
-            (get_stream, base, cuda.Stream) if get_stream is not None and base is not None else None)
-        self._device = int(self._get_device())
-        self._key: Any = None
-        self._stream: Any = None
-
-    def event(self) -> Any:
-        return self._Event(enable_timing=True)
-
-    def begin(self) -> bool:
-        self._device = self._get_device()
-        return not self._capturing()
-
-    def record(self, event: Any) -> None:
-        fast = self._fast
-        if fast is None:
-            event.record()
-            return
-        key = fast[0](self._device)
-        if key != self._key:
-            self._stream = fast[2](stream_id=key[0], device_index=key[1], device_type=key[2])
-            self._key = key
-        fast[1](event, self._stream)
-
-    def done(self, event: Any) -> bool:
-        return bool(event.query())
-
-    def elapsed_s(self, start: Any, end: Any) -> float:
-        return float(start.elapsed_time(end)) / 1e3
-
-    def resolving(self) -> AbstractContextManager[Any]:
-        """The reads in ``relaxed`` stream-capture mode for this thread: while another thread captures a CUDA graph in
-        ``global`` mode (``torch.cuda.graph``'s default), CUDA prohibits "potentially unsafe" calls such as
-        ``cudaEventQuery`` in every thread, and one made anyway can invalidate that capture. Our events are never
-        recorded inside a capture, so querying them is safe; relaxed mode says so to the driver
-        (``cuThreadExchangeStreamCaptureMode``; the thread's previous mode is restored after)."""
-        return _relaxed_capture_mode()
-
-
-def _exchange_capture_mode() -> Any:
-    """The driver's ``cuThreadExchangeStreamCaptureMode``, or None where it cannot be loaded."""
-    if sys.platform != "linux":
-        return None
-    try:
-        fn = ctypes.CDLL("libcuda.so.1").cuThreadExchangeStreamCaptureMode
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.POINTER(ctypes.c_int)]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_exchange: list[Any] = []  # loaded on first use
-
-
-@contextlib.contextmanager
-def _relaxed_capture_mode() -> Iterator[None]:
-    if not _exchange:
-        _exchange.append(_exchange_capture_mode())
-    fn = _exchange[0]
-    mode = ctypes.c_int(_CAPTURE_MODE_RELAXED)
-    if fn is None or fn(ctypes.byref(mode)) != 0:
-        yield
-        return
-    try:
-        yield
-    finally:
-        fn(ctypes.byref(mode))  # back to the mode the thread had
-
-
-def resolve_clock(setting: Any) -> tuple[DeviceClock | None, str]:
-    """The clock for a ``device_timing`` setting (``"auto"``, ``"cuda"``, ``"host"`` or a ``DeviceClock``), and why
-    there is none. Never initialises CUDA and never imports torch: ``"auto"`` times on the device only when the
-    program has imported torch and initialised CUDA (its model is on a GPU)."""
-    if setting == "host":
-        return None, "device_timing='host'"
-    if not isinstance(setting, str):
-        return setting, ""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return None, "torch is not imported: no CUDA device in use"
-    try:
-        if not torch.cuda.is_available():
-            return None, "torch.cuda.is_available() is False: no CUDA device"
-        if setting == "auto" and not torch.cuda.is_initialized():
-            return None, "CUDA is not initialised in this process (the model is not on a GPU)"
-        return CudaClock(torch), ""
-    except Exception as exc:  # noqa: BLE001 - an unusual torch build: host timing
-        return None, f"CUDA events are not usable here ({describe(exc)})"
 
 
 class _Slot:
@@ -686,60 +541,3 @@ class DeviceTimer:
         self._open = {}
         self._marks = {}
         self._ticking = False
-
-
-def timer_of(telemetry: Telemetry, setting: Any = "auto", *, capacity: int = DEFAULT_CAPACITY
-             ) -> tuple[DeviceTimer | None, str]:
-    """``telemetry``'s device timer, created on first use with the clock ``setting`` gives (``resolve_clock``), and
-    why there is none. One per Telemetry: the recorder's phases and ``span(..., device=True)`` share it."""
-    if isinstance(setting, str) and setting == "host":
-        return None, "device_timing='host'"
-    found = telemetry.extensions.get(EXTENSION)
-    if isinstance(found, DeviceTimer):
-        return (found, "") if found.enabled else (None, found.failure)
-    clock, reason = resolve_clock(setting)
-    if clock is None:
-        return None, reason
-    timer: DeviceTimer = telemetry.extension(EXTENSION, lambda t: DeviceTimer(t, clock, capacity=capacity))
-    return timer, ""
-
-
-def span_timer(telemetry: Telemetry) -> DeviceTimer | None:
-    """The timer for a ``span(..., device=True)`` of ``telemetry`` (``"auto"``: CUDA when the program uses it), or
-    None: the span is then timed on the host only (said once per Telemetry, in an ``info`` event)."""
-    timer, reason = timer_of(telemetry)
-    if timer is None and telemetry.extensions.get(EXTENSION + ".host") is None:
-        telemetry.extensions[EXTENSION + ".host"] = reason
-        try:
-            telemetry.event("device_timing", {"mode": "host", "reason": reason, "for": "span(device=True)"},
-                            group=GROUP)
-        except Exception:  # noqa: BLE001
-            pass
-    return timer
-
-
-class DeviceSpan(Span):
-    """A span also timed on the device: ``span(..., device=True)``, ``Tracer.span/start(..., device=True)``, and the
-    recorder's phases while device timing is on. Its device start mark is recorded just before its host start, its
-    end mark just after its host end, so the host time does not include them."""
-
-    __slots__ = ()
-
-    def _device_start(self) -> None:
-        timer = span_timer(self._tracer.telemetry)
-        if timer is not None:
-            timer.span_start(self)
-
-    def __enter__(self) -> Span:
-        timer = self._tracer.telemetry.extensions.get(EXTENSION)
-        if timer is not None:
-            timer.span_start(self)
-        else:
-            self._device_start()
-        return Span.__enter__(self)
-
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any, end_ns: int | None = None) -> None:
-        Span.__exit__(self, exc_type, exc, tb, end_ns)
-        timer = self._tracer.telemetry.extensions.get(EXTENSION)
-        if timer is not None:
-            timer.span_end(self)

@@ -12,7 +12,8 @@ from typing import Any, Protocol
 from ..dispatch import describe
 from ..phase_times import PHASES
 from ..telemetry import Telemetry
-from .device_timing import FINAL_WAIT_S, DeviceTimer, timer_of
+from .device_spans import timer_of
+from .device_timing import FINAL_WAIT_S, DeviceTimer
 
 __all__ = ["METRICS", "EnergySource", "GpuReport", "start_gpu_report"]
 

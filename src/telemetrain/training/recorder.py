@@ -37,7 +37,7 @@ from ..spans import Span, Tracer, _current_get, _current_set, current_span, trac
 from ..stats.summary import Summary
 from ..telemetry import Telemetry, get_telemetry
 from .config import CheckpointStrategy, TrainingTelemetryConfig
-from .device_timing import DeviceSpan
+from .device_spans import DeviceSpan
 from .names import PHASES, E, S
 from .reports import FOLD_EVERY, METRICS, QUANTILES, TIME_AGGS, Reporter, Snapshot, Window
 
