@@ -24,6 +24,7 @@ from ._version import __version__
 from .analysis import commands as analysis_commands
 from .cli_common import CLIError, resolve_run
 from .distributed import commands as launch_commands
+from .phase_times import DEVICE, iteration_time, phase_times
 from .report import commands as report_commands
 from .store.layout import default_root
 from .store.reader import NotARunError, Run, find_runs, open_run
@@ -384,8 +385,14 @@ def _training_lines(records: Sequence[Any]) -> list[str]:
     split = [f"{phase} {last[f'{phase}_time_fraction']:.0%}" for phase in
              ("dataloader", "forward", "backward", "optimizer", "zero_grad")
              if _is_number(last.get(f"{phase}_time_fraction"))]
+    label = ""
+    device, clock = phase_times(last)
+    device_total = iteration_time(last, clock)
+    if clock == DEVICE and device_total:  # on a GPU the host split is launches: the device's instead
+        split = [f"{phase} {seconds / device_total:.0%}" for phase, seconds in device.items()]
+        label = ", device time"
     if split:
-        rows.append((f"time split ({on})", "  ".join(split)))
+        rows.append((f"time split ({on}{label})", "  ".join(split)))
     if len(lasts) > 1:
         rows += _spread_rows(lasts)
     if _is_number(last.get("time_to_first_iteration_sec")):

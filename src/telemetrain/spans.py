@@ -461,13 +461,19 @@ class Tracer:
 
     # -- starting --------------------------------------------------------------------------------------------------
 
-    def span(self, name: str, *, group: str = "spans", **attributes: Any) -> Span:
-        """A span to enter with ``with`` (once), or to decorate a function with."""
+    def span(self, name: str, *, group: str = "spans", device: bool = False, **attributes: Any) -> Span:
+        """A span to enter with ``with`` (once), or to decorate a function with. ``device=True``: also timed on the
+        device (``training.device_timing``)."""
         if type(name) is not str or not name:
             name = check_name(name, "name")
         if type(group) is not str or not group:
             group = check_name(group, "group")
-        return self._new(name, group, attributes or None)
+        if device is not False:
+            _device_flag(device, attributes)
+        s = self._new(name, group, attributes or None)
+        if device is True:
+            s.__class__ = _device_span_class()
+        return s
 
     def start(
         self,
@@ -478,21 +484,24 @@ class Tracer:
         start_ns: int | None = None,
         attributes: Mapping[str, Any] | None = None,
         make_current: bool = True,
+        device: bool = False,
     ) -> Span:
         """Start a span to end later with ``Span.end`` (callback-style APIs). ``parent`` defaults to the current span;
         ``start_ns`` (monotonic ns) backdates it; ``make_current``: spans started after it in this context are its
-        children until it ends."""
+        children until it ends; ``device=True``: also timed on the device (``training.device_timing``)."""
         if parent is not None and not isinstance(parent, Span):
             raise TypeError(f"parent must be a Span, got {type(parent).__name__}")
         if attributes is not None and not isinstance(attributes, Mapping):
             raise TypeError(f"attributes must be a mapping, got {type(attributes).__name__}")
         if start_ns is not None and type(start_ns) is not int:
             raise TypeError(f"start_ns must be an int (monotonic ns), got {type(start_ns).__name__}")
-        s = self.span(name, group=group)
+        s = self.span(name, group=group, device=device)
         s.start_attributes = dict(attributes) if attributes else None
         current = _current_get()
         if parent is None:
             parent = _effective(current)
+        if device is True:
+            s._device_start()  # type: ignore[attr-defined]
         s._begin(parent, start_ns)
         if make_current:
             s._restore = current
@@ -652,13 +661,14 @@ _last: tuple[Telemetry | None, Tracer | None] = (None, None)
 
 class span(Span):  # (lowercase: it is used as a function, span("name", **attributes))
     """``with span("model_forward", batch=3) as s:`` or ``@span("evaluate")``: a new ``Span`` of ``telemetry``'s
-    tracer (default: the default instance's); see the module docstring. (A subclass rather than a function returning
-    a Span: one Python call less per span.)"""
+    tracer (default: the default instance's); see the module docstring. ``device=True`` also times it on the device,
+    without a sync (``training.device_timing``). (A subclass rather than a function returning a Span: one Python call
+    less per span.)"""
 
     __slots__ = ()
 
     def __init__(self, name: str, *, group: str = "spans", telemetry: Telemetry | None = None,
-                 **attributes: Any) -> None:
+                 device: bool = False, **attributes: Any) -> None:
         global _last
         t = telemetry if telemetry is not None else _default.telemetry
         last = _last
@@ -671,6 +681,10 @@ class span(Span):  # (lowercase: it is used as a function, span("name", **attrib
             name = check_name(name, "name")
         if type(group) is not str or not group:
             group = check_name(group, "group")
+        if device is not False:
+            _device_flag(device, attributes)
+            if device is True:
+                self.__class__ = _device_span_class()  # type: ignore[assignment]
         # Span.__init__'s fields, set here: calling it would cost the Python call this subclass exists to save
         self._tracer = tr
         self.name = name
@@ -682,6 +696,24 @@ class span(Span):  # (lowercase: it is used as a function, span("name", **attrib
         self.start_ns = 0
         self.end_ns = 0
         self._active = None
+
+
+def _device_flag(device: Any, attributes: dict[str, Any]) -> None:
+    """``device=`` of a span: ``True`` times it on the device too; any other value is an attribute named ``device``,
+    as it was before the flag existed (``span("copy", device="cuda:0")``)."""
+    if device is not True:
+        attributes["device"] = device
+
+
+_device_span: list[type[Span]] = []
+
+
+def _device_span_class() -> type[Span]:
+    if not _device_span:
+        from .training.device_spans import DeviceSpan  # imported only by programs that ask for device timing
+
+        _device_span.append(DeviceSpan)
+    return _device_span[0]
 
 
 def current_span() -> Span | None:

@@ -304,12 +304,16 @@ def compare_samples(candidate: RunSamples, baseline: RunSamples, *, confidence: 
                                        settings))
     else:
         notes.append("throughput not compared: no samples_per_second (global_batch_size not configured?)")
-    if phases:
+    clock, other = candidate.phase_source, baseline.phase_source
+    if phases and clock != other and clock and other:
+        notes.append(f"phases not compared: the candidate's phase times are {clock} times, the baseline's {other} "
+                     "times (device timing on in one run only)")
+    elif phases:
         for phase in PHASES:
             cs, bs = candidate.series(phase), baseline.series(phase)
             if cs and bs:
-                metrics.append(_compare_series(cs, bs, _Metric(phase, "phase", f"{phase} phase", "s", False),
-                                               settings))
+                label = f"{phase} phase" + (" (device time)" if clock == "device" else "")
+                metrics.append(_compare_series(cs, bs, _Metric(phase, "phase", label, "s", False), settings))
     if ranks:
         common = sorted(set(candidate.ranks) & set(baseline.ranks))
         if len(common) > 1:

@@ -42,9 +42,13 @@ def format_goodput(report: GoodputReport) -> list[str]:
         f"{_seconds(wall)} wall time" + ("  (approximate)" if report.approximate else ""),
         f"iterations  {report.productive_iterations} productive, {report.lost_iterations} lost (redone or never "
         "checkpointed)",
-        "",
-        "breakdown (every second of the session once):",
     ]
+    e = report.energy
+    if e is not None:
+        lines.append(f"energy      {e.energy_J:,.0f} J in training loops (all ranks, each GPU once), "
+                     f"{e.wasted_J:,.0f} J ({e.wasted_fraction:.1%}) wasted on lost work"
+                     + ("  (approximate)" if e.approximate else ""))
+    lines += ["", "breakdown (every second of the session once):"]
     rows: list[tuple[str, ...]] = [("productive", _seconds(report.productive_seconds),
                                     _share(report.productive_seconds, wall))]
     badput = report.badput.as_dict()

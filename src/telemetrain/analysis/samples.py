@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..identity import Identity
+from ..phase_times import phase_times
 from ..store.codec import decode_line
 from ..store.layout import RUN_META, is_agent_file, is_process_file
 from ..store.reader import NotARunError, Run, _fallback_identity, open_run
@@ -44,6 +45,7 @@ class Window:
     samples_per_second: float | None  # the window's throughput (global batch x iterations / wall seconds)
     phases: Mapping[str, float]  # mean seconds per iteration of each timed sub-phase
     final: bool = False
+    phase_source: str = "host"  # the clock of `phases`: "device" where the window has device times (phase_times)
 
 
 @dataclass
@@ -63,6 +65,12 @@ class RunSamples:
     @property
     def ranks(self) -> list[int]:
         return sorted({w.rank for w in self.windows})
+
+    @property
+    def phase_source(self) -> str:
+        """The clock of the windows' phase times: ``device``, ``host``, ``mixed``, or ``""`` without phases."""
+        clocks = {w.phase_source for w in self.windows if w.phases}
+        return clocks.pop() if len(clocks) == 1 else ("mixed" if clocks else "")
 
     def series(self, metric: str, rank: int | None = None) -> list[float]:
         """The metric's values, one per window in iteration order: ``iteration_time``, ``samples_per_second`` or a
@@ -243,11 +251,7 @@ def _window_of(rank: int, pid: int, a: Mapping[str, Any]) -> Window | None:
     if mean is None or mean <= 0 or not isinstance(iteration, int) or not isinstance(count, int) or count < 1:
         return None
     throughput = _finite(a.get("samples_per_second"))
-    phases = {}
-    for phase in PHASES:
-        value = _finite(a.get(f"avg_{phase}_time_sec"))
-        if value is not None:
-            phases[phase] = value
+    phases, source = phase_times(a, PHASES)
     return Window(rank=rank, pid=pid, iteration=iteration, iterations=count, iteration_time=mean,
                   samples_per_second=throughput if throughput and throughput > 0 else None, phases=phases,
-                  final=bool(a.get("final")))
+                  final=bool(a.get("final")), phase_source=source)

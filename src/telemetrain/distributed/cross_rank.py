@@ -31,7 +31,7 @@ from ..dispatch import warn_safely
 from ..sinks.base import Sink
 from ..telemetry import Telemetry, get_telemetry
 from .exchange import Exchange, ExchangeError
-from .stragglers import PHASES, Finding, StragglerDetector, phases_of
+from .stragglers import _WORK_PHASES, PHASES, Finding, StragglerDetector, phase_clock, phases_of
 
 __all__ = ["ENV", "CrossRankAggregator", "enable_cross_rank", "enable_from_env"]
 
@@ -71,6 +71,7 @@ class CrossRankAggregator(Sink):
         self.record_on = record_on
         self.detector = detector if detector is not None else StragglerDetector()
         self.exchanges = 0
+        self.phase_clock = "host"  # the clock of the work phases of the last exchanged report (phase_times)
         self.cpu_ns = 0  # this thread's CPU time in exchanges and recording (bench/bench_cross_rank.py reports it)
         self.wall_ns = 0  # and the wall time, waits for the other ranks included
         self.stopped: str | None = None  # why, once an exchange failed
@@ -99,6 +100,7 @@ class CrossRankAggregator(Sink):
         if identity.run_id != self._run_id:  # a new attempt (or a re-identified run): a new group
             self._exchange, self._run_id = None, identity.run_id
         phases = phases_of(report)
+        self.phase_clock = phase_clock(report)  # said in the straggler events of the work phases
         window = report.get("window_iterations")
         vector = [float(step), float(window) if isinstance(window, int) else math.nan]
         vector += [phases[p] for p in _PHASE_LIST]
@@ -143,7 +145,8 @@ class CrossRankAggregator(Sink):
         self.telemetry.event(
             "straggler_end" if f.ended else "straggler",
             {"rank": f.rank, "host": host, "phase": f.phase, "kind": f.kind, "score": f.score,
-             "threshold": f.threshold, "step": f.step, "value": f.value, "reference": f.reference},
+             "threshold": f.threshold, "step": f.step, "value": f.value, "reference": f.reference,
+             "time": self.phase_clock if f.phase in _WORK_PHASES else "host"},
             group=GROUP,
             severity="info" if f.ended else "warning",
         )

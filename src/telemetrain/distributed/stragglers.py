@@ -25,7 +25,9 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["PHASES", "Finding", "StragglerDetector", "phases_of"]
+from ..phase_times import DEVICE, phase_times
+
+__all__ = ["PHASES", "Finding", "StragglerDetector", "phase_clock", "phases_of"]
 
 # phase -> higher is worse? (times are; a rate is the other way round)
 PHASES: dict[str, bool] = {
@@ -172,7 +174,9 @@ class StragglerDetector:
 
 
 def phases_of(report: Mapping[str, object]) -> dict[str, float]:
-    """The detector's phases from a ``training_metrics_update`` event's attributes (absent ones are NaN)."""
+    """The detector's phases from a ``training_metrics_update`` event's attributes (absent ones are NaN). The work
+    phases are the device times when the report has them (``training.phase_times``: on CUDA the host times are
+    launches, and the phase holding the sync takes the rest); the iteration and the throughput stay the host's."""
     keys = {
         "iteration": "avg_iteration_time_sec",
         "dataloader": "avg_dataloader_time_sec",
@@ -185,5 +189,14 @@ def phases_of(report: Mapping[str, object]) -> dict[str, float]:
     for phase, key in keys.items():
         v = report.get(key)
         out[phase] = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
+    device, clock = phase_times(report, tuple(_WORK_PHASES))
+    if clock == DEVICE:
+        for phase in _WORK_PHASES:
+            out[phase] = device.get(phase, math.nan)
     return out
+
+
+def phase_clock(report: Mapping[str, object]) -> str:
+    """``"device"`` or ``"host"``: the clock of the work phases ``phases_of`` takes from this report."""
+    return phase_times(report, tuple(_WORK_PHASES))[1]
 

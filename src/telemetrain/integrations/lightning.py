@@ -382,7 +382,7 @@ class _LightningTelemetry:
             self._phase = None
             phase.end()
         if name is not None and self._iteration is not None:
-            self._phase = self.recorder.tracer.start(name, group=GROUP)
+            self._phase = self.recorder.tracer.start(name, group=GROUP, device=self.recorder.device_timed)
 
     def on_before_zero_grad(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         if self._phases:

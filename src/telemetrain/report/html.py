@@ -14,6 +14,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .. import __version__
+from ..phase_times import LABELS
+from .gpu_html import gpu_section
 from .model import PHASES, ReportModel, Window
 from .svg import esc, fmt_unit, heatmap, line_chart, stacked_bars, timeline
 
@@ -157,7 +159,8 @@ def _phases(m: ReportModel) -> str:
         rows = []
         for rank, seconds in sorted(m.phase_seconds.items()):
             rows.append((f"rank {rank}", [(p, seconds.get(p, 0.0)) for p in (*PHASES, "other")]))
-        body += "<h3>iteration time by phase, per rank</h3>" + stacked_bars(
+        clocks = " and ".join(sorted({LABELS.get(v, v) for v in m.phase_source.values()})) or LABELS["host"]
+        body += f"<h3>iteration time by phase, per rank: {esc(clocks)}</h3>" + stacked_bars(
             "iteration time by phase per rank", rows, colours=PHASE_COLOURS)
         table_rows = []
         for rank, seconds in sorted(m.phase_seconds.items()):
@@ -168,7 +171,10 @@ def _phases(m: ReportModel) -> str:
         body += ('<p class="note">From the training_metrics_update events: avg_&lt;phase&gt;_time_sec x '
                  "window_iterations, summed over the windows; other = avg_iteration_time_sec x window_iterations "
                  "minus the phases (a loop's warm-up iteration taken at its window's mean). "
-                 "Without those events, the exported sub-phase spans are summed (a sample of the iterations).</p>")
+                 "Without those events, the exported sub-phase spans are summed (a sample of the iterations). "
+                 "Where device timing was on (CUDA events), the device times are shown instead: "
+                 "avg_&lt;phase&gt;_device_time_sec, and other against avg_iteration_device_time_sec; the host "
+                 "times of a GPU job measure kernel launches, and the phase that holds a sync absorbs the rest.</p>")
     lifecycle: dict[str, list[float]] = defaultdict(list)
     rank0 = m.ranks[0] if m.ranks else 0
     for span in m.lifecycle:
@@ -314,13 +320,14 @@ def _stragglers_table(m: ReportModel) -> str:
 
 def _system(m: ReportModel) -> str:
     if not m.system:
-        return '<p class="note">No system samples (telemetrain.system sampler off, or psutil missing).</p>'
+        return ('<p class="note">No system samples (telemetrain.system sampler off, or psutil missing).</p>'
+                + gpu_section(m.gpu))
     out = []
     for title, unit, series in m.system:
         out.append(f"<div><h3>{esc(title)}</h3>" + line_chart(
             title, [(s.label, s.points) for s in series], unit=unit, x_label="seconds since the run's start",
             height=170, width=640) + "</div>")
-    return '<div class="cols">' + "".join(out) + "</div>"
+    return '<div class="cols">' + "".join(out) + "</div>" + gpu_section(m.gpu)
 
 
 def _checkpoints(m: ReportModel) -> str:

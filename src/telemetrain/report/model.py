@@ -14,7 +14,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..phase_times import DEVICE, iteration_time, phase_times
 from ..store.reader import ProcessLog, Run
+from .gpu_health import build_gpu_health, gpu_findings, gpu_headline
 
 __all__ = ["PHASES", "Finding", "ReportModel", "Window", "build_model"]
 
@@ -67,6 +69,8 @@ class Window:
     total: float | None
     samples_per_second: float | None
     phases: dict[str, float]
+    phase_source: str = "host"  # the clock of `phases`: "device" (CUDA events) when the window has device times
+    phase_avg: float | None = None  # the mean iteration time on that clock (the phase split's total)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +125,7 @@ class ReportModel:
     windows: dict[int, list[Window]] = dataclasses.field(default_factory=dict)
     iteration_spans: dict[int, list[tuple[float, float]]] = dataclasses.field(default_factory=dict)  # (t, seconds)
     phase_seconds: dict[int, dict[str, float]] = dataclasses.field(default_factory=dict)  # rank -> phase -> s
+    phase_source: dict[int, str] = dataclasses.field(default_factory=dict)  # rank -> "device" or "host"
     lifecycle: list[SpanRow] = dataclasses.field(default_factory=list)
     checkpoints: list[SpanRow] = dataclasses.field(default_factory=list)
     checkpoint_successes: list[EventRow] = dataclasses.field(default_factory=list)
@@ -136,6 +141,7 @@ class ReportModel:
     span_stats: dict[tuple[str, str], list[Any]] = dataclasses.field(default_factory=dict)
     findings: list[Finding] = dataclasses.field(default_factory=list)
     goodput: Any = None  # training.goodput.GoodputReport of the session, when it could be computed
+    gpu: Any = None  # gpu_health.GpuHealth: GPU samples joined to the windows, and energy per unit of work
     goodput_error: str = ""
 
     @property
@@ -158,18 +164,15 @@ def _window(rank: int, wall_ns: int, attributes: dict[str, Any]) -> Window | Non
     iteration = attributes.get("current_iteration")
     if isinstance(iteration, bool) or not isinstance(iteration, int):
         return None
-    phases = {}
-    for phase in PHASES:
-        value = _num(attributes, f"avg_{phase}_time_sec")
-        if value is not None and math.isfinite(value):
-            phases[phase] = value
+    phases, source = phase_times(attributes, PHASES)
     n = attributes.get("window_iterations")
     return Window(
         rank=rank, iteration=iteration, wall_ns=wall_ns, iterations=n if isinstance(n, int) else 0,
         avg=_num(attributes, "avg_iteration_time_sec"), p50=_num(attributes, "p50_iteration_time_sec"),
         p90=_num(attributes, "p90_iteration_time_sec"), p99=_num(attributes, "p99_iteration_time_sec"),
         max=_num(attributes, "max_iteration_time_sec"), total=_num(attributes, "total_iteration_time_sec"),
-        samples_per_second=_num(attributes, "samples_per_second"), phases=phases,
+        samples_per_second=_num(attributes, "samples_per_second"), phases=phases, phase_source=source,
+        phase_avg=iteration_time(attributes, source),
     )
 
 
@@ -396,6 +399,7 @@ def _slow_windows(windows: dict[int, list[Window]]) -> list[Window]:
 def _slow_phases(windows: dict[int, list[Window]]) -> list[Finding]:
     """Per phase: the windows in which it took far longer than its own median on that rank."""
     hits: dict[str, list[tuple[int, int, float, float]]] = defaultdict(list)  # phase -> (rank, step, value, median)
+    clocks = {w.phase_source for ws in windows.values() for w in ws if w.phases}
     for rank, ws in windows.items():
         typical_iteration = _median(w.avg for w in ws)
         if not typical_iteration:
@@ -417,7 +421,8 @@ def _slow_phases(windows: dict[int, list[Window]]) -> list[Finding]:
         steps = sorted({step for _, step, _, _ in items})
         findings.append(Finding(
             "warning", "slow phase", f"slow phase: {phase}",
-            f"{phase} took >= {SLOW_PHASE_FACTOR:g}x its median in {len(items)} window(s) on rank(s) "
+            f"{phase} took >= {SLOW_PHASE_FACTOR:g}x its median ({' and '.join(sorted(clocks))} time) in "
+            f"{len(items)} window(s) on rank(s) "
             f"{_ranges(ranks)} (windows ending at iterations {_ranges(steps)}); worst: rank {worst[0]} at iteration "
             f"{worst[1]}, {_fmt_s(worst[2])} per iteration against a median of {_fmt_s(worst[3])} "
             f"({worst[2] / max(worst[3], 1e-12):.1f}x)"))
@@ -435,7 +440,8 @@ def _straggler_findings(stragglers: list[dict[str, Any]]) -> list[Finding]:
         span = f" at steps {steps[0]}..{steps[-1]}" if steps else ""
         findings.append(Finding(
             "warning", "straggler", f"straggler: rank {rank} ({phase})",
-            f"{len(items)} straggler report(s) for rank {rank} on {host}, phase {phase}, {kind} slowdown"
+            f"{len(items)} straggler report(s) for rank {rank} on {host}, phase {phase}"
+            + (f" ({items[0]['time']} time)" if isinstance(items[0].get("time"), str) else "") + f", {kind} slowdown"
             + (f" up to {max(scores):.2f}x" if scores else "") + span))
     return findings
 
@@ -502,6 +508,7 @@ def _headline(model: ReportModel, c: _Collector) -> list[tuple[str, str, str]]:
         rows.append(("goodput", "n/a", model.goodput_error or "not computed"))
     value, how = _energy_headline(c.energy)
     rows.append(("GPU energy", value, how))
+    rows += gpu_headline(model.gpu)
     return rows
 
 
@@ -555,6 +562,7 @@ def _findings(model: ReportModel, c: _Collector) -> list[Finding]:
                              f"rank {rank}'s median window iteration time is {factor:.2f}x the median of all ranks "
                              f"(threshold {SLOW_RANK_FACTOR:g}x)"))
     found += _straggler_findings(model.stragglers)
+    found += [Finding(*f) for f in gpu_findings(model.gpu)]
     found += _slow_phases(model.windows)
     if model.slow_windows:
         worst = max(model.slow_windows, key=lambda w: w.max or 0.0)
@@ -633,7 +641,13 @@ def build_model(run: Run) -> ReportModel:
             seconds = {p: sum(w.phases.get(p, 0.0) * w.iterations for w in ws) for p in PHASES}
             # the window's phase averages cover all its iterations, its iteration times leave the warm-up out: the
             # warm-up iterations are taken at the window's mean
-            total = sum(w.avg * w.iterations for w in ws if w.avg is not None and math.isfinite(w.avg))
+            device = any(w.phase_source == DEVICE for w in ws)
+            model.phase_source[rank] = DEVICE if device else "host"
+            if device:  # device phases against the device iteration time; host windows (device timing off) left out
+                ws = [w for w in ws if w.phase_source == DEVICE]
+                seconds = {p: sum(w.phases.get(p, 0.0) * w.iterations for w in ws) for p in PHASES}
+            total = sum(w.phase_avg * w.iterations for w in ws
+                        if w.phase_avg is not None and math.isfinite(w.phase_avg))
             other = total - sum(seconds.values())
             seconds["other"] = other if other > 1e-9 * max(total, 1.0) else 0.0  # float dust is not a phase
         elif c.span_phase_seconds.get(rank):
@@ -652,6 +666,7 @@ def build_model(run: Run) -> ReportModel:
     model.slow_ranks = _slow_ranks(model.windows)
     model.slow_windows = _slow_windows(model.windows)
     model.system = _system(model, c)
+    model.gpu = build_gpu_health(run, {name for _, name in c.metric_stats})
     ranks = run.ranks
     model.goodput, model.goodput_error = _goodput(run, ranks[0] if ranks else 0) if run.processes else (None, "")
     model.headline = _headline(model, c)

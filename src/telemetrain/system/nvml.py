@@ -26,7 +26,7 @@ from .devices import GpuChoice, select_gpus
 from .names import gpu_group
 from .units import EnergyCounter, PowerIntegrator, mhz_to_hz, milli, percent_to_ratio, ratio
 
-__all__ = ["NvmlSource"]
+__all__ = ["NvmlSource", "list_gpus"]
 
 # NVML clock event ("throttle") reason bits (nvml.h; stable across driver versions)
 _SW_POWER_CAP = 0x4
@@ -44,6 +44,16 @@ _MISSING = object()
 
 def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def list_gpus(nvml: Any) -> tuple[list[Any], list[str]] | str:
+    """Every GPU NVML sees: (handles, UUIDs) in NVML's order, or why they could not be listed."""
+    try:
+        count = int(nvml.nvmlDeviceGetCount())
+        handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        return handles, [_text(nvml.nvmlDeviceGetUUID(h)) for h in handles]
+    except Exception as exc:  # noqa: BLE001
+        return f"NVML could not list the GPUs ({type(exc).__name__}: {exc})"
 
 
 class _Device:
@@ -71,12 +81,21 @@ class NvmlSource:
         self.devices: list[_Device] = []
         self.reason = ""
         self.driver_version = ""
+        # set before anything can return: sample() and probe_energy() run whatever happened here, and a source that
+        # has no GPU must sample nothing rather than fail (issue 15 item 1: a warning on every newcomer's first demo)
+        self._nv: Any = None
         if nvml is _MISSING:
             try:
                 nvml = importlib.import_module("pynvml")
             except ImportError:
                 self.reason = "nvidia-ml-py is not installed (pip install 'telemetrain[system]')"
                 return
+            except Exception as exc:  # noqa: BLE001 - a broken install is an absent GPU source, not a failure
+                self.reason = f"nvidia-ml-py could not be imported ({type(exc).__name__}: {exc})"
+                return
+        if nvml is None:
+            self.reason = "nvidia-ml-py is not installed (pip install 'telemetrain[system]')"
+            return
         self._nv = nvml
         try:
             nvml.nvmlInit()
@@ -87,13 +106,11 @@ class NvmlSource:
             self.driver_version = _text(nvml.nvmlSystemGetDriverVersion())
         except Exception:  # noqa: BLE001 - information only
             pass
-        try:
-            count = int(nvml.nvmlDeviceGetCount())
-            handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-            uuids = [_text(nvml.nvmlDeviceGetUUID(h)) for h in handles]
-        except Exception as exc:  # noqa: BLE001
-            self.reason = f"NVML could not list the GPUs ({type(exc).__name__}: {exc})"
+        listed = list_gpus(nvml)
+        if isinstance(listed, str):
+            self.reason = listed
             return
+        handles, uuids = listed
         choices, self.reason = select_gpus(
             uuids,
             requested=requested,
@@ -152,6 +169,8 @@ class NvmlSource:
 
     def probe_energy(self, cycle: Cycle) -> None:
         """Decide per device where its energy comes from (at the first sample): the counter, else power."""
+        if self._nv is None:
+            return
         for device in self.devices:
             if self._read(cycle, device, "energy", self._nv.nvmlDeviceGetTotalEnergyConsumption) is None:
                 if "energy" in device.unsupported:
@@ -160,6 +179,8 @@ class NvmlSource:
 
     def sample(self, cycle: Cycle) -> None:
         nv = self._nv
+        if nv is None:  # no nvidia-ml-py, no driver: the reason was recorded once (system.gpu.unavailable)
+            return
         add = cycle.add
         for device in self.devices:
             group = gpu_group(device.choice.nvml_index)

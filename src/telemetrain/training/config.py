@@ -68,6 +68,11 @@ class TrainingTelemetryConfig:
     peak_tflops_per_gpu: float | None = None
     device_name: str | None = None
     dtype: str = "bfloat16"
+    # device time (training.device_timing): "auto" (CUDA events when the model runs on CUDA), "cuda", "host", or a
+    # DeviceClock; GPU energy per sample/token (system.energy): True reads this process's GPUs through NVML when the
+    # job uses CUDA, False never, or an object with read() -> EnergyReading | None
+    device_timing: Any = "auto"
+    gpu_energy: Any = True
 
     def __post_init__(self) -> None:
         _positive_int(self.global_batch_size_or_fn, "global_batch_size_or_fn", allow_none=False)
@@ -100,6 +105,16 @@ class TrainingTelemetryConfig:
         if peak is not None and (isinstance(peak, bool) or not isinstance(peak, (int, float)) or not peak > 0
                                  or math.isinf(peak)):
             raise ValueError(f"peak_tflops_per_gpu must be > 0, got {peak!r}")
+        timing = self.device_timing
+        if isinstance(timing, str):
+            if timing not in ("auto", "cuda", "host"):
+                raise ValueError(f"device_timing must be 'auto', 'cuda', 'host' or a DeviceClock, got {timing!r}")
+        elif not all(callable(getattr(timing, m, None)) for m in ("event", "record", "done", "elapsed_s", "begin")):
+            raise TypeError("device_timing must be 'auto', 'cuda', 'host' or a DeviceClock (event, record, done, "
+                            f"elapsed_s, begin), got {type(timing).__name__}")
+        energy = self.gpu_energy
+        if not isinstance(energy, bool) and not callable(getattr(energy, "read", None)):
+            raise TypeError(f"gpu_energy must be a bool or an object with read(), got {type(energy).__name__}")
         if self.custom_metadata is not None and not isinstance(self.custom_metadata, Mapping):
             raise TypeError(f"custom_metadata must be a mapping, got {type(self.custom_metadata).__name__}")
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..store.reader import ProcessLog, Run, find_runs, open_run
+from .goodput_energy import EnergyAccount, energy_account
 from .names import EventName, SpanName
 
 __all__ = ["BADPUT_CATEGORIES", "Badput", "GoodputReport", "RunGoodput", "goodput", "goodput_by_rank"]
@@ -172,6 +173,7 @@ class GoodputReport:
     runs: tuple[RunGoodput, ...]
     approximate: bool
     notes: tuple[str, ...] = ()
+    energy: EnergyAccount | None = None  # the session's training-loop energy, all ranks (GPU jobs)
 
     @property
     def badput_seconds(self) -> float:
@@ -196,6 +198,7 @@ class GoodputReport:
             "runs": [r.as_dict() for r in self.runs],
             "approximate": self.approximate,
             "notes": list(self.notes),
+            **({"energy": self.energy.as_dict()} if self.energy is not None else {}),
         }
 
 
@@ -225,6 +228,7 @@ class _Window:
     data_sec: float
     window_sec: float
     final: bool
+    energy_J: float | None = None  # the rank's share of its GPUs' energy over the window (goodput_energy)
 
 
 @dataclass
@@ -327,6 +331,7 @@ def _window_of(attributes: Mapping[str, Any]) -> _Window | None:
         data_sec=(data_avg or 0.0) * iterations,
         window_sec=_num(attributes, "window_seconds") or 0.0,
         final=attributes.get("final") is True,
+        energy_J=_num(attributes, "window_energy_J"),
     )
 
 
@@ -765,6 +770,7 @@ def _report(session: _Session, rank: int) -> GoodputReport:
     if any(len(p.loops) > 1 for p in processes):
         notes.append("a process ran several training loops: each is counted on its own")
     wall = (session.end_ns - session.start_ns) / 1e9
+    energy = _energy(session, run_saves)
     return GoodputReport(
         session_tag=session.tag,
         session_dir=str(session.path),
@@ -781,7 +787,23 @@ def _report(session: _Session, rank: int) -> GoodputReport:
         runs=tuple(runs),
         approximate=any(r.approximate for r in runs),
         notes=tuple(notes),
+        energy=energy,
     )
+
+
+def _energy(session: _Session, run_saves: list[list[_Save]]) -> EnergyAccount | None:
+    """Every rank's loops, kept and lost as goodput counts them (energy is the job's, not one rank's)."""
+    loops = []
+    for rank in sorted({p.rank for d in session.runs for p in d.processes}):
+        mine = sorted(((loop, p) for d in session.runs for p in d.processes if p.rank == rank for loop in p.loops),
+                      key=lambda lp: lp[0].span.start_ns)
+        if not any(w.energy_J is not None for loop, _ in mine for w in loop.windows):
+            continue
+        for i, (loop, p) in enumerate(mine):
+            later = [other.start for other, _ in mine[i + 1:]]
+            f = _figures(loop, p, run_saves[p.run], min(later) if later else None)
+            loops.append((session.runs[p.run].run.run_id, p.run, loop.windows, f.start, f.kept, f.end))
+    return energy_account(loops, [d.run.run_id for d in session.runs])
 
 
 # -- the API ---------------------------------------------------------------------------------------------------------

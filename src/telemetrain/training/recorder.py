@@ -37,6 +37,7 @@ from ..spans import Span, Tracer, _current_get, _current_set, current_span, trac
 from ..stats.summary import Summary
 from ..telemetry import Telemetry, get_telemetry
 from .config import CheckpointStrategy, TrainingTelemetryConfig
+from .device_spans import DeviceSpan
 from .names import PHASES, E, S
 from .reports import FOLD_EVERY, METRICS, QUANTILES, TIME_AGGS, Reporter, Snapshot, Window
 from .workload import apply_perf_tag, publish_workload
@@ -168,6 +169,8 @@ class TrainingRecorder:
         self._loop_times: dict[str, list[float]] = {}
         self._peak: Any = None
         self._peak_resolved = False
+        self._device: Any = None  # device_timing.DeviceTimer while device timing is on (gpu_report)
+        self._gpu: Any = None  # gpu_report.GpuReport: device times and energy of the loop's reports
         for phase_name in PHASES:
             self.tracer.on_end(phase_name, self._on_phase_end)
         if config is not None:
@@ -382,6 +385,8 @@ class TrainingRecorder:
             if it is None or it.ended:
                 return
             self._iteration = None
+            if self._device is not None:
+                self._device.abandon_iteration()
             _deactivate(it)
             it.end("error", error, end_ns=end_ns)
 
@@ -464,6 +469,7 @@ class TrainingRecorder:
             self.peak()  # resolved now, not inside an iteration's report
             if config is not None:  # run.json's workload, with the lazy sizes as training uses them
                 self._guarded("on_train_start", lambda: publish_workload(self.telemetry, config))
+            self._guarded("on_train_start", self._start_gpu_report)
             s = self._start("on_train_start", S.TRAINING_LOOP, start_time_msec, attributes,
                             parent=S.APPLICATION)
             if s is not None:
@@ -495,6 +501,8 @@ class TrainingRecorder:
         if start_time_msec is None and self._iteration is None and loop is not None and not loop.end_ns:
             k = self._iterations_begun
             self._iterations_begun = k + 1
+            if self._device is not None:
+                self._device.begin_iteration(k < self._warmup)
             if k % self._export_every:  # sampled out: only timed, on the loop's reusable quiet span
                 q = self._quiet
                 if q is None or q.end_ns or q.parent is not loop:
@@ -527,6 +535,8 @@ class TrainingRecorder:
             start_ns = self._mono_of(start_time_msec)
             k = self._iterations_begun
             self._iterations_begun = k + 1
+            if self._device is not None:
+                self._device.begin_iteration(k < self._warmup)
             if k % self._export_every and loop is not None:  # sampled out, as on the fast path (a fresh span)
                 s = self.tracer.quiet(S.TRAINING_SINGLE_ITERATION, GROUP, loop)
                 if start_ns is not None:
@@ -539,6 +549,8 @@ class TrainingRecorder:
             return s
 
     def on_training_single_iteration_end(self, finish_time_msec: float | None = None) -> None:
+        if self._device is not None:
+            self._device.end_iteration()
         s = self._iteration
         if s is None or s.end_ns or finish_time_msec is not None:
             with self._lock:
@@ -681,6 +693,7 @@ class TrainingRecorder:
             loads=self._loads.as_attributes("load_checkpoint"),
             wall_offset_ns=self.telemetry.wall_offset_ns,
             span_id=self._loop_hex if loop is self._loop else (loop.span_id_hex if loop is not None else ""),
+            extras=self._gpu,
         )
 
     def _emit_report(self, snap: Snapshot, attributes: Mapping[str, Any]) -> None:
@@ -907,20 +920,46 @@ class TrainingRecorder:
     # -- context managers ------------------------------------------------------------------------------------------
 
     def data_loading(self) -> Any:
-        """A sub-phase of the current iteration (its time goes into the iteration split)."""
-        return self.tracer.span(S.DATA_LOADING, group=GROUP)
+        """A sub-phase of the current iteration (its time goes into the iteration split; timed on the device too
+        while device timing is on)."""
+        if self._device is None:
+            return self.tracer.span(S.DATA_LOADING, group=GROUP)
+        return DeviceSpan(self.tracer, S.DATA_LOADING, GROUP, None)
 
     def forward(self) -> Any:
-        return self.tracer.span(S.MODEL_FORWARD, group=GROUP)
+        if self._device is None:
+            return self.tracer.span(S.MODEL_FORWARD, group=GROUP)
+        return DeviceSpan(self.tracer, S.MODEL_FORWARD, GROUP, None)
 
     def backward(self) -> Any:
-        return self.tracer.span(S.MODEL_BACKWARD, group=GROUP)
+        if self._device is None:
+            return self.tracer.span(S.MODEL_BACKWARD, group=GROUP)
+        return DeviceSpan(self.tracer, S.MODEL_BACKWARD, GROUP, None)
 
     def optimizer_update(self) -> Any:
-        return self.tracer.span(S.OPTIMIZER_UPDATE, group=GROUP)
+        if self._device is None:
+            return self.tracer.span(S.OPTIMIZER_UPDATE, group=GROUP)
+        return DeviceSpan(self.tracer, S.OPTIMIZER_UPDATE, GROUP, None)
 
     def zero_grad(self) -> Any:
-        return self.tracer.span(S.ZERO_GRAD, group=GROUP)
+        if self._device is None:
+            return self.tracer.span(S.ZERO_GRAD, group=GROUP)
+        return DeviceSpan(self.tracer, S.ZERO_GRAD, GROUP, None)
+
+    @property
+    def device_timed(self) -> bool:
+        """Whether this loop's iterations and phases are also timed on the device (``training.device_timing``)."""
+        return self._device is not None
+
+    def _start_gpu_report(self) -> None:
+        """At each loop start: device timing and GPU energy per the config, said in a ``device_timing`` event."""
+        from .gpu_report import start_gpu_report
+
+        config = self.config
+        self._gpu, info = start_gpu_report(self.telemetry, config.device_timing if config else "auto",
+                                           config.gpu_energy if config else True)
+        self._device = self._gpu.timer if self._gpu is not None else None
+        self.telemetry.event("device_timing", info, group=GROUP)
 
     @property
     def current_span(self) -> Span | None:

@@ -23,6 +23,7 @@ from typing import Any
 from ..collector import collector
 from ..stats.aggregations import M2, MINMAX
 from ..stats.summary import Summary
+from .gpu_report import METRICS as GPU_METRICS
 
 __all__ = ["METRICS", "QUANTILES", "TIME_AGGS", "Reporter", "Snapshot", "Window", "compute"]
 
@@ -50,6 +51,7 @@ METRICS = {
     "avg_optimizer_time_sec": ("train.phase.optimizer", "s"),
     "avg_zero_grad_time_sec": ("train.phase.zero_grad", "s"),
 }
+METRICS.update(GPU_METRICS)  # device times and energy (training.gpu_report), when measured
 
 
 class Window:
@@ -99,6 +101,7 @@ class Snapshot:
     loads: dict[str, Any]
     wall_offset_ns: int
     span_id: str  # the training loop's (the event is linked to it)
+    extras: Callable[[Snapshot, dict[str, Any]], None] | None = None  # adds device times, energy (gpu_report)
 
 
 def compute(snap: Snapshot, state: Reporter, behind: bool = False) -> dict[str, Any]:
@@ -197,6 +200,8 @@ def compute(snap: Snapshot, state: Reporter, behind: bool = False) -> dict[str, 
         attributes["time_to_first_iteration_sec"] = snap.time_to_first_iteration
     attributes.update(snap.saves)
     attributes.update(snap.loads)
+    if snap.extras is not None:
+        snap.extras(snap, attributes)
     return attributes
 
 

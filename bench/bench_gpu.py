@@ -1,0 +1,607 @@
+#!/usr/bin/env python3
+"""GPU truth: the checks of issue 18 item 5, on a real CUDA device, in one command (~1-2 min on an H100/H200).
+
+    python bench/bench_gpu.py [--steps 300] [--json results.json]
+
+A small GPT (pure torch, random tokens generated on the device: nothing is downloaded), bf16 autocast, fused AdamW,
+trained ``--steps`` steps under a ``TrainingRecorder`` with ``device_timing="cuda"`` and the system sampler on. Checks:
+
+  A  device phase times against torch.profiler: for ``--profile-steps`` steps profiled with CUDA activity, each
+     phase's device time (our CUDA events) against the sum of the kernels launched inside that phase (the profiler's
+     kernel records, attributed to a phase by the time of their launch, whatever the launching thread: backward
+     kernels are launched by autograd's device thread). Pass: within 10% per phase (phases under 2% of the step are
+     shown, not judged).
+  B  no added sync: ``torch.cuda.set_sync_debug_mode("error")`` around instrumented steps that themselves never sync
+     (a control step with ``.item()`` must raise, proving the mode is armed); and an instrumented step captured into a
+     CUDA graph (a sync, or an event recorded on the capturing stream, would break the capture); and a ``global``-mode
+     capture while another thread resolves marks, as the collector thread may.
+  C  host cost of device timing: training-thread CPU time of an iteration with 5 phases and empty bodies, device
+     timing on against off, blocks interleaved; the difference per iteration. Goal: <= 10 us.
+  D  NVML against nvidia-smi: the sampler's values and ``nvidia-smi --query-gpu`` read back to back, idle and busy.
+  E  the energy counter: monotonic over readings 50 ms apart under load, and the joules it counts against the
+     integral of the power readings taken alongside (within 25%: the power reading is an average the driver keeps).
+  F  MFU: the recorder's cumulative MFU (flops_per_sample from FlopCounterMode, peak from training.flops' table)
+     against a hand computation: 6 N T + 12 L T^2 d FLOPs per sequence, the steady loop's wall time measured here
+     around synchronised steps, and the datasheet's dense bf16 peak of the device typed in below. Pass: within 10%,
+     and the table knows the device.
+
+Exit status: 0 when every check passed, 1 when one failed, 2 without CUDA (nothing measured). BENCHMARKS.md, "GPU
+truth", holds the results of the runs made so far and the exact command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import math
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+# dense bf16 tensor peak per GPU (TFLOP/s): the datasheets print the sparse figure, "1/2 lower without sparsity".
+# https://www.nvidia.com/en-us/data-center/h100/ (H100 SXM 1,979*, PCIe 1,513*, NVL 1,671*),
+# https://www.nvidia.com/en-us/data-center/h200/ (H200 SXM 1,979*)
+DATASHEET_BF16_SPARSE = {"H100 SXM": 1979.0, "H100 PCIe": 1513.0, "H100 NVL": 1671.0, "H200 SXM": 1979.0}
+PHASES = ("forward", "backward", "optimizer", "zero_grad")
+SPAN_OF = {"forward": "model_forward", "backward": "model_backward", "optimizer": "optimizer_update",
+           "zero_grad": "zero_grad"}
+RESULTS: dict[str, Any] = {}
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def check(name: str, ok: bool, detail: str, **values: Any) -> None:
+    RESULTS[name] = {"ok": ok, "detail": detail, **values}
+    log(f"[{'PASS' if ok else 'FAIL'}] {name}: {detail}")
+
+
+# -- the model ---------------------------------------------------------------------------------------------------------
+
+
+def build_gpt(torch: Any, layers: int, d: int, heads: int, vocab: int, seq: int) -> Any:
+    nn = torch.nn
+    F = torch.nn.functional
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+            self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+        def forward(self, x: Any) -> Any:
+            b, t, _ = x.shape
+            q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+            q, k, v = (z.view(b, t, heads, d // heads).transpose(1, 2) for z in (q, k, v))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
+            return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+    class GPT(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(seq, d)
+            self.blocks = nn.ModuleList(Block() for _ in range(layers))
+            self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
+
+        def forward(self, idx: Any) -> Any:
+            x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+            for block in self.blocks:
+                x = block(x)
+            return self.head(self.ln(x))
+
+    return GPT()
+
+
+class Job:
+    """The model, its optimizer and one instrumented step."""
+
+    def __init__(self, torch: Any, args: argparse.Namespace, recorder: Any) -> None:
+        self.torch = torch
+        self.args = args
+        self.recorder = recorder
+        self.model = build_gpt(torch, args.layers, args.d, args.heads, args.vocab, args.seq).cuda()
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4, fused=True)
+        self.params = sum(p.numel() for p in self.model.parameters())
+        gen = torch.Generator(device="cuda")
+        gen.manual_seed(0)
+        self.batches = [torch.randint(0, args.vocab, (args.batch, args.seq + 1), device="cuda", generator=gen)
+                        for _ in range(8)]
+        self.k = 0
+
+    def loss(self, batch: Any) -> Any:
+        F = self.torch.nn.functional
+        with self.torch.autocast("cuda", dtype=self.torch.bfloat16):
+            logits = self.model(batch[:, :-1])
+        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+
+    def step(self, annotate: bool = False) -> Any:
+        """One training step: zero_grad, forward, backward, optimizer, each a device-timed phase. No sync."""
+        torch, r = self.torch, self.recorder
+        rf = torch.profiler.record_function if annotate else (lambda name: contextlib.nullcontext())
+        batch = self.batches[self.k % len(self.batches)]
+        self.k += 1
+        r.on_training_single_iteration_start()
+        with r.zero_grad(), rf("zero_grad"):
+            self.opt.zero_grad(set_to_none=True)
+        with r.forward(), rf("model_forward"):
+            loss = self.loss(batch)
+        with r.backward(), rf("model_backward"):
+            loss.backward()
+        with r.optimizer_update(), rf("optimizer_update"):
+            self.opt.step()
+        r.on_training_single_iteration_end()
+        return loss
+
+
+# -- A: device phases against the profiler -----------------------------------------------------------------------------
+
+
+def kernel_times_by_phase(trace: dict[str, Any]) -> dict[str, float]:
+    """Seconds of device work per phase: each kernel/memcpy/memset is attributed to the phase (a CPU user annotation)
+    during which it was launched (its runtime call, matched by correlation id)."""
+    events = trace.get("traceEvents", trace) if isinstance(trace, dict) else trace
+    launches: dict[int, float] = {}
+    phases: list[tuple[float, float, str]] = []
+    device: list[tuple[int, float]] = []
+    for e in events:
+        if not isinstance(e, dict) or e.get("ph") != "X":
+            continue
+        cat = e.get("cat", "")
+        args = e.get("args") or {}
+        if cat in ("cuda_runtime", "cuda_driver") and "correlation" in args:
+            launches[int(args["correlation"])] = float(e["ts"])
+        elif cat == "user_annotation" and e.get("name") in SPAN_OF.values():
+            phases.append((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), e["name"]))
+        elif cat in ("kernel", "gpu_memcpy", "gpu_memset") and "correlation" in args:
+            device.append((int(args["correlation"]), float(e.get("dur", 0))))
+    out = {p: 0.0 for p in PHASES}
+    phase_of = {v: k for k, v in SPAN_OF.items()}
+    phases.sort()
+    for corr, dur in device:
+        ts = launches.get(corr)
+        if ts is None:
+            continue
+        for start, end, name in phases:
+            if start <= ts <= end:
+                out[phase_of[name]] += dur / 1e6
+                break
+    return out
+
+
+def check_a(torch: Any, job: Job, timer: Any, steps: int, out_dir: Path) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()  # (outside the measured steps: aligns the window on them)
+    timer.resolve(0.5)
+    timer.take_window()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            job.step(annotate=True)
+        torch.cuda.synchronize()
+    timer.resolve(1.0)
+    window = timer.take_window()
+    path = out_dir / "profile.json"
+    prof.export_chrome_trace(str(path))
+    kernels = kernel_times_by_phase(json.loads(path.read_text()))
+    ours = {p: window.phases.get(p, 0.0) for p in PHASES}
+    iteration = window.iteration_sum / max(window.steady, 1) * steps if window.steady else sum(ours.values())
+    rows = {}
+    ok = window.iterations == steps
+    for p in PHASES:
+        a, b = ours[p], kernels[p]
+        judged = b >= 0.02 * iteration
+        ratio = a / b if b > 0 else math.nan
+        rows[p] = {"device_events_s": a, "profiler_kernels_s": b, "ratio": ratio, "judged": judged}
+        if judged and not abs(ratio - 1) <= 0.10:
+            ok = False
+    detail = "; ".join(f"{p} {r['device_events_s'] * 1e3 / steps:.3f} ms vs {r['profiler_kernels_s'] * 1e3 / steps:.3f}"
+                       f" ms ({r['ratio']:.3f}{'' if r['judged'] else ', not judged'})" for p, r in rows.items())
+    check("A_phases_vs_profiler", ok, f"{steps} steps, {window.iterations} timed: {detail}", phases=rows,
+          timed=window.iterations, steps=steps)
+
+
+# -- B: no added sync --------------------------------------------------------------------------------------------------
+
+
+def check_b(torch: Any, job: Job, timer: Any) -> None:
+    armed = False
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        try:
+            job.loss(job.batches[0]).item()  # the control: a sync must raise
+        except RuntimeError:
+            armed = True
+        error = ""
+        try:
+            for _ in range(20):
+                job.step()
+                with job.recorder.tracer.span("device_span_check", device=True):
+                    job.batches[0].float().sum()
+        except RuntimeError as exc:
+            error = str(exc)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    check("B1_no_sync_debug_mode", armed and not error,
+          "20 instrumented steps under set_sync_debug_mode('error'): " + (f"raised {error!r}" if error else "no sync")
+          + ("" if armed else "; the control .item() did NOT raise: the mode is not armed"), armed=armed)
+    # an instrumented step captured into a CUDA graph: the capture fails on a sync, and the timer records nothing
+    x = torch.randn(1024, 1024, device="cuda")
+    w = torch.randn(1024, 1024, device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            x @ w
+    torch.cuda.current_stream().wait_stream(stream)
+    before = timer.take_window()
+    graph = torch.cuda.CUDAGraph()
+    error = ""
+    try:
+        with torch.cuda.graph(graph):
+            job.recorder.on_training_single_iteration_start()
+            with job.recorder.forward():
+                y = x @ w
+            job.recorder.on_training_single_iteration_end()
+        graph.replay()
+        torch.cuda.synchronize()
+    except Exception as exc:  # noqa: BLE001 - the check's failure
+        error = f"{type(exc).__name__}: {exc}"
+    after = timer.take_window()
+    check("B2_graph_capture", not error and after.captured >= 1 and bool(torch.isfinite(y).all()),
+          f"instrumented step captured and replayed: {error or 'ok'}; iterations begun while capturing "
+          f"{after.captured} (not timed, counted)", captured=after.captured, unresolved_before=before.unresolved)
+    # a global-mode capture (torch.cuda.graph's default) while another thread resolves pending marks, as the
+    # collector thread may: the reads run in relaxed capture mode, so the capture must survive them
+    import threading
+
+    for _ in range(5):
+        job.step()  # marks pending (no sync)
+    stop = threading.Event()
+    passes = [0]
+
+    def resolve() -> None:
+        while not stop.is_set():
+            timer.resolve()
+            passes[0] += 1
+
+    worker = threading.Thread(target=resolve)
+    graph2 = torch.cuda.CUDAGraph()
+    error = ""
+    worker.start()
+    try:
+        with torch.cuda.graph(graph2):
+            z = x
+            for _ in range(300):
+                z = (z @ w).clamp_(-1, 1)
+    except Exception as exc:  # noqa: BLE001 - the check's failure
+        error = f"{type(exc).__name__}: {exc}"
+    finally:
+        stop.set()
+        worker.join()
+    if not error:
+        graph2.replay()
+        torch.cuda.synchronize()
+    check("B3_capture_with_concurrent_resolution", not error and timer.enabled and passes[0] > 0,
+          f"global-mode capture of 300 matmuls while another thread ran {passes[0]} resolution passes: "
+          f"{error or 'capture ok'}; device timing {'on' if timer.enabled else 'OFF: ' + timer.failure}",
+          passes=passes[0])
+
+
+# -- C: host cost ------------------------------------------------------------------------------------------------------
+
+
+def empty_iterations(r: Any, n: int) -> float:
+    t0 = time.thread_time_ns()
+    for _ in range(n):
+        r.on_training_single_iteration_start()
+        with r.data_loading():
+            pass
+        with r.forward():
+            pass
+        with r.backward():
+            pass
+        with r.optimizer_update():
+            pass
+        with r.zero_grad():
+            pass
+        r.on_training_single_iteration_end()
+    return (time.thread_time_ns() - t0) / n / 1e3
+
+
+def check_c(torch: Any, make_recorder: Any, blocks: int, n: int) -> None:
+    on, off = make_recorder("cuda", "cost-on"), make_recorder("host", "cost-off")
+    empty_iterations(on, 500)
+    empty_iterations(off, 500)
+    pairs = []
+    for i in range(blocks):
+        first, second = (on, off) if i % 2 == 0 else (off, on)
+        a = empty_iterations(first, n)
+        b = empty_iterations(second, n)
+        pairs.append((a, b) if first is on else (b, a))
+    diffs = [a - b for a, b in pairs]
+    cost = statistics.median(diffs)
+    # one mark alone: cudaEventRecord on the current stream through the clock
+    from telemetrain.training.device_clock import CudaClock
+
+    clock = CudaClock(torch)
+    events = [clock.event() for _ in range(256)]
+    t0 = time.thread_time_ns()
+    for _ in range(40):
+        for ev in events:
+            clock.record(ev)
+    per_mark = (time.thread_time_ns() - t0) / (40 * len(events)) / 1e3
+    torch.cuda.synchronize()
+    check("C_host_cost", cost <= 10.0,
+          f"device timing adds {cost:.2f} us per iteration (5 phases, 12 marks; training-thread CPU time, median of "
+          f"{blocks} interleaved blocks of {n}: on {statistics.median(a for a, _ in pairs):.2f} us, off "
+          f"{statistics.median(b for _, b in pairs):.2f} us); one mark {per_mark:.2f} us; goal <= 10 us",
+          cost_us=cost, on_us=[a for a, _ in pairs], off_us=[b for _, b in pairs], mark_us=per_mark)
+
+
+# -- D, E: NVML --------------------------------------------------------------------------------------------------------
+
+
+def smi(index: int) -> dict[str, float] | None:
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    fields = "memory.used,memory.total,power.draw,power.limit,clocks.sm,temperature.gpu"
+    out = subprocess.run([exe, f"--query-gpu={fields}", "--format=csv,noheader,nounits", "-i", str(index)],
+                         capture_output=True, text=True, timeout=30)
+    values = [v.strip() for v in out.stdout.strip().split(",")]
+    try:
+        return dict(zip(fields.split(","), map(float, values), strict=True))
+    except ValueError:
+        return None
+
+
+def busy(torch: Any, seconds: float) -> None:
+    x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for _ in range(20):
+            x = (x @ x).clamp_(-1, 1)
+        torch.cuda.synchronize()
+
+
+def check_d(torch: Any, telemetry: Any) -> None:
+    from telemetrain.system import Sampler
+
+    sampler = Sampler(telemetry, interval=3600, gpus=[torch.cuda.current_device()])
+    rows = []
+    ok = True
+    for state in ("idle", "busy"):
+        if state == "busy":
+            import threading
+
+            worker = threading.Thread(target=busy, args=(torch, 3.0))
+            worker.start()
+            time.sleep(1.5)
+        got = sampler.sample_now()
+        gpu_groups = sorted({g for g, _ in got if g.startswith("system.gpu.")})
+        if not gpu_groups:
+            check("D_nvml_vs_nvidia_smi", False, "the sampler read no GPU (NVML unavailable?)")
+            return
+        group = gpu_groups[0]
+        index = int(group.rsplit(".", 1)[1])
+        ref = smi(index)
+        if state == "busy":
+            worker.join()
+        v = {n: val for (g, n), val in got.items() if g == group}
+        if ref is None:
+            check("D_nvml_vs_nvidia_smi", False, "nvidia-smi is not available or gave no numbers")
+            return
+        compare = {
+            "memory.total MiB": (v.get("hw.gpu.memory.limit", math.nan) / 2**20, ref["memory.total"], 0.01, 2.0),
+            "memory.used MiB": (v.get("hw.gpu.memory.usage", math.nan) / 2**20, ref["memory.used"], 0.05, 256.0),
+            "power W": (v.get("hw.power", math.nan), ref["power.draw"], 0.25, 30.0),
+            "power.limit W": (v.get("hw.gpu.power.limit", math.nan), ref["power.limit"], 0.01, 1.0),
+            "SM clock MHz": (v.get("hw.gpu.clock.sm", math.nan) / 1e6, ref["clocks.sm"], 0.10, 50.0),
+            "temperature C": (v.get("hw.temperature", math.nan), ref["temperature.gpu"], 0.0, 3.0),
+        }
+        for what, (ours, theirs, rel, absolute) in compare.items():
+            good = math.isfinite(ours) and abs(ours - theirs) <= max(rel * abs(theirs), absolute)
+            ok = ok and good
+            rows.append({"state": state, "what": what, "nvml": ours, "nvidia_smi": theirs, "ok": good})
+    detail = "; ".join(f"{r['state']} {r['what']} {r['nvml']:.1f} vs {r['nvidia_smi']:.1f}"
+                       f"{'' if r['ok'] else ' (MISMATCH)'}" for r in rows)
+    check("D_nvml_vs_nvidia_smi", ok, detail, rows=rows)
+
+
+def check_e(torch: Any) -> None:
+    from telemetrain.system.energy import GpuEnergy
+
+    meter = GpuEnergy()
+    if not meter.gpus:
+        check("E_energy_counter", False, f"no GPU energy: {meter.reason}")
+        return
+    import threading
+
+    import pynvml
+
+    worker = threading.Thread(target=busy, args=(torch, 3.0))
+    worker.start()
+    readings = []
+    power = []
+    handle = meter.gpus[0].handle
+    while worker.is_alive():
+        r = meter.read()
+        if r is not None:
+            readings.append((r.mono_ns, r.joules))
+            power.append((r.mono_ns, pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0))
+        time.sleep(0.05)
+    worker.join()
+    monotonic = all(b[1] >= a[1] for a, b in itertools.pairwise(readings))
+    counted = readings[-1][1] - readings[0][1] if len(readings) > 1 else 0.0
+    integral = sum((p0 + p1) / 2 * (t1 - t0) / 1e9 for (t0, p0), (t1, p1) in itertools.pairwise(power))
+    ratio = counted / integral if integral > 0 else math.nan
+    check("E_energy_counter", meter.source == "counter" and monotonic and abs(ratio - 1) <= 0.25,
+          f"source {meter.source}; {len(readings)} readings, monotonic {monotonic}; counter {counted:.1f} J vs "
+          f"power integral {integral:.1f} J (ratio {ratio:.3f})", readings=len(readings), counter_J=counted,
+          integral_J=integral)
+
+
+# -- F: MFU ------------------------------------------------------------------------------------------------------------
+
+
+def datasheet_peak(name: str) -> float | None:
+    """The dense bf16 peak of a ``torch.cuda.get_device_name()`` (SXM unless the name says PCIe or NVL)."""
+    n = " ".join(name.split()).upper()
+    for sku, sparse in DATASHEET_BF16_SPARSE.items():
+        model, form = sku.split()
+        if model in n.split() and (form.upper() in n or (form == "SXM" and "PCIE" not in n and "NVL" not in n)):
+            return sparse / 2
+    return None
+
+
+def check_f(args: argparse.Namespace, last_update: dict[str, Any], measured_tflops: float, device_name: str,
+            peak_table: Any) -> None:
+    peak_hand = datasheet_peak(device_name)
+    mfu_ours = last_update.get("cumulative_train_throughput_per_gpu", math.nan) / (
+        peak_table.tflops if peak_table is not None else math.nan)
+    mfu_hand = measured_tflops / peak_hand if peak_hand else math.nan
+    ok = peak_table is not None and peak_hand is not None and abs(mfu_ours / mfu_hand - 1) <= 0.10
+    check("F_mfu", ok, f"{device_name}: table peak {getattr(peak_table, 'tflops', None)} TFLOP/s "
+          f"({getattr(peak_table, 'device', None)}), datasheet {peak_hand}; MFU ours {mfu_ours:.4f} vs hand "
+          f"{mfu_hand:.4f}", mfu_ours=mfu_ours, mfu_hand=mfu_hand, peak_table=getattr(peak_table, "tflops", None),
+          peak_datasheet=peak_hand)
+
+
+# -- main --------------------------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--profile-steps", type=int, default=10)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--d", type=int, default=1024)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--vocab", type=int, default=32768)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--cost-blocks", type=int, default=9)
+    ap.add_argument("--cost-n", type=int, default=2000)
+    ap.add_argument("--json", metavar="FILE")
+    args = ap.parse_args(argv)
+    try:
+        import torch
+    except ImportError:
+        print("bench_gpu.py needs torch with CUDA: not importable here", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("bench_gpu.py needs a CUDA device: torch.cuda.is_available() is False here (run it on the GPU "
+              "machine; nothing was measured)", file=sys.stderr)
+        return 2
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+    import telemetrain
+    from telemetrain.system import start_sampler
+    from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
+    from telemetrain.training.device_spans import timer_of
+    from telemetrain.training.flops import flops_per_sample
+
+    torch.cuda.init()
+    device_name = torch.cuda.get_device_name()
+    props = torch.cuda.get_device_properties(0)
+    out_dir = Path(tempfile.mkdtemp(prefix="bench_gpu-"))
+    driver = ""
+    with contextlib.suppress(Exception):
+        import pynvml
+
+        pynvml.nvmlInit()
+        driver = str(pynvml.nvmlSystemGetDriverVersion())
+    machine = {"device": device_name, "driver": driver, "cuda": torch.version.cuda, "torch": torch.__version__,
+               "sms": props.multi_processor_count, "memory_GiB": round(props.total_memory / 2**30, 1),
+               "python": platform.python_version(), "host": platform.node(), "cpus": os.cpu_count()}
+    log(f"machine: {machine}")
+    RESULTS["machine"] = machine
+
+    def make_recorder(mode: str, run_id: str) -> Any:
+        t = telemetrain.Telemetry(store=out_dir / run_id)
+        config = TrainingTelemetryConfig(global_batch_size_or_fn=args.batch, seq_length_or_fn=args.seq,
+                                         log_every_n_train_iterations=1000, device_timing=mode)
+        r = TrainingRecorder(config, telemetry=t)
+        r.on_app_start()
+        r.on_train_start(0)
+        return r
+
+    # the training run: flops per sample measured once, then --steps steps with the sampler at 1 s
+    t = telemetrain.Telemetry(store=out_dir / "train")
+    probe = Job(torch, args, make_recorder("host", "probe"))
+    fps = flops_per_sample(probe.model, probe.batches[0][:, :-1])
+    # 6 N T over the parameters that multiply (not the embeddings' lookups) + 12 L T^2 d for attention (the T x T
+    # scores in full, as FlopCounterMode counts scaled_dot_product_attention, causal or not)
+    hand_fps = 6 * (probe.params - args.vocab * args.d - args.seq * args.d) * args.seq \
+        + 12 * args.layers * args.seq * args.seq * args.d
+    log(f"model: {probe.params / 1e6:.1f} M parameters; FLOPs per sample: FlopCounterMode {fps:.4g}, "
+        f"hand {hand_fps:.4g}")
+    RESULTS["flops_per_sample"] = {"flop_counter": fps, "hand": hand_fps}
+    del probe
+    config = TrainingTelemetryConfig(global_batch_size_or_fn=args.batch, seq_length_or_fn=args.seq,
+                                     flops_per_sample_or_fn=fps, log_every_n_train_iterations=50,
+                                     warmup_iterations=5, device_timing="cuda", dtype="bfloat16")
+    recorder = TrainingRecorder(config, telemetry=t)
+    sampler = start_sampler(t, interval=1.0)
+    recorder.on_app_start()
+    recorder.on_train_start(0)
+    job = Job(torch, args, recorder)
+    timer, reason = timer_of(t, "cuda")
+    if timer is None:
+        check("setup", False, f"no device timer: {reason}")
+        return 1
+    for _ in range(5):  # warm-up (the recorder's warm-up iterations)
+        job.step()
+    torch.cuda.synchronize()
+    w0 = time.perf_counter()
+    for _ in range(args.steps):
+        job.step()
+    torch.cuda.synchronize()
+    steady_s = time.perf_counter() - w0
+    hand_tflops = hand_fps * args.batch * args.steps / steady_s / 1e12
+    recorder.on_train_end()
+    t.flush()
+    from telemetrain.store import open_run
+
+    updates = [e.attributes for e in open_run(t.run_dir).records("event") if e.name == "training_metrics_update"]
+    last = updates[-1]
+    log(f"training: {args.steps} steps in {steady_s:.2f} s; last report: device iteration "
+        f"{last.get('avg_iteration_device_time_sec')}, host {last.get('avg_iteration_time_sec')}, stall "
+        f"{last.get('avg_stall_time_sec')}, energy/sample {last.get('energy_per_sample_J')}")
+    RESULTS["training"] = {"steps": args.steps, "seconds": steady_s, "last_report": last}
+    from telemetrain.training.flops import peak_tflops
+
+    check_f(args, last, hand_tflops, device_name, peak_tflops(device_name, "bfloat16"))
+    recorder.on_train_start(args.steps + 5)
+    check_a(torch, job, timer, args.profile_steps, out_dir)
+    check_b(torch, job, timer)
+    recorder.on_train_end()
+    recorder.on_app_end()
+    check_d(torch, t)
+    check_e(torch)
+    sampler.stop()
+    check_c(torch, make_recorder, args.cost_blocks, args.cost_n)
+    t.close()
+    failed = [k for k, v in RESULTS.items() if isinstance(v, dict) and v.get("ok") is False]
+    print(json.dumps({k: {kk: vv for kk, vv in v.items() if kk in ("ok", "detail")} if isinstance(v, dict)
+                      and "ok" in v else v for k, v in RESULTS.items()}, indent=1, default=str))
+    if args.json:
+        Path(args.json).write_text(json.dumps(RESULTS, indent=1, default=str))
+    print(f"\n{len(failed)} check(s) failed: {', '.join(failed)}" if failed else "\nall checks passed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

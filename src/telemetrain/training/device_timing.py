@@ -1,0 +1,543 @@
+"""Device time of training iterations, their phases and ``span(..., device=True)``, without a host-device sync.
+
+On CUDA the host only queues kernels: a host clock around ``forward()`` measures the launches, and whichever phase
+holds a synchronising call (``loss.item()``, a ``.cpu()``) absorbs the device time of all the others. So, when the
+job runs on CUDA, the recorder also records a *mark* -- an event on the current stream -- at each iteration boundary
+and at the start and end of each device-timed span (the training phases among them), and reads the device's own
+timestamps of those marks **later, without blocking**: ``query()`` tells whether the device has reached a mark,
+``elapsed_time()`` is read only once both ends have completed. Nothing here waits for the device on the step.
+
+Bookkeeping, all bounded and allocation-free in steady state:
+
+- A *slot* holds the marks of one iteration (or of one device span opened outside any iteration): pooled events, the
+  host clock at each mark, and which marks pair up. ``capacity`` slots exist (default 64); a closed slot waits in a
+  FIFO until the device has completed its last mark. When every slot is waiting -- the device lags ``capacity``
+  iterations behind the host -- the oldest is given up and counted as *unresolved*: never waited for.
+- Resolution runs in the collector thread (every ``TICK_NS`` while slots wait) and at each metrics report. A final
+  report (training end, exit, SIGTERM) polls for at most ``FINAL_WAIT_S``: the only wait, off the step.
+- Results per iteration: its device time (iteration start mark to end mark), each phase's device time, and the
+  *stall*: over consecutive marks, the host time by which a segment outlasted the device's time for it (the device
+  catching up on work queued before the segment: the host blocked in a sync, or CPU work that overlapped the
+  device's backlog). Segments whose excess is under ``STALL_NOISE_S`` are clock jitter and not counted.
+- Device spans that are not training phases, and phases outside an iteration, go to a windowed ``Stat``
+  ``<span name>.device_time`` (group: the span's).
+
+The device clock is an interface (``device_clock.DeviceClock``) so that the bookkeeping is testable without a GPU;
+``CudaClock`` is the real one (``torch.cuda.Event(enable_timing=True)``, recorded on the current stream). The span
+class that records marks, and which timer a Telemetry uses, are in ``device_spans``. Streams other than the
+current one at each mark are out of scope: work a program queues on a side stream is timed only as far as the current
+stream waits for it. Marks are not recorded while the current stream is being captured into a CUDA graph (that
+iteration counts as unresolved).
+
+Failures never reach training: a clock call that raises is counted, warned about once, recorded as an ``error``
+event (group ``training``) and turns device timing off for the rest of the process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+from ..collector import collector
+from ..dispatch import describe, warn_safely
+from ..telemetry import Telemetry
+from .device_clock import CudaClock, DeviceClock, resolve_clock
+from .names import PHASES
+
+__all__ = [
+    "DEFAULT_CAPACITY",
+    "DEVICE_TIMING_MODES",
+    "CudaClock",
+    "DeviceClock",
+    "DeviceTimer",
+    "DeviceWindow",
+    "resolve_clock",
+]
+
+DEVICE_TIMING_MODES = ("auto", "cuda", "host")
+DEFAULT_CAPACITY = 64  # iterations (or standalone device spans) waiting for the device
+MAX_MARKS = 512  # marks in one slot (a device span per layer of a deep model fits); more are counted and dropped
+MAX_OPEN_SPANS = 4096  # device spans started and not ended, remembered at once
+TICK_NS = 100_000_000  # while slots wait, the collector resolves them this often
+FINAL_WAIT_S = 0.5  # a final report polls this long for the iterations the device has not finished
+STALL_NOISE_S = 20e-6  # a segment's host-over-device excess below this is event jitter
+STAT_WINDOW_S = 10.0  # the window of the <span>.device_time stats
+EXTENSION = "device_timer"
+MAX_READ_FAILURES = 3  # slots in a row whose marks cannot be read: device timing is then turned off
+GROUP = "training"
+
+_mono = time.monotonic_ns  # the host clock of the marks (the spans' clock)
+_sleep = time.sleep
+_thread_id = threading.get_ident
+
+# slot states
+_FREE, _OPEN, _PENDING = 0, 1, 2
+# slot kinds
+_ITERATION, _SPAN = 0, 1
+
+
+class _Slot:
+    """The marks of one iteration, or of one device span opened outside any iteration."""
+
+    __slots__ = ("events", "hosts", "kind", "labels", "n", "opener", "pairs", "state", "use", "warm")
+
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+        self.hosts: list[int] = []
+        self.labels: list[Any] = []  # the span at its start and end marks; None: an iteration mark
+        self.pairs: list[int] = []  # at an end mark: the index of its start mark; else -1
+        self.n = 0
+        self.kind = _ITERATION
+        self.opener: Any = None  # the span that opened a _SPAN slot
+        self.state = _FREE
+        self.use = 0  # incremented at each reuse: a span's end finds its start only in the same use
+        self.warm = False  # a warm-up iteration (left out of the iteration time, as the host figures do)
+
+
+_UNTIMED = _Slot()  # on a thread's stack for an iteration that records no marks (graph capture, no slot free)
+
+
+class DeviceWindow:
+    """What the resolved iterations of one report window add up to."""
+
+    __slots__ = ("captured", "iteration_max", "iteration_sum", "iterations", "marks_dropped", "phases", "stall_sum",
+                 "steady", "unresolved")
+
+    def __init__(self) -> None:
+        self.iterations = 0  # iterations resolved (warm-up included)
+        self.steady = 0  # ... of which after warm-up: their device times are in iteration_sum
+        self.iteration_sum = 0.0
+        self.iteration_max = 0.0
+        self.phases: dict[str, float] = {}  # phase -> device seconds, over the resolved iterations
+        self.stall_sum = 0.0
+        self.unresolved = 0  # given up: the device lagged more than `capacity` iterations, or a read failed
+        self.captured = 0  # iterations begun while the stream was capturing a CUDA graph (not timed)
+        self.marks_dropped = 0
+
+    def attributes(self) -> dict[str, Any]:
+        """The window's ``training_metrics_update`` attributes (docs/training.md, "Device time")."""
+        out: dict[str, Any] = {"device_timed_iterations": self.iterations,
+                               "device_unresolved_iterations": self.unresolved + self.captured}
+        n = self.iterations
+        if self.steady:
+            out["avg_iteration_device_time_sec"] = self.iteration_sum / self.steady
+            out["max_iteration_device_time_sec"] = self.iteration_max
+        if n:
+            for phase, seconds in self.phases.items():
+                out[f"avg_{phase}_device_time_sec"] = seconds / n
+            out["avg_stall_time_sec"] = self.stall_sum / n
+        if self.marks_dropped:
+            out["device_marks_dropped"] = self.marks_dropped
+        return out
+
+
+class DeviceTimer:
+    """The device marks of one ``Telemetry`` (one per process in practice: ``timer_of``). The iteration and span
+    methods run on the training thread and never block; ``resolve`` and ``take_window`` run anywhere."""
+
+    def __init__(self, telemetry: Telemetry, clock: DeviceClock, *, capacity: int = DEFAULT_CAPACITY) -> None:
+        if type(capacity) is not int or capacity < 2:
+            raise ValueError(f"capacity must be an int >= 2, got {capacity!r}")
+        self.telemetry = telemetry
+        self.clock = clock
+        self.capacity = capacity
+        self.enabled = True
+        self.failure = ""  # why device timing was turned off
+        self._record = clock.record
+        self._begin = clock.begin
+        self._slots = 0  # slots created (up to capacity)
+        self._free: list[_Slot] = []
+        self._pending: deque[_Slot] = deque()  # closed, oldest first (append / popleft: atomic under the GIL)
+        self._open: dict[int, list[_Slot]] = {}  # thread -> its open slots, innermost last
+        self._marks: dict[Any, tuple[_Slot, int, int]] = {}  # open device span -> (slot, use, start mark)
+        self._window = DeviceWindow()
+        self._window_lock = threading.Lock()
+        self._lost = 0  # given up by the training thread (ring full); moved into the window at resolution
+        self._captured = 0
+        self._marks_dropped = 0
+        self._ticking = False
+        self._read_failures = 0
+        self._stats: dict[tuple[str, str], Any] = {}
+        resolving = getattr(clock, "resolving", None)
+        self._resolving: Callable[[], AbstractContextManager[Any]] = (
+            resolving if callable(resolving) else contextlib.nullcontext)
+        telemetry.add_producer(self)
+
+    # -- slots (training thread) -----------------------------------------------------------------------------------
+
+    def _take(self) -> _Slot | None:
+        try:
+            slot = self._free.pop()
+        except IndexError:
+            if self._slots < self.capacity:
+                self._slots += 1
+                slot = _Slot()
+            else:
+                try:
+                    slot = self._pending.popleft()  # the device lags `capacity` slots behind: give the oldest up
+                except IndexError:
+                    return None  # every slot is open or being resolved this instant
+                if slot.kind == _ITERATION:
+                    self._lost += 1
+        slot.use += 1
+        slot.n = 0
+        slot.state = _OPEN
+        return slot
+
+    def _close(self, slot: _Slot) -> None:
+        slot.state = _PENDING
+        self._pending.append(slot)
+        if not self._ticking:
+            self._ticking = True
+            collector.schedule(self, time.monotonic_ns() + TICK_NS)
+
+    def _mark(self, slot: _Slot, label: Any, pair: int) -> int:
+        i = slot.n
+        events = slot.events
+        if i == len(events):
+            if i >= MAX_MARKS:
+                self._marks_dropped += 1
+                return -1
+            events.append(self.clock.event())
+            slot.hosts.append(0)
+            slot.labels.append(None)
+            slot.pairs.append(-1)
+        slot.hosts[i] = _mono()
+        self._record(events[i])
+        slot.labels[i] = label
+        slot.pairs[i] = pair
+        slot.n = i + 1
+        return i
+
+    def _fail(self, what: str, exc: BaseException) -> None:
+        """A clock call raised: device timing is off from here on (counted, warned once, recorded)."""
+        if not self.enabled:
+            return
+        self.enabled = False
+        self._open = {}  # the hot paths find no open slot: each is then one dict lookup
+        self._marks = {}
+        self.failure = f"{what}: {describe(exc)}"
+        warn_safely(f"telemetrain: device timing failed ({self.failure}); it is off for the rest of this process, "
+                    "host times are unaffected")
+        try:
+            self.telemetry.event("error", {"callback": "device_timing", "error_message": self.failure},
+                                 severity="error", group=GROUP)
+        except Exception:  # noqa: BLE001
+            pass
+
+    # -- iterations (the recorder's callbacks) ---------------------------------------------------------------------
+    # The hot path (bench/bench_gpu.py check C): the common case -- a pooled event free in the slot -- is inlined; a
+    # thread's first call, a slot that must grow and every failure go through the slower helpers.
+
+    def begin_iteration(self, warm: bool) -> None:
+        stack = self._open.get(_thread_id())
+        if stack is None:
+            if not self.enabled:
+                return
+            stack = self._open[_thread_id()] = []
+        elif stack and stack[-1].kind == _ITERATION:  # the previous iteration was never ended: give it up
+            self._release(stack.pop())
+        try:
+            if not self._begin():  # capturing a CUDA graph: no marks in this iteration, nor in its spans
+                self._captured += 1
+                stack.append(_UNTIMED)
+                return
+            slot = self._take()
+            if slot is None:
+                self._lost += 1
+                stack.append(_UNTIMED)
+                return
+            slot.kind = _ITERATION
+            slot.warm = warm
+            if slot.events:
+                slot.hosts[0] = _mono()
+                self._record(slot.events[0])
+                slot.labels[0] = None
+                slot.pairs[0] = -1
+                slot.n = 1
+            else:
+                self._mark(slot, None, -1)
+            stack.append(slot)
+        except Exception as exc:  # noqa: BLE001 - telemetry never breaks training
+            self._fail("begin_iteration", exc)
+
+    def end_iteration(self) -> None:
+        stack = self._open.get(_thread_id())
+        if not stack or stack[-1].kind != _ITERATION:
+            return
+        slot = stack.pop()
+        if slot is _UNTIMED:
+            return
+        try:
+            if self._mark(slot, None, 0) < 0:
+                self._release(slot)
+                return
+            self._close(slot)
+        except Exception as exc:  # noqa: BLE001
+            self._fail("end_iteration", exc)
+
+    def abandon_iteration(self) -> None:
+        """The open iteration failed: its marks are dropped, it is not an iteration."""
+        stack = self._open.get(_thread_id())
+        if stack and stack[-1].kind == _ITERATION:
+            self._release(stack.pop())
+
+    def _release(self, slot: _Slot) -> None:
+        if slot is _UNTIMED:
+            return
+        slot.state = _FREE
+        slot.opener = None
+        self._free.append(slot)
+
+    # -- device spans ------------------------------------------------------------------------------------------------
+
+    def span_start(self, span: Any) -> None:
+        """A device-timed span begins: a mark in this thread's innermost open slot (a new slot if none is open)."""
+        stack = self._open.get(_thread_id())
+        if stack:
+            slot = stack[-1]
+            i = slot.n
+            if i < len(slot.events):  # the common case, inlined: a pooled event is free
+                try:
+                    slot.hosts[i] = _mono()
+                    self._record(slot.events[i])
+                except Exception as exc:  # noqa: BLE001
+                    self._fail("span start", exc)
+                    return
+                slot.labels[i] = span
+                slot.pairs[i] = -1
+                slot.n = i + 1
+                self._marks[span] = (slot, slot.use, i)
+                return
+            if slot is _UNTIMED:
+                return
+        self._span_start(span, stack)
+
+    def _span_start(self, span: Any, stack: list[_Slot] | None) -> None:
+        if not self.enabled:
+            return
+        try:
+            if stack:
+                slot = stack[-1]
+            else:
+                taken = self._take()
+                if taken is None:
+                    return
+                slot = taken
+                slot.kind = _SPAN
+                slot.opener = span
+                if stack is None:
+                    stack = self._open[_thread_id()] = []
+                stack.append(slot)
+            i = self._mark(slot, span, -1)
+            if i < 0:
+                return
+            marks = self._marks
+            if len(marks) >= MAX_OPEN_SPANS:  # spans started and never ended (a leak in the program): forget them
+                marks.clear()
+            marks[span] = (slot, slot.use, i)
+        except Exception as exc:  # noqa: BLE001
+            self._fail("span start", exc)
+
+    def span_end(self, span: Any) -> None:
+        found = self._marks.pop(span, None)
+        if found is None:
+            return
+        slot, use, start = found
+        if slot.use != use or slot.state != _OPEN:
+            return  # its slot closed meanwhile (the iteration ended first): not timed
+        try:
+            i = slot.n
+            if i < len(slot.events):  # inlined _mark
+                slot.hosts[i] = _mono()
+                self._record(slot.events[i])
+                slot.labels[i] = span
+                slot.pairs[i] = start
+                slot.n = i + 1
+            else:
+                self._mark(slot, span, start)
+            if slot.kind == _SPAN and slot.opener is span:
+                self._close_span_slot(slot)
+        except Exception as exc:  # noqa: BLE001
+            self._fail("span end", exc)
+
+    def _close_span_slot(self, slot: _Slot) -> None:
+        stack = self._open.get(_thread_id())
+        if stack and stack[-1] is slot:
+            stack.pop()
+        else:  # an iteration opened inside it is still open, or it ends in another thread than it began
+            for other in list(self._open.values()):
+                if slot in other:
+                    other.remove(slot)
+                    break
+        self._close(slot)
+
+    # -- resolution (collector thread, reports) ----------------------------------------------------------------------
+
+    def resolve(self, wait_s: float = 0.0) -> int:
+        """Read the device times of every waiting slot whose marks have all completed, oldest first, stopping at the
+        first that has not; returns how many were read. ``wait_s`` > 0: poll (1 ms sleeps) up to that long for the
+        rest (only the final report does). Never blocks on the device."""
+        if not self.enabled:
+            return 0
+        deadline = _mono() + int(wait_s * 1e9)
+        done = 0
+        pending = self._pending
+        with self._resolving():
+            while True:
+                try:
+                    slot = pending.popleft()
+                except IndexError:
+                    break
+                try:
+                    ready = self._read(slot)
+                except Exception as exc:  # noqa: BLE001 - this slot's marks cannot be read: it is unresolved
+                    self._release(slot)
+                    with self._window_lock:
+                        self._window.unresolved += 1
+                    self._read_failures += 1
+                    if self._read_failures >= MAX_READ_FAILURES:  # not one odd slot (a mark recorded inside a
+                        self._fail("resolve", exc)  # capture begun mid-iteration): something is broken
+                        break
+                    continue
+                if ready:
+                    self._read_failures = 0
+                    self._release(slot)
+                    done += 1
+                    continue
+                pending.appendleft(slot)
+                if _mono() >= deadline:
+                    break
+                _sleep(0.001)
+        return done
+
+    def _read(self, slot: _Slot) -> bool:
+        clock = self.clock
+        n = slot.n
+        events = slot.events
+        if not clock.done(events[n - 1]):
+            return False
+        for i in range(n - 1):  # marks on another stream may complete out of order
+            if not clock.done(events[i]):
+                return False
+        first = events[0]
+        elapsed = clock.elapsed_s
+        device = [0.0] * n
+        for i in range(1, n):
+            device[i] = elapsed(first, events[i])
+        hosts = slot.hosts
+        stall = 0.0
+        for i in range(1, n):
+            excess = (hosts[i] - hosts[i - 1]) / 1e9 - (device[i] - device[i - 1])
+            if excess > STALL_NOISE_S:
+                stall += excess
+        labels, pairs = slot.labels, slot.pairs
+        phases: dict[str, float] = {}
+        spans: list[tuple[Any, float]] = []
+        iteration = slot.kind == _ITERATION
+        for i in range(n):
+            start = pairs[i]
+            label = labels[i]
+            if start < 0 or label is None:
+                continue
+            seconds = device[i] - device[start]
+            phase = PHASES.get(label.name) if iteration else None
+            if phase is not None:
+                phases[phase] = phases.get(phase, 0.0) + seconds
+            else:
+                spans.append((label, seconds))
+        if spans:
+            self._to_stats(spans)
+        if not iteration:
+            return True
+        with self._window_lock:
+            w = self._window
+            w.iterations += 1
+            if not slot.warm:
+                w.steady += 1
+                seconds = device[n - 1]
+                w.iteration_sum += seconds
+                if seconds > w.iteration_max:
+                    w.iteration_max = seconds
+            for phase, seconds in phases.items():
+                w.phases[phase] = w.phases.get(phase, 0.0) + seconds
+            w.stall_sum += stall
+        return True
+
+    def _to_stats(self, spans: list[tuple[Any, float]]) -> None:
+        for s, seconds in spans:
+            name, group = s.name, s.group
+            key = (group, name)
+            stat = self._stats.get(key)
+            if stat is None:
+                from ..stats.stat import Stat
+
+                stat = self._stats[key] = Stat(f"{name}.device_time", ("count", "mean", "max", "p50", "p99"),
+                                               window=STAT_WINDOW_S, unit="s", group=group, telemetry=self.telemetry,
+                                               help=f"device time of span {name} (CUDA events)")
+            stat.add(seconds)
+
+    def give_up_waiting(self) -> int:
+        """Count every iteration still waiting as unresolved and free its slot (a final report, after its bounded
+        wait: there is no later report to put it in); returns how many."""
+        given = 0
+        while True:
+            try:
+                slot = self._pending.popleft()
+            except IndexError:
+                break
+            if slot.kind == _ITERATION:
+                given += 1
+            self._release(slot)
+        with self._window_lock:
+            self._window.unresolved += given
+        return given
+
+    def take_window(self) -> DeviceWindow:
+        """The iterations resolved since the last call (and what was given up meanwhile); a fresh window starts."""
+        with self._window_lock:
+            w, self._window = self._window, DeviceWindow()
+        lost, self._lost = self._lost, 0
+        captured, self._captured = self._captured, 0
+        dropped, self._marks_dropped = self._marks_dropped, 0
+        w.unresolved += lost
+        w.captured += captured
+        w.marks_dropped += dropped
+        return w
+
+    @property
+    def waiting(self) -> int:
+        """Slots closed and not yet resolved."""
+        return len(self._pending)
+
+    # -- the collector task and the Telemetry producer protocol --------------------------------------------------------
+
+    def tick(self, now_ns: int) -> int | None:
+        self.resolve()
+        if self._pending and self.enabled:
+            return now_ns + TICK_NS
+        self._ticking = False
+        if self._pending and self.enabled:  # closed between the resolve and the flag
+            self._ticking = True
+            return now_ns + TICK_NS
+        return None
+
+    def collect(self, final: bool) -> None:
+        self.resolve(FINAL_WAIT_S if final else 0.0)
+        if final:
+            self._ticking = False
+            collector.cancel(self)
+
+    def after_fork_in_child(self) -> None:
+        """The parent's CUDA context is not usable in a forked child: device timing is off there."""
+        self.enabled = False
+        self.failure = "forked child"
+        self._pending = deque()
+        self._open = {}
+        self._marks = {}
+        self._ticking = False

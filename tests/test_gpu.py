@@ -1,0 +1,210 @@
+"""Device timing, GPU energy and the peak table on a real CUDA device. Skipped, saying why, without one.
+
+The bookkeeping is tested on every machine against a simulated stream (tests/test_device_timing.py); this module
+checks what only a GPU can: that ``CudaClock``'s marks time real kernels, add no sync (``set_sync_debug_mode``), do not
+break a CUDA graph capture (neither a captured iteration nor a resolution running in another thread during a
+``global``-mode capture), never wait when the device lags, and that NVML's energy counter is read. The timing
+comparisons with ``torch.profiler`` and ``nvidia-smi`` are in ``bench/bench_gpu.py`` (numbers, not pass/fail of a
+unit test).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="device timing is measured on torch's CUDA device")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device here (torch.cuda.is_available() is False): the device-timing bookkeeping is tested "
+                "on a simulated stream in tests/test_device_timing.py; run this module and bench/bench_gpu.py on a GPU",
+                allow_module_level=True)
+
+from telemetrain import Telemetry  # noqa: E402
+from telemetrain.spans import _current  # noqa: E402
+from telemetrain.store import open_run  # noqa: E402
+from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig  # noqa: E402
+from telemetrain.training.device_clock import CudaClock  # noqa: E402
+from telemetrain.training.device_spans import timer_of  # noqa: E402
+from telemetrain.training.device_timing import DeviceTimer  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _no_current_span_across_tests() -> Iterator[None]:
+    token = _current.set(None)
+    yield
+    _current.reset(token)
+
+
+@pytest.fixture
+def t(tmp_path: Path) -> Iterator[Telemetry]:
+    telemetry = Telemetry(store=tmp_path)
+    yield telemetry
+    telemetry.close()
+    torch.cuda.synchronize()
+
+
+def _recorder(t: Telemetry, **config: Any) -> TrainingRecorder:
+    fields: dict[str, Any] = {"global_batch_size_or_fn": 8, "log_every_n_train_iterations": 10,
+                              "warmup_iterations": 1, "device_timing": "cuda", **config}
+    r = TrainingRecorder(TrainingTelemetryConfig(**fields), telemetry=t)
+    r.on_app_start()
+    r.on_train_start(0)
+    return r
+
+
+def _matmuls(x: Any, n: int) -> Any:
+    for _ in range(n):
+        x = (x @ x).clamp_(-1, 1)
+    return x
+
+
+def test_cuda_marks_time_real_kernels_phase_by_phase(t: Telemetry) -> None:
+    """Forward runs 4 matmuls, backward 8 (same size): their device times are 1:2; on the host both are launches."""
+    torch.cuda.init()
+    r = _recorder(t)
+    assert r.device_timed and isinstance(timer_of(t)[0], DeviceTimer)
+    x = torch.randn(4096, 4096, device="cuda")
+    for _ in range(21):
+        r.on_training_single_iteration_start()
+        with r.forward():
+            x = _matmuls(x, 4)
+        with r.backward():
+            x = _matmuls(x, 8)
+        r.on_training_single_iteration_end()
+    r.on_train_end()
+    updates = [e.attributes for e in open_run(t.run_dir).records("event") if e.name == "training_metrics_update"]
+    n = sum(u["device_timed_iterations"] for u in updates)
+    assert n == 21 and sum(u["device_unresolved_iterations"] for u in updates) == 0
+    forward = sum(u["avg_forward_device_time_sec"] * u["device_timed_iterations"] for u in updates)
+    backward = sum(u["avg_backward_device_time_sec"] * u["device_timed_iterations"] for u in updates)
+    assert backward / forward == pytest.approx(2.0, rel=0.2)
+    # the host phases were launches: far shorter than the device's
+    host_backward = sum(u["avg_backward_time_sec"] * u["window_iterations"] for u in updates)
+    assert host_backward < backward
+
+
+def test_no_sync_on_the_instrumented_step(t: Telemetry) -> None:
+    torch.cuda.init()
+    r = _recorder(t, log_every_n_train_iterations=5)
+    x = torch.randn(2048, 2048, device="cuda")
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with pytest.raises(RuntimeError):
+            x.sum().item()  # the control: the mode is armed
+        for _ in range(20):  # reports included (every 5): computed in the collector thread, which reads events
+            r.on_training_single_iteration_start()
+            with r.forward():
+                y = _matmuls(x, 2)
+            with r.optimizer_update(), r.tracer.span("inner", device=True):
+                y = y + 1
+            r.on_training_single_iteration_end()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    r.on_train_end()
+
+
+def test_graph_capture_is_not_broken_by_marks_or_by_resolution(t: Telemetry) -> None:
+    torch.cuda.init()
+    r = _recorder(t, log_every_n_train_iterations=1000)
+    timer = timer_of(t)[0]
+    assert timer is not None
+    x = torch.randn(2048, 2048, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        _matmuls(x, 3)
+    torch.cuda.current_stream().wait_stream(side)
+    # 1. an instrumented iteration captured into a graph: no mark is recorded on the capturing stream
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        r.on_training_single_iteration_start()
+        with r.forward():
+            y = _matmuls(x, 2)
+        r.on_training_single_iteration_end()
+    g.replay()
+    # 2. a global-mode capture (the default) while another thread resolves pending marks
+    for _ in range(5):
+        r.on_training_single_iteration_start()
+        with r.forward():
+            _matmuls(x, 20)
+        r.on_training_single_iteration_end()
+    stop = threading.Event()
+    passes = [0]
+
+    def resolve() -> None:
+        while not stop.is_set():
+            timer.resolve()
+            passes[0] += 1
+
+    worker = threading.Thread(target=resolve)
+    worker.start()
+    g2 = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(g2):  # capture_error_mode="global"
+            z = _matmuls(x, 200)
+    finally:
+        stop.set()
+        worker.join()
+    g2.replay()
+    torch.cuda.synchronize()
+    assert torch.isfinite(y).all() and torch.isfinite(z).all() and passes[0] > 0
+    assert timer.enabled, timer.failure
+    timer.resolve(1.0)
+    w = timer.take_window()
+    assert w.captured == 1 and w.iterations == 5
+
+
+def test_the_host_never_waits_for_a_lagging_device(t: Telemetry) -> None:
+    """capacity 4, 12 iterations of long kernels without a sync: the host finishes its loop long before the device,
+    4 iterations wait, 8 are given up (counted), and the waiting ones resolve once the device gets there."""
+    torch.cuda.init()
+    timer = DeviceTimer(t, CudaClock(torch), capacity=4)
+    t.extensions["device_timer"] = timer
+    r = _recorder(t, log_every_n_train_iterations=1000)
+    x = torch.randn(8192, 8192, device="cuda")
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(12):
+        r.on_training_single_iteration_start()
+        with r.forward():
+            x = _matmuls(x, 10)
+        r.on_training_single_iteration_end()
+    host_s = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    device_s = time.perf_counter() - t0
+    assert host_s < device_s / 2  # the host ran ahead: nothing in the loop waited for the device
+    timer.resolve()
+    w = timer.take_window()
+    assert w.unresolved == 8 and w.iterations == 4
+
+
+def test_nvml_energy_counter_on_this_gpu() -> None:
+    pytest.importorskip("psutil", reason="telemetrain.system needs the [system] extra")
+    pytest.importorskip("pynvml", reason="the GPU energy counter is read through nvidia-ml-py")
+    from telemetrain.system.energy import GpuEnergy
+
+    torch.cuda.init()
+    meter = GpuEnergy()
+    assert meter.gpus, meter.reason
+    first = meter.read()
+    _matmuls(torch.randn(8192, 8192, device="cuda"), 200)
+    torch.cuda.synchronize()
+    second = meter.read()
+    assert first is not None and second is not None
+    assert first.joules == 0.0 and second.joules > 0 and second.sharers >= 1
+    assert meter.source in ("counter", "power_integral")
+
+
+def test_the_peak_table_knows_this_gpu() -> None:
+    from telemetrain.training.flops import peak_tflops
+
+    name = torch.cuda.get_device_name()
+    if not any(k in name for k in ("H100", "H200", "A100", "B200")):
+        pytest.skip(f"{name}: not a data-centre GPU the table is checked against here")
+    peak = peak_tflops(name, "bfloat16")
+    assert peak is not None, f"{name} is not in training.flops.PEAK_TFLOPS"

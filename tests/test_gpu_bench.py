@@ -1,0 +1,63 @@
+"""bench/bench_gpu.py off the GPU: it refuses, clearly and without measuring anything, where there is no CUDA; and
+its two pieces of pure logic -- attributing the profiler's kernels to phases, the datasheet peak of a device name --
+are right. The bench itself is the GPU check (BENCHMARKS.md, "GPU truth")."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "bench_gpu.py"
+
+
+def _bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_gpu", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_without_cuda_it_exits_2_and_says_why() -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: run the bench itself (python bench/bench_gpu.py)")
+    out = subprocess.run([sys.executable, str(BENCH)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2
+    assert "needs a CUDA device" in out.stderr and "nothing was measured" in out.stderr and out.stdout == ""
+
+
+def test_kernels_are_attributed_to_the_phase_they_were_launched_in() -> None:
+    """Launch time decides, whatever thread launched (backward kernels come from autograd's device thread) and
+    whenever the kernel ran (later, on the device)."""
+    b = _bench()
+    trace = {"traceEvents": [
+        {"ph": "X", "cat": "user_annotation", "name": "model_forward", "ts": 100, "dur": 50, "tid": 1},
+        {"ph": "X", "cat": "user_annotation", "name": "model_backward", "ts": 150, "dur": 100, "tid": 1},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 110, "dur": 3, "args": {"correlation": 1}},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 160, "dur": 3, "tid": 7,
+         "args": {"correlation": 2}},
+        {"ph": "X", "cat": "cuda_driver", "name": "cuLaunchKernel", "ts": 170, "dur": 3, "args": {"correlation": 3}},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaMemsetAsync", "ts": 300, "dur": 3, "args": {"correlation": 4}},
+        {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 400, "dur": 1000, "args": {"correlation": 1}},
+        {"ph": "X", "cat": "kernel", "name": "gemm_bwd", "ts": 1400, "dur": 2000, "args": {"correlation": 2}},
+        {"ph": "X", "cat": "gpu_memset", "name": "memset", "ts": 3400, "dur": 500, "args": {"correlation": 3}},
+        {"ph": "X", "cat": "kernel", "name": "outside", "ts": 4000, "dur": 7000, "args": {"correlation": 4}},
+    ]}
+    got = b.kernel_times_by_phase(trace)
+    assert got["forward"] == pytest.approx(1000e-6) and got["backward"] == pytest.approx(2500e-6)
+    assert got["optimizer"] == 0.0 and got["zero_grad"] == 0.0
+
+
+def test_datasheet_peaks_by_device_name() -> None:
+    b = _bench()
+    assert b.datasheet_peak("NVIDIA H100 80GB HBM3") == 989.5
+    assert b.datasheet_peak("NVIDIA H100 PCIe") == 756.5
+    assert b.datasheet_peak("NVIDIA H100 NVL") == 835.5
+    assert b.datasheet_peak("NVIDIA H200") == 989.5
+    assert b.datasheet_peak("NVIDIA A100-SXM4-80GB") is None
