@@ -104,7 +104,7 @@ def test_the_report_splits_phases_by_device_time(tmp_path: Path) -> None:
     page = render(model)
     assert "iteration time by phase, per rank: device time (CUDA events)" in page
     show = "\n".join(summarize(open_run(s.t.run_dir)))
-    assert "time split (last window, device time)" in show and "forward 30%" in show and "backward 60%" in show
+    assert "last window, device time)" in show and "forward 30%" in show and "backward 60%" in show
 
 
 def test_compare_labels_device_phases_and_refuses_to_mix_clocks(tmp_path: Path) -> None:
