@@ -29,6 +29,8 @@ import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable
+from itertools import repeat, starmap
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from .records import PAIRS, PackedSource, unpack_all
@@ -36,7 +38,15 @@ from .records import PAIRS, PackedSource, unpack_all
 if TYPE_CHECKING:
     from .sinks.base import Sink
 
-__all__ = ["BackgroundRunner", "FailurePolicy", "InlineRunner", "SinkStats", "TelemetryWarning"]
+__all__ = [
+    "BackgroundRunner",
+    "FailurePolicy",
+    "InlineRunner",
+    "PartialWriteError",
+    "SinkStats",
+    "TelemetryWarning",
+    "is_interrupt",
+]
 
 
 class TelemetryWarning(RuntimeWarning):
@@ -68,6 +78,7 @@ class SinkStats:
     failed: int = 0  # records in batches whose write raised
     failures: int = 0  # write calls that raised
     suspended: bool = False
+    abandoned: bool = False  # the sink did not finish within close()'s timeout: left behind, its queue dropped
     last_error: str = ""
 
 
@@ -75,17 +86,74 @@ class SinkStats:
 Reporter = Callable[[str, "_Runner", int, str], None]
 
 
+def is_interrupt(exc: BaseException) -> bool:
+    """The one exception telemetrain's containment lets through: ``KeyboardInterrupt`` on the main thread.
+
+    Python runs signal handlers on the main thread only, so there a ``KeyboardInterrupt`` is the user's Ctrl-C (or a
+    SIGINT handler chained to Python's default) arriving while telemetry code happens to run, and it must reach the
+    program. Everything else that user code run by telemetry raises -- ``SystemExit``, ``asyncio.CancelledError``,
+    ``GeneratorExit``, a custom ``BaseException``, and a ``KeyboardInterrupt`` raised in any other thread, where no
+    real interrupt is ever delivered -- is contained: counted, warned once, never raised into the caller or the
+    background thread."""
+    return isinstance(exc, KeyboardInterrupt) and threading.current_thread() is threading.main_thread()
+
+
 def warn_safely(message: str, category: type[Warning] = TelemetryWarning, stacklevel: int = 2) -> None:
     """Warn without ever raising: under ``-W error`` a warning is an exception, and it must not reach training.
     ``stacklevel`` counts from the caller of this function, as ``warnings.warn``'s does from its caller."""
     try:
         warnings.warn(message, category, stacklevel=stacklevel + 1)
-    except Exception:  # noqa: BLE001
-        pass
+    except BaseException as exc:  # a filter or showwarning hook that raises, even SystemExit
+        if is_interrupt(exc):
+            raise
+
+
+class PartialWriteError(OSError):
+    """Raised by a sink whose write stopped part-way (a full disk): ``written`` of the batch's records are stored
+    whole, the rest are not. The runner counts the first as delivered and only the rest as failed."""
+
+    def __init__(self, written: int, cause: OSError) -> None:
+        super().__init__(cause.errno, cause.strerror)
+        self.written = written
+        self.cause = cause
+
+    def __str__(self) -> str:
+        return f"{self.cause} (after {self.written} records were written)"
+
+
+def call_bounded(fn: Callable[[], None], timeout: float | None, name: str) -> tuple[bool, BaseException | None]:
+    """Run ``fn`` in a daemon thread and wait at most ``timeout`` seconds: (finished, what it raised). A call that
+    does not finish is left behind (it can hold nothing of ours). Inline when no thread can be started (interpreter
+    shutdown) or when there is no timeout."""
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller, who contains it
+            outcome.append(exc)
+        else:
+            outcome.append(None)
+
+    thread = threading.Thread(target=run, name=f"telemetrain-{name}", daemon=True) if timeout is not None else None
+    try:
+        if thread is None:
+            raise RuntimeError("no timeout")
+        thread.start()
+    except RuntimeError:  # "can't create new thread at interpreter shutdown", or no timeout: the caller's thread
+        run()
+        return True, outcome[0]
+    thread.join(timeout)
+    return (True, outcome[0]) if outcome else (False, None)
 
 
 TRIM_INTERVAL_S = 0.02
 TRIM_IDLE_MAX_S = 0.16  # the trimmer's tick while no queue is filling (see _Trimmer._run)
+# Records dropped per C-level bulk pop: one call holds the GIL for ~1 ms at most, so the training thread is never
+# held up long, while each turn the trimmer wins the GIL removes the whole excess (see BackgroundRunner.trim).
+TRIM_CHUNK = 16_384
+_kind_of = itemgetter(0)
+_is_pair = PAIRS.__contains__
 
 
 def describe(exc: BaseException) -> str:
@@ -97,8 +165,18 @@ def describe(exc: BaseException) -> str:
 
 
 def count_records(batch: list[Any]) -> int:
-    """Records in a batch of packed tuples: a pair stands for two (see records.PAIRS)."""
-    return len(batch) + sum(1 for p in batch if p[0] in PAIRS)
+    """Records in a batch of packed tuples: a pair stands for two (see records.PAIRS). C-level loops only."""
+    return len(batch) + sum(map(_is_pair, map(_kind_of, batch)))
+
+
+def _pop_into(out: list[Any], pop: Callable[[], Any], n: int) -> None:
+    """Pop up to ``n`` items into ``out`` in one C-level loop (no bytecode runs, so the GIL is not given up half-way
+    and a producer thread cannot slip in between). Stops early, keeping what it took, if the deque runs empty (a
+    re-entrant drain by a signal handler took the rest)."""
+    try:
+        out.extend(starmap(pop, repeat((), n)))
+    except IndexError:
+        pass
 
 
 class _Runner:
@@ -119,8 +197,9 @@ class _Runner:
         self._warned = False
 
     def _deliver(self, batch: list[Any], *, counted: bool = True) -> None:
-        """Hand a batch of packed records to the sink, containing any failure. Never raises. ``counted=False`` for
-        telemetrain's own diagnostics, which are not part of the delivered/dropped record counts."""
+        """Hand a batch of packed records to the sink, containing any failure. Never raises (but a real interrupt,
+        see ``is_interrupt``). ``counted=False`` for telemetrain's own diagnostics, which are not part of the
+        delivered/dropped record counts."""
         stats = self.stats
         if self._suspended_until:
             if time.monotonic() < self._suspended_until:
@@ -134,8 +213,15 @@ class _Runner:
             self._suspended_until = 0.0
         try:
             self.sink.write_packed(batch, self.source)
-        except BaseException as exc:  # noqa: BLE001 - nothing a sink raises may reach training
-            self._on_failure(exc, count_records(batch) if counted else 0)
+        except BaseException as exc:  # nothing a sink raises may reach training
+            n = count_records(batch) if counted else 0
+            if counted and isinstance(exc, PartialWriteError):  # part of the batch is stored: only the rest failed
+                written = min(max(exc.written, 0), n)
+                stats.delivered += written
+                n -= written
+            self._on_failure(exc, n)
+            if is_interrupt(exc):
+                raise
         else:
             if counted:
                 stats.delivered += count_records(batch)
@@ -165,6 +251,16 @@ class _Runner:
             self._backoff = min(self._backoff * 2, self.policy.backoff_max_s)
             stats.suspended = True
 
+    def _abandoned(self, what: str, timeout: float | None, dropped: int) -> None:
+        """The sink's ``what`` did not return in time: it is left behind (its thread, if any, is a daemon), counted,
+        reported to the other sinks (the run store hears it: it closes last) and warned about."""
+        self.stats.abandoned = True
+        message = f"{what} did not return within {timeout or 0:g} s; the sink was abandoned"
+        if dropped:
+            message += f" with {dropped} records still queued (counted as dropped)"
+        self._report("sink_abandoned", self, dropped, message)
+        warn_safely(f"telemetrain: sink {self.sink.name!r}: {message}")
+
 
 class InlineRunner(_Runner):
     """Runs a cheap sink in the caller's thread, with the same failure containment."""
@@ -173,6 +269,7 @@ class InlineRunner(_Runner):
         super().__init__(sink, policy, report, source)
         handle = sink.handle
         stats = self.stats
+        self._closed = False
 
         local = threading.local()
 
@@ -201,8 +298,10 @@ class InlineRunner(_Runner):
             for record in records:
                 try:
                     handle(record)
-                except BaseException as exc:  # noqa: BLE001
+                except BaseException as exc:  # a sink's handle(), whatever it raises
                     self._on_failure(exc, 1 if counted else 0)
+                    if is_interrupt(exc):  # the user's Ctrl-C, arriving while the sink ran: counted, then raised
+                        raise
                 else:
                     if counted:  # telemetrain's own diagnostics are not part of the record counts
                         stats.delivered += 1
@@ -219,20 +318,38 @@ class InlineRunner(_Runner):
     def request_stop(self) -> None:
         pass
 
-    def flush(self, timeout: float | None = None) -> bool:
-        try:
-            self.sink.flush()
-        except BaseException as exc:  # noqa: BLE001
+    def nudge(self) -> None:
+        pass
+
+    def _call(self, what: str, timeout: float | None) -> bool:
+        """The sink's ``flush``/``close``, waited for at most ``timeout`` (in a helper thread: an inline sink is
+        supposed to be cheap, but a console on a stalled pipe or a user's sink may block). True if it returned."""
+        from .sinks.base import Sink  # the base class: its methods do nothing, so there is nothing to wait for
+
+        if getattr(type(self.sink), what, None) is getattr(Sink, what):
+            return True
+        done, exc = call_bounded(getattr(self.sink, what), timeout, f"{self.sink.name}-{what}")
+        if exc is not None:
             self._on_failure(exc, 0)
-        return True
+            if is_interrupt(exc):  # only when it ran on this (main) thread
+                raise exc
+        if not done:
+            self._abandoned(f"{what}()", timeout, 0)
+        return done
+
+    def flush(self, timeout: float | None = None) -> bool:
+        if self._closed or self.stats.abandoned:
+            return not self.stats.abandoned
+        return self._call("flush", timeout)
 
     def close(self, timeout: float | None = None) -> bool:
-        self.flush()
-        try:
-            self.sink.close()
-        except BaseException as exc:  # noqa: BLE001
-            self._on_failure(exc, 0)
-        return True
+        if self._closed:
+            return not self.stats.abandoned
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._closed = True
+        if not self._call("flush", timeout):
+            return False
+        return self._call("close", None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def after_fork_in_child(self) -> None:
         self._take_lock = threading.RLock()
@@ -260,6 +377,9 @@ class BackgroundRunner(_Runner):
         super().__init__(sink, policy, report, source)
         self.capacity = capacity
         self.interval = interval
+        # A queue this long after a drain means the producers outpace one batch per interval: drain again at once
+        # rather than sleep (see _run).
+        self.backlog = max(1, capacity // 8)
         self._on_wake = on_wake
         self._reported_drops = 0
         self._warned_drops = False
@@ -287,20 +407,25 @@ class BackgroundRunner(_Runner):
 
     def trim(self) -> int:
         """Drop what is above capacity, newest first, counted; report new drops; return the queue length. Called by
-        the trimmer thread."""
+        the trimmer thread (and by the writer when it finds the queue over capacity).
+
+        The excess is popped in C-level bulk calls (``_pop_into``): with many producer threads the trimmer gets the
+        GIL rarely, and a Python loop of pops gave it up again every few ms, long before it had caught up: memory
+        grew without bound (8 threads x 1M records: ~1 GB). Counted exactly: the excess is read under the lock that
+        every consumer takes; producers only append."""
         queue = self._queue
         if len(queue) > self.capacity:
             with self._take_lock:  # the worker takes from the left under this lock; producers only append
                 n = len(queue) - self.capacity  # again under the lock: the worker may have drained meanwhile
-                if n > 0:
-                    pop = queue.pop
-                    records = 0
-                    try:
-                        for _ in range(n):
-                            records += 2 if pop()[0] in PAIRS else 1
-                    except IndexError:  # emptied under us by a re-entrant drain (a signal handler's flush)
-                        pass
-                    self.stats.dropped += records
+                pop = queue.pop
+                while n > 0:
+                    dropped: list[Any] = []
+                    _pop_into(dropped, pop, min(n, TRIM_CHUNK))
+                    if not dropped:  # emptied under us by a re-entrant drain (a signal handler's flush)
+                        break
+                    n -= len(dropped)
+                    self.stats.dropped += count_records(dropped)
+                    del dropped
         if self.stats.dropped != self._reported_drops:
             self._report_drops()
         return len(queue)
@@ -331,12 +456,16 @@ class BackgroundRunner(_Runner):
         return self._thread is not None and self._thread.is_alive()
 
     def flush(self, timeout: float | None = 5.0) -> bool:
-        """Deliver everything queued before this call and flush the sink. False if the sink did not finish in time."""
+        """Deliver everything queued before this call and flush the sink. False if the sink did not finish in time.
+        The sink is only ever called from its own thread, so a sink that blocks costs the caller ``timeout`` at
+        most."""
         if self._closed:
-            return True  # nothing can be queued any more, and the sink is closed
+            return not self.stats.abandoned  # nothing can be queued any more, and the sink is closed (or stuck)
         if not self.running:
-            self._drain_once(flush_sink=True)
-            return True
+            self.start()
+            if not self.running:  # no thread can be started (interpreter shutdown): deliver in the caller's thread
+                self._drain_once(flush_sink=True)
+                return True
         with self._cv:
             self._flush_requested += 1
             target = self._flush_requested
@@ -344,41 +473,63 @@ class BackgroundRunner(_Runner):
             return self._cv.wait_for(lambda: self._flush_done >= target or not self.running, timeout)
 
     def request_stop(self) -> None:
-        """Ask the thread to deliver what is queued and stop, without waiting (see ``close``)."""
+        """Ask the thread to deliver what is queued, close the sink and stop, without waiting (see ``close``)."""
         self._stopping = True
         self._wake.set()
 
-    def close(self, timeout: float | None = 5.0) -> bool:
-        """Deliver what is queued, stop the thread and close the sink. False if the sink was stuck.
+    def nudge(self) -> None:
+        """Wake the thread now to write what is queued (a close is coming: the queue is then shorter)."""
+        self._wake.set()
 
-        Idempotent and re-entrant: a second close (another thread, atexit, a signal handler interrupting the first)
-        does the remaining work instead of returning early, and the sink is closed once."""
+    def close(self, timeout: float | None = 5.0) -> bool:
+        """Deliver what is queued, close the sink and stop the thread. False if the sink did not finish within
+        ``timeout``: it is then abandoned (``SinkStats.abandoned``, its queue counted as dropped, a
+        ``sink_abandoned`` diagnostic) and its daemon thread left behind, so a stuck sink never holds up the caller,
+        the exit or a signal handler for longer than ``timeout``.
+
+        The sink's last write, flush and ``close()`` run in its own thread, never in the caller's. Idempotent and
+        re-entrant: a second close (another thread, atexit, a signal handler interrupting the first) waits for the
+        same thread, within its own timeout, and the sink is closed once."""
         if self._closed:
-            return True
+            return not self.stats.abandoned
+        if not self.running:
+            self.start()  # a sink that never got a record is closed in its own thread too
         thread = self._thread
         self.request_stop()
-        if thread is not None and thread is not threading.current_thread():
+        if thread is not None and thread is not threading.current_thread() and thread.is_alive():
             thread.join(timeout)
             if thread.is_alive():  # a stuck sink: leave the daemon thread behind rather than hang the exit
+                with self._close_lock:
+                    if self._closed:
+                        return not self.stats.abandoned
+                    self._closed = True
                 _trimmer.unwatch(self)  # nothing new reaches this queue once its Telemetry is closing
-                self._abandon_queue()
+                self._abandoned("its write, flush or close()", timeout, self._abandon_queue())
                 return False
         with self._close_lock:
             if self._closed:
-                return True
-            _trimmer.unwatch(self)
-            self._drain_once(flush_sink=True)
-            self.trim()
-            if not self._sink_closed:
-                self._sink_closed = True
-                try:
-                    self.sink.close()
-                except BaseException as exc:  # noqa: BLE001
-                    self._on_failure(exc, 0)
+                return not self.stats.abandoned
+            if not self._sink_closed:  # no thread ran the close (interpreter shutdown, or called from the sink)
+                _trimmer.unwatch(self)
+                self._drain_once(flush_sink=True)
+                self.trim()
+                self._close_sink()
             self._closed = True
         return True
 
-    def _abandon_queue(self) -> None:
+    def _close_sink(self) -> None:
+        with self._close_lock:
+            if self._sink_closed:
+                return
+            self._sink_closed = True
+        try:
+            self.sink.close()
+        except BaseException as exc:  # a sink's close(), whatever it raises
+            self._on_failure(exc, 0)
+            if is_interrupt(exc):
+                raise
+
+    def _abandon_queue(self) -> int:
         """Nobody will write what a stuck sink has queued: free the memory, and count it as dropped."""
         with self._take_lock:
             n = count_records(list(self._queue))
@@ -386,6 +537,7 @@ class BackgroundRunner(_Runner):
             self.stats.dropped += n
         if n:
             self._report_drops()
+        return n
 
     def after_fork_in_child(self) -> None:
         # What is queued belongs to the parent (its own thread writes it); the parent's thread does not exist here.
@@ -398,14 +550,26 @@ class BackgroundRunner(_Runner):
     # -- the worker ------------------------------------------------------------------------------------------------
 
     def _run(self) -> None:
+        # Wakes every ``interval`` counted from the previous wake-up, not from the end of the drain, and at once
+        # while a backlog is left after a drain: sleeping a whole interval after every batch made the period
+        # interval + write time and dropped records at 300k/s. Idle, it still wakes once per interval.
+        wake = self._wake
+        queue = self._queue
+        due = time.monotonic() + self.interval
         while True:
-            self._wake.wait(self.interval)
-            self._wake.clear()
+            wait = due - time.monotonic()
+            if wait > 0 and len(queue) < self.backlog:
+                wake.wait(wait)
+            wake.clear()
+            due = time.monotonic() + self.interval
             with self._cv:
                 requested = self._flush_requested
             stopping = self._stopping
             try:
                 self._drain_once(flush_sink=requested > self._flush_done or stopping)
+                if stopping:
+                    self.trim()
+                    self._close_sink()
             except BaseException as exc:  # noqa: BLE001 - _deliver contains sinks; this is a last line: never die
                 self._on_failure(exc, 0)
             if requested > self._flush_done:
@@ -413,6 +577,7 @@ class BackgroundRunner(_Runner):
                     self._flush_done = requested
                     self._cv.notify_all()
             if stopping:
+                _trimmer.unwatch(self)
                 return
 
     def _drain_once(self, *, flush_sink: bool) -> None:
@@ -429,25 +594,25 @@ class BackgroundRunner(_Runner):
         remaining = len(queue)
         while remaining > 0:
             batch: list[Any] = []
-            take = batch.append
             with self._take_lock:  # the trimmer may pop from the right meanwhile; the lock keeps n exact
                 # at most a queue's worth per batch: the queue can overshoot between trims, a batch need not
-                try:
-                    for _ in range(min(remaining, capacity)):
-                        take(popleft())
-                except IndexError:  # emptied under us by a re-entrant drain (a signal handler's flush)
-                    remaining = 0
-            if not batch:
+                _pop_into(batch, popleft, min(remaining, capacity))
+            if not batch:  # emptied under us by a re-entrant drain (a signal handler's flush)
                 break
             remaining -= len(batch)
             self._deliver(batch)
+            del batch
+            if len(queue) > capacity:  # producers outpace the trimmer (many threads, a busy GIL): bound it here too
+                self.trim()
         if self.stats.dropped != self._reported_drops:
             self._report_drops()
         if flush_sink:
             try:
                 self.sink.flush()
-            except BaseException as exc:  # noqa: BLE001
+            except BaseException as exc:  # a sink's flush(), whatever it raises
                 self._on_failure(exc, 0)
+                if is_interrupt(exc):
+                    raise
 
     def _report_drops(self) -> None:
         with self._take_lock:
@@ -516,7 +681,7 @@ class _Trimmer:
             for runner in runners:
                 try:
                     size = runner.trim()
-                except Exception:  # noqa: BLE001 - keep trimming the others
+                except BaseException:  # noqa: BLE001 - keep trimming the others (a reporter hook that raised)
                     continue
                 sizes[id(runner)] = size
                 if size > runner.capacity // 8 or size - previous.get(id(runner), 0) > runner.capacity // 64:
