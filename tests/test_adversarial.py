@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import enum
+import json
+import math
+import os
 import signal
 import subprocess
 import sys
@@ -21,9 +25,11 @@ from typing import Any
 
 import pytest
 
-from conftest import helper_env
-from telemetrain import Telemetry, TelemetryWarning, monitor
+from conftest import as_default, helper_env
+from telemetrain import Identity, Telemetry, TelemetryWarning, identity_from_env, monitor
 from telemetrain.collector import collector
+from telemetrain.records import Diagnostic, Event, MetricPoint, SpanEnd, SpanStart, StatWindow
+from telemetrain.spans import tracer
 from telemetrain.stats import Gauge
 from telemetrain.store import open_run
 
@@ -321,9 +327,275 @@ def test_an_attribute_whose_repr_raises_costs_one_record_not_the_batch(tmp_path:
     assert t.store is not None and t.store.unencodable == 1
 
 
+def _json_lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
 def _wait_until(predicate: Any, what: str, timeout: float = HANG_S) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.005)
+
+
+# -- 12. symbolic links planted in the run store are never followed ----------------------------------------------------
+
+
+def _fixed_identity(run_id: str = "linked") -> Identity:
+    return identity_from_env({}, run_id=run_id, session_tag=SESSION)
+
+
+def _victim(tmp_path: Path) -> Path:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    return victim
+
+
+@pytest.mark.parametrize("planted", ["rank_file_link", "rank_file_fifo", "run_json_link", "old_temp_name_link"])
+def test_a_link_planted_where_a_run_file_will_be_created_is_not_followed(tmp_path: Path, planted: str) -> None:
+    """The attacker knows the name the writer will create (the pid is no secret) and puts a symbolic link (or a
+    FIFO) there first. The file it points at is untouched; every record is still written, to a fresh file."""
+    victim = _victim(tmp_path)
+    root = tmp_path / "store"
+    identity = _fixed_identity()
+    run_path = root / SESSION / identity.run_id
+    run_path.mkdir(parents=True)
+    rank_file = run_path / f"rank-0.{os.getpid()}.jsonl"
+    if planted == "rank_file_link":
+        rank_file.symlink_to(victim)
+    elif planted == "rank_file_fifo":
+        os.mkfifo(rank_file)
+    elif planted == "run_json_link":
+        (run_path / "run.json").symlink_to(victim)
+    else:  # the temporary name run.json used to be written under first
+        (run_path / f".run.json.{os.getpid()}.tmp").symlink_to(victim)
+    with Telemetry(identity, store=root, config={"lr": 0.1}) as t:
+        for i in range(10):
+            t.metric("seq", i, "train")
+    assert victim.read_text() == "precious\n"
+    assert t.store is not None and t.store.path is not None
+    written = t.store.path
+    assert not written.is_symlink()
+    if planted.startswith("rank"):  # the name was taken: the next free one
+        assert written.name == f"rank-0.{os.getpid()}.1.jsonl"
+    lines = _json_lines(written)
+    assert lines[0]["kind"] == "process" and [line["value"] for line in lines[1:]] == list(range(10))
+    if planted != "run_json_link":
+        meta = run_path / "run.json"
+        assert not meta.is_symlink() and json.loads(meta.read_text())["config"] == {"lr": 0.1}
+
+
+@pytest.mark.parametrize("linked", ["session", "run"])
+def test_a_run_directory_that_is_a_link_is_refused(tmp_path: Path, linked: str) -> None:
+    """A session or run directory below the store root that is a symbolic link is refused: nothing is written
+    where it points, and the refusal is a counted, warned, reported sink failure, not a crash of the program."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    root = tmp_path / "store"
+    identity = _fixed_identity()
+    if linked == "session":
+        root.mkdir()
+        (root / SESSION).symlink_to(elsewhere, target_is_directory=True)
+    else:
+        (root / SESSION).mkdir(parents=True)
+        (root / SESSION / identity.run_id).symlink_to(elsewhere, target_is_directory=True)
+    t = Telemetry(identity, store=root)
+    t.metric("seq", 1, "train")
+    with pytest.warns(TelemetryWarning, match="symbolic link"):
+        t.flush()
+    t.close()
+    assert list(elsewhere.iterdir()) == []
+    stats = t.health()
+    assert stats["failed"] == 1 and "not a real directory" in stats["sinks"][0]["last_error"]
+
+
+def test_a_store_root_that_is_a_link_is_the_users_choice(tmp_path: Path) -> None:
+    """The root is what the user named (store=..., TELEMETRAIN_DIR): a link there is followed."""
+    real = tmp_path / "fast-disk"
+    real.mkdir()
+    (tmp_path / "runs").symlink_to(real, target_is_directory=True)
+    with Telemetry(_fixed_identity(), store=tmp_path / "runs") as t:
+        t.metric("seq", 1, "train")
+    assert [r.value for r in open_run(real / SESSION / "linked").records("metric")] == [1]
+
+
+def test_run_files_are_replaced_atomically_without_writing_through_a_link(tmp_path: Path) -> None:
+    """``RunDir.replace_file`` (for a run.json that must change) renames a new file over the old one: a link in
+    its place is replaced, the file it pointed at untouched."""
+    from telemetrain.store.files import open_run_dir
+
+    victim = _victim(tmp_path)
+    root = tmp_path / "store"
+    with open_run_dir(root, "s", "r") as directory:
+        assert directory.create_once("run.json", b"{}\n")
+        assert not directory.create_once("run.json", b'{"second": true}\n')  # never overwritten
+        (root / "s" / "r" / "run.json").unlink()
+        (root / "s" / "r" / "run.json").symlink_to(victim)
+        assert not directory.create_once("run.json", b"{}\n")  # nor a link followed
+        directory.replace_file("run.json", b'{"v": 2}\n')
+    assert victim.read_text() == "precious\n"
+    meta = root / "s" / "r" / "run.json"
+    assert not meta.is_symlink() and json.loads(meta.read_text()) == {"v": 2}
+    assert sorted(p.name for p in (root / "s" / "r").iterdir()) == ["run.json"]  # no temporary file left behind
+
+
+# -- 14. names -------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "bad", ["a/b", "a\\b", "a\0b", "x" * 129, ".."], ids=["slash", "backslash", "nul", "long", "dots"]
+)
+@pytest.mark.parametrize("field", ["run_id", "session_tag"])
+def test_a_name_that_becomes_a_directory_is_refused_at_the_call(field: str, bad: str) -> None:
+    with pytest.raises(ValueError, match=f"Identity.{field}"):
+        identity_from_env({}, **{field: bad})
+    t = Telemetry(store=False)
+    with pytest.raises(ValueError, match=f"Identity.{field}"):
+        t.set_identity(**{field: bad})
+    t.close()
+
+
+@pytest.mark.parametrize("store", ["runs\0x", "y" * 256], ids=["nul", "long component"])
+def test_an_unusable_store_path_is_refused_at_the_call(tmp_path: Path, store: str) -> None:
+    with pytest.raises(ValueError, match="store"):
+        Telemetry(store=tmp_path / store)
+
+
+def test_an_overlong_run_id_from_the_environment_is_shortened_deterministically_and_stays_unique(
+    tmp_path: Path,
+) -> None:
+    """A job scheduler's run id of 300 characters: every rank shortens it the same way (a prefix and a hash of the
+    whole), two ids that differ only at the end stay two runs, and the run is written."""
+    long_a, long_b = "job-" + "x" * 300 + "-a", "job-" + "x" * 300 + "-b"
+    a1 = identity_from_env({"TELEMETRAIN_RUN_ID": long_a, "TELEMETRAIN_SESSION_TAG": long_a})
+    a2 = identity_from_env({"TELEMETRAIN_RUN_ID": long_a, "TELEMETRAIN_SESSION_TAG": long_a})
+    b = identity_from_env({"TELEMETRAIN_RUN_ID": long_b, "TELEMETRAIN_SESSION_TAG": long_b})
+    assert a1.run_id == a2.run_id and a1.session_tag == a1.run_id
+    assert a1.run_id != b.run_id and a1.run_id.startswith("job-xxx")
+    assert len(a1.run_id.encode()) <= 128
+    for identity in (a1, b):
+        with Telemetry(identity, store=tmp_path) as t:
+            t.metric("seq", 1, "train")
+        assert [r.value for r in open_run(tmp_path / identity.session_tag / identity.run_id).records("metric")] == [1]
+
+
+class Color(str, enum.Enum):
+    RED = "red"
+
+
+@pytest.mark.parametrize("key", [(1, 2), frozenset({"a"}), object(), 3, None], ids=lambda k: type(k).__name__)
+def test_event_attribute_keys_that_are_not_strings_are_refused(tmp_path: Path, key: Any) -> None:
+    """A JSON object's keys are strings: a tuple, frozenset, object (or int) key would be stored under a made-up
+    text or lose the record in the writer. Refused at the call, naming the argument; a str Enum member is text."""
+    from telemetrain import events
+
+    with as_default(Telemetry(store=tmp_path)) as t:
+        with pytest.raises(TypeError, match="attributes keys must be str"):
+            t.event("e", {"ok": 1, key: 2})
+        with pytest.raises(TypeError, match=r"event\.metadata keys must be str"):
+            events.record(events.Event("e", events.EventSource.WORKER, metadata={key: 1}))
+        with pytest.raises(TypeError, match="attributes keys must be str"):
+            tracer(t).start("s", attributes={key: 1})
+        t.event("kept", {Color.RED: 1})
+    [event] = open_run(t.run_dir).records("event")
+    assert event.name == "kept" and event.attributes == {"red": 1}
+
+
+# -- 15. every line written is valid JSON the reader loads ----------------------------------------------------------
+
+
+def _refuse_constant(token: str) -> Any:
+    raise AssertionError(f"bare {token} in the run store: not valid JSON")
+
+
+def _all_lines_valid(run_dir: Path) -> list[dict[str, Any]]:
+    out = []
+    for path in run_dir.glob("rank-*.jsonl"):
+        out += [json.loads(line, parse_constant=_refuse_constant) for line in path.read_text().splitlines()]
+    return out
+
+
+@pytest.mark.parametrize(
+    ("event", "error", "match"),
+    [
+        (dict(name=float("nan")), TypeError, "event.name must be a str"),
+        (dict(name=None), TypeError, "event.name must be a str"),
+        (dict(name="e", metadata=[("k", 1)]), TypeError, "event.metadata must be a dict"),
+        (dict(name="e", metadata="k=1"), TypeError, "event.metadata must be a dict"),
+    ],
+    ids=["nan name", "None name", "list metadata", "str metadata"],
+)
+def test_a_torchelastic_event_of_the_wrong_shape_is_refused_at_the_call(
+    tmp_path: Path, event: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    from telemetrain import events
+
+    with as_default(Telemetry(store=tmp_path)) as t:
+        with pytest.raises(error, match=match):
+            events.record(events.Event(source=events.EventSource.WORKER, **event))
+        events.record(events.Event("fine", events.EventSource.WORKER, metadata={"loss": float("nan")}))
+    lines = _all_lines_valid(t.run_dir)
+    assert [line["name"] for line in lines if line["kind"] == "event"] == ["fine"]
+    [fine] = open_run(t.run_dir).records("event")
+    assert math.isnan(fine.attributes["loss"])  # NaN in a value is data
+
+
+def _typed(t: Telemetry, kind: str, **changes: Any) -> Any:
+    mono, wall = t.now()
+    base = {
+        "metric": MetricPoint(mono, wall, t.identity, "g", "m", 1.0, "", 3),
+        "event": Event(mono, wall, t.identity, "g", "e", "info", {"k": 1}, "", ""),
+        "span_start": SpanStart(mono, wall, t.identity, "g", "s", "00000000000000ab", "", "0" * 32, None),
+        "span_end": SpanEnd(mono, wall, t.identity, "g", "s", "00000000000000ab", 1000, "ok", None, ""),
+        "stat": StatWindow(mono, wall, t.identity, "g", "w", mono - 10, 3, {"mean": 1.0}, "s", None),
+        "diagnostic": Diagnostic(mono, wall, t.identity, "g", "d", "sink", 1, "message"),
+    }[kind]
+    return base._replace(**changes)
+
+
+@pytest.mark.parametrize(
+    ("kind", "changes", "field"),
+    [
+        ("span_end", {"duration_ns": float("nan")}, "duration_ns"),
+        ("span_end", {"duration_ns": 1.5}, "duration_ns"),
+        ("span_start", {"span_id": float("inf")}, "span_id"),
+        ("span_start", {"trace_id": None}, "trace_id"),
+        ("metric", {"step": float("nan")}, "step"),
+        ("metric", {"value": "1.0"}, "value"),
+        ("metric", {"name": float("nan")}, "name"),
+        ("metric", {"mono_ns": float("inf")}, "mono_ns"),
+        ("event", {"attributes": {(1,): 2}}, "attributes"),
+        ("event", {"event_id": float("nan")}, "event_id"),
+        ("stat", {"sample_count": float("inf")}, "sample_count"),
+        ("stat", {"values": {"mean": "x"}}, "values"),
+        ("diagnostic", {"record_count": float("nan")}, "record_count"),
+    ],
+)
+def test_a_typed_record_with_a_bad_field_is_refused_by_emit_naming_it(
+    tmp_path: Path, kind: str, changes: dict[str, Any], field: str
+) -> None:
+    with Telemetry(store=tmp_path) as t:
+        with pytest.raises(TypeError, match=rf"record\.{field}\b"):
+            t.emit(_typed(t, kind, **changes))
+        for good in ("metric", "event", "span_start", "span_end", "stat", "diagnostic"):
+            t.emit(_typed(t, good))
+        t.emit(_typed(t, "metric", value=float("inf")))  # NaN and infinities as values are data
+        t.emit(_typed(t, "stat", values={"mean": float("nan")}))
+    lines = _all_lines_valid(t.run_dir)
+    assert len(lines) == 1 + 6 + 2  # the header and every good record, nothing else
+    run = open_run(t.run_dir)
+    assert run.corrupt == 0 and len(run.records()) == 8
+
+
+def test_the_writer_never_writes_an_invalid_line_whatever_reaches_it(tmp_path: Path) -> None:
+    """The last line of defence, behind the checks at the call: a packed record with a NaN name or a float
+    duration, routed directly, becomes an ``unencodable`` diagnostic line, valid JSON."""
+    with Telemetry(store=tmp_path) as t:
+        route = t.route("metric", "g")
+        route(("metric", time.monotonic_ns(), t._token, "g", float("nan"), 1.0))
+        t.route("span_end", "g")(("span_end", time.monotonic_ns(), t._token, "g", "s", 1, float("nan"), "ok", ""))
+        route(("metric", time.monotonic_ns(), t._token, "g", "fine", 1.0))
+    lines = _all_lines_valid(t.run_dir)
+    assert [line["name"] for line in lines[1:]] == ["unencodable", "unencodable", "fine"]
+    assert open_run(t.run_dir).corrupt == 0

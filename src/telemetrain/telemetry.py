@@ -20,6 +20,7 @@ from .router import Attachment, Router
 from .sinks.base import Sink
 from .sinks.console import ConsoleSink
 from .sinks.jsonl import RunStoreSink
+from .store.layout import check_root
 
 __all__ = ["Telemetry", "get_telemetry", "reset", "set_telemetry"]
 
@@ -128,7 +129,7 @@ class Telemetry:
         if store is not False:
             if store is not True and not isinstance(store, (str, os.PathLike)):
                 raise TypeError(f"store must be a bool or a path, got {type(store).__name__}")
-            self.store = RunStoreSink(None if store is True else Path(store), config=config)
+            self.store = RunStoreSink(None if store is True else check_root(store, "store"), config=config)
             self.add_sink(self.store)
         if console:
             self.add_sink(ConsoleSink())

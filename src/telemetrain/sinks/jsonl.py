@@ -29,7 +29,7 @@ from ..identity import Identity
 from ..records import PAIRS, PackedSource
 from ..store.codec import ENCODERS, encode, encode_header, tag_nonfinite
 from ..store.files import RunDir, open_run_dir
-from ..store.layout import AGENT_ROLE, RUN_META, default_root, process_file_name, run_dir
+from ..store.layout import AGENT_ROLE, RUN_META, check_root, default_root, process_file_name, run_dir
 from .base import Sink
 
 
@@ -88,7 +88,7 @@ class RunStoreSink(Sink):
 
     def __init__(self, root: str | os.PathLike[str] | None = None, *, config: Mapping[str, Any] | None = None) -> None:
         # absolute now: a later chdir of the program must not move (or split) its run
-        self.root = (Path(root) if root is not None else default_root()).absolute()
+        self.root = (check_root(root, "root") if root is not None else default_root()).absolute()
         self.config = dict(config or {})
         self._fd = -1
         self._token = -1
