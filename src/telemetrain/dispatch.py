@@ -29,6 +29,7 @@ import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable
+import itertools
 from itertools import repeat, starmap
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
@@ -149,9 +150,7 @@ def call_bounded(fn: Callable[[], None], timeout: float | None, name: str) -> tu
 
 TRIM_INTERVAL_S = 0.02
 TRIM_IDLE_MAX_S = 0.16  # the trimmer's tick while no queue is filling (see _Trimmer._run)
-# Records dropped per C-level bulk pop: one call holds the GIL for ~1 ms at most, so the training thread is never
-# held up long, while each turn the trimmer wins the GIL removes the whole excess (see BackgroundRunner.trim).
-TRIM_CHUNK = 16_384
+GUARD_HOLD_S = 2.0  # an overflowed queue keeps its guarded route this long after its last drop (see trim)
 _kind_of = itemgetter(0)
 _is_pair = PAIRS.__contains__
 
@@ -369,6 +368,7 @@ class BackgroundRunner(_Runner):
         capacity: int = 100_000,
         interval: float = 0.2,
         on_wake: Callable[[], None] | None = None,
+        on_route_change: Callable[[], None] | None = None,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"queue capacity must be >= 1, got {capacity}")
@@ -381,6 +381,8 @@ class BackgroundRunner(_Runner):
         # rather than sleep (see _run).
         self.backlog = max(1, capacity // 8)
         self._on_wake = on_wake
+        # Called when ``enqueue`` changes (see trim): the owner re-resolves its routes, which hold the old one.
+        self._on_route_change = on_route_change
         self._reported_drops = 0
         self._warned_drops = False
         self._reset_process_state()
@@ -388,7 +390,14 @@ class BackgroundRunner(_Runner):
     def _reset_process_state(self) -> None:
         """Fresh queue, locks and thread state: at construction and in a forked child."""
         self._queue: deque[Any] = deque()
+        self._append = self._queue.append
         self._take_lock = threading.RLock()
+        self._guarded = False  # the route is _guarded_append (the queue overflowed lately: see trim)
+        self._overflowed_at = 0.0
+        self._guard_counter = itertools.count()  # next(): one per record the guard dropped, plus one per read
+        self._count_drop = self._guard_counter.__next__
+        self._guard_reads = 0
+        self._guard_folded = 0
         self._close_lock = threading.RLock()
         self._sink_closed = False
         self._wake = threading.Event()
@@ -399,33 +408,71 @@ class BackgroundRunner(_Runner):
         self._stopping = False
         self._closed = False
         # The hot path: the route is this C method itself. The bound is the trimmer's job (module docstring).
-        self.enqueue: Callable[[Any], None] = self._queue.append
+        self.enqueue: Callable[[Any], None] = self._append
         # Diagnostics wait apart: they must not be trimmed, nor counted as dropped records. A sink that stays blocked
         # keeps only the latest of them.
         self._diagnostics: deque[Any] = deque(maxlen=1000)
         self.enqueue_diagnostic: Callable[[Any], None] = self._diagnostics.append
 
-    def trim(self) -> int:
-        """Drop what is above capacity, newest first, counted; report new drops; return the queue length. Called by
-        the trimmer thread (and by the writer when it finds the queue over capacity).
+    def _guarded_append(self, packed: Any) -> None:
+        """The route while the queue overflows (see ``trim``): a record that finds the queue full is dropped right
+        here, in the producer's own thread, and counted on a C-level counter (``next`` of an ``itertools.count``
+        is atomic under the GIL: no lock, so a consumer that holds one cannot stall the producers). A Python call
+        (~0.2 us) instead of the bare C append, only while records are being dropped anyway."""
+        if len(self._queue) < self.capacity:
+            self._append(packed)
+        else:
+            self._count_drop()
+            if packed[0] in PAIRS:
+                self._count_drop()
 
-        The excess is popped in C-level bulk calls (``_pop_into``): with many producer threads the trimmer gets the
-        GIL rarely, and a Python loop of pops gave it up again every few ms, long before it had caught up: memory
-        grew without bound (8 threads x 1M records: ~1 GB). Counted exactly: the excess is read under the lock that
-        every consumer takes; producers only append."""
+    def _fold_guard_drops(self) -> None:
+        """Under the take lock: add the drops counted by ``_guarded_append`` to the stats. Reading the counter
+        advances it too, so the reads so far are subtracted."""
+        total = next(self._guard_counter) - self._guard_reads
+        self._guard_reads += 1
+        new = total - self._guard_folded
+        if new:
+            self._guard_folded = total
+            self.stats.dropped += new
+            self._overflowed_at = time.monotonic()
+
+    def _trim_excess(self) -> None:
+        """Pop what is above capacity, newest first, in one C call, and count it, with the guard's drops (under the
+        take lock: exact)."""
+        with self._take_lock:
+            self._fold_guard_drops()
+            n = len(self._queue) - self.capacity  # under the lock: the worker may have drained meanwhile
+            if n > 0:
+                dropped: list[Any] = []
+                _pop_into(dropped, self._queue.pop, n)
+                self.stats.dropped += count_records(dropped)
+                self._overflowed_at = time.monotonic()
+
+    def trim(self) -> int:
+        """Keep the queue within capacity: drop what is above it, newest first, counted; report new drops; return
+        the queue length. Called by the trimmer thread, by the writer when it finds the queue over capacity, and by
+        ``Telemetry.health()`` (so its counts are exact when read).
+
+        The excess goes in one C-level call (``_pop_into``), but a thread has to get the GIL to make it, and with
+        many producer threads spinning in Python it waits for it (0.1-0.6 s measured with 8): meanwhile the queue
+        grew without bound (8 threads x 1M records: ~1 GB). So an overflow also switches the queue's route to
+        ``_guarded_append``, which drops the records that find the queue full in the producers' own threads: memory
+        then stays within capacity (plus one record per producer thread) whatever the threads, and the plain C append
+        comes back once the queue has not overflowed for ``GUARD_HOLD_S`` and is nearly empty. Counted exactly: the
+        trimmer's drops under the lock that every consumer takes, the guard's on an atomic counter."""
         queue = self._queue
-        if len(queue) > self.capacity:
-            with self._take_lock:  # the worker takes from the left under this lock; producers only append
-                n = len(queue) - self.capacity  # again under the lock: the worker may have drained meanwhile
-                pop = queue.pop
-                while n > 0:
-                    dropped: list[Any] = []
-                    _pop_into(dropped, pop, min(n, TRIM_CHUNK))
-                    if not dropped:  # emptied under us by a re-entrant drain (a signal handler's flush)
-                        break
-                    n -= len(dropped)
-                    self.stats.dropped += count_records(dropped)
-                    del dropped
+        self._trim_excess()
+        if len(queue) >= self.capacity:
+            if not self._guarded and self._on_route_change is not None:
+                self._guarded = True
+                self.enqueue = self._guarded_append
+                self._on_route_change()
+        elif (self._guarded and len(queue) <= self.capacity // 8
+              and time.monotonic() - self._overflowed_at > GUARD_HOLD_S and self._on_route_change is not None):
+            self._guarded = False
+            self.enqueue = self._append
+            self._on_route_change()
         if self.stats.dropped != self._reported_drops:
             self._report_drops()
         return len(queue)
@@ -532,6 +579,7 @@ class BackgroundRunner(_Runner):
     def _abandon_queue(self) -> int:
         """Nobody will write what a stuck sink has queued: free the memory, and count it as dropped."""
         with self._take_lock:
+            self._fold_guard_drops()
             n = count_records(list(self._queue))
             self._queue.clear()
             self.stats.dropped += n
@@ -632,7 +680,8 @@ class BackgroundRunner(_Runner):
 
 
 class _Trimmer:
-    """One daemon thread per process that keeps every started background queue within its capacity.
+    """One daemon thread per process that keeps every started background queue within its capacity (with the
+    writers' help, and the producers' own while a queue overflows: see ``BackgroundRunner.trim``).
 
     Process infrastructure like the signal and fork hooks, so one per process rather than per ``Telemetry``. It runs
     only while some runner is started, and exits when none is left.
@@ -666,6 +715,7 @@ class _Trimmer:
             self._stop.set()
         if thread is not threading.current_thread():
             thread.join(1.0)
+
 
     def _run(self, stop: threading.Event) -> None:
         # Every 20 ms while records flow; a quiet process (no queue filling) backs off, doubling up to 160 ms: a

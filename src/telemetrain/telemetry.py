@@ -217,6 +217,7 @@ class Telemetry:
                 capacity=self.queue_capacity,
                 interval=self.flush_interval,
                 on_wake=self.refresh_clock,
+                on_route_change=self._routes_changed,
             )
         else:
             runner = InlineRunner(sink, self.failure_policy, self._report, self)
@@ -544,6 +545,11 @@ class Telemetry:
                 raise
         finally:
             self._reporting.active = False
+
+    def _routes_changed(self) -> None:
+        """A runner's enqueue changed (an overflowing queue guards its route): the cached routes hold the old one."""
+        with self._lock:
+            self._router.invalidate()
 
     def _after_fork_in_child(self) -> None:
         self._pid = os.getpid()
