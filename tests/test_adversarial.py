@@ -29,6 +29,7 @@ from conftest import as_default, helper_env
 from telemetrain import Identity, Telemetry, TelemetryWarning, identity_from_env, monitor
 from telemetrain.collector import collector
 from telemetrain.records import Diagnostic, Event, MetricPoint, SpanEnd, SpanStart, StatWindow
+from telemetrain.sinks import Sink
 from telemetrain.spans import tracer
 from telemetrain.stats import Gauge
 from telemetrain.store import open_run
@@ -658,3 +659,41 @@ def test_many_producer_threads_into_a_slow_sink_stay_within_the_queue_capacity(t
     assert result["delivered"] + result["dropped"] == result["offered"]
     assert result["dropped"] > 0
     assert result["growth_mb"] < 80, f"peak RSS grew by {result['growth_mb']:.0f} MB"
+
+
+# -- issue 17: the writer keeps up with a high offered rate ------------------------------------------------------------
+
+
+class SlowWrites(Sink):
+    """Each batch takes 50 ms of wall time (GIL released): a remote backend's round trip."""
+
+    name = "slow-writes"
+
+    def __init__(self) -> None:
+        self.metrics = 0
+
+    def write(self, records: Any) -> None:
+        self.metrics += sum(1 for r in records if r.kind == "metric")
+        time.sleep(0.05)
+
+
+def test_the_writer_drains_a_filling_queue_before_its_interval_is_up() -> None:
+    """40,000 records/s offered for 4 s into the default queue (100,000) of a sink whose writes take 50 ms, with a
+    5 s flush interval: a writer that waits for its interval, then sleeps it again after every batch, holds 200,000
+    records at its first wake-up and drops half. The writer is woken when the queue is half full and drains while a
+    backlog is left, so nothing is dropped. (The producer is paced; only a stall of the whole process of over a
+    second could make a record wait long enough to be dropped.)"""
+    t = Telemetry(store=False, flush_interval=5.0)
+    sink = SlowWrites()
+    t.add_sink(sink)
+    rate, total = 40_000, 160_000
+    start = time.perf_counter()
+    for block in range(0, total, 400):  # 10 ms of records at a time
+        due = start + block / rate
+        if due > time.perf_counter():
+            time.sleep(due - time.perf_counter())
+        for i in range(block, block + 400):
+            t.metric("seq", i, "train")
+    assert t.close(HANG_S)
+    [stats] = t.health()["sinks"]
+    assert stats["dropped"] == 0 and stats["delivered"] == sink.metrics == total

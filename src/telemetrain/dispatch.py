@@ -21,6 +21,7 @@ again. A success resets the backoff. The first failure is warned about once and 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import sys
 import threading
@@ -29,7 +30,6 @@ import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable
-import itertools
 from itertools import repeat, starmap
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
@@ -598,9 +598,10 @@ class BackgroundRunner(_Runner):
     # -- the worker ------------------------------------------------------------------------------------------------
 
     def _run(self) -> None:
-        # Wakes every ``interval`` counted from the previous wake-up, not from the end of the drain, and at once
-        # while a backlog is left after a drain: sleeping a whole interval after every batch made the period
-        # interval + write time and dropped records at 300k/s. Idle, it still wakes once per interval.
+        # Wakes every ``interval`` counted from the previous wake-up, not from the end of the drain; at once while a
+        # backlog is left after a drain; and when the trimmer finds the queue half full (``nudge``). Sleeping a whole
+        # interval after every batch made the period interval + write time, and a queue had to hold a whole period
+        # of records: the default store dropped records at 300k/s. Idle, it still wakes once per interval.
         wake = self._wake
         queue = self._queue
         due = time.monotonic() + self.interval
@@ -734,6 +735,8 @@ class _Trimmer:
                 except BaseException:  # noqa: BLE001 - keep trimming the others (a reporter hook that raised)
                     continue
                 sizes[id(runner)] = size
+                if size > runner.capacity // 2:  # filling faster than one batch per interval: write it now
+                    runner.nudge()
                 if size > runner.capacity // 8 or size - previous.get(id(runner), 0) > runner.capacity // 64:
                     filling = True
             previous = sizes
