@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from conftest import as_default, helper_env
-from telemetrain import Identity, Telemetry, TelemetryWarning, identity_from_env, monitor
+from telemetrain import Identity, Telemetry, TelemetryWarning, cli, identity_from_env, monitor
 from telemetrain.collector import collector
 from telemetrain.records import Diagnostic, Event, MetricPoint, SpanEnd, SpanStart, StatWindow
 from telemetrain.sinks import Sink
@@ -602,7 +602,7 @@ def test_the_writer_never_writes_an_invalid_line_whatever_reaches_it(tmp_path: P
     assert open_run(t.run_dir).corrupt == 0
 
 
-# -- 16. memory stays bounded whatever the number of producer threads --------------------------------------------------
+# -- 16. memory stays bounded whatever the number of producer threads ----------------------------------------------
 
 MANY_PRODUCERS = """
 import json, resource, sys, threading, time, warnings
@@ -661,7 +661,7 @@ def test_many_producer_threads_into_a_slow_sink_stay_within_the_queue_capacity(t
     assert result["growth_mb"] < 80, f"peak RSS grew by {result['growth_mb']:.0f} MB"
 
 
-# -- issue 17: the writer keeps up with a high offered rate ------------------------------------------------------------
+# -- issue 17: the writer keeps up with a high offered rate --------------------------------------------------------
 
 
 class SlowWrites(Sink):
@@ -697,3 +697,97 @@ def test_the_writer_drains_a_filling_queue_before_its_interval_is_up() -> None:
     assert t.close(HANG_S)
     [stats] = t.health()["sinks"]
     assert stats["dropped"] == 0 and stats["delivered"] == sink.metrics == total
+
+
+# -- 17. a full disk: a partly written batch is counted exactly ----------------------------------------------------
+
+FILL_THE_DISK = """
+import json, os, resource, signal, sys
+from telemetrain import FailurePolicy, Telemetry
+
+root, how = sys.argv[1], sys.argv[2]
+if how == "rlimit":
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # else exceeding RLIMIT_FSIZE kills the process
+# never suspended (every batch is tried), the writer drains only at flush(): one os.write per 100 records
+t = Telemetry(store=root, flush_interval=3600, failure_policy=FailurePolicy(max_consecutive=10**9))
+t.metric("seq", -1, "train")
+assert t.flush()
+if how == "rlimit":  # room for ~60 more lines
+    resource.setrlimit(resource.RLIMIT_FSIZE, (os.path.getsize(t.store.path) + 6_000, resource.RLIM_INFINITY))
+emitted = 1
+for batch in range(40):
+    for i in range(100):
+        t.metric("seq", emitted, "train")
+        emitted += 1
+    t.flush()
+t.close()
+[stats] = t.health()["sinks"]
+print(json.dumps({"emitted": emitted, "run_dir": str(t.run_dir), **stats}))
+"""
+
+
+@pytest.fixture
+def small_filesystem(tmp_path: Path) -> Any:
+    """A real 256 KiB tmpfs (needs root: skipped otherwise)."""
+    mountpoint = tmp_path / "small"
+    mountpoint.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mountpoint)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root): {proc.stderr.strip()}")
+    try:
+        yield mountpoint
+    finally:
+        subprocess.run(["umount", str(mountpoint)], capture_output=True)
+
+
+@pytest.mark.parametrize("how", ["tmpfs", "rlimit"])
+def test_a_full_disk_counts_a_partly_written_batch_exactly(tmp_path: Path, how: str, request: Any) -> None:
+    """The disk fills in the middle of a batch: the records whose lines reached the file whole are delivered, only
+    the rest failed; lines on disk + failed == emitted (never more: the partial batch is not counted twice)."""
+    root = request.getfixturevalue("small_filesystem") if how == "tmpfs" else tmp_path / "store"
+    returncode, out, err, _ = _run_script(tmp_path, FILL_THE_DISK, root, how)
+    assert returncode == 0, err[-3000:]
+    result = json.loads(out.splitlines()[-1])
+    run = open_run(result["run_dir"])
+    on_disk = len(run.records("metric"))
+    assert result["failed"] > 0 and on_disk > 1, result  # the disk did fill, after some records were written
+    assert result["dropped"] == 0
+    assert on_disk == result["delivered"]
+    assert on_disk + result["failed"] == result["emitted"], (on_disk, result)
+
+
+HOSTILE = "evil\x1b]0;pwned\x07\x1b[2J\rdir"  # retitle the terminal, clear it, return the cursor
+
+
+def _no_control(text: str) -> None:
+    assert not any(c in text for c in "\x1b\x07\r"), f"raw control characters printed: {text!r}"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["show", "{run}x"], ["report", "{run}x"], ["compare", "{run}", "--baseline", "{run}x"], ["goodput", "{run}x"],
+     ["trace", "{run}x"]],
+    ids=lambda a: a[0],
+)
+def test_cli_errors_print_a_hostile_run_path_escaped(tmp_path: Path, capsys: Any, argv: list[str]) -> None:
+    """A run path holding terminal control sequences (a hostile name in a shared store) is printed escaped in
+    every error message: the user sees ``\\x1b``, the terminal gets no escape sequence."""
+    root = tmp_path / HOSTILE
+    with Telemetry(_fixed_identity(), store=root) as t:
+        t.metric("seq", 1, "train")
+    run = str(t.run_dir)
+    assert cli.main([a.format(run=run) for a in argv]) == 2
+    captured = capsys.readouterr()
+    _no_control(captured.out + captured.err)
+    assert "telemetrain: error:" in captured.err and "\\x1b" in captured.err
+
+
+def test_report_prints_a_hostile_run_path_escaped(tmp_path: Path, capsys: Any) -> None:
+    root = tmp_path / HOSTILE
+    with Telemetry(_fixed_identity(), store=root) as t:
+        t.metric("seq", 1, "train")
+    assert cli.main(["report", str(t.run_dir), "-o", str(tmp_path / "r.html")]) == 0
+    captured = capsys.readouterr()
+    _no_control(captured.out + captured.err)
+    assert "for run" in captured.out and "\\x1b" in captured.out
