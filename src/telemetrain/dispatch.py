@@ -8,9 +8,14 @@ I/O sink has its own queue and thread, so a slow or blocked sink delays and drop
 Drop policy: a queue holds at most ``capacity`` records. Because the hot path does not check (a check would cost a
 Python call per record, ~100 ns, more than everything else the call does), one trimmer thread per process enforces
 the bound every ``TRIM_INTERVAL_S`` (20 ms) while queues fill, backing off to ``TRIM_IDLE_MAX_S`` (160 ms) while
-none does: what is above capacity is dropped, newest first, and counted exactly. So memory stays within capacity
-plus 20 ms of the fastest possible producer (160 ms at the first moment of a burst after a quiet spell), even when
-the sink's own thread is blocked. Drops are reported as a ``Diagnostic`` record and warned about once.
+none does: what is above capacity is dropped, newest first, and counted exactly. A queue found over capacity also
+gets a guarded route that drops in the producers' own threads (``BackgroundRunner.trim``), so memory stays bounded
+whatever the number of producer threads, and when the sink's own thread is blocked. Drops are reported as a
+``Diagnostic`` record and warned about once.
+
+Every wait on a sink is bounded: its write, flush and close run in its own thread; a sink that does not finish
+within ``close()``'s timeout is abandoned (counted, reported, warned). Whatever user code raises is contained,
+``BaseException`` included, except a ``KeyboardInterrupt`` on the main thread (``is_interrupt``).
 
 Failure policy (``FailurePolicy``): a batch whose ``write`` raises is counted as failed and dropped; after
 ``max_consecutive`` failures in a row the sink is suspended for ``backoff_s`` seconds (doubling on each further
@@ -26,7 +31,6 @@ import os
 import sys
 import threading
 import time
-import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -34,24 +38,24 @@ from itertools import repeat, starmap
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
+from .containment import PartialWriteError, TelemetryWarning, call_bounded, describe, is_interrupt, warn_safely
 from .records import PAIRS, PackedSource, unpack_all
 
 if TYPE_CHECKING:
     from .sinks.base import Sink
 
-__all__ = [
+__all__ = [  # the containment names are re-exported: the rest of the package imports them from here
     "BackgroundRunner",
     "FailurePolicy",
     "InlineRunner",
     "PartialWriteError",
     "SinkStats",
     "TelemetryWarning",
+    "call_bounded",
+    "describe",
     "is_interrupt",
+    "warn_safely",
 ]
-
-
-class TelemetryWarning(RuntimeWarning):
-    """A telemetry failure that was contained: training goes on, the record of it is in the run store."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,80 +91,11 @@ class SinkStats:
 Reporter = Callable[[str, "_Runner", int, str], None]
 
 
-def is_interrupt(exc: BaseException) -> bool:
-    """The one exception telemetrain's containment lets through: ``KeyboardInterrupt`` on the main thread.
-
-    Python runs signal handlers on the main thread only, so there a ``KeyboardInterrupt`` is the user's Ctrl-C (or a
-    SIGINT handler chained to Python's default) arriving while telemetry code happens to run, and it must reach the
-    program. Everything else that user code run by telemetry raises -- ``SystemExit``, ``asyncio.CancelledError``,
-    ``GeneratorExit``, a custom ``BaseException``, and a ``KeyboardInterrupt`` raised in any other thread, where no
-    real interrupt is ever delivered -- is contained: counted, warned once, never raised into the caller or the
-    background thread."""
-    return isinstance(exc, KeyboardInterrupt) and threading.current_thread() is threading.main_thread()
-
-
-def warn_safely(message: str, category: type[Warning] = TelemetryWarning, stacklevel: int = 2) -> None:
-    """Warn without ever raising: under ``-W error`` a warning is an exception, and it must not reach training.
-    ``stacklevel`` counts from the caller of this function, as ``warnings.warn``'s does from its caller."""
-    try:
-        warnings.warn(message, category, stacklevel=stacklevel + 1)
-    except BaseException as exc:  # a filter or showwarning hook that raises, even SystemExit
-        if is_interrupt(exc):
-            raise
-
-
-class PartialWriteError(OSError):
-    """Raised by a sink whose write stopped part-way (a full disk): ``written`` of the batch's records are stored
-    whole, the rest are not. The runner counts the first as delivered and only the rest as failed."""
-
-    def __init__(self, written: int, cause: OSError) -> None:
-        super().__init__(cause.errno, cause.strerror)
-        self.written = written
-        self.cause = cause
-
-    def __str__(self) -> str:
-        return f"{self.cause} (after {self.written} records were written)"
-
-
-def call_bounded(fn: Callable[[], None], timeout: float | None, name: str) -> tuple[bool, BaseException | None]:
-    """Run ``fn`` in a daemon thread and wait at most ``timeout`` seconds: (finished, what it raised). A call that
-    does not finish is left behind (it can hold nothing of ours). Inline when no thread can be started (interpreter
-    shutdown) or when there is no timeout."""
-    outcome: list[BaseException | None] = []
-
-    def run() -> None:
-        try:
-            fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller, who contains it
-            outcome.append(exc)
-        else:
-            outcome.append(None)
-
-    thread = threading.Thread(target=run, name=f"telemetrain-{name}", daemon=True) if timeout is not None else None
-    try:
-        if thread is None:
-            raise RuntimeError("no timeout")
-        thread.start()
-    except RuntimeError:  # "can't create new thread at interpreter shutdown", or no timeout: the caller's thread
-        run()
-        return True, outcome[0]
-    thread.join(timeout)
-    return (True, outcome[0]) if outcome else (False, None)
-
-
 TRIM_INTERVAL_S = 0.02
 TRIM_IDLE_MAX_S = 0.16  # the trimmer's tick while no queue is filling (see _Trimmer._run)
 GUARD_HOLD_S = 2.0  # an overflowed queue keeps its guarded route this long after its last drop (see trim)
 _kind_of = itemgetter(0)
 _is_pair = PAIRS.__contains__
-
-
-def describe(exc: BaseException) -> str:
-    """``Type: message`` of an exception, even one whose ``__str__`` itself raises."""
-    try:
-        return f"{type(exc).__name__}: {exc}"
-    except BaseException:  # noqa: BLE001 - a broken __str__ must not escape the containment it is part of
-        return f"{type(exc).__name__}: <unprintable>"
 
 
 def count_records(batch: list[Any]) -> int:

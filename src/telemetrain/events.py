@@ -317,7 +317,7 @@ def _call_handler(handler: EventHandler, ev: Any) -> None:
     try:
         handler.record(ev)
     except BaseException as exc:  # contained like a sink's failure, whatever it is
-        if is_interrupt(exc):  # the user's Ctrl-C (dispatch.is_interrupt)
+        if is_interrupt(exc):  # the user's Ctrl-C (containment.is_interrupt)
             raise
         if id(handler) not in _warned_handlers:
             _warned_handlers.add(id(handler))

@@ -23,7 +23,7 @@ import weakref
 from types import FrameType
 from typing import Any, Protocol
 
-from .dispatch import is_interrupt
+from .containment import is_interrupt
 
 __all__ = ["ending", "install", "track"]
 
@@ -70,7 +70,7 @@ def _flush_all(timeout: float) -> None:
 
 def _for_each_live(what: str, timeout: float) -> None:
     """``close``/``flush`` every live Telemetry within one budget. Contains everything an instance raises but the
-    user's Ctrl-C (``dispatch.is_interrupt``), which is raised once every instance had its turn."""
+    user's Ctrl-C (``containment.is_interrupt``), which is raised once every instance had its turn."""
     deadline = time.monotonic() + timeout
     interrupted: BaseException | None = None
     for t in list(_live):

@@ -338,7 +338,7 @@ class Telemetry:
             try:
                 producer.collect(final)
             except BaseException as exc:  # flush and close go on, whatever a producer raised
-                if is_interrupt(exc):  # the user's Ctrl-C on the main thread: theirs (see dispatch.is_interrupt)
+                if is_interrupt(exc):  # the user's Ctrl-C on the main thread: theirs (see containment.is_interrupt)
                     raise
                 warn_safely(f"telemetrain: collecting from {type(producer).__name__} failed: {describe(exc)}")
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .._version import __version__
-from ..dispatch import PartialWriteError, describe, is_interrupt
+from ..containment import PartialWriteError, describe, is_interrupt
 from ..identity import Identity
 from ..records import PAIRS, PackedSource
 from ..store.codec import ENCODERS, encode, encode_header, tag_nonfinite
