@@ -105,6 +105,8 @@ class RunStoreSink(Sink):
 
     def _open(self, identity: Identity) -> None:
         self._close_fd()
+        self._identity = None  # until this open succeeds: a failed one is tried again with the next batch
+        self._token = -1
         # the session and run directories must be real ones (the root may be a link: the user named it)
         with open_run_dir(self.root, identity.session_tag, identity.run_id) as directory:
             if identity.role != AGENT_ROLE:  # the launcher's agent comes first; run.json is the training's to write
