@@ -347,8 +347,8 @@ def check_attribute_keys(attributes: Any, arg: str) -> None:
 _COMMON = (("mono_ns", "int"), ("wall_ns", "int"), ("group", "name"), ("name", "name"))
 # per kind: (index in the record, field, want), and the exact types that pass without a closer look
 _CHECKS = {
-    kind: tuple((cls._fields.index(field), field, want) for field, want in (*_COMMON, *_SPEC[kind]))
-    for kind, cls in KINDS.items()
+    cls.kind: tuple((cls._fields.index(field), field, want) for field, want in (*_COMMON, *_SPEC[cls.kind]))
+    for cls in (MetricPoint, Event, SpanStart, SpanEnd, StatWindow, Diagnostic)
 }
 _NONE = type(None)
 _FAST_TYPES: dict[str, tuple[type, ...]] = {
