@@ -25,6 +25,7 @@ from .store.layout import check_root
 __all__ = ["Telemetry", "get_telemetry", "reset", "set_telemetry"]
 
 _monotonic_ns = time.monotonic_ns
+_join = "".join
 _SEVERITY_SET = frozenset(SEVERITIES)
 _RECORD_TYPES = frozenset(KINDS.values())
 _FALSY = {"0", "off", "false", "no", ""}
@@ -402,7 +403,10 @@ class Telemetry:
             return
         if not isinstance(attributes, Mapping):
             raise TypeError(f"attributes must be a mapping, got {type(attributes).__name__}")
-        check_attribute_keys(attributes, "attributes")  # C-level: str.join refuses a key that is not a str
+        try:
+            _join(attributes)  # C-level: str.join refuses a key that is not a str
+        except TypeError:
+            check_attribute_keys(attributes, "attributes")  # raises, naming the key
         # packed with the attributes flattened to the end, keys then values (see records.ATTRIBUTE_LAYOUT): a copy
         # the caller cannot change afterwards
         route(
