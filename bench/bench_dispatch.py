@@ -172,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-thread", type=int, default=1_000_000)
     ap.add_argument("--capacity", type=int, default=100_000)
     ap.add_argument("--idle-s", type=float, default=10.0)
+    ap.add_argument("--scenarios", default="offered,producers,idle", help="which to run (comma-separated)")
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--scenario", help=argparse.SUPPRESS)
     ap.add_argument("--rate", type=int, help=argparse.SUPPRESS)
@@ -188,36 +189,40 @@ def main(argv: list[str] | None = None) -> int:
     if ns.quick:
         ns.rates, ns.seconds, ns.runs, ns.per_thread, ns.idle_s = "300000", 1.0, 1, 100_000, 1.0
     results: dict[str, list[dict]] = {"offered": [], "producers": [], "idle": []}
-    for rate in (int(r) for r in ns.rates.split(",")):
+    wanted = set(ns.scenarios.split(","))
+    for rate in (int(r) for r in ns.rates.split(",")) if "offered" in wanted else ():
         for _ in range(ns.runs):
             r = run_one("offered", ["--rate", str(rate), "--seconds", str(ns.seconds)])
             results["offered"].append(r)
             print(f"offered {rate:,}/s: dropped {r['dropped']:,}", file=sys.stderr)
-    results["producers"].append(run_one("producers", ["--threads", str(ns.threads), "--per-thread",
-                                                      str(ns.per_thread), "--capacity", str(ns.capacity)]))
-    results["idle"].append(run_one("idle", ["--idle-s", str(ns.idle_s)]))
+    if "producers" in wanted:
+        results["producers"].append(run_one("producers", ["--threads", str(ns.threads), "--per-thread",
+                                                          str(ns.per_thread), "--capacity", str(ns.capacity)]))
+    if "idle" in wanted:
+        results["idle"].append(run_one("idle", ["--idle-s", str(ns.idle_s)]))
 
     import telemetrain
 
     print(f"telemetrain {telemetrain.__version__} from {Path(telemetrain.__file__).parent}; Python "
           f"{sys.version.split()[0]}; {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f} at the end\n")
-    print("| offered (default store) | records | achieved rate /s | dropped | in the file | writer CPU us/record "
-          "| producer CPU us/record |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    if results["offered"]:
+        print("| offered (default store) | records | achieved rate /s | dropped | in the file | writer CPU us/record "
+              "| producer CPU us/record |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
     for r in results["offered"]:
         print(f"| {r['rate']:,}/s for {r['seconds']:g} s | {r['offered']:,} | {r['achieved_rate']:,.0f} | "
               f"{r['dropped']:,} | {r['written']:,} | {r['writer_cpu_us_per_record']:.2f} | "
               f"{r['producer_cpu_us_per_record']:.2f} |")
-    p = results["producers"][0]
-    print("\n| producers into a 50 ms/batch sink | offered | delivered | dropped | exact | flood s "
-          "| peak RSS growth MB |")
-    print("|---|---:|---:|---:|---|---:|---:|")
-    print(f"| {p['threads']} threads x {p['per_thread']:,}, capacity {p['capacity']:,} | {p['offered']:,} | "
-          f"{p['delivered']:,} | {p['dropped']:,} | {p['exact']} | {p['flood_wall_s']:.1f} | "
-          f"{p['rss_growth_mb']:.1f} |")
-    i = results["idle"][0]
-    print(f"\nidle Telemetry (store on): {i['cpu_ms_per_s']:.2f} ms CPU per s ({i['core_percent']:.3f}% of a core) "
-          f"over {i['idle_s']:.1f} s")
+    for p in results["producers"]:
+        print("\n| producers into a 50 ms/batch sink | offered | delivered | dropped | exact | flood s "
+              "| peak RSS growth MB |")
+        print("|---|---:|---:|---:|---|---:|---:|")
+        print(f"| {p['threads']} threads x {p['per_thread']:,}, capacity {p['capacity']:,} | {p['offered']:,} | "
+              f"{p['delivered']:,} | {p['dropped']:,} | {p['exact']} | {p['flood_wall_s']:.1f} | "
+              f"{p['rss_growth_mb']:.1f} |")
+    for i in results["idle"]:
+        print(f"\nidle Telemetry (store on): {i['cpu_ms_per_s']:.2f} ms CPU per s ({i['core_percent']:.3f}% of a "
+              f"core) over {i['idle_s']:.1f} s")
     if ns.json:
         Path(ns.json).write_text(json.dumps(results, indent=1))
     return 0

@@ -356,10 +356,11 @@ def record(event: Event, destination: str = "null") -> None:
         if md is not None and not isinstance(md, Mapping):
             raise TypeError(f"event.metadata must be a dict, got {type(md).__name__}")
         md = dict(md or {})
-    try:
-        _join(md)  # C-level: str.join refuses a key that is not a str
-    except TypeError:
-        check_attribute_keys(md, "event.metadata")  # raises, naming the key
+    if md:
+        try:
+            _join(md)  # C-level: str.join refuses a key that is not a str
+        except TypeError:
+            check_attribute_keys(md, "event.metadata")  # raises, naming the key
     t = _default.telemetry or get_telemetry()
     mono = _monotonic_ns()
     if ours:
