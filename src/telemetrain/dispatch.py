@@ -185,6 +185,23 @@ class _Runner:
             self._backoff = min(self._backoff * 2, self.policy.backoff_max_s)
             stats.suspended = True
 
+    def _call(self, what: str, timeout: float | None) -> bool:
+        """The sink's ``flush``/``close`` outside its runner's thread (an inline sink; a background sink that never
+        got a record), waited for at most ``timeout`` in a helper thread: an inline sink is supposed to be cheap,
+        but a console on a stalled pipe or a user's sink may block. True if it returned."""
+        from .sinks.base import Sink  # the base class: its methods do nothing, so there is nothing to wait for
+
+        if getattr(type(self.sink), what, None) is getattr(Sink, what):
+            return True
+        done, exc = call_bounded(getattr(self.sink, what), timeout, f"{self.sink.name}-{what}")
+        if exc is not None:
+            self._on_failure(exc, 0)
+            if is_interrupt(exc):  # only when it ran on this (main) thread
+                raise exc
+        if not done:
+            self._abandoned(f"{what}()", timeout, 0)
+        return done
+
     def _abandoned(self, what: str, timeout: float | None, dropped: int) -> None:
         """The sink's ``what`` did not return in time: it is left behind (its thread, if any, is a daemon), counted,
         reported to the other sinks (the run store hears it: it closes last) and warned about."""
@@ -254,22 +271,6 @@ class InlineRunner(_Runner):
 
     def nudge(self) -> None:
         pass
-
-    def _call(self, what: str, timeout: float | None) -> bool:
-        """The sink's ``flush``/``close``, waited for at most ``timeout`` (in a helper thread: an inline sink is
-        supposed to be cheap, but a console on a stalled pipe or a user's sink may block). True if it returned."""
-        from .sinks.base import Sink  # the base class: its methods do nothing, so there is nothing to wait for
-
-        if getattr(type(self.sink), what, None) is getattr(Sink, what):
-            return True
-        done, exc = call_bounded(getattr(self.sink, what), timeout, f"{self.sink.name}-{what}")
-        if exc is not None:
-            self._on_failure(exc, 0)
-            if is_interrupt(exc):  # only when it ran on this (main) thread
-                raise exc
-        if not done:
-            self._abandoned(f"{what}()", timeout, 0)
-        return done
 
     def flush(self, timeout: float | None = None) -> bool:
         if self._closed or self.stats.abandoned:
@@ -444,6 +445,8 @@ class BackgroundRunner(_Runner):
         if self._closed:
             return not self.stats.abandoned  # nothing can be queued any more, and the sink is closed (or stuck)
         if not self.running:
+            if self._thread is None and not self._queue and not self._diagnostics:
+                return self._call("flush", timeout)  # never started, nothing to write: no thread of its own yet
             self.start()
             if not self.running:  # no thread can be started (interpreter shutdown): deliver in the caller's thread
                 self._drain_once(flush_sink=True)
@@ -474,8 +477,10 @@ class BackgroundRunner(_Runner):
         same thread, within its own timeout, and the sink is closed once."""
         if self._closed:
             return not self.stats.abandoned
+        if self._thread is None and not self._queue and not self._diagnostics:
+            return self._close_unused(timeout)
         if not self.running:
-            self.start()  # a sink that never got a record is closed in its own thread too
+            self.start()
         thread = self._thread
         self.request_stop()
         if thread is not None and thread is not threading.current_thread() and thread.is_alive():
@@ -498,6 +503,19 @@ class BackgroundRunner(_Runner):
                 self._close_sink()
             self._closed = True
         return True
+
+    def _close_unused(self, timeout: float | None) -> bool:
+        """Close a runner whose thread never started and that holds nothing (a sink that never got a record): its
+        sink's flush and close in a helper thread, bounded like the rest."""
+        with self._close_lock:
+            if self._closed:
+                return not self.stats.abandoned
+            self._closed = True
+            self._sink_closed = True
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._call("flush", timeout):
+            return False
+        return self._call("close", None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def _close_sink(self) -> None:
         with self._close_lock:
