@@ -16,6 +16,10 @@ Scenarios:
             the flood (a record in the queue is ~150 bytes: 100,000 are ~15 MB; the sink also holds a batch).
   idle      ``Telemetry()`` with one record written, then ``--idle-s`` s of nothing: the process's CPU time per
             second (the writer's and the trimmer's wake-ups).
+  calls     the calling thread's CPU time (``time.thread_time_ns``) per call of ``put_metric``, ``Telemetry.event``
+            with and without attributes and ``events.record``, writer parked (flush interval 3600 s), median of 7
+            repeats of 50,000 calls: what the argument checks cost, measured in CPU time because wall time on a
+            shared machine is mostly other jobs' time.
 
 Usage:
     python bench/bench_dispatch.py                    # all scenarios, markdown on stdout
@@ -154,6 +158,49 @@ def scenario_idle(idle_s: float) -> dict:
     return {"idle_s": wall, "cpu_ms_per_s": cpu / wall * 1000, "core_percent": cpu / wall * 100}
 
 
+def scenario_calls() -> dict:
+    import gc
+
+    import telemetrain
+    from telemetrain import events, metrics
+
+    with tempfile.TemporaryDirectory(prefix="bench_dispatch_") as tmp:
+        t = telemetrain.Telemetry(store=tmp, flush_interval=3600, queue_capacity=10**8)
+        telemetrain.set_telemetry(t)
+        put, event, record = metrics.put_metric, t.event, events.record
+        attributes = {"k": "v", "step": 1, "loss": 0.5}
+        prebuilt = events.Event(name="bench", source=events.EventSource.WORKER, metadata={"k": "v", "step": 1})
+        calls = {
+            'put_metric("m", 1, "grp")': lambda: put("m", 1, "grp"),
+            'Telemetry.event("e")': lambda: event("e"),
+            'Telemetry.event("e", {3 keys})': lambda: event("e", attributes),
+            "events.record(Event, 2 metadata keys)": lambda: record(prebuilt),
+        }
+        out = {}
+        n = 50_000
+        for name, call in calls.items():
+            samples = []
+            for _ in range(7):
+                gc.collect()
+                c0 = time.thread_time_ns()
+                for _ in range(n):
+                    call()
+                samples.append((time.thread_time_ns() - c0) / n)
+                assert t.flush(120)
+            out[name] = sorted(samples)[3]
+        # the loop and the lambda, to subtract
+        samples = []
+        nothing = lambda: None  # noqa: E731
+        for _ in range(7):
+            c0 = time.thread_time_ns()
+            for _ in range(n):
+                nothing()
+            samples.append((time.thread_time_ns() - c0) / n)
+        out["loop + lambda call"] = sorted(samples)[3]
+        telemetrain.reset()
+    return out
+
+
 def run_one(name: str, args: list[str]) -> dict:
     proc = subprocess.run([sys.executable, __file__, "--scenario", name, *args], capture_output=True, text=True,
                           timeout=900)
@@ -172,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-thread", type=int, default=1_000_000)
     ap.add_argument("--capacity", type=int, default=100_000)
     ap.add_argument("--idle-s", type=float, default=10.0)
-    ap.add_argument("--scenarios", default="offered,producers,idle", help="which to run (comma-separated)")
+    ap.add_argument("--scenarios", default="offered,producers,idle,calls", help="which to run (comma-separated)")
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--scenario", help=argparse.SUPPRESS)
     ap.add_argument("--rate", type=int, help=argparse.SUPPRESS)
@@ -182,13 +229,15 @@ def main(argv: list[str] | None = None) -> int:
             out = scenario_offered(ns.rate, ns.seconds)
         elif ns.scenario == "producers":
             out = scenario_producers(ns.threads, ns.per_thread, ns.capacity)
+        elif ns.scenario == "calls":
+            out = scenario_calls()
         else:
             out = scenario_idle(ns.idle_s)
         print(json.dumps(out))
         return 0
     if ns.quick:
         ns.rates, ns.seconds, ns.runs, ns.per_thread, ns.idle_s = "300000", 1.0, 1, 100_000, 1.0
-    results: dict[str, list[dict]] = {"offered": [], "producers": [], "idle": []}
+    results: dict[str, list[dict]] = {"offered": [], "producers": [], "idle": [], "calls": []}
     wanted = set(ns.scenarios.split(","))
     for rate in (int(r) for r in ns.rates.split(",")) if "offered" in wanted else ():
         for _ in range(ns.runs):
@@ -200,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
                                                           str(ns.per_thread), "--capacity", str(ns.capacity)]))
     if "idle" in wanted:
         results["idle"].append(run_one("idle", ["--idle-s", str(ns.idle_s)]))
+    if "calls" in wanted:
+        results["calls"].append(run_one("calls", []))
 
     import telemetrain
 
@@ -223,6 +274,10 @@ def main(argv: list[str] | None = None) -> int:
     for i in results["idle"]:
         print(f"\nidle Telemetry (store on): {i['cpu_ms_per_s']:.2f} ms CPU per s ({i['core_percent']:.3f}% of a "
               f"core) over {i['idle_s']:.1f} s")
+    for c in results["calls"]:
+        print("\n| call (writer parked) | caller CPU ns |\n|---|---:|")
+        for name, ns_per_call in c.items():
+            print(f"| {name} | {ns_per_call:.0f} |")
     if ns.json:
         Path(ns.json).write_text(json.dumps(results, indent=1))
     return 0

@@ -28,7 +28,6 @@ from .records import check_attribute_keys
 from .telemetry import _default, get_telemetry
 
 _monotonic_ns = time.monotonic_ns
-_join = "".join
 
 __all__ = [
     "Event",
@@ -356,11 +355,9 @@ def record(event: Event, destination: str = "null") -> None:
         if md is not None and not isinstance(md, Mapping):
             raise TypeError(f"event.metadata must be a dict, got {type(md).__name__}")
         md = dict(md or {})
-    if md:
-        try:
-            _join(md)  # C-level: str.join refuses a key that is not a str
-        except TypeError:
-            check_attribute_keys(md, "event.metadata")  # raises, naming the key
+    for key in md:  # keys must be str (see Telemetry.event)
+        if type(key) is not str:
+            check_attribute_keys(md, "event.metadata")  # a str subclass passes; anything else raises
     t = _default.telemetry or get_telemetry()
     mono = _monotonic_ns()
     if ours:

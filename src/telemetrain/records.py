@@ -336,7 +336,7 @@ def _short(value: Any) -> str:
 
 def check_attribute_keys(attributes: Any, arg: str) -> None:
     """Attribute keys are str (a str subclass, a str Enum member, is one): a tuple, a frozenset or an object would
-    be stored under a made-up text, or not at all. C-level (``str.join`` refuses anything else), for the hot paths."""
+    be stored under a made-up text, or not at all. ``TypeError`` naming ``arg`` and the key."""
     try:
         "".join(attributes)
     except TypeError:

@@ -25,7 +25,6 @@ from .store.layout import check_root
 __all__ = ["Telemetry", "get_telemetry", "reset", "set_telemetry"]
 
 _monotonic_ns = time.monotonic_ns
-_join = "".join
 _SEVERITY_SET = frozenset(SEVERITIES)
 _RECORD_TYPES = frozenset(KINDS.values())
 _FALSY = {"0", "off", "false", "no", ""}
@@ -403,10 +402,9 @@ class Telemetry:
             return
         if not isinstance(attributes, Mapping):
             raise TypeError(f"attributes must be a mapping, got {type(attributes).__name__}")
-        try:
-            _join(attributes)  # C-level: str.join refuses a key that is not a str
-        except TypeError:
-            check_attribute_keys(attributes, "attributes")  # raises, naming the key
+        for key in attributes:  # keys must be str: the cheapest exact check measured (no allocation but the iterator)
+            if type(key) is not str:
+                check_attribute_keys(attributes, "attributes")  # a str subclass passes; anything else raises
         # packed with the attributes flattened to the end, keys then values (see records.ATTRIBUTE_LAYOUT): a copy
         # the caller cannot change afterwards
         route(
