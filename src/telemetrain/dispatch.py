@@ -522,9 +522,14 @@ class BackgroundRunner(_Runner):
             if self._sink_closed:
                 return
             self._sink_closed = True
+        self._contained(self.sink.close)
+
+    def _contained(self, method: Callable[[], None]) -> None:
+        """The sink's ``flush`` or ``close``, in this thread, whatever it raises counted (a real interrupt, see
+        ``is_interrupt``, still raised)."""
         try:
-            self.sink.close()
-        except BaseException as exc:  # a sink's close(), whatever it raises
+            method()
+        except BaseException as exc:  # a sink's flush() or close(), whatever it raises
             self._on_failure(exc, 0)
             if is_interrupt(exc):
                 raise
@@ -609,12 +614,7 @@ class BackgroundRunner(_Runner):
         if self.stats.dropped != self._reported_drops:
             self._report_drops()
         if flush_sink:
-            try:
-                self.sink.flush()
-            except BaseException as exc:  # a sink's flush(), whatever it raises
-                self._on_failure(exc, 0)
-                if is_interrupt(exc):
-                    raise
+            self._contained(self.sink.flush)
 
     def _report_drops(self) -> None:
         with self._take_lock:
