@@ -628,7 +628,7 @@ def _cmd_trace(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         raise CLIError(str(exc)) from None
     dropped = sum(n for kinds in result.dropped.values() for names in kinds.values() for n in names.values())
     note = f", {dropped} left out by --max-per-name" if dropped else ""
-    print(f"wrote {result.path} ({result.size_bytes} bytes, {result.events} events, {result.processes} "
+    print(f"wrote {printable(str(result.path))} ({result.size_bytes} bytes, {result.events} events, {result.processes} "
           f"process(es){note}); open it in https://ui.perfetto.dev", file=out)
     return 0
 
@@ -737,7 +737,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             return launch_commands.run_launch(argv[1:])
         except CLIError as exc:
-            print(f"telemetrain: error: {exc}", file=sys.stderr)
+            print(f"telemetrain: error: {printable(str(exc))}", file=sys.stderr)
             return 2
     parser = build_parser()
     try:
@@ -757,8 +757,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return int(run(args, out, err))
         parser.print_help(out)
         return 2
-    except (CLIError, PermissionError) as exc:
-        print(f"telemetrain: error: {exc}", file=err)
+    except (CLIError, PermissionError) as exc:  # paths in it may hold control characters: escaped
+        print(f"telemetrain: error: {printable(str(exc))}", file=err)
         return 2
     except KeyboardInterrupt:
         print("telemetrain: interrupted", file=err)

@@ -8,6 +8,7 @@ from typing import TextIO
 
 from .store.layout import default_root
 from .store.reader import find_runs
+from .text import printable
 
 __all__ = ["CLIError", "resolve_run"]
 
@@ -32,5 +33,5 @@ def resolve_run(target: str | None, err: TextIO) -> Path:
         raise CLIError(f"{base} is not a telemetrain run directory (no run.json, no rank-*.jsonl) and holds no runs")
     if len(runs) > 1:
         listing = f"telemetrain show --list {shlex.quote(str(base))}"
-        print(f"note: {base} holds {len(runs)} runs; showing the newest (list them: {listing})", file=err)
+        print(printable(f"note: {base} holds {len(runs)} runs; showing the newest (list them: {listing})"), file=err)
     return runs[-1]

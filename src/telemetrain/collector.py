@@ -108,7 +108,7 @@ class Collector:
             if task is not None:
                 try:
                     nxt = task.tick(now)
-                except Exception as exc:  # noqa: BLE001 - one failing task must not stop the others
+                except BaseException as exc:  # noqa: BLE001 - nor kill this thread: it closes every window
                     if not self._warned:
                         self._warned = True
                         warn_safely(f"telemetrain collector: a task failed and was dropped: {describe(exc)}")

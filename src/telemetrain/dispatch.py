@@ -8,9 +8,14 @@ I/O sink has its own queue and thread, so a slow or blocked sink delays and drop
 Drop policy: a queue holds at most ``capacity`` records. Because the hot path does not check (a check would cost a
 Python call per record, ~100 ns, more than everything else the call does), one trimmer thread per process enforces
 the bound every ``TRIM_INTERVAL_S`` (20 ms) while queues fill, backing off to ``TRIM_IDLE_MAX_S`` (160 ms) while
-none does: what is above capacity is dropped, newest first, and counted exactly. So memory stays within capacity
-plus 20 ms of the fastest possible producer (160 ms at the first moment of a burst after a quiet spell), even when
-the sink's own thread is blocked. Drops are reported as a ``Diagnostic`` record and warned about once.
+none does: what is above capacity is dropped, newest first, and counted exactly. A queue found over capacity also
+gets a guarded route that drops in the producers' own threads (``BackgroundRunner.trim``), so memory stays bounded
+whatever the number of producer threads, and when the sink's own thread is blocked. Drops are reported as a
+``Diagnostic`` record and warned about once.
+
+Every wait on a sink is bounded: its write, flush and close run in its own thread; a sink that does not finish
+within ``close()``'s timeout is abandoned (counted, reported, warned). Whatever user code raises is contained,
+``BaseException`` included, except a ``KeyboardInterrupt`` on the main thread (``is_interrupt``).
 
 Failure policy (``FailurePolicy``): a batch whose ``write`` raises is counted as failed and dropped; after
 ``max_consecutive`` failures in a row the sink is suspended for ``backoff_s`` seconds (doubling on each further
@@ -21,26 +26,36 @@ again. A success resets the backoff. The first failure is warned about once and 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import sys
 import threading
 import time
-import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable
+from itertools import repeat, starmap
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
+from .containment import PartialWriteError, TelemetryWarning, call_bounded, describe, is_interrupt, warn_safely
 from .records import PAIRS, PackedSource, unpack_all
 
 if TYPE_CHECKING:
     from .sinks.base import Sink
 
-__all__ = ["BackgroundRunner", "FailurePolicy", "InlineRunner", "SinkStats", "TelemetryWarning"]
-
-
-class TelemetryWarning(RuntimeWarning):
-    """A telemetry failure that was contained: training goes on, the record of it is in the run store."""
+__all__ = [  # the containment names are re-exported: the rest of the package imports them from here
+    "BackgroundRunner",
+    "FailurePolicy",
+    "InlineRunner",
+    "PartialWriteError",
+    "SinkStats",
+    "TelemetryWarning",
+    "call_bounded",
+    "describe",
+    "is_interrupt",
+    "warn_safely",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +83,7 @@ class SinkStats:
     failed: int = 0  # records in batches whose write raised
     failures: int = 0  # write calls that raised
     suspended: bool = False
+    abandoned: bool = False  # the sink did not finish within close()'s timeout: left behind, its queue dropped
     last_error: str = ""
 
 
@@ -75,30 +91,26 @@ class SinkStats:
 Reporter = Callable[[str, "_Runner", int, str], None]
 
 
-def warn_safely(message: str, category: type[Warning] = TelemetryWarning, stacklevel: int = 2) -> None:
-    """Warn without ever raising: under ``-W error`` a warning is an exception, and it must not reach training.
-    ``stacklevel`` counts from the caller of this function, as ``warnings.warn``'s does from its caller."""
-    try:
-        warnings.warn(message, category, stacklevel=stacklevel + 1)
-    except Exception:  # noqa: BLE001
-        pass
-
-
 TRIM_INTERVAL_S = 0.02
 TRIM_IDLE_MAX_S = 0.16  # the trimmer's tick while no queue is filling (see _Trimmer._run)
-
-
-def describe(exc: BaseException) -> str:
-    """``Type: message`` of an exception, even one whose ``__str__`` itself raises."""
-    try:
-        return f"{type(exc).__name__}: {exc}"
-    except BaseException:  # noqa: BLE001 - a broken __str__ must not escape the containment it is part of
-        return f"{type(exc).__name__}: <unprintable>"
+GUARD_HOLD_S = 2.0  # an overflowed queue keeps its guarded route this long after its last drop (see trim)
+_kind_of = itemgetter(0)
+_is_pair = PAIRS.__contains__
 
 
 def count_records(batch: list[Any]) -> int:
-    """Records in a batch of packed tuples: a pair stands for two (see records.PAIRS)."""
-    return len(batch) + sum(1 for p in batch if p[0] in PAIRS)
+    """Records in a batch of packed tuples: a pair stands for two (see records.PAIRS). C-level loops only."""
+    return len(batch) + sum(map(_is_pair, map(_kind_of, batch)))
+
+
+def _pop_into(out: list[Any], pop: Callable[[], Any], n: int) -> None:
+    """Pop up to ``n`` items into ``out`` in one C-level loop (no bytecode runs, so the GIL is not given up half-way
+    and a producer thread cannot slip in between). Stops early, keeping what it took, if the deque runs empty (a
+    re-entrant drain by a signal handler took the rest)."""
+    try:
+        out.extend(starmap(pop, repeat((), n)))
+    except IndexError:
+        pass
 
 
 class _Runner:
@@ -119,8 +131,9 @@ class _Runner:
         self._warned = False
 
     def _deliver(self, batch: list[Any], *, counted: bool = True) -> None:
-        """Hand a batch of packed records to the sink, containing any failure. Never raises. ``counted=False`` for
-        telemetrain's own diagnostics, which are not part of the delivered/dropped record counts."""
+        """Hand a batch of packed records to the sink, containing any failure. Never raises (but a real interrupt,
+        see ``is_interrupt``). ``counted=False`` for telemetrain's own diagnostics, which are not part of the
+        delivered/dropped record counts."""
         stats = self.stats
         if self._suspended_until:
             if time.monotonic() < self._suspended_until:
@@ -134,8 +147,15 @@ class _Runner:
             self._suspended_until = 0.0
         try:
             self.sink.write_packed(batch, self.source)
-        except BaseException as exc:  # noqa: BLE001 - nothing a sink raises may reach training
-            self._on_failure(exc, count_records(batch) if counted else 0)
+        except BaseException as exc:  # nothing a sink raises may reach training
+            n = count_records(batch) if counted else 0
+            if counted and isinstance(exc, PartialWriteError):  # part of the batch is stored: only the rest failed
+                written = min(max(exc.written, 0), n)
+                stats.delivered += written
+                n -= written
+            self._on_failure(exc, n)
+            if is_interrupt(exc):
+                raise
         else:
             if counted:
                 stats.delivered += count_records(batch)
@@ -165,6 +185,33 @@ class _Runner:
             self._backoff = min(self._backoff * 2, self.policy.backoff_max_s)
             stats.suspended = True
 
+    def _call(self, what: str, timeout: float | None) -> bool:
+        """The sink's ``flush``/``close`` outside its runner's thread (an inline sink; a background sink that never
+        got a record), waited for at most ``timeout`` in a helper thread: an inline sink is supposed to be cheap,
+        but a console on a stalled pipe or a user's sink may block. True if it returned."""
+        from .sinks.base import Sink  # the base class: its methods do nothing, so there is nothing to wait for
+
+        if getattr(type(self.sink), what, None) is getattr(Sink, what):
+            return True
+        done, exc = call_bounded(getattr(self.sink, what), timeout, f"{self.sink.name}-{what}")
+        if exc is not None:
+            self._on_failure(exc, 0)
+            if is_interrupt(exc):  # only when it ran on this (main) thread
+                raise exc
+        if not done:
+            self._abandoned(f"{what}()", timeout, 0)
+        return done
+
+    def _abandoned(self, what: str, timeout: float | None, dropped: int) -> None:
+        """The sink's ``what`` did not return in time: it is left behind (its thread, if any, is a daemon), counted,
+        reported to the other sinks (the run store hears it: it closes last) and warned about."""
+        self.stats.abandoned = True
+        message = f"{what} did not return within {timeout or 0:g} s; the sink was abandoned"
+        if dropped:
+            message += f" with {dropped} records still queued (counted as dropped)"
+        self._report("sink_abandoned", self, dropped, message)
+        warn_safely(f"telemetrain: sink {self.sink.name!r}: {message}")
+
 
 class InlineRunner(_Runner):
     """Runs a cheap sink in the caller's thread, with the same failure containment."""
@@ -173,6 +220,7 @@ class InlineRunner(_Runner):
         super().__init__(sink, policy, report, source)
         handle = sink.handle
         stats = self.stats
+        self._closed = False
 
         local = threading.local()
 
@@ -201,8 +249,10 @@ class InlineRunner(_Runner):
             for record in records:
                 try:
                     handle(record)
-                except BaseException as exc:  # noqa: BLE001
+                except BaseException as exc:  # a sink's handle(), whatever it raises
                     self._on_failure(exc, 1 if counted else 0)
+                    if is_interrupt(exc):  # the user's Ctrl-C, arriving while the sink ran: counted, then raised
+                        raise
                 else:
                     if counted:  # telemetrain's own diagnostics are not part of the record counts
                         stats.delivered += 1
@@ -219,20 +269,22 @@ class InlineRunner(_Runner):
     def request_stop(self) -> None:
         pass
 
+    def nudge(self) -> None:
+        pass
+
     def flush(self, timeout: float | None = None) -> bool:
-        try:
-            self.sink.flush()
-        except BaseException as exc:  # noqa: BLE001
-            self._on_failure(exc, 0)
-        return True
+        if self._closed or self.stats.abandoned:
+            return not self.stats.abandoned
+        return self._call("flush", timeout)
 
     def close(self, timeout: float | None = None) -> bool:
-        self.flush()
-        try:
-            self.sink.close()
-        except BaseException as exc:  # noqa: BLE001
-            self._on_failure(exc, 0)
-        return True
+        if self._closed:
+            return not self.stats.abandoned
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._closed = True
+        if not self._call("flush", timeout):
+            return False
+        return self._call("close", None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def after_fork_in_child(self) -> None:
         self._take_lock = threading.RLock()
@@ -252,6 +304,7 @@ class BackgroundRunner(_Runner):
         capacity: int = 100_000,
         interval: float = 0.2,
         on_wake: Callable[[], None] | None = None,
+        on_route_change: Callable[[], None] | None = None,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"queue capacity must be >= 1, got {capacity}")
@@ -260,7 +313,12 @@ class BackgroundRunner(_Runner):
         super().__init__(sink, policy, report, source)
         self.capacity = capacity
         self.interval = interval
+        # A queue this long after a drain means the producers outpace one batch per interval: drain again at once
+        # rather than sleep (see _run).
+        self.backlog = max(1, capacity // 8)
         self._on_wake = on_wake
+        # Called when ``enqueue`` changes (see trim): the owner re-resolves its routes, which hold the old one.
+        self._on_route_change = on_route_change
         self._reported_drops = 0
         self._warned_drops = False
         self._reset_process_state()
@@ -268,7 +326,14 @@ class BackgroundRunner(_Runner):
     def _reset_process_state(self) -> None:
         """Fresh queue, locks and thread state: at construction and in a forked child."""
         self._queue: deque[Any] = deque()
+        self._append = self._queue.append
         self._take_lock = threading.RLock()
+        self._guarded = False  # the route is _guarded_append (the queue overflowed lately: see trim)
+        self._overflowed_at = 0.0
+        self._guard_counter = itertools.count()  # next(): one per record the guard dropped, plus one per read
+        self._count_drop = self._guard_counter.__next__
+        self._guard_reads = 0
+        self._guard_folded = 0
         self._close_lock = threading.RLock()
         self._sink_closed = False
         self._wake = threading.Event()
@@ -279,28 +344,71 @@ class BackgroundRunner(_Runner):
         self._stopping = False
         self._closed = False
         # The hot path: the route is this C method itself. The bound is the trimmer's job (module docstring).
-        self.enqueue: Callable[[Any], None] = self._queue.append
+        self.enqueue: Callable[[Any], None] = self._append
         # Diagnostics wait apart: they must not be trimmed, nor counted as dropped records. A sink that stays blocked
         # keeps only the latest of them.
         self._diagnostics: deque[Any] = deque(maxlen=1000)
         self.enqueue_diagnostic: Callable[[Any], None] = self._diagnostics.append
 
+    def _guarded_append(self, packed: Any) -> None:
+        """The route while the queue overflows (see ``trim``): a record that finds the queue full is dropped right
+        here, in the producer's own thread, and counted on a C-level counter (``next`` of an ``itertools.count``
+        is atomic under the GIL: no lock, so a consumer that holds one cannot stall the producers). A Python call
+        (~0.2 us) instead of the bare C append, only while records are being dropped anyway."""
+        if len(self._queue) < self.capacity:
+            self._append(packed)
+        else:
+            self._count_drop()
+            if packed[0] in PAIRS:
+                self._count_drop()
+
+    def _fold_guard_drops(self) -> None:
+        """Under the take lock: add the drops counted by ``_guarded_append`` to the stats. Reading the counter
+        advances it too, so the reads so far are subtracted."""
+        total = next(self._guard_counter) - self._guard_reads
+        self._guard_reads += 1
+        new = total - self._guard_folded
+        if new:
+            self._guard_folded = total
+            self.stats.dropped += new
+            self._overflowed_at = time.monotonic()
+
+    def _trim_excess(self) -> None:
+        """Pop what is above capacity, newest first, in one C call, and count it, with the guard's drops (under the
+        take lock: exact)."""
+        with self._take_lock:
+            self._fold_guard_drops()
+            n = len(self._queue) - self.capacity  # under the lock: the worker may have drained meanwhile
+            if n > 0:
+                dropped: list[Any] = []
+                _pop_into(dropped, self._queue.pop, n)
+                self.stats.dropped += count_records(dropped)
+                self._overflowed_at = time.monotonic()
+
     def trim(self) -> int:
-        """Drop what is above capacity, newest first, counted; report new drops; return the queue length. Called by
-        the trimmer thread."""
+        """Keep the queue within capacity: drop what is above it, newest first, counted; report new drops; return
+        the queue length. Called by the trimmer thread, by the writer when it finds the queue over capacity, and by
+        ``Telemetry.health()`` (so its counts are exact when read).
+
+        The excess goes in one C-level call (``_pop_into``), but a thread has to get the GIL to make it, and with
+        many producer threads spinning in Python it waits for it (0.1-0.6 s measured with 8): meanwhile the queue
+        grew without bound (8 threads x 1M records: ~1 GB). So an overflow also switches the queue's route to
+        ``_guarded_append``, which drops the records that find the queue full in the producers' own threads: memory
+        then stays within capacity (plus one record per producer thread) whatever the threads, and the plain C append
+        comes back once the queue has not overflowed for ``GUARD_HOLD_S`` and is nearly empty. Counted exactly: the
+        trimmer's drops under the lock that every consumer takes, the guard's on an atomic counter."""
         queue = self._queue
-        if len(queue) > self.capacity:
-            with self._take_lock:  # the worker takes from the left under this lock; producers only append
-                n = len(queue) - self.capacity  # again under the lock: the worker may have drained meanwhile
-                if n > 0:
-                    pop = queue.pop
-                    records = 0
-                    try:
-                        for _ in range(n):
-                            records += 2 if pop()[0] in PAIRS else 1
-                    except IndexError:  # emptied under us by a re-entrant drain (a signal handler's flush)
-                        pass
-                    self.stats.dropped += records
+        self._trim_excess()
+        if len(queue) >= self.capacity:
+            if not self._guarded and self._on_route_change is not None:
+                self._guarded = True
+                self.enqueue = self._guarded_append
+                self._on_route_change()
+        elif (self._guarded and len(queue) <= self.capacity // 8
+              and time.monotonic() - self._overflowed_at > GUARD_HOLD_S and self._on_route_change is not None):
+            self._guarded = False
+            self.enqueue = self._append
+            self._on_route_change()
         if self.stats.dropped != self._reported_drops:
             self._report_drops()
         return len(queue)
@@ -331,12 +439,18 @@ class BackgroundRunner(_Runner):
         return self._thread is not None and self._thread.is_alive()
 
     def flush(self, timeout: float | None = 5.0) -> bool:
-        """Deliver everything queued before this call and flush the sink. False if the sink did not finish in time."""
+        """Deliver everything queued before this call and flush the sink. False if the sink did not finish in time.
+        The sink is only ever called from its own thread, so a sink that blocks costs the caller ``timeout`` at
+        most."""
         if self._closed:
-            return True  # nothing can be queued any more, and the sink is closed
+            return not self.stats.abandoned  # nothing can be queued any more, and the sink is closed (or stuck)
         if not self.running:
-            self._drain_once(flush_sink=True)
-            return True
+            if self._thread is None and not self._queue and not self._diagnostics:
+                return self._call("flush", timeout)  # never started, nothing to write: no thread of its own yet
+            self.start()
+            if not self.running:  # no thread can be started (interpreter shutdown): deliver in the caller's thread
+                self._drain_once(flush_sink=True)
+                return True
         with self._cv:
             self._flush_requested += 1
             target = self._flush_requested
@@ -344,48 +458,92 @@ class BackgroundRunner(_Runner):
             return self._cv.wait_for(lambda: self._flush_done >= target or not self.running, timeout)
 
     def request_stop(self) -> None:
-        """Ask the thread to deliver what is queued and stop, without waiting (see ``close``)."""
+        """Ask the thread to deliver what is queued, close the sink and stop, without waiting (see ``close``)."""
         self._stopping = True
         self._wake.set()
 
-    def close(self, timeout: float | None = 5.0) -> bool:
-        """Deliver what is queued, stop the thread and close the sink. False if the sink was stuck.
+    def nudge(self) -> None:
+        """Wake the thread now to write what is queued (a close is coming: the queue is then shorter)."""
+        self._wake.set()
 
-        Idempotent and re-entrant: a second close (another thread, atexit, a signal handler interrupting the first)
-        does the remaining work instead of returning early, and the sink is closed once."""
+    def close(self, timeout: float | None = 5.0) -> bool:
+        """Deliver what is queued, close the sink and stop the thread. False if the sink did not finish within
+        ``timeout``: it is then abandoned (``SinkStats.abandoned``, its queue counted as dropped, a
+        ``sink_abandoned`` diagnostic) and its daemon thread left behind, so a stuck sink never holds up the caller,
+        the exit or a signal handler for longer than ``timeout``.
+
+        The sink's last write, flush and ``close()`` run in its own thread, never in the caller's. Idempotent and
+        re-entrant: a second close (another thread, atexit, a signal handler interrupting the first) waits for the
+        same thread, within its own timeout, and the sink is closed once."""
         if self._closed:
-            return True
+            return not self.stats.abandoned
+        if self._thread is None and not self._queue and not self._diagnostics:
+            return self._close_unused(timeout)
+        if not self.running:
+            self.start()
         thread = self._thread
         self.request_stop()
-        if thread is not None and thread is not threading.current_thread():
+        if thread is not None and thread is not threading.current_thread() and thread.is_alive():
             thread.join(timeout)
             if thread.is_alive():  # a stuck sink: leave the daemon thread behind rather than hang the exit
+                with self._close_lock:
+                    if self._closed:
+                        return not self.stats.abandoned
+                    self._closed = True
                 _trimmer.unwatch(self)  # nothing new reaches this queue once its Telemetry is closing
-                self._abandon_queue()
+                self._abandoned("its write, flush or close()", timeout, self._abandon_queue())
                 return False
         with self._close_lock:
             if self._closed:
-                return True
-            _trimmer.unwatch(self)
-            self._drain_once(flush_sink=True)
-            self.trim()
-            if not self._sink_closed:
-                self._sink_closed = True
-                try:
-                    self.sink.close()
-                except BaseException as exc:  # noqa: BLE001
-                    self._on_failure(exc, 0)
+                return not self.stats.abandoned
+            if not self._sink_closed:  # no thread ran the close (interpreter shutdown, or called from the sink)
+                _trimmer.unwatch(self)
+                self._drain_once(flush_sink=True)
+                self.trim()
+                self._close_sink()
             self._closed = True
         return True
 
-    def _abandon_queue(self) -> None:
+    def _close_unused(self, timeout: float | None) -> bool:
+        """Close a runner whose thread never started and that holds nothing (a sink that never got a record): its
+        sink's flush and close in a helper thread, bounded like the rest."""
+        with self._close_lock:
+            if self._closed:
+                return not self.stats.abandoned
+            self._closed = True
+            self._sink_closed = True
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._call("flush", timeout):
+            return False
+        return self._call("close", None if deadline is None else max(0.0, deadline - time.monotonic()))
+
+    def _close_sink(self) -> None:
+        with self._close_lock:
+            if self._sink_closed:
+                return
+            self._sink_closed = True
+        self._contained(self.sink.close)
+
+    def _contained(self, method: Callable[[], None]) -> None:
+        """The sink's ``flush`` or ``close``, in this thread, whatever it raises counted (a real interrupt, see
+        ``is_interrupt``, still raised)."""
+        try:
+            method()
+        except BaseException as exc:  # a sink's flush() or close(), whatever it raises
+            self._on_failure(exc, 0)
+            if is_interrupt(exc):
+                raise
+
+    def _abandon_queue(self) -> int:
         """Nobody will write what a stuck sink has queued: free the memory, and count it as dropped."""
         with self._take_lock:
+            self._fold_guard_drops()
             n = count_records(list(self._queue))
             self._queue.clear()
             self.stats.dropped += n
         if n:
             self._report_drops()
+        return n
 
     def after_fork_in_child(self) -> None:
         # What is queued belongs to the parent (its own thread writes it); the parent's thread does not exist here.
@@ -398,14 +556,27 @@ class BackgroundRunner(_Runner):
     # -- the worker ------------------------------------------------------------------------------------------------
 
     def _run(self) -> None:
+        # Wakes every ``interval`` counted from the previous wake-up, not from the end of the drain; at once while a
+        # backlog is left after a drain; and when the trimmer finds the queue half full (``nudge``). Sleeping a whole
+        # interval after every batch made the period interval + write time, and a queue had to hold a whole period
+        # of records: the default store dropped records at 300k/s. Idle, it still wakes once per interval.
+        wake = self._wake
+        queue = self._queue
+        due = time.monotonic() + self.interval
         while True:
-            self._wake.wait(self.interval)
-            self._wake.clear()
+            wait = due - time.monotonic()
+            if wait > 0 and len(queue) < self.backlog:
+                wake.wait(wait)
+            wake.clear()
+            due = time.monotonic() + self.interval
             with self._cv:
                 requested = self._flush_requested
             stopping = self._stopping
             try:
                 self._drain_once(flush_sink=requested > self._flush_done or stopping)
+                if stopping:
+                    self.trim()
+                    self._close_sink()
             except BaseException as exc:  # noqa: BLE001 - _deliver contains sinks; this is a last line: never die
                 self._on_failure(exc, 0)
             if requested > self._flush_done:
@@ -413,6 +584,7 @@ class BackgroundRunner(_Runner):
                     self._flush_done = requested
                     self._cv.notify_all()
             if stopping:
+                _trimmer.unwatch(self)
                 return
 
     def _drain_once(self, *, flush_sink: bool) -> None:
@@ -429,25 +601,20 @@ class BackgroundRunner(_Runner):
         remaining = len(queue)
         while remaining > 0:
             batch: list[Any] = []
-            take = batch.append
             with self._take_lock:  # the trimmer may pop from the right meanwhile; the lock keeps n exact
                 # at most a queue's worth per batch: the queue can overshoot between trims, a batch need not
-                try:
-                    for _ in range(min(remaining, capacity)):
-                        take(popleft())
-                except IndexError:  # emptied under us by a re-entrant drain (a signal handler's flush)
-                    remaining = 0
-            if not batch:
+                _pop_into(batch, popleft, min(remaining, capacity))
+            if not batch:  # emptied under us by a re-entrant drain (a signal handler's flush)
                 break
             remaining -= len(batch)
             self._deliver(batch)
+            del batch
+            if len(queue) > capacity:  # producers outpace the trimmer (many threads, a busy GIL): bound it here too
+                self.trim()
         if self.stats.dropped != self._reported_drops:
             self._report_drops()
         if flush_sink:
-            try:
-                self.sink.flush()
-            except BaseException as exc:  # noqa: BLE001
-                self._on_failure(exc, 0)
+            self._contained(self.sink.flush)
 
     def _report_drops(self) -> None:
         with self._take_lock:
@@ -467,7 +634,8 @@ class BackgroundRunner(_Runner):
 
 
 class _Trimmer:
-    """One daemon thread per process that keeps every started background queue within its capacity.
+    """One daemon thread per process that keeps every started background queue within its capacity (with the
+    writers' help, and the producers' own while a queue overflows: see ``BackgroundRunner.trim``).
 
     Process infrastructure like the signal and fork hooks, so one per process rather than per ``Telemetry``. It runs
     only while some runner is started, and exits when none is left.
@@ -502,6 +670,7 @@ class _Trimmer:
         if thread is not threading.current_thread():
             thread.join(1.0)
 
+
     def _run(self, stop: threading.Event) -> None:
         # Every 20 ms while records flow; a quiet process (no queue filling) backs off, doubling up to 160 ms: a
         # Python thread's wake-up costs ~80 us on a VM, and 50 of them a second were most of an idle Telemetry's
@@ -516,9 +685,11 @@ class _Trimmer:
             for runner in runners:
                 try:
                     size = runner.trim()
-                except Exception:  # noqa: BLE001 - keep trimming the others
+                except BaseException:  # noqa: BLE001 - keep trimming the others (a reporter hook that raised)
                     continue
                 sizes[id(runner)] = size
+                if size > runner.capacity // 2:  # filling faster than one batch per interval: write it now
+                    runner.nudge()
                 if size > runner.capacity // 8 or size - previous.get(id(runner), 0) > runner.capacity // 64:
                     filling = True
             previous = sizes

@@ -17,12 +17,14 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from itertools import count
 from typing import Any, Union
 
-from .dispatch import warn_safely
+from .dispatch import is_interrupt, warn_safely
+from .records import check_attribute_keys
 from .telemetry import _default, get_telemetry
 
 _monotonic_ns = time.monotonic_ns
@@ -314,7 +316,9 @@ _configured: tuple[Any, EventHandler] | None = None
 def _call_handler(handler: EventHandler, ev: Any) -> None:
     try:
         handler.record(ev)
-    except BaseException as exc:  # noqa: BLE001 - contained like a sink's failure, whatever it is
+    except BaseException as exc:  # contained like a sink's failure, whatever it is
+        if is_interrupt(exc):  # the user's Ctrl-C (containment.is_interrupt)
+            raise
         if id(handler) not in _warned_handlers:
             _warned_handlers.add(id(handler))
             warn_safely(
@@ -343,6 +347,17 @@ def record(event: Event, destination: str = "null") -> None:
     ours = type(event) is Event or isinstance(event, Event)
     if not ours and not _looks_like(event, _EVENT_FIELDS):
         raise TypeError(f"event must be a telemetrain.events.Event, got {type(event).__name__}")
+    # what the run store writes must be valid JSON: a name or metadata of another type is the caller's error
+    if type(event.name) is not str and not isinstance(event.name, str):
+        raise TypeError(f"event.name must be a str, got {type(event.name).__name__}")
+    md = event.metadata
+    if type(md) is not dict:
+        if md is not None and not isinstance(md, Mapping):
+            raise TypeError(f"event.metadata must be a dict, got {type(md).__name__}")
+        md = dict(md or {})
+    for key in md:  # keys must be str (see Telemetry.event)
+        if type(key) is not str:
+            check_attribute_keys(md, "event.metadata")  # a str subclass passes; anything else raises
     t = _default.telemetry or get_telemetry()
     mono = _monotonic_ns()
     if ours:
@@ -363,7 +378,6 @@ def record(event: Event, destination: str = "null") -> None:
     if route:
         # attributes flattened to the end of the packed record, keys then values (see records.ATTRIBUTE_LAYOUT);
         # ``_value_`` directly because Enum's ``.value`` is a slow descriptor, and a plain str source passes through
-        md = event.metadata or {}
         source = getattr(event.source, "_value_", event.source)
         route(
             (

@@ -7,6 +7,7 @@ in code, and replaced in a forked child so the child's records carry the child's
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import secrets
 import socket
@@ -16,7 +17,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["Identity", "identity_from_env", "identity_of", "new_run_id", "token_for"]
+__all__ = ["Identity", "check_path_name", "fit_name", "identity_from_env", "identity_of", "new_run_id", "token_for"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -37,11 +38,7 @@ class Identity:
 
     def __post_init__(self) -> None:
         for name in ("run_id", "session_tag", "perf_tag"):
-            value = getattr(self, name)
-            if not isinstance(value, str):
-                raise TypeError(f"Identity.{name} must be a str, got {type(value).__name__}")
-            if not value or "/" in value or value in (".", ".."):
-                raise ValueError(f"Identity.{name} must be a non-empty name without '/', got {value!r}")
+            check_path_name(getattr(self, name), f"Identity.{name}")
         for name in ("rank", "local_rank", "world_size", "pid", "group_rank", "restart_count"):
             value = getattr(self, name)
             if type(value) is not int:
@@ -61,6 +58,40 @@ class Identity:
     def from_dict(cls, data: Mapping[str, Any]) -> Identity:
         fields = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in fields})
+
+
+MAX_NAME_BYTES = 128  # a run id, session or perf tag (a directory name: 255 bytes on most filesystems, 143 on some)
+
+
+def check_path_name(value: Any, arg: str) -> str:
+    """A name that becomes a directory name: a non-empty str, no path separator (``/``, ``\\``), no NUL, not ``.``
+    or ``..``, at most ``MAX_NAME_BYTES`` bytes of UTF-8. ``TypeError``/``ValueError`` naming ``arg``."""
+    if not isinstance(value, str):
+        raise TypeError(f"{arg} must be a str, got {type(value).__name__}")
+    if not value or value in (".", ".."):
+        raise ValueError(f"{arg} must be a non-empty name, not {value!r}")
+    bad = next((c for c in ("/", "\\", "\0") if c in value), None)
+    if bad is not None:
+        raise ValueError(f"{arg} becomes a directory name and must not contain {bad!r}, got {value!r:.200}")
+    try:
+        size = len(value.encode())
+    except UnicodeEncodeError:  # a lone surrogate: no file system takes it
+        raise ValueError(f"{arg} is not valid text (a lone surrogate?): {value!r:.200}") from None
+    if size > MAX_NAME_BYTES:
+        raise ValueError(f"{arg} is {size} bytes long; a name that becomes a directory name is at most "
+                         f"{MAX_NAME_BYTES} bytes (UTF-8), got {value[:40]!r}...")
+    return value
+
+
+def fit_name(value: str) -> str:
+    """A name from the environment made to fit ``MAX_NAME_BYTES``: kept if it does; else its beginning and a hash
+    of the whole (``<prefix>-<16 hex digits>``): the same on every rank, and still unique."""
+    data = value.encode()
+    if len(data) <= MAX_NAME_BYTES:
+        return value
+    digest = hashlib.sha256(data).hexdigest()[:16]
+    prefix = data[: MAX_NAME_BYTES - len(digest) - 1].decode("utf-8", "ignore").rstrip(".")
+    return f"{prefix}-{digest}"
 
 
 # -- identity tokens ---------------------------------------------------------------------------------------------------
@@ -123,8 +154,10 @@ def _entry_name() -> str:
 
 
 def _safe_name(value: str) -> str:
+    """A name from the environment made safe as a directory name: odd characters become ``_``, a long one is
+    shortened with a hash (``fit_name``)."""
     cleaned = "".join(c if c.isalnum() or c in "-_.+=@" else "_" for c in value).strip(".")
-    return cleaned or "run"
+    return fit_name(cleaned or "run")
 
 
 def _first_int(env: Mapping[str, str], names: tuple[str, ...], default: int) -> int:

@@ -28,7 +28,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from .dispatch import describe, warn_safely
+from .dispatch import describe, is_interrupt, warn_safely
 from .records import Diagnostic, StatWindow
 from .stats import stat as _stat
 from .stats.summary import _as_float
@@ -192,7 +192,9 @@ class _Handlers:
             for handle in self.handles:
                 try:
                     handle.callback(event)
-                except Exception as exc:  # noqa: BLE001 - a raising handler stops nothing
+                except BaseException as exc:  # a raising handler stops nothing, sys.exit included
+                    if is_interrupt(exc):
+                        raise
                     self.errors += 1
                     if self.errors == 1:
                         self._report("handler_error", f"a torch.monitor event handler raised {describe(exc)}")
@@ -205,8 +207,9 @@ class _Handlers:
         try:
             mono, wall = t.now()
             t.emit(Diagnostic(mono, wall, t.identity, "telemetrain", what, "torch.monitor", 1, message))
-        except Exception:  # noqa: BLE001
-            pass
+        except BaseException as exc:  # reporting must never fail the caller
+            if is_interrupt(exc):
+                raise
 
 
 def _handlers(telemetry: Telemetry | None = None) -> _Handlers:

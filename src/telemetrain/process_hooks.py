@@ -4,6 +4,11 @@ Installed the first time a ``Telemetry`` starts a background runner (never at im
 handler that was installed before ours: a Python handler is called after our flush; the default action is restored
 and the signal re-raised, so the process still dies of it (torchelastic reads the exit status); an ignored signal
 stays ignored. Handlers can only be installed from the main thread; from another thread we try again later.
+
+Every wait is bounded: the exit close has ``EXIT_FLUSH_TIMEOUT_S`` and a signal ``SIGNAL_FLUSH_TIMEOUT_S`` for all
+the live instances together (each gets at least ``MIN_SHARE_S``), and a sink that does not finish in that grace
+period is abandoned (``Telemetry.close``), so a stuck sink never keeps a process from exiting or from dying of the
+signal it was sent.
 """
 
 from __future__ import annotations
@@ -13,14 +18,18 @@ import os
 import signal
 import sys
 import threading
+import time
 import weakref
 from types import FrameType
 from typing import Any, Protocol
+
+from .containment import is_interrupt
 
 __all__ = ["ending", "install", "track"]
 
 EXIT_FLUSH_TIMEOUT_S = 5.0
 SIGNAL_FLUSH_TIMEOUT_S = 3.0
+MIN_SHARE_S = 0.5  # each live Telemetry's least share of a budget, though an earlier one used all of it
 _SIGNALS = ("SIGTERM", "SIGINT")
 
 
@@ -52,19 +61,26 @@ def untrack(telemetry: _Tracked) -> None:
 
 
 def _close_all(timeout: float = EXIT_FLUSH_TIMEOUT_S) -> None:
-    for t in list(_live):
-        try:
-            t.close(timeout)
-        except Exception:  # noqa: BLE001 - exit must go on
-            pass
+    _for_each_live("close", timeout)
 
 
 def _flush_all(timeout: float) -> None:
+    _for_each_live("flush", timeout)
+
+
+def _for_each_live(what: str, timeout: float) -> None:
+    """``close``/``flush`` every live Telemetry within one budget. Contains everything an instance raises but the
+    user's Ctrl-C (``containment.is_interrupt``), which is raised once every instance had its turn."""
+    deadline = time.monotonic() + timeout
+    interrupted: BaseException | None = None
     for t in list(_live):
         try:
-            t.flush(timeout)
-        except Exception:  # noqa: BLE001
-            pass
+            getattr(t, what)(max(MIN_SHARE_S, deadline - time.monotonic()))
+        except BaseException as exc:  # noqa: BLE001 - exit and the signal must go on
+            if is_interrupt(exc):
+                interrupted = exc
+    if interrupted is not None:
+        raise interrupted
 
 
 _dying_of: dict[str, int] = {}  # "signal": the signal this process is dying of, once our handler re-raises it
@@ -143,7 +159,7 @@ def _after_fork_in_child() -> None:
     for t in list(_live):
         try:
             t._after_fork_in_child()
-        except Exception:  # noqa: BLE001 - a child must start even if our reset failed
+        except BaseException:  # noqa: BLE001 - a child must start even if our reset failed
             pass
     mp_util = sys.modules.get("multiprocessing.util")
     if mp_util is not None:

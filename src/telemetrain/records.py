@@ -29,6 +29,8 @@ tuples directly.
 
 from __future__ import annotations
 
+import numbers
+from collections.abc import Mapping
 from typing import Any, ClassVar, NamedTuple, Protocol
 
 from .identity import Identity
@@ -43,6 +45,8 @@ __all__ = [
     "SpanEnd",
     "SpanStart",
     "StatWindow",
+    "check_attribute_keys",
+    "check_record",
     "pack",
     "unpack",
 ]
@@ -300,3 +304,116 @@ def pack(record: Any, token: int) -> tuple[Any, ...]:
 Record = MetricPoint | Event | SpanStart | SpanEnd | StatWindow | Diagnostic
 
 KINDS: dict[str, type] = {cls.kind: cls for cls in (MetricPoint, Event, SpanStart, SpanEnd, StatWindow, Diagnostic)}
+
+
+# -- validation of typed records built elsewhere (``Telemetry.emit``) ------------------------------------------------
+# Each field's type, as the run store writes it: a value of another type would make a line that is not valid JSON
+# ("duration_ns":nan) or that the reader drops. "int": an integer (bool refused), "int?" or None; "real": a real
+# number, NaN/inf kept (they are data); "str"/"name": a str (non-empty); "attrs": None or a mapping with str keys;
+# "values": a mapping of str to real numbers; "map?": None or a mapping.
+_SPEC: dict[str, tuple[tuple[str, str], ...]] = {
+    "metric": (("value", "real"), ("unit", "str"), ("step", "int?")),
+    "event": (("severity", "severity"), ("attributes", "attrs"), ("event_id", "str"), ("span_id", "str")),
+    "span_start": (("span_id", "str"), ("parent_id", "str"), ("trace_id", "str"), ("attributes", "attrs")),
+    "span_end": (("span_id", "str"), ("duration_ns", "int"), ("status", "str"), ("attributes", "attrs"),
+                 ("error", "str")),
+    "stat": (("start_mono_ns", "int"), ("sample_count", "int"), ("values", "values"), ("unit", "str"),
+             ("histogram", "map?")),
+    "diagnostic": (("sink", "str"), ("record_count", "int"), ("message", "str")),
+}
+
+
+def _kind_error(field: str, want: str, value: Any) -> TypeError:
+    return TypeError(f"record.{field} must be {want}, got {type(value).__name__}: {_short(value)}")
+
+
+def _short(value: Any) -> str:
+    try:
+        return f"{value!r:.80}"
+    except Exception:  # noqa: BLE001 - only for the message
+        return "<unprintable>"
+
+
+def check_attribute_keys(attributes: Any, arg: str) -> None:
+    """Attribute keys are str (a str subclass, a str Enum member, is one): a tuple, a frozenset or an object would
+    be stored under a made-up text, or not at all. ``TypeError`` naming ``arg`` and the key."""
+    try:
+        "".join(attributes)
+    except TypeError:
+        bad = next((k for k in attributes if not isinstance(k, str)), None)
+        raise TypeError(f"{arg} keys must be str, got {type(bad).__name__}: {_short(bad)}") from None
+
+
+_COMMON = (("mono_ns", "int"), ("wall_ns", "int"), ("group", "name"), ("name", "name"))
+# per kind: (index in the record, field, want), and the exact types that pass without a closer look
+_CHECKS = {
+    cls.kind: tuple((cls._fields.index(field), field, want) for field, want in (*_COMMON, *_SPEC[cls.kind]))
+    for cls in (MetricPoint, Event, SpanStart, SpanEnd, StatWindow, Diagnostic)
+}
+_NONE = type(None)
+_FAST_TYPES: dict[str, tuple[type, ...]] = {
+    "int": (int,), "int?": (int, _NONE), "real": (int, float), "str": (str,), "name": (str,), "severity": (str,),
+    "attrs": (dict, _NONE), "map?": (dict, _NONE), "values": (dict,),
+}
+
+
+def check_record(record: Any) -> None:
+    """Refuse a typed record that would not be stored as a valid line: ``TypeError`` (or ``ValueError`` for a value
+    out of range) naming the field. NaN and infinities in a metric or stat *value* are data and pass. (A few
+    hundred ns for a usual record: exact types pass at once, anything else gets the closer look.)"""
+    for index, field, want in _CHECKS[record.kind]:
+        value = record[index]
+        if type(value) in _FAST_TYPES[want]:
+            if want == "name":
+                if value:
+                    continue
+            elif want == "severity":
+                if value in SEVERITIES:
+                    continue
+            elif want == "attrs" or want == "values":
+                if not value or (want == "attrs" and _str_keys(value)) or (
+                        want == "values" and _str_keys(value) and all(type(v) in (int, float) for v in value.values())):
+                    continue
+            else:
+                continue
+        _check_field(field, want, value)
+
+
+def _str_keys(mapping: Any) -> bool:
+    try:
+        "".join(mapping)
+    except TypeError:
+        return False
+    return True
+
+
+def _check_field(field: str, want: str, value: Any) -> None:
+    """The closer look: accept what the store can write (an int subclass, a numpy number, a non-dict mapping),
+    raise naming the field for the rest."""
+    if want in ("int", "int?"):
+        if value is None and want == "int?":
+            return
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+            raise _kind_error(field, "an int", value)
+    elif want == "real":
+        if not isinstance(value, numbers.Real):
+            raise _kind_error(field, "an int or float", value)
+    elif want in ("str", "name"):
+        if not isinstance(value, str):
+            raise _kind_error(field, "a str", value)
+        if want == "name" and not value:
+            raise ValueError(f"record.{field} must be a non-empty str")
+    elif want == "severity":
+        if value not in SEVERITIES:
+            raise ValueError(f"record.severity must be one of {', '.join(SEVERITIES)}, got {_short(value)}")
+    elif want in ("attrs", "map?", "values"):
+        if value is None and want != "values":
+            return
+        if not isinstance(value, Mapping):
+            raise _kind_error(field, "a mapping" if want == "values" else "a mapping or None", value)
+        if want != "map?":
+            check_attribute_keys(value, f"record.{field}")
+        if want == "values":
+            for key, number in value.items():
+                if not isinstance(number, numbers.Real):
+                    raise _kind_error(f"{field}[{key!r}]", "an int or float", number)

@@ -41,8 +41,8 @@ from contextvars import ContextVar
 from typing import Any, TypeVar
 
 from .collector import collector
-from .dispatch import describe, warn_safely
-from .records import SPAN_PAIR, span_hex, trace_hex
+from .dispatch import describe, is_interrupt, warn_safely
+from .records import SPAN_PAIR, check_attribute_keys, span_hex, trace_hex
 from .telemetry import Telemetry, _default, check_name, get_telemetry
 
 __all__ = ["Span", "Tracer", "current_span", "span", "tracer"]
@@ -493,6 +493,8 @@ class Tracer:
             raise TypeError(f"parent must be a Span, got {type(parent).__name__}")
         if attributes is not None and not isinstance(attributes, Mapping):
             raise TypeError(f"attributes must be a mapping, got {type(attributes).__name__}")
+        if attributes:
+            check_attribute_keys(attributes, "attributes")
         if start_ns is not None and type(start_ns) is not int:
             raise TypeError(f"start_ns must be an int (monotonic ns), got {type(start_ns).__name__}")
         s = self.span(name, group=group, device=device)
@@ -565,7 +567,9 @@ class Tracer:
         for listener in listeners:
             try:
                 listener(s)
-            except Exception as exc:  # noqa: BLE001 - a listener never breaks the traced code
+            except BaseException as exc:  # a listener never breaks the traced code
+                if is_interrupt(exc):
+                    raise
                 if not self._warned:
                     self._warned = True
                     warn_safely(f"telemetrain: a span listener failed: {describe(exc)}")

@@ -20,13 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from . import process_hooks
-from .dispatch import BackgroundRunner, FailurePolicy, InlineRunner, describe, warn_safely
+from .dispatch import BackgroundRunner, FailurePolicy, InlineRunner, describe, is_interrupt, warn_safely
 from .identity import Identity, identity_from_env, identity_of, token_for
-from .records import KINDS, SEVERITIES, pack
+from .records import KINDS, SEVERITIES, check_attribute_keys, check_record, pack
 from .router import Attachment, Router
 from .sinks.base import Sink
 from .sinks.console import ConsoleSink
 from .sinks.jsonl import RunStoreSink
+from .store.layout import check_root
 
 __all__ = ["Telemetry", "get_telemetry", "reset", "set_telemetry"]
 
@@ -34,7 +35,7 @@ _monotonic_ns = time.monotonic_ns
 _SEVERITY_SET = frozenset(SEVERITIES)
 _RECORD_TYPES = frozenset(KINDS.values())
 _FALSY = {"0", "off", "false", "no", ""}
-STORE_CLOSE_BUDGET_S = 1.0  # the run store's own time at close, after the other sinks (Telemetry.close)
+STORE_CLOSE_BUDGET_S = 1.0  # the run store's share of close()'s timeout, after the other sinks (Telemetry.close)
 
 
 def check_value(value: Any, arg: str) -> int | float | bool:
@@ -143,7 +144,7 @@ class Telemetry:
         if store is not False:
             if store is not True and not isinstance(store, (str, os.PathLike)):
                 raise TypeError(f"store must be a bool or a path, got {type(store).__name__}")
-            self.store = RunStoreSink(None if store is True else Path(store), config=config)
+            self.store = RunStoreSink(None if store is True else check_root(store, "store"), config=config)
             self.add_sink(self.store)
         if console:
             self.add_sink(ConsoleSink())
@@ -233,6 +234,7 @@ class Telemetry:
                 capacity=self.queue_capacity,
                 interval=self.flush_interval,
                 on_wake=self.refresh_clock,
+                on_route_change=self._routes_changed,
             )
         else:
             runner = InlineRunner(sink, self.failure_policy, self._report, self)
@@ -352,7 +354,9 @@ class Telemetry:
         for producer in reversed(list(self._producers)):
             try:
                 producer.collect(final)
-            except Exception as exc:  # noqa: BLE001 - flush and close go on
+            except BaseException as exc:  # flush and close go on, whatever a producer raised
+                if is_interrupt(exc):  # the user's Ctrl-C on the main thread: theirs (see containment.is_interrupt)
+                    raise
                 warn_safely(f"telemetrain: collecting from {type(producer).__name__} failed: {describe(exc)}")
 
     # -- emitting --------------------------------------------------------------------------------------------------
@@ -415,6 +419,9 @@ class Telemetry:
             return
         if not isinstance(attributes, Mapping):
             raise TypeError(f"attributes must be a mapping, got {type(attributes).__name__}")
+        for key in attributes:  # keys must be str: the cheapest exact check measured (no allocation but the iterator)
+            if type(key) is not str:
+                check_attribute_keys(attributes, "attributes")  # a str subclass passes; anything else raises
         # packed with the attributes flattened to the end, keys then values (see records.ATTRIBUTE_LAYOUT): a copy
         # the caller cannot change afterwards
         route(
@@ -440,6 +447,7 @@ class Telemetry:
             raise TypeError(f"record.identity must be an Identity, got {type(record.identity).__name__}")
         route = self.route(record.kind, record.group)
         if route:
+            check_record(record)  # every field as the store writes it: a bad one is refused here, naming it
             route(pack(record, token_for(record.identity)))
 
     def now(self) -> tuple[int, int]:
@@ -450,10 +458,12 @@ class Telemetry:
     # -- delivery control ------------------------------------------------------------------------------------------
 
     def flush(self, timeout: float | None = 5.0) -> bool:
-        """Deliver and flush everything emitted so far. False if a sink did not finish within ``timeout``."""
+        """Deliver and flush everything emitted so far. False if a sink did not finish within ``timeout`` (every wait
+        on a sink is bounded by it). A ``KeyboardInterrupt`` on the main thread propagates at once; what is queued
+        stays queued for the next flush or the close."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         if not self._closed:
             self._collect(final=False)
-        deadline = None if timeout is None else time.monotonic() + timeout
         ok = True
         for a in list(self._router.attachments):
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -461,12 +471,25 @@ class Telemetry:
         return ok
 
     def close(self, timeout: float | None = 5.0) -> bool:
-        """Flush, stop the dispatcher threads and close the sinks. Idempotent. Later calls record nothing."""
+        """Flush, stop the dispatcher threads and close the sinks, within ``timeout`` seconds in all. Idempotent.
+        Later calls record nothing.
+
+        False if some sink did not finish in time: it is abandoned (counted in ``health()``, a ``sink_abandoned``
+        diagnostic in the run store) and left behind, so a stuck sink never hangs the program, its exit or a
+        SIGTERM. A ``KeyboardInterrupt`` on the main thread while producers report (a gauge, say) is raised after
+        the sinks are closed, so nothing queued is lost to it."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        interrupted: BaseException | None = None
         if not self._final_collect_done:  # open stat windows and the like are reported while sinks still listen
             self._final_collect_done = True
-            self._collect(final=True)
+            try:
+                self._collect(final=True)
+            except BaseException as exc:  # noqa: BLE001 - only an interrupt gets here (see _collect)
+                interrupted = exc
         with self._lock:
             if self._shut:
+                if interrupted is not None:
+                    raise interrupted
                 return True
             # From here on nothing new is accepted. A second close while this one runs (another thread, atexit, a
             # signal handler interrupting it) does the remaining work rather than return early: the runners' close
@@ -475,24 +498,28 @@ class Telemetry:
             attachments = list(self._router.attachments)
             hooks = list(self._hook_runners.values())
             self._router.invalidate()
-        # The other sinks first, all draining in parallel (a stuck sink does not eat the others' time); the run store
-        # last, so what they report while closing (drops of a suspended sink, a last failure) still reaches the
-        # store. It gets at least STORE_CLOSE_BUDGET_S of its own even when another sink used the whole timeout.
+        # The other sinks first, all draining in parallel (a stuck sink does not eat the others' time), while the run
+        # store writes its backlog; the run store closes last, so what the others report while closing (drops, a
+        # last failure, an abandoned sink) still reaches it. Its share of the timeout is kept for it.
         store = [a.runner for a in attachments if a.sink is self.store]
         others = [a.runner for a in attachments if a.sink is not self.store]
         for runner in others:
             runner.request_stop()
-        deadline = None if timeout is None else time.monotonic() + timeout
+        for runner in store:
+            runner.nudge()
+        reserve = 0.0 if deadline is None or not store else min(STORE_CLOSE_BUDGET_S, (timeout or 0.0) / 4)
         ok = True
         for runner in others + hooks:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            left = None if deadline is None else max(0.0, deadline - reserve - time.monotonic())
             ok = runner.close(left) and ok
         for runner in store:
-            left = None if deadline is None else max(STORE_CLOSE_BUDGET_S, deadline - time.monotonic())
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
             ok = runner.close(left) and ok
         if ok:
             self._shut = True
             process_hooks.untrack(self)
+        if interrupted is not None:
+            raise interrupted
         return ok
 
     @property
@@ -532,10 +559,16 @@ class Telemetry:
                     continue  # a failing sink does not hear about its own failures
                 if a.listens("diagnostic", "telemetrain"):
                     a.runner.enqueue_diagnostic(record)
-        except Exception:  # noqa: BLE001 - reporting must never fail the caller
-            pass
+        except BaseException as exc:  # reporting must never fail the caller
+            if is_interrupt(exc):
+                raise
         finally:
             self._reporting.active = False
+
+    def _routes_changed(self) -> None:
+        """A runner's enqueue changed (an overflowing queue guards its route): the cached routes hold the old one."""
+        with self._lock:
+            self._router.invalidate()
 
     def _after_fork_in_child(self) -> None:
         self._pid = os.getpid()

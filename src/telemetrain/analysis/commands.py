@@ -202,7 +202,7 @@ def _cmd_compare(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         tag = args.perf_tag if args.perf_tag is not None else _perf_tag_of(candidates[0])
         root = Path(args.root) if args.root is not None else candidates[0].resolve().parent.parent
         baseline = _find_baseline(tag, root, exclude)
-        print(f"baseline: {baseline} (newest other run with perf_tag {printable(tag)!r} under {root})", file=err)
+        print(printable(f"baseline: {baseline} (newest other run with perf_tag {tag!r} under {root})"), file=err)
     *cand_samples, base_samples = _load_all([*candidates, baseline], err)
     try:
         comparison = compare_runs(cand_samples, base_samples, confidence=args.confidence, min_effect=args.min_effect,
@@ -222,7 +222,7 @@ def _cmd_compare(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             write_output(args.html, comparison_html(comparison))
         except OSError as exc:
             raise CLIError(str(exc)) from None
-        print(f"wrote {args.html}", file=err)
+        print(f"wrote {printable(str(args.html))}", file=err)
     return 1 if args.fail_on_regression and comparison.regressions else 0
 
 

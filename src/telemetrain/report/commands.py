@@ -7,6 +7,7 @@ from typing import Any, TextIO
 
 from ..cli_common import CLIError, resolve_run
 from ..store.reader import NotARunError
+from ..text import printable
 
 __all__ = ["register"]
 
@@ -47,5 +48,5 @@ def _cmd_report(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     finally:
         if bar is not None:
             bar.close()
-    print(f"wrote {written} ({written.stat().st_size:,} bytes) for run {path}", file=out)
+    print(printable(f"wrote {written} ({written.stat().st_size:,} bytes) for run {path}"), file=out)
     return 0

@@ -5,6 +5,10 @@ kernel with ``os.write`` on an ``O_APPEND`` descriptor: there is no user-space b
 disk when ``write`` returns, a SIGKILL loses at most what is still queued, and a forked child has nothing of the
 parent's to flush twice. The file is chosen from the identity of the records it receives, so a forked child (new
 pid) writes its own file, and a file is never truncated.
+
+Files are created without following symbolic links (``store.files``): a link planted in a shared store is never
+written through. A write that stops part-way (a full disk) raises ``PartialWriteError`` with the number of records
+that reached the file whole, so the runner counts exactly the rest as failed.
 """
 
 from __future__ import annotations
@@ -21,10 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from .._version import __version__
+from ..containment import PartialWriteError, describe, is_interrupt
 from ..identity import Identity
-from ..records import PackedSource
+from ..records import PAIRS, PackedSource
 from ..store.codec import ENCODERS, encode, encode_header, tag_nonfinite
-from ..store.layout import AGENT_ROLE, RUN_META, default_root, process_file_name, run_dir
+from ..store.files import RunDir, open_run_dir
+from ..store.layout import AGENT_ROLE, RUN_META, check_root, default_root, process_file_name, run_dir
 from .base import Sink
 
 
@@ -36,13 +42,11 @@ def _versions() -> dict[str, str]:
     return versions
 
 
-def write_run_meta(directory: Path, identity: Identity, config: Mapping[str, Any] | None,
+def write_run_meta(directory: RunDir, identity: Identity, config: Mapping[str, Any] | None,
                    facts: Mapping[str, Any] | None = None) -> bool:
-    """Create ``run.json`` once per run; the first process to get there wins, atomically. True if we created it.
-    ``facts``: fields known by now besides the identity's (the workload: ``RunStoreSink.set_run_meta``)."""
-    target = directory / RUN_META
-    if target.exists():
-        return False
+    """Create ``run.json`` once per run; the first process to get there wins, atomically, and nothing already there
+    (a link planted in its place included) is overwritten or followed. True if we created it. ``facts``: fields
+    known by now besides the identity's (the workload: ``RunStoreSink.set_run_meta``)."""
     meta = {
         "format": "telemetrain-run",
         "v": 1,
@@ -63,34 +67,39 @@ def write_run_meta(directory: Path, identity: Identity, config: Mapping[str, Any
         "config": dict(config or {}),
         **(facts or {}),
     }
-    tmp = _write_temp(directory, meta)
     try:
-        os.link(tmp, target)  # fails if another process already created it: never overwrite
-        return True
-    except FileExistsError:
-        return False
-    finally:
-        tmp.unlink(missing_ok=True)
+        os.stat(RUN_META, dir_fd=directory.fd, follow_symlinks=False) if directory.fd is not None else (
+            (directory.path / RUN_META).lstat())
+        return False  # there already (or something is in its place): never overwritten
+    except FileNotFoundError:
+        pass
+    text = json.dumps(tag_nonfinite(meta), indent=1, default=repr, allow_nan=False) + "\n"
+    return directory.create_once(RUN_META, text.encode())
 
 
-def _write_temp(directory: Path, meta: Mapping[str, Any]) -> Path:
-    tmp = directory / f".run.json.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(tag_nonfinite(dict(meta)), indent=1, default=repr, allow_nan=False) + "\n")
-    return tmp
+def _safe_repr(value: Any) -> str:
+    try:
+        return f"{value!r:.100}"
+    except BaseException:  # noqa: BLE001 - the record is being given up because its values misbehave
+        return f"<unprintable {type(value).__name__}>"
 
 
-def update_run_meta(directory: Path, identity: Identity, facts: Mapping[str, Any]) -> None:
+def update_run_meta(directory: RunDir, identity: Identity, facts: Mapping[str, Any]) -> None:
     """Bring the ``run.json`` this process created up to date: the identity's perf tag (set from the training config
-    after the run began) and ``facts``; replaced atomically, so a reader sees the old or the new one. A run.json
-    that cannot be read or written is left as it is: the records matter more than their summary."""
-    target = directory / RUN_META
+    after the run began) and ``facts``; replaced atomically (``RunDir.replace_file``: a link in its place is
+    replaced, never written through), so a reader sees the old or the new one. A run.json that cannot be read or
+    written is left as it is: the records matter more than their summary."""
     try:
-        meta = json.loads(target.read_text())
+        fd = os.open(RUN_META, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0), dir_fd=directory.fd) \
+            if directory.fd is not None else os.open(directory.path / RUN_META, os.O_RDONLY)
+        with os.fdopen(fd, "rb") as f:
+            meta = json.loads(f.read())
         if not isinstance(meta, dict):
             return
         updated = {**meta, "perf_tag": identity.perf_tag, **facts}
         if updated != meta:
-            os.replace(_write_temp(directory, updated), target)
+            text = json.dumps(tag_nonfinite(updated), indent=1, default=repr, allow_nan=False) + "\n"
+            directory.replace_file(RUN_META, text.encode())
     except (OSError, ValueError):
         pass
 
@@ -103,7 +112,7 @@ class RunStoreSink(Sink):
 
     def __init__(self, root: str | os.PathLike[str] | None = None, *, config: Mapping[str, Any] | None = None) -> None:
         # absolute now: a later chdir of the program must not move (or split) its run
-        self.root = (Path(root) if root is not None else default_root()).absolute()
+        self.root = (check_root(root, "root") if root is not None else default_root()).absolute()
         self.config = dict(config or {})
         self._fd = -1
         self._token = -1
@@ -115,6 +124,8 @@ class RunStoreSink(Sink):
         self._meta_lock = threading.Lock()  # run.json: the writer thread creates it, set_run_meta may update it
         self._meta_facts: dict[str, Any] = {}
         self._meta_dir: Path | None = None  # the run directory whose run.json this process created
+        self._lines_written = 0  # complete record lines written by the current write_packed call
+        self._odd: dict[int, int] = {}  # index in the batch -> lines written for it, where not one per record
 
     def set_run_meta(self, **facts: Any) -> None:
         """Fields for ``run.json`` known after the sink was made (the workload): in it when this process creates it,
@@ -122,29 +133,38 @@ class RunStoreSink(Sink):
         with self._meta_lock:
             self._meta_facts.update(facts)
             if self._meta_dir is not None and self._identity is not None:
-                update_run_meta(self._meta_dir, self._identity, self._meta_facts)
+                try:
+                    with open_run_dir(self.root, self._identity.session_tag, self._identity.run_id) as directory:
+                        update_run_meta(directory, self._identity, self._meta_facts)
+                except OSError:
+                    pass  # a run directory swapped for a link since: run.json stays as it was
 
     def run_dir_for(self, identity: Identity) -> Path:
         return run_dir(self.root, identity)
 
     def _open(self, identity: Identity) -> None:
         self._close_fd()
-        directory = self.run_dir_for(identity)
-        directory.mkdir(parents=True, exist_ok=True)
-        if identity.role != AGENT_ROLE:  # the launcher's agent gets there first; run.json is the training's to write
-            with self._meta_lock:
-                if write_run_meta(directory, identity, self.config, self._meta_facts):
-                    self._meta_dir = directory
-                elif directory == self._meta_dir:  # a new identity in our run (the config's perf tag)
-                    update_run_meta(directory, identity, self._meta_facts)
-        path = directory / process_file_name(identity)
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        self._identity = None  # until this open succeeds: a failed one is tried again with the next batch
+        self._token = -1
+        # the session and run directories must be real ones (the root may be a link: the user named it)
+        with open_run_dir(self.root, identity.session_tag, identity.run_id) as directory:
+            if identity.role != AGENT_ROLE:  # the launcher's agent comes first; run.json is the training's to write
+                with self._meta_lock:
+                    if write_run_meta(directory, identity, self.config, self._meta_facts):
+                        self._meta_dir = directory.path
+                    elif directory.path == self._meta_dir:  # a new identity in our run (the config's perf tag)
+                        update_run_meta(directory, identity, self._meta_facts)
+            wanted = process_file_name(identity)
+            self._fd, name = directory.open_process_file(wanted)
         self._identity = identity
-        self.path = path
+        self.path = directory.path / name
         extra = {"versions": _versions(), "argv": list(sys.argv)}
-        self._write_all(encode_header(identity, time.monotonic_ns(), time.time_ns(), extra).encode())
+        self._write_all(encode_header(identity, time.monotonic_ns(), time.time_ns(), extra).encode(), lines=False)
 
-    def _write_all(self, data: bytes) -> None:
+    def _write_all(self, data: bytes, *, lines: bool = True) -> None:
+        """Write ``data`` (whole lines) to the file. With ``lines``, count the record lines that reached it
+        (``_lines_written``), also when a write fails part-way: then the bytes written up to the failure tell how
+        many lines are whole."""
         if self._torn_tail:
             # A write failed part-way (a full disk): end that partial line first, so it stays one undecodable line
             # and the records after it are intact.
@@ -155,10 +175,15 @@ class RunStoreSink(Sink):
             try:
                 n = os.write(self._fd, view)
             except OSError:
-                self._torn_tail = len(view) < len(data)
+                done = len(data) - len(view)
+                self._torn_tail = done > 0 and data[done - 1] != 0x0A
+                if lines:  # encoded records hold no raw newline: each one ends a record line
+                    self._lines_written += data.count(b"\n", 0, done)
                 raise
             view = view[n:]
             self.bytes_written += n
+        if lines:
+            self._lines_written += data.count(b"\n")
 
     def write(self, records: Sequence[Any]) -> None:
         """Typed records (the packed path below is the usual one)."""
@@ -167,19 +192,47 @@ class RunStoreSink(Sink):
             self._write_all(encode(record).encode())
 
     def write_packed(self, packed: Sequence[tuple[Any, ...]], source: PackedSource) -> None:
+        self._lines_written = 0
+        self._odd = {}
+        try:
+            self._write_packed(packed, source)
+        except OSError as exc:
+            if self._lines_written:  # part of the batch is in the file, whole: say how much (see dispatch)
+                raise PartialWriteError(self._records_in(packed, self._lines_written), exc) from exc
+            raise
+
+    def _records_in(self, packed: Sequence[tuple[Any, ...]], lines: int) -> int:
+        """Records of this batch that its first ``lines`` lines stand for, whole: one line per record, a pair's two
+        lines for two, an unencodable record's diagnostic line (or none) for it (``_odd``)."""
+        records = 0
+        odd = self._odd
+        for i, p in enumerate(packed):
+            n = 2 if p[0] in PAIRS else 1
+            needed = odd.get(i, n)
+            if lines < needed or (needed == 0 and lines == 0):
+                break
+            lines -= needed
+            records += n
+        return records
+
+    def _write_packed(self, packed: Sequence[tuple[Any, ...]], source: PackedSource) -> None:
         encoders = ENCODERS
         offset = source.wall_offset_ns
         lines: list[str] = []
         token = self._token
-        for p in packed:
+        for i, p in enumerate(packed):
             if p[2] != token:
                 try:
                     identity = source.identity_of(p[2])
-                except Exception as exc:  # noqa: BLE001 - a token this source never issued: lose that record only
+                except BaseException as exc:  # a token this source never issued: lose that record only
+                    if is_interrupt(exc):
+                        raise
                     if self._fd >= 0:
                         lines.append(self._unencodable(p, offset, exc))
+                        self._odd[i] = 1
                     else:
                         self.unencodable += 1
+                        self._odd[i] = 0
                     continue
                 if lines:  # records of another identity (a fork, a re-identified run) may go to another file
                     self._write_all("".join(lines).encode())
@@ -188,20 +241,26 @@ class RunStoreSink(Sink):
                 self._switch_to(identity, token)
             try:
                 lines.append(encoders[p[0]](p, offset))
-            except Exception as exc:  # noqa: BLE001 - one record that cannot be written must not cost the batch
+            except BaseException as exc:  # one record that cannot be written costs that record only
+                if is_interrupt(exc):  # whatever its values raise (a __repr__ raising SystemExit, say)
+                    raise
                 lines.append(self._unencodable(p, offset, exc))
+                self._odd[i] = 1
         if lines:
             self._write_all("".join(lines).encode())
 
-    def _unencodable(self, p: tuple[Any, ...], offset: int, exc: Exception) -> str:
+    def _unencodable(self, p: tuple[Any, ...], offset: int, exc: BaseException) -> str:
         """A diagnostic line in place of a record that could not be encoded (e.g. an int past Python's 4300-digit
-        str limit), naming it."""
+        str limit, a value whose ``__repr__`` raises), naming it. A pair's two records get one line: the count says
+        two."""
         self.unencodable += 1
-        what = f"{p[0]} {p[3]!r:.100}/{p[4]!r:.100}: {type(exc).__name__}: {exc}"
-        mono = p[1] if type(p[1]) is int else p[1][0]
-        return ENCODERS["diagnostic"](
-            ("diagnostic", mono, p[2], "telemetrain", "unencodable", self.name, 1, what), offset
-        )
+        what = f"{p[0]} {_safe_repr(p[3])}/{_safe_repr(p[4])}: {describe(exc)}"
+        mono = p[1] if type(p[1]) is int else p[1][0] if type(p[1]) is tuple else None
+        if type(mono) is not int:
+            mono = time.monotonic_ns()
+        count = 2 if p[0] in PAIRS else 1
+        record = ("diagnostic", mono, p[2], "telemetrain", "unencodable", self.name, count, what)
+        return ENCODERS["diagnostic"](record, offset)
 
     def _switch_to(self, identity: Identity, token: int) -> None:
         if identity != self._identity:

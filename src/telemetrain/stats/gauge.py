@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..collector import collector
-from ..dispatch import describe, warn_safely
+from ..dispatch import describe, is_interrupt, warn_safely
 from ..records import Diagnostic
 from ..telemetry import Telemetry, check_name, get_telemetry
 
@@ -74,7 +74,9 @@ class Gauge:
         """Call the function now: its value, or ``None`` (no value, or it failed: see ``errors``)."""
         try:
             value = self.fn()
-        except Exception as exc:  # noqa: BLE001 - a gauge never breaks its caller
+        except BaseException as exc:  # a gauge never breaks its caller, SystemExit included
+            if is_interrupt(exc):
+                raise
             self._failed(f"raised {describe(exc)}")
             return None
         if value is None:
@@ -88,7 +90,9 @@ class Gauge:
             item = getattr(value, "item", None)  # a numpy scalar (a tensor would need a device sync: refused)
             try:
                 scalar = item() if getattr(value, "dim", None) is None and callable(item) else None
-            except Exception:  # noqa: BLE001 - an array of several values, say: not a number
+            except BaseException as exc:  # an array of several values, say: not a number
+                if is_interrupt(exc):
+                    raise
                 scalar = None
             if not isinstance(scalar, (int, float)) or isinstance(scalar, bool):
                 self._failed(f"returned {type(value).__name__}, not a number")
@@ -103,7 +107,9 @@ class Gauge:
         if value is not None and not self._closed:
             try:
                 self._telemetry.metric(self.name, value, self.group, unit=self.unit)
-            except Exception as exc:  # noqa: BLE001
+            except BaseException as exc:  # the pipeline closed meanwhile, say
+                if is_interrupt(exc):
+                    raise
                 warn_safely(f"telemetrain: gauge {self.name!r} could not emit: {describe(exc)}")
 
     def tick(self, now_ns: int) -> int | None:
@@ -133,8 +139,9 @@ class Gauge:
                 telemetry.emit(
                     Diagnostic(mono, wall, telemetry.identity, "telemetrain", "gauge_error", self.name, 1, message)
                 )
-            except Exception:  # noqa: BLE001
-                pass
+            except BaseException as exc:  # reporting must never fail the caller
+                if is_interrupt(exc):
+                    raise
 
     def _after_fork_in_child(self) -> None:
         self._lock = threading.Lock()

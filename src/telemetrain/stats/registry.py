@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import process_hooks
 from ..collector import collector
-from ..dispatch import describe, warn_safely
+from ..dispatch import describe, is_interrupt, warn_safely
 from ..telemetry import Telemetry, get_telemetry
 
 if TYPE_CHECKING:
@@ -143,7 +143,9 @@ class StatRegistry:
                     item.close()
                 else:
                     item.flush()
-            except Exception as exc:  # noqa: BLE001 - one broken stat must not stop the others' flush
+            except BaseException as exc:  # one broken stat must not stop the others' flush
+                if is_interrupt(exc):
+                    raise
                 warn_safely(f"telemetrain: flushing {item.name!r} failed: {describe(exc)}")
         if final:
             collector.cancel()  # garbage-collected stats' entries too: let the thread end now if nothing is left

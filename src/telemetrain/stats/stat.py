@@ -46,7 +46,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar, overload
 
 from ..collector import collector
-from ..dispatch import describe, warn_safely
+from ..dispatch import describe, is_interrupt, warn_safely
 from ..records import StatWindow
 from ..telemetry import Telemetry, check_name, check_value, get_telemetry
 from .aggregations import DEFAULT_AGGREGATIONS, parse_aggregations, tracking
@@ -396,12 +396,16 @@ class Stat:
             )
             try:
                 telemetry.emit(record)
-            except Exception as exc:  # noqa: BLE001 - a closed or broken pipeline must not reach add()
+            except BaseException as exc:  # a closed or broken pipeline must not reach add()
+                if is_interrupt(exc):
+                    raise
                 warn_safely(f"telemetrain: stat {self.name!r} could not report a window: {describe(exc)}")
             for listener in self._listeners:
                 try:
                     listener(self, record)
-                except Exception as exc:  # noqa: BLE001
+                except BaseException as exc:  # sys.exit in a torch.monitor handler, say
+                    if is_interrupt(exc):
+                        raise
                     warn_safely(f"telemetrain: a listener of stat {self.name!r} failed: {describe(exc)}")
 
     def _report_snapshot(self) -> None:

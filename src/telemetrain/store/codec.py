@@ -6,12 +6,18 @@ cached), which is several times faster than ``json.dumps`` of a dict per record.
 Non-finite floats are data and are kept exactly, in valid JSON:
 - in numeric fields (``value``, stat values, durations) as the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``;
 - inside attribute dicts as ``{"$float": "NaN"}`` (etc.), so a string attribute ``"NaN"`` stays a string.
+
+Every line is valid JSON that the reader loads, whatever reaches the encoder: a string field that is not a ``str``
+or an integer field (times, counts, steps, durations) that is not an ``int`` makes the encoder raise, and the
+writer puts an ``unencodable`` diagnostic line in the record's place (the APIs refuse such values at the call;
+this is the last line of defence).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import operator
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -41,14 +47,29 @@ _dumps = json.dumps
 
 
 def _s(value: str) -> str:
-    """A JSON string literal, cached (names and groups repeat)."""
+    """A JSON string literal, cached (names and groups repeat). Anything but a str raises (checked on a cache miss
+    only: a cached key is a str)."""
     out = _str_cache.get(value)
     if out is None:
+        if not isinstance(value, str):
+            raise TypeError(f"a string field holds {type(value).__name__}: {value!r:.80}")
         out = _dumps(value)
         if len(_str_cache) > 50_000:  # names made from unbounded data must not grow memory forever
             _str_cache.clear()
         _str_cache[value] = out
     return out
+
+
+def _int(value: Any) -> str:
+    """An integer field (a time, a count, a step, a duration): an int, never a float, NaN or bool."""
+    if type(value) is int:
+        return int.__repr__(value)
+    if not isinstance(value, (bool, float)):
+        try:
+            return int.__repr__(operator.index(value))  # an int subclass, a numpy integer
+        except TypeError:
+            pass
+    raise TypeError(f"an integer field holds {type(value).__name__}: {value!r:.80}")
 
 
 def _num(value: Any) -> str:
@@ -101,9 +122,12 @@ def _full(p: Any) -> Any:
     return p + tail[len(tail) - missing :] if missing else p
 
 
-def _times(p: Any, off: int) -> tuple[int, int]:
+def _times(p: Any, off: int) -> tuple[Any, Any]:
     t = p[1]
-    return (t, t + off) if type(t) is int else t  # (mono, wall) for a record that came with its own wall time
+    if type(t) is int:
+        return t, t + off
+    mono, wall = t  # (mono, wall) for a record that came with its own wall time
+    return _int(mono), _int(wall)
 
 
 def _head(kind: str, p: Any, off: int) -> str:
@@ -118,7 +142,7 @@ def _enc_metric(p: Any, off: int) -> str:
         if p[6]:
             tail = f',"unit":{_s(p[6])}'
         if len(p) > 7 and p[7] is not None:
-            tail += f',"step":{p[7]}'
+            tail += f',"step":{_int(p[7])}'
     mono, wall = _times(p, off)
     return (
         f'{{"v":1,"kind":"metric","mono_ns":{mono},"wall_ns":{wall},"group":{_s(p[3])},"name":{_s(p[4])},'
@@ -157,18 +181,25 @@ def _enc_span_end(p: Any, off: int) -> str:
     # SpanEnd, packed: span_id, duration_ns, status, error, *attributes
     (span_id, duration_ns, status, error), attributes = split_attributes(p, 4)
     return (
-        f'{_head("span_end", p, off)},"span_id":{_id(span_id)},"duration_ns":{duration_ns},'
+        f'{_head("span_end", p, off)},"span_id":{_id(span_id)},"duration_ns":{_int(duration_ns)},'
         f'"status":{_s(status)},"attributes":{_attrs(attributes)},"error":{_s(error)}}}\n'
     )
+
+
+def _histogram(histogram: Any) -> str:
+    try:
+        return _dumps(histogram, separators=(",", ":"), allow_nan=False)
+    except ValueError:  # finite samples whose sum overflowed, say: tagged, as attributes are
+        return _dumps(tag_nonfinite(histogram), separators=(",", ":"), allow_nan=False)
 
 
 def _enc_stat(p: Any, off: int) -> str:
     # StatWindow: start_mono_ns, sample_count, values, unit, histogram
     p = _full(p)
     values = ",".join(f"{_s(k)}:{_num(v)}" for k, v in p[7].items())
-    histogram = "" if p[9] is None else f',"histogram":{_dumps(p[9], separators=(",", ":"))}'
+    histogram = "" if p[9] is None else f',"histogram":{_histogram(p[9])}'
     return (
-        f'{_head("stat", p, off)},"start_mono_ns":{p[5]},"count":{p[6]},"values":{{{values}}},'
+        f'{_head("stat", p, off)},"start_mono_ns":{_int(p[5])},"count":{_int(p[6])},"values":{{{values}}},'
         f'"unit":{_s(p[8])}{histogram}}}\n'
     )
 
@@ -176,7 +207,7 @@ def _enc_stat(p: Any, off: int) -> str:
 def _enc_diagnostic(p: Any, off: int) -> str:
     # Diagnostic: sink, record_count, message
     p = _full(p)
-    return f'{_head("diagnostic", p, off)},"sink":{_s(p[5])},"count":{p[6]},"message":{_s(p[7])}}}\n'
+    return f'{_head("diagnostic", p, off)},"sink":{_s(p[5])},"count":{_int(p[6])},"message":{_s(p[7])}}}\n'
 
 
 def _enc_metric_pair(p: Any, off: int) -> str:

@@ -17,6 +17,26 @@ RUN_META = "run.json"
 DEFAULT_ROOT = "telemetrain-runs"
 
 
+NAME_MAX = 255  # bytes in one path component on the common file systems
+
+
+def check_root(value: str | os.PathLike[str], arg: str) -> Path:
+    """A store root given in code: a path without NUL whose every component fits a file system (``ValueError``
+    naming ``arg``), so the mistake shows at the call, not later in the writer thread."""
+    try:
+        path = Path(value)
+    except TypeError:
+        raise TypeError(f"{arg} must be a path (str or os.PathLike), got {type(value).__name__}") from None
+    text = str(path)
+    if "\0" in text:
+        raise ValueError(f"{arg} must not contain NUL, got {text!r:.200}")
+    for part in path.parts:
+        if len(os.fsencode(part)) > NAME_MAX:
+            raise ValueError(f"{arg} has a component of {len(os.fsencode(part))} bytes (at most {NAME_MAX}): "
+                             f"{part[:40]!r}...")
+    return path
+
+
 def default_root() -> Path:
     """``$TELEMETRAIN_DIR``, else ``./telemetrain-runs``."""
     return Path(os.environ.get("TELEMETRAIN_DIR") or DEFAULT_ROOT)
