@@ -16,6 +16,11 @@ Synchronous data parallelism hides the cause in one way: while one rank is slow 
 rank waits inside the collective (the backward pass's all-reduce, or the optimizer step of sharded optimizers), so
 those ranks look slow in that phase. A relative finding in a ``sync_phases`` phase is therefore dropped when, in the
 same window, another rank is slow in a phase that is not a sync phase: that rank is the cause, the rest is waiting.
+
+When every rank's communication wait is known (``late_rank``), the aggregator calls ``update`` with
+``relative=False`` (the late-rank attribution, which measures the waiting itself, answers "who holds the others
+up") and ``waiting=`` the ranks that waited for a late rank: their iteration, throughput and sync-phase times grew
+because they waited, so no individual finding is raised on them there.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import math
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = ["PHASES", "Finding", "StragglerDetector", "phases_of"]
 
@@ -50,9 +56,10 @@ class Finding:
     score: float
     threshold: float
     step: int
-    reference: float  # the median rank's value (relative) or the rank's best (individual)
+    reference: float  # the median rank's value (relative), the rank's best (individual), the others' wait (late)
     value: float
     ended: bool = False
+    evidence: Mapping[str, Any] = field(default_factory=dict, compare=False)  # more figures, kept in the event
 
 
 def _finite(x: float | None) -> bool:
@@ -86,11 +93,15 @@ class StragglerDetector:
         """The stragglers found and not yet over."""
         return list(self._active.values())
 
-    def update(self, step: int, values: Mapping[int, Mapping[str, float]]) -> list[Finding]:
-        """Feed one exchanged window (rank -> phase -> value); returns the findings that start or end with it."""
-        relative = self._relative(step, values)
-        individual = self._individual(step, values)
-        flagged = {(f.rank, f.phase, f.kind): f for f in relative + individual}
+    def update(self, step: int, values: Mapping[int, Mapping[str, float]], *, relative: bool = True,
+               waiting: frozenset[int] | set[int] = frozenset()) -> list[Finding]:
+        """Feed one exchanged window (rank -> phase -> value); returns the findings that start or end with it.
+        ``relative=False``: no relative scores; ``waiting``: ranks that waited for another (see the module
+        docstring)."""
+        found = self._relative(step, values) if relative else []
+        found += [f for f in self._individual(step, values)
+                  if not (f.rank in waiting and (f.phase in self.sync_phases or f.phase not in _WORK_PHASES))]
+        flagged = {(f.rank, f.phase, f.kind): f for f in found}
         changes: list[Finding] = []
         for key in list(self._streak):
             if key not in flagged:
