@@ -9,10 +9,17 @@ worker times every step after its warm-up; a mode's figure is the median over ro
 Two measures, because the machine is shared: the end-to-end step time ratio to ``off`` (it includes the noise of
 the machine, a few percent here), and the direct cost: the CPU time the aggregator's thread spent in exchanges and
 recording, per N iterations, as a share of N steps (noise-free, and the figure the issue bounds: < 1% at N=50).
+
+``--scale 2,4,8``: the aggregator's collectives alone at each world size (``_cross_rank_scale_worker.py``, no
+training): the all-gather of its vector and the clock estimate (round trips to rank 0, which answers every rank in
+turn), median wall time per call over the ranks' medians; then a least-squares line in the world size, extrapolated
+to 1,024 ranks. On a 2-core machine 8 ranks share 2 cores, so the figures at 4 and 8 ranks include waiting for a
+CPU: an upper bound for a cluster, where each rank has its own cores and the network adds latency instead.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -54,12 +61,96 @@ def run_mode(mode: str, steps: int, every: int, work: Path) -> dict:
     }
 
 
+SCALE_WORKER = HERE / "_cross_rank_scale_worker.py"
+
+
+def run_scale(world: int, rounds: int, work: Path) -> dict:
+    out = work / f"scale-{world}-{os.urandom(3).hex()}"
+    out.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TELEMETRAIN_", "TORCHELASTIC_"))}
+    env.update({"BENCH_OUT": str(out), "ROUNDS": str(rounds), "TELEMETRAIN_CROSS_RANK": "0",
+                "TELEMETRAIN_WATCHDOG": "0", "OMP_NUM_THREADS": "1", "TELEMETRAIN_STORE": "0"})
+    cmd = [sys.executable, "-m", "telemetrain.cli", "launch", "--nproc-per-node", str(world), str(SCALE_WORKER)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{world} ranks failed: {proc.stderr[-2000:]}")
+    ranks = [json.loads((out / f"rank-{r}.json").read_text()) for r in range(world)]
+
+    def med(key: str) -> float:
+        return statistics.median(statistics.median(r[key]) for r in ranks)
+
+    return {"world": world, "allgather_ms": med("allgather_wall") * 1e3, "allgather_cpu_ms": med("allgather_cpu") * 1e3,
+            "clock_ms": max(statistics.median(r["clock_wall"]) for r in ranks) * 1e3,
+            "clock_cpu_rank0_ms": statistics.median(ranks[0]["clock_cpu"]) * 1e3,
+            "clock_start_ms": max(statistics.median(r["clock_start_wall"]) for r in ranks) * 1e3,
+            "vector_floats": ranks[0]["vector_floats"]}
+
+
+def _fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least squares ``y = a + b x``."""
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else 0.0
+    return my - b * mx, b
+
+
+def main_scale(args: argparse.Namespace) -> int:
+    worlds = [int(w) for w in args.scale.split(",")]
+    load_before = _method.loadavg()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-cross-rank-scale-") as tmp:
+        for world in worlds:
+            _method.progress(f"{world} ranks")
+            rows.append(run_scale(world, 20 if args.quick else args.scale_rounds, Path(tmp)))
+    load_after = _method.loadavg()
+    _method.print_header(DISTS, load_before, load_after)
+    every = args.every
+    print(f"the aggregator's collectives alone (telemetrain launch, gloo, CPU), {args.scale_rounds} calls each; "
+          f"a vector of {rows[0]['vector_floats']} floats; the clock estimate at an exchange "
+          "(4 round trips per rank) and at the start (8)")
+    print()
+    print("| ranks | all-gather ms (wall) | all-gather CPU ms | clock estimate ms (wall, slowest rank) | rank 0's "
+          "CPU in it ms | clock at start ms |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['world']} | {r['allgather_ms']:.3f} | {r['allgather_cpu_ms']:.3f} | {r['clock_ms']:.3f} | "
+              f"{r['clock_cpu_rank0_ms']:.3f} | {r['clock_start_ms']:.3f} |")
+        _method.RESULTS.append(r)
+    xs = [float(r["world"]) for r in rows]
+    a_ag, b_ag = _fit(xs, [r["allgather_ms"] for r in rows])
+    a_ck, b_ck = _fit(xs, [r["clock_ms"] for r in rows])
+    at = 1024
+    ag, ck = a_ag + b_ag * at, a_ck + b_ck * at
+    print()
+    print(f"linear fits: all-gather {a_ag:.3f} + {b_ag:.4f} x ranks ms; clock estimate {a_ck:.3f} + {b_ck:.4f} x "
+          f"ranks ms")
+    print(f"extrapolated to {at} ranks: all-gather {ag:.1f} ms, clock estimate {ck:.1f} ms per exchange, in the "
+          f"aggregator's thread (the training thread pays none of it); every {every} iterations of a 100 ms step "
+          f"that is {(ag + ck) / (every * 100):.1%} of the wall time of the aggregator's thread")
+    checks = [{
+        "id": 1, "title": f"extrapolated to {at} ranks, one exchange (all-gather + clock) fits in {every} steps of "
+                          "100 ms in the aggregator's thread",
+        "status": "PASS" if ag + ck < every * 100 else "FAIL",
+        "text": f"{ag + ck:.1f} ms per exchange at {at} ranks (fits: all-gather {a_ag:.3f} + {b_ag:.4f} n, clock "
+                f"{a_ck:.3f} + {b_ck:.4f} n ms, from {', '.join(map(str, worlds))} ranks on this machine)",
+    }]
+    print()
+    _method.print_notes()
+    _method.print_checks(checks)
+    _method.write_run_json(args.json, DISTS, (load_before, load_after), args, {"rows": rows}, checks)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = _method.parser(__doc__, "one short round (smoke test)")
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--every", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--scale", metavar="N,N,...", help="only the collectives' cost at these world sizes (2,4,8)")
+    ap.add_argument("--scale-rounds", type=int, default=200)
     args = _method.parse_args(ap, argv)
+    if args.scale:
+        return main_scale(args)
     steps, rounds = (300, 1) if args.quick else (args.steps, args.rounds)
     load_before = _method.loadavg()
     by_mode: dict[str, list[dict]] = {m: [] for m in MODES}
