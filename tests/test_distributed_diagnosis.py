@@ -280,9 +280,22 @@ def test_the_monitor_reports_per_window_with_the_recorders_phase(tmp_path: Path)
         pass
 
 
+def test_without_a_recorder_the_monitor_keeps_only_the_newest_collectives(monkeypatch: pytest.MonkeyPatch) -> None:
+    from telemetrain.distributed import comm
+
+    monkeypatch.setattr(comm, "MAX_WINDOW_OPS", 10)
+    t = telemetrain.Telemetry(store=False)
+    monitor = CommMonitor(t)
+    for _ in range(25):
+        monitor.end(monitor.begin("all_reduce", 8))
+    assert (monitor.unreported, len(monitor._ops), monitor.count) == (15, 10, 25)
+    assert monitor._ops[-1].seq == 25
+    t.close()
+
+
 def test_explicit_collectives_are_timed_with_torchs_signatures(tmp_path: Path) -> None:
     code = """
-import os, torch, torch.distributed as dist, telemetrain
+import json, torch, torch.distributed as dist, telemetrain
 from telemetrain.distributed import collectives
 from telemetrain.distributed.comm import comm_monitor
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -295,11 +308,11 @@ c.broadcast(x, 0)
 c.all_gather_into_tensor(torch.empty(8), x)
 c.barrier()
 m = comm_monitor(t)
-print([(o.kind, o.nbytes, o.state) for o in m._ops])
+print(json.dumps([(o.kind, o.nbytes, o.state) for o in m._ops]))
 dist.destroy_process_group()
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    kinds = eval(out.stdout.strip().splitlines()[-1])  # noqa: S307 - our own subprocess's repr of a list
+    kinds = json.loads(out.stdout.strip().splitlines()[-1])
     assert [k[0] for k in kinds] == ["all_reduce", "all_reduce", "broadcast", "all_gather_into_tensor", "barrier"]
     assert [k[1] for k in kinds] == [32, 32, 32, 32, 0] and {k[2] for k in kinds} == {"done"}
 
@@ -312,7 +325,7 @@ def test_cuda_tensors_are_device_timed_with_events() -> None:  # pragma: no cove
     monitor = CommMonitor(telemetrain.Telemetry(store=False))
     a = torch.randn(2048, 2048, device="cuda")
     o = monitor.begin("all_reduce", a.numel() * 4, cuda=True)
-    a @ a  # noqa: B018 - device work between the marks
+    a @ a
     monitor.end(o)
     f = window_figures([o], {"window_iterations": 1, "window_seconds": 1.0})
     assert f["comm_clock"] == "cuda" and f["comm_time_sec"] > 0
@@ -412,7 +425,55 @@ def test_without_collectives_the_odd_phase_out_is_stuck_and_alike_ranks_name_nob
     assert (silent["ranks"], silent["phase"], silent["silent_ranks"]) == ([1], "no evidence", [1])
 
 
-# -- the watchdog, in process -------------------------------------------------------------------------------------------
+def test_the_agent_follows_the_ranks_files_and_writes_one_stall_event(tmp_path: Path) -> None:
+    from telemetrain.distributed.stall_view import StallWatcher
+
+    runs = tmp_path / "runs"
+
+    def ident(rank: int, role: str = "") -> telemetrain.Identity:
+        return telemetrain.identity_from_env({}, rank=rank, world_size=3, run_id="job.0", session_tag="job",
+                                             role=role)
+
+    ranks = [telemetrain.Telemetry(ident(r), store=runs) for r in range(3)]
+    agent = telemetrain.Telemetry(ident(0, "agent"), store=runs)
+    agent.event("launch_start", {}, group="launcher")
+    agent.flush()
+    watcher = StallWatcher(agent, 3, gather_s=60.0)
+    where = {0: evidence("backward", 12), 1: evidence("dataloader"), 2: evidence("backward", 12)}
+    for rank, t in enumerate(ranks):
+        t.event("training_metrics_update", {"current_iteration": 9}, group="training")  # lines the agent skips
+        t.event("stall_evidence", {"reason": "stall", **where[rank]}, group="watchdog", severity="error")
+        t.flush()
+        watcher.poll()
+        watcher.decide()
+        assert watcher.events == (1 if rank == 2 else 0)  # it waits for every rank (or gather_s)
+    ranks[1].event("stall_evidence", {"reason": "signal", **evidence("dataloader")}, group="watchdog")
+    ranks[1].flush()
+    watcher.close()  # a last look: nothing new to say about this run
+    for t in ranks:
+        t.close()
+    agent.close()
+    (stall,) = [r for r in open_run(runs / "job" / "job.0").records("event", agents=True) if r.name == "stall"]
+    assert (stall.attributes["ranks"], stall.attributes["phase"], stall.identity.role) == ([1], "dataloader", "agent")
+    assert stall.attributes["run_id"] == "job.0" and stall.attributes["waiting_in"] == "all_reduce #12 (backward)"
+
+
+def test_the_agents_follower_holds_back_a_line_being_written(tmp_path: Path) -> None:
+    from telemetrain.distributed.stall_view import _EvidenceFollower
+
+    path = tmp_path / "rank-3.77.jsonl"
+    line = json.dumps({"v": 1, "kind": "event", "group": "watchdog", "name": "stall_evidence",
+                       "attributes": {"reason": "stall", "p99_s": {"$float": "NaN"}}}).encode()
+    path.write_bytes(b'{"no header": true}\n' + line[:40])
+    follower = _EvidenceFollower(path)
+    assert follower.poll() == []
+    with open(path, "ab") as fh:
+        fh.write(line[40:] + b"\n")
+    ((rank, attributes),) = follower.poll()
+    assert rank == 3 and attributes["reason"] == "stall" and math.isnan(attributes["p99_s"])
+
+
+# -- the watchdog, in process ------------------------------------------------------------------------------------------
 
 
 def wait_for(predicate: Any, timeout: float = 30.0) -> bool:
@@ -496,7 +557,7 @@ def test_watchdog_settings_are_checked_and_parsed() -> None:
             WatchdogConfig(**kwargs)  # type: ignore[arg-type]
 
 
-# -- the trace on one clock, and goodput from a heartbeat ----------------------------------------------------------------
+# -- the trace on one clock, and goodput from a heartbeat --------------------------------------------------------------
 
 
 def test_the_trace_moves_each_rank_onto_rank_zeros_clock_between_estimates(tmp_path: Path) -> None:

@@ -16,7 +16,8 @@ A ``CommMonitor`` (one per ``Telemetry``: ``comm_monitor()``) is told when each 
 Each collective is timed on the host (``comm_timing.HOST``: CPU tensors, gloo) or with CUDA events (tensors on a
 CUDA device, NCCL: marks on the current stream, read when the window is reported, never a sync on the training
 thread). The monitor is a report source of the ``TrainingRecorder``: at each ``training_metrics_update`` the window's
-collectives are folded (in the reporter's thread) into
+collectives are folded (in the reporter's thread) -- so the figures need a ``TrainingRecorder`` on the same Telemetry;
+without one the monitor keeps only the newest ``MAX_WINDOW_OPS`` -- into
 
 - ``comm_count``, ``comm_bytes``, and per kind ``comm_<kind>_count``/``_bytes``/``_time_sec`` (sum of durations);
 - ``comm_time_sec`` (wall time with at least one collective in flight) and ``avg_comm_time_sec`` (per iteration);
@@ -52,6 +53,7 @@ __all__ = ["CommMonitor", "CommOp", "comm_monitor", "instrument_ddp", "instrumen
 
 _EXTENSION = "distributed.comm"
 OTHER = "other"  # the phase of a collective launched outside any recorder sub-phase
+MAX_WINDOW_OPS = 100_000  # collectives kept per window when no report takes them (no TrainingRecorder): the newest
 
 
 class CommOp:
@@ -68,9 +70,9 @@ class CommOp:
         self.clock = clock
         self.state = "open"
         self.error = ""
-        self.host_start_ns = time.monotonic_ns()
+        self.host_start_ns = start = time.monotonic_ns()
         self.host_end_ns = 0
-        self.start: Any = clock.mark()
+        self.start: Any = start if clock is HOST else clock.mark()  # (the host clock's mark is that same read)
         self.end: Any = None
 
     def describe(self, now_ns: int | None = None) -> dict[str, Any]:
@@ -97,6 +99,7 @@ class CommMonitor:
         self.last_done: CommOp | None = None
         self.last_failed: CommOp | None = None
         self.count = 0
+        self.unreported = 0  # collectives dropped from a window no report took
         self._listeners: list[Callable[[CommOp], None]] = []
         self._cuda: IntervalClock | None = None
         self._warned = False
@@ -111,7 +114,11 @@ class CommMonitor:
         phase = PHASES.get(current[0], OTHER) if current is not None else OTHER
         op = CommOp(self._seq(), kind, nbytes, phase, self._cuda_clock() if cuda else HOST)
         self._open[op.seq] = op
-        self._ops.append(op)
+        ops = self._ops
+        if len(ops) >= MAX_WINDOW_OPS:  # nobody reports (no recorder): keep memory bounded
+            self.unreported += len(ops) // 2
+            self._ops = ops = ops[len(ops) // 2:]
+        ops.append(op)
         self.count += 1
         return op
 
@@ -119,8 +126,8 @@ class CommMonitor:
         """The collective completed (or failed with ``error``)."""
         if op.state != "open":
             return
-        op.end = op.clock.mark()
-        op.host_end_ns = time.monotonic_ns()
+        op.host_end_ns = now = time.monotonic_ns()
+        op.end = now if op.clock is HOST else op.clock.mark()
         self._open.pop(op.seq, None)
         if error is None:
             op.state = "done"

@@ -19,10 +19,11 @@ per phase) over their own gloo group (``exchange``), and the recording rank(s) w
 - ``cross_rank_stopped`` (warning) if an exchange fails: a rank died, or did not answer within ``timeout_s``. The
   aggregator then stops for this run; training goes on.
 
-Clock offsets (``clock_sync``): at the first report of a run and at every exchange, each rank measures its clock's
-offset to rank 0's with NTP-style round trips over the same group (``Exchange.clock_offset``) and records a
-``clock_offset`` event (group ``clock``: ``offset_ns``, ``error_ns``, ``rtt_ns``) on every rank, which ``telemetrain
-trace`` applies to put every rank on rank 0's clock.
+Clock offsets (``clock_sync``): at the first report of a run every rank, and at each exchange the next
+``CLOCK_PEERS`` ranks in turn (all of them up to 65 ranks), measure their clock's offset to rank 0's with NTP-style
+round trips over the same group (``Exchange.clock_offset``) and record a ``clock_offset`` event (group ``clock``:
+``offset_ns``, ``error_ns``, ``rtt_ns``; rank 0 records 0 each time), which ``telemetrain trace`` applies to put every
+rank on rank 0's clock.
 
 Exchanges happen at the same steps on every rank because reports do. The final report of a loop is not exchanged:
 at a SIGTERM it may exist on some ranks only, and the survivors would wait out the timeout at exit.
@@ -52,7 +53,9 @@ REPORT = "training_metrics_update"
 DEFAULT_EVERY = 50
 CLOCK_GROUP = "clock"
 CLOCK_ROUNDS_START = 8  # round trips at the first report (the estimate the whole run leans on) ...
-CLOCK_ROUNDS = 4  # ... and at each exchange
+CLOCK_ROUNDS = 4  # ... and at each exchange,
+CLOCK_PEERS = 64  # ... for this many ranks in turn: rank 0 answers ranks one after the other, so an exchange's
+# clock work stays bounded at any world size; each rank's estimate is renewed every ceil((world-1)/64) exchanges
 # what each rank sends (after its step and window size): the detector's phases, then ours
 _FIELDS = (*PHASES, "h2d", "zero_grad", "interval", "comm_time", "comm_wait", "wait_dataloader", "wait_h2d",
            "wait_forward", "wait_backward", "wait_optimizer", "wait_zero_grad", "wait_other")
@@ -133,6 +136,7 @@ class CrossRankAggregator(Sink):
         self.clock_syncs = 0
         self.clock_ns = 0  # wall time in clock round trips (bench/bench_cross_rank.py reports it)
         self._started_run = ""  # the run whose first report has been handled (the start's clock estimate)
+        self._clock_turn = 0  # which slice of ranks renews its estimate at the next exchange
         self.exchanges = 0
         self.cpu_ns = 0  # this thread's CPU time in exchanges and recording (bench/bench_cross_rank.py reports it)
         self.wall_ns = 0  # and the wall time, waits for the other ranks included
@@ -208,9 +212,20 @@ class CrossRankAggregator(Sink):
     def _sync_clock(self, identity: Any, step: int, rounds: int, starting: bool) -> None:
         assert self._exchange is not None
         telemetry = self.telemetry
+        peers = None
+        if starting:
+            self._clock_turn = 0
+        else:  # the next slice of CLOCK_PEERS ranks (the same on every rank: exchanges are aligned)
+            slices = max(-(-(identity.world_size - 1) // CLOCK_PEERS), 1)
+            first = 1 + (self._clock_turn % slices) * CLOCK_PEERS
+            peers = range(first, min(first + CLOCK_PEERS, identity.world_size))
+            self._clock_turn += 1
         began = time.perf_counter_ns()
-        offset, error, rtt = self._exchange.clock_offset(lambda: telemetry.now()[1], rounds)
+        found = self._exchange.clock_offset(lambda: telemetry.now()[1], rounds, peers)
         self.clock_ns += time.perf_counter_ns() - began
+        if found is None:
+            return  # not this rank's turn
+        offset, error, rtt = found
         self.clock_syncs += 1
         telemetry.event("clock_offset", {"offset_ns": offset, "error_ns": error, "rtt_ns": rtt, "rounds": rounds,
                                          "reference_rank": 0, "step": step, "at": "start" if starting else "exchange"},

@@ -69,17 +69,22 @@ class Exchange:
             raise ExchangeError(f"all-gather failed: {type(exc).__name__}: {exc}") from exc
         return [t.tolist() for t in out]
 
-    def clock_offset(self, now_ns: Callable[[], int], rounds: int = 4) -> tuple[int, int, int]:
+    def clock_offset(self, now_ns: Callable[[], int], rounds: int = 4,
+                     peers: Sequence[int] | None = None) -> tuple[int, int, int] | None:
         """This rank's clock minus rank 0's, NTP-style: ``rounds`` round trips to rank 0 (which answers each with its
         clock), the one with the shortest round trip kept. Returns ``(offset_ns, error_ns, rtt_ns)``: the true offset
-        is within ``error_ns`` (half that round trip) of ``offset_ns``. Rank 0 answers every other rank in turn and
-        returns ``(0, 0, 0)``. Every rank must call it, with the same ``rounds``."""
+        is within ``error_ns`` (half that round trip) of ``offset_ns``. Rank 0 answers the ``peers`` (default: every
+        other rank) in turn and returns ``(0, 0, 0)``; a rank not among them returns None at once. Every rank must call
+        it, with the same ``rounds`` and ``peers``."""
         torch = self._torch
         buf = torch.zeros(1, dtype=torch.int64)
         group = self._group
+        chosen = range(1, self.world_size) if peers is None else peers
+        if self.rank != 0 and self.rank not in chosen:
+            return None
         try:
             if self.rank == 0:
-                for peer in range(1, self.world_size):
+                for peer in chosen:
                     for _ in range(rounds):
                         group.recv([buf], peer, CLOCK_TAG).wait()
                         buf[0] = now_ns()

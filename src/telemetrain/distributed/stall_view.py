@@ -4,8 +4,9 @@ elsewhere than the others.
 ``StallWatcher`` runs in the agent of ``telemetrain launch`` (its own daemon thread). It follows the workers' files of
 the current attempt's run folder (the agent's node; every node with a shared run store) and keeps each rank's first
 ``stall_evidence`` of reason ``stall`` (evidence written because a collective failed, or at a SIGTERM, stays in the
-ranks' files: that is a failure, not a stall). Once a rank reported, it waits until every rank did (or ``gather_s``), then
-``classify`` decides and the agent writes one ``stall`` event (group ``launcher``, severity error) per attempt:
+ranks' files: that is a failure, not a stall). Once a rank reported, it waits until every rank did (or
+``gather_s``), then ``classify`` decides and the agent writes one ``stall`` event (group ``launcher``, severity
+error) per attempt:
 
 - ranks waiting in a collective: those in the collective with the highest sequence number are *waiting*; every
   other rank that reported is *stuck* -- it never got to that collective (a rank blocked in data loading while the
@@ -23,6 +24,7 @@ per stuck rank), ``waiting_ranks``, ``waiting_in`` (``"all_reduce #31 (backward)
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import time
 from collections import Counter
@@ -30,8 +32,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..analysis.tail import FileFollower
 from ..dispatch import describe, warn_safely
+from ..store.codec import untag_nonfinite
 from ..store.layout import is_agent_file, is_process_file
 from ..telemetry import Telemetry
 
@@ -39,6 +41,60 @@ __all__ = ["StallWatcher", "classify"]
 
 EVIDENCE = "stall_evidence"
 GROUP = "launcher"
+_MARK = b'"stall_evidence"'
+READ_LIMIT = 64 << 20  # bytes read per file per poll (a far-behind follower catches up over several polls)
+
+
+class _EvidenceFollower:
+    """A growing worker file: the ``stall_evidence`` records appended since the last poll. Only chunks that contain
+    the name are split into lines and only those lines decoded, so following a busy run costs the agent a
+    substring search per chunk."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.pending = b""
+        self.rank: int | None = None
+
+    def poll(self) -> list[tuple[int, dict[str, Any]]]:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read(READ_LIMIT)
+        except OSError:
+            return []
+        self.offset += len(data)
+        data = self.pending + data
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            self.pending = data
+            return []
+        complete, self.pending = data[:cut], data[cut + 1:]
+        if self.rank is None:
+            self.rank = self._rank_of(complete.split(b"\n", 1)[0])
+        if _MARK not in complete or self.rank is None:
+            return []
+        out = []
+        for line in complete.split(b"\n"):
+            if _MARK not in line:
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(obj, dict) and obj.get("kind") == "event" and obj.get("name") == EVIDENCE and \
+                    obj.get("group") == "watchdog" and isinstance(obj.get("attributes"), dict):
+                out.append((self.rank, untag_nonfinite(obj["attributes"])))
+        return out
+
+    def _rank_of(self, header: bytes) -> int | None:
+        try:
+            obj = json.loads(header)
+            rank = obj["identity"]["rank"]
+            return rank if isinstance(rank, int) else None
+        except (ValueError, KeyError, TypeError):  # no header line: the file name says it (rank-<R>.<pid>.jsonl)
+            name = self.path.name.removeprefix("rank-").split(".", 1)[0]
+            return int(name) if name.isdigit() else None
 
 
 def _rank_list(ranks: list[int]) -> str:
@@ -120,7 +176,7 @@ class StallWatcher:
         self.local_ranks = local_ranks
         self.reported: set[str] = set()  # run ids whose stall was written
         self.events = 0
-        self._followers: dict[Path, FileFollower] = {}
+        self._followers: dict[Path, _EvidenceFollower] = {}
         self._evidence: dict[str, dict[int, dict[str, Any]]] = {}  # run id -> rank -> first evidence
         self._first_seen: dict[str, float] = {}
         self._stop = threading.Event()
@@ -157,14 +213,12 @@ class StallWatcher:
             return
         for path in sorted(run_dir.iterdir()):
             if is_process_file(path.name) and not is_agent_file(path.name) and path not in self._followers:
-                self._followers[path] = FileFollower(path, {})
-        for follower in self._followers.values():
-            for record in follower.poll():
-                if record.kind == "event" and record.name == EVIDENCE and record.group == "watchdog" and \
-                        (record.attributes or {}).get("reason") == "stall":
-                    run = record.identity.run_id
-                    ranks = self._evidence.setdefault(run, {})
-                    ranks.setdefault(record.identity.rank, dict(record.attributes or {}))
+                self._followers[path] = _EvidenceFollower(path)
+        for path, follower in self._followers.items():
+            run = path.parent.name  # the run folder is named after the run id
+            for rank, attributes in follower.poll():
+                if attributes.get("reason") == "stall":
+                    self._evidence.setdefault(run, {}).setdefault(rank, attributes)
                     self._first_seen.setdefault(run, time.monotonic())
 
     def decide(self, final: bool = False) -> None:

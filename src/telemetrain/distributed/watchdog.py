@@ -7,15 +7,17 @@ thread) and, while a training loop is open:
 - **stall**: when no iteration has completed for ``max(k x p99, floor_s)`` seconds -- p99 the iteration time's 99th
   percentile so far (the recorder's cumulative one; the window's mean step interval if longer), taken from the
   reports; ``startup_s`` until the first report -- it writes a ``stall_evidence`` event (group ``watchdog``,
-  severity error) and flushes the run store. Time inside a checkpoint save/load or a validation/testing loop does
-  not count (iterations stop advancing there by design). When iterations advance again: ``stall_end``.
+  severity error; warning for the SIGTERM and exit evidence below) and flushes the run store. Time inside a
+  checkpoint save/load or a validation/testing loop does not count (iterations stop advancing there by design).
+  When iterations advance again: ``stall_end``.
 - **a collective fails** (a peer died: gloo/NCCL raised; needs ``comm`` instrumentation): evidence at once.
 - **SIGTERM** (torchelastic stopping the workers after another rank failed): evidence at once, from this thread --
   through a signal wakeup fd, so even while the training thread is blocked in a collective inside C++ (where
   Python's own handler cannot run until the call returns). Also when the process closes its telemetry while a
   collective is open or failed (an exception, exit): evidence at close.
 - **SIGABRT** (NCCL's watchdog aborting the process): no Python code can run; ``faulthandler`` writes every
-  thread's stack to ``fatal-stacks/rank-<R>.<pid>.txt`` beside the run (removed at a clean close when empty).
+  thread's stack to ``fatal-stacks/rank-<R>.<pid>.txt`` beside the run (opened once training runs; removed at a
+  clean close when empty).
 - **heartbeat**: every ``heartbeat_s`` in which iterations advanced, a ``training_progress`` event (group
   ``training``: ``current_iteration``, ``num_iterations``, ``cumulative_iteration_time_sec``, the last iteration's
   end time), so that goodput can bound the progress a run killed between reports made (docs/goodput.md).
@@ -151,6 +153,7 @@ class StallWatchdog:
         self._warned = False
         self._pid = os.getpid()
         self._collected = False
+        self._fatal_tried = False
         self._producer_after: Any = None  # the recorder after which this is a producer
 
     # -- the threshold ---------------------------------------------------------------------------------------------
@@ -200,8 +203,6 @@ class StallWatchdog:
                         signal.set_wakeup_fd(old)
                     else:
                         self._old_wakeup = -2  # ours is installed
-            if self.config.fatal_stacks and not faulthandler.is_enabled():
-                self._enable_fatal_stacks()
             self.telemetry.add_producer(self)
             self.telemetry.extensions.setdefault(REPORT_SOURCES, []).append(self._report_source)
             self.thread = threading.Thread(target=self._run, name="telemetrain-watchdog", daemon=True)
@@ -365,6 +366,10 @@ class StallWatchdog:
         if progress is None or not progress["loop_open"]:
             self._key = None
             return
+        if self.config.fatal_stacks and not self._fatal_tried:  # the file, once training runs (not at enable)
+            self._fatal_tried = True
+            if not faulthandler.is_enabled():
+                self._enable_fatal_stacks()
         key = (progress["completed"], progress["paused_in"])
         if key != self._key or progress["paused_in"]:
             if self.stalled:
@@ -431,7 +436,10 @@ class StallWatchdog:
                     attributes["flight_recorder"] = path
                     attributes["flight_recorder_s"] = (time.monotonic_ns() - began) / 1e9
             attributes["evidence_s"] = (time.monotonic_ns() - now) / 1e9  # what gathering it took
-            self.telemetry.event("stall_evidence", attributes, group=GROUP, severity="error")
+            # a stall or a dead peer is an error; a SIGTERM (a scheduler's preemption, the agent stopping the workers)
+            # or an exit inside a collective is worth a look, no more
+            severity = "error" if reason in ("stall", "collective_failed") else "warning"
+            self.telemetry.event("stall_evidence", attributes, group=GROUP, severity=severity)
             self.evidence_written += 1
             if reason == "signal":
                 self._signal_reported, self._signal = True, ""
