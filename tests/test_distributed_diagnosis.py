@@ -258,6 +258,8 @@ def test_the_monitor_reports_per_window_with_the_recorders_phase(tmp_path: Path)
     rec.on_train_start(train_iterations_start=0)
     for i in range(4):
         rec.on_training_single_iteration_start()
+        with rec.host_to_device():
+            assert rec.progress()["phase"][0] == "host_to_device"
         with rec.forward():
             pass
         with rec.backward(), monitor.timed("all_reduce", 64):
@@ -273,6 +275,7 @@ def test_the_monitor_reports_per_window_with_the_recorders_phase(tmp_path: Path)
     t.close()
     updates = [r.attributes for r in open_run(t.run_dir).records("event") if r.name == "training_metrics_update"]
     assert [u["comm_all_reduce_count"] for u in updates[:2]] == [2, 2]
+    assert all(u["avg_h2d_time_sec"] > 0 for u in updates)  # the host-to-device phase of the iteration split
     assert all(u["avg_backward_comm_wait_sec"] >= 0.002 for u in updates[:2])
     assert "comm_failed" not in updates[0] and updates[1]["comm_failed"] == 1  # counted, not timed
     assert updates[1]["comm_barrier_count"] == 1 and updates[1]["comm_barrier_time_sec"] == 0.0
