@@ -34,51 +34,43 @@ __all__ = [
 ]
 
 
+def _timed(name: str, payload: int | None, other: int | None) -> Callable[..., Any]:
+    """A method calling ``torch.distributed.<name>`` timed; ``payload``/``other``: positions of its tensors."""
+
+    def call(self: _Collectives, *args: Any, **kwargs: Any) -> Any:
+        return self._call(name, payload, other, *args, **kwargs)
+
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = f"``torch.distributed.{name}`` (same arguments, same result), timed by the communication monitor."
+    return call
+
+
 class _Collectives:
     """The timed functions, bound to one monitor (``None``: the default Telemetry's, looked up per call)."""
 
     def __init__(self, monitor: CommMonitor | None) -> None:
         self._monitor = monitor
 
-    def _call(self, name: str, payload_arg: int, other_arg: int | None, *args: Any, **kwargs: Any) -> Any:
+    def _call(self, name: str, payload_arg: int | None, other_arg: int | None, *args: Any, **kwargs: Any) -> Any:
         import torch.distributed as dist
 
         fn: Callable[..., Any] = getattr(dist, name)
-        payload = args[payload_arg] if len(args) > payload_arg else None
+        payload = args[payload_arg] if payload_arg is not None and len(args) > payload_arg else None
         other = args[other_arg] if other_arg is not None and len(args) > other_arg else None
         monitor = self._monitor if self._monitor is not None else comm_monitor()
         return _launch(monitor, name, payload, other, functools.partial(fn, *args, **kwargs))
 
-    # (the tensor arguments' positions follow torch.distributed's signatures)
-    def all_reduce(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("all_reduce", 0, None, *args, **kwargs)
-
-    def reduce(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("reduce", 0, None, *args, **kwargs)
-
-    def broadcast(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("broadcast", 0, None, *args, **kwargs)
-
-    def all_gather(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("all_gather", 0, 1, *args, **kwargs)
-
-    def all_gather_into_tensor(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("all_gather_into_tensor", 0, 1, *args, **kwargs)
-
-    def reduce_scatter(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("reduce_scatter", 1, 0, *args, **kwargs)
-
-    def reduce_scatter_tensor(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("reduce_scatter_tensor", 1, 0, *args, **kwargs)
-
-    def all_to_all(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("all_to_all", 1, 0, *args, **kwargs)
-
-    def all_to_all_single(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("all_to_all_single", 1, 0, *args, **kwargs)
-
-    def barrier(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("barrier", 99, None, *args, **kwargs)
+    # (the tensor arguments' positions follow torch.distributed's signatures: the payload, then the other side)
+    all_reduce = _timed("all_reduce", 0, None)
+    reduce = _timed("reduce", 0, None)
+    broadcast = _timed("broadcast", 0, None)
+    all_gather = _timed("all_gather", 0, 1)
+    all_gather_into_tensor = _timed("all_gather_into_tensor", 0, 1)
+    reduce_scatter = _timed("reduce_scatter", 1, 0)
+    reduce_scatter_tensor = _timed("reduce_scatter_tensor", 1, 0)
+    all_to_all = _timed("all_to_all", 1, 0)
+    all_to_all_single = _timed("all_to_all_single", 1, 0)
+    barrier = _timed("barrier", None, None)
 
 
 _default = _Collectives(None)

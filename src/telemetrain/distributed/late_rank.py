@@ -25,7 +25,7 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .stragglers import Finding
+from .stragglers import Episodes, Finding
 
 __all__ = ["CAUSES", "WORK_PHASES", "LateRankAttributor", "Verdict"]
 
@@ -83,12 +83,11 @@ class LateRankAttributor:
         if isinstance(self.group_share, bool) or not isinstance(self.group_share, (int, float)) or \
                 not 0 < self.group_share < 1:
             raise ValueError(f"group_share must be a fraction in (0, 1), got {self.group_share!r}")
-        self._streak: dict[tuple[int, str], int] = {}
-        self._active: dict[tuple[int, str], Finding] = {}
+        self._episodes = Episodes(self.patience)
 
     @property
     def active(self) -> list[Finding]:
-        return list(self._active.values())
+        return list(self._episodes.active.values())
 
     def analyse(self, step: int, values: Mapping[int, Mapping[str, float]]) -> Verdict | None:
         """The late ranks of one window, or None (no waits, or nobody made the others wait long enough)."""
@@ -145,19 +144,9 @@ class LateRankAttributor:
                 score = interval / (interval - per) if interval > per > 0 else math.inf
                 flagged[(r, verdict.causes[r])] = Finding(r, verdict.causes[r], "late", score, threshold, step,
                                                           ev["others_wait_median_sec"], ev["wait_sec"], evidence=ev)
-        changes: list[Finding] = []
-        for key in list(self._streak):
-            if key not in flagged:
-                del self._streak[key]
-        for key, finding in flagged.items():
-            self._streak[key] = self._streak.get(key, 0) + 1
-            if self._streak[key] >= self.patience and key not in self._active:
-                self._active[key] = finding
-                changes.append(finding)
-        for key in list(self._active):
-            if key not in flagged:
-                old = self._active.pop(key)
-                now = values.get(old.rank, {}).get("comm_wait", math.nan)
-                changes.append(Finding(old.rank, old.phase, old.kind, math.nan, old.threshold, step, old.reference,
-                                       float(now), ended=True))
-        return changes, verdict
+        def ended(old: Finding) -> Finding:
+            now = values.get(old.rank, {}).get("comm_wait", math.nan)
+            return Finding(old.rank, old.phase, old.kind, math.nan, old.threshold, step, old.reference, float(now),
+                           ended=True)
+
+        return self._episodes.update(flagged, ended), verdict

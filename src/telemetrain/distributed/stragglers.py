@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["PHASES", "Finding", "StragglerDetector", "phases_of"]
+__all__ = ["PHASES", "Episodes", "Finding", "StragglerDetector", "phases_of"]
 
 # phase -> higher is worse? (times are; a rate is the other way round)
 PHASES: dict[str, bool] = {
@@ -66,6 +66,33 @@ def _finite(x: float | None) -> bool:
     return x is not None and math.isfinite(x)
 
 
+class Episodes:
+    """When findings start and end: a finding flagged ``patience`` windows in a row starts (once); an active one
+    ends in the first window that does not flag it. Keyed by whatever identifies a finding to its caller."""
+
+    def __init__(self, patience: int) -> None:
+        self.patience = patience
+        self.streak: dict[Any, int] = {}
+        self.active: dict[Any, Finding] = {}
+
+    def update(self, flagged: Mapping[Any, Finding], ended: Callable[[Finding], Finding]) -> list[Finding]:
+        """The findings that start with this window (``flagged``: key -> finding), then those that end (each made
+        by ``ended(the finding that started)``)."""
+        changes: list[Finding] = []
+        for key in list(self.streak):
+            if key not in flagged:
+                del self.streak[key]
+        for key, finding in flagged.items():
+            self.streak[key] = self.streak.get(key, 0) + 1
+            if self.streak[key] >= self.patience and key not in self.active:
+                self.active[key] = finding
+                changes.append(finding)
+        for key in list(self.active):
+            if key not in flagged:
+                changes.append(ended(self.active.pop(key)))
+        return changes
+
+
 @dataclass
 class StragglerDetector:
     relative_threshold: float = 1.3
@@ -75,8 +102,6 @@ class StragglerDetector:
     sync_phases: tuple[str, ...] = ("backward", "optimizer")
     _best: dict[tuple[int, str], float] = field(default_factory=dict)
     _windows: dict[int, int] = field(default_factory=dict)
-    _streak: dict[tuple[int, str, str], int] = field(default_factory=dict)
-    _active: dict[tuple[int, str, str], Finding] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("relative_threshold", "individual_threshold"):
@@ -87,11 +112,12 @@ class StragglerDetector:
             raise ValueError(f"min_share must be a fraction >= 0, got {self.min_share!r}")
         if type(self.patience) is not int or self.patience < 1:
             raise ValueError(f"patience must be an int >= 1, got {self.patience!r}")
+        self._episodes = Episodes(self.patience)
 
     @property
     def active(self) -> list[Finding]:
         """The stragglers found and not yet over."""
-        return list(self._active.values())
+        return list(self._episodes.active.values())
 
     def update(self, step: int, values: Mapping[int, Mapping[str, float]], *, relative: bool = True,
                waiting: frozenset[int] | set[int] = frozenset()) -> list[Finding]:
@@ -101,24 +127,12 @@ class StragglerDetector:
         found = self._relative(step, values) if relative else []
         found += [f for f in self._individual(step, values)
                   if not (f.rank in waiting and (f.phase in self.sync_phases or f.phase not in _WORK_PHASES))]
-        flagged = {(f.rank, f.phase, f.kind): f for f in found}
-        changes: list[Finding] = []
-        for key in list(self._streak):
-            if key not in flagged:
-                del self._streak[key]
-        for key, finding in flagged.items():
-            self._streak[key] = self._streak.get(key, 0) + 1
-            if self._streak[key] >= self.patience and key not in self._active:
-                self._active[key] = finding
-                changes.append(finding)
-        for key in list(self._active):
-            if key not in flagged:
-                old = self._active.pop(key)
-                now = self._value_of(values, old.rank, old.phase)
-                changes.append(Finding(old.rank, old.phase, old.kind, now / old.reference if _finite(now) and
-                                       old.reference > 0 else math.nan, old.threshold, step, old.reference,
-                                       now, ended=True))
-        return changes
+        def ended(old: Finding) -> Finding:
+            now = self._value_of(values, old.rank, old.phase)
+            return Finding(old.rank, old.phase, old.kind, now / old.reference if _finite(now) and old.reference > 0
+                           else math.nan, old.threshold, step, old.reference, now, ended=True)
+
+        return self._episodes.update({(f.rank, f.phase, f.kind): f for f in found}, ended)
 
     @staticmethod
     def _value_of(values: Mapping[int, Mapping[str, float]], rank: int, phase: str) -> float:
