@@ -9,10 +9,19 @@ worker times every step after its warm-up; a mode's figure is the median over ro
 Two measures, because the machine is shared: the end-to-end step time ratio to ``off`` (it includes the noise of
 the machine, a few percent here), and the direct cost: the CPU time the aggregator's thread spent in exchanges and
 recording, per N iterations, as a share of N steps (noise-free, and the figure the issue bounds: < 1% at N=50).
+
+``--scale 2,4,8``: the aggregator's collectives alone at each world size (``_cross_rank_scale_worker.py``, no
+training): the all-gather of its vector and the clock estimate (round trips to rank 0, which answers the ranks of an
+exchange's slice in turn), median wall time per call over the ranks' medians. Extrapolated to 1,024 ranks by a model
+-- gloo's ring all-gather is n-1 hops, an exchange's clock estimate is 64 ranks x 4 round trips -- with the hop and
+round trip of the smallest job (a core per rank), and of the largest (ranks outnumbering cores: every hop waits for
+a CPU, an upper bound). On a cluster each rank has its cores and the network adds latency instead: a cluster's hop is
+what to put in the model.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -54,12 +63,101 @@ def run_mode(mode: str, steps: int, every: int, work: Path) -> dict:
     }
 
 
+SCALE_WORKER = HERE / "_cross_rank_scale_worker.py"
+
+
+def run_scale(world: int, rounds: int, work: Path) -> dict:
+    out = work / f"scale-{world}-{os.urandom(3).hex()}"
+    out.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TELEMETRAIN_", "TORCHELASTIC_"))}
+    env.update({"BENCH_OUT": str(out), "ROUNDS": str(rounds), "TELEMETRAIN_CROSS_RANK": "0",
+                "TELEMETRAIN_WATCHDOG": "0", "OMP_NUM_THREADS": "1", "TELEMETRAIN_STORE": "0"})
+    cmd = [sys.executable, "-m", "telemetrain.cli", "launch", "--nproc-per-node", str(world), str(SCALE_WORKER)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{world} ranks failed: {proc.stderr[-2000:]}")
+    ranks = [json.loads((out / f"rank-{r}.json").read_text()) for r in range(world)]
+
+    def med(key: str) -> float:
+        return statistics.median(statistics.median(r[key]) for r in ranks)
+
+    return {"world": world, "allgather_ms": med("allgather_wall") * 1e3, "allgather_cpu_ms": med("allgather_cpu") * 1e3,
+            "clock_ms": max(statistics.median(r["clock_wall"]) for r in ranks) * 1e3,
+            "clock_cpu_rank0_ms": statistics.median(ranks[0]["clock_cpu"]) * 1e3,
+            "clock_start_ms": max(statistics.median(r["clock_start_wall"]) for r in ranks) * 1e3,
+            "vector_floats": ranks[0]["vector_floats"]}
+
+
+def main_scale(args: argparse.Namespace) -> int:
+    from telemetrain.distributed.cross_rank import CLOCK_PEERS, CLOCK_ROUNDS, CLOCK_ROUNDS_START
+
+    worlds = [int(w) for w in args.scale.split(",")]
+    load_before = _method.loadavg()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-cross-rank-scale-") as tmp:
+        for world in worlds:
+            _method.progress(f"{world} ranks")
+            rows.append(run_scale(world, 20 if args.quick else args.scale_rounds, Path(tmp)))
+    load_after = _method.loadavg()
+    _method.print_header(DISTS, load_before, load_after)
+    every, at = args.every, 1024
+    print(f"the aggregator's collectives alone (telemetrain launch, gloo, CPU), {args.scale_rounds} calls each; "
+          f"a vector of {rows[0]['vector_floats']} floats; the clock estimate at an exchange ({CLOCK_ROUNDS} round "
+          f"trips per rank, {CLOCK_PEERS} ranks per exchange in turn) and at the start ({CLOCK_ROUNDS_START}, every "
+          "rank)")
+    print()
+    print("| ranks | all-gather ms (wall) | all-gather CPU ms | clock estimate ms (wall, slowest rank) | rank 0's "
+          "CPU in it ms | clock at start ms |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['world']} | {r['allgather_ms']:.3f} | {r['allgather_cpu_ms']:.3f} | {r['clock_ms']:.3f} | "
+              f"{r['clock_cpu_rank0_ms']:.3f} | {r['clock_start_ms']:.3f} |")
+        _method.RESULTS.append(r)
+    # a model from the smallest job (a core per rank: no waiting for a CPU): gloo's ring all-gather takes n-1 hops;
+    # the clock estimate, rounds x round trips per rank answered, for at most CLOCK_PEERS ranks per exchange
+    base = min(rows, key=lambda r: r["world"])
+    hop = base["allgather_ms"] / max(base["world"] - 1, 1)
+    trip = base["clock_ms"] / (CLOCK_ROUNDS * max(base["world"] - 1, 1))
+    model_ag, model_ck = hop * (at - 1), trip * CLOCK_ROUNDS * min(at - 1, CLOCK_PEERS)
+    model_start = trip * CLOCK_ROUNDS_START * (at - 1)
+    # and pessimistic: the hop and the round trip as slow as at the largest size measured here, where ranks
+    # outnumber the cores and every hop waits for a CPU (a cluster gives each rank its own)
+    top = max(rows, key=lambda r: r["world"])
+    hop_top = top["allgather_ms"] / max(top["world"] - 1, 1)
+    trip_top = top["clock_ms"] / (CLOCK_ROUNDS * max(top["world"] - 1, 1))
+    worst_ag, worst_ck = hop_top * (at - 1), trip_top * CLOCK_ROUNDS * min(at - 1, CLOCK_PEERS)
+    print()
+    print(f"at {at} ranks, modelled from {base['world']} ranks (a core each): all-gather {model_ag:.0f} ms "
+          f"({at - 1} hops of {hop * 1e3:.0f} us), clock estimate {model_ck:.0f} ms per exchange ({CLOCK_PEERS} ranks "
+          f"x {CLOCK_ROUNDS} round trips of {trip * 1e3:.0f} us), {model_start / 1e3:.1f} s once at the start")
+    print(f"at {at} ranks, with the hop and round trip of {top['world']} ranks on {os.cpu_count()} cores "
+          f"({hop_top * 1e3:.0f} and {trip_top * 1e3:.0f} us): all-gather {worst_ag:.0f} ms, clock estimate "
+          f"{worst_ck:.0f} ms per exchange")
+    budget = every * 100.0
+    checks = [{
+        "id": 1, "title": f"at {at} ranks an exchange (all-gather + clock) takes the aggregator's thread less than the "
+                          f"{every} steps of 100 ms between exchanges",
+        "status": "PASS" if model_ag + model_ck < budget else "FAIL",
+        "text": f"modelled {model_ag + model_ck:.0f} ms (a core per rank), {worst_ag + worst_ck:.0f} ms at this "
+                f"machine's oversubscribed hop, against {budget:.0f} ms (the training thread pays none of it)",
+    }]
+    print()
+    _method.print_notes()
+    _method.print_checks(checks)
+    _method.write_run_json(args.json, DISTS, (load_before, load_after), args, {"rows": rows}, checks)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = _method.parser(__doc__, "one short round (smoke test)")
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--every", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--scale", metavar="N,N,...", help="only the collectives' cost at these world sizes (2,4,8)")
+    ap.add_argument("--scale-rounds", type=int, default=200)
     args = _method.parse_args(ap, argv)
+    if args.scale:
+        return main_scale(args)
     steps, rounds = (300, 1) if args.quick else (args.steps, args.rounds)
     load_before = _method.loadavg()
     by_mode: dict[str, list[dict]] = {m: [] for m in MODES}

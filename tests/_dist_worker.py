@@ -3,12 +3,19 @@
 A tiny DDP model trained for ``STEPS`` iterations with the lifecycle recorded by telemetrain's default Telemetry
 (identity from torchrun's environment). Behaviour planted through the environment:
 
-- ``SLOW_RANK``/``SLOW_PHASE``/``SLOW_S``: that rank sleeps in that phase (``dataloader`` or ``forward``);
+- ``SLOW_RANK``/``SLOW_PHASE``/``SLOW_S``: that rank sleeps in that phase (``dataloader`` or ``forward``), from
+  iteration ``SLOW_FROM`` (0);
 - ``KILL_RANK``/``KILL_AT``/``KILL_ATTEMPT``: that rank SIGKILLs itself before iteration ``KILL_AT`` of that attempt
-  (``TORCHELASTIC_RESTART_COUNT``; -1: every attempt);
+  (``TORCHELASTIC_RESTART_COUNT``; -1: every attempt); ``KILL_PHASE=forward``: inside that iteration's forward;
+- ``BLOCK_RANK``/``BLOCK_AT``: that rank blocks forever in the forward of iteration ``BLOCK_AT`` (before the
+  all-reduce the others then wait in); ``PG_TIMEOUT``: the training process group's timeout in seconds;
+- ``COMM=1``: the DDP all-reduce timed by telemetrain's communication hook; ``FSDP=1``: FSDP2 instead of DDP, its
+  all-gathers and reduce-scatters timed; ``SKEW_RANK``/``SKEW_NS``: that rank's wall clock reads ``SKEW_NS`` off
+  (telemetry's test hook, ``TELEMETRAIN_TEST_CLOCK_SKEW_NS``);
 - ``CKPT_DIR``/``CKPT_EVERY``: save a checkpoint every N iterations, and resume from the newest at start;
 - ``NO_DDP=1``: no collectives in the training (each rank trains alone), ``EXIT_RANK``/``EXIT_AT``: that rank leaves
-  early (exit 0), ``CROSS_TIMEOUT``: enable cross-rank aggregation in code with this exchange timeout.
+  early (exit 0), ``CROSS_TIMEOUT``: enable cross-rank aggregation in code with this exchange timeout (every
+  ``CROSS_EVERY``; ``MIN_SHARE``: the detectors' smallest share of a step that counts).
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import os
 import signal
 import sys
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -38,18 +46,40 @@ def main() -> None:
     ckpt_dir, ckpt_every = os.environ.get("CKPT_DIR"), env_int("CKPT_EVERY", 0)
     no_ddp = os.environ.get("NO_DDP") == "1"
     attempt = env_int("TORCHELASTIC_RESTART_COUNT", 0)
+    slow_from, kill_phase = env_int("SLOW_FROM", 0), os.environ.get("KILL_PHASE", "")
+    block_rank, block_at = env_int("BLOCK_RANK", -1), env_int("BLOCK_AT", -1)
+    comm, fsdp = os.environ.get("COMM") == "1", os.environ.get("FSDP") == "1"
+    if env_int("RANK", 0) == env_int("SKEW_RANK", -1):
+        os.environ["TELEMETRAIN_TEST_CLOCK_SKEW_NS"] = os.environ["SKEW_NS"]
 
     telemetry = get_telemetry()
     if os.environ.get("CROSS_TIMEOUT"):
-        from telemetrain.distributed import enable_cross_rank
+        from telemetrain.distributed import StragglerDetector, enable_cross_rank
 
-        enable_cross_rank(telemetry, every=env_int("CROSS_EVERY", 50), timeout_s=float(os.environ["CROSS_TIMEOUT"]))
-    dist.init_process_group("gloo")
+        detector = StragglerDetector(min_share=float(os.environ.get("MIN_SHARE", "0.05")))
+        enable_cross_rank(telemetry, every=env_int("CROSS_EVERY", 50), timeout_s=float(os.environ["CROSS_TIMEOUT"]),
+                          detector=detector)
+    timeout = env_int("PG_TIMEOUT", 0)
+    dist.init_process_group("gloo", **({"timeout": timedelta(seconds=timeout)} if timeout else {}))
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     model: torch.nn.Module = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
-    if not no_ddp:
+    if fsdp:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        from telemetrain.distributed import instrument_fsdp
+
+        mesh = init_device_mesh("cpu", (world,))
+        fully_shard(model[0], mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        instrument_fsdp(model, telemetry=telemetry)
+    elif not no_ddp:
         model = torch.nn.parallel.DistributedDataParallel(model)
+        if comm:
+            from telemetrain.distributed import instrument_ddp
+
+            instrument_ddp(model, telemetry=telemetry)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     rec = TrainingRecorder(TrainingTelemetryConfig(
         global_batch_size_or_fn=16 * world, perf_tag_or_fn="dist-test", log_every_n_train_iterations=log_every,
@@ -66,7 +96,7 @@ def main() -> None:
         rec.on_load_checkpoint_end(path=ckpt)
     rec.on_train_start(train_iterations_start=start)
     for step in range(start, steps):
-        if rank == kill_rank and step == kill_at and kill_attempt in (-1, attempt):
+        if rank == kill_rank and step == kill_at and kill_attempt in (-1, attempt) and not kill_phase:
             telemetry.flush()
             os.kill(os.getpid(), signal.SIGKILL)
         if rank == exit_rank and step == exit_at:
@@ -76,12 +106,17 @@ def main() -> None:
             sys.exit(0)
         rec.on_training_single_iteration_start()
         with rec.data_loading():
-            if rank == slow_rank and slow_phase == "dataloader":
+            if rank == slow_rank and slow_phase == "dataloader" and step >= slow_from:
                 time.sleep(slow_s)
             x = torch.randn(16, 32)
         with rec.forward():
-            if rank == slow_rank and slow_phase == "forward":
+            if rank == slow_rank and slow_phase == "forward" and step >= slow_from:
                 time.sleep(slow_s)
+            if rank == kill_rank and step == kill_at and kill_phase == "forward" and kill_attempt in (-1, attempt):
+                os.kill(os.getpid(), signal.SIGKILL)
+            if rank == block_rank and step == block_at:
+                while True:  # blocked for good: only a signal ends it
+                    time.sleep(3600)
             loss = model(x).pow(2).mean()
         with rec.backward():
             loss.backward()

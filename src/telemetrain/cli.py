@@ -141,6 +141,9 @@ def summarize(run: Run) -> list[str]:
     lines += _training_lines(records)
     if any(r.kind == "event" and r.group == "training" for r in records):
         lines += _goodput_lines(run)
+    from .distributed.summary import diagnosis_lines  # (standard library only: no torch)
+
+    lines += diagnosis_lines(run.records("event", agents=True))
 
     event_counts = Counter((r.group, r.name) for r in records if r.kind == "event")
     lines.append(f"events      {sum(event_counts.values())}")

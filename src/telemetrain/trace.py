@@ -11,7 +11,12 @@ nothing. Layout (``docs/backends/perfetto.md``):
 - counters: throughput from ``training_metrics_update`` and the system samples; instants: the events;
 - spans without an end (a crash) end at the process's last record with ``args.status = "open at end of data"``;
 - at most ``max_per_name`` spans (and counter points, and instants) per name and process, evenly spaced; what was
-  dropped is counted in ``otherData.telemetrain.dropped``.
+  dropped is counted in ``otherData.telemetrain.dropped``;
+- one clock: where the ranks measured their clock's offset to rank 0 (``clock_offset`` events, group ``clock``:
+  cross-rank aggregation does at the first report and at every exchange, docs/distributed.md), each process's times
+  are moved onto rank 0's clock -- the offset interpolated between estimates, by the process's own estimates or
+  else those of a rank on the same host (the launcher's agent) -- and ``otherData.telemetrain.clock`` states, per
+  process, the offset applied and the measured error (half the best round trip).
 
 Standard library only.
 """
@@ -318,6 +323,76 @@ def _counter_name(r: Any) -> str:
 # -- the trace ---------------------------------------------------------------------------------------------------------
 
 
+def _clock_estimates(procs: Sequence[_Process]) -> tuple[dict[tuple[str, int], list[tuple[int, int, int]]],
+                                                          dict[tuple[str, str], tuple[str, int]]]:
+    """(run id, rank) -> [(wall ns, offset ns, error ns)] from the ``clock_offset`` events, by wall time; and
+    (run id, host) -> the (run id, rank) whose estimates stand for that host (its lowest rank with any)."""
+    by_rank: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
+    for p in procs:
+        if p.identity.role == AGENT_ROLE:
+            continue
+        for r in p.records:
+            if r.kind != "event" or r.group != "clock" or r.name != "clock_offset":
+                continue
+            a = r.attributes or {}
+            offset, error = a.get("offset_ns"), a.get("error_ns")
+            if type(offset) is int and type(error) is int:
+                by_rank.setdefault((p.identity.run_id, p.identity.rank), []).append((r.wall_ns, offset, error))
+    by_host: dict[tuple[str, str], tuple[str, int]] = {}
+    for p in procs:
+        key = (p.identity.run_id, p.identity.rank)
+        if key in by_rank and p.identity.role != AGENT_ROLE:
+            host = (p.identity.run_id, p.identity.host)
+            if host not in by_host or key[1] < by_host[host][1]:
+                by_host[host] = key
+    for estimates in by_rank.values():
+        estimates.sort()
+    return by_rank, by_host
+
+
+def _offset_at(estimates: Sequence[tuple[int, int, int]], wall_ns: int) -> int:
+    """The clock offset at ``wall_ns``: linear between the estimates around it, the nearest one outside them."""
+    if wall_ns <= estimates[0][0]:
+        return estimates[0][1]
+    if wall_ns >= estimates[-1][0]:
+        return estimates[-1][1]
+    lo, hi = 0, len(estimates) - 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if estimates[mid][0] <= wall_ns:
+            lo = mid
+        else:
+            hi = mid
+    (w0, o0, _), (w1, o1, _) = estimates[lo], estimates[hi]
+    return o0 + (o1 - o0) * (wall_ns - w0) // max(w1 - w0, 1)
+
+
+def _align_clocks(procs: Sequence[_Process]) -> dict[str, Any]:
+    """Move every process with clock estimates onto rank 0's clock (in place); the trace's ``clock`` metadata."""
+    by_rank, by_host = _clock_estimates(procs)
+    if not by_rank:
+        return {"aligned": False, "note": "no clock_offset records (one rank, or cross-rank aggregation off): "
+                                          "times are each host's wall clock as recorded"}
+    aligned: dict[str, dict[str, Any]] = {}
+    unaligned: list[str] = []
+    for p in procs:
+        i = p.identity
+        key = (i.run_id, i.rank) if i.role != AGENT_ROLE and (i.run_id, i.rank) in by_rank else \
+            by_host.get((i.run_id, i.host))
+        if key is None:
+            unaligned.append(p.label)
+            continue
+        estimates = by_rank[key]
+        if any(offset for _, offset, _ in estimates):
+            p.records = [r._replace(wall_ns=r.wall_ns - _offset_at(estimates, r.wall_ns)) for r in p.records]
+            p.records.sort(key=lambda r: (r.wall_ns, r.mono_ns))
+        aligned[p.label] = {"offset_ns": estimates[-1][1], "error_ns": max(e for _, _, e in estimates),
+                            "estimates": len(estimates), "by": f"rank {key[1]}"}
+    return {"aligned": True, "reference": "rank 0 of each run",
+            "max_error_ns": max((a["error_ns"] for a in aligned.values()), default=0),
+            "processes": aligned, "unaligned": unaligned}
+
+
 class _Process:
     def __init__(self, run: Run, identity: Any) -> None:
         self.run = run
@@ -360,6 +435,7 @@ def build_trace(
     if type(max_per_name) is not int or max_per_name < 1:
         raise ValueError(f"max_per_name must be an int >= 1, got {max_per_name!r}")
     procs = _processes(runs)
+    clock = _align_clocks(procs)
     origin = min((p.records[0].wall_ns for p in procs if p.records), default=0)
     meta: list[dict[str, Any]] = []
     body: list[dict[str, Any]] = []
@@ -405,6 +481,7 @@ def build_trace(
             "max_per_name": max_per_name,
             "open_spans": open_spans,
             "dropped": dropped_all,
+            "clock": clock,
         }},
     }
 

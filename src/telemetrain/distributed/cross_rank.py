@@ -4,15 +4,26 @@ The aggregator is a background sink on this process's own ``training_metrics_upd
 the recorder computes every ``log_every_n_train_iterations``, docs/training.md). Everything happens in the sink's
 thread: the training thread pays only for handing one more sink the report it already emits. At a report whose
 global step reaches the next multiple of ``every``, the ranks all-gather one vector each (step, window iterations,
-mean iteration / data loading / forward / backward / optimizer time, samples per second) over their own gloo group
-(``exchange``), and the recording rank(s) write:
+mean iteration / data loading / host-to-device / forward / backward / optimizer / zero_grad time, samples per
+second, step interval, and -- with instrumented communication (``comm``) -- the time in and waiting in collectives,
+per phase) over their own gloo group (``exchange``), and the recording rank(s) write:
 
 - metrics, group ``cross_rank``, step = the global step: ``cross_rank.<phase>.{min,median,max}`` and
-  ``cross_rank.<phase>.{min_rank,max_rank}`` (which rank);
-- events, group ``cross_rank``: ``straggler`` when a rank starts being slow in a phase and ``straggler_end`` when it
-  stops (``stragglers.StragglerDetector``), with rank, host, phase, kind, score, threshold, step;
+  ``cross_rank.<phase>.{min_rank,max_rank}`` (which rank), also for ``comm_time`` and ``comm_wait``;
+- events, group ``cross_rank``: ``straggler`` when a rank starts holding the others up (or being slow) and
+  ``straggler_end`` when it stops, with rank, host, phase, kind, score, threshold, step and the kind's evidence.
+  Which signal speaks (docs/distributed.md, "Stragglers"): when every rank reported its communication wait, the
+  late-rank attribution (``late_rank``: kind ``late``, phase = the cause) replaces the detector's relative score,
+  and the detector's individual score runs on compute times (waits taken out) and is not raised on a rank that
+  was waiting for a late one; otherwise ``stragglers.StragglerDetector`` as it is;
 - ``cross_rank_stopped`` (warning) if an exchange fails: a rank died, or did not answer within ``timeout_s``. The
   aggregator then stops for this run; training goes on.
+
+Clock offsets (``clock_sync``): at the first report of a run every rank, and at each exchange the next
+``CLOCK_PEERS`` ranks in turn (all of them up to 65 ranks), measure their clock's offset to rank 0's with NTP-style
+round trips over the same group (``Exchange.clock_offset``) and record a ``clock_offset`` event (group ``clock``:
+``offset_ns``, ``error_ns``, ``rtt_ns``; rank 0 records 0 each time), which ``telemetrain trace`` applies to put every
+rank on rank 0's clock.
 
 Exchanges happen at the same steps on every rank because reports do. The final report of a loop is not exchanged:
 at a SIGTERM it may exist on some ranks only, and the survivors would wait out the timeout at exit.
@@ -31,6 +42,7 @@ from ..dispatch import warn_safely
 from ..sinks.base import Sink
 from ..telemetry import Telemetry, get_telemetry
 from .exchange import Exchange, ExchangeError
+from .late_rank import LateRankAttributor, has_waits
 from .stragglers import _WORK_PHASES, PHASES, Finding, StragglerDetector, phase_clock, phases_of
 
 __all__ = ["ENV", "CrossRankAggregator", "enable_cross_rank", "enable_from_env"]
@@ -39,7 +51,51 @@ ENV = "TELEMETRAIN_CROSS_RANK"
 GROUP = "cross_rank"
 REPORT = "training_metrics_update"
 DEFAULT_EVERY = 50
-_PHASE_LIST = tuple(PHASES)
+CLOCK_GROUP = "clock"
+CLOCK_ROUNDS_START = 8  # round trips at the first report (the estimate the whole run leans on) ...
+CLOCK_ROUNDS = 4  # ... and at each exchange,
+CLOCK_PEERS = 64  # ... for this many ranks in turn: rank 0 answers ranks one after the other, so an exchange's
+# clock work stays bounded at any world size; each rank's estimate is renewed every ceil((world-1)/64) exchanges
+# what each rank sends (after its step and window size): the detector's phases, then ours
+_FIELDS = (*PHASES, "h2d", "zero_grad", "interval", "comm_time", "comm_wait", "wait_dataloader", "wait_h2d",
+           "wait_forward", "wait_backward", "wait_optimizer", "wait_zero_grad", "wait_other")
+_SPREAD = (*PHASES, "comm_time", "comm_wait")
+_WAIT_OF = {"dataloader": "wait_dataloader", "h2d": "wait_h2d", "forward": "wait_forward",
+            "backward": "wait_backward", "optimizer": "wait_optimizer", "zero_grad": "wait_zero_grad"}
+
+
+def _number(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+
+
+def window_values(report: dict[str, Any]) -> dict[str, float]:
+    """One rank's vector (``_FIELDS``) from its ``training_metrics_update`` attributes (absent: NaN; a phase's wait
+    is 0 when the rank reported communication at all)."""
+    out = phases_of(report)
+    out["h2d"] = _number(report.get("avg_h2d_time_sec"))
+    out["zero_grad"] = _number(report.get("avg_zero_grad_time_sec"))
+    iterations, seconds = report.get("window_iterations"), _number(report.get("window_seconds"))
+    out["interval"] = seconds / iterations if isinstance(iterations, int) and iterations > 0 else math.nan
+    out["comm_time"] = _number(report.get("avg_comm_time_sec"))
+    out["comm_wait"] = wait = _number(report.get("avg_comm_wait_time_sec"))
+    known = math.isfinite(wait)
+    for phase, key in (*_WAIT_OF.items(), ("other", "wait_other")):
+        value = _number(report.get(f"avg_{phase}_comm_wait_sec"))
+        out[key] = value if math.isfinite(value) else (0.0 if known else math.nan)
+    return out
+
+
+def compute_values(values: dict[int, dict[str, float]]) -> dict[int, dict[str, float]]:
+    """The detector's view with communication known: each work phase less the wait in it."""
+    out = {}
+    for rank, v in values.items():
+        w = dict(v)
+        for phase, key in _WAIT_OF.items():
+            wait = v.get(key, math.nan)
+            if phase in w and math.isfinite(w[phase]):
+                w[phase] = max(w[phase] - (wait if math.isfinite(wait) else 0.0), 0.0)
+        out[rank] = w
+    return out
 
 
 class CrossRankAggregator(Sink):
@@ -56,6 +112,8 @@ class CrossRankAggregator(Sink):
         timeout_s: float = 60.0,
         record_on: str = "zero",
         detector: StragglerDetector | None = None,
+        late: LateRankAttributor | None = None,
+        clock_sync: bool = True,
     ) -> None:
         if type(every) is not int or every < 1:
             raise ValueError(f"every must be an int >= 1 (iterations), got {every!r}")
@@ -65,11 +123,20 @@ class CrossRankAggregator(Sink):
             raise ValueError(f"record_on must be 'zero' or 'all', got {record_on!r}")
         if detector is not None and not isinstance(detector, StragglerDetector):
             raise TypeError(f"detector must be a StragglerDetector, got {type(detector).__name__}")
+        if late is not None and not isinstance(late, LateRankAttributor):
+            raise TypeError(f"late must be a LateRankAttributor, got {type(late).__name__}")
         self.telemetry = telemetry
         self.every = every
         self.timeout_s = float(timeout_s)
         self.record_on = record_on
         self.detector = detector if detector is not None else StragglerDetector()
+        self.late = late if late is not None else LateRankAttributor(min_share=self.detector.min_share,
+                                                                     patience=self.detector.patience)
+        self.clock_sync = bool(clock_sync)
+        self.clock_syncs = 0
+        self.clock_ns = 0  # wall time in clock round trips (bench/bench_cross_rank.py reports it)
+        self._started_run = ""  # the run whose first report has been handled (the start's clock estimate)
+        self._clock_turn = 0  # which slice of ranks renews its estimate at the next exchange
         self.exchanges = 0
         self.phase_clock = "host"  # the clock of the work phases of the last exchanged report (phase_times)
         self.cpu_ns = 0  # this thread's CPU time in exchanges and recording (bench/bench_cross_rank.py reports it)
@@ -86,31 +153,42 @@ class CrossRankAggregator(Sink):
                 continue
             attributes = record.attributes or {}
             step = attributes.get("current_iteration")
-            if attributes.get("final") or type(step) is not int or step + 1 < self._next_due:
+            if attributes.get("final") or type(step) is not int:
                 continue
-            self._next_due = ((step + 1) // self.every + 1) * self.every
+            due = step + 1 >= self._next_due
+            start = self.clock_sync and record.identity.run_id != self._started_run
+            if not (due or start):
+                continue
+            if due:
+                self._next_due = ((step + 1) // self.every + 1) * self.every
             cpu, wall = time.thread_time_ns(), time.perf_counter_ns()
-            self._exchange_report(record.identity, step, attributes)
+            self._exchange_report(record.identity, step, attributes, due)
             self.cpu_ns += time.thread_time_ns() - cpu
             self.wall_ns += time.perf_counter_ns() - wall
 
-    def _exchange_report(self, identity: Any, step: int, report: dict[str, Any]) -> None:
+    def _exchange_report(self, identity: Any, step: int, report: dict[str, Any], due: bool = True) -> None:
         if identity.world_size < 2:
             return
         if identity.run_id != self._run_id:  # a new attempt (or a re-identified run): a new group
             self._exchange, self._run_id = None, identity.run_id
-        phases = phases_of(report)
+        starting = identity.run_id != self._started_run
+        self._started_run = identity.run_id
         self.phase_clock = phase_clock(report)  # said in the straggler events of the work phases
+        values_of = window_values(report)
         window = report.get("window_iterations")
         vector = [float(step), float(window) if isinstance(window, int) else math.nan]
-        vector += [phases[p] for p in _PHASE_LIST]
+        vector += [values_of[f] for f in _FIELDS]
         try:
             if self._exchange is None:
                 self._exchange = Exchange(identity.rank, identity.world_size, identity.run_id, self.timeout_s)
                 self._hosts = self._exchange.hosts(identity.host)
-            rows = self._exchange.allgather(vector)
+            rows = self._exchange.allgather(vector) if due else []
+            if self.clock_sync:
+                self._sync_clock(identity, step, CLOCK_ROUNDS_START if starting else CLOCK_ROUNDS, starting)
         except ExchangeError as exc:
             self._stop(str(exc), step)
+            return
+        if not due:
             return
         self.exchanges += 1
         if self.record_on == "zero" and identity.rank != 0:
@@ -120,14 +198,44 @@ class CrossRankAggregator(Sink):
             self.telemetry.event("cross_rank_misaligned", {"steps": ",".join(map(str, sorted(steps))), "step": step},
                                  group=GROUP, severity="warning")
             return
-        values = {rank: dict(zip(_PHASE_LIST, row[2:], strict=True)) for rank, row in enumerate(rows)}
+        values = {rank: dict(zip(_FIELDS, row[2:], strict=True)) for rank, row in enumerate(rows)}
         self._record_spread(step, values)
-        for finding in self.detector.update(step, values):
+        if has_waits(values):
+            iterations = int(rows[0][1]) if math.isfinite(rows[0][1]) else 0
+            late_changes, verdict = self.late.update(step, values, iterations)
+            waiting = frozenset(values) - frozenset(verdict.late) if verdict is not None else frozenset()
+            changes = late_changes + self.detector.update(step, compute_values(values), relative=False,
+                                                          waiting=waiting)
+        else:
+            changes = self.detector.update(step, values)
+        for finding in changes:
             self._record_finding(finding)
+
+    def _sync_clock(self, identity: Any, step: int, rounds: int, starting: bool) -> None:
+        assert self._exchange is not None
+        telemetry = self.telemetry
+        peers = None
+        if starting:
+            self._clock_turn = 0
+        else:  # the next slice of CLOCK_PEERS ranks (the same on every rank: exchanges are aligned)
+            slices = max(-(-(identity.world_size - 1) // CLOCK_PEERS), 1)
+            first = 1 + (self._clock_turn % slices) * CLOCK_PEERS
+            peers = range(first, min(first + CLOCK_PEERS, identity.world_size))
+            self._clock_turn += 1
+        began = time.perf_counter_ns()
+        found = self._exchange.clock_offset(lambda: telemetry.now()[1], rounds, peers)
+        self.clock_ns += time.perf_counter_ns() - began
+        if found is None:
+            return  # not this rank's turn
+        offset, error, rtt = found
+        self.clock_syncs += 1
+        telemetry.event("clock_offset", {"offset_ns": offset, "error_ns": error, "rtt_ns": rtt, "rounds": rounds,
+                                         "reference_rank": 0, "step": step, "at": "start" if starting else "exchange"},
+                        group=CLOCK_GROUP)
 
     def _record_spread(self, step: int, values: dict[int, dict[str, float]]) -> None:
         metric = self.telemetry.metric
-        for phase in _PHASE_LIST:
+        for phase in _SPREAD:
             present = {r: v[phase] for r, v in values.items() if math.isfinite(v[phase])}
             if not present:
                 continue
@@ -146,7 +254,7 @@ class CrossRankAggregator(Sink):
             "straggler_end" if f.ended else "straggler",
             {"rank": f.rank, "host": host, "phase": f.phase, "kind": f.kind, "score": f.score,
              "threshold": f.threshold, "step": f.step, "value": f.value, "reference": f.reference,
-             "time": self.phase_clock if f.phase in _WORK_PHASES else "host"},
+             "time": self.phase_clock if f.phase in _WORK_PHASES else "host", **f.evidence},
             group=GROUP,
             severity="info" if f.ended else "warning",
         )
@@ -165,12 +273,13 @@ def enable_cross_rank(
     timeout_s: float = 60.0,
     record_on: str = "zero",
     detector: StragglerDetector | None = None,
+    clock_sync: bool = True,
 ) -> CrossRankAggregator:
     """Attach a cross-rank aggregator to ``telemetry`` (default: the default Telemetry). Every rank must enable it
     with the same ``every``; the exchange starts at the first report that reaches step ``every``."""
     telemetry = telemetry if telemetry is not None else get_telemetry()
     aggregator = CrossRankAggregator(telemetry, every=every, timeout_s=timeout_s, record_on=record_on,
-                                     detector=detector)
+                                     detector=detector, clock_sync=clock_sync)
     telemetry.add_sink(aggregator, kinds="event", groups="training")
     return aggregator
 

@@ -10,13 +10,14 @@ a restarted job never read each other's keys.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
 __all__ = ["Exchange", "ExchangeError"]
 
 HOST_BYTES = 64
+CLOCK_TAG = 0x7E1E  # the p2p tag of the clock round trips (only this group's own traffic, so any fixed tag)
 
 
 class ExchangeError(RuntimeError):
@@ -67,6 +68,42 @@ class Exchange:
         except Exception as exc:
             raise ExchangeError(f"all-gather failed: {type(exc).__name__}: {exc}") from exc
         return [t.tolist() for t in out]
+
+    def clock_offset(self, now_ns: Callable[[], int], rounds: int = 4,
+                     peers: Sequence[int] | None = None) -> tuple[int, int, int] | None:
+        """This rank's clock minus rank 0's, NTP-style: ``rounds`` round trips to rank 0 (which answers each with its
+        clock), the one with the shortest round trip kept. Returns ``(offset_ns, error_ns, rtt_ns)``: the true offset
+        is within ``error_ns`` (half that round trip) of ``offset_ns``. Rank 0 answers the ``peers`` (default: every
+        other rank) in turn and returns ``(0, 0, 0)``; a rank not among them returns None at once. Every rank must call
+        it, with the same ``rounds`` and ``peers``."""
+        torch = self._torch
+        buf = torch.zeros(1, dtype=torch.int64)
+        group = self._group
+        chosen = range(1, self.world_size) if peers is None else peers
+        if self.rank != 0 and self.rank not in chosen:
+            return None
+        try:
+            if self.rank == 0:
+                for peer in chosen:
+                    for _ in range(rounds):
+                        group.recv([buf], peer, CLOCK_TAG).wait()
+                        buf[0] = now_ns()
+                        group.send([buf], peer, CLOCK_TAG).wait()
+                return 0, 0, 0
+            best: tuple[int, int, int] | None = None
+            for _ in range(rounds):
+                t1 = now_ns()
+                buf[0] = t1
+                group.send([buf], 0, CLOCK_TAG).wait()
+                group.recv([buf], 0, CLOCK_TAG).wait()
+                t3 = now_ns()
+                rtt = t3 - t1
+                if best is None or rtt < best[2]:
+                    best = ((t1 + t3) // 2 - int(buf[0]), (rtt + 1) // 2, rtt)
+        except Exception as exc:
+            raise ExchangeError(f"clock round trip failed: {type(exc).__name__}: {exc}") from exc
+        assert best is not None
+        return best
 
     def hosts(self, host: str) -> list[str]:
         """Every rank's host name (cut to 64 bytes)."""

@@ -12,8 +12,10 @@ agent, with no rendezvous of our own -- after three changes in the agent process
 2. A Telemetry for the agent, writing ``agent-<node>.<pid>.jsonl`` into the same run folder as the workers, with the
    torchelastic bridge (integrations.torchelastic) installed: the agent's metrics, worker events and rendezvous
    events land there. When the agent restarts the worker group, its own records follow into the next attempt's folder.
-3. Environment for the workers: ``TELEMETRAIN_PERF_TAG`` (the entry script, so agent and workers agree) and
-   ``TELEMETRAIN_CROSS_RANK=1`` (cross-rank aggregation), unless already set.
+3. Environment for the workers: ``TELEMETRAIN_PERF_TAG`` (the entry script, so agent and workers agree),
+   ``TELEMETRAIN_CROSS_RANK=1`` (cross-rank aggregation) and ``TELEMETRAIN_WATCHDOG=1`` (the stall watchdog),
+   unless already set. With the watchdog on, the agent follows the ranks' stall evidence and writes one ``stall``
+   event naming the ranks stuck elsewhere than the others (``stall_view.StallWatcher``).
 4. With restarts allowed, ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` unless set: torch's c10d rendezvous otherwise
    serves every attempt's workers from one store with no per-attempt prefix, and a restarted worker can read the
    dead attempt's gloo/NCCL addresses and fail or hang in ``init_process_group`` (pytorch/pytorch#135712 and
@@ -124,7 +126,7 @@ def main(argv: Sequence[str]) -> int:
     args = parser.parse_args(list(argv))
     _, max_nodes = torchrun.parse_min_max_nnodes(args.nnodes)
     _choose_rendezvous(args, max_nodes)
-    defaults = {"TELEMETRAIN_PERF_TAG": _entry_stem(args), "TELEMETRAIN_CROSS_RANK": "1"}
+    defaults = {"TELEMETRAIN_PERF_TAG": _entry_stem(args), "TELEMETRAIN_CROSS_RANK": "1", "TELEMETRAIN_WATCHDOG": "1"}
     if int(args.max_restarts) > 0:
         defaults["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     with environment(defaults=defaults):  # the workers inherit it; a caller in-process gets its own back after
@@ -157,6 +159,13 @@ def _launch(args: Any, max_nodes: int) -> int:
     bridge = install(telemetry, rendezvous=True, on_metric=follower.on_metric)
     if args.event_log_handler == "null":
         args.event_log_handler = "telemetrain"
+    watcher = None
+    if os.environ.get("TELEMETRAIN_WATCHDOG", "").strip().lower() not in ("", "0", "off", "false", "no"):
+        from .stall_view import StallWatcher
+
+        node = int(args.node_rank)
+        watcher = StallWatcher(telemetry, nproc * max_nodes,
+                               local_ranks=frozenset(range(node * nproc, (node + 1) * nproc))).start()
     started = time.monotonic()
     telemetry.event("launch_start", config, group=GROUP)
     telemetry.event("attempt_start", {"attempt": 0, "reason": "start", "remaining_restarts": int(args.max_restarts)},
@@ -176,6 +185,8 @@ def _launch(args: Any, max_nodes: int) -> int:
         outcome = type(exc).__name__
         raise
     finally:
+        if watcher is not None:
+            watcher.close()  # the evidence written as the job ended, and the stall event, before launch_end
         telemetry.event("launch_end", {"outcome": outcome, "exitcode": status, "attempts": follower.attempt + 1,
                                        "seconds": time.monotonic() - started}, group=GROUP,
                         severity="info" if status == 0 else "error")

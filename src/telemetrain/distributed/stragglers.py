@@ -16,18 +16,24 @@ Synchronous data parallelism hides the cause in one way: while one rank is slow 
 rank waits inside the collective (the backward pass's all-reduce, or the optimizer step of sharded optimizers), so
 those ranks look slow in that phase. A relative finding in a ``sync_phases`` phase is therefore dropped when, in the
 same window, another rank is slow in a phase that is not a sync phase: that rank is the cause, the rest is waiting.
+
+When every rank's communication wait is known (``late_rank``), the aggregator calls ``update`` with
+``relative=False`` (the late-rank attribution, which measures the waiting itself, answers "who holds the others
+up") and ``waiting=`` the ranks that waited for a late rank: their iteration, throughput and sync-phase times grew
+because they waited, so no individual finding is raised on them there.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..phase_times import DEVICE, phase_times
 
-__all__ = ["PHASES", "Finding", "StragglerDetector", "phase_clock", "phases_of"]
+__all__ = ["PHASES", "Episodes", "Finding", "StragglerDetector", "phase_clock", "phases_of"]
 
 # phase -> higher is worse? (times are; a rate is the other way round)
 PHASES: dict[str, bool] = {
@@ -52,13 +58,41 @@ class Finding:
     score: float
     threshold: float
     step: int
-    reference: float  # the median rank's value (relative) or the rank's best (individual)
+    reference: float  # the median rank's value (relative), the rank's best (individual), the others' wait (late)
     value: float
     ended: bool = False
+    evidence: Mapping[str, Any] = field(default_factory=dict, compare=False)  # more figures, kept in the event
 
 
 def _finite(x: float | None) -> bool:
     return x is not None and math.isfinite(x)
+
+
+class Episodes:
+    """When findings start and end: a finding flagged ``patience`` windows in a row starts (once); an active one
+    ends in the first window that does not flag it. Keyed by whatever identifies a finding to its caller."""
+
+    def __init__(self, patience: int) -> None:
+        self.patience = patience
+        self.streak: dict[Any, int] = {}
+        self.active: dict[Any, Finding] = {}
+
+    def update(self, flagged: Mapping[Any, Finding], ended: Callable[[Finding], Finding]) -> list[Finding]:
+        """The findings that start with this window (``flagged``: key -> finding), then those that end (each made
+        by ``ended(the finding that started)``)."""
+        changes: list[Finding] = []
+        for key in list(self.streak):
+            if key not in flagged:
+                del self.streak[key]
+        for key, finding in flagged.items():
+            self.streak[key] = self.streak.get(key, 0) + 1
+            if self.streak[key] >= self.patience and key not in self.active:
+                self.active[key] = finding
+                changes.append(finding)
+        for key in list(self.active):
+            if key not in flagged:
+                changes.append(ended(self.active.pop(key)))
+        return changes
 
 
 @dataclass
@@ -70,8 +104,6 @@ class StragglerDetector:
     sync_phases: tuple[str, ...] = ("backward", "optimizer")
     _best: dict[tuple[int, str], float] = field(default_factory=dict)
     _windows: dict[int, int] = field(default_factory=dict)
-    _streak: dict[tuple[int, str, str], int] = field(default_factory=dict)
-    _active: dict[tuple[int, str, str], Finding] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("relative_threshold", "individual_threshold"):
@@ -82,34 +114,27 @@ class StragglerDetector:
             raise ValueError(f"min_share must be a fraction >= 0, got {self.min_share!r}")
         if type(self.patience) is not int or self.patience < 1:
             raise ValueError(f"patience must be an int >= 1, got {self.patience!r}")
+        self._episodes = Episodes(self.patience)
 
     @property
     def active(self) -> list[Finding]:
         """The stragglers found and not yet over."""
-        return list(self._active.values())
+        return list(self._episodes.active.values())
 
-    def update(self, step: int, values: Mapping[int, Mapping[str, float]]) -> list[Finding]:
-        """Feed one exchanged window (rank -> phase -> value); returns the findings that start or end with it."""
-        relative = self._relative(step, values)
-        individual = self._individual(step, values)
-        flagged = {(f.rank, f.phase, f.kind): f for f in relative + individual}
-        changes: list[Finding] = []
-        for key in list(self._streak):
-            if key not in flagged:
-                del self._streak[key]
-        for key, finding in flagged.items():
-            self._streak[key] = self._streak.get(key, 0) + 1
-            if self._streak[key] >= self.patience and key not in self._active:
-                self._active[key] = finding
-                changes.append(finding)
-        for key in list(self._active):
-            if key not in flagged:
-                old = self._active.pop(key)
-                now = self._value_of(values, old.rank, old.phase)
-                changes.append(Finding(old.rank, old.phase, old.kind, now / old.reference if _finite(now) and
-                                       old.reference > 0 else math.nan, old.threshold, step, old.reference,
-                                       now, ended=True))
-        return changes
+    def update(self, step: int, values: Mapping[int, Mapping[str, float]], *, relative: bool = True,
+               waiting: frozenset[int] | set[int] = frozenset()) -> list[Finding]:
+        """Feed one exchanged window (rank -> phase -> value); returns the findings that start or end with it.
+        ``relative=False``: no relative scores; ``waiting``: ranks that waited for another (see the module
+        docstring)."""
+        found = self._relative(step, values) if relative else []
+        found += [f for f in self._individual(step, values)
+                  if not (f.rank in waiting and (f.phase in self.sync_phases or f.phase not in _WORK_PHASES))]
+        def ended(old: Finding) -> Finding:
+            now = self._value_of(values, old.rank, old.phase)
+            return Finding(old.rank, old.phase, old.kind, now / old.reference if _finite(now) and old.reference > 0
+                           else math.nan, old.threshold, step, old.reference, now, ended=True)
+
+        return self._episodes.update({(f.rank, f.phase, f.kind): f for f in found}, ended)
 
     @staticmethod
     def _value_of(values: Mapping[int, Mapping[str, float]], rank: int, phase: str) -> float:

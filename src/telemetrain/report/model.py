@@ -30,7 +30,7 @@ LIFECYCLE_SPANS = ("application", "distributed_code_initialization", "data_loade
 CHECKPOINT_SPANS = ("checkpoint_load", "checkpoint_save_sync", "checkpoint_save_async")
 # events whose figures have their own sections: left out of the events table (they would flood it)
 ROUTINE_EVENTS = frozenset({"training_metrics_update", "sync_checkpoint_metrics_update", "validation_metrics_update",
-                            "testing_metrics_update", "straggler"})
+                            "testing_metrics_update", "straggler", "training_progress", "clock_offset"})
 # (metric name, chart title, unit) of the system charts, in page order
 SYSTEM_CHARTS = (
     ("system.cpu.utilization", "host CPU utilization", "1"),
@@ -192,6 +192,8 @@ class _Collector:
         self.event_counts: Counter[tuple[str, str, str]] = Counter()
         self.problems: list[EventRow] = []
         self.stragglers: list[dict[str, Any]] = []
+        self.stalls: list[dict[str, Any]] = []  # the launcher agent's stall events (distributed.stall_view)
+        self.evidence: list[tuple[int, dict[str, Any]]] = []  # (rank, stall_evidence attributes)
         self.nonfinite: dict[tuple[str, str], list[Any]] = {}  # (group, name) -> [count, first step, example, rank]
         self.system: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)  # (name, who) -> points
         self.energy: dict[tuple[str, str, str], float] = {}  # (host, group, name) -> largest value
@@ -301,6 +303,10 @@ class _Collector:
                 if group == "cross_rank" and name == "straggler":
                     self.stragglers.append({**attributes, "reported_by": rank, "wall_ns": wall})
                     continue
+                if group == "launcher" and name == "stall":
+                    self.stalls.append(attributes)
+                elif group == "watchdog" and name == "stall_evidence" and not agent:
+                    self.evidence.append((rank, attributes))
                 row = EventRow(wall, source, group, name, r.severity, attributes)
                 if name == "save_checkpoint_success":
                     self.successes.append(row)
@@ -438,12 +444,36 @@ def _straggler_findings(stragglers: list[dict[str, Any]]) -> list[Finding]:
         scores = [float(s["score"]) for s in items if isinstance(s.get("score"), (int, float))]
         steps = sorted(s["step"] for s in items if isinstance(s.get("step"), int))
         span = f" at steps {steps[0]}..{steps[-1]}" if steps else ""
+        if kind == "late":  # late-rank attribution (distributed.late_rank): the others waited for it
+            costs = [float(s["cost_per_iteration_sec"]) for s in items
+                     if isinstance(s.get("cost_per_iteration_sec"), (int, float))]
+            cause = "outside any phase" if phase == "outside" else f"in {phase}"
+            findings.append(Finding(
+                "warning", "straggler", f"straggler: rank {rank} ({phase})",
+                f"rank {rank} on {host} arrived last at the collectives {cause}: the other ranks waited "
+                + (f"{_fmt_s(max(costs))} per iteration for it" if costs else "for it")
+                + f" ({len(items)} report(s){span})"))
+            continue
         findings.append(Finding(
             "warning", "straggler", f"straggler: rank {rank} ({phase})",
             f"{len(items)} straggler report(s) for rank {rank} on {host}, phase {phase}"
             + (f" ({items[0]['time']} time)" if isinstance(items[0].get("time"), str) else "") + f", {kind} slowdown"
             + (f" up to {max(scores):.2f}x" if scores else "") + span))
     return findings
+
+
+def _stall_findings(c: _Collector) -> list[Finding]:
+    """The agent's stall events (which ranks were stuck where); without an agent, the ranks' own evidence."""
+    found = [Finding("error", "stall", "stall: rank(s) " + (_ranges(sorted(s["ranks"])) if s.get("ranks") else "?")
+                     + (f" ({s.get('phase')})" if s.get("phase") else ""), str(s.get("message", "")))
+             for s in c.stalls if isinstance(s.get("ranks"), list)]
+    if not found and c.evidence:
+        where = sorted({f"rank {r}: {a.get('phase', '?')}" + (f", in {a['collective']} #{a.get('collective_seq')}"
+                                                               if a.get("collective_state") in ("waiting", "failed")
+                                                               else "") for r, a in c.evidence})
+        found.append(Finding("error", "stall", f"stall evidence: {len({r for r, _ in c.evidence})} rank(s)",
+                             "stall_evidence records (distributed.watchdog): " + "; ".join(where[:20])))
+    return found
 
 
 def _energy_headline(energy: dict[tuple[str, str, str], float]) -> tuple[str, str]:
@@ -497,6 +527,12 @@ def _headline(model: ReportModel, c: _Collector) -> list[tuple[str, str, str]]:
                      f"{_fmt_s(_num(last, 'cumulative_p50_iteration_time_sec'))} / "
                      f"{_fmt_s(_num(last, 'cumulative_p99_iteration_time_sec'))}",
                      f"cumulative percentiles of {who} (warm-up excluded)"))
+        comm = _num(last, "avg_comm_time_sec")
+        if comm is not None:
+            share = _num(last, "comm_wait_fraction")
+            rows.append(("communication", f"{_fmt_s(comm)} per iteration" + (
+                f", waiting {share:.1%} of the time" if share is not None else ""),
+                f"avg_comm_time_sec and comm_wait_fraction of {who} (distributed.comm)"))
     else:
         rows.append(("throughput", "n/a", "no training_metrics_update events (no TrainingRecorder in this run)"))
     g = model.goodput
@@ -563,6 +599,7 @@ def _findings(model: ReportModel, c: _Collector) -> list[Finding]:
                              f"(threshold {SLOW_RANK_FACTOR:g}x)"))
     found += _straggler_findings(model.stragglers)
     found += [Finding(*f) for f in gpu_findings(model.gpu)]
+    found += _stall_findings(c)
     found += _slow_phases(model.windows)
     if model.slow_windows:
         worst = max(model.slow_windows, key=lambda w: w.max or 0.0)

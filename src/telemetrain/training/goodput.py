@@ -248,6 +248,7 @@ class _Loop:
     windows: list[_Window] = field(default_factory=list)
     saves: list[_Save] = field(default_factory=list)
     iteration_spans: list[_Span] = field(default_factory=list)
+    progress: tuple[int, float] | None = None  # the last heartbeat (training_progress): (completed, iteration s)
 
 
 @dataclass
@@ -388,6 +389,14 @@ def _read_process(log: ProcessLog, run_index: int) -> _Process:
                     loops[-1].windows.append(window)
                 elif window is not None:
                     orphans += 1
+                ts = _stamp(attributes, "last_logged_train_iterations_finish_timestamp_sec")
+                if ts is not None:
+                    stamps.append(ts)
+            elif rec.name == "training_progress":  # the stall watchdog's heartbeat (distributed.watchdog)
+                current, seconds = _int(attributes, "current_iteration"), _num(attributes,
+                                                                               "cumulative_iteration_time_sec")
+                if current is not None and seconds is not None and loops:
+                    loops[-1].progress = (current + 1, seconds)
                 ts = _stamp(attributes, "last_logged_train_iterations_finish_timestamp_sec")
                 if ts is not None:
                     stamps.append(ts)
@@ -580,6 +589,10 @@ def _figures(loop: _Loop, process: _Process, run_saves: list[_Save], later_start
         warm_seen += max(w.iterations - w.timed, 0)
         c_pairs.append((w.completed, total + (warm_sec * warm_seen / warm if warm else 0.0)))
         d_pairs.append((w.completed, data))
+    if status == "killed" and loop.progress is not None and loop.progress[0] > c_pairs[-1][0]:
+        c_pairs.append(loop.progress)  # iterations it made after its last report, known from its heartbeat
+        notes.append(f"its progress after its last report is known from a heartbeat (iteration "
+                     f"{loop.progress[0] - 1}); iterations after the last heartbeat are not seen")
     own = [s for s in loop.saves if s.completed is not None and s.completed >= start]
     exact = {s.completed: s.sec for s in own if s.completed is not None and s.sec is not None}
     c_points = _points(c_pairs, exact)

@@ -31,6 +31,7 @@ class SpanName(str, enum.Enum):
     ZERO_GRAD = "zero_grad"
     MODEL_BACKWARD = "model_backward"
     OPTIMIZER_UPDATE = "optimizer_update"
+    HOST_TO_DEVICE = "host_to_device"  # ours: copying the batch to the device (one-logger has no such span)
 
     def __str__(self) -> str:
         return self.value
@@ -55,6 +56,7 @@ class EventName(str, enum.Enum):
 # the sub-phases of an iteration, and the name each has in the iteration's split
 PHASES = {
     SpanName.DATA_LOADING.value: "dataloader",
+    SpanName.HOST_TO_DEVICE.value: "h2d",
     SpanName.MODEL_FORWARD.value: "forward",
     SpanName.MODEL_BACKWARD.value: "backward",
     SpanName.OPTIMIZER_UPDATE.value: "optimizer",
@@ -85,6 +87,7 @@ class S:
     ZERO_GRAD = SpanName.ZERO_GRAD.value
     MODEL_BACKWARD = SpanName.MODEL_BACKWARD.value
     OPTIMIZER_UPDATE = SpanName.OPTIMIZER_UPDATE.value
+    HOST_TO_DEVICE = SpanName.HOST_TO_DEVICE.value
 
 
 class E:

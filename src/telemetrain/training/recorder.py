@@ -39,13 +39,16 @@ from ..telemetry import Telemetry, get_telemetry
 from .config import CheckpointStrategy, TrainingTelemetryConfig
 from .device_spans import DeviceSpan
 from .names import PHASES, E, S
-from .reports import FOLD_EVERY, METRICS, QUANTILES, TIME_AGGS, Reporter, Snapshot, Window
+from .reports import FOLD_EVERY, METRICS, QUANTILES, REPORT_SOURCES, TIME_AGGS, Reporter, Snapshot, Window, capture
 from .workload import apply_perf_tag, publish_workload
 
 __all__ = ["TrainingRecorder"]
 
 _mono = time.monotonic_ns
 GROUP = "training"
+CURRENT = "training.current"  # Telemetry.extensions key: the recorder built last on it (watchdogs read progress())
+# open spans during which iterations legitimately stop advancing (a watchdog does not call that a stall)
+_PAUSES = (S.CHECKPOINT_SAVE_SYNC, S.CHECKPOINT_LOAD, S.VALIDATION_LOOP, S.TESTING_LOOP)
 
 
 def _path_bytes(path: str | os.PathLike[str] | None) -> int | None:
@@ -171,11 +174,13 @@ class TrainingRecorder:
         self._peak_resolved = False
         self._device: Any = None  # device_timing.DeviceTimer while device timing is on (gpu_report)
         self._gpu: Any = None  # gpu_report.GpuReport: device times and energy of the loop's reports
+        self.phase: tuple[str, int] | None = None  # the sub-phase span open now and its monotonic start (progress())
         for phase_name in PHASES:
             self.tracer.on_end(phase_name, self._on_phase_end)
         if config is not None:
             self.set_training_telemetry_config(config)
         self.telemetry.add_producer(self)
+        self.telemetry.extensions[CURRENT] = self
 
     # -- the Telemetry producer protocol: exit and SIGTERM -----------------------------------------------------------
 
@@ -694,6 +699,7 @@ class TrainingRecorder:
             wall_offset_ns=self.telemetry.wall_offset_ns,
             span_id=self._loop_hex if loop is self._loop else (loop.span_id_hex if loop is not None else ""),
             extras=self._gpu,
+            extra=capture(self.telemetry.extensions.get(REPORT_SOURCES)),
         )
 
     def _emit_report(self, snap: Snapshot, attributes: Mapping[str, Any]) -> None:
@@ -713,6 +719,7 @@ class TrainingRecorder:
         """A sub-phase span ended (ours or the user's own ``span("model_forward")``): into the window's split."""
         phase = PHASES.get(s.name)
         if phase is not None:
+            self.phase = None
             phases = self._window.phases
             phases[phase] = phases.get(phase, 0.0) + s.duration_ns / 1e9
 
@@ -922,26 +929,36 @@ class TrainingRecorder:
     def data_loading(self) -> Any:
         """A sub-phase of the current iteration (its time goes into the iteration split; timed on the device too
         while device timing is on)."""
+        self.phase = (S.DATA_LOADING, _mono())
         if self._device is None:
             return self.tracer.span(S.DATA_LOADING, group=GROUP)
         return DeviceSpan(self.tracer, S.DATA_LOADING, GROUP, None)
 
+    def host_to_device(self) -> Any:
+        """Copying the batch to the device (phase ``h2d``; ours: one-logger has no such span)."""
+        self.phase = (S.HOST_TO_DEVICE, _mono())
+        return self.tracer.span(S.HOST_TO_DEVICE, group=GROUP)
+
     def forward(self) -> Any:
+        self.phase = (S.MODEL_FORWARD, _mono())
         if self._device is None:
             return self.tracer.span(S.MODEL_FORWARD, group=GROUP)
         return DeviceSpan(self.tracer, S.MODEL_FORWARD, GROUP, None)
 
     def backward(self) -> Any:
+        self.phase = (S.MODEL_BACKWARD, _mono())
         if self._device is None:
             return self.tracer.span(S.MODEL_BACKWARD, group=GROUP)
         return DeviceSpan(self.tracer, S.MODEL_BACKWARD, GROUP, None)
 
     def optimizer_update(self) -> Any:
+        self.phase = (S.OPTIMIZER_UPDATE, _mono())
         if self._device is None:
             return self.tracer.span(S.OPTIMIZER_UPDATE, group=GROUP)
         return DeviceSpan(self.tracer, S.OPTIMIZER_UPDATE, GROUP, None)
 
     def zero_grad(self) -> Any:
+        self.phase = (S.ZERO_GRAD, _mono())
         if self._device is None:
             return self.tracer.span(S.ZERO_GRAD, group=GROUP)
         return DeviceSpan(self.tracer, S.ZERO_GRAD, GROUP, None)
@@ -960,6 +977,27 @@ class TrainingRecorder:
                                            config.gpu_energy if config else True)
         self._device = self._gpu.timer if self._gpu is not None else None
         self.telemetry.event("device_timing", info, group=GROUP)
+
+    def progress(self) -> dict[str, Any]:
+        """Where training is now, read from any thread without a lock (a stall watchdog, a heartbeat):
+        ``completed`` (global iterations completed), ``iterations`` (this loop), ``iteration_total_sec``,
+        ``last_end_ns`` (monotonic end of the last iteration, 0 before one), ``iteration_start_ns`` (of the open
+        iteration, 0 outside one), ``loop_open``, ``phase`` (the open sub-phase span and its monotonic start, or
+        None), ``paused_in`` (an open checkpoint save/load or validation/testing loop: iterations stop advancing
+        there by design; "" otherwise)."""
+        iteration = self._iteration
+        spans = self._spans
+        paused = next((name for name in _PAUSES if (s := spans.get(name)) is not None and not s.end_ns), "")
+        return {
+            "completed": self._iterations_start + self._iterations,
+            "iterations": self._iterations,
+            "iteration_total_sec": self._iteration_total_sec,
+            "last_end_ns": self._last_iteration_end_ns,
+            "iteration_start_ns": iteration.start_ns if iteration is not None and not iteration.end_ns else 0,
+            "loop_open": self._loop is not None,
+            "phase": self.phase,
+            "paused_in": paused,
+        }
 
     @property
     def current_span(self) -> Span | None:

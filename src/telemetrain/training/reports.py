@@ -25,7 +25,8 @@ from ..stats.aggregations import M2, MINMAX
 from ..stats.summary import Summary
 from .gpu_report import METRICS as GPU_METRICS
 
-__all__ = ["METRICS", "QUANTILES", "TIME_AGGS", "Reporter", "Snapshot", "Window", "compute"]
+__all__ = ["METRICS", "QUANTILES", "REPORT_SOURCES", "TIME_AGGS", "Reporter", "Snapshot", "Window", "capture",
+           "compute"]
 
 QUANTILES = ("p50", "p90", "p99")
 TIME_AGGS = ("count", "mean", "min", "max", "sum", *QUANTILES)
@@ -50,8 +51,44 @@ METRICS = {
     "avg_backward_time_sec": ("train.phase.backward", "s"),
     "avg_optimizer_time_sec": ("train.phase.optimizer", "s"),
     "avg_zero_grad_time_sec": ("train.phase.zero_grad", "s"),
+    "avg_h2d_time_sec": ("train.phase.h2d", "s"),
+    "avg_comm_time_sec": ("train.comm.time", "s"),
+    "avg_comm_wait_time_sec": ("train.comm.wait", "s"),
+    "comm_wait_fraction": ("train.comm.wait_fraction", "1"),
+    "comm_bytes": ("train.comm.bytes", "By"),
 }
 METRICS.update(GPU_METRICS)  # device times and energy (training.gpu_report), when measured
+
+# Telemetry.extensions key: a list of report sources, each a callable run on the training thread when a report is
+# captured (O(1): it swaps its own window) returning None or a function that the reporter calls, off the training
+# thread, with the report's attributes so far and whose dict it adds to them (distributed.comm: comm_time_sec...)
+REPORT_SOURCES = "training.report_sources"
+_warned_source = False
+
+
+def capture(sources: Any) -> tuple[Callable[[Mapping[str, Any]], Mapping[str, Any]], ...]:
+    """The report sources' captures for one snapshot; a source that raises is skipped (warned once)."""
+    if not sources:
+        return ()
+    out = []
+    for source in list(sources):
+        try:
+            finish = source()
+        except Exception as exc:  # noqa: BLE001 - telemetry never breaks training
+            _source_failed(exc)
+            continue
+        if finish is not None:
+            out.append(finish)
+    return tuple(out)
+
+
+def _source_failed(exc: BaseException) -> None:
+    global _warned_source
+    if not _warned_source:
+        _warned_source = True
+        from ..dispatch import describe, warn_safely
+
+        warn_safely(f"telemetrain.training: a report source failed (its figures are left out): {describe(exc)}")
 
 
 class Window:
@@ -102,6 +139,7 @@ class Snapshot:
     wall_offset_ns: int
     span_id: str  # the training loop's (the event is linked to it)
     extras: Callable[[Snapshot, dict[str, Any]], None] | None = None  # adds device times, energy (gpu_report)
+    extra: tuple[Callable[[Mapping[str, Any]], Mapping[str, Any]], ...] = ()  # report sources' captures (capture)
 
 
 def compute(snap: Snapshot, state: Reporter, behind: bool = False) -> dict[str, Any]:
@@ -202,6 +240,11 @@ def compute(snap: Snapshot, state: Reporter, behind: bool = False) -> dict[str, 
     attributes.update(snap.loads)
     if snap.extras is not None:
         snap.extras(snap, attributes)
+    for finish in snap.extra:
+        try:
+            attributes.update(finish(attributes))
+        except Exception as exc:  # noqa: BLE001 - one source's failure does not cost the report
+            _source_failed(exc)
     return attributes
 
 

@@ -1,0 +1,93 @@
+"""Timed ``torch.distributed`` collectives for your own code: same names, same arguments, same return values.
+
+    from telemetrain.distributed import collectives as tdist
+    tdist.all_reduce(tensor)                       # instead of torch.distributed.all_reduce(tensor)
+    work = tdist.all_gather_into_tensor(out, t, async_op=True)
+
+Each call is timed by the ``CommMonitor`` of the default Telemetry (``comm.comm_monitor``; ``collectives.using(t)``
+for another one): a blocking call until it returns, an ``async_op=True`` call until its work's future completes. The
+kind is the function's name (``comm_all_reduce_count``...). Opt-in by design: patching ``torch.distributed`` for
+everyone would also time the collectives of libraries that do not expect it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from ..telemetry import Telemetry
+from .comm import CommMonitor, _launch, comm_monitor
+
+__all__ = [
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_reduce",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "broadcast",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "using",
+]
+
+
+def _timed(name: str, payload: int | None, other: int | None) -> Callable[..., Any]:
+    """A method calling ``torch.distributed.<name>`` timed; ``payload``/``other``: positions of its tensors."""
+
+    def call(self: _Collectives, *args: Any, **kwargs: Any) -> Any:
+        return self._call(name, payload, other, *args, **kwargs)
+
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = f"``torch.distributed.{name}`` (same arguments, same result), timed by the communication monitor."
+    return call
+
+
+class _Collectives:
+    """The timed functions, bound to one monitor (``None``: the default Telemetry's, looked up per call)."""
+
+    def __init__(self, monitor: CommMonitor | None) -> None:
+        self._monitor = monitor
+
+    def _call(self, name: str, payload_arg: int | None, other_arg: int | None, *args: Any, **kwargs: Any) -> Any:
+        import torch.distributed as dist
+
+        fn: Callable[..., Any] = getattr(dist, name)
+        payload = args[payload_arg] if payload_arg is not None and len(args) > payload_arg else None
+        other = args[other_arg] if other_arg is not None and len(args) > other_arg else None
+        monitor = self._monitor if self._monitor is not None else comm_monitor()
+        return _launch(monitor, name, payload, other, functools.partial(fn, *args, **kwargs))
+
+    # (the tensor arguments' positions follow torch.distributed's signatures: the payload, then the other side)
+    all_reduce = _timed("all_reduce", 0, None)
+    reduce = _timed("reduce", 0, None)
+    broadcast = _timed("broadcast", 0, None)
+    all_gather = _timed("all_gather", 0, 1)
+    all_gather_into_tensor = _timed("all_gather_into_tensor", 0, 1)
+    reduce_scatter = _timed("reduce_scatter", 1, 0)
+    reduce_scatter_tensor = _timed("reduce_scatter_tensor", 1, 0)
+    all_to_all = _timed("all_to_all", 1, 0)
+    all_to_all_single = _timed("all_to_all_single", 1, 0)
+    barrier = _timed("barrier", None, None)
+
+
+_default = _Collectives(None)
+all_reduce = _default.all_reduce
+reduce = _default.reduce
+broadcast = _default.broadcast
+all_gather = _default.all_gather
+all_gather_into_tensor = _default.all_gather_into_tensor
+reduce_scatter = _default.reduce_scatter
+reduce_scatter_tensor = _default.reduce_scatter_tensor
+all_to_all = _default.all_to_all
+all_to_all_single = _default.all_to_all_single
+barrier = _default.barrier
+
+
+def using(telemetry: Telemetry) -> _Collectives:
+    """The timed collectives, recorded by ``telemetry``'s monitor."""
+    if not isinstance(telemetry, Telemetry):
+        raise TypeError(f"telemetry must be a Telemetry, got {type(telemetry).__name__}")
+    return _Collectives(comm_monitor(telemetry))

@@ -1,0 +1,240 @@
+"""The launcher agent's view of a stall: every rank's evidence, and one ``stall`` event naming the ranks stuck
+elsewhere than the others.
+
+``StallWatcher`` runs in the agent of ``telemetrain launch`` (its own daemon thread). It follows the workers' files of
+the current attempt's run folder (the agent's node; every node with a shared run store) and keeps each rank's first
+``stall_evidence`` of reason ``stall`` (evidence written because a collective failed, or at a SIGTERM, stays in the
+ranks' files: that is a failure, not a stall). Once a rank reported, it waits until every rank did (or
+``gather_s``), then ``classify`` decides and the agent writes one ``stall`` event (group ``launcher``, severity
+error) per attempt:
+
+- ranks waiting in a collective: those in the collective with the highest sequence number are *waiting*; every
+  other rank that reported is *stuck* -- it never got to that collective (a rank blocked in data loading while the
+  rest wait in the all-reduce);
+- no rank in a collective: the ranks outside the largest group of ranks in the same phase are stuck;
+- all ranks that reported in one place (the same collective, or the same phase): the ranks that gave no evidence
+  (``silent_ranks``: dead, hung without a watchdog) are the ones named; with none, nobody is, and the event says
+  where all of them are (a network, or a peer outside the job).
+
+Attributes: ``ranks`` (stuck), ``rank``/``phase``/``host`` (the first stuck rank's), ``phases`` (``"<rank>:<phase>"``
+per stuck rank), ``waiting_ranks``, ``waiting_in`` (``"all_reduce #31 (backward)"``), ``silent_ranks``,
+``evidence_ranks``, ``step``, ``stalled_for_s``, ``message``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..dispatch import describe, warn_safely
+from ..store.codec import untag_nonfinite
+from ..store.layout import is_agent_file, is_process_file
+from ..telemetry import Telemetry
+
+__all__ = ["StallWatcher", "classify"]
+
+EVIDENCE = "stall_evidence"
+GROUP = "launcher"
+_MARK = b'"stall_evidence"'
+READ_LIMIT = 64 << 20  # bytes read per file per poll (a far-behind follower catches up over several polls)
+
+
+class _EvidenceFollower:
+    """A growing worker file: the ``stall_evidence`` records appended since the last poll. Only chunks that contain
+    the name are split into lines and only those lines decoded, so following a busy run costs the agent a
+    substring search per chunk."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.pending = b""
+        self.rank: int | None = None
+
+    def poll(self) -> list[tuple[int, dict[str, Any]]]:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read(READ_LIMIT)
+        except OSError:
+            return []
+        self.offset += len(data)
+        data = self.pending + data
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            self.pending = data
+            return []
+        complete, self.pending = data[:cut], data[cut + 1:]
+        if self.rank is None:
+            self.rank = self._rank_of(complete.split(b"\n", 1)[0])
+        if _MARK not in complete or self.rank is None:
+            return []
+        out = []
+        for line in complete.split(b"\n"):
+            if _MARK not in line:
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(obj, dict) and obj.get("kind") == "event" and obj.get("name") == EVIDENCE and \
+                    obj.get("group") == "watchdog" and isinstance(obj.get("attributes"), dict):
+                out.append((self.rank, untag_nonfinite(obj["attributes"])))
+        return out
+
+    def _rank_of(self, header: bytes) -> int | None:
+        try:
+            obj = json.loads(header)
+            rank = obj["identity"]["rank"]
+            return rank if isinstance(rank, int) else None
+        except (ValueError, KeyError, TypeError):  # no header line: the file name says it (rank-<R>.<pid>.jsonl)
+            name = self.path.name.removeprefix("rank-").split(".", 1)[0]
+            return int(name) if name.isdigit() else None
+
+
+def _rank_list(ranks: list[int]) -> str:
+    return ",".join(map(str, ranks)) or "none"
+
+
+def classify(evidence: Mapping[int, Mapping[str, Any]], world_size: int) -> dict[str, Any]:
+    """The ``stall`` event's attributes from each rank's evidence (rank -> its ``stall_evidence`` attributes)."""
+    reported = sorted(evidence)
+    silent = sorted(set(range(world_size)) - set(reported))
+    in_collective = {r: e for r, e in evidence.items() if e.get("collective_state") in ("waiting", "failed")
+                     and isinstance(e.get("collective_seq"), int)}
+    waiting: list[int] = []
+    waiting_in = ""
+    if in_collective:
+        top = max(e["collective_seq"] for e in in_collective.values())
+        waiting = sorted(r for r, e in in_collective.items() if e["collective_seq"] == top)
+        kinds = Counter(str(in_collective[r].get("collective")) for r in waiting)
+        phases = Counter(str(in_collective[r].get("collective_phase") or "") for r in waiting)
+        waiting_in = f"{kinds.most_common(1)[0][0]} #{top}"
+        phase = phases.most_common(1)[0][0]
+        if phase:
+            waiting_in += f" ({phase})"
+        stuck = [r for r in reported if r not in waiting]
+    else:
+        by_phase: dict[str, list[int]] = {}
+        for r in reported:
+            by_phase.setdefault(str(evidence[r].get("phase", "unknown")), []).append(r)
+        largest = max(by_phase.values(), key=len) if by_phase else []
+        ties = [g for g in by_phase.values() if len(g) == len(largest)]
+        if len(by_phase) > 1 and len(ties) == 1:
+            stuck = [r for r in reported if r not in largest]
+            waiting = largest
+            waiting_in = str(evidence[largest[0]].get("phase", ""))
+        else:
+            stuck = []
+    out: dict[str, Any] = {
+        "ranks": stuck,
+        "phases": [f"{r}:{evidence[r].get('phase', 'unknown')}" for r in stuck],
+        "hosts": [str(evidence[r].get("host", "")) for r in stuck],
+        "waiting_ranks": waiting,
+        "waiting_in": waiting_in,
+        "silent_ranks": silent,
+        "evidence_ranks": reported,
+        "step": max((e["step"] for e in evidence.values() if isinstance(e.get("step"), int)), default=-1),
+        "stalled_for_s": max((float(e["stalled_for_s"]) for e in evidence.values()
+                              if isinstance(e.get("stalled_for_s"), (int, float))), default=0.0),
+    }
+    others = f" while rank(s) {_rank_list(waiting)} wait in {waiting_in}" if waiting else ""
+    if stuck:
+        first = stuck[0]
+        out.update(rank=first, phase=str(evidence[first].get("phase", "unknown")), host=out["hosts"][0])
+        where = "; ".join(f"rank {r} in {evidence[r].get('phase', 'unknown')}" for r in stuck)
+        message = f"stuck: {where}{others}"
+    elif silent and waiting:
+        out.update(ranks=silent, phases=[f"{r}:no evidence" for r in silent], hosts=[""] * len(silent),
+                   rank=silent[0], phase="no evidence", host="")
+        message = f"rank(s) {_rank_list(silent)} gave no evidence (exited, or hung without a watchdog){others}"
+        silent = []
+    else:
+        out.update(rank=-1, phase="", host="")
+        place = waiting_in or ", ".join(sorted({str(e.get("phase", "unknown")) for e in evidence.values()}))
+        message = f"every rank that reported ({_rank_list(reported)}) is stalled in the same place: {place}"
+    if silent:
+        message += f"; no evidence from rank(s) {_rank_list(silent)}"
+    out["message"] = message
+    return out
+
+
+class StallWatcher:
+    """See the module docstring. ``run_dir()`` gives the current attempt's run folder (the agent's own)."""
+
+    def __init__(self, telemetry: Telemetry, world_size: int, *, poll_s: float = 0.5, gather_s: float = 5.0,
+                 local_ranks: frozenset[int] | None = None) -> None:
+        self.telemetry = telemetry
+        self.world_size = world_size
+        self.poll_s = poll_s
+        self.gather_s = gather_s
+        self.local_ranks = local_ranks
+        self.reported: set[str] = set()  # run ids whose stall was written
+        self.events = 0
+        self._followers: dict[Path, _EvidenceFollower] = {}
+        self._evidence: dict[str, dict[int, dict[str, Any]]] = {}  # run id -> rank -> first evidence
+        self._first_seen: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._warned = False
+
+    def start(self) -> StallWatcher:
+        self._thread = threading.Thread(target=self._run, name="telemetrain-stall-watcher", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop the thread, then look one last time (evidence written as the job ended) and decide."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+        with contextlib.suppress(Exception):
+            self.poll()
+            self.decide(final=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                self.poll()
+                self.decide()
+            except Exception as exc:  # noqa: BLE001 - the agent goes on
+                if not self._warned:
+                    self._warned = True
+                    warn_safely(f"telemetrain: the stall watcher failed: {describe(exc)}")
+
+    def poll(self) -> None:
+        run_dir = self.telemetry.run_dir
+        if run_dir is None or not run_dir.is_dir():
+            return
+        for path in sorted(run_dir.iterdir()):
+            if is_process_file(path.name) and not is_agent_file(path.name) and path not in self._followers:
+                self._followers[path] = _EvidenceFollower(path)
+        for path, follower in self._followers.items():
+            run = path.parent.name  # the run folder is named after the run id
+            for rank, attributes in follower.poll():
+                if attributes.get("reason") == "stall":
+                    self._evidence.setdefault(run, {}).setdefault(rank, attributes)
+                    self._first_seen.setdefault(run, time.monotonic())
+
+    def decide(self, final: bool = False) -> None:
+        for run, evidence in self._evidence.items():
+            if run in self.reported:
+                continue
+            complete = len(evidence) >= self.world_size
+            if not (complete or final or time.monotonic() - self._first_seen[run] >= self.gather_s):
+                continue
+            if self.local_ranks is not None and self.telemetry.identity.group_rank != 0 and \
+                    not set(evidence) <= self.local_ranks:
+                self.reported.add(run)  # a shared run store: node 0's agent speaks for the job
+                continue
+            self.reported.add(run)
+            attributes = classify(evidence, self.world_size)
+            attributes["run_id"] = run
+            self.telemetry.event("stall", attributes, group=GROUP, severity="error")
+            self.telemetry.flush(timeout=5.0)
+            self.events += 1

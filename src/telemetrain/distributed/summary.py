@@ -1,0 +1,79 @@
+"""The multi-rank diagnosis of a run as text lines, for ``telemetrain show``: communication per iteration, the late
+ranks (``straggler`` events), stalls (the agent's ``stall`` events, else the ranks' evidence) and clock offsets."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["diagnosis_lines"]
+
+
+def _ms(value: Any) -> str:
+    return f"{value * 1e3:.2f} ms" if isinstance(value, (int, float)) and math.isfinite(value) else "-"
+
+
+def _bytes(value: Any) -> str:
+    if not isinstance(value, (int, float)):
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return "-"
+
+
+def diagnosis_lines(records: Sequence[Any]) -> list[str]:
+    """Lines (possibly none) naming what the distributed diagnosis found in ``records`` (a run's, agents' included)."""
+    lines: list[str] = []
+    last_update: dict[int, dict[str, Any]] = {}
+    stragglers, stalls, evidence, clocks = [], [], [], {}
+    for r in records:
+        if r.kind != "event":
+            continue
+        a = r.attributes or {}
+        if r.group == "training" and r.name == "training_metrics_update" and "avg_comm_time_sec" in a:
+            last_update[r.identity.rank] = a
+        elif r.group == "cross_rank" and r.name == "straggler":
+            stragglers.append(a)
+        elif r.group == "launcher" and r.name == "stall":
+            stalls.append(a)
+        elif r.group == "watchdog" and r.name == "stall_evidence":
+            evidence.append((r.identity.rank, a))
+        elif r.group == "clock" and r.name == "clock_offset" and r.identity.rank != 0:
+            clocks[r.identity.rank] = a
+    if last_update:
+        lines.append("comm        communication per iteration (last window of each rank)")
+        for rank, a in sorted(last_update.items()):
+            n = a.get("window_iterations")
+            per_iteration = a["comm_bytes"] / n if isinstance(a.get("comm_bytes"), int) and isinstance(n, int) \
+                and n > 0 else None
+            share = a.get("comm_wait_fraction")
+            lines.append(f"  rank {rank}  in communication {_ms(a.get('avg_comm_time_sec'))}  waiting "
+                         f"{_ms(a.get('avg_comm_wait_time_sec'))}"
+                         + (f" ({share:.1%} of the time)" if isinstance(share, float) else "")
+                         + f"  {_bytes(per_iteration)}/iteration ({a.get('comm_clock', '?')}-timed)")
+    for a in stragglers:
+        if a.get("kind") == "late":
+            cause = "outside any phase" if a.get("phase") == "outside" else str(a.get("phase"))
+            lines.append(f"straggler   rank {a.get('rank')} ({a.get('host')}) arrives last, cause {cause}: the "
+                         f"others wait {_ms(a.get('cost_per_iteration_sec'))} per iteration for it (step "
+                         f"{a.get('step')})")
+        else:
+            score = a.get("score")
+            lines.append(f"straggler   rank {a.get('rank')} ({a.get('host')}) slow in {a.get('phase')}, "
+                         f"{a.get('kind')} x{score:.2f}" if isinstance(score, (int, float)) else
+                         f"straggler   rank {a.get('rank')} slow in {a.get('phase')}")
+    for a in stalls:
+        lines.append(f"stall       {a.get('message', '')}")
+    if evidence and not stalls:
+        for rank, a in sorted(evidence, key=lambda x: x[0]):
+            where = f" in {a['collective']} #{a.get('collective_seq')} ({a['collective_state']})" \
+                if a.get("collective_state") in ("waiting", "failed") else ""
+            lines.append(f"stall       rank {rank}: {a.get('reason')} evidence, phase {a.get('phase')}{where}")
+    for rank, a in sorted(clocks.items()):
+        offset, error = a.get("offset_ns"), a.get("error_ns")
+        if isinstance(offset, int) and isinstance(error, int):
+            lines.append(f"clock       rank {rank}: {offset / 1e9:+.6f} s to rank 0 (+/- {error / 1e6:.3f} ms)")
+    return lines
