@@ -22,8 +22,8 @@ from enum import Enum
 from itertools import count
 from typing import Any, Union
 
-from .dispatch import warn_safely
-from .telemetry import _default, get_telemetry
+from ..dispatch import warn_safely
+from ..telemetry import _default, get_telemetry
 
 _monotonic_ns = time.monotonic_ns
 
