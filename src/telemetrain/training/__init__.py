@@ -8,12 +8,30 @@ derived metrics it never filled (percentiles, MFU, the phase split) and without 
         for batch in loader:
             with training.training_iteration():
                 ...
+
+one-logger's whole API is here too, under its module shape (``callbacks``, ``context``, ``config``, ``attributes``,
+``spans``, ``events``, ``checkpoint``, ``training_telemetry_provider``, ``training_recorder``, ``exporters``,
+``timed_span``...): a one-logger program switches by changing its imports (docs/compat.md lists the mapping).
 """
 
 from __future__ import annotations
 
 from . import callbacks
-from .config import CheckpointStrategy, TrainingTelemetryConfig
+from .attributes import (
+    Attribute,
+    Attributes,
+    CheckpointSaveSpanAttributes,
+    OneLoggerInitializationAttributes,
+    SaveCheckpointSuccessEventAttributes,
+    SyncCheckpointMetricsUpdateAttributes,
+    TestingMetricsUpdateAttributes,
+    TrainingLoopAttributes,
+    TrainingMetricsUpdateAttributes,
+    TrainingTelemetryAttributes,
+    ValidationMetricsUpdateAttributes,
+)
+from .checkpoint import CheckPointStrategy, CheckPointType
+from .config import ApplicationType, CheckpointStrategy, TrainingTelemetryConfig
 from .context import (
     TrainingContexts,
     application,
@@ -36,20 +54,65 @@ from .context import (
     zero_grad,
 )
 from .default import configure, get_recorder, set_training_telemetry_config
+from .default_recorder import DefaultRecorder, ExportCustomizationMode
+from .errors import ExportError, InvalidConfigError, OneLoggerError
+from .events import ErrorEvent, Event, StandardTrainingJobEventName, TelemetryDataError
+from .exporters import BaseExporter, Exporter, FileExporter, LoggerExporter, OTelExporter
 from .goodput import Badput, GoodputReport, RunGoodput, goodput, goodput_by_rank
 from .names import EventName, SpanName
+from .one_logger_config import OneLoggerConfig, OneLoggerErrorHandlingStrategy
 from .recorder import TrainingRecorder
+from .spans import StandardTrainingJobSpanName
+from .timed_span import timed_span
+from .timestamps import TracingTimestamp
+from .training_recorder import OneLoggerTrainingRecorder
+from .training_telemetry_provider import DEFAULT_SPANS_EXPORT_BLACKLIST, TrainingTelemetryProvider
 
 __all__ = [
+    "DEFAULT_SPANS_EXPORT_BLACKLIST",
+    "ApplicationType",
+    "Attribute",
+    "Attributes",
     "Badput",
+    "BaseExporter",
+    "CheckPointStrategy",
+    "CheckPointType",
+    "CheckpointSaveSpanAttributes",
     "CheckpointStrategy",
+    "DefaultRecorder",
+    "ErrorEvent",
+    "Event",
     "EventName",
+    "ExportCustomizationMode",
+    "ExportError",
+    "Exporter",
+    "FileExporter",
     "GoodputReport",
+    "InvalidConfigError",
+    "LoggerExporter",
+    "OTelExporter",
+    "OneLoggerConfig",
+    "OneLoggerError",
+    "OneLoggerErrorHandlingStrategy",
+    "OneLoggerInitializationAttributes",
+    "OneLoggerTrainingRecorder",
     "RunGoodput",
+    "SaveCheckpointSuccessEventAttributes",
     "SpanName",
+    "StandardTrainingJobEventName",
+    "StandardTrainingJobSpanName",
+    "SyncCheckpointMetricsUpdateAttributes",
+    "TelemetryDataError",
+    "TestingMetricsUpdateAttributes",
+    "TracingTimestamp",
     "TrainingContexts",
+    "TrainingLoopAttributes",
+    "TrainingMetricsUpdateAttributes",
     "TrainingRecorder",
+    "TrainingTelemetryAttributes",
     "TrainingTelemetryConfig",
+    "TrainingTelemetryProvider",
+    "ValidationMetricsUpdateAttributes",
     "application",
     "backward",
     "callbacks",
@@ -69,6 +132,7 @@ __all__ = [
     "set_training_telemetry_config",
     "testing_iteration",
     "testing_loop",
+    "timed_span",
     "training_iteration",
     "training_loop",
     "validation_iteration",

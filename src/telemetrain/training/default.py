@@ -45,5 +45,13 @@ def configure(config: TrainingTelemetryConfig | None = None, *, telemetry: Telem
 
 
 def set_training_telemetry_config(config: TrainingTelemetryConfig) -> None:
-    """one-logger's late config: set it on the default recorder (emits ``update_training_telemetry_config``)."""
+    """one-logger's late config: set it on the configured one-logger provider if there is one, else on the default
+    recorder (emits ``update_training_telemetry_config``)."""
+    from .one_logger_provider import OneLoggerProvider
+    from .singleton import SingletonMeta
+    from .training_telemetry_provider import TrainingTelemetryProvider
+
+    if SingletonMeta._instances.get(OneLoggerProvider) is not None and OneLoggerProvider.instance().one_logger_ready:
+        TrainingTelemetryProvider.instance().set_training_telemetry_config(config)
+        return
     get_recorder().set_training_telemetry_config(config)
