@@ -24,8 +24,11 @@ def get_recorder(telemetry: Telemetry | None = None) -> TrainingRecorder:
 
 def check_recorder_target(recorder: TrainingRecorder | None, telemetry: Telemetry | None) -> None:
     """An integration's ``recorder=``/``telemetry=`` arguments: each of its type, and not two different targets."""
-    if recorder is not None and not isinstance(recorder, TrainingRecorder):
-        raise TypeError(f"recorder must be a TrainingRecorder, got {type(recorder).__name__}")
+    from .training_telemetry_provider import OneLoggerCallbacks
+
+    if recorder is not None and not isinstance(recorder, (TrainingRecorder, OneLoggerCallbacks)):
+        raise TypeError(f"recorder must be a TrainingRecorder (or a one-logger provider's callbacks), got "
+                        f"{type(recorder).__name__}")
     if telemetry is not None and not isinstance(telemetry, Telemetry):
         raise TypeError(f"telemetry must be a Telemetry, got {type(telemetry).__name__}")
     if recorder is not None and telemetry is not None and recorder.telemetry is not telemetry:

@@ -61,7 +61,7 @@ class Recorder(abc.ABC):
              stop_time: TracingTimestamp | None = None) -> None: ...
 
     @abc.abstractmethod
-    def event(self, span: Span, event: Event) -> Event | None: ...
+    def event(self, span: Span | Event, event: Event | None = None) -> Event | None: ...
 
     @abc.abstractmethod
     def error(self, span: Span, error_message: str, exception: BaseException | None = None) -> ErrorEvent | None: ...
@@ -248,7 +248,14 @@ class DefaultRecorder(Recorder):
             if self._should_export(span):
                 self._export_all("export_stop", span)
 
-    def event(self, span: Span, event: Event) -> Event | None:
+    def event(self, span: Span | Event, event: Event | None = None) -> Event | None:
+        """Add ``event`` to ``span`` and export it. ``recorder.event(event)`` (one-logger's README writes it so):
+        on the latest active span of this thread."""
+        if event is None and isinstance(span, Event):
+            span, event = self._latest_active_span.get(), span  # type: ignore[assignment]
+            if span is None:
+                self._misuse("event", f"event {event.name_str} without a span, and no span is active: not recorded")
+                return None
         if not isinstance(event, Event):
             raise TypeError(f"event must be an Event, got {type(event).__name__}")
         if not isinstance(span, Span):

@@ -83,8 +83,8 @@ class ExporterChannel:
     def submit(self, method: str, *args: Any) -> int:
         """Queue ``exporter.<method>(*args)``; returns its sequence number (0: not queued)."""
         with self._cond:
-            if self.force_disabled or (self._closing and method != _CLOSE):
-                return 0
+            if method != _CLOSE and (self.force_disabled or self._closing):
+                return 0  # (a disabled exporter is still closed, as one-logger closes every exporter)
             if len(self._queue) >= self.capacity:
                 self.dropped += 1
                 if self.dropped == 1:
@@ -128,11 +128,17 @@ class ExporterChannel:
             return False
 
     def close(self, timeout: float = 5.0) -> bool:
-        """Queue ``exporter.close()``, then wait up to ``timeout`` for everything queued to run."""
+        """Queue ``exporter.close()``, then wait up to ``timeout`` for everything queued to run (and the thread to
+        end)."""
+        deadline = time.monotonic() + timeout
         seq = self.submit(_CLOSE)
         with self._cond:
             self._closing = True
-        return self.wait(seq, timeout) if seq else True
+            thread = self._thread
+        done = self.wait(seq, timeout) if seq else True
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(max(deadline - time.monotonic(), 0.0))
+        return done
 
     def stats(self) -> dict[str, Any]:
         return {"exporter": self.name, "delivered": self.delivered, "errors": self.num_errors,

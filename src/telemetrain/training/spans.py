@@ -99,6 +99,7 @@ class Span:
         "_ours",
         "_parent_span",
         "_updated_attributes",
+        "status",
     )
 
     def __init__(self, id: uuid.UUID | None, name: SpanName, start_event: Event, parent_span: Span | None = None,
@@ -120,6 +121,7 @@ class Span:
         self._updated_attributes = type(span_attributes)()
         self._active = True
         self._ours: Any = None  # telemetrain's own span for this one (the run store's), when there is one
+        self.status = "ok"
 
     @property
     def id(self) -> uuid.UUID:
@@ -208,6 +210,18 @@ class Span:
         if ours is not None:
             ours.set_attribute(name, value)
         return attribute
+
+    def set_attribute(self, name: str, value: AttributeValue) -> None:
+        """telemetrain's name for ``add_attribute`` (so code written for telemetrain spans works on these)."""
+        self.add_attribute(name, value)
+
+    def set_status(self, status: str, error: str = "") -> None:
+        """Mark the span ``ok``/``error``/... in telemetrain's run store (one-logger's model has no status: its
+        exporters are not told)."""
+        self.status = status
+        ours = self._ours
+        if ours is not None:
+            ours.set_status(status, error)
 
     def add_attributes(self, attributes: Mapping[str, Any]) -> None:
         if not isinstance(attributes, Mapping):

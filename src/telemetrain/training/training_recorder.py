@@ -18,6 +18,7 @@ import dataclasses
 import enum
 import os
 import socket
+import threading
 import time
 from typing import Any
 
@@ -126,10 +127,25 @@ class OneLoggerTrainingRecorder(DefaultRecorder):
 
             training = get_recorder(self.telemetry)
         self.training = training
+        training.warn_misuse = False  # this recorder warns (once) for both: the caller calls it, not that one
         self._config = config
         self._training_state = _TrainingState()
         if config.telemetry_config is not None and training.config is None:
             self._guard("config", lambda: training.set_training_telemetry_config(config.telemetry_config))
+        self.telemetry.add_producer(self)
+
+    # -- the Telemetry producer protocol: exit and SIGTERM -----------------------------------------------------------
+
+    def collect(self, final: bool) -> None:
+        """When the Telemetry closes (exit, SIGTERM) before ``on_app_end``: stop the open spans and close the
+        exporters, so they get what one-logger loses on a crash (a file's held-back start record included)."""
+        if final and not self._closed:
+            self.close()
+
+    def after_fork_in_child(self) -> None:
+        self._lock = threading.RLock()
+        self._spans = {}  # the parent's: a forked worker is not the training job
+        self._pending = {}
 
     # -- helpers ---------------------------------------------------------------------------------------------------
 

@@ -268,18 +268,7 @@ class TrainingTelemetryProvider(metaclass=SingletonMeta):
             self._misuse("set_training_telemetry_config", "You need to call TrainingTelemetryProvider.instance()."
                          "configure_provider() once in your application before setting the training config: ignored")
             return
-        provider = self._provider()
-        config: OneLoggerConfig = provider.config
-        if config.telemetry_config is not None:
-            self._misuse("set_training_telemetry_config", "Training telemetry config has already been set: the new "
-                                                          "one is ignored")
-            return
-        config.telemetry_config = training_telemetry_config
-        recorder: OneLoggerTrainingRecorder = provider.recorder
-        recorder._guard("set_training_telemetry_config",
-                        lambda: recorder.training.set_training_telemetry_config(training_telemetry_config))
-        recorder._update_application_span_with_training_telemetry_config(
-            training_telemetry_config=training_telemetry_config)
+        _set_training_config(self._provider(), training_telemetry_config, self._misuse)
 
     @classmethod
     def reset(cls) -> None:
@@ -294,6 +283,26 @@ class TrainingTelemetryProvider(metaclass=SingletonMeta):
                 recorder.close()
             except Exception as exc:  # noqa: BLE001
                 warn_safely(f"telemetrain: closing the provider's recorder failed: {describe(exc)}")
+
+
+def _set_training_config(provider: OneLoggerProvider, training_telemetry_config: TrainingTelemetryConfig,
+                         misuse: Callable[[str, str], None]) -> None:
+    """Set the training config once (one-logger's rule); the same object again refreshes its lazy values in
+    telemetrain's recorder (an integration re-reading a config whose functions changed)."""
+    config: OneLoggerConfig = provider.config
+    recorder: OneLoggerTrainingRecorder = provider.recorder
+    if config.telemetry_config is training_telemetry_config:
+        recorder._ours("set_training_telemetry_config", training_telemetry_config)
+        return
+    if config.telemetry_config is not None:
+        misuse("set_training_telemetry_config", "Training telemetry config has already been set: the new one is "
+                                                "ignored")
+        return
+    config.telemetry_config = training_telemetry_config
+    recorder._guard("set_training_telemetry_config",
+                    lambda: recorder.training.set_training_telemetry_config(training_telemetry_config))
+    recorder._update_application_span_with_training_telemetry_config(
+        training_telemetry_config=training_telemetry_config)
 
 
 def _nested_update(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
@@ -332,6 +341,27 @@ class OneLoggerCallbacks:
 
     def _enabled(self) -> bool:
         return self._provider.one_logger_enabled
+
+    # -- what an integration written for telemetrain's recorder uses (TelemetrainCallback) --------------------------
+
+    @property
+    def telemetry(self) -> Telemetry:
+        return self.recorder.telemetry
+
+    @property
+    def tracer(self) -> Any:
+        """telemetrain's tracer (sub-phase spans: run store only; one-logger has no callbacks for them)."""
+        return self.recorder.training.tracer
+
+    @property
+    def config(self) -> TrainingTelemetryConfig | None:
+        config: TrainingTelemetryConfig | None = self._provider.config.telemetry_config
+        return config
+
+    def set_training_telemetry_config(self, config: TrainingTelemetryConfig) -> None:
+        if not isinstance(config, TrainingTelemetryConfig):
+            raise TypeError(f"config must be a TrainingTelemetryConfig, got {type(config).__name__}")
+        _set_training_config(self._provider, config, self.recorder._misuse)
 
     def _simple(self, method: str, msec: float | None, arg: str, **kwargs: Any) -> Any:
         ts = _timestamp(msec, arg)
