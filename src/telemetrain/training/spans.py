@@ -177,6 +177,17 @@ class Span:
     def active(self) -> bool:
         return self._active
 
+    @property
+    def ended(self) -> bool:
+        return not self._active
+
+    @property
+    def exported(self) -> bool:
+        """Whether telemetrain's run store has this span (its own sampling); integrations written for telemetrain's
+        spans skip work on the rest. True when there is no telemetrain span behind it."""
+        ours = self._ours
+        return True if ours is None else bool(ours.exported)
+
     @classmethod
     def create(cls, name: SpanName, parent_span: Span | None = None, span_attributes: Attributes | None = None,
                start_event_attributes: Attributes | None = None,

@@ -260,6 +260,10 @@ class OneLoggerTrainingRecorder(DefaultRecorder):
         super().stop(span, stop_event_attributes, stop_time)
 
     def close(self) -> None:
+        """Stop what is open and close the exporters; closed before ``on_app_end`` (a reset, the Telemetry closing),
+        it ends telemetrain's application span too, so the two recorders agree."""
+        if not self._closed and self._get_active_span(S.APPLICATION) is not None:
+            self._ours("on_app_end")
         super().close()
         self._guard("close", lambda: self.telemetry.flush())
 

@@ -359,9 +359,15 @@ class OneLoggerCallbacks:
         return config
 
     def set_training_telemetry_config(self, config: TrainingTelemetryConfig) -> None:
+        """For integrations (a Lightning callback derives one per ``fit``): the first sets one-logger's training
+        config (set once, its rule); a later one refreshes telemetrain's recorder only, the one-logger config stays."""
         if not isinstance(config, TrainingTelemetryConfig):
             raise TypeError(f"config must be a TrainingTelemetryConfig, got {type(config).__name__}")
-        _set_training_config(self._provider, config, self.recorder._misuse)
+        recorder = self.recorder
+        if self._provider.config.telemetry_config is None:
+            _set_training_config(self._provider, config, recorder._misuse)
+        else:
+            recorder._ours("set_training_telemetry_config", config)
 
     def _simple(self, method: str, msec: float | None, arg: str, **kwargs: Any) -> Any:
         ts = _timestamp(msec, arg)
