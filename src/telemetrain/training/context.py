@@ -13,11 +13,9 @@ from typing import Any
 from ..dispatch import describe
 from ..spans import Span
 from .checkpoint import CheckPointStrategy
-from .default import get_recorder
+from .default import get_target
 from .names import S
-from .one_logger_provider import OneLoggerProvider
 from .recorder import TrainingRecorder
-from .singleton import SingletonMeta
 
 __all__ = ["TrainingContexts"]
 
@@ -169,9 +167,6 @@ class _Iteration(ContextDecorator):
         recorder.on_training_single_iteration_end()
 
 
-_instances_get = SingletonMeta._instances.get
-
-
 def _telemetrain_recorder(target: Any) -> TrainingRecorder:
     """telemetrain's recorder behind a target: the target itself, or the one a one-logger recorder drives."""
     if isinstance(target, TrainingRecorder):
@@ -187,16 +182,7 @@ def _fail(target: Any, name: str, exc: BaseException) -> None:
         s.set_status("error", describe(exc))
 
 
-def _default_target() -> Any:
-    """The configured one-logger provider's callbacks, else the default Telemetry's recorder (at each use; the
-    lookup is inlined: ``training_iteration()`` pays it every step)."""
-    provider = _instances_get(OneLoggerProvider)
-    if provider is not None and provider._callbacks is not None:
-        return provider._callbacks
-    return get_recorder()
-
-
-_default = TrainingContexts(_default_target)
+_default = TrainingContexts(get_target)  # the configured one-logger provider, else the default recorder
 application = _default.application
 distributed_init = _default.distributed_init
 model_init = _default.model_init

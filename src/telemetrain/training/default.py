@@ -3,11 +3,15 @@ unless told otherwise), created on first use."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..telemetry import Telemetry, get_telemetry
 from .config import TrainingTelemetryConfig
+from .one_logger_provider import OneLoggerProvider
 from .recorder import TrainingRecorder
+from .singleton import SingletonMeta
 
-__all__ = ["check_recorder_target", "configure", "get_recorder", "set_training_telemetry_config"]
+__all__ = ["check_recorder_target", "configure", "get_recorder", "get_target", "set_training_telemetry_config"]
 
 _EXTENSION = "training"
 
@@ -17,6 +21,23 @@ def get_recorder(telemetry: Telemetry | None = None) -> TrainingRecorder:
     context manager and callback, so the found case is one dict lookup."""
     t = telemetry if telemetry is not None else get_telemetry()
     found: TrainingRecorder | None = t.extensions.get(_EXTENSION)
+    if found is None:
+        found = t.extension(_EXTENSION, _new_recorder)
+    return found
+
+
+_registry = SingletonMeta._instances  # empty unless a one-logger provider exists
+
+
+def get_target() -> Any:
+    """What the module-level context managers drive: the configured one-logger provider's callbacks, else the default
+    recorder (``get_recorder()``, inlined: ``training_iteration()`` pays this every step)."""
+    if _registry:
+        provider = _registry.get(OneLoggerProvider)
+        if provider is not None and provider._callbacks is not None:
+            return provider._callbacks
+    t = get_telemetry()
+    found = t.extensions.get(_EXTENSION)
     if found is None:
         found = t.extension(_EXTENSION, _new_recorder)
     return found
