@@ -113,6 +113,7 @@ class DefaultRecorder(Recorder):
         self._latest_active_span: contextvars.ContextVar[Span | None] = contextvars.ContextVar(
             "telemetrain_latest_active_span", default=None)
         self._spans: dict[int, Span] = {}
+        self._by_name: dict[str, list[Span]] = {}  # the active spans by name, oldest first
         self._closed = False
         self._exporting = True  # False: force-disabled (no exporter is called again)
         self.errors = 0
@@ -210,12 +211,17 @@ class DefaultRecorder(Recorder):
             if self._closed:
                 self._misuse("start", f"the recorder is closed: span {span.name_str} is not recorded")
                 return span
-            exported = self._should_export(span)
+            exported = span._shown = self._should_export(span)
             ancestor = parent
-            while ancestor is not None and not self._should_export(ancestor):
+            while ancestor is not None and not ancestor._shown:
                 ancestor = ancestor._parent_span
             span._export_parent = ancestor
             self._spans[id(span)] = span
+            same = self._by_name.get(span._name_str)
+            if same is None:
+                self._by_name[span._name_str] = [span]
+            else:
+                same.append(span)
             self._latest_active_span.set(span)
             self._on_start(span)
             if exported:
@@ -237,6 +243,11 @@ class DefaultRecorder(Recorder):
                 self._misuse("stop", f"span {span.name_str} is not active (already stopped, never started here, "
                                      "or the recorder is closed): nothing to stop")
                 return
+            same = self._by_name.get(span._name_str)
+            if same is not None:
+                same.remove(span)
+                if not same:
+                    del self._by_name[span._name_str]
             span.stop(stop_event_attributes, stop_time)
             latest = self._latest_active_span.get()
             if latest is span:
@@ -245,7 +256,7 @@ class DefaultRecorder(Recorder):
                     ancestor = ancestor._parent_span
                 self._latest_active_span.set(ancestor)
             self._on_stop(span)
-            if self._should_export(span):
+            if span._shown:
                 self._export_all("export_stop", span)
 
     def event(self, span: Span | Event, event: Event | None = None) -> Event | None:
@@ -266,7 +277,7 @@ class DefaultRecorder(Recorder):
                 return None
             span.add_event(event)
             self._on_event(span, event)
-            if self._should_export(span):
+            if span._shown:
                 self._export_all("export_error" if isinstance(event, ErrorEvent) else "export_event", event, span)
             return event
 
@@ -303,6 +314,7 @@ class DefaultRecorder(Recorder):
             for span in reversed(list(self._spans.values())):
                 self.stop(span)
             self._spans.clear()
+            self._by_name.clear()
             self._sync()
             self._closed = True
         for channel in self._channels:
@@ -311,9 +323,7 @@ class DefaultRecorder(Recorder):
     # -- one-logger's queries --------------------------------------------------------------------------------------
 
     def get_active_spans_by_name(self, span_name: SpanName) -> list[Span]:
-        name = span_name_str(span_name)
-        with self._lock:
-            return [span for span in self._spans.values() if span.name_str == name]
+        return list(self._by_name.get(span_name_str(span_name), ()))
 
     @property
     def closed(self) -> bool:

@@ -12,7 +12,7 @@ import enum
 import traceback
 from typing import Any, Union
 
-from .attributes import Attributes
+from .attributes import Attribute, Attributes
 from .names import EventName as StandardTrainingJobEventName
 from .timestamps import TracingTimestamp
 
@@ -75,7 +75,9 @@ class Event:
             own = type(attributes).merge(attributes)  # a copy of the same class: the caller's object is left alone
         else:
             own = Attributes(attributes)
-        own.add(_TIMESTAMP_MSEC, timestamp.milliseconds_since_epoch)
+        stamp = Attribute.__new__(Attribute)  # (an int: no validation needed; every span start and stop makes one)
+        stamp.name, stamp.value = _TIMESTAMP_MSEC, int(timestamp._seconds_since_epoch * 1000)
+        own[_TIMESTAMP_MSEC] = stamp
         self._name = name
         self._timestamp = timestamp
         self._attributes = own

@@ -82,7 +82,7 @@ _START, _STOP = StandardEventName.SPAN_START, StandardEventName.SPAN_STOP
 
 
 def span_name_str(name: SpanName) -> str:
-    return name.value if isinstance(name, enum.Enum) else name
+    return name._value_ if isinstance(name, enum.Enum) else name
 
 
 class Span:
@@ -96,8 +96,10 @@ class Span:
         "_id",
         "_initial_attributes",
         "_name",
+        "_name_str",
         "_ours",
         "_parent_span",
+        "_shown",
         "_updated_attributes",
         "status",
     )
@@ -110,6 +112,8 @@ class Span:
             raise TypeError(f"span name must be a str or an Enum member, got {type(name).__name__}")
         self._id = id
         self._name = name
+        self._name_str: str = name._value_ if isinstance(name, enum.Enum) else name
+        self._shown = True  # exported to the exporters (the recorder decides at the start)
         self._parent_span = parent_span
         self._export_parent = parent_span  # the recorder re-points it past filtered spans
         self._events: list[Event] = [start_event]
@@ -135,7 +139,7 @@ class Span:
 
     @property
     def name_str(self) -> str:
-        return span_name_str(self._name)
+        return self._name_str
 
     @property
     def parent_span(self) -> Span | None:

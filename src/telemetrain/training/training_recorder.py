@@ -22,6 +22,7 @@ import threading
 import time
 from typing import Any
 
+from ..dispatch import describe
 from ..telemetry import Telemetry
 from .attributes import (
     Attributes,
@@ -157,7 +158,7 @@ class OneLoggerTrainingRecorder(DefaultRecorder):
         return config
 
     def _get_active_span(self, span_name: AnySpanName) -> Span | None:
-        spans = self.get_active_spans_by_name(span_name)
+        spans = self._by_name.get(span_name)  # type: ignore[arg-type]  # (a str Enum member hashes as its str)
         return spans[-1] if spans else None
 
     def _open(self, where: str, name: SpanName) -> Span | None:
@@ -181,7 +182,11 @@ class OneLoggerTrainingRecorder(DefaultRecorder):
 
     def _ours(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Drive telemetrain's recorder (whose own misuse handling never raises; a bug there is recorded)."""
-        return self._guard(f"telemetrain.{method}", lambda: getattr(self.training, method)(*args, **kwargs))
+        try:
+            return getattr(self.training, method)(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - telemetry never breaks training
+            self._misuse(f"telemetrain.{method}", f"failed: {describe(exc)}")
+            return None
 
     def _lifecycle_start(self, name: SpanName, start_time: TracingTimestamp | None, ours: str,
                          *args: Any, attributes: Attributes | None = None, **kwargs: Any) -> Span | None:
