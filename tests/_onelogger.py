@@ -122,8 +122,11 @@ def training_config(**changes: Any) -> TrainingTelemetryConfig:
 
 
 def configure(p: TrainingTelemetryProvider, *exporters: Any, training: TrainingTelemetryConfig | None = None,
-              **base: Any) -> TrainingTelemetryProvider:
+              wait_s: float = 10.0, **base: Any) -> TrainingTelemetryProvider:
+    """Configure ``p``; ``wait_s``: the delivery wait (long by default: on a loaded machine a test that reads what
+    an exporter got right after a callback must not see a slow thread switch as a blocked exporter)."""
     p.with_base_config(base_config(telemetry_config=training, **base))
+    p.with_delivery_wait(wait_s)
     for exporter in exporters:
         p.with_exporter(exporter)
     p.configure_provider()

@@ -73,8 +73,7 @@ class Blocking(Recording):
 
 def test_an_exporter_that_blocks_is_waited_for_once_then_left_behind(provider: TrainingTelemetryProvider) -> None:
     blocking, healthy = Blocking(), Recording()
-    provider.with_delivery_wait(0.05)
-    configure(provider, blocking, healthy, training=training_config(log_every_n_train_iterations=2))
+    configure(provider, blocking, healthy, training=training_config(log_every_n_train_iterations=2), wait_s=1.0)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:

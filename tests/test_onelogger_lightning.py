@@ -74,7 +74,7 @@ def test_a_configured_provider_receives_the_run(provider: TrainingTelemetryProvi
                                                 telemetry: telemetrain.Telemetry) -> None:
     exporter = Recording()
     provider.with_base_config(base_config(telemetry_config=training_config(log_every_n_train_iterations=2)))
-    provider.with_exporter(exporter).configure_provider()
+    provider.with_exporter(exporter).with_delivery_wait(10).configure_provider()
     trainer = lt.OneLoggerPTLTrainer(trainer_config=_config(tmp_path), training_telemetry_provider=provider)
     assert exporter.named("export_start") == ["application"]  # one-logger's callback starts it when built
     with warnings.catch_warnings():

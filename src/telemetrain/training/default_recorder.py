@@ -96,7 +96,7 @@ class DefaultRecorder(Recorder):
 
     def __init__(self, exporters: Sequence[Any], export_customization_mode: ExportCustomizationMode =
                  ExportCustomizationMode.EXPORT_ALL_SPANS, span_name_filter: Sequence[SpanName] | None = None, *,
-                 telemetry: Telemetry | None = None, wait_s: float = 0.5) -> None:
+                 telemetry: Telemetry | None = None, wait_s: float = 1.0) -> None:
         if isinstance(exporters, (str, bytes)) or not isinstance(exporters, Iterable):
             raise TypeError(f"exporters must be a list of exporters, got {type(exporters).__name__}")
         exporters = list(exporters)

@@ -48,7 +48,7 @@ if hasattr(os, "register_at_fork"):
 class ExporterChannel:
     """The calls to one exporter, delivered in order from one background thread."""
 
-    def __init__(self, exporter: Any, *, wait_s: float = 0.5, capacity: int = 10_000,
+    def __init__(self, exporter: Any, *, wait_s: float = 1.0, capacity: int = 10_000,
                  on_failure: Callable[[str, str], None] | None = None) -> None:
         self.exporter = exporter
         self.name = type(exporter).__name__

@@ -41,7 +41,8 @@ def get_recorder() -> DefaultRecorder:
             identity = telemetry.identity
             config = OneLoggerConfig(application_name=identity.run_id, world_size_or_fn=identity.world_size,
                                      session_tag_or_fn=identity.session_tag)
-            found = _unconfigured[id(telemetry)] = OneLoggerTrainingRecorder(config, [], telemetry=telemetry)
+            found = _unconfigured[id(telemetry)] = OneLoggerTrainingRecorder(config, [], telemetry=telemetry,
+                                                                             drives_lifecycle=False)
         return found
 
 

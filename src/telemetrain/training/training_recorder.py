@@ -112,12 +112,15 @@ class _TrainingState:
 
 
 class OneLoggerTrainingRecorder(DefaultRecorder):
-    """See the module docstring. ``training``: telemetrain's recorder to drive (default: ``telemetry``'s)."""
+    """See the module docstring. ``training``: telemetrain's recorder to drive (default: ``telemetry``'s);
+    ``drives_lifecycle=False``: only custom spans and events go through this one (``timed_span`` before any provider
+    is configured), so telemetrain's recorder keeps warning about its own misuse."""
 
     def __init__(self, config: OneLoggerConfig, exporters: list[Any],
                  export_customization_mode: ExportCustomizationMode = ExportCustomizationMode.EXPORT_ALL_SPANS,
                  span_name_filter: list[AnySpanName] | None = None, *, telemetry: Telemetry | None = None,
-                 training: TelemetrainRecorder | None = None, wait_s: float = 0.5) -> None:
+                 training: TelemetrainRecorder | None = None, wait_s: float = 1.0,
+                 drives_lifecycle: bool = True) -> None:
         if not isinstance(config, OneLoggerConfig):
             raise TypeError(f"config must be a OneLoggerConfig, got {type(config).__name__}")
         if training is not None and telemetry is None:
@@ -128,12 +131,30 @@ class OneLoggerTrainingRecorder(DefaultRecorder):
 
             training = get_recorder(self.telemetry)
         self.training = training
-        training.warn_misuse = False  # this recorder warns (once) for both: the caller calls it, not that one
+        if drives_lifecycle:  # this recorder warns (once) for both: the caller calls it, not that one
+            training.warn_misuse = False
         self._config = config
         self._training_state = _TrainingState()
         if config.telemetry_config is not None and training.config is None:
-            self._guard("config", lambda: training.set_training_telemetry_config(config.telemetry_config))
+            self._set_telemetrain_config(config.telemetry_config)
         self.telemetry.add_producer(self)
+
+    def _set_telemetrain_config(self, training_config: TrainingTelemetryConfig) -> None:
+        """Give telemetrain's recorder the training config, with the application config's session tag, world size,
+        baseline flag and custom metadata where the training config leaves them unset (one-logger keeps those in
+        ``OneLoggerConfig``; telemetrain's recorder reads them from its training config)."""
+        app = self._config
+        update: dict[str, Any] = {}
+        if training_config.session_tag_or_fn is None:
+            update["session_tag_or_fn"] = app.session_tag_or_fn
+        if training_config.world_size_or_fn is None:
+            update["world_size_or_fn"] = app.world_size_or_fn
+        if training_config.is_baseline_run_or_fn is False:
+            update["is_baseline_run_or_fn"] = app.is_baseline_run_or_fn
+        if app.custom_metadata:
+            update["custom_metadata"] = {**app.custom_metadata, **(training_config.custom_metadata or {})}
+        self._guard("set_training_telemetry_config", lambda: self.training.set_training_telemetry_config(
+            training_config.model_copy(update=update) if update else training_config))
 
     # -- the Telemetry producer protocol: exit and SIGTERM -----------------------------------------------------------
 
@@ -270,6 +291,7 @@ class OneLoggerTrainingRecorder(DefaultRecorder):
         if not self._closed and self._get_active_span(S.APPLICATION) is not None:
             self._ours("on_app_end")
         super().close()
+        self.training.warn_misuse = True  # telemetrain's recorder is on its own again
         self._guard("close", lambda: self.telemetry.flush())
 
     # -- application and initialisation ----------------------------------------------------------------------------

@@ -72,7 +72,7 @@ class TrainingTelemetryProvider(metaclass=SingletonMeta):
         self.__tmp_exporters: list[Any] = []
         self.__tmp_export_customization_mode: ExportCustomizationMode | None = None
         self.__tmp_span_name_filter: list[AnySpanName] | None = None
-        self.__wait_s = 0.5
+        self.__wait_s = 1.0
         self.__fully_configured = False
         self.__config_set_late = False
         self.errors = 0
@@ -179,7 +179,7 @@ class TrainingTelemetryProvider(metaclass=SingletonMeta):
         return self
 
     def with_delivery_wait(self, seconds: float) -> TrainingTelemetryProvider:
-        """How long a callback waits for its exports before going on (default 0.5 s; 0: never waits). An exporter
+        """How long a callback waits for its exports before going on (default 1 s; 0: never waits). An exporter
         that once takes longer is not waited for again (``training.delivery``)."""
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds >= 0:
             raise ValueError(f"seconds must be a number >= 0, got {seconds!r}")
@@ -292,15 +292,14 @@ def _set_training_config(provider: OneLoggerProvider, training_telemetry_config:
     config: OneLoggerConfig = provider.config
     recorder: OneLoggerTrainingRecorder = provider.recorder
     if config.telemetry_config is training_telemetry_config:
-        recorder._ours("set_training_telemetry_config", training_telemetry_config)
+        recorder._set_telemetrain_config(training_telemetry_config)
         return
     if config.telemetry_config is not None:
         misuse("set_training_telemetry_config", "Training telemetry config has already been set: the new one is "
                                                 "ignored")
         return
     config.telemetry_config = training_telemetry_config
-    recorder._guard("set_training_telemetry_config",
-                    lambda: recorder.training.set_training_telemetry_config(training_telemetry_config))
+    recorder._set_telemetrain_config(training_telemetry_config)
     recorder._update_application_span_with_training_telemetry_config(
         training_telemetry_config=training_telemetry_config)
 
@@ -367,7 +366,7 @@ class OneLoggerCallbacks:
         if self._provider.config.telemetry_config is None:
             _set_training_config(self._provider, config, recorder._misuse)
         else:
-            recorder._ours("set_training_telemetry_config", config)
+            recorder._set_telemetrain_config(config)
 
     def _simple(self, method: str, msec: float | None, arg: str, **kwargs: Any) -> Any:
         ts = _timestamp(msec, arg)
