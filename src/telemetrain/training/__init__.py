@@ -16,21 +16,9 @@ one-logger's whole API is here too, under its module shape (``callbacks``, ``con
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from . import callbacks
-from .attributes import (
-    Attribute,
-    Attributes,
-    CheckpointSaveSpanAttributes,
-    OneLoggerInitializationAttributes,
-    SaveCheckpointSuccessEventAttributes,
-    SyncCheckpointMetricsUpdateAttributes,
-    TestingMetricsUpdateAttributes,
-    TrainingLoopAttributes,
-    TrainingMetricsUpdateAttributes,
-    TrainingTelemetryAttributes,
-    ValidationMetricsUpdateAttributes,
-)
-from .checkpoint import CheckPointStrategy, CheckPointType
 from .config import ApplicationType, CheckpointStrategy, TrainingTelemetryConfig
 from .context import (
     TrainingContexts,
@@ -54,19 +42,68 @@ from .context import (
     zero_grad,
 )
 from .default import configure, get_recorder, set_training_telemetry_config
-from .default_recorder import DefaultRecorder, ExportCustomizationMode
-from .errors import ExportError, InvalidConfigError, OneLoggerError
-from .events import ErrorEvent, Event, StandardTrainingJobEventName, TelemetryDataError
-from .exporters import BaseExporter, Exporter, FileExporter, LoggerExporter, OTelExporter
 from .goodput import Badput, GoodputReport, RunGoodput, goodput, goodput_by_rank
 from .names import EventName, SpanName
-from .one_logger_config import OneLoggerConfig, OneLoggerErrorHandlingStrategy
 from .recorder import TrainingRecorder
-from .spans import StandardTrainingJobSpanName
-from .timed_span import timed_span
-from .timestamps import TracingTimestamp
-from .training_recorder import OneLoggerTrainingRecorder
-from .training_telemetry_provider import DEFAULT_SPANS_EXPORT_BLACKLIST, TrainingTelemetryProvider
+
+# one-logger's surface, imported on first use (a program that does not use it does not load it)
+_LAZY = {
+    "Attribute": "attributes", "Attributes": "attributes", "CheckpointSaveSpanAttributes": "attributes",
+    "OneLoggerInitializationAttributes": "attributes", "SaveCheckpointSuccessEventAttributes": "attributes",
+    "SyncCheckpointMetricsUpdateAttributes": "attributes", "TestingMetricsUpdateAttributes": "attributes",
+    "TrainingLoopAttributes": "attributes", "TrainingMetricsUpdateAttributes": "attributes",
+    "TrainingTelemetryAttributes": "attributes", "ValidationMetricsUpdateAttributes": "attributes",
+    "CheckPointStrategy": "checkpoint", "CheckPointType": "checkpoint",
+    "DefaultRecorder": "default_recorder", "ExportCustomizationMode": "default_recorder",
+    "ExportError": "errors", "InvalidConfigError": "errors", "OneLoggerError": "errors",
+    "ErrorEvent": "events", "Event": "events", "StandardTrainingJobEventName": "events",
+    "TelemetryDataError": "events",
+    "BaseExporter": "exporters", "Exporter": "exporters", "FileExporter": "exporters", "LoggerExporter": "exporters",
+    "OTelExporter": "exporters",
+    "OneLoggerConfig": "one_logger_config", "OneLoggerErrorHandlingStrategy": "one_logger_config",
+    "StandardTrainingJobSpanName": "spans", "timed_span": "timed_span", "TracingTimestamp": "timestamps",
+    "OneLoggerTrainingRecorder": "training_recorder",
+    "DEFAULT_SPANS_EXPORT_BLACKLIST": "training_telemetry_provider",
+    "TrainingTelemetryProvider": "training_telemetry_provider",
+}
+
+if TYPE_CHECKING:
+    from .attributes import (
+        Attribute,
+        Attributes,
+        CheckpointSaveSpanAttributes,
+        OneLoggerInitializationAttributes,
+        SaveCheckpointSuccessEventAttributes,
+        SyncCheckpointMetricsUpdateAttributes,
+        TestingMetricsUpdateAttributes,
+        TrainingLoopAttributes,
+        TrainingMetricsUpdateAttributes,
+        TrainingTelemetryAttributes,
+        ValidationMetricsUpdateAttributes,
+    )
+    from .checkpoint import CheckPointStrategy, CheckPointType
+    from .default_recorder import DefaultRecorder, ExportCustomizationMode
+    from .errors import ExportError, InvalidConfigError, OneLoggerError
+    from .events import ErrorEvent, Event, StandardTrainingJobEventName, TelemetryDataError
+    from .exporters import BaseExporter, Exporter, FileExporter, LoggerExporter, OTelExporter
+    from .one_logger_config import OneLoggerConfig, OneLoggerErrorHandlingStrategy
+    from .spans import StandardTrainingJobSpanName
+    from .timed_span import timed_span
+    from .timestamps import TracingTimestamp
+    from .training_recorder import OneLoggerTrainingRecorder
+    from .training_telemetry_provider import DEFAULT_SPANS_EXPORT_BLACKLIST, TrainingTelemetryProvider
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # (the next access is an ordinary module attribute)
+    return value
+
 
 __all__ = [
     "DEFAULT_SPANS_EXPORT_BLACKLIST",

@@ -18,6 +18,12 @@ from .singleton import SingletonMeta
 
 _registry = SingletonMeta._instances  # empty unless a one-logger provider exists: one truth test on the hot path
 
+
+def _one_logger() -> Any:
+    """The configured one-logger provider's callbacks, or None."""
+    provider = _registry.get(OneLoggerProvider)
+    return None if provider is None else provider._callbacks
+
 __all__ = [
     "on_app_end",
     "on_app_start",
@@ -50,84 +56,73 @@ __all__ = [
 
 
 def on_app_start(start_time_msec: float | None = None) -> Any:
-    ol = _registry.get(OneLoggerProvider) if _registry else None
-    if ol is not None and ol._callbacks is not None:
-        return ol._callbacks.on_app_start(start_time_msec)
+    if _registry and (ol := _one_logger()) is not None:
+        return ol.on_app_start(start_time_msec)
     return get_recorder().on_app_start(start_time_msec)
 
 
 def on_app_end(finish_time_msec: float | None = None) -> None:
-    ol = _registry.get(OneLoggerProvider) if _registry else None
-    if ol is not None and ol._callbacks is not None:
-        ol._callbacks.on_app_end(finish_time_msec)
+    if _registry and (ol := _one_logger()) is not None:
+        ol.on_app_end(finish_time_msec)
         return
     get_recorder().on_app_end(finish_time_msec)
 
 
 def on_distributed_init_start(start_time_msec: float | None = None) -> Any:
-    ol = _registry.get(OneLoggerProvider) if _registry else None
-    if ol is not None and ol._callbacks is not None:
-        return ol._callbacks.on_distributed_init_start(start_time_msec)
+    if _registry and (ol := _one_logger()) is not None:
+        return ol.on_distributed_init_start(start_time_msec)
     return get_recorder().on_distributed_init_start(start_time_msec)
 
 
 def on_distributed_init_end(finish_time_msec: float | None = None) -> None:
-    ol = _registry.get(OneLoggerProvider) if _registry else None
-    if ol is not None and ol._callbacks is not None:
-        ol._callbacks.on_distributed_init_end(finish_time_msec)
+    if _registry and (ol := _one_logger()) is not None:
+        ol.on_distributed_init_end(finish_time_msec)
         return
     get_recorder().on_distributed_init_end(finish_time_msec)
 
 
 def on_model_init_start(start_time_msec: float | None = None) -> Any:
-    ol = _registry.get(OneLoggerProvider) if _registry else None
-    if ol is not None and ol._callbacks is not None:
-        return ol._callbacks.on_model_init_start(start_time_msec)
+    if _registry and (ol := _one_logger()) is not None:
+        return ol.on_model_init_start(start_time_msec)
     return get_recorder().on_model_init_start(start_time_msec)
 
 
 def on_model_init_end(finish_time_msec: float | None = None) -> None:
-    ol = _registry.get(OneLoggerProvider) if _registry else None
-    if ol is not None and ol._callbacks is not None:
-        ol._callbacks.on_model_init_end(finish_time_msec)
+    if _registry and (ol := _one_logger()) is not None:
+        ol.on_model_init_end(finish_time_msec)
         return
     get_recorder().on_model_init_end(finish_time_msec)
 
 
 def on_dataloader_init_start(start_time_msec: float | None = None) -> Any:
-    ol = _registry.get(OneLoggerProvider) if _registry else None
-    if ol is not None and ol._callbacks is not None:
-        return ol._callbacks.on_dataloader_init_start(start_time_msec)
+    if _registry and (ol := _one_logger()) is not None:
+        return ol.on_dataloader_init_start(start_time_msec)
     return get_recorder().on_dataloader_init_start(start_time_msec)
 
 
 def on_dataloader_init_end(finish_time_msec: float | None = None) -> None:
-    ol = _registry.get(OneLoggerProvider) if _registry else None
-    if ol is not None and ol._callbacks is not None:
-        ol._callbacks.on_dataloader_init_end(finish_time_msec)
+    if _registry and (ol := _one_logger()) is not None:
+        ol.on_dataloader_init_end(finish_time_msec)
         return
     get_recorder().on_dataloader_init_end(finish_time_msec)
 
 
 def on_optimizer_init_start(start_time_msec: float | None = None) -> Any:
-    ol = _registry.get(OneLoggerProvider) if _registry else None
-    if ol is not None and ol._callbacks is not None:
-        return ol._callbacks.on_optimizer_init_start(start_time_msec)
+    if _registry and (ol := _one_logger()) is not None:
+        return ol.on_optimizer_init_start(start_time_msec)
     return get_recorder().on_optimizer_init_start(start_time_msec)
 
 
 def on_optimizer_init_end(finish_time_msec: float | None = None) -> None:
-    ol = _registry.get(OneLoggerProvider) if _registry else None
-    if ol is not None and ol._callbacks is not None:
-        ol._callbacks.on_optimizer_init_end(finish_time_msec)
+    if _registry and (ol := _one_logger()) is not None:
+        ol.on_optimizer_init_end(finish_time_msec)
         return
     get_recorder().on_optimizer_init_end(finish_time_msec)
 
 
 def on_load_checkpoint_start(start_time_msec: float | None = None) -> Any:
-    ol = _registry.get(OneLoggerProvider) if _registry else None
-    if ol is not None and ol._callbacks is not None:
-        return ol._callbacks.on_load_checkpoint_start(start_time_msec)
+    if _registry and (ol := _one_logger()) is not None:
+        return ol.on_load_checkpoint_start(start_time_msec)
     return get_recorder().on_load_checkpoint_start(start_time_msec)
 
 
@@ -136,9 +131,8 @@ def on_load_checkpoint_end(
     *,
     path: str | os.PathLike[str] | None = None,
 ) -> None:
-    ol = _registry.get(OneLoggerProvider) if _registry else None
-    if ol is not None and ol._callbacks is not None:
-        ol._callbacks.on_load_checkpoint_end(finish_time_msec, path=path)
+    if _registry and (ol := _one_logger()) is not None:
+        ol.on_load_checkpoint_end(finish_time_msec, path=path)
         return
     get_recorder().on_load_checkpoint_end(finish_time_msec, path=path)
 
@@ -152,9 +146,8 @@ def on_train_start(
 ) -> Any:
     """``train_iterations_start`` is required (its default lets a rank where one-logger is disabled call it bare,
     as one-logger allows)."""
-    ol = _registry.get(OneLoggerProvider) if _registry else None
-    if ol is not None and ol._callbacks is not None:
-        return ol._callbacks.on_train_start(train_iterations_start, train_samples_start,
+    if _registry and (ol := _one_logger()) is not None:
+        return ol.on_train_start(train_iterations_start, train_samples_start,
                                             train_iterations_target_or_fn, train_samples_target_or_fn, start_time_msec)
     return get_recorder().on_train_start(train_iterations_start,  # type: ignore[arg-type]
                                          train_samples_start, train_iterations_target_or_fn,
@@ -162,102 +155,89 @@ def on_train_start(
 
 
 def on_train_end(finish_time_msec: float | None = None) -> None:
-    ol = _registry.get(OneLoggerProvider) if _registry else None
-    if ol is not None and ol._callbacks is not None:
-        ol._callbacks.on_train_end(finish_time_msec)
+    if _registry and (ol := _one_logger()) is not None:
+        ol.on_train_end(finish_time_msec)
         return
     get_recorder().on_train_end(finish_time_msec)
 
 
 def on_training_single_iteration_start(start_time_msec: float | None = None) -> Any:
-    ol = _registry.get(OneLoggerProvider) if _registry else None
-    if ol is not None and ol._callbacks is not None:
-        return ol._callbacks.on_training_single_iteration_start(start_time_msec)
+    if _registry and (ol := _one_logger()) is not None:
+        return ol.on_training_single_iteration_start(start_time_msec)
     return get_recorder().on_training_single_iteration_start(start_time_msec)
 
 
 def on_training_single_iteration_end(finish_time_msec: float | None = None) -> None:
-    ol = _registry.get(OneLoggerProvider) if _registry else None
-    if ol is not None and ol._callbacks is not None:
-        ol._callbacks.on_training_single_iteration_end(finish_time_msec)
+    if _registry and (ol := _one_logger()) is not None:
+        ol.on_training_single_iteration_end(finish_time_msec)
         return
     get_recorder().on_training_single_iteration_end(finish_time_msec)
 
 
 def on_validation_start(start_time_msec: float | None = None) -> Any:
-    ol = _registry.get(OneLoggerProvider) if _registry else None
-    if ol is not None and ol._callbacks is not None:
-        return ol._callbacks.on_validation_start(start_time_msec)
+    if _registry and (ol := _one_logger()) is not None:
+        return ol.on_validation_start(start_time_msec)
     return get_recorder().on_validation_start(start_time_msec)
 
 
 def on_validation_end(finish_time_msec: float | None = None) -> None:
-    ol = _registry.get(OneLoggerProvider) if _registry else None
-    if ol is not None and ol._callbacks is not None:
-        ol._callbacks.on_validation_end(finish_time_msec)
+    if _registry and (ol := _one_logger()) is not None:
+        ol.on_validation_end(finish_time_msec)
         return
     get_recorder().on_validation_end(finish_time_msec)
 
 
 def on_validation_single_iteration_start(start_time_msec: float | None = None) -> Any:
-    ol = _registry.get(OneLoggerProvider) if _registry else None
-    if ol is not None and ol._callbacks is not None:
-        return ol._callbacks.on_validation_single_iteration_start(start_time_msec)
+    if _registry and (ol := _one_logger()) is not None:
+        return ol.on_validation_single_iteration_start(start_time_msec)
     return get_recorder().on_validation_single_iteration_start(start_time_msec)
 
 
 def on_validation_single_iteration_end(finish_time_msec: float | None = None) -> None:
-    ol = _registry.get(OneLoggerProvider) if _registry else None
-    if ol is not None and ol._callbacks is not None:
-        ol._callbacks.on_validation_single_iteration_end(finish_time_msec)
+    if _registry and (ol := _one_logger()) is not None:
+        ol.on_validation_single_iteration_end(finish_time_msec)
         return
     get_recorder().on_validation_single_iteration_end(finish_time_msec)
 
 
 def on_testing_start(start_time_msec: float | None = None) -> Any:
-    ol = _registry.get(OneLoggerProvider) if _registry else None
-    if ol is not None and ol._callbacks is not None:
-        return ol._callbacks.on_testing_start(start_time_msec)
+    if _registry and (ol := _one_logger()) is not None:
+        return ol.on_testing_start(start_time_msec)
     return get_recorder().on_testing_start(start_time_msec)
 
 
 def on_testing_end(finish_time_msec: float | None = None) -> None:
-    ol = _registry.get(OneLoggerProvider) if _registry else None
-    if ol is not None and ol._callbacks is not None:
-        ol._callbacks.on_testing_end(finish_time_msec)
+    if _registry and (ol := _one_logger()) is not None:
+        ol.on_testing_end(finish_time_msec)
         return
     get_recorder().on_testing_end(finish_time_msec)
 
 
 def on_testing_single_iteration_start(start_time_msec: float | None = None) -> Any:
-    ol = _registry.get(OneLoggerProvider) if _registry else None
-    if ol is not None and ol._callbacks is not None:
-        return ol._callbacks.on_testing_single_iteration_start(start_time_msec)
+    if _registry and (ol := _one_logger()) is not None:
+        return ol.on_testing_single_iteration_start(start_time_msec)
     return get_recorder().on_testing_single_iteration_start(start_time_msec)
 
 
 def on_testing_single_iteration_end(finish_time_msec: float | None = None) -> None:
-    ol = _registry.get(OneLoggerProvider) if _registry else None
-    if ol is not None and ol._callbacks is not None:
-        ol._callbacks.on_testing_single_iteration_end(finish_time_msec)
+    if _registry and (ol := _one_logger()) is not None:
+        ol.on_testing_single_iteration_end(finish_time_msec)
         return
     get_recorder().on_testing_single_iteration_end(finish_time_msec)
 
 
 def on_save_checkpoint_start(global_step: int | None = None, start_time_msec: float | None = None) -> Any:
     """``global_step`` is required (see ``on_train_start``)."""
-    ol = _registry.get(OneLoggerProvider) if _registry else None
-    if ol is not None and ol._callbacks is not None:
-        return ol._callbacks.on_save_checkpoint_start(global_step, start_time_msec)
+    if _registry and (ol := _one_logger()) is not None:
+        return ol.on_save_checkpoint_start(global_step, start_time_msec)
     return get_recorder().on_save_checkpoint_start(global_step, start_time_msec)  # type: ignore[arg-type]
 
 
 def on_save_checkpoint_success(
     global_step: int | None = None, time_msec: float | None = None, *, path: str | os.PathLike[str] | None = None
 ) -> None:
-    ol = _registry.get(OneLoggerProvider) if _registry else None
-    if ol is not None and ol._callbacks is not None:
-        ol._callbacks.on_save_checkpoint_success(global_step, time_msec, path=path)
+    if _registry and (ol := _one_logger()) is not None:
+        ol.on_save_checkpoint_success(global_step, time_msec, path=path)
         return
     if global_step is None:
         raise TypeError("on_save_checkpoint_success: global_step is required")
@@ -269,8 +249,7 @@ def on_save_checkpoint_end(
     *,
     path: str | os.PathLike[str] | None = None,
 ) -> None:
-    ol = _registry.get(OneLoggerProvider) if _registry else None
-    if ol is not None and ol._callbacks is not None:
-        ol._callbacks.on_save_checkpoint_end(finish_time_msec, path=path)
+    if _registry and (ol := _one_logger()) is not None:
+        ol.on_save_checkpoint_end(finish_time_msec, path=path)
         return
     get_recorder().on_save_checkpoint_end(finish_time_msec, path=path)

@@ -20,7 +20,6 @@ import importlib
 import json
 import os
 from collections.abc import Mapping, Sequence
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +81,8 @@ class ExporterConfigManager:
         return exporters
 
     def _entry_point_configs(self) -> dict[str, Any]:
+        from importlib.metadata import entry_points  # (a heavy import: only when configs are read)
+
         found: dict[str, Any] = {}
         for group in _GROUPS:
             for entry in entry_points(group=group):
