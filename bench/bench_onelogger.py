@@ -24,7 +24,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
 
 FIRST, LATE = (0, 1000), (20_000, 21_000)
 
