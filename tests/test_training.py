@@ -751,9 +751,10 @@ def test_readme_callback_sequence(
     (validation,) = by_name["validation_loop"]
     assert app.parent_id == ""
     for name in ("distributed_code_initialization", "model_initialization", "data_loader_initialization",
-                 "optimizer_initialization", "checkpoint_load", "training_loop", "validation_loop",
-                 "checkpoint_save_sync", "testing_loop"):
+                 "optimizer_initialization", "checkpoint_load", "training_loop", "testing_loop"):
         assert [s.parent_id for s in by_name[name]] == [app.span_id], name
+    for name in ("validation_loop", "checkpoint_save_sync"):  # inside the training loop: its children (one-logger's)
+        assert [s.parent_id for s in by_name[name]] == [loop.span_id], name
     # iteration spans: every log_every_n-th exported (0 and 2 of 4), under their loop
     assert [s.parent_id for s in by_name["training_single_iteration"]] == [loop.span_id] * 2
     assert [s.parent_id for s in by_name["validation_single_iteration"]] == [validation.span_id]

@@ -346,3 +346,39 @@ class TensorboardEventHandler:
             walltime = event.timestamp.timestamp()
             for key, value in event.data.items():
                 self._writer.add_scalar(key, value, walltime=walltime)
+
+
+class _WaitCounter:
+    """torch's private ``_WaitCounter(key).guard()`` (its own tests use it): each guarded block's duration becomes a
+    metric named ``key`` (milliseconds, group ``torch.monitor.wait_counter``). ``TORCH_DISABLE_WAIT_COUNTERS=1``
+    turns it off, as in torch."""
+
+    def __init__(self, key: str) -> None:
+        self.key = check_name(key, "key")
+
+    def guard(self) -> _WaitGuard:
+        return _WaitGuard(self.key)
+
+
+class _WaitGuard:
+    __slots__ = ("_key", "_start")
+
+    def __init__(self, key: str) -> None:
+        self._key, self._start = key, 0
+
+    def __enter__(self) -> None:
+        import time  # (imported here: this block is appended to a module others edit)
+
+        self._start = time.monotonic_ns()
+
+    def __exit__(self, *exc: object) -> None:
+        import os
+        import time
+
+        if os.environ.get("TORCH_DISABLE_WAIT_COUNTERS") == "1":
+            return
+        try:
+            get_telemetry().metric(self._key, (time.monotonic_ns() - self._start) / 1e6, "torch.monitor.wait_counter",
+                                   unit="ms")
+        except Exception as exc:  # noqa: BLE001 - never break the guarded code
+            warn_safely(f"telemetrain.monitor: recording wait counter {self._key!r} failed: {describe(exc)}")

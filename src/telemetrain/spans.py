@@ -351,6 +351,17 @@ class Span:
         for key, value in attributes.items():
             self.set_attribute(key, value)
 
+    def add_attribute(self, name: str, value: Any) -> None:
+        """one-logger's name for ``set_attribute`` (its README calls it on the span a context manager yields)."""
+        self.set_attribute(name, value)
+
+    def add_attributes(self, attributes: Mapping[str, Any]) -> None:
+        """one-logger's name for ``set_attributes``; also takes one-logger ``Attributes`` (``{name: Attribute}``)."""
+        from .training.attributes import Attribute
+
+        for key, value in attributes.items():
+            self.set_attribute(key, value.value if isinstance(value, Attribute) else value)
+
     def add_event(self, name: str, attributes: Mapping[str, Any] | None = None, *, severity: str = "info") -> None:
         """Record an event that happened inside this span (linked to it, or to its nearest exported ancestor)."""
         export_id = self._export_id if self.start_ns else 0

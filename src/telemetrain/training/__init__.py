@@ -8,12 +8,18 @@ derived metrics it never filled (percentiles, MFU, the phase split) and without 
         for batch in loader:
             with training.training_iteration():
                 ...
+
+one-logger's whole API is here too, under its module shape (``callbacks``, ``context``, ``config``, ``attributes``,
+``spans``, ``events``, ``checkpoint``, ``training_telemetry_provider``, ``training_recorder``, ``exporters``,
+``timed_span``...): a one-logger program switches by changing its imports (docs/compat.md lists the mapping).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from . import callbacks
-from .config import CheckpointStrategy, TrainingTelemetryConfig
+from .config import ApplicationType, CheckpointStrategy, TrainingTelemetryConfig
 from .context import (
     TrainingContexts,
     application,
@@ -40,16 +46,110 @@ from .goodput import Badput, GoodputReport, RunGoodput, goodput, goodput_by_rank
 from .names import EventName, SpanName
 from .recorder import TrainingRecorder
 
+# one-logger's surface, imported on first use (a program that does not use it does not load it)
+_LAZY = {
+    "Attribute": "attributes", "Attributes": "attributes", "CheckpointSaveSpanAttributes": "attributes",
+    "OneLoggerInitializationAttributes": "attributes", "SaveCheckpointSuccessEventAttributes": "attributes",
+    "SyncCheckpointMetricsUpdateAttributes": "attributes", "TestingMetricsUpdateAttributes": "attributes",
+    "TrainingLoopAttributes": "attributes", "TrainingMetricsUpdateAttributes": "attributes",
+    "TrainingTelemetryAttributes": "attributes", "ValidationMetricsUpdateAttributes": "attributes",
+    "CheckPointStrategy": "checkpoint", "CheckPointType": "checkpoint",
+    "DefaultRecorder": "default_recorder", "ExportCustomizationMode": "default_recorder",
+    "ExportError": "errors", "InvalidConfigError": "errors", "OneLoggerError": "errors",
+    "ErrorEvent": "events", "Event": "events", "StandardTrainingJobEventName": "events",
+    "TelemetryDataError": "events",
+    "BaseExporter": "exporters", "Exporter": "exporters", "FileExporter": "exporters", "LoggerExporter": "exporters",
+    "OTelExporter": "exporters",
+    "OneLoggerConfig": "one_logger_config", "OneLoggerErrorHandlingStrategy": "one_logger_config",
+    "StandardTrainingJobSpanName": "spans", "timed_span": "timed_span", "TracingTimestamp": "timestamps",
+    "OneLoggerTrainingRecorder": "training_recorder",
+    "DEFAULT_SPANS_EXPORT_BLACKLIST": "training_telemetry_provider",
+    "TrainingTelemetryProvider": "training_telemetry_provider",
+}
+
+if TYPE_CHECKING:
+    from .attributes import (
+        Attribute,
+        Attributes,
+        CheckpointSaveSpanAttributes,
+        OneLoggerInitializationAttributes,
+        SaveCheckpointSuccessEventAttributes,
+        SyncCheckpointMetricsUpdateAttributes,
+        TestingMetricsUpdateAttributes,
+        TrainingLoopAttributes,
+        TrainingMetricsUpdateAttributes,
+        TrainingTelemetryAttributes,
+        ValidationMetricsUpdateAttributes,
+    )
+    from .checkpoint import CheckPointStrategy, CheckPointType
+    from .default_recorder import DefaultRecorder, ExportCustomizationMode
+    from .errors import ExportError, InvalidConfigError, OneLoggerError
+    from .events import ErrorEvent, Event, StandardTrainingJobEventName, TelemetryDataError
+    from .exporters import BaseExporter, Exporter, FileExporter, LoggerExporter, OTelExporter
+    from .one_logger_config import OneLoggerConfig, OneLoggerErrorHandlingStrategy
+    from .spans import StandardTrainingJobSpanName
+    from .timed_span import timed_span
+    from .timestamps import TracingTimestamp
+    from .training_recorder import OneLoggerTrainingRecorder
+    from .training_telemetry_provider import DEFAULT_SPANS_EXPORT_BLACKLIST, TrainingTelemetryProvider
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # (the next access is an ordinary module attribute)
+    return value
+
+
 __all__ = [
+    "DEFAULT_SPANS_EXPORT_BLACKLIST",
+    "ApplicationType",
+    "Attribute",
+    "Attributes",
     "Badput",
+    "BaseExporter",
+    "CheckPointStrategy",
+    "CheckPointType",
+    "CheckpointSaveSpanAttributes",
     "CheckpointStrategy",
+    "DefaultRecorder",
+    "ErrorEvent",
+    "Event",
     "EventName",
+    "ExportCustomizationMode",
+    "ExportError",
+    "Exporter",
+    "FileExporter",
     "GoodputReport",
+    "InvalidConfigError",
+    "LoggerExporter",
+    "OTelExporter",
+    "OneLoggerConfig",
+    "OneLoggerError",
+    "OneLoggerErrorHandlingStrategy",
+    "OneLoggerInitializationAttributes",
+    "OneLoggerTrainingRecorder",
     "RunGoodput",
+    "SaveCheckpointSuccessEventAttributes",
     "SpanName",
+    "StandardTrainingJobEventName",
+    "StandardTrainingJobSpanName",
+    "SyncCheckpointMetricsUpdateAttributes",
+    "TelemetryDataError",
+    "TestingMetricsUpdateAttributes",
+    "TracingTimestamp",
     "TrainingContexts",
+    "TrainingLoopAttributes",
+    "TrainingMetricsUpdateAttributes",
     "TrainingRecorder",
+    "TrainingTelemetryAttributes",
     "TrainingTelemetryConfig",
+    "TrainingTelemetryProvider",
+    "ValidationMetricsUpdateAttributes",
     "application",
     "backward",
     "callbacks",
@@ -69,6 +169,7 @@ __all__ = [
     "set_training_telemetry_config",
     "testing_iteration",
     "testing_loop",
+    "timed_span",
     "training_iteration",
     "training_loop",
     "validation_iteration",

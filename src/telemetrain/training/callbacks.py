@@ -1,15 +1,28 @@
-"""one-logger's callbacks, as module-level functions with its signatures, on the default ``TrainingRecorder``
-(``get_recorder()``). Each ``*_time_msec`` is milliseconds since the epoch; a falsy value means now. None of them ever
-raises into training for a telemetry reason (misuse becomes an error event); a wrong argument type at the call site
-is a ``TypeError``/``ValueError``."""
+"""one-logger's callbacks (``nv_one_logger.training_telemetry.api.callbacks``), as module-level functions with its
+signatures. Once ``TrainingTelemetryProvider.instance().configure_provider()`` has run they drive its one-logger
+recorder (one-logger's spans to its exporters, and telemetrain's recorder for the run store) and return one-logger
+``Span``s -- ``None`` on a rank where one-logger is disabled; otherwise they drive the default ``TrainingRecorder``
+(``get_recorder()``) and return telemetrain spans. Each ``*_time_msec`` is milliseconds since the epoch; a falsy value
+means now. None of them ever raises into training for a telemetry reason (misuse becomes an error event); a wrong
+argument type at the call site is a ``TypeError``/``ValueError``."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import Any
 
-from ..spans import Span
 from .default import get_recorder
+from .one_logger_provider import OneLoggerProvider
+from .singleton import SingletonMeta
+
+_registry = SingletonMeta._instances  # empty unless a one-logger provider exists: one truth test on the hot path
+
+
+def _one_logger() -> Any:
+    """The configured one-logger provider's callbacks, or None."""
+    provider = _registry.get(OneLoggerProvider)
+    return None if provider is None else provider._callbacks
 
 __all__ = [
     "on_app_end",
@@ -42,47 +55,74 @@ __all__ = [
 ]
 
 
-def on_app_start(start_time_msec: float | None = None) -> Span | None:
+def on_app_start(start_time_msec: float | None = None) -> Any:
+    if _registry and (ol := _one_logger()) is not None:
+        return ol.on_app_start(start_time_msec)
     return get_recorder().on_app_start(start_time_msec)
 
 
 def on_app_end(finish_time_msec: float | None = None) -> None:
+    if _registry and (ol := _one_logger()) is not None:
+        ol.on_app_end(finish_time_msec)
+        return
     get_recorder().on_app_end(finish_time_msec)
 
 
-def on_distributed_init_start(start_time_msec: float | None = None) -> Span | None:
+def on_distributed_init_start(start_time_msec: float | None = None) -> Any:
+    if _registry and (ol := _one_logger()) is not None:
+        return ol.on_distributed_init_start(start_time_msec)
     return get_recorder().on_distributed_init_start(start_time_msec)
 
 
 def on_distributed_init_end(finish_time_msec: float | None = None) -> None:
+    if _registry and (ol := _one_logger()) is not None:
+        ol.on_distributed_init_end(finish_time_msec)
+        return
     get_recorder().on_distributed_init_end(finish_time_msec)
 
 
-def on_model_init_start(start_time_msec: float | None = None) -> Span | None:
+def on_model_init_start(start_time_msec: float | None = None) -> Any:
+    if _registry and (ol := _one_logger()) is not None:
+        return ol.on_model_init_start(start_time_msec)
     return get_recorder().on_model_init_start(start_time_msec)
 
 
 def on_model_init_end(finish_time_msec: float | None = None) -> None:
+    if _registry and (ol := _one_logger()) is not None:
+        ol.on_model_init_end(finish_time_msec)
+        return
     get_recorder().on_model_init_end(finish_time_msec)
 
 
-def on_dataloader_init_start(start_time_msec: float | None = None) -> Span | None:
+def on_dataloader_init_start(start_time_msec: float | None = None) -> Any:
+    if _registry and (ol := _one_logger()) is not None:
+        return ol.on_dataloader_init_start(start_time_msec)
     return get_recorder().on_dataloader_init_start(start_time_msec)
 
 
 def on_dataloader_init_end(finish_time_msec: float | None = None) -> None:
+    if _registry and (ol := _one_logger()) is not None:
+        ol.on_dataloader_init_end(finish_time_msec)
+        return
     get_recorder().on_dataloader_init_end(finish_time_msec)
 
 
-def on_optimizer_init_start(start_time_msec: float | None = None) -> Span | None:
+def on_optimizer_init_start(start_time_msec: float | None = None) -> Any:
+    if _registry and (ol := _one_logger()) is not None:
+        return ol.on_optimizer_init_start(start_time_msec)
     return get_recorder().on_optimizer_init_start(start_time_msec)
 
 
 def on_optimizer_init_end(finish_time_msec: float | None = None) -> None:
+    if _registry and (ol := _one_logger()) is not None:
+        ol.on_optimizer_init_end(finish_time_msec)
+        return
     get_recorder().on_optimizer_init_end(finish_time_msec)
 
 
-def on_load_checkpoint_start(start_time_msec: float | None = None) -> Span | None:
+def on_load_checkpoint_start(start_time_msec: float | None = None) -> Any:
+    if _registry and (ol := _one_logger()) is not None:
+        return ol.on_load_checkpoint_start(start_time_msec)
     return get_recorder().on_load_checkpoint_start(start_time_msec)
 
 
@@ -91,78 +131,116 @@ def on_load_checkpoint_end(
     *,
     path: str | os.PathLike[str] | None = None,
 ) -> None:
+    if _registry and (ol := _one_logger()) is not None:
+        ol.on_load_checkpoint_end(finish_time_msec, path=path)
+        return
     get_recorder().on_load_checkpoint_end(finish_time_msec, path=path)
 
 
 def on_train_start(
-    train_iterations_start: int,
+    train_iterations_start: int | None = None,
     train_samples_start: int | None = None,
-    train_iterations_target_or_fn: int | Callable[[],
-    int] | None = None,
-    train_samples_target_or_fn: int | Callable[[],
-    int] | None = None,
+    train_iterations_target_or_fn: int | Callable[[], int] | None = None,
+    train_samples_target_or_fn: int | Callable[[], int] | None = None,
     start_time_msec: float | None = None,
-) -> Span | None:
-    return get_recorder().on_train_start(
-        train_iterations_start,
-        train_samples_start,
-        train_iterations_target_or_fn,
-        train_samples_target_or_fn,
-        start_time_msec,
-    )
+) -> Any:
+    """``train_iterations_start`` is required (its default lets a rank where one-logger is disabled call it bare,
+    as one-logger allows)."""
+    if _registry and (ol := _one_logger()) is not None:
+        return ol.on_train_start(train_iterations_start, train_samples_start,
+                                            train_iterations_target_or_fn, train_samples_target_or_fn, start_time_msec)
+    return get_recorder().on_train_start(train_iterations_start,  # type: ignore[arg-type]
+                                         train_samples_start, train_iterations_target_or_fn,
+                                         train_samples_target_or_fn, start_time_msec)
 
 
 def on_train_end(finish_time_msec: float | None = None) -> None:
+    if _registry and (ol := _one_logger()) is not None:
+        ol.on_train_end(finish_time_msec)
+        return
     get_recorder().on_train_end(finish_time_msec)
 
 
-def on_training_single_iteration_start(start_time_msec: float | None = None) -> Span | None:
+def on_training_single_iteration_start(start_time_msec: float | None = None) -> Any:
+    if _registry and (ol := _one_logger()) is not None:
+        return ol.on_training_single_iteration_start(start_time_msec)
     return get_recorder().on_training_single_iteration_start(start_time_msec)
 
 
 def on_training_single_iteration_end(finish_time_msec: float | None = None) -> None:
+    if _registry and (ol := _one_logger()) is not None:
+        ol.on_training_single_iteration_end(finish_time_msec)
+        return
     get_recorder().on_training_single_iteration_end(finish_time_msec)
 
 
-def on_validation_start(start_time_msec: float | None = None) -> Span | None:
+def on_validation_start(start_time_msec: float | None = None) -> Any:
+    if _registry and (ol := _one_logger()) is not None:
+        return ol.on_validation_start(start_time_msec)
     return get_recorder().on_validation_start(start_time_msec)
 
 
 def on_validation_end(finish_time_msec: float | None = None) -> None:
+    if _registry and (ol := _one_logger()) is not None:
+        ol.on_validation_end(finish_time_msec)
+        return
     get_recorder().on_validation_end(finish_time_msec)
 
 
-def on_validation_single_iteration_start(start_time_msec: float | None = None) -> Span | None:
+def on_validation_single_iteration_start(start_time_msec: float | None = None) -> Any:
+    if _registry and (ol := _one_logger()) is not None:
+        return ol.on_validation_single_iteration_start(start_time_msec)
     return get_recorder().on_validation_single_iteration_start(start_time_msec)
 
 
 def on_validation_single_iteration_end(finish_time_msec: float | None = None) -> None:
+    if _registry and (ol := _one_logger()) is not None:
+        ol.on_validation_single_iteration_end(finish_time_msec)
+        return
     get_recorder().on_validation_single_iteration_end(finish_time_msec)
 
 
-def on_testing_start(start_time_msec: float | None = None) -> Span | None:
+def on_testing_start(start_time_msec: float | None = None) -> Any:
+    if _registry and (ol := _one_logger()) is not None:
+        return ol.on_testing_start(start_time_msec)
     return get_recorder().on_testing_start(start_time_msec)
 
 
 def on_testing_end(finish_time_msec: float | None = None) -> None:
+    if _registry and (ol := _one_logger()) is not None:
+        ol.on_testing_end(finish_time_msec)
+        return
     get_recorder().on_testing_end(finish_time_msec)
 
 
-def on_testing_single_iteration_start(start_time_msec: float | None = None) -> Span | None:
+def on_testing_single_iteration_start(start_time_msec: float | None = None) -> Any:
+    if _registry and (ol := _one_logger()) is not None:
+        return ol.on_testing_single_iteration_start(start_time_msec)
     return get_recorder().on_testing_single_iteration_start(start_time_msec)
 
 
 def on_testing_single_iteration_end(finish_time_msec: float | None = None) -> None:
+    if _registry and (ol := _one_logger()) is not None:
+        ol.on_testing_single_iteration_end(finish_time_msec)
+        return
     get_recorder().on_testing_single_iteration_end(finish_time_msec)
 
 
-def on_save_checkpoint_start(global_step: int, start_time_msec: float | None = None) -> Span | None:
-    return get_recorder().on_save_checkpoint_start(global_step, start_time_msec)
+def on_save_checkpoint_start(global_step: int | None = None, start_time_msec: float | None = None) -> Any:
+    """``global_step`` is required (see ``on_train_start``)."""
+    if _registry and (ol := _one_logger()) is not None:
+        return ol.on_save_checkpoint_start(global_step, start_time_msec)
+    return get_recorder().on_save_checkpoint_start(global_step, start_time_msec)  # type: ignore[arg-type]
 
 
 def on_save_checkpoint_success(
-    global_step: int, time_msec: float | None = None, *, path: str | os.PathLike[str] | None = None
+    global_step: int | None = None, time_msec: float | None = None, *, path: str | os.PathLike[str] | None = None
 ) -> None:
+    if _registry and (ol := _one_logger()) is not None:
+        ol.on_save_checkpoint_success(global_step, time_msec, path=path)
+        return
+    if global_step is None:
+        raise TypeError("on_save_checkpoint_success: global_step is required")
     get_recorder().on_save_checkpoint_success(global_step, time_msec, path=path)
 
 
@@ -171,4 +249,7 @@ def on_save_checkpoint_end(
     *,
     path: str | os.PathLike[str] | None = None,
 ) -> None:
+    if _registry and (ol := _one_logger()) is not None:
+        ol.on_save_checkpoint_end(finish_time_msec, path=path)
+        return
     get_recorder().on_save_checkpoint_end(finish_time_msec, path=path)

@@ -14,17 +14,37 @@ identity (``TELEMETRAIN_SESSION_TAG``, or the launcher's run id) unless given he
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import enum
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["CheckpointStrategy", "TrainingTelemetryConfig", "config_overrides", "evaluate"]
+from .checkpoint import CheckPointStrategy, CheckpointStrategy
+from .errors import InvalidConfigError
+
+__all__ = [
+    "ApplicationType",
+    "CheckPointStrategy",
+    "CheckpointStrategy",
+    "TrainingTelemetryConfig",
+    "config_overrides",
+    "evaluate",
+]
 
 
-class CheckpointStrategy:
-    SYNC = "sync"
-    ASYNC = "async"
+class ApplicationType(str, enum.Enum):
+    """What kind of job the telemetry describes (one-logger's ``ApplicationType``)."""
+
+    TRAINING = "training"
+    VALIDATION = "validation"
+    BATCH_INFERENCE = "batch_inference"
+    ONLINE_INFERENCE = "online_inference"
+    DATA_PROCESSING = "data_processing"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 def evaluate(value_or_fn: Any) -> Any:
@@ -36,7 +56,7 @@ def _positive_int(value: Any, name: str, *, allow_none: bool = True) -> None:
     if (value is None and allow_none) or callable(value):
         return
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int (or a function returning one), got {value!r}")
+        raise InvalidConfigError(f"{name} must be a positive int (or a function returning one), got {value!r}")
 
 
 @dataclasses.dataclass
@@ -52,16 +72,17 @@ class TrainingTelemetryConfig:
     train_iterations_target_or_fn: int | Callable[[], int] | None = None
     train_samples_target_or_fn: int | Callable[[], int] | None = None
     log_every_n_train_iterations: int = 50
-    is_log_throughput_enabled_or_fn: bool | Callable[[], bool] = True
+    is_log_throughput_enabled_or_fn: bool | Callable[[], bool] = False
     is_train_iterations_enabled_or_fn: bool | Callable[[], bool] = True
     is_validation_iterations_enabled_or_fn: bool | Callable[[], bool] = True
     is_test_iterations_enabled_or_fn: bool | Callable[[], bool] = True
     is_save_checkpoint_enabled_or_fn: bool | Callable[[], bool] = True
-    save_checkpoint_strategy: str = CheckpointStrategy.SYNC
+    save_checkpoint_strategy: CheckPointStrategy | str = CheckPointStrategy.SYNC
     custom_metadata: Mapping[str, Any] | None = None
     session_tag_or_fn: str | Callable[[], str] | None = None
     is_baseline_run_or_fn: bool | Callable[[], bool] = False
     world_size_or_fn: int | Callable[[], int] | None = None
+    app_type_or_fn: ApplicationType | str | Callable[[], ApplicationType | str] = ApplicationType.TRAINING
     # ours
     warmup_iterations: int = 1
     export_iteration_spans_every: int | None = None
@@ -82,33 +103,36 @@ class TrainingTelemetryConfig:
         fps = self.flops_per_sample_or_fn
         if fps is not None and not callable(fps):
             if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not fps > 0 or math.isinf(fps):
-                raise ValueError(f"flops_per_sample_or_fn must be > 0, got {fps!r}")
+                raise InvalidConfigError(f"flops_per_sample_or_fn must be > 0, got {fps!r}")
         perf = self.perf_tag_or_fn
         if not callable(perf) and not isinstance(perf, (str, list)):
             raise TypeError(f"perf_tag_or_fn must be a str, a list of str or a function, got {type(perf).__name__}")
         if isinstance(perf, list) and not all(isinstance(p, str) for p in perf):
             raise TypeError("perf_tag_or_fn must be a list of str")
         if type(self.log_every_n_train_iterations) is not int or self.log_every_n_train_iterations < 1:
-            raise ValueError(
+            raise InvalidConfigError(
                 f"log_every_n_train_iterations must be an int >= 1, got {self.log_every_n_train_iterations!r}"
             )
-        if self.save_checkpoint_strategy not in (CheckpointStrategy.SYNC, CheckpointStrategy.ASYNC):
-            raise ValueError(
+        try:
+            self.save_checkpoint_strategy = CheckPointStrategy(self.save_checkpoint_strategy)
+        except ValueError:
+            raise InvalidConfigError(
                 f"save_checkpoint_strategy must be 'sync' or 'async', got {self.save_checkpoint_strategy!r}"
-            )
+            ) from None
         if type(self.warmup_iterations) is not int or self.warmup_iterations < 0:
-            raise ValueError(f"warmup_iterations must be an int >= 0, got {self.warmup_iterations!r}")
+            raise InvalidConfigError(f"warmup_iterations must be an int >= 0, got {self.warmup_iterations!r}")
         every = self.export_iteration_spans_every
         if every is not None and (type(every) is not int or every < 1):
-            raise ValueError(f"export_iteration_spans_every must be an int >= 1, got {every!r}")
+            raise InvalidConfigError(f"export_iteration_spans_every must be an int >= 1, got {every!r}")
         peak = self.peak_tflops_per_gpu
         if peak is not None and (isinstance(peak, bool) or not isinstance(peak, (int, float)) or not peak > 0
                                  or math.isinf(peak)):
-            raise ValueError(f"peak_tflops_per_gpu must be > 0, got {peak!r}")
+            raise InvalidConfigError(f"peak_tflops_per_gpu must be > 0, got {peak!r}")
         timing = self.device_timing
         if isinstance(timing, str):
             if timing not in ("auto", "cuda", "host"):
-                raise ValueError(f"device_timing must be 'auto', 'cuda', 'host' or a DeviceClock, got {timing!r}")
+                raise InvalidConfigError(
+                    f"device_timing must be 'auto', 'cuda', 'host' or a DeviceClock, got {timing!r}")
         elif not all(callable(getattr(timing, m, None)) for m in ("event", "record", "done", "elapsed_s", "begin")):
             raise TypeError("device_timing must be 'auto', 'cuda', 'host' or a DeviceClock (event, record, done, "
                             f"elapsed_s, begin), got {type(timing).__name__}")
@@ -183,6 +207,22 @@ class TrainingTelemetryConfig:
     def world_size(self) -> int | None:
         return _opt_int(evaluate(self.world_size_or_fn))
 
+    @property
+    def app_type(self) -> ApplicationType | str:
+        value: ApplicationType | str = evaluate(self.app_type_or_fn)
+        return value
+
+    # -- pydantic-style helpers (one-logger's config is a pydantic model; code written for it calls these) ---------
+
+    def model_dump(self) -> dict[str, Any]:
+        """The fields as a dict (values and functions as given)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> TrainingTelemetryConfig:
+        """A copy (validated again), with ``update``'s fields replaced."""
+        fields = copy.deepcopy(self.model_dump()) if deep else self.model_dump()
+        return TrainingTelemetryConfig(**{**fields, **(update or {})})
+
     def as_attributes(self) -> dict[str, Any]:
         """one-logger's ``TrainingTelemetryAttributes`` (the ``update_training_telemetry_config`` event), evaluated."""
         out: dict[str, Any] = {
@@ -194,13 +234,14 @@ class TrainingTelemetryConfig:
             "flops_per_sample": self.flops_per_sample,
             "train_iterations_target": self.train_iterations_target,
             "train_samples_target": self.train_samples_target,
-            "checkpoint_strategy": self.save_checkpoint_strategy,
+            "checkpoint_strategy": CheckPointStrategy(self.save_checkpoint_strategy).value,
             "is_train_iterations_enabled": self.is_train_iterations_enabled,
             "is_validation_iterations_enabled": self.is_validation_iterations_enabled,
             "is_test_iterations_enabled": self.is_test_iterations_enabled,
             "is_save_checkpoint_enabled": self.is_save_checkpoint_enabled,
             "is_log_throughput_enabled": self.is_log_throughput_enabled,
             "warmup_iterations": self.warmup_iterations,
+            "app_type": str(self.app_type),
         }
         if self.custom_metadata:
             out["custom_metadata"] = [f"{k}:{v}" for k, v in self.custom_metadata.items()]

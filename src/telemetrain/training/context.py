@@ -1,6 +1,7 @@
-"""one-logger's context managers (and decorators) over a ``TrainingRecorder``: each calls the start callback, then
-the end callback even when the body raises (one-logger's do too, but never record the exception: ours end the span
-with status ``error``, the exception's type and message)."""
+"""one-logger's context managers (and decorators) over a ``TrainingRecorder`` (the module-level ones: over the
+configured one-logger provider when there is one, see ``callbacks``): each calls the start callback, then the end
+callback even when the body raises (one-logger's do too, but never record the exception: ours end telemetrain's span
+with status ``error``, the exception's type and message; the one-logger exporters see what one-logger's would)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from typing import Any
 
 from ..dispatch import describe
 from ..spans import Span
-from .default import get_recorder
+from .checkpoint import CheckPointStrategy
+from .default import get_target
 from .names import S
 from .recorder import TrainingRecorder
 
@@ -21,7 +23,7 @@ __all__ = ["TrainingContexts"]
 class TrainingContexts:
     """The context managers of one recorder (``training.application()`` etc. use the default one)."""
 
-    def __init__(self, recorder: Callable[[], TrainingRecorder]) -> None:
+    def __init__(self, recorder: Callable[[], Any]) -> None:
         self._recorder = recorder
 
     def _pair(self, start: str, end: str, name: str, *args: Any, **end_kwargs: Any) -> _Pair:
@@ -77,19 +79,25 @@ class TrainingContexts:
         """A save: success is reported when the body returns (sync strategy; for async, call
         ``on_save_checkpoint_success`` when the save is finalised), the end always. A body that raises is a failed
         save: its span ends with status error and no success is reported."""
-        recorder = self._recorder()
-        s = recorder.on_save_checkpoint_start(global_step)
+        target = self._recorder()
+        s = target.on_save_checkpoint_start(global_step)
+        ours = _telemetrain_recorder(target)
         try:
             yield s
         except BaseException as exc:
-            _fail(recorder, recorder._save_span_name(), exc)
-            recorder._misuse("checkpoint_save", f"the checkpoint save failed: {describe(exc)}", global_step=global_step)
-            recorder._save_succeeded = True  # reported just above: not again as "ended without success"
-            recorder.on_save_checkpoint_end(path=path)
+            _fail(target, ours._save_span_name(), exc)
+            ours._misuse("checkpoint_save", f"the checkpoint save failed: {describe(exc)}", global_step=global_step)
+            ours._save_succeeded = True  # reported just above: not again as "ended without success"
+            target.on_save_checkpoint_end(path=path)
             raise
-        if recorder._save_span_name() == S.CHECKPOINT_SAVE_SYNC:
-            recorder.on_save_checkpoint_success(global_step, path=path)
-        recorder.on_save_checkpoint_end(path=path)
+        if ours is target:
+            sync = ours._save_span_name() == S.CHECKPOINT_SAVE_SYNC
+        else:  # one-logger's rule: its config's strategy
+            config = target.recorder._config.telemetry_config
+            sync = config is not None and CheckPointStrategy(config.save_checkpoint_strategy) is CheckPointStrategy.SYNC
+        if sync:
+            target.on_save_checkpoint_success(global_step, path=path)
+        target.on_save_checkpoint_end(path=path)
 
     def data_loading(self) -> Any:
         return self._recorder().data_loading()
@@ -113,19 +121,18 @@ class _Pair(ContextDecorator):
 
     __slots__ = ("_args", "_end", "_end_kwargs", "_get_recorder", "_name", "_recorder", "_start")
 
-    def __init__(self, get_recorder: Callable[[], TrainingRecorder], start: str, end: str, name: str,
+    def __init__(self, get_recorder: Callable[[], Any], start: str, end: str, name: str,
                  args: tuple[Any, ...], end_kwargs: dict[str, Any]) -> None:
         self._get_recorder = get_recorder
         self._start, self._end, self._name, self._args, self._end_kwargs = start, end, name, args, end_kwargs
-        self._recorder: TrainingRecorder | None = None
+        self._recorder: Any = None
 
     def _recreate_cm(self) -> _Pair:  # each decorated call is a new pair
         return _Pair(self._get_recorder, self._start, self._end, self._name, self._args, self._end_kwargs)
 
-    def __enter__(self) -> Span | None:
+    def __enter__(self) -> Any:
         recorder = self._recorder = self._get_recorder()
-        s: Span | None = getattr(recorder, self._start)(*self._args)
-        return s
+        return getattr(recorder, self._start)(*self._args)
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         recorder = self._recorder
@@ -141,14 +148,14 @@ class _Iteration(ContextDecorator):
 
     __slots__ = ("_get_recorder", "_recorder")
 
-    def __init__(self, get_recorder: Callable[[], TrainingRecorder]) -> None:
+    def __init__(self, get_recorder: Callable[[], Any]) -> None:
         self._get_recorder = get_recorder
-        self._recorder: TrainingRecorder | None = None
+        self._recorder: Any = None
 
     def _recreate_cm(self) -> _Iteration:  # each decorated call is a new pair
         return _Iteration(self._get_recorder)
 
-    def __enter__(self) -> Span | None:
+    def __enter__(self) -> Any:
         recorder = self._recorder = self._get_recorder()
         return recorder.on_training_single_iteration_start()
 
@@ -160,13 +167,22 @@ class _Iteration(ContextDecorator):
         recorder.on_training_single_iteration_end()
 
 
-def _fail(recorder: TrainingRecorder, name: str, exc: BaseException) -> None:
+def _telemetrain_recorder(target: Any) -> TrainingRecorder:
+    """telemetrain's recorder behind a target: the target itself, or the one a one-logger recorder drives."""
+    if isinstance(target, TrainingRecorder):
+        return target
+    ours: TrainingRecorder = target.recorder.training
+    return ours
+
+
+def _fail(target: Any, name: str, exc: BaseException) -> None:
+    recorder = _telemetrain_recorder(target)
     s = recorder._iteration if name == S.TRAINING_SINGLE_ITERATION else recorder._spans.get(name)
     if s is not None and not s.ended:
         s.set_status("error", describe(exc))
 
 
-_default = TrainingContexts(get_recorder)  # the default Telemetry's recorder, looked up at each use
+_default = TrainingContexts(get_target)  # the configured one-logger provider, else the default recorder
 application = _default.application
 distributed_init = _default.distributed_init
 model_init = _default.model_init
@@ -178,8 +194,18 @@ training_loop = _default.training_loop
 training_iteration = _default.training_iteration
 validation_loop = _default.validation_loop
 validation_iteration = _default.validation_iteration
-testing_loop = _default.testing_loop
-testing_iteration = _default.testing_iteration
+
+
+def testing_loop() -> Any:
+    """(A function, not a bound method as the others: pytest collects a ``test*`` name a test module imports.)"""
+    return _default.testing_loop()
+
+
+def testing_iteration() -> Any:
+    return _default.testing_iteration()
+
+
+
 data_loading = _default.data_loading
 forward = _default.forward
 backward = _default.backward

@@ -142,6 +142,7 @@ class TrainingRecorder:
         self.tracer: Tracer = tracer(self.telemetry)
         self.config: TrainingTelemetryConfig | None = None
         self.errors = 0
+        self.warn_misuse = True  # False when a one-logger recorder drives this one (it warns the caller itself)
         self._lock = threading.RLock()
         self._spans: dict[str, Span] = {}
         # the hot path's state, apart from _spans: the open loop and iteration, and the config values it reads
@@ -267,7 +268,7 @@ class TrainingRecorder:
 
     def _misuse(self, callback: str, message: str, **context: Any) -> None:
         self.errors += 1
-        if self.errors == 1:
+        if self.errors == 1 and self.warn_misuse:
             warn_safely(f"telemetrain.training: {callback}: {message} (recorded as an error event; later ones are not "
                         "warned about)", stacklevel=4)
         attributes = {"error_message": message, "callback": callback, **context}
@@ -309,6 +310,12 @@ class TrainingRecorder:
         s = self.tracer.start(key, group=GROUP, parent=parent_span, start_ns=start_ns, attributes=attributes)
         self._spans[key] = s
         return s
+
+    def _outer(self) -> str:
+        """The parent of a validation or testing loop or a checkpoint save: the training loop while one is open (as
+        in one-logger), else the application."""
+        loop = self._spans.get(S.TRAINING_LOOP)
+        return S.TRAINING_LOOP if loop is not None and not loop.ended else S.APPLICATION
 
     def _end(self, callback: str, name: str, time_msec: float | None, status: str | None = None,
              error: str = "") -> Span | None:
@@ -728,7 +735,7 @@ class TrainingRecorder:
     def on_validation_start(self, start_time_msec: float | None = None) -> Span | None:
         with self._lock:
             s = self._start("on_validation_start", S.VALIDATION_LOOP, start_time_msec,
-                            parent=S.APPLICATION)
+                            parent=self._outer())
             if s is not None:
                 self._loop_summary[S.VALIDATION_LOOP] = Summary()
                 self._loop_times[S.VALIDATION_LOOP] = []
@@ -752,7 +759,7 @@ class TrainingRecorder:
 
     def on_testing_start(self, start_time_msec: float | None = None) -> Span | None:
         with self._lock:
-            s = self._start("on_testing_start", S.TESTING_LOOP, start_time_msec, parent=S.APPLICATION)
+            s = self._start("on_testing_start", S.TESTING_LOOP, start_time_msec, parent=self._outer())
             if s is not None:
                 self._loop_summary[S.TESTING_LOOP] = Summary()
                 self._loop_times[S.TESTING_LOOP] = []
@@ -845,7 +852,7 @@ class TrainingRecorder:
                 "current_iteration": global_step,
                 "save_checkpoint_attempt_count": self._save_attempts,
             }
-            s = self._start("on_save_checkpoint_start", name, start_time_msec, attributes, parent=S.APPLICATION)
+            s = self._start("on_save_checkpoint_start", name, start_time_msec, attributes, parent=self._outer())
             # what this checkpoint will hold once it is saved: the productive work up to now
             gbs = self._gbs() or 0
             config = self.config

@@ -23,9 +23,9 @@ from enum import Enum
 from itertools import count
 from typing import Any, Union
 
-from .dispatch import is_interrupt, warn_safely
-from .records import check_attribute_keys
-from .telemetry import _default, get_telemetry
+from ..dispatch import is_interrupt, warn_safely
+from ..records import check_attribute_keys
+from ..telemetry import _default, get_telemetry
 
 _monotonic_ns = time.monotonic_ns
 

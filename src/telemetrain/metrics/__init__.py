@@ -17,10 +17,10 @@ from collections import namedtuple
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast, overload
 
-from .dispatch import warn_safely
-from .records import METRIC_PAIR
-from .sinks.base import Sink
-from .telemetry import Telemetry, _default, check_name, check_value, get_telemetry
+from ..dispatch import warn_safely
+from ..records import METRIC_PAIR
+from ..sinks.base import Sink
+from ..telemetry import Telemetry, _default, check_name, check_value, get_telemetry
 
 __all__ = [
     "ConsoleMetricHandler",
