@@ -23,6 +23,7 @@ from .analysis import commands as analysis_commands
 from .cli_common import CLIError, resolve_run
 from .distributed import commands as launch_commands
 from .report import commands as report_commands
+from .semconv import series_key
 from .store.layout import default_root
 from .store.reader import NotARunError, Run, find_runs, open_run
 from .text import printable
@@ -216,7 +217,7 @@ def _system_lines(records: Sequence[Any]) -> list[str]:
         ident = r.identity
         host_wide = r.name.startswith("system.") or r.group.startswith("system.gpu.")
         who = f"host {ident.host}" if host_wide else f"rank {ident.rank} pid {ident.pid}"
-        series.setdefault((who, r.group), {}).setdefault(r.name, []).append(float(r.value))
+        series.setdefault((who, r.group), {}).setdefault(series_key(r.name, r.attributes), []).append(float(r.value))
         if r.name in ("hw.energy", "hw.energy.integrated"):  # J since that process's sampler started
             energy_last[(who, r.group, r.name, ident.pid)] = float(r.value)
     starts = [r for r in records if r.kind == "event" and r.name == "system.sampler.start"]

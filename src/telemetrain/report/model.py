@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..semconv import series_key
 from ..store.reader import ProcessLog, Run
 
 __all__ = ["PHASES", "Finding", "ReportModel", "Window", "build_model"]
@@ -234,10 +235,10 @@ class _Collector:
                 last = wall
             if kind == "metric":
                 value = r.value
+                name = series_key(r.name, r.attributes) if r.attributes else r.name  # v1 and v2 alike
                 if type(value) is float and not math.isfinite(value):
-                    entry = nonfinite.setdefault((r.group, r.name), [0, r.step, value, rank])
+                    entry = nonfinite.setdefault((r.group, name), [0, r.step, value, rank])
                     entry[0] += 1
-                name = r.name
                 key = (r.group, name)
                 st = metric_stats.get(key)
                 if st is None:

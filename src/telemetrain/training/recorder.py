@@ -38,7 +38,7 @@ from ..stats.summary import Summary
 from ..telemetry import Telemetry, get_telemetry
 from .config import CheckpointStrategy, TrainingTelemetryConfig
 from .names import PHASES, E, S
-from .reports import FOLD_EVERY, METRICS, QUANTILES, TIME_AGGS, Reporter, Snapshot, Window
+from .reports import FOLD_EVERY, QUANTILES, TIME_AGGS, Reporter, Snapshot, Window, emit_derived
 
 __all__ = ["TrainingRecorder"]
 
@@ -673,11 +673,7 @@ class TrainingRecorder:
         """The reporter's output: the event (linked to the loop), then each metric as a record."""
         telemetry = self.telemetry
         telemetry.event(E.TRAINING_METRICS_UPDATE, attributes, group=GROUP, span_id=snap.span_id)
-        step = snap.iterations_start + snap.iterations - 1
-        for key, (name, unit) in METRICS.items():
-            value = attributes.get(key)
-            if value is not None:
-                telemetry.metric(name, value, GROUP, unit=unit, step=step)
+        emit_derived(telemetry, GROUP, snap, attributes)
 
     def _report_failed(self, exc: BaseException) -> None:
         self._misuse("training_metrics_update", f"failed: {describe(exc)}")
