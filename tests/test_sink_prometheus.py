@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -272,7 +273,7 @@ def test_a_stat_with_a_histogram_is_a_cumulative_classic_histogram() -> None:
         assert buckets[math.inf] == 8 == only(samples, "telemetrain_step_time_seconds_count")
         assert only(samples, "telemetrain_step_time_seconds_sum") == pytest.approx(5001.4)
         bounds = sorted(b for b in buckets if b != math.inf)
-        assert bounds[-1] == 2.0**12 and all(b2 == pytest.approx(b1 * 2**0.5) for b1, b2 in zip(bounds, bounds[1:]))
+        assert bounds[-1] == 2.0**12 and all(b2 == pytest.approx(b1 * 2**0.5) for b1, b2 in itertools.pairwise(bounds))
         assert bounds[0] < 0.1 <= bounds[1] and buckets[bounds[0]] == 0  # from the empty bucket below the lowest filled
         counts = [buckets[b] for b in bounds]
         assert counts == sorted(counts)  # cumulative
@@ -443,7 +444,8 @@ def test_a_real_prometheus_scrapes_metrics_stats_and_the_training_report(tmp_pat
             assert labels == {"__name__": "telemetrain_loss", "rank": "0", "job": "telemetrain",
                               "instance": f"127.0.0.1:{sink.port}"}  # no identity labels, no step: constant series
             # the identity, joined in by the info metric
-            (joined,) = wait_for(prom, "telemetrain_loss * on(instance) group_left(run_id, perf_tag) telemetrain_run_info")
+            join = "telemetrain_loss * on(instance) group_left(run_id, perf_tag) telemetrain_run_info"
+            (joined,) = wait_for(prom, join)
             assert (joined["metric"]["run_id"], joined["metric"]["perf_tag"]) == ("run-a", "bs32")
 
             (energy,) = wait_for(prom, "hw_energy_joules_total")

@@ -18,6 +18,10 @@ from typing import Any
 __all__ = [
     "DEVICE_KEYS",
     "RENAMED",
+    "SEMCONV_COUNTERS",
+    "SEMCONV_GAUGES",
+    "SEMCONV_METRICS",
+    "SEMCONV_UPDOWN",
     "SYSTEM_SERIES",
     "series_key",
 ]
@@ -57,6 +61,22 @@ SYSTEM_SERIES: dict[str, tuple[str, dict[str, str]]] = {
     "hw.errors.corrected": ("hw.errors", {ERROR_TYPE: "corrected"}),
     "hw.errors.uncorrected": ("hw.errors", {ERROR_TYPE: "uncorrected"}),
 }
+
+# The semantic conventions' metrics the sampler records, by the instrument the conventions give them (the OpenTelemetry
+# sink exports them so: a monotonic sum, a non-monotonic sum, a gauge). The sampler's other names in these namespaces
+# (``hw.gpu.clock.sm``, ``process.tree.memory.usage``...) are not conventions: the backends prefix them.
+SEMCONV_COUNTERS = frozenset({"system.disk.io", "system.network.io", "process.cpu.time", "hw.energy", "hw.errors"})
+SEMCONV_UPDOWN = frozenset({
+    "system.memory.usage", "system.memory.limit", "system.paging.usage", "system.filesystem.usage",
+    "system.filesystem.limit", "process.memory.usage", "process.thread.count", "process.unix.file_descriptor.count",
+    "hw.gpu.memory.usage", "hw.gpu.memory.limit",
+})
+SEMCONV_GAUGES = frozenset({
+    "system.cpu.utilization", "system.memory.utilization", "system.paging.utilization",
+    "system.filesystem.utilization", "process.cpu.utilization", "hw.gpu.utilization", "hw.gpu.memory.utilization",
+    "hw.power", "hw.temperature",
+})
+SEMCONV_METRICS = SEMCONV_COUNTERS | SEMCONV_UPDOWN | SEMCONV_GAUGES
 
 # v1 names that v2 replaced without attributes: old name -> new name (also the series key)
 RENAMED = {"process.open_file_descriptor.count": "process.unix.file_descriptor.count"}

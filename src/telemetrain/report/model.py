@@ -138,6 +138,9 @@ class ReportModel:
     findings: list[Finding] = dataclasses.field(default_factory=list)
     goodput: Any = None  # training.goodput.GoodputReport of the session, when it could be computed
     goodput_error: str = ""
+    # the hyperparameters events (hparams.log_hyperparams: Lightning's, HF's, yours) and the training config event
+    hyperparameters: dict[str, Any] = dataclasses.field(default_factory=dict)
+    training_config: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def ranks(self) -> list[int]:
@@ -198,6 +201,8 @@ class _Collector:
         self.unencodable = 0
         self.metric_stats: dict[tuple[str, str], list[Any]] = {}  # (group, name) -> [count, last, min, max, unit]
         self.span_stats: dict[tuple[str, str], list[Any]] = {}  # (group, name) -> [count, seconds, not ok]
+        self.hyperparameters: dict[str, Any] = {}
+        self.training_config: dict[str, Any] = {}
         self.first_ns: int | None = None
         self.last_ns: int | None = None
 
@@ -296,6 +301,10 @@ class _Collector:
                         windows.append(window)
                     self.last_update[rank] = attributes
                     continue
+                if not agent and name in ("hyperparameters", "update_training_telemetry_config"):
+                    into = self.hyperparameters if group == "run" else self.training_config
+                    for key, value in attributes.items():
+                        into.setdefault(key, value)  # ranks agree; the lowest rank's value is kept otherwise
                 if group == "cross_rank" and name == "straggler":
                     self.stragglers.append({**attributes, "reported_by": rank, "wall_ns": wall})
                     continue
@@ -648,6 +657,7 @@ def build_model(run: Run) -> ReportModel:
     model.events, model.events_left_out, model.event_counts = c.events, c.events_left_out, c.event_counts
     model.problems = c.problems
     model.metric_stats, model.span_stats = c.metric_stats, c.span_stats
+    model.hyperparameters, model.training_config = c.hyperparameters, c.training_config
     model.stragglers = sorted(c.stragglers, key=lambda s: (s.get("step") if isinstance(s.get("step"), int) else -1,
                                                            str(s.get("rank"))))
     model.slow_ranks = _slow_ranks(model.windows)

@@ -11,12 +11,12 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from ...semconv import SEMCONV_METRICS
 from ...ucum import base_unit
 
-__all__ = ["OTEL_NAMESPACES", "PREFIX", "UNIT_SUFFIXES", "label_name", "metric_name", "unit_of"]
+__all__ = ["PREFIX", "UNIT_SUFFIXES", "label_name", "metric_name", "unit_of"]
 
 PREFIX = "telemetrain_"
-OTEL_NAMESPACES = ("system.", "process.", "hw.")  # OpenTelemetry's own namespaces keep their names, unprefixed
 
 # UCUM base unit -> Prometheus suffix (base units, plural). Annotations ({thing}) and other units add none.
 UNIT_SUFFIXES = {
@@ -53,10 +53,11 @@ def unit_of(unit: str) -> tuple[str, float]:
 
 def metric_name(name: str, unit: str = "") -> str:
     """The Prometheus name of a metric (without ``_total``): dots to underscores, the ``telemetrain_`` prefix unless
-    the name is in an OpenTelemetry namespace, the suffix of the unit's base unit unless the name already ends with
-    it (``ms`` -> ``_seconds``: the value is converted, see ``unit_of``)."""
+    the name is one of OpenTelemetry's semantic conventions (``system_disk_io_bytes``, as OpenTelemetry's own
+    Prometheus exporter writes it), the suffix of the unit's base unit unless the name already ends with it (``ms``
+    -> ``_seconds``: the value is converted, see ``unit_of``)."""
     base = sanitise(name)
-    if not name.startswith(OTEL_NAMESPACES) and not base.startswith(PREFIX):
+    if name not in SEMCONV_METRICS and not base.startswith(PREFIX):
         base = PREFIX + base
     suffix = _unit_suffix(unit_of(unit)[0])
     if suffix and not base.endswith("_" + suffix):
