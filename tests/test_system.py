@@ -198,6 +198,33 @@ def test_host_and_process_metrics_have_base_units_and_sane_values(t: telemetrain
     assert {p.unit for p in _metrics(t, "process.cpu.utilization")} == {"1"}
 
 
+def test_records_carry_the_conventions_names_and_attributes(t: telemetrain.Telemetry, tmp_path: Path) -> None:
+    """Format v2: a direction or state is an attribute of one series (OpenTelemetry's), not a part of the name;
+    latest() keeps the series keys (the v1 names of the split series); the device is an attribute too."""
+    s = Sampler(t, interval=60, host=True, disk_paths=[tmp_path])
+    s.sample_now()
+    latest = s.latest()
+    disk = {p.attributes["disk.io.direction"]: p.value for p in _metrics(t, "system.disk.io")}
+    if ("system", "system.disk.io.read") in latest:
+        assert disk == {"read": latest[("system", "system.disk.io.read")],
+                        "write": latest[("system", "system.disk.io.write")]}
+        assert {p.unit for p in _metrics(t, "system.disk.io")} == {"By"}
+    assert not _metrics(t, "system.disk.io.read") and not _metrics(t, "system.network.io.receive")
+    for p in _metrics(t, "system.network.io"):
+        assert p.attributes["network.io.direction"] in ("receive", "transmit")
+    (memory,) = _metrics(t, "system.memory.usage")
+    assert memory.attributes == {"system.memory.state": "used"}
+    assert _metrics(t, "system.memory.limit")[0].attributes is None
+    (filesystem,) = [r for r in open_run(t.run_dir).records("metric") if r.name == "system.filesystem.usage"]
+    assert filesystem.attributes["system.filesystem.state"] == "used"
+    mountpoint = Path(filesystem.attributes["system.filesystem.mountpoint"])
+    assert os.path.ismount(mountpoint) and mountpoint in (tmp_path, *tmp_path.parents)
+    if hasattr(psutil.Process(), "num_fds"):
+        assert _metrics(t, "process.unix.file_descriptor.count")  # not the deprecated open_file_descriptor name
+        assert ("system", "process.unix.file_descriptor.count") in latest
+    assert not _metrics(t, "process.open_file_descriptor.count")
+
+
 def test_host_metrics_only_on_local_rank_zero_by_default(tmp_path: Path) -> None:
     ident = telemetrain.identity_from_env(env={})
     for local_rank, host in ((0, True), (1, False)):

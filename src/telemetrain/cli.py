@@ -134,7 +134,7 @@ def summarize(run: Run) -> list[str]:
     points: Counter[tuple[str, str]] = Counter()
     for r in records:
         if r.kind == "metric":
-            key = (r.group, r.name)
+            key = (r.group, series_key(r.name, r.attributes) if r.attributes else r.name)  # one row per series
             last[key] = r
             points[key] += 1
     lines.append(f"metrics     {len(last)} (group/name = last value, points)")

@@ -153,6 +153,7 @@ class PrometheusSink(Sink):
         self._closed = False
         self._warned_series = False
         self._warned_unit = False
+        self._warned_rename = False
         self.non_ucum_units: set[str] = set()  # units seen that are not UCUM (served without a unit suffix)
         # the names and labels already worked out (the dispatcher thread's work per record stays a few lookups)
         self._label_ids: dict[Identity, int] = {}  # identity -> its label set (no attributes)
@@ -213,6 +214,11 @@ class PrometheusSink(Sink):
             for (label_id, kind), n in counts.items():
                 table.add("telemetrain_records", "records received, by kind", self._kind_label_id(label_id, kind), n)
             dropped = table.dropped_series
+        if table.renamed and not self._warned_rename:
+            self._warned_rename = True
+            warn_safely(f"telemetrain: prometheus: {sorted(table.renamed)[0]!r} names two kinds of series (a metric "
+                        "and a stat, say); the later kind is served as <name>_<type> (histogram, summary, gauge, "
+                        "counter): give them distinct names")
         if dropped and not self._warned_series:
             self._warned_series = True
             warn_safely(f"telemetrain: prometheus sink holds max_series={table.max_series} series; new ones dropped")

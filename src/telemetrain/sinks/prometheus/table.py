@@ -101,6 +101,7 @@ class Table:
         self.max_series = max_series
         self.series = 0
         self.dropped_series = 0  # values of new series refused above max_series
+        self.renamed: set[str] = set()  # names two types of series wanted (the later type served as <name>_<type>)
 
     def label_id(self, labels: dict[str, str], group_key: tuple[str, ...]) -> int:
         key = (*labels.items(), ("", "|".join(group_key)))
@@ -115,6 +116,9 @@ class Table:
         family = self.families.get(name)
         if family is None:
             family = self.families[name] = _Family(type_, doc)
+        elif family.type != type_:  # one name, two types (a metric and a stat both called "loss"): the later one
+            self.renamed.add(name)  # is served as <name>_<type>
+            return self._family(f"{name}_{type_}", type_, doc)
         return family
 
     def _admit(self, family: _Family, label_id: int) -> bool:
@@ -143,10 +147,12 @@ class Table:
         family = self._family(name, "histogram" if histogram is not None else "summary", doc)
         if not self._admit(family, label_id):
             return
+        if family.type == "summary":
+            histogram = None
         dist = family.samples.get(label_id)
         if dist is None:
             dist = family.samples[label_id] = _Distribution(k_range)
-        if histogram is not None and family.type == "histogram":
+        if histogram is not None:
             for k, n in lattice_counts(histogram, factor, dist.k_range).items():
                 dist.buckets[k] = dist.buckets.get(k, 0) + n
             count = sum(dist.buckets.values()) - dist.count  # the finite samples the histogram holds
