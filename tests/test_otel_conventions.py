@@ -20,8 +20,7 @@ import pytest
 
 pytest.importorskip("psutil", reason="needs the system extra")
 pytest.importorskip("opentelemetry.exporter.otlp.proto.http", reason="needs the otel extra")
-semconv_metrics = pytest.importorskip("opentelemetry.semconv._incubating.metrics",
-                                      reason="needs opentelemetry-semantic-conventions")
+pytest.importorskip("opentelemetry.semconv._incubating.metrics", reason="needs opentelemetry-semantic-conventions")
 
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -38,6 +37,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
+from opentelemetry.semconv._incubating import metrics as semconv_metrics
 from opentelemetry.semconv._incubating.attributes import (
     disk_attributes,
     hw_attributes,
@@ -109,7 +109,7 @@ class _Receiver(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     server: _Receiver
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+    def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         if self.headers.get("Content-Encoding") == "gzip":
             body = gzip.decompress(body)
@@ -133,7 +133,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(payload)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
 

@@ -69,6 +69,7 @@ def check_step(step: Any) -> int:
 
 
 _ATTRIBUTE_VALUE_TYPES = (str, int, float, bool)
+_ATTRIBUTE_VALUE_SET = frozenset(_ATTRIBUTE_VALUE_TYPES)
 
 
 def check_metric_attributes(attributes: Any) -> None:
@@ -391,7 +392,12 @@ class Telemetry:
             if step is not None and type(step) is not int:
                 step = check_step(step)
             if attributes:  # flattened to the end of the long form, keys then values (records.ATTRIBUTE_LAYOUT)
-                check_metric_attributes(attributes)
+                if type(attributes) is dict:  # the common case, checked inline (a call and an ABC check cost more)
+                    for k, v in attributes.items():
+                        if type(k) is not str or type(v) not in _ATTRIBUTE_VALUE_SET or not k:
+                            check_metric_attributes(attributes)  # raises, naming the key
+                else:
+                    check_metric_attributes(attributes)
                 route(("metric", _monotonic_ns(), self._token, group, name, value, unit, step, *attributes,
                        *attributes.values()))
             else:

@@ -184,9 +184,10 @@ class TelemetrainHFCallback(TrainerCallback):
             self._failed("on_train_begin", exc)
 
     def _record_hyperparameters(self, args: TrainingArguments, model: Any) -> None:
-        params: dict[str, Any] = dict(args.to_dict())
+        to_dict_args: Any = args.to_dict  # (untyped in transformers)
+        params: dict[str, Any] = dict(to_dict_args())
         config = getattr(model, "config", None)
-        to_dict = getattr(config, "to_dict", None)
+        to_dict: Any = getattr(config, "to_dict", None)
         if callable(to_dict):
             params["model"] = to_dict()
         log_hyperparams(params, self.telemetry)
