@@ -222,7 +222,7 @@ def test_show_summarises_the_demo_run(demo_run: tuple[Path, subprocess.Completed
     for name in ("train/train.loss", "train/train.samples_per_s", "demo/train.train_step.duration.ms"):
         assert name in out
     assert "(30 points)" in out
-    assert "val/val.loss" in out and "step 30, nats" in out
+    assert "val/val.loss" in out and "step 30, {nat}" in out
     assert re.search(r"torchelastic/demo\.evaluation +6\n", out)
     # the training lifecycle: derived metrics of the last window, and what the run did
     assert re.search(r"training +30 iterations this run \(global step 29\), \d+ metrics updates", out)

@@ -210,3 +210,10 @@ def test_the_report_of_a_v1_run(v1_run: Path, tmp_path: Path) -> None:
     assert model.training_config.get("global_batch_size") == 2
     html = write_report(v1_run, tmp_path / "report.html").read_text()
     assert "system.disk.io.read" in html and "lr" in html
+
+
+def test_the_console_shows_a_metrics_labels(t: telemetrain.Telemetry) -> None:
+    from telemetrain.sinks.console import format_record
+
+    record = MetricPoint(1, 2, t.identity, "system", "system.disk.io", 10, "By", None, {"disk.io.direction": "read"})
+    assert format_record(record) == ("metric", "system/system.disk.io = 10 By disk.io.direction=read")

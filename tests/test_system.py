@@ -859,3 +859,33 @@ def test_the_demo_records_system_samples(tmp_path: Path) -> None:
         "system.sampler.start", "system.sampler.stop"]
     text = "\n".join(summarize(run))
     assert "system      sampled by 1 process(es) every 1 s" in text and "memory" in text
+
+
+class _DeviceValues:
+    """A source adding what the NVML and allocator sources add on a GPU machine (no GPU here): the sampler's
+    publishing turns each series key into the conventions' record."""
+
+    name = "devices"
+
+    def sample(self, cycle: Any) -> None:
+        cycle.add("system.gpu.1", "hw.power", 312.5)
+        cycle.add("system.gpu.1", "hw.errors.uncorrected", 2)
+        cycle.add("system.gpu.1", "hw.gpu.clock.sm", 1.98e9)
+        cycle.add("system.cuda.0", "torch.cuda.memory.allocated", 1024)
+
+    def describe(self) -> dict[str, Any]:
+        return {}
+
+
+def test_device_series_carry_the_devices_attributes(t: telemetrain.Telemetry, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Sampler, "_build_sources", lambda self: [_DeviceValues()])
+    s = Sampler(t, interval=60, host=False, gpus=[], cuda_allocator=False)
+    s.sample_now()
+    assert s.latest()[("system.gpu.1", "hw.errors.uncorrected")] == 2  # keyed by series, as before
+    records = {(r.group, r.name): r for r in open_run(t.run_dir).records("metric")} if t.flush() else {}
+    power = records[("system.gpu.1", "hw.power")]
+    assert (power.unit, power.attributes) == ("W", {"hw.id": "1", "hw.type": "gpu"})
+    errors = records[("system.gpu.1", "hw.errors")]
+    assert errors.attributes == {"error.type": "uncorrected", "hw.id": "1", "hw.type": "gpu"} and errors.unit == "{error}"
+    assert records[("system.gpu.1", "hw.gpu.clock.sm")].attributes == {"hw.id": "1", "hw.type": "gpu"}
+    assert records[("system.cuda.0", "torch.cuda.memory.allocated")].attributes == {"torch.cuda.device": 0}

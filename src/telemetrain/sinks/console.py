@@ -43,7 +43,8 @@ def format_record(record: Any) -> tuple[str, str]:
     if kind == "metric":
         unit = f" {record.unit}" if record.unit else ""
         step = f" step={record.step}" if record.step is not None else ""
-        return "metric", f"{_value(record.group)}/{_value(record.name)} = {_value(record.value)}{unit}{step}"
+        labels = _attrs(record.attributes)  # (a metric's dimension labels, format v2)
+        return "metric", f"{_value(record.group)}/{_value(record.name)} = {_value(record.value)}{unit}{step}{labels}"
     if kind == "event":
         return "event", f"{_value(record.group)}/{_value(record.name)} [{record.severity}]{_attrs(record.attributes)}"
     if kind == "span_start":
