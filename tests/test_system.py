@@ -886,6 +886,7 @@ def test_device_series_carry_the_devices_attributes(t: telemetrain.Telemetry, mo
     power = records[("system.gpu.1", "hw.power")]
     assert (power.unit, power.attributes) == ("W", {"hw.id": "1", "hw.type": "gpu"})
     errors = records[("system.gpu.1", "hw.errors")]
-    assert errors.attributes == {"error.type": "uncorrected", "hw.id": "1", "hw.type": "gpu"} and errors.unit == "{error}"
+    assert errors.attributes == {"error.type": "uncorrected", "hw.id": "1", "hw.type": "gpu"}
+    assert errors.unit == "{error}"
     assert records[("system.gpu.1", "hw.gpu.clock.sm")].attributes == {"hw.id": "1", "hw.type": "gpu"}
     assert records[("system.cuda.0", "torch.cuda.memory.allocated")].attributes == {"torch.cuda.device": 0}
