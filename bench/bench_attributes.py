@@ -32,6 +32,7 @@ OURS = HERE.parent / "src"
 
 # (label, statement, needs attributes support)
 OPS = [
+    ("metrics.put_metric to a muted group", 'put_metric("m", 1, "quiet")', False),
     ("t.metric(name, value, group)", 't.metric("m", 1.0, "grp")', False),
     ("t.metric(..., unit=, step=)", 't.metric("m", 1.0, "grp", unit="s", step=7)', False),
     ("metrics.put_metric(name, value, group)", 'put_metric("m", 1, "grp")', False),
@@ -52,6 +53,7 @@ n, repeats, attrs = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
 ops = json.loads(sys.argv[5])
 t = telemetrain.Telemetry(store=tempfile.mkdtemp(), flush_interval=3600.0, queue_capacity=50_000_000)
 telemetrain.set_telemetry(t)
+t.mute("quiet")
 names = {"t": t, "put_metric": tmetrics.put_metric, "A1": json.loads(sys.argv[6]), "A3": json.loads(sys.argv[7]),
          "D4": json.loads(sys.argv[8])}
 out = {}

@@ -43,13 +43,13 @@ def metric(
     name: str,
     value: float,
     group: str = "default",
+    attributes: Mapping[str, str | int | float | bool] | None = None,
     *,
     unit: str = "",
     step: int | None = None,
-    attributes: Mapping[str, str | int | float | bool] | None = None,
 ) -> None:
     """Record one value on the default instance (see ``Telemetry.metric``)."""
-    get_telemetry().metric(name, value, group, unit=unit, step=step, attributes=attributes)
+    get_telemetry().metric(name, value, group, attributes, unit=unit, step=step)
 
 
 def log(

@@ -11,7 +11,6 @@ Three sources, one shape (a flat mapping of dotted keys to str, int, float or bo
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import enum
 import math
@@ -28,8 +27,8 @@ MAX_VALUE_CHARS = 6000  # MLflow's limit on a param value; longer text is cut
 def _as_mapping(value: Any) -> Mapping[str, Any] | None:
     if isinstance(value, Mapping):
         return value
-    if isinstance(value, argparse.Namespace):
-        return vars(value)
+    if type(value).__name__ == "Namespace" and type(value).__module__ == "argparse":  # (argparse not imported)
+        return dict(vars(value))
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
     return None

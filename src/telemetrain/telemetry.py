@@ -14,7 +14,6 @@ from typing import Any
 
 from . import process_hooks
 from .dispatch import BackgroundRunner, FailurePolicy, InlineRunner, describe, warn_safely
-from .hparams import flatten
 from .identity import Identity, identity_from_env, identity_of, token_for
 from .records import KINDS, SEVERITIES, pack
 from .router import Attachment, Router
@@ -220,6 +219,8 @@ class Telemetry:
         if rank_policy not in ("all", "zero"):
             raise ValueError(f"ranks must be 'all' or 'zero', got {rank_policy!r}")
         if self.config and sink.run_config is None:
+            from .hparams import flatten  # (not at import: the core's import stays as small as it was)
+
             sink.run_config = flatten(self.config)
         if rank_policy == "zero" and self._identity.rank != 0:
             self.skipped_sinks.append(sink)
@@ -366,22 +367,24 @@ class Telemetry:
         name: str,
         value: float,
         group: str = "default",
+        attributes: Mapping[str, str | int | float | bool] | None = None,
         *,
         unit: str = "",
         step: int | None = None,
-        attributes: Mapping[str, str | int | float | bool] | None = None,
     ) -> None:
         """Record one value. Returns at once (before any check) if nobody listens to ``group``. ``attributes``: the
         dimension labels of the series (``{"disk.io.direction": "read"}``), str keys and str/int/float/bool values;
-        copied."""
+        copied. (Positional-or-keyword, not keyword-only: CPython fills a missing keyword-only default with a dict
+        lookup per call, a positional one from a tuple, and a metric without attributes must cost what it did.)"""
         try:
             route = self._metric_routes.get(group)
         except TypeError:
             raise TypeError(f"group must be a str, got {type(group).__name__}") from None
-        if route is None:
-            route = self._resolve("metric", group)
-        if not route:
-            return
+        if not route:  # (one test on the common path, not two: it pays for the attributes test below)
+            if route is None:
+                route = self._resolve("metric", group)
+            if not route:
+                return
         if type(value) is not float and type(value) is not int:
             value = check_value(value, "value")
         if type(name) is not str or not name:
