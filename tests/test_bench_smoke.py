@@ -434,3 +434,17 @@ def test_bench_lightning_quick(tmp_path: Path) -> None:
                         "| library | operation | median ns/op | best ns/op |", rows, ())
     checks = re.findall(r"^check (\d): (PASS|GAP|FAIL|SKIP): (.*)$", out, flags=re.MULTILINE)
     assert [c[0] for c in checks] == ["1", "2", "3", "4"] and checks[3][1] == "PASS", checks
+
+
+def test_bench_attributes_smoke(tmp_path: Path) -> None:
+    """bench_attributes.py (no baseline tree here): every row is measured and every record shape sized."""
+    script = BENCH.with_name("bench_attributes.py")
+    out_json = tmp_path / "attributes.json"
+    proc = subprocess.run([sys.executable, str(script), "--rounds", "1", "--n", "2000", "--repeats", "1",
+                           "--json", str(out_json)], capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(out_json.read_text())
+    assert {r["op"] for r in data["rows"]} >= {"t.metric(name, value, group)", "t.metric(..., attributes=1 label)"}
+    assert all(math.isfinite(r["ours_ns"]) and r["baseline_ns"] is None for r in data["rows"])
+    sizes = dict(data["sizes"])
+    assert sizes["metric + 1 attribute (system.disk.io)"] > sizes["metric, no unit/step/attributes"] > 0

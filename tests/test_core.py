@@ -165,6 +165,8 @@ RECORDS = [
     MetricPoint(10, 20, IDENT, "g", "inf", INF, "s", None),
     MetricPoint(10, 20, IDENT, "g", "ninf", -INF),
     MetricPoint(10, 20, IDENT, "g", "flag", True),
+    MetricPoint(10, 20, IDENT, "system", "system.disk.io", 4096, "By", None, {"disk.io.direction": "read"}),
+    MetricPoint(10, 20, IDENT, "g", "labelled", 1.5, "", 3, {"nan": NAN, "str_nan": "NaN", "flag": False, "n": 2}),
     Event(11, 21, IDENT, "events", "ckpt", "warning", dict(ATTRS), "e-1", "s-1"),
     Event(11, 21, IDENT, "events", "plain", "info", None, "", ""),
     Event(11, 21, IDENT, "events", "strings", "info", {"a": "NaN", "b": "-Infinity", "n": None, "t": True}, "", ""),
@@ -187,7 +189,7 @@ def test_codec_round_trip(record: Any) -> None:
     line = encode(record)
     assert line.endswith("\n") and line.count("\n") == 1
     obj = json.loads(line, parse_constant=_reject_constant)  # strict JSON: non-finite floats are encoded
-    assert obj["v"] == 1 and obj["kind"] == record.kind
+    assert obj["v"] == 2 and obj["kind"] == record.kind
     back = decode_line(line, IDENT)
     assert type(back) is type(record)
     assert same(tuple(back), tuple(record)), (back, record)
@@ -213,7 +215,10 @@ def test_string_nan_attribute_stays_a_string() -> None:
     [
         "not json",
         "[1, 2]",
-        '{"v": 2, "kind": "metric"}',
+        '{"v": 3, "kind": "metric", "mono_ns": 1, "wall_ns": 1, "group": "g", "name": "n", "value": 1}',
+        '{"v": true, "kind": "metric", "mono_ns": 1, "wall_ns": 1, "group": "g", "name": "n", "value": 1}',
+        '{"v": 2, "kind": "metric", "mono_ns": 1, "wall_ns": 1, "group": "g", "name": "n", "value": 1, '
+        '"attributes": [1]}',
         '{"v": 1, "kind": "bogus", "mono_ns": 1, "wall_ns": 1, "group": "g", "name": "n"}',
         '{"v": 1, "kind": "metric", "mono_ns": 1, "wall_ns": 1, "group": "g", "name": "n", "value": "lots"}',
     ],

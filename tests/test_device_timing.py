@@ -101,9 +101,11 @@ def test_device_time_splits_the_phases_the_host_time_cannot(
     expected_stall = (fwd + bwd - 2 * sim.launch_ns) / 1e9
     assert _sum(ups, "avg_stall_time_sec") == pytest.approx(n * expected_stall)
     # metric records beside the event, for dashboards
-    names = {m.name for m in read_run(telemetry, "metric")}
-    assert {"train.phase.forward.device", "train.phase.backward.device", "train.stall_time",
-            "train.iteration_time.device.mean"} <= names
+    metrics = read_run(telemetry, "metric")
+    names = {m.name for m in metrics}
+    assert {"train.phase.device_duration", "train.stall_time", "train.iteration_time.device.mean"} <= names
+    assert {m.attributes["train.phase"] for m in metrics if m.name == "train.phase.device_duration"} >= {
+        "forward", "backward"}
     (info,) = [e.attributes for e in read_run(telemetry, "event") if e.name == "device_timing"]
     assert info["mode"] == "sim" and info["capacity"] == dt.DEFAULT_CAPACITY
 

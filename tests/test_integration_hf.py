@@ -141,7 +141,7 @@ def test_steps_evaluations_saves_and_logs_are_recorded(tmp_path: Path, telemetry
     assert reports[-1]["num_iterations"] == steps and reports[-1]["current_iteration"] == steps - 1
     assert [r["current_iteration"] for r in reports] == [1, 3, 5, 7, 9]  # every logging_steps=2 optimizer steps
     assert cb.micro_batches == steps * ACCUM
-    assert _metrics(records, "micro_batches")[-1] == (steps, steps * ACCUM)  # at each training log
+    assert _metrics(records, "micro_batches")[-1] == (steps - 1, steps * ACCUM)  # at each training log
     assert loop.attributes["micro_batches"] == steps * ACCUM
     first, config = _events(records, "update_training_telemetry_config")  # the second knows the first batch
     assert "seq_length" not in first and config["global_batch_size"] == BATCH * ACCUM and config["seq_length"] == SEQ
@@ -149,7 +149,8 @@ def test_steps_evaluations_saves_and_logs_are_recorded(tmp_path: Path, telemetry
     assert reports[-1]["train_tokens"] == steps * BATCH * ACCUM * SEQ
     iterations = _spans(records, "training_single_iteration")
     assert iterations and all(s.parent_id == loop.span_id for s in iterations)
-    assert _metrics(records, "train.phase.optimizer", group="training")  # on_pre_optimizer_step..on_optimizer_step
+    phases = [r for r in records if r.kind == "metric" and r.name == "train.phase.duration"]
+    assert {r.attributes["train.phase"] for r in phases} == {"optimizer"}  # on_pre_optimizer_step..on_optimizer_step
 
     # an evaluation every 5 steps: 12 samples in batches of 4 -> 3 iterations each
     validations = _events(records, "validation_metrics_update")
@@ -170,12 +171,19 @@ def test_steps_evaluations_saves_and_logs_are_recorded(tmp_path: Path, telemetry
         assert save.start_ns <= min(written) and max(written) <= save.end_ns
         assert evaluation.end_ns <= save.start_ns  # the evaluation ran first: not in the save
 
-    # the Trainer's logs, as metrics at their global step: the same values as its own log history
-    logged = [(h["step"], h["loss"]) for h in trainer.state.log_history if "loss" in h]
+    # the Trainer's logs: the same values as its own log history, at the zero-based index of the step they were
+    # logged after (its global step - 1), the step of the derived metrics of the same window
+    logged = [(h["step"] - 1, h["loss"]) for h in trainer.state.log_history if "loss" in h]
     assert _metrics(records, "loss") == logged  # (floats round-trip the store exactly)
-    evals = [(h["step"], h["eval_loss"]) for h in trainer.state.log_history if "eval_loss" in h]
+    evals = [(h["step"] - 1, h["eval_loss"]) for h in trainer.state.log_history if "eval_loss" in h]
     assert _metrics(records, "eval_loss") == evals
-    assert [step for step, _ in _metrics(records, "learning_rate")] == [2, 4, 6, 8, 10]
+    assert [step for step, _ in _metrics(records, "learning_rate")] == [1, 3, 5, 7, 9]
+    throughput_steps = [step for step, _ in _metrics(records, "train.samples_per_second", group="training")]
+    assert throughput_steps == [r["current_iteration"] for r in reports] == [1, 3, 5, 7, 9]  # the same axis
+    # the Trainer's arguments and the model's config, once, as hyperparameters
+    (hparams,) = [r.attributes for r in records if r.kind == "event" and r.name == "hyperparameters"]
+    assert hparams["learning_rate"] == trainer.args.learning_rate and hparams["logging_steps"] == 2
+    assert hparams["model.vocab_size"] == trainer.model.config.vocab_size
 
 
 def test_stand_alone_evaluate_and_predict(tmp_path: Path, telemetry: Telemetry,
@@ -206,7 +214,7 @@ def test_nan_loss_is_stored_as_nan(tmp_path: Path, telemetry: Telemetry, read_ru
     trainer.train()
     assert all(math.isnan(h["loss"]) for h in trainer.state.log_history if "loss" in h)
     losses = _metrics(read_run(telemetry), "loss")
-    assert [step for step, _ in losses] == [1, 2]
+    assert [step for step, _ in losses] == [0, 1]
     assert all(math.isnan(value) for _, value in losses)
 
 

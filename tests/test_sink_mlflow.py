@@ -18,7 +18,9 @@ pytest.importorskip("mlflow")
 from mlflow.tracking import MlflowClient
 
 import telemetrain
+from telemetrain.hparams import log_hyperparams
 from telemetrain.records import StatWindow
+from telemetrain.semconv import series_key
 from telemetrain.sinks.mlflow import MLflowSink, metric_key
 from telemetrain.store import open_run
 
@@ -52,15 +54,20 @@ def test_keys_follow_the_groups_and_stay_valid() -> None:
 
 
 def test_metrics_params_and_run_status_read_back(tmp_path: Path, store_uri: str) -> None:
-    t = telemetrain.Telemetry(store=tmp_path / "store")
+    config = {"lr": 3e-4, "model": {"layers": 12, "act": "gelu"}, "amp": True, "note": None}
+    t = telemetrain.Telemetry(store=tmp_path / "store", config=config)
     sink = MLflowSink(store_uri, experiment_name="telemetrain-test")
     t.add_sink(sink)
     t.event("update_training_telemetry_config", {"global_batch_size": 256, "seq_length": 2048}, group="training")
     for i, v in enumerate([1.5, float("nan"), float("inf"), float("-inf"), 2**40, True]):
         t.metric("loss", v, step=10 * i)
     for v in (0.25, 0.5, 0.75):
-        t.metric("system.cpu.utilization", v, "system", unit="1")  # no step: 0, 1, 2
-        t.metric("hw.gpu.utilization", v / 2, "system.gpu.0", unit="1")
+        t.metric("system.cpu.utilization", v, "system", unit="1")  # no step: the global step (50)
+        t.metric("hw.gpu.utilization", v / 2, "system.gpu.0", unit="1", attributes={"hw.id": "0", "hw.type": "gpu"})
+    for direction, value in (("read", 10), ("write", 30)):  # a series per attribute value
+        t.metric("system.disk.io", value, "system", unit="By", attributes={"disk.io.direction": direction})
+    t.metric("train.phase.duration", 0.02, "training", unit="s", step=49, attributes={"train.phase": "forward"})
+    log_hyperparams({"optimizer": {"name": "adamw"}, "batch_size": 32}, telemetry=t)
     for i in range(2500):  # more than one log_batch call's worth
         t.metric("many", float(i), step=i)
     mono, wall = t.now()
@@ -79,35 +86,33 @@ def test_metrics_params_and_run_status_read_back(tmp_path: Path, store_uri: str)
     assert run.info.run_id == sink.run_id and run.info.status == "FINISHED"
     assert run.info.run_name == t.identity.run_id
     params = run.data.params
+    # the run's config, flattened, as MLflow's own log_params writes values (str)
+    run_config = {k: params[k] for k in ("lr", "model.layers", "model.act", "amp", "note")}
+    assert run_config == {"lr": "0.0003", "model.layers": "12", "model.act": "gelu", "amp": "True", "note": "None"}
+    assert params["optimizer.name"] == "adamw" and params["batch_size"] == "32"  # logged hyperparameters
     assert params["identity.run_id"] == t.identity.run_id and params["identity.rank"] == "0"
     assert params["config.global_batch_size"] == "256" and params["config.seq_length"] == "2048"
 
     want: dict[str, list[tuple[int, int, str]]] = {}
-    counters: dict[str, int] = {}
+    global_step = 0
     for r in open_run(t.run_dir).records():
         ms = r.wall_ns // 1_000_000
         if r.kind == "metric":
-            key = metric_key(r.group, r.name)
-            step = r.step if r.step is not None else counters.setdefault(key, 0)
-            if r.step is None:
-                counters[key] += 1
-            want.setdefault(key, []).append((step, ms, repr(float(r.value))))
+            global_step = max(global_step, r.step or 0)
+            key = metric_key(r.group, series_key(r.name, r.attributes))
+            want.setdefault(key, []).append((r.step if r.step is not None else global_step, ms, repr(float(r.value))))
         elif r.kind == "stat":
-            n = counters.setdefault("latency", 0)
-            counters["latency"] += 1
             for agg, v in r.values.items():
-                want.setdefault(f"latency/{agg}", []).append((n, ms, repr(float(v))))
-        elif r.kind == "event" and r.name == "training_metrics_update":
-            a = r.attributes
-            for k in ("current_iteration", "mfu"):
-                want.setdefault(f"training_metrics_update/{k}", []).append(
-                    (a["current_iteration"], ms, repr(float(a[k]))))
+                want.setdefault(f"latency/{agg}", []).append((global_step, ms, repr(float(v))))
     assert sorted(run.data.metrics) == sorted(want)
     for key, points in want.items():
         assert history(client, run.info.run_id, key) == sorted(points), key
     loss = [float(v) for _, _, v in history(client, run.info.run_id, "loss")]
     assert math.isnan(loss[1]) and loss[2:4] == [math.inf, -math.inf] and loss[4] == 2.0**40
-    assert [s for s, _, _ in history(client, run.info.run_id, "system/gpu.0/hw.gpu.utilization")] == [0, 1, 2]
+    assert [s for s, _, _ in history(client, run.info.run_id, "system/gpu.0/hw.gpu.utilization")] == [50, 50, 50]
+    assert [v for _, _, v in history(client, run.info.run_id, "system/system.disk.io.write")] == ["30.0"]
+    assert "training/train.phase.duration/forward" in run.data.metrics
+    assert not any(key.startswith("training_metrics_update/") for key in run.data.metrics)  # no second copy
 
 
 def test_attached_run_gets_the_data_and_is_left_running(tmp_path: Path, store_uri: str) -> None:

@@ -265,21 +265,27 @@ def test_spans_encode_as_otlp_protobuf(otel: Otel) -> None:
 def test_metric_points_become_gauges_and_counters(otel: Otel) -> None:
     otel.t.metric("loss", 0.75, group="train", step=3)
     otel.t.metric("loss", 0.5, group="train", step=4)  # a gauge: the latest value
-    otel.t.metric("system.memory.usage", 1024, group="system", unit="By")
-    otel.t.metric("hw.energy", 10.0, group="system.gpu.0", unit="J")
-    otel.t.metric("hw.energy", 25.0, group="system.gpu.0", unit="J")  # a cumulative reading
-    otel.t.metric("hw.energy", 7.0, group="system.gpu.1", unit="J")
+    otel.t.metric("system.memory.usage", 1024, group="system", unit="By", attributes={"system.memory.state": "used"})
+    for gpu, value in (("0", 10.0), ("0", 25.0), ("1", 7.0)):  # a cumulative reading per device
+        otel.t.metric("hw.energy", value, group=f"system.gpu.{gpu}", unit="J", attributes={"hw.id": gpu,
+                                                                                         "hw.type": "gpu"})
     otel.t.metric("nan_seen", True, group="train")
+    otel.t.metric("train.phase.duration", 0.1, group="training", unit="s", attributes={"train.phase": "forward"})
     metrics = otel.metrics()
     loss = metrics["telemetrain.loss"]
     assert _point(loss, "train").value == 0.5
     assert set(_point(loss, "train").attributes) == {"telemetrain.group"}  # no step label
-    mem = metrics["system.memory.usage"]  # an OTel namespace: no prefix
-    assert mem.unit == "By" and _point(mem, "system").value == 1024
+    mem = metrics["system.memory.usage"]  # an OTel namespace: no prefix; the convention's attributes, no group
+    ((attrs, value),) = [(dict(p.attributes), p.value) for p in mem.data.data_points]
+    assert mem.unit == "By" and value == 1024 and attrs == {"system.memory.state": "used"}
     energy = metrics["hw.energy"]
     assert energy.unit == "J" and energy.data.is_monotonic  # a Sum: a counter
-    assert _point(energy, "system.gpu.0").value == 25.0 and _point(energy, "system.gpu.1").value == 7.0
+    by_gpu = {p.attributes["hw.id"]: p.value for p in energy.data.data_points}
+    assert by_gpu == {"0": 25.0, "1": 7.0}
+    assert {p.attributes["hw.type"] for p in energy.data.data_points} == {"gpu"}
     assert _point(metrics["telemetrain.nan_seen"], "train").value == 1
+    phase = _point(metrics["telemetrain.train.phase.duration"], "training")
+    assert dict(phase.attributes) == {"telemetrain.group": "training", "train.phase": "forward"}
 
 
 def test_stat_windows_become_gauges_per_aggregation(otel: Otel) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -65,14 +66,15 @@ def only(samples: dict[str, list[Any]], name: str) -> float:
 
 
 @contextlib.contextmanager
-def prometheus_server(tmp_path: Path, target_port: int) -> Iterator[str]:
-    """Start Debian's ``prometheus`` scraping 127.0.0.1:<target_port> every second; yield its base URL."""
+def prometheus_server(tmp_path: Path, *target_ports: int) -> Iterator[str]:
+    """Start Debian's ``prometheus`` scraping 127.0.0.1:<each target port> every second; yield its base URL."""
     assert PROMETHEUS is not None
     config = tmp_path / "prometheus.yml"
+    targets = ", ".join(f"'127.0.0.1:{port}'" for port in target_ports)
     config.write_text(
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
         "scrape_configs:\n  - job_name: telemetrain\n    static_configs:\n"
-        f"      - targets: ['127.0.0.1:{target_port}']\n"
+        f"      - targets: [{targets}]\n"
     )
     port = free_port()
     with _serve([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
@@ -139,7 +141,12 @@ def wait_for(base: str, promql: str) -> list[Any]:
         ("train.iteration_time.p99", "s", "telemetrain_train_iteration_time_p99_seconds"),
         ("train.samples_per_second", "1/s", "telemetrain_train_samples_per_second"),
         ("train.mfu", "1", "telemetrain_train_mfu_ratio"),
-        ("train.tflops_per_gpu", "TFLOP/s", "telemetrain_train_tflops_per_gpu"),
+        ("train.flops_per_gpu", "{flop}/s", "telemetrain_train_flops_per_gpu_per_second"),
+        ("train.tflops_per_gpu", "TFLOP/s", "telemetrain_train_tflops_per_gpu"),  # not UCUM: no suffix
+        ("data.wait", "ms", "telemetrain_data_wait_seconds"),  # base units: served in seconds
+        ("checkpoint.size", "MiBy", "telemetrain_checkpoint_size_bytes"),
+        ("io.rate", "By/s", "telemetrain_io_rate_bytes_per_second"),
+        ("system.disk.io", "By", "system_disk_io_bytes"),
         ("system.memory.usage", "By", "system_memory_usage_bytes"),
         ("process.cpu.time", "s", "process_cpu_time_seconds"),
         ("hw.energy", "J", "hw_energy_joules"),
@@ -207,35 +214,90 @@ def test_mapping_on_the_endpoint(tmp_path: Path) -> None:
         t.metric("process.cpu.time", 12.5, group="system", unit="s")
         t.metric("loss", 2.5)
         t.metric("loss", 1.25)  # the latest value wins
-        t.metric("hw.energy", 1000.0, group="system.gpu.1", unit="J")
+        t.metric("hw.energy", 1000.0, group="system.gpu.1", unit="J", attributes={"hw.id": "1", "hw.type": "gpu"})
+        t.metric("system.disk.io", 10, group="system", unit="By", attributes={"disk.io.direction": "read"})
+        t.metric("system.disk.io", 30, group="system", unit="By", attributes={"disk.io.direction": "write"})
+        t.metric("data.wait", 250.0, unit="ms")  # served in seconds
         t.metric("nan.metric", math.nan)
         t.metric("inf.metric", -math.inf, unit="s")
         stat = Stat("step.time", ("mean", "p50", "max", "p99.9"), samples=4, unit="s", telemetry=t)
         for v in (0.1, 0.2, 0.3, 0.4):
             stat.add(v)
-        t.event("training_metrics_update", {"mfu": 0.5, "final": True, "peak_source": "config"}, group="training")
+        t.event("training_metrics_update", {"mfu": 0.5, "final": True}, group="training")  # the store's, not a series
         assert t.flush()
         samples = scrape(sink.port or 0)
         assert only(samples, "telemetrain_loss") == 1.25
         assert only(samples, "telemetrain_tokens_seen_total") == 4096
         assert only(samples, "process_cpu_time_seconds_total") == 12.5
         (labels, value), = samples["hw_energy_joules_total"]
-        assert value == 1000.0 and labels["group"] == "system.gpu.1"
-        assert {k: labels[k] for k in IDENTITY} == {k: str(v) for k, v in IDENTITY.items()}
-        assert set(labels) == {"run_id", "session_tag", "perf_tag", "rank", "local_rank", "host", "group"}
+        assert value == 1000.0 and labels == {"rank": "0", "hw_id": "1", "hw_type": "gpu"}
+        disk = {lab["disk_io_direction"]: v for lab, v in samples["system_disk_io_bytes_total"]}
+        assert disk == {"read": 10, "write": 30}  # one family, a series per direction, a counter
+        assert only(samples, "telemetrain_data_wait_seconds") == 0.25
+        # the identity: rank on every series, the rest once, in the info metric
+        (labels, value), = samples["telemetrain_loss"]
+        assert labels == {"rank": "0"}
+        (info, one), = samples["telemetrain_run_info"]
+        assert one == 1 and {k: info[k] for k in IDENTITY} == {k: str(v) for k, v in IDENTITY.items()}
+        assert info["host"] == t.identity.host and info["world_size"] == "1"
         assert math.isnan(only(samples, "telemetrain_nan_metric"))
         assert only(samples, "telemetrain_inf_metric_seconds") == -math.inf
+        # a stat without the histogram aggregation: a summary (quantiles of the last window; count and sum cumulative)
         assert only(samples, "telemetrain_step_time_seconds_count") == 4
-        assert only(samples, "telemetrain_step_time_seconds_mean") == pytest.approx(0.25)
+        assert only(samples, "telemetrain_step_time_seconds_sum") == pytest.approx(1.0)
+        quantiles = {lab["quantile"]: v for lab, v in samples["telemetrain_step_time_seconds"]}
+        assert quantiles == {"0.5": pytest.approx(0.25), "0.999": pytest.approx(0.4, rel=1e-2)}
         assert only(samples, "telemetrain_step_time_seconds_max") == pytest.approx(0.4)
-        assert "telemetrain_step_time_seconds_p99_9" in samples
-        assert only(samples, "telemetrain_train_mfu_ratio") == 0.5
-        assert not any("final" in name or "peak_source" in name for name in samples)  # numbers only
+        assert "telemetrain_step_time_seconds_mean" not in samples  # rate(_sum) / rate(_count)
+        assert not any("mfu" in name or "final" in name for name in samples)  # events are not series
         kinds = {lab["kind"]: v for lab, v in samples["telemetrain_records_total"]}
-        assert kinds["metric"] == 7 and kinds["stat"] == 1 and kinds["event"] == 1
+        assert kinds["metric"] == 10 and kinds["stat"] == 1 and kinds["event"] == 1
     finally:
         t.close()
     assert not sink.serving
+
+
+def test_a_stat_with_a_histogram_is_a_cumulative_classic_histogram() -> None:
+    t = Telemetry(identity_from_env(**IDENTITY), store=False)
+    sink = PrometheusSink(port=0)
+    t.add_sink(sink)
+    try:
+        stat = Stat("step.time", ("histogram", "sum", "max"), samples=4, unit="s", telemetry=t)
+        for v in (0.1, 0.1, 0.3, 5000.0):  # 5000 s is above the seconds range: +Inf only
+            stat.add(v)
+        for v in (0.1, 0.2, 0.3, 0.3):
+            stat.add(v)
+        assert t.flush()
+        samples = scrape(sink.port or 0)
+        buckets = {float(lab["le"]): v for lab, v in samples["telemetrain_step_time_seconds_bucket"]}
+        assert buckets[math.inf] == 8 == only(samples, "telemetrain_step_time_seconds_count")
+        assert only(samples, "telemetrain_step_time_seconds_sum") == pytest.approx(5001.4)
+        bounds = sorted(b for b in buckets if b != math.inf)
+        assert bounds[-1] == 2.0**12 and all(b2 == pytest.approx(b1 * 2**0.5) for b1, b2 in itertools.pairwise(bounds))
+        assert bounds[0] < 0.1 <= bounds[1] and buckets[bounds[0]] == 0  # from the empty bucket below the lowest filled
+        counts = [buckets[b] for b in bounds]
+        assert counts == sorted(counts)  # cumulative
+        for le, expected in ((0.125, 3), (0.25, 4), (0.36, 7), (4096.0, 7)):  # 5000 s only under +Inf
+            assert max(v for b, v in buckets.items() if b <= le) == expected, le
+        assert only(samples, "telemetrain_step_time_seconds_max") == 0.3  # the last window's
+        assert "telemetrain_step_time_seconds" not in samples  # no quantile gauges: histogram_quantile
+    finally:
+        t.close()
+
+
+def test_a_unit_that_is_not_ucum_is_warned_about_once() -> None:
+    sink = PrometheusSink(port=0)
+    identity = identity_from_env(**IDENTITY)
+    try:
+        with pytest.warns(Warning, match=r"unit 'bytes' of metric 'ckpt.size' is not a UCUM unit.*'By' for bytes"):
+            sink.write([MetricPoint(0, 0, identity, "default", "ckpt.size", 1.0, "bytes"),
+                        MetricPoint(0, 0, identity, "default", "flops", 1.0, "TFLOP/s"),
+                        MetricPoint(0, 0, identity, "default", "ok", 1.0, "By")])
+        assert sink.non_ucum_units == {"bytes", "TFLOP/s"}
+        samples = scrape(sink.port or 0)
+        assert only(samples, "telemetrain_ckpt_size") == 1.0 and only(samples, "telemetrain_ok_bytes") == 1.0
+    finally:
+        sink.close()
 
 
 def test_a_scrape_sees_whole_batches() -> None:
@@ -354,7 +416,7 @@ def test_a_real_prometheus_scrapes_metrics_stats_and_the_training_report(tmp_pat
     t.add_sink(sink)
     try:
         t.metric("loss", 0.75, step=10)
-        t.metric("hw.energy", 5000.0, group="system.gpu.0", unit="J")
+        t.metric("hw.energy", 5000.0, group="system.gpu.0", unit="J", attributes={"hw.id": "0", "hw.type": "gpu"})
         t.metric("process.memory.usage", 2.0**30, group="system", unit="By")
         t.metric("nan.metric", math.nan)
         t.metric("inf.metric", math.inf)
@@ -379,40 +441,102 @@ def test_a_real_prometheus_scrapes_metrics_stats_and_the_training_report(tmp_pat
             (loss,) = wait_for(prom, "telemetrain_loss")
             labels = loss["metric"]
             assert float(loss["value"][1]) == 0.75
-            assert {k: labels[k] for k in IDENTITY} == {k: str(v) for k, v in IDENTITY.items()}
-            assert labels["host"] == t.identity.host and labels["job"] == "telemetrain"
-            assert "step" not in labels and "group" not in labels  # no high-cardinality labels; no device here
+            assert labels == {"__name__": "telemetrain_loss", "rank": "0", "job": "telemetrain",
+                              "instance": f"127.0.0.1:{sink.port}"}  # no identity labels, no step: constant series
+            # the identity, joined in by the info metric
+            join = "telemetrain_loss * on(instance) group_left(run_id, perf_tag) telemetrain_run_info"
+            (joined,) = wait_for(prom, join)
+            assert (joined["metric"]["run_id"], joined["metric"]["perf_tag"]) == ("run-a", "bs32")
 
             (energy,) = wait_for(prom, "hw_energy_joules_total")
-            assert energy["metric"]["group"] == "system.gpu.0" and float(energy["value"][1]) == 5000.0
+            assert energy["metric"]["hw_id"] == "0" and float(energy["value"][1]) == 5000.0
             (memory,) = wait_for(prom, "process_memory_usage_bytes")
             assert float(memory["value"][1]) == 2.0**30
             assert wait_for(prom, "telemetrain_nan_metric")[0]["value"][1] == "NaN"
             assert wait_for(prom, "telemetrain_inf_metric")[0]["value"][1] == "+Inf"
 
             assert float(wait_for(prom, "telemetrain_data_wait_seconds_count")[0]["value"][1]) == 3
-            assert float(wait_for(prom, "telemetrain_data_wait_seconds_mean")[0]["value"][1]) == pytest.approx(1.5)
-            assert float(wait_for(prom, "telemetrain_data_wait_seconds_p50")[0]["value"][1]) == pytest.approx(1.0)
+            assert float(wait_for(prom, "telemetrain_data_wait_seconds_sum")[0]["value"][1]) == pytest.approx(4.5)
+            (median,) = wait_for(prom, 'telemetrain_data_wait_seconds{quantile="0.5"}')
+            assert float(median["value"][1]) == pytest.approx(1.0)
 
+            # the derived training metrics: base units, counters for the totals, the iteration time a histogram
             expected = {
-                "telemetrain_train_iteration_time_mean_seconds": report["avg_iteration_time_sec"],
-                "telemetrain_train_iteration_time_p50_seconds": report["p50_iteration_time_sec"],
-                "telemetrain_train_iteration_time_p99_seconds": report["p99_iteration_time_sec"],
                 "telemetrain_train_samples_per_second": report["samples_per_second"],
                 "telemetrain_train_tokens_per_second": report["tokens_per_second"],
-                "telemetrain_train_tflops_per_gpu": report["train_throughput_per_gpu"],
+                "telemetrain_train_flops_per_gpu_per_second": report["train_throughput_per_gpu"] * 1e12,
                 "telemetrain_train_mfu_ratio": report["mfu"],
-                "telemetrain_train_window_seconds": report["window_seconds"],
-                "telemetrain_train_current_iteration": report["current_iteration"],
+                "telemetrain_train_iterations_total": report["num_iterations"],
+                "telemetrain_train_samples_total": report["num_train_samples"],
+                "telemetrain_train_tokens_total": report["train_tokens"],
+                "telemetrain_train_flops_total": report["total_flops"],
+                "telemetrain_train_iteration_time_seconds_count": 3,  # the first iteration is the warm-up
+                "telemetrain_train_iteration_time_seconds_sum": 3 * 0.08,
             }
             for name, value in expected.items():
                 (series,) = wait_for(prom, name)
-                assert float(series["value"][1]) == pytest.approx(value, rel=1e-9), name
-            assert report["avg_iteration_time_sec"] == pytest.approx(0.08, abs=1e-6)
+                assert float(series["value"][1]) == pytest.approx(value, rel=1e-6), name
+            (p50,) = wait_for(prom, "histogram_quantile(0.5, telemetrain_train_iteration_time_seconds_bucket)")
+            assert 2**-4 < float(p50["value"][1]) <= 2**-3.5  # 0.08 s lies in the bucket (0.0625, 0.0884]
+            # no duplicates: one series per value (the event's attributes are not served a second time)
+            names = {r["metric"]["__name__"] for r in query(prom, '{__name__=~"telemetrain_train.*"}')}
+            assert not any(n.startswith(("telemetrain_train_avg", "telemetrain_train_p99", "telemetrain_train_current"))
+                           for n in names), names
             kinds = {r["metric"]["kind"] for r in wait_for(prom, "telemetrain_records_total")}
             assert {"metric", "stat", "event", "span_start", "span_end"} <= kinds
     finally:
         t.close()
+
+
+@pytest.mark.skipif(PROMETHEUS is None, reason="the prometheus binary is absent (Debian: apt-get install prometheus)")
+def test_histogram_quantile_across_two_ranks_in_a_real_prometheus(tmp_path: Path) -> None:
+    """Rank 0's iterations all take 0.1 s; 4% of rank 1's take 0.3 s. The p99 of the job (both ranks, same rate) lies
+    in the 0.3 s bucket, which neither rank's own p99 gauge could have told: Prometheus' own histogram_quantile over
+    ``sum by (le) (rate(...))`` finds it, by linear interpolation inside the bucket (0.25, 0.3536]."""
+    telemetries = [Telemetry(identity_from_env(**{**IDENTITY, "rank": rank, "local_rank": rank, "world_size": 2}),
+                             store=False) for rank in (0, 1)]
+    sinks = [PrometheusSink(port=0) for _ in telemetries]
+    stats = []
+    for t, sink in zip(telemetries, sinks, strict=True):
+        t.add_sink(sink)
+        stats.append(Stat("step.time", ("histogram", "sum"), samples=100, unit="s", telemetry=t))
+    rank_values = ([0.1] * 100, [0.1] * 96 + [0.3] * 4)
+    stop = threading.Event()
+
+    def feed() -> None:  # both ranks at the same rate: 100 iterations each per 100 ms
+        while not stop.is_set():
+            for stat, values in zip(stats, rank_values, strict=True):
+                for v in values:
+                    stat.add(v)
+            for t in telemetries:
+                t.flush()
+            stop.wait(0.1)
+
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    try:
+        with prometheus_server(tmp_path, *(s.port or 0 for s in sinks)) as prom:
+            promql = "histogram_quantile(0.99, sum by (le) (rate(telemetrain_step_time_seconds_bucket[5s])))"
+            rank0 = ('histogram_quantile(0.99, sum by (le) '
+                     '(rate(telemetrain_step_time_seconds_bucket{rank="0"}[5s])))')
+            deadline = time.monotonic() + WAIT_S
+            while True:  # until both ranks have been scraped a few times inside the window
+                ranks = query(prom, "count by (rank) (count_over_time(telemetrain_step_time_seconds_count[5s]) >= 4)")
+                if len(ranks) == 2 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.25)
+            (p99,) = wait_for(prom, promql)
+            (p99_rank0,) = wait_for(prom, rank0)
+    finally:
+        stop.set()
+        feeder.join()
+        for t in telemetries:
+            t.close()
+    low, high = 2**-2, 2**-1.5  # the bucket of 0.3 s
+    share_below = 0.98  # of all iterations, those of 0.1 s
+    expected = low + (high - low) * (0.99 - share_below) / (1 - share_below)
+    assert float(p99["value"][1]) == pytest.approx(expected, abs=0.02)
+    assert float(p99_rank0["value"][1]) < 0.13  # rank 0 alone: its 0.1 s bucket
 
 
 # -- pushing to a Pushgateway (short jobs) ----------------------------------------------------------------------------
@@ -483,7 +607,7 @@ def test_a_short_job_pushes_to_a_real_pushgateway_without_serving(tmp_path: Path
         try:
             t.metric("loss", 2.5)
             t.metric("tokens.seen", 4096)
-            t.metric("hw.energy", 1000.0, group="system.gpu.1", unit="J")
+            t.metric("hw.energy", 1000.0, group="system.gpu.1", unit="J", attributes={"hw.id": "1", "hw.type": "gpu"})
             stat = Stat("step.time", ("mean", "max"), samples=2, unit="s", telemetry=t)
             stat.add(0.1)
             stat.add(0.3)
@@ -491,13 +615,15 @@ def test_a_short_job_pushes_to_a_real_pushgateway_without_serving(tmp_path: Path
             samples = gateway_samples(gateway, "short-job")
             (labels, value), = samples["telemetrain_loss"]
             assert value == 2.5
+            assert labels["job"] == "short-job" and (labels["run_id"], labels["rank"]) == ("run-a", "0")  # the group's
+            (labels, _), = samples["telemetrain_run_info"]
             assert {k: labels[k] for k in IDENTITY} == {k: str(v) for k, v in IDENTITY.items()}
-            assert labels["job"] == "short-job" and labels["host"] == t.identity.host
+            assert labels["host"] == t.identity.host
             assert only(samples, "telemetrain_tokens_seen_total") == 4096
             (labels, value), = samples["hw_energy_joules_total"]
-            assert value == 1000.0 and labels["group"] == "system.gpu.1"
+            assert value == 1000.0 and labels["hw_id"] == "1"
             assert only(samples, "telemetrain_step_time_seconds_count") == 2
-            assert only(samples, "telemetrain_step_time_seconds_mean") == pytest.approx(0.2)
+            assert only(samples, "telemetrain_step_time_seconds_sum") == pytest.approx(0.4)
             # the group's own bookkeeping, under the grouping key: run_id and rank
             (labels, _), = samples["push_time_seconds"]
             assert (labels["run_id"], labels["rank"]) == ("run-a", "0")

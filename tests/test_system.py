@@ -198,6 +198,33 @@ def test_host_and_process_metrics_have_base_units_and_sane_values(t: telemetrain
     assert {p.unit for p in _metrics(t, "process.cpu.utilization")} == {"1"}
 
 
+def test_records_carry_the_conventions_names_and_attributes(t: telemetrain.Telemetry, tmp_path: Path) -> None:
+    """Format v2: a direction or state is an attribute of one series (OpenTelemetry's), not a part of the name;
+    latest() keeps the series keys (the v1 names of the split series); the device is an attribute too."""
+    s = Sampler(t, interval=60, host=True, disk_paths=[tmp_path])
+    s.sample_now()
+    latest = s.latest()
+    disk = {p.attributes["disk.io.direction"]: p.value for p in _metrics(t, "system.disk.io")}
+    if ("system", "system.disk.io.read") in latest:
+        assert disk == {"read": latest[("system", "system.disk.io.read")],
+                        "write": latest[("system", "system.disk.io.write")]}
+        assert {p.unit for p in _metrics(t, "system.disk.io")} == {"By"}
+    assert not _metrics(t, "system.disk.io.read") and not _metrics(t, "system.network.io.receive")
+    for p in _metrics(t, "system.network.io"):
+        assert p.attributes["network.io.direction"] in ("receive", "transmit")
+    (memory,) = _metrics(t, "system.memory.usage")
+    assert memory.attributes == {"system.memory.state": "used"}
+    assert _metrics(t, "system.memory.limit")[0].attributes is None
+    (filesystem,) = [r for r in open_run(t.run_dir).records("metric") if r.name == "system.filesystem.usage"]
+    assert filesystem.attributes["system.filesystem.state"] == "used"
+    mountpoint = Path(filesystem.attributes["system.filesystem.mountpoint"])
+    assert os.path.ismount(mountpoint) and mountpoint in (tmp_path, *tmp_path.parents)
+    if hasattr(psutil.Process(), "num_fds"):
+        assert _metrics(t, "process.unix.file_descriptor.count")  # not the deprecated open_file_descriptor name
+        assert ("system", "process.unix.file_descriptor.count") in latest
+    assert not _metrics(t, "process.open_file_descriptor.count")
+
+
 def test_host_metrics_only_on_local_rank_zero_by_default(tmp_path: Path) -> None:
     ident = telemetrain.identity_from_env(env={})
     for local_rank, host in ((0, True), (1, False)):
@@ -832,3 +859,34 @@ def test_the_demo_records_system_samples(tmp_path: Path) -> None:
         "system.sampler.start", "system.sampler.stop"]
     text = "\n".join(summarize(run))
     assert "system      sampled by 1 process(es) every 1 s" in text and "memory" in text
+
+
+class _DeviceValues:
+    """A source adding what the NVML and allocator sources add on a GPU machine (no GPU here): the sampler's
+    publishing turns each series key into the conventions' record."""
+
+    name = "devices"
+
+    def sample(self, cycle: Any) -> None:
+        cycle.add("system.gpu.1", "hw.power", 312.5)
+        cycle.add("system.gpu.1", "hw.errors.uncorrected", 2)
+        cycle.add("system.gpu.1", "hw.gpu.clock.sm", 1.98e9)
+        cycle.add("system.cuda.0", "torch.cuda.memory.allocated", 1024)
+
+    def describe(self) -> dict[str, Any]:
+        return {}
+
+
+def test_device_series_carry_the_devices_attributes(t: telemetrain.Telemetry, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Sampler, "_build_sources", lambda self: [_DeviceValues()])
+    s = Sampler(t, interval=60, host=False, gpus=[], cuda_allocator=False)
+    s.sample_now()
+    assert s.latest()[("system.gpu.1", "hw.errors.uncorrected")] == 2  # keyed by series, as before
+    records = {(r.group, r.name): r for r in open_run(t.run_dir).records("metric")} if t.flush() else {}
+    power = records[("system.gpu.1", "hw.power")]
+    assert (power.unit, power.attributes) == ("W", {"hw.id": "1", "hw.type": "gpu"})
+    errors = records[("system.gpu.1", "hw.errors")]
+    assert errors.attributes == {"error.type": "uncorrected", "hw.id": "1", "hw.type": "gpu"}
+    assert errors.unit == "{error}"
+    assert records[("system.gpu.1", "hw.gpu.clock.sm")].attributes == {"hw.id": "1", "hw.type": "gpu"}
+    assert records[("system.cuda.0", "torch.cuda.memory.allocated")].attributes == {"torch.cuda.device": 0}

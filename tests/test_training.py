@@ -208,19 +208,27 @@ def test_derived_metrics_on_controlled_timings(telemetry: Telemetry, read_run: C
     loop = _spans(records, "span_start", "training_loop")[0]
     assert {e.span_id for e in _events(records, "training_metrics_update")} == {loop.span_id}
     # and its values are metric records too, with step = the zero-based global iteration
-    metric_names = {"train.iteration_time.mean": "avg_iteration_time_sec",
-                    "train.iteration_time.p50": "p50_iteration_time_sec",
-                    "train.iteration_time.p90": "p90_iteration_time_sec",
-                    "train.iteration_time.p99": "p99_iteration_time_sec",
-                    "train.iteration_time.max": "max_iteration_time_sec",
-                    "train.samples_per_second": "samples_per_second",
-                    "train.tokens_per_second": "tokens_per_second",
-                    "train.tflops_per_gpu": "train_throughput_per_gpu"}
+    metric_names = {"train.samples_per_second": ("samples_per_second", 1.0),
+                    "train.tokens_per_second": ("tokens_per_second", 1.0),
+                    "train.flops_per_gpu": ("train_throughput_per_gpu", 1e12),  # base units: FLOP/s
+                    "train.iterations": ("num_iterations", 1.0),
+                    "train.samples": ("num_train_samples", 1.0)}
     metrics = [m for m in records if m.kind == "metric" and m.group == "training"]
-    for name, key in metric_names.items():
+    for name, (key, factor) in metric_names.items():
         points = [m for m in metrics if m.name == name]
-        assert [(m.step, m.value) for m in points] == [(rep["current_iteration"], rep[key]) for rep in reports], name
-    assert {m.unit for m in metrics if m.name == "train.samples_per_second"} == {"1/s"}
+        assert [(m.step, m.value) for m in points] == [(rep["current_iteration"], pytest.approx(rep[key] * factor))
+                                                       for rep in reports], name
+    units = {m.name: m.unit for m in metrics}
+    assert units["train.samples_per_second"] == "{sample}/s" and units["train.flops_per_gpu"] == "{flop}/s"
+    assert units["train.iterations"] == "{iteration}"
+    # the window's iteration times: one stat record per report, its aggregates those of the event, with a histogram
+    stats = [r for r in records if r.kind == "stat" and r.name == "train.iteration_time"]
+    assert len(stats) == len(reports)
+    for stat, rep in zip(stats, reports, strict=True):
+        assert stat.group == "training" and stat.unit == "s" and stat.histogram is not None
+        assert stat.values["mean"] == rep["avg_iteration_time_sec"] and stat.values["p99"] == rep[
+            "p99_iteration_time_sec"]
+        assert stat.sample_count == sum(stat.histogram["positive"]["counts"]) + stat.histogram.get("zero_count", 0)
     assert _attrs(records, "error") == []
 
 
@@ -355,8 +363,10 @@ def test_sub_phase_split_from_the_recorder_context_managers(
     assert report["window_iterations"] == 3
     _assert_close(report, {f"avg_{p}_time_sec": ns / 3 / 1e9 for p, ns in durations.items()}, rel=1e-9)
     assert sum(report[f"{p}_time_fraction"] for p in durations) < 1  # the phases lie inside the window
-    forward_points = [m for m in records if m.kind == "metric" and m.name == "train.phase.forward"]
-    assert [(m.step, m.value) for m in forward_points] == [(2, report["avg_forward_time_sec"])]
+    phase_points = [m for m in records if m.kind == "metric" and m.name == "train.phase.duration"]
+    assert {m.attributes["train.phase"] for m in phase_points} == set(durations)  # one series per phase
+    forward_points = [m for m in phase_points if m.attributes == {"train.phase": "forward"}]
+    assert [(m.step, m.value, m.unit) for m in forward_points] == [(2, report["avg_forward_time_sec"], "s")]
 
 
 def test_mfu_against_an_explicit_peak(telemetry: Telemetry, read_run: Callable[..., Any]) -> None:

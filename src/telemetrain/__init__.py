@@ -6,6 +6,7 @@ to a durable local run store and to the backends you run. Importing telemetrain 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ._version import __version__
@@ -31,15 +32,36 @@ __all__ = [
     "flush",
     "get_telemetry",
     "identity_from_env",
+    "log",
     "metric",
     "reset",
     "set_telemetry",
 ]
 
 
-def metric(name: str, value: float, group: str = "default", *, unit: str = "", step: int | None = None) -> None:
+def metric(
+    name: str,
+    value: float,
+    group: str = "default",
+    attributes: Mapping[str, str | int | float | bool] | None = None,
+    *,
+    unit: str = "",
+    step: int | None = None,
+) -> None:
     """Record one value on the default instance (see ``Telemetry.metric``)."""
-    get_telemetry().metric(name, value, group, unit=unit, step=step)
+    get_telemetry().metric(name, value, group, attributes, unit=unit, step=step)
+
+
+def log(
+    metrics: Mapping[str, Any],
+    step: int | None = None,
+    *,
+    group: str = "default",
+    unit: str = "",
+    attributes: Mapping[str, str | int | float | bool] | None = None,
+) -> None:
+    """Record several values at once on the default instance, ``wandb.log`` style (see ``Telemetry.log``)."""
+    get_telemetry().log(metrics, step, group=group, unit=unit, attributes=attributes)
 
 
 def event(

@@ -26,6 +26,7 @@ from .cli_common import CLIError, resolve_run
 from .distributed import commands as launch_commands
 from .phase_times import DEVICE, iteration_time, phase_times
 from .report import commands as report_commands
+from .semconv import series_key
 from .store.layout import default_root
 from .store.reader import NotARunError, Run, find_runs, open_run
 from .text import printable
@@ -186,9 +187,11 @@ def _last_by_rank(records: Sequence[Any], kind: str) -> dict[tuple[str, str], _S
     series: dict[tuple[str, str], _Series] = {}
     for r in records:
         if r.kind == kind:
-            found = series.get((r.group, r.name))
+            # a metric's dimension labels (format v2) make their own series, named by series_key
+            key = (r.group, series_key(r.name, r.attributes) if kind == "metric" and r.attributes else r.name)
+            found = series.get(key)
             if found is None:
-                found = series[(r.group, r.name)] = _Series()
+                found = series[key] = _Series()
             found.last[r.identity.rank] = r
             found.count += 1
             if kind == "stat":
@@ -262,7 +265,7 @@ def _system_lines(records: Sequence[Any]) -> list[str]:
         ident = r.identity
         host_wide = r.name.startswith("system.") or r.group.startswith("system.gpu.")
         who = f"host {ident.host}" if host_wide else f"rank {ident.rank} pid {ident.pid}"
-        series.setdefault((who, r.group), {}).setdefault(r.name, []).append(float(r.value))
+        series.setdefault((who, r.group), {}).setdefault(series_key(r.name, r.attributes), []).append(float(r.value))
         if r.name in ("hw.energy", "hw.energy.integrated"):  # J since that process's sampler started
             energy_last[(who, r.group, r.name, ident.pid)] = float(r.value)
     starts = [r for r in records if r.kind == "event" and r.name == "system.sampler.start"]

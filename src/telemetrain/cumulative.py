@@ -10,20 +10,32 @@ from __future__ import annotations
 
 __all__ = ["CUMULATIVE_METRICS", "CUMULATIVE_UNITS", "is_cumulative"]
 
-# cumulative metrics of docs/system.md
+# cumulative metrics of docs/system.md (v2 names, and the v1 names for records read back from old runs) and the
+# derived training totals of docs/training.md
 CUMULATIVE_METRICS = frozenset(
     {
+        "system.disk.io",
+        "system.network.io",
+        "process.cpu.time",
+        "hw.errors",
+        "torch.cuda.alloc_retries",
+        "torch.cuda.ooms",
+        "train.iterations",
+        "train.samples",
+        "train.tokens",
+        "train.flops",
+        "train.checkpoint.saves",
+        "train.checkpoint.save_time",
+        # v1
         "system.disk.io.read",
         "system.disk.io.write",
         "system.network.io.receive",
         "system.network.io.transmit",
-        "process.cpu.time",
         "hw.errors.corrected",
         "hw.errors.uncorrected",
-        "torch.cuda.alloc_retries",
-        "torch.cuda.ooms",
     }
 )
+
 CUMULATIVE_UNITS = frozenset({"J"})
 
 

@@ -66,10 +66,13 @@ class _MetricPointFields(NamedTuple):
     value: Number
     unit: str = ""
     step: int | None = None
+    attributes: Attributes | None = None  # dimension labels (str keys; str, int, float or bool values)
 
 
 class MetricPoint(_MetricPointFields):
-    """One value of a named metric (torchelastic ``put_metric``, a derived training metric, a system sample)."""
+    """One value of a named metric (torchelastic ``put_metric``, a derived training metric, a system sample).
+    ``attributes``: a small dict of dimension labels (OpenTelemetry's data-point attributes, Prometheus' labels:
+    ``{"disk.io.direction": "read"}``); one series per distinct set."""
 
     __slots__ = ()
     kind: ClassVar[str] = "metric"
@@ -185,7 +188,12 @@ class PackedSource(Protocol):
 # ``(kind, time, token, group, name, *the other fields, *keys, *values)``. A nested tuple or dict would keep the
 # record tracked by the GC for several collections (measured); one flat tuple of atomics is untracked at the first.
 # Value: (index of the attributes field among the fields after ``name``, number of the other fields).
-ATTRIBUTE_LAYOUT: dict[str, tuple[int, int]] = {"event": (1, 3), "span_start": (3, 3), "span_end": (3, 4)}
+# A metric carries attributes only in its long form, ``(..., value, unit, step, *keys, *values)``: a packed metric of
+# at most 8 elements has none (``metric_attributes``), so the short forms stay as they were.
+ATTRIBUTE_LAYOUT: dict[str, tuple[int, int]] = {
+    "event": (1, 3), "span_start": (3, 3), "span_end": (3, 4), "metric": (3, 3)
+}
+METRIC_PLAIN_LEN = 8  # ("metric", time, token, group, name, value, unit, step): the longest without attributes
 
 
 def split_attributes(packed: tuple[Any, ...], n_other: int) -> tuple[tuple[Any, ...], dict[str, Any] | None]:
@@ -217,7 +225,7 @@ def unpack(packed: tuple[Any, ...], identity: Identity, wall_offset_ns: int) -> 
         mono, wall = mono
         wall_offset_ns = wall - mono
     layout = ATTRIBUTE_LAYOUT.get(kind)
-    if layout is None:
+    if layout is None or (kind == "metric" and len(packed) <= METRIC_PLAIN_LEN):
         fields = packed[3:]
     else:
         at, n_other = layout
@@ -298,6 +306,8 @@ def pack(record: Any, token: int) -> tuple[Any, ...]:
     at, _ = layout
     fields = record[5:]
     attributes = fields[at] or {}
+    if not attributes and record.kind == "metric":
+        return (*head, *fields[:at])
     return (*head, *fields[:at], *fields[at + 1 :], *attributes, *attributes.values())
 
 

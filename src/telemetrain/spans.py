@@ -11,8 +11,9 @@ it began within the last tick or two, like any record still queued. ``Span.add_e
 records an event linked to it.
 
 Ids are OpenTelemetry-shaped: a 128-bit trace id shared by a root span and its descendants and a 64-bit span id
-(written as 32 and 16 hex digits). In flight they are ints -- a random per-process high half over a counter, so no
-``os.urandom`` per span -- formatted by the consumer.
+(written as 32 and 16 hex digits). In flight they are ints, formatted by the consumer: a span id is a random
+per-process high half over a counter (no ``os.urandom`` per span); a root's trace id is 128 random bits from a
+generator of our own (W3C's random trace ids: a ratio sampler splits them).
 
 Sampling, per span name (``Tracer.sample(name, every=N)``): only every N-th span of that name is exported; the others
 still time themselves and call their ``on_end`` listeners (which is how every training iteration feeds the stats
@@ -61,20 +62,26 @@ STATUS_TERMINATED = "terminated"
 _STATUSES = (STATUS_OK, STATUS_ERROR, STATUS_TERMINATED)
 _UNSET: Any = object()
 
-# -- ids: a random 32-bit process salt above a 32-bit counter; redrawn in a forked child ---------------------------
+# -- ids: span ids a random 32-bit process salt above a 32-bit counter; trace ids random (W3C); redrawn after fork -----
 
-_rng = random.Random()
+_rng = random.Random()  # our own generator: a program's random.seed(0) must not make every rank's trace ids equal
+_random_bits = _rng.getrandbits
 _salt = 0
-_trace_base = 0
 _next_id: Callable[[], int] = itertools.count(1).__next__
 
 
 def _reseed() -> None:
-    global _salt, _next_id, _trace_base
+    global _salt, _next_id
     _rng.seed(int.from_bytes(os.urandom(16), "big") ^ os.getpid())
     _salt = _rng.getrandbits(32) << 32
-    _trace_base = _rng.getrandbits(64) << 64  # a root span's trace id: this over its own span id
     _next_id = itertools.count(1).__next__
+
+
+def _new_trace_id() -> int:
+    """A root span's trace id: 128 random bits, as W3C Trace Context (level 2, the ``random`` flag) asks, so a
+    ``TraceIdRatioBased`` sampler (which reads the low 64 bits) keeps the ratio of a process's traces, not all or
+    none of them. Only root spans draw one (~0.1 us)."""
+    return _random_bits(128) or 1
 
 
 _reseed()
@@ -166,8 +173,8 @@ class Span:
             exported = tracer._sampled(self.name)
         if exported:
             n = _next_id()
-            self.span_id = self._export_id = span_id = _salt | n if n < 0xFFFFFFFF else _new_span_id()
-            self.trace_id = _trace_base | span_id if parent is None else parent.trace_id
+            self.span_id = self._export_id = _salt | n if n < 0xFFFFFFFF else _new_span_id()
+            self.trace_id = _new_trace_id() if parent is None else parent.trace_id
             group = self.group
             routes = tracer._span_routes.get(group)
             if routes is None:
@@ -222,8 +229,8 @@ class Span:
     def _export(self, start_ns: int) -> None:
         """Draw its ids and write its start record (at ``start_ns``, a past time when exported late)."""
         parent = self.parent
-        self.span_id = self._export_id = span_id = _new_span_id()
-        self.trace_id = _trace_base | span_id if parent is None else parent.trace_id
+        self.span_id = self._export_id = _new_span_id()
+        self.trace_id = _new_trace_id() if parent is None else parent.trace_id
         self.start_ns = start_ns
         start_route, end_route, _ = self._tracer._routes_for(self.group)
         self._route = end_route or None

@@ -92,6 +92,23 @@ def _test_clock_skew_ns() -> int:
         return 0
 
 
+_ATTRIBUTE_VALUE_TYPES = (str, int, float, bool)
+_ATTRIBUTE_VALUE_SET = frozenset(_ATTRIBUTE_VALUE_TYPES)
+
+
+def check_metric_attributes(attributes: Any) -> None:
+    """A metric's attributes: a mapping of non-empty str keys to str, int, float or bool values (dimension labels:
+    a backend makes each distinct set its own series)."""
+    if not isinstance(attributes, Mapping):
+        raise TypeError(f"attributes must be a mapping, got {type(attributes).__name__}")
+    for key, value in attributes.items():
+        if type(key) is not str or not key:
+            raise TypeError(f"attributes keys must be non-empty str, got {key!r:.80}")
+        if type(value) not in _ATTRIBUTE_VALUE_TYPES:
+            raise TypeError(f"attributes[{key!r}] must be a str, int, float or bool (a dimension label), got "
+                            f"{type(value).__name__}: {value!r:.80}")
+
+
 def _read_offset() -> int:
     """Wall ns minus monotonic ns, from the tightest of up to 5 bracketed reads (plus the test hook's skew)."""
     skew = _test_clock_skew_ns()
@@ -158,6 +175,7 @@ class Telemetry:
         self.skipped_sinks: list[Sink] = []  # "zero" sinks not attached because this process is not rank 0
         self._final_collect_done = False
         self.refresh_clock()
+        self.config: dict[str, Any] = dict(config or {})  # the run's config (run.json; Sink.run_config)
         self.store: RunStoreSink | None = None
         if store is not False:
             if store is not True and not isinstance(store, (str, os.PathLike)):
@@ -236,6 +254,10 @@ class Telemetry:
         rank_policy = sink.ranks if ranks is None else ranks
         if rank_policy not in ("all", "zero"):
             raise ValueError(f"ranks must be 'all' or 'zero', got {rank_policy!r}")
+        if self.config and sink.run_config is None:
+            from .hparams import flatten  # (not at import: the core's import stays as small as it was)
+
+            sink.run_config = flatten(self.config)
         if rank_policy == "zero" and self._identity.rank != 0:
             self.skipped_sinks.append(sink)
             sink.close()
@@ -380,29 +402,94 @@ class Telemetry:
     # -- emitting --------------------------------------------------------------------------------------------------
 
     def metric(
-        self, name: str, value: float, group: str = "default", *, unit: str = "", step: int | None = None
+        self,
+        name: str,
+        value: float,
+        group: str = "default",
+        attributes: Mapping[str, str | int | float | bool] | None = None,
+        *,
+        unit: str = "",
+        step: int | None = None,
     ) -> None:
-        """Record one value. Returns at once (before any check) if nobody listens to ``group``."""
+        """Record one value. Returns at once (before any check) if nobody listens to ``group``. ``attributes``: the
+        dimension labels of the series (``{"disk.io.direction": "read"}``), str keys and str/int/float/bool values;
+        copied. (Positional-or-keyword, not keyword-only: CPython fills a missing keyword-only default with a dict
+        lookup per call, a positional one from a tuple, and a metric without attributes must cost what it did.)"""
+        try:
+            route = self._metric_routes.get(group)
+        except TypeError:
+            raise TypeError(f"group must be a str, got {type(group).__name__}") from None
+        if not route:  # (one test on the common path, not two: it pays for the attributes test below)
+            if route is None:
+                route = self._resolve("metric", group)
+            if not route:
+                return
+        if type(value) is not float and type(value) is not int:
+            value = check_value(value, "value")
+        if type(name) is not str or not name:
+            name = check_name(name, "name")
+        if unit or step is not None or attributes:  # the common case (none of them) skips these checks
+            if type(unit) is not str:
+                raise TypeError(f"unit must be a str, got {type(unit).__name__}")
+            if step is not None and type(step) is not int:
+                step = check_step(step)
+            if attributes:  # flattened to the end of the long form, keys then values (records.ATTRIBUTE_LAYOUT)
+                if type(attributes) is dict:  # the common case, checked inline (a call and an ABC check cost more)
+                    for k, v in attributes.items():
+                        if type(k) is not str or type(v) not in _ATTRIBUTE_VALUE_SET or not k:
+                            check_metric_attributes(attributes)  # raises, naming the key
+                else:
+                    check_metric_attributes(attributes)
+                route(("metric", _monotonic_ns(), self._token, group, name, value, unit, step, *attributes,
+                       *attributes.values()))
+            else:
+                route(("metric", _monotonic_ns(), self._token, group, name, value, unit, step))
+        else:  # the short packed form: trailing defaults left out (see records)
+            route(("metric", _monotonic_ns(), self._token, group, name, value))
+
+    def log(
+        self,
+        metrics: Mapping[str, Any],
+        step: int | None = None,
+        *,
+        group: str = "default",
+        unit: str = "",
+        attributes: Mapping[str, str | int | float | bool] | None = None,
+    ) -> None:
+        """Record several values at once, ``wandb.log``/``mlflow.log_metrics`` style: ``log({"loss": 0.31, "lr":
+        3e-4}, step=120)``. Every value is checked before any is recorded, so a bad one (a tensor: pass
+        ``.item()`` yourself) raises a ``TypeError`` naming its key and records nothing. One metric record per key,
+        all with the same time, ``step``, ``unit`` and ``attributes``."""
+        if not isinstance(metrics, Mapping):
+            raise TypeError(f"metrics must be a mapping of name -> number, got {type(metrics).__name__}")
         try:
             route = self._metric_routes.get(group)
         except TypeError:
             raise TypeError(f"group must be a str, got {type(group).__name__}") from None
         if route is None:
             route = self._resolve("metric", group)
-        if not route:
+        if not route or not metrics:
             return
-        if type(value) is not float and type(value) is not int:
-            value = check_value(value, "value")
-        if type(name) is not str or not name:
-            name = check_name(name, "name")
-        if unit or step is not None:  # the common case (neither) skips these checks
-            if type(unit) is not str:
-                raise TypeError(f"unit must be a str, got {type(unit).__name__}")
-            if step is not None and type(step) is not int:
-                step = check_step(step)
-            route(("metric", _monotonic_ns(), self._token, group, name, value, unit, step))
-        else:  # the short packed form: trailing defaults left out (see records)
-            route(("metric", _monotonic_ns(), self._token, group, name, value))
+        items: list[tuple[str, int | float | bool]] = []
+        for name, value in metrics.items():
+            if type(name) is not str or not name:
+                name = check_name(name, "metrics key")
+            if type(value) is not float and type(value) is not int:
+                value = check_value(value, f"metrics[{name!r}]")
+            items.append((name, value))
+        if type(unit) is not str:
+            raise TypeError(f"unit must be a str, got {type(unit).__name__}")
+        if step is not None and type(step) is not int:
+            step = check_step(step)
+        tail: tuple[Any, ...] = (unit, step)
+        if attributes:
+            check_metric_attributes(attributes)
+            tail = (unit, step, *attributes, *attributes.values())
+        elif attributes is not None and not isinstance(attributes, Mapping):
+            raise TypeError(f"attributes must be a mapping, got {type(attributes).__name__}")
+        mono, token = _monotonic_ns(), self._token
+        for name, value in items:
+            route(("metric", mono, token, group, name, value, *tail))
 
     def event(
         self,

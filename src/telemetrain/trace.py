@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from .output_file import atomic_output
+from .semconv import series_key
 from .store.layout import AGENT_ROLE
 from .store.reader import Run, find_runs, open_run
 
@@ -311,13 +312,15 @@ def _number(value: Any) -> float | None:
 
 
 def _counter_name(r: Any) -> str:
-    """A metric's counter: its name, with the device of per-device groups (system.gpu.0 -> ``hw.power gpu 0``)."""
+    """A metric's counter: its series (semconv.series_key: ``system.disk.io.read`` for a v1 and a v2 record), with the
+    device of per-device groups (system.gpu.0 -> ``hw.power gpu 0``)."""
+    name = series_key(r.name, r.attributes)
     for prefix, label in (("system.gpu.", "gpu"), ("system.cuda.", "cuda")):
         if r.group.startswith(prefix):
-            return f"{r.name} {label} {r.group[len(prefix):]}"
+            return f"{name} {label} {r.group[len(prefix):]}"
     if r.group.startswith("system.filesystem."):
-        return f"{r.name} {r.group[len('system.filesystem.'):]}"
-    return str(r.name)
+        return f"{name} {r.group[len('system.filesystem.'):]}"
+    return name
 
 
 # -- the trace ---------------------------------------------------------------------------------------------------------
@@ -509,9 +512,9 @@ def _counters(proc: _Process, pid: int, origin: int, all_metrics: bool) -> Itera
                 if value is not None:
                     yield {"ph": "C", "pid": pid, "name": name, "ts": ts, "args": {"value": value}}
         elif r.kind == "metric":
-            if r.group == "training" and r.name in _THROUGHPUT.values():
+            if r.group == "training" and (r.name in _THROUGHPUT.values() or r.name == "train.flops_per_gpu"):
                 continue  # drawn from the event above
-            if not all_metrics and r.name not in _SYSTEM_COUNTERS:
+            if not all_metrics and series_key(r.name, r.attributes) not in _SYSTEM_COUNTERS:
                 continue
             value = _number(r.value)
             if value is not None:

@@ -549,8 +549,8 @@ def _evaluate_and_record(
     finally:
         if recorder is not None:
             recorder.on_validation_end()
-    t.metric("val.loss", val_loss, "val", unit="nats", step=step)
-    t.metric("val.accuracy", val_acc, "val", unit="ratio", step=step)
+    t.metric("val.loss", val_loss, "val", unit="{nat}", step=step)
+    t.metric("val.accuracy", val_acc, "val", unit="1", step=step)
     events.record(
         events.Event(
             name="demo.evaluation",

@@ -29,7 +29,13 @@ The mapping (read from ``Trainer._inner_training_loop``/``_run_epoch``/``_maybe_
   known start (the ``guard()`` entry, or the Trainer's ``on_init_end``) to ``on_train_begin``: an upper bound, as
   it includes ``train()``'s set-up (data loader, optimizer, ``accelerate.prepare``); attribute ``includes_setup``.
 - ``on_log``: every numeric value of ``logs`` (loss, learning_rate, grad_norm, eval_*, train_*) is a metric of
-  group ``metrics_group`` (``"hf"``) at step ``state.global_step``; NaN and inf are stored as they are.
+  group ``metrics_group`` (``"hf"``) at step ``state.global_step - 1``: the zero-based index of the optimizer step
+  the value was logged after, the step the derived training metrics and Lightning's ``self.log`` use, so a loss and
+  the throughput of the same window share a step (HF's own TensorBoard callback writes ``global_step``, one more);
+  NaN and inf are stored as they are.
+- Hyperparameters (``log_hyperparams=True``): at the first ``on_train_begin``, the ``TrainingArguments``
+  (``args.to_dict()``) and the model's config (``model.config``, under ``model.``), as HF's own MLflow and W&B
+  callbacks log them: a ``hyperparameters`` event (``telemetrain.hparams``): MLflow params, TensorBoard HParams.
 
 Exceptions: the Trainer has no exception hook. ``guard()`` (a context manager around ``train()``, ``evaluate()``...)
 ends what is open with status ``error`` and the exception: the optimizer span, the iteration (not counted: its step
@@ -66,6 +72,7 @@ except ImportError as exc:
     raise missing_extra("telemetrain.integrations.hf", "transformers", "hf", exc) from None
 
 from ..dispatch import describe, warn_safely
+from ..hparams import log_hyperparams
 from ..spans import Span
 from ..telemetry import Telemetry
 from ..training.config import TrainingTelemetryConfig, config_overrides
@@ -87,7 +94,8 @@ class TelemetrainHFCallback(TrainerCallback):
     and the first batch at each ``train()``, with ``overrides`` on top (config fields, with or without ``_or_fn``:
     ``flops_per_sample=6 * n_params * seq``, ``perf_tag="gpt2-small"``...). ``telemetry``/``recorder``: where to
     record (default: the recorder of the default ``Telemetry``, which ``training.application()`` and the other
-    module-level context managers also use). ``metrics_group``: the group of the ``logs`` metrics."""
+    module-level context managers also use). ``metrics_group``: the group of the ``logs`` metrics.
+    ``log_hyperparams``: record the Trainer's arguments and the model's config once, at the first ``train()``."""
 
     def __init__(
         self,
@@ -96,6 +104,7 @@ class TelemetrainHFCallback(TrainerCallback):
         telemetry: Telemetry | None = None,
         recorder: TrainingRecorder | None = None,
         metrics_group: str = "hf",
+        log_hyperparams: bool = True,
         **overrides: Any,
     ) -> None:
         self._overrides = config_overrides(config, overrides)
@@ -106,6 +115,7 @@ class TelemetrainHFCallback(TrainerCallback):
         self.telemetry = self.recorder.telemetry
         self.config = config
         self.metrics_group = metrics_group
+        self._log_hyperparams = bool(log_hyperparams)
         self.failures = 0  # exceptions inside this callback's hooks (each also an error event; training goes on)
         self.micro_batches = 0  # micro-batches of the current (or last) train() call
         self.seq_length: int | None = None  # from the first batch's input_ids
@@ -163,6 +173,9 @@ class TelemetrainHFCallback(TrainerCallback):
             if config is not None:
                 recorder.set_training_telemetry_config(config)
             self._start_app()
+            if self._log_hyperparams:
+                self._log_hyperparams = False
+                self._record_hyperparameters(args, kwargs.get("model"))
             if state.global_step > 0:
                 self._record_load(args, state, now)
             self._origin_ns = 0
@@ -174,6 +187,15 @@ class TelemetrainHFCallback(TrainerCallback):
             self._boundary_ns = self._last_hook_ns = _mono()
         except Exception as exc:  # noqa: BLE001 - telemetry never breaks training
             self._failed("on_train_begin", exc)
+
+    def _record_hyperparameters(self, args: TrainingArguments, model: Any) -> None:
+        to_dict_args: Any = args.to_dict  # (untyped in transformers)
+        params: dict[str, Any] = dict(to_dict_args())
+        config = getattr(model, "config", None)
+        to_dict: Any = getattr(config, "to_dict", None)
+        if callable(to_dict):
+            params["model"] = to_dict()
+        log_hyperparams(params, self.telemetry)
 
     def _start_app(self) -> None:
         """The application span, from the known origin, unless one is open (ours, or the user's own
@@ -327,7 +349,8 @@ class TelemetrainHFCallback(TrainerCallback):
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                logs: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         try:
-            metric, group, step = self.telemetry.metric, self.metrics_group, state.global_step
+            # the zero-based index of the step just taken: the derived metrics' (and Lightning's) step
+            metric, group, step = self.telemetry.metric, self.metrics_group, max(state.global_step - 1, 0)
             for name, value in (logs or {}).items():
                 if type(value) is float or (type(value) is int):
                     metric(name, value, group, step=step)

@@ -131,9 +131,12 @@ def _identity(m: ReportModel) -> str:
     if m.end_ns > m.start_ns:
         rows.append(("records from", f"{_iso(m.start_ns)} to {_iso(m.end_ns)}"))
     body = '<div class="cols"><div>' + _table(("field", "value"), rows) + "</div>"
-    for key in ("config", "versions", "hardware"):
+    sections = (("config", meta.get("config")), ("hyperparameters", m.hyperparameters),
+                ("training config", m.training_config), ("versions", meta.get("versions")),
+                ("hardware", meta.get("hardware")))
+    for key, values in sections:
         flat: list[tuple[str, str]] = []
-        _flatten("", meta.get(key) or {}, flat)
+        _flatten("", values or {}, flat)
         if flat:
             body += f"<div><h3>{esc(key)}</h3>" + _table(("key", "value"), flat) + "</div>"
     body += "</div>"

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..phase_times import DEVICE, iteration_time, phase_times
+from ..semconv import series_key
 from ..store.reader import ProcessLog, Run
 from .gpu_health import build_gpu_health, gpu_findings, gpu_headline
 
@@ -143,6 +144,9 @@ class ReportModel:
     goodput: Any = None  # training.goodput.GoodputReport of the session, when it could be computed
     gpu: Any = None  # gpu_health.GpuHealth: GPU samples joined to the windows, and energy per unit of work
     goodput_error: str = ""
+    # the hyperparameters events (hparams.log_hyperparams: Lightning's, HF's, yours) and the training config event
+    hyperparameters: dict[str, Any] = dataclasses.field(default_factory=dict)
+    training_config: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def ranks(self) -> list[int]:
@@ -202,6 +206,8 @@ class _Collector:
         self.unencodable = 0
         self.metric_stats: dict[tuple[str, str], list[Any]] = {}  # (group, name) -> [count, last, min, max, unit]
         self.span_stats: dict[tuple[str, str], list[Any]] = {}  # (group, name) -> [count, seconds, not ok]
+        self.hyperparameters: dict[str, Any] = {}
+        self.training_config: dict[str, Any] = {}
         self.first_ns: int | None = None
         self.last_ns: int | None = None
 
@@ -239,10 +245,10 @@ class _Collector:
                 last = wall
             if kind == "metric":
                 value = r.value
+                name = series_key(r.name, r.attributes) if r.attributes else r.name  # v1 and v2 alike
                 if type(value) is float and not math.isfinite(value):
-                    entry = nonfinite.setdefault((r.group, r.name), [0, r.step, value, rank])
+                    entry = nonfinite.setdefault((r.group, name), [0, r.step, value, rank])
                     entry[0] += 1
-                name = r.name
                 key = (r.group, name)
                 st = metric_stats.get(key)
                 if st is None:
@@ -300,6 +306,10 @@ class _Collector:
                         windows.append(window)
                     self.last_update[rank] = attributes
                     continue
+                if not agent and name in ("hyperparameters", "update_training_telemetry_config"):
+                    into = self.hyperparameters if group == "run" else self.training_config
+                    for key, value in attributes.items():
+                        into.setdefault(key, value)  # ranks agree; the lowest rank's value is kept otherwise
                 if group == "cross_rank" and name == "straggler":
                     self.stragglers.append({**attributes, "reported_by": rank, "wall_ns": wall})
                     continue
@@ -698,6 +708,7 @@ def build_model(run: Run) -> ReportModel:
     model.events, model.events_left_out, model.event_counts = c.events, c.events_left_out, c.event_counts
     model.problems = c.problems
     model.metric_stats, model.span_stats = c.metric_stats, c.span_stats
+    model.hyperparameters, model.training_config = c.hyperparameters, c.training_config
     model.stragglers = sorted(c.stragglers, key=lambda s: (s.get("step") if isinstance(s.get("step"), int) else -1,
                                                            str(s.get("rank"))))
     model.slow_ranks = _slow_ranks(model.windows)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..records import PackedSource, unpack_batch
@@ -23,12 +23,17 @@ class Sink:
 
     Runners call ``write_packed`` with records as they come off the queue (packed, see ``records``); the default
     unpacks them and calls ``write``. A sink may override ``write_packed`` to skip unpacking (the run-store writer).
+
+    ``run_config``: the run's config (``Telemetry(config=...)``, flattened to dotted keys by ``hparams.flatten``),
+    set by ``Telemetry.add_sink`` before the first record; the hyperparameter backends log it (MLflow params,
+    TensorBoard HParams, OpenTelemetry attributes). ``None`` when the Telemetry has none.
     """
 
     name: str = "sink"
     background: bool = True
     kinds: frozenset[str] | None = None
     ranks: str = "all"
+    run_config: Mapping[str, Any] | None = None
 
     def write(self, records: Sequence[Any]) -> None:
         """Consume a batch of records, oldest first."""

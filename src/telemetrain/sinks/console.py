@@ -114,7 +114,9 @@ def format_record(record: Any) -> tuple[str, str]:
     kind = record.kind
     if kind == "metric":
         step = f" step={record.step}" if record.step is not None else ""
-        return "metric", f"{_value(record.group)}/{_value(record.name)} = {_with_unit(record.value, record.unit)}{step}"
+        labels = _attrs(record.attributes)  # (a metric's dimension labels, format v2)
+        return "metric", (f"{_value(record.group)}/{_value(record.name)} = {_with_unit(record.value, record.unit)}"
+                          f"{step}{labels}")
     if kind == "event":
         return "event", f"{_value(record.group)}/{_value(record.name)} [{record.severity}]{_attrs(record.attributes)}"
     if kind == "span_start":

@@ -1,12 +1,18 @@
-"""MLflow tracking: metrics with their steps, identity and training config as params, one MLflow run per process.
+"""MLflow tracking: metrics with their steps, the run's hyperparameters as params, one MLflow run per process.
 
 Needs the ``mlflow`` extra (``pip install 'telemetrain[mlflow]'``: mlflow-skinny, the tracking client alone).
 
-Metric keys: the name for group ``default``; ``system/<name>`` for group ``system`` and ``system/<device>/<name>``
-for ``system.<device>`` (``system/gpu.0/hw.gpu.utilization``); else ``<group>/<name>``. A stat window gives
-``<key>/<aggregation>``; a ``training_metrics_update`` event ``training_metrics_update/<attribute>`` for each numeric
-attribute at step ``current_iteration``. Steps: the record's, else a count per key from 0. Timestamps: the record's
-wall time. Params: ``identity.<field>`` and ``config.<attribute>`` (the ``update_training_telemetry_config`` event).
+Metric keys, one per series: the series (``semconv.series_key``: the name, ``train.phase.duration/forward`` for a
+metric with attributes, ``system.disk.io.read``) for group ``default``; ``system/<series>`` for group ``system`` and
+``system/<device>/<series>`` for ``system.<device>`` (``system/gpu.0/hw.gpu.utilization``); else
+``<group>/<series>``. A stat window gives ``<key>/<aggregation>``. Steps: the record's; without one (system samples,
+stat windows) the *global step*, the highest step this process's records have carried so far, so every series lines
+up with the loss. Timestamps: the record's wall time. The derived training metrics are metric records of their own
+(``train.*``); the ``training_metrics_update`` event is not logged a second time.
+
+Params: the run's config (``Telemetry(config=...)``, flattened: ``model.layers``), the ``hyperparameters`` events
+(``hparams.log_hyperparams``: Lightning's ``save_hyperparameters()``, the HF Trainer's arguments, yours) under their
+own keys; ``identity.<field>``; ``config.<attribute>`` for the training config (``update_training_telemetry_config``).
 
 Everything talks to the tracking server from the dispatcher's thread, one ``log_batch`` call per batch of records
 (the client splits it into requests within MLflow's limits); the run is created (or attached) there on the first
@@ -31,7 +37,9 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess by th
 
 from .. import process_hooks
 from ..dispatch import warn_safely
+from ..hparams import is_hyperparameters
 from ..identity import Identity
+from ..semconv import series_key
 from .base import Sink
 
 __all__ = ["MLflowSink", "metric_key"]
@@ -52,7 +60,7 @@ def _clean_key(key: str) -> str:
 
 
 def metric_key(group: str, name: str) -> str:
-    """The MLflow key of a metric (or the base of a stat's keys)."""
+    """The MLflow key of a metric (``name``: its series, ``semconv.series_key``) or the base of a stat's keys."""
     if group == "default":
         key = name
     elif group == "system" or group.startswith("system."):
@@ -101,8 +109,8 @@ class MLflowSink(Sink):
         self.end_run = end_run if end_run is not None else run_id is None
         self._client: MlflowClient | None = None
         self.run_id: str | None = None  # the MLflow run, once created or attached
-        self._counters: dict[str, int] = {}
-        self._keys: dict[tuple[str, str], str] = {}  # (group, name) -> key: cleaning costs more than the lookup
+        self._step = 0  # the global step: the highest step seen on a record
+        self._keys: dict[tuple[str, str, Any], str] = {}  # (group, name, attributes) -> key: cheaper than cleaning
         self._params: dict[str, str] = {}  # logged
         self._pending_params: dict[str, str] = {}
         self._changed_warned = False
@@ -120,6 +128,7 @@ class MLflowSink(Sink):
                 run_id = client.create_run(self._experiment_id(client), run_name=self._name(identity),
                                            tags=self.tags or None).info.run_id
             self.run_id = run_id
+            self._add_params(self.run_config or {})
             self._add_params({f"identity.{f}": getattr(identity, f) for f in _IDENTITY_FIELDS})
         return client, self.run_id
 
@@ -155,19 +164,13 @@ class MLflowSink(Sink):
 
     # -- records ---------------------------------------------------------------------------------------------------
 
-    def _step(self, key: str, step: int | None) -> int:
-        if step is not None:
-            return step
-        n = self._counters.get(key, 0)
-        self._counters[key] = n + 1
-        return n
-
-    def _key(self, group: str, name: str) -> str:
-        key = self._keys.get((group, name))
+    def _key(self, group: str, name: str, attributes: Mapping[str, Any] | None = None) -> str:
+        cache = (group, name, tuple(attributes.items()) if attributes else None)
+        key = self._keys.get(cache)
         if key is None:
             if len(self._keys) >= 100_000:  # bounded, whatever names come
                 self._keys.clear()
-            key = self._keys[group, name] = metric_key(group, name)
+            key = self._keys[cache] = metric_key(group, series_key(name, attributes) if attributes else name)
         return key
 
     def write(self, records: Sequence[Any]) -> None:
@@ -180,23 +183,26 @@ class MLflowSink(Sink):
             kind = r.kind
             ms = r.wall_ns // 1_000_000
             if kind == "metric":
-                key = self._key(r.group, r.name)
-                add(Metric(key=key, value=float(r.value), timestamp=ms, step=self._step(key, r.step)))
+                key = self._key(r.group, r.name, r.attributes)
+                step = r.step
+                if step is None:
+                    step = self._step
+                elif step > self._step:
+                    self._step = step
+                add(Metric(key=key, value=float(r.value), timestamp=ms, step=step))
             elif kind == "stat":
                 base = self._key(r.group, r.name)
-                step = self._step(base, None)
                 for agg, value in r.values.items():
-                    add(Metric(key=_clean_key(f"{base}/{agg}"), value=float(value), timestamp=ms, step=step))
+                    add(Metric(key=_clean_key(f"{base}/{agg}"), value=float(value), timestamp=ms, step=self._step))
             elif kind == "event" and r.attributes:
-                if r.name == TRAINING_METRICS_EVENT:
-                    current = r.attributes.get("current_iteration")
-                    for attr, value in r.attributes.items():
-                        if type(value) in (int, float):  # bool is not numeric here (``final``)
-                            key = _clean_key(f"{TRAINING_METRICS_EVENT}/{attr}")
-                            at = self._step(key, current if type(current) is int else None)
-                            add(Metric(key=key, value=float(value), timestamp=ms, step=at))
+                if is_hyperparameters(r):
+                    self._add_params(r.attributes)
                 elif r.name == TRAINING_CONFIG_EVENT:
                     self._add_params({f"config.{k}": v for k, v in r.attributes.items()})
+                elif r.name == TRAINING_METRICS_EVENT:
+                    current = r.attributes.get("current_iteration")
+                    if type(current) is int and current > self._step:
+                        self._step = current
         if metrics:
             client.log_batch(run_id, metrics=metrics)
         if self._pending_params:
@@ -228,4 +234,4 @@ class MLflowSink(Sink):
             self.run_id = None
             self._params.clear()
         self._pending_params.clear()
-        self._counters.clear()
+        self._step = 0

@@ -1,19 +1,30 @@
-"""TensorBoard event files: metrics, stat windows and derived training metrics as scalars, the run as text.
+"""TensorBoard event files: metrics and stat windows as scalars, the run's hyperparameters as HParams, the run as text.
 
 Needs the ``tensorboard`` extra (``pip install 'telemetrain[tensorboard]'``); neither torch nor TensorFlow.
 
 Layout: one event file per process under ``<logdir>/<run_id>/rank<rank>`` (``run_subdirs=False``: in ``logdir``
 itself), so ``tensorboard --logdir <logdir>`` shows each rank of each run as its own TensorBoard run.
 
-Tags (TensorBoard groups tags by what precedes the first ``/``):
+Scalars are ``simple_value`` summaries, as torch's ``SummaryWriter.add_scalar`` writes them, so
+``EventAccumulator(...).Scalars(tag)`` and every script built on it read them. One tag per series
+(TensorBoard groups tags by what precedes the first ``/``):
 
-- a metric record: its name for group ``default``, ``system/<device>/<name>`` for group ``system.<device>``
-  (``system/gpu.0/hw.gpu.utilization``), else ``<group>/<name>`` (``system/system.cpu.utilization``,
-  ``training/train.mfu``); step: the record's, else a count per tag from 0;
-- a stat window: ``<stat tag>/<aggregation>`` (``default/latency/p99`` is ``latency/p99``); step: a count per stat;
-- a ``training_metrics_update`` event: ``training_metrics_update/<attribute>`` for each numeric attribute; step:
-  its ``current_iteration``;
-- the identity as text (``run/identity``) and as hparams; the training config event as text (``run/training_config``).
+- a metric record: its series (``semconv.series_key``: ``train.phase.duration/forward``, ``system.disk.io.read``)
+  alone for group ``default``, ``system/<device>/<series>`` for group ``system.<device>``
+  (``system/gpu.0/hw.gpu.utilization``), else ``<group>/<series>`` (``system/system.cpu.utilization``,
+  ``training/train.mfu``);
+- a stat window: ``<stat tag>/<aggregation>`` (``default/latency/p99`` is ``latency/p99``).
+
+Step: the record's own; a record without one (system samples, stat windows, a metric logged without a step) is
+written at the *global step*, the highest step this process's records have carried so far (the training loop's
+derived metrics carry the iteration), so every series lines up on the x axis of the loss.
+
+HParams: the identity, the run's config (``Sink.run_config``), the training config (``config.<field>``) and the
+``hyperparameters`` events (``hparams.log_hyperparams``: Lightning's, the HF Trainer's, yours) as one session start,
+written at the first record that carries a step (by then a training job has logged them) or at close, whichever
+comes first; a session end at close (its status: success, or failure for a process dying of an exception or
+SIGTERM). The HParams dashboard shows each metric's last value beside them. Hyperparameters that arrive after the
+session start are in the ``run/hparams`` text (TensorBoard keeps the first session start of a run).
 
 Wall time is the record's. Values are float32, as every TensorBoard scalar is: NaN and +-inf are kept, a finite
 value beyond float32's range becomes +-inf (the run store keeps the exact value).
@@ -24,7 +35,7 @@ error reaches the dispatcher (which counts it), and a forked child drops the par
 of it. The frame checksum is TensorBoard's masked CRC-32C; TensorBoard computes it in pure Python (~8 us, two per
 record: most of this sink's cost, and GIL time taken from the training thread), so the C implementation of
 ``google-crc32c`` (in the extra) is used when it is installed. Values that share a step and a time (a stat window's
-aggregations, a training report's attributes) travel in one event.
+aggregations) travel in one event.
 """
 
 from __future__ import annotations
@@ -33,24 +44,28 @@ import itertools
 import os
 import struct
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..extras import missing_extra
 
 try:
-    from tensorboard.compat.proto import event_pb2, summary_pb2, types_pb2  # type: ignore[import-untyped]
+    from tensorboard.compat.proto import event_pb2, summary_pb2  # type: ignore[import-untyped]
     from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import (  # type: ignore[import-untyped]
         masked_crc32c as _tb_masked_crc32c,
     )
+    from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2  # type: ignore[import-untyped]
+    from tensorboard.plugins.hparams import metadata as hparams_metadata
     from tensorboard.plugins.hparams.summary_v2 import hparams_pb  # type: ignore[import-untyped]
-    from tensorboard.plugins.scalar import metadata as scalar_metadata  # type: ignore[import-untyped]
     from tensorboard.plugins.text.summary_v2 import text_pb  # type: ignore[import-untyped]
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the tests
     raise missing_extra("telemetrain.sinks.tensorboard", "tensorboard", "tensorboard", exc) from None
 
+from .. import process_hooks
+from ..hparams import finite_or_text, is_hyperparameters
 from ..identity import Identity
+from ..semconv import series_key
 from .base import Sink
 
 _crc32c: Callable[[bytes], int] | None
@@ -63,6 +78,7 @@ __all__ = ["TensorBoardSink", "metric_tag"]
 
 TRAINING_METRICS_EVENT = "training_metrics_update"
 TRAINING_CONFIG_EVENT = "update_training_telemetry_config"
+_ENDED = {"failed": api_pb2.STATUS_FAILURE, "killed": api_pb2.STATUS_FAILURE}  # process_hooks.ending() -> status
 _IDENTITY_FIELDS = ("run_id", "session_tag", "perf_tag", "rank", "local_rank", "world_size", "host", "role")
 _file_numbers = itertools.count()  # two sinks of one process in one directory get two files
 
@@ -88,6 +104,11 @@ def _markdown_table(items: dict[str, Any]) -> str:
     return "| key | value |\n|---|---|\n" + "\n".join(f"| {cell(k)} | {cell(v)} |" for k, v in items.items())
 
 
+def _hparam(value: Any) -> Any:
+    """A config value as an HParams value (str, bool or a number)."""
+    return value if type(value) in (str, bool, int, float) else str(value)
+
+
 def _fast_masked_crc32c(data: bytes) -> int:
     assert _crc32c is not None
     crc = _crc32c(data)
@@ -106,21 +127,24 @@ def tfrecord(data: bytes) -> bytes:
 
 
 class _EventFile:
-    """One event file: its descriptor, the tags that already carry their metadata, the step counters."""
+    """One event file: its descriptor, the global step, the hyperparameters and whether they are written."""
 
-    def __init__(self, directory: Path, identity: Identity, wall_s: float) -> None:
+    def __init__(self, directory: Path, identity: Identity, wall_s: float, run_config: Mapping[str, Any]) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         name = f"events.out.tfevents.{int(time.time()):010d}.{identity.host}.{os.getpid()}.{next(_file_numbers)}"
         self.path = directory / name
         self.fd: int | None = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
         self.parts: list[bytes] = []  # the framed records of this batch, written in one go
-        self.described: set[str] = set()
-        self.counters: dict[str, int] = {}
+        self.step = 0  # the global step: the highest step seen on a record
+        self.start_s = wall_s
+        self.last_s = wall_s
+        self.trial = f"{identity.run_id}/rank{identity.rank}"
+        self.hparams: dict[str, Any] = {f"identity.{f}": getattr(identity, f) for f in _IDENTITY_FIELDS}
+        self.hparams.update(run_config)
+        self.session_started = False
         self.add(event_pb2.Event(wall_time=wall_s, file_version="brain.Event:2"))
         ident = {f: getattr(identity, f) for f in _IDENTITY_FIELDS}
         self.add_summary(text_pb("run/identity", _markdown_table(ident)), 0, wall_s)
-        trial = f"{identity.run_id}/rank{identity.rank}"
-        self.add_summary(hparams_pb(ident, trial_id=trial, start_time_secs=wall_s), 0, wall_s)
 
     def add(self, event: Any) -> None:
         self.parts.append(tfrecord(event.SerializeToString()))
@@ -128,25 +152,38 @@ class _EventFile:
     def add_summary(self, summary: Any, step: int, wall_s: float) -> None:
         self.add(event_pb2.Event(wall_time=wall_s, step=step, summary=summary))
 
-    def next_step(self, tag: str) -> int:
-        step = self.counters.get(tag, 0)
-        self.counters[tag] = step + 1
-        return step
-
     def scalar(self, tag: str, value: float) -> Any:
-        """A scalar summary value (float32: NaN and +-inf kept, a finite value past its range -> +-inf)."""
-        v = summary_pb2.Summary.Value(tag=tag)
-        v.tensor.dtype = types_pb2.DT_FLOAT
-        v.tensor.tensor_shape.SetInParent()
-        v.tensor.float_val.append(value)
-        if tag not in self.described:  # TensorBoard reads a tag's metadata from its first value only
-            self.described.add(tag)
-            v.metadata.CopyFrom(scalar_metadata.create_summary_metadata(display_name="", description=""))
-        return v
+        """A scalar summary value, ``simple_value`` (float32: NaN and +-inf kept, a finite value past its range ->
+        +-inf), as torch's ``SummaryWriter`` writes it: no metadata needed, every reader knows it."""
+        return summary_pb2.Summary.Value(tag=tag, simple_value=value)
 
     def add_scalars(self, values: list[Any], step: int, wall_s: float) -> None:
         """Scalar values that share a step and a time: one event."""
         self.add(event_pb2.Event(wall_time=wall_s, step=step, summary=summary_pb2.Summary(value=values)))
+
+    def add_hparams(self, values: Mapping[str, Any], wall_s: float) -> None:
+        """More hyperparameters: into the session start if it is not written yet, else into the run/hparams text."""
+        fresh = {k: v for k, v in values.items() if self.hparams.get(k) != v}
+        self.hparams.update(values)
+        if fresh and self.session_started:
+            self.add_summary(text_pb("run/hparams", _markdown_table(fresh)), self.step, wall_s)
+
+    def start_session(self) -> None:
+        if not self.session_started:
+            self.session_started = True
+            hparams = {k: finite_or_text(v) for k, v in self.hparams.items()}
+            self.add_summary(hparams_pb(hparams, trial_id=self.trial, start_time_secs=self.start_s), 0, self.start_s)
+            self.add_summary(text_pb("run/hparams", _markdown_table(self.hparams)), 0, self.start_s)
+
+    def end_session(self) -> None:
+        self.start_session()
+        status = _ENDED.get(process_hooks.ending() or "", api_pb2.STATUS_SUCCESS)
+        info = plugin_data_pb2.SessionEndInfo(status=status, end_time_secs=self.last_s)
+        summary = summary_pb2.Summary()
+        summary.value.add(tag=hparams_metadata.SESSION_END_INFO_TAG, tensor=hparams_metadata.NULL_TENSOR,
+                          metadata=hparams_metadata.create_summary_metadata(
+                              plugin_data_pb2.HParamsPluginData(session_end_info=info)))
+        self.add_summary(summary, self.step, self.last_s)
 
     def write_out(self) -> None:
         """Write the buffered records; on an error they are dropped (the batch is counted as failed)."""
@@ -165,7 +202,7 @@ class _EventFile:
 
 
 class TensorBoardSink(Sink):
-    """Scalars and run text in TensorBoard event files under ``logdir`` (see the module doc for the tags)."""
+    """Scalars, HParams and run text in TensorBoard event files under ``logdir`` (see the module doc for the tags)."""
 
     name = "tensorboard"
     background = True
@@ -178,14 +215,24 @@ class TensorBoardSink(Sink):
         self.logdir = Path(logdir)
         self.run_subdirs = bool(run_subdirs)
         self._files: dict[Identity, _EventFile] = {}
+        self._tags: dict[tuple[str, str, Any], str] = {}  # (group, name, attributes) -> tag
 
     def _file(self, record: Any) -> _EventFile:
         f = self._files.get(record.identity)
         if f is None:
             ident: Identity = record.identity
             directory = self.logdir / ident.run_id / f"rank{ident.rank}" if self.run_subdirs else self.logdir
-            f = self._files[ident] = _EventFile(directory, ident, record.wall_ns / 1e9)
+            f = self._files[ident] = _EventFile(directory, ident, record.wall_ns / 1e9, self.run_config or {})
         return f
+
+    def _tag(self, group: str, name: str, attributes: Mapping[str, Any] | None) -> str:
+        key = (group, name, tuple(attributes.items()) if attributes else None)
+        tag = self._tags.get(key)
+        if tag is None:
+            if len(self._tags) >= 100_000:  # bounded, whatever names come
+                self._tags.clear()
+            tag = self._tags[key] = metric_tag(group, series_key(name, attributes))
+        return tag
 
     def write(self, records: Sequence[Any]) -> None:
         touched: list[_EventFile] = []
@@ -206,26 +253,32 @@ class TensorBoardSink(Sink):
     def _add(self, f: _EventFile, record: Any) -> None:
         kind = record.kind
         wall_s = record.wall_ns / 1e9
+        f.last_s = max(f.last_s, wall_s)
         if kind == "metric":
-            tag = metric_tag(record.group, record.name)
-            step = record.step if record.step is not None else f.next_step(tag)
+            step = record.step
+            if step is None:
+                step = f.step
+            else:
+                if step > f.step:
+                    f.step = step
+                f.start_session()  # a record with a step: a job that logs hyperparameters has logged them by now
+            tag = self._tag(record.group, record.name, record.attributes)
             f.add_scalars([f.scalar(tag, float(record.value))], step, wall_s)
         elif kind == "stat":
             base = metric_tag(record.group, record.name)
             values = [f.scalar(f"{base}/{agg}", float(v)) for agg, v in record.values.items()]
-            f.add_scalars(values, f.next_step(base), wall_s)
+            f.add_scalars(values, f.step, wall_s)
         elif kind == "event" and record.attributes:
-            if record.name == TRAINING_METRICS_EVENT:
-                attrs = record.attributes
-                current = attrs.get("current_iteration")
-                numeric = [(f"{TRAINING_METRICS_EVENT}/{k}", v) for k, v in attrs.items() if type(v) in (int, float)]
-                if type(current) is int:  # bool is not numeric here (``final``)
-                    f.add_scalars([f.scalar(tag, float(v)) for tag, v in numeric], current, wall_s)
-                else:  # no iteration to step on: a count per tag, as for a metric without a step
-                    for tag, v in numeric:
-                        f.add_scalars([f.scalar(tag, float(v))], f.next_step(tag), wall_s)
+            if is_hyperparameters(record):
+                f.add_hparams(record.attributes, wall_s)
             elif record.name == TRAINING_CONFIG_EVENT:
-                f.add_summary(text_pb("run/training_config", _markdown_table(record.attributes)), 0, wall_s)
+                f.add_summary(text_pb("run/training_config", _markdown_table(record.attributes)), f.step, wall_s)
+                f.add_hparams({f"config.{k}": _hparam(v) for k, v in record.attributes.items()}, wall_s)
+            elif record.name == TRAINING_METRICS_EVENT:  # its values are metric records of their own (one tag each)
+                current = record.attributes.get("current_iteration")
+                if type(current) is int and current > f.step:
+                    f.step = current
+                f.start_session()
 
     def flush(self) -> None:
         for f in self._files.values():
@@ -235,6 +288,7 @@ class TensorBoardSink(Sink):
         files, self._files = list(self._files.values()), {}
         for f in files:
             try:
+                f.end_session()
                 f.write_out()
             finally:
                 f.close()

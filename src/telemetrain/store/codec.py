@@ -1,4 +1,4 @@
-"""Records <-> JSON lines (format v1, specified in docs/format.md).
+"""Records <-> JSON lines (format v2, specified in docs/format.md; v1 lines still decode).
 
 The encoder runs in the writer thread and builds each line with string formatting (names are escaped once and
 cached), which is several times faster than ``json.dumps`` of a dict per record.
@@ -24,6 +24,7 @@ from typing import Any
 from ..identity import Identity
 from ..records import (
     METRIC_PAIR,
+    METRIC_PLAIN_LEN,
     SPAN_PAIR,
     Diagnostic,
     Event,
@@ -130,22 +131,28 @@ def _times(p: Any, off: int) -> tuple[Any, Any]:
     return _int(mono), _int(wall)
 
 
+FORMAT_VERSION = 2  # written on every line; v1 (no metric attributes, the older system names) is still read
+READ_VERSIONS = frozenset({1, 2})
+
+
 def _head(kind: str, p: Any, off: int) -> str:
     mono, wall = _times(p, off)
-    return f'{{"v":1,"kind":"{kind}","mono_ns":{mono},"wall_ns":{wall},"group":{_s(p[3])},"name":{_s(p[4])}'
+    return f'{{"v":2,"kind":"{kind}","mono_ns":{mono},"wall_ns":{wall},"group":{_s(p[3])},"name":{_s(p[4])}'
 
 
 def _enc_metric(p: Any, off: int) -> str:
-    # MetricPoint fields after the head: value[, unit[, step]]
+    # MetricPoint fields after the head: value[, unit[, step[, *attribute keys, *attribute values]]]
     tail = ""
     if len(p) > 6:
         if p[6]:
             tail = f',"unit":{_s(p[6])}'
         if len(p) > 7 and p[7] is not None:
             tail += f',"step":{_int(p[7])}'
+        if len(p) > METRIC_PLAIN_LEN:
+            tail += f',"attributes":{_attrs(split_attributes(p, 3)[1])}'
     mono, wall = _times(p, off)
     return (
-        f'{{"v":1,"kind":"metric","mono_ns":{mono},"wall_ns":{wall},"group":{_s(p[3])},"name":{_s(p[4])},'
+        f'{{"v":2,"kind":"metric","mono_ns":{mono},"wall_ns":{wall},"group":{_s(p[3])},"name":{_s(p[4])},'
         f'"value":{_num(p[5])}{tail}}}\n'
     )
 
@@ -240,7 +247,8 @@ def encode(record: Any) -> str:
 
 def encode_header(identity: Identity, mono_ns: int, wall_ns: int, extra: Mapping[str, Any]) -> str:
     """The first line of every process file: who wrote the lines that follow."""
-    obj = {"v": 1, "kind": "process", "mono_ns": mono_ns, "wall_ns": wall_ns, "identity": identity.as_dict(), **extra}
+    obj = {"v": FORMAT_VERSION, "kind": "process", "mono_ns": mono_ns, "wall_ns": wall_ns,
+           "identity": identity.as_dict(), **extra}
     return _dumps(tag_nonfinite(obj), separators=(",", ":"), default=repr, allow_nan=False) + "\n"
 
 
@@ -279,10 +287,10 @@ def _attrs_in(obj: Any) -> dict[str, Any] | None:
 
 def decode_line(line: str | bytes, identity: Identity) -> Any:
     """One line back to its record (``identity`` comes from the file's header). Returns the header dict for a
-    ``process`` line. Raises ``ValueError`` for a line that is not a v1 record."""
+    ``process`` line. Raises ``ValueError`` for a line that is not a v1 or v2 record."""
     obj = json.loads(line)
-    if not isinstance(obj, dict) or obj.get("v") != 1:
-        raise ValueError("not a format-v1 record")
+    if not isinstance(obj, dict) or obj.get("v") not in READ_VERSIONS or type(obj.get("v")) is not int:
+        raise ValueError("not a format-v1/v2 record")
     kind = obj["kind"]
     if kind == "process":
         return obj
@@ -297,7 +305,7 @@ def decode_line(line: str | bytes, identity: Identity) -> Any:
         unit, step = obj.get("unit", ""), obj.get("step")
         if type(unit) is not str or (step is not None and type(step) is not int):
             raise ValueError("metric unit or step of the wrong type")
-        return MetricPoint(mono, wall, identity, group, name, _f(obj["value"]), unit, step)
+        return MetricPoint(mono, wall, identity, group, name, _f(obj["value"]), unit, step, _attrs_in(attributes_in))
     if kind == "event":
         attributes = _attrs_in(obj["attributes"])
         return Event(mono, wall, identity, group, name, obj["severity"], attributes, obj["event_id"], obj["span_id"])

@@ -1,20 +1,30 @@
 """The names, units and groups of everything the sampler records (the table in ``docs/system.md``).
 
-Names follow OpenTelemetry's semantic conventions where one exists (``system.*``, ``process.*``, ``hw.*``); a
-direction that OpenTelemetry puts in an attribute (``disk.io.direction``) is the last part of the name here, because a
-metric record has no attributes. Per-device metrics carry the device in the *group*:
+Names and attributes follow OpenTelemetry's semantic conventions where one exists (``system.*``, ``process.*``,
+``hw.*``). The sources add each value under its *series key*: the record name, or for a series that a convention
+splits by an attribute, the name with the attribute's value (``system.disk.io.read`` is ``system.disk.io`` with
+``disk.io.direction=read``; ``semconv.SYSTEM_SERIES``). ``record_series`` turns a key into the record's name, unit and
+attributes; ``Sampler.latest()`` keeps the keys. Per-device metrics carry the device in the *group*, and in the
+convention's attribute:
 
     system                     host-wide and this process's metrics
-    system.gpu.<i>             GPU ``i`` in NVML's numbering (``nvidia-smi``'s), one group per device
-    system.cuda.<k>            the torch.cuda caching allocator of CUDA device ``k`` (this process's numbering)
-    system.filesystem.<path>   the filesystem holding ``path``
+    system.gpu.<i>             GPU ``i`` in NVML's numbering (``nvidia-smi``'s), one group per device; ``hw.id`` = i,
+                               ``hw.type`` = ``gpu``
+    system.cuda.<k>            the torch.cuda caching allocator of CUDA device ``k`` (this process's numbering);
+                               ``torch.cuda.device`` = k
+    system.filesystem.<path>   the filesystem holding ``path``; ``system.filesystem.mountpoint``
 
 Standard library only.
 """
 
 from __future__ import annotations
 
-__all__ = ["CATALOGUE", "GROUP", "SET_ON_CHANGE", "cuda_group", "filesystem_group", "gpu_group"]
+import os
+from typing import Any
+
+from ..semconv import HW_ID, HW_TYPE, SYSTEM_FILESYSTEM_MOUNTPOINT, SYSTEM_SERIES, TORCH_CUDA_DEVICE
+
+__all__ = ["CATALOGUE", "GROUP", "SET_ON_CHANGE", "cuda_group", "filesystem_group", "gpu_group", "record_series"]
 
 GROUP = "system"
 
@@ -31,7 +41,7 @@ def filesystem_group(path: str) -> str:
     return f"{GROUP}.filesystem.{path}"
 
 
-# name -> (unit, description). The unit is what the record carries.
+# series key -> (unit, description). The unit is what the record carries.
 CATALOGUE: dict[str, tuple[str, str]] = {
     # host (group "system"; by default from local rank 0 only: one copy per node)
     "system.cpu.utilization": ("1", "busy fraction of all CPUs of the host since the previous sample"),
@@ -53,7 +63,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "process.cpu.time": ("s", "CPU time (user + system) of this process since it started"),
     "process.memory.usage": ("By", "resident set size of this process"),
     "process.thread.count": ("{thread}", "threads of this process"),
-    "process.open_file_descriptor.count": ("{file_descriptor}", "open file descriptors of this process"),
+    "process.unix.file_descriptor.count": ("{file_descriptor}", "open file descriptors of this process"),
     "process.tree.cpu.utilization": ("1", "as process.cpu.utilization, over this process and all its descendants"),
     "process.tree.memory.usage": ("By", "resident set sizes of this process and its descendants, summed"),
     "process.children.count": ("{process}", "live descendants (DataLoader workers, compile workers, ...)"),
@@ -96,3 +106,36 @@ SET_ON_CHANGE = frozenset(
         "hw.gpu.power.limit",
     }
 )
+
+
+def _mountpoint(path: str) -> str:
+    """The mount point of the filesystem holding ``path`` (the path itself when it cannot be told)."""
+    current = os.path.abspath(path)
+    try:
+        while not os.path.ismount(current):
+            parent = os.path.dirname(current)
+            if parent == current:
+                break
+            current = parent
+    except OSError:
+        return path
+    return current
+
+
+def device_attributes(group: str) -> dict[str, Any]:
+    """The attributes that name the device of a group (none for ``system``)."""
+    if group.startswith(f"{GROUP}.gpu."):
+        return {HW_ID: group[len(GROUP) + 5 :], HW_TYPE: "gpu"}
+    if group.startswith(f"{GROUP}.cuda."):
+        index = group[len(GROUP) + 6 :]
+        return {TORCH_CUDA_DEVICE: int(index) if index.isdigit() else index}
+    if group.startswith(f"{GROUP}.filesystem."):
+        return {SYSTEM_FILESYSTEM_MOUNTPOINT: _mountpoint(group[len(GROUP) + 12 :])}
+    return {}
+
+
+def record_series(group: str, key: str) -> tuple[str, str, dict[str, Any] | None]:
+    """(record name, unit, attributes) of a sampled series: the convention's name and attributes, the device's."""
+    name, attributes = SYSTEM_SERIES.get(key, (key, {}))
+    merged = {**attributes, **device_attributes(group)}
+    return name, CATALOGUE.get(key, ("", ""))[0], merged or None

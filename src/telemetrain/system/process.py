@@ -183,7 +183,7 @@ class ProcessTreeSource:
             memory = cycle.read("process.memory", root.memory_info)
             add(GROUP, "process.thread.count", cycle.read("process.threads", root.num_threads))
         if hasattr(root, "num_fds"):
-            add(GROUP, "process.open_file_descriptor.count", cycle.read("process.fds", root.num_fds))
+            add(GROUP, "process.unix.file_descriptor.count", cycle.read("process.fds", root.num_fds))
         root_rss = None if memory is None else int(memory.rss)
         add(GROUP, "process.memory.usage", root_rss)
         root_delta = None

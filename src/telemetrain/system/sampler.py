@@ -35,7 +35,7 @@ from .base import Cycle, Source
 from .cuda_allocator import STATS as CUDA_STATS
 from .cuda_allocator import CudaAllocatorSource, reader
 from .host import HostSource
-from .names import CATALOGUE, GROUP, SET_ON_CHANGE, gpu_group
+from .names import CATALOGUE, GROUP, SET_ON_CHANGE, gpu_group, record_series
 from .nvml import NvmlSource
 from .process import ProcessTreeSource
 
@@ -218,6 +218,7 @@ class Sampler:
         self._sampling_ident: int | None = None
         self._latest: dict[tuple[str, str], int | float] = {}
         self._recorded: dict[tuple[str, str], int | float] = {}  # last recorded value of the SET_ON_CHANGE ones
+        self._series: dict[tuple[str, str], tuple[str, str, dict[str, Any] | None]] = {}  # -> name, unit, attributes
         self._gauges: dict[tuple[str, str], Gauge] = {}
         self._no_new_gauges = False
         self._warned = False
@@ -423,7 +424,10 @@ class Sampler:
                 if self._recorded.get(key) == value:
                     continue
                 self._recorded[key] = value
-            metric(name, value, group, unit=CATALOGUE.get(name, ("", ""))[0])
+            series = self._series.get(key)
+            if series is None:
+                series = self._series[key] = record_series(group, name)
+            metric(series[0], value, group, unit=series[1], attributes=series[2])
             if key not in self._gauges and not self._no_new_gauges:
                 self._add_gauge(group, name)
         self._latest = latest  # replaced whole: a gauge read in another thread sees one sample or the next

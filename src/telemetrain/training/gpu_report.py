@@ -11,21 +11,23 @@ from typing import Any, Protocol
 
 from ..dispatch import describe
 from ..phase_times import PHASES
+from ..semconv import TRAIN_PHASE
 from ..telemetry import Telemetry
 from .device_spans import timer_of
 from .device_timing import FINAL_WAIT_S, DeviceTimer
 
 __all__ = ["METRICS", "EnergySource", "GpuReport", "start_gpu_report"]
 
-# attribute -> (metric record name, unit), as reports.METRICS
-METRICS: dict[str, tuple[str, str]] = {
-    "avg_iteration_device_time_sec": ("train.iteration_time.device.mean", "s"),
-    **{f"avg_{p}_device_time_sec": (f"train.phase.{p}.device", "s") for p in PHASES},
-    "avg_stall_time_sec": ("train.stall_time", "s"),
-    "window_energy_J": ("train.energy_J", "J"),
-    "energy_per_sample_J": ("train.energy_per_sample_J", "J"),
-    "energy_per_token_J": ("train.energy_per_token_J", "J"),
-    "avg_gpu_power_W": ("train.gpu_power_W", "W"),
+# attribute -> (metric record name, UCUM unit, attributes, factor), as reports.METRICS: the device's phase times are
+# one series per ``train.phase``, like the host's ``train.phase.duration``
+METRICS: dict[str, tuple[str, str, dict[str, str] | None, float]] = {
+    "avg_iteration_device_time_sec": ("train.iteration_time.device.mean", "s", None, 1.0),
+    **{f"avg_{p}_device_time_sec": ("train.phase.device_duration", "s", {TRAIN_PHASE: p}, 1.0) for p in PHASES},
+    "avg_stall_time_sec": ("train.stall_time", "s", None, 1.0),
+    "window_energy_J": ("train.energy_J", "J", None, 1.0),
+    "energy_per_sample_J": ("train.energy_per_sample_J", "J", None, 1.0),
+    "energy_per_token_J": ("train.energy_per_token_J", "J", None, 1.0),
+    "avg_gpu_power_W": ("train.gpu_power_W", "W", None, 1.0),
 }
 
 

@@ -39,7 +39,7 @@ from ..telemetry import Telemetry, get_telemetry
 from .config import CheckpointStrategy, TrainingTelemetryConfig
 from .device_spans import DeviceSpan
 from .names import PHASES, E, S
-from .reports import FOLD_EVERY, METRICS, QUANTILES, REPORT_SOURCES, TIME_AGGS, Reporter, Snapshot, Window, capture
+from .reports import FOLD_EVERY, QUANTILES, REPORT_SOURCES, TIME_AGGS, Reporter, Snapshot, Window, capture, emit_derived
 from .workload import apply_perf_tag, publish_workload
 
 __all__ = ["TrainingRecorder"]
@@ -713,11 +713,7 @@ class TrainingRecorder:
         """The reporter's output: the event (linked to the loop), then each metric as a record."""
         telemetry = self.telemetry
         telemetry.event(E.TRAINING_METRICS_UPDATE, attributes, group=GROUP, span_id=snap.span_id)
-        step = snap.iterations_start + snap.iterations - 1
-        for key, (name, unit) in METRICS.items():
-            value = attributes.get(key)
-            if value is not None:
-                telemetry.metric(name, value, GROUP, unit=unit, step=step)
+        emit_derived(telemetry, GROUP, snap, attributes)
 
     def _report_failed(self, exc: BaseException) -> None:
         self._misuse("training_metrics_update", f"failed: {describe(exc)}")

@@ -21,12 +21,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..collector import collector
+from ..records import StatWindow
+from ..semconv import TRAIN_PHASE
 from ..stats.aggregations import M2, MINMAX
 from ..stats.summary import Summary
 from .gpu_report import METRICS as GPU_METRICS
 
-__all__ = ["METRICS", "QUANTILES", "REPORT_SOURCES", "TIME_AGGS", "Reporter", "Snapshot", "Window", "capture",
-           "compute"]
+__all__ = ["ITERATION_TIME", "METRICS", "QUANTILES", "REPORT_SOURCES", "TIME_AGGS", "Reporter", "Snapshot", "Window",
+           "capture", "compute", "emit_derived"]
 
 QUANTILES = ("p50", "p90", "p99")
 TIME_AGGS = ("count", "mean", "min", "max", "sum", *QUANTILES)
@@ -35,29 +37,37 @@ CUMULATIVE_BATCH = 1000  # iteration times batched into the cumulative histogram
 MAX_PENDING = 512  # reports waiting for the collector thread before the training thread computes them itself
 TICK_NS = 50_000_000  # while reports keep coming, the collector drains them this often
 
-# derived metric -> (metric record name, unit): each value of the event is also a metric record, for dashboards
-METRICS = {
-    "avg_iteration_time_sec": ("train.iteration_time.mean", "s"),
-    "p50_iteration_time_sec": ("train.iteration_time.p50", "s"),
-    "p90_iteration_time_sec": ("train.iteration_time.p90", "s"),
-    "p99_iteration_time_sec": ("train.iteration_time.p99", "s"),
-    "max_iteration_time_sec": ("train.iteration_time.max", "s"),
-    "samples_per_second": ("train.samples_per_second", "1/s"),
-    "tokens_per_second": ("train.tokens_per_second", "1/s"),
-    "train_throughput_per_gpu": ("train.tflops_per_gpu", "TFLOP/s"),
-    "mfu": ("train.mfu", "1"),
-    "avg_dataloader_time_sec": ("train.phase.dataloader", "s"),
-    "avg_forward_time_sec": ("train.phase.forward", "s"),
-    "avg_backward_time_sec": ("train.phase.backward", "s"),
-    "avg_optimizer_time_sec": ("train.phase.optimizer", "s"),
-    "avg_zero_grad_time_sec": ("train.phase.zero_grad", "s"),
-    "avg_h2d_time_sec": ("train.phase.h2d", "s"),
-    "avg_comm_time_sec": ("train.comm.time", "s"),
-    "avg_comm_wait_time_sec": ("train.comm.wait", "s"),
-    "comm_wait_fraction": ("train.comm.wait_fraction", "1"),
-    "comm_bytes": ("train.comm.bytes", "By"),
+# derived metric -> (metric record name, UCUM unit, attributes, factor): each of these values of the event is also a
+# metric record (value x factor), at the report's step, for dashboards and every backend. Names are ours (no semantic
+# convention covers training); units are UCUM and in base units (FLOP/s, not TFLOP/s); the running totals are
+# counters for the backends that tell them apart (cumulative.py); the phases are one series per ``train.phase``. The
+# window's iteration times are a stat record, ``train.iteration_time`` (``ITERATION_TIME``), with its histogram.
+METRICS: dict[str, tuple[str, str, dict[str, str] | None, float]] = {
+    "samples_per_second": ("train.samples_per_second", "{sample}/s", None, 1.0),
+    "tokens_per_second": ("train.tokens_per_second", "{token}/s", None, 1.0),
+    "train_throughput_per_gpu": ("train.flops_per_gpu", "{flop}/s", None, 1e12),  # the event's is TFLOP/s
+    "mfu": ("train.mfu", "1", None, 1.0),
+    "num_iterations": ("train.iterations", "{iteration}", None, 1.0),
+    "num_train_samples": ("train.samples", "{sample}", None, 1.0),
+    "train_tokens": ("train.tokens", "{token}", None, 1.0),
+    "total_flops": ("train.flops", "{flop}", None, 1.0),
+    "save_checkpoint_count": ("train.checkpoint.saves", "{checkpoint}", None, 1.0),
+    "save_checkpoint_time_total_sec": ("train.checkpoint.save_time", "s", None, 1.0),
+    **{f"avg_{phase}_time_sec": ("train.phase.duration", "s", {TRAIN_PHASE: phase}, 1.0)
+       for phase in ("dataloader", "h2d", "forward", "backward", "optimizer", "zero_grad")},
+    "avg_comm_time_sec": ("train.comm.time", "s", None, 1.0),
+    "avg_comm_wait_time_sec": ("train.comm.wait", "s", None, 1.0),
+    "comm_wait_fraction": ("train.comm.wait_fraction", "1", None, 1.0),
+    "comm_bytes": ("train.comm.bytes", "By", None, 1.0),
+    **GPU_METRICS,  # device times and energy (training.gpu_report), when measured
 }
-METRICS.update(GPU_METRICS)  # device times and energy (training.gpu_report), when measured
+ITERATION_TIME = "train.iteration_time"  # the stat record of a window's iteration times (unit s)
+# the derived metrics v1 wrote (one-logger's time aggregates as separate records, TFLOP/s, a name per phase)
+OLD_METRICS = frozenset({
+    "train.iteration_time.mean", "train.iteration_time.p50", "train.iteration_time.p90", "train.iteration_time.p99",
+    "train.iteration_time.max", "train.tflops_per_gpu", "train.phase.dataloader", "train.phase.forward",
+    "train.phase.backward", "train.phase.optimizer", "train.phase.zero_grad",
+})
 
 # Telemetry.extensions key: a list of report sources, each a callable run on the training thread when a report is
 # captured (O(1): it swaps its own window) returning None or a function that the reporter calls, off the training
@@ -140,6 +150,8 @@ class Snapshot:
     span_id: str  # the training loop's (the event is linked to it)
     extras: Callable[[Snapshot, dict[str, Any]], None] | None = None  # adds device times, energy (gpu_report)
     extra: tuple[Callable[[Mapping[str, Any]], Mapping[str, Any]], ...] = ()  # report sources' captures (capture)
+    # set by ``compute``: the window's iteration-time aggregates and histogram (the ``train.iteration_time`` stat)
+    iteration_times: tuple[dict[str, Any], dict[str, Any] | None] | None = None
 
 
 def compute(snap: Snapshot, state: Reporter, behind: bool = False) -> dict[str, Any]:
@@ -167,11 +179,14 @@ def compute(snap: Snapshot, state: Reporter, behind: bool = False) -> dict[str, 
     }
     # iteration time: the window (one-logger documents per-window values; it computed them cumulatively)
     fresh = state.add_window(window.summary, snap.final, behind)
-    w = window.summary.values(TIME_AGGS)
+    times = window.summary
+    w = times.values(TIME_AGGS)
     if not w.get("count") and window.warmup_times:  # a window of warm-up only: its own times, flagged
-        w = Summary.of(window.warmup_times).values(TIME_AGGS)
+        times = Summary.of(window.warmup_times)
+        w = times.values(TIME_AGGS)
         attributes["warmup_only"] = True
     if w.get("count"):
+        snap.iteration_times = (w, times.histogram_dict())
         attributes.update({
             "avg_iteration_time_sec": w["mean"], "min_iteration_time_sec": w["min"],
             "max_iteration_time_sec": w["max"], "total_iteration_time_sec": w["sum"],
@@ -246,6 +261,23 @@ def compute(snap: Snapshot, state: Reporter, behind: bool = False) -> dict[str, 
         except Exception as exc:  # noqa: BLE001 - one source's failure does not cost the report
             _source_failed(exc)
     return attributes
+
+
+def emit_derived(telemetry: Any, group: str, snap: Snapshot, attributes: Mapping[str, Any]) -> None:
+    """The metric records of a report (``METRICS``) at its step, and its window's ``train.iteration_time`` stat."""
+    step = snap.iterations_start + snap.iterations - 1
+    metric = telemetry.metric
+    for key, (name, unit, labels, factor) in METRICS.items():
+        value = attributes.get(key)
+        if value is not None and type(value) is not bool:
+            metric(name, value * factor if factor != 1.0 else value, group, unit=unit, step=step,
+                   attributes=labels)
+    if snap.iteration_times is not None and telemetry.listening("stat", group):
+        values, histogram = snap.iteration_times
+        end = snap.end_ns
+        start = snap.window.start_ns or end
+        telemetry.emit(StatWindow(end, end + snap.wall_offset_ns, telemetry.identity, group, ITERATION_TIME, start,
+                                  int(values["count"]), dict(values), "s", histogram))
 
 
 Emit = Callable[[Snapshot, Mapping[str, Any]], None]

@@ -15,21 +15,25 @@ from opentelemetry.util.types import AttributeValue
 
 from ...cumulative import is_cumulative
 from ...identity import Identity
+from ...semconv import SEMCONV_METRICS
 
-# Names already in an OpenTelemetry namespace (system sampler, docs/system.md) keep their name; others get a prefix,
-# as semantic conventions ask of application-specific names.
-KEEP_PREFIXES = ("system.", "process.", "hw.", "torch.")
+# The semantic conventions' metrics (semconv.SEMCONV_METRICS) keep their name, and so do torch's allocator metrics
+# (``torch.cuda.*``); every other name gets a prefix, as the conventions ask of application-specific names -- the
+# sampler's own names in OpenTelemetry's namespaces too (``telemetrain.hw.gpu.clock.sm``): those are reserved.
+KEEP_PREFIXES = ("torch.",)
 
 # Running totals (energy, I/O since a start...) are observable counters: the list is shared (cumulative.py).
 
 GROUP_KEY = "telemetrain.group"
+CONFIG_PREFIX = "telemetrain.config."  # the run's config: resource and root-span attributes
+HPARAM_PREFIX = "telemetrain.hparam."  # hyperparameters logged later (hparams.log_hyperparams): root-span attributes
 _BAD_NAME_CHARS = re.compile(r"[^A-Za-z0-9_./\-]")
 _INT64 = 2**63
 
 
 def metric_name(name: str, prefix: str) -> str:
     """A valid OTel instrument name (``[A-Za-z][A-Za-z0-9_./-]{0,254}``) for a record name."""
-    full = name if name.startswith(KEEP_PREFIXES) else prefix + name
+    full = name if name in SEMCONV_METRICS or name.startswith(KEEP_PREFIXES) else prefix + name
     full = _BAD_NAME_CHARS.sub("_", full)
     if not full[:1].isalpha():
         full = "m" + full
@@ -37,6 +41,14 @@ def metric_name(name: str, prefix: str) -> str:
 
 
 is_counter = is_cumulative
+
+
+def point_attributes(group: str, labels: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A data point's attributes: the record's (the semantic conventions' dimensions: ``disk.io.direction``,
+    ``hw.id``...), and ``telemetrain.group`` for groups other than the system sampler's (whose device is in the
+    attributes already)."""
+    extra = None if group == "system" or group.startswith("system.") else {GROUP_KEY: group}
+    return attributes(labels, extra)
 
 
 def stat_unit(aggregation: str, unit: str) -> str:
@@ -89,9 +101,10 @@ def attributes(values: Mapping[str, Any] | None, extra: Mapping[str, AttributeVa
     return out
 
 
-def resource_attributes(identity: Identity) -> dict[str, AttributeValue]:
+def resource_attributes(identity: Identity, config: Mapping[str, Any] | None = None) -> dict[str, AttributeValue]:
     """Constant per process: who produced the telemetry. ``service.name`` is the perf tag (runs that should perform
-    alike) unless ``OTEL_SERVICE_NAME`` is set; the run identity goes under ``telemetrain.*``."""
+    alike) unless ``OTEL_SERVICE_NAME`` is set; the run identity goes under ``telemetrain.*``, the run's config
+    (flattened) under ``telemetrain.config.*``."""
     attrs: dict[str, AttributeValue] = {
         "service.namespace": "telemetrain",
         "service.instance.id": f"{identity.run_id}.rank{identity.rank}",
@@ -107,13 +120,24 @@ def resource_attributes(identity: Identity) -> dict[str, AttributeValue]:
     }
     if not os.environ.get("OTEL_SERVICE_NAME"):
         attrs["service.name"] = identity.perf_tag
+    attrs.update(prefixed(CONFIG_PREFIX, config))
     return attrs
 
 
-def otel_resource(identity: Identity) -> Resource:
+def prefixed(prefix: str, values: Mapping[str, Any] | None) -> dict[str, AttributeValue]:
+    """Hyperparameters as attributes under ``prefix`` (None values left out)."""
+    out: dict[str, AttributeValue] = {}
+    for key, value in (values or {}).items():
+        converted = attribute_value(value)
+        if converted is not None:
+            out[prefix + str(key)] = converted
+    return out
+
+
+def otel_resource(identity: Identity, config: Mapping[str, Any] | None = None) -> Resource:
     """The resource the sink's own providers use (for providers you build yourself: ``resource=otel_resource(...)``).
     ``OTEL_RESOURCE_ATTRIBUTES`` is merged in, ours taking precedence."""
-    return Resource.create(resource_attributes(identity))
+    return Resource.create(resource_attributes(identity, config))
 
 
 def histogram_point(record: Any, attrs: Mapping[str, Any]) -> ExponentialHistogramDataPoint | None:

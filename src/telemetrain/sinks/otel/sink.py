@@ -7,8 +7,9 @@ by id, so a child whose parent's record comes later (the tracer's short spans tr
 their end, children first) still gets the right parent.
 
 Metrics: a ``MetricPoint`` sets a synchronous gauge, or feeds an observable counter when it is a cumulative reading
-(``convert.is_counter``); each aggregation of a ``StatWindow`` sets a gauge ``<name>.<aggregation>``. The device or
-group of a record is the one data-point attribute (``telemetrain.group``); the run identity is in the resource.
+(``convert.is_counter``); each aggregation of a ``StatWindow`` sets a gauge ``<name>.<aggregation>``. A data point's
+attributes are the record's (the semantic conventions' ``disk.io.direction``, ``hw.id``...) and, outside the system
+sampler's groups, ``telemetrain.group``; the run identity and config are in the resource.
 """
 
 from __future__ import annotations
@@ -39,9 +40,25 @@ from opentelemetry.trace import (
 )
 
 from ..._version import __version__
+from ...dispatch import warn_safely
+from ...hparams import is_hyperparameters
 from ...identity import Identity
+from ...semconv import SEMCONV_UPDOWN
+from ...ucum import is_ucum
 from ..base import Sink
-from .convert import GROUP_KEY, attributes, histogram_point, is_counter, metric_name, otel_resource, stat_unit
+from .convert import (
+    CONFIG_PREFIX,
+    GROUP_KEY,
+    HPARAM_PREFIX,
+    attributes,
+    histogram_point,
+    is_counter,
+    metric_name,
+    otel_resource,
+    point_attributes,
+    prefixed,
+    stat_unit,
+)
 from .export import DirectSpanExport, GivenIds, OTelExportError, PushMetricReader
 
 __all__ = ["OTelExportError", "OTelSink"]
@@ -51,6 +68,7 @@ _OTLP = "opentelemetry.exporter.otlp.proto.http"
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 # One for all sinks: providers cache their tracer per scope, so sinks sharing a provider share a tracer (per thread)
 _IDS = GivenIds()
+_CONFIG_DONE = ""  # a key of _root_attrs: the run's config is in it
 
 
 def _otlp(module: str, cls: str) -> Any:
@@ -135,11 +153,14 @@ class OTelSink(Sink):
         self._reader: PushMetricReader | None = None
         self._histograms: list[Metric] = []  # stats' exponential histograms, for the own reader's next export
         self._gauges: dict[tuple[str, str], _Gauge] = {}
-        self._counters: dict[tuple[str, str], dict[str, float]] = {}  # instrument -> group -> latest total
-        self._group_attrs: dict[str, dict[str, str]] = {}
+        self._counters: dict[tuple[str, str], dict[Any, float]] = {}  # instrument -> data point key -> latest total
+        self._point_attrs: dict[Any, dict[str, Any]] = {}  # (group, attributes) -> a data point's attributes
         # a gauge keeps only its last value: set once per batch, with the batch's latest (the SDK's set costs ~10 us)
-        self._latest: dict[tuple[str, str, str], tuple[Identity, float]] = {}
-        self._names: dict[tuple[str, str], tuple[str, bool]] = {}  # (record name, unit) -> (OTel name, counter?)
+        self._latest: dict[tuple[str, str, Any], tuple[Identity, float]] = {}
+        self._root_attrs: dict[str, Any] = {}  # the run's config and logged hyperparameters, on every root span
+        self.non_ucum_units: set[str] = set()  # units seen that are not UCUM (exported as they are, warned once)
+        # (record name, unit) -> (OTel name, instrument: "counter", "updown" or "gauge")
+        self._names: dict[tuple[str, str], tuple[str, str]] = {}
         self._last_collect = time.monotonic()
         # what could not be exported (also in docs/backends/opentelemetry.md)
         self.dropped_events = 0  # span events whose span never started here (buffer full)
@@ -203,7 +224,7 @@ class OTelSink(Sink):
             if provider is None:
                 exporter = self._span_exporter or _otlp("trace_exporter", "OTLPSpanExporter")()
                 self._direct = DirectSpanExport(exporter)
-                resource = otel_resource(identity)
+                resource = otel_resource(identity, self.run_config)
                 own = SdkTracerProvider(resource=resource, id_generator=self._ids, shutdown_on_exit=False)
                 own.add_span_processor(self._direct)
                 self._own_tp = provider = own
@@ -227,12 +248,18 @@ class OTelSink(Sink):
             context = set_span_in_context(NonRecordingSpan(ref), Context())
         else:
             context = Context()  # a root: an empty context, not the caller's current one
+        extra: dict[str, Any] = {GROUP_KEY: record.group}
+        if not record.parent_id:  # a root: the run's hyperparameters, so a trace can be found by them
+            if self.run_config and not self._root_attrs.get(_CONFIG_DONE):
+                self._root_attrs.update(prefixed(CONFIG_PREFIX, self.run_config))
+                self._root_attrs[_CONFIG_DONE] = True
+            extra.update((k, v) for k, v in self._root_attrs.items() if k != _CONFIG_DONE)
         self._ids.give(trace_id, _hex(record.span_id))
         try:
             span = tracer.start_span(
                 record.name,
                 context=context,
-                attributes=attributes(record.attributes, {GROUP_KEY: record.group}),
+                attributes=attributes(record.attributes, extra),
                 start_time=record.wall_ns,
             )
         finally:
@@ -262,7 +289,9 @@ class OTelSink(Sink):
     def _event(self, record: Any) -> None:
         """An event linked to a span becomes a span event; one that comes before its span's start record (a short
         span's start travels with its end) waits for it, within ``max_pending_events``. Unlinked events are not
-        exported (they stay in the run store)."""
+        exported (they stay in the run store), but hyperparameters become attributes of the root spans after them."""
+        if is_hyperparameters(record):
+            self._root_attrs.update(prefixed(HPARAM_PREFIX, record.attributes))
         if not record.span_id:
             return
         span = self._open.get(record.span_id)
@@ -290,7 +319,7 @@ class OTelSink(Sink):
             if provider is None:
                 exporter = self._metric_exporter or _otlp("metric_exporter", "OTLPMetricExporter")()
                 self._reader = PushMetricReader(exporter)
-                resource = otel_resource(identity)
+                resource = otel_resource(identity, self.run_config)
                 self._reader.extra = (InstrumentationScope(SCOPE, __version__), resource, self._take_histograms)
                 self._own_mp = provider = SdkMeterProvider(
                     metric_readers=[self._reader], resource=resource, shutdown_on_exit=False
@@ -298,66 +327,86 @@ class OTelSink(Sink):
             self._meter = provider.get_meter(SCOPE, __version__)
         return self._meter
 
-    def _group(self, group: str) -> dict[str, str]:
-        attrs = self._group_attrs.get(group)
-        if attrs is None:
-            attrs = self._group_attrs[group] = {GROUP_KEY: group}
-        return attrs
+    def _point(self, group: str, labels: dict[str, Any] | None) -> Any:
+        """The key of a data point (group and attributes), its attributes cached under it."""
+        key = (group, tuple(labels.items())) if labels else group
+        if key not in self._point_attrs:
+            if len(self._point_attrs) >= 100_000:  # bounded, whatever attributes come
+                self._point_attrs.clear()
+            self._point_attrs[key] = point_attributes(group, labels)
+        return key
+
+    def _attrs_of(self, key: Any) -> dict[str, Any]:
+        found = self._point_attrs.get(key)
+        if found is None:  # dropped by the bound meanwhile: rebuilt
+            group, items = (key, None) if isinstance(key, str) else (key[0], dict(key[1]))
+            found = self._point_attrs[key] = point_attributes(group, items)
+        return found
+
+    def _name(self, name: str, unit: str) -> tuple[str, str]:
+        known = self._names.get((name, unit))
+        if known is None:
+            if not is_ucum(unit):
+                self.non_ucum_units.add(unit)
+                if len(self.non_ucum_units) == 1:
+                    warn_safely(f"telemetrain: unit {unit!r} of metric {name!r} is not a UCUM unit "
+                                "(https://ucum.org), as OpenTelemetry asks: use 's', 'By', '1', '{thing}' (further "
+                                "units are not warned about)")
+            kind = "counter" if is_counter(name, unit) else "updown" if name in SEMCONV_UPDOWN else "gauge"
+            known = self._names[(name, unit)] = (metric_name(name, self.metric_prefix), kind)
+        return known
 
     def _metric(self, record: Any) -> None:
         value = record.value
         if type(value) is bool:
             value = int(value)
-        known = self._names.get((record.name, record.unit))
-        if known is None:
-            known = self._names[(record.name, record.unit)] = (
-                metric_name(record.name, self.metric_prefix),
-                is_counter(record.name, record.unit),
-            )
-        name, counter = known
-        if counter:
-            self._count(record.identity, name, record.unit, record.group, value)
+        name, kind = self._name(record.name, record.unit)
+        point = self._point(record.group, record.attributes)
+        if kind != "gauge":
+            self._count(record.identity, name, record.unit, point, value, kind == "counter")
         else:
-            self._latest[(name, record.unit, record.group)] = (record.identity, value)
+            self._latest[(name, record.unit, point)] = (record.identity, value)
 
     def _stat(self, record: Any) -> None:
-        base = metric_name(record.name, self.metric_prefix)
+        base, _ = self._name(record.name, record.unit)
+        point = self._point(record.group, None)
         for aggregation, value in record.values.items():
-            self._set(record.identity, f"{base}.{aggregation}", stat_unit(aggregation, record.unit), record.group,
-                      value)
+            self._latest[(f"{base}.{aggregation}", stat_unit(aggregation, record.unit), point)] = (
+                record.identity, value)
         if record.histogram is not None and self._user_mp is None:
             self._meter_for(record.identity)  # builds the sink's own reader, which exports these
-            point = histogram_point(record, self._group(record.group))
-            if point is not None:
+            hist = histogram_point(record, self._attrs_of(point))
+            if hist is not None:
                 self._histograms.append(Metric(base, record.name, record.unit, ExponentialHistogram(
-                    [point], AggregationTemporality.DELTA)))
+                    [hist], AggregationTemporality.DELTA)))
 
     def _take_histograms(self) -> list[Metric]:
         taken, self._histograms = self._histograms, []
         return taken
 
-    def _set(self, identity: Identity, name: str, unit: str, group: str, value: float) -> None:
-        self._latest[(name, unit, group)] = (identity, value)
-
     def _set_latest(self) -> None:
         latest, self._latest = self._latest, {}
-        for (name, unit, group), (identity, value) in latest.items():
+        for (name, unit, point), (identity, value) in latest.items():
             gauge = self._gauges.get((name, unit))
             if gauge is None:
                 gauge = self._gauges[(name, unit)] = self._meter_for(identity).create_gauge(name, unit=unit)
-            gauge.set(value, self._group(group))
+            gauge.set(value, self._attrs_of(point))
 
-    def _count(self, identity: Identity, name: str, unit: str, group: str, total: float) -> None:
+    def _count(self, identity: Identity, name: str, unit: str, point: Any, total: float, monotonic: bool) -> None:
+        """A cumulative reading: an observable counter (monotonic), or an up-down counter (a usage the conventions
+        give as a non-monotonic sum: ``system.memory.usage``)."""
         values = self._counters.get((name, unit))
         if values is None:
             values = self._counters[(name, unit)] = {}
-            self._meter_for(identity).create_observable_counter(name, callbacks=[self._observer(values)], unit=unit)
-        values[group] = total
+            meter = self._meter_for(identity)
+            create = meter.create_observable_counter if monotonic else meter.create_observable_up_down_counter
+            create(name, callbacks=[self._observer(values)], unit=unit)
+        values[point] = total
 
-    def _observer(self, values: dict[str, float]) -> Callable[[CallbackOptions], Iterable[Observation]]:
+    def _observer(self, values: dict[Any, float]) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def observe(options: CallbackOptions) -> Iterable[Observation]:
             # read in the collecting thread (a periodic reader's): list() copies the dict in one C call
-            return [Observation(v, self._group(g)) for g, v in list(values.items())]
+            return [Observation(v, self._attrs_of(p)) for p, v in list(values.items())]
 
         return observe
 

@@ -1,4 +1,4 @@
-"""Prometheus: the latest value of each metric, served over HTTP for a Prometheus server to scrape.
+"""``PrometheusSink``: the latest value of each metric, served over HTTP for a Prometheus server to scrape.
 
 Needs the ``prometheus`` extra (``pip install 'telemetrain[prometheus]'``: prometheus_client). The sink runs behind
 the dispatcher like every I/O sink: its ``write`` folds a batch into an in-memory table under one lock, and a scrape
@@ -9,14 +9,13 @@ same lock, so a scrape sees whole batches. With ``push_to`` the sink also pushes
 
 from __future__ import annotations
 
-import re
 import threading
 import urllib.error
 import urllib.parse
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from ..extras import missing_extra
+from ...extras import missing_extra
 
 try:
     from prometheus_client import CollectorRegistry, push_to_gateway, start_http_server
@@ -24,13 +23,16 @@ try:
 except ImportError as exc:  # one clear message naming the extra
     raise missing_extra("telemetrain.sinks.prometheus", "prometheus_client", "prometheus", exc) from None
 
-from ..cumulative import CUMULATIVE_METRICS, CUMULATIVE_UNITS
-from ..dispatch import warn_safely
-from ..identity import Identity, identity_from_env
-from ..training.reports import METRICS as TRAINING_METRICS
-from .base import Sink
+from ...cumulative import is_cumulative
+from ...dispatch import warn_safely
+from ...identity import Identity, identity_from_env
+from ...stats.aggregations import quantile_of
+from ...ucum import is_ucum
+from ..base import Sink
+from .names import labels_of, metric_name, unit_of
+from .table import DEFAULT_RANGE, RANGES, Table
 
-__all__ = ["DEFAULT_BASE_PORT", "DEFAULT_PUSH_JOB", "PUSH_GROUPING_KEY", "PrometheusSink", "metric_name"]
+__all__ = ["DEFAULT_BASE_PORT", "DEFAULT_PUSH_JOB", "PUSH_GROUPING_KEY", "PrometheusSink"]
 
 # 9464 is the port Prometheus' exporter list gives OpenTelemetry's in-process Prometheus exporter: an application's
 # own metrics endpoint, which is what this is. Daemons usually found on a GPU node (node exporter 9100, DCGM exporter
@@ -40,170 +42,17 @@ DEFAULT_MAX_SERIES = 10_000
 DEFAULT_PUSH_JOB = "telemetrain"
 DEFAULT_PUSH_TIMEOUT_S = 3.0
 PUSH_GROUPING_KEY = ("run_id", "rank")  # a Pushgateway group per process of a run: its pushes replace only its own
-PREFIX = "telemetrain_"
-OTEL_NAMESPACES = ("system.", "process.", "hw.")  # OpenTelemetry's own namespaces keep their names, unprefixed
-DEVICE_GROUPS = ("system.gpu.", "system.cuda.", "system.filesystem.")  # groups naming a device: a `group` label
-IDENTITY_LABELS = ("run_id", "session_tag", "perf_tag", "rank", "local_rank", "host")
-
-# UCUM unit on the record -> Prometheus suffix (base units, plural). Annotations ({thing}) and other units add none.
-UNIT_SUFFIXES = {
-    "s": "seconds",
-    "By": "bytes",
-    "J": "joules",
-    "W": "watts",
-    "Hz": "hertz",
-    "Cel": "celsius",
-    "1": "ratio",
-}
-TRAINING_EVENT = ("training", "training_metrics_update")
+RUN_INFO = "telemetrain_run"  # the info metric: telemetrain_run_info{run_id=..., ...} 1
+INFO_FIELDS = ("run_id", "session_tag", "perf_tag", "rank", "local_rank", "world_size", "host", "restart_count", "role")
 _CACHE_MAX = 4096
-_INVALID = re.compile(r"[^a-zA-Z0-9_]")
-
-
-def _sanitise(text: str) -> str:
-    out = _INVALID.sub("_", text)
-    return "_" + out if out[:1].isdigit() else out
-
-
-def _unit_suffix(unit: str) -> str:
-    if unit in UNIT_SUFFIXES:
-        return UNIT_SUFFIXES[unit]
-    if unit == "1/s" or (unit.startswith("{") and unit.endswith("}/s")):
-        return "per_second"
-    return ""
-
-
-def metric_name(name: str, unit: str = "") -> str:
-    """The Prometheus name of a metric (without ``_total``): dots to underscores, the ``telemetrain_`` prefix unless
-    the name is in an OpenTelemetry namespace, the unit's suffix unless the name already ends with it."""
-    base = _sanitise(name)
-    if not name.startswith(OTEL_NAMESPACES) and not base.startswith(PREFIX):
-        base = PREFIX + base
-    suffix = _unit_suffix(unit)
-    if suffix and not base.endswith("_" + suffix):
-        base = f"{base}_{suffix}"
-    return base
-
-
-def _event_metric(attribute: str) -> tuple[str, str]:
-    """(metric name, unit) of a numeric attribute of ``training_metrics_update``: the twin metric record's name and
-    unit where the recorder emits one (so both land in one series), else ``train.<attribute>`` with its unit read
-    from the attribute's suffix."""
-    twin = TRAINING_METRICS.get(attribute)
-    if twin is not None:
-        return twin
-    if attribute.endswith("_sec"):
-        return "train." + attribute[: -len("_sec")], "s"
-    if attribute.endswith("_fraction"):
-        return "train." + attribute, "1"
-    return "train." + attribute, ""
-
-
-def _labels(identity: Identity, group: str) -> dict[str, str]:
-    labels = {
-        "run_id": identity.run_id,
-        "session_tag": identity.session_tag,
-        "perf_tag": identity.perf_tag,
-        "rank": str(identity.rank),
-        "local_rank": str(identity.local_rank),
-        "host": identity.host,
-    }
-    if group.startswith(DEVICE_GROUPS):
-        labels["group"] = group
-    return labels
-
-
-class _Family:
-    __slots__ = ("doc", "samples", "type")
-
-    def __init__(self, type_: str, doc: str) -> None:
-        self.type = type_
-        self.doc = doc
-        self.samples: dict[int, float] = {}  # label set id -> value
-
-
-class _Table:
-    """The latest value per (family, label set), and the collector prometheus_client's registry calls at a scrape.
-
-    A label set is an int id into ``label_sets`` (a tuple of label pairs would be re-hashed at every value)."""
-
-    def __init__(self, max_series: int) -> None:
-        self.lock = threading.Lock()
-        self.families: dict[str, _Family] = {}
-        self.label_sets: list[dict[str, str]] = []
-        self.group_keys: list[tuple[str, ...]] = []  # per label set: its values of PUSH_GROUPING_KEY
-        self._label_ids: dict[tuple[tuple[str, str], ...], int] = {}
-        self.max_series = max_series
-        self.series = 0
-        self.dropped_series = 0  # values of new series refused above max_series
-
-    def label_id(self, labels: dict[str, str]) -> int:
-        key = tuple(labels.items())
-        found = self._label_ids.get(key)
-        if found is None:
-            found = self._label_ids[key] = len(self.label_sets)
-            self.label_sets.append(labels)
-            self.group_keys.append(tuple(labels.get(k, "") for k in PUSH_GROUPING_KEY))
-        return found
-
-    def set(self, name: str, type_: str, doc: str, label_id: int, value: float) -> None:
-        family = self.families.get(name)
-        if family is None:
-            family = self.families[name] = _Family(type_, doc)
-        samples = family.samples
-        if label_id not in samples:
-            if self.series >= self.max_series:
-                self.dropped_series += 1
-                return
-            self.series += 1
-        samples[label_id] = value
-
-    def add(self, name: str, doc: str, label_id: int, amount: float) -> None:
-        family = self.families.get(name)
-        self.set(name, "counter", doc, label_id, amount + (family.samples.get(label_id, 0.0) if family else 0.0))
-
-    def clear(self) -> None:
-        self.families.clear()
-        self.label_sets.clear()
-        self.group_keys.clear()
-        self._label_ids.clear()
-        self.series = 0
-        self.dropped_series = 0
-
-    def collect(self) -> Iterator[Metric]:
-        return self.collect_group(None)
-
-    def push_groups(self) -> list[tuple[str, ...]]:
-        """The distinct values of PUSH_GROUPING_KEY among the label sets in use, first seen first."""
-        with self.lock:
-            return list(dict.fromkeys(self.group_keys))
-
-    def collect_group(self, group: tuple[str, ...] | None) -> Iterator[Metric]:
-        """The families, with only the samples of one push group (``None``: all of them)."""
-        with self.lock:  # copy only: the exposition is encoded outside the lock
-            snapshot = [(n, f.type, f.doc, list(f.samples.items())) for n, f in self.families.items()]
-            label_sets = list(self.label_sets)  # label dicts are never changed once made
-            group_keys = list(self.group_keys)
-            dropped = self.dropped_series
-        for name, type_, doc, samples in snapshot:
-            if group is not None:
-                samples = [s for s in samples if group_keys[s[0]] == group]
-                if not samples:
-                    continue
-            metric = Metric(name, doc, type_)
-            sample_name = name + "_total" if type_ == "counter" else name
-            for label_id, value in samples:
-                metric.add_sample(sample_name, label_sets[label_id], value)
-            yield metric
-        metric = Metric("telemetrain_prometheus_dropped_series", "new series refused above max_series", "counter")
-        metric.add_sample("telemetrain_prometheus_dropped_series_total", {}, float(dropped))
-        yield metric
+# a stat's aggregations served as gauges of the last window, beside its histogram or summary: <name>_<aggregation>
+STAT_GAUGES = {"min": "min", "max": "max", "stddev": "stddev", "value": "last"}
 
 
 class _PushGroup:
     """What one push sends (prometheus_client's push takes any object with ``collect``): one group's series."""
 
-    def __init__(self, table: _Table, group: tuple[str, ...]) -> None:
+    def __init__(self, table: Table, group: tuple[str, ...]) -> None:
         self.table = table
         self.group = group
 
@@ -233,6 +82,11 @@ class PrometheusSink(Sink):
     ``sink.port``. ``addr`` is ``127.0.0.1`` unless you choose to expose the endpoint. ``counters``: names of your
     own cumulative metrics, exported as counters (``_total``). ``max_series`` bounds memory: values of further new
     series are refused and counted (``telemetrain_prometheus_dropped_series_total``, one warning).
+
+    Series carry the label ``rank`` and the record's attributes; the rest of the run identity is in the info metric
+    ``telemetrain_run_info{run_id=..., session_tag=..., ...} 1`` (join on ``instance`` or ``rank``), so a restart
+    does not start a new set of every series. Stats are histograms (with the ``histogram`` aggregation) or
+    summaries; values are served in base units (``ms`` -> seconds); a unit that is not UCUM is warned about once.
 
     The server starts here. If it cannot bind (the port is taken), nothing is raised here: each ``write`` retries the
     bind and raises while it fails, so the dispatcher counts the failure, reports it and backs off (training goes
@@ -295,17 +149,21 @@ class PrometheusSink(Sink):
         self.pushes = 0  # pushes that succeeded (one per group)
         self._version = 0  # writes so far: a flush pushes only when there were writes since the last push
         self._pushed_version = 0
-        self.counters = CUMULATIVE_METRICS | frozenset(counters)  # running totals: counters, `_total`
-        self._table = _Table(max_series)
+        self.counters = frozenset(counters)  # running totals of yours: counters, `_total` (cumulative.py: ours)
+        self._table = Table(max_series)
         self._registry = CollectorRegistry(auto_describe=False)
         self._registry.register(self._table)
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self._closed = False
         self._warned_series = False
+        self._warned_unit = False
+        self._warned_rename = False
+        self.non_ucum_units: set[str] = set()  # units seen that are not UCUM (served without a unit suffix)
         # the names and labels already worked out (the dispatcher thread's work per record stays a few lookups)
-        self._label_ids: dict[Identity, dict[str, int]] = {}  # identity -> group -> label set id
-        self._specs: dict[tuple[str, str], tuple[str, str, str]] = {}
+        self._label_ids: dict[Identity, int] = {}  # identity -> its label set (no attributes)
+        self._attr_label_ids: dict[tuple[Any, ...], int] = {}  # (identity, attributes) -> label set
+        self._specs: dict[tuple[str, str], tuple[str, str, str, float]] = {}
         self.port: int | None = None  # the bound port; None while not serving
         self.bind_error: OSError | None = None
         if serve:
@@ -342,30 +200,30 @@ class PrometheusSink(Sink):
         table = self._table
         counts: dict[tuple[int, str], int] = {}
         identity: Any = None
-        groups: dict[str, int] = {}
+        base_id = 0
         with table.lock:  # one batch, one lock: a scrape sees all of it or none
             for record in records:
                 kind = record.kind
                 if record.identity is not identity:  # one identity per batch, as a rule: hash it once
                     identity = record.identity
-                    groups = self._label_ids.setdefault(identity, {})
-                label_id = groups.get(record.group)
-                if label_id is None:
-                    label_id = groups[record.group] = table.label_id(_labels(identity, record.group))
-                counted = (label_id, kind)
+                    found = self._label_ids.get(identity)
+                    base_id = self._identity_labels(identity) if found is None else found
+                counted = (base_id, kind)
                 counts[counted] = counts.get(counted, 0) + 1
                 if kind == "metric":
+                    attributes = record.attributes
+                    label_id = self._attribute_labels(identity, attributes) if attributes else base_id
                     self._put(record.name, record.unit, label_id, record.value)
                 elif kind == "stat":
-                    self._put_stat(record, label_id)
-                elif kind == "event" and (record.group, record.name) == TRAINING_EVENT and record.attributes:
-                    for attribute, value in record.attributes.items():
-                        if type(value) in (int, float):  # numbers only: bools, strings and ids are not values
-                            name, unit = _event_metric(attribute)
-                            self._put(name, unit, label_id, value)
+                    self._put_stat(record, base_id)
             for (label_id, kind), n in counts.items():
                 table.add("telemetrain_records", "records received, by kind", self._kind_label_id(label_id, kind), n)
             dropped = table.dropped_series
+        if table.renamed and not self._warned_rename:
+            self._warned_rename = True
+            warn_safely(f"telemetrain: prometheus: {sorted(table.renamed)[0]!r} names two kinds of series (a metric "
+                        "and a stat, say); the later kind is served as <name>_<type> (histogram, summary, gauge, "
+                        "counter): give them distinct names")
         if dropped and not self._warned_series:
             self._warned_series = True
             warn_safely(f"telemetrain: prometheus sink holds max_series={table.max_series} series; new ones dropped")
@@ -375,31 +233,79 @@ class PrometheusSink(Sink):
             if self.bind_error is not None:  # raised for the dispatcher to count, report and back off
                 raise OSError(f"prometheus endpoint {self.addr}:{self.requested_port} not serving: {self.bind_error}")
 
+    def _identity_labels(self, identity: Identity) -> int:
+        """The label set of an identity's series (``rank``), and its ``telemetrain_run_info`` series."""
+        group = (identity.run_id, str(identity.rank))
+        table = self._table
+        label_id = self._label_ids[identity] = table.label_id({"rank": str(identity.rank)}, group)
+        info = table.label_id(_info_labels(identity), group)
+        table.set(RUN_INFO, "info", "the run identity of this process (join on instance or rank)", info, 1.0)
+        return label_id
+
+    def _attribute_labels(self, identity: Identity, attributes: dict[str, Any]) -> int:
+        key = (identity, *attributes.items())
+        found = self._attr_label_ids.get(key)
+        if found is None:
+            if len(self._attr_label_ids) >= 100_000:  # bounded, whatever attributes come (max_series bounds the rest)
+                self._attr_label_ids.clear()
+            labels = {**labels_of(attributes), "rank": str(identity.rank)}
+            found = self._attr_label_ids[key] = self._table.label_id(labels, (identity.run_id, str(identity.rank)))
+        return found
+
     def _kind_label_id(self, label_id: int, kind: str) -> int:
         """The label set of ``telemetrain_records_total``: the record's identity labels and its kind."""
         table = self._table
-        labels = {k: v for k, v in table.label_sets[label_id].items() if k != "group"}
-        labels["kind"] = kind
-        return table.label_id(labels)
+        return table.label_id({**table.label_sets[label_id], "kind": kind}, table.group_keys[label_id])
 
-    def _put(self, name: str, unit: str, label_id: int, value: float) -> None:
+    def _check_unit(self, name: str, unit: str) -> None:
+        if not is_ucum(unit):
+            self.non_ucum_units.add(unit)
+            if not self._warned_unit:
+                self._warned_unit = True
+                warn_safely(f"telemetrain: unit {unit!r} of metric {name!r} is not a UCUM unit (https://ucum.org): "
+                            "Prometheus gets no unit suffix for it. Use 's' for seconds, 'By' for bytes, '1' for a "
+                            "ratio, '{thing}' for a count, '' for none (further units are not warned about)")
+
+    def _spec(self, name: str, unit: str) -> tuple[str, str, str, float]:
+        """(Prometheus name, type, help, factor to the base unit) of a metric."""
         spec = self._specs.get((name, unit))
         if spec is None:
             if len(self._specs) >= _CACHE_MAX:
                 self._specs.clear()
-            counter = name in self.counters or unit in CUMULATIVE_UNITS
+            self._check_unit(name, unit)
+            counter = name in self.counters or is_cumulative(name, unit)
             doc = f"{name} ({unit})" if unit else name
-            spec = self._specs[(name, unit)] = (metric_name(name, unit), "counter" if counter else "gauge", doc)
-        self._table.set(spec[0], spec[1], spec[2], label_id, float(value))
+            spec = self._specs[(name, unit)] = (metric_name(name, unit), "counter" if counter else "gauge", doc,
+                                                unit_of(unit)[1])
+        return spec
+
+    def _put(self, name: str, unit: str, label_id: int, value: float) -> None:
+        prom, type_, doc, factor = self._spec(name, unit)
+        self._table.set(prom, type_, doc, label_id, float(value) * factor if factor != 1.0 else float(value))
 
     def _put_stat(self, record: Any, label_id: int) -> None:
-        base = metric_name(record.name, record.unit)
-        doc = f"{record.name} ({record.unit})" if record.unit else record.name
+        """A stat window: its histogram into a classic histogram, else its quantiles into a summary (count and sum
+        cumulative either way); min, max, stddev and the last value as gauges of the last window."""
+        prom, _, doc, factor = self._spec(record.name, record.unit)
+        values = record.values
+        total = values.get("sum")
+        if total is None and values.get("mean") is not None:
+            total = values["mean"] * (record.sample_count - values.get("nan_count", 0) - values.get("inf_count", 0))
+        quantiles: dict[float, float] = {}
+        if record.histogram is None:
+            for agg, value in values.items():
+                q = quantile_of(agg)
+                if q is not None and type(value) in (int, float):
+                    quantiles[round(q, 9)] = float(value)  # p99.9 -> 0.999, not 0.9990000000000001
+        base = unit_of(record.unit)[0]
         table = self._table
-        table.set(base + "_count", "gauge", f"{record.name}: samples in the last window", label_id, record.sample_count)
-        for agg, value in record.values.items():
-            if agg != "count" and type(value) in (int, float):
-                table.set(f"{base}_{_sanitise(agg)}", "gauge", f"{doc}: {agg} of the last window", label_id, value)
+        table.observe(prom, f"{doc}: the samples of every window", label_id, record.sample_count, total,
+                      record.histogram, factor, RANGES.get(base, DEFAULT_RANGE), quantiles)
+        for agg, suffix in STAT_GAUGES.items():
+            value = values.get(agg)
+            if type(value) in (int, float):
+                table.set(f"{prom}_{suffix}", "gauge", f"{doc}: {agg} of the last window", label_id,
+                          float(value) * factor)
 
     # -- the push --------------------------------------------------------------------------------------------------
 
@@ -465,3 +371,7 @@ class PrometheusSink(Sink):
         self.push_to = None
         if server is not None:
             server.socket.close()
+
+
+def _info_labels(identity: Identity) -> dict[str, str]:
+    return {f: str(getattr(identity, f)) for f in INFO_FIELDS}

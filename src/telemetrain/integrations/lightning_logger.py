@@ -1,0 +1,135 @@
+"""Lightning: ``TelemetrainLogger``, a Lightning ``Logger`` that records what the LightningModule logs.
+
+    from telemetrain.integrations.lightning_logger import TelemetrainLogger
+    trainer = Trainer(logger=TelemetrainLogger(), callbacks=[TelemetrainCallback()])   # the callback is optional
+
+- ``self.log(...)`` / ``self.log_dict(...)`` values reach the logger through Lightning's own logger connector
+  (already turned into Python numbers, at Lightning's step: the number of optimizer steps taken before the value was
+  logged, ``trainer.global_step``'s count as Lightning writes it to every logger) and become metric records of group
+  ``group`` (``"default"``: TensorBoard tag and MLflow key are the name, as Lightning's own loggers write them), in
+  the run store and every sink, through ``Telemetry.log``;
+- ``save_hyperparameters()`` (and the datamodule's) reach ``log_hyperparams`` at the start of ``fit``: a
+  ``hyperparameters`` event (``telemetrain.hparams``), flattened to dotted keys: MLflow params, TensorBoard HParams,
+  OpenTelemetry attributes and the report's config table;
+- ``finalize`` (the end of ``fit``/``validate``/``test``) flushes, so the store holds everything when the call returns.
+
+Usable alone (values and hyperparameters only) or with ``TelemetrainCallback`` (the training lifecycle, derived
+metrics, checkpoints); both record into the default ``Telemetry`` unless given one. Every rank records its own
+values (each rank has its own run-store file). ``experiment`` is the ``Telemetry``.
+
+``TelemetrainLogger`` subclasses ``lightning.pytorch.loggers.Logger`` (``pytorch_lightning.loggers.Logger`` when only
+the older package is installed); ``logger_class("pytorch_lightning")`` gives the class for the other package.
+"""
+
+from __future__ import annotations
+
+import importlib
+from argparse import Namespace
+from collections.abc import Mapping
+from typing import Any
+
+from ..hparams import log_hyperparams
+from ..telemetry import Telemetry, check_name, get_telemetry
+
+__all__ = ["PACKAGES", "TelemetrainLogger", "logger_class"]
+
+PACKAGES = ("lightning.pytorch", "pytorch_lightning")
+
+TelemetrainLogger: type  # (declared only: made on first access by __getattr__, on the installed package)
+
+
+class _LoggerMethods:
+    """The logger (the Lightning-free half; ``logger_class`` puts a ``Logger`` base under it)."""
+
+    def __init__(self, telemetry: Telemetry | None = None, *, group: str = "default", prefix: str = "") -> None:
+        """``telemetry``: where to record (default: the default ``Telemetry``, at the first value). ``group``: the
+        group of the metric records. ``prefix``: put before every metric name (``"<prefix>-<name>"``, as Lightning's
+        loggers join it)."""
+        if telemetry is not None and not isinstance(telemetry, Telemetry):
+            raise TypeError(f"telemetry must be a telemetrain.Telemetry, got {type(telemetry).__name__}")
+        self._group = check_name(group, "group")
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix must be a str, got {type(prefix).__name__}")
+        self._prefix = prefix
+        self._telemetry = telemetry
+        super().__init__()
+
+    @property
+    def telemetry(self) -> Telemetry:
+        if self._telemetry is None:
+            self._telemetry = get_telemetry()
+        return self._telemetry
+
+    # -- Lightning's Logger interface ------------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return "telemetrain"
+
+    @property
+    def version(self) -> str:
+        return self.telemetry.identity.run_id
+
+    @property
+    def save_dir(self) -> str | None:
+        run_dir = self.telemetry.run_dir
+        return None if run_dir is None else str(run_dir.parent.parent)
+
+    @property
+    def log_dir(self) -> str | None:
+        run_dir = self.telemetry.run_dir
+        return None if run_dir is None else str(run_dir)
+
+    @property
+    def experiment(self) -> Telemetry:
+        return self.telemetry
+
+    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        if self._prefix:
+            metrics = {f"{self._prefix}-{k}": v for k, v in metrics.items()}
+        self.telemetry.log(metrics, step, group=self._group)
+
+    def log_hyperparams(self, params: Mapping[str, Any] | Namespace | None = None, *args: Any,
+                        **kwargs: Any) -> None:
+        if params is not None:
+            log_hyperparams(params, self.telemetry)
+
+    def save(self) -> None:
+        pass  # records are written by the dispatcher, in the background: nothing to do on the training thread
+
+    def finalize(self, status: str) -> None:
+        self.telemetry.flush()
+
+
+# -- the Logger classes ------------------------------------------------------------------------------------------------
+
+_CLASSES: dict[str, type] = {}
+
+
+def logger_class(package: str = PACKAGES[0]) -> type:
+    """``TelemetrainLogger`` on ``package``'s ``Logger`` (``"lightning.pytorch"`` or ``"pytorch_lightning"``)."""
+    if package not in PACKAGES:
+        raise ValueError(f"package must be one of {', '.join(PACKAGES)}, got {package!r}")
+    cls = _CLASSES.get(package)
+    if cls is None:
+        base = importlib.import_module(f"{package}.loggers").Logger
+        cls = _CLASSES[package] = type("TelemetrainLogger", (_LoggerMethods, base), {
+            "__module__": __name__,
+            "__doc__": f"A {package} Logger recording into telemetrain (telemetrain.integrations.lightning_logger).",
+        })
+    return cls
+
+
+def _default_class() -> type:
+    for package in PACKAGES:
+        try:
+            return logger_class(package)
+        except ImportError:
+            continue
+    raise ImportError("TelemetrainLogger needs Lightning: pip install lightning (or pytorch_lightning)")
+
+
+def __getattr__(name: str) -> Any:
+    if name == "TelemetrainLogger":
+        return _default_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
