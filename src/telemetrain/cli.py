@@ -20,6 +20,7 @@ from typing import Any, TextIO
 
 from ._version import __version__
 from .analysis import commands as analysis_commands
+from .analysis.findings.text import run_findings_lines
 from .cli_common import CLIError, resolve_run
 from .distributed import commands as launch_commands
 from .report import commands as report_commands
@@ -153,6 +154,7 @@ def summarize(run: Run) -> list[str]:
     lines += _training_lines(records)
     if any(r.kind == "event" and r.group == "training" for r in records):
         lines += _goodput_lines(run)
+    lines += run_findings_lines(run)  # the findings engine's, as the report shows them
 
     event_counts = Counter((r.group, r.name) for r in records if r.kind == "event")
     lines.append(f"events      {sum(event_counts.values())}")

@@ -1,0 +1,45 @@
+"""Findings as plain-text lines (``telemetrain show``; the caller makes names from the run printable)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...store.reader import Run
+from .model import Findings
+from .run import run_findings
+
+__all__ = ["findings_lines", "run_findings_lines"]
+
+
+def findings_lines(result: Findings, *, limit: int = 20) -> list[str]:
+    """``findings  N (...)`` then one line per finding (severity, title), its detail and its evidence, then the
+    notes."""
+    found = result.findings
+    lines = [f"findings    {len(found)}" + (" (most severe first; docs/report.md, Findings)" if found else
+                                            ": none (docs/report.md, Findings, says what each rule looks for)")]
+    for f in found[:limit]:
+        lines.append(f"  {f.severity:<7}  {f.title}")
+        lines.append(f"           {f.detail}")
+        if f.evidence is not None and f.evidence.summary():
+            lines.append(f"           evidence: {f.evidence.summary()}")
+    if len(found) > limit:
+        lines.append(f"  ... and {len(found) - limit} more")
+    lines += [f"  note     {n.text}" for n in result.notes]
+    return lines
+
+
+def run_findings_lines(run: Run) -> list[str]:
+    """The findings of a loaded run, with its session's crashes and restarts (goodput of the session)."""
+    report: Any = None
+    if run.processes:
+        from ...training.goodput import goodput
+
+        for session_dir in (run.path.parent, run.path):  # a run folder alone is a session of one run
+            try:
+                report = goodput(session_dir, rank=run.ranks[0], opened=(run,))
+                break
+            except (ValueError, OSError):
+                continue
+            except Exception:  # noqa: BLE001 - odd records: the findings stand without the session's restarts
+                break
+    return findings_lines(run_findings(run, goodput_report=report))
