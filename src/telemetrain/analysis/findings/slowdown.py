@@ -1,24 +1,32 @@
 """"Got slower at step N": change points in the job's iteration time, and slow single iterations.
 
-**The series.** For each step at which ranks reported, the median over ranks of the window's mean iteration time
-(warm-up windows left out). When the windows carry the process's CPU time and wait (``cpu_time_sec``,
-``cpu_wait_sec``, Linux), that time is first reduced by the share of the runnable time spent waiting for a CPU --
-the largest share of the ranks: data-parallel ranks step together, so a job waits for its most descheduled rank. A
-machine that got busy is not a job that got slower.
+**The series**, one point per step at which ranks reported (warm-up windows left out): the iteration time (the
+median over ranks of each window's mean) and, when the windows carry the process's CPU figures (``cpu_time_sec``,
+``cpu_wait_sec``: Linux, training/cpu_wait.py), the *work* (the median over ranks of CPU seconds per iteration, all
+threads) and the *contention* (the share of runnable time spent waiting for a CPU: ``wait / (cpu + wait)``, the
+largest of the ranks, since data-parallel ranks wait for their most descheduled one).
 
-**The rule.** PELT (``stats.pelt``: optimal partitioning of the log series, a penalty of ``changepoint_penalty x
-noise variance x log(windows)`` per change, the noise from the first differences) splits the series into segments
-of at least ``slowdown_min_windows`` windows: where to cut, not yet a decision. A segment whose median is at least
-``slowdown_effect`` times the reference -- the median of every window before it since the start of the run or the
-end of the previous slowdown (not just the segment before: a short fast stretch is no baseline) -- opens a slowdown;
-it lasts while the following segments stay above halfway between the two levels. It is reported when at least
-``slowdown_min_windows`` of its windows are above that halfway mark and the shift of the medians, in robust standard
-errors (``stats.median_shift``), gives
-``p < slowdown_alpha``. The threshold grows with the machine's contention: ``slowdown_effect x (1 +
-contention_inflation x`` the rise in the share of runnable time spent waiting for a CPU ``)``, because a process
-also runs slower on a busier CPU (shared caches and memory bandwidth), which the wait does not capture.
-Each slowdown is reported once for the job, with the phases whose time grew; where the busy-free series shows no
-slowdown but the raw one does, a ``contention`` note says so instead.
+**Where it changed.** PELT (``stats.pelt``: optimal partitioning of the log series, a penalty of
+``changepoint_penalty x noise variance x log(points)`` per change, the noise from the first differences) splits a
+series into segments of at least ``slowdown_min_windows`` points: where to cut, not yet a decision. A segment whose
+median is at least ``slowdown_effect`` times the reference -- the median of every point before it since the start or
+the end of the previous slowdown (a short fast stretch is no baseline) -- opens an episode, which lasts while the
+following segments stay above halfway between the two levels. It counts when at least ``slowdown_min_windows`` of
+its points are above that halfway mark and the shift of the medians, in robust standard errors
+(``stats.median_shift``), gives ``p < slowdown_alpha``.
+
+**Slower, or a busy machine?** With CPU figures, two searches:
+
+1. on the work: the job computes more per iteration (a bigger model, a slower kernel, more data). On a busier CPU a
+   process also computes slower (shared caches, memory bandwidth, SMT siblings, a hypervisor's steal), which the
+   wait does not show, so the effect needed grows by ``1 + contention_inflation x`` the rise in contention;
+2. on the iteration time, outside those episodes: the job waits more (I/O, data, a peer, a sleep). What the machine
+   alone predicts is the work's ratio times ``(1 - contention before) / (1 - contention during)`` (a process waiting
+   a share ``s`` of its runnable time runs ``1 / (1 - s)`` times as long); it is a slowdown when the iteration time
+   grew ``slowdown_effect`` times more than that, else a ``contention`` note, not a finding.
+
+Without CPU figures the iteration time alone is searched, and a finding says that a busy machine could not be told
+apart. Each slowdown is one finding for the job, with the phases whose time grew.
 """
 
 from __future__ import annotations
@@ -38,17 +46,18 @@ __all__ = ["StepPoint", "job_series", "slow_iteration_windows", "slow_iterations
 
 PHASES = ("dataloader", "forward", "backward", "optimizer", "zero_grad")
 SPREAD_FLOOR = 0.01  # the spread of window medians is taken as at least 1% of the level (timer and rounding jitter)
+MAX_POINTS = 1000  # longer series are reduced to this many blocks of consecutive points (PELT's cost)
 
 
 @dataclass(frozen=True)
 class StepPoint:
-    """The ranks' windows ending at one step, reduced to one observation."""
+    """The ranks' windows ending at one step (or a block of steps), reduced to one observation."""
 
     step: int
     first_step: int
-    raw: float  # median over ranks of the window mean
-    busy_free: float | None  # the same with the contention taken out (None: no wait figures)
-    wait_fraction: float | None  # the largest contention share of the ranks (the one the others wait for)
+    raw: float  # median over ranks of the window mean iteration time
+    work: float | None  # median over ranks of CPU seconds per iteration (None: no CPU figures)
+    contention: float | None  # the largest share of runnable time a rank spent waiting for a CPU
     phases: dict[str, float] = field(default_factory=dict)  # phase -> median over ranks
     by_rank: dict[int, float] = field(default_factory=dict)
 
@@ -61,21 +70,42 @@ def job_series(windows: Sequence[WindowPoint]) -> list[StepPoint]:
     points = []
     for step in sorted(by_step):
         ws = by_step[step]
-        waits = [w.wait_fraction for w in ws]
-        known = [f for f in waits if f is not None]
+        shares = [w.wait_fraction for w in ws]
+        known = [s for s in shares if s is not None]
+        work = [w.cpu_seconds / max(w.iterations, 1) for w in ws if w.cpu_seconds is not None]
         phases = {}
         for phase in PHASES:
             values = [w.phases[phase] for w in ws if phase in w.phases]
             if values:
                 phases[phase] = median(values)
-        raw = median([w.iteration_time for w in ws])
-        # ranks step together: the job waits for its most contended rank, so its share is the job's
-        share = max(known) if len(known) == len(ws) else None
         points.append(StepPoint(
-            step=step, first_step=min(w.first_step for w in ws), raw=raw,
-            busy_free=raw * (1 - share) if share is not None else None, wait_fraction=share, phases=phases,
+            step=step, first_step=min(w.first_step for w in ws), raw=median([w.iteration_time for w in ws]),
+            work=median(work) if len(work) == len(ws) and len(known) == len(ws) else None,
+            contention=max(known) if len(known) == len(ws) else None, phases=phases,
             by_rank={w.rank: w.iteration_time for w in ws}))
-    return points
+    return _reduce(points)
+
+
+def _reduce(points: list[StepPoint]) -> list[StepPoint]:
+    """At most ``MAX_POINTS`` points: consecutive points merged into blocks (medians), the change points then found to
+    within a block."""
+    if len(points) <= MAX_POINTS:
+        return points
+    size = math.ceil(len(points) / MAX_POINTS)
+    out = []
+    for i in range(0, len(points), size):
+        block = points[i:i + size]
+        works = [p.work for p in block if p.work is not None]
+        shares = [p.contention for p in block if p.contention is not None]
+        phases = {ph: median([p.phases[ph] for p in block if ph in p.phases])
+                  for ph in {ph for p in block for ph in p.phases}}
+        ranks = {r for p in block for r in p.by_rank}
+        out.append(StepPoint(
+            step=block[-1].step, first_step=block[0].first_step, raw=median([p.raw for p in block]),
+            work=median(works) if len(works) == len(block) else None,
+            contention=median(shares) if len(shares) == len(block) else None, phases=phases,
+            by_rank={r: median([p.by_rank[r] for p in block if r in p.by_rank]) for r in ranks}))
+    return out
 
 
 @dataclass(frozen=True)
@@ -89,7 +119,21 @@ class _Episode:
     reference: float
 
 
-def _episodes(series: Sequence[float], waits: Sequence[float | None], th: Thresholds) -> list[_Episode]:
+def _median_of(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return median(known) if known else None
+
+
+def _contention_rise(points: Sequence[StepPoint], before: tuple[int, int], after: tuple[int, int]) -> float:
+    b = _median_of([p.contention for p in points[before[0]:before[1]]])
+    a = _median_of([p.contention for p in points[after[0]:after[1]]])
+    return 0.0 if a is None or b is None else max(a - b, 0.0)
+
+
+def _episodes(series: Sequence[float], points: Sequence[StepPoint], th: Thresholds,
+              inflation: bool) -> list[_Episode]:
+    """The episodes of ``series`` (see the module docstring); ``inflation``: the effect needed grows with the
+    contention's rise (the work series)."""
     n = len(series)
     logs = [math.log(max(v, 1e-12)) for v in series]
     sigma = max(noise_scale(logs), SPREAD_FLOOR)
@@ -106,7 +150,9 @@ def _episodes(series: Sequence[float], waits: Sequence[float | None], th: Thresh
             i += 1
             continue
         reference = median(before)
-        effect = th.slowdown_effect * _allowance(waits, (origin, segs[i][0]), segs[i], th)
+        effect = th.slowdown_effect
+        if inflation:
+            effect *= 1 + th.contention_inflation * _contention_rise(points, (origin, segs[i][0]), segs[i])
         if reference > 0 and levels[i] >= effect * reference:
             halfway = reference + (levels[i] - reference) / 2
             j = i
@@ -125,18 +171,6 @@ def _episodes(series: Sequence[float], waits: Sequence[float | None], th: Thresh
     return found
 
 
-def _allowance(waits: Sequence[float | None], before: tuple[int, int], after: tuple[int, int],
-               th: Thresholds) -> float:
-    """How much more a slowdown must be when the machine got busier between two segments: a process also runs
-    slower *on* the CPU then (shared caches, memory bandwidth, SMT siblings), which the CPU wait does not capture;
-    ``1 + contention_inflation x`` the rise in the share of time waiting for a CPU."""
-    b = [w for w in waits[before[0]:before[1]] if w is not None]
-    a = [w for w in waits[after[0]:after[1]] if w is not None]
-    if not a or not b:
-        return 1.0
-    return 1.0 + th.contention_inflation * max(median(a) - median(b), 0.0)
-
-
 def _added_by_phase(points: Sequence[StepPoint], ep: _Episode) -> list[tuple[str, float]]:
     before, slow = points[ep.before:ep.start], points[ep.start:ep.end]
     added = []
@@ -152,49 +186,65 @@ def _added_by_phase(points: Sequence[StepPoint], ep: _Episode) -> list[tuple[str
     return sorted(((ph, d) for ph, d in added if d > 0), key=lambda x: -x[1])
 
 
+def _ratio(points: Sequence[StepPoint], ep: _Episode, get: str) -> float | None:
+    b = _median_of([getattr(p, get) for p in points[ep.before:ep.start]])
+    a = _median_of([getattr(p, get) for p in points[ep.start:ep.end]])
+    return a / b if a is not None and b else None
+
+
 def slowdowns(windows: Sequence[WindowPoint], th: Thresholds) -> tuple[list[Finding], list[Note]]:
     points = job_series(windows)
     if len(points) < 2 * th.slowdown_min_windows:
         return [], []
-    use_busy_free = sum(p.busy_free is not None for p in points) >= len(points) / 2
-    series = [p.busy_free if use_busy_free and p.busy_free is not None else p.raw for p in points]
-    findings = []
     ranks = sorted({r for p in points for r in p.by_rank})
-    waits = [p.wait_fraction for p in points]
-    episodes = _episodes(series, waits, th)
-    for ep in episodes:
-        findings.append(_finding(points, ep, ranks, use_busy_free, th))
-    notes = []
-    if use_busy_free:
-        slow_steps = {i for ep in episodes for i in range(ep.start, ep.end)}
-        for ep in _episodes([p.raw for p in points], [None] * len(points), th):
-            span = range(ep.start, ep.end)
-            if sum(i in slow_steps for i in span) >= len(span) / 2:
-                continue
-            before = [points[i].wait_fraction for i in range(ep.before, ep.start)]
-            during = [points[i].wait_fraction for i in span]
-            wb = median([w for w in before if w is not None] or [0.0])
-            wd = median([w for w in during if w is not None] or [0.0])
-            first, last = points[ep.start].first_step, points[ep.end - 1].step
-            notes.append(Note("contention", (
-                f"the machine was busy at steps {first}..{last}: iteration time {ep.ratio:.2f}x "
-                f"({seconds(ep.reference)} -> {seconds(ep.level)}), while its threads waited for a CPU {wd:.0%} of "
-                f"their runnable time (against {wb:.0%} before); with that wait taken out it did not slow down, so "
-                "this is not counted as a finding"),
-                Evidence(effect=ep.ratio, confidence=1 - ep.p, steps=(first, last), value=ep.level,
-                         reference=ep.reference, windows=ep.end - ep.start, test="change point on raw times")))
+    raw = [p.raw for p in points]
+    if sum(p.work is not None for p in points) < len(points) / 2:
+        return [_finding(points, ep, ranks, "", th) for ep in _episodes(raw, points, th, inflation=False)], []
+    work = [p.work if p.work is not None else math.nan for p in points]
+    known = [w for w in work if not math.isnan(w)]
+    fill = median(known)
+    work = [fill if math.isnan(w) else w for w in work]
+    findings, notes = [], []
+    computing = _episodes(work, points, th, inflation=True)
+    for ep in computing:
+        findings.append(_finding(points, ep, ranks, "work", th))
+    taken = {i for ep in computing for i in range(ep.start, ep.end)}
+    for ep in _episodes(raw, points, th, inflation=False):
+        span = range(ep.start, ep.end)
+        if sum(i in taken for i in span) >= len(span) / 2:
+            continue
+        work_ratio = _ratio(points, ep, "work") or 1.0
+        cb = _median_of([p.contention for p in points[ep.before:ep.start]]) or 0.0
+        cd = _median_of([p.contention for p in points[ep.start:ep.end]]) or 0.0
+        predicted = work_ratio * (1 - cb) / max(1 - cd, 1e-3)
+        if ep.ratio >= th.slowdown_effect * predicted:
+            findings.append(_finding(points, ep, ranks, "waiting", th))
+            continue
+        first, last = points[ep.start].first_step, points[ep.end - 1].step
+        notes.append(Note("contention", (
+            f"the machine was busy at steps {first}..{last}: iteration time {ep.ratio:.2f}x "
+            f"({seconds(ep.reference)} -> {seconds(ep.level)}) while the work per iteration changed "
+            f"{work_ratio:.2f}x and the ranks' threads waited for a CPU {cd:.0%} of their runnable time (against "
+            f"{cb:.0%} before), which predicts {predicted:.2f}x: not counted as a finding"),
+            Evidence(effect=ep.ratio, confidence=1 - ep.p, steps=(first, last), value=ep.level,
+                     reference=ep.reference, windows=ep.end - ep.start, test="change point on iteration times",
+                     notes=(f"predicted by the machine {predicted:.2f}x",))))
     return findings, notes
 
 
-def _finding(points: Sequence[StepPoint], ep: _Episode, ranks: list[int], busy_free: bool,
-             th: Thresholds) -> Finding:
+def _finding(points: Sequence[StepPoint], ep: _Episode, ranks: list[int], how: str, th: Thresholds) -> Finding:
+    """``how``: ``work`` (the CPU work per iteration grew), ``waiting`` (the time outside it did), or "" (no CPU
+    figures)."""
     first, last = points[ep.start].first_step, points[ep.end - 1].step
     until = "the end of the run" if ep.end == len(points) else f"step {last}"
+    time_ratio = _ratio(points, ep, "raw") or ep.ratio
+    before_t = median([p.raw for p in points[ep.before:ep.start]])
+    during_t = median([p.raw for p in points[ep.start:ep.end]])
     slow_ranks = []
     for r in ranks:
         before = [p.by_rank[r] for p in points[ep.before:ep.start] if r in p.by_rank]
         during = [p.by_rank[r] for p in points[ep.start:ep.end] if r in p.by_rank]
-        if before and during and median(during) >= th.slowdown_effect * median(before):
+        if before and during and median(during) >= min(th.slowdown_effect, time_ratio) * median(before) * 0.9:
             slow_ranks.append(r)
     where = ("" if len(ranks) < 2 else " on every rank (job-wide)" if slow_ranks == ranks
              else f" on rank(s) {ranges(slow_ranks)}")
@@ -202,17 +252,19 @@ def _finding(points: Sequence[StepPoint], ep: _Episode, ranks: list[int], busy_f
     total = sum(d for _, d in added)
     split = ", ".join(f"{ph} +{seconds(d)}" for ph, d in added[:5])
     spread = (" (spread over phases)" if added and total > 0 and added[0][1] < 0.6 * total else "")
-    busy = "; CPU wait taken out" if busy_free else "; no CPU-wait figures: a busy machine could not be told apart"
-    detail = (f"the iteration time went from {seconds(ep.reference)} to {seconds(ep.level)} ({ep.ratio:.2f}x) at "
-              f"step {first}{where}, until {until}"
-              + (f"; added per iteration: {split}{spread}" if split else "")
-              + f" (median of each window's mean over ranks{busy}; p={ep.p:.1g})")
-    title = f"slowdown: {ep.ratio:.2f}x from step {first}" + ("" if ep.end == len(points) else f" to {last}")
+    why = {"work": f"; the CPU work per iteration grew {ep.ratio:.2f}x (contention allowed for)",
+           "waiting": "; the time outside computation grew, more than the machine's contention explains",
+           "": "; no CPU figures in this run: a busy machine could not be told apart"}[how]
+    detail = (f"the iteration time went from {seconds(before_t)} to {seconds(during_t)} ({time_ratio:.2f}x) at step "
+              f"{first}{where}, until {until}" + (f"; added per iteration: {split}{spread}" if split else "")
+              + f"{why} (p={ep.p:.1g})")
+    title = f"slowdown: {time_ratio:.2f}x from step {first}" + ("" if ep.end == len(points) else f" to {last}")
     phase = added[0][0] if added else None
     return Finding("warning", "slowdown", title, detail, Evidence(
-        effect=ep.ratio, confidence=1 - ep.p, steps=(first, last), ranks=tuple(slow_ranks or ranks), phase=phase,
-        value=ep.level, reference=ep.reference, windows=ep.end - ep.start,
-        test="change point (Pettitt segmentation), shift of medians" + (", busy-free" if busy_free else ""),
+        effect=time_ratio, confidence=1 - ep.p, steps=(first, last), ranks=tuple(slow_ranks or ranks), phase=phase,
+        value=during_t, reference=before_t, windows=ep.end - ep.start,
+        test="change points (PELT) and a shift of medians on the "
+             + ("CPU work per iteration" if how == "work" else "iteration time"),
         notes=tuple(f"{ph} +{seconds(d)}" for ph, d in added)))
 
 

@@ -8,7 +8,7 @@ from ...store.reader import Run
 from .model import Findings
 from .run import run_findings
 
-__all__ = ["findings_lines", "run_findings_lines"]
+__all__ = ["findings_lines", "run_findings_lines", "session_goodput"]
 
 
 def findings_lines(result: Findings, *, limit: int = 20) -> list[str]:
@@ -28,18 +28,22 @@ def findings_lines(result: Findings, *, limit: int = 20) -> list[str]:
     return lines
 
 
+def session_goodput(run: Run) -> Any:
+    """The goodput report of the run's session (for its crashes and restarts); None when it cannot be computed."""
+    if not run.processes:
+        return None
+    from ...training.goodput import goodput
+
+    for session_dir in (run.path.parent, run.path):  # a run folder alone is a session of one run
+        try:
+            return goodput(session_dir, rank=run.ranks[0], opened=(run,))
+        except (ValueError, OSError):
+            continue
+        except Exception:  # noqa: BLE001 - odd records: the findings stand without the session's restarts
+            return None
+    return None
+
+
 def run_findings_lines(run: Run) -> list[str]:
     """The findings of a loaded run, with its session's crashes and restarts (goodput of the session)."""
-    report: Any = None
-    if run.processes:
-        from ...training.goodput import goodput
-
-        for session_dir in (run.path.parent, run.path):  # a run folder alone is a session of one run
-            try:
-                report = goodput(session_dir, rank=run.ranks[0], opened=(run,))
-                break
-            except (ValueError, OSError):
-                continue
-            except Exception:  # noqa: BLE001 - odd records: the findings stand without the session's restarts
-                break
-    return findings_lines(run_findings(run, goodput_report=report))
+    return findings_lines(run_findings(run, goodput_report=session_goodput(run)))
