@@ -160,7 +160,6 @@ def _largest(run_dir: Path) -> dict[str, float]:
 
 def calibrate(n: int) -> int:
     from _planted import SCENARIOS, run_scenario
-
     from telemetrain.analysis.samples import read_samples
 
     root = Path(tempfile.mkdtemp(prefix="calibrate-"))

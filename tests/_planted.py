@@ -108,7 +108,8 @@ def run_scenario(s: Scenario, workdir: Path) -> list[Path]:
     env.update({"TELEMETRAIN_DIR": str(workdir / "runs"), "OMP_NUM_THREADS": "1", "CKPT_PATH": str(workdir / "c.pt"),
                 **s.env})
     src = str(Path(__file__).resolve().parent.parent / "src")
-    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "") if Path(src).is_dir() else env.get("PYTHONPATH", "")
+    if Path(src).is_dir():  # the tree under test, as the caller's PYTHONPATH would have it
+        env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
     if s.nproc:
         cmd = [sys.executable, "-m", "telemetrain.cli", "launch", "--nproc-per-node", str(s.nproc),
                "--monitor-interval", "0.1", *s.launch_args, JOB]

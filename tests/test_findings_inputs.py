@@ -15,8 +15,7 @@ from telemetrain import Telemetry, identity_from_env
 from telemetrain.analysis.findings import InputBuilder, analyse, run_findings
 from telemetrain.spans import tracer
 from telemetrain.store import open_run
-from telemetrain.training import TrainingContexts, TrainingRecorder, TrainingTelemetryConfig
-from telemetrain.training import cpu_wait
+from telemetrain.training import TrainingContexts, TrainingRecorder, TrainingTelemetryConfig, cpu_wait
 
 linux_only = pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="schedstat is Linux's")
 
@@ -94,7 +93,6 @@ def test_a_failed_iteration_is_not_counted_as_completed(tmp_path: Path) -> None:
 def test_the_builder_reads_windows_memory_values_events_and_failures(tmp_path: Path) -> None:
     identity = identity_from_env({}, run_id="r", session_tag="s", rank=1, world_size=2)
     t = Telemetry(identity, store=tmp_path)
-    base = 1_700_000_000_000
     for k in range(3):
         attrs = {"current_iteration": 10 * k + 9, "window_iterations": 10, "avg_iteration_time_sec": 0.1,
                  "avg_forward_time_sec": 0.04, "train_iterations_start": 0, "cpu_time_sec": 0.5,

@@ -31,12 +31,11 @@ from _planted import (
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Path]]:
     """The scenarios' run folders, each job run on first use."""
     root = tmp_path_factory.mktemp("planted")
-    done: dict[str, list[Path]] = {}
 
     class Lazy(dict[str, list[Path]]):
         def __missing__(self, name: str) -> list[Path]:
-            done[name] = run_scenario(SCENARIOS[name], root / name)
-            return done[name]
+            self[name] = found = run_scenario(SCENARIOS[name], root / name)
+            return found
 
     return Lazy()
 
@@ -72,6 +71,7 @@ def test_the_first_attempt_of_the_crashed_job_shows_its_crash(runs: dict[str, li
     first = runs["crash-restart"][0]
     titles = sorted(f.title for f in report_findings(first))
     assert [t.split(" on rank")[0] for t in titles if t.startswith("crash:")] == [
-        "crash: application was killed (started, never ended)", "crash: training_loop was killed (started, never ended)"]
-    assert [t for t in titles if not t.startswith("crash:")] == [f"restart: run {runs['crash-restart'][1].name} after "
-                                                                  f"{first.name}"]
+        "crash: application was killed (started, never ended)",
+        "crash: training_loop was killed (started, never ended)"]
+    restarted = runs["crash-restart"][1].name
+    assert [t for t in titles if not t.startswith("crash:")] == [f"restart: run {restarted} after {first.name}"]

@@ -197,6 +197,7 @@ def test_the_report_names_each_planted_problem(session: tuple[Path, Path], crash
                   "crash: training_loop ended terminated", "non-finite values: train.loss", "sink failure: broken",
                   "loss spike"):
         assert title in page, title
+    assert page.count('class="evidence">evidence: ') >= 4  # each statistical finding shows its evidence
 
 
 def test_the_slow_phase_and_the_slow_rank_are_located(session: tuple[Path, Path]) -> None:
