@@ -106,7 +106,6 @@ def _largest(run_dir: Path) -> dict[str, float]:
     from telemetrain.analysis.findings.memory import _growth
     from telemetrain.analysis.findings.slowdown import _episodes, job_series
     from telemetrain.analysis.findings.stragglers import _steps, window_outliers, window_phases
-    from telemetrain.analysis.findings.values import _series_spikes
 
     data = _input(run_dir)
     loose = Thresholds(slowdown_effect=1.0001, slowdown_alpha=0.5, slowdown_min_windows=3, straggler_z=0.0,
@@ -117,12 +116,10 @@ def _largest(run_dir: Path) -> dict[str, float]:
     points = job_series(data.windows)
     raw = [p.raw for p in points]
     work = [p.work for p in points]
-    out["slowdown, iteration time (x)"] = max((e.ratio for e in _episodes(raw, points, loose, inflation=False)),
-                                               default=1.0)
+    out["slowdown, iteration time (x)"] = max((e.ratio for e in _episodes(raw, points, loose)), default=1.0)
     if all(w is not None for w in work) and work:
         out["slowdown, CPU work per iteration (x)"] = max(
-            (e.ratio for e in _episodes([w for w in work if w is not None], points, loose, inflation=True)),
-            default=1.0)
+            (e.ratio for e in _episodes([w for w in work if w is not None], points, loose)), default=1.0)
     steps = _steps(data.windows)
     ratios, zs = [1.0], [0.0]
     for ranks in steps:
@@ -139,6 +136,14 @@ def _largest(run_dir: Path) -> dict[str, float]:
     if len(steps) and len(next(iter(steps))) > 1:
         out["straggler window, ratio (x, share >= 5%)"] = max(ratios)
         out["straggler window, robust z (share >= 5%)"] = max(zs)
+        # the persistence test on the same runs, patience 1: the smallest binomial p any episode reached
+        from telemetrain.analysis.findings.stragglers import stragglers
+
+        eager = Thresholds(straggler_patience=1, straggler_alpha=0.999999)
+        found, _ = stragglers(data.windows, (), eager)
+        out["straggler episode, smallest binomial p"] = min(
+            (1 - f.evidence.confidence for f in found if f.evidence and f.evidence.confidence is not None),
+            default=1.0)
     steady = min((w.time_s for w in data.windows if not w.warmup), default=0.0)
     growth = [0.0]
     for s in data.memory:
@@ -147,10 +152,19 @@ def _largest(run_dir: Path) -> dict[str, float]:
             growth.append(g.growth / g.start if g.start else 0.0)
     out["memory growth after warm-up (fraction)"] = max(growth)
     spike_z, spike_ratio = [0.0], [1.0]
-    for v in data.values:
-        for _, value, z, ref in _series_spikes(v, loose):
-            spike_z.append(z)
-            spike_ratio.append(value / ref if ref > 0 else 1.0)
+    real = Thresholds()
+    for v in data.values:  # every point against the rule's running reference (its history: the non-spike points)
+        history: list[float] = []
+        for _, value in v.points:
+            if not math.isfinite(value):
+                continue
+            if len(history) >= real.spike_min_history:
+                recent = history[-real.spike_history:]
+                center = statistics.median(recent)
+                spread = max(1.4826 * statistics.median([abs(x - center) for x in recent]), 0.01 * abs(center))
+                spike_z.append((value - center) / spread if spread else 0.0)
+                spike_ratio.append(value / center if center > 0 else 1.0)
+            history.append(value)
     out["loss/grad-norm point, robust z"] = max(spike_z)
     out["loss/grad-norm point, ratio to running median (x)"] = max(spike_ratio)
     contention = [p.contention for p in points if p.contention is not None]

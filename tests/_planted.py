@@ -64,7 +64,7 @@ SCENARIOS = {s.name: s for s in (
     Scenario("clean-again", 0, SINGLE),
     Scenario("cpu-hog", 0, {**SINGLE, "HOG_AT": "250", "HOG_PROCS": "2", "HOG_S": "4"}),
     Scenario("slow-checkpoint", 0, {**SINGLE, "CKPT_SLOW_S": "0.1"}),
-    Scenario("mid-run-slowdown", 0, {"STEPS": "600", "SLOW_FROM": "300", "SLOW_FACTOR": "2"},
+    Scenario("mid-run-slowdown", 0, {"STEPS": "600", "SLOW_FROM": "300", "SLOW_FACTOR": "3"},
              (Expect("slowdown", "slowdown from step 300", steps_from(290, 310)),)),
     Scenario("leak-spike-nan", 0, {"STEPS": "600", "LEAK_MB": "1", "SPIKE_AT": "200", "NAN_AT": "400"}, (
         Expect("memory growth", "RSS growth rank 0", lambda f: f.evidence.ranks == (0,) and "RSS" in f.title),
@@ -81,7 +81,7 @@ SCENARIOS = {s.name: s for s in (
     Scenario("clean-4-ranks", 4, FOUR),
     Scenario("stragglers-4-ranks", 4, {**FOUR, "STRAGGLERS": "1:dataloader:0.01,2:forward:4"},
              (straggler(1, "dataloader"), straggler(2, "forward"))),
-    Scenario("slowdown-4-ranks", 4, {**FOUR, "SLOW_FROM": "120", "SLOW_FACTOR": "2"},
+    Scenario("slowdown-4-ranks", 4, {**FOUR, "SLOW_FROM": "120", "SLOW_FACTOR": "3"},
              (Expect("slowdown", "job-wide slowdown from step 120",
                      lambda f: 110 <= f.evidence.steps[0] <= 130 and "job-wide" in f.detail),)),
 )}

@@ -37,7 +37,7 @@ BUSY_WAIT = 0.05  # a run whose threads waited for a CPU this share of their run
 # (bench/bench_findings.py --calibrate; docs/compare.md), what is left after the CPU wait is taken out still differs
 # between two clean runs by up to BUSY_RESIDUAL. Without earlier runs to measure the spread, a change within it on
 # a busy machine is inconclusive.
-BUSY_RESIDUAL = 0.35
+BUSY_RESIDUAL = 0.6
 MIN_HISTORY = 3  # run medians needed for a between-run spread
 
 

@@ -17,13 +17,16 @@ its points are above that halfway mark and the shift of the medians, in robust s
 
 **Slower, or a busy machine?** With CPU figures, two searches:
 
-1. on the work: the job computes more per iteration (a bigger model, a slower kernel, more data). On a busier CPU a
-   process also computes slower (shared caches, memory bandwidth, SMT siblings, a hypervisor's steal), which the
-   wait does not show, so the effect needed grows by ``1 + contention_inflation x`` the rise in contention;
+1. on the work: the job computes more per iteration (a bigger model, a slower kernel, more data);
 2. on the iteration time, outside those episodes: the job waits more (I/O, data, a peer, a sleep). What the machine
    alone predicts is the work's ratio times ``(1 - contention before) / (1 - contention during)`` (a process waiting
    a share ``s`` of its runnable time runs ``1 / (1 - s)`` times as long); it is a slowdown when the iteration time
-   grew ``slowdown_effect`` times more than that, else a ``contention`` note, not a finding.
+   grew the effect needed times more than that, else a ``contention`` note, not a finding.
+
+On a busy CPU a process also *computes* slower and more erratically (shared caches, memory bandwidth, SMT siblings,
+a hypervisor's steal), which the wait does not show: the effect needed is ``slowdown_effect x (1 +
+contention_inflation x`` the contention of the busier of the two stretches ``)`` -- 1.3x on a quiet machine, about
+1.85x where the threads wait for a CPU 85% of their runnable time (calibrated: docs/report.md).
 
 Without CPU figures the iteration time alone is searched, and a finding says that a busy machine could not be told
 apart. Each slowdown is one finding for the job, with the phases whose time grew.
@@ -124,16 +127,15 @@ def _median_of(values: Sequence[float | None]) -> float | None:
     return median(known) if known else None
 
 
-def _contention_rise(points: Sequence[StepPoint], before: tuple[int, int], after: tuple[int, int]) -> float:
+def _contention(points: Sequence[StepPoint], before: tuple[int, int], after: tuple[int, int]) -> float:
+    """The higher of the two stretches' median contention (0 when unknown)."""
     b = _median_of([p.contention for p in points[before[0]:before[1]]])
     a = _median_of([p.contention for p in points[after[0]:after[1]]])
-    return 0.0 if a is None or b is None else max(a - b, 0.0)
+    return max(a or 0.0, b or 0.0)
 
 
-def _episodes(series: Sequence[float], points: Sequence[StepPoint], th: Thresholds,
-              inflation: bool) -> list[_Episode]:
-    """The episodes of ``series`` (see the module docstring); ``inflation``: the effect needed grows with the
-    contention's rise (the work series)."""
+def _episodes(series: Sequence[float], points: Sequence[StepPoint], th: Thresholds) -> list[_Episode]:
+    """The episodes of ``series`` (see the module docstring); the effect needed grows with the contention."""
     n = len(series)
     logs = [math.log(max(v, 1e-12)) for v in series]
     sigma = max(noise_scale(logs), SPREAD_FLOOR)
@@ -150,9 +152,8 @@ def _episodes(series: Sequence[float], points: Sequence[StepPoint], th: Threshol
             i += 1
             continue
         reference = median(before)
-        effect = th.slowdown_effect
-        if inflation:
-            effect *= 1 + th.contention_inflation * _contention_rise(points, (origin, segs[i][0]), segs[i])
+        effect = th.slowdown_effect * (1 + th.contention_inflation * _contention(points, (origin, segs[i][0]),
+                                                                                segs[i]))
         if reference > 0 and levels[i] >= effect * reference:
             halfway = reference + (levels[i] - reference) / 2
             j = i
@@ -199,17 +200,17 @@ def slowdowns(windows: Sequence[WindowPoint], th: Thresholds) -> tuple[list[Find
     ranks = sorted({r for p in points for r in p.by_rank})
     raw = [p.raw for p in points]
     if sum(p.work is not None for p in points) < len(points) / 2:
-        return [_finding(points, ep, ranks, "", th) for ep in _episodes(raw, points, th, inflation=False)], []
+        return [_finding(points, ep, ranks, "", th) for ep in _episodes(raw, points, th)], []
     work = [p.work if p.work is not None else math.nan for p in points]
     known = [w for w in work if not math.isnan(w)]
     fill = median(known)
     work = [fill if math.isnan(w) else w for w in work]
     findings, notes = [], []
-    computing = _episodes(work, points, th, inflation=True)
+    computing = _episodes(work, points, th)
     for ep in computing:
         findings.append(_finding(points, ep, ranks, "work", th))
     taken = {i for ep in computing for i in range(ep.start, ep.end)}
-    for ep in _episodes(raw, points, th, inflation=False):
+    for ep in _episodes(raw, points, th):
         span = range(ep.start, ep.end)
         if sum(i in taken for i in span) >= len(span) / 2:
             continue
@@ -217,7 +218,7 @@ def slowdowns(windows: Sequence[WindowPoint], th: Thresholds) -> tuple[list[Find
         cb = _median_of([p.contention for p in points[ep.before:ep.start]]) or 0.0
         cd = _median_of([p.contention for p in points[ep.start:ep.end]]) or 0.0
         predicted = work_ratio * (1 - cb) / max(1 - cd, 1e-3)
-        if ep.ratio >= th.slowdown_effect * predicted:
+        if ep.ratio >= th.slowdown_effect * (1 + th.contention_inflation * max(cb, cd)) * predicted:
             findings.append(_finding(points, ep, ranks, "waiting", th))
             continue
         first, last = points[ep.start].first_step, points[ep.end - 1].step

@@ -27,6 +27,7 @@ phase; the cost is the excess time summed over the flagged windows (what the oth
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -40,6 +41,7 @@ __all__ = ["Outlier", "stragglers", "window_outliers", "window_phases"]
 
 WORK_PHASES = ("dataloader", "forward", "backward", "optimizer", "zero_grad")
 SYNC_PHASES = frozenset({"backward", "optimizer"})  # where data-parallel collectives wait (DDP; sharded optimizers)
+EXACT_BELOW = 64  # up to this many ranks the others' MAD is computed without the rank itself
 
 
 @dataclass(frozen=True)
@@ -60,18 +62,41 @@ def window_outliers(values: Mapping[int, float], iteration_time: float, phase: s
     """The ranks flagged in one phase of one window (``values``: rank -> seconds per iteration; ``iteration_time``:
     the window's typical iteration time, for the minimum share)."""
     out: list[Outlier] = []
-    if len(values) < 2:
+    n = len(values)
+    if n < 2:
         return out
+    ordered = sorted(values.values())
+    # with many ranks, the others' spread is the spread of all: one rank hardly moves a MAD (exact below that)
+    shared_mad = mad(ordered) if n > EXACT_BELOW else None
+    # a necessary condition first: without any one rank, the median is at least this
+    low = ordered[(n - 2) // 2]
+    cut = max(low + th.straggler_min_share * iteration_time, low * th.straggler_ratio if low > 0 else low)
     for rank, x in values.items():
-        others = [v for r, v in values.items() if r != rank]
-        reference = median(others)
+        if x < cut:
+            continue
+        reference = _median_without(ordered, x)
         if x - reference < th.straggler_min_share * iteration_time or x - reference <= 0:
             continue
-        scale = max(MAD_TO_SD * mad(others, reference), th.straggler_scale_floor * reference, 1e-9)
+        if shared_mad is None:
+            spread = mad([v for r, v in values.items() if r != rank], reference)
+        else:
+            spread = shared_mad
+        scale = max(MAD_TO_SD * spread, th.straggler_scale_floor * reference, 1e-9)
         z = (x - reference) / scale
         if z >= th.straggler_z and (reference <= 0 or x / reference >= th.straggler_ratio):
             out.append(Outlier(rank, phase, z, x, reference))
     return out
+
+
+def _median_without(ordered: Sequence[float], x: float) -> float:
+    """The median of ``ordered`` (sorted) without one occurrence of ``x``: O(log n)."""
+    i = bisect.bisect_left(ordered, x)
+    m = len(ordered) - 1
+
+    def at(k: int) -> float:  # the k-th of the others
+        return ordered[k] if k < i else ordered[k + 1]
+
+    return at(m // 2) if m % 2 else (at(m // 2 - 1) + at(m // 2)) / 2
 
 
 def window_phases(w: WindowPoint) -> dict[str, float]:

@@ -31,8 +31,8 @@ class Thresholds:
     # -- time explained by a busy machine -------------------------------------------------------------------------
     contention_share: float = 0.5  # extra CPU wait covering this share of an excess ...
     contention_work_share: float = 0.25  # ... with extra CPU time under this share of it: the machine, not the job
-    # on a busier machine a process also runs slower on the CPU: an effect must grow by this x the rise in the share
-    # of time waiting for a CPU (0.5: at 60% more wait, a slowdown must be 1.3x larger to count)
+    # on a busy machine a process also computes slower and more erratically: a slowdown must be (1 + this x the
+    # contention, the share of runnable time waiting for a CPU) times larger (0.5: 1.85x at a contention of 85%)
     contention_inflation: float = 0.5
     # -- slow single iterations -----------------------------------------------------------------------------------
     slow_iteration_factor: float = 10.0  # a window's slowest iteration / the rank's median p50, at least
@@ -44,7 +44,7 @@ class Thresholds:
     memory_min_growth_fraction: float = 0.10  # and at least this share of where it started
     memory_min_samples: int = 8
     # -- loss and gradient-norm spikes -------------------------------------------------------------------------------
-    spike_z: float = 10.0  # robust z against the previous points' median and MAD, at least
+    spike_z: float = 15.0  # robust z against the previous points' median and MAD, at least
     spike_ratio: float = 3.0  # value / that median, at least
     spike_history: int = 20  # points in the running reference
     spike_min_history: int = 20  # points before the first test
