@@ -13,6 +13,7 @@ the contention taken out (what ``compare``'s ``BUSY_RESIDUAL`` must cover).
 
     python bench/bench_findings.py --suite 3
     python bench/bench_findings.py --calibrate 4
+    python bench/bench_findings.py --speed          # the engine alone on 8x2000, 64x500, 1024x50 windows
 """
 
 from __future__ import annotations
@@ -216,11 +217,36 @@ def calibrate(n: int) -> int:
     return 0
 
 
+def speed() -> int:
+    """The engine's own CPU time on synthetic report windows (the shapes of the other benchmarks' runs)."""
+    from test_findings_rules import windows
+
+    from telemetrain.analysis.findings import FindingsInput, analyse
+
+    print("| ranks x windows per rank | windows | planted | findings | CPU s (median of 3) |")
+    print("|---|---|---|---|---|")
+    for ranks, steps in ((8, 2000), (64, 500), (1024, 50)):
+        ws = windows(ranks=ranks, steps=steps, every=50, seed=1, scale={k: 1.6 for k in range(steps // 2, steps)},
+                     rank_phase={(3, "forward"): 0.005})
+        data = FindingsInput(windows=ws)
+        times = []
+        for _ in range(3):
+            started = time.process_time()
+            result = analyse(data)
+            times.append(time.process_time() - started)
+        print(f"| {ranks} x {steps} | {len(ws)} | a slowdown, rank 3 forward | "
+              f"{', '.join(f.title for f in result.findings)} | {statistics.median(times):.2f} |")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--suite", type=int, metavar="N", help="run the planted-problem suite N times and score it")
     ap.add_argument("--calibrate", type=int, metavar="N", help="N clean runs of each kind: the noise, measured")
+    ap.add_argument("--speed", action="store_true", help="the engine's CPU time on synthetic windows")
     args = ap.parse_args(argv)
+    if args.speed:
+        return speed()
     if args.suite:
         return suite(args.suite)
     if args.calibrate:
