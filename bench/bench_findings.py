@@ -219,9 +219,8 @@ def calibrate(n: int) -> int:
 
 def speed() -> int:
     """The engine's own CPU time on synthetic report windows (the shapes of the other benchmarks' runs)."""
-    from test_findings_rules import windows
-
     from telemetrain.analysis.findings import FindingsInput, analyse
+    from test_findings_rules import windows
 
     print("| ranks x windows per rank | windows | planted | findings | CPU s (median of 3) |")
     print("|---|---|---|---|---|")
