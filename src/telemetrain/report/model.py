@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ..analysis.findings import Finding, InputBuilder, Note, Thresholds, analyse
+from ..analysis.findings.fmt import ranges
 from ..analysis.findings.run import attempts_of
 from ..analysis.findings.slowdown import slow_iteration_windows
 from ..store.reader import ProcessLog, Run
@@ -326,11 +326,6 @@ def _downsample(points: Sequence[tuple[float, float]], limit: int = MAX_SERIES_P
     return [points[int(i * step)] for i in range(limit)] + [points[-1]]
 
 
-def _median(values: Iterable[float | None]) -> float | None:
-    finite = [v for v in values if v is not None and math.isfinite(v)]
-    return statistics.median(finite) if finite else None
-
-
 def _fmt_s(seconds: float | None) -> str:
     if seconds is None or not math.isfinite(seconds):
         return "-"
@@ -340,21 +335,6 @@ def _fmt_s(seconds: float | None) -> str:
         return f"{seconds:.3g} s"
     hours, rest = divmod(int(seconds), 3600)
     return f"{hours}h{rest // 60:02d}m{rest % 60:02d}s" if hours else f"{rest // 60}m{rest % 60:02d}s"
-
-
-def _ranges(steps: Sequence[int]) -> str:
-    """``[1, 2, 3, 7]`` -> ``1..3, 7`` (sorted input)."""
-    if not steps:
-        return ""
-    parts = []
-    start = prev = steps[0]
-    for s in steps[1:]:
-        if s != prev + 1:
-            parts.append(f"{start}..{prev}" if prev != start else str(start))
-            start = s
-        prev = s
-    parts.append(f"{start}..{prev}" if prev != start else str(start))
-    return ", ".join(parts[:6]) + (f" (+{len(parts) - 6} more)" if len(parts) > 6 else "")
 
 
 # -- findings ----------------------------------------------------------------------------------------------------
@@ -479,7 +459,7 @@ def _findings(model: ReportModel, c: _Collector, thresholds: Thresholds | None) 
     if isinstance(world, int) and model.processes and len(model.ranks) < world:
         missing = sorted(set(range(world)) - set(model.ranks))
         found.append(Finding("warning", "missing ranks", f"missing ranks: {len(missing)}",
-                             f"world_size is {world} but rank(s) {_ranges(missing)} wrote nothing in this run"))
+                             f"world_size is {world} but rank(s) {ranges(missing)} wrote nothing in this run"))
     failed_spans = [e for e in model.problems if "span status" in e.attributes]
     errors = [e for e in model.problems if e.severity in ("error", "critical") and "span status" not in e.attributes]
     if errors:
