@@ -340,3 +340,23 @@ def test_thresholds_are_checked() -> None:
             Thresholds(**kwargs)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="thresholds"):
         analyse(FindingsInput(), thresholds="strict")  # type: ignore[arg-type]
+
+
+def test_late_rank_attribution_sees_slow_compute_in_the_phase_holding_the_collective() -> None:
+    """Rank 2 computes 8 ms more in backward; everyone leaves the all-reduce together, so every rank's backward is
+    equally long and the per-phase comparison sees nothing. The communication waits (distributed.comm's figures) do:
+    rank 2 waited least; in backward the others waited for it."""
+    ws = []
+    for w in windows(ranks=4, rank_phase={(2, "backward"): 0.008}):
+        wait = 0.0005 if w.rank == 2 else 0.0085
+        ws.append(WindowPoint(w.rank, w.step, w.iterations, w.iteration_time, w.phases, warmup=w.warmup,
+                              comm_wait=wait, comm_wait_by_phase={"backward": wait}))
+    plain = [WindowPoint(w.rank, w.step, w.iterations, w.iteration_time, w.phases, warmup=w.warmup) for w in ws]
+    assert kinds(FindingsInput(windows=plain)) == []  # without the waits: invisible
+    events = [{"rank": 2, "phase": "backward", "kind": "late", "step": 99, "cost_per_iteration_sec": 0.008}]
+    result = analyse(FindingsInput(windows=ws, straggler_events=events))
+    (f,) = result.findings
+    assert f.title == "straggler: rank 2 (backward)" and f.evidence is not None
+    assert any("arrived last" in n for n in f.evidence.notes)
+    assert any("reported it too (1 event(s))" in n for n in f.evidence.notes)
+    assert not [n for n in result.notes if n.kind == "unconfirmed"]

@@ -35,7 +35,7 @@ GPU_MEMORY_LIMIT = "hw.gpu.memory.limit"
 HOST_MEMORY_LIMIT = "system.memory.limit"
 HOST_MEMORY_USAGE = "system.memory.usage"
 CRASH_SPANS = frozenset({"training_loop", "application"})
-PHASES = ("dataloader", "forward", "backward", "optimizer", "zero_grad")
+PHASES = ("dataloader", "h2d", "forward", "backward", "optimizer", "zero_grad")
 
 
 def window_point(rank: int, attributes: Mapping[str, Any], *, warmup: bool,
@@ -47,17 +47,21 @@ def window_point(rank: int, attributes: Mapping[str, Any], *, warmup: bool,
     if mean is None or mean <= 0 or isinstance(step, bool) or not isinstance(step, int):
         return None
     n = a.get("window_iterations")
-    phases = {}
+    phases, waits = {}, {}
     for phase in PHASES:
         value = finite(a.get(f"avg_{phase}_time_sec"))
         if value is not None:
             phases[phase] = value
+    for phase in (*PHASES, "other"):
+        value = finite(a.get(f"avg_{phase}_comm_wait_sec"))
+        if value is not None:
+            waits[phase] = value
     return WindowPoint(
         rank=rank, step=step, iterations=n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1,
         iteration_time=mean, phases=phases, max_iteration_time=finite(a.get("max_iteration_time_sec")),
         p50=finite(a.get("p50_iteration_time_sec")), wall_seconds=finite(a.get("window_seconds")),
         cpu_wait_seconds=finite(a.get("cpu_wait_sec")), cpu_seconds=finite(a.get("cpu_time_sec")),
-        comm_wait=finite(a.get("avg_comm_wait_time_sec")),
+        comm_wait=finite(a.get("avg_comm_wait_time_sec")), comm_wait_by_phase=waits,
         warmup=warmup, time_s=time_s)
 
 

@@ -40,6 +40,8 @@ class WindowPoint:
     cpu_wait_seconds: float | None = None  # the process's threads' wait for a CPU in the window (cpu_wait_sec)
     cpu_seconds: float | None = None  # the process's threads' time on a CPU in the window (cpu_time_sec)
     comm_wait: float | None = None  # seconds per iteration waiting in communication (avg_comm_wait_time_sec)
+    # where that wait was (avg_<phase>_comm_wait_sec: the phase open when the collective was launched, or "other")
+    comm_wait_by_phase: Mapping[str, float] = field(default_factory=dict)
     warmup: bool = False  # the first window of its training loop (compilation, allocator growth): left out
     time_s: float = 0.0  # the window's end on the run's axis
 

@@ -47,7 +47,7 @@ from .thresholds import Thresholds
 
 __all__ = ["StepPoint", "job_series", "slow_iteration_windows", "slow_iterations", "slowdowns"]
 
-PHASES = ("dataloader", "forward", "backward", "optimizer", "zero_grad")
+PHASES = ("dataloader", "h2d", "forward", "backward", "optimizer", "zero_grad")
 SPREAD_FLOOR = 0.01  # the spread of window medians is taken as at least 1% of the level (timer and rounding jitter)
 MAX_POINTS = 1000  # longer series are reduced to this many blocks of consecutive points (PELT's cost)
 

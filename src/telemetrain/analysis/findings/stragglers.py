@@ -9,6 +9,13 @@ nobody: it is the change-point rule's. With synchronous data parallelism the ran
 collective (backward), so *they* look slow there: the comparison is per phase, and the late rank is the outlier in
 the phase that made it late.
 
+**Late-rank attribution.** When every rank's communication wait is known (``avg_comm_wait_time_sec`` and, per
+phase, ``avg_<phase>_comm_wait_sec``: distributed.comm), the rank that waited least arrived last; if the others
+waited at least ``straggler_min_share`` of an iteration longer, it is flagged in the phase where it computed most
+more than them (a phase's time less the wait in it; ``other``: outside any phase). This sees what the per-phase
+comparison cannot: slow compute in the phase that holds the collective, which every rank leaves together. Its flags
+join the same episodes and test.
+
 **Waiting is not slowness.** A rank whose excess is mostly time waiting in communication (when the windows carry the
 ranks' communication wait, ``avg_comm_wait_time_sec``), or whose excess is in a phase that holds the collective
 (backward, optimizer) while another rank is flagged in one that does not, was waiting for the late rank: not flagged.
@@ -28,6 +35,7 @@ phase; the cost is the excess time summed over the flagged windows (what the oth
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -39,7 +47,7 @@ from .thresholds import Thresholds
 
 __all__ = ["Outlier", "stragglers", "window_outliers", "window_phases"]
 
-WORK_PHASES = ("dataloader", "forward", "backward", "optimizer", "zero_grad")
+WORK_PHASES = ("dataloader", "h2d", "forward", "backward", "optimizer", "zero_grad")
 SYNC_PHASES = frozenset({"backward", "optimizer"})  # where data-parallel collectives wait (DDP; sharded optimizers)
 EXACT_BELOW = 64  # up to this many ranks the others' MAD is computed without the rank itself
 
@@ -146,7 +154,10 @@ def stragglers(windows: Sequence[WindowPoint], events: Sequence[Mapping[str, obj
                     busy += 1
                     continue
                 window_flags.append((o, slowest == o.rank))
-        for o, slowest_rank in _not_waiting(window_flags, ranks, th):
+        confirmed = _not_waiting(window_flags, ranks, th)
+        seen = {(o.rank, o.phase) for o, _ in confirmed}
+        confirmed += [(o, True) for o in _late(ranks, typical, th) if (o.rank, o.phase) not in seen]
+        for o, slowest_rank in confirmed:
             flags.setdefault((o.rank, o.phase), []).append(_Flag(index, o, ranks[o.rank].iterations, slowest_rank))
     episodes: dict[int, list[tuple[str, list[_Flag], int, float]]] = {}
 
@@ -175,6 +186,45 @@ def stragglers(windows: Sequence[WindowPoint], events: Sequence[Mapping[str, obj
         notes.append(Note("contention", f"{busy} rank-window(s) slower than the other ranks came with as much extra "
                           "CPU wait on that rank (descheduled by a busy machine): not counted as stragglers"))
     return findings, notes
+
+
+def _compute(w: WindowPoint) -> dict[str, float]:
+    """A rank's compute per phase (the phase's time less the communication waited in it) and ``other`` (the
+    iteration less the phases and the wait outside them)."""
+    waits = w.comm_wait_by_phase
+    out = {p: max(v - waits.get(p, 0.0), 0.0) for p, v in w.phases.items() if p in WORK_PHASES}
+    outside = max((w.comm_wait or 0.0) - sum(waits.get(p, 0.0) for p in out), 0.0)
+    out["other"] = max(w.iteration_time - sum(w.phases.get(p, 0.0) for p in out) - outside, 0.0)
+    return out
+
+
+def _late(ranks: Mapping[int, WindowPoint], typical: float, th: Thresholds) -> list[Outlier]:
+    """Late-rank attribution from the ranks' communication waits, when every rank reported its own: the rank that
+    waited least arrived last (the others waited for it); it counts when the others waited at least
+    ``straggler_min_share`` of an iteration longer. Ranks within half of that of it are late with it. Its cause is the
+    phase in which it computed the most more than the waiting ranks -- what the per-phase comparison cannot see when
+    the slow compute is in the phase that holds the collective (every rank leaves the all-reduce together)."""
+    waits = {r: w.comm_wait for r, w in ranks.items()}
+    if len(waits) < 2 or any(v is None for v in waits.values()):
+        return []
+    known = {r: float(v) for r, v in waits.items() if v is not None}
+    first = min(known, key=lambda r: (known[r], r))
+    cost = median([v for r, v in known.items() if r != first]) - known[first]
+    if cost < th.straggler_min_share * typical or cost <= 0:
+        return []
+    late = [r for r, v in known.items() if v - known[first] < 0.5 * cost]
+    waiting = [r for r in known if r not in late]
+    if not waiting:
+        return []
+    compute = {r: _compute(w) for r, w in ranks.items()}
+    out = []
+    for r in late:
+        excess = {c: v - median([compute[o].get(c, 0.0) for o in waiting]) for c, v in compute[r].items()}
+        cause = max(excess, key=lambda c: excess[c])
+        if excess[cause] > 0:
+            reference = median([compute[o].get(cause, 0.0) for o in waiting])
+            out.append(Outlier(r, cause, math.inf, compute[r][cause], reference))
+    return out
 
 
 def _not_waiting(flags: list[tuple[Outlier, bool]], ranks: Mapping[int, WindowPoint],
@@ -288,7 +338,9 @@ def _comm_evidence(rank: int, steps: Sequence[dict[int, WindowPoint]]) -> str:
 
 
 def _event_phase(e: Mapping[str, object]) -> str:
-    return str(e.get("cause") or e.get("phase") or "")
+    """The phase an event names; late-rank attribution's ``outside`` is this engine's ``other``."""
+    phase = str(e.get("cause") or e.get("phase") or "")
+    return "other" if phase == "outside" else phase
 
 
 def _matching(events: Sequence[Mapping[str, object]], rank: int, phases: set[str], first: dict[int, WindowPoint],
