@@ -23,6 +23,7 @@ from typing import Any
 from ..collector import collector
 from ..stats.aggregations import M2, MINMAX
 from ..stats.summary import Summary
+from . import cpu_wait
 from .gpu_report import METRICS as GPU_METRICS
 
 __all__ = ["METRICS", "QUANTILES", "REPORT_SOURCES", "TIME_AGGS", "Reporter", "Snapshot", "Window", "capture",
@@ -238,6 +239,17 @@ def compute(snap: Snapshot, state: Reporter, behind: bool = False) -> dict[str, 
         attributes["time_to_first_iteration_sec"] = snap.time_to_first_iteration
     attributes.update(snap.saves)
     attributes.update(snap.loads)
+    # the process's CPU time and wait for a CPU since the previous report (cpu_wait.py). Given only when they cover
+    # the window: not for a report computed late with others waiting (it would take their share), nor when the
+    # window's times were given explicitly (*_time_msec: a replay, a simulation) and do not match the clock
+    cpu = None if behind else cpu_wait.read()
+    now = time.monotonic_ns()
+    if cpu is not None and state.cpu is not None:
+        elapsed = (now - state.cpu_ns) / 1e9
+        if abs(elapsed - wall_s) <= 0.25 * max(elapsed, wall_s) + 0.05:
+            attributes["cpu_time_sec"] = max(cpu[0] - state.cpu[0], 0) / 1e9
+            attributes["cpu_wait_sec"] = max(cpu[1] - state.cpu[1], 0) / 1e9
+    state.cpu, state.cpu_ns = cpu, now
     if snap.extras is not None:
         snap.extras(snap, attributes)
     for finish in snap.extra:
@@ -278,6 +290,8 @@ class Reporter:
             self._batch: list[float] = []
             self.throughput_min: float | None = None
             self.throughput_max: float | None = None
+            self.cpu = cpu_wait.read()  # (CPU ns, wait ns) of the process at the previous report (the loop's start)
+            self.cpu_ns = time.monotonic_ns()  # and when it was read
 
     def add_window(self, window: Summary, final: bool, behind: bool = False) -> bool:
         """Count a window into the cumulative state; True when the cumulative percentiles are up to date, which a
