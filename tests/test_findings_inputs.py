@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from telemetrain import Telemetry, identity_from_env
-from telemetrain.analysis.findings import InputBuilder, analyse, run_findings
+from telemetrain.analysis.findings import InputBuilder, analyse, run_findings, window_point
 from telemetrain.spans import tracer
 from telemetrain.store import open_run
 from telemetrain.training import TrainingContexts, TrainingRecorder, TrainingTelemetryConfig, cpu_wait
@@ -139,3 +139,18 @@ def test_the_limit_bounds_what_a_live_view_keeps() -> None:
     data = b.build()
     assert [w.step for w in data.windows] == [15, 16, 17, 18, 19]
     assert [s for s, _ in data.values[0].points] == [15, 16, 17, 18, 19]
+
+
+def test_a_window_with_device_times_gives_its_phases_on_the_device_clock() -> None:
+    """training.device_timing's avg_<phase>_device_time_sec: the engine takes them over the host's launch times
+    (phase_times.py), with the device iteration time for the time outside the phases."""
+    a = {"current_iteration": 9, "window_iterations": 10, "avg_iteration_time_sec": 0.1,
+         "avg_forward_time_sec": 0.001, "avg_backward_time_sec": 0.09}
+    host = window_point(0, a, warmup=False)
+    assert host is not None and (host.phase_clock, host.phases, host.phase_total) == (
+        "host", {"forward": 0.001, "backward": 0.09}, 0.1)
+    device = window_point(0, {**a, "avg_forward_device_time_sec": 0.03, "avg_backward_device_time_sec": 0.05,
+                              "avg_iteration_device_time_sec": 0.095}, warmup=False)
+    assert device is not None and (device.phase_clock, device.phases, device.phase_total) == (
+        "device", {"forward": 0.03, "backward": 0.05}, 0.095)
+    assert device.iteration_time == 0.1  # the step's own time stays the host's (the slowdown rule reads it)

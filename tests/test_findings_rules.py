@@ -22,6 +22,7 @@ from telemetrain.analysis.findings import (
     WindowPoint,
     analyse,
     stats,
+    window_point,
 )
 from telemetrain.analysis.findings.stragglers import window_outliers
 
@@ -360,3 +361,22 @@ def test_late_rank_attribution_sees_slow_compute_in_the_phase_holding_the_collec
     assert any("arrived last" in n for n in f.evidence.notes)
     assert any("reported it too (1 event(s))" in n for n in f.evidence.notes)
     assert not [n for n in result.notes if n.kind == "unconfirmed"]
+
+
+def test_stragglers_read_device_phase_times_when_the_windows_have_them() -> None:
+    """On CUDA the host's phase times are kernel launches and the phase holding the sync takes the rest: rank 2's
+    slow forward is invisible in them. The windows' device times (avg_<phase>_device_time_sec) name it, labelled."""
+    device, host = [], []
+    for w in windows(ranks=4, rank_phase={(2, "forward"): 0.008}):
+        a = {"current_iteration": w.step, "window_iterations": w.iterations, "avg_iteration_time_sec": w.iteration_time,
+             **{f"avg_{p}_time_sec": 0.0005 for p in PHASES}}
+        a["avg_optimizer_time_sec"] = w.iteration_time - 0.0015  # the sync (a loss.item()) waits there
+        host.append(window_point(w.rank, a, warmup=w.warmup))
+        device.append(window_point(w.rank, {**a, "avg_iteration_device_time_sec": w.iteration_time,
+                                            **{f"avg_{p}_device_time_sec": v for p, v in w.phases.items()}},
+                                   warmup=w.warmup))
+    assert {w.phase_clock for w in host} == {"host"} and {w.phase_clock for w in device} == {"device"}
+    assert kinds(FindingsInput(windows=host)) == []
+    (f,) = analyse(FindingsInput(windows=device)).findings
+    assert f.title == "straggler: rank 2 (forward)" and "in forward (device time) in" in f.detail
+    assert f.evidence is not None and f.evidence.value == pytest.approx(PHASES["forward"] + 0.008, rel=0.1)

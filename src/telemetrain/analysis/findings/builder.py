@@ -12,6 +12,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
+from ...phase_times import DEVICE, iteration_time, phase_times
 from .inputs import (
     Attempt,
     FindingsInput,
@@ -47,11 +48,9 @@ def window_point(rank: int, attributes: Mapping[str, Any], *, warmup: bool,
     if mean is None or mean <= 0 or isinstance(step, bool) or not isinstance(step, int):
         return None
     n = a.get("window_iterations")
-    phases, waits = {}, {}
-    for phase in PHASES:
-        value = finite(a.get(f"avg_{phase}_time_sec"))
-        if value is not None:
-            phases[phase] = value
+    # the phases on the device's clock when the window has device times (on CUDA the host's are launches)
+    phases, clock = phase_times(a, PHASES)
+    waits = {}
     for phase in (*PHASES, "other"):
         value = finite(a.get(f"avg_{phase}_comm_wait_sec"))
         if value is not None:
@@ -62,7 +61,8 @@ def window_point(rank: int, attributes: Mapping[str, Any], *, warmup: bool,
         p50=finite(a.get("p50_iteration_time_sec")), wall_seconds=finite(a.get("window_seconds")),
         cpu_wait_seconds=finite(a.get("cpu_wait_sec")), cpu_seconds=finite(a.get("cpu_time_sec")),
         comm_wait=finite(a.get("avg_comm_wait_time_sec")), comm_wait_by_phase=waits,
-        warmup=warmup, time_s=time_s)
+        warmup=warmup, time_s=time_s, phase_clock=clock,
+        phase_iteration_time=iteration_time(a, clock) if clock == DEVICE else None)
 
 
 class InputBuilder:

@@ -44,6 +44,16 @@ class WindowPoint:
     comm_wait_by_phase: Mapping[str, float] = field(default_factory=dict)
     warmup: bool = False  # the first window of its training loop (compilation, allocator growth): left out
     time_s: float = 0.0  # the window's end on the run's axis
+    # the clock of ``phases``: "device" (CUDA events, avg_<phase>_device_time_sec) when the window has device times,
+    # else "host" (phase_times.py); and the mean iteration time on that clock (None: ``iteration_time``), which the
+    # time outside the phases is taken from
+    phase_clock: str = "host"
+    phase_iteration_time: float | None = None
+
+    @property
+    def phase_total(self) -> float:
+        """The iteration time the phases split: on the phases' clock."""
+        return self.phase_iteration_time if self.phase_iteration_time is not None else self.iteration_time
 
     @property
     def first_step(self) -> int:

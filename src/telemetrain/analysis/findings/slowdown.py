@@ -63,6 +63,8 @@ class StepPoint:
     contention: float | None  # the largest share of runnable time a rank spent waiting for a CPU
     phases: dict[str, float] = field(default_factory=dict)  # phase -> median over ranks
     by_rank: dict[int, float] = field(default_factory=dict)
+    phase_total: float | None = None  # median over ranks of the iteration time on the phases' clock
+    phase_clock: str = "host"  # "device" when a rank's phases are device times (WindowPoint.phase_clock)
 
 
 def job_series(windows: Sequence[WindowPoint]) -> list[StepPoint]:
@@ -85,7 +87,8 @@ def job_series(windows: Sequence[WindowPoint]) -> list[StepPoint]:
             step=step, first_step=min(w.first_step for w in ws), raw=median([w.iteration_time for w in ws]),
             work=median(work) if len(work) == len(ws) and len(known) == len(ws) else None,
             contention=max(known) if len(known) == len(ws) else None, phases=phases,
-            by_rank={w.rank: w.iteration_time for w in ws}))
+            by_rank={w.rank: w.iteration_time for w in ws}, phase_total=median([w.phase_total for w in ws]),
+            phase_clock="device" if any(w.phase_clock == "device" for w in ws) else "host"))
     return _reduce(points)
 
 
@@ -107,7 +110,9 @@ def _reduce(points: list[StepPoint]) -> list[StepPoint]:
             step=block[-1].step, first_step=block[0].first_step, raw=median([p.raw for p in block]),
             work=median(works) if len(works) == len(block) else None,
             contention=median(shares) if len(shares) == len(block) else None, phases=phases,
-            by_rank={r: median([p.by_rank[r] for p in block if r in p.by_rank]) for r in ranks}))
+            by_rank={r: median([p.by_rank[r] for p in block if r in p.by_rank]) for r in ranks},
+            phase_total=median([p.phase_total if p.phase_total is not None else p.raw for p in block]),
+            phase_clock="device" if any(p.phase_clock == "device" for p in block) else "host"))
     return out
 
 
@@ -178,7 +183,8 @@ def _added_by_phase(points: Sequence[StepPoint], ep: _Episode) -> list[tuple[str
     for phase in (*PHASES, "other"):
         def value(p: StepPoint, phase: str = phase) -> float | None:
             if phase == "other":
-                return p.raw - sum(p.phases.values()) if p.phases else None
+                total = p.phase_total if p.phase_total is not None else p.raw
+                return total - sum(p.phases.values()) if p.phases else None
             return p.phases.get(phase)
         b = [v for v in map(value, before) if v is not None]
         s = [v for v in map(value, slow) if v is not None]
@@ -252,6 +258,8 @@ def _finding(points: Sequence[StepPoint], ep: _Episode, ranks: list[int], how: s
     added = _added_by_phase(points, ep)
     total = sum(d for _, d in added)
     split = ", ".join(f"{ph} +{seconds(d)}" for ph, d in added[:5])
+    if split and any(p.phase_clock == "device" for p in points[ep.before:ep.end]):
+        split += " (device time)"
     spread = (" (spread over phases)" if added and total > 0 and added[0][1] < 0.6 * total else "")
     why = {"work": f"; the CPU work per iteration grew {ep.ratio:.2f}x (contention allowed for)",
            "waiting": "; the time outside computation grew, more than the machine's contention explains",

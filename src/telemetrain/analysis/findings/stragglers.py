@@ -112,7 +112,7 @@ def window_phases(w: WindowPoint) -> dict[str, float]:
     if not w.phases:
         return {"iteration": w.iteration_time}
     phases = {p: v for p, v in w.phases.items() if p in WORK_PHASES}
-    phases["other"] = max(w.iteration_time - sum(phases.values()), 0.0)
+    phases["other"] = max(w.phase_total - sum(phases.values()), 0.0)
     return phases
 
 
@@ -194,7 +194,7 @@ def _compute(w: WindowPoint) -> dict[str, float]:
     waits = w.comm_wait_by_phase
     out = {p: max(v - waits.get(p, 0.0), 0.0) for p, v in w.phases.items() if p in WORK_PHASES}
     outside = max((w.comm_wait or 0.0) - sum(waits.get(p, 0.0) for p in out), 0.0)
-    out["other"] = max(w.iteration_time - sum(w.phases.get(p, 0.0) for p in out) - outside, 0.0)
+    out["other"] = max(w.phase_total - sum(w.phases.get(p, 0.0) for p in out) - outside, 0.0)
     return out
 
 
@@ -311,7 +311,9 @@ def _finding(rank: int, group: list[tuple[str, list[_Flag], int, float]], steps:
     comm = _comm_evidence(rank, steps[first:last + 1])
     if comm:
         notes.append(comm)
-    detail = (f"rank {rank}{f' on {host}' if host else ''} was slower than the other ranks in {phase} in "
+    clock = " (device time)" if any(w.phase_clock == "device" for ranks in steps[first:last + 1]
+                                    for w in ranks.values()) and phase != "iteration" else ""
+    detail = (f"rank {rank}{f' on {host}' if host else ''} was slower than the other ranks in {phase}{clock} in "
               f"{len(flags)} of {n} windows (steps {first_step}..{last_step}): {seconds(value)} per iteration against "
               f"their {seconds(reference)} ({median(ratios):.2f}x); it was the slowest rank there "
               f"{sum(f.slowest for f in flags)} time(s), binomial p={p:.1g}; the others waited about {seconds(cost)} "
