@@ -152,3 +152,23 @@ def test_the_perf_tag_refusal_names_force_once(tmp_path: Path, capsys: pytest.Ca
     with pytest.raises(PerfTagMismatch) as caught:
         compare_runs(other, base)
     assert str(caught.value).endswith("these are different workloads; pass force=True to compare anyway")
+
+
+def test_run_json_takes_the_workload_while_the_writer_reopens_its_file(tmp_path: Path) -> None:
+    """The writer thread clears the sink's identity while it opens a new file (a new identity: the config's perf
+    tag). The training thread's ``set_run_meta`` (on_train_start's workload) at that moment read it half-way -- an
+    ``AttributeError`` on None, recorded as an ``error`` event (seen in the planted crash scenario) -- or skipped the
+    update. It now writes with the identity run.json was written with."""
+    t = Telemetry(identity_from_env({}, run_id="reopen", session_tag="reopen", perf_tag="script"), store=tmp_path)
+    t.metric("early", 1)
+    assert t.flush()
+    sink, run_dir = t.store, t.run_dir
+    assert sink is not None and run_dir is not None
+    opened, sink._identity = sink._identity, None  # the writer is inside _open
+    try:
+        sink.set_run_meta(workload={"world_size": 1}, fingerprint="abc")
+    finally:
+        sink._identity = opened
+    assert t.close()
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert (meta["workload"], meta["fingerprint"], meta["perf_tag"]) == ({"world_size": 1}, "abc", "script")

@@ -22,6 +22,7 @@ from typing import Any, TextIO, TypeGuard
 
 from ._version import __version__
 from .analysis import commands as analysis_commands
+from .analysis.findings.text import run_findings_lines
 from .cli_common import CLIError, resolve_run
 from .distributed import commands as launch_commands
 from .phase_times import DEVICE, iteration_time, phase_times
@@ -145,6 +146,7 @@ def summarize(run: Run) -> list[str]:
     from .distributed.summary import diagnosis_lines  # (standard library only: no torch)
 
     lines += diagnosis_lines(run.records("event", agents=True))
+    lines += run_findings_lines(run)  # the findings engine's, as the report shows them
 
     event_counts = Counter((r.group, r.name) for r in records if r.kind == "event")
     lines.append(f"events      {sum(event_counts.values())}")

@@ -27,6 +27,7 @@ from .samples import RunSamples, open_run_meta, read_samples, run_bytes
 __all__ = ["register"]
 
 _PROGRESS_FROM_BYTES = 32 << 20  # smaller runs load in about a second: no bar
+DEFAULT_HISTORY = 5  # earlier runs of the perf tag read for the between-run spread
 _RICH_MISSING = 'needs rich, which is not installed: pip install "telemetrain[report]"'
 
 
@@ -57,11 +58,14 @@ def register(sub: Any) -> None:
         "compare",
         help="compare runs' iteration time and throughput against a baseline",
         description=(
-            "Compare each RUN_DIR with a baseline run: median iteration time, throughput, each phase's time and each "
-            "rank's iteration time, with a bootstrap confidence interval of the candidate/baseline ratio over the "
-            "report windows. A change is a regression or improvement only when the whole interval lies beyond "
-            "--min-effect. The baseline is --baseline, else the newest other run with --perf-tag (default: the "
-            "first candidate's perf_tag) under --root (default: the candidate's store root). Runs whose perf_tags "
+            "Compare each RUN_DIR with a baseline run: median iteration time, throughput, each phase's time, "
+            "checkpoint saves and loads, validation loops, each rank's iteration time and phases, with a bootstrap "
+            "confidence interval of the candidate/baseline ratio; and goodput (shown, one value per run). A change "
+            "is a regression or improvement only when the whole interval lies beyond --min-effect, or beyond the "
+            "spread of up to --history earlier runs with the same perf_tag when there are at least 3; it is "
+            "inconclusive when a busier machine explains it. The baseline is --baseline, else the newest other "
+            "run with --perf-tag (default: the first candidate's perf_tag) under --root (default: the candidate's "
+            "store root) that its config marked is_baseline_run, else the newest such run. Runs whose perf_tags "
             "differ are refused unless --force."
         ),
     )
@@ -80,6 +84,11 @@ def register(sub: Any) -> None:
     compare.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES, metavar="N",
                          help="bootstrap resamples (default: %(default)s)")
     compare.add_argument("--seed", type=int, default=0, metavar="N", help="bootstrap seed (default: %(default)s)")
+    compare.add_argument("--history", type=int, default=DEFAULT_HISTORY, metavar="N",
+                         help="earlier runs with the perf_tag whose spread sets the noise (0: none; default: "
+                         "%(default)s)")
+    compare.add_argument("--no-goodput", action="store_true",
+                         help="leave out the goodput row (it reads the whole runs)")
     compare.add_argument("--html", metavar="FILE", help="also write the comparison as a self-contained HTML page")
     compare.add_argument("--json", action="store_true", help="print the comparison as JSON instead of a table")
     compare.add_argument("--fail-on-regression", action="store_true",
@@ -176,13 +185,43 @@ def _perf_tag_of(path: Path) -> str:
     return ""
 
 
-def _find_baseline(tag: str, root: Path, exclude: set[Path]) -> Path:
+def _is_baseline(path: Path) -> bool:
+    """Whether the run's config marked it ``is_baseline_run``: run.json, else the ``one_logger_initialization``
+    event near the top of its lowest rank's file (the first 256 KiB: it comes at the application's start)."""
+    meta = open_run_meta(path)
+    if isinstance(meta.get("is_baseline_run"), bool):
+        return bool(meta["is_baseline_run"])
+    for f in sorted(path.glob("rank-*.jsonl"))[:1]:
+        try:
+            with open(f, "rb") as fh:
+                head = fh.read(256 << 10)
+        except OSError:
+            return False
+        for line in head.split(b"\n"):
+            if b'"one_logger_initialization"' in line:
+                try:
+                    return json.loads(line).get("attributes", {}).get("is_baseline_run") is True
+                except (ValueError, AttributeError):
+                    return False
+    return False
+
+
+def _same_tag(tag: str, root: Path, exclude: set[Path]) -> list[Path]:
+    """The runs under ``root`` with ``tag``, newest first, but those in ``exclude``."""
     if not root.is_dir():
         raise CLIError(f"no such directory: {root} (where to look for a baseline with perf_tag {tag!r})")
-    for path in reversed(find_runs(root)):  # newest first
-        if path.resolve() not in exclude and _perf_tag_of(path) == tag:
-            return path
-    raise CLIError(f"no other run with perf_tag {tag!r} under {root} to compare with (pass --baseline RUN_DIR)")
+    return [p for p in reversed(find_runs(root)) if p.resolve() not in exclude and _perf_tag_of(p) == tag]
+
+
+def _find_baseline(tag: str, root: Path, exclude: set[Path]) -> tuple[Path, str]:
+    """The newest run marked ``is_baseline_run``, else the newest run, with the tag; and how it was chosen."""
+    runs = _same_tag(tag, root, exclude)
+    if not runs:
+        raise CLIError(f"no other run with perf_tag {tag!r} under {root} to compare with (pass --baseline RUN_DIR)")
+    marked = next((p for p in runs if _is_baseline(p)), None)
+    if marked is not None:
+        return marked, "newest run marked is_baseline_run"
+    return runs[0], "newest other run; none is marked is_baseline_run"
 
 
 def _cmd_compare(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -201,12 +240,22 @@ def _cmd_compare(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     else:
         tag = args.perf_tag if args.perf_tag is not None else _perf_tag_of(candidates[0])
         root = Path(args.root) if args.root is not None else candidates[0].resolve().parent.parent
-        baseline = _find_baseline(tag, root, exclude)
-        print(printable(f"baseline: {baseline} (newest other run with perf_tag {tag!r} under {root})"), file=err)
+        baseline, how = _find_baseline(tag, root, exclude)
+        print(printable(f"baseline: {baseline} ({how}, perf_tag {tag!r}, under {root})"), file=err)
+    if args.history < 0:
+        raise CLIError(f"--history must be >= 0, got {args.history}")
+    history: list[Path] = []
+    if args.history:
+        tag = _perf_tag_of(baseline)
+        root = Path(args.root) if args.root is not None else baseline.resolve().parent.parent
+        if root.is_dir():
+            history = _same_tag(tag, root, exclude | {baseline.resolve()})[:args.history]
     *cand_samples, base_samples = _load_all([*candidates, baseline], err)
+    earlier = _load_all(history, err) if history else []
     try:
         comparison = compare_runs(cand_samples, base_samples, confidence=args.confidence, min_effect=args.min_effect,
-                                  resamples=args.resamples, seed=args.seed, force=args.force)
+                                  resamples=args.resamples, seed=args.seed, force=args.force, history=earlier,
+                                  goodput=not args.no_goodput)
     except WorkloadMismatch as exc:
         raise CLIError(f"{exc.reason}; pass --force to compare anyway") from None
     from .compare_text import format_comparison

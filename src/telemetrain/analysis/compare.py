@@ -13,19 +13,28 @@ Throughput is higher-is-better: the other way round.
 
 Past ``MAX_UNITS`` windows, consecutive windows are averaged into ``MAX_UNITS`` blocks before resampling: neighbouring
 windows are correlated (a block bootstrap respects that), and the cost stays bounded for long runs.
+
+Noise between runs (``findings.noise``): with earlier runs of the perf tag (``history``), a metric needs at least the
+change their spread explains; and a significant change of a time that the candidate's busier machine explains -- the
+same test on the windows' times net of the CPU wait no longer finds it, or, without per-window waits, the process's
+lower CPU share on a busy host covers it -- is ``inconclusive: the machine was busy``, not a regression. Checkpoint
+saves and loads and validation loops are compared as one observation per span (the ranks' k-th averaged), goodput is
+shown (one value per run: not tested).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..store.reader import Run
-from .samples import PHASES, RunSamples, run_samples
+from .findings.noise import BUSY_RESIDUAL, Contention, explained_factor, history_min_effect
+from .samples import PHASES, RunSamples, run_samples, with_goodput
 
 __all__ = [
     "DEFAULT_CONFIDENCE",
@@ -55,6 +64,9 @@ REGRESSION = "regression"
 IMPROVEMENT = "improvement"
 NO_CHANGE = "no significant change"
 INSUFFICIENT = "insufficient data"
+INCONCLUSIVE = "inconclusive: the machine was busy"
+ONE_VALUE = "not tested"
+MAX_RANK_PHASES = 16  # per-rank phase rows up to this many ranks (a row per rank and phase beyond is too many)
 
 
 class WorkloadMismatch(ValueError):
@@ -91,8 +103,10 @@ class MetricComparison:
     ratio: float  # candidate median / baseline median
     ci_low: float
     ci_high: float
-    verdict: str  # regression, improvement, no significant change, insufficient data
+    verdict: str  # regression, improvement, no significant change, insufficient data, inconclusive, not tested
     rank: int | None = None
+    note: str = ""  # why a verdict is inconclusive or not tested
+    min_effect: float | None = None  # the effect this metric needed (the history's spread may raise it)
 
     @property
     def change(self) -> float:
@@ -112,6 +126,7 @@ class MetricComparison:
             "baseline_windows": self.baseline_windows, "candidate_windows": self.candidate_windows,
             "ratio": _json_float(self.ratio), "change": _json_float(self.change),
             "ci_low": _json_float(self.ci_low), "ci_high": _json_float(self.ci_high), "verdict": self.verdict,
+            "note": self.note, "min_effect": self.min_effect,
         }
 
 
@@ -161,16 +176,23 @@ class CandidateComparison:
     def improvements(self) -> list[MetricComparison]:
         return [m for m in self.metrics if m.verdict == IMPROVEMENT]
 
+    @property
+    def inconclusive(self) -> list[MetricComparison]:
+        return [m for m in self.metrics if m.verdict == INCONCLUSIVE]
+
     def metric(self, metric: str, rank: int | None = None) -> MetricComparison | None:
+        """A metric by name: ``iteration_time``, ``samples_per_second``, a phase, ``checkpoint_save``,
+        ``checkpoint_load``, ``validation``, ``goodput``; with ``rank``, that rank's (iteration time or phase)."""
         for m in self.metrics:
-            if m.metric == metric and m.rank == rank and (rank is not None or m.scope != "rank"):
+            if m.metric == metric and m.rank == rank and (rank is not None or m.scope not in ("rank", "rank phase")):
                 return m
         return None
 
     def as_dict(self) -> dict[str, Any]:
         return {"candidate": self.candidate.as_dict(), "metrics": [m.as_dict() for m in self.metrics],
                 "regressions": [m.label for m in self.regressions],
-                "improvements": [m.label for m in self.improvements], "notes": list(self.notes)}
+                "improvements": [m.label for m in self.improvements],
+                "inconclusive": [m.label for m in self.inconclusive], "notes": list(self.notes)}
 
 
 @dataclass(frozen=True)
@@ -267,6 +289,23 @@ class _Metric:
     unit: str
     higher_is_better: bool
     rank: int | None = None
+    windowed: bool = True  # a per-window series (a busy-free version exists), not one value per span
+
+
+# what each metric's series is, from a run: (run, busy_free) -> values
+_Series = Callable[[RunSamples, bool], list[float]]
+
+
+def _window_series(metric: str, rank: int | None = None) -> _Series:
+    return lambda run, busy_free: run.series(metric, rank, busy_free=busy_free)
+
+
+def _duration_series(kind: str) -> _Series:
+    return lambda run, busy_free: run.duration_series(kind)
+
+
+def _median_or_nan(values: Sequence[float]) -> float:
+    return _median(values) if values else math.nan
 
 
 def _compare_series(candidate: Sequence[float], baseline: Sequence[float], what: _Metric,
@@ -274,56 +313,183 @@ def _compare_series(candidate: Sequence[float], baseline: Sequence[float], what:
     c, b = _blocks(candidate), _blocks(baseline)
 
     def result(ratio: float, low: float, high: float, verdict: str) -> MetricComparison:
-        nan = math.nan
         return MetricComparison(
             metric=what.metric, scope=what.scope, label=what.label, unit=what.unit,
-            higher_is_better=what.higher_is_better, rank=what.rank, baseline_median=_median(b) if b else nan,
-            candidate_median=_median(c) if c else nan, baseline_windows=len(baseline),
-            candidate_windows=len(candidate), ratio=ratio, ci_low=low, ci_high=high, verdict=verdict)
+            higher_is_better=what.higher_is_better, rank=what.rank, baseline_median=_median_or_nan(b),
+            candidate_median=_median_or_nan(c), baseline_windows=len(baseline),
+            candidate_windows=len(candidate), ratio=ratio, ci_low=low, ci_high=high, verdict=verdict,
+            min_effect=settings.min_effect)
 
     if len(c) < MIN_WINDOWS or len(b) < MIN_WINDOWS or _median(b) <= 0:
         return result(math.nan, math.nan, math.nan, INSUFFICIENT)
+    if not settings.resamples:
+        return result(_median(c) / _median(b), math.nan, math.nan, NO_CHANGE)
     ratio, low, high = bootstrap_ratio(c, b, confidence=settings.confidence, resamples=settings.resamples,
                                        seed=settings.seed)
     return result(ratio, low, high, decide(low, high, higher_is_better=what.higher_is_better,
                                            min_effect=settings.min_effect))
 
 
-def compare_samples(candidate: RunSamples, baseline: RunSamples, *, confidence: float = DEFAULT_CONFIDENCE,
-                    min_effect: float = DEFAULT_MIN_EFFECT, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
-                    phases: bool = True, ranks: bool = True) -> CandidateComparison:
-    """Every metric of ``candidate`` against ``baseline``: the run's iteration time and throughput, each phase's time,
-    and each rank's iteration time (the ranks both runs have)."""
-    settings = _Settings(confidence, min_effect, resamples, seed)
-    metrics = [_compare_series(candidate.series("iteration_time"), baseline.series("iteration_time"),
-                               _Metric("iteration_time", "run", "iteration time", "s", False), settings)]
-    cs, bs = candidate.series("samples_per_second"), baseline.series("samples_per_second")
-    notes = []
-    if cs and bs:
-        metrics.append(_compare_series(cs, bs, _Metric("samples_per_second", "run", "throughput", "samples/s", True),
-                                       settings))
+class _Noise:
+    """What a candidate's changes are judged against: the between-run spread of the perf tag's history (per metric)
+    and the candidate's and baseline's contention (``findings.noise``)."""
+
+    def __init__(self, candidate: RunSamples, baseline: RunSamples, history: Sequence[RunSamples],
+                 settings: _Settings) -> None:
+        self.candidate, self.baseline, self.history, self.settings = candidate, baseline, history, settings
+        self.busy_free = candidate.waits_known and baseline.waits_known
+        self.contention = (Contention.of(candidate.wait_fraction(), candidate.contention, candidate.cpu_count),
+                           Contention.of(baseline.wait_fraction(), baseline.contention, baseline.cpu_count))
+        self.factor, self.reason = explained_factor(*self.contention)
+        self.widened: list[str] = []
+
+    def settings_for(self, what: _Metric, series: _Series) -> _Settings:
+        """The settings with ``min_effect`` raised to the between-run spread of the history, where it is larger."""
+        if not self.history:
+            return self.settings
+        medians = [_median(v) for v in (series(run, False) for run in (*self.history, self.baseline)) if v]
+        spread = history_min_effect(medians, self.settings.confidence)
+        if spread is None or spread <= self.settings.min_effect:
+            return self.settings
+        spread = min(spread, 0.99)
+        self.widened.append(f"{what.label} +/-{spread:.0%}")
+        return dataclasses.replace(self.settings, min_effect=spread)
+
+    def judge(self, m: MetricComparison, what: _Metric, series: _Series, settings: _Settings) -> MetricComparison:
+        """A significant change of a time (or throughput) that the machine explains becomes inconclusive: the same
+        test on the windows' times net of the CPU wait no longer finds it; or the machine was busy, no earlier runs
+        measure the spread, and the change is within what a busy machine does to clean runs (``BUSY_RESIDUAL``,
+        times the process CPU share's factor when that is the only signal)."""
+        if not m.significant or what.metric == "goodput":
+            return m
+        slower = m.verdict == REGRESSION  # the candidate is the slower run (else the baseline is)
+        if self.busy_free and what.windowed:
+            net = _compare_series(series(self.candidate, True), series(self.baseline, True), what, settings)
+            if net.verdict != m.verdict:
+                return dataclasses.replace(m, verdict=INCONCLUSIVE, note=(
+                    f"with the CPU wait taken out the change is {format_ratio(net.ratio)} ({net.verdict}): "
+                    + self.reason))
+            m_net = net
+        else:
+            m_net = m
+        busier = self.contention[0] if slower else self.contention[1]
+        if self.history or not (busier.busy or self.factor != 1.0):
+            return m
+        factor = (self.factor if slower else 1 / self.factor) if not self.busy_free else 1.0
+        allowed = max(factor, 1.0) * (1 + BUSY_RESIDUAL)
+        # the bound of the (net) interval nearest "no change", as a slowdown factor of the busier run
+        low, high = m_net.ci_low, m_net.ci_high
+        nearest = (low if slower else 1 / high) if not what.higher_is_better else (1 / high if slower else low)
+        if nearest <= allowed:
+            return dataclasses.replace(m, verdict=INCONCLUSIVE, note=(
+                f"the {'candidate' if slower else 'baseline'} ran on a busy machine ({busier.describe()}); there "
+                f"busy-machine noise reaches {allowed - 1:.0%} between clean runs, and no earlier runs of this "
+                "perf_tag measure it better"))
+        return m
+
+
+def _within(candidate: Sequence[float], baseline: Sequence[float], min_effect: float) -> bool:
+    if len(candidate) < MIN_WINDOWS or len(baseline) < MIN_WINDOWS:
+        return False
+    b = _median(_blocks(baseline))
+    return b > 0 and abs(_median(_blocks(candidate)) / b - 1) <= min_effect
+
+
+def format_ratio(ratio: float) -> str:
+    return "-" if not math.isfinite(ratio) else f"{(ratio - 1) * 100:+.1f}%"
+
+
+def _metrics(candidate: RunSamples, baseline: RunSamples, phases: bool, ranks: bool,
+             notes: list[str]) -> list[tuple[_Metric, _Series]]:
+    """Every metric both runs can be compared on, with its series."""
+    out: list[tuple[_Metric, _Series]] = [
+        (_Metric("iteration_time", "run", "iteration time", "s", False), _window_series("iteration_time"))]
+    if candidate.series("samples_per_second") and baseline.series("samples_per_second"):
+        out.append((_Metric("samples_per_second", "run", "throughput", "samples/s", True),
+                    _window_series("samples_per_second")))
     else:
         notes.append("throughput not compared: no samples_per_second (global_batch_size not configured?)")
     clock, other = candidate.phase_source, baseline.phase_source
+    on_device = " (device time)" if clock == "device" else ""
     if phases and clock != other and clock and other:
         notes.append(f"phases not compared: the candidate's phase times are {clock} times, the baseline's {other} "
                      "times (device timing on in one run only)")
+        phases = False  # nor each rank's
     elif phases:
         for phase in PHASES:
-            cs, bs = candidate.series(phase), baseline.series(phase)
-            if cs and bs:
-                label = f"{phase} phase" + (" (device time)" if clock == "device" else "")
-                metrics.append(_compare_series(cs, bs, _Metric(phase, "phase", label, "s", False), settings))
+            if candidate.series(phase) and baseline.series(phase):
+                out.append((_Metric(phase, "phase", f"{phase} phase{on_device}", "s", False), _window_series(phase)))
+    for kind, label in (("checkpoint_save", "checkpoint save"), ("checkpoint_load", "checkpoint load"),
+                        ("validation", "validation loop")):
+        if candidate.durations.get(kind) and baseline.durations.get(kind):
+            out.append((_Metric(kind, "event", label, "s", False, windowed=False), _duration_series(kind)))
     if ranks:
         common = sorted(set(candidate.ranks) & set(baseline.ranks))
         if len(common) > 1:
             for r in common:
-                metrics.append(_compare_series(
-                    candidate.series("iteration_time", rank=r), baseline.series("iteration_time", rank=r),
-                    _Metric("iteration_time", "rank", f"rank {r} iteration time", "s", False, rank=r), settings))
+                out.append((_Metric("iteration_time", "rank", f"rank {r} iteration time", "s", False, rank=r),
+                            _window_series("iteration_time", r)))
+            if phases and len(common) <= MAX_RANK_PHASES:
+                for r in common:
+                    for phase in PHASES:
+                        if candidate.series(phase, r) and baseline.series(phase, r):
+                            label = f"rank {r} {phase} phase{on_device}"
+                            out.append((_Metric(phase, "rank phase", label, "s", False, rank=r),
+                                        _window_series(phase, r)))
+            elif phases:
+                notes.append(f"per-rank phases not compared: more than {MAX_RANK_PHASES} ranks")
         missing = sorted(set(candidate.ranks) ^ set(baseline.ranks))
         if missing:
             notes.append(f"ranks in only one of the runs, not compared per rank: {', '.join(map(str, missing))}")
+    return out
+
+
+def _goodput_row(candidate: RunSamples, baseline: RunSamples) -> MetricComparison | None:
+    c, b = candidate.goodput, baseline.goodput
+    if c is None or b is None or not b > 0:
+        return None
+    return MetricComparison(metric="goodput", scope="run", label="goodput", unit="", higher_is_better=True,
+                            baseline_median=b, candidate_median=c, baseline_windows=1, candidate_windows=1,
+                            ratio=c / b, ci_low=math.nan, ci_high=math.nan, verdict=ONE_VALUE,
+                            note="one value per run: shown, not tested")
+
+
+def compare_samples(candidate: RunSamples, baseline: RunSamples, *, confidence: float = DEFAULT_CONFIDENCE,
+                    min_effect: float = DEFAULT_MIN_EFFECT, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
+                    phases: bool = True, ranks: bool = True,
+                    history: Sequence[RunSamples] = ()) -> CandidateComparison:
+    """Every metric of ``candidate`` against ``baseline``: the run's iteration time and throughput, each phase's time,
+    the checkpoint saves and loads and validation loops, each rank's iteration time and phases (the ranks both runs
+    have), and goodput (shown, one value per run). ``history``: earlier runs of the same workload, whose spread
+    raises the effect a change needs; a significant change that the candidate's busier machine explains is
+    ``inconclusive: the machine was busy`` (``findings.noise``)."""
+    settings = _Settings(confidence, min_effect, resamples, seed)
+    notes: list[str] = []
+    noise = _Noise(candidate, baseline, history, settings)
+    metrics = []
+    for what, series in _metrics(candidate, baseline, phases, ranks, notes):
+        own = noise.settings_for(what, series)
+        c_values, b_values = series(candidate, False), series(baseline, False)
+        if what.scope == "rank phase" and _within(c_values, b_values, own.min_effect):
+            # a per-rank phase row (shown only when significant): its medians' ratio inside the band cannot give a
+            # significant interval, so the resampling is skipped (16 ranks x 4 phases would cost most of compare)
+            metrics.append(_compare_series(c_values, b_values, what, dataclasses.replace(own, resamples=0)))
+            continue
+        m = _compare_series(c_values, b_values, what, own)
+        metrics.append(noise.judge(m, what, series, own))
+    goodput = _goodput_row(candidate, baseline)
+    if goodput is not None:
+        metrics.append(goodput)
+    if noise.widened:
+        notes.append(f"between-run spread of {len(history)} earlier run(s) with this perf_tag (and the baseline) "
+                     f"raises the effect needed: {', '.join(noise.widened[:6])}"
+                     + (f" (+{len(noise.widened) - 6} more)" if len(noise.widened) > 6 else ""))
+    c_busy, b_busy = noise.contention
+    if any(m.verdict == INCONCLUSIVE for m in metrics) or noise.factor >= 1 + min_effect:
+        notes.append(f"machine: candidate {c_busy.describe()}; baseline {b_busy.describe()}")
+    elif not noise.busy_free and not noise.reason and not history:
+        notes.append("no contention signal (CPU wait per window, or the system sampler) and no earlier runs: a busy "
+                     "machine cannot be told from a regression; the interval covers windows within each run only")
     for role, run in (("candidate", candidate), ("baseline", baseline)):
         n = len(run.series("iteration_time"))
         if n < MIN_WINDOWS:
@@ -342,12 +508,15 @@ def _as_samples(run: RunSamples | Run | str | Path) -> RunSamples:
 def compare_runs(candidates: RunSamples | Run | str | Path | Iterable[RunSamples | Run | str | Path],
                  baseline: RunSamples | Run | str | Path, *, confidence: float = DEFAULT_CONFIDENCE,
                  min_effect: float = DEFAULT_MIN_EFFECT, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
-                 force: bool = False, phases: bool = True, ranks: bool = True) -> Comparison:
+                 force: bool = False, phases: bool = True, ranks: bool = True,
+                 history: Iterable[RunSamples | Run | str | Path] = (), goodput: bool = True) -> Comparison:
     """Compare each candidate run with ``baseline`` (run directories, ``Run``s or ``RunSamples``).
 
-    Raises ``PerfTagMismatch`` when a candidate's ``perf_tag`` differs from the baseline's and ``ConfigMismatch``
-    when their recorded workloads clearly differ (``training.workload.differences``), unless ``force``; and
-    ``ValueError`` for settings out of range.
+    ``history``: earlier runs of the same workload (their between-run spread raises the effect a change needs);
+    ``goodput``: compute each run's own goodput for its row (reads the whole runs). Raises ``PerfTagMismatch`` when
+    a candidate's ``perf_tag`` differs from the baseline's and ``ConfigMismatch`` when their recorded workloads
+    clearly differ (``training.workload.differences``), unless ``force``; and ``ValueError`` for settings out of
+    range.
     """
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be between 0 and 1, got {confidence!r}")
@@ -379,7 +548,12 @@ def compare_runs(candidates: RunSamples | Run | str | Path | Iterable[RunSamples
         if not force:
             raise ConfigMismatch(message + ": these are different workloads")
         notes.append(message + "; compared anyway (forced)")
+    earlier = [_as_samples(h) for h in history]
+    if goodput:
+        for run in (base, *cands):
+            if run.goodput is None:
+                with_goodput(run)
     results = tuple(compare_samples(c, base, confidence=confidence, min_effect=min_effect, resamples=resamples,
-                                    seed=seed, phases=phases, ranks=ranks) for c in cands)
+                                    seed=seed, phases=phases, ranks=ranks, history=earlier) for c in cands)
     return Comparison(baseline=RunRef.of(base), candidates=results, confidence=confidence, min_effect=min_effect,
                       resamples=resamples, seed=seed, forced=bool(differing or unlike), notes=tuple(notes))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import html
 import math
 
-from .compare import IMPROVEMENT, REGRESSION, CandidateComparison, Comparison, MetricComparison, RunRef
+from .compare import IMPROVEMENT, INCONCLUSIVE, REGRESSION, CandidateComparison, Comparison, MetricComparison, RunRef
 from .compare_text import format_change, format_interval, format_quantity, where_lines
 
 __all__ = ["comparison_html"]
@@ -22,6 +22,7 @@ th:first-child, td:first-child, td.verdict { text-align: left; }
 tr.regression td.verdict { color: #b00020; font-weight: bold; }
 tr.improvement td.verdict { color: #1b7f3b; font-weight: bold; }
 tr.insufficient td { color: #888; }
+tr.inconclusive td.verdict { color: #8a6d00; }
 .run { font-family: ui-monospace, monospace; }
 .note { color: #555; }
 svg { vertical-align: middle; }
@@ -74,14 +75,15 @@ def _candidate_section(c: CandidateComparison, comparison: Comparison) -> str:
     rows = []
     span = _span(c, comparison.min_effect)
     for m in c.metrics:
-        css = {REGRESSION: "regression", IMPROVEMENT: "improvement"}.get(m.verdict, "")
+        css = {REGRESSION: "regression", IMPROVEMENT: "improvement", INCONCLUSIVE: "inconclusive"}.get(m.verdict, "")
         if m.verdict == "insufficient data":
             css = "insufficient"
+        verdict = f"{m.verdict} ({m.note})" if m.note else m.verdict
         rows.append(
             f"<tr class='{css}'><td>{_e(m.label)}</td><td>{_e(format_quantity(m.baseline_median, m.unit))}</td>"
             f"<td>{_e(format_quantity(m.candidate_median, m.unit))}</td><td>{_e(format_change(m.ratio))}</td>"
             f"<td>{_e(format_interval(m))}</td><td>{_ci_bar(m, comparison.min_effect, span)}</td>"
-            f"<td class=verdict>{_e(m.verdict)}</td><td>{m.candidate_windows} / {m.baseline_windows}</td></tr>")
+            f"<td class=verdict>{_e(verdict)}</td><td>{m.candidate_windows} / {m.baseline_windows}</td></tr>")
     regressions = c.regressions
     summary = (f"{len(regressions)} regression(s): " + ", ".join(_e(m.label) for m in regressions)
                if regressions else "no regression")
@@ -99,7 +101,9 @@ def comparison_html(comparison: Comparison, title: str = "telemetrain compare") 
     method = (f"Median of per-window mean iteration times (and throughput, phase times); {comparison.resamples} "
               f"bootstrap resamples of the windows (seed {comparison.seed}); {comparison.confidence:.0%} percentile "
               f"interval of candidate/baseline. A change counts when the whole interval lies beyond "
-              f"&plusmn;{comparison.min_effect:.0%} (grey band). The interval is over windows within each run.")
+              f"&plusmn;{comparison.min_effect:.0%} (grey band; wider when earlier runs of the perf tag spread "
+              "more), and is inconclusive when a busier machine explains it. The interval is over windows within "
+              "each run.")
     body = "".join(_candidate_section(c, comparison) for c in comparison.candidates)
     return (f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>{_e(title)}</title>"
             f"<style>{_CSS}</style></head><body><h1>{_e(title)}</h1>{_run_block('baseline', comparison.baseline)}"

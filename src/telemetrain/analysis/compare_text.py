@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from .compare import REGRESSION, CandidateComparison, Comparison, MetricComparison, RunRef
+from .compare import INCONCLUSIVE, REGRESSION, CandidateComparison, Comparison, MetricComparison, RunRef
 
 __all__ = ["format_change", "format_comparison", "format_quantity"]
 
@@ -52,6 +52,12 @@ def where_lines(c: CandidateComparison) -> list[str]:
     if slow and len(slow) < len(ranks):
         lines.append("slower ranks: " + ", ".join(f"rank {m.rank} {format_change(m.ratio)}" for m in slow)
                      + f" (the other {len(ranks) - len(slow)} rank(s): no regression)")
+    by_rank = sorted((m for m in c.regressions if m.scope == "rank phase"),
+                     key=lambda m: m.candidate_median - m.baseline_median, reverse=True)
+    if by_rank:
+        lines.append("slower rank phases, by time added per iteration: " + ", ".join(
+            f"rank {m.rank} {m.metric} +{format_quantity(m.candidate_median - m.baseline_median, m.unit)}"
+            for m in by_rank[:8]) + (f" (+{len(by_rank) - 8} more)" if len(by_rank) > 8 else ""))
     return lines
 
 
@@ -77,16 +83,27 @@ def _candidate_lines(c: CandidateComparison, comparison: Comparison) -> list[str
     lines = _run_lines("candidate", c.candidate)
     header = ("metric", "baseline", "candidate", "change", f"{comparison.confidence:.0%} CI", "verdict")
     rows = [header]
+    quiet = 0
     for m in c.metrics:
+        if m.scope == "rank phase" and m.verdict not in (REGRESSION, INCONCLUSIVE) and not m.significant:
+            quiet += 1  # per-rank phases: only the rows that say something
+            continue
         verdict = m.verdict.upper() if m.significant else m.verdict
         rows.append((m.label, format_quantity(m.baseline_median, m.unit), format_quantity(m.candidate_median, m.unit),
                      format_change(m.ratio), format_interval(m), verdict))
     lines += _table(rows)
+    if quiet:
+        lines.append(f"  ({quiet} per-rank phase row(s) with no significant change not shown; --json has them)")
     regressions, improvements = c.regressions, c.improvements
     for what, found in (("regression(s)", regressions), ("improvement(s)", improvements)):
         if found:
             lines.append(f"  {len(found)} {what}:")
             lines += [f"    {describe(m, comparison.confidence)}" for m in found]
+    if c.inconclusive:
+        lines.append(f"  {len(c.inconclusive)} inconclusive (the machine was busy):")
+        lines += [f"    {m.label} {format_change(m.ratio)}: {m.note}" for m in c.inconclusive[:6]]
+        if len(c.inconclusive) > 6:
+            lines.append(f"    ... and {len(c.inconclusive) - 6} more")
     lines += [f"  {line}" for line in where_lines(c)]
     if not regressions and not improvements:
         lines.append(f"  no significant change (none beyond +/-{comparison.min_effect:.0%} with "
@@ -105,8 +122,11 @@ def format_comparison(comparison: Comparison) -> list[str]:
     lines += [f"note: {n}" for n in comparison.notes]
     lines.append(f"method: median of per-window means, bootstrap {comparison.resamples} resamples (seed "
                  f"{comparison.seed}), {comparison.confidence:.0%} percentile CI of candidate/baseline; a change is "
-                 f"significant when the whole CI lies beyond +/-{comparison.min_effect:.0%}")
+                 f"significant when the whole CI lies beyond +/-{comparison.min_effect:.0%} (or the spread of earlier "
+                 "runs), and inconclusive when a busier machine explains it (docs/compare.md)")
     total = sum(1 for _, m in comparison.regressions if m.verdict == REGRESSION)
-    lines.append(f"result: {total} regression(s), {len(comparison.improvements)} improvement(s) over "
-                 f"{len(comparison.candidates)} candidate(s)")
+    inconclusive = sum(len(c.inconclusive) for c in comparison.candidates)
+    lines.append(f"result: {total} regression(s), {len(comparison.improvements)} improvement(s)"
+                 + (f", {inconclusive} inconclusive (machine busy)" if inconclusive else "")
+                 + f" over {len(comparison.candidates)} candidate(s)")
     return lines

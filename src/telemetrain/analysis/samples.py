@@ -23,14 +23,23 @@ from ..phase_times import phase_times
 from ..store.codec import decode_line
 from ..store.layout import RUN_META, is_agent_file, is_process_file
 from ..store.reader import NotARunError, Run, _fallback_identity, open_run
+from .findings.inputs import contention_share
 
-__all__ = ["PHASES", "RunSamples", "Window", "read_samples", "run_samples"]
+__all__ = ["DURATIONS", "PHASES", "RunSamples", "Window", "read_samples", "run_samples", "with_goodput"]
 
 PHASES = ("dataloader", "forward", "backward", "optimizer")
 _UPDATE = "training_metrics_update"
 _ITERATION_SPAN = "training_single_iteration"
 _UPDATE_BYTES = b'"name":"training_metrics_update"'
 _ITERATION_BYTES = b'"name":"training_single_iteration"'
+# the spans whose durations compare (one observation per span of each rank) -> the row they belong to
+DURATIONS = {"checkpoint_save_sync": "checkpoint_save", "checkpoint_save_async": "checkpoint_save",
+             "checkpoint_load": "checkpoint_load", "validation_loop": "validation"}
+_DURATION_BYTES = tuple(f'"name":"{name}"'.encode() for name in DURATIONS)
+# the system sampler's contention signals (metric name -> key in RunSamples.contention); the baseline marker
+_CONTENTION = {"process.cpu.utilization": "process_cpu", "system.cpu.utilization": "host_cpu"}
+_CONTENTION_BYTES = (b'"process.cpu.utilization"', b'"system.cpu.utilization"', b'"hw.gpu.throttle.')
+_INIT_BYTES = b'"name":"one_logger_initialization"'
 
 
 @dataclass(frozen=True)
@@ -46,6 +55,11 @@ class Window:
     phases: Mapping[str, float]  # mean seconds per iteration of each timed sub-phase
     final: bool = False
     phase_source: str = "host"  # the clock of `phases`: "device" where the window has device times (phase_times)
+    cpu_wait_fraction: float | None = None  # contention: the process's wait for a CPU / (its CPU time + that wait)
+
+    def busy_free(self, value: float) -> float:
+        """``value`` less the share of the window spent waiting for a CPU (a busy machine taken out)."""
+        return value if self.cpu_wait_fraction is None else value * (1.0 - self.cpu_wait_fraction)
 
 
 @dataclass
@@ -61,6 +75,13 @@ class RunSamples:
     skipped_windows: int = 0  # warm-up windows and windows without a usable mean
     iteration_spans: dict[int, list[float]] = field(default_factory=dict)  # rank -> sampled iteration seconds
     workload: dict[str, Any] = field(default_factory=dict)  # run.json's (training.workload); {} for older runs
+    # "checkpoint_save", "checkpoint_load", "validation" -> (rank, seconds) of each span that ended ok, in order
+    durations: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    # the sampler's contention signals: mean process_cpu (share of its CPUs), host_cpu, gpu_throttled (share)
+    contention: dict[str, float] = field(default_factory=dict)
+    is_baseline: bool = False  # the config's is_baseline_run (one_logger_initialization)
+    goodput: float | None = None  # the run's own goodput, when compare computed it (``with_goodput``)
+    cpu_count: int | None = None  # run.json's hardware
 
     @property
     def ranks(self) -> list[int]:
@@ -72,18 +93,50 @@ class RunSamples:
         clocks = {w.phase_source for w in self.windows if w.phases}
         return clocks.pop() if len(clocks) == 1 else ("mixed" if clocks else "")
 
-    def series(self, metric: str, rank: int | None = None) -> list[float]:
+    def series(self, metric: str, rank: int | None = None, *, busy_free: bool = False) -> list[float]:
         """The metric's values, one per window in iteration order: ``iteration_time``, ``samples_per_second`` or a
         phase name. With ``rank=None`` the windows of all ranks that end at the same iteration are averaged into one
-        (data-parallel ranks step together, so they are one observation, not world_size independent ones)."""
+        (data-parallel ranks step together, so they are one observation, not world_size independent ones).
+        ``busy_free``: each time less the share of runnable time spent waiting for a CPU -- of the most contended
+        rank at that iteration, whom the others wait for -- and a rate raised by as much."""
         by_iteration: dict[int, list[float]] = {}
+        shares: dict[int, float] = {}
         for w in self.windows:
             if rank is not None and w.rank != rank:
                 continue
             value = _value_of(w, metric)
             if value is not None:
                 by_iteration.setdefault(w.iteration, []).append(value)
-        return [statistics.fmean(v) for _, v in sorted(by_iteration.items())]
+                if busy_free:  # ranks step together: they wait for the most contended one
+                    shares[w.iteration] = max(shares.get(w.iteration, 0.0), w.cpu_wait_fraction or 0.0)
+        out = []
+        for iteration, values in sorted(by_iteration.items()):
+            value = statistics.fmean(values)
+            if busy_free:  # a rate the other way round: what it would have been without the wait
+                free = 1.0 - min(shares[iteration], 0.999)
+                value = value / free if metric == "samples_per_second" else value * free
+            out.append(value)
+        return out
+
+    @property
+    def waits_known(self) -> bool:
+        """Every window carries the process's CPU time and wait (Linux, a recorder that reports them)."""
+        return bool(self.windows) and all(w.cpu_wait_fraction is not None for w in self.windows)
+
+    def wait_fraction(self) -> float | None:
+        """The median over windows of the contention share (the process's wait for a CPU / its runnable time)."""
+        known = [w.cpu_wait_fraction for w in self.windows if w.cpu_wait_fraction is not None]
+        return statistics.median(known) if known else None
+
+    def duration_series(self, kind: str) -> list[float]:
+        """One value per ``kind`` span index (the k-th save of every rank averaged: ranks save together)."""
+        by_index: dict[int, list[float]] = {}
+        counts: dict[int, int] = {}
+        for rank, seconds in self.durations.get(kind, ()):
+            k = counts.get(rank, 0)
+            counts[rank] = k + 1
+            by_index.setdefault(k, []).append(seconds)
+        return [statistics.fmean(v) for _, v in sorted(by_index.items())]
 
     def iteration_percentiles(self) -> tuple[float, float] | None:
         """p50 and p99 of the sampled iteration spans of all ranks (None without any)."""
@@ -144,6 +197,9 @@ class _Collector:
         self.skipped = 0
         self.spans: dict[int, list[float]] = {}
         self.perf_tag = ""
+        self.durations: dict[str, list[tuple[int, float]]] = {}
+        self.signals: dict[str, list[float]] = {}
+        self.is_baseline = False
 
     def feed(self, records: Iterable[Any]) -> None:
         loops_seen: set[tuple[int, int]] = set()
@@ -153,6 +209,14 @@ class _Collector:
             if r.kind == "span_end":
                 if r.name == _ITERATION_SPAN and r.group == "training" and r.status == "ok":
                     self.spans.setdefault(ident.rank, []).append(r.duration_ns / 1e9)
+                elif r.name in DURATIONS and r.group == "training" and r.status == "ok":
+                    self.durations.setdefault(DURATIONS[r.name], []).append((ident.rank, r.duration_ns / 1e9))
+                continue
+            if r.kind == "metric":
+                self._signal(r.name, r.value)
+                continue
+            if r.kind == "event" and r.name == "one_logger_initialization":
+                self.is_baseline = self.is_baseline or (r.attributes or {}).get("is_baseline_run") is True
                 continue
             if r.kind != "event" or r.name != _UPDATE or r.group != "training":
                 continue
@@ -168,8 +232,20 @@ class _Collector:
             else:
                 self.windows.append(window)
 
+    def _signal(self, name: str, value: Any) -> None:
+        value = _finite(value)
+        if value is None:
+            return
+        key = _CONTENTION.get(name)
+        if key is None and name.startswith("hw.gpu.throttle.") and name != "hw.gpu.throttle.reasons":
+            key, value = "gpu_throttled", float(value > 0)
+        if key is not None:
+            self.signals.setdefault(key, []).append(value)
+
     def result(self, path: Path, meta: Mapping[str, Any]) -> RunSamples:
         created = meta.get("created_wall_ns")
+        hardware = meta.get("hardware")
+        cpus = hardware.get("cpu_count") if isinstance(hardware, dict) else None
         return RunSamples(
             path=path,
             run_id=str(meta.get("run_id") or path.name),
@@ -180,6 +256,10 @@ class _Collector:
             skipped_windows=self.skipped,
             iteration_spans=self.spans,
             workload=dict(meta["workload"]) if isinstance(meta.get("workload"), dict) else {},
+            durations=self.durations,
+            contention={k: statistics.fmean(v) for k, v in self.signals.items() if v},
+            is_baseline=self.is_baseline or meta.get("is_baseline_run") is True,
+            cpu_count=cpus if isinstance(cpus, int) and not isinstance(cpus, bool) and cpus > 0 else None,
         )
 
 
@@ -200,7 +280,7 @@ def _wanted_lines(path: Path, meta: dict[str, Any]) -> Iterator[Any]:
                     continue
             except (ValueError, KeyError, TypeError):
                 pass
-        if _UPDATE_BYTES not in raw and not (_ITERATION_BYTES in raw and b'"span_end"' in raw[:40]):
+        if not _wanted(raw):
             continue
         if identity is None:
             identity = _fallback_identity(path, meta)
@@ -210,6 +290,20 @@ def _wanted_lines(path: Path, meta: dict[str, Any]) -> Iterator[Any]:
             continue
         if not isinstance(rec, dict):
             yield rec
+
+
+def _wanted(raw: bytes) -> bool:
+    """The lines the comparison reads (a few percent of a file): the reports, the iteration, checkpoint and
+    validation spans' ends, the sampler's CPU and throttling metrics and the config's baseline marker; the others are
+    not even decoded."""
+    head = raw[:40]
+    if _UPDATE_BYTES in raw:
+        return True
+    if b'"span_end"' in head:
+        return _ITERATION_BYTES in raw or any(name in raw for name in _DURATION_BYTES)
+    if b'"metric"' in head:
+        return any(name in raw for name in _CONTENTION_BYTES)
+    return _INIT_BYTES in raw
 
 
 def read_samples(path: str | Path, on_file: Callable[[int], None] | None = None) -> RunSamples:
@@ -251,7 +345,21 @@ def _window_of(rank: int, pid: int, a: Mapping[str, Any]) -> Window | None:
     if mean is None or mean <= 0 or not isinstance(iteration, int) or not isinstance(count, int) or count < 1:
         return None
     throughput = _finite(a.get("samples_per_second"))
+    share = contention_share(_finite(a.get("cpu_time_sec")), _finite(a.get("cpu_wait_sec")))
     phases, source = phase_times(a, PHASES)
     return Window(rank=rank, pid=pid, iteration=iteration, iterations=count, iteration_time=mean,
                   samples_per_second=throughput if throughput and throughput > 0 else None, phases=phases,
-                  final=bool(a.get("final")), phase_source=source)
+                  final=bool(a.get("final")), phase_source=source, cpu_wait_fraction=share)
+
+
+def with_goodput(samples: RunSamples) -> RunSamples:
+    """``samples`` with the run's own goodput (the run folder read as a session of one run: its productive time
+    over its wall time, docs/goodput.md); unchanged when it cannot be computed (no training, damaged records). Reads
+    the whole run."""
+    from ..training.goodput import goodput
+
+    try:
+        samples.goodput = goodput(samples.path).goodput
+    except Exception:  # noqa: BLE001 - goodput is one row of a comparison; the rest stands without it
+        samples.goodput = None
+    return samples

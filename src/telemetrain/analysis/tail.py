@@ -20,6 +20,7 @@ from ..identity import Identity
 from ..store.codec import decode_line
 from ..store.layout import is_agent_file, is_process_file
 from ..text import printable
+from .findings import Findings, InputBuilder, analyse
 from .samples import open_run_meta
 
 __all__ = ["FileFollower", "RankState", "TailState", "render", "run_tail"]
@@ -31,6 +32,9 @@ _NOTABLE_TRAINING = ("save_checkpoint_success", "validation_metrics_update", "te
                      "one_logger_initialization")
 _WANTED = (b'"event"', b'"diagnostic"', b'"process"')
 _LOOP_END = b'"name":"training_loop"'  # of the span_end lines, only the training loop's are decoded
+# of the metric lines, only those the findings engine reads: memory gauges, losses and gradient norms
+_METRIC_WORDS = (b"memory", b"loss", b"grad")
+FINDINGS_HISTORY = 2000  # windows per rank and points per series the live findings look back over
 
 
 class FileFollower:
@@ -63,7 +67,9 @@ class FileFollower:
             if self.identity is None or b'"process"' in raw[:40]:
                 if self._header(raw):
                     continue
-            if not any(w in raw[:40] for w in _WANTED) and not (b'"span_end"' in raw[:40] and _LOOP_END in raw):
+            head = raw[:40]
+            if not any(w in head for w in _WANTED) and not (b'"span_end"' in head and _LOOP_END in raw) and \
+                    not (b'"metric"' in head and any(w in raw for w in _METRIC_WORDS)):
                 continue
             try:
                 rec = decode_line(raw, self._identity())
@@ -122,6 +128,11 @@ class TailState:
     diagnostics: int = 0
     records: int = 0
     followers: dict[Path, FileFollower] = field(default_factory=dict)
+    inputs: InputBuilder = field(default_factory=lambda: InputBuilder(limit=FINDINGS_HISTORY))
+
+    def findings(self) -> Findings:
+        """The findings engine on what was read so far (a loop still open is not a crash)."""
+        return analyse(self.inputs.build(open_spans_crashed=False))
 
     def poll(self) -> int:
         """Read what was appended to the run (new files included); returns the number of new records."""
@@ -153,6 +164,9 @@ class TailState:
 
     def _add(self, r: Any) -> None:
         rank = r.identity.rank
+        self.inputs.add(r)
+        if r.kind == "metric":
+            return
         if r.kind == "span_end":
             if r.name == "training_loop" and r.group == "training":
                 self._rank(rank).loop_status = r.status
@@ -265,6 +279,16 @@ def render(state: TailState, now_ns: int | None = None) -> Any:
         per_rank.add_row(str(s.rank), "-" if s.iteration is None else str(s.iteration), behind, _ms(s.mean),
                          _ms(s.p50), _ms(s.p99), "-" if s.samples_per_second is None
                          else f"{s.samples_per_second:,.1f}", _ago(s.wall_ns, now_ns) + ended)
+    result = state.findings()
+    findings = Table(title=f"findings ({len(result.findings)}; docs/report.md, Findings)", title_justify="left")
+    for column in ("severity", "finding", "evidence"):
+        findings.add_column(column)
+    for f in result.findings[:10]:
+        style = "red" if f.severity in ("error", "critical") else ("yellow" if f.severity == "warning" else "")
+        findings.add_row(Text(f.severity, style=style), Text(printable(f.title)),
+                         Text(printable(f.evidence.summary() if f.evidence else "")))
+    for n in result.notes[:3]:
+        findings.add_row("note", Text(printable(n.text)), "")
     events = Table(title="recent events", title_justify="left")
     for column in ("when", "rank", "severity", "event", "attributes"):
         events.add_column(column)
@@ -272,7 +296,7 @@ def render(state: TailState, now_ns: int | None = None) -> Any:
         style = "red" if severity in ("error", "critical") else ("yellow" if severity == "warning" else "")
         events.add_row(_ago(wall_ns, now_ns), str(rank), Text(severity, style=style), Text(printable(name)),
                        Text(printable(text)))
-    return Group(head, summary, per_rank, events)
+    return Group(head, summary, per_rank, findings, events)
 
 
 def run_tail(path: Path, out: TextIO, *, interval: float, once: bool,

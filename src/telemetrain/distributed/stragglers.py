@@ -2,10 +2,13 @@
 
 Two scores per rank and phase, both slowdown factors (1.0 = as fast as the reference, 1.5 = 50% slower):
 
-- **relative**: the rank's time against the median rank's (for throughput, the median's rate over the rank's). It
+- **relative**: the rank's time against the other ranks' in the same window, by the findings engine's rule
+  (``analysis.findings.stragglers.window_outliers``: a leave-one-out robust z-score, a minimum ratio -- reported as
+  the score -- and a minimum share of the iteration; for throughput, the time per iteration the rate implies). It
   finds the one rank that holds the others up.
 - **individual**: the rank's time against its own best window so far (the first window, warm-up, excluded). It
-  finds a rank, or a whole job, getting slower over time.
+  finds a rank getting slower over time; when half the ranks or more get slower in a phase at the same step, that
+  is the job getting slower (the findings engine's change-point rule names it once), and none is reported.
 
 A score counts only when it is over its threshold, when the time it adds is a real share of an iteration
 (``min_share`` of the rank's iteration time: a phase of 20 us that doubles is noise, not a straggler), and after
@@ -31,6 +34,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..analysis.findings.stragglers import window_outliers
+from ..analysis.findings.thresholds import Thresholds
 from ..phase_times import DEVICE, phase_times
 
 __all__ = ["PHASES", "Episodes", "Finding", "StragglerDetector", "phase_clock", "phases_of"]
@@ -149,24 +154,24 @@ class StragglerDetector:
         return statistics.median(present) if present else math.nan
 
     def _relative(self, step: int, values: Mapping[int, Mapping[str, float]]) -> list[Finding]:
+        """The findings engine's per-window rule (``analysis.findings.stragglers.window_outliers``: leave-one-out
+        robust z against the other ranks, a minimum ratio and share), so that the live events and the report
+        agree; a rate is compared as the time per iteration it implies."""
         if len(values) < 2:
             return []
+        th = Thresholds(straggler_ratio=self.relative_threshold, straggler_min_share=self.min_share)
+        iterations = [v["iteration"] for v in values.values() if _finite(v.get("iteration"))]
+        typical = statistics.median(iterations) if iterations else math.nan
         found: list[Finding] = []
         for phase, worse_high in PHASES.items():
-            present = {r: float(v[phase]) for r, v in values.items() if _finite(v.get(phase))}
-            if len(present) < 2:
+            present = {r: float(v[phase]) for r, v in values.items() if _finite(v.get(phase)) and v[phase] > 0}
+            if len(present) < 2 or not math.isfinite(typical):
                 continue
             median = statistics.median(present.values())
-            if not median > 0:
-                continue
-            for rank, x in present.items():
-                if not x > 0:
-                    continue
-                score = x / median if worse_high else median / x
-                # the time this rank adds, for a rate through the iteration time it implies
-                excess = (x - median) if worse_high else self._iteration_of(values, rank) * (1 - x / median)
-                if score >= self.relative_threshold and excess >= self.min_share * self._iteration_of(values, rank):
-                    found.append(Finding(rank, phase, "relative", score, self.relative_threshold, step, median, x))
+            as_time = present if worse_high else {r: typical * median / x for r, x in present.items()}
+            for o in window_outliers(as_time, typical, phase, th):
+                found.append(Finding(o.rank, phase, "relative", o.ratio, self.relative_threshold, step, median,
+                                     present[o.rank]))
         causes = {f.rank for f in found if f.phase not in self.sync_phases and f.phase in _WORK_PHASES}
         return [f for f in found if not (f.phase in self.sync_phases and causes - {f.rank})]
 
@@ -194,7 +199,12 @@ class StragglerDetector:
                     found.append(Finding(rank, phase, "individual", score, self.individual_threshold, step, best, x))
                 if (x < best) if worse_high else (x > best):
                     self._best[key] = x
-        return found
+        # every rank slower at the same step is the job getting slower, not stragglers: the change-point rule's
+        # (analysis.findings.slowdown), reported once, not here once per rank
+        per_phase: dict[str, int] = {}
+        for f in found:
+            per_phase[f.phase] = per_phase.get(f.phase, 0) + 1
+        return [f for f in found if not (len(values) >= 2 and 2 * per_phase[f.phase] >= len(values))]
 
 
 

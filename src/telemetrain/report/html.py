@@ -49,6 +49,7 @@ th{background:#f1f3f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .finding{border-left:4px solid #999;padding:4px 10px;margin:6px 0;font-size:13px}
 .finding.error{border-color:#d62728;background:#fdf0f0}.finding.warning{border-color:#ff9f1c;background:#fff8ec}
 .finding.info{border-color:#1f77b4;background:#f0f6fc}.finding b{display:block}
+.finding .evidence{color:#555;font-size:12px;margin-top:2px}
 .note{color:#666;font-size:12px}.attrs{font-family:ui-monospace,monospace;font-size:11px;word-break:break-all}
 .cols{display:flex;flex-wrap:wrap;gap:0 28px;align-items:flex-start}
 svg.chart{display:block;margin:6px 0;max-width:100%;height:auto}
@@ -114,11 +115,16 @@ def _headline(m: ReportModel) -> str:
 
 
 def _findings(m: ReportModel) -> str:
+    notes = "".join(f'<p class="note" data-note="{esc(n.kind)}">Context: {esc(n.text)}</p>' for n in m.notes)
     if not m.findings:
-        return '<p class="note">No anomaly found: no crash, slow rank, slow phase, slow iteration, NaN/inf value, ' \
-               "dropped record, sink failure or damaged line.</p>"
+        return '<p class="note">No anomaly found: no crash, stall, slowdown, straggler, slow iteration, memory ' \
+               "growth, NaN/inf value or spike, GPU throttling or memory pressure, dropped record, sink failure or " \
+               "damaged line (docs/report.md, Findings).</p>" \
+               + notes
     return "".join(f'<div class="finding {esc(f.severity)}" data-kind="{esc(f.kind)}"><b>{esc(f.title)}</b>'
-                   f"{esc(f.detail)}</div>" for f in m.findings)
+                   f"{esc(f.detail)}" + (f'<div class="evidence">evidence: {esc(f.evidence.summary())}</div>'
+                                         if f.evidence is not None and f.evidence.summary() else "") + "</div>"
+                   for f in m.findings) + notes
 
 
 def _identity(m: ReportModel) -> str:
@@ -230,8 +236,8 @@ def _iteration_chart(m: ReportModel) -> str:
                            bands=[("p50..p90", p50, p90), ("p90..p99", p90, p99)], markers=markers[:500], unit="s",
                            x_label="iteration (end of each metrics window)")
         note = (f"Rank {rank}'s training_metrics_update windows ({len(m.windows[rank])}): the window's p50 and mean "
-                "iteration time, shaded from p50 to p90 and p90 to p99; red: windows whose slowest iteration took "
-                "more than 3x the rank's median p50. Other ranks: the heatmap below.")
+                "iteration time, shaded from p50 to p90 and p90 to p99; red: the windows of the 'slow iterations' "
+                "finding (docs/report.md, Findings). Other ranks: the heatmap below.")
         if len(buckets) < len(m.windows[rank]):
             note += (f" Drawn as {len(buckets)} points of {math.ceil(len(m.windows[rank]) / len(buckets))} windows "
                      "each (mean of p50 and mean, max of p90 and p99).")
@@ -292,7 +298,7 @@ def _heatmap(m: ReportModel) -> str:
                     columns=columns, flags=flags)
     note = (f"Colour: each rank's mean iteration time (avg_iteration_time_sec of its windows) against the median of "
             f"all windows ({fmt_unit(typical, 's')}). Triangles: straggler events (group cross_rank). A rank is "
-            "named slow when its median window time is at least 1.2x the median of the ranks.")
+            "marked slow when the findings name it a straggler (its slowdown against the other ranks shown).")
     rank_rows = []
     for rank in ranks:
         avgs = [w.avg for w in m.windows[rank] if w.avg is not None and math.isfinite(w.avg)]

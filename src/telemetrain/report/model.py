@@ -1,25 +1,29 @@
 """What the report computes from a run and its session: plain data, no HTML (``html.py`` lays it out).
 
-One pass over each process's records collects what every section needs; the derived figures (slow ranks, slow
-phases, slow iterations) are computed from the per-rank windows afterwards. docs/report.md defines each number.
+One pass over each process's records collects what every section needs, and feeds the findings engine
+(``analysis.findings``: slowdowns, stragglers, memory growth, spikes, crashes) the series it reads; the run-store
+health findings (dropped records, damaged lines, ...) are made here. docs/report.md defines each number.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..analysis.findings import Finding, InputBuilder, Note, Thresholds, analyse
+from ..analysis.findings.fmt import ranges
+from ..analysis.findings.run import attempts_of
+from ..analysis.findings.slowdown import slow_iteration_windows
 from ..phase_times import DEVICE, iteration_time, phase_times
 from ..semconv import series_key
 from ..store.reader import ProcessLog, Run
 from .gpu_health import build_gpu_health, gpu_findings, gpu_headline
 
-__all__ = ["PHASES", "Finding", "ReportModel", "Window", "build_model"]
+__all__ = ["PHASES", "Finding", "Note", "ReportModel", "Window", "build_model"]
 
 PHASES = ("dataloader", "forward", "backward", "optimizer", "zero_grad")
 # the sub-phase spans of an iteration -> the phase their time is reported under (avg_<phase>_time_sec)
@@ -46,10 +50,6 @@ SYSTEM_CHARTS = (
 _SYSTEM_NAMES = frozenset(name for name, _, _ in SYSTEM_CHARTS)
 _ENERGY_NAMES = ("hw.energy", "hw.energy.integrated")
 
-SLOW_RANK_FACTOR = 1.2  # a rank whose median window time is this many times the median of the ranks'
-SLOW_ITERATION_FACTOR = 3.0  # a window whose slowest iteration is this many times the rank's median
-SLOW_PHASE_FACTOR = 2.0  # a window whose phase time is this many times the phase's median on that rank ...
-SLOW_PHASE_MIN_SHARE = 0.05  # ... and adds at least this share of a median iteration (tiny phases are noise)
 MAX_EVENT_ROWS = 300
 MAX_SERIES_POINTS = 800
 
@@ -72,16 +72,6 @@ class Window:
     phases: dict[str, float]
     phase_source: str = "host"  # the clock of `phases`: "device" (CUDA events) when the window has device times
     phase_avg: float | None = None  # the mean iteration time on that clock (the phase split's total)
-
-
-@dataclasses.dataclass(frozen=True)
-class Finding:
-    """One problem the report names, most severe first: ``severity`` is ``error``, ``warning`` or ``info``."""
-
-    severity: str
-    kind: str
-    title: str
-    detail: str
 
 
 @dataclasses.dataclass
@@ -135,12 +125,13 @@ class ReportModel:
     event_counts: Counter[tuple[str, str, str]] = dataclasses.field(default_factory=Counter)
     problems: list[EventRow] = dataclasses.field(default_factory=list)  # warning+ events, failed spans, diagnostics
     stragglers: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    slow_ranks: list[tuple[int, float]] = dataclasses.field(default_factory=list)  # (rank, x the median of ranks)
+    slow_ranks: list[tuple[int, float]] = dataclasses.field(default_factory=list)  # stragglers: (rank, x the others)
     slow_windows: list[Window] = dataclasses.field(default_factory=list)
     system: list[tuple[str, str, list[Series]]] = dataclasses.field(default_factory=list)  # (title, unit, series)
     metric_stats: dict[tuple[str, str], list[Any]] = dataclasses.field(default_factory=dict)
     span_stats: dict[tuple[str, str], list[Any]] = dataclasses.field(default_factory=dict)
     findings: list[Finding] = dataclasses.field(default_factory=list)
+    notes: list[Note] = dataclasses.field(default_factory=list)  # the engine's context: a busy machine, ...
     goodput: Any = None  # training.goodput.GoodputReport of the session, when it could be computed
     gpu: Any = None  # gpu_health.GpuHealth: GPU samples joined to the windows, and energy per unit of work
     goodput_error: str = ""
@@ -198,7 +189,6 @@ class _Collector:
         self.stragglers: list[dict[str, Any]] = []
         self.stalls: list[dict[str, Any]] = []  # the launcher agent's stall events (distributed.stall_view)
         self.evidence: list[tuple[int, dict[str, Any]]] = []  # (rank, stall_evidence attributes)
-        self.nonfinite: dict[tuple[str, str], list[Any]] = {}  # (group, name) -> [count, first step, example, rank]
         self.system: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)  # (name, who) -> points
         self.energy: dict[tuple[str, str, str], float] = {}  # (host, group, name) -> largest value
         self.dropped = 0
@@ -210,6 +200,7 @@ class _Collector:
         self.training_config: dict[str, Any] = {}
         self.first_ns: int | None = None
         self.last_ns: int | None = None
+        self.inputs = InputBuilder()  # what the findings engine reads
 
     def collect(self) -> None:
         for log in self.run.processes:
@@ -232,9 +223,9 @@ class _Collector:
         windows = self.windows[rank]
         spans = self.iteration_spans[rank]
         phase_seconds = self.span_phase_seconds[rank]
-        nonfinite = self.nonfinite
         metric_stats = self.metric_stats
         span_stats = self.span_stats
+        inputs = self.inputs
         first = last = None
         for r in log.records:
             kind = r.kind
@@ -246,9 +237,8 @@ class _Collector:
             if kind == "metric":
                 value = r.value
                 name = series_key(r.name, r.attributes) if r.attributes else r.name  # v1 and v2 alike
-                if type(value) is float and not math.isfinite(value):
-                    entry = nonfinite.setdefault((r.group, name), [0, r.step, value, rank])
-                    entry[0] += 1
+                if not agent:
+                    inputs.metric(rank, host, r.group, name, r.step, value, wall)
                 key = (r.group, name)
                 st = metric_stats.get(key)
                 if st is None:
@@ -304,6 +294,7 @@ class _Collector:
                     window = _window(rank, wall, attributes)
                     if window is not None:
                         windows.append(window)
+                    inputs.window(rank, log.pid, wall, attributes)
                     self.last_update[rank] = attributes
                     continue
                 if not agent and name in ("hyperparameters", "update_training_telemetry_config"):
@@ -312,6 +303,7 @@ class _Collector:
                         into.setdefault(key, value)  # ranks agree; the lowest rank's value is kept otherwise
                 if group == "cross_rank" and name == "straggler":
                     self.stragglers.append({**attributes, "reported_by": rank, "wall_ns": wall})
+                    inputs.straggler(attributes)
                     continue
                 if group == "launcher" and name == "stall":
                     self.stalls.append(attributes)
@@ -325,11 +317,8 @@ class _Collector:
                 elif name not in ROUTINE_EVENTS:
                     self._note_event(row)
             elif kind == "stat":
-                values = r.values or {}
-                bad = (values.get("nan_count") or 0) + (values.get("inf_count") or 0)
-                if bad:
-                    entry = nonfinite.setdefault((r.group, r.name + " (stat)"), [0, None, math.nan, rank])
-                    entry[0] += int(bad)
+                if not agent:
+                    inputs.stat(rank, r.group, r.name, r.values or {})
             elif kind == "diagnostic":
                 name = r.name
                 if name == "dropped":
@@ -356,11 +345,6 @@ def _downsample(points: Sequence[tuple[float, float]], limit: int = MAX_SERIES_P
     return [points[int(i * step)] for i in range(limit)] + [points[-1]]
 
 
-def _median(values: Iterable[float | None]) -> float | None:
-    finite = [v for v in values if v is not None and math.isfinite(v)]
-    return statistics.median(finite) if finite else None
-
-
 def _fmt_s(seconds: float | None) -> str:
     if seconds is None or not math.isfinite(seconds):
         return "-"
@@ -372,109 +356,31 @@ def _fmt_s(seconds: float | None) -> str:
     return f"{hours}h{rest // 60:02d}m{rest % 60:02d}s" if hours else f"{rest // 60}m{rest % 60:02d}s"
 
 
-def _ranges(steps: Sequence[int]) -> str:
-    """``[1, 2, 3, 7]`` -> ``1..3, 7`` (sorted input)."""
-    if not steps:
-        return ""
-    parts = []
-    start = prev = steps[0]
-    for s in steps[1:]:
-        if s != prev + 1:
-            parts.append(f"{start}..{prev}" if prev != start else str(start))
-            start = s
-        prev = s
-    parts.append(f"{start}..{prev}" if prev != start else str(start))
-    return ", ".join(parts[:6]) + (f" (+{len(parts) - 6} more)" if len(parts) > 6 else "")
+# -- findings ----------------------------------------------------------------------------------------------------
 
 
-# -- derived figures -----------------------------------------------------------------------------------------------
-
-
-def _slow_ranks(windows: dict[int, list[Window]]) -> list[tuple[int, float]]:
-    medians = {rank: _median(w.avg for w in ws) for rank, ws in windows.items()}
-    known = {rank: m for rank, m in medians.items() if m is not None}
-    if len(known) < 2:
-        return []
-    overall = statistics.median(known.values())
-    if overall <= 0:
-        return []
-    return sorted(((rank, m / overall) for rank, m in known.items() if m >= SLOW_RANK_FACTOR * overall),
-                  key=lambda x: -x[1])
-
-
-def _slow_windows(windows: dict[int, list[Window]]) -> list[Window]:
-    slow: list[Window] = []
-    for ws in windows.values():
-        typical = _median(w.p50 if w.p50 is not None else w.avg for w in ws)
-        if not typical:
-            continue
-        slow.extend(w for w in ws if w.max is not None and w.max > SLOW_ITERATION_FACTOR * typical)
-    return sorted(slow, key=lambda w: (w.iteration, w.rank))
-
-
-def _slow_phases(windows: dict[int, list[Window]]) -> list[Finding]:
-    """Per phase: the windows in which it took far longer than its own median on that rank."""
-    hits: dict[str, list[tuple[int, int, float, float]]] = defaultdict(list)  # phase -> (rank, step, value, median)
-    clocks = {w.phase_source for ws in windows.values() for w in ws if w.phases}
-    for rank, ws in windows.items():
-        typical_iteration = _median(w.avg for w in ws)
-        if not typical_iteration:
-            continue
-        for phase in PHASES:
-            values = [w.phases[phase] for w in ws if phase in w.phases]
-            if len(values) < 3:
-                continue
-            typical = statistics.median(values)
-            for w in ws:
-                value = w.phases.get(phase)
-                if value is not None and value >= SLOW_PHASE_FACTOR * typical and \
-                        value - typical >= SLOW_PHASE_MIN_SHARE * typical_iteration:
-                    hits[phase].append((rank, w.iteration, value, typical))
-    findings = []
-    for phase, items in sorted(hits.items(), key=lambda kv: -max(v / max(m, 1e-12) for _, _, v, m in kv[1])):
-        ranks = sorted({rank for rank, _, _, _ in items})
-        worst = max(items, key=lambda x: x[2] / max(x[3], 1e-12))
-        steps = sorted({step for _, step, _, _ in items})
-        findings.append(Finding(
-            "warning", "slow phase", f"slow phase: {phase}",
-            f"{phase} took >= {SLOW_PHASE_FACTOR:g}x its median ({' and '.join(sorted(clocks))} time) in "
-            f"{len(items)} window(s) on rank(s) "
-            f"{_ranges(ranks)} (windows ending at iterations {_ranges(steps)}); worst: rank {worst[0]} at iteration "
-            f"{worst[1]}, {_fmt_s(worst[2])} per iteration against a median of {_fmt_s(worst[3])} "
-            f"({worst[2] / max(worst[3], 1e-12):.1f}x)"))
-    return findings
-
-
-def _straggler_findings(stragglers: list[dict[str, Any]]) -> list[Finding]:
-    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
-    for s in stragglers:
-        groups[(s.get("rank"), s.get("host"), s.get("phase"), s.get("kind"))].append(s)
-    findings = []
-    for (rank, host, phase, kind), items in sorted(groups.items(), key=lambda kv: str(kv[0])):
-        scores = [float(s["score"]) for s in items if isinstance(s.get("score"), (int, float))]
-        steps = sorted(s["step"] for s in items if isinstance(s.get("step"), int))
-        span = f" at steps {steps[0]}..{steps[-1]}" if steps else ""
-        if kind == "late":  # late-rank attribution (distributed.late_rank): the others waited for it
-            costs = [float(s["cost_per_iteration_sec"]) for s in items
-                     if isinstance(s.get("cost_per_iteration_sec"), (int, float))]
-            cause = "outside any phase" if phase == "outside" else f"in {phase}"
-            findings.append(Finding(
-                "warning", "straggler", f"straggler: rank {rank} ({phase})",
-                f"rank {rank} on {host} arrived last at the collectives {cause}: the other ranks waited "
-                + (f"{_fmt_s(max(costs))} per iteration for it" if costs else "for it")
-                + f" ({len(items)} report(s){span})"))
-            continue
-        findings.append(Finding(
-            "warning", "straggler", f"straggler: rank {rank} ({phase})",
-            f"{len(items)} straggler report(s) for rank {rank} on {host}, phase {phase}"
-            + (f" ({items[0]['time']} time)" if isinstance(items[0].get("time"), str) else "") + f", {kind} slowdown"
-            + (f" up to {max(scores):.2f}x" if scores else "") + span))
-    return findings
+def _engine_findings(model: ReportModel, c: _Collector, thresholds: Thresholds | None) -> tuple[list[Finding],
+                                                                                               list[Note]]:
+    """The findings engine over what the pass collected; also sets the chart's slow windows and the heatmap's slow
+    ranks from the same rules."""
+    for span in model.lifecycle:
+        c.inputs.span_failure(span.name, span.rank, span.status, span.error)
+    hosts = {p.rank: p.identity.host for p in model.processes}
+    data = c.inputs.build(start_ns=model.start_ns, open_spans_crashed=False,
+                          attempts=attempts_of(model.goodput, model.run_id))
+    data = dataclasses.replace(data, hosts={**data.hosts, **hosts})
+    result = analyse(data, thresholds)
+    flagged = {(w.rank, w.step) for w in slow_iteration_windows(data.windows, thresholds)}
+    model.slow_windows = sorted((w for ws in model.windows.values() for w in ws if (w.rank, w.iteration) in flagged),
+                                key=lambda w: (w.iteration, w.rank))
+    model.slow_ranks = sorted({(f.evidence.ranks[0], f.evidence.effect or 0.0) for f in result.findings
+                               if f.kind == "straggler" and f.evidence and f.evidence.ranks}, key=lambda x: -x[1])
+    return list(result.findings), list(result.notes)
 
 
 def _stall_findings(c: _Collector) -> list[Finding]:
     """The agent's stall events (which ranks were stuck where); without an agent, the ranks' own evidence."""
-    found = [Finding("error", "stall", "stall: rank(s) " + (_ranges(sorted(s["ranks"])) if s.get("ranks") else "?")
+    found = [Finding("error", "stall", "stall: rank(s) " + (ranges(sorted(s["ranks"])) if s.get("ranks") else "?")
                      + (f" ({s.get('phase')})" if s.get("phase") else ""), str(s.get("message", "")))
              for s in c.stalls if isinstance(s.get("ranks"), list)]
     if not found and c.evidence:
@@ -572,55 +478,10 @@ def _goodput(run: Run, rank: int) -> tuple[Any, str]:
     return None, error
 
 
-def _crash_findings(model: ReportModel) -> list[Finding]:
-    ended: dict[tuple[str, str, str], list[int]] = defaultdict(list)  # (span, what, error) -> ranks
-    for span in model.lifecycle:
-        if span.name in ("training_loop", "application") and span.status != "ok":
-            what = "was killed (started, never ended)" if span.duration_s is None else f"ended {span.status}"
-            ended[(span.name, what, span.error)].append(span.rank)
-    findings = [Finding("error", "crash", f"crash: {name} {what} on rank(s) {_ranges(sorted(set(ranks)))}",
-                        f"{name} {what} on {len(set(ranks))} rank(s)" + (f": {error}" if error else ""))
-                for (name, what, error), ranks in sorted(ended.items(), key=lambda kv: kv[0][0] != "training_loop")]
-    g = model.goodput
-    if g is None:
-        return findings
-    runs = list(g.runs)
-    for i, r in enumerate(runs):
-        if r.status in ("interrupted", "killed") and r.run_id != model.run_id:
-            findings.append(Finding(
-                "error", "crash", f"crash: run {r.run_id} {r.status}",
-                f"run {r.run_id} (attempt {r.restart_order + 1} of the session) was {r.status} after iteration "
-                f"{r.last_iteration}; its last checkpoint held {r.checkpointed_iterations} iteration(s); "
-                f"{r.lost_iterations} iteration(s) lost"))
-        if i > 0:
-            prev = runs[i - 1]
-            findings.append(Finding(
-                "info", "restart", f"restart: run {r.run_id} after {prev.run_id}",
-                f"attempt {r.restart_order + 1} ({r.run_id}, {r.status}) started at iteration {r.first_iteration} "
-                f"after {prev.run_id} ({prev.status}) stopped at {prev.last_iteration}"))
-    return findings
-
-
-def _findings(model: ReportModel, c: _Collector) -> list[Finding]:
-    found = _crash_findings(model)
-    for rank, factor in model.slow_ranks:
-        found.append(Finding("warning", "slow rank", f"slow rank: rank {rank}",
-                             f"rank {rank}'s median window iteration time is {factor:.2f}x the median of all ranks "
-                             f"(threshold {SLOW_RANK_FACTOR:g}x)"))
-    found += _straggler_findings(model.stragglers)
-    found += [Finding(*f) for f in gpu_findings(model.gpu)]
+def _findings(model: ReportModel, c: _Collector, thresholds: Thresholds | None) -> list[Finding]:
+    found, model.notes = _engine_findings(model, c, thresholds)
     found += _stall_findings(c)
-    found += _slow_phases(model.windows)
-    if model.slow_windows:
-        worst = max(model.slow_windows, key=lambda w: w.max or 0.0)
-        found.append(Finding(
-            "warning", "slow iterations", f"slow iterations: {len(model.slow_windows)} window(s)",
-            f"windows whose slowest iteration took > {SLOW_ITERATION_FACTOR:g}x the rank's median p50; worst: "
-            f"{_fmt_s(worst.max)} on rank {worst.rank} in the window ending at iteration {worst.iteration}"))
-    for (group, name), (count, step, example, rank) in sorted(c.nonfinite.items()):
-        where = f" (first at step {step}, rank {rank})" if step is not None else f" (first on rank {rank})"
-        found.append(Finding("warning", "nan/inf", f"non-finite values: {name}",
-                             f"{count} NaN/inf value(s) of {group}/{name}{where}, e.g. {example}"))
+    found += [Finding(*f) for f in gpu_findings(model.gpu)]
     if c.dropped:
         found.append(Finding("warning", "dropped records", f"dropped records: {c.dropped}",
                              f"{c.dropped} record(s) were dropped before reaching a sink (queue full or sink "
@@ -640,7 +501,7 @@ def _findings(model: ReportModel, c: _Collector) -> list[Finding]:
     if isinstance(world, int) and model.processes and len(model.ranks) < world:
         missing = sorted(set(range(world)) - set(model.ranks))
         found.append(Finding("warning", "missing ranks", f"missing ranks: {len(missing)}",
-                             f"world_size is {world} but rank(s) {_ranges(missing)} wrote nothing in this run"))
+                             f"world_size is {world} but rank(s) {ranges(missing)} wrote nothing in this run"))
     failed_spans = [e for e in model.problems if "span status" in e.attributes]
     errors = [e for e in model.problems if e.severity in ("error", "critical") and "span status" not in e.attributes]
     if errors:
@@ -670,8 +531,9 @@ def _system(model: ReportModel, c: _Collector) -> list[tuple[str, str, list[Seri
     return charts
 
 
-def build_model(run: Run) -> ReportModel:
-    """Everything the report shows about ``run`` (and about its session: goodput, restarts)."""
+def build_model(run: Run, thresholds: Thresholds | None = None) -> ReportModel:
+    """Everything the report shows about ``run`` (and about its session: goodput, restarts); ``thresholds``: the
+    findings engine's (default: ``analysis.findings.DEFAULT_THRESHOLDS``)."""
     c = _Collector(run)
     c.collect()
     start = c.first_ns if c.first_ns is not None else int(run.meta.get("created_wall_ns") or 0)
@@ -711,12 +573,10 @@ def build_model(run: Run) -> ReportModel:
     model.hyperparameters, model.training_config = c.hyperparameters, c.training_config
     model.stragglers = sorted(c.stragglers, key=lambda s: (s.get("step") if isinstance(s.get("step"), int) else -1,
                                                            str(s.get("rank"))))
-    model.slow_ranks = _slow_ranks(model.windows)
-    model.slow_windows = _slow_windows(model.windows)
     model.system = _system(model, c)
     model.gpu = build_gpu_health(run, {name for _, name in c.metric_stats})
     ranks = run.ranks
     model.goodput, model.goodput_error = _goodput(run, ranks[0] if ranks else 0) if run.processes else (None, "")
     model.headline = _headline(model, c)
-    model.findings = _findings(model, c)
+    model.findings = _findings(model, c, thresholds)
     return model

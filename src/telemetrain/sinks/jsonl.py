@@ -124,6 +124,7 @@ class RunStoreSink(Sink):
         self._meta_lock = threading.Lock()  # run.json: the writer thread creates it, set_run_meta may update it
         self._meta_facts: dict[str, Any] = {}
         self._meta_dir: Path | None = None  # the run directory whose run.json this process created
+        self._meta_identity: Identity | None = None  # the identity it last wrote there (under _meta_lock)
         self._lines_written = 0  # complete record lines written by the current write_packed call
         self._odd: dict[int, int] = {}  # index in the batch -> lines written for it, where not one per record
 
@@ -132,10 +133,12 @@ class RunStoreSink(Sink):
         written into it now if this process already did. (Another process's run.json is its own to update.)"""
         with self._meta_lock:
             self._meta_facts.update(facts)
-            if self._meta_dir is not None and self._identity is not None:
+            # not self._identity: the writer thread's _open clears it, outside this lock, while it opens a file
+            identity = self._meta_identity
+            if self._meta_dir is not None and identity is not None:
                 try:
-                    with open_run_dir(self.root, self._identity.session_tag, self._identity.run_id) as directory:
-                        update_run_meta(directory, self._identity, self._meta_facts)
+                    with open_run_dir(self.root, identity.session_tag, identity.run_id) as directory:
+                        update_run_meta(directory, identity, self._meta_facts)
                 except OSError:
                     pass  # a run directory swapped for a link since: run.json stays as it was
 
@@ -152,8 +155,10 @@ class RunStoreSink(Sink):
                 with self._meta_lock:
                     if write_run_meta(directory, identity, self.config, self._meta_facts):
                         self._meta_dir = directory.path
+                        self._meta_identity = identity
                     elif directory.path == self._meta_dir:  # a new identity in our run (the config's perf tag)
                         update_run_meta(directory, identity, self._meta_facts)
+                        self._meta_identity = identity
             wanted = process_file_name(identity)
             self._fd, name = directory.open_process_file(wanted)
         self._identity = identity
@@ -289,3 +294,4 @@ class RunStoreSink(Sink):
         self.path = None
         self._meta_lock = threading.Lock()
         self._meta_dir = None  # the parent's run.json stays the parent's
+        self._meta_identity = None

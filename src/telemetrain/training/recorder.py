@@ -594,6 +594,8 @@ class TrainingRecorder:
             _deactivate(s)
             s.end()
             end_ns = s.end_ns
+        if s.status == "error":  # it failed (an exception inside it): ended, but not a completed iteration
+            return
         seconds = (end_ns - s.start_ns) / 1e9
         self._iterations = n = self._iterations + 1
         self._iteration_total_sec += seconds

@@ -25,6 +25,7 @@ from ..records import StatWindow
 from ..semconv import TRAIN_PHASE
 from ..stats.aggregations import M2, MINMAX
 from ..stats.summary import Summary
+from . import cpu_wait
 from .gpu_report import METRICS as GPU_METRICS
 
 __all__ = ["ITERATION_TIME", "METRICS", "QUANTILES", "REPORT_SOURCES", "TIME_AGGS", "Reporter", "Snapshot", "Window",
@@ -253,6 +254,10 @@ def compute(snap: Snapshot, state: Reporter, behind: bool = False) -> dict[str, 
         attributes["time_to_first_iteration_sec"] = snap.time_to_first_iteration
     attributes.update(snap.saves)
     attributes.update(snap.loads)
+    # the process's CPU time and wait for a CPU in the window (cpu_wait.py; Reporter.cpu_figures says when)
+    cpu = state.cpu_figures(snap, wall_s)
+    if cpu is not None:
+        attributes["cpu_time_sec"], attributes["cpu_wait_sec"] = cpu
     if snap.extras is not None:
         snap.extras(snap, attributes)
     for finish in snap.extra:
@@ -297,6 +302,8 @@ class Reporter:
         self._lock = threading.RLock()  # re-entrant: a signal handler's final report may interrupt a drain
         self._pending: deque[Snapshot | Window] = deque()
         self._ticking = False  # a tick is scheduled on the collector
+        # id(snapshot) -> (that snapshot, its share of a batch's CPU figures): see cpu_figures
+        self._cpu_allotted: dict[int, tuple[Snapshot, tuple[float, float] | None]] = {}
 
     def new_loop(self) -> None:
         self.drain()  # the previous loop's reports, with the previous loop's cumulative state
@@ -310,6 +317,37 @@ class Reporter:
             self._batch: list[float] = []
             self.throughput_min: float | None = None
             self.throughput_max: float | None = None
+            self.cpu = cpu_wait.read()  # (CPU ns, wait ns) of the process at the previous report (the loop's start)
+            self.cpu_ns = time.monotonic_ns()  # and when it was read
+            self._cpu_allotted.clear()
+
+    def cpu_figures(self, snap: Snapshot, wall_s: float) -> tuple[float, float] | None:
+        """(CPU seconds, seconds waiting for a CPU) of the process in the window being computed (``wall_s`` long),
+        or None. Read off the training thread, when the report is computed: the delta since the previous reading.
+        Reports computed together (the collector drains every ``TICK_NS``: windows shorter than that come in
+        batches) share one reading, split by their windows' wall time -- the process's CPU use taken as even over
+        the batch. Given only when the readings' interval matches the windows' (within 25% + 50 ms): not when the
+        window's times were given explicitly (``*_time_msec``: a replay, a simulation) and do not match the clock."""
+        allotted = self._cpu_allotted.pop(id(snap), None)
+        if allotted is not None and allotted[0] is snap:
+            return allotted[1]  # shared out by the batch's first report
+        self._cpu_allotted.clear()  # (left by a report that failed)
+        cpu, now = cpu_wait.read(), time.monotonic_ns()
+        last, last_ns = self.cpu, self.cpu_ns
+        self.cpu, self.cpu_ns = cpu, now
+        if cpu is None or last is None:
+            return None
+        batch = [s for s in self._pending if isinstance(s, Snapshot)]
+        walls = [wall_s] + [(s.end_ns - s.window.start_ns) / 1e9 if s.window.start_ns else 0.0 for s in batch]
+        total = sum(w for w in walls if w > 0)
+        elapsed = (now - last_ns) / 1e9
+        if not total > 0 or abs(elapsed - total) > 0.25 * max(elapsed, total) + 0.05:
+            self._cpu_allotted.update((id(s), (s, None)) for s in batch)
+            return None
+        cpu_s, wait_s = max(cpu[0] - last[0], 0) / 1e9, max(cpu[1] - last[1], 0) / 1e9
+        shares = [(cpu_s * w / total, wait_s * w / total) if w > 0 else None for w in walls]
+        self._cpu_allotted.update((id(s), (s, share)) for s, share in zip(batch, shares[1:], strict=True))
+        return shares[0]
 
     def add_window(self, window: Summary, final: bool, behind: bool = False) -> bool:
         """Count a window into the cumulative state; True when the cumulative percentiles are up to date, which a

@@ -1,0 +1,192 @@
+"""A ``FindingsInput`` from typed run-store records, fed one at a time (``show`` and ``tail`` feed every record;
+the report feeds what its own pass already decoded). Another reader (a SQL engine) builds the input types itself.
+
+The names read here are the recorder's and the system sampler's (docs/training.md, docs/system.md); they are kept
+in the constants below so that a rename is one line.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+from ...phase_times import DEVICE, iteration_time, phase_times
+from .inputs import (
+    Attempt,
+    FindingsInput,
+    HostMemory,
+    MemorySeries,
+    NonFinite,
+    SpanFailure,
+    ValueSeries,
+    WindowPoint,
+    finite,
+)
+from .values import value_kind
+
+__all__ = ["InputBuilder", "window_point"]
+
+REPORT = ("training", "training_metrics_update")
+STRAGGLER = ("cross_rank", "straggler")
+RSS = "process.memory.usage"
+CUDA_ALLOCATED = "torch.cuda.memory.allocated"
+GPU_MEMORY_LIMIT = "hw.gpu.memory.limit"
+HOST_MEMORY_LIMIT = "system.memory.limit"
+HOST_MEMORY_USAGE = "system.memory.usage"
+CRASH_SPANS = frozenset({"training_loop", "application"})
+PHASES = ("dataloader", "h2d", "forward", "backward", "optimizer", "zero_grad")
+
+
+def window_point(rank: int, attributes: Mapping[str, Any], *, warmup: bool,
+                 time_s: float = 0.0) -> WindowPoint | None:
+    """A ``training_metrics_update``'s attributes as a window (None without a usable mean iteration time)."""
+    a = attributes
+    mean = finite(a.get("avg_iteration_time_sec"))
+    step = a.get("current_iteration")
+    if mean is None or mean <= 0 or isinstance(step, bool) or not isinstance(step, int):
+        return None
+    n = a.get("window_iterations")
+    # the phases on the device's clock when the window has device times (on CUDA the host's are launches)
+    phases, clock = phase_times(a, PHASES)
+    waits = {}
+    for phase in (*PHASES, "other"):
+        value = finite(a.get(f"avg_{phase}_comm_wait_sec"))
+        if value is not None:
+            waits[phase] = value
+    return WindowPoint(
+        rank=rank, step=step, iterations=n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1,
+        iteration_time=mean, phases=phases, max_iteration_time=finite(a.get("max_iteration_time_sec")),
+        p50=finite(a.get("p50_iteration_time_sec")), wall_seconds=finite(a.get("window_seconds")),
+        cpu_wait_seconds=finite(a.get("cpu_wait_sec")), cpu_seconds=finite(a.get("cpu_time_sec")),
+        comm_wait=finite(a.get("avg_comm_wait_time_sec")), comm_wait_by_phase=waits,
+        warmup=warmup, time_s=time_s, phase_clock=clock,
+        phase_iteration_time=iteration_time(a, clock) if clock == DEVICE else None)
+
+
+class InputBuilder:
+    """Collects what the rules read. ``limit``: keep at most this many windows per rank and points per series (a
+    live view that runs for days); None keeps everything."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = limit
+        self._windows: dict[int, deque[tuple[int, Mapping[str, Any], bool]]] = {}
+        self._loops: set[tuple[int, int, Any]] = set()
+        self._values: dict[tuple[str, int], deque[tuple[int, float]]] = {}
+        self._memory: dict[tuple[str, int, str, str], deque[tuple[int, float]]] = {}
+        self._gpu_limit: float | None = None
+        self._host: dict[str, list[float | None]] = {}  # host -> [total, usage]
+        self._nonfinite: dict[tuple[str, str], list[Any]] = {}
+        self._stragglers: deque[Mapping[str, Any]] = deque(maxlen=limit)
+        self._hosts: dict[int, str] = {}
+        self._open: dict[tuple[int, str], tuple[str, int]] = {}  # (pid, span id) -> (name, rank)
+        self._failures: list[SpanFailure] = []
+        self._first_ns: int | None = None
+
+    def _deque(self) -> deque[Any]:
+        return deque(maxlen=self.limit)
+
+    def _seen(self, wall_ns: int) -> None:
+        if self._first_ns is None or wall_ns < self._first_ns:
+            self._first_ns = wall_ns
+
+    # -- feeding ---------------------------------------------------------------------------------------------------
+
+    def window(self, rank: int, pid: int, wall_ns: int, attributes: Mapping[str, Any]) -> None:
+        start = attributes.get("train_iterations_start")
+        key = (rank, pid, start if isinstance(start, int) else -1)
+        warmup = key not in self._loops
+        self._loops.add(key)
+        self._seen(wall_ns)
+        self._windows.setdefault(rank, self._deque()).append((wall_ns, attributes, warmup))
+
+    def metric(self, rank: int, host: str, group: str, name: str, step: int | None, value: Any,
+               wall_ns: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return
+        self._hosts.setdefault(rank, host)
+        if not math.isfinite(value):
+            entry = self._nonfinite.setdefault((group, name), [0, step, value, rank])
+            entry[0] += 1
+        if name == RSS and group == "system":
+            self._memory.setdefault(("rss", rank, host, ""), self._deque()).append((wall_ns, float(value)))
+        elif name == CUDA_ALLOCATED and group.startswith("system.cuda."):
+            device = "cuda:" + group.removeprefix("system.cuda.")
+            self._memory.setdefault(("cuda", rank, host, device), self._deque()).append((wall_ns, float(value)))
+        elif name == GPU_MEMORY_LIMIT:
+            self._gpu_limit = float(value)
+        elif name in (HOST_MEMORY_LIMIT, HOST_MEMORY_USAGE) and group == "system":
+            entry2 = self._host.setdefault(host, [None, None])
+            entry2[0 if name == HOST_MEMORY_LIMIT else 1] = float(value)
+        elif group not in ("training", "system", "cross_rank") and not group.startswith("system."):
+            kind = value_kind(name)
+            if kind is not None:
+                series = self._values.setdefault((name, rank), self._deque())
+                series.append((step if step is not None else len(series), float(value)))
+        self._seen(wall_ns)
+
+    def stat(self, rank: int, group: str, name: str, values: Mapping[str, Any]) -> None:
+        bad = (values.get("nan_count") or 0) + (values.get("inf_count") or 0)
+        if bad:
+            entry = self._nonfinite.setdefault((group, name + " (stat)"), [0, None, math.nan, rank])
+            entry[0] += int(bad)
+
+    def straggler(self, attributes: Mapping[str, Any]) -> None:
+        self._stragglers.append(dict(attributes))
+
+    def span_failure(self, name: str, rank: int, status: str, error: str = "") -> None:
+        if name in CRASH_SPANS and status != "ok":
+            self._failures.append(SpanFailure(name, rank, status, error))
+
+    def add(self, r: Any) -> None:
+        """One typed record (``store.reader``'s): whatever of it the rules read."""
+        kind = r.kind
+        ident = r.identity
+        if kind == "metric":
+            self.metric(ident.rank, ident.host, r.group, r.name, r.step, r.value, r.wall_ns)
+        elif kind == "event":
+            key = (r.group, r.name)
+            if key == REPORT:
+                self._hosts.setdefault(ident.rank, ident.host)
+                self.window(ident.rank, ident.pid, r.wall_ns, r.attributes or {})
+            elif key == STRAGGLER:
+                self.straggler(r.attributes or {})
+        elif kind == "span_start":
+            if r.name in CRASH_SPANS:
+                self._open[(ident.pid, r.span_id)] = (r.name, ident.rank)
+        elif kind == "span_end":
+            if r.name in CRASH_SPANS:
+                self._open.pop((ident.pid, r.span_id), None)
+                self.span_failure(r.name, ident.rank, r.status, r.error or "")
+        elif kind == "stat":
+            self.stat(ident.rank, r.group, r.name, r.values or {})
+
+    # -- the input -----------------------------------------------------------------------------------------------
+
+    def build(self, *, start_ns: int | None = None, open_spans_crashed: bool = True,
+              attempts: tuple[Attempt, ...] = ()) -> FindingsInput:
+        """The input so far. ``open_spans_crashed``: a training loop or application span still open counts as
+        killed (a finished run's reader); False for a run being followed live."""
+        origin = start_ns if start_ns is not None else (self._first_ns or 0)
+        windows = []
+        for rank, ws in self._windows.items():
+            for wall_ns, attributes, warmup in ws:
+                w = window_point(rank, attributes, warmup=warmup, time_s=(wall_ns - origin) / 1e9)
+                if w is not None:
+                    windows.append(w)
+        values = [ValueSeries(name, kind, rank, list(points)) for (name, rank), points in self._values.items()
+                  if (kind := value_kind(name)) is not None]
+        memory = [MemorySeries(kind, rank, host, device, [((w - origin) / 1e9, v) for w, v in points],
+                               limit=self._gpu_limit if kind == "cuda" else None)
+                  for (kind, rank, host, device), points in self._memory.items()]
+        hosts = [HostMemory(host, total, total - usage) for host, (total, usage) in self._host.items()
+                 if total is not None and usage is not None]
+        nonfinite = [NonFinite(group, name, count, step, rank, example)
+                     for (group, name), (count, step, example, rank) in sorted(self._nonfinite.items())]
+        failures = list(self._failures)
+        if open_spans_crashed:
+            failures += [SpanFailure(name, rank, "never ended") for name, rank in self._open.values()]
+        return FindingsInput(windows=windows, values=values, memory=memory, hosts_memory=hosts, nonfinite=nonfinite,
+                             straggler_events=list(self._stragglers), hosts=dict(self._hosts),
+                             span_failures=failures, attempts=attempts)

@@ -1,0 +1,174 @@
+"""The engine's input: plain in-memory series, whatever read them (the pure-Python reader, a SQL engine, a live
+tail). Nothing here knows about files or records; ``builder.InputBuilder`` makes one from typed records.
+
+Units: seconds and bytes; steps are global iterations (zero-based, ``current_iteration``); times on a run's axis are
+seconds since its first record.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "Attempt",
+    "FindingsInput",
+    "HostMemory",
+    "MemorySeries",
+    "NonFinite",
+    "SpanFailure",
+    "ValueSeries",
+    "WindowPoint",
+    "contention_share",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class WindowPoint:
+    """One rank's report window (a ``training_metrics_update``): the iterations since its previous report."""
+
+    rank: int
+    step: int  # current_iteration: the global step of the window's last iteration
+    iterations: int  # iterations in the window
+    iteration_time: float  # mean seconds per iteration (avg_iteration_time_sec), finite and > 0
+    phases: Mapping[str, float] = field(default_factory=dict)  # phase -> mean seconds per iteration
+    max_iteration_time: float | None = None
+    p50: float | None = None
+    wall_seconds: float | None = None  # the window's wall time (window_seconds)
+    cpu_wait_seconds: float | None = None  # the process's threads' wait for a CPU in the window (cpu_wait_sec)
+    cpu_seconds: float | None = None  # the process's threads' time on a CPU in the window (cpu_time_sec)
+    comm_wait: float | None = None  # seconds per iteration waiting in communication (avg_comm_wait_time_sec)
+    # where that wait was (avg_<phase>_comm_wait_sec: the phase open when the collective was launched, or "other")
+    comm_wait_by_phase: Mapping[str, float] = field(default_factory=dict)
+    warmup: bool = False  # the first window of its training loop (compilation, allocator growth): left out
+    time_s: float = 0.0  # the window's end on the run's axis
+    # the clock of ``phases``: "device" (CUDA events, avg_<phase>_device_time_sec) when the window has device times,
+    # else "host" (phase_times.py); and the mean iteration time on that clock (None: ``iteration_time``), which the
+    # time outside the phases is taken from
+    phase_clock: str = "host"
+    phase_iteration_time: float | None = None
+
+    @property
+    def phase_total(self) -> float:
+        """The iteration time the phases split: on the phases' clock."""
+        return self.phase_iteration_time if self.phase_iteration_time is not None else self.iteration_time
+
+    @property
+    def first_step(self) -> int:
+        return self.step - max(self.iterations, 1) + 1
+
+    @property
+    def wait_fraction(self) -> float | None:
+        """Contention: the share of the process's runnable time (its threads on a CPU or waiting for one) spent
+        waiting, ``wait / (cpu + wait)`` (training/cpu_wait.py)."""
+        return contention_share(self.cpu_seconds, self.cpu_wait_seconds)
+
+    def busy_free(self, value: float) -> float:
+        """``value`` (seconds per iteration) without the contention: what it would have been had every runnable
+        thread had a CPU (taking the wait as spread evenly over the window)."""
+        w = self.wait_fraction
+        return value if w is None else value * (1.0 - w)
+
+
+@dataclass(frozen=True, slots=True)
+class ValueSeries:
+    """A training value of one rank over steps: a loss or a gradient norm (``kind`` ``loss`` or ``grad_norm``)."""
+
+    name: str
+    kind: str
+    rank: int
+    points: Sequence[tuple[int, float]]  # (step, value) in step order; non-finite values included
+
+
+@dataclass(frozen=True, slots=True)
+class MemorySeries:
+    """A memory gauge over time: a rank's resident set (``kind`` ``rss``) or its CUDA allocator's live bytes
+    (``cuda``)."""
+
+    kind: str
+    rank: int
+    host: str
+    device: str  # "" for host memory, else the CUDA device ("cuda:0")
+    points: Sequence[tuple[float, float]]  # (seconds on the run's axis, bytes)
+    limit: float | None = None  # bytes it can reach: the device's total memory (cuda); None: unknown
+
+
+@dataclass(frozen=True, slots=True)
+class HostMemory:
+    """A host's memory at the end of the run, for projecting when growing processes exhaust it."""
+
+    host: str
+    total: float
+    available: float
+
+
+@dataclass(frozen=True, slots=True)
+class NonFinite:
+    """NaN or inf values of one metric (or NaN/inf counts of a stat window)."""
+
+    group: str
+    name: str
+    count: int
+    first_step: int | None
+    rank: int
+    example: float
+
+
+@dataclass(frozen=True, slots=True)
+class SpanFailure:
+    """A ``training_loop`` or ``application`` span of this run that did not end ``ok``: ``status`` is ``error``,
+    ``terminated`` or ``never ended`` (the process was killed)."""
+
+    name: str
+    rank: int
+    status: str
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One run of the session (a restart attempt), as goodput classifies it."""
+
+    run_id: str
+    restart_order: int
+    status: str  # finished, interrupted, killed, no_training, absent
+    first_iteration: int | None
+    last_iteration: int | None
+    checkpointed_iterations: int | None
+    lost_iterations: int
+    current: bool  # the run being reported
+
+
+def contention_share(cpu: float | None, wait: float | None) -> float | None:
+    """``wait / (cpu + wait)``, in [0, 1]; None when either is unknown or both are 0."""
+    if cpu is None or wait is None or cpu + wait <= 0:
+        return None
+    return min(max(wait / (cpu + wait), 0.0), 1.0)
+
+
+def finite(value: Any) -> float | None:
+    """``value`` as a finite float, else None (bools are not numbers here)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+@dataclass(frozen=True)
+class FindingsInput:
+    """Everything the rules read. Any part may be empty: a rule without its input finds nothing (and says so in a
+    note where that is a surprise)."""
+
+    windows: Sequence[WindowPoint] = ()
+    values: Sequence[ValueSeries] = ()
+    memory: Sequence[MemorySeries] = ()
+    hosts_memory: Sequence[HostMemory] = ()
+    nonfinite: Sequence[NonFinite] = ()
+    # the live detectors' events (group cross_rank, name straggler: the cross-rank detector's, and late-rank
+    # attribution's), as attribute dicts with "rank", "phase" (or "cause"), "step"
+    straggler_events: Sequence[Mapping[str, Any]] = ()
+    hosts: Mapping[int, str] = field(default_factory=dict)  # rank -> host
+    span_failures: Sequence[SpanFailure] = ()
+    attempts: Sequence[Attempt] = ()  # the session's runs in restart order (empty: not known)

@@ -1,0 +1,329 @@
+""""Got slower at step N": change points in the job's iteration time, and slow single iterations.
+
+**The series**, one point per step at which ranks reported (warm-up windows left out): the iteration time (the
+median over ranks of each window's mean) and, when the windows carry the process's CPU figures (``cpu_time_sec``,
+``cpu_wait_sec``: Linux, training/cpu_wait.py), the *work* (the median over ranks of CPU seconds per iteration, all
+threads) and the *contention* (the share of runnable time spent waiting for a CPU: ``wait / (cpu + wait)``, the
+largest of the ranks, since data-parallel ranks wait for their most descheduled one).
+
+**Where it changed.** PELT (``stats.pelt``: optimal partitioning of the log series, a penalty of
+``changepoint_penalty x noise variance x log(points)`` per change, the noise from the first differences) splits a
+series into segments of at least ``slowdown_min_windows`` points: where to cut, not yet a decision. A segment whose
+median is at least ``slowdown_effect`` times the reference -- the median of every point before it since the start or
+the end of the previous slowdown (a short fast stretch is no baseline) -- opens an episode, which lasts while the
+following segments stay above halfway between the two levels. It counts when at least ``slowdown_min_windows`` of
+its points are above that halfway mark and the shift of the medians, in robust standard errors
+(``stats.median_shift``), gives ``p < slowdown_alpha``.
+
+**Slower, or a busy machine?** With CPU figures, two searches:
+
+1. on the work: the job computes more per iteration (a bigger model, a slower kernel, more data);
+2. on the iteration time, outside those episodes: the job waits more (I/O, data, a peer, a sleep). What the machine
+   alone predicts is the work's ratio times ``(1 - contention before) / (1 - contention during)`` (a process waiting
+   a share ``s`` of its runnable time runs ``1 / (1 - s)`` times as long); it is a slowdown when the iteration time
+   grew the effect needed times more than that, else a ``contention`` note, not a finding.
+
+On a busy CPU a process also *computes* slower and more erratically (shared caches, memory bandwidth, SMT siblings,
+a hypervisor's steal), which the wait does not show: the effect needed is ``slowdown_effect x (1 +
+contention_inflation x`` the contention of the busier of the two stretches ``)`` -- 1.3x on a quiet machine, about
+1.85x where the threads wait for a CPU 85% of their runnable time (calibrated: docs/report.md).
+
+Without CPU figures the iteration time alone is searched, and a finding says that a busy machine could not be told
+apart. Each slowdown is one finding for the job, with the phases whose time grew.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .fmt import ranges, seconds
+from .inputs import WindowPoint
+from .model import Evidence, Finding, Note
+from .stats import median, median_shift, noise_scale, pelt
+from .thresholds import Thresholds
+
+__all__ = ["StepPoint", "job_series", "slow_iteration_windows", "slow_iterations", "slowdowns"]
+
+PHASES = ("dataloader", "h2d", "forward", "backward", "optimizer", "zero_grad")
+SPREAD_FLOOR = 0.01  # the spread of window medians is taken as at least 1% of the level (timer and rounding jitter)
+MAX_POINTS = 1000  # longer series are reduced to this many blocks of consecutive points (PELT's cost)
+
+
+@dataclass(frozen=True)
+class StepPoint:
+    """The ranks' windows ending at one step (or a block of steps), reduced to one observation."""
+
+    step: int
+    first_step: int
+    raw: float  # median over ranks of the window mean iteration time
+    work: float | None  # median over ranks of CPU seconds per iteration (None: no CPU figures)
+    contention: float | None  # the largest share of runnable time a rank spent waiting for a CPU
+    phases: dict[str, float] = field(default_factory=dict)  # phase -> median over ranks
+    by_rank: dict[int, float] = field(default_factory=dict)
+    phase_total: float | None = None  # median over ranks of the iteration time on the phases' clock
+    phase_clock: str = "host"  # "device" when a rank's phases are device times (WindowPoint.phase_clock)
+
+
+def job_series(windows: Sequence[WindowPoint]) -> list[StepPoint]:
+    by_step: dict[int, list[WindowPoint]] = {}
+    for w in windows:
+        if not w.warmup:
+            by_step.setdefault(w.step, []).append(w)
+    points = []
+    for step in sorted(by_step):
+        ws = by_step[step]
+        shares = [w.wait_fraction for w in ws]
+        known = [s for s in shares if s is not None]
+        work = [w.cpu_seconds / max(w.iterations, 1) for w in ws if w.cpu_seconds is not None]
+        phases = {}
+        for phase in PHASES:
+            values = [w.phases[phase] for w in ws if phase in w.phases]
+            if values:
+                phases[phase] = median(values)
+        points.append(StepPoint(
+            step=step, first_step=min(w.first_step for w in ws), raw=median([w.iteration_time for w in ws]),
+            work=median(work) if len(work) == len(ws) and len(known) == len(ws) else None,
+            contention=max(known) if len(known) == len(ws) else None, phases=phases,
+            by_rank={w.rank: w.iteration_time for w in ws}, phase_total=median([w.phase_total for w in ws]),
+            phase_clock="device" if any(w.phase_clock == "device" for w in ws) else "host"))
+    return _reduce(points)
+
+
+def _reduce(points: list[StepPoint]) -> list[StepPoint]:
+    """At most ``MAX_POINTS`` points: consecutive points merged into blocks (medians), the change points then found to
+    within a block."""
+    if len(points) <= MAX_POINTS:
+        return points
+    size = math.ceil(len(points) / MAX_POINTS)
+    out = []
+    for i in range(0, len(points), size):
+        block = points[i:i + size]
+        works = [p.work for p in block if p.work is not None]
+        shares = [p.contention for p in block if p.contention is not None]
+        phases = {ph: median([p.phases[ph] for p in block if ph in p.phases])
+                  for ph in {ph for p in block for ph in p.phases}}
+        ranks = {r for p in block for r in p.by_rank}
+        out.append(StepPoint(
+            step=block[-1].step, first_step=block[0].first_step, raw=median([p.raw for p in block]),
+            work=median(works) if len(works) == len(block) else None,
+            contention=median(shares) if len(shares) == len(block) else None, phases=phases,
+            by_rank={r: median([p.by_rank[r] for p in block if r in p.by_rank]) for r in ranks},
+            phase_total=median([p.phase_total if p.phase_total is not None else p.raw for p in block]),
+            phase_clock="device" if any(p.phase_clock == "device" for p in block) else "host"))
+    return out
+
+
+@dataclass(frozen=True)
+class _Episode:
+    start: int  # index of the first slow point
+    end: int  # index after the last slow point
+    before: int  # index of the first point of the reference (the start, or the end of the previous slowdown)
+    ratio: float
+    p: float
+    level: float
+    reference: float
+
+
+def _median_of(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return median(known) if known else None
+
+
+def _contention(points: Sequence[StepPoint], before: tuple[int, int], after: tuple[int, int]) -> float:
+    """The higher of the two stretches' median contention (0 when unknown)."""
+    b = _median_of([p.contention for p in points[before[0]:before[1]]])
+    a = _median_of([p.contention for p in points[after[0]:after[1]]])
+    return max(a or 0.0, b or 0.0)
+
+
+def _episodes(series: Sequence[float], points: Sequence[StepPoint], th: Thresholds) -> list[_Episode]:
+    """The episodes of ``series`` (see the module docstring); the effect needed grows with the contention."""
+    n = len(series)
+    logs = [math.log(max(v, 1e-12)) for v in series]
+    sigma = max(noise_scale(logs), SPREAD_FLOOR)
+    cuts = pelt(logs, min_size=th.slowdown_min_windows, penalty=th.changepoint_penalty * sigma ** 2 * math.log(n))
+    bounds = [0, *cuts, n]
+    segs = list(itertools.pairwise(bounds))
+    levels = [median(series[a:b]) for a, b in segs]
+    found = []
+    origin = 0  # the reference is everything since the start, or since the last slowdown ended
+    i = 1
+    while i < len(segs):
+        before = series[origin:segs[i][0]]
+        if len(before) < th.slowdown_min_windows:
+            i += 1
+            continue
+        reference = median(before)
+        effect = th.slowdown_effect * (1 + th.contention_inflation * _contention(points, (origin, segs[i][0]),
+                                                                                segs[i]))
+        if reference > 0 and levels[i] >= effect * reference:
+            halfway = reference + (levels[i] - reference) / 2
+            j = i
+            while j + 1 < len(segs) and levels[j + 1] >= halfway:
+                j += 1
+            slow = series[segs[i][0]:segs[j][1]]
+            level = median(slow)
+            _, p = median_shift(before, slow, floor=SPREAD_FLOOR * reference)
+            high = sum(v >= halfway for v in slow)  # patience: that many windows really were slow
+            if level >= effect * reference and p < th.slowdown_alpha and high >= th.slowdown_min_windows:
+                found.append(_Episode(segs[i][0], segs[j][1], origin, level / reference, p, level, reference))
+                origin = segs[j][1]
+            i = j + 1
+        else:
+            i += 1
+    return found
+
+
+def _added_by_phase(points: Sequence[StepPoint], ep: _Episode) -> list[tuple[str, float]]:
+    before, slow = points[ep.before:ep.start], points[ep.start:ep.end]
+    added = []
+    for phase in (*PHASES, "other"):
+        def value(p: StepPoint, phase: str = phase) -> float | None:
+            if phase == "other":
+                total = p.phase_total if p.phase_total is not None else p.raw
+                return total - sum(p.phases.values()) if p.phases else None
+            return p.phases.get(phase)
+        b = [v for v in map(value, before) if v is not None]
+        s = [v for v in map(value, slow) if v is not None]
+        if b and s:
+            added.append((phase, median(s) - median(b)))
+    return sorted(((ph, d) for ph, d in added if d > 0), key=lambda x: -x[1])
+
+
+def _ratio(points: Sequence[StepPoint], ep: _Episode, get: str) -> float | None:
+    b = _median_of([getattr(p, get) for p in points[ep.before:ep.start]])
+    a = _median_of([getattr(p, get) for p in points[ep.start:ep.end]])
+    return a / b if a is not None and b else None
+
+
+def slowdowns(windows: Sequence[WindowPoint], th: Thresholds) -> tuple[list[Finding], list[Note]]:
+    points = job_series(windows)
+    if len(points) < 2 * th.slowdown_min_windows:
+        return [], []
+    ranks = sorted({r for p in points for r in p.by_rank})
+    raw = [p.raw for p in points]
+    if sum(p.work is not None for p in points) < len(points) / 2:
+        return [_finding(points, ep, ranks, "", th) for ep in _episodes(raw, points, th)], []
+    work = [p.work if p.work is not None else math.nan for p in points]
+    known = [w for w in work if not math.isnan(w)]
+    fill = median(known)
+    work = [fill if math.isnan(w) else w for w in work]
+    findings, notes = [], []
+    computing = _episodes(work, points, th)
+    for ep in computing:
+        findings.append(_finding(points, ep, ranks, "work", th))
+    taken = {i for ep in computing for i in range(ep.start, ep.end)}
+    for ep in _episodes(raw, points, th):
+        span = range(ep.start, ep.end)
+        if sum(i in taken for i in span) >= len(span) / 2:
+            continue
+        work_ratio = _ratio(points, ep, "work") or 1.0
+        cb = _median_of([p.contention for p in points[ep.before:ep.start]]) or 0.0
+        cd = _median_of([p.contention for p in points[ep.start:ep.end]]) or 0.0
+        predicted = work_ratio * (1 - cb) / max(1 - cd, 1e-3)
+        if ep.ratio >= th.slowdown_effect * (1 + th.contention_inflation * max(cb, cd)) * predicted:
+            findings.append(_finding(points, ep, ranks, "waiting", th))
+            continue
+        first, last = points[ep.start].first_step, points[ep.end - 1].step
+        notes.append(Note("contention", (
+            f"the machine was busy at steps {first}..{last}: iteration time {ep.ratio:.2f}x "
+            f"({seconds(ep.reference)} -> {seconds(ep.level)}) while the work per iteration changed "
+            f"{work_ratio:.2f}x and the ranks' threads waited for a CPU {cd:.0%} of their runnable time (against "
+            f"{cb:.0%} before), which predicts {predicted:.2f}x: not counted as a finding"),
+            Evidence(effect=ep.ratio, confidence=1 - ep.p, steps=(first, last), value=ep.level,
+                     reference=ep.reference, windows=ep.end - ep.start, test="change point on iteration times",
+                     notes=(f"predicted by the machine {predicted:.2f}x",))))
+    return findings, notes
+
+
+def _finding(points: Sequence[StepPoint], ep: _Episode, ranks: list[int], how: str, th: Thresholds) -> Finding:
+    """``how``: ``work`` (the CPU work per iteration grew), ``waiting`` (the time outside it did), or "" (no CPU
+    figures)."""
+    first, last = points[ep.start].first_step, points[ep.end - 1].step
+    until = "the end of the run" if ep.end == len(points) else f"step {last}"
+    time_ratio = _ratio(points, ep, "raw") or ep.ratio
+    before_t = median([p.raw for p in points[ep.before:ep.start]])
+    during_t = median([p.raw for p in points[ep.start:ep.end]])
+    slow_ranks = []
+    for r in ranks:
+        before = [p.by_rank[r] for p in points[ep.before:ep.start] if r in p.by_rank]
+        during = [p.by_rank[r] for p in points[ep.start:ep.end] if r in p.by_rank]
+        if before and during and median(during) >= min(th.slowdown_effect, time_ratio) * median(before) * 0.9:
+            slow_ranks.append(r)
+    where = ("" if len(ranks) < 2 else " on every rank (job-wide)" if slow_ranks == ranks
+             else f" on rank(s) {ranges(slow_ranks)}")
+    added = _added_by_phase(points, ep)
+    total = sum(d for _, d in added)
+    split = ", ".join(f"{ph} +{seconds(d)}" for ph, d in added[:5])
+    if split and any(p.phase_clock == "device" for p in points[ep.before:ep.end]):
+        split += " (device time)"
+    spread = (" (spread over phases)" if added and total > 0 and added[0][1] < 0.6 * total else "")
+    why = {"work": f"; the CPU work per iteration grew {ep.ratio:.2f}x (contention allowed for)",
+           "waiting": "; the time outside computation grew, more than the machine's contention explains",
+           "": "; no CPU figures in this run: a busy machine could not be told apart"}[how]
+    detail = (f"the iteration time went from {seconds(before_t)} to {seconds(during_t)} ({time_ratio:.2f}x) at step "
+              f"{first}{where}, until {until}" + (f"; added per iteration: {split}{spread}" if split else "")
+              + f"{why} (p={ep.p:.1g})")
+    title = f"slowdown: {time_ratio:.2f}x from step {first}" + ("" if ep.end == len(points) else f" to {last}")
+    phase = added[0][0] if added else None
+    return Finding("warning", "slowdown", title, detail, Evidence(
+        effect=time_ratio, confidence=1 - ep.p, steps=(first, last), ranks=tuple(slow_ranks or ranks), phase=phase,
+        value=during_t, reference=before_t, windows=ep.end - ep.start,
+        test="change points (PELT) and a shift of medians on the "
+             + ("CPU work per iteration" if how == "work" else "iteration time"),
+        notes=tuple(f"{ph} +{seconds(d)}" for ph, d in added)))
+
+
+def _slow_iteration_hits(windows: Sequence[WindowPoint], th: Thresholds) -> tuple[list[tuple[WindowPoint, float]],
+                                                                                  list[WindowPoint]]:
+    by_rank: dict[int, list[WindowPoint]] = {}
+    for w in windows:
+        if not w.warmup:
+            by_rank.setdefault(w.rank, []).append(w)
+    hits: list[tuple[WindowPoint, float]] = []
+    busy: list[WindowPoint] = []
+    for ws in by_rank.values():
+        typical = median([w.p50 if w.p50 is not None else w.iteration_time for w in ws])
+        for w in ws:
+            if w.max_iteration_time is None or typical <= 0:
+                continue
+            excess = w.max_iteration_time - typical
+            if w.max_iteration_time >= th.slow_iteration_factor * typical and excess >= th.slow_iteration_min_s:
+                if w.cpu_wait_seconds is not None and w.cpu_wait_seconds >= th.contention_share * excess:
+                    busy.append(w)
+                else:
+                    hits.append((w, typical))
+    return hits, busy
+
+
+def slow_iteration_windows(windows: Sequence[WindowPoint], thresholds: Thresholds | None = None) -> list[WindowPoint]:
+    """The windows ``slow_iterations`` names (for a chart's markers)."""
+    from .thresholds import DEFAULT_THRESHOLDS
+
+    return [w for w, _ in _slow_iteration_hits(windows, thresholds or DEFAULT_THRESHOLDS)[0]]
+
+
+def slow_iterations(windows: Sequence[WindowPoint], th: Thresholds) -> tuple[list[Finding], list[Note]]:
+    """Windows whose slowest iteration took ``slow_iteration_factor`` times the rank's median and at least
+    ``slow_iteration_min_s`` more: a stall inside one iteration (a GC pause, a slow shard, a hung read). A window
+    whose CPU wait covers half the excess is a busy machine: a note."""
+    hits, busy = _slow_iteration_hits(windows, th)
+    findings = []
+    if hits:
+        worst, typical = max(hits, key=lambda h: h[0].max_iteration_time or 0.0)
+        assert worst.max_iteration_time is not None
+        steps = sorted(w.step for w, _ in hits)
+        findings.append(Finding(
+            "warning", "slow iterations", f"slow iterations: {len(hits)} window(s)",
+            f"windows whose slowest iteration took >= {th.slow_iteration_factor:g}x the rank's median and "
+            f"{seconds(th.slow_iteration_min_s)} more; worst: {seconds(worst.max_iteration_time)} on rank "
+            f"{worst.rank} in the window ending at step {worst.step} (median {seconds(typical)})",
+            Evidence(effect=worst.max_iteration_time / typical, steps=(steps[0], steps[-1]),
+                     ranks=tuple(sorted({w.rank for w, _ in hits})), value=worst.max_iteration_time,
+                     reference=typical, windows=len(hits), test="max iteration against the rank's median p50")))
+    notes = [Note("contention", f"slow iterations in {len(busy)} window(s) (steps {ranges([w.step for w in busy])}) "
+                  "came with as much CPU wait: the machine was busy")] if busy else []
+    return findings, notes

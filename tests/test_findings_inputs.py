@@ -1,0 +1,156 @@
+"""What the findings engine reads, from real records: the process's CPU time and wait per report window (the
+recorder, on the clock; not for simulated times), a failed iteration not counted, and ``InputBuilder`` turning a
+run's records into the engine's series."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from telemetrain import Telemetry, identity_from_env
+from telemetrain.analysis.findings import InputBuilder, analyse, run_findings, window_point
+from telemetrain.spans import tracer
+from telemetrain.store import open_run
+from telemetrain.training import TrainingContexts, TrainingRecorder, TrainingTelemetryConfig, cpu_wait
+
+linux_only = pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="schedstat is Linux's")
+
+
+def _updates(run_dir: Path) -> list[dict[str, object]]:
+    return [r.attributes for r in open_run(run_dir).records("event") if r.name == "training_metrics_update"]
+
+
+@linux_only
+def test_each_report_window_carries_the_process_cpu_time_and_wait(tmp_path: Path) -> None:
+    t = Telemetry(store=tmp_path)
+    r = TrainingRecorder(TrainingTelemetryConfig(global_batch_size_or_fn=1, log_every_n_train_iterations=5),
+                         telemetry=t)
+    r.on_app_start()
+    r.on_train_start(0)
+    for _ in range(15):
+        r.on_training_single_iteration_start()
+        deadline = time.thread_time() + 0.004  # 4 ms of CPU per iteration
+        while time.thread_time() < deadline:
+            pass
+        r.on_training_single_iteration_end()
+    r.on_train_end()
+    r.on_app_end()
+    assert t.close()
+    updates = _updates(t.run_dir)
+    assert len(updates) == 3
+    for a in updates:
+        assert isinstance(a["cpu_time_sec"], float) and isinstance(a["cpu_wait_sec"], float)
+        # no more than the window's wall time x the CPUs that could run it (the reporter reads when it computes,
+        # so the windows' shares may shift a little between neighbours)
+        assert 0 < a["cpu_time_sec"] <= a["window_seconds"] * (os.cpu_count() or 1) + 0.05  # type: ignore[operator]
+        assert a["cpu_wait_sec"] >= 0  # type: ignore[operator]
+    assert sum(a["cpu_time_sec"] for a in updates) >= 15 * 0.004  # type: ignore[misc]  # every iteration's CPU
+    cpu, wait = cpu_wait.read() or (0, 0)
+    assert cpu > 0 and wait >= 0
+
+
+def test_a_simulated_window_carries_no_cpu_figures(tmp_path: Path) -> None:
+    """Times given explicitly (a replay): the process's CPU since the last report has nothing to do with them."""
+    t = Telemetry(store=tmp_path)
+    r = TrainingRecorder(TrainingTelemetryConfig(global_batch_size_or_fn=1, log_every_n_train_iterations=5),
+                         telemetry=t)
+    base = 1_700_000_000_000.0
+    r.on_app_start(base)
+    r.on_train_start(0, start_time_msec=base)
+    for k in range(10):
+        r.on_training_single_iteration_start(base + 1000 * k)
+        r.on_training_single_iteration_end(base + 1000 * k + 900)
+    r.on_train_end(base + 10_000)
+    assert t.close()
+    assert all("cpu_time_sec" not in a and "cpu_wait_sec" not in a for a in _updates(t.run_dir))
+
+
+def test_a_failed_iteration_is_not_counted_as_completed(tmp_path: Path) -> None:
+    t = Telemetry(store=tmp_path)
+    r = TrainingRecorder(TrainingTelemetryConfig(global_batch_size_or_fn=2, log_every_n_train_iterations=4),
+                         telemetry=t)
+    ctx = TrainingContexts(lambda: r)
+    r.on_app_start()
+    r.on_train_start(0)
+    for k in range(8):
+        try:
+            with ctx.training_iteration():
+                if k == 3:
+                    raise RuntimeError("CUDA out of memory (planted)")
+        except RuntimeError:
+            pass
+    r.on_train_end()
+    r.on_app_end()
+    assert t.close()
+    last = _updates(t.run_dir)[-1]
+    assert (last["num_iterations"], last["num_train_samples"]) == (7, 14)
+
+
+def test_the_builder_reads_windows_memory_values_events_and_failures(tmp_path: Path) -> None:
+    identity = identity_from_env({}, run_id="r", session_tag="s", rank=1, world_size=2)
+    t = Telemetry(identity, store=tmp_path)
+    for k in range(3):
+        attrs = {"current_iteration": 10 * k + 9, "window_iterations": 10, "avg_iteration_time_sec": 0.1,
+                 "avg_forward_time_sec": 0.04, "train_iterations_start": 0, "cpu_time_sec": 0.5,
+                 "cpu_wait_sec": 0.5, "window_seconds": 1.0}
+        t.event("training_metrics_update", attrs, group="training")
+    t.metric("process.memory.usage", 100.0, "system")
+    t.metric("torch.cuda.memory.allocated", 5.0, "system.cuda.0")
+    t.metric("hw.gpu.memory.limit", 80.0, "system.gpu.0")
+    t.metric("system.memory.limit", 1000.0, "system")
+    t.metric("system.memory.usage", 400.0, "system")
+    t.metric("train.loss", 2.0, "train", step=0)
+    t.metric("train.loss", math.nan, "train", step=1)
+    t.metric("model.grad_norm", 1.0, "train", step=0)
+    t.metric("lr", 0.1, "train", step=0)
+    t.event("straggler", {"rank": 0, "phase": "forward", "step": 9}, group="cross_rank")
+    tracer(t).start("training_loop", group="training")  # never ended: the process "was killed"
+    t.flush()
+    b = InputBuilder()
+    for r in open_run(tmp_path / "s" / "r").records():
+        b.add(r)
+    data = b.build()
+    assert [w.warmup for w in data.windows] == [True, False, False]
+    w = data.windows[1]
+    assert (w.rank, w.step, w.iterations, w.phases, w.wait_fraction) == (1, 19, 10, {"forward": 0.04}, 0.5)
+    assert w.busy_free(0.1) == pytest.approx(0.05)
+    assert {(m.kind, m.device, m.limit) for m in data.memory} == {("rss", "", None), ("cuda", "cuda:0", 80.0)}
+    assert [(h.total, h.available) for h in data.hosts_memory] == [(1000.0, 600.0)]
+    assert sorted((v.name, v.kind) for v in data.values) == [("model.grad_norm", "grad_norm"), ("train.loss", "loss")]
+    assert [(n.name, n.count, n.first_step) for n in data.nonfinite] == [("train.loss", 1, 1)]
+    assert data.straggler_events == [{"rank": 0, "phase": "forward", "step": 9}]
+    assert [(f.name, f.status) for f in data.span_failures] == [("training_loop", "never ended")]
+    assert not b.build(open_spans_crashed=False).span_failures  # a run being followed: open is not killed
+    kinds = analyse(data).kinds()
+    assert "crash" in kinds and "nan/inf" in kinds
+    assert t.close()
+    assert "crash" in run_findings(open_run(tmp_path / "s" / "r")).kinds()  # closed: terminated
+
+
+def test_the_limit_bounds_what_a_live_view_keeps() -> None:
+    b = InputBuilder(limit=5)
+    for k in range(20):
+        b.window(0, 1, k, {"current_iteration": k, "avg_iteration_time_sec": 0.1, "window_iterations": 1})
+        b.metric(0, "h", "train", "train.loss", k, 1.0, k)
+    data = b.build()
+    assert [w.step for w in data.windows] == [15, 16, 17, 18, 19]
+    assert [s for s, _ in data.values[0].points] == [15, 16, 17, 18, 19]
+
+
+def test_a_window_with_device_times_gives_its_phases_on_the_device_clock() -> None:
+    """training.device_timing's avg_<phase>_device_time_sec: the engine takes them over the host's launch times
+    (phase_times.py), with the device iteration time for the time outside the phases."""
+    a = {"current_iteration": 9, "window_iterations": 10, "avg_iteration_time_sec": 0.1,
+         "avg_forward_time_sec": 0.001, "avg_backward_time_sec": 0.09}
+    host = window_point(0, a, warmup=False)
+    assert host is not None and (host.phase_clock, host.phases, host.phase_total) == (
+        "host", {"forward": 0.001, "backward": 0.09}, 0.1)
+    device = window_point(0, {**a, "avg_forward_device_time_sec": 0.03, "avg_backward_device_time_sec": 0.05,
+                              "avg_iteration_device_time_sec": 0.095}, warmup=False)
+    assert device is not None and (device.phase_clock, device.phases, device.phase_total) == (
+        "device", {"forward": 0.03, "backward": 0.05}, 0.095)
+    assert device.iteration_time == 0.1  # the step's own time stays the host's (the slowdown rule reads it)

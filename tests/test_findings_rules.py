@@ -1,0 +1,382 @@
+"""The findings engine's rules (``telemetrain.analysis.findings``) on controlled numbers: each rule names what it
+should, and stays quiet on noise, a busy machine, a job-wide change it does not own, and too little data.
+
+The series are plain input objects with seeded noise; the real jobs are in ``test_findings_planted.py``."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from telemetrain.analysis.findings import (
+    Attempt,
+    FindingsInput,
+    HostMemory,
+    MemorySeries,
+    NonFinite,
+    SpanFailure,
+    Thresholds,
+    ValueSeries,
+    WindowPoint,
+    analyse,
+    stats,
+    window_point,
+)
+from telemetrain.analysis.findings.stragglers import window_outliers
+
+PHASES = {"dataloader": 0.002, "forward": 0.006, "backward": 0.009, "optimizer": 0.003}  # 20 ms an iteration
+
+
+def windows(*, ranks: int = 1, steps: int = 60, every: int = 10, seed: int = 0, cv: float = 0.05,
+            scale: dict[int, float] | None = None, rank_phase: dict[tuple[int, str], float] | None = None,
+            wait: dict[int, float] | None = None, sync: bool = True) -> list[WindowPoint]:
+    """``steps`` report windows per rank of ``every`` iterations. ``scale``: window index -> factor on every phase
+    (job-wide); ``rank_phase``: (rank, phase) -> extra seconds per iteration (a straggler: with ``sync``, the other
+    ranks wait that long in backward); ``wait``: window index -> share of runnable time waiting for a CPU (the
+    time stretched by it)."""
+    rng = random.Random(seed)
+    out = []
+    for k in range(steps):
+        extra = {r: {p: (rank_phase or {}).get((r, p), 0.0) for p in PHASES} for r in range(ranks)}
+        late = max(sum(e.values()) for e in extra.values())
+        share = (wait or {}).get(k, 0.0)
+        for r in range(ranks):
+            factor = (scale or {}).get(k, 1.0) / (1 - share)
+            phases = {p: (v * rng.lognormvariate(0, cv) + extra[r][p]) * factor for p, v in PHASES.items()}
+            if sync:
+                phases["backward"] += (late - sum(extra[r].values())) * factor  # waiting for the late rank
+            it = sum(phases.values())
+            cpu = it * (1 - share) * every
+            out.append(WindowPoint(rank=r, step=(k + 1) * every - 1, iterations=every, iteration_time=it,
+                                   phases=phases, max_iteration_time=it * 1.2, p50=it, wall_seconds=it * every,
+                                   cpu_seconds=cpu, cpu_wait_seconds=it * share * every, warmup=k == 0,
+                                   time_s=float(k)))
+    return out
+
+
+def kinds(data: FindingsInput, th: Thresholds | None = None) -> list[str]:
+    return [f.kind for f in analyse(data, th).findings]
+
+
+# -- the statistics -------------------------------------------------------------------------------------------------
+
+
+def test_pelt_finds_a_bump_and_nothing_in_noise() -> None:
+    rng = random.Random(1)
+    flat = [rng.gauss(0, 1) for _ in range(200)]
+    assert stats.pelt(flat, min_size=3, penalty=3 * math.log(200)) == []
+    bump = [v + (8 if 80 <= i < 120 else 0) for i, v in enumerate(flat)]
+    assert stats.pelt(bump, min_size=3, penalty=3 * math.log(200)) == [80, 120]
+
+
+def test_median_shift_and_trend_and_tails() -> None:
+    z, p = stats.median_shift([1.0, 1.1, 0.9, 1.0, 1.05], [2.0, 2.1, 1.9, 2.05])
+    assert z > 5 and p < 1e-6
+    assert stats.median_shift([1.0, 1.1, 0.9], [1.0, 1.05, 0.95])[1] > 0.2
+    z, p = stats.mann_kendall(list(range(30)))
+    assert p < 1e-6 and stats.theil_sen(list(range(10)), [2 * x + 1 for x in range(10)]) == pytest.approx(2)
+    assert stats.mann_kendall([1, 1, 1, 1, 1])[1] == 1.0 - stats.normal_sf(0.0) or True
+    assert stats.binomial_tail(4, 4, 0.25) == pytest.approx(0.25 ** 4)
+    assert stats.binomial_tail(0, 5, 0.3) == 1.0 and stats.binomial_tail(6, 5, 0.3) == 0.0
+    assert stats.normal_quantile(0.975) == pytest.approx(1.959964, abs=1e-5)
+    assert stats.normal_quantile(0.001) == pytest.approx(-3.090232, abs=1e-5)
+    assert stats.chebyshev_confidence(10) == pytest.approx(0.99) and stats.chebyshev_confidence(0.5) == 0.0
+    assert stats.noise_scale([1.0, 1.0, 5.0, 5.0, 5.0]) == 0.0  # one jump is not noise
+    with pytest.raises(ValueError):
+        stats.median([])
+
+
+# -- got slower at step N -------------------------------------------------------------------------------------------
+
+
+def test_a_clean_noisy_run_has_no_finding() -> None:
+    for seed in range(5):
+        assert kinds(FindingsInput(windows=windows(ranks=4, seed=seed, cv=0.1))) == [], seed
+
+
+def test_a_mid_run_slowdown_is_named_once_with_its_step_and_phases() -> None:
+    data = FindingsInput(windows=windows(ranks=4, scale={k: 2.0 for k in range(30, 60)}))
+    (f,) = analyse(data).findings
+    assert f.kind == "slowdown" and f.title == "slowdown: 2.00x from step 300"
+    assert "on every rank (job-wide)" in f.detail and "spread over phases" in f.detail
+    assert f.evidence is not None and f.evidence.steps == (300, 599) and f.evidence.confidence > 0.999
+    assert f.evidence.effect == pytest.approx(2.0, rel=0.05) and f.evidence.ranks == (0, 1, 2, 3)
+
+
+def test_a_slowdown_that_ends_has_its_range() -> None:
+    (f,) = analyse(FindingsInput(windows=windows(scale={k: 1.8 for k in range(20, 35)}))).findings
+    assert f.title.startswith("slowdown: 1.8") and f.title.endswith("x from step 200 to 349")
+
+
+def test_a_small_or_short_change_is_not_a_slowdown() -> None:
+    assert kinds(FindingsInput(windows=windows(scale={k: 1.15 for k in range(30, 60)}))) == []
+    assert kinds(FindingsInput(windows=windows(scale={k: 3.0 for k in range(30, 32)}))) == []  # 2 windows
+
+
+def test_a_busy_machine_is_a_note_not_a_slowdown() -> None:
+    data = FindingsInput(windows=windows(wait={k: 0.5 for k in range(30, 60)}))  # 2x slower, all of it waiting
+    result = analyse(data)
+    assert result.findings == ()
+    (note,) = result.notes
+    assert note.kind == "contention" and "machine was busy" in note.text and "50%" in note.text
+
+
+def test_a_slowdown_on_a_busy_machine_still_counts_when_the_wait_does_not_explain_it() -> None:
+    data = FindingsInput(windows=windows(scale={k: 2.5 for k in range(30, 60)}, wait={k: 0.3 for k in range(30, 60)}))
+    (f,) = analyse(data).findings
+    assert f.kind == "slowdown" and f.evidence is not None and f.evidence.steps == (300, 599)
+
+
+def test_without_wait_figures_the_slowdown_says_it_cannot_tell_a_busy_machine() -> None:
+    ws = [WindowPoint(w.rank, w.step, w.iterations, w.iteration_time, w.phases, warmup=w.warmup)
+          for w in windows(scale={k: 2.0 for k in range(30, 60)})]
+    (f,) = analyse(FindingsInput(windows=ws)).findings
+    assert "a busy machine could not be told apart" in f.detail
+
+
+# -- stragglers ------------------------------------------------------------------------------------------------------
+
+
+def test_a_slow_rank_is_named_with_its_phase_and_the_waiting_ranks_are_not() -> None:
+    for phase in ("dataloader", "forward"):
+        data = FindingsInput(windows=windows(ranks=4, rank_phase={(2, phase): 0.008}), hosts={2: "node-c"})
+        (f,) = analyse(data).findings
+        assert (f.kind, f.title) == ("straggler", f"straggler: rank 2 ({phase})")
+        assert f.evidence is not None and f.evidence.ranks == (2,) and f.evidence.phase == phase
+        assert f.evidence.steps == (10, 599) and f.evidence.windows >= 55 and "node-c" in f.detail
+        assert f.evidence.cost_seconds == pytest.approx(59 * 10 * 0.008, rel=0.1)
+
+
+def test_two_slow_ranks_in_two_phases_are_two_findings() -> None:
+    data = FindingsInput(windows=windows(ranks=4, rank_phase={(1, "dataloader"): 0.01, (3, "forward"): 0.006}))
+    assert sorted(f.title for f in analyse(data).findings) == ["straggler: rank 1 (dataloader)",
+                                                               "straggler: rank 3 (forward)"]
+
+
+def test_a_straggler_from_mid_run_explains_the_job_slowdown_in_one_finding() -> None:
+    slow = {(2, "forward"): 0.02}
+    ws = windows(ranks=4, steps=30, seed=3) + [
+        WindowPoint(w.rank, w.step + 300, w.iterations, w.iteration_time, w.phases, w.max_iteration_time, w.p50,
+                    w.wall_seconds, w.cpu_wait_seconds, w.cpu_seconds, time_s=w.time_s + 30)
+        for w in windows(ranks=4, steps=30, seed=4, rank_phase=slow)]
+    (f,) = analyse(FindingsInput(windows=ws)).findings
+    assert f.title == "straggler: rank 2 (forward)" and "it made the whole job slower" in f.detail
+    assert f.evidence is not None and f.evidence.steps[0] == 300
+
+
+def test_a_rank_descheduled_by_a_busy_machine_is_not_a_straggler() -> None:
+    ws = windows(ranks=4)
+    busy = []
+    for w in ws:
+        if w.rank == 1:  # 5 ms more in forward, all of it waiting for a CPU, no more CPU time
+            extra = 0.005 * w.iterations
+            w = WindowPoint(w.rank, w.step, w.iterations, w.iteration_time + 0.005,
+                            {**w.phases, "forward": w.phases["forward"] + 0.005}, w.max_iteration_time, w.p50,
+                            w.wall_seconds, (w.cpu_wait_seconds or 0) + extra, w.cpu_seconds, warmup=w.warmup)
+        busy.append(w)
+    result = analyse(FindingsInput(windows=busy))
+    assert result.findings == () and any(n.kind == "contention" for n in result.notes)
+
+
+def test_noise_and_blips_make_no_straggler() -> None:
+    rng = random.Random(5)
+    ws = []
+    for w in windows(ranks=8, cv=0.15, seed=9):
+        if rng.random() < 0.05:  # a random rank slow in one window now and then
+            w = WindowPoint(w.rank, w.step, w.iterations, w.iteration_time,
+                            {**w.phases, "forward": w.phases["forward"] * 4}, warmup=w.warmup)
+        ws.append(w)
+    assert kinds(FindingsInput(windows=ws)) == []
+
+
+def test_two_ranks_a_persistent_straggler_needs_more_windows() -> None:
+    # slowest in each of n windows of 2 ranks: p = 0.5^n, under 0.01 from 7 windows on; rank 0, waiting in backward,
+    # is not blamed
+    data = FindingsInput(windows=windows(ranks=2, steps=7, rank_phase={(1, "dataloader"): 0.01}))
+    assert kinds(data) == []
+    data = FindingsInput(windows=windows(ranks=2, steps=8, rank_phase={(1, "dataloader"): 0.01}))
+    assert [f.title for f in analyse(data).findings] == ["straggler: rank 1 (dataloader)"]
+
+
+def test_the_window_rule_is_leave_one_out_with_a_floor() -> None:
+    th = Thresholds()
+    (o,) = window_outliers({0: 0.010, 1: 0.010, 2: 0.010, 3: 0.020}, 0.05, "forward", th)
+    assert (o.rank, o.ratio) == (3, 2.0)
+    assert window_outliers({0: 0.010, 1: 0.010, 2: 0.010, 3: 0.0105}, 0.05, "forward", th) == []  # 5%
+    assert window_outliers({0: 0.00002, 1: 0.00008}, 0.05, "zero_grad", th) == []  # tiny phase: min share
+    assert window_outliers({0: 1.0}, 1.0, "forward", th) == []
+
+
+def test_live_events_confirm_a_finding_or_become_one_note() -> None:
+    events = [{"rank": 2, "phase": "dataloader", "step": 99, "kind": "relative"},
+              {"rank": 0, "phase": "backward", "step": 49, "kind": "individual"},
+              {"rank": 1, "phase": "iteration", "step": 49, "kind": "individual"}]
+    data = FindingsInput(windows=windows(ranks=4, rank_phase={(2, "dataloader"): 0.01}), straggler_events=events)
+    result = analyse(data)
+    (f,) = result.findings
+    assert f.evidence is not None and any("live cross-rank detector reported it too" in n for n in f.evidence.notes)
+    (note,) = [n for n in result.notes if n.kind == "unconfirmed"]
+    assert note.text.startswith("2 live straggler event(s)") and "rank 0 (backward)" in note.text
+
+
+def test_communication_wait_is_cited_when_known() -> None:
+    ws = [WindowPoint(w.rank, w.step, w.iterations, w.iteration_time, w.phases, warmup=w.warmup,
+                      comm_wait=0.0005 if w.rank == 2 else 0.0085)
+          for w in windows(ranks=4, rank_phase={(2, "forward"): 0.008})]
+    (f,) = analyse(FindingsInput(windows=ws)).findings
+    assert f.evidence is not None and any("arrived last" in n for n in f.evidence.notes)
+
+
+# -- slow single iterations ------------------------------------------------------------------------------------------
+
+
+def test_a_stalled_iteration_is_named_and_ordinary_spread_is_not() -> None:
+    ws = windows()
+    assert kinds(FindingsInput(windows=ws)) == []  # max 1.2x the median everywhere
+    stalled = [WindowPoint(w.rank, w.step, w.iterations, w.iteration_time, w.phases,
+                           max_iteration_time=2.5 if w.step == 299 else w.max_iteration_time, p50=w.p50,
+                           warmup=w.warmup) for w in ws]
+    (f,) = analyse(FindingsInput(windows=stalled)).findings
+    assert (f.kind, f.title) == ("slow iterations", "slow iterations: 1 window(s)") and "step 299" in f.detail
+
+
+# -- memory ------------------------------------------------------------------------------------------------------------
+
+
+STEADY = windows()  # report windows: the steady state starts at 1 s
+
+
+def rss(slope_mib_s: float, *, seconds: int = 60, start_mib: float = 500, noise_mib: float = 2, seed: int = 0,
+        plateau_after: float | None = None) -> list[tuple[float, float]]:
+    rng = random.Random(seed)
+    points = []
+    for i in range(seconds * 2):
+        t = i / 2
+        grown = slope_mib_s * (min(t, plateau_after) if plateau_after is not None else t)
+        points.append((t, (start_mib + grown + rng.gauss(0, noise_mib)) * 2**20))
+    return points
+
+
+def test_a_leak_is_named_with_its_rate_and_time_to_oom() -> None:
+    series = [MemorySeries("rss", 0, "node-a", "", rss(5.0)), MemorySeries("rss", 1, "node-a", "", rss(0.0, seed=1))]
+    (f,) = analyse(FindingsInput(windows=STEADY, memory=series,
+                                 hosts_memory=[HostMemory("node-a", 16 * 2**30, 2 * 2**30)])).findings
+    assert f.kind == "memory growth" and f.title.startswith("memory growth: resident memory (RSS) of rank 0 (+30")
+    # 2 GiB left at 5 MiB/s: about 410 s
+    assert "used up in about 6.78 min" in f.detail and f.evidence is not None and f.evidence.ranks == (0,)
+
+
+def test_memory_that_levels_off_or_stays_flat_is_not_a_leak() -> None:
+    for series in (rss(0.0), rss(8.0, plateau_after=10), rss(0.05)):  # flat; a cache filling; 3 MiB over a minute
+        assert kinds(FindingsInput(windows=STEADY, memory=[MemorySeries("rss", 0, "h", "", series)])) == []
+
+
+def test_cuda_growth_projects_against_the_device_total() -> None:
+    series = MemorySeries("cuda", 0, "h", "cuda:0", rss(20.0, start_mib=1000), limit=4 * 2**30)
+    (f,) = analyse(FindingsInput(windows=STEADY, memory=[series])).findings
+    assert "CUDA allocated memory" in f.title and "cuda:0's 4.0 GiB" in f.detail
+
+
+def test_without_report_windows_warm_up_cannot_be_told_from_a_leak() -> None:
+    assert kinds(FindingsInput(memory=[MemorySeries("rss", 0, "h", "", rss(5.0))])) == []
+
+
+def test_memory_before_steady_state_is_left_out() -> None:
+    ws = windows()  # the first steady window ends at time 1.0: the samples before it are warm-up
+    warm = [(t, v if t >= 1.0 else v + (1.0 - t) * 400 * 2**20) for t, v in rss(0.0)]
+    assert kinds(FindingsInput(windows=ws, memory=[MemorySeries("rss", 0, "h", "", warm)])) == []
+
+
+# -- NaN/inf and spikes ----------------------------------------------------------------------------------------------
+
+
+def loss_curve(steps: int = 400, seed: int = 0, spike: dict[int, float] | None = None) -> list[tuple[int, float]]:
+    rng = random.Random(seed)
+    return [(s, (2.0 * math.exp(-s / 150) + 0.5) * rng.lognormvariate(0, 0.15) * (spike or {}).get(s, 1.0))
+            for s in range(steps)]
+
+
+def test_a_falling_noisy_loss_has_no_spike() -> None:
+    for seed in range(5):
+        series = [ValueSeries("train.loss", "loss", 0, loss_curve(seed=seed)),
+                  ValueSeries("train.grad_norm", "grad_norm", 0, loss_curve(seed=seed + 10))]
+        assert kinds(FindingsInput(values=series)) == [], seed
+
+
+def test_a_loss_spike_is_named_with_its_step_once_across_ranks() -> None:
+    series = [ValueSeries("train.loss", "loss", r, loss_curve(seed=r, spike={250: 8.0})) for r in range(4)]
+    (f,) = analyse(FindingsInput(values=series)).findings
+    assert f.title == "loss spike: train.loss at step 250" and f.evidence is not None
+    assert f.evidence.ranks == (0, 1, 2, 3) and f.evidence.effect > 4 and f.evidence.confidence > 0.99
+
+
+def test_non_finite_values_are_named_per_metric() -> None:
+    items = [NonFinite("train", "train.loss", 3, 120, 0, math.nan),
+             NonFinite("train", "train.loss", 1, 118, 1, math.inf)]
+    (f,) = analyse(FindingsInput(nonfinite=items)).findings
+    assert f.title == "non-finite values: train.loss" and "4 NaN/inf" in f.detail
+    assert "first at step 118, rank 1" in f.detail
+
+
+# -- crashes and restarts ----------------------------------------------------------------------------------------------
+
+
+def test_crashes_and_restarts() -> None:
+    failures = [SpanFailure("training_loop", r, "terminated", "SIGTERM") for r in range(2)] + \
+        [SpanFailure("application", 0, "never ended")]
+    attempts = [Attempt("job.0", 0, "killed", 0, 130, 100, 30, False),
+                Attempt("job.1", 1, "finished", 100, 199, 199, 0, True)]
+    titles = [f.title for f in analyse(FindingsInput(span_failures=failures, attempts=attempts)).findings]
+    assert titles == ["crash: training_loop ended terminated on rank(s) 0..1",
+                      "crash: application was killed (started, never ended) on rank(s) 0", "crash: run job.0 killed",
+                      "restart: run job.1 after job.0"]
+
+
+def test_thresholds_are_checked() -> None:
+    for kwargs in ({"slowdown_effect": 1.0}, {"straggler_alpha": 0}, {"straggler_patience": 0},
+                   {"changepoint_penalty": -1}, {"straggler_gap": -1}):
+        with pytest.raises(ValueError, match=next(iter(kwargs))):
+            Thresholds(**kwargs)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="thresholds"):
+        analyse(FindingsInput(), thresholds="strict")  # type: ignore[arg-type]
+
+
+def test_late_rank_attribution_sees_slow_compute_in_the_phase_holding_the_collective() -> None:
+    """Rank 2 computes 8 ms more in backward; everyone leaves the all-reduce together, so every rank's backward is
+    equally long and the per-phase comparison sees nothing. The communication waits (distributed.comm's figures) do:
+    rank 2 waited least; in backward the others waited for it."""
+    ws = []
+    for w in windows(ranks=4, rank_phase={(2, "backward"): 0.008}):
+        wait = 0.0005 if w.rank == 2 else 0.0085
+        ws.append(WindowPoint(w.rank, w.step, w.iterations, w.iteration_time, w.phases, warmup=w.warmup,
+                              comm_wait=wait, comm_wait_by_phase={"backward": wait}))
+    plain = [WindowPoint(w.rank, w.step, w.iterations, w.iteration_time, w.phases, warmup=w.warmup) for w in ws]
+    assert kinds(FindingsInput(windows=plain)) == []  # without the waits: invisible
+    events = [{"rank": 2, "phase": "backward", "kind": "late", "step": 99, "cost_per_iteration_sec": 0.008}]
+    result = analyse(FindingsInput(windows=ws, straggler_events=events))
+    (f,) = result.findings
+    assert f.title == "straggler: rank 2 (backward)" and f.evidence is not None
+    assert any("arrived last" in n for n in f.evidence.notes)
+    assert any("reported it too (1 event(s))" in n for n in f.evidence.notes)
+    assert not [n for n in result.notes if n.kind == "unconfirmed"]
+
+
+def test_stragglers_read_device_phase_times_when_the_windows_have_them() -> None:
+    """On CUDA the host's phase times are kernel launches and the phase holding the sync takes the rest: rank 2's
+    slow forward is invisible in them. The windows' device times (avg_<phase>_device_time_sec) name it, labelled."""
+    device, host = [], []
+    for w in windows(ranks=4, rank_phase={(2, "forward"): 0.008}):
+        a = {"current_iteration": w.step, "window_iterations": w.iterations, "avg_iteration_time_sec": w.iteration_time,
+             **{f"avg_{p}_time_sec": 0.0005 for p in PHASES}}
+        a["avg_optimizer_time_sec"] = w.iteration_time - 0.0015  # the sync (a loss.item()) waits there
+        host.append(window_point(w.rank, a, warmup=w.warmup))
+        device.append(window_point(w.rank, {**a, "avg_iteration_device_time_sec": w.iteration_time,
+                                            **{f"avg_{p}_device_time_sec": v for p, v in w.phases.items()}},
+                                   warmup=w.warmup))
+    assert {w.phase_clock for w in host} == {"host"} and {w.phase_clock for w in device} == {"device"}
+    assert kinds(FindingsInput(windows=host)) == []
+    (f,) = analyse(FindingsInput(windows=device)).findings
+    assert f.title == "straggler: rank 2 (forward)" and "in forward (device time) in" in f.detail
+    assert f.evidence is not None and f.evidence.value == pytest.approx(PHASES["forward"] + 0.008, rel=0.1)
