@@ -21,7 +21,7 @@ from typing import Any
 from ..identity import Identity
 from ..store.codec import decode_line
 from ..store.layout import RUN_META, is_agent_file, is_process_file
-from ..store.reader import NotARunError, Run, _fallback_identity, open_run
+from ..store.reader import NotARunError, Run, open_run, read_run_meta, scan_process
 
 __all__ = ["PHASES", "RunSamples", "Window", "read_samples", "run_samples"]
 
@@ -107,12 +107,8 @@ def _finite(value: Any) -> float | None:
 
 
 def open_run_meta(path: Path) -> dict[str, Any]:
-    """``run.json`` of a run directory (empty if missing or unreadable)."""
-    try:
-        meta = json.loads((path / RUN_META).read_text())
-    except (OSError, ValueError):
-        return {}
-    return meta if isinstance(meta, dict) else {}
+    """``run.json`` of a run directory (empty if missing or unreadable; damaged fields dropped)."""
+    return read_run_meta(path)
 
 
 def _worker_files(path: Path) -> list[Path]:
@@ -173,53 +169,37 @@ class _Collector:
         )
 
 
-def _wanted_lines(path: Path, meta: dict[str, Any]) -> Iterator[Any]:
-    """The records of one process file that the comparison reads, decoding no other line: the reports and the
-    iteration spans' ends are a few percent of a file. A last line without its newline (a crash, a run still being
-    written) and lines that do not decode are skipped, as the reader does."""
-    with open(path, "rb") as fh:
-        lines = fh.read().split(b"\n")
-    lines.pop()  # b"" after the final newline, else a torn line
-    identity: Identity | None = None
-    for raw in lines:
-        if identity is None or b'"process"' in raw[:40]:
-            try:
-                obj = json.loads(raw)
-                if isinstance(obj, dict) and obj.get("kind") == "process":
-                    identity = Identity.from_dict(obj["identity"])
-                    continue
-            except (ValueError, KeyError, TypeError):
-                pass
-        if _UPDATE_BYTES not in raw and not (_ITERATION_BYTES in raw and b'"span_end"' in raw[:40]):
-            continue
-        if identity is None:
-            identity = _fallback_identity(path, meta)
-        try:
-            rec = decode_line(raw, identity)
-        except (ValueError, KeyError, TypeError, IndexError, AttributeError):
-            continue
-        if not isinstance(rec, dict):
-            yield rec
+def _wanted(raw: bytes) -> bool:
+    """The lines the comparison reads (the reports and the iteration spans' ends, a few percent of a file): the
+    others are not even decoded."""
+    return _UPDATE_BYTES in raw or (_ITERATION_BYTES in raw and b'"span_end"' in raw[:40])
 
 
 def read_samples(path: str | Path, on_file: Callable[[int], None] | None = None) -> RunSamples:
-    """The samples of the run directory ``path``, read straight from its files (faster than loading the whole run);
-    ``on_file(bytes)`` is called after each file (for a progress bar). Raises ``FileNotFoundError`` and
-    ``NotARunError`` as ``open_run`` does."""
+    """The samples of the run directory ``path``: with the ``columnar`` extra by SQL over its columnar copy and JSONL
+    tail (``store.engine``), else read straight from its files, decoding only the lines needed (faster than loading
+    the whole run); ``on_file(bytes)`` is called after each file (for a progress bar). Raises ``FileNotFoundError``
+    and ``NotARunError`` as ``open_run`` does."""
     p = Path(path)
-    if not p.is_dir():
-        open_run(p)  # raises its error: missing, or a file
-    files = _worker_files(p)
-    meta = open_run_meta(p)
-    if not files:
-        open_run(p)  # not a run: raises, naming what was expected
+    run = open_run(p)  # raises its error: missing, a file, not a run
+    if not run.processes:
         raise NotARunError(f"{p} holds no process files (rank-<R>.<pid>.jsonl)")
-    collector = _Collector()
-    for f in files:
-        collector.feed(_wanted_lines(f, meta))
+    from ..store.engine import engine_for
+
+    engine = engine_for([p])
+    if engine is not None:
+        from .samples_sql import samples_sql
+
+        result = samples_sql(engine, run)
         if on_file is not None:
-            on_file(f.stat().st_size)
-    return collector.result(p, meta)
+            on_file(run_bytes(p))
+        return result
+    collector = _Collector()
+    for log in run.processes:
+        collector.feed(scan_process(log.paths, run.meta, _wanted))
+        if on_file is not None:
+            on_file(sum(f.stat().st_size for f in log.paths if f.exists()))
+    return collector.result(p, run.meta)
 
 
 def run_samples(run: Run | str | Path) -> RunSamples:

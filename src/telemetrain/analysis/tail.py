@@ -86,9 +86,9 @@ class FileFollower:
 
     def _identity(self) -> Identity:
         if self.identity is None:  # header lost: what the file name and run.json tell (as the reader does)
-            from ..store.reader import _fallback_identity
+            from ..store.reader import fallback_identity
 
-            self.identity = _fallback_identity(self.path, self.meta)
+            self.identity = fallback_identity(self.path, self.meta)
         return self.identity
 
 

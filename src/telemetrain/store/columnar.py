@@ -1,0 +1,292 @@
+"""The columnar copy of the run store: its schema (version 1), and JSONL segments -> typed rows, in DuckDB SQL.
+
+docs/format.md ("Columnar copy") documents every table and column; this module is the one place that defines them.
+One table per record kind, partitioned Hive-style by the identity every engine groups by::
+
+    <prefix>/<table>/session=<session_tag>/run=<run_id>/rank=<rank>/<segment stem>.parquet
+    <prefix>/_segments/<segment file name>.json          the manifest of one compacted segment (written last)
+
+``<prefix>`` is ``<run_dir>/_columnar`` for the copy kept beside a run, or any directory or object-store URL given to
+``telemetrain compact --to``. The partition columns (``session``, ``run``, ``rank``) live only in the paths, as Hive
+and every engine reading its layout expect; the other identity fields are columns (constant per file, so they cost
+a few bytes after dictionary and run-length encoding).
+
+Conversion rules are ``codec.decode_line``'s, expressed in SQL (``typed_rows_sql``): a line with a field of the wrong
+type is corrupt and skipped, a last line without its newline is torn; the same lines are kept as the Python reader
+keeps, which the tests check line by line. Importing this module needs nothing beyond the standard library; the
+functions that run SQL take a DuckDB connection.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..identity import Identity
+from .codec import decode_identity, untag_nonfinite
+from .codec import _f as number_of  # noqa: PLC2701 - the decoder's own rule for numeric fields
+
+__all__ = ["COLUMNS", "SCHEMA_VERSION", "TABLES", "ColumnarVersionError", "Prescan", "prescan", "typed_rows_sql"]
+
+SCHEMA_VERSION = 1
+PARTITIONS = (("session", "VARCHAR"), ("run", "VARCHAR"), ("rank", "BIGINT"))
+
+# The identity fields stored as columns in every record table (session, run and rank are the partitions).
+IDENTITY_COLUMNS = (("pid", "BIGINT"), ("host", "VARCHAR"), ("role", "VARCHAR"), ("local_rank", "BIGINT"),
+                    ("world_size", "BIGINT"), ("group_rank", "BIGINT"), ("restart_count", "BIGINT"),
+                    ("perf_tag", "VARCHAR"))
+# Where a record sits in the JSONL log: file order within a process is (segment, line).
+POSITION_COLUMNS = (("segment", "INTEGER"), ("line", "INTEGER"))
+COMMON = (("mono_ns", "BIGINT"), ("wall_ns", "BIGINT"), ("group_name", "VARCHAR"), ("name", "VARCHAR"))
+
+KIND_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
+    "metric": (("value", "DOUBLE"), ("value_int", "BIGINT"), ("value_bool", "BOOLEAN"), ("unit", "VARCHAR"),
+               ("step", "BIGINT"), ("attributes", "VARCHAR")),
+    "event": (("severity", "VARCHAR"), ("attributes", "VARCHAR"), ("event_id", "VARCHAR"), ("span_id", "VARCHAR")),
+    "span_start": (("span_id", "VARCHAR"), ("parent_id", "VARCHAR"), ("trace_id", "VARCHAR"),
+                   ("attributes", "VARCHAR")),
+    "span_end": (("span_id", "VARCHAR"), ("duration_ns", "BIGINT"), ("status", "VARCHAR"), ("error", "VARCHAR"),
+                 ("attributes", "VARCHAR")),
+    "stat": (("start_mono_ns", "BIGINT"), ("sample_count", "BIGINT"), ("values", "VARCHAR"), ("unit", "VARCHAR"),
+             ("histogram", "VARCHAR")),
+    "diagnostic": (("sink", "VARCHAR"), ("record_count", "BIGINT"), ("message", "VARCHAR")),
+}
+TABLES: dict[str, str] = {"metric": "metrics", "event": "events", "span_start": "span_starts",
+                          "span_end": "span_ends", "stat": "stats", "diagnostic": "diagnostics"}
+KIND_OF_TABLE = {table: kind for kind, table in TABLES.items()}
+PROCESS_TABLE = "processes"
+PROCESS_COLUMNS = (*POSITION_COLUMNS, ("mono_ns", "BIGINT"), ("wall_ns", "BIGINT"), ("header", "VARCHAR"))
+
+COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
+    **{table: (*IDENTITY_COLUMNS, *POSITION_COLUMNS, *COMMON, *KIND_COLUMNS[kind]) for kind, table in TABLES.items()},
+    PROCESS_TABLE: (*IDENTITY_COLUMNS, *PROCESS_COLUMNS),
+}
+JSON_COLUMNS = frozenset({"attributes", "values", "histogram", "header"})
+
+
+class ColumnarVersionError(ValueError):
+    """A columnar copy written with a schema version this telemetrain does not know."""
+
+    def __init__(self, version: Any, where: str) -> None:
+        super().__init__(f"{where} was written with columnar schema version {version!r}; this telemetrain reads "
+                         f"version {SCHEMA_VERSION}: upgrade telemetrain to read it (or delete the columnar copy and "
+                         "run `telemetrain compact` again)")
+        self.version = version
+
+
+# -- the Python side of a conversion: lines, headers, identities -----------------------------------------------------
+
+
+@dataclass
+class Prescan:
+    """What a pass over a segment's bytes finds before the SQL conversion: every header line (valid or not) and the
+    identity in force from each line on. Python decides the headers, exactly as the reader does, so the two agree
+    on which identity each record belongs to."""
+
+    path: Path
+    size: int  # bytes read
+    lines: int  # complete lines (newline-terminated), blank ones included
+    torn: int
+    header_lines: list[int] = field(default_factory=list)  # every header line, valid or not (not records)
+    bad_headers: int = 0  # header-looking lines that did not decode (corrupt)
+    identities: list[tuple[int, Identity]] = field(default_factory=list)  # (from line, identity), ascending
+    headers: list[tuple[int, dict[str, Any]]] = field(default_factory=list)  # valid header objects by line
+    first_header: dict[str, Any] = field(default_factory=dict)
+
+
+def prescan(path: Path, fallback: Identity, size: int | None = None) -> Prescan:
+    """Read a segment's complete lines (the first ``size`` bytes when given: a file being appended to is read up to
+    a known point) and find its headers. ``fallback``: the identity of records before any valid header (the previous
+    segment's, else what the file name and run.json tell)."""
+    with open(path, "rb") as fh:
+        data = fh.read() if size is None else fh.read(size)
+    body_end = data.rfind(b"\n") + 1
+    scan = Prescan(path=path, size=body_end, lines=data.count(b"\n", 0, body_end),
+                   torn=1 if data[body_end:].strip() else 0)
+    scan.identities.append((0, fallback))
+    first = True
+    n = -1
+    start = 0
+    while start < body_end:
+        end = data.index(b"\n", start)
+        n += 1
+        raw = data[start:end]
+        start = end + 1
+        if first or b'"process"' in raw:
+            if not raw.strip():
+                continue
+            is_first, first = first, False
+            try:
+                obj = json.loads(raw)
+            except (ValueError, RecursionError):
+                continue  # a broken line: the SQL side counts it corrupt
+            if type(obj) is not dict or obj.get("kind") != "process":
+                continue
+            scan.header_lines.append(n)
+            try:
+                identity = decode_identity(obj)
+            except ValueError:
+                scan.bad_headers += 1
+                continue
+            scan.identities.append((n, identity))
+            scan.headers.append((n, obj))
+            if is_first:
+                scan.first_header = obj
+    return scan
+
+
+# -- the SQL side: lines -> typed rows -------------------------------------------------------------------------------
+
+FIELDS = ("v", "kind", "mono_ns", "wall_ns", "group", "name", "value", "unit", "step", "severity", "attributes",
+          "event_id", "span_id", "parent_id", "trace_id", "duration_ns", "status", "error", "start_mono_ns", "count",
+          "values", "histogram", "sink", "message")
+_F = {name: f"f[{i + 1}]" for i, name in enumerate(FIELDS)}
+_WHITESPACE = "chr(32)||chr(9)||chr(13)||chr(11)||chr(12)"  # bytes.strip()'s, less the newline split on
+
+
+def _is_int(x: str) -> str:
+    return f"(json_type({x}) = 'BIGINT' OR (json_type({x}) = 'UBIGINT' AND {x}::UBIGINT <= 9223372036854775807))"
+
+
+def _is_str(x: str) -> str:
+    return f"(json_type({x}) = 'VARCHAR')"
+
+
+def _is_num(x: str) -> str:
+    return (f"(json_type({x}) IN ('BIGINT', 'UBIGINT', 'DOUBLE', 'BOOLEAN') OR (json_type({x}) = 'VARCHAR' AND "
+            f"({x} ->> '$') IN ('NaN', 'Infinity', '-Infinity')))")
+
+
+def _opt_null(x: str, check: str) -> str:
+    return f"({x} IS NULL OR json_type({x}) = 'NULL' OR {check})"
+
+
+def _attrs_ok(x: str) -> str:
+    return f"({x} IS NOT NULL AND json_type({x}) IN ('OBJECT', 'NULL'))"
+
+
+def _s(x: str) -> str:
+    return f"({x} ->> '$')"
+
+
+def _attrs(x: str) -> str:
+    return f"(CASE WHEN json_type({x}) = 'OBJECT' AND {x}::VARCHAR <> '{{}}' THEN {x}::VARCHAR END)"
+
+
+def _i(x: str) -> str:
+    return f"(CASE WHEN {_is_int(x)} THEN {x}::BIGINT END)"
+
+
+_F_ = _F
+_HISTOGRAM_OK = _opt_null(_F["histogram"], f"json_type({_F['histogram']}) = 'OBJECT'")
+_VALID: dict[str, str] = {
+    "metric": f"{_is_num(_F_['value'])} AND ({_F_['unit']} IS NULL OR {_is_str(_F_['unit'])}) AND "
+              f"{_opt_null(_F_['step'], _is_int(_F_['step']))}",
+    "event": f"{_is_str(_F_['severity'])} AND {_attrs_ok(_F_['attributes'])} AND {_is_str(_F_['event_id'])} AND "
+             f"{_is_str(_F_['span_id'])}",
+    "span_start": f"{_is_str(_F_['span_id'])} AND {_is_str(_F_['parent_id'])} AND {_is_str(_F_['trace_id'])} AND "
+                  f"{_attrs_ok(_F_['attributes'])}",
+    "span_end": f"{_is_str(_F_['span_id'])} AND {_is_int(_F_['duration_ns'])} AND {_is_str(_F_['status'])} AND "
+                f"{_attrs_ok(_F_['attributes'])} AND {_is_str(_F_['error'])}",
+    "stat": f"json_type({_F_['values']}) = 'OBJECT' AND list_bool_and(list_transform(map_values(json_transform("
+            f"{_F_['values']}, '\"MAP(VARCHAR, JSON)\"')), lambda x: {_is_num('x')})) IS NOT FALSE AND "
+            f"{_is_int(_F_['start_mono_ns'])} AND {_is_int(_F_['count'])} AND {_is_str(_F_['unit'])} AND "
+            f"{_HISTOGRAM_OK}",
+    "diagnostic": f"{_is_str(_F_['sink'])} AND {_is_int(_F_['count'])} AND {_is_str(_F_['message'])}",
+}
+_VALUES: dict[str, str] = {
+    "value": f"(CASE json_type({_F['value']}) WHEN 'VARCHAR' THEN ({_F['value']} ->> '$')::DOUBLE "
+             f"WHEN 'BOOLEAN' THEN (CASE WHEN {_F['value']}::BOOLEAN THEN 1.0 ELSE 0.0 END) "
+             f"ELSE {_F['value']}::DOUBLE END)",
+    "value_int": _i(_F["value"]),
+    "value_bool": f"(CASE WHEN json_type({_F['value']}) = 'BOOLEAN' THEN {_F['value']}::BOOLEAN END)",
+    "unit": f"coalesce({_s(_F['unit'])}, '')",
+    "step": _i(_F["step"]),
+    "attributes": _attrs(_F["attributes"]),
+    "severity": _s(_F["severity"]),
+    "event_id": _s(_F["event_id"]),
+    "span_id": _s(_F["span_id"]),
+    "parent_id": _s(_F["parent_id"]),
+    "trace_id": _s(_F["trace_id"]),
+    "duration_ns": _i(_F["duration_ns"]),
+    "status": _s(_F["status"]),
+    "error": _s(_F["error"]),
+    "start_mono_ns": _i(_F["start_mono_ns"]),
+    "sample_count": _i(_F["count"]),
+    "values": f"{_F['values']}::VARCHAR",
+    "histogram": f"(CASE WHEN json_type({_F['histogram']}) = 'OBJECT' THEN {_F['histogram']}::VARCHAR END)",
+    "sink": _s(_F["sink"]),
+    "record_count": _i(_F["count"]),
+    "message": _s(_F["message"]),
+}
+
+
+def typed_rows_sql(source: str) -> str:
+    """A query over one segment's text: one row per line that is not a header, with ``n`` (its line number), ``kind``
+    (NULL when the line is corrupt: broken JSON, not v1, a field of the wrong type, an unknown kind) and every typed
+    field. ``source`` is a table expression with one column ``content`` (the file's text); the parameter ``$headers``
+    lists the header lines (a prescan's), which are not records, and ``$lines`` the complete lines to take."""
+    paths = "[" + ", ".join(f"'$.\"{name}\"'" for name in FIELDS) + "]"
+    common = (f"{_F['v']}::VARCHAR = '1' AND json_type({_F['v']}) = 'UBIGINT' AND {_is_int(_F['mono_ns'])} AND "
+              f"{_is_int(_F['wall_ns'])} AND {_is_str(_F['group'])} AND {_is_str(_F['name'])}")
+    kind = f"({_F['kind']} ->> '$')"
+    valid = " ".join(f"WHEN {kind} = '{k}' AND json_type({_F['kind']}) = 'VARCHAR' THEN ({cond})"
+                     for k, cond in _VALID.items())
+    values = ",\n  ".join(f"{expr} AS {name}" for name, expr in _VALUES.items())
+    return f"""
+WITH split AS (SELECT string_split(content, chr(10)) AS l FROM {source}),
+lines AS (SELECT unnest(l) AS line, generate_subscripts(l, 1) - 1 AS n FROM split),
+body AS (SELECT n, line FROM lines WHERE n < $lines AND trim(line, {_WHITESPACE}) <> ''
+         AND NOT list_contains($headers, n)),
+parsed AS (SELECT n, CASE WHEN json_valid(line) THEN json_extract(line, {paths}) END AS f FROM body),
+checked AS (SELECT n, f, CASE WHEN f IS NOT NULL AND {common} THEN (CASE {valid} ELSE false END) ELSE false END AS ok
+            FROM parsed)
+SELECT n, CASE WHEN ok THEN {kind} END AS kind, {_i(_F['mono_ns'])} AS mono_ns, {_i(_F['wall_ns'])} AS wall_ns,
+  {_s(_F['group'])} AS group_name, {_s(_F['name'])} AS name,
+  {values}
+FROM checked"""
+
+
+# -- rows -> records (the readers' objects) ---------------------------------------------------------------------------
+
+
+def _json(text: Any) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def record_from_row(kind: str, identity: Identity, row: Sequence[Any], names: Sequence[str]) -> Any:
+    """A record (``records.MetricPoint`` etc.) from a row of its table; ``names``: the row's column names."""
+    from ..records import Diagnostic, Event, MetricPoint, SpanEnd, SpanStart, StatWindow
+
+    r = dict(zip(names, row, strict=True))
+    head = (r["mono_ns"], r["wall_ns"], identity, r["group_name"], r["name"])
+    if kind == "metric":
+        value: Any = r["value"]
+        if r["value_bool"] is not None:
+            value = bool(r["value_bool"])
+        elif r["value_int"] is not None:
+            value = int(r["value_int"])
+        return MetricPoint(*head, value, r["unit"], r["step"])
+    attributes = untag_nonfinite(_json(r.get("attributes"))) or None
+    if kind == "event":
+        return Event(*head, r["severity"], attributes, r["event_id"], r["span_id"])
+    if kind == "span_start":
+        return SpanStart(*head, r["span_id"], r["parent_id"], r["trace_id"], attributes)
+    if kind == "span_end":
+        return SpanEnd(*head, r["span_id"], r["duration_ns"], r["status"], attributes, r["error"])
+    if kind == "stat":
+        values = {k: number_of(v) for k, v in (_json(r["values"]) or {}).items()}
+        return StatWindow(*head, r["start_mono_ns"], r["sample_count"], values, r["unit"], _json(r["histogram"]))
+    if kind == "diagnostic":
+        return Diagnostic(*head, r["sink"], r["record_count"], r["message"])
+    raise ValueError(f"unknown record kind {kind!r}")
+
+
+def identity_of_row(r: dict[str, Any], session: str, run: str) -> Identity:
+    """The identity a row carries (its partition values plus its identity columns)."""
+    return Identity(run_id=run, session_tag=session, perf_tag=r["perf_tag"], rank=r["rank"],
+                    local_rank=r["local_rank"], world_size=r["world_size"], host=r["host"], pid=r["pid"],
+                    group_rank=r["group_rank"], restart_count=r["restart_count"], role=r["role"])
