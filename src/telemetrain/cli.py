@@ -23,6 +23,7 @@ from .analysis import commands as analysis_commands
 from .cli_common import CLIError, resolve_run
 from .distributed import commands as launch_commands
 from .report import commands as report_commands
+from .store import commands as store_commands
 from .store.layout import default_root
 from .store.reader import NotARunError, Run, find_runs, open_run
 from .text import printable
@@ -505,6 +506,7 @@ def build_parser() -> argparse.ArgumentParser:
     launch_commands.register(sub)
     report_commands.register(sub)
     analysis_commands.register(sub)
+    store_commands.register(sub)
 
     demo = sub.add_parser(
         "demo",

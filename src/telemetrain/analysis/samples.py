@@ -58,15 +58,29 @@ class RunSamples:
     windows: list[Window]
     skipped_windows: int = 0  # warm-up windows and windows without a usable mean
     iteration_spans: dict[int, list[float]] = field(default_factory=dict)  # rank -> sampled iteration seconds
+    # Filled by the SQL path instead of ``windows`` (whose size grows with the run): the series, the ranks, the
+    # window count and the sampled spans' percentiles, computed by DuckDB.
+    precomputed: dict[tuple[str, int | None], list[float]] | None = None
+    precomputed_ranks: list[int] = field(default_factory=list)
+    precomputed_windows: int = 0
+    precomputed_percentiles: tuple[float, float] | None = None
 
     @property
     def ranks(self) -> list[int]:
+        if self.precomputed is not None:
+            return list(self.precomputed_ranks)
         return sorted({w.rank for w in self.windows})
+
+    @property
+    def window_count(self) -> int:
+        return self.precomputed_windows if self.precomputed is not None else len(self.windows)
 
     def series(self, metric: str, rank: int | None = None) -> list[float]:
         """The metric's values, one per window in iteration order: ``iteration_time``, ``samples_per_second`` or a
         phase name. With ``rank=None`` the windows of all ranks that end at the same iteration are averaged into one
         (data-parallel ranks step together, so they are one observation, not world_size independent ones)."""
+        if self.precomputed is not None:
+            return list(self.precomputed.get((metric, rank), []))
         by_iteration: dict[int, list[float]] = {}
         for w in self.windows:
             if rank is not None and w.rank != rank:
@@ -78,6 +92,8 @@ class RunSamples:
 
     def iteration_percentiles(self) -> tuple[float, float] | None:
         """p50 and p99 of the sampled iteration spans of all ranks (None without any)."""
+        if self.precomputed is not None:
+            return self.precomputed_percentiles
         times = sorted(t for ts in self.iteration_spans.values() for t in ts)
         if not times:
             return None

@@ -208,7 +208,8 @@ class Engine:
         if self._damage:
             self.con.executemany("INSERT INTO damage VALUES (?, ?, ?, ?, ?, ?, ?, ?)", self._damage)
         fields = ",\n  ".join(
-            f"TRY_CAST(json_extract(attributes, '$.{n}') AS {t}) AS {n}" if t == "BIGINT" else
+            f"(CASE WHEN json_type(json_extract(attributes, '$.{n}')) IN ('BIGINT', 'UBIGINT') THEN "
+            f"TRY_CAST(json_extract(attributes, '$.{n}') AS BIGINT) END) AS {n}" if t == "BIGINT" else
             f"(CASE WHEN json_type(json_extract(attributes, '$.{n}')) IN ('BIGINT', 'UBIGINT', 'DOUBLE') THEN "
             f"json_extract(attributes, '$.{n}')::DOUBLE END) AS {n}"
             for n, t in WINDOW_FIELDS)
