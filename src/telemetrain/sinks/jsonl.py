@@ -24,7 +24,16 @@ from ..identity import Identity
 from ..records import PackedSource
 from ..store.codec import ENCODERS, encode, encode_header, tag_nonfinite
 from ..store.layout import AGENT_ROLE, RUN_META, default_root, process_file_name, run_dir
+from ..store.segments import parse_segment_name, segment_file_name
 from .base import Sink
+
+# A process's log is cut into segments (store/segments.py) so that each closed one can be compacted to the columnar
+# copy on its own; the environment overrides are for tests and benchmarks.
+SEGMENT_BYTES = int(os.environ.get("TELEMETRAIN_SEGMENT_BYTES") or 64 << 20)
+SEGMENT_SECONDS = float(os.environ.get("TELEMETRAIN_SEGMENT_SECONDS") or 3600.0)
+# At close, the last segment is compacted only if the process wrote at least this much: a smaller tail reads as fast
+# from its JSONL. "0" compacts every close; TELEMETRAIN_COMPACT=0 turns the writer's compaction off.
+COMPACT_MIN_BYTES = int(os.environ.get("TELEMETRAIN_COMPACT_MIN_BYTES") or 1 << 20)
 
 
 def _versions() -> dict[str, str]:
@@ -87,6 +96,12 @@ class RunStoreSink(Sink):
         self.bytes_written = 0
         self.unencodable = 0  # records replaced by an "unencodable" diagnostic line
         self._torn_tail = False  # the last write stopped inside a line
+        self._segment = 0
+        self._segment_bytes = 0
+        self._segment_started = 0.0
+        self._compactor: Any = None  # the compaction process of this sink's segments, while it runs
+        self.compactions = 0  # compaction processes started
+        self.compaction_failures = 0
 
     def run_dir_for(self, identity: Identity) -> Path:
         return run_dir(self.root, identity)
@@ -97,10 +112,18 @@ class RunStoreSink(Sink):
         directory.mkdir(parents=True, exist_ok=True)
         if identity.role != AGENT_ROLE:  # the launcher's agent gets there first; run.json is the training's to write
             write_run_meta(directory, identity, self.config)
-        path = directory / process_file_name(identity)
+        base = process_file_name(identity)
+        # continue the latest segment of this process if it has several already (the same pid writing again)
+        segments = [parse_segment_name(f.name) for f in directory.glob(base.removesuffix(".jsonl") + ".*jsonl")]
+        self._segment = max((n.segment for n in segments if n is not None), default=0)
+        self._open_segment(directory / segment_file_name(base, self._segment), identity)
+
+    def _open_segment(self, path: Path, identity: Identity) -> None:
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
         self._identity = identity
         self.path = path
+        self._segment_bytes = os.fstat(self._fd).st_size
+        self._segment_started = time.monotonic()
         extra = {"versions": _versions(), "argv": list(sys.argv)}
         self._write_all(encode_header(identity, time.monotonic_ns(), time.time_ns(), extra).encode())
 
@@ -119,6 +142,55 @@ class RunStoreSink(Sink):
                 raise
             view = view[n:]
             self.bytes_written += n
+            self._segment_bytes += n
+        if self._segment_bytes >= SEGMENT_BYTES or time.monotonic() - self._segment_started >= SEGMENT_SECONDS:
+            self._roll()
+
+    def _roll(self) -> None:
+        """Close this segment, start the next (with its own header), and compact the closed one in the background."""
+        identity, path = self._identity, self.path
+        if identity is None or path is None or self._fd < 0:
+            return
+        os.close(self._fd)
+        self._fd = -1
+        self._segment += 1
+        self._open_segment(path.with_name(segment_file_name(process_file_name(identity), self._segment)), identity)
+        extra = {"versions": _versions(), "argv": list(sys.argv)}
+        self._write_all(encode_header(identity, time.monotonic_ns(), time.time_ns(), extra).encode())
+        self._compact(include_last=False)
+
+    def _compact(self, *, include_last: bool) -> None:
+        """Start ``python -m telemetrain.store.compact`` on this process's segments: a separate, low-priority process
+        (no GIL or memory shared with training), only when DuckDB is installed. A failure is counted and warned once;
+        the JSONL stays the record either way."""
+        if self.path is None or os.environ.get("TELEMETRAIN_COMPACT", "1") == "0":
+            return
+        import importlib.util
+
+        if importlib.util.find_spec("duckdb") is None:
+            return
+        previous = self._compactor
+        if previous is not None:
+            code = previous.poll()
+            if code is None and not include_last:
+                return  # still busy: the next roll or the close picks up what it did not cover
+            if code is not None and code != 0:
+                self.compaction_failures += 1
+        import subprocess
+
+        base = process_file_name(self._identity) if self._identity is not None else self.path.name
+        stem = base.removesuffix(".jsonl")
+        segments = sorted((n.segment, f) for f in self.path.parent.glob(stem + ".*jsonl")
+                          if (n := parse_segment_name(f.name)) is not None)
+        try:
+            self._compactor = subprocess.Popen(
+                [sys.executable, "-m", "telemetrain.store.compact", "--segments", *(str(f) for _, f in segments),
+                 *(["--include-last"] if include_last else [])],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True, close_fds=True)
+            self.compactions += 1
+        except OSError:
+            self.compaction_failures += 1
 
     def write(self, records: Sequence[Any]) -> None:
         """Typed records (the packed path below is the usual one)."""
@@ -172,6 +244,8 @@ class RunStoreSink(Sink):
         pass  # every write goes straight to the kernel; fsync would cost far more than it protects here
 
     def close(self) -> None:
+        if self.path is not None and self._fd >= 0 and self.bytes_written >= COMPACT_MIN_BYTES:
+            self._compact(include_last=True)
         self._close_fd()
 
     def _close_fd(self) -> None:

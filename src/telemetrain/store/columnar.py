@@ -148,7 +148,7 @@ _WHITESPACE = "chr(32)||chr(9)||chr(13)||chr(11)||chr(12)"  # bytes.strip()'s, l
 
 
 def _is_int(x: str) -> str:
-    return f"(json_type({x}) = 'BIGINT' OR (json_type({x}) = 'UBIGINT' AND {x}::UBIGINT <= 9223372036854775807))"
+    return f"(json_type({x}) = 'BIGINT' OR (json_type({x}) = 'UBIGINT' AND TRY_CAST({x} AS UBIGINT) <= 9223372036854775807))"
 
 
 def _is_str(x: str) -> str:
@@ -177,7 +177,7 @@ def _attrs(x: str) -> str:
 
 
 def _i(x: str) -> str:
-    return f"(CASE WHEN {_is_int(x)} THEN {x}::BIGINT END)"
+    return f"(CASE WHEN {_is_int(x)} THEN TRY_CAST({x} AS BIGINT) END)"
 
 
 _F_ = _F
@@ -198,11 +198,11 @@ _VALID: dict[str, str] = {
     "diagnostic": f"{_is_str(_F_['sink'])} AND {_is_int(_F_['count'])} AND {_is_str(_F_['message'])}",
 }
 _VALUES: dict[str, str] = {
-    "value": f"(CASE json_type({_F['value']}) WHEN 'VARCHAR' THEN ({_F['value']} ->> '$')::DOUBLE "
-             f"WHEN 'BOOLEAN' THEN (CASE WHEN {_F['value']}::BOOLEAN THEN 1.0 ELSE 0.0 END) "
-             f"ELSE {_F['value']}::DOUBLE END)",
+    "value": f"(CASE json_type({_F['value']}) WHEN 'VARCHAR' THEN TRY_CAST({_F['value']} ->> '$' AS DOUBLE) "
+             f"WHEN 'BOOLEAN' THEN (CASE WHEN TRY_CAST({_F['value']} AS BOOLEAN) THEN 1.0 ELSE 0.0 END) "
+             f"ELSE TRY_CAST({_F['value']} AS DOUBLE) END)",
     "value_int": _i(_F["value"]),
-    "value_bool": f"(CASE WHEN json_type({_F['value']}) = 'BOOLEAN' THEN {_F['value']}::BOOLEAN END)",
+    "value_bool": f"(CASE WHEN json_type({_F['value']}) = 'BOOLEAN' THEN TRY_CAST({_F['value']} AS BOOLEAN) END)",
     "unit": f"coalesce({_s(_F['unit'])}, '')",
     "step": _i(_F["step"]),
     "attributes": _attrs(_F["attributes"]),
@@ -224,6 +224,12 @@ _VALUES: dict[str, str] = {
 }
 
 
+# JSON has no NaN or Infinity; Python's parser and DuckDB's both take some as an extension, differently. The reader
+# refuses them (``codec.loads``); here: a line holding one outside a string (strings blanked first) is not JSON.
+_BARE_CONSTANT = ("(CASE WHEN regexp_matches(line, '(?i)nan|inf') THEN regexp_matches(regexp_replace(line, "
+                  "'\"(\\\\.|[^\"\\\\])*\"', '\"\"', 'g'), '(?i)nan|inf') ELSE false END)")
+
+
 def typed_rows_sql(source: str) -> str:
     """A query over one segment's text: one row per line that is not a header, with ``n`` (its line number), ``kind``
     (NULL when the line is corrupt: broken JSON, not v1, a field of the wrong type, an unknown kind) and every typed
@@ -241,7 +247,8 @@ WITH split AS (SELECT string_split(content, chr(10)) AS l FROM {source}),
 lines AS (SELECT unnest(l) AS line, generate_subscripts(l, 1) - 1 AS n FROM split),
 body AS (SELECT n, line FROM lines WHERE n < $lines AND trim(line, {_WHITESPACE}) <> ''
          AND NOT list_contains($headers, n)),
-parsed AS (SELECT n, CASE WHEN json_valid(line) THEN json_extract(line, {paths}) END AS f FROM body),
+parsed AS (SELECT n, CASE WHEN json_valid(line) AND NOT {_BARE_CONSTANT} THEN json_extract(line, {paths}) END AS f
+           FROM body),
 checked AS (SELECT n, f, CASE WHEN f IS NOT NULL AND {common} THEN (CASE {valid} ELSE false END) ELSE false END AS ok
             FROM parsed)
 SELECT n, CASE WHEN ok THEN {kind} END AS kind, {_i(_F['mono_ns'])} AS mono_ns, {_i(_F['wall_ns'])} AS wall_ns,
