@@ -26,7 +26,7 @@ from telemetrain.store.codec import decode_line
 duckdb = pytest.importorskip("duckdb")
 
 from telemetrain.store.columnar import COLUMNS, TABLES, ColumnarVersionError, record_from_row  # noqa: E402
-from telemetrain.store.compact import COLUMNAR_DIR, compact, manifest_path  # noqa: E402
+from telemetrain.store.compact import COLUMNAR_DIR, compact  # noqa: E402
 from telemetrain.store.engine import ColumnarWarning, Engine, ReadOnlyQueryError  # noqa: E402
 
 PY = sys.executable
@@ -120,8 +120,8 @@ def test_sql_and_python_readers_keep_and_skip_the_same_lines(tmp_path: Path) -> 
         fh.write("\n".join(DAMAGED) + "\n" + '{"v":1,"kind":"metr')  # and a torn last line
     log = open_run(run).processes[0]
     python = _records_python(run)
-    for r in python:
-        decode_line(json.dumps({}) if False else "{}", log.identity) if False else None
+    assert all(type(decode_line(json.dumps(line), log.identity)) is dict for line in ({"v": 1, "kind": "process",
+               "identity": log.identity.as_dict()},))
     with Engine([run]) as engine:  # from the JSONL (nothing compacted yet)
         torn, corrupt = engine.execute("SELECT sum(torn), sum(corrupt) FROM damage").fetchone()
     assert (torn, corrupt) == (log.torn, log.corrupt) == (1, 16)

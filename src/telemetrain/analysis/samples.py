@@ -10,17 +10,14 @@ positive mean.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..identity import Identity
-from ..store.codec import decode_line
-from ..store.layout import RUN_META, is_agent_file, is_process_file
+from ..store.layout import is_agent_file, is_process_file
 from ..store.reader import NotARunError, Run, open_run, read_run_meta, scan_process
 
 __all__ = ["PHASES", "RunSamples", "Window", "read_samples", "run_samples"]

@@ -30,7 +30,8 @@ SELECT * FROM w WHERE nth > 1 AND mean IS NOT NULL AND isfinite(mean) AND mean >
 def _series(engine: Engine, windows: str, column: str, by_rank: bool) -> dict[int | None, list[float]]:
     keys = "rank, iteration" if by_rank else "iteration"
     rows = engine.rows(f"SELECT {'rank' if by_rank else 'NULL'}, fsum(x) / count(x) FROM "
-                       f"(SELECT *, {column} AS x FROM ({windows})) WHERE x IS NOT NULL GROUP BY {keys} ORDER BY {keys}")
+                       f"(SELECT *, {column} AS x FROM ({windows})) WHERE x IS NOT NULL "
+                       f"GROUP BY {keys} ORDER BY {keys}")
     out: dict[int | None, list[float]] = {}
     for rank, value in rows:
         out.setdefault(rank, []).append(float(value))

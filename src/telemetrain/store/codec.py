@@ -311,7 +311,7 @@ def loads(line: str | bytes) -> Any:
     """``json.loads`` as the readers use it: strict JSON (no NaN literals), ``ValueError`` for anything it cannot
     take (too deep a nesting included)."""
     try:
-        return _loads(line if type(line) is str else bytes(line).decode("utf-8"))
+        return _loads(line if isinstance(line, str) else line.decode("utf-8"))
     except RecursionError:
         raise ValueError("nested too deeply") from None
 

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from ..identity import Identity
+from .codec import _f as number_of
 from .codec import decode_identity, untag_nonfinite
-from .codec import _f as number_of  # noqa: PLC2701 - the decoder's own rule for numeric fields
 
 __all__ = ["COLUMNS", "SCHEMA_VERSION", "TABLES", "ColumnarVersionError", "Prescan", "prescan", "typed_rows_sql"]
 
@@ -148,7 +148,8 @@ _WHITESPACE = "chr(32)||chr(9)||chr(13)||chr(11)||chr(12)"  # bytes.strip()'s, l
 
 
 def _is_int(x: str) -> str:
-    return f"(json_type({x}) = 'BIGINT' OR (json_type({x}) = 'UBIGINT' AND TRY_CAST({x} AS UBIGINT) <= 9223372036854775807))"
+    return (f"(json_type({x}) = 'BIGINT' OR (json_type({x}) = 'UBIGINT' AND "
+            f"TRY_CAST({x} AS UBIGINT) <= 9223372036854775807))")
 
 
 def _is_str(x: str) -> str:

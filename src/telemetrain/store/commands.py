@@ -66,8 +66,8 @@ def _cmd_query(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         import duckdb
     except ImportError:
         raise CLIError(f"telemetrain query {_EXTRA}") from None
-    from .engine import Engine, ReadOnlyQueryError
     from .columnar import ColumnarVersionError
+    from .engine import Engine, ReadOnlyQueryError
 
     path = resolve_run(args.run_dir, err)
     try:

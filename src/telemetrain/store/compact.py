@@ -154,13 +154,14 @@ def convert_segment(con: Any, path: Path, fallback: Identity, session: str, run:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         text = None
-    select = (f"SELECT ids.session, ids.run, ids.rank, "
+    select = ("SELECT ids.session, ids.run, ids.rank, "
               + ", ".join(f"ids.{name}" for name, _ in IDENTITY_COLUMNS)
               + f", {segment}::INTEGER AS segment, t.n::INTEGER AS line, t.* EXCLUDE (n) "
               "FROM typed t JOIN ids ON t.n >= ids.lo AND t.n < ids.hi")
     if text is not None:
-        con.execute(f"CREATE OR REPLACE TEMP TABLE seg AS WITH typed AS ({typed_rows_sql('(SELECT $content AS content)')}) "
-                    f"{select}", {"content": text, "headers": scan.header_lines, "lines": scan.lines})
+        typed = typed_rows_sql("(SELECT $content AS content)")
+        con.execute(f"CREATE OR REPLACE TEMP TABLE seg AS WITH typed AS ({typed}) {select}",
+                    {"content": text, "headers": scan.header_lines, "lines": scan.lines})
     else:  # not UTF-8 somewhere: line by line, so that only the bad lines are lost
         con.execute("CREATE OR REPLACE TEMP TABLE seg_text (content VARCHAR)")
         good = "\n".join(_utf8_or_blank(line) for line in data.split(b"\n"))
@@ -363,7 +364,7 @@ def compact(path: str | os.PathLike[str], dest: str | None = None, *, force: boo
 
 def _upload(local: Path, url: str) -> None:
     """The local tree under ``local`` to ``url`` (fsspec), data files first and the manifests last."""
-    import fsspec
+    import fsspec  # type: ignore[import-untyped]
 
     fs, root = fsspec.core.url_to_fs(url)
     files = sorted(p for p in local.rglob("*") if p.is_file() and not p.name.startswith("."))

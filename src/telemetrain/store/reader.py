@@ -194,7 +194,7 @@ class SegmentScan:
                 if self.identity is None:
                     self.identity = fallback_identity(self.path, self.meta)
                 try:
-                    rec = decode_line(raw, self.identity)  # type: ignore[arg-type]
+                    rec = decode_line(raw, self.identity)
                 except ValueError:
                     self.corrupt += 1
                     continue
