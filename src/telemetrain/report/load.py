@@ -23,7 +23,7 @@ def load_run(path: str | os.PathLike[str], progress: Progress | None = None) -> 
     run = open_run(Path(path))  # the reader's own checks and messages for what is not a run
     if progress is None:
         return run
-    logs = run.processes + run.agents
+    logs = sorted(run.processes + run.agents, key=lambda log: log.path.name)  # in file-name order, as listed
     sizes = [sum(_size(f) for f in log.paths) for log in logs]
     total = max(sum(sizes), 1)
     done = 0
