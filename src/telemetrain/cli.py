@@ -24,6 +24,7 @@ from .cli_common import CLIError, resolve_run
 from .distributed import commands as launch_commands
 from .report import commands as report_commands
 from .store import commands as store_commands
+from .store.columnar import ColumnarVersionError
 from .store.layout import default_root
 from .store.reader import NotARunError, Run, find_runs, open_run
 from .text import printable
@@ -79,8 +80,11 @@ def _table(rows: Sequence[tuple[Any, ...]], indent: str = "  ") -> list[str]:
 # -- show --------------------------------------------------------------------------------------------------------------
 
 
-def summarize(run: Run) -> list[str]:
-    """The ``show`` report of a run, as lines."""
+def summarize(run: Run, engine: Any = None) -> list[str]:
+    """The ``show`` report of a run, as lines. ``engine``: a ``store.engine.Engine`` over the run, to compute the
+    figures by SQL (``analysis.summary``) instead of reading every record here."""
+    from .analysis.summary import summarize_run, summarize_sql
+
     lines = [
         f"run         {run.run_id}",
         f"directory   {run.path}",
@@ -91,14 +95,14 @@ def summarize(run: Run) -> list[str]:
     if isinstance(config, dict) and config:
         lines.append("config      " + " ".join(f"{k}={_fmt_config(v)}" for k, v in config.items()))
 
-    records = run.records()
+    summary = summarize_sql(engine, run) if engine is not None else summarize_run(run)
     ranks = run.ranks
     lines.append(f"ranks       {len(ranks)} ({', '.join(map(str, ranks)) or 'none'}), {len(run.processes)} process(es)")
     proc_rows = []
     for p in run.processes:
         extra = "".join(f", {n} {k}" for k, n in (("torn", p.torn), ("corrupt", p.corrupt)) if n)
         proc_rows.append(
-            (f"rank {p.rank}", f"pid {p.pid}", f"host {p.identity.host}", f"{len(p.records)} records{extra}")
+            (f"rank {p.rank}", f"pid {p.pid}", f"host {p.identity.host}", f"{p.record_count} records{extra}")
         )
     lines += _table(proc_rows)
     if run.agents:  # `telemetrain launch`: the elastic agent of each node, beside its workers
@@ -114,7 +118,8 @@ def summarize(run: Run) -> list[str]:
         lines.append(f"agents      {len(run.agents)} (" + "; ".join(" ".join(r[:2]) for r in agent_rows) + ")")
         lines += _table(agent_rows)
 
-    walls = [r.wall_ns for r in records] or [p.header["wall_ns"] for p in run.processes if "wall_ns" in p.header]
+    walls = ([summary.start_ns, summary.end_ns] if summary.start_ns is not None and summary.end_ns is not None
+             else [p.header["wall_ns"] for p in run.processes if "wall_ns" in p.header])
     if not walls and isinstance(run.meta.get("created_wall_ns"), int):
         walls = [run.meta["created_wall_ns"]]
     if walls:
@@ -123,25 +128,17 @@ def summarize(run: Run) -> list[str]:
     else:
         lines.append("time        unknown (no records)")
 
-    by_kind = Counter(r.kind for r in records)
-    kinds = ", ".join(f"{k} {n}" for k, n in sorted(by_kind.items()))
-    lines.append(f"records     {len(records)}" + (f": {kinds}" if kinds else ""))
-    by_group = Counter((r.group, r.kind) for r in records)
-    lines += _table([(f"group {g}", k, str(n)) for (g, k), n in sorted(by_group.items())])
+    kinds = ", ".join(f"{k} {n}" for k, n in sorted(summary.by_kind.items()))
+    lines.append(f"records     {summary.records}" + (f": {kinds}" if kinds else ""))
+    lines += _table([(f"group {g}", k, str(n)) for (g, k), n in sorted(summary.by_group_kind.items())])
 
-    # Records come in wall-time order, so the last assignment is the last value (across all ranks).
-    last: dict[tuple[str, str], Any] = {}
-    points: Counter[tuple[str, str]] = Counter()
-    for r in records:
-        if r.kind == "metric":
-            key = (r.group, r.name)
-            last[key] = r
-            points[key] += 1
-    lines.append(f"metrics     {len(last)} (group/name = last value, points)")
+    # The last record in Run.records()'s (wall-time) order is the last value (across all ranks).
+    lines.append(f"metrics     {len(summary.metrics)} (group/name = last value, points)")
     metric_rows = []
-    for key in sorted(last):
-        r = last[key]
-        notes = [f"{points[key]} point{'s' if points[key] != 1 else ''}"]
+    for key in sorted(summary.metrics):
+        series = summary.metrics[key]
+        r = series.last
+        notes = [f"{series.count} point{'s' if series.count != 1 else ''}"]
         if r.step is not None:
             notes.append(f"step {r.step}")
         if r.unit:
@@ -149,49 +146,36 @@ def summarize(run: Run) -> list[str]:
         metric_rows.append((f"{key[0]}/{key[1]}", f"= {_fmt_value(r.value)}", f"({', '.join(notes)})"))
     lines += _table(metric_rows)
 
-    lines += _stat_lines(records)
-    lines += _system_lines(records)
-    lines += _training_lines(records)
-    if any(r.kind == "event" and r.group == "training" for r in records):
-        lines += _goodput_lines(run)
+    lines += _stat_lines(summary)
+    lines += _system_lines(summary)
+    lines += _training_lines(summary)
+    if summary.training_events:
+        lines += _goodput_lines(run, engine)
 
-    event_counts = Counter((r.group, r.name) for r in records if r.kind == "event")
-    lines.append(f"events      {sum(event_counts.values())}")
-    lines += _table([(f"{g}/{n}", str(c)) for (g, n), c in sorted(event_counts.items())])
-    bad = Counter(r.severity for r in records if r.kind == "event" and r.severity in ("warning", "error", "critical"))
-    if bad:
-        lines.append("  by severity: " + ", ".join(f"{s} {n}" for s, n in sorted(bad.items())))
+    lines.append(f"events      {sum(summary.event_counts.values())}")
+    lines += _table([(f"{g}/{n}", str(c)) for (g, n), c in sorted(summary.event_counts.items())])
+    if summary.severities:
+        lines.append("  by severity: " + ", ".join(f"{s} {n}" for s, n in sorted(summary.severities.items())))
 
-    diagnostics = [r for r in records if r.kind == "diagnostic"]
-    lines.append(f"problems    torn lines {run.torn}, corrupt lines {run.corrupt}, diagnostics {len(diagnostics)}")
-    grouped: dict[tuple[str, str], list[Any]] = {}
-    for d in diagnostics:
-        grouped.setdefault((d.name, d.sink), []).append(d)
+    lines.append(f"problems    torn lines {run.torn}, corrupt lines {run.corrupt}, diagnostics {summary.diagnostics}")
     diag_rows = []
-    for (name, sink), ds in sorted(grouped.items()):
-        message = ds[-1].message.replace("\n", " ")[:160]
-        diag_rows.append(
-            (name, f"sink {sink or '?'}", f"x{len(ds)}", f"count {sum(d.record_count for d in ds)}", message)
-        )
+    for (name, sink), (count, records, message) in sorted(summary.diagnostic_groups.items()):
+        message = message.replace("\n", " ")[:160]
+        diag_rows.append((name, f"sink {sink or '?'}", f"x{count}", f"count {records}", message))
     lines += _table(diag_rows)
     return lines
 
 
-def _stat_lines(records: Sequence[Any]) -> list[str]:
+def _stat_lines(summary: Any) -> list[str]:
     """Per stat: windows, samples, and the last window's values."""
-    windows: dict[tuple[str, str], list[Any]] = {}
-    for r in records:
-        if r.kind == "stat":
-            windows.setdefault((r.group, r.name), []).append(r)
-    lines = [f"stats       {len(windows)} (group/name: windows, samples; last window's values)"]
+    lines = [f"stats       {len(summary.stats)} (group/name: windows, samples; last window's values)"]
     rows = []
-    for key in sorted(windows):
-        ws = windows[key]
-        last = ws[-1]
+    for key in sorted(summary.stats):
+        series = summary.stats[key]
+        last = series.last
         unit = f" {last.unit}" if last.unit else ""
         values = " ".join(f"{k}={_fmt_value(v)}" for k, v in last.values.items() if k != "count")
-        samples = sum(w.sample_count for w in ws)
-        rows.append((f"{key[0]}/{key[1]}", f"{len(ws)} windows", f"{samples} samples", f"{values}{unit}"))
+        rows.append((f"{key[0]}/{key[1]}", f"{series.count} windows", f"{series.samples} samples", f"{values}{unit}"))
     return lines + _table(rows)
 
 
@@ -204,23 +188,10 @@ def _iec(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
-def _system_lines(records: Sequence[Any]) -> list[str]:
+def _system_lines(summary: Any) -> list[str]:
     """What the system sampler recorded (``telemetrain.system``): host, processes, GPUs, allocator, run energy."""
-    # (who, group) -> name -> values in time order; who: the host for host-wide and GPU series, else the process
-    series: dict[tuple[str, str], dict[str, list[float]]] = {}
-    energy_last: dict[tuple[str, str, str, int], float] = {}
-    for r in records:
-        if r.kind != "metric" or not (r.group == "system" or r.group.startswith("system.")):
-            continue
-        if not _is_number(r.value) or not math.isfinite(r.value):
-            continue
-        ident = r.identity
-        host_wide = r.name.startswith("system.") or r.group.startswith("system.gpu.")
-        who = f"host {ident.host}" if host_wide else f"rank {ident.rank} pid {ident.pid}"
-        series.setdefault((who, r.group), {}).setdefault(r.name, []).append(float(r.value))
-        if r.name in ("hw.energy", "hw.energy.integrated"):  # J since that process's sampler started
-            energy_last[(who, r.group, r.name, ident.pid)] = float(r.value)
-    starts = [r for r in records if r.kind == "event" and r.name == "system.sampler.start"]
+    series = summary.system
+    starts = summary.sampler_starts
     if not series and not starts:
         return []
     intervals = sorted({float(a["interval_s"]) for a in (r.attributes or {} for r in starts)
@@ -237,69 +208,72 @@ def _system_lines(records: Sequence[Any]) -> list[str]:
     # the run's energy: per device, the most that one of the processes sampling it saw (two ranks that both sample a
     # GPU must not count it twice)
     energy: dict[tuple[str, str, str], float] = {}
-    for (who, group, name, _), joules in energy_last.items():
+    for (who, group, name, _), joules in summary.energy_last.items():
         energy[(who, group, name)] = max(energy.get((who, group, name), 0.0), joules)
     if energy:
         total = sum(energy.values())
         how = Counter("integrated from power" if k[2].endswith("integrated") else "energy counter" for k in energy)
         lines.append(f"  energy      {total:,.1f} J = {total / 3.6e6:.6g} kWh from {len(energy)} GPU(s) while "
                      "sampled (" + ", ".join(f"{n} {s}" for s, n in sorted(how.items())) + ")")
-    reasons = sorted({str((r.attributes or {}).get("reason")) for r in records
-                      if r.kind == "event" and r.name == "system.gpu.unavailable"})
-    lines += [f"  gpu         none sampled: {reason}" for reason in reasons]
+    lines += [f"  gpu         none sampled: {reason}" for reason in summary.gpu_unavailable]
     return lines
 
 
-def _system_rows(who: str, group: str, m: dict[str, list[float]], n_cpu: Any) -> list[tuple[str, ...]]:
-    """The show rows of one (host or process, group) of system metrics."""
+def _system_rows(who: str, group: str, m: dict[str, Any], n_cpu: Any) -> list[tuple[str, ...]]:
+    """The show rows of one (host or process, group) of system metrics (``m``: name -> ``summary.SystemSeries``)."""
 
-    def mean(v: list[float]) -> float:
-        return sum(v) / len(v)
+    def mean(v: Any) -> float:
+        return float(v.mean)
+
+    def top(v: Any) -> float:
+        return float(v.max)
 
     def last(name: str) -> float:
-        return m.get(name, [0.0])[-1]
+        v = m.get(name)
+        return float(v.last) if v else 0.0
 
     rows: list[tuple[str, ...]] = []
     if group == "system":
         if m.get("system.cpu.utilization"):
             v = m["system.cpu.utilization"]
-            rows.append((who, "cpu", f"mean {mean(v):.1%}  max {max(v):.1%} of all CPUs"))
+            rows.append((who, "cpu", f"mean {mean(v):.1%}  max {top(v):.1%} of all CPUs"))
         if m.get("system.memory.usage"):
             v = m["system.memory.usage"]
             swap = m.get("system.paging.usage")
-            rows.append((who, "memory", f"mean {_iec(mean(v))}  max {_iec(max(v))} of "
-                         f"{_iec(last('system.memory.limit'))}" + (f"; swap max {_iec(max(swap))}" if swap else "")))
+            rows.append((who, "memory", f"mean {_iec(mean(v))}  max {_iec(top(v))} of "
+                         f"{_iec(last('system.memory.limit'))}" + (f"; swap max {_iec(top(swap))}" if swap else "")))
         if m.get("system.disk.io.read") or m.get("system.network.io.receive"):
             rows.append((who, "i/o", f"disk read {_iec(last('system.disk.io.read'))} write "
                          f"{_iec(last('system.disk.io.write'))}; network receive "
                          f"{_iec(last('system.network.io.receive'))} transmit "
                          f"{_iec(last('system.network.io.transmit'))} (host-wide, while sampled)"))
         if m.get("process.memory.usage"):
-            text = f"rss max {_iec(max(m['process.memory.usage']))}"
+            text = f"rss max {_iec(top(m['process.memory.usage']))}"
             if m.get("process.tree.memory.usage"):
-                text += (f", with descendants max {_iec(max(m['process.tree.memory.usage']))} "
-                         f"({max(m.get('process.children.count', [0])):.0f} at most)")
+                children = top(m["process.children.count"]) if m.get("process.children.count") else 0
+                text += (f", with descendants max {_iec(top(m['process.tree.memory.usage']))} "
+                         f"({children:.0f} at most)")
             for label, name in (("cpu", "process.cpu.utilization"),
                                 ("with descendants", "process.tree.cpu.utilization")):
                 if m.get(name):
                     cores = f" = {mean(m[name]) * n_cpu:.2f} cores" if isinstance(n_cpu, int) else ""
-                    text += f"; {label} mean {mean(m[name]):.1%}{cores}, max {max(m[name]):.1%}"
+                    text += f"; {label} mean {mean(m[name]):.1%}{cores}, max {top(m[name]):.1%}"
             rows.append((who, "process", text))
     elif group.startswith("system.filesystem.") and m.get("system.filesystem.usage"):
         rows.append((who, f"filesystem {group.removeprefix('system.filesystem.')}",
-                     f"used max {_iec(max(m['system.filesystem.usage']))} of {_iec(last('system.filesystem.limit'))}"))
+                     f"used max {_iec(top(m['system.filesystem.usage']))} of {_iec(last('system.filesystem.limit'))}"))
     elif group.startswith("system.gpu."):
         parts = []
         if m.get("hw.gpu.utilization"):
-            parts.append(f"util mean {mean(m['hw.gpu.utilization']):.0%} max {max(m['hw.gpu.utilization']):.0%}")
+            parts.append(f"util mean {mean(m['hw.gpu.utilization']):.0%} max {top(m['hw.gpu.utilization']):.0%}")
         if m.get("hw.gpu.memory.usage"):
-            parts.append(f"memory max {_iec(max(m['hw.gpu.memory.usage']))} of {_iec(last('hw.gpu.memory.limit'))}")
+            parts.append(f"memory max {_iec(top(m['hw.gpu.memory.usage']))} of {_iec(last('hw.gpu.memory.limit'))}")
         if m.get("hw.power"):
-            parts.append(f"power mean {mean(m['hw.power']):.0f} W max {max(m['hw.power']):.0f} W")
+            parts.append(f"power mean {mean(m['hw.power']):.0f} W max {top(m['hw.power']):.0f} W")
         if m.get("hw.temperature"):
-            parts.append(f"temperature max {max(m['hw.temperature']):.0f} C")
+            parts.append(f"temperature max {top(m['hw.temperature']):.0f} C")
         for name in ("hw.gpu.throttle.power", "hw.gpu.throttle.thermal"):
-            if m.get(name) and max(m[name]) > 0:
+            if m.get(name) and top(m[name]) > 0:
                 parts.append(f"{name.rsplit('.', 1)[1]} throttling in {mean(m[name]):.0%} of samples")
         if parts:
             rows.append((who, f"gpu {group.removeprefix('system.gpu.')}", "; ".join(parts)))
@@ -311,21 +285,18 @@ def _system_rows(who: str, group: str, m: dict[str, list[float]], n_cpu: Any) ->
     return rows
 
 
-def _training_lines(records: Sequence[Any]) -> list[str]:
+def _training_lines(summary: Any) -> list[str]:
     """The derived training metrics: the last ``training_metrics_update`` of each process, and the lifecycle."""
-    updates = [
-        r for r in records if r.kind == "event" and r.group == "training" and r.name == "training_metrics_update"
-    ]
-    if not updates:
+    if not summary.updates:
         return []
-    last = updates[-1].attributes or {}
+    last = summary.last_update or {}
 
     def ms(key: str) -> str:
         value = last.get(key)
         return f"{value * 1e3:.2f} ms" if isinstance(value, (int, float)) else "-"
 
     lines = [f"training    {last.get('num_iterations', '?')} iterations this run (global step "
-             f"{last.get('current_iteration', '?')}), {len(updates)} metrics updates (training_metrics_update)"]
+             f"{last.get('current_iteration', '?')}), {summary.updates} metrics updates (training_metrics_update)"]
     rows = [("iteration time (last window)", f"p50 {ms('p50_iteration_time_sec')}  p90 {ms('p90_iteration_time_sec')}"
              f"  p99 {ms('p99_iteration_time_sec')}  mean {ms('avg_iteration_time_sec')}"
              f"  max {ms('max_iteration_time_sec')}")]
@@ -344,11 +315,9 @@ def _training_lines(records: Sequence[Any]) -> list[str]:
         rows.append(("time split (last window)", "  ".join(split)))
     if isinstance(last.get("time_to_first_iteration_sec"), (int, float)):
         rows.append(("time to first iteration", f"{last['time_to_first_iteration_sec']:.3f} s"))
-    saves = [r for r in records if r.kind == "event" and r.name == "save_checkpoint_success"]
-    validations = [r for r in records if r.kind == "event" and r.name == "validation_metrics_update"]
-    errors = [r for r in records if r.kind == "event" and r.group == "training" and r.name == "error"]
-    rows.append(("checkpoints / validations", f"{len(saves)} saved  {len(validations)} validation loops  "
-                 f"{len(errors)} telemetry misuse errors"))
+    saves, validations = sum(summary.saves.values()), sum(summary.validations.values())
+    rows.append(("checkpoints / validations", f"{saves} saved  {validations} validation loops  "
+                 f"{summary.errors} telemetry misuse errors"))
     return lines + _table(rows)
 
 
@@ -356,12 +325,12 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _goodput_lines(run: Run) -> list[str]:
+def _goodput_lines(run: Run, engine: Any = None) -> list[str]:
     """Goodput of the session the run belongs to (its restarts together), when it trained."""
     from .training.goodput import goodput
 
     try:
-        report = goodput(run.path.parent if run.path.parent != run.path else run.path)
+        report = goodput(run.path.parent if run.path.parent != run.path else run.path, opened=(run,), engine=engine)
     except (ValueError, OSError):
         return []
     except Exception as exc:  # noqa: BLE001 - odd records must not take the whole summary down
@@ -384,22 +353,31 @@ def _q(path: Path | str) -> str:
 
 
 def _list_runs(target: str | None, out: TextIO) -> int:
+    from .store.engine import engine_for
+
     base = Path(target) if target is not None else default_root()
     if not base.is_dir():
         raise CLIError(f"no such directory: {base}")
     runs = find_runs(base)
     if not runs:
         raise CLIError(f"no telemetrain runs under {base}")
+    engine = engine_for(runs)  # with DuckDB the records are counted by SQL, not read
     rows = []
-    for path in runs:
-        try:
-            run = open_run(path)
-        except (OSError, NotARunError) as exc:
-            rows.append(("?", str(path), f"unreadable: {exc}"))
-            continue
-        created = run.meta.get("created_wall_ns")
-        when = _iso(created) if isinstance(created, int) else "?"
-        rows.append((when, str(path), f"{len(run)} records"))
+    try:
+        for path in runs:
+            try:
+                run = open_run(path)
+            except (OSError, NotARunError) as exc:
+                rows.append(("?", str(path), f"unreadable: {exc}"))
+                continue
+            if engine is not None:
+                engine.attach(run)
+            created = run.meta.get("created_wall_ns")
+            when = _iso(created) if isinstance(created, int) else "?"
+            rows.append((when, str(path), f"{len(run)} records"))
+    finally:
+        if engine is not None:
+            engine.close()
     print("\n".join(printable(line) for line in _table(rows, indent="")), file=out)
     return 0
 
@@ -407,13 +385,21 @@ def _list_runs(target: str | None, out: TextIO) -> int:
 def _cmd_show(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.list:
         return _list_runs(args.run_dir, out)
+    from .store.engine import engine_for
+
     path = resolve_run(args.run_dir, err)
     try:
         run = open_run(path)
     except (OSError, NotARunError) as exc:  # FileNotFoundError included: the directory went away meanwhile
         raise CLIError(str(exc)) from None
+    engine = engine_for([path])  # DuckDB when installed (the columnar extra): the run is not read into Python
+    try:
+        lines = summarize(run, engine)
+    finally:
+        if engine is not None:
+            engine.close()
     # names and attributes come from whoever wrote the run: no terminal escapes reach the screen
-    print("\n".join(printable(line) for line in summarize(run)), file=out)
+    print("\n".join(printable(line) for line in lines), file=out)
     return 0
 
 
@@ -608,7 +594,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return int(run(args, out, err))
         parser.print_help(out)
         return 2
-    except (CLIError, PermissionError) as exc:
+    except (CLIError, PermissionError, ColumnarVersionError) as exc:
         print(f"telemetrain: error: {exc}", file=err)
         return 2
     except KeyboardInterrupt:

@@ -1,7 +1,9 @@
 """What the report computes from a run and its session: plain data, no HTML (``html.py`` lays it out).
 
 One pass over each process's records collects what every section needs; the derived figures (slow ranks, slow
-phases, slow iterations) are computed from the per-rank windows afterwards. docs/report.md defines each number.
+phases, slow iterations, the heatmap) are computed from the per-rank windows afterwards (``windows.py``). With the
+``columnar`` extra the same collection is done by SQL (``model_sql.py``), in memory that does not grow with the run;
+both give the same model. docs/report.md defines each number.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..store.reader import ProcessLog, Run
+from .windows import SLOW_ITERATION_FACTOR, SLOW_PHASE_FACTOR, Heatmap, WindowFigures, window_figures
 
 __all__ = ["PHASES", "Finding", "ReportModel", "Window", "build_model"]
 
@@ -44,11 +47,9 @@ _SYSTEM_NAMES = frozenset(name for name, _, _ in SYSTEM_CHARTS)
 _ENERGY_NAMES = ("hw.energy", "hw.energy.integrated")
 
 SLOW_RANK_FACTOR = 1.2  # a rank whose median window time is this many times the median of the ranks'
-SLOW_ITERATION_FACTOR = 3.0  # a window whose slowest iteration is this many times the rank's median
-SLOW_PHASE_FACTOR = 2.0  # a window whose phase time is this many times the phase's median on that rank ...
-SLOW_PHASE_MIN_SHARE = 0.05  # ... and adds at least this share of a median iteration (tiny phases are noise)
 MAX_EVENT_ROWS = 300
 MAX_SERIES_POINTS = 800
+ITERATION_CHART_POINTS = 1000  # html.MAX_CHART_POINTS: the iteration spans drawn when there are no windows
 
 
 @dataclasses.dataclass(slots=True)
@@ -118,8 +119,12 @@ class ReportModel:
     processes: list[ProcessLog]
     agents: list[ProcessLog]
     headline: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)  # (label, value, how)
+    # rank -> its windows in iteration order, merged to at most windows.MAX_WINDOWS_PER_RANK (see windows.py)
     windows: dict[int, list[Window]] = dataclasses.field(default_factory=dict)
-    iteration_spans: dict[int, list[tuple[float, float]]] = dataclasses.field(default_factory=dict)  # (t, seconds)
+    window_counts: dict[int, int] = dataclasses.field(default_factory=dict)  # rank -> windows before merging
+    heatmap: Heatmap | None = None
+    # rank -> (t, seconds) of its exported iteration spans, every k-th (k = max(1, n // 1000)): what the chart draws
+    iteration_spans: dict[int, list[tuple[float, float]]] = dataclasses.field(default_factory=dict)
     phase_seconds: dict[int, dict[str, float]] = dataclasses.field(default_factory=dict)  # rank -> phase -> s
     lifecycle: list[SpanRow] = dataclasses.field(default_factory=list)
     checkpoints: list[SpanRow] = dataclasses.field(default_factory=list)
@@ -207,6 +212,23 @@ class _Collector:
             self._process(log, f"agent {log.identity.host}", agent=True)
         self.events.sort(key=lambda e: e.wall_ns)
         self.problems.sort(key=lambda e: e.wall_ns)
+
+    def window_figures(self) -> WindowFigures:
+        windows = {rank: sorted(ws, key=lambda w: (w.iteration, w.wall_ns)) for rank, ws in sorted(self.windows.items())
+                   if ws}
+        return window_figures(windows, Window)
+
+    def iteration_span_points(self) -> dict[int, list[tuple[int, float]]]:
+        """rank -> (wall ns, seconds) of every ``stride``-th exported iteration span (what the chart draws)."""
+        out = {}
+        for rank, points in self.iteration_spans.items():
+            ordered = sorted(points)
+            out[rank] = ordered[::stride(len(ordered), ITERATION_CHART_POINTS)]
+        return out
+
+    def system_points(self) -> dict[tuple[str, str], list[tuple[int, float]]]:
+        """(metric, who) -> its samples (wall ns, value) in time order, ``downsample``d."""
+        return {key: downsample(sorted(points)) for key, points in self.system.items()}
 
     def _note_event(self, row: EventRow) -> None:
         if len(self.events) < MAX_EVENT_ROWS:
@@ -330,11 +352,18 @@ class _Collector:
             self.last_ns = last if self.last_ns is None else max(self.last_ns, last)
 
 
-def _downsample(points: Sequence[tuple[float, float]], limit: int = MAX_SERIES_POINTS) -> list[tuple[float, float]]:
-    if len(points) <= limit:
-        return list(points)
-    step = len(points) / limit
-    return [points[int(i * step)] for i in range(limit)] + [points[-1]]
+def stride(n: int, limit: int) -> int:
+    """Every how many points a series of ``n`` is drawn with at most about ``limit`` (the SQL path uses the same)."""
+    return max(1, n // limit)
+
+
+def downsample(points: Sequence[tuple[Any, float]], limit: int = MAX_SERIES_POINTS) -> list[tuple[Any, float]]:
+    """Every ``stride``-th point and the last (the same points the SQL path selects)."""
+    step = stride(len(points), limit)
+    out = list(points[::step])
+    if out and (len(points) - 1) % step:
+        out.append(points[-1])
+    return out
 
 
 def _median(values: Iterable[float | None]) -> float | None:
@@ -371,8 +400,7 @@ def _ranges(steps: Sequence[int]) -> str:
 # -- derived figures -----------------------------------------------------------------------------------------------
 
 
-def _slow_ranks(windows: dict[int, list[Window]]) -> list[tuple[int, float]]:
-    medians = {rank: _median(w.avg for w in ws) for rank, ws in windows.items()}
+def _slow_ranks(medians: dict[int, float | None]) -> list[tuple[int, float]]:
     known = {rank: m for rank, m in medians.items() if m is not None}
     if len(known) < 2:
         return []
@@ -383,33 +411,8 @@ def _slow_ranks(windows: dict[int, list[Window]]) -> list[tuple[int, float]]:
                   key=lambda x: -x[1])
 
 
-def _slow_windows(windows: dict[int, list[Window]]) -> list[Window]:
-    slow: list[Window] = []
-    for ws in windows.values():
-        typical = _median(w.p50 if w.p50 is not None else w.avg for w in ws)
-        if not typical:
-            continue
-        slow.extend(w for w in ws if w.max is not None and w.max > SLOW_ITERATION_FACTOR * typical)
-    return sorted(slow, key=lambda w: (w.iteration, w.rank))
-
-
-def _slow_phases(windows: dict[int, list[Window]]) -> list[Finding]:
-    """Per phase: the windows in which it took far longer than its own median on that rank."""
-    hits: dict[str, list[tuple[int, int, float, float]]] = defaultdict(list)  # phase -> (rank, step, value, median)
-    for rank, ws in windows.items():
-        typical_iteration = _median(w.avg for w in ws)
-        if not typical_iteration:
-            continue
-        for phase in PHASES:
-            values = [w.phases[phase] for w in ws if phase in w.phases]
-            if len(values) < 3:
-                continue
-            typical = statistics.median(values)
-            for w in ws:
-                value = w.phases.get(phase)
-                if value is not None and value >= SLOW_PHASE_FACTOR * typical and \
-                        value - typical >= SLOW_PHASE_MIN_SHARE * typical_iteration:
-                    hits[phase].append((rank, w.iteration, value, typical))
+def _slow_phases(hits: dict[str, list[tuple[int, int, float, float]]]) -> list[Finding]:
+    """Per phase: the windows in which it took far longer than its own median on that rank (``windows.py``)."""
     findings = []
     for phase, items in sorted(hits.items(), key=lambda kv: -max(v / max(m, 1e-12) for _, _, v, m in kv[1])):
         ranks = sorted({rank for rank, _, _, _ in items})
@@ -505,13 +508,14 @@ def _headline(model: ReportModel, c: _Collector) -> list[tuple[str, str, str]]:
     return rows
 
 
-def _goodput(run: Run, rank: int) -> tuple[Any, str]:
+def _goodput(run: Run, rank: int, engine: Any = None) -> tuple[Any, str]:
     from ..training.goodput import goodput
 
     error = ""
     for session_dir in (run.path.parent, run.path):  # a run folder alone is a session of one run
         try:
-            return goodput(session_dir, rank=rank, opened=(run,)), ""  # this run is read already
+            # this run is read (or opened by SQL) already
+            return goodput(session_dir, rank=rank, opened=(run,), engine=engine), ""
         except (ValueError, OSError) as exc:
             error = str(exc)
         except Exception as exc:  # noqa: BLE001 - odd records must not take the whole report down
@@ -548,14 +552,14 @@ def _crash_findings(model: ReportModel) -> list[Finding]:
     return findings
 
 
-def _findings(model: ReportModel, c: _Collector) -> list[Finding]:
+def _findings(model: ReportModel, c: _Collector, figures: WindowFigures) -> list[Finding]:
     found = _crash_findings(model)
     for rank, factor in model.slow_ranks:
         found.append(Finding("warning", "slow rank", f"slow rank: rank {rank}",
                              f"rank {rank}'s median window iteration time is {factor:.2f}x the median of all ranks "
                              f"(threshold {SLOW_RANK_FACTOR:g}x)"))
     found += _straggler_findings(model.stragglers)
-    found += _slow_phases(model.windows)
+    found += _slow_phases(figures.phase_hits)
     if model.slow_windows:
         worst = max(model.slow_windows, key=lambda w: w.max or 0.0)
         found.append(Finding(
@@ -608,33 +612,42 @@ def model_torn_corrupt(model: ReportModel) -> tuple[int, int]:
 def _system(model: ReportModel, c: _Collector) -> list[tuple[str, str, list[Series]]]:
     charts = []
     for name, title, unit in SYSTEM_CHARTS:
-        series = [Series(who, _downsample(sorted((model.seconds(w), v) for w, v in points)))
-                  for (metric, who), points in sorted(c.system.items()) if metric == name]
+        series = [Series(who, [(model.seconds(w), v) for w, v in points])
+                  for (metric, who), points in sorted(c.system_points().items()) if metric == name]
         if series:
             charts.append((title, unit, series))
     return charts
 
 
-def build_model(run: Run) -> ReportModel:
-    """Everything the report shows about ``run`` (and about its session: goodput, restarts)."""
-    c = _Collector(run)
+def build_model(run: Run, engine: Any = None) -> ReportModel:
+    """Everything the report shows about ``run`` (and about its session: goodput, restarts). ``engine``: a
+    ``store.engine.Engine`` over the run, to collect by SQL (``model_sql``); without it the records are read here."""
+    c: Any
+    if engine is not None:
+        from .model_sql import SqlCollector
+
+        c = SqlCollector(run, engine)
+    else:
+        c = _Collector(run)
     c.collect()
     start = c.first_ns if c.first_ns is not None else int(run.meta.get("created_wall_ns") or 0)
     end = c.last_ns if c.last_ns is not None else start
     model = ReportModel(path=run.path, meta=run.meta, run_id=run.run_id, session_tag=run.session_tag,
                         perf_tag=run.perf_tag, start_ns=start, end_ns=end, processes=run.processes,
                         agents=run.agents)
-    model.windows = {rank: sorted(ws, key=lambda w: (w.iteration, w.wall_ns)) for rank, ws in c.windows.items() if ws}
-    model.iteration_spans = {rank: [(model.seconds(w), d) for w, d in sorted(points)]
-                             for rank, points in c.iteration_spans.items() if points}
-    for rank in sorted(set(model.windows) | set(c.span_phase_seconds)):
-        ws = model.windows.get(rank, [])
-        if ws and any(w.phases for w in ws):
-            seconds = {p: sum(w.phases.get(p, 0.0) * w.iterations for w in ws) for p in PHASES}
+    figures: WindowFigures = c.window_figures()
+    model.windows = {rank: ws for rank, ws in sorted(figures.merged.items()) if ws}
+    model.window_counts = {rank: n for rank, n in sorted(figures.counts.items()) if n}
+    model.heatmap = figures.heatmap
+    model.iteration_spans = {rank: [(model.seconds(w), d) for w, d in points]
+                             for rank, points in sorted(c.iteration_span_points().items()) if points}
+    for rank in sorted(set(figures.phase_seconds) | set(c.span_phase_seconds)):
+        if rank in figures.phase_seconds:
+            seconds, total = figures.phase_seconds[rank]
+            seconds = dict(seconds)
             # the window's phase averages cover all its iterations, its iteration times leave the warm-up out: the
             # warm-up iterations are taken at the window's mean
-            total = sum(w.avg * w.iterations for w in ws if w.avg is not None and math.isfinite(w.avg))
-            other = total - sum(seconds.values())
+            other = total - math.fsum(seconds.values())
             seconds["other"] = other if other > 1e-9 * max(total, 1.0) else 0.0  # float dust is not a phase
         elif c.span_phase_seconds.get(rank):
             seconds = dict(c.span_phase_seconds[rank])  # exported spans only: a sample of the iterations
@@ -649,11 +662,12 @@ def build_model(run: Run) -> ReportModel:
     model.metric_stats, model.span_stats = c.metric_stats, c.span_stats
     model.stragglers = sorted(c.stragglers, key=lambda s: (s.get("step") if isinstance(s.get("step"), int) else -1,
                                                            str(s.get("rank"))))
-    model.slow_ranks = _slow_ranks(model.windows)
-    model.slow_windows = _slow_windows(model.windows)
+    model.slow_ranks = _slow_ranks(figures.medians)
+    model.slow_windows = figures.slow_windows
     model.system = _system(model, c)
     ranks = run.ranks
-    model.goodput, model.goodput_error = _goodput(run, ranks[0] if ranks else 0) if run.processes else (None, "")
+    model.goodput, model.goodput_error = (_goodput(run, ranks[0] if ranks else 0, engine) if run.processes
+                                          else (None, ""))
     model.headline = _headline(model, c)
-    model.findings = _findings(model, c)
+    model.findings = _findings(model, c, figures)
     return model

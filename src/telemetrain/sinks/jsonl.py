@@ -23,6 +23,7 @@ from .._version import __version__
 from ..identity import Identity
 from ..records import PackedSource
 from ..store.codec import ENCODERS, encode, encode_header, tag_nonfinite
+from ..store.compactor import BackgroundCompactor
 from ..store.layout import AGENT_ROLE, RUN_META, default_root, process_file_name, run_dir
 from ..store.segments import parse_segment_name, segment_file_name
 from .base import Sink
@@ -32,7 +33,8 @@ from .base import Sink
 SEGMENT_BYTES = int(os.environ.get("TELEMETRAIN_SEGMENT_BYTES") or 64 << 20)
 SEGMENT_SECONDS = float(os.environ.get("TELEMETRAIN_SEGMENT_SECONDS") or 3600.0)
 # At close, the last segment is compacted only if the process wrote at least this much: a smaller tail reads as fast
-# from its JSONL. "0" compacts every close; TELEMETRAIN_COMPACT=0 turns the writer's compaction off.
+# from its JSONL. "0" compacts every close; TELEMETRAIN_COMPACT=0 (or RunStoreSink(compact=False)) turns the writer's
+# compaction off (store/compactor.py says how it stays out of training's way).
 COMPACT_MIN_BYTES = int(os.environ.get("TELEMETRAIN_COMPACT_MIN_BYTES") or 1 << 20)
 
 
@@ -85,7 +87,8 @@ class RunStoreSink(Sink):
     name = "jsonl"
     background = True
 
-    def __init__(self, root: str | os.PathLike[str] | None = None, *, config: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, root: str | os.PathLike[str] | None = None, *, config: Mapping[str, Any] | None = None,
+                 compact: bool | None = None) -> None:
         # absolute now: a later chdir of the program must not move (or split) its run
         self.root = (Path(root) if root is not None else default_root()).absolute()
         self.config = dict(config or {})
@@ -99,9 +102,7 @@ class RunStoreSink(Sink):
         self._segment = 0
         self._segment_bytes = 0
         self._segment_started = 0.0
-        self._compactor: Any = None  # the compaction process of this sink's segments, while it runs
-        self.compactions = 0  # compaction processes started
-        self.compaction_failures = 0
+        self.compactor = BackgroundCompactor(compact)  # closed segments -> the columnar copy, in another process
 
     def run_dir_for(self, identity: Identity) -> Path:
         return run_dir(self.root, identity)
@@ -125,9 +126,9 @@ class RunStoreSink(Sink):
         self._segment_bytes = os.fstat(self._fd).st_size
         self._segment_started = time.monotonic()
         extra = {"versions": _versions(), "argv": list(sys.argv)}
-        self._write_all(encode_header(identity, time.monotonic_ns(), time.time_ns(), extra).encode())
+        self._write_all(encode_header(identity, time.monotonic_ns(), time.time_ns(), extra).encode(), roll=False)
 
-    def _write_all(self, data: bytes) -> None:
+    def _write_all(self, data: bytes, *, roll: bool = True) -> None:
         if self._torn_tail:
             # A write failed part-way (a full disk): end that partial line first, so it stays one undecodable line
             # and the records after it are intact.
@@ -143,11 +144,12 @@ class RunStoreSink(Sink):
             view = view[n:]
             self.bytes_written += n
             self._segment_bytes += n
-        if self._segment_bytes >= SEGMENT_BYTES or time.monotonic() - self._segment_started >= SEGMENT_SECONDS:
+        if roll and (self._segment_bytes >= SEGMENT_BYTES
+                     or time.monotonic() - self._segment_started >= SEGMENT_SECONDS):
             self._roll()
 
     def _roll(self) -> None:
-        """Close this segment, start the next (with its own header), and compact the closed one in the background."""
+        """Close this segment, start the next (with its own header), and compact the closed ones in the background."""
         identity, path = self._identity, self.path
         if identity is None or path is None or self._fd < 0:
             return
@@ -155,42 +157,19 @@ class RunStoreSink(Sink):
         self._fd = -1
         self._segment += 1
         self._open_segment(path.with_name(segment_file_name(process_file_name(identity), self._segment)), identity)
-        extra = {"versions": _versions(), "argv": list(sys.argv)}
-        self._write_all(encode_header(identity, time.monotonic_ns(), time.time_ns(), extra).encode())
         self._compact(include_last=False)
 
     def _compact(self, *, include_last: bool) -> None:
-        """Start ``python -m telemetrain.store.compact`` on this process's segments: a separate, low-priority process
-        (no GIL or memory shared with training), only when DuckDB is installed. A failure is counted and warned once;
-        the JSONL stays the record either way."""
-        if self.path is None or os.environ.get("TELEMETRAIN_COMPACT", "1") == "0":
+        """This process's segments to the columnar copy, in another process (``store.compactor``): the closed ones,
+        and the last one too at close."""
+        if self.path is None or self._identity is None or not self.compactor.enabled:
             return
-        import importlib.util
-
-        if importlib.util.find_spec("duckdb") is None:
-            return
-        previous = self._compactor
-        if previous is not None:
-            code = previous.poll()
-            if code is None and not include_last:
-                return  # still busy: the next roll or the close picks up what it did not cover
-            if code is not None and code != 0:
-                self.compaction_failures += 1
-        import subprocess
-
-        base = process_file_name(self._identity) if self._identity is not None else self.path.name
-        stem = base.removesuffix(".jsonl")
+        if not include_last and self.compactor.running:
+            return  # still busy with earlier segments: the next roll, or the close, covers what it leaves
+        stem = process_file_name(self._identity).removesuffix(".jsonl")
         segments = sorted((n.segment, f) for f in self.path.parent.glob(stem + ".*jsonl")
-                          if (n := parse_segment_name(f.name)) is not None)
-        try:
-            self._compactor = subprocess.Popen(
-                [sys.executable, "-m", "telemetrain.store.compact", "--segments", *(str(f) for _, f in segments),
-                 *(["--include-last"] if include_last else [])],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                start_new_session=True, close_fds=True)
-            self.compactions += 1
-        except OSError:
-            self.compaction_failures += 1
+                          if (n := parse_segment_name(f.name)) is not None and f.name.startswith(stem + "."))
+        self.compactor.start([f for _, f in segments], include_last=include_last)
 
     def write(self, records: Sequence[Any]) -> None:
         """Typed records (the packed path below is the usual one)."""
@@ -262,3 +241,4 @@ class RunStoreSink(Sink):
         self._identity = None
         self._token = -1
         self.path = None
+        self.compactor.after_fork_in_child()

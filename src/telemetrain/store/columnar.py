@@ -84,12 +84,15 @@ class ColumnarVersionError(ValueError):
 class Prescan:
     """What a pass over a segment's bytes finds before the SQL conversion: every header line (valid or not) and the
     identity in force from each line on. Python decides the headers, exactly as the reader does, so the two agree
-    on which identity each record belongs to."""
+    on which identity each record belongs to. Line numbers here count from the first line read (``first_line`` in
+    the file)."""
 
     path: Path
-    size: int  # bytes read
+    size: int  # the file offset where the complete lines read end
     lines: int  # complete lines (newline-terminated), blank ones included
     torn: int
+    start: int = 0  # the file offset where reading began
+    first_line: int = 0  # the line number of the first line read
     header_lines: list[int] = field(default_factory=list)  # every header line, valid or not (not records)
     bad_headers: int = 0  # header-looking lines that did not decode (corrupt)
     identities: list[tuple[int, Identity]] = field(default_factory=list)  # (from line, identity), ascending
@@ -97,24 +100,27 @@ class Prescan:
     first_header: dict[str, Any] = field(default_factory=dict)
 
 
-def prescan(path: Path, fallback: Identity, size: int | None = None) -> Prescan:
-    """Read a segment's complete lines (the first ``size`` bytes when given: a file being appended to is read up to
-    a known point) and find its headers. ``fallback``: the identity of records before any valid header (the previous
-    segment's, else what the file name and run.json tell)."""
+def prescan(path: Path, fallback: Identity, size: int | None = None, *, start: int = 0,
+            first_line: int = 0) -> Prescan:
+    """Read a segment's complete lines from offset ``start`` (line ``first_line``: the part of a file that grew after
+    its columnar copy was made) to ``size`` bytes when given (a file being appended to is read up to a known point),
+    and find its headers. ``fallback``: the identity of records before any valid header (the previous segment's, else
+    what the file name and run.json tell)."""
     with open(path, "rb") as fh:
-        data = fh.read() if size is None else fh.read(size)
+        fh.seek(start)
+        data = fh.read() if size is None else fh.read(max(size - start, 0))
     body_end = data.rfind(b"\n") + 1
-    scan = Prescan(path=path, size=body_end, lines=data.count(b"\n", 0, body_end),
-                   torn=1 if data[body_end:].strip() else 0)
+    scan = Prescan(path=path, size=start + body_end, lines=data.count(b"\n", 0, body_end),
+                   torn=1 if data[body_end:].strip() else 0, start=start, first_line=first_line)
     scan.identities.append((0, fallback))
-    first = True
+    first = start == 0
     n = -1
-    start = 0
-    while start < body_end:
-        end = data.index(b"\n", start)
+    pos = 0
+    while pos < body_end:
+        end = data.index(b"\n", pos)
         n += 1
-        raw = data[start:end]
-        start = end + 1
+        raw = data[pos:end]
+        pos = end + 1
         if first or b'"process"' in raw:
             if not raw.strip():
                 continue

@@ -19,13 +19,14 @@ the training process.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,7 @@ class Manifest:
     session: str
     run: str
     file_size: int  # bytes of the JSONL file when it was read (complete lines and a torn tail)
+    covered_bytes: int  # ... of which the complete lines, converted (the rest: a torn line, or one being written)
     lines: int
     torn: int
     corrupt: int
@@ -103,7 +105,8 @@ def read_manifest(path: Path) -> Manifest | None:
         manifest = Manifest(**{k: data[k] for k in Manifest.__dataclass_fields__ if k in data})
     except TypeError:
         return None
-    if manifest.schema_version != SCHEMA_VERSION or type(manifest.file_size) is not int:
+    if manifest.schema_version != SCHEMA_VERSION or type(manifest.file_size) is not int or \
+            type(manifest.covered_bytes) is not int or type(manifest.lines) is not int:
         return None
     if not isinstance(manifest.files, list) or not all(isinstance(f, dict) for f in manifest.files):
         return None
@@ -140,12 +143,14 @@ def _identity_rows(scan: Prescan, session: str, run: str) -> list[tuple[Any, ...
 
 
 def convert_segment(con: Any, path: Path, fallback: Identity, session: str, run: str, segment: int,
-                    size: int | None = None) -> tuple[Prescan, str]:
+                    size: int | None = None, *, start: int = 0, first_line: int = 0) -> tuple[Prescan, str]:
     """Parse one segment into the temporary table ``seg`` (typed rows with identity and position) of ``con``;
-    returns its prescan and the name of the table (``seg``). Lines past ``size`` bytes are not read."""
-    scan = prescan(path, fallback, size)
+    returns its prescan and the name of the table (``seg``). Lines past ``size`` bytes are not read; with ``start``,
+    reading begins at that offset, which is line ``first_line``."""
+    scan = prescan(path, fallback, size, start=start, first_line=first_line)
     with open(path, "rb") as fh:
-        data = fh.read(scan.size)
+        fh.seek(start)
+        data = fh.read(scan.size - start)
     ids = _identity_rows(scan, session, run)
     con.execute("CREATE OR REPLACE TEMP TABLE ids (lo INTEGER, hi INTEGER, session VARCHAR, run VARCHAR, rank BIGINT, "
                 + ", ".join(f"{name} {typ}" for name, typ in IDENTITY_COLUMNS) + ")")
@@ -156,7 +161,7 @@ def convert_segment(con: Any, path: Path, fallback: Identity, session: str, run:
         text = None
     select = ("SELECT ids.session, ids.run, ids.rank, "
               + ", ".join(f"ids.{name}" for name, _ in IDENTITY_COLUMNS)
-              + f", {segment}::INTEGER AS segment, t.n::INTEGER AS line, t.* EXCLUDE (n) "
+              + f", {int(segment)}::INTEGER AS segment, (t.n + {int(first_line)})::INTEGER AS line, t.* EXCLUDE (n) "
               "FROM typed t JOIN ids ON t.n >= ids.lo AND t.n < ids.hi")
     if text is not None:
         typed = typed_rows_sql("(SELECT $content AS content)")
@@ -169,6 +174,19 @@ def convert_segment(con: Any, path: Path, fallback: Identity, session: str, run:
         con.execute(f"CREATE OR REPLACE TEMP TABLE seg AS WITH typed AS ({typed_rows_sql('seg_text')}) {select}",
                     {"headers": scan.header_lines, "lines": scan.lines})
     return scan, "seg"
+
+
+def header_rows(scan: Prescan, segment: int) -> list[tuple[tuple[str, str, int], tuple[Any, ...]]]:
+    """The ``processes`` rows of a prescan's valid headers: (partition, row) with the identity in force at each."""
+    rows = []
+    for line, header in scan.headers:
+        ident = next(i for start, i in reversed(scan.identities) if start <= line)
+        mono, wall = header.get("mono_ns"), header.get("wall_ns")
+        rows.append(((ident.session_tag, ident.run_id, ident.rank),
+                     (*(getattr(ident, name) for name, _ in IDENTITY_COLUMNS), segment, line + scan.first_line,
+                      mono if _i64(mono) else None, wall if _i64(wall) else None,
+                      json.dumps(header, separators=(",", ":"), default=repr))))
+    return rows
 
 
 def _utf8_or_blank(line: bytes) -> str:
@@ -217,13 +235,8 @@ def compact_segment(con: Any, path: Path, prefix: Path, fallback: Identity, sess
         records[table] = records.get(table, 0) + rows
     if scan.headers:
         rows_by_part: dict[tuple[str, str, int], list[tuple[Any, ...]]] = {}
-        for line, header in scan.headers:
-            ident = next(i for start, i in reversed(scan.identities) if start <= line)
-            mono, wall = header.get("mono_ns"), header.get("wall_ns")
-            rows_by_part.setdefault((ident.session_tag, ident.run_id, ident.rank), []).append(
-                (*(getattr(ident, name) for name, _ in IDENTITY_COLUMNS), segment, line,
-                 mono if _i64(mono) else None, wall if _i64(wall) else None,
-                 json.dumps(header, separators=(",", ":"), default=repr)))
+        for part, row in header_rows(scan, segment):
+            rows_by_part.setdefault(part, []).append(row)
         con.execute("CREATE OR REPLACE TEMP TABLE hdr (" + ", ".join(f"{n} {t}" for n, t in COLUMNS[PROCESS_TABLE])
                     + ")")
         for (p_session, p_run, p_rank), rows in rows_by_part.items():
@@ -235,7 +248,8 @@ def compact_segment(con: Any, path: Path, prefix: Path, fallback: Identity, sess
             records[PROCESS_TABLE] = records.get(PROCESS_TABLE, 0) + len(rows)
     last = scan.identities[-1][1]
     manifest = Manifest(schema_version=SCHEMA_VERSION, segment=path.name, session=session, run=run,
-                        file_size=file_size, lines=scan.lines, torn=scan.torn, corrupt=int(corrupt),
+                        file_size=file_size, covered_bytes=scan.size, lines=scan.lines, torn=scan.torn,
+                        corrupt=int(corrupt),
                         records=records, files=files, last_identity=last.as_dict(),
                         compacted_wall_ns=time.time_ns(), seconds=time.perf_counter() - t0)
     target = prefix / manifest_path(session, run, path.name)
@@ -251,13 +265,15 @@ def _i64(value: Any) -> bool:
     return type(value) is int and -(2**63) <= value < 2**63
 
 
-def manifest_is_valid(manifest: Manifest, prefix: Path, jsonl: Path) -> str:
-    """"" when the copy of ``jsonl`` under ``prefix`` can be trusted, else why not."""
+def manifest_is_valid(manifest: Manifest, prefix: Path, jsonl: Path, *, grown_ok: bool = False) -> str:
+    """"" when the copy of ``jsonl`` under ``prefix`` can be trusted, else why not. With ``grown_ok``, a JSONL file
+    that grew since (a run still being written) keeps its copy valid for the part it was made from: the reader takes
+    the rest from the JSONL (``covered_bytes`` on)."""
     try:
         size = jsonl.stat().st_size
     except OSError as exc:
         return f"cannot read {jsonl.name}: {exc}"
-    if size != manifest.file_size:
+    if size != manifest.file_size and not (grown_ok and size > manifest.file_size):
         return f"{jsonl.name} is {size} bytes now, its copy was made from {manifest.file_size}"
     for f in manifest.files:
         target = prefix / str(f.get("path", ""))
@@ -285,17 +301,21 @@ def _session_run(run_dir: Path, meta: dict[str, Any]) -> tuple[str, str]:
 
 
 def compact_process(con: Any, run_dir: Path, paths: Sequence[Path], meta: dict[str, Any], prefix: Path,
-                    result: CompactResult, *, include_last: bool = True, force: bool = False) -> None:
-    """Compact the segments of one process (in order) that have no valid copy under ``prefix``."""
+                    result: CompactResult, *, include_last: bool = True, force: bool = False,
+                    lock: bool = True) -> None:
+    """Compact the segments of one process (in order) that have no valid copy under ``prefix``. With ``lock``, each
+    segment is converted under an exclusive lock (``segment_lock``), its manifest checked again once the lock is held:
+    two compactors never convert one segment at the same time."""
+    from .segments import parse_segment_name
+
     session, run = _session_run(run_dir, meta)
     identity: Identity | None = None
     for i, path in enumerate(paths):
         name = path.name
-        from .segments import parse_segment_name
-
         parsed = parse_segment_name(name)
         segment = parsed.segment if parsed is not None else i
-        existing = read_manifest(prefix / manifest_path(session, run, name))
+        mpath = prefix / manifest_path(session, run, name)
+        existing = read_manifest(mpath)
         if existing is not None and not force and not manifest_is_valid(existing, prefix, path):
             result.skipped += 1
             identity = _identity_from(existing.last_identity) or identity
@@ -304,7 +324,13 @@ def compact_process(con: Any, run_dir: Path, paths: Sequence[Path], meta: dict[s
             break
         fallback = identity or fallback_identity(path, meta)
         try:
-            manifest = compact_segment(con, path, prefix, fallback, session, run, segment)
+            with segment_lock(mpath, enabled=lock):
+                existing = read_manifest(mpath)  # another compactor may have done it while we waited
+                if existing is not None and not force and not manifest_is_valid(existing, prefix, path):
+                    result.skipped += 1
+                    identity = _identity_from(existing.last_identity) or identity
+                    continue
+                manifest = compact_segment(con, path, prefix, fallback, session, run, segment)
         except (OSError, ValueError) as exc:
             result.errors.append(f"{path}: {exc}")
             continue
@@ -316,6 +342,40 @@ def compact_process(con: Any, run_dir: Path, paths: Sequence[Path], meta: dict[s
         result.records += sum(n for t, n in manifest.records.items() if t != PROCESS_TABLE)
         result.bytes_in += manifest.file_size
         result.bytes_out += sum(int(f["bytes"]) for f in manifest.files)
+
+
+LOCK_TIMEOUT_S = 600.0  # a compactor that holds a segment longer than this is taken to be stuck
+
+
+@contextlib.contextmanager
+def segment_lock(manifest: Path, *, enabled: bool = True, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
+    """An exclusive ``flock`` on ``<manifest>.lock`` for as long as the block runs. The kernel releases it when its
+    holder dies (SIGKILL included), so a killed compactor never blocks the next. Raises ``TimeoutError`` after
+    ``timeout`` seconds of waiting."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock (one compactor at a time is then the user's to ensure)
+        enabled = False
+    if not enabled:
+        yield
+        return
+    lock_path = manifest.with_name(f".{manifest.name}.lock")
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0),
+                 0o644)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{lock_path} held by another compactor for over {timeout:.0f} s") from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _identity_from(data: Any) -> Identity | None:
@@ -393,16 +453,73 @@ def compact_segments(paths: Iterable[Path], *, include_last: bool) -> CompactRes
     return result
 
 
+def _lower_priority() -> None:
+    """The training job comes first: nice 10 (about a tenth of a core's share against one busy training process; the
+    idle class would starve compaction for good on a node whose data loaders keep every core busy)."""
+    try:
+        os.nice(10)
+    except OSError:
+        pass
+
+
+JOBS_ENV = "TELEMETRAIN_COMPACT_JOBS"
+
+
+def host_jobs() -> int:
+    """How many writer compactions may run at once on this host: ``$TELEMETRAIN_COMPACT_JOBS``, else one per 16
+    CPUs (1 to 4)."""
+    try:
+        return max(1, int(os.environ[JOBS_ENV]))
+    except (KeyError, ValueError):
+        return max(1, min(4, (os.cpu_count() or 1) // 16))
+
+
+@contextlib.contextmanager
+def host_slot(jobs: int | None = None, wait_s: float = 3600.0) -> Iterator[None]:
+    """One of ``jobs`` slots shared by this user's compactors on this host (``flock`` on files in the temporary
+    directory; released by the kernel when the holder dies). Waits for a free one, at most ``wait_s`` seconds, then
+    runs anyway (a stuck holder must not stop compaction for good)."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    jobs = host_jobs() if jobs is None else jobs
+    base = Path(tempfile.gettempdir())
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    fds = []
+    try:
+        for i in range(jobs):
+            try:
+                fds.append(os.open(base / f"telemetrain-compact-{uid}.{i}.lock",
+                                   os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0),
+                                   0o600))
+            except OSError:
+                continue
+        deadline = time.monotonic() + wait_s
+        while fds and time.monotonic() < deadline:
+            for fd in fds:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    continue
+                yield
+                return
+            time.sleep(0.2)
+        yield
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m telemetrain.store.compact")
     parser.add_argument("--segments", nargs="+", required=True, help="the segment files of one process, in order")
     parser.add_argument("--include-last", action="store_true", help="the last segment is closed: compact it too")
     args = parser.parse_args(argv)
-    try:
-        os.nice(10)  # the training job comes first
-    except OSError:
-        pass
-    result = compact_segments([Path(p) for p in args.segments], include_last=args.include_last)
+    _lower_priority()
+    with host_slot():
+        result = compact_segments([Path(p) for p in args.segments], include_last=args.include_last)
     for error in result.errors:
         print(f"telemetrain compact: {error}", file=sys.stderr)
     return 1 if result.errors else 0

@@ -18,6 +18,7 @@ the pure-Python path, which gives the same numbers.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import warnings
@@ -28,7 +29,15 @@ from typing import Any
 
 from ..identity import Identity
 from .columnar import COLUMNS, PARTITIONS, PROCESS_TABLE, SCHEMA_VERSION, TABLES
-from .compact import COLUMNAR_DIR, connect, convert_segment, manifest_is_valid, manifest_path, read_manifest
+from .compact import (
+    COLUMNAR_DIR,
+    connect,
+    convert_segment,
+    header_rows,
+    manifest_is_valid,
+    manifest_path,
+    read_manifest,
+)
 from .reader import fallback_identity, list_processes, read_run_meta
 
 __all__ = ["ColumnarWarning", "Engine", "EngineUnavailable", "ReadOnlyQueryError", "engine_for", "open_engine"]
@@ -60,14 +69,15 @@ def engine_available() -> bool:
     return True
 
 
-def engine_for(paths: Sequence[str | os.PathLike[str]]) -> Engine | None:
-    """An engine over these run directories, or None when the pure-Python path is to be used."""
+def engine_for(paths: Sequence[str | os.PathLike[str]], progress: Any = None) -> Engine | None:
+    """An engine over these run directories, or None when the pure-Python path is to be used. ``progress(what, done,
+    total)`` is told how far reading the runs is (bytes)."""
     if not engine_available():
         if os.environ.get(ENGINE_ENV, "").lower() == "duckdb":
             raise EngineUnavailable('TELEMETRAIN_ENGINE=duckdb but duckdb is not installed: '
                                     'pip install "telemetrain[columnar]"')
         return None
-    return Engine([Path(p) for p in paths])
+    return Engine([Path(p) for p in paths], progress=progress)
 
 
 def open_engine(paths: Sequence[str | os.PathLike[str]]) -> Engine:
@@ -77,6 +87,14 @@ def open_engine(paths: Sequence[str | os.PathLike[str]]) -> Engine:
     except ImportError:
         raise EngineUnavailable('SQL over runs needs DuckDB: pip install "telemetrain[columnar]"') from None
     return Engine([Path(p) for p in paths])
+
+
+@dataclass
+class ProcessCounts:
+    records: int = 0
+    torn: int = 0
+    corrupt: int = 0
+    header: dict[str, Any] | None = None
 
 
 @dataclass
@@ -103,23 +121,46 @@ WINDOW_FIELDS = (
 class Engine:
     """A DuckDB connection over runs; see the module's docstring."""
 
-    def __init__(self, run_dirs: Sequence[Path], *, memory_limit: str = MEMORY_LIMIT, threads: int = 2) -> None:
-        self.runs = [self._info(p) for p in run_dirs]
+    def __init__(self, run_dirs: Sequence[Path], *, memory_limit: str = MEMORY_LIMIT, threads: int = 2,
+                 progress: Any = None) -> None:
+        self.runs: list[RunInfo] = []
+        self._progress = progress
         self._tmp = tempfile.TemporaryDirectory(prefix="telemetrain-duckdb-")
         self.con = connect(memory_limit=memory_limit, threads=threads)
         self.con.execute(f"SET temp_directory = '{self._tmp.name}'")
         self.parquet: dict[str, list[str]] = {t: [] for t in ALL_TABLES}
         self.ignored: list[str] = []  # copies not trusted, with why
-        self.tail_segments = 0
+        self.tail_segments = 0  # segments (or the grown part of one) read from their JSONL
         self.tail_bytes = 0
+        # (run directory, agent, rank, pid) of the file names -> records, torn, corrupt, first header
+        self.process_counts: dict[tuple[Path, bool, int, int], ProcessCounts] = {}
         self._damage: list[tuple[Any, ...]] = []
-        self._create_tail_tables()
-        for info in self.runs:
-            self._add_run(info)
-        self._create_views()
         self._locked = False
+        self._create_tail_tables()
+        self.add_runs(run_dirs)
+        self._progress = None  # runs added later (a session's, for goodput) are not part of the bar
 
     # -- building ------------------------------------------------------------------------------------------------
+
+    def add_runs(self, run_dirs: Sequence[Path]) -> None:
+        """Bring more runs into the tables (a session's other runs, for goodput); runs already in are skipped."""
+        if self._locked:
+            raise RuntimeError("the engine is locked (a user query ran): open another to add runs")
+        known = {info.path.resolve() for info in self.runs}
+        added = False
+        for path in run_dirs:
+            if Path(path).resolve() in known:
+                continue
+            info = self._info(Path(path))
+            self.runs.append(info)
+            known.add(Path(path).resolve())
+            self._add_run(info)
+            added = True
+        if added or not run_dirs:
+            self._create_views()
+
+    def has_run(self, path: Path) -> bool:
+        return any(info.path.resolve() == Path(path).resolve() for info in self.runs)
 
     @staticmethod
     def _info(path: Path) -> RunInfo:
@@ -131,67 +172,109 @@ class Engine:
         for table in ALL_TABLES:
             cols = ", ".join(f'"{n}" {t}' for n, t in COLUMNS[table] + PARTITIONS)
             self.con.execute(f"CREATE TEMP TABLE tail_{table} ({cols})")
+        self.con.execute("CREATE TEMP TABLE damage (session VARCHAR, run VARCHAR, rank BIGINT, pid BIGINT, "
+                         "agent BOOLEAN, torn BIGINT, corrupt BIGINT, segments BIGINT)")
 
     def _add_run(self, info: RunInfo) -> None:
         prefix = info.path / COLUMNAR_DIR
-        for (agent, rank, pid), paths in sorted(list_processes(info.path).items()):
+        # in file-name order, as a listing shows them (for the progress callback)
+        processes = sorted(list_processes(info.path).items(), key=lambda kv: kv[1][0].name)
+        sizes = [sum(_size(f) for f in paths) for _, paths in processes]
+        total, done = max(sum(sizes), 1), 0
+        for ((agent, rank, pid), paths), size in zip(processes, sizes, strict=True):
+            if self._progress is not None:
+                self._progress(f"reading {paths[0].name}", done, total)
+            done += size
             identity: Identity | None = None
-            torn = corrupt = 0
-            for path in paths:
+            counts = ProcessCounts()
+            for n, path in enumerate(paths):
                 manifest = read_manifest(prefix / manifest_path(info.session, info.run, path.name))
-                why = "" if manifest is None else manifest_is_valid(manifest, prefix, path)
+                why = "" if manifest is None else manifest_is_valid(manifest, prefix, path, grown_ok=True)
+                start = first_line = 0
                 if manifest is not None and not why:
                     for f in manifest.files:
                         self.parquet.setdefault(str(f["table"]), []).append(str(prefix / str(f["path"])))
-                    torn += int(manifest.torn)
-                    corrupt += int(manifest.corrupt)
+                    counts.records += sum(int(v) for t, v in manifest.records.items() if t != PROCESS_TABLE)
+                    counts.corrupt += int(manifest.corrupt)
                     if isinstance(manifest.last_identity, dict):
                         try:
                             identity = Identity.from_dict(manifest.last_identity)
                         except (TypeError, ValueError):
                             pass
-                    continue
-                if manifest is not None:
+                    if n == 0 and counts.header is None:
+                        counts.header = self._first_header(prefix, manifest)
+                    try:
+                        grown = path.stat().st_size > manifest.file_size
+                    except OSError:
+                        grown = False
+                    if not grown:
+                        counts.torn += int(manifest.torn)
+                        continue
+                    start, first_line = int(manifest.covered_bytes), int(manifest.lines)  # read only what is new
+                elif manifest is not None:
                     self.ignored.append(f"{path}: {why}")
                     warnings.warn(f"ignoring the columnar copy of {path} ({why}); reading the JSONL instead",
-                                  ColumnarWarning, stacklevel=3)
+                                  ColumnarWarning, stacklevel=4)
                 try:
-                    identity, t, c = self._add_tail(info, path, identity)
+                    identity, scan, records, corrupt = self._add_tail(info, path, identity, start, first_line)
                 except OSError:
                     continue  # the file went away meanwhile
-                torn += t
-                corrupt += c
-            self._damage.append((info.session, info.run, rank, pid, agent, torn, corrupt, len(paths)))
+                counts.records += records
+                counts.torn += scan.torn
+                counts.corrupt += corrupt
+                if n == 0 and counts.header is None and scan.first_header:
+                    counts.header = scan.first_header
+            self.process_counts[(info.path.resolve(), agent, rank, pid)] = counts
+            self._damage.append((info.session, info.run, rank, pid, agent, counts.torn, counts.corrupt, len(paths)))
+        if self._progress is not None:
+            self._progress("read", total, total)
+        if self._damage:
+            self.con.executemany("INSERT INTO damage VALUES (?, ?, ?, ?, ?, ?, ?, ?)", self._damage)
+            self._damage = []
 
-    def _add_tail(self, info: RunInfo, path: Path, identity: Identity | None) -> tuple[Identity, int, int]:
+    def _first_header(self, prefix: Path, manifest: Any) -> dict[str, Any] | None:
+        files = [str(prefix / str(f["path"])) for f in manifest.files if f.get("table") == PROCESS_TABLE]
+        if not files:
+            return None
+        row = self.con.execute(f"SELECT header FROM read_parquet({_sql_list(files[:1])}) ORDER BY line LIMIT 1"
+                               ).fetchone()
+        try:
+            header = json.loads(row[0]) if row else None
+        except ValueError:
+            return None
+        return header if isinstance(header, dict) else None
+
+    def _add_tail(self, info: RunInfo, path: Path, identity: Identity | None, start: int = 0,
+                  first_line: int = 0) -> tuple[Identity, Any, int, int]:
         from .segments import parse_segment_name
 
         name = parse_segment_name(path.name)
+        segment = name.segment if name is not None else 0
         fallback = identity or fallback_identity(path, info.meta)
-        scan, seg = convert_segment(self.con, path, fallback, info.session, info.run,
-                                    name.segment if name is not None else 0)
+        scan, seg = convert_segment(self.con, path, fallback, info.session, info.run, segment, start=start,
+                                    first_line=first_line)
         for kind, table in TABLES.items():
             cols = ", ".join(f'"{n}"' for n, _ in COLUMNS[table] + PARTITIONS)
             self.con.execute(f"INSERT INTO tail_{table} ({cols}) SELECT {cols} FROM {seg} WHERE kind = '{kind}'")
-        corrupt = self.con.execute(f"SELECT count(*) FROM {seg} WHERE kind IS NULL").fetchone()[0]
+        records, corrupt = self.con.execute(
+            f"SELECT count(kind), count(*) - count(kind) FROM {seg}").fetchone() or (0, 0)
         self.con.execute(f"DROP TABLE {seg}")
-        if scan.headers:
-            import json
-
-            rows = []
-            for line, header in scan.headers:
-                ident = next(i for start, i in reversed(scan.identities) if start <= line)
-                mono, wall = header.get("mono_ns"), header.get("wall_ns")
-                rows.append((*(getattr(ident, n) for n, _ in COLUMNS[PROCESS_TABLE][:8]),
-                             name.segment if name is not None else 0, line,
-                             mono if _i64(mono) else None, wall if _i64(wall) else None,
-                             json.dumps(header, separators=(",", ":"), default=repr),
-                             ident.session_tag, ident.run_id, ident.rank))
+        rows = [(*row, *part) for part, row in header_rows(scan, segment)]
+        if rows:
             marks = ", ".join("?" for _ in COLUMNS[PROCESS_TABLE] + PARTITIONS)
             self.con.executemany(f"INSERT INTO tail_{PROCESS_TABLE} VALUES ({marks})", rows)
         self.tail_segments += 1
-        self.tail_bytes += scan.size
-        return scan.identities[-1][1], scan.torn, int(corrupt) + scan.bad_headers
+        self.tail_bytes += scan.size - scan.start
+        return scan.identities[-1][1], scan, int(records), int(corrupt) + scan.bad_headers
+
+    def attach(self, run: Any) -> None:
+        """Give the ``ProcessLog``s of ``run`` (a ``store.Run`` this engine reads) their record, torn and corrupt
+        counts and header, so that asking for them does not read the files in Python."""
+        base = Path(run.path).resolve()
+        for log in run.processes + run.agents:
+            counts = self.process_counts.get((base, log.agent, log.rank, log.pid))
+            if counts is not None:
+                log.set_counts(counts.records, counts.torn, counts.corrupt, counts.header or {})
 
     def _create_views(self) -> None:
         hive = "{" + ", ".join(f"'{n}': {t}" for n, t in PARTITIONS) + "}"
@@ -202,19 +285,14 @@ class Engine:
             if files:
                 parts.insert(0, f"SELECT {cols} FROM read_parquet({_sql_list(files)}, hive_partitioning = true, "
                                 f"hive_types = {hive}, union_by_name = true)")
-            self.con.execute(f"CREATE VIEW {table} AS " + " UNION ALL ".join(parts))
-        self.con.execute("CREATE TEMP TABLE damage (session VARCHAR, run VARCHAR, rank BIGINT, pid BIGINT, "
-                         "agent BOOLEAN, torn BIGINT, corrupt BIGINT, segments BIGINT)")
-        if self._damage:
-            self.con.executemany("INSERT INTO damage VALUES (?, ?, ?, ?, ?, ?, ?, ?)", self._damage)
+            self.con.execute(f"CREATE OR REPLACE VIEW {table} AS " + " UNION ALL ".join(parts))
         fields = ",\n  ".join(
             f"(CASE WHEN json_type(json_extract(attributes, '$.{n}')) IN ('BIGINT', 'UBIGINT') THEN "
             f"TRY_CAST(json_extract(attributes, '$.{n}') AS BIGINT) END) AS {n}" if t == "BIGINT" else
-            f"(CASE WHEN json_type(json_extract(attributes, '$.{n}')) IN ('BIGINT', 'UBIGINT', 'DOUBLE') THEN "
-            f"json_extract(attributes, '$.{n}')::DOUBLE END) AS {n}"
+            f"{json_double(_attribute(n))} AS {n}"
             for n, t in WINDOW_FIELDS)
-        self.con.execute(f"""CREATE VIEW windows AS SELECT session, run, rank, pid, host, segment, line, wall_ns,
-  {fields}, attributes
+        self.con.execute(f"""CREATE OR REPLACE VIEW windows AS SELECT session, run, rank, pid, host, role, segment,
+  line, wall_ns, {fields}, attributes
 FROM events WHERE group_name = 'training' AND name = 'training_metrics_update' AND role <> 'agent'""")
 
     # -- using ---------------------------------------------------------------------------------------------------
@@ -285,6 +363,26 @@ FROM events WHERE group_name = 'training' AND name = 'training_metrics_update' A
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _attribute(name: str) -> str:
+    return f"json_extract(attributes, '$.{name}')"
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def json_double(x: str) -> str:
+    """SQL: the JSON value ``x`` as a DOUBLE when it is a number (not a bool), the non-finite ones included (written
+    ``{"$float": "NaN"}`` inside attributes); NULL otherwise."""
+    return (f"(CASE WHEN json_type({x}) IN ('BIGINT', 'UBIGINT', 'DOUBLE') THEN TRY_CAST({x} AS DOUBLE) "
+            f"WHEN json_type({x}) = 'OBJECT' AND json_extract_string({x}, '$.\"$float\"') IN "
+            f"('NaN', 'Infinity', '-Infinity') AND len(json_keys({x})) = 1 THEN "
+            f"CAST(json_extract_string({x}, '$.\"$float\"') AS DOUBLE) END)")
 
 
 def _i64(value: Any) -> bool:

@@ -46,6 +46,7 @@ class ProcessLog:
         self._identity: Identity | None = None
         self._header: dict[str, Any] = {}
         self._torn = self._corrupt = 0
+        self._count: int | None = None  # records, when known without reading them (set_counts)
 
     @property
     def agent(self) -> bool:
@@ -59,7 +60,8 @@ class ProcessLog:
 
     @property
     def header(self) -> dict[str, Any]:
-        self._load()
+        if self._count is None:
+            self._load()
         return self._header
 
     @property
@@ -67,14 +69,29 @@ class ProcessLog:
         return self._load()
 
     @property
+    def record_count(self) -> int:
+        """How many records the process wrote (without reading them when the SQL engine counted them)."""
+        if self._records is None and self._count is not None:
+            return self._count
+        return len(self._load())
+
+    @property
     def torn(self) -> int:
-        self._load()
+        if self._count is None:
+            self._load()
         return self._torn
 
     @property
     def corrupt(self) -> int:
-        self._load()
+        if self._count is None:
+            self._load()
         return self._corrupt
+
+    def set_counts(self, records: int, torn: int, corrupt: int, header: dict[str, Any]) -> None:
+        """What the SQL engine counted (``store.engine.Engine.attach``): the readers that go through it then never
+        read this process's files in Python."""
+        if self._records is None:
+            self._count, self._torn, self._corrupt, self._header = records, torn, corrupt, header
 
     @property
     def rank(self) -> int:
@@ -97,6 +114,8 @@ class ProcessLog:
 
     def _load(self) -> list[Any]:
         if self._records is None:
+            self._torn = self._corrupt = 0
+            self._count = None
             records: list[Any] = []
             identity: Identity | None = None
             for n, path in enumerate(self.paths):
@@ -313,7 +332,7 @@ class Run:
         return self.engine().table(table).df()
 
     def __len__(self) -> int:
-        return sum(len(p.records) for p in self.processes)
+        return sum(p.record_count for p in self.processes)
 
     def __repr__(self) -> str:
         return f"Run({str(self.path)!r}, processes={len(self.processes)})"
