@@ -27,37 +27,33 @@ SELECT * FROM w WHERE nth > 1 AND mean IS NOT NULL AND isfinite(mean) AND mean >
   AND n IS NOT NULL AND n >= 1"""
 
 
-def _series(engine: Engine, windows: str, column: str, by_rank: bool) -> dict[int | None, list[float]]:
-    keys = "rank, iteration" if by_rank else "iteration"
-    rows = engine.rows(f"SELECT {'rank' if by_rank else 'NULL'}, fsum(x) / count(x) FROM "
-                       f"(SELECT *, {column} AS x FROM ({windows})) WHERE x IS NOT NULL "
-                       f"GROUP BY {keys} ORDER BY {keys}")
-    out: dict[int | None, list[float]] = {}
-    for rank, value in rows:
-        out.setdefault(rank, []).append(float(value))
-    return out
-
-
 def samples_sql(engine: Engine, run: Run) -> RunSamples:
     phase_cols = ", ".join(f"CASE WHEN isfinite(avg_{p}_time_sec) THEN avg_{p}_time_sec END AS {p}" for p in PHASES)
-    windows = _WINDOWS.format(phases=phase_cols)
-    count = engine.scalar(f"SELECT count(*) FROM ({windows})") or 0
+    # the windows are read (their attributes parsed) once, into a temporary table; every series is a query of it
+    engine.execute("CREATE OR REPLACE TEMP TABLE compare_windows AS " + _WINDOWS.format(phases=phase_cols))
+    count = engine.scalar("SELECT count(*) FROM compare_windows") or 0
     total = engine.scalar("SELECT count(*) FROM windows") or 0
-    precomputed: dict[tuple[str, int | None], list[float]] = {}
-    ranks = [r for (r,) in engine.rows(f"SELECT DISTINCT rank FROM ({windows}) ORDER BY 1")]
-    sps = "CASE WHEN isfinite(sps) AND sps > 0 THEN sps END"
-    for metric, column in (("iteration_time", "mean"), ("samples_per_second", sps), *((p, p) for p in PHASES)):
-        precomputed[(metric, None)] = _series(engine, windows, column, False).get(None, [])
-        if metric == "iteration_time":
-            for rank, values in _series(engine, windows, column, True).items():
-                precomputed[(metric, rank)] = values
+    ranks = [r for (r,) in engine.rows("SELECT DISTINCT rank FROM compare_windows ORDER BY 1")]
+    metrics = (("iteration_time", "mean"), ("samples_per_second", "CASE WHEN isfinite(sps) AND sps > 0 THEN sps END"),
+               *((p, p) for p in PHASES))
+    means = ", ".join(f"fsum({c}) / count({c})" for _, c in metrics)
+    precomputed: dict[tuple[str, int | None], list[float]] = {(m, None): [] for m, _ in metrics}
+    # the windows of all ranks that end at the same iteration are one observation (samples.RunSamples.series)
+    for _, *values in engine.rows(f"SELECT iteration, {means} FROM compare_windows GROUP BY iteration ORDER BY 1"):
+        for (metric, _), value in zip(metrics, values, strict=True):
+            if value is not None:
+                precomputed[(metric, None)].append(float(value))
+    for rank, _, value in engine.rows("SELECT rank, iteration, fsum(mean) / count(mean) FROM compare_windows "
+                                      "GROUP BY rank, iteration ORDER BY 1, 2"):
+        precomputed.setdefault(("iteration_time", rank), []).append(float(value))
     pct: Any = engine.execute(
         "SELECT count(*), quantile_cont(duration_ns / 1e9, 0.5), quantile_cont(duration_ns / 1e9, 0.99) FROM span_ends "
         "WHERE group_name = 'training' AND name = 'training_single_iteration' AND status = 'ok' AND role <> 'agent'"
     ).fetchone()
+    engine.execute("DROP TABLE compare_windows")
     meta = run.meta
     created = meta.get("created_wall_ns")
-    perf_tag = str(meta.get("perf_tag") or engine.scalar("SELECT first(perf_tag) FROM windows") or "")
+    perf_tag = str(meta.get("perf_tag") or engine.scalar("SELECT first(perf_tag) FROM events") or "")
     return RunSamples(path=run.path, run_id=run.run_id, session_tag=run.session_tag, perf_tag=perf_tag,
                       created_wall_ns=created if isinstance(created, int) else 0, windows=[],
                       skipped_windows=int(total) - int(count), precomputed=precomputed, precomputed_ranks=ranks,

@@ -149,7 +149,6 @@ def summarize_run(run: Run) -> RunSummary:
 # -- by SQL ------------------------------------------------------------------------------------------------------------
 
 ORDER = "wall_ns, rank, pid, mono_ns, segment, line"  # Run.records()'s order
-LAST_FIRST = ", ".join(f"{c} DESC" for c in ORDER.split(", "))
 
 
 def _attrs(text: Any) -> dict[str, Any]:
@@ -159,7 +158,7 @@ def _attrs(text: Any) -> dict[str, Any]:
 
 def summarize_sql(engine: Any, run: Run) -> RunSummary:
     """The summary by SQL (``store.engine.Engine`` over the run)."""
-    from ..store.columnar import identity_of_row, record_from_row
+    from ..store.columnar import COLUMNS, identity_of_row, record_from_row
 
     engine.attach(run)
     session, run_id = (v.replace("'", "''") for v in (run.session_tag, run.run_id))
@@ -186,13 +185,29 @@ def summarize_sql(engine: Any, run: Run) -> RunSummary:
             out.append((r, record_from_row(kind, identity, row, names)))
         return out
 
+    key = f"({ORDER})"
     for kind, table, into in (("metric", "metrics", s.metrics), ("stat", "stats", s.stats)):
+        # each rank's last record of each series: one streaming aggregate (arg_max), not a sort of the table
+        columns = [name for name, _ in COLUMNS[table]] + ["session", "run", "rank"]
+        row = "struct_pack(" + ", ".join(f'"{c}" := t."{c}"' for c in columns) + ")"
         counts = engine.rows(f"SELECT group_name, name, count(*), {'sum(sample_count)' if kind == 'stat' else '0'} "
                              f"FROM {table} WHERE {w} GROUP BY ALL")
         for group, name, n, samples in counts:
             into[(group, name)] = SeriesSummary(count=int(n), samples=int(samples or 0))
-        for r, rec in records(kind, f"SELECT * FROM {table} WHERE {w} QUALIFY row_number() OVER (PARTITION BY "
-                                    f"group_name, name, rank ORDER BY {LAST_FIRST}) = 1 ORDER BY {ORDER}"):
+        # each rank's last record of each series, by streaming aggregates (no sort of the table): the latest wall
+        # time first, then the full order among the records at that time
+        cur = engine.execute(
+            f"""WITH latest AS (SELECT group_name, name, rank, max(wall_ns) AS wall FROM {table} WHERE {w} GROUP BY ALL)
+            SELECT arg_max_null({row}, ({", ".join(f"t.{c}" for c in ORDER.split(", "))})) AS r
+            FROM {table} t JOIN latest l ON t.group_name = l.group_name AND t.name = l.name AND t.rank = l.rank
+              AND t.wall_ns = l.wall
+            WHERE {w.replace("session", "t.session").replace(" run =", " t.run =").replace("role", "t.role")}
+            GROUP BY t.group_name, t.name, t.rank""")
+        lasts = [struct for (struct,) in cur.fetchall()]
+        lasts.sort(key=lambda r: tuple(r[c] for c in ORDER.split(", ")))
+        for r in lasts:
+            values = [r[c] for c in columns]
+            rec = record_from_row(kind, identity_of_row(r, r["session"], r["run"]), values, columns)
             series = into[(r["group_name"], r["name"])]
             series.last_by_rank[rec.identity.rank] = rec
             series.last = rec  # in records() order: the last one set is the last of all ranks
@@ -201,12 +216,12 @@ def summarize_sql(engine: Any, run: Run) -> RunSummary:
     finite = f"{w} AND (group_name = 'system' OR starts_with(group_name, 'system.')) AND value_bool IS NULL AND " \
              "isfinite(value)"
     for label, group, name, n, total, top, last in engine.rows(
-            f"SELECT {who} AS who, group_name, name, count(*), sum(value), max(value), last(value ORDER BY {ORDER}) "
+            f"SELECT {who} AS who, group_name, name, count(*), sum(value), max(value), arg_max_null(value, {key}) "
             f"FROM metrics WHERE {finite} GROUP BY ALL ORDER BY ALL"):
         s.system.setdefault((label, group), {})[name] = SystemSeries(count=int(n), total=float(total),
                                                                      max=float(top), last=float(last))
     for label, group, name, pid, last in engine.rows(
-            f"SELECT {who} AS who, group_name, name, pid, last(value ORDER BY {ORDER}) FROM metrics WHERE {finite} "
+            f"SELECT {who} AS who, group_name, name, pid, arg_max_null(value, {key}) FROM metrics WHERE {finite} "
             f"AND name IN {tuple(ENERGY_NAMES)!r} GROUP BY ALL ORDER BY ALL"):
         s.energy_last[(label, group, name, pid)] = float(last)
     for group, name, severity, n in engine.rows(f"SELECT group_name, name, severity, count(*) FROM events WHERE {w} "
@@ -224,9 +239,9 @@ def summarize_sql(engine: Any, run: Run) -> RunSummary:
                                      "('save_checkpoint_success', 'validation_metrics_update') GROUP BY ALL"):
         (s.saves if name == "save_checkpoint_success" else s.validations)[rank] += n
     updates = f"{w} AND group_name = 'training' AND name = '{UPDATE}'"
-    for rank, n, attributes in engine.rows(
-            f"SELECT rank, count(*) OVER (PARTITION BY rank), attributes FROM events WHERE {updates} QUALIFY "
-            f"row_number() OVER (PARTITION BY rank ORDER BY {LAST_FIRST}) = 1 ORDER BY {ORDER}"):
+    for rank, n, attributes, _ in engine.rows(
+            f"SELECT rank, count(*), arg_max_null(attributes, {key}), max({key}) AS k FROM events WHERE {updates} "
+            "GROUP BY rank ORDER BY k"):
         s.updates_by_rank[rank] = (int(n), _attrs(attributes))
         s.last_update = s.updates_by_rank[rank][1]
     s.sampler_starts = [rec for _, rec in records(
@@ -234,7 +249,7 @@ def summarize_sql(engine: Any, run: Run) -> RunSummary:
     s.gpu_unavailable = sorted({str(_attrs(a).get("reason")) for (a,) in engine.rows(
         f"SELECT attributes FROM events WHERE {w} AND name = 'system.gpu.unavailable'")})
     for name, sink, n, total, message in engine.rows(
-            f"SELECT name, sink, count(*), sum(record_count), last(message ORDER BY {ORDER}) FROM diagnostics "
+            f"SELECT name, sink, count(*), sum(record_count), arg_max_null(message, {key}) FROM diagnostics "
             f"WHERE {w} GROUP BY ALL ORDER BY ALL"):
         s.diagnostics += n
         s.diagnostic_groups[(name, sink)] = [int(n), int(total), message]

@@ -200,24 +200,25 @@ class SqlCollector(_Collector):
                 self.problems.append(EventRow(wall, source, group, name, severity, _attrs(attributes)))
 
     def _metrics(self) -> None:
-        order = f"ORDER BY {ORDER}"
+        order = f"ORDER BY {ORDER}"  # over the few non-finite values only
         nonfinite = "value_int IS NULL AND value_bool IS NULL AND NOT isfinite(value)"
         for group, name, n, step, value, rank in self.rows(
                 f"SELECT group_name, name, count(*), first(step {order}), first(value {order}), first(rank {order}) "
                 f"FROM metrics WHERE {{w}} AND {nonfinite} GROUP BY ALL ORDER BY ALL"):
             self.nonfinite[(group, name)] = [n, step, value, rank]
         plain = "value_bool IS NULL AND isfinite(value)"
-        for (group, name, n, last, last_int, last_bool, lo, lo_int, hi, hi_int, unit) in self.rows(
-                f"""SELECT group_name, name, count(*), last(value {order}), last(value_int {order}),
-                       last(value_bool {order}),
+        key = f"({ORDER})"
+        for (group, name, n, last, lo, lo_int, hi, hi_int, unit) in self.rows(
+                f"""SELECT group_name, name, count(*),
+                       arg_max_null(struct_pack(value, value_int, value_bool), {key}),
                        min(value) FILTER (WHERE {plain}),
-                       first(value_int ORDER BY value, {ORDER}) FILTER (WHERE {plain}),
+                       arg_min_null(value_int, (value, {ORDER})) FILTER (WHERE {plain}),
                        max(value) FILTER (WHERE {plain}),
-                       first(value_int ORDER BY value DESC, {ORDER}) FILTER (WHERE {plain}),
-                       first(unit {order})
+                       arg_max_null(value_int, (value, -rank, -pid, -segment, -line)) FILTER (WHERE {plain}),
+                       arg_min_null(unit, {key})
                     FROM metrics WHERE {{w}} GROUP BY ALL ORDER BY ALL"""):
             self.metric_stats[(group, name)] = [
-                n, _metric_value(last, last_int, last_bool),
+                n, _metric_value(last["value"], last["value_int"], last["value_bool"]),
                 None if lo is None else (int(lo_int) if lo_int is not None else lo),
                 None if hi is None else (int(hi_int) if hi_int is not None else hi), unit]
         names = _names(name for name, _, _ in SYSTEM_CHARTS)

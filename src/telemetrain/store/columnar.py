@@ -113,34 +113,49 @@ def prescan(path: Path, fallback: Identity, size: int | None = None, *, start: i
     scan = Prescan(path=path, size=start + body_end, lines=data.count(b"\n", 0, body_end),
                    torn=1 if data[body_end:].strip() else 0, start=start, first_line=first_line)
     scan.identities.append((0, fallback))
-    first = start == 0
-    n = -1
-    pos = 0
-    while pos < body_end:
-        end = data.index(b"\n", pos)
-        n += 1
-        raw = data[pos:end]
-        pos = end + 1
-        if first or b'"process"' in raw:
-            if not raw.strip():
-                continue
-            is_first, first = first, False
-            try:
-                obj = json.loads(raw)
-            except (ValueError, RecursionError):
-                continue  # a broken line: the SQL side counts it corrupt
-            if type(obj) is not dict or obj.get("kind") != "process":
-                continue
-            scan.header_lines.append(n)
-            try:
-                identity = decode_identity(obj)
-            except ValueError:
-                scan.bad_headers += 1
-                continue
-            scan.identities.append((n, identity))
-            scan.headers.append((n, obj))
-            if is_first:
-                scan.first_header = obj
+    # Header lines: the first line, and any line holding '"process"' (found with bytes.find, in C: the bulk of a
+    # segment is never looked at line by line).
+    candidates = []
+    first_start = -1  # where the first non-blank line starts (a header even without '"process"' in plain text)
+    if start == 0:
+        pos = 0
+        while pos < body_end:
+            end = data.index(b"\n", pos)
+            if data[pos:end].strip():
+                first_start = pos
+                candidates.append(pos)
+                break
+            pos = end + 1
+    pos = data.find(b'"process"', 0, body_end)
+    while pos >= 0:
+        line_start = data.rfind(b"\n", 0, pos) + 1
+        if not candidates or candidates[-1] != line_start:
+            candidates.append(line_start)
+        pos = data.find(b'"process"', data.index(b"\n", pos), body_end)
+    n_at, n = 0, 0  # line number of byte offset n_at
+    for line_start in candidates:
+        n += data.count(b"\n", n_at, line_start)
+        n_at = line_start
+        raw = data[line_start:data.index(b"\n", line_start)]
+        if not raw.strip():
+            continue
+        is_first = line_start == first_start
+        try:
+            obj = json.loads(raw)
+        except (ValueError, RecursionError):
+            continue  # a broken line: the SQL side counts it corrupt
+        if type(obj) is not dict or obj.get("kind") != "process":
+            continue
+        scan.header_lines.append(n)
+        try:
+            identity = decode_identity(obj)
+        except ValueError:
+            scan.bad_headers += 1
+            continue
+        scan.identities.append((n, identity))
+        scan.headers.append((n, obj))
+        if is_first:
+            scan.first_header = obj
     return scan
 
 
@@ -149,92 +164,94 @@ def prescan(path: Path, fallback: Identity, size: int | None = None, *, start: i
 FIELDS = ("v", "kind", "mono_ns", "wall_ns", "group", "name", "value", "unit", "step", "severity", "attributes",
           "event_id", "span_id", "parent_id", "trace_id", "duration_ns", "status", "error", "start_mono_ns", "count",
           "values", "histogram", "sink", "message")
-_F = {name: f"f[{i + 1}]" for i, name in enumerate(FIELDS)}
+# How each field is checked, then read. The checks look at the JSON text of each field as DuckDB extracts it (an
+# integer is digits, a string starts with a quote, a missing key is NULL, a JSON null is 'null'): a cheap string test
+# instead of a JSON type query per field. The values come from one typed parse of the line (``from_json``), which is
+# lenient (it would turn "5" into 5), so it is read only for lines whose every field passed its check.
+_TYPES = {"mono_ns": "BIGINT", "wall_ns": "BIGINT", "group": "VARCHAR", "name": "VARCHAR", "unit": "VARCHAR",
+          "step": "BIGINT", "severity": "VARCHAR", "event_id": "VARCHAR", "span_id": "VARCHAR", "parent_id": "VARCHAR",
+          "trace_id": "VARCHAR", "duration_ns": "BIGINT", "status": "VARCHAR", "error": "VARCHAR",
+          "start_mono_ns": "BIGINT", "count": "BIGINT", "sink": "VARCHAR", "message": "VARCHAR"}
+_T = {name: f"f[{i + 1}]::VARCHAR" for i, name in enumerate(FIELDS)}  # the field's JSON text (NULL: no such key)
 _WHITESPACE = "chr(32)||chr(9)||chr(13)||chr(11)||chr(12)"  # bytes.strip()'s, less the newline split on
 
 
-def _is_int(x: str) -> str:
-    return (f"(json_type({x}) = 'BIGINT' OR (json_type({x}) = 'UBIGINT' AND "
-            f"TRY_CAST({x} AS UBIGINT) <= 9223372036854775807))")
+def _is_int(t: str) -> str:
+    """A JSON integer within 64 bits (JSON numbers have no leading zeros or '+': digits are an integer)."""
+    return f"(regexp_full_match({t}, '-?[0-9]+') AND TRY_CAST({t} AS BIGINT) IS NOT NULL)"
 
 
-def _is_str(x: str) -> str:
-    return f"(json_type({x}) = 'VARCHAR')"
+def _is_str(t: str) -> str:
+    return f"starts_with({t}, '\"')"
 
 
-def _is_num(x: str) -> str:
-    return (f"(json_type({x}) IN ('BIGINT', 'UBIGINT', 'DOUBLE', 'BOOLEAN') OR (json_type({x}) = 'VARCHAR' AND "
-            f"({x} ->> '$') IN ('NaN', 'Infinity', '-Infinity')))")
+def _is_num(t: str) -> str:
+    """A number, a bool, or one of the non-finite tag strings."""
+    return f"regexp_full_match({t}, '-?[0-9][0-9.eE+-]*|true|false|\"NaN\"|\"Infinity\"|\"-Infinity\"')"
 
 
-def _opt_null(x: str, check: str) -> str:
-    return f"({x} IS NULL OR json_type({x}) = 'NULL' OR {check})"
+def _opt_null(t: str, check: str) -> str:
+    return f"({t} IS NULL OR {t} = 'null' OR {check})"
 
 
-def _attrs_ok(x: str) -> str:
-    return f"({x} IS NOT NULL AND json_type({x}) IN ('OBJECT', 'NULL'))"
+def _is_object(t: str) -> str:
+    return f"starts_with({t}, '{{')"
 
 
-def _s(x: str) -> str:
-    return f"({x} ->> '$')"
+def _attrs_ok(t: str) -> str:
+    return f"({t} = 'null' OR {_is_object(t)})"
 
 
-def _attrs(x: str) -> str:
-    return f"(CASE WHEN json_type({x}) = 'OBJECT' AND {x}::VARCHAR <> '{{}}' THEN {x}::VARCHAR END)"
-
-
-def _i(x: str) -> str:
-    return f"(CASE WHEN {_is_int(x)} THEN TRY_CAST({x} AS BIGINT) END)"
-
-
-_F_ = _F
-_HISTOGRAM_OK = _opt_null(_F["histogram"], f"json_type({_F['histogram']}) = 'OBJECT'")
+_T_ = _T
 _VALID: dict[str, str] = {
-    "metric": f"{_is_num(_F_['value'])} AND ({_F_['unit']} IS NULL OR {_is_str(_F_['unit'])}) AND "
-              f"{_opt_null(_F_['step'], _is_int(_F_['step']))}",
-    "event": f"{_is_str(_F_['severity'])} AND {_attrs_ok(_F_['attributes'])} AND {_is_str(_F_['event_id'])} AND "
-             f"{_is_str(_F_['span_id'])}",
-    "span_start": f"{_is_str(_F_['span_id'])} AND {_is_str(_F_['parent_id'])} AND {_is_str(_F_['trace_id'])} AND "
-                  f"{_attrs_ok(_F_['attributes'])}",
-    "span_end": f"{_is_str(_F_['span_id'])} AND {_is_int(_F_['duration_ns'])} AND {_is_str(_F_['status'])} AND "
-                f"{_attrs_ok(_F_['attributes'])} AND {_is_str(_F_['error'])}",
-    "stat": f"json_type({_F_['values']}) = 'OBJECT' AND list_bool_and(list_transform(map_values(json_transform("
-            f"{_F_['values']}, '\"MAP(VARCHAR, JSON)\"')), lambda x: {_is_num('x')})) IS NOT FALSE AND "
-            f"{_is_int(_F_['start_mono_ns'])} AND {_is_int(_F_['count'])} AND {_is_str(_F_['unit'])} AND "
-            f"{_HISTOGRAM_OK}",
-    "diagnostic": f"{_is_str(_F_['sink'])} AND {_is_int(_F_['count'])} AND {_is_str(_F_['message'])}",
+    "metric": f"{_is_num(_T_['value'])} AND ({_T_['unit']} IS NULL OR {_is_str(_T_['unit'])}) AND "
+              f"{_opt_null(_T_['step'], _is_int(_T_['step']))}",
+    "event": f"{_is_str(_T_['severity'])} AND {_attrs_ok(_T_['attributes'])} AND {_is_str(_T_['event_id'])} AND "
+             f"{_is_str(_T_['span_id'])}",
+    "span_start": f"{_is_str(_T_['span_id'])} AND {_is_str(_T_['parent_id'])} AND {_is_str(_T_['trace_id'])} AND "
+                  f"{_attrs_ok(_T_['attributes'])}",
+    "span_end": f"{_is_str(_T_['span_id'])} AND {_is_int(_T_['duration_ns'])} AND {_is_str(_T_['status'])} AND "
+                f"{_attrs_ok(_T_['attributes'])} AND {_is_str(_T_['error'])}",
+    "stat": f"starts_with({_T_['values']}, '{{') AND list_bool_and(list_transform(map_values(json_transform("
+            f"{_T_['values']}, '\"MAP(VARCHAR, JSON)\"')), lambda x: {_is_num('x::VARCHAR')})) IS NOT FALSE AND "
+            f"{_is_int(_T_['start_mono_ns'])} AND {_is_int(_T_['count'])} AND {_is_str(_T_['unit'])} AND "
+            f"{_opt_null(_T_['histogram'], _is_object(_T_['histogram']))}",
+    "diagnostic": f"{_is_str(_T_['sink'])} AND {_is_int(_T_['count'])} AND {_is_str(_T_['message'])}",
 }
+_VALUE = _T["value"]
 _VALUES: dict[str, str] = {
-    "value": f"(CASE json_type({_F['value']}) WHEN 'VARCHAR' THEN TRY_CAST({_F['value']} ->> '$' AS DOUBLE) "
-             f"WHEN 'BOOLEAN' THEN (CASE WHEN TRY_CAST({_F['value']} AS BOOLEAN) THEN 1.0 ELSE 0.0 END) "
-             f"ELSE TRY_CAST({_F['value']} AS DOUBLE) END)",
-    "value_int": _i(_F["value"]),
-    "value_bool": f"(CASE WHEN json_type({_F['value']}) = 'BOOLEAN' THEN TRY_CAST({_F['value']} AS BOOLEAN) END)",
-    "unit": f"coalesce({_s(_F['unit'])}, '')",
-    "step": _i(_F["step"]),
-    "attributes": _attrs(_F["attributes"]),
-    "severity": _s(_F["severity"]),
-    "event_id": _s(_F["event_id"]),
-    "span_id": _s(_F["span_id"]),
-    "parent_id": _s(_F["parent_id"]),
-    "trace_id": _s(_F["trace_id"]),
-    "duration_ns": _i(_F["duration_ns"]),
-    "status": _s(_F["status"]),
-    "error": _s(_F["error"]),
-    "start_mono_ns": _i(_F["start_mono_ns"]),
-    "sample_count": _i(_F["count"]),
-    "values": f"{_F['values']}::VARCHAR",
-    "histogram": f"(CASE WHEN json_type({_F['histogram']}) = 'OBJECT' THEN {_F['histogram']}::VARCHAR END)",
-    "sink": _s(_F["sink"]),
-    "record_count": _i(_F["count"]),
-    "message": _s(_F["message"]),
+    "value": f"(CASE WHEN {_VALUE} = 'true' THEN 1.0 WHEN {_VALUE} = 'false' THEN 0.0 "
+             f"WHEN starts_with({_VALUE}, '\"') THEN TRY_CAST(trim({_VALUE}, '\"') AS DOUBLE) "
+             f"ELSE TRY_CAST({_VALUE} AS DOUBLE) END)",
+    "value_int": f"(CASE WHEN {_is_int(_VALUE)} THEN TRY_CAST({_VALUE} AS BIGINT) END)",
+    "value_bool": f"(CASE WHEN {_VALUE} IN ('true', 'false') THEN {_VALUE} = 'true' END)",
+    "unit": "coalesce(s.unit, '')",
+    "step": "s.step",
+    "attributes": f"(CASE WHEN starts_with({_T['attributes']}, '{{') AND {_T['attributes']} <> '{{}}' "
+                  f"THEN {_T['attributes']} END)",
+    "severity": "s.severity",
+    "event_id": "s.event_id",
+    "span_id": "s.span_id",
+    "parent_id": "s.parent_id",
+    "trace_id": "s.trace_id",
+    "duration_ns": "s.duration_ns",
+    "status": "s.status",
+    "error": "s.error",
+    "start_mono_ns": "s.start_mono_ns",
+    "sample_count": "s.count",
+    "values": _T["values"],
+    "histogram": f"(CASE WHEN starts_with({_T['histogram']}, '{{') THEN {_T['histogram']} END)",
+    "sink": "s.sink",
+    "record_count": "s.count",
+    "message": "s.message",
 }
 
 
 # JSON has no NaN or Infinity; Python's parser and DuckDB's both take some as an extension, differently. The reader
 # refuses them (``codec.loads``); here: a line holding one outside a string (strings blanked first) is not JSON.
-_BARE_CONSTANT = ("(CASE WHEN regexp_matches(line, '(?i)nan|inf') THEN regexp_matches(regexp_replace(line, "
-                  "'\"(\\\\.|[^\"\\\\])*\"', '\"\"', 'g'), '(?i)nan|inf') ELSE false END)")
+# (Such a constant stands where a value starts: after ':', '[' or ',', or after a '-', maybe after whitespace.)
+_BARE_CONSTANT = ("(CASE WHEN regexp_matches(line, '[:\\[,-][ \\t\\r\\n]*[NnIi]') THEN regexp_matches("
+                  "regexp_replace(line, '\"(\\\\.|[^\"\\\\])*\"', '\"\"', 'g'), '(?i)nan|inf') ELSE false END)")
 
 
 def typed_rows_sql(source: str) -> str:
@@ -243,25 +260,26 @@ def typed_rows_sql(source: str) -> str:
     field. ``source`` is a table expression with one column ``content`` (the file's text); the parameter ``$headers``
     lists the header lines (a prescan's), which are not records, and ``$lines`` the complete lines to take."""
     paths = "[" + ", ".join(f"'$.\"{name}\"'" for name in FIELDS) + "]"
-    common = (f"{_F['v']}::VARCHAR = '1' AND json_type({_F['v']}) = 'UBIGINT' AND {_is_int(_F['mono_ns'])} AND "
-              f"{_is_int(_F['wall_ns'])} AND {_is_str(_F['group'])} AND {_is_str(_F['name'])}")
-    kind = f"({_F['kind']} ->> '$')"
-    valid = " ".join(f"WHEN {kind} = '{k}' AND json_type({_F['kind']}) = 'VARCHAR' THEN ({cond})"
-                     for k, cond in _VALID.items())
+    typed = "{" + ", ".join(f'"{name}": "{typ}"' for name, typ in _TYPES.items()) + "}"
+    common = (f"{_T['v']} = '1' AND {_is_int(_T['mono_ns'])} AND {_is_int(_T['wall_ns'])} AND "
+              f"{_is_str(_T['group'])} AND {_is_str(_T['name'])}")
+    kind = _T["kind"]
+    valid = " ".join(f"WHEN {kind} = '\"{k}\"' THEN ({cond})" for k, cond in _VALID.items())
     values = ",\n  ".join(f"{expr} AS {name}" for name, expr in _VALUES.items())
     return f"""
 WITH split AS (SELECT string_split(content, chr(10)) AS l FROM {source}),
 lines AS (SELECT unnest(l) AS line, generate_subscripts(l, 1) - 1 AS n FROM split),
-body AS (SELECT n, line FROM lines WHERE n < $lines AND trim(line, {_WHITESPACE}) <> ''
+body AS (SELECT n, line FROM lines WHERE n < $lines AND (starts_with(line, '{{') OR trim(line, {_WHITESPACE}) <> '')
          AND NOT list_contains($headers, n)),
-parsed AS (SELECT n, CASE WHEN json_valid(line) AND NOT {_BARE_CONSTANT} THEN json_extract(line, {paths}) END AS f
-           FROM body),
-checked AS (SELECT n, f, CASE WHEN f IS NOT NULL AND {common} THEN (CASE {valid} ELSE false END) ELSE false END AS ok
-            FROM parsed)
-SELECT n, CASE WHEN ok THEN {kind} END AS kind, {_i(_F['mono_ns'])} AS mono_ns, {_i(_F['wall_ns'])} AS wall_ns,
-  {_s(_F['group'])} AS group_name, {_s(_F['name'])} AS name,
+parsed AS (SELECT n, line, CASE WHEN json_valid(line) AND NOT {_BARE_CONSTANT} THEN json_extract(line, {paths}) END
+           AS f FROM body),
+checked AS (SELECT n, line, f, coalesce(f IS NOT NULL AND {common} AND (CASE {valid} ELSE false END), false) AS ok
+            FROM parsed),
+typed AS (SELECT n, f, ok, CASE WHEN ok THEN from_json(line, '{typed}') END AS s FROM checked)
+SELECT n, CASE WHEN ok THEN trim({kind}, '"') END AS kind, s.mono_ns AS mono_ns, s.wall_ns AS wall_ns,
+  s.group AS group_name, s.name AS name,
   {values}
-FROM checked"""
+FROM typed"""
 
 
 # -- rows -> records (the readers' objects) ---------------------------------------------------------------------------

@@ -137,6 +137,8 @@ def _identity_rows(scan: Prescan, session: str, run: str) -> list[tuple[Any, ...
     rows = []
     for i, (start, ident) in enumerate(scan.identities):
         end = scan.identities[i + 1][0] if i + 1 < len(scan.identities) else 2**31 - 1
+        if end <= start:
+            continue  # replaced at once (the fallback by the first line's header): no line of its own
         rows.append((start, end, ident.session_tag or session, ident.run_id or run, ident.rank,
                      *(getattr(ident, name) for name, _ in IDENTITY_COLUMNS)))
     return rows
@@ -159,10 +161,16 @@ def convert_segment(con: Any, path: Path, fallback: Identity, session: str, run:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         text = None
-    select = ("SELECT ids.session, ids.run, ids.rank, "
-              + ", ".join(f"ids.{name}" for name, _ in IDENTITY_COLUMNS)
-              + f", {int(segment)}::INTEGER AS segment, (t.n + {int(first_line)})::INTEGER AS line, t.* EXCLUDE (n) "
-              "FROM typed t JOIN ids ON t.n >= ids.lo AND t.n < ids.hi")
+    if len(ids) == 1:  # one identity for the whole segment (the usual case): constants, no join
+        select = ("SELECT " + ", ".join(f"{_sql_value(v)} AS {name}" for v, name in zip(
+            ids[0][2:], ("session", "run", "rank", *(n for n, _ in IDENTITY_COLUMNS)), strict=True))
+            + f", {int(segment)}::INTEGER AS segment, (t.n + {int(first_line)})::INTEGER AS line, t.* EXCLUDE (n) "
+            "FROM typed t")
+    else:
+        select = ("SELECT ids.session, ids.run, ids.rank, "
+                  + ", ".join(f"ids.{name}" for name, _ in IDENTITY_COLUMNS)
+                  + f", {int(segment)}::INTEGER AS segment, (t.n + {int(first_line)})::INTEGER AS line, "
+                  "t.* EXCLUDE (n) FROM typed t JOIN ids ON t.n >= ids.lo AND t.n < ids.hi")
     if text is not None:
         typed = typed_rows_sql("(SELECT $content AS content)")
         con.execute(f"CREATE OR REPLACE TEMP TABLE seg AS WITH typed AS ({typed}) {select}",
@@ -196,18 +204,32 @@ def _utf8_or_blank(line: bytes) -> str:
         return "\x01"  # a line that is not UTF-8 is corrupt, as the Python reader finds it
 
 
+# Rows per Parquet row group: a reader decompresses a row group's column at a time, so the tables whose rows carry
+# JSON text (events' attributes are about 1 KiB) get small groups, which bounds a query's memory, not the run's size.
+ROW_GROUP_ROWS = {"metrics": 122_880, "diagnostics": 16_384}
+ROW_GROUP_ROWS_DEFAULT = 8_192
+
+
 def _write_parquet(con: Any, query: str, target: Path, table: str) -> int:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     meta = f"{{telemetrain_schema_version: '{SCHEMA_VERSION}', telemetrain_table: '{table}'}}"
-    con.execute(f"COPY ({query}) TO '{_sql_str(str(tmp))}' (FORMAT parquet, COMPRESSION zstd, "
-                f"ROW_GROUP_SIZE 122880, KV_METADATA {meta})")
+    rows = ROW_GROUP_ROWS.get(table, ROW_GROUP_ROWS_DEFAULT)
+    con.execute(f"COPY ({query}) TO '{_sql_str(str(tmp))}' (FORMAT parquet, COMPRESSION zstd, PARQUET_VERSION v2, "
+                f"ROW_GROUP_SIZE {rows}, KV_METADATA {meta})")
     os.replace(tmp, target)
     return target.stat().st_size
 
 
 def _sql_str(text: str) -> str:
     return text.replace("'", "''")
+
+
+def _sql_value(value: Any) -> str:
+    """A constant of an identity column, typed as its column is."""
+    if isinstance(value, str):
+        return f"'{_sql_str(value)}'::VARCHAR"
+    return f"{int(value)}::BIGINT"
 
 
 def compact_segment(con: Any, path: Path, prefix: Path, fallback: Identity, session: str, run: str,

@@ -286,14 +286,16 @@ class Engine:
                 parts.insert(0, f"SELECT {cols} FROM read_parquet({_sql_list(files)}, hive_partitioning = true, "
                                 f"hive_types = {hive}, union_by_name = true)")
             self.con.execute(f"CREATE OR REPLACE VIEW {table} AS " + " UNION ALL ".join(parts))
+        # each window field is extracted once (one parse of the attributes per window), then typed
+        paths = "[" + ", ".join(f"'$.{n}'" for n, _ in WINDOW_FIELDS) + "]"
         fields = ",\n  ".join(
-            f"(CASE WHEN json_type(json_extract(attributes, '$.{n}')) IN ('BIGINT', 'UBIGINT') THEN "
-            f"TRY_CAST(json_extract(attributes, '$.{n}') AS BIGINT) END) AS {n}" if t == "BIGINT" else
-            f"{json_double(_attribute(n))} AS {n}"
-            for n, t in WINDOW_FIELDS)
+            f"(CASE WHEN json_type(j[{i}]) IN ('BIGINT', 'UBIGINT') THEN TRY_CAST(j[{i}] AS BIGINT) END) AS {n}"
+            if t == "BIGINT" else f"{json_double(f'j[{i}]')} AS {n}"
+            for i, (n, t) in enumerate(WINDOW_FIELDS, start=1))
         self.con.execute(f"""CREATE OR REPLACE VIEW windows AS SELECT session, run, rank, pid, host, role, segment,
   line, wall_ns, {fields}, attributes
-FROM events WHERE group_name = 'training' AND name = 'training_metrics_update' AND role <> 'agent'""")
+FROM (SELECT *, json_extract(attributes, {paths}) AS j FROM events
+      WHERE group_name = 'training' AND name = 'training_metrics_update' AND role <> 'agent')""")
 
     # -- using ---------------------------------------------------------------------------------------------------
 
@@ -363,10 +365,6 @@ FROM events WHERE group_name = 'training' AND name = 'training_metrics_update' A
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def _attribute(name: str) -> str:
-    return f"json_extract(attributes, '$.{name}')"
 
 
 def _size(path: Path) -> int:

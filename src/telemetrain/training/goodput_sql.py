@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..store.codec import untag_nonfinite
-from ..store.engine import Engine, json_double
+from ..store.engine import Engine
 from ..store.reader import Run
 from .goodput import (
     _LIFECYCLE,
@@ -42,21 +42,25 @@ def _names(names: Any) -> str:
 
 
 def _int_sql(x: str) -> str:
-    """``goodput._int``: an integer, or a float with an integral value; NULL otherwise."""
+    """``goodput._int`` of the JSON column ``x``: an integer, or a float with an integral value; NULL otherwise."""
     return (f"(CASE WHEN json_type({x}) IN ('BIGINT', 'UBIGINT') THEN TRY_CAST({x} AS BIGINT) "
             f"WHEN json_type({x}) = 'DOUBLE' AND isfinite({x}::DOUBLE) AND {x}::DOUBLE = floor({x}::DOUBLE) "
             f"THEN TRY_CAST({x}::DOUBLE AS BIGINT) END)")
 
 
 def _num_sql(x: str) -> str:
-    """``goodput._num``: a finite number (not a bool); NULL otherwise."""
-    d = json_double(x)
-    return f"(CASE WHEN isfinite({d}) THEN {d} END)"
+    """``goodput._num`` of the JSON column ``x``: a finite number (not a bool); NULL otherwise (a non-finite float
+    is tagged ``{"$float": ...}``, an object: NULL too)."""
+    return f"(CASE WHEN json_type({x}) IN ('BIGINT', 'UBIGINT', 'DOUBLE') AND isfinite({x}::DOUBLE) THEN {x}::DOUBLE END)"
 
 
-def _stamp_sql(key: str) -> str:
-    x = _num_sql(f"json_extract(attributes, '$.{key}')")
+def _stamp_sql(x: str) -> str:
+    """``goodput._stamp`` of the DOUBLE column ``x`` (a ``_num``): wall seconds -> ns."""
     return f"(CASE WHEN {x} > 0 AND isfinite({x} * 1e9) THEN round({x} * 1e9)::BIGINT END)"
+
+
+def _attribute(key: str) -> str:
+    return f"json_extract(attributes, '$.{key}')"
 
 
 class _Row:
@@ -97,19 +101,21 @@ def load_session(engine: Engine, runs: Sequence[Run]) -> tuple[list[Any], Any]:
             AND (s.segment, s.line) < (e.segment, e.line)
           WHERE {_run_filter(runs, 'e')} AND {_run_filter(runs, 's')} AND s.name IN {lifecycle}
           UNION ALL
-          SELECT session, run, rank, pid, {_stamp_sql('last_logged_train_iterations_finish_timestamp_sec')}
-            FROM events WHERE {where} AND name = '{_UPDATE}'
-          UNION ALL
-          SELECT session, run, rank, pid, {_stamp_sql('latest_successful_save_checkpoint_timestamp_sec')}
-            FROM events WHERE {where} AND name = '{_SAVE}')
+          SELECT session, run, rank, pid, {_stamp_sql('x')} FROM (
+            SELECT session, run, rank, pid, {_num_sql('j')} AS x FROM (
+              SELECT session, run, rank, pid,
+                     CASE WHEN name = '{_UPDATE}' THEN {_attribute('last_logged_train_iterations_finish_timestamp_sec')}
+                     ELSE {_attribute('latest_successful_save_checkpoint_timestamp_sec')} END AS j
+              FROM events WHERE {where} AND name IN ('{_UPDATE}', '{_SAVE}'))))
         SELECT session, run, rank, pid, min(t), max(t) FROM st WHERE t IS NOT NULL GROUP BY ALL""")
     bounds = {(index[(s, r)], rank, pid): (lo, hi) for s, r, rank, pid, lo, hi in stamps if (s, r) in index}
     saves: dict[tuple[int, int, int], list[_Save]] = {}
     for s, r, rank, pid, completed, step, sec in engine.rows(f"""
-            SELECT session, run, rank, pid, {_int_sql("json_extract(attributes, '$.productive_train_iterations')")},
-                   {_int_sql("json_extract(attributes, '$.current_iteration')")},
-                   {_num_sql("json_extract(attributes, '$.productive_train_iterations_sec')")}
-            FROM events WHERE {where} AND name = '{_SAVE}' ORDER BY session, run, rank, pid, segment, line"""):
+            SELECT session, run, rank, pid, {_int_sql('a')}, {_int_sql('b')}, {_num_sql('c')} FROM (
+              SELECT session, run, rank, pid, segment, line, {_attribute('productive_train_iterations')} AS a,
+                     {_attribute('current_iteration')} AS b, {_attribute('productive_train_iterations_sec')} AS c
+              FROM events WHERE {where} AND name = '{_SAVE}')
+            ORDER BY session, run, rank, pid, segment, line"""):
         if (s, r) in index:
             saves.setdefault((index[(s, r)], rank, pid), []).append(_Save(completed, step, sec))
     datas = []
