@@ -12,10 +12,11 @@ metrics per step (``loss`` and ``lr`` with their step), a checkpoint every 10,00
 written once, marked done, and a rank left half-written by an interrupted run is deleted and written again.
 ``--jobs`` ranks are written at once.
 
-**Timed** (each command in a fresh process, ``python -m telemetrain.cli ...``, as a user runs it; wall time, CPU time
-and peak RSS of that process from ``wait4``): ``report RUN``, ``compare RUN --baseline COPY`` (against a hard-linked
-copy of itself: both are read), ``goodput SESSION``, ``show RUN``; ``--repeats`` times, median. With DuckDB (the ``columnar`` extra)
-and, where ``--python-up-to`` allows, the pure-Python path (``TELEMETRAIN_ENGINE=python``) for comparison.
+**Timed** (each command in a fresh process, ``python -m telemetrain.cli ...``, as a user runs it; wall time and CPU
+time from ``wait4``, peak RSS as the process's own ``VmHWM``): ``report RUN``, ``compare RUN --baseline COPY``
+(against a hard-linked copy of itself: both are read), ``goodput SESSION``, ``show RUN``; ``--repeats`` times,
+median. With DuckDB (the ``columnar`` extra) and, where ``--python-up-to`` allows, the pure-Python path
+(``TELEMETRAIN_ENGINE=python``) for comparison.
 
 **Compaction**: ``telemetrain.store.compact.compact(run, dest=<temp dir>)`` of one rank's segments in this process
 (DuckDB on one thread), records per second. **Bytes**: JSONL and Parquet bytes of the run over ranks x iterations.
@@ -161,26 +162,45 @@ def finish_compaction(run: Path) -> dict[str, Any]:
 # -- measuring ---------------------------------------------------------------------------------------------------------
 
 
+# The command, run as ``python -m telemetrain.cli`` would, writing its own peak RSS (VmHWM) to a file at exit:
+# ru_maxrss from wait4 would include the memory of this benchmark process, which the child's exec inherits.
+CLI = r"""
+import atexit, os, sys
+def _hwm():
+    with open("/proc/self/status") as fh:
+        kib = next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:"))
+    with open(os.environ["BENCH_SCALE_HWM"], "w") as out:
+        out.write(str(kib * 1024))
+atexit.register(_hwm)
+from telemetrain.cli import main
+raise SystemExit(main(sys.argv[1:]))
+"""
+
+
 def timed_command(argv: list[str], env: dict[str, str], timeout: float) -> dict[str, Any]:
-    """Wall time, CPU time and peak RSS of ``python -m telemetrain.cli ARGV`` in its own process."""
-    t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "telemetrain.cli", *argv], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
-    deadline = t0 + timeout
-    while True:
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            break
-        if time.perf_counter() > deadline:
-            proc.kill()
-            pid, status, usage = os.wait4(proc.pid, 0)
-            break
-        time.sleep(0.02)
-    wall = time.perf_counter() - t0
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss": usage.ru_maxrss * 1024,
-            "code": proc.returncode, "stderr": err[-2000:]}
+    """Wall time, CPU time and peak RSS of the ``telemetrain`` command ARGV in its own process."""
+    with tempfile.TemporaryDirectory(prefix="bench-scale-cmd-") as tmp:
+        hwm, err_path = Path(tmp) / "hwm", Path(tmp) / "stderr"
+        with open(err_path, "wb") as err:
+            t0 = time.perf_counter()
+            proc = subprocess.Popen([sys.executable, "-c", CLI, *argv], env={**env, "BENCH_SCALE_HWM": str(hwm)},
+                                    stdout=subprocess.DEVNULL, stderr=err)
+            deadline = t0 + timeout
+            while True:
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    break
+                if time.perf_counter() > deadline:
+                    proc.kill()
+                    pid, status, usage = os.wait4(proc.pid, 0)
+                    break
+                time.sleep(0.02)
+            wall = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        peak = int(hwm.read_text()) if hwm.exists() else 0
+        text = err_path.read_bytes().decode(errors="replace")
+    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss": peak, "code": proc.returncode,
+            "stderr": text[-2000:]}
 
 
 def baseline_of(run: Path) -> Path:
@@ -294,7 +314,8 @@ def checks(sizes: list[dict[str, Any]]) -> list[str]:
         limit = SMALL_LIMIT_S if (s["ranks"], s["iterations"]) == (8, 100_000) else (
             60.0 if (s["ranks"], s["iterations"]) == (64, 1_000_000) else None)
         for cmd, r in s.get("duckdb", {}).items():
-            parts = [f"{cmd} on {label}: {r['wall_s']:.2f} s wall, {r['peak_rss'] / 2**20:.0f} MiB peak RSS"]
+            parts = [f"{cmd} on {label}: {r['wall_s']:.2f} s wall ({r['cpu_s']:.2f} s CPU), "
+                     f"{r['peak_rss'] / 2**20:.0f} MiB peak RSS"]
             if limit is not None:
                 parts.append(f"{verdict(r['wall_s'] <= limit and r['ok'])} (<= {limit:g} s)")
             parts.append(f"{verdict(r['peak_rss'] <= RSS_LIMIT)} (<= 1 GiB)")
@@ -329,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="also time the pure-Python path on runs of at most this many iterations in all")
     ap.add_argument("--json", metavar="FILE", help="also write the raw results to FILE")
     ap.add_argument("--clean", action="store_true", help="delete the cached runs and exit")
+    ap.add_argument("--write-only", action="store_true", help="write (or finish writing) the runs, time nothing")
     args = ap.parse_args(argv)
     cache = Path(args.cache)
     if args.clean:
@@ -342,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
         base = size_dir(cache, ranks, iterations)
         written = write_run(base, ranks, iterations, args.jobs)
         run = run_dir_of(base)
+        if args.write_only:
+            continue
         compaction_left = finish_compaction(run)
         entry: dict[str, Any] = {"ranks": ranks, "iterations": iterations, "write_s": written,
                                  "compaction_left": compaction_left, "disk": disk(run, ranks, iterations),

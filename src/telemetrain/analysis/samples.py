@@ -203,7 +203,10 @@ def read_samples(path: str | Path, on_file: Callable[[int], None] | None = None)
     if engine is not None:
         from .samples_sql import samples_sql
 
-        result = samples_sql(engine, run)
+        try:
+            result = samples_sql(engine, run)
+        finally:
+            engine.close()
         if on_file is not None:
             on_file(run_bytes(p))
         return result

@@ -51,7 +51,8 @@ def _int_sql(x: str) -> str:
 def _num_sql(x: str) -> str:
     """``goodput._num`` of the JSON column ``x``: a finite number (not a bool); NULL otherwise (a non-finite float
     is tagged ``{"$float": ...}``, an object: NULL too)."""
-    return f"(CASE WHEN json_type({x}) IN ('BIGINT', 'UBIGINT', 'DOUBLE') AND isfinite({x}::DOUBLE) THEN {x}::DOUBLE END)"
+    number = f"json_type({x}) IN ('BIGINT', 'UBIGINT', 'DOUBLE')"
+    return f"(CASE WHEN {number} AND isfinite({x}::DOUBLE) THEN {x}::DOUBLE END)"
 
 
 def _stamp_sql(x: str) -> str:
