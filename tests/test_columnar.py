@@ -8,6 +8,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -361,3 +362,143 @@ def test_compact_to_an_s3_compatible_server(tmp_path: Path, s3_server: str, monk
                        " hive_partitioning = true) WHERE name = 'loss' GROUP BY ALL ORDER BY ALL").fetchall()
     assert rows == [("r1", 0, 30), ("r1", 1, 30), ("r2", 0, 30), ("r2", 1, 30)]
     assert run.exists()
+
+
+# -- the writer's compaction: off when asked, one converter per segment, reaped, independent of training's fate ----
+
+SEGMENTED = """
+import os, signal, sys
+from telemetrain import Telemetry, identity_from_env
+from telemetrain.sinks.jsonl import RunStoreSink
+ident = identity_from_env({{}}, run_id="{run}", session_tag="s", perf_tag="p", rank=0, world_size=1)
+t = Telemetry(ident, store={store!r})
+for i in range(20000):
+    t.metric("loss", float(i), step=i)
+    if i % 1000 == 999:
+        assert t.flush(30)
+{end}
+"""
+
+
+def _segmented(tmp_path: Path, run: str, end: str = "assert t.close(30)",
+               **env: str) -> subprocess.CompletedProcess[bytes]:
+    code = SEGMENTED.format(run=run, store=str(tmp_path), end=end)
+    full_env = {**os.environ, "TELEMETRAIN_SEGMENT_BYTES": "200000", "TELEMETRAIN_COMPACT_MIN_BYTES": "0", **env}
+    return subprocess.run([PY, "-c", code], timeout=180, env=full_env)
+
+
+def _wait_for_manifests(run: Path, count: int, timeout: float = 90.0) -> list[Path]:
+    deadline = time.monotonic() + timeout
+    manifests: list[Path] = []
+    while time.monotonic() < deadline:
+        manifests = list((run / COLUMNAR_DIR).rglob("*.jsonl.json")) if (run / COLUMNAR_DIR).exists() else []
+        if len(manifests) >= count:
+            break
+        time.sleep(0.2)
+    return manifests
+
+
+def test_the_writers_compaction_can_be_switched_off(tmp_path: Path) -> None:
+    assert _segmented(tmp_path, "env", TELEMETRAIN_COMPACT="0").returncode == 0
+    time.sleep(1.0)
+    assert len(list((tmp_path / "s" / "env").glob("rank-*.jsonl"))) >= 5
+    assert not (tmp_path / "s" / "env" / COLUMNAR_DIR).exists()
+    from telemetrain.sinks.jsonl import RunStoreSink
+
+    sink = RunStoreSink(tmp_path, compact=False)
+    assert not sink.compactor.enabled and RunStoreSink(tmp_path, compact=True).compactor.enabled
+
+
+def test_the_compactors_outlive_a_killed_or_terminated_training_process(tmp_path: Path) -> None:
+    """SIGKILL right after the last flush: the compactors started at each roll run in their own session and finish
+    on their own; SIGTERM: the close path compacts the last segment too. Training never waits for them."""
+    killed = _segmented(tmp_path, "killed", end="os.kill(os.getpid(), signal.SIGKILL)")
+    assert killed.returncode == -signal.SIGKILL
+    run = tmp_path / "s" / "killed"
+    segments = sorted(run.glob("rank-*.jsonl"))
+    closed = len(segments) - 1  # the last one was still open
+    # the compactor running at the kill converts what was closed before it (the last closed one may have rolled
+    # just as it finished: `telemetrain compact` takes it, and the open one)
+    assert closed >= 4 and len(_wait_for_manifests(run, closed - 1)) >= closed - 1
+    deadline = time.monotonic() + 60
+    while _compactors_of(run) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _compactors_of(run)  # none left behind
+    result = compact(run)
+    assert result.segments <= 2 and not result.errors
+    terminated = _segmented(tmp_path, "term", end="os.kill(os.getpid(), signal.SIGTERM); import time; time.sleep(30)")
+    assert terminated.returncode != 0
+    run = tmp_path / "s" / "term"
+    assert len(_wait_for_manifests(run, len(list(run.glob("rank-*.jsonl"))))) == len(list(run.glob("rank-*.jsonl")))
+    with Engine([run]) as engine:
+        assert engine.tail_segments == 0 and engine.scalar("SELECT count(*) FROM metrics") == 20000
+
+
+def test_one_segment_is_never_converted_by_two_compactors_at_once(tmp_path: Path) -> None:
+    """A second compactor (the writer's close, a user's `telemetrain compact`) waits on the segment's lock, then
+    finds the copy made and leaves it."""
+    from telemetrain.store.compact import manifest_path, segment_lock
+
+    run = _write_run(tmp_path, ranks=1, n=2000)
+    segment = next(run.glob("rank-*.jsonl"))
+    manifest = run / COLUMNAR_DIR / manifest_path("s", "r1", segment.name)
+    argv = [PY, "-m", "telemetrain.store.compact", "--segments", str(segment), "--include-last"]
+    with segment_lock(manifest):
+        proc = subprocess.Popen(argv)
+        time.sleep(2.0)
+        assert proc.poll() is None and not manifest.exists()  # waiting for the lock held here
+    assert proc.wait(timeout=120) == 0 and manifest.exists()
+    made = json.loads(manifest.read_text())["compacted_wall_ns"]
+    assert subprocess.run(argv, timeout=120).returncode == 0
+    assert json.loads(manifest.read_text())["compacted_wall_ns"] == made  # valid already: left as it was
+
+
+def _compactors_of(run: Path) -> list[int]:
+    """Processes running `python -m telemetrain.store.compact` on this run's files."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if "telemetrain.store.compact" in text and str(run) in text:
+            found.append(int(cmdline.parent.name))
+    return found
+
+
+def _zombie_children() -> list[int]:
+    zombies = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] == "Z" and int(fields[1]) == os.getpid():
+            zombies.append(int(stat.parent.name))
+    return zombies
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_compactors_are_reaped_and_a_forked_child_forgets_them(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    import telemetrain.sinks.jsonl as jsonl
+
+    monkeypatch.setattr(jsonl, "SEGMENT_BYTES", 100_000)
+    ident = identity_from_env({}, run_id="reap", session_tag="s", perf_tag="p", rank=0, world_size=1)
+    t = Telemetry(ident, store=tmp_path)
+    for i in range(6000):
+        t.metric("loss", float(i), step=i)
+        if i % 500 == 499:
+            assert t.flush(30)
+    sink = t.store
+    assert sink is not None and sink.compactor.started >= 1
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's compactors are not its children
+        os._exit(0 if sink.compactor.running == 0 else 1)
+    assert os.waitpid(pid, 0)[1] == 0
+    deadline = time.monotonic() + 90
+    while sink.compactor.running and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert sink.compactor.running == 0 and sink.compactor.failures == 0
+    assert not _zombie_children()
+    assert t.close(30)

@@ -22,6 +22,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -153,6 +154,8 @@ def convert_segment(con: Any, path: Path, fallback: Identity, session: str, run:
     with open(path, "rb") as fh:
         fh.seek(start)
         data = fh.read(scan.size - start)
+    if b"\\ud" in data or b"\\uD" in data:
+        data = replace_lone_surrogates(data)
     ids = _identity_rows(scan, session, run)
     con.execute("CREATE OR REPLACE TEMP TABLE ids (lo INTEGER, hi INTEGER, session VARCHAR, run VARCHAR, rank BIGINT, "
                 + ", ".join(f"{name} {typ}" for name, typ in IDENTITY_COLUMNS) + ")")
@@ -195,6 +198,20 @@ def header_rows(scan: Prescan, segment: int) -> list[tuple[tuple[str, str, int],
                       mono if _i64(mono) else None, wall if _i64(wall) else None,
                       json.dumps(header, separators=(",", ":"), default=repr))))
     return rows
+
+
+# A JSON string may escape a lone UTF-16 surrogate ("\ud800": the writer does, for a Python str that holds one, e.g. a
+# file name decoded with surrogateescape). Python reads it back exactly; DuckDB refuses the line, and its text type
+# (UTF-8) cannot hold one. So the columnar copy gets U+FFFD in its place: the record is kept (both readers count the
+# same records), that character differs (docs/format.md). Escape for escape, the length is the same.
+_LONE_SURROGATE = re.compile(
+    rb"(?<!\\)((?:\\\\)*)(\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+    rb"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2})")
+
+
+def replace_lone_surrogates(data: bytes) -> bytes:
+    """``data`` with every escaped lone surrogate replaced by the escaped replacement character."""
+    return _LONE_SURROGATE.sub(lambda m: m.group(1) + b"\\ufffd", data)
 
 
 def _utf8_or_blank(line: bytes) -> str:
@@ -459,17 +476,33 @@ def _upload(local: Path, url: str) -> None:
 
 
 def compact_segments(paths: Iterable[Path], *, include_last: bool) -> CompactResult:
-    """The segments of one process (the writer's): those without a valid copy, the last one too with
-    ``include_last``."""
+    """The segments of one process (the writer's) without a valid copy; the last one too with ``include_last``.
+    Passes are repeated until one converts nothing: segments the writer closed meanwhile are taken too, so one
+    compactor keeps up with a writer that rolls faster than it converts, and what was closed before the writer died
+    (SIGKILL) is converted all the same."""
+    from .segments import parse_segment_name, process_segments
+
     paths = list(paths)
     result = CompactResult()
     if not paths:
         return result
     run_dir = paths[0].parent
+    name = parse_segment_name(paths[0].name)
     meta = read_run_meta(run_dir)
     con = connect(memory_limit="256MB")
     try:
-        compact_process(con, run_dir, paths, meta, run_dir / COLUMNAR_DIR, result, include_last=include_last)
+        while True:
+            current = paths
+            if name is not None:
+                try:
+                    found = process_segments(f for f in run_dir.iterdir() if f.is_file())
+                except OSError:
+                    found = {}
+                current = found.get((name.agent, name.rank, name.pid), paths)
+            before = (result.segments, len(result.errors))
+            compact_process(con, run_dir, current, meta, run_dir / COLUMNAR_DIR, result, include_last=include_last)
+            if (result.segments, len(result.errors)) == before or result.errors:
+                break
     finally:
         con.close()
     return result

@@ -86,7 +86,7 @@ class BackgroundCompactor:
         self.started += 1
         with self._lock:
             self._running.add(proc)
-        threading.Thread(target=self._reap, args=(proc,), name="telemetrain-compact-reaper", daemon=True).start()
+        threading.Thread(target=self._reap, args=(proc,), name="compaction reaper (telemetrain)", daemon=True).start()
         return True
 
     def _reap(self, proc: subprocess.Popen[bytes]) -> None:
