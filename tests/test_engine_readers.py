@@ -253,3 +253,28 @@ def test_lone_surrogates_keep_their_record_on_both_paths(tmp_path: Path) -> None
             attributes = json.loads(engine.scalar("SELECT attributes FROM events WHERE name = 'odd'"))
             assert attributes == {"path": "a\ufffdb", "pair": "\U0001f600"}
             assert engine.scalar("SELECT sum(corrupt) FROM damage") == 0
+
+
+def test_trace_and_tail_are_the_same_by_sql(session: tuple[Path, Path]) -> None:
+    """The Perfetto trace (a run, and the session's two runs) and tail's first frame, both ways, the SQL path reading
+    each process only when it is drawn."""
+    from telemetrain.analysis.tail import TailState
+    from telemetrain.trace import build_trace, load_runs
+
+    for source in (session[0], session[0].parent):
+        python = build_trace(load_runs(source))
+        runs = load_runs(source)
+        with Engine([r.path for r in runs]) as engine:
+            sql = build_trace(runs, engine=engine)
+        assert not [log for r in runs for log in r.processes + r.agents if log._records is not None]
+        assert json.dumps(python, sort_keys=True) == json.dumps(sql, sort_keys=True)
+    for run in session:
+        polled = TailState(run)
+        polled.poll()
+        caught = TailState(run)
+        with Engine([run]) as engine:
+            caught.catch_up(engine)
+        assert caught.poll() == 0  # the followers start where SQL stopped: nothing new, nothing twice
+        for name in ("run_id", "perf_tag", "ranks", "errors", "warnings", "diagnostics", "records"):
+            assert getattr(polled, name) == getattr(caught, name), name
+        assert list(polled.recent) == list(caught.recent) and polled.ranks

@@ -319,10 +319,24 @@ def _counter_name(r: Any) -> str:
 
 
 class _Process:
-    def __init__(self, run: Run, identity: Any) -> None:
+    def __init__(self, run: Run, identity: Any, loader: Any = None, first_ns: int | None = None,
+                 last_ns: int | None = None) -> None:
         self.run = run
         self.identity = identity
-        self.records: list[Any] = []
+        self._records: list[Any] | None = None if loader is not None else []
+        self._loader = loader  # the SQL path: records are read when the process is drawn, then let go
+        self.first_ns = first_ns  # of the records drawn
+        self.last_ns = last_ns  # of all its records (its unmet metrics included)
+
+    @property
+    def records(self) -> list[Any]:
+        if self._records is None:
+            self._records = self._loader()
+        return self._records
+
+    def release(self) -> None:
+        if self._loader is not None:
+            self._records = None
 
     @property
     def label(self) -> str:
@@ -347,20 +361,32 @@ def _processes(runs: Sequence[Run]) -> list[_Process]:
                 p.records.append(r)
     for p in out.values():
         p.records.sort(key=lambda r: (r.wall_ns, r.mono_ns))
+        p.first_ns = p.records[0].wall_ns if p.records else None
+        p.last_ns = p.records[-1].wall_ns if p.records else None
     return [out[k] for k in sorted(out)]
 
 
+def _processes_sql(runs: Sequence[Run], engine: Any, all_metrics: bool) -> list[_Process]:
+    """``_processes`` by SQL (``store.engine``): each process's records are read only when it is drawn, and only
+    those the trace uses (its spans, events and diagnostics; of the metrics, the counters drawn)."""
+    from .store.trace_sql import process_loaders
+
+    return [_Process(run, identity, loader, first, last) for run, identity, loader, (first, last) in
+            process_loaders(runs, engine, all_metrics, _SYSTEM_COUNTERS, frozenset(_THROUGHPUT.values()))]
+
+
 def build_trace(
-    runs: Sequence[Run], *, max_per_name: int = DEFAULT_MAX_PER_NAME, all_metrics: bool = False
+    runs: Sequence[Run], *, max_per_name: int = DEFAULT_MAX_PER_NAME, all_metrics: bool = False, engine: Any = None
 ) -> dict[str, Any]:
     """The trace of ``runs`` as a Chrome Trace Event Format object (``traceEvents``, ``displayTimeUnit``,
     ``otherData``). ``ts``/``dur`` are integer µs from the earliest record (``otherData.telemetrain.origin_wall_ns``),
     so every rank and run shares one clock. ``all_metrics``: every numeric metric record is a counter, not only the
-    throughput and the main system samples."""
+    throughput and the main system samples. ``engine``: a ``store.engine.Engine`` over the runs, to read each process's
+    records by SQL when it is drawn (memory: one process at a time) instead of from the loaded runs."""
     if type(max_per_name) is not int or max_per_name < 1:
         raise ValueError(f"max_per_name must be an int >= 1, got {max_per_name!r}")
-    procs = _processes(runs)
-    origin = min((p.records[0].wall_ns for p in procs if p.records), default=0)
+    procs = _processes(runs) if engine is None else _processes_sql(runs, engine, all_metrics)
+    origin = min((p.first_ns for p in procs if p.first_ns is not None), default=0)
     meta: list[dict[str, Any]] = []
     body: list[dict[str, Any]] = []
     dropped_all: dict[str, dict[str, dict[str, int]]] = {}
@@ -373,7 +399,7 @@ def build_trace(
         meta.append({"ph": "M", "pid": pid, "name": "process_sort_index", "args": {"sort_index": pid}})
         meta.append({"ph": "M", "pid": pid, "name": "process_labels",
                      "args": {"labels": f"session {i.session_tag}, perf {i.perf_tag}, local rank {i.local_rank}"}})
-        last_ns = proc.records[-1].wall_ns if proc.records else origin
+        last_ns = proc.last_ns if proc.last_ns is not None else origin
 
         spans = _collect_spans((r for r in proc.records if r.kind in ("span_start", "span_end")), last_ns, origin)
         by_id = {s.span_id: s for s in spans}
@@ -396,6 +422,7 @@ def build_trace(
         body.extend(_capped(_instants(proc, pid, origin), max_per_name, dropped["instants"]))
         if any(dropped.values()):
             dropped_all[proc.label] = {kind: dict(sorted(d.items())) for kind, d in dropped.items() if d}
+        proc.release()
     return {
         "traceEvents": meta + body,
         "displayTimeUnit": "ms",
@@ -467,8 +494,15 @@ def export_trace(
 ) -> TraceResult:
     """Write the trace of the run (or of every run under the directory) ``source`` to ``out``, atomically: a reader
     never sees half a file, and a failed export leaves any previous one in place."""
+    from .store.engine import engine_for
+
     runs = load_runs(source)
-    trace = build_trace(runs, max_per_name=max_per_name, all_metrics=all_metrics)
+    engine = engine_for([r.path for r in runs])  # DuckDB when installed: the runs are not loaded whole
+    try:
+        trace = build_trace(runs, max_per_name=max_per_name, all_metrics=all_metrics, engine=engine)
+    finally:
+        if engine is not None:
+            engine.close()
     target = Path(out)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent if str(target.parent) else ".")
     try:

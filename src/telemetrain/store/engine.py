@@ -134,6 +134,8 @@ class Engine:
         self.tail_bytes = 0
         # (run directory, agent, rank, pid) of the file names -> records, torn, corrupt, first header
         self.process_counts: dict[tuple[Path, bool, int, int], ProcessCounts] = {}
+        # segment file -> (the offset up to which it was read, the identity in force there): where to follow it from
+        self.read_to: dict[Path, tuple[int, Identity | None]] = {}
         self._damage: list[tuple[Any, ...]] = []
         self._locked = False
         self._create_tail_tables()
@@ -209,6 +211,7 @@ class Engine:
                         grown = False
                     if not grown:
                         counts.torn += int(manifest.torn)
+                        self.read_to[path] = (int(manifest.covered_bytes), identity)
                         continue
                     start, first_line = int(manifest.covered_bytes), int(manifest.lines)  # read only what is new
                 elif manifest is not None:
@@ -221,6 +224,7 @@ class Engine:
                     continue  # the file went away meanwhile
                 counts.records += records
                 counts.torn += scan.torn
+                self.read_to[path] = (scan.size, identity)
                 counts.corrupt += corrupt
                 if n == 0 and counts.header is None and scan.first_header:
                     counts.header = scan.first_header
