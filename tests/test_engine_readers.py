@@ -30,7 +30,6 @@ from telemetrain.store import open_run  # noqa: E402
 from telemetrain.store.compact import COLUMNAR_DIR, compact  # noqa: E402
 from telemetrain.store.engine import ColumnarWarning, Engine  # noqa: E402
 from telemetrain.training.goodput import goodput_by_rank  # noqa: E402
-
 from test_report import _write_session  # noqa: E402  (the report's session, with its planted problems)
 
 pytestmark = pytest.mark.filterwarnings("ignore:telemetrain. sink 'broken' failed")
@@ -218,7 +217,7 @@ def test_a_run_being_written_is_queried_as_it_stands(tmp_path: Path) -> None:
         assert engine.tail_segments == 0 and engine.scalar("SELECT count(*) FROM metrics") == total
 
 
-class warnings_as_errors:  # noqa: N801 - used as a context manager
+class warnings_as_errors:
     """A ColumnarWarning here would mean a copy was distrusted: it must not happen to a run that only grew."""
 
     def __enter__(self) -> None:
