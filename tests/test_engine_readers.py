@@ -23,6 +23,7 @@ duckdb = pytest.importorskip("duckdb")
 
 from telemetrain import Telemetry, identity_from_env  # noqa: E402
 from telemetrain.analysis.samples import read_samples  # noqa: E402
+from telemetrain.analysis.summary import summarize_run, summarize_sql  # noqa: E402
 from telemetrain.cli import summarize  # noqa: E402
 from telemetrain.report.html import render  # noqa: E402
 from telemetrain.report.model import build_model  # noqa: E402
@@ -114,6 +115,15 @@ def test_report_and_show_are_the_same_by_sql(session: tuple[Path, Path], compact
             m.processes = m.agents = []  # ProcessLogs: compared through the page below
         assert not differences(py_model, sql_model)
         assert _page(py_model) == _page(sql_model)
+        with Engine([run_dir]) as engine:  # show's data, beyond what its lines print (per rank, for a listing)
+            by_sql = summarize_sql(engine, open_run(run_dir))
+        monkeypatch.setenv("TELEMETRAIN_ENGINE", "python")
+        by_python = summarize_run(open_run(run_dir))
+        monkeypatch.delenv("TELEMETRAIN_ENGINE")
+        assert not [d for d in differences(by_python, by_sql) if not d.startswith((".metrics", ".stats",
+                                                                                   ".sampler_starts"))]
+        assert {k: {r: tuple(rec) for r, rec in v.last_by_rank.items()} for k, v in by_python.metrics.items()} == \
+            {k: {r: tuple(rec) for r, rec in v.last_by_rank.items()} for k, v in by_sql.metrics.items()}
         assert py_model.findings and py_model.windows and py_model.heatmap is not None  # something was compared
 
 

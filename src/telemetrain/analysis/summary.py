@@ -80,6 +80,20 @@ class RunSummary:
     diagnostics: int = 0
     # (name, sink) -> [diagnostics, records concerned, the last one's message]
     diagnostic_groups: dict[tuple[str, str], list[Any]] = dataclasses.field(default_factory=dict)
+    # for a listing of runs: (rank, pid) -> how each training loop ended ("" while open), and the spans' time bounds
+    loop_states: dict[tuple[int, int], list[str]] = dataclasses.field(default_factory=dict)
+    span_start_ns: int | None = None
+    span_end_ns: int | None = None
+
+    def note_loop(self, key: tuple[int, int], status: str | None) -> None:
+        """A training loop's start (``None``) or end (its status), in records() order."""
+        states = self.loop_states.setdefault(key, [])
+        if status is None:
+            states.append("")
+        elif "" in states:
+            states[states.index("")] = status
+        else:
+            states.append(status)
 
 
 def _who(group: str, name: str, identity: Any) -> str:
@@ -142,6 +156,11 @@ def summarize_run(run: Run) -> RunSummary:
             entry[0] += 1
             entry[1] += r.record_count
             entry[2] = r.message
+        else:  # span_start, span_end
+            s.span_start_ns = wall if s.span_start_ns is None or wall < s.span_start_ns else s.span_start_ns
+            s.span_end_ns = wall if s.span_end_ns is None or wall > s.span_end_ns else s.span_end_ns
+            if group == "training" and name == "training_loop":
+                s.note_loop((r.identity.rank, r.identity.pid), r.status if kind == "span_end" else None)
     s.gpu_unavailable = sorted(set(s.gpu_unavailable))
     return s
 
@@ -253,4 +272,13 @@ def summarize_sql(engine: Any, run: Run) -> RunSummary:
             f"WHERE {w} GROUP BY ALL ORDER BY ALL"):
         s.diagnostics += n
         s.diagnostic_groups[(name, sink)] = [int(n), int(total), message]
+    for lo, hi in engine.rows(f"SELECT min(lo), max(hi) FROM (SELECT min(wall_ns) AS lo, max(wall_ns) AS hi FROM "
+                              f"span_starts WHERE {w} UNION ALL SELECT min(wall_ns), max(wall_ns) FROM span_ends "
+                              f"WHERE {w})"):
+        s.span_start_ns, s.span_end_ns = lo, hi
+    for rank, pid, status in engine.rows(
+            f"SELECT rank, pid, status FROM (SELECT {ORDER}, NULL AS status FROM span_starts WHERE {w} AND "
+            f"group_name = 'training' AND name = 'training_loop' UNION ALL SELECT {ORDER}, status FROM span_ends "
+            f"WHERE {w} AND group_name = 'training' AND name = 'training_loop') ORDER BY {ORDER}"):
+        s.note_loop((rank, pid), status)
     return s
