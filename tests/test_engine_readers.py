@@ -287,3 +287,21 @@ def test_trace_and_tail_are_the_same_by_sql(session: tuple[Path, Path]) -> None:
         for name in ("run_id", "perf_tag", "ranks", "errors", "warnings", "diagnostics", "records"):
             assert getattr(polled, name) == getattr(caught, name), name
         assert list(polled.recent) == list(caught.recent) and polled.ranks
+
+
+def test_the_scale_docs_query_runs_on_the_copied_tree(session: tuple[Path, Path], tmp_path: Path) -> None:
+    """docs/scale.md's DuckDB query over a `telemetrain compact --to` tree gives what `telemetrain query` gives over
+    the run's `windows` view."""
+    doc = (Path(__file__).parent.parent / "docs" / "scale.md").read_text()
+    tree_sql = doc.split("or straight over the object store tree")[1].split("```sql")[1].split("```")[0]
+    query_sql = doc.split("telemetrain query telemetrain-runs/job-42/job-42.0 \"")[1].split('"\n```')[0]
+    run = session[1]
+    assert not compact(run, str(tmp_path / "tree")).errors
+    tree_sql = (tree_sql.replace("s3://bucket/telemetry", str(tmp_path / "tree"))
+                .replace("'job-42'", f"'{run.parent.name}'").replace("'job-42.0'", f"'{run.name}'"))
+    on_tree = duckdb.connect().execute(tree_sql).fetchall()
+    proc = subprocess.run([PY, "-m", "telemetrain.cli", "query", str(run), query_sql, "--format", "json",
+                           "--max-rows", "0"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    by_query = [(r["current_iteration"], r["slowest_rank"], r["x_median"]) for r in json.loads(proc.stdout)]
+    assert on_tree == by_query and len(on_tree) >= 10
