@@ -12,8 +12,9 @@ metrics per step (``loss`` and ``lr`` with their step), a checkpoint every 10,00
 written once, marked done, and a rank left half-written by an interrupted run is deleted and written again.
 ``--jobs`` ranks are written at once.
 
-**Timed** (each command in a fresh process, ``python -m telemetrain.cli ...``, as a user runs it; wall time and CPU
-time from ``wait4``, peak RSS as the process's own ``VmHWM``): ``report RUN``, ``compare RUN --baseline COPY``
+**Timed** (after one untimed run that leaves Python's bytecode and the OS's file cache warm, as on a machine where
+telemetrain is installed; each command in a fresh process, ``python -m telemetrain.cli ...``, as a user runs it;
+wall time and CPU time from ``wait4``, peak RSS as the process's own ``VmHWM``): ``report RUN``, ``compare RUN --baseline COPY``
 (against a hard-linked copy of itself: both are read), ``goodput SESSION``, ``show RUN``; ``--repeats`` times,
 median. With DuckDB (the ``columnar`` extra) and, where ``--python-up-to`` allows, the pure-Python path
 (``TELEMETRAIN_ENGINE=python``) for comparison.
@@ -216,7 +217,10 @@ def baseline_of(run: Path) -> Path:
 
 
 def measure(run: Path, engine: str, repeats: int, timeout: float, out: Path) -> dict[str, Any]:
-    env = {**os.environ, "TELEMETRAIN_ENGINE": engine}
+    # as installed: Python's bytecode cached (a development shell may set PYTHONDONTWRITEBYTECODE, and then every
+    # command would compile telemetrain's modules again, ~0.5 s); one untimed run of each command writes the cache
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["TELEMETRAIN_ENGINE"] = engine
     commands = {
         "report": ["report", str(run), "-o", str(out / "report.html"), "--no-progress"],
         "compare": ["compare", str(run), "--baseline", str(baseline_of(run))],
@@ -225,6 +229,7 @@ def measure(run: Path, engine: str, repeats: int, timeout: float, out: Path) -> 
     }
     results = {}
     for name, argv in commands.items():
+        timed_command(argv, env, timeout)  # warm: bytecode and the OS's file cache
         samples = [timed_command(argv, env, timeout) for _ in range(repeats)]
         bad = [s for s in samples if s["code"] != 0]
         if bad:
