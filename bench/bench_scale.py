@@ -14,10 +14,10 @@ written once, marked done, and a rank left half-written by an interrupted run is
 
 **Timed** (after one untimed run that leaves Python's bytecode and the OS's file cache warm, as on a machine where
 telemetrain is installed; each command in a fresh process, ``python -m telemetrain.cli ...``, as a user runs it;
-wall time and CPU time from ``wait4``, peak RSS as the process's own ``VmHWM``): ``report RUN``, ``compare RUN --baseline COPY``
-(against a hard-linked copy of itself: both are read), ``goodput SESSION``, ``show RUN``; ``--repeats`` times,
-median. With DuckDB (the ``columnar`` extra) and, where ``--python-up-to`` allows, the pure-Python path
-(``TELEMETRAIN_ENGINE=python``) for comparison.
+wall time and CPU time from ``wait4``, peak RSS as the process's own ``VmHWM``): ``report RUN``,
+``compare RUN --baseline COPY`` (against a hard-linked copy of itself: both are read), ``goodput SESSION``,
+``show RUN``; ``--repeats`` times, median. With DuckDB (the ``columnar`` extra) and, where ``--python-up-to``
+allows, the pure-Python path (``TELEMETRAIN_ENGINE=python``) for comparison.
 
 **Compaction**: ``telemetrain.store.compact.compact(run, dest=<temp dir>)`` of one rank's segments in this process
 (DuckDB on one thread), records per second. **Bytes**: JSONL and Parquet bytes of the run over ranks x iterations.
