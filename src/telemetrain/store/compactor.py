@@ -86,7 +86,12 @@ class BackgroundCompactor:
         self.started += 1
         with self._lock:
             self._running.add(proc)
-        threading.Thread(target=self._reap, args=(proc,), name="compaction reaper (telemetrain)", daemon=True).start()
+        try:
+            threading.Thread(target=self._reap, args=(proc,), name="compaction reaper (telemetrain)",
+                             daemon=True).start()
+        except RuntimeError:  # at interpreter shutdown no thread starts: the exiting process leaves it to init
+            with self._lock:
+                self._running.discard(proc)
         return True
 
     def _reap(self, proc: subprocess.Popen[bytes]) -> None:
