@@ -60,11 +60,18 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b) and type(a) is type(b)
 
 
-def test_sql_and_python_readers_keep_and_skip_the_same_lines(tmp_path: Path) -> None:
+@pytest.mark.parametrize("chunk", [8 << 20, 700], ids=["one-chunk", "many-chunks"])
+def test_sql_and_python_readers_keep_and_skip_the_same_lines(tmp_path: Path, chunk: int,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    import telemetrain.store.compact as compact_module
+
+    monkeypatch.setattr(compact_module, "CHUNK_BYTES", chunk)  # a segment converted in pieces: the same rows
     run = _write_run(tmp_path, ranks=1, n=20)
     f = next(run.glob("rank-*.jsonl"))
     with open(f, "a") as fh:
-        fh.write("\n".join(DAMAGED) + "\n" + '{"v":1,"kind":"metr')  # and a torn last line
+        fh.write("\n".join(DAMAGED) + "\n" + f.read_text().splitlines()[0] + "\n"  # a header again, mid-file
+                 + '{"v":1,"kind":"metric","mono_ns":5,"wall_ns":1,"group":"g","name":"after","value":1}\n'
+                 + '{"v":1,"kind":"metr')  # and a torn last line
     log = open_run(run).processes[0]
     python = _records_python(run)
     assert all(type(decode_line(json.dumps(line), log.identity)) is dict for line in ({"v": 1, "kind": "process",

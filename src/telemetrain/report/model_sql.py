@@ -114,10 +114,12 @@ class SqlCollector(_Collector):
         for group, name, n in self.rows("SELECT group_name, name, count(*) FROM events WHERE {w} GROUP BY ALL "
                                         "ORDER BY ALL"):
             self.event_counts[("ranks", group, name)] += n
-        for rank, attributes in self.rows(
-                "SELECT rank, attributes FROM events WHERE {w} AND group_name = 'training' AND "
-                "name = 'training_metrics_update' QUALIFY row_number() OVER (PARTITION BY rank "
-                "ORDER BY pid DESC, segment DESC, line DESC) = 1 ORDER BY rank"):
+        update = "group_name = 'training' AND name = 'training_metrics_update'"
+        for rank, attributes in self.rows(  # each rank's last report: its position first, then its attributes
+                f"""WITH k AS (SELECT rank, max((pid, segment, line)) AS k FROM events WHERE {{w}} AND {update}
+                               GROUP BY rank)
+                SELECT e.rank, e.attributes FROM events e JOIN k ON e.rank = k.rank AND (e.pid, e.segment, e.line) = k.k
+                WHERE {self.where_of('e')} AND e.{update.replace(' AND name', ' AND e.name')} ORDER BY e.rank"""):
             self.last_update[rank] = _attrs(attributes)
         for rank, attributes, wall in self.rows(
                 f"SELECT rank, attributes, wall_ns FROM events WHERE {{w}} AND group_name = 'cross_rank' AND "
@@ -206,21 +208,38 @@ class SqlCollector(_Collector):
                 f"SELECT group_name, name, count(*), first(step {order}), first(value {order}), first(rank {order}) "
                 f"FROM metrics WHERE {{w}} AND {nonfinite} GROUP BY ALL ORDER BY ALL"):
             self.nonfinite[(group, name)] = [n, step, value, rank]
+        # count, min and max in one streaming pass; the last record (collection order: the highest rank, pid, then
+        # file order) and the first's unit from the files of that one rank only (rank is a partition: the others
+        # are not read). A min or max is an int when an int record holds it (the Python pass keeps the type of the
+        # first record holding it: they differ only for a series mixing 3 and 3.0 at its extreme).
         plain = "value_bool IS NULL AND isfinite(value)"
-        key = f"({ORDER})"
-        for (group, name, n, last, lo, lo_int, hi, hi_int, unit) in self.rows(
-                f"""SELECT group_name, name, count(*),
-                       arg_max_null(struct_pack(value, value_int, value_bool), {key}),
-                       min(value) FILTER (WHERE {plain}),
-                       arg_min_null(value_int, (value, {ORDER})) FILTER (WHERE {plain}),
-                       max(value) FILTER (WHERE {plain}),
-                       arg_max_null(value_int, (value, -rank, -pid, -segment, -line)) FILTER (WHERE {plain}),
-                       arg_min_null(unit, {key})
-                    FROM metrics WHERE {{w}} GROUP BY ALL ORDER BY ALL"""):
+        stats = self.rows(
+            f"""SELECT group_name, name, count(*), min(value) FILTER (WHERE {plain}),
+                   min(value_int) FILTER (WHERE {plain}), max(value) FILTER (WHERE {plain}),
+                   max(value_int) FILTER (WHERE {plain}), max(rank), min(rank)
+                FROM metrics WHERE {{w}} GROUP BY ALL""")
+        self.engine.execute("CREATE OR REPLACE TEMP TABLE report_metric_ranks (group_name VARCHAR, name VARCHAR, "
+                            "hi BIGINT, lo BIGINT)")
+        self.engine.con.executemany("INSERT INTO report_metric_ranks VALUES (?, ?, ?, ?)",
+                                    [(g, n, hi, lo) for g, n, _, _, _, _, _, hi, lo in stats])
+        last = {(g, n): v for g, n, v in self.rows(
+            f"""SELECT m.group_name, m.name, arg_max_null(struct_pack(m.value, m.value_int, m.value_bool),
+                       (m.pid, m.segment, m.line))
+                FROM metrics m JOIN report_metric_ranks r ON m.group_name = r.group_name AND m.name = r.name
+                  AND m.rank = r.hi
+                WHERE {self.where_of('m')} GROUP BY ALL""")}
+        units = {(g, n): u for g, n, u in self.rows(
+            f"""SELECT m.group_name, m.name, arg_min_null(m.unit, (m.pid, m.segment, m.line))
+                FROM metrics m JOIN report_metric_ranks r ON m.group_name = r.group_name AND m.name = r.name
+                  AND m.rank = r.lo
+                WHERE {self.where_of('m')} GROUP BY ALL""")}
+        for group, name, n, lo, lo_int, hi, hi_int, _, _ in sorted(stats):
+            v = last[(group, name)]
             self.metric_stats[(group, name)] = [
-                n, _metric_value(last["value"], last["value_int"], last["value_bool"]),
-                None if lo is None else (int(lo_int) if lo_int is not None else lo),
-                None if hi is None else (int(hi_int) if hi_int is not None else hi), unit]
+                n, _metric_value(v["value"], v["value_int"], v["value_bool"]),
+                None if lo is None else (int(lo_int) if lo_int is not None and lo_int == lo else lo),
+                None if hi is None else (int(hi_int) if hi_int is not None and hi_int == hi else hi),
+                units[(group, name)]]
         names = _names(name for name, _, _ in SYSTEM_CHARTS)
         who = ("CASE WHEN starts_with(name, 'hw.') THEN host || ' ' || (CASE WHEN starts_with(group_name, 'system.') "
                "THEN group_name[8:] ELSE group_name END) WHEN starts_with(name, 'system.') THEN host "

@@ -145,15 +145,50 @@ def _identity_rows(scan: Prescan, session: str, run: str) -> list[tuple[Any, ...
     return rows
 
 
+CHUNK_BYTES = 8 << 20  # a segment is converted this much at a time: memory does not follow the segment's size
+
+
 def convert_segment(con: Any, path: Path, fallback: Identity, session: str, run: str, segment: int,
-                    size: int | None = None, *, start: int = 0, first_line: int = 0) -> tuple[Prescan, str]:
+                    size: int | None = None, *, start: int = 0, first_line: int = 0,
+                    chunk_bytes: int | None = None) -> tuple[Prescan, str]:
     """Parse one segment into the temporary table ``seg`` (typed rows with identity and position) of ``con``;
     returns its prescan and the name of the table (``seg``). Lines past ``size`` bytes are not read; with ``start``,
-    reading begins at that offset, which is line ``first_line``."""
-    scan = prescan(path, fallback, size, start=start, first_line=first_line)
+    reading begins at that offset, which is line ``first_line``. The file is read ``chunk_bytes`` of whole lines at a
+    time (DuckDB keeps the rows, spilling past its memory limit)."""
+    limit = size if size is not None else os.stat(path).st_size
+    chunk_bytes = chunk_bytes or CHUNK_BYTES
+    total = Prescan(path=path, size=start, lines=0, torn=0, start=start, first_line=first_line)
+    total.identities.append((0, fallback))
+    pos, line, identity, created = start, first_line, fallback, False
+    while True:
+        end = min(pos + chunk_bytes, limit)
+        scan = prescan(path, identity, end, start=pos, first_line=line)
+        if scan.lines == 0 and end < limit:  # one line longer than a chunk: read further
+            chunk_bytes *= 2
+            continue
+        _convert_chunk(con, path, scan, session, run, segment, create=not created)
+        created = True
+        offset = line - first_line  # the chunk's lines, relative to the whole read
+        total.header_lines += [n + offset for n in scan.header_lines]
+        total.identities += [(n + offset, i) for n, i in scan.identities[1:]]
+        total.headers += [(n + offset, h) for n, h in scan.headers]
+        total.bad_headers += scan.bad_headers
+        if not total.first_header:
+            total.first_header = scan.first_header
+        total.lines += scan.lines
+        total.size = scan.size
+        pos, line, identity = scan.size, line + scan.lines, scan.identities[-1][1]
+        if end >= limit or scan.lines == 0:
+            total.torn = scan.torn
+            return total, "seg"
+
+
+def _convert_chunk(con: Any, path: Path, scan: Prescan, session: str, run: str, segment: int, *,
+                   create: bool) -> None:
+    """The lines a prescan covered, typed, into ``seg`` (created, or appended to)."""
     with open(path, "rb") as fh:
-        fh.seek(start)
-        data = fh.read(scan.size - start)
+        fh.seek(scan.start)
+        data = fh.read(scan.size - scan.start)
     if b"\\ud" in data or b"\\uD" in data:
         data = replace_lone_surrogates(data)
     ids = _identity_rows(scan, session, run)
@@ -164,7 +199,8 @@ def convert_segment(con: Any, path: Path, fallback: Identity, session: str, run:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         text = None
-    if len(ids) == 1:  # one identity for the whole segment (the usual case): constants, no join
+    first_line = scan.first_line
+    if len(ids) == 1:  # one identity for the whole chunk (the usual case): constants, no join
         select = ("SELECT " + ", ".join(f"{_sql_value(v)} AS {name}" for v, name in zip(
             ids[0][2:], ("session", "run", "rank", *(n for n, _ in IDENTITY_COLUMNS)), strict=True))
             + f", {int(segment)}::INTEGER AS segment, (t.n + {int(first_line)})::INTEGER AS line, t.* EXCLUDE (n) "
@@ -174,17 +210,17 @@ def convert_segment(con: Any, path: Path, fallback: Identity, session: str, run:
                   + ", ".join(f"ids.{name}" for name, _ in IDENTITY_COLUMNS)
                   + f", {int(segment)}::INTEGER AS segment, (t.n + {int(first_line)})::INTEGER AS line, "
                   "t.* EXCLUDE (n) FROM typed t JOIN ids ON t.n >= ids.lo AND t.n < ids.hi")
+    into = "CREATE OR REPLACE TEMP TABLE seg AS" if create else "INSERT INTO seg"
     if text is not None:
         typed = typed_rows_sql("(SELECT $content AS content)")
-        con.execute(f"CREATE OR REPLACE TEMP TABLE seg AS WITH typed AS ({typed}) {select}",
+        con.execute(f"{into} WITH typed AS ({typed}) {select}",
                     {"content": text, "headers": scan.header_lines, "lines": scan.lines})
     else:  # not UTF-8 somewhere: line by line, so that only the bad lines are lost
         con.execute("CREATE OR REPLACE TEMP TABLE seg_text (content VARCHAR)")
         good = "\n".join(_utf8_or_blank(line) for line in data.split(b"\n"))
         con.execute("INSERT INTO seg_text VALUES ($c)", {"c": good})
-        con.execute(f"CREATE OR REPLACE TEMP TABLE seg AS WITH typed AS ({typed_rows_sql('seg_text')}) {select}",
+        con.execute(f"{into} WITH typed AS ({typed_rows_sql('seg_text')}) {select}",
                     {"headers": scan.header_lines, "lines": scan.lines})
-    return scan, "seg"
 
 
 def header_rows(scan: Prescan, segment: int) -> list[tuple[tuple[str, str, int], tuple[Any, ...]]]:
