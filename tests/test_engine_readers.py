@@ -305,3 +305,46 @@ def test_the_scale_docs_query_runs_on_the_copied_tree(session: tuple[Path, Path]
     assert proc.returncode == 0, proc.stderr
     by_query = [(r["current_iteration"], r["slowest_rank"], r["x_median"]) for r in json.loads(proc.stdout)]
     assert on_tree == by_query and len(on_tree) >= 10
+
+
+def test_windows_merged_at_scale_are_the_same_by_sql(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ranks with more windows than they keep: the lowest rank merged to the chart's 1,000 points, the others to their
+    share of the budget; NaN means, missing percentiles and phases in some windows. Both paths merge alike."""
+    import random
+
+    import telemetrain.report.windows as windows_module
+
+    monkeypatch.setattr(windows_module, "WINDOW_BUDGET", 300)  # 3 ranks: 100 windows each besides the lowest
+    run = tmp_path / "s" / "w"
+    run.mkdir(parents=True)
+    rng = random.Random(7)
+    for rank in range(3):
+        ident = identity_from_env({}, run_id="w", session_tag="s", perf_tag="p", rank=rank, world_size=3)
+        lines = [json.dumps({"v": 1, "kind": "process", "mono_ns": 1, "wall_ns": 1,
+                             "identity": ident.replace(pid=100 + rank).as_dict()})]
+        for i in range(2500 if rank == 0 else 1200):
+            a: dict[str, Any] = {"current_iteration": 50 * (i + 1) - 1, "window_iterations": 50,
+                                 "avg_iteration_time_sec": rng.uniform(0.09, 0.11) * (1.5 if 600 < i < 650 else 1),
+                                 "max_iteration_time_sec": rng.uniform(0.1, 0.5 if i % 97 else 2.0),
+                                 "p90_iteration_time_sec": rng.uniform(0.1, 0.2),
+                                 "samples_per_second": rng.uniform(280, 300)}
+            if i % 5:
+                a["p50_iteration_time_sec"] = rng.uniform(0.09, 0.11)
+                a["avg_forward_time_sec"] = rng.uniform(0.02, 0.03) * (4 if i in (300, 301) else 1)
+            if i % 211 == 0:
+                a["avg_iteration_time_sec"] = {"$float": "NaN"}
+            lines.append(json.dumps({"v": 1, "kind": "event", "mono_ns": 10 + i, "wall_ns": 10**18 + i * 10**9,
+                                     "group": "training", "name": "training_metrics_update", "severity": "info",
+                                     "attributes": a, "event_id": "", "span_id": ""}, separators=(",", ":")))
+        (run / f"rank-{rank}.{100 + rank}.jsonl").write_text("\n".join(lines) + "\n")
+    monkeypatch.setenv("TELEMETRAIN_ENGINE", "python")
+    python = build_model(open_run(run))
+    monkeypatch.delenv("TELEMETRAIN_ENGINE")
+    with Engine([run]) as engine:
+        sql = build_model(open_run(run), engine)
+    assert [len(python.windows[r]) for r in range(3)] == [834, 100, 100]  # ceil(2500 / 1000) = 3 per point
+    assert python.window_counts == {0: 2500, 1: 1200, 2: 1200}
+    python.processes = python.agents = sql.processes = sql.agents = []
+    assert not differences(python, sql)
+    assert _page(python) == _page(sql)
+    assert {f.kind for f in python.findings} >= {"slow iterations", "slow phase"}

@@ -34,13 +34,13 @@ from .model import (
 )
 from .windows import (
     MAX_HEATMAP_COLUMNS,
-    MAX_WINDOWS_PER_RANK,
     PHASES,
     SLOW_ITERATION_FACTOR,
     SLOW_PHASE_FACTOR,
     SLOW_PHASE_MIN_SHARE,
     Heatmap,
     WindowFigures,
+    window_limit,
 )
 
 __all__ = ["SqlCollector"]
@@ -218,6 +218,8 @@ class SqlCollector(_Collector):
                    min(value_int) FILTER (WHERE {plain}), max(value) FILTER (WHERE {plain}),
                    max(value_int) FILTER (WHERE {plain}), max(rank), min(rank)
                 FROM metrics WHERE {{w}} GROUP BY ALL""")
+        if not stats:
+            return
         self.engine.execute("CREATE OR REPLACE TEMP TABLE report_metric_ranks (group_name VARCHAR, name VARCHAR, "
                             "hi BIGINT, lo BIGINT)")
         self.engine.con.executemany("INSERT INTO report_metric_ranks VALUES (?, ?, ?, ?)",
@@ -233,6 +235,7 @@ class SqlCollector(_Collector):
                 FROM metrics m JOIN report_metric_ranks r ON m.group_name = r.group_name AND m.name = r.name
                   AND m.rank = r.lo
                 WHERE {self.where_of('m')} GROUP BY ALL""")}
+        self.engine.execute("DROP TABLE report_metric_ranks")
         for group, name, n, lo, lo_int, hi, hi_int, _, _ in sorted(stats):
             v = last[(group, name)]
             self.metric_stats[(group, name)] = [
@@ -301,6 +304,7 @@ class SqlCollector(_Collector):
                                 phase_seconds={}, heatmap=None)
         self._figures = figures
         if not counts:
+            self.engine.execute("DROP TABLE IF EXISTS report_windows")
             return
         # slow windows: slowest iteration > 3x the rank's median p50 (its mean where it has none)
         typical = {rank: t for rank, _, _, t in per_rank if t}
@@ -330,7 +334,9 @@ class SqlCollector(_Collector):
             figures.phase_seconds[rank] = ({p: float(v) for p, v in zip(PHASES, values[:-1], strict=True)},
                                            float(values[-1]))
         figures.heatmap = self._heatmap(w, medians)
-        figures.merged = self._merged(w)
+        figures.merged = self._merged(w, sorted(counts))
+        self.engine.execute("DROP TABLE IF EXISTS report_windows")
+        self.engine.execute("DROP TABLE IF EXISTS report_typical")
 
     def _window_columns(self) -> str:
         return "rank, iteration, wall_ns, iterations, avg, p50, p90, p99, mx, total, sps, " + \
@@ -360,12 +366,15 @@ class SqlCollector(_Collector):
         heat.typical = float(typical) if typical is not None and typical > 0 else 1.0
         return heat
 
-    def _merged(self, w: str) -> dict[int, list[Window]]:
+    def _merged(self, w: str, ranks: list[int]) -> dict[int, list[Window]]:
         merged: dict[int, list[Window]] = {}
-        for row in self.engine.rows(f"SELECT {self._window_columns()} FROM {w} WHERE n <= {MAX_WINDOWS_PER_RANK} "
-                                    "ORDER BY rank, i"):
+        self.engine.execute("CREATE OR REPLACE TEMP TABLE report_limits (rank BIGINT, lim BIGINT)")
+        self.engine.con.executemany("INSERT INTO report_limits VALUES (?, ?)",
+                                    [(rank, window_limit(rank, ranks)) for rank in ranks])
+        w = f"(SELECT * FROM {w} JOIN report_limits USING (rank))"
+        for row in self.engine.rows(f"SELECT {self._window_columns()} FROM {w} WHERE n <= lim ORDER BY rank, i"):
             merged.setdefault(row[0], []).append(self._window(row))
-        size = f"((n + {MAX_WINDOWS_PER_RANK - 1}) // {MAX_WINDOWS_PER_RANK})"
+        size = "((n + lim - 1) // lim)"
 
         def mean(c: str) -> str:
             return f"favg({c}) FILTER (WHERE isfinite({c}))"
@@ -378,8 +387,9 @@ class SqlCollector(_Collector):
                 f"""SELECT rank, last(iteration ORDER BY i), last(wall_ns ORDER BY i), sum(iterations), {mean('avg')},
                       {mean('p50')}, {largest('p90')}, {largest('p99')}, {largest('mx')},
                       fsum(total) FILTER (WHERE isfinite(total)), {mean('sps')}, {phases}
-                    FROM {w} WHERE n > {MAX_WINDOWS_PER_RANK} GROUP BY rank, i // {size} ORDER BY rank, i // {size}"""):
+                    FROM {w} WHERE n > lim GROUP BY rank, i // {size} ORDER BY rank, i // {size}"""):
             merged.setdefault(row[0], []).append(self._window(row))
+        self.engine.execute("DROP TABLE report_limits")
         return merged
 
     # -- what build_model asks for -------------------------------------------------------------------------------

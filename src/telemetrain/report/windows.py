@@ -5,11 +5,13 @@ rank's windows merged into at most ``MAX_WINDOWS_PER_RANK`` for the charts.
 Computed here from the windows in memory (the pure-Python path), and by SQL in ``model_sql`` (the DuckDB path) with
 the same rules, so both paths give the same figures; the tests compare them.
 
-Merging: a rank with more than ``MAX_WINDOWS_PER_RANK`` windows (in iteration order) has them grouped into runs of
-``ceil(n / MAX_WINDOWS_PER_RANK)`` consecutive windows; a group becomes one ``Window`` ending where its last window
-ends: iterations and total summed, avg, p50, samples/s and each phase the mean of the group's finite values, p90, p99
-and max the largest finite value. The iteration chart draws buckets of the same size with the same rules, so it is
-the same whether drawn from the windows or from their merged form.
+Merging: a rank with more than its limit of windows (in iteration order) has them grouped into runs of
+``ceil(n / limit)`` consecutive windows. The limit is ``MAX_WINDOWS_PER_RANK`` (1,000) for the lowest rank, whose
+windows the iteration chart draws, and ``WINDOW_BUDGET / ranks`` for the others (50 to 1,000), so that all ranks
+together hold about ``WINDOW_BUDGET`` windows, however many ranks and iterations the run has. A group becomes one
+``Window`` ending where its last window ends: iterations and total summed; avg, p50, samples/s and each phase the mean
+of the group's finite values; p90, p99 and max the largest finite value. The iteration chart draws buckets of the
+same size with the same rules, so it is the same whether drawn from the windows or from their merged form.
 """
 
 from __future__ import annotations
@@ -20,10 +22,13 @@ import statistics
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-__all__ = ["MAX_HEATMAP_COLUMNS", "MAX_WINDOWS_PER_RANK", "Heatmap", "WindowFigures", "merge_size", "window_figures"]
+__all__ = ["MAX_HEATMAP_COLUMNS", "MAX_WINDOWS_PER_RANK", "Heatmap", "WindowFigures", "merge_size", "window_figures",
+           "window_limit"]
 
 PHASES = ("dataloader", "forward", "backward", "optimizer", "zero_grad")
 MAX_WINDOWS_PER_RANK = 1000  # the iteration chart's points
+WINDOW_BUDGET = 16_000  # windows kept in memory for all ranks together (besides the lowest rank's)
+MIN_WINDOWS_PER_RANK = 50
 MAX_HEATMAP_COLUMNS = 200
 SLOW_ITERATION_FACTOR = 3.0  # a window whose slowest iteration is this many times the rank's median
 SLOW_PHASE_FACTOR = 2.0  # a window whose phase time is this many times the phase's median on that rank ...
@@ -62,9 +67,16 @@ class WindowFigures:
     heatmap: Heatmap | None
 
 
-def merge_size(n: int) -> int:
+def window_limit(rank: int, ranks: Sequence[int]) -> int:
+    """How many (merged) windows ``rank`` keeps, of a run whose ranks with windows are ``ranks``."""
+    if not ranks or rank == min(ranks):
+        return MAX_WINDOWS_PER_RANK
+    return max(MIN_WINDOWS_PER_RANK, min(MAX_WINDOWS_PER_RANK, WINDOW_BUDGET // len(ranks)))
+
+
+def merge_size(n: int, limit: int = MAX_WINDOWS_PER_RANK) -> int:
     """How many consecutive windows make one merged window (or one chart point) for a rank with ``n`` windows."""
-    return max(1, math.ceil(n / MAX_WINDOWS_PER_RANK))
+    return max(1, math.ceil(n / limit))
 
 
 def _finite(values: Iterable[float | None]) -> list[float]:
@@ -86,10 +98,9 @@ def _largest(values: Iterable[float | None]) -> float | None:
     return max(finite) if finite else None
 
 
-def merge_windows(ws: Sequence[Any], make: Any) -> list[Any]:
-    """``ws`` (one rank's, in iteration order) merged into at most ``MAX_WINDOWS_PER_RANK``; ``make(**fields)`` builds
-    a window."""
-    size = merge_size(len(ws))
+def merge_windows(ws: Sequence[Any], make: Any, limit: int = MAX_WINDOWS_PER_RANK) -> list[Any]:
+    """``ws`` (one rank's, in iteration order) merged into at most ``limit``; ``make(**fields)`` builds a window."""
+    size = merge_size(len(ws), limit)
     if size == 1:
         return list(ws)
     out = []
@@ -144,7 +155,9 @@ def window_figures(windows: dict[int, list[Any]], make: Any) -> WindowFigures:
             seconds = {p: math.fsum(w.phases[p] * w.iterations for w in ws if p in w.phases) for p in PHASES}
             total = math.fsum(w.avg * w.iterations for w in ws if w.avg is not None and math.isfinite(w.avg))
             phase_seconds[rank] = (seconds, total)
-    return WindowFigures(counts=counts, merged={rank: merge_windows(ws, make) for rank, ws in windows.items()},
+    ranks = sorted(windows)
+    return WindowFigures(counts=counts, merged={rank: merge_windows(ws, make, window_limit(rank, ranks))
+                                                for rank, ws in windows.items()},
                          medians=medians, slow_windows=slow, phase_hits=hits, phase_seconds=phase_seconds,
                          heatmap=_heatmap(windows, medians))
 

@@ -64,17 +64,26 @@ def _attribute(key: str) -> str:
     return f"json_extract(attributes, '$.{key}')"
 
 
+# The attributes read_records looks at: only these are fetched (a report's attributes are ~40 keys, and a rank of a
+# long run has tens of thousands of them).
+KEYS = ("current_iteration", "window_iterations", "total_iteration_time_sec", "avg_iteration_time_sec",
+        "avg_dataloader_time_sec", "window_seconds", "final", "last_logged_train_iterations_finish_timestamp_sec",
+        "productive_train_iterations", "productive_train_iterations_sec",
+        "latest_successful_save_checkpoint_timestamp_sec", "train_iterations_start")
+_KEY_PATHS = "[" + ", ".join(f"'$.{k}'" for k in KEYS) + "]"
+
+
 class _Row:
     """A row as ``read_records`` reads a record."""
 
     __slots__ = ("attributes", "group", "kind", "name", "parent_id", "span_id", "status", "wall_ns")
 
     def __init__(self, kind: str, name: str, wall_ns: int, span_id: str, parent_id: str, status: str,
-                 attributes: Any) -> None:
+                 values: Any) -> None:
         self.kind, self.group, self.name, self.wall_ns = kind, GROUP, name, wall_ns
         self.span_id, self.parent_id, self.status = span_id, parent_id, status
-        value = untag_nonfinite(json.loads(attributes)) if attributes else None
-        self.attributes = value if isinstance(value, dict) else None
+        self.attributes = None if values is None else {
+            k: untag_nonfinite(json.loads(v)) for k, v in zip(KEYS, values, strict=True) if v is not None}
 
 
 def _run_filter(runs: Sequence[Run], alias: str = "") -> str:
@@ -137,13 +146,15 @@ def load_session(engine: Engine, runs: Sequence[Run]) -> tuple[list[Any], Any]:
         for s, r, pid, kind, name, wall, span_id, parent_id, status, attributes in engine.rows(f"""
                 SELECT session, run, pid, kind, name, wall_ns, span_id, parent_id, status, attributes FROM (
                   SELECT session, run, rank, pid, segment, line, 'span_start' AS kind, name, wall_ns, span_id,
-                         parent_id, NULL AS status, attributes FROM span_starts WHERE {where} AND name IN {tracked}
+                         parent_id, NULL AS status, json_extract(attributes, {_KEY_PATHS}) AS attributes
+                  FROM span_starts WHERE {where} AND name IN {tracked}
                   UNION ALL
                   SELECT session, run, rank, pid, segment, line, 'span_end', name, wall_ns, span_id, NULL, status,
                          NULL FROM span_ends WHERE {where} AND name IN {tracked}
                   UNION ALL
                   SELECT session, run, rank, pid, segment, line, 'event', name, wall_ns, NULL, NULL, NULL,
-                         attributes FROM events WHERE {where} AND name IN ('{_UPDATE}', '{_SAVE}'))
+                         json_extract(attributes, {_KEY_PATHS}) FROM events WHERE {where}
+                    AND name IN ('{_UPDATE}', '{_SAVE}'))
                 WHERE rank = $rank ORDER BY session, run, pid, segment, line""", {"rank": rank}):
             rows.setdefault((s, r, pid), []).append(
                 _Row(kind, name, wall, span_id or "", parent_id or "", status or "", attributes))
