@@ -67,11 +67,11 @@ def _cmd_query(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     except ImportError:
         raise CLIError(f"telemetrain query {_EXTRA}") from None
     from .columnar import ColumnarVersionError
-    from .engine import Engine, ReadOnlyQueryError
+    from .engine import QUERY_MEMORY, Engine, ReadOnlyQueryError, memory_limit
 
     path = resolve_run(args.run_dir, err)
     try:
-        engine = Engine([path])
+        engine = Engine([path], memory=memory_limit(QUERY_MEMORY))
     except ColumnarVersionError as exc:
         raise CLIError(str(exc)) from None
     try:

@@ -43,7 +43,17 @@ from .reader import fallback_identity, list_processes, read_run_meta
 __all__ = ["ColumnarWarning", "Engine", "EngineUnavailable", "ReadOnlyQueryError", "engine_for", "open_engine"]
 
 ENGINE_ENV = "TELEMETRAIN_ENGINE"  # "python": never use DuckDB (the fallback path); "duckdb": require it
-MEMORY_LIMIT = os.environ.get("TELEMETRAIN_DUCKDB_MEMORY", "512MB")
+MEMORY_ENV = "TELEMETRAIN_DUCKDB_MEMORY"
+# DuckDB's memory limit (it spills to a temporary directory past it). The readers' queries are streaming aggregates
+# with small state: 64 MB keeps their memory flat from small runs to the largest; a user's own queries (query,
+# Run.sql) may sort or join whole tables, and get more.
+READER_MEMORY = "64MB"
+QUERY_MEMORY = "512MB"
+
+
+def memory_limit(default: str) -> str:
+    return os.environ.get(MEMORY_ENV) or default
+
 ALL_TABLES = (*TABLES.values(), PROCESS_TABLE)
 
 
@@ -86,7 +96,7 @@ def open_engine(paths: Sequence[str | os.PathLike[str]]) -> Engine:
         import duckdb  # noqa: F401
     except ImportError:
         raise EngineUnavailable('SQL over runs needs DuckDB: pip install "telemetrain[columnar]"') from None
-    return Engine([Path(p) for p in paths])
+    return Engine([Path(p) for p in paths], memory=memory_limit(QUERY_MEMORY))
 
 
 @dataclass
@@ -121,12 +131,12 @@ WINDOW_FIELDS = (
 class Engine:
     """A DuckDB connection over runs; see the module's docstring."""
 
-    def __init__(self, run_dirs: Sequence[Path], *, memory_limit: str = MEMORY_LIMIT, threads: int = 2,
+    def __init__(self, run_dirs: Sequence[Path], *, memory: str | None = None, threads: int = 2,
                  progress: Any = None) -> None:
         self.runs: list[RunInfo] = []
         self._progress = progress
         self._tmp = tempfile.TemporaryDirectory(prefix="telemetrain-duckdb-")
-        self.con = connect(memory_limit=memory_limit, threads=threads)
+        self.con = connect(memory_limit=memory or memory_limit(READER_MEMORY), threads=threads)
         self.con.execute(f"SET temp_directory = '{self._tmp.name}'")
         self.parquet: dict[str, list[str]] = {t: [] for t in ALL_TABLES}
         self.ignored: list[str] = []  # copies not trusted, with why
