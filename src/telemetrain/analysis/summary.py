@@ -175,13 +175,19 @@ def _attrs(text: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def _where(run: Run, alias: str = "") -> str:
+    """This run's ranks (the engine may hold other runs)."""
+    a = f"{alias}." if alias else ""
+    session, run_id = (v.replace("'", "''") for v in (run.session_tag, run.run_id))
+    return f"{a}session = '{session}' AND {a}run = '{run_id}' AND {a}role <> 'agent'"
+
+
 def summarize_sql(engine: Any, run: Run) -> RunSummary:
     """The summary by SQL (``store.engine.Engine`` over the run)."""
     from ..store.columnar import COLUMNS, identity_of_row, record_from_row
 
     engine.attach(run)
-    session, run_id = (v.replace("'", "''") for v in (run.session_tag, run.run_id))
-    w = f"session = '{session}' AND run = '{run_id}' AND role <> 'agent'"
+    w = _where(run)
     s = RunSummary()
     tables = {"metric": "metrics", "event": "events", "span_start": "span_starts", "span_end": "span_ends",
               "stat": "stats", "diagnostic": "diagnostics"}
@@ -214,20 +220,34 @@ def summarize_sql(engine: Any, run: Run) -> RunSummary:
         for group, name, n, samples in counts:
             into[(group, name)] = SeriesSummary(count=int(n), samples=int(samples or 0))
         # each rank's last record of each series, by streaming aggregates (no sort of the table): the latest wall
-        # time first, then the full order among the records at that time
-        cur = engine.execute(
+        # time, then the full order among the records at that time (narrow scans), then the rows themselves, read
+        # from the files of their segments only
+        positions = engine.rows(
             f"""WITH latest AS (SELECT group_name, name, rank, max(wall_ns) AS wall FROM {table} WHERE {w} GROUP BY ALL)
-            SELECT arg_max_null({row}, ({", ".join(f"t.{c}" for c in ORDER.split(", "))})) AS r
+            SELECT any_value(t.session), any_value(t.run), t.rank, max((t.pid, t.mono_ns, t.segment, t.line)) AS k
             FROM {table} t JOIN latest l ON t.group_name = l.group_name AND t.name = l.name AND t.rank = l.rank
               AND t.wall_ns = l.wall
-            WHERE {w.replace("session", "t.session").replace(" run =", " t.run =").replace("role", "t.role")}
-            GROUP BY t.group_name, t.name, t.rank""")
-        lasts = [struct for (struct,) in cur.fetchall()]
-        lasts.sort(key=lambda r: tuple(r[c] for c in ORDER.split(", ")))
-        for r in lasts:
-            values = [r[c] for c in columns]
-            rec = record_from_row(kind, identity_of_row(r, r["session"], r["run"]), values, columns)
-            series = into[(r["group_name"], r["name"])]
+            WHERE {_where(run, "t")} GROUP BY t.group_name, t.name, t.rank""")
+        names, fetched = engine.fetch(table, [(session_, run_, rank, k[0], k[2], k[3])  # (pid, mono, segment, line)
+                                              for session_, run_, rank, k in positions])
+        lasts = []
+        for row in fetched:
+            r = dict(zip(names, row, strict=True))
+            lasts.append((tuple(r[c] for c in ORDER.split(", ")), record_from_row(
+                kind, identity_of_row(r, r["session"], r["run"]), row, names)))
+        missing = [key for key, series in into.items() if not any(
+            (rec.group, rec.name) == key for _, rec in lasts)]
+        for group, name in missing:  # a row its file did not give back (a header naming another rank): the slow way
+            cur = engine.execute(f"SELECT * FROM {table} WHERE {w} AND group_name = $g AND name = $n ORDER BY "
+                                 + ", ".join(f"{c} DESC" for c in ORDER.split(", ")) + " LIMIT 1",
+                                 {"g": group, "n": name})
+            names = [d[0] for d in cur.description]
+            for row in cur.fetchall():
+                r = dict(zip(names, row, strict=True))
+                lasts.append((tuple(r[c] for c in ORDER.split(", ")), record_from_row(
+                    kind, identity_of_row(r, r["session"], r["run"]), row, names)))
+        for _, rec in sorted(lasts, key=lambda kr: kr[0]):
+            series = into[(rec.group, rec.name)]
             series.last_by_rank[rec.identity.rank] = rec
             series.last = rec  # in records() order: the last one set is the last of all ranks
     who = ("CASE WHEN starts_with(name, 'system.') OR starts_with(group_name, 'system.gpu.') THEN 'host ' || host "
@@ -258,11 +278,15 @@ def summarize_sql(engine: Any, run: Run) -> RunSummary:
                                      "('save_checkpoint_success', 'validation_metrics_update') GROUP BY ALL"):
         (s.saves if name == "save_checkpoint_success" else s.validations)[rank] += n
     updates = f"{w} AND group_name = 'training' AND name = '{UPDATE}'"
-    for rank, n, attributes, _ in engine.rows(
-            f"SELECT rank, count(*), arg_max_null(attributes, {key}), max({key}) AS k FROM events WHERE {updates} "
-            "GROUP BY rank ORDER BY k"):
-        s.updates_by_rank[rank] = (int(n), _attrs(attributes))
-        s.last_update = s.updates_by_rank[rank][1]
+    positions = engine.rows(f"SELECT any_value(session), any_value(run), rank, count(*), max({key}) AS k FROM events "
+                            f"WHERE {updates} GROUP BY rank")
+    counts_by_rank = {rank: int(n) for _, _, rank, n, _ in positions}
+    names, fetched = engine.fetch("events", [(session_, run_, rank, k[2], k[4], k[5])  # k: the ORDER key
+                                             for session_, run_, rank, _, k in positions])
+    found = [dict(zip(names, row, strict=True)) for row in fetched]
+    for r in sorted(found, key=lambda r: tuple(r[c] for c in ORDER.split(", "))):
+        s.updates_by_rank[r["rank"]] = (counts_by_rank[r["rank"]], _attrs(r["attributes"]))
+        s.last_update = s.updates_by_rank[r["rank"]][1]
     s.sampler_starts = [rec for _, rec in records(
         "event", f"SELECT * FROM events WHERE {w} AND name = 'system.sampler.start' ORDER BY {ORDER}")]
     s.gpu_unavailable = sorted({str(_attrs(a).get("reason")) for (a,) in engine.rows(

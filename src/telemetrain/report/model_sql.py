@@ -114,13 +114,14 @@ class SqlCollector(_Collector):
         for group, name, n in self.rows("SELECT group_name, name, count(*) FROM events WHERE {w} GROUP BY ALL "
                                         "ORDER BY ALL"):
             self.event_counts[("ranks", group, name)] += n
-        update = "group_name = 'training' AND name = 'training_metrics_update'"
-        for rank, attributes in self.rows(  # each rank's last report: its position first, then its attributes
-                f"""WITH k AS (SELECT rank, max((pid, segment, line)) AS k FROM events WHERE {{w}} AND {update}
-                               GROUP BY rank)
-                SELECT e.rank, e.attributes FROM events e JOIN k ON e.rank = k.rank AND (e.pid, e.segment, e.line) = k.k
-                WHERE {self.where_of('e')} AND e.{update.replace(' AND name', ' AND e.name')} ORDER BY e.rank"""):
-            self.last_update[rank] = _attrs(attributes)
+        # each rank's last report: its position (a narrow scan), then the row itself from its segment's file
+        positions = self.rows("SELECT any_value(session), any_value(run), rank, max((pid, segment, line)) FROM events "
+                              "WHERE {w} AND group_name = 'training' AND name = 'training_metrics_update' "
+                              "GROUP BY rank")
+        names, fetched = self.engine.fetch("events", [(session, run, rank, *k) for session, run, rank, k in positions])
+        for row in sorted(fetched, key=lambda row: row[names.index("rank")]):
+            r = dict(zip(names, row, strict=True))
+            self.last_update[r["rank"]] = _attrs(r["attributes"])
         for rank, attributes, wall in self.rows(
                 f"SELECT rank, attributes, wall_ns FROM events WHERE {{w}} AND group_name = 'cross_rank' AND "
                 f"name = 'straggler' ORDER BY {ORDER}"):

@@ -39,15 +39,16 @@ from .compact import (
     read_manifest,
 )
 from .reader import fallback_identity, list_processes, read_run_meta
+from .segments import parse_segment_name
 
 __all__ = ["ColumnarWarning", "Engine", "EngineUnavailable", "ReadOnlyQueryError", "engine_for", "open_engine"]
 
 ENGINE_ENV = "TELEMETRAIN_ENGINE"  # "python": never use DuckDB (the fallback path); "duckdb": require it
 MEMORY_ENV = "TELEMETRAIN_DUCKDB_MEMORY"
 # DuckDB's memory limit (it spills to a temporary directory past it). The readers' queries are streaming aggregates
-# with small state: 64 MB keeps their memory flat from small runs to the largest; a user's own queries (query,
+# with small state: 128 MB keeps their memory flat from small runs to the largest; a user's own queries (query,
 # Run.sql) may sort or join whole tables, and get more.
-READER_MEMORY = "64MB"
+READER_MEMORY = "128MB"
 QUERY_MEMORY = "512MB"
 
 
@@ -115,6 +116,10 @@ class RunInfo:
     meta: dict[str, Any]
 
 
+def _sql_str(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
 def _sql_list(items: Iterable[str]) -> str:
     return "[" + ", ".join("'" + s.replace("'", "''") + "'" for s in items) + "]"
 
@@ -146,6 +151,9 @@ class Engine:
         self.process_counts: dict[tuple[Path, bool, int, int], ProcessCounts] = {}
         # segment file -> (the offset up to which it was read, the identity in force there): where to follow it from
         self.read_to: dict[Path, tuple[int, Identity | None]] = {}
+        # (table, session, run, pid, segment number) -> the Parquet files of the segments with that pid and number
+        # (``fetch``; two ranks of one process share a pid: the rank filter tells their rows apart)
+        self.segment_files: dict[tuple[str, str, str, int, int], list[str]] = {}
         self._damage: list[tuple[Any, ...]] = []
         self._locked = False
         self._create_tail_tables()
@@ -204,8 +212,12 @@ class Engine:
                 why = "" if manifest is None else manifest_is_valid(manifest, prefix, path, grown_ok=True)
                 start = first_line = 0
                 if manifest is not None and not why:
+                    number = parse_segment_name(path.name)
                     for f in manifest.files:
                         self.parquet.setdefault(str(f["table"]), []).append(str(prefix / str(f["path"])))
+                        if number is not None:
+                            self.segment_files.setdefault((str(f["table"]), info.session, info.run, pid,
+                                                           number.segment), []).append(str(prefix / str(f["path"])))
                     counts.records += sum(int(v) for t, v in manifest.records.items() if t != PROCESS_TABLE)
                     counts.corrupt += int(manifest.corrupt)
                     if isinstance(manifest.last_identity, dict):
@@ -260,8 +272,6 @@ class Engine:
 
     def _add_tail(self, info: RunInfo, path: Path, identity: Identity | None, start: int = 0,
                   first_line: int = 0) -> tuple[Identity, Any, int, int]:
-        from .segments import parse_segment_name
-
         name = parse_segment_name(path.name)
         segment = name.segment if name is not None else 0
         fallback = identity or fallback_identity(path, info.meta)
@@ -333,6 +343,28 @@ FROM (SELECT *, json_extract(attributes, {paths}) AS j FROM events
             if not batch:
                 return
             yield names, batch
+
+    def fetch(self, table: str, keys: Iterable[tuple[str, str, int, int, int, int]]) -> tuple[list[str], list[Any]]:
+        """The rows of ``table`` at these positions, (session, run, rank, pid, segment, line): each from the Parquet
+        file of its segment (or the JSONL tail), one small query per segment, so that finding a few rows costs
+        reading a few row groups, not the table. Returns (column names, rows), partitions included."""
+        by_segment: dict[tuple[str, str, int, int, int], list[int]] = {}
+        for session, run, rank, pid, segment, line in keys:
+            by_segment.setdefault((session, run, int(rank), int(pid), int(segment)), []).append(int(line))
+        columns = [n for n, _ in COLUMNS[table] + PARTITIONS]
+        cols = ", ".join(f'"{n}"' for n in columns)
+        hive = "{" + ", ".join(f"'{n}': {t}" for n, t in PARTITIONS) + "}"
+        rows: list[Any] = []
+        for (session, run, rank, pid, segment), lines in sorted(by_segment.items()):
+            where = (f"rank = {rank} AND pid = {pid} AND segment = {segment} AND "
+                     f"line IN ({', '.join(map(str, sorted(set(lines))))})")
+            files = self.segment_files.get((table, session, run, pid, segment))
+            if files:
+                rows += self.con.execute(f"SELECT {cols} FROM read_parquet({_sql_list(files)}, "
+                                         f"hive_partitioning = true, hive_types = {hive}) WHERE {where}").fetchall()
+            rows += self.con.execute(f"SELECT {cols} FROM tail_{table} WHERE session = {_sql_str(session)} AND "
+                                     f"run = {_sql_str(run)} AND {where}").fetchall()
+        return columns, rows
 
     def table(self, name: str) -> Any:
         if name not in (*ALL_TABLES, "windows", "damage"):

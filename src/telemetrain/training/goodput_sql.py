@@ -102,14 +102,27 @@ def load_session(engine: Engine, runs: Sequence[Run]) -> tuple[list[Any], Any]:
     index = {(r.session_tag, r.run_id): i for i, r in enumerate(runs)}
     where = _run_filter(runs)
     lifecycle, tracked = _names(_LIFECYCLE), _names(_TRACKED)
+    # A lifecycle span's end is a timestamp when its start came before it in the file (the first end only): per span,
+    # the first start's and the first end's positions, by a grouped aggregate (which spills; a join of every start
+    # with every end would have to hold one side)
+    spans = f"""
+          SELECT session, run, rank, pid, span_id,
+                 min((segment, line)) FILTER (WHERE k = 0) AS s_pos,
+                 arg_min(wall_ns, (segment, line)) FILTER (WHERE k = 0) AS s_wall,
+                 min((segment, line)) FILTER (WHERE k = 1) AS e_pos,
+                 arg_min(wall_ns, (segment, line)) FILTER (WHERE k = 1) AS e_wall,
+                 bool_or(k = 0 AND name IN {lifecycle}) AS lifecycle
+          FROM (SELECT session, run, rank, pid, span_id, segment, line, wall_ns, name, 0 AS k FROM span_starts
+                WHERE {where} AND name IN {tracked}
+                UNION ALL
+                SELECT session, run, rank, pid, span_id, segment, line, wall_ns, name, 1 FROM span_ends WHERE {where})
+          GROUP BY session, run, rank, pid, span_id"""
     stamps = engine.rows(f"""
         WITH st AS (
           SELECT session, run, rank, pid, wall_ns AS t FROM span_starts WHERE {where} AND name IN {lifecycle}
           UNION ALL
-          SELECT e.session, e.run, e.rank, e.pid, greatest(e.wall_ns, s.wall_ns) FROM span_ends e JOIN span_starts s
-            ON s.session = e.session AND s.run = e.run AND s.rank = e.rank AND s.pid = e.pid AND s.span_id = e.span_id
-            AND (s.segment, s.line) < (e.segment, e.line)
-          WHERE {_run_filter(runs, 'e')} AND {_run_filter(runs, 's')} AND s.name IN {lifecycle}
+          SELECT session, run, rank, pid, greatest(e_wall, s_wall) FROM ({spans})
+          WHERE lifecycle AND s_pos IS NOT NULL AND e_pos IS NOT NULL AND e_pos > s_pos
           UNION ALL
           SELECT session, run, rank, pid, {_stamp_sql('x')} FROM (
             SELECT session, run, rank, pid, {_num_sql('j')} AS x FROM (
