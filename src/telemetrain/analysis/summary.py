@@ -191,14 +191,19 @@ def summarize_sql(engine: Any, run: Run) -> RunSummary:
     s = RunSummary()
     tables = {"metric": "metrics", "event": "events", "span_start": "span_starts", "span_end": "span_ends",
               "stat": "stats", "diagnostic": "diagnostics"}
-    for kind, table in tables.items():
-        for group, n, lo, hi in engine.rows(f"SELECT group_name, count(*), min(wall_ns), max(wall_ns) FROM {table} "
-                                            f"WHERE {w} GROUP BY ALL ORDER BY ALL"):
+    for kind, table in tables.items():  # one pass per table: counts and time bounds (per series for metrics, stats)
+        per_series = kind in ("metric", "stat")
+        for group, name, n, lo, hi, samples in engine.rows(
+                f"SELECT group_name, {'name' if per_series else 'NULL'}, count(*), min(wall_ns), max(wall_ns), "
+                f"{'sum(sample_count)' if kind == 'stat' else '0'} FROM {table} WHERE {w} GROUP BY ALL ORDER BY ALL"):
             s.records += n
             s.by_kind[kind] += n
             s.by_group_kind[(group, kind)] += n
             s.start_ns = lo if s.start_ns is None or lo < s.start_ns else s.start_ns
             s.end_ns = hi if s.end_ns is None or hi > s.end_ns else s.end_ns
+            if per_series:
+                (s.metrics if kind == "metric" else s.stats)[(group, name)] = SeriesSummary(
+                    count=int(n), samples=int(samples or 0))
 
     def records(kind: str, query: str) -> list[tuple[Any, Any]]:
         cur = engine.execute(query)
@@ -215,10 +220,6 @@ def summarize_sql(engine: Any, run: Run) -> RunSummary:
         # each rank's last record of each series: one streaming aggregate (arg_max), not a sort of the table
         columns = [name for name, _ in COLUMNS[table]] + ["session", "run", "rank"]
         row = "struct_pack(" + ", ".join(f'"{c}" := t."{c}"' for c in columns) + ")"
-        counts = engine.rows(f"SELECT group_name, name, count(*), {'sum(sample_count)' if kind == 'stat' else '0'} "
-                             f"FROM {table} WHERE {w} GROUP BY ALL")
-        for group, name, n, samples in counts:
-            into[(group, name)] = SeriesSummary(count=int(n), samples=int(samples or 0))
         # each rank's last record of each series, by streaming aggregates (no sort of the table): the latest wall
         # time, then the full order among the records at that time (narrow scans), then the rows themselves, read
         # from the files of their segments only

@@ -105,10 +105,17 @@ class SqlCollector(_Collector):
         self.problems.sort(key=lambda e: e.wall_ns)
 
     def _bounds(self) -> None:
+        """The time bounds of the records; the metrics' are taken in ``_metrics``' pass over them."""
         parts = " UNION ALL ".join(f"SELECT min(wall_ns) AS lo, max(wall_ns) AS hi FROM {t} WHERE {{w}}"
-                                   for t in ("metrics", "events", "span_starts", "span_ends", "stats", "diagnostics"))
+                                   for t in ("events", "span_starts", "span_ends", "stats", "diagnostics"))
         lo, hi = self.rows(f"SELECT min(lo), max(hi) FROM ({parts})")[0]
         self.first_ns, self.last_ns = lo, hi
+
+    def _widen(self, lo: int | None, hi: int | None) -> None:
+        if lo is not None:
+            self.first_ns = lo if self.first_ns is None else min(self.first_ns, lo)
+        if hi is not None:
+            self.last_ns = hi if self.last_ns is None else max(self.last_ns, hi)
 
     def _events(self) -> None:
         for group, name, n in self.rows("SELECT group_name, name, count(*) FROM events WHERE {w} GROUP BY ALL "
@@ -203,22 +210,30 @@ class SqlCollector(_Collector):
                 self.problems.append(EventRow(wall, source, group, name, severity, _attrs(attributes)))
 
     def _metrics(self) -> None:
-        order = f"ORDER BY {ORDER}"  # over the few non-finite values only
-        nonfinite = "value_int IS NULL AND value_bool IS NULL AND NOT isfinite(value)"
-        for group, name, n, step, value, rank in self.rows(
-                f"SELECT group_name, name, count(*), first(step {order}), first(value {order}), first(rank {order}) "
-                f"FROM metrics WHERE {{w}} AND {nonfinite} GROUP BY ALL ORDER BY ALL"):
-            self.nonfinite[(group, name)] = [n, step, value, rank]
-        # count, min and max in one streaming pass; the last record (collection order: the highest rank, pid, then
-        # file order) and the first's unit from the files of that one rank only (rank is a partition: the others
-        # are not read). A min or max is an int when an int record holds it (the Python pass keeps the type of the
-        # first record holding it: they differ only for a series mixing 3 and 3.0 at its extreme).
+        # One streaming pass over the metrics: per series its count, time bounds, non-finite values, min and max; the
+        # last record (collection order: the highest rank, pid, then file order) and the first's unit are then read
+        # from the files of that one rank only (rank is a partition: the others are not read), and the first
+        # non-finite value from the few non-finite records. A min or max is an int when an int record holds it (the
+        # Python pass keeps the type of the first record holding it: they differ only for a series mixing 3 and 3.0
+        # at its extreme).
         plain = "value_bool IS NULL AND isfinite(value)"
+        nonfinite = "value_int IS NULL AND value_bool IS NULL AND NOT isfinite(value)"
         stats = self.rows(
             f"""SELECT group_name, name, count(*), min(value) FILTER (WHERE {plain}),
                    min(value_int) FILTER (WHERE {plain}), max(value) FILTER (WHERE {plain}),
-                   max(value_int) FILTER (WHERE {plain}), max(rank), min(rank)
+                   max(value_int) FILTER (WHERE {plain}), max(rank), min(rank), min(wall_ns), max(wall_ns),
+                   count(*) FILTER (WHERE {nonfinite})
                 FROM metrics WHERE {{w}} GROUP BY ALL""")
+        for *_, first, latest, _ in stats:
+            self._widen(first, latest)
+        if any(bad for *_, bad in stats):
+            order = f"ORDER BY {ORDER}"  # over the few non-finite values only
+            for group, name, n, step, value, rank in self.rows(
+                    f"SELECT group_name, name, count(*), first(step {order}), first(value {order}), "
+                    f"first(rank {order}) FROM metrics WHERE {{w}} AND {nonfinite} AND name IN "
+                    f"{_names(n for _, n, *_, bad in stats if bad)} GROUP BY ALL ORDER BY ALL"):
+                self.nonfinite[(group, name)] = [n, step, value, rank]
+        stats = [row[:9] for row in stats]
         if not stats:
             return
         self.engine.execute("CREATE OR REPLACE TEMP TABLE report_metric_ranks (group_name VARCHAR, name VARCHAR, "
