@@ -16,11 +16,7 @@ _WINDOWS = """
 WITH w AS (
   SELECT rank, pid, current_iteration AS iteration, window_iterations AS n, avg_iteration_time_sec AS mean,
          samples_per_second AS sps, {phases},
-         row_number() OVER (PARTITION BY session, run, rank, pid,
-                            coalesce(CASE WHEN json_type(json_extract(attributes, '$.train_iterations_start'))
-                                          IN ('BIGINT', 'UBIGINT') THEN
-                                          TRY_CAST(json_extract(attributes, '$.train_iterations_start') AS BIGINT)
-                                          END, -1)
+         row_number() OVER (PARTITION BY session, run, rank, pid, coalesce(train_iterations_start, -1)
                             ORDER BY segment, line) AS nth
   FROM windows)
 SELECT * FROM w WHERE nth > 1 AND mean IS NOT NULL AND isfinite(mean) AND mean > 0 AND iteration IS NOT NULL

@@ -129,7 +129,7 @@ WINDOW_FIELDS = (
     ("p50_iteration_time_sec", "DOUBLE"), ("p90_iteration_time_sec", "DOUBLE"), ("p99_iteration_time_sec", "DOUBLE"),
     ("max_iteration_time_sec", "DOUBLE"), ("total_iteration_time_sec", "DOUBLE"), ("samples_per_second", "DOUBLE"),
     ("avg_dataloader_time_sec", "DOUBLE"), ("avg_forward_time_sec", "DOUBLE"), ("avg_backward_time_sec", "DOUBLE"),
-    ("avg_optimizer_time_sec", "DOUBLE"), ("avg_zero_grad_time_sec", "DOUBLE"),
+    ("avg_optimizer_time_sec", "DOUBLE"), ("avg_zero_grad_time_sec", "DOUBLE"), ("train_iterations_start", "BIGINT"),
 )
 
 
