@@ -57,7 +57,8 @@ class RunSamples:
     iteration_spans: dict[int, list[float]] = field(default_factory=dict)  # rank -> sampled iteration seconds
     # Filled by the SQL path instead of ``windows`` (whose size grows with the run): the series, the ranks, the
     # window count and the sampled spans' percentiles, computed by DuckDB.
-    precomputed: dict[tuple[str, int | None], list[float]] | None = None
+    # (8 bytes a value: a run's per-rank series hold one value per window of every rank)
+    precomputed: dict[tuple[str, int | None], Sequence[float]] | None = None
     precomputed_ranks: list[int] = field(default_factory=list)
     precomputed_windows: int = 0
     precomputed_percentiles: tuple[float, float] | None = None

@@ -4,6 +4,7 @@ the JSONL tail, so that memory does not grow with the number of windows. Same ru
 
 from __future__ import annotations
 
+from array import array
 from typing import Any
 
 from ..store.engine import Engine
@@ -33,15 +34,16 @@ def samples_sql(engine: Engine, run: Run) -> RunSamples:
     metrics = (("iteration_time", "mean"), ("samples_per_second", "CASE WHEN isfinite(sps) AND sps > 0 THEN sps END"),
                *((p, p) for p in PHASES))
     means = ", ".join(f"fsum({c}) / count({c})" for _, c in metrics)
-    precomputed: dict[tuple[str, int | None], list[float]] = {(m, None): [] for m, _ in metrics}
+    precomputed: dict[tuple[str, int | None], array[float]] = {(m, None): array("d") for m, _ in metrics}
     # the windows of all ranks that end at the same iteration are one observation (samples.RunSamples.series)
     for _, *values in engine.rows(f"SELECT iteration, {means} FROM compare_windows GROUP BY iteration ORDER BY 1"):
         for (metric, _), value in zip(metrics, values, strict=True):
             if value is not None:
                 precomputed[(metric, None)].append(float(value))
-    for rank, _, value in engine.rows("SELECT rank, iteration, fsum(mean) / count(mean) FROM compare_windows "
-                                      "GROUP BY rank, iteration ORDER BY 1, 2"):
-        precomputed.setdefault(("iteration_time", rank), []).append(float(value))
+    for _, batch in engine.stream("SELECT rank, iteration, fsum(mean) / count(mean) FROM compare_windows "
+                                  "GROUP BY rank, iteration ORDER BY 1, 2"):  # a value per window of every rank
+        for rank, _, value in batch:
+            precomputed.setdefault(("iteration_time", rank), array("d")).append(float(value))
     pct: Any = engine.execute(
         "SELECT count(*), quantile_cont(duration_ns / 1e9, 0.5), quantile_cont(duration_ns / 1e9, 0.99) FROM span_ends "
         "WHERE group_name = 'training' AND name = 'training_single_iteration' AND status = 'ok' AND role <> 'agent'"
@@ -52,6 +54,6 @@ def samples_sql(engine: Engine, run: Run) -> RunSamples:
     perf_tag = str(meta.get("perf_tag") or engine.scalar("SELECT first(perf_tag) FROM events") or "")
     return RunSamples(path=run.path, run_id=run.run_id, session_tag=run.session_tag, perf_tag=perf_tag,
                       created_wall_ns=created if isinstance(created, int) else 0, windows=[],
-                      skipped_windows=int(total) - int(count), precomputed=precomputed, precomputed_ranks=ranks,
+                      skipped_windows=int(total) - int(count), precomputed=dict(precomputed), precomputed_ranks=ranks,
                       precomputed_windows=int(count),
                       precomputed_percentiles=(float(pct[1]), float(pct[2])) if pct and pct[0] else None)

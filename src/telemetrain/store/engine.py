@@ -308,7 +308,7 @@ class Engine:
             parts = [f"SELECT {cols} FROM tail_{table}"]
             if files:
                 parts.insert(0, f"SELECT {cols} FROM read_parquet({_sql_list(files)}, hive_partitioning = true, "
-                                f"hive_types = {hive}, union_by_name = true)")
+                                f"hive_types = {hive})")
             self.con.execute(f"CREATE OR REPLACE VIEW {table} AS " + " UNION ALL ".join(parts))
         # each window field is extracted once (one parse of the attributes per window), then typed
         paths = "[" + ", ".join(f"'$.{n}'" for n, _ in WINDOW_FIELDS) + "]"
