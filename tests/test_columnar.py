@@ -63,9 +63,9 @@ def _same(a: Any, b: Any) -> bool:
 @pytest.mark.parametrize("chunk", [8 << 20, 700], ids=["one-chunk", "many-chunks"])
 def test_sql_and_python_readers_keep_and_skip_the_same_lines(tmp_path: Path, chunk: int,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    import telemetrain.store.compact as compact_module
+    import telemetrain.store.convert as convert_module
 
-    monkeypatch.setattr(compact_module, "CHUNK_BYTES", chunk)  # a segment converted in pieces: the same rows
+    monkeypatch.setattr(convert_module, "CHUNK_BYTES", chunk)  # a segment converted in pieces: the same rows
     run = _write_run(tmp_path, ranks=1, n=20)
     f = next(run.glob("rank-*.jsonl"))
     with open(f, "a") as fh:

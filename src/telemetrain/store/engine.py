@@ -29,15 +29,8 @@ from typing import Any
 
 from ..identity import Identity
 from .columnar import COLUMNS, PARTITIONS, PROCESS_TABLE, SCHEMA_VERSION, TABLES
-from .compact import (
-    COLUMNAR_DIR,
-    connect,
-    convert_segment,
-    header_rows,
-    manifest_is_valid,
-    manifest_path,
-    read_manifest,
-)
+from .compact import COLUMNAR_DIR, connect, manifest_is_valid, manifest_path, read_manifest
+from .convert import convert_segment, header_rows
 from .reader import fallback_identity, list_processes, read_run_meta
 from .segments import parse_segment_name
 
