@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
 
         command_times, code = timed(command, args.repeats)
         assert code == 0
-        windows = len(loaded[0].windows) + len(loaded[1].windows)
+        windows = loaded[0].window_count + loaded[1].window_count
         metrics = len(comparison.candidates[0].metrics)
 
     rows = [("load both runs (run_samples x2)", load_times), (f"compare_runs ({metrics} metrics)", compare_times),

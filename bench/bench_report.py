@@ -9,7 +9,8 @@ save every 10,000 iterations, and a few straggler events. Rank ``r``'s iteration
 30% slower from iteration 40,000 on (``--quick``: the last rank, from 40% of the iterations), so the heatmap and
 the findings have something to show.
 
-Timed, each ``--repeats`` times (median and best; ``gc.collect()`` before each):
+Timed, each ``--repeats`` times (median and best; ``gc.collect()`` before each), on the pure-Python path
+(``TELEMETRAIN_ENGINE=python``: ``bench_scale.py`` times the DuckDB readers):
 
   read            ``store.open_run``: the reader alone (the floor: every report reads every line)
   load            ``report.load.load_run`` with a progress callback (the report's own, file-by-file read)
@@ -34,6 +35,7 @@ Usage:
 from __future__ import annotations
 
 import gc
+import os
 import shutil
 import statistics
 import sys
@@ -179,6 +181,9 @@ def render_table() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     global ARGS
+    # This benchmark times the pure-Python path (bench_scale.py times the DuckDB one): the same whether or not the
+    # columnar extra is installed.
+    os.environ["TELEMETRAIN_ENGINE"] = "python"
     ap = _method.parser(__doc__, "smoke run: 2 ranks x 2,000 iterations")
     ap.set_defaults(repeats=3)
     ap.add_argument("--ranks", type=int, default=8)

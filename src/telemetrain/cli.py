@@ -15,7 +15,7 @@ import time
 import warnings
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO, TypeGuard
@@ -27,7 +27,8 @@ from .cli_common import CLIError, resolve_run
 from .distributed import commands as launch_commands
 from .phase_times import DEVICE, iteration_time, phase_times
 from .report import commands as report_commands
-from .semconv import series_key
+from .store import commands as store_commands
+from .store.columnar import ColumnarVersionError
 from .store.layout import default_root
 from .store.reader import NotARunError, Run, find_runs, open_run
 from .text import printable
@@ -83,8 +84,11 @@ def _table(rows: Sequence[tuple[Any, ...]], indent: str = "  ") -> list[str]:
 # -- show --------------------------------------------------------------------------------------------------------------
 
 
-def summarize(run: Run) -> list[str]:
-    """The ``show`` report of a run, as lines."""
+def summarize(run: Run, engine: Any = None) -> list[str]:
+    """The ``show`` report of a run, as lines. ``engine``: a ``store.engine.Engine`` over the run, to compute the
+    figures by SQL (``analysis.summary``) instead of reading every record here."""
+    from .analysis.summary import summarize_run, summarize_sql
+
     lines = [
         f"run         {run.run_id}",
         f"directory   {run.path}",
@@ -99,14 +103,14 @@ def summarize(run: Run) -> list[str]:
         lines.append("workload    " + " ".join(f"{k}={_fmt_value(v)}" for k, v in workload.items())
                      + (f" (fingerprint {run.meta['fingerprint']})" if run.meta.get("fingerprint") else ""))
 
-    records = run.records()
+    summary = summarize_sql(engine, run) if engine is not None else summarize_run(run)
     ranks = run.ranks
     lines.append(f"ranks       {len(ranks)} ({', '.join(map(str, ranks)) or 'none'}), {len(run.processes)} process(es)")
     proc_rows = []
     for p in run.processes:
         extra = "".join(f", {n} {k}" for k, n in (("torn", p.torn), ("corrupt", p.corrupt)) if n)
         proc_rows.append(
-            (f"rank {p.rank}", f"pid {p.pid}", f"host {p.identity.host}", f"{len(p.records)} records{extra}")
+            (f"rank {p.rank}", f"pid {p.pid}", f"host {p.identity.host}", f"{p.record_count} records{extra}")
         )
     lines += _table(proc_rows)
     if run.agents:  # `telemetrain launch`: the elastic agent of each node, beside its workers
@@ -122,7 +126,8 @@ def summarize(run: Run) -> list[str]:
         lines.append(f"agents      {len(run.agents)} (" + "; ".join(" ".join(r[:2]) for r in agent_rows) + ")")
         lines += _table(agent_rows)
 
-    walls = [r.wall_ns for r in records] or [p.header["wall_ns"] for p in run.processes if "wall_ns" in p.header]
+    walls = ([summary.start_ns, summary.end_ns] if summary.start_ns is not None and summary.end_ns is not None
+             else [p.header["wall_ns"] for p in run.processes if "wall_ns" in p.header])
     if not walls and isinstance(run.meta.get("created_wall_ns"), int):
         walls = [run.meta["created_wall_ns"]]
     if walls:
@@ -131,96 +136,65 @@ def summarize(run: Run) -> list[str]:
     else:
         lines.append("time        unknown (no records)")
 
-    by_kind = Counter(r.kind for r in records)
-    kinds = ", ".join(f"{k} {n}" for k, n in sorted(by_kind.items()))
-    lines.append(f"records     {len(records)}" + (f": {kinds}" if kinds else ""))
-    by_group = Counter((r.group, r.kind) for r in records)
-    lines += _table([(f"group {g}", k, str(n)) for (g, k), n in sorted(by_group.items())])
+    kinds = ", ".join(f"{k} {n}" for k, n in sorted(summary.by_kind.items()))
+    lines.append(f"records     {summary.records}" + (f": {kinds}" if kinds else ""))
+    lines += _table([(f"group {g}", k, str(n)) for (g, k), n in sorted(summary.by_group_kind.items())])
 
-    lines += _metric_lines(_last_by_rank(records, "metric"))
-    lines += _stat_lines(records)
-    lines += _system_lines(records)
-    lines += _training_lines(records)
-    if any(r.kind == "event" and r.group == "training" for r in records):
-        lines += _goodput_lines(run)
+    lines += _metric_lines(summary.metrics)
+    lines += _stat_lines(summary)
+    lines += _system_lines(summary)
+    lines += _training_lines(summary)
+    if summary.training_events:
+        lines += _goodput_lines(run, engine)
     from .distributed.summary import diagnosis_lines  # (standard library only: no torch)
 
+    # both read the run's records in Python, on the engine path too (docs/scale.md): the events of the stall
+    # diagnosis, and every process (one at a time) for the findings engine
     lines += diagnosis_lines(run.records("event", agents=True))
     lines += run_findings_lines(run)  # the findings engine's, as the report shows them
 
-    event_counts = Counter((r.group, r.name) for r in records if r.kind == "event")
-    lines.append(f"events      {sum(event_counts.values())}")
-    lines += _table([(g, n, str(c)) for (g, n), c in sorted(event_counts.items())])
-    bad = Counter(r.severity for r in records if r.kind == "event" and r.severity in ("warning", "error", "critical"))
-    if bad:
-        lines.append("  by severity: " + ", ".join(f"{s} {n}" for s, n in sorted(bad.items())))
+    lines.append(f"events      {sum(summary.event_counts.values())}")
+    lines += _table([(g, n, str(c)) for (g, n), c in sorted(summary.event_counts.items())])
+    if summary.severities:
+        lines.append("  by severity: " + ", ".join(f"{s} {n}" for s, n in sorted(summary.severities.items())))
 
-    diagnostics = [r for r in records if r.kind == "diagnostic"]
-    lines.append(f"problems    torn lines {run.torn}, corrupt lines {run.corrupt}, diagnostics {len(diagnostics)}")
-    grouped: dict[tuple[str, str], list[Any]] = {}
-    for d in diagnostics:
-        grouped.setdefault((d.name, d.sink), []).append(d)
+    lines.append(f"problems    torn lines {run.torn}, corrupt lines {run.corrupt}, diagnostics {summary.diagnostics}")
     diag_rows = []
-    for (name, sink), ds in sorted(grouped.items()):
-        message = ds[-1].message.replace("\n", " ")[:160]
-        diag_rows.append(
-            (name, f"sink {sink or '?'}", f"x{len(ds)}", f"count {sum(d.record_count for d in ds)}", message)
-        )
+    for (name, sink), (count, records, message) in sorted(summary.diagnostic_groups.items()):
+        message = message.replace("\n", " ")[:160]
+        diag_rows.append((name, f"sink {sink or '?'}", f"x{count}", f"count {records}", message))
     lines += _table(diag_rows)
     return lines
-
-
-@dataclass
-class _Series:
-    """One (group, name) of metrics or stats, as show reports it: each rank's last record, and the count."""
-
-    last: dict[int, Any] = field(default_factory=dict)  # rank -> its last record
-    count: int = 0  # points (metrics) or windows (stats), all ranks
-    samples: int = 0  # stats: samples in all windows, all ranks
-
-    @property
-    def rank(self) -> int:
-        """The rank whose figure is shown: rank 0 when it recorded the series, else the lowest that did."""
-        return min(self.last)
-
-
-def _last_by_rank(records: Sequence[Any], kind: str) -> dict[tuple[str, str], _Series]:
-    """The data show needs of one kind of record (records come in wall-time order: the last one seen is the last)."""
-    series: dict[tuple[str, str], _Series] = {}
-    for r in records:
-        if r.kind == kind:
-            # a metric's dimension labels (format v2) make their own series, named by series_key
-            key = (r.group, series_key(r.name, r.attributes) if kind == "metric" and r.attributes else r.name)
-            found = series.get(key)
-            if found is None:
-                found = series[key] = _Series()
-            found.last[r.identity.rank] = r
-            found.count += 1
-            if kind == "stat":
-                found.samples += r.sample_count
-    return series
 
 
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
-def _across_ranks(series: _Series, value: Any) -> str:
+def _shown_rank(series: Any) -> int:
+    """The rank whose figure is shown: rank 0 when it recorded the series, else the lowest that did."""
+    return int(min(series.last_by_rank))
+
+
+def _across_ranks(series: Any, value: Any) -> str:
     """``2 ranks: min .. max`` of the ranks' last values, when more than one rank recorded the series."""
-    if len(series.last) < 2:
+    if len(series.last_by_rank) < 2:
         return ""
-    values = [v for v in (value(r) for r in series.last.values()) if _is_number(v) and math.isfinite(v)]
+    values = [v for v in (value(r) for r in series.last_by_rank.values()) if _is_number(v) and math.isfinite(v)]
     spread = f": {_fmt_value(min(values))}..{_fmt_value(max(values))}" if values else ""
-    return f"; last on {len(series.last)} ranks{spread}"
+    return f"; last on {len(series.last_by_rank)} ranks{spread}"
 
 
-def _metric_lines(metrics: dict[tuple[str, str], _Series]) -> list[str]:
+def _metric_lines(metrics: dict[tuple[str, str], Any]) -> list[str]:
     """Each metric's last value on one rank (named), with the spread of the other ranks' last values."""
     lines = [f"metrics     {len(metrics)} (group, name = last value on the rank shown; points of all ranks)"]
     rows = []
     for (group, name), m in sorted(metrics.items()):
-        r = m.last[m.rank]
-        notes = [f"rank {m.rank}{_across_ranks(m, lambda x: x.value)}", _plural(m.count, "point")]
+        if not m.last_by_rank:
+            continue
+        rank = _shown_rank(m)
+        r = m.last_by_rank[rank]
+        notes = [f"rank {rank}{_across_ranks(m, lambda x: x.value)}", _plural(m.count, "point")]
         if r.step is not None:
             notes.append(f"step {r.step}")
         if r.unit:
@@ -229,19 +203,22 @@ def _metric_lines(metrics: dict[tuple[str, str], _Series]) -> list[str]:
     return lines + _table(rows)
 
 
-def _stat_lines(records: Sequence[Any]) -> list[str]:
+def _stat_lines(summary: Any) -> list[str]:
     """Per stat: windows, samples, and the last window's values on one rank (named)."""
-    stats = _last_by_rank(records, "stat")
+    stats = summary.stats
     lines = [f"stats       {len(stats)} (group, name: windows and samples of all ranks; the last window's values on "
              "the rank shown)"]
     rows = []
     for (group, name), st in sorted(stats.items()):
-        last = st.last[st.rank]
+        if not st.last_by_rank:
+            continue
+        rank = _shown_rank(st)
+        last = st.last_by_rank[rank]
         unit = f" {last.unit}" if last.unit else ""
         values = " ".join(f"{k}={_fmt_value(v)}" for k, v in last.values.items() if k != "count")
-        others = f" ({len(st.last)} ranks)" if len(st.last) > 1 else ""
+        others = f" ({len(st.last_by_rank)} ranks)" if len(st.last_by_rank) > 1 else ""
         rows.append((group, name, _plural(st.count, "window"), _plural(st.samples, "sample"),
-                     f"rank {st.rank}{others}: {values}{unit}"))
+                     f"rank {rank}{others}: {values}{unit}"))
     return lines + _table(rows)
 
 
@@ -254,23 +231,10 @@ def _iec(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
-def _system_lines(records: Sequence[Any]) -> list[str]:
+def _system_lines(summary: Any) -> list[str]:
     """What the system sampler recorded (``telemetrain.system``): host, processes, GPUs, allocator, run energy."""
-    # (who, group) -> name -> values in time order; who: the host for host-wide and GPU series, else the process
-    series: dict[tuple[str, str], dict[str, list[float]]] = {}
-    energy_last: dict[tuple[str, str, str, int], float] = {}
-    for r in records:
-        if r.kind != "metric" or not (r.group == "system" or r.group.startswith("system.")):
-            continue
-        if not _is_number(r.value) or not math.isfinite(r.value):
-            continue
-        ident = r.identity
-        host_wide = r.name.startswith("system.") or r.group.startswith("system.gpu.")
-        who = f"host {ident.host}" if host_wide else f"rank {ident.rank} pid {ident.pid}"
-        series.setdefault((who, r.group), {}).setdefault(series_key(r.name, r.attributes), []).append(float(r.value))
-        if r.name in ("hw.energy", "hw.energy.integrated"):  # J since that process's sampler started
-            energy_last[(who, r.group, r.name, ident.pid)] = float(r.value)
-    starts = [r for r in records if r.kind == "event" and r.name == "system.sampler.start"]
+    series = summary.system
+    starts = summary.sampler_starts
     if not series and not starts:
         return []
     intervals = sorted({float(a["interval_s"]) for a in (r.attributes or {} for r in starts)
@@ -287,69 +251,72 @@ def _system_lines(records: Sequence[Any]) -> list[str]:
     # the run's energy: per device, the most that one of the processes sampling it saw (two ranks that both sample a
     # GPU must not count it twice)
     energy: dict[tuple[str, str, str], float] = {}
-    for (who, group, name, _), joules in energy_last.items():
+    for (who, group, name, _), joules in summary.energy_last.items():
         energy[(who, group, name)] = max(energy.get((who, group, name), 0.0), joules)
     if energy:
         total = sum(energy.values())
         how = Counter("integrated from power" if k[2].endswith("integrated") else "energy counter" for k in energy)
         lines.append(f"  energy      {total:,.1f} J = {total / 3.6e6:.6g} kWh from {len(energy)} GPU(s) while "
                      "sampled (" + ", ".join(f"{n} {s}" for s, n in sorted(how.items())) + ")")
-    reasons = sorted({str((r.attributes or {}).get("reason")) for r in records
-                      if r.kind == "event" and r.name == "system.gpu.unavailable"})
-    lines += [f"  gpu         none sampled: {reason}" for reason in reasons]
+    lines += [f"  gpu         none sampled: {reason}" for reason in summary.gpu_unavailable]
     return lines
 
 
-def _system_rows(who: str, group: str, m: dict[str, list[float]], n_cpu: Any) -> list[tuple[str, ...]]:
-    """The show rows of one (host or process, group) of system metrics."""
+def _system_rows(who: str, group: str, m: dict[str, Any], n_cpu: Any) -> list[tuple[str, ...]]:
+    """The show rows of one (host or process, group) of system metrics (``m``: name -> ``summary.SystemSeries``)."""
 
-    def mean(v: list[float]) -> float:
-        return sum(v) / len(v)
+    def mean(v: Any) -> float:
+        return float(v.mean)
+
+    def top(v: Any) -> float:
+        return float(v.max)
 
     def last(name: str) -> float:
-        return m.get(name, [0.0])[-1]
+        v = m.get(name)
+        return float(v.last) if v else 0.0
 
     rows: list[tuple[str, ...]] = []
     if group == "system":
         if m.get("system.cpu.utilization"):
             v = m["system.cpu.utilization"]
-            rows.append((who, "cpu", f"mean {mean(v):.1%}  max {max(v):.1%} of all CPUs"))
+            rows.append((who, "cpu", f"mean {mean(v):.1%}  max {top(v):.1%} of all CPUs"))
         if m.get("system.memory.usage"):
             v = m["system.memory.usage"]
             swap = m.get("system.paging.usage")
-            rows.append((who, "memory", f"mean {_iec(mean(v))}  max {_iec(max(v))} of "
-                         f"{_iec(last('system.memory.limit'))}" + (f"; swap max {_iec(max(swap))}" if swap else "")))
+            rows.append((who, "memory", f"mean {_iec(mean(v))}  max {_iec(top(v))} of "
+                         f"{_iec(last('system.memory.limit'))}" + (f"; swap max {_iec(top(swap))}" if swap else "")))
         if m.get("system.disk.io.read") or m.get("system.network.io.receive"):
             rows.append((who, "i/o", f"disk read {_iec(last('system.disk.io.read'))} write "
                          f"{_iec(last('system.disk.io.write'))}; network receive "
                          f"{_iec(last('system.network.io.receive'))} transmit "
                          f"{_iec(last('system.network.io.transmit'))} (host-wide, while sampled)"))
         if m.get("process.memory.usage"):
-            text = f"rss max {_iec(max(m['process.memory.usage']))}"
+            text = f"rss max {_iec(top(m['process.memory.usage']))}"
             if m.get("process.tree.memory.usage"):
-                text += (f", with descendants max {_iec(max(m['process.tree.memory.usage']))} "
-                         f"({max(m.get('process.children.count', [0])):.0f} at most)")
+                children = top(m["process.children.count"]) if m.get("process.children.count") else 0
+                text += (f", with descendants max {_iec(top(m['process.tree.memory.usage']))} "
+                         f"({children:.0f} at most)")
             for label, name in (("cpu", "process.cpu.utilization"),
                                 ("with descendants", "process.tree.cpu.utilization")):
                 if m.get(name):
                     cores = f" = {mean(m[name]) * n_cpu:.2f} cores" if isinstance(n_cpu, int) else ""
-                    text += f"; {label} mean {mean(m[name]):.1%}{cores}, max {max(m[name]):.1%}"
+                    text += f"; {label} mean {mean(m[name]):.1%}{cores}, max {top(m[name]):.1%}"
             rows.append((who, "process", text))
     elif group.startswith("system.filesystem.") and m.get("system.filesystem.usage"):
         rows.append((who, f"filesystem {group.removeprefix('system.filesystem.')}",
-                     f"used max {_iec(max(m['system.filesystem.usage']))} of {_iec(last('system.filesystem.limit'))}"))
+                     f"used max {_iec(top(m['system.filesystem.usage']))} of {_iec(last('system.filesystem.limit'))}"))
     elif group.startswith("system.gpu."):
         parts = []
         if m.get("hw.gpu.utilization"):
-            parts.append(f"util mean {mean(m['hw.gpu.utilization']):.0%} max {max(m['hw.gpu.utilization']):.0%}")
+            parts.append(f"util mean {mean(m['hw.gpu.utilization']):.0%} max {top(m['hw.gpu.utilization']):.0%}")
         if m.get("hw.gpu.memory.usage"):
-            parts.append(f"memory max {_iec(max(m['hw.gpu.memory.usage']))} of {_iec(last('hw.gpu.memory.limit'))}")
+            parts.append(f"memory max {_iec(top(m['hw.gpu.memory.usage']))} of {_iec(last('hw.gpu.memory.limit'))}")
         if m.get("hw.power"):
-            parts.append(f"power mean {mean(m['hw.power']):.0f} W max {max(m['hw.power']):.0f} W")
+            parts.append(f"power mean {mean(m['hw.power']):.0f} W max {top(m['hw.power']):.0f} W")
         if m.get("hw.temperature"):
-            parts.append(f"temperature max {max(m['hw.temperature']):.0f} C")
+            parts.append(f"temperature max {top(m['hw.temperature']):.0f} C")
         for name in ("hw.gpu.throttle.power", "hw.gpu.throttle.thermal"):
-            if m.get(name) and max(m[name]) > 0:
+            if m.get(name) and top(m[name]) > 0:
                 parts.append(f"{name.rsplit('.', 1)[1]} throttling in {mean(m[name]):.0%} of samples")
         if parts:
             rows.append((who, f"gpu {group.removeprefix('system.gpu.')}", "; ".join(parts)))
@@ -361,27 +328,23 @@ def _system_rows(who: str, group: str, m: dict[str, list[float]], n_cpu: Any) ->
     return rows
 
 
-def _training_lines(records: Sequence[Any]) -> list[str]:
+def _training_lines(summary: Any) -> list[str]:
     """The derived training metrics of one rank (named: rank 0's, else the lowest rank's), the spread across ranks,
     and the lifecycle."""
-    updates: dict[int, list[Any]] = {}
-    for r in records:
-        if r.kind == "event" and r.group == "training" and r.name == "training_metrics_update":
-            updates.setdefault(r.identity.rank, []).append(r)
+    updates = summary.updates_by_rank  # rank -> (reports, the last one's attributes)
     if not updates:
         return []
     rank = min(updates)
-    last = updates[rank][-1].attributes or {}
-    lasts = {k: v[-1].attributes or {} for k, v in updates.items()}
+    last = updates[rank][1]
+    lasts = {k: a for k, (_, a) in updates.items()}
 
     def ms(key: str) -> str:
         value = last.get(key)
         return f"{value * 1e3:.2f} ms" if _is_number(value) else "-"
 
-    count = sum(len(v) for v in updates.values())
     ranks_note = f" from {len(updates)} ranks" if len(updates) > 1 else ""
     lines = [f"training    {last.get('num_iterations', '?')} iterations this run (global step "
-             f"{last.get('current_iteration', '?')}) on rank {rank}, {count} metrics updates{ranks_note} "
+             f"{last.get('current_iteration', '?')}) on rank {rank}, {summary.updates} metrics updates{ranks_note} "
              "(training_metrics_update)"]
     on = f"rank {rank}, last window"
     rows = [(f"iteration time ({on})", f"p50 {ms('p50_iteration_time_sec')}  p90 {ms('p90_iteration_time_sec')}"
@@ -405,12 +368,9 @@ def _training_lines(records: Sequence[Any]) -> list[str]:
         rows += _spread_rows(lasts)
     if _is_number(last.get("time_to_first_iteration_sec")):
         rows.append((f"time to first iteration (rank {rank})", f"{last['time_to_first_iteration_sec']:.3f} s"))
-    mine = [r for r in records if r.kind == "event" and r.identity.rank == rank]
-    saves = sum(1 for r in mine if r.name == "save_checkpoint_success")
-    validations = sum(1 for r in mine if r.name == "validation_metrics_update")
-    errors = sum(1 for r in records if r.kind == "event" and r.group == "training" and r.name == "error")
+    saves, validations = summary.saves.get(rank, 0), summary.validations.get(rank, 0)
     rows.append((f"checkpoints / validations (rank {rank})", f"{saves} saved  {validations} validation loops  "
-                 f"{errors} telemetry misuse errors (all ranks)"))
+                 f"{summary.errors} telemetry misuse errors (all ranks)"))
     return lines + _table(rows)
 
 
@@ -443,12 +403,12 @@ def _is_number(value: object) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _goodput_lines(run: Run) -> list[str]:
+def _goodput_lines(run: Run, engine: Any = None) -> list[str]:
     """Goodput of the session the run belongs to (its restarts together), when it trained."""
     from .training.goodput import goodput
 
     try:
-        report = goodput(run.path.parent if run.path.parent != run.path else run.path)
+        report = goodput(run.path.parent if run.path.parent != run.path else run.path, opened=(run,), engine=engine)
     except (ValueError, OSError):
         return []
     except Exception as exc:  # noqa: BLE001 - odd records must not take the whole summary down
@@ -491,45 +451,32 @@ class _Listed:
 RUNNING_WITHIN_S = 60.0  # a run whose training loop never ended but which wrote this recently is still running
 
 
-def _listed(path: Path, run: Run, now_ns: int) -> _Listed:
-    """The listing's figures of a run, from its records."""
-    records = run.records()
-    loops: dict[tuple[int, int], list[str]] = {}  # (rank, pid) -> statuses of its ended training loops, "" if open
-    last_update: dict[str, Any] = {}
-    update_rank = None
-    for r in records:
-        if r.group != "training":
-            continue
-        key = (r.identity.rank, r.identity.pid)
-        if r.name == "training_loop" and r.kind == "span_start":
-            loops.setdefault(key, []).append("")
-        elif r.name == "training_loop" and r.kind == "span_end":
-            ended = loops.setdefault(key, [])
-            if "" in ended:
-                ended[ended.index("")] = r.status
-            else:
-                ended.append(r.status)
-        elif r.kind == "event" and r.name == "training_metrics_update" and (
-                update_rank is None or r.identity.rank <= update_rank):
-            update_rank, last_update = r.identity.rank, r.attributes or {}
+def _listed(path: Path, run: Run, now_ns: int, engine: Any = None) -> _Listed:
+    """The listing's figures of a run, from its summary (``analysis.summary``: by SQL with ``engine``)."""
+    from .analysis.summary import summarize_run, summarize_sql
+
+    summary = summarize_sql(engine, run) if engine is not None else summarize_run(run)
     # the duration: from the first span to the last (the lifecycle's own timestamps), else of all records
-    walls = [r.wall_ns for r in records if r.kind in ("span_start", "span_end")] or [r.wall_ns for r in records]
-    statuses = [status for ended in loops.values() for status in ended]
+    start, end = summary.span_start_ns, summary.span_end_ns
+    if start is None:
+        start, end = summary.start_ns, summary.end_ns
+    statuses = [status for ended in summary.loop_states.values() for status in ended]
     if not statuses:
         status = "no training"
     elif "" in statuses:  # a loop that never ended: SIGKILL, OOM, a lost node -- or still going
-        recent = max((r.wall_ns for r in records), default=0)
+        recent = summary.end_ns or 0
         status = "running" if now_ns - recent < RUNNING_WITHIN_S * 1e9 else "killed"
     elif any(s != "ok" for s in statuses):
         status = "interrupted"
     else:
         status = "finished"
     created = run.meta.get("created_wall_ns")
+    last_update = summary.updates_by_rank[min(summary.updates_by_rank)][1] if summary.updates_by_rank else {}
     iterations = last_update.get("num_iterations")
     rate = last_update.get("samples_per_second")
-    return _Listed(path, created if isinstance(created, int) else None, status, min(walls) if walls else None,
-                   max(walls) if walls else None, int(iterations) if _is_number(iterations) else None,
-                   float(rate) if _is_number(rate) else None, len(records))
+    return _Listed(path, created if isinstance(created, int) else None, status, start, end,
+                   int(iterations) if _is_number(iterations) else None,
+                   float(rate) if _is_number(rate) else None, summary.records)
 
 
 def _listing_row(item: _Listed) -> tuple[str, ...]:
@@ -545,6 +492,8 @@ def _listing_row(item: _Listed) -> tuple[str, ...]:
 
 
 def _list_runs(target: str | None, out: TextIO) -> int:
+    from .store.engine import engine_for
+
     base = Path(target) if target is not None else default_root()
     if not base.is_dir():
         raise CLIError(f"no such directory: {base}")
@@ -553,11 +502,17 @@ def _list_runs(target: str | None, out: TextIO) -> int:
         raise CLIError(f"no telemetrain runs under {base}")
     now = time.time_ns()
     rows: list[tuple[str, ...]] = [("created", "status", "duration", "last report (lowest rank)", "run")]
-    for path in runs:
-        try:
-            rows.append(_listing_row(_listed(path, open_run(path), now)))
-        except (OSError, NotARunError) as exc:
-            rows.append(("?", "unreadable", "-", str(exc), str(path)))
+    engine = engine_for(runs)  # with DuckDB the listing's figures come by SQL, the runs are not read
+    try:
+        for path in runs:
+            try:
+                run = open_run(path)
+                rows.append(_listing_row(_listed(path, run, now, engine)))
+            except (OSError, NotARunError) as exc:
+                rows.append(("?", "unreadable", "-", str(exc), str(path)))
+    finally:
+        if engine is not None:
+            engine.close()
     print("\n".join(printable(line) for line in _table(rows, indent="")), file=out)
     return 0
 
@@ -565,13 +520,21 @@ def _list_runs(target: str | None, out: TextIO) -> int:
 def _cmd_show(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.list:
         return _list_runs(args.run_dir, out)
+    from .store.engine import engine_for
+
     path = resolve_run(args.run_dir, err)
     try:
         run = open_run(path)
     except (OSError, NotARunError) as exc:  # FileNotFoundError included: the directory went away meanwhile
         raise CLIError(str(exc)) from None
+    engine = engine_for([path])  # DuckDB when installed (the columnar extra): the run is not read into Python
+    try:
+        lines = summarize(run, engine)
+    finally:
+        if engine is not None:
+            engine.close()
     # names and attributes come from whoever wrote the run: no terminal escapes reach the screen
-    print("\n".join(printable(line) for line in summarize(run)), file=out)
+    print("\n".join(printable(line) for line in lines), file=out)
     return 0
 
 
@@ -664,6 +627,7 @@ def build_parser() -> argparse.ArgumentParser:
     launch_commands.register(sub)
     report_commands.register(sub)
     analysis_commands.register(sub)
+    store_commands.register(sub)
 
     demo = sub.add_parser(
         "demo",
@@ -765,7 +729,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return int(run(args, out, err))
         parser.print_help(out)
         return 2
-    except (CLIError, PermissionError) as exc:  # paths in it may hold control characters: escaped
+    except (CLIError, PermissionError, ColumnarVersionError) as exc:  # paths may hold control characters: escaped
         print(f"telemetrain: error: {printable(str(exc))}", file=err)
         return 2
     except KeyboardInterrupt:

@@ -326,21 +326,31 @@ def _counter_name(r: Any) -> str:
 # -- the trace ---------------------------------------------------------------------------------------------------------
 
 
-def _clock_estimates(procs: Sequence[_Process]) -> tuple[dict[tuple[str, int], list[tuple[int, int, int]]],
-                                                          dict[tuple[str, str], tuple[str, int]]]:
-    """(run id, rank) -> [(wall ns, offset ns, error ns)] from the ``clock_offset`` events, by wall time; and
-    (run id, host) -> the (run id, rank) whose estimates stand for that host (its lowest rank with any)."""
-    by_rank: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
+def _clock_events(procs: Sequence[_Process], engine: Any) -> Iterable[tuple[str, int, int, dict[str, Any]]]:
+    """(run id, rank, wall ns, attributes) of every rank's ``clock_offset`` event: by SQL with ``engine`` (the
+    processes' records are then not loaded here), else from the records."""
+    if engine is not None:
+        from .store.trace_sql import clock_offset_events
+
+        yield from clock_offset_events(engine, {p.run for p in procs})
+        return
     for p in procs:
         if p.identity.role == AGENT_ROLE:
             continue
         for r in p.records:
-            if r.kind != "event" or r.group != "clock" or r.name != "clock_offset":
-                continue
-            a = r.attributes or {}
-            offset, error = a.get("offset_ns"), a.get("error_ns")
-            if type(offset) is int and type(error) is int:
-                by_rank.setdefault((p.identity.run_id, p.identity.rank), []).append((r.wall_ns, offset, error))
+            if r.kind == "event" and r.group == "clock" and r.name == "clock_offset":
+                yield p.identity.run_id, p.identity.rank, r.wall_ns, r.attributes or {}
+
+
+def _clock_estimates(procs: Sequence[_Process], engine: Any = None) -> tuple[
+        dict[tuple[str, int], list[tuple[int, int, int]]], dict[tuple[str, str], tuple[str, int]]]:
+    """(run id, rank) -> [(wall ns, offset ns, error ns)] from the ``clock_offset`` events, by wall time; and
+    (run id, host) -> the (run id, rank) whose estimates stand for that host (its lowest rank with any)."""
+    by_rank: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
+    for run_id, rank, wall, a in _clock_events(procs, engine):
+        offset, error = a.get("offset_ns"), a.get("error_ns")
+        if type(offset) is int and type(error) is int:
+            by_rank.setdefault((run_id, rank), []).append((wall, offset, error))
     by_host: dict[tuple[str, str], tuple[str, int]] = {}
     for p in procs:
         key = (p.identity.run_id, p.identity.rank)
@@ -370,9 +380,10 @@ def _offset_at(estimates: Sequence[tuple[int, int, int]], wall_ns: int) -> int:
     return o0 + (o1 - o0) * (wall_ns - w0) // max(w1 - w0, 1)
 
 
-def _align_clocks(procs: Sequence[_Process]) -> dict[str, Any]:
-    """Move every process with clock estimates onto rank 0's clock (in place); the trace's ``clock`` metadata."""
-    by_rank, by_host = _clock_estimates(procs)
+def _align_clocks(procs: Sequence[_Process], engine: Any = None) -> dict[str, Any]:
+    """Move every process with clock estimates onto rank 0's clock (in place; a process read by SQL when it is
+    drawn is moved then); the trace's ``clock`` metadata."""
+    by_rank, by_host = _clock_estimates(procs, engine)
     if not by_rank:
         return {"aligned": False, "note": "no clock_offset records (one rank, or cross-rank aggregation off): "
                                           "times are each host's wall clock as recorded"}
@@ -387,8 +398,7 @@ def _align_clocks(procs: Sequence[_Process]) -> dict[str, Any]:
             continue
         estimates = by_rank[key]
         if any(offset for _, offset, _ in estimates):
-            p.records = [r._replace(wall_ns=r.wall_ns - _offset_at(estimates, r.wall_ns)) for r in p.records]
-            p.records.sort(key=lambda r: (r.wall_ns, r.mono_ns))
+            p.shift(estimates)
         aligned[p.label] = {"offset_ns": estimates[-1][1], "error_ns": max(e for _, _, e in estimates),
                             "estimates": len(estimates), "by": f"rank {key[1]}"}
     return {"aligned": True, "reference": "rank 0 of each run",
@@ -397,10 +407,46 @@ def _align_clocks(procs: Sequence[_Process]) -> dict[str, Any]:
 
 
 class _Process:
-    def __init__(self, run: Run, identity: Any) -> None:
+    def __init__(self, run: Run, identity: Any, loader: Any = None, first_ns: int | None = None,
+                 last_ns: int | None = None) -> None:
         self.run = run
         self.identity = identity
-        self.records: list[Any] = []
+        self._records: list[Any] | None = None if loader is not None else []
+        self._loader = loader  # the SQL path: records are read when the process is drawn, then let go
+        self._estimates: Sequence[tuple[int, int, int]] = ()  # clock offsets applied to its records (_align_clocks)
+        self.first_ns = first_ns  # of the records drawn
+        self.last_ns = last_ns  # of all its records (its unmet metrics included)
+
+    @property
+    def records(self) -> list[Any]:
+        if self._records is None:
+            self._records = self._shifted(self._loader())
+        return self._records
+
+    @records.setter
+    def records(self, value: list[Any]) -> None:
+        self._records = value
+
+    def shift(self, estimates: Sequence[tuple[int, int, int]]) -> None:
+        """Move this process onto the reference clock: ``wall - offset(wall)`` for each record (now, or when a
+        process read by SQL is loaded). The offset changes far slower than time, so the bounds move the same way."""
+        self._estimates = estimates
+        self.first_ns = None if self.first_ns is None else self.first_ns - _offset_at(estimates, self.first_ns)
+        self.last_ns = None if self.last_ns is None else self.last_ns - _offset_at(estimates, self.last_ns)
+        if self._records is not None:
+            self._records = self._shifted(self._records)
+
+    def _shifted(self, records: list[Any]) -> list[Any]:
+        estimates = self._estimates
+        if not estimates:
+            return records
+        moved = [r._replace(wall_ns=r.wall_ns - _offset_at(estimates, r.wall_ns)) for r in records]
+        moved.sort(key=lambda r: (r.wall_ns, r.mono_ns))
+        return moved
+
+    def release(self) -> None:
+        if self._loader is not None:
+            self._records = None
 
     @property
     def label(self) -> str:
@@ -425,21 +471,33 @@ def _processes(runs: Sequence[Run]) -> list[_Process]:
                 p.records.append(r)
     for p in out.values():
         p.records.sort(key=lambda r: (r.wall_ns, r.mono_ns))
+        p.first_ns = p.records[0].wall_ns if p.records else None
+        p.last_ns = p.records[-1].wall_ns if p.records else None
     return [out[k] for k in sorted(out)]
 
 
+def _processes_sql(runs: Sequence[Run], engine: Any, all_metrics: bool) -> list[_Process]:
+    """``_processes`` by SQL (``store.engine``): each process's records are read only when it is drawn, and only
+    those the trace uses (its spans, events and diagnostics; of the metrics, the counters drawn)."""
+    from .store.trace_sql import process_loaders
+
+    return [_Process(run, identity, loader, first, last) for run, identity, loader, (first, last) in
+            process_loaders(runs, engine, all_metrics, _SYSTEM_COUNTERS, frozenset(_THROUGHPUT.values()))]
+
+
 def build_trace(
-    runs: Sequence[Run], *, max_per_name: int = DEFAULT_MAX_PER_NAME, all_metrics: bool = False
+    runs: Sequence[Run], *, max_per_name: int = DEFAULT_MAX_PER_NAME, all_metrics: bool = False, engine: Any = None
 ) -> dict[str, Any]:
     """The trace of ``runs`` as a Chrome Trace Event Format object (``traceEvents``, ``displayTimeUnit``,
     ``otherData``). ``ts``/``dur`` are integer µs from the earliest record (``otherData.telemetrain.origin_wall_ns``),
     so every rank and run shares one clock. ``all_metrics``: every numeric metric record is a counter, not only the
-    throughput and the main system samples."""
+    throughput and the main system samples. ``engine``: a ``store.engine.Engine`` over the runs, to read each process's
+    records by SQL when it is drawn (memory: one process at a time) instead of from the loaded runs."""
     if type(max_per_name) is not int or max_per_name < 1:
         raise ValueError(f"max_per_name must be an int >= 1, got {max_per_name!r}")
-    procs = _processes(runs)
-    clock = _align_clocks(procs)
-    origin = min((p.records[0].wall_ns for p in procs if p.records), default=0)
+    procs = _processes(runs) if engine is None else _processes_sql(runs, engine, all_metrics)
+    clock = _align_clocks(procs, engine)
+    origin = min((p.first_ns for p in procs if p.first_ns is not None), default=0)
     meta: list[dict[str, Any]] = []
     body: list[dict[str, Any]] = []
     dropped_all: dict[str, dict[str, dict[str, int]]] = {}
@@ -452,7 +510,7 @@ def build_trace(
         meta.append({"ph": "M", "pid": pid, "name": "process_sort_index", "args": {"sort_index": pid}})
         meta.append({"ph": "M", "pid": pid, "name": "process_labels",
                      "args": {"labels": f"session {i.session_tag}, perf {i.perf_tag}, local rank {i.local_rank}"}})
-        last_ns = proc.records[-1].wall_ns if proc.records else origin
+        last_ns = proc.last_ns if proc.last_ns is not None else origin
 
         spans = _collect_spans((r for r in proc.records if r.kind in ("span_start", "span_end")), last_ns, origin)
         by_id = {s.span_id: s for s in spans}
@@ -475,6 +533,7 @@ def build_trace(
         body.extend(_capped(_instants(proc, pid, origin), max_per_name, dropped["instants"]))
         if any(dropped.values()):
             dropped_all[proc.label] = {kind: dict(sorted(d.items())) for kind, d in dropped.items() if d}
+        proc.release()
     return {
         "traceEvents": meta + body,
         "displayTimeUnit": "ms",
@@ -547,8 +606,15 @@ def export_trace(
 ) -> TraceResult:
     """Write the trace of the run (or of every run under the directory) ``source`` to ``out``, atomically: a reader
     never sees half a file, and a failed export leaves any previous one in place."""
+    from .store.engine import engine_for
+
     runs = load_runs(source)
-    trace = build_trace(runs, max_per_name=max_per_name, all_metrics=all_metrics)
+    engine = engine_for([r.path for r in runs])  # DuckDB when installed: the runs are not loaded whole
+    try:
+        trace = build_trace(runs, max_per_name=max_per_name, all_metrics=all_metrics, engine=engine)
+    finally:
+        if engine is not None:
+            engine.close()
     target = Path(out)
     with atomic_output(target) as fh:  # the umask's permissions, as the report and compare pages
         # one event per line: still one JSON object, but greppable and diffable

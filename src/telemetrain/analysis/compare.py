@@ -151,7 +151,7 @@ class RunRef:
     def of(cls, s: RunSamples) -> RunRef:
         pct = s.iteration_percentiles()
         return cls(path=str(s.path), run_id=s.run_id, session_tag=s.session_tag, perf_tag=s.perf_tag,
-                   windows=len(s.windows), ranks=tuple(s.ranks), iteration_p50=pct[0] if pct else None,
+                   windows=s.window_count, ranks=tuple(s.ranks), iteration_p50=pct[0] if pct else None,
                    iteration_p99=pct[1] if pct else None)
 
     def as_dict(self) -> dict[str, Any]:

@@ -10,19 +10,16 @@ positive mean.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..identity import Identity
 from ..phase_times import phase_times
-from ..store.codec import decode_line
-from ..store.layout import RUN_META, is_agent_file, is_process_file
-from ..store.reader import NotARunError, Run, _fallback_identity, open_run
+from ..store.layout import is_agent_file, is_process_file
+from ..store.reader import NotARunError, Run, open_run, read_run_meta, scan_process
 from .findings.inputs import contention_share
 
 __all__ = ["DURATIONS", "PHASES", "RunSamples", "Window", "read_samples", "run_samples", "with_goodput"]
@@ -82,14 +79,32 @@ class RunSamples:
     is_baseline: bool = False  # the config's is_baseline_run (one_logger_initialization)
     goodput: float | None = None  # the run's own goodput, when compare computed it (``with_goodput``)
     cpu_count: int | None = None  # run.json's hardware
+    # Filled by the SQL path instead of ``windows`` (whose size grows with the run): the series (keyed by metric,
+    # rank, busy_free), the ranks, the window count, the sampled spans' percentiles and the windows' aggregates
+    # computed by DuckDB (8 bytes a value: a run's per-rank series hold one value per window of every rank)
+    precomputed: dict[tuple[str, int | None, bool], Sequence[float]] | None = None
+    precomputed_ranks: list[int] = field(default_factory=list)
+    precomputed_windows: int = 0
+    precomputed_percentiles: tuple[float, float] | None = None
+    precomputed_phase_source: str = ""
+    precomputed_waits_known: bool = False
+    precomputed_wait_fraction: float | None = None
 
     @property
     def ranks(self) -> list[int]:
+        if self.precomputed is not None:
+            return list(self.precomputed_ranks)
         return sorted({w.rank for w in self.windows})
+
+    @property
+    def window_count(self) -> int:
+        return self.precomputed_windows if self.precomputed is not None else len(self.windows)
 
     @property
     def phase_source(self) -> str:
         """The clock of the windows' phase times: ``device``, ``host``, ``mixed``, or ``""`` without phases."""
+        if self.precomputed is not None:
+            return self.precomputed_phase_source
         clocks = {w.phase_source for w in self.windows if w.phases}
         return clocks.pop() if len(clocks) == 1 else ("mixed" if clocks else "")
 
@@ -99,6 +114,8 @@ class RunSamples:
         (data-parallel ranks step together, so they are one observation, not world_size independent ones).
         ``busy_free``: each time less the share of runnable time spent waiting for a CPU -- of the most contended
         rank at that iteration, whom the others wait for -- and a rate raised by as much."""
+        if self.precomputed is not None:
+            return list(self.precomputed.get((metric, rank, busy_free), []))
         by_iteration: dict[int, list[float]] = {}
         shares: dict[int, float] = {}
         for w in self.windows:
@@ -121,10 +138,14 @@ class RunSamples:
     @property
     def waits_known(self) -> bool:
         """Every window carries the process's CPU time and wait (Linux, a recorder that reports them)."""
+        if self.precomputed is not None:
+            return self.precomputed_waits_known
         return bool(self.windows) and all(w.cpu_wait_fraction is not None for w in self.windows)
 
     def wait_fraction(self) -> float | None:
         """The median over windows of the contention share (the process's wait for a CPU / its runnable time)."""
+        if self.precomputed is not None:
+            return self.precomputed_wait_fraction
         known = [w.cpu_wait_fraction for w in self.windows if w.cpu_wait_fraction is not None]
         return statistics.median(known) if known else None
 
@@ -140,6 +161,8 @@ class RunSamples:
 
     def iteration_percentiles(self) -> tuple[float, float] | None:
         """p50 and p99 of the sampled iteration spans of all ranks (None without any)."""
+        if self.precomputed is not None:
+            return self.precomputed_percentiles
         times = sorted(t for ts in self.iteration_spans.values() for t in ts)
         if not times:
             return None
@@ -169,12 +192,8 @@ def _finite(value: Any) -> float | None:
 
 
 def open_run_meta(path: Path) -> dict[str, Any]:
-    """``run.json`` of a run directory (empty if missing or unreadable)."""
-    try:
-        meta = json.loads((path / RUN_META).read_text())
-    except (OSError, ValueError):
-        return {}
-    return meta if isinstance(meta, dict) else {}
+    """``run.json`` of a run directory (empty if missing or unreadable; damaged fields dropped)."""
+    return read_run_meta(path)
 
 
 def _worker_files(path: Path) -> list[Path]:
@@ -263,33 +282,6 @@ class _Collector:
         )
 
 
-def _wanted_lines(path: Path, meta: dict[str, Any]) -> Iterator[Any]:
-    """The records of one process file that the comparison reads, decoding no other line: the reports and the
-    iteration spans' ends are a few percent of a file. A last line without its newline (a crash, a run still being
-    written) and lines that do not decode are skipped, as the reader does."""
-    with open(path, "rb") as fh:
-        lines = fh.read().split(b"\n")
-    lines.pop()  # b"" after the final newline, else a torn line
-    identity: Identity | None = None
-    for raw in lines:
-        if identity is None or b'"process"' in raw[:40]:
-            try:
-                obj = json.loads(raw)
-                if isinstance(obj, dict) and obj.get("kind") == "process":
-                    identity = Identity.from_dict(obj["identity"])
-                    continue
-            except (ValueError, KeyError, TypeError):
-                pass
-        if not _wanted(raw):
-            continue
-        if identity is None:
-            identity = _fallback_identity(path, meta)
-        try:
-            rec = decode_line(raw, identity)
-        except (ValueError, KeyError, TypeError, IndexError, AttributeError):
-            continue
-        if not isinstance(rec, dict):
-            yield rec
 
 
 def _wanted(raw: bytes) -> bool:
@@ -307,23 +299,33 @@ def _wanted(raw: bytes) -> bool:
 
 
 def read_samples(path: str | Path, on_file: Callable[[int], None] | None = None) -> RunSamples:
-    """The samples of the run directory ``path``, read straight from its files (faster than loading the whole run);
-    ``on_file(bytes)`` is called after each file (for a progress bar). Raises ``FileNotFoundError`` and
-    ``NotARunError`` as ``open_run`` does."""
+    """The samples of the run directory ``path``: with the ``columnar`` extra by SQL over its columnar copy and JSONL
+    tail (``store.engine``), else read straight from its files, decoding only the lines needed (faster than loading
+    the whole run); ``on_file(bytes)`` is called after each file (for a progress bar). Raises ``FileNotFoundError``
+    and ``NotARunError`` as ``open_run`` does."""
     p = Path(path)
-    if not p.is_dir():
-        open_run(p)  # raises its error: missing, or a file
-    files = _worker_files(p)
-    meta = open_run_meta(p)
-    if not files:
-        open_run(p)  # not a run: raises, naming what was expected
+    run = open_run(p)  # raises its error: missing, a file, not a run
+    if not run.processes:
         raise NotARunError(f"{p} holds no process files (rank-<R>.<pid>.jsonl)")
-    collector = _Collector()
-    for f in files:
-        collector.feed(_wanted_lines(f, meta))
+    from ..store.engine import engine_for
+
+    engine = engine_for([p])
+    if engine is not None:
+        from .samples_sql import samples_sql
+
+        try:
+            result = samples_sql(engine, run)
+        finally:
+            engine.close()
         if on_file is not None:
-            on_file(f.stat().st_size)
-    return collector.result(p, meta)
+            on_file(run_bytes(p))
+        return result
+    collector = _Collector()
+    for log in run.processes:
+        collector.feed(scan_process(log.paths, run.meta, _wanted))
+        if on_file is not None:
+            on_file(sum(f.stat().st_size for f in log.paths if f.exists()))
+    return collector.result(p, run.meta)
 
 
 def run_samples(run: Run | str | Path) -> RunSamples:

@@ -19,6 +19,7 @@ from typing import Any, TextIO
 from ..identity import Identity
 from ..store.codec import decode_line
 from ..store.layout import is_agent_file, is_process_file
+from ..store.segments import parse_segment_name
 from ..text import printable
 from .findings import Findings, InputBuilder, analyse
 from .samples import open_run_meta
@@ -92,9 +93,9 @@ class FileFollower:
 
     def _identity(self) -> Identity:
         if self.identity is None:  # header lost: what the file name and run.json tell (as the reader does)
-            from ..store.reader import _fallback_identity
+            from ..store.reader import fallback_identity
 
-            self.identity = _fallback_identity(self.path, self.meta)
+            self.identity = fallback_identity(self.path, self.meta)
         return self.identity
 
 
@@ -128,6 +129,7 @@ class TailState:
     diagnostics: int = 0
     records: int = 0
     followers: dict[Path, FileFollower] = field(default_factory=dict)
+    corrupt_before: int = 0  # counted by the SQL catch-up
     inputs: InputBuilder = field(default_factory=lambda: InputBuilder(limit=FINDINGS_HISTORY))
 
     def findings(self) -> Findings:
@@ -140,7 +142,8 @@ class TailState:
         self.run_id = str(meta.get("run_id") or self.path.name)
         self.perf_tag = str(meta.get("perf_tag") or self.perf_tag)
         try:
-            names = sorted(f for f in self.path.iterdir() if is_process_file(f.name) and not is_agent_file(f.name))
+            names = sorted((f for f in self.path.iterdir() if is_process_file(f.name) and not is_agent_file(f.name)),
+                           key=_file_order)
         except OSError:
             names = []
         new = 0
@@ -154,13 +157,22 @@ class TailState:
         self.records += new
         return new
 
+    def catch_up(self, engine: Any) -> None:
+        """The run as it stands, by SQL (``store.engine``, over this run): the same state as polling every file from
+        its start, without reading the files in Python; the followers then start where the engine stopped reading
+        each file, so nothing is missed or counted twice. The corrupt lines counted are all the run's (polling counts
+        those among the lines it decodes)."""
+        from .tail_sql import catch_up
+
+        catch_up(self, engine)
+
     @property
     def pending_lines(self) -> int:
         return sum(1 for f in self.followers.values() if f.pending)
 
     @property
     def corrupt(self) -> int:
-        return sum(f.corrupt for f in self.followers.values())
+        return self.corrupt_before + sum(f.corrupt for f in self.followers.values())
 
     def _add(self, r: Any) -> None:
         rank = r.identity.rank
@@ -220,6 +232,12 @@ class TailState:
         s.mean = _number(a.get("avg_iteration_time_sec"))
         s.final = bool(a.get("final"))
         s.reports += 1
+
+
+def _file_order(path: Path) -> tuple[int, int, int, str]:
+    """Process files by rank, pid, then segment (``rank-0.7.1.jsonl`` after ``rank-0.7.jsonl``)."""
+    name = parse_segment_name(path.name)
+    return (name.rank, name.pid, name.segment, path.name) if name is not None else (-1, -1, -1, path.name)
 
 
 def _number(value: Any) -> float | None:
@@ -306,7 +324,15 @@ def run_tail(path: Path, out: TextIO, *, interval: float, once: bool,
     from rich.console import Console
     from rich.live import Live
 
+    from ..store.engine import engine_for
+
     state = TailState(path)
+    engine = engine_for([path])  # DuckDB when installed: the run as it stands by SQL, then only what is new
+    if engine is not None:
+        try:
+            state.catch_up(engine)
+        finally:
+            engine.close()
     state.poll()
     if once:
         Console(file=out, width=120).print(render(state))

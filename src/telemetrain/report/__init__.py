@@ -24,22 +24,27 @@ def write_report(run_dir: str | os.PathLike[str], output: str | os.PathLike[str]
     ``progress(what, done, total)`` is told how far loading and rendering are. Raises ``FileNotFoundError`` for a
     missing directory and ``store.NotARunError`` (a ``ValueError``) for a directory that holds no run.
     """
+    from ..store.engine import engine_for
     from .html import render
     from .load import load_run
     from .model import build_model
 
+    engine = engine_for([run_dir], progress) if Path(run_dir).is_dir() else None
     # Hundreds of thousands of records, none in a reference cycle: the cyclic collector would only re-walk them over
     # and over while they load (a fifth of the CPU time on a big run). Paused here, restored as it was.
     collecting = gc.isenabled()
     gc.disable()
     try:
-        run = load_run(run_dir, progress)
+        # with DuckDB (the columnar extra) the run is not loaded into Python: SQL gives the model its figures
+        run = load_run(run_dir, progress if engine is None else None)
         if progress is not None:
             progress("analysing", 0, 2)
-        model = build_model(run)
+        model = build_model(run, engine=engine)
     finally:
         if collecting:
             gc.enable()
+        if engine is not None:
+            engine.close()
     if progress is not None:
         progress("rendering", 1, 2)
     page = render(model)

@@ -22,7 +22,6 @@ from .svg import esc, fmt_unit, heatmap, line_chart, stacked_bars, timeline
 __all__ = ["render"]
 
 MAX_CHART_POINTS = 1000
-MAX_HEATMAP_COLUMNS = 200
 STATUS_COLOURS = {"finished": "#2ca02c", "interrupted": "#ff7f0e", "killed": "#d62728", "no_training": "#9e9e9e",
                   "absent": "#e0e0e0", "this run": "#1f77b4"}
 GOODPUT_COLOURS = {"productive": "#2ca02c", "initialization": "#ff7f0e", "checkpoint_load": "#17becf",
@@ -150,7 +149,7 @@ def _identity(m: ReportModel) -> str:
     for p in m.processes:
         i = p.identity
         argv = p.header.get("argv")
-        procs.append((i.rank, i.local_rank, i.host, i.pid, i.role, len(p.records), p.torn, p.corrupt, p.path.name,
+        procs.append((i.rank, i.local_rank, i.host, i.pid, i.role, p.record_count, p.torn, p.corrupt, p.path.name,
                       " ".join(map(str, argv))[:200] if isinstance(argv, list) else ""))
     body += "<h3>processes</h3>" + _table(
         ("rank", "local rank", "host", "pid", "role", "records", "torn", "corrupt", "file", "argv"), procs,
@@ -235,11 +234,12 @@ def _iteration_chart(m: ReportModel) -> str:
         chart = line_chart(f"iteration time, rank {rank}", [("p50", p50), ("mean", avg)],
                            bands=[("p50..p90", p50, p90), ("p90..p99", p90, p99)], markers=markers[:500], unit="s",
                            x_label="iteration (end of each metrics window)")
-        note = (f"Rank {rank}'s training_metrics_update windows ({len(m.windows[rank])}): the window's p50 and mean "
+        count = m.window_counts.get(rank, len(m.windows[rank]))
+        note = (f"Rank {rank}'s training_metrics_update windows ({count}): the window's p50 and mean "
                 "iteration time, shaded from p50 to p90 and p90 to p99; red: the windows of the 'slow iterations' "
                 "finding (docs/report.md, Findings). Other ranks: the heatmap below.")
-        if len(buckets) < len(m.windows[rank]):
-            note += (f" Drawn as {len(buckets)} points of {math.ceil(len(m.windows[rank]) / len(buckets))} windows "
+        if len(buckets) < count:
+            note += (f" Drawn as {len(buckets)} points of {math.ceil(count / len(buckets))} windows "
                      "each (mean of p50 and mean, max of p90 and p99).")
         return chart + f'<p class="note">{esc(note)}</p>'
     if m.iteration_spans:
@@ -254,37 +254,17 @@ def _iteration_chart(m: ReportModel) -> str:
 
 
 def _heatmap(m: ReportModel) -> str:
-    if not m.windows:
+    heat = m.heatmap
+    if heat is None:
         return '<p class="note">No per-rank iteration windows (training_metrics_update events).</p>' + \
             _stragglers_table(m)
-    ranks = sorted(m.windows)
-    lo = min(w.iteration for ws in m.windows.values() for w in ws)
-    hi = max(w.iteration for ws in m.windows.values() for w in ws)
-    ncols = max(1, min(MAX_HEATMAP_COLUMNS, max(len(ws) for ws in m.windows.values())))
-    width = (hi - lo + 1) / ncols
-
-    def col(step: int) -> int:
-        return min(ncols - 1, max(0, int((step - lo) / width)))
-
-    sums = [[0.0] * ncols for _ in ranks]
-    counts = [[0] * ncols for _ in ranks]
-    values = []
-    for i, rank in enumerate(ranks):
-        for w in m.windows[rank]:
-            if w.avg is not None and math.isfinite(w.avg):
-                j = col(w.iteration)
-                sums[i][j] += w.avg
-                counts[i][j] += 1
-                values.append(w.avg)
-    cells: list[list[float | None]] = [[s / n if n else None for s, n in zip(srow, crow, strict=True)]
-                                       for srow, crow in zip(sums, counts, strict=True)]
-    typical = statistics.median(values) if values else 1.0
+    ranks = heat.ranks
     flags_by_cell: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
     row_of = {rank: i for i, rank in enumerate(ranks)}
     for s in m.stragglers:
         who, step = s.get("rank"), s.get("step")
         if isinstance(who, int) and who in row_of and isinstance(step, int):
-            flags_by_cell[(row_of[who], col(step))].append(s)
+            flags_by_cell[(row_of[who], heat.column(step))].append(s)
     flags = []
     for (i, j), items in flags_by_cell.items():
         scores = [float(s["score"]) for s in items if isinstance(s.get("score"), (int, float))]
@@ -293,17 +273,17 @@ def _heatmap(m: ReportModel) -> str:
                       + (f", score up to {max(scores):.2f}" if scores else "")))
     slow = dict(m.slow_ranks)
     labels = [f"rank {r}" + (" slow" if r in slow else "") for r in ranks]
-    columns = [(lo + j * width, lo + (j + 1) * width - 1) for j in range(ncols)]
-    chart = heatmap("per-rank mean iteration time", labels, cells, typical=typical if typical > 0 else 1.0,
-                    columns=columns, flags=flags)
+    width = heat.width
+    columns = [(heat.lo + j * width, heat.lo + (j + 1) * width - 1) for j in range(heat.ncols)]
+    chart = heatmap("per-rank mean iteration time", labels, heat.cells, typical=heat.typical, columns=columns,
+                    flags=flags)
     note = (f"Colour: each rank's mean iteration time (avg_iteration_time_sec of its windows) against the median of "
-            f"all windows ({fmt_unit(typical, 's')}). Triangles: straggler events (group cross_rank). A rank is "
+            f"all windows ({fmt_unit(heat.typical, 's')}). Triangles: straggler events (group cross_rank). A rank is "
             "marked slow when the findings name it a straggler (its slowdown against the other ranks shown).")
     rank_rows = []
     for rank in ranks:
-        avgs = [w.avg for w in m.windows[rank] if w.avg is not None and math.isfinite(w.avg)]
-        med = statistics.median(avgs) if avgs else None
-        rank_rows.append((rank, len(m.windows[rank]), fmt_unit(med, "s") if med is not None else "-",
+        med = heat.medians.get(rank)
+        rank_rows.append((rank, m.window_counts.get(rank, 0), fmt_unit(med, "s") if med is not None else "-",
                           f"{slow[rank]:.2f}x" if rank in slow else ""))
     return (chart + f'<p class="note">{esc(note)}</p>' +
             _table(("rank", "windows", "median window mean", "slow"), rank_rows, numeric=(0, 1, 2)) +

@@ -7,15 +7,11 @@ directory that holds no run.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from ..store.codec import untag_nonfinite
-from ..store.layout import RUN_META, is_agent_file, is_process_file
-from ..store.reader import ProcessLog, Run, open_run, read_process_file
+from ..store.reader import Run, open_run
 
 __all__ = ["Progress", "load_run"]
 
@@ -24,29 +20,23 @@ Progress = Callable[[str, int, int], None]
 
 
 def load_run(path: str | os.PathLike[str], progress: Progress | None = None) -> Run:
-    p = Path(path)
-    files = sorted(f for f in p.iterdir() if f.is_file() and is_process_file(f.name)) if p.is_dir() else []
-    if progress is None or not files:
-        return open_run(p)  # the reader's own checks and messages for what is not a run
-    meta = _read_meta(p)
-    sizes = [f.stat().st_size for f in files]
+    run = open_run(Path(path))  # the reader's own checks and messages for what is not a run
+    if progress is None:
+        return run
+    logs = sorted(run.processes + run.agents, key=lambda log: log.path.name)  # in file-name order, as listed
+    sizes = [sum(_size(f) for f in log.paths) for log in logs]
     total = max(sum(sizes), 1)
     done = 0
-    logs: list[ProcessLog] = []
-    for f, size in zip(files, sizes, strict=True):
-        progress(f"reading {f.name}", done, total)
-        logs.append(read_process_file(f, meta))
+    for log, size in zip(logs, sizes, strict=True):
+        progress(f"reading {log.path.name}", done, total)
+        log.records  # noqa: B018 - read it now, so the bar follows
         done += size
     progress("read", total, total)
-    logs.sort(key=lambda log: (log.rank, log.pid))
-    agents = [log for log in logs if is_agent_file(log.path.name)]
-    return Run(p, meta, [log for log in logs if not is_agent_file(log.path.name)], agents)
+    return run
 
 
-def _read_meta(path: Path) -> dict[str, Any]:
-    """run.json as the store's reader reads it: an empty dict when it is missing or unreadable."""
+def _size(f: Path) -> int:
     try:
-        meta = untag_nonfinite(json.loads((path / RUN_META).read_text()))
-    except (OSError, ValueError, KeyError):
-        return {}
-    return meta if isinstance(meta, dict) else {}
+        return f.stat().st_size
+    except OSError:
+        return 0

@@ -2,7 +2,10 @@
 
 One pass over each process's records collects what every section needs, and feeds the findings engine
 (``analysis.findings``: slowdowns, stragglers, memory growth, spikes, crashes) the series it reads; the run-store
-health findings (dropped records, damaged lines, ...) are made here. docs/report.md defines each number.
+health findings (dropped records, damaged lines, ...) are made here. What the charts draw of the windows (each rank's
+windows merged, the heatmap, the time by phase) is computed from the per-rank windows afterwards (``windows.py``).
+With the ``columnar`` extra the same collection is done by SQL (``model_sql.py``); both give the same model.
+docs/report.md defines each number.
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ from ..analysis.findings import Finding, InputBuilder, Note, Thresholds, analyse
 from ..analysis.findings.fmt import ranges
 from ..analysis.findings.run import attempts_of
 from ..analysis.findings.slowdown import slow_iteration_windows
-from ..phase_times import DEVICE, iteration_time, phase_times
+from ..phase_times import iteration_time, phase_times
 from ..semconv import series_key
 from ..store.reader import ProcessLog, Run
 from .gpu_health import build_gpu_health, gpu_findings, gpu_headline
+from .windows import Heatmap, WindowFigures, window_figures
 
 __all__ = ["PHASES", "Finding", "Note", "ReportModel", "Window", "build_model"]
 
@@ -52,6 +56,7 @@ _ENERGY_NAMES = ("hw.energy", "hw.energy.integrated")
 
 MAX_EVENT_ROWS = 300
 MAX_SERIES_POINTS = 800
+ITERATION_CHART_POINTS = 1000  # html.MAX_CHART_POINTS: the iteration spans drawn when there are no windows
 
 
 @dataclasses.dataclass(slots=True)
@@ -113,8 +118,12 @@ class ReportModel:
     processes: list[ProcessLog]
     agents: list[ProcessLog]
     headline: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)  # (label, value, how)
+    # rank -> its windows in iteration order, merged to at most windows.MAX_WINDOWS_PER_RANK (see windows.py)
     windows: dict[int, list[Window]] = dataclasses.field(default_factory=dict)
-    iteration_spans: dict[int, list[tuple[float, float]]] = dataclasses.field(default_factory=dict)  # (t, seconds)
+    window_counts: dict[int, int] = dataclasses.field(default_factory=dict)  # rank -> windows before merging
+    heatmap: Heatmap | None = None
+    # rank -> (t, seconds) of its exported iteration spans, every k-th (k = max(1, n // 1000)): what the chart draws
+    iteration_spans: dict[int, list[tuple[float, float]]] = dataclasses.field(default_factory=dict)
     phase_seconds: dict[int, dict[str, float]] = dataclasses.field(default_factory=dict)  # rank -> phase -> s
     phase_source: dict[int, str] = dataclasses.field(default_factory=dict)  # rank -> "device" or "host"
     lifecycle: list[SpanRow] = dataclasses.field(default_factory=list)
@@ -209,6 +218,30 @@ class _Collector:
             self._process(log, f"agent {log.identity.host}", agent=True)
         self.events.sort(key=lambda e: e.wall_ns)
         self.problems.sort(key=lambda e: e.wall_ns)
+
+    def window_figures(self) -> WindowFigures:
+        windows = {rank: sorted(ws, key=lambda w: (w.iteration, w.wall_ns)) for rank, ws in sorted(self.windows.items())
+                   if ws}
+        return window_figures(windows, Window)
+
+    def close(self) -> None:
+        """Let go of what the collection held outside Python (the SQL path's temporary tables)."""
+
+    def windows_at(self, flagged: set[tuple[int, int]]) -> list[Window]:
+        """The windows (unmerged) of these (rank, iteration)s."""
+        return [w for ws in self.windows.values() for w in ws if (w.rank, w.iteration) in flagged]
+
+    def iteration_span_points(self) -> dict[int, list[tuple[int, float]]]:
+        """rank -> (wall ns, seconds) of every ``stride``-th exported iteration span (what the chart draws)."""
+        out = {}
+        for rank, points in self.iteration_spans.items():
+            ordered = sorted(points)
+            out[rank] = ordered[::stride(len(ordered), ITERATION_CHART_POINTS)]
+        return out
+
+    def system_points(self) -> dict[tuple[str, str], list[tuple[int, float]]]:
+        """(metric, who) -> its samples (wall ns, value) in time order, ``downsample``d."""
+        return {key: downsample(sorted(points)) for key, points in self.system.items()}
 
     def _note_event(self, row: EventRow) -> None:
         if len(self.events) < MAX_EVENT_ROWS:
@@ -338,11 +371,18 @@ class _Collector:
             self.last_ns = last if self.last_ns is None else max(self.last_ns, last)
 
 
-def _downsample(points: Sequence[tuple[float, float]], limit: int = MAX_SERIES_POINTS) -> list[tuple[float, float]]:
-    if len(points) <= limit:
-        return list(points)
-    step = len(points) / limit
-    return [points[int(i * step)] for i in range(limit)] + [points[-1]]
+def stride(n: int, limit: int) -> int:
+    """Every how many points a series of ``n`` is drawn with at most about ``limit`` (the SQL path uses the same)."""
+    return max(1, n // limit)
+
+
+def downsample(points: Sequence[tuple[Any, float]], limit: int = MAX_SERIES_POINTS) -> list[tuple[Any, float]]:
+    """Every ``stride``-th point and the last (the same points the SQL path selects)."""
+    step = stride(len(points), limit)
+    out = list(points[::step])
+    if out and (len(points) - 1) % step:
+        out.append(points[-1])
+    return out
 
 
 def _fmt_s(seconds: float | None) -> str:
@@ -371,8 +411,7 @@ def _engine_findings(model: ReportModel, c: _Collector, thresholds: Thresholds |
     data = dataclasses.replace(data, hosts={**data.hosts, **hosts})
     result = analyse(data, thresholds)
     flagged = {(w.rank, w.step) for w in slow_iteration_windows(data.windows, thresholds)}
-    model.slow_windows = sorted((w for ws in model.windows.values() for w in ws if (w.rank, w.iteration) in flagged),
-                                key=lambda w: (w.iteration, w.rank))
+    model.slow_windows = sorted(c.windows_at(flagged), key=lambda w: (w.iteration, w.rank))
     model.slow_ranks = sorted({(f.evidence.ranks[0], f.evidence.effect or 0.0) for f in result.findings
                                if f.kind == "straggler" and f.evidence and f.evidence.ranks}, key=lambda x: -x[1])
     return list(result.findings), list(result.notes)
@@ -464,13 +503,14 @@ def _headline(model: ReportModel, c: _Collector) -> list[tuple[str, str, str]]:
     return rows
 
 
-def _goodput(run: Run, rank: int) -> tuple[Any, str]:
+def _goodput(run: Run, rank: int, engine: Any = None) -> tuple[Any, str]:
     from ..training.goodput import goodput
 
     error = ""
     for session_dir in (run.path.parent, run.path):  # a run folder alone is a session of one run
         try:
-            return goodput(session_dir, rank=rank, opened=(run,)), ""  # this run is read already
+            # this run is read (or opened by SQL) already
+            return goodput(session_dir, rank=rank, opened=(run,), engine=engine), ""
         except (ValueError, OSError) as exc:
             error = str(exc)
         except Exception as exc:  # noqa: BLE001 - odd records must not take the whole report down
@@ -524,40 +564,44 @@ def model_torn_corrupt(model: ReportModel) -> tuple[int, int]:
 def _system(model: ReportModel, c: _Collector) -> list[tuple[str, str, list[Series]]]:
     charts = []
     for name, title, unit in SYSTEM_CHARTS:
-        series = [Series(who, _downsample(sorted((model.seconds(w), v) for w, v in points)))
-                  for (metric, who), points in sorted(c.system.items()) if metric == name]
+        series = [Series(who, [(model.seconds(w), v) for w, v in points])
+                  for (metric, who), points in sorted(c.system_points().items()) if metric == name]
         if series:
             charts.append((title, unit, series))
     return charts
 
 
-def build_model(run: Run, thresholds: Thresholds | None = None) -> ReportModel:
+def build_model(run: Run, thresholds: Thresholds | None = None, engine: Any = None) -> ReportModel:
     """Everything the report shows about ``run`` (and about its session: goodput, restarts); ``thresholds``: the
-    findings engine's (default: ``analysis.findings.DEFAULT_THRESHOLDS``)."""
-    c = _Collector(run)
+    findings engine's (default: ``analysis.findings.DEFAULT_THRESHOLDS``). ``engine``: a ``store.engine.Engine`` over
+    the run, to collect by SQL (``model_sql``); without it the records are read here."""
+    c: Any
+    if engine is not None:
+        from .model_sql import SqlCollector
+
+        c = SqlCollector(run, engine)
+    else:
+        c = _Collector(run)
     c.collect()
     start = c.first_ns if c.first_ns is not None else int(run.meta.get("created_wall_ns") or 0)
     end = c.last_ns if c.last_ns is not None else start
     model = ReportModel(path=run.path, meta=run.meta, run_id=run.run_id, session_tag=run.session_tag,
                         perf_tag=run.perf_tag, start_ns=start, end_ns=end, processes=run.processes,
                         agents=run.agents)
-    model.windows = {rank: sorted(ws, key=lambda w: (w.iteration, w.wall_ns)) for rank, ws in c.windows.items() if ws}
-    model.iteration_spans = {rank: [(model.seconds(w), d) for w, d in sorted(points)]
-                             for rank, points in c.iteration_spans.items() if points}
-    for rank in sorted(set(model.windows) | set(c.span_phase_seconds)):
-        ws = model.windows.get(rank, [])
-        if ws and any(w.phases for w in ws):
-            seconds = {p: sum(w.phases.get(p, 0.0) * w.iterations for w in ws) for p in PHASES}
+    figures: WindowFigures = c.window_figures()
+    model.windows = {rank: ws for rank, ws in sorted(figures.merged.items()) if ws}
+    model.window_counts = {rank: n for rank, n in sorted(figures.counts.items()) if n}
+    model.heatmap = figures.heatmap
+    model.iteration_spans = {rank: [(model.seconds(w), d) for w, d in points]
+                             for rank, points in sorted(c.iteration_span_points().items()) if points}
+    for rank in sorted(set(figures.phase_seconds) | set(c.span_phase_seconds)):
+        if rank in figures.phase_seconds:
+            seconds, total = figures.phase_seconds[rank]
+            seconds = dict(seconds)
             # the window's phase averages cover all its iterations, its iteration times leave the warm-up out: the
             # warm-up iterations are taken at the window's mean
-            device = any(w.phase_source == DEVICE for w in ws)
-            model.phase_source[rank] = DEVICE if device else "host"
-            if device:  # device phases against the device iteration time; host windows (device timing off) left out
-                ws = [w for w in ws if w.phase_source == DEVICE]
-                seconds = {p: sum(w.phases.get(p, 0.0) * w.iterations for w in ws) for p in PHASES}
-            total = sum(w.phase_avg * w.iterations for w in ws
-                        if w.phase_avg is not None and math.isfinite(w.phase_avg))
-            other = total - sum(seconds.values())
+            model.phase_source[rank] = figures.phase_sources.get(rank, "host")
+            other = total - math.fsum(seconds.values())
             seconds["other"] = other if other > 1e-9 * max(total, 1.0) else 0.0  # float dust is not a phase
         elif c.span_phase_seconds.get(rank):
             seconds = dict(c.span_phase_seconds[rank])  # exported spans only: a sample of the iterations
@@ -576,7 +620,9 @@ def build_model(run: Run, thresholds: Thresholds | None = None) -> ReportModel:
     model.system = _system(model, c)
     model.gpu = build_gpu_health(run, {name for _, name in c.metric_stats})
     ranks = run.ranks
-    model.goodput, model.goodput_error = _goodput(run, ranks[0] if ranks else 0) if run.processes else (None, "")
+    model.goodput, model.goodput_error = (_goodput(run, ranks[0] if ranks else 0, engine) if run.processes
+                                          else (None, ""))
     model.headline = _headline(model, c)
     model.findings = _findings(model, c, thresholds)
+    c.close()
     return model

@@ -29,9 +29,20 @@ from ..containment import PartialWriteError, describe, is_interrupt
 from ..identity import Identity
 from ..records import PAIRS, PackedSource
 from ..store.codec import ENCODERS, encode, encode_header, tag_nonfinite
+from ..store.compactor import BackgroundCompactor
 from ..store.files import RunDir, open_run_dir
 from ..store.layout import AGENT_ROLE, RUN_META, check_root, default_root, process_file_name, run_dir
+from ..store.segments import parse_segment_name, segment_file_name
 from .base import Sink
+
+# A process's log is cut into segments (store/segments.py) so that each closed one can be compacted to the columnar
+# copy on its own; the environment overrides are for tests and benchmarks.
+SEGMENT_BYTES = int(os.environ.get("TELEMETRAIN_SEGMENT_BYTES") or 64 << 20)
+SEGMENT_SECONDS = float(os.environ.get("TELEMETRAIN_SEGMENT_SECONDS") or 3600.0)
+# At close, the last segment is compacted only if the process wrote at least this much: a smaller tail reads as fast
+# from its JSONL. "0" compacts every close; TELEMETRAIN_COMPACT=0 (or RunStoreSink(compact=False)) turns the writer's
+# compaction off (store/compactor.py says how it stays out of training's way).
+COMPACT_MIN_BYTES = int(os.environ.get("TELEMETRAIN_COMPACT_MIN_BYTES") or 1 << 20)
 
 
 def _versions() -> dict[str, str]:
@@ -110,7 +121,8 @@ class RunStoreSink(Sink):
     name = "jsonl"
     background = True
 
-    def __init__(self, root: str | os.PathLike[str] | None = None, *, config: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, root: str | os.PathLike[str] | None = None, *, config: Mapping[str, Any] | None = None,
+                 compact: bool | None = None) -> None:
         # absolute now: a later chdir of the program must not move (or split) its run
         self.root = (check_root(root, "root") if root is not None else default_root()).absolute()
         self.config = dict(config or {})
@@ -127,6 +139,10 @@ class RunStoreSink(Sink):
         self._meta_identity: Identity | None = None  # the identity it last wrote there (under _meta_lock)
         self._lines_written = 0  # complete record lines written by the current write_packed call
         self._odd: dict[int, int] = {}  # index in the batch -> lines written for it, where not one per record
+        self._segment = 0
+        self._segment_bytes = 0
+        self._segment_started = 0.0
+        self.compactor = BackgroundCompactor(compact)  # closed segments -> the columnar copy, in another process
 
     def set_run_meta(self, **facts: Any) -> None:
         """Fields for ``run.json`` known after the sink was made (the workload): in it when this process creates it,
@@ -159,17 +175,31 @@ class RunStoreSink(Sink):
                     elif directory.path == self._meta_dir:  # a new identity in our run (the config's perf tag)
                         update_run_meta(directory, identity, self._meta_facts)
                         self._meta_identity = identity
-            wanted = process_file_name(identity)
-            self._fd, name = directory.open_process_file(wanted)
+            base = process_file_name(identity)
+            # continue the latest segment of this process if it has several already (the same pid writing again)
+            segments = [parse_segment_name(f.name)
+                        for f in directory.path.glob(base.removesuffix(".jsonl") + ".*jsonl")]
+            self._open_segment(directory, identity,
+                               max((n.segment for n in segments if n is not None), default=0))
+
+    def _open_segment(self, directory: RunDir, identity: Identity, segment: int) -> None:
+        """Open segment ``segment`` of this process (safely: ``RunDir.open_process_file``). A refused name (a link
+        or someone else's file planted there) makes the writer take a later free one, ``<stem>.<n>.jsonl``: the
+        segment numbering goes on from the name it got, so the segments still read in the order they were written."""
+        self._fd, name = directory.open_process_file(segment_file_name(process_file_name(identity), segment))
+        parsed = parse_segment_name(name)
+        self._segment = parsed.segment if parsed is not None else segment
         self._identity = identity
         self.path = directory.path / name
+        self._segment_bytes = os.fstat(self._fd).st_size
+        self._segment_started = time.monotonic()
         extra = {"versions": _versions(), "argv": list(sys.argv)}
         self._write_all(encode_header(identity, time.monotonic_ns(), time.time_ns(), extra).encode(), lines=False)
 
     def _write_all(self, data: bytes, *, lines: bool = True) -> None:
-        """Write ``data`` (whole lines) to the file. With ``lines``, count the record lines that reached it
-        (``_lines_written``), also when a write fails part-way: then the bytes written up to the failure tell how
-        many lines are whole."""
+        """Write ``data`` (whole lines) to the file. With ``lines`` (record lines, not a header), count the record
+        lines that reached it (``_lines_written``), also when a write fails part-way: then the bytes written up to the
+        failure tell how many lines are whole; and roll the segment once it is big or old enough."""
         if self._torn_tail:
             # A write failed part-way (a full disk): end that partial line first, so it stays one undecodable line
             # and the records after it are intact.
@@ -187,8 +217,36 @@ class RunStoreSink(Sink):
                 raise
             view = view[n:]
             self.bytes_written += n
+            self._segment_bytes += n
         if lines:
             self._lines_written += data.count(b"\n")
+            if self._segment_bytes >= SEGMENT_BYTES or time.monotonic() - self._segment_started >= SEGMENT_SECONDS:
+                self._roll()
+
+    def _roll(self) -> None:
+        """Close this segment, start the next (with its own header), and compact the closed ones in the background."""
+        identity, path = self._identity, self.path
+        if identity is None or path is None or self._fd < 0:
+            return
+        os.close(self._fd)
+        self._fd = -1
+        self._identity = None  # until the next segment is open: a failed open is tried again with the next batch
+        self._token = -1
+        with open_run_dir(self.root, identity.session_tag, identity.run_id) as directory:
+            self._open_segment(directory, identity, self._segment + 1)
+        self._compact(include_last=False)
+
+    def _compact(self, *, include_last: bool) -> None:
+        """This process's segments to the columnar copy, in another process (``store.compactor``): the closed ones,
+        and the last one too at close."""
+        if self.path is None or self._identity is None or not self.compactor.enabled:
+            return
+        if not include_last and self.compactor.running:
+            return  # still busy with earlier segments: the next roll, or the close, covers what it leaves
+        stem = process_file_name(self._identity).removesuffix(".jsonl")
+        segments = sorted((n.segment, f) for f in self.path.parent.glob(stem + ".*jsonl")
+                          if (n := parse_segment_name(f.name)) is not None and f.name.startswith(stem + "."))
+        self.compactor.start([f for _, f in segments], include_last=include_last)
 
     def write(self, records: Sequence[Any]) -> None:
         """Typed records (the packed path below is the usual one)."""
@@ -276,6 +334,8 @@ class RunStoreSink(Sink):
         pass  # every write goes straight to the kernel; fsync would cost far more than it protects here
 
     def close(self) -> None:
+        if self.path is not None and self._fd >= 0 and self.bytes_written >= COMPACT_MIN_BYTES:
+            self._compact(include_last=True)
         self._close_fd()
 
     def _close_fd(self) -> None:
@@ -295,3 +355,4 @@ class RunStoreSink(Sink):
         self._meta_lock = threading.Lock()
         self._meta_dir = None  # the parent's run.json stays the parent's
         self._meta_identity = None
+        self.compactor.after_fork_in_child()

@@ -40,7 +40,7 @@ from ..records import (
     trace_hex,
 )
 
-__all__ = ["decode_line", "encode", "encode_header"]
+__all__ = ["decode_identity", "decode_line", "encode", "encode_header", "loads"]
 
 _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 _str_cache: dict[str, str] = {}
@@ -253,18 +253,43 @@ def encode_header(identity: Identity, mono_ns: int, wall_ns: int, extra: Mapping
 
 
 # -- decoding ----------------------------------------------------------------------------------------------------------
+# Every field is type-checked here: a well-formed JSON line with a field of the wrong type is as corrupt as a broken
+# line, and is skipped and counted by the readers rather than crashing an analysis later. The columnar conversion
+# (store/columnar.py) applies the same rules in SQL; tests check the two agree line by line.
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"bare {name} is not JSON")  # the writer never writes NaN/Infinity literals
+
+
+_loads = json.JSONDecoder(parse_constant=_reject_constant).decode
+
+
+def _int64(value: Any) -> bool:
+    return type(value) is int and INT64_MIN <= value <= INT64_MAX
 
 
 def _f(value: Any) -> Any:
-    """A numeric field back to its value."""
-    if type(value) is str:
+    """A numeric field back to its value: a number, a bool, or a non-finite tag string. An integer past the 64-bit
+    range comes back as a float (as the columnar copy stores it)."""
+    t = type(value)
+    if t is float or t is bool:
+        return value
+    if t is int:
+        if INT64_MIN <= value <= INT64_MAX:
+            return value
+        try:
+            return float(value)
+        except OverflowError:
+            return math.inf if value > 0 else -math.inf
+    if t is str:
         try:
             return _NONFINITE[value]
         except KeyError:
             raise ValueError(f"not a number: {value!r}") from None
-    if type(value) not in (int, float, bool):
-        raise ValueError(f"not a number: {value!r}")
-    return value
+    raise ValueError(f"not a number: {value!r}")
 
 
 def untag_nonfinite(obj: Any) -> Any:
@@ -282,68 +307,97 @@ def untag_nonfinite(obj: Any) -> Any:
 
 
 def _attrs_in(obj: Any) -> dict[str, Any] | None:
+    if obj is None:
+        return None
+    if type(obj) is not dict:
+        raise ValueError("attributes must be an object")
     return untag_nonfinite(obj) if obj else None
+
+
+def _str(obj: dict[str, Any], key: str, default: str | None = None) -> str:
+    value = obj.get(key, default) if default is not None else obj[key]
+    if type(value) is not str:
+        raise ValueError(f"{key} must be a string")
+    return value
+
+
+def _i64(obj: dict[str, Any], key: str) -> int:
+    value = obj[key]
+    if not _int64(value):
+        raise ValueError(f"{key} must be a 64-bit integer")
+    return value  # type: ignore[no-any-return]
+
+
+def decode_identity(header: Any) -> Identity:
+    """The identity of a ``process`` header line; ``ValueError`` if it is not a valid one."""
+    if type(header) is not dict or type(header.get("identity")) is not dict:
+        raise ValueError("a process header without an identity object")
+    if type(header.get("v")) is not int or header["v"] not in READ_VERSIONS:
+        raise ValueError("not a format-v1/v2 header")
+    try:
+        identity = Identity.from_dict(header["identity"])
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"invalid identity: {exc}") from None
+    for name in ("rank", "local_rank", "world_size", "pid", "group_rank", "restart_count"):
+        if not _int64(getattr(identity, name)):
+            raise ValueError(f"identity.{name} out of range")
+    if type(identity.host) is not str or type(identity.role) is not str:
+        raise ValueError("identity.host and identity.role must be strings")
+    return identity
+
+
+def loads(line: str | bytes) -> Any:
+    """``json.loads`` as the readers use it: strict JSON (no NaN literals), ``ValueError`` for anything it cannot
+    take (too deep a nesting included)."""
+    try:
+        return _loads(line if isinstance(line, str) else line.decode("utf-8"))
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
 
 
 def decode_line(line: str | bytes, identity: Identity) -> Any:
     """One line back to its record (``identity`` comes from the file's header). Returns the header dict for a
-    ``process`` line. Raises ``ValueError`` for a line that is not a v1 or v2 record."""
-    obj = json.loads(line)
-    if not isinstance(obj, dict) or obj.get("v") not in READ_VERSIONS or type(obj.get("v")) is not int:
+    ``process`` line. Raises ``ValueError`` for a line that is not a valid v1 or v2 record (a field of the wrong
+    type included); nothing else."""
+    try:
+        return _decode(loads(line), identity)
+    except (KeyError, TypeError, AttributeError, IndexError, OverflowError) as exc:
+        raise ValueError(f"not a v1/v2 record: {type(exc).__name__}: {exc}") from None
+
+
+def _decode(obj: Any, identity: Identity) -> Any:
+    if type(obj) is not dict or type(obj.get("v")) is not int or obj["v"] not in READ_VERSIONS:
         raise ValueError("not a format-v1/v2 record")
-    kind = obj["kind"]
+    kind = obj.get("kind")
     if kind == "process":
+        decode_identity(obj)
         return obj
-    mono, wall, group, name = obj["mono_ns"], obj["wall_ns"], obj["group"], obj["name"]
-    # well-formed JSON with the wrong types is as corrupt as a broken line (and must not break sorting later)
-    if type(mono) is not int or type(wall) is not int or type(group) is not str or type(name) is not str:
-        raise ValueError("common fields of the wrong type")
-    attributes_in = obj.get("attributes")
-    if attributes_in is not None and not isinstance(attributes_in, dict):
-        raise ValueError("attributes must be an object")
+    mono, wall, group, name = _i64(obj, "mono_ns"), _i64(obj, "wall_ns"), _str(obj, "group"), _str(obj, "name")
     if kind == "metric":
-        unit, step = obj.get("unit", ""), obj.get("step")
-        if type(unit) is not str or (step is not None and type(step) is not int):
-            raise ValueError("metric unit or step of the wrong type")
-        return MetricPoint(mono, wall, identity, group, name, _f(obj["value"]), unit, step, _attrs_in(attributes_in))
+        step = obj.get("step")
+        if step is not None and not _int64(step):
+            raise ValueError("metric step must be a 64-bit integer")
+        return MetricPoint(mono, wall, identity, group, name, _f(obj["value"]), _str(obj, "unit", ""), step,
+                           _attrs_in(obj.get("attributes")))
     if kind == "event":
-        attributes = _attrs_in(obj["attributes"])
-        return Event(mono, wall, identity, group, name, obj["severity"], attributes, obj["event_id"], obj["span_id"])
+        return Event(mono, wall, identity, group, name, _str(obj, "severity"), _attrs_in(obj["attributes"]),
+                     _str(obj, "event_id"), _str(obj, "span_id"))
     if kind == "span_start":
-        attributes = _attrs_in(obj["attributes"])
-        return SpanStart(
-            mono, wall, identity, group, name, obj["span_id"], obj["parent_id"], obj["trace_id"], attributes
-        )
+        return SpanStart(mono, wall, identity, group, name, _str(obj, "span_id"), _str(obj, "parent_id"),
+                         _str(obj, "trace_id"), _attrs_in(obj["attributes"]))
     if kind == "span_end":
-        attributes = _attrs_in(obj["attributes"])
-        return SpanEnd(
-            mono,
-            wall,
-            identity,
-            group,
-            name,
-            obj["span_id"],
-            obj["duration_ns"],
-            obj["status"],
-            attributes,
-            obj["error"],
-        )
+        return SpanEnd(mono, wall, identity, group, name, _str(obj, "span_id"), _i64(obj, "duration_ns"),
+                       _str(obj, "status"), _attrs_in(obj["attributes"]), _str(obj, "error"))
     if kind == "stat":
-        if not isinstance(obj["values"], dict) or type(obj["count"]) is not int:
-            raise ValueError("stat fields of the wrong type")
-        if type(obj["start_mono_ns"]) is not int:
-            raise ValueError("stat start_mono_ns must be an int")
-        if type(obj["unit"]) is not str:
-            raise ValueError("stat unit must be a string")
-        values = {k: _f(v) for k, v in obj["values"].items()}
+        values = obj["values"]
+        if type(values) is not dict:
+            raise ValueError("stat values must be an object")
         histogram = obj.get("histogram")
-        if histogram is not None and not isinstance(histogram, dict):
+        if histogram is not None and type(histogram) is not dict:
             raise ValueError("histogram must be an object")
-        return StatWindow(
-            mono, wall, identity, group, name, obj["start_mono_ns"], obj["count"], values, obj["unit"], histogram
-        )
+        return StatWindow(mono, wall, identity, group, name, _i64(obj, "start_mono_ns"), _i64(obj, "count"),
+                          {k: _f(v) for k, v in values.items()}, _str(obj, "unit"), histogram)
     if kind == "diagnostic":
-        if type(obj["sink"]) is not str or type(obj["count"]) is not int or type(obj["message"]) is not str:
-            raise ValueError("diagnostic fields of the wrong type")
-        return Diagnostic(mono, wall, identity, group, name, obj["sink"], obj["count"], obj["message"])
+        return Diagnostic(mono, wall, identity, group, name, _str(obj, "sink"), _i64(obj, "count"),
+                          _str(obj, "message"))
     raise ValueError(f"unknown record kind {kind!r}")

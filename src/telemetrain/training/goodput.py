@@ -26,7 +26,7 @@ import dataclasses
 import itertools
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -281,6 +281,9 @@ class _Session:
     start_ns: int
     end_ns: int
     notes: list[str]
+    # the SQL path reads every process's figures but only one rank's whole lifecycle at a time: this loads the
+    # lifecycle of a rank's processes into ``runs`` (and lets the previous rank's go)
+    load_rank: Callable[[_Session, int], None] | None = None
 
 
 def _num(attributes: Mapping[str, Any], key: str) -> float | None:
@@ -339,6 +342,12 @@ def _window_of(attributes: Mapping[str, Any]) -> _Window | None:
 def _read_process(log: ProcessLog, run_index: int) -> _Process:
     """The training lifecycle of one process file, in the order it was written (the order of the calls: events are
     stamped when emitted, spans at their explicit times, so file order is the one to trust for "which loop")."""
+    return read_records(log.records, log.rank, log.pid, run_index)
+
+
+def read_records(records: Iterable[Any], rank: int, pid: int, run_index: int) -> _Process:
+    """``_read_process`` of a process's records in file order (any objects with the records' fields: the SQL path
+    hands rows of the group ``training`` only)."""
     by_id: dict[str, _Span] = {}
     early_ends: dict[str, Any] = {}
     spans: list[_Span] = []
@@ -347,7 +356,7 @@ def _read_process(log: ProcessLog, run_index: int) -> _Process:
     saves: list[_Save] = []
     stamps: list[int] = []
     orphans = 0
-    for rec in log.records:
+    for rec in records:
         if rec.group != GROUP:
             continue
         kind = rec.kind
@@ -416,8 +425,8 @@ def _read_process(log: ProcessLog, run_index: int) -> _Process:
     data_outside = any(s.name == SpanName.DATA_LOADING.value and s.parent_id not in iteration_ids for s in spans)
     return _Process(
         run=run_index,
-        rank=log.rank,
-        pid=log.pid,
+        rank=rank,
+        pid=pid,
         spans=spans,
         loops=loops,
         saves=saves,
@@ -428,7 +437,7 @@ def _read_process(log: ProcessLog, run_index: int) -> _Process:
     )
 
 
-def _load(session_dir: str | os.PathLike[str], opened: Sequence[Run] = ()) -> _Session:
+def _load(session_dir: str | os.PathLike[str], opened: Sequence[Run] = (), engine: Any = None) -> _Session:
     path = Path(session_dir)
     if not path.exists():
         raise FileNotFoundError(f"no such session folder: {path}")
@@ -441,7 +450,8 @@ def _load(session_dir: str | os.PathLike[str], opened: Sequence[Run] = ()) -> _S
             "rank-<R>.<pid>.jsonl files)"
         )
     already = {Path(r.path).resolve(): r for r in opened}
-    runs = [already.get(d.resolve()) or open_run(d) for d in run_dirs]
+    # (``is None``: a Run's truth is its length, which would read it)
+    runs = [r if (r := already.get(d.resolve())) is not None else open_run(d) for d in run_dirs]
     tags = sorted({r.session_tag for r in runs})
     if len(tags) > 1:
         shown = ", ".join(tags[:5]) + (", ..." if len(tags) > 5 else "")
@@ -451,11 +461,21 @@ def _load(session_dir: str | os.PathLike[str], opened: Sequence[Run] = ()) -> _S
         )
     notes: list[str] = []
     datas: list[_RunData] = []
+    load_rank = None
+    if engine is None:
+        from ..store.engine import engine_for
+
+        engine = engine_for(run_dirs)
+    if engine is not None:
+        from .goodput_sql import load_session
+
+        datas, load_rank = load_session(engine, runs)
     for i, run in enumerate(runs):
-        processes = [_read_process(log, i) for log in run.processes]
-        firsts = [p.first_ns for p in processes if p.first_ns is not None]
-        lasts = [p.last_ns for p in processes if p.last_ns is not None]
-        datas.append(_RunData(run, processes, min(firsts) if firsts else None, max(lasts) if lasts else None))
+        if engine is None:
+            processes = [_read_process(log, i) for log in run.processes]
+            firsts = [p.first_ns for p in processes if p.first_ns is not None]
+            lasts = [p.last_ns for p in processes if p.last_ns is not None]
+            datas.append(_RunData(run, processes, min(firsts) if firsts else None, max(lasts) if lasts else None))
         if run.torn or run.corrupt:
             notes.append(
                 f"run {run.run_id}: {run.corrupt} corrupt and {run.torn} torn line(s) were skipped by the reader"
@@ -478,7 +498,8 @@ def _load(session_dir: str | os.PathLike[str], opened: Sequence[Run] = ()) -> _S
             p.run = i
     start = min(d.first_ns for d in timed if d.first_ns is not None)
     end = max(d.last_ns for d in timed if d.last_ns is not None)
-    return _Session(path=path, tag=tags[0], runs=datas, start_ns=start, end_ns=end, notes=notes)
+    return _Session(path=path, tag=tags[0], runs=datas, start_ns=start, end_ns=end, notes=notes,
+                    load_rank=load_rank)
 
 
 # -- the figures of one training loop ------------------------------------------------------------------------------
@@ -665,6 +686,8 @@ def _sweep(intervals: list[tuple[int, int, int, object]], start: int, end: int) 
 
 
 def _report(session: _Session, rank: int) -> GoodputReport:
+    if session.load_rank is not None:
+        session.load_rank(session, rank)
     ranks = sorted({p.rank for d in session.runs for p in d.processes})
     processes = [p for d in session.runs for p in d.processes if p.rank == rank and p.first_ns is not None]
     if not processes:
@@ -822,7 +845,8 @@ def _energy(session: _Session, run_saves: list[list[_Save]]) -> EnergyAccount | 
 # -- the API ---------------------------------------------------------------------------------------------------------
 
 
-def goodput(session_dir: str | os.PathLike[str], *, rank: int = 0, opened: Sequence[Run] = ()) -> GoodputReport:
+def goodput(session_dir: str | os.PathLike[str], *, rank: int = 0, opened: Sequence[Run] = (),
+            engine: Any = None) -> GoodputReport:
     """Goodput and badput of a session folder of the run store (``<root>/<session_tag>/``: every restart of one job),
     on ``rank``'s timeline (rank 0 by default; ``goodput_by_rank`` gives every rank).
 
@@ -830,17 +854,21 @@ def goodput(session_dir: str | os.PathLike[str], *, rank: int = 0, opened: Seque
     ``productive_seconds + badput.total == wall_seconds``. docs/goodput.md defines each term.
 
     ``opened``: runs of the session the caller has read already (the report's), used instead of reading them again.
+    ``engine``: a ``store.engine.Engine`` to read the session with (the session's runs are added to it); by default
+    one is opened when DuckDB is installed (the ``columnar`` extra), and the records are read in Python otherwise.
+    By SQL, only the chosen rank's training lifecycle is loaded; of the other ranks and runs only the figures goodput
+    needs (their first and last timestamps, their checkpoints), whatever their length.
 
     Raises ``FileNotFoundError`` for a missing folder and ``ValueError`` for an empty session (no runs, or runs
     without any training lifecycle record), a folder holding several sessions, or a rank with no record.
     """
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
         raise ValueError(f"rank must be an int >= 0, got {rank!r}")
-    return _report(_load(session_dir, opened), rank)
+    return _report(_load(session_dir, opened, engine), rank)
 
 
-def goodput_by_rank(session_dir: str | os.PathLike[str]) -> dict[int, GoodputReport]:
+def goodput_by_rank(session_dir: str | os.PathLike[str], *, engine: Any = None) -> dict[int, GoodputReport]:
     """``goodput`` for every rank that wrote training lifecycle records in the session (the store is read once)."""
-    session = _load(session_dir)
+    session = _load(session_dir, engine=engine)
     ranks = sorted({p.rank for d in session.runs for p in d.processes if p.first_ns is not None})
     return {rank: _report(session, rank) for rank in ranks}

@@ -1,0 +1,312 @@
+"""What ``telemetrain show`` says of a run, as data: counts, each series' last value and spread, the training
+reports, the system samples' aggregates. ``cli.summarize`` formats it.
+
+``summarize_run(run)`` computes it from the records in memory (the pure-Python path), ``summarize_sql(engine, run)``
+by SQL over the columnar copy and the JSONL tail, in memory that does not grow with the run; the tests compare both.
+"Last" is in the order ``Run.records()`` gives: wall time, then rank, pid, monotonic time, file order. The launcher's
+agents (a few records each) are read in Python on both paths.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections import Counter
+from typing import Any
+
+from ..semconv import series_key
+from ..store.codec import untag_nonfinite
+from ..store.reader import Run
+
+__all__ = ["RunSummary", "SeriesSummary", "SystemSeries", "summarize_run", "summarize_sql"]
+
+UPDATE = "training_metrics_update"
+ENERGY_NAMES = ("hw.energy", "hw.energy.integrated")
+
+
+@dataclasses.dataclass
+class SeriesSummary:
+    """One (group, name) of metrics or of stats, all ranks."""
+
+    count: int = 0  # points (metrics) or windows (stats)
+    samples: int = 0  # stats: the windows' samples
+    last: Any = None  # the last record, all ranks
+    last_by_rank: dict[int, Any] = dataclasses.field(default_factory=dict)  # rank -> its last record
+
+
+@dataclasses.dataclass
+class SystemSeries:
+    """The finite samples of one system metric of one host or process."""
+
+    count: int = 0
+    total: float = 0.0
+    max: float = -math.inf
+    last: float = 0.0
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.count if self.count else 0.0
+
+    def add(self, value: float) -> None:
+        self.count += 1
+        self.total += value
+        self.max = value if value > self.max else self.max
+        self.last = value
+
+
+@dataclasses.dataclass
+class RunSummary:
+    records: int = 0
+    start_ns: int | None = None
+    end_ns: int | None = None
+    by_kind: Counter[str] = dataclasses.field(default_factory=Counter)
+    by_group_kind: Counter[tuple[str, str]] = dataclasses.field(default_factory=Counter)
+    metrics: dict[tuple[str, str], SeriesSummary] = dataclasses.field(default_factory=dict)
+    stats: dict[tuple[str, str], SeriesSummary] = dataclasses.field(default_factory=dict)
+    event_counts: Counter[tuple[str, str]] = dataclasses.field(default_factory=Counter)
+    severities: Counter[str] = dataclasses.field(default_factory=Counter)  # warning, error, critical events
+    training_events: int = 0  # events of the group "training"
+    updates: int = 0  # training_metrics_update events (group training)
+    last_update: dict[str, Any] | None = None  # the attributes of the last one
+    updates_by_rank: dict[int, tuple[int, dict[str, Any]]] = dataclasses.field(default_factory=dict)
+    saves: Counter[int] = dataclasses.field(default_factory=Counter)  # rank -> save_checkpoint_success events
+    validations: Counter[int] = dataclasses.field(default_factory=Counter)  # rank -> validation_metrics_update
+    errors: int = 0  # training/error events (telemetry misuse)
+    # (who, group) -> name -> samples; who: "host H" for host-wide and GPU series, else "rank R pid P"
+    system: dict[tuple[str, str], dict[str, SystemSeries]] = dataclasses.field(default_factory=dict)
+    energy_last: dict[tuple[str, str, str, int], float] = dataclasses.field(default_factory=dict)  # J, per pid
+    sampler_starts: list[Any] = dataclasses.field(default_factory=list)  # system.sampler.start events
+    gpu_unavailable: list[str] = dataclasses.field(default_factory=list)  # their reasons, sorted, unique
+    diagnostics: int = 0
+    # (name, sink) -> [diagnostics, records concerned, the last one's message]
+    diagnostic_groups: dict[tuple[str, str], list[Any]] = dataclasses.field(default_factory=dict)
+    # for a listing of runs: (rank, pid) -> how each training loop ended ("" while open), and the spans' time bounds
+    loop_states: dict[tuple[int, int], list[str]] = dataclasses.field(default_factory=dict)
+    span_start_ns: int | None = None
+    span_end_ns: int | None = None
+
+    def note_loop(self, key: tuple[int, int], status: str | None) -> None:
+        """A training loop's start (``None``) or end (its status), in records() order."""
+        states = self.loop_states.setdefault(key, [])
+        if status is None:
+            states.append("")
+        elif "" in states:
+            states[states.index("")] = status
+        else:
+            states.append(status)
+
+
+def _who(group: str, name: str, identity: Any) -> str:
+    host_wide = name.startswith("system.") or group.startswith("system.gpu.")
+    return f"host {identity.host}" if host_wide else f"rank {identity.rank} pid {identity.pid}"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def summarize_run(run: Run) -> RunSummary:
+    """The summary from the records in memory."""
+    s = RunSummary()
+    for r in run.iter_records():
+        kind, group, name = r.kind, r.group, r.name
+        s.records += 1
+        wall = r.wall_ns
+        s.start_ns = wall if s.start_ns is None or wall < s.start_ns else s.start_ns
+        s.end_ns = wall if s.end_ns is None or wall > s.end_ns else s.end_ns
+        s.by_kind[kind] += 1
+        s.by_group_kind[(group, kind)] += 1
+        if kind in ("metric", "stat"):
+            if kind == "metric" and r.attributes:  # a metric's dimension labels (format v2) make their own series
+                name = series_key(name, r.attributes)
+            series = (s.metrics if kind == "metric" else s.stats).setdefault((group, name), SeriesSummary())
+            series.count += 1
+            series.last = r
+            series.last_by_rank[r.identity.rank] = r
+            if kind == "stat":
+                series.samples += r.sample_count
+            if kind == "metric" and (group == "system" or group.startswith("system.")) and \
+                    _is_number(r.value) and math.isfinite(r.value):
+                who = _who(group, name, r.identity)
+                s.system.setdefault((who, group), {}).setdefault(name, SystemSeries()).add(float(r.value))
+                if name in ENERGY_NAMES:
+                    s.energy_last[(who, group, name, r.identity.pid)] = float(r.value)
+        elif kind == "event":
+            s.event_counts[(group, name)] += 1
+            if r.severity in ("warning", "error", "critical"):
+                s.severities[r.severity] += 1
+            if group == "training":
+                s.training_events += 1
+                if name == UPDATE:
+                    s.updates += 1
+                    s.last_update = r.attributes or {}
+                    n, _ = s.updates_by_rank.get(r.identity.rank, (0, {}))
+                    s.updates_by_rank[r.identity.rank] = (n + 1, r.attributes or {})
+                elif name == "error":
+                    s.errors += 1
+            if name == "save_checkpoint_success":
+                s.saves[r.identity.rank] += 1
+            elif name == "validation_metrics_update":
+                s.validations[r.identity.rank] += 1
+            elif name == "system.sampler.start":
+                s.sampler_starts.append(r)
+            elif name == "system.gpu.unavailable":
+                s.gpu_unavailable.append(str((r.attributes or {}).get("reason")))
+        elif kind == "diagnostic":
+            s.diagnostics += 1
+            entry = s.diagnostic_groups.setdefault((name, r.sink), [0, 0, ""])
+            entry[0] += 1
+            entry[1] += r.record_count
+            entry[2] = r.message
+        else:  # span_start, span_end
+            s.span_start_ns = wall if s.span_start_ns is None or wall < s.span_start_ns else s.span_start_ns
+            s.span_end_ns = wall if s.span_end_ns is None or wall > s.span_end_ns else s.span_end_ns
+            if group == "training" and name == "training_loop":
+                s.note_loop((r.identity.rank, r.identity.pid), r.status if kind == "span_end" else None)
+    s.gpu_unavailable = sorted(set(s.gpu_unavailable))
+    return s
+
+
+# -- by SQL ------------------------------------------------------------------------------------------------------------
+
+ORDER = "wall_ns, rank, pid, mono_ns, segment, line"  # Run.records()'s order
+
+
+def _attrs(text: Any) -> dict[str, Any]:
+    value = untag_nonfinite(json.loads(text)) if text is not None else None
+    return value if isinstance(value, dict) else {}
+
+
+def _where(run: Run, alias: str = "") -> str:
+    """This run's ranks (the engine may hold other runs)."""
+    a = f"{alias}." if alias else ""
+    session, run_id = (v.replace("'", "''") for v in (run.session_tag, run.run_id))
+    return f"{a}session = '{session}' AND {a}run = '{run_id}' AND {a}role <> 'agent'"
+
+
+def summarize_sql(engine: Any, run: Run) -> RunSummary:
+    """The summary by SQL (``store.engine.Engine`` over the run)."""
+    from ..store.columnar import COLUMNS, identity_of_row, record_from_row
+
+    engine.attach(run)
+    w = _where(run)
+    s = RunSummary()
+    tables = {"metric": "metrics", "event": "events", "span_start": "span_starts", "span_end": "span_ends",
+              "stat": "stats", "diagnostic": "diagnostics"}
+    for kind, table in tables.items():  # one pass per table: counts and time bounds (per series for metrics, stats)
+        per_series = kind in ("metric", "stat")
+        for group, name, n, lo, hi, samples in engine.rows(
+                f"SELECT group_name, {'name' if per_series else 'NULL'}, count(*), min(wall_ns), max(wall_ns), "
+                f"{'sum(sample_count)' if kind == 'stat' else '0'} FROM {table} WHERE {w} GROUP BY ALL ORDER BY ALL"):
+            s.records += n
+            s.by_kind[kind] += n
+            s.by_group_kind[(group, kind)] += n
+            s.start_ns = lo if s.start_ns is None or lo < s.start_ns else s.start_ns
+            s.end_ns = hi if s.end_ns is None or hi > s.end_ns else s.end_ns
+            if per_series:
+                (s.metrics if kind == "metric" else s.stats)[(group, name)] = SeriesSummary(
+                    count=int(n), samples=int(samples or 0))
+
+    def records(kind: str, query: str) -> list[tuple[Any, Any]]:
+        cur = engine.execute(query)
+        names = [d[0] for d in cur.description]
+        out = []
+        for row in cur.fetchall():
+            r = dict(zip(names, row, strict=True))
+            identity = identity_of_row(r, r["session"], r["run"])
+            out.append((r, record_from_row(kind, identity, row, names)))
+        return out
+
+    key = f"({ORDER})"
+    for kind, table, into in (("metric", "metrics", s.metrics), ("stat", "stats", s.stats)):
+        # each rank's last record of each series: one streaming aggregate (arg_max), not a sort of the table
+        columns = [name for name, _ in COLUMNS[table]] + ["session", "run", "rank"]
+        row = "struct_pack(" + ", ".join(f'"{c}" := t."{c}"' for c in columns) + ")"
+        # each rank's last record of each series, by streaming aggregates (no sort of the table): the latest wall
+        # time, then the full order among the records at that time (narrow scans), then the rows themselves, read
+        # from the files of their segments only
+        positions = engine.rows(
+            f"""WITH latest AS (SELECT group_name, name, rank, max(wall_ns) AS wall FROM {table} WHERE {w} GROUP BY ALL)
+            SELECT any_value(t.session), any_value(t.run), t.rank, max((t.pid, t.mono_ns, t.segment, t.line)) AS k
+            FROM {table} t JOIN latest l ON t.group_name = l.group_name AND t.name = l.name AND t.rank = l.rank
+              AND t.wall_ns = l.wall
+            WHERE {_where(run, "t")} GROUP BY t.group_name, t.name, t.rank""")
+        names, fetched = engine.fetch(table, [(session_, run_, rank, k[0], k[2], k[3])  # (pid, mono, segment, line)
+                                              for session_, run_, rank, k in positions])
+        lasts = []
+        for row in fetched:
+            r = dict(zip(names, row, strict=True))
+            lasts.append((tuple(r[c] for c in ORDER.split(", ")), record_from_row(
+                kind, identity_of_row(r, r["session"], r["run"]), row, names)))
+        missing = [key for key, series in into.items() if not any(
+            (rec.group, rec.name) == key for _, rec in lasts)]
+        for group, name in missing:  # a row its file did not give back (a header naming another rank): the slow way
+            cur = engine.execute(f"SELECT * FROM {table} WHERE {w} AND group_name = $g AND name = $n ORDER BY "
+                                 + ", ".join(f"{c} DESC" for c in ORDER.split(", ")) + " LIMIT 1",
+                                 {"g": group, "n": name})
+            names = [d[0] for d in cur.description]
+            for row in cur.fetchall():
+                r = dict(zip(names, row, strict=True))
+                lasts.append((tuple(r[c] for c in ORDER.split(", ")), record_from_row(
+                    kind, identity_of_row(r, r["session"], r["run"]), row, names)))
+        for _, rec in sorted(lasts, key=lambda kr: kr[0]):
+            series = into[(rec.group, rec.name)]
+            series.last_by_rank[rec.identity.rank] = rec
+            series.last = rec  # in records() order: the last one set is the last of all ranks
+    who = ("CASE WHEN starts_with(name, 'system.') OR starts_with(group_name, 'system.gpu.') THEN 'host ' || host "
+           "ELSE 'rank ' || rank || ' pid ' || pid END")
+    finite = f"{w} AND (group_name = 'system' OR starts_with(group_name, 'system.')) AND value_bool IS NULL AND " \
+             "isfinite(value)"
+    for label, group, name, n, total, top, last in engine.rows(
+            f"SELECT {who} AS who, group_name, name, count(*), sum(value), max(value), arg_max_null(value, {key}) "
+            f"FROM metrics WHERE {finite} GROUP BY ALL ORDER BY ALL"):
+        s.system.setdefault((label, group), {})[name] = SystemSeries(count=int(n), total=float(total),
+                                                                     max=float(top), last=float(last))
+    for label, group, name, pid, last in engine.rows(
+            f"SELECT {who} AS who, group_name, name, pid, arg_max_null(value, {key}) FROM metrics WHERE {finite} "
+            f"AND name IN {tuple(ENERGY_NAMES)!r} GROUP BY ALL ORDER BY ALL"):
+        s.energy_last[(label, group, name, pid)] = float(last)
+    for group, name, severity, n in engine.rows(f"SELECT group_name, name, severity, count(*) FROM events WHERE {w} "
+                                                "GROUP BY ALL ORDER BY ALL"):
+        s.event_counts[(group, name)] += n
+        if severity in ("warning", "error", "critical"):
+            s.severities[severity] += n
+        if group == "training":
+            s.training_events += n
+            if name == UPDATE:
+                s.updates += n
+            elif name == "error":
+                s.errors += n
+    for rank, name, n in engine.rows(f"SELECT rank, name, count(*) FROM events WHERE {w} AND name IN "
+                                     "('save_checkpoint_success', 'validation_metrics_update') GROUP BY ALL"):
+        (s.saves if name == "save_checkpoint_success" else s.validations)[rank] += n
+    updates = f"{w} AND group_name = 'training' AND name = '{UPDATE}'"
+    positions = engine.rows(f"SELECT any_value(session), any_value(run), rank, count(*), max({key}) AS k FROM events "
+                            f"WHERE {updates} GROUP BY rank")
+    counts_by_rank = {rank: int(n) for _, _, rank, n, _ in positions}
+    names, fetched = engine.fetch("events", [(session_, run_, rank, k[2], k[4], k[5])  # k: the ORDER key
+                                             for session_, run_, rank, _, k in positions])
+    found = [dict(zip(names, row, strict=True)) for row in fetched]
+    for r in sorted(found, key=lambda r: tuple(r[c] for c in ORDER.split(", "))):
+        s.updates_by_rank[r["rank"]] = (counts_by_rank[r["rank"]], _attrs(r["attributes"]))
+        s.last_update = s.updates_by_rank[r["rank"]][1]
+    s.sampler_starts = [rec for _, rec in records(
+        "event", f"SELECT * FROM events WHERE {w} AND name = 'system.sampler.start' ORDER BY {ORDER}")]
+    s.gpu_unavailable = sorted({str(_attrs(a).get("reason")) for (a,) in engine.rows(
+        f"SELECT attributes FROM events WHERE {w} AND name = 'system.gpu.unavailable'")})
+    for name, sink, n, total, message in engine.rows(
+            f"SELECT name, sink, count(*), sum(record_count), arg_max_null(message, {key}) FROM diagnostics "
+            f"WHERE {w} GROUP BY ALL ORDER BY ALL"):
+        s.diagnostics += n
+        s.diagnostic_groups[(name, sink)] = [int(n), int(total), message]
+    for lo, hi in engine.rows(f"SELECT min(lo), max(hi) FROM (SELECT min(wall_ns) AS lo, max(wall_ns) AS hi FROM "
+                              f"span_starts WHERE {w} UNION ALL SELECT min(wall_ns), max(wall_ns) FROM span_ends "
+                              f"WHERE {w})"):
+        s.span_start_ns, s.span_end_ns = lo, hi
+    for rank, pid, status in engine.rows(
+            f"SELECT rank, pid, status FROM (SELECT {ORDER}, NULL AS status FROM span_starts WHERE {w} AND "
+            f"group_name = 'training' AND name = 'training_loop' UNION ALL SELECT {ORDER}, status FROM span_ends "
+            f"WHERE {w} AND group_name = 'training' AND name = 'training_loop') ORDER BY {ORDER}"):
+        s.note_loop((rank, pid), status)
+    return s

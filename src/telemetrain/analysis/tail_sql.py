@@ -1,0 +1,112 @@
+"""``telemetrain tail``'s first frame by SQL (``store.engine``): the state ``TailState.poll`` builds by reading every
+file from its start, computed by DuckDB over the columnar copy and the JSONL tail; then each file is followed from the
+offset where the engine stopped reading it. Records are taken in the order polling meets them: by rank, pid, segment,
+then line."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..store.codec import untag_nonfinite
+from .tail import _NOTABLE_SEVERITIES, _NOTABLE_TRAINING, RECENT_EVENTS, FileFollower, TailState, _brief, _number
+
+__all__ = ["catch_up"]
+
+ORDER = "rank, pid, segment, line"
+
+
+def _attrs(text: Any) -> dict[str, Any]:
+    value = untag_nonfinite(json.loads(text)) if text is not None else None
+    return value if isinstance(value, dict) else {}
+
+
+def catch_up(state: TailState, engine: Any) -> None:
+    from .samples import open_run_meta
+
+    meta = open_run_meta(state.path)
+    state.run_id = str(meta.get("run_id") or state.path.name)
+    state.perf_tag = str(meta.get("perf_tag") or state.perf_tag)
+    w = "role <> 'agent'"
+    loop = "group_name = 'training' AND name = 'training_loop'"
+    update = "group_name = 'training' AND name = 'training_metrics_update'"
+    counts = engine.rows(f"""SELECT
+        (SELECT count(*) FROM events WHERE {w}), (SELECT count(*) FROM diagnostics WHERE {w}),
+        (SELECT count(*) FROM span_ends WHERE {w} AND name = 'training_loop'),
+        (SELECT count(*) FROM events WHERE {w} AND severity IN ('error', 'critical')),
+        (SELECT count(*) FROM events WHERE {w} AND severity = 'warning'),
+        (SELECT coalesce(sum(corrupt), 0) FROM damage WHERE NOT agent)""")[0]
+    events, diagnostics, loops, errors, warnings, corrupt = (int(v) for v in counts)
+    state.records += events + diagnostics + loops
+    state.errors += errors
+    state.warnings += warnings
+    state.diagnostics += diagnostics
+    state.corrupt_before += corrupt
+    key = f"({ORDER})"
+    for rank, n, attributes, wall in engine.rows(
+            f"SELECT rank, count(*), arg_max_null(attributes, {key}), arg_max_null(wall_ns, {key}) FROM events "
+            f"WHERE {w} AND {update} GROUP BY rank ORDER BY rank"):
+        s = state._rank(rank)
+        a = _attrs(attributes)
+        iteration = a.get("current_iteration")
+        s.iteration = iteration if isinstance(iteration, int) and not isinstance(iteration, bool) else None
+        s.wall_ns = wall
+        s.samples_per_second = _number(a.get("samples_per_second"))
+        s.p50 = _number(a.get("p50_iteration_time_sec"))
+        s.p99 = _number(a.get("p99_iteration_time_sec"))
+        s.mean = _number(a.get("avg_iteration_time_sec"))
+        s.final = bool(a.get("final"))
+        s.reports = int(n)
+    # how each rank's last training loop stands: its last loop end, unless a report came after it (open again)
+    for rank, status in engine.rows(
+            f"""SELECT rank, arg_max_null(status, k) FROM (
+                  SELECT rank, status, ({ORDER}) AS k FROM span_ends WHERE {w} AND {loop}
+                  UNION ALL SELECT rank, NULL, ({ORDER}) FROM events WHERE {w} AND {update})
+                GROUP BY rank ORDER BY rank"""):
+        state._rank(rank).loop_status = status
+    names = "(" + ", ".join(f"'{n}'" for n in _NOTABLE_TRAINING) + ")"
+    severities = "(" + ", ".join(f"'{s}'" for s in _NOTABLE_SEVERITIES) + ")"
+    recent = engine.rows(
+        f"""SELECT * FROM (
+              SELECT 0 AS src, rank, pid, segment, line, wall_ns, severity, group_name || '/' || name AS what,
+                     attributes, NULL AS message FROM events
+              WHERE {w} AND NOT ({update})
+                AND (severity IN {severities} OR (group_name = 'training' AND name IN {names}))
+              UNION ALL
+              SELECT 1, rank, pid, segment, line, wall_ns, 'diagnostic', name || ' ' || sink, NULL, message
+              FROM diagnostics WHERE {w})
+            ORDER BY rank DESC, pid DESC, segment DESC, line DESC LIMIT {RECENT_EVENTS}""")
+    for src, rank, _, _, _, wall, severity, what, attributes, message in reversed(recent):
+        state.recent.append((wall, rank, severity, what, message if src == 1 else _brief(_attrs(attributes))))
+    _feed_findings(state, engine, w)
+    for path, (offset, identity) in engine.read_to.items():
+        if path.parent.resolve() != state.path.resolve() or path.name.startswith("agent-"):
+            continue
+        follower = state.followers[path] = FileFollower(path, meta)
+        follower.offset = offset
+        follower.identity = identity
+
+
+def _feed_findings(state: TailState, engine: Any, w: str) -> None:
+    """The findings engine's input (``state.inputs``) from the records polling would have decoded and fed it: the
+    reports and straggler events, the training loops' ends, and the metric lines holding one of the words polling
+    looks for (memory gauges, losses, gradient norms), in the order polling meets them."""
+    from ..store.columnar import identity_of_row, record_from_row
+    from .tail import _METRIC_WORDS
+
+    words = " OR ".join(f"contains(group_name || name || coalesce(unit, '') || coalesce(attributes, ''), "
+                        f"'{word.decode()}')" for word in _METRIC_WORDS)
+    parts = (("event", f"SELECT * FROM events WHERE {w} AND ((group_name = 'training' AND "
+                       "name = 'training_metrics_update') OR (group_name = 'cross_rank' AND name = 'straggler'))"),
+             ("span_end", f"SELECT * FROM span_ends WHERE {w} AND name = 'training_loop'"),
+             ("metric", f"SELECT * FROM metrics WHERE {w} AND ({words})"))
+    records: list[tuple[tuple[Any, ...], Any]] = []
+    for kind, query in parts:
+        for names, batch in engine.stream(query):
+            for row in batch:
+                r = dict(zip(names, row, strict=True))
+                rec = record_from_row(kind, identity_of_row(r, r["session"], r["run"]), row, names)
+                records.append(((r["rank"], r["pid"], r["segment"], r["line"]), rec))
+    records.sort(key=lambda kr: kr[0])
+    for _, rec in records:
+        state.inputs.add(rec)

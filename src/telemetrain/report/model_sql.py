@@ -1,0 +1,500 @@
+"""The report's collection by SQL (``store.engine``): what ``model._Collector`` gathers in one Python pass over every
+record, DuckDB computes over the columnar copy and the JSONL tail, so that memory follows the size of the report, not
+of the run. Big things are reduced in SQL to what the report keeps: counts and sums, the first 300 events, each
+rank's windows merged to at most 1,000 (``windows.py``), every k-th point of a series.
+
+The rules are ``_Collector``'s, line for line; where the Python pass depends on the order it meets records in (the
+first non-finite value, the last value of a metric, the first 300 events), "collection order" is the processes by
+(rank, pid), then file order (segment, line). The tests build both models on the same runs and compare them.
+The launcher's agents write a few records each: they go through ``_Collector`` itself.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from ..analysis.findings.builder import CUDA_ALLOCATED, GPU_MEMORY_LIMIT, HOST_MEMORY_LIMIT, HOST_MEMORY_USAGE, RSS
+from ..analysis.findings.values import value_kind
+from ..semconv import series_key
+from ..store.codec import untag_nonfinite
+from ..store.engine import Engine
+from ..store.reader import Run
+from .model import (
+    _ENERGY_NAMES,
+    ITERATION_CHART_POINTS,
+    LIFECYCLE_SPANS,
+    MAX_EVENT_ROWS,
+    MAX_SERIES_POINTS,
+    PHASE_SPANS,
+    PHASES,
+    ROUTINE_EVENTS,
+    SYSTEM_CHARTS,
+    EventRow,
+    SpanRow,
+    Window,
+    _Collector,
+)
+from .windows import (
+    MAX_HEATMAP_COLUMNS,
+    SLOW_ITERATION_FACTOR,
+    SLOW_PHASE_FACTOR,
+    SLOW_PHASE_MIN_SHARE,
+    Heatmap,
+    WindowFigures,
+    window_limit,
+)
+
+__all__ = ["SqlCollector"]
+
+ORDER = "rank, pid, segment, line"  # collection order
+# of a report's attributes, besides the avg_* ones, those the findings engine reads (builder.window_point)
+_WINDOW_KEYS = frozenset({"current_iteration", "window_iterations", "max_iteration_time_sec", "p50_iteration_time_sec",
+                          "window_seconds", "cpu_wait_sec", "cpu_time_sec", "train_iterations_start"})
+
+
+def _attrs(text: Any) -> dict[str, Any]:
+    """An attributes column (JSON text) as the reader gives it: an object, non-finite floats untagged."""
+    if text is None:
+        return {}
+    value = untag_nonfinite(json.loads(text))
+    return value if isinstance(value, dict) else {}
+
+
+def _names(names: Any) -> str:
+    return "(" + ", ".join("'" + str(n).replace("'", "''") + "'" for n in names) + ")"
+
+
+def _metric_value(value: Any, value_int: Any, value_bool: Any) -> Any:
+    if value_bool is not None:
+        return bool(value_bool)
+    if value_int is not None:
+        return int(value_int)
+    return value
+
+
+class SqlCollector(_Collector):
+    """``_Collector`` with its pass over the ranks' records done by SQL; the agents' records are read as before."""
+
+    def __init__(self, run: Run, engine: Engine) -> None:
+        super().__init__(run)
+        self.engine = engine
+        engine.attach(run)
+        self.where = self.where_of("")
+        self._figures: WindowFigures | None = None
+        self._spans: dict[int, list[tuple[int, float]]] = {}
+        self._system: dict[tuple[str, str], list[tuple[int, float]]] = {}
+
+    def where_of(self, alias: str) -> str:
+        """The rows of this run's ranks (the engine may hold the session's other runs too, for goodput)."""
+        a = f"{alias}." if alias else ""
+        session, run_id = (v.replace("'", "''") for v in (self.run.session_tag, self.run.run_id))
+        return f"{a}session = '{session}' AND {a}run = '{run_id}' AND {a}role <> 'agent'"
+
+    def rows(self, query: str, params: Any = None) -> list[tuple[Any, ...]]:
+        return self.engine.rows(query.replace("{w}", self.where), params)
+
+    # -- the pass ------------------------------------------------------------------------------------------------
+
+    def collect(self) -> None:
+        self._bounds()
+        self._series_keys()
+        self._events()
+        self._spans_and_problems()
+        self._metrics()
+        self._stats()
+        self._diagnostics()
+        self._windows()
+        for log in self.run.agents:
+            self._process(log, f"agent {log.identity.host}", agent=True)
+        self.events.sort(key=lambda e: e.wall_ns)
+        self.problems.sort(key=lambda e: e.wall_ns)
+
+    def _series_keys(self) -> None:
+        """``semconv.series_key`` of every (name, attributes) the run's metrics have (a few hundred at most), as the
+        temporary table ``report_series`` (name, attributes, skey): the SQL groups metrics by series as the Python
+        pass does (v1 and v2 records of a series alike)."""
+        pairs = self.rows("SELECT DISTINCT name, attributes FROM metrics WHERE {w}")
+        self.engine.execute("CREATE OR REPLACE TEMP TABLE report_series (name VARCHAR, attributes VARCHAR, "
+                            "skey VARCHAR)")
+        if pairs:
+            self.engine.con.executemany(
+                "INSERT INTO report_series VALUES (?, ?, ?)",
+                [(n, a, series_key(n, _attrs(a)) if a is not None else n) for n, a in pairs])
+        self._skeys = {(n, a): (series_key(n, _attrs(a)) if a is not None else n) for n, a in pairs}
+
+    def _metrics_keyed(self, alias: str = "") -> str:
+        """The run's rank metrics with their series key ``skey`` (a subquery)."""
+        return (f"(SELECT m.*, k.skey FROM metrics m JOIN report_series k ON m.name = k.name AND "
+                f"m.attributes IS NOT DISTINCT FROM k.attributes WHERE {self.where_of('m')}){alias}")
+
+    def _bounds(self) -> None:
+        """The time bounds of the records; the metrics' are taken in ``_metrics``' pass over them."""
+        parts = " UNION ALL ".join(f"SELECT min(wall_ns) AS lo, max(wall_ns) AS hi FROM {t} WHERE {{w}}"
+                                   for t in ("events", "span_starts", "span_ends", "stats", "diagnostics"))
+        lo, hi = self.rows(f"SELECT min(lo), max(hi) FROM ({parts})")[0]
+        self.first_ns, self.last_ns = lo, hi
+
+    def _widen(self, lo: int | None, hi: int | None) -> None:
+        if lo is not None:
+            self.first_ns = lo if self.first_ns is None else min(self.first_ns, lo)
+        if hi is not None:
+            self.last_ns = hi if self.last_ns is None else max(self.last_ns, hi)
+
+    def _events(self) -> None:
+        for group, name, n in self.rows("SELECT group_name, name, count(*) FROM events WHERE {w} GROUP BY ALL "
+                                        "ORDER BY ALL"):
+            self.event_counts[("ranks", group, name)] += n
+        # each rank's last report: its position (a narrow scan), then the row itself from its segment's file
+        positions = self.rows("SELECT any_value(session), any_value(run), rank, max((pid, segment, line)) FROM events "
+                              "WHERE {w} AND group_name = 'training' AND name = 'training_metrics_update' "
+                              "GROUP BY rank")
+        names, fetched = self.engine.fetch("events", [(session, run, rank, *k) for session, run, rank, k in positions])
+        for row in sorted(fetched, key=lambda row: row[names.index("rank")]):
+            r = dict(zip(names, row, strict=True))
+            self.last_update[r["rank"]] = _attrs(r["attributes"])
+        for rank, attributes, wall in self.rows(
+                f"SELECT rank, attributes, wall_ns FROM events WHERE {{w}} AND group_name = 'cross_rank' AND "
+                f"name = 'straggler' ORDER BY {ORDER}"):
+            a = _attrs(attributes)
+            self.stragglers.append({**a, "reported_by": rank, "wall_ns": wall})
+            self.inputs.straggler(a)
+        for group, attributes in self.rows(
+                f"SELECT group_name, attributes FROM events WHERE {{w}} AND name IN ('hyperparameters', "
+                f"'update_training_telemetry_config') ORDER BY {ORDER}"):
+            into = self.hyperparameters if group == "run" else self.training_config
+            for key, value in _attrs(attributes).items():
+                into.setdefault(key, value)  # ranks agree; the lowest rank's value is kept otherwise
+        for rank, attributes in self.rows(
+                f"SELECT rank, attributes FROM events WHERE {{w}} AND group_name = 'watchdog' AND "
+                f"name = 'stall_evidence' ORDER BY {ORDER}"):
+            self.evidence.append((rank, _attrs(attributes)))
+        routine = _names(ROUTINE_EVENTS)
+        base = ("FROM events WHERE {w} AND NOT (group_name = 'training' AND name = 'training_metrics_update') AND "
+                "NOT (group_name = 'cross_rank' AND name = 'straggler')")
+        problem = "(severity IN ('warning', 'error', 'critical') OR (group_name = 'training' AND name = 'error'))"
+        for rank, wall, group, name, severity, attributes in self.rows(
+                f"SELECT rank, wall_ns, group_name, name, severity, attributes {base} AND "
+                f"name = 'save_checkpoint_success' ORDER BY {ORDER}"):
+            self.successes.append(EventRow(wall, f"rank {rank}", group, name, severity, _attrs(attributes)))
+        notable = f"{base} AND NOT {problem} AND name NOT IN {routine}"
+        for rank, wall, group, name, severity, attributes in self.rows(
+                f"SELECT rank, wall_ns, group_name, name, severity, attributes {notable} ORDER BY {ORDER} "
+                f"LIMIT {MAX_EVENT_ROWS}"):
+            self.events.append(EventRow(wall, f"rank {rank}", group, name, severity, _attrs(attributes)))
+        total = self.rows(f"SELECT count(*) {notable}")[0][0]
+        self.events_left_out = max(0, int(total) - len(self.events))
+        self._problem_events = (f"SELECT 0 AS src, rank, pid, segment, line, wall_ns, group_name, name, severity, "
+                                f"attributes, NULL AS status, NULL AS error, NULL AS duration_ns, NULL AS sink, "
+                                f"NULL AS record_count, NULL AS message {base} AND {problem}")
+
+    def _spans_and_problems(self) -> None:
+        for group, name, n, seconds, bad in self.rows(
+                "SELECT group_name, name, count(*), fsum(duration_ns / 1e9), count(*) FILTER (WHERE status <> 'ok') "
+                "FROM span_ends WHERE {w} GROUP BY ALL ORDER BY ALL"):
+            self.span_stats[(group, name)] = [n, float(seconds), bad]
+        for rank, name, seconds in self.rows(
+                f"SELECT rank, name, fsum(duration_ns / 1e9) FROM span_ends WHERE {{w}} AND name IN "
+                f"{_names(PHASE_SPANS)} GROUP BY ALL ORDER BY ALL"):
+            self.span_phase_seconds[rank][PHASE_SPANS[name]] += float(seconds)
+        for rank, wall, seconds in self.rows(
+                f"""WITH s AS (SELECT rank, wall_ns, duration_ns,
+                      row_number() OVER (PARTITION BY rank ORDER BY wall_ns, duration_ns) - 1 AS i,
+                      count(*) OVER (PARTITION BY rank) AS n
+                    FROM span_ends WHERE {{w}} AND name = 'training_single_iteration')
+                SELECT rank, wall_ns, duration_ns / 1e9 FROM s
+                WHERE i % greatest(1, n // {ITERATION_CHART_POINTS}) = 0 ORDER BY rank, i"""):
+            self._spans.setdefault(rank, []).append((wall, seconds))
+        lifecycle = _names(LIFECYCLE_SPANS)
+        same = ("s.session = e.session AND s.run = e.run AND s.rank = e.rank AND s.pid = e.pid AND "
+                "s.span_id = e.span_id AND (s.segment, s.line) < (e.segment, e.line)")
+        ended = self.rows(
+            f"""SELECT e.rank, e.pid, e.name, e.wall_ns, e.duration_ns, e.status, e.attributes, e.error,
+                   (SELECT s.attributes FROM span_starts s WHERE {same} AND s.name IN {lifecycle}
+                    ORDER BY s.segment DESC, s.line DESC LIMIT 1) AS start_attributes,
+                   0 AS k, e.segment, e.line
+                FROM span_ends e WHERE {self.where_of('e')} AND e.name IN {lifecycle}
+            UNION ALL
+            SELECT s.rank, s.pid, s.name, s.wall_ns, NULL, NULL, NULL, NULL, s.attributes, 1, s.segment, s.line
+                FROM span_starts s WHERE {self.where_of('s')} AND s.name IN {lifecycle} AND NOT EXISTS (
+                    SELECT 1 FROM span_ends e WHERE {same} AND e.name IN {lifecycle})
+            ORDER BY rank, pid, k, segment, line""")
+        for rank, _, name, wall, duration_ns, status, attributes, error, start_attributes, k, _, _ in ended:
+            if k == 0:
+                merged = _attrs(start_attributes)
+                merged.update(_attrs(attributes))
+                self.lifecycle.append(SpanRow(rank, name, wall - duration_ns, duration_ns / 1e9, status, merged,
+                                              error))
+            else:
+                self.lifecycle.append(SpanRow(rank, name, wall, None, "never ended", _attrs(attributes)))
+        failed = ("SELECT 1, rank, pid, segment, line, wall_ns, group_name, name, NULL, NULL, status, error, "
+                  "duration_ns, NULL, NULL, NULL FROM span_ends WHERE {w} AND status <> 'ok'")
+        diagnostics = ("SELECT 2, rank, pid, segment, line, wall_ns, 'diagnostic', name, 'warning', NULL, NULL, NULL, "
+                       "NULL, sink, record_count, message FROM diagnostics WHERE {w} AND name <> 'sink_resumed'")
+        for (src, rank, _, _, _, wall, group, name, severity, attributes, status, error, duration_ns, sink, count,
+             message) in self.rows(f"SELECT * FROM ({self._problem_events} UNION ALL {failed} UNION ALL "
+                                   f"{diagnostics}) ORDER BY {ORDER}"):
+            source = f"rank {rank}"
+            if src == 1:
+                self.problems.append(EventRow(wall, source, group, name, "error" if status == "error" else "warning",
+                                              {"span status": status, "error": error,
+                                               "duration_s": duration_ns / 1e9}))
+            elif src == 2:
+                self.problems.append(EventRow(wall, source, "diagnostic", name, "warning",
+                                              {"sink": sink, "records": count, "message": message}))
+            else:
+                self.problems.append(EventRow(wall, source, group, name, severity, _attrs(attributes)))
+
+    def _metrics(self) -> None:
+        # One streaming pass over the metrics: per series (``semconv.series_key``: a v2 record's attributes make its
+        # series) its count, time bounds, min and max; the last record (collection order: the highest rank, pid,
+        # then file order) and the first's unit are then read from the records of that one rank only. A min or max is
+        # an int when an int record holds it (the Python pass keeps the type of the first record holding it: they
+        # differ only for a series mixing 3 and 3.0 at its extreme).
+        m = self._metrics_keyed()
+        plain = "value_bool IS NULL AND isfinite(value)"
+        stats = self.rows(
+            f"""SELECT group_name, skey, count(*), min(value) FILTER (WHERE {plain}),
+                   min(value_int) FILTER (WHERE {plain}), max(value) FILTER (WHERE {plain}),
+                   max(value_int) FILTER (WHERE {plain}), max(rank), min(rank), min(wall_ns), max(wall_ns)
+                FROM {m} GROUP BY ALL""")
+        for *_, first, latest in stats:
+            self._widen(first, latest)
+        self._findings_metrics()
+        stats = [row[:9] for row in stats]
+        if not stats:
+            return
+        self.engine.execute("CREATE OR REPLACE TEMP TABLE report_metric_ranks (group_name VARCHAR, skey VARCHAR, "
+                            "hi BIGINT, lo BIGINT)")
+        self.engine.con.executemany("INSERT INTO report_metric_ranks VALUES (?, ?, ?, ?)",
+                                    [(g, n, hi, lo) for g, n, _, _, _, _, _, hi, lo in stats])
+        last = {(g, n): v for g, n, v in self.rows(
+            f"""SELECT m.group_name, m.skey, arg_max_null(struct_pack(m.value, m.value_int, m.value_bool),
+                       (m.pid, m.segment, m.line))
+                FROM {m} m JOIN report_metric_ranks r ON m.group_name = r.group_name AND m.skey = r.skey
+                  AND m.rank = r.hi GROUP BY ALL""")}
+        units = {(g, n): u for g, n, u in self.rows(
+            f"""SELECT m.group_name, m.skey, arg_min_null(m.unit, (m.pid, m.segment, m.line))
+                FROM {m} m JOIN report_metric_ranks r ON m.group_name = r.group_name AND m.skey = r.skey
+                  AND m.rank = r.lo GROUP BY ALL""")}
+        self.engine.execute("DROP TABLE report_metric_ranks")
+        for group, name, n, lo, lo_int, hi, hi_int, _, _ in sorted(stats):
+            v = last[(group, name)]
+            self.metric_stats[(group, name)] = [
+                n, _metric_value(v["value"], v["value_int"], v["value_bool"]),
+                None if lo is None else (int(lo_int) if lo_int is not None and lo_int == lo else lo),
+                None if hi is None else (int(hi_int) if hi_int is not None and hi_int == hi else hi),
+                units[(group, name)]]
+        names = _names(name for name, _, _ in SYSTEM_CHARTS)
+        who = ("CASE WHEN starts_with(skey, 'hw.') THEN host || ' ' || (CASE WHEN starts_with(group_name, 'system.') "
+               "THEN group_name[8:] ELSE group_name END) WHEN starts_with(skey, 'system.') THEN host "
+               "ELSE 'rank ' || rank END")
+        for name, label, wall, value in self.rows(
+                f"""WITH p AS (SELECT skey, {who} AS who, wall_ns, value,
+                      row_number() OVER (PARTITION BY skey, {who} ORDER BY wall_ns, value) - 1 AS i,
+                      count(*) OVER (PARTITION BY skey, {who}) AS n
+                    FROM {m} WHERE skey IN {names} AND value_bool IS NULL)
+                SELECT skey, who, wall_ns, value FROM p
+                WHERE i % greatest(1, n // {MAX_SERIES_POINTS}) = 0 OR i = n - 1 ORDER BY skey, who, i"""):
+            self._system.setdefault((name, label), []).append((wall, value))
+        for host, group, name, joules in self.rows(
+                f"SELECT host, group_name, skey, greatest(max(value), 0.0) FROM {m} WHERE skey IN "
+                f"{_names(_ENERGY_NAMES)} AND isfinite(value) GROUP BY ALL ORDER BY ALL"):
+            self.energy[(host, group, name)] = float(joules)
+
+    def _findings_metrics(self) -> None:
+        """The metric records the findings engine reads (``InputBuilder.metric``: memory gauges, losses and gradient
+        norms, and every non-finite value), streamed in collection order; the rest are not read."""
+        keys = {k for k in self._skeys.values()}
+        wanted = {k for k in keys if k in (RSS, CUDA_ALLOCATED, GPU_MEMORY_LIMIT, HOST_MEMORY_LIMIT,
+                                           HOST_MEMORY_USAGE) or value_kind(k) is not None}
+        nonfinite = "(value_int IS NULL AND value_bool IS NULL AND NOT isfinite(value))"
+        where = f"(skey IN {_names(sorted(wanted))} OR {nonfinite})" if wanted else nonfinite
+        metric = self.inputs.metric
+        for _, batch in self.engine.stream(
+                f"SELECT rank, host, group_name, skey, step, value, value_int, value_bool, wall_ns "
+                f"FROM {self._metrics_keyed()} WHERE {where} ORDER BY {ORDER}"):
+            for rank, host, group, name, step, value, value_int, value_bool, wall in batch:
+                metric(rank, host, group, name, step, _metric_value(value, value_int, value_bool), wall)
+
+    def _stats(self) -> None:
+        bad = ("coalesce(TRY_CAST(json_extract(\"values\", '$.nan_count') AS DOUBLE), 0) + "
+               "coalesce(TRY_CAST(json_extract(\"values\", '$.inf_count') AS DOUBLE), 0)")
+        for group, name, n, rank in self.rows(
+                f"SELECT group_name, name, sum(trunc(bad))::BIGINT, first(rank ORDER BY {ORDER}) FROM "
+                f"(SELECT *, {bad} AS bad FROM stats WHERE {{w}}) WHERE bad <> 0 GROUP BY ALL ORDER BY ALL"):
+            self.inputs.stat(rank, group, name, {"nan_count": int(n)})  # the sum of each record's count
+
+    def _diagnostics(self) -> None:
+        for name, sink, total, at_least_one in self.rows(
+                "SELECT name, sink, sum(record_count), sum(greatest(record_count, 1)) FROM diagnostics WHERE {w} "
+                "AND name IN ('dropped', 'unencodable', 'sink_error', 'sink_suspended') GROUP BY ALL ORDER BY ALL"):
+            if name == "dropped":
+                self.dropped += int(total)
+            elif name == "unencodable":
+                self.unencodable += int(at_least_one)
+            else:
+                self.sink_failures[(sink, name)] += int(at_least_one)
+
+    # -- the windows -------------------------------------------------------------------------------------------------
+
+    def _windows(self) -> None:
+        self._feed_windows()
+        # phase_times.py's rule: a window's device times when it has any (then only those), else its host times
+        dev = "(" + " OR ".join(f"isfinite(avg_{p}_device_time_sec)" for p in PHASES) + ")"
+        phases = ", ".join(f"CASE WHEN {dev} THEN (CASE WHEN isfinite(avg_{p}_device_time_sec) THEN "
+                           f"avg_{p}_device_time_sec END) WHEN isfinite(avg_{p}_time_sec) THEN avg_{p}_time_sec END "
+                           f"AS ph_{p}" for p in PHASES)
+        pavg = (f"CASE WHEN {dev} AND isfinite(avg_iteration_device_time_sec) THEN avg_iteration_device_time_sec "
+                f"ELSE avg_iteration_time_sec END AS pavg, coalesce({dev}, false) AS dev")
+        base = f"""(SELECT rank, pid, segment, line, wall_ns, current_iteration AS iteration,
+                      coalesce(window_iterations, 0) AS iterations, avg_iteration_time_sec AS avg,
+                      p50_iteration_time_sec AS p50, p90_iteration_time_sec AS p90, p99_iteration_time_sec AS p99,
+                      max_iteration_time_sec AS mx, total_iteration_time_sec AS total,
+                      samples_per_second AS sps, {phases}, {pavg},
+                      row_number() OVER (PARTITION BY rank ORDER BY current_iteration, wall_ns, {ORDER}) - 1 AS i,
+                      count(*) OVER (PARTITION BY rank) AS n
+                    FROM windows WHERE {self.where} AND current_iteration IS NOT NULL)"""
+        self.engine.execute("CREATE OR REPLACE TEMP TABLE report_windows AS SELECT * FROM " + base)
+        w = "report_windows"
+        per_rank = self.engine.rows(
+            f"SELECT rank, any_value(n), median(avg) FILTER (WHERE isfinite(avg)), "
+            f"median(coalesce(p50, avg)) FILTER (WHERE isfinite(coalesce(p50, avg))) FROM {w} GROUP BY rank "
+            "ORDER BY rank")
+        counts = {rank: int(n) for rank, n, _, _ in per_rank}
+        medians = {rank: (None if m is None else float(m)) for rank, _, m, _ in per_rank}
+        figures = WindowFigures(counts=counts, merged={}, medians=medians, slow_windows=[], phase_hits={},
+                                phase_seconds={}, heatmap=None)
+        self._figures = figures
+        if not counts:
+            self.engine.execute("DROP TABLE IF EXISTS report_windows")
+            return
+        # slow windows: slowest iteration > 3x the rank's median p50 (its mean where it has none)
+        typical = {rank: t for rank, _, _, t in per_rank if t}
+        if typical:
+            self.engine.execute("CREATE OR REPLACE TEMP TABLE report_typical (rank BIGINT, t DOUBLE)")
+            self.engine.con.executemany("INSERT INTO report_typical VALUES (?, ?)", list(typical.items()))
+            figures.slow_windows = [self._window(row) for row in self.engine.rows(
+                f"SELECT {self._window_columns()} FROM {w} JOIN report_typical USING (rank) WHERE mx IS NOT NULL "
+                f"AND NOT isnan(mx) AND mx > {SLOW_ITERATION_FACTOR} * t ORDER BY iteration, rank, i")]
+        # slow phases
+        for phase in PHASES:
+            col = f"ph_{phase}"
+            for rank, iteration, value, median in self.engine.rows(
+                    f"""WITH m AS (SELECT rank, median({col}) AS t, count({col}) AS k FROM {w} GROUP BY rank)
+                    SELECT rank, iteration, {col}, t FROM {w} JOIN m USING (rank)
+                    WHERE k >= 3 AND {col} IS NOT NULL AND {col} >= {SLOW_PHASE_FACTOR} * t ORDER BY rank, i"""):
+                typical_iteration = medians.get(rank)
+                if not typical_iteration or value - median < SLOW_PHASE_MIN_SHARE * typical_iteration:
+                    continue
+                figures.phase_hits.setdefault(phase, []).append((rank, iteration, value, float(median)))
+        # time by phase: a rank with device times counts only its windows that have them (window_figures)
+        keep = "(dev OR NOT rank_dev)"
+        sums = ", ".join(f"coalesce(fsum({c} * iterations) FILTER (WHERE {keep}), 0.0)"
+                         for c in (f"ph_{p}" for p in PHASES))
+        any_phase = " OR ".join(f"ph_{p} IS NOT NULL" for p in PHASES)
+        for rank, rank_dev, *values in self.engine.rows(
+                f"SELECT rank, any_value(rank_dev), {sums}, coalesce(fsum(pavg * iterations) FILTER (WHERE "
+                f"isfinite(pavg) AND {keep}), 0.0) FROM (SELECT *, bool_or(dev) OVER (PARTITION BY rank) AS rank_dev "
+                f"FROM {w}) GROUP BY rank HAVING bool_or({any_phase}) ORDER BY rank"):
+            figures.phase_seconds[rank] = ({p: float(v) for p, v in zip(PHASES, values[:-1], strict=True)},
+                                           float(values[-1]))
+            figures.phase_sources[rank] = "device" if rank_dev else "host"
+        figures.heatmap = self._heatmap(w, medians)
+        figures.merged = self._merged(w, sorted(counts))
+        self.engine.execute("DROP TABLE IF EXISTS report_typical")
+
+    def _feed_windows(self) -> None:
+        """Every report to the findings engine (``InputBuilder.window``), in collection order, with the attributes
+        its rules read (``findings.builder.window_point``) and no others."""
+        window = self.inputs.window
+        for _, batch in self.engine.stream(
+                f"SELECT rank, pid, wall_ns, attributes FROM windows WHERE {self.where} ORDER BY {ORDER}"):
+            for rank, pid, wall, attributes in batch:
+                a = _attrs(attributes)
+                window(rank, pid, wall, {k: v for k, v in a.items() if k.startswith("avg_") or k in _WINDOW_KEYS})
+
+    def windows_at(self, flagged: set[tuple[int, int]]) -> list[Window]:
+        """The (unmerged) windows at these (rank, iteration)s."""
+        if not flagged or self._figures is None or not self._figures.counts:
+            return []
+        self.engine.execute("CREATE OR REPLACE TEMP TABLE report_flagged (rank BIGINT, iteration BIGINT)")
+        self.engine.con.executemany("INSERT INTO report_flagged VALUES (?, ?)", sorted(flagged))
+        out = [self._window(row) for row in self.engine.rows(
+            f"SELECT {self._window_columns()} FROM report_windows JOIN report_flagged USING (rank, iteration) "
+            "ORDER BY iteration, rank, i")]
+        self.engine.execute("DROP TABLE report_flagged")
+        return out
+
+    def close(self) -> None:
+        self.engine.execute("DROP TABLE IF EXISTS report_windows")
+        self.engine.execute("DROP TABLE IF EXISTS report_series")
+
+    def _window_columns(self) -> str:
+        return "rank, iteration, wall_ns, iterations, avg, p50, p90, p99, mx, total, sps, pavg, dev, " + \
+            ", ".join(f"ph_{p}" for p in PHASES)
+
+    @staticmethod
+    def _window(row: tuple[Any, ...]) -> Window:
+        rank, iteration, wall, iterations, avg, p50, p90, p99, mx, total, sps, pavg, dev, *phases = row
+        return Window(rank=rank, iteration=iteration, wall_ns=wall, iterations=int(iterations), avg=avg, p50=p50,
+                      p90=p90, p99=p99, max=mx, total=total, samples_per_second=sps,
+                      phases={p: v for p, v in zip(PHASES, phases, strict=True) if v is not None},
+                      phase_source="device" if dev else "host",
+                      phase_avg=None if pavg is None or not math.isfinite(pavg) else pavg)
+
+    def _heatmap(self, w: str, medians: dict[int, float | None]) -> Heatmap:
+        lo, hi, most = self.engine.rows(f"SELECT min(iteration), max(iteration), max(n) FROM {w}")[0]
+        ncols = max(1, min(MAX_HEATMAP_COLUMNS, int(most)))
+        heat = Heatmap(ranks=sorted(medians), lo=int(lo), hi=int(hi), ncols=ncols, cells=[], typical=1.0,
+                       medians=dict(medians))
+        width = heat.width
+        cells: dict[int, list[float | None]] = {rank: [None] * ncols for rank in heat.ranks}
+        for rank, col, mean in self.engine.rows(
+                f"SELECT rank, least({ncols - 1}, greatest(0, floor((iteration - {heat.lo})::DOUBLE / $width)))"
+                f"::BIGINT AS c, fsum(avg) / count(*) FROM {w} WHERE isfinite(avg) GROUP BY ALL ORDER BY ALL",
+                {"width": width}):
+            cells[rank][int(col)] = float(mean)
+        heat.cells = [cells[rank] for rank in heat.ranks]
+        typical = self.engine.scalar(f"SELECT median(avg) FROM {w} WHERE isfinite(avg)")
+        heat.typical = float(typical) if typical is not None and typical > 0 else 1.0
+        return heat
+
+    def _merged(self, w: str, ranks: list[int]) -> dict[int, list[Window]]:
+        merged: dict[int, list[Window]] = {}
+        self.engine.execute("CREATE OR REPLACE TEMP TABLE report_limits (rank BIGINT, lim BIGINT)")
+        self.engine.con.executemany("INSERT INTO report_limits VALUES (?, ?)",
+                                    [(rank, window_limit(rank, ranks)) for rank in ranks])
+        w = f"(SELECT * FROM {w} JOIN report_limits USING (rank))"
+        for row in self.engine.rows(f"SELECT {self._window_columns()} FROM {w} WHERE n <= lim ORDER BY rank, i"):
+            merged.setdefault(row[0], []).append(self._window(row))
+        size = "((n + lim - 1) // lim)"
+
+        def mean(c: str) -> str:
+            return f"favg({c}) FILTER (WHERE isfinite({c}))"
+
+        def largest(c: str) -> str:
+            return f"max({c}) FILTER (WHERE isfinite({c}))"
+
+        phases = ", ".join(mean(f"ph_{p}") for p in PHASES)
+        for row in self.engine.rows(
+                f"""SELECT rank, last(iteration ORDER BY i), last(wall_ns ORDER BY i), sum(iterations), {mean('avg')},
+                      {mean('p50')}, {largest('p90')}, {largest('p99')}, {largest('mx')},
+                      fsum(total) FILTER (WHERE isfinite(total)), {mean('sps')}, NULL, false, {phases}
+                    FROM {w} WHERE n > lim GROUP BY rank, i // {size} ORDER BY rank, i // {size}"""):
+            merged.setdefault(row[0], []).append(self._window(row))
+        self.engine.execute("DROP TABLE report_limits")
+        return merged
+
+    # -- what build_model asks for -------------------------------------------------------------------------------
+
+    def window_figures(self) -> WindowFigures:
+        assert self._figures is not None, "collect() first"
+        return self._figures
+
+    def iteration_span_points(self) -> dict[int, list[tuple[int, float]]]:
+        return self._spans
+
+    def system_points(self) -> dict[tuple[str, str], list[tuple[int, float]]]:
+        return self._system

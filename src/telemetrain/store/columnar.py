@@ -1,0 +1,326 @@
+"""The columnar copy of the run store: its schema (version 2), and JSONL segments -> typed rows, in DuckDB SQL.
+
+docs/format.md ("Columnar copy") documents every table and column; this module is the one place that defines them.
+One table per record kind, partitioned Hive-style by the identity every engine groups by::
+
+    <prefix>/<table>/session=<session_tag>/run=<run_id>/rank=<rank>/<segment stem>.parquet
+    <prefix>/_segments/<segment file name>.json          the manifest of one compacted segment (written last)
+
+``<prefix>`` is ``<run_dir>/_columnar`` for the copy kept beside a run, or any directory or object-store URL given to
+``telemetrain compact --to``. The partition columns (``session``, ``run``, ``rank``) live only in the paths, as Hive
+and every engine reading its layout expect; the other identity fields are columns (constant per file, so they cost
+a few bytes after dictionary and run-length encoding).
+
+Conversion rules are ``codec.decode_line``'s, expressed in SQL (``typed_rows_sql``): a line with a field of the wrong
+type is corrupt and skipped, a last line without its newline is torn; the same lines are kept as the Python reader
+keeps, which the tests check line by line. Importing this module needs nothing beyond the standard library; the
+functions that run SQL take a DuckDB connection.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..identity import Identity
+from .codec import _f as number_of
+from .codec import decode_identity, untag_nonfinite
+
+__all__ = ["COLUMNS", "SCHEMA_VERSION", "TABLES", "ColumnarVersionError", "Prescan", "prescan", "typed_rows_sql"]
+
+SCHEMA_VERSION = 2  # 2: metric rows carry format v2's attributes (JSON text, as events'); v1 lines read as before
+PARTITIONS = (("session", "VARCHAR"), ("run", "VARCHAR"), ("rank", "BIGINT"))
+
+# The identity fields stored as columns in every record table (session, run and rank are the partitions).
+IDENTITY_COLUMNS = (("pid", "BIGINT"), ("host", "VARCHAR"), ("role", "VARCHAR"), ("local_rank", "BIGINT"),
+                    ("world_size", "BIGINT"), ("group_rank", "BIGINT"), ("restart_count", "BIGINT"),
+                    ("perf_tag", "VARCHAR"))
+# Where a record sits in the JSONL log: file order within a process is (segment, line).
+POSITION_COLUMNS = (("segment", "INTEGER"), ("line", "INTEGER"))
+COMMON = (("mono_ns", "BIGINT"), ("wall_ns", "BIGINT"), ("group_name", "VARCHAR"), ("name", "VARCHAR"))
+
+KIND_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
+    "metric": (("value", "DOUBLE"), ("value_int", "BIGINT"), ("value_bool", "BOOLEAN"), ("unit", "VARCHAR"),
+               ("step", "BIGINT"), ("attributes", "VARCHAR")),
+    "event": (("severity", "VARCHAR"), ("attributes", "VARCHAR"), ("event_id", "VARCHAR"), ("span_id", "VARCHAR")),
+    "span_start": (("span_id", "VARCHAR"), ("parent_id", "VARCHAR"), ("trace_id", "VARCHAR"),
+                   ("attributes", "VARCHAR")),
+    "span_end": (("span_id", "VARCHAR"), ("duration_ns", "BIGINT"), ("status", "VARCHAR"), ("error", "VARCHAR"),
+                 ("attributes", "VARCHAR")),
+    "stat": (("start_mono_ns", "BIGINT"), ("sample_count", "BIGINT"), ("values", "VARCHAR"), ("unit", "VARCHAR"),
+             ("histogram", "VARCHAR")),
+    "diagnostic": (("sink", "VARCHAR"), ("record_count", "BIGINT"), ("message", "VARCHAR")),
+}
+TABLES: dict[str, str] = {"metric": "metrics", "event": "events", "span_start": "span_starts",
+                          "span_end": "span_ends", "stat": "stats", "diagnostic": "diagnostics"}
+KIND_OF_TABLE = {table: kind for kind, table in TABLES.items()}
+PROCESS_TABLE = "processes"
+PROCESS_COLUMNS = (*POSITION_COLUMNS, ("mono_ns", "BIGINT"), ("wall_ns", "BIGINT"), ("header", "VARCHAR"))
+
+COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
+    **{table: (*IDENTITY_COLUMNS, *POSITION_COLUMNS, *COMMON, *KIND_COLUMNS[kind]) for kind, table in TABLES.items()},
+    PROCESS_TABLE: (*IDENTITY_COLUMNS, *PROCESS_COLUMNS),
+}
+JSON_COLUMNS = frozenset({"attributes", "values", "histogram", "header"})
+
+
+class ColumnarVersionError(ValueError):
+    """A columnar copy written with a schema version this telemetrain does not know."""
+
+    def __init__(self, version: Any, where: str) -> None:
+        super().__init__(f"{where} was written with columnar schema version {version!r}; this telemetrain reads "
+                         f"version {SCHEMA_VERSION}: upgrade telemetrain to read it (or delete the columnar copy and "
+                         "run `telemetrain compact` again)")
+        self.version = version
+
+
+# -- the Python side of a conversion: lines, headers, identities -----------------------------------------------------
+
+
+@dataclass
+class Prescan:
+    """What a pass over a segment's bytes finds before the SQL conversion: every header line (valid or not) and the
+    identity in force from each line on. Python decides the headers, exactly as the reader does, so the two agree
+    on which identity each record belongs to. Line numbers here count from the first line read (``first_line`` in
+    the file)."""
+
+    path: Path
+    size: int  # the file offset where the complete lines read end
+    lines: int  # complete lines (newline-terminated), blank ones included
+    torn: int
+    start: int = 0  # the file offset where reading began
+    first_line: int = 0  # the line number of the first line read
+    header_lines: list[int] = field(default_factory=list)  # every header line, valid or not (not records)
+    bad_headers: int = 0  # header-looking lines that did not decode (corrupt)
+    identities: list[tuple[int, Identity]] = field(default_factory=list)  # (from line, identity), ascending
+    headers: list[tuple[int, dict[str, Any]]] = field(default_factory=list)  # valid header objects by line
+    first_header: dict[str, Any] = field(default_factory=dict)
+
+
+def prescan(path: Path, fallback: Identity, size: int | None = None, *, start: int = 0,
+            first_line: int = 0) -> Prescan:
+    """Read a segment's complete lines from offset ``start`` (line ``first_line``: the part of a file that grew after
+    its columnar copy was made) to ``size`` bytes when given (a file being appended to is read up to a known point),
+    and find its headers. ``fallback``: the identity of records before any valid header (the previous segment's, else
+    what the file name and run.json tell)."""
+    with open(path, "rb") as fh:
+        fh.seek(start)
+        data = fh.read() if size is None else fh.read(max(size - start, 0))
+    body_end = data.rfind(b"\n") + 1
+    scan = Prescan(path=path, size=start + body_end, lines=data.count(b"\n", 0, body_end),
+                   torn=1 if data[body_end:].strip() else 0, start=start, first_line=first_line)
+    scan.identities.append((0, fallback))
+    # Header lines: the first line, and any line holding '"process"' (found with bytes.find, in C: the bulk of a
+    # segment is never looked at line by line).
+    candidates = []
+    first_start = -1  # where the first non-blank line starts (a header even without '"process"' in plain text)
+    if start == 0:
+        pos = 0
+        while pos < body_end:
+            end = data.index(b"\n", pos)
+            if data[pos:end].strip():
+                first_start = pos
+                candidates.append(pos)
+                break
+            pos = end + 1
+    pos = data.find(b'"process"', 0, body_end)
+    while pos >= 0:
+        line_start = data.rfind(b"\n", 0, pos) + 1
+        if not candidates or candidates[-1] != line_start:
+            candidates.append(line_start)
+        pos = data.find(b'"process"', data.index(b"\n", pos), body_end)
+    n_at, n = 0, 0  # line number of byte offset n_at
+    for line_start in candidates:
+        n += data.count(b"\n", n_at, line_start)
+        n_at = line_start
+        raw = data[line_start:data.index(b"\n", line_start)]
+        if not raw.strip():
+            continue
+        is_first = line_start == first_start
+        try:
+            obj = json.loads(raw)
+        except (ValueError, RecursionError):
+            continue  # a broken line: the SQL side counts it corrupt
+        if type(obj) is not dict or obj.get("kind") != "process":
+            continue
+        scan.header_lines.append(n)
+        try:
+            identity = decode_identity(obj)
+        except ValueError:
+            scan.bad_headers += 1
+            continue
+        scan.identities.append((n, identity))
+        scan.headers.append((n, obj))
+        if is_first:
+            scan.first_header = obj
+    return scan
+
+
+# -- the SQL side: lines -> typed rows -------------------------------------------------------------------------------
+
+FIELDS = ("v", "kind", "mono_ns", "wall_ns", "group", "name", "value", "unit", "step", "severity", "attributes",
+          "event_id", "span_id", "parent_id", "trace_id", "duration_ns", "status", "error", "start_mono_ns", "count",
+          "values", "histogram", "sink", "message")
+# How each field is checked, then read. The checks look at the JSON text of each field as DuckDB extracts it (an
+# integer is digits, a string starts with a quote, a missing key is NULL, a JSON null is 'null'): a cheap string test
+# instead of a JSON type query per field. The values come from one typed parse of the line (``from_json``), which is
+# lenient (it would turn "5" into 5), so it is read only for lines whose every field passed its check.
+_TYPES = {"mono_ns": "BIGINT", "wall_ns": "BIGINT", "group": "VARCHAR", "name": "VARCHAR", "unit": "VARCHAR",
+          "step": "BIGINT", "severity": "VARCHAR", "event_id": "VARCHAR", "span_id": "VARCHAR", "parent_id": "VARCHAR",
+          "trace_id": "VARCHAR", "duration_ns": "BIGINT", "status": "VARCHAR", "error": "VARCHAR",
+          "start_mono_ns": "BIGINT", "count": "BIGINT", "sink": "VARCHAR", "message": "VARCHAR"}
+_T = {name: f"f[{i + 1}]::VARCHAR" for i, name in enumerate(FIELDS)}  # the field's JSON text (NULL: no such key)
+_WHITESPACE = "chr(32)||chr(9)||chr(13)||chr(11)||chr(12)"  # bytes.strip()'s, less the newline split on
+
+
+def _is_int(t: str) -> str:
+    """A JSON integer within 64 bits (JSON numbers have no leading zeros or '+': digits are an integer)."""
+    return f"(regexp_full_match({t}, '-?[0-9]+') AND TRY_CAST({t} AS BIGINT) IS NOT NULL)"
+
+
+def _is_str(t: str) -> str:
+    return f"starts_with({t}, '\"')"
+
+
+def _is_num(t: str) -> str:
+    """A number, a bool, or one of the non-finite tag strings."""
+    return f"regexp_full_match({t}, '-?[0-9][0-9.eE+-]*|true|false|\"NaN\"|\"Infinity\"|\"-Infinity\"')"
+
+
+def _opt_null(t: str, check: str) -> str:
+    return f"({t} IS NULL OR {t} = 'null' OR {check})"
+
+
+def _is_object(t: str) -> str:
+    return f"starts_with({t}, '{{')"
+
+
+def _attrs_ok(t: str) -> str:
+    return f"({t} = 'null' OR {_is_object(t)})"
+
+
+_T_ = _T
+_VALID: dict[str, str] = {
+    "metric": f"{_is_num(_T_['value'])} AND ({_T_['unit']} IS NULL OR {_is_str(_T_['unit'])}) AND "
+              f"{_opt_null(_T_['step'], _is_int(_T_['step']))} AND "
+              f"{_opt_null(_T_['attributes'], _is_object(_T_['attributes']))}",
+    "event": f"{_is_str(_T_['severity'])} AND {_attrs_ok(_T_['attributes'])} AND {_is_str(_T_['event_id'])} AND "
+             f"{_is_str(_T_['span_id'])}",
+    "span_start": f"{_is_str(_T_['span_id'])} AND {_is_str(_T_['parent_id'])} AND {_is_str(_T_['trace_id'])} AND "
+                  f"{_attrs_ok(_T_['attributes'])}",
+    "span_end": f"{_is_str(_T_['span_id'])} AND {_is_int(_T_['duration_ns'])} AND {_is_str(_T_['status'])} AND "
+                f"{_attrs_ok(_T_['attributes'])} AND {_is_str(_T_['error'])}",
+    "stat": f"starts_with({_T_['values']}, '{{') AND list_bool_and(list_transform(map_values(json_transform("
+            f"{_T_['values']}, '\"MAP(VARCHAR, JSON)\"')), lambda x: {_is_num('x::VARCHAR')})) IS NOT FALSE AND "
+            f"{_is_int(_T_['start_mono_ns'])} AND {_is_int(_T_['count'])} AND {_is_str(_T_['unit'])} AND "
+            f"{_opt_null(_T_['histogram'], _is_object(_T_['histogram']))}",
+    "diagnostic": f"{_is_str(_T_['sink'])} AND {_is_int(_T_['count'])} AND {_is_str(_T_['message'])}",
+}
+_VALUE = _T["value"]
+_VALUES: dict[str, str] = {
+    "value": f"(CASE WHEN {_VALUE} = 'true' THEN 1.0 WHEN {_VALUE} = 'false' THEN 0.0 "
+             f"WHEN starts_with({_VALUE}, '\"') THEN TRY_CAST(trim({_VALUE}, '\"') AS DOUBLE) "
+             f"ELSE TRY_CAST({_VALUE} AS DOUBLE) END)",
+    "value_int": f"(CASE WHEN {_is_int(_VALUE)} THEN TRY_CAST({_VALUE} AS BIGINT) END)",
+    "value_bool": f"(CASE WHEN {_VALUE} IN ('true', 'false') THEN {_VALUE} = 'true' END)",
+    "unit": "coalesce(s.unit, '')",
+    "step": "s.step",
+    "attributes": f"(CASE WHEN starts_with({_T['attributes']}, '{{') AND {_T['attributes']} <> '{{}}' "
+                  f"THEN {_T['attributes']} END)",
+    "severity": "s.severity",
+    "event_id": "s.event_id",
+    "span_id": "s.span_id",
+    "parent_id": "s.parent_id",
+    "trace_id": "s.trace_id",
+    "duration_ns": "s.duration_ns",
+    "status": "s.status",
+    "error": "s.error",
+    "start_mono_ns": "s.start_mono_ns",
+    "sample_count": "s.count",
+    "values": _T["values"],
+    "histogram": f"(CASE WHEN starts_with({_T['histogram']}, '{{') THEN {_T['histogram']} END)",
+    "sink": "s.sink",
+    "record_count": "s.count",
+    "message": "s.message",
+}
+
+
+# JSON has no NaN or Infinity; Python's parser and DuckDB's both take some as an extension, differently. The reader
+# refuses them (``codec.loads``); here: a line holding one outside a string (strings blanked first) is not JSON.
+# (Such a constant stands where a value starts: after ':', '[' or ',', or after a '-', maybe after whitespace.)
+_BARE_CONSTANT = ("(CASE WHEN regexp_matches(line, '[:\\[,-][ \\t\\r\\n]*[NnIi]') THEN regexp_matches("
+                  "regexp_replace(line, '\"(\\\\.|[^\"\\\\])*\"', '\"\"', 'g'), '(?i)nan|inf') ELSE false END)")
+
+
+def typed_rows_sql(source: str) -> str:
+    """A query over one segment's text: one row per line that is not a header, with ``n`` (its line number), ``kind``
+    (NULL when the line is corrupt: broken JSON, not v1, a field of the wrong type, an unknown kind) and every typed
+    field. ``source`` is a table expression with one column ``content`` (the file's text); the parameter ``$headers``
+    lists the header lines (a prescan's), which are not records, and ``$lines`` the complete lines to take."""
+    paths = "[" + ", ".join(f"'$.\"{name}\"'" for name in FIELDS) + "]"
+    typed = "{" + ", ".join(f'"{name}": "{typ}"' for name, typ in _TYPES.items()) + "}"
+    common = (f"{_T['v']} IN ('1', '2') AND {_is_int(_T['mono_ns'])} AND {_is_int(_T['wall_ns'])} AND "
+              f"{_is_str(_T['group'])} AND {_is_str(_T['name'])}")
+    kind = _T["kind"]
+    valid = " ".join(f"WHEN {kind} = '\"{k}\"' THEN ({cond})" for k, cond in _VALID.items())
+    values = ",\n  ".join(f"{expr} AS {name}" for name, expr in _VALUES.items())
+    return f"""
+WITH split AS (SELECT string_split(content, chr(10)) AS l FROM {source}),
+lines AS (SELECT unnest(l) AS line, generate_subscripts(l, 1) - 1 AS n FROM split),
+body AS (SELECT n, line FROM lines WHERE n < $lines AND (starts_with(line, '{{') OR trim(line, {_WHITESPACE}) <> '')
+         AND NOT list_contains($headers, n)),
+parsed AS (SELECT n, line, CASE WHEN json_valid(line) AND NOT {_BARE_CONSTANT} THEN json_extract(line, {paths}) END
+           AS f FROM body),
+checked AS (SELECT n, line, f, coalesce(f IS NOT NULL AND {common} AND (CASE {valid} ELSE false END), false) AS ok
+            FROM parsed),
+typed AS (SELECT n, f, ok, CASE WHEN ok THEN from_json(line, '{typed}') END AS s FROM checked)
+SELECT n, CASE WHEN ok THEN trim({kind}, '"') END AS kind, s.mono_ns AS mono_ns, s.wall_ns AS wall_ns,
+  s.group AS group_name, s.name AS name,
+  {values}
+FROM typed"""
+
+
+# -- rows -> records (the readers' objects) ---------------------------------------------------------------------------
+
+
+def _json(text: Any) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def record_from_row(kind: str, identity: Identity, row: Sequence[Any], names: Sequence[str]) -> Any:
+    """A record (``records.MetricPoint`` etc.) from a row of its table; ``names``: the row's column names."""
+    from ..records import Diagnostic, Event, MetricPoint, SpanEnd, SpanStart, StatWindow
+
+    r = dict(zip(names, row, strict=True))
+    head = (r["mono_ns"], r["wall_ns"], identity, r["group_name"], r["name"])
+    if kind == "metric":
+        value: Any = r["value"]
+        if r["value_bool"] is not None:
+            value = bool(r["value_bool"])
+        elif r["value_int"] is not None:
+            value = int(r["value_int"])
+    attributes = untag_nonfinite(_json(r.get("attributes"))) or None
+    if kind == "metric":
+        return MetricPoint(*head, value, r["unit"], r["step"], attributes)
+    if kind == "event":
+        return Event(*head, r["severity"], attributes, r["event_id"], r["span_id"])
+    if kind == "span_start":
+        return SpanStart(*head, r["span_id"], r["parent_id"], r["trace_id"], attributes)
+    if kind == "span_end":
+        return SpanEnd(*head, r["span_id"], r["duration_ns"], r["status"], attributes, r["error"])
+    if kind == "stat":
+        values = {k: number_of(v) for k, v in (_json(r["values"]) or {}).items()}
+        return StatWindow(*head, r["start_mono_ns"], r["sample_count"], values, r["unit"], _json(r["histogram"]))
+    if kind == "diagnostic":
+        return Diagnostic(*head, r["sink"], r["record_count"], r["message"])
+    raise ValueError(f"unknown record kind {kind!r}")
+
+
+def identity_of_row(r: dict[str, Any], session: str, run: str) -> Identity:
+    """The identity a row carries (its partition values plus its identity columns)."""
+    return Identity(run_id=run, session_tag=session, perf_tag=r["perf_tag"], rank=r["rank"],
+                    local_rank=r["local_rank"], world_size=r["world_size"], host=r["host"], pid=r["pid"],
+                    group_rank=r["group_rank"], restart_count=r["restart_count"], role=r["role"])

@@ -1,0 +1,483 @@
+"""Compaction: JSONL segments -> the columnar copy (Parquet, zstd), one segment at a time, with DuckDB.
+
+``compact(path)`` takes a run directory, a session directory or a store root; every segment without a valid copy is
+converted (a segment torn by SIGKILL included: every complete line is kept). The JSONL files stay as they are: they
+are the write-ahead log, the copy is derived and can be deleted and rebuilt at any time.
+
+Per segment: ``convert.convert_segment`` parses and type-checks every line into a temporary table (8 MiB at a time),
+and one Parquet file per record table is written under its Hive partition, each to a temporary name first and
+renamed when complete. The segment's manifest
+(``_segments/.../<segment>.json``) is written last: a reader trusts a copy only when its manifest is there, names the
+JSONL size it was made from, and every file it lists is whole (docs/format.md). ``dest`` may be another directory or
+an object-store URL (``s3://bucket/prefix``, through fsspec): the files are written locally, then uploaded.
+
+The run store's writer runs this module as a separate, low-priority process when a segment is closed
+(``python -m telemetrain.store.compact --segments FILE...``), so compaction never runs on the training thread or in
+the training process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from ..identity import Identity
+from .columnar import (
+    COLUMNS,
+    PROCESS_TABLE,
+    SCHEMA_VERSION,
+    TABLES,
+    ColumnarVersionError,
+)
+from .convert import _sql_str, convert_segment, header_rows
+from .reader import fallback_identity, find_runs, list_processes, read_run_meta
+
+__all__ = ["COLUMNAR_DIR", "CompactResult", "Manifest", "compact", "manifest_path", "read_manifest"]
+
+COLUMNAR_DIR = "_columnar"
+SEGMENTS_DIR = "_segments"
+MEMORY_LIMIT = "512MB"
+
+
+def hive_value(value: str | int) -> str:
+    """A partition value as Hive writes it in a path (its escapePathName: ``%XX`` for ``/ = % : ? # ...``)."""
+    return quote(str(value), safe=" !$&'()+,;@[]^_`{}~-.*")  # reserved as Hive escapes them; the rest kept
+
+
+def partition_dir(table: str, session: str, run: str, rank: int) -> str:
+    return f"{table}/session={hive_value(session)}/run={hive_value(run)}/rank={rank}"
+
+
+def manifest_path(session: str, run: str, segment_name: str) -> str:
+    return f"{SEGMENTS_DIR}/session={hive_value(session)}/run={hive_value(run)}/{segment_name}.json"
+
+
+@dataclass
+class Manifest:
+    """What one compacted segment holds (the JSON file written last)."""
+
+    schema_version: int
+    segment: str  # the JSONL file name
+    session: str
+    run: str
+    file_size: int  # bytes of the JSONL file when it was read (complete lines and a torn tail)
+    covered_bytes: int  # ... of which the complete lines, converted (the rest: a torn line, or one being written)
+    lines: int
+    torn: int
+    corrupt: int
+    records: dict[str, int]  # table -> rows
+    files: list[dict[str, Any]]  # {"table", "path" (relative to the prefix), "bytes", "rows"}
+    last_identity: dict[str, Any] | None  # the identity in force at the segment's end (for the next one)
+    compacted_wall_ns: int = 0
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def read_manifest(path: Path) -> Manifest | None:
+    """A manifest file, or None when it is missing or unreadable. Raises ``ColumnarVersionError`` for a manifest of
+    a schema version from the future."""
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return None
+    if type(data) is not dict:
+        return None
+    version = data.get("schema_version")
+    if type(version) is int and version > SCHEMA_VERSION:
+        raise ColumnarVersionError(version, str(path))
+    try:
+        manifest = Manifest(**{k: data[k] for k in Manifest.__dataclass_fields__ if k in data})
+    except TypeError:
+        return None
+    if manifest.schema_version != SCHEMA_VERSION or type(manifest.file_size) is not int or \
+            type(manifest.covered_bytes) is not int or type(manifest.lines) is not int:
+        return None
+    if not isinstance(manifest.files, list) or not all(isinstance(f, dict) for f in manifest.files):
+        return None
+    return manifest
+
+
+@dataclass
+class CompactResult:
+    segments: int = 0  # segments converted now
+    skipped: int = 0  # segments whose copy was already valid
+    records: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    seconds: float = 0.0
+    errors: list[str] = field(default_factory=list)
+
+
+def connect(memory_limit: str = MEMORY_LIMIT, threads: int = 1) -> Any:
+    import duckdb
+
+    con = duckdb.connect(":memory:", config={"memory_limit": memory_limit, "threads": threads,
+                                             "preserve_insertion_order": True, "autoinstall_known_extensions": False,
+                                             "autoload_known_extensions": False})
+    return con
+
+
+# Rows per Parquet row group: a reader decompresses a row group's column at a time, so the tables whose rows carry
+# JSON text (events' attributes are about 1 KiB) get small groups, which bounds a query's memory, not the run's size.
+ROW_GROUP_ROWS = {"metrics": 122_880, "diagnostics": 16_384}
+ROW_GROUP_ROWS_DEFAULT = 8_192
+
+
+def _write_parquet(con: Any, query: str, target: Path, table: str) -> int:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    meta = f"{{telemetrain_schema_version: '{SCHEMA_VERSION}', telemetrain_table: '{table}'}}"
+    rows = ROW_GROUP_ROWS.get(table, ROW_GROUP_ROWS_DEFAULT)
+    con.execute(f"COPY ({query}) TO '{_sql_str(str(tmp))}' (FORMAT parquet, COMPRESSION zstd, PARQUET_VERSION v2, "
+                f"ROW_GROUP_SIZE {rows}, KV_METADATA {meta})")
+    os.replace(tmp, target)
+    return target.stat().st_size
+
+
+def compact_segment(con: Any, path: Path, prefix: Path, fallback: Identity, session: str, run: str,
+                    segment: int) -> Manifest:
+    """Write the columnar copy of one segment under ``prefix`` (a local directory) and its manifest, last."""
+    t0 = time.perf_counter()
+    file_size = path.stat().st_size
+    scan, seg = convert_segment(con, path, fallback, session, run, segment, file_size)
+    stem = path.name.removesuffix(".jsonl")
+    records: dict[str, int] = {}
+    files: list[dict[str, Any]] = []
+    parts = con.execute(f"SELECT kind, session, run, rank, count(*) FROM {seg} WHERE kind IS NOT NULL "
+                        "GROUP BY ALL ORDER BY ALL").fetchall()
+    corrupt = con.execute(f"SELECT count(*) FROM {seg} WHERE kind IS NULL").fetchone()[0] + scan.bad_headers
+    for kind, p_session, p_run, p_rank, rows in parts:
+        table = TABLES[kind]
+        columns = ", ".join(f'"{name}"' for name, _ in COLUMNS[table])
+        rel = f"{partition_dir(table, p_session, p_run, p_rank)}/{stem}.parquet"
+        size = _write_parquet(
+            con, f"SELECT {columns} FROM {seg} WHERE kind = '{kind}' AND session = $s AND run = $r AND rank = $k "
+                 "ORDER BY line".replace("$s", f"'{_sql_str(p_session)}'").replace("$r", f"'{_sql_str(p_run)}'")
+                 .replace("$k", str(int(p_rank))),
+            prefix / rel, table)
+        files.append({"table": table, "path": rel, "bytes": size, "rows": rows})
+        records[table] = records.get(table, 0) + rows
+    if scan.headers:
+        rows_by_part: dict[tuple[str, str, int], list[tuple[Any, ...]]] = {}
+        for part, row in header_rows(scan, segment):
+            rows_by_part.setdefault(part, []).append(row)
+        con.execute("CREATE OR REPLACE TEMP TABLE hdr (" + ", ".join(f"{n} {t}" for n, t in COLUMNS[PROCESS_TABLE])
+                    + ")")
+        for (p_session, p_run, p_rank), rows in rows_by_part.items():
+            con.execute("DELETE FROM hdr")
+            con.executemany(f"INSERT INTO hdr VALUES ({', '.join('?' for _ in COLUMNS[PROCESS_TABLE])})", rows)
+            rel = f"{partition_dir(PROCESS_TABLE, p_session, p_run, p_rank)}/{stem}.parquet"
+            size = _write_parquet(con, "SELECT * FROM hdr ORDER BY line", prefix / rel, PROCESS_TABLE)
+            files.append({"table": PROCESS_TABLE, "path": rel, "bytes": size, "rows": len(rows)})
+            records[PROCESS_TABLE] = records.get(PROCESS_TABLE, 0) + len(rows)
+    last = scan.identities[-1][1]
+    manifest = Manifest(schema_version=SCHEMA_VERSION, segment=path.name, session=session, run=run,
+                        file_size=file_size, covered_bytes=scan.size, lines=scan.lines, torn=scan.torn,
+                        corrupt=int(corrupt),
+                        records=records, files=files, last_identity=last.as_dict(),
+                        compacted_wall_ns=time.time_ns(), seconds=time.perf_counter() - t0)
+    target = prefix / manifest_path(session, run, path.name)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(manifest.as_dict(), separators=(",", ":")))
+    os.replace(tmp, target)
+    con.execute(f"DROP TABLE IF EXISTS {seg}")
+    return manifest
+
+
+def manifest_is_valid(manifest: Manifest, prefix: Path, jsonl: Path, *, grown_ok: bool = False) -> str:
+    """"" when the copy of ``jsonl`` under ``prefix`` can be trusted, else why not. With ``grown_ok``, a JSONL file
+    that grew since (a run still being written) keeps its copy valid for the part it was made from: the reader takes
+    the rest from the JSONL (``covered_bytes`` on)."""
+    try:
+        size = jsonl.stat().st_size
+    except OSError as exc:
+        return f"cannot read {jsonl.name}: {exc}"
+    if size != manifest.file_size and not (grown_ok and size > manifest.file_size):
+        return f"{jsonl.name} is {size} bytes now, its copy was made from {manifest.file_size}"
+    for f in manifest.files:
+        target = prefix / str(f.get("path", ""))
+        try:
+            st = target.stat()
+            if st.st_size != f.get("bytes"):
+                return f"{target} is {st.st_size} bytes, its manifest says {f.get('bytes')} (truncated?)"
+            with open(target, "rb") as fh:
+                fh.seek(-4, os.SEEK_END)
+                if fh.read(4) != b"PAR1":
+                    return f"{target} does not end with the Parquet footer (truncated?)"
+        except OSError as exc:
+            return f"{target}: {exc}"
+    return ""
+
+
+def segment_plan(run_dir: Path) -> list[tuple[Path, list[Path], dict[str, Any]]]:
+    """(run directory, segment files of each process, meta) for compaction."""
+    meta = read_run_meta(run_dir)
+    return [(run_dir, paths, meta) for _, paths in sorted(list_processes(run_dir).items())]
+
+
+def _session_run(run_dir: Path, meta: dict[str, Any]) -> tuple[str, str]:
+    return str(meta.get("session_tag") or run_dir.parent.name or "unknown"), str(meta.get("run_id") or run_dir.name)
+
+
+def compact_process(con: Any, run_dir: Path, paths: Sequence[Path], meta: dict[str, Any], prefix: Path,
+                    result: CompactResult, *, include_last: bool = True, force: bool = False,
+                    lock: bool = True) -> None:
+    """Compact the segments of one process (in order) that have no valid copy under ``prefix``. With ``lock``, each
+    segment is converted under an exclusive lock (``segment_lock``), its manifest checked again once the lock is held:
+    two compactors never convert one segment at the same time."""
+    from .segments import parse_segment_name
+
+    session, run = _session_run(run_dir, meta)
+    identity: Identity | None = None
+    for i, path in enumerate(paths):
+        name = path.name
+        parsed = parse_segment_name(name)
+        segment = parsed.segment if parsed is not None else i
+        mpath = prefix / manifest_path(session, run, name)
+        existing = read_manifest(mpath)
+        if existing is not None and not force and not manifest_is_valid(existing, prefix, path):
+            result.skipped += 1
+            identity = _identity_from(existing.last_identity) or identity
+            continue
+        if i == len(paths) - 1 and not include_last:
+            break
+        fallback = identity or fallback_identity(path, meta)
+        try:
+            with segment_lock(mpath, enabled=lock):
+                existing = read_manifest(mpath)  # another compactor may have done it while we waited
+                if existing is not None and not force and not manifest_is_valid(existing, prefix, path):
+                    result.skipped += 1
+                    identity = _identity_from(existing.last_identity) or identity
+                    continue
+                manifest = compact_segment(con, path, prefix, fallback, session, run, segment)
+        except (OSError, ValueError) as exc:
+            result.errors.append(f"{path}: {exc}")
+            continue
+        except Exception as exc:  # noqa: BLE001 - DuckDB's errors: one bad segment must not stop the others
+            result.errors.append(f"{path}: {type(exc).__name__}: {exc}")
+            continue
+        identity = _identity_from(manifest.last_identity) or identity
+        result.segments += 1
+        result.records += sum(n for t, n in manifest.records.items() if t != PROCESS_TABLE)
+        result.bytes_in += manifest.file_size
+        result.bytes_out += sum(int(f["bytes"]) for f in manifest.files)
+
+
+LOCK_TIMEOUT_S = 600.0  # a compactor that holds a segment longer than this is taken to be stuck
+
+
+@contextlib.contextmanager
+def segment_lock(manifest: Path, *, enabled: bool = True, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
+    """An exclusive ``flock`` on ``<manifest>.lock`` for as long as the block runs. The kernel releases it when its
+    holder dies (SIGKILL included), so a killed compactor never blocks the next. Raises ``TimeoutError`` after
+    ``timeout`` seconds of waiting."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock (one compactor at a time is then the user's to ensure)
+        enabled = False
+    if not enabled:
+        yield
+        return
+    lock_path = manifest.with_name(f".{manifest.name}.lock")
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0),
+                 0o644)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{lock_path} held by another compactor for over {timeout:.0f} s") from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _identity_from(data: Any) -> Identity | None:
+    try:
+        return Identity.from_dict(data) if isinstance(data, dict) else None
+    except (TypeError, ValueError):
+        return None
+
+
+def compact(path: str | os.PathLike[str], dest: str | None = None, *, force: bool = False,
+            include_last: bool = True) -> CompactResult:
+    """Compact every run under ``path`` (a run, a session directory or a store root). ``dest``: where the copy goes
+    (default: ``<run>/_columnar`` of each run; another directory, or an fsspec URL such as ``s3://bucket/prefix``,
+    receives the same Hive tree for every run). ``force`` rewrites valid copies too."""
+    base = Path(path)
+    if not base.exists():
+        raise FileNotFoundError(f"no such directory: {base}")
+    runs = find_runs(base)
+    if not runs:
+        from .reader import NotARunError
+
+        raise NotARunError(f"{base} holds no telemetrain run")
+    t0 = time.perf_counter()
+    result = CompactResult()
+    remote = dest is not None and "://" in dest and not dest.startswith("file://")
+    con = connect()
+    try:
+        for run_dir in runs:
+            if remote:
+                with tempfile.TemporaryDirectory(prefix="telemetrain-compact-") as tmp:
+                    prefix = Path(tmp)
+                    for _, paths, meta in segment_plan(run_dir):
+                        compact_process(con, run_dir, paths, meta, prefix, result, include_last=include_last,
+                                        force=True)
+                    _upload(prefix, str(dest))
+            else:
+                prefix = Path(dest.removeprefix("file://")) if dest is not None else run_dir / COLUMNAR_DIR
+                for _, paths, meta in segment_plan(run_dir):
+                    compact_process(con, run_dir, paths, meta, prefix, result, include_last=include_last,
+                                    force=force)
+    finally:
+        con.close()
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def _upload(local: Path, url: str) -> None:
+    """The local tree under ``local`` to ``url`` (fsspec), data files first and the manifests last."""
+    import fsspec  # type: ignore[import-untyped]
+
+    fs, root = fsspec.core.url_to_fs(url)
+    files = sorted(p for p in local.rglob("*") if p.is_file() and not p.name.startswith("."))
+    for p in sorted(files, key=lambda p: p.parts[len(local.parts)] == SEGMENTS_DIR):
+        rel = p.relative_to(local).as_posix()
+        fs.put_file(str(p), f"{root.rstrip('/')}/{rel}")
+
+
+# -- the writer's compaction process ---------------------------------------------------------------------------------
+
+
+def compact_segments(paths: Iterable[Path], *, include_last: bool) -> CompactResult:
+    """The segments of one process (the writer's) without a valid copy; the last one too with ``include_last``.
+    Passes are repeated until one converts nothing: segments the writer closed meanwhile are taken too, so one
+    compactor keeps up with a writer that rolls faster than it converts, and what was closed before the writer died
+    (SIGKILL) is converted all the same."""
+    from .segments import parse_segment_name, process_segments
+
+    paths = list(paths)
+    result = CompactResult()
+    if not paths:
+        return result
+    run_dir = paths[0].parent
+    name = parse_segment_name(paths[0].name)
+    meta = read_run_meta(run_dir)
+    con = connect(memory_limit="256MB")
+    try:
+        while True:
+            current = paths
+            if name is not None:
+                try:
+                    found = process_segments(f for f in run_dir.iterdir() if f.is_file())
+                except OSError:
+                    found = {}
+                current = found.get((name.agent, name.rank, name.pid), paths)
+            before = (result.segments, len(result.errors))
+            compact_process(con, run_dir, current, meta, run_dir / COLUMNAR_DIR, result, include_last=include_last)
+            if (result.segments, len(result.errors)) == before or result.errors:
+                break
+    finally:
+        con.close()
+    return result
+
+
+def _lower_priority() -> None:
+    """The training job comes first: nice 10 (about a tenth of a core's share against one busy training process; the
+    idle class would starve compaction for good on a node whose data loaders keep every core busy)."""
+    try:
+        os.nice(10)
+    except OSError:
+        pass
+
+
+JOBS_ENV = "TELEMETRAIN_COMPACT_JOBS"
+
+
+def host_jobs() -> int:
+    """How many writer compactions may run at once on this host: ``$TELEMETRAIN_COMPACT_JOBS``, else one per 16
+    CPUs (1 to 4)."""
+    try:
+        return max(1, int(os.environ[JOBS_ENV]))
+    except (KeyError, ValueError):
+        return max(1, min(4, (os.cpu_count() or 1) // 16))
+
+
+@contextlib.contextmanager
+def host_slot(jobs: int | None = None, wait_s: float = 3600.0) -> Iterator[None]:
+    """One of ``jobs`` slots shared by this user's compactors on this host (``flock`` on files in the temporary
+    directory; released by the kernel when the holder dies). Waits for a free one, at most ``wait_s`` seconds, then
+    runs anyway (a stuck holder must not stop compaction for good)."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    jobs = host_jobs() if jobs is None else jobs
+    base = Path(tempfile.gettempdir())
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    fds = []
+    try:
+        for i in range(jobs):
+            try:
+                fds.append(os.open(base / f"telemetrain-compact-{uid}.{i}.lock",
+                                   os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0),
+                                   0o600))
+            except OSError:
+                continue
+        deadline = time.monotonic() + wait_s
+        while fds and time.monotonic() < deadline:
+            for fd in fds:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    continue
+                yield
+                return
+            time.sleep(0.2)
+        yield
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m telemetrain.store.compact")
+    parser.add_argument("--segments", nargs="+", required=True, help="the segment files of one process, in order")
+    parser.add_argument("--include-last", action="store_true", help="the last segment is closed: compact it too")
+    args = parser.parse_args(argv)
+    _lower_priority()
+    with host_slot():
+        result = compact_segments([Path(p) for p in args.segments], include_last=args.include_last)
+    for error in result.errors:
+        print(f"telemetrain compact: {error}", file=sys.stderr)
+    return 1 if result.errors else 0
+
+
+def remove_copy(run_dir: Path) -> None:
+    """Delete a run's columnar copy (it is derived: ``compact`` rebuilds it)."""
+    shutil.rmtree(run_dir / COLUMNAR_DIR, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,154 @@
+"""One JSONL segment -> typed rows in a DuckDB table (``seg``), the way the reader decodes it: the Python side finds
+the headers (``columnar.prescan``), the SQL side parses and type-checks every line (``columnar.typed_rows_sql``),
+8 MiB of whole lines at a time. Used by compaction (``compact``) and by the engine for the JSONL not yet compacted."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from ..identity import Identity
+from .columnar import IDENTITY_COLUMNS, Prescan, prescan, typed_rows_sql
+
+__all__ = ["CHUNK_BYTES", "convert_segment", "header_rows", "replace_lone_surrogates"]
+
+
+def _identity_rows(scan: Prescan, session: str, run: str) -> list[tuple[Any, ...]]:
+    rows = []
+    for i, (start, ident) in enumerate(scan.identities):
+        end = scan.identities[i + 1][0] if i + 1 < len(scan.identities) else 2**31 - 1
+        if end <= start:
+            continue  # replaced at once (the fallback by the first line's header): no line of its own
+        rows.append((start, end, ident.session_tag or session, ident.run_id or run, ident.rank,
+                     *(getattr(ident, name) for name, _ in IDENTITY_COLUMNS)))
+    return rows
+
+
+CHUNK_BYTES = 8 << 20  # a segment is converted this much at a time: memory does not follow the segment's size
+
+
+def convert_segment(con: Any, path: Path, fallback: Identity, session: str, run: str, segment: int,
+                    size: int | None = None, *, start: int = 0, first_line: int = 0,
+                    chunk_bytes: int | None = None) -> tuple[Prescan, str]:
+    """Parse one segment into the temporary table ``seg`` (typed rows with identity and position) of ``con``;
+    returns its prescan and the name of the table (``seg``). Lines past ``size`` bytes are not read; with ``start``,
+    reading begins at that offset, which is line ``first_line``. The file is read ``chunk_bytes`` of whole lines at a
+    time (DuckDB keeps the rows, spilling past its memory limit)."""
+    limit = size if size is not None else os.stat(path).st_size
+    chunk_bytes = chunk_bytes or CHUNK_BYTES
+    total = Prescan(path=path, size=start, lines=0, torn=0, start=start, first_line=first_line)
+    total.identities.append((0, fallback))
+    pos, line, identity, created = start, first_line, fallback, False
+    while True:
+        end = min(pos + chunk_bytes, limit)
+        scan = prescan(path, identity, end, start=pos, first_line=line)
+        if scan.lines == 0 and end < limit:  # one line longer than a chunk: read further
+            chunk_bytes *= 2
+            continue
+        _convert_chunk(con, path, scan, session, run, segment, create=not created)
+        created = True
+        offset = line - first_line  # the chunk's lines, relative to the whole read
+        total.header_lines += [n + offset for n in scan.header_lines]
+        total.identities += [(n + offset, i) for n, i in scan.identities[1:]]
+        total.headers += [(n + offset, h) for n, h in scan.headers]
+        total.bad_headers += scan.bad_headers
+        if not total.first_header:
+            total.first_header = scan.first_header
+        total.lines += scan.lines
+        total.size = scan.size
+        pos, line, identity = scan.size, line + scan.lines, scan.identities[-1][1]
+        if end >= limit or scan.lines == 0:
+            total.torn = scan.torn
+            return total, "seg"
+
+
+def _convert_chunk(con: Any, path: Path, scan: Prescan, session: str, run: str, segment: int, *,
+                   create: bool) -> None:
+    """The lines a prescan covered, typed, into ``seg`` (created, or appended to)."""
+    with open(path, "rb") as fh:
+        fh.seek(scan.start)
+        data = fh.read(scan.size - scan.start)
+    if b"\\ud" in data or b"\\uD" in data:
+        data = replace_lone_surrogates(data)
+    ids = _identity_rows(scan, session, run)
+    con.execute("CREATE OR REPLACE TEMP TABLE ids (lo INTEGER, hi INTEGER, session VARCHAR, run VARCHAR, rank BIGINT, "
+                + ", ".join(f"{name} {typ}" for name, typ in IDENTITY_COLUMNS) + ")")
+    con.executemany(f"INSERT INTO ids VALUES ({', '.join('?' for _ in range(5 + len(IDENTITY_COLUMNS)))})", ids)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    first_line = scan.first_line
+    if len(ids) == 1:  # one identity for the whole chunk (the usual case): constants, no join
+        select = ("SELECT " + ", ".join(f"{_sql_value(v)} AS {name}" for v, name in zip(
+            ids[0][2:], ("session", "run", "rank", *(n for n, _ in IDENTITY_COLUMNS)), strict=True))
+            + f", {int(segment)}::INTEGER AS segment, (t.n + {int(first_line)})::INTEGER AS line, t.* EXCLUDE (n) "
+            "FROM typed t")
+    else:
+        select = ("SELECT ids.session, ids.run, ids.rank, "
+                  + ", ".join(f"ids.{name}" for name, _ in IDENTITY_COLUMNS)
+                  + f", {int(segment)}::INTEGER AS segment, (t.n + {int(first_line)})::INTEGER AS line, "
+                  "t.* EXCLUDE (n) FROM typed t JOIN ids ON t.n >= ids.lo AND t.n < ids.hi")
+    into = "CREATE OR REPLACE TEMP TABLE seg AS" if create else "INSERT INTO seg"
+    if text is not None:
+        typed = typed_rows_sql("(SELECT $content AS content)")
+        con.execute(f"{into} WITH typed AS ({typed}) {select}",
+                    {"content": text, "headers": scan.header_lines, "lines": scan.lines})
+    else:  # not UTF-8 somewhere: line by line, so that only the bad lines are lost
+        con.execute("CREATE OR REPLACE TEMP TABLE seg_text (content VARCHAR)")
+        good = "\n".join(_utf8_or_blank(line) for line in data.split(b"\n"))
+        con.execute("INSERT INTO seg_text VALUES ($c)", {"c": good})
+        con.execute(f"{into} WITH typed AS ({typed_rows_sql('seg_text')}) {select}",
+                    {"headers": scan.header_lines, "lines": scan.lines})
+
+
+def header_rows(scan: Prescan, segment: int) -> list[tuple[tuple[str, str, int], tuple[Any, ...]]]:
+    """The ``processes`` rows of a prescan's valid headers: (partition, row) with the identity in force at each."""
+    rows = []
+    for line, header in scan.headers:
+        ident = next(i for start, i in reversed(scan.identities) if start <= line)
+        mono, wall = header.get("mono_ns"), header.get("wall_ns")
+        rows.append(((ident.session_tag, ident.run_id, ident.rank),
+                     (*(getattr(ident, name) for name, _ in IDENTITY_COLUMNS), segment, line + scan.first_line,
+                      mono if _i64(mono) else None, wall if _i64(wall) else None,
+                      json.dumps(header, separators=(",", ":"), default=repr))))
+    return rows
+
+
+# A JSON string may escape a lone UTF-16 surrogate ("\ud800": the writer does, for a Python str that holds one, e.g. a
+# file name decoded with surrogateescape). Python reads it back exactly; DuckDB refuses the line, and its text type
+# (UTF-8) cannot hold one. So the columnar copy gets U+FFFD in its place: the record is kept (both readers count the
+# same records), that character differs (docs/format.md). Escape for escape, the length is the same.
+_LONE_SURROGATE = re.compile(
+    rb"(?<!\\)((?:\\\\)*)(\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+    rb"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2})")
+
+
+def replace_lone_surrogates(data: bytes) -> bytes:
+    """``data`` with every escaped lone surrogate replaced by the escaped replacement character."""
+    return _LONE_SURROGATE.sub(lambda m: m.group(1) + b"\\ufffd", data)
+
+
+def _utf8_or_blank(line: bytes) -> str:
+    try:
+        return line.decode("utf-8")
+    except UnicodeDecodeError:
+        return "\x01"  # a line that is not UTF-8 is corrupt, as the Python reader finds it
+
+
+def _sql_str(text: str) -> str:
+    return text.replace("'", "''")
+
+
+def _sql_value(value: Any) -> str:
+    """A constant of an identity column, typed as its column is."""
+    if isinstance(value, str):
+        return f"'{_sql_str(value)}'::VARCHAR"
+    return f"{int(value)}::BIGINT"
+
+
+def _i64(value: Any) -> bool:
+    return type(value) is int and -(2**63) <= value < 2**63

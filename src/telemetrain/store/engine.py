@@ -1,0 +1,434 @@
+"""DuckDB over a run (or several): the columnar copy plus the JSONL tail not yet compacted, as SQL tables.
+
+``open_engine([run_dir, ...])`` gives an ``Engine`` whose connection has one view per table of docs/format.md
+(``metrics``, ``events``, ``span_starts``, ``span_ends``, ``stats``, ``diagnostics``, ``processes``), plus
+``windows`` (the training reports, flattened) and ``damage`` (torn and corrupt lines per process). For each segment
+the reader takes its Parquet copy when the copy is valid (``compact.manifest_is_valid``), else its JSONL, parsed by
+DuckDB with the reader's own rules (``columnar.typed_rows_sql``) into temporary tables: each segment is counted
+once, from one source. A copy that is present but not valid (a Parquet file truncated mid-write, a JSONL file that
+grew since) is ignored with a ``ColumnarWarning`` naming it. Memory is DuckDB's to bound (``memory_limit``, spilling
+to a temporary directory), not the run's size.
+
+``Engine.query`` runs a user's SQL read-only: one SELECT statement (anything else is refused before it runs), on a
+connection whose external access is off except to the runs' own columnar directories, with its configuration locked.
+
+``engine_for`` returns None when DuckDB is not installed (or ``TELEMETRAIN_ENGINE=python``): the readers then use
+the pure-Python path, which gives the same numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..identity import Identity
+from .columnar import COLUMNS, PARTITIONS, PROCESS_TABLE, SCHEMA_VERSION, TABLES
+from .compact import COLUMNAR_DIR, connect, manifest_is_valid, manifest_path, read_manifest
+from .convert import convert_segment, header_rows
+from .reader import fallback_identity, list_processes, read_run_meta
+from .segments import parse_segment_name
+
+__all__ = ["ColumnarWarning", "Engine", "EngineUnavailable", "ReadOnlyQueryError", "engine_for", "open_engine"]
+
+ENGINE_ENV = "TELEMETRAIN_ENGINE"  # "python": never use DuckDB (the fallback path); "duckdb": require it
+MEMORY_ENV = "TELEMETRAIN_DUCKDB_MEMORY"
+# DuckDB's memory limit (it spills to a temporary directory past it). The readers' queries are streaming aggregates
+# with small state: 128 MB keeps their memory flat from small runs to the largest; a user's own queries (query,
+# Run.sql) may sort or join whole tables, and get more.
+READER_MEMORY = "128MB"
+QUERY_MEMORY = "512MB"
+
+
+def memory_limit(default: str) -> str:
+    return os.environ.get(MEMORY_ENV) or default
+
+ALL_TABLES = (*TABLES.values(), PROCESS_TABLE)
+
+
+class ColumnarWarning(UserWarning):
+    """A columnar copy that cannot be trusted was ignored (its JSONL was read instead)."""
+
+
+class EngineUnavailable(ImportError):
+    """DuckDB is not installed (the ``columnar`` extra)."""
+
+
+class ReadOnlyQueryError(ValueError):
+    """A query that is not one read-only SELECT."""
+
+
+def engine_available() -> bool:
+    if os.environ.get(ENGINE_ENV, "").lower() == "python":
+        return False
+    try:
+        import duckdb  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def engine_for(paths: Sequence[str | os.PathLike[str]], progress: Any = None) -> Engine | None:
+    """An engine over these run directories, or None when the pure-Python path is to be used. ``progress(what, done,
+    total)`` is told how far reading the runs is (bytes)."""
+    if not engine_available():
+        if os.environ.get(ENGINE_ENV, "").lower() == "duckdb":
+            raise EngineUnavailable('TELEMETRAIN_ENGINE=duckdb but duckdb is not installed: '
+                                    'pip install "telemetrain[columnar]"')
+        return None
+    return Engine([Path(p) for p in paths], progress=progress)
+
+
+def open_engine(paths: Sequence[str | os.PathLike[str]]) -> Engine:
+    """An engine over these run directories; ``EngineUnavailable`` without DuckDB."""
+    try:
+        import duckdb  # noqa: F401
+    except ImportError:
+        raise EngineUnavailable('SQL over runs needs DuckDB: pip install "telemetrain[columnar]"') from None
+    return Engine([Path(p) for p in paths], memory=memory_limit(QUERY_MEMORY))
+
+
+@dataclass
+class ProcessCounts:
+    records: int = 0
+    torn: int = 0
+    corrupt: int = 0
+    header: dict[str, Any] | None = None
+
+
+@dataclass
+class RunInfo:
+    path: Path
+    session: str
+    run: str
+    meta: dict[str, Any]
+
+
+def _sql_str(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _sql_list(items: Iterable[str]) -> str:
+    return "[" + ", ".join("'" + s.replace("'", "''") + "'" for s in items) + "]"
+
+
+WINDOW_FIELDS = (
+    ("current_iteration", "BIGINT"), ("window_iterations", "BIGINT"), ("avg_iteration_time_sec", "DOUBLE"),
+    ("p50_iteration_time_sec", "DOUBLE"), ("p90_iteration_time_sec", "DOUBLE"), ("p99_iteration_time_sec", "DOUBLE"),
+    ("max_iteration_time_sec", "DOUBLE"), ("total_iteration_time_sec", "DOUBLE"), ("samples_per_second", "DOUBLE"),
+    ("avg_dataloader_time_sec", "DOUBLE"), ("avg_forward_time_sec", "DOUBLE"), ("avg_backward_time_sec", "DOUBLE"),
+    ("avg_optimizer_time_sec", "DOUBLE"), ("avg_zero_grad_time_sec", "DOUBLE"), ("train_iterations_start", "BIGINT"),
+    # device timing (phase_times.py: the device's phases when a report has any), the process's CPU time and wait
+    ("avg_dataloader_device_time_sec", "DOUBLE"), ("avg_forward_device_time_sec", "DOUBLE"),
+    ("avg_backward_device_time_sec", "DOUBLE"), ("avg_optimizer_device_time_sec", "DOUBLE"),
+    ("avg_zero_grad_device_time_sec", "DOUBLE"), ("avg_iteration_device_time_sec", "DOUBLE"),
+    ("cpu_time_sec", "DOUBLE"), ("cpu_wait_sec", "DOUBLE"),
+)
+
+
+class Engine:
+    """A DuckDB connection over runs; see the module's docstring."""
+
+    def __init__(self, run_dirs: Sequence[Path], *, memory: str | None = None, threads: int = 2,
+                 progress: Any = None) -> None:
+        self.runs: list[RunInfo] = []
+        self._progress = progress
+        self._tmp = tempfile.TemporaryDirectory(prefix="telemetrain-duckdb-")
+        self.con = connect(memory_limit=memory or memory_limit(READER_MEMORY), threads=threads)
+        self.con.execute(f"SET temp_directory = '{self._tmp.name}'")
+        self.parquet: dict[str, list[str]] = {t: [] for t in ALL_TABLES}
+        self.ignored: list[str] = []  # copies not trusted, with why
+        self.tail_segments = 0  # segments (or the grown part of one) read from their JSONL
+        self.tail_bytes = 0
+        # (run directory, agent, rank, pid) of the file names -> records, torn, corrupt, first header
+        self.process_counts: dict[tuple[Path, bool, int, int], ProcessCounts] = {}
+        # segment file -> (the offset up to which it was read, the identity in force there): where to follow it from
+        self.read_to: dict[Path, tuple[int, Identity | None]] = {}
+        # (table, session, run, pid, segment number) -> the Parquet files of the segments with that pid and number
+        # (``fetch``; two ranks of one process share a pid: the rank filter tells their rows apart)
+        self.segment_files: dict[tuple[str, str, str, int, int], list[str]] = {}
+        self._damage: list[tuple[Any, ...]] = []
+        self._locked = False
+        self._create_tail_tables()
+        self.add_runs(run_dirs)
+        self._progress = None  # runs added later (a session's, for goodput) are not part of the bar
+
+    # -- building ------------------------------------------------------------------------------------------------
+
+    def add_runs(self, run_dirs: Sequence[Path]) -> None:
+        """Bring more runs into the tables (a session's other runs, for goodput); runs already in are skipped."""
+        if self._locked:
+            raise RuntimeError("the engine is locked (a user query ran): open another to add runs")
+        known = {info.path.resolve() for info in self.runs}
+        added = False
+        for path in run_dirs:
+            if Path(path).resolve() in known:
+                continue
+            info = self._info(Path(path))
+            self.runs.append(info)
+            known.add(Path(path).resolve())
+            self._add_run(info)
+            added = True
+        if added or not run_dirs:
+            self._create_views()
+
+    def has_run(self, path: Path) -> bool:
+        return any(info.path.resolve() == Path(path).resolve() for info in self.runs)
+
+    @staticmethod
+    def _info(path: Path) -> RunInfo:
+        meta = read_run_meta(path)
+        return RunInfo(path, str(meta.get("session_tag") or path.parent.name or "unknown"),
+                       str(meta.get("run_id") or path.name), meta)
+
+    def _create_tail_tables(self) -> None:
+        for table in ALL_TABLES:
+            cols = ", ".join(f'"{n}" {t}' for n, t in COLUMNS[table] + PARTITIONS)
+            self.con.execute(f"CREATE TEMP TABLE tail_{table} ({cols})")
+        self.con.execute("CREATE TEMP TABLE damage (session VARCHAR, run VARCHAR, rank BIGINT, pid BIGINT, "
+                         "agent BOOLEAN, torn BIGINT, corrupt BIGINT, segments BIGINT)")
+
+    def _add_run(self, info: RunInfo) -> None:
+        prefix = info.path / COLUMNAR_DIR
+        # in file-name order, as a listing shows them (for the progress callback)
+        processes = sorted(list_processes(info.path).items(), key=lambda kv: kv[1][0].name)
+        sizes = [sum(_size(f) for f in paths) for _, paths in processes]
+        total, done = max(sum(sizes), 1), 0
+        for ((agent, rank, pid), paths), size in zip(processes, sizes, strict=True):
+            if self._progress is not None:
+                self._progress(f"reading {paths[0].name}", done, total)
+            done += size
+            identity: Identity | None = None
+            counts = ProcessCounts()
+            for n, path in enumerate(paths):
+                manifest = read_manifest(prefix / manifest_path(info.session, info.run, path.name))
+                why = "" if manifest is None else manifest_is_valid(manifest, prefix, path, grown_ok=True)
+                start = first_line = 0
+                if manifest is not None and not why:
+                    number = parse_segment_name(path.name)
+                    for f in manifest.files:
+                        self.parquet.setdefault(str(f["table"]), []).append(str(prefix / str(f["path"])))
+                        if number is not None:
+                            self.segment_files.setdefault((str(f["table"]), info.session, info.run, pid,
+                                                           number.segment), []).append(str(prefix / str(f["path"])))
+                    counts.records += sum(int(v) for t, v in manifest.records.items() if t != PROCESS_TABLE)
+                    counts.corrupt += int(manifest.corrupt)
+                    if isinstance(manifest.last_identity, dict):
+                        try:
+                            identity = Identity.from_dict(manifest.last_identity)
+                        except (TypeError, ValueError):
+                            pass
+                    if n == 0 and counts.header is None:
+                        counts.header = self._first_header(prefix, manifest)
+                    try:
+                        grown = path.stat().st_size > manifest.file_size
+                    except OSError:
+                        grown = False
+                    if not grown:
+                        counts.torn += int(manifest.torn)
+                        self.read_to[path] = (int(manifest.covered_bytes), identity)
+                        continue
+                    start, first_line = int(manifest.covered_bytes), int(manifest.lines)  # read only what is new
+                elif manifest is not None:
+                    self.ignored.append(f"{path}: {why}")
+                    warnings.warn(f"ignoring the columnar copy of {path} ({why}); reading the JSONL instead",
+                                  ColumnarWarning, stacklevel=4)
+                try:
+                    identity, scan, records, corrupt = self._add_tail(info, path, identity, start, first_line)
+                except OSError:
+                    continue  # the file went away meanwhile
+                counts.records += records
+                counts.torn += scan.torn
+                self.read_to[path] = (scan.size, identity)
+                counts.corrupt += corrupt
+                if n == 0 and counts.header is None and scan.first_header:
+                    counts.header = scan.first_header
+            self.process_counts[(info.path.resolve(), agent, rank, pid)] = counts
+            self._damage.append((info.session, info.run, rank, pid, agent, counts.torn, counts.corrupt, len(paths)))
+        if self._progress is not None:
+            self._progress("read", total, total)
+        if self._damage:
+            self.con.executemany("INSERT INTO damage VALUES (?, ?, ?, ?, ?, ?, ?, ?)", self._damage)
+            self._damage = []
+
+    def _first_header(self, prefix: Path, manifest: Any) -> dict[str, Any] | None:
+        files = [str(prefix / str(f["path"])) for f in manifest.files if f.get("table") == PROCESS_TABLE]
+        if not files:
+            return None
+        row = self.con.execute(f"SELECT header FROM read_parquet({_sql_list(files[:1])}) ORDER BY line LIMIT 1"
+                               ).fetchone()
+        try:
+            header = json.loads(row[0]) if row else None
+        except ValueError:
+            return None
+        return header if isinstance(header, dict) else None
+
+    def _add_tail(self, info: RunInfo, path: Path, identity: Identity | None, start: int = 0,
+                  first_line: int = 0) -> tuple[Identity, Any, int, int]:
+        name = parse_segment_name(path.name)
+        segment = name.segment if name is not None else 0
+        fallback = identity or fallback_identity(path, info.meta)
+        scan, seg = convert_segment(self.con, path, fallback, info.session, info.run, segment, start=start,
+                                    first_line=first_line)
+        for kind, table in TABLES.items():
+            cols = ", ".join(f'"{n}"' for n, _ in COLUMNS[table] + PARTITIONS)
+            self.con.execute(f"INSERT INTO tail_{table} ({cols}) SELECT {cols} FROM {seg} WHERE kind = '{kind}'")
+        records, corrupt = self.con.execute(
+            f"SELECT count(kind), count(*) - count(kind) FROM {seg}").fetchone() or (0, 0)
+        self.con.execute(f"DROP TABLE {seg}")
+        rows = [(*row, *part) for part, row in header_rows(scan, segment)]
+        if rows:
+            marks = ", ".join("?" for _ in COLUMNS[PROCESS_TABLE] + PARTITIONS)
+            self.con.executemany(f"INSERT INTO tail_{PROCESS_TABLE} VALUES ({marks})", rows)
+        self.tail_segments += 1
+        self.tail_bytes += scan.size - scan.start
+        return scan.identities[-1][1], scan, int(records), int(corrupt) + scan.bad_headers
+
+    def attach(self, run: Any) -> None:
+        """Give the ``ProcessLog``s of ``run`` (a ``store.Run`` this engine reads) their record, torn and corrupt
+        counts and header, so that asking for them does not read the files in Python."""
+        base = Path(run.path).resolve()
+        for log in run.processes + run.agents:
+            counts = self.process_counts.get((base, log.agent, log.rank, log.pid))
+            if counts is not None:
+                log.set_counts(counts.records, counts.torn, counts.corrupt, counts.header or {})
+
+    def _create_views(self) -> None:
+        hive = "{" + ", ".join(f"'{n}': {t}" for n, t in PARTITIONS) + "}"
+        for table in ALL_TABLES:
+            cols = ", ".join(f'"{n}"' for n, _ in COLUMNS[table] + PARTITIONS)
+            files = self.parquet.get(table, [])
+            parts = [f"SELECT {cols} FROM tail_{table}"]
+            if files:
+                parts.insert(0, f"SELECT {cols} FROM read_parquet({_sql_list(files)}, hive_partitioning = true, "
+                                f"hive_types = {hive})")
+            self.con.execute(f"CREATE OR REPLACE VIEW {table} AS " + " UNION ALL ".join(parts))
+        # each window field is extracted once (one parse of the attributes per window), then typed
+        paths = "[" + ", ".join(f"'$.{n}'" for n, _ in WINDOW_FIELDS) + "]"
+        fields = ",\n  ".join(
+            f"(CASE WHEN json_type(j[{i}]) IN ('BIGINT', 'UBIGINT') THEN TRY_CAST(j[{i}] AS BIGINT) END) AS {n}"
+            if t == "BIGINT" else f"{json_double(f'j[{i}]')} AS {n}"
+            for i, (n, t) in enumerate(WINDOW_FIELDS, start=1))
+        self.con.execute(f"""CREATE OR REPLACE VIEW windows AS SELECT session, run, rank, pid, host, role, segment,
+  line, wall_ns, {fields}, attributes
+FROM (SELECT *, json_extract(attributes, {paths}) AS j FROM events
+      WHERE group_name = 'training' AND name = 'training_metrics_update' AND role <> 'agent')""")
+
+    # -- using ---------------------------------------------------------------------------------------------------
+
+    def execute(self, query: str, params: Any = None) -> Any:
+        """Run one of telemetrain's own queries (a cursor: ``fetchall``, ``fetchmany``)."""
+        return self.con.execute(query, params) if params is not None else self.con.execute(query)
+
+    def rows(self, query: str, params: Any = None) -> list[tuple[Any, ...]]:
+        return list(self.execute(query, params).fetchall())
+
+    def scalar(self, query: str, params: Any = None) -> Any:
+        row = self.execute(query, params).fetchone()
+        return None if row is None else row[0]
+
+    def stream(self, query: str, params: Any = None, size: int = 10_000) -> Any:
+        """Rows of ``query`` in batches (bounded memory); yields (column names, rows)."""
+        cur = self.execute(query, params)
+        names = [d[0] for d in cur.description]
+        while True:
+            batch = cur.fetchmany(size)
+            if not batch:
+                return
+            yield names, batch
+
+    def fetch(self, table: str, keys: Iterable[tuple[str, str, int, int, int, int]]) -> tuple[list[str], list[Any]]:
+        """The rows of ``table`` at these positions, (session, run, rank, pid, segment, line): each from the Parquet
+        file of its segment (or the JSONL tail), one small query per segment, so that finding a few rows costs
+        reading a few row groups, not the table. Returns (column names, rows), partitions included."""
+        by_segment: dict[tuple[str, str, int, int, int], list[int]] = {}
+        for session, run, rank, pid, segment, line in keys:
+            by_segment.setdefault((session, run, int(rank), int(pid), int(segment)), []).append(int(line))
+        columns = [n for n, _ in COLUMNS[table] + PARTITIONS]
+        cols = ", ".join(f'"{n}"' for n in columns)
+        hive = "{" + ", ".join(f"'{n}': {t}" for n, t in PARTITIONS) + "}"
+        rows: list[Any] = []
+        for (session, run, rank, pid, segment), lines in sorted(by_segment.items()):
+            where = (f"rank = {rank} AND pid = {pid} AND segment = {segment} AND "
+                     f"line IN ({', '.join(map(str, sorted(set(lines))))})")
+            files = self.segment_files.get((table, session, run, pid, segment))
+            if files:
+                rows += self.con.execute(f"SELECT {cols} FROM read_parquet({_sql_list(files)}, "
+                                         f"hive_partitioning = true, hive_types = {hive}) WHERE {where}").fetchall()
+            rows += self.con.execute(f"SELECT {cols} FROM tail_{table} WHERE session = {_sql_str(session)} AND "
+                                     f"run = {_sql_str(run)} AND {where}").fetchall()
+        return columns, rows
+
+    def table(self, name: str) -> Any:
+        if name not in (*ALL_TABLES, "windows", "damage"):
+            raise ValueError(f"no table {name!r}; the tables are {', '.join((*ALL_TABLES, 'windows', 'damage'))}")
+        return self.con.table(name)
+
+    def lock(self) -> None:
+        """No file outside the runs' columnar copies, no configuration change, from now on."""
+        if self._locked:
+            return
+        allowed = [str(info.path / COLUMNAR_DIR) + os.sep for info in self.runs]
+        self.con.execute(f"SET allowed_directories = {_sql_list(allowed)}")
+        self.con.execute("SET enable_external_access = false")
+        self.con.execute("SET lock_configuration = true")
+        self._locked = True
+
+    def query(self, sql: str, params: Any = None) -> Any:
+        """A user's query, read-only: exactly one SELECT; returns a DuckDB relation (``fetchall``, ``arrow``,
+        ``df``)."""
+        import duckdb
+
+        try:
+            statements = duckdb.extract_statements(sql)
+        except duckdb.Error as exc:
+            raise ReadOnlyQueryError(f"cannot parse the query: {exc}") from None
+        if len(statements) != 1:
+            raise ReadOnlyQueryError(f"expected one SELECT statement, got {len(statements)}")
+        kind = statements[0].type
+        if kind != duckdb.StatementType.SELECT:
+            raise ReadOnlyQueryError(f"only SELECT queries are allowed (this is {kind.name}): the run is read-only")
+        self.lock()
+        return self.con.sql(sql, params=params) if params is not None else self.con.sql(sql)
+
+    sql = query
+
+    def close(self) -> None:
+        try:
+            self.con.close()
+        finally:
+            self._tmp.cleanup()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def json_double(x: str) -> str:
+    """SQL: the JSON value ``x`` as a DOUBLE when it is a number (not a bool), the non-finite ones included (written
+    ``{"$float": "NaN"}`` inside attributes); NULL otherwise."""
+    return (f"(CASE WHEN json_type({x}) IN ('BIGINT', 'UBIGINT', 'DOUBLE') THEN TRY_CAST({x} AS DOUBLE) "
+            f"WHEN json_type({x}) = 'OBJECT' AND json_extract_string({x}, '$.\"$float\"') IN "
+            f"('NaN', 'Infinity', '-Infinity') AND len(json_keys({x})) = 1 THEN "
+            f"CAST(json_extract_string({x}, '$.\"$float\"') AS DOUBLE) END)")
+
+
+def _i64(value: Any) -> bool:
+    return type(value) is int and -(2**63) <= value < 2**63
+
+
+SCHEMA = SCHEMA_VERSION

@@ -1,0 +1,186 @@
+"""Goodput's reading of a session by SQL (``store.engine``): every run and process of the session contributes the
+few figures goodput takes from it (its first and last training-lifecycle timestamps, its successful checkpoints),
+computed by DuckDB; the whole training lifecycle (spans, windows) is loaded only for the rank whose timeline is
+reported, one rank at a time. So a restarted session costs its number of attempts in small queries, not their
+records in Python, and memory follows one rank's lifecycle, not the session's size.
+
+The rules are ``goodput.read_records``'s (the tests compare both paths on the same sessions): a timestamp is a
+lifecycle span's start, the end of a lifecycle span whose start came before it in the file (later than its start),
+and the wall-clock stamps of the windows and checkpoint events; a save's figures are read as ``_int``/``_num`` read
+them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from ..store.codec import untag_nonfinite
+from ..store.engine import Engine
+from ..store.reader import Run
+from .goodput import (
+    _LIFECYCLE,
+    _TRACKED,
+    GROUP,
+    _Process,
+    _RunData,
+    _Save,
+    _Session,
+    read_records,
+)
+from .names import EventName
+
+__all__ = ["load_session"]
+
+_SAVE = EventName.SAVE_CHECKPOINT_SUCCESS.value
+_UPDATE = EventName.TRAINING_METRICS_UPDATE.value
+
+
+def _names(names: Any) -> str:
+    return "(" + ", ".join("'" + str(n).replace("'", "''") + "'" for n in sorted(names)) + ")"
+
+
+def _int_sql(x: str) -> str:
+    """``goodput._int`` of the JSON column ``x``: an integer, or a float with an integral value; NULL otherwise."""
+    return (f"(CASE WHEN json_type({x}) IN ('BIGINT', 'UBIGINT') THEN TRY_CAST({x} AS BIGINT) "
+            f"WHEN json_type({x}) = 'DOUBLE' AND isfinite({x}::DOUBLE) AND {x}::DOUBLE = floor({x}::DOUBLE) "
+            f"THEN TRY_CAST({x}::DOUBLE AS BIGINT) END)")
+
+
+def _num_sql(x: str) -> str:
+    """``goodput._num`` of the JSON column ``x``: a finite number (not a bool); NULL otherwise (a non-finite float
+    is tagged ``{"$float": ...}``, an object: NULL too)."""
+    number = f"json_type({x}) IN ('BIGINT', 'UBIGINT', 'DOUBLE')"
+    return f"(CASE WHEN {number} AND isfinite({x}::DOUBLE) THEN {x}::DOUBLE END)"
+
+
+def _stamp_sql(x: str) -> str:
+    """``goodput._stamp`` of the DOUBLE column ``x`` (a ``_num``): wall seconds -> ns."""
+    return f"(CASE WHEN {x} > 0 AND isfinite({x} * 1e9) THEN round({x} * 1e9)::BIGINT END)"
+
+
+def _attribute(key: str) -> str:
+    return f"json_extract(attributes, '$.{key}')"
+
+
+# The attributes read_records looks at: only these are fetched (a report's attributes are ~40 keys, and a rank of a
+# long run has tens of thousands of them).
+KEYS = ("current_iteration", "window_iterations", "total_iteration_time_sec", "avg_iteration_time_sec",
+        "avg_dataloader_time_sec", "window_seconds", "final", "last_logged_train_iterations_finish_timestamp_sec",
+        "productive_train_iterations", "productive_train_iterations_sec",
+        "latest_successful_save_checkpoint_timestamp_sec", "train_iterations_start")
+_KEY_PATHS = "[" + ", ".join(f"'$.{k}'" for k in KEYS) + "]"
+
+
+class _Row:
+    """A row as ``read_records`` reads a record."""
+
+    __slots__ = ("attributes", "group", "kind", "name", "parent_id", "span_id", "status", "wall_ns")
+
+    def __init__(self, kind: str, name: str, wall_ns: int, span_id: str, parent_id: str, status: str,
+                 values: Any) -> None:
+        self.kind, self.group, self.name, self.wall_ns = kind, GROUP, name, wall_ns
+        self.span_id, self.parent_id, self.status = span_id, parent_id, status
+        self.attributes = None if values is None else {
+            k: untag_nonfinite(json.loads(v)) for k, v in zip(KEYS, values, strict=True) if v is not None}
+
+
+def _run_filter(runs: Sequence[Run], alias: str = "") -> str:
+    a = f"{alias}." if alias else ""
+    pairs = ", ".join("('" + r.session_tag.replace("'", "''") + "', '" + r.run_id.replace("'", "''") + "')"
+                      for r in runs)
+    return f"({a}session, {a}run) IN ({pairs}) AND {a}role <> 'agent' AND {a}group_name = '{GROUP}'"
+
+
+def load_session(engine: Engine, runs: Sequence[Run]) -> tuple[list[Any], Any]:
+    """The ``_RunData`` of each run (in ``runs`` order) with every process's light figures, and the loader of one
+    rank's whole lifecycle (``_Session.load_rank``)."""
+    engine.add_runs([r.path for r in runs])
+    for run in runs:
+        engine.attach(run)
+    index = {(r.session_tag, r.run_id): i for i, r in enumerate(runs)}
+    where = _run_filter(runs)
+    lifecycle, tracked = _names(_LIFECYCLE), _names(_TRACKED)
+    # A lifecycle span's end is a timestamp when its start came before it in the file (the first end only): per span,
+    # the first start's and the first end's positions, by a grouped aggregate (which spills; a join of every start
+    # with every end would have to hold one side)
+    spans = f"""
+          SELECT session, run, rank, pid, span_id,
+                 min((segment, line)) FILTER (WHERE k = 0) AS s_pos,
+                 arg_min(wall_ns, (segment, line)) FILTER (WHERE k = 0) AS s_wall,
+                 min((segment, line)) FILTER (WHERE k = 1) AS e_pos,
+                 arg_min(wall_ns, (segment, line)) FILTER (WHERE k = 1) AS e_wall,
+                 bool_or(k = 0 AND name IN {lifecycle}) AS lifecycle
+          FROM (SELECT session, run, rank, pid, span_id, segment, line, wall_ns, name, 0 AS k FROM span_starts
+                WHERE {where} AND name IN {tracked}
+                UNION ALL
+                SELECT session, run, rank, pid, span_id, segment, line, wall_ns, name, 1 FROM span_ends WHERE {where})
+          GROUP BY session, run, rank, pid, span_id"""
+    stamps = engine.rows(f"""
+        WITH st AS (
+          SELECT session, run, rank, pid, wall_ns AS t FROM span_starts WHERE {where} AND name IN {lifecycle}
+          UNION ALL
+          SELECT session, run, rank, pid, greatest(e_wall, s_wall) FROM ({spans})
+          WHERE lifecycle AND s_pos IS NOT NULL AND e_pos IS NOT NULL AND e_pos > s_pos
+          UNION ALL
+          SELECT session, run, rank, pid, {_stamp_sql('x')} FROM (
+            SELECT session, run, rank, pid, {_num_sql('j')} AS x FROM (
+              SELECT session, run, rank, pid,
+                     CASE WHEN name = '{_UPDATE}' THEN {_attribute('last_logged_train_iterations_finish_timestamp_sec')}
+                     ELSE {_attribute('latest_successful_save_checkpoint_timestamp_sec')} END AS j
+              FROM events WHERE {where} AND name IN ('{_UPDATE}', '{_SAVE}'))))
+        SELECT session, run, rank, pid, min(t), max(t) FROM st WHERE t IS NOT NULL GROUP BY ALL""")
+    bounds = {(index[(s, r)], rank, pid): (lo, hi) for s, r, rank, pid, lo, hi in stamps if (s, r) in index}
+    saves: dict[tuple[int, int, int], list[_Save]] = {}
+    for s, r, rank, pid, completed, step, sec in engine.rows(f"""
+            SELECT session, run, rank, pid, {_int_sql('a')}, {_int_sql('b')}, {_num_sql('c')} FROM (
+              SELECT session, run, rank, pid, segment, line, {_attribute('productive_train_iterations')} AS a,
+                     {_attribute('current_iteration')} AS b, {_attribute('productive_train_iterations_sec')} AS c
+              FROM events WHERE {where} AND name = '{_SAVE}')
+            ORDER BY session, run, rank, pid, segment, line"""):
+        if (s, r) in index:
+            saves.setdefault((index[(s, r)], rank, pid), []).append(_Save(completed, step, sec))
+    datas = []
+    for i, run in enumerate(runs):
+        processes = []
+        for log in run.processes:
+            lo, hi = bounds.get((i, log.rank, log.pid), (None, None))
+            processes.append(_Process(run=i, rank=log.rank, pid=log.pid, spans=[], loops=[],
+                                        saves=saves.get((i, log.rank, log.pid), []), first_ns=lo, last_ns=hi,
+                                        data_outside=False))
+        firsts = [p.first_ns for p in processes if p.first_ns is not None]
+        lasts = [p.last_ns for p in processes if p.last_ns is not None]
+        datas.append(_RunData(run, processes, min(firsts) if firsts else None, max(lasts) if lasts else None))
+
+    def load_rank(session: _Session, rank: int) -> None:
+        """Replace the light processes of ``rank`` by their whole lifecycle (and the other ranks' by light ones)."""
+        rows: dict[tuple[str, str, int], list[_Row]] = {}
+        for s, r, pid, kind, name, wall, span_id, parent_id, status, attributes in engine.rows(f"""
+                SELECT session, run, pid, kind, name, wall_ns, span_id, parent_id, status, attributes FROM (
+                  SELECT session, run, rank, pid, segment, line, 'span_start' AS kind, name, wall_ns, span_id,
+                         parent_id, NULL AS status, json_extract(attributes, {_KEY_PATHS}) AS attributes
+                  FROM span_starts WHERE {where} AND name IN {tracked}
+                  UNION ALL
+                  SELECT session, run, rank, pid, segment, line, 'span_end', name, wall_ns, span_id, NULL, status,
+                         NULL FROM span_ends WHERE {where} AND name IN {tracked}
+                  UNION ALL
+                  SELECT session, run, rank, pid, segment, line, 'event', name, wall_ns, NULL, NULL, NULL,
+                         json_extract(attributes, {_KEY_PATHS}) FROM events WHERE {where}
+                    AND name IN ('{_UPDATE}', '{_SAVE}'))
+                WHERE rank = $rank ORDER BY session, run, pid, segment, line""", {"rank": rank}):
+            rows.setdefault((s, r, pid), []).append(
+                _Row(kind, name, wall, span_id or "", parent_id or "", status or "", attributes))
+        for d in session.runs:
+            for n, p in enumerate(d.processes):
+                if p.rank == rank:
+                    key = (d.run.session_tag, d.run.run_id, p.pid)
+                    full = read_records(rows.get(key, []), p.rank, p.pid, p.run)
+                    full.first_ns, full.last_ns = p.first_ns, p.last_ns  # the same, from the figures above
+                    d.processes[n] = full
+                elif p.spans or p.loops:
+                    d.processes[n] = _Process(run=p.run, rank=p.rank, pid=p.pid, spans=[], loops=[],
+                                                saves=p.saves, first_ns=p.first_ns, last_ns=p.last_ns,
+                                                data_outside=False)
+
+    return datas, load_rank

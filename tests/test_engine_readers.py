@@ -1,0 +1,350 @@
+"""Every reader through DuckDB gives what the pure-Python reader gives, on the same runs: the report's model and page,
+``show``, goodput of a restarted session (each rank), compare's series. From the JSONL (nothing compacted yet), from
+the Parquet copy, and with damaged lines; the SQL path must not read the records into Python. Also: a run queried
+while it is being written, and the lone-surrogate rule."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+duckdb = pytest.importorskip("duckdb")
+
+from telemetrain import Telemetry, identity_from_env  # noqa: E402
+from telemetrain.analysis.samples import read_samples  # noqa: E402
+from telemetrain.analysis.summary import summarize_run, summarize_sql  # noqa: E402
+from telemetrain.cli import summarize  # noqa: E402
+from telemetrain.report.html import render  # noqa: E402
+from telemetrain.report.model import build_model  # noqa: E402
+from telemetrain.store import open_run  # noqa: E402
+from telemetrain.store.compact import COLUMNAR_DIR, compact  # noqa: E402
+from telemetrain.store.engine import ColumnarWarning, Engine  # noqa: E402
+from telemetrain.training.goodput import goodput_by_rank  # noqa: E402
+from test_report import _write_session  # noqa: E402  (the report's session, with its planted problems)
+
+pytestmark = pytest.mark.filterwarnings("ignore:telemetrain. sink 'broken' failed")
+
+PY = sys.executable
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    runs = _write_session(tmp_path_factory.mktemp("store"))
+    for run in runs:  # damage both runs the same way: lines each reader must skip and count
+        f = sorted(run.glob("rank-1.*.jsonl"))[0]
+        with open(f, "a") as fh:
+            fh.write('{"v":1,"kind":"metric","mono_ns":"5","wall_ns":1,"group":"g","name":"n","value":1}\n'
+                     '{"v":1,"kind":"event","mono_ns":5,"wall_ns":1,"group":"g","name":"n","severity":"info",'
+                     '"attributes":[1],"event_id":"","span_id":""}\nnot json\n')
+    return runs
+
+
+@pytest.fixture
+def python_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("TELEMETRAIN_ENGINE", "python")
+    yield
+    monkeypatch.delenv("TELEMETRAIN_ENGINE")
+
+
+def differences(a: Any, b: Any, path: str = "") -> list[str]:
+    """Where two values differ: floats compared to 1e-9 (SQL sums in another order), NaN equal to NaN."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return [] if a == b and type(a) is type(b) else [f"{path}: {a!r} != {b!r}"]
+    if isinstance(a, float) or isinstance(b, float):
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+            if (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12):
+                return []
+        return [f"{path}: {a!r} != {b!r}"]
+    if isinstance(a, dict) and isinstance(b, dict):
+        if set(a) != set(b):
+            return [f"{path}: keys {sorted(map(repr, set(a) ^ set(b)))[:5]}"]
+        return [d for k in a for d in differences(a[k], b[k], f"{path}[{k!r}]")]
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        if len(a) != len(b):
+            return [f"{path}: {len(a)} items != {len(b)}"]
+        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in differences(x, y, f"{path}[{i}]")]
+    if dataclasses.is_dataclass(a) and dataclasses.is_dataclass(b) and type(a) is type(b):
+        return [d for f in dataclasses.fields(a) for d in differences(getattr(a, f.name), getattr(b, f.name),
+                                                                      f"{path}.{f.name}")]
+    return [] if a == b else [f"{path}: {a!r} != {b!r}"]
+
+
+def _page(model: Any) -> str:
+    return re.sub(r"generated [^&<]*", "", render(model))
+
+
+def _python_and_sql(run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any, Any]:
+    """(model, show lines) by both paths, and whether the SQL path read any record in Python."""
+    monkeypatch.setenv("TELEMETRAIN_ENGINE", "python")
+    run = open_run(run_dir)
+    python = (build_model(run), summarize(open_run(run_dir)))
+    monkeypatch.delenv("TELEMETRAIN_ENGINE")
+    run = open_run(run_dir)
+    with Engine([run_dir]) as engine:
+        sql = (build_model(run, engine=engine), summarize(open_run(run_dir), engine))
+    read = [log.path.name for log in run.processes if log._records is not None]
+    return python, sql, read
+
+
+@pytest.mark.parametrize("compacted", [False, True], ids=["from-jsonl", "from-parquet"])
+def test_report_and_show_are_the_same_by_sql(session: tuple[Path, Path], compacted: bool,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    for run_dir in session:
+        if compacted:
+            assert not compact(run_dir).errors
+        else:
+            for copy in run_dir.glob(COLUMNAR_DIR):
+                import shutil
+
+                shutil.rmtree(copy)
+        (py_model, py_show), (sql_model, sql_show), read = _python_and_sql(run_dir, monkeypatch)
+        assert not read, f"the SQL path read {read} into Python"
+        assert sql_show == py_show
+        for m in (py_model, sql_model):
+            m.processes = m.agents = []  # ProcessLogs: compared through the page below
+        assert not differences(py_model, sql_model)
+        assert _page(py_model) == _page(sql_model)
+        with Engine([run_dir]) as engine:  # show's data, beyond what its lines print (per rank, for a listing)
+            by_sql = summarize_sql(engine, open_run(run_dir))
+        monkeypatch.setenv("TELEMETRAIN_ENGINE", "python")
+        by_python = summarize_run(open_run(run_dir))
+        monkeypatch.delenv("TELEMETRAIN_ENGINE")
+        assert not [d for d in differences(by_python, by_sql) if not d.startswith((".metrics", ".stats",
+                                                                                   ".sampler_starts"))]
+        assert {k: {r: tuple(rec) for r, rec in v.last_by_rank.items()} for k, v in by_python.metrics.items()} == \
+            {k: {r: tuple(rec) for r, rec in v.last_by_rank.items()} for k, v in by_sql.metrics.items()}
+        assert py_model.findings and py_model.windows and py_model.heatmap is not None  # something was compared
+
+
+def test_goodput_of_every_rank_is_the_same_by_sql(session: tuple[Path, Path],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The restarted session: two runs, a crash and a restart, checkpoints on another rank."""
+    monkeypatch.setenv("TELEMETRAIN_ENGINE", "python")
+    python = goodput_by_rank(session[0].parent)
+    monkeypatch.delenv("TELEMETRAIN_ENGINE")
+    sql = goodput_by_rank(session[0].parent)
+    assert sorted(python) == sorted(sql) == [0, 1, 2, 3]
+    for rank in python:
+        assert not differences(python[rank].as_dict(), sql[rank].as_dict()), rank
+    assert len(python[0].runs) == 2 and python[0].lost_iterations > 0
+
+
+def test_compare_series_are_the_same_by_sql(session: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TELEMETRAIN_ENGINE", "python")
+    python = read_samples(session[1])
+    monkeypatch.delenv("TELEMETRAIN_ENGINE")
+    sql = read_samples(session[1])
+    assert sql.precomputed is not None and python.precomputed is None
+    assert python.ranks == sql.ranks and python.window_count == sql.window_count
+    assert python.skipped_windows == sql.skipped_windows
+    for metric in ("iteration_time", "samples_per_second", "dataloader", "backward"):
+        assert not differences(python.series(metric), sql.series(metric)), metric
+    assert not differences(python.series("iteration_time", 2), sql.series("iteration_time", 2))
+    assert not differences(python.iteration_percentiles(), sql.iteration_percentiles())
+
+
+def test_the_cli_readers_agree_on_both_paths(session: tuple[Path, Path], tmp_path: Path) -> None:
+    """As users run them: the same output from `show`, `goodput --json` and `compare --json`."""
+    outputs: dict[str, list[str]] = {}
+    for engine in ("python", "duckdb"):
+        env = {**os.environ, "TELEMETRAIN_ENGINE": engine}
+        outs = []
+        for argv in (["show", str(session[1])], ["goodput", str(session[1].parent), "--json"],
+                     ["compare", str(session[1]), "--baseline", str(session[0]), "--json"]):
+            proc = subprocess.run([PY, "-m", "telemetrain.cli", *argv], capture_output=True, text=True, env=env,
+                                  timeout=300)
+            assert proc.returncode in (0, 1), (engine, argv, proc.stderr)
+            assert "Traceback" not in proc.stderr
+            outs.append(proc.stdout)
+        outputs[engine] = outs
+    show_py, goodput_py, compare_py = outputs["python"]
+    show_sql, goodput_sql, compare_sql = outputs["duckdb"]
+    assert show_py == show_sql
+    assert not differences(json.loads(goodput_py), json.loads(goodput_sql))
+    assert not differences(json.loads(compare_py), json.loads(compare_sql))
+
+
+WRITER = """
+import sys, time
+from telemetrain import Telemetry, identity_from_env
+t = Telemetry(identity_from_env({}, run_id="live", session_tag="s", perf_tag="p", rank=0, world_size=1),
+              store=sys.argv[1])
+for i in range(int(sys.argv[2])):
+    t.metric("loss", float(i), step=i)
+    if i % 500 == 499:
+        assert t.flush(30)
+        time.sleep(0.05)
+assert t.close(30)
+"""
+
+
+def test_a_run_being_written_is_queried_as_it_stands(tmp_path: Path) -> None:
+    """A writer keeps appending (and rolling segments) while the run is queried and compacted: every query sees a
+    prefix of what is written, the grown part of a compacted segment is read from its JSONL (no warning, nothing
+    twice), and the end is exact."""
+    total = 30_000
+    env = {**os.environ, "TELEMETRAIN_SEGMENT_BYTES": "400000", "TELEMETRAIN_COMPACT": "0"}
+    proc = subprocess.Popen([PY, "-c", WRITER, str(tmp_path), str(total)], env=env)
+    run = tmp_path / "s" / "live"
+    seen: list[int] = []
+    compactions = 0
+    try:
+        deadline = time.monotonic() + 240
+        while proc.poll() is None and time.monotonic() < deadline:
+            if not run.exists():
+                time.sleep(0.1)
+                continue
+            with warnings_as_errors(), Engine([run]) as engine:
+                n = engine.scalar("SELECT count(*) FROM metrics")
+                steps = [s for (s,) in engine.rows("SELECT step FROM metrics ORDER BY segment, line")]
+            assert steps == list(range(n))  # a prefix, in order, nothing counted twice
+            seen.append(n)
+            if len(seen) % 3 == 1:
+                compact(run)  # the live segment too: its copy covers what it held then
+                compactions += 1
+            assert subprocess.run([PY, "-m", "telemetrain.cli", "show", str(run)], capture_output=True,
+                                  timeout=120).returncode == 0
+    finally:
+        proc.wait(timeout=120)
+    assert proc.returncode == 0
+    assert seen == sorted(seen) and len(seen) >= 2 and compactions >= 1
+    with warnings_as_errors(), Engine([run]) as engine:
+        assert engine.scalar("SELECT count(*) FROM metrics") == total
+        assert engine.scalar("SELECT count(DISTINCT step) FROM metrics") == total
+    compact(run)
+    with Engine([run]) as engine:
+        assert engine.tail_segments == 0 and engine.scalar("SELECT count(*) FROM metrics") == total
+
+
+class warnings_as_errors:
+    """A ColumnarWarning here would mean a copy was distrusted: it must not happen to a run that only grew."""
+
+    def __enter__(self) -> None:
+        import warnings
+
+        self._catch = warnings.catch_warnings()
+        self._catch.__enter__()
+        warnings.simplefilter("error", ColumnarWarning)
+
+    def __exit__(self, *exc: object) -> None:
+        self._catch.__exit__(*exc)
+
+
+def test_lone_surrogates_keep_their_record_on_both_paths(tmp_path: Path) -> None:
+    """The writer escapes a lone surrogate ("\\ud800"), which Python reads back and DuckDB refuses: the columnar
+    copy keeps the record with U+FFFD in its place (docs/format.md), so both paths count the same records."""
+    t = Telemetry(identity_from_env({}, run_id="u", session_tag="s", perf_tag="p", rank=0, world_size=1),
+                  store=tmp_path)
+    t.event("odd", {"path": "a\ud800b", "pair": "\U0001f600"})
+    t.metric("lone\udc80", 1.0)
+    t.metric("plain", 2.0)
+    assert t.close(30)
+    run = tmp_path / "s" / "u"
+    python = open_run(run)
+    names = sorted(r.name for r in python.records() if r.kind == "metric")
+    assert names == ["lone\udc80", "plain"] and python.corrupt == 0
+    for copy in (False, True):
+        if copy:
+            compact(run)
+        with Engine([run]) as engine:
+            assert sorted(n for (n,) in engine.rows("SELECT name FROM metrics")) == ["lone\ufffd", "plain"]
+            attributes = json.loads(engine.scalar("SELECT attributes FROM events WHERE name = 'odd'"))
+            assert attributes == {"path": "a\ufffdb", "pair": "\U0001f600"}
+            assert engine.scalar("SELECT sum(corrupt) FROM damage") == 0
+
+
+def test_trace_and_tail_are_the_same_by_sql(session: tuple[Path, Path]) -> None:
+    """The Perfetto trace (a run, and the session's two runs) and tail's first frame, both ways, the SQL path reading
+    each process only when it is drawn."""
+    from telemetrain.analysis.tail import TailState
+    from telemetrain.trace import build_trace, load_runs
+
+    for source in (session[0], session[0].parent):
+        python = build_trace(load_runs(source))
+        runs = load_runs(source)
+        with Engine([r.path for r in runs]) as engine:
+            sql = build_trace(runs, engine=engine)
+        assert not [log for r in runs for log in r.processes + r.agents if log._records is not None]
+        assert json.dumps(python, sort_keys=True) == json.dumps(sql, sort_keys=True)
+    for run in session:
+        polled = TailState(run)
+        polled.poll()
+        caught = TailState(run)
+        with Engine([run]) as engine:
+            caught.catch_up(engine)
+        assert caught.poll() == 0  # the followers start where SQL stopped: nothing new, nothing twice
+        for name in ("run_id", "perf_tag", "ranks", "errors", "warnings", "diagnostics", "records"):
+            assert getattr(polled, name) == getattr(caught, name), name
+        assert list(polled.recent) == list(caught.recent) and polled.ranks
+
+
+def test_the_scale_docs_query_runs_on_the_copied_tree(session: tuple[Path, Path], tmp_path: Path) -> None:
+    """docs/scale.md's DuckDB query over a `telemetrain compact --to` tree gives what `telemetrain query` gives over
+    the run's `windows` view."""
+    doc = (Path(__file__).parent.parent / "docs" / "scale.md").read_text()
+    tree_sql = doc.split("or straight over the object store tree")[1].split("```sql")[1].split("```")[0]
+    query_sql = doc.split("telemetrain query telemetrain-runs/job-42/job-42.0 \"")[1].split('"\n```')[0]
+    run = session[1]
+    assert not compact(run, str(tmp_path / "tree")).errors
+    tree_sql = (tree_sql.replace("s3://bucket/telemetry", str(tmp_path / "tree"))
+                .replace("'job-42'", f"'{run.parent.name}'").replace("'job-42.0'", f"'{run.name}'"))
+    on_tree = duckdb.connect().execute(tree_sql).fetchall()
+    proc = subprocess.run([PY, "-m", "telemetrain.cli", "query", str(run), query_sql, "--format", "json",
+                           "--max-rows", "0"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    by_query = [(r["current_iteration"], r["slowest_rank"], r["x_median"]) for r in json.loads(proc.stdout)]
+    assert on_tree == by_query and len(on_tree) >= 10
+
+
+def test_windows_merged_at_scale_are_the_same_by_sql(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ranks with more windows than they keep: the lowest rank merged to the chart's 1,000 points, the others to their
+    share of the budget; NaN means, missing percentiles and phases in some windows. Both paths merge alike."""
+    import random
+
+    import telemetrain.report.windows as windows_module
+
+    monkeypatch.setattr(windows_module, "WINDOW_BUDGET", 300)  # 3 ranks: 100 windows each besides the lowest
+    run = tmp_path / "s" / "w"
+    run.mkdir(parents=True)
+    rng = random.Random(7)
+    for rank in range(3):
+        ident = identity_from_env({}, run_id="w", session_tag="s", perf_tag="p", rank=rank, world_size=3)
+        lines = [json.dumps({"v": 1, "kind": "process", "mono_ns": 1, "wall_ns": 1,
+                             "identity": ident.replace(pid=100 + rank).as_dict()})]
+        for i in range(2500 if rank == 0 else 1200):
+            a: dict[str, Any] = {"current_iteration": 50 * (i + 1) - 1, "window_iterations": 50,
+                                 "avg_iteration_time_sec": rng.uniform(0.09, 0.11) * (1.5 if 600 < i < 650 else 1),
+                                 "max_iteration_time_sec": rng.uniform(0.1, 0.5 if i % 97 else 2.0),
+                                 "p90_iteration_time_sec": rng.uniform(0.1, 0.2),
+                                 "samples_per_second": rng.uniform(280, 300)}
+            if i % 5:
+                a["p50_iteration_time_sec"] = rng.uniform(0.09, 0.11)
+                a["avg_forward_time_sec"] = rng.uniform(0.02, 0.03) * (4 if i in (300, 301) else 1)
+            if i % 211 == 0:
+                a["avg_iteration_time_sec"] = {"$float": "NaN"}
+            lines.append(json.dumps({"v": 1, "kind": "event", "mono_ns": 10 + i, "wall_ns": 10**18 + i * 10**9,
+                                     "group": "training", "name": "training_metrics_update", "severity": "info",
+                                     "attributes": a, "event_id": "", "span_id": ""}, separators=(",", ":")))
+        (run / f"rank-{rank}.{100 + rank}.jsonl").write_text("\n".join(lines) + "\n")
+    monkeypatch.setenv("TELEMETRAIN_ENGINE", "python")
+    python = build_model(open_run(run))
+    monkeypatch.delenv("TELEMETRAIN_ENGINE")
+    with Engine([run]) as engine:
+        sql = build_model(open_run(run), engine=engine)
+    assert [len(python.windows[r]) for r in range(3)] == [834, 100, 100]  # ceil(2500 / 1000) = 3 per point
+    assert python.window_counts == {0: 2500, 1: 1200, 2: 1200}
+    python.processes = python.agents = sql.processes = sql.agents = []
+    assert not differences(python, sql)
+    assert _page(python) == _page(sql)
+    assert {f.kind for f in python.findings} >= {"slow iterations", "slow phase"}
