@@ -92,8 +92,8 @@ def _python_and_sql(run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any
     monkeypatch.delenv("TELEMETRAIN_ENGINE")
     run = open_run(run_dir)
     with Engine([run_dir]) as engine:
-        sql = (build_model(run, engine=engine), summarize(open_run(run_dir), engine))
-    read = [log.path.name for log in run.processes if log._records is not None]
+        sql = (build_model(run, engine=engine), summarize(run, engine))
+    read = [log.path.name for log in run.processes if log._records is not None]  # (agents are read on both paths)
     return python, sql, read
 
 
@@ -176,15 +176,23 @@ def test_the_cli_readers_agree_on_both_paths(session: tuple[Path, Path], tmp_pat
 
 
 WRITER = """
-import sys, time
+import os, sys, time
 from telemetrain import Telemetry, identity_from_env
 t = Telemetry(identity_from_env({}, run_id="live", session_tag="s", perf_tag="p", rank=0, world_size=1),
               store=sys.argv[1])
-for i in range(int(sys.argv[2])):
+total = int(sys.argv[2])
+for i in range(total):
     t.metric("loss", float(i), step=i)
     if i % 500 == 499:
         assert t.flush(30)
         time.sleep(0.05)
+    for k in (1, 2):  # pause twice (flushed) until the test has queried: it sees the run mid-write on a slow machine
+        if i == total * k // 3:
+            assert t.flush(30)
+            open(os.path.join(sys.argv[1], f"paused-{k}"), "w").close()
+            deadline = time.monotonic() + 120
+            while not os.path.exists(os.path.join(sys.argv[1], f"go-{k}")) and time.monotonic() < deadline:
+                time.sleep(0.05)
 assert t.close(30)
 """
 
@@ -215,6 +223,9 @@ def test_a_run_being_written_is_queried_as_it_stands(tmp_path: Path) -> None:
                 compactions += 1
             assert subprocess.run([PY, "-m", "telemetrain.cli", "show", str(run)], capture_output=True,
                                   timeout=120).returncode == 0
+            for k in (1, 2):  # queried while the writer waited: let it go on
+                if (tmp_path / f"paused-{k}").exists():
+                    (tmp_path / f"go-{k}").touch()
     finally:
         proc.wait(timeout=120)
     assert proc.returncode == 0
@@ -287,6 +298,7 @@ def test_trace_and_tail_are_the_same_by_sql(session: tuple[Path, Path]) -> None:
         for name in ("run_id", "perf_tag", "ranks", "errors", "warnings", "diagnostics", "records"):
             assert getattr(polled, name) == getattr(caught, name), name
         assert list(polled.recent) == list(caught.recent) and polled.ranks
+        assert not differences(polled.findings(), caught.findings())
 
 
 def test_the_scale_docs_query_runs_on_the_copied_tree(session: tuple[Path, Path], tmp_path: Path) -> None:
@@ -347,4 +359,4 @@ def test_windows_merged_at_scale_are_the_same_by_sql(tmp_path: Path, monkeypatch
     python.processes = python.agents = sql.processes = sql.agents = []
     assert not differences(python, sql)
     assert _page(python) == _page(sql)
-    assert {f.kind for f in python.findings} >= {"slow iterations", "slow phase"}
+    assert "slow iterations" in {f.kind for f in python.findings} and python.slow_windows  # something was compared

@@ -48,7 +48,7 @@ DAMAGED = [
     '{"v":1,"kind":"metric","mono_ns":5,"wall_ns":1,"group":"g","name":"n","value":1,"step":1.5}',
     '{"v":1,"kind":"metric","mono_ns":5,"wall_ns":1,"group":"g","name":"big","value":123456789012345678901234567890}',
     '{"v":1,"kind":"metric","mono_ns":5,"wall_ns":1,"group":"g","name":"ok","value":"-Infinity","step":3}',
-    '{"v":2,"kind":"metric","mono_ns":5,"wall_ns":1,"group":"g","name":"n","value":1}',
+    '{"v":3,"kind":"metric","mono_ns":5,"wall_ns":1,"group":"g","name":"n","value":1}',  # a version from the future
     '{"v":1.0,"kind":"metric","mono_ns":5,"wall_ns":1,"group":"g","name":"n","value":1}',
     '{"v":1,"kind":"span_end","mono_ns":5,"wall_ns":1,"group":"training","name":"x","span_id":"a",'
     '"duration_ns":"x","status":"ok","attributes":{},"error":""}',

@@ -148,10 +148,18 @@ def summarize(run: Run, engine: Any = None) -> list[str]:
         lines += _goodput_lines(run, engine)
     from .distributed.summary import diagnosis_lines  # (standard library only: no torch)
 
-    # both read the run's records in Python, on the engine path too (docs/scale.md): the events of the stall
-    # diagnosis, and every process (one at a time) for the findings engine
-    lines += diagnosis_lines(run.records("event", agents=True))
-    lines += run_findings_lines(run)  # the findings engine's, as the report shows them
+    if engine is None:
+        lines += diagnosis_lines(run.records("event", agents=True))
+        lines += run_findings_lines(run)  # the findings engine's, as the report shows them
+    else:  # the same, from the few rows they read, selected by SQL
+        from .analysis.findings import analyse
+        from .analysis.findings.run import attempts_of
+        from .analysis.findings.text import findings_lines, session_goodput
+        from .analysis.show_sql import diagnosis_events_sql, findings_builder_sql
+
+        lines += diagnosis_lines(diagnosis_events_sql(engine, run))
+        attempts = attempts_of(session_goodput(run, engine), run.run_id)
+        lines += findings_lines(analyse(findings_builder_sql(engine, run).build(attempts=attempts)))
 
     lines.append(f"events      {sum(summary.event_counts.values())}")
     lines += _table([(g, n, str(c)) for (g, n), c in sorted(summary.event_counts.items())])

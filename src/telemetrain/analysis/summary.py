@@ -168,6 +168,13 @@ def summarize_run(run: Run) -> RunSummary:
     return s
 
 
+def _series(r: Any) -> tuple[str, str]:
+    """A metric's or stat's (group, series) as ``summarize_run`` keys it."""
+    if r.kind == "metric" and r.attributes:
+        return r.group, series_key(r.name, r.attributes)
+    return r.group, r.name
+
+
 # -- by SQL ------------------------------------------------------------------------------------------------------------
 
 ORDER = "wall_ns, rank, pid, mono_ns, segment, line"  # Run.records()'s order
@@ -192,13 +199,19 @@ def summarize_sql(engine: Any, run: Run) -> RunSummary:
     engine.attach(run)
     w = _where(run)
     s = RunSummary()
+    engine.series_keys("summary_series", w)
+    # the run's rank metrics with their series key in ``name`` (``semconv.series_key``), as summarize_run keys them
+    keyed = ("(SELECT m.* REPLACE (k.skey AS name), m.name AS record_name FROM metrics m JOIN summary_series k ON "
+             "m.name = k.name AND "
+             f"m.attributes IS NOT DISTINCT FROM k.attributes WHERE {_where(run, 'm')})")
     tables = {"metric": "metrics", "event": "events", "span_start": "span_starts", "span_end": "span_ends",
               "stat": "stats", "diagnostic": "diagnostics"}
     for kind, table in tables.items():  # one pass per table: counts and time bounds (per series for metrics, stats)
         per_series = kind in ("metric", "stat")
+        source = f"{keyed} WHERE true" if kind == "metric" else f"{table} WHERE {w}"
         for group, name, n, lo, hi, samples in engine.rows(
                 f"SELECT group_name, {'name' if per_series else 'NULL'}, count(*), min(wall_ns), max(wall_ns), "
-                f"{'sum(sample_count)' if kind == 'stat' else '0'} FROM {table} WHERE {w} GROUP BY ALL ORDER BY ALL"):
+                f"{'sum(sample_count)' if kind == 'stat' else '0'} FROM {source} GROUP BY ALL ORDER BY ALL"):
             s.records += n
             s.by_kind[kind] += n
             s.by_group_kind[(group, kind)] += n
@@ -226,12 +239,13 @@ def summarize_sql(engine: Any, run: Run) -> RunSummary:
         # each rank's last record of each series, by streaming aggregates (no sort of the table): the latest wall
         # time, then the full order among the records at that time (narrow scans), then the rows themselves, read
         # from the files of their segments only
+        rows = keyed if kind == "metric" else f"(SELECT * FROM {table} WHERE {w})"
         positions = engine.rows(
-            f"""WITH latest AS (SELECT group_name, name, rank, max(wall_ns) AS wall FROM {table} WHERE {w} GROUP BY ALL)
+            f"""WITH latest AS (SELECT group_name, name, rank, max(wall_ns) AS wall FROM {rows} GROUP BY ALL)
             SELECT any_value(t.session), any_value(t.run), t.rank, max((t.pid, t.mono_ns, t.segment, t.line)) AS k
-            FROM {table} t JOIN latest l ON t.group_name = l.group_name AND t.name = l.name AND t.rank = l.rank
+            FROM {rows} t JOIN latest l ON t.group_name = l.group_name AND t.name = l.name AND t.rank = l.rank
               AND t.wall_ns = l.wall
-            WHERE {_where(run, "t")} GROUP BY t.group_name, t.name, t.rank""")
+            GROUP BY t.group_name, t.name, t.rank""")
         names, fetched = engine.fetch(table, [(session_, run_, rank, k[0], k[2], k[3])  # (pid, mono, segment, line)
                                               for session_, run_, rank, k in positions])
         lasts = []
@@ -239,10 +253,12 @@ def summarize_sql(engine: Any, run: Run) -> RunSummary:
             r = dict(zip(names, row, strict=True))
             lasts.append((tuple(r[c] for c in ORDER.split(", ")), record_from_row(
                 kind, identity_of_row(r, r["session"], r["run"]), row, names)))
-        missing = [key for key, series in into.items() if not any(
-            (rec.group, rec.name) == key for _, rec in lasts)]
+        have = {_series(rec) for _, rec in lasts}
+        missing = [key for key in into if key not in have]
         for group, name in missing:  # a row its file did not give back (a header naming another rank): the slow way
-            cur = engine.execute(f"SELECT * FROM {table} WHERE {w} AND group_name = $g AND name = $n ORDER BY "
+            select = "* EXCLUDE (name, record_name), record_name AS name" if kind == "metric" else "*"
+            cur = engine.execute(f"SELECT {select} FROM {rows} "
+                                 "WHERE group_name = $g AND name = $n ORDER BY "
                                  + ", ".join(f"{c} DESC" for c in ORDER.split(", ")) + " LIMIT 1",
                                  {"g": group, "n": name})
             names = [d[0] for d in cur.description]
@@ -251,20 +267,21 @@ def summarize_sql(engine: Any, run: Run) -> RunSummary:
                 lasts.append((tuple(r[c] for c in ORDER.split(", ")), record_from_row(
                     kind, identity_of_row(r, r["session"], r["run"]), row, names)))
         for _, rec in sorted(lasts, key=lambda kr: kr[0]):
-            series = into[(rec.group, rec.name)]
+            series = into[_series(rec)]
             series.last_by_rank[rec.identity.rank] = rec
             series.last = rec  # in records() order: the last one set is the last of all ranks
     who = ("CASE WHEN starts_with(name, 'system.') OR starts_with(group_name, 'system.gpu.') THEN 'host ' || host "
            "ELSE 'rank ' || rank || ' pid ' || pid END")
     finite = f"{w} AND (group_name = 'system' OR starts_with(group_name, 'system.')) AND value_bool IS NULL AND " \
              "isfinite(value)"
+    finite = finite.replace(w, "true")
     for label, group, name, n, total, top, last in engine.rows(
             f"SELECT {who} AS who, group_name, name, count(*), sum(value), max(value), arg_max_null(value, {key}) "
-            f"FROM metrics WHERE {finite} GROUP BY ALL ORDER BY ALL"):
+            f"FROM {keyed} WHERE {finite} GROUP BY ALL ORDER BY ALL"):
         s.system.setdefault((label, group), {})[name] = SystemSeries(count=int(n), total=float(total),
                                                                      max=float(top), last=float(last))
     for label, group, name, pid, last in engine.rows(
-            f"SELECT {who} AS who, group_name, name, pid, arg_max_null(value, {key}) FROM metrics WHERE {finite} "
+            f"SELECT {who} AS who, group_name, name, pid, arg_max_null(value, {key}) FROM {keyed} WHERE {finite} "
             f"AND name IN {tuple(ENERGY_NAMES)!r} GROUP BY ALL ORDER BY ALL"):
         s.energy_last[(label, group, name, pid)] = float(last)
     for group, name, severity, n in engine.rows(f"SELECT group_name, name, severity, count(*) FROM events WHERE {w} "

@@ -78,7 +78,7 @@ def catch_up(state: TailState, engine: Any) -> None:
             ORDER BY rank DESC, pid DESC, segment DESC, line DESC LIMIT {RECENT_EVENTS}""")
     for src, rank, _, _, _, wall, severity, what, attributes, message in reversed(recent):
         state.recent.append((wall, rank, severity, what, message if src == 1 else _brief(_attrs(attributes))))
-    _feed_findings(state, engine, w)
+    state.records += _feed_findings(state, engine, w)
     for path, (offset, identity) in engine.read_to.items():
         if path.parent.resolve() != state.path.resolve() or path.name.startswith("agent-"):
             continue
@@ -87,26 +87,29 @@ def catch_up(state: TailState, engine: Any) -> None:
         follower.identity = identity
 
 
-def _feed_findings(state: TailState, engine: Any, w: str) -> None:
+def _feed_findings(state: TailState, engine: Any, w: str) -> int:
     """The findings engine's input (``state.inputs``) from the records polling would have decoded and fed it: the
     reports and straggler events, the training loops' ends, and the metric lines holding one of the words polling
-    looks for (memory gauges, losses, gradient norms), in the order polling meets them."""
+    looks for (memory gauges, losses, gradient norms), in the order polling meets them. One query sorted by DuckDB
+    (it spills to disk past its memory limit) and read in batches: Python holds a batch, and the input keeps the
+    last ``FINDINGS_HISTORY`` windows and points per series (``InputBuilder(limit=...)``). Returns how many metric
+    records were fed (polling counts them among its records)."""
     from ..store.columnar import identity_of_row, record_from_row
     from .tail import _METRIC_WORDS
 
     words = " OR ".join(f"contains(group_name || name || coalesce(unit, '') || coalesce(attributes, ''), "
                         f"'{word.decode()}')" for word in _METRIC_WORDS)
-    parts = (("event", f"SELECT * FROM events WHERE {w} AND ((group_name = 'training' AND "
-                       "name = 'training_metrics_update') OR (group_name = 'cross_rank' AND name = 'straggler'))"),
-             ("span_end", f"SELECT * FROM span_ends WHERE {w} AND name = 'training_loop'"),
-             ("metric", f"SELECT * FROM metrics WHERE {w} AND ({words})"))
-    records: list[tuple[tuple[Any, ...], Any]] = []
-    for kind, query in parts:
-        for names, batch in engine.stream(query):
-            for row in batch:
-                r = dict(zip(names, row, strict=True))
-                rec = record_from_row(kind, identity_of_row(r, r["session"], r["run"]), row, names)
-                records.append(((r["rank"], r["pid"], r["segment"], r["line"]), rec))
-    records.sort(key=lambda kr: kr[0])
-    for _, rec in records:
-        state.inputs.add(rec)
+    query = (f"SELECT 'event' AS record_kind, * FROM events WHERE {w} AND ((group_name = 'training' AND "
+             "name = 'training_metrics_update') OR (group_name = 'cross_rank' AND name = 'straggler')) "
+             f"UNION ALL BY NAME SELECT 'span_end' AS record_kind, * FROM span_ends WHERE {w} AND "
+             "name = 'training_loop' "
+             f"UNION ALL BY NAME SELECT 'metric' AS record_kind, * FROM metrics WHERE {w} AND ({words}) "
+             f"ORDER BY {ORDER}")
+    metrics = 0
+    for names, batch in engine.stream(query):
+        for row in batch:
+            r = dict(zip(names, row, strict=True))
+            kind = r["record_kind"]
+            state.inputs.add(record_from_row(kind, identity_of_row(r, r["session"], r["run"]), row, names))
+            metrics += kind == "metric"
+    return metrics

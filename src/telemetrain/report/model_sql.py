@@ -17,7 +17,6 @@ from typing import Any
 
 from ..analysis.findings.builder import CUDA_ALLOCATED, GPU_MEMORY_LIMIT, HOST_MEMORY_LIMIT, HOST_MEMORY_USAGE, RSS
 from ..analysis.findings.values import value_kind
-from ..semconv import series_key
 from ..store.codec import untag_nonfinite
 from ..store.engine import Engine
 from ..store.reader import Run
@@ -39,8 +38,6 @@ from .model import (
 from .windows import (
     MAX_HEATMAP_COLUMNS,
     SLOW_ITERATION_FACTOR,
-    SLOW_PHASE_FACTOR,
-    SLOW_PHASE_MIN_SHARE,
     Heatmap,
     WindowFigures,
     window_limit,
@@ -115,14 +112,8 @@ class SqlCollector(_Collector):
         """``semconv.series_key`` of every (name, attributes) the run's metrics have (a few hundred at most), as the
         temporary table ``report_series`` (name, attributes, skey): the SQL groups metrics by series as the Python
         pass does (v1 and v2 records of a series alike)."""
-        pairs = self.rows("SELECT DISTINCT name, attributes FROM metrics WHERE {w}")
-        self.engine.execute("CREATE OR REPLACE TEMP TABLE report_series (name VARCHAR, attributes VARCHAR, "
-                            "skey VARCHAR)")
-        if pairs:
-            self.engine.con.executemany(
-                "INSERT INTO report_series VALUES (?, ?, ?)",
-                [(n, a, series_key(n, _attrs(a)) if a is not None else n) for n, a in pairs])
-        self._skeys = {(n, a): (series_key(n, _attrs(a)) if a is not None else n) for n, a in pairs}
+        self.engine.series_keys("report_series", self.where)
+        self._skeys = {(n, a): k for n, a, k in self.engine.rows("SELECT name, attributes, skey FROM report_series")}
 
     def _metrics_keyed(self, alias: str = "") -> str:
         """The run's rank metrics with their series key ``skey`` (a subquery)."""
@@ -364,7 +355,7 @@ class SqlCollector(_Collector):
             "ORDER BY rank")
         counts = {rank: int(n) for rank, n, _, _ in per_rank}
         medians = {rank: (None if m is None else float(m)) for rank, _, m, _ in per_rank}
-        figures = WindowFigures(counts=counts, merged={}, medians=medians, slow_windows=[], phase_hits={},
+        figures = WindowFigures(counts=counts, merged={}, medians=medians, slow_windows=[],
                                 phase_seconds={}, heatmap=None)
         self._figures = figures
         if not counts:
@@ -378,17 +369,6 @@ class SqlCollector(_Collector):
             figures.slow_windows = [self._window(row) for row in self.engine.rows(
                 f"SELECT {self._window_columns()} FROM {w} JOIN report_typical USING (rank) WHERE mx IS NOT NULL "
                 f"AND NOT isnan(mx) AND mx > {SLOW_ITERATION_FACTOR} * t ORDER BY iteration, rank, i")]
-        # slow phases
-        for phase in PHASES:
-            col = f"ph_{phase}"
-            for rank, iteration, value, median in self.engine.rows(
-                    f"""WITH m AS (SELECT rank, median({col}) AS t, count({col}) AS k FROM {w} GROUP BY rank)
-                    SELECT rank, iteration, {col}, t FROM {w} JOIN m USING (rank)
-                    WHERE k >= 3 AND {col} IS NOT NULL AND {col} >= {SLOW_PHASE_FACTOR} * t ORDER BY rank, i"""):
-                typical_iteration = medians.get(rank)
-                if not typical_iteration or value - median < SLOW_PHASE_MIN_SHARE * typical_iteration:
-                    continue
-                figures.phase_hits.setdefault(phase, []).append((rank, iteration, value, float(median)))
         # time by phase: a rank with device times counts only its windows that have them (window_figures)
         keep = "(dev OR NOT rank_dev)"
         sums = ", ".join(f"coalesce(fsum({c} * iterations) FILTER (WHERE {keep}), 0.0)"

@@ -1,5 +1,5 @@
 """What the report derives from the per-rank windows (``training_metrics_update``), in a size that does not grow with
-the run: the figures of docs/report.md (slow ranks, slow windows, slow phases, time by phase, the heatmap) and each
+the run: the figures of docs/report.md (slow ranks, slow windows, time by phase, the heatmap) and each
 rank's windows merged into at most ``MAX_WINDOWS_PER_RANK`` for the charts.
 
 Computed here from the windows in memory (the pure-Python path), and by SQL in ``model_sql`` (the DuckDB path) with
@@ -33,8 +33,6 @@ WINDOW_BUDGET = 16_000  # windows kept in memory for all ranks together (besides
 MIN_WINDOWS_PER_RANK = 50
 MAX_HEATMAP_COLUMNS = 200
 SLOW_ITERATION_FACTOR = 3.0  # a window whose slowest iteration is this many times the rank's median
-SLOW_PHASE_FACTOR = 2.0  # a window whose phase time is this many times the phase's median on that rank ...
-SLOW_PHASE_MIN_SHARE = 0.05  # ... and adds at least this share of a median iteration (tiny phases are noise)
 
 
 @dataclasses.dataclass
@@ -64,7 +62,6 @@ class WindowFigures:
     merged: dict[int, list[Any]]  # rank -> its windows, merged to at most MAX_WINDOWS_PER_RANK (report.model.Window)
     medians: dict[int, float | None]  # rank -> median of its finite window means
     slow_windows: list[Any]  # windows whose slowest iteration took > 3x the rank's median p50 (iteration, rank order)
-    phase_hits: dict[str, list[tuple[int, int, float, float]]]  # phase -> (rank, iteration, value, rank's median)
     phase_seconds: dict[int, tuple[dict[str, float], float]]  # rank -> (phase -> seconds, mean x iterations summed)
     heatmap: Heatmap | None
     # rank -> the clock of its phase_seconds: "device" when any window has device times (then only those windows
@@ -138,22 +135,6 @@ def window_figures(windows: dict[int, list[Any]], make: Any) -> WindowFigures:
             continue
         slow.extend(w for w in ws if w.max is not None and w.max > SLOW_ITERATION_FACTOR * typical)
     slow.sort(key=lambda w: (w.iteration, w.rank))
-    hits: dict[str, list[tuple[int, int, float, float]]] = {}
-    for rank, ws in windows.items():
-        typical_iteration = medians[rank]
-        if not typical_iteration:
-            continue
-        for phase in PHASES:
-            values = [w.phases[phase] for w in ws if phase in w.phases]
-            if len(values) < 3:
-                continue
-            typical = statistics.median(values)
-            for w in ws:
-                value = w.phases.get(phase)
-                if value is not None and value >= SLOW_PHASE_FACTOR * typical and \
-                        value - typical >= SLOW_PHASE_MIN_SHARE * typical_iteration:
-                    hits.setdefault(phase, []).append((rank, w.iteration, value, typical))
-    hits = {phase: hits[phase] for phase in PHASES if phase in hits}
     phase_seconds = {}
     phase_sources = {}
     for rank, ws in windows.items():
@@ -169,7 +150,7 @@ def window_figures(windows: dict[int, list[Any]], make: Any) -> WindowFigures:
     ranks = sorted(windows)
     return WindowFigures(counts=counts, merged={rank: merge_windows(ws, make, window_limit(rank, ranks))
                                                 for rank, ws in windows.items()},
-                         medians=medians, slow_windows=slow, phase_hits=hits, phase_seconds=phase_seconds,
+                         medians=medians, slow_windows=slow, phase_seconds=phase_seconds,
                          heatmap=_heatmap(windows, medians), phase_sources=phase_sources)
 
 

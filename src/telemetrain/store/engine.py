@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from ..identity import Identity
+from ..semconv import series_key
+from .codec import untag_nonfinite
 from .columnar import COLUMNS, PARTITIONS, PROCESS_TABLE, SCHEMA_VERSION, TABLES
 from .compact import COLUMNAR_DIR, connect, manifest_is_valid, manifest_path, read_manifest
 from .convert import convert_segment, header_rows
@@ -320,6 +322,21 @@ FROM (SELECT *, json_extract(attributes, {paths}) AS j FROM events
       WHERE group_name = 'training' AND name = 'training_metrics_update' AND role <> 'agent')""")
 
     # -- using ---------------------------------------------------------------------------------------------------
+
+    def series_keys(self, table: str, where: str) -> None:
+        """The temporary table ``table`` (name, attributes, skey): ``semconv.series_key`` of every (name, attributes)
+        of the metrics rows ``where`` selects (a few hundred pairs at most), so that SQL groups metrics by series as
+        the Python readers do (a v2 record's attributes make its own series; v1 and v2 records of one series meet).
+        The Python readers key by ``series_key`` only when a record has attributes; so does this."""
+        pairs = self.rows(f"SELECT DISTINCT name, attributes FROM metrics WHERE {where}")
+        self.execute(f"CREATE OR REPLACE TEMP TABLE {table} (name VARCHAR, attributes VARCHAR, skey VARCHAR)")
+        keyed = []
+        for name, text in pairs:
+            attributes = untag_nonfinite(json.loads(text)) if text is not None else None
+            keyed.append((name, text, series_key(name, attributes) if isinstance(attributes, dict) and attributes
+                          else name))
+        if keyed:
+            self.con.executemany(f"INSERT INTO {table} VALUES (?, ?, ?)", keyed)
 
     def execute(self, query: str, params: Any = None) -> Any:
         """Run one of telemetrain's own queries (a cursor: ``fetchall``, ``fetchmany``)."""

@@ -91,6 +91,14 @@ class InputBuilder:
         if self._first_ns is None or wall_ns < self._first_ns:
             self._first_ns = wall_ns
 
+    def seen(self, wall_ns: int) -> None:
+        """A record's wall time (the input's time origin is the earliest), for a reader that feeds a selection."""
+        self._seen(wall_ns)
+
+    def host(self, rank: int, host: str) -> None:
+        """The host of ``rank`` (the first one given stands), for a reader that feeds a selection."""
+        self._hosts.setdefault(rank, host)
+
     # -- feeding ---------------------------------------------------------------------------------------------------
 
     def window(self, rank: int, pid: int, wall_ns: int, attributes: Mapping[str, Any]) -> None:

@@ -28,15 +28,16 @@ def findings_lines(result: Findings, *, limit: int = 20) -> list[str]:
     return lines
 
 
-def session_goodput(run: Run) -> Any:
-    """The goodput report of the run's session (for its crashes and restarts); None when it cannot be computed."""
+def session_goodput(run: Run, engine: Any = None) -> Any:
+    """The goodput report of the run's session (for its crashes and restarts); None when it cannot be computed.
+    ``engine``: a ``store.engine.Engine`` to read the session with (``training.goodput.goodput``)."""
     if not run.processes:
         return None
     from ...training.goodput import goodput
 
     for session_dir in (run.path.parent, run.path):  # a run folder alone is a session of one run
         try:
-            return goodput(session_dir, rank=run.ranks[0], opened=(run,))
+            return goodput(session_dir, rank=run.ranks[0], opened=(run,), engine=engine)
         except (ValueError, OSError):
             continue
         except Exception:  # noqa: BLE001 - odd records: the findings stand without the session's restarts

@@ -1,0 +1,117 @@
+"""What ``telemetrain show`` needs besides its summary (``summary.summarize_sql``), by SQL (``store.engine``): the
+findings engine's input and the events of the distributed diagnosis. The pure-Python path feeds every record of the
+run to ``findings.InputBuilder`` and every event to ``distributed.summary.diagnosis_lines``; here DuckDB selects the
+few rows those read (reports, stragglers, crash spans, stats with non-finite samples, the metrics the rules read and
+every non-finite value) and Python decodes only those, in the order the Python path meets them, so that both paths
+give the same lines. The input keeps every window (as on the Python path): see docs/scale.md for its size.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..store.reader import Run
+from .findings.builder import (
+    CRASH_SPANS,
+    CUDA_ALLOCATED,
+    GPU_MEMORY_LIMIT,
+    HOST_MEMORY_LIMIT,
+    HOST_MEMORY_USAGE,
+    REPORT,
+    RSS,
+    STRAGGLER,
+    InputBuilder,
+)
+from .findings.values import value_kind
+
+__all__ = ["diagnosis_events_sql", "findings_builder_sql"]
+
+ORDER = "rank, pid, segment, line"  # the Python path's order: process by process (rank, pid), file order
+RECORDS_ORDER = "wall_ns, rank, pid, mono_ns, segment, line"  # Run.records()'s order
+
+
+def _where(run: Run) -> str:
+    session, run_id = (v.replace("'", "''") for v in (run.session_tag, run.run_id))
+    return f"session = '{session}' AND run = '{run_id}' AND role <> 'agent'"
+
+
+def _read_by_builder(group: str, name: str) -> bool:
+    """Whether ``InputBuilder.metric`` keeps a finite value of this series (its non-finite values are all read)."""
+    if name == RSS and group == "system":
+        return True
+    if name == CUDA_ALLOCATED and group.startswith("system.cuda."):
+        return True
+    if name == GPU_MEMORY_LIMIT:
+        return True
+    if name in (HOST_MEMORY_LIMIT, HOST_MEMORY_USAGE) and group == "system":
+        return True
+    return group not in ("training", "system", "cross_rank") and not group.startswith("system.") and \
+        value_kind(name) is not None
+
+
+def _records(engine: Any, query: str) -> Any:
+    """The rows of ``query`` (a ``record_kind`` column naming each row's kind) as records, in batches."""
+    from ..store.columnar import identity_of_row, record_from_row
+
+    for names, batch in engine.stream(query):
+        for row in batch:
+            r = dict(zip(names, row, strict=True))
+            yield record_from_row(r["record_kind"], identity_of_row(r, r["session"], r["run"]), row, names)
+
+
+def findings_builder_sql(engine: Any, run: Run) -> InputBuilder:
+    """``InputBuilder`` fed as ``findings.run_findings`` feeds it from every record of the run's processes."""
+    engine.attach(run)
+    w = _where(run)
+    builder = InputBuilder()
+    pairs = engine.rows(f"SELECT DISTINCT group_name, name FROM metrics WHERE {w}")
+    engine.execute("CREATE OR REPLACE TEMP TABLE show_findings_series (group_name VARCHAR, name VARCHAR)")
+    kept = [(g, n) for g, n in pairs if _read_by_builder(g, n)]
+    if kept:
+        engine.con.executemany("INSERT INTO show_findings_series VALUES (?, ?)", kept)
+    number = "value_bool IS NULL AND value IS NOT NULL"
+    report = f"group_name = '{REPORT[0]}' AND name = '{REPORT[1]}'"
+    # the builder's time origin (its first record: the earliest numeric metric or report) and each rank's host (of
+    # its first numeric metric or report, in the Python path's order), set before the rows are fed
+    first, = engine.rows(f"SELECT min(lo) FROM (SELECT min(wall_ns) AS lo FROM metrics WHERE {w} AND {number} "
+                         f"UNION ALL SELECT min(wall_ns) FROM events WHERE {w} AND {report})")[0]
+    if first is not None:
+        builder.seen(int(first))
+    for rank, host in engine.rows(
+            f"SELECT rank, arg_min(host, ({ORDER})) FROM (SELECT {ORDER}, host FROM metrics WHERE {w} AND {number} "
+            f"UNION ALL SELECT {ORDER}, host FROM events WHERE {w} AND {report}) GROUP BY rank"):
+        builder.host(int(rank), str(host))
+    crash = "(" + ", ".join(f"'{n}'" for n in sorted(CRASH_SPANS)) + ")"
+    query = (f"SELECT 'event' AS record_kind, * FROM events WHERE {w} AND (({report}) OR (group_name = "
+             f"'{STRAGGLER[0]}' AND name = '{STRAGGLER[1]}')) "
+             f"UNION ALL BY NAME SELECT 'span_start' AS record_kind, * FROM span_starts WHERE {w} AND name IN {crash} "
+             f"UNION ALL BY NAME SELECT 'span_end' AS record_kind, * FROM span_ends WHERE {w} AND name IN {crash} "
+             f"UNION ALL BY NAME SELECT 'stat' AS record_kind, * FROM stats WHERE {w} AND (contains(\"values\", "
+             "'nan_count') OR contains(\"values\", 'inf_count')) "
+             f"UNION ALL BY NAME SELECT 'metric' AS record_kind, * FROM metrics WHERE {w} AND {number} AND "
+             "(NOT isfinite(value) OR (group_name, name) IN (SELECT group_name, name FROM show_findings_series)) "
+             f"ORDER BY {ORDER}")
+    for record in _records(engine, query):
+        builder.add(record)
+    return builder
+
+
+def diagnosis_events_sql(engine: Any, run: Run) -> list[Any]:
+    """The events ``distributed.summary.diagnosis_lines`` reads, in ``Run.records()``'s order (agents' included,
+    read in Python: a few records each): each rank's last report with communication times, stragglers, the
+    launcher's stalls, stall evidence and clock offsets."""
+    engine.attach(run)
+    w = _where(run)
+    report = f"group_name = '{REPORT[0]}' AND name = '{REPORT[1]}'"
+    wanted = (f"(group_name = '{STRAGGLER[0]}' AND name = '{STRAGGLER[1]}') OR (group_name = 'launcher' AND "
+              "name = 'stall') OR (group_name = 'watchdog' AND name = 'stall_evidence') OR (group_name = 'clock' AND "
+              "name = 'clock_offset')")
+    comm = "json_exists(attributes, '$.avg_comm_time_sec')"
+    query = (f"SELECT 'event' AS record_kind, * FROM events WHERE {w} AND ({wanted}) UNION ALL "
+             f"SELECT 'event' AS record_kind, * FROM events WHERE {w} AND {report} AND {comm} "
+             f"QUALIFY row_number() OVER (PARTITION BY rank ORDER BY {RECORDS_ORDER} DESC) = 1 "
+             f"ORDER BY {RECORDS_ORDER}")
+    events = list(_records(engine, query))
+    agents = [r for log in run.agents for r in log.records if r.kind == "event"]
+    # stable: the rank rows keep their order among ties, as Run.records() merges the processes
+    return sorted(events + agents, key=lambda r: (r.wall_ns, r.identity.rank, r.identity.pid, r.mono_ns))
