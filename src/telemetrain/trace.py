@@ -414,7 +414,7 @@ class _Process:
         self._records: list[Any] | None = None if loader is not None else []
         self._loader = loader  # the SQL path: records are read when the process is drawn, then let go
         self._estimates: Sequence[tuple[int, int, int]] = ()  # clock offsets applied to its records (_align_clocks)
-        self.first_ns = first_ns  # of the records drawn
+        self.first_ns = first_ns  # of all its records (the origin is the earliest)
         self.last_ns = last_ns  # of all its records (its unmet metrics included)
 
     @property

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ..store.reader import Run
@@ -155,19 +156,46 @@ def _rises(windows: list[GpuWindow]) -> None:
                 w.rise = w.avg / median - 1
 
 
-def build_gpu_health(run: Run, metric_names: Iterable[str] | None = None) -> GpuHealth:
+def _processes_sql(engine: Any, run: Run) -> Iterator[tuple[int, Iterator[Any]]]:
+    """(rank, records) of each process of ``run``, by SQL: only the rows read here (the ``_SERIES`` metrics and the
+    reports), in file order, process by process (rank, pid), streamed in batches."""
+    from ..store.columnar import identity_of_row, record_from_row
+
+    engine.attach(run)
+    session, run_id = (v.replace("'", "''") for v in (run.session_tag, run.run_id))
+    w = f"session = '{session}' AND run = '{run_id}' AND role <> 'agent'"
+    names = "(" + ", ".join(f"'{n}'" for n in _SERIES) + ")"
+    query = (f"SELECT 'metric' AS record_kind, * FROM metrics WHERE {w} AND name IN {names} UNION ALL BY NAME "
+             f"SELECT 'event' AS record_kind, * FROM events WHERE {w} AND group_name = 'training' AND "
+             "name = 'training_metrics_update' ORDER BY rank, pid, segment, line")
+
+    def rows() -> Iterator[tuple[tuple[int, int], Any]]:
+        for columns, batch in engine.stream(query):
+            for row in batch:
+                r = dict(zip(columns, row, strict=True))
+                yield (r["rank"], r["pid"]), record_from_row(r["record_kind"], identity_of_row(
+                    r, r["session"], r["run"]), row, columns)
+
+    for (rank, _), group in itertools.groupby(rows(), key=lambda kr: kr[0]):
+        yield rank, (r for _, r in group)
+
+
+def build_gpu_health(run: Run, metric_names: Iterable[str] | None = None, engine: Any = None) -> GpuHealth:
     """Every rank's windows joined with the GPU samples of the same process file, and the job's energy.
     ``metric_names``: the names of the run's metrics, when the caller has them: a run with neither GPU samples nor
-    energy (a CPU job) is then not read again."""
+    energy (a CPU job) is then not read again. ``engine``: a ``store.engine.Engine`` over the run, to select the
+    rows read here by SQL instead of reading every record (the windows kept are the same: one per report)."""
     if metric_names is not None and not _RELEVANT.intersection(metric_names):
         return GpuHealth([], False, None, None, None)
     windows: list[GpuWindow] = []
     sampled = False
     energy: dict[int, tuple[float, int | None, int | None]] = {}  # rank -> (joules, samples, tokens), last report
-    for log in run.processes:
+    processes = _processes_sql(engine, run) if engine is not None else ((log.rank, iter(log.records))
+                                                                         for log in run.processes)
+    for log_rank, records in processes:
         points: dict[str, list[tuple[int, float]]] = defaultdict(list)
         own: list[GpuWindow] = []
-        for r in log.records:
+        for r in records:
             kind = r.kind
             if kind == "metric":
                 if r.name in _SERIES and (value := _num(r.value)) is not None:
@@ -179,13 +207,13 @@ def build_gpu_health(run: Run, metric_names: Iterable[str] | None = None) -> Gpu
                     continue
                 seconds = _num(a.get("window_seconds")) or 0.0
                 start = r.wall_ns - round(max(seconds, 0.0) * 1e9)
-                own.append(GpuWindow(log.rank, iteration, start, r.wall_ns, _num(a.get("avg_iteration_time_sec")),
+                own.append(GpuWindow(log_rank, iteration, start, r.wall_ns, _num(a.get("avg_iteration_time_sec")),
                                      _num(a.get("avg_iteration_device_time_sec")),
                                      energy_per_sample=_num(a.get("energy_per_sample_J"))))
                 joules = _num(a.get("cumulative_energy_J"))
                 if joules is not None:
                     samples, tokens = a.get("num_train_samples"), a.get("train_tokens")
-                    energy[log.rank] = (joules, samples if isinstance(samples, int) else None,
+                    energy[log_rank] = (joules, samples if isinstance(samples, int) else None,
                                         tokens if isinstance(tokens, int) else None)
         series = {name: _Series(p) for name, p in points.items()}
         sampled = sampled or any(name.startswith("hw.") for name in series)

@@ -618,7 +618,7 @@ def build_model(run: Run, thresholds: Thresholds | None = None, engine: Any = No
     model.stragglers = sorted(c.stragglers, key=lambda s: (s.get("step") if isinstance(s.get("step"), int) else -1,
                                                            str(s.get("rank"))))
     model.system = _system(model, c)
-    model.gpu = build_gpu_health(run, {name for _, name in c.metric_stats})
+    model.gpu = build_gpu_health(run, {name for _, name in c.metric_stats}, engine)
     ranks = run.ranks
     model.goodput, model.goodput_error = (_goodput(run, ranks[0] if ranks else 0, engine) if run.processes
                                           else (None, ""))

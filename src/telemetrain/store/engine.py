@@ -153,7 +153,7 @@ class Engine:
         self.read_to: dict[Path, tuple[int, Identity | None]] = {}
         # (table, session, run, pid, segment number) -> the Parquet files of the segments with that pid and number
         # (``fetch``; two ranks of one process share a pid: the rank filter tells their rows apart)
-        self.segment_files: dict[tuple[str, str, str, int, int], list[str]] = {}
+        self.segment_files: dict[tuple[str, str, str, int | None, int], list[str]] = {}  # pid None: any
         self._damage: list[tuple[Any, ...]] = []
         self._locked = False
         self._create_tail_tables()
@@ -217,6 +217,8 @@ class Engine:
                         self.parquet.setdefault(str(f["table"]), []).append(str(prefix / str(f["path"])))
                         if number is not None:
                             self.segment_files.setdefault((str(f["table"]), info.session, info.run, pid,
+                                                           number.segment), []).append(str(prefix / str(f["path"])))
+                            self.segment_files.setdefault((str(f["table"]), info.session, info.run, None,
                                                            number.segment), []).append(str(prefix / str(f["path"])))
                     counts.records += sum(int(v) for t, v in manifest.records.items() if t != PROCESS_TABLE)
                     counts.corrupt += int(manifest.corrupt)
@@ -373,7 +375,10 @@ FROM (SELECT *, json_extract(attributes, {paths}) AS j FROM events
         for (session, run, rank, pid, segment), lines in sorted(by_segment.items()):
             where = (f"rank = {rank} AND pid = {pid} AND segment = {segment} AND "
                      f"line IN ({', '.join(map(str, sorted(set(lines))))})")
-            files = self.segment_files.get((table, session, run, pid, segment))
+            # by the file's name; a row whose header names another pid than its file (a renamed file): any file of
+            # that segment number in the run (the query below keeps the row's own rank, pid and line)
+            files = self.segment_files.get((table, session, run, pid, segment)) or \
+                self.segment_files.get((table, session, run, None, segment))
             if files:
                 rows += self.con.execute(f"SELECT {cols} FROM read_parquet({_sql_list(files)}, "
                                          f"hive_partitioning = true, hive_types = {hive}) WHERE {where}").fetchall()

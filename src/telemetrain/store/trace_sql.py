@@ -22,19 +22,21 @@ def _quoted(names: Iterable[str]) -> str:
 
 def process_loaders(runs: Sequence[Any], engine: Any, all_metrics: bool, counters: frozenset[str],
                     throughput: frozenset[str]) -> list[tuple[Any, Any, Callable[[], list[Any]], Any]]:
-    """(run, identity, loader, (first wall ns drawn, last wall ns)) of every (run, rank, pid), in the trace's process
+    """(run, identity, loader, (first wall ns, last wall ns)) of every (run, rank, pid), in the trace's process
     order: run order, ranks before agents, then rank, then pid."""
     engine.add_runs([r.path for r in runs])
+    # (a counter's name with other attributes, another series, is loaded and left out by the trace's own filter)
     metric_filter = "" if all_metrics else f" AND name IN {_quoted(counters)}"
     metric_filter += f" AND NOT (group_name = 'training' AND name IN {_quoted(throughput)})"
     found: dict[tuple[int, int, int, int], tuple[dict[str, Any], tuple[int | None, int | None]]] = {}
     for n, run in enumerate(runs):
         session, run_id = (v.replace("'", "''") for v in (run.session_tag, run.run_id))
         where = f"session = '{session}' AND run = '{run_id}'"
-        # first: of the records drawn (the trace's origin); last: of all (where a span left open is drawn to end)
+        # first and last of all the process's records, drawn or not, as the Python path takes them: the earliest is
+        # the trace's origin, the last where a span left open is drawn to end
         parts = " UNION ALL ".join(
-            f"SELECT rank, pid, role, min(wall_ns) FILTER (WHERE true{metric_filter if table == 'metrics' else ''}) "
-            f"AS first, max(wall_ns) AS last FROM {table} WHERE {where} GROUP BY ALL" for table in TABLES.values())
+            f"SELECT rank, pid, role, min(wall_ns) AS first, max(wall_ns) AS last FROM {table} WHERE {where} "
+            "GROUP BY ALL" for table in TABLES.values())
         for rank, pid, role, first, last in engine.rows(
                 f"SELECT rank, pid, role, min(first), max(last) FROM ({parts}) GROUP BY ALL"):
             key = (n, int(role == AGENT_ROLE), rank, pid)

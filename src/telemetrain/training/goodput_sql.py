@@ -142,12 +142,17 @@ def load_session(engine: Engine, runs: Sequence[Run]) -> tuple[list[Any], Any]:
         if (s, r) in index:
             saves.setdefault((index[(s, r)], rank, pid), []).append(_Save(completed, step, sec))
     datas = []
+    # the rows carry the identity of their file's header; a process is named by its file (they differ when a file
+    # was renamed): each process's rows are found by its header's rank and pid
+    row_pid: dict[tuple[int, int, int], int] = {}
     for i, run in enumerate(runs):
         processes = []
         for log in run.processes:
-            lo, hi = bounds.get((i, log.rank, log.pid), (None, None))
+            ident = log.identity
+            row_pid[(i, log.rank, log.pid)] = ident.pid
+            lo, hi = bounds.get((i, ident.rank, ident.pid), (None, None))
             processes.append(_Process(run=i, rank=log.rank, pid=log.pid, spans=[], loops=[],
-                                        saves=saves.get((i, log.rank, log.pid), []), first_ns=lo, last_ns=hi,
+                                        saves=saves.get((i, ident.rank, ident.pid), []), first_ns=lo, last_ns=hi,
                                         data_outside=False))
         firsts = [p.first_ns for p in processes if p.first_ns is not None]
         lasts = [p.last_ns for p in processes if p.last_ns is not None]
@@ -174,7 +179,7 @@ def load_session(engine: Engine, runs: Sequence[Run]) -> tuple[list[Any], Any]:
         for d in session.runs:
             for n, p in enumerate(d.processes):
                 if p.rank == rank:
-                    key = (d.run.session_tag, d.run.run_id, p.pid)
+                    key = (d.run.session_tag, d.run.run_id, row_pid.get((p.run, p.rank, p.pid), p.pid))
                     full = read_records(rows.get(key, []), p.rank, p.pid, p.run)
                     full.first_ns, full.last_ns = p.first_ns, p.last_ns  # the same, from the figures above
                     d.processes[n] = full

@@ -1,0 +1,156 @@
+"""Both readers on the features main added after the columnar store was written: format v2 metric attributes
+(``Telemetry.log``, system series with semantic-convention attributes, energy), training reports with device times
+and communication figures, a run with planted findings (a real job: a leak, a loss spike, a NaN), and the v1 fixture
+store. Each run is read by the pure-Python path and by SQL (from the JSONL, and from the Parquet copy): the report's
+model and page, ``show``'s lines, tail's first frame and findings, and the trace must be the same."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("duckdb")
+
+from _planted import SCENARIOS, run_scenario
+from telemetrain import Telemetry, identity_from_env
+from telemetrain.analysis.tail import TailState
+from telemetrain.store import open_run
+from telemetrain.store.compact import COLUMNAR_DIR, compact
+from telemetrain.store.engine import Engine
+from telemetrain.trace import build_trace, load_runs
+from test_engine_readers import _page, _python_and_sql, differences
+
+V1_STORE = Path(__file__).parent / "data" / "v1_store"
+STEPS = 300
+
+
+def _v2_session(root: Path) -> Path:
+    """Two ranks writing v2 records: metrics with attributes (one name, two series), system series with the
+    conventions' attributes, energy per GPU, reports with device times and communication, a straggler, a clock
+    offset; rank 1 has a loss spike at step 100 and a NaN at 200, and its process memory grows."""
+    for rank in (0, 1):
+        t = Telemetry(identity_from_env({}, run_id="v2", session_tag="s", perf_tag="p", rank=rank, world_size=2),
+                      store=root)
+        for step in range(STEPS):
+            loss = 2.0 / (1 + step / 50) + 0.01 * ((step * 7 + rank) % 5)
+            if rank == 1 and step == 100:
+                loss *= 40
+            if rank == 1 and step == 200:
+                loss = math.nan
+            t.log({"train.loss": loss, "train.grad_norm": 1.0 + 0.1 * (step % 3)}, step=step)
+            t.metric("tokens", 512 + step, "default", {"split": "train"}, step=step)
+            if step % 10 == 0:
+                t.metric("tokens", 64, "default", {"split": "val"}, step=step)
+                t.metric("system.disk.io", 1000.0 * step, "system", {"disk.io.direction": "read"})
+                t.metric("system.disk.io", 10.0 * step, "system", {"disk.io.direction": "write"})
+                t.metric("system.memory.usage", 4e9 + step, "system", {"system.memory.state": "used"})
+                t.metric("system.memory.usage", 1e9, "system", {"system.memory.state": "free"})  # another series
+                t.metric("system.memory.limit", 16e9, "system")
+                t.metric("process.memory.usage", 1e9 + (5e6 * step if rank == 1 else 0.0), "system")
+                t.metric("hw.energy", 10.0 * step + rank, f"system.gpu.{rank}", {"hw.id": str(rank)}, unit="J")
+                t.metric("hw.power", 250.0 + rank, f"system.gpu.{rank}", {"hw.id": str(rank)}, unit="W")
+                t.metric("hw.gpu.utilization", 0.9, f"system.gpu.{rank}", {"hw.id": str(rank)})
+                t.metric("hw.gpu.memory.limit", 80e9, f"system.gpu.{rank}", {"hw.id": str(rank)})
+                t.metric("torch.cuda.memory.allocated", 2e9 + step * 1e6, f"system.cuda.{rank}",
+                         {"torch.cuda.device": rank})
+            if step % 10 == 9:
+                slow = 1.5 if rank == 1 and 150 <= step < 180 else 1.0
+                t.event("training_metrics_update", {
+                    "current_iteration": step, "window_iterations": 10, "train_iterations_start": 0,
+                    "avg_iteration_time_sec": 0.1 * slow, "p50_iteration_time_sec": 0.1 * slow,
+                    "max_iteration_time_sec": 0.12 * slow, "samples_per_second": 640 / slow,
+                    "avg_forward_time_sec": 0.01, "avg_backward_time_sec": 0.02,
+                    "avg_forward_device_time_sec": 0.03 * slow, "avg_backward_device_time_sec": 0.05,
+                    "avg_iteration_device_time_sec": 0.095 * slow,
+                    "avg_comm_time_sec": 0.02, "avg_comm_wait_time_sec": 0.005 * (1 + rank),
+                    "comm_wait_fraction": 0.05 * (1 + rank), "comm_bytes": 10 * 4_000_000, "comm_clock": "device",
+                    "avg_backward_comm_wait_sec": 0.004, "window_seconds": 1.0 * slow, "cpu_time_sec": 0.9,
+                    "cpu_wait_sec": 0.01}, group="training")
+        if rank == 1:
+            t.event("clock_offset", {"offset_ns": 1_500_000, "error_ns": 20_000}, group="clock")
+            t.event("straggler", {"kind": "late", "rank": 1, "host": "h", "phase": "forward", "step": 150,
+                                  "cost_per_iteration_sec": 0.02}, group="cross_rank")
+        assert t.close(30)
+    return root / "s" / "v2"
+
+
+def _both_paths(run_dir: Path, compacted: bool, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Everything compared on one run; returns the Python model (for the callers' own checks)."""
+    if compacted:
+        assert not compact(run_dir).errors
+    else:
+        shutil.rmtree(run_dir / COLUMNAR_DIR, ignore_errors=True)
+    (py_model, py_show), (sql_model, sql_show), read = _python_and_sql(run_dir, monkeypatch)
+    assert not read, f"the SQL path read {read} into Python"
+    assert sql_show == py_show
+    processes = py_model.processes
+    for m in (py_model, sql_model):
+        m.processes = m.agents = []
+    assert not differences(py_model, sql_model)
+    assert _page(py_model) == _page(sql_model)
+    py_model.processes = processes
+    polled = TailState(run_dir)
+    polled.poll()
+    caught = TailState(run_dir)
+    with Engine([run_dir]) as engine:
+        caught.catch_up(engine)
+    for name in ("ranks", "errors", "warnings", "diagnostics", "records"):
+        assert getattr(polled, name) == getattr(caught, name), name
+    assert not differences(polled.findings(), caught.findings())
+    monkeypatch.setenv("TELEMETRAIN_ENGINE", "python")
+    python_trace = build_trace(load_runs(run_dir))
+    monkeypatch.delenv("TELEMETRAIN_ENGINE")
+    runs = load_runs(run_dir)
+    with Engine([r.path for r in runs]) as engine:
+        assert build_trace(runs, engine=engine) == python_trace
+    return py_model, py_show
+
+
+@pytest.fixture(scope="module")
+def v2_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _v2_session(tmp_path_factory.mktemp("v2"))
+
+
+@pytest.mark.parametrize("compacted", [False, True], ids=["from-jsonl", "from-parquet"])
+def test_v2_attributes_device_times_and_comm_are_the_same_by_sql(v2_run: Path, compacted: bool,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    model, show = _both_paths(v2_run, compacted, monkeypatch)
+    # what was compared holds the features: two series of one name, system series by their v1 keys, device clock
+    text = "\n".join(show)
+    assert "tokens/train" in text and "tokens/val" in text
+    assert "disk read" in text and "energy" in text and "comm        communication per iteration" in text
+    assert "clock       rank 1" in text and "straggler   rank 1" in text
+    assert model.phase_source == {0: "device", 1: "device"}
+    kinds = {f.kind for f in model.findings}
+    assert {"spike", "nan/inf"} <= kinds, kinds
+
+
+@pytest.fixture(scope="module")
+def planted_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return run_scenario(SCENARIOS["leak-spike-nan"], tmp_path_factory.mktemp("planted"))[-1]
+
+
+@pytest.mark.parametrize("compacted", [False, True], ids=["from-jsonl", "from-parquet"])
+def test_planted_findings_are_the_same_by_sql(planted_run: Path, compacted: bool,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real job (a leak, a loss and gradient spike at step 200, a NaN at 400): report, show and tail find the
+    same on both paths, and find what was planted."""
+    model, show = _both_paths(planted_run, compacted, monkeypatch)
+    kinds = {f.kind for f in model.findings}
+    assert {"memory growth", "spike", "nan/inf"} <= kinds, kinds
+    text = "\n".join(show)
+    assert "findings" in text and "train.loss" in text
+
+
+@pytest.mark.parametrize("compacted", [False, True], ids=["from-jsonl", "from-parquet"])
+def test_the_v1_fixture_store_is_the_same_by_sql(tmp_path: Path, compacted: bool,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run written by telemetrain 0.1 (format v1, the fixture): copied (compaction writes beside it), then read."""
+    shutil.copytree(V1_STORE, tmp_path / "store")
+    run = tmp_path / "store" / "v1-session" / "v1-run"
+    model, show = _both_paths(run, compacted, monkeypatch)
+    assert open_run(run).processes and model.run_id == "v1-run" and any(line.startswith("metrics") for line in show)
