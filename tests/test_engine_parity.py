@@ -154,3 +154,32 @@ def test_the_v1_fixture_store_is_the_same_by_sql(tmp_path: Path, compacted: bool
     run = tmp_path / "store" / "v1-session" / "v1-run"
     model, show = _both_paths(run, compacted, monkeypatch)
     assert open_run(run).processes and model.run_id == "v1-run" and any(line.startswith("metrics") for line in show)
+
+
+def test_goodput_energy_of_a_restarted_gpu_job_is_the_same_by_sql(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two ranks, each with its GPU; attempt 1 checkpoints at 10 and dies at 20, attempt 2 resumes to 30: the energy
+    account (every rank's loops, the lost work's joules) and every rank's goodput, both paths."""
+    from test_gpu_reports import SESSION, SharedGpu, _rank, _train
+
+    from telemetrain.training.goodput import goodput_by_rank
+
+    for run_id, start, n, save in (("a1", 0, 20, 10), ("a2", 10, 20, None)):
+        gpus = [SharedGpu(100.0, sharers=1), SharedGpu(100.0, sharers=1)]
+        pairs = [_rank(tmp_path, run_id, rank, gpus[rank]) for rank in (0, 1)]
+        for rank, (t, r) in enumerate(pairs):
+            _train([(t, r)], gpus[rank], start, n, save_at=save)
+            if run_id == "a2":
+                r.on_train_end()
+                r.on_app_end()
+            assert t.close()
+    session = tmp_path / SESSION
+    monkeypatch.setenv("TELEMETRAIN_ENGINE", "python")
+    python = goodput_by_rank(session)
+    monkeypatch.setenv("TELEMETRAIN_ENGINE", "duckdb")
+    sql = goodput_by_rank(session)
+    assert sorted(python) == sorted(sql) == [0, 1]
+    for rank in python:
+        assert not differences(python[rank].as_dict(), sql[rank].as_dict()), rank
+    energy = sql[0].energy
+    assert energy is not None and energy.energy_J == pytest.approx(8000.0) and energy.wasted_J == pytest.approx(2000.0)

@@ -284,6 +284,7 @@ class _Session:
     # the SQL path reads every process's figures but only one rank's whole lifecycle at a time: this loads the
     # lifecycle of a rank's processes into ``runs`` (and lets the previous rank's go)
     load_rank: Callable[[_Session, int], None] | None = None
+    energy: bool = False  # the SQL path: the reports carry energy (``_energy`` then loads every rank in turn)
 
 
 def _num(attributes: Mapping[str, Any], key: str) -> float | None:
@@ -462,6 +463,7 @@ def _load(session_dir: str | os.PathLike[str], opened: Sequence[Run] = (), engin
     notes: list[str] = []
     datas: list[_RunData] = []
     load_rank = None
+    energy = False
     if engine is None:
         from ..store.engine import engine_for
 
@@ -469,7 +471,7 @@ def _load(session_dir: str | os.PathLike[str], opened: Sequence[Run] = (), engin
     if engine is not None:
         from .goodput_sql import load_session
 
-        datas, load_rank = load_session(engine, runs)
+        datas, load_rank, energy = load_session(engine, runs)
     for i, run in enumerate(runs):
         if engine is None:
             processes = [_read_process(log, i) for log in run.processes]
@@ -499,7 +501,7 @@ def _load(session_dir: str | os.PathLike[str], opened: Sequence[Run] = (), engin
     start = min(d.first_ns for d in timed if d.first_ns is not None)
     end = max(d.last_ns for d in timed if d.last_ns is not None)
     return _Session(path=path, tag=tags[0], runs=datas, start_ns=start, end_ns=end, notes=notes,
-                    load_rank=load_rank)
+                    load_rank=load_rank, energy=energy)
 
 
 # -- the figures of one training loop ------------------------------------------------------------------------------
@@ -806,7 +808,7 @@ def _report(session: _Session, rank: int) -> GoodputReport:
     if any(len(p.loops) > 1 for p in processes):
         notes.append("a process ran several training loops: each is counted on its own")
     wall = (session.end_ns - session.start_ns) / 1e9
-    energy = _energy(session, run_saves)
+    energy = _energy(session, run_saves, rank)
     return GoodputReport(
         session_tag=session.tag,
         session_dir=str(session.path),
@@ -827,10 +829,16 @@ def _report(session: _Session, rank: int) -> GoodputReport:
     )
 
 
-def _energy(session: _Session, run_saves: list[list[_Save]]) -> EnergyAccount | None:
-    """Every rank's loops, kept and lost as goodput counts them (energy is the job's, not one rank's)."""
+def _energy(session: _Session, run_saves: list[list[_Save]], reported: int) -> EnergyAccount | None:
+    """Every rank's loops, kept and lost as goodput counts them (energy is the job's, not one rank's). On the SQL
+    path (one rank's lifecycle in memory at a time) each rank is loaded in turn when the reports carry energy, then
+    ``reported`` (the rank being reported) again; the windows kept are those with energy's figures."""
+    if session.load_rank is not None and not session.energy:
+        return None
     loops = []
     for rank in sorted({p.rank for d in session.runs for p in d.processes}):
+        if session.load_rank is not None:
+            session.load_rank(session, rank)
         mine = sorted(((loop, p) for d in session.runs for p in d.processes if p.rank == rank for loop in p.loops),
                       key=lambda lp: lp[0].span.start_ns)
         if not any(w.energy_J is not None for loop, _ in mine for w in loop.windows):
@@ -839,6 +847,8 @@ def _energy(session: _Session, run_saves: list[list[_Save]]) -> EnergyAccount | 
             later = [other.start for other, _ in mine[i + 1:]]
             f = _figures(loop, p, run_saves[p.run], min(later) if later else None)
             loops.append((session.runs[p.run].run.run_id, p.run, loop.windows, f.start, f.kept, f.end))
+    if session.load_rank is not None:
+        session.load_rank(session, reported)
     return energy_account(loops, [d.run.run_id for d in session.runs])
 
 

@@ -69,7 +69,7 @@ def _attribute(key: str) -> str:
 KEYS = ("current_iteration", "window_iterations", "total_iteration_time_sec", "avg_iteration_time_sec",
         "avg_dataloader_time_sec", "window_seconds", "final", "last_logged_train_iterations_finish_timestamp_sec",
         "productive_train_iterations", "productive_train_iterations_sec",
-        "latest_successful_save_checkpoint_timestamp_sec", "train_iterations_start")
+        "latest_successful_save_checkpoint_timestamp_sec", "train_iterations_start", "window_energy_J")
 _KEY_PATHS = "[" + ", ".join(f"'$.{k}'" for k in KEYS) + "]"
 
 
@@ -93,9 +93,9 @@ def _run_filter(runs: Sequence[Run], alias: str = "") -> str:
     return f"({a}session, {a}run) IN ({pairs}) AND {a}role <> 'agent' AND {a}group_name = '{GROUP}'"
 
 
-def load_session(engine: Engine, runs: Sequence[Run]) -> tuple[list[Any], Any]:
-    """The ``_RunData`` of each run (in ``runs`` order) with every process's light figures, and the loader of one
-    rank's whole lifecycle (``_Session.load_rank``)."""
+def load_session(engine: Engine, runs: Sequence[Run]) -> tuple[list[Any], Any, bool]:
+    """The ``_RunData`` of each run (in ``runs`` order) with every process's light figures, the loader of one
+    rank's whole lifecycle (``_Session.load_rank``), and whether the reports carry energy."""
     engine.add_runs([r.path for r in runs])
     for run in runs:
         engine.attach(run)
@@ -144,12 +144,12 @@ def load_session(engine: Engine, runs: Sequence[Run]) -> tuple[list[Any], Any]:
     datas = []
     # the rows carry the identity of their file's header; a process is named by its file (they differ when a file
     # was renamed): each process's rows are found by its header's rank and pid
-    row_pid: dict[tuple[int, int, int], int] = {}
+    row_pid: dict[tuple[str, str, int, int], int] = {}
     for i, run in enumerate(runs):
         processes = []
         for log in run.processes:
             ident = log.identity
-            row_pid[(i, log.rank, log.pid)] = ident.pid
+            row_pid[(run.session_tag, run.run_id, log.rank, log.pid)] = ident.pid
             lo, hi = bounds.get((i, ident.rank, ident.pid), (None, None))
             processes.append(_Process(run=i, rank=log.rank, pid=log.pid, spans=[], loops=[],
                                         saves=saves.get((i, ident.rank, ident.pid), []), first_ns=lo, last_ns=hi,
@@ -179,7 +179,8 @@ def load_session(engine: Engine, runs: Sequence[Run]) -> tuple[list[Any], Any]:
         for d in session.runs:
             for n, p in enumerate(d.processes):
                 if p.rank == rank:
-                    key = (d.run.session_tag, d.run.run_id, row_pid.get((p.run, p.rank, p.pid), p.pid))
+                    tag, run_id = d.run.session_tag, d.run.run_id
+                    key = (tag, run_id, row_pid.get((tag, run_id, p.rank, p.pid), p.pid))
                     full = read_records(rows.get(key, []), p.rank, p.pid, p.run)
                     full.first_ns, full.last_ns = p.first_ns, p.last_ns  # the same, from the figures above
                     d.processes[n] = full
@@ -188,4 +189,8 @@ def load_session(engine: Engine, runs: Sequence[Run]) -> tuple[list[Any], Any]:
                                                 saves=p.saves, first_ns=p.first_ns, last_ns=p.last_ns,
                                                 data_outside=False)
 
-    return datas, load_rank
+    # a GPU job's reports carry their window's energy: goodput's energy account then reads every rank's loops, one
+    # rank at a time (``goodput._energy``)
+    energy = bool(engine.scalar(f"SELECT count(*) > 0 FROM events WHERE {where} AND name = '{_UPDATE}' AND "
+                                "json_exists(attributes, '$.window_energy_J')"))
+    return datas, load_rank, energy
