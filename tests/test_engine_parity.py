@@ -160,9 +160,8 @@ def test_goodput_energy_of_a_restarted_gpu_job_is_the_same_by_sql(tmp_path: Path
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Two ranks, each with its GPU; attempt 1 checkpoints at 10 and dies at 20, attempt 2 resumes to 30: the energy
     account (every rank's loops, the lost work's joules) and every rank's goodput, both paths."""
-    from test_gpu_reports import SESSION, SharedGpu, _rank, _train
-
     from telemetrain.training.goodput import goodput_by_rank
+    from test_gpu_reports import SESSION, SharedGpu, _rank, _train
 
     for run_id, start, n, save in (("a1", 0, 20, 10), ("a2", 10, 20, None)):
         gpus = [SharedGpu(100.0, sharers=1), SharedGpu(100.0, sharers=1)]
