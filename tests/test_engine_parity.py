@@ -182,3 +182,32 @@ def test_goodput_energy_of_a_restarted_gpu_job_is_the_same_by_sql(tmp_path: Path
         assert not differences(python[rank].as_dict(), sql[rank].as_dict()), rank
     energy = sql[0].energy
     assert energy is not None and energy.energy_J == pytest.approx(8000.0) and energy.wasted_J == pytest.approx(2000.0)
+
+
+def test_a_copy_of_schema_version_1_counts_as_no_copy(tmp_path: Path) -> None:
+    """A segment compacted by a telemetrain before metric attributes (manifest schema_version 1): read from its JSONL
+    (no warning, nothing twice), and `compact` rewrites it in the current version."""
+    import json
+    import warnings
+
+    from telemetrain.store.columnar import SCHEMA_VERSION
+
+    t = Telemetry(identity_from_env({}, run_id="old", session_tag="s", perf_tag="p", rank=0, world_size=1),
+                  store=tmp_path)
+    for i in range(50):
+        t.metric("system.disk.io", float(i), "system", {"disk.io.direction": "read"}, step=i)
+    assert t.close(30)
+    run = tmp_path / "s" / "old"
+    assert compact(run).segments == 1
+    manifest = next((run / COLUMNAR_DIR / "_segments").rglob("*.json"))
+    data = json.loads(manifest.read_text())
+    manifest.write_text(json.dumps({**data, "schema_version": 1}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with Engine([run]) as engine:
+            assert engine.tail_segments == 1
+            assert engine.scalar("SELECT count(*) FROM metrics WHERE attributes IS NOT NULL") == 50
+    assert compact(run).segments == 1
+    assert json.loads(manifest.read_text())["schema_version"] == SCHEMA_VERSION
+    with Engine([run]) as engine:
+        assert engine.tail_segments == 0 and engine.scalar("SELECT count(*) FROM metrics") == 50
