@@ -23,16 +23,12 @@ from .findings.builder import (
     InputBuilder,
 )
 from .findings.values import value_kind
+from .summary import _where
 
 __all__ = ["diagnosis_events_sql", "findings_builder_sql"]
 
 ORDER = "rank, pid, segment, line"  # the Python path's order: process by process (rank, pid), file order
 RECORDS_ORDER = "wall_ns, rank, pid, mono_ns, segment, line"  # Run.records()'s order
-
-
-def _where(run: Run) -> str:
-    session, run_id = (v.replace("'", "''") for v in (run.session_tag, run.run_id))
-    return f"session = '{session}' AND run = '{run_id}' AND role <> 'agent'"
 
 
 def _read_by_builder(group: str, name: str) -> bool:
@@ -82,17 +78,25 @@ def findings_builder_sql(engine: Any, run: Run) -> InputBuilder:
             f"UNION ALL SELECT {ORDER}, host FROM events WHERE {w} AND {report}) GROUP BY rank"):
         builder.host(int(rank), str(host))
     crash = "(" + ", ".join(f"'{n}'" for n in sorted(CRASH_SPANS)) + ")"
+    # the kinds are fed apart (the builder's state of one kind never depends on another's records): the few events,
+    # spans and stats as records, then the metrics by narrow rows, each stream in the Python path's order (a sort of
+    # whole rows would outgrow DuckDB's memory on a long run)
     query = (f"SELECT 'event' AS record_kind, * FROM events WHERE {w} AND (({report}) OR (group_name = "
              f"'{STRAGGLER[0]}' AND name = '{STRAGGLER[1]}')) "
              f"UNION ALL BY NAME SELECT 'span_start' AS record_kind, * FROM span_starts WHERE {w} AND name IN {crash} "
              f"UNION ALL BY NAME SELECT 'span_end' AS record_kind, * FROM span_ends WHERE {w} AND name IN {crash} "
              f"UNION ALL BY NAME SELECT 'stat' AS record_kind, * FROM stats WHERE {w} AND (contains(\"values\", "
              "'nan_count') OR contains(\"values\", 'inf_count')) "
-             f"UNION ALL BY NAME SELECT 'metric' AS record_kind, * FROM metrics WHERE {w} AND {number} AND "
-             "(NOT isfinite(value) OR (group_name, name) IN (SELECT group_name, name FROM show_findings_series)) "
              f"ORDER BY {ORDER}")
     for record in _records(engine, query):
         builder.add(record)
+    metric = builder.metric
+    for _, batch in engine.stream(
+            f"SELECT rank, host, group_name, name, step, value, value_int, wall_ns FROM metrics WHERE {w} AND {number} "
+            "AND (NOT isfinite(value) OR (group_name, name) IN (SELECT group_name, name FROM show_findings_series)) "
+            f"ORDER BY {ORDER}"):
+        for rank, host, group, name, step, value, value_int, wall in batch:
+            metric(rank, host, group, name, step, int(value_int) if value_int is not None else value, wall)
     return builder
 
 

@@ -99,17 +99,24 @@ def _feed_findings(state: TailState, engine: Any, w: str) -> int:
 
     words = " OR ".join(f"contains(group_name || name || coalesce(unit, '') || coalesce(attributes, ''), "
                         f"'{word.decode()}')" for word in _METRIC_WORDS)
+    # the kinds are fed apart (the builder's state of one kind never depends on another's records), each in polling
+    # order; the metrics by narrow rows (a sort of whole rows would outgrow DuckDB's memory on a long run)
     query = (f"SELECT 'event' AS record_kind, * FROM events WHERE {w} AND ((group_name = 'training' AND "
              "name = 'training_metrics_update') OR (group_name = 'cross_rank' AND name = 'straggler')) "
              f"UNION ALL BY NAME SELECT 'span_end' AS record_kind, * FROM span_ends WHERE {w} AND "
-             "name = 'training_loop' "
-             f"UNION ALL BY NAME SELECT 'metric' AS record_kind, * FROM metrics WHERE {w} AND ({words}) "
-             f"ORDER BY {ORDER}")
-    metrics = 0
+             f"name = 'training_loop' ORDER BY {ORDER}")
     for names, batch in engine.stream(query):
         for row in batch:
             r = dict(zip(names, row, strict=True))
-            kind = r["record_kind"]
-            state.inputs.add(record_from_row(kind, identity_of_row(r, r["session"], r["run"]), row, names))
-            metrics += kind == "metric"
+            state.inputs.add(record_from_row(r["record_kind"], identity_of_row(r, r["session"], r["run"]), row,
+                                             names))
+    metrics = 0
+    metric = state.inputs.metric
+    for _, batch in engine.stream(
+            f"SELECT rank, host, group_name, name, step, value, value_int, value_bool, wall_ns FROM metrics "
+            f"WHERE {w} AND ({words}) ORDER BY {ORDER}"):
+        for rank, host, group, name, step, value, value_int, value_bool, wall in batch:
+            metrics += 1
+            value = bool(value_bool) if value_bool is not None else int(value_int) if value_int is not None else value
+            metric(rank, host, group, name, step, value, wall)
     return metrics
