@@ -16,6 +16,7 @@ from . import process_hooks
 from .arguments import _ATTRIBUTE_VALUE_SET, check_metric_attributes, check_step
 from .arguments import check_name as check_name  # (re-exported, as the two below: the APIs import them from here)
 from .arguments import check_value as check_value
+from .clock import CLOCK_SKEW_ENV as CLOCK_SKEW_ENV  # (re-exported: its old home)
 from .clock import _read_offset
 from .default_instance import _claim_default, get_telemetry, reset, set_telemetry
 from .default_instance import _default as _default  # (re-exported: the module-level APIs read it from here)
