@@ -124,6 +124,8 @@ def register(sub: Any) -> None:
     tail.add_argument("--interval", type=_positive_float, default=2.0, metavar="SECONDS",
                       help="seconds between refreshes (default: %(default)s)")
     tail.add_argument("--once", action="store_true", help="draw one frame and exit")
+    tail.add_argument("--loss", metavar="NAME", help="the metric the loss sparkline shows, NAME or GROUP/NAME "
+                      "(default: one named loss, train/loss, train.loss, ..., else the first ending in loss)")
     tail.set_defaults(run=_cmd_tail)
 
 
@@ -326,4 +328,4 @@ def _cmd_tail(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         raise CLIError(f"telemetrain tail {_RICH_MISSING}") from None
     from .tail import run_tail
 
-    return run_tail(resolve_run(args.run_dir, err), out, interval=args.interval, once=args.once)
+    return run_tail(resolve_run(args.run_dir, err), out, interval=args.interval, once=args.once, loss=args.loss)
