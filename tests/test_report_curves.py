@@ -248,3 +248,48 @@ def test_the_demo_report_shows_loss_and_validation_accuracy_curves_in_chromium(t
     assert "raw" in loss and "smoothed" in loss  # 60 steps: raw and smoothed
     assert "raw" in accuracy and accuracy.count("point") >= 3  # an evaluation every few steps, each marked
     assert re.search(r'<figure class="curve evaluation" data-metric="val/val.accuracy">', dom.stdout)
+
+
+# -- compare: the runs' curves overlaid, the quality compared ----------------------------------------------------------
+
+
+def _loss_run(root: Path, run_id: str, factor: float, noise_seed: int) -> Path:
+    import random
+
+    rng = random.Random(noise_seed)
+    identity = identity_from_env({}, run_id=run_id, session_tag="q", perf_tag="p", rank=0, world_size=1)
+    t = Telemetry(identity, store=root)
+    for step in range(300):
+        t.log({"loss": factor * (0.5 + 3.0 / (1 + step / 20)) * (1 + 0.01 * rng.gauss(0, 1))}, step=step,
+              group="train")
+        if step % 50 == 49:
+            t.metric("val_accuracy", 0.9 - 0.3 / (1 + step / 50) / factor, "val", unit="1", step=step)
+    assert t.close()
+    return root / "q" / run_id
+
+
+def test_compare_overlays_the_runs_and_compares_the_loss(tmp_path: Path) -> None:
+    from telemetrain.analysis import compare_runs
+    from telemetrain.analysis.compare_html import comparison_html
+    from telemetrain.analysis.compare_quality import BETTER, SAME, compare_quality
+    from telemetrain.analysis.compare_text import format_comparison
+    from telemetrain.analysis.samples import read_samples
+
+    base = read_samples(_loss_run(tmp_path, "base", 1.0, 1))
+    better = read_samples(_loss_run(tmp_path, "better", 0.9, 2))
+    same = read_samples(_loss_run(tmp_path, "same", 1.0, 3))
+    q = compare_quality(better, base)
+    assert q is not None and q.metric == "train/loss" and q.verdict == BETTER
+    assert q.change == pytest.approx(-0.1, abs=0.02)
+    assert q.reach_step is not None and q.reach_step < 250  # the lower curve reaches the baseline's end early
+    assert [t for t, _, _ in q.overlays] == ["train/loss", "val/val_accuracy"]
+    assert compare_quality(same, base) is not None and compare_quality(same, base).verdict == SAME  # type: ignore[union-attr]
+    comparison = compare_runs([better], base, goodput=False, resamples=200)
+    text = "\n".join(format_comparison(comparison))
+    assert "quality: the candidate reaches the baseline's final train/loss" in text and "better" in text
+    assert "train/loss: baseline " in text and "candidate " in text  # the compact overlay
+    page = comparison_html(comparison)
+    charts = _charts(page)
+    assert charts.scripts == 0 and set(charts.charts) == {"train/loss", "val/val_accuracy"}
+    assert page.count('<g class="run"') == 4  # both runs on each of the two charts
+    assert comparison.as_dict()["candidates"][0]["quality"]["verdict"] == BETTER

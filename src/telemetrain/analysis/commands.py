@@ -89,6 +89,8 @@ def register(sub: Any) -> None:
                          "%(default)s)")
     compare.add_argument("--no-goodput", action="store_true",
                          help="leave out the goodput row (it reads the whole runs)")
+    compare.add_argument("--loss", metavar="NAME", help="the metric the quality comparison reads, NAME or "
+                         "GROUP/NAME (default: one named loss, train/loss, ..., else the first ending in loss)")
     compare.add_argument("--html", metavar="FILE", help="also write the comparison as a self-contained HTML page")
     compare.add_argument("--json", action="store_true", help="print the comparison as JSON instead of a table")
     compare.add_argument("--fail-on-regression", action="store_true",
@@ -257,7 +259,7 @@ def _cmd_compare(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
         comparison = compare_runs(cand_samples, base_samples, confidence=args.confidence, min_effect=args.min_effect,
                                   resamples=args.resamples, seed=args.seed, force=args.force, history=earlier,
-                                  goodput=not args.no_goodput)
+                                  goodput=not args.no_goodput, loss=args.loss)
     except WorkloadMismatch as exc:
         raise CLIError(f"{exc.reason}; pass --force to compare anyway") from None
     from .compare_text import format_comparison

@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..report.curves import Curve, y_scale
+from ..report.curves import Curve, log_allowed, y_scale
 
 __all__ = ["BLOCKS", "Pace", "format_eta", "loss_line", "sparkline", "target_of"]
 
@@ -46,10 +46,10 @@ def loss_line(curve: Curve, width: int = 40) -> tuple[str, float | None, int]:
     the ranks' median)."""
     line = curve.lines[0]
     means = [p.mean for p in line.points]
-    scale = y_scale([line])
+    scale = y_scale([line], allow_log=log_allowed(curve.name))
     spark = sparkline(means, width, log=bool(scale and scale.log))
     last = next((p for p in reversed(line.points) if p.n), None)
-    latest = None if last is None else (last.mean if last.n == 1 else last.mean)
+    latest = None if last is None else last.mean
     step = int(line.points[-1].x) if line.points and curve.by_step else -1
     return spark, latest, step
 

@@ -31,6 +31,7 @@ __all__ = [
     "CurveLine",
     "is_eval",
     "is_user_group",
+    "log_allowed",
     "pick_loss",
     "smooth",
     "y_scale",
@@ -41,6 +42,7 @@ MIN_POINTS = 4  # a metric with fewer values (on its busiest rank) is a table ro
 MAX_RANK_LINES = 8  # more ranks that differ: their median, and a min..max band across ranks
 WALL_WIDTH_NS = 1_000_000  # the first bucket width of a wall-time axis: 1 ms
 EVAL_WORDS = frozenset({"val", "valid", "validation", "eval", "evaluation", "test", "dev"})
+_LOG_WORDS = ("loss", "ppl", "perplexity", "grad", "norm", "lr", "learning_rate")
 _SYSTEM_GROUPS = frozenset({"training", "system", "cross_rank", "telemetrain"})
 # bucket slots: finite count, sum, min, max, x of the max, non-finite count, x of the first non-finite, last wall ns,
 # sum of x, points
@@ -131,6 +133,7 @@ class CurveBuilder:
             raise ValueError(f"capacity must be at least 8, got {capacity}")
         self.capacity = capacity
         self._series: dict[tuple[str, str], dict[int, _Series]] = {}
+        self.first_wall_ns: int | None = None  # the earliest point kept (an origin when the run's start is unknown)
 
     def __len__(self) -> int:
         return len(self._series)
@@ -159,6 +162,8 @@ class CurveBuilder:
         else:
             x = int(wall_ns)
         s.points += 1
+        if self.first_wall_ns is None or wall_ns < self.first_wall_ns:
+            self.first_wall_ns = wall_ns
         key = x // s.width
         b = s.buckets.get(key)
         v = float(value)
@@ -366,7 +371,14 @@ def _quantile(ordered: Sequence[float], q: float) -> float:
     return ordered[i] + (ordered[j] - ordered[i]) * (pos - i)
 
 
-def y_scale(lines: Sequence[CurveLine], *, zero: bool = False) -> YScale | None:
+def log_allowed(name: str) -> bool:
+    """A log y axis suits losses, perplexities, gradient norms and learning rates (spanning decades is their
+    nature); not accuracies and other bounded scores, whose first value near 0 would squash the rest."""
+    low = name.lower()
+    return any(w in low for w in _LOG_WORDS)
+
+
+def y_scale(lines: Sequence[CurveLine], *, zero: bool = False, allow_log: bool = True) -> YScale | None:
     """The y range of a chart: the bucket means and minima, and the maxima unless a few of them would flatten the
     rest. A maximum is a spike when it lies beyond the line's own smoothed value by more than 8 robust deviations of
     the means around it; when the spikes would stretch the range by more than half, the range stops at the
@@ -401,7 +413,7 @@ def y_scale(lines: Sequence[CurveLine], *, zero: bool = False) -> YScale | None:
     span = hi - lo if hi > lo else abs(hi) or 1.0
     if top <= hi + 0.5 * span:  # the spikes fit without flattening the rest: show them in range
         hi, spikes = max(hi, top), []
-    log = lo > 0 and hi / lo >= 100
+    log = allow_log and lo > 0 and hi / lo >= 100
     if not log:
         if zero and lo > 0 and lo < 0.5 * hi:
             lo = 0.0

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from .curves import Curve, CurveLine, YScale, smooth, smoothing_window, y_scale
+from .curves import Curve, CurveLine, YScale, log_allowed, smooth, smoothing_window, y_scale
 from .svg import PALETTE, esc, fmt_unit
 
 __all__ = ["curve_chart", "overlay_chart"]
@@ -161,11 +161,11 @@ def _legend(entries: Sequence[tuple[str, str]], x0: int, y: int, width: int) -> 
     x = x0
     for name, colour in entries[:10]:
         shown = name if len(name) <= 48 else name[:47] + "…"
-        if x + 24 + 6 * len(shown) > width:
+        if x + 24 + 7 * len(shown) > width:
             break
         out.append(f'<rect x="{x}" y="{y}" width="10" height="10" fill="{colour}"/>'
                    f'<text x="{x + 14}" y="{y + 9}" {_FONT}>{esc(shown)}</text>')
-        x += 24 + 6 * len(shown)
+        x += 24 + 7 * len(shown)
     return out
 
 
@@ -178,7 +178,7 @@ def _svg_open(width: int, height: int, label: str, metric: str) -> str:
 def curve_chart(curve: Curve, *, width: int = 640, height: int = 220) -> str:
     """One metric of one run."""
     x = _x_range(curve.lines)
-    scale = y_scale(curve.lines)
+    scale = y_scale(curve.lines, allow_log=log_allowed(curve.name))
     if x is None or scale is None:
         return ""
     plot = _Plot(width, height, x, scale)
@@ -202,7 +202,7 @@ def overlay_chart(title: str, runs: Sequence[tuple[str, Curve]], *, width: int =
     if not lines:
         return ""
     x = _x_range([line for _, line in lines])
-    scale = y_scale([line for _, line in lines])
+    scale = y_scale([line for _, line in lines], allow_log=all(log_allowed(c.name) for _, c in runs))
     if x is None or scale is None:
         return ""
     by_step = all(c.by_step for _, c in runs)
