@@ -110,10 +110,12 @@ def _draw_line(plot: _Plot, line: CurveLine, colour: str, label: str) -> list[st
         out.append(_band(plot, xs, [p.lo for p in pts], [p.hi for p in pts], colour,
                          f"{label}: min..max of each bucket", 0.15))
     raw = plot.path(xs, means)
+    smoothed_too = len([m for m in means if m == m]) >= SMOOTH_FROM  # fewer: the raw line says it all
     if raw:
-        out.append(f'<path class="raw" d="{raw}" fill="none" stroke="{colour}" stroke-width="1" '
-                   f'stroke-opacity="0.45"><title>{esc(label)} (raw)</title></path>')
-    if len([m for m in means if m == m]) >= SMOOTH_FROM:  # fewer: the raw line says it all
+        out.append(f'<path class="raw" d="{raw}" fill="none" stroke="{colour}" '
+                   f'stroke-width="{1 if smoothed_too else 1.5}" stroke-opacity="{0.45 if smoothed_too else 1}">'
+                   f"<title>{esc(label)} (raw)</title></path>")
+    if smoothed_too:
         smoothed = plot.path(xs, smooth(means, smoothing_window(len(means))))
         if smoothed:
             out.append(f'<path class="smoothed" d="{smoothed}" fill="none" stroke="{colour}" stroke-width="2">'
@@ -175,7 +177,7 @@ def _svg_open(width: int, height: int, label: str, metric: str) -> str:
             f"<title>{esc(label)}</title>")
 
 
-def curve_chart(curve: Curve, *, width: int = 640, height: int = 220) -> str:
+def curve_chart(curve: Curve, *, width: int = 600, height: int = 220) -> str:
     """One metric of one run."""
     x = _x_range(curve.lines)
     scale = y_scale(curve.lines, allow_log=log_allowed(curve.name))
