@@ -472,8 +472,9 @@ def _lifecycle(
         loss_stat.add(loss)
         step += 1
         samples_per_s = len(x) / elapsed if elapsed > 0 else 0.0
-        # the model's own numbers at their global step (the report charts them by step), then torchelastic's API
-        t.log({"train.loss": loss, "train.lr": lr, "train.grad_norm": grad_norm}, step=step, group="train")
+        # the model's own numbers at the iteration's global step (zero-based, as the recorder's current_iteration:
+        # the report charts them by step), then torchelastic's API
+        t.log({"train.loss": loss, "train.lr": lr, "train.grad_norm": grad_norm}, step=step - 1, group="train")
         metrics.put_metric("train.samples_per_s", samples_per_s, "train")
         metrics.put_metric("train.epoch", epoch, "train")
         window_loss += loss * len(x)
