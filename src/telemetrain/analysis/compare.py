@@ -479,8 +479,15 @@ def compare_samples(candidate: RunSamples, baseline: RunSamples, *, confidence: 
             # significant interval, so the resampling is skipped (16 ranks x 4 phases would cost most of compare)
             metrics.append(_compare_series(c_values, b_values, what, dataclasses.replace(own, resamples=0)))
             continue
-        m = _compare_series(c_values, b_values, what, own)
-        metrics.append(noise.judge(m, what, series, own))
+        m = noise.judge(_compare_series(c_values, b_values, what, own), what, series, own)
+        if what.metric == OTHER and m.significant:
+            # the rest of the step is small: a large ratio of a tiny time is not worth naming unless the time it
+            # added (or saved) is at least min_effect of the baseline's iteration time
+            whole = _median_or_nan(baseline.series("iteration_time"))
+            if abs(m.candidate_median - m.baseline_median) < own.min_effect * whole:
+                m = dataclasses.replace(m, verdict=NO_CHANGE, note=f"changed by less than {own.min_effect:.0%} of "
+                                        "the iteration time")
+        metrics.append(m)
     goodput = _goodput_row(candidate, baseline)
     if goodput is not None:
         metrics.append(goodput)
