@@ -89,6 +89,8 @@ def register(sub: Any) -> None:
                          "%(default)s)")
     compare.add_argument("--no-goodput", action="store_true",
                          help="leave out the goodput row (it reads the whole runs)")
+    compare.add_argument("--loss", metavar="NAME", help="the metric the quality comparison reads, NAME or "
+                         "GROUP/NAME (default: one named loss, train/loss, ..., else the first ending in loss)")
     compare.add_argument("--html", metavar="FILE", help="also write the comparison as a self-contained HTML page")
     compare.add_argument("--json", action="store_true", help="print the comparison as JSON instead of a table")
     compare.add_argument("--fail-on-regression", action="store_true",
@@ -124,6 +126,8 @@ def register(sub: Any) -> None:
     tail.add_argument("--interval", type=_positive_float, default=2.0, metavar="SECONDS",
                       help="seconds between refreshes (default: %(default)s)")
     tail.add_argument("--once", action="store_true", help="draw one frame and exit")
+    tail.add_argument("--loss", metavar="NAME", help="the metric the loss sparkline shows, NAME or GROUP/NAME "
+                      "(default: one named loss, train/loss, train.loss, ..., else the first ending in loss)")
     tail.set_defaults(run=_cmd_tail)
 
 
@@ -255,7 +259,7 @@ def _cmd_compare(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
         comparison = compare_runs(cand_samples, base_samples, confidence=args.confidence, min_effect=args.min_effect,
                                   resamples=args.resamples, seed=args.seed, force=args.force, history=earlier,
-                                  goodput=not args.no_goodput)
+                                  goodput=not args.no_goodput, loss=args.loss)
     except WorkloadMismatch as exc:
         raise CLIError(f"{exc.reason}; pass --force to compare anyway") from None
     from .compare_text import format_comparison
@@ -326,4 +330,4 @@ def _cmd_tail(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         raise CLIError(f"telemetrain tail {_RICH_MISSING}") from None
     from .tail import run_tail
 
-    return run_tail(resolve_run(args.run_dir, err), out, interval=args.interval, once=args.once)
+    return run_tail(resolve_run(args.run_dir, err), out, interval=args.interval, once=args.once, loss=args.loss)

@@ -9,7 +9,7 @@ import html
 import math
 
 from .compare import IMPROVEMENT, INCONCLUSIVE, REGRESSION, CandidateComparison, Comparison, MetricComparison, RunRef
-from .compare_text import format_change, format_interval, format_quantity, where_lines
+from .compare_text import format_change, format_interval, format_quantity, speed_of, where_lines
 
 __all__ = ["comparison_html"]
 
@@ -87,12 +87,28 @@ def _candidate_section(c: CandidateComparison, comparison: Comparison) -> str:
     regressions = c.regressions
     summary = (f"{len(regressions)} regression(s): " + ", ".join(_e(m.label) for m in regressions)
                if regressions else "no regression")
-    notes = "".join(f"<p>{_e(line)}</p>" for line in where_lines(c))
+    notes = "".join(f"<p>{_e(line)}</p>" for line in where_lines(c)) + _quality(c, comparison.baseline.run_id)
     notes += "".join(f"<p class=note>note: {_e(n)}</p>" for n in c.notes)
     return (f"<h2>{_e(c.candidate.run_id)}: {summary}</h2>{_run_block('candidate', c.candidate)}"
             f"<table><tr><th>metric</th><th>baseline median</th><th>candidate median</th><th>change</th>"
             f"<th>{comparison.confidence:.0%} CI</th><th>CI, axis &plusmn;{span:.0%}</th>"
             f"<th>verdict</th><th>windows</th></tr>{''.join(rows)}</table>{notes}")
+
+
+def _quality(c: CandidateComparison, base_id: str) -> str:
+    """The model's side: the quality sentence and the runs' curves over each other (report.curves_svg)."""
+    q = c.quality
+    if q is None:
+        return ""
+    from ..report.curves_svg import overlay_chart
+
+    speed = speed_of(c)
+    out = [f"<p class=quality><b>quality</b>: {_e(q.sentence('the candidate' + (f' {speed} and' if speed else '')))}"
+           "</p>"]
+    for title, base, cand in q.overlays:
+        runs = [(f"baseline {base_id}", base), (f"candidate {c.candidate.run_id}", cand)]
+        out.append(f"<h3>{_e(title)}</h3>" + overlay_chart(title, runs, width=960, height=220))
+    return "".join(out)
 
 
 def comparison_html(comparison: Comparison, title: str = "telemetrain compare") -> str:

@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 
 from .compare import INCONCLUSIVE, REGRESSION, CandidateComparison, Comparison, MetricComparison, RunRef
+from .compare_quality import quality_lines
 
 __all__ = ["format_change", "format_comparison", "format_quantity"]
 
@@ -108,8 +109,17 @@ def _candidate_lines(c: CandidateComparison, comparison: Comparison) -> list[str
     if not regressions and not improvements:
         lines.append(f"  no significant change (none beyond +/-{comparison.min_effect:.0%} with "
                      f"{comparison.confidence:.0%} confidence)")
+    lines += quality_lines(c.quality, speed_of(c))
     lines += [f"  note: {n}" for n in c.notes]
     return lines
+
+
+def speed_of(c: CandidateComparison) -> str:
+    """'is 12.0% slower' / 'is 3.1% faster' / '' (no significant change of the iteration time)."""
+    m = c.metric("iteration_time")
+    if m is None or not m.significant:
+        return ""
+    return f"is {abs(m.change):.1%} {'slower' if m.change > 0 else 'faster'}"
 
 
 def format_comparison(comparison: Comparison) -> list[str]:

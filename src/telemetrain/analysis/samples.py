@@ -20,6 +20,8 @@ from typing import Any
 
 from ..identity import Identity
 from ..phase_times import phase_times
+from ..report.curves import CurveBuilder
+from ..semconv import series_key
 from ..store.codec import decode_line
 from ..store.layout import RUN_META, is_agent_file, is_process_file
 from ..store.reader import NotARunError, Run, _fallback_identity, open_run
@@ -28,6 +30,7 @@ from .findings.inputs import contention_share
 __all__ = ["DURATIONS", "PHASES", "RunSamples", "Window", "read_samples", "run_samples", "with_goodput"]
 
 PHASES = ("dataloader", "forward", "backward", "optimizer")
+OTHER = "other"  # the series of the iteration time outside the phases (``RunSamples.series("other")``)
 _UPDATE = "training_metrics_update"
 _ITERATION_SPAN = "training_single_iteration"
 _UPDATE_BYTES = b'"name":"training_metrics_update"'
@@ -40,6 +43,7 @@ _DURATION_BYTES = tuple(f'"name":"{name}"'.encode() for name in DURATIONS)
 _CONTENTION = {"process.cpu.utilization": "process_cpu", "system.cpu.utilization": "host_cpu"}
 _CONTENTION_BYTES = (b'"process.cpu.utilization"', b'"system.cpu.utilization"', b'"hw.gpu.throttle.')
 _INIT_BYTES = b'"name":"one_logger_initialization"'
+_NOT_USER_BYTES = (b'"group":"system', b'"group":"training"', b'"group":"cross_rank"')  # curves.is_user_group's
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,7 @@ class RunSamples:
     is_baseline: bool = False  # the config's is_baseline_run (one_logger_initialization)
     goodput: float | None = None  # the run's own goodput, when compare computed it (``with_goodput``)
     cpu_count: int | None = None  # run.json's hardware
+    curves: CurveBuilder = field(default_factory=CurveBuilder)  # the user's metrics (loss, eval), bounded buckets
 
     @property
     def ranks(self) -> list[int]:
@@ -158,6 +163,10 @@ def _value_of(w: Window, metric: str) -> float | None:
         return w.iteration_time
     if metric == "samples_per_second":
         return w.samples_per_second
+    if metric == OTHER:  # the step's time outside its timed phases (a sleep in the loop, unannotated work)
+        if not w.phases or w.phase_source != "host":  # device phases against a host iteration time: not comparable
+            return None
+        return max(0.0, w.iteration_time - sum(w.phases.values()))
     return w.phases.get(metric)
 
 
@@ -200,6 +209,7 @@ class _Collector:
         self.durations: dict[str, list[tuple[int, float]]] = {}
         self.signals: dict[str, list[float]] = {}
         self.is_baseline = False
+        self.curves = CurveBuilder()
 
     def feed(self, records: Iterable[Any]) -> None:
         loops_seen: set[tuple[int, int]] = set()
@@ -214,6 +224,8 @@ class _Collector:
                 continue
             if r.kind == "metric":
                 self._signal(r.name, r.value)
+                self.curves.add(ident.rank, r.group, series_key(r.name, r.attributes) if r.attributes else r.name,
+                                r.step, r.value, r.wall_ns, r.unit)
                 continue
             if r.kind == "event" and r.name == "one_logger_initialization":
                 self.is_baseline = self.is_baseline or (r.attributes or {}).get("is_baseline_run") is True
@@ -260,6 +272,7 @@ class _Collector:
             contention={k: statistics.fmean(v) for k, v in self.signals.items() if v},
             is_baseline=self.is_baseline or meta.get("is_baseline_run") is True,
             cpu_count=cpus if isinstance(cpus, int) and not isinstance(cpus, bool) and cpus > 0 else None,
+            curves=self.curves,
         )
 
 
@@ -301,8 +314,8 @@ def _wanted(raw: bytes) -> bool:
         return True
     if b'"span_end"' in head:
         return _ITERATION_BYTES in raw or any(name in raw for name in _DURATION_BYTES)
-    if b'"metric"' in head:
-        return any(name in raw for name in _CONTENTION_BYTES)
+    if b'"metric"' in head:  # the contention signals, and the user's metrics (curves)
+        return any(name in raw for name in _CONTENTION_BYTES) or not any(g in raw for g in _NOT_USER_BYTES)
     return _INIT_BYTES in raw
 
 
