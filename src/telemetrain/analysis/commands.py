@@ -6,7 +6,7 @@ import argparse
 import contextlib
 import json
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -22,7 +22,7 @@ from .compare import (
     WorkloadMismatch,
     compare_runs,
 )
-from .compare_multi import MultiComparison, compare_baselines
+from .compare_multi import compare_baselines
 from .samples import RunSamples, open_run_meta, read_samples, run_bytes
 
 __all__ = ["register"]
@@ -297,47 +297,36 @@ def _cmd_compare(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     settings: dict[str, Any] = dict(confidence=args.confidence, min_effect=args.min_effect, resamples=args.resamples,
                                     seed=args.seed, force=args.force, history=earlier, goodput=not args.no_goodput,
                                     loss=args.loss)
+    from .compare_html import comparison_html, multi_html
+    from .compare_text import format_comparison, format_multi
+
     try:
         if len(base_samples) == 1:
-            comparison = compare_runs(cand_samples, base_samples[0], **settings)
-        else:
-            return _several(compare_baselines(cand_samples, base_samples, **settings), args, out, err)
+            one = compare_runs(cand_samples, base_samples[0], **settings)
+            return _emit(args, out, err, one.as_dict(), format_comparison(one), lambda: comparison_html(one),
+                         bool(one.regressions))
+        # several baselines: fail only on a metric that regressed against every one
+        multi = compare_baselines(cand_samples, base_samples, **settings)
+        return _emit(args, out, err, multi.as_dict(), format_multi(multi), lambda: multi_html(multi),
+                     bool(multi.regressions))
     except WorkloadMismatch as exc:
         raise CLIError(f"{exc.reason}; pass --force to compare anyway") from None
-    from .compare_text import format_comparison
 
+
+def _emit(args: argparse.Namespace, out: TextIO, err: TextIO, data: dict[str, Any], lines: list[str],
+          page: Callable[[], str], regressed: bool) -> int:
+    """The comparison as JSON or text on ``out``, the page to --html; the exit status."""
     if args.json:
-        print(json.dumps(comparison.as_dict(), indent=2, allow_nan=False), file=out)
+        print(json.dumps(data, indent=2, allow_nan=False), file=out)
     else:
-        print("\n".join(printable(line) for line in format_comparison(comparison)), file=out)
+        print("\n".join(printable(line) for line in lines), file=out)
     if args.html:
-        from .compare_html import comparison_html
-
-        _write_page(args.html, comparison_html(comparison), err)
-    return 1 if args.fail_on_regression and comparison.regressions else 0
-
-
-def _several(multi: MultiComparison, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    """Several baselines: the output of each, the tally; fails on a metric that regressed against every one."""
-    from .compare_text import format_multi
-
-    if args.json:
-        print(json.dumps(multi.as_dict(), indent=2, allow_nan=False), file=out)
-    else:
-        print("\n".join(printable(line) for line in format_multi(multi)), file=out)
-    if args.html:
-        from .compare_html import multi_html
-
-        _write_page(args.html, multi_html(multi), err)
-    return 1 if args.fail_on_regression and multi.regressions else 0
-
-
-def _write_page(target: str, page: str, err: TextIO) -> None:
-    try:
-        write_output(target, page)
-    except OSError as exc:
-        raise CLIError(str(exc)) from None
-    print(f"wrote {printable(str(target))}", file=err)
+        try:
+            write_output(args.html, page())
+        except OSError as exc:
+            raise CLIError(str(exc)) from None
+        print(f"wrote {printable(str(args.html))}", file=err)
+    return 1 if args.fail_on_regression and regressed else 0
 
 
 # -- goodput -----------------------------------------------------------------------------------------------------------
