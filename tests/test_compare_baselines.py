@@ -126,6 +126,8 @@ def test_repeated_baselines_give_a_block_each_and_a_tally(runs: dict[str, Path],
     assert re.search(r"regressed against 2 of 3 baselines, improved against 1 \(\+\d", line), line
     assert "REGRESSION against every baseline" not in line
     assert "result: 0 regression(s) against every one of 3 baselines" in out
+    # the quality line's times count from the run's start, never negative (a clock unlike run.json's)
+    assert not re.search(r"-\d[\d.]* s in", out), out
 
     code, out, err = run_cli("compare", str(runs["c"]), "--baseline", str(runs["b1"]), "--baseline", str(runs["b2"]),
                              "--fail-on-regression", *FAST, capsys=capsys)

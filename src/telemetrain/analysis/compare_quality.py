@@ -131,8 +131,10 @@ def _reach(line: CurveLine, target: float, higher: bool) -> tuple[float, float] 
 
 
 def _curve(run: RunSamples, key: tuple[str, str]) -> Curve | None:
-    """The run's curve of ``key``, its times counted from the run's start (run.json's, else its first metric)."""
-    start = run.created_wall_ns or run.curves.first_wall_ns or 0
+    """The run's curve of ``key``, its times counted from the run's start: the earlier of run.json's creation and its
+    first metric (a clock that disagrees with run.json's must not make the times negative)."""
+    starts = [t for t in (run.created_wall_ns, run.curves.first_wall_ns) if t]
+    start = min(starts) if starts else 0
     return run.curves.curve(*key, start, min_points=3)
 
 
