@@ -66,7 +66,8 @@ SCENARIOS = {s.name: s for s in (
     Scenario("slow-checkpoint", 0, {**SINGLE, "CKPT_SLOW_S": "0.1"}),
     Scenario("mid-run-slowdown", 0, {"STEPS": "600", "SLOW_FROM": "300", "SLOW_FACTOR": "3"},
              (Expect("slowdown", "slowdown from step 300", steps_from(290, 310)),)),
-    Scenario("leak-spike-nan", 0, {"STEPS": "600", "LEAK_MB": "1", "SPIKE_AT": "200", "NAN_AT": "400"}, (
+    Scenario("leak-spike-nan", 0, {"STEPS": "600", "LEAK_MB": "1", "SPIKE_AT": "200", "NAN_AT": "400",
+                                      "SAMPLER_S": "0.05"}, (  # enough RSS samples however fast the job runs
         Expect("memory growth", "RSS growth rank 0", lambda f: f.evidence.ranks == (0,) and "RSS" in f.title),
         Expect("spike", "loss spike at 200", lambda f: "train.loss" in f.title and f.evidence.steps[0] == 200),
         Expect("spike", "grad norm spike at 200",

@@ -191,9 +191,10 @@ def test_clean_pairs_raise_no_regression(store: dict[str, Path]) -> None:
     comparison = compare_runs([store["clean1"], store["clean2"], store["clean3"]], store["base"])
     assert len(comparison.candidates) == 3
     for result in comparison.candidates:
-        scopes = [m.scope for m in result.metrics]  # run-level (and goodput), phases, ranks, each rank's phases
+        # run-level (and goodput), phases and the rest of the step, ranks, each rank's phases
+        scopes = [m.scope for m in result.metrics]
         assert (scopes.count("run"), scopes.count("phase"), scopes.count("rank"), scopes.count("rank phase")) == \
-            (3, 4, 2, 8)
+            (3, 5, 2, 8)
         # goodput is shown, one value per run: not tested
         assert [m.label for m in result.metrics if m.verdict not in (NO_CHANGE, ONE_VALUE)] == [], \
             result.candidate.run_id
@@ -616,3 +617,26 @@ def test_tail_without_rich_says_how_to_install(tmp_path: Path) -> None:
     assert proc.stderr.strip() == ('telemetrain: error: telemetrain tail needs rich, which is not installed: '
                                    'pip install "telemetrain[report]"')
 
+
+
+def test_time_outside_the_phases_is_blamed_on_the_rest_of_the_step(tmp_path: Path) -> None:
+    """A 10 ms sleep in the step, outside every timed phase: the 'rest of the step' row regresses, no phase does."""
+    for run_id, extra_ms in (("base", 0.5), ("sleepy", 10.5)):  # (untimed work: 0.5 ms a step)
+        sim = RankSim(tmp_path, run_id, rank=0, world_size=1, perf_tag="p", session="o", log_every=10).start()
+        rng = random.Random(run_id)
+        for _ in range(200):
+            sim.r.on_training_single_iteration_start(BASE_MS + sim.now)
+            for phase, ms in PHASE_MS.items():
+                s = sim.r.tracer.start(PHASE_SPANS[phase], group="training", start_ns=sim.mono(sim.now))
+                sim.now += noisy(rng, ms)
+                s.end(end_ns=sim.mono(sim.now))
+            sim.now += extra_ms  # the sleep: inside the iteration, outside the phases
+            sim.r.on_training_single_iteration_end(BASE_MS + sim.now)
+            sim.now += 1.0
+        sim.finish()
+    (result,) = compare_runs([tmp_path / "o" / "sleepy"], tmp_path / "o" / "base", goodput=False).candidates
+    assert [m.metric for m in result.regressions if m.scope == "phase"] == ["other"]
+    rest = result.metric("other")
+    assert rest is not None and rest.label == "rest of the step"
+    assert rest.candidate_median - rest.baseline_median == pytest.approx(0.010, abs=0.002)
+    assert result.metric("iteration_time").verdict == REGRESSION  # type: ignore[union-attr]

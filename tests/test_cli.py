@@ -364,7 +364,8 @@ def test_demo_backend_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     acc.Reload()
     loss = [tag for tag in acc.Tags()["tensors"] if tag.endswith("train.loss")]
     points = [m for m in run.processes[0].records if m.kind == "metric" and m.name == "train.loss"]
-    assert len(points) == 30 and all(m.step is None for m in points)  # (put_metric has no step: the global step)
+    # (Telemetry.log at the iteration's zero-based global step, as the recorder counts)
+    assert [m.step for m in points] == list(range(30))
     steps = [e.step for e in acc.Tensors(loss[0])] if loss else []
     assert len(steps) == 30 and steps == sorted(steps) and steps[-1] <= 29  # on the training loop's axis
     # MLflow: the same metric with its steps

@@ -21,28 +21,30 @@ Failure policy (``FailurePolicy``): a batch whose ``write`` raises is counted as
 ``max_consecutive`` failures in a row the sink is suspended for ``backoff_s`` seconds (doubling on each further
 failure up to ``backoff_max_s``), records offered meanwhile are dropped and counted, then the next batch is tried
 again. A success resets the backoff. The first failure is warned about once and every failure streak is reported.
+
+The parts every runner shares and ``InlineRunner`` are in ``sink_runner``; the trimmer thread in ``queue_trimmer``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
-import os
 import sys
 import threading
 import time
-import weakref
 from collections import deque
 from collections.abc import Callable
 from itertools import repeat, starmap
-from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from .containment import PartialWriteError, TelemetryWarning, call_bounded, describe, is_interrupt, warn_safely
-from .records import PAIRS, PackedSource, unpack_all
+from .records import PAIRS, PackedSource
 
 if TYPE_CHECKING:
     from .sinks.base import Sink
+from .queue_trimmer import TRIM_IDLE_MAX_S as TRIM_IDLE_MAX_S  # (re-exported, as TRIM_INTERVAL_S)
+from .queue_trimmer import TRIM_INTERVAL_S as TRIM_INTERVAL_S
+from .queue_trimmer import _trimmer
+from .sink_runner import FailurePolicy, InlineRunner, Reporter, SinkStats, _Runner, count_records
 
 __all__ = [  # the containment names are re-exported: the rest of the package imports them from here
     "BackgroundRunner",
@@ -58,49 +60,8 @@ __all__ = [  # the containment names are re-exported: the rest of the package im
 ]
 
 
-@dataclasses.dataclass(frozen=True)
-class FailurePolicy:
-    max_consecutive: int = 5
-    backoff_s: float = 1.0
-    backoff_max_s: float = 60.0
 
-    def __post_init__(self) -> None:
-        if self.max_consecutive < 1:
-            raise ValueError(f"max_consecutive must be >= 1, got {self.max_consecutive}")
-        if not self.backoff_s > 0 or not self.backoff_max_s >= self.backoff_s:
-            raise ValueError("backoff_s must be > 0 and backoff_max_s >= backoff_s")
-
-
-@dataclasses.dataclass
-class SinkStats:
-    """Counters of one attached sink (see ``Telemetry.health()``)."""
-
-    sink: str
-    background: bool
-    delivered: int = 0
-    dropped: int = 0  # not delivered: offered to a full queue, or while suspended
-    dropped_suspended: int = 0  # the part of ``dropped`` offered while the sink was suspended after failures
-    failed: int = 0  # records in batches whose write raised
-    failures: int = 0  # write calls that raised
-    suspended: bool = False
-    abandoned: bool = False  # the sink did not finish within close()'s timeout: left behind, its queue dropped
-    last_error: str = ""
-
-
-# Reports a diagnostic: (what, runner, count, message).
-Reporter = Callable[[str, "_Runner", int, str], None]
-
-
-TRIM_INTERVAL_S = 0.02
-TRIM_IDLE_MAX_S = 0.16  # the trimmer's tick while no queue is filling (see _Trimmer._run)
 GUARD_HOLD_S = 2.0  # an overflowed queue keeps its guarded route this long after its last drop (see trim)
-_kind_of = itemgetter(0)
-_is_pair = PAIRS.__contains__
-
-
-def count_records(batch: list[Any]) -> int:
-    """Records in a batch of packed tuples: a pair stands for two (see records.PAIRS). C-level loops only."""
-    return len(batch) + sum(map(_is_pair, map(_kind_of, batch)))
 
 
 def _pop_into(out: list[Any], pop: Callable[[], Any], n: int) -> None:
@@ -113,186 +74,10 @@ def _pop_into(out: list[Any], pop: Callable[[], Any], n: int) -> None:
         pass
 
 
-class _Runner:
-    """What the two runners share: counters and the failure policy."""
-
-    def __init__(self, sink: Sink, policy: FailurePolicy, report: Reporter, source: PackedSource) -> None:
-        # Guards taking from the queue and the drop counters; never taken on the hot path. Re-entrant: a signal
-        # handler that flushes can interrupt the main thread while it holds the lock (health(), a direct flush).
-        self._take_lock = threading.RLock()
-        self.sink = sink
-        self.source = source
-        self.policy = policy
-        self._report = report
-        self.stats = SinkStats(sink=sink.name, background=isinstance(self, BackgroundRunner))
-        self._consecutive = 0
-        self._suspended_until = 0.0
-        self._backoff = policy.backoff_s
-        self._warned = False
-
-    def _deliver(self, batch: list[Any], *, counted: bool = True) -> None:
-        """Hand a batch of packed records to the sink, containing any failure. Never raises (but a real interrupt,
-        see ``is_interrupt``). ``counted=False`` for telemetrain's own diagnostics, which are not part of the
-        delivered/dropped record counts."""
-        stats = self.stats
-        if self._suspended_until:
-            if time.monotonic() < self._suspended_until:
-                if not counted:
-                    return
-                n = count_records(batch)
-                with self._take_lock:
-                    stats.dropped += n
-                    stats.dropped_suspended += n
-                return
-            self._suspended_until = 0.0
-        try:
-            self.sink.write_packed(batch, self.source)
-        except BaseException as exc:  # nothing a sink raises may reach training
-            n = count_records(batch) if counted else 0
-            if counted and isinstance(exc, PartialWriteError):  # part of the batch is stored: only the rest failed
-                written = min(max(exc.written, 0), n)
-                stats.delivered += written
-                n -= written
-            self._on_failure(exc, n)
-            if is_interrupt(exc):
-                raise
-        else:
-            if counted:
-                stats.delivered += count_records(batch)
-            if self._consecutive:
-                self._consecutive = 0
-                self._backoff = self.policy.backoff_s
-                if stats.suspended:
-                    stats.suspended = False
-                    self._report("sink_resumed", self, 0, "")
-
-    def _on_failure(self, exc: BaseException, n: int) -> None:
-        stats = self.stats
-        stats.failures += 1
-        stats.failed += n
-        stats.last_error = describe(exc)
-        self._consecutive += 1
-        self._report("sink_error", self, n, stats.last_error)
-        if not self._warned:
-            self._warned = True
-            warn_safely(
-                f"telemetrain: sink {self.sink.name!r} failed ({stats.last_error}); training continues, failures are "
-                "counted in Telemetry.health() and written as diagnostic records. Further failures are not warned."
-            )
-        if self._consecutive >= self.policy.max_consecutive:
-            self._suspended_until = time.monotonic() + self._backoff
-            self._report("sink_suspended", self, 0, f"for {self._backoff:g} s after {self._consecutive} failures")
-            self._backoff = min(self._backoff * 2, self.policy.backoff_max_s)
-            stats.suspended = True
-
-    def _call(self, what: str, timeout: float | None) -> bool:
-        """The sink's ``flush``/``close`` outside its runner's thread (an inline sink; a background sink that never
-        got a record), waited for at most ``timeout`` in a helper thread: an inline sink is supposed to be cheap,
-        but a console on a stalled pipe or a user's sink may block. True if it returned."""
-        from .sinks.base import Sink  # the base class: its methods do nothing, so there is nothing to wait for
-
-        if getattr(type(self.sink), what, None) is getattr(Sink, what):
-            return True
-        done, exc = call_bounded(getattr(self.sink, what), timeout, f"{self.sink.name}-{what}")
-        if exc is not None:
-            self._on_failure(exc, 0)
-            if is_interrupt(exc):  # only when it ran on this (main) thread
-                raise exc
-        if not done:
-            self._abandoned(f"{what}()", timeout, 0)
-        return done
-
-    def _abandoned(self, what: str, timeout: float | None, dropped: int) -> None:
-        """The sink's ``what`` did not return in time: it is left behind (its thread, if any, is a daemon), counted,
-        reported to the other sinks (the run store hears it: it closes last) and warned about."""
-        self.stats.abandoned = True
-        message = f"{what} did not return within {timeout or 0:g} s; the sink was abandoned"
-        if dropped:
-            message += f" with {dropped} records still queued (counted as dropped)"
-        self._report("sink_abandoned", self, dropped, message)
-        warn_safely(f"telemetrain: sink {self.sink.name!r}: {message}")
-
-
-class InlineRunner(_Runner):
-    """Runs a cheap sink in the caller's thread, with the same failure containment."""
-
-    def __init__(self, sink: Sink, policy: FailurePolicy, report: Reporter, source: PackedSource) -> None:
-        super().__init__(sink, policy, report, source)
-        handle = sink.handle
-        stats = self.stats
-        self._closed = False
-
-        local = threading.local()
-
-        def deliver_one(packed: Any, counted: bool = True) -> None:
-            if getattr(local, "active", False):
-                # The sink (a MetricHandler, say) emitted into its own route from inside handle(): that record goes to
-                # the other sinks, not round again through this one (which would recurse until the stack ran out).
-                if counted:
-                    stats.dropped += count_records([packed])
-                return
-            if self._suspended_until:
-                self._deliver([packed], counted=counted)
-                return
-            local.active = True
-            try:
-                _deliver_now(packed, counted)
-            finally:
-                local.active = False
-
-        def _deliver_now(packed: Any, counted: bool) -> None:
-            try:
-                records = unpack_all(packed, source.identity_of(packed[2]), source.wall_offset_ns)
-            except BaseException as exc:  # noqa: BLE001 - e.g. a token of another instance: contained, counted
-                self._on_failure(exc, count_records([packed]) if counted else 0)
-                return
-            for record in records:
-                try:
-                    handle(record)
-                except BaseException as exc:  # a sink's handle(), whatever it raises
-                    self._on_failure(exc, 1 if counted else 0)
-                    if is_interrupt(exc):  # the user's Ctrl-C, arriving while the sink ran: counted, then raised
-                        raise
-                else:
-                    if counted:  # telemetrain's own diagnostics are not part of the record counts
-                        stats.delivered += 1
-                    if self._consecutive:
-                        self._consecutive = 0
-                        self._backoff = self.policy.backoff_s
-
-        self.enqueue: Callable[[Any], None] = deliver_one
-        self.enqueue_diagnostic: Callable[[Any], None] = lambda packed: deliver_one(packed, False)
-
-    def start(self) -> None:
-        pass
-
-    def request_stop(self) -> None:
-        pass
-
-    def nudge(self) -> None:
-        pass
-
-    def flush(self, timeout: float | None = None) -> bool:
-        if self._closed or self.stats.abandoned:
-            return not self.stats.abandoned
-        return self._call("flush", timeout)
-
-    def close(self, timeout: float | None = None) -> bool:
-        if self._closed:
-            return not self.stats.abandoned
-        deadline = None if timeout is None else time.monotonic() + timeout
-        self._closed = True
-        if not self._call("flush", timeout):
-            return False
-        return self._call("close", None if deadline is None else max(0.0, deadline - time.monotonic()))
-
-    def after_fork_in_child(self) -> None:
-        self._take_lock = threading.RLock()
-        self.sink.after_fork_in_child()
-
-
 class BackgroundRunner(_Runner):
     """A sink behind a bounded queue and its own daemon thread."""
+
+    _background = True
 
     def __init__(
         self,
@@ -631,71 +416,3 @@ class BackgroundRunner(_Runner):
                 f"telemetrain: sink {self.sink.name!r} is not keeping up; records are being dropped (queue capacity "
                 f"{self.capacity}). Counts are in Telemetry.health() and in diagnostic records."
             )
-
-
-class _Trimmer:
-    """One daemon thread per process that keeps every started background queue within its capacity (with the
-    writers' help, and the producers' own while a queue overflows: see ``BackgroundRunner.trim``).
-
-    Process infrastructure like the signal and fork hooks, so one per process rather than per ``Telemetry``. It runs
-    only while some runner is started, and exits when none is left.
-    """
-
-    def __init__(self) -> None:
-        self._after_fork()
-
-    def _after_fork(self) -> None:
-        self._runners: weakref.WeakSet[BackgroundRunner] = weakref.WeakSet()
-        self._lock = threading.RLock()  # re-entrant: a signal handler's close may unwatch while watch() holds it
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
-
-    def watch(self, runner: BackgroundRunner) -> None:
-        with self._lock:
-            self._runners.add(runner)
-            if self._thread is None:
-                self._stop = threading.Event()
-                self._thread = threading.Thread(target=self._run, args=(self._stop,), name="telemetrain-trimmer")
-                self._thread.daemon = True
-                self._thread.start()
-
-    def unwatch(self, runner: BackgroundRunner) -> None:
-        with self._lock:
-            self._runners.discard(runner)
-            thread = self._thread
-            if self._runners or thread is None:
-                return
-            self._thread = None  # the last runner is gone: stop now rather than at the next tick
-            self._stop.set()
-        if thread is not threading.current_thread():
-            thread.join(1.0)
-
-
-    def _run(self, stop: threading.Event) -> None:
-        # Every 20 ms while records flow; a quiet process (no queue filling) backs off, doubling up to 160 ms: a
-        # Python thread's wake-up costs ~80 us on a VM, and 50 of them a second were most of an idle Telemetry's
-        # CPU (0.6% of a core). The first tick of a burst after a quiet spell comes at most 160 ms late.
-        interval = TRIM_INTERVAL_S
-        previous: dict[int, int] = {}
-        while not stop.wait(interval):
-            with self._lock:
-                runners = list(self._runners)
-            sizes: dict[int, int] = {}
-            filling = False
-            for runner in runners:
-                try:
-                    size = runner.trim()
-                except BaseException:  # noqa: BLE001 - keep trimming the others (a reporter hook that raised)
-                    continue
-                sizes[id(runner)] = size
-                if size > runner.capacity // 2:  # filling faster than one batch per interval: write it now
-                    runner.nudge()
-                if size > runner.capacity // 8 or size - previous.get(id(runner), 0) > runner.capacity // 64:
-                    filling = True
-            previous = sizes
-            interval = TRIM_INTERVAL_S if filling else min(interval * 2, TRIM_IDLE_MAX_S)
-
-
-_trimmer = _Trimmer()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_trimmer._after_fork)

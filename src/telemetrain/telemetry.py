@@ -1,25 +1,25 @@
 """``Telemetry``: one instance owns identity, routing, sinks and their runners. Module-level APIs use a default
-instance (like ``logging``'s root logger); tests and libraries create their own.
-
-Which instance is the default (the module-level APIs' target: ``training.*``, ``Stat``, ``metrics``, ``events``,
-``monitor``, ``span``...): the one ``set_telemetry()`` or ``Telemetry(default=True)`` installed; else the first
-``Telemetry`` created (with ``default`` left ``None``) that is still open when a module-level API first needs one;
-else one built from the environment. ``default=False`` keeps an instance out of it. A split of one program's records
-between two instances is never silent: see ``_claim_default``.
+instance (``default_instance``: which one, and the warnings when records would split between two); tests and
+libraries create their own. The argument checks are in ``arguments``, the clock offset in ``clock``.
 """
 
 from __future__ import annotations
 
-import numbers
 import os
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from . import process_hooks
+from .arguments import _ATTRIBUTE_VALUE_SET, check_metric_attributes, check_step
+from .arguments import check_name as check_name  # (re-exported, as the two below: the APIs import them from here)
+from .arguments import check_value as check_value
+from .clock import CLOCK_SKEW_ENV as CLOCK_SKEW_ENV  # (re-exported: its old home)
+from .clock import _read_offset
+from .default_instance import _claim_default, get_telemetry, reset, set_telemetry
+from .default_instance import _default as _default  # (re-exported: the module-level APIs read it from here)
 from .dispatch import BackgroundRunner, FailurePolicy, InlineRunner, describe, is_interrupt, warn_safely
 from .identity import Identity, identity_from_env, identity_of, token_for
 from .records import KINDS, SEVERITIES, check_attribute_keys, check_record, pack
@@ -34,94 +34,7 @@ __all__ = ["Telemetry", "get_telemetry", "reset", "set_telemetry"]
 _monotonic_ns = time.monotonic_ns
 _SEVERITY_SET = frozenset(SEVERITIES)
 _RECORD_TYPES = frozenset(KINDS.values())
-_FALSY = {"0", "off", "false", "no", ""}
 STORE_CLOSE_BUDGET_S = 1.0  # the run store's share of close()'s timeout, after the other sinks (Telemetry.close)
-
-
-def check_value(value: Any, arg: str) -> int | float | bool:
-    """The slow path of every numeric argument: accept real numbers (numpy scalars too), refuse the rest."""
-    if isinstance(value, bool) or getattr(getattr(value, "dtype", None), "kind", None) == "b":
-        return bool(value)  # numpy.bool_ is no numbers.Integral
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real):
-        return float(value)
-    hint = ""
-    if hasattr(value, "item") and hasattr(value, "dim"):
-        hint = " (a tensor: pass tensor.item() yourself; telemetrain never calls it because it syncs the device)"
-    raise TypeError(f"{arg} must be an int or float, got {type(value).__name__}: {value!r:.80}{hint}")
-
-
-def check_name(name: Any, arg: str) -> str:
-    """A non-empty str; a str subclass (a str Enum member, say) becomes the plain str of its text."""
-    if not isinstance(name, str):
-        raise TypeError(f"{arg} must be a str, got {type(name).__name__}")
-    text: str = name if type(name) is str else str.__str__(name)  # str() of an Enum member gives "Cls.MEMBER"
-    if not text:
-        raise ValueError(f"{arg} must be a non-empty str")
-    return text
-
-
-def check_step(step: Any) -> int:
-    """A step is a whole number: an int, a numpy integer, or a float with no fractional part."""
-    if isinstance(step, bool) or not isinstance(step, numbers.Real):
-        raise TypeError(f"step must be an int, got {type(step).__name__}")
-    if isinstance(step, numbers.Integral):
-        return int(step)
-    as_float = float(step)
-    if not as_float.is_integer():
-        raise ValueError(f"step must be a whole number, got {step!r}")
-    return int(as_float)
-
-
-
-CLOCK_SKEW_ENV = "TELEMETRAIN_TEST_CLOCK_SKEW_NS"
-
-
-def _test_clock_skew_ns() -> int:
-    """A test hook: ``$TELEMETRAIN_TEST_CLOCK_SKEW_NS`` ns added to this process's wall clock reading (records and
-    ``Telemetry.now``), as a host whose clock is off would be. The multi-rank tests give one rank a skewed clock and
-    check that ``telemetrain trace`` realigns it (docs/distributed.md, "One timeline"). Read at every clock refresh;
-    a value that is not an integer is ignored."""
-    raw = os.environ.get(CLOCK_SKEW_ENV)
-    if not raw:
-        return 0
-    try:
-        return int(raw)
-    except ValueError:
-        return 0
-
-
-_ATTRIBUTE_VALUE_TYPES = (str, int, float, bool)
-_ATTRIBUTE_VALUE_SET = frozenset(_ATTRIBUTE_VALUE_TYPES)
-
-
-def check_metric_attributes(attributes: Any) -> None:
-    """A metric's attributes: a mapping of non-empty str keys to str, int, float or bool values (dimension labels:
-    a backend makes each distinct set its own series)."""
-    if not isinstance(attributes, Mapping):
-        raise TypeError(f"attributes must be a mapping, got {type(attributes).__name__}")
-    for key, value in attributes.items():
-        if type(key) is not str or not key:
-            raise TypeError(f"attributes keys must be non-empty str, got {key!r:.80}")
-        if type(value) not in _ATTRIBUTE_VALUE_TYPES:
-            raise TypeError(f"attributes[{key!r}] must be a str, int, float or bool (a dimension label), got "
-                            f"{type(value).__name__}: {value!r:.80}")
-
-
-def _read_offset() -> int:
-    """Wall ns minus monotonic ns, from the tightest of up to 5 bracketed reads (plus the test hook's skew)."""
-    skew = _test_clock_skew_ns()
-    best_gap, best = 1 << 62, 0
-    for _ in range(5):
-        before = _monotonic_ns()
-        wall = time.time_ns()
-        after = _monotonic_ns()
-        if after - before < best_gap:
-            best_gap, best = after - before, wall - (before + after) // 2 + skew
-        if best_gap < 50_000:
-            break
-    return best
 
 
 class Telemetry:
@@ -690,192 +603,3 @@ class Telemetry:
             reset = getattr(producer, "after_fork_in_child", None)
             if reset is not None:
                 reset()
-
-
-# -- the default instance ------------------------------------------------------------------------------------------
-
-
-def _no_default_yet(group: str) -> None:
-    """The metric route lookup before a default exists: build the default; ``None`` sends the caller down its slow
-    path."""
-    get_telemetry()
-
-
-class _Default:
-    """Holds the default instance; module-level APIs read it on every call so ``reset()`` and ``set_telemetry()`` take
-    effect at once. ``metric_routes_get`` is the default's metric route lookup, kept ready so the torchelastic
-    ``put_metric`` answers "anyone listening?" with one call. (If the default changes between that lookup and the
-    identity token read, the record carries the new default's identity: tokens are process-wide, so it stays
-    valid.)
-
-    ``how`` says how the default came to be: ``"env"`` (built from the environment by a module-level call),
-    ``"auto"`` (the first open ``Telemetry`` created with ``default=None``), ``"explicit"`` (``default=True``) or
-    ``"set"`` (``set_telemetry``). ``candidates`` are the instances created with ``default=None``, oldest first, held
-    weakly: the first one still open becomes the default when a module-level API first needs one."""
-
-    def __init__(self) -> None:
-        self._after_fork()
-        self.candidates: list[weakref.ref[Telemetry]] = []
-        self.install(None, "")
-
-    def _after_fork(self) -> None:
-        self.lock = threading.Lock()  # a fork while another thread held it must not leave the child stuck
-
-    def install(self, telemetry: Telemetry | None, how: str) -> None:
-        self.telemetry = telemetry
-        self.how = how
-        self.metric_routes_get: Any = telemetry._metric_routes.get if telemetry is not None else _no_default_yet
-
-    def open_candidates(self) -> list[Telemetry]:
-        """The candidates still alive and open, oldest first (the dead ones are forgotten)."""
-        alive = [(ref, ref()) for ref in self.candidates]
-        self.candidates = [ref for ref, t in alive if t is not None]
-        return [t for _, t in alive if t is not None and not t.closed]
-
-
-_default = _Default()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_default._after_fork)
-
-_MODULE_APIS = "training.*, Stat, Gauge, span, metrics, events, monitor"
-
-
-def _describe(telemetry: Telemetry) -> str:
-    """Where an instance writes, for a warning."""
-    where = telemetry.run_dir
-    return f"run store {where}" if where is not None else f"run {telemetry.identity.run_id} (no run store)"
-
-
-def _in_use(telemetry: Telemetry) -> bool:
-    """Whether anything was recorded through, or bound to, this instance (a stat, a recorder, a resolved route)."""
-    if telemetry.extensions:
-        return True
-    try:  # list(): copied at once (no Python code runs meanwhile), as other threads may be resolving routes
-        return any(any(list(routes.values())) for routes in list(telemetry._router.routes.values()))
-    except RuntimeError:  # changed while copied after all: it is in use
-        return True
-
-
-def _claim_default(telemetry: Telemetry, explicit: bool) -> None:
-    """A new instance's claim on the default slot (``Telemetry(default=True|None)``). What would split a program's
-    records between two instances warns (``TelemetryWarning``), naming both:
-
-    - ``default=True`` replacing a default that is open and already in use (what it recorded, and the stats and
-      recorders bound to it, stay there);
-    - ``default=None`` while the default is another open instance that module-level calls already built from the
-      environment, or adopted as the first of several: those calls keep writing there, not here.
-
-    A default that was closed (not one installed by ``set_telemetry``) is replaced by the next instance quietly."""
-    with _default.lock:
-        current, how = _default.telemetry, _default.how
-        if not explicit:
-            _default.candidates.append(weakref.ref(telemetry))
-        replace = explicit or (current is not None and current.closed and how != "set")
-        if replace:
-            _default.install(telemetry, "explicit" if explicit else "auto")
-    if replace:
-        _enable_from_env(telemetry)
-    if current is None or current is telemetry or current.closed:
-        return
-    if explicit and _in_use(current):
-        warn_safely(
-            f"telemetrain: this Telemetry (default=True) replaces the default instance, which is open and already in "
-            f"use ({_describe(current)}): what was recorded there, and the stats and recorders made before, stay "
-            f"there; this one writes to {_describe(telemetry)}. Create it before the first telemetrain call to get "
-            "one run.",
-            stacklevel=3,
-        )
-    elif not explicit and how in ("env", "auto"):
-        origin = ("was built from the environment by an earlier module-level call" if how == "env"
-                  else "is the first Telemetry this program created")
-        warn_safely(
-            f"telemetrain: a second Telemetry: the default instance ({_describe(current)}) {origin}, so module-level "
-            f"APIs ({_MODULE_APIS}) keep writing there, not to this one ({_describe(telemetry)}). Pass default=True "
-            "to make this one the default, default=False to keep it apart on purpose, or create it before the first "
-            "telemetrain call.",
-            stacklevel=3,
-        )
-
-
-def _enable_from_env(telemetry: Telemetry) -> None:
-    """What the environment asks of the default instance besides its store and console: the system sampler
-    (``TELEMETRAIN_SYSTEM``) and cross-rank aggregation (``TELEMETRAIN_CROSS_RANK``, set by ``telemetrain
-    launch``)."""
-    if os.environ.get("TELEMETRAIN_SYSTEM", "").strip().lower() not in _FALSY:
-        try:  # the system sampler, asked for by the environment (docs/system.md); an extra
-            from .system import enable_from_env
-        except ImportError as exc:
-            warn_safely(f"telemetrain: $TELEMETRAIN_SYSTEM is set but the system sampler cannot load: {exc}")
-        else:
-            enable_from_env(telemetry)
-    if os.environ.get("TELEMETRAIN_CROSS_RANK", "").strip().lower() not in _FALSY:
-        # cross-rank aggregation, asked for by the environment (`telemetrain launch` sets it; docs/distributed.md)
-        from .distributed.cross_rank import enable_from_env as enable_cross_rank_from_env
-
-        enable_cross_rank_from_env(telemetry)
-    if os.environ.get("TELEMETRAIN_WATCHDOG", "").strip().lower() not in _FALSY:
-        # the stall watchdog, asked for by the environment (`telemetrain launch` sets it; docs/distributed.md)
-        from .distributed.watchdog import enable_from_env as enable_watchdog_from_env
-
-        enable_watchdog_from_env(telemetry)
-
-
-def _from_env() -> Telemetry:
-    store_env = os.environ.get("TELEMETRAIN_STORE")
-    store: bool | str = True
-    if store_env is not None:
-        store = False if store_env.strip().lower() in _FALSY else True
-    console = os.environ.get("TELEMETRAIN_CONSOLE", "").strip().lower() not in _FALSY
-    return Telemetry(store=store, console=console, default=False)
-
-
-def get_telemetry() -> Telemetry:
-    """The default instance: the one ``set_telemetry()`` or ``Telemetry(default=True)`` installed, else the first
-    ``Telemetry`` created (with ``default=None``) that is still open, else one created on first use from the
-    environment (``TELEMETRAIN_DIR``, ``TELEMETRAIN_STORE``, ``TELEMETRAIN_CONSOLE``, the identity variables).
-    Creating it opens nothing and starts no thread."""
-    t = _default.telemetry
-    if t is not None:
-        return t
-    with _default.lock:
-        t = _default.telemetry
-        if t is not None:
-            return t
-        candidates = _default.open_candidates()
-        if candidates:
-            t = candidates[0]
-            _default.install(t, "auto")
-        else:
-            t = _from_env()
-            _default.install(t, "env")
-    _enable_from_env(t)
-    if len(candidates) > 1:
-        others = "; ".join(_describe(c) for c in candidates[1:])
-        warn_safely(
-            f"telemetrain: {len(candidates)} Telemetry instances are open and none is the default: module-level APIs "
-            f"({_MODULE_APIS}) write to the first one created ({_describe(t)}), not to the others ({others}). Pass "
-            "default=True to the one meant, or default=False to the others.",
-            stacklevel=2,
-        )
-    return t
-
-
-def set_telemetry(telemetry: Telemetry) -> Telemetry | None:
-    """Make ``telemetry`` the default instance; returns the previous one (not closed)."""
-    if not isinstance(telemetry, Telemetry):
-        raise TypeError(f"telemetry must be a Telemetry, got {type(telemetry).__name__}")
-    with _default.lock:
-        previous = _default.telemetry
-        _default.install(telemetry, "set")
-    return previous
-
-
-def reset(timeout: float | None = 5.0) -> None:
-    """Close the default instance and forget it, and the instances waiting to become it; the next use builds a fresh
-    one from the environment unless a ``Telemetry`` is created before (for tests)."""
-    with _default.lock:
-        previous = _default.telemetry
-        _default.install(None, "")
-        _default.candidates = []
-    if previous is not None:
-        previous.close(timeout)

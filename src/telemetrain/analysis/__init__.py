@@ -1,6 +1,7 @@
 """Reading runs back: comparisons against a baseline, session goodput, a live view.
 
-``compare_runs(candidates, baseline)`` is the Python entry point of ``telemetrain compare`` (docs/compare.md).
+``compare_runs(candidates, baseline)`` is the Python entry point of ``telemetrain compare`` (docs/compare.md);
+``compare_baselines(candidates, baselines)`` compares them with several baselines.
 """
 
 from .compare import (
@@ -14,6 +15,7 @@ from .compare import (
     bootstrap_ratio,
     compare_runs,
 )
+from .compare_multi import MetricTally, MultiComparison, compare_baselines
 from .samples import RunSamples, Window, run_samples
 
 __all__ = [
@@ -21,12 +23,15 @@ __all__ = [
     "Comparison",
     "ConfigMismatch",
     "MetricComparison",
+    "MetricTally",
+    "MultiComparison",
     "PerfTagMismatch",
     "RunRef",
     "RunSamples",
     "Window",
     "WorkloadMismatch",
     "bootstrap_ratio",
+    "compare_baselines",
     "compare_runs",
     "run_samples",
 ]

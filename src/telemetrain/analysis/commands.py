@@ -6,7 +6,7 @@ import argparse
 import contextlib
 import json
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -22,6 +22,7 @@ from .compare import (
     WorkloadMismatch,
     compare_runs,
 )
+from .compare_multi import compare_baselines
 from .samples import RunSamples, open_run_meta, read_samples, run_bytes
 
 __all__ = ["register"]
@@ -66,13 +67,20 @@ def register(sub: Any) -> None:
             "inconclusive when a busier machine explains it. The baseline is --baseline, else the newest other "
             "run with --perf-tag (default: the first candidate's perf_tag) under --root (default: the candidate's "
             "store root) that its config marked is_baseline_run, else the newest such run. Runs whose perf_tags "
-            "differ are refused unless --force."
+            "differ are refused unless --force. Several baselines (--baseline repeated, or --baselines N): each "
+            "candidate is compared with each baseline, one block per baseline, then per metric against how many "
+            "baselines it regressed; --fail-on-regression then fails only on a metric that regressed against "
+            "every baseline."
         ),
     )
     compare.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="candidate run(s)")
     which = compare.add_mutually_exclusive_group()
-    which.add_argument("--baseline", metavar="RUN_DIR", help="the baseline run")
+    which.add_argument("--baseline", metavar="RUN_DIR", action="append",
+                       help="a baseline run; repeat it to compare with several")
     which.add_argument("--perf-tag", metavar="TAG", help="baseline: the newest other run with this perf_tag")
+    compare.add_argument("--baselines", type=int, metavar="N",
+                         help="the N newest other runs with the perf_tag (--perf-tag, else the first candidate's) "
+                         "as baselines, those marked is_baseline_run first (default: 1)")
     compare.add_argument("--root", metavar="DIR", help="where --perf-tag looks for the baseline")
     compare.add_argument("--force", action="store_true", help="compare even if the perf_tags or the recorded "
                          "workloads (FLOPs per sample, world size, batch size, sequence length) differ")
@@ -89,10 +97,14 @@ def register(sub: Any) -> None:
                          "%(default)s)")
     compare.add_argument("--no-goodput", action="store_true",
                          help="leave out the goodput row (it reads the whole runs)")
+    compare.add_argument("--loss", metavar="NAME", help="the metric the quality comparison reads, NAME or "
+                         "GROUP/NAME (default: one named loss, train/loss, ..., else the first ending in loss)")
     compare.add_argument("--html", metavar="FILE", help="also write the comparison as a self-contained HTML page")
     compare.add_argument("--json", action="store_true", help="print the comparison as JSON instead of a table")
     compare.add_argument("--fail-on-regression", action="store_true",
-                         help="exit with status 1 when a regression is found (for CI)")
+                         help="exit with status 1 when a regression is found (for CI); with several baselines, "
+                         "when a metric regressed against every baseline (a change one noisy baseline cannot "
+                         "explain)")
     compare.set_defaults(run=_cmd_compare)
 
     goodput = sub.add_parser(
@@ -124,6 +136,8 @@ def register(sub: Any) -> None:
     tail.add_argument("--interval", type=_positive_float, default=2.0, metavar="SECONDS",
                       help="seconds between refreshes (default: %(default)s)")
     tail.add_argument("--once", action="store_true", help="draw one frame and exit")
+    tail.add_argument("--loss", metavar="NAME", help="the metric the loss sparkline shows, NAME or GROUP/NAME "
+                      "(default: one named loss, train/loss, train.loss, ..., else the first ending in loss)")
     tail.set_defaults(run=_cmd_tail)
 
 
@@ -213,15 +227,50 @@ def _same_tag(tag: str, root: Path, exclude: set[Path]) -> list[Path]:
     return [p for p in reversed(find_runs(root)) if p.resolve() not in exclude and _perf_tag_of(p) == tag]
 
 
-def _find_baseline(tag: str, root: Path, exclude: set[Path]) -> tuple[Path, str]:
-    """The newest run marked ``is_baseline_run``, else the newest run, with the tag; and how it was chosen."""
+def _find_baselines(tag: str, root: Path, exclude: set[Path], count: int) -> list[tuple[Path, str]]:
+    """The ``count`` newest runs with the tag, those marked ``is_baseline_run`` first (newest first), then the
+    others (newest first); and how each was chosen."""
     runs = _same_tag(tag, root, exclude)
     if not runs:
         raise CLIError(f"no other run with perf_tag {tag!r} under {root} to compare with (pass --baseline RUN_DIR)")
-    marked = next((p for p in runs if _is_baseline(p)), None)
-    if marked is not None:
-        return marked, "newest run marked is_baseline_run"
-    return runs[0], "newest other run; none is marked is_baseline_run"
+    marked = [p for p in runs if _is_baseline(p)]
+    if count == 1:
+        if marked:
+            return [(marked[0], "newest run marked is_baseline_run")]
+        return [(runs[0], "newest other run; none is marked is_baseline_run")]
+    chosen = [(p, "marked is_baseline_run") for p in marked]
+    chosen += [(p, "newest other run") for p in runs if p not in marked]
+    return chosen[:count]
+
+
+def _baselines(args: argparse.Namespace, candidates: list[Path], err: TextIO) -> list[Path]:
+    """The baseline runs the arguments name, each once, none a candidate."""
+    exclude = {c.resolve() for c in candidates}
+    if args.baselines is not None and args.baselines < 1:
+        raise CLIError(f"--baselines must be at least 1, got {args.baselines}")
+    if args.baseline:
+        if args.baselines is not None:
+            raise CLIError("--baselines N picks the baselines by perf_tag; it does not go with --baseline "
+                           "(repeat --baseline to name several)")
+        baselines: list[Path] = []
+        for target in args.baseline:
+            baseline = resolve_run(target, err)
+            if baseline.resolve() in exclude:
+                raise CLIError(f"the baseline {baseline} is also a candidate")
+            if any(baseline.resolve() == b.resolve() for b in baselines):
+                raise CLIError(f"the baseline {baseline} is given twice")
+            baselines.append(baseline)
+        return baselines
+    tag = args.perf_tag if args.perf_tag is not None else _perf_tag_of(candidates[0])
+    root = Path(args.root) if args.root is not None else candidates[0].resolve().parent.parent
+    count = args.baselines or 1
+    found = _find_baselines(tag, root, exclude, count)
+    for baseline, how in found:
+        print(printable(f"baseline: {baseline} ({how}, perf_tag {tag!r}, under {root})"), file=err)
+    if len(found) < count:
+        print(printable(f"note: only {len(found)} run(s) with perf_tag {tag!r} under {root} besides the candidates; "
+                        f"--baselines {count} asked for {count}"), file=err)
+    return [p for p, _ in found]
 
 
 def _cmd_compare(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -231,48 +280,53 @@ def _cmd_compare(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         raise CLIError(f"--min-effect must be in [0, 1), got {args.min_effect}")
     if args.resamples < 100:
         raise CLIError(f"--resamples must be at least 100, got {args.resamples}")
-    candidates = [resolve_run(target, err) for target in args.run_dirs]
-    exclude = {c.resolve() for c in candidates}
-    if args.baseline is not None:
-        baseline = resolve_run(args.baseline, err)
-        if baseline.resolve() in exclude:
-            raise CLIError(f"the baseline {baseline} is also a candidate")
-    else:
-        tag = args.perf_tag if args.perf_tag is not None else _perf_tag_of(candidates[0])
-        root = Path(args.root) if args.root is not None else candidates[0].resolve().parent.parent
-        baseline, how = _find_baseline(tag, root, exclude)
-        print(printable(f"baseline: {baseline} ({how}, perf_tag {tag!r}, under {root})"), file=err)
     if args.history < 0:
         raise CLIError(f"--history must be >= 0, got {args.history}")
+    candidates = [resolve_run(target, err) for target in args.run_dirs]
+    baselines = _baselines(args, candidates, err)
+    exclude = {c.resolve() for c in candidates} | {b.resolve() for b in baselines}
     history: list[Path] = []
     if args.history:
-        tag = _perf_tag_of(baseline)
-        root = Path(args.root) if args.root is not None else baseline.resolve().parent.parent
+        tag = _perf_tag_of(baselines[0])
+        root = Path(args.root) if args.root is not None else baselines[0].resolve().parent.parent
         if root.is_dir():
-            history = _same_tag(tag, root, exclude | {baseline.resolve()})[:args.history]
-    *cand_samples, base_samples = _load_all([*candidates, baseline], err)
+            history = _same_tag(tag, root, exclude)[:args.history]
+    loaded = _load_all([*candidates, *baselines], err)  # each run once, whatever it is compared with
+    cand_samples, base_samples = loaded[:len(candidates)], loaded[len(candidates):]
     earlier = _load_all(history, err) if history else []
+    settings: dict[str, Any] = dict(confidence=args.confidence, min_effect=args.min_effect, resamples=args.resamples,
+                                    seed=args.seed, force=args.force, history=earlier, goodput=not args.no_goodput,
+                                    loss=args.loss)
+    from .compare_html import comparison_html, multi_html
+    from .compare_text import format_comparison, format_multi
+
     try:
-        comparison = compare_runs(cand_samples, base_samples, confidence=args.confidence, min_effect=args.min_effect,
-                                  resamples=args.resamples, seed=args.seed, force=args.force, history=earlier,
-                                  goodput=not args.no_goodput)
+        if len(base_samples) == 1:
+            one = compare_runs(cand_samples, base_samples[0], **settings)
+            return _emit(args, out, err, one.as_dict(), format_comparison(one), lambda: comparison_html(one),
+                         bool(one.regressions))
+        # several baselines: fail only on a metric that regressed against every one
+        multi = compare_baselines(cand_samples, base_samples, **settings)
+        return _emit(args, out, err, multi.as_dict(), format_multi(multi), lambda: multi_html(multi),
+                     bool(multi.regressions))
     except WorkloadMismatch as exc:
         raise CLIError(f"{exc.reason}; pass --force to compare anyway") from None
-    from .compare_text import format_comparison
 
+
+def _emit(args: argparse.Namespace, out: TextIO, err: TextIO, data: dict[str, Any], lines: list[str],
+          page: Callable[[], str], regressed: bool) -> int:
+    """The comparison as JSON or text on ``out``, the page to --html; the exit status."""
     if args.json:
-        print(json.dumps(comparison.as_dict(), indent=2, allow_nan=False), file=out)
+        print(json.dumps(data, indent=2, allow_nan=False), file=out)
     else:
-        print("\n".join(printable(line) for line in format_comparison(comparison)), file=out)
+        print("\n".join(printable(line) for line in lines), file=out)
     if args.html:
-        from .compare_html import comparison_html
-
         try:
-            write_output(args.html, comparison_html(comparison))
+            write_output(args.html, page())
         except OSError as exc:
             raise CLIError(str(exc)) from None
         print(f"wrote {printable(str(args.html))}", file=err)
-    return 1 if args.fail_on_regression and comparison.regressions else 0
+    return 1 if args.fail_on_regression and regressed else 0
 
 
 # -- goodput -----------------------------------------------------------------------------------------------------------
@@ -326,4 +380,4 @@ def _cmd_tail(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         raise CLIError(f"telemetrain tail {_RICH_MISSING}") from None
     from .tail import run_tail
 
-    return run_tail(resolve_run(args.run_dir, err), out, interval=args.interval, once=args.once)
+    return run_tail(resolve_run(args.run_dir, err), out, interval=args.interval, once=args.once, loss=args.loss)

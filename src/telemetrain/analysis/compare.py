@@ -34,7 +34,7 @@ from typing import Any
 
 from ..store.reader import Run
 from .findings.noise import BUSY_RESIDUAL, Contention, explained_factor, history_min_effect
-from .samples import PHASES, RunSamples, run_samples, with_goodput
+from .samples import OTHER, PHASES, RunSamples, run_samples, with_goodput
 
 __all__ = [
     "DEFAULT_CONFIDENCE",
@@ -167,6 +167,7 @@ class CandidateComparison:
     candidate: RunRef
     metrics: tuple[MetricComparison, ...]
     notes: tuple[str, ...] = ()
+    quality: Any = None  # compare_quality.QualityComparison: the loss (or an eval metric) of both runs, and curves
 
     @property
     def regressions(self) -> list[MetricComparison]:
@@ -192,7 +193,8 @@ class CandidateComparison:
         return {"candidate": self.candidate.as_dict(), "metrics": [m.as_dict() for m in self.metrics],
                 "regressions": [m.label for m in self.regressions],
                 "improvements": [m.label for m in self.improvements],
-                "inconclusive": [m.label for m in self.inconclusive], "notes": list(self.notes)}
+                "inconclusive": [m.label for m in self.inconclusive], "notes": list(self.notes),
+                "quality": self.quality.as_dict() if self.quality is not None else None}
 
 
 @dataclass(frozen=True)
@@ -419,6 +421,8 @@ def _metrics(candidate: RunSamples, baseline: RunSamples, phases: bool, ranks: b
         for phase in PHASES:
             if candidate.series(phase) and baseline.series(phase):
                 out.append((_Metric(phase, "phase", f"{phase} phase{on_device}", "s", False), _window_series(phase)))
+        if candidate.series(OTHER) and baseline.series(OTHER):  # the step's time outside the phases, compared too
+            out.append((_Metric(OTHER, "phase", "rest of the step", "s", False), _window_series(OTHER)))
     for kind, label in (("checkpoint_save", "checkpoint save"), ("checkpoint_load", "checkpoint load"),
                         ("validation", "validation loop")):
         if candidate.durations.get(kind) and baseline.durations.get(kind):
@@ -457,7 +461,7 @@ def _goodput_row(candidate: RunSamples, baseline: RunSamples) -> MetricCompariso
 def compare_samples(candidate: RunSamples, baseline: RunSamples, *, confidence: float = DEFAULT_CONFIDENCE,
                     min_effect: float = DEFAULT_MIN_EFFECT, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
                     phases: bool = True, ranks: bool = True,
-                    history: Sequence[RunSamples] = ()) -> CandidateComparison:
+                    history: Sequence[RunSamples] = (), loss: str | None = None) -> CandidateComparison:
     """Every metric of ``candidate`` against ``baseline``: the run's iteration time and throughput, each phase's time,
     the checkpoint saves and loads and validation loops, each rank's iteration time and phases (the ranks both runs
     have), and goodput (shown, one value per run). ``history``: earlier runs of the same workload, whose spread
@@ -475,8 +479,15 @@ def compare_samples(candidate: RunSamples, baseline: RunSamples, *, confidence: 
             # significant interval, so the resampling is skipped (16 ranks x 4 phases would cost most of compare)
             metrics.append(_compare_series(c_values, b_values, what, dataclasses.replace(own, resamples=0)))
             continue
-        m = _compare_series(c_values, b_values, what, own)
-        metrics.append(noise.judge(m, what, series, own))
+        m = noise.judge(_compare_series(c_values, b_values, what, own), what, series, own)
+        if what.metric == OTHER and m.significant:
+            # the rest of the step is small: a large ratio of a tiny time is not worth naming unless the time it
+            # added (or saved) is at least min_effect of the baseline's iteration time
+            whole = _median_or_nan(baseline.series("iteration_time"))
+            if abs(m.candidate_median - m.baseline_median) < own.min_effect * whole:
+                m = dataclasses.replace(m, verdict=NO_CHANGE, note=f"changed by less than {own.min_effect:.0%} of "
+                                        "the iteration time")
+        metrics.append(m)
     goodput = _goodput_row(candidate, baseline)
     if goodput is not None:
         metrics.append(goodput)
@@ -498,7 +509,10 @@ def compare_samples(candidate: RunSamples, baseline: RunSamples, *, confidence: 
                          "log_every_n_train_iterations")
         elif n < FEW_WINDOWS:
             notes.append(f"{role} {run.run_id}: only {n} report windows; the interval is coarse")
-    return CandidateComparison(candidate=RunRef.of(candidate), metrics=tuple(metrics), notes=tuple(notes))
+    from .compare_quality import compare_quality
+
+    return CandidateComparison(candidate=RunRef.of(candidate), metrics=tuple(metrics), notes=tuple(notes),
+                               quality=compare_quality(candidate, baseline, loss))
 
 
 def _as_samples(run: RunSamples | Run | str | Path) -> RunSamples:
@@ -509,11 +523,13 @@ def compare_runs(candidates: RunSamples | Run | str | Path | Iterable[RunSamples
                  baseline: RunSamples | Run | str | Path, *, confidence: float = DEFAULT_CONFIDENCE,
                  min_effect: float = DEFAULT_MIN_EFFECT, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
                  force: bool = False, phases: bool = True, ranks: bool = True,
-                 history: Iterable[RunSamples | Run | str | Path] = (), goodput: bool = True) -> Comparison:
+                 history: Iterable[RunSamples | Run | str | Path] = (), goodput: bool = True,
+                 loss: str | None = None) -> Comparison:
     """Compare each candidate run with ``baseline`` (run directories, ``Run``s or ``RunSamples``).
 
     ``history``: earlier runs of the same workload (their between-run spread raises the effect a change needs);
-    ``goodput``: compute each run's own goodput for its row (reads the whole runs). Raises ``PerfTagMismatch`` when
+    ``goodput``: compute each run's own goodput for its row (reads the whole runs); ``loss``: the metric the quality
+    comparison reads (default: picked by name, ``report.curves.pick_loss``). Raises ``PerfTagMismatch`` when
     a candidate's ``perf_tag`` differs from the baseline's and ``ConfigMismatch`` when their recorded workloads
     clearly differ (``training.workload.differences``), unless ``force``; and ``ValueError`` for settings out of
     range.
@@ -554,6 +570,7 @@ def compare_runs(candidates: RunSamples | Run | str | Path | Iterable[RunSamples
             if run.goodput is None:
                 with_goodput(run)
     results = tuple(compare_samples(c, base, confidence=confidence, min_effect=min_effect, resamples=resamples,
-                                    seed=seed, phases=phases, ranks=ranks, history=earlier) for c in cands)
+                                    seed=seed, phases=phases, ranks=ranks, history=earlier, loss=loss)
+                    for c in cands)
     return Comparison(baseline=RunRef.of(base), candidates=results, confidence=confidence, min_effect=min_effect,
                       resamples=resamples, seed=seed, forced=bool(differing or unlike), notes=tuple(notes))

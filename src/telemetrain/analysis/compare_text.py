@@ -6,8 +6,10 @@ import math
 from collections.abc import Sequence
 
 from .compare import INCONCLUSIVE, REGRESSION, CandidateComparison, Comparison, MetricComparison, RunRef
+from .compare_multi import MetricTally, MultiComparison
+from .compare_quality import quality_lines
 
-__all__ = ["format_change", "format_comparison", "format_quantity"]
+__all__ = ["format_change", "format_comparison", "format_multi", "format_quantity"]
 
 
 def format_quantity(value: float, unit: str) -> str:
@@ -108,25 +110,94 @@ def _candidate_lines(c: CandidateComparison, comparison: Comparison) -> list[str
     if not regressions and not improvements:
         lines.append(f"  no significant change (none beyond +/-{comparison.min_effect:.0%} with "
                      f"{comparison.confidence:.0%} confidence)")
+    lines += quality_lines(c.quality, speed_of(c))
     lines += [f"  note: {n}" for n in c.notes]
     return lines
 
 
-def format_comparison(comparison: Comparison) -> list[str]:
-    """The whole comparison, as lines."""
+def speed_of(c: CandidateComparison) -> str:
+    """'is 12.0% slower' / 'is 3.1% faster' / '' (no significant change of the iteration time)."""
+    m = c.metric("iteration_time")
+    if m is None or not m.significant:
+        return ""
+    return f"is {abs(m.change):.1%} {'slower' if m.change > 0 else 'faster'}"
+
+
+def _method_line(comparison: Comparison) -> str:
+    return (f"method: median of per-window means, bootstrap {comparison.resamples} resamples (seed "
+            f"{comparison.seed}), {comparison.confidence:.0%} percentile CI of candidate/baseline; a change is "
+            f"significant when the whole CI lies beyond +/-{comparison.min_effect:.0%} (or the spread of earlier "
+            "runs), and inconclusive when a busier machine explains it (docs/compare.md)")
+
+
+def _body_lines(comparison: Comparison) -> list[str]:
     lines = _run_lines("baseline", comparison.baseline)
     for c in comparison.candidates:
         lines.append("")
         lines += _candidate_lines(c, comparison)
     lines.append("")
     lines += [f"note: {n}" for n in comparison.notes]
-    lines.append(f"method: median of per-window means, bootstrap {comparison.resamples} resamples (seed "
-                 f"{comparison.seed}), {comparison.confidence:.0%} percentile CI of candidate/baseline; a change is "
-                 f"significant when the whole CI lies beyond +/-{comparison.min_effect:.0%} (or the spread of earlier "
-                 "runs), and inconclusive when a busier machine explains it (docs/compare.md)")
+    return lines
+
+
+def _result_line(comparison: Comparison) -> str:
     total = sum(1 for _, m in comparison.regressions if m.verdict == REGRESSION)
     inconclusive = sum(len(c.inconclusive) for c in comparison.candidates)
-    lines.append(f"result: {total} regression(s), {len(comparison.improvements)} improvement(s)"
-                 + (f", {inconclusive} inconclusive (machine busy)" if inconclusive else "")
-                 + f" over {len(comparison.candidates)} candidate(s)")
+    return (f"result: {total} regression(s), {len(comparison.improvements)} improvement(s)"
+            + (f", {inconclusive} inconclusive (machine busy)" if inconclusive else "")
+            + f" over {len(comparison.candidates)} candidate(s)")
+
+
+def format_comparison(comparison: Comparison) -> list[str]:
+    """The whole comparison, as lines."""
+    return [*_body_lines(comparison), _method_line(comparison), _result_line(comparison)]
+
+
+def tally_text(t: MetricTally) -> str:
+    """'regressed against 2 of 3 baselines (+14.8%, +15.1%, -)'."""
+    verdict = (f"regressed against {t.regressed} of {t.baselines} baselines" if t.regressed
+               else f"improved against {t.improved} of {t.baselines} baselines" if t.improved
+               else f"no regression against any of {t.baselines} baselines")
+    if t.regressed and t.improved:
+        verdict += f", improved against {t.improved}"
+    if t.compared < t.baselines:
+        verdict += f" (compared with {t.compared})"
+    changes = ", ".join(format_change(m.ratio) if m is not None else "-" for m in t.changes)
+    return f"{verdict} ({changes})"
+
+
+def summary_lines(multi: MultiComparison) -> list[str]:
+    """Per candidate, one line per metric: against how many baselines it regressed (or improved). The run's own
+    metrics and phases always; per-rank rows only when they regressed or improved against some baseline."""
+    n = len(multi.comparisons)
+    lines = [f"summary over {n} baselines ({', '.join(b.run_id for b in multi.baselines)}); "
+             "--fail-on-regression fails on a metric that regressed against every baseline:"]
+    tallies = multi.tallies()
+    for ref in multi.candidates:
+        mine = [t for t in tallies if t.candidate == ref
+                and (t.regressed or t.improved or t.scope not in ("rank", "rank phase"))]
+        lines.append(f"candidate  {ref.run_id}")
+        width = max((len(t.label) for t in mine), default=0)
+        for t in mine:
+            flag = "  REGRESSION against every baseline" if t.regressed_against_all else ""
+            lines.append(f"  {t.label.ljust(width)}  {tally_text(t)}{flag}")
+    return lines
+
+
+def format_multi(multi: MultiComparison) -> list[str]:
+    """Several baselines: one block per baseline, headed by which, then the tally per metric and the result."""
+    lines: list[str] = []
+    n = len(multi.comparisons)
+    for i, comparison in enumerate(multi.comparisons, 1):
+        lines.append(f"== against baseline {i} of {n}: {comparison.baseline.run_id} ==")
+        lines += _body_lines(comparison)
+        lines.append(_result_line(comparison))
+        lines.append("")
+    lines += summary_lines(multi)
+    lines.append("")
+    lines.append(_method_line(multi.comparisons[0]))
+    every = multi.regressions
+    some = sum(1 for t in multi.tallies() if t.regressed and not t.regressed_against_all)
+    lines.append(f"result: {len(every)} regression(s) against every one of {n} baselines, {some} against some "
+                 f"only, over {len(multi.candidates)} candidate(s)")
     return lines

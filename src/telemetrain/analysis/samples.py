@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from ..phase_times import phase_times
+from ..report.curves import CurveBuilder
+from ..semconv import series_key
 from ..store.layout import is_agent_file, is_process_file
 from ..store.reader import NotARunError, Run, open_run, read_run_meta, scan_process
 from .findings.inputs import contention_share
@@ -25,6 +27,7 @@ from .findings.inputs import contention_share
 __all__ = ["DURATIONS", "PHASES", "RunSamples", "Window", "read_samples", "run_samples", "with_goodput"]
 
 PHASES = ("dataloader", "forward", "backward", "optimizer")
+OTHER = "other"  # the series of the iteration time outside the phases (``RunSamples.series("other")``)
 _UPDATE = "training_metrics_update"
 _ITERATION_SPAN = "training_single_iteration"
 _UPDATE_BYTES = b'"name":"training_metrics_update"'
@@ -37,6 +40,7 @@ _DURATION_BYTES = tuple(f'"name":"{name}"'.encode() for name in DURATIONS)
 _CONTENTION = {"process.cpu.utilization": "process_cpu", "system.cpu.utilization": "host_cpu"}
 _CONTENTION_BYTES = (b'"process.cpu.utilization"', b'"system.cpu.utilization"', b'"hw.gpu.throttle.')
 _INIT_BYTES = b'"name":"one_logger_initialization"'
+_NOT_USER_BYTES = (b'"group":"system', b'"group":"training"', b'"group":"cross_rank"')  # curves.is_user_group's
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,7 @@ class RunSamples:
     precomputed_phase_source: str = ""
     precomputed_waits_known: bool = False
     precomputed_wait_fraction: float | None = None
+    curves: CurveBuilder = field(default_factory=CurveBuilder)  # the user's metrics (loss, eval), bounded buckets
 
     @property
     def ranks(self) -> list[int]:
@@ -181,6 +186,10 @@ def _value_of(w: Window, metric: str) -> float | None:
         return w.iteration_time
     if metric == "samples_per_second":
         return w.samples_per_second
+    if metric == OTHER:  # the step's time outside its timed phases (a sleep in the loop, unannotated work)
+        if not w.phases or w.phase_source != "host":  # device phases against a host iteration time: not comparable
+            return None
+        return max(0.0, w.iteration_time - sum(w.phases.values()))
     return w.phases.get(metric)
 
 
@@ -219,6 +228,7 @@ class _Collector:
         self.durations: dict[str, list[tuple[int, float]]] = {}
         self.signals: dict[str, list[float]] = {}
         self.is_baseline = False
+        self.curves = CurveBuilder()
 
     def feed(self, records: Iterable[Any]) -> None:
         loops_seen: set[tuple[int, int]] = set()
@@ -233,6 +243,8 @@ class _Collector:
                 continue
             if r.kind == "metric":
                 self._signal(r.name, r.value)
+                self.curves.add(ident.rank, r.group, series_key(r.name, r.attributes) if r.attributes else r.name,
+                                r.step, r.value, r.wall_ns, r.unit)
                 continue
             if r.kind == "event" and r.name == "one_logger_initialization":
                 self.is_baseline = self.is_baseline or (r.attributes or {}).get("is_baseline_run") is True
@@ -279,6 +291,7 @@ class _Collector:
             contention={k: statistics.fmean(v) for k, v in self.signals.items() if v},
             is_baseline=self.is_baseline or meta.get("is_baseline_run") is True,
             cpu_count=cpus if isinstance(cpus, int) and not isinstance(cpus, bool) and cpus > 0 else None,
+            curves=self.curves,
         )
 
 
@@ -293,8 +306,8 @@ def _wanted(raw: bytes) -> bool:
         return True
     if b'"span_end"' in head:
         return _ITERATION_BYTES in raw or any(name in raw for name in _DURATION_BYTES)
-    if b'"metric"' in head:
-        return any(name in raw for name in _CONTENTION_BYTES)
+    if b'"metric"' in head:  # the contention signals, and the user's metrics (curves)
+        return any(name in raw for name in _CONTENTION_BYTES) or not any(g in raw for g in _NOT_USER_BYTES)
     return _INIT_BYTES in raw
 
 

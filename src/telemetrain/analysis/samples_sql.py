@@ -9,9 +9,11 @@ from __future__ import annotations
 from array import array
 from typing import Any
 
+from ..report.curves import CurveBuilder
+from ..report.curves_sql import feed_curves
 from ..store.engine import Engine
 from ..store.reader import Run
-from .samples import _CONTENTION, DURATIONS, PHASES, RunSamples
+from .samples import _CONTENTION, DURATIONS, OTHER, PHASES, RunSamples
 
 __all__ = ["samples_sql"]
 
@@ -23,6 +25,10 @@ def _finite(col: str) -> str:
 
 
 _DEVICE = "(" + " OR ".join(f"isfinite(avg_{p}_device_time_sec)" for p in PHASES) + ")"
+# samples.OTHER: the step's time outside its phases, host clock only (device phases against a host iteration time
+# are not comparable)
+_OTHER = ("CASE WHEN NOT dev AND (" + " OR ".join(f"{p} IS NOT NULL" for p in PHASES) + ") THEN greatest(0.0, mean - ("
+          + " + ".join(f"coalesce({p}, 0.0)" for p in PHASES) + ")) END")
 _WINDOWS = f"""
 WITH w AS (
   SELECT rank, pid, current_iteration AS iteration, window_iterations AS n, avg_iteration_time_sec AS mean,
@@ -33,7 +39,7 @@ WITH w AS (
          row_number() OVER (PARTITION BY session, run, rank, pid, coalesce(train_iterations_start, -1)
                             ORDER BY segment, line) AS nth
   FROM windows)
-SELECT * FROM w WHERE nth > 1 AND mean IS NOT NULL AND isfinite(mean) AND mean > 0 AND iteration IS NOT NULL
+SELECT *, {_OTHER} AS other FROM w WHERE nth > 1 AND mean IS NOT NULL AND isfinite(mean) AND mean > 0 AND iteration IS NOT NULL
   AND n IS NOT NULL AND n >= 1"""  # noqa: E501
 
 
@@ -71,9 +77,10 @@ def samples_sql(engine: Engine, run: Run) -> RunSamples:
     source = ("device" if clocks[0] else "host") if len(clocks) == 1 else ("mixed" if clocks else "")
     metrics = [("iteration_time", "mean"), ("samples_per_second", "CASE WHEN isfinite(sps) AND sps > 0 THEN sps END"),
                *((p, p) for p in PHASES)]
+    run_metrics = [*metrics, (OTHER, "other")]  # the rest of the step: compared for the whole run only
     precomputed: dict[tuple[str, int | None, bool], array[float]] = {}
     for busy_free in ((False, True) if known else (False,)):  # compare uses busy-free series only when waits are known
-        _series(engine, metrics, False, busy_free, precomputed)
+        _series(engine, run_metrics, False, busy_free, precomputed)
         # per rank: the iteration time, and the phases for the few ranks compare compares them for
         _series(engine, metrics if len(ranks) <= MAX_RANK_PHASES else metrics[:1], True, busy_free, precomputed)
     pct: Any = engine.execute(
@@ -81,6 +88,10 @@ def samples_sql(engine: Engine, run: Run) -> RunSamples:
         "WHERE group_name = 'training' AND name = 'training_single_iteration' AND status = 'ok' AND role <> 'agent'"
     ).fetchone()
     engine.execute("DROP TABLE compare_windows")
+    curves = CurveBuilder()  # the user's metrics (the loss compared, the overlay), bucketed by SQL
+    engine.series_keys("compare_series", "role <> 'agent'")
+    feed_curves(engine, curves, "(SELECT m.*, k.skey FROM metrics m JOIN compare_series k ON m.name = k.name AND "
+                "m.attributes IS NOT DISTINCT FROM k.attributes WHERE m.role <> 'agent')")
     durations: dict[str, list[tuple[int, float]]] = {}
     names = "(" + ", ".join(f"'{n}'" for n in DURATIONS) + ")"
     for name, rank, seconds in engine.rows(
@@ -114,4 +125,4 @@ def samples_sql(engine: Engine, run: Run) -> RunSamples:
                       precomputed=dict(precomputed), precomputed_ranks=ranks, precomputed_windows=int(count),
                       precomputed_percentiles=(float(pct[1]), float(pct[2])) if pct and pct[0] else None,
                       precomputed_phase_source=source, precomputed_waits_known=bool(known),
-                      precomputed_wait_fraction=None if fraction is None else float(fraction))
+                      precomputed_wait_fraction=None if fraction is None else float(fraction), curves=curves)

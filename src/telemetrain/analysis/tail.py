@@ -17,12 +17,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..identity import Identity
+from ..report.curves import CurveBuilder, pick_loss
 from ..store.codec import decode_line
 from ..store.layout import is_agent_file, is_process_file
 from ..store.segments import parse_segment_name
 from ..text import printable
 from .findings import Findings, InputBuilder, analyse
 from .samples import open_run_meta
+from .tail_progress import Pace, format_eta, loss_line, target_of
 
 __all__ = ["FileFollower", "RankState", "TailState", "render", "run_tail"]
 
@@ -41,9 +43,10 @@ FINDINGS_HISTORY = 2000  # windows per rank and points per series the live findi
 class FileFollower:
     """One growing process file: what was appended since the last ``poll``, as records."""
 
-    def __init__(self, path: Path, meta: dict[str, Any]) -> None:
+    def __init__(self, path: Path, meta: dict[str, Any], metric_words: tuple[bytes, ...] = _METRIC_WORDS) -> None:
         self.path = path
         self.meta = meta
+        self.metric_words = metric_words
         self.offset = 0
         self.pending = b""  # a line whose newline has not been written yet
         self.identity: Identity | None = None
@@ -70,7 +73,7 @@ class FileFollower:
                     continue
             head = raw[:40]
             if not any(w in head for w in _WANTED) and not (b'"span_end"' in head and _LOOP_END in raw) and \
-                    not (b'"metric"' in head and any(w in raw for w in _METRIC_WORDS)):
+                    not (b'"metric"' in head and any(w in raw for w in self.metric_words)):
                 continue
             try:
                 rec = decode_line(raw, self._identity())
@@ -131,6 +134,10 @@ class TailState:
     followers: dict[Path, FileFollower] = field(default_factory=dict)
     corrupt_before: int = 0  # counted by the SQL catch-up
     inputs: InputBuilder = field(default_factory=lambda: InputBuilder(limit=FINDINGS_HISTORY))
+    loss: str | None = None  # the loss metric's name (or group/name); None: picked by name (curves.pick_loss)
+    curves: CurveBuilder = field(default_factory=lambda: CurveBuilder(capacity=64))  # the loss-like series
+    pace: Pace = field(default_factory=Pace)
+    target: int | None = None  # train_iterations_target, from the config event or a report
 
     def findings(self) -> Findings:
         """The findings engine on what was read so far (a loop still open is not a crash)."""
@@ -150,7 +157,8 @@ class TailState:
         for f in names:
             follower = self.followers.get(f)
             if follower is None:
-                follower = self.followers[f] = FileFollower(f, meta)
+                words = _METRIC_WORDS + ((self.loss.rsplit("/", 1)[-1].encode(),) if self.loss else ())
+                follower = self.followers[f] = FileFollower(f, meta, words)
             for rec in follower.poll():
                 self._add(rec)
                 new += 1
@@ -178,6 +186,7 @@ class TailState:
         rank = r.identity.rank
         self.inputs.add(r)
         if r.kind == "metric":
+            self.curves.add(rank, r.group, r.name, r.step, r.value, r.wall_ns, r.unit)
             return
         if r.kind == "span_end":
             if r.name == "training_loop" and r.group == "training":
@@ -190,6 +199,8 @@ class TailState:
         if r.group == "training" and r.name == "training_metrics_update":
             self._report(rank, r)
             return
+        if r.group == "training":
+            self.target = target_of(r.attributes or {}) or self.target
         severity = r.severity
         if severity in ("error", "critical"):
             self.errors += 1
@@ -203,6 +214,21 @@ class TailState:
         if s is None:
             s = self.ranks[rank] = RankState(rank)
         return s
+
+    def loss_summary(self, width: int = 40) -> str:
+        """The loss's sparkline over the whole run so far, and its latest value."""
+        picked = pick_loss(self.curves.names(), self.loss)
+        curve = self.curves.curve(*picked) if picked else None
+        if curve is None or not curve.lines:
+            return "-" if self.loss is None else f"- (no metric named {self.loss!r} yet)"
+        spark, latest, step = loss_line(curve, width)
+        at = f" at step {step:,}" if step >= 0 else ""
+        return f"{spark}  {latest:.4g}{at}  ({curve.title})" if latest is not None else f"{spark}  ({curve.title})"
+
+    def eta(self) -> str:
+        top = max((s.iteration for s in self.ranks.values() if s.iteration is not None), default=None)
+        seconds = self.pace.eta_seconds(self.target, top)
+        return format_eta(seconds, self.target, top, self.status() == "finished")
 
     def status(self) -> str:
         """waiting (no report yet), training, finished (every rank's loop ended ok), or stopped (a loop ended
@@ -225,6 +251,9 @@ class TailState:
         iteration = a.get("current_iteration")
         if isinstance(iteration, int):
             s.iteration = iteration
+            n, seconds = a.get("window_iterations"), _number(a.get("window_seconds"))
+            self.pace.report(rank, r.wall_ns, iteration, n if isinstance(n, int) else None, seconds)
+        self.target = target_of(a) or self.target
         s.wall_ns = r.wall_ns
         s.samples_per_second = _number(a.get("samples_per_second"))
         s.p50 = _number(a.get("p50_iteration_time_sec"))
@@ -288,6 +317,9 @@ def render(state: TailState, now_ns: int | None = None) -> Any:
     summary.add_row("iteration time", "-" if latest is None else f"p50 {_ms(latest.p50)}  p99 {_ms(latest.p99)}",
                     "problems", f"{state.errors} errors, {state.warnings} warnings, {state.diagnostics} diagnostics, "
                     f"{state.corrupt} corrupt lines")
+    model = Table.grid(padding=(0, 2))  # the model's side: the loss so far, the way to the target
+    model.add_row("loss", Text(printable(state.loss_summary())))
+    model.add_row("ETA", state.eta())
     per_rank = Table(title="ranks (latest report)", title_justify="left")
     for column in ("rank", "iteration", "behind", "mean", "p50", "p99", "samples/s", "updated"):
         per_rank.add_column(column, justify="right")
@@ -314,19 +346,19 @@ def render(state: TailState, now_ns: int | None = None) -> Any:
         style = "red" if severity in ("error", "critical") else ("yellow" if severity == "warning" else "")
         events.add_row(_ago(wall_ns, now_ns), str(rank), Text(severity, style=style), Text(printable(name)),
                        Text(printable(text)))
-    return Group(head, summary, per_rank, findings, events)
+    return Group(head, summary, model, per_rank, findings, events)
 
 
 def run_tail(path: Path, out: TextIO, *, interval: float, once: bool,
-             sleep: Callable[[float], None] = time.sleep) -> int:
+             sleep: Callable[[float], None] = time.sleep, loss: str | None = None) -> int:
     """Draw the view of ``path`` on ``out``: one frame with ``once``, else refreshed every ``interval`` seconds until
-    interrupted."""
+    interrupted; ``loss``: the metric the loss sparkline shows (default: picked by name)."""
     from rich.console import Console
     from rich.live import Live
 
     from ..store.engine import engine_for
 
-    state = TailState(path)
+    state = TailState(path, loss=loss)
     engine = engine_for([path])  # DuckDB when installed: the run as it stands by SQL, then only what is new
     if engine is not None:
         try:

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..store.codec import untag_nonfinite
 from .tail import _NOTABLE_SEVERITIES, _NOTABLE_TRAINING, RECENT_EVENTS, FileFollower, TailState, _brief, _number
+from .tail_progress import target_of
 
 __all__ = ["catch_up"]
 
@@ -97,8 +98,9 @@ def _feed_findings(state: TailState, engine: Any, w: str) -> int:
     from ..store.columnar import identity_of_row, record_from_row
     from .tail import _METRIC_WORDS
 
+    loss_word = (state.loss.rsplit("/", 1)[-1].encode(),) if state.loss else ()  # as polling's metric filter
     words = " OR ".join(f"contains(group_name || name || coalesce(unit, '') || coalesce(attributes, ''), "
-                        f"'{word.decode()}')" for word in _METRIC_WORDS)
+                        f"'{word.decode().replace(chr(39), chr(39) * 2)}')" for word in _METRIC_WORDS + loss_word)
     # the kinds are fed apart (the builder's state of one kind never depends on another's records), each in polling
     # order; the metrics by narrow rows (a sort of whole rows would outgrow DuckDB's memory on a long run)
     query = (f"SELECT 'event' AS record_kind, * FROM events WHERE {w} AND ((group_name = 'training' AND "
@@ -108,15 +110,33 @@ def _feed_findings(state: TailState, engine: Any, w: str) -> int:
     for names, batch in engine.stream(query):
         for row in batch:
             r = dict(zip(names, row, strict=True))
-            state.inputs.add(record_from_row(r["record_kind"], identity_of_row(r, r["session"], r["run"]), row,
-                                             names))
+            record = record_from_row(r["record_kind"], identity_of_row(r, r["session"], r["run"]), row, names)
+            state.inputs.add(record)
+            if record.kind == "event" and record.name == "training_metrics_update":
+                _pace(state, record)
     metrics = 0
-    metric = state.inputs.metric
+    metric, curve = state.inputs.metric, state.curves.add
     for _, batch in engine.stream(
-            f"SELECT rank, host, group_name, name, step, value, value_int, value_bool, wall_ns FROM metrics "
+            f"SELECT rank, host, group_name, name, step, value, value_int, value_bool, wall_ns, unit FROM metrics "
             f"WHERE {w} AND ({words}) ORDER BY {ORDER}"):
-        for rank, host, group, name, step, value, value_int, value_bool, wall in batch:
+        for rank, host, group, name, step, value, value_int, value_bool, wall, unit in batch:
             metrics += 1
             value = bool(value_bool) if value_bool is not None else int(value_int) if value_int is not None else value
             metric(rank, host, group, name, step, value, wall)
+            curve(rank, group, name, step, value, wall, unit or "")
+    # the target from the training config's events (polling reads it from any training event that has it)
+    for (attributes,) in engine.rows(
+            f"SELECT attributes FROM events WHERE {w} AND group_name = 'training' AND name <> "
+            f"'training_metrics_update' AND contains(attributes, 'train_iterations_target') ORDER BY {ORDER}"):
+        state.target = target_of(_attrs(attributes)) or state.target
     return metrics
+
+
+def _pace(state: TailState, r: Any) -> None:
+    """A report's part of the ETA (``TailState._report``'s: the pace of the leading rank, the target)."""
+    a = r.attributes or {}
+    iteration = a.get("current_iteration")
+    if isinstance(iteration, int) and not isinstance(iteration, bool):
+        n, seconds = a.get("window_iterations"), _number(a.get("window_seconds"))
+        state.pace.report(r.identity.rank, r.wall_ns, iteration, n if isinstance(n, int) else None, seconds)
+    state.target = target_of(a) or state.target

@@ -7,7 +7,7 @@ schedule. It runs on the CPU in seconds and learns visibly (validation loss fall
 
 Instrumentation uses the compatible APIs unchanged (``from telemetrain import metrics, events, monitor``:
 torchelastic's ``put_metric``, ``@prof``, ``record(Event(...))`` and torch.monitor's ``Stat``) next to the native
-``Telemetry.metric`` / ``Telemetry.event`` and windowed ``Stat``s with percentiles.
+``Telemetry.log`` / ``Telemetry.metric`` / ``Telemetry.event`` and windowed ``Stat``s with percentiles.
 
 This module imports torch: only ``telemetrain demo`` imports it, never ``import telemetrain``.
 """
@@ -472,10 +472,10 @@ def _lifecycle(
         loss_stat.add(loss)
         step += 1
         samples_per_s = len(x) / elapsed if elapsed > 0 else 0.0
-        metrics.put_metric("train.loss", loss, "train")
+        # the model's own numbers at the iteration's global step (zero-based, as the recorder's current_iteration:
+        # the report charts them by step), then torchelastic's API
+        t.log({"train.loss": loss, "train.lr": lr, "train.grad_norm": grad_norm}, step=step - 1, group="train")
         metrics.put_metric("train.samples_per_s", samples_per_s, "train")
-        metrics.put_metric("train.lr", lr, "train")
-        metrics.put_metric("train.grad_norm", grad_norm, "train")
         metrics.put_metric("train.epoch", epoch, "train")
         window_loss += loss * len(x)
         window_samples += len(x)

@@ -15,6 +15,7 @@ from typing import Any
 
 from .. import __version__
 from ..phase_times import LABELS
+from .curves_html import curves_section
 from .gpu_html import gpu_section
 from .model import PHASES, ReportModel, Window
 from .svg import esc, fmt_unit, heatmap, line_chart, stacked_bars, timeline
@@ -52,6 +53,7 @@ th{background:#f1f3f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .note{color:#666;font-size:12px}.attrs{font-family:ui-monospace,monospace;font-size:11px;word-break:break-all}
 .cols{display:flex;flex-wrap:wrap;gap:0 28px;align-items:flex-start}
 svg.chart{display:block;margin:6px 0;max-width:100%;height:auto}
+figure.curve{margin:0}figure.curve h3{margin:10px 0 2px}
 """
 
 
@@ -421,9 +423,14 @@ def _records(m: ReportModel) -> str:
     return body or '<p class="note">No metrics or spans.</p>'
 
 
+def _curves(m: ReportModel) -> str:
+    return curves_section(m.curves, m.metric_stats)
+
+
 SECTIONS = (
     ("headline", "Headline"),
     ("anomalies", "Anomalies"),
+    ("curves", "Model metrics"),
     ("iterations", "Iteration time"),
     ("ranks", "Per-rank heatmap"),
     ("phases", "Time by phase"),
@@ -439,7 +446,8 @@ def render(m: ReportModel) -> str:
     """The whole page."""
     builders = {"headline": _headline, "anomalies": _findings, "identity": _identity, "phases": _phases,
                 "iterations": _iteration_chart, "ranks": _heatmap, "system": _system, "checkpoints": _checkpoints,
-                "events": _events, "records": _records}
+                "events": _events, "records": _records,
+                "curves": _curves}
     sections = "".join(_section(anchor, title, builders[anchor](m)) for anchor, title in SECTIONS)
     nav = "".join(f'<a href="#{anchor}">{esc(title)}</a>' for anchor, title in SECTIONS)
     now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")

@@ -24,6 +24,7 @@ from ..analysis.findings.slowdown import slow_iteration_windows
 from ..phase_times import iteration_time, phase_times
 from ..semconv import series_key
 from ..store.reader import ProcessLog, Run
+from .curves import Curve, CurveBuilder
 from .gpu_health import build_gpu_health, gpu_findings, gpu_headline
 from .windows import Heatmap, WindowFigures, window_figures
 
@@ -147,6 +148,7 @@ class ReportModel:
     # the hyperparameters events (hparams.log_hyperparams: Lightning's, HF's, yours) and the training config event
     hyperparameters: dict[str, Any] = dataclasses.field(default_factory=dict)
     training_config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    curves: list[Curve] = dataclasses.field(default_factory=list)  # the user's metrics as charts (curves.py)
 
     @property
     def ranks(self) -> list[int]:
@@ -210,6 +212,7 @@ class _Collector:
         self.first_ns: int | None = None
         self.last_ns: int | None = None
         self.inputs = InputBuilder()  # what the findings engine reads
+        self.curves = CurveBuilder()  # the user's metrics, bucketed for the charts
 
     def collect(self) -> None:
         for log in self.run.processes:
@@ -272,6 +275,7 @@ class _Collector:
                 name = series_key(r.name, r.attributes) if r.attributes else r.name  # v1 and v2 alike
                 if not agent:
                     inputs.metric(rank, host, r.group, name, r.step, value, wall)
+                    self.curves.add(rank, r.group, name, r.step, value, wall, r.unit)
                 key = (r.group, name)
                 st = metric_stats.get(key)
                 if st is None:
@@ -618,6 +622,7 @@ def build_model(run: Run, thresholds: Thresholds | None = None, engine: Any = No
     model.stragglers = sorted(c.stragglers, key=lambda s: (s.get("step") if isinstance(s.get("step"), int) else -1,
                                                            str(s.get("rank"))))
     model.system = _system(model, c)
+    model.curves = c.curves.curves(start)
     model.gpu = build_gpu_health(run, {name for _, name in c.metric_stats}, engine)
     ranks = run.ranks
     model.goodput, model.goodput_error = (_goodput(run, ranks[0] if ranks else 0, engine) if run.processes

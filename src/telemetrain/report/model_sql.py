@@ -20,6 +20,7 @@ from ..analysis.findings.values import value_kind
 from ..store.codec import untag_nonfinite
 from ..store.engine import Engine
 from ..store.reader import Run
+from .curves_sql import feed_curves
 from .model import (
     _ENERGY_NAMES,
     ITERATION_CHART_POINTS,
@@ -100,6 +101,7 @@ class SqlCollector(_Collector):
         self._events()
         self._spans_and_problems()
         self._metrics()
+        feed_curves(self.engine, self.curves, self._metrics_keyed())  # the user's metrics, bucketed by SQL
         self._stats()
         self._diagnostics()
         self._windows()

@@ -9,120 +9,50 @@ collector thread. The iteration callbacks take no lock and time a sampled-out it
 Misuse -- an end without a start, a callback twice, a save that fails, a span left open -- becomes an ``error``
 event with the callback's name and the state it found, counted in ``errors``; the call returns normally.
 
-Derived metrics (``training_metrics_update``; docs/training.md defines each):
-- per window (the iterations since the previous update) and cumulative (this job, warm-up iterations excluded from
-  the time statistics): iteration time count/mean/min/max/p50/p90/p99 (seconds);
-- samples, tokens, samples/s and tokens/s over the window's wall time (end of the previous window's last iteration to
-  this window's last; so time between iterations -- data loading outside the iteration, logging -- counts);
-- TFLOP/s per GPU = FLOPs per sample x samples / wall time / world size / 1e12, and MFU against an explicit peak or
-  the device's peak from ``flops.PEAK_TFLOPS`` (an unknown device gives no MFU; the peak used is reported);
-- the split of iteration time between data loading, forward, backward, optimizer and zero_grad when those sub-spans
-  are used; checkpoint save and load times (count/total/min/max/mean) and sizes; time to the first iteration.
-Each value is also a metric record (group ``training``, step = the global iteration), for dashboards.
+The callbacks are grouped by what they do, one module each, combined here: ``recorder_base`` (shared state, the
+span and misuse helpers), ``checkpoint_callbacks``, ``eval_loops`` (validation and testing), ``report_capture`` (when
+and what a report captures; the derived metrics it yields). This class keeps construction, configuration, the
+application and training loop, the per-iteration hot path and the phase context managers.
 """
 
 from __future__ import annotations
 
-import os
-import sys
 import threading
-import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from .. import __version__
-from ..dispatch import describe, warn_safely
-from ..spans import Span, Tracer, _current_get, _current_set, current_span, tracer
+from ..dispatch import describe
+from ..spans import Span, _current_get, _current_set, current_span, tracer
 from ..stats.summary import Summary
 from ..telemetry import Telemetry, get_telemetry
-from .config import CheckpointStrategy, TrainingTelemetryConfig
+from .checkpoint_callbacks import CheckpointCallbacks
+from .checkpoint_stats import Durations
+from .config import TrainingTelemetryConfig
 from .device_spans import DeviceSpan
+from .eval_loops import EvalLoopCallbacks
 from .names import PHASES, E, S
-from .reports import FOLD_EVERY, QUANTILES, REPORT_SOURCES, TIME_AGGS, Reporter, Snapshot, Window, capture, emit_derived
+from .recorder_base import CURRENT as CURRENT  # (re-exported: integrations import it from here)
+from .recorder_base import GROUP as GROUP
+from .recorder_base import RecorderBase, _mono
+from .report_capture import ReportCapture
+from .reports import FOLD_EVERY, Reporter, Window
 from .workload import apply_perf_tag, publish_workload
 
 __all__ = ["TrainingRecorder"]
 
-_mono = time.monotonic_ns
-GROUP = "training"
-CURRENT = "training.current"  # Telemetry.extensions key: the recorder built last on it (watchdogs read progress())
 # open spans during which iterations legitimately stop advancing (a watchdog does not call that a stall)
 _PAUSES = (S.CHECKPOINT_SAVE_SYNC, S.CHECKPOINT_LOAD, S.VALIDATION_LOOP, S.TESTING_LOOP)
-
-
-def _path_bytes(path: str | os.PathLike[str] | None) -> int | None:
-    """Size of a checkpoint file, or of every file under a checkpoint directory; None when it cannot be read."""
-    if path is None:
-        return None
-    try:
-        if os.path.isdir(path):
-            total = 0
-            for root, _, files in os.walk(path):
-                for name in files:
-                    try:
-                        total += os.path.getsize(os.path.join(root, name))
-                    except OSError:
-                        pass
-            return total
-        return os.path.getsize(path)
-    except OSError:
-        return None
-
-
-@dataclass
-class _Durations:
-    """Count/total/min/max of some durations (checkpoint saves, loads), in seconds."""
-
-    count: int = 0
-    total: float = 0.0
-    min: float | None = None
-    max: float | None = None
-    bytes_total: int = 0
-    bytes_last: int | None = None
-    _attributes: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False, compare=False)
-
-    def add(self, seconds: float, size: int | None = None) -> None:
-        self._attributes.clear()  # (as_attributes' cache)
-        self.count += 1
-        self.total += seconds
-        self.min = seconds if self.min is None else min(self.min, seconds)
-        self.max = seconds if self.max is None else max(self.max, seconds)
-        if size is not None:
-            self.bytes_total += size
-            self.bytes_last = size
-
-    def as_attributes(self, prefix: str) -> dict[str, Any]:
-        """Cached until the next ``add`` (each metrics report reads them: a dict build per report otherwise)."""
-        cached = self._attributes.get(prefix)
-        if cached is None:
-            cached = self._attributes[prefix] = self._build(prefix)
-        return cached
-
-    def _build(self, prefix: str) -> dict[str, Any]:
-        if not self.count:
-            return {f"{prefix}_count": 0}
-        out: dict[str, Any] = {
-            f"{prefix}_count": self.count,
-            f"{prefix}_time_total_sec": self.total,
-            f"{prefix}_time_min_sec": self.min,
-            f"{prefix}_time_max_sec": self.max,
-            f"{prefix}_time_mean_sec": self.total / self.count,
-        }
-        if self.bytes_last is not None:
-            out[f"{prefix}_size_bytes"] = self.bytes_last
-            out[f"{prefix}_size_total_bytes"] = self.bytes_total
-        return out
 
 
 def _simple_pair(name: str, what: str) -> tuple[Callable[..., Span | None], Callable[..., None]]:
     """The start and end callbacks of an initialisation phase (a span under the application)."""
 
-    def start(self: TrainingRecorder, start_time_msec: float | None = None) -> Span | None:
+    def start(self: RecorderBase, start_time_msec: float | None = None) -> Span | None:
         with self._lock:
             return self._start(f"on_{what}_start", name, start_time_msec, parent=S.APPLICATION)
 
-    def end(self: TrainingRecorder, finish_time_msec: float | None = None) -> None:
+    def end(self: RecorderBase, finish_time_msec: float | None = None) -> None:
         with self._lock:
             self._end(f"on_{what}_end", name, finish_time_msec)
 
@@ -130,7 +60,7 @@ def _simple_pair(name: str, what: str) -> tuple[Callable[..., Span | None], Call
     return start, end
 
 
-class TrainingRecorder:
+class TrainingRecorder(CheckpointCallbacks, EvalLoopCallbacks, ReportCapture):
     """One training job's lifecycle telemetry (an instance per job; ``training.callbacks`` drive a default one)."""
 
     def __init__(self, config: TrainingTelemetryConfig | None = None, *, telemetry: Telemetry | None = None) -> None:
@@ -139,7 +69,7 @@ class TrainingRecorder:
         if telemetry is not None and not isinstance(telemetry, Telemetry):
             raise TypeError(f"telemetry must be a Telemetry, got {type(telemetry).__name__}")
         self.telemetry = telemetry if telemetry is not None else get_telemetry()
-        self.tracer: Tracer = tracer(self.telemetry)
+        self.tracer = tracer(self.telemetry)
         self.config: TrainingTelemetryConfig | None = None
         self.errors = 0
         self.warn_misuse = True  # False when a one-logger recorder drives this one (it warns the caller itself)
@@ -158,8 +88,8 @@ class TrainingRecorder:
         self._app_start_ns = 0
         self._reporter = Reporter(self._emit_report, self._report_failed)
         self._reset_training_state()
-        self._saves = _Durations()
-        self._loads = _Durations()
+        self._saves = Durations()
+        self._loads = Durations()
         self._save_attempts = 0
         self._save_successes = 0
         self._first_success_wall: float | None = None
@@ -256,79 +186,6 @@ class TrainingRecorder:
         self._event(E.UPDATE_TRAINING_TELEMETRY_CONFIG, attributes, S.APPLICATION)
         self._guarded("workload", lambda: publish_workload(self.telemetry, config))
 
-    # -- helpers ---------------------------------------------------------------------------------------------------
-
-    def _mono_of(self, time_msec: float | None) -> int | None:
-        """A ``*_time_msec`` (ms since the epoch; falsy: now) on the monotonic clock, by the current offset."""
-        if not time_msec:
-            return None
-        if isinstance(time_msec, bool) or not isinstance(time_msec, (int, float)):
-            raise TypeError(f"time_msec must be milliseconds since the epoch, got {type(time_msec).__name__}")
-        return round(time_msec * 1e6) - self.telemetry.wall_offset_ns
-
-    def _misuse(self, callback: str, message: str, **context: Any) -> None:
-        self.errors += 1
-        if self.errors == 1 and self.warn_misuse:
-            warn_safely(f"telemetrain.training: {callback}: {message} (recorded as an error event; later ones are not "
-                        "warned about)", stacklevel=4)
-        attributes = {"error_message": message, "callback": callback, **context}
-        try:
-            self.telemetry.event(E.ERROR, attributes, severity="error", group=GROUP)
-        except Exception:  # noqa: BLE001
-            pass
-
-    def _guarded(self, callback: str, fn: Callable[[], Any]) -> Any:
-        """Run ``fn``; an exception (a bug of ours, a config function that raises) is recorded, never raised."""
-        try:
-            return fn()
-        except Exception as exc:  # noqa: BLE001 - telemetry never breaks training
-            self._misuse(callback, f"failed: {describe(exc)}")
-            return None
-
-    def _event(self, name: str, attributes: Mapping[str, Any], on: str | None = None) -> None:
-        span = self._spans.get(on) if on is not None else None
-        span_id = span.span_id_hex if span is not None else ""
-        self.telemetry.event(name, attributes, group=GROUP, span_id=span_id)
-
-    def _start(
-        self,
-        callback: str,
-        name: str,
-        time_msec: float | None,
-        attributes: Mapping[str, Any] | None = None,
-        parent: str | None = None,
-    ) -> Span | None:
-        key = name
-        existing = self._spans.get(key)
-        if existing is not None and not existing.ended:
-            self._misuse(callback, f"{key} is already open: this start is ignored", span=key)
-            return None
-        start_ns = self._mono_of(time_msec)
-        parent_span = self._spans.get(parent) if parent is not None else None
-        if parent_span is not None and parent_span.ended:
-            parent_span = None
-        s = self.tracer.start(key, group=GROUP, parent=parent_span, start_ns=start_ns, attributes=attributes)
-        self._spans[key] = s
-        return s
-
-    def _outer(self) -> str:
-        """The parent of a validation or testing loop or a checkpoint save: the training loop while one is open (as
-        in one-logger), else the application."""
-        loop = self._spans.get(S.TRAINING_LOOP)
-        return S.TRAINING_LOOP if loop is not None and not loop.ended else S.APPLICATION
-
-    def _end(self, callback: str, name: str, time_msec: float | None, status: str | None = None,
-             error: str = "") -> Span | None:
-        s = self._spans.pop(name, None)
-        if s is None or s.ended:
-            self._misuse(callback, f"{name} was not started (or already ended): nothing to end", span=name)
-            return None
-        end_ns = self._mono_of(time_msec)
-        if status is not None:
-            s.set_status(status, error)
-        s.end(end_ns=end_ns)
-        return s
-
     # -- application and initialisation ----------------------------------------------------------------------------
 
     def on_app_start(self, start_time_msec: float | None = None) -> Span | None:
@@ -421,20 +278,6 @@ class TrainingRecorder:
     on_model_init_start, on_model_init_end = _simple_pair(S.MODEL_INIT, "model_init")
     on_dataloader_init_start, on_dataloader_init_end = _simple_pair(S.DATA_LOADER_INIT, "dataloader_init")
     on_optimizer_init_start, on_optimizer_init_end = _simple_pair(S.OPTIMIZER_INIT, "optimizer_init")
-
-    def on_load_checkpoint_start(self, start_time_msec: float | None = None) -> Span | None:
-        with self._lock:
-            return self._start("on_load_checkpoint_start", S.CHECKPOINT_LOAD, start_time_msec,
-                               parent=S.APPLICATION)
-
-    def on_load_checkpoint_end(
-        self, finish_time_msec: float | None = None, *, path: str | os.PathLike[str] | None = None
-    ) -> None:
-        """``path`` (ours): the checkpoint file or directory, for its size."""
-        with self._lock:
-            s = self._end("on_load_checkpoint_end", S.CHECKPOINT_LOAD, finish_time_msec)
-            if s is not None:
-                self._loads.add(s.duration_ns / 1e9, _path_bytes(path))
 
     # -- training loop and iterations ------------------------------------------------------------------------------
 
@@ -620,106 +463,6 @@ class TrainingRecorder:
         if n == self._next_report:
             self._report(final=False)
 
-    # -- the derived metrics ---------------------------------------------------------------------------------------
-
-    def _sizes(self) -> tuple[int, int | None, float | None]:
-        """Global batch, sequence length, FLOPs per sample (``*_or_fn`` evaluated now, as one-logger does)."""
-        config = self.config
-        if config is None:
-            return 0, None, None
-        return (self._gbs() or 0, self._guarded("seq_length", lambda: config.seq_length),
-                self._guarded("flops_per_sample", lambda: config.flops_per_sample))
-
-    def _gbs(self) -> int | None:
-        config = self.config
-        return self._guarded("global_batch_size", lambda: config.global_batch_size) if config is not None else None
-
-    def _world_size(self) -> int:
-        config = self.config
-        ws = self._guarded("world_size", lambda: config.world_size) if config is not None else None
-        return int(ws or self.telemetry.identity.world_size or 1)
-
-    def peak(self) -> Any:
-        """The peak TFLOP/s per GPU used for MFU (a ``flops.PeakFlops``), or None when unknown (no MFU)."""
-        if not self._peak_resolved:
-            self._peak_resolved = True
-            self._peak = None
-            self._peak = self._guarded("peak", self._find_peak)
-        return self._peak
-
-    def _find_peak(self) -> Any:
-        from .flops import explicit_peak, peak_tflops
-
-        config = self.config
-        if config is not None and config.peak_tflops_per_gpu:
-            return explicit_peak(config.peak_tflops_per_gpu, config.device_name or "explicit")
-        device = config.device_name if config else None
-        if device is None and sys.modules.get("torch") is None:
-            return None  # no torch loaded, so no CUDA device to look up: no MFU (importing torch here would stall)
-        return peak_tflops(device, config.dtype if config else "bfloat16")
-
-    def _schedule_report(self) -> None:
-        """The next report: when the global iteration reaches a multiple of log_every_n_train_iterations."""
-        every = self._every
-        self._next_report = self._iterations + every - (self._iterations_start + self._iterations) % every
-
-    def _report(self, final: bool) -> None:
-        """Capture the window and hand it to the reporter (the training thread's whole share of a report); a final
-        report is computed here and now."""
-        try:
-            self._reporter.submit(self._snapshot(final))
-            if final:
-                self._reporter.drain()
-        except Exception as exc:  # noqa: BLE001 - telemetry never breaks training
-            self._report_failed(exc)
-        self._schedule_report()
-
-    def _snapshot(self, final: bool) -> Snapshot:
-        window = self._window
-        end_ns = self._last_iteration_end_ns or _mono()
-        self._window = Window(start_ns=end_ns)
-        begin, self._window_begin = self._window_begin, self._iterations
-        config = self.config
-        loop = self._spans.get(S.TRAINING_LOOP)
-        gbs, seq, fps = self._fixed or self._sizes()
-        return Snapshot(
-            final=final,
-            window=window,
-            window_iterations=self._iterations - begin,
-            end_ns=end_ns,
-            iterations=self._iterations,
-            iterations_start=self._iterations_start,
-            samples_start=self._samples_start,
-            iteration_total_sec=self._iteration_total_sec,
-            steady_start_ns=self._steady_start_ns or (
-                self._loop_start_ns if config is not None and config.warmup_iterations == 0 else 0),
-            steady_iterations=max(self._iterations - self._warmup, 0),
-            first_iteration_end_ns=self._first_iteration_end_ns,
-            last_iteration_end_ns=self._last_iteration_end_ns,
-            time_to_first_iteration=self._time_to_first_iteration,
-            interval=config.log_every_n_train_iterations if config else self._iterations - begin,
-            gbs=gbs,
-            seq=seq,
-            fps=fps,
-            world=self._world_size(),
-            peak=self.peak(),
-            saves=self._saves.as_attributes("save_checkpoint"),
-            loads=self._loads.as_attributes("load_checkpoint"),
-            wall_offset_ns=self.telemetry.wall_offset_ns,
-            span_id=self._loop_hex if loop is self._loop else (loop.span_id_hex if loop is not None else ""),
-            extras=self._gpu,
-            extra=capture(self.telemetry.extensions.get(REPORT_SOURCES)),
-        )
-
-    def _emit_report(self, snap: Snapshot, attributes: Mapping[str, Any]) -> None:
-        """The reporter's output: the event (linked to the loop), then each metric as a record."""
-        telemetry = self.telemetry
-        telemetry.event(E.TRAINING_METRICS_UPDATE, attributes, group=GROUP, span_id=snap.span_id)
-        emit_derived(telemetry, GROUP, snap, attributes)
-
-    def _report_failed(self, exc: BaseException) -> None:
-        self._misuse("training_metrics_update", f"failed: {describe(exc)}")
-
     def _on_phase_end(self, s: Span) -> None:
         """A sub-phase span ended (ours or the user's own ``span("model_forward")``): into the window's split."""
         phase = PHASES.get(s.name)
@@ -727,208 +470,6 @@ class TrainingRecorder:
             self.phase = None
             phases = self._window.phases
             phases[phase] = phases.get(phase, 0.0) + s.duration_ns / 1e9
-
-    # -- validation and testing ------------------------------------------------------------------------------------
-
-    def on_validation_start(self, start_time_msec: float | None = None) -> Span | None:
-        with self._lock:
-            s = self._start("on_validation_start", S.VALIDATION_LOOP, start_time_msec,
-                            parent=self._outer())
-            if s is not None:
-                self._loop_summary[S.VALIDATION_LOOP] = Summary()
-                self._loop_times[S.VALIDATION_LOOP] = []
-            return s
-
-    def on_validation_end(self, finish_time_msec: float | None = None) -> None:
-        with self._lock:
-            self._loop_end("on_validation_end", S.VALIDATION_LOOP, S.VALIDATION_SINGLE_ITERATION,
-                           E.VALIDATION_METRICS_UPDATE, finish_time_msec)
-
-    def on_validation_single_iteration_start(self, start_time_msec: float | None = None) -> Span | None:
-        with self._lock:
-            return self._loop_iteration_start("on_validation_single_iteration_start",
-                                              S.VALIDATION_SINGLE_ITERATION, S.VALIDATION_LOOP,
-                                              start_time_msec)
-
-    def on_validation_single_iteration_end(self, finish_time_msec: float | None = None) -> None:
-        with self._lock:
-            self._loop_iteration_end("on_validation_single_iteration_end", S.VALIDATION_SINGLE_ITERATION,
-                                     S.VALIDATION_LOOP, finish_time_msec)
-
-    def on_testing_start(self, start_time_msec: float | None = None) -> Span | None:
-        with self._lock:
-            s = self._start("on_testing_start", S.TESTING_LOOP, start_time_msec, parent=self._outer())
-            if s is not None:
-                self._loop_summary[S.TESTING_LOOP] = Summary()
-                self._loop_times[S.TESTING_LOOP] = []
-            return s
-
-    def on_testing_end(self, finish_time_msec: float | None = None) -> None:
-        with self._lock:
-            self._loop_end("on_testing_end", S.TESTING_LOOP, S.TESTING_SINGLE_ITERATION,
-                           E.TESTING_METRICS_UPDATE, finish_time_msec)
-
-    def on_testing_single_iteration_start(self, start_time_msec: float | None = None) -> Span | None:
-        """Ours: one-logger has a testing-iteration span name but no callback for it."""
-        with self._lock:
-            return self._loop_iteration_start("on_testing_single_iteration_start", S.TESTING_SINGLE_ITERATION,
-                                              S.TESTING_LOOP, start_time_msec)
-
-    def on_testing_single_iteration_end(self, finish_time_msec: float | None = None) -> None:
-        with self._lock:
-            self._loop_iteration_end("on_testing_single_iteration_end", S.TESTING_SINGLE_ITERATION,
-                                     S.TESTING_LOOP, finish_time_msec)
-
-    def _loop_iteration_start(self, callback: str, name: str, loop: str,
-                              time_msec: float | None) -> Span | None:
-        stale = self._spans.get(name)
-        if stale is not None and not stale.ended:
-            self._misuse(callback, f"the previous {name} was not ended: ended here with status error")
-            self._spans.pop(name, None)
-            stale.end("error", f"no end callback for {name}")
-        if loop not in self._spans:
-            self._misuse(callback, f"no {loop} open")
-        return self._start(callback, name, time_msec, parent=loop)
-
-    def _loop_iteration_end(self, callback: str, name: str, loop: str, time_msec: float | None) -> None:
-        s = self._end(callback, name, time_msec)
-        if s is None:
-            return
-        times = self._loop_times.setdefault(loop, [])
-        times.append(s.duration_ns / 1e9)
-        if len(times) >= 2048:
-            self._loop_summary.setdefault(loop, Summary()).fold(times)
-            self._loop_times[loop] = []
-
-    def _loop_end(self, callback: str, loop: str, iteration: str, event: str,
-                  time_msec: float | None) -> None:
-        if iteration in self._spans:
-            self._misuse(callback, f"{iteration} still open at {loop} end: ended here")
-            self._loop_iteration_end(callback, iteration, loop, time_msec)
-        summary = self._loop_summary.pop(loop, Summary())
-        times = self._loop_times.pop(loop, [])
-        if times:
-            summary.fold(times)
-        ended = self._end(callback, loop, time_msec)
-        if ended is None:
-            return  # no loop to report on: the error event says so; no figures are invented
-        current = self._iterations_start + self._iterations
-        last = self._iterations_at_validation if loop == S.VALIDATION_LOOP else self._iterations_at_testing
-        attributes: dict[str, Any] = {"current_iteration": current - 1 if current else 0, "interval": current - last}
-        values = summary.values(TIME_AGGS)
-        if values.get("count"):
-            attributes.update({
-                "num_iterations": values["count"], "avg_iteration_time_sec": values["mean"],
-                "min_iteration_time_sec": values["min"], "max_iteration_time_sec": values["max"],
-                "total_iteration_time_sec": values["sum"],
-                **{f"{q}_iteration_time_sec": values[q] for q in QUANTILES if q in values},
-            })
-        attributes["loop_time_sec"] = ended.duration_ns / 1e9
-        self.telemetry.event(event, attributes, group=GROUP, span_id=ended.span_id_hex)
-        if loop == S.VALIDATION_LOOP:
-            self._iterations_at_validation = current
-            self._validation_total_sec += values.get("sum", 0.0)  # the validation iterations' time, as one-logger
-        else:
-            self._iterations_at_testing = current
-
-    # -- checkpoints -----------------------------------------------------------------------------------------------
-
-    def _save_span_name(self) -> str:
-        if self.config is not None and self.config.save_checkpoint_strategy == CheckpointStrategy.ASYNC:
-            return S.CHECKPOINT_SAVE_ASYNC
-        return S.CHECKPOINT_SAVE_SYNC
-
-    def on_save_checkpoint_start(self, global_step: int, start_time_msec: float | None = None) -> Span | None:
-        if isinstance(global_step, bool) or not isinstance(global_step, int):
-            raise TypeError(f"global_step must be an int, got {type(global_step).__name__}")
-        with self._lock:
-            self._save_attempts += 1
-            self._save_succeeded = False
-            name = self._save_span_name()
-            attributes = {
-                "checkpoint_strategy": (name == S.CHECKPOINT_SAVE_ASYNC and "async") or "sync",
-                "current_iteration": global_step,
-                "save_checkpoint_attempt_count": self._save_attempts,
-            }
-            s = self._start("on_save_checkpoint_start", name, start_time_msec, attributes, parent=self._outer())
-            # what this checkpoint will hold once it is saved: the productive work up to now
-            gbs = self._gbs() or 0
-            config = self.config
-            fps = self._guarded("flops_per_sample", lambda: config.flops_per_sample) if config is not None else None
-            completed = self._iterations_start + self._iterations
-            self._snapshots[global_step] = {
-                "productive_train_iterations": completed,
-                "productive_train_samples": self._samples_start + self._iterations * gbs,
-                "productive_train_iterations_sec": self._iteration_total_sec,
-                "productive_validation_iterations_sec": self._validation_total_sec,
-                **({"productive_train_tflops": completed * gbs * fps / 1e12} if fps and gbs else {}),
-            }
-            return s
-
-    def on_save_checkpoint_success(
-        self, global_step: int, time_msec: float | None = None, *, path: str | os.PathLike[str] | None = None
-    ) -> None:
-        """``path`` (ours): the checkpoint file or directory saved, for its size and directory."""
-        with self._lock:
-            self._save_succeeded = True
-            snapshot = self._snapshots.pop(global_step, None)
-            if snapshot is None:
-                self._misuse("on_save_checkpoint_success", "no on_save_checkpoint_start for this step: the productive "
-                             "figures are not known and are left out", global_step=global_step)
-                snapshot = {}
-            for step in [s for s in self._snapshots if s < global_step]:  # older saves that never succeeded
-                del self._snapshots[step]
-            self._save_successes += 1
-            now_wall = ((self._mono_of(time_msec) or _mono()) + self.telemetry.wall_offset_ns) / 1e9
-            if self._first_success_wall is None:
-                self._first_success_wall = now_wall
-            self._latest_success_wall = now_wall
-            attributes: dict[str, Any] = {
-                "checkpoint_strategy": "async" if self._save_span_name() == S.CHECKPOINT_SAVE_ASYNC else "sync",
-                "current_iteration": global_step,
-                "first_successful_save_checkpoint_timestamp_sec": self._first_success_wall,
-                "latest_successful_save_checkpoint_timestamp_sec": self._latest_success_wall,
-                "save_checkpoint_success_count": self._save_successes,
-                **snapshot,
-            }
-            if self._loop_start_ns:
-                attributes["training_start_timestamp_sec"] = (self._loop_start_ns + self.telemetry.wall_offset_ns) / 1e9
-            if path is not None:
-                attributes["checkpoint_directory"] = os.fspath(path)
-                size = _path_bytes(path)
-                if size is not None:
-                    attributes["checkpoint_size"] = size
-            on = self._save_span_name() if self._save_span_name() in self._spans else S.TRAINING_LOOP
-            self._event(E.SAVE_CHECKPOINT_SUCCESS, attributes, on)
-
-    def on_save_checkpoint_end(
-        self, finish_time_msec: float | None = None, *, path: str | os.PathLike[str] | None = None
-    ) -> None:
-        """``path`` (ours): the checkpoint file or directory, for its size (also given to the success event)."""
-        with self._lock:
-            name = self._save_span_name()
-            s = self._spans.get(name)
-            size = _path_bytes(path)
-            if s is not None and name == S.CHECKPOINT_SAVE_SYNC and not self._save_succeeded:
-                # a sync save that ends without success failed (async ones succeed later, when finalised)
-                self._misuse("on_save_checkpoint_end", "the checkpoint save ended without on_save_checkpoint_success: "
-                             "it failed, and what it would have held is not productive", span=name)
-                if s.status == "ok":
-                    s.set_status("error", "no on_save_checkpoint_success")
-            if s is not None:
-                end_ns = self._mono_of(finish_time_msec) or _mono()
-                self._saves.add((end_ns - s.start_ns) / 1e9, size)
-                attributes: dict[str, Any] = {
-                    "save_checkpoint_sync_time_total_sec": self._saves.total,
-                    "save_checkpoint_sync_time_min_sec": self._saves.min,
-                    "save_checkpoint_sync_time_max_sec": self._saves.max,
-                    **self._saves.as_attributes("save_checkpoint"),
-                }
-                if size is not None:
-                    attributes["checkpoint_size"] = size
-                self._event(E.SYNC_CHECKPOINT_METRICS_UPDATE, attributes, name)
-            self._end("on_save_checkpoint_end", name, finish_time_msec)
-
     # -- context managers ------------------------------------------------------------------------------------------
 
     def data_loading(self) -> Any:

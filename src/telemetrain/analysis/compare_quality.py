@@ -1,0 +1,230 @@
+"""Compare the model's own numbers of two runs: the loss at equal steps, the step (and time) at which the candidate
+reaches the baseline's final loss, and the curves to overlay.
+
+Both runs' curves come from ``report.curves`` (``RunSamples.curves``: bounded buckets fed by whatever read the run).
+The loss is picked by name (``curves.pick_loss``); each run's line is its one line (equal ranks), rank 0's, or the
+ranks' median, smoothed by the same centered rolling median as the report's charts.
+
+- **At equal steps**: at the last step both runs reached, each run's level is the median of its bucket means over
+  the last 10% of the common steps (at least 3 buckets), its noise the robust spread (1.4826 x MAD) of those means
+  around their least-squares line, times 1.2533 over the square root of their count (a median's standard error).
+  The change is significant when
+  ``|candidate - baseline| > 2 x sqrt(noise_c^2 + noise_b^2)`` (about 95% for normal noise), else *inconclusive*.
+- **Reaches**: the baseline's final level (as above, over its own last 10%) is the target; the candidate reaches it
+  at the first bucket whose smoothed value is at or below it (at or above for a higher-is-better metric:
+  accuracy). "Does not reach" when no bucket does; the time is that bucket's last wall time, seconds since the
+  run's start.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..report.curves import Curve, CurveLine, is_eval, pick_loss, smooth, smoothing_window
+from .samples import RunSamples
+
+__all__ = ["QualityComparison", "compare_quality", "quality_lines"]
+
+TAIL = 0.10  # the share of the common steps whose buckets give a run's level at the end
+MAX_OVERLAYS = 6
+_HIGHER = ("acc", "accuracy", "f1", "precision", "recall", "auc", "bleu", "rouge", "score", "map", "iou")
+
+BETTER, WORSE, SAME = "better", "worse", "inconclusive: within the noise"
+
+
+def higher_is_better(name: str) -> bool:
+    low = name.lower().replace("/", ".").replace("_", ".").replace("-", ".")
+    return any(part in _HIGHER for part in low.split("."))
+
+
+@dataclass(frozen=True)
+class QualityComparison:
+    """One metric (the loss, else an evaluation metric) of a candidate against the baseline."""
+
+    metric: str  # group/name
+    higher_is_better: bool
+    step: float | None  # the last step both reached (None: a time axis)
+    baseline_value: float
+    candidate_value: float
+    noise: float  # the two levels' combined standard error
+    verdict: str  # better, worse, inconclusive
+    target: float  # the baseline's final level
+    baseline_final_step: float
+    reach_step: float | None  # where the candidate first reaches ``target`` (None: it does not)
+    reach_seconds: float | None
+    baseline_reach_seconds: float | None  # when the baseline itself first reached its final level
+    overlays: tuple[tuple[str, Curve, Curve], ...] = ()  # (title, baseline, candidate) to draw over each other
+
+    @property
+    def change(self) -> float:
+        return (self.candidate_value - self.baseline_value) / abs(self.baseline_value) if self.baseline_value \
+            else math.nan
+
+    def sentence(self, candidate: str = "the candidate") -> str:
+        """'reaches the baseline's final train/loss (1.93) at step 180 (baseline: 200), 42 s in (baseline: 51 s);
+        at step 200: 1.88 vs 1.93 (-2.6%), better'."""
+        x = f"step {self.step:,.0f}" if self.step is not None else "the end"
+        level = (f"at {x}: {self.candidate_value:.4g} vs {self.baseline_value:.4g} ({self.change:+.1%}), "
+                 f"{self.verdict}")
+        if self.reach_step is None:
+            reach = f"does not reach the baseline's final {self.metric} ({self.target:.4g})"
+        else:
+            where = f"step {self.reach_step:,.0f}" if self.step is not None else f"{self.reach_step:.3g} s"
+            reach = (f"reaches the baseline's final {self.metric} ({self.target:.4g}) at {where} (baseline: "
+                     f"{self.baseline_final_step:,.0f})")
+            if self.reach_seconds is not None and self.baseline_reach_seconds is not None:
+                reach += f", {self.reach_seconds:.3g} s in (baseline: {self.baseline_reach_seconds:.3g} s)"
+        return f"{candidate} {reach}; {level}"
+
+    def as_dict(self) -> dict[str, Any]:
+        def f(v: float | None) -> float | None:
+            return v if v is not None and math.isfinite(v) else None
+
+        return {"metric": self.metric, "higher_is_better": self.higher_is_better, "step": f(self.step),
+                "baseline_value": f(self.baseline_value), "candidate_value": f(self.candidate_value),
+                "change": f(self.change), "noise": f(self.noise), "verdict": self.verdict, "target": f(self.target),
+                "baseline_final_step": f(self.baseline_final_step), "reach_step": f(self.reach_step),
+                "reach_seconds": f(self.reach_seconds), "baseline_reach_seconds": f(self.baseline_reach_seconds),
+                "overlaid": [title for title, _, _ in self.overlays]}
+
+
+def _level(line: CurveLine, upto: float, span: float) -> tuple[float, float, int] | None:
+    """(median, standard error, buckets) of the line's bucket means over the last ``TAIL`` of [.., upto]."""
+    pts = [p for p in line.points if p.n and p.x <= upto + 1e-9]
+    if not pts:
+        return None
+    lo = upto - max(span * TAIL, 0.0)
+    chosen = [p for p in pts if p.x >= lo]
+    if len(chosen) < 3:
+        chosen = pts[-3:]
+    tail = [p.mean for p in chosen]
+    ordered = sorted(tail)
+    mid = len(ordered) // 2
+    median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    resid = _detrended([p.x for p in chosen], tail)
+    dev = sorted(abs(r) for r in resid)
+    sd = 1.4826 * dev[len(dev) // 2] if dev else 0.0
+    return median, 1.2533 * sd / math.sqrt(len(tail)), len(tail)  # the standard error of a median
+
+
+def _detrended(xs: Sequence[float], ys: Sequence[float]) -> list[float]:
+    """``ys`` less their least-squares line (a loss still falling at the end is a trend, not noise)."""
+    n = len(ys)
+    if n < 3 or len(xs) != n:
+        return [y - sum(ys) / n for y in ys]
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else 0.0
+    return [y - (my + slope * (x - mx)) for x, y in zip(xs, ys, strict=True)]
+
+
+def _reach(line: CurveLine, target: float, higher: bool) -> tuple[float, float] | None:
+    pts = [p for p in line.points if p.n]
+    values = smooth([p.mean for p in pts], smoothing_window(len(pts))) if len(pts) >= 5 else [p.mean for p in pts]
+    for p, v in zip(pts, values, strict=True):
+        if (v >= target) if higher else (v <= target):
+            return p.x, p.seconds
+    return None
+
+
+def _curve(run: RunSamples, key: tuple[str, str]) -> Curve | None:
+    """The run's curve of ``key``, its times counted from the run's start: the earlier of run.json's creation and its
+    first metric (a clock that disagrees with run.json's must not make the times negative)."""
+    starts = [t for t in (run.created_wall_ns, run.curves.first_wall_ns) if t]
+    start = min(starts) if starts else 0
+    return run.curves.curve(*key, start, min_points=3)
+
+
+def _pair(candidate: RunSamples, baseline: RunSamples, loss: str | None) -> tuple[tuple[str, str], Curve, Curve] | None:
+    names = sorted(set(candidate.curves.names()) & set(baseline.curves.names()))
+    picked = pick_loss(names, loss)
+    if picked is None:
+        picked = next((n for n in names if is_eval(n[1])), None)
+    if picked is None:
+        return None
+    c, b = _curve(candidate, picked), _curve(baseline, picked)
+    if c is None or b is None or c.by_step != b.by_step or not c.lines or not b.lines:
+        return None
+    return picked, c, b
+
+
+def compare_quality(candidate: RunSamples, baseline: RunSamples, loss: str | None = None) -> QualityComparison | None:
+    """The loss (``loss``: its name, else picked by name; else the first evaluation metric both runs have) of
+    ``candidate`` against ``baseline``; None when they share no such metric with at least 3 values."""
+    pair = _pair(candidate, baseline, loss)
+    if pair is None:
+        return None
+    (group, name), c, b = pair
+    cl, bl = c.lines[0], b.lines[0]
+    cx = [p.x for p in cl.points if p.n]
+    bx = [p.x for p in bl.points if p.n]
+    if not cx or not bx:
+        return None
+    common_lo, common_hi = max(min(cx), min(bx)), min(max(cx), max(bx))
+    span = max(common_hi - common_lo, 0.0)
+    c_level, b_level = _level(cl, common_hi, span), _level(bl, common_hi, span)
+    b_final = _level(bl, max(bx), max(bx) - min(bx))
+    if c_level is None or b_level is None or b_final is None:
+        return None
+    higher = higher_is_better(name)
+    noise = math.hypot(c_level[1], b_level[1])
+    diff = c_level[0] - b_level[0]
+    if abs(diff) <= 2 * noise or diff == 0:
+        verdict = SAME
+    else:
+        verdict = BETTER if (diff > 0) == higher else WORSE
+    target = b_final[0]
+    reach = _reach(cl, target, higher)
+    own = _reach(bl, target, higher)
+    title = f"{group}/{name}" if group not in ("", "default") else name
+    overlays = [(title, b, c)]
+    for key in sorted(set(candidate.curves.names()) & set(baseline.curves.names())):
+        if key != (group, name) and len(overlays) < MAX_OVERLAYS and is_eval(key[1]):
+            oc, ob = _curve(candidate, key), _curve(baseline, key)
+            if oc is not None and ob is not None and oc.by_step == ob.by_step:
+                overlays.append((oc.title, ob, oc))
+    return QualityComparison(
+        metric=title, higher_is_better=higher, step=common_hi if c.by_step else None,
+        baseline_value=b_level[0], candidate_value=c_level[0], noise=noise, verdict=verdict, target=target,
+        baseline_final_step=max(bx), reach_step=reach[0] if reach else None,
+        reach_seconds=reach[1] if reach and math.isfinite(reach[1]) else None,
+        baseline_reach_seconds=own[1] if own and math.isfinite(own[1]) else None, overlays=tuple(overlays))
+
+
+def quality_lines(q: QualityComparison | None, speed: str = "") -> list[str]:
+    """The text form: the sentence, with the speed change first (``speed``: e.g. 'is 12.0% slower'), and a compact
+    overlay (each run's smoothed curve as a sparkline, both on one scale)."""
+    if q is None:
+        return []
+    lines = ["  quality: " + q.sentence("the candidate" + (f" {speed} and" if speed else ""))]
+    for title, b, c in q.overlays:
+        values = [smooth([p.mean for p in line.points], smoothing_window(len(line.points))) for line in
+                  (b.lines[0], c.lines[0])]
+        base, cand = _shared_scale(values)
+        lines.append(f"  {title}: baseline  {base}")
+        lines.append(f"  {' ' * len(title)}  candidate {cand}")
+    return lines
+
+
+def _shared_scale(series: Sequence[Sequence[float]], width: int = 40) -> list[str]:
+    """Each series as a sparkline, all on one scale."""
+    from .tail_progress import BLOCKS
+
+    finite = [v for s in series for v in s if math.isfinite(v)]
+    if not finite:
+        return ["" for _ in series]
+    lo, hi = min(finite), max(finite)
+    top = len(BLOCKS) - 1
+    out = []
+    for s in series:
+        n = len(s)
+        cells = []
+        for i in range(min(width, n)):
+            share = [v for v in s[i * n // min(width, n):(i + 1) * n // min(width, n)] if math.isfinite(v)]
+            cells.append("!" if not share else BLOCKS[0 if hi == lo else
+                                                    round((sum(share) / len(share) - lo) / (hi - lo) * top)])
+        out.append("".join(cells))
+    return out

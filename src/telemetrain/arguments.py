@@ -1,0 +1,62 @@
+"""The checks of the public APIs' arguments (names, values, steps, metric attributes): each accepts what the API
+documents and raises a ``TypeError``/``ValueError`` naming the argument otherwise. The hot paths test the common case
+inline and call these only for the rest."""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping
+from typing import Any
+
+
+def check_value(value: Any, arg: str) -> int | float | bool:
+    """The slow path of every numeric argument: accept real numbers (numpy scalars too), refuse the rest."""
+    if isinstance(value, bool) or getattr(getattr(value, "dtype", None), "kind", None) == "b":
+        return bool(value)  # numpy.bool_ is no numbers.Integral
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    hint = ""
+    if hasattr(value, "item") and hasattr(value, "dim"):
+        hint = " (a tensor: pass tensor.item() yourself; telemetrain never calls it because it syncs the device)"
+    raise TypeError(f"{arg} must be an int or float, got {type(value).__name__}: {value!r:.80}{hint}")
+
+
+def check_name(name: Any, arg: str) -> str:
+    """A non-empty str; a str subclass (a str Enum member, say) becomes the plain str of its text."""
+    if not isinstance(name, str):
+        raise TypeError(f"{arg} must be a str, got {type(name).__name__}")
+    text: str = name if type(name) is str else str.__str__(name)  # str() of an Enum member gives "Cls.MEMBER"
+    if not text:
+        raise ValueError(f"{arg} must be a non-empty str")
+    return text
+
+
+def check_step(step: Any) -> int:
+    """A step is a whole number: an int, a numpy integer, or a float with no fractional part."""
+    if isinstance(step, bool) or not isinstance(step, numbers.Real):
+        raise TypeError(f"step must be an int, got {type(step).__name__}")
+    if isinstance(step, numbers.Integral):
+        return int(step)
+    as_float = float(step)
+    if not as_float.is_integer():
+        raise ValueError(f"step must be a whole number, got {step!r}")
+    return int(as_float)
+
+
+_ATTRIBUTE_VALUE_TYPES = (str, int, float, bool)
+_ATTRIBUTE_VALUE_SET = frozenset(_ATTRIBUTE_VALUE_TYPES)
+
+
+def check_metric_attributes(attributes: Any) -> None:
+    """A metric's attributes: a mapping of non-empty str keys to str, int, float or bool values (dimension labels:
+    a backend makes each distinct set its own series)."""
+    if not isinstance(attributes, Mapping):
+        raise TypeError(f"attributes must be a mapping, got {type(attributes).__name__}")
+    for key, value in attributes.items():
+        if type(key) is not str or not key:
+            raise TypeError(f"attributes keys must be non-empty str, got {key!r:.80}")
+        if type(value) not in _ATTRIBUTE_VALUE_TYPES:
+            raise TypeError(f"attributes[{key!r}] must be a str, int, float or bool (a dimension label), got "
+                            f"{type(value).__name__}: {value!r:.80}")

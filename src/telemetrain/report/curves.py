@@ -1,0 +1,476 @@
+"""The model's own metrics as curves: a bounded-memory builder fed plain tuples, and what a chart needs of them.
+
+Whoever reads the run (the report's record pass, ``tail``, ``compare``, a SQL query) feeds ``CurveBuilder.add`` one
+point at a time: ``(rank, group, name, step, value, wall_ns)``, ``name`` already keyed by its attributes
+(``semconv.series_key``). Only *user* metrics are kept (``is_user_group``: not the training lifecycle's derived
+metrics, the system sampler's or the cross-rank aggregator's); the others are ignored, so a reader may feed every
+metric it decodes.
+
+Memory is bounded whatever the run's length: each (group, name, rank) series holds at most ``capacity`` buckets of
+the x axis. A bucket keeps the count, sum, min and max of its finite values (and where the max was), its NaN/inf count
+and its last wall time; when a series outgrows ``capacity`` buckets, the bucket width doubles (or more, at once, for
+sparse x) and neighbours merge -- a min/max-per-bucket downsampling, so a 1M-step run draws as fast as a short one
+and a one-step spike still shows in its bucket's max.
+
+The x axis of a series is its ``step`` when its first point has one (``Telemetry.log(..., step=)``,
+``metric(step=)``), else the wall time (seconds since the run's start): torchelastic's ``put_metric`` has no step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+__all__ = [
+    "EVAL_WORDS",
+    "MIN_POINTS",
+    "BucketPoint",
+    "Curve",
+    "CurveBuilder",
+    "CurveLine",
+    "is_eval",
+    "is_user_group",
+    "log_allowed",
+    "pick_loss",
+    "smooth",
+    "y_scale",
+]
+
+CAPACITY = 256  # buckets per (group, name, rank) series
+MIN_POINTS = 4  # a metric with fewer values (on its busiest rank) is a table row, not a chart
+MAX_RANK_LINES = 8  # more ranks that differ: their median, and a min..max band across ranks
+WALL_WIDTH_NS = 1_000_000  # the first bucket width of a wall-time axis: 1 ms
+EVAL_WORDS = frozenset({"val", "valid", "validation", "eval", "evaluation", "test", "dev"})
+_LOG_WORDS = ("loss", "ppl", "perplexity", "grad", "norm", "lr", "learning_rate")
+_SYSTEM_GROUPS = frozenset({"training", "system", "cross_rank", "telemetrain"})
+# bucket slots: finite count, sum, min, max, x of the max, non-finite count, x of the first non-finite, last wall ns,
+# sum of x, points
+_N, _SUM, _LO, _HI, _HI_X, _BAD, _BAD_X, _WALL, _XSUM, _XN = range(10)
+
+
+def is_user_group(group: str) -> bool:
+    """A metric the user recorded (``train``, ``val``, ``default``, ...), not one of the training lifecycle's derived
+    metrics (``training``), the system sampler's (``system``, ``system.*``) or the cross-rank aggregator's; the same
+    split as the findings engine's value series."""
+    return group not in _SYSTEM_GROUPS and not group.startswith("system.")
+
+
+def is_eval(name: str) -> bool:
+    """An evaluation metric: a part of its name (split on ``. / _ -``) is val, eval, test, ...: charted by step with
+    its points marked (they are few)."""
+    parts = name.lower().replace("/", ".").replace("_", ".").replace("-", ".").split(".")
+    return any(p in EVAL_WORDS for p in parts)
+
+
+@dataclass(frozen=True, slots=True)
+class BucketPoint:
+    """One bucket of a drawn line: x (the mean step, or seconds since the run's start), the mean, min and max of its
+    finite values, where its max was, how many values it holds and how many were NaN/inf."""
+
+    x: float
+    mean: float  # NaN when the bucket holds only non-finite values (drawn as a gap)
+    lo: float
+    hi: float
+    hi_x: float
+    n: int
+    bad: int = 0
+    bad_x: float = math.nan
+    seconds: float = math.nan  # the bucket's last wall time, seconds since the run's start
+
+
+@dataclass(frozen=True, slots=True)
+class CurveLine:
+    label: str  # "rank 3", "all ranks", "median of 64 ranks"
+    points: tuple[BucketPoint, ...]
+    rank: int | None = None
+    # across ranks (a median line): the lowest and highest rank mean of each bucket
+    band: tuple[tuple[float, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Curve:
+    group: str
+    name: str
+    unit: str
+    by_step: bool  # x is the step; else seconds since the run's start
+    lines: tuple[CurveLine, ...]
+    points: int  # values recorded, all ranks
+    nonfinite: int  # of them NaN/inf
+    ranks: int  # ranks that recorded it
+    ranks_differ: bool
+    bucket_width: float  # steps (or seconds) per drawn point: 1 when every point is drawn
+
+    @property
+    def title(self) -> str:
+        return f"{self.group}/{self.name}" if self.group not in ("", "default") else self.name
+
+    @property
+    def evaluation(self) -> bool:
+        return is_eval(self.name)
+
+    @property
+    def x_label(self) -> str:
+        return "step" if self.by_step else "seconds since the run's start"
+
+
+@dataclass(slots=True)
+class _Series:
+    by_step: bool
+    width: int
+    unit: str
+    buckets: dict[int, list[float]] = field(default_factory=dict)
+    last_step: int = 0
+    points: int = 0
+
+
+class CurveBuilder:
+    """Fed one metric point at a time; ``curves()`` gives what the charts draw. ``capacity``: buckets per series and
+    rank (memory: ~``capacity`` x 10 numbers per series and rank, whatever the run's length)."""
+
+    def __init__(self, capacity: int = CAPACITY) -> None:
+        if capacity < 8:
+            raise ValueError(f"capacity must be at least 8, got {capacity}")
+        self.capacity = capacity
+        self._series: dict[tuple[str, str], dict[int, _Series]] = {}
+        self.first_wall_ns: int | None = None  # the earliest point kept (an origin when the run's start is unknown)
+
+    def __len__(self) -> int:
+        return len(self._series)
+
+    def names(self) -> list[tuple[str, str]]:
+        """(group, name) of every series fed so far."""
+        return sorted(self._series)
+
+    def add(self, rank: int, group: str, name: str, step: int | None, value: object, wall_ns: int,
+            unit: str = "") -> None:
+        """One point. Ignored: a metric of a lifecycle/system group, a bool, anything not a number."""
+        if type(value) is bool or not isinstance(value, (int, float)) or not is_user_group(group):
+            return
+        by_rank = self._series.get((group, name))
+        if by_rank is None:
+            self._series[(group, name)] = by_rank = {}
+        s = by_rank.get(rank)
+        if s is None:
+            by_step = step is not None
+            by_rank[rank] = s = _Series(by_step, 1 if by_step else WALL_WIDTH_NS, unit)
+        if s.by_step:
+            if step is None:
+                x = s.last_step  # a point without a step in a stepped series: at the last step seen
+            else:
+                x = s.last_step = int(step)
+        else:
+            x = int(wall_ns)
+        s.points += 1
+        if self.first_wall_ns is None or wall_ns < self.first_wall_ns:
+            self.first_wall_ns = wall_ns
+        key = x // s.width
+        b = s.buckets.get(key)
+        v = float(value)
+        finite = math.isfinite(v)
+        if b is None:
+            s.buckets[key] = b = [0, 0.0, math.inf, -math.inf, 0.0, 0, math.nan, 0, 0.0, 0]
+            if len(s.buckets) > self.capacity:
+                self._shrink(s)
+                b = s.buckets[x // s.width]
+        if finite:
+            b[_N] += 1
+            b[_SUM] += v
+            if v < b[_LO]:
+                b[_LO] = v
+            if v > b[_HI]:
+                b[_HI] = v
+                b[_HI_X] = x
+        else:
+            if not b[_BAD]:
+                b[_BAD_X] = x
+            b[_BAD] += 1
+        if wall_ns > b[_WALL]:
+            b[_WALL] = wall_ns
+        b[_XSUM] += x
+        b[_XN] += 1
+
+    def add_bucket(self, rank: int, group: str, name: str, by_step: bool, x: int, stats: Sequence[float],
+                   first_wall_ns: int, unit: str = "") -> None:
+        """Points aggregated elsewhere (``curves_sql``: DuckDB groups a series' points by ``x // w``, ``w`` a power
+        of two), ``x`` the first x of their bucket; ``stats`` in the bucket slots' order (finite count, sum, min, max,
+        x of the max, non-finite count, x of the first non-finite, last wall ns, sum of x, points). Merged as ``add``
+        merges points: the same buckets once this builder's width reaches ``w``, which its first widening does."""
+        if not is_user_group(group) or not stats[_XN]:
+            return
+        by_rank = self._series.get((group, name))
+        if by_rank is None:
+            self._series[(group, name)] = by_rank = {}
+        s = by_rank.get(rank)
+        if s is None:
+            by_rank[rank] = s = _Series(by_step, 1 if by_step else WALL_WIDTH_NS, unit)
+        if s.by_step != by_step:  # (a rank whose points disagree on having a step: as ``add``, by its first)
+            return
+        s.points += int(stats[_XN])
+        if self.first_wall_ns is None or first_wall_ns < self.first_wall_ns:
+            self.first_wall_ns = first_wall_ns
+        b = [float(v) for v in stats]
+        if not b[_N]:
+            b[_LO], b[_HI], b[_HI_X] = math.inf, -math.inf, 0.0
+        if not b[_BAD]:
+            b[_BAD_X] = math.nan
+        key = x // s.width
+        into = s.buckets.get(key)
+        if into is not None:
+            _merge(into, b)
+            return
+        s.buckets[key] = b
+        if len(s.buckets) > self.capacity:
+            self._shrink(s)
+
+    def _shrink(self, s: _Series) -> None:
+        """Widen the buckets (a power of two, enough to fit half the capacity) and merge neighbours."""
+        keys = s.buckets.keys()
+        span = max(keys) - min(keys) + 1
+        factor = 2
+        while span / factor > self.capacity // 2:
+            factor *= 2
+        s.width *= factor
+        merged: dict[int, list[float]] = {}
+        for key, b in s.buckets.items():
+            into = merged.get(key // factor)
+            if into is None:
+                merged[key // factor] = b
+            else:
+                _merge(into, b)
+        s.buckets = merged
+
+    # -- what the charts draw --------------------------------------------------------------------------------------
+
+    def curves(self, start_ns: int = 0, *, min_points: int = MIN_POINTS,
+               names: Iterable[tuple[str, str]] | None = None) -> list[Curve]:
+        """Every series with at least ``min_points`` values on some rank, in (group, name) order;
+        ``start_ns``: the run's start, origin of a wall-time axis; ``names``: only these (group, name)."""
+        wanted = set(names) if names is not None else None
+        out = []
+        for key in sorted(self._series):
+            if wanted is not None and key not in wanted:
+                continue
+            curve = self._curve(key, start_ns, min_points)
+            if curve is not None:
+                out.append(curve)
+        return out
+
+    def curve(self, group: str, name: str, start_ns: int = 0, *, min_points: int = 1) -> Curve | None:
+        return self._curve((group, name), start_ns, min_points) if (group, name) in self._series else None
+
+    def _curve(self, key: tuple[str, str], start_ns: int, min_points: int) -> Curve | None:
+        by_rank = self._series[key]
+        total = sum(s.points for s in by_rank.values())
+        if max(s.points for s in by_rank.values()) < min_points:  # a few values per rank: not a curve
+            return None
+        by_step = next(iter(by_rank.values())).by_step
+        series = {r: s for r, s in by_rank.items() if s.by_step == by_step}  # (a rank that disagrees: left out)
+        width = max(s.width for s in series.values())
+        scale = 1.0 if by_step else 1e-9
+        origin = 0 if by_step else start_ns
+        aligned = {rank: _align(s, width) for rank, s in sorted(series.items())}
+        per_rank = {rank: tuple(_point(k, b, scale, origin, start_ns) for k, b in sorted(buckets.items()))
+                    for rank, buckets in aligned.items()}
+        nonfinite = sum(int(b[_BAD]) for buckets in aligned.values() for b in buckets.values())
+        differ = len(per_rank) > 1 and not _same(list(per_rank.values()))
+        if not differ:
+            rank, points = next(iter(per_rank.items()))
+            label = f"rank {rank}" if len(per_rank) == 1 else f"all {len(per_rank)} ranks (equal)"
+            lines: tuple[CurveLine, ...] = (CurveLine(label, points, rank if len(per_rank) == 1 else None),)
+        elif len(per_rank) <= MAX_RANK_LINES:
+            lines = tuple(CurveLine(f"rank {rank}", points, rank) for rank, points in per_rank.items())
+        else:
+            lines = (_median_line(aligned, scale, origin, start_ns),)
+        unit = next((s.unit for s in series.values() if s.unit), "")
+        return Curve(group=key[0], name=key[1], unit=unit, by_step=by_step, lines=lines, points=total,
+                     nonfinite=nonfinite, ranks=len(per_rank), ranks_differ=differ,
+                     bucket_width=width * scale if by_step else width * 1e-9)
+
+
+def _merge(into: list[float], b: list[float]) -> None:
+    into[_N] += b[_N]
+    into[_SUM] += b[_SUM]
+    if b[_LO] < into[_LO]:
+        into[_LO] = b[_LO]
+    if b[_HI] > into[_HI]:
+        into[_HI] = b[_HI]
+        into[_HI_X] = b[_HI_X]
+    if b[_BAD]:
+        into[_BAD_X] = b[_BAD_X] if not into[_BAD] else min(into[_BAD_X], b[_BAD_X])
+        into[_BAD] += b[_BAD]
+    into[_WALL] = max(into[_WALL], b[_WALL])
+    into[_XSUM] += b[_XSUM]
+    into[_XN] += b[_XN]
+
+
+def _align(s: _Series, width: int) -> dict[int, list[float]]:
+    """The series' buckets at ``width`` (a power-of-two multiple of its own), copies: the builder keeps going."""
+    factor = width // s.width
+    out: dict[int, list[float]] = {}
+    for key, b in s.buckets.items():
+        into = out.get(key // factor)
+        if into is None:
+            out[key // factor] = list(b)
+        else:
+            _merge(into, b)
+    return out
+
+
+def _point(key: int, b: list[float], scale: float, origin: int, start_ns: int) -> BucketPoint:
+    n = int(b[_N])
+    x = (b[_XSUM] / b[_XN] - origin) * scale
+    return BucketPoint(x=x, mean=b[_SUM] / n if n else math.nan, lo=b[_LO] if n else math.nan,
+                       hi=b[_HI] if n else math.nan, hi_x=(b[_HI_X] - origin) * scale if n else math.nan, n=n,
+                       bad=int(b[_BAD]), bad_x=(b[_BAD_X] - origin) * scale if b[_BAD] else math.nan,
+                       seconds=(b[_WALL] - start_ns) / 1e9 if b[_WALL] else math.nan)
+
+
+def _same(lines: Sequence[tuple[BucketPoint, ...]]) -> bool:
+    """Whether every rank's line is the same (data-parallel ranks logging the all-reduced loss)."""
+    first = lines[0]
+    for other in lines[1:]:
+        if len(other) != len(first):
+            return False
+        for a, b in zip(first, other, strict=True):
+            if a.n != b.n or a.bad != b.bad:
+                return False
+            if a.n and not (math.isclose(a.mean, b.mean, rel_tol=1e-9, abs_tol=1e-12)
+                            and math.isclose(a.lo, b.lo, rel_tol=1e-9, abs_tol=1e-12)
+                            and math.isclose(a.hi, b.hi, rel_tol=1e-9, abs_tol=1e-12)):
+                return False
+    return True
+
+
+def _median_line(aligned: dict[int, dict[int, list[float]]], scale: float, origin: int, start_ns: int) -> CurveLine:
+    """Many ranks that differ: each bucket's median of the ranks' means, and their min..max as a band."""
+    keys = sorted({k for buckets in aligned.values() for k in buckets})
+    points, band = [], []
+    for k in keys:
+        bs = [buckets[k] for buckets in aligned.values() if k in buckets]
+        merged = list(bs[0])
+        for b in bs[1:]:
+            _merge(merged, b)
+        means = sorted(b[_SUM] / b[_N] for b in bs if b[_N])
+        p = _point(k, merged, scale, origin, start_ns)
+        if means:
+            mid = len(means) // 2
+            median = means[mid] if len(means) % 2 else (means[mid - 1] + means[mid]) / 2
+            p = BucketPoint(p.x, median, p.lo, p.hi, p.hi_x, p.n, p.bad, p.bad_x, p.seconds)
+            band.append((means[0], means[-1]))
+        else:
+            band.append((math.nan, math.nan))
+        points.append(p)
+    return CurveLine(f"median of {len(aligned)} ranks", tuple(points), None, tuple(band))
+
+
+def smooth(values: Sequence[float], window: int | None = None) -> list[float]:
+    """A centered rolling median of ``values`` (NaN stays NaN and is skipped by its neighbours); ``window``: odd, by
+    default ``max(5, len // 20)`` made odd. A median, not an EMA: it does not lag, and a spike does not move it (the
+    raw line shows the spike). The window narrows at the ends, so that it stays centered."""
+    n = len(values)
+    if window is None:
+        window = max(5, n // 20)
+    window |= 1
+    half = window // 2
+    out = []
+    for i in range(n):
+        if values[i] != values[i]:
+            out.append(math.nan)
+            continue
+        h = min(half, i, n - 1 - i)  # symmetric at the edges too: a trend's ends are not pulled inwards
+        around = sorted(v for v in values[i - h: i + h + 1] if v == v)
+        mid = len(around) // 2
+        out.append(around[mid] if len(around) % 2 else (around[mid - 1] + around[mid]) / 2)
+    return out
+
+
+def smoothing_window(n: int) -> int:
+    return max(5, n // 20) | 1
+
+
+@dataclass(frozen=True, slots=True)
+class YScale:
+    lo: float
+    hi: float
+    log: bool
+    spikes: tuple[tuple[float, float], ...]  # (x, value) of the values above ``hi``: drawn as markers at the top
+
+
+def _quantile(ordered: Sequence[float], q: float) -> float:
+    pos = q * (len(ordered) - 1)
+    i = int(pos)
+    j = min(i + 1, len(ordered) - 1)
+    return ordered[i] + (ordered[j] - ordered[i]) * (pos - i)
+
+
+def log_allowed(name: str) -> bool:
+    """A log y axis suits losses, perplexities, gradient norms and learning rates (spanning decades is their
+    nature); not accuracies and other bounded scores, whose first value near 0 would squash the rest."""
+    low = name.lower()
+    return any(w in low for w in _LOG_WORDS)
+
+
+def y_scale(lines: Sequence[CurveLine], *, zero: bool = False, allow_log: bool = True) -> YScale | None:
+    """The y range of a chart: the bucket means and minima, and the maxima unless a few of them would flatten the
+    rest. A maximum is a spike when it lies beyond the line's own smoothed value by more than 8 robust deviations of
+    the means around it; when the spikes would stretch the range by more than half, the range stops at the
+    non-spike values and the spikes are marked at its top edge. Log when every value is positive and the range spans
+    at least two decades (a loss falling from 10 to 0.01)."""
+    kept: list[float] = []
+    spikes: list[tuple[float, float]] = []
+    for line in lines:
+        pts = [p for p in line.points if p.n]
+        if not pts:
+            continue
+        means = [p.mean for p in pts]
+        center = smooth(means, smoothing_window(len(means)))
+        resid = sorted(abs(m - c) for m, c in zip(means, center, strict=True))
+        scale = max(1.4826 * _quantile(resid, 0.5), 1e-12)
+        for p, c in zip(pts, center, strict=True):
+            if p.hi - c > 8 * scale and len(pts) >= 8:  # a spike: its bucket counts at the smoothed value
+                spikes.append((p.hi_x, p.hi))
+                kept.append(c)
+                if p.n > 1:
+                    kept.append(p.lo)
+                    if p.mean - c <= 8 * scale:
+                        kept.append(p.mean)
+            else:
+                kept += (p.lo, p.mean, p.hi)
+        kept += [v for pair in line.band for v in pair if math.isfinite(v)]
+    kept = [v for v in kept if math.isfinite(v)]
+    if not kept:
+        return None
+    lo, hi = min(kept), max(kept)
+    top = max((v for _, v in spikes), default=hi)
+    span = hi - lo if hi > lo else abs(hi) or 1.0
+    if top <= hi + 0.5 * span:  # the spikes fit without flattening the rest: show them in range
+        hi, spikes = max(hi, top), []
+    log = allow_log and lo > 0 and hi / lo >= 100
+    if not log:
+        if zero and lo > 0 and lo < 0.5 * hi:
+            lo = 0.0
+        pad = (hi - lo) * 0.05 or abs(hi) * 0.05 or 1.0
+        hi += pad
+        lo = lo - pad if not (zero and lo == 0.0) else lo
+    return YScale(lo, hi, log, tuple(sorted(spikes)))
+
+
+def pick_loss(names: Iterable[tuple[str, str]], wanted: str | None = None) -> tuple[str, str] | None:
+    """The (group, name) of the run's training loss: ``wanted`` when given (a name, or group/name), else a metric
+    named ``loss``, ``train/loss``, ``train.loss``, ``train_loss``, else the first user metric whose name ends in
+    ``loss`` and is not an evaluation metric, else any ending in ``loss``."""
+    items = sorted(names)
+    if wanted:
+        for group, name in items:
+            if wanted in (name, f"{group}/{name}", f"{group}.{name}"):
+                return group, name
+        return None
+    for preferred in ("loss", "train/loss", "train.loss", "train_loss", "training_loss", "train/loss_step"):
+        for group, name in items:
+            if name.lower() == preferred:
+                return group, name
+    ending = [(g, n) for g, n in items if n.lower().endswith("loss") and is_user_group(g)]
+    training = [(g, n) for g, n in ending if not is_eval(n)]
+    found = training or ending
+    return found[0] if found else None

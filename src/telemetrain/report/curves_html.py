@@ -1,0 +1,67 @@
+"""The report's "Model metrics" section: one chart per user metric (``curves``), evaluation metrics first."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..analysis.findings.values import value_kind
+from .curves import MIN_POINTS, Curve, is_user_group, pick_loss
+from .curves_svg import curve_chart
+from .svg import esc
+
+__all__ = ["MAX_CURVE_CHARTS", "curves_section"]
+
+MAX_CURVE_CHARTS = 60
+
+
+def _order(curves: Sequence[Curve]) -> list[Curve]:
+    """The training loss first, then the other losses, evaluation metrics, the rest; by name within each."""
+    loss = pick_loss([(c.group, c.name) for c in curves])
+
+    def rank(c: Curve) -> tuple[int, str]:
+        if (c.group, c.name) == loss:
+            return 0, ""
+        if value_kind(c.name) == "loss":
+            return 1, c.title
+        return (2 if c.evaluation else 3), c.title
+
+    return sorted(curves, key=rank)
+
+
+def curves_section(curves: Sequence[Curve],
+                   metric_stats: Mapping[tuple[str, str], Sequence[Any]] | None = None) -> str:
+    """The charts; ``metric_stats`` (the report's table, keyed (group, name)) to count the user metrics with too few
+    values to chart."""
+    charted = {(c.group, c.name) for c in curves}
+    left_out = sum(1 for key in (metric_stats or {}) if is_user_group(key[0]) and key not in charted)
+    if not curves:
+        return ('<p class="note">No user metrics with at least '
+                f"{MIN_POINTS} values (Telemetry.log / metric, put_metric): nothing to chart. Every metric is in the "
+                "table under Metrics and spans.</p>")
+    shown = _order(curves)[:MAX_CURVE_CHARTS]
+    out = ['<p class="note">Each metric you recorded (not the training lifecycle\'s or the system sampler\'s) with '
+           f"at least {MIN_POINTS} values, by step when it was logged with one (else by time). Thin line: the raw "
+           "values (the mean of each bucket when there are more points than the chart draws; shaded: the bucket's "
+           "min..max), thick line (from 20 points): smoothed by a centered rolling median. One line per rank where "
+           "the ranks' values differ. Red triangles: spikes above the axis; black crosses: NaN/inf values.</p>",
+           '<div class="cols">']
+    for c in shown:
+        facts = [f"{c.points:,} value(s)", f"{c.ranks} rank(s)" + (", differing" if c.ranks_differ else "")]
+        if c.bucket_width > 1 and c.by_step:
+            facts.append(f"{c.bucket_width:,.0f} steps per point")
+        if c.nonfinite:
+            facts.append(f"{c.nonfinite} NaN/inf")
+        if c.unit:
+            facts.append(f"unit {c.unit}")
+        kind = "evaluation" if c.evaluation else ""
+        out.append(f'<figure class="curve {kind}" data-metric="{esc(c.title)}"><h3>{esc(c.title)}</h3>'
+                   + curve_chart(c) + f'<figcaption class="note">{esc("; ".join(facts))}</figcaption></figure>')
+    out.append("</div>")
+    if len(curves) > len(shown):
+        out.append(f'<p class="note">{len(curves) - len(shown)} more metrics not charted (the table below has '
+                   "them).</p>")
+    if left_out:
+        out.append(f'<p class="note">{left_out} user metric(s) with fewer than {MIN_POINTS} values: in the '
+                   "table only.</p>")
+    return "".join(out)

@@ -1,0 +1,60 @@
+"""The user's metric curves (``curves.CurveBuilder``) by SQL: DuckDB groups each series' points into buckets of a
+power-of-two width and the builder merges the buckets, so Python handles a few hundred rows per series whatever the
+run's length (the report, ``compare`` and ``tail`` on the engine path).
+
+The width is the largest power of two at most ``span / (2 x capacity)`` (1 below that), where ``span`` is the series'
+extent in steps, or in milliseconds for a series without steps: the builder's first widening takes its own width past
+it, after which its buckets are the ones it would have built from the points one by one. Below ``2 x capacity`` steps
+the buckets are single steps and the curves are those of the record-by-record pass exactly; above, a drawn point may
+cover twice the steps it covers there (the same series, at the next resolution). A point without a step in a series
+whose first point had one is left out (the record pass puts it at the last step seen).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .curves import _SYSTEM_GROUPS, WALL_WIDTH_NS, CurveBuilder
+
+__all__ = ["feed_curves"]
+
+
+def _user_groups(column: str) -> str:
+    names = ", ".join(f"'{g}'" for g in sorted(_SYSTEM_GROUPS))
+    return f"({column} NOT IN ({names}) AND NOT starts_with({column}, 'system.'))"
+
+
+def feed_curves(engine: Any, builder: CurveBuilder, metrics: str) -> None:
+    """Feed ``builder`` the user metrics of ``metrics``: a table or subquery of the engine's ``metrics`` rows with
+    their series key ``skey`` (``Engine.series_keys``), already restricted to the ranks wanted."""
+    cap = 2 * builder.capacity
+    width = (f"CAST(CASE WHEN span > {cap} THEN pow(2, floor(log2(span / {cap}))) ELSE 1 END AS BIGINT)"
+             )
+    query = f"""
+WITH m AS (
+  SELECT rank, group_name AS g, skey AS name, step, value, wall_ns, unit FROM {metrics}
+  WHERE value_bool IS NULL AND value IS NOT NULL AND {_user_groups('group_name')}),
+s AS (
+  SELECT rank, g, name, arg_min(step IS NOT NULL, wall_ns) AS by_step,
+         CASE WHEN arg_min(step IS NOT NULL, wall_ns) THEN max(step) - min(step) + 1
+              ELSE (max(wall_ns) - min(wall_ns)) // {WALL_WIDTH_NS} + 1 END AS span
+  FROM m GROUP BY rank, g, name),
+x AS (
+  SELECT m.rank, m.g, m.name, s.by_step, m.value, m.wall_ns, m.unit,
+         CASE WHEN s.by_step THEN m.step ELSE m.wall_ns END AS x,
+         CASE WHEN s.by_step THEN {width} ELSE {width} * {WALL_WIDTH_NS} END AS w
+  FROM m JOIN s ON m.rank = s.rank AND m.g = s.g AND m.name = s.name
+  WHERE NOT s.by_step OR m.step IS NOT NULL)
+SELECT rank, g, name, by_step, (x // w) * w AS x0,
+       count(*) FILTER (WHERE isfinite(value)), coalesce(fsum(value) FILTER (WHERE isfinite(value)), 0.0),
+       min(value) FILTER (WHERE isfinite(value)), max(value) FILTER (WHERE isfinite(value)),
+       arg_max(x, value) FILTER (WHERE isfinite(value)),
+       count(*) FILTER (WHERE NOT isfinite(value)), min(x) FILTER (WHERE NOT isfinite(value)),
+       max(wall_ns), fsum(x::DOUBLE), count(*), min(wall_ns), max(unit)
+FROM x GROUP BY rank, g, name, by_step, x0 ORDER BY rank, g, name, x0"""
+    add = builder.add_bucket
+    for _, batch in engine.stream(query):
+        for rank, group, name, by_step, x0, n, total, lo, hi, hi_x, bad, bad_x, wall, xsum, xn, first, unit in batch:
+            add(int(rank), group, name, bool(by_step), int(x0),
+                (n, total, lo if n else 0.0, hi if n else 0.0, hi_x if n else 0.0, bad, bad_x if bad else 0.0,
+                 wall, xsum, xn), int(first), unit or "")

@@ -1,0 +1,113 @@
+"""How ``TrainingRecorder`` hands a window of iterations to the ``reports.Reporter``: when (each
+``log_every_n_train_iterations`` of the global step, and once at the end), what it captures (a ``Snapshot``: the
+window's times, counts, sizes, peak FLOP/s, checkpoint figures), and what the reporter's result becomes (a
+``training_metrics_update`` event and a metric record per value). The training thread's share of a report is the
+capture; the arithmetic runs in the collector thread (``reports``).
+
+Derived metrics (``training_metrics_update``; docs/training.md defines each):
+- per window (the iterations since the previous update) and cumulative (this job, warm-up iterations excluded from
+  the time statistics): iteration time count/mean/min/max/p50/p90/p99 (seconds);
+- samples, tokens, samples/s and tokens/s over the window's wall time (end of the previous window's last iteration to
+  this window's last; so time between iterations -- data loading outside the iteration, logging -- counts);
+- TFLOP/s per GPU = FLOPs per sample x samples / wall time / world size / 1e12, and MFU against an explicit peak or
+  the device's peak from ``flops.PEAK_TFLOPS`` (an unknown device gives no MFU; the peak used is reported);
+- the split of iteration time between data loading, forward, backward, optimizer and zero_grad when those sub-spans
+  are used; checkpoint save and load times (count/total/min/max/mean) and sizes; time to the first iteration.
+Each value is also a metric record (group ``training``, step = the global iteration), for dashboards.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from ..dispatch import describe
+from .names import E, S
+from .recorder_base import GROUP, RecorderBase, _mono
+from .reports import REPORT_SOURCES, Snapshot, Window, capture, emit_derived
+
+
+class ReportCapture(RecorderBase):
+    """The report schedule, the snapshot and the peak FLOP/s (a part of ``TrainingRecorder``)."""
+
+    def peak(self) -> Any:
+        """The peak TFLOP/s per GPU used for MFU (a ``flops.PeakFlops``), or None when unknown (no MFU)."""
+        if not self._peak_resolved:
+            self._peak_resolved = True
+            self._peak = None
+            self._peak = self._guarded("peak", self._find_peak)
+        return self._peak
+
+    def _find_peak(self) -> Any:
+        from .flops import explicit_peak, peak_tflops
+
+        config = self.config
+        if config is not None and config.peak_tflops_per_gpu:
+            return explicit_peak(config.peak_tflops_per_gpu, config.device_name or "explicit")
+        device = config.device_name if config else None
+        if device is None and sys.modules.get("torch") is None:
+            return None  # no torch loaded, so no CUDA device to look up: no MFU (importing torch here would stall)
+        return peak_tflops(device, config.dtype if config else "bfloat16")
+
+    def _schedule_report(self) -> None:
+        """The next report: when the global iteration reaches a multiple of log_every_n_train_iterations."""
+        every = self._every
+        self._next_report = self._iterations + every - (self._iterations_start + self._iterations) % every
+
+    def _report(self, final: bool) -> None:
+        """Capture the window and hand it to the reporter (the training thread's whole share of a report); a final
+        report is computed here and now."""
+        try:
+            self._reporter.submit(self._snapshot(final))
+            if final:
+                self._reporter.drain()
+        except Exception as exc:  # noqa: BLE001 - telemetry never breaks training
+            self._report_failed(exc)
+        self._schedule_report()
+
+    def _snapshot(self, final: bool) -> Snapshot:
+        window = self._window
+        end_ns = self._last_iteration_end_ns or _mono()
+        self._window = Window(start_ns=end_ns)
+        begin, self._window_begin = self._window_begin, self._iterations
+        config = self.config
+        loop = self._spans.get(S.TRAINING_LOOP)
+        gbs, seq, fps = self._fixed or self._sizes()
+        return Snapshot(
+            final=final,
+            window=window,
+            window_iterations=self._iterations - begin,
+            end_ns=end_ns,
+            iterations=self._iterations,
+            iterations_start=self._iterations_start,
+            samples_start=self._samples_start,
+            iteration_total_sec=self._iteration_total_sec,
+            steady_start_ns=self._steady_start_ns or (
+                self._loop_start_ns if config is not None and config.warmup_iterations == 0 else 0),
+            steady_iterations=max(self._iterations - self._warmup, 0),
+            first_iteration_end_ns=self._first_iteration_end_ns,
+            last_iteration_end_ns=self._last_iteration_end_ns,
+            time_to_first_iteration=self._time_to_first_iteration,
+            interval=config.log_every_n_train_iterations if config else self._iterations - begin,
+            gbs=gbs,
+            seq=seq,
+            fps=fps,
+            world=self._world_size(),
+            peak=self.peak(),
+            saves=self._saves.as_attributes("save_checkpoint"),
+            loads=self._loads.as_attributes("load_checkpoint"),
+            wall_offset_ns=self.telemetry.wall_offset_ns,
+            span_id=self._loop_hex if loop is self._loop else (loop.span_id_hex if loop is not None else ""),
+            extras=self._gpu,
+            extra=capture(self.telemetry.extensions.get(REPORT_SOURCES)),
+        )
+
+    def _emit_report(self, snap: Snapshot, attributes: Mapping[str, Any]) -> None:
+        """The reporter's output: the event (linked to the loop), then each metric as a record."""
+        telemetry = self.telemetry
+        telemetry.event(E.TRAINING_METRICS_UPDATE, attributes, group=GROUP, span_id=snap.span_id)
+        emit_derived(telemetry, GROUP, snap, attributes)
+
+    def _report_failed(self, exc: BaseException) -> None:
+        self._misuse("training_metrics_update", f"failed: {describe(exc)}")

@@ -1,0 +1,295 @@
+"""Charts of the model's own metrics (report/curves.py, curves_svg.py): the bounded builder, the axis rules, and the
+report page of real runs written through the pipeline (HTML parsed; the demo's report opened in headless Chromium)."""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import subprocess
+import sys
+import tracemalloc
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from telemetrain import Telemetry, identity_from_env
+from telemetrain.report import write_report
+from telemetrain.report.curves import CurveBuilder, is_user_group, pick_loss, smooth, y_scale
+from telemetrain.report.curves_svg import curve_chart, overlay_chart
+from telemetrain.report.model import build_model
+from telemetrain.store import open_run
+
+HOSTILE = '<script>alert("m")</script>&'
+
+
+class _Charts(HTMLParser):
+    """Every curve chart of a page: its data-metric, and the classes of the elements drawn inside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.charts: dict[str, list[str]] = {}
+        self.current: str | None = None
+        self.scripts = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if tag == "script":
+            self.scripts += 1
+        if tag == "svg" and "curve-chart" in (a.get("class") or ""):
+            self.current = a.get("data-metric") or ""
+            self.charts[self.current] = []
+        elif self.current is not None and a.get("class"):
+            self.charts[self.current].append(str(a["class"]))
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "svg":
+            self.current = None
+
+
+def _charts(page: str) -> _Charts:
+    parser = _Charts()
+    parser.feed(page)
+    return parser
+
+
+# -- the builder ---------------------------------------------------------------------------------------------------
+
+
+def test_memory_is_bounded_and_a_spike_survives_the_downsampling() -> None:
+    b = CurveBuilder(capacity=64)
+    for step in range(200_000):
+        b.add(0, "train", "loss", step, 5.0 if step == 123_457 else 1.0 + 1.0 / (step + 1), step * 1000)
+    curve = b.curve("train", "loss")
+    assert curve is not None and curve.points == 200_000
+    (line,) = curve.lines
+    assert 32 <= len(line.points) <= 64  # never more than the capacity, however long the run
+    assert sum(p.n for p in line.points) == 200_000
+    top = max(line.points, key=lambda p: p.hi)
+    assert top.hi == 5.0 and top.hi_x == 123_457  # min/max per bucket: the one-step spike is still there
+    assert curve.bucket_width >= 200_000 / 64
+    # and memory does not grow with the run: another 200k points allocate (almost) nothing that stays
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for step in range(200_000, 400_000):
+        b.add(0, "train", "loss", step, 1.0, step * 1000)
+    after = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    assert after - before < 64 * 1024
+
+
+def test_a_one_point_metric_is_not_charted_and_system_groups_are_not_users() -> None:
+    b = CurveBuilder()
+    b.add(0, "train", "once", 1, 0.5, 1)
+    for step in range(10):
+        b.add(0, "system", "system.cpu.utilization", step, 0.5, step)
+        b.add(0, "training", "train.iterations", step, step, step)
+        b.add(0, "system.cuda.0", "torch.cuda.memory.allocated", step, 1.0, step)
+        b.add(0, "train", "flag", step, True, step)  # bools are not curves
+    assert b.curves() == []
+    assert b.names() == [("train", "once")]
+    assert b.curve("train", "once") is not None  # asked for by name, one point is enough
+    assert not is_user_group("system.filesystem./") and is_user_group("val") and is_user_group("default")
+
+
+def test_nan_is_a_gap_and_a_marker_not_a_crash() -> None:
+    b = CurveBuilder()
+    for step in range(30):
+        b.add(0, "train", "loss", step, math.nan if step in (10, 11) else 2.0 - step / 30, step)
+    b.add(0, "train", "loss", 30, math.inf, 30)
+    curve = b.curve("train", "loss")
+    assert curve is not None and curve.nonfinite == 3
+    gaps = [p for p in curve.lines[0].points if p.bad]
+    assert [p.bad_x for p in gaps] == [10.0, 11.0, 30.0] and all(math.isnan(p.mean) for p in gaps)
+    svg = curve_chart(curve)
+    assert svg.count('class="nonfinite"') == 3
+    raw = re.search(r'<path class="raw" d="([^"]+)"', svg)
+    assert raw is not None and raw.group(1).count("M") == 2  # the line breaks at the NaNs (no segment over them)
+
+
+def test_ranks_that_agree_are_one_line_ranks_that_differ_one_each_many_a_median_and_band() -> None:
+    same, differ, many = CurveBuilder(), CurveBuilder(), CurveBuilder()
+    for rank in range(3):
+        for step in range(20):
+            same.add(rank, "train", "loss", step, 1.0 / (step + 1), step)
+            differ.add(rank, "train", "loss", step, 1.0 / (step + 1) + rank, step)
+    for rank in range(20):
+        for step in range(20):
+            many.add(rank, "train", "loss", step, float(rank + step), step)
+    (one,) = same.curves()
+    assert not one.ranks_differ and [line.label for line in one.lines] == ["all 3 ranks (equal)"]
+    (three,) = differ.curves()
+    assert three.ranks_differ and [line.rank for line in three.lines] == [0, 1, 2]
+    assert curve_chart(three).count('class="smoothed"') == 3
+    (median,) = many.curves()
+    (line,) = median.lines
+    assert line.label == "median of 20 ranks" and line.band[0] == (0.0, 19.0)
+    assert line.points[0].mean == 9.5
+
+
+def test_a_metric_without_steps_is_drawn_against_time() -> None:
+    b = CurveBuilder()
+    start = 1_000_000_000_000
+    for i in range(10):
+        b.add(0, "train", "samples_per_s", None, 100.0 + i, start + i * 500_000_000)
+    (curve,) = b.curves(start)
+    assert not curve.by_step and curve.x_label == "seconds since the run's start"
+    assert [round(p.x, 3) for p in curve.lines[0].points] == [i * 0.5 for i in range(10)]
+
+
+def test_axis_log_for_decades_and_a_spike_does_not_flatten_the_curve() -> None:
+    decades = CurveBuilder()
+    spiky = CurveBuilder()
+    for step in range(200):
+        decades.add(0, "train", "loss", step, 10.0 * 0.96 ** step, step)  # 10 -> 3e-3
+        spiky.add(0, "train", "loss", step, 1e4 if step == 150 else 2.0 - step / 400 + 0.01 * (step % 3), step)
+    (c,) = decades.curves()
+    scale = y_scale(c.lines)
+    assert scale is not None and scale.log and "(log y)" in curve_chart(c)
+    (s,) = spiky.curves()
+    scale = y_scale(s.lines)
+    assert scale is not None and not scale.log
+    assert scale.hi < 3 and scale.spikes == ((150.0, 1e4),)  # the range is the curve's; the spike is a marker
+    assert curve_chart(s).count('class="spike"') == 1
+
+
+def test_smooth_is_a_centered_median() -> None:
+    assert smooth([1, 1, 9, 1, 1], 3) == [1, 1, 1, 1, 1]
+    assert smooth([1.0, math.nan, 3.0], 3)[1] != smooth([1.0, math.nan, 3.0], 3)[1]  # NaN stays NaN
+    assert smooth(list(range(7)), 3) == list(range(7))  # a trend is not delayed
+
+
+def test_pick_loss_by_name() -> None:
+    names = [("val", "val.loss"), ("train", "train.loss"), ("train", "lr")]
+    assert pick_loss(names) == ("train", "train.loss")
+    assert pick_loss([("val", "val_loss"), ("default", "my_loss")]) == ("default", "my_loss")
+    assert pick_loss(names, "val/val.loss") == ("val", "val.loss")
+    assert pick_loss(names, "nope") is None and pick_loss([("train", "lr")]) is None
+
+
+# -- the report of real runs -----------------------------------------------------------------------------------------
+
+
+def _two_rank_run(root: Path) -> Path:
+    for rank in range(2):
+        identity = identity_from_env({}, run_id="curves", session_tag="s", rank=rank, world_size=2)
+        t = Telemetry(identity, store=root)
+        for step in range(40):
+            t.log({"loss": 3.0 / (step + 1) + 0.1 * rank, HOSTILE: float(step)}, step=step, group="train")
+            if step == 20:
+                t.metric("grad_norm", math.nan, "train", step=step)
+            else:
+                t.metric("grad_norm", 1.0, "train", step=step)
+            if step % 10 == 9:
+                t.metric("val/accuracy", 0.5 + step / 100, "val", unit="1", step=step)
+        t.metric("once", 1.0, "train", step=0)
+        t.metric("only.two", 1.0, "train", step=0)
+        t.metric("only.two", 2.0, "train", step=1)
+        assert t.close()
+    return root / "s" / "curves"
+
+
+def test_report_charts_each_user_metric_per_rank_escaped(tmp_path: Path) -> None:
+    run_dir = _two_rank_run(tmp_path)
+    model = build_model(open_run(run_dir))
+    titles = {c.title for c in model.curves}
+    assert titles == {"train/loss", f"train/{HOSTILE}", "train/grad_norm", "val/val/accuracy"}
+    page = write_report(run_dir, tmp_path / "r.html").read_text()
+    assert HOSTILE not in page and "&lt;script&gt;alert(&quot;m&quot;)&lt;/script&gt;&amp;" in page
+    charts = _charts(page)
+    assert charts.scripts == 0
+    assert set(charts.charts) == titles  # the 1- and 2-point metrics are in the table only
+    assert charts.charts["train/loss"].count("smoothed") == 2  # the ranks differ: one line each
+    assert charts.charts["train/grad_norm"].count("nonfinite") == 1  # rank 0's and rank 1's NaN, one bucket each
+    assert charts.charts[f"train/{HOSTILE}"].count("raw") == 1  # equal on both ranks: one line
+    assert charts.charts["val/val/accuracy"].count("point") == 4  # an evaluation metric: its points marked
+    assert "2 user metric(s) with fewer than 4 values" in page
+    loss = next(c for c in model.curves if c.title == "train/loss")
+    assert loss.ranks_differ and [line.label for line in loss.lines] == ["rank 0", "rank 1"]
+    assert [f.kind for f in model.findings] == ["nan/inf"]  # the charts add no finding: the NaN's own only
+
+
+def test_overlay_draws_each_run(tmp_path: Path) -> None:
+    a, b = CurveBuilder(), CurveBuilder()
+    for step in range(50):
+        a.add(0, "train", "loss", step, 2.0 / (step + 1), step)
+        b.add(0, "train", "loss", step, 2.5 / (step + 1), step)
+    ca, cb = a.curve("train", "loss"), b.curve("train", "loss")
+    assert ca is not None and cb is not None
+    svg = overlay_chart("train/loss", [("run <a>", ca), ("run b", cb)])
+    assert svg.count('<g class="run"') == 2 and 'data-run="run &lt;a&gt;"' in svg
+
+
+# -- the demo in headless Chromium ---------------------------------------------------------------------------------
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium (Debian's chromium) is not installed; .ci/run "
+                    "installs it")
+def test_the_demo_report_shows_loss_and_validation_accuracy_curves_in_chromium(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    proc = subprocess.run([sys.executable, "-m", "telemetrain.cli", "demo", "--steps", "60", "--root", str(tmp_path),
+                           "--seed", "2", "--no-crash", "--in-process"], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run_dir,) = [p for p in tmp_path.glob("*/*") if p.is_dir() and (p / "run.json").exists()]
+    page = write_report(run_dir, tmp_path / "demo.html")
+    assert CHROMIUM is not None
+    dom = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                          "--disable-extensions", "--enable-logging=stderr", "--v=0", "--dump-dom", page.as_uri()],
+                         capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert [line for line in dom.stderr.splitlines() if ":CONSOLE" in line] == []
+    charts = _charts(dom.stdout)  # the DOM as Chromium built it
+    assert charts.scripts == 0
+    loss, accuracy = charts.charts["train/train.loss"], charts.charts["val/val.accuracy"]
+    assert "raw" in loss and "smoothed" in loss  # 60 steps: raw and smoothed
+    assert "raw" in accuracy and accuracy.count("point") >= 3  # an evaluation every few steps, each marked
+    assert re.search(r'<figure class="curve evaluation" data-metric="val/val.accuracy">', dom.stdout)
+
+
+# -- compare: the runs' curves overlaid, the quality compared ----------------------------------------------------------
+
+
+def _loss_run(root: Path, run_id: str, factor: float, noise_seed: int) -> Path:
+    import random
+
+    rng = random.Random(noise_seed)
+    identity = identity_from_env({}, run_id=run_id, session_tag="q", perf_tag="p", rank=0, world_size=1)
+    t = Telemetry(identity, store=root)
+    for step in range(300):
+        t.log({"loss": factor * (0.5 + 3.0 / (1 + step / 20)) * (1 + 0.01 * rng.gauss(0, 1))}, step=step,
+              group="train")
+        if step % 50 == 49:
+            t.metric("val_accuracy", 0.9 - 0.3 / (1 + step / 50) / factor, "val", unit="1", step=step)
+    assert t.close()
+    return root / "q" / run_id
+
+
+def test_compare_overlays_the_runs_and_compares_the_loss(tmp_path: Path) -> None:
+    from telemetrain.analysis import compare_runs
+    from telemetrain.analysis.compare_html import comparison_html
+    from telemetrain.analysis.compare_quality import BETTER, SAME, compare_quality
+    from telemetrain.analysis.compare_text import format_comparison
+    from telemetrain.analysis.samples import read_samples
+
+    base = read_samples(_loss_run(tmp_path, "base", 1.0, 1))
+    better = read_samples(_loss_run(tmp_path, "better", 0.9, 2))
+    same = read_samples(_loss_run(tmp_path, "same", 1.0, 3))
+    q = compare_quality(better, base)
+    assert q is not None and q.metric == "train/loss" and q.verdict == BETTER
+    assert q.change == pytest.approx(-0.1, abs=0.02)
+    assert q.reach_step is not None and q.reach_step < 250  # the lower curve reaches the baseline's end early
+    assert [t for t, _, _ in q.overlays] == ["train/loss", "val/val_accuracy"]
+    assert compare_quality(same, base) is not None and compare_quality(same, base).verdict == SAME  # type: ignore[union-attr]
+    comparison = compare_runs([better], base, goodput=False, resamples=200)
+    text = "\n".join(format_comparison(comparison))
+    assert "quality: the candidate reaches the baseline's final train/loss" in text and "better" in text
+    assert "train/loss: baseline " in text and "candidate " in text  # the compact overlay
+    page = comparison_html(comparison)
+    charts = _charts(page)
+    assert charts.scripts == 0 and set(charts.charts) == {"train/loss", "val/val_accuracy"}
+    assert page.count('<g class="run"') == 4  # both runs on each of the two charts
+    assert comparison.as_dict()["candidates"][0]["quality"]["verdict"] == BETTER

@@ -1,0 +1,93 @@
+"""``tail``'s loss sparkline and ETA (analysis/tail_progress.py), on a real run being written."""
+
+from __future__ import annotations
+
+import io
+import math
+import time
+from pathlib import Path
+
+import pytest
+
+from telemetrain import Telemetry, identity_from_env
+from telemetrain.analysis.tail import TailState, run_tail
+from telemetrain.analysis.tail_progress import BLOCKS, Pace, format_eta, sparkline
+from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
+
+BASE_MS = int(time.time() * 1000) - 60_000
+
+
+def test_sparkline_scales_and_marks_nonfinite() -> None:
+    assert sparkline([1, 2, 3, 4, 5, 6, 7, 8]) == BLOCKS
+    assert sparkline([3.0, 3.0]) == BLOCKS[0] * 2
+    assert sparkline([1.0, math.nan, 2.0]) == BLOCKS[0] + "!" + BLOCKS[-1]
+    assert len(sparkline([float(i) for i in range(1000)], 40)) == 40
+    decades = sparkline([10.0, 1.0, 0.1, 0.01], 4, log=True)
+    assert decades == BLOCKS[-1] + BLOCKS[5] + BLOCKS[2] + BLOCKS[0]  # even steps on a log scale
+    assert sparkline([]) == ""
+
+
+def test_pace_and_eta() -> None:
+    pace = Pace()
+    assert pace.eta_seconds(100, 9) is None  # nothing yet
+    pace.report(0, 0, 9)
+    assert pace.eta_seconds(100, 9) is None  # one report without its window's time: no pace yet
+    pace.report(0, 2_000_000_000, 29)  # 20 iterations in 2 s (the reports' own times)
+    assert pace.per_second() == 10.0
+    assert pace.eta_seconds(100, 29) == 7.0
+    assert pace.eta_seconds(None, 29) is None
+    pace.report(0, 3_000_000_000, 5)  # a restart from a checkpoint: the pace starts over
+    assert pace.per_second() is None
+    pace.report(0, 9_000_000_000, 25, 20, 4.0)  # the window's own time: 5 iterations a second
+    assert pace.per_second() == 5.0
+    assert format_eta(7.0, 100, 29, False) == "0m07s (30/100)"
+    assert format_eta(None, None, 29, False).startswith("- (no train_iterations_target")
+    assert format_eta(None, 100, 99, False) == "done (100/100)"
+
+
+def _write(root: Path, iterations: int, *, target: int | None, finish: bool) -> Path:
+    identity = identity_from_env({}, run_id="live", session_tag="s", rank=0, world_size=1)
+    t = Telemetry(identity, store=root)
+    config = TrainingTelemetryConfig(global_batch_size_or_fn=8, log_every_n_train_iterations=10,
+                                     train_iterations_target_or_fn=target, perf_tag_or_fn="p")
+    r = TrainingRecorder(config, telemetry=t)
+    now = BASE_MS
+    r.on_app_start(now)
+    r.on_train_start(0, start_time_msec=now)
+    for step in range(iterations):
+        r.on_training_single_iteration_start(now)
+        now += 100  # 10 iterations a second
+        r.on_training_single_iteration_end(now)
+        t.log({"loss": 4.0 / (1 + step / 10), "val_loss": 5.0}, step=step, group="train")
+    if finish:
+        r.on_train_end(now)
+        r.on_app_end(now)
+    assert t.close()
+    return root / "s" / "live"
+
+
+def test_tail_shows_the_loss_sparkline_and_the_eta(tmp_path: Path) -> None:
+    pytest.importorskip("rich")
+    run = _write(tmp_path, 50, target=200, finish=False)
+    state = TailState(run)
+    state.poll()
+    assert state.target == 200
+    assert state.pace.per_second() == pytest.approx(10.0, rel=0.05)
+    eta = state.eta()
+    assert eta.endswith("(50/200)") and eta.startswith("0m1")  # 150 iterations at ~10/s: about 15 s
+    summary = state.loss_summary()
+    assert "(train/loss)" in summary and "at step 49" in summary  # the training loss, not val_loss
+    spark = summary.split()[0]
+    assert spark[0] == BLOCKS[-1] and spark[-1] == BLOCKS[0]  # falling
+    out = io.StringIO()
+    assert run_tail(run, out, interval=1.0, once=True, loss="val_loss") == 0
+    frame = out.getvalue()
+    assert "(train/val_loss)" in frame and "ETA " in frame
+
+
+def test_tail_without_a_target_has_no_eta(tmp_path: Path) -> None:
+    pytest.importorskip("rich")
+    run = _write(tmp_path, 30, target=None, finish=True)
+    state = TailState(run)
+    state.poll()
+    assert state.target is None and state.eta().startswith("- (no train_iterations_target")
