@@ -152,6 +152,7 @@ def test_compare_series_are_the_same_by_sql(session: tuple[Path, Path], monkeypa
         assert not differences(python.series(metric), sql.series(metric)), metric
     assert not differences(python.series("iteration_time", 2), sql.series("iteration_time", 2))
     assert not differences(python.iteration_percentiles(), sql.iteration_percentiles())
+    assert not differences(python.series("other"), sql.series("other"))  # the rest of the step
 
 
 def test_the_cli_readers_agree_on_both_paths(session: tuple[Path, Path], tmp_path: Path) -> None:
@@ -299,6 +300,7 @@ def test_trace_and_tail_are_the_same_by_sql(session: tuple[Path, Path]) -> None:
             assert getattr(polled, name) == getattr(caught, name), name
         assert list(polled.recent) == list(caught.recent) and polled.ranks
         assert not differences(polled.findings(), caught.findings())
+        assert polled.loss_summary() == caught.loss_summary() and polled.eta() == caught.eta()  # sparkline, ETA
 
 
 def test_the_scale_docs_query_runs_on_the_copied_tree(session: tuple[Path, Path], tmp_path: Path) -> None:
@@ -360,3 +362,65 @@ def test_windows_merged_at_scale_are_the_same_by_sql(tmp_path: Path, monkeypatch
     assert not differences(python, sql)
     assert _page(python) == _page(sql)
     assert "slow iterations" in {f.kind for f in python.findings} and python.slow_windows  # something was compared
+
+
+def test_the_model_metric_curves_are_the_same_by_sql(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The user's metrics charted by the report, compared by compare and sparked by tail: DuckDB's buckets merged by
+    the builder give the record pass's curves exactly below 2 x capacity steps (a loss with a NaN, equal and differing
+    ranks, a metric with attributes, one without steps), and the same series at most one resolution apart above."""
+    from telemetrain.analysis.tail import TailState
+
+    for rank in (0, 1):
+        t = Telemetry(identity_from_env({}, run_id="curves", session_tag="curves", rank=rank, world_size=2),
+                      store=tmp_path)
+        for step in range(200):
+            t.log({"loss": float("nan") if step == 50 else 3.0 / (1 + step)}, step=step, group="train")
+            t.metric("grad_norm", 1.0 + rank + step % 7, "train", step=step)  # the ranks differ
+        for step in range(0, 200, 40):
+            t.metric("accuracy", step / 200, "val", step=step)
+        for i in range(12):
+            t.metric("lr_by_part", 0.1 * i, "train", step=i, attributes={"part": "head"})
+            t.metric("samples", 100.0 + i, "train")  # no step: by wall time
+        if rank == 0:
+            for step in range(3000):  # longer than 2 x 256 buckets: DuckDB buckets 2 steps wide
+                t.metric("long", 50.0 if step == 1234 else float(step % 10), "train", step=step)
+        assert t.close()
+    run_dir = next(p for p in (tmp_path / "curves").iterdir() if p.is_dir())
+    monkeypatch.setenv("TELEMETRAIN_ENGINE", "python")
+    py_model, py_samples = build_model(open_run(run_dir)), read_samples(run_dir)
+    polled = TailState(run_dir)
+    polled.poll()
+    monkeypatch.delenv("TELEMETRAIN_ENGINE")
+    with Engine([run_dir]) as engine:
+        sql_model = build_model(open_run(run_dir), engine=engine)
+    sql_samples = read_samples(run_dir)
+    caught = TailState(run_dir)
+    with Engine([run_dir]) as engine:
+        caught.catch_up(engine)
+    assert polled.loss_summary() == caught.loss_summary() != "-"
+
+    def by_title(curves: Any) -> dict[str, Any]:
+        return {c.title: c for c in curves}
+
+    for python, sql in ((py_model.curves, sql_model.curves), (py_samples.curves.curves(py_samples.created_wall_ns),
+                                                              sql_samples.curves.curves(sql_samples.created_wall_ns))):
+        py, by_sql = by_title(python), by_title(sql)
+        assert sorted(py) == sorted(by_sql) == ["train/grad_norm", "train/long", "train/loss",
+                                               "train/lr_by_part/head", "train/samples", "val/accuracy"]
+        for title in py:
+            if title == "train/samples":  # x: a mean of wall times in ns, summed as floats (~0.3 us apart)
+                a_points, b_points = py[title].lines[0].points, by_sql[title].lines[0].points
+                assert len(a_points) == len(b_points) >= 1
+                assert all(abs(p.x - q.x) < 1e-6 for p, q in zip(a_points, b_points, strict=True))
+                assert not differences([dataclasses.replace(p, x=0.0) for p in a_points],
+                                       [dataclasses.replace(q, x=0.0) for q in b_points])
+            elif title != "train/long":
+                assert not differences(py[title], by_sql[title]), title
+        a, b = py["train/long"], by_sql["train/long"]
+        assert (a.points, a.nonfinite, a.ranks, a.by_step) == (b.points, b.nonfinite, b.ranks, b.by_step) == \
+            (3000, 0, 1, True)
+        assert a.bucket_width in (b.bucket_width, b.bucket_width * 2, b.bucket_width / 2)
+        for line in (a.lines[0], b.lines[0]):  # the spike kept in its bucket's max, at its step
+            top = max(line.points, key=lambda p: p.hi)
+            assert (top.hi, top.hi_x) == (50.0, 1234)
+    assert py_model.curves[0].lines and by_title(py_model.curves)["train/loss"].nonfinite == 2

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = [
     "EVAL_WORDS",
@@ -190,7 +191,7 @@ class CurveBuilder:
         b[_XSUM] += x
         b[_XN] += 1
 
-    def add_bucket(self, rank: int, group: str, name: str, by_step: bool, x: int, stats: Sequence[float],
+    def add_bucket(self, rank: int, group: str, name: str, by_step: bool, x: int, stats: Sequence[Any],
                    first_wall_ns: int, unit: str = "") -> None:
         """Points aggregated elsewhere (``curves_sql``: DuckDB groups a series' points by ``x // w``, ``w`` a power
         of two), ``x`` the first x of their bucket; ``stats`` in the bucket slots' order (finite count, sum, min, max,
@@ -209,7 +210,7 @@ class CurveBuilder:
         s.points += int(stats[_XN])
         if self.first_wall_ns is None or first_wall_ns < self.first_wall_ns:
             self.first_wall_ns = first_wall_ns
-        b = [float(v) for v in stats]
+        b = list(stats)  # (ints stay ints: a wall time in ns is past a float's exact range)
         if not b[_N]:
             b[_LO], b[_HI], b[_HI_X] = math.inf, -math.inf, 0.0
         if not b[_BAD]:

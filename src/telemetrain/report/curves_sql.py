@@ -56,5 +56,5 @@ FROM x GROUP BY rank, g, name, by_step, x0 ORDER BY rank, g, name, x0"""
     for _, batch in engine.stream(query):
         for rank, group, name, by_step, x0, n, total, lo, hi, hi_x, bad, bad_x, wall, xsum, xn, first, unit in batch:
             add(int(rank), group, name, bool(by_step), int(x0),
-                (n, total, lo if n else 0.0, hi if n else 0.0, hi_x if n else 0.0, bad, bad_x if bad else 0.0,
-                 wall, xsum, xn), int(first), unit or "")
+                [n, float(total), lo if n else 0.0, hi if n else 0.0, hi_x if n else 0, bad, bad_x if bad else 0,
+                 wall, float(xsum), xn], int(first), unit or "")
