@@ -94,22 +94,14 @@ def _feed_findings(state: TailState, engine: Any, w: str) -> int:
     (it spills to disk past its memory limit) and read in batches: Python holds a batch, and the input keeps the
     last ``FINDINGS_HISTORY`` windows and points per series (``InputBuilder(limit=...)``). Returns how many metric
     records were fed (polling counts them among its records)."""
-    from ..store.columnar import identity_of_row, record_from_row
     from .tail import _METRIC_WORDS
 
     words = " OR ".join(f"contains(group_name || name || coalesce(unit, '') || coalesce(attributes, ''), "
                         f"'{word.decode()}')" for word in _METRIC_WORDS)
-    # the kinds are fed apart (the builder's state of one kind never depends on another's records), each in polling
-    # order; the metrics by narrow rows (a sort of whole rows would outgrow DuckDB's memory on a long run)
-    query = (f"SELECT 'event' AS record_kind, * FROM events WHERE {w} AND ((group_name = 'training' AND "
-             "name = 'training_metrics_update') OR (group_name = 'cross_rank' AND name = 'straggler')) "
-             f"UNION ALL BY NAME SELECT 'span_end' AS record_kind, * FROM span_ends WHERE {w} AND "
-             f"name = 'training_loop' ORDER BY {ORDER}")
-    for names, batch in engine.stream(query):
-        for row in batch:
-            r = dict(zip(names, row, strict=True))
-            state.inputs.add(record_from_row(r["record_kind"], identity_of_row(r, r["session"], r["run"]), row,
-                                             names))
+    from .show_sql import feed_builder_sql
+
+    feed_builder_sql(state.inputs, engine, w, span_tables=("span_ends",), span_names=frozenset({"training_loop"}),
+                     stats=False)
     metrics = 0
     metric = state.inputs.metric
     for _, batch in engine.stream(
