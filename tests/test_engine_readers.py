@@ -424,3 +424,32 @@ def test_the_model_metric_curves_are_the_same_by_sql(tmp_path: Path, monkeypatch
             top = max(line.points, key=lambda p: p.hi)
             assert (top.hi, top.hi_x) == (50.0, 1234)
     assert py_model.curves[0].lines and by_title(py_model.curves)["train/loss"].nonfinite == 2
+
+
+def test_tail_eta_is_the_same_by_sql(tmp_path: Path) -> None:
+    """tail's way to the target (the pace of the leading rank's last reports, the config's target) from the SQL
+    catch-up as from polling, on a run whose reports carry a target."""
+    from telemetrain.analysis.tail import TailState
+    from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
+
+    t = Telemetry(identity_from_env({}, run_id="eta", session_tag="eta", rank=0, world_size=1), store=tmp_path)
+    r = TrainingRecorder(TrainingTelemetryConfig(global_batch_size_or_fn=8, log_every_n_train_iterations=10,
+                                                 train_iterations_target_or_fn=1000), telemetry=t)
+    now = 1_000_000.0
+    r.on_app_start(now)
+    r.on_train_start(0, start_time_msec=now)
+    for step in range(150):
+        r.on_training_single_iteration_start(now)
+        now += 20.0 + step % 3
+        r.on_training_single_iteration_end(now)
+        t.log({"loss": 2.0 / (1 + step)}, step=step, group="train")
+    assert t.close()
+    run_dir = next(p for p in (tmp_path / "eta").iterdir() if p.is_dir())
+    polled = TailState(run_dir)
+    polled.poll()
+    caught = TailState(run_dir)
+    with Engine([run_dir]) as engine:
+        caught.catch_up(engine)
+    assert polled.target == caught.target == 1000
+    assert polled.eta() == caught.eta() and "1,000" in polled.eta()
+    assert polled.loss_summary() == caught.loss_summary() != "-"

@@ -8,8 +8,10 @@ give the same lines. The input keeps every window (as on the Python path): see d
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from typing import Any, NamedTuple
 
+from ..store.codec import untag_nonfinite
 from ..store.reader import Run
 from .findings.builder import (
     CRASH_SPANS,
@@ -25,7 +27,7 @@ from .findings.builder import (
 from .findings.values import value_kind
 from .summary import _where
 
-__all__ = ["diagnosis_events_sql", "findings_builder_sql"]
+__all__ = ["diagnosis_events_sql", "feed_builder_sql", "findings_builder_sql"]
 
 ORDER = "rank, pid, segment, line"  # the Python path's order: process by process (rank, pid), file order
 RECORDS_ORDER = "wall_ns, rank, pid, mono_ns, segment, line"  # Run.records()'s order
@@ -55,6 +57,64 @@ def _records(engine: Any, query: str) -> Any:
             yield record_from_row(r["record_kind"], identity_of_row(r, r["session"], r["run"]), row, names)
 
 
+class _Identity(NamedTuple):
+    rank: int
+    pid: int
+    host: str
+
+
+class _Span(NamedTuple):
+    """A span record's fields that ``InputBuilder.add`` reads."""
+
+    kind: str
+    identity: _Identity
+    name: str
+    span_id: str
+    status: str
+    error: str
+
+
+def feed_builder_sql(builder: InputBuilder, engine: Any, w: str, *, span_tables: tuple[str, ...],
+                     span_names: frozenset[str] = CRASH_SPANS, stats: bool) -> None:
+    """Feed ``builder`` the reports, straggler events, crash spans (``span_names`` from ``span_tables``) and,
+    with ``stats``, the stats with non-finite samples of the rows ``w`` selects, each kind in the Python path's order
+    (process by process, file order): by narrow rows, so that DuckDB sorts little (whole rows of a long run's reports
+    would outgrow its memory). The kinds are fed apart: the builder's state of one kind never depends on another's."""
+    report = f"group_name = '{REPORT[0]}' AND name = '{REPORT[1]}'"
+    straggler = f"group_name = '{STRAGGLER[0]}' AND name = '{STRAGGLER[1]}'"
+    for _, batch in engine.stream(f"SELECT rank, pid, host, wall_ns, attributes, {report} FROM events WHERE {w} "
+                                  f"AND (({report}) OR ({straggler})) ORDER BY {ORDER}"):
+        for rank, pid, host, wall, text, is_report in batch:
+            attributes = _attributes(text)
+            if is_report:
+                builder.host(rank, host)
+                builder.window(rank, pid, wall, attributes)
+            else:
+                builder.straggler(attributes)
+    crash = "(" + ", ".join(f"'{n}'" for n in sorted(span_names)) + ")"
+    parts = " UNION ALL ".join(
+        f"SELECT '{'span_start' if table == 'span_starts' else 'span_end'}' AS kind, {ORDER}, host, name, span_id, "
+        f"{'NULL, NULL' if table == 'span_starts' else 'status, error'} FROM {table} WHERE {w} AND name IN {crash}"
+        for table in span_tables)
+    for _, batch in engine.stream(f"SELECT * FROM ({parts}) ORDER BY {ORDER}"):
+        for kind, rank, pid, _, _, host, name, span_id, status, error in batch:
+            builder.add(_Span(kind, _Identity(rank, pid, host), name, span_id, status or "", error or ""))
+    if stats:
+        from ..store.codec import _f as number_of
+
+        for _, batch in engine.stream(f"SELECT rank, group_name, name, \"values\" FROM stats WHERE {w} AND "
+                                      "(contains(\"values\", 'nan_count') OR contains(\"values\", 'inf_count')) "
+                                      f"ORDER BY {ORDER}"):
+            for rank, group, name, text in batch:
+                values = _attributes(text)
+                builder.stat(rank, group, name, {k: number_of(v) for k, v in values.items()})
+
+
+def _attributes(text: Any) -> dict[str, Any]:
+    value = untag_nonfinite(json.loads(text)) if text is not None else None
+    return value if isinstance(value, dict) else {}
+
+
 def findings_builder_sql(engine: Any, run: Run) -> InputBuilder:
     """``InputBuilder`` fed as ``findings.run_findings`` feeds it from every record of the run's processes."""
     engine.attach(run)
@@ -77,19 +137,7 @@ def findings_builder_sql(engine: Any, run: Run) -> InputBuilder:
             f"SELECT rank, arg_min(host, ({ORDER})) FROM (SELECT {ORDER}, host FROM metrics WHERE {w} AND {number} "
             f"UNION ALL SELECT {ORDER}, host FROM events WHERE {w} AND {report}) GROUP BY rank"):
         builder.host(int(rank), str(host))
-    crash = "(" + ", ".join(f"'{n}'" for n in sorted(CRASH_SPANS)) + ")"
-    # the kinds are fed apart (the builder's state of one kind never depends on another's records): the few events,
-    # spans and stats as records, then the metrics by narrow rows, each stream in the Python path's order (a sort of
-    # whole rows would outgrow DuckDB's memory on a long run)
-    query = (f"SELECT 'event' AS record_kind, * FROM events WHERE {w} AND (({report}) OR (group_name = "
-             f"'{STRAGGLER[0]}' AND name = '{STRAGGLER[1]}')) "
-             f"UNION ALL BY NAME SELECT 'span_start' AS record_kind, * FROM span_starts WHERE {w} AND name IN {crash} "
-             f"UNION ALL BY NAME SELECT 'span_end' AS record_kind, * FROM span_ends WHERE {w} AND name IN {crash} "
-             f"UNION ALL BY NAME SELECT 'stat' AS record_kind, * FROM stats WHERE {w} AND (contains(\"values\", "
-             "'nan_count') OR contains(\"values\", 'inf_count')) "
-             f"ORDER BY {ORDER}")
-    for record in _records(engine, query):
-        builder.add(record)
+    feed_builder_sql(builder, engine, w, span_tables=("span_starts", "span_ends"), stats=True)
     metric = builder.metric
     for _, batch in engine.stream(
             f"SELECT rank, host, group_name, name, step, value, value_int, wall_ns FROM metrics WHERE {w} AND {number} "
@@ -111,10 +159,13 @@ def diagnosis_events_sql(engine: Any, run: Run) -> list[Any]:
               "name = 'stall') OR (group_name = 'watchdog' AND name = 'stall_evidence') OR (group_name = 'clock' AND "
               "name = 'clock_offset')")
     comm = "json_exists(attributes, '$.avg_comm_time_sec')"
-    query = (f"SELECT 'event' AS record_kind, * FROM events WHERE {w} AND ({wanted}) UNION ALL "
-             f"SELECT 'event' AS record_kind, * FROM events WHERE {w} AND {report} AND {comm} "
-             f"QUALIFY row_number() OVER (PARTITION BY rank ORDER BY {RECORDS_ORDER} DESC) = 1 "
-             f"ORDER BY {RECORDS_ORDER}")
+    # each rank's last report with communication times: its position by a streaming aggregate (no sort of the
+    # reports), then that row
+    last = engine.rows(f"SELECT max(({RECORDS_ORDER})) FROM events WHERE {w} AND {report} AND {comm} GROUP BY rank")
+    keys = " OR ".join(f"(rank = {int(k[1])} AND pid = {int(k[2])} AND segment = {int(k[4])} AND line = {int(k[5])})"
+                       for (k,) in last)
+    query = (f"SELECT 'event' AS record_kind, * FROM events WHERE {w} AND (({wanted})"
+             + (f" OR ({report} AND ({keys}))" if keys else "") + f") ORDER BY {RECORDS_ORDER}")
     events = list(_records(engine, query))
     agents = [r for log in run.agents for r in log.records if r.kind == "event"]
     # stable: the rank rows keep their order among ties, as Run.records() merges the processes

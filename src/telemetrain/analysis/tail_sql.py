@@ -95,25 +95,16 @@ def _feed_findings(state: TailState, engine: Any, w: str) -> int:
     (it spills to disk past its memory limit) and read in batches: Python holds a batch, and the input keeps the
     last ``FINDINGS_HISTORY`` windows and points per series (``InputBuilder(limit=...)``). Returns how many metric
     records were fed (polling counts them among its records)."""
-    from ..store.columnar import identity_of_row, record_from_row
     from .tail import _METRIC_WORDS
 
     loss_word = (state.loss.rsplit("/", 1)[-1].encode(),) if state.loss else ()  # as polling's metric filter
     words = " OR ".join(f"contains(group_name || name || coalesce(unit, '') || coalesce(attributes, ''), "
                         f"'{word.decode().replace(chr(39), chr(39) * 2)}')" for word in _METRIC_WORDS + loss_word)
-    # the kinds are fed apart (the builder's state of one kind never depends on another's records), each in polling
-    # order; the metrics by narrow rows (a sort of whole rows would outgrow DuckDB's memory on a long run)
-    query = (f"SELECT 'event' AS record_kind, * FROM events WHERE {w} AND ((group_name = 'training' AND "
-             "name = 'training_metrics_update') OR (group_name = 'cross_rank' AND name = 'straggler')) "
-             f"UNION ALL BY NAME SELECT 'span_end' AS record_kind, * FROM span_ends WHERE {w} AND "
-             f"name = 'training_loop' ORDER BY {ORDER}")
-    for names, batch in engine.stream(query):
-        for row in batch:
-            r = dict(zip(names, row, strict=True))
-            record = record_from_row(r["record_kind"], identity_of_row(r, r["session"], r["run"]), row, names)
-            state.inputs.add(record)
-            if record.kind == "event" and record.name == "training_metrics_update":
-                _pace(state, record)
+    from .show_sql import feed_builder_sql
+
+    feed_builder_sql(state.inputs, engine, w, span_tables=("span_ends",), span_names=frozenset({"training_loop"}),
+                     stats=False)
+    _feed_pace(state, engine, w)
     metrics = 0
     metric, curve = state.inputs.metric, state.curves.add
     for _, batch in engine.stream(
@@ -132,11 +123,21 @@ def _feed_findings(state: TailState, engine: Any, w: str) -> int:
     return metrics
 
 
-def _pace(state: TailState, r: Any) -> None:
-    """A report's part of the ETA (``TailState._report``'s: the pace of the leading rank, the target)."""
-    a = r.attributes or {}
-    iteration = a.get("current_iteration")
-    if isinstance(iteration, int) and not isinstance(iteration, bool):
-        n, seconds = a.get("window_iterations"), _number(a.get("window_seconds"))
-        state.pace.report(r.identity.rank, r.wall_ns, iteration, n if isinstance(n, int) else None, seconds)
-    state.target = target_of(a) or state.target
+def _feed_pace(state: TailState, engine: Any, w: str) -> None:
+    """The reports' part of the ETA (``TailState._report``'s: the pace of the leading rank, the target): each rank's
+    last ``PACE_REPORTS`` reports, in polling order (the pace keeps no more; a restart among them starts it over as
+    polling's would)."""
+    from .tail_progress import PACE_REPORTS
+
+    for rank, wall, attributes in engine.rows(
+            f"""SELECT rank, wall_ns, attributes FROM (
+                  SELECT rank, pid, segment, line, wall_ns, attributes, row_number() OVER (
+                    PARTITION BY rank ORDER BY pid DESC, segment DESC, line DESC) AS nth
+                  FROM events WHERE {w} AND group_name = 'training' AND name = 'training_metrics_update')
+                WHERE nth <= {PACE_REPORTS} ORDER BY {ORDER}"""):
+        a = _attrs(attributes)
+        iteration = a.get("current_iteration")
+        if isinstance(iteration, int) and not isinstance(iteration, bool):
+            n, seconds = a.get("window_iterations"), _number(a.get("window_seconds"))
+            state.pace.report(rank, wall, iteration, n if isinstance(n, int) else None, seconds)
+        state.target = target_of(a) or state.target

@@ -25,7 +25,7 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..store.reader import Run
 
@@ -156,25 +156,45 @@ def _rises(windows: list[GpuWindow]) -> None:
                 w.rise = w.avg / median - 1
 
 
+class _Row(NamedTuple):
+    """The fields of a record read here (``_processes_sql``)."""
+
+    kind: str
+    group: str
+    name: str
+    value: Any
+    wall_ns: int
+    attributes: dict[str, Any] | None
+
+
 def _processes_sql(engine: Any, run: Run) -> Iterator[tuple[int, Iterator[Any]]]:
     """(rank, records) of each process of ``run``, by SQL: only the rows read here (the ``_SERIES`` metrics and the
-    reports), in file order, process by process (rank, pid), streamed in batches."""
-    from ..store.columnar import identity_of_row, record_from_row
+    reports) and only their fields read here (narrow rows: a sort of whole rows would outgrow DuckDB's memory), in
+    file order, process by process (rank, pid), streamed in batches."""
+    import json
+
+    from ..store.codec import untag_nonfinite
 
     engine.attach(run)
     session, run_id = (v.replace("'", "''") for v in (run.session_tag, run.run_id))
     w = f"session = '{session}' AND run = '{run_id}' AND role <> 'agent'"
     names = "(" + ", ".join(f"'{n}'" for n in _SERIES) + ")"
-    query = (f"SELECT 'metric' AS record_kind, * FROM metrics WHERE {w} AND name IN {names} UNION ALL BY NAME "
-             f"SELECT 'event' AS record_kind, * FROM events WHERE {w} AND group_name = 'training' AND "
-             "name = 'training_metrics_update' ORDER BY rank, pid, segment, line")
+    query = (f"SELECT 'metric' AS kind, rank, pid, segment, line, wall_ns, group_name, name, value, value_int, "
+             f"value_bool, NULL AS attributes FROM metrics WHERE {w} AND name IN {names} UNION ALL "
+             f"SELECT 'event', rank, pid, segment, line, wall_ns, group_name, name, NULL, NULL, NULL, attributes "
+             f"FROM events WHERE {w} AND group_name = 'training' AND name = 'training_metrics_update' "
+             "ORDER BY rank, pid, segment, line")
 
-    def rows() -> Iterator[tuple[tuple[int, int], Any]]:
-        for columns, batch in engine.stream(query):
-            for row in batch:
-                r = dict(zip(columns, row, strict=True))
-                yield (r["rank"], r["pid"]), record_from_row(r["record_kind"], identity_of_row(
-                    r, r["session"], r["run"]), row, columns)
+    def rows() -> Iterator[tuple[tuple[int, int], _Row]]:
+        for _, batch in engine.stream(query):
+            for kind, rank, pid, _, _, wall, group, name, value, value_int, value_bool, text in batch:
+                if value_bool is not None:
+                    value = bool(value_bool)
+                elif value_int is not None:
+                    value = int(value_int)
+                attributes = untag_nonfinite(json.loads(text)) if text is not None else None
+                yield (rank, pid), _Row(kind, group, name, value, wall,
+                                        attributes if isinstance(attributes, dict) else None)
 
     for (rank, _), group in itertools.groupby(rows(), key=lambda kr: kr[0]):
         yield rank, (r for _, r in group)

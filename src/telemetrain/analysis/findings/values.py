@@ -14,6 +14,7 @@ spike.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from .fmt import ranges
@@ -27,6 +28,7 @@ __all__ = ["nonfinite", "spikes", "value_kind"]
 _GRAD = ("grad_norm", "gradnorm", "grad-norm", "grad.norm", "gradient_norm", "gradient-norm")
 
 
+@functools.lru_cache(maxsize=4096)  # called per point by the input builders: a run has a few hundred names
 def value_kind(name: str) -> str | None:
     """``loss``, ``grad_norm`` or None: which training value a metric name is."""
     low = name.lower()
