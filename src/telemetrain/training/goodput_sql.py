@@ -35,6 +35,7 @@ __all__ = ["load_session"]
 
 _SAVE = EventName.SAVE_CHECKPOINT_SUCCESS.value
 _UPDATE = EventName.TRAINING_METRICS_UPDATE.value
+_PROGRESS = "training_progress"  # the stall watchdog's heartbeat (distributed.watchdog)
 
 
 def _names(names: Any) -> str:
@@ -69,7 +70,8 @@ def _attribute(key: str) -> str:
 KEYS = ("current_iteration", "window_iterations", "total_iteration_time_sec", "avg_iteration_time_sec",
         "avg_dataloader_time_sec", "window_seconds", "final", "last_logged_train_iterations_finish_timestamp_sec",
         "productive_train_iterations", "productive_train_iterations_sec",
-        "latest_successful_save_checkpoint_timestamp_sec", "train_iterations_start", "window_energy_J")
+        "latest_successful_save_checkpoint_timestamp_sec", "train_iterations_start", "window_energy_J",
+        "cumulative_iteration_time_sec")
 _KEY_PATHS = "[" + ", ".join(f"'$.{k}'" for k in KEYS) + "]"
 
 
@@ -127,9 +129,10 @@ def load_session(engine: Engine, runs: Sequence[Run]) -> tuple[list[Any], Any, b
           SELECT session, run, rank, pid, {_stamp_sql('x')} FROM (
             SELECT session, run, rank, pid, {_num_sql('j')} AS x FROM (
               SELECT session, run, rank, pid,
-                     CASE WHEN name = '{_UPDATE}' THEN {_attribute('last_logged_train_iterations_finish_timestamp_sec')}
+                     CASE WHEN name IN ('{_UPDATE}', '{_PROGRESS}')
+                       THEN {_attribute('last_logged_train_iterations_finish_timestamp_sec')}
                      ELSE {_attribute('latest_successful_save_checkpoint_timestamp_sec')} END AS j
-              FROM events WHERE {where} AND name IN ('{_UPDATE}', '{_SAVE}'))))
+              FROM events WHERE {where} AND name IN ('{_UPDATE}', '{_SAVE}', '{_PROGRESS}'))))
         SELECT session, run, rank, pid, min(t), max(t) FROM st WHERE t IS NOT NULL GROUP BY ALL""")
     bounds = {(index[(s, r)], rank, pid): (lo, hi) for s, r, rank, pid, lo, hi in stamps if (s, r) in index}
     saves: dict[tuple[int, int, int], list[_Save]] = {}
@@ -172,7 +175,7 @@ def load_session(engine: Engine, runs: Sequence[Run]) -> tuple[list[Any], Any, b
                   UNION ALL
                   SELECT session, run, rank, pid, segment, line, 'event', name, wall_ns, NULL, NULL, NULL,
                          json_extract(attributes, {_KEY_PATHS}) FROM events WHERE {where}
-                    AND name IN ('{_UPDATE}', '{_SAVE}'))
+                    AND name IN ('{_UPDATE}', '{_SAVE}', '{_PROGRESS}'))
                 WHERE rank = $rank ORDER BY session, run, pid, segment, line""", {"rank": rank}):
             rows.setdefault((s, r, pid), []).append(
                 _Row(kind, name, wall, span_id or "", parent_id or "", status or "", attributes))
