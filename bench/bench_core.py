@@ -441,15 +441,31 @@ def section_pieces(tmpdir: str) -> None:
 # -- telemetrain: writer throughput and flood ---------------------------------------------------------------------
 
 
+def _segments(path) -> list:
+    """Every segment file of the process that writes ``path`` (the writer rolls to a new segment past 64 MiB)."""
+    from telemetrain.store.segments import parse_segment_name, process_segments
+
+    name = parse_segment_name(Path(path).name)
+    groups = process_segments(Path(path).parent.iterdir())
+    return groups.get((name.agent, name.rank, name.pid), [Path(path)]) if name is not None else [Path(path)]
+
+
 def _count_lines(path) -> int:
-    with open(path, "rb") as fh:
-        return sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 20), b""))
+    """Lines of the process's segments, less the header each segment after the first begins with."""
+    total, files = 0, _segments(path)
+    for f in files:
+        with open(f, "rb") as fh:
+            total += sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 20), b""))
+    return total - (len(files) - 1)
 
 
 def _count_kind(path, kind: str) -> int:
     needle = f'"kind":"{kind}"'.encode()
-    with open(path, "rb") as fh:
-        return sum(1 for line in fh if needle in line)
+    total = 0
+    for f in _segments(path):
+        with open(f, "rb") as fh:
+            total += sum(1 for line in fh if needle in line)
+    return total
 
 
 def _emit_loop(put_metric) -> Callable[[int], None]:
