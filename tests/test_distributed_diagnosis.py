@@ -531,7 +531,8 @@ def test_the_watchdog_writes_evidence_of_a_stall_and_notes_its_end(tmp_path: Pat
 
 def test_no_evidence_while_training_advances_or_pauses_in_a_checkpoint(tmp_path: Path) -> None:
     t = telemetrain.Telemetry(store=tmp_path)
-    watchdog = enable_watchdog(t, floor_s=0.3, k=2.0, startup_s=0.3, poll_s=0.05, heartbeat_s=0, on_signal=False,
+    # a floor of 1 s: a shorter one is within the pauses a loaded or virtual machine gives a thread now and then
+    watchdog = enable_watchdog(t, floor_s=1.0, k=2.0, startup_s=1.0, poll_s=0.05, heartbeat_s=0, on_signal=False,
                                fatal_stacks=False)
     rec = TrainingRecorder(TrainingTelemetryConfig(global_batch_size_or_fn=4, log_every_n_train_iterations=5),
                            telemetry=t)
@@ -543,7 +544,7 @@ def test_no_evidence_while_training_advances_or_pauses_in_a_checkpoint(tmp_path:
         rec.on_training_single_iteration_end()
         time.sleep(0.01)
     rec.on_save_checkpoint_start(global_step=5)
-    time.sleep(0.8)  # a save longer than the threshold: iterations stop advancing by design
+    time.sleep(1.5)  # a save longer than the threshold: iterations stop advancing by design
     rec.on_save_checkpoint_success(global_step=5)
     rec.on_save_checkpoint_end()
     rec.on_train_end()
