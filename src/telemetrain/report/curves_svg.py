@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 
 from .curves import Curve, CurveLine, YScale, log_allowed, smooth, smoothing_window, y_scale
-from .svg import PALETTE, esc, fmt_unit
+from .svg import PALETTE, esc, fmt_unit, nice_ticks
 
 __all__ = ["curve_chart", "overlay_chart"]
 
@@ -25,16 +25,6 @@ def _fmt_x(value: float, by_step: bool) -> str:
     if by_step:
         return f"{value:,.0f}" if abs(value) >= 1 or value == 0 else f"{value:.2g}"
     return f"{value:.3g} s" if abs(value) < 1000 else f"{value:,.0f} s"
-
-
-def _nice(lo: float, hi: float, n: int) -> list[float]:
-    if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo:
-        return [lo]
-    raw = (hi - lo) / n
-    mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
-    first = math.ceil(lo / step) * step
-    return [first + i * step for i in range(int((hi - first) / step + 1e-9) + 1)]
 
 
 class _Plot:
@@ -63,13 +53,13 @@ class _Plot:
             if len(ticks) < 2:
                 ticks = [self.y.lo, self.y.hi]
         else:
-            ticks = _nice(self.y.lo, self.y.hi, 4)
+            ticks = nice_ticks(self.y.lo, self.y.hi, 4)
         for t in ticks:
             y = self.py(t)
             out.append(f'<line x1="{self.left}" x2="{self.right}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>'
                        f'<text x="{self.left - 4}" y="{y + 4:.1f}" text-anchor="end" {_FONT}>'
                        f"{esc(fmt_unit(t, unit) if unit in ('s', '1', 'By') else f'{t:.3g}')}</text>")
-        for t in _nice(self.x0, self.x1, 6):
+        for t in nice_ticks(self.x0, self.x1, 6):
             x = self.px(t)
             out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{self.bottom}" y2="{self.bottom + 4}" stroke="#999"/>'
                        f'<text x="{x:.1f}" y="{self.bottom + 15}" text-anchor="middle" {_FONT}>'

@@ -11,7 +11,7 @@ import html
 import math
 from collections.abc import Callable, Sequence
 
-__all__ = ["PALETTE", "esc", "fmt_unit", "heatmap", "line_chart", "stacked_bars", "timeline"]
+__all__ = ["PALETTE", "esc", "fmt_unit", "heatmap", "line_chart", "nice_ticks", "stacked_bars", "timeline"]
 
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
            "#17becf")
@@ -43,7 +43,8 @@ def fmt_unit(value: float, unit: str) -> str:
     return f"{value:.3g}" + (f" {unit}" if unit else "")
 
 
-def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
+def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
+    """About ``n`` round tick values (1, 2, 2.5, 5 x a power of ten apart) from ``lo`` to ``hi``."""
     if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo:
         return [lo]
     raw = (hi - lo) / n
@@ -74,11 +75,11 @@ class _Frame:
     def axes(self, x_fmt: Callable[[float], str], y_fmt: Callable[[float], str], x_label: str) -> list[str]:
         out = [f'<rect x="{self.left}" y="{self.top}" width="{self.right - self.left}" '
                f'height="{self.bottom - self.top}" fill="#fff" stroke="#ccc"/>']
-        for t in _ticks(self.y0, self.y1, 4):
+        for t in nice_ticks(self.y0, self.y1, 4):
             y = self.py(t)
             out.append(f'<line x1="{self.left}" x2="{self.right}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>')
             out.append(f'<text x="{self.left - 4}" y="{y + 4:.1f}" text-anchor="end" {_FONT}>{esc(y_fmt(t))}</text>')
-        for t in _ticks(self.x0, self.x1, 6):
+        for t in nice_ticks(self.x0, self.x1, 6):
             x = self.px(t)
             out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{self.bottom}" y2="{self.bottom + 4}" stroke="#999"/>')
             out.append(f'<text x="{x:.1f}" y="{self.bottom + 15}" text-anchor="middle" {_FONT}>'
@@ -221,7 +222,7 @@ def heatmap(
         out.append(f'<path class="flag" d="{d}" fill="#111" stroke="#fff" stroke-width="0.8">'
                    f"<title>{esc(tip)}</title></path>")
     base = top + row_h * len(rows)
-    for t in _ticks(columns[0][0], columns[-1][1], 6):
+    for t in nice_ticks(columns[0][0], columns[-1][1], 6):
         span = (columns[-1][1] - columns[0][0]) or 1
         x = left + (t - columns[0][0]) / span * plot_w
         out.append(f'<text x="{x:.1f}" y="{base + 14}" text-anchor="middle" {_FONT}>{_number(t)}</text>')
@@ -299,7 +300,7 @@ def timeline(
     lane_h = 26
     frame = _Frame(width, 10 + lane_h * len(lanes) + 34, (min(xs), max(xs)), (0, len(lanes)), left=150, top=10)
     out = [_open(width, frame.height, label, "timeline"), f"<title>{esc(label)}</title>"]
-    for t in _ticks(frame.x0, frame.x1, 6):
+    for t in nice_ticks(frame.x0, frame.x1, 6):
         x = frame.px(t)
         out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{frame.top}" y2="{frame.bottom}" stroke="#eee"/>'
                    f'<text x="{x:.1f}" y="{frame.bottom + 15}" text-anchor="middle" {_FONT}>{_number(t)}</text>')
