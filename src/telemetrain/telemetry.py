@@ -483,10 +483,7 @@ class Telemetry:
         if not self._closed:
             self._collect(final=False)
         ok = True
-        # the run store first: local, and what a flush before a risk (a stall's evidence, a SIGTERM) most needs on
-        # disk; a slow remote sink then eats only its own share of the timeout
-        attachments = sorted(self._router.attachments, key=lambda a: a.sink is not self.store)
-        for a in attachments:
+        for a in list(self._router.attachments):
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             ok = a.runner.flush(left) and ok
         return ok
