@@ -10,7 +10,9 @@ thread) and, while a training loop is open:
   severity error; warning for the SIGTERM and exit evidence below) and flushes the run store. Time inside a
   checkpoint save/load or a validation/testing loop does not count (iterations stop advancing there by design).
   When iterations advance again: ``stall_end``.
-- **a collective fails** (a peer died: gloo/NCCL raised; needs ``comm`` instrumentation): evidence at once.
+- **a collective fails** (a peer died: gloo/NCCL raised; needs ``comm`` instrumentation): evidence at once -- the
+  failure listener is registered at start (``comm.add_failure_listener``), and when the failure's exception ends the
+  process before this thread wrote it, the close writes it (one record per failure either way).
 - **SIGTERM** (torchelastic stopping the workers after another rank failed): evidence at once, from this thread --
   through a signal wakeup fd, so even while the training thread is blocked in a collective inside C++ (where
   Python's own handler cannot run until the call returns). Also when the process closes its telemetry while a
