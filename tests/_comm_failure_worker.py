@@ -3,8 +3,8 @@
 
 ``python _comm_failure_worker.py SCENARIO RANK WORLD INIT_FILE STORE``:
 
-- ``dead_peer`` (world 2): rank 1 trains one step with rank 0, then SIGKILLs itself; rank 0's next backward raises
-  (gloo sees the peer's socket closed) and the exception leaves the script;
+- ``dead_peer`` (world 2): rank 1 trains two steps with rank 0, then SIGKILLs itself; rank 0's next backward raises
+  (gloo sees the peer's socket closed: every bucket's all-reduce fails) and the exception leaves the script;
 - ``future_fails`` (world 1): the comm hook's future fails from another thread while backward waits on it;
 - ``hook_raises`` (world 1): the comm hook raises at launch, inside ``loss.backward()``;
 - ``user_error_in_flight`` (world 1): the user's own exception leaves the loop while a collective timed with
@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -38,11 +39,15 @@ def main() -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=60))
     torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 4))
+    # gradient buckets of a few hundred bytes: three all-reduces per step, all failing together when the peer is dead
+    model = torch.nn.parallel.DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8), torch.nn.ReLU(),
+                            torch.nn.Linear(8, 4)), bucket_cap_mb=0.0004)
     x = torch.randn(4, 8)
     if rank != 0:  # the peer that dies: no telemetry
         for _ in range(FAIL_AT):
             model(x).sum().backward()
+        time.sleep(1.0)  # rank 0 has read all of this step's data, and waits in the next step's all-reduces
         os.kill(os.getpid(), signal.SIGKILL)
     telemetry = telemetrain.Telemetry(store=store)
     enable_watchdog(telemetry, poll_s=60.0, floor_s=600.0, startup_s=600.0, heartbeat_s=0, on_signal=False,

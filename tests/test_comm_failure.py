@@ -47,7 +47,8 @@ def test_a_dead_peers_failed_all_reduce_leaves_one_record_naming_it(tmp_path: Pa
     a = e.attributes
     assert (a["reason"], a["collective"], a["collective_state"], a["collective_phase"]) == \
         ("collective_failed", "all_reduce", "failed", "backward")
-    assert a["step"] == 1 and a["collective_seq"] == 3 and a["last_completed_seq"] == 2
+    # the first all-reduce to fail is named; the step's other buckets failed with it, in the same record
+    assert a["step"] == 1 and a["last_completed_seq"] < a["collective_seq"] <= a["collectives_total"]
     assert "gloo" in a["collective_error"] and e.severity == "error"
     assert a["phase"] == "backward" and any(s.startswith("training_loop (training) open for") for s in a["open_spans"])
 

@@ -100,6 +100,7 @@ class CommMonitor:
         self._ops: list[CommOp] = []  # the window's collectives (swapped out at each report)
         self._open: dict[int, CommOp] = {}
         self.last_done: CommOp | None = None
+        self.done_seq = 0  # the highest sequence number completed (collectives can complete out of order)
         self.last_failed: CommOp | None = None
         self.count = 0
         self.unreported = 0  # collectives dropped from a window no report took
@@ -134,6 +135,8 @@ class CommMonitor:
         if error is None:
             op.state = "done"
             self.last_done = op
+            if op.seq > self.done_seq:
+                self.done_seq = op.seq
             return
         op.state = "failed"
         op.error = error if isinstance(error, str) else describe(error)

@@ -336,8 +336,15 @@ class StallWatchdog:
                 os.write(pipe[1], b"\0")
 
     def _on_failure(self, op: Any) -> None:
+        if self._same_outage(self._failure):
+            return  # the other collectives in flight (a step's other buckets) failing with the first: one record
         self._failure = op
         self._wake()
+
+    def _same_outage(self, failure: Any) -> bool:
+        """No collective launched after ``failure`` has completed: what fails or hangs now is the same outage."""
+        monitor = self._comm_monitor()
+        return failure is not None and monitor is not None and monitor.done_seq < failure.seq
 
     def _comm_monitor(self) -> Any:
         if self._monitor is None:
@@ -425,8 +432,8 @@ class StallWatchdog:
             failure = self._failure
             if reason == "collective_failed" and failure is self._failure_reported:
                 return
-            if reason == "exit" and not self._in_collective():  # what brought us here was reported meanwhile
-                return
+            if reason == "exit" and (not self._in_collective() or self._same_outage(self._failure_reported)):
+                return  # nothing open, or what is open is part of the failure already reported
             progress = self._progress()
             attributes: dict[str, Any] = {"reason": reason, **phase_state(progress, now)}
             if reason == "signal":
@@ -435,7 +442,8 @@ class StallWatchdog:
                 attributes["stalled_for_s"] = (now - self._since_ns) / 1e9
             attributes["threshold_s"] = self.threshold_s
             attributes["p99_s"] = self.base_s if self.base_s is not None else math.nan
-            attributes.update(collective_state(self._comm_monitor(), now))
+            attributes.update(collective_state(self._comm_monitor(), now,
+                                               failure if reason == "collective_failed" else None))
             attributes["open_spans"] = open_spans(self.telemetry.extensions.get("tracer"), now)
             attributes["host"] = self.telemetry.identity.host
             attributes["stacks"] = thread_stacks(self.config.stacks_limit)
