@@ -30,7 +30,9 @@ without one the monitor keeps only the newest ``MAX_WINDOW_OPS`` -- into
 - ``comm_failed`` (collectives that ended in an error), ``comm_open`` (not finished when reported).
 
 The monitor also keeps what a stall watchdog needs: the collectives entered and not left, and the last one that
-failed (``open_ops``, ``last_failed``; ``on_failure`` listeners).
+failed (``open_ops``, ``last_failed``). Failure listeners (``add_failure_listener``) belong to the Telemetry, not to
+the monitor: one registered before the first collective is instrumented (the watchdog, at start) hears every failure,
+in the thread that sees it -- before the failed collective's error reaches the training thread through DDP's hook.
 """
 
 from __future__ import annotations
@@ -49,9 +51,10 @@ from ..training.recorder import CURRENT
 from ..training.reports import REPORT_SOURCES
 from .comm_timing import HOST, IntervalClock
 
-__all__ = ["CommMonitor", "CommOp", "comm_monitor", "instrument_ddp", "instrument_fsdp"]
+__all__ = ["CommMonitor", "CommOp", "add_failure_listener", "comm_monitor", "instrument_ddp", "instrument_fsdp"]
 
 _EXTENSION = "distributed.comm"
+FAILURE_LISTENERS = "distributed.comm.failure_listeners"  # telemetry.extensions: listener(op) per failed collective
 OTHER = "other"  # the phase of a collective launched outside any recorder sub-phase
 MAX_WINDOW_OPS = 100_000  # collectives kept per window when no report takes them (no TrainingRecorder): the newest
 
@@ -97,10 +100,10 @@ class CommMonitor:
         self._ops: list[CommOp] = []  # the window's collectives (swapped out at each report)
         self._open: dict[int, CommOp] = {}
         self.last_done: CommOp | None = None
+        self.done_seq = 0  # the highest sequence number completed (collectives can complete out of order)
         self.last_failed: CommOp | None = None
         self.count = 0
         self.unreported = 0  # collectives dropped from a window no report took
-        self._listeners: list[Callable[[CommOp], None]] = []
         self._cuda: IntervalClock | None = None
         self._warned = False
         telemetry.extensions.setdefault(REPORT_SOURCES, []).append(self.capture)
@@ -132,11 +135,13 @@ class CommMonitor:
         if error is None:
             op.state = "done"
             self.last_done = op
+            if op.seq > self.done_seq:
+                self.done_seq = op.seq
             return
         op.state = "failed"
         op.error = error if isinstance(error, str) else describe(error)
         self.last_failed = op
-        for listener in list(self._listeners):
+        for listener in list(self.telemetry.extensions.get(FAILURE_LISTENERS, ())):
             try:
                 listener(op)
             except Exception as exc:  # noqa: BLE001 - never into the collective's completion path
@@ -158,8 +163,8 @@ class CommMonitor:
         self.end(op)
 
     def on_failure(self, listener: Callable[[CommOp], None]) -> None:
-        """``listener(op)`` when a collective fails (in the thread that sees it fail; keep it short)."""
-        self._listeners.append(listener)
+        """``listener(op)`` when a collective fails (``add_failure_listener`` on this monitor's Telemetry)."""
+        add_failure_listener(self.telemetry, listener)
 
     def open_ops(self) -> list[CommOp]:
         """The collectives entered and not left, oldest first."""
@@ -258,6 +263,15 @@ def _sweep(intervals: list[tuple[float, float, CommOp]], by_phase: dict[str, flo
         wait += stretch_end - last_start
         by_phase[last_phase] = by_phase.get(last_phase, 0.0) + stretch_end - last_start
     return busy, wait
+
+
+def add_failure_listener(telemetry: Telemetry, listener: Callable[[CommOp], None]) -> None:
+    """``listener(op)`` whenever a collective timed on ``telemetry`` fails, from now on, whether or not its
+    ``CommMonitor`` exists yet. It runs in the thread that sees the failure (gloo's, a CUDA callback's, the training
+    thread's for an error raised at launch): keep it short; what it raises is warned about once, never passed on."""
+    if not callable(listener):
+        raise TypeError(f"listener must be callable (op) -> None, got {type(listener).__name__}")
+    telemetry.extensions.setdefault(FAILURE_LISTENERS, []).append(listener)  # (setdefault: atomic)
 
 
 def comm_monitor(telemetry: Telemetry | None = None) -> CommMonitor:

@@ -83,15 +83,15 @@ def open_spans(tracer: Any, now_ns: int, limit: int = 50) -> list[str]:
     return out
 
 
-def collective_state(monitor: Any, now_ns: int) -> dict[str, Any]:
-    """The last collective entered and not left (``collective_state`` "waiting"), else the last that failed
-    ("failed"), with its kind, sequence number, bytes, phase and age; and the last one that completed."""
+def collective_state(monitor: Any, now_ns: int, failed: Any = None) -> dict[str, Any]:
+    """``failed`` (the failure being reported), else the last collective entered and not left (``collective_state``
+    "waiting"), else the last that failed ("failed"), with its kind, sequence number, bytes, phase and age; and the
+    last one that completed."""
     if monitor is None:
         return {"collective_state": "unknown"}
     out: dict[str, Any] = {}
     ops = monitor.open_ops()
-    failed = monitor.last_failed
-    op = ops[-1] if ops else failed
+    op = failed if failed is not None else ops[-1] if ops else monitor.last_failed
     if op is not None:
         d = op.describe(now_ns)
         out.update({"collective": d["kind"], "collective_seq": d["seq"], "collective_bytes": d["bytes"],

@@ -10,7 +10,9 @@ thread) and, while a training loop is open:
   severity error; warning for the SIGTERM and exit evidence below) and flushes the run store. Time inside a
   checkpoint save/load or a validation/testing loop does not count (iterations stop advancing there by design).
   When iterations advance again: ``stall_end``.
-- **a collective fails** (a peer died: gloo/NCCL raised; needs ``comm`` instrumentation): evidence at once.
+- **a collective fails** (a peer died: gloo/NCCL raised; needs ``comm`` instrumentation): evidence at once -- the
+  failure listener is registered at start (``comm.add_failure_listener``), and when the failure's exception ends the
+  process before this thread wrote it, the close writes it (one record per failure either way).
 - **SIGTERM** (torchelastic stopping the workers after another rank failed): evidence at once, from this thread --
   through a signal wakeup fd, so even while the training thread is blocked in a collective inside C++ (where
   Python's own handler cannot run until the call returns). Also when the process closes its telemetry while a
@@ -49,9 +51,11 @@ from typing import Any, TextIO
 
 from .. import process_hooks
 from ..dispatch import describe, warn_safely
+from ..spans import tracer
 from ..telemetry import Telemetry, get_telemetry
 from ..training.recorder import CURRENT
 from ..training.reports import REPORT_SOURCES
+from .comm import add_failure_listener
 from .evidence import collective_state, dump_flight_recorder, open_spans, phase_state, thread_stacks
 
 __all__ = ["ENV", "StallWatchdog", "WatchdogConfig", "enable_from_env", "enable_watchdog", "parse_config"]
@@ -203,8 +207,13 @@ class StallWatchdog:
                         signal.set_wakeup_fd(old)
                     else:
                         self._old_wakeup = -2  # ours is installed
+            # the tracer before us: producers are collected newest first, and at close our evidence must see the
+            # spans still open, before the tracer ends them
+            tracer(self.telemetry)
             self.telemetry.add_producer(self)
             self.telemetry.extensions.setdefault(REPORT_SOURCES, []).append(self._report_source)
+            # now, not at the thread's first look: a peer can die (and this rank's collective fail) before it
+            add_failure_listener(self.telemetry, self._on_failure)
             self.thread = threading.Thread(target=self._run, name="telemetrain-watchdog", daemon=True)
             self.thread.start()
         return self
@@ -246,24 +255,26 @@ class StallWatchdog:
                         path.parent.rmdir()
             self._fatal = None
 
-    # the Telemetry producer protocol. The watchdog registers itself (again) as a producer once the recorder exists, so
-    # that at close it is collected before the recorder and the tracer end the open spans: its evidence at a SIGTERM
-    # says where training was, not what was left after the spans were ended.
+    # the Telemetry producer protocol. The watchdog is a producer newer than the tracer (see start), and registers
+    # itself again once the recorder exists, so that at close it is collected before the tracer ends the open spans:
+    # its evidence at a SIGTERM or an exit says where training was, not what was left after the spans were ended.
     def collect(self, final: bool) -> None:
         if os.getpid() != self._pid or (final and self._collected):
             return
         if threading.current_thread() is not self.thread:
-            self._read_pipe()  # a SIGTERM the thread has not seen yet: in the main thread's flush, handled here
+            # a SIGTERM or a failed collective the thread has not reported yet (the process may be closing because
+            # of it: the exception a dead peer raised in backward): handled here, in the flushing/closing thread
+            self._read_pipe()
             if self._signal or self._pending_failure():
                 self._evidence(self._reason(), flush=False, wait_s=1.0)
         if not final:
             return
         self._collected = True
         progress = self._progress()
-        dying = process_hooks.ending()
-        if progress is not None and progress["loop_open"] and (dying == "signal" or self._in_collective()) \
+        killed = process_hooks.ending() == "killed"
+        if progress is not None and progress["loop_open"] and (killed or self._in_collective()) \
                 and not (self._signal_reported or (self.stalled and not self._pending_failure())):
-            self._evidence("signal" if dying == "signal" else "exit", flush=False, wait_s=1.0)
+            self._evidence("signal" if killed else "exit", flush=False, wait_s=1.0)
         self.stop()
 
     def after_fork_in_child(self) -> None:
@@ -325,14 +336,19 @@ class StallWatchdog:
                 os.write(pipe[1], b"\0")
 
     def _on_failure(self, op: Any) -> None:
+        if self._same_outage(self._failure):
+            return  # the other collectives in flight (a step's other buckets) failing with the first: one record
         self._failure = op
         self._wake()
 
-    def _attach_monitor(self) -> Any:
-        monitor = self.telemetry.extensions.get(_COMM)
-        if monitor is not None and monitor is not self._monitor:
-            self._monitor = monitor
-            monitor.on_failure(self._on_failure)
+    def _same_outage(self, failure: Any) -> bool:
+        """No collective launched after ``failure`` has completed: what fails or hangs now is the same outage."""
+        monitor = self._comm_monitor()
+        return failure is not None and monitor is not None and monitor.done_seq < failure.seq
+
+    def _comm_monitor(self) -> Any:
+        if self._monitor is None:
+            self._monitor = self.telemetry.extensions.get(_COMM)
         return self._monitor
 
     def _progress(self) -> dict[str, Any] | None:
@@ -346,7 +362,7 @@ class StallWatchdog:
         return progress
 
     def _in_collective(self) -> bool:
-        monitor = self._attach_monitor()
+        monitor = self._comm_monitor()
         return monitor is not None and bool(monitor.open_ops() or self._pending_failure())
 
     def _pending_failure(self) -> bool:
@@ -358,7 +374,6 @@ class StallWatchdog:
         return "collective_failed" if self._pending_failure() else "stall"
 
     def _check(self) -> None:
-        self._attach_monitor()
         now = time.monotonic_ns()
         progress = self._progress()
         if self._signal or self._pending_failure():
@@ -417,6 +432,8 @@ class StallWatchdog:
             failure = self._failure
             if reason == "collective_failed" and failure is self._failure_reported:
                 return
+            if reason == "exit" and (not self._in_collective() or self._same_outage(self._failure_reported)):
+                return  # nothing open, or what is open is part of the failure already reported
             progress = self._progress()
             attributes: dict[str, Any] = {"reason": reason, **phase_state(progress, now)}
             if reason == "signal":
@@ -425,7 +442,8 @@ class StallWatchdog:
                 attributes["stalled_for_s"] = (now - self._since_ns) / 1e9
             attributes["threshold_s"] = self.threshold_s
             attributes["p99_s"] = self.base_s if self.base_s is not None else math.nan
-            attributes.update(collective_state(self._attach_monitor(), now))
+            attributes.update(collective_state(self._comm_monitor(), now,
+                                               failure if reason == "collective_failed" else None))
             attributes["open_spans"] = open_spans(self.telemetry.extensions.get("tracer"), now)
             attributes["host"] = self.telemetry.identity.host
             attributes["stacks"] = thread_stacks(self.config.stacks_limit)
