@@ -18,6 +18,8 @@ __all__ = ["Exchange", "ExchangeError"]
 
 HOST_BYTES = 64
 CLOCK_TAG = 0x7E1E  # the p2p tag of the clock round trips (only this group's own traffic, so any fixed tag)
+TARGET_RTT_NS = 500_000  # a round trip this short bounds the offset's error at 0.25 ms: no need for more
+_DONE = -(2**63)  # sent instead of a clock reading: "no more round trips" (no clock reads this)
 
 
 class ExchangeError(RuntimeError):
@@ -70,13 +72,21 @@ class Exchange:
         return [t.tolist() for t in out]
 
     def clock_offset(self, now_ns: Callable[[], int], rounds: int = 4,
-                     peers: Sequence[int] | None = None) -> tuple[int, int, int] | None:
-        """This rank's clock minus rank 0's, NTP-style: ``rounds`` round trips to rank 0 (which answers each with its
-        clock), the one with the shortest round trip kept. Returns ``(offset_ns, error_ns, rtt_ns)``: the true offset
-        is within ``error_ns`` (half that round trip) of ``offset_ns``. Rank 0 answers the ``peers`` (default: every
+                     peers: Sequence[int] | None = None, *, max_rounds: int | None = None,
+                     target_rtt_ns: int = TARGET_RTT_NS) -> tuple[int, int, int] | None:
+        """This rank's clock minus rank 0's, NTP-style: at least ``rounds`` round trips to rank 0 (which answers each
+        with its clock), the one with the shortest round trip kept. On a busy host a round trip can wait for a core,
+        so a rank whose best round trip is still above ``target_rtt_ns`` goes on, up to ``max_rounds`` (default 4 x
+        ``rounds``), and then tells rank 0 it is done. Returns ``(offset_ns, error_ns, rtt_ns)``: the true offset is
+        within ``error_ns`` (half that round trip) of ``offset_ns``. Rank 0 answers the ``peers`` (default: every
         other rank) in turn and returns ``(0, 0, 0)``; a rank not among them returns None at once. Every rank must call
-        it, with the same ``rounds`` and ``peers``."""
+        it, with the same ``rounds``, ``max_rounds`` and ``peers``."""
         torch = self._torch
+        if rounds < 1:
+            raise ValueError(f"rounds must be at least 1, got {rounds!r}")
+        limit = 4 * rounds if max_rounds is None else max_rounds
+        if limit < rounds:
+            raise ValueError(f"max_rounds ({max_rounds!r}) must be at least rounds ({rounds!r})")
         buf = torch.zeros(1, dtype=torch.int64)
         group = self._group
         chosen = range(1, self.world_size) if peers is None else peers
@@ -85,13 +95,15 @@ class Exchange:
         try:
             if self.rank == 0:
                 for peer in chosen:
-                    for _ in range(rounds):
+                    for _ in range(limit):
                         group.recv([buf], peer, CLOCK_TAG).wait()
+                        if int(buf[0]) == _DONE:
+                            break
                         buf[0] = now_ns()
                         group.send([buf], peer, CLOCK_TAG).wait()
                 return 0, 0, 0
             best: tuple[int, int, int] | None = None
-            for _ in range(rounds):
+            for n in range(1, limit + 1):
                 t1 = now_ns()
                 buf[0] = t1
                 group.send([buf], 0, CLOCK_TAG).wait()
@@ -100,6 +112,10 @@ class Exchange:
                 rtt = t3 - t1
                 if best is None or rtt < best[2]:
                     best = ((t1 + t3) // 2 - int(buf[0]), (rtt + 1) // 2, rtt)
+                if n >= rounds and best[2] <= target_rtt_ns and n < limit:
+                    buf[0] = _DONE  # rank 0 stops answering this rank
+                    group.send([buf], 0, CLOCK_TAG).wait()
+                    break
         except Exception as exc:
             raise ExchangeError(f"clock round trip failed: {type(exc).__name__}: {exc}") from exc
         assert best is not None
