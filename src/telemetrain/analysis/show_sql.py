@@ -23,9 +23,10 @@ from .findings.builder import (
     RSS,
     STRAGGLER,
     InputBuilder,
+    value_series_kind,
 )
-from .findings.values import value_kind
 from .summary import _where
+from .values_sql import feed_value_series_sql
 
 __all__ = ["diagnosis_events_sql", "feed_builder_sql", "findings_builder_sql"]
 
@@ -43,8 +44,7 @@ def _read_by_builder(group: str, name: str) -> bool:
         return True
     if name in (HOST_MEMORY_LIMIT, HOST_MEMORY_USAGE) and group == "system":
         return True
-    return group not in ("training", "system", "cross_rank") and not group.startswith("system.") and \
-        value_kind(name) is not None
+    return value_series_kind(group, name) is not None
 
 
 def _records(engine: Any, query: str) -> Any:
@@ -122,7 +122,8 @@ def findings_builder_sql(engine: Any, run: Run) -> InputBuilder:
     builder = InputBuilder()
     pairs = engine.rows(f"SELECT DISTINCT group_name, name FROM metrics WHERE {w}")
     engine.execute("CREATE OR REPLACE TEMP TABLE show_findings_series (group_name VARCHAR, name VARCHAR)")
-    kept = [(g, n) for g, n in pairs if _read_by_builder(g, n)]
+    kept = [(g, n) for g, n in pairs if _read_by_builder(g, n) and value_series_kind(g, n) is None]
+    values = [(g, n) for g, n in pairs if value_series_kind(g, n) is not None]
     if kept:
         engine.con.executemany("INSERT INTO show_findings_series VALUES (?, ?)", kept)
     number = "value_bool IS NULL AND value IS NOT NULL"
@@ -144,7 +145,15 @@ def findings_builder_sql(engine: Any, run: Run) -> InputBuilder:
             "AND (NOT isfinite(value) OR (group_name, name) IN (SELECT group_name, name FROM show_findings_series)) "
             f"ORDER BY {ORDER}"):
         for rank, host, group, name, step, value, value_int, wall in batch:
-            metric(rank, host, group, name, step, int(value_int) if value_int is not None else value, wall)
+            metric(rank, host, group, name, step, int(value_int) if value_int is not None else value, wall,
+                   values=False)
+    if values:  # the loss and gradient-norm series: the points that settle their spikes
+        engine.execute("CREATE OR REPLACE TEMP TABLE show_value_series (group_name VARCHAR, name VARCHAR)")
+        engine.con.executemany("INSERT INTO show_value_series VALUES (?, ?)", values)
+        feed_value_series_sql(
+            builder, engine,
+            f"(SELECT name, rank, step, value, pid, segment, line FROM metrics WHERE {w} AND {number} "
+            "AND (group_name, name) IN (SELECT group_name, name FROM show_value_series))", "name")
     return builder
 
 

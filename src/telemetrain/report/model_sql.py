@@ -16,7 +16,9 @@ import math
 from typing import Any
 
 from ..analysis.findings.builder import CUDA_ALLOCATED, GPU_MEMORY_LIMIT, HOST_MEMORY_LIMIT, HOST_MEMORY_USAGE, RSS
+from ..analysis.findings.thresholds import Thresholds
 from ..analysis.findings.values import value_kind
+from ..analysis.values_sql import feed_value_series_sql
 from ..store.codec import untag_nonfinite
 from ..store.engine import Engine
 from ..store.reader import Run
@@ -75,9 +77,10 @@ def _metric_value(value: Any, value_int: Any, value_bool: Any) -> Any:
 class SqlCollector(_Collector):
     """``_Collector`` with its pass over the ranks' records done by SQL; the agents' records are read as before."""
 
-    def __init__(self, run: Run, engine: Engine) -> None:
+    def __init__(self, run: Run, engine: Engine, thresholds: Thresholds | None = None) -> None:
         super().__init__(run)
         self.engine = engine
+        self.thresholds = thresholds  # the spike rule's, which the loss points are selected for
         engine.attach(run)
         self.where = self.where_of("")
         self._figures: WindowFigures | None = None
@@ -297,11 +300,12 @@ class SqlCollector(_Collector):
             self.energy[(host, group, name)] = float(joules)
 
     def _findings_metrics(self) -> None:
-        """The metric records the findings engine reads (``InputBuilder.metric``: memory gauges, losses and gradient
-        norms, and every non-finite value), streamed in collection order; the rest are not read."""
+        """The metric records the findings engine reads (``InputBuilder.metric``: memory gauges and every non-finite
+        value), streamed in collection order; the loss and gradient-norm series as the points that settle their
+        spikes (``analysis.values_sql``); the rest are not read."""
         keys = {k for k in self._skeys.values()}
         wanted = {k for k in keys if k in (RSS, CUDA_ALLOCATED, GPU_MEMORY_LIMIT, HOST_MEMORY_LIMIT,
-                                           HOST_MEMORY_USAGE) or value_kind(k) is not None}
+                                           HOST_MEMORY_USAGE)}
         nonfinite = "(value_int IS NULL AND value_bool IS NULL AND NOT isfinite(value))"
         where = f"(skey IN {_names(sorted(wanted))} OR {nonfinite})" if wanted else nonfinite
         metric = self.inputs.metric
@@ -309,7 +313,15 @@ class SqlCollector(_Collector):
                 f"SELECT rank, host, group_name, skey, step, value, value_int, value_bool, wall_ns "
                 f"FROM {self._metrics_keyed()} WHERE {where} ORDER BY {ORDER}"):
             for rank, host, group, name, step, value, value_int, value_bool, wall in batch:
-                metric(rank, host, group, name, step, _metric_value(value, value_int, value_bool), wall)
+                metric(rank, host, group, name, step, _metric_value(value, value_int, value_bool), wall, values=False)
+        values = sorted(k for k in keys if value_kind(k) is not None)
+        if values:
+            excluded = "('training', 'system', 'cross_rank')"
+            feed_value_series_sql(
+                self.inputs, self.engine,
+                f"(SELECT skey, rank, step, value, pid, segment, line FROM {self._metrics_keyed()} WHERE skey IN "
+                f"{_names(values)} AND group_name NOT IN {excluded} AND NOT starts_with(group_name, 'system.') "
+                "AND value_bool IS NULL AND value IS NOT NULL)", "skey", self.thresholds)
 
     def _stats(self) -> None:
         bad = ("coalesce(TRY_CAST(json_extract(\"values\", '$.nan_count') AS DOUBLE), 0) + "

@@ -26,7 +26,7 @@ from .inputs import (
 )
 from .values import value_kind
 
-__all__ = ["InputBuilder", "window_point"]
+__all__ = ["InputBuilder", "value_series_kind", "window_point"]
 
 REPORT = ("training", "training_metrics_update")
 STRAGGLER = ("cross_rank", "straggler")
@@ -37,6 +37,15 @@ HOST_MEMORY_LIMIT = "system.memory.limit"
 HOST_MEMORY_USAGE = "system.memory.usage"
 CRASH_SPANS = frozenset({"training_loop", "application"})
 PHASES = ("dataloader", "h2d", "forward", "backward", "optimizer", "zero_grad")
+_NOT_VALUES = ("training", "system", "cross_rank")
+
+
+def value_series_kind(group: str, name: str) -> str | None:
+    """``loss``/``grad_norm`` when ``InputBuilder.metric`` keeps a metric of this group and name as a value series
+    (the spike rule's input), else None."""
+    if group in _NOT_VALUES or group.startswith("system."):
+        return None
+    return value_kind(name)  # none of the memory gauges' names is a loss or a gradient norm
 
 
 def window_point(rank: int, attributes: Mapping[str, Any], *, warmup: bool,
@@ -74,6 +83,7 @@ class InputBuilder:
         self._windows: dict[int, deque[tuple[int, Mapping[str, Any], bool]]] = {}
         self._loops: set[tuple[int, int, Any]] = set()
         self._values: dict[tuple[str, int], deque[tuple[int, float]]] = {}
+        self._selected: list[ValueSeries] = []  # value series a reader gave whole or as a selection
         self._memory: dict[tuple[str, int, str, str], deque[tuple[int, float]]] = {}
         self._gpu_limit: float | None = None
         self._host: dict[str, list[float | None]] = {}  # host -> [total, usage]
@@ -110,7 +120,9 @@ class InputBuilder:
         self._windows.setdefault(rank, self._deque()).append((wall_ns, attributes, warmup))
 
     def metric(self, rank: int, host: str, group: str, name: str, step: int | None, value: Any,
-               wall_ns: int) -> None:
+               wall_ns: int, *, values: bool = True) -> None:
+        """One metric record. ``values=False``: a reader gives the value series apart (``value_series``) and feeds
+        only their non-finite points here."""
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return
         self._hosts.setdefault(rank, host)
@@ -127,12 +139,15 @@ class InputBuilder:
         elif name in (HOST_MEMORY_LIMIT, HOST_MEMORY_USAGE) and group == "system":
             entry2 = self._host.setdefault(host, [None, None])
             entry2[0 if name == HOST_MEMORY_LIMIT else 1] = float(value)
-        elif group not in ("training", "system", "cross_rank") and not group.startswith("system."):
-            kind = value_kind(name)
-            if kind is not None:
-                series = self._values.setdefault((name, rank), self._deque())
-                series.append((step if step is not None else len(series), float(value)))
+        elif values and value_series_kind(group, name) is not None:
+            series = self._values.setdefault((name, rank), self._deque())
+            series.append((step if step is not None else len(series), float(value)))
         self._seen(wall_ns)
+
+    def value_series(self, series: ValueSeries) -> None:
+        """A value series read apart (whole, or the points a ``SpikeSelection`` names), for a reader that does not
+        feed its points to ``metric``."""
+        self._selected.append(series)
 
     def stat(self, rank: int, group: str, name: str, values: Mapping[str, Any]) -> None:
         bad = (values.get("nan_count") or 0) + (values.get("inf_count") or 0)
@@ -184,7 +199,7 @@ class InputBuilder:
                 if w is not None:
                     windows.append(w)
         values = [ValueSeries(name, kind, rank, list(points)) for (name, rank), points in self._values.items()
-                  if (kind := value_kind(name)) is not None]
+                  if (kind := value_kind(name)) is not None] + self._selected
         memory = [MemorySeries(kind, rank, host, device, [((w - origin) / 1e9, v) for w, v in points],
                                limit=self._gpu_limit if kind == "cuda" else None)
                   for (kind, rank, host, device), points in self._memory.items()]
