@@ -211,3 +211,44 @@ def test_a_copy_of_schema_version_1_counts_as_no_copy(tmp_path: Path) -> None:
     assert json.loads(manifest.read_text())["schema_version"] == SCHEMA_VERSION
     with Engine([run]) as engine:
         assert engine.tail_segments == 0 and engine.scalar("SELECT count(*) FROM metrics") == 50
+
+
+def test_spikes_by_the_sql_selection_are_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loss series reach the SQL path's rules as their spike candidates and neighbours (values_sql): isolated
+    spikes, a jump that stays (that series read whole), a loss named alike in two groups (one series, as the Python
+    path merges them), a loss logged without steps, a gradient norm crossing zero, NaN; report, show and tail agree
+    with the pure-Python path."""
+    for rank in (0, 1):
+        t = Telemetry(identity_from_env({}, run_id="sp", session_tag="s", perf_tag="p", rank=rank, world_size=2),
+                      store=tmp_path)
+        for step in range(400):
+            loss = 2.0 / (1 + step / 80) + 0.01 * ((step * 7 + rank) % 5)
+            if step in (90, 250):
+                loss *= 30 * (1 + step % 7)
+            if rank == 1 and 300 <= step < 380:
+                loss = 20.0 + 0.1 * (step % 3)  # a jump that stays: spikes that are no candidates after a while
+            t.log({"train.loss": math.nan if step == 333 else loss,
+                   "train.grad_norm": 0.5 * math.sin(step / 9) + (9.0 if step == 120 else 0.0)}, step=step)
+            if step % 4 == 0:
+                t.metric("loss", loss * (5.0 if step == 200 else 1.0), "eval", step=step)
+                t.metric("loss", loss, "val")  # the same name, another group, no step
+            if step % 10 == 9:
+                t.event("training_metrics_update", {"current_iteration": step, "window_iterations": 10,
+                                                    "avg_iteration_time_sec": 0.1}, group="training")
+        assert t.close(30)
+    run_dir = tmp_path / "s" / "sp"
+    assert not compact(run_dir).errors
+    # (the findings and show's lines: the whole model differs in the curve of the step-less series, drawn by time)
+    (model, py_show), (sql_model, sql_show), read = _python_and_sql(run_dir, monkeypatch)
+    assert not read and sql_show == py_show
+    assert not differences(model.findings, sql_model.findings)
+    spikes = [f for f in model.findings if f.kind == "spike"]
+    assert {f.title.split(": ")[1].split(" at ")[0] for f in spikes} == {"train.loss", "train.grad_norm", "loss"}
+    from telemetrain.analysis.show_sql import findings_builder_sql
+
+    with Engine([run_dir]) as engine:
+        values = findings_builder_sql(engine, open_run(run_dir)).build().values
+    whole = {(s.name, s.rank) for s in values if s.selection is None}
+    assert ("train.loss", 1) in whole and ("train.loss", 0) not in whole  # the burst's series only
+    loss0 = next(s for s in values if (s.name, s.rank) == ("train.loss", 0))
+    assert len(loss0.points) < 200  # the two spikes and their neighbours (the gradient norm, crossing 0: all)
