@@ -403,6 +403,8 @@ class SqlCollector(_Collector):
         """Every report to the findings engine (``InputBuilder.window``), in collection order, with the attributes
         its rules read (``findings.builder.window_point``) and no others."""
         window = self.inputs.window
+        if self.first_ns is not None:
+            self.inputs.origin(self.first_ns)  # build_model's start (unless an agent's record is earlier)
         for _, batch in self.engine.stream(
                 f"SELECT rank, pid, wall_ns, attributes FROM windows WHERE {self.where} ORDER BY {ORDER}"):
             for rank, pid, wall, attributes in batch:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Mapping
+from dataclasses import replace
+from types import MappingProxyType
 from typing import Any
 
 from ...phase_times import DEVICE, iteration_time, phase_times
@@ -37,6 +39,7 @@ HOST_MEMORY_LIMIT = "system.memory.limit"
 HOST_MEMORY_USAGE = "system.memory.usage"
 CRASH_SPANS = frozenset({"training_loop", "application"})
 PHASES = ("dataloader", "h2d", "forward", "backward", "optimizer", "zero_grad")
+_NONE: Mapping[str, float] = MappingProxyType({})  # shared by the windows without phases or communication waits
 _NOT_VALUES = ("training", "system", "cross_rank")
 
 
@@ -66,11 +69,11 @@ def window_point(rank: int, attributes: Mapping[str, Any], *, warmup: bool,
             waits[phase] = value
     return WindowPoint(
         rank=rank, step=step, iterations=n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1,
-        iteration_time=mean, phases=phases, max_iteration_time=finite(a.get("max_iteration_time_sec")),
+        iteration_time=mean, phases=phases or _NONE, max_iteration_time=finite(a.get("max_iteration_time_sec")),
         p50=finite(a.get("p50_iteration_time_sec")), wall_seconds=finite(a.get("window_seconds")),
         cpu_wait_seconds=finite(a.get("cpu_wait_sec")), cpu_seconds=finite(a.get("cpu_time_sec")),
-        comm_wait=finite(a.get("avg_comm_wait_time_sec")), comm_wait_by_phase=waits,
-        warmup=warmup, time_s=time_s, phase_clock=clock,
+        comm_wait=finite(a.get("avg_comm_wait_time_sec")),
+        comm_wait_by_phase=waits or _NONE, warmup=warmup, time_s=time_s, phase_clock=clock,
         phase_iteration_time=iteration_time(a, clock) if clock == DEVICE else None)
 
 
@@ -80,7 +83,10 @@ class InputBuilder:
 
     def __init__(self, limit: int | None = None) -> None:
         self.limit = limit
-        self._windows: dict[int, deque[tuple[int, Mapping[str, Any], bool]]] = {}
+        # each report as the window the rules read (None: no usable mean), with its wall time: the attributes are
+        # not kept (a report's attributes are ~1-4 KB in Python; its window ~0.6 KB)
+        self._windows: dict[int, deque[tuple[int, WindowPoint | None]]] = {}
+        self._origin: int | None = None  # the time origin a reader said it will build with (``origin``)
         self._loops: set[tuple[int, int, Any]] = set()
         self._values: dict[tuple[str, int], deque[tuple[int, float]]] = {}
         self._selected: list[ValueSeries] = []  # value series a reader gave whole or as a selection
@@ -105,6 +111,11 @@ class InputBuilder:
         """A record's wall time (the input's time origin is the earliest), for a reader that feeds a selection."""
         self._seen(wall_ns)
 
+    def origin(self, start_ns: int) -> None:
+        """The ``start_ns`` that ``build`` will be given, when a reader knows it before it feeds the reports (their
+        times on the run's axis are then set once)."""
+        self._origin = start_ns
+
     def host(self, rank: int, host: str) -> None:
         """The host of ``rank`` (the first one given stands), for a reader that feeds a selection."""
         self._hosts.setdefault(rank, host)
@@ -117,7 +128,10 @@ class InputBuilder:
         warmup = key not in self._loops
         self._loops.add(key)
         self._seen(wall_ns)
-        self._windows.setdefault(rank, self._deque()).append((wall_ns, attributes, warmup))
+        origin = self._origin if self._origin is not None else self._first_ns
+        assert origin is not None
+        w = window_point(rank, attributes, warmup=warmup, time_s=(wall_ns - origin) / 1e9)
+        self._windows.setdefault(rank, self._deque()).append((wall_ns, w))
 
     def metric(self, rank: int, host: str, group: str, name: str, step: int | None, value: Any,
                wall_ns: int, *, values: bool = True) -> None:
@@ -194,10 +208,12 @@ class InputBuilder:
         origin = start_ns if start_ns is not None else (self._first_ns or 0)
         windows = []
         for rank, ws in self._windows.items():
-            for wall_ns, attributes, warmup in ws:
-                w = window_point(rank, attributes, warmup=warmup, time_s=(wall_ns - origin) / 1e9)
-                if w is not None:
-                    windows.append(w)
+            if any(w is not None and w.time_s != (wall_ns - origin) / 1e9 for wall_ns, w in ws):
+                # another origin than at feeding (an earlier record came later, or the reader's start): new windows
+                ws = self._windows[rank] = deque(
+                    ((wall, None if w is None else replace(w, time_s=(wall - origin) / 1e9)) for wall, w in ws),
+                    maxlen=self.limit)
+            windows += [w for _, w in ws if w is not None]
         values = [ValueSeries(name, kind, rank, list(points)) for (name, rank), points in self._values.items()
                   if (kind := value_kind(name)) is not None] + self._selected
         memory = [MemorySeries(kind, rank, host, device, [((w - origin) / 1e9, v) for w, v in points],
