@@ -214,7 +214,7 @@ def test_a_copy_of_schema_version_1_counts_as_no_copy(tmp_path: Path) -> None:
 
 
 def test_spikes_by_the_sql_selection_are_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The loss series reach the SQL path's rules as their spike candidates and neighbours (values_sql): isolated
+    """The loss series reach the SQL path's rules as their spike candidates and neighbours (findings_sql): isolated
     spikes, a jump that stays (that series read whole), a loss named alike in two groups (one series, as the Python
     path merges them), a loss logged without steps, a gradient norm crossing zero, NaN; report, show and tail agree
     with the pure-Python path."""
@@ -252,3 +252,38 @@ def test_spikes_by_the_sql_selection_are_the_same(tmp_path: Path, monkeypatch: p
     assert ("train.loss", 1) in whole and ("train.loss", 0) not in whole  # the burst's series only
     loss0 = next(s for s in values if (s.name, s.rank) == ("train.loss", 0))
     assert len(loss0.points) < 200  # the two spikes and their neighbours (the gradient norm, crossing 0: all)
+
+
+def test_memory_gauges_thinned_by_sql_are_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Memory gauges longer than the memory rule reads (``memory.MAX_POINTS`` from the steady state on) reach the
+    SQL path's rule as those points only (findings_sql); a gauge with a NaN, or a short one, whole. A leak on rank
+    1's RSS and rank 0's CUDA memory, flat memory elsewhere: both paths find the same."""
+    for rank in (0, 1):
+        t = Telemetry(identity_from_env({}, run_id="mem", session_tag="s", perf_tag="p", rank=rank, world_size=2),
+                      store=tmp_path)
+        for step in range(900):
+            t.metric("process.memory.usage", 2e9 + (3e6 * step if rank == 1 else 1e3 * (step % 5)), "system")
+            cuda = 1e9 + (4e6 * step if rank == 0 else 0.0)
+            t.metric("torch.cuda.memory.allocated", math.nan if rank == 1 and step == 500 else cuda,
+                     f"system.cuda.{rank}")
+            if step % 300 == 0:
+                t.metric("torch.cuda.memory.allocated", 5e8, f"system.cuda.{rank + 2}")  # short: 3 points
+            if step % 10 == 9:
+                t.event("training_metrics_update", {"current_iteration": step, "window_iterations": 10,
+                                                    "train_iterations_start": 0, "avg_iteration_time_sec": 0.1},
+                        group="training")
+        t.metric("hw.gpu.memory.limit", 80e9, f"system.gpu.{rank}")
+        assert t.close(30)
+    run_dir = tmp_path / "s" / "mem"
+    model, _ = _both_paths(run_dir, True, monkeypatch)
+    growth = [f for f in model.findings if f.kind == "memory growth"]
+    assert {f.title.split(" of ")[0] for f in growth} == {"memory growth: resident memory (RSS)",
+                                                          "memory growth: CUDA allocated memory"}, growth
+    from telemetrain.analysis.show_sql import findings_builder_sql
+
+    with Engine([run_dir]) as engine:
+        memory = {(s.kind, s.rank, s.device): s for s in findings_builder_sql(engine, open_run(run_dir)).build().memory}
+    assert memory[("rss", 0, "")].thinned is not None and len(memory[("rss", 0, "")].points) == 200
+    assert memory[("cuda", 0, "cuda:0")].thinned is not None
+    assert memory[("cuda", 1, "cuda:1")].thinned is None and len(memory[("cuda", 1, "cuda:1")].points) == 900
+    assert memory[("cuda", 0, "cuda:2")].thinned is None and len(memory[("cuda", 0, "cuda:2")].points) == 3

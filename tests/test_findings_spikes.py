@@ -1,6 +1,6 @@
 """The spike rule (findings/values.py) as the engine runs it: the sorted running reference gives the textbook
 rule's answers, and the DuckDB selection of candidates (``spike_selection_sql`` + ``selected_spikes``) gives the
-same spikes as every point, or says it cannot (then ``values_sql`` reads the series whole)."""
+same spikes as every point, or says it cannot (then ``findings_sql`` reads the series whole)."""
 
 from __future__ import annotations
 
@@ -114,7 +114,7 @@ def with_positions(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
 
 @pytest.mark.parametrize("th", THRESHOLDS, ids=["default", "short-history", "low-min-history"])
 def test_the_sql_selection_settles_the_spikes_or_says_it_cannot(th: Thresholds) -> None:
-    from telemetrain.analysis.values_sql import feed_value_series_sql
+    from telemetrain.analysis.findings_sql import feed_value_series_sql
 
     all_series = [series(seed) for seed in range(24)]
     con = table(all_series)
@@ -159,7 +159,7 @@ def test_a_burst_of_spikes_needs_the_whole_series_and_gets_it() -> None:
     sel = SpikeSelection(index=[r[4] for r in rows], candidate=[r[5] for r in rows], finite=rows[0][6],
                          history=th.spike_history, min_history=th.spike_min_history, ratio=th.spike_ratio)
     assert selected_spikes(ValueSeries("train.loss", "loss", 0, [(r[2], r[3]) for r in rows], sel), th) is None
-    from telemetrain.analysis.values_sql import feed_value_series_sql
+    from telemetrain.analysis.findings_sql import feed_value_series_sql
 
     builder = InputBuilder()
     assert feed_value_series_sql(builder, Connection(con), "pts", "name", th) == 400

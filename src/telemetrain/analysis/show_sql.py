@@ -25,8 +25,8 @@ from .findings.builder import (
     InputBuilder,
     value_series_kind,
 )
+from .findings_sql import feed_memory_series_sql, feed_value_series_sql, gauges_relation
 from .summary import _where
-from .values_sql import feed_value_series_sql
 
 __all__ = ["diagnosis_events_sql", "feed_builder_sql", "findings_builder_sql"]
 
@@ -122,7 +122,9 @@ def findings_builder_sql(engine: Any, run: Run) -> InputBuilder:
     builder = InputBuilder()
     pairs = engine.rows(f"SELECT DISTINCT group_name, name FROM metrics WHERE {w}")
     engine.execute("CREATE OR REPLACE TEMP TABLE show_findings_series (group_name VARCHAR, name VARCHAR)")
-    kept = [(g, n) for g, n in pairs if _read_by_builder(g, n) and value_series_kind(g, n) is None]
+    gauges = {(RSS, "system")}
+    kept = [(g, n) for g, n in pairs if _read_by_builder(g, n) and value_series_kind(g, n) is None
+            and (n, g) not in gauges and not (n == CUDA_ALLOCATED and g.startswith("system.cuda."))]
     values = [(g, n) for g, n in pairs if value_series_kind(g, n) is not None]
     if kept:
         engine.con.executemany("INSERT INTO show_findings_series VALUES (?, ?)", kept)
@@ -146,7 +148,7 @@ def findings_builder_sql(engine: Any, run: Run) -> InputBuilder:
             f"ORDER BY {ORDER}"):
         for rank, host, group, name, step, value, value_int, wall in batch:
             metric(rank, host, group, name, step, int(value_int) if value_int is not None else value, wall,
-                   values=False)
+                   series=False)
     if values:  # the loss and gradient-norm series: the points that settle their spikes
         engine.execute("CREATE OR REPLACE TEMP TABLE show_value_series (group_name VARCHAR, name VARCHAR)")
         engine.con.executemany("INSERT INTO show_value_series VALUES (?, ?)", values)
@@ -154,6 +156,7 @@ def findings_builder_sql(engine: Any, run: Run) -> InputBuilder:
             builder, engine,
             f"(SELECT name, rank, step, value, pid, segment, line FROM metrics WHERE {w} AND {number} "
             "AND (group_name, name) IN (SELECT group_name, name FROM show_value_series))", "name")
+    feed_memory_series_sql(builder, engine, gauges_relation("metrics", "name", w))  # (after the reports)
     return builder
 
 

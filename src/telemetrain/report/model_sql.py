@@ -15,10 +15,10 @@ import json
 import math
 from typing import Any
 
-from ..analysis.findings.builder import CUDA_ALLOCATED, GPU_MEMORY_LIMIT, HOST_MEMORY_LIMIT, HOST_MEMORY_USAGE, RSS
+from ..analysis.findings.builder import GPU_MEMORY_LIMIT, HOST_MEMORY_LIMIT, HOST_MEMORY_USAGE
 from ..analysis.findings.thresholds import Thresholds
 from ..analysis.findings.values import value_kind
-from ..analysis.values_sql import feed_value_series_sql
+from ..analysis.findings_sql import feed_memory_series_sql, feed_value_series_sql, gauges_relation
 from ..store.codec import untag_nonfinite
 from ..store.engine import Engine
 from ..store.reader import Run
@@ -300,12 +300,12 @@ class SqlCollector(_Collector):
             self.energy[(host, group, name)] = float(joules)
 
     def _findings_metrics(self) -> None:
-        """The metric records the findings engine reads (``InputBuilder.metric``: memory gauges and every non-finite
+        """The metric records the findings engine reads (``InputBuilder.metric``: memory limits and every non-finite
         value), streamed in collection order; the loss and gradient-norm series as the points that settle their
-        spikes (``analysis.values_sql``); the rest are not read."""
+        spikes (``analysis.findings_sql``; the memory gauges after the reports, in ``_windows``); the rest are not
+        read."""
         keys = {k for k in self._skeys.values()}
-        wanted = {k for k in keys if k in (RSS, CUDA_ALLOCATED, GPU_MEMORY_LIMIT, HOST_MEMORY_LIMIT,
-                                           HOST_MEMORY_USAGE)}
+        wanted = {k for k in keys if k in (GPU_MEMORY_LIMIT, HOST_MEMORY_LIMIT, HOST_MEMORY_USAGE)}
         nonfinite = "(value_int IS NULL AND value_bool IS NULL AND NOT isfinite(value))"
         where = f"(skey IN {_names(sorted(wanted))} OR {nonfinite})" if wanted else nonfinite
         metric = self.inputs.metric
@@ -313,7 +313,7 @@ class SqlCollector(_Collector):
                 f"SELECT rank, host, group_name, skey, step, value, value_int, value_bool, wall_ns "
                 f"FROM {self._metrics_keyed()} WHERE {where} ORDER BY {ORDER}"):
             for rank, host, group, name, step, value, value_int, value_bool, wall in batch:
-                metric(rank, host, group, name, step, _metric_value(value, value_int, value_bool), wall, values=False)
+                metric(rank, host, group, name, step, _metric_value(value, value_int, value_bool), wall, series=False)
         values = sorted(k for k in keys if value_kind(k) is not None)
         if values:
             excluded = "('training', 'system', 'cross_rank')"
@@ -346,6 +346,8 @@ class SqlCollector(_Collector):
 
     def _windows(self) -> None:
         self._feed_windows()
+        # the memory gauges as the memory rule thins them from the steady state on, which the reports give
+        feed_memory_series_sql(self.inputs, self.engine, gauges_relation(self._metrics_keyed(), "skey", "true"))
         # phase_times.py's rule: a window's device times when it has any (then only those), else its host times
         dev = "(" + " OR ".join(f"isfinite(avg_{p}_device_time_sec)" for p in PHASES) + ")"
         phases = ", ".join(f"CASE WHEN {dev} THEN (CASE WHEN isfinite(avg_{p}_device_time_sec) THEN "

@@ -90,6 +90,8 @@ class InputBuilder:
         self._loops: set[tuple[int, int, Any]] = set()
         self._values: dict[tuple[str, int], deque[tuple[int, float]]] = {}
         self._selected: list[ValueSeries] = []  # value series a reader gave whole or as a selection
+        # memory gauges a reader gave apart: key, (wall_ns, bytes) points, None or (steady wall_ns, points after it)
+        self._gauges: list[tuple[tuple[str, int, str, str], list[tuple[int, float]], tuple[int, int] | None]] = []
         self._memory: dict[tuple[str, int, str, str], deque[tuple[int, float]]] = {}
         self._gpu_limit: float | None = None
         self._host: dict[str, list[float | None]] = {}  # host -> [total, usage]
@@ -134,16 +136,19 @@ class InputBuilder:
         self._windows.setdefault(rank, self._deque()).append((wall_ns, w))
 
     def metric(self, rank: int, host: str, group: str, name: str, step: int | None, value: Any,
-               wall_ns: int, *, values: bool = True) -> None:
-        """One metric record. ``values=False``: a reader gives the value series apart (``value_series``) and feeds
-        only their non-finite points here."""
+               wall_ns: int, *, series: bool = True) -> None:
+        """One metric record. ``series=False``: a reader gives the value series and memory gauges apart
+        (``value_series``, ``memory_series``) and feeds only their non-finite points here."""
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return
         self._hosts.setdefault(rank, host)
         if not math.isfinite(value):
             entry = self._nonfinite.setdefault((group, name), [0, step, value, rank])
             entry[0] += 1
-        if name == RSS and group == "system":
+        if not series and ((name == RSS and group == "system") or
+                           (name == CUDA_ALLOCATED and group.startswith("system.cuda."))):
+            pass
+        elif name == RSS and group == "system":
             self._memory.setdefault(("rss", rank, host, ""), self._deque()).append((wall_ns, float(value)))
         elif name == CUDA_ALLOCATED and group.startswith("system.cuda."):
             device = "cuda:" + group.removeprefix("system.cuda.")
@@ -153,15 +158,27 @@ class InputBuilder:
         elif name in (HOST_MEMORY_LIMIT, HOST_MEMORY_USAGE) and group == "system":
             entry2 = self._host.setdefault(host, [None, None])
             entry2[0 if name == HOST_MEMORY_LIMIT else 1] = float(value)
-        elif values and value_series_kind(group, name) is not None:
-            series = self._values.setdefault((name, rank), self._deque())
-            series.append((step if step is not None else len(series), float(value)))
+        elif series and value_series_kind(group, name) is not None:
+            points = self._values.setdefault((name, rank), self._deque())
+            points.append((step if step is not None else len(points), float(value)))
         self._seen(wall_ns)
 
     def value_series(self, series: ValueSeries) -> None:
         """A value series read apart (whole, or the points a ``SpikeSelection`` names), for a reader that does not
         feed its points to ``metric``."""
         self._selected.append(series)
+
+    def memory_series(self, kind: str, rank: int, host: str, device: str, points: list[tuple[int, float]],
+                      thinned: tuple[int, int] | None = None) -> None:
+        """A memory gauge read apart: its (wall_ns, bytes) points, all of them, or (``thinned``: (the steady
+        state's wall_ns, n)) only those the memory rule reads of the n from the steady state on
+        (``memory.thin_indices``), in time order."""
+        self._gauges.append(((kind, rank, host, device), points, thinned))
+
+    def steady_ns(self) -> int | None:
+        """The wall time the memory rule starts from: the earliest report window after warm-up (None: none)."""
+        return min((wall for ws in self._windows.values() for wall, w in ws if w is not None and not w.warmup),
+                   default=None)
 
     def stat(self, rank: int, group: str, name: str, values: Mapping[str, Any]) -> None:
         bad = (values.get("nan_count") or 0) + (values.get("inf_count") or 0)
@@ -219,6 +236,10 @@ class InputBuilder:
         memory = [MemorySeries(kind, rank, host, device, [((w - origin) / 1e9, v) for w, v in points],
                                limit=self._gpu_limit if kind == "cuda" else None)
                   for (kind, rank, host, device), points in self._memory.items()]
+        memory += [MemorySeries(kind, rank, host, device, [((w - origin) / 1e9, v) for w, v in points],
+                                limit=self._gpu_limit if kind == "cuda" else None,
+                                thinned=None if thinned is None else ((thinned[0] - origin) / 1e9, thinned[1]))
+                   for (kind, rank, host, device), points, thinned in self._gauges]
         hosts = [HostMemory(host, total, total - usage) for host, (total, usage) in self._host.items()
                  if total is not None and usage is not None]
         nonfinite = [NonFinite(group, name, count, step, rank, example)

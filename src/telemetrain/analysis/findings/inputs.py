@@ -109,6 +109,9 @@ class MemorySeries:
     device: str  # "" for host memory, else the CUDA device ("cuda:0")
     points: Sequence[tuple[float, float]]  # (seconds on the run's axis, bytes)
     limit: float | None = None  # bytes it can reach: the device's total memory (cuda); None: unknown
+    # None: every point; else (steady_from, n): a reader kept only the points the memory rule reads of the n at or
+    # after steady_from (memory.thin_indices), sorted by time
+    thinned: tuple[float, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
