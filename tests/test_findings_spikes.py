@@ -1,5 +1,5 @@
 """The spike rule (findings/values.py) as the engine runs it: the sorted running reference gives the textbook
-rule's answers, and the DuckDB selection of candidates (``spike_selection_sql`` + ``selected_spikes``) gives the
+rule's answers, and the DuckDB selection of candidates (``spike_points_sql``, ``findings_sql``) gives the
 same spikes as every point, or says it cannot (then ``findings_sql`` reads the series whole)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from telemetrain.analysis.findings.builder import InputBuilder
 from telemetrain.analysis.findings.inputs import SpikeSelection, ValueSeries
 from telemetrain.analysis.findings.stats import MAD_TO_SD, mad, median
 from telemetrain.analysis.findings.thresholds import Thresholds
-from telemetrain.analysis.findings.values import _series_spikes, selected_spikes, spike_selection_sql
+from telemetrain.analysis.findings.values import _series_spikes, selected_spikes, spike_points_sql
 
 THRESHOLDS = [Thresholds(), Thresholds(spike_history=5, spike_min_history=12, spike_ratio=1.5, spike_z=4.0),
               Thresholds(spike_history=8, spike_min_history=3, spike_z=6.0)]
@@ -76,13 +76,19 @@ def test_the_sorted_reference_gives_the_textbook_answers(th: Thresholds) -> None
 
 
 class Connection:
-    """``Engine.stream`` over a DuckDB connection holding one table."""
+    """``store.engine.Engine``'s query methods over a DuckDB connection holding one table."""
 
     def __init__(self, con: Any) -> None:
         self.con = con
 
+    def execute(self, query: str, params: Any = None) -> Any:
+        return self.con.execute(query, params) if params is not None else self.con.execute(query)
+
+    def rows(self, query: str, params: Any = None) -> list[Any]:
+        return list(self.execute(query, params).fetchall())
+
     def stream(self, query: str, params: Any = None) -> Any:
-        cur = self.con.execute(query, params) if params is not None else self.con.execute(query)
+        cur = self.execute(query, params)
         names = [d[0] for d in cur.description]
         while batch := cur.fetchmany(1000):
             yield names, batch
@@ -118,53 +124,41 @@ def test_the_sql_selection_settles_the_spikes_or_says_it_cannot(th: Thresholds) 
 
     all_series = [series(seed) for seed in range(24)]
     con = table(all_series)
-    selected: dict[int, list[Any]] = {}
-    for k, rank, step, value, fi, cand, nf in con.execute(spike_selection_sql("pts", "name", th)).fetchall():
-        assert k == "train.loss"
-        selected.setdefault(rank, []).append((step, value, fi, cand, nf))
-    settled = unsettled = points_selected = 0
+    # every finite point by spike_points_sql (its index and steps as the builder's): a selection of all settles
+    rows = con.execute(f"SELECT rank, step, value, fi, cand, nf FROM {spike_points_sql('pts', 'name', th)} "
+                       "ORDER BY rank, fi").fetchall()
     for rank, points in enumerate(all_series):
-        expected = textbook(with_positions(points), th)
-        rows = selected.get(rank, [])
-        if not rows:
-            assert expected == [], rank  # no candidate: no spike
-            continue
-        points_selected += len(rows)
-        sel = SpikeSelection(index=[r[2] for r in rows], candidate=[r[3] for r in rows], finite=rows[0][4],
+        mine = [r for r in rows if r[0] == rank]
+        sel = SpikeSelection(index=[r[3] for r in mine], candidate=[r[4] for r in mine], finite=mine[0][5],
                              history=th.spike_history, min_history=th.spike_min_history, ratio=th.spike_ratio)
-        found = selected_spikes(ValueSeries("train.loss", "loss", rank, [(r[0], r[1]) for r in rows], sel), th)
-        if found is None:
-            unsettled += 1
-        else:
-            settled += 1
-            assert found == expected, rank
-    assert settled > 6 and points_selected < 0.8 * sum(len(p) for p in all_series)  # (1% of the points spike)
-    # the feeder: the selection where it settles the series, the whole series where not; the same spikes
+        assert sel.index == list(range(len(mine))) and sel.finite == len(mine)
+        found = selected_spikes(ValueSeries("train.loss", "loss", rank, [(r[1], r[2]) for r in mine], sel), th)
+        assert found == textbook(with_positions(points), th), rank
+    # the feeder: the candidates and their neighbours where they settle the series, the whole series where not
     builder = InputBuilder()
-    feed_value_series_sql(builder, Connection(con), "pts", "name", th)
+    given_points = feed_value_series_sql(builder, Connection(con), "pts", "name", th)
     given = {s.rank: s for s in builder.build().values}
-    assert sum(s.selection is None for s in given.values()) == unsettled
+    assert len(given) == len(given.values())
+    selected = sum(s.selection is not None for s in given.values())
+    assert selected > 6 and given_points < 0.8 * sum(len(p) for p in all_series)  # (1% of the points spike)
     for rank, points in enumerate(all_series):
         expected = textbook(with_positions(points), th)
         assert (_series_spikes(given[rank], th) if rank in given else []) == expected, rank
-        if given.get(rank) is not None and given[rank].selection is None:
-            assert list(given[rank].points)[:5] == with_positions(points)[:5]  # whole, in file order
+        if rank in given and given[rank].selection is None:
+            assert repr(list(given[rank].points)) == repr(with_positions(points))  # whole, in file order (NaN too)
 
 
-def test_a_burst_of_spikes_needs_the_whole_series_and_gets_it() -> None:
-    th = Thresholds()
-    points = [(i, 1.0 + 0.01 * (i % 3) if not 100 <= i < 160 else 100.0 * (i - 99)) for i in range(400)]
-    con = table([points])
-    rows = con.execute(spike_selection_sql("pts", "name", th)).fetchall()
-    sel = SpikeSelection(index=[r[4] for r in rows], candidate=[r[5] for r in rows], finite=rows[0][6],
-                         history=th.spike_history, min_history=th.spike_min_history, ratio=th.spike_ratio)
-    assert selected_spikes(ValueSeries("train.loss", "loss", 0, [(r[2], r[3]) for r in rows], sel), th) is None
+def test_a_jump_that_stays_needs_the_whole_series_and_gets_it() -> None:
     from telemetrain.analysis.findings_sql import feed_value_series_sql
 
+    th = Thresholds()
+    points = [(i, 1.0 + 0.01 * (i % 3) if not 100 <= i < 160 else 100.0 * (i - 99)) for i in range(400)]
+    con = table([points, [(i, 1.0 + 0.01 * (i % 3)) for i in range(400)]])  # rank 1: no candidate at all
     builder = InputBuilder()
     assert feed_value_series_sql(builder, Connection(con), "pts", "name", th) == 400
     (whole,) = builder.build().values
-    assert whole.selection is None and _series_spikes(whole, th) == textbook(with_positions(points), th) != []
+    assert whole.rank == 0 and whole.selection is None
+    assert _series_spikes(whole, th) == textbook(with_positions(points), th) != []
 
 
 def test_a_selection_for_other_thresholds_is_refused() -> None:

@@ -3,7 +3,7 @@
 
 - **Loss and gradient-norm series** (the spike rule): instead of every point (one per step and rank: 64 M points on
   64 ranks x 1M steps), DuckDB selects the spike candidates and their neighbours
-  (``findings.values.spike_selection_sql``, exact) and Python evaluates only those
+  (``findings.values.spike_points_sql``, exact) and Python evaluates only those
   (``findings.values.selected_spikes``). A series whose selection does not settle it (a jump that stays) is read
   whole.
 - **Memory gauges** (the memory-growth rule): the rule reads at most ``memory.MAX_POINTS`` points of a series, evenly
@@ -19,7 +19,7 @@ from .findings.builder import CUDA_ALLOCATED, RSS, InputBuilder
 from .findings.inputs import SpikeSelection, ValueSeries
 from .findings.memory import MAX_POINTS, thin_indices
 from .findings.thresholds import DEFAULT_THRESHOLDS, Thresholds
-from .findings.values import selected_spikes, spike_selection_sql, value_kind
+from .findings.values import selected_spikes, spike_candidates_sql, spike_points_sql, value_kind
 
 __all__ = ["feed_memory_series_sql", "feed_value_series_sql", "gauges_relation"]
 
@@ -28,11 +28,41 @@ def feed_value_series_sql(builder: InputBuilder, engine: Any, relation: str, key
                           thresholds: Thresholds | None = None) -> int:
     """Give ``builder`` the value series of ``relation`` (columns ``key``, rank, step, value, pid, segment, line;
     the numeric points, non-finite included, of the series ``InputBuilder.metric`` keeps as values): each as the
-    points that settle its spikes for ``thresholds``, or whole where those do not. Returns the points given."""
+    points that settle its spikes for ``thresholds``, or whole where those do not. Returns the points given.
+
+    Two passes: the candidates (one window pass over the points: the only sort of every point), then, for the
+    series that have some, their finite points within ``spike_history`` before and twice that after each."""
     th = thresholds if thresholds is not None else DEFAULT_THRESHOLDS
+    h = th.spike_history
+    # the series holding NaN/inf: their finite index needs its own window pass (rare)
+    unclean = engine.rows(f"SELECT {key}, rank FROM {relation} GROUP BY ALL HAVING bool_or(NOT isfinite(value))")
+    engine.execute("CREATE OR REPLACE TEMP TABLE findings_unclean (k VARCHAR, rank BIGINT)")
+    if unclean:
+        engine.con.executemany("INSERT INTO findings_unclean VALUES (?, ?)", unclean)
+    series = f"({key}, rank) IN (SELECT k, rank FROM findings_unclean)"
+    queries = [spike_candidates_sql(f"(SELECT * FROM {relation} WHERE NOT {series})", key, th)]
+    if unclean:
+        points = spike_points_sql(f"(SELECT * FROM {relation} WHERE {series})", key, th)
+        queries.append(f"SELECT k, rank, fi FROM {points} WHERE cand ORDER BY k, rank, fi")
+    ranges: list[list[Any]] = []  # [k, rank, first fi, last fi], merged
+    for query in queries:
+        for _, batch in engine.stream(query):
+            for k, rank, fi in batch:
+                last = ranges[-1] if ranges else None
+                if last is not None and last[0] == k and last[1] == rank and fi - h <= last[3] + 1:
+                    last[3] = fi + 2 * h
+                else:
+                    ranges.append([k, rank, max(fi - h, 0), fi + 2 * h])
+    engine.execute("DROP TABLE findings_unclean")
+    if not ranges:
+        return 0
+    engine.execute("CREATE OR REPLACE TEMP TABLE findings_ranges (k VARCHAR, rank BIGINT, a BIGINT, b BIGINT)")
+    engine.con.executemany("INSERT INTO findings_ranges VALUES (?, ?, ?, ?)", ranges)
+    del ranges
+    selected = f"(SELECT * FROM {relation} WHERE ({key}, rank) IN (SELECT DISTINCT k, rank FROM findings_ranges))"
     given = 0
     current: tuple[str, int] | None = None
-    points: list[tuple[int, float]] = []
+    points = []
     index: list[int] = []
     candidate: list[bool] = []
     finite = 0
@@ -53,7 +83,10 @@ def feed_value_series_sql(builder: InputBuilder, engine: Any, relation: str, key
         builder.value_series(series)
         return len(series.points)
 
-    for _, batch in engine.stream(spike_selection_sql(relation, key, th)):
+    for _, batch in engine.stream(
+            f"SELECT p.k, p.rank, p.step, p.value, p.fi, p.cand, p.nf FROM {spike_points_sql(selected, key, th)} p "
+            "JOIN findings_ranges r ON p.k = r.k AND p.rank = r.rank AND p.fi BETWEEN r.a AND r.b "
+            "ORDER BY p.k, p.rank, p.fi"):
         for name, rank, step, value, fi, cand, nf in batch:
             if (name, rank) != current:
                 given += flush()
@@ -63,6 +96,7 @@ def feed_value_series_sql(builder: InputBuilder, engine: Any, relation: str, key
             index.append(int(fi))
             candidate.append(bool(cand))
     given += flush()
+    engine.execute("DROP TABLE findings_ranges")
     for name, rank in unsettled:
         whole = ValueSeries(name, value_kind(name) or "loss", rank, _whole(engine, relation, key, name, rank))
         builder.value_series(whole)

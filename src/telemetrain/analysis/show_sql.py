@@ -82,15 +82,19 @@ def feed_builder_sql(builder: InputBuilder, engine: Any, w: str, *, span_tables:
     would outgrow its memory). The kinds are fed apart: the builder's state of one kind never depends on another's."""
     report = f"group_name = '{REPORT[0]}' AND name = '{REPORT[1]}'"
     straggler = f"group_name = '{STRAGGLER[0]}' AND name = '{STRAGGLER[1]}'"
-    for _, batch in engine.stream(f"SELECT rank, pid, host, wall_ns, attributes, {report} FROM events WHERE {w} "
-                                  f"AND (({report}) OR ({straggler})) ORDER BY {ORDER}"):
-        for rank, pid, host, wall, text, is_report in batch:
-            attributes = _attributes(text)
-            if is_report:
-                builder.host(rank, host)
-                builder.window(rank, pid, wall, attributes)
-            else:
-                builder.straggler(attributes)
+    wanted = f"{w} AND (({report}) OR ({straggler}))"
+    # rank by rank: DuckDB sorts one rank's reports at a time (their attributes, ~1 KB each, of all ranks at once
+    # outgrow its memory on a long run: 8 x 1M is 160,000 of them)
+    for (r,) in engine.rows(f"SELECT DISTINCT rank FROM events WHERE {wanted} ORDER BY rank"):
+        for _, batch in engine.stream(f"SELECT rank, pid, host, wall_ns, attributes, {report} FROM events WHERE "
+                                      f"{wanted} AND rank = {int(r)} ORDER BY {ORDER}"):
+            for rank, pid, host, wall, text, is_report in batch:
+                attributes = _attributes(text)
+                if is_report:
+                    builder.host(rank, host)
+                    builder.window(rank, pid, wall, attributes)
+                else:
+                    builder.straggler(attributes)
     crash = "(" + ", ".join(f"'{n}'" for n in sorted(span_names)) + ")"
     parts = " UNION ALL ".join(
         f"SELECT '{'span_start' if table == 'span_starts' else 'span_end'}' AS kind, {ORDER}, host, name, span_id, "

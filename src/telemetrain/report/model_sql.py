@@ -407,11 +407,13 @@ class SqlCollector(_Collector):
         window = self.inputs.window
         if self.first_ns is not None:
             self.inputs.origin(self.first_ns)  # build_model's start (unless an agent's record is earlier)
-        for _, batch in self.engine.stream(
-                f"SELECT rank, pid, wall_ns, attributes FROM windows WHERE {self.where} ORDER BY {ORDER}"):
-            for rank, pid, wall, attributes in batch:
-                a = _attrs(attributes)
-                window(rank, pid, wall, {k: v for k, v in a.items() if k.startswith("avg_") or k in _WINDOW_KEYS})
+        # rank by rank: DuckDB sorts one rank's reports at a time (all ranks' attributes at once outgrow its memory)
+        for (r,) in self.engine.rows(f"SELECT DISTINCT rank FROM windows WHERE {self.where} ORDER BY rank"):
+            for _, batch in self.engine.stream(f"SELECT rank, pid, wall_ns, attributes FROM windows WHERE "
+                                               f"{self.where} AND rank = {int(r)} ORDER BY {ORDER}"):
+                for rank, pid, wall, attributes in batch:
+                    a = _attrs(attributes)
+                    window(rank, pid, wall, {k: v for k, v in a.items() if k.startswith("avg_") or k in _WINDOW_KEYS})
 
     def windows_at(self, flagged: set[tuple[int, int]]) -> list[Window]:
         """The (unmerged) windows at these (rank, iteration)s."""

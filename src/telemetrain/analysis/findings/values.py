@@ -25,7 +25,7 @@ from .model import Evidence, Finding
 from .stats import MAD_TO_SD, chebyshev_confidence, median
 from .thresholds import Thresholds
 
-__all__ = ["nonfinite", "selected_spikes", "spike_selection_sql", "spikes", "value_kind"]
+__all__ = ["nonfinite", "selected_spikes", "spike_candidates_sql", "spike_points_sql", "spikes", "value_kind"]
 
 _INF = float("inf")
 
@@ -125,33 +125,45 @@ def _series_spikes(s: ValueSeries, th: Thresholds) -> list[tuple[int, float, flo
     return out
 
 
-def spike_selection_sql(relation: str, key: str, th: Thresholds) -> str:
-    """The SQL (DuckDB) that selects, from ``relation`` (columns ``key``, rank, step, value, pid, segment, line: the
-    points of the value series, one series per (``key``, rank), in (pid, segment, line) order), the points that
-    settle the spike rule exactly: each *candidate* and the ``spike_history`` finite points before it and twice as
-    many after (``selected_spikes`` says when that was not enough). Rows: key, rank, step, value, finite index,
-    candidate, the series' finite count; ordered by series and index.
+def _candidate(th: Thresholds) -> str:
+    """The prefilter (``spike_points_sql``) over columns fi (finite index), value and lo (the smallest of the
+    ``spike_history`` finite points before)."""
+    return (f"(fi >= {th.spike_min_history} AND (lo IS NULL OR lo <= 0 OR "
+            f"value >= {float(th.spike_ratio)!r} * lo * (1 - 1e-9)))")
 
-    **Why it is exact.** When the ``spike_history`` finite points before a point hold no spike they *are* its
+
+def spike_points_sql(relation: str, key: str, th: Thresholds) -> str:
+    """The finite points of the value series in ``relation`` (columns ``key``, rank, step, value, pid, segment, line;
+    one series per (``key``, rank), in (pid, segment, line) order, non-finite points included) as a DuckDB subquery
+    with columns k, rank, step (a point without one: its position, as ``InputBuilder.metric`` gives it), value, fi
+    (the index among the series' finite points), cand (the prefilter below) and nf (the series' finite points).
+
+    **The prefilter is exact.** When the ``spike_history`` finite points before a point hold no spike they *are* its
     reference (the non-spike points before it), and their median is at least their minimum; so a point whose
     ``spike_history`` predecessors are all positive and which is below ``spike_ratio`` x their minimum is no spike.
     The candidates are the other points (from the ``spike_min_history``-th finite point on); by induction every
-    spike is a candidate or follows an earlier spike within ``spike_history`` finite points. The prefilter is
-    loosened by 1e-9 of the bound: rounding can only add candidates."""
-    h, lo, ratio = th.spike_history, th.spike_min_history, float(th.spike_ratio)
-    return f"""
-        WITH s AS (SELECT {key} AS k, rank, step, value,
+    spike is a candidate or follows an earlier spike within ``spike_history`` finite points
+    (``selected_spikes``). The bound is loosened by 1e-9 of itself: rounding can only add candidates."""
+    h = th.spike_history
+    return f"""(SELECT *, {_candidate(th)} AS cand FROM (
+        SELECT k, rank, coalesce(step, pos) AS step, value, row_number() OVER w - 1 AS fi,
+               min(value) OVER (w ROWS BETWEEN {h} PRECEDING AND 1 PRECEDING) AS lo,
+               count(*) OVER (PARTITION BY k, rank) AS nf
+        FROM (SELECT {key} AS k, rank, step, value,
                      row_number() OVER (PARTITION BY {key}, rank ORDER BY pid, segment, line) - 1 AS pos
-                   FROM {relation}),
-        f AS (SELECT k, rank, coalesce(step, pos) AS step, value, row_number() OVER w - 1 AS fi,
-                min(value) OVER (w ROWS BETWEEN {h} PRECEDING AND 1 PRECEDING) AS lo,
-                count(*) OVER (PARTITION BY k, rank) AS nf
-              FROM s WHERE isfinite(value) WINDOW w AS (PARTITION BY k, rank ORDER BY pos)),
-        c AS (SELECT *, (fi >= {lo} AND (lo IS NULL OR lo <= 0
-                         OR value >= {ratio!r} * lo * (1 - 1e-9))) AS cand FROM f),
-        n AS (SELECT *, bool_or(cand) OVER (PARTITION BY k, rank ORDER BY fi
-                         ROWS BETWEEN {2 * h} PRECEDING AND {h} FOLLOWING) AS near FROM c)
-        SELECT k, rank, step, value, fi, cand, nf FROM n WHERE near ORDER BY k, rank, fi"""
+              FROM {relation})
+        WHERE isfinite(value) WINDOW w AS (PARTITION BY k, rank ORDER BY pos)))"""
+
+
+def spike_candidates_sql(relation: str, key: str, th: Thresholds) -> str:
+    """``spike_points_sql``'s candidates (k, rank, fi; by series and index) of the series in ``relation`` that hold
+    only finite values: one window pass (their points' order is their finite index). A series holding NaN/inf needs
+    ``spike_points_sql``."""
+    return f"""SELECT k, rank, fi FROM (
+        SELECT {key} AS k, rank, value, row_number() OVER w - 1 AS fi,
+               min(value) OVER (w ROWS BETWEEN {th.spike_history} PRECEDING AND 1 PRECEDING) AS lo
+        FROM {relation} WINDOW w AS (PARTITION BY {key}, rank ORDER BY pid, segment, line))
+        WHERE {_candidate(th)} ORDER BY k, rank, fi"""
 
 
 def selected_spikes(s: ValueSeries, th: Thresholds) -> list[tuple[int, float, float, float]] | None:
