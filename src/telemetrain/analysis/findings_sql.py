@@ -13,15 +13,17 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from .findings.builder import CUDA_ALLOCATED, RSS, InputBuilder
+from ..store.codec import untag_nonfinite
+from .findings.builder import CUDA_ALLOCATED, RSS, WINDOW_KEYS, InputBuilder
 from .findings.inputs import SpikeSelection, ValueSeries
 from .findings.memory import MAX_POINTS, thin_indices
 from .findings.thresholds import DEFAULT_THRESHOLDS, Thresholds
 from .findings.values import selected_spikes, spike_candidates_sql, spike_points_sql, value_kind
 
-__all__ = ["feed_memory_series_sql", "feed_value_series_sql", "gauges_relation"]
+__all__ = ["feed_memory_series_sql", "feed_value_series_sql", "gauges_relation", "window_attributes"]
 
 
 def feed_value_series_sql(builder: InputBuilder, engine: Any, relation: str, key: str,
@@ -42,8 +44,8 @@ def feed_value_series_sql(builder: InputBuilder, engine: Any, relation: str, key
     series = f"({key}, rank) IN (SELECT k, rank FROM findings_unclean)"
     queries = [spike_candidates_sql(f"(SELECT * FROM {relation} WHERE NOT {series})", key, th)]
     if unclean:
-        points = spike_points_sql(f"(SELECT * FROM {relation} WHERE {series})", key, th)
-        queries.append(f"SELECT k, rank, fi FROM {points} WHERE cand ORDER BY k, rank, fi")
+        those = spike_points_sql(f"(SELECT * FROM {relation} WHERE {series})", key, th)
+        queries.append(f"SELECT k, rank, fi FROM {those} WHERE cand ORDER BY k, rank, fi")
     ranges: list[list[Any]] = []  # [k, rank, first fi, last fi], merged
     for query in queries:
         for _, batch in engine.stream(query):
@@ -62,7 +64,7 @@ def feed_value_series_sql(builder: InputBuilder, engine: Any, relation: str, key
     selected = f"(SELECT * FROM {relation} WHERE ({key}, rank) IN (SELECT DISTINCT k, rank FROM findings_ranges))"
     given = 0
     current: tuple[str, int] | None = None
-    points = []
+    points: list[tuple[int, float]] = []
     index: list[int] = []
     candidate: list[bool] = []
     finite = 0
@@ -175,3 +177,12 @@ def gauges_relation(table: str, key: str, where: str) -> str:
             f"wall_ns, value FROM {table} WHERE {where} AND value_bool IS NULL AND value IS NOT NULL AND "
             f"(({key} = '{rss}' AND group_name = 'system') OR "
             f"({key} = '{cuda}' AND starts_with(group_name, 'system.cuda.'))))")
+
+
+def window_attributes(text: Any) -> dict[str, Any]:
+    """A report's attributes (JSON text) reduced to those the findings engine reads (the avg_* ones and
+    ``WINDOW_KEYS``), non-finite floats untagged: only those are untagged (a report has ~30 attributes)."""
+    a = json.loads(text) if text is not None else None
+    if not isinstance(a, dict):
+        return {}
+    return {k: untag_nonfinite(v) for k, v in a.items() if k.startswith("avg_") or k in WINDOW_KEYS}

@@ -25,7 +25,7 @@ from .findings.builder import (
     InputBuilder,
     value_series_kind,
 )
-from .findings_sql import feed_memory_series_sql, feed_value_series_sql, gauges_relation
+from .findings_sql import feed_memory_series_sql, feed_value_series_sql, gauges_relation, window_attributes
 from .summary import _where
 
 __all__ = ["diagnosis_events_sql", "feed_builder_sql", "findings_builder_sql"]
@@ -89,12 +89,11 @@ def feed_builder_sql(builder: InputBuilder, engine: Any, w: str, *, span_tables:
         for _, batch in engine.stream(f"SELECT rank, pid, host, wall_ns, attributes, {report} FROM events WHERE "
                                       f"{wanted} AND rank = {int(r)} ORDER BY {ORDER}"):
             for rank, pid, host, wall, text, is_report in batch:
-                attributes = _attributes(text)
                 if is_report:
                     builder.host(rank, host)
-                    builder.window(rank, pid, wall, attributes)
+                    builder.window(rank, pid, wall, window_attributes(text))
                 else:
-                    builder.straggler(attributes)
+                    builder.straggler(_attributes(text))
     crash = "(" + ", ".join(f"'{n}'" for n in sorted(span_names)) + ")"
     parts = " UNION ALL ".join(
         f"SELECT '{'span_start' if table == 'span_starts' else 'span_end'}' AS kind, {ORDER}, host, name, span_id, "

@@ -18,7 +18,12 @@ from typing import Any
 from ..analysis.findings.builder import GPU_MEMORY_LIMIT, HOST_MEMORY_LIMIT, HOST_MEMORY_USAGE
 from ..analysis.findings.thresholds import Thresholds
 from ..analysis.findings.values import value_kind
-from ..analysis.findings_sql import feed_memory_series_sql, feed_value_series_sql, gauges_relation
+from ..analysis.findings_sql import (
+    feed_memory_series_sql,
+    feed_value_series_sql,
+    gauges_relation,
+    window_attributes,
+)
 from ..store.codec import untag_nonfinite
 from ..store.engine import Engine
 from ..store.reader import Run
@@ -49,10 +54,6 @@ from .windows import (
 __all__ = ["SqlCollector"]
 
 ORDER = "rank, pid, segment, line"  # collection order
-# of a report's attributes, besides the avg_* ones, those the findings engine reads (builder.window_point)
-_WINDOW_KEYS = frozenset({"current_iteration", "window_iterations", "max_iteration_time_sec", "p50_iteration_time_sec",
-                          "window_seconds", "cpu_wait_sec", "cpu_time_sec", "train_iterations_start"})
-
 
 def _attrs(text: Any) -> dict[str, Any]:
     """An attributes column (JSON text) as the reader gives it: an object, non-finite floats untagged."""
@@ -412,8 +413,7 @@ class SqlCollector(_Collector):
             for _, batch in self.engine.stream(f"SELECT rank, pid, wall_ns, attributes FROM windows WHERE "
                                                f"{self.where} AND rank = {int(r)} ORDER BY {ORDER}"):
                 for rank, pid, wall, attributes in batch:
-                    a = _attrs(attributes)
-                    window(rank, pid, wall, {k: v for k, v in a.items() if k.startswith("avg_") or k in _WINDOW_KEYS})
+                    window(rank, pid, wall, window_attributes(attributes))
 
     def windows_at(self, flagged: set[tuple[int, int]]) -> list[Window]:
         """The (unmerged) windows at these (rank, iteration)s."""

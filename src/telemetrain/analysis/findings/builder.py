@@ -28,7 +28,7 @@ from .inputs import (
 )
 from .values import value_kind
 
-__all__ = ["InputBuilder", "value_series_kind", "window_point"]
+__all__ = ["WINDOW_KEYS", "InputBuilder", "value_series_kind", "window_point"]
 
 REPORT = ("training", "training_metrics_update")
 STRAGGLER = ("cross_rank", "straggler")
@@ -39,6 +39,9 @@ HOST_MEMORY_LIMIT = "system.memory.limit"
 HOST_MEMORY_USAGE = "system.memory.usage"
 CRASH_SPANS = frozenset({"training_loop", "application"})
 PHASES = ("dataloader", "h2d", "forward", "backward", "optimizer", "zero_grad")
+# of a report's attributes, besides the avg_* ones, those ``window_point`` and ``InputBuilder.window`` read
+WINDOW_KEYS = frozenset({"current_iteration", "window_iterations", "max_iteration_time_sec", "p50_iteration_time_sec",
+                         "window_seconds", "cpu_wait_sec", "cpu_time_sec", "train_iterations_start"})
 _NONE: Mapping[str, float] = MappingProxyType({})  # shared by the windows without phases or communication waits
 _NOT_VALUES = ("training", "system", "cross_rank")
 
