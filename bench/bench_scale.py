@@ -309,7 +309,9 @@ def extrapolate(sizes: list[dict[str, Any]]) -> dict[str, Any]:
             a = y0 - b * x0
             out[f"{cmd}_wall_s"] = a + b * out["records"]
             out[f"{cmd}_s_per_million_records"] = b * 1e6
-        out[f"{cmd}_peak_rss"] = max(s["duckdb"][cmd]["peak_rss"] for s in sizes if cmd in s.get("duckdb", {}))
+        peaks = [s["duckdb"][cmd]["peak_rss"] for s in sizes if cmd in s.get("duckdb", {})]
+        if peaks:
+            out[f"{cmd}_peak_rss"] = max(peaks)
     return out
 
 
