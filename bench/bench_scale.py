@@ -29,6 +29,7 @@ Usage:
     python bench/bench_scale.py --quick                       # 2 x 5,000 (seconds)
     python bench/bench_scale.py --sizes 8x100000              # one size
     python bench/bench_scale.py --sizes 8x100000,64x1000000 --json out.json
+    python bench/bench_scale.py --sizes 8x100000 --commands report,show --no-compaction-rate   # two readers
     python bench/bench_scale.py --clean                       # delete the cached runs
 """
 
@@ -216,7 +217,8 @@ def baseline_of(run: Path) -> Path:
     return base
 
 
-def measure(run: Path, engine: str, repeats: int, timeout: float, out: Path) -> dict[str, Any]:
+def measure(run: Path, engine: str, repeats: int, timeout: float, out: Path,
+            only: tuple[str, ...] = tuple(CHECKS)) -> dict[str, Any]:
     # as installed: Python's bytecode cached (a development shell may set PYTHONDONTWRITEBYTECODE, and then every
     # command would compile telemetrain's modules again, ~0.5 s); one untimed run of each command writes the cache
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
@@ -229,6 +231,8 @@ def measure(run: Path, engine: str, repeats: int, timeout: float, out: Path) -> 
     }
     results = {}
     for name, argv in commands.items():
+        if name not in only:
+            continue
         timed_command(argv, env, timeout)  # warm: bytecode and the OS's file cache
         samples = [timed_command(argv, env, timeout) for _ in range(repeats)]
         bad = [s for s in samples if s["code"] != 0]
@@ -292,9 +296,10 @@ def extrapolate(sizes: list[dict[str, Any]]) -> dict[str, Any]:
         "jsonl_bytes": big["disk"]["jsonl_per_iteration"] * target_iterations,
         "parquet_bytes": big["disk"]["parquet_per_iteration"] * target_iterations,
         "records": big["records"] / (big["ranks"] * big["iterations"]) * target_iterations,
-        "compaction_cpu_s": (big["records"] / (big["ranks"] * big["iterations"]) * target_iterations
-                             / max(big["compaction"]["records_per_cpu_s"], 1.0)),
     }
+    if "compaction" in big:
+        out["compaction_cpu_s"] = (big["records"] / (big["ranks"] * big["iterations"]) * target_iterations
+                                   / max(big["compaction"]["records_per_cpu_s"], 1.0))
     fitted = sorted(sizes, key=lambda s: s["records"])[-2:]
     for cmd in CHECKS:
         points = [(s["records"], s["duckdb"][cmd]["wall_s"]) for s in fitted if cmd in s.get("duckdb", {})]
@@ -304,7 +309,9 @@ def extrapolate(sizes: list[dict[str, Any]]) -> dict[str, Any]:
             a = y0 - b * x0
             out[f"{cmd}_wall_s"] = a + b * out["records"]
             out[f"{cmd}_s_per_million_records"] = b * 1e6
-        out[f"{cmd}_peak_rss"] = max(s["duckdb"][cmd]["peak_rss"] for s in sizes if cmd in s.get("duckdb", {}))
+        peaks = [s["duckdb"][cmd]["peak_rss"] for s in sizes if cmd in s.get("duckdb", {})]
+        if peaks:
+            out[f"{cmd}_peak_rss"] = max(peaks)
     return out
 
 
@@ -325,9 +332,11 @@ def checks(sizes: list[dict[str, Any]]) -> list[str]:
                 parts.append(f"{verdict(r['wall_s'] <= limit and r['ok'])} (<= {limit:g} s)")
             parts.append(f"{verdict(r['peak_rss'] <= RSS_LIMIT)} (<= 1 GiB)")
             lines.append("; ".join(parts))
-        c = s["compaction"]
-        lines.append(f"compaction on {label}: {c['records_per_s']:,.0f} records/s wall, {c['records_per_cpu_s']:,.0f} "
-                     f"per CPU second: {verdict(c['records_per_s'] >= COMPACT_RATE)} (>= {COMPACT_RATE:,})")
+        c = s.get("compaction")
+        if c is not None:
+            ok = verdict(c["records_per_s"] >= COMPACT_RATE)
+            lines.append(f"compaction on {label}: {c['records_per_s']:,.0f} records/s wall, "
+                         f"{c['records_per_cpu_s']:,.0f} per CPU second: {ok} (>= {COMPACT_RATE:,})")
         d = s["disk"]
         if d["parquet_share"] is not None:
             lines.append(f"Parquet / JSONL on {label}: {d['parquet_share']:.1%}: "
@@ -353,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=1800.0, help="per command, seconds")
     ap.add_argument("--python-up-to", type=int, default=2_000_000,
                     help="also time the pure-Python path on runs of at most this many iterations in all")
+    ap.add_argument("--commands", default=",".join(CHECKS), help="the readers timed (default: %(default)s)")
+    ap.add_argument("--no-compaction-rate", action="store_true", help="do not time compaction")
     ap.add_argument("--json", metavar="FILE", help="also write the raw results to FILE")
     ap.add_argument("--clean", action="store_true", help="delete the cached runs and exit")
     ap.add_argument("--write-only", action="store_true", help="write (or finish writing) the runs, time nothing")
@@ -377,11 +388,16 @@ def main(argv: list[str] | None = None) -> int:
                                  "records": records_of(run), "load_before": os.getloadavg()}
         log(f"{ranks} x {iterations:,}: {entry['records']:,} records, JSONL {entry['disk']['jsonl_bytes'] / 2**20:,.0f}"
             f" MiB, Parquet {entry['disk']['parquet_bytes'] / 2**20:,.0f} MiB")
-        entry["compaction"] = compaction_rate(run)
+        if not args.no_compaction_rate:
+            entry["compaction"] = compaction_rate(run)
+        only = tuple(c for c in args.commands.split(",") if c)
+        unknown = set(only) - set(CHECKS)
+        if unknown:
+            ap.error(f"--commands: unknown {sorted(unknown)} (known: {', '.join(CHECKS)})")
         with tempfile.TemporaryDirectory(prefix="bench-scale-out-") as out:
-            entry["duckdb"] = measure(run, "duckdb", args.repeats, args.timeout, Path(out))
+            entry["duckdb"] = measure(run, "duckdb", args.repeats, args.timeout, Path(out), only)
             if ranks * iterations <= args.python_up_to:
-                entry["python"] = measure(run, "python", 1, args.timeout, Path(out))
+                entry["python"] = measure(run, "python", 1, args.timeout, Path(out), only)
         entry["load_after"] = os.getloadavg()
         results.append(entry)
     report = {"machine": {"cpus": os.cpu_count(), "load_at_start": load, "python": sys.version.split()[0]},

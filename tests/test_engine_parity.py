@@ -211,3 +211,79 @@ def test_a_copy_of_schema_version_1_counts_as_no_copy(tmp_path: Path) -> None:
     assert json.loads(manifest.read_text())["schema_version"] == SCHEMA_VERSION
     with Engine([run]) as engine:
         assert engine.tail_segments == 0 and engine.scalar("SELECT count(*) FROM metrics") == 50
+
+
+def test_spikes_by_the_sql_selection_are_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loss series reach the SQL path's rules as their spike candidates and neighbours (findings_sql): isolated
+    spikes, a jump that stays (that series read whole), a loss named alike in two groups (one series, as the Python
+    path merges them), a loss logged without steps, a gradient norm crossing zero, NaN; report, show and tail agree
+    with the pure-Python path."""
+    for rank in (0, 1):
+        t = Telemetry(identity_from_env({}, run_id="sp", session_tag="s", perf_tag="p", rank=rank, world_size=2),
+                      store=tmp_path)
+        for step in range(400):
+            loss = 2.0 / (1 + step / 80) + 0.01 * ((step * 7 + rank) % 5)
+            if step in (90, 250):
+                loss *= 30 * (1 + step % 7)
+            if rank == 1 and 300 <= step < 380:
+                loss = 20.0 + 0.1 * (step % 3)  # a jump that stays: spikes that are no candidates after a while
+            t.log({"train.loss": math.nan if step == 333 else loss,
+                   "train.grad_norm": 0.5 * math.sin(step / 9) + (9.0 if step == 120 else 0.0)}, step=step)
+            if step % 4 == 0:
+                t.metric("loss", loss * (5.0 if step == 200 else 1.0), "eval", step=step)
+                t.metric("loss", loss, "val")  # the same name, another group, no step
+            if step % 10 == 9:
+                t.event("training_metrics_update", {"current_iteration": step, "window_iterations": 10,
+                                                    "avg_iteration_time_sec": 0.1}, group="training")
+        assert t.close(30)
+    run_dir = tmp_path / "s" / "sp"
+    assert not compact(run_dir).errors
+    # (the findings and show's lines: the whole model differs in the curve of the step-less series, drawn by time)
+    (model, py_show), (sql_model, sql_show), read = _python_and_sql(run_dir, monkeypatch)
+    assert not read and sql_show == py_show
+    assert not differences(model.findings, sql_model.findings)
+    spikes = [f for f in model.findings if f.kind == "spike"]
+    assert {f.title.split(": ")[1].split(" at ")[0] for f in spikes} == {"train.loss", "train.grad_norm", "loss"}
+    from telemetrain.analysis.show_sql import findings_builder_sql
+
+    with Engine([run_dir]) as engine:
+        values = findings_builder_sql(engine, open_run(run_dir)).build().values
+    whole = {(s.name, s.rank) for s in values if s.selection is None}
+    assert ("train.loss", 1) in whole and ("train.loss", 0) not in whole  # the burst's series only
+    loss0 = next(s for s in values if (s.name, s.rank) == ("train.loss", 0))
+    assert len(loss0.points) < 200  # the two spikes and their neighbours (the gradient norm, crossing 0: all)
+
+
+def test_memory_gauges_thinned_by_sql_are_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Memory gauges longer than the memory rule reads (``memory.MAX_POINTS`` from the steady state on) reach the
+    SQL path's rule as those points only (findings_sql); a gauge with a NaN, or a short one, whole. A leak on rank
+    1's RSS and rank 0's CUDA memory, flat memory elsewhere: both paths find the same."""
+    for rank in (0, 1):
+        t = Telemetry(identity_from_env({}, run_id="mem", session_tag="s", perf_tag="p", rank=rank, world_size=2),
+                      store=tmp_path)
+        for step in range(900):
+            t.metric("process.memory.usage", 2e9 + (3e6 * step if rank == 1 else 1e3 * (step % 5)), "system")
+            cuda = 1e9 + (4e6 * step if rank == 0 else 0.0)
+            t.metric("torch.cuda.memory.allocated", math.nan if rank == 1 and step == 500 else cuda,
+                     f"system.cuda.{rank}")
+            if step % 300 == 0:
+                t.metric("torch.cuda.memory.allocated", 5e8, f"system.cuda.{rank + 2}")  # short: 3 points
+            if step % 10 == 9:
+                t.event("training_metrics_update", {"current_iteration": step, "window_iterations": 10,
+                                                    "train_iterations_start": 0, "avg_iteration_time_sec": 0.1},
+                        group="training")
+        t.metric("hw.gpu.memory.limit", 80e9, f"system.gpu.{rank}")
+        assert t.close(30)
+    run_dir = tmp_path / "s" / "mem"
+    model, _ = _both_paths(run_dir, True, monkeypatch)
+    growth = [f for f in model.findings if f.kind == "memory growth"]
+    assert {f.title.split(" of ")[0] for f in growth} == {"memory growth: resident memory (RSS)",
+                                                          "memory growth: CUDA allocated memory"}, growth
+    from telemetrain.analysis.show_sql import findings_builder_sql
+
+    with Engine([run_dir]) as engine:
+        memory = {(s.kind, s.rank, s.device): s for s in findings_builder_sql(engine, open_run(run_dir)).build().memory}
+    assert memory[("rss", 0, "")].thinned is not None and len(memory[("rss", 0, "")].points) == 200
+    assert memory[("cuda", 0, "cuda:0")].thinned is not None
+    assert memory[("cuda", 1, "cuda:1")].thinned is None and len(memory[("cuda", 1, "cuda:1")].points) == 900
+    assert memory[("cuda", 0, "cuda:2")].thinned is None and len(memory[("cuda", 0, "cuda:2")].points) == 3

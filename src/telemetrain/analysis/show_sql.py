@@ -23,8 +23,9 @@ from .findings.builder import (
     RSS,
     STRAGGLER,
     InputBuilder,
+    value_series_kind,
 )
-from .findings.values import value_kind
+from .findings_sql import feed_memory_series_sql, feed_value_series_sql, gauges_relation, window_attributes
 from .summary import _where
 
 __all__ = ["diagnosis_events_sql", "feed_builder_sql", "findings_builder_sql"]
@@ -43,8 +44,7 @@ def _read_by_builder(group: str, name: str) -> bool:
         return True
     if name in (HOST_MEMORY_LIMIT, HOST_MEMORY_USAGE) and group == "system":
         return True
-    return group not in ("training", "system", "cross_rank") and not group.startswith("system.") and \
-        value_kind(name) is not None
+    return value_series_kind(group, name) is not None
 
 
 def _records(engine: Any, query: str) -> Any:
@@ -82,15 +82,18 @@ def feed_builder_sql(builder: InputBuilder, engine: Any, w: str, *, span_tables:
     would outgrow its memory). The kinds are fed apart: the builder's state of one kind never depends on another's."""
     report = f"group_name = '{REPORT[0]}' AND name = '{REPORT[1]}'"
     straggler = f"group_name = '{STRAGGLER[0]}' AND name = '{STRAGGLER[1]}'"
-    for _, batch in engine.stream(f"SELECT rank, pid, host, wall_ns, attributes, {report} FROM events WHERE {w} "
-                                  f"AND (({report}) OR ({straggler})) ORDER BY {ORDER}"):
-        for rank, pid, host, wall, text, is_report in batch:
-            attributes = _attributes(text)
-            if is_report:
-                builder.host(rank, host)
-                builder.window(rank, pid, wall, attributes)
-            else:
-                builder.straggler(attributes)
+    wanted = f"{w} AND (({report}) OR ({straggler}))"
+    # rank by rank: DuckDB sorts one rank's reports at a time (their attributes, ~1 KB each, of all ranks at once
+    # outgrow its memory on a long run: 8 x 1M is 160,000 of them)
+    for (r,) in engine.rows(f"SELECT DISTINCT rank FROM events WHERE {wanted} ORDER BY rank"):
+        for _, batch in engine.stream(f"SELECT rank, pid, host, wall_ns, attributes, {report} FROM events WHERE "
+                                      f"{wanted} AND rank = {int(r)} ORDER BY {ORDER}"):
+            for rank, pid, host, wall, text, is_report in batch:
+                if is_report:
+                    builder.host(rank, host)
+                    builder.window(rank, pid, wall, window_attributes(text))
+                else:
+                    builder.straggler(_attributes(text))
     crash = "(" + ", ".join(f"'{n}'" for n in sorted(span_names)) + ")"
     parts = " UNION ALL ".join(
         f"SELECT '{'span_start' if table == 'span_starts' else 'span_end'}' AS kind, {ORDER}, host, name, span_id, "
@@ -122,7 +125,10 @@ def findings_builder_sql(engine: Any, run: Run) -> InputBuilder:
     builder = InputBuilder()
     pairs = engine.rows(f"SELECT DISTINCT group_name, name FROM metrics WHERE {w}")
     engine.execute("CREATE OR REPLACE TEMP TABLE show_findings_series (group_name VARCHAR, name VARCHAR)")
-    kept = [(g, n) for g, n in pairs if _read_by_builder(g, n)]
+    gauges = {(RSS, "system")}
+    kept = [(g, n) for g, n in pairs if _read_by_builder(g, n) and value_series_kind(g, n) is None
+            and (n, g) not in gauges and not (n == CUDA_ALLOCATED and g.startswith("system.cuda."))]
+    values = [(g, n) for g, n in pairs if value_series_kind(g, n) is not None]
     if kept:
         engine.con.executemany("INSERT INTO show_findings_series VALUES (?, ?)", kept)
     number = "value_bool IS NULL AND value IS NOT NULL"
@@ -144,7 +150,16 @@ def findings_builder_sql(engine: Any, run: Run) -> InputBuilder:
             "AND (NOT isfinite(value) OR (group_name, name) IN (SELECT group_name, name FROM show_findings_series)) "
             f"ORDER BY {ORDER}"):
         for rank, host, group, name, step, value, value_int, wall in batch:
-            metric(rank, host, group, name, step, int(value_int) if value_int is not None else value, wall)
+            metric(rank, host, group, name, step, int(value_int) if value_int is not None else value, wall,
+                   series=False)
+    if values:  # the loss and gradient-norm series: the points that settle their spikes
+        engine.execute("CREATE OR REPLACE TEMP TABLE show_value_series (group_name VARCHAR, name VARCHAR)")
+        engine.con.executemany("INSERT INTO show_value_series VALUES (?, ?)", values)
+        feed_value_series_sql(
+            builder, engine,
+            f"(SELECT name, rank, step, value, pid, segment, line FROM metrics WHERE {w} AND {number} "
+            "AND (group_name, name) IN (SELECT group_name, name FROM show_value_series))", "name")
+    feed_memory_series_sql(builder, engine, gauges_relation("metrics", "name", w))  # (after the reports)
     return builder
 
 

@@ -583,7 +583,7 @@ def build_model(run: Run, thresholds: Thresholds | None = None, engine: Any = No
     if engine is not None:
         from .model_sql import SqlCollector
 
-        c = SqlCollector(run, engine)
+        c = SqlCollector(run, engine, thresholds)
     else:
         c = _Collector(run)
     c.collect()

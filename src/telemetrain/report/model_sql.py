@@ -15,8 +15,15 @@ import json
 import math
 from typing import Any
 
-from ..analysis.findings.builder import CUDA_ALLOCATED, GPU_MEMORY_LIMIT, HOST_MEMORY_LIMIT, HOST_MEMORY_USAGE, RSS
+from ..analysis.findings.builder import GPU_MEMORY_LIMIT, HOST_MEMORY_LIMIT, HOST_MEMORY_USAGE
+from ..analysis.findings.thresholds import Thresholds
 from ..analysis.findings.values import value_kind
+from ..analysis.findings_sql import (
+    feed_memory_series_sql,
+    feed_value_series_sql,
+    gauges_relation,
+    window_attributes,
+)
 from ..store.codec import untag_nonfinite
 from ..store.engine import Engine
 from ..store.reader import Run
@@ -47,10 +54,6 @@ from .windows import (
 __all__ = ["SqlCollector"]
 
 ORDER = "rank, pid, segment, line"  # collection order
-# of a report's attributes, besides the avg_* ones, those the findings engine reads (builder.window_point)
-_WINDOW_KEYS = frozenset({"current_iteration", "window_iterations", "max_iteration_time_sec", "p50_iteration_time_sec",
-                          "window_seconds", "cpu_wait_sec", "cpu_time_sec", "train_iterations_start"})
-
 
 def _attrs(text: Any) -> dict[str, Any]:
     """An attributes column (JSON text) as the reader gives it: an object, non-finite floats untagged."""
@@ -75,9 +78,10 @@ def _metric_value(value: Any, value_int: Any, value_bool: Any) -> Any:
 class SqlCollector(_Collector):
     """``_Collector`` with its pass over the ranks' records done by SQL; the agents' records are read as before."""
 
-    def __init__(self, run: Run, engine: Engine) -> None:
+    def __init__(self, run: Run, engine: Engine, thresholds: Thresholds | None = None) -> None:
         super().__init__(run)
         self.engine = engine
+        self.thresholds = thresholds  # the spike rule's, which the loss points are selected for
         engine.attach(run)
         self.where = self.where_of("")
         self._figures: WindowFigures | None = None
@@ -297,11 +301,12 @@ class SqlCollector(_Collector):
             self.energy[(host, group, name)] = float(joules)
 
     def _findings_metrics(self) -> None:
-        """The metric records the findings engine reads (``InputBuilder.metric``: memory gauges, losses and gradient
-        norms, and every non-finite value), streamed in collection order; the rest are not read."""
+        """The metric records the findings engine reads (``InputBuilder.metric``: memory limits and every non-finite
+        value), streamed in collection order; the loss and gradient-norm series as the points that settle their
+        spikes (``analysis.findings_sql``; the memory gauges after the reports, in ``_windows``); the rest are not
+        read."""
         keys = {k for k in self._skeys.values()}
-        wanted = {k for k in keys if k in (RSS, CUDA_ALLOCATED, GPU_MEMORY_LIMIT, HOST_MEMORY_LIMIT,
-                                           HOST_MEMORY_USAGE) or value_kind(k) is not None}
+        wanted = {k for k in keys if k in (GPU_MEMORY_LIMIT, HOST_MEMORY_LIMIT, HOST_MEMORY_USAGE)}
         nonfinite = "(value_int IS NULL AND value_bool IS NULL AND NOT isfinite(value))"
         where = f"(skey IN {_names(sorted(wanted))} OR {nonfinite})" if wanted else nonfinite
         metric = self.inputs.metric
@@ -309,7 +314,15 @@ class SqlCollector(_Collector):
                 f"SELECT rank, host, group_name, skey, step, value, value_int, value_bool, wall_ns "
                 f"FROM {self._metrics_keyed()} WHERE {where} ORDER BY {ORDER}"):
             for rank, host, group, name, step, value, value_int, value_bool, wall in batch:
-                metric(rank, host, group, name, step, _metric_value(value, value_int, value_bool), wall)
+                metric(rank, host, group, name, step, _metric_value(value, value_int, value_bool), wall, series=False)
+        values = sorted(k for k in keys if value_kind(k) is not None)
+        if values:
+            excluded = "('training', 'system', 'cross_rank')"
+            feed_value_series_sql(
+                self.inputs, self.engine,
+                f"(SELECT skey, rank, step, value, pid, segment, line FROM {self._metrics_keyed()} WHERE skey IN "
+                f"{_names(values)} AND group_name NOT IN {excluded} AND NOT starts_with(group_name, 'system.') "
+                "AND value_bool IS NULL AND value IS NOT NULL)", "skey", self.thresholds)
 
     def _stats(self) -> None:
         bad = ("coalesce(TRY_CAST(json_extract(\"values\", '$.nan_count') AS DOUBLE), 0) + "
@@ -334,6 +347,8 @@ class SqlCollector(_Collector):
 
     def _windows(self) -> None:
         self._feed_windows()
+        # the memory gauges as the memory rule thins them from the steady state on, which the reports give
+        feed_memory_series_sql(self.inputs, self.engine, gauges_relation(self._metrics_keyed(), "skey", "true"))
         # phase_times.py's rule: a window's device times when it has any (then only those), else its host times
         dev = "(" + " OR ".join(f"isfinite(avg_{p}_device_time_sec)" for p in PHASES) + ")"
         phases = ", ".join(f"CASE WHEN {dev} THEN (CASE WHEN isfinite(avg_{p}_device_time_sec) THEN "
@@ -391,11 +406,14 @@ class SqlCollector(_Collector):
         """Every report to the findings engine (``InputBuilder.window``), in collection order, with the attributes
         its rules read (``findings.builder.window_point``) and no others."""
         window = self.inputs.window
-        for _, batch in self.engine.stream(
-                f"SELECT rank, pid, wall_ns, attributes FROM windows WHERE {self.where} ORDER BY {ORDER}"):
-            for rank, pid, wall, attributes in batch:
-                a = _attrs(attributes)
-                window(rank, pid, wall, {k: v for k, v in a.items() if k.startswith("avg_") or k in _WINDOW_KEYS})
+        if self.first_ns is not None:
+            self.inputs.origin(self.first_ns)  # build_model's start (unless an agent's record is earlier)
+        # rank by rank: DuckDB sorts one rank's reports at a time (all ranks' attributes at once outgrow its memory)
+        for (r,) in self.engine.rows(f"SELECT DISTINCT rank FROM windows WHERE {self.where} ORDER BY rank"):
+            for _, batch in self.engine.stream(f"SELECT rank, pid, wall_ns, attributes FROM windows WHERE "
+                                               f"{self.where} AND rank = {int(r)} ORDER BY {ORDER}"):
+                for rank, pid, wall, attributes in batch:
+                    window(rank, pid, wall, window_attributes(attributes))
 
     def windows_at(self, flagged: set[tuple[int, int]]) -> list[Window]:
         """The (unmerged) windows at these (rank, iteration)s."""

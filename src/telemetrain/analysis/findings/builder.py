@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Mapping
+from dataclasses import replace
+from types import MappingProxyType
 from typing import Any
 
 from ...phase_times import DEVICE, iteration_time, phase_times
@@ -26,7 +28,7 @@ from .inputs import (
 )
 from .values import value_kind
 
-__all__ = ["InputBuilder", "window_point"]
+__all__ = ["WINDOW_KEYS", "InputBuilder", "value_series_kind", "window_point"]
 
 REPORT = ("training", "training_metrics_update")
 STRAGGLER = ("cross_rank", "straggler")
@@ -37,6 +39,19 @@ HOST_MEMORY_LIMIT = "system.memory.limit"
 HOST_MEMORY_USAGE = "system.memory.usage"
 CRASH_SPANS = frozenset({"training_loop", "application"})
 PHASES = ("dataloader", "h2d", "forward", "backward", "optimizer", "zero_grad")
+# of a report's attributes, besides the avg_* ones, those ``window_point`` and ``InputBuilder.window`` read
+WINDOW_KEYS = frozenset({"current_iteration", "window_iterations", "max_iteration_time_sec", "p50_iteration_time_sec",
+                         "window_seconds", "cpu_wait_sec", "cpu_time_sec", "train_iterations_start"})
+_NONE: Mapping[str, float] = MappingProxyType({})  # shared by the windows without phases or communication waits
+_NOT_VALUES = ("training", "system", "cross_rank")
+
+
+def value_series_kind(group: str, name: str) -> str | None:
+    """``loss``/``grad_norm`` when ``InputBuilder.metric`` keeps a metric of this group and name as a value series
+    (the spike rule's input), else None."""
+    if group in _NOT_VALUES or group.startswith("system."):
+        return None
+    return value_kind(name)  # none of the memory gauges' names is a loss or a gradient norm
 
 
 def window_point(rank: int, attributes: Mapping[str, Any], *, warmup: bool,
@@ -57,11 +72,11 @@ def window_point(rank: int, attributes: Mapping[str, Any], *, warmup: bool,
             waits[phase] = value
     return WindowPoint(
         rank=rank, step=step, iterations=n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1,
-        iteration_time=mean, phases=phases, max_iteration_time=finite(a.get("max_iteration_time_sec")),
+        iteration_time=mean, phases=phases or _NONE, max_iteration_time=finite(a.get("max_iteration_time_sec")),
         p50=finite(a.get("p50_iteration_time_sec")), wall_seconds=finite(a.get("window_seconds")),
         cpu_wait_seconds=finite(a.get("cpu_wait_sec")), cpu_seconds=finite(a.get("cpu_time_sec")),
-        comm_wait=finite(a.get("avg_comm_wait_time_sec")), comm_wait_by_phase=waits,
-        warmup=warmup, time_s=time_s, phase_clock=clock,
+        comm_wait=finite(a.get("avg_comm_wait_time_sec")),
+        comm_wait_by_phase=waits or _NONE, warmup=warmup, time_s=time_s, phase_clock=clock,
         phase_iteration_time=iteration_time(a, clock) if clock == DEVICE else None)
 
 
@@ -71,9 +86,15 @@ class InputBuilder:
 
     def __init__(self, limit: int | None = None) -> None:
         self.limit = limit
-        self._windows: dict[int, deque[tuple[int, Mapping[str, Any], bool]]] = {}
+        # each report as the window the rules read (None: no usable mean), with its wall time: the attributes are
+        # not kept (a report's attributes are ~1-4 KB in Python; its window ~0.6 KB)
+        self._windows: dict[int, deque[tuple[int, WindowPoint | None]]] = {}
+        self._origin: int | None = None  # the time origin a reader said it will build with (``origin``)
         self._loops: set[tuple[int, int, Any]] = set()
         self._values: dict[tuple[str, int], deque[tuple[int, float]]] = {}
+        self._selected: list[ValueSeries] = []  # value series a reader gave whole or as a selection
+        # memory gauges a reader gave apart: key, (wall_ns, bytes) points, None or (steady wall_ns, points after it)
+        self._gauges: list[tuple[tuple[str, int, str, str], list[tuple[int, float]], tuple[int, int] | None]] = []
         self._memory: dict[tuple[str, int, str, str], deque[tuple[int, float]]] = {}
         self._gpu_limit: float | None = None
         self._host: dict[str, list[float | None]] = {}  # host -> [total, usage]
@@ -95,6 +116,11 @@ class InputBuilder:
         """A record's wall time (the input's time origin is the earliest), for a reader that feeds a selection."""
         self._seen(wall_ns)
 
+    def origin(self, start_ns: int) -> None:
+        """The ``start_ns`` that ``build`` will be given, when a reader knows it before it feeds the reports (their
+        times on the run's axis are then set once)."""
+        self._origin = start_ns
+
     def host(self, rank: int, host: str) -> None:
         """The host of ``rank`` (the first one given stands), for a reader that feeds a selection."""
         self._hosts.setdefault(rank, host)
@@ -107,17 +133,25 @@ class InputBuilder:
         warmup = key not in self._loops
         self._loops.add(key)
         self._seen(wall_ns)
-        self._windows.setdefault(rank, self._deque()).append((wall_ns, attributes, warmup))
+        origin = self._origin if self._origin is not None else self._first_ns
+        assert origin is not None
+        w = window_point(rank, attributes, warmup=warmup, time_s=(wall_ns - origin) / 1e9)
+        self._windows.setdefault(rank, self._deque()).append((wall_ns, w))
 
     def metric(self, rank: int, host: str, group: str, name: str, step: int | None, value: Any,
-               wall_ns: int) -> None:
+               wall_ns: int, *, series: bool = True) -> None:
+        """One metric record. ``series=False``: a reader gives the value series and memory gauges apart
+        (``value_series``, ``memory_series``) and feeds only their non-finite points here."""
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return
         self._hosts.setdefault(rank, host)
         if not math.isfinite(value):
             entry = self._nonfinite.setdefault((group, name), [0, step, value, rank])
             entry[0] += 1
-        if name == RSS and group == "system":
+        if not series and ((name == RSS and group == "system") or
+                           (name == CUDA_ALLOCATED and group.startswith("system.cuda."))):
+            pass
+        elif name == RSS and group == "system":
             self._memory.setdefault(("rss", rank, host, ""), self._deque()).append((wall_ns, float(value)))
         elif name == CUDA_ALLOCATED and group.startswith("system.cuda."):
             device = "cuda:" + group.removeprefix("system.cuda.")
@@ -127,12 +161,27 @@ class InputBuilder:
         elif name in (HOST_MEMORY_LIMIT, HOST_MEMORY_USAGE) and group == "system":
             entry2 = self._host.setdefault(host, [None, None])
             entry2[0 if name == HOST_MEMORY_LIMIT else 1] = float(value)
-        elif group not in ("training", "system", "cross_rank") and not group.startswith("system."):
-            kind = value_kind(name)
-            if kind is not None:
-                series = self._values.setdefault((name, rank), self._deque())
-                series.append((step if step is not None else len(series), float(value)))
+        elif series and value_series_kind(group, name) is not None:
+            points = self._values.setdefault((name, rank), self._deque())
+            points.append((step if step is not None else len(points), float(value)))
         self._seen(wall_ns)
+
+    def value_series(self, series: ValueSeries) -> None:
+        """A value series read apart (whole, or the points a ``SpikeSelection`` names), for a reader that does not
+        feed its points to ``metric``."""
+        self._selected.append(series)
+
+    def memory_series(self, kind: str, rank: int, host: str, device: str, points: list[tuple[int, float]],
+                      thinned: tuple[int, int] | None = None) -> None:
+        """A memory gauge read apart: its (wall_ns, bytes) points, all of them, or (``thinned``: (the steady
+        state's wall_ns, n)) only those the memory rule reads of the n from the steady state on
+        (``memory.thin_indices``), in time order."""
+        self._gauges.append(((kind, rank, host, device), points, thinned))
+
+    def steady_ns(self) -> int | None:
+        """The wall time the memory rule starts from: the earliest report window after warm-up (None: none)."""
+        return min((wall for ws in self._windows.values() for wall, w in ws if w is not None and not w.warmup),
+                   default=None)
 
     def stat(self, rank: int, group: str, name: str, values: Mapping[str, Any]) -> None:
         bad = (values.get("nan_count") or 0) + (values.get("inf_count") or 0)
@@ -179,15 +228,21 @@ class InputBuilder:
         origin = start_ns if start_ns is not None else (self._first_ns or 0)
         windows = []
         for rank, ws in self._windows.items():
-            for wall_ns, attributes, warmup in ws:
-                w = window_point(rank, attributes, warmup=warmup, time_s=(wall_ns - origin) / 1e9)
-                if w is not None:
-                    windows.append(w)
+            if any(w is not None and w.time_s != (wall_ns - origin) / 1e9 for wall_ns, w in ws):
+                # another origin than at feeding (an earlier record came later, or the reader's start): new windows
+                ws = self._windows[rank] = deque(
+                    ((wall, None if w is None else replace(w, time_s=(wall - origin) / 1e9)) for wall, w in ws),
+                    maxlen=self.limit)
+            windows += [w for _, w in ws if w is not None]
         values = [ValueSeries(name, kind, rank, list(points)) for (name, rank), points in self._values.items()
-                  if (kind := value_kind(name)) is not None]
+                  if (kind := value_kind(name)) is not None] + self._selected
         memory = [MemorySeries(kind, rank, host, device, [((w - origin) / 1e9, v) for w, v in points],
                                limit=self._gpu_limit if kind == "cuda" else None)
                   for (kind, rank, host, device), points in self._memory.items()]
+        memory += [MemorySeries(kind, rank, host, device, [((w - origin) / 1e9, v) for w, v in points],
+                                limit=self._gpu_limit if kind == "cuda" else None,
+                                thinned=None if thinned is None else ((thinned[0] - origin) / 1e9, thinned[1]))
+                   for (kind, rank, host, device), points, thinned in self._gauges]
         hosts = [HostMemory(host, total, total - usage) for host, (total, usage) in self._host.items()
                  if total is not None and usage is not None]
         nonfinite = [NonFinite(group, name, count, step, rank, example)

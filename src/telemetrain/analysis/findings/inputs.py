@@ -19,6 +19,7 @@ __all__ = [
     "MemorySeries",
     "NonFinite",
     "SpanFailure",
+    "SpikeSelection",
     "ValueSeries",
     "WindowPoint",
     "contention_share",
@@ -73,6 +74,19 @@ class WindowPoint:
 
 
 @dataclass(frozen=True, slots=True)
+class SpikeSelection:
+    """How a reader chose the points of a ``ValueSeries`` that holds only those the spike rule needs
+    (``values.spike_selection``): the spike candidates and their neighbours, selected for these thresholds."""
+
+    index: Sequence[int]  # each point's position among the series' finite points (increasing)
+    candidate: Sequence[bool]  # whether the point passed the exact prefilter (values.py)
+    finite: int  # the series' finite points in all
+    history: int  # the thresholds it was selected for: spike_history, spike_min_history, spike_ratio
+    min_history: int
+    ratio: float
+
+
+@dataclass(frozen=True, slots=True)
 class ValueSeries:
     """A training value of one rank over steps: a loss or a gradient norm (``kind`` ``loss`` or ``grad_norm``)."""
 
@@ -80,6 +94,8 @@ class ValueSeries:
     kind: str
     rank: int
     points: Sequence[tuple[int, float]]  # (step, value) in step order; non-finite values included
+    # None: ``points`` is the whole series; else it holds only the finite points this selection names
+    selection: SpikeSelection | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +109,9 @@ class MemorySeries:
     device: str  # "" for host memory, else the CUDA device ("cuda:0")
     points: Sequence[tuple[float, float]]  # (seconds on the run's axis, bytes)
     limit: float | None = None  # bytes it can reach: the device's total memory (cuda); None: unknown
+    # None: every point; else (steady_from, n): a reader kept only the points the memory rule reads of the n at or
+    # after steady_from (memory.thin_indices), sorted by time
+    thinned: tuple[float, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ from .model import Evidence, Finding
 from .stats import mann_kendall, median, theil_sen
 from .thresholds import Thresholds
 
-__all__ = ["memory_growth"]
+__all__ = ["MAX_POINTS", "memory_growth", "thin_indices"]
 
 MAX_POINTS = 200  # the tests are O(n^2): longer series are thinned evenly
 _LABEL = {"rss": "resident memory (RSS)", "cuda": "CUDA allocated memory"}
@@ -42,16 +42,26 @@ class _Growth:
     p: float
 
 
+def thin_indices(n: int) -> list[int]:
+    """The positions ``_thin`` keeps of ``n`` points (a reader that selects them by SQL asks here)."""
+    if n <= MAX_POINTS:
+        return list(range(n))
+    step = n / MAX_POINTS
+    return [int(i * step) for i in range(MAX_POINTS - 1)] + [n - 1]
+
+
 def _thin(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
-    if len(points) <= MAX_POINTS:
-        return list(points)
-    step = len(points) / MAX_POINTS
-    return [points[int(i * step)] for i in range(MAX_POINTS - 1)] + [points[-1]]
+    return [points[i] for i in thin_indices(len(points))]
 
 
 def _growth(s: MemorySeries, steady_from: float, th: Thresholds) -> _Growth | None:
     points = sorted(p for p in s.points if p[0] >= steady_from)
-    if len(points) < th.memory_min_samples:
+    n = len(points)
+    if s.thinned is not None:  # already thinned (the same points as _thin's of the whole), from n points
+        if s.thinned[0] != steady_from:
+            raise ValueError(f"memory series of rank {s.rank} thinned from {s.thinned[0]} s, not {steady_from} s")
+        n = s.thinned[1]
+    if n < th.memory_min_samples:
         return None
     points = _thin(points)
     ts, vs = [t for t, _ in points], [v for _, v in points]

@@ -15,15 +15,19 @@ spike.
 from __future__ import annotations
 
 import functools
+from bisect import bisect_left, insort
+from collections import deque
 from collections.abc import Sequence
 
 from .fmt import ranges
 from .inputs import NonFinite, ValueSeries
 from .model import Evidence, Finding
-from .stats import MAD_TO_SD, chebyshev_confidence, mad, median
+from .stats import MAD_TO_SD, chebyshev_confidence, median
 from .thresholds import Thresholds
 
-__all__ = ["nonfinite", "spikes", "value_kind"]
+__all__ = ["nonfinite", "selected_spikes", "spike_candidates_sql", "spike_points_sql", "spikes", "value_kind"]
+
+_INF = float("inf")
 
 _GRAD = ("grad_norm", "gradnorm", "grad-norm", "grad.norm", "gradient_norm", "gradient-norm")
 
@@ -59,22 +63,145 @@ def nonfinite(items: Sequence[NonFinite]) -> list[Finding]:
     return findings
 
 
+class _Reference:
+    """The running reference of the spike rule: the last ``size`` non-spike values, also kept sorted (the median is
+    read in O(1), a new value is placed by bisection). Its test gives exactly ``median``/``mad``'s answer."""
+
+    __slots__ = ("ordered", "recent", "size")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.recent: deque[float] = deque()
+        self.ordered: list[float] = []
+
+    def __len__(self) -> int:
+        return len(self.recent)
+
+    def clear(self) -> None:
+        self.recent.clear()
+        self.ordered.clear()
+
+    def add(self, value: float) -> None:
+        self.recent.append(value)
+        insort(self.ordered, value)
+        if len(self.recent) > self.size:
+            del self.ordered[bisect_left(self.ordered, self.recent.popleft())]
+
+    def spike(self, value: float, th: Thresholds) -> tuple[float, float] | None:
+        """``(z, median)`` when ``value`` is a spike against the reference (not empty), else None. The ratio test
+        (O(1)) runs before the MAD (a sort): the answer is the same as testing both."""
+        o = self.ordered
+        n = len(o)
+        mid = n // 2
+        center = o[mid] if n % 2 else (o[mid - 1] + o[mid]) / 2
+        if center > 0 and not value >= th.spike_ratio * center:
+            return None
+        scale = max(MAD_TO_SD * median([abs(v - center) for v in o]), 0.01 * abs(center), 1e-12)
+        z = (value - center) / scale
+        return (z, center) if z >= th.spike_z else None
+
+
 def _series_spikes(s: ValueSeries, th: Thresholds) -> list[tuple[int, float, float, float]]:
     """(step, value, z, reference) of each spike of one series."""
-    history: list[float] = []
+    if s.selection is not None:
+        found = selected_spikes(s, th)
+        if found is None:
+            raise ValueError(f"the points selected of {s.name} (rank {s.rank}) do not settle its spikes: a reader "
+                             "must give the whole series then (values.selected_spikes)")
+        return found
+    reference = _Reference(th.spike_history)
+    kept = 0  # non-spike finite points so far (the reference holds the last spike_history of them)
     out = []
     for step, value in s.points:
-        if value != value or value in (float("inf"), float("-inf")):
+        if value != value or value in (_INF, -_INF):
             continue
-        if len(history) >= th.spike_min_history:
-            recent = history[-th.spike_history:]
-            center = median(recent)
-            scale = max(MAD_TO_SD * mad(recent, center), 0.01 * abs(center), 1e-12)
-            z = (value - center) / scale
-            if z >= th.spike_z and (center <= 0 or value >= th.spike_ratio * center):
-                out.append((step, value, z, center))
+        if kept >= th.spike_min_history:
+            hit = reference.spike(value, th)
+            if hit is not None:
+                out.append((step, value, hit[0], hit[1]))
                 continue  # a spike does not become the reference
-        history.append(value)
+        reference.add(value)
+        kept += 1
+    return out
+
+
+def _candidate(th: Thresholds) -> str:
+    """The prefilter (``spike_points_sql``) over columns fi (finite index), value and lo (the smallest of the
+    ``spike_history`` finite points before)."""
+    return (f"(fi >= {th.spike_min_history} AND (lo IS NULL OR lo <= 0 OR "
+            f"value >= {float(th.spike_ratio)!r} * lo * (1 - 1e-9)))")
+
+
+def spike_points_sql(relation: str, key: str, th: Thresholds) -> str:
+    """The finite points of the value series in ``relation`` (columns ``key``, rank, step, value, pid, segment, line;
+    one series per (``key``, rank), in (pid, segment, line) order, non-finite points included) as a DuckDB subquery
+    with columns k, rank, step (a point without one: its position, as ``InputBuilder.metric`` gives it), value, fi
+    (the index among the series' finite points), cand (the prefilter below) and nf (the series' finite points).
+
+    **The prefilter is exact.** When the ``spike_history`` finite points before a point hold no spike they *are* its
+    reference (the non-spike points before it), and their median is at least their minimum; so a point whose
+    ``spike_history`` predecessors are all positive and which is below ``spike_ratio`` x their minimum is no spike.
+    The candidates are the other points (from the ``spike_min_history``-th finite point on); by induction every
+    spike is a candidate or follows an earlier spike within ``spike_history`` finite points
+    (``selected_spikes``). The bound is loosened by 1e-9 of itself: rounding can only add candidates."""
+    h = th.spike_history
+    return f"""(SELECT *, {_candidate(th)} AS cand FROM (
+        SELECT k, rank, coalesce(step, pos) AS step, value, row_number() OVER w - 1 AS fi,
+               min(value) OVER (w ROWS BETWEEN {h} PRECEDING AND 1 PRECEDING) AS lo,
+               count(*) OVER (PARTITION BY k, rank) AS nf
+        FROM (SELECT {key} AS k, rank, step, value,
+                     row_number() OVER (PARTITION BY {key}, rank ORDER BY pid, segment, line) - 1 AS pos
+              FROM {relation})
+        WHERE isfinite(value) WINDOW w AS (PARTITION BY k, rank ORDER BY pos)))"""
+
+
+def spike_candidates_sql(relation: str, key: str, th: Thresholds) -> str:
+    """``spike_points_sql``'s candidates (k, rank, fi; by series and index) of the series in ``relation`` that hold
+    only finite values: one window pass (their points' order is their finite index). A series holding NaN/inf needs
+    ``spike_points_sql``."""
+    return f"""SELECT k, rank, fi FROM (
+        SELECT {key} AS k, rank, value, row_number() OVER w - 1 AS fi,
+               min(value) OVER (w ROWS BETWEEN {th.spike_history} PRECEDING AND 1 PRECEDING) AS lo
+        FROM {relation} WINDOW w AS (PARTITION BY {key}, rank ORDER BY pid, segment, line))
+        WHERE {_candidate(th)} ORDER BY k, rank, fi"""
+
+
+def selected_spikes(s: ValueSeries, th: Thresholds) -> list[tuple[int, float, float, float]] | None:
+    """``_series_spikes`` of a series given by its selected points (``s.selection``), or None when they do not
+    settle it (a spike too close to the end of a selected stretch, a candidate without its reference: many spikes
+    in a row) and the whole series is needed. Between two stretches, the points left out are no spikes: they
+    are no candidates, and no spike lies within ``spike_history`` points before them (checked here)."""
+    sel = s.selection
+    assert sel is not None
+    if (sel.history, sel.min_history, sel.ratio) != (th.spike_history, th.spike_min_history, th.spike_ratio):
+        raise ValueError(f"the points of {s.name} were selected for spike_history={sel.history}, spike_min_history="
+                         f"{sel.min_history}, spike_ratio={sel.ratio}: not these thresholds")
+    reference = _Reference(th.spike_history)
+    kept = 0
+    prev = -1
+    last_spike = -th.spike_history - 1
+    out = []
+    for (step, value), i, candidate in zip(s.points, sel.index, sel.candidate, strict=True):
+        if i != prev + 1:  # points prev+1 .. i-1 left out: no spike, if none lies just before them
+            if last_spike + th.spike_history > prev:
+                return None
+            kept += i - prev - 1
+            reference.clear()  # refilled by the points selected before the next candidate
+        prev = i
+        if kept >= th.spike_min_history:
+            if len(reference) >= th.spike_history or len(reference) == kept:
+                hit = reference.spike(value, th)
+                if hit is not None:
+                    out.append((step, value, hit[0], hit[1]))
+                    last_spike = i
+                    continue
+            elif candidate:
+                return None
+            # else: no candidate, and no spike within spike_history points before it: no spike
+        reference.add(value)
+        kept += 1
+    if prev < sel.finite - 1 and last_spike + th.spike_history > prev:
+        return None
     return out
 
 
