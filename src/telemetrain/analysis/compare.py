@@ -34,6 +34,7 @@ from typing import Any
 
 from ..store.reader import Run
 from .findings.noise import BUSY_RESIDUAL, Contention, explained_factor, history_min_effect
+from .findings.stats import min_rank_sum_p, rank_sum_p
 from .samples import OTHER, PHASES, RunSamples, run_samples, with_goodput
 
 __all__ = [
@@ -326,10 +327,19 @@ def _compare_series(candidate: Sequence[float], baseline: Sequence[float], what:
         return result(math.nan, math.nan, math.nan, INSUFFICIENT)
     if not settings.resamples:
         return result(_median(c) / _median(b), math.nan, math.nan, NO_CHANGE)
+    alpha = 1 - settings.confidence
+    if not what.windowed and min_rank_sum_p(len(c), len(b)) > alpha:
+        # one value per span: a handful cannot be told apart from a noisy machine at this confidence, whatever
+        # their spread (3 against 3 gives p >= 0.1)
+        return dataclasses.replace(result(_median(c) / _median(b), math.nan, math.nan, INSUFFICIENT), note=(
+            f"{len(c)} against {len(b)} spans: too few for a test at {settings.confidence:.0%}"))
     ratio, low, high = bootstrap_ratio(c, b, confidence=settings.confidence, resamples=settings.resamples,
                                        seed=settings.seed)
-    return result(ratio, low, high, decide(low, high, higher_is_better=what.higher_is_better,
-                                           min_effect=settings.min_effect))
+    verdict = decide(low, high, higher_is_better=what.higher_is_better, min_effect=settings.min_effect)
+    if verdict != NO_CHANGE and not what.windowed and rank_sum_p(c, b) >= alpha:
+        # spans are few: the bootstrap of their medians is coarse; the values must also tend to lie on one side
+        verdict = NO_CHANGE
+    return result(ratio, low, high, verdict)
 
 
 class _Noise:
