@@ -32,6 +32,7 @@ from _planted import (
     tail_findings,
 )
 
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Path]]:
     """The scenarios' run folders, each job run on first use."""
