@@ -160,10 +160,10 @@ def test_on_tiny_steps_a_millisecond_more_is_not_a_slowdown() -> None:
 
 
 def test_an_erratic_run_needs_a_larger_change() -> None:
-    # phases 30% noisy: a 1.5x change is within 3 of the run's noise scales, which the other tests pass; on a
+    # phases 50% noisy: a 1.5x change is within 2 of the run's noise scales, though the other tests pass; on a
     # steady run it is a slowdown
     for seed in range(3):
-        noisy = windows(steps=120, cv=0.3, seed=seed, scale={k: 1.5 for k in range(60, 120)})
+        noisy = windows(steps=120, cv=0.5, seed=seed, scale={k: 1.5 for k in range(60, 120)})
         assert kinds(FindingsInput(windows=noisy)) == [], seed
         assert kinds(FindingsInput(windows=noisy), Thresholds(slowdown_noise_z=0)) == ["slowdown"], seed
         steady = windows(steps=120, seed=seed, scale={k: 1.5 for k in range(60, 120)})

@@ -1,8 +1,9 @@
 """Every threshold of the findings engine, in one place, with what it guards against.
 
 Each rule needs an effect large enough to matter *and* a test saying it is not chance; both were calibrated on
-repeated clean runs of small real jobs on a shared, loaded 2-core VM (``bench/bench_findings.py --calibrate``; the
-measured noise and the margins are in docs/report.md, "Findings: calibration"). Change them through
+repeated clean runs of small real jobs on a shared 2-core VM, loaded (load average 11-18) and quiet (1-6, ~3 ms
+steps) (``bench/bench_findings.py --calibrate``; the measured noise and the margins are in docs/report.md,
+"Findings: calibration"). Change them through
 ``Thresholds(...)`` (``analyse(data, Thresholds(slowdown_effect=1.5))``), not here.
 """
 
@@ -19,7 +20,7 @@ class Thresholds:
     slowdown_effect: float = 1.3  # an episode's median / the reference's (iteration time net of CPU wait), at least
     slowdown_alpha: float = 1e-3  # p of the shift of medians, at most
     slowdown_min_windows: int = 3  # windows on each side of a change (patience)
-    slowdown_noise_z: float = 3.0  # and at least exp(this x the run's window-to-window noise of the log series)
+    slowdown_noise_z: float = 2.0  # and at least exp(this x the run's window-to-window noise of the log series)
     slowdown_min_added_s: float = 0.002  # and at least this much more per iteration (a scheduler time slice)
     changepoint_penalty: float = 3.0  # PELT's penalty per change, in noise variances x log(windows): where to cut
     # -- stragglers: a rank against the other ranks in the same window --------------------------------------------
