@@ -55,6 +55,9 @@ def suite(times: int) -> int:
         last = (result.stdout.strip().splitlines() or ["?"])[-1]
         outcomes.append((i + 1, result.returncode, seconds, last, os.getloadavg()[0]))
         print(f"suite run {i + 1}: exit {result.returncode} in {seconds:.0f} s: {last}", file=sys.stderr)
+        for line in result.stdout.splitlines():  # what failed, and why (the assertion's message)
+            if line.startswith(("FAILED", "ERROR", "E   ")):
+                print(f"    {line[:400]}", file=sys.stderr)
         with open(path, encoding="utf-8") as fh:
             scores += [{**json.loads(line), "run": i + 1} for line in fh if line.strip()]
         os.unlink(path)
