@@ -18,8 +18,8 @@ short fast stretch is no baseline) -- opens an episode, which lasts while the fo
 between the two levels; leading segments below halfway between the reference and the episode's own level are not its
 start (a smaller bump just before a change).
 
-**When it counts** -- every test on the same numbers the finding reports (the episode's median over the reference's,
-on the series searched):
+**When it counts** -- every test on the numbers the finding reports (the episode's median over the reference's, on
+the series searched; and the iteration time's own ratio over the same steps, which the title gives):
 
 - the effect: at least ``slowdown_effect``, times ``1 + contention_inflation x`` the rise of the contention from the
   reference to the episode (a busier machine also computes slower: caches, memory bandwidth, a hypervisor's steal);
@@ -28,7 +28,9 @@ on the series searched):
 - at least ``slowdown_min_added_s`` more per iteration: below a few milliseconds a step's time moves with the
   scheduler's time slices on a shared machine (a 1 ms hiccup is 30% of a 3 ms step);
 - persistent: at least ``slowdown_min_windows`` of its points above the halfway mark;
-- not chance: the shift of the medians in robust standard errors (``stats.median_shift``) has ``p < slowdown_alpha``.
+- not chance: the shift of the medians in robust standard errors (``stats.median_shift``) has ``p < slowdown_alpha``;
+- slower: the iteration time itself grew at least ``slowdown_effect`` over the same steps (where the contention fell,
+  a quieter machine, the net series rises while every step got faster).
 
 **Slower, or a busy machine?** An episode of the raw iteration time (the same tests, bar the noise and added-time
 floors) that the net series does not confirm is a ``contention`` note: the machine was busy, not a finding. Each
@@ -251,7 +253,9 @@ def slowdowns(windows: Sequence[WindowPoint], th: Thresholds) -> tuple[list[Find
     net = net_series(points)
     if net is None:
         return [_finding(points, ep, ranks, th, net=False) for ep in _episodes(raw, points, th)], []
-    found = _episodes(net, points, th)
+    # a slowdown is slower: the iteration time itself must have grown too (net of a wait that fell, a quieter machine
+    # makes the net series rise while every step got faster)
+    found = [ep for ep in _episodes(net, points, th) if (_ratio(points, ep, "raw") or 0.0) >= th.slowdown_effect]
     findings = [_finding(points, ep, ranks, th, net=True) for ep in found]
     taken = {i for ep in found for i in range(ep.start, ep.end)}
     notes = []
@@ -279,9 +283,9 @@ def _finding(points: Sequence[StepPoint], ep: _Episode, ranks: list[int], th: Th
     figures). The effect in the title and the evidence is the one tested."""
     first, last = points[ep.start].first_step, points[ep.end - 1].step
     until = "the end of the run" if ep.end == len(points) else f"step {last}"
-    time_ratio = _ratio(points, ep, "raw") or ep.ratio
     before_t = median([p.raw for p in points[ep.before:ep.start]])
     during_t = median([p.raw for p in points[ep.start:ep.end]])
+    time_ratio = during_t / before_t if before_t > 0 else ep.ratio
     slow_ranks = []
     for r in ranks:
         before = [p.by_rank[r] for p in points[ep.before:ep.start] if r in p.by_rank]
@@ -305,17 +309,19 @@ def _finding(points: Sequence[StepPoint], ep: _Episode, ranks: list[int], th: Th
                   f"{seconds(ep.level)}, {ep.ratio:.2f}x (at least {ep.needed:.2f}x needed)")
         why = (f"; the CPU work per iteration grew {work_ratio:.2f}x" if work_ratio and work_ratio >= th.slowdown_effect
                else "; the time outside computation grew (I/O, data, a peer, a sleep), not the CPU work")
+    effect = time_ratio if net else ep.ratio  # both tested: the iteration time's (>= slowdown_effect), and the net's
     detail = (f"the iteration time went from {seconds(before_t)} to {seconds(during_t)} ({time_ratio:.2f}x) at step "
               f"{first}{where}, until {until}{tested}"
               + (f"; added per iteration: {split}{spread}" if split else "") + f"{why} (p={ep.p:.1g})")
-    title = f"slowdown: {ep.ratio:.2f}x from step {first}" + ("" if ep.end == len(points) else f" to {last}")
+    title = f"slowdown: {effect:.2f}x from step {first}" + ("" if ep.end == len(points) else f" to {last}")
     phase = added[0][0] if added else None
     return Finding("warning", "slowdown", title, detail, Evidence(
-        effect=ep.ratio, confidence=1 - ep.p, steps=(first, last), ranks=tuple(slow_ranks or ranks), phase=phase,
-        value=ep.level, reference=ep.reference, windows=ep.end - ep.start,
+        effect=effect, confidence=1 - ep.p, steps=(first, last), ranks=tuple(slow_ranks or ranks), phase=phase,
+        value=during_t, reference=before_t, windows=ep.end - ep.start,
         test="change points (PELT) and a shift of medians on the iteration time"
-             + (" net of the CPU wait" if net else ""),
-        notes=(*(f"{ph} +{seconds(d)}" for ph, d in added), f"iteration time {time_ratio:.2f}x")))
+             + (" net of the CPU wait, and the iteration time's own ratio" if net else ""),
+        notes=(*(f"{ph} +{seconds(d)}" for ph, d in added),
+               *((f"net of the CPU wait {ep.ratio:.2f}x (at least {ep.needed:.2f}x needed)",) if net else ()))))
 
 
 def _slow_iteration_hits(windows: Sequence[WindowPoint], th: Thresholds) -> tuple[list[tuple[WindowPoint, float]],
