@@ -17,7 +17,7 @@ __all__ = ["DEFAULT_THRESHOLDS", "Thresholds"]
 @dataclass(frozen=True)
 class Thresholds:
     # -- "got slower at step N": change points in the job's window medians -------------------------------------------
-    slowdown_effect: float = 1.3  # an episode's median / the reference's (iteration time net of CPU wait), at least
+    slowdown_effect: float = 1.3  # episode median / reference, at least: net of the CPU wait, and the raw time too
     slowdown_alpha: float = 1e-3  # p of the shift of medians, at most
     slowdown_min_windows: int = 3  # windows on each side of a change (patience)
     slowdown_noise_z: float = 2.0  # and at least exp(this x the run's window-to-window noise of the log series)
