@@ -137,7 +137,7 @@ class _Episode:
     start: int  # index of the first slow point
     end: int  # index after the last slow point
     before: int  # index of the first point of the reference (the start, or the end of the previous slowdown)
-    ratio: float  # level / reference: the effect tested, and the effect reported
+    ratio: float  # level / reference on the series searched: what the floors test (the title: the raw ratio)
     p: float
     level: float  # the episode's median of the series searched
     reference: float  # the reference's median of the same series
