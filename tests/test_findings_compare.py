@@ -134,6 +134,25 @@ def test_a_few_spans_cannot_make_a_regression() -> None:
     assert verdicts(many)["checkpoint save"] == REGRESSION
     mixed = fast(samples("c", saves=[0.2, 0.5] * 6), samples("b", saves=[0.19, 0.45] * 6))
     assert verdicts(mixed)["checkpoint save"] == NO_CHANGE
+    # 12 saves of 3 ms against 12 of 3.3 ms, every one slower: significant, but 0.3 ms against the 3.3 s of training
+    # between two saves (40 windows x 10 iterations x 100 ms / 12) is not 3% of it: what clean runs differ by
+    tiny = fast(samples("c", saves=[0.0033 + i * 1e-6 for i in range(12)]), samples("b", saves=[0.0030] * 12))
+    row = tiny.metric("checkpoint_save")  # type: ignore[attr-defined]
+    assert row.ci_low > 1.03 and row.verdict == NO_CHANGE and "training time between" in row.note
+
+
+def test_a_small_phase_must_add_a_share_of_the_step_to_be_a_regression() -> None:
+    # the data loader is 10 ms of a 100 ms step: 20% slower adds 2 ms (2% of the step, under min_effect 3%): not a
+    # regression, though its own interval clears 3%; 60% slower adds 6 ms: one
+    def loader(factor: float) -> RunSamples:
+        return samples("c", rank_phase={(r, "dataloader"): factor for r in range(2)}, cv=0.01)
+
+    base = samples("b", cv=0.01)
+    small = fast(loader(1.2), base)
+    row = small.metric("dataloader")  # type: ignore[attr-defined]
+    assert row.ci_low > 1.03 and row.verdict == NO_CHANGE and "of the iteration time" in row.note
+    assert small.metric("dataloader", rank=0).verdict == NO_CHANGE  # type: ignore[attr-defined]
+    assert verdicts(fast(loader(1.6), base))["dataloader phase"] == REGRESSION
 
 
 def test_the_rank_sum_test() -> None:

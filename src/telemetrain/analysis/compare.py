@@ -400,6 +400,17 @@ class _Noise:
         return m
 
 
+def _training_per_span(run: RunSamples, spans: int) -> float:
+    """Seconds of training per span of a kind (``spans`` of them in ``run``): the run's median iteration time times
+    its iterations (the lowest rank's windows) over the spans; NaN when unknown."""
+    ranks = run.ranks
+    times = run.series("iteration_time")
+    if not ranks or not times or spans < 1:
+        return math.nan
+    iterations = sum(w.iterations for w in run.windows if w.rank == ranks[0])
+    return _median(times) * iterations / spans
+
+
 def _within(candidate: Sequence[float], baseline: Sequence[float], min_effect: float) -> bool:
     if len(candidate) < MIN_WINDOWS or len(baseline) < MIN_WINDOWS:
         return False
@@ -490,13 +501,22 @@ def compare_samples(candidate: RunSamples, baseline: RunSamples, *, confidence: 
             metrics.append(_compare_series(c_values, b_values, what, dataclasses.replace(own, resamples=0)))
             continue
         m = noise.judge(_compare_series(c_values, b_values, what, own), what, series, own)
-        if what.metric == OTHER and m.significant:
-            # the rest of the step is small: a large ratio of a tiny time is not worth naming unless the time it
-            # added (or saved) is at least min_effect of the baseline's iteration time
-            whole = _median_or_nan(baseline.series("iteration_time"))
+        if what.scope in ("phase", "rank phase") and m.significant:
+            # a phase is part of a step: a large ratio of a small time (a 0.1 ms data loader 23% slower between two
+            # runs on a quiet machine) is not worth naming unless the time it added (or saved) is at least min_effect
+            # of the baseline's iteration time (the run's, or the rank's for a rank's phase)
+            whole = _median_or_nan(baseline.series("iteration_time", what.rank))
             if abs(m.candidate_median - m.baseline_median) < own.min_effect * whole:
                 m = dataclasses.replace(m, verdict=NO_CHANGE, note=f"changed by less than {own.min_effect:.0%} of "
                                         "the iteration time")
+        if not what.windowed and m.significant:
+            # likewise a span is part of the run: a checkpoint save (a validation loop) whose change is under
+            # min_effect of the training between two of them moves the job less than runs commonly differ (two
+            # clean runs' 3 ms saves on a quiet machine differed 9%, a file system's jitter), so it is not named
+            between = _training_per_span(baseline, len(b_values))
+            if abs(m.candidate_median - m.baseline_median) < own.min_effect * between:
+                m = dataclasses.replace(m, verdict=NO_CHANGE, note=f"changed by less than {own.min_effect:.0%} of "
+                                        "the training time between two of them")
         metrics.append(m)
     goodput = _goodput_row(candidate, baseline)
     if goodput is not None:
