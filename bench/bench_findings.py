@@ -8,11 +8,15 @@ the planted findings found and missed and the findings nobody planted; then prec
 
 ``--calibrate N`` runs N clean single-process jobs and N clean 4-rank jobs (``tests/_findings_job.py``) and prints,
 for each rule, the largest effect it saw in them with its thresholds lowered to nothing: the noise its thresholds
-must clear. And, for every pair of clean runs of one kind, the ratio of their median iteration times, raw and with
-the contention taken out (what ``compare``'s ``BUSY_RESIDUAL`` must cover).
+must clear (for the slowdown rule, against each of its floors: the effect, the run's noise, the time added per
+iteration; and what the rule as shipped named). With ``--planted``, also N runs of each planted slowdown (one
+process, 4 ranks): how far above the floors a real slowdown lands. And, for every pair of runs of one kind, the
+ratio of their median iteration times, raw and with the contention taken out (what ``compare``'s ``BUSY_RESIDUAL``
+must cover).
 
     python bench/bench_findings.py --suite 3
     python bench/bench_findings.py --calibrate 4
+    python bench/bench_findings.py --calibrate 4 --planted
     python bench/bench_findings.py --speed          # the engine alone on 8x2000, 64x500, 1024x50 windows
 """
 
@@ -51,6 +55,9 @@ def suite(times: int) -> int:
         last = (result.stdout.strip().splitlines() or ["?"])[-1]
         outcomes.append((i + 1, result.returncode, seconds, last, os.getloadavg()[0]))
         print(f"suite run {i + 1}: exit {result.returncode} in {seconds:.0f} s: {last}", file=sys.stderr)
+        for line in result.stdout.splitlines():  # what failed, and why (the assertion's message)
+            if line.startswith(("FAILED", "ERROR", "E   ")):
+                print(f"    {line[:400]}", file=sys.stderr)
         with open(path, encoding="utf-8") as fh:
             scores += [{**json.loads(line), "run": i + 1} for line in fh if line.strip()]
         os.unlink(path)
@@ -105,22 +112,35 @@ def _largest(run_dir: Path) -> dict[str, float]:
     """The largest effect each rule saw in a run, its thresholds lowered to (almost) nothing."""
     from telemetrain.analysis.findings import Thresholds
     from telemetrain.analysis.findings.memory import _growth
-    from telemetrain.analysis.findings.slowdown import _episodes, job_series
+    from telemetrain.analysis.findings.slowdown import _episodes, job_series, net_series
+    from telemetrain.analysis.findings.stats import noise_scale
     from telemetrain.analysis.findings.stragglers import _steps, window_outliers, window_phases
 
     data = _input(run_dir)
-    loose = Thresholds(slowdown_effect=1.0001, slowdown_alpha=0.5, slowdown_min_windows=3, straggler_z=0.0,
+    loose = Thresholds(slowdown_effect=1.0001, slowdown_alpha=0.5, slowdown_min_windows=3, slowdown_noise_z=0.0,
+                       slowdown_min_added_s=0.0, straggler_z=0.0,
                        straggler_ratio=1.0001, straggler_min_share=0.0, memory_alpha=0.5, memory_tail_alpha=0.5,
                        memory_min_growth_bytes=0.0, memory_min_growth_fraction=0.0, spike_z=0.0,
                        spike_ratio=1.0001)
     out: dict[str, float] = {}
     points = job_series(data.windows)
     raw = [p.raw for p in points]
-    work = [p.work for p in points]
     out["slowdown, iteration time (x)"] = max((e.ratio for e in _episodes(raw, points, loose)), default=1.0)
-    if all(w is not None for w in work) and work:
-        out["slowdown, CPU work per iteration (x)"] = max(
-            (e.ratio for e in _episodes([w for w in work if w is not None], points, loose)), default=1.0)
+    net = net_series(points)
+    if net is not None:
+        # the rule's series: every episode the noise made, and how far it got against each of the rule's floors
+        episodes = _episodes(net, points, loose)
+        sigma = max(noise_scale([math.log(max(v, 1e-12)) for v in net]), 0.01)
+        out["slowdown, net of the CPU wait (x)"] = max((e.ratio for e in episodes), default=1.0)
+        out["slowdown, net: effect in noise scales (log ratio / sigma)"] = max(
+            (math.log(e.ratio) / sigma for e in episodes), default=0.0)
+        out["slowdown, net: added per iteration (ms)"] = max(
+            ((e.level - e.reference) * 1e3 for e in episodes), default=0.0)
+        out["slowdown, net: noise scale sigma of the log series"] = sigma
+        # the rule itself, every floor on: what it named in a clean run (must be nothing)
+        from telemetrain.analysis.findings.slowdown import slowdowns
+
+        out["slowdown findings (the rule as shipped)"] = float(len(slowdowns(data.windows, Thresholds())[0]))
     steps = _steps(data.windows)
     ratios, zs = [1.0], [0.0]
     for ranks in steps:
@@ -173,20 +193,24 @@ def _largest(run_dir: Path) -> dict[str, float]:
     return out
 
 
-def calibrate(n: int) -> int:
+def calibrate(n: int, planted: bool = False) -> int:
     from _planted import SCENARIOS, run_scenario
     from telemetrain.analysis.samples import read_samples
 
     root = Path(tempfile.mkdtemp(prefix="calibrate-"))
     largest: dict[str, dict[str, list[float]]] = {}
     pairs: dict[str, list[tuple[float, float]]] = {}
-    for kind, scenario in (("1 process", "clean"), ("4 ranks", "clean-4-ranks")):
+    kinds = [("1 process", "clean"), ("4 ranks", "clean-4-ranks")]
+    if planted:  # the planted slowdowns too: the margin on the other side of each floor
+        kinds += [("1 process, slowdown planted", "mid-run-slowdown"),
+                  ("4 ranks, slowdown planted", "slowdown-4-ranks")]
+    for kind, scenario in kinds:
         runs = []
         for i in range(n):
             started = time.perf_counter()
             (run_dir,) = run_scenario(SCENARIOS[scenario], root / f"{scenario}-{i}")
             runs.append(run_dir)
-            print(f"{kind} clean run {i + 1}: {time.perf_counter() - started:.0f} s, load {os.getloadavg()[0]:.1f}",
+            print(f"{kind} run {i + 1}: {time.perf_counter() - started:.0f} s, load {os.getloadavg()[0]:.1f}",
                   file=sys.stderr)
             for name, value in _largest(run_dir).items():
                 largest.setdefault(kind, {}).setdefault(name, []).append(value)
@@ -197,7 +221,7 @@ def calibrate(n: int) -> int:
                             statistics.median(s.series("iteration_time", busy_free=True))))
         pairs[kind] = [(max(a[0], b[0]) / min(a[0], b[0]), max(a[1], b[1]) / min(a[1], b[1]))
                        for a, b in itertools.combinations(medians, 2)]
-    print(f"Largest effect each rule saw in {n} clean run(s) of each kind, thresholds lowered to nothing "
+    print(f"Largest effect each rule saw in {n} run(s) of each kind, thresholds lowered to nothing "
           "(max; the per-run values in brackets):\n")
     print("| statistic | " + " | ".join(largest) + " |")
     print("|---|" + "---|" * len(largest))
@@ -242,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--suite", type=int, metavar="N", help="run the planted-problem suite N times and score it")
     ap.add_argument("--calibrate", type=int, metavar="N", help="N clean runs of each kind: the noise, measured")
+    ap.add_argument("--planted", action="store_true",
+                    help="with --calibrate: also N runs of each planted slowdown (the margins on the other side)")
     ap.add_argument("--speed", action="store_true", help="the engine's CPU time on synthetic windows")
     args = ap.parse_args(argv)
     if args.speed:
@@ -249,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.suite:
         return suite(args.suite)
     if args.calibrate:
-        return calibrate(args.calibrate)
+        return calibrate(args.calibrate, args.planted)
     ap.error("give --suite N or --calibrate N")
     return 2
 

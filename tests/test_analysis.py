@@ -352,9 +352,10 @@ def test_html_renders_in_chromium(store: dict[str, Path], tmp_path: Path) -> Non
                            page.as_uri()], capture_output=True, text=True, timeout=60)
     dom = proc.stdout
     assert dom.count("<table>") == 2, proc.stderr[-2000:]
-    # everything slowed in the regressed run: run-level, phases, ranks, each rank's phases
-    assert dom.count("<tr class=\"regression\">") >= 2 + 4 + 2 + 8
-    assert "regressed: 16 regression(s)" in dom and "clean1: no regression" in dom
+    # everything slowed 15% in the regressed run: run-level, ranks, and the phases whose 15% adds at least 3% of the
+    # 100 ms step (forward, backward; the 10 ms data loader and 15 ms optimizer add 1.5 and 2.25 ms), run and ranks
+    assert dom.count("<tr class=\"regression\">") >= 2 + 2 + 2 + 4
+    assert "regressed: 10 regression(s)" in dom and "clean1: no regression" in dom
 
 
 class Terminal(io.StringIO):

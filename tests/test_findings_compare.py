@@ -123,6 +123,48 @@ def test_checkpoint_saves_per_rank_phases_and_goodput_are_compared() -> None:
     assert json.loads(json.dumps(compare_runs([cand], base, goodput=False, resamples=400).as_dict()))
 
 
+def test_a_few_spans_cannot_make_a_regression() -> None:
+    # 3 validation loops against 3, each loop twice as long: a rank-sum test of 3 against 3 cannot reach p < 0.05
+    # (every value above every other gives 0.1), so the row is "insufficient data", never a regression
+    three = fast(samples("c", saves=[0.40, 0.44, 0.42]), samples("b", saves=[0.20, 0.21, 0.22]))
+    row = three.metric("checkpoint_save")  # type: ignore[attr-defined]
+    assert row.verdict == "insufficient data" and "too few" in row.note
+    # the same doubling over 12 saves a side is one; 12 against 12 interleaved is not
+    many = fast(samples("c", saves=[0.40 + i / 1000 for i in range(12)]), samples("b", saves=[0.20] * 12))
+    assert verdicts(many)["checkpoint save"] == REGRESSION
+    mixed = fast(samples("c", saves=[0.2, 0.5] * 6), samples("b", saves=[0.19, 0.45] * 6))
+    assert verdicts(mixed)["checkpoint save"] == NO_CHANGE
+    # 12 saves of 3 ms against 12 of 3.3 ms, every one slower: significant, but 0.3 ms against the 3.3 s of training
+    # between two saves (40 windows x 10 iterations x 100 ms / 12) is not 3% of it: what clean runs differ by
+    tiny = fast(samples("c", saves=[0.0033 + i * 1e-6 for i in range(12)]), samples("b", saves=[0.0030] * 12))
+    row = tiny.metric("checkpoint_save")  # type: ignore[attr-defined]
+    assert row.ci_low > 1.03 and row.verdict == NO_CHANGE and "training time between" in row.note
+
+
+def test_a_small_phase_must_add_a_share_of_the_step_to_be_a_regression() -> None:
+    # the data loader is 10 ms of a 100 ms step: 20% slower adds 2 ms (2% of the step, under min_effect 3%): not a
+    # regression, though its own interval clears 3%; 60% slower adds 6 ms: one
+    def loader(factor: float) -> RunSamples:
+        return samples("c", rank_phase={(r, "dataloader"): factor for r in range(2)}, cv=0.01)
+
+    base = samples("b", cv=0.01)
+    small = fast(loader(1.2), base)
+    row = small.metric("dataloader")  # type: ignore[attr-defined]
+    assert row.ci_low > 1.03 and row.verdict == NO_CHANGE and "of the iteration time" in row.note
+    assert small.metric("dataloader", rank=0).verdict == NO_CHANGE  # type: ignore[attr-defined]
+    assert verdicts(fast(loader(1.6), base))["dataloader phase"] == REGRESSION
+
+
+def test_the_rank_sum_test() -> None:
+    from telemetrain.analysis.findings.stats import min_rank_sum_p, rank_sum_p
+
+    assert min_rank_sum_p(3, 3) == pytest.approx(0.1) and min_rank_sum_p(4, 4) == pytest.approx(2 / 70)
+    assert rank_sum_p([4.0, 5.0, 6.0], [1.0, 2.0, 3.0]) == pytest.approx(0.1)  # never below the exact minimum
+    assert rank_sum_p(list(range(10, 22)), list(range(12))) < 1e-4
+    assert rank_sum_p([1.0, 3.0, 5.0, 7.0], [2.0, 4.0, 6.0, 8.0]) > 0.5
+    assert rank_sum_p([1.0] * 5, [1.0] * 5) == 1.0 and rank_sum_p([], [1.0]) == 1.0
+
+
 # -- real run stores: the marked baseline, the command ----------------------------------------------------------------
 
 BASE_MS = 1_700_000_000_000

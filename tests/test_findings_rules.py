@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 
 import pytest
 
@@ -134,6 +135,93 @@ def test_without_wait_figures_the_slowdown_says_it_cannot_tell_a_busy_machine() 
           for w in windows(scale={k: 2.0 for k in range(30, 60)})]
     (f,) = analyse(FindingsInput(windows=ws)).findings
     assert "a busy machine could not be told apart" in f.detail
+
+
+def _fast(windows_: list[WindowPoint], ms: float) -> list[WindowPoint]:
+    """``windows_`` with every time scaled so that the typical iteration takes ``ms`` milliseconds."""
+    f = ms / 20.0
+
+    def scaled(v: float | None) -> float | None:
+        return None if v is None else v * f
+
+    return [WindowPoint(w.rank, w.step, w.iterations, w.iteration_time * f, {k: v * f for k, v in w.phases.items()},
+                        scaled(w.max_iteration_time), scaled(w.p50), scaled(w.wall_seconds),
+                        scaled(w.cpu_wait_seconds), scaled(w.cpu_seconds), warmup=w.warmup, time_s=w.time_s)
+            for w in windows_]
+
+
+def test_on_tiny_steps_a_millisecond_more_is_not_a_slowdown() -> None:
+    # 3 ms steps 1.4x slower for 150 iterations: 1.2 ms more each, what a scheduler's time slice does on a shared
+    # machine; the same relative change on 20 ms steps is a slowdown
+    bump = {k: 1.4 for k in range(20, 35)}
+    assert kinds(FindingsInput(windows=_fast(windows(scale=bump), 3.0))) == []
+    assert kinds(FindingsInput(windows=_fast(windows(scale=bump), 3.0)), Thresholds(slowdown_min_added_s=0)) == [
+        "slowdown"]
+    assert kinds(FindingsInput(windows=windows(scale=bump))) == ["slowdown"]
+
+
+def test_an_erratic_run_needs_a_larger_change() -> None:
+    # phases 50% noisy: a 1.5x change is within 2 of the run's noise scales, though the other tests pass; on a
+    # steady run it is a slowdown
+    for seed in range(3):
+        noisy = windows(steps=120, cv=0.5, seed=seed, scale={k: 1.5 for k in range(60, 120)})
+        assert kinds(FindingsInput(windows=noisy)) == [], seed
+        assert kinds(FindingsInput(windows=noisy), Thresholds(slowdown_noise_z=0)) == ["slowdown"], seed
+        steady = windows(steps=120, seed=seed, scale={k: 1.5 for k in range(60, 120)})
+        assert kinds(FindingsInput(windows=steady)) == ["slowdown"], seed
+
+
+def test_a_busier_machine_computing_slower_is_not_a_slowdown() -> None:
+    # another process takes the CPU half the time from window 30 (the wait doubles the time) and the job computes
+    # 1.4x slower meanwhile (shared caches): the contention's rise of 50 points asks 1.3 x 1.25 = 1.63x
+    busy = {k: 0.5 for k in range(30, 60)}
+    data = FindingsInput(windows=windows(scale={k: 1.4 for k in range(30, 60)}, wait=busy))
+    result = analyse(data)
+    assert result.findings == () and [n.kind for n in result.notes] == ["contention"]
+    assert kinds(FindingsInput(windows=windows(scale={k: 1.4 for k in range(30, 60)}))) == ["slowdown"]
+
+
+def test_the_effect_reported_is_the_effect_tested() -> None:
+    # 2x slower from window 30, on a machine that also got a little busier (the iteration time 2.5x): the title, the
+    # evidence's effect and value / reference are one number, the iteration time's ratio (tested >= 1.3); the net
+    # ratio tested against the floors is in the evidence with the effect it needed
+    data = FindingsInput(windows=windows(scale={k: 2.0 for k in range(30, 60)}, wait={k: 0.2 for k in range(30, 60)}))
+    (f,) = analyse(data).findings
+    e = f.evidence
+    assert e is not None and e.value is not None and e.reference is not None and e.effect is not None
+    assert e.value / e.reference == pytest.approx(e.effect) and f.title.startswith(f"slowdown: {e.effect:.2f}x")
+    assert e.effect == pytest.approx(2.5, rel=0.05)
+    (net,) = [n for n in e.notes if n.startswith("net of the CPU wait")]
+    tested, needed = (float(x) for x in re.findall(r"([0-9.]+)x", net))
+    assert tested == pytest.approx(2.0, rel=0.05) and needed == pytest.approx(1.3 * (1 + 0.5 * 0.2), rel=0.01)
+
+
+def test_a_quieter_machine_is_not_a_slowdown() -> None:
+    # the machine was busy (the threads waited 80% of their runnable time) until window 30, then quieter (60%):
+    # every step got faster, while the time net of the wait doubled (a wait share measured a little off at such
+    # contention does that); the iteration time did not grow: no slowdown
+    wait = {k: 0.8 if k < 30 else 0.6 for k in range(60)}
+    ws = windows(wait=wait, scale={k: 1.0 if k < 30 else 1.6 for k in range(60)})
+    assert [w.iteration_time for w in ws][40] < [w.iteration_time for w in ws][20]
+    assert kinds(FindingsInput(windows=ws)) == []
+
+
+def test_a_smaller_bump_just_before_a_change_is_not_its_start() -> None:
+    scale = {**{k: 1.6 for k in range(27, 30)}, **{k: 3.0 for k in range(30, 60)}}
+    (f,) = analyse(FindingsInput(windows=windows(scale=scale))).findings
+    assert f.evidence is not None and f.evidence.steps == (300, 599)
+
+
+def test_a_window_holding_a_checkpoint_has_no_contention_of_its_own() -> None:
+    from telemetrain.analysis.findings.slowdown import job_series
+
+    ws = windows(steps=12)
+    inside = [WindowPoint(w.rank, w.step, w.iterations, w.iteration_time, w.phases, wall_seconds=(
+        w.wall_seconds or 0) * (3 if k % 5 == 4 else 1), cpu_seconds=w.cpu_seconds, cpu_wait_seconds=(
+        w.wall_seconds or 0) * (5 if k % 5 == 4 else 0.05), warmup=w.warmup) for k, w in enumerate(ws)]
+    points = job_series(inside)
+    assert [p.contention is None for p in points] == [k % 5 == 4 for k in range(1, 12)]
+    assert kinds(FindingsInput(windows=inside)) == []
 
 
 # -- stragglers ------------------------------------------------------------------------------------------------------

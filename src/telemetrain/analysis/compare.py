@@ -34,6 +34,7 @@ from typing import Any
 
 from ..store.reader import Run
 from .findings.noise import BUSY_RESIDUAL, Contention, explained_factor, history_min_effect
+from .findings.stats import min_rank_sum_p, rank_sum_p
 from .samples import OTHER, PHASES, RunSamples, run_samples, with_goodput
 
 __all__ = [
@@ -326,10 +327,19 @@ def _compare_series(candidate: Sequence[float], baseline: Sequence[float], what:
         return result(math.nan, math.nan, math.nan, INSUFFICIENT)
     if not settings.resamples:
         return result(_median(c) / _median(b), math.nan, math.nan, NO_CHANGE)
+    alpha = 1 - settings.confidence
+    if not what.windowed and min_rank_sum_p(len(c), len(b)) > alpha:
+        # one value per span: a handful cannot be told apart from a noisy machine at this confidence, whatever
+        # their spread (3 against 3 gives p >= 0.1)
+        return dataclasses.replace(result(_median(c) / _median(b), math.nan, math.nan, INSUFFICIENT), note=(
+            f"{len(c)} against {len(b)} spans: too few for a test at {settings.confidence:.0%}"))
     ratio, low, high = bootstrap_ratio(c, b, confidence=settings.confidence, resamples=settings.resamples,
                                        seed=settings.seed)
-    return result(ratio, low, high, decide(low, high, higher_is_better=what.higher_is_better,
-                                           min_effect=settings.min_effect))
+    verdict = decide(low, high, higher_is_better=what.higher_is_better, min_effect=settings.min_effect)
+    if verdict != NO_CHANGE and not what.windowed and rank_sum_p(c, b) >= alpha:
+        # spans are few: the bootstrap of their medians is coarse; the values must also tend to lie on one side
+        verdict = NO_CHANGE
+    return result(ratio, low, high, verdict)
 
 
 class _Noise:
@@ -388,6 +398,17 @@ class _Noise:
                 f"busy-machine noise reaches {allowed - 1:.0%} between clean runs, and no earlier runs of this "
                 "perf_tag measure it better"))
         return m
+
+
+def _training_per_span(run: RunSamples, spans: int) -> float:
+    """Seconds of training per span of a kind (``spans`` of them in ``run``): the run's median iteration time times
+    its iterations (the lowest rank's windows) over the spans; NaN when unknown."""
+    ranks = run.ranks
+    times = run.series("iteration_time")
+    if not ranks or not times or spans < 1:
+        return math.nan
+    iterations = sum(w.iterations for w in run.windows if w.rank == ranks[0])
+    return _median(times) * iterations / spans
 
 
 def _within(candidate: Sequence[float], baseline: Sequence[float], min_effect: float) -> bool:
@@ -480,13 +501,22 @@ def compare_samples(candidate: RunSamples, baseline: RunSamples, *, confidence: 
             metrics.append(_compare_series(c_values, b_values, what, dataclasses.replace(own, resamples=0)))
             continue
         m = noise.judge(_compare_series(c_values, b_values, what, own), what, series, own)
-        if what.metric == OTHER and m.significant:
-            # the rest of the step is small: a large ratio of a tiny time is not worth naming unless the time it
-            # added (or saved) is at least min_effect of the baseline's iteration time
-            whole = _median_or_nan(baseline.series("iteration_time"))
+        if what.scope in ("phase", "rank phase") and m.significant:
+            # a phase is part of a step: a large ratio of a small time (a 0.1 ms data loader 23% slower between two
+            # runs on a quiet machine) is not worth naming unless the time it added (or saved) is at least min_effect
+            # of the baseline's iteration time (the run's, or the rank's for a rank's phase)
+            whole = _median_or_nan(baseline.series("iteration_time", what.rank))
             if abs(m.candidate_median - m.baseline_median) < own.min_effect * whole:
                 m = dataclasses.replace(m, verdict=NO_CHANGE, note=f"changed by less than {own.min_effect:.0%} of "
                                         "the iteration time")
+        if not what.windowed and m.significant:
+            # likewise a span is part of the run: a checkpoint save (a validation loop) whose change is under
+            # min_effect of the training between two of them moves the job less than runs commonly differ (two
+            # clean runs' 3 ms saves on a quiet machine differed 9%, a file system's jitter), so it is not named
+            between = _training_per_span(baseline, len(b_values))
+            if abs(m.candidate_median - m.baseline_median) < own.min_effect * between:
+                m = dataclasses.replace(m, verdict=NO_CHANGE, note=f"changed by less than {own.min_effect:.0%} of "
+                                        "the training time between two of them")
         metrics.append(m)
     goodput = _goodput_row(candidate, baseline)
     if goodput is not None:

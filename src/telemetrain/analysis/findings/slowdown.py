@@ -2,34 +2,40 @@
 
 **The series**, one point per step at which ranks reported (warm-up windows left out): the iteration time (the
 median over ranks of each window's mean) and, when the windows carry the process's CPU figures (``cpu_time_sec``,
-``cpu_wait_sec``: Linux, training/cpu_wait.py), the *work* (the median over ranks of CPU seconds per iteration, all
-threads) and the *contention* (the share of runnable time spent waiting for a CPU: ``wait / (cpu + wait)``, the
-largest of the ranks, since data-parallel ranks wait for their most descheduled one).
+``cpu_wait_sec``: Linux, training/cpu_wait.py), the *contention* (the share of runnable time spent waiting for a CPU,
+``wait / (cpu + wait)``, the largest of the ranks, since data-parallel ranks wait for their most descheduled one) and
+the *work* (the median over ranks of CPU seconds per iteration). A window whose wall time is half again its
+iterations' (a checkpoint, a validation loop or an evaluation ran inside it) has CPU figures that are not its
+iterations': its contention is taken as the run's median. The series searched is the iteration time **net of the
+contention** (``time x (1 - contention)``: what it would have been had every runnable thread had a CPU); without CPU
+figures, the iteration time itself (and a finding says that a busy machine could not be told apart).
 
 **Where it changed.** PELT (``stats.pelt``: optimal partitioning of the log series, a penalty of
-``changepoint_penalty x noise variance x log(points)`` per change, the noise from the first differences) splits a
-series into segments of at least ``slowdown_min_windows`` points: where to cut, not yet a decision. A segment whose
-median is at least ``slowdown_effect`` times the reference -- the median of every point before it since the start or
-the end of the previous slowdown (a short fast stretch is no baseline) -- opens an episode, which lasts while the
-following segments stay above halfway between the two levels. It counts when at least ``slowdown_min_windows`` of
-its points are above that halfway mark and the shift of the medians, in robust standard errors
-(``stats.median_shift``), gives ``p < slowdown_alpha``.
+``changepoint_penalty x noise variance x log(points)`` per change) splits the series into segments of at least
+``slowdown_min_windows`` points: where to cut, not yet a decision. A segment whose median clears the effect needed
+over the reference -- the median of every point before it since the start or the end of the previous slowdown (a
+short fast stretch is no baseline) -- opens an episode, which lasts while the following segments stay above halfway
+between the two levels; leading segments below halfway between the reference and the episode's own level are not its
+start (a smaller bump just before a change).
 
-**Slower, or a busy machine?** With CPU figures, two searches:
+**When it counts** -- every test on the numbers the finding reports (the episode's median over the reference's, on
+the series searched; and the iteration time's own ratio over the same steps, which the title gives):
 
-1. on the work: the job computes more per iteration (a bigger model, a slower kernel, more data);
-2. on the iteration time, outside those episodes: the job waits more (I/O, data, a peer, a sleep). What the machine
-   alone predicts is the work's ratio times ``(1 - contention before) / (1 - contention during)`` (a process waiting
-   a share ``s`` of its runnable time runs ``1 / (1 - s)`` times as long); it is a slowdown when the iteration time
-   grew the effect needed times more than that, else a ``contention`` note, not a finding.
+- the effect: at least ``slowdown_effect``, times ``1 + contention_inflation x`` the rise of the contention from the
+  reference to the episode (a busier machine also computes slower: caches, memory bandwidth, a hypervisor's steal);
+- at least ``slowdown_noise_z`` times the run's own noise: ``exp(z x sigma)``, ``sigma`` the robust scale (MAD) of the
+  first differences of the log series -- an erratic run needs a larger change;
+- at least ``slowdown_min_added_s`` more per iteration: below a few milliseconds a step's time moves with the
+  scheduler's time slices on a shared machine (a 1 ms hiccup is 30% of a 3 ms step);
+- persistent: at least ``slowdown_min_windows`` of its points above the halfway mark;
+- not chance: the shift of the medians in robust standard errors (``stats.median_shift``) has ``p < slowdown_alpha``;
+- slower: the iteration time itself grew at least ``slowdown_effect`` over the same steps (where the contention fell,
+  a quieter machine, the net series rises while every step got faster).
 
-On a busy CPU a process also *computes* slower and more erratically (shared caches, memory bandwidth, SMT siblings,
-a hypervisor's steal), which the wait does not show: the effect needed is ``slowdown_effect x (1 +
-contention_inflation x`` the contention of the busier of the two stretches ``)`` -- 1.3x on a quiet machine, about
-1.85x where the threads wait for a CPU 85% of their runnable time (calibrated: docs/report.md).
-
-Without CPU figures the iteration time alone is searched, and a finding says that a busy machine could not be told
-apart. Each slowdown is one finding for the job, with the phases whose time grew.
+**Slower, or a busy machine?** An episode of the raw iteration time (the same tests, bar the noise and added-time
+floors) that the net series does not confirm is a ``contention`` note: the machine was busy, not a finding. Each
+slowdown is one finding for the job, with whether the CPU work per iteration grew (the job computes more) or not (it
+waits more: I/O, data, a peer, a sleep), and the phases whose time grew.
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ from .model import Evidence, Finding, Note
 from .stats import median, median_shift, noise_scale, pelt
 from .thresholds import Thresholds
 
-__all__ = ["StepPoint", "job_series", "slow_iteration_windows", "slow_iterations", "slowdowns"]
+__all__ = ["StepPoint", "job_series", "net_series", "slow_iteration_windows", "slow_iterations", "slowdowns"]
 
 PHASES = ("dataloader", "h2d", "forward", "backward", "optimizer", "zero_grad")
 SPREAD_FLOOR = 0.01  # the spread of window medians is taken as at least 1% of the level (timer and rounding jitter)
@@ -67,6 +73,17 @@ class StepPoint:
     phase_clock: str = "host"  # "device" when a rank's phases are device times (WindowPoint.phase_clock)
 
 
+OUTSIDE_SHARE = 1.5  # a window whose wall time is this many times its iterations' ran something else inside it
+
+
+def _window_contention(w: WindowPoint) -> float | None:
+    """The window's contention, unless its CPU figures cover more than its iterations (a checkpoint, a validation
+    loop, an evaluation inside the window: their CPU and sleep are not the iterations')."""
+    if w.wall_seconds is not None and w.wall_seconds > OUTSIDE_SHARE * max(w.iterations, 1) * w.iteration_time:
+        return None
+    return w.wait_fraction
+
+
 def job_series(windows: Sequence[WindowPoint]) -> list[StepPoint]:
     by_step: dict[int, list[WindowPoint]] = {}
     for w in windows:
@@ -75,8 +92,7 @@ def job_series(windows: Sequence[WindowPoint]) -> list[StepPoint]:
     points = []
     for step in sorted(by_step):
         ws = by_step[step]
-        shares = [w.wait_fraction for w in ws]
-        known = [s for s in shares if s is not None]
+        known = [s for s in map(_window_contention, ws) if s is not None]
         work = [w.cpu_seconds / max(w.iterations, 1) for w in ws if w.cpu_seconds is not None]
         phases = {}
         for phase in PHASES:
@@ -121,10 +137,11 @@ class _Episode:
     start: int  # index of the first slow point
     end: int  # index after the last slow point
     before: int  # index of the first point of the reference (the start, or the end of the previous slowdown)
-    ratio: float
+    ratio: float  # level / reference on the series searched: what the floors test (the title: the raw ratio)
     p: float
-    level: float
-    reference: float
+    level: float  # the episode's median of the series searched
+    reference: float  # the reference's median of the same series
+    needed: float  # the effect it had to clear
 
 
 def _median_of(values: Sequence[float | None]) -> float | None:
@@ -132,15 +149,27 @@ def _median_of(values: Sequence[float | None]) -> float | None:
     return median(known) if known else None
 
 
-def _contention(points: Sequence[StepPoint], before: tuple[int, int], after: tuple[int, int]) -> float:
-    """The higher of the two stretches' median contention (0 when unknown)."""
+def _rise(points: Sequence[StepPoint], before: tuple[int, int], after: tuple[int, int]) -> float:
+    """How much the median contention rose from one stretch to the other (0 when it fell or is unknown)."""
     b = _median_of([p.contention for p in points[before[0]:before[1]]])
     a = _median_of([p.contention for p in points[after[0]:after[1]]])
-    return max(a or 0.0, b or 0.0)
+    return max((a or 0.0) - (b or 0.0), 0.0)
 
 
-def _episodes(series: Sequence[float], points: Sequence[StepPoint], th: Thresholds) -> list[_Episode]:
-    """The episodes of ``series`` (see the module docstring); the effect needed grows with the contention."""
+def net_series(points: Sequence[StepPoint]) -> list[float] | None:
+    """The iteration time net of the contention, ``time x (1 - contention)``; a point without a contention of its own
+    (a checkpoint in its window) takes the run's median. None when fewer than half the points have one."""
+    known = [p.contention for p in points if p.contention is not None]
+    if len(known) < len(points) / 2 or not known:
+        return None
+    typical = median(known)
+    return [p.raw * (1 - (p.contention if p.contention is not None else typical)) for p in points]
+
+
+def _episodes(series: Sequence[float], points: Sequence[StepPoint], th: Thresholds, *,
+              floors: bool = True) -> list[_Episode]:
+    """The episodes of ``series`` that count (see the module docstring); ``floors=False`` leaves out the noise and
+    added-time floors (the raw series' episodes, for the busy-machine notes)."""
     n = len(series)
     logs = [math.log(max(v, 1e-12)) for v in series]
     sigma = max(noise_scale(logs), SPREAD_FLOOR)
@@ -148,6 +177,13 @@ def _episodes(series: Sequence[float], points: Sequence[StepPoint], th: Threshol
     bounds = [0, *cuts, n]
     segs = list(itertools.pairwise(bounds))
     levels = [median(series[a:b]) for a, b in segs]
+    noise_effect = math.exp(th.slowdown_noise_z * sigma) if floors else 1.0
+    min_added = th.slowdown_min_added_s if floors else 0.0
+
+    def needed(origin: int, first: int, last: int) -> float:
+        rise = _rise(points, (origin, segs[first][0]), (segs[first][0], segs[last][1]))
+        return max(th.slowdown_effect * (1 + th.contention_inflation * rise), noise_effect)
+
     found = []
     origin = 0  # the reference is everything since the start, or since the last slowdown ended
     i = 1
@@ -157,23 +193,32 @@ def _episodes(series: Sequence[float], points: Sequence[StepPoint], th: Threshol
             i += 1
             continue
         reference = median(before)
-        effect = th.slowdown_effect * (1 + th.contention_inflation * _contention(points, (origin, segs[i][0]),
-                                                                                segs[i]))
-        if reference > 0 and levels[i] >= effect * reference:
-            halfway = reference + (levels[i] - reference) / 2
-            j = i
-            while j + 1 < len(segs) and levels[j + 1] >= halfway:
-                j += 1
-            slow = series[segs[i][0]:segs[j][1]]
-            level = median(slow)
-            _, p = median_shift(before, slow, floor=SPREAD_FLOOR * reference)
-            high = sum(v >= halfway for v in slow)  # patience: that many windows really were slow
-            if level >= effect * reference and p < th.slowdown_alpha and high >= th.slowdown_min_windows:
-                found.append(_Episode(segs[i][0], segs[j][1], origin, level / reference, p, level, reference))
-                origin = segs[j][1]
-            i = j + 1
-        else:
+        if not (reference > 0 and levels[i] >= needed(origin, i, i) * reference):
             i += 1
+            continue
+        halfway = reference + (levels[i] - reference) / 2
+        j = i
+        while j + 1 < len(segs) and levels[j + 1] >= halfway:
+            j += 1
+        # a smaller bump just before the change is not its start: leading segments below halfway to the episode's
+        # own level join the reference
+        first = i
+        while first < j and levels[first] < reference + (median(series[segs[first][0]:segs[j][1]]) - reference) / 2:
+            first += 1
+        before = series[origin:segs[first][0]]
+        reference = median(before)
+        slow = series[segs[first][0]:segs[j][1]]
+        level = median(slow)
+        effect = needed(origin, first, j)
+        _, p = median_shift(before, slow, floor=SPREAD_FLOOR * reference)
+        halfway = reference + (level - reference) / 2
+        high = sum(v >= halfway for v in slow)  # patience: that many windows really were slow
+        if (level >= effect * reference and level - reference >= min_added and p < th.slowdown_alpha
+                and high >= th.slowdown_min_windows):
+            found.append(_Episode(segs[first][0], segs[j][1], origin, level / reference, p, level, reference,
+                                  effect))
+            origin = segs[j][1]
+        i = j + 1
     return found
 
 
@@ -205,48 +250,42 @@ def slowdowns(windows: Sequence[WindowPoint], th: Thresholds) -> tuple[list[Find
         return [], []
     ranks = sorted({r for p in points for r in p.by_rank})
     raw = [p.raw for p in points]
-    if sum(p.work is not None for p in points) < len(points) / 2:
-        return [_finding(points, ep, ranks, "", th) for ep in _episodes(raw, points, th)], []
-    work = [p.work if p.work is not None else math.nan for p in points]
-    known = [w for w in work if not math.isnan(w)]
-    fill = median(known)
-    work = [fill if math.isnan(w) else w for w in work]
-    findings, notes = [], []
-    computing = _episodes(work, points, th)
-    for ep in computing:
-        findings.append(_finding(points, ep, ranks, "work", th))
-    taken = {i for ep in computing for i in range(ep.start, ep.end)}
-    for ep in _episodes(raw, points, th):
+    net = net_series(points)
+    if net is None:
+        return [_finding(points, ep, ranks, th, net=False) for ep in _episodes(raw, points, th)], []
+    # a slowdown is slower: the iteration time itself must have grown too (net of a wait that fell, a quieter machine
+    # makes the net series rise while every step got faster)
+    found = [ep for ep in _episodes(net, points, th) if (_ratio(points, ep, "raw") or 0.0) >= th.slowdown_effect]
+    findings = [_finding(points, ep, ranks, th, net=True) for ep in found]
+    taken = {i for ep in found for i in range(ep.start, ep.end)}
+    notes = []
+    for ep in _episodes(raw, points, th, floors=False):
         span = range(ep.start, ep.end)
         if sum(i in taken for i in span) >= len(span) / 2:
             continue
-        work_ratio = _ratio(points, ep, "work") or 1.0
+        first, last = points[ep.start].first_step, points[ep.end - 1].step
         cb = _median_of([p.contention for p in points[ep.before:ep.start]]) or 0.0
         cd = _median_of([p.contention for p in points[ep.start:ep.end]]) or 0.0
-        predicted = work_ratio * (1 - cb) / max(1 - cd, 1e-3)
-        if ep.ratio >= th.slowdown_effect * (1 + th.contention_inflation * max(cb, cd)) * predicted:
-            findings.append(_finding(points, ep, ranks, "waiting", th))
-            continue
-        first, last = points[ep.start].first_step, points[ep.end - 1].step
+        net_ratio = median(net[ep.start:ep.end]) / max(median(net[ep.before:ep.start]), 1e-12)
         notes.append(Note("contention", (
             f"the machine was busy at steps {first}..{last}: iteration time {ep.ratio:.2f}x "
-            f"({seconds(ep.reference)} -> {seconds(ep.level)}) while the work per iteration changed "
-            f"{work_ratio:.2f}x and the ranks' threads waited for a CPU {cd:.0%} of their runnable time (against "
-            f"{cb:.0%} before), which predicts {predicted:.2f}x: not counted as a finding"),
+            f"({seconds(ep.reference)} -> {seconds(ep.level)}) while the ranks' threads waited for a CPU {cd:.0%} "
+            f"of their runnable time (against {cb:.0%} before); net of that wait {net_ratio:.2f}x: not counted as "
+            "a finding"),
             Evidence(effect=ep.ratio, confidence=1 - ep.p, steps=(first, last), value=ep.level,
                      reference=ep.reference, windows=ep.end - ep.start, test="change point on iteration times",
-                     notes=(f"predicted by the machine {predicted:.2f}x",))))
+                     notes=(f"net of the CPU wait {net_ratio:.2f}x",))))
     return findings, notes
 
 
-def _finding(points: Sequence[StepPoint], ep: _Episode, ranks: list[int], how: str, th: Thresholds) -> Finding:
-    """``how``: ``work`` (the CPU work per iteration grew), ``waiting`` (the time outside it did), or "" (no CPU
-    figures)."""
+def _finding(points: Sequence[StepPoint], ep: _Episode, ranks: list[int], th: Thresholds, *, net: bool) -> Finding:
+    """``net``: the series searched was the iteration time net of the contention (else the iteration time: no CPU
+    figures). The effect in the title and the evidence is the one tested."""
     first, last = points[ep.start].first_step, points[ep.end - 1].step
     until = "the end of the run" if ep.end == len(points) else f"step {last}"
-    time_ratio = _ratio(points, ep, "raw") or ep.ratio
     before_t = median([p.raw for p in points[ep.before:ep.start]])
     during_t = median([p.raw for p in points[ep.start:ep.end]])
+    time_ratio = during_t / before_t if before_t > 0 else ep.ratio
     slow_ranks = []
     for r in ranks:
         before = [p.by_rank[r] for p in points[ep.before:ep.start] if r in p.by_rank]
@@ -261,20 +300,28 @@ def _finding(points: Sequence[StepPoint], ep: _Episode, ranks: list[int], how: s
     if split and any(p.phase_clock == "device" for p in points[ep.before:ep.end]):
         split += " (device time)"
     spread = (" (spread over phases)" if added and total > 0 and added[0][1] < 0.6 * total else "")
-    why = {"work": f"; the CPU work per iteration grew {ep.ratio:.2f}x (contention allowed for)",
-           "waiting": "; the time outside computation grew, more than the machine's contention explains",
-           "": "; no CPU figures in this run: a busy machine could not be told apart"}[how]
+    work_ratio = _ratio(points, ep, "work")
+    if not net:
+        why = "; no CPU figures in this run: a busy machine could not be told apart"
+        tested = ""
+    else:
+        tested = (f"; net of the CPU wait (the time its threads waited for a CPU) {seconds(ep.reference)} -> "
+                  f"{seconds(ep.level)}, {ep.ratio:.2f}x (at least {ep.needed:.2f}x needed)")
+        why = (f"; the CPU work per iteration grew {work_ratio:.2f}x" if work_ratio and work_ratio >= th.slowdown_effect
+               else "; the time outside computation grew (I/O, data, a peer, a sleep), not the CPU work")
+    effect = time_ratio if net else ep.ratio  # both tested: the iteration time's (>= slowdown_effect), and the net's
     detail = (f"the iteration time went from {seconds(before_t)} to {seconds(during_t)} ({time_ratio:.2f}x) at step "
-              f"{first}{where}, until {until}" + (f"; added per iteration: {split}{spread}" if split else "")
-              + f"{why} (p={ep.p:.1g})")
-    title = f"slowdown: {time_ratio:.2f}x from step {first}" + ("" if ep.end == len(points) else f" to {last}")
+              f"{first}{where}, until {until}{tested}"
+              + (f"; added per iteration: {split}{spread}" if split else "") + f"{why} (p={ep.p:.1g})")
+    title = f"slowdown: {effect:.2f}x from step {first}" + ("" if ep.end == len(points) else f" to {last}")
     phase = added[0][0] if added else None
     return Finding("warning", "slowdown", title, detail, Evidence(
-        effect=time_ratio, confidence=1 - ep.p, steps=(first, last), ranks=tuple(slow_ranks or ranks), phase=phase,
+        effect=effect, confidence=1 - ep.p, steps=(first, last), ranks=tuple(slow_ranks or ranks), phase=phase,
         value=during_t, reference=before_t, windows=ep.end - ep.start,
-        test="change points (PELT) and a shift of medians on the "
-             + ("CPU work per iteration" if how == "work" else "iteration time"),
-        notes=tuple(f"{ph} +{seconds(d)}" for ph, d in added)))
+        test="change points (PELT) and a shift of medians on the iteration time"
+             + (" net of the CPU wait, and the iteration time's own ratio" if net else ""),
+        notes=(*(f"{ph} +{seconds(d)}" for ph, d in added),
+               *((f"net of the CPU wait {ep.ratio:.2f}x (at least {ep.needed:.2f}x needed)",) if net else ()))))
 
 
 def _slow_iteration_hits(windows: Sequence[WindowPoint], th: Thresholds) -> tuple[list[tuple[WindowPoint, float]],

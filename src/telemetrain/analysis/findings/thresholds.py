@@ -1,8 +1,9 @@
 """Every threshold of the findings engine, in one place, with what it guards against.
 
 Each rule needs an effect large enough to matter *and* a test saying it is not chance; both were calibrated on
-repeated clean runs of small real jobs on a shared, loaded 2-core VM (``bench/bench_findings.py --calibrate``; the
-measured noise and the margins are in docs/report.md, "Findings: calibration"). Change them through
+repeated clean runs of small real jobs on a shared 2-core VM, loaded (load average 11-18) and quiet (1-6, ~3 ms
+steps) (``bench/bench_findings.py --calibrate``; the measured noise and the margins are in docs/report.md,
+"Findings: calibration"). Change them through
 ``Thresholds(...)`` (``analyse(data, Thresholds(slowdown_effect=1.5))``), not here.
 """
 
@@ -16,9 +17,11 @@ __all__ = ["DEFAULT_THRESHOLDS", "Thresholds"]
 @dataclass(frozen=True)
 class Thresholds:
     # -- "got slower at step N": change points in the job's window medians -------------------------------------------
-    slowdown_effect: float = 1.3  # a later segment's median / the preceding one's, at least
-    slowdown_alpha: float = 1e-3  # Pettitt p of the change, at most
+    slowdown_effect: float = 1.3  # episode median / reference, at least: net of the CPU wait, and the raw time too
+    slowdown_alpha: float = 1e-3  # p of the shift of medians, at most
     slowdown_min_windows: int = 3  # windows on each side of a change (patience)
+    slowdown_noise_z: float = 2.0  # and at least exp(this x the run's window-to-window noise of the log series)
+    slowdown_min_added_s: float = 0.002  # and at least this much more per iteration (a scheduler time slice)
     changepoint_penalty: float = 3.0  # PELT's penalty per change, in noise variances x log(windows): where to cut
     # -- stragglers: a rank against the other ranks in the same window --------------------------------------------
     straggler_z: float = 4.0  # robust z against the other ranks' median and MAD, at least
@@ -31,8 +34,9 @@ class Thresholds:
     # -- time explained by a busy machine -------------------------------------------------------------------------
     contention_share: float = 0.5  # extra CPU wait covering this share of an excess ...
     contention_work_share: float = 0.25  # ... with extra CPU time under this share of it: the machine, not the job
-    # on a busy machine a process also computes slower and more erratically: a slowdown must be (1 + this x the
-    # contention, the share of runnable time waiting for a CPU) times larger (0.5: 1.85x at a contention of 85%)
+    # a busier machine also computes slower (caches, memory bandwidth, steal): a slowdown must be (1 + this x the
+    # rise of the contention, the share of runnable time waiting for a CPU) times larger (0.5: 1.625x for a rise of
+    # 50 points); a contention that stays high (ranks sharing cores) raises the noise floor instead
     contention_inflation: float = 0.5
     # -- slow single iterations -----------------------------------------------------------------------------------
     slow_iteration_factor: float = 10.0  # a window's slowest iteration / the rank's median p50, at least
@@ -66,6 +70,10 @@ class Thresholds:
         if isinstance(self.changepoint_penalty, bool) or not isinstance(self.changepoint_penalty, (int, float)) \
                 or not self.changepoint_penalty > 0:
             raise ValueError(f"changepoint_penalty must be > 0, got {self.changepoint_penalty!r}")
+        for name in ("slowdown_noise_z", "slowdown_min_added_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
         if type(self.straggler_gap) is not int or self.straggler_gap < 0:
             raise ValueError(f"straggler_gap must be an int >= 0, got {self.straggler_gap!r}")
 
