@@ -243,6 +243,18 @@ def test_two_slow_ranks_in_two_phases_are_two_findings() -> None:
                                                                "straggler: rank 3 (forward)"]
 
 
+def test_one_rank_slow_in_one_phase_twice_far_apart_is_one_finding() -> None:
+    # two episodes of 10 windows 360 windows apart: the binomial test over the lull between them fails (the rank is
+    # the slowest there only by chance), yet it is one straggler to report, tested over its episodes' windows
+    slow = windows(ranks=4, steps=400, seed=5, rank_phase={(1, "dataloader"): 0.01})
+    plain = windows(ranks=4, steps=400, seed=5)
+    ws = [s if 10 <= s.step // 10 < 20 or 380 <= s.step // 10 < 390 else p for s, p in zip(slow, plain, strict=True)]
+    (f,) = [f for f in analyse(FindingsInput(windows=ws)).findings if f.kind == "straggler"]
+    assert f.title == "straggler: rank 1 (dataloader)" and f.evidence is not None
+    assert f.evidence.steps == (100, 3899) and f.evidence.windows == 20 and f.evidence.confidence > 0.99
+    assert "in 20 of 20 windows (its episodes 360 window(s) apart, those not counted)" in f.detail
+
+
 def test_a_straggler_from_mid_run_explains_the_job_slowdown_in_one_finding() -> None:
     slow = {(2, "forward"): 0.02}
     ws = windows(ranks=4, steps=30, seed=3) + [

@@ -28,7 +28,8 @@ flagged (counted in a note).
 episode with at least ``straggler_patience`` flagged windows is tested: over its ``n`` windows, the rank was the
 slowest ``k`` times; if ranks were exchangeable that would happen with ``p = P(Binomial(n, 1/ranks) >= k)``; it is a
 straggler when ``p < straggler_alpha``. Two episodes of one rank and phase are one when the test still holds over
-both and the lull between them. The episodes of one rank that overlap are one finding, named by its costliest
+both and the lull between them; episodes of one rank and phase further apart are still one finding (its test over
+their windows, the lulls left out). The episodes of one rank that overlap are one finding, named by its costliest
 phase; the cost is the excess time summed over the flagged windows (what the other ranks waited).
 """
 
@@ -174,9 +175,11 @@ def stragglers(windows: Sequence[WindowPoint], events: Sequence[Mapping[str, obj
                 kept[-1] = kept[-1] + episode
             else:
                 kept.append(episode)
-        for episode in kept:
-            n, p = test(episode)
-            episodes.setdefault(rank, []).append((phase, episode, n, p))
+        if kept:  # one finding per rank and phase: episodes apart are tested over their own windows, not the lull
+            flagged = [f for episode in kept for f in episode]
+            n = sum(episode[-1].index - episode[0].index + 1 for episode in kept)
+            episodes.setdefault(rank, []).append((phase, flagged, n, binomial_tail(sum(f.slowest for f in flagged),
+                                                                                   n, 1 / world)))
     findings = []
     for rank, eps in sorted(episodes.items()):
         for group in _overlapping(eps):
@@ -303,6 +306,8 @@ def _finding(rank: int, group: list[tuple[str, list[_Flag], int, float]], steps:
     cost = sum(_cost(e[1]) for e in group)
     host = hosts.get(rank, "")
     phases = [e[0] for e in group]
+    lull = flags[-1].index - flags[0].index + 1 - n
+    apart = f" (its episodes {lull} window(s) apart, those not counted)" if lull > 0 else ""
     also = [f"also {ph} ({len(fl)} window(s), {seconds(_cost(fl))})" for ph, fl, _, _ in group[1:]]
     notes = list(also)
     confirmed = _matching(events, rank, set(phases), steps[first], steps[last])
@@ -314,7 +319,8 @@ def _finding(rank: int, group: list[tuple[str, list[_Flag], int, float]], steps:
     clock = " (device time)" if any(w.phase_clock == "device" for ranks in steps[first:last + 1]
                                     for w in ranks.values()) and phase != "iteration" else ""
     detail = (f"rank {rank}{f' on {host}' if host else ''} was slower than the other ranks in {phase}{clock} in "
-              f"{len(flags)} of {n} windows (steps {first_step}..{last_step}): {seconds(value)} per iteration against "
+              f"{len(flags)} of {n} windows{apart} (steps {first_step}..{last_step}): {seconds(value)} per iteration "
+              "against "
               f"their {seconds(reference)} ({median(ratios):.2f}x); it was the slowest rank there "
               f"{sum(f.slowest for f in flags)} time(s), binomial p={p:.1g}; the others waited about {seconds(cost)} "
               "for it in all")
