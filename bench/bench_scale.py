@@ -206,14 +206,16 @@ def timed_command(argv: list[str], env: dict[str, str], timeout: float) -> dict[
 
 
 def baseline_of(run: Path) -> Path:
-    """A second run to compare with: the same files, hard-linked (no disk), under another store."""
+    """A second run to compare with: the same files, hard-linked (no disk), under another store. Linked afresh each
+    time: a copy kept from before the run was compacted again would hold the old columnar copy (a stale one once made
+    every ``compare`` convert the whole baseline's JSONL again)."""
     base = run.parents[2] / "baseline" / SESSION / RUN
-    if not base.exists():
-        base.parent.mkdir(parents=True, exist_ok=True)
-        tmp = base.with_name(".tmp-baseline")
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(run, tmp, copy_function=os.link)
-        tmp.rename(base)
+    base.parent.mkdir(parents=True, exist_ok=True)
+    tmp = base.with_name(".tmp-baseline")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(run, tmp, copy_function=os.link)
+    shutil.rmtree(base, ignore_errors=True)
+    tmp.rename(base)
     return base
 
 
