@@ -18,7 +18,7 @@ from telemetrain.analysis import compare_runs
 from telemetrain.analysis.compare import INCONCLUSIVE, NO_CHANGE, ONE_VALUE, REGRESSION, compare_samples
 from telemetrain.analysis.compare_html import comparison_html
 from telemetrain.analysis.compare_text import format_comparison
-from telemetrain.analysis.findings.noise import Contention, explained_factor, history_min_effect
+from telemetrain.analysis.findings.noise import Contention, explained_factor, history_min_effect, steal_factor
 from telemetrain.analysis.samples import RunSamples, Window
 from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
 
@@ -83,6 +83,23 @@ def test_without_cpu_wait_the_process_cpu_share_on_a_busy_host_explains_a_slowdo
     factor, why = explained_factor(Contention(process_cpu=0.5, host_cpu=0.97),
                                    Contention(process_cpu=0.8, host_cpu=0.5))
     assert factor == pytest.approx(1.6) and "50% of its CPUs against 80%" in why
+
+
+def test_the_hypervisors_steal_explains_a_slowdown_nothing_in_the_guest_shows() -> None:
+    # a stolen guest believes it ran: no CPU wait, its full CPU share; only the steal shows where the time went
+    base = samples("base", wait=0.0, contention={"process_cpu": 0.5, "host_cpu": 0.5, "steal": 0.0})
+    stolen = {"process_cpu": 0.5, "host_cpu": 0.55, "steal": 0.055}  # 10% of its busy time went to another guest
+    c = fast(samples("c", scale=1.11, wait=0.0, contention=stolen), base)
+    (m,) = [m for m in c.metrics if m.label == "iteration time"]
+    assert m.verdict == INCONCLUSIVE and "steal" in m.note and not c.regressions
+    # the same slowdown without steal is a regression, and so is one far beyond what the steal explains
+    quiet = {"process_cpu": 0.5, "host_cpu": 0.5, "steal": 0.001}
+    assert verdicts(fast(samples("c", scale=1.11, wait=0.0, contention=quiet), base))["iteration time"] == REGRESSION
+    assert verdicts(fast(samples("c", scale=2.5, wait=0.0, contention=stolen), base))["iteration time"] == REGRESSION
+    factor, why = steal_factor(Contention(host_cpu=0.55, steal=0.055), Contention(host_cpu=0.5, steal=0.0))
+    assert factor == pytest.approx(1 / (1 - 0.055 / 0.55)) and "10% of the candidate's" in why
+    assert steal_factor(Contention(host_cpu=0.5, steal=0.01), Contention(host_cpu=0.5, steal=0.0)) == (1.0, "")
+    assert steal_factor(Contention(host_cpu=0.5), Contention(host_cpu=0.5, steal=0.2)) == (1.0, "")  # unknown
 
 
 def test_on_a_quiet_machine_a_small_regression_is_a_regression() -> None:

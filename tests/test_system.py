@@ -168,6 +168,11 @@ def test_host_and_process_metrics_have_base_units_and_sane_values(t: telemetrain
     for key in ("system.cpu.utilization", "process.cpu.utilization", "process.tree.cpu.utilization"):
         assert 0.0 <= second[("system", key)] <= 1.0, key
     assert second[("system", "process.cpu.utilization")] > 0  # we burnt CPU between the samples
+    if hasattr(psutil.cpu_times(), "steal"):  # Linux: the hypervisor's steal, a share of the same CPU time
+        assert 0.0 <= second[("system", "system.cpu.steal")] <= second[("system", "system.cpu.utilization")]
+    else:
+        assert ("system", "system.cpu.steal") not in second
+    assert ("system", "system.cpu.steal") not in first
     vm = psutil.virtual_memory()
     assert second[("system", "system.memory.limit")] == vm.total
     usage = second[("system", "system.memory.usage")]

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ..store.reader import Run
-from .findings.noise import BUSY_RESIDUAL, Contention, explained_factor, history_min_effect
+from .findings.noise import BUSY_RESIDUAL, Contention, explained_factor, history_min_effect, steal_factor
 from .findings.stats import min_rank_sum_p, rank_sum_p
 from .samples import OTHER, PHASES, RunSamples, run_samples, with_goodput
 
@@ -353,6 +353,9 @@ class _Noise:
         self.contention = (Contention.of(candidate.wait_fraction(), candidate.contention, candidate.cpu_count),
                            Contention.of(baseline.wait_fraction(), baseline.contention, baseline.cpu_count))
         self.factor, self.reason = explained_factor(*self.contention)
+        # the steal is in neither the CPU wait nor the CPU share: it multiplies what those explain
+        self.steal, why = steal_factor(*self.contention)
+        self.reason = "; ".join(r for r in (self.reason, why) if r)
         self.widened: list[str] = []
 
     def settings_for(self, what: _Metric, series: _Series) -> _Settings:
@@ -385,9 +388,10 @@ class _Noise:
         else:
             m_net = m
         busier = self.contention[0] if slower else self.contention[1]
-        if self.history or not (busier.busy or self.factor != 1.0):
+        if self.history or not (busier.busy or self.factor != 1.0 or self.steal != 1.0):
             return m
-        factor = (self.factor if slower else 1 / self.factor) if not self.busy_free else 1.0
+        factor = (self.factor if not self.busy_free else 1.0) * self.steal
+        factor = factor if slower else 1 / factor
         allowed = max(factor, 1.0) * (1 + BUSY_RESIDUAL)
         # the bound of the (net) interval nearest "no change", as a slowdown factor of the busier run
         low, high = m_net.ci_low, m_net.ci_high

@@ -37,8 +37,10 @@ DURATIONS = {"checkpoint_save_sync": "checkpoint_save", "checkpoint_save_async":
              "checkpoint_load": "checkpoint_load", "validation_loop": "validation"}
 _DURATION_BYTES = tuple(f'"name":"{name}"'.encode() for name in DURATIONS)
 # the system sampler's contention signals (metric name -> key in RunSamples.contention); the baseline marker
-_CONTENTION = {"process.cpu.utilization": "process_cpu", "system.cpu.utilization": "host_cpu"}
-_CONTENTION_BYTES = (b'"process.cpu.utilization"', b'"system.cpu.utilization"', b'"hw.gpu.throttle.')
+_CONTENTION = {"process.cpu.utilization": "process_cpu", "system.cpu.utilization": "host_cpu",
+               "system.cpu.steal": "steal"}
+_CONTENTION_BYTES = (b'"process.cpu.utilization"', b'"system.cpu.utilization"', b'"system.cpu.steal"',
+                     b'"hw.gpu.throttle.')
 _INIT_BYTES = b'"name":"one_logger_initialization"'
 _NOT_USER_BYTES = (b'"group":"system', b'"group":"training"', b'"group":"cross_rank"')  # curves.is_user_group's
 

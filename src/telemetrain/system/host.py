@@ -7,7 +7,9 @@ Choices, each to avoid a number that looks right and is not:
 - CPU utilisation is computed from ``psutil.cpu_times()`` deltas kept here, not ``psutil.cpu_percent()``, whose
   state is global to the process (another caller of it would shorten our interval) and whose first call returns a
   meaningless 0. The first sample has no utilisation (absent); guest time is already inside user time on Linux and is
-  not counted twice.
+  not counted twice. On Linux the hypervisor's steal (time a virtual CPU wanted to run while another guest had the
+  physical one) is also given on its own, ``system.cpu.steal``, a share of all CPU time like the utilisation (which
+  counts it as busy): nothing else inside a guest shows it, and ``compare`` takes it as contention.
 - Disk and network I/O are bytes since the sampler started, summed per device from per-device deltas: a device that
   appears, disappears or whose counter goes backwards is re-based instead of producing a negative or a jump. Only
   physical devices are summed where Linux says which are (``/sys/block/X/device``, ``/sys/class/net/X/device``), so a
@@ -81,7 +83,8 @@ class HostSource:
 
     def __init__(self, disk_paths: Sequence[str]) -> None:
         self._paths = resolve_paths(disk_paths)
-        self._cpu: tuple[float, float] | None = None  # (busy, total) seconds at the previous sample
+        # (busy, total, steal or None) seconds at the previous sample
+        self._cpu: tuple[float, float, float | None] | None = None
         self._disk_read, self._disk_write = _DeviceSum(), _DeviceSum()
         self._net_recv, self._net_sent = _DeviceSum(), _DeviceSum()
         self._disks: tuple[tuple[str, ...], list[str]] = ((), [])  # (devices seen, devices summed)
@@ -101,11 +104,14 @@ class HostSource:
         if times is not None:
             total = sum(times) - getattr(times, "guest", 0.0) - getattr(times, "guest_nice", 0.0)
             busy = total - times.idle - getattr(times, "iowait", 0.0)
+            steal = getattr(times, "steal", None)  # Linux only
             if self._cpu is not None:
                 d_total = total - self._cpu[1]
                 if d_total > 0:  # iowait can go backwards on Linux: clamp to the possible range
                     add(GROUP, "system.cpu.utilization", min(1.0, max(0.0, (busy - self._cpu[0]) / d_total)))
-            self._cpu = (busy, total)
+                    if steal is not None and self._cpu[2] is not None:
+                        add(GROUP, "system.cpu.steal", min(1.0, max(0.0, (steal - self._cpu[2]) / d_total)))
+            self._cpu = (busy, total, steal)
 
         vm = cycle.read("host.memory", psutil.virtual_memory)
         if vm is not None:

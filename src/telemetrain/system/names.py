@@ -45,6 +45,8 @@ def filesystem_group(path: str) -> str:
 CATALOGUE: dict[str, tuple[str, str]] = {
     # host (group "system"; by default from local rank 0 only: one copy per node)
     "system.cpu.utilization": ("1", "busy fraction of all CPUs of the host since the previous sample"),
+    "system.cpu.steal": ("1", "fraction of all CPU time of the host another guest of the hypervisor had since the "
+                         "previous sample (Linux steal; inside system.cpu.utilization)"),
     "system.memory.usage": ("By", "host memory in use (total - available)"),
     "system.memory.limit": ("By", "host memory total"),
     "system.memory.utilization": ("1", "usage / limit"),

@@ -9,7 +9,11 @@ variance, for ``compare``.
    *inconclusive: the machine was busy*;
 2. the sampler's process CPU share (``process.cpu.utilization``) while the host was busy (``system.cpu.utilization``
    at least ``BUSY_HOST``): a process that got a fraction ``f`` of the CPU it had before may take ``1/f`` as long;
-3. GPU throttling (``hw.gpu.throttle.*``): a rise in the share of throttled samples is reported with the verdict.
+3. the hypervisor's steal (``system.cpu.steal``, Linux guests): the share of the guest's busy CPU time another guest
+   had (``steal / system.cpu.utilization``). It is in neither the process's CPU wait nor its CPU time -- the guest
+   believes it ran -- so a stolen run looks slower with nothing else to show for it; from ``BUSY_STEAL`` on the
+   machine was busy, and a run that lost a share ``s`` may take ``1/(1-s)`` as long (``steal_factor``);
+4. GPU throttling (``hw.gpu.throttle.*``): a rise in the share of throttled samples is reported with the verdict.
 
 ``explained_factor`` turns 2 (or 1, as a whole-run figure) into the slowdown the machine alone could explain. What
 the CPU wait does not capture -- a busy machine also slows a process *on* the CPU -- is allowed for, without earlier
@@ -28,10 +32,12 @@ from dataclasses import dataclass
 
 from .stats import MAD_TO_SD, mad, normal_quantile
 
-__all__ = ["BUSY_HOST", "BUSY_RESIDUAL", "BUSY_WAIT", "Contention", "explained_factor", "history_min_effect"]
+__all__ = ["BUSY_HOST", "BUSY_RESIDUAL", "BUSY_STEAL", "BUSY_WAIT", "Contention", "explained_factor",
+           "history_min_effect", "steal_factor"]
 
 BUSY_HOST = 0.9  # host CPU utilisation from which a lower process CPU share is taken as contention
 BUSY_WAIT = 0.05  # a run whose threads waited for a CPU this share of their runnable time ran on a busy machine
+BUSY_STEAL = 0.05  # ... or whose guest lost this share of its busy CPU time to other guests (steal)
 # On a busy machine a process also runs slower *on* the CPU (caches, memory bandwidth and SMT siblings shared with
 # the other load, a hypervisor's steal): measured on repeated clean runs on a loaded 2-core VM
 # (bench/bench_findings.py --calibrate; docs/compare.md), what is left after the CPU wait is taken out still differs
@@ -50,17 +56,29 @@ class Contention:
     host_cpu: float | None = None  # mean system.cpu.utilization
     gpu_throttled: float | None = None  # share of GPU samples with a throttle flag
     cpu_count: int | None = None
+    steal: float | None = None  # mean system.cpu.steal (share of all the host's CPU time)
+
+    @property
+    def stolen(self) -> float | None:
+        """The share of the guest's busy CPU time that the hypervisor gave another guest: host-wide steal over the
+        host's busy share (an idle CPU loses nothing: steal over all CPU time would dilute it)."""
+        if self.steal is None:
+            return None
+        if self.host_cpu is not None and self.host_cpu > 0:
+            return min(self.steal / self.host_cpu, 1.0)
+        return self.steal
 
     @property
     def busy(self) -> bool:
         """The run shared a busy machine: its threads waited for a CPU, or its host was nearly saturated."""
+        stolen = self.stolen
         return (self.wait_fraction is not None and self.wait_fraction >= BUSY_WAIT) or \
-            (self.host_cpu is not None and self.host_cpu >= BUSY_HOST)
+            (self.host_cpu is not None and self.host_cpu >= BUSY_HOST) or (stolen is not None and stolen >= BUSY_STEAL)
 
     @classmethod
     def of(cls, wait_fraction: float | None, signals: Mapping[str, float], cpu_count: int | None) -> Contention:
         return cls(wait_fraction, signals.get("process_cpu"), signals.get("host_cpu"), signals.get("gpu_throttled"),
-                   cpu_count)
+                   cpu_count, signals.get("steal"))
 
     def describe(self) -> str:
         parts = []
@@ -71,6 +89,9 @@ class Contention:
             parts.append(f"process CPU {self.process_cpu:.0%}{cores}")
         if self.host_cpu is not None:
             parts.append(f"host CPU {self.host_cpu:.0%} busy")
+        stolen = self.stolen
+        if stolen:
+            parts.append(f"the hypervisor took {stolen:.0%} of it (steal)")
         if self.gpu_throttled:
             parts.append(f"GPU throttled in {self.gpu_throttled:.0%} of samples")
         return ", ".join(parts) or "no contention signal recorded"
@@ -91,6 +112,17 @@ def explained_factor(candidate: Contention, baseline: Contention) -> tuple[float
             return factor, (f"the process got {c.process_cpu:.0%} of its CPUs against {b.process_cpu:.0%} in the "
                             f"baseline, on a host {busier.host_cpu:.0%} busy")
     return 1.0, ""
+
+
+def steal_factor(candidate: Contention, baseline: Contention) -> tuple[float, str]:
+    """How many times slower the candidate could be from the steal alone (above 1: more of its CPU time was stolen
+    than the baseline's), and why ("" when neither run lost ``BUSY_STEAL`` or either is unknown). Steal is in neither
+    the CPU wait nor the process CPU share: it multiplies ``explained_factor``'s."""
+    c, b = candidate.stolen, baseline.stolen
+    if c is None or b is None or max(c, b) < BUSY_STEAL:
+        return 1.0, ""
+    return (1 - b) / max(1 - c, 1e-3), (f"the hypervisor took {c:.0%} of the candidate's busy CPU time against "
+                                        f"{b:.0%} of the baseline's (steal)")
 
 
 def history_min_effect(medians: Sequence[float], confidence: float) -> float | None:
