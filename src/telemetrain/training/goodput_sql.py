@@ -4,7 +4,7 @@ computed by DuckDB; the whole training lifecycle (spans, windows) is loaded only
 reported, one rank at a time. So a restarted session costs its number of attempts in small queries, not their
 records in Python, and memory follows one rank's lifecycle, not the session's size.
 
-The rules are ``goodput.read_records``'s (the tests compare both paths on the same sessions): a timestamp is a
+The rules are ``goodput_read.read_records``'s (the tests compare both paths on the same sessions): a timestamp is a
 lifecycle span's start, the end of a lifecycle span whose start came before it in the file (later than its start),
 and the wall-clock stamps of the windows and checkpoint events; a save's figures are read as ``_int``/``_num`` read
 them.
@@ -19,7 +19,7 @@ from typing import Any
 from ..store.codec import untag_nonfinite
 from ..store.engine import Engine
 from ..store.reader import Run
-from .goodput import (
+from .goodput_read import (
     _LIFECYCLE,
     _TRACKED,
     GROUP,
@@ -43,21 +43,21 @@ def _names(names: Any) -> str:
 
 
 def _int_sql(x: str) -> str:
-    """``goodput._int`` of the JSON column ``x``: an integer, or a float with an integral value; NULL otherwise."""
+    """``goodput_read._int`` of the JSON column ``x``: an integer, or a float with an integral value; NULL otherwise."""
     return (f"(CASE WHEN json_type({x}) IN ('BIGINT', 'UBIGINT') THEN TRY_CAST({x} AS BIGINT) "
             f"WHEN json_type({x}) = 'DOUBLE' AND isfinite({x}::DOUBLE) AND {x}::DOUBLE = floor({x}::DOUBLE) "
             f"THEN TRY_CAST({x}::DOUBLE AS BIGINT) END)")
 
 
 def _num_sql(x: str) -> str:
-    """``goodput._num`` of the JSON column ``x``: a finite number (not a bool); NULL otherwise (a non-finite float
+    """``goodput_read._num`` of the JSON column ``x``: a finite number (not a bool); NULL otherwise (a non-finite float
     is tagged ``{"$float": ...}``, an object: NULL too)."""
     number = f"json_type({x}) IN ('BIGINT', 'UBIGINT', 'DOUBLE')"
     return f"(CASE WHEN {number} AND isfinite({x}::DOUBLE) THEN {x}::DOUBLE END)"
 
 
 def _stamp_sql(x: str) -> str:
-    """``goodput._stamp`` of the DOUBLE column ``x`` (a ``_num``): wall seconds -> ns."""
+    """``goodput_read._stamp`` of the DOUBLE column ``x`` (a ``_num``): wall seconds -> ns."""
     return f"(CASE WHEN {x} > 0 AND isfinite({x} * 1e9) THEN round({x} * 1e9)::BIGINT END)"
 
 

@@ -1,0 +1,340 @@
+"""Goodput's input: the training lifecycle of each process of a session, read from the run store (the pure-Python
+reader here; ``goodput_sql`` gives the same objects from DuckDB). ``goodput`` computes the figures from them."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..store.reader import ProcessLog, Run, find_runs, open_run
+from .names import EventName, SpanName
+
+GROUP = "training"
+
+
+# the spans whose start and end times make up a process's timeline (the sub-phases are left out: they live inside
+# iterations, and are often timed with the context managers while the iterations get explicit times)
+_LIFECYCLE = frozenset(
+    s.value
+    for s in (
+        SpanName.APPLICATION,
+        SpanName.DIST_INIT,
+        SpanName.MODEL_INIT,
+        SpanName.DATA_LOADER_INIT,
+        SpanName.OPTIMIZER_INIT,
+        SpanName.CHECKPOINT_LOAD,
+        SpanName.CHECKPOINT_SAVE_SYNC,
+        SpanName.CHECKPOINT_SAVE_ASYNC,
+        SpanName.TRAINING_LOOP,
+        SpanName.TRAINING_SINGLE_ITERATION,
+        SpanName.VALIDATION_LOOP,
+        SpanName.VALIDATION_SINGLE_ITERATION,
+        SpanName.TESTING_LOOP,
+        SpanName.TESTING_SINGLE_ITERATION,
+    )
+)
+_TRACKED = _LIFECYCLE | {SpanName.DATA_LOADING.value}
+
+
+
+@dataclass
+class _Span:
+    name: str
+    span_id: str
+    parent_id: str
+    start_ns: int
+    end_ns: int | None = None
+    status: str | None = None
+    attributes: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Window:
+    """One ``training_metrics_update``."""
+
+    completed: int  # global iterations completed at the window's end (current_iteration + 1)
+    iterations: int  # iterations in the window, warm-up included
+    timed: int  # iterations whose time is in total_sec (the recorder leaves warm-up iterations out)
+    total_sec: float
+    avg_sec: float | None
+    data_sec: float
+    window_sec: float
+    final: bool
+    energy_J: float | None = None  # the rank's share of its GPUs' energy over the window (goodput_energy)
+
+
+@dataclass
+class _Save:
+    """One ``save_checkpoint_success``."""
+
+    completed: int | None  # productive_train_iterations: global iterations completed when the save started
+    step: int | None  # current_iteration: the global step the checkpoint was saved as
+    sec: float | None  # productive_train_iterations_sec: this loop's iteration seconds when the save started
+
+
+@dataclass
+class _Loop:
+    span: _Span
+    start: int  # train_iterations_start
+    index: int  # position among its process's loops
+    windows: list[_Window] = field(default_factory=list)
+    saves: list[_Save] = field(default_factory=list)
+    iteration_spans: list[_Span] = field(default_factory=list)
+    progress: tuple[int, float] | None = None  # the last heartbeat (training_progress): (completed, iteration s)
+
+
+@dataclass
+class _Process:
+    run: int
+    rank: int
+    pid: int
+    spans: list[_Span]
+    loops: list[_Loop]
+    saves: list[_Save]  # every successful save of the process, whatever loop it followed
+    first_ns: int | None
+    last_ns: int | None
+    data_outside: bool  # data loading is timed outside the iteration spans (so not inside the iteration times)
+    orphan_reports: int = 0  # training_metrics_update events with no training_loop span before them
+
+
+@dataclass
+class _RunData:
+    run: Run
+    processes: list[_Process]
+    first_ns: int | None
+    last_ns: int | None
+
+
+@dataclass
+class _Session:
+    path: Path
+    tag: str
+    runs: list[_RunData]
+    start_ns: int
+    end_ns: int
+    notes: list[str]
+    # the SQL path reads every process's figures but only one rank's whole lifecycle at a time: this loads the
+    # lifecycle of a rank's processes into ``runs`` (and lets the previous rank's go)
+    load_rank: Callable[[_Session, int], None] | None = None
+    energy: bool = False  # the SQL path: the reports carry energy (``_energy`` then loads every rank in turn)
+
+
+def _num(attributes: Mapping[str, Any], key: str) -> float | None:
+    value = attributes.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _int(attributes: Mapping[str, Any], key: str) -> int | None:
+    value = attributes.get(key)
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+def _stamp(attributes: Mapping[str, Any], key: str) -> int | None:
+    """A ``*_timestamp_sec`` attribute (wall seconds) in wall ns."""
+    value = _num(attributes, key)
+    if value is None or value <= 0 or not math.isfinite(value * 1e9):
+        return None
+    return round(value * 1e9)
+
+
+def _window_of(attributes: Mapping[str, Any]) -> _Window | None:
+    current = _int(attributes, "current_iteration")
+    if current is None:
+        return None
+    iterations = _int(attributes, "window_iterations") or 0
+    total = _num(attributes, "total_iteration_time_sec")
+    avg = _num(attributes, "avg_iteration_time_sec")
+    if total is None:
+        timed = 0  # no iteration of the window was timed: all warm-up
+    elif avg is not None and avg > 0 and math.isfinite(total / avg):
+        timed = min(round(total / avg), iterations)
+    else:
+        timed = iterations
+    data_avg = _num(attributes, "avg_dataloader_time_sec")
+    return _Window(
+        completed=current + 1,
+        iterations=iterations,
+        timed=timed,
+        total_sec=total or 0.0,
+        avg_sec=avg,
+        data_sec=(data_avg or 0.0) * iterations,
+        window_sec=_num(attributes, "window_seconds") or 0.0,
+        final=attributes.get("final") is True,
+        energy_J=_num(attributes, "window_energy_J"),
+    )
+
+
+def _read_process(log: ProcessLog, run_index: int) -> _Process:
+    """The training lifecycle of one process file, in the order it was written (the order of the calls: events are
+    stamped when emitted, spans at their explicit times, so file order is the one to trust for "which loop")."""
+    return read_records(log.records, log.rank, log.pid, run_index)
+
+
+def read_records(records: Iterable[Any], rank: int, pid: int, run_index: int) -> _Process:
+    """``_read_process`` of a process's records in file order (any objects with the records' fields: the SQL path
+    hands rows of the group ``training`` only)."""
+    by_id: dict[str, _Span] = {}
+    early_ends: dict[str, Any] = {}
+    spans: list[_Span] = []
+    loops: list[_Loop] = []
+    loop_of: dict[str, _Loop] = {}
+    saves: list[_Save] = []
+    stamps: list[int] = []
+    orphans = 0
+    for rec in records:
+        if rec.group != GROUP:
+            continue
+        kind = rec.kind
+        if kind == "span_start":
+            if rec.name not in _TRACKED:
+                continue
+            s = _Span(rec.name, rec.span_id, rec.parent_id, rec.wall_ns, attributes=dict(rec.attributes or {}))
+            by_id[s.span_id] = s
+            spans.append(s)
+            if s.name in _LIFECYCLE:
+                stamps.append(s.start_ns)
+            early = early_ends.pop(s.span_id, None)
+            if early is not None:  # its end came first (the tracer's tick wrote the start as the span ended)
+                s.end_ns, s.status = max(early.wall_ns, s.start_ns), early.status
+            if s.name == SpanName.TRAINING_LOOP.value:
+                start = _int(s.attributes, "train_iterations_start") or 0
+                loop = _Loop(span=s, start=max(start, 0), index=len(loops))
+                loops.append(loop)
+                loop_of[s.span_id] = loop
+            elif s.name == SpanName.TRAINING_SINGLE_ITERATION.value and s.parent_id in loop_of:
+                loop_of[s.parent_id].iteration_spans.append(s)
+        elif kind == "span_end":
+            found = by_id.get(rec.span_id)
+            if found is None:
+                if rec.name in _TRACKED:
+                    early_ends[rec.span_id] = rec
+                continue
+            if found.end_ns is not None:
+                continue
+            found.end_ns = max(rec.wall_ns, found.start_ns)
+            found.status = rec.status
+            if found.name in _LIFECYCLE:
+                stamps.append(found.end_ns)
+        elif kind == "event":
+            attributes = rec.attributes or {}
+            if rec.name == EventName.TRAINING_METRICS_UPDATE.value:
+                window = _window_of(attributes)
+                if window is not None and loops:
+                    loops[-1].windows.append(window)
+                elif window is not None:
+                    orphans += 1
+                ts = _stamp(attributes, "last_logged_train_iterations_finish_timestamp_sec")
+                if ts is not None:
+                    stamps.append(ts)
+            elif rec.name == "training_progress":  # the stall watchdog's heartbeat (distributed.watchdog)
+                current, seconds = _int(attributes, "current_iteration"), _num(attributes,
+                                                                               "cumulative_iteration_time_sec")
+                if current is not None and seconds is not None and loops:
+                    loops[-1].progress = (current + 1, seconds)
+                ts = _stamp(attributes, "last_logged_train_iterations_finish_timestamp_sec")
+                if ts is not None:
+                    stamps.append(ts)
+            elif rec.name == EventName.SAVE_CHECKPOINT_SUCCESS.value:
+                save = _Save(
+                    completed=_int(attributes, "productive_train_iterations"),
+                    step=_int(attributes, "current_iteration"),
+                    sec=_num(attributes, "productive_train_iterations_sec"),
+                )
+                saves.append(save)
+                if loops:
+                    loops[-1].saves.append(save)
+                ts = _stamp(attributes, "latest_successful_save_checkpoint_timestamp_sec")
+                if ts is not None:
+                    stamps.append(ts)
+    iteration_ids = {s.span_id for s in spans if s.name == SpanName.TRAINING_SINGLE_ITERATION.value}
+    data_outside = any(s.name == SpanName.DATA_LOADING.value and s.parent_id not in iteration_ids for s in spans)
+    return _Process(
+        run=run_index,
+        rank=rank,
+        pid=pid,
+        spans=spans,
+        loops=loops,
+        saves=saves,
+        first_ns=min(stamps) if stamps else None,
+        last_ns=max(stamps) if stamps else None,
+        data_outside=data_outside,
+        orphan_reports=orphans,
+    )
+
+
+def _load(session_dir: str | os.PathLike[str], opened: Sequence[Run] = (), engine: Any = None) -> _Session:
+    path = Path(session_dir)
+    if not path.exists():
+        raise FileNotFoundError(f"no such session folder: {path}")
+    if not path.is_dir():
+        raise ValueError(f"{path} is a file; goodput needs a session folder (<root>/<session_tag>/) of the run store")
+    run_dirs = find_runs(path)
+    if not run_dirs:
+        raise ValueError(
+            f"{path}: empty session, no runs in it (a session folder holds <run_id>/ folders with run.json and "
+            "rank-<R>.<pid>.jsonl files)"
+        )
+    already = {Path(r.path).resolve(): r for r in opened}
+    # (``is None``: a Run's truth is its length, which would read it)
+    runs = [r if (r := already.get(d.resolve())) is not None else open_run(d) for d in run_dirs]
+    tags = sorted({r.session_tag for r in runs})
+    if len(tags) > 1:
+        shown = ", ".join(tags[:5]) + (", ..." if len(tags) > 5 else "")
+        raise ValueError(
+            f"{path} holds runs of {len(tags)} sessions ({shown}): goodput is computed per session; pass one "
+            "session folder, <root>/<session_tag>"
+        )
+    notes: list[str] = []
+    datas: list[_RunData] = []
+    load_rank = None
+    energy = False
+    if engine is None:
+        from ..store.engine import engine_for
+
+        engine = engine_for(run_dirs)
+    if engine is not None:
+        from .goodput_sql import load_session
+
+        datas, load_rank, energy = load_session(engine, runs)
+    for i, run in enumerate(runs):
+        if engine is None:
+            processes = [_read_process(log, i) for log in run.processes]
+            firsts = [p.first_ns for p in processes if p.first_ns is not None]
+            lasts = [p.last_ns for p in processes if p.last_ns is not None]
+            datas.append(_RunData(run, processes, min(firsts) if firsts else None, max(lasts) if lasts else None))
+        if run.torn or run.corrupt:
+            notes.append(
+                f"run {run.run_id}: {run.corrupt} corrupt and {run.torn} torn line(s) were skipped by the reader"
+            )
+    timed = [d for d in datas if d.first_ns is not None and d.last_ns is not None]
+    if not timed:
+        raise ValueError(
+            f"{path}: empty session, its {len(runs)} run(s) hold no training lifecycle record (group 'training' "
+            "spans from a TrainingRecorder): nothing to compute goodput from"
+        )
+
+    def order(d: _RunData) -> tuple[int, int, str]:
+        created = d.run.meta.get("created_wall_ns")
+        created_ns = created if isinstance(created, int) and not isinstance(created, bool) else 0
+        return (d.first_ns if d.first_ns is not None else created_ns, created_ns, d.run.run_id)
+
+    datas.sort(key=order)
+    for i, d in enumerate(datas):
+        for p in d.processes:
+            p.run = i
+    start = min(d.first_ns for d in timed if d.first_ns is not None)
+    end = max(d.last_ns for d in timed if d.last_ns is not None)
+    return _Session(path=path, tag=tags[0], runs=datas, start_ns=start, end_ns=end, notes=notes,
+                    load_rank=load_rank, energy=energy)
