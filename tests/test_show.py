@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from telemetrain import Telemetry, cli, identity_from_env
+from telemetrain import Telemetry, identity_from_env
+from telemetrain import show as show_module
 from telemetrain.cli import main
 from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
 
@@ -104,6 +105,6 @@ def test_show_list_gives_status_duration_and_a_key_figure(tmp_path: Path, capsys
     # a loop that never ended, in a run written within the last minute: still running
     assert re.search(r"Z +running +\S+ s +8 iterations, 640 samples/s +", rows[str(killed)])
     assert re.search(r"Z +no training +\S+ s +1 records +", rows[str(tmp_path / "c-plain" / "c-plain")])
-    monkeypatch.setattr(cli, "RUNNING_WITHIN_S", 0.0)  # as if read later: it was killed
+    monkeypatch.setattr(show_module, "RUNNING_WITHIN_S", 0.0)  # as if read later: it was killed
     lines = show("--list", str(tmp_path), capsys=capsys).splitlines()
     assert re.search(r"Z +killed +\S+ s +8 iterations", {line.split()[-1]: line for line in lines}[str(killed)])

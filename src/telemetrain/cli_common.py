@@ -1,16 +1,20 @@
-"""What every ``telemetrain`` subcommand shares: the one-line error and how a run directory argument is resolved."""
+"""What every ``telemetrain`` subcommand shares: the one-line error, how a run directory argument is resolved, and the
+formatting of values, durations, tables and paths in their text."""
 
 from __future__ import annotations
 
+import math
 import shlex
+from collections.abc import Sequence
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from .store.layout import default_root
 from .store.reader import find_runs
 from .text import printable
 
-__all__ = ["CLIError", "resolve_run"]
+__all__ = ["CLIError", "fmt_config", "fmt_duration", "fmt_value", "iso", "quoted", "resolve_run", "table"]
 
 
 class CLIError(Exception):
@@ -35,3 +39,48 @@ def resolve_run(target: str | None, err: TextIO) -> Path:
         listing = f"telemetrain show --list {shlex.quote(str(base))}"
         print(printable(f"note: {base} holds {len(runs)} runs; showing the newest (list them: {listing})"), file=err)
     return runs[-1]
+
+
+# -- formatting, for the commands' text ------------------------------------------------------------------------------
+
+
+def iso(wall_ns: int) -> str:
+    dt = datetime.fromtimestamp(wall_ns / 1e9, tz=timezone.utc)
+    return dt.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def fmt_value(value: Any) -> str:
+    """Numbers for people: ints as they are, floats to 6 significant digits, nan/inf/-inf spelled so."""
+    if isinstance(value, bool) or not isinstance(value, float):
+        return str(value)
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return f"{value:.6g}"
+
+
+def fmt_config(value: Any) -> str:
+    """Config values as written (``1.0`` stays ``1.0``), non-finite floats as nan/inf."""
+    if isinstance(value, float):
+        return repr(value) if math.isfinite(value) else fmt_value(value)
+    return str(value)
+
+
+def fmt_duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.3f} s"
+    minutes, secs = divmod(seconds, 60)
+    hours, minutes = divmod(int(minutes), 60)
+    return f"{hours}h{minutes:02d}m{secs:06.3f}s" if hours else f"{minutes}m{secs:06.3f}s"
+
+
+def table(rows: Sequence[tuple[Any, ...]], indent: str = "  ") -> list[str]:
+    """Left-aligned columns (the last one unpadded)."""
+    if not rows:
+        return []
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return [indent + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1] for r in rows]
+
+def quoted(path: Path | str) -> str:
+    return shlex.quote(str(path))

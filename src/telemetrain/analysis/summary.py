@@ -1,5 +1,5 @@
 """What ``telemetrain show`` says of a run, as data: counts, each series' last value and spread, the training
-reports, the system samples' aggregates. ``cli.summarize`` formats it.
+reports, the system samples' aggregates. ``show.summarize`` formats it.
 
 ``summarize_run(run)`` computes it from the records in memory (the pure-Python path), ``summarize_sql(engine, run)``
 by SQL over the columnar copy and the JSONL tail, in memory that does not grow with the run; the tests compare both.
