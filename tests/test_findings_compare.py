@@ -107,6 +107,18 @@ def test_on_a_quiet_machine_a_small_regression_is_a_regression() -> None:
     assert verdicts(c)["iteration time"] == REGRESSION
 
 
+def test_a_verdict_on_short_runs_says_they_are_one_draw_of_the_machine() -> None:
+    # 40 windows of 10 iterations of ~0.1 s: 40 s of training, under a minute
+    short = fast(samples("c", scale=1.12, wait=0.0), samples("base", wait=0.0))
+    (note,) = [n for n in short.notes if "one draw of the machine" in n]  # type: ignore[attr-defined]
+    assert note.startswith("the shorter run trained 40 s")
+    long = fast(samples("c", scale=1.12, wait=0.0, windows=200), samples("base", wait=0.0, windows=200))
+    assert verdicts(long)["iteration time"] == REGRESSION
+    assert not [n for n in long.notes if "one draw" in n]  # type: ignore[attr-defined]
+    same = fast(samples("c", wait=0.0, seed=1), samples("base", wait=0.0))  # nothing significant: nothing to doubt
+    assert not same.regressions and not [n for n in same.notes if "one draw" in n]  # type: ignore[attr-defined]
+
+
 def test_earlier_runs_set_the_effect_a_change_needs() -> None:
     history = [samples(f"h{i}", scale=s) for i, s in enumerate((0.85, 1.0, 1.15, 0.9, 1.1))]
     base = samples("base")

@@ -60,6 +60,7 @@ DEFAULT_RESAMPLES = 2000
 MAX_UNITS = 200
 MIN_WINDOWS = 3  # per side: fewer and resampling tells nothing
 FEW_WINDOWS = 10  # below this, a percentile bootstrap of a median is coarse: said in a note
+SHORT_RUN_S = 60.0  # a shorter run's typical window is one draw of the machine's state: said in a note
 
 REGRESSION = "regression"
 IMPROVEMENT = "improvement"
@@ -404,15 +405,19 @@ class _Noise:
         return m
 
 
-def _training_per_span(run: RunSamples, spans: int) -> float:
-    """Seconds of training per span of a kind (``spans`` of them in ``run``): the run's median iteration time times
-    its iterations (the lowest rank's windows) over the spans; NaN when unknown."""
+def _training_seconds(run: RunSamples) -> float:
+    """Seconds of training in ``run``: its median iteration time times its iterations (the lowest rank's windows);
+    NaN when unknown."""
     ranks = run.ranks
     times = run.series("iteration_time")
-    if not ranks or not times or spans < 1:
+    if not ranks or not times:
         return math.nan
-    iterations = sum(w.iterations for w in run.windows if w.rank == ranks[0])
-    return _median(times) * iterations / spans
+    return _median(times) * sum(w.iterations for w in run.windows if w.rank == ranks[0])
+
+
+def _training_per_span(run: RunSamples, spans: int) -> float:
+    """Seconds of training per span of a kind (``spans`` of them in ``run``); NaN when unknown."""
+    return _training_seconds(run) / spans if spans >= 1 else math.nan
 
 
 def _within(candidate: Sequence[float], baseline: Sequence[float], min_effect: float) -> bool:
@@ -543,6 +548,11 @@ def compare_samples(candidate: RunSamples, baseline: RunSamples, *, confidence: 
                          "log_every_n_train_iterations")
         elif n < FEW_WINDOWS:
             notes.append(f"{role} {run.run_id}: only {n} report windows; the interval is coarse")
+    shorter = min(_training_seconds(candidate), _training_seconds(baseline))
+    if not history and shorter < SHORT_RUN_S and any(m.significant for m in metrics):
+        notes.append(f"the shorter run trained {shorter:.2g} s: a run that short is one draw of the machine's state "
+                     "(in a VM another tenant on the same physical core shows nowhere: two clean 2 s runs on a CI VM "
+                     "differed 10.6%); compare a second candidate, or against earlier runs of the perf_tag (--history)")
     from .compare_quality import compare_quality
 
     return CandidateComparison(candidate=RunRef.of(candidate), metrics=tuple(metrics), notes=tuple(notes),
