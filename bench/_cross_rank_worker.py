@@ -68,6 +68,11 @@ def main() -> None:
            "exchange_wall_s": aggregator.wall_ns / 1e9 if aggregator else 0.0}
     with open(os.path.join(os.environ["BENCH_OUT"], f"rank-{rank}.json"), "w") as fh:
         json.dump(out, fh)
+    # every rank done with the group before any tears it down, and DDP's reducer (which holds gloo work) gone before
+    # the group: a rank that destroyed its pairs while a loaded peer was still in a collective once took that peer
+    # down with "terminate called without an active exception" (SIGABRT)
+    dist.barrier()
+    del model, opt, loss
     dist.destroy_process_group()
 
 
