@@ -470,3 +470,26 @@ def test_bench_scale_quick(tmp_path: Path) -> None:
     assert data["extrapolation_1024x1M"]["jsonl_bytes"] > data["extrapolation_1024x1M"]["parquet_bytes"] > 0
     rerun = subprocess.run([*argv[:-2], "--write-only"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert rerun.returncode == 0 and "writing" not in rerun.stderr  # cached: nothing written again
+
+
+def test_bench_restarts_small(tmp_path: Path) -> None:
+    """bench_restarts.py on small sessions: it writes 1 and 2 attempts through the real writer, the second session's
+    goodput sees the killed attempt, and both readers are timed."""
+    pytest.importorskip("duckdb")
+    script = BENCH.with_name("bench_restarts.py")
+    cache = tmp_path / "cache"
+    proc = subprocess.run([sys.executable, str(script), "--attempts", "1,2", "--ranks", "2", "--iterations", "10000",
+                           "--repeats", "1", "--cache", str(cache)], capture_output=True, text=True, timeout=600,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads(proc.stdout.strip().splitlines()[-1])["rows"]
+    assert [r["attempts"] for r in rows] == [1, 2]
+    for row in rows:
+        for command in ("report", "goodput"):
+            assert row[command]["cpu_s"] > 0 and row[command]["peak_rss"] > 10 << 20, (row, command)
+    from telemetrain.training.goodput import goodput
+
+    g = goodput(cache / "store" / "restarts-2x2x10000")
+    assert [r.status for r in g.runs] == ["killed", "finished"]
+    # the killed attempt: 15,000 iterations, 5,000 past its checkpoint at 10,000 (lost); the restart redoes none
+    assert g.runs[0].lost_iterations == 5000 and g.productive_iterations == 20000
