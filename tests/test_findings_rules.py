@@ -5,6 +5,7 @@ The series are plain input objects with seeded noise; the real jobs are in ``tes
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import re
@@ -179,6 +180,28 @@ def test_a_busier_machine_computing_slower_is_not_a_slowdown() -> None:
     result = analyse(data)
     assert result.findings == () and [n.kind for n in result.notes] == ["contention"]
     assert kinds(FindingsInput(windows=windows(scale={k: 1.4 for k in range(30, 60)}))) == ["slowdown"]
+
+
+def test_ranks_sharing_cores_a_job_computing_twice_as_much_is_a_slowdown() -> None:
+    # 4 ranks on 2 cores wait for a CPU 75-92% of their runnable time, window by window: the time net of that wait
+    # is a small remainder that swings with every point of it, while the CPU work per iteration stays steady
+    # (each window is stretched by a steady 80% wait; the share measured on each rank scatters around it)
+    rng = random.Random(7)
+
+    def measured(ws: list[WindowPoint]) -> list[WindowPoint]:
+        out = []
+        for w in ws:
+            assert w.cpu_seconds is not None
+            share = rng.uniform(0.72, 0.9)
+            out.append(dataclasses.replace(w, cpu_wait_seconds=w.cpu_seconds * share / (1 - share)))
+        return out
+
+    steady = {k: 0.8 for k in range(60)}
+    slower = measured(windows(ranks=4, scale={k: 2.0 for k in range(30, 60)}, wait=steady))
+    (f,) = analyse(FindingsInput(windows=slower)).findings
+    assert f.kind == "slowdown" and f.evidence is not None and f.evidence.steps[0] == 300
+    assert "the CPU work per iteration" in f.evidence.test and "computes more" in f.detail
+    assert analyse(FindingsInput(windows=measured(windows(ranks=4, wait=steady)))).findings == ()  # no change
 
 
 def test_the_effect_reported_is_the_effect_tested() -> None:

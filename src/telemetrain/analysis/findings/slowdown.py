@@ -8,7 +8,12 @@ the *work* (the median over ranks of CPU seconds per iteration). A window whose 
 iterations' (a checkpoint, a validation loop or an evaluation ran inside it) has CPU figures that are not its
 iterations': its contention is taken as the run's median. The series searched is the iteration time **net of the
 contention** (``time x (1 - contention)``: what it would have been had every runnable thread had a CPU); without CPU
-figures, the iteration time itself (and a finding says that a busy machine could not be told apart).
+figures, the iteration time itself (and a finding says that a busy machine could not be told apart). The *work* is
+searched too, with the same tests: where ranks share cores they wait for a CPU most of their runnable time, and the
+net time -- a small remainder of the iteration -- swings with every point of that wait, while the CPU work per
+iteration stays steady; a job that computes more per iteration is slower however busy the machine. Where both find
+the same steps the net series' episode is the finding; where the net series found only fragments of the work's
+episode, the work's is.
 
 **Where it changed.** PELT (``stats.pelt``: optimal partitioning of the log series, a penalty of
 ``changepoint_penalty x noise variance x log(points)`` per change) splits the series into segments of at least
@@ -56,6 +61,9 @@ __all__ = ["StepPoint", "job_series", "net_series", "slow_iteration_windows", "s
 PHASES = ("dataloader", "h2d", "forward", "backward", "optimizer", "zero_grad")
 SPREAD_FLOOR = 0.01  # the spread of window medians is taken as at least 1% of the level (timer and rounding jitter)
 MAX_POINTS = 1000  # longer series are reduced to this many blocks of consecutive points (PELT's cost)
+# the series an episode was found on (a finding says which)
+NET_BASIS = "net of the CPU wait (the time its threads waited for a CPU)"
+WORK_BASIS = "the CPU work per iteration"
 
 
 @dataclass(frozen=True)
@@ -166,6 +174,17 @@ def net_series(points: Sequence[StepPoint]) -> list[float] | None:
     return [p.raw * (1 - (p.contention if p.contention is not None else typical)) for p in points]
 
 
+def work_series(points: Sequence[StepPoint]) -> list[float] | None:
+    """The CPU work per iteration (the median over ranks of CPU seconds per iteration); a point without it of its own
+    (a checkpoint in its window: its CPU is not its iterations') takes the run's median. None when fewer than half
+    the points have it."""
+    known = [p.work for p in points if p.work is not None]
+    if len(known) < len(points) / 2 or not known or median(known) <= 0:
+        return None
+    typical = median(known)
+    return [p.work if p.work is not None else typical for p in points]
+
+
 def _episodes(series: Sequence[float], points: Sequence[StepPoint], th: Thresholds, *,
               floors: bool = True) -> list[_Episode]:
     """The episodes of ``series`` that count (see the module docstring); ``floors=False`` leaves out the noise and
@@ -255,9 +274,23 @@ def slowdowns(windows: Sequence[WindowPoint], th: Thresholds) -> tuple[list[Find
         return [_finding(points, ep, ranks, th, net=False) for ep in _episodes(raw, points, th)], []
     # a slowdown is slower: the iteration time itself must have grown too (net of a wait that fell, a quieter machine
     # makes the net series rise while every step got faster)
-    found = [ep for ep in _episodes(net, points, th) if (_ratio(points, ep, "raw") or 0.0) >= th.slowdown_effect]
-    findings = [_finding(points, ep, ranks, th, net=True) for ep in found]
-    taken = {i for ep in found for i in range(ep.start, ep.end)}
+    found = [(ep, NET_BASIS) for ep in _episodes(net, points, th)
+             if (_ratio(points, ep, "raw") or 0.0) >= th.slowdown_effect]
+    work = work_series(points)
+    for ep in _episodes(work, points, th) if work is not None else []:
+        # the job computes more per iteration: slower however busy the machine, where the net series (the time less
+        # a large wait) is too noisy to tell -- ranks sharing cores wait most of their runnable time, and a few
+        # points of it more or less swing the net time far more than the work. Where both series find the same
+        # steps, the net series' episode stands; where the net series found only fragments of the work's, the
+        # work's replaces them.
+        if (_ratio(points, ep, "raw") or 0.0) < th.slowdown_effect:
+            continue
+        overlapping = [f for f in found if f[0].start < ep.end and ep.start < f[0].end]
+        if sum(f[0].end - f[0].start for f in overlapping) < ep.end - ep.start:
+            found = [f for f in found if f not in overlapping] + [(ep, WORK_BASIS)]
+    found.sort(key=lambda f: f[0].start)
+    findings = [_finding(points, ep, ranks, th, net=True, basis=basis) for ep, basis in found]
+    taken = {i for ep, _ in found for i in range(ep.start, ep.end)}
     notes = []
     for ep in _episodes(raw, points, th, floors=False):
         span = range(ep.start, ep.end)
@@ -278,9 +311,10 @@ def slowdowns(windows: Sequence[WindowPoint], th: Thresholds) -> tuple[list[Find
     return findings, notes
 
 
-def _finding(points: Sequence[StepPoint], ep: _Episode, ranks: list[int], th: Thresholds, *, net: bool) -> Finding:
-    """``net``: the series searched was the iteration time net of the contention (else the iteration time: no CPU
-    figures). The effect in the title and the evidence is the one tested."""
+def _finding(points: Sequence[StepPoint], ep: _Episode, ranks: list[int], th: Thresholds, *, net: bool,
+             basis: str = NET_BASIS) -> Finding:
+    """``net``: the series searched was the iteration time net of the contention, or ``basis`` says which (else the
+    iteration time: no CPU figures). The effect in the title and the evidence is the one tested."""
     first, last = points[ep.start].first_step, points[ep.end - 1].step
     until = "the end of the run" if ep.end == len(points) else f"step {last}"
     before_t = median([p.raw for p in points[ep.before:ep.start]])
@@ -305,9 +339,10 @@ def _finding(points: Sequence[StepPoint], ep: _Episode, ranks: list[int], th: Th
         why = "; no CPU figures in this run: a busy machine could not be told apart"
         tested = ""
     else:
-        tested = (f"; net of the CPU wait (the time its threads waited for a CPU) {seconds(ep.reference)} -> "
-                  f"{seconds(ep.level)}, {ep.ratio:.2f}x (at least {ep.needed:.2f}x needed)")
-        why = (f"; the CPU work per iteration grew {work_ratio:.2f}x" if work_ratio and work_ratio >= th.slowdown_effect
+        tested = (f"; {basis} {seconds(ep.reference)} -> {seconds(ep.level)}, {ep.ratio:.2f}x (at least "
+                  f"{ep.needed:.2f}x needed)")
+        why = ("; the job computes more per iteration" if basis == WORK_BASIS else
+               f"; the CPU work per iteration grew {work_ratio:.2f}x" if work_ratio and work_ratio >= th.slowdown_effect
                else "; the time outside computation grew (I/O, data, a peer, a sleep), not the CPU work")
     effect = time_ratio if net else ep.ratio  # both tested: the iteration time's (>= slowdown_effect), and the net's
     detail = (f"the iteration time went from {seconds(before_t)} to {seconds(during_t)} ({time_ratio:.2f}x) at step "
@@ -318,10 +353,16 @@ def _finding(points: Sequence[StepPoint], ep: _Episode, ranks: list[int], th: Th
     return Finding("warning", "slowdown", title, detail, Evidence(
         effect=effect, confidence=1 - ep.p, steps=(first, last), ranks=tuple(slow_ranks or ranks), phase=phase,
         value=during_t, reference=before_t, windows=ep.end - ep.start,
-        test="change points (PELT) and a shift of medians on the iteration time"
-             + (" net of the CPU wait, and the iteration time's own ratio" if net else ""),
+        test=_test_text(net, basis),
         notes=(*(f"{ph} +{seconds(d)}" for ph, d in added),
-               *((f"net of the CPU wait {ep.ratio:.2f}x (at least {ep.needed:.2f}x needed)",) if net else ()))))
+               *((f"{basis.split(' (')[0]} {ep.ratio:.2f}x (at least {ep.needed:.2f}x needed)",) if net else ()))))
+
+
+def _test_text(net: bool, basis: str) -> str:
+    if not net:
+        return "change points (PELT) and a shift of medians on the iteration time"
+    searched = "the iteration time net of the CPU wait" if basis == NET_BASIS else basis
+    return f"change points (PELT) and a shift of medians on {searched}, and the iteration time's own ratio"
 
 
 def _slow_iteration_hits(windows: Sequence[WindowPoint], th: Thresholds) -> tuple[list[tuple[WindowPoint, float]],
