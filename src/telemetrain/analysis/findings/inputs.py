@@ -50,6 +50,9 @@ class WindowPoint:
     # time outside the phases is taken from
     phase_clock: str = "host"
     phase_iteration_time: float | None = None
+    # the reports this window stands for: more than 1 when the run's windows were merged to fit the findings engine's
+    # budget (window_budget.py; consecutive windows of one loop, their figures iteration-weighted)
+    windows: int = 1
 
     @property
     def phase_total(self) -> float:
