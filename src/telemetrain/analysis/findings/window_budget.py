@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterator, Mapping
 from types import MappingProxyType
+from typing import Any
 
 from .inputs import WindowPoint
 
@@ -43,7 +44,87 @@ MIN_WINDOWS_PER_RANK = 64  # ... but not below this many per rank (past 1,024 ra
 _NONE: Mapping[str, float] = MappingProxyType({})
 
 
-def mergeable(a: WindowPoint, b: WindowPoint) -> bool:
+class _Sums:
+    """A merged window as it is built, in place: its means as sums over its iterations (mean x iterations), the
+    rest as ``merge_windows`` says. It has the attributes ``mergeable`` reads (``phases``, ``comm_wait_by_phase`` and
+    ``phase_iteration_time`` as sums: only their keys and None-ness are read there)."""
+
+    __slots__ = ("comm", "comm_wait_by_phase", "cpu", "cpu_wait", "iterations", "max", "p50", "phase_clock",
+                 "phase_iteration_time", "phases", "rank", "step", "time", "time_s", "wall", "windows")
+    warmup = False  # a warm-up window is never merged
+
+    def __init__(self, w: WindowPoint) -> None:
+        n = max(w.iterations, 1)
+        self.rank, self.step, self.iterations, self.windows = w.rank, w.step, n, w.windows
+        self.time = w.iteration_time * n
+        self.phases = {k: v * n for k, v in w.phases.items()}
+        self.max = w.max_iteration_time
+        self.p50 = None if w.p50 is None else w.p50 * n
+        self.wall, self.cpu_wait, self.cpu = w.wall_seconds, w.cpu_wait_seconds, w.cpu_seconds
+        self.comm = None if w.comm_wait is None else w.comm_wait * n
+        self.comm_wait_by_phase = {k: v * n for k, v in w.comm_wait_by_phase.items()}
+        self.phase_iteration_time = None if w.phase_iteration_time is None else w.phase_iteration_time * n
+        self.time_s, self.phase_clock = w.time_s, w.phase_clock
+
+    @property
+    def first_step(self) -> int:
+        return self.step - self.iterations + 1
+
+    def copy(self) -> _Sums:
+        c = object.__new__(_Sums)
+        for name in _Sums.__slots__:
+            setattr(c, name, getattr(self, name))
+        c.phases, c.comm_wait_by_phase = dict(self.phases), dict(self.comm_wait_by_phase)
+        return c
+
+    def add(self, o: WindowPoint | _Sums) -> None:
+        """``o``, the window that follows (``mergeable``), into this one."""
+        if isinstance(o, WindowPoint):
+            n = max(o.iterations, 1)
+            time, p50, comm, pit = o.iteration_time * n, o.p50, o.comm_wait, o.phase_iteration_time
+            p50 = None if p50 is None else p50 * n
+            comm = None if comm is None else comm * n
+            pit = None if pit is None else pit * n
+            for k, v in o.phases.items():
+                self.phases[k] += v * n
+            for k, v in o.comm_wait_by_phase.items():
+                self.comm_wait_by_phase[k] += v * n
+            wall, cpu_wait, cpu, slowest = o.wall_seconds, o.cpu_wait_seconds, o.cpu_seconds, o.max_iteration_time
+        else:
+            n, time, p50, comm, pit = o.iterations, o.time, o.p50, o.comm, o.phase_iteration_time
+            for k, v in o.phases.items():
+                self.phases[k] += v
+            for k, v in o.comm_wait_by_phase.items():
+                self.comm_wait_by_phase[k] += v
+            wall, cpu_wait, cpu, slowest = o.wall, o.cpu_wait, o.cpu, o.max
+        self.iterations += n
+        self.windows += o.windows
+        self.time += time
+        self.p50 = None if self.p50 is None or p50 is None else self.p50 + p50
+        self.comm = None if self.comm is None or comm is None else self.comm + comm
+        pit0 = self.phase_iteration_time
+        self.phase_iteration_time = None if pit0 is None or pit is None else pit0 + pit
+        self.wall = None if self.wall is None or wall is None else self.wall + wall
+        self.cpu_wait = None if self.cpu_wait is None or cpu_wait is None else self.cpu_wait + cpu_wait
+        self.cpu = None if self.cpu is None or cpu is None else self.cpu + cpu
+        if slowest is not None and (self.max is None or slowest > self.max):
+            self.max = slowest
+        self.step, self.time_s = o.step, o.time_s
+
+    def window(self) -> WindowPoint:
+        n = self.iterations
+        return WindowPoint(
+            rank=self.rank, step=self.step, iterations=n, iteration_time=self.time / n,
+            phases={k: v / n for k, v in self.phases.items()} or _NONE, max_iteration_time=self.max,
+            p50=None if self.p50 is None else self.p50 / n, wall_seconds=self.wall, cpu_wait_seconds=self.cpu_wait,
+            cpu_seconds=self.cpu, comm_wait=None if self.comm is None else self.comm / n,
+            comm_wait_by_phase={k: v / n for k, v in self.comm_wait_by_phase.items()} or _NONE, warmup=False,
+            time_s=self.time_s, phase_clock=self.phase_clock,
+            phase_iteration_time=None if self.phase_iteration_time is None else self.phase_iteration_time / n,
+            windows=self.windows)
+
+
+def mergeable(a: WindowPoint | _Sums, b: WindowPoint | _Sums) -> bool:
     """Whether ``b`` follows ``a`` with no gap (its first step is the one after ``a``'s last) and holds the same
     figures (phases, phase clock, communication waits by phase), neither a warm-up window."""
     return (b.first_step == a.step + 1 and not a.warmup and not b.warmup and a.rank == b.rank
@@ -54,47 +135,40 @@ def mergeable(a: WindowPoint, b: WindowPoint) -> bool:
 
 def merge_windows(a: WindowPoint, b: WindowPoint) -> WindowPoint:
     """One window for ``a`` and then ``b`` (``mergeable``): see the module's docstring."""
-    na, nb = max(a.iterations, 1), max(b.iterations, 1)
-    n = na + nb
-
-    def mean(x: float | None, y: float | None) -> float | None:
-        return None if x is None or y is None else (x * na + y * nb) / n
-
-    def total(x: float | None, y: float | None) -> float | None:
-        return None if x is None or y is None else x + y
-
-    slowest = [v for v in (a.max_iteration_time, b.max_iteration_time) if v is not None]
-    return WindowPoint(
-        rank=b.rank, step=b.step, iterations=n, iteration_time=(a.iteration_time * na + b.iteration_time * nb) / n,
-        phases={k: (v * na + b.phases[k] * nb) / n for k, v in a.phases.items()} or _NONE,
-        max_iteration_time=max(slowest) if slowest else None, p50=mean(a.p50, b.p50),
-        wall_seconds=total(a.wall_seconds, b.wall_seconds),
-        cpu_wait_seconds=total(a.cpu_wait_seconds, b.cpu_wait_seconds), cpu_seconds=total(a.cpu_seconds, b.cpu_seconds),
-        comm_wait=mean(a.comm_wait, b.comm_wait),
-        comm_wait_by_phase={k: (v * na + b.comm_wait_by_phase[k] * nb) / n
-                            for k, v in a.comm_wait_by_phase.items()} or _NONE,
-        warmup=False, time_s=b.time_s, phase_clock=b.phase_clock,
-        phase_iteration_time=mean(a.phase_iteration_time, b.phase_iteration_time), windows=a.windows + b.windows)
+    s = _Sums(a)
+    s.add(b)
+    return s.window()
 
 
-# a run of consecutive windows merged into one: (its first report's position in the loop, its last's, the wall time
-# of its last report, the window)
-_Piece = tuple[int, int, int, WindowPoint]
+# a run of consecutive windows merged into one: [its first report's position in the loop, its last's, the wall time
+# of its last report, the window (a WindowPoint as fed, or the _Sums of a merged one)]
+_Piece = list[Any]
 
 
 def _joins(x: _Piece, y: _Piece) -> bool:
-    return x[1] + 1 == y[0] and mergeable(x[3], y[3])
+    return bool(x[1] + 1 == y[0] and mergeable(x[3], y[3]))
 
 
-def _merge(x: _Piece, y: _Piece) -> _Piece:
-    return x[0], y[1], y[2], merge_windows(x[3], y[3])
+def _merge_into(x: _Piece, y: _Piece) -> None:
+    """``y`` into ``x``, which is the store's own (the tree's left operand, consumed)."""
+    s = x[3]
+    if isinstance(s, WindowPoint):
+        s = x[3] = _Sums(s)
+    s.add(y[3])
+    x[1], x[2] = y[1], y[2]
 
 
-def _combine(left: list[_Piece], right: list[_Piece]) -> list[_Piece]:
+def _combine(left: list[_Piece], right: list[_Piece], *, copy: bool = False) -> list[_Piece]:
     """The pieces of two neighbouring blocks as one block's: the last of ``left`` and the first of ``right`` merged
-    when they join (the pieces within a block do not: a gap or a change parts them)."""
+    when they join (the pieces within a block do not: a gap or a change parts them). ``copy``: leave ``left``'s
+    pieces as they are (else ``left`` is consumed)."""
     if left and right and _joins(left[-1], right[0]):
-        return [*left[:-1], _merge(left[-1], right[0]), *right[1:]]
+        last = left[-1]
+        if copy:
+            value = last[3]
+            last = [last[0], last[1], last[2], value.copy() if isinstance(value, _Sums) else value]
+        _merge_into(last, right[0])
+        return [*left[:-1], last, *right[1:]]
     return left + right
 
 
@@ -154,18 +228,21 @@ class WindowStore:
                 loop.warmup = (wall_ns, window)
             return
         p = loop.positions
-        loop.positions += 1
-        self._longest = max(self._longest, loop.positions)
-        node = _Node(0, p, [] if window is None else [(p, p, wall_ns, window)])
-        tail = loop.tail
-        while node.level < self.level and tail and tail[-1].level == node.level:  # its left sibling (binary carry)
-            left = tail.pop()
-            node = _Node(node.level + 1, left.pos, _combine(left.pieces, node.pieces))
-        if node.level < self.level:
-            tail.append(node)
-            return
-        loop.done += node.pieces
-        self._count(rank, len(node.pieces))
+        loop.positions = p + 1
+        if p >= self._longest:
+            self._longest = p + 1
+        pieces: list[_Piece] = [] if window is None else [[p, p, wall_ns, window]]
+        if self.level:
+            level = 0
+            tail = loop.tail
+            while level < self.level and tail and tail[-1].level == level:  # its left sibling (a binary carry)
+                pieces = _combine(tail.pop().pieces, pieces)
+                level += 1
+            if level < self.level:
+                tail.append(_Node(level, p + 1 - (1 << level), pieces))
+                return
+        loop.done += pieces
+        self._count(rank, len(pieces))
         while (self._held > self.budget and self._most > self.min_per_rank
                and (1 << self.level) < self._longest):
             self._raise()
@@ -173,7 +250,8 @@ class WindowStore:
     def _count(self, rank: int, n: int) -> None:
         self._held += n
         held = self._by_rank[rank] = self._by_rank.get(rank, 0) + n
-        self._most = max(self._most, held)
+        if held > self._most:
+            self._most = held
 
     def _raise(self) -> None:
         """Every loop's complete blocks at the next level: neighbouring blocks merged pairwise; the last one, whose
@@ -189,7 +267,7 @@ class WindowStore:
                 if piece[0] >= boundary:
                     left.append(piece)
                 elif done and done[-1][0] >> level == piece[0] >> level and _joins(done[-1], piece):
-                    done[-1] = _merge(done[-1], piece)
+                    _merge_into(done[-1], piece)
                 else:
                     done.append(piece)
             if (loop.positions >> (level - 1)) & 1:  # a complete block at the old level, half of a partial one now
@@ -204,14 +282,14 @@ class WindowStore:
             for loop in loops:
                 if loop.warmup is not None:
                     yield loop.warmup
-                for _, _, wall, w in loop.done:
-                    yield wall, w
+                pieces = loop.done
                 if loop.tail:
-                    pieces = loop.tail[-1].pieces
+                    last = loop.tail[-1].pieces
                     for node in reversed(loop.tail[:-1]):
-                        pieces = _combine(node.pieces, pieces)
-                    for _, _, wall, w in pieces:
-                        yield wall, w
+                        last = _combine(node.pieces, last, copy=True)
+                    pieces = pieces + last
+                for _, _, wall, w in pieces:
+                    yield wall, w.window() if isinstance(w, _Sums) else w
 
     def __len__(self) -> int:
         """The windows held (``windows()``'s count, the partial blocks' sub-blocks apart)."""
