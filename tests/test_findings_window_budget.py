@@ -294,3 +294,68 @@ def test_a_long_real_run_merged_past_the_budget_gives_the_same_findings_on_both_
     assert slow.evidence is not None and abs(slow.evidence.steps[0] - 1800) <= 80
     assert late.evidence is not None and late.evidence.ranks == (2,) and late.evidence.phase == "forward"
     assert any("slowdown" in line for line in show)
+
+
+# -- what the SQL readers extract of a report -------------------------------------------------------------------------
+
+
+class _Recording(dict):  # type: ignore[type-arg]
+    """A report's attributes that note every key read."""
+
+    read: set[str] = set()
+
+    def get(self, key: str, default: object = None) -> object:
+        _Recording.read.add(key)
+        return super().get(key, default)
+
+
+def test_the_sql_readers_extract_every_attribute_the_engine_reads() -> None:
+    """``WINDOW_POINT_KEYS`` (what DuckDB extracts of a report for the SQL readers) holds every attribute that
+    ``InputBuilder.window`` and ``window_point`` read, for reports with and without device times."""
+    from telemetrain.analysis.findings.builder import WINDOW_POINT_KEYS
+
+    _Recording.read = set()
+    for extra in ({}, {"avg_forward_device_time_sec": 0.02, "avg_iteration_device_time_sec": 0.09}):
+        b = InputBuilder()
+        b.window(0, 1, 1, _Recording(report(9, 10, 0.1, **extra)))
+    assert _Recording.read <= set(WINDOW_POINT_KEYS)
+    assert {"current_iteration", "train_iterations_start", "avg_backward_comm_wait_sec", "avg_other_comm_wait_sec",
+            "avg_h2d_device_time_sec", "avg_iteration_device_time_sec", "cpu_wait_sec"} <= _Recording.read
+
+
+def test_odd_report_attributes_make_the_same_windows_on_both_readers(tmp_path: Path) -> None:
+    """Reports whose attributes are of the wrong type (a bool, a float step, a string, NaN, a list) make the same
+    windows (or none) by SQL, where DuckDB types them, as by the pure-Python path."""
+    pytest.importorskip("duckdb")
+    from telemetrain import Telemetry, identity_from_env
+    from telemetrain.analysis.show_sql import findings_builder_sql
+    from telemetrain.store import open_run
+    from telemetrain.store.compact import compact
+    from telemetrain.store.engine import Engine
+
+    odd: list[dict[str, object]] = [
+        {"current_iteration": 9.0}, {"current_iteration": True}, {"window_iterations": 10.0},
+        {"window_iterations": True}, {"window_iterations": -3}, {"train_iterations_start": True},
+        {"train_iterations_start": "0"}, {"avg_iteration_time_sec": math.nan}, {"avg_iteration_time_sec": "0.1"},
+        {"avg_iteration_time_sec": True}, {"avg_forward_time_sec": math.inf}, {"avg_forward_time_sec": [0.1]},
+        {"cpu_time_sec": False}, {"p50_iteration_time_sec": None}, {"avg_other_comm_wait_sec": {"x": 1}}]
+    t = Telemetry(identity_from_env({}, run_id="odd", session_tag="s", perf_tag="p", rank=0, world_size=1),
+                  store=tmp_path)
+    for k in range(60):
+        attributes: dict[str, object] = {**report(k * 10 + 9, 10, 0.1 + 0.001 * k), "avg_forward_time_sec": 0.03,
+                                         "cpu_time_sec": 0.9, "cpu_wait_sec": 0.01}
+        attributes.update(odd[k % len(odd)] if k % 2 else {})
+        t.event("training_metrics_update", attributes, group="training")
+    assert t.close(30)
+    run_dir = tmp_path / "s" / "odd"
+    python = InputBuilder()
+    for log in open_run(run_dir).processes:
+        for record in log.records:
+            python.add(record)
+    for compacted in (False, True):
+        if compacted:
+            assert not compact(run_dir).errors
+        with Engine([run_dir]) as engine:
+            sql = findings_builder_sql(engine, open_run(run_dir)).build().windows
+        assert sql == python.build().windows, compacted
+    assert 30 < len(sql) < 60  # some reports made no window, most did

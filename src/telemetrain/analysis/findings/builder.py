@@ -29,7 +29,7 @@ from .inputs import (
 from .values import value_kind
 from .window_budget import WindowStore
 
-__all__ = ["WINDOW_KEYS", "InputBuilder", "value_series_kind", "window_point"]
+__all__ = ["WINDOW_POINT_KEYS", "InputBuilder", "value_series_kind", "window_point"]
 
 REPORT = ("training", "training_metrics_update")
 STRAGGLER = ("cross_rank", "straggler")
@@ -40,9 +40,13 @@ HOST_MEMORY_LIMIT = "system.memory.limit"
 HOST_MEMORY_USAGE = "system.memory.usage"
 CRASH_SPANS = frozenset({"training_loop", "application"})
 PHASES = ("dataloader", "h2d", "forward", "backward", "optimizer", "zero_grad")
-# of a report's attributes, besides the avg_* ones, those ``window_point`` and ``InputBuilder.window`` read
-WINDOW_KEYS = frozenset({"current_iteration", "window_iterations", "max_iteration_time_sec", "p50_iteration_time_sec",
-                         "window_seconds", "cpu_wait_sec", "cpu_time_sec", "train_iterations_start"})
+# of a report's attributes, those ``window_point`` and ``InputBuilder.window`` read, and no others (the SQL readers
+# extract these alone: ``findings_sql.window_fields_sql``); the first three are integers, the rest numbers
+WINDOW_POINT_KEYS = (
+    "current_iteration", "window_iterations", "train_iterations_start", "avg_iteration_time_sec",
+    "max_iteration_time_sec", "p50_iteration_time_sec", "window_seconds", "cpu_wait_sec", "cpu_time_sec",
+    "avg_comm_wait_time_sec", "avg_iteration_device_time_sec", *(f"avg_{p}_device_time_sec" for p in PHASES),
+    *(f"avg_{p}_time_sec" for p in PHASES), *(f"avg_{p}_comm_wait_sec" for p in (*PHASES, "other")))
 _NONE: Mapping[str, float] = MappingProxyType({})  # shared by the windows without phases or communication waits
 _NOT_VALUES = ("training", "system", "cross_rank")
 
