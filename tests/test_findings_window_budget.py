@@ -241,7 +241,8 @@ def test_a_planted_slowdown_and_straggler_are_found_on_merged_windows() -> None:
 
 def _long_run(root: Path) -> Path:
     """3 ranks x 3,000 steps, a report every 10 (the recorder's attributes): every rank 1.6x slower from step
-    1,800; rank 2 slower in forward at steps 600..1,199 (the others wait in backward)."""
+    1,800; rank 2 slower in forward at steps 600..1,199 (the others wait in backward); one 3 s iteration on rank 0
+    in the window ending at step 2,509."""
     from telemetrain import Telemetry, identity_from_env
 
     for rank in range(3):
@@ -256,7 +257,8 @@ def _long_run(root: Path) -> Path:
             it = sum(phases.values())
             t.event("training_metrics_update", {
                 "current_iteration": step, "window_iterations": 10, "train_iterations_start": 0,
-                "avg_iteration_time_sec": it, "p50_iteration_time_sec": it, "max_iteration_time_sec": 1.2 * it,
+                "avg_iteration_time_sec": it, "p50_iteration_time_sec": it,
+                "max_iteration_time_sec": 3.0 if (rank, step) == (0, 2509) else 1.2 * it,
                 **{f"avg_{p}_time_sec": v for p, v in phases.items()}, "window_seconds": 10 * it,
                 "cpu_time_sec": 9 * it, "cpu_wait_sec": 0.01}, group="training")
             t.metric("loss", 2.0 / (1 + step / 500), step=step)
@@ -294,6 +296,12 @@ def test_a_long_real_run_merged_past_the_budget_gives_the_same_findings_on_both_
     assert slow.evidence is not None and abs(slow.evidence.steps[0] - 1800) <= 80
     assert late.evidence is not None and late.evidence.ranks == (2,) and late.evidence.phase == "forward"
     assert any("slowdown" in line for line in show)
+    # the slow iteration: found in a merged window, and the chart marks the report window that held it
+    stall = found["slow iterations"]
+    assert stall.evidence is not None and stall.evidence.value == 3.0 and stall.evidence.ranks == (0,)
+    merged = next(w for w in py_windows if w.rank == 0 and w.first_step <= 2509 <= w.step)
+    assert merged.windows == 8 and merged.step != 2509
+    assert [(w.rank, w.iteration, w.max) for w in model.slow_windows] == [(0, 2509, 3.0)]
 
 
 # -- what the SQL readers extract of a report -------------------------------------------------------------------------

@@ -419,15 +419,18 @@ class SqlCollector(_Collector):
                 for rank, pid, wall, *values in batch:
                     window(rank, pid, wall, dict(zip(keys, values, strict=True)))
 
-    def windows_at(self, flagged: set[tuple[int, int]]) -> list[Window]:
-        """The (unmerged) windows at these (rank, iteration)s."""
+    def windows_at(self, flagged: set[tuple[int, int, int]]) -> list[Window]:
+        """The (unmerged) report windows of these (rank, first step, last step)s, as ``_Collector.windows_at``: of
+        each range, the window(s) ending in it whose slowest iteration is the slowest."""
         if not flagged or self._figures is None or not self._figures.counts:
             return []
-        self.engine.execute("CREATE OR REPLACE TEMP TABLE report_flagged (rank BIGINT, iteration BIGINT)")
-        self.engine.con.executemany("INSERT INTO report_flagged VALUES (?, ?)", sorted(flagged))
+        self.engine.execute("CREATE OR REPLACE TEMP TABLE report_flagged (rank BIGINT, a BIGINT, b BIGINT)")
+        self.engine.con.executemany("INSERT INTO report_flagged VALUES (?, ?, ?)", sorted(flagged))
         out = [self._window(row) for row in self.engine.rows(
-            f"SELECT {self._window_columns()} FROM report_windows JOIN report_flagged USING (rank, iteration) "
-            "ORDER BY iteration, rank, i")]
+            f"SELECT {self._window_columns()} FROM report_windows WHERE (rank, i) IN (SELECT rank, i FROM ("
+            "SELECT w.rank, w.i, w.mx, max(w.mx) OVER (PARTITION BY f.rank, f.a, f.b) AS top FROM report_windows w "
+            "JOIN report_flagged f ON w.rank = f.rank AND w.iteration BETWEEN f.a AND f.b WHERE w.mx IS NOT NULL "
+            "AND isfinite(w.mx)) WHERE mx = top) ORDER BY iteration, rank, i")]
         self.engine.execute("DROP TABLE report_flagged")
         return out
 
