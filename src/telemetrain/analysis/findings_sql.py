@@ -37,17 +37,20 @@ def feed_value_series_sql(builder: InputBuilder, engine: Any, relation: str, key
     the numeric points, non-finite included, of the series ``InputBuilder.metric`` keeps as values): each as the
     points that settle its spikes for ``thresholds``, or whole where those do not. Returns the points given.
 
-    Two passes: the candidates (one window pass over the points: the only sort of every point), then, for the
-    series that have some, their finite points within ``spike_history`` before and twice that after each."""
+    Two passes: the candidates (one window pass over the points, rank by rank: the only sort of every point), then,
+    for the series that have some, their finite points within ``spike_history`` before and twice that after each."""
     th = thresholds if thresholds is not None else DEFAULT_THRESHOLDS
     h = th.spike_history
     # the series holding NaN/inf: their finite index needs its own window pass (rare)
-    unclean = engine.rows(f"SELECT {key}, rank FROM {relation} GROUP BY ALL HAVING bool_or(NOT isfinite(value))")
+    found = engine.rows(f"SELECT {key}, rank, bool_or(NOT isfinite(value)) FROM {relation} GROUP BY ALL")
+    unclean = [(k, rank) for k, rank, bad in found if bad]
     engine.execute("CREATE OR REPLACE TEMP TABLE findings_unclean (k VARCHAR, rank BIGINT)")
     if unclean:
         engine.con.executemany("INSERT INTO findings_unclean VALUES (?, ?)", unclean)
     series = f"({key}, rank) IN (SELECT k, rank FROM findings_unclean)"
-    queries = [spike_candidates_sql(f"(SELECT * FROM {relation} WHERE NOT {series})", key, th)]
+    # rank by rank: DuckDB sorts one rank's points at a time (64 ranks x 1M steps at once outgrow its memory)
+    queries = [spike_candidates_sql(f"(SELECT * FROM {relation} WHERE rank = {int(r)} AND NOT {series})", key, th)
+               for r in sorted({rank for _, rank, _ in found})]
     if unclean:
         those = spike_points_sql(f"(SELECT * FROM {relation} WHERE {series})", key, th)
         queries.append(f"SELECT k, rank, fi FROM {those} WHERE cand ORDER BY k, rank, fi")
