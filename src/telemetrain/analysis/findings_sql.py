@@ -9,21 +9,26 @@
 - **Memory gauges** (the memory-growth rule): the rule reads at most ``memory.MAX_POINTS`` points of a series, evenly
   spread from the steady state on (``memory.thin_indices``); DuckDB numbers the points from the first report window
   after warm-up and returns only those. A series with NaN/inf, or short, is read whole.
+- **Report windows** (the slowdown, straggler and slow-iteration rules): DuckDB extracts and types the ~30
+  attributes the findings engine reads of each report (``window_json_sql``, ``window_fields_sql``); Python makes the
+  window of each (``findings.builder.window_point``) and the builder holds them within its budget, merged past it
+  (``findings.window_budget``), as on the pure-Python path.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from ..store.codec import untag_nonfinite
-from .findings.builder import CUDA_ALLOCATED, RSS, WINDOW_KEYS, InputBuilder
+from .findings.builder import CUDA_ALLOCATED, RSS, WINDOW_POINT_KEYS, InputBuilder
 from .findings.inputs import SpikeSelection, ValueSeries
 from .findings.memory import MAX_POINTS, thin_indices
 from .findings.thresholds import DEFAULT_THRESHOLDS, Thresholds
 from .findings.values import selected_spikes, spike_candidates_sql, spike_points_sql, value_kind
 
-__all__ = ["feed_memory_series_sql", "feed_value_series_sql", "gauges_relation", "window_attributes"]
+__all__ = ["WINDOW_POINT_KEYS", "feed_memory_series_sql", "feed_value_series_sql", "gauges_relation",
+           "window_fields_sql", "window_json_sql"]
+
+_INTEGERS = WINDOW_POINT_KEYS[:3]  # current_iteration, window_iterations, train_iterations_start
 
 
 def feed_value_series_sql(builder: InputBuilder, engine: Any, relation: str, key: str,
@@ -32,17 +37,20 @@ def feed_value_series_sql(builder: InputBuilder, engine: Any, relation: str, key
     the numeric points, non-finite included, of the series ``InputBuilder.metric`` keeps as values): each as the
     points that settle its spikes for ``thresholds``, or whole where those do not. Returns the points given.
 
-    Two passes: the candidates (one window pass over the points: the only sort of every point), then, for the
-    series that have some, their finite points within ``spike_history`` before and twice that after each."""
+    Two passes: the candidates (one window pass over the points, rank by rank: the only sort of every point), then,
+    for the series that have some, their finite points within ``spike_history`` before and twice that after each."""
     th = thresholds if thresholds is not None else DEFAULT_THRESHOLDS
     h = th.spike_history
     # the series holding NaN/inf: their finite index needs its own window pass (rare)
-    unclean = engine.rows(f"SELECT {key}, rank FROM {relation} GROUP BY ALL HAVING bool_or(NOT isfinite(value))")
+    found = engine.rows(f"SELECT {key}, rank, bool_or(NOT isfinite(value)) FROM {relation} GROUP BY ALL")
+    unclean = [(k, rank) for k, rank, bad in found if bad]
     engine.execute("CREATE OR REPLACE TEMP TABLE findings_unclean (k VARCHAR, rank BIGINT)")
     if unclean:
         engine.con.executemany("INSERT INTO findings_unclean VALUES (?, ?)", unclean)
     series = f"({key}, rank) IN (SELECT k, rank FROM findings_unclean)"
-    queries = [spike_candidates_sql(f"(SELECT * FROM {relation} WHERE NOT {series})", key, th)]
+    # rank by rank: DuckDB sorts one rank's points at a time (64 ranks x 1M steps at once outgrow its memory)
+    queries = [spike_candidates_sql(f"(SELECT * FROM {relation} WHERE rank = {int(r)} AND NOT {series})", key, th)
+               for r in sorted({rank for _, rank, _ in found})]
     if unclean:
         those = spike_points_sql(f"(SELECT * FROM {relation} WHERE {series})", key, th)
         queries.append(f"SELECT k, rank, fi FROM {those} WHERE cand ORDER BY k, rank, fi")
@@ -179,10 +187,29 @@ def gauges_relation(table: str, key: str, where: str) -> str:
             f"({key} = '{cuda}' AND starts_with(group_name, 'system.cuda.'))))")
 
 
-def window_attributes(text: Any) -> dict[str, Any]:
-    """A report's attributes (JSON text) reduced to those the findings engine reads (the avg_* ones and
-    ``WINDOW_KEYS``), non-finite floats untagged: only those are untagged (a report has ~30 attributes)."""
-    a = json.loads(text) if text is not None else None
-    if not isinstance(a, dict):
-        return {}
-    return {k: untag_nonfinite(v) for k, v in a.items() if k.startswith("avg_") or k in WINDOW_KEYS}
+def window_json_sql(attributes: str = "attributes") -> str:
+    """SQL: the values of ``WINDOW_POINT_KEYS`` (``findings.builder``: what the findings engine reads of a report)
+    in the JSON text ``attributes``, one extraction (a list of JSON values, for ``window_fields_sql``); a report's
+    JSON (~30 attributes, ~1.5 KB) is not decoded in Python."""
+    paths = ", ".join(f"'$.{k}'" for k in WINDOW_POINT_KEYS)
+    return f"json_extract({attributes}, [{paths}])"
+
+
+def window_fields_sql(j: str) -> str:
+    """SQL: the columns ``WINDOW_POINT_KEYS`` from ``j`` (``window_json_sql``'s list), typed as ``window_point`` reads
+    them in Python: the step, the window's iterations and the loop's start an integer (a JSON integer; the start
+    also a bool, as Python's ``isinstance(..., int)`` takes one), the rest a number (``json_double``: not a bool,
+    the non-finite ones untagged); anything else NULL, as a missing attribute."""
+    from ..store.engine import json_double
+
+    out = []
+    for i, key in enumerate(WINDOW_POINT_KEYS, start=1):
+        x = f"{j}[{i}]"
+        if key in _INTEGERS:
+            boolean = f"WHEN json_type({x}) = 'BOOLEAN' THEN TRY_CAST({x} AS BOOLEAN)::BIGINT " \
+                if key == "train_iterations_start" else ""
+            out.append(f"(CASE WHEN json_type({x}) IN ('BIGINT', 'UBIGINT') THEN TRY_CAST({x} AS BIGINT) {boolean}"
+                       "END)")
+        else:
+            out.append(json_double(x))
+    return ", ".join(out)

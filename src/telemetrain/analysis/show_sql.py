@@ -3,7 +3,8 @@ findings engine's input and the events of the distributed diagnosis. The pure-Py
 run to ``findings.InputBuilder`` and every event to ``distributed.summary.diagnosis_lines``; here DuckDB selects the
 few rows those read (reports, stragglers, crash spans, stats with non-finite samples, the metrics the rules read and
 every non-finite value) and Python decodes only those, in the order the Python path meets them, so that both paths
-give the same lines. The input keeps every window (as on the Python path): see docs/scale.md for its size.
+give the same lines. The input holds the report windows within the findings engine's budget, merged past it, as on
+the Python path (``findings.window_budget``): see docs/scale.md.
 """
 
 from __future__ import annotations
@@ -25,7 +26,14 @@ from .findings.builder import (
     InputBuilder,
     value_series_kind,
 )
-from .findings_sql import feed_memory_series_sql, feed_value_series_sql, gauges_relation, window_attributes
+from .findings_sql import (
+    WINDOW_POINT_KEYS,
+    feed_memory_series_sql,
+    feed_value_series_sql,
+    gauges_relation,
+    window_fields_sql,
+    window_json_sql,
+)
 from .summary import _where
 
 __all__ = ["diagnosis_events_sql", "feed_builder_sql", "findings_builder_sql"]
@@ -85,13 +93,18 @@ def feed_builder_sql(builder: InputBuilder, engine: Any, w: str, *, span_tables:
     wanted = f"{w} AND (({report}) OR ({straggler}))"
     # rank by rank: DuckDB sorts one rank's reports at a time (their attributes, ~1 KB each, of all ranks at once
     # outgrow its memory on a long run: 8 x 1M is 160,000 of them)
+    # (a report's attributes extracted and typed by DuckDB: findings_sql.WINDOW_POINT_KEYS)
+    keys = WINDOW_POINT_KEYS
     for (r,) in engine.rows(f"SELECT DISTINCT rank FROM events WHERE {wanted} ORDER BY rank"):
-        for _, batch in engine.stream(f"SELECT rank, pid, host, wall_ns, attributes, {report} FROM events WHERE "
-                                      f"{wanted} AND rank = {int(r)} ORDER BY {ORDER}"):
-            for rank, pid, host, wall, text, is_report in batch:
+        for _, batch in engine.stream(
+                f"SELECT rank, pid, host, wall_ns, CASE WHEN is_report THEN NULL ELSE attributes END, is_report, "
+                f"{window_fields_sql('j')} FROM (SELECT {ORDER}, host, wall_ns, attributes, {report} AS is_report, "
+                f"CASE WHEN {report} THEN {window_json_sql()} END AS j FROM events WHERE {wanted} AND "
+                f"rank = {int(r)}) ORDER BY {ORDER}"):
+            for rank, pid, host, wall, text, is_report, *values in batch:
                 if is_report:
                     builder.host(rank, host)
-                    builder.window(rank, pid, wall, window_attributes(text))
+                    builder.window(rank, pid, wall, dict(zip(keys, values, strict=True)))
                 else:
                     builder.straggler(_attributes(text))
     crash = "(" + ", ".join(f"'{n}'" for n in sorted(span_names)) + ")"

@@ -10,6 +10,7 @@ docs/report.md defines each number.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 from collections import Counter, defaultdict
@@ -230,9 +231,22 @@ class _Collector:
     def close(self) -> None:
         """Let go of what the collection held outside Python (the SQL path's temporary tables)."""
 
-    def windows_at(self, flagged: set[tuple[int, int]]) -> list[Window]:
-        """The windows (unmerged) of these (rank, iteration)s."""
-        return [w for ws in self.windows.values() for w in ws if (w.rank, w.iteration) in flagged]
+    def windows_at(self, flagged: set[tuple[int, int, int]]) -> list[Window]:
+        """The report windows (unmerged) of these (rank, first step, last step)s: of each range, the window(s) ending
+        in it whose slowest iteration is the slowest (one window, unless the findings engine merged the range's
+        windows into one: ``findings.window_budget``)."""
+        out: dict[int, Window] = {}
+        by_rank: dict[int, list[Window]] = {}
+        for rank, first, last in flagged:
+            ws = by_rank.get(rank)
+            if ws is None:
+                ws = by_rank[rank] = sorted((w for w in self.windows.get(rank, ()) if w.max is not None
+                                             and math.isfinite(w.max)), key=lambda w: w.iteration)
+            lo = bisect.bisect_left(ws, first, key=lambda w: w.iteration)
+            hi = bisect.bisect_right(ws, last, key=lambda w: w.iteration)
+            top = max((w.max for w in ws[lo:hi] if w.max is not None), default=None)
+            out.update((id(w), w) for w in ws[lo:hi] if w.max == top)
+        return list(out.values())
 
     def iteration_span_points(self) -> dict[int, list[tuple[int, float]]]:
         """rank -> (wall ns, seconds) of every ``stride``-th exported iteration span (what the chart draws)."""
@@ -414,7 +428,7 @@ def _engine_findings(model: ReportModel, c: _Collector, thresholds: Thresholds |
                           attempts=attempts_of(model.goodput, model.run_id))
     data = dataclasses.replace(data, hosts={**data.hosts, **hosts})
     result = analyse(data, thresholds)
-    flagged = {(w.rank, w.step) for w in slow_iteration_windows(data.windows, thresholds)}
+    flagged = {(w.rank, w.first_step, w.step) for w in slow_iteration_windows(data.windows, thresholds)}
     model.slow_windows = sorted(c.windows_at(flagged), key=lambda w: (w.iteration, w.rank))
     model.slow_ranks = sorted({(f.evidence.ranks[0], f.evidence.effect or 0.0) for f in result.findings
                                if f.kind == "straggler" and f.evidence and f.evidence.ranks}, key=lambda x: -x[1])

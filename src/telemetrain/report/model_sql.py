@@ -19,10 +19,12 @@ from ..analysis.findings.builder import GPU_MEMORY_LIMIT, HOST_MEMORY_LIMIT, HOS
 from ..analysis.findings.thresholds import Thresholds
 from ..analysis.findings.values import value_kind
 from ..analysis.findings_sql import (
+    WINDOW_POINT_KEYS,
     feed_memory_series_sql,
     feed_value_series_sql,
     gauges_relation,
-    window_attributes,
+    window_fields_sql,
+    window_json_sql,
 )
 from ..store.codec import untag_nonfinite
 from ..store.engine import Engine
@@ -404,26 +406,31 @@ class SqlCollector(_Collector):
 
     def _feed_windows(self) -> None:
         """Every report to the findings engine (``InputBuilder.window``), in collection order, with the attributes
-        its rules read (``findings.builder.window_point``) and no others."""
+        its rules read (``findings_sql.WINDOW_POINT_KEYS``, extracted and typed by DuckDB) and no others."""
         window = self.inputs.window
         if self.first_ns is not None:
             self.inputs.origin(self.first_ns)  # build_model's start (unless an agent's record is earlier)
+        keys = WINDOW_POINT_KEYS
         # rank by rank: DuckDB sorts one rank's reports at a time (all ranks' attributes at once outgrow its memory)
         for (r,) in self.engine.rows(f"SELECT DISTINCT rank FROM windows WHERE {self.where} ORDER BY rank"):
-            for _, batch in self.engine.stream(f"SELECT rank, pid, wall_ns, attributes FROM windows WHERE "
-                                               f"{self.where} AND rank = {int(r)} ORDER BY {ORDER}"):
-                for rank, pid, wall, attributes in batch:
-                    window(rank, pid, wall, window_attributes(attributes))
+            for _, batch in self.engine.stream(
+                    f"SELECT rank, pid, wall_ns, {window_fields_sql('j')} FROM (SELECT {ORDER}, wall_ns, "
+                    f"{window_json_sql()} AS j FROM windows WHERE {self.where} AND rank = {int(r)}) ORDER BY {ORDER}"):
+                for rank, pid, wall, *values in batch:
+                    window(rank, pid, wall, dict(zip(keys, values, strict=True)))
 
-    def windows_at(self, flagged: set[tuple[int, int]]) -> list[Window]:
-        """The (unmerged) windows at these (rank, iteration)s."""
+    def windows_at(self, flagged: set[tuple[int, int, int]]) -> list[Window]:
+        """The (unmerged) report windows of these (rank, first step, last step)s, as ``_Collector.windows_at``: of
+        each range, the window(s) ending in it whose slowest iteration is the slowest."""
         if not flagged or self._figures is None or not self._figures.counts:
             return []
-        self.engine.execute("CREATE OR REPLACE TEMP TABLE report_flagged (rank BIGINT, iteration BIGINT)")
-        self.engine.con.executemany("INSERT INTO report_flagged VALUES (?, ?)", sorted(flagged))
+        self.engine.execute("CREATE OR REPLACE TEMP TABLE report_flagged (rank BIGINT, a BIGINT, b BIGINT)")
+        self.engine.con.executemany("INSERT INTO report_flagged VALUES (?, ?, ?)", sorted(flagged))
         out = [self._window(row) for row in self.engine.rows(
-            f"SELECT {self._window_columns()} FROM report_windows JOIN report_flagged USING (rank, iteration) "
-            "ORDER BY iteration, rank, i")]
+            f"SELECT {self._window_columns()} FROM report_windows WHERE (rank, i) IN (SELECT rank, i FROM ("
+            "SELECT w.rank, w.i, w.mx, max(w.mx) OVER (PARTITION BY f.rank, f.a, f.b) AS top FROM report_windows w "
+            "JOIN report_flagged f ON w.rank = f.rank AND w.iteration BETWEEN f.a AND f.b WHERE w.mx IS NOT NULL "
+            "AND isfinite(w.mx)) WHERE mx = top) ORDER BY iteration, rank, i")]
         self.engine.execute("DROP TABLE report_flagged")
         return out
 

@@ -27,8 +27,9 @@ from .inputs import (
     finite,
 )
 from .values import value_kind
+from .window_budget import WindowStore
 
-__all__ = ["WINDOW_KEYS", "InputBuilder", "value_series_kind", "window_point"]
+__all__ = ["WINDOW_POINT_KEYS", "InputBuilder", "value_series_kind", "window_point"]
 
 REPORT = ("training", "training_metrics_update")
 STRAGGLER = ("cross_rank", "straggler")
@@ -39,9 +40,13 @@ HOST_MEMORY_LIMIT = "system.memory.limit"
 HOST_MEMORY_USAGE = "system.memory.usage"
 CRASH_SPANS = frozenset({"training_loop", "application"})
 PHASES = ("dataloader", "h2d", "forward", "backward", "optimizer", "zero_grad")
-# of a report's attributes, besides the avg_* ones, those ``window_point`` and ``InputBuilder.window`` read
-WINDOW_KEYS = frozenset({"current_iteration", "window_iterations", "max_iteration_time_sec", "p50_iteration_time_sec",
-                         "window_seconds", "cpu_wait_sec", "cpu_time_sec", "train_iterations_start"})
+# of a report's attributes, those ``window_point`` and ``InputBuilder.window`` read, and no others (the SQL readers
+# extract these alone: ``findings_sql.window_fields_sql``); the first three are integers, the rest numbers
+WINDOW_POINT_KEYS = (
+    "current_iteration", "window_iterations", "train_iterations_start", "avg_iteration_time_sec",
+    "max_iteration_time_sec", "p50_iteration_time_sec", "window_seconds", "cpu_wait_sec", "cpu_time_sec",
+    "avg_comm_wait_time_sec", "avg_iteration_device_time_sec", *(f"avg_{p}_device_time_sec" for p in PHASES),
+    *(f"avg_{p}_time_sec" for p in PHASES), *(f"avg_{p}_comm_wait_sec" for p in (*PHASES, "other")))
 _NONE: Mapping[str, float] = MappingProxyType({})  # shared by the windows without phases or communication waits
 _NOT_VALUES = ("training", "system", "cross_rank")
 
@@ -81,14 +86,19 @@ def window_point(rank: int, attributes: Mapping[str, Any], *, warmup: bool,
 
 
 class InputBuilder:
-    """Collects what the rules read. ``limit``: keep at most this many windows per rank and points per series (a
-    live view that runs for days); None keeps everything."""
+    """Collects what the rules read. ``limit``: keep at most this many windows per rank (the last ones, as they
+    were written) and points per series (a live view that runs for days); None keeps every series' points and the
+    report windows within ``window_budget`` windows for all ranks (``window_budget.WINDOW_BUDGET`` by default): past
+    it, consecutive windows are merged (``window_budget``), the same whichever reader feeds them."""
 
-    def __init__(self, limit: int | None = None) -> None:
+    def __init__(self, limit: int | None = None, *, window_budget: int | None = None) -> None:
         self.limit = limit
         # each report as the window the rules read (None: no usable mean), with its wall time: the attributes are
-        # not kept (a report's attributes are ~1-4 KB in Python; its window ~0.6 KB)
+        # not kept (a report's attributes are ~1-4 KB in Python; its window ~0.4 KB). With a limit, the last ones
+        # per rank; else merged past the budget
         self._windows: dict[int, deque[tuple[int, WindowPoint | None]]] = {}
+        self._store = WindowStore(window_budget)
+        self._steady: int | None = None  # the earliest report window after warm-up (``steady_ns``), without a limit
         self._origin: int | None = None  # the time origin a reader said it will build with (``origin``)
         self._loops: set[tuple[int, int, Any]] = set()
         self._values: dict[tuple[str, int], deque[tuple[int, float]]] = {}
@@ -130,13 +140,18 @@ class InputBuilder:
     def window(self, rank: int, pid: int, wall_ns: int, attributes: Mapping[str, Any]) -> None:
         start = attributes.get("train_iterations_start")
         key = (rank, pid, start if isinstance(start, int) else -1)
-        warmup = key not in self._loops
-        self._loops.add(key)
+        warmup = key not in (self._loops if self.limit is not None else self._store)
         self._seen(wall_ns)
         origin = self._origin if self._origin is not None else self._first_ns
         assert origin is not None
         w = window_point(rank, attributes, warmup=warmup, time_s=(wall_ns - origin) / 1e9)
-        self._windows.setdefault(rank, self._deque()).append((wall_ns, w))
+        if self.limit is not None:
+            self._loops.add(key)
+            self._windows.setdefault(rank, self._deque()).append((wall_ns, w))
+            return
+        self._store.add(key, rank, wall_ns, w)
+        if w is not None and not warmup and (self._steady is None or wall_ns < self._steady):
+            self._steady = wall_ns
 
     def metric(self, rank: int, host: str, group: str, name: str, step: int | None, value: Any,
                wall_ns: int, *, series: bool = True) -> None:
@@ -178,8 +193,14 @@ class InputBuilder:
         (``memory.thin_indices``), in time order."""
         self._gauges.append(((kind, rank, host, device), points, thinned))
 
+    def windows_held(self) -> int:
+        """The report windows held now (``WindowPoint``s, merged ones counted once)."""
+        return sum(w is not None for ws in self._windows.values() for _, w in ws) + len(self._store)
+
     def steady_ns(self) -> int | None:
         """The wall time the memory rule starts from: the earliest report window after warm-up (None: none)."""
+        if self.limit is None:
+            return self._steady
         return min((wall for ws in self._windows.values() for wall, w in ws if w is not None and not w.warmup),
                    default=None)
 
@@ -234,6 +255,9 @@ class InputBuilder:
                     ((wall, None if w is None else replace(w, time_s=(wall - origin) / 1e9)) for wall, w in ws),
                     maxlen=self.limit)
             windows += [w for _, w in ws if w is not None]
+        for wall, w in self._store.windows():  # (a merged window's time: its last report's, on this origin)
+            t = (wall - origin) / 1e9
+            windows.append(w if w.time_s == t else replace(w, time_s=t))
         values = [ValueSeries(name, kind, rank, list(points)) for (name, rank), points in self._values.items()
                   if (kind := value_kind(name)) is not None] + self._selected
         memory = [MemorySeries(kind, rank, host, device, [((w - origin) / 1e9, v) for w, v in points],

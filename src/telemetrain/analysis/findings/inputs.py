@@ -50,6 +50,9 @@ class WindowPoint:
     # time outside the phases is taken from
     phase_clock: str = "host"
     phase_iteration_time: float | None = None
+    # the reports this window stands for: more than 1 when the run's windows were merged to fit the findings engine's
+    # budget (window_budget.py; consecutive windows of one loop, their figures iteration-weighted)
+    windows: int = 1
 
     @property
     def phase_total(self) -> float:
@@ -169,6 +172,8 @@ def contention_share(cpu: float | None, wait: float | None) -> float | None:
 
 def finite(value: Any) -> float | None:
     """``value`` as a finite float, else None (bools are not numbers here)."""
+    if type(value) is float:  # the common case first (each report's window reads ~14 of them)
+        return value if math.isfinite(value) else None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     value = float(value)
