@@ -219,15 +219,15 @@ _VALID: dict[str, str] = {
             f"{_opt_null(_T_['histogram'], _is_object(_T_['histogram']))}",
     "diagnostic": f"{_is_str(_T_['sink'])} AND {_is_int(_T_['count'])} AND {_is_str(_T_['message'])}",
 }
-_VALUE = _T["value"]
+_VALUE = "value_text"  # the value's JSON text, from the metric fast path or the general one
 _VALUES: dict[str, str] = {
     "value": f"(CASE WHEN {_VALUE} = 'true' THEN 1.0 WHEN {_VALUE} = 'false' THEN 0.0 "
              f"WHEN starts_with({_VALUE}, '\"') THEN TRY_CAST(trim({_VALUE}, '\"') AS DOUBLE) "
              f"ELSE TRY_CAST({_VALUE} AS DOUBLE) END)",
     "value_int": f"(CASE WHEN {_is_int(_VALUE)} THEN TRY_CAST({_VALUE} AS BIGINT) END)",
     "value_bool": f"(CASE WHEN {_VALUE} IN ('true', 'false') THEN {_VALUE} = 'true' END)",
-    "unit": "coalesce(s.unit, '')",
-    "step": "s.step",
+    "unit": "coalesce(CASE WHEN m IS NOT NULL THEN m.unit ELSE s.unit END, '')",
+    "step": "CASE WHEN m IS NOT NULL THEN m.step ELSE s.step END",
     "attributes": f"(CASE WHEN starts_with({_T['attributes']}, '{{') AND {_T['attributes']} <> '{{}}' "
                   f"THEN {_T['attributes']} END)",
     "severity": "s.severity",
@@ -251,8 +251,27 @@ _VALUES: dict[str, str] = {
 # JSON has no NaN or Infinity; Python's parser and DuckDB's both take some as an extension, differently. The reader
 # refuses them (``codec.loads``); here: a line holding one outside a string (strings blanked first) is not JSON.
 # (Such a constant stands where a value starts: after ':', '[' or ',', or after a '-', maybe after whitespace.)
-_BARE_CONSTANT = ("(CASE WHEN regexp_matches(line, '[:\\[,-][ \\t\\r\\n]*[NnIi]') THEN regexp_matches("
+# Such a constant holds "nan" or "inf" in some case: a line without either (most lines: two string searches, cheaper
+# than the regular expressions) needs neither regular expression.
+_BARE_CONSTANT = ("(CASE WHEN (contains(lower(line), 'nan') OR contains(lower(line), 'inf')) AND "
+                  "regexp_matches(line, '[:\\[,-][ \\t\\r\\n]*[NnIi]') THEN regexp_matches("
                   "regexp_replace(line, '\"(\\\\.|[^\"\\\\])*\"', '\"\"', 'g'), '(?i)nan|inf') ELSE false END)")
+
+
+# The metric fast path. A line of the one shape the writer gives a plain metric (``codec._enc_metric`` without
+# attributes: these keys in this order, no whitespace, strings without escapes or control characters, integers that
+# fit 64 bits, a number, a bool or a non-finite tag as the value) is valid JSON with no bare constant, no duplicate or
+# unknown key and every field of its type: what the general checks would find, proven by one regular expression (a
+# DFA pass) instead of a validation, an extraction of every field and their checks. Its fields are then read with one
+# typed parse of seven fields. Any other line, of any kind, takes the general path below, as before.
+_FAST_STR = '"(?:[^"\\\\\\x00-\\x1f]*)"'
+_FAST_INT = "(?:-?(?:0|[1-9][0-9]{0,17}|[1-8][0-9]{18}))"  # within 64 bits by its digits alone
+_FAST_NUM = ('(?:-?(?:0|[1-9][0-9]*)(?:\\.[0-9]+)?(?:[eE][-+]?[0-9]+)?|true|false|"NaN"|"Infinity"|"-Infinity")')
+_FAST_METRIC = ('\\{"v":[12],"kind":"metric","mono_ns":' + _FAST_INT + ',"wall_ns":' + _FAST_INT + ',"group":'
+                + _FAST_STR + ',"name":' + _FAST_STR + ',"value":' + _FAST_NUM + '(?:,"unit":' + _FAST_STR
+                + ')?(?:,"step":(?:' + _FAST_INT + '|null))?\\}')
+_FAST_FIELDS = ('{"mono_ns": "BIGINT", "wall_ns": "BIGINT", "group": "VARCHAR", "name": "VARCHAR", "value": "JSON", '
+                '"unit": "VARCHAR", "step": "BIGINT"}')
 
 
 def typed_rows_sql(source: str) -> str:
@@ -267,20 +286,29 @@ def typed_rows_sql(source: str) -> str:
     kind = _T["kind"]
     valid = " ".join(f"WHEN {kind} = '\"{k}\"' THEN ({cond})" for k, cond in _VALID.items())
     values = ",\n  ".join(f"{expr} AS {name}" for name, expr in _VALUES.items())
+    fast = _FAST_METRIC.replace("'", "''")
+
+    def pick(name: str) -> str:  # a typed field: the fast path's, else the general one's
+        return f"CASE WHEN m IS NOT NULL THEN m.{name} ELSE s.{name} END"
+
     return f"""
 WITH split AS (SELECT string_split(content, chr(10)) AS l FROM {source}),
 lines AS (SELECT unnest(l) AS line, generate_subscripts(l, 1) - 1 AS n FROM split),
 body AS (SELECT n, line FROM lines WHERE n < $lines AND (starts_with(line, '{{') OR trim(line, {_WHITESPACE}) <> '')
          AND NOT list_contains($headers, n)),
-parsed AS (SELECT n, line, CASE WHEN json_valid(line) AND NOT {_BARE_CONSTANT} THEN json_extract(line, {paths}) END
-           AS f FROM body),
-checked AS (SELECT n, line, f, coalesce(f IS NOT NULL AND {common} AND (CASE {valid} ELSE false END), false) AS ok
-            FROM parsed),
-typed AS (SELECT n, f, ok, CASE WHEN ok THEN from_json(line, '{typed}') END AS s FROM checked)
-SELECT n, CASE WHEN ok THEN trim({kind}, '"') END AS kind, s.mono_ns AS mono_ns, s.wall_ns AS wall_ns,
-  s.group AS group_name, s.name AS name,
+fast AS (SELECT n, line, CASE WHEN regexp_full_match(line, '{fast}') THEN from_json(line, '{_FAST_FIELDS}') END AS m
+         FROM body),
+parsed AS (SELECT n, line, m, CASE WHEN m IS NULL AND json_valid(line) AND NOT {_BARE_CONSTANT}
+           THEN json_extract(line, {paths}) END AS f FROM fast),
+checked AS (SELECT n, line, m, f, CASE WHEN f IS NOT NULL THEN coalesce({common} AND (CASE {valid} ELSE false END),
+            false) ELSE false END AS ok FROM parsed),
+typed AS (SELECT n, m, f, ok, CASE WHEN ok THEN from_json(line, '{typed}') END AS s,
+          CASE WHEN m IS NOT NULL THEN m.value::VARCHAR ELSE {_T['value']} END AS {_VALUE} FROM checked),
+rows AS (SELECT n, CASE WHEN m IS NOT NULL THEN 'metric' WHEN ok THEN trim({kind}, '"') END AS kind,
+  {pick('mono_ns')} AS mono_ns, {pick('wall_ns')} AS wall_ns, {pick('"group"')} AS group_name, {pick('name')} AS name,
   {values}
-FROM typed"""
+FROM typed)
+SELECT * FROM rows"""
 
 
 # -- rows -> records (the readers' objects) ---------------------------------------------------------------------------
