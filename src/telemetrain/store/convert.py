@@ -27,6 +27,10 @@ def _identity_rows(scan: Prescan, session: str, run: str) -> list[tuple[Any, ...
     return rows
 
 
+# The longest line of a chunk converted with the metric fast path (``columnar.typed_rows_sql``): a longer line among
+# fast ones costs DuckDB a copy of it per row of its vector (1 s for a line of a megabyte), so such a chunk goes the
+# general way (as fast as before).
+FAST_PATH_MAX_LINE = 4096
 CHUNK_BYTES = 8 << 20  # a segment is converted this much at a time: memory does not follow the segment's size
 
 
@@ -47,7 +51,7 @@ def convert_segment(con: Any, path: Path, fallback: Identity, session: str, run:
     total = Prescan(path=path, size=start, lines=0, torn=0, start=start, first_line=first_line)
     total.identities.append((0, fallback))
     pos, line, identity, created = start, first_line, fallback, False
-    tables: list[str] = []
+    branches: list[str] = []  # with chunk_tables: the view's query of each chunk's table
     while True:
         end = min(pos + chunk_bytes, limit)
         scan = prescan(path, identity, end, start=pos, first_line=line)
@@ -55,8 +59,8 @@ def convert_segment(con: Any, path: Path, fallback: Identity, session: str, run:
             chunk_bytes *= 2
             continue
         if chunk_tables:
-            tables.append(f"seg_{len(tables)}")
-            _convert_chunk(con, path, scan, session, run, segment, create=True, table=tables[-1])
+            branches.append(_convert_chunk(con, path, scan, session, run, segment, create=True,
+                                           table=f"seg_{len(branches)}"))
         else:
             _convert_chunk(con, path, scan, session, run, segment, create=not created)
         created = True
@@ -73,8 +77,7 @@ def convert_segment(con: Any, path: Path, fallback: Identity, session: str, run:
         if end >= limit or scan.lines == 0:
             total.torn = scan.torn
             if chunk_tables:
-                con.execute("CREATE OR REPLACE TEMP VIEW seg AS " + " UNION ALL ".join(f"SELECT * FROM {t}"
-                                                                                        for t in tables))
+                con.execute("CREATE OR REPLACE TEMP VIEW seg AS " + " UNION ALL ".join(branches))
             return total, "seg"
 
 
@@ -88,43 +91,53 @@ def drop_converted(con: Any) -> None:
 
 
 def _convert_chunk(con: Any, path: Path, scan: Prescan, session: str, run: str, segment: int, *,
-                   create: bool, table: str = "seg") -> None:
-    """The lines a prescan covered, typed, into ``table`` (created, or appended to)."""
+                   create: bool, table: str = "seg") -> str:
+    """The lines a prescan covered, typed, into ``table`` (created, or appended to). Returns a query of the rows with
+    their identity and segment: where one identity holds for the whole chunk (the usual case), ``table`` leaves them
+    out and the query adds them as constants (cheaper to store, and to write to Parquet, than columns of one value)."""
     with open(path, "rb") as fh:
         fh.seek(scan.start)
         data = fh.read(scan.size - scan.start)
     if b"\\ud" in data or b"\\uD" in data:
         data = replace_lone_surrogates(data)
     ids = _identity_rows(scan, session, run)
-    con.execute("CREATE OR REPLACE TEMP TABLE ids (lo INTEGER, hi INTEGER, session VARCHAR, run VARCHAR, rank BIGINT, "
-                + ", ".join(f"{name} {typ}" for name, typ in IDENTITY_COLUMNS) + ")")
-    con.executemany(f"INSERT INTO ids VALUES ({', '.join('?' for _ in range(5 + len(IDENTITY_COLUMNS)))})", ids)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         text = None
     first_line = scan.first_line
-    if len(ids) == 1:  # one identity for the whole chunk (the usual case): constants, no join
-        select = ("SELECT " + ", ".join(f"{_sql_value(v)} AS {name}" for v, name in zip(
-            ids[0][2:], ("session", "run", "rank", *(n for n, _ in IDENTITY_COLUMNS)), strict=True))
-            + f", {int(segment)}::INTEGER AS segment, (t.n + {int(first_line)})::INTEGER AS line, t.* EXCLUDE (n) "
-            "FROM typed t")
+    identity = ("session", "run", "rank", *(n for n, _ in IDENTITY_COLUMNS))
+    rows = f"(t.n + {int(first_line)})::INTEGER AS line, t.* EXCLUDE (n)"
+    if len(ids) == 1:  # one identity for the whole chunk: constants, no join
+        constants = (", ".join(f"{_sql_value(v)} AS {name}" for v, name in zip(ids[0][2:], identity, strict=True))
+                     + f", {int(segment)}::INTEGER AS segment")
+        if table == "seg":  # the engine's table: every column stored
+            select = f"SELECT {constants}, {rows} FROM typed t"
+            branch = f"SELECT * FROM {table}"
+        else:
+            select = f"SELECT {rows} FROM typed t"
+            branch = f"SELECT {constants}, * FROM {table}"
     else:
-        select = ("SELECT ids.session, ids.run, ids.rank, "
-                  + ", ".join(f"ids.{name}" for name, _ in IDENTITY_COLUMNS)
-                  + f", {int(segment)}::INTEGER AS segment, (t.n + {int(first_line)})::INTEGER AS line, "
-                  "t.* EXCLUDE (n) FROM typed t JOIN ids ON t.n >= ids.lo AND t.n < ids.hi")
+        con.execute("CREATE OR REPLACE TEMP TABLE ids (lo INTEGER, hi INTEGER, session VARCHAR, run VARCHAR, "
+                    "rank BIGINT, " + ", ".join(f"{name} {typ}" for name, typ in IDENTITY_COLUMNS) + ")")
+        con.executemany(f"INSERT INTO ids VALUES ({', '.join('?' for _ in range(5 + len(IDENTITY_COLUMNS)))})", ids)
+        select = ("SELECT " + ", ".join(f"ids.{name}" for name in identity)
+                  + f", {int(segment)}::INTEGER AS segment, {rows} FROM typed t "
+                  "JOIN ids ON t.n >= ids.lo AND t.n < ids.hi")
+        branch = f"SELECT * FROM {table}"
     into = f"CREATE OR REPLACE TEMP TABLE {table} AS" if create else f"INSERT INTO {table}"
+    fast = max(map(len, data.split(b"\n"))) <= FAST_PATH_MAX_LINE
     if text is not None:
-        typed = typed_rows_sql("(SELECT $content AS content)")
+        typed = typed_rows_sql("(SELECT $content AS content)", fast=fast)
         con.execute(f"{into} WITH typed AS ({typed}) {select}",
                     {"content": text, "headers": scan.header_lines, "lines": scan.lines})
     else:  # not UTF-8 somewhere: line by line, so that only the bad lines are lost
         con.execute("CREATE OR REPLACE TEMP TABLE seg_text (content VARCHAR)")
         good = "\n".join(_utf8_or_blank(line) for line in data.split(b"\n"))
         con.execute("INSERT INTO seg_text VALUES ($c)", {"c": good})
-        con.execute(f"{into} WITH typed AS ({typed_rows_sql('seg_text')}) {select}",
+        con.execute(f"{into} WITH typed AS ({typed_rows_sql('seg_text', fast=fast)}) {select}",
                     {"headers": scan.header_lines, "lines": scan.lines})
+    return branch
 
 
 def header_rows(scan: Prescan, segment: int) -> list[tuple[tuple[str, str, int], tuple[Any, ...]]]:
