@@ -204,23 +204,27 @@ def _attrs_ok(t: str) -> str:
     return f"({t} = 'null' OR {_is_object(t)})"
 
 
-_T_ = _T
-_VALID: dict[str, str] = {
-    "metric": f"{_is_num(_T_['value'])} AND ({_T_['unit']} IS NULL OR {_is_str(_T_['unit'])}) AND "
-              f"{_opt_null(_T_['step'], _is_int(_T_['step']))} AND "
-              f"{_opt_null(_T_['attributes'], _is_object(_T_['attributes']))}",
-    "event": f"{_is_str(_T_['severity'])} AND {_attrs_ok(_T_['attributes'])} AND {_is_str(_T_['event_id'])} AND "
-             f"{_is_str(_T_['span_id'])}",
-    "span_start": f"{_is_str(_T_['span_id'])} AND {_is_str(_T_['parent_id'])} AND {_is_str(_T_['trace_id'])} AND "
-                  f"{_attrs_ok(_T_['attributes'])}",
-    "span_end": f"{_is_str(_T_['span_id'])} AND {_is_int(_T_['duration_ns'])} AND {_is_str(_T_['status'])} AND "
-                f"{_attrs_ok(_T_['attributes'])} AND {_is_str(_T_['error'])}",
-    "stat": f"starts_with({_T_['values']}, '{{') AND list_bool_and(list_transform(map_values(json_transform("
-            f"{_T_['values']}, '\"MAP(VARCHAR, JSON)\"')), lambda x: {_is_num('x::VARCHAR')})) IS NOT FALSE AND "
-            f"{_is_int(_T_['start_mono_ns'])} AND {_is_int(_T_['count'])} AND {_is_str(_T_['unit'])} AND "
-            f"{_opt_null(_T_['histogram'], _is_object(_T_['histogram']))}",
-    "diagnostic": f"{_is_str(_T_['sink'])} AND {_is_int(_T_['count'])} AND {_is_str(_T_['message'])}",
-}
+def _valid_checks(t: dict[str, str]) -> dict[str, str]:
+    """Each kind's field checks over the fields' JSON texts ``t``."""
+    return {
+        "metric": f"{_is_num(t['value'])} AND ({t['unit']} IS NULL OR {_is_str(t['unit'])}) AND "
+                  f"{_opt_null(t['step'], _is_int(t['step']))} AND "
+                  f"{_opt_null(t['attributes'], _is_object(t['attributes']))}",
+        "event": f"{_is_str(t['severity'])} AND {_attrs_ok(t['attributes'])} AND {_is_str(t['event_id'])} AND "
+                 f"{_is_str(t['span_id'])}",
+        "span_start": f"{_is_str(t['span_id'])} AND {_is_str(t['parent_id'])} AND {_is_str(t['trace_id'])} AND "
+                      f"{_attrs_ok(t['attributes'])}",
+        "span_end": f"{_is_str(t['span_id'])} AND {_is_int(t['duration_ns'])} AND {_is_str(t['status'])} AND "
+                    f"{_attrs_ok(t['attributes'])} AND {_is_str(t['error'])}",
+        "stat": f"starts_with({t['values']}, '{{') AND list_bool_and(list_transform(map_values(json_transform("
+                f"{t['values']}, '\"MAP(VARCHAR, JSON)\"')), lambda x: {_is_num('x::VARCHAR')})) IS NOT FALSE AND "
+                f"{_is_int(t['start_mono_ns'])} AND {_is_int(t['count'])} AND {_is_str(t['unit'])} AND "
+                f"{_opt_null(t['histogram'], _is_object(t['histogram']))}",
+        "diagnostic": f"{_is_str(t['sink'])} AND {_is_int(t['count'])} AND {_is_str(t['message'])}",
+    }
+
+
+_VALID = _valid_checks(_T)
 _VALUE = "value_text"  # the value's JSON text, from the metric fast path or the general one
 _VALUES: dict[str, str] = {
     "value": f"(CASE WHEN {_VALUE} = 'true' THEN 1.0 WHEN {_VALUE} = 'false' THEN 0.0 "
@@ -325,22 +329,7 @@ SELECT * FROM rows"""
 # not. Same rows: ``typed_rows_sql`` gives what this gives, line for line (tests/test_compaction_rate.py).
 
 _T_G = {name: f"f[{i + 1}]::VARCHAR" for i, name in enumerate(FIELDS)}  # the field's JSON text (NULL: no such key)
-_VALID_G: dict[str, str] = {
-    "metric": f"{_is_num(_T_G['value'])} AND ({_T_G['unit']} IS NULL OR {_is_str(_T_G['unit'])}) AND "
-              f"{_opt_null(_T_G['step'], _is_int(_T_G['step']))} AND "
-              f"{_opt_null(_T_G['attributes'], _is_object(_T_G['attributes']))}",
-    "event": f"{_is_str(_T_G['severity'])} AND {_attrs_ok(_T_G['attributes'])} AND {_is_str(_T_G['event_id'])} AND "
-             f"{_is_str(_T_G['span_id'])}",
-    "span_start": f"{_is_str(_T_G['span_id'])} AND {_is_str(_T_G['parent_id'])} AND {_is_str(_T_G['trace_id'])} AND "
-                  f"{_attrs_ok(_T_G['attributes'])}",
-    "span_end": f"{_is_str(_T_G['span_id'])} AND {_is_int(_T_G['duration_ns'])} AND {_is_str(_T_G['status'])} AND "
-                f"{_attrs_ok(_T_G['attributes'])} AND {_is_str(_T_G['error'])}",
-    "stat": f"starts_with({_T_G['values']}, '{{') AND list_bool_and(list_transform(map_values(json_transform("
-            f"{_T_G['values']}, '\"MAP(VARCHAR, JSON)\"')), lambda x: {_is_num('x::VARCHAR')})) IS NOT FALSE AND "
-            f"{_is_int(_T_G['start_mono_ns'])} AND {_is_int(_T_G['count'])} AND {_is_str(_T_G['unit'])} AND "
-            f"{_opt_null(_T_G['histogram'], _is_object(_T_G['histogram']))}",
-    "diagnostic": f"{_is_str(_T_G['sink'])} AND {_is_int(_T_G['count'])} AND {_is_str(_T_G['message'])}",
-}
+_VALID_G = _valid_checks(_T_G)
 _VALUE_G = _T_G["value"]
 _VALUES_G: dict[str, str] = {
     "value": f"(CASE WHEN {_VALUE_G} = 'true' THEN 1.0 WHEN {_VALUE_G} = 'false' THEN 0.0 "
