@@ -40,7 +40,7 @@ from .columnar import (
     TABLES,
     ColumnarVersionError,
 )
-from .convert import _sql_str, convert_segment, header_rows
+from .convert import _sql_str, convert_segment, drop_converted, header_rows
 from .reader import fallback_identity, find_runs, list_processes, read_run_meta
 
 __all__ = ["COLUMNAR_DIR", "CompactResult", "Manifest", "compact", "manifest_path", "read_manifest"]
@@ -150,9 +150,17 @@ def _write_parquet(con: Any, query: str, target: Path, table: str) -> int:
 def compact_segment(con: Any, path: Path, prefix: Path, fallback: Identity, session: str, run: str,
                     segment: int) -> Manifest:
     """Write the columnar copy of one segment under ``prefix`` (a local directory) and its manifest, last."""
+    try:
+        return _compact_segment(con, path, prefix, fallback, session, run, segment)
+    finally:  # the converted rows are dropped whether the copy was written or not
+        drop_converted(con)
+
+
+def _compact_segment(con: Any, path: Path, prefix: Path, fallback: Identity, session: str, run: str,
+                     segment: int) -> Manifest:
     t0 = time.perf_counter()
     file_size = path.stat().st_size
-    scan, seg = convert_segment(con, path, fallback, session, run, segment, file_size)
+    scan, seg = convert_segment(con, path, fallback, session, run, segment, file_size, chunk_tables=True)
     stem = path.name.removesuffix(".jsonl")
     records: dict[str, int] = {}
     files: list[dict[str, Any]] = []
@@ -194,7 +202,6 @@ def compact_segment(con: Any, path: Path, prefix: Path, fallback: Identity, sess
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(manifest.as_dict(), separators=(",", ":")))
     os.replace(tmp, target)
-    con.execute(f"DROP TABLE IF EXISTS {seg}")
     return manifest
 
 

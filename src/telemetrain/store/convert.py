@@ -13,7 +13,7 @@ from typing import Any
 from ..identity import Identity
 from .columnar import IDENTITY_COLUMNS, Prescan, prescan, typed_rows_sql
 
-__all__ = ["CHUNK_BYTES", "convert_segment", "header_rows", "replace_lone_surrogates"]
+__all__ = ["CHUNK_BYTES", "convert_segment", "drop_converted", "header_rows", "replace_lone_surrogates"]
 
 
 def _identity_rows(scan: Prescan, session: str, run: str) -> list[tuple[Any, ...]]:
@@ -27,28 +27,42 @@ def _identity_rows(scan: Prescan, session: str, run: str) -> list[tuple[Any, ...
     return rows
 
 
+# The longest line of a chunk converted with the metric fast path (``columnar.typed_rows_sql``): a longer line among
+# fast ones costs DuckDB a copy of it per row of its vector (1 s for a line of a megabyte), so such a chunk goes the
+# general way (as fast as before).
+FAST_PATH_MAX_LINE = 4096
 CHUNK_BYTES = 8 << 20  # a segment is converted this much at a time: memory does not follow the segment's size
 
 
 def convert_segment(con: Any, path: Path, fallback: Identity, session: str, run: str, segment: int,
                     size: int | None = None, *, start: int = 0, first_line: int = 0,
-                    chunk_bytes: int | None = None) -> tuple[Prescan, str]:
+                    chunk_bytes: int | None = None, chunk_tables: bool = False) -> tuple[Prescan, str]:
     """Parse one segment into the temporary table ``seg`` (typed rows with identity and position) of ``con``;
     returns its prescan and the name of the table (``seg``). Lines past ``size`` bytes are not read; with ``start``,
     reading begins at that offset, which is line ``first_line``. The file is read ``chunk_bytes`` of whole lines at a
-    time (DuckDB keeps the rows, spilling past its memory limit)."""
+    time (DuckDB keeps the rows, spilling past its memory limit).
+
+    With ``chunk_tables``, each chunk's rows go to a table of their own (``seg_0``, ``seg_1``, ...) and ``seg`` is a
+    view of them all, in order (``drop_converted`` drops them): appending to one table costs DuckDB a pass over every
+    row group it completes (122,880 rows), about a third of the conversion's time; tables of one chunk never complete
+    one. Compaction reads the rows once; the engine keeps a table."""
     limit = size if size is not None else os.stat(path).st_size
     chunk_bytes = chunk_bytes or CHUNK_BYTES
     total = Prescan(path=path, size=start, lines=0, torn=0, start=start, first_line=first_line)
     total.identities.append((0, fallback))
     pos, line, identity, created = start, first_line, fallback, False
+    branches: list[str] = []  # with chunk_tables: the view's query of each chunk's table
     while True:
         end = min(pos + chunk_bytes, limit)
         scan = prescan(path, identity, end, start=pos, first_line=line)
         if scan.lines == 0 and end < limit:  # one line longer than a chunk: read further
             chunk_bytes *= 2
             continue
-        _convert_chunk(con, path, scan, session, run, segment, create=not created)
+        if chunk_tables:
+            branches.append(_convert_chunk(con, path, scan, session, run, segment, create=True,
+                                           table=f"seg_{len(branches)}"))
+        else:
+            _convert_chunk(con, path, scan, session, run, segment, create=not created)
         created = True
         offset = line - first_line  # the chunk's lines, relative to the whole read
         total.header_lines += [n + offset for n in scan.header_lines]
@@ -62,47 +76,68 @@ def convert_segment(con: Any, path: Path, fallback: Identity, session: str, run:
         pos, line, identity = scan.size, line + scan.lines, scan.identities[-1][1]
         if end >= limit or scan.lines == 0:
             total.torn = scan.torn
+            if chunk_tables:
+                con.execute("CREATE OR REPLACE TEMP VIEW seg AS " + " UNION ALL ".join(branches))
             return total, "seg"
 
 
+def drop_converted(con: Any) -> None:
+    """Drop what ``convert_segment(..., chunk_tables=True)`` made."""
+    tables = [r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE temporary AND "
+                                        "regexp_full_match(table_name, 'seg_[0-9]+')").fetchall()]
+    con.execute("DROP VIEW IF EXISTS seg")
+    for table in tables:
+        con.execute(f"DROP TABLE {table}")
+
+
 def _convert_chunk(con: Any, path: Path, scan: Prescan, session: str, run: str, segment: int, *,
-                   create: bool) -> None:
-    """The lines a prescan covered, typed, into ``seg`` (created, or appended to)."""
+                   create: bool, table: str = "seg") -> str:
+    """The lines a prescan covered, typed, into ``table`` (created, or appended to). Returns a query of the rows with
+    their identity and segment: where one identity holds for the whole chunk (the usual case), ``table`` leaves them
+    out and the query adds them as constants (cheaper to store, and to write to Parquet, than columns of one value)."""
     with open(path, "rb") as fh:
         fh.seek(scan.start)
         data = fh.read(scan.size - scan.start)
     if b"\\ud" in data or b"\\uD" in data:
         data = replace_lone_surrogates(data)
     ids = _identity_rows(scan, session, run)
-    con.execute("CREATE OR REPLACE TEMP TABLE ids (lo INTEGER, hi INTEGER, session VARCHAR, run VARCHAR, rank BIGINT, "
-                + ", ".join(f"{name} {typ}" for name, typ in IDENTITY_COLUMNS) + ")")
-    con.executemany(f"INSERT INTO ids VALUES ({', '.join('?' for _ in range(5 + len(IDENTITY_COLUMNS)))})", ids)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         text = None
     first_line = scan.first_line
-    if len(ids) == 1:  # one identity for the whole chunk (the usual case): constants, no join
-        select = ("SELECT " + ", ".join(f"{_sql_value(v)} AS {name}" for v, name in zip(
-            ids[0][2:], ("session", "run", "rank", *(n for n, _ in IDENTITY_COLUMNS)), strict=True))
-            + f", {int(segment)}::INTEGER AS segment, (t.n + {int(first_line)})::INTEGER AS line, t.* EXCLUDE (n) "
-            "FROM typed t")
+    identity = ("session", "run", "rank", *(n for n, _ in IDENTITY_COLUMNS))
+    rows = f"(t.n + {int(first_line)})::INTEGER AS line, t.* EXCLUDE (n)"
+    if len(ids) == 1:  # one identity for the whole chunk: constants, no join
+        constants = (", ".join(f"{_sql_value(v)} AS {name}" for v, name in zip(ids[0][2:], identity, strict=True))
+                     + f", {int(segment)}::INTEGER AS segment")
+        if table == "seg":  # the engine's table: every column stored
+            select = f"SELECT {constants}, {rows} FROM typed t"
+            branch = f"SELECT * FROM {table}"
+        else:
+            select = f"SELECT {rows} FROM typed t"
+            branch = f"SELECT {constants}, * FROM {table}"
     else:
-        select = ("SELECT ids.session, ids.run, ids.rank, "
-                  + ", ".join(f"ids.{name}" for name, _ in IDENTITY_COLUMNS)
-                  + f", {int(segment)}::INTEGER AS segment, (t.n + {int(first_line)})::INTEGER AS line, "
-                  "t.* EXCLUDE (n) FROM typed t JOIN ids ON t.n >= ids.lo AND t.n < ids.hi")
-    into = "CREATE OR REPLACE TEMP TABLE seg AS" if create else "INSERT INTO seg"
+        con.execute("CREATE OR REPLACE TEMP TABLE ids (lo INTEGER, hi INTEGER, session VARCHAR, run VARCHAR, "
+                    "rank BIGINT, " + ", ".join(f"{name} {typ}" for name, typ in IDENTITY_COLUMNS) + ")")
+        con.executemany(f"INSERT INTO ids VALUES ({', '.join('?' for _ in range(5 + len(IDENTITY_COLUMNS)))})", ids)
+        select = ("SELECT " + ", ".join(f"ids.{name}" for name in identity)
+                  + f", {int(segment)}::INTEGER AS segment, {rows} FROM typed t "
+                  "JOIN ids ON t.n >= ids.lo AND t.n < ids.hi")
+        branch = f"SELECT * FROM {table}"
+    into = f"CREATE OR REPLACE TEMP TABLE {table} AS" if create else f"INSERT INTO {table}"
+    fast = max(map(len, data.split(b"\n"))) <= FAST_PATH_MAX_LINE
     if text is not None:
-        typed = typed_rows_sql("(SELECT $content AS content)")
+        typed = typed_rows_sql("(SELECT $content AS content)", fast=fast)
         con.execute(f"{into} WITH typed AS ({typed}) {select}",
                     {"content": text, "headers": scan.header_lines, "lines": scan.lines})
     else:  # not UTF-8 somewhere: line by line, so that only the bad lines are lost
         con.execute("CREATE OR REPLACE TEMP TABLE seg_text (content VARCHAR)")
         good = "\n".join(_utf8_or_blank(line) for line in data.split(b"\n"))
         con.execute("INSERT INTO seg_text VALUES ($c)", {"c": good})
-        con.execute(f"{into} WITH typed AS ({typed_rows_sql('seg_text')}) {select}",
+        con.execute(f"{into} WITH typed AS ({typed_rows_sql('seg_text', fast=fast)}) {select}",
                     {"headers": scan.header_lines, "lines": scan.lines})
+    return branch
 
 
 def header_rows(scan: Prescan, segment: int) -> list[tuple[tuple[str, str, int], tuple[Any, ...]]]:

@@ -1,0 +1,79 @@
+"""Compaction's metric fast path (``columnar.typed_rows_sql``) against the general path it bypasses (the query as it was
+before the fast path, ``fast=False``): the same rows, bit for bit, on lines of every shape the fast path could take
+or misjudge; and a chunk holding a long line (which takes the general path) keeps every record."""
+
+from __future__ import annotations
+
+import math
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+duckdb = pytest.importorskip("duckdb")
+
+from telemetrain.store import open_run  # noqa: E402
+from telemetrain.store.columnar import typed_rows_sql  # noqa: E402
+from telemetrain.store.compact import compact, connect  # noqa: E402
+from telemetrain.store.convert import FAST_PATH_MAX_LINE, replace_lone_surrogates  # noqa: E402
+from test_reader_damage import DAMAGED, _write_run  # noqa: E402
+
+
+def _metric(value: str = "1", mono: str = "5", group: str = '"g"', name: str = '"n"', tail: str = "") -> str:
+    return (f'{{"v":2,"kind":"metric","mono_ns":{mono},"wall_ns":1795720731554430670,"group":{group},"name":{name},'
+            f'"value":{value}{tail}}}')
+
+
+VALUES = ["1.0", "-0", "0", "-0.0", "1E3", "1e999", "123456789012345678901234567890", "9223372036854775807",
+          "9223372036854775808", "true", "false", "null", '"NaN"', '"Infinity"', '"-Infinity"', '"nan"', "NaN",
+          "-Infinity", '"x"', "[1]", "{}", "0.1", "1.50", "01", "2.5e-3", "1.7976931348623157e308"]
+INTS = ["0", "-0", "-5", "1.0", "1e3", '"5"', "true", "8999999999999999999", "9000000000000000000",
+        "9223372036854775807", "9223372036854775808", "-9223372036854775809", "007"]
+STRINGS = ['""', '"a\\"b"', '"\\u00e9"', '"é"', '"日本"', '"a\\\\b"', '"\\n"', '"a\tb"', "5", "null", '"a,b:c"',
+           '"\\ud800"']
+LINES = [
+    *DAMAGED,
+    *(_metric(v) for v in VALUES),
+    *(_metric(v, tail=',"unit":"s","step":3') for v in VALUES),
+    *(_metric(mono=i) for i in INTS),
+    *(_metric(tail=f',"step":{i}') for i in [*INTS, "null"]),
+    *(_metric(group=s) for s in STRINGS),
+    *(_metric(name=s, tail=f',"unit":{s}') for s in STRINGS),
+    _metric(tail=',"x":NaN'), _metric(tail=',"x":1'), _metric(tail=',"name":"dup"'), _metric(tail=',"value":"dup"'),
+    _metric(tail=',"attributes":{}'), _metric(tail=',"attributes":{"a":NaN}'), _metric(tail=',"step":1,"unit":"s"'),
+    _metric() + " ", " " + _metric(), _metric() + "\r", _metric().replace(":", ": "),
+    _metric().replace('"v":2', '"v":3'), _metric().replace('"v":2', '"v":1'),
+    _metric()[:-1], _metric() + "}", _metric().replace("metric", "Metric"),
+]
+
+
+def _bits(row: tuple[Any, ...]) -> list[Any]:
+    return [struct.pack("<d", v) if isinstance(v, float) and not math.isnan(v) else
+            ("nan" if isinstance(v, float) else v) for v in row]
+
+
+def test_fast_path_gives_the_general_paths_rows_bit_for_bit() -> None:
+    text = replace_lone_surrogates(("\n".join(LINES) + "\n").encode()).decode()
+    con = connect()
+    con.execute("CREATE TEMP TABLE src AS SELECT $c AS content", {"c": text})
+    rows = {}
+    for fast in (True, False):
+        rows[fast] = [_bits(r) for r in con.execute(
+            f"SELECT * FROM ({typed_rows_sql('src', fast=fast)}) ORDER BY n",
+            {"headers": [], "lines": len(LINES)}).fetchall()]
+    assert rows[True] == rows[False]
+    kept = sum(1 for r in rows[True] if r[1] is not None)
+    assert 0 < kept < len(rows[True])  # both kept and corrupt lines were compared
+
+
+def test_a_chunk_with_a_long_line_keeps_every_record(tmp_path: Path) -> None:
+    run = _write_run(tmp_path, ranks=1, n=300)
+    f = next(run.glob("rank-*.jsonl"))
+    with open(f, "a") as fh:
+        fh.write('{"v":2,"kind":"event","mono_ns":5,"wall_ns":1,"group":"g","name":"long","severity":"info",'
+                 f'"attributes":{{"blob":"{"x" * (4 * FAST_PATH_MAX_LINE)}"}},"event_id":"","span_id":""}}\n')
+        fh.write(_metric() + "\n")
+    expected = len(open_run(run).processes[0].records)
+    result = compact(run)
+    assert not result.errors and result.records == expected
