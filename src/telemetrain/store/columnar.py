@@ -226,32 +226,41 @@ def _valid_checks(t: dict[str, str]) -> dict[str, str]:
 
 _VALID = _valid_checks(_T)
 _VALUE = "value_text"  # the value's JSON text, from the metric fast path or the general one
-_VALUES: dict[str, str] = {
-    "value": f"(CASE WHEN {_VALUE} = 'true' THEN 1.0 WHEN {_VALUE} = 'false' THEN 0.0 "
-             f"WHEN starts_with({_VALUE}, '\"') THEN TRY_CAST(trim({_VALUE}, '\"') AS DOUBLE) "
-             f"ELSE TRY_CAST({_VALUE} AS DOUBLE) END)",
-    "value_int": f"(CASE WHEN {_is_int(_VALUE)} THEN TRY_CAST({_VALUE} AS BIGINT) END)",
-    "value_bool": f"(CASE WHEN {_VALUE} IN ('true', 'false') THEN {_VALUE} = 'true' END)",
-    "unit": "coalesce(CASE WHEN m IS NOT NULL THEN m.unit ELSE s.unit END, '')",
-    "step": "CASE WHEN m IS NOT NULL THEN m.step ELSE s.step END",
-    "attributes": f"(CASE WHEN starts_with({_T['attributes']}, '{{') AND {_T['attributes']} <> '{{}}' "
-                  f"THEN {_T['attributes']} END)",
-    "severity": "s.severity",
-    "event_id": "s.event_id",
-    "span_id": "s.span_id",
-    "parent_id": "s.parent_id",
-    "trace_id": "s.trace_id",
-    "duration_ns": "s.duration_ns",
-    "status": "s.status",
-    "error": "s.error",
-    "start_mono_ns": "s.start_mono_ns",
-    "sample_count": "s.count",
-    "values": _T["values"],
-    "histogram": f"(CASE WHEN starts_with({_T['histogram']}, '{{') THEN {_T['histogram']} END)",
-    "sink": "s.sink",
-    "record_count": "s.count",
-    "message": "s.message",
-}
+
+
+def _value_columns(t: dict[str, str], value: str, unit: str, step: str) -> dict[str, str]:
+    """Each output column's expression over the fields' JSON text ``t``, the value's text ``value`` and the unit's and
+    step's expressions (which differ between the two paths)."""
+    return {
+        "value": f"(CASE WHEN {value} = 'true' THEN 1.0 WHEN {value} = 'false' THEN 0.0 "
+                 f"WHEN starts_with({value}, '\"') THEN TRY_CAST(trim({value}, '\"') AS DOUBLE) "
+                 f"ELSE TRY_CAST({value} AS DOUBLE) END)",
+        "value_int": f"(CASE WHEN {_is_int(value)} THEN TRY_CAST({value} AS BIGINT) END)",
+        "value_bool": f"(CASE WHEN {value} IN ('true', 'false') THEN {value} = 'true' END)",
+        "unit": unit,
+        "step": step,
+        "attributes": f"(CASE WHEN starts_with({t['attributes']}, '{{') AND {t['attributes']} <> '{{}}' "
+                      f"THEN {t['attributes']} END)",
+        "severity": "s.severity",
+        "event_id": "s.event_id",
+        "span_id": "s.span_id",
+        "parent_id": "s.parent_id",
+        "trace_id": "s.trace_id",
+        "duration_ns": "s.duration_ns",
+        "status": "s.status",
+        "error": "s.error",
+        "start_mono_ns": "s.start_mono_ns",
+        "sample_count": "s.count",
+        "values": t["values"],
+        "histogram": f"(CASE WHEN starts_with({t['histogram']}, '{{') THEN {t['histogram']} END)",
+        "sink": "s.sink",
+        "record_count": "s.count",
+        "message": "s.message",
+    }
+
+
+_VALUES = _value_columns(_T, _VALUE, "coalesce(CASE WHEN m IS NOT NULL THEN m.unit ELSE s.unit END, '')",
+                        "CASE WHEN m IS NOT NULL THEN m.step ELSE s.step END")
 
 
 # JSON has no NaN or Infinity; Python's parser and DuckDB's both take some as an extension, differently. The reader
@@ -331,32 +340,7 @@ SELECT * FROM rows"""
 _T_G = {name: f"f[{i + 1}]::VARCHAR" for i, name in enumerate(FIELDS)}  # the field's JSON text (NULL: no such key)
 _VALID_G = _valid_checks(_T_G)
 _VALUE_G = _T_G["value"]
-_VALUES_G: dict[str, str] = {
-    "value": f"(CASE WHEN {_VALUE_G} = 'true' THEN 1.0 WHEN {_VALUE_G} = 'false' THEN 0.0 "
-             f"WHEN starts_with({_VALUE_G}, '\"') THEN TRY_CAST(trim({_VALUE_G}, '\"') AS DOUBLE) "
-             f"ELSE TRY_CAST({_VALUE_G} AS DOUBLE) END)",
-    "value_int": f"(CASE WHEN {_is_int(_VALUE_G)} THEN TRY_CAST({_VALUE_G} AS BIGINT) END)",
-    "value_bool": f"(CASE WHEN {_VALUE_G} IN ('true', 'false') THEN {_VALUE_G} = 'true' END)",
-    "unit": "coalesce(s.unit, '')",
-    "step": "s.step",
-    "attributes": f"(CASE WHEN starts_with({_T_G['attributes']}, '{{') AND {_T_G['attributes']} <> '{{}}' "
-                  f"THEN {_T_G['attributes']} END)",
-    "severity": "s.severity",
-    "event_id": "s.event_id",
-    "span_id": "s.span_id",
-    "parent_id": "s.parent_id",
-    "trace_id": "s.trace_id",
-    "duration_ns": "s.duration_ns",
-    "status": "s.status",
-    "error": "s.error",
-    "start_mono_ns": "s.start_mono_ns",
-    "sample_count": "s.count",
-    "values": _T_G["values"],
-    "histogram": f"(CASE WHEN starts_with({_T_G['histogram']}, '{{') THEN {_T_G['histogram']} END)",
-    "sink": "s.sink",
-    "record_count": "s.count",
-    "message": "s.message",
-}
+_VALUES_G = _value_columns(_T_G, _VALUE_G, "coalesce(s.unit, '')", "s.step")
 
 
 # JSON has no NaN or Infinity; Python's parser and DuckDB's both take some as an extension, differently. The reader
