@@ -124,9 +124,12 @@ class CompactResult:
 def connect(memory_limit: str = MEMORY_LIMIT, threads: int = 1) -> Any:
     import duckdb
 
+    # spilled rows go under the system's temp dir: DuckDB's default for an in-memory database is ".tmp" in the
+    # current directory, which a background compaction would leave in the user's working directory
+    spill = os.path.join(tempfile.gettempdir(), f"telemetrain-duckdb-{os.getpid()}")
     con = duckdb.connect(":memory:", config={"memory_limit": memory_limit, "threads": threads,
                                              "preserve_insertion_order": True, "autoinstall_known_extensions": False,
-                                             "autoload_known_extensions": False})
+                                             "autoload_known_extensions": False, "temp_directory": spill})
     return con
 
 
