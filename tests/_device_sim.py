@@ -13,7 +13,19 @@ event not yet reached raises: a timer that read a result it would have had to wa
 
 from __future__ import annotations
 
+import sys
 from typing import Any
+
+
+def skip_if_cuda_in_use() -> None:
+    """Skip a test of a process that uses no GPU when this test process does (an earlier test on a GPU machine
+    initialised CUDA): what it checks then does not hold, by design."""
+    import pytest
+
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        pytest.skip("CUDA is initialised in this test process (an earlier test used the GPU): this test is of a "
+                    "process without a GPU in use; run it alone to check it on this machine")
 
 
 class SimEvent:

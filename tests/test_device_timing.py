@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from _device_sim import SimClock
+from _device_sim import SimClock, skip_if_cuda_in_use
 from telemetrain import Telemetry, TelemetryWarning
 from telemetrain.spans import _current, span, tracer
 from telemetrain.store import open_run
@@ -146,7 +146,9 @@ def test_resolution_never_waits_and_the_ring_gives_the_oldest_up(
     for _ in range(n):
         _step(r, sim, 50 * MS, 50 * MS, 50 * MS, sync=False)  # 150 ms of device work per ~0.1 ms of host time
     assert timer.waiting == capacity  # nothing completed: every slot waits; the rest were given up
-    assert sim.events_created == capacity * 8  # pooled: 8 marks an iteration, `capacity` slots, never more
+    # pooled: 5 marks an iteration (3 back-to-back phases start at the mark before them: dt.SHARE_NS), `capacity`
+    # slots, never more
+    assert sim.events_created == capacity * 5
     assert timer.resolve() == 0  # still nothing done: nothing read, nothing waited for
     # time passes on the host (CPU work, no sync): the device works through 25.5 iterations' worth of its queue.
     # The given-up iterations' kernels still ran; the 8 waiting are the last (22-29): 22, 23 and 24 are done now
@@ -317,6 +319,7 @@ def test_an_unreadable_slot_is_unresolved_and_only_repeated_failures_turn_timing
 
 def test_host_mode_and_auto_on_a_cpu(telemetry: Telemetry, read_run: Callable[..., Any]) -> None:
     """device_timing='host': no marks; 'auto' here (no CUDA device in use): host, and the event says why."""
+    skip_if_cuda_in_use()
     for mode in ("host", "auto"):
         r = _recorder(telemetry, mode)
         assert not r.device_timed
@@ -367,3 +370,74 @@ def test_window_attributes_arithmetic() -> None:
     assert a["avg_forward_device_time_sec"] == pytest.approx(0.1) and a["avg_stall_time_sec"] == pytest.approx(0.02)
     assert a["device_unresolved_iterations"] == 3
     assert all(math.isfinite(v) for v in a.values())
+
+
+def test_back_to_back_boundaries_share_one_mark(telemetry: Telemetry, read_run: Callable[..., Any],
+                                                sim: SimClock) -> None:
+    """Five phases back to back need 7 marks an iteration, not 12 (each phase starts at the mark before it:
+    dt.SHARE_NS), and each phase keeps its own device time."""
+    r = _recorder(telemetry, sim, log_every_n_train_iterations=1000)  # one report, at the end: all resolved by then
+    n = 10
+    for _ in range(n):
+        r.on_training_single_iteration_start()
+        for phase, work in ((r.data_loading, 1), (r.zero_grad, 2), (r.forward, 3), (r.backward, 6),
+                            (r.optimizer_update, 1)):
+            with phase():
+                sim.launch(work * MS)
+        r.on_training_single_iteration_end()
+    r.on_train_end()
+    assert sim.records == 7 * n
+    ups = _updates(read_run, telemetry)
+    assert sum(u["device_timed_iterations"] for u in ups) == n
+    for key, work in (("dataloader", 1), ("zero_grad", 2), ("forward", 3), ("backward", 6), ("optimizer", 1)):
+        assert _sum(ups, f"avg_{key}_device_time_sec") == pytest.approx(n * work * MS / 1e9), key
+    assert _sum(ups, "avg_iteration_device_time_sec") == pytest.approx(n * 13 * MS / 1e9)
+
+
+@pytest.mark.parametrize("launch_ns", [20_000, 5_000])
+def test_work_between_phases_is_outside_both_unless_it_came_within_the_sharing_time(
+    telemetry: Telemetry, read_run: Callable[..., Any], sim: SimClock, launch_ns: int
+) -> None:
+    """One kernel launched between forward and backward. Launched in SHARE_NS or more of host time, backward records
+    its own start and the kernel is in neither phase; launched faster than that (5 us: the bound the docs state),
+    backward starts at forward's end mark and the kernel counts in backward. The iteration holds it either way; a
+    phase whose one launch took less than SHARE_NS still ends at a mark of its own (forward keeps its 3 ms)."""
+    sim.launch_ns = launch_ns
+    r = _recorder(telemetry, sim, log_every_n_train_iterations=1000)
+    n = 5
+    for _ in range(n):
+        r.on_training_single_iteration_start()
+        with r.forward():
+            sim.launch(3 * MS)
+        sim.launch(2 * MS)  # between the phases (a loss computed outside them, say)
+        with r.backward():
+            sim.launch(6 * MS)
+        r.on_training_single_iteration_end()
+    r.on_train_end()
+    ups = _updates(read_run, telemetry)
+    shared = launch_ns < dt.SHARE_NS
+    assert sim.records == n * (4 if shared else 5)
+    assert _sum(ups, "avg_forward_device_time_sec") == pytest.approx(n * 3 * MS / 1e9)
+    assert _sum(ups, "avg_backward_device_time_sec") == pytest.approx(n * (8 if shared else 6) * MS / 1e9)
+    assert _sum(ups, "avg_iteration_device_time_sec") == pytest.approx(n * 11 * MS / 1e9)
+
+
+def test_device_timing_every_times_one_iteration_in_n(telemetry: Telemetry, read_run: Callable[..., Any],
+                                                      sim: SimClock) -> None:
+    """device_timing_every=3: iterations 1, 4, 7, ... record marks, the others none (neither timed nor unresolved);
+    the averages are per timed iteration, so a steady loop's are the same as when every iteration is timed."""
+    r = _recorder(telemetry, sim, log_every_n_train_iterations=1000, device_timing_every=3)
+    n = 9
+    for _ in range(n):
+        _step(r, sim, 3 * MS, 6 * MS, 1 * MS)
+    r.on_train_end()
+    assert sim.records == 3 * 5  # 3 timed iterations, 5 marks each (3 phases back to back, the iteration ends)
+    (u,) = _updates(read_run, telemetry)
+    assert u["device_timed_iterations"] == 3 and u["device_unresolved_iterations"] == 0
+    assert u["avg_forward_device_time_sec"] == pytest.approx(3 * MS / 1e9)
+    assert u["avg_iteration_device_time_sec"] == pytest.approx(10 * MS / 1e9)
+    (info,) = [e.attributes for e in read_run(telemetry, "event") if e.name == "device_timing"]
+    assert info["every"] == 3
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="device_timing_every"):
+            TrainingTelemetryConfig(global_batch_size_or_fn=1, device_timing_every=bad)

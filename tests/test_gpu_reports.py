@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 import pytest
 
+from _device_sim import skip_if_cuda_in_use
 from telemetrain import Telemetry, identity_from_env
 from telemetrain.analysis.compare import compare_runs
 from telemetrain.cli import summarize
@@ -303,6 +304,7 @@ def test_goodput_counts_the_energy_of_lost_work_as_wasted(tmp_path: Path) -> Non
 
 
 def test_goodput_of_a_cpu_job_has_no_energy(tmp_path: Path) -> None:
+    skip_if_cuda_in_use()
     identity = identity_from_env({}, run_id="cpu", session_tag=SESSION, perf_tag="gpt")
     t = Telemetry(identity, store=tmp_path)
     r = TrainingRecorder(TrainingTelemetryConfig(global_batch_size_or_fn=4, log_every_n_train_iterations=2),
@@ -324,6 +326,7 @@ def test_goodput_of_a_cpu_job_has_no_energy(tmp_path: Path) -> None:
 
 def test_gpu_energy_without_a_gpu_is_absent_and_silent() -> None:
     """Real: no CUDA in use here (and no NVIDIA driver on this machine): the reason, no warning."""
+    skip_if_cuda_in_use()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         source, reason = _energy_source(True)

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 import telemetrain
+from _device_sim import skip_if_cuda_in_use
 from conftest import helper_env, run_helper_process
 from telemetrain import TelemetryWarning
 from telemetrain.store import open_run
@@ -436,6 +437,7 @@ def test_no_gpu_means_absent_gpu_metrics_and_one_recorded_reason(
     t: telemetrain.Telemetry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Runs everywhere for real: here NVML does not start (no driver); on a GPU machine no device is visible."""
+    skip_if_cuda_in_use()  # (torch's allocator is then read whatever CUDA_VISIBLE_DEVICES says now)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     s = Sampler(t, interval=60)
     s.sample_now()

@@ -93,6 +93,10 @@ class TrainingTelemetryConfig:
     # DeviceClock; GPU energy per sample/token (system.energy): True reads this process's GPUs through NVML when the
     # job uses CUDA, False never, or an object with read() -> EnergyReading | None
     device_timing: Any = "auto"
+    # device-time one iteration in this many (1: every one). A mark costs the training thread a driver call (~3.6 us
+    # on an H100 host, BENCHMARKS.md "GPU truth"); sampling divides that cost, the windows' averages stay per timed
+    # iteration
+    device_timing_every: int = 1
     gpu_energy: Any = True
 
     def __post_init__(self) -> None:
@@ -136,6 +140,9 @@ class TrainingTelemetryConfig:
         elif not all(callable(getattr(timing, m, None)) for m in ("event", "record", "done", "elapsed_s", "begin")):
             raise TypeError("device_timing must be 'auto', 'cuda', 'host' or a DeviceClock (event, record, done, "
                             f"elapsed_s, begin), got {type(timing).__name__}")
+        sample = self.device_timing_every
+        if type(sample) is not int or sample < 1:
+            raise InvalidConfigError(f"device_timing_every must be an int >= 1, got {sample!r}")
         energy = self.gpu_energy
         if not isinstance(energy, bool) and not callable(getattr(energy, "read", None)):
             raise TypeError(f"gpu_energy must be a bool or an object with read(), got {type(energy).__name__}")

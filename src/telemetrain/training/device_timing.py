@@ -9,10 +9,19 @@ timestamps of those marks **later, without blocking**: ``query()`` tells whether
 
 Bookkeeping, all bounded and allocation-free in steady state:
 
+- *Shared starts.* A span that starts within ``SHARE_NS`` of host time after the slot's last mark starts at that mark
+  instead of recording one: back-to-back phases (zero_grad, forward, backward, optimizer) need one mark per
+  boundary, not an end mark and a start mark, so a usual iteration with 5 phases records 7 marks, not 12
+  (``cudaEventRecord`` is most of the host cost: bench/bench_gpu.py check C). In that much host time a program can
+  queue at most one operation (a PyTorch op takes several microseconds to launch): the device time of such an
+  operation counts in the span that starts after it instead of between the two. Ends always record their own mark:
+  the work just before an end belongs to the span it ends.
+
 - A *slot* holds the marks of one iteration (or of one device span opened outside any iteration): pooled events, the
-  host clock at each mark, and which marks pair up. ``capacity`` slots exist (default 64); a closed slot waits in a
-  FIFO until the device has completed its last mark. When every slot is waiting -- the device lags ``capacity``
-  iterations behind the host -- the oldest is given up and counted as *unresolved*: never waited for.
+  host clock at each mark, and the spans closed in it (their start and end marks). ``capacity`` slots exist (default
+  64); a closed slot waits in a FIFO until the device has completed its last mark. When every slot is waiting --
+  the device lags ``capacity`` iterations behind the host -- the oldest is given up and counted as *unresolved*:
+  never waited for.
 - Resolution runs in the collector thread (every ``TICK_NS`` while slots wait) and at each metrics report. A final
   report (training end, exit, SIGTERM) polls for at most ``FINAL_WAIT_S``: the only wait, off the step.
 - Results per iteration: its device time (iteration start mark to end mark), each phase's device time, and the
@@ -65,6 +74,7 @@ MAX_MARKS = 512  # marks in one slot (a device span per layer of a deep model fi
 MAX_OPEN_SPANS = 4096  # device spans started and not ended, remembered at once
 TICK_NS = 100_000_000  # while slots wait, the collector resolves them this often
 FINAL_WAIT_S = 0.5  # a final report polls this long for the iterations the device has not finished
+SHARE_NS = 10_000  # a span starting this soon (host ns) after the slot's last mark starts at that mark
 STALL_NOISE_S = 20e-6  # a segment's host-over-device excess below this is event jitter
 STAT_WINDOW_S = 10.0  # the window of the <span>.device_time stats
 EXTENSION = "device_timer"
@@ -82,16 +92,18 @@ _ITERATION, _SPAN = 0, 1
 
 
 class _Slot:
-    """The marks of one iteration, or of one device span opened outside any iteration."""
+    """The marks of one iteration, or of one device span opened outside any iteration, and the spans closed in it."""
 
-    __slots__ = ("events", "hosts", "kind", "labels", "n", "opener", "pairs", "state", "use", "warm")
+    __slots__ = ("ends", "events", "hosts", "k", "kind", "labels", "n", "opener", "starts", "state", "use", "warm")
 
     def __init__(self) -> None:
-        self.events: list[Any] = []
-        self.hosts: list[int] = []
-        self.labels: list[Any] = []  # the span at its start and end marks; None: an iteration mark
-        self.pairs: list[int] = []  # at an end mark: the index of its start mark; else -1
+        self.events: list[Any] = []  # pooled: marks 0..n-1 are this use's
+        self.hosts: list[int] = []  # the host clock at each mark
         self.n = 0
+        self.labels: list[Any] = []  # spans 0..k-1 closed in this use: the span, its start and end mark
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        self.k = 0
         self.kind = _ITERATION
         self.opener: Any = None  # the span that opened a _SPAN slot
         self.state = _FREE
@@ -148,6 +160,9 @@ class DeviceTimer:
         self.capacity = capacity
         self.enabled = True
         self.failure = ""  # why device timing was turned off
+        self.every = 1  # time one iteration in `every` (config.device_timing_every): the others record no marks
+        self._skip = 0  # iterations to leave untimed before the next timed one
+        self.sampled_out = False  # the iteration begun last is one of those: its phases need no device spans
         self._record = clock.record
         self._begin = clock.begin
         self._slots = 0  # slots created (up to capacity)
@@ -186,6 +201,7 @@ class DeviceTimer:
                     self._lost += 1
         slot.use += 1
         slot.n = 0
+        slot.k = 0
         slot.state = _OPEN
         return slot
 
@@ -196,7 +212,9 @@ class DeviceTimer:
             self._ticking = True
             collector.schedule(self, time.monotonic_ns() + TICK_NS)
 
-    def _mark(self, slot: _Slot, label: Any, pair: int) -> int:
+    def _mark(self, slot: _Slot) -> int:
+        """A new mark (the pool grows to ``MAX_MARKS``); -1 when the slot is full. Each mark's host time is read
+        after its record: the next start's ``SHARE_NS`` counts from there, the record's own cost left out."""
         i = slot.n
         events = slot.events
         if i == len(events):
@@ -205,14 +223,26 @@ class DeviceTimer:
                 return -1
             events.append(self.clock.event())
             slot.hosts.append(0)
-            slot.labels.append(None)
-            slot.pairs.append(-1)
-        slot.hosts[i] = _mono()
         self._record(events[i])
-        slot.labels[i] = label
-        slot.pairs[i] = pair
+        slot.hosts[i] = _mono()
         slot.n = i + 1
         return i
+
+    def _closed(self, slot: _Slot, span: Any, start: int, end: int) -> None:
+        """``span`` closed in ``slot``, from mark ``start`` to mark ``end``."""
+        k = slot.k
+        if k == len(slot.labels):
+            if k >= MAX_MARKS:
+                self._marks_dropped += 1
+                return
+            slot.labels.append(span)
+            slot.starts.append(start)
+            slot.ends.append(end)
+        else:
+            slot.labels[k] = span
+            slot.starts[k] = start
+            slot.ends[k] = end
+        slot.k = k + 1
 
     def _fail(self, what: str, exc: BaseException) -> None:
         """A clock call raised: device timing is off from here on (counted, warned once, recorded)."""
@@ -242,6 +272,13 @@ class DeviceTimer:
             stack = self._open[_thread_id()] = []
         elif stack and stack[-1].kind == _ITERATION:  # the previous iteration was never ended: give it up
             self._release(stack.pop())
+        if self._skip:  # sampled: not this one (no marks, neither timed nor unresolved)
+            self._skip -= 1
+            self.sampled_out = True
+            stack.append(_UNTIMED)
+            return
+        self._skip = self.every - 1
+        self.sampled_out = False
         try:
             if not self._begin():  # capturing a CUDA graph: no marks in this iteration, nor in its spans
                 self._captured += 1
@@ -255,18 +292,17 @@ class DeviceTimer:
             slot.kind = _ITERATION
             slot.warm = warm
             if slot.events:
-                slot.hosts[0] = _mono()
                 self._record(slot.events[0])
-                slot.labels[0] = None
-                slot.pairs[0] = -1
+                slot.hosts[0] = _mono()
                 slot.n = 1
             else:
-                self._mark(slot, None, -1)
+                self._mark(slot)
             stack.append(slot)
         except Exception as exc:  # noqa: BLE001 - telemetry never breaks training
             self._fail("begin_iteration", exc)
 
     def end_iteration(self) -> None:
+        self.sampled_out = False  # phases outside an iteration are device spans again
         stack = self._open.get(_thread_id())
         if not stack or stack[-1].kind != _ITERATION:
             return
@@ -274,7 +310,7 @@ class DeviceTimer:
         if slot is _UNTIMED:
             return
         try:
-            if self._mark(slot, None, 0) < 0:
+            if self._mark(slot) < 0:
                 self._release(slot)
                 return
             self._close(slot)
@@ -302,15 +338,17 @@ class DeviceTimer:
         if stack:
             slot = stack[-1]
             i = slot.n
-            if i < len(slot.events):  # the common case, inlined: a pooled event is free
+            now = _mono()
+            if i and now - slot.hosts[i - 1] < SHARE_NS:  # the common cases, inlined: the last mark is shared...
+                self._marks[span] = (slot, slot.use, i - 1)
+                return
+            if i < len(slot.events):  # ... or a pooled event is free
                 try:
-                    slot.hosts[i] = _mono()
                     self._record(slot.events[i])
+                    slot.hosts[i] = _mono()
                 except Exception as exc:  # noqa: BLE001
                     self._fail("span start", exc)
                     return
-                slot.labels[i] = span
-                slot.pairs[i] = -1
                 slot.n = i + 1
                 self._marks[span] = (slot, slot.use, i)
                 return
@@ -334,7 +372,7 @@ class DeviceTimer:
                 if stack is None:
                     stack = self._open[_thread_id()] = []
                 stack.append(slot)
-            i = self._mark(slot, span, -1)
+            i = slot.n - 1 if slot.n and _mono() - slot.hosts[slot.n - 1] < SHARE_NS else self._mark(slot)
             if i < 0:
                 return
             marks = self._marks
@@ -353,14 +391,22 @@ class DeviceTimer:
             return  # its slot closed meanwhile (the iteration ended first): not timed
         try:
             i = slot.n
-            if i < len(slot.events):  # inlined _mark
-                slot.hosts[i] = _mono()
+            if i < len(slot.events):  # inlined _mark: a pooled event is free
                 self._record(slot.events[i])
-                slot.labels[i] = span
-                slot.pairs[i] = start
+                slot.hosts[i] = _mono()
                 slot.n = i + 1
+                end = i
             else:
-                self._mark(slot, span, start)
+                end = self._mark(slot)
+            if end >= 0:
+                k = slot.k
+                if k < len(slot.labels):
+                    slot.labels[k] = span
+                    slot.starts[k] = start
+                    slot.ends[k] = end
+                    slot.k = k + 1
+                else:
+                    self._closed(slot, span, start, end)
             if slot.kind == _SPAN and slot.opener is span:
                 self._close_span_slot(slot)
         except Exception as exc:  # noqa: BLE001
@@ -436,16 +482,13 @@ class DeviceTimer:
             excess = (hosts[i] - hosts[i - 1]) / 1e9 - (device[i] - device[i - 1])
             if excess > STALL_NOISE_S:
                 stall += excess
-        labels, pairs = slot.labels, slot.pairs
+        labels, starts, ends = slot.labels, slot.starts, slot.ends
         phases: dict[str, float] = {}
         spans: list[tuple[Any, float]] = []
         iteration = slot.kind == _ITERATION
-        for i in range(n):
-            start = pairs[i]
-            label = labels[i]
-            if start < 0 or label is None:
-                continue
-            seconds = device[i] - device[start]
+        for j in range(slot.k):
+            label = labels[j]
+            seconds = device[ends[j]] - device[starts[j]]
             phase = PHASES.get(label.name) if iteration else None
             if phase is not None:
                 phases[phase] = phases.get(phase, 0.0) + seconds

@@ -132,7 +132,7 @@ def _energy_source(setting: Any) -> tuple[EnergySource | None, str]:
     return (meter, "") if meter.gpus else (None, meter.reason)
 
 
-def start_gpu_report(telemetry: Telemetry, device_timing: Any, gpu_energy: Any
+def start_gpu_report(telemetry: Telemetry, device_timing: Any, gpu_energy: Any, every: int = 1
                      ) -> tuple[GpuReport | None, dict[str, Any]]:
     """The loop's ``GpuReport`` (None when neither device time nor energy is measured), and the attributes of the
     ``device_timing`` event that says what is measured and, for what is not, why."""
@@ -143,6 +143,8 @@ def start_gpu_report(telemetry: Telemetry, device_timing: Any, gpu_energy: Any
         info["reason"] = timing_reason
     else:
         info["capacity"] = timer.capacity
+        timer.every = every
+        info["every"] = every
     if energy is None:
         info["energy"] = "none"
         info["energy_reason"] = energy_reason

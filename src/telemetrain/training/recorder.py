@@ -356,8 +356,6 @@ class TrainingRecorder(CheckpointCallbacks, EvalLoopCallbacks, ReportCapture):
         if start_time_msec is None and self._iteration is None and loop is not None and not loop.end_ns:
             k = self._iterations_begun
             self._iterations_begun = k + 1
-            if self._device is not None:
-                self._device.begin_iteration(k < self._warmup)
             if k % self._export_every:  # sampled out: only timed, on the loop's reusable quiet span
                 q = self._quiet
                 if q is None or q.end_ns or q.parent is not loop:
@@ -372,8 +370,12 @@ class TrainingRecorder(CheckpointCallbacks, EvalLoopCallbacks, ReportCapture):
                     _current_set(q)
                 q.start_ns = _mono()
                 self._iteration = q
+                if self._device is not None:  # last: the first phase then starts within SHARE_NS of its mark
+                    self._device.begin_iteration(k < self._warmup)
                 return q
             s = self._iteration = self.tracer.child(S.TRAINING_SINGLE_ITERATION, GROUP, loop)
+            if self._device is not None:
+                self._device.begin_iteration(k < self._warmup)
             return s
         with self._lock:
             stale = self._iteration
@@ -476,7 +478,7 @@ class TrainingRecorder(CheckpointCallbacks, EvalLoopCallbacks, ReportCapture):
         """A sub-phase of the current iteration (its time goes into the iteration split; timed on the device too
         while device timing is on)."""
         self.phase = (S.DATA_LOADING, _mono())
-        if self._device is None:
+        if self._device is None or self._device.sampled_out:
             return self.tracer.span(S.DATA_LOADING, group=GROUP)
         return DeviceSpan(self.tracer, S.DATA_LOADING, GROUP, None)
 
@@ -487,25 +489,25 @@ class TrainingRecorder(CheckpointCallbacks, EvalLoopCallbacks, ReportCapture):
 
     def forward(self) -> Any:
         self.phase = (S.MODEL_FORWARD, _mono())
-        if self._device is None:
+        if self._device is None or self._device.sampled_out:
             return self.tracer.span(S.MODEL_FORWARD, group=GROUP)
         return DeviceSpan(self.tracer, S.MODEL_FORWARD, GROUP, None)
 
     def backward(self) -> Any:
         self.phase = (S.MODEL_BACKWARD, _mono())
-        if self._device is None:
+        if self._device is None or self._device.sampled_out:
             return self.tracer.span(S.MODEL_BACKWARD, group=GROUP)
         return DeviceSpan(self.tracer, S.MODEL_BACKWARD, GROUP, None)
 
     def optimizer_update(self) -> Any:
         self.phase = (S.OPTIMIZER_UPDATE, _mono())
-        if self._device is None:
+        if self._device is None or self._device.sampled_out:
             return self.tracer.span(S.OPTIMIZER_UPDATE, group=GROUP)
         return DeviceSpan(self.tracer, S.OPTIMIZER_UPDATE, GROUP, None)
 
     def zero_grad(self) -> Any:
         self.phase = (S.ZERO_GRAD, _mono())
-        if self._device is None:
+        if self._device is None or self._device.sampled_out:
             return self.tracer.span(S.ZERO_GRAD, group=GROUP)
         return DeviceSpan(self.tracer, S.ZERO_GRAD, GROUP, None)
 
@@ -520,7 +522,8 @@ class TrainingRecorder(CheckpointCallbacks, EvalLoopCallbacks, ReportCapture):
 
         config = self.config
         self._gpu, info = start_gpu_report(self.telemetry, config.device_timing if config else "auto",
-                                           config.gpu_energy if config else True)
+                                           config.gpu_energy if config else True,
+                                           config.device_timing_every if config else 1)
         self._device = self._gpu.timer if self._gpu is not None else None
         self.telemetry.event("device_timing", info, group=GROUP)
 
