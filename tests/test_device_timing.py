@@ -441,3 +441,30 @@ def test_device_timing_every_times_one_iteration_in_n(telemetry: Telemetry, read
     for bad in (0, 1.5, True):
         with pytest.raises(ValueError, match="device_timing_every"):
             TrainingTelemetryConfig(global_batch_size_or_fn=1, device_timing_every=bad)
+
+
+def test_a_loop_ending_right_after_a_report_keeps_its_last_device_times(
+    telemetry: Telemetry, read_run: Callable[..., Any], sim: SimClock
+) -> None:
+    """10 iterations, a report every 5, a device far behind the host: the loop ends on a report, so there is no final
+    report; the iterations the device finished later are in a ``device_timing`` event marked ``tail``, and every
+    iteration is counted once, in a window or in the tail."""
+    r = _recorder(telemetry, sim)
+    n = 10
+    for _ in range(n):
+        _step(r, sim, 3 * MS, 6 * MS, 1 * MS, sync=False)
+    r.on_train_end()
+    ups = _updates(read_run, telemetry)
+    assert sum(u["window_iterations"] for u in ups) == n and not any(u["final"] for u in ups)
+    (tail,) = [e.attributes for e in read_run(telemetry, "event")
+               if e.name == "device_timing" and e.attributes.get("tail")]
+    timed = sum(u["device_timed_iterations"] for u in ups) + tail["device_timed_iterations"]
+    assert timed == n and tail["device_unresolved_iterations"] == 0 and tail["device_timed_iterations"] > 0
+    assert tail["avg_forward_device_time_sec"] == pytest.approx(3 * MS / 1e9)
+    # a loop whose last report has every device time: no tail
+    r.on_train_start(n)
+    for _ in range(5):
+        _step(r, sim, MS, MS, MS)  # synchronised: resolved by the report
+    r.on_train_end()
+    tails = [e for e in read_run(telemetry, "event") if e.name == "device_timing" and e.attributes.get("tail")]
+    assert len(tails) == 1

@@ -57,6 +57,20 @@ class GpuReport:
             self.timer.resolve()
             self.timer.take_window()
 
+    def tail(self) -> dict[str, Any] | None:
+        """A loop that ends right after a report has no final report: the iterations the device had not finished by
+        that report would be in no window. Waits for them as a final report does (at most ``FINAL_WAIT_S``) and
+        returns their window's attributes, or None when there are none."""
+        timer = self.timer
+        if timer is None or not timer.enabled:
+            return None
+        timer.resolve(FINAL_WAIT_S)
+        timer.give_up_waiting()
+        window = timer.take_window()
+        if not (window.iterations or window.unresolved or window.captured):
+            return None
+        return {**window.attributes(), "device_timing": timer.clock.name}
+
     def _read(self) -> Any:
         energy = self.energy
         if energy is None or self.failed:

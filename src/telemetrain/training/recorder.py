@@ -345,6 +345,8 @@ class TrainingRecorder(CheckpointCallbacks, EvalLoopCallbacks, ReportCapture):
             if self._iterations > self._window_begin:
                 self._report(final=True)
             self._reporter.drain()
+            if self._gpu is not None and self._iterations == self._window_begin:
+                self._guarded("on_train_end", self._device_tail)
             self._loop = None
             self._end("on_train_end", S.TRAINING_LOOP, finish_time_msec)
 
@@ -515,6 +517,13 @@ class TrainingRecorder(CheckpointCallbacks, EvalLoopCallbacks, ReportCapture):
     def device_timed(self) -> bool:
         """Whether this loop's iterations and phases are also timed on the device (``training.device_timing``)."""
         return self._device is not None
+
+    def _device_tail(self) -> None:
+        """The device times of the last iterations, when the loop ended right after a report (no final report to
+        carry them): a ``device_timing`` event with ``tail`` true and the window's attributes (docs/training.md)."""
+        attributes = self._gpu.tail()
+        if attributes is not None:
+            self.telemetry.event("device_timing", {"tail": True, **attributes}, group=GROUP)
 
     def _start_gpu_report(self) -> None:
         """At each loop start: device timing and GPU energy per the config, said in a ``device_timing`` event."""
