@@ -237,3 +237,26 @@ def test_raw_driver_marks_time_what_torch_marks_time() -> None:
                 assert clock.done(a) and clock.done(b)
                 took.setdefault(clock.raw, []).append(clock.elapsed_s(a, b))
         assert min(took[True]) > 0 and min(took[True]) == pytest.approx(min(took[False]), rel=0.1), took
+
+
+def test_a_loop_ending_on_a_report_puts_its_last_device_times_in_the_tail(t: Telemetry) -> None:
+    """10 iterations of long kernels, a report every 5, no sync: the host ends the loop while the device is still on
+    the first iterations; the reports' windows and the tail event (waited for at most FINAL_WAIT_S) count each
+    iteration once."""
+    torch.cuda.init()
+    r = _recorder(t, log_every_n_train_iterations=5)
+    x = torch.randn(4096, 4096, device="cuda")
+    _matmuls(x, 1)
+    torch.cuda.synchronize()
+    for _ in range(10):
+        r.on_training_single_iteration_start()
+        with r.forward():
+            x = _matmuls(x, 3)
+        r.on_training_single_iteration_end()
+    r.on_train_end()
+    t.flush()
+    events = list(open_run(t.run_dir).records("event"))
+    updates = [e.attributes for e in events if e.name == "training_metrics_update"]
+    tails = [e.attributes for e in events if e.name == "device_timing" and e.attributes.get("tail")]
+    counted = sum(u["device_timed_iterations"] + u["device_unresolved_iterations"] for u in updates + tails)
+    assert counted == 10 and len(tails) == 1, (updates, tails)
