@@ -245,7 +245,7 @@ def test_a_loop_ending_on_a_report_puts_its_last_device_times_in_the_tail(t: Tel
     iteration once."""
     torch.cuda.init()
     r = _recorder(t, log_every_n_train_iterations=5)
-    x = torch.randn(4096, 4096, device="cuda")
+    x = torch.randn(8192, 8192, device="cuda")  # ~20 ms a matmul in float32: the device is far behind at the end
     _matmuls(x, 1)
     torch.cuda.synchronize()
     for _ in range(10):
