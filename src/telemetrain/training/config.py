@@ -93,7 +93,7 @@ class TrainingTelemetryConfig:
     # DeviceClock; GPU energy per sample/token (system.energy): True reads this process's GPUs through NVML when the
     # job uses CUDA, False never, or an object with read() -> EnergyReading | None
     device_timing: Any = "auto"
-    # device-time one iteration in this many (1: every one). A mark costs the training thread a driver call (~3.6 us
+    # device-time one iteration in this many (1: every one). A mark costs the training thread a driver call (~3 us
     # on an H100 host, BENCHMARKS.md "GPU truth"); sampling divides that cost, the windows' averages stay per timed
     # iteration
     device_timing_every: int = 1
