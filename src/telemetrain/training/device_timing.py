@@ -33,7 +33,8 @@ Bookkeeping, all bounded and allocation-free in steady state:
 
 The device clock is an interface (``device_clock.DeviceClock``) so that the bookkeeping is testable without a GPU;
 ``CudaClock`` is the real one (``torch.cuda.Event(enable_timing=True)``, recorded on the current stream). The span
-class that records marks, and which timer a Telemetry uses, are in ``device_spans``. Streams other than the
+class that records marks, and which timer a Telemetry uses, are in ``device_spans``; a slot, its reading and the
+window are in ``device_slots``. Streams other than the
 current one at each mark are out of scope: work a program queues on a side stream is timed only as far as the current
 stream waits for it. Marks are not recorded while the current stream is being captured into a CUDA graph (that
 iteration counts as unresolved).
@@ -56,7 +57,18 @@ from ..collector import collector
 from ..dispatch import describe, warn_safely
 from ..telemetry import Telemetry
 from .device_clock import CudaClock, DeviceClock, resolve_clock
-from .names import PHASES
+from .device_slots import (
+    FREE,
+    ITERATION,
+    MAX_MARKS,
+    OPEN,
+    PENDING,
+    SPAN,
+    UNTIMED,
+    DeviceWindow,
+    Slot,
+    read_slot,
+)
 
 __all__ = [
     "DEFAULT_CAPACITY",
@@ -70,12 +82,10 @@ __all__ = [
 
 DEVICE_TIMING_MODES = ("auto", "cuda", "host")
 DEFAULT_CAPACITY = 64  # iterations (or standalone device spans) waiting for the device
-MAX_MARKS = 512  # marks in one slot (a device span per layer of a deep model fits); more are counted and dropped
 MAX_OPEN_SPANS = 4096  # device spans started and not ended, remembered at once
 TICK_NS = 100_000_000  # while slots wait, the collector resolves them this often
 FINAL_WAIT_S = 0.5  # a final report polls this long for the iterations the device has not finished
 SHARE_NS = 10_000  # a span starting this soon (host ns) after the slot's last mark starts at that mark
-STALL_NOISE_S = 20e-6  # a segment's host-over-device excess below this is event jitter
 STAT_WINDOW_S = 10.0  # the window of the <span>.device_time stats
 EXTENSION = "device_timer"
 MAX_READ_FAILURES = 3  # slots in a row whose marks cannot be read: device timing is then turned off
@@ -84,69 +94,6 @@ GROUP = "training"
 _mono = time.monotonic_ns  # the host clock of the marks (the spans' clock)
 _sleep = time.sleep
 _thread_id = threading.get_ident
-
-# slot states
-_FREE, _OPEN, _PENDING = 0, 1, 2
-# slot kinds
-_ITERATION, _SPAN = 0, 1
-
-
-class _Slot:
-    """The marks of one iteration, or of one device span opened outside any iteration, and the spans closed in it."""
-
-    __slots__ = ("ends", "events", "hosts", "k", "kind", "labels", "n", "opener", "starts", "state", "use", "warm")
-
-    def __init__(self) -> None:
-        self.events: list[Any] = []  # pooled: marks 0..n-1 are this use's
-        self.hosts: list[int] = []  # the host clock at each mark
-        self.n = 0
-        self.labels: list[Any] = []  # spans 0..k-1 closed in this use: the span, its start and end mark
-        self.starts: list[int] = []
-        self.ends: list[int] = []
-        self.k = 0
-        self.kind = _ITERATION
-        self.opener: Any = None  # the span that opened a _SPAN slot
-        self.state = _FREE
-        self.use = 0  # incremented at each reuse: a span's end finds its start only in the same use
-        self.warm = False  # a warm-up iteration (left out of the iteration time, as the host figures do)
-
-
-_UNTIMED = _Slot()  # on a thread's stack for an iteration that records no marks (graph capture, no slot free)
-
-
-class DeviceWindow:
-    """What the resolved iterations of one report window add up to."""
-
-    __slots__ = ("captured", "iteration_max", "iteration_sum", "iterations", "marks_dropped", "phases", "stall_sum",
-                 "steady", "unresolved")
-
-    def __init__(self) -> None:
-        self.iterations = 0  # iterations resolved (warm-up included)
-        self.steady = 0  # ... of which after warm-up: their device times are in iteration_sum
-        self.iteration_sum = 0.0
-        self.iteration_max = 0.0
-        self.phases: dict[str, float] = {}  # phase -> device seconds, over the resolved iterations
-        self.stall_sum = 0.0
-        self.unresolved = 0  # given up: the device lagged more than `capacity` iterations, or a read failed
-        self.captured = 0  # iterations begun while the stream was capturing a CUDA graph (not timed)
-        self.marks_dropped = 0
-
-    def attributes(self) -> dict[str, Any]:
-        """The window's ``training_metrics_update`` attributes (docs/training.md, "Device time")."""
-        out: dict[str, Any] = {"device_timed_iterations": self.iterations,
-                               "device_unresolved_iterations": self.unresolved + self.captured}
-        n = self.iterations
-        if self.steady:
-            out["avg_iteration_device_time_sec"] = self.iteration_sum / self.steady
-            out["max_iteration_device_time_sec"] = self.iteration_max
-        if n:
-            for phase, seconds in self.phases.items():
-                out[f"avg_{phase}_device_time_sec"] = seconds / n
-            out["avg_stall_time_sec"] = self.stall_sum / n
-        if self.marks_dropped:
-            out["device_marks_dropped"] = self.marks_dropped
-        return out
-
 
 class DeviceTimer:
     """The device marks of one ``Telemetry`` (one per process in practice: ``timer_of``). The iteration and span
@@ -166,10 +113,10 @@ class DeviceTimer:
         self._record = clock.record
         self._begin = clock.begin
         self._slots = 0  # slots created (up to capacity)
-        self._free: list[_Slot] = []
-        self._pending: deque[_Slot] = deque()  # closed, oldest first (append / popleft: atomic under the GIL)
-        self._open: dict[int, list[_Slot]] = {}  # thread -> its open slots, innermost last
-        self._marks: dict[Any, tuple[_Slot, int, int]] = {}  # open device span -> (slot, use, start mark)
+        self._free: list[Slot] = []
+        self._pending: deque[Slot] = deque()  # closed, oldest first (append / popleft: atomic under the GIL)
+        self._open: dict[int, list[Slot]] = {}  # thread -> its open slots, innermost last
+        self._marks: dict[Any, tuple[Slot, int, int]] = {}  # open device span -> (slot, use, start mark)
         self._window = DeviceWindow()
         self._window_lock = threading.Lock()
         self._lost = 0  # given up by the training thread (ring full); moved into the window at resolution
@@ -185,34 +132,34 @@ class DeviceTimer:
 
     # -- slots (training thread) -----------------------------------------------------------------------------------
 
-    def _take(self) -> _Slot | None:
+    def _take(self) -> Slot | None:
         try:
             slot = self._free.pop()
         except IndexError:
             if self._slots < self.capacity:
                 self._slots += 1
-                slot = _Slot()
+                slot = Slot()
             else:
                 try:
                     slot = self._pending.popleft()  # the device lags `capacity` slots behind: give the oldest up
                 except IndexError:
                     return None  # every slot is open or being resolved this instant
-                if slot.kind == _ITERATION:
+                if slot.kind == ITERATION:
                     self._lost += 1
         slot.use += 1
         slot.n = 0
         slot.k = 0
-        slot.state = _OPEN
+        slot.state = OPEN
         return slot
 
-    def _close(self, slot: _Slot) -> None:
-        slot.state = _PENDING
+    def _close(self, slot: Slot) -> None:
+        slot.state = PENDING
         self._pending.append(slot)
         if not self._ticking:
             self._ticking = True
             collector.schedule(self, time.monotonic_ns() + TICK_NS)
 
-    def _mark(self, slot: _Slot) -> int:
+    def _mark(self, slot: Slot) -> int:
         """A new mark (the pool grows to ``MAX_MARKS``); -1 when the slot is full. Each mark's host time is read
         after its record: the next start's ``SHARE_NS`` counts from there, the record's own cost left out."""
         i = slot.n
@@ -228,7 +175,7 @@ class DeviceTimer:
         slot.n = i + 1
         return i
 
-    def _closed(self, slot: _Slot, span: Any, start: int, end: int) -> None:
+    def _closed(self, slot: Slot, span: Any, start: int, end: int) -> None:
         """``span`` closed in ``slot``, from mark ``start`` to mark ``end``."""
         k = slot.k
         if k == len(slot.labels):
@@ -270,26 +217,26 @@ class DeviceTimer:
             if not self.enabled:
                 return
             stack = self._open[_thread_id()] = []
-        elif stack and stack[-1].kind == _ITERATION:  # the previous iteration was never ended: give it up
+        elif stack and stack[-1].kind == ITERATION:  # the previous iteration was never ended: give it up
             self._release(stack.pop())
         if self._skip:  # sampled: not this one (no marks, neither timed nor unresolved)
             self._skip -= 1
             self.sampled_out = True
-            stack.append(_UNTIMED)
+            stack.append(UNTIMED)
             return
         self._skip = self.every - 1
         self.sampled_out = False
         try:
             if not self._begin():  # capturing a CUDA graph: no marks in this iteration, nor in its spans
                 self._captured += 1
-                stack.append(_UNTIMED)
+                stack.append(UNTIMED)
                 return
             slot = self._take()
             if slot is None:
                 self._lost += 1
-                stack.append(_UNTIMED)
+                stack.append(UNTIMED)
                 return
-            slot.kind = _ITERATION
+            slot.kind = ITERATION
             slot.warm = warm
             if slot.events:
                 self._record(slot.events[0])
@@ -304,10 +251,10 @@ class DeviceTimer:
     def end_iteration(self) -> None:
         self.sampled_out = False  # phases outside an iteration are device spans again
         stack = self._open.get(_thread_id())
-        if not stack or stack[-1].kind != _ITERATION:
+        if not stack or stack[-1].kind != ITERATION:
             return
         slot = stack.pop()
-        if slot is _UNTIMED:
+        if slot is UNTIMED:
             return
         try:
             if self._mark(slot) < 0:
@@ -320,13 +267,13 @@ class DeviceTimer:
     def abandon_iteration(self) -> None:
         """The open iteration failed: its marks are dropped, it is not an iteration."""
         stack = self._open.get(_thread_id())
-        if stack and stack[-1].kind == _ITERATION:
+        if stack and stack[-1].kind == ITERATION:
             self._release(stack.pop())
 
-    def _release(self, slot: _Slot) -> None:
-        if slot is _UNTIMED:
+    def _release(self, slot: Slot) -> None:
+        if slot is UNTIMED:
             return
-        slot.state = _FREE
+        slot.state = FREE
         slot.opener = None
         self._free.append(slot)
 
@@ -352,11 +299,11 @@ class DeviceTimer:
                 slot.n = i + 1
                 self._marks[span] = (slot, slot.use, i)
                 return
-            if slot is _UNTIMED:
+            if slot is UNTIMED:
                 return
         self._span_start(span, stack)
 
-    def _span_start(self, span: Any, stack: list[_Slot] | None) -> None:
+    def _span_start(self, span: Any, stack: list[Slot] | None) -> None:
         if not self.enabled:
             return
         try:
@@ -367,7 +314,7 @@ class DeviceTimer:
                 if taken is None:
                     return
                 slot = taken
-                slot.kind = _SPAN
+                slot.kind = SPAN
                 slot.opener = span
                 if stack is None:
                     stack = self._open[_thread_id()] = []
@@ -387,7 +334,7 @@ class DeviceTimer:
         if found is None:
             return
         slot, use, start = found
-        if slot.use != use or slot.state != _OPEN:
+        if slot.use != use or slot.state != OPEN:
             return  # its slot closed meanwhile (the iteration ended first): not timed
         try:
             i = slot.n
@@ -407,12 +354,12 @@ class DeviceTimer:
                     slot.k = k + 1
                 else:
                     self._closed(slot, span, start, end)
-            if slot.kind == _SPAN and slot.opener is span:
+            if slot.kind == SPAN and slot.opener is span:
                 self._close_span_slot(slot)
         except Exception as exc:  # noqa: BLE001
             self._fail("span end", exc)
 
-    def _close_span_slot(self, slot: _Slot) -> None:
+    def _close_span_slot(self, slot: Slot) -> None:
         stack = self._open.get(_thread_id())
         if stack and stack[-1] is slot:
             stack.pop()
@@ -462,54 +409,15 @@ class DeviceTimer:
                 _sleep(0.001)
         return done
 
-    def _read(self, slot: _Slot) -> bool:
-        clock = self.clock
-        n = slot.n
-        events = slot.events
-        if not clock.done(events[n - 1]):
+    def _read(self, slot: Slot) -> bool:
+        times = read_slot(slot, self.clock)
+        if times is None:
             return False
-        for i in range(n - 1):  # marks on another stream may complete out of order
-            if not clock.done(events[i]):
-                return False
-        first = events[0]
-        elapsed = clock.elapsed_s
-        device = [0.0] * n
-        for i in range(1, n):
-            device[i] = elapsed(first, events[i])
-        hosts = slot.hosts
-        stall = 0.0
-        for i in range(1, n):
-            excess = (hosts[i] - hosts[i - 1]) / 1e9 - (device[i] - device[i - 1])
-            if excess > STALL_NOISE_S:
-                stall += excess
-        labels, starts, ends = slot.labels, slot.starts, slot.ends
-        phases: dict[str, float] = {}
-        spans: list[tuple[Any, float]] = []
-        iteration = slot.kind == _ITERATION
-        for j in range(slot.k):
-            label = labels[j]
-            seconds = device[ends[j]] - device[starts[j]]
-            phase = PHASES.get(label.name) if iteration else None
-            if phase is not None:
-                phases[phase] = phases.get(phase, 0.0) + seconds
-            else:
-                spans.append((label, seconds))
-        if spans:
-            self._to_stats(spans)
-        if not iteration:
-            return True
-        with self._window_lock:
-            w = self._window
-            w.iterations += 1
-            if not slot.warm:
-                w.steady += 1
-                seconds = device[n - 1]
-                w.iteration_sum += seconds
-                if seconds > w.iteration_max:
-                    w.iteration_max = seconds
-            for phase, seconds in phases.items():
-                w.phases[phase] = w.phases.get(phase, 0.0) + seconds
-            w.stall_sum += stall
+        if times.spans:
+            self._to_stats(times.spans)
+        if slot.kind == ITERATION:
+            with self._window_lock:
+                self._window.add(times, slot.warm)
         return True
 
     def _to_stats(self, spans: list[tuple[Any, float]]) -> None:
@@ -534,7 +442,7 @@ class DeviceTimer:
                 slot = self._pending.popleft()
             except IndexError:
                 break
-            if slot.kind == _ITERATION:
+            if slot.kind == ITERATION:
                 given += 1
             self._release(slot)
         with self._window_lock:
