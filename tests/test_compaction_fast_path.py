@@ -77,3 +77,74 @@ def test_a_chunk_with_a_long_line_keeps_every_record(tmp_path: Path) -> None:
     expected = len(open_run(run).processes[0].records)
     result = compact(run)
     assert not result.errors and result.records == expected
+
+
+# -- compaction's two steps (convert._fast_step / _general_step) and the Arrow line split -----------------------------
+
+ODD = [
+    _metric('"NaN"', tail=',"unit":"é","step":9223372036854775807'), _metric("1e-05", name='"日本"'),
+    _metric("-9223372036854775808"), _metric(tail=',"step":-9223372036854775809'), _metric(mono="1" * 30),
+    _metric().replace(',"group":"g"', ""), _metric().replace('"value":1', '"value":Infinity'),
+    '{"v":2,"kind":"span_start","mono_ns":5,"wall_ns":1,"group":"training","name":"x","span_id":"a","parent_id":"",'
+    '"trace_id":"t","attributes":{}}',
+    '{"v":2,"kind":"span_end","mono_ns":5,"wall_ns":1,"group":"training","name":"x","span_id":"a","duration_ns":3,'
+    '"status":"ok","attributes":{},"error":""}',
+    '{"v":2,"kind":"event","mono_ns":5,"wall_ns":1,"group":"g","name":"e","severity":"info","attributes":{"a":"\\u00e9",'
+    '"n":"NaN"},"event_id":"","span_id":""}',
+    "", "\r", "\x0c",
+]
+
+
+def _seg_rows(con: Any) -> list[list[Any]]:
+    names = [r[0] for r in con.execute("DESCRIBE SELECT * FROM seg").fetchall()]
+    cols = ", ".join(f'"{n}"' for n in sorted(names))
+    return [_bits(r) for r in con.execute(f"SELECT {cols} FROM seg ORDER BY line").fetchall()]
+
+
+@pytest.mark.parametrize("chunk_bytes", [1 << 20, 700])
+def test_compactions_two_steps_give_the_general_paths_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          chunk_bytes: int) -> None:
+    """Every line of every shape (LINES, ODD), after a real header, through compaction's conversion (metric lines in a
+    table of their own, the rest through the general path once per segment) and through the general path alone: the
+    same rows, bit for bit, identity and line numbers included; chunks of 700 bytes cut the file in many pieces."""
+    from telemetrain.identity import identity_from_env
+    from telemetrain.store import convert
+
+    run = _write_run(tmp_path, ranks=1, n=20)
+    f = next(run.glob("rank-*.jsonl"))
+    with open(f, "a") as fh:
+        for i, line in enumerate([*LINES, *ODD] * 2):
+            fh.write(line + "\n")
+            if i % 7 == 0:
+                fh.write(_metric(tail=f',"step":{i}') + "\n")
+        fh.write(_metric()[:-5])  # torn
+    fallback = identity_from_env({}, run_id="r1", session_tag="s")
+    rows = {}
+    for way in ("two steps", "general"):
+        if way == "general":
+            monkeypatch.setattr(convert, "split_lines", lambda data: None)
+            monkeypatch.setattr(convert, "FAST_PATH_MAX_LINE", -1)
+        con = connect()
+        scan, _ = convert.convert_segment(con, f, fallback, "s", "r1", 0, chunk_bytes=chunk_bytes,
+                                          chunk_tables=True)
+        rows[way] = _seg_rows(con)
+        if way == "two steps":
+            tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE temporary").fetchall()}
+            assert "seg_g0" in tables  # the general step ran (once, for the whole segment)
+        convert.drop_converted(con)
+        assert not con.execute("SELECT count(*) FROM duckdb_tables() WHERE temporary AND "
+                               "starts_with(table_name, 'seg')").fetchone()[0]
+        assert scan.torn == 1
+    assert rows["two steps"] == rows["general"]
+    assert len(rows["general"]) > len(LINES) * 2
+
+
+@pytest.mark.parametrize("text", ["", "\n", "a", "a\n", "a\n\nb\r\n", "é\n日本\n\n", '{"x":1}\n' * 5 + "torn"])
+def test_split_lines_splits_as_duckdb_does(text: str) -> None:
+    from telemetrain.store.convert import split_lines
+
+    con = connect()
+    expected = con.execute("SELECT unnest(l), generate_subscripts(l, 1) - 1 FROM "
+                           "(SELECT string_split($t, chr(10)) AS l)", {"t": text}).fetchall()
+    table = split_lines(text.encode())
+    assert list(zip(table.column("line").to_pylist(), table.column("n").to_pylist(), strict=True)) == expected

@@ -7,13 +7,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import struct
 from pathlib import Path
 from typing import Any
 
 from ..identity import Identity
-from .columnar import IDENTITY_COLUMNS, Prescan, prescan, typed_rows_sql
+from .columnar import IDENTITY_COLUMNS, Prescan, fast_metric_rows_sql, prescan, typed_rows_sql
 
-__all__ = ["CHUNK_BYTES", "convert_segment", "drop_converted", "header_rows", "replace_lone_surrogates"]
+__all__ = ["CHUNK_BYTES", "convert_segment", "drop_converted", "header_rows", "replace_lone_surrogates", "split_lines"]
 
 
 def _identity_rows(scan: Prescan, session: str, run: str) -> list[tuple[Any, ...]]:
@@ -52,6 +53,7 @@ def convert_segment(con: Any, path: Path, fallback: Identity, session: str, run:
     total.identities.append((0, fallback))
     pos, line, identity, created = start, first_line, fallback, False
     branches: list[str] = []  # with chunk_tables: the view's query of each chunk's table
+    rest: dict[str, list[str]] = {}  # with chunk_tables: lines left for the general path (_fast_step)
     while True:
         end = min(pos + chunk_bytes, limit)
         scan = prescan(path, identity, end, start=pos, first_line=line)
@@ -60,7 +62,7 @@ def convert_segment(con: Any, path: Path, fallback: Identity, session: str, run:
             continue
         if chunk_tables:
             branches.append(_convert_chunk(con, path, scan, session, run, segment, create=True,
-                                           table=f"seg_{len(branches)}"))
+                                           table=f"seg_{len(branches)}", rest=rest))
         else:
             _convert_chunk(con, path, scan, session, run, segment, create=not created)
         created = True
@@ -77,21 +79,23 @@ def convert_segment(con: Any, path: Path, fallback: Identity, session: str, run:
         if end >= limit or scan.lines == 0:
             total.torn = scan.torn
             if chunk_tables:
-                con.execute("CREATE OR REPLACE TEMP VIEW seg AS " + " UNION ALL ".join(branches))
+                branches += _general_step(con, rest)
+                con.execute("CREATE OR REPLACE TEMP VIEW seg AS "
+                            + " UNION ALL BY NAME ".join(f"({b})" for b in branches))
             return total, "seg"
 
 
 def drop_converted(con: Any) -> None:
     """Drop what ``convert_segment(..., chunk_tables=True)`` made."""
     tables = [r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE temporary AND "
-                                        "regexp_full_match(table_name, 'seg_[0-9]+')").fetchall()]
+                                        "regexp_full_match(table_name, 'seg_g?[0-9]+')").fetchall()]
     con.execute("DROP VIEW IF EXISTS seg")
     for table in tables:
         con.execute(f"DROP TABLE {table}")
 
 
 def _convert_chunk(con: Any, path: Path, scan: Prescan, session: str, run: str, segment: int, *,
-                   create: bool, table: str = "seg") -> str:
+                   create: bool, table: str = "seg", rest: dict[str, list[str]] | None = None) -> str:
     """The lines a prescan covered, typed, into ``table`` (created, or appended to). Returns a query of the rows with
     their identity and segment: where one identity holds for the whole chunk (the usual case), ``table`` leaves them
     out and the query adds them as constants (cheaper to store, and to write to Parquet, than columns of one value)."""
@@ -105,6 +109,7 @@ def _convert_chunk(con: Any, path: Path, scan: Prescan, session: str, run: str, 
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         text = None
+    split = split_lines(data) if text is not None else None
     first_line = scan.first_line
     identity = ("session", "run", "rank", *(n for n, _ in IDENTITY_COLUMNS))
     rows = f"(t.n + {int(first_line)})::INTEGER AS line, t.* EXCLUDE (n)"
@@ -126,6 +131,23 @@ def _convert_chunk(con: Any, path: Path, scan: Prescan, session: str, run: str, 
                   "JOIN ids ON t.n >= ids.lo AND t.n < ids.hi")
         branch = f"SELECT * FROM {table}"
     into = f"CREATE OR REPLACE TEMP TABLE {table} AS" if create else f"INSERT INTO {table}"
+    if split is not None:
+        import pyarrow.compute as pc  # type: ignore[import-untyped]
+
+        fast = (pc.max(pc.binary_length(split.column("line"))).as_py() or 0) <= FAST_PATH_MAX_LINE
+        params = {"headers": scan.header_lines, "lines": scan.lines}
+        # register() refuses a connection holding a result not fetched to its end (DuckDB 2: the engine's may); the
+        # next execute() closes such a result anyway, so one is run first
+        con.execute("SELECT 1").fetchall()
+        con.register("chunk_lines", split)
+        try:
+            if fast and len(ids) == 1 and rest is not None:
+                return _fast_step(con, table, constants, int(first_line), params, rest)
+            con.execute(f"{into} WITH typed AS ({typed_rows_sql('chunk_lines', fast=fast, lines=True)}) {select}",
+                        params)
+        finally:
+            con.unregister("chunk_lines")
+        return branch
     fast = max(map(len, data.split(b"\n"))) <= FAST_PATH_MAX_LINE
     if text is not None:
         typed = typed_rows_sql("(SELECT $content AS content)", fast=fast)
@@ -138,6 +160,50 @@ def _convert_chunk(con: Any, path: Path, scan: Prescan, session: str, run: str, 
         con.execute(f"{into} WITH typed AS ({typed_rows_sql('seg_text', fast=fast)}) {select}",
                     {"headers": scan.header_lines, "lines": scan.lines})
     return branch
+
+
+def _fast_step(con: Any, table: str, constants: str, first_line: int, params: dict[str, Any],
+               rest: dict[str, list[str]]) -> str:
+    """Step one of a chunk (registered as ``chunk_lines``) of one identity, for compaction: its plain metric lines into
+    ``table`` (``columnar.fast_metric_rows_sql``: their columns only, the other lines' text in ``rest``). Returns the
+    query of its metric rows with the identity ``constants``; the table is added to ``rest[constants]``, whose other
+    lines ``_general_step`` converts once per segment (the general query takes ~9 ms to plan: per chunk, more than
+    its few lines cost)."""
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT (t.n + {first_line})::INTEGER AS line, "
+                f"t.* EXCLUDE (n) FROM ({fast_metric_rows_sql('chunk_lines')}) t", params)
+    rest.setdefault(constants, []).append(table)
+    return f"SELECT {constants}, 'metric' AS kind, * EXCLUDE (rest) FROM {table} WHERE rest IS NULL"
+
+
+def _general_step(con: Any, rest: dict[str, list[str]]) -> list[str]:
+    """Step two: the lines step one left (``rest``), of every chunk of one identity at once, through the general path
+    into ``seg_g<k>``; returns their queries. (Step one already applied the line filters: the query's own pass no
+    lines.)"""
+    branches = []
+    for k, (constants, tables) in enumerate(rest.items()):
+        source = " UNION ALL ".join(f"SELECT line::BIGINT AS n, rest AS line FROM {t} WHERE rest IS NOT NULL"
+                                    for t in tables)
+        con.execute(f"CREATE OR REPLACE TEMP TABLE seg_g{k} AS WITH typed AS "
+                    f"({typed_rows_sql(f'({source})', fast=False, lines=True)}) "
+                    "SELECT t.n::INTEGER AS line, t.* EXCLUDE (n) FROM typed t", {"headers": [], "lines": 2**31})
+        branches.append(f"SELECT {constants}, * FROM seg_g{k}")
+    return branches
+
+
+def split_lines(data: bytes) -> Any:
+    """``data`` (UTF-8) split at every newline, as DuckDB's ``string_split`` splits it (an empty string after the last
+    newline included): an Arrow table of ``line`` and ``n`` (its number from 0), the text shared, not copied line by
+    line. None without pyarrow (the ``columnar`` extra has it; DuckDB alone then splits the text itself)."""
+    try:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+    except ImportError:
+        return None
+    whole = pa.Array.from_buffers(pa.large_string(), 1, [None, pa.py_buffer(struct.pack("<2q", 0, len(data))),
+                                                         pa.py_buffer(data)])
+    lines = pc.split_pattern(whole, "\n").flatten()
+    numbers = pc.subtract(pc.cumulative_sum(pa.repeat(1, len(lines))), 1)  # 0, 1, ... (int64, as generate_subscripts)
+    return pa.table({"line": lines, "n": numbers})
 
 
 def header_rows(scan: Prescan, segment: int) -> list[tuple[tuple[str, str, int], tuple[Any, ...]]]:
