@@ -91,6 +91,8 @@ ODD = [
     '"status":"ok","attributes":{},"error":""}',
     '{"v":2,"kind":"event","mono_ns":5,"wall_ns":1,"group":"g","name":"e","severity":"info","attributes":{"a":"\\u00e9",'
     '"n":"NaN"},"event_id":"","span_id":""}',
+    '{"v":2,"kind":"event","mono_ns":5,"wall_ns":1,"group":"g","name":"long","severity":"info","attributes":'
+    f'{{"blob":"{"x" * (2 * FAST_PATH_MAX_LINE)}"}},"event_id":"","span_id":""}}',  # long: no effect on two steps
     "", "\r", "\x0c",
 ]
 
@@ -102,11 +104,13 @@ def _seg_rows(con: Any) -> list[list[Any]]:
 
 
 @pytest.mark.parametrize("chunk_bytes", [1 << 20, 700])
+@pytest.mark.parametrize("arrow", [True, False])
 def test_compactions_two_steps_give_the_general_paths_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                          chunk_bytes: int) -> None:
+                                                          chunk_bytes: int, arrow: bool) -> None:
     """Every line of every shape (LINES, ODD), after a real header, through compaction's conversion (metric lines in a
-    table of their own, the rest through the general path once per segment) and through the general path alone: the
-    same rows, bit for bit, identity and line numbers included; chunks of 700 bytes cut the file in many pieces."""
+    table of their own, the rest through the general path once per segment; lines split by pyarrow or by DuckDB) and
+    through the general path alone: the same rows, bit for bit, identity and line numbers included; chunks of 700
+    bytes cut the file in many pieces."""
     from telemetrain.identity import identity_from_env
     from telemetrain.store import convert
 
@@ -120,22 +124,33 @@ def test_compactions_two_steps_give_the_general_paths_rows(tmp_path: Path, monke
         fh.write(_metric()[:-5])  # torn
     fallback = identity_from_env({}, run_id="r1", session_tag="s")
     rows = {}
+    if arrow:
+        monkeypatch.setattr(convert, "ARROW_SPLIT_AFTER_BYTES", 0)
+        real_split = convert.split_lines
+        used = []
+        monkeypatch.setattr(convert, "split_lines", lambda data: used.append(1) or real_split(data))
+    else:
+        monkeypatch.setattr(convert, "split_lines", lambda data: None)
     for way in ("two steps", "general"):
         if way == "general":
             monkeypatch.setattr(convert, "split_lines", lambda data: None)
             monkeypatch.setattr(convert, "FAST_PATH_MAX_LINE", -1)
         con = connect()
         scan, _ = convert.convert_segment(con, f, fallback, "s", "r1", 0, chunk_bytes=chunk_bytes,
-                                          chunk_tables=True)
+                                          chunk_tables=way == "two steps")
         rows[way] = _seg_rows(con)
         if way == "two steps":
             tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE temporary").fetchall()}
             assert "seg_g0" in tables  # the general step ran (once, for the whole segment)
-        convert.drop_converted(con)
+        if way == "two steps":
+            convert.drop_converted(con)
+        else:
+            con.execute("DROP TABLE seg")
         assert not con.execute("SELECT count(*) FROM duckdb_tables() WHERE temporary AND "
                                "starts_with(table_name, 'seg')").fetchone()[0]
         assert scan.torn == 1
     assert rows["two steps"] == rows["general"]
+    assert not arrow or used
     assert len(rows["general"]) > len(LINES) * 2
 
 

@@ -99,14 +99,16 @@ class Prescan:
     identities: list[tuple[int, Identity]] = field(default_factory=list)  # (from line, identity), ascending
     headers: list[tuple[int, dict[str, Any]]] = field(default_factory=list)  # valid header objects by line
     first_header: dict[str, Any] = field(default_factory=dict)
+    body: bytes = b""  # with ``prescan(..., keep=True)``: the complete lines read (``start`` to ``size``)
 
 
 def prescan(path: Path, fallback: Identity, size: int | None = None, *, start: int = 0,
-            first_line: int = 0) -> Prescan:
+            first_line: int = 0, keep: bool = False) -> Prescan:
     """Read a segment's complete lines from offset ``start`` (line ``first_line``: the part of a file that grew after
     its columnar copy was made) to ``size`` bytes when given (a file being appended to is read up to a known point),
     and find its headers. ``fallback``: the identity of records before any valid header (the previous segment's, else
-    what the file name and run.json tell)."""
+    what the file name and run.json tell). With ``keep``, the lines read are kept in ``body`` (the conversion's
+    input: read once)."""
     with open(path, "rb") as fh:
         fh.seek(start)
         data = fh.read() if size is None else fh.read(max(size - start, 0))
@@ -114,6 +116,8 @@ def prescan(path: Path, fallback: Identity, size: int | None = None, *, start: i
     scan = Prescan(path=path, size=start + body_end, lines=data.count(b"\n", 0, body_end),
                    torn=1 if data[body_end:].strip() else 0, start=start, first_line=first_line)
     scan.identities.append((0, fallback))
+    if keep:
+        scan.body = data[:body_end] if body_end < len(data) else data
     # Header lines: the first line, and any line holding '"process"' (found with bytes.find, in C: the bulk of a
     # segment is never looked at line by line).
     candidates = []
@@ -354,17 +358,17 @@ _FAST_VALUES = _value_columns({**_T, "attributes": "NULL::VARCHAR"}, _VALUE, "co
 FAST_METRIC_COLUMNS = ("value", "value_int", "value_bool", "unit", "step")
 
 
-def fast_metric_rows_sql(source: str) -> str:
-    """Step one of the two-step conversion: one row per line of ``source`` (already split: ``line``, ``n``) that is
-    not a header, as ``typed_rows_sql`` keeps them: a line of the plain-metric shape as its metric row (``n``,
-    ``mono_ns``, ``wall_ns``, ``group_name``, ``name`` and ``FAST_METRIC_COLUMNS``; ``rest`` NULL), any other as its
-    text in ``rest`` (the other columns NULL), for ``typed_rows_sql(..., fast=False, lines=True)``. Parameters as
-    ``typed_rows_sql``'s."""
+def fast_metric_rows_sql(source: str, *, lines: bool = True) -> str:
+    """Step one of the two-step conversion: one row per line of ``source`` (as ``typed_rows_sql`` takes it: split
+    already with ``lines``, else a ``content`` to split) that is not a header, as ``typed_rows_sql`` keeps them: a line
+    of the plain-metric shape as its metric row (``n``, ``mono_ns``, ``wall_ns``, ``group_name``, ``name`` and
+    ``FAST_METRIC_COLUMNS``; ``rest`` NULL), any other as its text in ``rest`` (the other columns NULL), for
+    ``typed_rows_sql(..., fast=False, lines=True)``. Parameters as ``typed_rows_sql``'s."""
     fast_rx = _FAST_METRIC.replace("'", "''")
     values = ", ".join(f"CASE WHEN m IS NOT NULL THEN {_FAST_VALUES[name]} END AS {name}"
                        for name in FAST_METRIC_COLUMNS)
     return f"""
-WITH {_lines_cte(source, True)}
+WITH {_lines_cte(source, lines)}
 body AS (SELECT n, line FROM lines WHERE n < $lines AND (starts_with(line, '{{') OR trim(line, {_WHITESPACE}) <> '')
          AND NOT list_contains($headers, n)),
 fast AS (SELECT n, line, CASE WHEN regexp_full_match(line, '{fast_rx}') THEN from_json(line, '{_FAST_FIELDS}') END AS m
