@@ -163,3 +163,24 @@ def test_split_lines_splits_as_duckdb_does(text: str) -> None:
                            "(SELECT string_split($t, chr(10)) AS l)", {"t": text}).fetchall()
     table = split_lines(text.encode())
     assert list(zip(table.column("line").to_pylist(), table.column("n").to_pylist(), strict=True)) == expected
+
+
+@pytest.mark.parametrize("with_attributes", [False, True])
+def test_the_metrics_file_is_in_file_order_sorted_or_not(tmp_path: Path, with_attributes: bool) -> None:
+    """A segment whose metric rows all took the fast step is written without a sort (``metrics_in_order``); one with
+    a metric of the general path (attributes) is sorted: either way the file's rows are its lines, in order."""
+    run = _write_run(tmp_path, ranks=1, n=3000)
+    f = next(run.glob("rank-*.jsonl"))
+    lines = f.read_text().splitlines(keepends=True)
+    odd = len(lines) // 2  # the line number of the metric with attributes, if any
+    if with_attributes:
+        lines.insert(odd, _metric(tail=',"attributes":{"a":1}') + "\n")
+    f.write_text("".join(lines))
+    expected = len(open_run(run).processes[0].records)
+    result = compact(run)
+    assert not result.errors and result.records == expected
+    con = connect()
+    files = f"{run}/_columnar/metrics/*/*/*/*.parquet"
+    got = [r[0] for r in con.execute(f"SELECT line FROM read_parquet('{files}', hive_partitioning=false)").fetchall()]
+    assert got == sorted(got) and len(set(got)) == len(got) >= 3000
+    assert not with_attributes or odd in got

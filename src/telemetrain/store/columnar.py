@@ -100,6 +100,7 @@ class Prescan:
     headers: list[tuple[int, dict[str, Any]]] = field(default_factory=list)  # valid header objects by line
     first_header: dict[str, Any] = field(default_factory=dict)
     body: bytes = b""  # with ``prescan(..., keep=True)``: the complete lines read (``start`` to ``size``)
+    metrics_in_order: bool = False  # set by ``convert_segment``: ``seg``'s metric rows come in file order unsorted
 
 
 def prescan(path: Path, fallback: Identity, size: int | None = None, *, start: int = 0,

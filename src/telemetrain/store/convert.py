@@ -88,7 +88,11 @@ def convert_segment(con: Any, path: Path, fallback: Identity, session: str, run:
         if end >= limit or scan.lines == 0:
             total.torn = scan.torn
             if chunk_tables:
-                branches += _general_step(con, rest)
+                general = _general_step(con, rest)
+                # every metric row in a fast step's table, chunk after chunk: they need no sort to be in file order
+                total.metrics_in_order = len(rest) == 1 and len(branches) == sum(map(len, rest.values())) and not \
+                    con.execute("SELECT count(*) FROM seg_g0 WHERE kind = 'metric'").fetchone()[0]
+                branches += general
                 con.execute("CREATE OR REPLACE TEMP VIEW seg AS "
                             + " UNION ALL BY NAME ".join(f"({b})" for b in branches))
             return total, "seg"
