@@ -81,6 +81,18 @@ def test_a_chunk_with_a_long_line_keeps_every_record(tmp_path: Path) -> None:
 
 # -- compaction's two steps (convert._fast_step / _general_step) and the Arrow line split -----------------------------
 
+def _span_start(v: str = "2", mono: str = "5", group: str = '"training"', name: str = '"x"', span_id: str = '"a1"',
+                trace_id: str = '"t1"', attributes: str = "{}") -> str:
+    return (f'{{"v":{v},"kind":"span_start","mono_ns":{mono},"wall_ns":1,"group":{group},"name":{name},'
+            f'"span_id":{span_id},"parent_id":"","trace_id":{trace_id},"attributes":{attributes}}}')
+
+
+def _span_end(v: str = "2", duration: str = "3", status: str = '"ok"', error: str = '""', attributes: str = "{}",
+              tail: str = "") -> str:
+    return (f'{{"v":{v},"kind":"span_end","mono_ns":5,"wall_ns":1,"group":"training","name":"x","span_id":"a1",'
+            f'"duration_ns":{duration},"status":{status},"attributes":{attributes},"error":{error}{tail}}}')
+
+
 ODD = [
     _metric('"NaN"', tail=',"unit":"é","step":9223372036854775807'), _metric("1e-05", name='"日本"'),
     _metric("-9223372036854775808"), _metric(tail=',"step":-9223372036854775809'), _metric(mono="1" * 30),
@@ -89,6 +101,13 @@ ODD = [
     '"trace_id":"t","attributes":{}}',
     '{"v":2,"kind":"span_end","mono_ns":5,"wall_ns":1,"group":"training","name":"x","span_id":"a","duration_ns":3,'
     '"status":"ok","attributes":{},"error":""}',
+    *(_span_start(**kw) for kw in ({}, {"span_id": '"a\\"b"'}, {"span_id": "7"}, {"trace_id": '""'},
+                                    {"attributes": '{"k":1}'}, {"attributes": "null"}, {"name": '"日本"'},
+                                    {"mono": "9223372036854775808"}, {"group": '"a\tb"'})),
+    *(_span_end(**kw) for kw in ({}, {"duration": '"3"'}, {"duration": "-9223372036854775808"}, {"duration": "1.0"},
+                                  {"status": "null"}, {"error": '"boom \\u00e9"'}, {"attributes": '{"k":NaN}'},
+                                  {"tail": ',"x":1'}, {"v": "3"})),
+    _span_end().replace(',"error":""', ""), _span_start().replace('"kind":"span_start"', '"kind":"span_end"'),
     '{"v":2,"kind":"event","mono_ns":5,"wall_ns":1,"group":"g","name":"e","severity":"info","attributes":{"a":"\\u00e9",'
     '"n":"NaN"},"event_id":"","span_id":""}',
     '{"v":2,"kind":"event","mono_ns":5,"wall_ns":1,"group":"g","name":"long","severity":"info","attributes":'

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..identity import Identity
-from .columnar import IDENTITY_COLUMNS, Prescan, fast_metric_rows_sql, prescan, typed_rows_sql
+from .columnar import IDENTITY_COLUMNS, Prescan, fast_metric_rows_sql, fast_span_rows_sql, prescan, typed_rows_sql
 
 __all__ = ["CHUNK_BYTES", "convert_segment", "drop_converted", "header_rows", "replace_lone_surrogates", "split_lines"]
 
@@ -101,7 +101,7 @@ def convert_segment(con: Any, path: Path, fallback: Identity, session: str, run:
 def drop_converted(con: Any) -> None:
     """Drop what ``convert_segment(..., chunk_tables=True)`` made."""
     tables = [r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE temporary AND "
-                                        "regexp_full_match(table_name, 'seg_g?[0-9]+')").fetchall()]
+                                        "regexp_full_match(table_name, 'seg_[gs]?[0-9]+')").fetchall()]
     con.execute("DROP VIEW IF EXISTS seg")
     for table in tables:
         con.execute(f"DROP TABLE {table}")
@@ -192,16 +192,20 @@ def _fast_step(con: Any, table: str, constants: str, first_line: int, params: di
 
 
 def _general_step(con: Any, rest: dict[str, list[str]]) -> list[str]:
-    """Step two: the lines step one left (``rest``), of every chunk of one identity at once, through the general path
-    into ``seg_g<k>``; returns their queries. (Step one already applied the line filters: the query's own pass no
-    lines.)"""
+    """Step two: the lines step one left (``rest``), of every chunk of one identity at once: spans of the plain shape
+    into ``seg_s<k>`` (``columnar.fast_span_rows_sql``), the rest through the general path into ``seg_g<k>``; returns
+    their queries. (Step one already applied the line filters: the general query's own pass every line.)"""
     branches = []
     for k, (constants, tables) in enumerate(rest.items()):
         source = " UNION ALL ".join(f"SELECT line::BIGINT AS n, rest AS line FROM {t} WHERE rest IS NOT NULL"
                                     for t in tables)
-        con.execute(f"CREATE OR REPLACE TEMP TABLE seg_g{k} AS WITH typed AS "
-                    f"({typed_rows_sql(f'({source})', fast=False, lines=True)}) "
+        con.execute(f"CREATE OR REPLACE TEMP TABLE seg_s{k} AS SELECT t.n::INTEGER AS line, t.* EXCLUDE (n) "
+                    f"FROM ({fast_span_rows_sql(f'({source})')}) t")
+        general = typed_rows_sql(f"(SELECT line::BIGINT AS n, rest AS line FROM seg_s{k} WHERE rest IS NOT NULL)",
+                                 fast=False, lines=True)
+        con.execute(f"CREATE OR REPLACE TEMP TABLE seg_g{k} AS WITH typed AS ({general}) "
                     "SELECT t.n::INTEGER AS line, t.* EXCLUDE (n) FROM typed t", {"headers": [], "lines": 2**31})
+        branches.append(f"SELECT {constants}, * EXCLUDE (rest) FROM seg_s{k} WHERE rest IS NULL")
         branches.append(f"SELECT {constants}, * FROM seg_g{k}")
     return branches
 
