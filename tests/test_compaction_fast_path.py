@@ -145,6 +145,7 @@ def test_compactions_two_steps_give_the_general_paths_rows(tmp_path: Path, monke
     rows = {}
     if arrow:
         monkeypatch.setattr(convert, "ARROW_SPLIT_AFTER_BYTES", 0)
+        monkeypatch.setattr(convert, "ARROW_SPLIT_MIN_BYTES", 0)
         real_split = convert.split_lines
         used = []
         monkeypatch.setattr(convert, "split_lines", lambda data: used.append(1) or real_split(data))

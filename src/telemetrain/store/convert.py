@@ -36,9 +36,10 @@ FAST_PATH_MAX_LINE = 4096
 CHUNK_BYTES = 8 << 20  # a segment is converted this much at a time: memory does not follow the segment's size
 # Lines are split by pyarrow (``split_lines``, ~0.1 us a line) rather than by DuckDB (~0.65 us) where that pays for
 # importing pyarrow (~0.35 s of CPU, once per process: as much as DuckDB's split of ~100 MB): when it is imported
-# already, or once this process has converted this much text (the writer's compactor, one 64 MiB segment per process
-# as a rule, never imports it; a reader of many segments' JSONL does, after the first).
-ARROW_SPLIT_AFTER_BYTES = 64 << 20
+# already, or for a segment of at least ARROW_SPLIT_MIN_BYTES once the process has converted ARROW_SPLIT_AFTER_BYTES
+# (a reader of many segments' JSONL; the writer's compactor, one or two 64 MiB segments a process, never imports it).
+ARROW_SPLIT_AFTER_BYTES = 128 << 20
+ARROW_SPLIT_MIN_BYTES = 16 << 20
 _converted = [0]  # bytes of text this process converted so far
 
 
@@ -61,7 +62,8 @@ def convert_segment(con: Any, path: Path, fallback: Identity, session: str, run:
     pos, line, identity, created = start, first_line, fallback, False
     branches: list[str] = []  # with chunk_tables: the view's query of each chunk's table
     rest: dict[str, list[str]] = {}  # with chunk_tables: lines left for the general path (_fast_step)
-    arrow = "pyarrow" in sys.modules or _converted[0] >= ARROW_SPLIT_AFTER_BYTES
+    arrow = "pyarrow" in sys.modules or (_converted[0] >= ARROW_SPLIT_AFTER_BYTES
+                                         and limit - start >= ARROW_SPLIT_MIN_BYTES)
     _converted[0] += max(limit - start, 0)
     while True:
         end = min(pos + chunk_bytes, limit)
