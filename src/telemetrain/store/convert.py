@@ -1,6 +1,8 @@
 """One JSONL segment -> typed rows in a DuckDB table (``seg``), the way the reader decodes it: the Python side finds
 the headers (``columnar.prescan``), the SQL side parses and type-checks every line (``columnar.typed_rows_sql``),
-8 MiB of whole lines at a time. Used by compaction (``compact``) and by the engine for the JSONL not yet compacted."""
+8 MiB of whole lines at a time. Used by compaction (``compact``) and by the engine for the JSONL not yet compacted.
+Compaction converts in two steps (``_fast_step``, ``_general_step``): the writer's plain metric lines into narrow
+tables, then its plain spans and the general path over the lines they left, once per segment: the same rows."""
 
 from __future__ import annotations
 
@@ -114,7 +116,9 @@ def _convert_chunk(con: Any, path: Path, scan: Prescan, session: str, run: str, 
                    arrow: bool = False) -> str:
     """The lines a prescan covered, typed, into ``table`` (created, or appended to). Returns a query of the rows with
     their identity and segment: where one identity holds for the whole chunk (the usual case), ``table`` leaves them
-    out and the query adds them as constants (cheaper to store, and to write to Parquet, than columns of one value)."""
+    out and the query adds them as constants (cheaper to store, and to write to Parquet, than columns of one value).
+    With ``rest`` (compaction), a chunk of one identity takes the two steps (``_fast_step``); with ``arrow``, its lines
+    are split by pyarrow (``split_lines``)."""
     data, scan.body = scan.body, b""  # the prescan's lines (read once; not kept past the chunk)
     if b"\\" in data and (b"\\ud" in data or b"\\uD" in data):  # (the one-byte search first: memchr, no escapes)
         data = replace_lone_surrogates(data)
