@@ -305,6 +305,17 @@ def _lines_cte(source: str, lines: bool) -> str:
             "lines AS (SELECT unnest(l) AS line, generate_subscripts(l, 1) - 1 AS n FROM split),")
 
 
+def _fast_ctes(source: str, lines: bool) -> str:
+    """The CTEs both fast-path queries begin with: ``lines``, ``body`` (the lines that are records: complete, not
+    blank, not a header) and ``fast`` (``m``: the plain metric shape's typed fields, NULL for any other line)."""
+    fast_rx = _FAST_METRIC.replace("'", "''")
+    return f"""WITH {_lines_cte(source, lines)}
+body AS (SELECT n, line FROM lines WHERE n < $lines AND (starts_with(line, '{{') OR trim(line, {_WHITESPACE}) <> '')
+         AND NOT list_contains($headers, n)),
+fast AS (SELECT n, line, CASE WHEN regexp_full_match(line, '{fast_rx}') THEN from_json(line, '{_FAST_FIELDS}') END AS m
+         FROM body),"""
+
+
 def typed_rows_sql(source: str, *, fast: bool = True, lines: bool = False) -> str:
     """A query over one segment's text: one row per line that is not a header, with ``n`` (its line number), ``kind``
     (NULL when the line is corrupt: broken JSON, not v1, a field of the wrong type, an unknown kind) and every typed
@@ -322,18 +333,13 @@ def typed_rows_sql(source: str, *, fast: bool = True, lines: bool = False) -> st
     kind = _T["kind"]
     valid = " ".join(f"WHEN {kind} = '\"{k}\"' THEN ({cond})" for k, cond in _VALID.items())
     values = ",\n  ".join(f"{expr} AS {name}" for name, expr in _VALUES.items())
-    fast_rx = _FAST_METRIC.replace("'", "''")
     unpack = ", ".join(f"f[{i + 1}]::VARCHAR AS j_{name}" for i, name in enumerate(FIELDS))
 
     def pick(name: str) -> str:  # a typed field: the fast path's, else the general one's
         return f"CASE WHEN m IS NOT NULL THEN m.{name} ELSE s.{name} END"
 
     return f"""
-WITH {_lines_cte(source, lines)}
-body AS (SELECT n, line FROM lines WHERE n < $lines AND (starts_with(line, '{{') OR trim(line, {_WHITESPACE}) <> '')
-         AND NOT list_contains($headers, n)),
-fast AS (SELECT n, line, CASE WHEN regexp_full_match(line, '{fast_rx}') THEN from_json(line, '{_FAST_FIELDS}') END AS m
-         FROM body),
+{_fast_ctes(source, lines)}
 parsed AS (SELECT n, line, m, json_extract(CASE WHEN m IS NULL AND json_valid(line) AND NOT {_BARE_CONSTANT}
            THEN line END, {paths}) AS f FROM fast),
 unpacked AS (SELECT n, line, m, f IS NOT NULL AS parsed, {unpack} FROM parsed),
@@ -365,15 +371,10 @@ def fast_metric_rows_sql(source: str, *, lines: bool = True) -> str:
     of the plain-metric shape as its metric row (``n``, ``mono_ns``, ``wall_ns``, ``group_name``, ``name`` and
     ``FAST_METRIC_COLUMNS``; ``rest`` NULL), any other as its text in ``rest`` (the other columns NULL), for
     ``typed_rows_sql(..., fast=False, lines=True)``. Parameters as ``typed_rows_sql``'s."""
-    fast_rx = _FAST_METRIC.replace("'", "''")
     values = ", ".join(f"CASE WHEN m IS NOT NULL THEN {_FAST_VALUES[name]} END AS {name}"
                        for name in FAST_METRIC_COLUMNS)
     return f"""
-WITH {_lines_cte(source, lines)}
-body AS (SELECT n, line FROM lines WHERE n < $lines AND (starts_with(line, '{{') OR trim(line, {_WHITESPACE}) <> '')
-         AND NOT list_contains($headers, n)),
-fast AS (SELECT n, line, CASE WHEN regexp_full_match(line, '{fast_rx}') THEN from_json(line, '{_FAST_FIELDS}') END AS m
-         FROM body),
+{_fast_ctes(source, lines)}
 typed AS (SELECT n, m, CASE WHEN m IS NULL THEN line END AS rest, m.value::VARCHAR AS {_VALUE} FROM fast)
 SELECT n, m.mono_ns AS mono_ns, m.wall_ns AS wall_ns, m."group" AS group_name, m.name AS name, {values}, rest
 FROM typed"""
