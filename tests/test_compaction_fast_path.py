@@ -77,3 +77,130 @@ def test_a_chunk_with_a_long_line_keeps_every_record(tmp_path: Path) -> None:
     expected = len(open_run(run).processes[0].records)
     result = compact(run)
     assert not result.errors and result.records == expected
+
+
+# -- compaction's two steps (convert._fast_step / _general_step) and the Arrow line split -----------------------------
+
+def _span_start(v: str = "2", mono: str = "5", group: str = '"training"', name: str = '"x"', span_id: str = '"a1"',
+                trace_id: str = '"t1"', attributes: str = "{}") -> str:
+    return (f'{{"v":{v},"kind":"span_start","mono_ns":{mono},"wall_ns":1,"group":{group},"name":{name},'
+            f'"span_id":{span_id},"parent_id":"","trace_id":{trace_id},"attributes":{attributes}}}')
+
+
+def _span_end(v: str = "2", duration: str = "3", status: str = '"ok"', error: str = '""', attributes: str = "{}",
+              tail: str = "") -> str:
+    return (f'{{"v":{v},"kind":"span_end","mono_ns":5,"wall_ns":1,"group":"training","name":"x","span_id":"a1",'
+            f'"duration_ns":{duration},"status":{status},"attributes":{attributes},"error":{error}{tail}}}')
+
+
+ODD = [
+    _metric('"NaN"', tail=',"unit":"é","step":9223372036854775807'), _metric("1e-05", name='"日本"'),
+    _metric("-9223372036854775808"), _metric(tail=',"step":-9223372036854775809'), _metric(mono="1" * 30),
+    _metric().replace(',"group":"g"', ""), _metric().replace('"value":1', '"value":Infinity'),
+    '{"v":2,"kind":"span_start","mono_ns":5,"wall_ns":1,"group":"training","name":"x","span_id":"a","parent_id":"",'
+    '"trace_id":"t","attributes":{}}',
+    '{"v":2,"kind":"span_end","mono_ns":5,"wall_ns":1,"group":"training","name":"x","span_id":"a","duration_ns":3,'
+    '"status":"ok","attributes":{},"error":""}',
+    *(_span_start(**kw) for kw in ({}, {"span_id": '"a\\"b"'}, {"span_id": "7"}, {"trace_id": '""'},
+                                    {"attributes": '{"k":1}'}, {"attributes": "null"}, {"name": '"日本"'},
+                                    {"mono": "9223372036854775808"}, {"group": '"a\tb"'})),
+    *(_span_end(**kw) for kw in ({}, {"duration": '"3"'}, {"duration": "-9223372036854775808"}, {"duration": "1.0"},
+                                  {"status": "null"}, {"error": '"boom \\u00e9"'}, {"attributes": '{"k":NaN}'},
+                                  {"tail": ',"x":1'}, {"v": "3"})),
+    _span_end().replace(',"error":""', ""), _span_start().replace('"kind":"span_start"', '"kind":"span_end"'),
+    '{"v":2,"kind":"event","mono_ns":5,"wall_ns":1,"group":"g","name":"e","severity":"info","attributes":{"a":"\\u00e9",'
+    '"n":"NaN"},"event_id":"","span_id":""}',
+    '{"v":2,"kind":"event","mono_ns":5,"wall_ns":1,"group":"g","name":"long","severity":"info","attributes":'
+    f'{{"blob":"{"x" * (2 * FAST_PATH_MAX_LINE)}"}},"event_id":"","span_id":""}}',  # long: no effect on two steps
+    "", "\r", "\x0c",
+]
+
+
+def _seg_rows(con: Any) -> list[list[Any]]:
+    names = [r[0] for r in con.execute("DESCRIBE SELECT * FROM seg").fetchall()]
+    cols = ", ".join(f'"{n}"' for n in sorted(names))
+    return [_bits(r) for r in con.execute(f"SELECT {cols} FROM seg ORDER BY line").fetchall()]
+
+
+@pytest.mark.parametrize("chunk_bytes", [1 << 20, 700])
+@pytest.mark.parametrize("arrow", [True, False])
+def test_compactions_two_steps_give_the_general_paths_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          chunk_bytes: int, arrow: bool) -> None:
+    """Every line of every shape (LINES, ODD), after a real header, through compaction's conversion (metric lines in a
+    table of their own, the rest through the general path once per segment; lines split by pyarrow or by DuckDB) and
+    through the general path alone: the same rows, bit for bit, identity and line numbers included; chunks of 700
+    bytes cut the file in many pieces."""
+    from telemetrain.identity import identity_from_env
+    from telemetrain.store import convert
+
+    run = _write_run(tmp_path, ranks=1, n=20)
+    f = next(run.glob("rank-*.jsonl"))
+    with open(f, "a") as fh:
+        for i, line in enumerate([*LINES, *ODD] * 2):
+            fh.write(line + "\n")
+            if i % 7 == 0:
+                fh.write(_metric(tail=f',"step":{i}') + "\n")
+        fh.write(_metric()[:-5])  # torn
+    fallback = identity_from_env({}, run_id="r1", session_tag="s")
+    rows = {}
+    if arrow:
+        monkeypatch.setattr(convert, "ARROW_SPLIT_AFTER_BYTES", 0)
+        monkeypatch.setattr(convert, "ARROW_SPLIT_MIN_BYTES", 0)
+        real_split = convert.split_lines
+        used = []
+        monkeypatch.setattr(convert, "split_lines", lambda data: used.append(1) or real_split(data))
+    else:
+        monkeypatch.setattr(convert, "split_lines", lambda data: None)
+    for way in ("two steps", "general"):
+        if way == "general":
+            monkeypatch.setattr(convert, "split_lines", lambda data: None)
+            monkeypatch.setattr(convert, "FAST_PATH_MAX_LINE", -1)
+        con = connect()
+        scan, _ = convert.convert_segment(con, f, fallback, "s", "r1", 0, chunk_bytes=chunk_bytes,
+                                          chunk_tables=way == "two steps")
+        rows[way] = _seg_rows(con)
+        if way == "two steps":
+            tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE temporary").fetchall()}
+            assert "seg_g0" in tables  # the general step ran (once, for the whole segment)
+        if way == "two steps":
+            convert.drop_converted(con)
+        else:
+            con.execute("DROP TABLE seg")
+        assert not con.execute("SELECT count(*) FROM duckdb_tables() WHERE temporary AND "
+                               "starts_with(table_name, 'seg')").fetchone()[0]
+        assert scan.torn == 1
+    assert rows["two steps"] == rows["general"]
+    assert not arrow or used
+    assert len(rows["general"]) > len(LINES) * 2
+
+
+@pytest.mark.parametrize("text", ["", "\n", "a", "a\n", "a\n\nb\r\n", "é\n日本\n\n", '{"x":1}\n' * 5 + "torn"])
+def test_split_lines_splits_as_duckdb_does(text: str) -> None:
+    from telemetrain.store.convert import split_lines
+
+    con = connect()
+    expected = con.execute("SELECT unnest(l), generate_subscripts(l, 1) - 1 FROM "
+                           "(SELECT string_split($t, chr(10)) AS l)", {"t": text}).fetchall()
+    table = split_lines(text.encode())
+    assert list(zip(table.column("line").to_pylist(), table.column("n").to_pylist(), strict=True)) == expected
+
+
+@pytest.mark.parametrize("with_attributes", [False, True])
+def test_the_metrics_file_is_in_file_order_sorted_or_not(tmp_path: Path, with_attributes: bool) -> None:
+    """A segment whose metric rows all took the fast step is written without a sort (``metrics_in_order``); one with
+    a metric of the general path (attributes) is sorted: either way the file's rows are its lines, in order."""
+    run = _write_run(tmp_path, ranks=1, n=3000)
+    f = next(run.glob("rank-*.jsonl"))
+    lines = f.read_text().splitlines(keepends=True)
+    odd = len(lines) // 2  # the line number of the metric with attributes, if any
+    if with_attributes:
+        lines.insert(odd, _metric(tail=',"attributes":{"a":1}') + "\n")
+    f.write_text("".join(lines))
+    expected = len(open_run(run).processes[0].records)
+    result = compact(run)
+    assert not result.errors and result.records == expected
+    con = connect()
+    files = f"{run}/_columnar/metrics/*/*/*/*.parquet"
+    got = [r[0] for r in con.execute(f"SELECT line FROM read_parquet('{files}', hive_partitioning=false)").fetchall()]
+    assert got == sorted(got) and len(set(got)) == len(got) >= 3000
+    assert not with_attributes or odd in got

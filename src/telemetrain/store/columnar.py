@@ -29,7 +29,8 @@ from ..identity import Identity
 from .codec import _f as number_of
 from .codec import decode_identity, untag_nonfinite
 
-__all__ = ["COLUMNS", "SCHEMA_VERSION", "TABLES", "ColumnarVersionError", "Prescan", "prescan", "typed_rows_sql"]
+__all__ = ["COLUMNS", "SCHEMA_VERSION", "TABLES", "ColumnarVersionError", "Prescan", "fast_metric_rows_sql",
+           "fast_span_rows_sql", "prescan", "typed_rows_sql"]
 
 SCHEMA_VERSION = 2  # 2: metric rows carry format v2's attributes (JSON text, as events'); v1 lines read as before
 PARTITIONS = (("session", "VARCHAR"), ("run", "VARCHAR"), ("rank", "BIGINT"))
@@ -98,14 +99,17 @@ class Prescan:
     identities: list[tuple[int, Identity]] = field(default_factory=list)  # (from line, identity), ascending
     headers: list[tuple[int, dict[str, Any]]] = field(default_factory=list)  # valid header objects by line
     first_header: dict[str, Any] = field(default_factory=dict)
+    body: bytes = b""  # with ``prescan(..., keep=True)``: the complete lines read (``start`` to ``size``)
+    metrics_in_order: bool = False  # set by ``convert_segment``: ``seg``'s metric rows come in file order unsorted
 
 
 def prescan(path: Path, fallback: Identity, size: int | None = None, *, start: int = 0,
-            first_line: int = 0) -> Prescan:
+            first_line: int = 0, keep: bool = False) -> Prescan:
     """Read a segment's complete lines from offset ``start`` (line ``first_line``: the part of a file that grew after
     its columnar copy was made) to ``size`` bytes when given (a file being appended to is read up to a known point),
     and find its headers. ``fallback``: the identity of records before any valid header (the previous segment's, else
-    what the file name and run.json tell)."""
+    what the file name and run.json tell). With ``keep``, the lines read are kept in ``body`` (the conversion's
+    input: read once)."""
     with open(path, "rb") as fh:
         fh.seek(start)
         data = fh.read() if size is None else fh.read(max(size - start, 0))
@@ -113,6 +117,8 @@ def prescan(path: Path, fallback: Identity, size: int | None = None, *, start: i
     scan = Prescan(path=path, size=start + body_end, lines=data.count(b"\n", 0, body_end),
                    torn=1 if data[body_end:].strip() else 0, start=start, first_line=first_line)
     scan.identities.append((0, fallback))
+    if keep:
+        scan.body = data[:body_end] if body_end < len(data) else data
     # Header lines: the first line, and any line holding '"process"' (found with bytes.find, in C: the bulk of a
     # segment is never looked at line by line).
     candidates = []
@@ -289,15 +295,37 @@ _FAST_FIELDS = ('{"mono_ns": "BIGINT", "wall_ns": "BIGINT", "group": "VARCHAR", 
                 '"unit": "VARCHAR", "step": "BIGINT"}')
 
 
-def typed_rows_sql(source: str, *, fast: bool = True) -> str:
+def _lines_cte(source: str, lines: bool) -> str:
+    """The ``lines`` CTE (``line``, ``n``: its number from 0): ``source`` split at every newline, or (with ``lines``)
+    ``source`` itself, already split (``convert.split_lines``: the same strings, an empty one after the last newline
+    included, without DuckDB's copy of every line into a list and out of it again: ~0.7 us a line)."""
+    if lines:
+        return f"lines AS (SELECT line, n FROM {source}),"
+    return (f"split AS (SELECT string_split(content, chr(10)) AS l FROM {source}),\n"
+            "lines AS (SELECT unnest(l) AS line, generate_subscripts(l, 1) - 1 AS n FROM split),")
+
+
+def _fast_ctes(source: str, lines: bool) -> str:
+    """The CTEs both fast-path queries begin with: ``lines``, ``body`` (the lines that are records: complete, not
+    blank, not a header) and ``fast`` (``m``: the plain metric shape's typed fields, NULL for any other line)."""
+    fast_rx = _FAST_METRIC.replace("'", "''")
+    return f"""WITH {_lines_cte(source, lines)}
+body AS (SELECT n, line FROM lines WHERE n < $lines AND (starts_with(line, '{{') OR trim(line, {_WHITESPACE}) <> '')
+         AND NOT list_contains($headers, n)),
+fast AS (SELECT n, line, CASE WHEN regexp_full_match(line, '{fast_rx}') THEN from_json(line, '{_FAST_FIELDS}') END AS m
+         FROM body),"""
+
+
+def typed_rows_sql(source: str, *, fast: bool = True, lines: bool = False) -> str:
     """A query over one segment's text: one row per line that is not a header, with ``n`` (its line number), ``kind``
     (NULL when the line is corrupt: broken JSON, not v1, a field of the wrong type, an unknown kind) and every typed
-    field. ``source`` is a table expression with one column ``content`` (the file's text); the parameter ``$headers``
-    lists the header lines (a prescan's), which are not records, and ``$lines`` the complete lines to take. Without
-    ``fast``, every line takes the general path, in the query of ``_general_rows_sql`` (``convert`` asks for it where
-    a line is long)."""
+    field. ``source`` is a table expression with one column ``content`` (the file's text), or with ``lines`` one of
+    its lines already split (columns ``line`` and ``n``, see ``_lines_cte``); the parameter ``$headers`` lists the
+    header lines (a prescan's), which are not records, and ``$lines`` the complete lines to take. Without ``fast``,
+    every line takes the general path, in the query of ``_general_rows_sql`` (``convert`` asks for it where a line is
+    long)."""
     if not fast:
-        return _general_rows_sql(source)
+        return _general_rows_sql(source, lines)
     paths = "[" + ", ".join(f"'$.\"{name}\"'" for name in FIELDS) + "]"
     typed = "{" + ", ".join(f'"{name}": "{typ}"' for name, typ in _TYPES.items()) + "}"
     common = (f"{_T['v']} IN ('1', '2') AND {_is_int(_T['mono_ns'])} AND {_is_int(_T['wall_ns'])} AND "
@@ -305,19 +333,13 @@ def typed_rows_sql(source: str, *, fast: bool = True) -> str:
     kind = _T["kind"]
     valid = " ".join(f"WHEN {kind} = '\"{k}\"' THEN ({cond})" for k, cond in _VALID.items())
     values = ",\n  ".join(f"{expr} AS {name}" for name, expr in _VALUES.items())
-    fast_rx = _FAST_METRIC.replace("'", "''")
     unpack = ", ".join(f"f[{i + 1}]::VARCHAR AS j_{name}" for i, name in enumerate(FIELDS))
 
     def pick(name: str) -> str:  # a typed field: the fast path's, else the general one's
         return f"CASE WHEN m IS NOT NULL THEN m.{name} ELSE s.{name} END"
 
     return f"""
-WITH split AS (SELECT string_split(content, chr(10)) AS l FROM {source}),
-lines AS (SELECT unnest(l) AS line, generate_subscripts(l, 1) - 1 AS n FROM split),
-body AS (SELECT n, line FROM lines WHERE n < $lines AND (starts_with(line, '{{') OR trim(line, {_WHITESPACE}) <> '')
-         AND NOT list_contains($headers, n)),
-fast AS (SELECT n, line, CASE WHEN regexp_full_match(line, '{fast_rx}') THEN from_json(line, '{_FAST_FIELDS}') END AS m
-         FROM body),
+{_fast_ctes(source, lines)}
 parsed AS (SELECT n, line, m, json_extract(CASE WHEN m IS NULL AND json_valid(line) AND NOT {_BARE_CONSTANT}
            THEN line END, {paths}) AS f FROM fast),
 unpacked AS (SELECT n, line, m, f IS NOT NULL AS parsed, {unpack} FROM parsed),
@@ -330,6 +352,67 @@ rows AS (SELECT n, CASE WHEN m IS NOT NULL THEN 'metric' WHEN ok THEN trim({kind
   {values}
 FROM typed)
 SELECT * FROM rows"""
+
+
+# -- the metric fast path in a table of its own ----------------------------------------------------------------------
+# The combined query above carries every line through the general path's 24 extracted fields and 27 output columns,
+# NULL for a fast line: ~0.8 us a line of projections and storage. Compaction instead converts a chunk in two steps:
+# ``fast_metric_rows_sql`` gives each line either its metric row (the fast path's columns, computed by the same
+# expressions) or, for any other line, its text in ``rest``; ``typed_rows_sql(..., fast=False)`` then reads only
+# those texts. Same rows (tests/test_compaction_fast_path.py): a line takes the fast path on the same test.
+
+_FAST_VALUES = _value_columns({**_T, "attributes": "NULL::VARCHAR"}, _VALUE, "coalesce(m.unit, '')", "m.step")
+FAST_METRIC_COLUMNS = ("value", "value_int", "value_bool", "unit", "step")
+
+
+def fast_metric_rows_sql(source: str, *, lines: bool = True) -> str:
+    """Step one of the two-step conversion: one row per line of ``source`` (as ``typed_rows_sql`` takes it: split
+    already with ``lines``, else a ``content`` to split) that is not a header, as ``typed_rows_sql`` keeps them: a line
+    of the plain-metric shape as its metric row (``n``, ``mono_ns``, ``wall_ns``, ``group_name``, ``name`` and
+    ``FAST_METRIC_COLUMNS``; ``rest`` NULL), any other as its text in ``rest`` (the other columns NULL), for
+    ``typed_rows_sql(..., fast=False, lines=True)``. Parameters as ``typed_rows_sql``'s."""
+    values = ", ".join(f"CASE WHEN m IS NOT NULL THEN {_FAST_VALUES[name]} END AS {name}"
+                       for name in FAST_METRIC_COLUMNS)
+    return f"""
+{_fast_ctes(source, lines)}
+typed AS (SELECT n, m, CASE WHEN m IS NULL THEN line END AS rest, m.value::VARCHAR AS {_VALUE} FROM fast)
+SELECT n, m.mono_ns AS mono_ns, m.wall_ns AS wall_ns, m."group" AS group_name, m.name AS name, {values}, rest
+FROM typed"""
+
+
+# Spans of the writer's shape without attributes (``codec._enc_span_start``/``_enc_span_end`` with ``{}``: the
+# lifecycle's iteration spans), among the lines step one left: proven valid by one regular expression each, as
+# metrics are, read by one typed parse; the others go on to the general path. Same rows as the general path's.
+_FAST_HEAD = ('\\{"v":[12],"kind":"%s","mono_ns":' + _FAST_INT + ',"wall_ns":' + _FAST_INT + ',"group":' + _FAST_STR
+              + ',"name":' + _FAST_STR + ',"span_id":' + _FAST_STR)
+_FAST_SPAN_START = (_FAST_HEAD % "span_start") + ',"parent_id":' + _FAST_STR + ',"trace_id":' + _FAST_STR + \
+    ',"attributes":\\{\\}\\}'
+_FAST_SPAN_END = (_FAST_HEAD % "span_end") + ',"duration_ns":' + _FAST_INT + ',"status":' + _FAST_STR + \
+    ',"attributes":\\{\\},"error":' + _FAST_STR + '\\}'
+_FAST_SPAN_FIELDS = ('{"mono_ns": "BIGINT", "wall_ns": "BIGINT", "group": "VARCHAR", "name": "VARCHAR", '
+                     '"span_id": "VARCHAR", "parent_id": "VARCHAR", "trace_id": "VARCHAR", "duration_ns": "BIGINT", '
+                     '"status": "VARCHAR", "error": "VARCHAR"}')
+
+
+def fast_span_rows_sql(source: str) -> str:
+    """Step one and a half: the lines of ``source`` (``n``, ``line``: what step one left, filtered already) as span
+    rows where they have the plain span shape (``kind``, the common columns, ``unit`` '' as the general path gives
+    every record, the span's columns; ``rest`` NULL), any other as its text in ``rest``."""
+    start = _FAST_SPAN_START.replace("'", "''")
+    end = _FAST_SPAN_END.replace("'", "''")
+
+    def only(shape: int, column: str) -> str:
+        return f"CASE WHEN shape = {shape} THEN m.{column} END AS {column}"
+
+    return f"""
+WITH k AS (SELECT n, line, CASE WHEN regexp_full_match(line, '{start}') THEN 1
+                                WHEN regexp_full_match(line, '{end}') THEN 2 END AS shape FROM {source}),
+p AS (SELECT n, line, shape, CASE WHEN shape IS NOT NULL THEN from_json(line, '{_FAST_SPAN_FIELDS}') END AS m FROM k)
+SELECT n, CASE shape WHEN 1 THEN 'span_start' WHEN 2 THEN 'span_end' END AS kind, m.mono_ns AS mono_ns,
+  m.wall_ns AS wall_ns, m."group" AS group_name, m.name AS name, CASE WHEN shape IS NOT NULL THEN '' END AS unit,
+  m.span_id AS span_id, {only(1, 'parent_id')}, {only(1, 'trace_id')}, {only(2, 'duration_ns')}, {only(2, 'status')},
+  {only(2, 'error')}, CASE WHEN shape IS NULL THEN line END AS rest
+FROM p"""
 
 
 # -- the general path alone (every line checked in full), for text with long lines ----------------------------------
@@ -350,7 +433,7 @@ _BARE_CONSTANT_G = ("(CASE WHEN regexp_matches(line, '[:\\[,-][ \\t\\r\\n]*[NnIi
                   "regexp_replace(line, '\"(\\\\.|[^\"\\\\])*\"', '\"\"', 'g'), '(?i)nan|inf') ELSE false END)")
 
 
-def _general_rows_sql(source: str) -> str:
+def _general_rows_sql(source: str, lines: bool = False) -> str:
     """``typed_rows_sql`` without the metric fast path: the general checks on every line, as before it."""
     paths = "[" + ", ".join(f"'$.\"{name}\"'" for name in FIELDS) + "]"
     typed = "{" + ", ".join(f'"{name}": "{typ}"' for name, typ in _TYPES.items()) + "}"
@@ -360,8 +443,7 @@ def _general_rows_sql(source: str) -> str:
     valid = " ".join(f"WHEN {kind} = '\"{k}\"' THEN ({cond})" for k, cond in _VALID_G.items())
     values = ",\n  ".join(f"{expr} AS {name}" for name, expr in _VALUES_G.items())
     return f"""
-WITH split AS (SELECT string_split(content, chr(10)) AS l FROM {source}),
-lines AS (SELECT unnest(l) AS line, generate_subscripts(l, 1) - 1 AS n FROM split),
+WITH {_lines_cte(source, lines)}
 body AS (SELECT n, line FROM lines WHERE n < $lines AND (starts_with(line, '{{') OR trim(line, {_WHITESPACE}) <> '')
          AND NOT list_contains($headers, n)),
 parsed AS (SELECT n, line, CASE WHEN json_valid(line) AND NOT {_BARE_CONSTANT_G} THEN json_extract(line, {paths}) END

