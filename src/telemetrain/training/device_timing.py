@@ -35,8 +35,8 @@ The device clock is an interface (``device_clock.DeviceClock``) so that the book
 ``CudaClock`` is the real one (``torch.cuda.Event(enable_timing=True)``, recorded on the current stream). The span
 class that records marks, and which timer a Telemetry uses, are in ``device_spans``; a slot, its reading and the
 window are in ``device_slots``. Streams other than the current one at each mark are out of scope: work a program
-queues on a side stream is timed only as far as the current stream waits for it. Marks are not recorded while the current stream is being captured into a CUDA graph (that
-iteration counts as unresolved).
+queues on a side stream is timed only as far as the current stream waits for it. Marks are not recorded while the
+current stream is being captured into a CUDA graph (that iteration counts as unresolved).
 
 Failures never reach training: a clock call that raises is counted, warned about once, recorded as an ``error``
 event (group ``training``) and turns device timing off for the rest of the process.
