@@ -367,3 +367,39 @@ def test_odd_report_attributes_make_the_same_windows_on_both_readers(tmp_path: P
             sql = findings_builder_sql(engine, open_run(run_dir)).build().windows
         assert sql == python.build().windows, compacted
     assert 30 < len(sql) < 60  # some reports made no window, most did
+
+
+def test_a_sql_readers_typed_values_make_the_window_the_attributes_make() -> None:
+    """``window_point_of_values`` (a SQL reader's row: ``findings_sql.window_fields_sql`` then ``window_values_sql``,
+    no mapping per report) makes the window ``window_point`` makes of the same attributes: device or host phases,
+    communication waits, missing, non-finite and mistyped figures."""
+    duckdb = pytest.importorskip("duckdb")
+    import json
+
+    from telemetrain.analysis.findings.builder import WINDOW_POINT_KEYS, window_point_of_values
+    from telemetrain.analysis.findings_sql import window_fields_sql, window_json_sql, window_values_sql
+    from telemetrain.store.codec import untag_nonfinite
+
+    rng = random.Random(3)
+    odd: list[object] = [None, True, "0.1", [1], math.nan, math.inf, 0, -1, 2.5, 2**40]
+    texts = []
+    for k in range(400):
+        a: dict[str, object] = dict(report(k * 10 + 9, 10, 0.1 + 0.001 * k))
+        for key in rng.sample(WINDOW_POINT_KEYS, rng.randrange(0, 12)):
+            a[key] = rng.choice(odd) if rng.random() < 0.4 else rng.random() * 0.1
+        if rng.random() < 0.2:
+            del a["avg_iteration_time_sec"]
+        texts.append(json.dumps({k: ({"$float": repr(v).replace("nan", "NaN").replace("inf", "Infinity")}
+                                     if isinstance(v, float) and not math.isfinite(v) else v)
+                                 for k, v in a.items()}))
+    con = duckdb.connect()
+    con.execute("CREATE TABLE r (i INTEGER, attributes VARCHAR)")
+    con.executemany("INSERT INTO r VALUES (?, ?)", list(enumerate(texts)))
+    rows = con.execute(f"SELECT i, {window_values_sql()} FROM (SELECT i, {window_fields_sql('j')} FROM "
+                       f"(SELECT i, {window_json_sql()} AS j FROM r)) ORDER BY i").fetchall()
+    made = 0
+    for (i, *values), text in zip(rows, texts, strict=True):
+        expected = window_point(3, untag_nonfinite(json.loads(text)), warmup=i % 5 == 0, time_s=i / 7)
+        assert window_point_of_values(3, values, warmup=i % 5 == 0, time_s=i / 7) == expected, text
+        made += expected is not None and expected.phase_clock == "device"
+    assert made > 20  # device-clocked windows among them

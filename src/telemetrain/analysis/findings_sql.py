@@ -25,8 +25,8 @@ from .findings.memory import MAX_POINTS, thin_indices
 from .findings.thresholds import DEFAULT_THRESHOLDS, Thresholds
 from .findings.values import _candidate, selected_spikes, spike_points_sql, value_kind
 
-__all__ = ["WINDOW_POINT_KEYS", "feed_memory_series_sql", "feed_value_series_sql", "gauges_relation",
-           "window_fields_sql", "window_json_sql"]
+__all__ = ["WINDOW_POINT_KEYS", "candidates_sql", "feed_memory_series_sql", "feed_value_series_sql",
+           "gauges_relation", "window_fields_sql", "window_json_sql", "window_values_sql"]
 
 BLOCK_LINES = 2048  # the spike pre-filter's blocks: a series' points within this many lines of a segment
 EXACT_AT_ONCE = 1 << 20  # flagged points up to which the candidates of every rank are found in one query
@@ -264,4 +264,11 @@ def window_fields_sql(j: str) -> str:
                        "END)")
         else:
             out.append(json_double(x))
-    return ", ".join(out)
+    return ", ".join(f"{c} AS wp{i}" for i, c in enumerate(out))
+
+
+def window_values_sql() -> str:
+    """SQL over ``window_fields_sql``'s columns: the values ``InputBuilder.window_values`` takes (the numbers finite
+    or NULL, as ``window_point`` reads them with ``finite``)."""
+    return ", ".join(f"wp{i}" if key in _INTEGERS else f"CASE WHEN isfinite(wp{i}) THEN wp{i} END"
+                     for i, key in enumerate(WINDOW_POINT_KEYS))

@@ -27,12 +27,12 @@ from .findings.builder import (
     value_series_kind,
 )
 from .findings_sql import (
-    WINDOW_POINT_KEYS,
     feed_memory_series_sql,
     feed_value_series_sql,
     gauges_relation,
     window_fields_sql,
     window_json_sql,
+    window_values_sql,
 )
 from .summary import _where
 
@@ -94,19 +94,19 @@ def feed_builder_sql(builder: InputBuilder, engine: Any, w: str, *, span_tables:
     # rank by rank: DuckDB sorts one rank's reports at a time (their attributes, ~1 KB each, of all ranks at once
     # outgrow its memory on a long run: 8 x 1M is 160,000 of them)
     # (a report's attributes extracted and typed by DuckDB: findings_sql.WINDOW_POINT_KEYS)
-    keys = WINDOW_POINT_KEYS
     for (r,) in engine.rows(f"SELECT DISTINCT rank FROM events WHERE {wanted} ORDER BY rank"):
         for _, batch in engine.stream(
-                f"SELECT rank, pid, host, wall_ns, CASE WHEN is_report THEN NULL ELSE attributes END, is_report, "
+                f"SELECT rank, pid, host, wall_ns, text, is_report, {window_values_sql()} FROM (SELECT {ORDER}, "
+                f"host, wall_ns, CASE WHEN is_report THEN NULL ELSE attributes END AS text, is_report, "
                 f"{window_fields_sql('j')} FROM (SELECT {ORDER}, host, wall_ns, attributes, {report} AS is_report, "
                 f"CASE WHEN {report} THEN {window_json_sql()} END AS j FROM events WHERE {wanted} AND "
-                f"rank = {int(r)}) ORDER BY {ORDER}"):
-            for rank, pid, host, wall, text, is_report, *values in batch:
-                if is_report:
-                    builder.host(rank, host)
-                    builder.window(rank, pid, wall, dict(zip(keys, values, strict=True)))
+                f"rank = {int(r)})) ORDER BY {ORDER}"):
+            for row in batch:
+                if row[5]:
+                    builder.host(row[0], row[2])
+                    builder.window_values(row[0], row[1], row[3], row[6:])
                 else:
-                    builder.straggler(_attributes(text))
+                    builder.straggler(_attributes(row[4]))
     crash = "(" + ", ".join(f"'{n}'" for n in sorted(span_names)) + ")"
     parts = " UNION ALL ".join(
         f"SELECT '{'span_start' if table == 'span_starts' else 'span_end'}' AS kind, {ORDER}, host, name, span_id, "

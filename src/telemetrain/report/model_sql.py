@@ -19,12 +19,12 @@ from ..analysis.findings.builder import GPU_MEMORY_LIMIT, HOST_MEMORY_LIMIT, HOS
 from ..analysis.findings.thresholds import Thresholds
 from ..analysis.findings.values import value_kind
 from ..analysis.findings_sql import (
-    WINDOW_POINT_KEYS,
     feed_memory_series_sql,
     feed_value_series_sql,
     gauges_relation,
     window_fields_sql,
     window_json_sql,
+    window_values_sql,
 )
 from ..store.codec import untag_nonfinite
 from ..store.engine import Engine
@@ -407,17 +407,17 @@ class SqlCollector(_Collector):
     def _feed_windows(self) -> None:
         """Every report to the findings engine (``InputBuilder.window``), in collection order, with the attributes
         its rules read (``findings_sql.WINDOW_POINT_KEYS``, extracted and typed by DuckDB) and no others."""
-        window = self.inputs.window
+        window = self.inputs.window_values
         if self.first_ns is not None:
             self.inputs.origin(self.first_ns)  # build_model's start (unless an agent's record is earlier)
-        keys = WINDOW_POINT_KEYS
         # rank by rank: DuckDB sorts one rank's reports at a time (all ranks' attributes at once outgrow its memory)
         for (r,) in self.engine.rows(f"SELECT DISTINCT rank FROM windows WHERE {self.where} ORDER BY rank"):
             for _, batch in self.engine.stream(
-                    f"SELECT rank, pid, wall_ns, {window_fields_sql('j')} FROM (SELECT {ORDER}, wall_ns, "
-                    f"{window_json_sql()} AS j FROM windows WHERE {self.where} AND rank = {int(r)}) ORDER BY {ORDER}"):
-                for rank, pid, wall, *values in batch:
-                    window(rank, pid, wall, dict(zip(keys, values, strict=True)))
+                    f"SELECT rank, pid, wall_ns, {window_values_sql()} FROM (SELECT {ORDER}, wall_ns, "
+                    f"{window_fields_sql('j')} FROM (SELECT {ORDER}, wall_ns, {window_json_sql()} AS j FROM windows "
+                    f"WHERE {self.where} AND rank = {int(r)})) ORDER BY {ORDER}"):
+                for row in batch:
+                    window(row[0], row[1], row[2], row[3:])
 
     def windows_at(self, flagged: set[tuple[int, int, int]]) -> list[Window]:
         """The (unmerged) report windows of these (rank, first step, last step)s, as ``_Collector.windows_at``: of
