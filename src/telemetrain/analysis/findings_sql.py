@@ -26,7 +26,7 @@ from .findings.thresholds import DEFAULT_THRESHOLDS, Thresholds
 from .findings.values import _candidate, selected_spikes, spike_points_sql, value_kind
 
 __all__ = ["WINDOW_POINT_KEYS", "candidates_sql", "feed_memory_series_sql", "feed_value_series_sql",
-           "gauges_relation", "window_fields_sql", "window_json_sql", "window_values_sql"]
+           "gauges_relation", "rank_groups", "window_fields_sql", "window_json_sql", "window_values_sql"]
 
 BLOCK_LINES = 2048  # the spike pre-filter's blocks: a series' points within this many lines of a segment
 EXACT_AT_ONCE = 1 << 20  # flagged points up to which the candidates of every rank are found in one query
@@ -237,6 +237,23 @@ def gauges_relation(table: str, key: str, where: str) -> str:
             f"wall_ns, value FROM {table} WHERE {where} AND value_bool IS NULL AND value IS NOT NULL AND "
             f"(({key} = '{rss}' AND group_name = 'system') OR "
             f"({key} = '{cuda}' AND starts_with(group_name, 'system.cuda.'))))")
+
+
+REPORTS_AT_ONCE = 65_536  # reports DuckDB sorts in one query (~30 typed attributes each: ~16 MB)
+
+
+def rank_groups(counts: list[tuple[Any, Any]], most: int = REPORTS_AT_ONCE) -> list[str]:
+    """The ranks of ``counts`` ((rank, reports), by rank) as SQL lists of consecutive ranks holding at most ``most``
+    reports together (a rank holding more is alone): the reports are read a group at a time, sorted by DuckDB."""
+    groups: list[list[int]] = []
+    held = 0
+    for rank, n in counts:
+        if not groups or held + int(n) > most:
+            groups.append([])
+            held = 0
+        groups[-1].append(int(rank))
+        held += int(n)
+    return ["(" + ", ".join(map(str, g)) + ")" for g in groups]
 
 
 def window_json_sql(attributes: str = "attributes") -> str:

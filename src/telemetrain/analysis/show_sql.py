@@ -30,6 +30,7 @@ from .findings_sql import (
     feed_memory_series_sql,
     feed_value_series_sql,
     gauges_relation,
+    rank_groups,
     window_fields_sql,
     window_json_sql,
     window_values_sql,
@@ -94,13 +95,14 @@ def feed_builder_sql(builder: InputBuilder, engine: Any, w: str, *, span_tables:
     # rank by rank: DuckDB sorts one rank's reports at a time (their attributes, ~1 KB each, of all ranks at once
     # outgrow its memory on a long run: 8 x 1M is 160,000 of them)
     # (a report's attributes extracted and typed by DuckDB: findings_sql.WINDOW_POINT_KEYS)
-    for (r,) in engine.rows(f"SELECT DISTINCT rank FROM events WHERE {wanted} ORDER BY rank"):
+    for ranks in rank_groups(engine.rows(f"SELECT rank, count(*) FROM events WHERE {wanted} GROUP BY rank "
+                                         "ORDER BY rank")):
         for _, batch in engine.stream(
                 f"SELECT rank, pid, host, wall_ns, text, is_report, {window_values_sql()} FROM (SELECT {ORDER}, "
                 f"host, wall_ns, CASE WHEN is_report THEN NULL ELSE attributes END AS text, is_report, "
                 f"{window_fields_sql('j')} FROM (SELECT {ORDER}, host, wall_ns, attributes, {report} AS is_report, "
                 f"CASE WHEN {report} THEN {window_json_sql()} END AS j FROM events WHERE {wanted} AND "
-                f"rank = {int(r)})) ORDER BY {ORDER}"):
+                f"rank IN {ranks})) ORDER BY {ORDER}"):
             for row in batch:
                 if row[5]:
                     builder.host(row[0], row[2])

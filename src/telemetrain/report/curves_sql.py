@@ -24,21 +24,34 @@ def _user_groups(column: str) -> str:
     return f"({column} NOT IN ({names}) AND NOT starts_with({column}, 'system.'))"
 
 
-def feed_curves(engine: Any, builder: CurveBuilder, metrics: str) -> None:
-    """Feed ``builder`` the user metrics of ``metrics``: a table or subquery of the engine's ``metrics`` rows with
-    their series key ``skey`` (``Engine.series_keys``), already restricted to the ranks wanted.
+def curve_extent_sql() -> str:
+    """SQL aggregates of a series' extent over metric rows (one group per rank and series: ``feed_curves``'s
+    ``extents``): by_step (whether its first point has a step), its first and last step and wall time."""
+    numeric = f"value_bool IS NULL AND value IS NOT NULL AND {_user_groups('group_name')}"
+    return (f"arg_min(step IS NOT NULL, wall_ns) FILTER (WHERE {numeric}) AS c_by_step, min(step) FILTER (WHERE "
+            f"{numeric}) AS c_s0, max(step) FILTER (WHERE {numeric}) AS c_s1, min(wall_ns) FILTER (WHERE {numeric}) "
+            f"AS c_w0, max(wall_ns) FILTER (WHERE {numeric}) AS c_w1")
 
-    Two passes: each series' extent and width (a small table), then the buckets, each point's non-finite test done
-    once (``v``: the value when finite). Of equal maxima the first x is kept, as ``CurveBuilder.add`` keeps it."""
+
+def feed_curves(engine: Any, builder: CurveBuilder, metrics: str, extents: str | None = None) -> None:
+    """Feed ``builder`` the user metrics of ``metrics``: a table or subquery of the engine's ``metrics`` rows with
+    their series key ``skey`` (``Engine.series_keys``), already restricted to the ranks wanted. ``extents``: a table
+    of the same rows' ``curve_extent_sql`` by (group_name, skey, rank), when a pass has made it.
+
+    Two passes: each series' extent and width (a small table; none when ``extents`` is given), then the buckets,
+    each point's non-finite test done once (``v``: the value when finite). Of equal maxima the first x is kept, as
+    ``CurveBuilder.add`` keeps it."""
     cap = 2 * builder.capacity
     width = f"CAST(CASE WHEN span > {cap} THEN pow(2, floor(log2(span / {cap}))) ELSE 1 END AS BIGINT)"
     numeric = f"value_bool IS NULL AND value IS NOT NULL AND {_user_groups('group_name')}"
+    if extents is None:
+        extents = (f"(SELECT group_name, skey, rank, {curve_extent_sql()} FROM {metrics} "
+                   "GROUP BY group_name, skey, rank)")
     engine.execute(f"""CREATE OR REPLACE TEMP TABLE curves_widths AS
 WITH s AS (
-  SELECT rank, group_name AS g, skey AS name, arg_min(step IS NOT NULL, wall_ns) AS by_step,
-         CASE WHEN arg_min(step IS NOT NULL, wall_ns) THEN max(step) - min(step) + 1
-              ELSE (max(wall_ns) - min(wall_ns)) // {WALL_WIDTH_NS} + 1 END AS span
-  FROM {metrics} WHERE {numeric} GROUP BY rank, group_name, skey)
+  SELECT rank, group_name AS g, skey AS name, c_by_step AS by_step,
+         CASE WHEN c_by_step THEN c_s1 - c_s0 + 1 ELSE (c_w1 - c_w0) // {WALL_WIDTH_NS} + 1 END AS span
+  FROM {extents} WHERE c_by_step IS NOT NULL)
 SELECT rank, g, name, by_step, CASE WHEN by_step THEN {width} ELSE {width} * {WALL_WIDTH_NS} END AS w FROM s""")
     query = f"""
 WITH x AS (
