@@ -26,7 +26,8 @@ from .findings.thresholds import DEFAULT_THRESHOLDS, Thresholds
 from .findings.values import _candidate, selected_spikes, spike_points_sql, value_kind
 
 __all__ = ["WINDOW_POINT_KEYS", "candidates_sql", "feed_memory_series_sql", "feed_value_series_sql",
-           "gauges_relation", "rank_groups", "window_fields_sql", "window_json_sql", "window_values_sql"]
+           "gauges_relation", "loop_start_sql", "rank_groups", "reports_relation", "window_fields_sql",
+           "window_json_sql", "window_values_sql"]
 
 BLOCK_LINES = 2048  # the spike pre-filter's blocks: a series' points within this many lines of a segment
 EXACT_AT_ONCE = 1 << 20  # flagged points up to which the candidates of every rank are found in one query
@@ -264,6 +265,13 @@ def window_json_sql(attributes: str = "attributes") -> str:
     return f"json_extract({attributes}, [{paths}])"
 
 
+def loop_start_sql(attributes: str) -> str:
+    """SQL: a report's ``train_iterations_start`` from its JSON text, typed as ``window_fields_sql`` types it."""
+    x = f"json_extract({attributes}, '$.train_iterations_start')"
+    return (f"(CASE WHEN json_type({x}) IN ('BIGINT', 'UBIGINT') THEN TRY_CAST({x} AS BIGINT) "
+            f"WHEN json_type({x}) = 'BOOLEAN' THEN TRY_CAST({x} AS BOOLEAN)::BIGINT END)")
+
+
 def window_fields_sql(j: str) -> str:
     """SQL: the columns ``WINDOW_POINT_KEYS`` from ``j`` (``window_json_sql``'s list), typed as ``window_point`` reads
     them in Python: the step, the window's iterations and the loop's start an integer (a JSON integer; the start
@@ -284,8 +292,17 @@ def window_fields_sql(j: str) -> str:
     return ", ".join(f"{c} AS wp{i}" for i, c in enumerate(out))
 
 
-def window_values_sql() -> str:
+def window_values_sql(alias: str = "") -> str:
     """SQL over ``window_fields_sql``'s columns: the values ``InputBuilder.window_values`` takes (the numbers finite
-    or NULL, as ``window_point`` reads them with ``finite``)."""
-    return ", ".join(f"wp{i}" if key in _INTEGERS else f"CASE WHEN isfinite(wp{i}) THEN wp{i} END"
-                     for i, key in enumerate(WINDOW_POINT_KEYS))
+    or NULL, as ``window_point`` reads them with ``finite``); ``alias``: named ``<alias>0``, ``<alias>1``, ..."""
+    return ", ".join((f"wp{i}" if key in _INTEGERS else f"CASE WHEN isfinite(wp{i}) THEN wp{i} END")
+                     + (f" AS {alias}{i}" if alias else "") for i, key in enumerate(WINDOW_POINT_KEYS))
+
+
+def reports_relation(source: str, where: str) -> str:
+    """The reports of ``source`` (rows with rank, pid, segment, line, wall_ns, host and the JSON ``attributes``)
+    that ``where`` selects, as ``findings_windows_sql.feed_windows_sql`` reads them (v0, v1, ...: the values of
+    ``WINDOW_POINT_KEYS``)."""
+    cols = "rank, pid, segment, line, wall_ns, host"
+    return (f"(SELECT {cols}, {window_values_sql('v')} FROM (SELECT {cols}, {window_fields_sql('j')} FROM "
+            f"(SELECT {cols}, {window_json_sql()} AS j FROM {source} WHERE {where})))")

@@ -35,6 +35,7 @@ from .findings_sql import (
     window_json_sql,
     window_values_sql,
 )
+from .findings_windows_sql import feed_windows_sql
 from .summary import _where
 
 __all__ = ["diagnosis_events_sql", "feed_builder_sql", "findings_builder_sql"]
@@ -95,6 +96,13 @@ def feed_builder_sql(builder: InputBuilder, engine: Any, w: str, *, span_tables:
     # rank by rank: DuckDB sorts one rank's reports at a time (their attributes, ~1 KB each, of all ranks at once
     # outgrow its memory on a long run: 8 x 1M is 160,000 of them)
     # (a report's attributes extracted and typed by DuckDB: findings_sql.WINDOW_POINT_KEYS)
+    counts = engine.rows(f"SELECT rank, count(*) FROM events WHERE {w} AND {report} GROUP BY rank ORDER BY rank")
+    if feed_windows_sql(builder, engine, "events", f"{w} AND {report}", counts, rank_groups(counts)):
+        # a long regular run's reports merged by SQL (findings_windows_sql); the stragglers apart
+        for _, batch in engine.stream(f"SELECT attributes FROM events WHERE {w} AND {straggler} ORDER BY {ORDER}"):
+            for (text,) in batch:
+                builder.straggler(_attributes(text))
+        wanted = "false"
     for ranks in rank_groups(engine.rows(f"SELECT rank, count(*) FROM events WHERE {wanted} GROUP BY rank "
                                          "ORDER BY rank")):
         for _, batch in engine.stream(
@@ -150,13 +158,15 @@ def findings_builder_sql(engine: Any, run: Run) -> InputBuilder:
     report = f"group_name = '{REPORT[0]}' AND name = '{REPORT[1]}'"
     # the builder's time origin (its first record: the earliest numeric metric or report) and each rank's host (of
     # its first numeric metric or report, in the Python path's order), set before the rows are fed
-    first, = engine.rows(f"SELECT min(lo) FROM (SELECT min(wall_ns) AS lo FROM metrics WHERE {w} AND {number} "
-                         f"UNION ALL SELECT min(wall_ns) FROM events WHERE {w} AND {report})")[0]
+    # (one pass: within a rank, the Python path's order is (pid, segment, line))
+    firsts = engine.rows(
+        f"SELECT rank, arg_min(host, (pid, segment, line)), min(wall_ns) FROM (SELECT {ORDER}, host, wall_ns FROM "
+        f"metrics WHERE {w} AND {number} UNION ALL SELECT {ORDER}, host, wall_ns FROM events WHERE {w} AND {report}) "
+        "GROUP BY rank")
+    first = min((f for _, _, f in firsts if f is not None), default=None)
     if first is not None:
         builder.seen(int(first))
-    for rank, host in engine.rows(
-            f"SELECT rank, arg_min(host, ({ORDER})) FROM (SELECT {ORDER}, host FROM metrics WHERE {w} AND {number} "
-            f"UNION ALL SELECT {ORDER}, host FROM events WHERE {w} AND {report}) GROUP BY rank"):
+    for rank, host, _ in firsts:
         builder.host(int(rank), str(host))
     feed_builder_sql(builder, engine, w, span_tables=("span_starts", "span_ends"), stats=True)
     metric = builder.metric

@@ -27,6 +27,7 @@ from ..analysis.findings_sql import (
     window_json_sql,
     window_values_sql,
 )
+from ..analysis.findings_windows_sql import feed_windows_sql
 from ..store.codec import untag_nonfinite
 from ..store.engine import Engine
 from ..store.reader import Run
@@ -422,8 +423,11 @@ class SqlCollector(_Collector):
             self.inputs.origin(self.first_ns)  # build_model's start (unless an agent's record is earlier)
         # rank by rank: DuckDB sorts one rank's reports at a time (all ranks' attributes at once outgrow its memory);
         # ranks together while they hold few reports (a query per rank costs a scan of the reports each)
-        for ranks in rank_groups(self.engine.rows(
-                f"SELECT rank, count(*) FROM windows WHERE {self.where} GROUP BY rank ORDER BY rank")):
+        counts = self.engine.rows(f"SELECT rank, count(*) FROM windows WHERE {self.where} GROUP BY rank ORDER BY rank")
+        groups = rank_groups(counts)
+        if feed_windows_sql(self.inputs, self.engine, "windows", self.where, counts, groups):
+            return  # a long regular run: merged by SQL (findings_windows_sql), as the builder would merge it
+        for ranks in groups:
             for _, batch in self.engine.stream(
                     f"SELECT rank, pid, wall_ns, {window_values_sql()} FROM (SELECT {ORDER}, wall_ns, "
                     f"{window_fields_sql('j')} FROM (SELECT {ORDER}, wall_ns, {window_json_sql()} AS j FROM windows "

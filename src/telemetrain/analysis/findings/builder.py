@@ -186,6 +186,19 @@ class InputBuilder:
         self._hold(key, rank, wall_ns, window_point_of_values(rank, values, warmup=warmup,
                                                               time_s=(wall_ns - origin) / 1e9))
 
+    def origin_ns(self) -> int | None:
+        """The time origin the reports' ``time_s`` are taken from as they are fed."""
+        return self._origin if self._origin is not None else self._first_ns
+
+    def put_loop(self, key: tuple[int, int, Any], rank: int, warmup: tuple[int, WindowPoint] | None,
+                 windows: list[tuple[int, WindowPoint]], positions: int, steady: int | None) -> None:
+        """A training loop's windows merged by another engine at the store's level (``findings_windows_sql``), as
+        feeding its ``positions`` reports after the warm-up would hold them; ``steady``: the wall time of its
+        earliest report with a usable mean after the warm-up."""
+        self._store.put_loop(key, rank, warmup, windows, positions)
+        if steady is not None and (self._steady is None or steady < self._steady):
+            self._steady = steady
+
     def _hold(self, key: tuple[int, int, Any], rank: int, wall_ns: int, w: WindowPoint | None) -> None:
         if self.limit is not None:
             self._loops.add(key)
