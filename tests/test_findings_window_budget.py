@@ -367,3 +367,140 @@ def test_odd_report_attributes_make_the_same_windows_on_both_readers(tmp_path: P
             sql = findings_builder_sql(engine, open_run(run_dir)).build().windows
         assert sql == python.build().windows, compacted
     assert 30 < len(sql) < 60  # some reports made no window, most did
+
+
+def test_a_sql_readers_typed_values_make_the_window_the_attributes_make() -> None:
+    """``window_point_of_values`` (a SQL reader's row: ``findings_sql.window_fields_sql`` then ``window_values_sql``,
+    no mapping per report) makes the window ``window_point`` makes of the same attributes: device or host phases,
+    communication waits, missing, non-finite and mistyped figures."""
+    duckdb = pytest.importorskip("duckdb")
+    import json
+
+    from telemetrain.analysis.findings.builder import WINDOW_POINT_KEYS, window_point_of_values
+    from telemetrain.analysis.findings_sql import window_fields_sql, window_json_sql, window_values_sql
+    from telemetrain.store.codec import untag_nonfinite
+
+    rng = random.Random(3)
+    odd: list[object] = [None, True, "0.1", [1], math.nan, math.inf, 0, -1, 2.5, 2**40]
+    texts = []
+    for k in range(400):
+        a: dict[str, object] = dict(report(k * 10 + 9, 10, 0.1 + 0.001 * k))
+        for key in rng.sample(WINDOW_POINT_KEYS, rng.randrange(0, 12)):
+            a[key] = rng.choice(odd) if rng.random() < 0.4 else rng.random() * 0.1
+        if rng.random() < 0.2:
+            del a["avg_iteration_time_sec"]
+        texts.append(json.dumps({k: ({"$float": repr(v).replace("nan", "NaN").replace("inf", "Infinity")}
+                                     if isinstance(v, float) and not math.isfinite(v) else v)
+                                 for k, v in a.items()}))
+    con = duckdb.connect()
+    con.execute("CREATE TABLE r (i INTEGER, attributes VARCHAR)")
+    con.executemany("INSERT INTO r VALUES (?, ?)", list(enumerate(texts)))
+    rows = con.execute(f"SELECT i, {window_values_sql()} FROM (SELECT i, {window_fields_sql('j')} FROM "
+                       f"(SELECT i, {window_json_sql()} AS j FROM r)) ORDER BY i").fetchall()
+    made = 0
+    for (i, *values), text in zip(rows, texts, strict=True):
+        expected = window_point(3, untag_nonfinite(json.loads(text)), warmup=i % 5 == 0, time_s=i / 7)
+        assert window_point_of_values(3, values, warmup=i % 5 == 0, time_s=i / 7) == expected, text
+        made += expected is not None and expected.phase_clock == "device"
+    assert made > 20  # device-clocked windows among them
+
+
+def test_the_level_of_regular_loops_follows_from_their_counts() -> None:
+    """``WindowStore.regular_level`` (the level from each loop's report count, for loops whose reports all join) is
+    the level the store reaches when fed those reports one by one, in that order."""
+    rng = random.Random(5)
+    for trial in range(60):
+        budget, floor = rng.choice([(8, 1), (20, 2), (50, 4), (100, 3)])
+        counts = [0, 1, 2, 7, 30, 64, 65, 200, 333]
+        loops = [(rng.randrange(0, 5), rng.choice(counts)) for _ in range(rng.randrange(1, 9))]
+        loops.sort(key=lambda x: x[0])  # rank by rank, as the readers feed them
+        store = WindowStore(budget, floor)
+        for pid, (rank, n) in enumerate(loops):
+            feed(store, loop(rank, n + 1), pid=pid)
+        assert WindowStore(budget, floor).regular_level(loops) == store.level, (trial, budget, floor, loops)
+
+
+def _sql_reports(loops: list[tuple[int, int, int, list[list[object]]]]) -> object:
+    """A DuckDB table ``reps`` of reports (rank, pid, segment, line, wall_ns, host, attributes: JSON text): loops
+    as (rank, pid, start, values), values in ``WINDOW_POINT_KEYS``' order (None: no such attribute)."""
+    duckdb = pytest.importorskip("duckdb")
+    import json
+
+    from telemetrain.analysis.findings.builder import WINDOW_POINT_KEYS
+
+    con = duckdb.connect()
+    con.execute("CREATE TABLE reps (rank BIGINT, pid BIGINT, segment BIGINT, line BIGINT, wall_ns BIGINT, "
+                "host VARCHAR, attributes VARCHAR)")
+    rows = []
+    for rank, pid, _, reports in loops:
+        for k, v in enumerate(reports):
+            text = json.dumps({key: x for key, x in zip(WINDOW_POINT_KEYS, v, strict=True) if x is not None})
+            rows.append((rank, pid, k // 7, len(rows), 10**9 * (rank + 1) + 10**6 * len(rows), f"h{rank}", text))
+    con.executemany("INSERT INTO reps VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+    return con
+
+
+def test_windows_merged_by_sql_are_the_stores_to_the_last_bit() -> None:
+    """``findings_windows_sql.feed_windows_sql`` (DuckDB merges a regular run's windows, pairwise per level) holds
+    the windows the store holds when fed the same reports one by one: iteration-weighted means, unknown figures,
+    device and host clocks, restarts, partial last blocks, a lone last report; and declines an irregular run."""
+    pytest.importorskip("duckdb")
+    import json
+
+    from telemetrain.analysis.findings.builder import WINDOW_POINT_KEYS
+    from telemetrain.analysis.findings_sql import rank_groups
+    from telemetrain.analysis.findings_windows_sql import feed_windows_sql
+    from test_findings_spikes import Connection
+
+    nkeys = len(WINDOW_POINT_KEYS)
+    rng = random.Random(11)
+
+    def loop_reports(count: int, device: bool, start: int) -> list[list[object]]:
+        out, step = [], start - 1
+        for _ in range(count):
+            n = rng.randrange(1, 60)
+            step += n
+            v: list[object] = [None] * nkeys
+            v[0], v[1], v[2], v[3] = step, n, start, rng.uniform(0.05, 0.2)
+            v[4] = rng.uniform(0.2, 0.5)
+            v[5] = None if rng.random() < 0.05 else rng.uniform(0.05, 0.2)
+            v[6], v[7], v[8] = n * 0.1 + rng.random(), rng.random() / 10, None if rng.random() < 0.02 else rng.random()
+            v[9] = rng.uniform(0, 0.01)
+            if device:
+                v[10] = None if rng.random() < 0.1 else rng.uniform(0.05, 0.2)
+                for i in (11, 13, 14):
+                    v[i] = rng.uniform(0.001, 0.05)
+            for i in (17, 19, 20, 21):
+                v[i] = rng.uniform(0.001, 0.05)
+            v[23] = v[29] = rng.uniform(0, 0.003)
+            out.append(v)
+        return out
+
+    for trial in range(6):
+        loops = []
+        for rank in range(3):
+            for pid in range(rng.choice([1, 1, 2])):
+                loops.append((rank, 100 + pid, 0, loop_reports(rng.randrange(150, 420), rng.random() < 0.4, 1)))
+        if trial == 5:  # a gap: declined, fed report by report
+            loops[0][3][50][0] = int(loops[0][3][50][0]) + 5  # type: ignore[call-overload]
+            for v in loops[0][3][51:]:
+                v[0] = int(v[0]) + 5  # type: ignore[call-overload]
+        con = _sql_reports(loops)
+        budget = rng.choice([100, 200, 500])
+        python = InputBuilder(window_budget=budget)
+        python.origin(0)
+        ordered = con.execute("SELECT * FROM reps ORDER BY rank, pid, segment, line")  # type: ignore[attr-defined]
+        for rank, pid, _, _, wall, _, text in ordered.fetchall():
+            python.window(rank, pid, wall, json.loads(text))  # the pure-Python reader's path
+        sql = InputBuilder(window_budget=budget)
+        sql.origin(0)
+        counts = con.execute("SELECT rank, count(*) FROM reps GROUP BY rank ORDER BY rank").fetchall()
+        took = feed_windows_sql(sql, Connection(con), "reps", "true", counts, rank_groups(counts, 400))
+        assert took == (trial != 5)
+        if not took:
+            continue
+        assert python._store.level >= 1 and sql._store.level == python._store.level
+        assert sql.steady_ns() == python.steady_ns()  # (windows_held counts a partial block by its sub-blocks)
+        mine, theirs = sql.build(start_ns=0).windows, python.build(start_ns=0).windows
+        assert mine == theirs
+        assert repr(mine) == repr(theirs)  # (floats to the last bit, -0.0 and key order included)

@@ -23,39 +23,29 @@ from .findings.builder import CUDA_ALLOCATED, RSS, WINDOW_POINT_KEYS, InputBuild
 from .findings.inputs import SpikeSelection, ValueSeries
 from .findings.memory import MAX_POINTS, thin_indices
 from .findings.thresholds import DEFAULT_THRESHOLDS, Thresholds
-from .findings.values import selected_spikes, spike_candidates_sql, spike_points_sql, value_kind
+from .findings.values import _candidate, selected_spikes, spike_points_sql, value_kind
 
-__all__ = ["WINDOW_POINT_KEYS", "feed_memory_series_sql", "feed_value_series_sql", "gauges_relation",
-           "window_fields_sql", "window_json_sql"]
+__all__ = ["WINDOW_POINT_KEYS", "candidates_sql", "feed_memory_series_sql", "feed_value_series_sql",
+           "gauges_relation", "loop_start_sql", "rank_groups", "reports_relation", "window_fields_sql",
+           "window_json_sql", "window_values_sql"]
 
+BLOCK_LINES = 2048  # the spike pre-filter's blocks: a series' points within this many lines of a segment
+EXACT_AT_ONCE = 1 << 20  # flagged points up to which the candidates of every rank are found in one query
 _INTEGERS = WINDOW_POINT_KEYS[:3]  # current_iteration, window_iterations, train_iterations_start
 
 
 def feed_value_series_sql(builder: InputBuilder, engine: Any, relation: str, key: str,
-                          thresholds: Thresholds | None = None) -> int:
+                          thresholds: Thresholds | None = None, *, block_lines: int = BLOCK_LINES) -> int:
     """Give ``builder`` the value series of ``relation`` (columns ``key``, rank, step, value, pid, segment, line;
     the numeric points, non-finite included, of the series ``InputBuilder.metric`` keeps as values): each as the
     points that settle its spikes for ``thresholds``, or whole where those do not. Returns the points given.
 
-    Two passes: the candidates (one window pass over the points, rank by rank: the only sort of every point), then,
-    for the series that have some, their finite points within ``spike_history`` before and twice that after each."""
+    Two passes: the candidates (``candidates_sql``: no sort of every point), then, for the series that have some,
+    their finite points within ``spike_history`` before and twice that after each."""
     th = thresholds if thresholds is not None else DEFAULT_THRESHOLDS
     h = th.spike_history
-    # the series holding NaN/inf: their finite index needs its own window pass (rare)
-    found = engine.rows(f"SELECT {key}, rank, bool_or(NOT isfinite(value)) FROM {relation} GROUP BY ALL")
-    unclean = [(k, rank) for k, rank, bad in found if bad]
-    engine.execute("CREATE OR REPLACE TEMP TABLE findings_unclean (k VARCHAR, rank BIGINT)")
-    if unclean:
-        engine.con.executemany("INSERT INTO findings_unclean VALUES (?, ?)", unclean)
-    series = f"({key}, rank) IN (SELECT k, rank FROM findings_unclean)"
-    # rank by rank: DuckDB sorts one rank's points at a time (64 ranks x 1M steps at once outgrow its memory)
-    queries = [spike_candidates_sql(f"(SELECT * FROM {relation} WHERE rank = {int(r)} AND NOT {series})", key, th)
-               for r in sorted({rank for _, rank, _ in found})]
-    if unclean:
-        those = spike_points_sql(f"(SELECT * FROM {relation} WHERE {series})", key, th)
-        queries.append(f"SELECT k, rank, fi FROM {those} WHERE cand ORDER BY k, rank, fi")
     ranges: list[list[Any]] = []  # [k, rank, first fi, last fi], merged
-    for query in queries:
+    for query in candidates_sql(engine, relation, key, th, block_lines):
         for _, batch in engine.stream(query):
             for k, rank, fi in batch:
                 last = ranges[-1] if ranges else None
@@ -63,7 +53,8 @@ def feed_value_series_sql(builder: InputBuilder, engine: Any, relation: str, key
                     last[3] = fi + 2 * h
                 else:
                     ranges.append([k, rank, max(fi - h, 0), fi + 2 * h])
-    engine.execute("DROP TABLE findings_unclean")
+    engine.execute("DROP TABLE findings_blocks")
+    engine.execute("DROP TABLE findings_needed")
     if not ranges:
         return 0
     engine.execute("CREATE OR REPLACE TEMP TABLE findings_ranges (k VARCHAR, rank BIGINT, a BIGINT, b BIGINT)")
@@ -112,6 +103,68 @@ def feed_value_series_sql(builder: InputBuilder, engine: Any, relation: str, key
         builder.value_series(whole)
         given += len(whole.points)
     return given
+
+
+def candidates_sql(engine: Any, relation: str, key: str, th: Thresholds,
+                   block_lines: int = BLOCK_LINES) -> list[str]:
+    """Queries of the spike candidates (k, rank, fi) of the value series in ``relation`` (``feed_value_series_sql``'s
+    columns), each ordered by (k, rank, fi): exactly those of ``values.spike_candidates_sql`` (and of
+    ``spike_points_sql`` for a series holding NaN/inf), without sorting every point. Leaves the tables
+    ``findings_blocks`` and ``findings_needed`` for the caller to drop.
+
+    **Blocks.** One hash aggregate (no sort) gives each series' blocks, (pid, segment, line // ``block_lines``) in
+    file order: their points, smallest and largest value, and whether one is NaN/inf. A point's ``spike_history``
+    finite predecessors lie in its own block and the ``spike_history`` blocks before it (each holds at least one
+    point), so the smallest value ``b`` of those blocks is at most the point's ``lo`` (``values._candidate``). When
+    ``b > 0`` and the block's largest value is below ``spike_ratio x b`` (loosened by 1e-9 as ``_candidate``
+    loosens it; rounding is monotone), no point of the block can pass ``_candidate``: its ``lo`` is positive and
+    the point below ``spike_ratio x lo``. The other blocks are *flagged*; only they (with the blocks before them that
+    hold their predecessors) are sorted, their points numbered from the points of the blocks before (``fi``), and
+    ``_candidate`` applied as ``spike_candidates_sql`` applies it: in one query for all ranks when they are few,
+    else one rank at a time (as DuckDB sorted every point before, rank by rank: 64 ranks x 1M at once outgrew its
+    memory). A series holding NaN/inf takes ``spike_points_sql`` (its finite index skips them)."""
+    h = th.spike_history
+    ratio = float(th.spike_ratio)
+    engine.execute(f"""CREATE OR REPLACE TEMP TABLE findings_blocks AS
+        SELECT *, bool_or(bad) OVER (PARTITION BY k, rank) AS unclean,
+               sum(n) OVER (PARTITION BY k, rank ORDER BY pid, segment, blk ROWS UNBOUNDED PRECEDING) - n AS off,
+               min(lo) OVER (PARTITION BY k, rank ORDER BY pid, segment, blk ROWS BETWEEN {h} PRECEDING AND CURRENT
+                             ROW) AS bound,
+               row_number() OVER (PARTITION BY k, rank ORDER BY pid, segment, blk) AS b
+        FROM (SELECT {key} AS k, rank, pid, segment, line // {int(block_lines)} AS blk, count(*) AS n,
+                     min(value) AS lo, max(value) AS hi, bool_or(NOT isfinite(value)) AS bad
+              FROM {relation} GROUP BY ALL)""")
+    engine.execute(f"""CREATE OR REPLACE TEMP TABLE findings_blocks AS
+        SELECT *, NOT unclean AND (bound <= 0 OR hi >= {ratio!r} * bound * (1 - 1e-9)) AS flagged
+        FROM findings_blocks""")
+    # the flagged blocks and the spike_history blocks before each (their points are the flagged ones' predecessors)
+    engine.execute(f"""CREATE OR REPLACE TEMP TABLE findings_needed AS
+        SELECT DISTINCT x.k, x.rank, x.pid, x.segment, x.blk, x.off, x.flagged FROM findings_blocks x
+        JOIN findings_blocks f ON f.flagged AND x.k = f.k AND x.rank = f.rank AND x.b BETWEEN f.b - {h} AND f.b""")
+    segments = engine.rows("SELECT DISTINCT segment FROM findings_needed ORDER BY ALL LIMIT 65")
+    # (the segments' numbers as constants, for DuckDB to skip the other segments' row groups)
+    only = "" if len(segments) > 64 or any(g is None for g, in segments) else \
+        f" AND segment IN ({', '.join(str(int(g)) for g, in segments)})"
+    exact = f"""SELECT k, rank, fi FROM (
+        SELECT p.k, p.rank, p.value, q.flagged,
+               q.off + row_number() OVER (PARTITION BY p.k, p.rank, p.pid, p.segment, q.blk ORDER BY p.line) - 1 AS fi,
+               min(p.value) OVER (PARTITION BY p.k, p.rank ORDER BY p.pid, p.segment, p.line
+                                  ROWS BETWEEN {h} PRECEDING AND 1 PRECEDING) AS lo
+        FROM (SELECT {key} AS k, rank, value, pid, segment, line, line // {int(block_lines)} AS blk FROM {relation}
+              WHERE rank IN {{ranks}}{only}) p
+        JOIN findings_needed q ON p.k = q.k AND p.rank = q.rank AND p.pid IS NOT DISTINCT FROM q.pid
+          AND p.segment IS NOT DISTINCT FROM q.segment AND p.blk IS NOT DISTINCT FROM q.blk)
+        WHERE flagged AND {_candidate(th)} ORDER BY k, rank, fi"""
+    those = f"(SELECT * FROM {relation} WHERE ({key}, rank) IN (SELECT k, rank FROM findings_blocks WHERE unclean))"
+    unclean = f"SELECT k, rank, fi FROM {spike_points_sql(those, key, th)} WHERE cand ORDER BY k, rank, fi"
+    flagged = engine.rows("SELECT rank, sum(n) FROM findings_blocks WHERE flagged GROUP BY rank ORDER BY rank")
+    if sum(int(n) for _, n in flagged) <= EXACT_AT_ONCE:  # few: one scan for all ranks
+        queries = [exact.replace("{ranks}", "(" + ", ".join(str(int(r)) for r, _ in flagged) + ")")] if flagged else []
+    else:  # many (a series where most points are candidates): one rank at a time
+        queries = [exact.replace("{ranks}", f"({int(r)})") for r, _ in flagged]
+    if engine.rows("SELECT bool_or(unclean) FROM findings_blocks")[0][0]:
+        queries.append(unclean)
+    return queries
 
 
 def _whole(engine: Any, relation: str, key: str, name: str, rank: int) -> list[tuple[int, float]]:
@@ -187,12 +240,36 @@ def gauges_relation(table: str, key: str, where: str) -> str:
             f"({key} = '{cuda}' AND starts_with(group_name, 'system.cuda.'))))")
 
 
+REPORTS_AT_ONCE = 65_536  # reports DuckDB sorts in one query (~30 typed attributes each: ~16 MB)
+
+
+def rank_groups(counts: list[tuple[Any, Any]], most: int = REPORTS_AT_ONCE) -> list[str]:
+    """The ranks of ``counts`` ((rank, reports), by rank) as SQL lists of consecutive ranks holding at most ``most``
+    reports together (a rank holding more is alone): the reports are read a group at a time, sorted by DuckDB."""
+    groups: list[list[int]] = []
+    held = 0
+    for rank, n in counts:
+        if not groups or held + int(n) > most:
+            groups.append([])
+            held = 0
+        groups[-1].append(int(rank))
+        held += int(n)
+    return ["(" + ", ".join(map(str, g)) + ")" for g in groups]
+
+
 def window_json_sql(attributes: str = "attributes") -> str:
     """SQL: the values of ``WINDOW_POINT_KEYS`` (``findings.builder``: what the findings engine reads of a report)
     in the JSON text ``attributes``, one extraction (a list of JSON values, for ``window_fields_sql``); a report's
     JSON (~30 attributes, ~1.5 KB) is not decoded in Python."""
     paths = ", ".join(f"'$.{k}'" for k in WINDOW_POINT_KEYS)
     return f"json_extract({attributes}, [{paths}])"
+
+
+def loop_start_sql(attributes: str) -> str:
+    """SQL: a report's ``train_iterations_start`` from its JSON text, typed as ``window_fields_sql`` types it."""
+    x = f"json_extract({attributes}, '$.train_iterations_start')"
+    return (f"(CASE WHEN json_type({x}) IN ('BIGINT', 'UBIGINT') THEN TRY_CAST({x} AS BIGINT) "
+            f"WHEN json_type({x}) = 'BOOLEAN' THEN TRY_CAST({x} AS BOOLEAN)::BIGINT END)")
 
 
 def window_fields_sql(j: str) -> str:
@@ -212,4 +289,20 @@ def window_fields_sql(j: str) -> str:
                        "END)")
         else:
             out.append(json_double(x))
-    return ", ".join(out)
+    return ", ".join(f"{c} AS wp{i}" for i, c in enumerate(out))
+
+
+def window_values_sql(alias: str = "") -> str:
+    """SQL over ``window_fields_sql``'s columns: the values ``InputBuilder.window_values`` takes (the numbers finite
+    or NULL, as ``window_point`` reads them with ``finite``); ``alias``: named ``<alias>0``, ``<alias>1``, ..."""
+    return ", ".join((f"wp{i}" if key in _INTEGERS else f"CASE WHEN isfinite(wp{i}) THEN wp{i} END")
+                     + (f" AS {alias}{i}" if alias else "") for i, key in enumerate(WINDOW_POINT_KEYS))
+
+
+def reports_relation(source: str, where: str) -> str:
+    """The reports of ``source`` (rows with rank, pid, segment, line, wall_ns, host and the JSON ``attributes``)
+    that ``where`` selects, as ``findings_windows_sql.feed_windows_sql`` reads them (v0, v1, ...: the values of
+    ``WINDOW_POINT_KEYS``)."""
+    cols = "rank, pid, segment, line, wall_ns, host"
+    return (f"(SELECT {cols}, {window_values_sql('v')} FROM (SELECT {cols}, {window_fields_sql('j')} FROM "
+            f"(SELECT {cols}, {window_json_sql()} AS j FROM {source} WHERE {where})))")

@@ -27,13 +27,15 @@ from .findings.builder import (
     value_series_kind,
 )
 from .findings_sql import (
-    WINDOW_POINT_KEYS,
     feed_memory_series_sql,
     feed_value_series_sql,
     gauges_relation,
+    rank_groups,
     window_fields_sql,
     window_json_sql,
+    window_values_sql,
 )
+from .findings_windows_sql import feed_windows_sql
 from .summary import _where
 
 __all__ = ["diagnosis_events_sql", "feed_builder_sql", "findings_builder_sql"]
@@ -94,19 +96,27 @@ def feed_builder_sql(builder: InputBuilder, engine: Any, w: str, *, span_tables:
     # rank by rank: DuckDB sorts one rank's reports at a time (their attributes, ~1 KB each, of all ranks at once
     # outgrow its memory on a long run: 8 x 1M is 160,000 of them)
     # (a report's attributes extracted and typed by DuckDB: findings_sql.WINDOW_POINT_KEYS)
-    keys = WINDOW_POINT_KEYS
-    for (r,) in engine.rows(f"SELECT DISTINCT rank FROM events WHERE {wanted} ORDER BY rank"):
+    counts = engine.rows(f"SELECT rank, count(*) FROM events WHERE {w} AND {report} GROUP BY rank ORDER BY rank")
+    if feed_windows_sql(builder, engine, "events", f"{w} AND {report}", counts, rank_groups(counts)):
+        # a long regular run's reports merged by SQL (findings_windows_sql); the stragglers apart
+        for _, batch in engine.stream(f"SELECT attributes FROM events WHERE {w} AND {straggler} ORDER BY {ORDER}"):
+            for (text,) in batch:
+                builder.straggler(_attributes(text))
+        wanted = "false"
+    for ranks in rank_groups(engine.rows(f"SELECT rank, count(*) FROM events WHERE {wanted} GROUP BY rank "
+                                         "ORDER BY rank")):
         for _, batch in engine.stream(
-                f"SELECT rank, pid, host, wall_ns, CASE WHEN is_report THEN NULL ELSE attributes END, is_report, "
+                f"SELECT rank, pid, host, wall_ns, text, is_report, {window_values_sql()} FROM (SELECT {ORDER}, "
+                f"host, wall_ns, CASE WHEN is_report THEN NULL ELSE attributes END AS text, is_report, "
                 f"{window_fields_sql('j')} FROM (SELECT {ORDER}, host, wall_ns, attributes, {report} AS is_report, "
                 f"CASE WHEN {report} THEN {window_json_sql()} END AS j FROM events WHERE {wanted} AND "
-                f"rank = {int(r)}) ORDER BY {ORDER}"):
-            for rank, pid, host, wall, text, is_report, *values in batch:
-                if is_report:
-                    builder.host(rank, host)
-                    builder.window(rank, pid, wall, dict(zip(keys, values, strict=True)))
+                f"rank IN {ranks})) ORDER BY {ORDER}"):
+            for row in batch:
+                if row[5]:
+                    builder.host(row[0], row[2])
+                    builder.window_values(row[0], row[1], row[3], row[6:])
                 else:
-                    builder.straggler(_attributes(text))
+                    builder.straggler(_attributes(row[4]))
     crash = "(" + ", ".join(f"'{n}'" for n in sorted(span_names)) + ")"
     parts = " UNION ALL ".join(
         f"SELECT '{'span_start' if table == 'span_starts' else 'span_end'}' AS kind, {ORDER}, host, name, span_id, "
@@ -148,13 +158,15 @@ def findings_builder_sql(engine: Any, run: Run) -> InputBuilder:
     report = f"group_name = '{REPORT[0]}' AND name = '{REPORT[1]}'"
     # the builder's time origin (its first record: the earliest numeric metric or report) and each rank's host (of
     # its first numeric metric or report, in the Python path's order), set before the rows are fed
-    first, = engine.rows(f"SELECT min(lo) FROM (SELECT min(wall_ns) AS lo FROM metrics WHERE {w} AND {number} "
-                         f"UNION ALL SELECT min(wall_ns) FROM events WHERE {w} AND {report})")[0]
+    # (one pass: within a rank, the Python path's order is (pid, segment, line))
+    firsts = engine.rows(
+        f"SELECT rank, arg_min(host, (pid, segment, line)), min(wall_ns) FROM (SELECT {ORDER}, host, wall_ns FROM "
+        f"metrics WHERE {w} AND {number} UNION ALL SELECT {ORDER}, host, wall_ns FROM events WHERE {w} AND {report}) "
+        "GROUP BY rank")
+    first = min((f for _, _, f in firsts if f is not None), default=None)
     if first is not None:
         builder.seen(int(first))
-    for rank, host in engine.rows(
-            f"SELECT rank, arg_min(host, ({ORDER})) FROM (SELECT {ORDER}, host FROM metrics WHERE {w} AND {number} "
-            f"UNION ALL SELECT {ORDER}, host FROM events WHERE {w} AND {report}) GROUP BY rank"):
+    for rank, host, _ in firsts:
         builder.host(int(rank), str(host))
     feed_builder_sql(builder, engine, w, span_tables=("span_starts", "span_ends"), stats=True)
     metric = builder.metric

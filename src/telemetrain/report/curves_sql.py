@@ -24,32 +24,46 @@ def _user_groups(column: str) -> str:
     return f"({column} NOT IN ({names}) AND NOT starts_with({column}, 'system.'))"
 
 
-def feed_curves(engine: Any, builder: CurveBuilder, metrics: str) -> None:
+def curve_extent_sql() -> str:
+    """SQL aggregates of a series' extent over metric rows (one group per rank and series: ``feed_curves``'s
+    ``extents``): by_step (whether its first point has a step), its first and last step and wall time."""
+    numeric = f"value_bool IS NULL AND value IS NOT NULL AND {_user_groups('group_name')}"
+    return (f"arg_min(step IS NOT NULL, wall_ns) FILTER (WHERE {numeric}) AS c_by_step, min(step) FILTER (WHERE "
+            f"{numeric}) AS c_s0, max(step) FILTER (WHERE {numeric}) AS c_s1, min(wall_ns) FILTER (WHERE {numeric}) "
+            f"AS c_w0, max(wall_ns) FILTER (WHERE {numeric}) AS c_w1")
+
+
+def feed_curves(engine: Any, builder: CurveBuilder, metrics: str, extents: str | None = None) -> None:
     """Feed ``builder`` the user metrics of ``metrics``: a table or subquery of the engine's ``metrics`` rows with
-    their series key ``skey`` (``Engine.series_keys``), already restricted to the ranks wanted."""
+    their series key ``skey`` (``Engine.series_keys``), already restricted to the ranks wanted. ``extents``: a table
+    of the same rows' ``curve_extent_sql`` by (group_name, skey, rank), when a pass has made it.
+
+    Two passes: each series' extent and width (a small table; none when ``extents`` is given), then the buckets,
+    each point's non-finite test done once (``v``: the value when finite). Of equal maxima the first x is kept, as
+    ``CurveBuilder.add`` keeps it."""
     cap = 2 * builder.capacity
-    width = (f"CAST(CASE WHEN span > {cap} THEN pow(2, floor(log2(span / {cap}))) ELSE 1 END AS BIGINT)"
-             )
+    width = f"CAST(CASE WHEN span > {cap} THEN pow(2, floor(log2(span / {cap}))) ELSE 1 END AS BIGINT)"
+    numeric = f"value_bool IS NULL AND value IS NOT NULL AND {_user_groups('group_name')}"
+    if extents is None:
+        extents = (f"(SELECT group_name, skey, rank, {curve_extent_sql()} FROM {metrics} "
+                   "GROUP BY group_name, skey, rank)")
+    engine.execute(f"""CREATE OR REPLACE TEMP TABLE curves_widths AS
+WITH s AS (
+  SELECT rank, group_name AS g, skey AS name, c_by_step AS by_step,
+         CASE WHEN c_by_step THEN c_s1 - c_s0 + 1 ELSE (c_w1 - c_w0) // {WALL_WIDTH_NS} + 1 END AS span
+  FROM {extents} WHERE c_by_step IS NOT NULL)
+SELECT rank, g, name, by_step, CASE WHEN by_step THEN {width} ELSE {width} * {WALL_WIDTH_NS} END AS w FROM s""")
     query = f"""
-WITH m AS (
-  SELECT rank, group_name AS g, skey AS name, step, value, wall_ns, unit FROM {metrics}
-  WHERE value_bool IS NULL AND value IS NOT NULL AND {_user_groups('group_name')}),
-s AS (
-  SELECT rank, g, name, arg_min(step IS NOT NULL, wall_ns) AS by_step,
-         CASE WHEN arg_min(step IS NOT NULL, wall_ns) THEN max(step) - min(step) + 1
-              ELSE (max(wall_ns) - min(wall_ns)) // {WALL_WIDTH_NS} + 1 END AS span
-  FROM m GROUP BY rank, g, name),
-x AS (
-  SELECT m.rank, m.g, m.name, s.by_step, m.value, m.wall_ns, m.unit,
-         CASE WHEN s.by_step THEN m.step ELSE m.wall_ns END AS x,
-         CASE WHEN s.by_step THEN {width} ELSE {width} * {WALL_WIDTH_NS} END AS w
-  FROM m JOIN s ON m.rank = s.rank AND m.g = s.g AND m.name = s.name
+WITH x AS (
+  SELECT m.rank, s.g, s.name, s.by_step, s.w, m.wall_ns, m.unit,
+         CASE WHEN isfinite(m.value) THEN m.value END AS v,
+         CASE WHEN s.by_step THEN m.step ELSE m.wall_ns END AS x
+  FROM (SELECT * FROM {metrics} WHERE {numeric}) m
+  JOIN curves_widths s ON m.rank = s.rank AND m.group_name = s.g AND m.skey = s.name
   WHERE NOT s.by_step OR m.step IS NOT NULL)
 SELECT rank, g, name, by_step, (x // w) * w AS x0,
-       count(*) FILTER (WHERE isfinite(value)), coalesce(fsum(value) FILTER (WHERE isfinite(value)), 0.0),
-       min(value) FILTER (WHERE isfinite(value)), max(value) FILTER (WHERE isfinite(value)),
-       arg_max(x, value) FILTER (WHERE isfinite(value)),
-       count(*) FILTER (WHERE NOT isfinite(value)), min(x) FILTER (WHERE NOT isfinite(value)),
+       count(v), coalesce(fsum(v), 0.0), min(v), max(v), arg_max(x, CASE WHEN v IS NOT NULL THEN (v, -x) END),
+       count(*) - count(v), min(x) FILTER (WHERE v IS NULL),
        max(wall_ns), fsum(x::DOUBLE), count(*), min(wall_ns), max(unit)
 FROM x GROUP BY rank, g, name, by_step, x0 ORDER BY rank, g, name, x0"""
     add = builder.add_bucket
@@ -58,3 +72,4 @@ FROM x GROUP BY rank, g, name, by_step, x0 ORDER BY rank, g, name, x0"""
             add(int(rank), group, name, bool(by_step), int(x0),
                 [n, float(total), lo if n else 0.0, hi if n else 0.0, hi_x if n else 0, bad, bad_x if bad else 0,
                  wall, float(xsum), xn], int(first), unit or "")
+    engine.execute("DROP TABLE curves_widths")

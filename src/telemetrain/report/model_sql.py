@@ -19,17 +19,19 @@ from ..analysis.findings.builder import GPU_MEMORY_LIMIT, HOST_MEMORY_LIMIT, HOS
 from ..analysis.findings.thresholds import Thresholds
 from ..analysis.findings.values import value_kind
 from ..analysis.findings_sql import (
-    WINDOW_POINT_KEYS,
     feed_memory_series_sql,
     feed_value_series_sql,
     gauges_relation,
+    rank_groups,
     window_fields_sql,
     window_json_sql,
+    window_values_sql,
 )
+from ..analysis.findings_windows_sql import feed_windows_sql
 from ..store.codec import untag_nonfinite
 from ..store.engine import Engine
 from ..store.reader import Run
-from .curves_sql import feed_curves
+from .curves_sql import curve_extent_sql, feed_curves
 from .model import (
     _ENERGY_NAMES,
     ITERATION_CHART_POINTS,
@@ -107,7 +109,9 @@ class SqlCollector(_Collector):
         self._events()
         self._spans_and_problems()
         self._metrics()
-        feed_curves(self.engine, self.curves, self._metrics_keyed())  # the user's metrics, bucketed by SQL
+        # the user's metrics, bucketed by SQL (their extents from _metrics' pass)
+        feed_curves(self.engine, self.curves, self._metrics_keyed(), extents="report_metric_stats")
+        self.engine.execute("DROP TABLE IF EXISTS report_metric_stats")
         self._stats()
         self._diagnostics()
         self._windows()
@@ -251,13 +255,20 @@ class SqlCollector(_Collector):
         # then file order) and the first's unit are then read from the records of that one rank only. A min or max is
         # an int when an int record holds it (the Python pass keeps the type of the first record holding it: they
         # differ only for a series mixing 3 and 3.0 at its extreme).
+        # The pass is per series and rank (each figure a min, max or count, rolled up per series below), and also
+        # gives the curves' extents (``curves_sql.feed_curves``: its first pass, not made again).
         m = self._metrics_keyed()
         plain = "value_bool IS NULL AND isfinite(value)"
+        self.engine.execute(
+            f"""CREATE OR REPLACE TEMP TABLE report_metric_stats AS
+                SELECT group_name, skey, rank, count(*) AS n, min(value) FILTER (WHERE {plain}) AS lo,
+                   min(value_int) FILTER (WHERE {plain}) AS lo_int, max(value) FILTER (WHERE {plain}) AS hi,
+                   max(value_int) FILTER (WHERE {plain}) AS hi_int, min(wall_ns) AS first, max(wall_ns) AS last,
+                   {curve_extent_sql()}
+                FROM {m} GROUP BY group_name, skey, rank""")
         stats = self.rows(
-            f"""SELECT group_name, skey, count(*), min(value) FILTER (WHERE {plain}),
-                   min(value_int) FILTER (WHERE {plain}), max(value) FILTER (WHERE {plain}),
-                   max(value_int) FILTER (WHERE {plain}), max(rank), min(rank), min(wall_ns), max(wall_ns)
-                FROM {m} GROUP BY ALL""")
+            """SELECT group_name, skey, sum(n)::BIGINT, min(lo), min(lo_int), max(hi), max(hi_int), max(rank),
+                   min(rank), min(first), max(last) FROM report_metric_stats GROUP BY ALL""")
         for *_, first, latest in stats:
             self._widen(first, latest)
         self._findings_metrics()
@@ -407,17 +418,22 @@ class SqlCollector(_Collector):
     def _feed_windows(self) -> None:
         """Every report to the findings engine (``InputBuilder.window``), in collection order, with the attributes
         its rules read (``findings_sql.WINDOW_POINT_KEYS``, extracted and typed by DuckDB) and no others."""
-        window = self.inputs.window
+        window = self.inputs.window_values
         if self.first_ns is not None:
             self.inputs.origin(self.first_ns)  # build_model's start (unless an agent's record is earlier)
-        keys = WINDOW_POINT_KEYS
-        # rank by rank: DuckDB sorts one rank's reports at a time (all ranks' attributes at once outgrow its memory)
-        for (r,) in self.engine.rows(f"SELECT DISTINCT rank FROM windows WHERE {self.where} ORDER BY rank"):
+        # rank by rank: DuckDB sorts one rank's reports at a time (all ranks' attributes at once outgrow its memory);
+        # ranks together while they hold few reports (a query per rank costs a scan of the reports each)
+        counts = self.engine.rows(f"SELECT rank, count(*) FROM windows WHERE {self.where} GROUP BY rank ORDER BY rank")
+        groups = rank_groups(counts)
+        if feed_windows_sql(self.inputs, self.engine, "windows", self.where, counts, groups):
+            return  # a long regular run: merged by SQL (findings_windows_sql), as the builder would merge it
+        for ranks in groups:
             for _, batch in self.engine.stream(
-                    f"SELECT rank, pid, wall_ns, {window_fields_sql('j')} FROM (SELECT {ORDER}, wall_ns, "
-                    f"{window_json_sql()} AS j FROM windows WHERE {self.where} AND rank = {int(r)}) ORDER BY {ORDER}"):
-                for rank, pid, wall, *values in batch:
-                    window(rank, pid, wall, dict(zip(keys, values, strict=True)))
+                    f"SELECT rank, pid, wall_ns, {window_values_sql()} FROM (SELECT {ORDER}, wall_ns, "
+                    f"{window_fields_sql('j')} FROM (SELECT {ORDER}, wall_ns, {window_json_sql()} AS j FROM windows "
+                    f"WHERE {self.where} AND rank IN {ranks})) ORDER BY {ORDER}"):
+                for row in batch:
+                    window(row[0], row[1], row[2], row[3:])
 
     def windows_at(self, flagged: set[tuple[int, int, int]]) -> list[Window]:
         """The (unmerged) report windows of these (rank, first step, last step)s, as ``_Collector.windows_at``: of

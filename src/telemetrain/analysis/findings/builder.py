@@ -14,7 +14,7 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
-from ...phase_times import DEVICE, iteration_time, phase_times
+from ...phase_times import DEVICE, HOST, iteration_time, phase_times
 from .inputs import (
     Attempt,
     FindingsInput,
@@ -29,7 +29,7 @@ from .inputs import (
 from .values import value_kind
 from .window_budget import WindowStore
 
-__all__ = ["WINDOW_POINT_KEYS", "InputBuilder", "value_series_kind", "window_point"]
+__all__ = ["WINDOW_POINT_KEYS", "InputBuilder", "value_series_kind", "window_point", "window_point_of_values"]
 
 REPORT = ("training", "training_metrics_update")
 STRAGGLER = ("cross_rank", "straggler")
@@ -57,6 +57,35 @@ def value_series_kind(group: str, name: str) -> str | None:
     if group in _NOT_VALUES or group.startswith("system."):
         return None
     return value_kind(name)  # none of the memory gauges' names is a loss or a gradient norm
+
+
+_DEVICE_PHASES = slice(11, 11 + len(PHASES))  # of WINDOW_POINT_KEYS
+_HOST_PHASES = slice(_DEVICE_PHASES.stop, _DEVICE_PHASES.stop + len(PHASES))
+_WAIT_PHASES = (*PHASES, "other")
+
+
+def window_point_of_values(rank: int, v: Any, *, warmup: bool, time_s: float = 0.0) -> WindowPoint | None:
+    """``window_point`` of a report given as the values of ``WINDOW_POINT_KEYS`` (a sequence, in that order) typed
+    as a SQL reader types them (``findings_sql.window_fields_sql``): the first three an int or None, the rest a
+    finite float or None. The same window as ``window_point`` of those attributes, without a mapping per report."""
+    mean, step = v[3], v[0]
+    if mean is None or mean <= 0 or step is None:
+        return None
+    n = v[1]
+    phases = {p: x for p, x in zip(PHASES, v[_DEVICE_PHASES], strict=True) if x is not None}
+    if phases:
+        clock = DEVICE
+        device_time = v[10]
+        pit = device_time if device_time is not None else mean
+    else:
+        phases = {p: x for p, x in zip(PHASES, v[_HOST_PHASES], strict=True) if x is not None}
+        clock, pit = HOST, None
+    waits = {p: x for p, x in zip(_WAIT_PHASES, v[_HOST_PHASES.stop:], strict=True) if x is not None}
+    return WindowPoint(
+        rank=rank, step=step, iterations=n if n is not None and n > 0 else 1, iteration_time=mean,
+        phases=phases or _NONE, max_iteration_time=v[4], p50=v[5], wall_seconds=v[6], cpu_wait_seconds=v[7],
+        cpu_seconds=v[8], comm_wait=v[9], comm_wait_by_phase=waits or _NONE, warmup=warmup, time_s=time_s,
+        phase_clock=clock, phase_iteration_time=pit)
 
 
 def window_point(rank: int, attributes: Mapping[str, Any], *, warmup: bool,
@@ -144,13 +173,39 @@ class InputBuilder:
         self._seen(wall_ns)
         origin = self._origin if self._origin is not None else self._first_ns
         assert origin is not None
-        w = window_point(rank, attributes, warmup=warmup, time_s=(wall_ns - origin) / 1e9)
+        self._hold(key, rank, wall_ns, window_point(rank, attributes, warmup=warmup, time_s=(wall_ns - origin) / 1e9))
+
+    def window_values(self, rank: int, pid: int, wall_ns: int, values: Any) -> None:
+        """``window`` of a report given as ``window_point_of_values`` takes it (a SQL reader's typed row)."""
+        start = values[2]
+        key = (rank, pid, start if start is not None else -1)
+        warmup = key not in (self._loops if self.limit is not None else self._store)
+        self._seen(wall_ns)
+        origin = self._origin if self._origin is not None else self._first_ns
+        assert origin is not None
+        self._hold(key, rank, wall_ns, window_point_of_values(rank, values, warmup=warmup,
+                                                              time_s=(wall_ns - origin) / 1e9))
+
+    def origin_ns(self) -> int | None:
+        """The time origin the reports' ``time_s`` are taken from as they are fed."""
+        return self._origin if self._origin is not None else self._first_ns
+
+    def put_loop(self, key: tuple[int, int, Any], rank: int, warmup: tuple[int, WindowPoint] | None,
+                 windows: list[tuple[int, WindowPoint]], positions: int, steady: int | None) -> None:
+        """A training loop's windows merged by another engine at the store's level (``findings_windows_sql``), as
+        feeding its ``positions`` reports after the warm-up would hold them; ``steady``: the wall time of its
+        earliest report with a usable mean after the warm-up."""
+        self._store.put_loop(key, rank, warmup, windows, positions)
+        if steady is not None and (self._steady is None or steady < self._steady):
+            self._steady = steady
+
+    def _hold(self, key: tuple[int, int, Any], rank: int, wall_ns: int, w: WindowPoint | None) -> None:
         if self.limit is not None:
             self._loops.add(key)
             self._windows.setdefault(rank, self._deque()).append((wall_ns, w))
             return
         self._store.add(key, rank, wall_ns, w)
-        if w is not None and not warmup and (self._steady is None or wall_ns < self._steady):
+        if w is not None and not w.warmup and (self._steady is None or wall_ns < self._steady):
             self._steady = wall_ns
 
     def metric(self, rank: int, host: str, group: str, name: str, step: int | None, value: Any,

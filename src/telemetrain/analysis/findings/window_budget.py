@@ -36,7 +36,7 @@ from typing import Any
 
 from .inputs import WindowPoint
 
-__all__ = ["MIN_WINDOWS_PER_RANK", "WINDOW_BUDGET", "WindowStore", "merge_windows", "mergeable"]
+__all__ = ["MIN_WINDOWS_PER_RANK", "WINDOW_BUDGET", "WindowStore", "merge_windows", "mergeable", "merged_window"]
 
 WINDOW_BUDGET = 65_536  # windows held for all ranks together, past which they are merged
 MIN_WINDOWS_PER_RANK = 64  # ... but not below this many per rank (past 1,024 ranks the total grows with the ranks)
@@ -122,6 +122,17 @@ class _Sums:
             time_s=self.time_s, phase_clock=self.phase_clock,
             phase_iteration_time=None if self.phase_iteration_time is None else self.phase_iteration_time / n,
             windows=self.windows)
+
+
+def merged_window(w: WindowPoint, sums: Mapping[str, Any]) -> WindowPoint:
+    """The merged window of a block whose ``_Sums`` another engine computed (``findings_sql``'s SQL merge, pairwise as
+    this module's tree merges): ``w``, the block's last window, gives what is not summed (rank, step, time, clock);
+    ``sums`` the figures as ``_Sums`` holds them (iterations, windows, time, phases, max, p50, wall, cpu_wait, cpu,
+    comm, comm_wait_by_phase, phase_iteration_time)."""
+    s = _Sums(w)
+    for name, value in sums.items():
+        setattr(s, name, value)
+    return s.window()
 
 
 def mergeable(a: WindowPoint | _Sums, b: WindowPoint | _Sums) -> bool:
@@ -274,6 +285,55 @@ class WindowStore:
                 loop.tail.insert(0, _Node(level - 1, boundary, left))
             loop.done = done
             self._count(loop.rank, len(done) + 1)
+
+    def put_loop(self, key: Hashable, rank: int, warmup: tuple[int, WindowPoint] | None,
+                 windows: list[tuple[int, WindowPoint]], positions: int) -> None:
+        """A loop whose windows another engine merged at this store's ``level`` (``regular_level``; its reports after
+        the warm-up all usable and each joining the one before): held as ``windows()`` gives them. No ``add`` to this
+        store afterwards (its blocks in progress are not kept)."""
+        self._loops[key] = loop = _Loop(rank)
+        self._ranks.setdefault(rank, []).append(loop)
+        loop.warmup = warmup
+        loop.done = [[0, 0, wall, w] for wall, w in windows]
+        loop.positions = positions
+        self._longest = max(self._longest, positions)
+        self._count(rank, len(windows) + 1)
+
+    def regular_level(self, loops: list[tuple[int, int]]) -> int:
+        """The level this (empty) store reaches when fed, in this order, loops given as (rank, reports after the
+        warm-up) whose reports all have a usable mean and each join the one before (``mergeable``): a complete block
+        is then one piece, so the level follows from the counts alone. Each loop's reports are taken as fed one after
+        another; the store's checks (``add``: at each block completed at the current level) are replayed."""
+        level = 0
+        held, most, longest = 0, 0, 0
+        by_rank: dict[int, int] = {}
+        fed: list[list[int]] = []  # [rank, positions]
+        for rank, n in loops:
+            loop = [rank, 0]
+            fed.append(loop)
+            held += 1
+            by_rank[rank] = by_rank.get(rank, 0) + 1
+            most = max(most, by_rank[rank])
+            pos = 0
+            while True:
+                step = 1 << level
+                pos = (pos // step + 1) * step  # the next report that completes a block at this level
+                if pos > n:
+                    break
+                loop[1] = pos
+                longest = max(longest, pos)
+                held += 1
+                by_rank[rank] += 1
+                most = max(most, by_rank[rank])
+                while held > self.budget and most > self.min_per_rank and (1 << level) < longest:
+                    level += 1
+                    by_rank = {}
+                    for r, p in fed:
+                        by_rank[r] = by_rank.get(r, 0) + (p >> level) + 1
+                    held, most = sum(by_rank.values()), max(by_rank.values())
+            loop[1] = n
+            longest = max(longest, n)
+        return level
 
     def windows(self) -> Iterator[tuple[int, WindowPoint]]:
         """Every window held, rank by rank (in the order first fed), loop by loop: the warm-up window, the complete

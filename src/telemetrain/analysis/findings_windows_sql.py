@@ -1,0 +1,172 @@
+"""The findings engine's report windows merged by SQL (``store.engine``), for ``report`` and ``show``: what
+``findings.window_budget.WindowStore`` holds once every report is fed, without a Python call per report.
+
+A long run's reports (64 ranks x 1M iterations: 1.28 M) pass the window budget and are merged pairwise, in blocks
+of ``2 ** level`` reports of each training loop (``window_budget``'s docstring). Here DuckDB does the merging when the
+run is *regular*: in every loop, each report after the warm-up has a usable mean and joins the one before (steps
+that follow on, the same phases on the same clock, the same communication waits: ``window_budget.mergeable``), and
+each loop's reports are consecutive in the feeding order. Then a complete block is one piece, the level follows from
+the loops' report counts (``WindowStore.regular_level`` replays the store's checks), and each block is the store's
+tree of pairwise merges: DuckDB groups positions ``p >> 1``, then ``p >> 2``, ... up to the level, each group the sum
+of at most two parts (``min + max``: the same IEEE addition as the store's, whichever part comes first), a figure
+unknown in one part unknown in the sum, the slowest iteration the larger. The store's ``_Sums`` then makes each
+window from those sums (``window_budget.merged_window``), a loop's warm-up window and a lone last report as
+``window_point`` makes them. Anything else (a run within the budget, a report without a usable mean after the
+warm-up, a gap, a change of phases, interleaved loops) is fed report by report as before: the same windows either
+way, to the last bit (``tests/test_findings_window_budget.py`` compares both).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..phase_times import DEVICE, HOST
+from .findings.builder import PHASES, WINDOW_POINT_KEYS, InputBuilder, window_point_of_values
+from .findings.window_budget import merged_window
+
+__all__ = ["feed_windows_sql"]
+
+_DEV = [WINDOW_POINT_KEYS.index(f"avg_{p}_device_time_sec") for p in PHASES]
+_HOST = [WINDOW_POINT_KEYS.index(f"avg_{p}_time_sec") for p in PHASES]
+_WAITS = [WINDOW_POINT_KEYS.index(f"avg_{p}_comm_wait_sec") for p in (*PHASES, "other")]
+_WAIT_NAMES = (*PHASES, "other")
+_SUMMED = ["t", *(f"ph{i}" for i in range(len(PHASES))), "p50", "wall", "cwait", "cpu", "comm",
+           *(f"w{i}" for i in range(len(_WAIT_NAMES))), "pit"]
+
+
+def _mask(indices: list[int]) -> str:
+    return " + ".join(f"(CASE WHEN v{i} IS NOT NULL THEN {1 << k} ELSE 0 END)" for k, i in enumerate(indices))
+
+
+def _pair(c: str) -> str:
+    """The sum of a group's one or two parts, unknown when one is."""
+    return f"CASE WHEN count({c}) < count(*) THEN NULL WHEN count(*) = 1 THEN min({c}) ELSE min({c}) + max({c}) END"
+
+
+def feed_windows_sql(builder: InputBuilder, engine: Any, source: str, where: str, counts: list[tuple[Any, Any]],
+                     groups: list[str]) -> bool:
+    """Give ``builder`` the windows of the reports of ``source`` that ``where`` selects (rows with rank, pid, segment,
+    line, wall_ns, host and the JSON ``attributes``; typed by ``findings_sql.reports_relation``) merged by SQL, when
+    the run is regular and past the budget; ``groups``: SQL lists of ranks read together
+    (``findings_sql.rank_groups`` of ``counts``, the reports per rank). False (nothing given) otherwise: the caller
+    feeds the reports one by one.
+
+    The loops' report counts first (the level, were the run regular), then each group of ranks once: its reports
+    typed into a small table, checked, merged; the builder is given the windows only when every loop was regular."""
+    if builder.limit is not None or builder.windows_held() or not counts:
+        return False
+    store = builder._store
+    if sum(int(n) for _, n in counts) <= store.budget:
+        return False  # within the budget: nothing is merged
+    from .findings_sql import loop_start_sql, reports_relation
+
+    reports = reports_relation(source, where)
+    order = engine.rows(f"SELECT rank, pid, coalesce({loop_start_sql('attributes')}, -1) AS start, count(*) - 1, "
+                        f"min((pid, segment, line)) AS o FROM {source} WHERE {where} GROUP BY ALL ORDER BY rank, o")
+    level = store.regular_level([(int(rank), int(n)) for rank, _, _, n, _ in order])
+    if level == 0:
+        return False
+    loops: list[tuple[Any, ...]] = []
+    blocks: dict[tuple[int, int, int], list[tuple[Any, ...]]] = {}
+    raw: dict[tuple[int, int, int, int], tuple[Any, list[Any]]] = {}
+    try:
+        for ranks in groups:
+            engine.execute(f"CREATE OR REPLACE TEMP TABLE findings_reports AS SELECT *, coalesce(v2, -1) AS start, "
+                           f"{N_EFF} AS n FROM {reports} WHERE rank IN {ranks}")
+            mine = _loops(engine)
+            if not all(row[5] for row in mine):
+                return False
+            loops += mine
+            _merge(engine, level, blocks, raw)
+    finally:
+        engine.execute("DROP TABLE IF EXISTS findings_reports")
+    if [(int(r), int(p), int(s), int(n)) for r, p, s, n, *_ in loops] != \
+            [(int(r), int(p), int(s), int(n)) for r, p, s, n, _ in order]:
+        return False  # (the run changed between the queries: a run being written)
+    first = min(int(row[6]) for row in loops)
+    builder.seen(first)
+    origin = builder.origin_ns()
+    assert origin is not None
+    store.level = level
+    for rank, pid, start, n, _, _, _, steady, host in loops:
+        rank, pid, start, n = int(rank), int(pid), int(start), int(n)
+        builder.host(rank, host)
+        wall0, v0 = raw[(rank, pid, start, -1)]
+        w0 = window_point_of_values(rank, v0, warmup=True, time_s=(wall0 - origin) / 1e9)
+        windows = []
+        for _, _, _, pos, count, merged, step, wall, mx, *summed in blocks.get((rank, pid, start), []):
+            time_s = (wall - origin) / 1e9
+            if merged == 1:
+                _, v1 = raw[(rank, pid, start, int(pos))]
+                w1 = window_point_of_values(rank, v1, warmup=False, time_s=time_s)
+                assert w1 is not None
+                windows.append((int(wall), w1))
+                continue
+            by = dict(zip(_SUMMED, summed, strict=True))
+            on_device = by["pit"] is not None
+            last = window_point_of_values(rank, [step, 1, start, 1.0] + [None] * (len(WINDOW_POINT_KEYS) - 4),
+                                          warmup=False, time_s=time_s)
+            assert last is not None
+            figures = {
+                "iterations": int(count), "windows": int(merged), "time": by["t"], "max": mx, "p50": by["p50"],
+                "wall": by["wall"], "cpu_wait": by["cwait"], "cpu": by["cpu"], "comm": by["comm"],
+                "phases": {p: by[f"ph{i}"] for i, p in enumerate(PHASES) if by[f"ph{i}"] is not None},
+                "comm_wait_by_phase": {p: by[f"w{i}"] for i, p in enumerate(_WAIT_NAMES) if by[f"w{i}"] is not None},
+                "phase_iteration_time": by["pit"], "phase_clock": DEVICE if on_device else HOST}
+            windows.append((int(wall), merged_window(last, figures)))
+        builder.put_loop((rank, pid, start), rank, None if w0 is None else (int(wall0), w0), windows, n,
+                         None if steady is None else int(steady))
+    return True
+
+
+N_EFF = "(CASE WHEN v1 > 0 THEN v1 ELSE 1 END)"  # a window's iterations as window_point counts them
+
+
+def _loops(engine: Any) -> list[tuple[Any, ...]]:
+    """The loops of ``findings_reports`` in feeding order: rank, pid, start, reports after the warm-up, the first's
+    place, whether regular, the earliest wall time, the steady state's (``InputBuilder.steady_ns``), the host."""
+    usable = "coalesce(v3 > 0 AND v0 IS NOT NULL, false)"
+    dev, host, waits = _mask(_DEV), _mask(_HOST), _mask(_WAITS)
+    return list(engine.rows(f"""
+        WITH r AS (SELECT rank, pid, start, wall_ns, host, {usable} AS ok, v0, v0 - n + 1 AS first_step,
+                          {dev} AS dm, CASE WHEN ({dev}) > 0 THEN -1 ELSE {host} END AS keys, {waits} AS wm,
+                          row_number() OVER (PARTITION BY rank ORDER BY pid, segment, line) AS ord
+                   FROM findings_reports),
+        s AS (SELECT *, row_number() OVER l - 1 AS seq, lag(v0) OVER l AS prev, lag(dm > 0) OVER l AS prev_dev,
+                     lag(keys) OVER l AS prev_keys, lag(wm) OVER l AS prev_wm, lag(dm) OVER l AS prev_dm
+              FROM r WINDOW l AS (PARTITION BY rank, pid, start ORDER BY ord))
+        SELECT rank, pid, start, count(*) - 1 AS positions, min(ord) AS first_at,
+               bool_and(seq = 0 OR ok) AND bool_and(seq <= 1 OR (first_step = prev + 1 AND (dm > 0) = prev_dev
+                 AND keys = prev_keys AND (keys <> -1 OR dm = prev_dm) AND wm = prev_wm))
+                 AND max(ord) - min(ord) + 1 = count(*) AS regular,
+               min(wall_ns) AS first_wall, min(wall_ns) FILTER (WHERE seq > 0 AND ok) AS steady,
+               arg_min(host, ord) AS host
+        FROM s GROUP BY rank, pid, start ORDER BY rank, first_at"""))
+
+
+def _merge(engine: Any, level: int, blocks: dict[tuple[int, int, int], list[tuple[Any, ...]]],
+           raw: dict[tuple[int, int, int, int], tuple[Any, list[Any]]]) -> None:
+    """The blocks of ``findings_reports`` at ``level`` (their sums) into ``blocks``, by loop; each loop's warm-up
+    report and a lone report of a last block into ``raw`` (position -1: the warm-up)."""
+    dev = _mask(_DEV)
+    phase = ", ".join(f"CASE WHEN dm > 0 THEN v{d} ELSE v{h} END * n AS ph{i}"
+                      for i, (d, h) in enumerate(zip(_DEV, _HOST, strict=True)))
+    wsum = ", ".join(f"v{i} * n AS w{k}" for k, i in enumerate(_WAITS))
+    numbered = ("(SELECT *, row_number() OVER (PARTITION BY rank, pid, start ORDER BY segment, line) - 2 AS pos, "
+                "count(*) OVER (PARTITION BY rank, pid, start) - 1 AS positions FROM findings_reports)")
+    query = f"""(SELECT rank, pid, start, pos, n, 1 AS windows, v0 AS step, wall_ns, v4 AS mx, v3 * n AS t, {phase},
+                    v5 * n AS p50, v6 AS wall, v7 AS cwait, v8 AS cpu, v9 * n AS comm, {wsum},
+                    CASE WHEN dm > 0 THEN coalesce(v10, v3) * n END AS pit
+                 FROM (SELECT *, {dev} AS dm FROM {numbered}) WHERE pos >= 0)"""
+    for lv in range(1, level + 1):
+        sums = ", ".join(f"{_pair(c)} AS {c}" for c in _SUMMED)
+        query = f"""(SELECT rank, pid, start, min(pos) AS pos, sum(n) AS n, sum(windows) AS windows,
+                        arg_max(step, pos) AS step, arg_max(wall_ns, pos) AS wall_ns, max(mx) AS mx, {sums}
+                     FROM {query} GROUP BY rank, pid, start, pos >> {lv})"""
+    for row in engine.rows(f"SELECT * FROM {query} ORDER BY rank, pid, start, pos"):
+        blocks.setdefault((int(row[0]), int(row[1]), int(row[2])), []).append(row)
+    values = ", ".join(f"v{i}" for i in range(len(WINDOW_POINT_KEYS)))
+    for rank, pid, start, pos, wall, *v in engine.rows(
+            f"SELECT rank, pid, start, pos, wall_ns, {values} FROM {numbered} WHERE pos = -1 OR "
+            f"(positions - (positions >> {level} << {level}) = 1 AND pos = positions - 1)"):
+        raw[(int(rank), int(pid), int(start), int(pos))] = (wall, v)
