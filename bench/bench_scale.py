@@ -61,6 +61,24 @@ def log(msg: str) -> None:
 
 # -- writing the runs --------------------------------------------------------------------------------------------------
 
+# one iteration of a writer, its two metrics, a checkpoint every 10,000 and a flush every 5,000 (bench_restarts.py's
+# writer runs it too): the body of a `for step in ...` loop that sets `duration`
+STEP = r"""
+    r.on_training_single_iteration_start(base + now)
+    now += duration
+    r.on_training_single_iteration_end(base + now)
+    metric("loss", 1.0 / (step + 1), step=step)
+    metric("lr", 1e-3, step=step)
+    now += 1.0
+    if (step + 1) % 10_000 == 0:
+        r.on_save_checkpoint_start(step + 1, base + now)
+        r.on_save_checkpoint_success(step + 1, base + now + 1500)
+        r.on_save_checkpoint_end(base + now + 1500)
+        now += 1500.0
+    if step % 5000 == 4999 and not t.flush(timeout=300):  # the producer must not outrun the writer: nothing dropped
+        raise SystemExit("flush timed out")
+"""
+
 WRITER = r"""
 import sys, time
 from telemetrain import Telemetry, identity_from_env
@@ -82,20 +100,7 @@ r.on_train_start(0, start_time_msec=base + now)
 metric = t.metric
 for step in range(iterations):
     duration = step_ms * (1.3 if rank == 1 and step >= iterations // 2 else 1.0)
-    r.on_training_single_iteration_start(base + now)
-    now += duration
-    r.on_training_single_iteration_end(base + now)
-    metric("loss", 1.0 / (step + 1), step=step)
-    metric("lr", 1e-3, step=step)
-    now += 1.0
-    if (step + 1) % 10_000 == 0:
-        r.on_save_checkpoint_start(step + 1, base + now)
-        r.on_save_checkpoint_success(step + 1, base + now + 1500)
-        r.on_save_checkpoint_end(base + now + 1500)
-        now += 1500.0
-    if step % 5000 == 4999 and not t.flush(timeout=300):  # the producer must not outrun the writer: nothing dropped
-        raise SystemExit("flush timed out")
-r.on_train_end(base + now)
+""" + STEP + r"""r.on_train_end(base + now)
 r.on_app_end(base + now + 100)
 dropped = t.health()["dropped"]
 if not t.close(timeout=600) or dropped:
