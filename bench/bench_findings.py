@@ -118,7 +118,7 @@ def _largest(run_dir: Path) -> dict[str, float]:
 
     data = _input(run_dir)
     loose = Thresholds(slowdown_effect=1.0001, slowdown_alpha=0.5, slowdown_min_windows=3, slowdown_noise_z=0.0,
-                       slowdown_min_added_s=0.0, straggler_z=0.0,
+                       slowdown_min_added_s=0.0, slowdown_min_seconds=0.0, straggler_z=0.0,
                        straggler_ratio=1.0001, straggler_min_share=0.0, memory_alpha=0.5, memory_tail_alpha=0.5,
                        memory_min_growth_bytes=0.0, memory_min_growth_fraction=0.0, spike_z=0.0,
                        spike_ratio=1.0001)

@@ -64,7 +64,8 @@ SCENARIOS = {s.name: s for s in (
     Scenario("clean-again", 0, SINGLE),
     Scenario("cpu-hog", 0, {**SINGLE, "HOG_AT": "250", "HOG_PROCS": "2", "HOG_S": "4"}),
     Scenario("slow-checkpoint", 0, {**SINGLE, "CKPT_SLOW_S": "0.1"}),
-    Scenario("mid-run-slowdown", 0, {"STEPS": "600", "SLOW_FROM": "300", "SLOW_FACTOR": "3"},
+    # 400 slow steps: ~3.7 s on a quiet machine, well over the 2 s a slowdown must last (slowdown_min_seconds)
+    Scenario("mid-run-slowdown", 0, {"STEPS": "700", "SLOW_FROM": "300", "SLOW_FACTOR": "3"},
              (Expect("slowdown", "slowdown from step 300", steps_from(290, 310)),)),
     Scenario("leak-spike-nan", 0, {"STEPS": "600", "LEAK_MB": "1", "SPIKE_AT": "200", "NAN_AT": "400",
                                       "SAMPLER_S": "0.05"}, (  # enough RSS samples however fast the job runs

@@ -32,7 +32,9 @@ the series searched; and the iteration time's own ratio over the same steps, whi
   first differences of the log series -- an erratic run needs a larger change;
 - at least ``slowdown_min_added_s`` more per iteration: below a few milliseconds a step's time moves with the
   scheduler's time slices on a shared machine (a 1 ms hiccup is 30% of a 3 ms step);
-- persistent: at least ``slowdown_min_windows`` of its points above the halfway mark;
+- persistent: at least ``slowdown_min_windows`` of its points above the halfway mark, and at least
+  ``slowdown_min_seconds`` of wall time (its iterations' time): another tenant of a shared machine slows every step
+  for a second or so, a burst the guest's own series cannot tell from a change of the job;
 - not chance: the shift of the medians in robust standard errors (``stats.median_shift``) has ``p < slowdown_alpha``;
 - slower: the iteration time itself grew at least ``slowdown_effect`` over the same steps (where the contention fell,
   a quieter machine, the net series rises while every step got faster).
@@ -185,10 +187,20 @@ def work_series(points: Sequence[StepPoint]) -> list[float] | None:
     return [p.work if p.work is not None else typical for p in points]
 
 
+def _wall_seconds(points: Sequence[StepPoint], start: int, end: int) -> float:
+    """The iterations' time of ``points[start:end]``: each point's mean iteration time x the steps it covers."""
+    total = 0.0
+    for k in range(start, end):
+        p = points[k]
+        since = points[k - 1].step if k > 0 else p.first_step - 1
+        total += max(p.step - since, 1) * p.raw
+    return total
+
+
 def _episodes(series: Sequence[float], points: Sequence[StepPoint], th: Thresholds, *,
               floors: bool = True) -> list[_Episode]:
-    """The episodes of ``series`` that count (see the module docstring); ``floors=False`` leaves out the noise and
-    added-time floors (the raw series' episodes, for the busy-machine notes)."""
+    """The episodes of ``series`` that count (see the module docstring); ``floors=False`` leaves out the noise,
+    added-time and duration floors (the raw series' episodes, for the busy-machine notes)."""
     n = len(series)
     logs = [math.log(max(v, 1e-12)) for v in series]
     sigma = max(noise_scale(logs), SPREAD_FLOOR)
@@ -198,6 +210,7 @@ def _episodes(series: Sequence[float], points: Sequence[StepPoint], th: Threshol
     levels = [median(series[a:b]) for a, b in segs]
     noise_effect = math.exp(th.slowdown_noise_z * sigma) if floors else 1.0
     min_added = th.slowdown_min_added_s if floors else 0.0
+    min_seconds = th.slowdown_min_seconds if floors else 0.0
 
     def needed(origin: int, first: int, last: int) -> float:
         rise = _rise(points, (origin, segs[first][0]), (segs[first][0], segs[last][1]))
@@ -233,7 +246,8 @@ def _episodes(series: Sequence[float], points: Sequence[StepPoint], th: Threshol
         halfway = reference + (level - reference) / 2
         high = sum(v >= halfway for v in slow)  # patience: that many windows really were slow
         if (level >= effect * reference and level - reference >= min_added and p < th.slowdown_alpha
-                and high >= th.slowdown_min_windows):
+                and high >= th.slowdown_min_windows
+                and _wall_seconds(points, segs[first][0], segs[j][1]) >= min_seconds):
             found.append(_Episode(segs[first][0], segs[j][1], origin, level / reference, p, level, reference,
                                   effect))
             origin = segs[j][1]

@@ -22,6 +22,10 @@ class Thresholds:
     slowdown_min_windows: int = 3  # windows on each side of a change (patience)
     slowdown_noise_z: float = 2.0  # and at least exp(this x the run's window-to-window noise of the log series)
     slowdown_min_added_s: float = 0.002  # and at least this much more per iteration (a scheduler time slice)
+    # and lasting at least this many seconds of wall time: on a shared machine another tenant's burst slows every
+    # step for a second or so, which no statistic on the guest's own series can tell from a change of the job (a
+    # clean run on CI, 2026-11-27: 1.37x over 110 steps of ~8 ms, under a second)
+    slowdown_min_seconds: float = 2.0
     changepoint_penalty: float = 3.0  # PELT's penalty per change, in noise variances x log(windows): where to cut
     # -- stragglers: a rank against the other ranks in the same window --------------------------------------------
     straggler_z: float = 4.0  # robust z against the other ranks' median and MAD, at least
@@ -70,7 +74,7 @@ class Thresholds:
         if isinstance(self.changepoint_penalty, bool) or not isinstance(self.changepoint_penalty, (int, float)) \
                 or not self.changepoint_penalty > 0:
             raise ValueError(f"changepoint_penalty must be > 0, got {self.changepoint_penalty!r}")
-        for name in ("slowdown_noise_z", "slowdown_min_added_s"):
+        for name in ("slowdown_noise_z", "slowdown_min_added_s", "slowdown_min_seconds"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
                 raise ValueError(f"{name} must be a number >= 0, got {value!r}")
