@@ -26,6 +26,7 @@ from telemetrain.analysis.findings import (
     stats,
     window_point,
 )
+from telemetrain.analysis.findings.slowdown import _episodes, job_series
 from telemetrain.analysis.findings.stragglers import window_outliers
 
 PHASES = {"dataloader": 0.002, "forward": 0.006, "backward": 0.009, "optimizer": 0.003}  # 20 ms an iteration
@@ -168,6 +169,13 @@ def test_a_slowdown_shorter_than_a_neighbours_burst_is_not_reported() -> None:
     assert kinds(FindingsInput(windows=short)) == []
     assert kinds(FindingsInput(windows=short), Thresholds(slowdown_min_seconds=0)) == ["slowdown"]
     assert kinds(FindingsInput(windows=windows(steps=60, scale={k: 1.5 for k in range(30, 45)}))) == ["slowdown"]
+
+
+def test_a_series_too_short_for_a_reference_and_an_episode_has_none() -> None:
+    # the rule's own guard, also for callers of the episode search (bench_findings' calibration): no log(0)
+    for n in (0, 1, 5):
+        points = job_series(windows(steps=n))
+        assert _episodes([p.raw for p in points], points, Thresholds()) == []
 
 
 def test_an_erratic_run_needs_a_larger_change() -> None:

@@ -202,6 +202,8 @@ def _episodes(series: Sequence[float], points: Sequence[StepPoint], th: Threshol
     """The episodes of ``series`` that count (see the module docstring); ``floors=False`` leaves out the noise,
     added-time and duration floors (the raw series' episodes, for the busy-machine notes)."""
     n = len(series)
+    if n < 2 * th.slowdown_min_windows:  # no reference and episode of that many points each
+        return []
     logs = [math.log(max(v, 1e-12)) for v in series]
     sigma = max(noise_scale(logs), SPREAD_FLOOR)
     cuts = pelt(logs, min_size=th.slowdown_min_windows, penalty=th.changepoint_penalty * sigma ** 2 * math.log(n))
