@@ -25,7 +25,9 @@ ends with an error is exported anyway (its start record is written then, with it
 ``with`` span so ended still makes its parent current again when its block exits.
 
 The hot path (enter + exit) is three Python calls, two clock reads, one appended tuple and a ContextVar set/reset;
-everything else is deferred to the writer thread (``bench/bench_training.py`` measures it).
+everything else is deferred to the writer thread (``bench/bench_training.py`` measures it). The ``Span`` object (that
+lifecycle, the ids, the records) is in ``span_lifecycle``; this module has the ``Tracer``, ``span()`` and
+``current_span()``, and re-exports ``Span``.
 """
 
 from __future__ import annotations
