@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import telemetrain
-from telemetrain.training import timestamps, training_recorder
+from telemetrain.training import one_logger_recorder_base, timestamps
 from telemetrain.training.config import TrainingTelemetryConfig
 from telemetrain.training.exporters import Exporter
 from telemetrain.training.one_logger_config import OneLoggerConfig
@@ -92,7 +92,7 @@ class Clock:
 def clock_fixture(monkeypatch: pytest.MonkeyPatch) -> Clock:
     c = Clock()
     fake = types.SimpleNamespace(time=c.time, perf_counter=c.perf_counter, monotonic=time.monotonic)
-    for module in (timestamps, training_recorder):
+    for module in (timestamps, one_logger_recorder_base):  # (its _msec reads time.time)
         monkeypatch.setattr(module, "time", fake)
     return c
 

@@ -21,8 +21,7 @@ from unittest import mock
 
 import pytest
 
-import telemetrain.spans as spans_module
-from telemetrain import Telemetry, cli, identity_from_env
+from telemetrain import Telemetry, cli, identity_from_env, span_lifecycle
 from telemetrain.analysis import PerfTagMismatch, bootstrap_ratio, commands, compare_runs, run_samples
 from telemetrain.analysis.compare import IMPROVEMENT, INCONCLUSIVE, NO_CHANGE, ONE_VALUE, REGRESSION, decide
 from telemetrain.analysis.compare_html import comparison_html
@@ -89,7 +88,7 @@ class RankSim:
     def die(self) -> None:
         """Exit now without ending anything (SIGTERM): open spans end as terminated at this simulated moment."""
         at = self.mono(self.now)
-        with mock.patch.object(spans_module, "_mono", lambda: at):
+        with mock.patch.object(span_lifecycle, "_mono", lambda: at):
             assert self.t.close()
 
 

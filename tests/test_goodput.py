@@ -22,9 +22,8 @@ from unittest import mock
 
 import pytest
 
-import telemetrain.spans as spans_module
 from conftest import helper_env
-from telemetrain import Telemetry, TelemetryWarning, identity_from_env
+from telemetrain import Telemetry, TelemetryWarning, identity_from_env, span_lifecycle
 from telemetrain.training import SpanName, TrainingContexts, TrainingRecorder, TrainingTelemetryConfig
 from telemetrain.training.goodput import BADPUT_CATEGORIES, GoodputReport, goodput, goodput_by_rank
 
@@ -123,7 +122,7 @@ class Sim:
         """Exit now without ending anything (an exception, SIGTERM): the Telemetry closes, the recorder reports the
         iterations since its last report, the open spans end as ``terminated`` -- at this simulated moment."""
         at = self.mono(self.now)
-        with mock.patch.object(spans_module, "_mono", lambda: at):
+        with mock.patch.object(span_lifecycle, "_mono", lambda: at):
             assert self.t.close()
 
 

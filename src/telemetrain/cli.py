@@ -43,7 +43,8 @@ def _cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         warnings.filterwarnings("ignore", message=".*Failed to initialize NumPy.*")
         from .demo.backends import Backends
         from .demo.launched import run_launched_demo
-        from .demo.train import DemoConfig, run_demo
+        from .demo.session import run_demo
+        from .demo.train import DemoConfig
 
     root = Path(args.root) if args.root is not None else default_root()
     backends = Backends(prometheus=args.prometheus, otel=args.otel, tensorboard=args.tensorboard, mlflow=args.mlflow,

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from ..store.reader import find_runs
 from .backends import Backends
-from .train import CHECKPOINT_NAME, DemoConfig, _demo_identity, _run
+from .session import _demo_identity, _run
+from .train import CHECKPOINT_NAME, DemoConfig
 
 __all__ = ["main"]
 

@@ -14,6 +14,7 @@ Why a thread of its own rather than the stats collector's: NVML calls can block 
 Failures never reach the program: a source or value that raises is counted (``errors``, ``error_counts``), warned
 about once per sampler (``TelemetryWarning``) and recorded once per kind as a ``Diagnostic("sampler_error")``; that
 value is absent from the data until it reads again. Arguments are checked at the call (``TypeError``/``ValueError``).
+What a cycle's values become (records, gauges, events) and the failure accounting are in ``sampler_output``.
 """
 
 from __future__ import annotations
@@ -23,21 +24,20 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ..dispatch import describe, warn_safely
-from ..records import Diagnostic
 from ..stats.gauge import Gauge
 from ..telemetry import Telemetry, get_telemetry
 from .base import Cycle, Source
-from .cuda_allocator import STATS as CUDA_STATS
-from .cuda_allocator import CudaAllocatorSource, reader
+from .cuda_allocator import CudaAllocatorSource
 from .host import HostSource
-from .names import CATALOGUE, GROUP, SET_ON_CHANGE, gpu_group, record_series
+from .names import GROUP
 from .nvml import NvmlSource
 from .process import ProcessTreeSource
+from .sampler_output import SamplerOutput
 
 __all__ = [
     "DEFAULT_INTERVAL_S",
@@ -119,18 +119,6 @@ def _existing(path: Path) -> str:
     return str(path.anchor or "/")
 
 
-# -- gauges ----------------------------------------------------------------------------------------------------------
-
-
-class _SampledGauge(Gauge):
-    """A gauge in the stats registry whose value comes from the sampler: ``read()`` gives the latest sample (or, for
-    the torch.cuda allocator, reads the allocator now). It does not record on its own: the sampler's records are
-    the time series, and a flush must not add copies of them."""
-
-    def collect(self) -> None:
-        pass
-
-
 # -- the sampler -----------------------------------------------------------------------------------------------------
 
 
@@ -165,7 +153,7 @@ class _TelemetryHook:
         pass
 
 
-class Sampler:
+class Sampler(SamplerOutput):
     """Samples host, process tree, GPUs and the torch.cuda allocator every ``interval`` seconds into ``telemetry``
     (default: the default instance).
 
@@ -411,98 +399,6 @@ class Sampler:
             self.cpu_ns += time.thread_time_ns() - c0
             self._sampling_ident = None
         return out
-
-    def _publish(self, cycle: Cycle) -> dict[tuple[str, str], int | float]:
-        telemetry = self._telemetry
-        metric = telemetry.metric
-        latest = dict(self._latest)
-        out: dict[tuple[str, str], int | float] = {}
-        for group, name, value in cycle.values:
-            key = (group, name)
-            out[key] = latest[key] = value
-            if name in SET_ON_CHANGE:
-                if self._recorded.get(key) == value:
-                    continue
-                self._recorded[key] = value
-            series = self._series.get(key)
-            if series is None:
-                series = self._series[key] = record_series(group, name)
-            metric(series[0], value, group, unit=series[1], attributes=series[2])
-            if key not in self._gauges and not self._no_new_gauges:
-                self._add_gauge(group, name)
-        self._latest = latest  # replaced whole: a gauge read in another thread sees one sample or the next
-        return out
-
-    def _add_gauge(self, group: str, name: str) -> None:
-        unit, help_text = CATALOGUE.get(name, ("", ""))
-        fn: Callable[[], int | float | None]
-        if group.startswith(f"{GROUP}.cuda.") and name in CUDA_STATS:
-            fn = reader(int(group.rsplit(".", 1)[1]), CUDA_STATS[name])  # a callback gauge: read when read
-        else:
-            key = (group, name)
-
-            def fn() -> int | float | None:
-                return self._latest.get(key)
-
-        try:
-            self._gauges[(group, name)] = _SampledGauge(
-                name, fn, unit=unit, help=help_text, group=group, interval=None, telemetry=self._telemetry
-            )
-        except Exception as exc:  # noqa: BLE001 - no gauge, the records still flow
-            self._fail("gauge", exc)
-
-    def _close_gauges(self) -> None:
-        gauges, self._gauges = list(self._gauges.values()), {}
-        for gauge in gauges:
-            try:
-                gauge.close()
-            except Exception:  # noqa: BLE001
-                pass
-
-    def _start_events(self) -> None:
-        attributes: dict[str, Any] = {
-            "interval_s": self.interval,
-            "session": self.sessions,
-            "host_metrics": self._records_host(),
-        }
-        for source in self._sources or ():
-            try:
-                attributes.update(source.describe())
-            except Exception as exc:  # noqa: BLE001
-                self._fail(f"{source.name} description", exc)
-        self._event(GROUP, "system.sampler.start", attributes)
-        nvml = self._nvml
-        if nvml is not None:
-            for device in nvml.devices:
-                self._event(gpu_group(device.choice.nvml_index), "system.gpu.device", nvml.device_attributes(device))
-            if nvml.reason:
-                self._event(GROUP, "system.gpu.unavailable", {"reason": nvml.reason})
-
-    def _event(self, group: str, name: str, attributes: dict[str, Any]) -> None:
-        try:
-            self._telemetry.event(name, attributes, group=group)
-        except Exception as exc:  # noqa: BLE001
-            warn_safely(f"telemetrain: the system sampler could not record {name}: {describe(exc)}")
-
-    # -- failures ---------------------------------------------------------------------------------------------------
-
-    def _fail(self, what: str, exc: BaseException) -> None:
-        self.errors += 1
-        n = self.error_counts[what] = self.error_counts.get(what, 0) + 1
-        if n > 1:
-            return
-        message = f"reading {what} failed: {describe(exc)}; it is absent from the data until it reads again"
-        if not self._warned:
-            self._warned = True
-            warn_safely(f"telemetrain system sampler: {message} (further failures are counted and recorded)")
-        telemetry = self._telemetry
-        try:
-            mono, wall = telemetry.now()
-            telemetry.emit(
-                Diagnostic(mono, wall, telemetry.identity, "telemetrain", "sampler_error", "system.sampler", 1, message)
-            )
-        except Exception:  # noqa: BLE001
-            pass
 
     # -- fork ---------------------------------------------------------------------------------------------------------
 

@@ -116,4 +116,4 @@ class GivenIds(IdGenerator):
         return self._take(0) or self._random.generate_trace_id()
 
     def is_trace_id_random(self) -> bool:
-        return True  # ours are 128 random bits too (spans._new_trace_id), as W3C asks
+        return True  # ours are 128 random bits too (span_lifecycle._new_trace_id), as W3C asks
