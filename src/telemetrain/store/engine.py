@@ -433,6 +433,21 @@ FROM (SELECT *, json_extract(attributes, {paths}) AS j FROM events
         self.close()
 
 
+def rank_groups(counts: Sequence[tuple[Any, Any]], most: int) -> list[str]:
+    """The ranks of ``counts`` ((rank, rows), by rank) as SQL lists of consecutive ranks holding at most ``most``
+    rows together (a rank holding more is alone): a reader that sorts or groups rows runs its query a group of ranks
+    at a time, so that DuckDB holds a bounded number of rows, not the run's."""
+    groups: list[list[int]] = []
+    held = 0
+    for rank, n in counts:
+        if not groups or held + int(n) > most:
+            groups.append([])
+            held = 0
+        groups[-1].append(int(rank))
+        held += int(n)
+    return ["(" + ", ".join(map(str, g)) + ")" for g in groups]
+
+
 def _size(path: Path) -> int:
     try:
         return path.stat().st_size

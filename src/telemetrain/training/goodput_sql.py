@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..store.codec import untag_nonfinite
-from ..store.engine import Engine
+from ..store.engine import Engine, rank_groups
 from ..store.reader import Run
 from .goodput_read import (
     _LIFECYCLE,
@@ -36,6 +36,8 @@ __all__ = ["load_session"]
 _SAVE = EventName.SAVE_CHECKPOINT_SUCCESS.value
 _UPDATE = EventName.TRAINING_METRICS_UPDATE.value
 _PROGRESS = "training_progress"  # the stall watchdog's heartbeat (distributed.watchdog)
+# lifecycle spans whose first start and end one query groups (~100 bytes each in DuckDB's hash table)
+SPANS_AT_ONCE = 65_536
 
 
 def _names(names: Any) -> str:
@@ -59,6 +61,12 @@ def _num_sql(x: str) -> str:
 def _stamp_sql(x: str) -> str:
     """``goodput_read._stamp`` of the DOUBLE column ``x`` (a ``_num``): wall seconds -> ns."""
     return f"(CASE WHEN {x} > 0 AND isfinite({x} * 1e9) THEN round({x} * 1e9)::BIGINT END)"
+
+
+def _position_sql() -> str:
+    """A row's place in its process's log, (segment, line), as one BIGINT in the same order: both are INTEGERs, so
+    ``segment * 2**32 + (line + 2**31)`` is exact and increases with (segment, line)."""
+    return "(segment::BIGINT * 4294967296 + (line::BIGINT + 2147483648))"
 
 
 def _attribute(key: str) -> str:
@@ -105,21 +113,26 @@ def load_session(engine: Engine, runs: Sequence[Run]) -> tuple[list[Any], Any, b
     where = _run_filter(runs)
     lifecycle, tracked = _names(_LIFECYCLE), _names(_TRACKED)
     # A lifecycle span's end is a timestamp when its start came before it in the file (the first end only): per span,
-    # the first start's and the first end's positions, by a grouped aggregate (which spills; a join of every start
-    # with every end would have to hold one side)
-    spans = f"""
+    # the first start's and the first end's positions, by a grouped aggregate (a join of every start with every end
+    # would have to hold one side). The position is one BIGINT (``_position_sql``), not a (segment, line) struct: an
+    # aggregate whose state is a struct cannot spill, and at 64 ranks x 1M iterations (1.3 M spans) it needed more
+    # than the readers' memory limit
+    pos = _position_sql()
+
+    def stamps_sql(where: str) -> str:
+        spans = f"""
           SELECT session, run, rank, pid, span_id,
-                 min((segment, line)) FILTER (WHERE k = 0) AS s_pos,
-                 arg_min(wall_ns, (segment, line)) FILTER (WHERE k = 0) AS s_wall,
-                 min((segment, line)) FILTER (WHERE k = 1) AS e_pos,
-                 arg_min(wall_ns, (segment, line)) FILTER (WHERE k = 1) AS e_wall,
+                 min({pos}) FILTER (WHERE k = 0) AS s_pos,
+                 arg_min(wall_ns, {pos}) FILTER (WHERE k = 0) AS s_wall,
+                 min({pos}) FILTER (WHERE k = 1) AS e_pos,
+                 arg_min(wall_ns, {pos}) FILTER (WHERE k = 1) AS e_wall,
                  bool_or(k = 0 AND name IN {lifecycle}) AS lifecycle
           FROM (SELECT session, run, rank, pid, span_id, segment, line, wall_ns, name, 0 AS k FROM span_starts
                 WHERE {where} AND name IN {tracked}
                 UNION ALL
                 SELECT session, run, rank, pid, span_id, segment, line, wall_ns, name, 1 FROM span_ends WHERE {where})
           GROUP BY session, run, rank, pid, span_id"""
-    stamps = engine.rows(f"""
+        return f"""
         WITH st AS (
           SELECT session, run, rank, pid, wall_ns AS t FROM span_starts WHERE {where} AND name IN {lifecycle}
           UNION ALL
@@ -133,7 +146,15 @@ def load_session(engine: Engine, runs: Sequence[Run]) -> tuple[list[Any], Any, b
                        THEN {_attribute('last_logged_train_iterations_finish_timestamp_sec')}
                      ELSE {_attribute('latest_successful_save_checkpoint_timestamp_sec')} END AS j
               FROM events WHERE {where} AND name IN ('{_UPDATE}', '{_SAVE}', '{_PROGRESS}'))))
-        SELECT session, run, rank, pid, min(t), max(t) FROM st WHERE t IS NOT NULL GROUP BY ALL""")
+        SELECT session, run, rank, pid, min(t), max(t) FROM st WHERE t IS NOT NULL GROUP BY ALL"""
+
+    # a group of ranks at a time (every figure is per process: the same rows), so that the spans' grouped
+    # aggregate holds at most SPANS_AT_ONCE spans, whatever the run's length and width
+    counts = engine.rows(f"SELECT rank, count(*) FROM span_starts WHERE {where} AND name IN {tracked} GROUP BY rank "
+                         "ORDER BY rank")
+    groups = rank_groups(counts, SPANS_AT_ONCE)
+    stamps = [row for group in groups
+              for row in engine.rows(stamps_sql(where if len(groups) == 1 else f"{where} AND rank IN {group}"))]
     bounds = {(index[(s, r)], rank, pid): (lo, hi) for s, r, rank, pid, lo, hi in stamps if (s, r) in index}
     saves: dict[tuple[int, int, int], list[_Save]] = {}
     for s, r, rank, pid, completed, step, sec in engine.rows(f"""
