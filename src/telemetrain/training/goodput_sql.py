@@ -13,7 +13,8 @@ them.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from itertools import groupby
 from typing import Any
 
 from ..store.codec import untag_nonfinite
@@ -184,8 +185,21 @@ def load_session(engine: Engine, runs: Sequence[Run]) -> tuple[list[Any], Any, b
 
     def load_rank(session: _Session, rank: int) -> None:
         """Replace the light processes of ``rank`` by their whole lifecycle (and the other ranks' by light ones)."""
-        rows: dict[tuple[str, str, int], list[_Row]] = {}
-        for s, r, pid, kind, name, wall, span_id, parent_id, status, attributes in engine.rows(f"""
+        # the other ranks' lifecycles are let go first; this rank's rows are streamed into ``read_records`` (in the
+        # query's order, a process's rows follow on), not held as a whole: memory is the lifecycle read, once
+        wanted: dict[tuple[str, str, int], list[tuple[_RunData, int, _Process]]] = {}
+        for d in session.runs:
+            for n, p in enumerate(d.processes):
+                if p.rank == rank:
+                    tag, run_id = d.run.session_tag, d.run.run_id
+                    wanted.setdefault((tag, run_id, row_pid.get((tag, run_id, p.rank, p.pid), p.pid)), []).append(
+                        (d, n, p))
+                elif p.spans or p.loops:
+                    d.processes[n] = _Process(run=p.run, rank=p.rank, pid=p.pid, spans=[], loops=[],
+                                                saves=p.saves, first_ns=p.first_ns, last_ns=p.last_ns,
+                                                data_outside=False)
+        rows = ((s, r, pid, _Row(kind, name, wall, span_id or "", parent_id or "", status or "", attributes))
+                for _, batch in engine.stream(f"""
                 SELECT session, run, pid, kind, name, wall_ns, span_id, parent_id, status, attributes FROM (
                   SELECT session, run, rank, pid, segment, line, 'span_start' AS kind, name, wall_ns, span_id,
                          parent_id, NULL AS status, json_extract(attributes, {_KEY_PATHS}) AS attributes
@@ -197,21 +211,24 @@ def load_session(engine: Engine, runs: Sequence[Run]) -> tuple[list[Any], Any, b
                   SELECT session, run, rank, pid, segment, line, 'event', name, wall_ns, NULL, NULL, NULL,
                          json_extract(attributes, {_KEY_PATHS}) FROM events WHERE {where}
                     AND name IN ('{_UPDATE}', '{_SAVE}', '{_PROGRESS}'))
-                WHERE rank = $rank ORDER BY session, run, pid, segment, line""", {"rank": rank}):
-            rows.setdefault((s, r, pid), []).append(
-                _Row(kind, name, wall, span_id or "", parent_id or "", status or "", attributes))
-        for d in session.runs:
-            for n, p in enumerate(d.processes):
-                if p.rank == rank:
-                    tag, run_id = d.run.session_tag, d.run.run_id
-                    key = (tag, run_id, row_pid.get((tag, run_id, p.rank, p.pid), p.pid))
-                    full = read_records(rows.get(key, []), p.rank, p.pid, p.run)
-                    full.first_ns, full.last_ns = p.first_ns, p.last_ns  # the same, from the figures above
-                    d.processes[n] = full
-                elif p.spans or p.loops:
-                    d.processes[n] = _Process(run=p.run, rank=p.rank, pid=p.pid, spans=[], loops=[],
-                                                saves=p.saves, first_ns=p.first_ns, last_ns=p.last_ns,
-                                                data_outside=False)
+                WHERE rank = $rank ORDER BY session, run, pid, segment, line""", {"rank": rank})
+                for s, r, pid, kind, name, wall, span_id, parent_id, status, attributes in batch)
+        for key, group in groupby(rows, key=lambda row: row[:3]):
+            records: Iterable[_Row] = (row[3] for row in group)
+            processes = wanted.pop(key, [])
+            if len(processes) > 1:  # two files of one process (a renamed file): each reads its rows
+                records = list(records)
+            for d, n, p in processes:
+                full = read_records(records, p.rank, p.pid, p.run)
+                full.first_ns, full.last_ns = p.first_ns, p.last_ns  # the same, from the figures above
+                d.processes[n] = full
+            for _ in records:  # rows of no process asked for: passed over
+                pass
+        for processes in wanted.values():  # processes without a row of the lifecycle
+            for d, n, p in processes:
+                full = read_records([], p.rank, p.pid, p.run)
+                full.first_ns, full.last_ns = p.first_ns, p.last_ns
+                d.processes[n] = full
 
     # a GPU job's reports carry their window's energy: goodput's energy account then reads every rank's loops, one
     # rank at a time (``goodput._energy``)
