@@ -464,6 +464,29 @@ def test_tail_eta_is_the_same_by_sql(tmp_path: Path) -> None:
     assert polled.loss_summary() == caught.loss_summary() != "-"
 
 
+def test_goodput_rank_by_rank_keeps_a_rank_without_lifecycle_spans(session: tuple[Path, Path], tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank whose log lost its span starts still has its reports' and checkpoints' timestamps, read in a group of
+    its own when the spans are read a group of ranks at a time."""
+    import shutil
+
+    copy = tmp_path / session[0].parent.name
+    shutil.copytree(session[0].parent, copy)
+    for columnar in copy.rglob(COLUMNAR_DIR):
+        shutil.rmtree(columnar)
+    for f in copy.rglob("rank-1.*.jsonl"):
+        lines = f.read_text().splitlines(keepends=True)
+        f.write_text("".join(line for line in lines if '"kind":"span_start"' not in line))
+    monkeypatch.setenv("TELEMETRAIN_ENGINE", "python")
+    python = goodput_by_rank(copy)
+    monkeypatch.delenv("TELEMETRAIN_ENGINE")
+    monkeypatch.setattr(goodput_sql, "SPANS_AT_ONCE", 1)
+    sql = goodput_by_rank(copy)
+    assert sorted(python) == sorted(sql) and python
+    for rank in python:
+        assert not differences(python[rank].as_dict(), sql[rank].as_dict()), rank
+
+
 def test_goodput_positions_order_as_segment_then_line() -> None:
     """The spans' aggregate keys a row's (segment, line) as one BIGINT: the same order, INTEGER extremes included."""
     import duckdb

@@ -151,8 +151,13 @@ def load_session(engine: Engine, runs: Sequence[Run]) -> tuple[list[Any], Any, b
 
     # a group of ranks at a time (every figure is per process: the same rows), so that the spans' grouped
     # aggregate holds at most SPANS_AT_ONCE spans, whatever the run's length and width
-    counts = engine.rows(f"SELECT rank, count(*) FROM span_starts WHERE {where} AND name IN {tracked} GROUP BY rank "
-                         "ORDER BY rank")
+    # (every rank with a row the query reads: its lifecycle spans, or only its reports and checkpoints)
+    counts = engine.rows(f"""
+        SELECT rank, sum(n) FROM (
+          SELECT rank, count(*) AS n FROM span_starts WHERE {where} AND name IN {tracked} GROUP BY rank
+          UNION ALL
+          SELECT DISTINCT rank, 0 FROM events WHERE {where} AND name IN ('{_UPDATE}', '{_SAVE}', '{_PROGRESS}'))
+        GROUP BY rank ORDER BY rank""")
     groups = rank_groups(counts, SPANS_AT_ONCE)
     stamps = [row for group in groups
               for row in engine.rows(stamps_sql(where if len(groups) == 1 else f"{where} AND rank IN {group}"))]
