@@ -30,6 +30,7 @@ from telemetrain.report.model import build_model  # noqa: E402
 from telemetrain.store import open_run  # noqa: E402
 from telemetrain.store.compact import COLUMNAR_DIR, compact  # noqa: E402
 from telemetrain.store.engine import ColumnarWarning, Engine  # noqa: E402
+from telemetrain.training import goodput_sql  # noqa: E402
 from telemetrain.training.goodput import goodput_by_rank  # noqa: E402
 from test_report import _write_session  # noqa: E402  (the report's session, with its planted problems)
 
@@ -127,16 +128,24 @@ def test_report_and_show_are_the_same_by_sql(session: tuple[Path, Path], compact
         assert py_model.findings and py_model.windows and py_model.heatmap is not None  # something was compared
 
 
-def test_goodput_of_every_rank_is_the_same_by_sql(session: tuple[Path, Path],
+@pytest.mark.parametrize("spans_at_once", [goodput_sql.SPANS_AT_ONCE, 1], ids=["all-ranks", "rank-by-rank"])
+def test_goodput_of_every_rank_is_the_same_by_sql(session: tuple[Path, Path], spans_at_once: int,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """The restarted session: two runs, a crash and a restart, checkpoints on another rank."""
+    """The restarted session: two runs, a crash and a restart, checkpoints on another rank; the lifecycle spans
+    grouped for all ranks in one query, and a rank at a time (as a long run's are)."""
     monkeypatch.setenv("TELEMETRAIN_ENGINE", "python")
     python = goodput_by_rank(session[0].parent)
     monkeypatch.delenv("TELEMETRAIN_ENGINE")
+    monkeypatch.setattr(goodput_sql, "SPANS_AT_ONCE", spans_at_once)
+    queries: list[str] = []
+    execute = Engine.execute
+    monkeypatch.setattr(Engine, "execute", lambda self, q, p=None: queries.append(q) or execute(self, q, p))
     sql = goodput_by_rank(session[0].parent)
     assert sorted(python) == sorted(sql) == [0, 1, 2, 3]
     for rank in python:
         assert not differences(python[rank].as_dict(), sql[rank].as_dict()), rank
+    grouped = [q for q in queries if "arg_min(wall_ns" in q]
+    assert len(grouped) == (1 if spans_at_once > 1 else 4)  # the session read once: one query, or one per rank
     assert len(python[0].runs) == 2 and python[0].lost_iterations > 0
 
 
@@ -453,3 +462,40 @@ def test_tail_eta_is_the_same_by_sql(tmp_path: Path) -> None:
     assert polled.target == caught.target == 1000
     assert polled.eta() == caught.eta() and "1,000" in polled.eta()
     assert polled.loss_summary() == caught.loss_summary() != "-"
+
+
+def test_goodput_rank_by_rank_keeps_a_rank_without_lifecycle_spans(session: tuple[Path, Path], tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank whose log lost its span starts still has its reports' and checkpoints' timestamps, read in a group of
+    its own when the spans are read a group of ranks at a time."""
+    import shutil
+
+    copy = tmp_path / session[0].parent.name
+    shutil.copytree(session[0].parent, copy)
+    for columnar in copy.rglob(COLUMNAR_DIR):
+        shutil.rmtree(columnar)
+    for f in copy.rglob("rank-1.*.jsonl"):
+        lines = f.read_text().splitlines(keepends=True)
+        f.write_text("".join(line for line in lines if '"kind":"span_start"' not in line))
+    monkeypatch.setenv("TELEMETRAIN_ENGINE", "python")
+    python = goodput_by_rank(copy)
+    monkeypatch.delenv("TELEMETRAIN_ENGINE")
+    monkeypatch.setattr(goodput_sql, "SPANS_AT_ONCE", 1)
+    sql = goodput_by_rank(copy)
+    assert sorted(python) == sorted(sql) and python
+    for rank in python:
+        assert not differences(python[rank].as_dict(), sql[rank].as_dict()), rank
+
+
+def test_goodput_positions_order_as_segment_then_line() -> None:
+    """The spans' aggregate keys a row's (segment, line) as one BIGINT: the same order, INTEGER extremes included."""
+    import duckdb
+
+    edges = [-2**31, -1, 0, 1, 2**31 - 1]
+    pairs = [(s, li) for s in edges for li in edges]
+    con = duckdb.connect()
+    con.execute("CREATE TABLE t (segment INTEGER, line INTEGER)")
+    con.executemany("INSERT INTO t VALUES (?, ?)", pairs)
+    got = con.execute(f"SELECT segment, line FROM t ORDER BY {goodput_sql._position_sql()}").fetchall()
+    assert got == sorted(pairs)
+    assert con.execute(f"SELECT count(DISTINCT {goodput_sql._position_sql()}) FROM t").fetchone() == (len(pairs),)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..store.engine import rank_groups as engine_rank_groups
 from .findings.builder import CUDA_ALLOCATED, RSS, WINDOW_POINT_KEYS, InputBuilder
 from .findings.inputs import SpikeSelection, ValueSeries
 from .findings.memory import MAX_POINTS, thin_indices
@@ -246,15 +247,7 @@ REPORTS_AT_ONCE = 65_536  # reports DuckDB sorts in one query (~30 typed attribu
 def rank_groups(counts: list[tuple[Any, Any]], most: int = REPORTS_AT_ONCE) -> list[str]:
     """The ranks of ``counts`` ((rank, reports), by rank) as SQL lists of consecutive ranks holding at most ``most``
     reports together (a rank holding more is alone): the reports are read a group at a time, sorted by DuckDB."""
-    groups: list[list[int]] = []
-    held = 0
-    for rank, n in counts:
-        if not groups or held + int(n) > most:
-            groups.append([])
-            held = 0
-        groups[-1].append(int(rank))
-        held += int(n)
-    return ["(" + ", ".join(map(str, g)) + ")" for g in groups]
+    return engine_rank_groups(counts, most)
 
 
 def window_json_sql(attributes: str = "attributes") -> str:

@@ -41,8 +41,9 @@ __all__ = ["ColumnarWarning", "Engine", "EngineUnavailable", "ReadOnlyQueryError
 ENGINE_ENV = "TELEMETRAIN_ENGINE"  # "python": never use DuckDB (the fallback path); "duckdb": require it
 MEMORY_ENV = "TELEMETRAIN_DUCKDB_MEMORY"
 # DuckDB's memory limit (it spills to a temporary directory past it). The readers' queries are streaming aggregates
-# with small state: 128 MB keeps their memory flat from small runs to the largest; a user's own queries (query,
-# Run.sql) may sort or join whole tables, and get more.
+# with small state, or run a group of ranks at a time: 128 MB bounds them whatever the run's size (a small run uses
+# less of it, so a large run's peak RSS is still ~1.2-1.7x a small one's: docs/scale.md); a user's own queries
+# (query, Run.sql) may sort or join whole tables, and get more.
 READER_MEMORY = "128MB"
 QUERY_MEMORY = "512MB"
 
@@ -431,6 +432,21 @@ FROM (SELECT *, json_extract(attributes, {paths}) AS j FROM events
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def rank_groups(counts: Sequence[tuple[Any, Any]], most: int) -> list[str]:
+    """The ranks of ``counts`` ((rank, rows), by rank) as SQL lists of consecutive ranks holding at most ``most``
+    rows together (a rank holding more is alone): a reader that sorts or groups rows runs its query a group of ranks
+    at a time, so that DuckDB holds a bounded number of rows, not the run's."""
+    groups: list[list[int]] = []
+    held = 0
+    for rank, n in counts:
+        if not groups or held + int(n) > most:
+            groups.append([])
+            held = 0
+        groups[-1].append(int(rank))
+        held += int(n)
+    return ["(" + ", ".join(map(str, g)) + ")" for g in groups]
 
 
 def _size(path: Path) -> int:

@@ -13,11 +13,12 @@ them.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from itertools import groupby
 from typing import Any
 
 from ..store.codec import untag_nonfinite
-from ..store.engine import Engine
+from ..store.engine import Engine, rank_groups
 from ..store.reader import Run
 from .goodput_read import (
     _LIFECYCLE,
@@ -36,6 +37,8 @@ __all__ = ["load_session"]
 _SAVE = EventName.SAVE_CHECKPOINT_SUCCESS.value
 _UPDATE = EventName.TRAINING_METRICS_UPDATE.value
 _PROGRESS = "training_progress"  # the stall watchdog's heartbeat (distributed.watchdog)
+# lifecycle spans whose first start and end one query groups (~100 bytes each in DuckDB's hash table)
+SPANS_AT_ONCE = 65_536
 
 
 def _names(names: Any) -> str:
@@ -59,6 +62,12 @@ def _num_sql(x: str) -> str:
 def _stamp_sql(x: str) -> str:
     """``goodput_read._stamp`` of the DOUBLE column ``x`` (a ``_num``): wall seconds -> ns."""
     return f"(CASE WHEN {x} > 0 AND isfinite({x} * 1e9) THEN round({x} * 1e9)::BIGINT END)"
+
+
+def _position_sql() -> str:
+    """A row's place in its process's log, (segment, line), as one BIGINT in the same order: both are INTEGERs, so
+    ``segment * 2**32 + (line + 2**31)`` is exact and increases with (segment, line)."""
+    return "(segment::BIGINT * 4294967296 + (line::BIGINT + 2147483648))"
 
 
 def _attribute(key: str) -> str:
@@ -105,21 +114,26 @@ def load_session(engine: Engine, runs: Sequence[Run]) -> tuple[list[Any], Any, b
     where = _run_filter(runs)
     lifecycle, tracked = _names(_LIFECYCLE), _names(_TRACKED)
     # A lifecycle span's end is a timestamp when its start came before it in the file (the first end only): per span,
-    # the first start's and the first end's positions, by a grouped aggregate (which spills; a join of every start
-    # with every end would have to hold one side)
-    spans = f"""
+    # the first start's and the first end's positions, by a grouped aggregate (a join of every start with every end
+    # would have to hold one side). The position is one BIGINT (``_position_sql``), not a (segment, line) struct: an
+    # aggregate whose state is a struct cannot spill, and at 64 ranks x 1M iterations (1.3 M spans) it needed more
+    # than the readers' memory limit
+    pos = _position_sql()
+
+    def stamps_sql(where: str) -> str:
+        spans = f"""
           SELECT session, run, rank, pid, span_id,
-                 min((segment, line)) FILTER (WHERE k = 0) AS s_pos,
-                 arg_min(wall_ns, (segment, line)) FILTER (WHERE k = 0) AS s_wall,
-                 min((segment, line)) FILTER (WHERE k = 1) AS e_pos,
-                 arg_min(wall_ns, (segment, line)) FILTER (WHERE k = 1) AS e_wall,
+                 min({pos}) FILTER (WHERE k = 0) AS s_pos,
+                 arg_min(wall_ns, {pos}) FILTER (WHERE k = 0) AS s_wall,
+                 min({pos}) FILTER (WHERE k = 1) AS e_pos,
+                 arg_min(wall_ns, {pos}) FILTER (WHERE k = 1) AS e_wall,
                  bool_or(k = 0 AND name IN {lifecycle}) AS lifecycle
           FROM (SELECT session, run, rank, pid, span_id, segment, line, wall_ns, name, 0 AS k FROM span_starts
                 WHERE {where} AND name IN {tracked}
                 UNION ALL
                 SELECT session, run, rank, pid, span_id, segment, line, wall_ns, name, 1 FROM span_ends WHERE {where})
           GROUP BY session, run, rank, pid, span_id"""
-    stamps = engine.rows(f"""
+        return f"""
         WITH st AS (
           SELECT session, run, rank, pid, wall_ns AS t FROM span_starts WHERE {where} AND name IN {lifecycle}
           UNION ALL
@@ -133,7 +147,20 @@ def load_session(engine: Engine, runs: Sequence[Run]) -> tuple[list[Any], Any, b
                        THEN {_attribute('last_logged_train_iterations_finish_timestamp_sec')}
                      ELSE {_attribute('latest_successful_save_checkpoint_timestamp_sec')} END AS j
               FROM events WHERE {where} AND name IN ('{_UPDATE}', '{_SAVE}', '{_PROGRESS}'))))
-        SELECT session, run, rank, pid, min(t), max(t) FROM st WHERE t IS NOT NULL GROUP BY ALL""")
+        SELECT session, run, rank, pid, min(t), max(t) FROM st WHERE t IS NOT NULL GROUP BY ALL"""
+
+    # a group of ranks at a time (every figure is per process: the same rows), so that the spans' grouped
+    # aggregate holds at most SPANS_AT_ONCE spans, whatever the run's length and width
+    # (every rank with a row the query reads: its lifecycle spans, or only its reports and checkpoints)
+    counts = engine.rows(f"""
+        SELECT rank, sum(n) FROM (
+          SELECT rank, count(*) AS n FROM span_starts WHERE {where} AND name IN {tracked} GROUP BY rank
+          UNION ALL
+          SELECT DISTINCT rank, 0 FROM events WHERE {where} AND name IN ('{_UPDATE}', '{_SAVE}', '{_PROGRESS}'))
+        GROUP BY rank ORDER BY rank""")
+    groups = rank_groups(counts, SPANS_AT_ONCE)
+    stamps = [row for group in groups
+              for row in engine.rows(stamps_sql(where if len(groups) == 1 else f"{where} AND rank IN {group}"))]
     bounds = {(index[(s, r)], rank, pid): (lo, hi) for s, r, rank, pid, lo, hi in stamps if (s, r) in index}
     saves: dict[tuple[int, int, int], list[_Save]] = {}
     for s, r, rank, pid, completed, step, sec in engine.rows(f"""
@@ -163,8 +190,21 @@ def load_session(engine: Engine, runs: Sequence[Run]) -> tuple[list[Any], Any, b
 
     def load_rank(session: _Session, rank: int) -> None:
         """Replace the light processes of ``rank`` by their whole lifecycle (and the other ranks' by light ones)."""
-        rows: dict[tuple[str, str, int], list[_Row]] = {}
-        for s, r, pid, kind, name, wall, span_id, parent_id, status, attributes in engine.rows(f"""
+        # the other ranks' lifecycles are let go first; this rank's rows are streamed into ``read_records`` (in the
+        # query's order, a process's rows follow on), not held as a whole: memory is the lifecycle read, once
+        wanted: dict[tuple[str, str, int], list[tuple[_RunData, int, _Process]]] = {}
+        for d in session.runs:
+            for n, p in enumerate(d.processes):
+                if p.rank == rank:
+                    tag, run_id = d.run.session_tag, d.run.run_id
+                    wanted.setdefault((tag, run_id, row_pid.get((tag, run_id, p.rank, p.pid), p.pid)), []).append(
+                        (d, n, p))
+                elif p.spans or p.loops:
+                    d.processes[n] = _Process(run=p.run, rank=p.rank, pid=p.pid, spans=[], loops=[],
+                                                saves=p.saves, first_ns=p.first_ns, last_ns=p.last_ns,
+                                                data_outside=False)
+        rows = ((s, r, pid, _Row(kind, name, wall, span_id or "", parent_id or "", status or "", attributes))
+                for _, batch in engine.stream(f"""
                 SELECT session, run, pid, kind, name, wall_ns, span_id, parent_id, status, attributes FROM (
                   SELECT session, run, rank, pid, segment, line, 'span_start' AS kind, name, wall_ns, span_id,
                          parent_id, NULL AS status, json_extract(attributes, {_KEY_PATHS}) AS attributes
@@ -176,21 +216,24 @@ def load_session(engine: Engine, runs: Sequence[Run]) -> tuple[list[Any], Any, b
                   SELECT session, run, rank, pid, segment, line, 'event', name, wall_ns, NULL, NULL, NULL,
                          json_extract(attributes, {_KEY_PATHS}) FROM events WHERE {where}
                     AND name IN ('{_UPDATE}', '{_SAVE}', '{_PROGRESS}'))
-                WHERE rank = $rank ORDER BY session, run, pid, segment, line""", {"rank": rank}):
-            rows.setdefault((s, r, pid), []).append(
-                _Row(kind, name, wall, span_id or "", parent_id or "", status or "", attributes))
-        for d in session.runs:
-            for n, p in enumerate(d.processes):
-                if p.rank == rank:
-                    tag, run_id = d.run.session_tag, d.run.run_id
-                    key = (tag, run_id, row_pid.get((tag, run_id, p.rank, p.pid), p.pid))
-                    full = read_records(rows.get(key, []), p.rank, p.pid, p.run)
-                    full.first_ns, full.last_ns = p.first_ns, p.last_ns  # the same, from the figures above
-                    d.processes[n] = full
-                elif p.spans or p.loops:
-                    d.processes[n] = _Process(run=p.run, rank=p.rank, pid=p.pid, spans=[], loops=[],
-                                                saves=p.saves, first_ns=p.first_ns, last_ns=p.last_ns,
-                                                data_outside=False)
+                WHERE rank = $rank ORDER BY session, run, pid, segment, line""", {"rank": rank})
+                for s, r, pid, kind, name, wall, span_id, parent_id, status, attributes in batch)
+        for key, group in groupby(rows, key=lambda row: row[:3]):
+            records: Iterable[_Row] = (row[3] for row in group)
+            processes = wanted.pop(key, [])
+            if len(processes) > 1:  # two files of one process (a renamed file): each reads its rows
+                records = list(records)
+            for d, n, p in processes:
+                full = read_records(records, p.rank, p.pid, p.run)
+                full.first_ns, full.last_ns = p.first_ns, p.last_ns  # the same, from the figures above
+                d.processes[n] = full
+            for _ in records:  # rows of no process asked for: passed over
+                pass
+        for processes in wanted.values():  # processes without a row of the lifecycle
+            for d, n, p in processes:
+                full = read_records([], p.rank, p.pid, p.run)
+                full.first_ns, full.last_ns = p.first_ns, p.last_ns
+                d.processes[n] = full
 
     # a GPU job's reports carry their window's energy: goodput's energy account then reads every rank's loops, one
     # rank at a time (``goodput._energy``)
