@@ -46,7 +46,8 @@ def sim(monkeypatch: pytest.MonkeyPatch) -> SimClock:
 
 def _recorder(t: Telemetry, clock: Any, **config: Any) -> TrainingRecorder:
     fields: dict[str, Any] = {"global_batch_size_or_fn": 8, "log_every_n_train_iterations": 5,
-                              "warmup_iterations": 0, "device_timing": clock, "gpu_energy": False, **config}
+                              "warmup_iterations": 0, "device_timing": clock, "gpu_energy": False,
+                              "device_timing_every": 1, **config}  # the bookkeeping of every iteration
     r = TrainingRecorder(TrainingTelemetryConfig(**fields), telemetry=t)
     r.on_app_start()
     r.on_train_start(0)
@@ -438,9 +439,28 @@ def test_device_timing_every_times_one_iteration_in_n(telemetry: Telemetry, read
     assert u["avg_iteration_device_time_sec"] == pytest.approx(10 * MS / 1e9)
     (info,) = [e.attributes for e in read_run(telemetry, "event") if e.name == "device_timing"]
     assert info["every"] == 3
-    for bad in (0, 1.5, True):
+    for bad in (0, 1.5, True, "8", "always", None):
         with pytest.raises(ValueError, match="device_timing_every"):
             TrainingTelemetryConfig(global_batch_size_or_fn=1, device_timing_every=bad)
+
+
+@pytest.mark.parametrize(("report_every", "every"), [(1000, 8), (50, 8), (3, 3), (1, 1)])
+def test_device_timing_every_auto_is_the_default_and_times_every_window(
+    telemetry: Telemetry, read_run: Callable[..., Any], sim: SimClock, report_every: int, every: int
+) -> None:
+    """The default, "auto": one iteration in 8, or one in each report window when windows are shorter."""
+    assert TrainingTelemetryConfig(global_batch_size_or_fn=1).device_timing_every == "auto"
+    r = _recorder(telemetry, sim, log_every_n_train_iterations=report_every, device_timing_every="auto")
+    n = 24
+    for _ in range(n):
+        _step(r, sim, 3 * MS, 6 * MS, 1 * MS)
+    r.on_train_end()
+    ups = _updates(read_run, telemetry)
+    assert sum(u["device_timed_iterations"] for u in ups) == n // every
+    assert sum(u["device_unresolved_iterations"] for u in ups) == 0
+    assert _sum(ups, "avg_forward_device_time_sec") == pytest.approx(n // every * 3 * MS / 1e9)
+    (info,) = [e.attributes for e in read_run(telemetry, "event") if e.name == "device_timing"]
+    assert info["every"] == every and info["every_auto"] is True
 
 
 def test_a_loop_ending_right_after_a_report_keeps_its_last_device_times(

@@ -50,7 +50,7 @@ def t(tmp_path: Path) -> Iterator[Telemetry]:
 
 def _recorder(t: Telemetry, **config: Any) -> TrainingRecorder:
     fields: dict[str, Any] = {"global_batch_size_or_fn": 8, "log_every_n_train_iterations": 10,
-                              "warmup_iterations": 1, "device_timing": "cuda", **config}
+                              "warmup_iterations": 1, "device_timing": "cuda", "device_timing_every": 1, **config}
     r = TrainingRecorder(TrainingTelemetryConfig(**fields), telemetry=t)
     r.on_app_start()
     r.on_train_start(0)

@@ -32,6 +32,18 @@ def test_without_cuda_it_exits_2_and_says_why() -> None:
     assert "needs a CUDA device" in out.stderr and "nothing was measured" in out.stderr and out.stdout == ""
 
 
+def test_bookkeeping_mode_runs_without_a_gpu_and_times_the_rows_it_names() -> None:
+    """``--bookkeeping`` measures check C's rows with a free clock: each row printed once, with a number (no CUDA)."""
+    pytest.importorskip("torch")
+    out = subprocess.run([sys.executable, str(BENCH), "--bookkeeping", "--cost-blocks", "1", "--cost-n", "20"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    rows = [line.split("  ")[0] for line in out.stdout.splitlines()]
+    assert rows == ["off", "every 1", "auto (1 in 8)", "untimed (1 in 10^9)"]
+    assert all(" us an iteration, +" in line for line in out.stdout.splitlines())
+    assert out.stderr == ""
+
+
 def test_kernels_are_attributed_to_the_phase_they_were_launched_in() -> None:
     """Launch time decides, whatever thread launched (backward kernels come from autograd's device thread) and
     whenever the kernel ran (later, on the device)."""

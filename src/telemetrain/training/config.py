@@ -93,10 +93,10 @@ class TrainingTelemetryConfig:
     # DeviceClock; GPU energy per sample/token (system.energy): True reads this process's GPUs through NVML when the
     # job uses CUDA, False never, or an object with read() -> EnergyReading | None
     device_timing: Any = "auto"
-    # device-time one iteration in this many (1: every one). A mark costs the training thread a driver call (~3 us
-    # on an H100 host, BENCHMARKS.md "GPU truth"); sampling divides that cost, the windows' averages stay per timed
-    # iteration
-    device_timing_every: int = 1
+    # device-time one iteration in this many (1: every one). An iteration's marks cost the training thread ~30-45 us
+    # of driver calls on an H100 host (BENCHMARKS.md "GPU truth"); sampling divides that cost, the windows' averages
+    # stay per timed iteration. "auto": 8, or the report interval when it is shorter (every window has a timed one)
+    device_timing_every: int | str = "auto"
     gpu_energy: Any = True
 
     def __post_init__(self) -> None:
@@ -141,8 +141,8 @@ class TrainingTelemetryConfig:
             raise TypeError("device_timing must be 'auto', 'cuda', 'host' or a DeviceClock (event, record, done, "
                             f"elapsed_s, begin), got {type(timing).__name__}")
         sample = self.device_timing_every
-        if type(sample) is not int or sample < 1:
-            raise InvalidConfigError(f"device_timing_every must be an int >= 1, got {sample!r}")
+        if sample != "auto" and (type(sample) is not int or sample < 1):
+            raise InvalidConfigError(f"device_timing_every must be 'auto' or an int >= 1, got {sample!r}")
         energy = self.gpu_energy
         if not isinstance(energy, bool) and not callable(getattr(energy, "read", None)):
             raise TypeError(f"gpu_energy must be a bool or an object with read(), got {type(energy).__name__}")

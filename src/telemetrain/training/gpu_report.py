@@ -146,10 +146,20 @@ def _energy_source(setting: Any) -> tuple[EnergySource | None, str]:
     return (meter, "") if meter.gpus else (None, meter.reason)
 
 
-def start_gpu_report(telemetry: Telemetry, device_timing: Any, gpu_energy: Any, every: int = 1
-                     ) -> tuple[GpuReport | None, dict[str, Any]]:
+AUTO_EVERY = 8  # "auto" sampling: one iteration in 8 keeps the marks' host cost under 10 us an iteration (check C)
+
+
+def sampling_interval(every: int | str, report_every: int) -> int:
+    """Device-time one iteration in this many: ``every`` as configured, or for ``"auto"`` ``AUTO_EVERY``, or the
+    report interval when it is shorter, so that every report window has a timed iteration."""
+    return every if isinstance(every, int) else max(1, min(AUTO_EVERY, report_every))
+
+
+def start_gpu_report(telemetry: Telemetry, device_timing: Any, gpu_energy: Any, every: int | str = 1,
+                     report_every: int = 50) -> tuple[GpuReport | None, dict[str, Any]]:
     """The loop's ``GpuReport`` (None when neither device time nor energy is measured), and the attributes of the
-    ``device_timing`` event that says what is measured and, for what is not, why."""
+    ``device_timing`` event that says what is measured and, for what is not, why. ``every``: the config's
+    ``device_timing_every``; ``report_every``: its ``log_every_n_train_iterations``."""
     timer, timing_reason = timer_of(telemetry, device_timing)
     energy, energy_reason = _energy_source(gpu_energy)
     info: dict[str, Any] = {"mode": timer.clock.name if timer is not None else "host"}
@@ -157,8 +167,10 @@ def start_gpu_report(telemetry: Telemetry, device_timing: Any, gpu_energy: Any, 
         info["reason"] = timing_reason
     else:
         info["capacity"] = timer.capacity
-        timer.every = every
-        info["every"] = every
+        timer.every = sampling_interval(every, report_every)
+        info["every"] = timer.every
+        if every == "auto":
+            info["every_auto"] = True
     if energy is None:
         info["energy"] = "none"
         info["energy_reason"] = energy_reason

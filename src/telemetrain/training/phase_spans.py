@@ -83,6 +83,7 @@ class PhaseSpans(RecorderBase):
         config = self.config
         self._gpu, info = start_gpu_report(self.telemetry, config.device_timing if config else "auto",
                                            config.gpu_energy if config else True,
-                                           config.device_timing_every if config else 1)
+                                           config.device_timing_every if config else "auto",
+                                           config.log_every_n_train_iterations if config else 50)
         self._device = self._gpu.timer if self._gpu is not None else None
         self.telemetry.event("device_timing", info, group=GROUP)
