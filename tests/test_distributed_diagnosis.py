@@ -92,7 +92,8 @@ def test_a_rank_slow_in_forward_is_the_late_rank_and_the_others_wait_its_extra_t
         assert all(w["avg_comm_time_sec"] > 0 and 0 <= w["comm_wait_fraction"] <= 1 for w in windows)
         assert all(w["comm_clock"] == "host" for w in windows)
 
-    # the fast ranks' wait grows by the slow rank's extra time, within 20%
+    # the fast ranks' wait grows by the slow rank's extra time, within 30% (3 ranks on 2 shared cores: 20% failed
+    # once under a neighbour's load, while the growth without the slow rank is ~0)
     def mean(rank: int, key: str, after: bool) -> float:
         ws = [w for w in reports(run, rank) if w["current_iteration"] >= 19]  # the first window holds the warm-up
         chosen = [w[key] for w in ws if (w["current_iteration"] - 9 >= slow_from) == after
@@ -103,7 +104,7 @@ def test_a_rank_slow_in_forward_is_the_late_rank_and_the_others_wait_its_extra_t
     assert extra > 0.035
     for rank in (0, 1):
         growth = mean(rank, "avg_comm_wait_time_sec", True) - mean(rank, "avg_comm_wait_time_sec", False)
-        assert abs(growth - extra) <= 0.2 * extra, (rank, growth, extra)
+        assert abs(growth - extra) <= 0.3 * extra, (rank, growth, extra)
     # the report and `show` name it
     titles = [f.title for f in build_model(run).findings]
     assert "straggler: rank 2 (forward)" in titles
