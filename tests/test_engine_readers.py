@@ -330,22 +330,28 @@ def test_the_scale_docs_query_runs_on_the_copied_tree(session: tuple[Path, Path]
     assert on_tree == by_query and len(on_tree) >= 10
 
 
-def test_windows_merged_at_scale_are_the_same_by_sql(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("at_once", [65_536, 1_500], ids=["all-ranks-at-once", "rank-by-rank"])
+def test_windows_merged_at_scale_are_the_same_by_sql(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     at_once: int) -> None:
     """Ranks with more windows than they keep: the lowest rank merged to the chart's 1,000 points, the others to their
-    share of the budget; NaN means, missing percentiles and phases in some windows. Both paths merge alike."""
+    share of the budget; NaN means, missing percentiles and phases in some windows. Both paths merge alike, the SQL
+    path's windows typed all ranks at once or a rank at a time (``windows_sql.WINDOWS_AT_ONCE``). Rank 3's reports
+    hold no iteration: it has no windows, so the others' share is 300 / 3, not 300 / 4."""
     import random
 
     import telemetrain.report.windows as windows_module
+    import telemetrain.report.windows_sql as windows_sql
 
     monkeypatch.setattr(windows_module, "WINDOW_BUDGET", 300)  # 3 ranks: 100 windows each besides the lowest
+    monkeypatch.setattr(windows_sql, "WINDOWS_AT_ONCE", at_once)
     run = tmp_path / "s" / "w"
     run.mkdir(parents=True)
     rng = random.Random(7)
-    for rank in range(3):
-        ident = identity_from_env({}, run_id="w", session_tag="s", perf_tag="p", rank=rank, world_size=3)
+    for rank in range(4):
+        ident = identity_from_env({}, run_id="w", session_tag="s", perf_tag="p", rank=rank, world_size=4)
         lines = [json.dumps({"v": 1, "kind": "process", "mono_ns": 1, "wall_ns": 1,
                              "identity": ident.replace(pid=100 + rank).as_dict()})]
-        for i in range(2500 if rank == 0 else 1200):
+        for i in range(2500 if rank == 0 else 1200 if rank < 3 else 10):
             a: dict[str, Any] = {"current_iteration": 50 * (i + 1) - 1, "window_iterations": 50,
                                  "avg_iteration_time_sec": rng.uniform(0.09, 0.11) * (1.5 if 600 < i < 650 else 1),
                                  "max_iteration_time_sec": rng.uniform(0.1, 0.5 if i % 97 else 2.0),
@@ -356,6 +362,8 @@ def test_windows_merged_at_scale_are_the_same_by_sql(tmp_path: Path, monkeypatch
                 a["avg_forward_time_sec"] = rng.uniform(0.02, 0.03) * (4 if i in (300, 301) else 1)
             if i % 211 == 0:
                 a["avg_iteration_time_sec"] = {"$float": "NaN"}
+            if rank == 3:
+                del a["current_iteration"]
             lines.append(json.dumps({"v": 1, "kind": "event", "mono_ns": 10 + i, "wall_ns": 10**18 + i * 10**9,
                                      "group": "training", "name": "training_metrics_update", "severity": "info",
                                      "attributes": a, "event_id": "", "span_id": ""}, separators=(",", ":")))
