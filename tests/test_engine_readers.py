@@ -507,3 +507,45 @@ def test_goodput_positions_order_as_segment_then_line() -> None:
     got = con.execute(f"SELECT segment, line FROM t ORDER BY {goodput_sql._position_sql()}").fetchall()
     assert got == sorted(pairs)
     assert con.execute(f"SELECT count(DISTINCT {goodput_sql._position_sql()}) FROM t").fetchone() == (len(pairs),)
+
+
+@pytest.mark.parametrize("by_sql", [False, True], ids=["python", "sql"])
+def test_show_computes_the_session_goodput_once(session: tuple[Path, Path], by_sql: bool,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """``show``'s goodput line and its findings' restarts read one goodput report of the session (computed twice
+    before, each time reading the session's lifecycle): the same lines as with a report computed for each."""
+    import importlib
+
+    import telemetrain.show as show_module
+
+    goodput_module = importlib.import_module("telemetrain.training.goodput")  # (the package names a function so)
+    calls: list[tuple[Path, int]] = []
+    real = goodput_module.goodput
+
+    def counted(session_dir: Any, **kw: Any) -> Any:
+        calls.append((Path(session_dir), kw.get("rank", 0)))
+        return real(session_dir, **kw)
+
+    monkeypatch.setattr(goodput_module, "goodput", counted)
+    if not by_sql:
+        monkeypatch.setenv("TELEMETRAIN_ENGINE", "python")
+
+    def lines() -> list[str]:
+        run = open_run(session[1])  # the restarted run: a goodput line, the crash and the restart in the findings
+        if not by_sql:
+            return summarize(run)
+        with Engine([session[1]]) as engine:
+            return summarize(run, engine)
+
+    once = lines()
+    assert len(calls) == 1 and calls[0][1] == 0
+    calls.clear()
+
+    def every_time(run: Any, engine: Any = None) -> Any:  # as before: each reader computes its own
+        return lambda session_dir, rank: counted(session_dir, rank=rank, opened=(run,), engine=engine)
+
+    monkeypatch.setattr(show_module, "goodput_once", every_time)
+    assert lines() == once
+    assert len(calls) == 2  # (the goodput line's and the findings')
+    assert any(line.startswith("goodput ") for line in once)
+    assert any("restart" in line for line in once if line.startswith("  ")), "the findings' restarts were not read"
