@@ -549,3 +549,25 @@ def test_show_computes_the_session_goodput_once(session: tuple[Path, Path], by_s
     assert len(calls) == 2  # (the goodput line's and the findings')
     assert any(line.startswith("goodput ") for line in once)
     assert any("restart" in line for line in once if line.startswith("  ")), "the findings' restarts were not read"
+
+
+def test_show_last_records_are_the_same_a_rank_at_a_time(session: tuple[Path, Path],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each rank's last record of each series, selected by its latest wall times a group of ranks at a time
+    (``summary.LATEST_AT_ONCE`` of 1: each rank alone), is the Python path's."""
+    import telemetrain.analysis.summary as summary_module
+
+    monkeypatch.setattr(summary_module, "LATEST_AT_ONCE", 1)
+    for run_dir in session:
+        with Engine([run_dir]) as engine:
+            by_sql = summarize_sql(engine, open_run(run_dir))
+        monkeypatch.setenv("TELEMETRAIN_ENGINE", "python")
+        by_python = summarize_run(open_run(run_dir))
+        monkeypatch.delenv("TELEMETRAIN_ENGINE")
+        for kind in ("metrics", "stats"):
+            python, sql = getattr(by_python, kind), getattr(by_sql, kind)
+            assert {k: {r: tuple(rec) for r, rec in v.last_by_rank.items()} for k, v in python.items()} == \
+                {k: {r: tuple(rec) for r, rec in v.last_by_rank.items()} for k, v in sql.items()}
+            assert {k: (v.count, v.samples) for k, v in python.items()} == \
+                {k: (v.count, v.samples) for k, v in sql.items()}
+        assert sum(len(v.last_by_rank) for v in by_python.metrics.values()) > len(by_python.metrics)  # several ranks
