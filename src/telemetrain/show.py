@@ -81,7 +81,9 @@ def summarize(run: Run, engine: Any = None) -> list[str]:
     lines += _stat_lines(summary)
     lines += _system_lines(summary)
     lines += _training_lines(summary)
-    goodput_of = goodput_once(run, engine)  # the goodput line's report is the findings' restarts' (rank 0's)
+    # the session's goodput once per (folder, rank): the goodput line's (rank 0) is the findings' restarts' (the
+    # run's lowest rank)
+    goodput_of = goodput_once(run, engine)
     if summary.training_events:
         lines += _goodput_lines(run, goodput_of)
     from .distributed.summary import diagnosis_lines  # (standard library only: no torch)
