@@ -330,22 +330,28 @@ def test_the_scale_docs_query_runs_on_the_copied_tree(session: tuple[Path, Path]
     assert on_tree == by_query and len(on_tree) >= 10
 
 
-def test_windows_merged_at_scale_are_the_same_by_sql(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("at_once", [65_536, 1_500], ids=["all-ranks-at-once", "rank-by-rank"])
+def test_windows_merged_at_scale_are_the_same_by_sql(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     at_once: int) -> None:
     """Ranks with more windows than they keep: the lowest rank merged to the chart's 1,000 points, the others to their
-    share of the budget; NaN means, missing percentiles and phases in some windows. Both paths merge alike."""
+    share of the budget; NaN means, missing percentiles and phases in some windows. Both paths merge alike, the SQL
+    path's windows typed all ranks at once or a rank at a time (``windows_sql.WINDOWS_AT_ONCE``). Rank 3's reports
+    hold no iteration: it has no windows, so the others' share is 300 / 3, not 300 / 4."""
     import random
 
     import telemetrain.report.windows as windows_module
+    import telemetrain.report.windows_sql as windows_sql
 
     monkeypatch.setattr(windows_module, "WINDOW_BUDGET", 300)  # 3 ranks: 100 windows each besides the lowest
+    monkeypatch.setattr(windows_sql, "WINDOWS_AT_ONCE", at_once)
     run = tmp_path / "s" / "w"
     run.mkdir(parents=True)
     rng = random.Random(7)
-    for rank in range(3):
-        ident = identity_from_env({}, run_id="w", session_tag="s", perf_tag="p", rank=rank, world_size=3)
+    for rank in range(4):
+        ident = identity_from_env({}, run_id="w", session_tag="s", perf_tag="p", rank=rank, world_size=4)
         lines = [json.dumps({"v": 1, "kind": "process", "mono_ns": 1, "wall_ns": 1,
                              "identity": ident.replace(pid=100 + rank).as_dict()})]
-        for i in range(2500 if rank == 0 else 1200):
+        for i in range(2500 if rank == 0 else 1200 if rank < 3 else 10):
             a: dict[str, Any] = {"current_iteration": 50 * (i + 1) - 1, "window_iterations": 50,
                                  "avg_iteration_time_sec": rng.uniform(0.09, 0.11) * (1.5 if 600 < i < 650 else 1),
                                  "max_iteration_time_sec": rng.uniform(0.1, 0.5 if i % 97 else 2.0),
@@ -356,6 +362,8 @@ def test_windows_merged_at_scale_are_the_same_by_sql(tmp_path: Path, monkeypatch
                 a["avg_forward_time_sec"] = rng.uniform(0.02, 0.03) * (4 if i in (300, 301) else 1)
             if i % 211 == 0:
                 a["avg_iteration_time_sec"] = {"$float": "NaN"}
+            if rank == 3:
+                del a["current_iteration"]
             lines.append(json.dumps({"v": 1, "kind": "event", "mono_ns": 10 + i, "wall_ns": 10**18 + i * 10**9,
                                      "group": "training", "name": "training_metrics_update", "severity": "info",
                                      "attributes": a, "event_id": "", "span_id": ""}, separators=(",", ":")))
@@ -499,3 +507,67 @@ def test_goodput_positions_order_as_segment_then_line() -> None:
     got = con.execute(f"SELECT segment, line FROM t ORDER BY {goodput_sql._position_sql()}").fetchall()
     assert got == sorted(pairs)
     assert con.execute(f"SELECT count(DISTINCT {goodput_sql._position_sql()}) FROM t").fetchone() == (len(pairs),)
+
+
+@pytest.mark.parametrize("by_sql", [False, True], ids=["python", "sql"])
+def test_show_computes_the_session_goodput_once(session: tuple[Path, Path], by_sql: bool,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """``show``'s goodput line and its findings' restarts read one goodput report of the session (computed twice
+    before, each time reading the session's lifecycle): the same lines as with a report computed for each."""
+    import importlib
+
+    import telemetrain.show as show_module
+
+    goodput_module = importlib.import_module("telemetrain.training.goodput")  # (the package names a function so)
+    calls: list[tuple[Path, int]] = []
+    real = goodput_module.goodput
+
+    def counted(session_dir: Any, **kw: Any) -> Any:
+        calls.append((Path(session_dir), kw.get("rank", 0)))
+        return real(session_dir, **kw)
+
+    monkeypatch.setattr(goodput_module, "goodput", counted)
+    if not by_sql:
+        monkeypatch.setenv("TELEMETRAIN_ENGINE", "python")
+
+    def lines() -> list[str]:
+        run = open_run(session[1])  # the restarted run: a goodput line, the crash and the restart in the findings
+        if not by_sql:
+            return summarize(run)
+        with Engine([session[1]]) as engine:
+            return summarize(run, engine)
+
+    once = lines()
+    assert len(calls) == 1 and calls[0][1] == 0
+    calls.clear()
+
+    def every_time(run: Any, engine: Any = None) -> Any:  # as before: each reader computes its own
+        return lambda session_dir, rank: counted(session_dir, rank=rank, opened=(run,), engine=engine)
+
+    monkeypatch.setattr(show_module, "goodput_once", every_time)
+    assert lines() == once
+    assert len(calls) == 2  # (the goodput line's and the findings')
+    assert any(line.startswith("goodput ") for line in once)
+    assert any("restart" in line for line in once if line.startswith("  ")), "the findings' restarts were not read"
+
+
+def test_show_last_records_are_the_same_a_rank_at_a_time(session: tuple[Path, Path],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each rank's last record of each series, selected by its latest wall times a group of ranks at a time
+    (``summary.LATEST_AT_ONCE`` of 1: each rank alone), is the Python path's."""
+    import telemetrain.analysis.summary as summary_module
+
+    monkeypatch.setattr(summary_module, "LATEST_AT_ONCE", 1)
+    for run_dir in session:
+        with Engine([run_dir]) as engine:
+            by_sql = summarize_sql(engine, open_run(run_dir))
+        monkeypatch.setenv("TELEMETRAIN_ENGINE", "python")
+        by_python = summarize_run(open_run(run_dir))
+        monkeypatch.delenv("TELEMETRAIN_ENGINE")
+        for kind in ("metrics", "stats"):
+            python, sql = getattr(by_python, kind), getattr(by_sql, kind)
+            assert {k: {r: tuple(rec) for r, rec in v.last_by_rank.items()} for k, v in python.items()} == \
+                {k: {r: tuple(rec) for r, rec in v.last_by_rank.items()} for k, v in sql.items()}
+            assert {k: (v.count, v.samples) for k, v in python.items()} == \
+                {k: (v.count, v.samples) for k, v in sql.items()}
+        assert sum(len(v.last_by_rank) for v in by_python.metrics.values()) > len(by_python.metrics)  # several ranks

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO, TypeGuard
 
-from .analysis.findings.text import run_findings_lines
+from .analysis.findings.text import GoodputOf, goodput_once, run_findings_lines
 from .cli_common import CLIError, fmt_config, fmt_duration, fmt_value, iso, resolve_run, table
 from .phase_times import DEVICE, iteration_time, phase_times
 from .store.layout import default_root
@@ -81,13 +81,16 @@ def summarize(run: Run, engine: Any = None) -> list[str]:
     lines += _stat_lines(summary)
     lines += _system_lines(summary)
     lines += _training_lines(summary)
+    # the session's goodput once per (folder, rank): the goodput line's (rank 0) is the findings' restarts' (the
+    # run's lowest rank)
+    goodput_of = goodput_once(run, engine)
     if summary.training_events:
-        lines += _goodput_lines(run, engine)
+        lines += _goodput_lines(run, goodput_of)
     from .distributed.summary import diagnosis_lines  # (standard library only: no torch)
 
     if engine is None:
         lines += diagnosis_lines(run.records("event", agents=True))
-        lines += run_findings_lines(run)  # the findings engine's, as the report shows them
+        lines += run_findings_lines(run, goodput_of=goodput_of)  # the findings engine's, as the report shows them
     else:  # the same, from the few rows they read, selected by SQL
         from .analysis.findings import analyse
         from .analysis.findings.run import attempts_of
@@ -95,7 +98,7 @@ def summarize(run: Run, engine: Any = None) -> list[str]:
         from .analysis.show_sql import diagnosis_events_sql, findings_builder_sql
 
         lines += diagnosis_lines(diagnosis_events_sql(engine, run))
-        attempts = attempts_of(session_goodput(run, engine), run.run_id)
+        attempts = attempts_of(session_goodput(run, goodput_of=goodput_of), run.run_id)
         lines += findings_lines(analyse(findings_builder_sql(engine, run).build(attempts=attempts)))
 
     lines.append(f"events      {sum(summary.event_counts.values())}")
@@ -348,12 +351,11 @@ def _is_number(value: object) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _goodput_lines(run: Run, engine: Any = None) -> list[str]:
-    """Goodput of the session the run belongs to (its restarts together), when it trained."""
-    from .training.goodput import goodput
-
+def _goodput_lines(run: Run, goodput_of: GoodputOf) -> list[str]:
+    """Goodput of the session the run belongs to (its restarts together), when it trained, on rank 0's timeline
+    (``goodput_of``: ``analysis.findings.text.goodput_once`` of the run)."""
     try:
-        report = goodput(run.path.parent if run.path.parent != run.path else run.path, opened=(run,), engine=engine)
+        report = goodput_of(run.path.parent if run.path.parent != run.path else run.path, 0)
     except (ValueError, OSError):
         return []
     except Exception as exc:  # noqa: BLE001 - odd records must not take the whole summary down

@@ -158,15 +158,25 @@ def findings_builder_sql(engine: Any, run: Run) -> InputBuilder:
     report = f"group_name = '{REPORT[0]}' AND name = '{REPORT[1]}'"
     # the builder's time origin (its first record: the earliest numeric metric or report) and each rank's host (of
     # its first numeric metric or report, in the Python path's order), set before the rows are fed
-    # (one pass: within a rank, the Python path's order is (pid, segment, line))
-    firsts = engine.rows(
-        f"SELECT rank, arg_min(host, (pid, segment, line)), min(wall_ns) FROM (SELECT {ORDER}, host, wall_ns FROM "
-        f"metrics WHERE {w} AND {number} UNION ALL SELECT {ORDER}, host, wall_ns FROM events WHERE {w} AND {report}) "
-        "GROUP BY rank")
-    first = min((f for _, _, f in firsts if f is not None), default=None)
+    # (one pass: within a rank, the Python path's order is (pid, segment, line); a process writes one host, so a
+    # rank's first host is its lowest pid's: a narrow hash aggregate, no struct ordering of every row; should that pid
+    # have written several hosts, the rank's first row is looked up)
+    rows = (f"(SELECT {ORDER}, host, wall_ns FROM metrics WHERE {w} AND {number} UNION ALL SELECT {ORDER}, host, "
+            f"wall_ns FROM events WHERE {w} AND {report})")
+    processes = engine.rows(f"SELECT rank, pid, host, min(wall_ns) FROM {rows} GROUP BY ALL")
+    first = min((f for *_, f in processes if f is not None), default=None)
     if first is not None:
         builder.seen(int(first))
-    for rank, host, _ in firsts:
+    lowest: dict[int, int] = {}
+    for rank, pid, _, _ in processes:
+        lowest[rank] = min(lowest.get(rank, pid), pid)
+    hosts: dict[int, set[str]] = {}
+    for rank, pid, host, _ in processes:
+        if pid == lowest[rank]:
+            hosts.setdefault(rank, set()).add(host)
+    for rank in sorted(hosts):
+        host = next(iter(hosts[rank])) if len(hosts[rank]) == 1 else engine.scalar(
+            f"SELECT arg_min(host, (pid, segment, line)) FROM {rows} WHERE rank = {int(rank)}")
         builder.host(int(rank), str(host))
     feed_builder_sql(builder, engine, w, span_tables=("span_starts", "span_ends"), stats=True)
     metric = builder.metric
@@ -198,7 +208,8 @@ def diagnosis_events_sql(engine: Any, run: Run) -> list[Any]:
     wanted = (f"(group_name = '{STRAGGLER[0]}' AND name = '{STRAGGLER[1]}') OR (group_name = 'launcher' AND "
               "name = 'stall') OR (group_name = 'watchdog' AND name = 'stall_evidence') OR (group_name = 'clock' AND "
               "name = 'clock_offset')")
-    comm = "json_exists(attributes, '$.avg_comm_time_sec')"
+    # (a text test first: the reports without the key, a job without communication times, are not parsed)
+    comm = "contains(attributes, 'avg_comm_time_sec') AND json_exists(attributes, '$.avg_comm_time_sec')"
     # each rank's last report with communication times: its position by a streaming aggregate (no sort of the
     # reports), then that row
     last = engine.rows(f"SELECT max(({RECORDS_ORDER})) FROM events WHERE {w} AND {report} AND {comm} GROUP BY rank")

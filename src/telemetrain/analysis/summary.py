@@ -192,6 +192,29 @@ def _where(run: Run, alias: str = "") -> str:
     return f"{a}session = '{session}' AND {a}run = '{run_id}' AND {a}role <> 'agent'"
 
 
+LATEST_AT_ONCE = 1024  # latest wall times tested in one scan (each rank's last record of each series)
+
+
+def _rank_groups(rows: list[tuple[int, int]]) -> list[tuple[list[int], list[int]]]:
+    """(rank, wall time) rows, in rank order, as groups of whole ranks with their distinct wall times, at most
+    ``LATEST_AT_ONCE`` of them a group (a rank holding more is a group alone)."""
+    groups: list[tuple[list[int], list[int]]] = []
+    by_rank: dict[int, list[int]] = {}
+    for rank, wall in rows:
+        by_rank.setdefault(int(rank), []).append(int(wall))
+    walls: set[int] = set()
+    ranks: list[int] = []
+    for rank, own in by_rank.items():
+        if ranks and len(walls | set(own)) > LATEST_AT_ONCE:
+            groups.append((ranks, sorted(walls)))
+            walls, ranks = set(), []
+        ranks.append(rank)
+        walls |= set(own)
+    if ranks:
+        groups.append((ranks, sorted(walls)))
+    return groups
+
+
 def summarize_sql(engine: Any, run: Run) -> RunSummary:
     """The summary by SQL (``store.engine.Engine`` over the run)."""
     from ..store.columnar import COLUMNS, identity_of_row, record_from_row
@@ -206,20 +229,24 @@ def summarize_sql(engine: Any, run: Run) -> RunSummary:
              f"m.attributes IS NOT DISTINCT FROM k.attributes WHERE {_where(run, 'm')})")
     tables = {"metric": "metrics", "event": "events", "span_start": "span_starts", "span_end": "span_ends",
               "stat": "stats", "diagnostic": "diagnostics"}
-    for kind, table in tables.items():  # one pass per table: counts and time bounds (per series for metrics, stats)
-        per_series = kind in ("metric", "stat")
+    for kind, table in tables.items():  # one pass per table: counts and time bounds (per series and rank for metrics
+        per_series = kind in ("metric", "stat")  # and stats, kept for their last records below)
         source = f"{keyed} WHERE true" if kind == "metric" else f"{table} WHERE {w}"
-        for group, name, n, lo, hi, samples in engine.rows(
-                f"SELECT group_name, {'name' if per_series else 'NULL'}, count(*), min(wall_ns), max(wall_ns), "
-                f"{'sum(sample_count)' if kind == 'stat' else '0'} FROM {source} GROUP BY ALL ORDER BY ALL"):
+        select = (f"SELECT group_name, {'name, rank' if per_series else 'NULL, NULL'}, count(*) AS n, min(wall_ns), "
+                  f"max(wall_ns) AS wall, {'sum(sample_count)' if kind == 'stat' else '0'} FROM {source} GROUP BY ALL")
+        if per_series:
+            engine.execute(f"CREATE OR REPLACE TEMP TABLE summary_{table} AS {select}")
+            select = f"SELECT * FROM summary_{table}"
+        for group, name, _, n, lo, hi, samples in engine.rows(f"{select} ORDER BY ALL"):
             s.records += n
             s.by_kind[kind] += n
             s.by_group_kind[(group, kind)] += n
             s.start_ns = lo if s.start_ns is None or lo < s.start_ns else s.start_ns
             s.end_ns = hi if s.end_ns is None or hi > s.end_ns else s.end_ns
             if per_series:
-                (s.metrics if kind == "metric" else s.stats)[(group, name)] = SeriesSummary(
-                    count=int(n), samples=int(samples or 0))
+                series = (s.metrics if kind == "metric" else s.stats).setdefault((group, name), SeriesSummary())
+                series.count += int(n)
+                series.samples += int(samples or 0)
 
     def records(kind: str, query: str) -> list[tuple[Any, Any]]:
         cur = engine.execute(query)
@@ -237,15 +264,25 @@ def summarize_sql(engine: Any, run: Run) -> RunSummary:
         columns = [name for name, _ in COLUMNS[table]] + ["session", "run", "rank"]
         row = "struct_pack(" + ", ".join(f'"{c}" := t."{c}"' for c in columns) + ")"
         # each rank's last record of each series, by streaming aggregates (no sort of the table): the latest wall
-        # time, then the full order among the records at that time (narrow scans), then the rows themselves, read
-        # from the files of their segments only
+        # time (the pass above), then the full order among the records at that time, then the rows themselves, read
+        # from the files of their segments only. The latest times select the few rows at them before the series' key
+        # is joined: a list of values DuckDB tests in its scan, a group of ranks at a time (LATEST_AT_ONCE values)
         rows = keyed if kind == "metric" else f"(SELECT * FROM {table} WHERE {w})"
-        positions = engine.rows(
-            f"""WITH latest AS (SELECT group_name, name, rank, max(wall_ns) AS wall FROM {rows} GROUP BY ALL)
-            SELECT any_value(t.session), any_value(t.run), t.rank, max((t.pid, t.mono_ns, t.segment, t.line)) AS k
-            FROM {rows} t JOIN latest l ON t.group_name = l.group_name AND t.name = l.name AND t.rank = l.rank
-              AND t.wall_ns = l.wall
-            GROUP BY t.group_name, t.name, t.rank""")
+        latest = f"summary_{table}"
+        a = "m." if kind == "metric" else ""
+        positions = []
+        for ranks, walls in _rank_groups(engine.rows(f"SELECT DISTINCT rank, wall FROM {latest} WHERE rank IS NOT NULL "
+                                                     "AND wall IS NOT NULL ORDER BY ALL")):
+            at_latest = (f"{a}rank IN ({', '.join(map(str, ranks))}) AND "
+                         f"{a}wall_ns IN ({', '.join(map(str, walls))})")
+            source = (keyed.replace(f"WHERE {_where(run, 'm')})", f"WHERE {_where(run, 'm')} AND {at_latest})")
+                      if kind == "metric" else f"(SELECT * FROM {table} WHERE {w} AND {at_latest})")
+            positions += engine.rows(
+                f"""SELECT any_value(t.session), any_value(t.run), t.rank, max((t.pid, t.mono_ns, t.segment, t.line))
+                FROM {source} t JOIN {latest} l ON t.group_name = l.group_name AND t.name = l.name
+                  AND t.rank = l.rank AND t.wall_ns = l.wall
+                GROUP BY t.group_name, t.name, t.rank""")
+        engine.execute(f"DROP TABLE {latest}")
         names, fetched = engine.fetch(table, [(session_, run_, rank, k[0], k[2], k[3])  # (pid, mono, segment, line)
                                               for session_, run_, rank, k in positions])
         lasts = []

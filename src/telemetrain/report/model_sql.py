@@ -12,7 +12,6 @@ The launcher's agents write a few records each: they go through ``_Collector`` i
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 from ..analysis.findings.builder import GPU_MEMORY_LIMIT, HOST_MEMORY_LIMIT, HOST_MEMORY_USAGE
@@ -39,7 +38,6 @@ from .model import (
     MAX_EVENT_ROWS,
     MAX_SERIES_POINTS,
     PHASE_SPANS,
-    PHASES,
     ROUTINE_EVENTS,
     SYSTEM_CHARTS,
     EventRow,
@@ -47,13 +45,8 @@ from .model import (
     Window,
     _Collector,
 )
-from .windows import (
-    MAX_HEATMAP_COLUMNS,
-    SLOW_ITERATION_FACTOR,
-    Heatmap,
-    WindowFigures,
-    window_limit,
-)
+from .windows import WindowFigures
+from .windows_sql import WindowsSql
 
 __all__ = ["SqlCollector"]
 
@@ -89,6 +82,7 @@ class SqlCollector(_Collector):
         engine.attach(run)
         self.where = self.where_of("")
         self._figures: WindowFigures | None = None
+        self._counts: list[tuple[Any, Any]] = []  # (rank, reports), by rank
         self._spans: dict[int, list[tuple[int, float]]] = {}
         self._system: dict[tuple[str, str], list[tuple[int, float]]] = {}
 
@@ -201,14 +195,19 @@ class SqlCollector(_Collector):
                 f"SELECT rank, name, fsum(duration_ns / 1e9) FROM span_ends WHERE {{w}} AND name IN "
                 f"{_names(PHASE_SPANS)} GROUP BY ALL ORDER BY ALL"):
             self.span_phase_seconds[rank][PHASE_SPANS[name]] += float(seconds)
-        for rank, wall, seconds in self.rows(
-                f"""WITH s AS (SELECT rank, wall_ns, duration_ns,
-                      row_number() OVER (PARTITION BY rank ORDER BY wall_ns, duration_ns) - 1 AS i,
-                      count(*) OVER (PARTITION BY rank) AS n
-                    FROM span_ends WHERE {{w}} AND name = 'training_single_iteration')
-                SELECT rank, wall_ns, duration_ns / 1e9 FROM s
-                WHERE i % greatest(1, n // {ITERATION_CHART_POINTS}) = 0 ORDER BY rank, i"""):
-            self._spans.setdefault(rank, []).append((wall, seconds))
+        # the iteration chart: every k-th iteration span of each rank, numbered a group of ranks at a time (all
+        # ranks' spans at once, 1.28 M at 64 x 1M, would fill DuckDB's memory)
+        iteration = "name = 'training_single_iteration'"
+        for ranks in rank_groups(self.rows(f"SELECT rank, count(*) FROM span_ends WHERE {{w}} AND {iteration} "
+                                           "GROUP BY rank ORDER BY rank")):
+            for rank, wall, seconds in self.rows(
+                    f"""WITH s AS (SELECT rank, wall_ns, duration_ns,
+                          row_number() OVER (PARTITION BY rank ORDER BY wall_ns, duration_ns) - 1 AS i,
+                          count(*) OVER (PARTITION BY rank) AS n
+                        FROM span_ends WHERE {{w}} AND {iteration} AND rank IN {ranks})
+                    SELECT rank, wall_ns, duration_ns / 1e9 FROM s
+                    WHERE i % greatest(1, n // {ITERATION_CHART_POINTS}) = 0 ORDER BY rank, i"""):
+                self._spans.setdefault(rank, []).append((wall, seconds))
         lifecycle = _names(LIFECYCLE_SPANS)
         same = ("s.session = e.session AND s.run = e.run AND s.rank = e.rank AND s.pid = e.pid AND "
                 "s.span_id = e.span_id AND (s.segment, s.line) < (e.segment, e.line)")
@@ -362,58 +361,9 @@ class SqlCollector(_Collector):
         self._feed_windows()
         # the memory gauges as the memory rule thins them from the steady state on, which the reports give
         feed_memory_series_sql(self.inputs, self.engine, gauges_relation(self._metrics_keyed(), "skey", "true"))
-        # phase_times.py's rule: a window's device times when it has any (then only those), else its host times
-        dev = "(" + " OR ".join(f"isfinite(avg_{p}_device_time_sec)" for p in PHASES) + ")"
-        phases = ", ".join(f"CASE WHEN {dev} THEN (CASE WHEN isfinite(avg_{p}_device_time_sec) THEN "
-                           f"avg_{p}_device_time_sec END) WHEN isfinite(avg_{p}_time_sec) THEN avg_{p}_time_sec END "
-                           f"AS ph_{p}" for p in PHASES)
-        pavg = (f"CASE WHEN {dev} AND isfinite(avg_iteration_device_time_sec) THEN avg_iteration_device_time_sec "
-                f"ELSE avg_iteration_time_sec END AS pavg, coalesce({dev}, false) AS dev")
-        base = f"""(SELECT rank, pid, segment, line, wall_ns, current_iteration AS iteration,
-                      coalesce(window_iterations, 0) AS iterations, avg_iteration_time_sec AS avg,
-                      p50_iteration_time_sec AS p50, p90_iteration_time_sec AS p90, p99_iteration_time_sec AS p99,
-                      max_iteration_time_sec AS mx, total_iteration_time_sec AS total,
-                      samples_per_second AS sps, {phases}, {pavg},
-                      row_number() OVER (PARTITION BY rank ORDER BY current_iteration, wall_ns, {ORDER}) - 1 AS i,
-                      count(*) OVER (PARTITION BY rank) AS n
-                    FROM windows WHERE {self.where} AND current_iteration IS NOT NULL)"""
-        self.engine.execute("CREATE OR REPLACE TEMP TABLE report_windows AS SELECT * FROM " + base)
-        w = "report_windows"
-        per_rank = self.engine.rows(
-            f"SELECT rank, any_value(n), median(avg) FILTER (WHERE isfinite(avg)), "
-            f"median(coalesce(p50, avg)) FILTER (WHERE isfinite(coalesce(p50, avg))) FROM {w} GROUP BY rank "
-            "ORDER BY rank")
-        counts = {rank: int(n) for rank, n, _, _ in per_rank}
-        medians = {rank: (None if m is None else float(m)) for rank, _, m, _ in per_rank}
-        figures = WindowFigures(counts=counts, merged={}, medians=medians, slow_windows=[],
-                                phase_seconds={}, heatmap=None)
-        self._figures = figures
-        if not counts:
-            self.engine.execute("DROP TABLE IF EXISTS report_windows")
-            return
-        # slow windows: slowest iteration > 3x the rank's median p50 (its mean where it has none)
-        typical = {rank: t for rank, _, _, t in per_rank if t}
-        if typical:
-            self.engine.execute("CREATE OR REPLACE TEMP TABLE report_typical (rank BIGINT, t DOUBLE)")
-            self.engine.con.executemany("INSERT INTO report_typical VALUES (?, ?)", list(typical.items()))
-            figures.slow_windows = [self._window(row) for row in self.engine.rows(
-                f"SELECT {self._window_columns()} FROM {w} JOIN report_typical USING (rank) WHERE mx IS NOT NULL "
-                f"AND NOT isnan(mx) AND mx > {SLOW_ITERATION_FACTOR} * t ORDER BY iteration, rank, i")]
-        # time by phase: a rank with device times counts only its windows that have them (window_figures)
-        keep = "(dev OR NOT rank_dev)"
-        sums = ", ".join(f"coalesce(fsum({c} * iterations) FILTER (WHERE {keep}), 0.0)"
-                         for c in (f"ph_{p}" for p in PHASES))
-        any_phase = " OR ".join(f"ph_{p} IS NOT NULL" for p in PHASES)
-        for rank, rank_dev, *values in self.engine.rows(
-                f"SELECT rank, any_value(rank_dev), {sums}, coalesce(fsum(pavg * iterations) FILTER (WHERE "
-                f"isfinite(pavg) AND {keep}), 0.0) FROM (SELECT *, bool_or(dev) OVER (PARTITION BY rank) AS rank_dev "
-                f"FROM {w}) GROUP BY rank HAVING bool_or({any_phase}) ORDER BY rank"):
-            figures.phase_seconds[rank] = ({p: float(v) for p, v in zip(PHASES, values[:-1], strict=True)},
-                                           float(values[-1]))
-            figures.phase_sources[rank] = "device" if rank_dev else "host"
-        figures.heatmap = self._heatmap(w, medians)
-        figures.merged = self._merged(w, sorted(counts))
-        self.engine.execute("DROP TABLE IF EXISTS report_typical")
+        # the figures a group of ranks at a time (windows_sql), the run's windows never held together
+        self._windows_sql = WindowsSql(self.engine, self.where, self._counts)
+        self._figures = self._windows_sql.figures()
 
     def _feed_windows(self) -> None:
         """Every report to the findings engine (``InputBuilder.window``), in collection order, with the attributes
@@ -424,6 +374,7 @@ class SqlCollector(_Collector):
         # rank by rank: DuckDB sorts one rank's reports at a time (all ranks' attributes at once outgrow its memory);
         # ranks together while they hold few reports (a query per rank costs a scan of the reports each)
         counts = self.engine.rows(f"SELECT rank, count(*) FROM windows WHERE {self.where} GROUP BY rank ORDER BY rank")
+        self._counts = counts
         groups = rank_groups(counts)
         if feed_windows_sql(self.inputs, self.engine, "windows", self.where, counts, groups):
             return  # a long regular run: merged by SQL (findings_windows_sql), as the builder would merge it
@@ -440,75 +391,10 @@ class SqlCollector(_Collector):
         each range, the window(s) ending in it whose slowest iteration is the slowest."""
         if not flagged or self._figures is None or not self._figures.counts:
             return []
-        self.engine.execute("CREATE OR REPLACE TEMP TABLE report_flagged (rank BIGINT, a BIGINT, b BIGINT)")
-        self.engine.con.executemany("INSERT INTO report_flagged VALUES (?, ?, ?)", sorted(flagged))
-        out = [self._window(row) for row in self.engine.rows(
-            f"SELECT {self._window_columns()} FROM report_windows WHERE (rank, i) IN (SELECT rank, i FROM ("
-            "SELECT w.rank, w.i, w.mx, max(w.mx) OVER (PARTITION BY f.rank, f.a, f.b) AS top FROM report_windows w "
-            "JOIN report_flagged f ON w.rank = f.rank AND w.iteration BETWEEN f.a AND f.b WHERE w.mx IS NOT NULL "
-            "AND isfinite(w.mx)) WHERE mx = top) ORDER BY iteration, rank, i")]
-        self.engine.execute("DROP TABLE report_flagged")
-        return out
+        return self._windows_sql.windows_at(flagged)
 
     def close(self) -> None:
-        self.engine.execute("DROP TABLE IF EXISTS report_windows")
         self.engine.execute("DROP TABLE IF EXISTS report_series")
-
-    def _window_columns(self) -> str:
-        return "rank, iteration, wall_ns, iterations, avg, p50, p90, p99, mx, total, sps, pavg, dev, " + \
-            ", ".join(f"ph_{p}" for p in PHASES)
-
-    @staticmethod
-    def _window(row: tuple[Any, ...]) -> Window:
-        rank, iteration, wall, iterations, avg, p50, p90, p99, mx, total, sps, pavg, dev, *phases = row
-        return Window(rank=rank, iteration=iteration, wall_ns=wall, iterations=int(iterations), avg=avg, p50=p50,
-                      p90=p90, p99=p99, max=mx, total=total, samples_per_second=sps,
-                      phases={p: v for p, v in zip(PHASES, phases, strict=True) if v is not None},
-                      phase_source="device" if dev else "host",
-                      phase_avg=None if pavg is None or not math.isfinite(pavg) else pavg)
-
-    def _heatmap(self, w: str, medians: dict[int, float | None]) -> Heatmap:
-        lo, hi, most = self.engine.rows(f"SELECT min(iteration), max(iteration), max(n) FROM {w}")[0]
-        ncols = max(1, min(MAX_HEATMAP_COLUMNS, int(most)))
-        heat = Heatmap(ranks=sorted(medians), lo=int(lo), hi=int(hi), ncols=ncols, cells=[], typical=1.0,
-                       medians=dict(medians))
-        width = heat.width
-        cells: dict[int, list[float | None]] = {rank: [None] * ncols for rank in heat.ranks}
-        for rank, col, mean in self.engine.rows(
-                f"SELECT rank, least({ncols - 1}, greatest(0, floor((iteration - {heat.lo})::DOUBLE / $width)))"
-                f"::BIGINT AS c, fsum(avg) / count(*) FROM {w} WHERE isfinite(avg) GROUP BY ALL ORDER BY ALL",
-                {"width": width}):
-            cells[rank][int(col)] = float(mean)
-        heat.cells = [cells[rank] for rank in heat.ranks]
-        typical = self.engine.scalar(f"SELECT median(avg) FROM {w} WHERE isfinite(avg)")
-        heat.typical = float(typical) if typical is not None and typical > 0 else 1.0
-        return heat
-
-    def _merged(self, w: str, ranks: list[int]) -> dict[int, list[Window]]:
-        merged: dict[int, list[Window]] = {}
-        self.engine.execute("CREATE OR REPLACE TEMP TABLE report_limits (rank BIGINT, lim BIGINT)")
-        self.engine.con.executemany("INSERT INTO report_limits VALUES (?, ?)",
-                                    [(rank, window_limit(rank, ranks)) for rank in ranks])
-        w = f"(SELECT * FROM {w} JOIN report_limits USING (rank))"
-        for row in self.engine.rows(f"SELECT {self._window_columns()} FROM {w} WHERE n <= lim ORDER BY rank, i"):
-            merged.setdefault(row[0], []).append(self._window(row))
-        size = "((n + lim - 1) // lim)"
-
-        def mean(c: str) -> str:
-            return f"favg({c}) FILTER (WHERE isfinite({c}))"
-
-        def largest(c: str) -> str:
-            return f"max({c}) FILTER (WHERE isfinite({c}))"
-
-        phases = ", ".join(mean(f"ph_{p}") for p in PHASES)
-        for row in self.engine.rows(
-                f"""SELECT rank, last(iteration ORDER BY i), last(wall_ns ORDER BY i), sum(iterations), {mean('avg')},
-                      {mean('p50')}, {largest('p90')}, {largest('p99')}, {largest('mx')},
-                      fsum(total) FILTER (WHERE isfinite(total)), {mean('sps')}, NULL, false, {phases}
-                    FROM {w} WHERE n > lim GROUP BY rank, i // {size} ORDER BY rank, i // {size}"""):
-            merged.setdefault(row[0], []).append(self._window(row))
-        self.engine.execute("DROP TABLE report_limits")
-        return merged
 
     # -- what build_model asks for -------------------------------------------------------------------------------
 
