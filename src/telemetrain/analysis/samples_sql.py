@@ -6,13 +6,15 @@ series."""
 
 from __future__ import annotations
 
+import json
 from array import array
 from collections.abc import Callable
 from typing import Any
 
-from ..report.curves import CurveBuilder
-from ..report.curves_sql import _user_groups as user_groups
+from ..report.curves import CurveBuilder, is_user_group
 from ..report.curves_sql import feed_curves
+from ..semconv import series_key
+from ..store.codec import untag_nonfinite
 from ..store.engine import Engine, rank_groups
 from ..store.reader import Run
 from .samples import _CONTENTION, DURATIONS, OTHER, PHASES, RunSamples
@@ -72,24 +74,52 @@ def _series(engine: Engine, metrics: list[tuple[str, str]], by_rank: bool, busy_
 
 def _feed_curves(engine: Engine, curves: CurveBuilder, wanted: Callable[[str], bool] | None) -> None:
     """The user's metrics (the loss compared, the overlay), bucketed by SQL: every series, or those ``wanted``
-    (by name). The builder's time origin is the first point of every user series either way: the first point of
-    the fed series, unless a point of another comes before it (a query that row groups' statistics mostly answer).
-    (The earliest point of all is fed whenever its series is, whatever the series' axis: a point at the same time
-    with a step is fed in its place.)"""
-    engine.series_keys("compare_series", "role <> 'agent'")
-    if wanted is not None:
-        keys = [k for (k,) in engine.rows("SELECT DISTINCT skey FROM compare_series") if wanted(k)]
-        engine.execute("DELETE FROM compare_series WHERE NOT list_contains($keys, skey)", {"keys": keys})
-    names = [n for (n,) in engine.rows("SELECT DISTINCT name FROM compare_series ORDER BY 1")]
-    if names:
-        listed = ", ".join("'" + n.replace("'", "''") + "'" for n in names)
+    (by name). One pass over the metrics gives each (name, attributes) with numbers -- its series key as
+    ``Engine.series_keys`` gives it -- and, per group and rank, the extent ``feed_curves`` needs (its first pass,
+    ``curves_sql.curve_extent_sql``, rolled up here per series key), and the first point of every user series:
+    the builder's time origin, whichever series are fed (the earliest point of all is fed whenever its series is,
+    whatever the series' axis: a point at the same time with a step is fed in its place). Only the wanted names are
+    read again, for their buckets."""
+    keys: dict[tuple[str, str | None], str] = {}
+    extents: dict[tuple[str, str, int], list[Any]] = {}
+    first = None
+    for group, name, text, rank, by_step, s0, s1, w0, w1 in engine.rows(
+            "SELECT group_name, name, attributes, rank, arg_min(step IS NOT NULL, wall_ns), min(step), max(step), "
+            "min(wall_ns), max(wall_ns) FROM metrics WHERE role <> 'agent' AND value_bool IS NULL AND value IS NOT "
+            "NULL GROUP BY ALL"):
+        if group is None or not is_user_group(group):  # (SQL's test of a NULL group is not true either)
+            continue
+        first = w0 if first is None else min(first, w0)
+        key = keys.get((name, text))
+        if key is None:
+            attributes = untag_nonfinite(json.loads(text)) if text is not None else None
+            key = keys[(name, text)] = (series_key(name, attributes) if isinstance(attributes, dict) and attributes
+                                        else name)
+        if wanted is not None and not wanted(key):
+            continue
+        extent = extents.get((group, key, rank))
+        if extent is None:
+            extents[(group, key, rank)] = [by_step, s0, s1, w0, w1]
+            continue
+        if w0 < extent[3]:  # the axis of the series' first point
+            extent[0] = by_step
+        extent[1] = s0 if extent[1] is None else extent[1] if s0 is None else min(extent[1], s0)
+        extent[2] = s1 if extent[2] is None else extent[2] if s1 is None else max(extent[2], s1)
+        extent[3], extent[4] = min(extent[3], w0), max(extent[4], w1)
+    fed = {key for _, key, _ in extents}
+    pairs = [(name, text, key) for (name, text), key in keys.items() if key in fed]
+    if pairs:
+        engine.execute("CREATE OR REPLACE TEMP TABLE compare_series (name VARCHAR, attributes VARCHAR, skey VARCHAR)")
+        engine.con.executemany("INSERT INTO compare_series VALUES (?, ?, ?)", pairs)
+        engine.execute("CREATE OR REPLACE TEMP TABLE compare_extents (group_name VARCHAR, skey VARCHAR, rank BIGINT, "
+                       "c_by_step BOOLEAN, c_s0 BIGINT, c_s1 BIGINT, c_w0 BIGINT, c_w1 BIGINT)")
+        engine.con.executemany("INSERT INTO compare_extents VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                               [(*k, *v) for k, v in extents.items()])
+        listed = ", ".join("'" + n.replace("'", "''") + "'" for n in sorted({n for n, _, _ in pairs}))
         feed_curves(engine, curves, "(SELECT m.*, k.skey FROM metrics m JOIN compare_series k ON m.name = k.name AND "
-                    f"m.attributes IS NOT DISTINCT FROM k.attributes WHERE m.role <> 'agent' AND m.name IN ({listed}))")
-    if wanted is None:
-        return
-    before = "" if curves.first_wall_ns is None else f" AND wall_ns < {int(curves.first_wall_ns)}"
-    first = engine.scalar("SELECT min(wall_ns) FROM metrics WHERE role <> 'agent' AND value_bool IS NULL AND value IS "
-                          f"NOT NULL AND {user_groups('group_name')}{before}")
+                    f"m.attributes IS NOT DISTINCT FROM k.attributes WHERE m.role <> 'agent' AND m.name IN ({listed}))",
+                    extents="compare_extents")
+        engine.execute("DROP TABLE compare_extents")
     if first is not None:
         curves.first_wall_ns = int(first)
 
