@@ -2,7 +2,8 @@
 
 The unit of observation is the report window (``samples.py``): a run's series is one value per window (the ranks'
 windows ending at the same iteration averaged into one). For each metric, both series are resampled with
-replacement, independently, ``resamples`` times (a seeded ``random.Random``: the same inputs give the same answer);
+replacement, independently, ``resamples`` times (a seeded ``random.Random``: the same inputs give the same answer;
+``compare_bootstrap.py``, on NumPy arrays when installed, to the same interval);
 each resample gives ``median(candidate*) / median(baseline*)`` and the percentile interval of those ratios is the
 confidence interval. Consequence: the interval is over windows, i.e. it says how sure we are of each run's typical
 window, not how much a third run on other nodes would differ; ``min_effect`` is there for that run-to-run variation.

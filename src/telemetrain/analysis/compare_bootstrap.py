@@ -7,8 +7,9 @@ drawn (2,000 resamples of 200 + 200 values: 800,000 draws a metric, most of comp
 When NumPy is installed (the ``columnar`` extra brings it with pyarrow), the same draws are made by NumPy's MT19937
 started from the very state of the ``random.Random`` -- the same 32-bit words, turned into doubles by the same 53-bit
 formula -- and the same medians and ratios are computed by the same IEEE operations on whole arrays: the interval is
-the same to the last bit as the loop's (a test compares them on many seeds and sizes), only faster. Without NumPy, or
-for values that are not all finite (the order of a NaN in a sort differs), the loop runs.
+the same to the last bit as the loop's (a test compares them on many seeds and sizes), only faster. (The loop gives a
+resample whose baseline median is 0 an infinite ratio without drawing the candidate's values: the arrays follow it.)
+Without NumPy, or for values that are not all finite (the order of a NaN in a sort differs), the loop runs.
 """
 
 from __future__ import annotations
