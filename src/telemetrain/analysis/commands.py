@@ -23,6 +23,7 @@ from .compare import (
     compare_runs,
 )
 from .compare_multi import compare_baselines
+from .compare_quality import quality_series
 from .samples import RunSamples, open_run_meta, read_samples, run_bytes
 
 __all__ = ["register"]
@@ -164,7 +165,10 @@ def _progress(err: TextIO, total: int, what: str) -> Iterator[TextProgress | Non
         bar.close()
 
 
-def _load_all(paths: Sequence[Path], err: TextIO) -> list[RunSamples]:
+def _load_all(paths: Sequence[Path], err: TextIO, curves: Callable[[str], bool] | None = None,
+              goodput: bool = False) -> list[RunSamples]:
+    """Each run's samples (``read_samples``: ``curves`` the user series its curves keep, ``goodput`` its own
+    goodput, read by the same engine)."""
     total = sum(run_bytes(p) for p in paths)
     loaded = []
     done = 0
@@ -178,7 +182,7 @@ def _load_all(paths: Sequence[Path], err: TextIO) -> list[RunSamples]:
 
         for path in paths:
             try:
-                loaded.append(read_samples(path, on_file))
+                loaded.append(read_samples(path, on_file, curves=curves, goodput=goodput))
             except (OSError, NotARunError) as exc:
                 raise CLIError(str(exc)) from None
     return loaded
@@ -291,9 +295,10 @@ def _cmd_compare(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         root = Path(args.root) if args.root is not None else baselines[0].resolve().parent.parent
         if root.is_dir():
             history = _same_tag(tag, root, exclude)[:args.history]
-    loaded = _load_all([*candidates, *baselines], err)  # each run once, whatever it is compared with
+    # each run once, whatever it is compared with; of the user's curves only those the quality comparison reads
+    loaded = _load_all([*candidates, *baselines], err, quality_series(args.loss), goodput=not args.no_goodput)
     cand_samples, base_samples = loaded[:len(candidates)], loaded[len(candidates):]
-    earlier = _load_all(history, err) if history else []
+    earlier = _load_all(history, err, lambda name: False) if history else []  # (their series only)
     settings: dict[str, Any] = dict(confidence=args.confidence, min_effect=args.min_effect, resamples=args.resamples,
                                     seed=args.seed, force=args.force, history=earlier, goodput=not args.no_goodput,
                                     loss=args.loss)

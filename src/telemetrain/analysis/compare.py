@@ -2,7 +2,8 @@
 
 The unit of observation is the report window (``samples.py``): a run's series is one value per window (the ranks'
 windows ending at the same iteration averaged into one). For each metric, both series are resampled with
-replacement, independently, ``resamples`` times (a seeded ``random.Random``: the same inputs give the same answer);
+replacement, independently, ``resamples`` times (a seeded ``random.Random``: the same inputs give the same answer;
+``compare_bootstrap.py``, on NumPy arrays when installed, to the same interval);
 each resample gives ``median(candidate*) / median(baseline*)`` and the percentile interval of those ratios is the
 confidence interval. Consequence: the interval is over windows, i.e. it says how sure we are of each run's typical
 window, not how much a third run on other nodes would differ; ``min_effect`` is there for that run-to-run variation.
@@ -26,16 +27,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..store.reader import Run
+from .compare_bootstrap import blocks as _blocks
+from .compare_bootstrap import bootstrap_ratio
+from .compare_bootstrap import median as _median
 from .findings.noise import BUSY_RESIDUAL, Contention, explained_factor, history_min_effect, steal_factor
 from .findings.stats import min_rank_sum_p, rank_sum_p
-from .samples import OTHER, PHASES, RunSamples, run_samples, with_goodput
+from .samples import OTHER, PHASES, RunSamples, read_samples, run_samples, with_goodput
 
 __all__ = [
     "DEFAULT_CONFIDENCE",
@@ -57,7 +60,6 @@ DEFAULT_CONFIDENCE = 0.95
 # placement, data order), which a within-run interval cannot see; larger ones are worth a look.
 DEFAULT_MIN_EFFECT = 0.03
 DEFAULT_RESAMPLES = 2000
-MAX_UNITS = 200
 MIN_WINDOWS = 3  # per side: fewer and resampling tells nothing
 FEW_WINDOWS = 10  # below this, a percentile bootstrap of a median is coarse: said in a note
 SHORT_RUN_S = 60.0  # a shorter run's typical window is one draw of the machine's state: said in a note
@@ -227,44 +229,6 @@ class Comparison:
 
 
 # -- the statistics ----------------------------------------------------------------------------------------------------
-
-
-def _median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    n = len(ordered)
-    mid = n // 2
-    return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
-
-def _blocks(values: Sequence[float], limit: int = MAX_UNITS) -> list[float]:
-    """``values`` as at most ``limit`` means of consecutive runs of values (unchanged when short enough)."""
-    n = len(values)
-    if n <= limit:
-        return list(values)
-    size = math.ceil(n / limit)
-    return [math.fsum(values[i:i + size]) / len(values[i:i + size]) for i in range(0, n, size)]
-
-
-def bootstrap_ratio(candidate: Sequence[float], baseline: Sequence[float], *, confidence: float = DEFAULT_CONFIDENCE,
-                    resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> tuple[float, float, float]:
-    """``median(candidate) / median(baseline)`` and its percentile bootstrap interval at ``confidence``, resampling
-    each side independently with ``random.Random(seed)``. Both sides need at least one value."""
-    if not candidate or not baseline:
-        raise ValueError("bootstrap_ratio needs values on both sides")
-    rng = random.Random(seed)
-    c, b = list(candidate), list(baseline)
-    nc, nb = len(c), len(b)
-    ratios = []
-    choices = rng.choices
-    for _ in range(resamples):
-        mb = _median(choices(b, k=nb))
-        ratios.append(_median(choices(c, k=nc)) / mb if mb else math.inf)
-    ratios.sort()
-    alpha = (1.0 - confidence) / 2
-    low = ratios[max(0, math.floor(alpha * (resamples - 1)))]
-    high = ratios[min(resamples - 1, math.ceil((1 - alpha) * (resamples - 1)))]
-    mb = _median(b)
-    return (_median(c) / mb if mb else math.inf), low, high
 
 
 def decide(ci_low: float, ci_high: float, *, higher_is_better: bool, min_effect: float) -> str:
@@ -559,8 +523,15 @@ def compare_samples(candidate: RunSamples, baseline: RunSamples, *, confidence: 
                                quality=compare_quality(candidate, baseline, loss))
 
 
-def _as_samples(run: RunSamples | Run | str | Path) -> RunSamples:
-    return run if isinstance(run, RunSamples) else run_samples(run)
+def _as_samples(run: RunSamples | Run | str | Path, loss: str | None = None, goodput: bool = False,
+                curves: bool = True) -> RunSamples:
+    """A run's samples; read from a directory, with only the curves the quality comparison reads (none for
+    ``curves=False``: a run of the history) and its goodput when asked (by the same engine)."""
+    if isinstance(run, (RunSamples, Run)):
+        return run if isinstance(run, RunSamples) else run_samples(run)
+    from .compare_quality import quality_series
+
+    return read_samples(run, curves=quality_series(loss) if curves else (lambda name: False), goodput=goodput)
 
 
 def compare_runs(candidates: RunSamples | Run | str | Path | Iterable[RunSamples | Run | str | Path],
@@ -586,8 +557,8 @@ def compare_runs(candidates: RunSamples | Run | str | Path | Iterable[RunSamples
         raise ValueError(f"resamples must be an int >= 100, got {resamples!r}")
     if isinstance(candidates, (RunSamples, Run, str, Path)):
         candidates = [candidates]
-    base = _as_samples(baseline)
-    cands = [_as_samples(c) for c in candidates]
+    base = _as_samples(baseline, loss, goodput)
+    cands = [_as_samples(c, loss, goodput) for c in candidates]
     if not cands:
         raise ValueError("compare_runs needs at least one candidate run")
     notes = []
@@ -608,7 +579,7 @@ def compare_runs(candidates: RunSamples | Run | str | Path | Iterable[RunSamples
         if not force:
             raise ConfigMismatch(message + ": these are different workloads")
         notes.append(message + "; compared anyway (forced)")
-    earlier = [_as_samples(h) for h in history]
+    earlier = [_as_samples(h, curves=False) for h in history]
     if goodput:
         for run in (base, *cands):
             if run.goodput is None:

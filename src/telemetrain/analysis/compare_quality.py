@@ -19,14 +19,14 @@ ranks' median, smoothed by the same centered rolling median as the report's char
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..report.curves import Curve, CurveLine, is_eval, pick_loss, smooth, smoothing_window
 from .samples import RunSamples
 
-__all__ = ["QualityComparison", "compare_quality", "quality_lines"]
+__all__ = ["QualityComparison", "compare_quality", "quality_lines", "quality_series"]
 
 TAIL = 0.10  # the share of the common steps whose buckets give a run's level at the end
 MAX_OVERLAYS = 6
@@ -128,6 +128,24 @@ def _reach(line: CurveLine, target: float, higher: bool) -> tuple[float, float] 
         if (v >= target) if higher else (v <= target):
             return p.x, p.seconds
     return None
+
+
+_LOSS_NAMES = ("loss", "train/loss", "train.loss", "train_loss", "training_loss", "train/loss_step")  # pick_loss's
+
+
+def quality_series(loss: str | None = None) -> Callable[[str], bool]:
+    """Whether a series (its name, ``RunSamples.curves``'s) can be read by ``compare_quality(..., loss)``: a name that
+    ``pick_loss`` may pick (``loss`` itself, else a name ending in ``loss`` or one of its preferred names) or an
+    evaluation metric (the fallback and the overlays). compare feeds only these series' buckets: the others (a
+    learning rate, a gradient norm) are never drawn by it, and their buckets were half its reading on a long run."""
+
+    def wanted(name: str) -> bool:
+        low = name.lower()
+        if loss and (loss == name or loss.endswith(f"/{name}") or loss.endswith(f".{name}")):
+            return True
+        return (not loss and (low.endswith("loss") or low in _LOSS_NAMES)) or is_eval(name)
+
+    return wanted
 
 
 def _curve(run: RunSamples, key: tuple[str, str]) -> Curve | None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..phase_times import phase_times
-from ..report.curves import CurveBuilder
+from ..report.curves import CurveBuilder, is_user_group
 from ..semconv import series_key
 from ..store.layout import is_agent_file, is_process_file
 from ..store.reader import NotARunError, Run, open_run, read_run_meta, scan_process
@@ -222,7 +222,10 @@ def run_bytes(path: str | Path) -> int:
 class _Collector:
     """Windows and iteration spans, fed one process's records at a time."""
 
-    def __init__(self) -> None:
+    def __init__(self, curves: Callable[[str], bool] | None = None) -> None:
+        self.wanted = curves  # which user series feed the curves (None: every one)
+        self.chosen: dict[str, bool] = {}
+        self.first_wall_ns: int | None = None  # of every user metric point, fed or not (the curves' time origin)
         self.windows: list[Window] = []
         self.skipped = 0
         self.spans: dict[int, list[float]] = {}
@@ -245,8 +248,18 @@ class _Collector:
                 continue
             if r.kind == "metric":
                 self._signal(r.name, r.value)
-                self.curves.add(ident.rank, r.group, series_key(r.name, r.attributes) if r.attributes else r.name,
-                                r.step, r.value, r.wall_ns, r.unit)
+                key = series_key(r.name, r.attributes) if r.attributes else r.name
+                if self.wanted is None:
+                    self.curves.add(ident.rank, r.group, key, r.step, r.value, r.wall_ns, r.unit)
+                    continue
+                chosen = self.chosen.get(key)
+                if chosen is None:
+                    chosen = self.chosen[key] = self.wanted(key)
+                if chosen:
+                    self.curves.add(ident.rank, r.group, key, r.step, r.value, r.wall_ns, r.unit)
+                elif type(r.value) is not bool and isinstance(r.value, (int, float)) and is_user_group(r.group) \
+                        and (self.first_wall_ns is None or r.wall_ns < self.first_wall_ns):
+                    self.first_wall_ns = r.wall_ns  # a point CurveBuilder.add would have taken
                 continue
             if r.kind == "event" and r.name == "one_logger_initialization":
                 self.is_baseline = self.is_baseline or (r.attributes or {}).get("is_baseline_run") is True
@@ -276,6 +289,9 @@ class _Collector:
             self.signals.setdefault(key, []).append(value)
 
     def result(self, path: Path, meta: Mapping[str, Any]) -> RunSamples:
+        if self.first_wall_ns is not None and (self.curves.first_wall_ns is None or
+                                               self.first_wall_ns < self.curves.first_wall_ns):
+            self.curves.first_wall_ns = self.first_wall_ns
         created = meta.get("created_wall_ns")
         hardware = meta.get("hardware")
         cpus = hardware.get("cpu_count") if isinstance(hardware, dict) else None
@@ -313,11 +329,14 @@ def _wanted(raw: bytes) -> bool:
     return _INIT_BYTES in raw
 
 
-def read_samples(path: str | Path, on_file: Callable[[int], None] | None = None) -> RunSamples:
+def read_samples(path: str | Path, on_file: Callable[[int], None] | None = None, *,
+                 curves: Callable[[str], bool] | None = None, goodput: bool = False) -> RunSamples:
     """The samples of the run directory ``path``: with the ``columnar`` extra by SQL over its columnar copy and JSONL
     tail (``store.engine``), else read straight from its files, decoding only the lines needed (faster than loading
-    the whole run); ``on_file(bytes)`` is called after each file (for a progress bar). Raises ``FileNotFoundError``
-    and ``NotARunError`` as ``open_run`` does."""
+    the whole run); ``on_file(bytes)`` is called after each file (for a progress bar). ``curves``: which user series
+    (by name) feed ``RunSamples.curves`` (default: every one; its ``first_wall_ns`` is always that of every user
+    metric); ``goodput``: also the run's own goodput (``with_goodput``), read by the same engine. Raises
+    ``FileNotFoundError`` and ``NotARunError`` as ``open_run`` does."""
     p = Path(path)
     run = open_run(p)  # raises its error: missing, a file, not a run
     if not run.processes:
@@ -329,18 +348,21 @@ def read_samples(path: str | Path, on_file: Callable[[int], None] | None = None)
         from .samples_sql import samples_sql
 
         try:
-            result = samples_sql(engine, run)
+            result = samples_sql(engine, run, curves)
+            if goodput:
+                with_goodput(result, engine)
         finally:
             engine.close()
         if on_file is not None:
             on_file(run_bytes(p))
         return result
-    collector = _Collector()
+    collector = _Collector(curves)
     for log in run.processes:
         collector.feed(scan_process(log.paths, run.meta, _wanted))
         if on_file is not None:
             on_file(sum(f.stat().st_size for f in log.paths if f.exists()))
-    return collector.result(p, run.meta)
+    result = collector.result(p, run.meta)
+    return with_goodput(result) if goodput else result
 
 
 def run_samples(run: Run | str | Path) -> RunSamples:
@@ -369,14 +391,14 @@ def _window_of(rank: int, pid: int, a: Mapping[str, Any]) -> Window | None:
                   final=bool(a.get("final")), phase_source=source, cpu_wait_fraction=share)
 
 
-def with_goodput(samples: RunSamples) -> RunSamples:
+def with_goodput(samples: RunSamples, engine: Any = None) -> RunSamples:
     """``samples`` with the run's own goodput (the run folder read as a session of one run: its productive time
     over its wall time, docs/goodput.md); unchanged when it cannot be computed (no training, damaged records). Reads
-    the whole run."""
+    the whole run (``engine``: a ``store.engine.Engine`` that has read it already)."""
     from ..training.goodput import goodput
 
     try:
-        samples.goodput = goodput(samples.path).goodput
+        samples.goodput = goodput(samples.path, engine=engine).goodput
     except Exception:  # noqa: BLE001 - goodput is one row of a comparison; the rest stands without it
         samples.goodput = None
     return samples

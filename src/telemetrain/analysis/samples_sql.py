@@ -6,17 +6,22 @@ series."""
 
 from __future__ import annotations
 
+import json
 from array import array
+from collections.abc import Callable
 from typing import Any
 
-from ..report.curves import CurveBuilder
+from ..report.curves import CurveBuilder, is_user_group
 from ..report.curves_sql import feed_curves
-from ..store.engine import Engine
+from ..semconv import series_key
+from ..store.codec import untag_nonfinite
+from ..store.engine import Engine, rank_groups
 from ..store.reader import Run
 from .samples import _CONTENTION, DURATIONS, OTHER, PHASES, RunSamples
 
 __all__ = ["samples_sql"]
 
+WINDOWS_AT_ONCE = 131_072  # windows grouped per query of the per-rank series
 MAX_RANK_PHASES = 16  # compare.MAX_RANK_PHASES: per-rank phase series are only compared for this many ranks
 
 
@@ -39,14 +44,16 @@ WITH w AS (
          row_number() OVER (PARTITION BY session, run, rank, pid, coalesce(train_iterations_start, -1)
                             ORDER BY segment, line) AS nth
   FROM windows)
-SELECT *, {_OTHER} AS other FROM w WHERE nth > 1 AND mean IS NOT NULL AND isfinite(mean) AND mean > 0 AND iteration IS NOT NULL
+SELECT rank, iteration, mean, sps, dev, {", ".join(PHASES)}, share FROM w WHERE nth > 1 AND mean IS NOT NULL AND isfinite(mean) AND mean > 0 AND iteration IS NOT NULL
   AND n IS NOT NULL AND n >= 1"""  # noqa: E501
+# (the table keeps only what the series read: at 64 ranks x 1M iterations it holds 1.28 M windows)
 
 
 def _series(engine: Engine, metrics: list[tuple[str, str]], by_rank: bool, busy_free: bool,
-            into: dict[tuple[str, int | None, bool], array[float]]) -> None:
+            into: dict[tuple[str, int | None, bool], array[float]], ranks: str = "") -> None:
     """One value per iteration (per rank and iteration with ``by_rank``) of each metric: the mean of the windows
-    that have it; ``busy_free`` as ``RunSamples.series`` (the most contended window's share at that iteration)."""
+    that have it; ``busy_free`` as ``RunSamples.series`` (the most contended window's share at that iteration).
+    ``ranks``: only these (an SQL list)."""
     cols = []
     for metric, col in metrics:
         mean = f"fsum({col}) / count({col})"
@@ -55,8 +62,9 @@ def _series(engine: Engine, metrics: list[tuple[str, str]], by_rank: bool, busy_
             mean = f"{mean} / {free}" if metric == "samples_per_second" else f"{mean} * {free}"
         cols.append(mean)
     keys = "rank, iteration" if by_rank else "iteration"
-    for _, batch in engine.stream(f"SELECT {keys}, {', '.join(cols)} FROM compare_windows GROUP BY {keys} "
-                                  f"ORDER BY {keys}"):
+    where = f" WHERE rank IN {ranks}" if ranks else ""
+    query = f"SELECT {keys}, {', '.join(cols)} FROM compare_windows{where} GROUP BY {keys} ORDER BY {keys}"
+    for _, batch in engine.stream(query):
         for row in batch:
             rank = row[0] if by_rank else None
             for (metric, _), value in zip(metrics, row[2 if by_rank else 1:], strict=True):
@@ -64,12 +72,66 @@ def _series(engine: Engine, metrics: list[tuple[str, str]], by_rank: bool, busy_
                     into.setdefault((metric, rank, busy_free), array("d")).append(float(value))
 
 
-def samples_sql(engine: Engine, run: Run) -> RunSamples:
+def _feed_curves(engine: Engine, curves: CurveBuilder, wanted: Callable[[str], bool] | None) -> None:
+    """The user's metrics (the loss compared, the overlay), bucketed by SQL: every series, or those ``wanted``
+    (by name). One pass over the metrics gives each (name, attributes) with numbers -- its series key as
+    ``Engine.series_keys`` gives it -- and, per group and rank, the extent ``feed_curves`` needs (its first pass,
+    ``curves_sql.curve_extent_sql``, rolled up here per series key), and the first point of every user series:
+    the builder's time origin, whichever series are fed (the earliest point of all is fed whenever its series is,
+    whatever the series' axis: a point at the same time with a step is fed in its place). Only the wanted names are
+    read again, for their buckets."""
+    keys: dict[tuple[str, str | None], str] = {}
+    extents: dict[tuple[str, str, int], list[Any]] = {}
+    first = None
+    for group, name, text, rank, by_step, s0, s1, w0, w1 in engine.rows(
+            "SELECT group_name, name, attributes, rank, arg_min(step IS NOT NULL, wall_ns), min(step), max(step), "
+            "min(wall_ns), max(wall_ns) FROM metrics WHERE role <> 'agent' AND value_bool IS NULL AND value IS NOT "
+            "NULL GROUP BY ALL"):
+        if group is None or not is_user_group(group):  # (SQL's test of a NULL group is not true either)
+            continue
+        first = w0 if first is None else min(first, w0)
+        key = keys.get((name, text))
+        if key is None:
+            attributes = untag_nonfinite(json.loads(text)) if text is not None else None
+            key = keys[(name, text)] = (series_key(name, attributes) if isinstance(attributes, dict) and attributes
+                                        else name)
+        if wanted is not None and not wanted(key):
+            continue
+        extent = extents.get((group, key, rank))
+        if extent is None:
+            extents[(group, key, rank)] = [by_step, s0, s1, w0, w1]
+            continue
+        if w0 < extent[3]:  # the axis of the series' first point
+            extent[0] = by_step
+        extent[1] = s0 if extent[1] is None else extent[1] if s0 is None else min(extent[1], s0)
+        extent[2] = s1 if extent[2] is None else extent[2] if s1 is None else max(extent[2], s1)
+        extent[3], extent[4] = min(extent[3], w0), max(extent[4], w1)
+    fed = {key for _, key, _ in extents}
+    pairs = [(name, text, key) for (name, text), key in keys.items() if key in fed]
+    if pairs:
+        engine.execute("CREATE OR REPLACE TEMP TABLE compare_series (name VARCHAR, attributes VARCHAR, skey VARCHAR)")
+        engine.con.executemany("INSERT INTO compare_series VALUES (?, ?, ?)", pairs)
+        engine.execute("CREATE OR REPLACE TEMP TABLE compare_extents (group_name VARCHAR, skey VARCHAR, rank BIGINT, "
+                       "c_by_step BOOLEAN, c_s0 BIGINT, c_s1 BIGINT, c_w0 BIGINT, c_w1 BIGINT)")
+        engine.con.executemany("INSERT INTO compare_extents VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                               [(*k, *v) for k, v in extents.items()])
+        listed = ", ".join("'" + n.replace("'", "''") + "'" for n in sorted({n for n, _, _ in pairs}))
+        feed_curves(engine, curves, "(SELECT m.*, k.skey FROM metrics m JOIN compare_series k ON m.name = k.name AND "
+                    f"m.attributes IS NOT DISTINCT FROM k.attributes WHERE m.role <> 'agent' AND m.name IN ({listed}))",
+                    extents="compare_extents")
+        engine.execute("DROP TABLE compare_extents")
+    if first is not None:
+        curves.first_wall_ns = int(first)
+
+
+def samples_sql(engine: Engine, run: Run, curves: Callable[[str], bool] | None = None) -> RunSamples:
     # the windows are read (their attributes parsed) once, into a temporary table; every series is a query of it
     engine.execute("CREATE OR REPLACE TEMP TABLE compare_windows AS " + _WINDOWS)
     count = engine.scalar("SELECT count(*) FROM compare_windows") or 0
     total = engine.scalar("SELECT count(*) FROM windows") or 0
-    ranks = [r for (r,) in engine.rows("SELECT DISTINCT rank FROM compare_windows ORDER BY 1")]
+    counts = engine.rows("SELECT rank, count(*) FROM compare_windows GROUP BY rank ORDER BY rank")
+    ranks = [r for r, _ in counts]
+    groups = rank_groups(counts, WINDOWS_AT_ONCE)
     clocks, known, fraction = engine.rows(
         "SELECT list_distinct(list(dev) FILTER (WHERE " + " OR ".join(f"{p} IS NOT NULL" for p in PHASES) + ")), "
         "count(*) > 0 AND count(share) = count(*), median(share) FROM compare_windows")[0]
@@ -77,21 +139,22 @@ def samples_sql(engine: Engine, run: Run) -> RunSamples:
     source = ("device" if clocks[0] else "host") if len(clocks) == 1 else ("mixed" if clocks else "")
     metrics = [("iteration_time", "mean"), ("samples_per_second", "CASE WHEN isfinite(sps) AND sps > 0 THEN sps END"),
                *((p, p) for p in PHASES)]
-    run_metrics = [*metrics, (OTHER, "other")]  # the rest of the step: compared for the whole run only
+    run_metrics = [*metrics, (OTHER, _OTHER)]  # the rest of the step: compared for the whole run only
     precomputed: dict[tuple[str, int | None, bool], array[float]] = {}
     for busy_free in ((False, True) if known else (False,)):  # compare uses busy-free series only when waits are known
         _series(engine, run_metrics, False, busy_free, precomputed)
         # per rank: the iteration time, and the phases for the few ranks compare compares them for
-        _series(engine, metrics if len(ranks) <= MAX_RANK_PHASES else metrics[:1], True, busy_free, precomputed)
+        # (a group of ranks at a time: one group per window would otherwise be held for every window of the run)
+        for group in groups:
+            _series(engine, metrics if len(ranks) <= MAX_RANK_PHASES else metrics[:1], True, busy_free, precomputed,
+                    group)
     pct: Any = engine.execute(
         "SELECT count(*), quantile_cont(duration_ns / 1e9, 0.5), quantile_cont(duration_ns / 1e9, 0.99) FROM span_ends "
         "WHERE group_name = 'training' AND name = 'training_single_iteration' AND status = 'ok' AND role <> 'agent'"
     ).fetchone()
     engine.execute("DROP TABLE compare_windows")
-    curves = CurveBuilder()  # the user's metrics (the loss compared, the overlay), bucketed by SQL
-    engine.series_keys("compare_series", "role <> 'agent'")
-    feed_curves(engine, curves, "(SELECT m.*, k.skey FROM metrics m JOIN compare_series k ON m.name = k.name AND "
-                "m.attributes IS NOT DISTINCT FROM k.attributes WHERE m.role <> 'agent')")
+    builder = CurveBuilder()
+    _feed_curves(engine, builder, curves)
     durations: dict[str, list[tuple[int, float]]] = {}
     names = "(" + ", ".join(f"'{n}'" for n in DURATIONS) + ")"
     for name, rank, seconds in engine.rows(
@@ -125,4 +188,4 @@ def samples_sql(engine: Engine, run: Run) -> RunSamples:
                       precomputed=dict(precomputed), precomputed_ranks=ranks, precomputed_windows=int(count),
                       precomputed_percentiles=(float(pct[1]), float(pct[2])) if pct and pct[0] else None,
                       precomputed_phase_source=source, precomputed_waits_known=bool(known),
-                      precomputed_wait_fraction=None if fraction is None else float(fraction), curves=curves)
+                      precomputed_wait_fraction=None if fraction is None else float(fraction), curves=builder)

@@ -237,7 +237,8 @@ def load_session(engine: Engine, runs: Sequence[Run]) -> tuple[list[Any], Any, b
 
     # a GPU job's reports carry their window's energy: goodput's energy account then reads every rank's loops, one
     # rank at a time (``goodput._energy``)
+    # (the key's text first: a report without it is not parsed; the writer never escapes a key's plain letters)
     energy = bool(engine.scalar(f"SELECT count(*) > 0 FROM events WHERE {where} AND name = '{_UPDATE}' AND "
-                                "contains(attributes, 'window_energy_J') AND "  # (a text test first: no JSON parse
-                                "json_exists(attributes, '$.window_energy_J')"))  # of the reports without the key)
+                                "contains(attributes, 'window_energy_J') AND "
+                                "json_exists(attributes, '$.window_energy_J')"))
     return datas, load_rank, energy
