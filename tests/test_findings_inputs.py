@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -52,8 +53,49 @@ def test_each_report_window_carries_the_process_cpu_time_and_wait(tmp_path: Path
     # running is brought up to date at scheduler ticks, so a read taken while it runs lags by up to a tick (measured
     # on this 2-vCPU VM: 15 ms of a window's 20, in 2 runs of 3)
     assert sum(a["cpu_time_sec"] for a in updates) >= 0.5 * 15 * 0.004  # type: ignore[misc]
-    cpu, wait = cpu_wait.read() or (0, 0)
-    assert cpu > 0 and wait >= 0
+    # the training thread's own: part of the process's, and most of this loop's CPU is this thread's
+    for a in updates:
+        assert 0 <= a["train_thread_cpu_time_sec"] <= a["cpu_time_sec"] + 1e-9  # type: ignore[operator]
+        assert 0 <= a["train_thread_cpu_wait_sec"] <= a["cpu_wait_sec"] + 1e-9  # type: ignore[operator]
+    assert sum(a["train_thread_cpu_time_sec"] for a in updates) >= 0.5 * 15 * 0.004  # type: ignore[misc]
+    cpu, wait, thread_cpu, thread_wait = cpu_wait.read(threading.get_native_id()) or (0, 0, 0, 0)
+    assert cpu >= thread_cpu > 0 and wait >= thread_wait >= 0
+    assert (cpu_wait.read() or (0, 0, 0, 0))[2:] == (-1, -1)  # no thread asked for
+
+
+@linux_only
+def test_a_sleeping_thread_adds_no_cpu_and_the_thread_figures_are_its_own(tmp_path: Path) -> None:
+    """A loop whose iterations sleep (a data loader waiting for I/O) while another thread of the process burns
+    CPU: the training thread's CPU time is a small part of the process's."""
+    stop = threading.Event()
+
+    def burn() -> None:
+        while not stop.is_set():
+            pass
+
+    worker = threading.Thread(target=burn, daemon=True)
+    t = Telemetry(store=tmp_path)
+    r = TrainingRecorder(TrainingTelemetryConfig(global_batch_size_or_fn=1, log_every_n_train_iterations=5),
+                         telemetry=t)
+    r.on_app_start()
+    r.on_train_start(0)
+    worker.start()
+    try:
+        for _ in range(10):
+            r.on_training_single_iteration_start()
+            time.sleep(0.02)
+            r.on_training_single_iteration_end()
+        r.on_train_end()
+    finally:
+        stop.set()
+        worker.join()
+    r.on_app_end()
+    assert t.close()
+    updates = _updates(t.run_dir)
+    assert len(updates) == 2
+    thread_cpu = sum(a["train_thread_cpu_time_sec"] for a in updates)  # type: ignore[misc]
+    process_cpu = sum(a["cpu_time_sec"] for a in updates)  # type: ignore[misc]
+    assert thread_cpu < 0.5 * process_cpu, (thread_cpu, process_cpu)
 
 
 def test_a_simulated_window_carries_no_cpu_figures(tmp_path: Path) -> None:

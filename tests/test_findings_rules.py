@@ -320,6 +320,30 @@ def test_a_rank_descheduled_by_a_busy_machine_is_not_a_straggler() -> None:
     assert result.findings == () and any(n.kind == "contention" for n in result.notes)
 
 
+@pytest.mark.parametrize("thread_waited", [False, True])
+def test_a_sleeping_rank_is_a_straggler_though_its_process_waited_for_a_cpu(thread_waited: bool) -> None:
+    """A rank 10 ms slower in its data loader, every window, sleeping (no CPU): on a busy machine its process's
+    threads wait for a CPU at each wake-up (here 20 ms per iteration more than the others'), but its training thread
+    does not: a straggler. When the training thread itself waited, the machine: not a straggler."""
+    ws = []
+    for w in windows(ranks=4):
+        n = w.iterations
+        cpu, wait = w.cpu_seconds or 0.0, w.cpu_wait_seconds or 0.0
+        thread_cpu, thread_wait = 0.8 * cpu, 0.5 * wait
+        if w.rank == 1:
+            w = dataclasses.replace(w, iteration_time=w.iteration_time + 0.010,
+                                    phases={**w.phases, "dataloader": w.phases.get("dataloader", 0.0) + 0.010})
+            wait += 0.020 * n
+            if thread_waited:
+                thread_wait += 0.010 * n
+        ws.append(dataclasses.replace(w, cpu_wait_seconds=wait, thread_cpu_seconds=thread_cpu,
+                                      thread_cpu_wait_seconds=thread_wait))
+    process_only = [dataclasses.replace(w, thread_cpu_seconds=None, thread_cpu_wait_seconds=None) for w in ws]
+    assert analyse(FindingsInput(windows=process_only)).findings == ()  # the process's wait alone: the machine
+    titles = [f.title for f in analyse(FindingsInput(windows=ws)).findings]
+    assert titles == ([] if thread_waited else ["straggler: rank 1 (dataloader)"])
+
+
 def test_noise_and_blips_make_no_straggler() -> None:
     rng = random.Random(5)
     ws = []

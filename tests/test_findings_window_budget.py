@@ -52,16 +52,20 @@ def test_a_merged_window_weighs_its_parts_by_iterations(no_floor: None) -> None:
     """Four reports of a real loop (their attributes as the recorder writes them) merged into one at level 2: every
     figure derived here from the four, by its own rule."""
     raw = [report(19, 10, 0.10, p50_iteration_time_sec=0.09, max_iteration_time_sec=0.20, window_seconds=1.1,
-                  cpu_time_sec=0.9, cpu_wait_sec=0.05, avg_forward_time_sec=0.03, avg_backward_time_sec=0.05,
+                  cpu_time_sec=0.9, cpu_wait_sec=0.05, train_thread_cpu_time_sec=0.45,
+                  train_thread_cpu_wait_sec=0.025, avg_forward_time_sec=0.03, avg_backward_time_sec=0.05,
                   avg_comm_wait_time_sec=0.01, avg_backward_comm_wait_sec=0.008),
            report(39, 20, 0.13, p50_iteration_time_sec=0.12, max_iteration_time_sec=0.90, window_seconds=2.7,
-                  cpu_time_sec=2.0, cpu_wait_sec=0.10, avg_forward_time_sec=0.04, avg_backward_time_sec=0.06,
+                  cpu_time_sec=2.0, cpu_wait_sec=0.10, train_thread_cpu_time_sec=1.0,
+                  train_thread_cpu_wait_sec=0.05, avg_forward_time_sec=0.04, avg_backward_time_sec=0.06,
                   avg_comm_wait_time_sec=0.02, avg_backward_comm_wait_sec=0.015),
            report(44, 5, 0.08, p50_iteration_time_sec=0.08, max_iteration_time_sec=0.09, window_seconds=0.45,
-                  cpu_time_sec=0.35, cpu_wait_sec=0.0, avg_forward_time_sec=0.02, avg_backward_time_sec=0.04,
+                  cpu_time_sec=0.35, cpu_wait_sec=0.0, train_thread_cpu_time_sec=0.175,
+                  train_thread_cpu_wait_sec=0.0, avg_forward_time_sec=0.02, avg_backward_time_sec=0.04,
                   avg_comm_wait_time_sec=0.0, avg_backward_comm_wait_sec=0.0),
            report(59, 15, 0.11, p50_iteration_time_sec=0.10, max_iteration_time_sec=0.30, window_seconds=1.8,
-                  cpu_time_sec=1.5, cpu_wait_sec=0.2, avg_forward_time_sec=0.03, avg_backward_time_sec=0.07,
+                  cpu_time_sec=1.5, cpu_wait_sec=0.2, train_thread_cpu_time_sec=0.75,
+                  train_thread_cpu_wait_sec=0.1, avg_forward_time_sec=0.03, avg_backward_time_sec=0.07,
                   avg_comm_wait_time_sec=0.03, avg_backward_comm_wait_sec=0.02)]
     ns = [a["window_iterations"] for a in raw]
 
@@ -84,7 +88,8 @@ def test_a_merged_window_weighs_its_parts_by_iterations(no_floor: None) -> None:
     assert merged.comm_wait_by_phase == pytest.approx({"backward": weighted("avg_backward_comm_wait_sec")}, rel=1e-12)
     assert merged.max_iteration_time == max(a["max_iteration_time_sec"] for a in raw)
     for field, key in (("wall_seconds", "window_seconds"), ("cpu_seconds", "cpu_time_sec"),
-                       ("cpu_wait_seconds", "cpu_wait_sec")):
+                       ("cpu_wait_seconds", "cpu_wait_sec"), ("thread_cpu_seconds", "train_thread_cpu_time_sec"),
+                       ("thread_cpu_wait_seconds", "train_thread_cpu_wait_sec")):
         assert getattr(merged, field) == pytest.approx(math.fsum(a[key] for a in raw), rel=1e-12), field
     # the contention of the merged window is that of its summed CPU figures
     cpu, wait = math.fsum(a["cpu_time_sec"] for a in raw), math.fsum(a["cpu_wait_sec"] for a in raw)
@@ -93,7 +98,8 @@ def test_a_merged_window_weighs_its_parts_by_iterations(no_floor: None) -> None:
 
 def test_a_figure_one_part_lacks_is_unknown_and_the_device_clock_is_kept() -> None:
     a = window_point(0, report(19, 10, 0.1, avg_forward_device_time_sec=0.04, avg_iteration_device_time_sec=0.09,
-                                cpu_time_sec=0.9, cpu_wait_sec=0.1), warmup=False)
+                                cpu_time_sec=0.9, cpu_wait_sec=0.1, train_thread_cpu_time_sec=0.5,
+                                train_thread_cpu_wait_sec=0.05), warmup=False)
     b = window_point(0, report(29, 10, 0.3, avg_forward_device_time_sec=0.08, avg_iteration_device_time_sec=0.2,
                                 max_iteration_time_sec=0.5), warmup=False)
     assert a is not None and b is not None and mergeable(a, b)
@@ -101,6 +107,7 @@ def test_a_figure_one_part_lacks_is_unknown_and_the_device_clock_is_kept() -> No
     assert m.phase_clock == "device" and m.phases == pytest.approx({"forward": 0.06})
     assert m.phase_iteration_time == pytest.approx((0.09 + 0.2) / 2)
     assert m.cpu_seconds is None and m.cpu_wait_seconds is None and m.wait_fraction is None  # b has no CPU figures
+    assert m.thread_cpu_seconds is None and m.thread_cpu_wait_seconds is None
     assert m.max_iteration_time == 0.5  # the slowest known iteration
     assert m.p50 is None
 
@@ -328,7 +335,8 @@ def test_the_sql_readers_extract_every_attribute_the_engine_reads() -> None:
         b.window(0, 1, 1, _Recording(report(9, 10, 0.1, **extra)))
     assert _Recording.read <= set(WINDOW_POINT_KEYS)
     assert {"current_iteration", "train_iterations_start", "avg_backward_comm_wait_sec", "avg_other_comm_wait_sec",
-            "avg_h2d_device_time_sec", "avg_iteration_device_time_sec", "cpu_wait_sec"} <= _Recording.read
+            "avg_h2d_device_time_sec", "avg_iteration_device_time_sec", "cpu_wait_sec",
+            "train_thread_cpu_wait_sec", "train_thread_cpu_time_sec"} <= _Recording.read
 
 
 def test_odd_report_attributes_make_the_same_windows_on_both_readers(tmp_path: Path) -> None:
@@ -346,12 +354,14 @@ def test_odd_report_attributes_make_the_same_windows_on_both_readers(tmp_path: P
         {"window_iterations": True}, {"window_iterations": -3}, {"train_iterations_start": True},
         {"train_iterations_start": "0"}, {"avg_iteration_time_sec": math.nan}, {"avg_iteration_time_sec": "0.1"},
         {"avg_iteration_time_sec": True}, {"avg_forward_time_sec": math.inf}, {"avg_forward_time_sec": [0.1]},
-        {"cpu_time_sec": False}, {"p50_iteration_time_sec": None}, {"avg_other_comm_wait_sec": {"x": 1}}]
+        {"cpu_time_sec": False}, {"p50_iteration_time_sec": None}, {"avg_other_comm_wait_sec": {"x": 1}},
+        {"train_thread_cpu_wait_sec": "0.1"}, {"train_thread_cpu_time_sec": math.nan}]
     t = Telemetry(identity_from_env({}, run_id="odd", session_tag="s", perf_tag="p", rank=0, world_size=1),
                   store=tmp_path)
     for k in range(60):
         attributes: dict[str, object] = {**report(k * 10 + 9, 10, 0.1 + 0.001 * k), "avg_forward_time_sec": 0.03,
-                                         "cpu_time_sec": 0.9, "cpu_wait_sec": 0.01}
+                                         "cpu_time_sec": 0.9, "cpu_wait_sec": 0.01,
+                                         "train_thread_cpu_time_sec": 0.7, "train_thread_cpu_wait_sec": 0.004}
         attributes.update(odd[k % len(odd)] if k % 2 else {})
         t.event("training_metrics_update", attributes, group="training")
     assert t.close(30)
@@ -473,6 +483,8 @@ def test_windows_merged_by_sql_are_the_stores_to_the_last_bit() -> None:
             for i in (17, 19, 20, 21):
                 v[i] = rng.uniform(0.001, 0.05)
             v[23] = v[29] = rng.uniform(0, 0.003)
+            # the training thread's CPU wait and time (the last two keys)
+            v[nkeys - 2], v[nkeys - 1] = rng.random() / 20, None if rng.random() < 0.02 else rng.random() / 2
             out.append(v)
         return out
 

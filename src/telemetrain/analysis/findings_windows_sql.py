@@ -30,8 +30,9 @@ _DEV = [WINDOW_POINT_KEYS.index(f"avg_{p}_device_time_sec") for p in PHASES]
 _HOST = [WINDOW_POINT_KEYS.index(f"avg_{p}_time_sec") for p in PHASES]
 _WAITS = [WINDOW_POINT_KEYS.index(f"avg_{p}_comm_wait_sec") for p in (*PHASES, "other")]
 _WAIT_NAMES = (*PHASES, "other")
+_THREAD = (WINDOW_POINT_KEYS.index("train_thread_cpu_wait_sec"), WINDOW_POINT_KEYS.index("train_thread_cpu_time_sec"))
 _SUMMED = ["t", *(f"ph{i}" for i in range(len(PHASES))), "p50", "wall", "cwait", "cpu", "comm",
-           *(f"w{i}" for i in range(len(_WAIT_NAMES))), "pit"]
+           *(f"w{i}" for i in range(len(_WAIT_NAMES))), "pit", "tcwait", "tcpu"]
 
 
 def _mask(indices: list[int]) -> str:
@@ -110,6 +111,7 @@ def feed_windows_sql(builder: InputBuilder, engine: Any, source: str, where: str
             figures = {
                 "iterations": int(count), "windows": int(merged), "time": by["t"], "max": mx, "p50": by["p50"],
                 "wall": by["wall"], "cpu_wait": by["cwait"], "cpu": by["cpu"], "comm": by["comm"],
+                "thread_cpu_wait": by["tcwait"], "thread_cpu": by["tcpu"],
                 "phases": {p: by[f"ph{i}"] for i, p in enumerate(PHASES) if by[f"ph{i}"] is not None},
                 "comm_wait_by_phase": {p: by[f"w{i}"] for i, p in enumerate(_WAIT_NAMES) if by[f"w{i}"] is not None},
                 "phase_iteration_time": by["pit"], "phase_clock": DEVICE if on_device else HOST}
@@ -156,7 +158,8 @@ def _merge(engine: Any, level: int, blocks: dict[tuple[int, int, int], list[tupl
                 "count(*) OVER (PARTITION BY rank, pid, start) - 1 AS positions FROM findings_reports)")
     query = f"""(SELECT rank, pid, start, pos, n, 1 AS windows, v0 AS step, wall_ns, v4 AS mx, v3 * n AS t, {phase},
                     v5 * n AS p50, v6 AS wall, v7 AS cwait, v8 AS cpu, v9 * n AS comm, {wsum},
-                    CASE WHEN dm > 0 THEN coalesce(v10, v3) * n END AS pit
+                    CASE WHEN dm > 0 THEN coalesce(v10, v3) * n END AS pit,
+                    v{_THREAD[0]} AS tcwait, v{_THREAD[1]} AS tcpu
                  FROM (SELECT *, {dev} AS dm FROM {numbered}) WHERE pos >= 0)"""
     for lv in range(1, level + 1):
         sums = ", ".join(f"{_pair(c)} AS {c}" for c in _SUMMED)

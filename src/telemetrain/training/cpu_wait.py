@@ -9,6 +9,12 @@ window, ``cpu_time_sec`` and ``cpu_wait_sec``: ``wait / (cpu + wait)`` is the sh
 that another process had the CPU (contention). The findings engine and ``compare`` take that share out of a window's
 times before calling a change a slowdown.
 
+The training thread's own two counts are read alongside (``train_thread_cpu_time_sec``,
+``train_thread_cpu_wait_sec``): the straggler rule asks whether *that* thread was kept off a CPU. The process's sum
+cannot say: a thread that sleeps or blocks on I/O every iteration (a slow data loader) and the communication threads
+that wake with it wait for a CPU at every wake-up on a busy machine, so the sum grows with the sleeping, while the
+training thread itself waits only at its own wake-ups.
+
 Read by the reporter, off the training thread, when it computes a report (one directory listing and one small read
 per thread: ~15 us per thread). A thread that ended since the previous report takes its counts with it (the delta
 is clamped at 0). Elsewhere (no ``/proc``, a kernel without schedstats) ``read`` returns None and reports carry
@@ -25,12 +31,16 @@ _TASKS = "/proc/self/task"
 _available = os.path.exists(f"{_TASKS}/{os.getpid()}/schedstat")
 
 
-def read() -> tuple[int, int] | None:
-    """(ns on a CPU, ns waiting for one) summed over this process's live threads, or None where not available."""
+def read(thread: int | None = None) -> tuple[int, int, int, int] | None:
+    """(ns on a CPU, ns waiting for one) summed over this process's live threads, then the same two of ``thread``
+    alone (a native thread id: ``threading.get_native_id()``; -1, -1 when it is not given or not alive), or None
+    where not available."""
     global _available
     if not _available:
         return None
     cpu = wait = 0
+    thread_cpu = thread_wait = -1
+    mine = str(thread) if thread is not None else ""
     try:
         tids = os.listdir(_TASKS)
     except OSError:
@@ -43,10 +53,13 @@ def read() -> tuple[int, int] | None:
             continue
         try:
             fields = os.read(fd, 128).split()
-            cpu += int(fields[0])
-            wait += int(fields[1])
+            on, waited = int(fields[0]), int(fields[1])
+            cpu += on
+            wait += waited
+            if tid == mine:
+                thread_cpu, thread_wait = on, waited
         except (OSError, ValueError, IndexError):
             continue
         finally:
             os.close(fd)
-    return cpu, wait
+    return cpu, wait, thread_cpu, thread_wait

@@ -257,7 +257,9 @@ def compute(snap: Snapshot, state: Reporter, behind: bool = False) -> dict[str, 
     # the process's CPU time and wait for a CPU in the window (cpu_wait.py; Reporter.cpu_figures says when)
     cpu = state.cpu_figures(snap, wall_s)
     if cpu is not None:
-        attributes["cpu_time_sec"], attributes["cpu_wait_sec"] = cpu
+        attributes["cpu_time_sec"], attributes["cpu_wait_sec"] = cpu[0], cpu[1]
+        if len(cpu) == 4:  # the training thread's own (cpu_wait.py: what the straggler rule reads)
+            attributes["train_thread_cpu_time_sec"], attributes["train_thread_cpu_wait_sec"] = cpu[2], cpu[3]
     if snap.extras is not None:
         snap.extras(snap, attributes)
     for finish in snap.extra:
@@ -303,7 +305,7 @@ class Reporter:
         self._pending: deque[Snapshot | Window] = deque()
         self._ticking = False  # a tick is scheduled on the collector
         # id(snapshot) -> (that snapshot, its share of a batch's CPU figures): see cpu_figures
-        self._cpu_allotted: dict[int, tuple[Snapshot, tuple[float, float] | None]] = {}
+        self._cpu_allotted: dict[int, tuple[Snapshot, tuple[float, ...] | None]] = {}
 
     def new_loop(self) -> None:
         self.drain()  # the previous loop's reports, with the previous loop's cumulative state
@@ -317,13 +319,16 @@ class Reporter:
             self._batch: list[float] = []
             self.throughput_min: float | None = None
             self.throughput_max: float | None = None
-            self.cpu = cpu_wait.read()  # (CPU ns, wait ns) of the process at the previous report (the loop's start)
+            self.thread = threading.get_native_id()  # the training thread: the loop starts on it
+            # (CPU ns, wait ns) of the process, then of the training thread, at the previous report (the loop's start)
+            self.cpu = cpu_wait.read(self.thread)
             self.cpu_ns = time.monotonic_ns()  # and when it was read
             self._cpu_allotted.clear()
 
-    def cpu_figures(self, snap: Snapshot, wall_s: float) -> tuple[float, float] | None:
+    def cpu_figures(self, snap: Snapshot, wall_s: float) -> tuple[float, ...] | None:
         """(CPU seconds, seconds waiting for a CPU) of the process in the window being computed (``wall_s`` long),
-        or None. Read off the training thread, when the report is computed: the delta since the previous reading.
+        then the same two of the training thread when it was alive at both readings, or None. Read off the
+        training thread, when the report is computed: the delta since the previous reading.
         Reports computed together (the collector drains every ``TICK_NS``: windows shorter than that come in
         batches) share one reading, split by their windows' wall time -- the process's CPU use taken as even over
         the batch. Given only when the readings' interval matches the windows' (within 25% + 50 ms): not when the
@@ -332,7 +337,7 @@ class Reporter:
         if allotted is not None and allotted[0] is snap:
             return allotted[1]  # shared out by the batch's first report
         self._cpu_allotted.clear()  # (left by a report that failed)
-        cpu, now = cpu_wait.read(), time.monotonic_ns()
+        cpu, now = cpu_wait.read(self.thread), time.monotonic_ns()
         last, last_ns = self.cpu, self.cpu_ns
         self.cpu, self.cpu_ns = cpu, now
         if cpu is None or last is None:
@@ -344,8 +349,11 @@ class Reporter:
         if not total > 0 or abs(elapsed - total) > 0.25 * max(elapsed, total) + 0.05:
             self._cpu_allotted.update((id(s), (s, None)) for s in batch)
             return None
-        cpu_s, wait_s = max(cpu[0] - last[0], 0) / 1e9, max(cpu[1] - last[1], 0) / 1e9
-        shares = [(cpu_s * w / total, wait_s * w / total) if w > 0 else None for w in walls]
+        counts: tuple[int, ...] = (cpu[0] - last[0], cpu[1] - last[1])
+        if min(cpu[2], cpu[3], last[2], last[3]) >= 0:  # the training thread alive at both readings
+            counts += (cpu[2] - last[2], cpu[3] - last[3])
+        seconds = [max(c, 0) / 1e9 for c in counts]
+        shares = [tuple(s * w / total for s in seconds) if w > 0 else None for w in walls]
         self._cpu_allotted.update((id(s), (s, share)) for s, share in zip(batch, shares[1:], strict=True))
         return shares[0]
 

@@ -40,6 +40,9 @@ class WindowPoint:
     wall_seconds: float | None = None  # the window's wall time (window_seconds)
     cpu_wait_seconds: float | None = None  # the process's threads' wait for a CPU in the window (cpu_wait_sec)
     cpu_seconds: float | None = None  # the process's threads' time on a CPU in the window (cpu_time_sec)
+    # the training thread's own (train_thread_cpu_wait_sec, train_thread_cpu_time_sec): the straggler rule's
+    thread_cpu_wait_seconds: float | None = None
+    thread_cpu_seconds: float | None = None
     comm_wait: float | None = None  # seconds per iteration waiting in communication (avg_comm_wait_time_sec)
     # where that wait was (avg_<phase>_comm_wait_sec: the phase open when the collective was launched, or "other")
     comm_wait_by_phase: Mapping[str, float] = field(default_factory=dict)

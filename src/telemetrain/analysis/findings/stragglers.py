@@ -250,21 +250,30 @@ def _not_waiting(flags: list[tuple[Outlier, bool]], ranks: Mapping[int, WindowPo
     return kept
 
 
+def _cpu_figures(w: WindowPoint, thread: bool) -> tuple[float, float] | None:
+    """(CPU wait, CPU time) per iteration of the window: the training thread's (``thread``) or the process's."""
+    wait, cpu = (w.thread_cpu_wait_seconds, w.thread_cpu_seconds) if thread else (w.cpu_wait_seconds, w.cpu_seconds)
+    if wait is None or cpu is None:
+        return None
+    n = max(w.iterations, 1)
+    return wait / n, cpu / n
+
+
 def _descheduled(o: Outlier, ranks: Mapping[int, WindowPoint], th: Thresholds) -> bool:
     """The rank's excess came from waiting for a CPU, not from doing more: its CPU wait per iteration exceeds the
     other ranks' by ``contention_share`` of the excess, and its CPU time by less than ``contention_work_share`` of
-    it. (A rank given more work on an oversubscribed machine waits more too, but it also runs more: a straggler.)"""
-    w = ranks[o.rank]
-    others = [r for r in ranks.values() if r.rank != o.rank]
-    if w.cpu_wait_seconds is None or w.cpu_seconds is None or any(
-            r.cpu_wait_seconds is None or r.cpu_seconds is None for r in others):
+    it. (A rank given more work on an oversubscribed machine waits more too, but it also runs more: a straggler.)
+    The training thread's own figures when every rank has them (training/cpu_wait.py: a rank that sleeps or blocks
+    on I/O every iteration -- a slow data loader -- wakes its process's threads each time, and on a busy machine
+    their summed wait grows with the sleeping, the training thread's much less), else the process's."""
+    thread = all(r.thread_cpu_wait_seconds is not None and r.thread_cpu_seconds is not None for r in ranks.values())
+    mine = _cpu_figures(ranks[o.rank], thread)
+    others = [_cpu_figures(r, thread) for r in ranks.values() if r.rank != o.rank]
+    if mine is None or not others or any(f is None for f in others):
         return False
     excess = o.value - o.reference
-    n = max(w.iterations, 1)
-    extra_wait = w.cpu_wait_seconds / n - median([r.cpu_wait_seconds / max(r.iterations, 1) for r in others
-                                                  if r.cpu_wait_seconds is not None])
-    extra_cpu = w.cpu_seconds / n - median([r.cpu_seconds / max(r.iterations, 1) for r in others
-                                            if r.cpu_seconds is not None])
+    extra_wait = mine[0] - median([f[0] for f in others if f is not None])
+    extra_cpu = mine[1] - median([f[1] for f in others if f is not None])
     return extra_wait >= th.contention_share * excess and extra_cpu < th.contention_work_share * excess
 
 

@@ -50,7 +50,8 @@ class _Sums:
     ``phase_iteration_time`` as sums: only their keys and None-ness are read there)."""
 
     __slots__ = ("comm", "comm_wait_by_phase", "cpu", "cpu_wait", "iterations", "max", "p50", "phase_clock",
-                 "phase_iteration_time", "phases", "rank", "step", "time", "time_s", "wall", "windows")
+                 "phase_iteration_time", "phases", "rank", "step", "thread_cpu", "thread_cpu_wait", "time", "time_s",
+                 "wall", "windows")
     warmup = False  # a warm-up window is never merged
 
     def __init__(self, w: WindowPoint) -> None:
@@ -61,6 +62,7 @@ class _Sums:
         self.max = w.max_iteration_time
         self.p50 = None if w.p50 is None else w.p50 * n
         self.wall, self.cpu_wait, self.cpu = w.wall_seconds, w.cpu_wait_seconds, w.cpu_seconds
+        self.thread_cpu_wait, self.thread_cpu = w.thread_cpu_wait_seconds, w.thread_cpu_seconds
         self.comm = None if w.comm_wait is None else w.comm_wait * n
         self.comm_wait_by_phase = {k: v * n for k, v in w.comm_wait_by_phase.items()}
         self.phase_iteration_time = None if w.phase_iteration_time is None else w.phase_iteration_time * n
@@ -90,6 +92,7 @@ class _Sums:
             for k, v in o.comm_wait_by_phase.items():
                 self.comm_wait_by_phase[k] += v * n
             wall, cpu_wait, cpu, slowest = o.wall_seconds, o.cpu_wait_seconds, o.cpu_seconds, o.max_iteration_time
+            thread_cpu_wait, thread_cpu = o.thread_cpu_wait_seconds, o.thread_cpu_seconds
         else:
             n, time, p50, comm, pit = o.iterations, o.time, o.p50, o.comm, o.phase_iteration_time
             for k, v in o.phases.items():
@@ -97,6 +100,7 @@ class _Sums:
             for k, v in o.comm_wait_by_phase.items():
                 self.comm_wait_by_phase[k] += v
             wall, cpu_wait, cpu, slowest = o.wall, o.cpu_wait, o.cpu, o.max
+            thread_cpu_wait, thread_cpu = o.thread_cpu_wait, o.thread_cpu
         self.iterations += n
         self.windows += o.windows
         self.time += time
@@ -107,6 +111,9 @@ class _Sums:
         self.wall = None if self.wall is None or wall is None else self.wall + wall
         self.cpu_wait = None if self.cpu_wait is None or cpu_wait is None else self.cpu_wait + cpu_wait
         self.cpu = None if self.cpu is None or cpu is None else self.cpu + cpu
+        tw, tc = self.thread_cpu_wait, self.thread_cpu
+        self.thread_cpu_wait = None if tw is None or thread_cpu_wait is None else tw + thread_cpu_wait
+        self.thread_cpu = None if tc is None or thread_cpu is None else tc + thread_cpu
         if slowest is not None and (self.max is None or slowest > self.max):
             self.max = slowest
         self.step, self.time_s = o.step, o.time_s
@@ -117,7 +124,8 @@ class _Sums:
             rank=self.rank, step=self.step, iterations=n, iteration_time=self.time / n,
             phases={k: v / n for k, v in self.phases.items()} or _NONE, max_iteration_time=self.max,
             p50=None if self.p50 is None else self.p50 / n, wall_seconds=self.wall, cpu_wait_seconds=self.cpu_wait,
-            cpu_seconds=self.cpu, comm_wait=None if self.comm is None else self.comm / n,
+            cpu_seconds=self.cpu, thread_cpu_wait_seconds=self.thread_cpu_wait, thread_cpu_seconds=self.thread_cpu,
+            comm_wait=None if self.comm is None else self.comm / n,
             comm_wait_by_phase={k: v / n for k, v in self.comm_wait_by_phase.items()} or _NONE, warmup=False,
             time_s=self.time_s, phase_clock=self.phase_clock,
             phase_iteration_time=None if self.phase_iteration_time is None else self.phase_iteration_time / n,
@@ -128,7 +136,7 @@ def merged_window(w: WindowPoint, sums: Mapping[str, Any]) -> WindowPoint:
     """The merged window of a block whose ``_Sums`` another engine computed (``findings_sql``'s SQL merge, pairwise as
     this module's tree merges): ``w``, the block's last window, gives what is not summed (rank, step, time, clock);
     ``sums`` the figures as ``_Sums`` holds them (iterations, windows, time, phases, max, p50, wall, cpu_wait, cpu,
-    comm, comm_wait_by_phase, phase_iteration_time)."""
+    thread_cpu_wait, thread_cpu, comm, comm_wait_by_phase, phase_iteration_time)."""
     s = _Sums(w)
     for name, value in sums.items():
         setattr(s, name, value)
