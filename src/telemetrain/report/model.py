@@ -1,9 +1,10 @@
 """What the report computes from a run and its session: plain data, no HTML (``html.py`` lays it out).
 
 One pass over each process's records collects what every section needs, and feeds the findings engine
-(``analysis.findings``: slowdowns, stragglers, memory growth, spikes, crashes) the series it reads; the run-store
-health findings (dropped records, damaged lines, ...) are made here. What the charts draw of the windows (each rank's
-windows merged, the heatmap, the time by phase) is computed from the per-rank windows afterwards (``windows.py``).
+(``analysis.findings``: slowdowns, stragglers, memory growth, spikes, crashes) the series it reads; the findings,
+the run-store health findings (dropped records, damaged lines, ...) among them, are made by ``findings.py``. What the
+charts draw of the windows (each rank's windows merged, the heatmap, the time by phase) is computed from the per-rank
+windows afterwards (``windows.py``).
 With the ``columnar`` extra the same collection is done by SQL (``model_sql.py``); both give the same model.
 docs/report.md defines each number.
 """
@@ -18,18 +19,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..analysis.findings import Finding, InputBuilder, Note, Thresholds, analyse
-from ..analysis.findings.fmt import ranges
-from ..analysis.findings.run import attempts_of
-from ..analysis.findings.slowdown import slow_iteration_windows
+from ..analysis.findings import Finding, InputBuilder, Note, Thresholds
 from ..phase_times import iteration_time, phase_times
 from ..semconv import series_key
 from ..store.reader import ProcessLog, Run
 from .curves import Curve, CurveBuilder
-from .gpu_health import build_gpu_health, gpu_findings, gpu_headline
+from .findings import model_torn_corrupt, report_findings
+from .gpu_health import build_gpu_health
+from .headline import _num, headline
 from .windows import Heatmap, WindowFigures, window_figures
 
-__all__ = ["PHASES", "Finding", "Note", "ReportModel", "Window", "build_model"]
+__all__ = ["PHASES", "Finding", "Note", "ReportModel", "Window", "build_model", "model_torn_corrupt"]
 
 PHASES = ("dataloader", "forward", "backward", "optimizer", "zero_grad")
 # the sub-phase spans of an iteration -> the phase their time is reported under (avg_<phase>_time_sec)
@@ -158,13 +158,6 @@ class ReportModel:
     def seconds(self, wall_ns: int) -> float:
         """``wall_ns`` as seconds since the run's start (the x axis of the time charts)."""
         return (wall_ns - self.start_ns) / 1e9
-
-
-def _num(attributes: dict[str, Any], key: str) -> float | None:
-    value = attributes.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value)
 
 
 def _window(rank: int, wall_ns: int, attributes: dict[str, Any]) -> Window | None:
@@ -403,124 +396,6 @@ def downsample(points: Sequence[tuple[Any, float]], limit: int = MAX_SERIES_POIN
     return out
 
 
-def _fmt_s(seconds: float | None) -> str:
-    if seconds is None or not math.isfinite(seconds):
-        return "-"
-    if abs(seconds) < 1:
-        return f"{seconds * 1e3:.3g} ms"
-    if abs(seconds) < 1000:
-        return f"{seconds:.3g} s"
-    hours, rest = divmod(int(seconds), 3600)
-    return f"{hours}h{rest // 60:02d}m{rest % 60:02d}s" if hours else f"{rest // 60}m{rest % 60:02d}s"
-
-
-# -- findings ----------------------------------------------------------------------------------------------------
-
-
-def _engine_findings(model: ReportModel, c: _Collector, thresholds: Thresholds | None) -> tuple[list[Finding],
-                                                                                               list[Note]]:
-    """The findings engine over what the pass collected; also sets the chart's slow windows and the heatmap's slow
-    ranks from the same rules."""
-    for span in model.lifecycle:
-        c.inputs.span_failure(span.name, span.rank, span.status, span.error)
-    hosts = {p.rank: p.identity.host for p in model.processes}
-    data = c.inputs.build(start_ns=model.start_ns, open_spans_crashed=False,
-                          attempts=attempts_of(model.goodput, model.run_id))
-    data = dataclasses.replace(data, hosts={**data.hosts, **hosts})
-    result = analyse(data, thresholds)
-    flagged = {(w.rank, w.first_step, w.step) for w in slow_iteration_windows(data.windows, thresholds)}
-    model.slow_windows = sorted(c.windows_at(flagged), key=lambda w: (w.iteration, w.rank))
-    model.slow_ranks = sorted({(f.evidence.ranks[0], f.evidence.effect or 0.0) for f in result.findings
-                               if f.kind == "straggler" and f.evidence and f.evidence.ranks}, key=lambda x: -x[1])
-    return list(result.findings), list(result.notes)
-
-
-def _stall_findings(c: _Collector) -> list[Finding]:
-    """The agent's stall events (which ranks were stuck where); without an agent, the ranks' own evidence."""
-    found = [Finding("error", "stall", "stall: rank(s) " + (ranges(sorted(s["ranks"])) if s.get("ranks") else "?")
-                     + (f" ({s.get('phase')})" if s.get("phase") else ""), str(s.get("message", "")))
-             for s in c.stalls if isinstance(s.get("ranks"), list)]
-    if not found and c.evidence:
-        where = sorted({f"rank {r}: {a.get('phase', '?')}" + (f", in {a['collective']} #{a.get('collective_seq')}"
-                                                               if a.get("collective_state") in ("waiting", "failed")
-                                                               else "") for r, a in c.evidence})
-        found.append(Finding("error", "stall", f"stall evidence: {len({r for r, _ in c.evidence})} rank(s)",
-                             "stall_evidence records (distributed.watchdog): " + "; ".join(where[:20])))
-    return found
-
-
-def _energy_headline(energy: dict[tuple[str, str, str], float]) -> tuple[str, str]:
-    if not energy:
-        return "n/a", "no GPU energy samples (hw.energy): a CPU-only run, or the system sampler was off"
-    per_device: dict[tuple[str, str], tuple[float, str]] = {}
-    for (host, group, name), joules in energy.items():
-        best = per_device.get((host, group))
-        if best is None or (name == "hw.energy" and best[1] != "hw.energy"):  # the counter over the integral
-            per_device[(host, group)] = (joules, name)
-    total = sum(j for j, _ in per_device.values())
-    counters = sum(1 for _, n in per_device.values() if n == "hw.energy")
-    return (f"{total / 3.6e6:.3g} kWh ({total:,.0f} J)",
-            f"sum over {len(per_device)} GPU(s) of the largest energy any process recorded for it "
-            f"({counters} from the energy counter, {len(per_device) - counters} integrated from power)")
-
-
-def _fmt_num(value: float | None, unit: str = "", digits: int = 4) -> str:
-    if value is None:
-        return "n/a"
-    if not math.isfinite(value):
-        return str(value)
-    return (f"{value:,.0f}" if abs(value) >= 10**digits else f"{value:,.{digits}g}") + unit
-
-
-def _headline(model: ReportModel, c: _Collector) -> list[tuple[str, str, str]]:
-    rows: list[tuple[str, str, str]] = []
-    ranks = sorted(c.last_update)
-    last = c.last_update[ranks[0]] if ranks else {}
-    who = f"rank {ranks[0]}'s last training_metrics_update" if ranks else ""
-    rows.append(("wall time", _fmt_s(max(0.0, (model.end_ns - model.start_ns) / 1e9)),
-                 "first to last record of the run, all processes"))
-    if last:
-        done = _num(last, "num_iterations")
-        step = last.get("current_iteration")
-        rows.append(("iterations", f"{done:,.0f} (to step {step})" if done is not None else "n/a",
-                     f"num_iterations of {who}"))
-        rows.append(("throughput", _fmt_num(_num(last, "cumulative_samples_per_second"), " samples/s"),
-                     f"cumulative_samples_per_second of {who}: samples since warm-up / seconds since then"))
-        tokens = _num(last, "tokens_per_second")
-        if tokens:
-            rows.append(("tokens/s (last window)", _fmt_num(tokens), f"tokens_per_second of {who}"))
-        tflops = _num(last, "cumulative_train_throughput_per_gpu")
-        rows.append(("TFLOP/s per GPU", _fmt_num(tflops),
-                     "cumulative_train_throughput_per_gpu (needs flops_per_sample in the config)"))
-        peak = _num(last, "peak_tflops_per_gpu")
-        mfu = tflops / peak if tflops is not None and peak else _num(last, "mfu")
-        rows.append(("MFU", f"{mfu:.1%}" if mfu is not None and math.isfinite(mfu) else "n/a",
-                     "cumulative TFLOP/s per GPU / peak_tflops_per_gpu (n/a without a known peak: CPU, unknown GPU)"))
-        rows.append(("iteration time p50 / p99",
-                     f"{_fmt_s(_num(last, 'cumulative_p50_iteration_time_sec'))} / "
-                     f"{_fmt_s(_num(last, 'cumulative_p99_iteration_time_sec'))}",
-                     f"cumulative percentiles of {who} (warm-up excluded)"))
-        comm = _num(last, "avg_comm_time_sec")
-        if comm is not None:
-            share = _num(last, "comm_wait_fraction")
-            rows.append(("communication", f"{_fmt_s(comm)} per iteration" + (
-                f", waiting {share:.1%} of the time" if share is not None else ""),
-                f"avg_comm_time_sec and comm_wait_fraction of {who} (distributed.comm)"))
-    else:
-        rows.append(("throughput", "n/a", "no training_metrics_update events (no TrainingRecorder in this run)"))
-    g = model.goodput
-    if g is not None:
-        rows.append(("goodput", f"{g.goodput:.1%}" + (" (approx.)" if g.approximate else ""),
-                     f"productive seconds / wall seconds of session {g.session_tag} ({len(g.runs)} run(s), rank "
-                     f"{g.rank}'s timeline; docs/goodput.md)"))
-    else:
-        rows.append(("goodput", "n/a", model.goodput_error or "not computed"))
-    value, how = _energy_headline(c.energy)
-    rows.append(("GPU energy", value, how))
-    rows += gpu_headline(model.gpu)
-    return rows
-
-
 def _goodput(run: Run, rank: int, engine: Any = None) -> tuple[Any, str]:
     from ..training.goodput import goodput
 
@@ -534,49 +409,6 @@ def _goodput(run: Run, rank: int, engine: Any = None) -> tuple[Any, str]:
         except Exception as exc:  # noqa: BLE001 - odd records must not take the whole report down
             return None, f"goodput not computed: {type(exc).__name__}: {exc}"
     return None, error
-
-
-def _findings(model: ReportModel, c: _Collector, thresholds: Thresholds | None) -> list[Finding]:
-    found, model.notes = _engine_findings(model, c, thresholds)
-    found += _stall_findings(c)
-    found += [Finding(*f) for f in gpu_findings(model.gpu)]
-    if c.dropped:
-        found.append(Finding("warning", "dropped records", f"dropped records: {c.dropped}",
-                             f"{c.dropped} record(s) were dropped before reaching a sink (queue full or sink "
-                             "suspended; diagnostic records named 'dropped')"))
-    for (sink, what), count in sorted(c.sink_failures.items()):
-        found.append(Finding("warning", "sink failure", f"sink failure: {sink} ({what})",
-                             f"{count} record(s) concerned by {what} diagnostics of sink {sink!r}"))
-    if c.unencodable:
-        found.append(Finding("warning", "unencodable", f"unencodable records: {c.unencodable}",
-                             "records that could not be encoded were replaced by diagnostics"))
-    torn, corrupt = model_torn_corrupt(model)
-    if torn or corrupt:
-        found.append(Finding("warning", "damaged lines", f"damaged lines: {corrupt} corrupt, {torn} torn",
-                             "lines the reader skipped: a torn last line (a crash mid-write) or lines that did not "
-                             "decode"))
-    world = model.meta.get("world_size")
-    if isinstance(world, int) and model.processes and len(model.ranks) < world:
-        missing = sorted(set(range(world)) - set(model.ranks))
-        found.append(Finding("warning", "missing ranks", f"missing ranks: {len(missing)}",
-                             f"world_size is {world} but rank(s) {ranges(missing)} wrote nothing in this run"))
-    failed_spans = [e for e in model.problems if "span status" in e.attributes]
-    errors = [e for e in model.problems if e.severity in ("error", "critical") and "span status" not in e.attributes]
-    if errors:
-        names = Counter(e.name for e in errors)
-        found.append(Finding("error", "errors", f"error events: {len(errors)}",
-                             ", ".join(f"{n} x{k}" for n, k in names.most_common(8))))
-    if failed_spans:
-        names = Counter(f"{e.name} ({e.attributes['span status']})" for e in failed_spans)
-        found.append(Finding("warning", "failed spans", f"spans not ok: {len(failed_spans)}",
-                             ", ".join(f"{n} x{k}" for n, k in names.most_common(8))))
-    order = {"error": 0, "warning": 1, "info": 2}
-    return sorted(found, key=lambda f: order.get(f.severity, 3))
-
-
-def model_torn_corrupt(model: ReportModel) -> tuple[int, int]:
-    logs = model.processes + model.agents
-    return sum(p.torn for p in logs), sum(p.corrupt for p in logs)
 
 
 def _system(model: ReportModel, c: _Collector) -> list[tuple[str, str, list[Series]]]:
@@ -641,7 +473,8 @@ def build_model(run: Run, thresholds: Thresholds | None = None, engine: Any = No
     ranks = run.ranks
     model.goodput, model.goodput_error = (_goodput(run, ranks[0] if ranks else 0, engine) if run.processes
                                           else (None, ""))
-    model.headline = _headline(model, c)
-    model.findings = _findings(model, c, thresholds)
+    model.headline = headline(model, c)
+    model.findings = report_findings(model, c, thresholds)
     c.close()
     return model
+

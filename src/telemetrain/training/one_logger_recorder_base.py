@@ -203,3 +203,8 @@ class OneLoggerRecorderBase(DefaultRecorder):
     @staticmethod
     def _throughput(config: TrainingTelemetryConfig) -> bool:
         return bool(config.is_log_throughput_enabled and config.flops_per_sample)
+
+
+def _stop(timer: MultiWindowTimer, stop_time: TracingTimestamp) -> bool:
+    timer.stop(stop_time)
+    return True
