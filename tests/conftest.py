@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import types
 import typing
 from collections.abc import Callable, Iterator, Sequence
@@ -68,6 +69,10 @@ def _clean_env_and_no_leaks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         telemetrain.reset()
     _default.candidates.clear()  # an instance a test left open must not become a later test's default
     threads = [th for th in telemetrain_threads() if th not in leaked_before]
+    deadline = time.monotonic() + 2.0  # a thread on its way out (its last tick in flight on a loaded machine) is not
+    for th in threads:  # a leak: a leaked one is still running after this grace
+        th.join(max(0.0, deadline - time.monotonic()))
+    threads = [th for th in threads if th.is_alive()]
     if threads:
         problems.append(f"dispatcher threads left running: {[th.name for th in threads]}")
     if problems:
