@@ -25,13 +25,19 @@ def _updates(run_dir: Path) -> list[dict[str, object]]:
     return [r.attributes for r in open_run(run_dir).records("event") if r.name == "training_metrics_update"]
 
 
-@linux_only
-def test_each_report_window_carries_the_process_cpu_time_and_wait(tmp_path: Path) -> None:
-    t = Telemetry(store=tmp_path)
+def _started(t: Telemetry) -> TrainingRecorder:
+    """A recorder reporting every 5 iterations, its app and training loop started."""
     r = TrainingRecorder(TrainingTelemetryConfig(global_batch_size_or_fn=1, log_every_n_train_iterations=5),
                          telemetry=t)
     r.on_app_start()
     r.on_train_start(0)
+    return r
+
+
+@linux_only
+def test_each_report_window_carries_the_process_cpu_time_and_wait(tmp_path: Path) -> None:
+    t = Telemetry(store=tmp_path)
+    r = _started(t)
     for _ in range(15):
         r.on_training_single_iteration_start()
         deadline = time.thread_time() + 0.004  # 4 ms of CPU per iteration
@@ -75,10 +81,7 @@ def test_a_sleeping_thread_adds_no_cpu_and_the_thread_figures_are_its_own(tmp_pa
 
     worker = threading.Thread(target=burn, daemon=True)
     t = Telemetry(store=tmp_path)
-    r = TrainingRecorder(TrainingTelemetryConfig(global_batch_size_or_fn=1, log_every_n_train_iterations=5),
-                         telemetry=t)
-    r.on_app_start()
-    r.on_train_start(0)
+    r = _started(t)
     worker.start()
     try:
         for _ in range(10):
