@@ -237,3 +237,12 @@ def test_a_small_change_gets_a_narrow_axis(runs: dict[str, Path]) -> None:
     assert max(ticks) <= 10 and min(ticks) >= -10 and len(ticks) >= 3  # labelled in a few percent
     html_page = multi_html(compare_baselines(runs["c"], [runs["b1"], runs["b2"]], goodput=False, resamples=200))
     assert all(len(axis) >= 3 for axis in Page(html_page).axes)
+
+
+def test_the_library_reads_each_run_as_compare_runs_does(runs: dict[str, Path]) -> None:
+    """``compare_baselines`` given run folders reads them as ``compare_runs`` does (the quality curves only, goodput
+    by the same engine): the comparison with each baseline is the one ``compare_runs`` makes."""
+    multi = compare_baselines(runs["c"], [runs["b1"], runs["b2"]], resamples=200)
+    for baseline, got in zip((runs["b1"], runs["b2"]), multi.comparisons, strict=True):
+        alone = compare_runs(runs["c"], baseline, resamples=200)
+        assert got.as_dict() == alone.as_dict()

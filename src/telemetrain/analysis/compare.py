@@ -385,7 +385,7 @@ def compare_samples(candidate: RunSamples, baseline: RunSamples, *, confidence: 
                                quality=compare_quality(candidate, baseline, loss))
 
 
-def _as_samples(run: RunSamples | Run | str | Path, loss: str | None = None, goodput: bool = False,
+def comparison_samples(run: RunSamples | Run | str | Path, loss: str | None = None, goodput: bool = False,
                 curves: bool = True) -> RunSamples:
     """A run's samples; read from a directory, with only the curves the quality comparison reads (none for
     ``curves=False``: a run of the history) and its goodput when asked (by the same engine)."""
@@ -419,8 +419,8 @@ def compare_runs(candidates: RunSamples | Run | str | Path | Iterable[RunSamples
         raise ValueError(f"resamples must be an int >= 100, got {resamples!r}")
     if isinstance(candidates, (RunSamples, Run, str, Path)):
         candidates = [candidates]
-    base = _as_samples(baseline, loss, goodput)
-    cands = [_as_samples(c, loss, goodput) for c in candidates]
+    base = comparison_samples(baseline, loss, goodput)
+    cands = [comparison_samples(c, loss, goodput) for c in candidates]
     if not cands:
         raise ValueError("compare_runs needs at least one candidate run")
     notes = []
@@ -441,7 +441,7 @@ def compare_runs(candidates: RunSamples | Run | str | Path | Iterable[RunSamples
         if not force:
             raise ConfigMismatch(message + ": these are different workloads")
         notes.append(message + "; compared anyway (forced)")
-    earlier = [_as_samples(h, curves=False) for h in history]
+    earlier = [comparison_samples(h, curves=False) for h in history]
     if goodput:
         for run in (base, *cands):
             if run.goodput is None:

@@ -25,8 +25,9 @@ from .compare import (
     MetricComparison,
     RunRef,
     compare_runs,
+    comparison_samples,
 )
-from .samples import RunSamples, run_samples
+from .samples import RunSamples
 
 __all__ = ["MetricTally", "MultiComparison", "compare_baselines"]
 
@@ -129,8 +130,9 @@ def compare_baselines(candidates: _RunLike | Iterable[_RunLike], baselines: Iter
     candidate; ``PerfTagMismatch``/``ConfigMismatch`` as ``compare_runs`` does, naming the baseline."""
     if isinstance(candidates, (RunSamples, Run, str, Path)):
         candidates = [candidates]
-    cands = [c if isinstance(c, RunSamples) else run_samples(c) for c in candidates]
-    bases = [b if isinstance(b, RunSamples) else run_samples(b) for b in baselines]
+    # read as compare_runs reads them: only the curves the quality comparison reads, goodput by the same engine
+    cands = [comparison_samples(c, loss, goodput) for c in candidates]
+    bases = [comparison_samples(b, loss, goodput) for b in baselines]
     if not bases:
         raise ValueError("compare_baselines needs at least one baseline run")
     seen: set[str] = set()
@@ -141,7 +143,7 @@ def compare_baselines(candidates: _RunLike | Iterable[_RunLike], baselines: Iter
     both = [c for c in cands if _key(c) in seen]
     if both:
         raise ValueError(f"the baseline {both[0].path} is also a candidate")
-    earlier = [h if isinstance(h, RunSamples) else run_samples(h) for h in history]
+    earlier = [comparison_samples(h, curves=False) for h in history]
     return MultiComparison(tuple(
         compare_runs(cands, b, confidence=confidence, min_effect=min_effect, resamples=resamples, seed=seed,
                      force=force, phases=phases, ranks=ranks, history=earlier, goodput=goodput, loss=loss)
