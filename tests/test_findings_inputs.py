@@ -60,10 +60,12 @@ def test_each_report_window_carries_the_process_cpu_time_and_wait(tmp_path: Path
     # running is brought up to date at scheduler ticks, so a read taken while it runs lags by up to a tick (measured
     # on this 2-vCPU VM: 15 ms of a window's 20, in 2 runs of 3)
     assert sum(a["cpu_time_sec"] for a in updates) >= 0.5 * 15 * 0.004  # type: ignore[misc]
-    # the training thread's own: part of the process's, and most of this loop's CPU is this thread's
+    # the training thread's own: part of the process's (give or take the counts of a thread that ended between two
+    # readings, which leave the process's sum: the collector thread ends when it has nothing to do), and most of
+    # this loop's CPU is this thread's
     for a in updates:
-        assert 0 <= a["train_thread_cpu_time_sec"] <= a["cpu_time_sec"] + 1e-9  # type: ignore[operator]
-        assert 0 <= a["train_thread_cpu_wait_sec"] <= a["cpu_wait_sec"] + 1e-9  # type: ignore[operator]
+        assert 0 <= a["train_thread_cpu_time_sec"] <= a["cpu_time_sec"] + 0.01  # type: ignore[operator]
+        assert 0 <= a["train_thread_cpu_wait_sec"] <= a["cpu_wait_sec"] + 0.01  # type: ignore[operator]
     assert sum(a["train_thread_cpu_time_sec"] for a in updates) >= 0.5 * 15 * 0.004  # type: ignore[misc]
     cpu, wait, thread_cpu, thread_wait = cpu_wait.read(threading.get_native_id()) or (0, 0, 0, 0)
     assert cpu >= thread_cpu > 0 and wait >= thread_wait >= 0
