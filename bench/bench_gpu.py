@@ -351,6 +351,19 @@ def empty_iterations(r: Any, n: int) -> float:
     return (time.thread_time_ns() - t0) / n / 1e3
 
 
+def interleaved_blocks(rows: dict[str, Any], blocks: int, n: int) -> dict[str, list[float]]:
+    """Each recorder's CPU us per empty iteration, ``blocks`` blocks of ``n`` each, after a warm-up of 500:
+    interleaved, the order rotated from block to block."""
+    for r in rows.values():
+        empty_iterations(r, 500)
+    times: dict[str, list[float]] = {k: [] for k in rows}
+    order = list(rows)
+    for i in range(blocks):
+        for k in order[i % len(order):] + order[:i % len(order)]:
+            times[k].append(empty_iterations(rows[k], n))
+    return times
+
+
 def per_call_us(fn: Any, args: tuple[Any, ...], n: int = 10_000) -> float:
     """Training-thread CPU microseconds of one ``fn(*args)``, the loop's own cost taken off."""
     def loop(f: Any) -> float:
@@ -368,13 +381,7 @@ def check_c(torch: Any, make_recorder: Any, blocks: int, n: int) -> None:
     rows = {"raw": make_recorder(raw, "cost-raw"), "torch": make_recorder(CudaClock(torch, raw=False), "cost-torch"),
             "off": make_recorder("host", "cost-off"), "raw_every_4": make_recorder(CudaClock(torch), "cost-every4", 4),
             "auto": make_recorder(CudaClock(torch), "cost-auto", "auto")}  # the default: 1 in 8 at this interval
-    for r in rows.values():
-        empty_iterations(r, 500)
-    times: dict[str, list[float]] = {k: [] for k in rows}
-    order = list(rows)
-    for i in range(blocks):  # interleaved, the order rotated
-        for k in order[i % len(order):] + order[:i % len(order)]:
-            times[k].append(empty_iterations(rows[k], n))
+    times = interleaved_blocks(rows, blocks, n)
     med = {k: statistics.median(v) for k, v in times.items()}
     diffs = [a - b for a, b in zip(times["raw" if raw.raw else "torch"], times["off"], strict=True)]
     cost = statistics.median(diffs)
@@ -460,13 +467,7 @@ def bookkeeping_cost(blocks: int, n: int) -> int:
 
     rows = {"off": make("host", 1), "every 1": make(FreeClock(), 1), "auto (1 in 8)": make(FreeClock(), "auto"),
             "untimed (1 in 10^9)": make(FreeClock(), 10**9)}
-    for r in rows.values():
-        empty_iterations(r, 500)
-    times: dict[str, list[float]] = {k: [] for k in rows}
-    order = list(rows)
-    for i in range(blocks):
-        for k in order[i % len(order):] + order[:i % len(order)]:
-            times[k].append(empty_iterations(rows[k], n))
+    times = interleaved_blocks(rows, blocks, n)
     for k, v in times.items():
         added = statistics.median(a - b for a, b in zip(v, times["off"], strict=True))
         print(f"{k:20s} {statistics.median(v):7.2f} us an iteration, +{added:.2f} us")
