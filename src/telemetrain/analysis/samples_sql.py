@@ -18,10 +18,11 @@ from ..store.codec import untag_nonfinite
 from ..store.engine import Engine, rank_groups
 from ..store.reader import Run
 from .samples import _CONTENTION, DURATIONS, OTHER, PHASES, RunSamples
+from .samples_sums import RunSums
 
 __all__ = ["samples_sql"]
 
-WINDOWS_AT_ONCE = 131_072  # windows grouped per query of the per-rank series
+WINDOWS_AT_ONCE = 131_072  # reports whose windows one table holds (a group of ranks)
 MAX_RANK_PHASES = 16  # compare.MAX_RANK_PHASES: per-rank phase series are only compared for this many ranks
 
 
@@ -34,7 +35,13 @@ _DEVICE = "(" + " OR ".join(f"isfinite(avg_{p}_device_time_sec)" for p in PHASES
 # are not comparable)
 _OTHER = ("CASE WHEN NOT dev AND (" + " OR ".join(f"{p} IS NOT NULL" for p in PHASES) + ") THEN greatest(0.0, mean - ("
           + " + ".join(f"coalesce({p}, 0.0)" for p in PHASES) + ")) END")
-_WINDOWS = f"""
+_REPORTS = "group_name = 'training' AND name = 'training_metrics_update' AND role <> 'agent'"  # the windows view's
+
+
+def _windows_sql(ranks: str) -> str:
+    """The steady-state windows of ``ranks`` (an SQL list): every rule is per process (the first report of each
+    training loop of a process is its warm-up), so a group of ranks gives the same rows as the whole run."""
+    return f"""
 WITH w AS (
   SELECT rank, pid, current_iteration AS iteration, window_iterations AS n, avg_iteration_time_sec AS mean,
          samples_per_second AS sps, coalesce({_DEVICE}, false) AS dev,
@@ -43,10 +50,10 @@ WITH w AS (
               THEN greatest(0.0, least(1.0, cpu_wait_sec / (cpu_time_sec + cpu_wait_sec))) END AS share,
          row_number() OVER (PARTITION BY session, run, rank, pid, coalesce(train_iterations_start, -1)
                             ORDER BY segment, line) AS nth
-  FROM windows)
+  FROM windows{f" WHERE rank IN {ranks}" if ranks else ""})
 SELECT rank, iteration, mean, sps, dev, {", ".join(PHASES)}, share FROM w WHERE nth > 1 AND mean IS NOT NULL AND isfinite(mean) AND mean > 0 AND iteration IS NOT NULL
   AND n IS NOT NULL AND n >= 1"""  # noqa: E501
-# (the table keeps only what the series read: at 64 ranks x 1M iterations it holds 1.28 M windows)
+# (the table keeps only what the series read)
 
 
 def _series(engine: Engine, metrics: list[tuple[str, str]], by_rank: bool, busy_free: bool,
@@ -124,35 +131,73 @@ def _feed_curves(engine: Engine, curves: CurveBuilder, wanted: Callable[[str], b
         curves.first_wall_ns = int(first)
 
 
+def _windows_by_group(engine: Engine, metrics: list[tuple[str, str]], run_metrics: list[tuple[str, str]],
+                      into: dict[tuple[str, int | None, bool], array[float]]
+                      ) -> tuple[int, int, list[int], set[bool], bool]:
+    """Every series, a group of ranks at a time: each group's windows (their attributes parsed once) in a temporary
+    table, its per-rank series read from it, its values added to the run-level sums (``samples_sums``) and its
+    contention shares kept for their median (``compare_shares``). Returns the report and window counts, the
+    ranks with a window, the phases' clocks and whether every window carries its wait."""
+    counts = engine.rows(f"SELECT rank, count(*) FROM events WHERE {_REPORTS} GROUP BY rank ORDER BY rank")
+    phases_by_rank = len(counts) <= MAX_RANK_PHASES  # (an upper bound of the ranks with a window: checked below)
+    sums = RunSums(engine, [c for _, c in run_metrics])
+    count = shares = 0
+    total = sum(int(n) for _, n in counts)
+    ranks: list[int] = []
+    clocks: set[bool] = set()
+    engine.execute("CREATE OR REPLACE TEMP TABLE compare_shares (share DOUBLE)")
+    phased = " OR ".join(f"{p} IS NOT NULL" for p in PHASES)
+    for group in rank_groups(counts, WINDOWS_AT_ONCE):
+        engine.execute("CREATE OR REPLACE TEMP TABLE compare_windows AS " + _windows_sql(group))
+        devs, n, with_share = engine.rows(f"SELECT list_distinct(list(dev) FILTER (WHERE {phased})), count(*), "
+                                          "count(share) FROM compare_windows")[0]
+        clocks.update(devs or [])
+        count, shares = count + n, shares + with_share
+        ranks += [r for r, in engine.rows("SELECT DISTINCT rank FROM compare_windows ORDER BY rank")]
+        if with_share:
+            engine.execute("INSERT INTO compare_shares SELECT share FROM compare_windows WHERE share IS NOT NULL")
+        sums.add("compare_windows")
+        # per rank: the iteration time, and the phases for the few ranks compare compares them for; busy-free
+        # while every window so far carries its wait (compare uses busy-free series only when all do)
+        for busy_free in ((False, True) if shares == count else (False,)):
+            _series(engine, metrics if phases_by_rank else metrics[:1], True, busy_free, into)
+    engine.execute("DROP TABLE IF EXISTS compare_windows")
+    known = count > 0 and shares == count
+    if not known:
+        for key in [k for k in into if k[2]]:
+            del into[key]
+    if not phases_by_rank and len(ranks) <= MAX_RANK_PHASES and ranks:  # few ranks with a window after all
+        engine.execute("CREATE OR REPLACE TEMP TABLE compare_windows AS "
+                       + _windows_sql("(" + ", ".join(map(str, ranks)) + ")"))
+        for busy_free in ((False, True) if known else (False,)):
+            _series(engine, metrics[1:], True, busy_free, into)
+        engine.execute("DROP TABLE compare_windows")
+    if sums.ok:
+        for busy_free in ((False, True) if known else (False,)):
+            for name, values in sums.series(busy_free, [m for m, _ in run_metrics]).items():
+                into[(name, None, busy_free)] = array("d", values)
+    else:  # values too far apart for one scale: the run-level series from every window at once
+        engine.execute("CREATE OR REPLACE TEMP TABLE compare_windows AS " + _windows_sql(""))
+        for busy_free in ((False, True) if known else (False,)):
+            _series(engine, run_metrics, False, busy_free, into)
+        engine.execute("DROP TABLE compare_windows")
+    sums.close()
+    return total, count, ranks, clocks, known
+
+
 def samples_sql(engine: Engine, run: Run, curves: Callable[[str], bool] | None = None) -> RunSamples:
-    # the windows are read (their attributes parsed) once, into a temporary table; every series is a query of it
-    engine.execute("CREATE OR REPLACE TEMP TABLE compare_windows AS " + _WINDOWS)
-    count = engine.scalar("SELECT count(*) FROM compare_windows") or 0
-    total = engine.scalar("SELECT count(*) FROM windows") or 0
-    counts = engine.rows("SELECT rank, count(*) FROM compare_windows GROUP BY rank ORDER BY rank")
-    ranks = [r for r, _ in counts]
-    groups = rank_groups(counts, WINDOWS_AT_ONCE)
-    clocks, known, fraction = engine.rows(
-        "SELECT list_distinct(list(dev) FILTER (WHERE " + " OR ".join(f"{p} IS NOT NULL" for p in PHASES) + ")), "
-        "count(*) > 0 AND count(share) = count(*), median(share) FROM compare_windows")[0]
-    clocks = clocks or []
-    source = ("device" if clocks[0] else "host") if len(clocks) == 1 else ("mixed" if clocks else "")
     metrics = [("iteration_time", "mean"), ("samples_per_second", "CASE WHEN isfinite(sps) AND sps > 0 THEN sps END"),
                *((p, p) for p in PHASES)]
     run_metrics = [*metrics, (OTHER, _OTHER)]  # the rest of the step: compared for the whole run only
     precomputed: dict[tuple[str, int | None, bool], array[float]] = {}
-    for busy_free in ((False, True) if known else (False,)):  # compare uses busy-free series only when waits are known
-        _series(engine, run_metrics, False, busy_free, precomputed)
-        # per rank: the iteration time, and the phases for the few ranks compare compares them for
-        # (a group of ranks at a time: one group per window would otherwise be held for every window of the run)
-        for group in groups:
-            _series(engine, metrics if len(ranks) <= MAX_RANK_PHASES else metrics[:1], True, busy_free, precomputed,
-                    group)
+    total, count, ranks, clocks, known = _windows_by_group(engine, metrics, run_metrics, precomputed)
+    fraction = engine.scalar("SELECT median(share) FROM compare_shares")
+    engine.execute("DROP TABLE compare_shares")
+    source = ("device" if next(iter(clocks)) else "host") if len(clocks) == 1 else ("mixed" if clocks else "")
     pct: Any = engine.execute(
         "SELECT count(*), quantile_cont(duration_ns / 1e9, 0.5), quantile_cont(duration_ns / 1e9, 0.99) FROM span_ends "
         "WHERE group_name = 'training' AND name = 'training_single_iteration' AND status = 'ok' AND role <> 'agent'"
     ).fetchone()
-    engine.execute("DROP TABLE compare_windows")
     builder = CurveBuilder()
     _feed_curves(engine, builder, curves)
     durations: dict[str, list[tuple[int, float]]] = {}
