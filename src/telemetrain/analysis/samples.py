@@ -87,8 +87,9 @@ class RunSamples:
     cpu_count: int | None = None  # run.json's hardware
     # Filled by the SQL path instead of ``windows`` (whose size grows with the run): the series (keyed by metric,
     # rank, busy_free), the ranks, the window count, the sampled spans' percentiles and the windows' aggregates
-    # computed by DuckDB (8 bytes a value: a run's per-rank series hold one value per window of every rank)
-    precomputed: dict[tuple[str, int | None, bool], Sequence[float]] | None = None
+    # computed by DuckDB (8 bytes a value: a run's per-rank series hold one value per window of every rank, kept in
+    # a temporary file by ``samples_sql.SeriesStore`` and read back a series at a time)
+    precomputed: Mapping[tuple[str, int | None, bool], Sequence[float]] | None = None
     precomputed_ranks: list[int] = field(default_factory=list)
     precomputed_windows: int = 0
     precomputed_percentiles: tuple[float, float] | None = None

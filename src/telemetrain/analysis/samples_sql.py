@@ -7,8 +7,10 @@ series."""
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..report.curves import CurveBuilder, is_user_group
@@ -24,6 +26,51 @@ __all__ = ["samples_sql"]
 
 WINDOWS_AT_ONCE = 131_072  # reports whose windows one table holds (a group of ranks)
 MAX_RANK_PHASES = 16  # compare.MAX_RANK_PHASES: per-rank phase series are only compared for this many ranks
+
+_Key = tuple[str, int | None, bool]  # (metric, rank or None for the run, busy_free)
+
+
+class SeriesStore(Mapping[_Key, Sequence[float]]):
+    """``RunSamples.precomputed``: the series by key; the per-rank ones (one value per window of every rank: ~10 MB
+    a run at 64 ranks x 1M iterations, which compare holds for two runs) in an unlinked temporary file, read back a
+    series at a time (``os.pread``: no shared file position), the run-level ones in memory."""
+
+    def __init__(self) -> None:
+        self._file = tempfile.TemporaryFile(prefix="telemetrain-series-")
+        self._at: dict[_Key, tuple[int, int]] = {}
+        self._held: dict[_Key, Sequence[float]] = {}
+        self._end = 0
+
+    def hold(self, key: _Key, values: Sequence[float]) -> None:
+        self.discard(key)
+        self._held[key] = values
+
+    def spill(self, key: _Key, values: array[float]) -> None:
+        self.discard(key)
+        data = values.tobytes()
+        os.pwrite(self._file.fileno(), data, self._end)
+        self._at[key] = (self._end, len(values))
+        self._end += len(data)
+
+    def discard(self, key: _Key) -> None:
+        self._held.pop(key, None)
+        self._at.pop(key, None)
+
+    def __getitem__(self, key: _Key) -> Sequence[float]:
+        if key in self._held:
+            return self._held[key]
+        offset, n = self._at[key]
+        values = array("d")
+        values.frombytes(os.pread(self._file.fileno(), n * values.itemsize, offset))
+        return values
+
+    def __iter__(self) -> Iterator[_Key]:
+        yield from self._held
+        yield from self._at
+
+    def __len__(self) -> int:
+        return len(self._held) + len(self._at)
+
 
 
 def _finite(col: str) -> str:
@@ -132,8 +179,7 @@ def _feed_curves(engine: Engine, curves: CurveBuilder, wanted: Callable[[str], b
 
 
 def _windows_by_group(engine: Engine, metrics: list[tuple[str, str]], run_metrics: list[tuple[str, str]],
-                      into: dict[tuple[str, int | None, bool], array[float]]
-                      ) -> tuple[int, int, list[int], set[bool], bool]:
+                      into: SeriesStore) -> tuple[int, int, list[int], set[bool], bool]:
     """Every series, a group of ranks at a time: each group's windows (their attributes parsed once) in a temporary
     table, its per-rank series read from it, its values added to the run-level sums (``samples_sums``) and its
     contention shares kept for their median (``compare_shares``). Returns the report and window counts, the
@@ -159,27 +205,36 @@ def _windows_by_group(engine: Engine, metrics: list[tuple[str, str]], run_metric
         sums.add("compare_windows")
         # per rank: the iteration time, and the phases for the few ranks compare compares them for; busy-free
         # while every window so far carries its wait (compare uses busy-free series only when all do)
+        found: dict[_Key, array[float]] = {}
         for busy_free in ((False, True) if shares == count else (False,)):
-            _series(engine, metrics if phases_by_rank else metrics[:1], True, busy_free, into)
+            _series(engine, metrics if phases_by_rank else metrics[:1], True, busy_free, found)
+        for key, values in found.items():  # (a rank is in one group only)
+            into.spill(key, values)
     engine.execute("DROP TABLE IF EXISTS compare_windows")
     known = count > 0 and shares == count
     if not known:
         for key in [k for k in into if k[2]]:
-            del into[key]
+            into.discard(key)
     if not phases_by_rank and len(ranks) <= MAX_RANK_PHASES and ranks:  # few ranks with a window after all
         engine.execute("CREATE OR REPLACE TEMP TABLE compare_windows AS "
                        + _windows_sql("(" + ", ".join(map(str, ranks)) + ")"))
+        found = {}
         for busy_free in ((False, True) if known else (False,)):
-            _series(engine, metrics[1:], True, busy_free, into)
+            _series(engine, metrics[1:], True, busy_free, found)
+        for key, values in found.items():
+            into.spill(key, values)
         engine.execute("DROP TABLE compare_windows")
     if sums.ok:
         for busy_free in ((False, True) if known else (False,)):
-            for name, values in sums.series(busy_free, [m for m, _ in run_metrics]).items():
-                into[(name, None, busy_free)] = array("d", values)
+            for name, means in sums.series(busy_free, [m for m, _ in run_metrics]).items():
+                into.hold((name, None, busy_free), array("d", means))
     else:  # values too far apart for one scale: the run-level series from every window at once
         engine.execute("CREATE OR REPLACE TEMP TABLE compare_windows AS " + _windows_sql(""))
+        run: dict[_Key, array[float]] = {}
         for busy_free in ((False, True) if known else (False,)):
-            _series(engine, run_metrics, False, busy_free, into)
+            _series(engine, run_metrics, False, busy_free, run)
+        for key, values in run.items():
+            into.hold(key, values)
         engine.execute("DROP TABLE compare_windows")
     sums.close()
     return total, count, ranks, clocks, known
@@ -189,7 +244,7 @@ def samples_sql(engine: Engine, run: Run, curves: Callable[[str], bool] | None =
     metrics = [("iteration_time", "mean"), ("samples_per_second", "CASE WHEN isfinite(sps) AND sps > 0 THEN sps END"),
                *((p, p) for p in PHASES)]
     run_metrics = [*metrics, (OTHER, _OTHER)]  # the rest of the step: compared for the whole run only
-    precomputed: dict[tuple[str, int | None, bool], array[float]] = {}
+    precomputed = SeriesStore()
     total, count, ranks, clocks, known = _windows_by_group(engine, metrics, run_metrics, precomputed)
     fraction = engine.scalar("SELECT median(share) FROM compare_shares")
     engine.execute("DROP TABLE compare_shares")
@@ -230,7 +285,7 @@ def samples_sql(engine: Engine, run: Run, curves: Callable[[str], bool] | None =
                       durations=durations, contention=contention,
                       is_baseline=baseline or meta.get("is_baseline_run") is True,
                       cpu_count=cpus if isinstance(cpus, int) and not isinstance(cpus, bool) and cpus > 0 else None,
-                      precomputed=dict(precomputed), precomputed_ranks=ranks, precomputed_windows=int(count),
+                      precomputed=precomputed, precomputed_ranks=ranks, precomputed_windows=int(count),
                       precomputed_percentiles=(float(pct[1]), float(pct[2])) if pct and pct[0] else None,
                       precomputed_phase_source=source, precomputed_waits_known=bool(known),
                       precomputed_wait_fraction=None if fraction is None else float(fraction), curves=builder)
