@@ -82,3 +82,81 @@ def test_per_rank_series_a_rank_at_a_time(run_dir: Path, monkeypatch: pytest.Mon
     assert together.precomputed is not None and apart.precomputed is not None
     assert {k: list(v) for k, v in apart.precomputed.items()} == {k: list(v) for k, v in together.precomputed.items()}
     assert len(together.series("iteration_time", 1)) == 7  # 8 reports less the warm-up's
+
+
+def _windows_run(root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Five ranks writing reports by hand, each rank's log cut into several segments: ranks 0 and 1 with host phase
+    times, rank 2 with device ones, every window with its CPU wait; two training loops per rank (each loop's first
+    report is its warm-up); values of many magnitudes (10 us to 50 s, throughputs to 1e7) whose sums round; ranks 3
+    and 4 write only one report (a warm-up: no window)."""
+    from telemetrain.sinks import jsonl
+
+    monkeypatch.setattr(jsonl, "SEGMENT_BYTES", 4_000)
+    for rank in range(5):
+        t = Telemetry(identity_from_env({}, run_id="w", session_tag="w", rank=rank, world_size=5), store=root)
+        for n in range(1 if rank >= 3 else 60):
+            step = 10 * n + 9
+            scale = (1e-5, 0.1, 50.0)[(n + rank) % 3]
+            attributes: dict[str, object] = {
+                "current_iteration": step, "window_iterations": 10, "train_iterations_start": 0 if n < 30 else 300,
+                "avg_iteration_time_sec": scale * (1 + rank / 3 + (n % 7) / 11), "samples_per_second": 1e7 / (n + 3),
+                "cpu_time_sec": 0.9 + n / 97, "cpu_wait_sec": 0.01 * (n % 5 + rank)}
+            if rank < 2:
+                attributes |= {"avg_forward_time_sec": scale / 3.1, "avg_backward_time_sec": scale / 7.3,
+                               "avg_dataloader_time_sec": scale / (n + 1)}
+            elif rank == 2:
+                attributes |= {"avg_forward_device_time_sec": scale / 2.9, "avg_optimizer_device_time_sec": 1e-6}
+            t.event("training_metrics_update", attributes, group="training")
+        assert t.close()
+    run = root / "w" / "w"
+    assert len(list(run.glob("rank-0.*.jsonl"))) >= 2  # more than one segment
+    return run
+
+
+def test_windows_by_groups_of_ranks_are_the_whole_and_the_python_paths(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from telemetrain.analysis import samples_sums
+    from telemetrain.analysis.samples import OTHER, PHASES
+    from telemetrain.store.compact import compact
+
+    run = _windows_run(tmp_path, monkeypatch)
+    assert not compact(run).errors
+    monkeypatch.setattr(samples_sql, "MAX_RANK_PHASES", 3)  # 5 ranks report, 3 have windows: phases per rank
+    whole = read_samples(run)
+    monkeypatch.setattr(samples_sql, "WINDOWS_AT_ONCE", 1)  # every rank its own group
+    apart = read_samples(run)
+    monkeypatch.setattr(samples_sums, "_BITS", 30)  # no scale fits: the run-level series from every window at once
+    every = read_samples(run)
+    monkeypatch.setenv("TELEMETRAIN_ENGINE", "python")
+    python = read_samples(run)
+    assert python.windows and whole.precomputed is not None
+    assert whole.waits_known and whole.phase_source == "mixed" and whole.ranks == [0, 1, 2]
+    metrics = ("iteration_time", "samples_per_second", *PHASES)
+    keys = [(m, None, bf) for m in (*metrics, OTHER) for bf in (False, True)] + \
+        [(m, r, bf) for m in metrics for r in (0, 1, 2) for bf in (False, True)]
+    assert set(whole.precomputed) == {k for k in keys if python.series(k[0], k[1], busy_free=k[2])}
+    for metric, rank, busy_free in keys:
+        expected = python.series(metric, rank, busy_free=busy_free)  # statistics.fmean: exact sums
+        for sql in (whole, apart, every):
+            assert sql.series(metric, rank, busy_free=busy_free) == expected, (metric, rank, busy_free)
+    for sql in (apart, every):
+        assert (sql.ranks, sql.window_count, sql.skipped_windows, sql.wait_fraction(), sql.phase_source) == \
+            (whole.ranks, whole.window_count, whole.skipped_windows, whole.wait_fraction(), whole.phase_source)
+    assert whole.wait_fraction() == python.wait_fraction() and whole.skipped_windows == python.skipped_windows
+
+
+def test_goodput_of_a_rank_in_several_segments_is_the_same_by_sql(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank's lifecycle is read one segment at a time by SQL: the same goodput as the Python path's."""
+    from telemetrain.sinks import jsonl
+    from telemetrain.training.goodput import goodput_by_rank
+
+    monkeypatch.setattr(jsonl, "SEGMENT_BYTES", 6_000)
+    run = _run(tmp_path, "segments")
+    assert len(list(run.glob("rank-0.*.jsonl"))) >= 2
+    sql = goodput_by_rank(run.parent)
+    monkeypatch.setenv("TELEMETRAIN_ENGINE", "python")
+    python = goodput_by_rank(run.parent)
+    assert sorted(sql) == sorted(python) == [0, 1]
+    for rank in python:
+        assert sql[rank].as_dict() == python[rank].as_dict()
