@@ -72,7 +72,6 @@ class SeriesStore(Mapping[_Key, Sequence[float]]):
         return len(self._held) + len(self._at)
 
 
-
 def _finite(col: str) -> str:
     return f"CASE WHEN isfinite({col}) THEN {col} END"
 
