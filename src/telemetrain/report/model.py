@@ -432,6 +432,10 @@ def build_model(run: Run, thresholds: Thresholds | None = None, engine: Any = No
         c = SqlCollector(run, engine, thresholds)
     else:
         c = _Collector(run)
+    # goodput first: its queries read one rank's lifecycle at a time (DuckDB's working memory grows with a rank's
+    # length), and run here before the collection holds the report's figures in Python (docs/scale.md)
+    ranks = run.ranks
+    goodput = _goodput(run, ranks[0] if ranks else 0, engine) if run.processes else (None, "")
     c.collect()
     start = c.first_ns if c.first_ns is not None else int(run.meta.get("created_wall_ns") or 0)
     end = c.last_ns if c.last_ns is not None else start
@@ -470,9 +474,7 @@ def build_model(run: Run, thresholds: Thresholds | None = None, engine: Any = No
     model.system = _system(model, c)
     model.curves = c.curves.curves(start)
     model.gpu = build_gpu_health(run, {name for _, name in c.metric_stats}, engine)
-    ranks = run.ranks
-    model.goodput, model.goodput_error = (_goodput(run, ranks[0] if ranks else 0, engine) if run.processes
-                                          else (None, ""))
+    model.goodput, model.goodput_error = goodput
     model.headline = headline(model, c)
     model.findings = report_findings(model, c, thresholds)
     c.close()

@@ -98,17 +98,20 @@ class SqlCollector(_Collector):
     # -- the pass ------------------------------------------------------------------------------------------------
 
     def collect(self) -> None:
+        # The report windows' queries parse every report's JSON (DuckDB's largest working memory): they run as soon
+        # as the time bounds are known (the metrics' included, the findings' origin), before the events, spans and
+        # curves are held in Python, so that the process's peak is not their sum (docs/scale.md)
         self._bounds()
         self._series_keys()
-        self._events()
-        self._spans_and_problems()
         self._metrics()
+        self._windows()
         # the user's metrics, bucketed by SQL (their extents from _metrics' pass)
         feed_curves(self.engine, self.curves, self._metrics_keyed(), extents="report_metric_stats")
         self.engine.execute("DROP TABLE IF EXISTS report_metric_stats")
+        self._events()
+        self._spans_and_problems()
         self._stats()
         self._diagnostics()
-        self._windows()
         for log in self.run.agents:
             self._process(log, f"agent {log.identity.host}", agent=True)
         self.events.sort(key=lambda e: e.wall_ns)
@@ -358,12 +361,17 @@ class SqlCollector(_Collector):
     # -- the windows -------------------------------------------------------------------------------------------------
 
     def _windows(self) -> None:
+        # rank by rank: DuckDB sorts one rank's reports at a time (all ranks' attributes at once outgrow its memory);
+        # ranks together while they hold few reports (a query per rank costs a scan of the reports each)
+        self._counts = self.engine.rows(f"SELECT rank, count(*) FROM windows WHERE {self.where} GROUP BY rank "
+                                        "ORDER BY rank")
+        # the figures a group of ranks at a time (windows_sql), the run's windows never held together; first, while
+        # Python holds least (the findings' windows are ~0.4 KB each)
+        self._windows_sql = WindowsSql(self.engine, self.where, self._counts)
+        self._figures = self._windows_sql.figures()
         self._feed_windows()
         # the memory gauges as the memory rule thins them from the steady state on, which the reports give
         feed_memory_series_sql(self.inputs, self.engine, gauges_relation(self._metrics_keyed(), "skey", "true"))
-        # the figures a group of ranks at a time (windows_sql), the run's windows never held together
-        self._windows_sql = WindowsSql(self.engine, self.where, self._counts)
-        self._figures = self._windows_sql.figures()
 
     def _feed_windows(self) -> None:
         """Every report to the findings engine (``InputBuilder.window``), in collection order, with the attributes
@@ -371,10 +379,7 @@ class SqlCollector(_Collector):
         window = self.inputs.window_values
         if self.first_ns is not None:
             self.inputs.origin(self.first_ns)  # build_model's start (unless an agent's record is earlier)
-        # rank by rank: DuckDB sorts one rank's reports at a time (all ranks' attributes at once outgrow its memory);
-        # ranks together while they hold few reports (a query per rank costs a scan of the reports each)
-        counts = self.engine.rows(f"SELECT rank, count(*) FROM windows WHERE {self.where} GROUP BY rank ORDER BY rank")
-        self._counts = counts
+        counts = self._counts
         groups = rank_groups(counts)
         if feed_windows_sql(self.inputs, self.engine, "windows", self.where, counts, groups):
             return  # a long regular run: merged by SQL (findings_windows_sql), as the builder would merge it
