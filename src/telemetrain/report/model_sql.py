@@ -35,6 +35,7 @@ from .model import (
     _ENERGY_NAMES,
     ITERATION_CHART_POINTS,
     LIFECYCLE_SPANS,
+    MAX_CHECKPOINT_ROWS,
     MAX_EVENT_ROWS,
     MAX_SERIES_POINTS,
     PHASE_SPANS,
@@ -174,9 +175,11 @@ class SqlCollector(_Collector):
         base = ("FROM events WHERE {w} AND NOT (group_name = 'training' AND name = 'training_metrics_update') AND "
                 "NOT (group_name = 'cross_rank' AND name = 'straggler')")
         problem = "(severity IN ('warning', 'error', 'critical') OR (group_name = 'training' AND name = 'error'))"
+        # the checkpoint successes the report lists: the earliest, as build_model's stable sort by time of the
+        # collection order takes them (a long run's 6,400, with their attributes, held ~12 MiB)
         for rank, wall, group, name, severity, attributes in self.rows(
                 f"SELECT rank, wall_ns, group_name, name, severity, attributes {base} AND "
-                f"name = 'save_checkpoint_success' ORDER BY {ORDER}"):
+                f"name = 'save_checkpoint_success' ORDER BY wall_ns, {ORDER} LIMIT {MAX_CHECKPOINT_ROWS}"):
             self.successes.append(EventRow(wall, f"rank {rank}", group, name, severity, _attrs(attributes)))
         notable = f"{base} AND NOT {problem} AND name NOT IN {routine}"
         for rank, wall, group, name, severity, attributes in self.rows(

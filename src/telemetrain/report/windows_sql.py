@@ -6,9 +6,9 @@ The windows are typed from the reports' JSON (the engine's ``windows`` view) and
 (at most ``WINDOWS_AT_ONCE`` reports), so DuckDB holds one group's windows, not the run's (1.28 M at 64 x 1M). Every
 figure is per rank except the heatmap's bounds and typical value (a median over every window): for those each
 window's (rank, iteration, mean) is kept, a Parquet file per group in the engine's own directory (``Engine.scratch``;
-in DuckDB's memory it held ~30 MiB at 64 x 1M to the end of the figures). The merged windows' limits depend on which ranks have
-windows; the ranks that have reports are assumed, and were one of them without a window, the merges are done again
-with the right limits (a second pass)."""
+in DuckDB's memory it held ~30 MiB at 64 x 1M to the end of the figures). The merged windows' limits depend on which
+ranks have windows; the ranks that have reports are assumed, and were one of them without a window, the merges are
+done again with the right limits (a second pass)."""
 
 from __future__ import annotations
 
