@@ -373,6 +373,10 @@ def test_windows_merged_at_scale_are_the_same_by_sql(tmp_path: Path, monkeypatch
     monkeypatch.delenv("TELEMETRAIN_ENGINE")
     with Engine([run]) as engine:
         sql = build_model(open_run(run), engine=engine)
+        # the heatmap's rows went through a Parquet file per group in the engine's own directory, removed after
+        assert not [f for f in os.listdir(engine.scratch) if f.startswith("report_heat")]
+        assert not engine.rows("SELECT table_name FROM duckdb_tables() WHERE table_name LIKE 'report_%'")
+    assert sql.heatmap is not None and sql.heatmap.cells == python.heatmap.cells  # (python's: from every window)
     assert [len(python.windows[r]) for r in range(3)] == [834, 100, 100]  # ceil(2500 / 1000) = 3 per point
     assert python.window_counts == {0: 2500, 1: 1200, 2: 1200}
     python.processes = python.agents = sql.processes = sql.agents = []
@@ -571,3 +575,36 @@ def test_show_last_records_are_the_same_a_rank_at_a_time(session: tuple[Path, Pa
             assert {k: (v.count, v.samples) for k, v in python.items()} == \
                 {k: (v.count, v.samples) for k, v in sql.items()}
         assert sum(len(v.last_by_rank) for v in by_python.metrics.values()) > len(by_python.metrics)  # several ranks
+
+
+def test_the_earliest_checkpoint_successes_are_the_same_by_sql(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run with more save_checkpoint_success events than the report lists (``MAX_CHECKPOINT_ROWS``): both paths keep
+    the earliest, ties in time in the collection order (rank, pid, file order), as the stable sort of every event did;
+    the SQL path reads no more than those from DuckDB."""
+    from telemetrain.report.model import MAX_CHECKPOINT_ROWS
+
+    run = tmp_path / "s" / "c"
+    run.mkdir(parents=True)
+    for rank in (1, 0):
+        ident = identity_from_env({}, run_id="c", session_tag="s", perf_tag="p", rank=rank, world_size=2)
+        lines = [json.dumps({"v": 1, "kind": "process", "mono_ns": 1, "wall_ns": 1,
+                             "identity": ident.replace(pid=200 + rank).as_dict()})]
+        for i in range(400):
+            # every third event at the same time on both ranks (a tie), and a later event written before an earlier
+            wall = 10**18 + (i // 3 * 3 if i % 3 == 0 else i) * 10**9 + (5 * 10**9 if i % 50 == 7 else 0)
+            lines.append(json.dumps({"v": 1, "kind": "event", "mono_ns": 10 + i, "wall_ns": wall,
+                                     "group": "training", "name": "save_checkpoint_success", "severity": "info",
+                                     "attributes": {"save_checkpoint_success_count": i, "rank": rank},
+                                     "event_id": "", "span_id": ""}))
+        (run / f"rank-{rank}.{200 + rank}.jsonl").write_text("\n".join(lines) + "\n")
+    monkeypatch.setenv("TELEMETRAIN_ENGINE", "python")
+    python = build_model(open_run(run))
+    monkeypatch.delenv("TELEMETRAIN_ENGINE")
+    with Engine([run]) as engine:
+        sql = build_model(open_run(run), engine=engine)
+    rows = [(e.wall_ns, e.source, e.attributes) for e in python.checkpoint_successes]
+    assert len(rows) == MAX_CHECKPOINT_ROWS < 800
+    assert rows == [(e.wall_ns, e.source, e.attributes) for e in sql.checkpoint_successes]
+    assert rows[0][1] == "rank 0" and rows[1][1] == "rank 1"  # a tie: the collection order
+    assert rows == sorted(rows, key=lambda r: r[0])

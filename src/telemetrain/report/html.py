@@ -373,7 +373,7 @@ def _checkpoints(m: ReportModel) -> str:
         body += "<h3>save_checkpoint_success</h3>" + _table(
             ("time (s)", "source", "productive iterations", "attributes"),
             [(f"{m.seconds(e.wall_ns):.3f}", e.source, e.attributes.get("productive_train_iterations", ""),
-              _attrs(e.attributes)) for e in m.checkpoint_successes[:500]], numeric=(0, 2))
+              _attrs(e.attributes)) for e in m.checkpoint_successes], numeric=(0, 2))
     if not m.checkpoints and not m.checkpoint_successes:
         body += '<p class="note">No checkpoint spans or events in this run.</p>'
     return body

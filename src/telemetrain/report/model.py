@@ -57,6 +57,7 @@ _SYSTEM_NAMES = frozenset(name for name, _, _ in SYSTEM_CHARTS)
 _ENERGY_NAMES = ("hw.energy", "hw.energy.integrated")
 
 MAX_EVENT_ROWS = 300
+MAX_CHECKPOINT_ROWS = 500  # the save_checkpoint_success events the report lists (the earliest)
 MAX_SERIES_POINTS = 800
 ITERATION_CHART_POINTS = 1000  # html.MAX_CHART_POINTS: the iteration spans drawn when there are no windows
 
@@ -130,7 +131,7 @@ class ReportModel:
     phase_source: dict[int, str] = dataclasses.field(default_factory=dict)  # rank -> "device" or "host"
     lifecycle: list[SpanRow] = dataclasses.field(default_factory=list)
     checkpoints: list[SpanRow] = dataclasses.field(default_factory=list)
-    checkpoint_successes: list[EventRow] = dataclasses.field(default_factory=list)
+    checkpoint_successes: list[EventRow] = dataclasses.field(default_factory=list)  # the earliest 500
     events: list[EventRow] = dataclasses.field(default_factory=list)
     events_left_out: int = 0
     event_counts: Counter[tuple[str, str, str]] = dataclasses.field(default_factory=Counter)
@@ -432,6 +433,10 @@ def build_model(run: Run, thresholds: Thresholds | None = None, engine: Any = No
         c = SqlCollector(run, engine, thresholds)
     else:
         c = _Collector(run)
+    # goodput first: its queries read one rank's lifecycle at a time (DuckDB's working memory grows with a rank's
+    # length), and run here before the collection holds the report's figures in Python (docs/scale.md)
+    ranks = run.ranks
+    goodput = _goodput(run, ranks[0] if ranks else 0, engine) if run.processes else (None, "")
     c.collect()
     start = c.first_ns if c.first_ns is not None else int(run.meta.get("created_wall_ns") or 0)
     end = c.last_ns if c.last_ns is not None else start
@@ -460,7 +465,7 @@ def build_model(run: Run, thresholds: Thresholds | None = None, engine: Any = No
         model.phase_seconds[rank] = seconds
     model.lifecycle = sorted(c.lifecycle, key=lambda s: (s.start_ns, s.rank))
     model.checkpoints = [s for s in model.lifecycle if s.name in CHECKPOINT_SPANS]
-    model.checkpoint_successes = sorted(c.successes, key=lambda e: e.wall_ns)
+    model.checkpoint_successes = sorted(c.successes, key=lambda e: e.wall_ns)[:MAX_CHECKPOINT_ROWS]
     model.events, model.events_left_out, model.event_counts = c.events, c.events_left_out, c.event_counts
     model.problems = c.problems
     model.metric_stats, model.span_stats = c.metric_stats, c.span_stats
@@ -470,9 +475,7 @@ def build_model(run: Run, thresholds: Thresholds | None = None, engine: Any = No
     model.system = _system(model, c)
     model.curves = c.curves.curves(start)
     model.gpu = build_gpu_health(run, {name for _, name in c.metric_stats}, engine)
-    ranks = run.ranks
-    model.goodput, model.goodput_error = (_goodput(run, ranks[0] if ranks else 0, engine) if run.processes
-                                          else (None, ""))
+    model.goodput, model.goodput_error = goodput
     model.headline = headline(model, c)
     model.findings = report_findings(model, c, thresholds)
     c.close()

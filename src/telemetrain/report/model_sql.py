@@ -35,6 +35,7 @@ from .model import (
     _ENERGY_NAMES,
     ITERATION_CHART_POINTS,
     LIFECYCLE_SPANS,
+    MAX_CHECKPOINT_ROWS,
     MAX_EVENT_ROWS,
     MAX_SERIES_POINTS,
     PHASE_SPANS,
@@ -98,17 +99,20 @@ class SqlCollector(_Collector):
     # -- the pass ------------------------------------------------------------------------------------------------
 
     def collect(self) -> None:
+        # The report windows' queries parse every report's JSON (DuckDB's largest working memory): they run as soon
+        # as the time bounds are known (the metrics' included, the findings' origin), before the events, spans and
+        # curves are held in Python, so that the process's peak is not their sum (docs/scale.md)
         self._bounds()
         self._series_keys()
-        self._events()
-        self._spans_and_problems()
         self._metrics()
+        self._windows()
         # the user's metrics, bucketed by SQL (their extents from _metrics' pass)
         feed_curves(self.engine, self.curves, self._metrics_keyed(), extents="report_metric_stats")
         self.engine.execute("DROP TABLE IF EXISTS report_metric_stats")
+        self._events()
+        self._spans_and_problems()
         self._stats()
         self._diagnostics()
-        self._windows()
         for log in self.run.agents:
             self._process(log, f"agent {log.identity.host}", agent=True)
         self.events.sort(key=lambda e: e.wall_ns)
@@ -171,9 +175,11 @@ class SqlCollector(_Collector):
         base = ("FROM events WHERE {w} AND NOT (group_name = 'training' AND name = 'training_metrics_update') AND "
                 "NOT (group_name = 'cross_rank' AND name = 'straggler')")
         problem = "(severity IN ('warning', 'error', 'critical') OR (group_name = 'training' AND name = 'error'))"
+        # the checkpoint successes the report lists: the earliest, as build_model's stable sort by time of the
+        # collection order takes them (a long run's 6,400, with their attributes, held ~12 MiB)
         for rank, wall, group, name, severity, attributes in self.rows(
                 f"SELECT rank, wall_ns, group_name, name, severity, attributes {base} AND "
-                f"name = 'save_checkpoint_success' ORDER BY {ORDER}"):
+                f"name = 'save_checkpoint_success' ORDER BY wall_ns, {ORDER} LIMIT {MAX_CHECKPOINT_ROWS}"):
             self.successes.append(EventRow(wall, f"rank {rank}", group, name, severity, _attrs(attributes)))
         notable = f"{base} AND NOT {problem} AND name NOT IN {routine}"
         for rank, wall, group, name, severity, attributes in self.rows(
@@ -358,12 +364,17 @@ class SqlCollector(_Collector):
     # -- the windows -------------------------------------------------------------------------------------------------
 
     def _windows(self) -> None:
+        # rank by rank: DuckDB sorts one rank's reports at a time (all ranks' attributes at once outgrow its memory);
+        # ranks together while they hold few reports (a query per rank costs a scan of the reports each)
+        self._counts = self.engine.rows(f"SELECT rank, count(*) FROM windows WHERE {self.where} GROUP BY rank "
+                                        "ORDER BY rank")
+        # the figures a group of ranks at a time (windows_sql), the run's windows never held together; first, while
+        # Python holds least (the findings' windows are ~0.4 KB each)
+        self._windows_sql = WindowsSql(self.engine, self.where, self._counts)
+        self._figures = self._windows_sql.figures()
         self._feed_windows()
         # the memory gauges as the memory rule thins them from the steady state on, which the reports give
         feed_memory_series_sql(self.inputs, self.engine, gauges_relation(self._metrics_keyed(), "skey", "true"))
-        # the figures a group of ranks at a time (windows_sql), the run's windows never held together
-        self._windows_sql = WindowsSql(self.engine, self.where, self._counts)
-        self._figures = self._windows_sql.figures()
 
     def _feed_windows(self) -> None:
         """Every report to the findings engine (``InputBuilder.window``), in collection order, with the attributes
@@ -371,10 +382,7 @@ class SqlCollector(_Collector):
         window = self.inputs.window_values
         if self.first_ns is not None:
             self.inputs.origin(self.first_ns)  # build_model's start (unless an agent's record is earlier)
-        # rank by rank: DuckDB sorts one rank's reports at a time (all ranks' attributes at once outgrow its memory);
-        # ranks together while they hold few reports (a query per rank costs a scan of the reports each)
-        counts = self.engine.rows(f"SELECT rank, count(*) FROM windows WHERE {self.where} GROUP BY rank ORDER BY rank")
-        self._counts = counts
+        counts = self._counts
         groups = rank_groups(counts)
         if feed_windows_sql(self.inputs, self.engine, "windows", self.where, counts, groups):
             return  # a long regular run: merged by SQL (findings_windows_sql), as the builder would merge it

@@ -4,14 +4,17 @@ windows merged to its limit; and the windows of the ranges the findings flag (``
 
 The windows are typed from the reports' JSON (the engine's ``windows`` view) and numbered a group of ranks at a time
 (at most ``WINDOWS_AT_ONCE`` reports), so DuckDB holds one group's windows, not the run's (1.28 M at 64 x 1M). Every
-figure is per rank except the heatmap's bounds and typical value (a median over every window): for those a narrow
-table of each window's (rank, iteration, mean) is kept. The merged windows' limits depend on which ranks have
-windows; the ranks that have reports are assumed, and were one of them without a window, the merges are done again
-with the right limits (a second pass)."""
+figure is per rank except the heatmap's bounds and typical value (a median over every window): for those each
+window's (rank, iteration, mean) is kept, a Parquet file per group in the engine's own directory (``Engine.scratch``;
+in DuckDB's memory it held ~30 MiB at 64 x 1M to the end of the figures). The merged windows' limits depend on which
+ranks have windows; the ranks that have reports are assumed, and were one of them without a window, the merges are
+done again with the right limits (a second pass)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 from typing import Any
 
 from ..analysis.findings_sql import REPORTS_AT_ONCE, rank_groups
@@ -75,9 +78,11 @@ class WindowsSql:
         bounds: list[tuple[Any, Any, Any]] = []
         whole: dict[int, list[Window]] = {}  # the ranks within their limit, then the merged ones (as window_figures)
         merged: dict[int, list[Window]] = {}
-        e.execute("CREATE OR REPLACE TEMP TABLE report_heat (rank BIGINT, iteration BIGINT, avg DOUBLE)")
+        # the heatmap's narrow rows, a Parquet file a group in the engine's own directory: in DuckDB's memory they
+        # held ~24 bytes a window to the end of the figures (30 MiB at 64 x 1M)
+        heat: list[str] = []
         try:
-            for ranks in rank_groups(self.counts, WINDOWS_AT_ONCE):
+            for k, ranks in enumerate(rank_groups(self.counts, WINDOWS_AT_ONCE)):
                 self._build(ranks)
                 per_rank = e.rows(
                     f"SELECT rank, any_value(n), median(avg) FILTER (WHERE isfinite(avg)), "
@@ -89,7 +94,9 @@ class WindowsSql:
                 slow += self._slow({rank: t for rank, _, _, t in per_rank if t})
                 self._phases(figures)
                 bounds += e.rows(f"SELECT min(iteration), max(iteration), max(n) FROM {TABLE} HAVING count(*) > 0")
-                e.execute(f"INSERT INTO report_heat SELECT rank, iteration, avg FROM {TABLE} WHERE isfinite(avg)")
+                heat.append(os.path.join(e.scratch, f"report_heat_{k}.parquet"))
+                e.execute(f"COPY (SELECT rank, iteration, avg FROM {TABLE} WHERE isfinite(avg)) TO $path "
+                          "(FORMAT parquet)", {"path": heat[-1]})
                 self._merged(assumed, whole, merged)
             figures.medians = medians
             figures.slow_windows = [w for _, w in sorted(slow, key=lambda kw: kw[0])]
@@ -102,11 +109,13 @@ class WindowsSql:
                     self._build(ranks)
                     self._merged(ranks_with_windows, whole, merged)
             figures.merged = {**whole, **merged}
-            figures.heatmap = self._heatmap(bounds, medians)
+            figures.heatmap = self._heatmap(bounds, medians, heat)
             return figures
         finally:
             e.execute(f"DROP TABLE IF EXISTS {TABLE}")
-            e.execute("DROP TABLE IF EXISTS report_heat")
+            for path in heat:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
 
     def _slow(self, typical: dict[int, float]) -> list[tuple[tuple[int, int, int], Window]]:
         """Slow windows: slowest iteration > 3x the rank's median p50 (its mean where it has none), keyed by
@@ -135,20 +144,22 @@ class WindowsSql:
                                            float(values[-1]))
             figures.phase_sources[rank] = "device" if rank_dev else "host"
 
-    def _heatmap(self, bounds: list[tuple[Any, Any, Any]], medians: dict[int, float | None]) -> Heatmap:
+    def _heatmap(self, bounds: list[tuple[Any, Any, Any]], medians: dict[int, float | None],
+                 files: list[str]) -> Heatmap:
         lo, hi, most = min(b[0] for b in bounds), max(b[1] for b in bounds), max(b[2] for b in bounds)
         ncols = max(1, min(MAX_HEATMAP_COLUMNS, int(most)))
         heat = Heatmap(ranks=sorted(medians), lo=int(lo), hi=int(hi), ncols=ncols, cells=[], typical=1.0,
                        medians=dict(medians))
         width = heat.width
+        rows = "read_parquet([" + ", ".join("'" + f.replace("'", "''") + "'" for f in files) + "])"
         cells: dict[int, list[float | None]] = {rank: [None] * ncols for rank in heat.ranks}
         for rank, col, mean in self.engine.rows(
                 f"SELECT rank, least({ncols - 1}, greatest(0, floor((iteration - {heat.lo})::DOUBLE / $width)))"
-                f"::BIGINT AS c, fsum(avg) / count(*) FROM report_heat GROUP BY ALL ORDER BY ALL",
+                f"::BIGINT AS c, fsum(avg) / count(*) FROM {rows} GROUP BY ALL ORDER BY ALL",
                 {"width": width}):
             cells[rank][int(col)] = float(mean)
         heat.cells = [cells[rank] for rank in heat.ranks]
-        typical = self.engine.scalar("SELECT median(avg) FROM report_heat")
+        typical = self.engine.scalar(f"SELECT median(avg) FROM {rows}")
         heat.typical = float(typical) if typical is not None and typical > 0 else 1.0
         return heat
 

@@ -341,6 +341,12 @@ FROM (SELECT *, json_extract(attributes, {paths}) AS j FROM events
         if keyed:
             self.con.executemany(f"INSERT INTO {table} VALUES (?, ?, ?)", keyed)
 
+    @property
+    def scratch(self) -> str:
+        """A private directory of this engine's (removed at ``close``): where a reader may write files it reads back
+        in the same session (a narrow table kept on disk rather than in DuckDB's memory)."""
+        return self._tmp.name
+
     def execute(self, query: str, params: Any = None) -> Any:
         """Run one of telemetrain's own queries (a cursor: ``fetchall``, ``fetchmany``)."""
         return self.con.execute(query, params) if params is not None else self.con.execute(query)
