@@ -42,7 +42,7 @@ def summarize(run: Run, engine: Any = None) -> list[str]:
 
     # by SQL, the findings' input first: its report windows merged by groups of ranks are the statements that parse
     # most JSON, run here while least is held in Python (the summary's figures and goodput's report grow with the
-    # ranks; goodput's per-rank queries, streamed by segments, peak lower than these over the windows held)
+    # ranks; goodput's per-rank queries, streamed by segments since m17b, peak no higher over the windows held)
     builder = None
     if engine is not None:
         from .analysis.show_sql import findings_builder_sql
