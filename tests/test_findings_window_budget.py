@@ -499,13 +499,18 @@ def test_windows_merged_by_sql_are_the_stores_to_the_last_bit() -> None:
                 v[0] = int(v[0]) + 5  # type: ignore[call-overload]
         con = _sql_reports(loops)
         budget = rng.choice([100, 200, 500])
+        # the time origin: the reader's (report), the earliest record seen before (show), or the earliest report
+        # (the SQL path takes it before the groups are read and places each group's windows from it)
         python = InputBuilder(window_budget=budget)
-        python.origin(0)
+        sql = InputBuilder(window_budget=budget)
+        for builder in (python, sql):
+            if trial % 3 == 0:
+                builder.origin(0)
+            elif trial % 3 == 1:
+                builder.seen(10**9 - 12_345)
         ordered = con.execute("SELECT * FROM reps ORDER BY rank, pid, segment, line")  # type: ignore[attr-defined]
         for rank, pid, _, _, wall, _, text in ordered.fetchall():
             python.window(rank, pid, wall, json.loads(text))  # the pure-Python reader's path
-        sql = InputBuilder(window_budget=budget)
-        sql.origin(0)
         counts = con.execute("SELECT rank, count(*) FROM reps GROUP BY rank ORDER BY rank").fetchall()
         took = feed_windows_sql(sql, Connection(con), "reps", "true", counts, rank_groups(counts, 400))
         assert took == (trial != 5)
@@ -513,6 +518,9 @@ def test_windows_merged_by_sql_are_the_stores_to_the_last_bit() -> None:
             continue
         assert python._store.level >= 1 and sql._store.level == python._store.level
         assert sql.steady_ns() == python.steady_ns()  # (windows_held counts a partial block by its sub-blocks)
+        assert sql.origin_ns() == python.origin_ns()
+        held = list(sql._store.windows())  # their times as placed while fed, before build re-bases any
+        assert repr(held) == repr(list(python._store.windows())) and held
         mine, theirs = sql.build(start_ns=0).windows, python.build(start_ns=0).windows
         assert mine == theirs
         assert repr(mine) == repr(theirs)  # (floats to the last bit, -0.0 and key order included)

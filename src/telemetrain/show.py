@@ -40,6 +40,14 @@ def summarize(run: Run, engine: Any = None) -> list[str]:
         lines.append("workload    " + " ".join(f"{k}={fmt_value(v)}" for k, v in workload.items())
                      + (f" (fingerprint {run.meta['fingerprint']})" if run.meta.get("fingerprint") else ""))
 
+    # by SQL, the findings' input first: its report windows merged by groups of ranks are the statements that parse
+    # most JSON, run here while least is held in Python (the summary's figures and goodput's report grow with the
+    # ranks; goodput's per-rank queries, streamed by segments since m17b, peak no higher over the windows held)
+    builder = None
+    if engine is not None:
+        from .analysis.show_sql import findings_builder_sql
+
+        builder = findings_builder_sql(engine, run)
     summary = summarize_sql(engine, run) if engine is not None else summarize_run(run)
     ranks = run.ranks
     lines.append(f"ranks       {len(ranks)} ({', '.join(map(str, ranks)) or 'none'}), {len(run.processes)} process(es)")
@@ -95,11 +103,12 @@ def summarize(run: Run, engine: Any = None) -> list[str]:
         from .analysis.findings import analyse
         from .analysis.findings.run import attempts_of
         from .analysis.findings.text import findings_lines, session_goodput
-        from .analysis.show_sql import diagnosis_events_sql, findings_builder_sql
+        from .analysis.show_sql import diagnosis_events_sql
 
+        assert builder is not None
         lines += diagnosis_lines(diagnosis_events_sql(engine, run))
         attempts = attempts_of(session_goodput(run, goodput_of=goodput_of), run.run_id)
-        lines += findings_lines(analyse(findings_builder_sql(engine, run).build(attempts=attempts)))
+        lines += findings_lines(analyse(builder.build(attempts=attempts)))
 
     lines.append(f"events      {sum(summary.event_counts.values())}")
     lines += table([(g, n, str(c)) for (g, n), c in sorted(summary.event_counts.items())])

@@ -63,13 +63,19 @@ def feed_windows_sql(builder: InputBuilder, engine: Any, source: str, where: str
 
     reports = reports_relation(source, where)
     order = engine.rows(f"SELECT rank, pid, coalesce({loop_start_sql('attributes')}, -1) AS start, count(*) - 1, "
-                        f"min((pid, segment, line)) AS o FROM {source} WHERE {where} GROUP BY ALL ORDER BY rank, o")
-    level = store.regular_level([(int(rank), int(n)) for rank, _, _, n, _ in order])
+                        f"min((pid, segment, line)) AS o, min(wall_ns) FROM {source} WHERE {where} GROUP BY ALL "
+                        "ORDER BY rank, o")
+    level = store.regular_level([(int(rank), int(n)) for rank, _, _, n, _, _ in order])
     if level == 0:
         return False
+    # the time origin the windows are placed from: the builder's, else the earliest report's (``builder.seen``), known
+    # before the groups are read, so that each group's sums become windows at once (40,000 rows of ~27 numbers held
+    # to the end were ~30 MiB at 64 ranks x 1M iterations, over the last groups' queries)
+    first = min(int(row[5]) for row in order)
+    seen = builder._first_ns
+    origin = builder._origin if builder._origin is not None else first if seen is None else min(seen, first)
     loops: list[tuple[Any, ...]] = []
-    blocks: dict[tuple[int, int, int], list[tuple[Any, ...]]] = {}
-    raw: dict[tuple[int, int, int, int], tuple[Any, list[Any]]] = {}
+    merged: list[tuple[Any, ...]] = []  # each loop's windows, given to the builder once every loop was regular
     try:
         for ranks in groups:
             engine.execute(f"CREATE OR REPLACE TEMP TABLE findings_reports AS SELECT *, coalesce(v2, -1) AS start, "
@@ -78,47 +84,58 @@ def feed_windows_sql(builder: InputBuilder, engine: Any, source: str, where: str
             if not all(row[5] for row in mine):
                 return False
             loops += mine
+            blocks: dict[tuple[int, int, int], list[tuple[Any, ...]]] = {}
+            raw: dict[tuple[int, int, int, int], tuple[Any, list[Any]]] = {}
             _merge(engine, level, blocks, raw)
+            merged += [_loop_windows(row, blocks, raw, origin) for row in mine]
+            del blocks, raw
     finally:
         engine.execute("DROP TABLE IF EXISTS findings_reports")
     if [(int(r), int(p), int(s), int(n)) for r, p, s, n, *_ in loops] != \
-            [(int(r), int(p), int(s), int(n)) for r, p, s, n, _ in order]:
+            [(int(r), int(p), int(s), int(n)) for r, p, s, n, _, _ in order] \
+            or min(int(row[6]) for row in loops) != first:
         return False  # (the run changed between the queries: a run being written)
-    first = min(int(row[6]) for row in loops)
     builder.seen(first)
-    origin = builder.origin_ns()
-    assert origin is not None
+    assert builder.origin_ns() == origin
     store.level = level
-    for rank, pid, start, n, _, _, _, steady, host in loops:
-        rank, pid, start, n = int(rank), int(pid), int(start), int(n)
+    for key, rank, host, warmup, windows, n, steady in merged:
         builder.host(rank, host)
-        wall0, v0 = raw[(rank, pid, start, -1)]
-        w0 = window_point_of_values(rank, v0, warmup=True, time_s=(wall0 - origin) / 1e9)
-        windows = []
-        for _, _, _, pos, count, merged, step, wall, mx, *summed in blocks.get((rank, pid, start), []):
-            time_s = (wall - origin) / 1e9
-            if merged == 1:
-                _, v1 = raw[(rank, pid, start, int(pos))]
-                w1 = window_point_of_values(rank, v1, warmup=False, time_s=time_s)
-                assert w1 is not None
-                windows.append((int(wall), w1))
-                continue
-            by = dict(zip(_SUMMED, summed, strict=True))
-            on_device = by["pit"] is not None
-            last = window_point_of_values(rank, [step, 1, start, 1.0] + [None] * (len(WINDOW_POINT_KEYS) - 4),
-                                          warmup=False, time_s=time_s)
-            assert last is not None
-            figures = {
-                "iterations": int(count), "windows": int(merged), "time": by["t"], "max": mx, "p50": by["p50"],
-                "wall": by["wall"], "cpu_wait": by["cwait"], "cpu": by["cpu"], "comm": by["comm"],
-                "thread_cpu_wait": by["tcwait"], "thread_cpu": by["tcpu"],
-                "phases": {p: by[f"ph{i}"] for i, p in enumerate(PHASES) if by[f"ph{i}"] is not None},
-                "comm_wait_by_phase": {p: by[f"w{i}"] for i, p in enumerate(_WAIT_NAMES) if by[f"w{i}"] is not None},
-                "phase_iteration_time": by["pit"], "phase_clock": DEVICE if on_device else HOST}
-            windows.append((int(wall), merged_window(last, figures)))
-        builder.put_loop((rank, pid, start), rank, None if w0 is None else (int(wall0), w0), windows, n,
-                         None if steady is None else int(steady))
+        builder.put_loop(key, rank, warmup, windows, n, steady)
     return True
+
+
+def _loop_windows(loop: tuple[Any, ...], blocks: dict[tuple[int, int, int], list[tuple[Any, ...]]],
+                  raw: dict[tuple[int, int, int, int], tuple[Any, list[Any]]], origin: int) -> tuple[Any, ...]:
+    """A loop's (``_loops`` row) windows from its blocks' sums (``_merge``), their times from ``origin``: what
+    ``InputBuilder.host`` and ``put_loop`` are given."""
+    rank, pid, start, n, _, _, _, steady, host = loop
+    rank, pid, start, n = int(rank), int(pid), int(start), int(n)
+    wall0, v0 = raw[(rank, pid, start, -1)]
+    w0 = window_point_of_values(rank, v0, warmup=True, time_s=(wall0 - origin) / 1e9)
+    windows = []
+    for _, _, _, pos, count, merged, step, wall, mx, *summed in blocks.get((rank, pid, start), []):
+        time_s = (wall - origin) / 1e9
+        if merged == 1:
+            _, v1 = raw[(rank, pid, start, int(pos))]
+            w1 = window_point_of_values(rank, v1, warmup=False, time_s=time_s)
+            assert w1 is not None
+            windows.append((int(wall), w1))
+            continue
+        by = dict(zip(_SUMMED, summed, strict=True))
+        on_device = by["pit"] is not None
+        last = window_point_of_values(rank, [step, 1, start, 1.0] + [None] * (len(WINDOW_POINT_KEYS) - 4),
+                                      warmup=False, time_s=time_s)
+        assert last is not None
+        figures = {
+            "iterations": int(count), "windows": int(merged), "time": by["t"], "max": mx, "p50": by["p50"],
+            "wall": by["wall"], "cpu_wait": by["cwait"], "cpu": by["cpu"], "comm": by["comm"],
+            "thread_cpu_wait": by["tcwait"], "thread_cpu": by["tcpu"],
+            "phases": {p: by[f"ph{i}"] for i, p in enumerate(PHASES) if by[f"ph{i}"] is not None},
+            "comm_wait_by_phase": {p: by[f"w{i}"] for i, p in enumerate(_WAIT_NAMES) if by[f"w{i}"] is not None},
+            "phase_iteration_time": by["pit"], "phase_clock": DEVICE if on_device else HOST}
+        windows.append((int(wall), merged_window(last, figures)))
+    return ((rank, pid, start), rank, host, None if w0 is None else (int(wall0), w0), windows, n,
+            None if steady is None else int(steady))
 
 
 N_EFF = "(CASE WHEN v1 > 0 THEN v1 ELSE 1 END)"  # a window's iterations as window_point counts them
