@@ -71,9 +71,11 @@ def feed_windows_sql(builder: InputBuilder, engine: Any, source: str, where: str
     # the time origin the windows are placed from: the builder's, else the earliest report's (``builder.seen``), known
     # before the groups are read, so that each group's sums become windows at once (40,000 rows of ~27 numbers held
     # to the end were ~30 MiB at 64 ranks x 1M iterations, over the last groups' queries)
+    # (the earliest report is seen now: were the run to change meanwhile, the fallback feeds that report anyway)
     first = min(int(row[5]) for row in order)
-    seen = builder._first_ns
-    origin = builder._origin if builder._origin is not None else first if seen is None else min(seen, first)
+    builder.seen(first)
+    origin = builder.origin_ns()
+    assert origin is not None
     loops: list[tuple[Any, ...]] = []
     merged: list[tuple[Any, ...]] = []  # each loop's windows, given to the builder once every loop was regular
     try:
@@ -95,8 +97,6 @@ def feed_windows_sql(builder: InputBuilder, engine: Any, source: str, where: str
             [(int(r), int(p), int(s), int(n)) for r, p, s, n, _, _ in order] \
             or min(int(row[6]) for row in loops) != first:
         return False  # (the run changed between the queries: a run being written)
-    builder.seen(first)
-    assert builder.origin_ns() == origin
     store.level = level
     for key, rank, host, warmup, windows, n, steady in merged:
         builder.host(rank, host)
