@@ -598,11 +598,7 @@ def test_the_earliest_checkpoint_successes_are_the_same_by_sql(tmp_path: Path,
                                      "attributes": {"save_checkpoint_success_count": i, "rank": rank},
                                      "event_id": "", "span_id": ""}))
         (run / f"rank-{rank}.{200 + rank}.jsonl").write_text("\n".join(lines) + "\n")
-    monkeypatch.setenv("TELEMETRAIN_ENGINE", "python")
-    python = build_model(open_run(run))
-    monkeypatch.delenv("TELEMETRAIN_ENGINE")
-    with Engine([run]) as engine:
-        sql = build_model(open_run(run), engine=engine)
+    (python, _), (sql, _), _ = _python_and_sql(run, monkeypatch)
     rows = [(e.wall_ns, e.source, e.attributes) for e in python.checkpoint_successes]
     assert len(rows) == MAX_CHECKPOINT_ROWS < 800
     assert rows == [(e.wall_ns, e.source, e.attributes) for e in sql.checkpoint_successes]
