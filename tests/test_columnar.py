@@ -24,9 +24,10 @@ from telemetrain.store.codec import decode_line
 
 duckdb = pytest.importorskip("duckdb")
 
-from telemetrain.store.columnar import COLUMNS, TABLES, ColumnarVersionError, record_from_row  # noqa: E402
+from telemetrain.store.columnar import COLUMNS, TABLES, ColumnarVersionError  # noqa: E402
 from telemetrain.store.compact import COLUMNAR_DIR, compact  # noqa: E402
 from telemetrain.store.engine import ColumnarWarning, Engine, ReadOnlyQueryError  # noqa: E402
+from telemetrain.store.row_records import record_from_row  # noqa: E402
 
 PY = sys.executable
 

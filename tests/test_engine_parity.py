@@ -78,10 +78,32 @@ def _v2_session(root: Path) -> Path:
     return root / "s" / "v2"
 
 
-def _both_paths(run_dir: Path, compacted: bool, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """Everything compared on one run; returns the Python model (for the callers' own checks)."""
+def _as_schema_2(run_dir: Path) -> int:
+    """Make the run's columnar copy what telemetrain wrote before schema version 3: no ``reports`` files, manifests
+    of version 2. Returns the reports files removed."""
+    import json
+
+    removed = 0
+    for manifest in (run_dir / COLUMNAR_DIR / "_segments").rglob("*.json"):
+        data = json.loads(manifest.read_text())
+        for f in data["files"]:
+            if f["table"] == "reports":
+                (run_dir / COLUMNAR_DIR / f["path"]).unlink()
+                removed += 1
+        data["files"] = [f for f in data["files"] if f["table"] != "reports"]
+        manifest.write_text(json.dumps({**data, "schema_version": 2}))
+    return removed
+
+
+def _both_paths(run_dir: Path, compacted: bool | str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Everything compared on one run; returns the Python model (for the callers' own checks). ``compacted``:
+    False (read from the JSONL), True (from the copy), "v2" (from a copy of schema version 2)."""
     if compacted:
-        assert not compact(run_dir).errors
+        assert not compact(run_dir, force=True).errors
+        if compacted == "v2":
+            assert _as_schema_2(run_dir)
+            with Engine([run_dir]) as engine:
+                assert engine.tail_segments == 0 and engine.untyped_reports  # read from that copy
     else:
         shutil.rmtree(run_dir / COLUMNAR_DIR, ignore_errors=True)
     (py_model, py_show), (sql_model, sql_show), read = _python_and_sql(run_dir, monkeypatch)
@@ -115,8 +137,8 @@ def v2_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _v2_session(tmp_path_factory.mktemp("v2"))
 
 
-@pytest.mark.parametrize("compacted", [False, True], ids=["from-jsonl", "from-parquet"])
-def test_v2_attributes_device_times_and_comm_are_the_same_by_sql(v2_run: Path, compacted: bool,
+@pytest.mark.parametrize("compacted", [False, True, "v2"], ids=["from-jsonl", "from-parquet", "from-parquet-v2"])
+def test_v2_attributes_device_times_and_comm_are_the_same_by_sql(v2_run: Path, compacted: bool | str,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     model, show = _both_paths(v2_run, compacted, monkeypatch)
     # what was compared holds the features: two series of one name, system series by their v1 keys, device clock
@@ -134,8 +156,8 @@ def planted_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run_scenario(SCENARIOS["leak-spike-nan"], tmp_path_factory.mktemp("planted"))[-1]
 
 
-@pytest.mark.parametrize("compacted", [False, True], ids=["from-jsonl", "from-parquet"])
-def test_planted_findings_are_the_same_by_sql(planted_run: Path, compacted: bool,
+@pytest.mark.parametrize("compacted", [False, True, "v2"], ids=["from-jsonl", "from-parquet", "from-parquet-v2"])
+def test_planted_findings_are_the_same_by_sql(planted_run: Path, compacted: bool | str,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """A real job (a leak, a loss and gradient spike at step 200, a NaN at 400): report, show and tail find the
     same on both paths, and find what was planted."""
@@ -211,6 +233,36 @@ def test_a_copy_of_schema_version_1_counts_as_no_copy(tmp_path: Path) -> None:
     assert json.loads(manifest.read_text())["schema_version"] == SCHEMA_VERSION
     with Engine([run]) as engine:
         assert engine.tail_segments == 0 and engine.scalar("SELECT count(*) FROM metrics") == 50
+
+
+def test_a_copy_of_schema_version_2_is_read_and_compact_rewrites_it(v2_run: Path, tmp_path: Path) -> None:
+    """A copy written before the typed reports (schema version 2) is still read from its Parquet files, its reports
+    typed at read time into the same ``reports`` rows the current copy holds (and the JSONL gives); ``compact``
+    rewrites it in the current version, ``reports`` files included."""
+    import json
+
+    from telemetrain.store.columnar import SCHEMA_VERSION
+
+    run = tmp_path / "s" / "v2"
+    shutil.copytree(v2_run, run)
+    shutil.rmtree(run / COLUMNAR_DIR, ignore_errors=True)
+    query = "SELECT * FROM reports ORDER BY rank, pid, segment, line"
+    with Engine([run]) as engine:
+        from_jsonl = engine.rows(query)
+    assert len(from_jsonl) == 2 * STEPS // 10 and any(r is not None for r in from_jsonl[0])
+    assert compact(run).segments == 2
+    with Engine([run]) as engine:
+        assert engine.tail_segments == 0 and not engine.untyped_reports and engine.rows(query) == from_jsonl
+    assert _as_schema_2(run) == 2
+    with Engine([run]) as engine:
+        assert engine.tail_segments == 0 and len(engine.untyped_reports) == 2
+        assert engine.rows(query) == from_jsonl
+    assert compact(run).segments == 2  # the old copy does not count as done
+    for manifest in (run / COLUMNAR_DIR / "_segments").rglob("*.json"):
+        data = json.loads(manifest.read_text())
+        assert data["schema_version"] == SCHEMA_VERSION and "reports" in {f["table"] for f in data["files"]}
+    with Engine([run]) as engine:
+        assert not engine.untyped_reports and engine.rows(query) == from_jsonl
 
 
 def test_spikes_by_the_sql_selection_are_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

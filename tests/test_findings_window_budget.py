@@ -380,15 +380,18 @@ def test_odd_report_attributes_make_the_same_windows_on_both_readers(tmp_path: P
 
 
 def test_a_sql_readers_typed_values_make_the_window_the_attributes_make() -> None:
-    """``window_point_of_values`` (a SQL reader's row: ``findings_sql.window_fields_sql`` then ``window_values_sql``,
-    no mapping per report) makes the window ``window_point`` makes of the same attributes: device or host phases,
-    communication waits, missing, non-finite and mistyped figures."""
+    """``window_point_of_values`` (a SQL reader's row: the report typed by ``store.report_rows`` as compaction and
+    the engine type it, then ``findings_sql.window_fields_sql`` and ``window_values_sql``, no mapping per report)
+    makes the window ``window_point`` makes of the same attributes: device or host phases, communication waits,
+    missing, non-finite and mistyped figures."""
     duckdb = pytest.importorskip("duckdb")
     import json
 
     from telemetrain.analysis.findings.builder import WINDOW_POINT_KEYS, window_point_of_values
-    from telemetrain.analysis.findings_sql import window_fields_sql, window_json_sql, window_values_sql
+    from telemetrain.analysis.findings_sql import window_fields_sql, window_values_sql
     from telemetrain.store.codec import untag_nonfinite
+    from telemetrain.store.columnar import COLUMNS
+    from telemetrain.store.report_rows import report_rows_sql
 
     rng = random.Random(3)
     odd: list[object] = [None, True, "0.1", [1], math.nan, math.inf, 0, -1, 2.5, 2**40]
@@ -403,10 +406,11 @@ def test_a_sql_readers_typed_values_make_the_window_the_attributes_make() -> Non
                                      if isinstance(v, float) and not math.isfinite(v) else v)
                                  for k, v in a.items()}))
     con = duckdb.connect()
-    con.execute("CREATE TABLE r (i INTEGER, attributes VARCHAR)")
-    con.executemany("INSERT INTO r VALUES (?, ?)", list(enumerate(texts)))
-    rows = con.execute(f"SELECT i, {window_values_sql()} FROM (SELECT i, {window_fields_sql('j')} FROM "
-                       f"(SELECT i, {window_json_sql()} AS j FROM r)) ORDER BY i").fetchall()
+    con.execute("CREATE TABLE r (" + ", ".join(f'"{n}" {t}' for n, t in COLUMNS["events"]) + ")")
+    con.executemany("INSERT INTO r (line, group_name, name, attributes) VALUES (?, 'training', "
+                    "'training_metrics_update', ?)", list(enumerate(texts)))
+    rows = con.execute(f"SELECT line, {window_values_sql()} FROM (SELECT line, {window_fields_sql()} FROM "
+                       f"({report_rows_sql('r')})) ORDER BY line").fetchall()
     made = 0
     for (i, *values), text in zip(rows, texts, strict=True):
         expected = window_point(3, untag_nonfinite(json.loads(text)), warmup=i % 5 == 0, time_s=i / 7)
@@ -431,22 +435,25 @@ def test_the_level_of_regular_loops_follows_from_their_counts() -> None:
 
 
 def _sql_reports(loops: list[tuple[int, int, int, list[list[object]]]]) -> object:
-    """A DuckDB table ``reps`` of reports (rank, pid, segment, line, wall_ns, host, attributes: JSON text): loops
-    as (rank, pid, start, values), values in ``WINDOW_POINT_KEYS``' order (None: no such attribute)."""
+    """A DuckDB table ``reps`` of reports (the engine's ``reports`` rows: events typed by ``store.report_rows``):
+    loops as (rank, pid, start, values), values in ``WINDOW_POINT_KEYS``' order (None: no such attribute)."""
     duckdb = pytest.importorskip("duckdb")
     import json
 
     from telemetrain.analysis.findings.builder import WINDOW_POINT_KEYS
+    from telemetrain.store.columnar import COLUMNS, PARTITIONS
+    from telemetrain.store.report_rows import report_rows_sql
 
     con = duckdb.connect()
-    con.execute("CREATE TABLE reps (rank BIGINT, pid BIGINT, segment BIGINT, line BIGINT, wall_ns BIGINT, "
-                "host VARCHAR, attributes VARCHAR)")
+    con.execute("CREATE TABLE raw (" + ", ".join(f'"{n}" {t}' for n, t in COLUMNS["events"] + PARTITIONS) + ")")
     rows = []
     for rank, pid, _, reports in loops:
         for k, v in enumerate(reports):
             text = json.dumps({key: x for key, x in zip(WINDOW_POINT_KEYS, v, strict=True) if x is not None})
             rows.append((rank, pid, k // 7, len(rows), 10**9 * (rank + 1) + 10**6 * len(rows), f"h{rank}", text))
-    con.executemany("INSERT INTO reps VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+    con.executemany("INSERT INTO raw (rank, pid, segment, line, wall_ns, host, attributes, group_name, name) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, 'training', 'training_metrics_update')", rows)
+    con.execute(f"CREATE TABLE reps AS {report_rows_sql('raw', partitions=True)}")
     return con
 
 
@@ -508,8 +515,9 @@ def test_windows_merged_by_sql_are_the_stores_to_the_last_bit() -> None:
                 builder.origin(0)
             elif trial % 3 == 1:
                 builder.seen(10**9 - 12_345)
-        ordered = con.execute("SELECT * FROM reps ORDER BY rank, pid, segment, line")  # type: ignore[attr-defined]
-        for rank, pid, _, _, wall, _, text in ordered.fetchall():
+        ordered = con.execute(  # type: ignore[attr-defined]
+            "SELECT rank, pid, wall_ns, attributes FROM raw ORDER BY rank, pid, segment, line")
+        for rank, pid, wall, text in ordered.fetchall():
             python.window(rank, pid, wall, json.loads(text))  # the pure-Python reader's path
         counts = con.execute("SELECT rank, count(*) FROM reps GROUP BY rank ORDER BY rank").fetchall()
         took = feed_windows_sql(sql, Connection(con), "reps", "true", counts, rank_groups(counts, 400))

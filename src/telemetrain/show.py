@@ -345,7 +345,9 @@ def _spread_rows(lasts: dict[int, dict[str, Any]]) -> list[tuple[str, str]]:
     """Each rank's last window side by side: the fastest and slowest rank by mean iteration time, and the spread of
     throughput (every rank computes the job's samples/s from its own clock)."""
     rows = []
-    means = {k: a["avg_iteration_time_sec"] for k, a in lasts.items() if _is_number(a.get("avg_iteration_time_sec"))}
+    # by rank: among ranks equally fast (or slow) the lowest is named, whichever order the ranks were read in
+    means = {k: lasts[k]["avg_iteration_time_sec"] for k in sorted(lasts)
+             if _is_number(lasts[k].get("avg_iteration_time_sec"))}
     if means:
         fast, slow = min(means, key=means.__getitem__), max(means, key=means.__getitem__)
         rows.append((f"across {len(lasts)} ranks (last window)", f"mean iteration time min {means[fast] * 1e3:.2f} ms "

@@ -9,8 +9,9 @@
 - **Memory gauges** (the memory-growth rule): the rule reads at most ``memory.MAX_POINTS`` points of a series, evenly
   spread from the steady state on (``memory.thin_indices``); DuckDB numbers the points from the first report window
   after warm-up and returns only those. A series with NaN/inf, or short, is read whole.
-- **Report windows** (the slowdown, straggler and slow-iteration rules): DuckDB extracts and types the ~30
-  attributes the findings engine reads of each report (``window_json_sql``, ``window_fields_sql``); Python makes the
+- **Report windows** (the slowdown, straggler and slow-iteration rules): the ~30 figures the findings engine reads
+  of each report come typed from the engine's ``reports`` table (``store.report_rows``: typed once, at compaction;
+  ``window_fields_sql``); Python makes the
   window of each (``findings.builder.window_point``) and the builder holds them within its budget, merged past it
   (``findings.window_budget``), as on the pure-Python path.
 """
@@ -28,7 +29,7 @@ from .findings.values import _candidate, selected_spikes, spike_points_sql, valu
 
 __all__ = ["WINDOW_POINT_KEYS", "candidates_sql", "feed_memory_series_sql", "feed_value_series_sql",
            "gauges_relation", "loop_start_sql", "rank_groups", "reports_relation", "window_fields_sql",
-           "window_json_sql", "window_values_sql"]
+           "window_values_sql"]
 
 BLOCK_LINES = 2048  # the spike pre-filter's blocks: a series' points within this many lines of a segment
 EXACT_AT_ONCE = 1 << 20  # flagged points up to which the candidates of every rank are found in one query
@@ -250,39 +251,19 @@ def rank_groups(counts: list[tuple[Any, Any]], most: int = REPORTS_AT_ONCE) -> l
     return engine_rank_groups(counts, most)
 
 
-def window_json_sql(attributes: str = "attributes") -> str:
-    """SQL: the values of ``WINDOW_POINT_KEYS`` (``findings.builder``: what the findings engine reads of a report)
-    in the JSON text ``attributes``, one extraction (a list of JSON values, for ``window_fields_sql``); a report's
-    JSON (~30 attributes, ~1.5 KB) is not decoded in Python."""
-    paths = ", ".join(f"'$.{k}'" for k in WINDOW_POINT_KEYS)
-    return f"json_extract({attributes}, [{paths}])"
+def loop_start_sql() -> str:
+    """SQL: a report's ``train_iterations_start`` from the typed report columns (``store.report_rows``), as
+    ``window_point`` reads it in Python: a JSON integer, or a bool as an integer (``isinstance(True, int)``)."""
+    return "coalesce(train_iterations_start, train_iterations_start_bool::BIGINT)"
 
 
-def loop_start_sql(attributes: str) -> str:
-    """SQL: a report's ``train_iterations_start`` from its JSON text, typed as ``window_fields_sql`` types it."""
-    x = f"json_extract({attributes}, '$.train_iterations_start')"
-    return (f"(CASE WHEN json_type({x}) IN ('BIGINT', 'UBIGINT') THEN TRY_CAST({x} AS BIGINT) "
-            f"WHEN json_type({x}) = 'BOOLEAN' THEN TRY_CAST({x} AS BOOLEAN)::BIGINT END)")
-
-
-def window_fields_sql(j: str) -> str:
-    """SQL: the columns ``WINDOW_POINT_KEYS`` from ``j`` (``window_json_sql``'s list), typed as ``window_point`` reads
-    them in Python: the step, the window's iterations and the loop's start an integer (a JSON integer; the start
-    also a bool, as Python's ``isinstance(..., int)`` takes one), the rest a number (``json_double``: not a bool,
-    the non-finite ones untagged); anything else NULL, as a missing attribute."""
-    from ..store.engine import json_double
-
-    out = []
-    for i, key in enumerate(WINDOW_POINT_KEYS, start=1):
-        x = f"{j}[{i}]"
-        if key in _INTEGERS:
-            boolean = f"WHEN json_type({x}) = 'BOOLEAN' THEN TRY_CAST({x} AS BOOLEAN)::BIGINT " \
-                if key == "train_iterations_start" else ""
-            out.append(f"(CASE WHEN json_type({x}) IN ('BIGINT', 'UBIGINT') THEN TRY_CAST({x} AS BIGINT) {boolean}"
-                       "END)")
-        else:
-            out.append(json_double(x))
-    return ", ".join(f"{c} AS wp{i}" for i, c in enumerate(out))
+def window_fields_sql() -> str:
+    """SQL: the columns ``WINDOW_POINT_KEYS`` (``wp0``, ``wp1``, ...) of a relation with the typed report columns
+    (the engine's ``reports`` table or ``windows`` view, ``store.report_rows``), typed as ``window_point`` reads them
+    in Python: the step, the window's iterations and the loop's start an integer, the rest a number (not a bool, the
+    non-finite ones untagged); anything else NULL, as a missing attribute."""
+    return ", ".join(f"{loop_start_sql() if key == 'train_iterations_start' else key} AS wp{i}"
+                     for i, key in enumerate(WINDOW_POINT_KEYS))
 
 
 def window_values_sql(alias: str = "") -> str:
@@ -293,9 +274,9 @@ def window_values_sql(alias: str = "") -> str:
 
 
 def reports_relation(source: str, where: str) -> str:
-    """The reports of ``source`` (rows with rank, pid, segment, line, wall_ns, host and the JSON ``attributes``)
-    that ``where`` selects, as ``findings_windows_sql.feed_windows_sql`` reads them (v0, v1, ...: the values of
-    ``WINDOW_POINT_KEYS``)."""
+    """The reports of ``source`` (rows with rank, pid, segment, line, wall_ns, host and the typed report columns:
+    ``reports`` or ``windows``) that ``where`` selects, as ``findings_windows_sql.feed_windows_sql`` reads them (v0,
+    v1, ...: the values of ``WINDOW_POINT_KEYS``)."""
     cols = "rank, pid, segment, line, wall_ns, host"
-    return (f"(SELECT {cols}, {window_values_sql('v')} FROM (SELECT {cols}, {window_fields_sql('j')} FROM "
-            f"(SELECT {cols}, {window_json_sql()} AS j FROM {source} WHERE {where})))")
+    return (f"(SELECT {cols}, {window_values_sql('v')} FROM (SELECT {cols}, {window_fields_sql()} FROM {source} "
+            f"WHERE {where}))")

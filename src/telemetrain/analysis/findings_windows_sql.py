@@ -47,7 +47,7 @@ def _pair(c: str) -> str:
 def feed_windows_sql(builder: InputBuilder, engine: Any, source: str, where: str, counts: list[tuple[Any, Any]],
                      groups: list[str]) -> bool:
     """Give ``builder`` the windows of the reports of ``source`` that ``where`` selects (rows with rank, pid, segment,
-    line, wall_ns, host and the JSON ``attributes``; typed by ``findings_sql.reports_relation``) merged by SQL, when
+    line, wall_ns, host and the typed report columns: the engine's ``reports`` or ``windows``) merged by SQL, when
     the run is regular and past the budget; ``groups``: SQL lists of ranks read together
     (``findings_sql.rank_groups`` of ``counts``, the reports per rank). False (nothing given) otherwise: the caller
     feeds the reports one by one.
@@ -62,7 +62,7 @@ def feed_windows_sql(builder: InputBuilder, engine: Any, source: str, where: str
     from .findings_sql import loop_start_sql, reports_relation
 
     reports = reports_relation(source, where)
-    order = engine.rows(f"SELECT rank, pid, coalesce({loop_start_sql('attributes')}, -1) AS start, count(*) - 1, "
+    order = engine.rows(f"SELECT rank, pid, coalesce({loop_start_sql()}, -1) AS start, count(*) - 1, "
                         f"min((pid, segment, line)) AS o, min(wall_ns) FROM {source} WHERE {where} GROUP BY ALL "
                         "ORDER BY rank, o")
     level = store.regular_level([(int(rank), int(n)) for rank, _, _, n, _, _ in order])

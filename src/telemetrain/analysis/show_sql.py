@@ -32,7 +32,6 @@ from .findings_sql import (
     gauges_relation,
     rank_groups,
     window_fields_sql,
-    window_json_sql,
     window_values_sql,
 )
 from .findings_windows_sql import feed_windows_sql
@@ -59,7 +58,7 @@ def _read_by_builder(group: str, name: str) -> bool:
 
 def _records(engine: Any, query: str) -> Any:
     """The rows of ``query`` (a ``record_kind`` column naming each row's kind) as records, in batches."""
-    from ..store.columnar import identity_of_row, record_from_row
+    from ..store.row_records import identity_of_row, record_from_row
 
     for names, batch in engine.stream(query):
         for row in batch:
@@ -90,33 +89,22 @@ def feed_builder_sql(builder: InputBuilder, engine: Any, w: str, *, span_tables:
     with ``stats``, the stats with non-finite samples of the rows ``w`` selects, each kind in the Python path's order
     (process by process, file order): by narrow rows, so that DuckDB sorts little (whole rows of a long run's reports
     would outgrow its memory). The kinds are fed apart: the builder's state of one kind never depends on another's."""
-    report = f"group_name = '{REPORT[0]}' AND name = '{REPORT[1]}'"
-    straggler = f"group_name = '{STRAGGLER[0]}' AND name = '{STRAGGLER[1]}'"
-    wanted = f"{w} AND (({report}) OR ({straggler}))"
-    # rank by rank: DuckDB sorts one rank's reports at a time (their attributes, ~1 KB each, of all ranks at once
-    # outgrow its memory on a long run: 8 x 1M is 160,000 of them)
-    # (a report's attributes extracted and typed by DuckDB: findings_sql.WINDOW_POINT_KEYS)
-    counts = engine.rows(f"SELECT rank, count(*) FROM events WHERE {w} AND {report} GROUP BY rank ORDER BY rank")
-    if feed_windows_sql(builder, engine, "events", f"{w} AND {report}", counts, rank_groups(counts)):
-        # a long regular run's reports merged by SQL (findings_windows_sql); the stragglers apart
-        for _, batch in engine.stream(f"SELECT attributes FROM events WHERE {w} AND {straggler} ORDER BY {ORDER}"):
-            for (text,) in batch:
-                builder.straggler(_attributes(text))
-        wanted = "false"
-    for ranks in rank_groups(engine.rows(f"SELECT rank, count(*) FROM events WHERE {wanted} GROUP BY rank "
-                                         "ORDER BY rank")):
-        for _, batch in engine.stream(
-                f"SELECT rank, pid, host, wall_ns, text, is_report, {window_values_sql()} FROM (SELECT {ORDER}, "
-                f"host, wall_ns, CASE WHEN is_report THEN NULL ELSE attributes END AS text, is_report, "
-                f"{window_fields_sql('j')} FROM (SELECT {ORDER}, host, wall_ns, attributes, {report} AS is_report, "
-                f"CASE WHEN {report} THEN {window_json_sql()} END AS j FROM events WHERE {wanted} AND "
-                f"rank IN {ranks})) ORDER BY {ORDER}"):
-            for row in batch:
-                if row[5]:
+    # (each rank's reports, typed: the engine's ``reports`` table, store.report_rows; a group of ranks at a time,
+    # sorted by DuckDB)
+    counts = engine.rows(f"SELECT rank, count(*) FROM reports WHERE {w} GROUP BY rank ORDER BY rank")
+    if not feed_windows_sql(builder, engine, "reports", w, counts, rank_groups(counts)):
+        # (a long regular run's reports are merged by SQL, findings_windows_sql; any other run's one by one)
+        for ranks in rank_groups(counts):
+            for _, batch in engine.stream(
+                    f"SELECT rank, pid, host, wall_ns, {window_values_sql()} FROM (SELECT {ORDER}, host, wall_ns, "
+                    f"{window_fields_sql()} FROM reports WHERE {w} AND rank IN {ranks}) ORDER BY {ORDER}"):
+                for row in batch:
                     builder.host(row[0], row[2])
-                    builder.window_values(row[0], row[1], row[3], row[6:])
-                else:
-                    builder.straggler(_attributes(row[4]))
+                    builder.window_values(row[0], row[1], row[3], row[4:])
+    straggler = f"group_name = '{STRAGGLER[0]}' AND name = '{STRAGGLER[1]}'"
+    for _, batch in engine.stream(f"SELECT attributes FROM events WHERE {w} AND {straggler} ORDER BY {ORDER}"):
+        for (text,) in batch:
+            builder.straggler(_attributes(text))
     crash = "(" + ", ".join(f"'{n}'" for n in sorted(span_names)) + ")"
     parts = " UNION ALL ".join(
         f"SELECT '{'span_start' if table == 'span_starts' else 'span_end'}' AS kind, {ORDER}, host, name, span_id, "

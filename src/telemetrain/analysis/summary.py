@@ -217,7 +217,8 @@ def _rank_groups(rows: list[tuple[int, int]]) -> list[tuple[list[int], list[int]
 
 def summarize_sql(engine: Any, run: Run) -> RunSummary:
     """The summary by SQL (``store.engine.Engine`` over the run)."""
-    from ..store.columnar import COLUMNS, identity_of_row, record_from_row
+    from ..store.columnar import COLUMNS
+    from ..store.row_records import identity_of_row, record_from_row
 
     engine.attach(run)
     w = _where(run)

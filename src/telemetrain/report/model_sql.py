@@ -23,7 +23,6 @@ from ..analysis.findings_sql import (
     gauges_relation,
     rank_groups,
     window_fields_sql,
-    window_json_sql,
     window_values_sql,
 )
 from ..analysis.findings_windows_sql import feed_windows_sql
@@ -389,8 +388,7 @@ class SqlCollector(_Collector):
         for ranks in groups:
             for _, batch in self.engine.stream(
                     f"SELECT rank, pid, wall_ns, {window_values_sql()} FROM (SELECT {ORDER}, wall_ns, "
-                    f"{window_fields_sql('j')} FROM (SELECT {ORDER}, wall_ns, {window_json_sql()} AS j FROM windows "
-                    f"WHERE {self.where} AND rank IN {ranks})) ORDER BY {ORDER}"):
+                    f"{window_fields_sql()} FROM windows WHERE {self.where} AND rank IN {ranks}) ORDER BY {ORDER}"):
                 for row in batch:
                     window(row[0], row[1], row[2], row[3:])
 

@@ -20,19 +20,21 @@ functions that run SQL take a DuckDB connection.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..identity import Identity
-from .codec import _f as number_of
-from .codec import decode_identity, untag_nonfinite
+from .codec import decode_identity
 
-__all__ = ["COLUMNS", "SCHEMA_VERSION", "TABLES", "ColumnarVersionError", "Prescan", "fast_metric_rows_sql",
-           "fast_span_rows_sql", "prescan", "typed_rows_sql"]
+__all__ = ["COLUMNS", "READABLE_SINCE", "SCHEMA_VERSION", "TABLES", "ColumnarVersionError", "Prescan",
+           "fast_metric_rows_sql", "fast_span_rows_sql", "prescan", "typed_rows_sql"]
 
-SCHEMA_VERSION = 2  # 2: metric rows carry format v2's attributes (JSON text, as events'); v1 lines read as before
+# 2: metric rows carry format v2's attributes (JSON text, as events'); v1 lines read as before. 3: the derived table
+# ``reports`` (``report_rows``), the training reports' figures typed; a version-2 copy is still read (its reports typed
+# at read time), and ``telemetrain compact`` rewrites it.
+SCHEMA_VERSION = 3
+READABLE_SINCE = 2
 PARTITIONS = (("session", "VARCHAR"), ("run", "VARCHAR"), ("rank", "BIGINT"))
 
 # The identity fields stored as columns in every record table (session, run and rank are the partitions).
@@ -455,46 +457,3 @@ SELECT n, CASE WHEN ok THEN trim({kind}, '"') END AS kind, s.mono_ns AS mono_ns,
   s.group AS group_name, s.name AS name,
   {values}
 FROM typed"""
-
-
-# -- rows -> records (the readers' objects) ---------------------------------------------------------------------------
-
-
-def _json(text: Any) -> Any:
-    return None if text is None else json.loads(text)
-
-
-def record_from_row(kind: str, identity: Identity, row: Sequence[Any], names: Sequence[str]) -> Any:
-    """A record (``records.MetricPoint`` etc.) from a row of its table; ``names``: the row's column names."""
-    from ..records import Diagnostic, Event, MetricPoint, SpanEnd, SpanStart, StatWindow
-
-    r = dict(zip(names, row, strict=True))
-    head = (r["mono_ns"], r["wall_ns"], identity, r["group_name"], r["name"])
-    if kind == "metric":
-        value: Any = r["value"]
-        if r["value_bool"] is not None:
-            value = bool(r["value_bool"])
-        elif r["value_int"] is not None:
-            value = int(r["value_int"])
-    attributes = untag_nonfinite(_json(r.get("attributes"))) or None
-    if kind == "metric":
-        return MetricPoint(*head, value, r["unit"], r["step"], attributes)
-    if kind == "event":
-        return Event(*head, r["severity"], attributes, r["event_id"], r["span_id"])
-    if kind == "span_start":
-        return SpanStart(*head, r["span_id"], r["parent_id"], r["trace_id"], attributes)
-    if kind == "span_end":
-        return SpanEnd(*head, r["span_id"], r["duration_ns"], r["status"], attributes, r["error"])
-    if kind == "stat":
-        values = {k: number_of(v) for k, v in (_json(r["values"]) or {}).items()}
-        return StatWindow(*head, r["start_mono_ns"], r["sample_count"], values, r["unit"], _json(r["histogram"]))
-    if kind == "diagnostic":
-        return Diagnostic(*head, r["sink"], r["record_count"], r["message"])
-    raise ValueError(f"unknown record kind {kind!r}")
-
-
-def identity_of_row(r: dict[str, Any], session: str, run: str) -> Identity:
-    """The identity a row carries (its partition values plus its identity columns)."""
-    return Identity(run_id=run, session_tag=session, perf_tag=r["perf_tag"], rank=r["rank"],
-                    local_rank=r["local_rank"], world_size=r["world_size"], host=r["host"], pid=r["pid"],
-                    group_rank=r["group_rank"], restart_count=r["restart_count"], role=r["role"])

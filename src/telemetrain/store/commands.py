@@ -22,7 +22,8 @@ def register(sub: Any) -> None:
         help="run a read-only SQL query over a run",
         description=(
             "Run one SELECT over a run's tables with DuckDB: metrics, events, span_starts, span_ends, stats, "
-            "diagnostics, processes, windows (the training reports, flattened) and damage (torn and corrupt lines). "
+            "diagnostics, processes, reports (the training reports' figures, typed), windows (the training "
+            "processes' reports) and damage (torn and corrupt lines). "
             "The columnar copy and the JSONL not yet compacted are read together. Anything but a SELECT, and any file "
             "outside the run, is refused. See docs/format.md for the columns and a cookbook. "
             'Needs pip install "telemetrain[columnar]".'

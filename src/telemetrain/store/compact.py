@@ -5,8 +5,8 @@ converted (a segment torn by SIGKILL included: every complete line is kept). The
 are the write-ahead log, the copy is derived and can be deleted and rebuilt at any time.
 
 Per segment: ``convert.convert_segment`` parses and type-checks every line into a temporary table (8 MiB at a time),
-and one Parquet file per record table is written under its Hive partition, each to a temporary name first and
-renamed when complete. The segment's manifest
+and one Parquet file per record table is written under its Hive partition (and one of the reports among the events,
+typed: ``report_rows``), each to a temporary name first and renamed when complete. The segment's manifest
 (``_segments/.../<segment>.json``) is written last: a reader trusts a copy only when its manifest is there, names the
 JSONL size it was made from, and every file it lists is whole (docs/format.md). ``dest`` may be another directory or
 an object-store URL (``s3://bucket/prefix``, through fsspec): the files are written locally, then uploaded.
@@ -30,7 +30,6 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from ..identity import Identity
 from .columnar import (
@@ -38,76 +37,16 @@ from .columnar import (
     PROCESS_TABLE,
     SCHEMA_VERSION,
     TABLES,
-    ColumnarVersionError,
 )
 from .convert import _sql_str, convert_segment, drop_converted, header_rows
+from .manifest import SEGMENTS_DIR, Manifest, manifest_is_valid, manifest_path, partition_dir, read_manifest
 from .reader import fallback_identity, find_runs, list_processes, read_run_meta
+from .report_rows import REPORT, REPORTS_TABLE, report_rows_sql
 
 __all__ = ["COLUMNAR_DIR", "CompactResult", "Manifest", "compact", "manifest_path", "read_manifest"]
 
 COLUMNAR_DIR = "_columnar"
-SEGMENTS_DIR = "_segments"
 MEMORY_LIMIT = "512MB"
-
-
-def hive_value(value: str | int) -> str:
-    """A partition value as Hive writes it in a path (its escapePathName: ``%XX`` for ``/ = % : ? # ...``)."""
-    return quote(str(value), safe=" !$&'()+,;@[]^_`{}~-.*")  # reserved as Hive escapes them; the rest kept
-
-
-def partition_dir(table: str, session: str, run: str, rank: int) -> str:
-    return f"{table}/session={hive_value(session)}/run={hive_value(run)}/rank={rank}"
-
-
-def manifest_path(session: str, run: str, segment_name: str) -> str:
-    return f"{SEGMENTS_DIR}/session={hive_value(session)}/run={hive_value(run)}/{segment_name}.json"
-
-
-@dataclass
-class Manifest:
-    """What one compacted segment holds (the JSON file written last)."""
-
-    schema_version: int
-    segment: str  # the JSONL file name
-    session: str
-    run: str
-    file_size: int  # bytes of the JSONL file when it was read (complete lines and a torn tail)
-    covered_bytes: int  # ... of which the complete lines, converted (the rest: a torn line, or one being written)
-    lines: int
-    torn: int
-    corrupt: int
-    records: dict[str, int]  # table -> rows
-    files: list[dict[str, Any]]  # {"table", "path" (relative to the prefix), "bytes", "rows"}
-    last_identity: dict[str, Any] | None  # the identity in force at the segment's end (for the next one)
-    compacted_wall_ns: int = 0
-    seconds: float = 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-def read_manifest(path: Path) -> Manifest | None:
-    """A manifest file, or None when it is missing or unreadable. Raises ``ColumnarVersionError`` for a manifest of
-    a schema version from the future."""
-    try:
-        data = json.loads(path.read_bytes())
-    except (OSError, ValueError, RecursionError):
-        return None
-    if type(data) is not dict:
-        return None
-    version = data.get("schema_version")
-    if type(version) is int and version > SCHEMA_VERSION:
-        raise ColumnarVersionError(version, str(path))
-    try:
-        manifest = Manifest(**{k: data[k] for k in Manifest.__dataclass_fields__ if k in data})
-    except TypeError:
-        return None
-    if manifest.schema_version != SCHEMA_VERSION or type(manifest.file_size) is not int or \
-            type(manifest.covered_bytes) is not int or type(manifest.lines) is not int:
-        return None
-    if not isinstance(manifest.files, list) or not all(isinstance(f, dict) for f in manifest.files):
-        return None
-    return manifest
 
 
 @dataclass
@@ -188,6 +127,16 @@ def _compact_segment(con: Any, path: Path, prefix: Path, fallback: Identity, ses
             prefix / rel, table)
         files.append({"table": table, "path": rel, "bytes": size, "rows": rows})
         records[table] = records.get(table, 0) + rows
+        if kind == "event":  # the reports among the events, typed (report_rows; derived rows, not records)
+            where = (f"kind = 'event' AND session = '{_sql_str(p_session)}' AND run = '{_sql_str(p_run)}' AND "
+                     f"rank = {int(p_rank)}")
+            reports = con.execute(f"SELECT count(*) FROM {seg} WHERE {where} AND group_name = '{REPORT[0]}' AND "
+                                  f"name = '{REPORT[1]}'").fetchone()[0]
+            if reports:
+                rel = f"{partition_dir(REPORTS_TABLE, p_session, p_run, p_rank)}/{stem}.parquet"
+                size = _write_parquet(con, f"{report_rows_sql(seg, where)} ORDER BY line", prefix / rel,
+                                      REPORTS_TABLE)
+                files.append({"table": REPORTS_TABLE, "path": rel, "bytes": size, "rows": int(reports)})
     if scan.headers:
         rows_by_part: dict[tuple[str, str, int], list[tuple[Any, ...]]] = {}
         for part, row in header_rows(scan, segment):
@@ -213,31 +162,6 @@ def _compact_segment(con: Any, path: Path, prefix: Path, fallback: Identity, ses
     tmp.write_text(json.dumps(manifest.as_dict(), separators=(",", ":")))
     os.replace(tmp, target)
     return manifest
-
-
-def manifest_is_valid(manifest: Manifest, prefix: Path, jsonl: Path, *, grown_ok: bool = False) -> str:
-    """"" when the copy of ``jsonl`` under ``prefix`` can be trusted, else why not. With ``grown_ok``, a JSONL file
-    that grew since (a run still being written) keeps its copy valid for the part it was made from: the reader takes
-    the rest from the JSONL (``covered_bytes`` on)."""
-    try:
-        size = jsonl.stat().st_size
-    except OSError as exc:
-        return f"cannot read {jsonl.name}: {exc}"
-    if size != manifest.file_size and not (grown_ok and size > manifest.file_size):
-        return f"{jsonl.name} is {size} bytes now, its copy was made from {manifest.file_size}"
-    for f in manifest.files:
-        target = prefix / str(f.get("path", ""))
-        try:
-            st = target.stat()
-            if st.st_size != f.get("bytes"):
-                return f"{target} is {st.st_size} bytes, its manifest says {f.get('bytes')} (truncated?)"
-            with open(target, "rb") as fh:
-                fh.seek(-4, os.SEEK_END)
-                if fh.read(4) != b"PAR1":
-                    return f"{target} does not end with the Parquet footer (truncated?)"
-        except OSError as exc:
-            return f"{target}: {exc}"
-    return ""
 
 
 def segment_plan(run_dir: Path) -> list[tuple[Path, list[Path], dict[str, Any]]]:

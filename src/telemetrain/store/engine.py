@@ -1,8 +1,9 @@
 """DuckDB over a run (or several): the columnar copy plus the JSONL tail not yet compacted, as SQL tables.
 
 ``open_engine([run_dir, ...])`` gives an ``Engine`` whose connection has one view per table of docs/format.md
-(``metrics``, ``events``, ``span_starts``, ``span_ends``, ``stats``, ``diagnostics``, ``processes``), plus
-``windows`` (the training reports, flattened) and ``damage`` (torn and corrupt lines per process). For each segment
+(``metrics``, ``events``, ``span_starts``, ``span_ends``, ``stats``, ``diagnostics``, ``processes``, and the
+derived ``reports``: the training reports' figures typed, ``report_rows``), plus ``windows`` (the reports of the
+training processes) and ``damage`` (torn and corrupt lines per process). For each segment
 the reader takes its Parquet copy when the copy is valid (``compact.manifest_is_valid``), else its JSONL, parsed by
 DuckDB with the reader's own rules (``columnar.typed_rows_sql``) into temporary tables: each segment is counted
 once, from one source. A copy that is present but not valid (a Parquet file truncated mid-write, a JSONL file that
@@ -30,10 +31,12 @@ from typing import Any
 from ..identity import Identity
 from ..semconv import series_key
 from .codec import untag_nonfinite
-from .columnar import COLUMNS, PARTITIONS, PROCESS_TABLE, SCHEMA_VERSION, TABLES
-from .compact import COLUMNAR_DIR, connect, manifest_is_valid, manifest_path, read_manifest
+from .columnar import PARTITIONS, PROCESS_TABLE, READABLE_SINCE, SCHEMA_VERSION, TABLES
+from .compact import COLUMNAR_DIR, connect
 from .convert import convert_segment, header_rows
+from .manifest import manifest_is_valid, manifest_path, read_manifest
 from .reader import fallback_identity, list_processes, read_run_meta
+from .report_rows import ALL_COLUMNS, REPORT_FIELDS, REPORTS_TABLE, report_rows_sql
 from .segments import parse_segment_name
 
 __all__ = ["ColumnarWarning", "Engine", "EngineUnavailable", "ReadOnlyQueryError", "engine_for", "open_engine"]
@@ -51,7 +54,7 @@ QUERY_MEMORY = "512MB"
 def memory_limit(default: str) -> str:
     return os.environ.get(MEMORY_ENV) or default
 
-ALL_TABLES = (*TABLES.values(), PROCESS_TABLE)
+ALL_TABLES = (*TABLES.values(), PROCESS_TABLE, REPORTS_TABLE)
 
 
 class ColumnarWarning(UserWarning):
@@ -120,20 +123,6 @@ def _sql_list(items: Iterable[str]) -> str:
     return "[" + ", ".join("'" + s.replace("'", "''") + "'" for s in items) + "]"
 
 
-WINDOW_FIELDS = (
-    ("current_iteration", "BIGINT"), ("window_iterations", "BIGINT"), ("avg_iteration_time_sec", "DOUBLE"),
-    ("p50_iteration_time_sec", "DOUBLE"), ("p90_iteration_time_sec", "DOUBLE"), ("p99_iteration_time_sec", "DOUBLE"),
-    ("max_iteration_time_sec", "DOUBLE"), ("total_iteration_time_sec", "DOUBLE"), ("samples_per_second", "DOUBLE"),
-    ("avg_dataloader_time_sec", "DOUBLE"), ("avg_forward_time_sec", "DOUBLE"), ("avg_backward_time_sec", "DOUBLE"),
-    ("avg_optimizer_time_sec", "DOUBLE"), ("avg_zero_grad_time_sec", "DOUBLE"), ("train_iterations_start", "BIGINT"),
-    # device timing (phase_times.py: the device's phases when a report has any), the process's CPU time and wait
-    ("avg_dataloader_device_time_sec", "DOUBLE"), ("avg_forward_device_time_sec", "DOUBLE"),
-    ("avg_backward_device_time_sec", "DOUBLE"), ("avg_optimizer_device_time_sec", "DOUBLE"),
-    ("avg_zero_grad_device_time_sec", "DOUBLE"), ("avg_iteration_device_time_sec", "DOUBLE"),
-    ("cpu_time_sec", "DOUBLE"), ("cpu_wait_sec", "DOUBLE"),
-)
-
-
 class Engine:
     """A DuckDB connection over runs; see the module's docstring."""
 
@@ -145,6 +134,8 @@ class Engine:
         self.con = connect(memory_limit=memory or memory_limit(READER_MEMORY), threads=threads)
         self.con.execute(f"SET temp_directory = '{self._tmp.name}'")
         self.parquet: dict[str, list[str]] = {t: [] for t in ALL_TABLES}
+        # the events files of version-2 copies, which have no reports table: their reports are typed at read time
+        self.untyped_reports: list[str] = []
         self.ignored: list[str] = []  # copies not trusted, with why
         self.tail_segments = 0  # segments (or the grown part of one) read from their JSONL
         self.tail_bytes = 0
@@ -191,7 +182,7 @@ class Engine:
 
     def _create_tail_tables(self) -> None:
         for table in ALL_TABLES:
-            cols = ", ".join(f'"{n}" {t}' for n, t in COLUMNS[table] + PARTITIONS)
+            cols = ", ".join(f'"{n}" {t}' for n, t in ALL_COLUMNS[table] + PARTITIONS)
             self.con.execute(f"CREATE TEMP TABLE tail_{table} ({cols})")
         self.con.execute("CREATE TEMP TABLE damage (session VARCHAR, run VARCHAR, rank BIGINT, pid BIGINT, "
                          "agent BOOLEAN, torn BIGINT, corrupt BIGINT, segments BIGINT)")
@@ -209,13 +200,16 @@ class Engine:
             identity: Identity | None = None
             counts = ProcessCounts()
             for n, path in enumerate(paths):
-                manifest = read_manifest(prefix / manifest_path(info.session, info.run, path.name))
+                manifest = read_manifest(prefix / manifest_path(info.session, info.run, path.name),
+                                         oldest=READABLE_SINCE)
                 why = "" if manifest is None else manifest_is_valid(manifest, prefix, path, grown_ok=True)
                 start = first_line = 0
                 if manifest is not None and not why:
                     number = parse_segment_name(path.name)
                     for f in manifest.files:
                         self.parquet.setdefault(str(f["table"]), []).append(str(prefix / str(f["path"])))
+                        if manifest.schema_version < SCHEMA_VERSION and f["table"] == TABLES["event"]:
+                            self.untyped_reports.append(str(prefix / str(f["path"])))
                         if number is not None:
                             self.segment_files.setdefault((str(f["table"]), info.session, info.run, pid,
                                                            number.segment), []).append(str(prefix / str(f["path"])))
@@ -281,14 +275,17 @@ class Engine:
         scan, seg = convert_segment(self.con, path, fallback, info.session, info.run, segment, start=start,
                                     first_line=first_line)
         for kind, table in TABLES.items():
-            cols = ", ".join(f'"{n}"' for n, _ in COLUMNS[table] + PARTITIONS)
+            cols = ", ".join(f'"{n}"' for n, _ in ALL_COLUMNS[table] + PARTITIONS)
             self.con.execute(f"INSERT INTO tail_{table} ({cols}) SELECT {cols} FROM {seg} WHERE kind = '{kind}'")
+        cols = ", ".join(f'"{n}"' for n, _ in ALL_COLUMNS[REPORTS_TABLE] + PARTITIONS)
+        typed = report_rows_sql(seg, "kind = 'event'", partitions=True)
+        self.con.execute(f"INSERT INTO tail_{REPORTS_TABLE} ({cols}) {typed}")
         records, corrupt = self.con.execute(
             f"SELECT count(kind), count(*) - count(kind) FROM {seg}").fetchone() or (0, 0)
         self.con.execute(f"DROP TABLE {seg}")
         rows = [(*row, *part) for part, row in header_rows(scan, segment)]
         if rows:
-            marks = ", ".join("?" for _ in COLUMNS[PROCESS_TABLE] + PARTITIONS)
+            marks = ", ".join("?" for _ in ALL_COLUMNS[PROCESS_TABLE] + PARTITIONS)
             self.con.executemany(f"INSERT INTO tail_{PROCESS_TABLE} VALUES ({marks})", rows)
         self.tail_segments += 1
         self.tail_bytes += scan.size - scan.start
@@ -306,23 +303,19 @@ class Engine:
     def _create_views(self) -> None:
         hive = "{" + ", ".join(f"'{n}': {t}" for n, t in PARTITIONS) + "}"
         for table in ALL_TABLES:
-            cols = ", ".join(f'"{n}"' for n, _ in COLUMNS[table] + PARTITIONS)
+            cols = ", ".join(f'"{n}"' for n, _ in ALL_COLUMNS[table] + PARTITIONS)
             files = self.parquet.get(table, [])
             parts = [f"SELECT {cols} FROM tail_{table}"]
             if files:
                 parts.insert(0, f"SELECT {cols} FROM read_parquet({_sql_list(files)}, hive_partitioning = true, "
                                 f"hive_types = {hive})")
+            if table == REPORTS_TABLE and self.untyped_reports:
+                parts.insert(0, report_rows_sql(f"read_parquet({_sql_list(self.untyped_reports)}, "
+                                                f"hive_partitioning = true, hive_types = {hive})", partitions=True))
             self.con.execute(f"CREATE OR REPLACE VIEW {table} AS " + " UNION ALL ".join(parts))
-        # each window field is extracted once (one parse of the attributes per window), then typed
-        paths = "[" + ", ".join(f"'$.{n}'" for n, _ in WINDOW_FIELDS) + "]"
-        fields = ",\n  ".join(
-            f"(CASE WHEN json_type(j[{i}]) IN ('BIGINT', 'UBIGINT') THEN TRY_CAST(j[{i}] AS BIGINT) END) AS {n}"
-            if t == "BIGINT" else f"{json_double(f'j[{i}]')} AS {n}"
-            for i, (n, t) in enumerate(WINDOW_FIELDS, start=1))
-        self.con.execute(f"""CREATE OR REPLACE VIEW windows AS SELECT session, run, rank, pid, host, role, segment,
-  line, wall_ns, {fields}, attributes
-FROM (SELECT *, json_extract(attributes, {paths}) AS j FROM events
-      WHERE group_name = 'training' AND name = 'training_metrics_update' AND role <> 'agent')""")
+        fields = ", ".join(n for n, _ in REPORT_FIELDS)
+        self.con.execute(f"CREATE OR REPLACE VIEW windows AS SELECT session, run, rank, pid, host, role, segment, "
+                         f"line, wall_ns, {fields} FROM {REPORTS_TABLE} WHERE role <> 'agent'")
 
     # -- using ---------------------------------------------------------------------------------------------------
 
@@ -375,7 +368,7 @@ FROM (SELECT *, json_extract(attributes, {paths}) AS j FROM events
         by_segment: dict[tuple[str, str, int, int, int], list[int]] = {}
         for session, run, rank, pid, segment, line in keys:
             by_segment.setdefault((session, run, int(rank), int(pid), int(segment)), []).append(int(line))
-        columns = [n for n, _ in COLUMNS[table] + PARTITIONS]
+        columns = [n for n, _ in ALL_COLUMNS[table] + PARTITIONS]
         cols = ", ".join(f'"{n}"' for n in columns)
         hive = "{" + ", ".join(f"'{n}': {t}" for n, t in PARTITIONS) + "}"
         rows: list[Any] = []
@@ -460,15 +453,6 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     except OSError:
         return 0
-
-
-def json_double(x: str) -> str:
-    """SQL: the JSON value ``x`` as a DOUBLE when it is a number (not a bool), the non-finite ones included (written
-    ``{"$float": "NaN"}`` inside attributes); NULL otherwise."""
-    return (f"(CASE WHEN json_type({x}) IN ('BIGINT', 'UBIGINT', 'DOUBLE') THEN TRY_CAST({x} AS DOUBLE) "
-            f"WHEN json_type({x}) = 'OBJECT' AND json_extract_string({x}, '$.\"$float\"') IN "
-            f"('NaN', 'Infinity', '-Infinity') AND len(json_keys({x})) = 1 THEN "
-            f"CAST(json_extract_string({x}, '$.\"$float\"') AS DOUBLE) END)")
 
 
 def _i64(value: Any) -> bool:

@@ -8,8 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from .columnar import TABLES, identity_of_row, record_from_row
+from .columnar import TABLES
 from .layout import AGENT_ROLE
+from .row_records import identity_of_row, record_from_row
 
 __all__ = ["clock_offset_events", "process_loaders"]
 

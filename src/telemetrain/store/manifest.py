@@ -1,0 +1,105 @@
+"""The manifest of a compacted segment (``_segments/.../<segment>.json``, written last): what the segment's copy holds,
+and whether a reader can trust it (docs/format.md, "Columnar copy")."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from .columnar import SCHEMA_VERSION, ColumnarVersionError
+
+__all__ = ["SEGMENTS_DIR", "Manifest", "hive_value", "manifest_is_valid", "manifest_path", "partition_dir",
+           "read_manifest"]
+
+SEGMENTS_DIR = "_segments"
+
+
+def hive_value(value: str | int) -> str:
+    """A partition value as Hive writes it in a path (its escapePathName: ``%XX`` for ``/ = % : ? # ...``)."""
+    return quote(str(value), safe=" !$&'()+,;@[]^_`{}~-.*")  # reserved as Hive escapes them; the rest kept
+
+
+def partition_dir(table: str, session: str, run: str, rank: int) -> str:
+    return f"{table}/session={hive_value(session)}/run={hive_value(run)}/rank={rank}"
+
+
+def manifest_path(session: str, run: str, segment_name: str) -> str:
+    return f"{SEGMENTS_DIR}/session={hive_value(session)}/run={hive_value(run)}/{segment_name}.json"
+
+
+@dataclass
+class Manifest:
+    """What one compacted segment holds (the JSON file written last)."""
+
+    schema_version: int
+    segment: str  # the JSONL file name
+    session: str
+    run: str
+    file_size: int  # bytes of the JSONL file when it was read (complete lines and a torn tail)
+    covered_bytes: int  # ... of which the complete lines, converted (the rest: a torn line, or one being written)
+    lines: int
+    torn: int
+    corrupt: int
+    records: dict[str, int]  # table -> rows
+    files: list[dict[str, Any]]  # {"table", "path" (relative to the prefix), "bytes", "rows"}
+    last_identity: dict[str, Any] | None  # the identity in force at the segment's end (for the next one)
+    compacted_wall_ns: int = 0
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def read_manifest(path: Path, oldest: int = SCHEMA_VERSION) -> Manifest | None:
+    """A manifest file, or None when it is missing or unreadable or older than schema version ``oldest`` (the
+    engine reads version 2 too: ``columnar.READABLE_SINCE``). Raises ``ColumnarVersionError`` for a manifest of a
+    schema version from the future."""
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return None
+    if type(data) is not dict:
+        return None
+    version = data.get("schema_version")
+    if type(version) is int and version > SCHEMA_VERSION:
+        raise ColumnarVersionError(version, str(path))
+    try:
+        manifest = Manifest(**{k: data[k] for k in Manifest.__dataclass_fields__ if k in data})
+    except TypeError:
+        return None
+    if type(manifest.schema_version) is not int or not oldest <= manifest.schema_version <= SCHEMA_VERSION or \
+            type(manifest.file_size) is not int or \
+            type(manifest.covered_bytes) is not int or type(manifest.lines) is not int:
+        return None
+    if not isinstance(manifest.files, list) or not all(isinstance(f, dict) for f in manifest.files):
+        return None
+    return manifest
+
+
+def manifest_is_valid(manifest: Manifest, prefix: Path, jsonl: Path, *, grown_ok: bool = False) -> str:
+    """"" when the copy of ``jsonl`` under ``prefix`` can be trusted, else why not. With ``grown_ok``, a JSONL file
+    that grew since (a run still being written) keeps its copy valid for the part it was made from: the reader takes
+    the rest from the JSONL (``covered_bytes`` on)."""
+    try:
+        size = jsonl.stat().st_size
+    except OSError as exc:
+        return f"cannot read {jsonl.name}: {exc}"
+    if size != manifest.file_size and not (grown_ok and size > manifest.file_size):
+        return f"{jsonl.name} is {size} bytes now, its copy was made from {manifest.file_size}"
+    for f in manifest.files:
+        target = prefix / str(f.get("path", ""))
+        try:
+            st = target.stat()
+            if st.st_size != f.get("bytes"):
+                return f"{target} is {st.st_size} bytes, its manifest says {f.get('bytes')} (truncated?)"
+            with open(target, "rb") as fh:
+                fh.seek(-4, os.SEEK_END)
+                if fh.read(4) != b"PAR1":
+                    return f"{target} does not end with the Parquet footer (truncated?)"
+        except OSError as exc:
+            return f"{target}: {exc}"
+    return ""
