@@ -27,8 +27,8 @@ REPORT = ("training", "training_metrics_update")  # (group, name) of the events 
 
 _PHASES = ("dataloader", "h2d", "forward", "backward", "optimizer", "zero_grad")
 _INTEGERS = ("current_iteration", "window_iterations", "train_iterations_start")
-# Every figure a reader takes from a report (the findings' window points, the windows view, compare's series); a
-# figure not listed here is still in the event's attributes.
+# Every figure a reader takes from every report (the findings' window points, the windows view, compare's series,
+# goodput's timestamps); a figure not listed here is still in the event's attributes.
 REPORT_FIELDS: tuple[tuple[str, str], ...] = (
     *((n, "BIGINT") for n in _INTEGERS), ("train_iterations_start_bool", "BOOLEAN"),
     *((n, "DOUBLE") for n in (
@@ -36,6 +36,7 @@ REPORT_FIELDS: tuple[tuple[str, str], ...] = (
         "max_iteration_time_sec", "total_iteration_time_sec", "samples_per_second", "window_seconds",
         "cpu_time_sec", "cpu_wait_sec", "train_thread_cpu_time_sec", "train_thread_cpu_wait_sec",
         "avg_comm_wait_time_sec", "avg_iteration_device_time_sec",
+        "last_logged_train_iterations_finish_timestamp_sec",
         *(f"avg_{p}_time_sec" for p in _PHASES), *(f"avg_{p}_device_time_sec" for p in _PHASES),
         *(f"avg_{p}_comm_wait_sec" for p in (*_PHASES, "other")))),
 )

@@ -143,10 +143,15 @@ def load_session(engine: Engine, runs: Sequence[Run]) -> tuple[list[Any], Any, b
           SELECT session, run, rank, pid, {_stamp_sql('x')} FROM (
             SELECT session, run, rank, pid, {_num_sql('j')} AS x FROM (
               SELECT session, run, rank, pid,
-                     CASE WHEN name IN ('{_UPDATE}', '{_PROGRESS}')
+                     CASE WHEN name = '{_PROGRESS}'
                        THEN {_attribute('last_logged_train_iterations_finish_timestamp_sec')}
                      ELSE {_attribute('latest_successful_save_checkpoint_timestamp_sec')} END AS j
-              FROM events WHERE {where} AND name IN ('{_UPDATE}', '{_SAVE}', '{_PROGRESS}'))))
+              FROM events WHERE {where} AND name IN ('{_SAVE}', '{_PROGRESS}')))
+          UNION ALL  -- the reports' stamp typed already (store.report_rows: _num_sql's number, or non-finite)
+          SELECT session, run, rank, pid, {_stamp_sql('x')} FROM (
+            SELECT session, run, rank, pid, CASE WHEN isfinite(last_logged_train_iterations_finish_timestamp_sec)
+              THEN last_logged_train_iterations_finish_timestamp_sec END AS x
+            FROM reports WHERE {where}))
         SELECT session, run, rank, pid, min(t), max(t) FROM st WHERE t IS NOT NULL GROUP BY ALL"""
 
     # a group of ranks at a time (every figure is per process: the same rows), so that the spans' grouped
