@@ -529,3 +529,34 @@ def test_reader_counts_a_wrongly_typed_line_as_corrupt(tmp_path: Path) -> None:
     run = open_run(t.run_dir)  # type: ignore[arg-type]
     assert [r.name for r in run.records()] == ["a"]
     assert run.corrupt == 1
+
+
+def test_a_report_computed_while_the_training_thread_submits_is_not_lost() -> None:
+    """The collector reads the reporter's pending items (``Reporter.cpu_figures``: the batch sharing one CPU reading)
+    while the training thread appends to them: reading them must not fail ('deque mutated during iteration' lost a
+    report in a 64-rank run)."""
+    from telemetrain.training.reports import Reporter, Snapshot
+
+    errors: list[BaseException] = []
+    reporter = Reporter(lambda snap, values: None, errors.append)
+    reporter._pending.extend(object() for _ in range(200_000))  # (not Snapshots: only read, never computed)
+    snap = object.__new__(Snapshot)
+    stop = threading.Event()
+
+    def submitting() -> None:
+        while not stop.is_set():
+            reporter._pending.append(object())
+            reporter._pending.popleft()
+
+    thread = threading.Thread(target=submitting)
+    thread.start()
+    try:
+        for _ in range(30):
+            try:
+                reporter.cpu_figures(snap, 1.0)
+            except RuntimeError as exc:
+                errors.append(exc)
+    finally:
+        stop.set()
+        thread.join(HANG_S)
+    assert not errors, errors[:1]

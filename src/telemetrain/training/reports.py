@@ -290,6 +290,18 @@ def emit_derived(telemetry: Any, group: str, snap: Snapshot, attributes: Mapping
 Emit = Callable[[Snapshot, Mapping[str, Any]], None]
 
 
+def _items(pending: deque[Any]) -> list[Any]:
+    """What a deque holds while the training thread appends to it: copied by ``list`` (C, under the GIL), taken again
+    in the rare case a thread switch interrupted the copy. Iterating it in Python lets an append in between, and
+    raised 'deque mutated during iteration' in the collector: the report was lost (seen at 64 ranks on a loaded
+    machine)."""
+    while True:
+        try:
+            return list(pending)
+        except RuntimeError:
+            continue
+
+
 class Reporter:
     """Computes and emits the snapshots handed to it, in order, in the collector thread (or in the caller's, in
     ``drain``). Owns the cumulative state of one training loop."""
@@ -342,7 +354,7 @@ class Reporter:
         self.cpu, self.cpu_ns = cpu, now
         if cpu is None or last is None:
             return None
-        batch = [s for s in self._pending if isinstance(s, Snapshot)]
+        batch = [s for s in _items(self._pending) if isinstance(s, Snapshot)]
         walls = [wall_s] + [(s.end_ns - s.window.start_ns) / 1e9 if s.window.start_ns else 0.0 for s in batch]
         total = sum(w for w in walls if w > 0)
         elapsed = (now - last_ns) / 1e9
