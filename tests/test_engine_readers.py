@@ -25,6 +25,7 @@ from telemetrain import Telemetry, identity_from_env  # noqa: E402
 from telemetrain.analysis.samples import read_samples  # noqa: E402
 from telemetrain.analysis.summary import summarize_run, summarize_sql  # noqa: E402
 from telemetrain.cli import summarize  # noqa: E402
+from telemetrain.report import curves_sql  # noqa: E402
 from telemetrain.report.html import render  # noqa: E402
 from telemetrain.report.model import build_model  # noqa: E402
 from telemetrain.store import open_run  # noqa: E402
@@ -385,11 +386,16 @@ def test_windows_merged_at_scale_are_the_same_by_sql(tmp_path: Path, monkeypatch
     assert "slow iterations" in {f.kind for f in python.findings} and python.slow_windows  # something was compared
 
 
-def test_the_model_metric_curves_are_the_same_by_sql(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("series_at_once", [curves_sql.SERIES_AT_ONCE, 1], ids=["all-ranks", "rank-by-rank"])
+def test_the_model_metric_curves_are_the_same_by_sql(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     series_at_once: int) -> None:
     """The user's metrics charted by the report, compared by compare and sparked by tail: DuckDB's buckets merged by
     the builder give the record pass's curves exactly below 2 x capacity steps (a loss with a NaN, equal and differing
-    ranks, a metric with attributes, one without steps), and the same series at most one resolution apart above."""
+    ranks, a metric with attributes, one without steps), and the same series at most one resolution apart above;
+    the buckets made for all ranks in one query, and a rank at a time (as a run of many ranks has them)."""
     from telemetrain.analysis.tail import TailState
+
+    monkeypatch.setattr(curves_sql, "SERIES_AT_ONCE", series_at_once)
 
     for rank in (0, 1):
         t = Telemetry(identity_from_env({}, run_id="curves", session_tag="curves", rank=rank, world_size=2),

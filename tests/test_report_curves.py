@@ -128,6 +128,36 @@ def test_ranks_that_agree_are_one_line_ranks_that_differ_one_each_many_a_median_
     assert line.points[0].mean == 9.5
 
 
+def test_drawing_reads_the_builders_buckets_without_changing_them() -> None:
+    """``curves()`` reads the builder's own buckets (no copy at a series' own width, each rank's line made as it is
+    compared): drawing twice, or drawing and then feeding more, gives what a builder fed everything at once gives;
+    a last rank that differs still makes the lines differ."""
+    def feed(b: CurveBuilder, steps: range) -> None:
+        for rank in range(12):
+            for step in steps:  # rank 0 logs 4x the losses: the others are aligned to its wider buckets
+                if rank == 0 or step < 1000:
+                    b.add(rank, "train", "loss", step, 1.0 / (step + 1) + (0.5 if rank == 0 else 0.0), step)
+                b.add(rank, "train", "lr", step, 1e-3, step)
+    whole, parts = CurveBuilder(capacity=16), CurveBuilder(capacity=16)
+    feed(whole, range(4000))
+    feed(parts, range(2000))
+    first = parts.curves()
+    assert parts.curves() == first
+    feed(parts, range(2000, 4000))
+    drawn = parts.curves()
+    assert drawn == whole.curves() and drawn != first
+    loss, lr = drawn
+    assert loss.ranks_differ and loss.lines[0].label == "median of 12 ranks" and loss.ranks == 12
+    assert not lr.ranks_differ and lr.lines[0].label == "all 12 ranks (equal)"
+    last = CurveBuilder()
+    for rank in range(3):
+        for step in range(20):
+            last.add(rank, "train", "loss", step, float(step) + (1.0 if rank == 2 else 0.0), step)
+    (three,) = last.curves()
+    assert three.ranks_differ and [line.rank for line in three.lines] == [0, 1, 2]
+    assert three.lines[0].points == three.lines[1].points != three.lines[2].points
+
+
 def test_a_metric_without_steps_is_drawn_against_time() -> None:
     b = CurveBuilder()
     start = 1_000_000_000_000

@@ -271,21 +271,27 @@ class CurveBuilder:
         scale = 1.0 if by_step else 1e-9
         origin = 0 if by_step else start_ns
         aligned = {rank: _align(s, width) for rank, s in sorted(series.items())}
-        per_rank = {rank: tuple(_point(k, b, scale, origin, start_ns) for k, b in sorted(buckets.items()))
-                    for rank, buckets in aligned.items()}
         nonfinite = sum(int(b[_BAD]) for buckets in aligned.values() for b in buckets.values())
-        differ = len(per_rank) > 1 and not _same(list(per_rank.values()))
+
+        def points_of(rank: int) -> tuple[BucketPoint, ...]:
+            return tuple(_point(k, b, scale, origin, start_ns) for k, b in sorted(aligned[rank].items()))
+
+        # each rank's line against the first, one at a time: the lines of every rank at once (64 ranks: ~16,000
+        # points a series) were the largest thing the report's Python held (docs/scale.md)
+        first_rank = next(iter(aligned))
+        first = points_of(first_rank)
+        differ = any(not _same([first, points_of(rank)]) for rank in list(aligned)[1:])
         if not differ:
-            rank, points = next(iter(per_rank.items()))
-            label = f"rank {rank}" if len(per_rank) == 1 else f"all {len(per_rank)} ranks (equal)"
-            lines: tuple[CurveLine, ...] = (CurveLine(label, points, rank if len(per_rank) == 1 else None),)
-        elif len(per_rank) <= MAX_RANK_LINES:
-            lines = tuple(CurveLine(f"rank {rank}", points, rank) for rank, points in per_rank.items())
+            label = f"rank {first_rank}" if len(aligned) == 1 else f"all {len(aligned)} ranks (equal)"
+            lines: tuple[CurveLine, ...] = (CurveLine(label, first, first_rank if len(aligned) == 1 else None),)
+        elif len(aligned) <= MAX_RANK_LINES:
+            lines = tuple(CurveLine(f"rank {rank}", first if rank == first_rank else points_of(rank), rank)
+                          for rank in aligned)
         else:
             lines = (_median_line(aligned, scale, origin, start_ns),)
         unit = next((s.unit for s in series.values() if s.unit), "")
         return Curve(group=key[0], name=key[1], unit=unit, by_step=by_step, lines=lines, points=total,
-                     nonfinite=nonfinite, ranks=len(per_rank), ranks_differ=differ,
+                     nonfinite=nonfinite, ranks=len(aligned), ranks_differ=differ,
                      bucket_width=width * scale if by_step else width * 1e-9)
 
 
@@ -306,8 +312,11 @@ def _merge(into: list[float], b: list[float]) -> None:
 
 
 def _align(s: _Series, width: int) -> dict[int, list[float]]:
-    """The series' buckets at ``width`` (a power-of-two multiple of its own), copies: the builder keeps going."""
+    """The series' buckets at ``width`` (a power-of-two multiple of its own): at its own width, the builder's (only
+    read); else merged copies (the builder keeps going)."""
     factor = width // s.width
+    if factor == 1:
+        return s.buckets
     out: dict[int, list[float]] = {}
     for key, b in s.buckets.items():
         into = out.get(key // factor)

@@ -225,6 +225,13 @@ class _Collector:
     def close(self) -> None:
         """Let go of what the collection held outside Python (the SQL path's temporary tables)."""
 
+    def release_charted(self) -> None:
+        """Let go of what ``build_model`` has drawn from (the curves' buckets: ~10 MiB at 64 ranks; the iteration
+        spans), before the findings engine runs with its windows: what the process holds then grows with the ranks
+        (docs/scale.md)."""
+        self.curves = CurveBuilder(self.curves.capacity)
+        self.iteration_spans.clear()
+
     def windows_at(self, flagged: set[tuple[int, int, int]]) -> list[Window]:
         """The report windows (unmerged) of these (rank, first step, last step)s: of each range, the window(s) ending
         in it whose slowest iteration is the slowest (one window, unless the findings engine merged the range's
@@ -447,8 +454,11 @@ def build_model(run: Run, thresholds: Thresholds | None = None, engine: Any = No
     model.windows = {rank: ws for rank, ws in sorted(figures.merged.items()) if ws}
     model.window_counts = {rank: n for rank, n in sorted(figures.counts.items()) if n}
     model.heatmap = figures.heatmap
-    model.iteration_spans = {rank: [(model.seconds(w), d) for w, d in points]
-                             for rank, points in sorted(c.iteration_span_points().items()) if points}
+    spans = c.iteration_span_points()
+    for rank in sorted(spans):
+        points = spans.pop(rank)  # the collector's copy let go rank by rank as the model's is made
+        if points:
+            model.iteration_spans[rank] = [(model.seconds(w), d) for w, d in points]
     for rank in sorted(set(figures.phase_seconds) | set(c.span_phase_seconds)):
         if rank in figures.phase_seconds:
             seconds, total = figures.phase_seconds[rank]
@@ -474,6 +484,7 @@ def build_model(run: Run, thresholds: Thresholds | None = None, engine: Any = No
                                                            str(s.get("rank"))))
     model.system = _system(model, c)
     model.curves = c.curves.curves(start)
+    c.release_charted()
     model.gpu = build_gpu_health(run, {name for _, name in c.metric_stats}, engine)
     model.goodput, model.goodput_error = goodput
     model.headline = headline(model, c)
