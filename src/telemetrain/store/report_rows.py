@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from .columnar import COLUMNS, COMMON, IDENTITY_COLUMNS, POSITION_COLUMNS
 
-__all__ = ["ALL_COLUMNS", "REPORT", "REPORTS_TABLE", "REPORT_FIELDS", "json_double", "report_rows_sql"]
+__all__ = ["ALL_COLUMNS", "REPORT", "REPORTS_TABLE", "REPORT_FIELDS", "report_rows_sql"]
 
 REPORTS_TABLE = "reports"
 REPORT = ("training", "training_metrics_update")  # (group, name) of the events typed here
@@ -44,7 +44,7 @@ REPORT_COLUMNS = (*IDENTITY_COLUMNS, *POSITION_COLUMNS, *COMMON, *REPORT_FIELDS)
 ALL_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {**COLUMNS, REPORTS_TABLE: REPORT_COLUMNS}
 
 
-def json_double(x: str) -> str:
+def _json_double(x: str) -> str:
     """SQL: the JSON value ``x`` as a DOUBLE when it is a number (not a bool), the non-finite ones included (written
     ``{"$float": "NaN"}`` inside attributes); NULL otherwise."""
     return (f"(CASE WHEN json_type({x}) IN ('BIGINT', 'UBIGINT', 'DOUBLE') THEN TRY_CAST({x} AS DOUBLE) "
@@ -70,7 +70,7 @@ def report_rows_sql(source: str, where: str = "true", *, partitions: bool = Fals
             fields.append(f"(CASE WHEN json_type({x}) IN ('BIGINT', 'UBIGINT') THEN TRY_CAST({x} AS BIGINT) END) "
                           f"AS {name}")
         else:
-            fields.append(f"{json_double(f'j[{index[name]}]')} AS {name}")
+            fields.append(f"{_json_double(f'j[{index[name]}]')} AS {name}")
     head = ", ".join(f'"{n}"' for n, _ in (*IDENTITY_COLUMNS, *POSITION_COLUMNS, *COMMON))
     tail = ", session, run, rank" if partitions else ""
     return (f"SELECT {head}, {', '.join(fields)}{tail} FROM (SELECT *, json_extract(attributes, {paths}) AS j "
