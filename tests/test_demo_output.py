@@ -31,7 +31,8 @@ def test_the_demo_loads_torch_without_numpys_warning() -> None:
 
 def test_a_planned_preemption_is_announced_and_the_broken_all_reduce_is_no_crash(tmp_path: Path) -> None:
     """The demo's workers under `telemetrain launch`, the agent checking on them every 3 s: rank 1 preempts itself
-    at step 4 and rank 0, in its next all-reduce, always sees its peer gone before the agent stops it."""
+    at the top of step 5 and rank 0, on its way into that step's all-reduce, sees its peer gone before the agent
+    stops it."""
     argv = [sys.executable, "-m", "telemetrain.cli", "launch", "--nproc-per-node", "2", "--max-restarts", "1",
             "--monitor-interval", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0",
             "-m", "telemetrain.demo.worker", "--steps", "8", "--fail-at", "4", "--root", str(tmp_path)]
@@ -39,6 +40,8 @@ def test_a_planned_preemption_is_announced_and_the_broken_all_reduce_is_no_crash
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=240, env=env, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout.splitlines()
+    said = f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    assert "as expected: leaving for the agent" in proc.stdout, said
     announced = out.index("[rank 1] step 4: SIGTERM (simulated preemption), as planned; the elastic agent will log "
                           "this rank's exit (exitcode -15) and restart the job")
     noted = out.index("[rank 0] rank 1's planned preemption ended this step's all-reduce (RuntimeError: connection "

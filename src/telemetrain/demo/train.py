@@ -306,6 +306,18 @@ def _lifecycle(
     checkpoint_every = max(1, cfg.steps // 4)
     rec.on_train_start(train_iterations_start=start_step)
     while step < cfg.steps:
+        if crash_at is not None and step >= crash_at:
+            # At the top of the next iteration, once this step's checkpoint and evaluation are done: the other ranks
+            # are then on their way into this iteration's all-reduce, where they see the peer go before the agent,
+            # which looks every few seconds, stops them. Said on this process's own stdout (a launched rank other
+            # than 0 prints nothing else), before it happens.
+            rank, world = _rank_and_world()
+            then = ("the elastic agent will log this rank's exit (exitcode -15) and restart the job" if world > 1
+                    else "the next attempt resumes from the last checkpoint")
+            print(f"{f'[rank {rank}] ' if world > 1 else ''}step {step}: SIGTERM (simulated preemption), as planned; "
+                  f"{then}", file=sys.stdout, flush=True)
+            os.kill(os.getpid(), signal.SIGTERM)  # telemetrain flushes, ends open spans as terminated, re-raises
+            time.sleep(5)  # the signal arrives at the next bytecode; never reached
         tick = time.perf_counter()
         rec.on_training_single_iteration_start()
         with data_wait.time(), rec.data_loading():
@@ -341,15 +353,6 @@ def _lifecycle(
             path = _save_checkpoint(net, optimizer, cfg, step, run_dir, scheduler)
             rec.on_save_checkpoint_success(step, path=path)
             rec.on_save_checkpoint_end(path=path)
-        if crash_at is not None and step >= crash_at:
-            # said on this process's own stdout (a launched rank other than 0 prints nothing else), before it happens
-            rank, world = _rank_and_world()
-            then = ("the elastic agent will log this rank's exit (exitcode -15) and restart the job" if world > 1
-                    else "the next attempt resumes from the last checkpoint")
-            print(f"{f'[rank {rank}] ' if world > 1 else ''}step {step}: SIGTERM (simulated preemption), as planned; "
-                  f"{then}", file=sys.stdout, flush=True)
-            os.kill(os.getpid(), signal.SIGTERM)  # telemetrain flushes, ends open spans as terminated, re-raises
-            time.sleep(5)  # the signal arrives at the next bytecode; never reached
         if step % eval_every == 0 or step == cfg.steps:
             val_loss, val_acc = _evaluate_and_record(t, net, val_loader, cfg, step, recorder=rec)
             if val_loss < best:

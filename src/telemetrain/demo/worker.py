@@ -32,9 +32,9 @@ def _latest_checkpoint(session_dir: Path, this_run: Path) -> Path | None:
 
 
 def _peer_lost(exc: BaseException) -> bool:
-    """gloo's error when a peer process went away mid-collective."""
+    """gloo's error when a peer process went away mid-collective (read: closed or reset; write: broken pipe)."""
     text = str(exc)
-    return "closed by peer" in text or "reset by peer" in text
+    return any(s in text for s in ("closed by peer", "reset by peer", "Broken pipe"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
