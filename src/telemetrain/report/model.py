@@ -125,7 +125,9 @@ class ReportModel:
     windows: dict[int, list[Window]] = dataclasses.field(default_factory=dict)
     window_counts: dict[int, int] = dataclasses.field(default_factory=dict)  # rank -> windows before merging
     heatmap: Heatmap | None = None
-    # rank -> (t, seconds) of its exported iteration spans, every k-th (k = max(1, n // 1000)): what the chart draws
+    # the lowest rank with exported iteration spans -> (t, seconds) of them, every k-th (k = max(1, n // 1000)): what
+    # the iteration chart draws when there are no windows (one rank, not each: 1,000 points a rank at 1,024 ranks
+    # would be held for nothing)
     iteration_spans: dict[int, list[tuple[float, float]]] = dataclasses.field(default_factory=dict)
     phase_seconds: dict[int, dict[str, float]] = dataclasses.field(default_factory=dict)  # rank -> phase -> s
     phase_source: dict[int, str] = dataclasses.field(default_factory=dict)  # rank -> "device" or "host"
@@ -250,12 +252,13 @@ class _Collector:
         return list(out.values())
 
     def iteration_span_points(self) -> dict[int, list[tuple[int, float]]]:
-        """rank -> (wall ns, seconds) of every ``stride``-th exported iteration span (what the chart draws)."""
-        out = {}
-        for rank, points in self.iteration_spans.items():
-            ordered = sorted(points)
-            out[rank] = ordered[::stride(len(ordered), ITERATION_CHART_POINTS)]
-        return out
+        """The lowest rank with exported iteration spans -> (wall ns, seconds) of every ``stride``-th of them (what
+        the chart draws)."""
+        ranks = [rank for rank, points in self.iteration_spans.items() if points]
+        if not ranks:
+            return {}
+        ordered = sorted(self.iteration_spans[min(ranks)])
+        return {min(ranks): ordered[::stride(len(ordered), ITERATION_CHART_POINTS)]}
 
     def system_points(self) -> dict[tuple[str, str], list[tuple[int, float]]]:
         """(metric, who) -> its samples (wall ns, value) in time order, ``downsample``d."""

@@ -200,19 +200,16 @@ class SqlCollector(_Collector):
                 f"SELECT rank, name, fsum(duration_ns / 1e9) FROM span_ends WHERE {{w}} AND name IN "
                 f"{_names(PHASE_SPANS)} GROUP BY ALL ORDER BY ALL"):
             self.span_phase_seconds[rank][PHASE_SPANS[name]] += float(seconds)
-        # the iteration chart: every k-th iteration span of each rank, numbered a group of ranks at a time (all
-        # ranks' spans at once, 1.28 M at 64 x 1M, would fill DuckDB's memory)
+        # the iteration chart's: every k-th iteration span of the lowest rank that exported any (the one drawn)
         iteration = "name = 'training_single_iteration'"
-        for ranks in rank_groups(self.rows(f"SELECT rank, count(*) FROM span_ends WHERE {{w}} AND {iteration} "
-                                           "GROUP BY rank ORDER BY rank")):
-            for rank, wall, seconds in self.rows(
-                    f"""WITH s AS (SELECT rank, wall_ns, duration_ns,
-                          row_number() OVER (PARTITION BY rank ORDER BY wall_ns, duration_ns) - 1 AS i,
-                          count(*) OVER (PARTITION BY rank) AS n
-                        FROM span_ends WHERE {{w}} AND {iteration} AND rank IN {ranks})
-                    SELECT rank, wall_ns, duration_ns / 1e9 FROM s
-                    WHERE i % greatest(1, n // {ITERATION_CHART_POINTS}) = 0 ORDER BY rank, i"""):
-                self._spans.setdefault(rank, []).append((wall, seconds))
+        lowest = self.engine.scalar(f"SELECT min(rank) FROM span_ends WHERE {self.where} AND {iteration}")
+        if lowest is not None:
+            self._spans[int(lowest)] = [(wall, seconds) for wall, seconds in self.rows(
+                f"""WITH s AS (SELECT wall_ns, duration_ns,
+                      row_number() OVER (ORDER BY wall_ns, duration_ns) - 1 AS i, count(*) OVER () AS n
+                    FROM span_ends WHERE {{w}} AND {iteration} AND rank = $rank)
+                SELECT wall_ns, duration_ns / 1e9 FROM s WHERE i % greatest(1, n // {ITERATION_CHART_POINTS}) = 0
+                ORDER BY i""", {"rank": int(lowest)})]
         lifecycle = _names(LIFECYCLE_SPANS)
         same = ("s.session = e.session AND s.run = e.run AND s.rank = e.rank AND s.pid = e.pid AND "
                 "s.span_id = e.span_id AND (s.segment, s.line) < (e.segment, e.line)")
