@@ -30,12 +30,13 @@ from .goodput_read import (
     _Session,
     read_records,
 )
-from .names import EventName
+from .names import EventName, SpanName
 
 __all__ = ["load_session"]
 
 _SAVE = EventName.SAVE_CHECKPOINT_SUCCESS.value
 _UPDATE = EventName.TRAINING_METRICS_UPDATE.value
+_LOOP = SpanName.TRAINING_LOOP.value  # the one span whose attributes goodput reads (train_iterations_start)
 _PROGRESS = "training_progress"  # the stall watchdog's heartbeat (distributed.watchdog)
 # lifecycle spans whose first start and end one query groups (~100 bytes each in DuckDB's hash table)
 SPANS_AT_ONCE = 65_536
@@ -216,7 +217,7 @@ def load_session(engine: Engine, runs: Sequence[Run]) -> tuple[list[Any], Any, b
         def lifecycle_rows(attributes: str) -> str:
             return f"""
                   SELECT session, run, rank, pid, segment, line, 'span_start' AS kind, name, wall_ns, span_id,
-                         parent_id, NULL AS status, {attributes} AS attributes
+                         parent_id, NULL AS status, CASE WHEN name = '{_LOOP}' THEN {attributes} END AS attributes
                   FROM span_starts WHERE {where} AND name IN {tracked}
                   UNION ALL
                   SELECT session, run, rank, pid, segment, line, 'span_end', name, wall_ns, span_id, NULL, status,
