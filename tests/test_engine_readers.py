@@ -133,11 +133,14 @@ def test_report_and_show_are_the_same_by_sql(session: tuple[Path, Path], compact
 def test_goodput_of_every_rank_is_the_same_by_sql(session: tuple[Path, Path], spans_at_once: int,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The restarted session: two runs, a crash and a restart, checkpoints on another rank; the lifecycle spans
-    grouped for all ranks in one query, and a rank at a time (as a long run's are)."""
+    grouped for all ranks in one query, and a rank at a time (as a long run's are); a rank's lifecycle rows fetched
+    in batches that split its processes' rows too."""
     monkeypatch.setenv("TELEMETRAIN_ENGINE", "python")
     python = goodput_by_rank(session[0].parent)
     monkeypatch.delenv("TELEMETRAIN_ENGINE")
     monkeypatch.setattr(goodput_sql, "SPANS_AT_ONCE", spans_at_once)
+    if spans_at_once == 1:
+        monkeypatch.setattr(goodput_sql, "ROWS_AT_ONCE", 3)
     queries: list[str] = []
     execute = Engine.execute
     monkeypatch.setattr(Engine, "execute", lambda self, q, p=None: queries.append(q) or execute(self, q, p))

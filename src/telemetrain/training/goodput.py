@@ -22,6 +22,7 @@ loading, lost iteration time, and the rest (time between iterations) idle. Itera
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 import os
@@ -112,12 +113,14 @@ def _warmup_seconds(loop: _Loop, warm: int) -> tuple[float, str | None]:
         sec = exact_saves.get(w.completed)
         if warm_seen >= warm and sec is not None and sec >= total:
             return sec - total, None
-    spans = sorted((s for s in loop.iteration_spans if s.end_ns is not None and s.status == "ok"),
-                   key=lambda s: s.start_ns)
+    times = loop.iteration_times  # (start, end) of each ok iteration span, flat
+    spans = len(times) // 2
     iterations = sum(w.iterations for w in loop.windows)
-    if spans and ((loop.index == 0 and warm == 1) or len(spans) >= iterations >= warm):
-        # the first iteration span of a process is always exported (sampling keeps the first, then every N-th)
-        return sum((s.end_ns or s.start_ns) - s.start_ns for s in spans[:warm]) / 1e9, None
+    if spans and ((loop.index == 0 and warm == 1) or spans >= iterations >= warm):
+        # the first iteration span of a process is always exported (sampling keeps the first, then every N-th);
+        # the earliest starts, ties in file order (nsmallest is sorted()[:warm])
+        first = heapq.nsmallest(warm, range(spans), key=lambda i: times[2 * i])
+        return sum((times[2 * i + 1] or times[2 * i]) - times[2 * i] for i in first) / 1e9, None
     for w in loop.windows:
         if w.timed and w.avg_sec is not None:
             return (warm * w.avg_sec,

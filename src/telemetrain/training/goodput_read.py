@@ -3,11 +3,14 @@ reader here; ``goodput_sql`` gives the same objects from DuckDB). ``goodput`` co
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
+from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from ..store.reader import ProcessLog, Run, find_runs, open_run
@@ -38,10 +41,24 @@ _LIFECYCLE = frozenset(
     )
 )
 _TRACKED = _LIFECYCLE | {SpanName.DATA_LOADING.value}
+# the spans of which a rank of a long run has one per (exported) iteration: goodput reads no _Span of them, only
+# a loop's ok iterations' times (the warm-up's, ``_Loop.iteration_times``), which iterations exist (for
+# ``data_outside``) and their lifecycle timestamps
+_ITERATION = frozenset(
+    s.value
+    for s in (
+        SpanName.TRAINING_SINGLE_ITERATION,
+        SpanName.VALIDATION_SINGLE_ITERATION,
+        SpanName.TESTING_SINGLE_ITERATION,
+    )
+)
+_TRAINING_LOOP = SpanName.TRAINING_LOOP.value
+_TRAINING_ITERATION = SpanName.TRAINING_SINGLE_ITERATION.value
+_DATA_LOADING = SpanName.DATA_LOADING.value
+_NO_ATTRIBUTES: Mapping[str, Any] = MappingProxyType({})  # a span whose attributes nothing reads: shared, read-only
 
 
-
-@dataclass
+@dataclass(slots=True)
 class _Span:
     name: str
     span_id: str
@@ -49,10 +66,25 @@ class _Span:
     start_ns: int
     end_ns: int | None = None
     status: str | None = None
-    attributes: dict[str, Any] = field(default_factory=dict)
+    # kept for training_loop only (train_iterations_start); the others share _NO_ATTRIBUTES
+    attributes: Mapping[str, Any] = field(default_factory=lambda: _NO_ATTRIBUTES)
 
 
-@dataclass
+@dataclass(slots=True)
+class _Open:
+    """An iteration span (``_ITERATION``) until its end is read."""
+
+    start_ns: int
+    loop: _Loop | None  # a training_single_iteration's training loop: it times its ok iterations
+    index: int  # its place among the iteration spans (file order of the starts)
+
+
+# ``read_records``'s ``by_id`` entry of a span whose end nothing reads any more (an iteration span once ended, a
+# data_loading span): its end is not None, so a further end of the same id is passed over as before
+_ENDED = _Span("", "", "", 0, 0)
+
+
+@dataclass(slots=True)
 class _Window:
     """One ``training_metrics_update``."""
 
@@ -67,7 +99,7 @@ class _Window:
     energy_J: float | None = None  # the rank's share of its GPUs' energy over the window (goodput_energy)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Save:
     """One ``save_checkpoint_success``."""
 
@@ -76,23 +108,25 @@ class _Save:
     sec: float | None  # productive_train_iterations_sec: this loop's iteration seconds when the save started
 
 
-@dataclass
+@dataclass(slots=True)
 class _Loop:
     span: _Span
     start: int  # train_iterations_start
     index: int  # position among its process's loops
     windows: list[_Window] = field(default_factory=list)
     saves: list[_Save] = field(default_factory=list)
-    iteration_spans: list[_Span] = field(default_factory=list)
+    # (start ns, end ns) of each of its training_single_iteration spans that ended ok, flat, in the file order of
+    # their starts: all goodput reads of them (``goodput._warmup_seconds``)
+    iteration_times: array[int] = field(default_factory=lambda: array("q"))
     progress: tuple[int, float] | None = None  # the last heartbeat (training_progress): (completed, iteration s)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Process:
     run: int
     rank: int
     pid: int
-    spans: list[_Span]
+    spans: list[_Span]  # its tracked spans but the iteration spans (_ITERATION) and data_loading, in file order
     loops: list[_Loop]
     saves: list[_Save]  # every successful save of the process, whatever loop it followed
     first_ns: int | None
@@ -184,49 +218,93 @@ def _read_process(log: ProcessLog, run_index: int) -> _Process:
 
 def read_records(records: Iterable[Any], rank: int, pid: int, run_index: int) -> _Process:
     """``_read_process`` of a process's records in file order (any objects with the records' fields: the SQL path
-    hands rows of the group ``training`` only)."""
-    by_id: dict[str, _Span] = {}
+    hands rows of the group ``training`` only).
+
+    Of the spans of which there is one per (exported) iteration, only what goodput reads is kept (a rank of a long
+    run has tens of thousands): an iteration span is an ``_Open`` until its end, a data_loading span only its parent;
+    ``spans`` holds the others."""
+    by_id: dict[str, _Span | _Open] = {}
     early_ends: dict[str, Any] = {}
     spans: list[_Span] = []
     loops: list[_Loop] = []
     loop_of: dict[str, _Loop] = {}
     saves: list[_Save] = []
-    stamps: list[int] = []
+    first_ns: int | None = None
+    last_ns: int | None = None
     orphans = 0
+    iteration_ids: set[str] = set()  # every training_single_iteration's id
+    data_parents: set[str] = set()  # data_loading spans' parents not (yet) among them
+    starts = 0  # iteration spans started: their order
+    order: dict[int, array[int]] = {}  # loop index -> the order of each of its ok iterations, as they ended
+
+    def stamp(ns: int) -> None:
+        nonlocal first_ns, last_ns
+        if first_ns is None or ns < first_ns:
+            first_ns = ns
+        if last_ns is None or ns > last_ns:
+            last_ns = ns
+
+    def timed(loop: _Loop, index: int, start_ns: int, end_ns: int) -> None:
+        loop.iteration_times.extend((start_ns, end_ns))
+        order.setdefault(loop.index, array("q")).append(index)
+
     for rec in records:
         if rec.group != GROUP:
             continue
         kind = rec.kind
         if kind == "span_start":
-            if rec.name not in _TRACKED:
+            name = rec.name
+            if name not in _TRACKED:
                 continue
-            s = _Span(rec.name, rec.span_id, rec.parent_id, rec.wall_ns, attributes=dict(rec.attributes or {}))
-            by_id[s.span_id] = s
+            span_id, start_ns = rec.span_id, rec.wall_ns
+            # its end came first (the tracer's tick wrote the start as the span ended)
+            early = early_ends.pop(span_id, None)
+            if name == _DATA_LOADING:
+                by_id[span_id] = _ENDED
+                if rec.parent_id not in iteration_ids:
+                    data_parents.add(rec.parent_id)
+                continue
+            stamp(start_ns)  # (every tracked span but data_loading is a lifecycle span)
+            if name in _ITERATION:
+                loop = None
+                if name == _TRAINING_ITERATION:
+                    iteration_ids.add(span_id)
+                    loop = loop_of.get(rec.parent_id)
+                if early is None:
+                    by_id[span_id] = _Open(start_ns, loop, starts)
+                else:
+                    by_id[span_id] = _ENDED
+                    if loop is not None and early.status == "ok":
+                        timed(loop, starts, start_ns, max(early.wall_ns, start_ns))
+                starts += 1
+                continue
+            attributes = dict(rec.attributes or {}) if name == _TRAINING_LOOP else _NO_ATTRIBUTES
+            s = _Span(name, span_id, rec.parent_id, start_ns, attributes=attributes)
+            by_id[span_id] = s
             spans.append(s)
-            if s.name in _LIFECYCLE:
-                stamps.append(s.start_ns)
-            early = early_ends.pop(s.span_id, None)
-            if early is not None:  # its end came first (the tracer's tick wrote the start as the span ended)
-                s.end_ns, s.status = max(early.wall_ns, s.start_ns), early.status
-            if s.name == SpanName.TRAINING_LOOP.value:
-                start = _int(s.attributes, "train_iterations_start") or 0
+            if early is not None:
+                s.end_ns, s.status = max(early.wall_ns, start_ns), early.status
+            if name == _TRAINING_LOOP:
+                start = _int(attributes, "train_iterations_start") or 0
                 loop = _Loop(span=s, start=max(start, 0), index=len(loops))
                 loops.append(loop)
-                loop_of[s.span_id] = loop
-            elif s.name == SpanName.TRAINING_SINGLE_ITERATION.value and s.parent_id in loop_of:
-                loop_of[s.parent_id].iteration_spans.append(s)
+                loop_of[span_id] = loop
         elif kind == "span_end":
             found = by_id.get(rec.span_id)
             if found is None:
                 if rec.name in _TRACKED:
                     early_ends[rec.span_id] = rec
-                continue
-            if found.end_ns is not None:
-                continue
-            found.end_ns = max(rec.wall_ns, found.start_ns)
-            found.status = rec.status
-            if found.name in _LIFECYCLE:
-                stamps.append(found.end_ns)
+            elif isinstance(found, _Open):
+                end_ns = max(rec.wall_ns, found.start_ns)
+                by_id[rec.span_id] = _ENDED
+                stamp(end_ns)
+                if found.loop is not None and rec.status == "ok":
+                    timed(found.loop, found.index, found.start_ns, end_ns)
+            elif found.end_ns is None:
+                found.end_ns = max(rec.wall_ns, found.start_ns)
+                found.status = rec.status
+                if found.name in _LIFECYCLE:
+                    stamp(found.end_ns)
         elif kind == "event":
             attributes = rec.attributes or {}
             if rec.name == EventName.TRAINING_METRICS_UPDATE.value:
@@ -237,7 +315,7 @@ def read_records(records: Iterable[Any], rank: int, pid: int, run_index: int) ->
                     orphans += 1
                 ts = _stamp(attributes, "last_logged_train_iterations_finish_timestamp_sec")
                 if ts is not None:
-                    stamps.append(ts)
+                    stamp(ts)
             elif rec.name == "training_progress":  # the stall watchdog's heartbeat (distributed.watchdog)
                 current, seconds = _int(attributes, "current_iteration"), _num(attributes,
                                                                                "cumulative_iteration_time_sec")
@@ -245,7 +323,7 @@ def read_records(records: Iterable[Any], rank: int, pid: int, run_index: int) ->
                     loops[-1].progress = (current + 1, seconds)
                 ts = _stamp(attributes, "last_logged_train_iterations_finish_timestamp_sec")
                 if ts is not None:
-                    stamps.append(ts)
+                    stamp(ts)
             elif rec.name == EventName.SAVE_CHECKPOINT_SUCCESS.value:
                 save = _Save(
                     completed=_int(attributes, "productive_train_iterations"),
@@ -257,9 +335,12 @@ def read_records(records: Iterable[Any], rank: int, pid: int, run_index: int) ->
                     loops[-1].saves.append(save)
                 ts = _stamp(attributes, "latest_successful_save_checkpoint_timestamp_sec")
                 if ts is not None:
-                    stamps.append(ts)
-    iteration_ids = {s.span_id for s in spans if s.name == SpanName.TRAINING_SINGLE_ITERATION.value}
-    data_outside = any(s.name == SpanName.DATA_LOADING.value and s.parent_id not in iteration_ids for s in spans)
+                    stamp(ts)
+    for index, ended in order.items():  # in the order of their starts (an iteration may end after the next one)
+        if any(a > b for a, b in itertools.pairwise(ended)):
+            times = loops[index].iteration_times
+            pairs = sorted(zip(ended, times[0::2], times[1::2], strict=True))
+            loops[index].iteration_times = array("q", (t for _, start_ns, end_ns in pairs for t in (start_ns, end_ns)))
     return _Process(
         run=run_index,
         rank=rank,
@@ -267,9 +348,9 @@ def read_records(records: Iterable[Any], rank: int, pid: int, run_index: int) ->
         spans=spans,
         loops=loops,
         saves=saves,
-        first_ns=min(stamps) if stamps else None,
-        last_ns=max(stamps) if stamps else None,
-        data_outside=data_outside,
+        first_ns=first_ns,
+        last_ns=last_ns,
+        data_outside=any(p not in iteration_ids for p in data_parents),
         orphan_reports=orphans,
     )
 

@@ -30,15 +30,19 @@ from .goodput_read import (
     _Session,
     read_records,
 )
-from .names import EventName
+from .names import EventName, SpanName
 
 __all__ = ["load_session"]
 
 _SAVE = EventName.SAVE_CHECKPOINT_SUCCESS.value
 _UPDATE = EventName.TRAINING_METRICS_UPDATE.value
+_LOOP = SpanName.TRAINING_LOOP.value  # the one span whose attributes goodput reads (train_iterations_start)
 _PROGRESS = "training_progress"  # the stall watchdog's heartbeat (distributed.watchdog)
 # lifecycle spans whose first start and end one query groups (~100 bytes each in DuckDB's hash table)
 SPANS_AT_ONCE = 65_536
+# a rank's lifecycle rows fetched at a time: a report's row is ~1 KiB of Python objects (its attributes' JSON texts),
+# and two batches live at once (the last one read while the next is fetched): 10,000 held +10 MiB at 1M iterations
+ROWS_AT_ONCE = 2_000
 
 
 def _names(names: Any) -> str:
@@ -213,7 +217,7 @@ def load_session(engine: Engine, runs: Sequence[Run]) -> tuple[list[Any], Any, b
         def lifecycle_rows(attributes: str) -> str:
             return f"""
                   SELECT session, run, rank, pid, segment, line, 'span_start' AS kind, name, wall_ns, span_id,
-                         parent_id, NULL AS status, {attributes} AS attributes
+                         parent_id, NULL AS status, CASE WHEN name = '{_LOOP}' THEN {attributes} END AS attributes
                   FROM span_starts WHERE {where} AND name IN {tracked}
                   UNION ALL
                   SELECT session, run, rank, pid, segment, line, 'span_end', name, wall_ns, span_id, NULL, status,
@@ -233,7 +237,7 @@ def load_session(engine: Engine, runs: Sequence[Run]) -> tuple[list[Any], Any, b
         rows = ((s, r, pid, _Row(kind, name, wall, span_id or "", parent_id or "", status or "", attributes))
                 for session, run_id, pid_, segment in parts
                 for _, batch in engine.stream(query, {"rank": rank, "session": session, "run": run_id, "pid": pid_,
-                                                      "segment": segment})
+                                                      "segment": segment}, ROWS_AT_ONCE)
                 for s, r, pid, kind, name, wall, span_id, parent_id, status, attributes in batch)
         for key, group in groupby(rows, key=lambda row: row[:3]):
             records: Iterable[_Row] = (row[3] for row in group)
