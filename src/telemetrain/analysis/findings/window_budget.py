@@ -1,7 +1,7 @@
 """The report windows the findings engine holds, bounded whatever the run's length (``InputBuilder`` keeps them here,
 so the pure-Python reader and the SQL path hold the same windows).
 
-**The budget.** Up to ``WINDOW_BUDGET`` windows for all ranks together (65,536: ~30 MB of ``WindowPoint``), and never
+**The budget.** Up to ``WINDOW_BUDGET`` windows for all ranks together (65,536: ~8-18 MB held, below), and never
 fewer than ``MIN_WINDOWS_PER_RANK`` per rank: a run holds at most ``max(WINDOW_BUDGET, MIN_WINDOWS_PER_RANK x ranks)``
 (plus each training loop's warm-up window and a few partial windows at its end), so memory grows with the ranks past
 1,024 ranks only, and never with the run's length. A run within the budget (8 ranks x 400,000 iterations at the
@@ -26,17 +26,36 @@ and, for the reports since, the binary-counter stack of complete sub-blocks; rai
 blocks. The level is the lowest one at which the complete blocks' windows and the loops fit the budget; both only
 grow as windows are fed, so the level reached is the same whether the ranks are fed one after another or
 interleaved, and so are the merged windows, to the last bit.
+
+**Held packed.** A loop's complete blocks (nearly all it holds) are held as one ``bytes`` each (``_pack``): the
+window's numbers (its ints, and its floats that are set: the mean, the phases' and the waits' values, ...), and an
+id of its *shape*, shared by the windows alike (which figures are set, the phases' and the waits' keys in their
+order, the clock, warm-up, a merged block's ``_Sums`` or a window as fed); ``windows()`` makes each ``WindowPoint``
+again, the same to the last bit (struct's ``d`` is the float's own 8 bytes). Measured with tracemalloc (10,000
+windows of ``window_point_of_values``, their reader's row dropped): a window of the scale runs (mean, slowest,
+median, wall seconds) ~0.13 KB held against ~0.48 KB as a ``WindowPoint`` in a 4-item list; with every figure set
+(device phases, communication waits, CPU times) ~0.28 KB against ~1.48 KB. What is saved is the objects: a
+``WindowPoint`` (20 slots, ~0.19 KB), a 24-byte float per figure, a dict per mapping (~0.2 KB), the list. Not done:
+a lighter ``WindowPoint`` (a mapping with shared keys instead of the dicts; its numbers in an array): ``build``
+makes them all for the rules anyway, while DuckDB's memory (the merge's, the other series' queries) is the peak,
+which the windows held since their loop was read used to add to (64 ranks x 1M iterations: the RSS while the rules
+run is ~35 MiB under the peak); and a slotted object's attributes are what the rules read fastest. A piece not
+exactly of the types packed (an int subclass, an int for a float, another mapping, a number out of range) is held
+as it is.
 """
 
 from __future__ import annotations
 
+import struct
+import threading
 from collections.abc import Hashable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
 from .inputs import WindowPoint
 
-__all__ = ["MIN_WINDOWS_PER_RANK", "WINDOW_BUDGET", "WindowStore", "merge_windows", "mergeable", "merged_window"]
+__all__ = ["MIN_WINDOWS_PER_RANK", "WINDOW_BUDGET", "Held", "WindowStore", "hold", "hold_sums", "merge_windows",
+           "mergeable", "merged_window"]
 
 WINDOW_BUDGET = 65_536  # windows held for all ranks together, past which they are merged
 MIN_WINDOWS_PER_RANK = 64  # ... but not below this many per rank (past 1,024 ranks the total grows with the ranks)
@@ -137,10 +156,14 @@ def merged_window(w: WindowPoint, sums: Mapping[str, Any]) -> WindowPoint:
     this module's tree merges): ``w``, the block's last window, gives what is not summed (rank, step, time, clock);
     ``sums`` the figures as ``_Sums`` holds them (iterations, windows, time, phases, max, p50, wall, cpu_wait, cpu,
     thread_cpu_wait, thread_cpu, comm, comm_wait_by_phase, phase_iteration_time)."""
+    return _sums_of(w, sums).window()
+
+
+def _sums_of(w: WindowPoint, sums: Mapping[str, Any]) -> _Sums:
     s = _Sums(w)
     for name, value in sums.items():
         setattr(s, name, value)
-    return s.window()
+    return s
 
 
 def mergeable(a: WindowPoint | _Sums, b: WindowPoint | _Sums) -> bool:
@@ -162,6 +185,128 @@ def merge_windows(a: WindowPoint, b: WindowPoint) -> WindowPoint:
 # a run of consecutive windows merged into one: [its first report's position in the loop, its last's, the wall time
 # of its last report, the window (a WindowPoint as fed, or the _Sums of a merged one)]
 _Piece = list[Any]
+# a piece as a loop's complete blocks hold it: packed (``_pack``), or as it is where it cannot be
+Held = bytes | _Piece
+
+# the numbers a piece packs, after its shape's id: wall time, first and last position, rank, step, iterations, windows
+_HEAD = "=IqiiiqqI"
+_HEAD_ID = struct.Struct("=I")
+# the floats of a window (a WindowPoint's, then the _Sums attributes that hold the same figure): the first two always
+# set, the others only where not None
+_POINT_FLOATS = ("iteration_time", "time_s", "max_iteration_time", "p50", "wall_seconds", "cpu_wait_seconds",
+                 "cpu_seconds", "thread_cpu_wait_seconds", "thread_cpu_seconds", "comm_wait", "phase_iteration_time")
+_SUMS_FLOATS = ("time", "time_s", "max", "p50", "wall", "cpu_wait", "cpu", "thread_cpu_wait", "thread_cpu", "comm",
+                "phase_iteration_time")
+
+
+class _Shape:
+    """What a packed piece's bytes do not hold, shared by the pieces alike: the kind (a WindowPoint or a _Sums),
+    which optional floats are set, the phases' and the communication waits' keys (in their order: the rules sum
+    their values in it), for each of the two when empty the object it was (a read-only one is shared: kept as the
+    very object; None: a new dict), the clock, warm-up."""
+
+    __slots__ = ("clock", "empty", "floats", "id", "phase_keys", "struct", "sums", "wait_keys", "warmup")
+
+    def __init__(self, id_: int, key: tuple[Any, ...], empty: list[Mapping[str, float] | None]) -> None:
+        self.sums, known, self.phase_keys, self.wait_keys, self.clock, self.warmup, _, _ = key
+        self.id = id_
+        self.floats = tuple(i for i, k in enumerate(known) if k)  # of _POINT_FLOATS: those packed
+        self.empty = empty
+        self.struct = struct.Struct(_HEAD + "d" * (len(self.floats) + len(self.phase_keys) + len(self.wait_keys)))
+
+
+_SHAPES: dict[tuple[Any, ...], _Shape] = {}  # every shape packed so far: a handful (one per kind of report)
+_BY_ID: list[_Shape] = []
+_MAX_SHAPES = 4096  # past this many (keys nobody writes), pieces are held unpacked rather than the table grow
+_SHAPES_LOCK = threading.Lock()  # (a live view may build in another thread)
+
+
+def _shape(key: tuple[Any, ...], empty: list[Mapping[str, float] | None]) -> _Shape | None:
+    with _SHAPES_LOCK:
+        shape = _SHAPES.get(key)
+        if shape is None:
+            if len(_BY_ID) >= _MAX_SHAPES:
+                return None
+            shape = _SHAPES[key] = _Shape(len(_BY_ID), key, empty)
+            _BY_ID.append(shape)
+        return shape
+
+
+def _pack(piece: _Piece) -> Held:
+    """A piece of a loop's complete blocks in ~1/4 of the memory or less (the module's docstring): its numbers in one
+    ``bytes``, the rest in its shape. Unpacked (``_unpack``) it is the same piece, to the last bit. The piece itself
+    where a value is not exactly of the type packed (an int subclass, an int where a float is due, a mapping other
+    than a dict or an empty read-only one) or is out of range."""
+    first, last, wall, w = piece
+    sums = type(w) is _Sums
+    if not sums and type(w) is not WindowPoint:
+        return piece
+    values = [getattr(w, name) for name in (_SUMS_FLOATS if sums else _POINT_FLOATS)]
+    phases, waits = w.phases, w.comm_wait_by_phase
+    empty: list[Mapping[str, float] | None] = []
+    for m in (phases, waits):
+        if type(m) is dict:
+            empty.append(None)
+        elif type(m) is MappingProxyType and not m:
+            empty.append(m)
+        else:
+            return piece
+    floats = [v for v in values if v is not None]
+    floats += phases.values()
+    floats += waits.values()
+    ints = (wall, first, last, w.rank, w.step, w.iterations, w.windows)
+    if (any(type(v) is not float for v in floats) or any(type(v) is not int for v in ints)
+            or type(w.warmup) is not bool or type(w.phase_clock) is not str):
+        return piece
+    # (an empty read-only mapping by identity: the shapes keep it, so that its id is not another's)
+    key = (sums, tuple(v is not None for v in values), tuple(phases), tuple(waits), w.phase_clock, w.warmup,
+           *(None if m is None else id(m) for m in empty))
+    try:
+        shape = _SHAPES.get(key) or _shape(key, empty)
+        return piece if shape is None else shape.struct.pack(shape.id, *ints, *floats)
+    except (struct.error, TypeError):  # (out of range; a key that cannot be hashed)
+        return piece
+
+
+def _unpack(held: Held) -> _Piece:
+    """The piece ``_pack`` packed (a new one each time: a _Sums may be merged into in place)."""
+    if type(held) is not bytes:
+        return held  # type: ignore[return-value]
+    shape = _BY_ID[_HEAD_ID.unpack_from(held)[0]]
+    _, wall, first, last, rank, step, iterations, windows, *numbers = shape.struct.unpack(held)
+    f: list[Any] = [None] * len(_POINT_FLOATS)  # (the first two are always set)
+    for i, v in zip(shape.floats, numbers, strict=False):
+        f[i] = v
+    k = len(shape.floats)
+    n = len(shape.phase_keys)
+    mappings: list[Any] = [dict(zip(shape.phase_keys, numbers[k:k + n], strict=True)),
+                           dict(zip(shape.wait_keys, numbers[k + n:], strict=True))]
+    for i, empty in enumerate(shape.empty):
+        if empty is not None:
+            mappings[i] = empty
+    phases, waits = mappings
+    if shape.sums:
+        s = object.__new__(_Sums)
+        s.rank, s.step, s.iterations, s.windows = rank, step, iterations, windows
+        s.time, s.time_s, s.max, s.p50, s.wall, s.cpu_wait, s.cpu, s.thread_cpu_wait, s.thread_cpu, s.comm, \
+            s.phase_iteration_time = f
+        s.phases, s.comm_wait_by_phase, s.phase_clock = phases, waits, shape.clock
+        return [first, last, wall, s]
+    it, time_s, mx, p50, wall_s, cpu_wait, cpu, tcw, tc, comm, pit = f
+    return [first, last, wall, WindowPoint(
+        rank, step, iterations, it, phases, mx, p50, wall_s, cpu_wait, cpu, tcw, tc, comm, waits, shape.warmup,
+        time_s, shape.clock, pit, windows)]
+
+
+def hold(wall_ns: int, window: WindowPoint) -> Held:
+    """A final window as ``WindowStore.put_loop`` takes it (packed at once: a reader that gathers many loops before
+    it gives them holds them so)."""
+    return _pack([0, 0, wall_ns, window])
+
+
+def hold_sums(wall_ns: int, last: WindowPoint, sums: Mapping[str, Any]) -> Held:
+    """``hold`` of ``merged_window(last, sums)``, kept as its sums (the window is made from them when read)."""
+    return _pack([0, 0, wall_ns, _sums_of(last, sums)])
 
 
 def _joins(x: _Piece, y: _Piece) -> bool:
@@ -212,7 +357,7 @@ class _Loop:
     def __init__(self, rank: int) -> None:
         self.rank = rank
         self.warmup: tuple[int, WindowPoint] | None = None
-        self.done: list[_Piece] = []
+        self.done: list[Held] = []  # packed (``_pack``): a loop's windows are nearly all here
         self.tail: list[_Node] = []
         self.positions = 0  # the reports after the warm-up window fed so far (with or without a usable mean)
 
@@ -260,7 +405,7 @@ class WindowStore:
             if level < self.level:
                 tail.append(_Node(level, p + 1 - (1 << level), pieces))
                 return
-        loop.done += pieces
+        loop.done += map(_pack, pieces)
         self._count(rank, len(pieces))
         while (self._held > self.budget and self._most > self.min_per_rank
                and (1 << self.level) < self._longest):
@@ -282,7 +427,7 @@ class WindowStore:
             boundary = (loop.positions >> level) << level  # the reports in the complete blocks at the new level
             done: list[_Piece] = []
             left: list[_Piece] = []
-            for piece in loop.done:
+            for piece in map(_unpack, loop.done):
                 if piece[0] >= boundary:
                     left.append(piece)
                 elif done and done[-1][0] >> level == piece[0] >> level and _joins(done[-1], piece):
@@ -291,18 +436,18 @@ class WindowStore:
                     done.append(piece)
             if (loop.positions >> (level - 1)) & 1:  # a complete block at the old level, half of a partial one now
                 loop.tail.insert(0, _Node(level - 1, boundary, left))
-            loop.done = done
+            loop.done = [_pack(p) for p in done]
             self._count(loop.rank, len(done) + 1)
 
-    def put_loop(self, key: Hashable, rank: int, warmup: tuple[int, WindowPoint] | None,
-                 windows: list[tuple[int, WindowPoint]], positions: int) -> None:
+    def put_loop(self, key: Hashable, rank: int, warmup: tuple[int, WindowPoint] | None, windows: list[Held],
+                 positions: int) -> None:
         """A loop whose windows another engine merged at this store's ``level`` (``regular_level``; its reports after
-        the warm-up all usable and each joining the one before): held as ``windows()`` gives them. No ``add`` to this
-        store afterwards (its blocks in progress are not kept)."""
+        the warm-up all usable and each joining the one before), each as ``hold`` or ``hold_sums`` gave it: held as
+        ``windows()`` gives them. No ``add`` to this store afterwards (its blocks in progress are not kept)."""
         self._loops[key] = loop = _Loop(rank)
         self._ranks.setdefault(rank, []).append(loop)
         loop.warmup = warmup
-        loop.done = [[0, 0, wall, w] for wall, w in windows]
+        loop.done = windows
         loop.positions = positions
         self._longest = max(self._longest, positions)
         self._count(rank, len(windows) + 1)
@@ -350,14 +495,14 @@ class WindowStore:
             for loop in loops:
                 if loop.warmup is not None:
                     yield loop.warmup
-                pieces = loop.done
+                for _, _, wall, w in map(_unpack, loop.done):
+                    yield wall, w.window() if isinstance(w, _Sums) else w
                 if loop.tail:
                     last = loop.tail[-1].pieces
                     for node in reversed(loop.tail[:-1]):
                         last = _combine(node.pieces, last, copy=True)
-                    pieces = pieces + last
-                for _, _, wall, w in pieces:
-                    yield wall, w.window() if isinstance(w, _Sums) else w
+                    for _, _, wall, w in last:
+                        yield wall, w.window() if isinstance(w, _Sums) else w
 
     def __len__(self) -> int:
         """The windows held (``windows()``'s count, the partial blocks' sub-blocks apart)."""
