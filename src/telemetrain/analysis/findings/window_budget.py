@@ -49,6 +49,7 @@ from __future__ import annotations
 import struct
 import threading
 from collections.abc import Hashable, Iterator, Mapping
+from operator import attrgetter, itemgetter
 from types import MappingProxyType
 from typing import Any
 
@@ -199,20 +200,31 @@ _SUMS_FLOATS = ("time", "time_s", "max", "p50", "wall", "cpu_wait", "cpu", "thre
                 "phase_iteration_time")
 
 
+_GET = {WindowPoint: attrgetter(*_POINT_FLOATS), _Sums: attrgetter(*_SUMS_FLOATS)}
+_ONLY_FLOATS = frozenset({float}).issuperset  # (of the values' types: exactly floats)
+_ONLY_INTS = frozenset({int}).issuperset
+
+
 class _Shape:
     """What a packed piece's bytes do not hold, shared by the pieces alike: the kind (a WindowPoint or a _Sums),
     which optional floats are set, the phases' and the communication waits' keys (in their order: the rules sum
     their values in it), for each of the two when empty the object it was (a read-only one is shared: kept as the
     very object; None: a new dict), the clock, warm-up."""
 
-    __slots__ = ("clock", "empty", "floats", "id", "phase_keys", "struct", "sums", "wait_keys", "warmup")
+    __slots__ = ("clock", "empty", "expand", "id", "n_floats", "n_phases", "phase_keys", "pick", "struct", "sums",
+                 "wait_keys", "warmup")
 
     def __init__(self, id_: int, key: tuple[Any, ...], empty: list[Mapping[str, float] | None]) -> None:
-        self.sums, known, self.phase_keys, self.wait_keys, self.clock, self.warmup, _, _ = key
+        kind, types, self.phase_keys, self.wait_keys, self.clock, _, self.warmup, _, _, _ = key
+        self.sums = kind is _Sums
         self.id = id_
-        self.floats = tuple(i for i, k in enumerate(known) if k)  # of _POINT_FLOATS: those packed
+        floats = [i for i, t in enumerate(types) if t is float]  # of _POINT_FLOATS: those packed
+        self.n_floats, self.n_phases = len(floats), len(self.phase_keys)
+        self.pick = itemgetter(*floats)  # (two at least: the mean and the time are always set)
+        # the 11 floats from the numbers unpacked with a None after them
+        self.expand = itemgetter(*(floats.index(i) if i in floats else -1 for i in range(len(types))))
         self.empty = empty
-        self.struct = struct.Struct(_HEAD + "d" * (len(self.floats) + len(self.phase_keys) + len(self.wait_keys)))
+        self.struct = struct.Struct(_HEAD + "d" * (len(floats) + len(self.phase_keys) + len(self.wait_keys)))
 
 
 _SHAPES: dict[tuple[Any, ...], _Shape] = {}  # every shape packed so far: a handful (one per kind of report)
@@ -221,7 +233,19 @@ _MAX_SHAPES = 4096  # past this many (keys nobody writes), pieces are held unpac
 _SHAPES_LOCK = threading.Lock()  # (a live view may build in another thread)
 
 
-def _shape(key: tuple[Any, ...], empty: list[Mapping[str, float] | None]) -> _Shape | None:
+def _shape(key: tuple[Any, ...], phases: Mapping[str, float], waits: Mapping[str, float]) -> _Shape | None:
+    """The shape of this key, made on its first piece; None where such pieces are held unpacked: a figure neither a
+    float nor None, the mean or the time unset, a clock not a str, warm-up not a bool, a mapping neither a dict nor
+    an empty read-only one."""
+    _, types, _, _, _, clock_type, _, warmup_type, _, _ = key
+    empty: list[Mapping[str, float] | None] = []
+    for m in (phases, waits):
+        if type(m) is not dict and (type(m) is not MappingProxyType or m):
+            return None
+        empty.append(None if type(m) is dict else m)
+    if (not {float, type(None)}.issuperset(types) or types[0] is not float or types[1] is not float
+            or clock_type is not str or warmup_type is not bool):
+        return None
     with _SHAPES_LOCK:
         shape = _SHAPES.get(key)
         if shape is None:
@@ -238,32 +262,21 @@ def _pack(piece: _Piece) -> Held:
     where a value is not exactly of the type packed (an int subclass, an int where a float is due, a mapping other
     than a dict or an empty read-only one) or is out of range."""
     first, last, wall, w = piece
-    sums = type(w) is _Sums
-    if not sums and type(w) is not WindowPoint:
+    get = _GET.get(type(w))
+    if get is None:
         return piece
-    values = [getattr(w, name) for name in (_SUMS_FLOATS if sums else _POINT_FLOATS)]
-    phases, waits = w.phases, w.comm_wait_by_phase
-    empty: list[Mapping[str, float] | None] = []
-    for m in (phases, waits):
-        if type(m) is dict:
-            empty.append(None)
-        elif type(m) is MappingProxyType and not m:
-            empty.append(m)
-        else:
-            return piece
-    floats = [v for v in values if v is not None]
-    floats += phases.values()
-    floats += waits.values()
-    ints = (wall, first, last, w.rank, w.step, w.iterations, w.windows)
-    if (any(type(v) is not float for v in floats) or any(type(v) is not int for v in ints)
-            or type(w.warmup) is not bool or type(w.phase_clock) is not str):
-        return piece
-    # (an empty read-only mapping by identity: the shapes keep it, so that its id is not another's)
-    key = (sums, tuple(v is not None for v in values), tuple(phases), tuple(waits), w.phase_clock, w.warmup,
-           *(None if m is None else id(m) for m in empty))
+    values = get(w)
+    phases, waits, clock, warmup = w.phases, w.comm_wait_by_phase, w.phase_clock, w.warmup
+    # (an empty read-only mapping by identity: its shape keeps it, so that its id is not another's)
+    key = (type(w), tuple(map(type, values)), tuple(phases), tuple(waits), clock, type(clock), warmup, type(warmup),
+           None if type(phases) is dict else id(phases), None if type(waits) is dict else id(waits))
     try:
-        shape = _SHAPES.get(key) or _shape(key, empty)
-        return piece if shape is None else shape.struct.pack(shape.id, *ints, *floats)
+        shape = _SHAPES.get(key) or _shape(key, phases, waits)
+        if (shape is None or not _ONLY_FLOATS(map(type, phases.values())) or not _ONLY_FLOATS(map(type, waits.values()))
+                or not _ONLY_INTS(map(type, (wall, first, last, w.rank, w.step, w.iterations, w.windows)))):
+            return piece
+        return shape.struct.pack(shape.id, wall, first, last, w.rank, w.step, w.iterations, w.windows,
+                                 *shape.pick(values), *phases.values(), *waits.values())
     except (struct.error, TypeError):  # (out of range; a key that cannot be hashed)
         return piece
 
@@ -274,17 +287,14 @@ def _unpack(held: Held) -> _Piece:
         return held  # type: ignore[return-value]
     shape = _BY_ID[_HEAD_ID.unpack_from(held)[0]]
     _, wall, first, last, rank, step, iterations, windows, *numbers = shape.struct.unpack(held)
-    f: list[Any] = [None] * len(_POINT_FLOATS)  # (the first two are always set)
-    for i, v in zip(shape.floats, numbers, strict=False):
-        f[i] = v
-    k = len(shape.floats)
-    n = len(shape.phase_keys)
-    mappings: list[Any] = [dict(zip(shape.phase_keys, numbers[k:k + n], strict=True)),
-                           dict(zip(shape.wait_keys, numbers[k + n:], strict=True))]
-    for i, empty in enumerate(shape.empty):
-        if empty is not None:
-            mappings[i] = empty
-    phases, waits = mappings
+    k, n = shape.n_floats, shape.n_phases
+    e_phases, e_waits = shape.empty
+    phases: Any = dict(zip(shape.phase_keys, numbers[k:k + n], strict=True)) if n else \
+        {} if e_phases is None else e_phases
+    waits: Any = dict(zip(shape.wait_keys, numbers[k + n:], strict=True)) if shape.wait_keys else \
+        {} if e_waits is None else e_waits
+    numbers.append(None)
+    f = shape.expand(numbers)
     if shape.sums:
         s = object.__new__(_Sums)
         s.rank, s.step, s.iterations, s.windows = rank, step, iterations, windows
