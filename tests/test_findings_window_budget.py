@@ -295,6 +295,8 @@ def test_a_long_real_run_merged_past_the_budget_gives_the_same_findings_on_both_
     py_windows, sql_windows = python.build().windows, sql.build().windows
     # 299 reports after each rank's warm-up: blocks of 8 (38 held per rank, under MIN_WINDOWS_PER_RANK)
     assert python._store.level == sql._store.level == 3
+    # both hold their complete blocks packed (window_budget._pack; the SQL path's given so by put_loop)
+    assert all(type(p) is bytes for b in (python, sql) for loop in b._store._loops.values() for p in loop.done)
     assert py_windows == sql_windows and max(w.windows for w in py_windows) == 8
     model, show = _both_paths(run_dir, True, monkeypatch)
     found = {f.kind: f for f in model.findings}

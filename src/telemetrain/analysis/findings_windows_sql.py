@@ -10,10 +10,11 @@ the loops' report counts (``WindowStore.regular_level`` replays the store's chec
 tree of pairwise merges: DuckDB groups positions ``p >> 1``, then ``p >> 2``, ... up to the level, each group the sum
 of at most two parts (``min + max``: the same IEEE addition as the store's, whichever part comes first), a figure
 unknown in one part unknown in the sum, the slowest iteration the larger. The store's ``_Sums`` then makes each
-window from those sums (``window_budget.merged_window``), a loop's warm-up window and a lone last report as
-``window_point`` makes them. Anything else (a run within the budget, a report without a usable mean after the
-warm-up, a gap, a change of phases, interleaved loops) is fed report by report as before: the same windows either
-way, to the last bit (``tests/test_findings_window_budget.py`` compares both).
+window from those sums (``window_budget.hold_sums``: held packed as sums, the window made when read, as
+``merged_window`` makes it), a loop's warm-up window and a lone last report as ``window_point`` makes them. Anything
+else (a run within the budget, a report without a usable mean after the warm-up, a gap, a change of phases,
+interleaved loops) is fed report by report as before: the same windows either way, to the last bit
+(``tests/test_findings_window_budget.py`` compares both).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 
 from ..phase_times import DEVICE, HOST
 from .findings.builder import PHASES, WINDOW_POINT_KEYS, InputBuilder, window_point_of_values
-from .findings.window_budget import merged_window
+from .findings.window_budget import hold, hold_sums
 
 __all__ = ["feed_windows_sql"]
 
@@ -119,7 +120,7 @@ def _loop_windows(loop: tuple[Any, ...], blocks: dict[tuple[int, int, int], list
             _, v1 = raw[(rank, pid, start, int(pos))]
             w1 = window_point_of_values(rank, v1, warmup=False, time_s=time_s)
             assert w1 is not None
-            windows.append((int(wall), w1))
+            windows.append(hold(int(wall), w1))
             continue
         by = dict(zip(_SUMMED, summed, strict=True))
         on_device = by["pit"] is not None
@@ -133,7 +134,7 @@ def _loop_windows(loop: tuple[Any, ...], blocks: dict[tuple[int, int, int], list
             "phases": {p: by[f"ph{i}"] for i, p in enumerate(PHASES) if by[f"ph{i}"] is not None},
             "comm_wait_by_phase": {p: by[f"w{i}"] for i, p in enumerate(_WAIT_NAMES) if by[f"w{i}"] is not None},
             "phase_iteration_time": by["pit"], "phase_clock": DEVICE if on_device else HOST}
-        windows.append((int(wall), merged_window(last, figures)))
+        windows.append(hold_sums(int(wall), last, figures))  # (packed: the loops are all given at the end)
     return ((rank, pid, start), rank, host, None if w0 is None else (int(wall0), w0), windows, n,
             None if steady is None else int(steady))
 

@@ -27,7 +27,7 @@ from .inputs import (
     finite,
 )
 from .values import value_kind
-from .window_budget import WindowStore
+from .window_budget import Held, WindowStore
 
 __all__ = ["WINDOW_POINT_KEYS", "InputBuilder", "value_series_kind", "window_point", "window_point_of_values"]
 
@@ -128,8 +128,8 @@ class InputBuilder:
     def __init__(self, limit: int | None = None, *, window_budget: int | None = None) -> None:
         self.limit = limit
         # each report as the window the rules read (None: no usable mean), with its wall time: the attributes are
-        # not kept (a report's attributes are ~1-4 KB in Python; its window ~0.4 KB). With a limit, the last ones
-        # per rank; else merged past the budget
+        # not kept (a report's attributes are ~1-4 KB in Python; its window ~0.35-1.3 KB, held packed by the store
+        # in ~0.13-0.28 KB). With a limit, the last ones per rank; else merged past the budget
         self._windows: dict[int, deque[tuple[int, WindowPoint | None]]] = {}
         self._store = WindowStore(window_budget)
         self._steady: int | None = None  # the earliest report window after warm-up (``steady_ns``), without a limit
@@ -196,9 +196,10 @@ class InputBuilder:
         return self._origin if self._origin is not None else self._first_ns
 
     def put_loop(self, key: tuple[int, int, Any], rank: int, warmup: tuple[int, WindowPoint] | None,
-                 windows: list[tuple[int, WindowPoint]], positions: int, steady: int | None) -> None:
+                 windows: list[Held], positions: int, steady: int | None) -> None:
         """A training loop's windows merged by another engine at the store's level (``findings_windows_sql``), as
-        feeding its ``positions`` reports after the warm-up would hold them; ``steady``: the wall time of its
+        feeding its ``positions`` reports after the warm-up would hold them (each as ``window_budget.hold`` or
+        ``hold_sums`` gives it); ``steady``: the wall time of its
         earliest report with a usable mean after the warm-up."""
         self._store.put_loop(key, rank, warmup, windows, positions)
         if steady is not None and (self._steady is None or steady < self._steady):

@@ -1,7 +1,7 @@
 """The report windows the findings engine holds, bounded whatever the run's length (``InputBuilder`` keeps them here,
 so the pure-Python reader and the SQL path hold the same windows).
 
-**The budget.** Up to ``WINDOW_BUDGET`` windows for all ranks together (65,536: ~30 MB of ``WindowPoint``), and never
+**The budget.** Up to ``WINDOW_BUDGET`` windows for all ranks together (65,536: ~8-18 MB held, below), and never
 fewer than ``MIN_WINDOWS_PER_RANK`` per rank: a run holds at most ``max(WINDOW_BUDGET, MIN_WINDOWS_PER_RANK x ranks)``
 (plus each training loop's warm-up window and a few partial windows at its end), so memory grows with the ranks past
 1,024 ranks only, and never with the run's length. A run within the budget (8 ranks x 400,000 iterations at the
@@ -26,142 +26,176 @@ and, for the reports since, the binary-counter stack of complete sub-blocks; rai
 blocks. The level is the lowest one at which the complete blocks' windows and the loops fit the budget; both only
 grow as windows are fed, so the level reached is the same whether the ranks are fed one after another or
 interleaved, and so are the merged windows, to the last bit.
+
+**Held packed.** A loop's complete blocks (nearly all it holds) are held as one ``bytes`` each (``_pack``): the
+window's numbers (its ints, and its floats that are set: the mean, the phases' and the waits' values, ...), and an
+id of its *shape*, shared by the windows alike (which figures are set, the phases' and the waits' keys in their
+order, the clock, warm-up, a merged block's ``_Sums`` or a window as fed); ``windows()`` makes each ``WindowPoint``
+again, the same to the last bit (struct's ``d`` is the float's own 8 bytes). Measured with tracemalloc (10,000
+windows of ``window_point_of_values``, their reader's row dropped): a window of the scale runs (mean, slowest,
+median, wall seconds) ~0.13 KB held against ~0.48 KB as a ``WindowPoint`` in a 4-item list; with every figure set
+(device phases, communication waits, CPU times) ~0.28 KB against ~1.48 KB. What is saved is the objects: a
+``WindowPoint`` (20 slots, ~0.19 KB), a 24-byte float per figure, a dict per mapping (~0.2 KB), the list. Not done:
+a lighter ``WindowPoint`` (a mapping with shared keys instead of the dicts; its numbers in an array): ``build``
+makes them all for the rules anyway, while DuckDB's memory (the merge's, the other series' queries) is the peak,
+which the windows held since their loop was read used to add to (64 ranks x 1M iterations: the RSS while the rules
+run is ~35 MiB under the peak); and a slotted object's attributes are what the rules read fastest. A piece not
+exactly of the types packed (an int subclass, an int for a float, another mapping, a number out of range) is held
+as it is.
 """
 
 from __future__ import annotations
 
+import struct
+import threading
 from collections.abc import Hashable, Iterator, Mapping
+from operator import attrgetter, itemgetter
 from types import MappingProxyType
 from typing import Any
 
 from .inputs import WindowPoint
+from .window_merge import _Sums, _sums_of, merge_windows, mergeable, merged_window
 
-__all__ = ["MIN_WINDOWS_PER_RANK", "WINDOW_BUDGET", "WindowStore", "merge_windows", "mergeable", "merged_window"]
+__all__ = ["MIN_WINDOWS_PER_RANK", "WINDOW_BUDGET", "Held", "WindowStore", "hold", "hold_sums", "merge_windows",
+           "mergeable", "merged_window"]
 
 WINDOW_BUDGET = 65_536  # windows held for all ranks together, past which they are merged
 MIN_WINDOWS_PER_RANK = 64  # ... but not below this many per rank (past 1,024 ranks the total grows with the ranks)
 
-_NONE: Mapping[str, float] = MappingProxyType({})
-
-
-class _Sums:
-    """A merged window as it is built, in place: its means as sums over its iterations (mean x iterations), the
-    rest as ``merge_windows`` says. It has the attributes ``mergeable`` reads (``phases``, ``comm_wait_by_phase`` and
-    ``phase_iteration_time`` as sums: only their keys and None-ness are read there)."""
-
-    __slots__ = ("comm", "comm_wait_by_phase", "cpu", "cpu_wait", "iterations", "max", "p50", "phase_clock",
-                 "phase_iteration_time", "phases", "rank", "step", "thread_cpu", "thread_cpu_wait", "time", "time_s",
-                 "wall", "windows")
-    warmup = False  # a warm-up window is never merged
-
-    def __init__(self, w: WindowPoint) -> None:
-        n = max(w.iterations, 1)
-        self.rank, self.step, self.iterations, self.windows = w.rank, w.step, n, w.windows
-        self.time = w.iteration_time * n
-        self.phases = {k: v * n for k, v in w.phases.items()}
-        self.max = w.max_iteration_time
-        self.p50 = None if w.p50 is None else w.p50 * n
-        self.wall, self.cpu_wait, self.cpu = w.wall_seconds, w.cpu_wait_seconds, w.cpu_seconds
-        self.thread_cpu_wait, self.thread_cpu = w.thread_cpu_wait_seconds, w.thread_cpu_seconds
-        self.comm = None if w.comm_wait is None else w.comm_wait * n
-        self.comm_wait_by_phase = {k: v * n for k, v in w.comm_wait_by_phase.items()}
-        self.phase_iteration_time = None if w.phase_iteration_time is None else w.phase_iteration_time * n
-        self.time_s, self.phase_clock = w.time_s, w.phase_clock
-
-    @property
-    def first_step(self) -> int:
-        return self.step - self.iterations + 1
-
-    def copy(self) -> _Sums:
-        c = object.__new__(_Sums)
-        for name in _Sums.__slots__:
-            setattr(c, name, getattr(self, name))
-        c.phases, c.comm_wait_by_phase = dict(self.phases), dict(self.comm_wait_by_phase)
-        return c
-
-    def add(self, o: WindowPoint | _Sums) -> None:
-        """``o``, the window that follows (``mergeable``), into this one."""
-        if isinstance(o, WindowPoint):
-            n = max(o.iterations, 1)
-            time, p50, comm, pit = o.iteration_time * n, o.p50, o.comm_wait, o.phase_iteration_time
-            p50 = None if p50 is None else p50 * n
-            comm = None if comm is None else comm * n
-            pit = None if pit is None else pit * n
-            for k, v in o.phases.items():
-                self.phases[k] += v * n
-            for k, v in o.comm_wait_by_phase.items():
-                self.comm_wait_by_phase[k] += v * n
-            wall, cpu_wait, cpu, slowest = o.wall_seconds, o.cpu_wait_seconds, o.cpu_seconds, o.max_iteration_time
-            thread_cpu_wait, thread_cpu = o.thread_cpu_wait_seconds, o.thread_cpu_seconds
-        else:
-            n, time, p50, comm, pit = o.iterations, o.time, o.p50, o.comm, o.phase_iteration_time
-            for k, v in o.phases.items():
-                self.phases[k] += v
-            for k, v in o.comm_wait_by_phase.items():
-                self.comm_wait_by_phase[k] += v
-            wall, cpu_wait, cpu, slowest = o.wall, o.cpu_wait, o.cpu, o.max
-            thread_cpu_wait, thread_cpu = o.thread_cpu_wait, o.thread_cpu
-        self.iterations += n
-        self.windows += o.windows
-        self.time += time
-        self.p50 = None if self.p50 is None or p50 is None else self.p50 + p50
-        self.comm = None if self.comm is None or comm is None else self.comm + comm
-        pit0 = self.phase_iteration_time
-        self.phase_iteration_time = None if pit0 is None or pit is None else pit0 + pit
-        self.wall = None if self.wall is None or wall is None else self.wall + wall
-        self.cpu_wait = None if self.cpu_wait is None or cpu_wait is None else self.cpu_wait + cpu_wait
-        self.cpu = None if self.cpu is None or cpu is None else self.cpu + cpu
-        tw, tc = self.thread_cpu_wait, self.thread_cpu
-        self.thread_cpu_wait = None if tw is None or thread_cpu_wait is None else tw + thread_cpu_wait
-        self.thread_cpu = None if tc is None or thread_cpu is None else tc + thread_cpu
-        if slowest is not None and (self.max is None or slowest > self.max):
-            self.max = slowest
-        self.step, self.time_s = o.step, o.time_s
-
-    def window(self) -> WindowPoint:
-        n = self.iterations
-        return WindowPoint(
-            rank=self.rank, step=self.step, iterations=n, iteration_time=self.time / n,
-            phases={k: v / n for k, v in self.phases.items()} or _NONE, max_iteration_time=self.max,
-            p50=None if self.p50 is None else self.p50 / n, wall_seconds=self.wall, cpu_wait_seconds=self.cpu_wait,
-            cpu_seconds=self.cpu, thread_cpu_wait_seconds=self.thread_cpu_wait, thread_cpu_seconds=self.thread_cpu,
-            comm_wait=None if self.comm is None else self.comm / n,
-            comm_wait_by_phase={k: v / n for k, v in self.comm_wait_by_phase.items()} or _NONE, warmup=False,
-            time_s=self.time_s, phase_clock=self.phase_clock,
-            phase_iteration_time=None if self.phase_iteration_time is None else self.phase_iteration_time / n,
-            windows=self.windows)
-
-
-def merged_window(w: WindowPoint, sums: Mapping[str, Any]) -> WindowPoint:
-    """The merged window of a block whose ``_Sums`` another engine computed (``findings_sql``'s SQL merge, pairwise as
-    this module's tree merges): ``w``, the block's last window, gives what is not summed (rank, step, time, clock);
-    ``sums`` the figures as ``_Sums`` holds them (iterations, windows, time, phases, max, p50, wall, cpu_wait, cpu,
-    thread_cpu_wait, thread_cpu, comm, comm_wait_by_phase, phase_iteration_time)."""
-    s = _Sums(w)
-    for name, value in sums.items():
-        setattr(s, name, value)
-    return s.window()
-
-
-def mergeable(a: WindowPoint | _Sums, b: WindowPoint | _Sums) -> bool:
-    """Whether ``b`` follows ``a`` with no gap (its first step is the one after ``a``'s last) and holds the same
-    figures (phases, phase clock, communication waits by phase), neither a warm-up window."""
-    return (b.first_step == a.step + 1 and not a.warmup and not b.warmup and a.rank == b.rank
-            and a.phase_clock == b.phase_clock and a.phases.keys() == b.phases.keys()
-            and a.comm_wait_by_phase.keys() == b.comm_wait_by_phase.keys()
-            and (a.phase_iteration_time is None) == (b.phase_iteration_time is None))
-
-
-def merge_windows(a: WindowPoint, b: WindowPoint) -> WindowPoint:
-    """One window for ``a`` and then ``b`` (``mergeable``): see the module's docstring."""
-    s = _Sums(a)
-    s.add(b)
-    return s.window()
-
-
 # a run of consecutive windows merged into one: [its first report's position in the loop, its last's, the wall time
 # of its last report, the window (a WindowPoint as fed, or the _Sums of a merged one)]
 _Piece = list[Any]
+# a piece as a loop's complete blocks hold it: packed (``_pack``), or as it is where it cannot be
+Held = bytes | _Piece
+
+# the numbers a piece packs, after its shape's id: wall time, first and last position, rank, step, iterations, windows
+_HEAD = "=IqiiiqqI"
+_HEAD_ID = struct.Struct("=I")
+# the floats of a window (a WindowPoint's, then the _Sums attributes that hold the same figure): the first two always
+# set, the others only where not None
+_POINT_FLOATS = ("iteration_time", "time_s", "max_iteration_time", "p50", "wall_seconds", "cpu_wait_seconds",
+                 "cpu_seconds", "thread_cpu_wait_seconds", "thread_cpu_seconds", "comm_wait", "phase_iteration_time")
+_SUMS_FLOATS = ("time", "time_s", "max", "p50", "wall", "cpu_wait", "cpu", "thread_cpu_wait", "thread_cpu", "comm",
+                "phase_iteration_time")
+
+
+_GET = {WindowPoint: attrgetter(*_POINT_FLOATS), _Sums: attrgetter(*_SUMS_FLOATS)}
+_ONLY_FLOATS = frozenset({float}).issuperset  # (of the values' types: exactly floats)
+_ONLY_INTS = frozenset({int}).issuperset
+
+
+class _Shape:
+    """What a packed piece's bytes do not hold, shared by the pieces alike: the kind (a WindowPoint or a _Sums),
+    which optional floats are set, the phases' and the communication waits' keys (in their order: the rules sum
+    their values in it), for each of the two when empty the object it was (a read-only one is shared: kept as the
+    very object; None: a new dict), the clock, warm-up."""
+
+    __slots__ = ("clock", "empty", "expand", "id", "n_floats", "n_phases", "phase_keys", "pick", "struct", "sums",
+                 "wait_keys", "warmup")
+
+    def __init__(self, id_: int, key: tuple[Any, ...], empty: list[Mapping[str, float] | None]) -> None:
+        kind, types, self.phase_keys, self.wait_keys, self.clock, _, self.warmup, _, _, _ = key
+        self.sums = kind is _Sums
+        self.id = id_
+        floats = [i for i, t in enumerate(types) if t is float]  # of _POINT_FLOATS: those packed
+        self.n_floats, self.n_phases = len(floats), len(self.phase_keys)
+        self.pick = itemgetter(*floats)  # (two at least: the mean and the time are always set)
+        # the 11 floats from the numbers unpacked with a None after them
+        self.expand = itemgetter(*(floats.index(i) if i in floats else -1 for i in range(len(types))))
+        self.empty = empty
+        self.struct = struct.Struct(_HEAD + "d" * (len(floats) + len(self.phase_keys) + len(self.wait_keys)))
+
+
+_SHAPES: dict[tuple[Any, ...], _Shape] = {}  # every shape packed so far: a handful (one per kind of report)
+_BY_ID: list[_Shape] = []
+_MAX_SHAPES = 4096  # past this many (keys nobody writes), pieces are held unpacked rather than the table grow
+_SHAPES_LOCK = threading.Lock()  # (a live view may build in another thread)
+
+
+def _shape(key: tuple[Any, ...], phases: Mapping[str, float], waits: Mapping[str, float]) -> _Shape | None:
+    """The shape of this key, made on its first piece; None where such pieces are held unpacked: a figure neither a
+    float nor None, the mean or the time unset, a clock not a str, warm-up not a bool, a mapping neither a dict nor
+    an empty read-only one."""
+    _, types, _, _, _, clock_type, _, warmup_type, _, _ = key
+    empty: list[Mapping[str, float] | None] = []
+    for m in (phases, waits):
+        if type(m) is not dict and (type(m) is not MappingProxyType or m):
+            return None
+        empty.append(None if type(m) is dict else m)
+    if (not {float, type(None)}.issuperset(types) or types[0] is not float or types[1] is not float
+            or clock_type is not str or warmup_type is not bool):
+        return None
+    with _SHAPES_LOCK:
+        shape = _SHAPES.get(key)
+        if shape is None:
+            if len(_BY_ID) >= _MAX_SHAPES:
+                return None
+            shape = _SHAPES[key] = _Shape(len(_BY_ID), key, empty)
+            _BY_ID.append(shape)
+        return shape
+
+
+def _pack(piece: _Piece) -> Held:
+    """A piece of a loop's complete blocks in ~1/4 of the memory or less (the module's docstring): its numbers in one
+    ``bytes``, the rest in its shape. Unpacked (``_unpack``) it is the same piece, to the last bit. The piece itself
+    where a value is not exactly of the type packed (an int subclass, an int where a float is due, a mapping other
+    than a dict or an empty read-only one) or is out of range."""
+    first, last, wall, w = piece
+    get = _GET.get(type(w))
+    if get is None:
+        return piece
+    values = get(w)
+    phases, waits, clock, warmup = w.phases, w.comm_wait_by_phase, w.phase_clock, w.warmup
+    # (an empty read-only mapping by identity: its shape keeps it, so that its id is not another's)
+    key = (type(w), tuple(map(type, values)), tuple(phases), tuple(waits), clock, type(clock), warmup, type(warmup),
+           None if type(phases) is dict else id(phases), None if type(waits) is dict else id(waits))
+    try:
+        shape = _SHAPES.get(key) or _shape(key, phases, waits)
+        if (shape is None or not _ONLY_FLOATS(map(type, phases.values())) or not _ONLY_FLOATS(map(type, waits.values()))
+                or not _ONLY_INTS(map(type, (wall, first, last, w.rank, w.step, w.iterations, w.windows)))):
+            return piece
+        return shape.struct.pack(shape.id, wall, first, last, w.rank, w.step, w.iterations, w.windows,
+                                 *shape.pick(values), *phases.values(), *waits.values())
+    except (struct.error, TypeError):  # (out of range; a key that cannot be hashed)
+        return piece
+
+
+def _unpack(held: Held) -> _Piece:
+    """The piece ``_pack`` packed (a new one each time: a _Sums may be merged into in place)."""
+    if type(held) is not bytes:
+        return held  # type: ignore[return-value]
+    shape = _BY_ID[_HEAD_ID.unpack_from(held)[0]]
+    _, wall, first, last, rank, step, iterations, windows, *numbers = shape.struct.unpack(held)
+    k, n = shape.n_floats, shape.n_phases
+    e_phases, e_waits = shape.empty
+    phases: Any = dict(zip(shape.phase_keys, numbers[k:k + n], strict=True)) if n else \
+        {} if e_phases is None else e_phases
+    waits: Any = dict(zip(shape.wait_keys, numbers[k + n:], strict=True)) if shape.wait_keys else \
+        {} if e_waits is None else e_waits
+    numbers.append(None)
+    f = shape.expand(numbers)
+    if shape.sums:
+        s = object.__new__(_Sums)
+        s.rank, s.step, s.iterations, s.windows = rank, step, iterations, windows
+        s.time, s.time_s, s.max, s.p50, s.wall, s.cpu_wait, s.cpu, s.thread_cpu_wait, s.thread_cpu, s.comm, \
+            s.phase_iteration_time = f
+        s.phases, s.comm_wait_by_phase, s.phase_clock = phases, waits, shape.clock
+        return [first, last, wall, s]
+    it, time_s, mx, p50, wall_s, cpu_wait, cpu, tcw, tc, comm, pit = f
+    return [first, last, wall, WindowPoint(
+        rank, step, iterations, it, phases, mx, p50, wall_s, cpu_wait, cpu, tcw, tc, comm, waits, shape.warmup,
+        time_s, shape.clock, pit, windows)]
+
+
+def hold(wall_ns: int, window: WindowPoint) -> Held:
+    """A final window as ``WindowStore.put_loop`` takes it (packed at once: a reader that gathers many loops before
+    it gives them holds them so)."""
+    return _pack([0, 0, wall_ns, window])
+
+
+def hold_sums(wall_ns: int, last: WindowPoint, sums: Mapping[str, Any]) -> Held:
+    """``hold`` of ``merged_window(last, sums)``, kept as its sums (the window is made from them when read)."""
+    return _pack([0, 0, wall_ns, _sums_of(last, sums)])
 
 
 def _joins(x: _Piece, y: _Piece) -> bool:
@@ -212,7 +246,7 @@ class _Loop:
     def __init__(self, rank: int) -> None:
         self.rank = rank
         self.warmup: tuple[int, WindowPoint] | None = None
-        self.done: list[_Piece] = []
+        self.done: list[Held] = []  # packed (``_pack``): a loop's windows are nearly all here
         self.tail: list[_Node] = []
         self.positions = 0  # the reports after the warm-up window fed so far (with or without a usable mean)
 
@@ -260,7 +294,7 @@ class WindowStore:
             if level < self.level:
                 tail.append(_Node(level, p + 1 - (1 << level), pieces))
                 return
-        loop.done += pieces
+        loop.done += map(_pack, pieces)
         self._count(rank, len(pieces))
         while (self._held > self.budget and self._most > self.min_per_rank
                and (1 << self.level) < self._longest):
@@ -282,7 +316,7 @@ class WindowStore:
             boundary = (loop.positions >> level) << level  # the reports in the complete blocks at the new level
             done: list[_Piece] = []
             left: list[_Piece] = []
-            for piece in loop.done:
+            for piece in map(_unpack, loop.done):
                 if piece[0] >= boundary:
                     left.append(piece)
                 elif done and done[-1][0] >> level == piece[0] >> level and _joins(done[-1], piece):
@@ -291,18 +325,18 @@ class WindowStore:
                     done.append(piece)
             if (loop.positions >> (level - 1)) & 1:  # a complete block at the old level, half of a partial one now
                 loop.tail.insert(0, _Node(level - 1, boundary, left))
-            loop.done = done
+            loop.done = [_pack(p) for p in done]
             self._count(loop.rank, len(done) + 1)
 
-    def put_loop(self, key: Hashable, rank: int, warmup: tuple[int, WindowPoint] | None,
-                 windows: list[tuple[int, WindowPoint]], positions: int) -> None:
+    def put_loop(self, key: Hashable, rank: int, warmup: tuple[int, WindowPoint] | None, windows: list[Held],
+                 positions: int) -> None:
         """A loop whose windows another engine merged at this store's ``level`` (``regular_level``; its reports after
-        the warm-up all usable and each joining the one before): held as ``windows()`` gives them. No ``add`` to this
-        store afterwards (its blocks in progress are not kept)."""
+        the warm-up all usable and each joining the one before), each as ``hold`` or ``hold_sums`` gave it: held as
+        ``windows()`` gives them. No ``add`` to this store afterwards (its blocks in progress are not kept)."""
         self._loops[key] = loop = _Loop(rank)
         self._ranks.setdefault(rank, []).append(loop)
         loop.warmup = warmup
-        loop.done = [[0, 0, wall, w] for wall, w in windows]
+        loop.done = windows
         loop.positions = positions
         self._longest = max(self._longest, positions)
         self._count(rank, len(windows) + 1)
@@ -350,14 +384,14 @@ class WindowStore:
             for loop in loops:
                 if loop.warmup is not None:
                     yield loop.warmup
-                pieces = loop.done
+                for _, _, wall, w in map(_unpack, loop.done):
+                    yield wall, w.window() if isinstance(w, _Sums) else w
                 if loop.tail:
                     last = loop.tail[-1].pieces
                     for node in reversed(loop.tail[:-1]):
                         last = _combine(node.pieces, last, copy=True)
-                    pieces = pieces + last
-                for _, _, wall, w in pieces:
-                    yield wall, w.window() if isinstance(w, _Sums) else w
+                    for _, _, wall, w in last:
+                        yield wall, w.window() if isinstance(w, _Sums) else w
 
     def __len__(self) -> int:
         """The windows held (``windows()``'s count, the partial blocks' sub-blocks apart)."""
