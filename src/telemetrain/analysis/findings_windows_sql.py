@@ -10,8 +10,8 @@ the loops' report counts (``WindowStore.regular_level`` replays the store's chec
 tree of pairwise merges: DuckDB groups positions ``p >> 1``, then ``p >> 2``, ... up to the level, each group the sum
 of at most two parts (``min + max``: the same IEEE addition as the store's, whichever part comes first), a figure
 unknown in one part unknown in the sum, the slowest iteration the larger. The store's ``_Sums`` then makes each
-window from those sums (``window_budget.hold_sums``: held packed as sums, the window made when read, as
-``merged_window`` makes it), a loop's warm-up window and a lone last report as ``window_point`` makes them. Anything
+window from those sums (``window_budget.hold_sums``: held packed as sums, the window made when read), a loop's
+warm-up window and a lone last report as ``window_point`` makes them. Anything
 else (a run within the budget, a report without a usable mean after the warm-up, a gap, a change of phases,
 interleaved loops) is fed report by report as before: the same windows either way, to the last bit
 (``tests/test_findings_window_budget.py`` compares both).

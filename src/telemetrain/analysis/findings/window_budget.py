@@ -54,10 +54,10 @@ from types import MappingProxyType
 from typing import Any
 
 from .inputs import WindowPoint
-from .window_merge import _Sums, _sums_of, merge_windows, mergeable, merged_window
+from .window_merge import _Sums, _sums_of, merge_windows, mergeable
 
 __all__ = ["MIN_WINDOWS_PER_RANK", "WINDOW_BUDGET", "Held", "WindowStore", "hold", "hold_sums", "merge_windows",
-           "mergeable", "merged_window"]
+           "mergeable"]
 
 WINDOW_BUDGET = 65_536  # windows held for all ranks together, past which they are merged
 MIN_WINDOWS_PER_RANK = 64  # ... but not below this many per rank (past 1,024 ranks the total grows with the ranks)
@@ -194,7 +194,8 @@ def hold(wall_ns: int, window: WindowPoint) -> Held:
 
 
 def hold_sums(wall_ns: int, last: WindowPoint, sums: Mapping[str, Any]) -> Held:
-    """``hold`` of ``merged_window(last, sums)``, kept as its sums (the window is made from them when read)."""
+    """``hold`` of the merged window of a block another engine summed (``last``, its last window, and ``sums``: see
+    ``window_merge._sums_of``), kept as its sums (the window is made from them when read)."""
     return _pack([0, 0, wall_ns, _sums_of(last, sums)])
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from .inputs import WindowPoint
 
-__all__ = ["merge_windows", "mergeable", "merged_window"]
+__all__ = ["merge_windows", "mergeable"]
 
 _NONE: Mapping[str, float] = MappingProxyType({})
 
@@ -102,15 +102,11 @@ class _Sums:
             windows=self.windows)
 
 
-def merged_window(w: WindowPoint, sums: Mapping[str, Any]) -> WindowPoint:
-    """The merged window of a block whose ``_Sums`` another engine computed (``findings_sql``'s SQL merge, pairwise as
+def _sums_of(w: WindowPoint, sums: Mapping[str, Any]) -> _Sums:
+    """The ``_Sums`` of a block merged by another engine (``findings_windows_sql``'s SQL merge, pairwise as
     ``window_budget``'s tree merges): ``w``, the block's last window, gives what is not summed (rank, step, time,
     clock); ``sums`` the figures as ``_Sums`` holds them (iterations, windows, time, phases, max, p50, wall, cpu_wait,
     cpu, thread_cpu_wait, thread_cpu, comm, comm_wait_by_phase, phase_iteration_time)."""
-    return _sums_of(w, sums).window()
-
-
-def _sums_of(w: WindowPoint, sums: Mapping[str, Any]) -> _Sums:
     s = _Sums(w)
     for name, value in sums.items():
         setattr(s, name, value)
