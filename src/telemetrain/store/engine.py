@@ -30,6 +30,7 @@ from typing import Any
 
 from ..identity import Identity
 from ..semconv import series_key
+from .allocator import purge_freed
 from .codec import untag_nonfinite
 from .columnar import PARTITIONS, PROCESS_TABLE, READABLE_SINCE, SCHEMA_VERSION, TABLES
 from .compact import COLUMNAR_DIR, connect
@@ -356,7 +357,9 @@ class Engine:
         return self._tmp.name
 
     def execute(self, query: str, params: Any = None) -> Any:
-        """Run one of telemetrain's own queries (a cursor: ``fetchall``, ``fetchmany``)."""
+        """Run one of telemetrain's own queries (a cursor: ``fetchall``, ``fetchmany``). What the queries before it
+        freed is handed back to the system first (``allocator.purge_freed``): its peak does not stand on theirs."""
+        purge_freed()
         return self.con.execute(query, params) if params is not None else self.con.execute(query)
 
     def rows(self, query: str, params: Any = None) -> list[tuple[Any, ...]]:
