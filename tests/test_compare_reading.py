@@ -160,3 +160,43 @@ def test_goodput_of_a_rank_in_several_segments_is_the_same_by_sql(tmp_path: Path
     assert sorted(sql) == sorted(python) == [0, 1]
     for rank in python:
         assert sql[rank].as_dict() == python[rank].as_dict()
+
+
+def test_run_sums_of_groups_with_different_iterations_and_missing_values() -> None:
+    """``RunSums`` adds groups whose iterations differ (one only in the first group, one only in the last) and whose
+    values are missing for a metric in a whole group: each iteration's mean and largest share are those of every
+    window at that iteration at once."""
+    import statistics
+
+    from telemetrain.analysis.samples_sums import RunSums
+    from telemetrain.store.engine import Engine
+
+    groups = [  # (iteration, share, a, b): one window each
+        [(1, 0.1, 1.5, None), (2, 0.0, 2.25, None), (3, None, 0.125, None)],
+        [(2, 0.3, 3.0, 7.0), (3, 0.2, None, 5.5), (4, 0.05, 1e-3, 2.0)],
+        [(3, 0.0, 0.5, 1.25), (5, None, 4.0, None)],
+    ]
+    engine = Engine([])
+    try:
+        sums = RunSums(engine, ["a", "b"])
+        for rows in groups:
+            engine.execute("CREATE OR REPLACE TEMP TABLE g (iteration BIGINT, share DOUBLE, a DOUBLE, b DOUBLE)")
+            engine.con.executemany("INSERT INTO g VALUES (?, ?, ?, ?)", rows)
+            sums.add("g")
+        assert sums.ok and sums.groups == 3
+        for busy_free in (False, True):
+            got = sums.series(busy_free, ["a", "b"])
+            for k, name in enumerate(("a", "b")):
+                expected = []
+                for it in sorted({r[0] for rows in groups for r in rows}):
+                    at = [r for rows in groups for r in rows if r[0] == it and r[2 + k] is not None]
+                    if not at:
+                        continue
+                    mean = statistics.fmean(r[2 + k] for r in at)
+                    if busy_free:
+                        mean *= 1.0 - min(max(r[1] or 0.0 for r in at), 0.999)
+                    expected.append(mean)
+                assert got[name] == expected, (name, busy_free)  # exact sums: the same doubles as fmean's
+        sums.close()
+    finally:
+        engine.close()
