@@ -23,6 +23,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .curve_buckets import BAD, BAD_X, HI, HI_X, LO, SUM, WALL, XN, XSUM, N, merge, pack, unpack
+
 __all__ = [
     "EVAL_WORDS",
     "MIN_POINTS",
@@ -45,9 +47,6 @@ WALL_WIDTH_NS = 1_000_000  # the first bucket width of a wall-time axis: 1 ms
 EVAL_WORDS = frozenset({"val", "valid", "validation", "eval", "evaluation", "test", "dev"})
 _LOG_WORDS = ("loss", "ppl", "perplexity", "grad", "norm", "lr", "learning_rate")
 _SYSTEM_GROUPS = frozenset({"training", "system", "cross_rank", "telemetrain"})
-# bucket slots: finite count, sum, min, max, x of the max, non-finite count, x of the first non-finite, last wall ns,
-# sum of x, points
-_N, _SUM, _LO, _HI, _HI_X, _BAD, _BAD_X, _WALL, _XSUM, _XN = range(10)
 
 
 def is_user_group(group: str) -> bool:
@@ -120,7 +119,7 @@ class _Series:
     by_step: bool
     width: int
     unit: str
-    buckets: dict[int, list[float]] = field(default_factory=dict)
+    buckets: dict[int, Any] = field(default_factory=dict)  # a bucket's slots: a list, or packed (``pack``)
     last_step: int = 0
     points: int = 0
 
@@ -167,6 +166,8 @@ class CurveBuilder:
             self.first_wall_ns = wall_ns
         key = x // s.width
         b = s.buckets.get(key)
+        if type(b) is bytes:
+            b = s.buckets[key] = unpack(b)
         v = float(value)
         finite = math.isfinite(v)
         if b is None:
@@ -174,22 +175,24 @@ class CurveBuilder:
             if len(s.buckets) > self.capacity:
                 self._shrink(s)
                 b = s.buckets[x // s.width]
+                if type(b) is bytes:
+                    b = s.buckets[x // s.width] = unpack(b)
         if finite:
-            b[_N] += 1
-            b[_SUM] += v
-            if v < b[_LO]:
-                b[_LO] = v
-            if v > b[_HI]:
-                b[_HI] = v
-                b[_HI_X] = x
+            b[N] += 1
+            b[SUM] += v
+            if v < b[LO]:
+                b[LO] = v
+            if v > b[HI]:
+                b[HI] = v
+                b[HI_X] = x
         else:
-            if not b[_BAD]:
-                b[_BAD_X] = x
-            b[_BAD] += 1
-        if wall_ns > b[_WALL]:
-            b[_WALL] = wall_ns
-        b[_XSUM] += x
-        b[_XN] += 1
+            if not b[BAD]:
+                b[BAD_X] = x
+            b[BAD] += 1
+        if wall_ns > b[WALL]:
+            b[WALL] = wall_ns
+        b[XSUM] += x
+        b[XN] += 1
 
     def add_bucket(self, rank: int, group: str, name: str, by_step: bool, x: int, stats: Sequence[Any],
                    first_wall_ns: int, unit: str = "") -> None:
@@ -197,7 +200,7 @@ class CurveBuilder:
         of two), ``x`` the first x of their bucket; ``stats`` in the bucket slots' order (finite count, sum, min, max,
         x of the max, non-finite count, x of the first non-finite, last wall ns, sum of x, points). Merged as ``add``
         merges points: the same buckets once this builder's width reaches ``w``, which its first widening does."""
-        if not is_user_group(group) or not stats[_XN]:
+        if not is_user_group(group) or not stats[XN]:
             return
         by_rank = self._series.get((group, name))
         if by_rank is None:
@@ -207,18 +210,20 @@ class CurveBuilder:
             by_rank[rank] = s = _Series(by_step, 1 if by_step else WALL_WIDTH_NS, unit)
         if s.by_step != by_step:  # (a rank whose points disagree on having a step: as ``add``, by its first)
             return
-        s.points += int(stats[_XN])
+        s.points += int(stats[XN])
         if self.first_wall_ns is None or first_wall_ns < self.first_wall_ns:
             self.first_wall_ns = first_wall_ns
         b = list(stats)  # (ints stay ints: a wall time in ns is past a float's exact range)
-        if not b[_N]:
-            b[_LO], b[_HI], b[_HI_X] = math.inf, -math.inf, 0.0
-        if not b[_BAD]:
-            b[_BAD_X] = math.nan
+        if not b[N]:
+            b[LO], b[HI], b[HI_X] = math.inf, -math.inf, 0.0
+        if not b[BAD]:
+            b[BAD_X] = math.nan
         key = x // s.width
         into = s.buckets.get(key)
         if into is not None:
-            _merge(into, b)
+            if type(into) is bytes:
+                into = s.buckets[key] = unpack(into)
+            merge(into, b)
             return
         s.buckets[key] = b
         if len(s.buckets) > self.capacity:
@@ -232,14 +237,25 @@ class CurveBuilder:
         while span / factor > self.capacity // 2:
             factor *= 2
         s.width *= factor
-        merged: dict[int, list[float]] = {}
+        merged: dict[int, Any] = {}
         for key, b in s.buckets.items():
             into = merged.get(key // factor)
             if into is None:
                 merged[key // factor] = b
             else:
-                _merge(into, b)
+                if type(into) is bytes:
+                    into = merged[key // factor] = unpack(into)
+                merge(into, unpack(b) if type(b) is bytes else b)
         s.buckets = merged
+
+    def pack(self, ranks: Iterable[int]) -> None:
+        """Pack the buckets of these ranks' series (``curve_buckets``): for ranks fed in full (``curves_sql`` feeds a
+        group of ranks at a time), whose buckets are now only read, unless more points come."""
+        wanted = set(ranks)
+        for by_rank in self._series.values():
+            for rank, s in by_rank.items():
+                if rank in wanted:
+                    s.buckets = {k: pack(b) if type(b) is list else b for k, b in s.buckets.items()}
 
     # -- what the charts draw --------------------------------------------------------------------------------------
 
@@ -271,7 +287,7 @@ class CurveBuilder:
         scale = 1.0 if by_step else 1e-9
         origin = 0 if by_step else start_ns
         aligned = {rank: _align(s, width) for rank, s in sorted(series.items())}
-        nonfinite = sum(int(b[_BAD]) for buckets in aligned.values() for b in buckets.values())
+        nonfinite = sum(int(b[BAD]) for buckets in aligned.values() for b in buckets.values())
 
         def points_of(rank: int) -> tuple[BucketPoint, ...]:
             return tuple(_point(k, b, scale, origin, start_ns) for k, b in sorted(aligned[rank].items()))
@@ -295,45 +311,29 @@ class CurveBuilder:
                      bucket_width=width * scale if by_step else width * 1e-9)
 
 
-def _merge(into: list[float], b: list[float]) -> None:
-    into[_N] += b[_N]
-    into[_SUM] += b[_SUM]
-    if b[_LO] < into[_LO]:
-        into[_LO] = b[_LO]
-    if b[_HI] > into[_HI]:
-        into[_HI] = b[_HI]
-        into[_HI_X] = b[_HI_X]
-    if b[_BAD]:
-        into[_BAD_X] = b[_BAD_X] if not into[_BAD] else min(into[_BAD_X], b[_BAD_X])
-        into[_BAD] += b[_BAD]
-    into[_WALL] = max(into[_WALL], b[_WALL])
-    into[_XSUM] += b[_XSUM]
-    into[_XN] += b[_XN]
-
-
 def _align(s: _Series, width: int) -> dict[int, list[float]]:
-    """The series' buckets at ``width`` (a power-of-two multiple of its own): at its own width, the builder's (only
-    read); else merged copies (the builder keeps going)."""
+    """The series' buckets at ``width`` (a power-of-two multiple of its own): at its own width, the builder's lists
+    (only read) and the packed ones unpacked; else merged copies (the builder keeps going)."""
     factor = width // s.width
     if factor == 1:
-        return s.buckets
+        return {k: unpack(b) if type(b) is bytes else b for k, b in s.buckets.items()}
     out: dict[int, list[float]] = {}
     for key, b in s.buckets.items():
         into = out.get(key // factor)
         if into is None:
-            out[key // factor] = list(b)
+            out[key // factor] = unpack(b) if type(b) is bytes else list(b)
         else:
-            _merge(into, b)
+            merge(into, unpack(b) if type(b) is bytes else b)
     return out
 
 
 def _point(key: int, b: list[float], scale: float, origin: int, start_ns: int) -> BucketPoint:
-    n = int(b[_N])
-    x = (b[_XSUM] / b[_XN] - origin) * scale
-    return BucketPoint(x=x, mean=b[_SUM] / n if n else math.nan, lo=b[_LO] if n else math.nan,
-                       hi=b[_HI] if n else math.nan, hi_x=(b[_HI_X] - origin) * scale if n else math.nan, n=n,
-                       bad=int(b[_BAD]), bad_x=(b[_BAD_X] - origin) * scale if b[_BAD] else math.nan,
-                       seconds=(b[_WALL] - start_ns) / 1e9 if b[_WALL] else math.nan)
+    n = int(b[N])
+    x = (b[XSUM] / b[XN] - origin) * scale
+    return BucketPoint(x=x, mean=b[SUM] / n if n else math.nan, lo=b[LO] if n else math.nan,
+                       hi=b[HI] if n else math.nan, hi_x=(b[HI_X] - origin) * scale if n else math.nan, n=n,
+                       bad=int(b[BAD]), bad_x=(b[BAD_X] - origin) * scale if b[BAD] else math.nan,
+                       seconds=(b[WALL] - start_ns) / 1e9 if b[WALL] else math.nan)
 
 
 def _same(lines: Sequence[tuple[BucketPoint, ...]]) -> bool:
@@ -360,8 +360,8 @@ def _median_line(aligned: dict[int, dict[int, list[float]]], scale: float, origi
         bs = [buckets[k] for buckets in aligned.values() if k in buckets]
         merged = list(bs[0])
         for b in bs[1:]:
-            _merge(merged, b)
-        means = sorted(b[_SUM] / b[_N] for b in bs if b[_N])
+            merge(merged, b)
+        means = sorted(b[SUM] / b[N] for b in bs if b[N])
         p = _point(k, merged, scale, origin, start_ns)
         if means:
             mid = len(means) // 2

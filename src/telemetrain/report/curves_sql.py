@@ -75,10 +75,15 @@ SELECT rank, g, name, by_step, (x // w) * w AS x0,
        count(*) - count(v), min(x) FILTER (WHERE v IS NULL),
        max(wall_ns), fsum(x::DOUBLE), count(*), min(wall_ns), max(unit)
 FROM x GROUP BY rank, g, name, by_step, x0 ORDER BY rank, g, name, x0"""
+        fed: set[int] = set()
         for _, batch in engine.stream(query):
             for rank, group, name, by_step, x0, n, total, lo, hi, hi_x, bad, bad_x, wall, xsum, xn, first, unit \
                     in batch:
                 add(int(rank), group, name, bool(by_step), int(x0),
                     [n, float(total), lo if n else 0.0, hi if n else 0.0, hi_x if n else 0, bad, bad_x if bad else 0,
                      wall, float(xsum), xn], int(first), unit or "")
+                fed.add(int(rank))
+        # these ranks' buckets are complete (a rank is in one group): packed, 81 bytes each instead of ~430 as
+        # lists of numbers, while the next groups are read and until the report is drawn (curve_buckets)
+        builder.pack(fed)
     engine.execute("DROP TABLE curves_widths")
