@@ -6,8 +6,10 @@ model and page, ``show``'s lines, tail's first frame and findings, and the trace
 
 from __future__ import annotations
 
+import itertools
 import math
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -310,6 +312,12 @@ def test_memory_gauges_thinned_by_sql_are_the_same(tmp_path: Path, monkeypatch: 
     """Memory gauges longer than the memory rule reads (``memory.MAX_POINTS`` from the steady state on) reach the
     SQL path's rule as those points only (findings_sql); a gauge with a NaN, or a short one, whole. A leak on rank
     1's RSS and rank 0's CUDA memory, flat memory elsewhere: both paths find the same."""
+    from telemetrain import telemetry as telemetry_module
+
+    # the records' clock advances 1 ms per record: the rule reads memory against wall time, and a loop paused by a
+    # loaded machine late in the run made the leak look levelled off (its last half's slope under a quarter)
+    ticks = itertools.count(time.monotonic_ns(), 1_000_000)
+    monkeypatch.setattr(telemetry_module, "_monotonic_ns", lambda: next(ticks))
     for rank in (0, 1):
         t = Telemetry(identity_from_env({}, run_id="mem", session_tag="s", perf_tag="p", rank=rank, world_size=2),
                       store=tmp_path)

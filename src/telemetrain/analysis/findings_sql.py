@@ -242,7 +242,7 @@ def gauges_relation(table: str, key: str, where: str) -> str:
             f"({key} = '{cuda}' AND starts_with(group_name, 'system.cuda.'))))")
 
 
-REPORTS_AT_ONCE = 32_768  # reports DuckDB sorts in one query (~30 typed attributes each: ~8 MB; docs/scale.md)
+REPORTS_AT_ONCE = 49_152  # reports DuckDB sorts in one query (~30 typed attributes each: ~12 MB; docs/scale.md)
 
 
 def rank_groups(counts: list[tuple[Any, Any]], most: int = REPORTS_AT_ONCE) -> list[str]:

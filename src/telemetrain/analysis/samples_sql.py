@@ -24,7 +24,7 @@ from .samples_sums import RunSums
 
 __all__ = ["samples_sql"]
 
-WINDOWS_AT_ONCE = 32_768  # reports whose windows one table holds (a group of ranks)
+WINDOWS_AT_ONCE = 49_152  # reports whose windows one table holds (a group of ranks)
 MAX_RANK_PHASES = 16  # compare.MAX_RANK_PHASES: per-rank phase series are only compared for this many ranks
 
 _Key = tuple[str, int | None, bool]  # (metric, rank or None for the run, busy_free)

@@ -26,6 +26,7 @@ _PURGE = f"arena.{_ARENAS_ALL}.purge".encode()
 # the modules DuckDB's native code has lived in across releases (2.x: a top-level ``_duckdb``)
 _NATIVE_MODULES = ("_duckdb", "duckdb.duckdb", "duckdb._duckdb")
 
+PURGE_PAST = 32 << 20  # bytes held freed past which they are purged (jemalloc's own metadata is ~6 MiB of it)
 _lock = threading.Lock()
 _mallctl: Callable[..., int] | None = None
 _looked = False
@@ -80,13 +81,17 @@ def freed_held() -> int | None:
     return resident - allocated
 
 
-def purge_freed() -> bool:
-    """Return the pages DuckDB's jemalloc holds freed to the system; False where there is no such allocator (or it
-    refused). Call it between queries, with DuckDB loaded.
+def purge_freed(past: int | None = None) -> bool:
+    """Return the pages DuckDB's jemalloc holds freed to the system, when they are more than ``past`` bytes (by
+    default ``PURGE_PAST``); False where there is no such allocator, it refused, or it held less. Call it between
+    queries, with DuckDB loaded.
 
-    Always, not past a threshold: purging only when over 16 MiB were held lowered no reader's peak on 64 x 1M
-    measurably; purging always costs ~5% more CPU there (docs/scale.md)."""
+    Not after every query: a purged page is faulted in again by the next query that needs memory, and purging after
+    each of a report's ~600 queries cost 8 x 1M ~20% more time for 2-5 MiB of peak (docs/scale.md)."""
     mallctl = _allocator()
     if mallctl is None:
+        return False
+    held = freed_held()
+    if held is not None and held <= (PURGE_PAST if past is None else past):
         return False
     return mallctl(_PURGE, None, None, None, 0) == 0
