@@ -81,7 +81,7 @@ class RunSums:
             self.engine.execute(f"CREATE OR REPLACE TEMP TABLE {self.table} AS {group}")
         else:  # the sums so far and this group's, added per iteration (one row per iteration is kept); joined on
             # the iteration rather than grouped over both: DuckDB then holds this group's rows in a hash table, not
-            # every row with its aggregate states (-15 MiB of compare's peak at 64 ranks x 1M iterations)
+            # every row with its aggregate states (~-10 MiB of compare's peak at 64 ranks x 1M iterations)
             merged = ", ".join(f"{_either('s', i, '+')}::HUGEINT AS s{i}, (coalesce(a.n{i}, 0) + coalesce(b.n{i}, 0))"
                                f"::BIGINT AS n{i}, {_either('f', i, 'greatest')} AS f{i}"
                                for i in range(len(self.columns)))

@@ -6,10 +6,11 @@ hundreds of queries in a row: the pages one query freed were still resident when
 peak stood on them. On 64 ranks x 1M iterations a report held up to 60 MiB so between its queries, none of it in
 use (jemalloc's own ``stats.resident`` against ``stats.allocated``: docs/scale.md).
 
-``purge_freed()`` asks jemalloc to purge every arena's dirty pages, through the ``mallctl`` interface the wheel
-exports (``duckdb_je_mallctl``; ``arena.<MALLCTL_ARENAS_ALL>.purge``, jemalloc's documented control). It touches no
-memory in use, costs a few microseconds when little was freed, and does nothing on a build without jemalloc (macOS,
-Windows, ARM wheels): there the system allocator is DuckDB's, and this module finds no symbol.
+``purge_freed()`` reads how much jemalloc holds freed and, past ``PURGE_PAST``, asks it to purge every arena's
+dirty pages, through the ``mallctl`` interface the wheel exports (``duckdb_je_mallctl``; ``stats.resident``,
+``stats.allocated`` and ``arena.<MALLCTL_ARENAS_ALL>.purge``, jemalloc's documented controls). It touches no memory
+in use, costs microseconds when little is held, and does nothing on a build without jemalloc (only DuckDB's Linux
+x86 wheels have it): there the system allocator is DuckDB's, and this module finds no symbol.
 """
 
 from __future__ import annotations
