@@ -30,7 +30,7 @@ from typing import Any
 
 from ..identity import Identity
 from ..semconv import series_key
-from .allocator import purge_freed
+from .allocator import flush_freed_in_queries, purge_freed
 from .codec import untag_nonfinite
 from .columnar import PARTITIONS, PROCESS_TABLE, READABLE_SINCE, SCHEMA_VERSION, TABLES
 from .compact import COLUMNAR_DIR, connect
@@ -56,20 +56,6 @@ def memory_limit(default: str) -> str:
     return os.environ.get(MEMORY_ENV) or default
 
 ALL_TABLES = (*TABLES.values(), PROCESS_TABLE, REPORTS_TABLE)
-# DuckDB allocates through its own jemalloc, which keeps what a query freed for reuse: the next query's peak then
-# stands on the last one's. Past this much freed at once, it hands the memory back to the system: a reader's peak RSS
-# on 64 ranks x 1M iterations fell ~18 MiB (goodput) and ~8 MiB (show) for ~15% more CPU (docs/scale.md). (DuckDB's
-# default, 512 MB, never triggers under the readers' 128 MB limit.)
-FLUSH_FREED = "8MB"
-
-
-def _return_freed_memory(con: Any) -> None:
-    import duckdb
-
-    try:
-        con.execute(f"SET allocator_bulk_deallocation_flush_threshold = '{FLUSH_FREED}'")
-    except duckdb.Error:  # a DuckDB without the setting (before 1.2): its default behaviour
-        pass
 
 
 class ColumnarWarning(UserWarning):
@@ -148,7 +134,7 @@ class Engine:
         self._tmp = tempfile.TemporaryDirectory(prefix="telemetrain-duckdb-")
         self.con = connect(memory_limit=memory or memory_limit(READER_MEMORY), threads=threads)
         self.con.execute(f"SET temp_directory = '{self._tmp.name}'")
-        _return_freed_memory(self.con)
+        flush_freed_in_queries(self.con)
         self.parquet: dict[str, list[str]] = {t: [] for t in ALL_TABLES}
         # the events files of version-2 copies, which have no reports table: their reports are typed at read time
         self.untyped_reports: list[str] = []
