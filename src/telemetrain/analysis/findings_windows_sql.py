@@ -7,9 +7,12 @@ run is *regular*: in every loop, each report after the warm-up has a usable mean
 that follow on, the same phases on the same clock, the same communication waits: ``window_budget.mergeable``), and
 each loop's reports are consecutive in the feeding order. Then a complete block is one piece, the level follows from
 the loops' report counts (``WindowStore.regular_level`` replays the store's checks), and each block is the store's
-tree of pairwise merges: DuckDB groups positions ``p >> 1``, then ``p >> 2``, ... up to the level, each group the sum
-of at most two parts (``min + max``: the same IEEE addition as the store's, whichever part comes first), a figure
-unknown in one part unknown in the sum, the slowest iteration the larger. The store's ``_Sums`` then makes each
+tree of pairwise merges: at each level DuckDB joins the blocks whose position ``p >> (level - 1)`` is even to the next
+one (``p >> level`` the same), up to the level, each figure the sum of at most two parts (the same IEEE addition as
+the store's: addition commutes), a figure unknown in one part unknown in the sum, the slowest iteration the larger.
+(Joins, not ``GROUP BY p >> level``: a group of two rows held ~1 KB of aggregate states per block, 20,000 blocks at
+the first level of two ranks of a 1M-iteration run, +25-45 MiB and twice the time; the joins hold half of each level
+as rows, +13-19 MiB.) The store's ``_Sums`` then makes each
 window from those sums (``window_budget.hold_sums``: held packed as sums, the window made when read), a loop's
 warm-up window and a lone last report as ``window_point`` makes them. Anything
 else (a run within the budget, a report without a usable mean after the warm-up, a gap, a change of phases,
@@ -38,11 +41,6 @@ _SUMMED = ["t", *(f"ph{i}" for i in range(len(PHASES))), "p50", "wall", "cwait",
 
 def _mask(indices: list[int]) -> str:
     return " + ".join(f"(CASE WHEN v{i} IS NOT NULL THEN {1 << k} ELSE 0 END)" for k, i in enumerate(indices))
-
-
-def _pair(c: str) -> str:
-    """The sum of a group's one or two parts, unknown when one is."""
-    return f"CASE WHEN count({c}) < count(*) THEN NULL WHEN count(*) = 1 THEN min({c}) ELSE min({c}) + max({c}) END"
 
 
 def feed_windows_sql(builder: InputBuilder, engine: Any, source: str, where: str, counts: list[tuple[Any, Any]],
@@ -81,6 +79,9 @@ def feed_windows_sql(builder: InputBuilder, engine: Any, source: str, where: str
     merged: list[tuple[Any, ...]] = []  # each loop's windows, given to the builder once every loop was regular
     try:
         for ranks in groups:
+            # (the group before dropped first: replaced, its table is held until the new one is written)
+            engine.execute("DROP TABLE IF EXISTS findings_reports")
+            engine.execute("DROP TABLE IF EXISTS findings_positions")
             engine.execute(f"CREATE OR REPLACE TEMP TABLE findings_reports AS SELECT *, coalesce(v2, -1) AS start, "
                            f"{N_EFF} AS n FROM {reports} WHERE rank IN {ranks}")
             mine = _loops(engine)
@@ -94,6 +95,7 @@ def feed_windows_sql(builder: InputBuilder, engine: Any, source: str, where: str
             del blocks, raw
     finally:
         engine.execute("DROP TABLE IF EXISTS findings_reports")
+        engine.execute("DROP TABLE IF EXISTS findings_positions")
     if [(int(r), int(p), int(s), int(n)) for r, p, s, n, *_ in loops] != \
             [(int(r), int(p), int(s), int(n)) for r, p, s, n, _, _ in order] \
             or min(int(row[6]) for row in loops) != first:
@@ -167,24 +169,39 @@ def _loops(engine: Any) -> list[tuple[Any, ...]]:
 def _merge(engine: Any, level: int, blocks: dict[tuple[int, int, int], list[tuple[Any, ...]]],
            raw: dict[tuple[int, int, int, int], tuple[Any, list[Any]]]) -> None:
     """The blocks of ``findings_reports`` at ``level`` (their sums) into ``blocks``, by loop; each loop's warm-up
-    report and a lone report of a last block into ``raw`` (position -1: the warm-up)."""
+    report and a lone report of a last block into ``raw`` (position -1: the warm-up).
+
+    Each report's position in its loop comes from a window over the keys alone (``findings_positions``: a window
+    over the wide rows held all of them again, +25-30 MiB), joined back; each level is a materialized CTE, the level
+    below held only while its blocks are joined."""
     dev = _mask(_DEV)
     phase = ", ".join(f"CASE WHEN dm > 0 THEN v{d} ELSE v{h} END * n AS ph{i}"
                       for i, (d, h) in enumerate(zip(_DEV, _HOST, strict=True)))
     wsum = ", ".join(f"v{i} * n AS w{k}" for k, i in enumerate(_WAITS))
-    numbered = ("(SELECT *, row_number() OVER (PARTITION BY rank, pid, start ORDER BY segment, line) - 2 AS pos, "
-                "count(*) OVER (PARTITION BY rank, pid, start) - 1 AS positions FROM findings_reports)")
-    query = f"""(SELECT rank, pid, start, pos, n, 1 AS windows, v0 AS step, wall_ns, v4 AS mx, v3 * n AS t, {phase},
-                    v5 * n AS p50, v6 AS wall, v7 AS cwait, v8 AS cpu, v9 * n AS comm, {wsum},
-                    CASE WHEN dm > 0 THEN coalesce(v10, v3) * n END AS pit,
-                    v{_THREAD[0]} AS tcwait, v{_THREAD[1]} AS tcpu
-                 FROM (SELECT *, {dev} AS dm FROM {numbered}) WHERE pos >= 0)"""
+    engine.execute("CREATE OR REPLACE TEMP TABLE findings_positions AS SELECT rank, pid, start, segment, line, "
+                   "row_number() OVER (PARTITION BY rank, pid, start ORDER BY segment, line) - 2 AS pos, "
+                   "count(*) OVER (PARTITION BY rank, pid, start) - 1 AS positions FROM findings_reports")
+    numbered = "(findings_reports JOIN findings_positions USING (rank, pid, start, segment, line))"
+    levels = [f"""l0 AS NOT MATERIALIZED (
+        SELECT rank, pid, start, pos, n, 1 AS windows, v0 AS step, wall_ns, v4 AS mx, v3 * n AS t, {phase},
+               v5 * n AS p50, v6 AS wall, v7 AS cwait, v8 AS cpu, v9 * n AS comm, {wsum},
+               CASE WHEN dm > 0 THEN coalesce(v10, v3) * n END AS pit,
+               v{_THREAD[0]} AS tcwait, v{_THREAD[1]} AS tcpu
+        FROM (SELECT *, {dev} AS dm FROM {numbered} WHERE pos >= 0))"""]
     for lv in range(1, level + 1):
-        sums = ", ".join(f"{_pair(c)} AS {c}" for c in _SUMMED)
-        query = f"""(SELECT rank, pid, start, min(pos) AS pos, sum(n) AS n, sum(windows) AS windows,
-                        arg_max(step, pos) AS step, arg_max(wall_ns, pos) AS wall_ns, max(mx) AS mx, {sums}
-                     FROM {query} GROUP BY rank, pid, start, pos >> {lv})"""
-    for row in engine.rows(f"SELECT * FROM {query} ORDER BY rank, pid, start, pos"):
+        below = f"l{lv - 1}"
+        # a block and the next (``o``), when there is one: the lone last block of a loop stays as it is
+        sums = ", ".join(f"CASE WHEN o.pos IS NULL THEN e.{c} ELSE e.{c} + o.{c} END AS {c}" for c in _SUMMED)
+        levels.append(f"""l{lv} AS {'MATERIALIZED' if lv < level else 'NOT MATERIALIZED'} (
+            SELECT e.rank, e.pid, e.start, e.pos, e.n + coalesce(o.n, 0) AS n,
+                   e.windows + coalesce(o.windows, 0) AS windows,
+                   CASE WHEN o.pos IS NULL THEN e.step ELSE o.step END AS step,
+                   CASE WHEN o.pos IS NULL THEN e.wall_ns ELSE o.wall_ns END AS wall_ns,
+                   CASE WHEN o.mx IS NULL OR e.mx >= o.mx THEN coalesce(e.mx, o.mx) ELSE o.mx END AS mx, {sums}
+            FROM (SELECT * FROM {below} WHERE (pos >> {lv - 1}) & 1 = 0) e
+            LEFT JOIN (SELECT * FROM {below} WHERE (pos >> {lv - 1}) & 1 = 1) o
+              ON e.rank = o.rank AND e.pid = o.pid AND e.start = o.start AND e.pos >> {lv} = o.pos >> {lv})""")
+    for row in engine.rows(f"WITH {', '.join(levels)} SELECT * FROM l{level} ORDER BY rank, pid, start, pos"):
         blocks.setdefault((int(row[0]), int(row[1]), int(row[2])), []).append(row)
     values = ", ".join(f"v{i}" for i in range(len(WINDOW_POINT_KEYS)))
     for rank, pid, start, pos, wall, *v in engine.rows(

@@ -193,6 +193,7 @@ def _windows_by_group(engine: Engine, metrics: list[tuple[str, str]], run_metric
     engine.execute("CREATE OR REPLACE TEMP TABLE compare_shares (share DOUBLE)")
     phased = " OR ".join(f"{p} IS NOT NULL" for p in PHASES)
     for group in rank_groups(counts, WINDOWS_AT_ONCE):
+        engine.execute("DROP TABLE IF EXISTS compare_windows")  # (replaced, the last group's is held meanwhile)
         engine.execute("CREATE OR REPLACE TEMP TABLE compare_windows AS " + _windows_sql(group))
         devs, n, with_share = engine.rows(f"SELECT list_distinct(list(dev) FILTER (WHERE {phased})), count(*), "
                                           "count(share) FROM compare_windows")[0]

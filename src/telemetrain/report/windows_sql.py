@@ -59,6 +59,7 @@ class WindowsSql:
                            f"AS ph_{p}" for p in PHASES)
         pavg = (f"CASE WHEN {dev} AND isfinite(avg_iteration_device_time_sec) THEN avg_iteration_device_time_sec "
                 f"ELSE avg_iteration_time_sec END AS pavg, coalesce({dev}, false) AS dev")
+        self.engine.execute(f"DROP TABLE IF EXISTS {TABLE}")  # (replaced, the last group's is held meanwhile)
         self.engine.execute(f"""CREATE OR REPLACE TEMP TABLE {TABLE} AS
             SELECT rank, pid, segment, line, wall_ns, current_iteration AS iteration,
               coalesce(window_iterations, 0) AS iterations, avg_iteration_time_sec AS avg,
