@@ -71,3 +71,49 @@ def test_without_duckdb_loaded_nothing_is_looked_up_or_purged() -> None:
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out[1] == "True"  # looked up once duckdb was loaded (found or not, per the build)
+
+
+needs_glibc = pytest.mark.skipif(allocator.heap_free() is None,
+                                 reason="the C library is not glibc 2.33+ (no mallinfo2/malloc_trim): nothing to trim")
+
+
+@needs_glibc
+def test_a_trim_hands_back_the_c_heaps_free_pages() -> None:
+    # in a fresh interpreter: 2,000 blocks of 16 KiB (below glibc's mmap threshold: on its heap), every other one
+    # freed; the heap cannot shrink from its top (the last block is held), so ~16 MiB stay free and resident
+    code = textwrap.dedent("""
+        import ctypes
+        from telemetrain.store import allocator
+        libc = ctypes.CDLL(None)
+        libc.malloc.restype = ctypes.c_void_p
+        libc.free.argtypes = [ctypes.c_void_p]
+        def rss():
+            with open("/proc/self/status") as fh:
+                return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:"))
+        blocks = [libc.malloc(16384) for _ in range(2000)]
+        for b in blocks:
+            ctypes.memset(b, 1, 16384)
+        for b in blocks[::2]:
+            libc.free(b)
+        free, before = allocator.heap_free(), rss()
+        print(free, allocator.trim_freed(past=free + 1), allocator.trim_freed(past=1 << 20), before - rss())
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    free, too_little, trimmed, handed_back_kib = int(out[0]), out[1], out[2], int(out[3])
+    assert free >= 15 << 20, free  # the freed blocks are counted free
+    assert too_little == "False"  # less free than asked for: nothing trimmed
+    assert trimmed == "True"
+    assert handed_back_kib > 8 << 10, handed_back_kib  # megabytes of resident pages went back, not a rounding
+
+
+@needs_glibc
+def test_the_engine_trims_before_each_of_its_queries(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int | None] = []
+    monkeypatch.setattr("telemetrain.store.engine.trim_freed", lambda past=None: calls.append(past) or False)
+    engine = Engine([])
+    try:
+        assert engine.scalar("SELECT 1") == 1
+        engine.rows("SELECT 2")
+        assert len(calls) >= 2
+    finally:
+        engine.close()

@@ -30,7 +30,7 @@ from typing import Any
 
 from ..identity import Identity
 from ..semconv import series_key
-from .allocator import flush_freed_in_queries, purge_freed
+from .allocator import flush_freed_in_queries, purge_freed, trim_freed
 from .codec import untag_nonfinite
 from .columnar import PARTITIONS, PROCESS_TABLE, READABLE_SINCE, SCHEMA_VERSION, TABLES
 from .compact import COLUMNAR_DIR, connect
@@ -347,6 +347,7 @@ class Engine:
         freed is handed back to the system first, past a few MiB (``allocator.purge_freed``): its peak does not stand
         on theirs."""
         purge_freed()
+        trim_freed()
         return self.con.execute(query, params) if params is not None else self.con.execute(query)
 
     def rows(self, query: str, params: Any = None) -> list[tuple[Any, ...]]:
