@@ -4,8 +4,10 @@ same spikes as every point, or says it cannot (then ``findings_sql`` reads the s
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -86,6 +88,15 @@ class Connection:
 
     def rows(self, query: str, params: Any = None) -> list[Any]:
         return list(self.execute(query, params).fetchall())
+
+    @contextlib.contextmanager
+    def one_thread(self) -> Iterator[None]:
+        threads = self.con.execute("SELECT current_setting('threads')").fetchone()[0]
+        self.con.execute("SET threads = 1")
+        try:
+            yield
+        finally:
+            self.con.execute(f"SET threads = {int(threads)}")
 
     def stream(self, query: str, params: Any = None) -> Any:
         cur = self.execute(query, params)

@@ -1,4 +1,5 @@
-"""``store.allocator``: what DuckDB's jemalloc freed goes back to the system between the readers' queries."""
+"""``store.allocator``: what DuckDB's jemalloc and the C heap freed goes back to the system between the readers'
+queries; and ``Engine.one_thread``, the other of the engine's memory controls."""
 
 from __future__ import annotations
 
@@ -117,3 +118,26 @@ def test_the_engine_trims_before_each_of_its_queries(monkeypatch: pytest.MonkeyP
         assert len(calls) >= 2
     finally:
         engine.close()
+
+
+def test_one_thread_runs_the_queries_within_on_one_thread_and_restores_the_count() -> None:
+    engine = Engine([], threads=2)
+    try:
+        def threads() -> int:
+            return int(engine.scalar("SELECT current_setting('threads')"))
+        assert threads() == 2
+        with engine.one_thread():
+            assert threads() == 1
+            assert engine.scalar("SELECT count(*) FROM range(100000)") == 100000
+        assert threads() == 2
+        with pytest.raises(duckdb.Error), engine.one_thread():
+            engine.execute("SELECT * FROM no_such_table")
+        assert threads() == 2  # restored after a failed query too
+    finally:
+        engine.close()
+    single = Engine([], threads=1)
+    try:
+        with single.one_thread():
+            assert int(single.scalar("SELECT current_setting('threads')")) == 1
+    finally:
+        single.close()

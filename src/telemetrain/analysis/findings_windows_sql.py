@@ -79,20 +79,21 @@ def feed_windows_sql(builder: InputBuilder, engine: Any, source: str, where: str
     merged: list[tuple[Any, ...]] = []  # each loop's windows, given to the builder once every loop was regular
     try:
         for ranks in groups:
-            # (the group before dropped first: replaced, its table is held until the new one is written)
-            engine.execute("DROP TABLE IF EXISTS findings_reports")
-            engine.execute("DROP TABLE IF EXISTS findings_positions")
-            engine.execute(f"CREATE OR REPLACE TEMP TABLE findings_reports AS SELECT *, coalesce(v2, -1) AS start, "
-                           f"{N_EFF} AS n FROM {reports} WHERE rank IN {ranks}")
-            mine = _loops(engine)
-            if not all(row[5] for row in mine):
-                return False
-            loops += mine
-            blocks: dict[tuple[int, int, int], list[tuple[Any, ...]]] = {}
-            raw: dict[tuple[int, int, int, int], tuple[Any, list[Any]]] = {}
-            _merge(engine, level, blocks, raw)
-            merged += [_loop_windows(row, blocks, raw, origin) for row in mine]
-            del blocks, raw
+            with engine.one_thread():  # (a group's few ten thousand rows)
+                # (the group before dropped first: replaced, its table is held until the new one is written)
+                engine.execute("DROP TABLE IF EXISTS findings_reports")
+                engine.execute("DROP TABLE IF EXISTS findings_positions")
+                engine.execute(f"CREATE OR REPLACE TEMP TABLE findings_reports AS SELECT *, coalesce(v2, -1) AS "
+                               f"start, {N_EFF} AS n FROM {reports} WHERE rank IN {ranks}")
+                mine = _loops(engine)
+                if not all(row[5] for row in mine):
+                    return False
+                loops += mine
+                blocks: dict[tuple[int, int, int], list[tuple[Any, ...]]] = {}
+                raw: dict[tuple[int, int, int, int], tuple[Any, list[Any]]] = {}
+                _merge(engine, level, blocks, raw)
+                merged += [_loop_windows(row, blocks, raw, origin) for row in mine]
+                del blocks, raw
     finally:
         engine.execute("DROP TABLE IF EXISTS findings_reports")
         engine.execute("DROP TABLE IF EXISTS findings_positions")

@@ -192,24 +192,25 @@ def _windows_by_group(engine: Engine, metrics: list[tuple[str, str]], run_metric
     clocks: set[bool] = set()
     engine.execute("CREATE OR REPLACE TEMP TABLE compare_shares (share DOUBLE)")
     phased = " OR ".join(f"{p} IS NOT NULL" for p in PHASES)
-    for group in rank_groups(counts, WINDOWS_AT_ONCE):
-        engine.execute("DROP TABLE IF EXISTS compare_windows")  # (replaced, the last group's is held meanwhile)
-        engine.execute("CREATE OR REPLACE TEMP TABLE compare_windows AS " + _windows_sql(group))
-        devs, n, with_share = engine.rows(f"SELECT list_distinct(list(dev) FILTER (WHERE {phased})), count(*), "
-                                          "count(share) FROM compare_windows")[0]
-        clocks.update(devs or [])
-        count, shares = count + n, shares + with_share
-        ranks += [r for r, in engine.rows("SELECT DISTINCT rank FROM compare_windows ORDER BY rank")]
-        if with_share:
-            engine.execute("INSERT INTO compare_shares SELECT share FROM compare_windows WHERE share IS NOT NULL")
-        sums.add("compare_windows")
-        # per rank: the iteration time, and the phases for the few ranks compare compares them for; busy-free
-        # while every window so far carries its wait (compare uses busy-free series only when all do)
-        found: dict[_Key, array[float]] = {}
-        for busy_free in ((False, True) if shares == count else (False,)):
-            _series(engine, metrics if phases_by_rank else metrics[:1], True, busy_free, found)
-        for key, values in found.items():  # (a rank is in one group only)
-            into.spill(key, values)
+    with engine.one_thread():  # (a group's windows: a few ten thousand)
+        for group in rank_groups(counts, WINDOWS_AT_ONCE):
+            engine.execute("DROP TABLE IF EXISTS compare_windows")  # (replaced, the last group's is held meanwhile)
+            engine.execute("CREATE OR REPLACE TEMP TABLE compare_windows AS " + _windows_sql(group))
+            devs, n, with_share = engine.rows(f"SELECT list_distinct(list(dev) FILTER (WHERE {phased})), count(*), "
+                                              "count(share) FROM compare_windows")[0]
+            clocks.update(devs or [])
+            count, shares = count + n, shares + with_share
+            ranks += [r for r, in engine.rows("SELECT DISTINCT rank FROM compare_windows ORDER BY rank")]
+            if with_share:
+                engine.execute("INSERT INTO compare_shares SELECT share FROM compare_windows WHERE share IS NOT NULL")
+            sums.add("compare_windows")
+            # per rank: the iteration time, and the phases for the few ranks compare compares them for; busy-free
+            # while every window so far carries its wait (compare uses busy-free series only when all do)
+            found: dict[_Key, array[float]] = {}
+            for busy_free in ((False, True) if shares == count else (False,)):
+                _series(engine, metrics if phases_by_rank else metrics[:1], True, busy_free, found)
+            for key, values in found.items():  # (a rank is in one group only)
+                into.spill(key, values)
     engine.execute("DROP TABLE IF EXISTS compare_windows")
     known = count > 0 and shares == count
     if not known:

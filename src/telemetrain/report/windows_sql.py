@@ -83,22 +83,23 @@ class WindowsSql:
         # held ~24 bytes a window to the end of the figures (30 MiB at 64 x 1M)
         heat: list[str] = []
         try:
-            for k, ranks in enumerate(rank_groups(self.counts, WINDOWS_AT_ONCE)):
-                self._build(ranks)
-                per_rank = e.rows(
-                    f"SELECT rank, any_value(n), median(avg) FILTER (WHERE isfinite(avg)), "
-                    f"median(coalesce(p50, avg)) FILTER (WHERE isfinite(coalesce(p50, avg))) FROM {TABLE} "
-                    "GROUP BY rank ORDER BY rank")
-                for rank, n, m, _ in per_rank:
-                    figures.counts[rank] = int(n)
-                    medians[rank] = None if m is None else float(m)
-                slow += self._slow({rank: t for rank, _, _, t in per_rank if t})
-                self._phases(figures)
-                bounds += e.rows(f"SELECT min(iteration), max(iteration), max(n) FROM {TABLE} HAVING count(*) > 0")
-                heat.append(os.path.join(e.scratch, f"report_heat_{k}.parquet"))
-                e.execute(f"COPY (SELECT rank, iteration, avg FROM {TABLE} WHERE isfinite(avg)) TO $path "
-                          "(FORMAT parquet)", {"path": heat[-1]})
-                self._merged(assumed, whole, merged)
+            with e.one_thread():  # (a group's windows: a few ten thousand)
+                for k, ranks in enumerate(rank_groups(self.counts, WINDOWS_AT_ONCE)):
+                    self._build(ranks)
+                    per_rank = e.rows(
+                        f"SELECT rank, any_value(n), median(avg) FILTER (WHERE isfinite(avg)), "
+                        f"median(coalesce(p50, avg)) FILTER (WHERE isfinite(coalesce(p50, avg))) FROM {TABLE} "
+                        "GROUP BY rank ORDER BY rank")
+                    for rank, n, m, _ in per_rank:
+                        figures.counts[rank] = int(n)
+                        medians[rank] = None if m is None else float(m)
+                    slow += self._slow({rank: t for rank, _, _, t in per_rank if t})
+                    self._phases(figures)
+                    bounds += e.rows(f"SELECT min(iteration), max(iteration), max(n) FROM {TABLE} HAVING count(*) > 0")
+                    heat.append(os.path.join(e.scratch, f"report_heat_{k}.parquet"))
+                    e.execute(f"COPY (SELECT rank, iteration, avg FROM {TABLE} WHERE isfinite(avg)) TO $path "
+                              "(FORMAT parquet)", {"path": heat[-1]})
+                    self._merged(assumed, whole, merged)
             figures.medians = medians
             figures.slow_windows = [w for _, w in sorted(slow, key=lambda kw: kw[0])]
             if not figures.counts:

@@ -168,8 +168,9 @@ def load_session(engine: Engine, runs: Sequence[Run]) -> tuple[list[Any], Any, b
           SELECT DISTINCT rank, 0 FROM events WHERE {where} AND name IN ('{_UPDATE}', '{_SAVE}', '{_PROGRESS}'))
         GROUP BY rank ORDER BY rank""")
     groups = rank_groups(counts, SPANS_AT_ONCE)
-    stamps = [row for group in groups
-              for row in engine.rows(stamps_sql(where if len(groups) == 1 else f"{where} AND rank IN {group}"))]
+    with engine.one_thread():  # (a group's spans: a few ten thousand)
+        stamps = [row for group in groups
+                  for row in engine.rows(stamps_sql(where if len(groups) == 1 else f"{where} AND rank IN {group}"))]
     bounds = {(index[(s, r)], rank, pid): (lo, hi) for s, r, rank, pid, lo, hi in stamps if (s, r) in index}
     saves: dict[tuple[int, int, int], list[_Save]] = {}
     for s, r, rank, pid, completed, step, sec in engine.rows(f"""
