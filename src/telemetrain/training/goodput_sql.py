@@ -38,8 +38,9 @@ _SAVE = EventName.SAVE_CHECKPOINT_SUCCESS.value
 _UPDATE = EventName.TRAINING_METRICS_UPDATE.value
 _LOOP = SpanName.TRAINING_LOOP.value  # the one span whose attributes goodput reads (train_iterations_start)
 _PROGRESS = "training_progress"  # the stall watchdog's heartbeat (distributed.watchdog)
-# lifecycle spans whose first start and end one query groups (~100 bytes each in DuckDB's hash table)
-SPANS_AT_ONCE = 49_152
+# lifecycle spans whose first start and end one query groups (~100 bytes each in DuckDB's hash table): a rank of the
+# scale runs (20,000 spans) at a time; two at a time held ~7 MiB more at compare's peak on 64 x 1M, for ~1 s less
+SPANS_AT_ONCE = 24_576
 # a rank's lifecycle rows fetched at a time: a report's row is ~1 KiB of Python objects (its attributes' JSON texts),
 # and two batches live at once (the last one read while the next is fetched): 10,000 held +10 MiB at 1M iterations
 ROWS_AT_ONCE = 2_000
