@@ -173,16 +173,18 @@ def _merge(engine: Any, level: int, blocks: dict[tuple[int, int, int], list[tupl
     report and a lone report of a last block into ``raw`` (position -1: the warm-up).
 
     Each report's position in its loop comes from a window over the keys alone (``findings_positions``: a window
-    over the wide rows held all of them again, +25-30 MiB), joined back; each level is a materialized CTE, the level
-    below held only while its blocks are joined."""
+    over the wide rows held all of them again, +25-30 MiB), joined back on the row id; each level is a materialized
+    CTE, the level below held only while its blocks are joined."""
     dev = _mask(_DEV)
     phase = ", ".join(f"CASE WHEN dm > 0 THEN v{d} ELSE v{h} END * n AS ph{i}"
                       for i, (d, h) in enumerate(zip(_DEV, _HOST, strict=True)))
     wsum = ", ".join(f"v{i} * n AS w{k}" for k, i in enumerate(_WAITS))
-    engine.execute("CREATE OR REPLACE TEMP TABLE findings_positions AS SELECT rank, pid, start, segment, line, "
+    engine.execute("CREATE OR REPLACE TEMP TABLE findings_positions AS SELECT rowid AS rid, "
                    "row_number() OVER (PARTITION BY rank, pid, start ORDER BY segment, line) - 2 AS pos, "
                    "count(*) OVER (PARTITION BY rank, pid, start) - 1 AS positions FROM findings_reports")
-    numbered = "(findings_reports JOIN findings_positions USING (rank, pid, start, segment, line))"
+    # (joined back on the table's row id: one row each, whatever NULLs a file's name left in pid or segment)
+    numbered = ("(SELECT r.*, p.pos, p.positions FROM findings_reports r JOIN findings_positions p "
+                "ON r.rowid = p.rid)")
     levels = [f"""l0 AS NOT MATERIALIZED (
         SELECT rank, pid, start, pos, n, 1 AS windows, v0 AS step, wall_ns, v4 AS mx, v3 * n AS t, {phase},
                v5 * n AS p50, v6 AS wall, v7 AS cwait, v8 AS cpu, v9 * n AS comm, {wsum},
@@ -201,7 +203,8 @@ def _merge(engine: Any, level: int, blocks: dict[tuple[int, int, int], list[tupl
                    CASE WHEN o.mx IS NULL OR e.mx >= o.mx THEN coalesce(e.mx, o.mx) ELSE o.mx END AS mx, {sums}
             FROM (SELECT * FROM {below} WHERE (pos >> {lv - 1}) & 1 = 0) e
             LEFT JOIN (SELECT * FROM {below} WHERE (pos >> {lv - 1}) & 1 = 1) o
-              ON e.rank = o.rank AND e.pid = o.pid AND e.start = o.start AND e.pos >> {lv} = o.pos >> {lv})""")
+              ON e.rank = o.rank AND e.pid IS NOT DISTINCT FROM o.pid AND e.start = o.start
+                 AND e.pos >> {lv} = o.pos >> {lv})""")
     for row in engine.rows(f"WITH {', '.join(levels)} SELECT * FROM l{level} ORDER BY rank, pid, start, pos"):
         blocks.setdefault((int(row[0]), int(row[1]), int(row[2])), []).append(row)
     values = ", ".join(f"v{i}" for i in range(len(WINDOW_POINT_KEYS)))

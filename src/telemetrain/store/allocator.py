@@ -37,7 +37,9 @@ _PURGE = f"arena.{_ARENAS_ALL}.purge".encode()
 # the modules DuckDB's native code has lived in across releases (2.x: a top-level ``_duckdb``)
 _NATIVE_MODULES = ("_duckdb", "duckdb.duckdb", "duckdb._duckdb")
 
-PURGE_PAST = 32 << 20  # bytes held freed past which they are purged (jemalloc's own metadata is ~6 MiB of it)
+# bytes held freed past which they are purged (jemalloc's own metadata is ~6 MiB of it): at 32 MiB the report on
+# 64 x 1M started its curves' query on ~29 MiB of them (peak +6 MiB, no time measurably saved against 16)
+PURGE_PAST = 16 << 20
 _lock = threading.Lock()
 # past this much freed at once within a query, DuckDB hands it back to the system: a reader's peak RSS on 64 ranks x 1M
 # iterations fell ~18 MiB (goodput) and ~8 MiB (show) for ~15% more CPU (docs/scale.md). (DuckDB's default, 512 MB,
