@@ -62,7 +62,7 @@ def _find_glibc() -> tuple[Callable[[], _MallInfo2], Callable[[int], int]] | Non
     try:
         libc = ctypes.CDLL(None)
         mallinfo2, malloc_trim = libc.mallinfo2, libc.malloc_trim
-    except (OSError, AttributeError):  # not glibc, or one older than 2.33
+    except (OSError, AttributeError, TypeError):  # not glibc, one older than 2.33, or Windows (no CDLL(None))
         return None
     mallinfo2.argtypes, mallinfo2.restype = [], _MallInfo2
     malloc_trim.argtypes, malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int

@@ -361,8 +361,8 @@ class Engine:
 
     def execute(self, query: str, params: Any = None) -> Any:
         """Run one of telemetrain's own queries (a cursor: ``fetchall``, ``fetchmany``). What the queries before it
-        freed is handed back to the system first, past a few MiB (``allocator.purge_freed``): its peak does not stand
-        on theirs."""
+        freed is handed back to the system first, past a few MiB (``allocator.purge_freed`` for DuckDB's jemalloc,
+        ``allocator.trim_freed`` for the C heap): its peak does not stand on theirs."""
         purge_freed()
         trim_freed()
         return self.con.execute(query, params) if params is not None else self.con.execute(query)
