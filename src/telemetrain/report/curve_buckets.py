@@ -15,7 +15,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-__all__ = ["BAD", "BAD_X", "HI", "HI_X", "LO", "SUM", "WALL", "XN", "XSUM", "N", "merge", "pack", "unpack"]
+__all__ = ["BAD", "BAD_X", "HI", "HI_X", "LO", "SUM", "WALL", "XN", "XSUM", "N", "merge", "opened", "pack", "unpack"]
 
 # a bucket's slots: finite count, sum, min, max, x of the max, non-finite count, x of the first non-finite, last wall
 # ns, sum of x, points
@@ -58,6 +58,13 @@ def pack(bucket: list[Any]) -> bytes | list[Any]:
 def unpack(packed: bytes) -> list[Any]:
     """The bucket ``pack`` packed: the same values of the same types, in a new list."""
     return list(_FORMATS[packed[0]].unpack(packed))[1:]
+
+
+def opened(bucket: bytes | list[Any]) -> list[Any]:
+    """``bucket`` as a list: unpacked when packed, else itself (not a copy)."""
+    if isinstance(bucket, bytes):
+        return unpack(bucket)
+    return bucket
 
 
 def merge(into: list[float], b: list[float]) -> None:

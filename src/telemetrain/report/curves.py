@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .curve_buckets import BAD, BAD_X, HI, HI_X, LO, SUM, WALL, XN, XSUM, N, merge, pack, unpack
+from .curve_buckets import BAD, BAD_X, HI, HI_X, LO, SUM, WALL, XN, XSUM, N, merge, opened, pack, unpack
 
 __all__ = [
     "EVAL_WORDS",
@@ -245,7 +245,7 @@ class CurveBuilder:
             else:
                 if type(into) is bytes:
                     into = merged[key // factor] = unpack(into)
-                merge(into, unpack(b) if type(b) is bytes else b)
+                merge(into, opened(b))
         s.buckets = merged
 
     def pack(self, ranks: Iterable[int]) -> None:
@@ -316,14 +316,14 @@ def _align(s: _Series, width: int) -> dict[int, list[float]]:
     (only read) and the packed ones unpacked; else merged copies (the builder keeps going)."""
     factor = width // s.width
     if factor == 1:
-        return {k: unpack(b) if type(b) is bytes else b for k, b in s.buckets.items()}
+        return {k: opened(b) for k, b in s.buckets.items()}
     out: dict[int, list[float]] = {}
     for key, b in s.buckets.items():
         into = out.get(key // factor)
         if into is None:
             out[key // factor] = unpack(b) if type(b) is bytes else list(b)
         else:
-            merge(into, unpack(b) if type(b) is bytes else b)
+            merge(into, opened(b))
     return out
 
 
