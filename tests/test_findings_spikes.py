@@ -89,6 +89,10 @@ class Connection:
     def rows(self, query: str, params: Any = None) -> list[Any]:
         return list(self.execute(query, params).fetchall())
 
+    def temp_table(self, name: str, select: str) -> None:
+        self.con.execute(f"DROP TABLE IF EXISTS {name}")
+        self.con.execute(f"CREATE TEMP TABLE {name} AS {select}")
+
     @contextlib.contextmanager
     def one_thread(self) -> Iterator[None]:
         threads = self.con.execute("SELECT current_setting('threads')").fetchone()[0]

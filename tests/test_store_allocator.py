@@ -1,5 +1,5 @@
 """``store.allocator``: what DuckDB's jemalloc and the C heap freed goes back to the system between the readers'
-queries; and ``Engine.one_thread``, the other of the engine's memory controls."""
+queries; and ``Engine.one_thread`` and ``Engine.temp_table``, the engine's other memory controls."""
 
 from __future__ import annotations
 
@@ -141,3 +141,14 @@ def test_one_thread_runs_the_queries_within_on_one_thread_and_restores_the_count
             assert int(single.scalar("SELECT current_setting('threads')")) == 1
     finally:
         single.close()
+
+
+def test_temp_table_replaces_a_table_by_a_new_select() -> None:
+    engine = Engine([])
+    try:
+        engine.temp_table("t", "SELECT range AS i FROM range(3)")
+        assert engine.rows("SELECT i FROM t ORDER BY i") == [(0,), (1,), (2,)]
+        engine.temp_table("t", "SELECT 'x' AS s")  # another shape: dropped, not inserted into
+        assert engine.rows("SELECT * FROM t") == [("x",)]
+    finally:
+        engine.close()

@@ -80,11 +80,9 @@ def feed_windows_sql(builder: InputBuilder, engine: Any, source: str, where: str
     try:
         for ranks in groups:
             with engine.one_thread():  # (a group's few ten thousand rows)
-                # (the group before dropped first: replaced, its table is held until the new one is written)
-                engine.execute("DROP TABLE IF EXISTS findings_reports")
-                engine.execute("DROP TABLE IF EXISTS findings_positions")
-                engine.execute(f"CREATE OR REPLACE TEMP TABLE findings_reports AS SELECT *, coalesce(v2, -1) AS "
-                               f"start, {N_EFF} AS n FROM {reports} WHERE rank IN {ranks}")
+                engine.execute("DROP TABLE IF EXISTS findings_positions")  # (the last group's)
+                engine.temp_table("findings_reports", f"SELECT *, coalesce(v2, -1) AS start, {N_EFF} AS n "
+                                                      f"FROM {reports} WHERE rank IN {ranks}")
                 mine = _loops(engine)
                 if not all(row[5] for row in mine):
                     return False
@@ -179,9 +177,9 @@ def _merge(engine: Any, level: int, blocks: dict[tuple[int, int, int], list[tupl
     phase = ", ".join(f"CASE WHEN dm > 0 THEN v{d} ELSE v{h} END * n AS ph{i}"
                       for i, (d, h) in enumerate(zip(_DEV, _HOST, strict=True)))
     wsum = ", ".join(f"v{i} * n AS w{k}" for k, i in enumerate(_WAITS))
-    engine.execute("CREATE OR REPLACE TEMP TABLE findings_positions AS SELECT rowid AS rid, "
-                   "row_number() OVER (PARTITION BY rank, pid, start ORDER BY segment, line) - 2 AS pos, "
-                   "count(*) OVER (PARTITION BY rank, pid, start) - 1 AS positions FROM findings_reports")
+    engine.temp_table("findings_positions", "SELECT rowid AS rid, row_number() OVER (PARTITION BY rank, pid, start "
+                      "ORDER BY segment, line) - 2 AS pos, count(*) OVER (PARTITION BY rank, pid, start) - 1 AS "
+                      "positions FROM findings_reports")
     # (joined back on the table's row id: one row each, whatever NULLs a file's name left in pid or segment)
     numbered = ("(SELECT r.*, p.pos, p.positions FROM findings_reports r JOIN findings_positions p "
                 "ON r.rowid = p.rid)")

@@ -194,8 +194,7 @@ def _windows_by_group(engine: Engine, metrics: list[tuple[str, str]], run_metric
     phased = " OR ".join(f"{p} IS NOT NULL" for p in PHASES)
     with engine.one_thread():  # (a group's windows: a few ten thousand)
         for group in rank_groups(counts, WINDOWS_AT_ONCE):
-            engine.execute("DROP TABLE IF EXISTS compare_windows")  # (replaced, the last group's is held meanwhile)
-            engine.execute("CREATE OR REPLACE TEMP TABLE compare_windows AS " + _windows_sql(group))
+            engine.temp_table("compare_windows", _windows_sql(group))
             devs, n, with_share = engine.rows(f"SELECT list_distinct(list(dev) FILTER (WHERE {phased})), count(*), "
                                               "count(share) FROM compare_windows")[0]
             clocks.update(devs or [])

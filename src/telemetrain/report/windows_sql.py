@@ -59,8 +59,7 @@ class WindowsSql:
                            f"AS ph_{p}" for p in PHASES)
         pavg = (f"CASE WHEN {dev} AND isfinite(avg_iteration_device_time_sec) THEN avg_iteration_device_time_sec "
                 f"ELSE avg_iteration_time_sec END AS pavg, coalesce({dev}, false) AS dev")
-        self.engine.execute(f"DROP TABLE IF EXISTS {TABLE}")  # (replaced, the last group's is held meanwhile)
-        self.engine.execute(f"""CREATE OR REPLACE TEMP TABLE {TABLE} AS
+        self.engine.temp_table(TABLE, f"""
             SELECT rank, pid, segment, line, wall_ns, current_iteration AS iteration,
               coalesce(window_iterations, 0) AS iterations, avg_iteration_time_sec AS avg,
               p50_iteration_time_sec AS p50, p90_iteration_time_sec AS p90, p99_iteration_time_sec AS p99,

@@ -344,6 +344,13 @@ class Engine:
         in the same session (a narrow table kept on disk rather than in DuckDB's memory)."""
         return self._tmp.name
 
+    def temp_table(self, name: str, select: str) -> None:
+        """(Re)create the temp table ``name`` as ``select``, the old one dropped first: a loop's ``CREATE OR
+        REPLACE`` held the last group's table while the next was written (~14 MB of the findings' reports at
+        64 ranks x 1M iterations)."""
+        self.execute(f"DROP TABLE IF EXISTS {name}")
+        self.execute(f"CREATE TEMP TABLE {name} AS {select}")
+
     @contextmanager
     def one_thread(self) -> Iterator[None]:
         """The queries within on one DuckDB thread: for a group of ranks' small queries (a few ten thousand rows),
