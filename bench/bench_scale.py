@@ -179,8 +179,8 @@ def _hwm():
     with open(os.environ["BENCH_SCALE_HWM"], "w") as out:
         out.write(str(kib * 1024))
 atexit.register(_hwm)
-from telemetrain.cli import main
-raise SystemExit(main(sys.argv[1:]))
+from telemetrain.cli import console
+raise SystemExit(console())
 """
 
 

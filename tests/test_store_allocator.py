@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -152,3 +153,67 @@ def test_temp_table_replaces_a_table_by_a_new_select() -> None:
         assert engine.rows("SELECT * FROM t") == [("x",)]
     finally:
         engine.close()
+
+
+@needs_glibc
+def test_one_c_heap_serves_new_threads_from_the_one_heap() -> None:
+    # in a fresh interpreter: 6 threads each malloc a block and wait; glibc gives each thread that allocates a heap
+    # of its own (a 64 MiB reservation in /proc/self/maps) unless the arenas are limited to one
+    code = textwrap.dedent("""
+        import ctypes, sys, threading
+        from telemetrain.store import allocator
+        libc = ctypes.CDLL(None)
+        libc.malloc.restype = ctypes.c_void_p
+        def heaps():
+            with open("/proc/self/maps") as fh:  # a thread's heap: 64 MiB, aligned, read-write then reserved
+                spans = [[int(x, 16) for x in line.split()[0].split("-")] for line in fh]
+            return sum(1 for lo, hi in spans if lo % (64 << 20) == 0 and hi - lo <= 64 << 20 and hi - lo >= 132 << 10)
+        limited = allocator.one_c_heap() if sys.argv[1] == "one" else None
+        before, go, done = heaps(), threading.Event(), threading.Barrier(7)
+        def work():
+            libc.malloc(200)
+            done.wait()
+            go.wait()
+        threads = [threading.Thread(target=work) for _ in range(6)]
+        for t in threads:
+            t.start()
+        done.wait()
+        print(limited, heaps() - before)
+        go.set()
+    """)
+    runs = {mode: subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, check=True
+                                 ).stdout.split() for mode in ("one", "default")}
+    assert runs["one"] == ["True", "0"], runs  # no thread got a heap of its own
+    assert runs["default"][0] == "None" and int(runs["default"][1]) >= 3, runs  # (the contrast: glibc's default)
+
+
+def test_the_command_limits_the_c_heaps_for_its_readers_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    from telemetrain import cli
+
+    calls: list[list[str]] = []
+    monkeypatch.setattr(cli, "one_c_heap", lambda: calls.append(list(sys.argv[1:])) or True)
+    monkeypatch.setattr(cli, "main", lambda argv=None: 0)
+    for argv in (["report", "RUN"], ["goodput", "S"], ["demo"], ["launch", "--nproc-per-node", "2", "t.py"], []):
+        monkeypatch.setattr(sys, "argv", ["telemetrain", *argv])
+        assert cli.console() == 0
+    assert calls == [["report", "RUN"], ["goodput", "S"]]  # not the training commands, which run the user's threads
+
+
+def test_the_views_read_their_file_lists_from_variables(tmp_path: Path) -> None:
+    # the compacted files' list is held once, in a variable per table, not written into each view's text
+    from telemetrain import Telemetry, identity_from_env
+    from telemetrain.store.compact import compact
+
+    ident = identity_from_env({}, run_id="vars", session_tag="s", perf_tag="p", rank=0, world_size=1)
+    t = Telemetry(ident, store=tmp_path)
+    for i in range(300):
+        t.metric("loss", float(i), step=i)
+    assert t.close(30)
+    run = tmp_path / "s" / "vars"
+    compact(run)
+    with Engine([run]) as engine:
+        assert engine.tail_segments == 0 and engine.parquet["metrics"]
+        assert engine.scalar("SELECT getvariable('files_metrics')") == engine.parquet["metrics"]
+        view = engine.scalar("SELECT sql FROM duckdb_views() WHERE view_name = 'metrics'")
+        assert "getvariable('files_metrics')" in view and ".parquet" not in view
+        assert engine.rows("SELECT count(*), sum(step) FROM metrics") == [(300, sum(range(300)))]

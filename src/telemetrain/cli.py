@@ -21,6 +21,7 @@ from .distributed import commands as launch_commands
 from .report import commands as report_commands
 from .show import _cmd_show, summarize
 from .store import commands as store_commands
+from .store.allocator import one_c_heap
 from .store.columnar import ColumnarVersionError
 from .store.layout import default_root
 from .store.reader import NotARunError
@@ -197,6 +198,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# the commands that read runs through DuckDB, in a process of their own (``console``)
+_READERS = frozenset({"report", "compare", "goodput", "show", "trace", "tail", "query", "compact"})
+
+
+def console() -> int:
+    """The ``telemetrain`` command (and ``python -m telemetrain.cli``): ``main`` on ``sys.argv``, in a process that is
+    the command's own, so that a reader may shape the process's C heap first (``store.allocator.one_c_heap``; a
+    library call, ``main`` included, leaves its caller's process as it is)."""
+    if sys.argv[1:2] and sys.argv[1] in _READERS:
+        one_c_heap()
+    return main()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (2 for a usage or input error)."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -237,4 +251,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(console())

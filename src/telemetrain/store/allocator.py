@@ -30,7 +30,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["FLUSH_FREED", "flush_freed_in_queries", "freed_held", "heap_free", "purge_freed", "trim_freed"]
+__all__ = ["FLUSH_FREED", "flush_freed_in_queries", "freed_held", "heap_free", "one_c_heap", "purge_freed",
+           "trim_freed"]
 
 _ARENAS_ALL = 4096  # jemalloc's MALLCTL_ARENAS_ALL: "every arena" in an arena.<i>.* name
 _PURGE = f"arena.{_ARENAS_ALL}.purge".encode()
@@ -48,6 +49,7 @@ FLUSH_FREED = "8MB"
 _mallctl: Callable[..., int] | None = None
 _looked = False
 TRIM_PAST = 8 << 20  # bytes free in the C library's heap past which its free pages are handed back
+_M_ARENA_MAX = -8  # mallopt's parameter number (glibc's malloc.h)
 
 
 class _MallInfo2(ctypes.Structure):
@@ -58,15 +60,16 @@ class _MallInfo2(ctypes.Structure):
                  "keepcost")]
 
 
-def _find_glibc() -> tuple[Callable[[], _MallInfo2], Callable[[int], int]] | None:
+def _find_glibc() -> tuple[Callable[[], _MallInfo2], Callable[[int], int], Callable[[int, int], int]] | None:
     try:
         libc = ctypes.CDLL(None)
-        mallinfo2, malloc_trim = libc.mallinfo2, libc.malloc_trim
+        mallinfo2, malloc_trim, mallopt = libc.mallinfo2, libc.malloc_trim, libc.mallopt
     except (OSError, AttributeError, TypeError):  # not glibc, one older than 2.33, or Windows (no CDLL(None))
         return None
     mallinfo2.argtypes, mallinfo2.restype = [], _MallInfo2
     malloc_trim.argtypes, malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
-    return mallinfo2, malloc_trim
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return mallinfo2, malloc_trim, mallopt
 
 
 _glibc = _find_glibc()
@@ -153,6 +156,17 @@ def heap_free() -> int | None:
     if _glibc is None:
         return None
     return int(_glibc[0]().fordblks)
+
+
+def one_c_heap() -> bool:
+    """Have the C library serve every thread of this process from one heap (glibc's ``mallopt(M_ARENA_MAX, 1)``,
+    mallopt(3)); False where that is not glibc. A process's own choice, made before its threads start: the
+    ``telemetrain`` command does it for its readers, whose DuckDB threads otherwise each fill a heap of their own
+    (64 MiB reserved each) with what its native code allocates outside jemalloc, freed in pieces no trim returns
+    (``show`` on 64 ranks x 1M: peak -5 to -7 MiB, no time measurable; docs/scale.md)."""
+    if _glibc is None:
+        return False
+    return bool(_glibc[2](_M_ARENA_MAX, 1))
 
 
 def trim_freed(past: int | None = None) -> bool:

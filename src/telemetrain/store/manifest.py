@@ -91,9 +91,9 @@ def manifest_is_valid(manifest: Manifest, prefix: Path, jsonl: Path, *, grown_ok
     if size != manifest.file_size and not (grown_ok and size > manifest.file_size):
         return f"{jsonl.name} is {size} bytes now, its copy was made from {manifest.file_size}"
     for f in manifest.files:
-        target = prefix / str(f.get("path", ""))
+        target = os.path.join(prefix, str(f.get("path", "")))  # text, not a Path: its parts are not interned
         try:
-            st = target.stat()
+            st = os.stat(target)
             if st.st_size != f.get("bytes"):
                 return f"{target} is {st.st_size} bytes, its manifest says {f.get('bytes')} (truncated?)"
             with open(target, "rb") as fh:
