@@ -122,7 +122,7 @@ class ReportModel:
     agents: list[ProcessLog]
     headline: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)  # (label, value, how)
     # rank -> its windows in iteration order, merged to at most windows.MAX_WINDOWS_PER_RANK (see windows.py)
-    windows: dict[int, list[Window]] = dataclasses.field(default_factory=dict)
+    windows: dict[int, Sequence[Window]] = dataclasses.field(default_factory=dict)
     window_counts: dict[int, int] = dataclasses.field(default_factory=dict)  # rank -> windows before merging
     heatmap: Heatmap | None = None
     # the lowest rank with exported iteration spans -> (t, seconds) of them, every k-th (k = max(1, n // 1000)): what

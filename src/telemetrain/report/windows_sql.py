@@ -20,6 +20,7 @@ from typing import Any
 from ..analysis.findings_sql import REPORTS_AT_ONCE, rank_groups
 from ..store.engine import Engine
 from .model import PHASES, Window
+from .packed_windows import PackedWindows
 from .windows import MAX_HEATMAP_COLUMNS, SLOW_ITERATION_FACTOR, Heatmap, WindowFigures, window_limit
 
 __all__ = ["WindowsSql"]
@@ -39,6 +40,13 @@ def window_of(row: tuple[Any, ...]) -> Window:
                   phases={p: v for p, v in zip(PHASES, phases, strict=True) if v is not None},
                   phase_source="device" if dev else "host",
                   phase_avg=None if pavg is None or not math.isfinite(pavg) else pavg)
+
+
+def _packed(by_rank: dict[int, PackedWindows], rank: int) -> PackedWindows:
+    ws = by_rank.get(rank)
+    if ws is None:
+        ws = by_rank[rank] = PackedWindows(rank)
+    return ws
 
 
 class WindowsSql:
@@ -76,8 +84,9 @@ class WindowsSql:
         medians: dict[int, float | None] = {}
         slow: list[tuple[tuple[int, int, int], Window]] = []
         bounds: list[tuple[Any, Any, Any]] = []
-        whole: dict[int, list[Window]] = {}  # the ranks within their limit, then the merged ones (as window_figures)
-        merged: dict[int, list[Window]] = {}
+        # the ranks within their limit, then the merged ones (as window_figures), packed (``packed_windows``)
+        whole: dict[int, PackedWindows] = {}
+        merged: dict[int, PackedWindows] = {}
         # the heatmap's narrow rows, a Parquet file a group in the engine's own directory: in DuckDB's memory they
         # held ~24 bytes a window to the end of the figures (30 MiB at 64 x 1M)
         heat: list[str] = []
@@ -164,7 +173,7 @@ class WindowsSql:
         heat.typical = float(typical) if typical is not None and typical > 0 else 1.0
         return heat
 
-    def _merged(self, ranks: list[int], whole: dict[int, list[Window]], merged: dict[int, list[Window]]) -> None:
+    def _merged(self, ranks: list[int], whole: dict[int, PackedWindows], merged: dict[int, PackedWindows]) -> None:
         """Each rank's windows of ``TABLE`` into ``whole`` when within its limit (``window_limit`` among ``ranks``,
         the run's ranks with windows), else merged to it into ``merged``."""
         held = [int(r) for (r,) in self.engine.rows(f"SELECT DISTINCT rank FROM {TABLE} ORDER BY rank")]
@@ -175,7 +184,7 @@ class WindowsSql:
                                     [(rank, window_limit(rank, ranks)) for rank in held])
         w = f"(SELECT * FROM {TABLE} JOIN report_limits USING (rank))"
         for row in self.engine.rows(f"SELECT {COLUMNS} FROM {w} WHERE n <= lim ORDER BY rank, i"):
-            whole.setdefault(row[0], []).append(window_of(row))
+            _packed(whole, row[0]).append(window_of(row))
         size = "((n + lim - 1) // lim)"
 
         def mean(c: str) -> str:
@@ -190,7 +199,7 @@ class WindowsSql:
                       {mean('p50')}, {largest('p90')}, {largest('p99')}, {largest('mx')},
                       fsum(total) FILTER (WHERE isfinite(total)), {mean('sps')}, NULL, false, {phases}
                     FROM {w} WHERE n > lim GROUP BY rank, i // {size} ORDER BY rank, i // {size}"""):
-            merged.setdefault(row[0], []).append(window_of(row))
+            _packed(merged, row[0]).append(window_of(row))
         self.engine.execute("DROP TABLE report_limits")
 
     def windows_at(self, flagged: set[tuple[int, int, int]]) -> list[Window]:
