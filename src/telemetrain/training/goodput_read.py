@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ..store.reader import ProcessLog, Run, find_runs, open_run
+from .goodput_windows import WindowList, _Window
 from .names import EventName, SpanName
 
 GROUP = "training"
@@ -85,21 +86,6 @@ _ENDED = _Span("", "", "", 0, 0)
 
 
 @dataclass(slots=True)
-class _Window:
-    """One ``training_metrics_update``."""
-
-    completed: int  # global iterations completed at the window's end (current_iteration + 1)
-    iterations: int  # iterations in the window, warm-up included
-    timed: int  # iterations whose time is in total_sec (the recorder leaves warm-up iterations out)
-    total_sec: float
-    avg_sec: float | None
-    data_sec: float
-    window_sec: float
-    final: bool
-    energy_J: float | None = None  # the rank's share of its GPUs' energy over the window (goodput_energy)
-
-
-@dataclass(slots=True)
 class _Save:
     """One ``save_checkpoint_success``."""
 
@@ -113,7 +99,7 @@ class _Loop:
     span: _Span
     start: int  # train_iterations_start
     index: int  # position among its process's loops
-    windows: list[_Window] = field(default_factory=list)
+    windows: WindowList = field(default_factory=WindowList)  # packed (goodput_windows)
     saves: list[_Save] = field(default_factory=list)
     # (start ns, end ns) of each of its training_single_iteration spans that ended ok, flat, in the file order of
     # their starts: all goodput reads of them (``goodput._warmup_seconds``)
