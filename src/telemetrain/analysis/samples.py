@@ -177,11 +177,21 @@ class RunSamples:
         return _quantile(times, 0.5), _quantile(times, 0.99)
 
 
-def _quantile(ordered: Sequence[float], q: float) -> float:
-    position = q * (len(ordered) - 1)
+def quantile_positions(n: int, q: float) -> tuple[int, int, float]:
+    """The ranks (0-based) of the two ordered values whose interpolation is the ``q`` quantile of ``n`` values, and
+    the weight of the second."""
+    position = q * (n - 1)
     low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+    return low, min(low + 1, n - 1), position - low
+
+
+def interpolate(low: float, high: float, weight: float) -> float:
+    return low + (high - low) * weight
+
+
+def _quantile(ordered: Sequence[float], q: float) -> float:
+    low, high, weight = quantile_positions(len(ordered), q)
+    return interpolate(ordered[low], ordered[high], weight)
 
 
 def _value_of(w: Window, metric: str) -> float | None:

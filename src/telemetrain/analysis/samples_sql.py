@@ -19,7 +19,8 @@ from ..semconv import series_key
 from ..store.codec import untag_nonfinite
 from ..store.engine import Engine, rank_groups
 from ..store.reader import Run
-from .samples import _CONTENTION, DURATIONS, OTHER, PHASES, RunSamples
+from .quantiles_sql import kth_smallest
+from .samples import _CONTENTION, DURATIONS, OTHER, PHASES, RunSamples, interpolate, quantile_positions
 from .samples_sums import RunSums
 
 __all__ = ["samples_sql"]
@@ -240,6 +241,20 @@ def _windows_by_group(engine: Engine, metrics: list[tuple[str, str]], run_metric
     return total, count, ranks, clocks, known
 
 
+def _iteration_percentiles(engine: Engine) -> tuple[float, float] | None:
+    """p50 and p99 of the sampled iteration spans' seconds, as ``RunSamples.iteration_percentiles`` computes them: the
+    ordered values each needs found by ``quantiles_sql`` (a ``quantile_cont`` held every span's duration)."""
+    source = ("FROM span_ends WHERE group_name = 'training' AND name = 'training_single_iteration' AND status = 'ok' "
+              "AND role <> 'agent'")
+    n = int(engine.scalar(f"SELECT count(duration_ns) {source}") or 0)
+    if not n:
+        return None
+    positions = [quantile_positions(n, q) for q in (0.5, 0.99)]
+    ns = kth_smallest(engine, "duration_ns", source, [k for low, high, _ in positions for k in (low, high)])
+    p50, p99 = (interpolate(ns[low] / 1e9, ns[high] / 1e9, weight) for low, high, weight in positions)
+    return p50, p99
+
+
 def samples_sql(engine: Engine, run: Run, curves: Callable[[str], bool] | None = None) -> RunSamples:
     metrics = [("iteration_time", "mean"), ("samples_per_second", "CASE WHEN isfinite(sps) AND sps > 0 THEN sps END"),
                *((p, p) for p in PHASES)]
@@ -249,10 +264,7 @@ def samples_sql(engine: Engine, run: Run, curves: Callable[[str], bool] | None =
     fraction = engine.scalar("SELECT median(share) FROM compare_shares")
     engine.execute("DROP TABLE compare_shares")
     source = ("device" if next(iter(clocks)) else "host") if len(clocks) == 1 else ("mixed" if clocks else "")
-    pct: Any = engine.execute(
-        "SELECT count(*), quantile_cont(duration_ns / 1e9, 0.5), quantile_cont(duration_ns / 1e9, 0.99) FROM span_ends "
-        "WHERE group_name = 'training' AND name = 'training_single_iteration' AND status = 'ok' AND role <> 'agent'"
-    ).fetchone()
+    percentiles = _iteration_percentiles(engine)
     builder = CurveBuilder()
     _feed_curves(engine, builder, curves)
     durations: dict[str, list[tuple[int, float]]] = {}
@@ -286,6 +298,6 @@ def samples_sql(engine: Engine, run: Run, curves: Callable[[str], bool] | None =
                       is_baseline=baseline or meta.get("is_baseline_run") is True,
                       cpu_count=cpus if isinstance(cpus, int) and not isinstance(cpus, bool) and cpus > 0 else None,
                       precomputed=precomputed, precomputed_ranks=ranks, precomputed_windows=int(count),
-                      precomputed_percentiles=(float(pct[1]), float(pct[2])) if pct and pct[0] else None,
+                      precomputed_percentiles=percentiles,
                       precomputed_phase_source=source, precomputed_waits_known=bool(known),
                       precomputed_wait_fraction=None if fraction is None else float(fraction), curves=builder)

@@ -1,0 +1,76 @@
+"""``analysis.quantiles_sql.kth_smallest``: exact order statistics by narrowing ranges, against a sort."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+duckdb = pytest.importorskip("duckdb")
+
+from telemetrain.analysis import quantiles_sql  # noqa: E402
+from telemetrain.analysis.quantiles_sql import kth_smallest  # noqa: E402
+from telemetrain.analysis.samples import _quantile, interpolate, quantile_positions  # noqa: E402
+from telemetrain.store.engine import Engine  # noqa: E402
+
+
+@pytest.fixture
+def engine() -> Engine:
+    e = Engine([])
+    yield e  # type: ignore[misc]
+    e.close()
+
+
+def _table(engine: Engine, values: list[int | None]) -> str:
+    engine.execute("CREATE OR REPLACE TEMP TABLE q (d BIGINT, keep BOOLEAN)")
+    engine.con.executemany("INSERT INTO q VALUES (?, ?)", [(v, i % 7 != 3) for i, v in enumerate(values)])
+    return "FROM q WHERE keep"
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_every_rank_asked_for_is_the_sorted_value(engine: Engine, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(quantiles_sql, "FETCH_AT_MOST", 50)  # several narrowing passes on small tables
+    monkeypatch.setattr(quantiles_sql, "BUCKETS", 8)
+    rng = random.Random(seed)
+    shapes = [
+        lambda: rng.randint(0, 10 ** 10),  # spread
+        lambda: rng.choice([5, 5, 5, 7, 10 ** 12]),  # heavy ties and an outlier
+        lambda: rng.randint(-2 ** 63, 2 ** 63 - 1),  # the whole BIGINT range
+        lambda: 100_000_000 + rng.randint(-1000, 1000) if rng.random() < 0.98 else rng.randint(0, 10 ** 11),
+    ]
+    shape = shapes[seed % len(shapes)]
+    values: list[int | None] = [shape() if rng.random() > 0.05 else None for _ in range(rng.randint(1, 3000))]
+    source = _table(engine, values)
+    kept = sorted(v for i, v in enumerate(values) if v is not None and i % 7 != 3)
+    if not kept:
+        return
+    ks = sorted({0, len(kept) - 1, len(kept) // 2, *(rng.randrange(len(kept)) for _ in range(5))})
+    assert kth_smallest(engine, "d", source, ks) == {k: kept[k] for k in ks}
+
+
+def test_one_value_repeated_is_found_without_reading_the_rows(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(quantiles_sql, "FETCH_AT_MOST", 10)
+    source = _table(engine, [42] * 5000)
+    calls: list[str] = []
+    rows = engine.rows
+    monkeypatch.setattr(engine, "rows", lambda q, p=None: calls.append(q) or rows(q, p))
+    n = 5000 - len(range(3, 5000, 7))
+    assert kth_smallest(engine, "d", source, [0, n // 2, n - 1]) == {0: 42, n // 2: 42, n - 1: 42}
+    assert calls == []  # min = max: no histogram, no rows fetched
+
+
+def test_ranks_outside_the_values_are_refused(engine: Engine) -> None:
+    source = _table(engine, [1, 2, 3])
+    with pytest.raises(ValueError, match="ks must be ranks"):
+        kth_smallest(engine, "d", source, [3])
+    with pytest.raises(ValueError, match="ks must be ranks"):
+        kth_smallest(engine, "d", source, [-1])
+
+
+def test_the_percentiles_are_the_python_paths_formula_on_the_same_values() -> None:
+    rng = random.Random(7)
+    for n in (1, 2, 3, 100, 1001):
+        ordered = sorted(rng.randint(0, 10 ** 10) / 1e9 for _ in range(n))
+        for q in (0.5, 0.99):
+            low, high, weight = quantile_positions(n, q)
+            assert interpolate(ordered[low], ordered[high], weight) == _quantile(ordered, q)
