@@ -74,3 +74,31 @@ def test_the_percentiles_are_the_python_paths_formula_on_the_same_values() -> No
         for q in (0.5, 0.99):
             low, high, weight = quantile_positions(n, q)
             assert interpolate(ordered[low], ordered[high], weight) == _quantile(ordered, q)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_median_of_doubles_is_duckdbs_to_the_bit(engine: Engine, seed: int,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(quantiles_sql, "FETCH_AT_MOST", 40)
+    monkeypatch.setattr(quantiles_sql, "BUCKETS", 16)
+    rng = random.Random(100 + seed)
+    shapes = [
+        lambda: rng.lognormvariate(-2, 0.3),  # iteration times
+        lambda: rng.choice([0.1, 0.1, 0.1, 0.30000000000000004, 7e-300]),  # ties, a tiny value
+        lambda: rng.uniform(-1e6, 1e6),
+        lambda: rng.choice([-1e308, 1e308, 0.0, 1.0]),  # a range too wide for a bucket width: read in order
+    ]
+    values = [shapes[seed % len(shapes)]() for _ in range(rng.randint(1, 2500))]
+    engine.execute("CREATE OR REPLACE TEMP TABLE m (avg DOUBLE)")
+    engine.con.executemany("INSERT INTO m VALUES (?)", [(v,) for v in values])
+    expected = engine.scalar("SELECT median(avg) FROM m")
+    got = quantiles_sql.median(engine, "avg", "FROM m")
+    assert got == expected and type(got) is float, (got, expected)
+    ordered = sorted(values)
+    ks = sorted({0, len(values) - 1, rng.randrange(len(values))})
+    assert kth_smallest(engine, "avg", "FROM m", ks) == {k: ordered[k] for k in ks}
+
+
+def test_the_median_of_no_row_is_none(engine: Engine) -> None:
+    engine.execute("CREATE OR REPLACE TEMP TABLE m (avg DOUBLE)")
+    assert quantiles_sql.median(engine, "avg", "FROM m") is None

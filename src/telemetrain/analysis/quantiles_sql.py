@@ -4,54 +4,82 @@ DuckDB's ``quantile_cont`` holds every value of its input in the aggregate's sta
 sampled iteration spans (1.28 M on 64 ranks x 1M iterations) took +34 MiB of the reader's peak, and 1,024 ranks
 would pass the readers' memory limit. ``kth_smallest`` finds the k-th smallest values instead by narrowing a range:
 each pass counts the rows of the range in at most ``BUCKETS`` equal buckets (a grouped count), keeps the bucket that
-holds the wanted ranks, and once at most ``FETCH_AT_MOST`` rows are left, reads them in order. Two or three scans of
-the column; the answer is the same value a sort of every row would give.
+holds the wanted ranks (narrowed to the bucket's own smallest and largest values), and once at most
+``FETCH_AT_MOST`` rows are left, reads them in order. Two or three scans of the column; the answer is the same value
+a sort of every row would give. ``median`` does the same for the report's heatmap (the median window mean of every
+rank: 1.28 M doubles, +14 MiB as DuckDB's ``median``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["kth_smallest"]
+__all__ = ["kth_smallest", "median"]
 
 BUCKETS = 4096  # buckets counted in one pass
 FETCH_AT_MOST = 16_384  # rows read into Python once the range holds no more
 
 
-def kth_smallest(engine: Any, column: str, source: str, ks: Sequence[int]) -> dict[int, int]:
-    """The ``k``-th smallest (0-based) non-NULL value of the integer expression ``column`` over the rows of
-    ``source`` (``FROM ... WHERE ...`` text), for each ``k`` in ``ks`` (each below the number of such rows)."""
+def kth_smallest(engine: Any, column: str, source: str, ks: Sequence[int]) -> dict[int, Any]:
+    """The ``k``-th smallest (0-based) non-NULL value of the numeric expression ``column`` (integer, or a double
+    without NaN) over the rows of ``source`` (``FROM ... WHERE ...`` text), for each ``k`` in ``ks`` (each below the
+    number of such rows)."""
     rows = f"SELECT {column} AS v {source}"
     lo, hi, n = engine.execute(f"SELECT min(v), max(v), count(v) FROM ({rows})").fetchone()
     wanted = sorted(set(ks))
     if wanted and not 0 <= wanted[0] <= wanted[-1] < n:
         raise ValueError(f"ks must be ranks of the {n} values, got {list(ks)}")
-    out: dict[int, int] = {}
+    out: dict[int, Any] = {}
     for k in wanted:
         if k not in out:
-            out.update(_narrow(engine, rows, int(lo), int(hi), 0, n, [j for j in wanted if j >= k]))
+            out.update(_narrow(engine, rows, lo, hi, 0, n, [j for j in wanted if j >= k]))
     return out
 
 
-def _narrow(engine: Any, rows: str, lo: int, hi: int, below: int, inside: int, ks: list[int]) -> dict[int, int]:
+def median(engine: Any, column: str, source: str) -> float | None:
+    """DuckDB's ``median`` of the double expression ``column`` (no NaN) over the rows of ``source``, the same value:
+    the middle one, or of two the halves summed (``quantile_cont``'s interpolation at 0.5); None without a row."""
+    n = int(engine.scalar(f"SELECT count({column}) {source}") or 0)
+    if not n:
+        return None
+    low, high = (n - 1) // 2, n // 2
+    values = kth_smallest(engine, column, source, [low, high])
+    if low == high:
+        return float(values[low])
+    return float(values[low]) * 0.5 + float(values[high]) * 0.5
+
+
+def _narrow(engine: Any, rows: str, lo: Any, hi: Any, below: int, inside: int, ks: list[int]) -> dict[int, Any]:
     """The values of rank ``ks[0]`` and of the other ``ks`` found on the way (those in the range where it ends):
     ``below`` values are smaller than ``lo``, ``inside`` lie in [lo, hi]."""
     k = ks[0]
-    while True:
-        if lo == hi:  # one value repeated: every rank in the range has it
-            return {j: lo for j in ks if below <= j < below + inside}
-        if inside <= FETCH_AT_MOST:
-            ordered = [int(v) for (v,) in engine.rows(
-                f"SELECT v FROM ({rows}) WHERE v BETWEEN {lo} AND {hi} ORDER BY v")]
-            return {j: ordered[j - below] for j in ks if below <= j < below + len(ordered)}
-        width = -(-(hi - lo + 1) // BUCKETS)
-        counts = engine.rows(f"SELECT (v::HUGEINT - {lo}) // {width} AS b, count(*) FROM ({rows}) "
-                             f"WHERE v BETWEEN {lo} AND {hi} GROUP BY b ORDER BY b")
-        for b, c in counts:
+    while lo != hi and inside > FETCH_AT_MOST:
+        if isinstance(lo, int):  # integer buckets, exact
+            bucket = f"(v::HUGEINT - $lo) // {-(-(hi - lo + 1) // BUCKETS)}"
+        else:  # doubles: a monotonic bucketing (a value's bucket never precedes a smaller value's)
+            width = (hi - lo) / BUCKETS
+            if not (width > 0 and math.isfinite(width)):
+                break
+            bucket = f"least({BUCKETS - 1}, floor((v - $lo) / {width!r}::DOUBLE))::BIGINT"
+        counts = engine.rows(f"SELECT {bucket} AS b, count(*), min(v), max(v) FROM ({rows}) "
+                             "WHERE v BETWEEN $lo AND $hi GROUP BY b ORDER BY b", {"lo": lo, "hi": hi})
+        for _, c, first, last in counts:
             if k < below + c:
-                lo, hi, inside = lo + int(b) * width, min(hi, lo + int(b) * width + width - 1), int(c)
+                if (first, last, c) == (lo, hi, inside):  # no narrower: read the range
+                    return _read(engine, rows, lo, hi, below, ks)
+                lo, hi, inside = first, last, int(c)
                 break
             below += int(c)
         else:  # (the counts cover the range: unreachable unless the rows changed between the scans)
             raise RuntimeError("the rows changed while their order statistics were read")
+    if lo == hi:  # one value repeated: every rank in the range has it
+        return {j: lo for j in ks if below <= j < below + inside}
+    return _read(engine, rows, lo, hi, below, ks)
+
+
+def _read(engine: Any, rows: str, lo: Any, hi: Any, below: int, ks: list[int]) -> dict[int, Any]:
+    ordered = [v for (v,) in engine.rows(f"SELECT v FROM ({rows}) WHERE v BETWEEN $lo AND $hi ORDER BY v",
+                                         {"lo": lo, "hi": hi})]
+    return {j: ordered[j - below] for j in ks if below <= j < below + len(ordered)}

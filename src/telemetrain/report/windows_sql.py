@@ -18,6 +18,7 @@ import os
 from typing import Any
 
 from ..analysis.findings_sql import REPORTS_AT_ONCE, rank_groups
+from ..analysis.quantiles_sql import median
 from ..store.engine import Engine
 from .model import PHASES, Window
 from .packed_windows import PackedWindows
@@ -169,7 +170,7 @@ class WindowsSql:
                 {"width": width}):
             cells[rank][int(col)] = float(mean)
         heat.cells = [cells[rank] for rank in heat.ranks]
-        typical = self.engine.scalar(f"SELECT median(avg) FROM {rows}")
+        typical = median(self.engine, "avg", f"FROM {rows}")  # (DuckDB's median held every window's mean)
         heat.typical = float(typical) if typical is not None and typical > 0 else 1.0
         return heat
 
