@@ -22,7 +22,7 @@ __all__ = ["feed_curves"]
 # (rank, series) pairs bucketed by one query: DuckDB's aggregate holds each pair's buckets (up to ~2 x the builder's
 # capacity) with their states, per thread: every pair of 64 ranks at once was +56 MiB of RSS at 64 x 100k against +17
 # at 8 ranks, so the buckets are made a group of ranks at a time, in rank order (docs/scale.md)
-SERIES_AT_ONCE = 16
+SERIES_AT_ONCE = 4
 
 
 def _user_groups(column: str) -> str:
