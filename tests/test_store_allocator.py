@@ -217,3 +217,15 @@ def test_the_views_read_their_file_lists_from_variables(tmp_path: Path) -> None:
         view = engine.scalar("SELECT sql FROM duckdb_views() WHERE view_name = 'metrics'")
         assert "getvariable('files_metrics')" in view and ".parquet" not in view
         assert engine.rows("SELECT count(*), sum(step) FROM metrics") == [(300, sum(range(300)))]
+
+
+def test_rank_groups_bound_each_count_of_a_group() -> None:
+    from telemetrain.store.engine import rank_groups
+
+    assert rank_groups([(0, 5), (1, 5), (2, 20), (3, 1)], 10) == ["(0, 1)", "(2)", "(3)"]  # a rank past it: alone
+    # the curves' groups: at most 16 series and 4 Mi steps together (two 1M-step series a rank: two ranks a group;
+    # eight ranks of 100k steps: one group)
+    big = [(r, 2, 2_000_000) for r in range(4)]
+    assert rank_groups(big, 16, 1 << 22) == ["(0, 1)", "(2, 3)"]
+    assert rank_groups([(r, 2, 200_000) for r in range(9)], 16, 1 << 22) == ["(0, 1, 2, 3, 4, 5, 6, 7)", "(8)"]
+    assert rank_groups([(0, 3, None), (1, 20, 0)], 16, 1 << 22) == ["(0)", "(1)"]  # (no steps: a wall-clock series)

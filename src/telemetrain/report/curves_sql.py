@@ -21,8 +21,10 @@ __all__ = ["feed_curves"]
 
 # (rank, series) pairs bucketed by one query: DuckDB's aggregate holds each pair's buckets (up to ~2 x the builder's
 # capacity) with their states, per thread: every pair of 64 ranks at once was +56 MiB of RSS at 64 x 100k against +17
-# at 8 ranks, so the buckets are made a group of ranks at a time, in rank order (docs/scale.md)
-SERIES_AT_ONCE = 4
+# at 8 ranks, so the buckets are made a group of ranks at a time, in rank order (docs/scale.md); and at most
+# POINTS_AT_ONCE steps of step-indexed series a group: 8 ranks of two 1M-step series took +25 MiB, 2 ranks +14
+SERIES_AT_ONCE = 16
+POINTS_AT_ONCE = 1 << 22
 
 
 def _user_groups(column: str) -> str:
@@ -58,10 +60,11 @@ WITH s AS (
   SELECT rank, group_name AS g, skey AS name, c_by_step AS by_step,
          CASE WHEN c_by_step THEN c_s1 - c_s0 + 1 ELSE (c_w1 - c_w0) // {WALL_WIDTH_NS} + 1 END AS span
   FROM {extents} WHERE c_by_step IS NOT NULL)
-SELECT rank, g, name, by_step, CASE WHEN by_step THEN {width} ELSE {width} * {WALL_WIDTH_NS} END AS w FROM s""")
+SELECT rank, g, name, by_step, CASE WHEN by_step THEN {width} ELSE {width} * {WALL_WIDTH_NS} END AS w,
+       CASE WHEN by_step THEN span ELSE 0 END AS steps FROM s""")
     add = builder.add_bucket
-    for ranks in rank_groups(engine.rows("SELECT rank, count(*) FROM curves_widths GROUP BY rank ORDER BY rank"),
-                             SERIES_AT_ONCE):
+    for ranks in rank_groups(engine.rows("SELECT rank, count(*), sum(steps) FROM curves_widths GROUP BY rank "
+                                         "ORDER BY rank"), SERIES_AT_ONCE, POINTS_AT_ONCE):
         query = f"""
 WITH x AS (
   SELECT m.rank, s.g, s.name, s.by_step, s.w, m.wall_ns, m.unit,
