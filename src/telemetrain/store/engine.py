@@ -47,7 +47,7 @@ ENGINE_ENV = "TELEMETRAIN_ENGINE"  # "python": never use DuckDB (the fallback pa
 MEMORY_ENV = "TELEMETRAIN_DUCKDB_MEMORY"
 # DuckDB's memory limit (it spills to a temporary directory past it). The readers' queries are streaming aggregates
 # with small state, or run a group of ranks at a time: 128 MB bounds them whatever the run's size (a small run uses
-# less of it, so a large run's peak RSS is still ~1.2-1.7x a small one's: docs/scale.md); a user's own queries
+# less of it, so a large run's peak RSS is still ~1.2x a small one's: docs/scale.md); a user's own queries
 # (query, Run.sql) may sort or join whole tables, and get more.
 READER_MEMORY = "128MB"
 QUERY_MEMORY = "512MB"
