@@ -13,10 +13,10 @@ rank: 1.28 M doubles, +14 MiB as DuckDB's ``median``).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["kth_smallest", "median"]
+__all__ = ["kth_smallest", "median", "ranked"]
 
 BUCKETS = 4096  # buckets counted in one pass
 FETCH_AT_MOST = 16_384  # rows read into Python once the range holds no more
@@ -26,8 +26,16 @@ def kth_smallest(engine: Any, column: str, source: str, ks: Sequence[int]) -> di
     """The ``k``-th smallest (0-based) non-NULL value of the numeric expression ``column`` (integer, or a double
     without NaN) over the rows of ``source`` (``FROM ... WHERE ...`` text), for each ``k`` in ``ks`` (each below the
     number of such rows)."""
+    return ranked(engine, column, source, lambda n: ks)[1]
+
+
+def ranked(engine: Any, column: str, source: str,
+           ranks_of: Callable[[int], Sequence[int]]) -> tuple[int, dict[int, Any]]:
+    """The number ``n`` of non-NULL values of ``column`` over ``source``, and the values of the ranks ``ranks_of(n)``
+    (as ``kth_smallest``): one scan counts them and bounds the range."""
     rows = f"SELECT {column} AS v {source}"
     lo, hi, n = engine.execute(f"SELECT min(v), max(v), count(v) FROM ({rows})").fetchone()
+    ks = ranks_of(n) if n else []
     wanted = sorted(set(ks))
     if wanted and not 0 <= wanted[0] <= wanted[-1] < n:
         raise ValueError(f"ks must be ranks of the {n} values, got {list(ks)}")
@@ -35,17 +43,16 @@ def kth_smallest(engine: Any, column: str, source: str, ks: Sequence[int]) -> di
     for k in wanted:
         if k not in out:
             out.update(_narrow(engine, rows, lo, hi, 0, n, [j for j in wanted if j >= k]))
-    return out
+    return int(n), out
 
 
 def median(engine: Any, column: str, source: str) -> float | None:
     """DuckDB's ``median`` of the double expression ``column`` (no NaN) over the rows of ``source``, the same value:
     the middle one, or of two the halves summed (``quantile_cont``'s interpolation at 0.5); None without a row."""
-    n = int(engine.scalar(f"SELECT count({column}) {source}") or 0)
+    n, values = ranked(engine, column, source, lambda n: [(n - 1) // 2, n // 2])
     if not n:
         return None
     low, high = (n - 1) // 2, n // 2
-    values = kth_smallest(engine, column, source, [low, high])
     if low == high:
         return float(values[low])
     return float(values[low]) * 0.5 + float(values[high]) * 0.5

@@ -19,7 +19,7 @@ from ..semconv import series_key
 from ..store.codec import untag_nonfinite
 from ..store.engine import Engine, rank_groups
 from ..store.reader import Run
-from .quantiles_sql import kth_smallest
+from .quantiles_sql import ranked
 from .samples import _CONTENTION, DURATIONS, OTHER, PHASES, RunSamples, interpolate, quantile_positions
 from .samples_sums import RunSums
 
@@ -246,12 +246,13 @@ def _iteration_percentiles(engine: Engine) -> tuple[float, float] | None:
     ordered values each needs found by ``quantiles_sql`` (a ``quantile_cont`` held every span's duration)."""
     source = ("FROM span_ends WHERE group_name = 'training' AND name = 'training_single_iteration' AND status = 'ok' "
               "AND role <> 'agent'")
-    n = int(engine.scalar(f"SELECT count(duration_ns) {source}") or 0)
+    def positions(n: int) -> list[tuple[int, int, float]]:
+        return [quantile_positions(n, q) for q in (0.5, 0.99)]
+
+    n, ns = ranked(engine, "duration_ns", source, lambda n: [k for low, high, _ in positions(n) for k in (low, high)])
     if not n:
         return None
-    positions = [quantile_positions(n, q) for q in (0.5, 0.99)]
-    ns = kth_smallest(engine, "duration_ns", source, [k for low, high, _ in positions for k in (low, high)])
-    p50, p99 = (interpolate(ns[low] / 1e9, ns[high] / 1e9, weight) for low, high, weight in positions)
+    p50, p99 = (interpolate(ns[low] / 1e9, ns[high] / 1e9, weight) for low, high, weight in positions(n))
     return p50, p99
 
 
