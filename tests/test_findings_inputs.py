@@ -109,6 +109,50 @@ def test_a_sleeping_thread_adds_no_cpu_and_the_thread_figures_are_its_own(tmp_pa
     assert thread_cpu < 0.5 * process_cpu, (thread_cpu, process_cpu)
 
 
+@linux_only
+def test_a_thread_that_ends_in_a_window_takes_only_its_own_increment_out(tmp_path: Path) -> None:
+    """A thread that used 150 ms of CPU before the loop started and ends during its first window (a data loader
+    worker shut down, a checkpoint thread done): the window still carries the loop's own CPU. Differences of two
+    sums over the live threads lost the ended thread's whole count, and the window's figure was clamped to 0."""
+    go = threading.Event()
+
+    def used_then_waits() -> None:
+        deadline = time.thread_time() + 0.15
+        while time.thread_time() < deadline:
+            pass
+        go.wait()
+
+    worker = threading.Thread(target=used_then_waits)
+    worker.start()
+    while worker.is_alive() and (cpu_wait.read(worker.native_id) or (0, 0, 0, 0))[2] < 100_000_000:
+        time.sleep(0.01)
+    t = Telemetry(store=tmp_path)
+    r = _started(t)  # the reporter's first reading: the worker alive, its 150 ms counted
+    go.set()
+    worker.join()
+    for _ in range(5):
+        r.on_training_single_iteration_start()
+        deadline = time.thread_time() + 0.01  # 10 ms of CPU per iteration
+        while time.thread_time() < deadline:
+            pass
+        r.on_training_single_iteration_end()
+    r.on_train_end()
+    r.on_app_end()
+    assert t.close()
+    (update,) = _updates(t.run_dir)
+    # the loop's 50 ms, less what schedstat had not yet added for the running thread (up to a tick)
+    assert update["cpu_time_sec"] >= 0.02, update  # type: ignore[operator]
+
+
+def test_since_counts_each_threads_own_increment() -> None:
+    last = {"10": (1_000, 50), "11": (9_000, 900), "12": (500, 5)}
+    now = {"10": (1_400, 70), "12": (100, 1), "13": (300, 30)}  # 11 ended, 12's id reused, 13 started
+    assert cpu_wait.since(last, now) == (400 + 100 + 300, 20 + 1 + 30)
+    assert cpu_wait.since(last, now, 10) == (800, 51, 400, 20)
+    assert cpu_wait.since(last, now, 11) == (800, 51)  # the thread not alive at both readings: no figures of its own
+    assert cpu_wait.since(last, last, 10) == (0, 0, 0, 0)
+
+
 def test_a_simulated_window_carries_no_cpu_figures(tmp_path: Path) -> None:
     """Times given explicitly (a replay): the process's CPU since the last report has nothing to do with them."""
     t = Telemetry(store=tmp_path)

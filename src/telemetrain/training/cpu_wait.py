@@ -16,36 +16,37 @@ that wake with it wait for a CPU at every wake-up on a busy machine, so the sum 
 training thread itself waits only at its own wake-ups.
 
 Read by the reporter, off the training thread, when it computes a report (one directory listing and one small read
-per thread: ~15 us per thread). A thread that ended since the previous report takes its counts with it (the delta
-is clamped at 0). Elsewhere (no ``/proc``, a kernel without schedstats) ``read`` returns None and reports carry
-neither figure.
+per thread: ~15 us per thread). A window's figures are the threads' own increments (``since``), not the difference of
+two sums: a thread that ended since the previous report would take its whole count out of the sum and cut the
+window's figure by all the CPU it ever used (to 0, for a data loader worker that ran for an hour); per thread it takes
+only what it added after the previous reading. Elsewhere (no ``/proc``, a kernel without schedstats) ``read_threads``
+returns None and reports carry neither figure.
 """
 
 from __future__ import annotations
 
 import os
 
-__all__ = ["read"]
+__all__ = ["Counts", "read", "read_threads", "since"]
 
 _TASKS = "/proc/self/task"
 _available = os.path.exists(f"{_TASKS}/{os.getpid()}/schedstat")
 
+Counts = dict[str, tuple[int, int]]
+"""A reading: native thread id (as ``/proc`` names it) -> (ns on a CPU, ns waiting for one)."""
 
-def read(thread: int | None = None) -> tuple[int, int, int, int] | None:
-    """(ns on a CPU, ns waiting for one) summed over this process's live threads, then the same two of ``thread``
-    alone (a native thread id: ``threading.get_native_id()``; -1, -1 when it is not given or not alive), or None
-    where not available."""
+
+def read_threads() -> Counts | None:
+    """Each live thread of this process's two counts, or None where not available."""
     global _available
     if not _available:
         return None
-    cpu = wait = 0
-    thread_cpu = thread_wait = -1
-    mine = str(thread) if thread is not None else ""
     try:
         tids = os.listdir(_TASKS)
     except OSError:
         _available = False
         return None
+    counts: Counts = {}
     for tid in tids:
         try:
             fd = os.open(f"{_TASKS}/{tid}/schedstat", os.O_RDONLY)
@@ -53,13 +54,38 @@ def read(thread: int | None = None) -> tuple[int, int, int, int] | None:
             continue
         try:
             fields = os.read(fd, 128).split()
-            on, waited = int(fields[0]), int(fields[1])
-            cpu += on
-            wait += waited
-            if tid == mine:
-                thread_cpu, thread_wait = on, waited
+            counts[tid] = (int(fields[0]), int(fields[1]))
         except (OSError, ValueError, IndexError):
             continue
         finally:
             os.close(fd)
-    return cpu, wait, thread_cpu, thread_wait
+    return counts
+
+
+def read(thread: int | None = None) -> tuple[int, int, int, int] | None:
+    """(ns on a CPU, ns waiting for one) summed over this process's live threads, then the same two of ``thread``
+    alone (a native thread id: ``threading.get_native_id()``; -1, -1 when it is not given or not alive), or None
+    where not available."""
+    counts = read_threads()
+    if counts is None:
+        return None
+    mine = counts.get(str(thread), (-1, -1)) if thread is not None else (-1, -1)
+    return sum(c for c, _ in counts.values()), sum(w for _, w in counts.values()), mine[0], mine[1]
+
+
+def since(last: Counts, now: Counts, thread: int | None = None) -> tuple[int, ...]:
+    """(ns on a CPU, ns waiting for one) the process's threads added from reading ``last`` to reading ``now``, then
+    the same two of ``thread`` when it was alive at both. Per thread: one that started meanwhile counts whole, one
+    that ended counts nothing (what it added after ``last`` is lost with it, not its whole count), and a thread id
+    reused by a new thread (counts below the old one's) counts whole."""
+    cpu = wait = 0
+    for tid, (on, waited) in now.items():
+        was_on, was_waiting = last.get(tid, (0, 0))
+        if on < was_on or waited < was_waiting:
+            was_on = was_waiting = 0
+        cpu += on - was_on
+        wait += waited - was_waiting
+    mine = str(thread)
+    if thread is not None and mine in last and mine in now:
+        return cpu, wait, now[mine][0] - last[mine][0], now[mine][1] - last[mine][1]
+    return cpu, wait

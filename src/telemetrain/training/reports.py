@@ -332,8 +332,8 @@ class Reporter:
             self.throughput_min: float | None = None
             self.throughput_max: float | None = None
             self.thread = threading.get_native_id()  # the training thread: the loop starts on it
-            # (CPU ns, wait ns) of the process, then of the training thread, at the previous report (the loop's start)
-            self.cpu = cpu_wait.read(self.thread)
+            # each thread's (CPU ns, wait ns) at the previous report (the loop's start)
+            self.cpu = cpu_wait.read_threads()
             self.cpu_ns = time.monotonic_ns()  # and when it was read
             self._cpu_allotted.clear()
 
@@ -349,7 +349,7 @@ class Reporter:
         if allotted is not None and allotted[0] is snap:
             return allotted[1]  # shared out by the batch's first report
         self._cpu_allotted.clear()  # (left by a report that failed)
-        cpu, now = cpu_wait.read(self.thread), time.monotonic_ns()
+        cpu, now = cpu_wait.read_threads(), time.monotonic_ns()
         last, last_ns = self.cpu, self.cpu_ns
         self.cpu, self.cpu_ns = cpu, now
         if cpu is None or last is None:
@@ -361,10 +361,7 @@ class Reporter:
         if not total > 0 or abs(elapsed - total) > 0.25 * max(elapsed, total) + 0.05:
             self._cpu_allotted.update((id(s), (s, None)) for s in batch)
             return None
-        counts: tuple[int, ...] = (cpu[0] - last[0], cpu[1] - last[1])
-        if min(cpu[2], cpu[3], last[2], last[3]) >= 0:  # the training thread alive at both readings
-            counts += (cpu[2] - last[2], cpu[3] - last[3])
-        seconds = [max(c, 0) / 1e9 for c in counts]
+        seconds = [max(c, 0) / 1e9 for c in cpu_wait.since(last, cpu, self.thread)]
         shares = [tuple(s * w / total for s in seconds) if w > 0 else None for w in walls]
         self._cpu_allotted.update((id(s), (s, share)) for s, share in zip(batch, shares[1:], strict=True))
         return shares[0]
