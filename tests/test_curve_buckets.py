@@ -9,7 +9,7 @@ import struct
 
 import pytest
 
-from telemetrain.report.curve_buckets import pack, unpack
+from telemetrain.report.curve_buckets import PackedBuckets, pack, pack_series, unpack
 from telemetrain.report.curves import CurveBuilder
 
 
@@ -75,7 +75,9 @@ def test_packed_buckets_draw_the_same_curves_and_take_more_points() -> None:
     plain, packed = CurveBuilder(capacity=64), CurveBuilder(capacity=64)
     _feed(plain, random.Random(3), range(12), pack_after=False)
     _feed(packed, random.Random(3), range(12), pack_after=True)
-    assert any(type(b) is bytes for s in packed._series[("train", "loss")].values() for b in s.buckets.values())
+    series = packed._series[("train", "loss")].values()
+    assert all(isinstance(s.buckets, PackedBuckets) for s in series)  # each series' buckets in one bytes
+    assert all(type(b) is bytes and len(b) == 81 for s in series for b in s.buckets.values())
     assert plain.curves() == packed.curves()  # 12 ranks that differ: the median line and its band
     assert plain.curve("train", "loss") == packed.curve("train", "loss")
     # points after the packing merge into the packed buckets (unpacked first), by add and by add_bucket
@@ -84,3 +86,18 @@ def test_packed_buckets_draw_the_same_curves_and_take_more_points() -> None:
         builder.add_bucket(4, "train", "loss", True, 16, [1, -7.0, -7.0, -7.0, 17, 0, 0, 10**18, 17.0, 1], 10**18)
         builder.add(5, "train", "loss", 10**6, 1.0, 10**18 + 10**6)  # far past the end: the series widens again
     assert plain.curves() == packed.curves()
+
+
+def test_a_series_packs_whole_in_its_order_or_stays_a_dict() -> None:
+    a = [3, 1.5, -1.0, 2.0, 7, 0, 0, 10**18, 21.0, 3]
+    b = [0, 0.0, math.inf, -math.inf, 0.0, 2, 9.5, 10**18 + 1, 19.0, 2]
+    series = pack_series({9: a, -4: pack(b)})  # a list and a packed bucket, keys out of order
+    assert isinstance(series, PackedBuckets) and len(series) == 2
+    assert list(series.keys()) == [9, -4]  # the dict's order: what merges iterate in, so the same sums
+    assert [(k, unpack(v)) for k, v in series.items()] == [(9, a), (-4, b)]
+    assert series.to_dict() == {9: pack(a), -4: pack(b)}
+    # a bucket the packed form cannot hold, or a key past int64: the series stays a dict, its other buckets packed
+    mixed = pack_series({1: a, 2: [1, 1, 1.0, 1.0, 1, 0, 0, 5, 1.0, 1]})
+    assert type(mixed) is dict and mixed[1] == pack(a) and type(mixed[2]) is list
+    huge = pack_series({2**63: a})
+    assert type(huge) is dict and huge == {2**63: pack(a)}

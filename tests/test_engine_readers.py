@@ -613,3 +613,52 @@ def test_the_earliest_checkpoint_successes_are_the_same_by_sql(tmp_path: Path,
     assert rows == [(e.wall_ns, e.source, e.attributes) for e in sql.checkpoint_successes]
     assert rows[0][1] == "rank 0" and rows[1][1] == "rank 1"  # a tie: the collection order
     assert rows == sorted(rows, key=lambda r: r[0])
+
+
+def test_the_earliest_checkpoint_spans_keep_their_attributes_by_both_paths(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """More checkpoint spans than the report shows (``MAX_CHECKPOINT_SPANS``, 5 here): both paths keep every span
+    (the lifecycle table counts and times them all) and the attributes of the earliest 5 by (start, rank) alone. The
+    5th and 6th tie (one rank, one start): the SQL path reads both, then the 6th's are left out as the Python path's
+    stable sort leaves them (file order); no later span's attributes are read."""
+    from telemetrain.report import html, model, model_sql
+
+    for module in (model, model_sql, html):
+        monkeypatch.setattr(module, "MAX_CHECKPOINT_SPANS", 5)
+    run = tmp_path / "s" / "c"
+    run.mkdir(parents=True)
+    for rank in (1, 0):
+        ident = identity_from_env({}, run_id="c", session_tag="s", perf_tag="p", rank=rank, world_size=2)
+        lines = [json.dumps({"v": 2, "kind": "process", "mono_ns": 1, "wall_ns": 1,
+                             "identity": ident.replace(pid=300 + rank).as_dict()})]
+        for i in range(10):
+            start = 10**18 + (i // 2 * 2) * 10**9 + (rank if i % 2 else 0)  # even i: both ranks start together
+            span = f"{rank:02x}{i:014x}"
+            lines.append(json.dumps({"v": 2, "kind": "span_start", "mono_ns": 2 * i, "wall_ns": start,
+                                     "group": "training", "name": "checkpoint_save_sync", "span_id": span,
+                                     "parent_id": "", "trace_id": "", "attributes": {"current_iteration": 100 * i}}))
+            if i == 9 and rank == 1:
+                continue  # never ended: its start is the span's row
+            lines.append(json.dumps({"v": 2, "kind": "span_end", "mono_ns": 2 * i + 1, "wall_ns": start + 5 * 10**8,
+                                     "group": "training", "name": "checkpoint_save_sync", "span_id": span,
+                                     "duration_ns": 5 * 10**8, "status": "ok" if i != 3 else "error",
+                                     "attributes": {"rank_saved": rank}, "error": ""}))
+        (run / f"rank-{rank}.{300 + rank}.jsonl").write_text("\n".join(lines) + "\n")
+    decoded: list[str] = []
+    decode = model_sql._attrs
+    monkeypatch.setattr(model_sql, "_attrs", lambda text: decoded.append(text) or decode(text))
+    (python, _), (sql, _), read = _python_and_sql(run, monkeypatch)
+    assert not read
+    assert sum("current_iteration" in text for text in decoded if text) == 6  # the first 5 and the tie
+    for m in (python, sql):
+        assert len(m.checkpoints) == 20 and len(m.lifecycle) == 20
+        shown, rest = m.checkpoints[:5], m.checkpoints[5:]
+        assert all(s.attributes and "current_iteration" in s.attributes for s in shown)
+        assert all(s.attributes == {} for s in rest)
+        assert [(s.start_ns, s.rank) for s in m.checkpoints] == sorted((s.start_ns, s.rank) for s in m.checkpoints)
+        assert (shown[4].start_ns, shown[4].rank) == (rest[0].start_ns, rest[0].rank)  # the tie
+        assert sum(s.duration_s is None for s in m.checkpoints) == 1 and sum(s.status == "error" for s in rest) == 2
+    assert not differences(python.lifecycle, sql.lifecycle)
+    assert not differences(python.checkpoints, sql.checkpoints)
+    assert _page(python) == _page(sql)
+    assert "rank_saved" in _page(sql) and _page(sql).count("current_iteration") == 5  # the table: the earliest 5

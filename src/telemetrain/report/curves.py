@@ -23,7 +23,23 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .curve_buckets import BAD, BAD_X, HI, HI_X, LO, SUM, WALL, XN, XSUM, N, merge, opened, pack, unpack
+from .curve_buckets import (
+    BAD,
+    BAD_X,
+    HI,
+    HI_X,
+    LO,
+    SUM,
+    WALL,
+    XN,
+    XSUM,
+    N,
+    PackedBuckets,
+    merge,
+    opened,
+    pack_series,
+    unpack,
+)
 
 __all__ = [
     "EVAL_WORDS",
@@ -119,7 +135,8 @@ class _Series:
     by_step: bool
     width: int
     unit: str
-    buckets: dict[int, Any] = field(default_factory=dict)  # a bucket's slots: a list, or packed (``pack``)
+    # a bucket's slots: a list, or packed (``pack``); a series fed in full, all packed (``pack_series``)
+    buckets: dict[int, Any] | PackedBuckets = field(default_factory=dict)
     last_step: int = 0
     points: int = 0
 
@@ -164,19 +181,20 @@ class CurveBuilder:
         s.points += 1
         if self.first_wall_ns is None or wall_ns < self.first_wall_ns:
             self.first_wall_ns = wall_ns
+        buckets = _opened_series(s)
         key = x // s.width
-        b = s.buckets.get(key)
+        b = buckets.get(key)
         if type(b) is bytes:
-            b = s.buckets[key] = unpack(b)
+            b = buckets[key] = unpack(b)
         v = float(value)
         finite = math.isfinite(v)
         if b is None:
-            s.buckets[key] = b = [0, 0.0, math.inf, -math.inf, 0.0, 0, math.nan, 0, 0.0, 0]
-            if len(s.buckets) > self.capacity:
-                self._shrink(s)
-                b = s.buckets[x // s.width]
+            buckets[key] = b = [0, 0.0, math.inf, -math.inf, 0.0, 0, math.nan, 0, 0.0, 0]
+            if len(buckets) > self.capacity:
+                buckets = self._shrink(s, buckets)
+                b = buckets[x // s.width]
                 if type(b) is bytes:
-                    b = s.buckets[x // s.width] = unpack(b)
+                    b = buckets[x // s.width] = unpack(b)
         if finite:
             b[N] += 1
             b[SUM] += v
@@ -218,27 +236,29 @@ class CurveBuilder:
             b[LO], b[HI], b[HI_X] = math.inf, -math.inf, 0.0
         if not b[BAD]:
             b[BAD_X] = math.nan
+        buckets = _opened_series(s)
         key = x // s.width
-        into = s.buckets.get(key)
+        into = buckets.get(key)
         if into is not None:
             if type(into) is bytes:
-                into = s.buckets[key] = unpack(into)
+                into = buckets[key] = unpack(into)
             merge(into, b)
             return
-        s.buckets[key] = b
-        if len(s.buckets) > self.capacity:
-            self._shrink(s)
+        buckets[key] = b
+        if len(buckets) > self.capacity:
+            self._shrink(s, buckets)
 
-    def _shrink(self, s: _Series) -> None:
-        """Widen the buckets (a power of two, enough to fit half the capacity) and merge neighbours."""
-        keys = s.buckets.keys()
+    def _shrink(self, s: _Series, buckets: dict[int, Any]) -> dict[int, Any]:
+        """Widen the buckets (a power of two, enough to fit half the capacity) and merge neighbours; the series'
+        buckets now."""
+        keys = buckets.keys()
         span = max(keys) - min(keys) + 1
         factor = 2
         while span / factor > self.capacity // 2:
             factor *= 2
         s.width *= factor
         merged: dict[int, Any] = {}
-        for key, b in s.buckets.items():
+        for key, b in buckets.items():
             into = merged.get(key // factor)
             if into is None:
                 merged[key // factor] = b
@@ -247,6 +267,7 @@ class CurveBuilder:
                     into = merged[key // factor] = unpack(into)
                 merge(into, opened(b))
         s.buckets = merged
+        return merged
 
     def pack(self, ranks: Iterable[int]) -> None:
         """Pack the buckets of these ranks' series (``curve_buckets``): for ranks fed in full (``curves_sql`` feeds a
@@ -254,8 +275,8 @@ class CurveBuilder:
         wanted = set(ranks)
         for by_rank in self._series.values():
             for rank, s in by_rank.items():
-                if rank in wanted:
-                    s.buckets = {k: pack(b) if type(b) is list else b for k, b in s.buckets.items()}
+                if rank in wanted and type(s.buckets) is dict:
+                    s.buckets = pack_series(s.buckets)
 
     # -- what the charts draw --------------------------------------------------------------------------------------
 
@@ -309,6 +330,13 @@ class CurveBuilder:
         return Curve(group=key[0], name=key[1], unit=unit, by_step=by_step, lines=lines, points=total,
                      nonfinite=nonfinite, ranks=len(aligned), ranks_differ=differ,
                      bucket_width=width * scale if by_step else width * 1e-9)
+
+
+def _opened_series(s: _Series) -> dict[int, Any]:
+    """The series' buckets as a dict, to change: a packed series (``pack``) opened again (more points came)."""
+    if isinstance(s.buckets, PackedBuckets):
+        s.buckets = s.buckets.to_dict()
+    return s.buckets
 
 
 def _align(s: _Series, width: int) -> dict[int, list[float]]:

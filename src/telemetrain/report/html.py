@@ -17,7 +17,7 @@ from .. import __version__
 from ..phase_times import LABELS
 from .curves_html import curves_section
 from .gpu_html import gpu_section
-from .model import PHASES, ReportModel, Window
+from .model import MAX_CHECKPOINT_SPANS, PHASES, ReportModel, Window
 from .svg import esc, fmt_unit, heatmap, line_chart, stacked_bars, timeline
 
 __all__ = ["render"]
@@ -352,7 +352,7 @@ def _checkpoints(m: ReportModel) -> str:
         markers.append((this_lane, span.start_ns / 1e9 - origin, colour,
                         f"rank {span.rank} {span.name} step {step}: {span.status}, "
                         f"{fmt_unit(span.duration_s, 's') if span.duration_s is not None else 'never ended'}"))
-    body += timeline("restarts and checkpoints", lanes, markers=markers[:1000],
+    body += timeline("restarts and checkpoints", lanes, markers=markers[:MAX_CHECKPOINT_SPANS],
                      x_label="seconds since the session's start")
     body += ('<p class="note">Bars: the session\'s runs (green finished, orange interrupted, red killed), from '
              "goodput's per-run timeline; the run of this report is marked &gt;. Ticks: this run's checkpoint saves "

@@ -58,6 +58,9 @@ _ENERGY_NAMES = ("hw.energy", "hw.energy.integrated")
 
 MAX_EVENT_ROWS = 300
 MAX_CHECKPOINT_ROWS = 500  # the save_checkpoint_success events the report lists (the earliest)
+# the checkpoint spans the report shows (the timeline's ticks; its table, the first 500), the earliest: the others are
+# counted and timed (the lifecycle table), their attributes not held (6,400 spans of 64 ranks held ~5 MiB of them)
+MAX_CHECKPOINT_SPANS = 1000
 MAX_SERIES_POINTS = 800
 ITERATION_CHART_POINTS = 1000  # html.MAX_CHART_POINTS: the iteration spans drawn when there are no windows
 
@@ -478,6 +481,8 @@ def build_model(run: Run, thresholds: Thresholds | None = None, engine: Any = No
         model.phase_seconds[rank] = seconds
     model.lifecycle = sorted(c.lifecycle, key=lambda s: (s.start_ns, s.rank))
     model.checkpoints = [s for s in model.lifecycle if s.name in CHECKPOINT_SPANS]
+    for span in model.checkpoints[MAX_CHECKPOINT_SPANS:]:  # (the SQL path does not read them)
+        span.attributes = {}
     model.checkpoint_successes = sorted(c.successes, key=lambda e: e.wall_ns)[:MAX_CHECKPOINT_ROWS]
     model.events, model.events_left_out, model.event_counts = c.events, c.events_left_out, c.event_counts
     model.problems = c.problems
