@@ -6,6 +6,7 @@ while it is being written, and the lone-surrogate rule."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -134,13 +135,14 @@ def test_goodput_of_every_rank_is_the_same_by_sql(session: tuple[Path, Path], sp
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The restarted session: two runs, a crash and a restart, checkpoints on another rank; the lifecycle spans
     grouped for all ranks in one query, and a rank at a time (as a long run's are); a rank's lifecycle rows fetched
-    in batches that split its processes' rows too."""
+    in batches that split its processes' rows too, each segment read in ranges of its lines of ~5 rows."""
     monkeypatch.setenv("TELEMETRAIN_ENGINE", "python")
     python = goodput_by_rank(session[0].parent)
     monkeypatch.delenv("TELEMETRAIN_ENGINE")
     monkeypatch.setattr(goodput_sql, "SPANS_AT_ONCE", spans_at_once)
     if spans_at_once == 1:
         monkeypatch.setattr(goodput_sql, "ROWS_AT_ONCE", 3)
+        monkeypatch.setattr(goodput_sql, "SEGMENT_ROWS_AT_ONCE", 5)
     queries: list[str] = []
     execute = Engine.execute
     monkeypatch.setattr(Engine, "execute", lambda self, q, p=None: queries.append(q) or execute(self, q, p))
@@ -150,6 +152,8 @@ def test_goodput_of_every_rank_is_the_same_by_sql(session: tuple[Path, Path], sp
         assert not differences(python[rank].as_dict(), sql[rank].as_dict()), rank
     grouped = [q for q in queries if "arg_min(wall_ns" in q]
     assert len(grouped) == (1 if spans_at_once > 1 else 4)  # the session read once: one query, or one per rank
+    ranges = sum("line >= $first" in q for q in queries)
+    assert ranges >= 4 * (10 if spans_at_once == 1 else 1)  # (one per segment, or far more in ranges of 5 rows)
     assert len(python[0].runs) == 2 and python[0].lost_iterations > 0
 
 
@@ -264,6 +268,16 @@ class warnings_as_errors:
 
     def __exit__(self, *exc: object) -> None:
         self._catch.__exit__(*exc)
+
+
+def test_a_segments_line_ranges_cover_its_lines_once() -> None:
+    for lo, hi, n, most in [(81, 421_789, 11_673, 4096), (1, 217_849, 6036, 4096), (5, 5, 1, 4096), (0, 3, 9000, 4096),
+                            (0, 10, 4096, 4096), (7, 1000, 50, 5), (0, 2**40, 10**6, 3)]:
+        ranges = goodput_sql._line_ranges(lo, hi, n, most)
+        assert ranges[0][0] == lo and ranges[-1][1] == hi + 1
+        assert all(a < b for a, b in ranges) and all(b == c for (_, b), (c, _) in itertools.pairwise(ranges))
+        parts = -(-n // most)  # (rows spread evenly: ~most each)
+        assert len(ranges) == 1 or (len(ranges) <= parts and max(b - a for a, b in ranges) == (hi - lo) // parts + 1)
 
 
 def test_lone_surrogates_keep_their_record_on_both_paths(tmp_path: Path) -> None:

@@ -44,6 +44,10 @@ SPANS_AT_ONCE = 24_576
 # a rank's lifecycle rows fetched at a time: a report's row is ~1 KiB of Python objects (its attributes' JSON texts),
 # and two batches live at once (the last one read while the next is fetched): 10,000 held +10 MiB at 1M iterations
 ROWS_AT_ONCE = 2_000
+# a segment's lifecycle rows sorted and typed in one query: DuckDB's working memory for them (their reports' JSON
+# parsed, the rows sorted by line) grew with the segment, +21 MiB for a segment of 11,700 rows (64 x 1M), +14 for a
+# quarter of it
+SEGMENT_ROWS_AT_ONCE = 4_096
 
 
 def _names(names: Any) -> str:
@@ -100,6 +104,14 @@ class _Row:
         self.span_id, self.parent_id, self.status = span_id, parent_id, status
         self.attributes = None if values is None else {
             k: untag_nonfinite(json.loads(v)) for k, v in zip(KEYS, values, strict=True) if v is not None}
+
+
+def _line_ranges(lo: int, hi: int, n: int, most: int | None = None) -> list[tuple[int, int]]:
+    """[first, end) ranges of the lines ``lo..hi`` of a segment's ``n`` rows, each ~``most`` rows or fewer if the
+    rows are spread evenly (by default ``SEGMENT_ROWS_AT_ONCE``); one range for a segment within it."""
+    parts = max(1, -(-n // (most or SEGMENT_ROWS_AT_ONCE)))
+    width = (hi - lo) // parts + 1
+    return [(lo + k * width, min(lo + (k + 1) * width, hi + 1)) for k in range(parts) if lo + k * width <= hi]
 
 
 def _run_filter(runs: Sequence[Run], alias: str = "") -> str:
@@ -229,17 +241,23 @@ def load_session(engine: Engine, runs: Sequence[Run]) -> tuple[list[Any], Any, b
                          {attributes} FROM events WHERE {where}
                     AND name IN ('{_UPDATE}', '{_SAVE}', '{_PROGRESS}')"""
 
-        parts = engine.rows(f"SELECT DISTINCT session, run, pid, segment FROM ({lifecycle_rows('NULL')}) "
-                            "WHERE rank = $rank ORDER BY session, run, pid, segment", {"rank": rank})
+        # and a segment of more than SEGMENT_ROWS_AT_ONCE rows in even ranges of its lines, in order
+        parts = [(session, run_id, pid, segment, first, end)
+                 for session, run_id, pid, segment, n, lo, hi in engine.rows(
+                     f"SELECT session, run, pid, segment, count(*), min(line), max(line) FROM "
+                     f"({lifecycle_rows('NULL')}) WHERE rank = $rank GROUP BY ALL ORDER BY session, run, pid, segment",
+                     {"rank": rank})
+                 for first, end in _line_ranges(int(lo), int(hi), int(n))]
         query = f"""
                 SELECT session, run, pid, kind, name, wall_ns, span_id, parent_id, status, attributes FROM (
                   {lifecycle_rows(f"json_extract(attributes, {_KEY_PATHS})")})
                 WHERE rank = $rank AND session = $session AND run = $run AND pid = $pid AND segment = $segment
+                  AND line >= $first AND line < $end
                 ORDER BY line"""
         rows = ((s, r, pid, _Row(kind, name, wall, span_id or "", parent_id or "", status or "", attributes))
-                for session, run_id, pid_, segment in parts
+                for session, run_id, pid_, segment, first, end in parts
                 for _, batch in engine.stream(query, {"rank": rank, "session": session, "run": run_id, "pid": pid_,
-                                                      "segment": segment}, ROWS_AT_ONCE)
+                                                      "segment": segment, "first": first, "end": end}, ROWS_AT_ONCE)
                 for s, r, pid, kind, name, wall, span_id, parent_id, status, attributes in batch)
         for key, group in groupby(rows, key=lambda row: row[:3]):
             records: Iterable[_Row] = (row[3] for row in group)
