@@ -600,6 +600,20 @@ def test_show_last_records_are_the_same_a_rank_at_a_time(session: tuple[Path, Pa
         assert sum(len(v.last_by_rank) for v in by_python.metrics.values()) > len(by_python.metrics)  # several ranks
 
 
+def _two_ranks(tmp_path: Path) -> Path:
+    """The directory of run ``c`` of session ``s`` (two ranks), made."""
+    run = tmp_path / "s" / "c"
+    run.mkdir(parents=True)
+    return run
+
+
+def _process_line(rank: int, pid: int, version: int) -> str:
+    """A process file's first line (format ``version``): the identity of ``rank`` of run ``c``, world size 2."""
+    ident = identity_from_env({}, run_id="c", session_tag="s", perf_tag="p", rank=rank, world_size=2)
+    return json.dumps({"v": version, "kind": "process", "mono_ns": 1, "wall_ns": 1,
+                       "identity": ident.replace(pid=pid).as_dict()})
+
+
 def test_the_earliest_checkpoint_successes_are_the_same_by_sql(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """A run with more save_checkpoint_success events than the report lists (``MAX_CHECKPOINT_ROWS``): both paths keep
@@ -607,12 +621,9 @@ def test_the_earliest_checkpoint_successes_are_the_same_by_sql(tmp_path: Path,
     the SQL path reads no more than those from DuckDB."""
     from telemetrain.report.model import MAX_CHECKPOINT_ROWS
 
-    run = tmp_path / "s" / "c"
-    run.mkdir(parents=True)
+    run = _two_ranks(tmp_path)
     for rank in (1, 0):
-        ident = identity_from_env({}, run_id="c", session_tag="s", perf_tag="p", rank=rank, world_size=2)
-        lines = [json.dumps({"v": 1, "kind": "process", "mono_ns": 1, "wall_ns": 1,
-                             "identity": ident.replace(pid=200 + rank).as_dict()})]
+        lines = [_process_line(rank, 200 + rank, 1)]
         for i in range(400):
             # every third event at the same time on both ranks (a tie), and a later event written before an earlier
             wall = 10**18 + (i // 3 * 3 if i % 3 == 0 else i) * 10**9 + (5 * 10**9 if i % 50 == 7 else 0)
@@ -639,12 +650,9 @@ def test_the_earliest_checkpoint_spans_keep_their_attributes_by_both_paths(tmp_p
 
     for module in (model, model_sql, html):
         monkeypatch.setattr(module, "MAX_CHECKPOINT_SPANS", 5)
-    run = tmp_path / "s" / "c"
-    run.mkdir(parents=True)
+    run = _two_ranks(tmp_path)
     for rank in (1, 0):
-        ident = identity_from_env({}, run_id="c", session_tag="s", perf_tag="p", rank=rank, world_size=2)
-        lines = [json.dumps({"v": 2, "kind": "process", "mono_ns": 1, "wall_ns": 1,
-                             "identity": ident.replace(pid=300 + rank).as_dict()})]
+        lines = [_process_line(rank, 300 + rank, 2)]
         for i in range(10):
             start = 10**18 + (i // 2 * 2) * 10**9 + (rank if i % 2 else 0)  # even i: both ranks start together
             span = f"{rank:02x}{i:014x}"

@@ -35,18 +35,23 @@ def _started(t: Telemetry) -> TrainingRecorder:
     return r
 
 
-@linux_only
-def test_each_report_window_carries_the_process_cpu_time_and_wait(tmp_path: Path) -> None:
-    t = Telemetry(store=tmp_path)
-    r = _started(t)
-    for _ in range(15):
+def _busy_loop(r: TrainingRecorder, iterations: int, cpu_s: float) -> None:
+    """``iterations`` iterations of ``cpu_s`` seconds of this thread's CPU each, then the loop and the app ended."""
+    for _ in range(iterations):
         r.on_training_single_iteration_start()
-        deadline = time.thread_time() + 0.004  # 4 ms of CPU per iteration
+        deadline = time.thread_time() + cpu_s
         while time.thread_time() < deadline:
             pass
         r.on_training_single_iteration_end()
     r.on_train_end()
     r.on_app_end()
+
+
+@linux_only
+def test_each_report_window_carries_the_process_cpu_time_and_wait(tmp_path: Path) -> None:
+    t = Telemetry(store=tmp_path)
+    r = _started(t)
+    _busy_loop(r, 15, 0.004)  # 4 ms of CPU per iteration
     assert t.close()
     updates = _updates(t.run_dir)
     assert len(updates) == 3
@@ -130,14 +135,7 @@ def test_a_thread_that_ends_in_a_window_takes_only_its_own_increment_out(tmp_pat
     r = _started(t)  # the reporter's first reading: the worker alive, its 150 ms counted
     go.set()
     worker.join()
-    for _ in range(5):
-        r.on_training_single_iteration_start()
-        deadline = time.thread_time() + 0.01  # 10 ms of CPU per iteration
-        while time.thread_time() < deadline:
-            pass
-        r.on_training_single_iteration_end()
-    r.on_train_end()
-    r.on_app_end()
+    _busy_loop(r, 5, 0.01)  # 10 ms of CPU per iteration
     assert t.close()
     (update,) = _updates(t.run_dir)
     # the loop's 50 ms, less what schedstat had not yet added for the running thread (up to a tick)
