@@ -85,7 +85,7 @@ class Window:
     phase_avg: float | None = None  # the mean iteration time on that clock (the phase split's total)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)  # (a long run of many ranks has one per checkpoint per rank: no __dict__ each)
 class SpanRow:
     rank: int
     name: str
