@@ -130,16 +130,21 @@ def test_report_and_show_are_the_same_by_sql(session: tuple[Path, Path], compact
         assert py_model.findings and py_model.windows and py_model.heatmap is not None  # something was compared
 
 
-@pytest.mark.parametrize("spans_at_once", [goodput_sql.SPANS_AT_ONCE, 1], ids=["all-ranks", "rank-by-rank"])
-def test_goodput_of_every_rank_is_the_same_by_sql(session: tuple[Path, Path], spans_at_once: int,
+@pytest.mark.parametrize("spans_at_once", [None, goodput_sql.SPANS_AT_ONCE, 1],
+                         ids=["bounds", "exact-all-ranks", "exact-rank-by-rank"])
+def test_goodput_of_every_rank_is_the_same_by_sql(session: tuple[Path, Path], spans_at_once: int | None,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """The restarted session: two runs, a crash and a restart, checkpoints on another rank; the lifecycle spans
-    grouped for all ranks in one query, and a rank at a time (as a long run's are); a rank's lifecycle rows fetched
-    in batches that split its processes' rows too, each segment read in ranges of its lines of ~5 rows."""
+    """The restarted session: two runs, a crash and a restart, checkpoints on another rank. Each process's first and
+    last timestamps from its bounds (no span grouped but its latest ends'), and by the exact query (every process
+    made unsettled): its lifecycle spans grouped for all ranks in one query, and a rank at a time (as a long run's
+    are). A rank's lifecycle rows fetched in batches that split its processes' rows too, each segment read in ranges
+    of its lines of ~5 rows."""
     monkeypatch.setenv("TELEMETRAIN_ENGINE", "python")
     python = goodput_by_rank(session[0].parent)
     monkeypatch.delenv("TELEMETRAIN_ENGINE")
-    monkeypatch.setattr(goodput_sql, "SPANS_AT_ONCE", spans_at_once)
+    if spans_at_once is not None:
+        monkeypatch.setattr(goodput_sql, "_settled", lambda *a: False)
+        monkeypatch.setattr(goodput_sql, "SPANS_AT_ONCE", spans_at_once)
     if spans_at_once == 1:
         monkeypatch.setattr(goodput_sql, "ROWS_AT_ONCE", 3)
         monkeypatch.setattr(goodput_sql, "SEGMENT_ROWS_AT_ONCE", 5)
@@ -151,10 +156,67 @@ def test_goodput_of_every_rank_is_the_same_by_sql(session: tuple[Path, Path], sp
     for rank in python:
         assert not differences(python[rank].as_dict(), sql[rank].as_dict()), rank
     grouped = [q for q in queries if "arg_min(wall_ns" in q]
-    assert len(grouped) == (1 if spans_at_once > 1 else 4)  # the session read once: one query, or one per rank
+    # the session read once: its bounds only, or one exact query, or one per rank
+    assert len(grouped) == {None: 0, 1: 4}.get(spans_at_once, 1)
+    assert sum("arg_max(span_id" in q for q in queries) == 1
     ranges = sum("line >= $first" in q for q in queries)
     assert ranges >= 4 * (10 if spans_at_once == 1 else 1)  # (one per segment, or far more in ranges of 5 rows)
     assert len(python[0].runs) == 2 and python[0].lost_iterations > 0
+
+
+def _lifecycle_lines(rank: int, pid: int, spans: list[tuple[str, str, int | None, int | None]]) -> list[str]:
+    """A process file's lines (of a run of 3 ranks): its header, then each span (name, id, start wall, end wall) as a start and an end
+    line in the order of their walls (an end before its start when its wall is earlier: the tracer's late start);
+    None: that line is not written."""
+    rows = []
+    for name, span_id, start, end in spans:
+        if start is not None:
+            rows.append((start, 0, {"kind": "span_start", "parent_id": "", "trace_id": "", "attributes": {}},
+                         name, span_id))
+        if end is not None:
+            rows.append((end, 1, {"kind": "span_end", "duration_ns": 0, "status": "ok", "attributes": {}, "error": ""},
+                         name, span_id))
+    lines = [_process_line(rank, pid, 2, world_size=3)]
+    for mono, (wall, _, fields, name, span_id) in enumerate(sorted(rows, key=lambda r: (r[0], r[1]))):
+        lines.append(json.dumps({"v": 2, **fields, "mono_ns": mono + 2, "wall_ns": wall, "group": "training",
+                                 "name": name, "span_id": span_id}))
+    return lines
+
+
+@pytest.mark.parametrize("latest", [1, goodput_sql.LATEST_ENDS])
+def test_goodput_bounds_are_the_exact_stamps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, latest: int) -> None:
+    """Each process's first and last timestamps from its bounds are the exact query's, and a process the bounds do
+    not settle is read by it: rank 0 was cut off in its data loading (a start later than every stamp); rank 1's
+    latest end has no start (settled only when its earlier ends are read too); rank 2 ended cleanly."""
+    s = 10**18
+    second = 10**9
+    iterations = [("training_single_iteration", f"it{i}", s + (10 + i) * second, s + (11 + i) * second)
+                  for i in range(10)]
+    spans = {
+        0: [("application", "app", s, None), ("training_loop", "loop", s + 5 * second, None), *iterations,
+            ("data_loading", "dl", s + 25 * second, None)],
+        1: [("application", "app", s, s + 30 * second), *iterations, ("data_loading", "orphan", None, s + 40 * second)],
+        2: [("application", "app", s + second, s + 30 * second), ("training_loop", "loop", s + 2 * second,
+                                                                    s + 29 * second), *iterations],
+    }
+    run = _two_ranks(tmp_path)
+    for rank, rows in spans.items():
+        (run / f"rank-{rank}.{400 + rank}.jsonl").write_text("\n".join(_lifecycle_lines(rank, 400 + rank, rows)) + "\n")
+    monkeypatch.setattr(goodput_sql, "LATEST_ENDS", latest)
+    with Engine([run]) as engine:
+        where = goodput_sql._run_filter([open_run(run)])
+        exact = {(s_, r, rank, pid): (lo, hi) for s_, r, rank, pid, lo, hi in
+                 engine.rows(goodput_sql._exact_stamps_sql(where))}
+        queries: list[str] = []
+        execute = Engine.execute
+        monkeypatch.setattr(Engine, "execute", lambda self, q, p=None: queries.append(q) or execute(self, q, p))
+        bounds = goodput_sql._process_bounds(engine, where)
+    assert bounds == exact
+    assert exact[("s", "c", 1, 401)] == (s, s + 30 * second)  # (the orphan end is no stamp)
+    assert exact[("s", "c", 0, 400)] == (s, s + 20 * second)  # its last iteration's end
+    read_exactly = [q for q in queries if "arg_min(wall_ns" in q]
+    assert len(read_exactly) == 1
+    assert "rank IN (0)" in read_exactly[0] if latest > 1 else "rank IN (0, 1)" in read_exactly[0]
 
 
 def test_compare_series_are_the_same_by_sql(session: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -607,9 +669,9 @@ def _two_ranks(tmp_path: Path) -> Path:
     return run
 
 
-def _process_line(rank: int, pid: int, version: int) -> str:
-    """A process file's first line (format ``version``): the identity of ``rank`` of run ``c``, world size 2."""
-    ident = identity_from_env({}, run_id="c", session_tag="s", perf_tag="p", rank=rank, world_size=2)
+def _process_line(rank: int, pid: int, version: int, world_size: int = 2) -> str:
+    """A process file's first line (format ``version``): the identity of ``rank`` of run ``c``."""
+    ident = identity_from_env({}, run_id="c", session_tag="s", perf_tag="p", rank=rank, world_size=world_size)
     return json.dumps({"v": version, "kind": "process", "mono_ns": 1, "wall_ns": 1,
                        "identity": ident.replace(pid=pid).as_dict()})
 

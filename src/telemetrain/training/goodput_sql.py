@@ -44,6 +44,9 @@ SPANS_AT_ONCE = 24_576
 # a rank's lifecycle rows fetched at a time: a report's row is ~1 KiB of Python objects (its attributes' JSON texts),
 # and two batches live at once (the last one read while the next is fetched): 10,000 held +10 MiB at 1M iterations
 ROWS_AT_ONCE = 2_000
+# a process's latest span ends whose spans are grouped to find its last timestamp (``_process_bounds``): a run that
+# ended its application span has it among them
+LATEST_ENDS = 8
 # a segment's lifecycle rows sorted and typed in one query: DuckDB's working memory for them (their reports' JSON
 # parsed, the rows sorted by line) grew with the segment, +21 MiB for a segment of 11,700 rows (64 x 1M), +14 for a
 # quarter of it
@@ -121,6 +124,162 @@ def _run_filter(runs: Sequence[Run], alias: str = "") -> str:
     return f"({a}session, {a}run) IN ({pairs}) AND {a}role <> 'agent' AND {a}group_name = '{GROUP}'"
 
 
+_Key = tuple[str, str, int, int]  # a process's rows: (session, run, rank, pid)
+
+
+def _exact_stamps_sql(where: str) -> str:
+    """Each process's first and last timestamps, exactly as ``read_records`` stamps them: a lifecycle span's end is a
+    timestamp when its start came before it in the file (the first end only), found per span by a grouped aggregate
+    of the first start's and the first end's positions (a join of every start with every end would have to hold one
+    side). The position is one BIGINT (``_position_sql``), not a (segment, line) struct: an aggregate whose state is
+    a struct cannot spill, and at 64 ranks x 1M iterations (1.3 M spans) it needed more than the readers' memory
+    limit."""
+    lifecycle, tracked, pos = _names(_LIFECYCLE), _names(_TRACKED), _position_sql()
+    spans = f"""
+      SELECT session, run, rank, pid, span_id,
+             min({pos}) FILTER (WHERE k = 0) AS s_pos,
+             arg_min(wall_ns, {pos}) FILTER (WHERE k = 0) AS s_wall,
+             min({pos}) FILTER (WHERE k = 1) AS e_pos,
+             arg_min(wall_ns, {pos}) FILTER (WHERE k = 1) AS e_wall,
+             bool_or(k = 0 AND name IN {lifecycle}) AS lifecycle
+      FROM (SELECT session, run, rank, pid, span_id, segment, line, wall_ns, name, 0 AS k FROM span_starts
+            WHERE {where} AND name IN {tracked}
+            UNION ALL
+            SELECT session, run, rank, pid, span_id, segment, line, wall_ns, name, 1 FROM span_ends WHERE {where})
+      GROUP BY session, run, rank, pid, span_id"""
+    return f"""
+    WITH st AS (
+      SELECT session, run, rank, pid, wall_ns AS t FROM span_starts WHERE {where} AND name IN {lifecycle}
+      UNION ALL
+      SELECT session, run, rank, pid, greatest(e_wall, s_wall) FROM ({spans})
+      WHERE lifecycle AND s_pos IS NOT NULL AND e_pos IS NOT NULL AND e_pos > s_pos
+      UNION ALL
+      SELECT session, run, rank, pid, t FROM ({_event_stamps_sql(where)})
+      UNION ALL
+      SELECT session, run, rank, pid, t FROM ({_report_stamps_sql(where)}))
+    SELECT session, run, rank, pid, min(t), max(t) FROM st WHERE t IS NOT NULL GROUP BY ALL"""
+
+
+def _event_stamps_sql(where: str) -> str:
+    """The wall-clock stamps (ns) the checkpoint successes and the watchdog's heartbeats carry: column ``t``."""
+    return f"""
+      SELECT session, run, rank, pid, {_stamp_sql('x')} AS t FROM (
+        SELECT session, run, rank, pid, {_num_sql('j')} AS x FROM (
+          SELECT session, run, rank, pid,
+                 CASE WHEN name = '{_PROGRESS}'
+                   THEN {_attribute('last_logged_train_iterations_finish_timestamp_sec')}
+                 ELSE {_attribute('latest_successful_save_checkpoint_timestamp_sec')} END AS j
+          FROM events WHERE {where} AND name IN ('{_SAVE}', '{_PROGRESS}')))"""
+
+
+def _report_stamps_sql(where: str) -> str:
+    """The reports' stamps (ns), typed already (store.report_rows: _num_sql's number, or non-finite): column ``t``."""
+    return f"""
+      SELECT session, run, rank, pid, {_stamp_sql('x')} AS t FROM (
+        SELECT session, run, rank, pid, CASE WHEN isfinite(last_logged_train_iterations_finish_timestamp_sec)
+          THEN last_logged_train_iterations_finish_timestamp_sec END AS x
+        FROM reports WHERE {where})"""
+
+
+def _process_bounds(engine: Engine, where: str) -> dict[_Key, tuple[int, int]]:
+    """Each process's first and last timestamps (``_exact_stamps_sql``'s), without grouping the spans where they
+    cannot matter. A span's timestamp is the later of its first start's and first end's walls, so it is never below
+    the earliest tracked start: it cannot lower a process's first timestamp unless a tracked start precedes the
+    other timestamps. And a span none of whose ends is among the process's ``LATEST_ENDS`` latest ends is stamped
+    no later than the last of those, or its start: so only the spans of those ends are grouped (a few rows), and the
+    last timestamp is exact when it reaches that bound. Per process: four small aggregates (one table each, one
+    thread, no per-span state) instead of grouping every span, 20,000 a rank on a long run (+20 MiB and ~0.1 s a
+    rank). A process where the bounds do not settle it (a run cut off in its data loading, a span without an id or a
+    record without a wall time) is read by the exact query, a group of its ranks at a time."""
+    lifecycle, tracked, n = _names(_LIFECYCLE), _names(_TRACKED), LATEST_ENDS
+    with engine.one_thread():  # (each query a scan and one row per process)
+        starts = {
+            (s, r, rank, pid): (lmin, lmax, tmin, tmax, bad) for s, r, rank, pid, lmin, lmax, tmin, tmax, bad in
+            engine.rows(f"""
+                SELECT session, run, rank, pid, min(wall_ns) FILTER (WHERE name IN {lifecycle}),
+                       max(wall_ns) FILTER (WHERE name IN {lifecycle}), min(wall_ns), max(wall_ns),
+                       count(*) > count(wall_ns) OR count(*) > count(span_id)
+                FROM span_starts WHERE {where} AND name IN {tracked} GROUP BY ALL""")}
+        ends = {(s, r, rank, pid): (ids, walls, bad) for s, r, rank, pid, ids, walls, bad in engine.rows(f"""
+                SELECT session, run, rank, pid, arg_max(span_id, wall_ns, {n}), max(wall_ns, {n}),
+                       count(*) > count(wall_ns) OR count(*) > count(span_id)
+                FROM span_ends WHERE {where} GROUP BY ALL""")}
+        others: dict[_Key, list[int]] = {}
+        for part in (_event_stamps_sql(where), _report_stamps_sql(where)):
+            for s, r, rank, pid, lo, hi in engine.rows(f"SELECT session, run, rank, pid, min(t), max(t) FROM ({part}) "
+                                                       "WHERE t IS NOT NULL GROUP BY ALL"):
+                others.setdefault((s, r, rank, pid), []).extend((lo, hi))
+        latest = _latest_spans(engine, where, [(key, i) for key, (ids, _, _) in ends.items() if key in starts
+                                               for i in ids])
+    bounds: dict[_Key, tuple[int, int]] = {}
+    exact: set[int] = set()  # the ranks the exact query reads
+    for key in {*starts, *others}:
+        start = starts.get(key, (None, None, None, None, False))
+        found = [t for t in (*start[:2], *others.get(key, ()), *latest.get(key, ())) if t is not None]
+        if start[0] is not None and not _settled(found, start, ends.get(key, ([], [], False)), n):
+            exact.add(key[2])
+        elif found:
+            bounds[key] = (min(found), max(found))
+    if exact:
+        ranks = "(" + ", ".join(map(str, sorted(exact))) + ")"
+        for group in rank_groups(_span_counts(engine, f"{where} AND rank IN {ranks}"), SPANS_AT_ONCE):
+            with engine.one_thread():  # (a group's spans: a few ten thousand)
+                for s, r, rank, pid, lo, hi in engine.rows(_exact_stamps_sql(f"{where} AND rank IN {group}")):
+                    bounds[(s, r, rank, pid)] = (lo, hi)
+    return bounds
+
+
+def _settled(found: list[int], start: tuple[Any, ...], end: tuple[Any, ...], n: int) -> bool:
+    """Whether the timestamps ``found`` (the lifecycle starts', the events' and reports', the latest ends' spans') are
+    the first and last of a process with lifecycle spans: ``start`` its tracked starts' (lifecycle min, max, any min,
+    max, a row without a wall or id), ``end`` its ends' (the ``n`` latest ends' span ids and walls, a row without)."""
+    _, _, tmin, tmax, bad_start = start
+    _, walls, bad_end = end
+    if bad_start or bad_end or tmin < min(found):  # (a span's stamp is at least its start's: the earliest start's)
+        return False
+    # every other span's ends are no later than the n-th latest end, and its start no later than the last start
+    return len(walls) < n or max(found) >= max(min(walls), tmax)
+
+
+def _latest_spans(engine: Engine, where: str, spans: list[tuple[_Key, str]]) -> dict[_Key, list[int]]:
+    """The timestamps of the spans ``spans`` ((process, span id)) as ``_exact_stamps_sql`` stamps them: their
+    first start's and first end's positions and walls, from their rows alone."""
+    if not spans:
+        return {}
+    engine.execute("CREATE OR REPLACE TEMP TABLE goodput_latest (session VARCHAR, run VARCHAR, rank BIGINT, "
+                   "pid BIGINT, span_id VARCHAR)")
+    engine.con.executemany("INSERT INTO goodput_latest VALUES (?, ?, ?, ?, ?)", [(*key, i) for key, i in spans])
+    pos, lifecycle, tracked = _position_sql(), _names(_LIFECYCLE), _names(_TRACKED)
+    firsts: dict[tuple[_Key, str], list[Any]] = {}  # -> [start pos, start wall, end pos, end wall, lifecycle]
+    for s, r, rank, pid, span_id, k, at, wall, life in engine.rows(f"""
+            SELECT session, run, rank, pid, span_id, 0, {pos}, wall_ns, name IN {lifecycle} FROM span_starts
+            SEMI JOIN goodput_latest USING (session, run, rank, pid, span_id) WHERE {where} AND name IN {tracked}
+            UNION ALL
+            SELECT session, run, rank, pid, span_id, 1, {pos}, wall_ns, false FROM span_ends
+            SEMI JOIN goodput_latest USING (session, run, rank, pid, span_id) WHERE {where}"""):
+        first = firsts.setdefault(((s, r, rank, pid), span_id), [None, None, None, None, False])
+        if first[2 * k] is None or at < first[2 * k]:
+            first[2 * k], first[2 * k + 1] = at, wall
+        first[4] = first[4] or life
+    engine.execute("DROP TABLE goodput_latest")
+    out: dict[_Key, list[int]] = {}
+    for (key, _), (s_pos, s_wall, e_pos, e_wall, life) in firsts.items():
+        if life and s_pos is not None and e_pos is not None and e_pos > s_pos:
+            out.setdefault(key, []).append(max(s_wall, e_wall))  # (no wall is NULL: _process_bounds checked)
+    return out
+
+
+def _span_counts(engine: Engine, where: str) -> list[tuple[Any, ...]]:
+    """(rank, lifecycle rows) by rank, of every rank with a row the exact stamps read: its lifecycle spans, or only
+    its reports and checkpoints."""
+    return engine.rows(f"""
+        SELECT rank, sum(n) FROM (
+          SELECT rank, count(*) AS n FROM span_starts WHERE {where} AND name IN {_names(_TRACKED)} GROUP BY rank
+          UNION ALL
+          SELECT DISTINCT rank, 0 FROM events WHERE {where} AND name IN ('{_UPDATE}', '{_SAVE}', '{_PROGRESS}'))
+        GROUP BY rank ORDER BY rank""")
+
+
 def load_session(engine: Engine, runs: Sequence[Run]) -> tuple[list[Any], Any, bool]:
     """The ``_RunData`` of each run (in ``runs`` order) with every process's light figures, the loader of one
     rank's whole lifecycle (``_Session.load_rank``), and whether the reports carry energy."""
@@ -129,62 +288,9 @@ def load_session(engine: Engine, runs: Sequence[Run]) -> tuple[list[Any], Any, b
         engine.attach(run)
     index = {(r.session_tag, r.run_id): i for i, r in enumerate(runs)}
     where = _run_filter(runs)
-    lifecycle, tracked = _names(_LIFECYCLE), _names(_TRACKED)
-    # A lifecycle span's end is a timestamp when its start came before it in the file (the first end only): per span,
-    # the first start's and the first end's positions, by a grouped aggregate (a join of every start with every end
-    # would have to hold one side). The position is one BIGINT (``_position_sql``), not a (segment, line) struct: an
-    # aggregate whose state is a struct cannot spill, and at 64 ranks x 1M iterations (1.3 M spans) it needed more
-    # than the readers' memory limit
-    pos = _position_sql()
-
-    def stamps_sql(where: str) -> str:
-        spans = f"""
-          SELECT session, run, rank, pid, span_id,
-                 min({pos}) FILTER (WHERE k = 0) AS s_pos,
-                 arg_min(wall_ns, {pos}) FILTER (WHERE k = 0) AS s_wall,
-                 min({pos}) FILTER (WHERE k = 1) AS e_pos,
-                 arg_min(wall_ns, {pos}) FILTER (WHERE k = 1) AS e_wall,
-                 bool_or(k = 0 AND name IN {lifecycle}) AS lifecycle
-          FROM (SELECT session, run, rank, pid, span_id, segment, line, wall_ns, name, 0 AS k FROM span_starts
-                WHERE {where} AND name IN {tracked}
-                UNION ALL
-                SELECT session, run, rank, pid, span_id, segment, line, wall_ns, name, 1 FROM span_ends WHERE {where})
-          GROUP BY session, run, rank, pid, span_id"""
-        return f"""
-        WITH st AS (
-          SELECT session, run, rank, pid, wall_ns AS t FROM span_starts WHERE {where} AND name IN {lifecycle}
-          UNION ALL
-          SELECT session, run, rank, pid, greatest(e_wall, s_wall) FROM ({spans})
-          WHERE lifecycle AND s_pos IS NOT NULL AND e_pos IS NOT NULL AND e_pos > s_pos
-          UNION ALL
-          SELECT session, run, rank, pid, {_stamp_sql('x')} FROM (
-            SELECT session, run, rank, pid, {_num_sql('j')} AS x FROM (
-              SELECT session, run, rank, pid,
-                     CASE WHEN name = '{_PROGRESS}'
-                       THEN {_attribute('last_logged_train_iterations_finish_timestamp_sec')}
-                     ELSE {_attribute('latest_successful_save_checkpoint_timestamp_sec')} END AS j
-              FROM events WHERE {where} AND name IN ('{_SAVE}', '{_PROGRESS}')))
-          UNION ALL  -- the reports' stamp typed already (store.report_rows: _num_sql's number, or non-finite)
-          SELECT session, run, rank, pid, {_stamp_sql('x')} FROM (
-            SELECT session, run, rank, pid, CASE WHEN isfinite(last_logged_train_iterations_finish_timestamp_sec)
-              THEN last_logged_train_iterations_finish_timestamp_sec END AS x
-            FROM reports WHERE {where}))
-        SELECT session, run, rank, pid, min(t), max(t) FROM st WHERE t IS NOT NULL GROUP BY ALL"""
-
-    # a group of ranks at a time (every figure is per process: the same rows), so that the spans' grouped
-    # aggregate holds at most SPANS_AT_ONCE spans, whatever the run's length and width
-    # (every rank with a row the query reads: its lifecycle spans, or only its reports and checkpoints)
-    counts = engine.rows(f"""
-        SELECT rank, sum(n) FROM (
-          SELECT rank, count(*) AS n FROM span_starts WHERE {where} AND name IN {tracked} GROUP BY rank
-          UNION ALL
-          SELECT DISTINCT rank, 0 FROM events WHERE {where} AND name IN ('{_UPDATE}', '{_SAVE}', '{_PROGRESS}'))
-        GROUP BY rank ORDER BY rank""")
-    groups = rank_groups(counts, SPANS_AT_ONCE)
-    with engine.one_thread():  # (a group's spans: a few ten thousand)
-        stamps = [row for group in groups
-                  for row in engine.rows(stamps_sql(where if len(groups) == 1 else f"{where} AND rank IN {group}"))]
-    bounds = {(index[(s, r)], rank, pid): (lo, hi) for s, r, rank, pid, lo, hi in stamps if (s, r) in index}
+    tracked = _names(_TRACKED)
+    bounds = {(index[(s, r)], rank, pid): span for (s, r, rank, pid), span in _process_bounds(engine, where).items()
+              if (s, r) in index}
     saves: dict[tuple[int, int, int], list[_Save]] = {}
     for s, r, rank, pid, completed, step, sec in engine.rows(f"""
             SELECT session, run, rank, pid, {_int_sql('a')}, {_int_sql('b')}, {_num_sql('c')} FROM (
