@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from array import array
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -19,13 +20,13 @@ from ..semconv import series_key
 from ..store.codec import untag_nonfinite
 from ..store.engine import Engine, rank_groups
 from ..store.reader import Run
-from .quantiles_sql import ranked
+from .quantiles_sql import median, ranked
 from .samples import _CONTENTION, DURATIONS, OTHER, PHASES, RunSamples, interpolate, quantile_positions
 from .samples_sums import RunSums
 
 __all__ = ["samples_sql"]
 
-WINDOWS_AT_ONCE = 49_152  # reports whose windows one table holds (a group of ranks)
+WINDOWS_AT_ONCE = 24_576  # reports whose windows one table holds (a group of ranks: ~5 MiB a table of 20,000)
 MAX_RANK_PHASES = 16  # compare.MAX_RANK_PHASES: per-rank phase series are only compared for this many ranks
 
 _Key = tuple[str, int | None, bool]  # (metric, rank or None for the run, busy_free)
@@ -179,11 +180,11 @@ def _feed_curves(engine: Engine, curves: CurveBuilder, wanted: Callable[[str], b
 
 
 def _windows_by_group(engine: Engine, metrics: list[tuple[str, str]], run_metrics: list[tuple[str, str]],
-                      into: SeriesStore) -> tuple[int, int, list[int], set[bool], bool]:
+                      into: SeriesStore, shares_dir: str) -> tuple[int, int, list[int], set[bool], bool]:
     """Every series, a group of ranks at a time: each group's windows (their attributes parsed once) in a temporary
     table, its per-rank series read from it, its values added to the run-level sums (``samples_sums``) and its
-    contention shares kept for their median (``compare_shares``). Returns the report and window counts, the
-    ranks with a window, the phases' clocks and whether every window carries its wait."""
+    contention shares kept for their median (a Parquet file per group in ``shares_dir``). Returns the report and
+    window counts, the ranks with a window, the phases' clocks and whether every window carries its wait."""
     counts = engine.rows(f"SELECT rank, count(*) FROM events WHERE {_REPORTS} GROUP BY rank ORDER BY rank")
     phases_by_rank = len(counts) <= MAX_RANK_PHASES  # (an upper bound of the ranks with a window: checked below)
     sums = RunSums(engine, [c for _, c in run_metrics])
@@ -191,18 +192,18 @@ def _windows_by_group(engine: Engine, metrics: list[tuple[str, str]], run_metric
     total = sum(int(n) for _, n in counts)
     ranks: list[int] = []
     clocks: set[bool] = set()
-    engine.execute("CREATE OR REPLACE TEMP TABLE compare_shares (share DOUBLE)")
     phased = " OR ".join(f"{p} IS NOT NULL" for p in PHASES)
     with engine.one_thread():  # (a group's windows: a few ten thousand)
-        for group in rank_groups(counts, WINDOWS_AT_ONCE):
+        for k, group in enumerate(rank_groups(counts, WINDOWS_AT_ONCE)):
             engine.temp_table("compare_windows", _windows_sql(group))
             devs, n, with_share = engine.rows(f"SELECT list_distinct(list(dev) FILTER (WHERE {phased})), count(*), "
                                               "count(share) FROM compare_windows")[0]
             clocks.update(devs or [])
             count, shares = count + n, shares + with_share
             ranks += [r for r, in engine.rows("SELECT DISTINCT rank FROM compare_windows ORDER BY rank")]
-            if with_share:
-                engine.execute("INSERT INTO compare_shares SELECT share FROM compare_windows WHERE share IS NOT NULL")
+            if with_share:  # on disk: a table of every window's share grew with the run (10 MiB at 64 x 1M)
+                engine.execute("COPY (SELECT share FROM compare_windows WHERE share IS NOT NULL) TO $path "
+                               "(FORMAT parquet)", {"path": os.path.join(shares_dir, f"{k}.parquet")})
             sums.add("compare_windows")
             # per rank: the iteration time, and the phases for the few ranks compare compares them for; busy-free
             # while every window so far carries its wait (compare uses busy-free series only when all do)
@@ -261,9 +262,14 @@ def samples_sql(engine: Engine, run: Run, curves: Callable[[str], bool] | None =
                *((p, p) for p in PHASES)]
     run_metrics = [*metrics, (OTHER, _OTHER)]  # the rest of the step: compared for the whole run only
     precomputed = SeriesStore()
-    total, count, ranks, clocks, known = _windows_by_group(engine, metrics, run_metrics, precomputed)
-    fraction = engine.scalar("SELECT median(share) FROM compare_shares")
-    engine.execute("DROP TABLE compare_shares")
+    shares = tempfile.mkdtemp(prefix="compare-shares-", dir=engine.scratch)
+    try:
+        total, count, ranks, clocks, known = _windows_by_group(engine, metrics, run_metrics, precomputed, shares)
+        # the median share, as DuckDB's median of every window's gives it, in memory that does not grow with them
+        files = "'" + os.path.join(shares, "*.parquet").replace("'", "''") + "'"
+        fraction = median(engine, "share", f"FROM read_parquet({files})") if os.listdir(shares) else None
+    finally:
+        shutil.rmtree(shares, ignore_errors=True)
     source = ("device" if next(iter(clocks)) else "host") if len(clocks) == 1 else ("mixed" if clocks else "")
     percentiles = _iteration_percentiles(engine)
     builder = CurveBuilder()
