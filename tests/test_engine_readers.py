@@ -165,9 +165,9 @@ def test_goodput_of_every_rank_is_the_same_by_sql(session: tuple[Path, Path], sp
 
 
 def _lifecycle_lines(rank: int, pid: int, spans: list[tuple[str, str, int | None, int | None]]) -> list[str]:
-    """A process file's lines (of a run of 3 ranks): its header, then each span (name, id, start wall, end wall) as a start and an end
-    line in the order of their walls (an end before its start when its wall is earlier: the tracer's late start);
-    None: that line is not written."""
+    """A process file's lines (of a run of 3 ranks): its header, then each span (name, id, start wall, end wall) as
+    a start and an end line in the order of their walls (an end before its start when its wall is earlier: the
+    tracer's late start); None: that line is not written."""
     rows = []
     for name, span_id, start, end in spans:
         if start is not None:
