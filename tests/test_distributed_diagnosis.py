@@ -27,7 +27,7 @@ from telemetrain.distributed.comm_timing import HOST
 from telemetrain.distributed.late_rank import LateRankAttributor, compute_times
 from telemetrain.distributed.stall_view import classify
 from telemetrain.distributed.stragglers import StragglerDetector
-from telemetrain.distributed.watchdog import WatchdogConfig, enable_watchdog, parse_config
+from telemetrain.distributed.watchdog import StallWatchdog, WatchdogConfig, enable_watchdog, parse_config
 from telemetrain.report.model import build_model
 from telemetrain.spans import span
 from telemetrain.store.reader import Run, find_runs, open_run
@@ -551,6 +551,36 @@ def test_no_evidence_while_training_advances_or_pauses_in_a_checkpoint(tmp_path:
     t.close()
     assert watchdog.evidence_written == 0 and watchdog.wakeups > 10
     assert not [r for r in open_run(t.run_dir).records("event") if r.group == "watchdog"]
+
+
+def test_the_stall_clock_restarts_when_a_checkpoint_save_ends(tmp_path: Path) -> None:
+    """A save longer than the threshold, looked at just after it ended and before the next iteration: no stall (the
+    clock ran from the last iteration before the save, and flagged one; CI caught the watchdog's poll in that gap).
+    No iteration for a threshold after the save: a stall. Each look made here, in order (the watchdog's own)."""
+    t = telemetrain.Telemetry(store=tmp_path)
+    watchdog = StallWatchdog(t, WatchdogConfig(floor_s=0.3, k=2.0, startup_s=0.3, heartbeat_s=0, on_signal=False,
+                                               fatal_stacks=False))  # not started: no thread of its own looks
+    rec = TrainingRecorder(TrainingTelemetryConfig(global_batch_size_or_fn=4, log_every_n_train_iterations=5),
+                           telemetry=t)
+    rec.on_app_start()
+    rec.on_train_start(train_iterations_start=0)
+    for _ in range(3):
+        rec.on_training_single_iteration_start()
+        rec.on_training_single_iteration_end()
+    watchdog._check()
+    rec.on_save_checkpoint_start(global_step=3)
+    watchdog._check()
+    time.sleep(0.5)  # the save: longer than the threshold
+    rec.on_save_checkpoint_success(global_step=3)
+    rec.on_save_checkpoint_end()
+    watchdog._check()
+    assert watchdog.evidence_written == 0 and not watchdog.stalled
+    time.sleep(0.5)  # then nothing: a stall, counted from the save's end
+    watchdog._check()
+    assert watchdog.evidence_written == 1 and watchdog.stalled
+    rec.on_train_end()
+    rec.on_app_end()
+    t.close()
 
 
 def test_watchdog_settings_are_checked_and_parsed() -> None:

@@ -391,9 +391,12 @@ class StallWatchdog:
                 self.stalled = False
                 self.telemetry.event("stall_end", {"stalled_for_s": (now - self._since_ns) / 1e9,
                                                    "step": progress["completed"] - 1}, group=GROUP)
+            # a pause just ended (a checkpoint save, a validation loop): the clock starts now, not at the iteration
+            # before it, or a save longer than the threshold was a stall the moment it ended
+            resumed = self._key is not None and bool(self._key[1])
             self._key = key
             last = progress["last_end_ns"]
-            self._since_ns = now if progress["paused_in"] or not last or key[0] == 0 else max(last, 0)
+            self._since_ns = now if progress["paused_in"] or resumed or not last or key[0] == 0 else max(last, 0)
             if self._since_ns > now:
                 self._since_ns = now
         self._heartbeat(progress, now)
