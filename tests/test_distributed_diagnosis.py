@@ -491,15 +491,21 @@ def wait_for(predicate: Any, timeout: float = 30.0) -> bool:
     return False
 
 
+def _training(t: telemetrain.Telemetry) -> TrainingRecorder:
+    """A recorder of ``t`` with its application and training loop started (a report every 5 iterations)."""
+    rec = TrainingRecorder(TrainingTelemetryConfig(global_batch_size_or_fn=4, log_every_n_train_iterations=5),
+                           telemetry=t)
+    rec.on_app_start()
+    rec.on_train_start(train_iterations_start=0)
+    return rec
+
+
 def test_the_watchdog_writes_evidence_of_a_stall_and_notes_its_end(tmp_path: Path) -> None:
     t = telemetrain.Telemetry(store=tmp_path)
     watchdog = enable_watchdog(t, floor_s=0.5, k=3.0, startup_s=0.5, poll_s=0.05, heartbeat_s=0.1, on_signal=False,
                                fatal_stacks=False)
     assert enable_watchdog(t) is watchdog  # one per Telemetry
-    rec = TrainingRecorder(TrainingTelemetryConfig(global_batch_size_or_fn=4, log_every_n_train_iterations=5),
-                           telemetry=t)
-    rec.on_app_start()
-    rec.on_train_start(train_iterations_start=0)
+    rec = _training(t)
     for _ in range(10):
         rec.on_training_single_iteration_start()
         with rec.forward():
@@ -533,10 +539,7 @@ def test_no_evidence_while_training_advances_or_pauses_in_a_checkpoint(tmp_path:
     # a floor of 1 s: a shorter one is within the pauses a loaded or virtual machine gives a thread now and then
     watchdog = enable_watchdog(t, floor_s=1.0, k=2.0, startup_s=1.0, poll_s=0.05, heartbeat_s=0, on_signal=False,
                                fatal_stacks=False)
-    rec = TrainingRecorder(TrainingTelemetryConfig(global_batch_size_or_fn=4, log_every_n_train_iterations=5),
-                           telemetry=t)
-    rec.on_app_start()
-    rec.on_train_start(train_iterations_start=0)
+    rec = _training(t)
     deadline = time.monotonic() + 1.0
     while time.monotonic() < deadline:
         rec.on_training_single_iteration_start()
@@ -560,10 +563,7 @@ def test_the_stall_clock_restarts_when_a_checkpoint_save_ends(tmp_path: Path) ->
     t = telemetrain.Telemetry(store=tmp_path)
     watchdog = StallWatchdog(t, WatchdogConfig(floor_s=0.3, k=2.0, startup_s=0.3, heartbeat_s=0, on_signal=False,
                                                fatal_stacks=False))  # not started: no thread of its own looks
-    rec = TrainingRecorder(TrainingTelemetryConfig(global_batch_size_or_fn=4, log_every_n_train_iterations=5),
-                           telemetry=t)
-    rec.on_app_start()
-    rec.on_train_start(train_iterations_start=0)
+    rec = _training(t)
     for _ in range(3):
         rec.on_training_single_iteration_start()
         rec.on_training_single_iteration_end()
