@@ -222,8 +222,8 @@ def _process_bounds(engine: Engine, where: str) -> dict[_Key, tuple[int, int]]:
             bounds[key] = (min(found), max(found))
     if exact:
         ranks = "(" + ", ".join(map(str, sorted(exact))) + ")"
-        for group in rank_groups(_span_counts(engine, f"{where} AND rank IN {ranks}"), SPANS_AT_ONCE):
-            with engine.one_thread():  # (a group's spans: a few ten thousand)
+        with engine.one_thread():  # (a group's spans: a few ten thousand)
+            for group in rank_groups(_span_counts(engine, f"{where} AND rank IN {ranks}"), SPANS_AT_ONCE):
                 for s, r, rank, pid, lo, hi in engine.rows(_exact_stamps_sql(f"{where} AND rank IN {group}")):
                     bounds[(s, r, rank, pid)] = (lo, hi)
     return bounds
