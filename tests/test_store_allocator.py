@@ -59,6 +59,27 @@ def test_the_engine_purges_before_each_of_its_queries(monkeypatch: pytest.Monkey
         engine.close()
 
 
+@needs_jemalloc
+def test_release_freed_hands_back_what_the_queries_kept_for_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
+    # held under the engine's threshold, a query's freed pages stay for the next query; when the queries are done
+    # for a while (the findings engine's work in Python follows), release_freed hands them all back
+    engine = Engine([])
+    try:
+        engine.execute("SET allocator_bulk_deallocation_flush_threshold = '16GB'")
+        _free_a_hash_table(engine.con)
+        held = allocator.freed_held()
+        assert held is not None and held > 4 << 20, held
+        monkeypatch.setattr(allocator, "PURGE_PAST", held + (64 << 20))
+        assert engine.scalar("SELECT 1") == 1
+        kept = allocator.freed_held()
+        assert kept is not None and kept > held - (2 << 20), (held, kept)  # (a page or two may decay meanwhile)
+        engine.release_freed()
+        after = allocator.freed_held()
+        assert after is not None and kept - after > 4 << 20, (kept, after)
+    finally:
+        engine.close()
+
+
 def test_without_duckdb_loaded_nothing_is_looked_up_or_purged() -> None:
     # a fresh interpreter that never imported duckdb: no symbol is searched for, nothing is cached as missing
     code = textwrap.dedent("""

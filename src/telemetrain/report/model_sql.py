@@ -119,6 +119,7 @@ class SqlCollector(_Collector):
             self._process(log, f"agent {log.identity.host}", agent=True)
         self.events.sort(key=lambda e: e.wall_ns)
         self.problems.sort(key=lambda e: e.wall_ns)
+        self.engine.release_freed()  # (the model and the findings are made in Python from here)
 
     def _series_keys(self) -> None:
         """``semconv.series_key`` of every (name, attributes) the run's metrics have (a few hundred at most), as the

@@ -406,6 +406,14 @@ class Engine:
         trim_freed()
         return self.con.execute(query, params) if params is not None else self.con.execute(query)
 
+    def release_freed(self) -> None:
+        """Hand back to the system all that the queries so far freed, whatever its size: for a reader whose queries
+        are done for a while, before work in Python (the findings engine's windows). ``execute`` keeps up to
+        ``allocator.PURGE_PAST`` freed between queries, for the next query to reuse; held through the Python work,
+        it stood under that work's peak (the report on 64 ranks x 1M iterations: 0-12 MiB, run to run)."""
+        purge_freed(0)
+        trim_freed(0)
+
     def rows(self, query: str, params: Any = None) -> list[tuple[Any, ...]]:
         return list(self.execute(query, params).fetchall())
 
