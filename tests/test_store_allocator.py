@@ -251,7 +251,7 @@ def test_the_views_read_their_file_lists_from_variables(tmp_path: Path) -> None:
 
 
 def test_rank_groups_bound_each_count_of_a_group() -> None:
-    from telemetrain.store.engine import rank_groups
+    from telemetrain.store.rank_groups import rank_groups
 
     assert rank_groups([(0, 5), (1, 5), (2, 20), (3, 1)], 10) == ["(0, 1)", "(2)", "(3)"]  # a rank past it: alone
     # the curves' groups: at most 16 series and 4 Mi steps together (two 1M-step series a rank: two ranks a group;

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..store.engine import rank_groups as engine_rank_groups
+from ..store.rank_groups import rank_groups as engine_rank_groups
 from .findings.builder import CUDA_ALLOCATED, RSS, WINDOW_POINT_KEYS, InputBuilder
 from .findings.inputs import SpikeSelection, ValueSeries
 from .findings.memory import MAX_POINTS, thin_indices

@@ -18,7 +18,8 @@ from ..report.curves import CurveBuilder, is_user_group
 from ..report.curves_sql import feed_curves
 from ..semconv import series_key
 from ..store.codec import untag_nonfinite
-from ..store.engine import Engine, rank_groups
+from ..store.engine import Engine
+from ..store.rank_groups import rank_groups
 from ..store.reader import Run
 from .quantiles_sql import median, ranked
 from .samples import _CONTENTION, DURATIONS, OTHER, PHASES, RunSamples, interpolate, quantile_positions

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..store.engine import rank_groups
+from ..store.rank_groups import rank_groups
 from .curves import _SYSTEM_GROUPS, WALL_WIDTH_NS, CurveBuilder
 
 __all__ = ["feed_curves"]

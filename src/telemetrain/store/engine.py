@@ -38,8 +38,9 @@ from .compact import COLUMNAR_DIR, connect
 from .convert import convert_segment, header_rows
 from .manifest import manifest_is_valid, manifest_path, read_manifest
 from .reader import fallback_identity, list_processes, read_run_meta
-from .report_rows import ALL_COLUMNS, REPORT_FIELDS, REPORTS_TABLE, report_rows_sql
+from .report_rows import ALL_COLUMNS, REPORTS_TABLE, report_rows_sql
 from .segments import parse_segment_name
+from .views import ALL_TABLES, create_tail_tables, create_views, sql_list, sql_str
 
 __all__ = ["ColumnarWarning", "Engine", "EngineUnavailable", "ReadOnlyQueryError", "engine_for", "open_engine"]
 
@@ -56,7 +57,6 @@ QUERY_MEMORY = "512MB"
 def memory_limit(default: str) -> str:
     return os.environ.get(MEMORY_ENV) or default
 
-ALL_TABLES = (*TABLES.values(), PROCESS_TABLE, REPORTS_TABLE)
 
 
 class ColumnarWarning(UserWarning):
@@ -117,14 +117,6 @@ class RunInfo:
     meta: dict[str, Any]
 
 
-def _sql_str(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
-def _sql_list(items: Iterable[str]) -> str:
-    return "[" + ", ".join("'" + s.replace("'", "''") + "'" for s in items) + "]"
-
-
 def _no_file_cache(con: Any) -> None:
     """Turn off DuckDB's external file cache (1.3 and later). For local files it caches no data
     (``cache_local_files`` is off) but keeps an entry per file read, in the C heap, for the connection's life: ~1 KiB
@@ -166,7 +158,7 @@ class Engine:
         self.segment_files: dict[tuple[str, str, str, int | None, int], list[str]] = {}  # pid None: any
         self._damage: list[tuple[Any, ...]] = []
         self._locked = False
-        self._create_tail_tables()
+        create_tail_tables(self.con)
         self.add_runs(run_dirs)
         self._progress = None  # runs added later (a session's, for goodput) are not part of the bar
 
@@ -187,7 +179,7 @@ class Engine:
             self._add_run(info)
             added = True
         if added or not run_dirs:
-            self._create_views()
+            create_views(self.con, self.parquet, self.untyped_reports)
 
     def has_run(self, path: Path) -> bool:
         return any(info.path.resolve() == Path(path).resolve() for info in self.runs)
@@ -197,13 +189,6 @@ class Engine:
         meta = read_run_meta(path)
         return RunInfo(path, str(meta.get("session_tag") or path.parent.name or "unknown"),
                        str(meta.get("run_id") or path.name), meta)
-
-    def _create_tail_tables(self) -> None:
-        for table in ALL_TABLES:
-            cols = ", ".join(f'"{n}" {t}' for n, t in ALL_COLUMNS[table] + PARTITIONS)
-            self.con.execute(f"CREATE TEMP TABLE tail_{table} ({cols})")
-        self.con.execute("CREATE TEMP TABLE damage (session VARCHAR, run VARCHAR, rank BIGINT, pid BIGINT, "
-                         "agent BOOLEAN, torn BIGINT, corrupt BIGINT, segments BIGINT)")
 
     def _add_run(self, info: RunInfo) -> None:
         prefix = info.path / COLUMNAR_DIR
@@ -281,7 +266,7 @@ class Engine:
         files = [str(prefix / str(f["path"])) for f in manifest.files if f.get("table") == PROCESS_TABLE]
         if not files:
             return None
-        row = self.con.execute(f"SELECT header FROM read_parquet({_sql_list(files[:1])}) ORDER BY line LIMIT 1"
+        row = self.con.execute(f"SELECT header FROM read_parquet({sql_list(files[:1])}) ORDER BY line LIMIT 1"
                                ).fetchone()
         try:
             header = json.loads(row[0]) if row else None
@@ -321,37 +306,6 @@ class Engine:
             counts = self.process_counts.get((base, log.agent, log.rank, log.pid))
             if counts is not None:
                 log.set_counts(counts.records, counts.torn, counts.corrupt, counts.header or {})
-
-    def _files(self, name: str, files: list[str]) -> str:
-        """An SQL expression of the list ``files``. The list is held once, in a DuckDB variable its views read: a
-        list written into a view's text costs ~1.2 KiB per file in every view and bound query (3.5 MiB more for a
-        64-rank run's 2,700 files, docs/scale.md); a glob would not do, it would take files compacted after the
-        engine read their JSONL."""
-        import duckdb
-
-        try:
-            self.con.execute(f"SET VARIABLE {name} = $files", {"files": files})
-        except duckdb.Error:  # a DuckDB without variables (before 1.1): the list in the view's text
-            return _sql_list(files)
-        return f"getvariable('{name}')"
-
-    def _create_views(self) -> None:
-        hive = "{" + ", ".join(f"'{n}': {t}" for n, t in PARTITIONS) + "}"
-        for table in ALL_TABLES:
-            cols = ", ".join(f'"{n}"' for n, _ in ALL_COLUMNS[table] + PARTITIONS)
-            files = self.parquet.get(table, [])
-            parts = [f"SELECT {cols} FROM tail_{table}"]
-            if files:
-                parts.insert(0, f"SELECT {cols} FROM read_parquet({self._files(f'files_{table}', files)}, "
-                                f"hive_partitioning = true, hive_types = {hive})")
-            if table == REPORTS_TABLE and self.untyped_reports:
-                untyped = self._files("files_untyped_reports", self.untyped_reports)
-                parts.insert(0, report_rows_sql(f"read_parquet({untyped}, hive_partitioning = true, "
-                                                f"hive_types = {hive})", partitions=True))
-            self.con.execute(f"CREATE OR REPLACE VIEW {table} AS " + " UNION ALL ".join(parts))
-        fields = ", ".join(n for n, _ in REPORT_FIELDS)
-        self.con.execute(f"CREATE OR REPLACE VIEW windows AS SELECT session, run, rank, pid, host, role, segment, "
-                         f"line, wall_ns, {fields} FROM {REPORTS_TABLE} WHERE role <> 'agent'")
 
     # -- using ---------------------------------------------------------------------------------------------------
 
@@ -450,10 +404,10 @@ class Engine:
             files = self.segment_files.get((table, session, run, pid, segment)) or \
                 self.segment_files.get((table, session, run, None, segment))
             if files:
-                rows += self.con.execute(f"SELECT {cols} FROM read_parquet({_sql_list(files)}, "
+                rows += self.con.execute(f"SELECT {cols} FROM read_parquet({sql_list(files)}, "
                                          f"hive_partitioning = true, hive_types = {hive}) WHERE {where}").fetchall()
-            rows += self.con.execute(f"SELECT {cols} FROM tail_{table} WHERE session = {_sql_str(session)} AND "
-                                     f"run = {_sql_str(run)} AND {where}").fetchall()
+            rows += self.con.execute(f"SELECT {cols} FROM tail_{table} WHERE session = {sql_str(session)} AND "
+                                     f"run = {sql_str(run)} AND {where}").fetchall()
         return columns, rows
 
     def table(self, name: str) -> Any:
@@ -466,7 +420,7 @@ class Engine:
         if self._locked:
             return
         allowed = [str(info.path / COLUMNAR_DIR) + os.sep for info in self.runs]
-        self.con.execute(f"SET allowed_directories = {_sql_list(allowed)}")
+        self.con.execute(f"SET allowed_directories = {sql_list(allowed)}")
         self.con.execute("SET enable_external_access = false")
         self.con.execute("SET lock_configuration = true")
         self._locked = True
@@ -503,32 +457,9 @@ class Engine:
         self.close()
 
 
-def rank_groups(counts: Sequence[tuple[Any, ...]], *most: int) -> list[str]:
-    """The ranks of ``counts`` ((rank, rows), by rank) as SQL lists of consecutive ranks holding at most ``most``
-    rows together (a rank holding more is alone): a reader that sorts or groups rows runs its query a group of ranks
-    at a time, so that DuckDB holds a bounded number of rows, not the run's. With several counts a rank ((rank,
-    series, steps), say), one bound each."""
-    groups: list[list[int]] = []
-    held = [0] * len(most)
-    for rank, *ns in counts:
-        sizes = [int(n or 0) for n in ns]
-        if not groups or any(h + n > m for h, n, m in zip(held, sizes, most, strict=True)):
-            groups.append([])
-            held = [0] * len(most)
-        groups[-1].append(int(rank))
-        held = [h + n for h, n in zip(held, sizes, strict=True)]
-    return ["(" + ", ".join(map(str, g)) + ")" for g in groups]
-
-
 def _size(path: Path) -> int:
     try:
         return path.stat().st_size
     except OSError:
         return 0
 
-
-def _i64(value: Any) -> bool:
-    return type(value) is int and -(2**63) <= value < 2**63
-
-
-SCHEMA = SCHEMA_VERSION

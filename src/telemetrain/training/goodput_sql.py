@@ -18,7 +18,8 @@ from itertools import groupby
 from typing import Any
 
 from ..store.codec import untag_nonfinite
-from ..store.engine import Engine, rank_groups
+from ..store.engine import Engine
+from ..store.rank_groups import rank_groups
 from ..store.reader import Run
 from .goodput_read import (
     _LIFECYCLE,

@@ -1,0 +1,70 @@
+"""The tables a reader's SQL sees over the runs an ``engine.Engine`` holds: one view per table of docs/format.md, each
+the union of the segments' Parquet copies and of the JSONL tail the engine parsed into a temporary ``tail_<table>``
+(``engine``'s docstring: each segment counted once, from one source), plus ``windows`` (the training processes'
+reports) and the ``damage`` table (torn and corrupt lines per process)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from .columnar import PARTITIONS, PROCESS_TABLE, TABLES
+from .report_rows import ALL_COLUMNS, REPORT_FIELDS, REPORTS_TABLE, report_rows_sql
+
+__all__ = ["ALL_TABLES", "create_tail_tables", "create_views", "sql_list", "sql_str"]
+
+ALL_TABLES = (*TABLES.values(), PROCESS_TABLE, REPORTS_TABLE)
+
+
+def sql_str(text: str) -> str:
+    """``text`` as an SQL string literal."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def sql_list(items: Iterable[str]) -> str:
+    """``items`` as an SQL list of string literals."""
+    return "[" + ", ".join(map(sql_str, items)) + "]"
+
+
+def create_tail_tables(con: Any) -> None:
+    """The empty temporary tables the JSONL tail is parsed into, and ``damage``."""
+    for table in ALL_TABLES:
+        cols = ", ".join(f'"{n}" {t}' for n, t in ALL_COLUMNS[table] + PARTITIONS)
+        con.execute(f"CREATE TEMP TABLE tail_{table} ({cols})")
+    con.execute("CREATE TEMP TABLE damage (session VARCHAR, run VARCHAR, rank BIGINT, pid BIGINT, "
+                "agent BOOLEAN, torn BIGINT, corrupt BIGINT, segments BIGINT)")
+
+
+def _files(con: Any, name: str, files: list[str]) -> str:
+    """An SQL expression of the list ``files``. The list is held once, in a DuckDB variable its views read: a list
+    written into a view's text costs ~1.2 KiB per file in every view and bound query (3.5 MiB more for a 64-rank
+    run's 2,700 files, docs/scale.md); a glob would not do, it would take files compacted after the engine read
+    their JSONL."""
+    import duckdb
+
+    try:
+        con.execute(f"SET VARIABLE {name} = $files", {"files": files})
+    except duckdb.Error:  # a DuckDB without variables (before 1.1): the list in the view's text
+        return sql_list(files)
+    return f"getvariable('{name}')"
+
+
+def create_views(con: Any, parquet: dict[str, list[str]], untyped_reports: list[str]) -> None:
+    """(Re)create the views: each table's Parquet files (``parquet``: table -> files) and its tail; the reports of
+    version-2 copies (``untyped_reports``: their events files, which have no reports table) typed at read time."""
+    hive = "{" + ", ".join(f"'{n}': {t}" for n, t in PARTITIONS) + "}"
+    for table in ALL_TABLES:
+        cols = ", ".join(f'"{n}"' for n, _ in ALL_COLUMNS[table] + PARTITIONS)
+        files = parquet.get(table, [])
+        parts = [f"SELECT {cols} FROM tail_{table}"]
+        if files:
+            parts.insert(0, f"SELECT {cols} FROM read_parquet({_files(con, f'files_{table}', files)}, "
+                            f"hive_partitioning = true, hive_types = {hive})")
+        if table == REPORTS_TABLE and untyped_reports:
+            untyped = _files(con, "files_untyped_reports", untyped_reports)
+            parts.insert(0, report_rows_sql(f"read_parquet({untyped}, hive_partitioning = true, "
+                                            f"hive_types = {hive})", partitions=True))
+        con.execute(f"CREATE OR REPLACE VIEW {table} AS " + " UNION ALL ".join(parts))
+    fields = ", ".join(n for n, _ in REPORT_FIELDS)
+    con.execute(f"CREATE OR REPLACE VIEW windows AS SELECT session, run, rank, pid, host, role, segment, line, "
+                f"wall_ns, {fields} FROM {REPORTS_TABLE} WHERE role <> 'agent'")
