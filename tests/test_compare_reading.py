@@ -162,6 +162,34 @@ def test_goodput_of_a_rank_in_several_segments_is_the_same_by_sql(tmp_path: Path
         assert sql[rank].as_dict() == python[rank].as_dict()
 
 
+def test_run_sums_are_exact_where_a_double_would_round() -> None:
+    """The groups' sums go through a file between groups: kept exactly (not as a double, which rounds a sum of
+    values 2**35 apart), each iteration's mean is still ``statistics.fmean`` of its windows, to the last bit."""
+    import random
+    import statistics
+
+    from telemetrain.analysis.samples_sums import RunSums
+    from telemetrain.store.engine import Engine
+
+    rng = random.Random(7)
+    iterations = range(200)
+    groups = [[(it, None, rng.uniform(1.0, 2.0) * 2.0 ** rng.randint(-25, 10)) for it in iterations for _ in range(8)]
+              for _ in range(3)]
+    engine = Engine([])
+    try:
+        sums = RunSums(engine, ["a"])
+        for rows in groups:
+            engine.execute("CREATE OR REPLACE TEMP TABLE g (iteration BIGINT, share DOUBLE, a DOUBLE)")
+            engine.con.executemany("INSERT INTO g VALUES (?, ?, ?)", rows)
+            sums.add("g")
+        assert sums.ok and sums.groups == 3
+        expected = [statistics.fmean(r[2] for rows in groups for r in rows if r[0] == it) for it in iterations]
+        assert sums.series(False, ["a"])["a"] == expected
+        sums.close()
+    finally:
+        engine.close()
+
+
 def test_run_sums_of_groups_with_different_iterations_and_missing_values() -> None:
     """``RunSums`` adds groups whose iterations differ (one only in the first group, one only in the last) and whose
     values are missing for a metric in a whole group: each iteration's mean and largest share are those of every

@@ -11,12 +11,18 @@ nonzero value, with room for values up to 2**20 smaller than its smallest and at
 largest; a later group outside that range (or a value too small or too large for any scale: a subnormal, 1e300)
 leaves ``ok`` false, and the caller reads the run-level series from every window at once instead.
 
-What is held: one row per iteration (the sums, counts and each metric's largest contention share), in DuckDB.
+What is held: nothing in memory between groups. Each group's sums (one row per iteration: the sums as
+DECIMAL(38,0), exact, the counts, each metric's largest contention share) are written to a Parquet file in the
+engine's scratch directory, and ``series`` adds them up per iteration in one query. (They were merged into one table
+as the groups came: that table and the next, ~9 MiB each at 1M iterations, were compare's peak on 64 ranks.)
 """
 
 from __future__ import annotations
 
 import math
+import os
+import shutil
+import tempfile
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,24 +32,17 @@ _BITS = 94  # every scaled value below 2**94: 2**32 of them add up below HUGEINT
 _MARGIN = 20  # the first group's smallest value may be 2**20 larger than a later group's
 
 
-def _either(column: str, i: int, combine: str) -> str:
-    """SQL: column ``i`` of the sums so far (``a``) and of a group (``b``) combined as ``sum``/``max`` combine two
-    parts: NULL only when both are (a part without a value), else the one, else both combined."""
-    a, b = f"a.{column}{i}", f"b.{column}{i}"
-    both = f"{a} + {b}" if combine == "+" else f"{combine}({a}, {b})"
-    return f"(CASE WHEN {a} IS NULL THEN {b} WHEN {b} IS NULL THEN {a} ELSE {both} END)"
-
-
 class RunSums:
     """Feed each group's windows table (``add(table)``), then ``series`` gives the run-level series."""
 
-    def __init__(self, engine: Any, columns: Sequence[str], table: str = "compare_run") -> None:
+    def __init__(self, engine: Any, columns: Sequence[str]) -> None:
         self.engine = engine
         self.columns = list(columns)  # SQL expressions over the windows table, one per metric
-        self.table = table
         self.scales: list[int | None] = [None] * len(self.columns)
         self.ok = True
         self.groups = 0
+        self._dir = tempfile.mkdtemp(prefix="run-sums-", dir=engine.scratch)
+        self._files: list[str] = []
 
     def _fits(self, i: int, low: float | None, high: float | None) -> bool:
         """Whether every value of column ``i`` (nonzero ones between ``low`` and ``high`` in magnitude) is an
@@ -69,27 +68,19 @@ class RunSums:
         for i in range(len(self.columns)):
             if not self._fits(i, bounds[2 * i], bounds[2 * i + 1]):
                 self.ok = False
-                self.engine.execute(f"DROP TABLE IF EXISTS {self.table}")
+                self.close()
                 return
         parts = []
         for i, c in enumerate(self.columns):
             scale = f"CAST(pow(2, {self.scales[i] or 0}) AS DOUBLE)"
-            parts.append(f"sum(CAST(({c}) * {scale} AS HUGEINT)) AS s{i}, count({c}) AS n{i}, "
+            # (DECIMAL(38,0): Parquet keeps it exactly, a HUGEINT it would write as a DOUBLE; a group's sum at an
+            # iteration is below 2**126, within its 10**38)
+            parts.append(f"sum(CAST(({c}) * {scale} AS HUGEINT))::DECIMAL(38, 0) AS s{i}, count({c}) AS n{i}, "
                          f"max(coalesce(share, 0.0)) FILTER (WHERE ({c}) IS NOT NULL) AS f{i}")
-        group = f"SELECT iteration, {', '.join(parts)} FROM {windows} GROUP BY iteration"
-        if not self.groups:
-            self.engine.execute(f"CREATE OR REPLACE TEMP TABLE {self.table} AS {group}")
-        else:  # the sums so far and this group's, added per iteration (one row per iteration is kept); joined on
-            # the iteration rather than grouped over both: DuckDB then holds this group's rows in a hash table, not
-            # every row with its aggregate states (~-10 MiB of compare's peak at 64 ranks x 1M iterations)
-            merged = ", ".join(f"{_either('s', i, '+')}::HUGEINT AS s{i}, (coalesce(a.n{i}, 0) + coalesce(b.n{i}, 0))"
-                               f"::BIGINT AS n{i}, {_either('f', i, 'greatest')} AS f{i}"
-                               for i in range(len(self.columns)))
-            self.engine.execute(f"CREATE OR REPLACE TEMP TABLE {self.table}_next AS SELECT coalesce(a.iteration, "
-                                f"b.iteration) AS iteration, {merged} FROM {self.table} a FULL OUTER JOIN ({group}) b "
-                                "ON a.iteration IS NOT DISTINCT FROM b.iteration")
-            self.engine.execute(f"DROP TABLE {self.table}")
-            self.engine.execute(f"ALTER TABLE {self.table}_next RENAME TO {self.table}")
+        path = os.path.join(self._dir, f"{self.groups}.parquet")
+        self.engine.execute(f"COPY (SELECT iteration, {', '.join(parts)} FROM {windows} GROUP BY iteration) TO $path "
+                            "(FORMAT parquet)", {"path": path})
+        self._files.append(path)
         self.groups += 1
 
     def series(self, busy_free: bool, names: Sequence[str]) -> dict[str, list[float]]:
@@ -99,19 +90,30 @@ class RunSums:
         out: dict[str, list[float]] = {}
         if not self.groups:
             return out
-        cols = ", ".join(f"s{i}, n{i}, f{i}" for i in range(len(self.columns)))
-        for row in self.engine.rows(f"SELECT {cols} FROM {self.table} ORDER BY iteration"):
-            for i, name in enumerate(names):
-                total, n, share = row[3 * i], row[3 * i + 1], row[3 * i + 2]
-                if not n:
-                    continue
-                k = self.scales[i] or 0
-                mean = (total / (1 << k) if k >= 0 else float(total << -k)) / n
-                if busy_free:
-                    free = 1.0 - min(share if share is not None else 0.0, 0.999)
-                    mean = mean / free if name == "samples_per_second" else mean * free
-                out.setdefault(name, []).append(mean)
+        # per iteration, every group's parts: a sum NULL only where every part is (no value), the counts added, the
+        # largest share of the parts that have one
+        cols = ", ".join(f"sum(s{i}::HUGEINT), sum(n{i}), max(f{i})" for i in range(len(self.columns)))
+        with self.engine.one_thread():  # (a second thread held a hash table of every iteration of its own)
+            for _, batch in self.engine.stream(f"SELECT {cols} FROM read_parquet($files) GROUP BY iteration "
+                                               "ORDER BY iteration", {"files": self._files}):
+                for row in batch:
+                    self._means(row, busy_free, names, out)
         return out
 
+    def _means(self, row: tuple[Any, ...], busy_free: bool, names: Sequence[str], out: dict[str, list[float]]) -> None:
+        """One iteration's row of sums into ``out``'s series."""
+        for i, name in enumerate(names):
+            total, n, share = row[3 * i], row[3 * i + 1], row[3 * i + 2]
+            if not n:
+                continue
+            k = self.scales[i] or 0
+            mean = (total / (1 << k) if k >= 0 else float(total << -k)) / n
+            if busy_free:
+                free = 1.0 - min(share if share is not None else 0.0, 0.999)
+                mean = mean / free if name == "samples_per_second" else mean * free
+            out.setdefault(name, []).append(mean)
+
     def close(self) -> None:
-        self.engine.execute(f"DROP TABLE IF EXISTS {self.table}")
+        """Remove the groups' files."""
+        shutil.rmtree(self._dir, ignore_errors=True)
+        self._files = []
