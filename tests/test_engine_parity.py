@@ -267,11 +267,17 @@ def test_a_copy_of_schema_version_2_is_read_and_compact_rewrites_it(v2_run: Path
         assert not engine.untyped_reports and engine.rows(query) == from_jsonl
 
 
-def test_spikes_by_the_sql_selection_are_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("records_at_once", [None, 1], ids=["ranks-together", "rank-by-rank"])
+def test_spikes_by_the_sql_selection_are_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  records_at_once: int | None) -> None:
     """The loss series reach the SQL path's rules as their spike candidates and neighbours (findings_sql): isolated
     spikes, a jump that stays (that series read whole), a loss named alike in two groups (one series, as the Python
     path merges them), a loss logged without steps, a gradient norm crossing zero, NaN; report, show and tail agree
-    with the pure-Python path."""
+    with the pure-Python path, the blocks of the spike pre-filter made for both ranks at once or rank by rank."""
+    if records_at_once is not None:
+        from telemetrain.analysis import findings_sql
+
+        monkeypatch.setattr(findings_sql, "BLOCK_RECORDS_AT_ONCE", records_at_once)
     for rank in (0, 1):
         t = Telemetry(identity_from_env({}, run_id="sp", session_tag="s", perf_tag="p", rank=rank, world_size=2),
                       store=tmp_path)

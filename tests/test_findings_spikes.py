@@ -185,17 +185,21 @@ def test_a_selection_for_other_thresholds_is_refused() -> None:
 
 @pytest.mark.parametrize("th", THRESHOLDS, ids=["default", "short-history", "low-min-history"])
 @pytest.mark.parametrize("block_lines", [1, 7, 64, 2048])
-def test_the_block_prefilter_finds_exactly_the_candidates_of_every_point(th: Thresholds, block_lines: int) -> None:
+@pytest.mark.parametrize("groups", [None, ["(0, 1, 2, 3, 4)", "(5, 6, 7, 8, 9, 10, 11)", "(12, 13)"]],
+                         ids=["all-ranks", "rank-groups"])
+def test_the_block_prefilter_finds_exactly_the_candidates_of_every_point(th: Thresholds, block_lines: int,
+                                                                         groups: list[str] | None) -> None:
     """``findings_sql.candidates_sql`` (blocks bounded by their minima, only the flagged ones sorted) gives the
     candidates that ``spike_points_sql`` gives over every point, on series with spikes, NaN/inf, zeros, negative
-    stretches and plateaus, and on smooth ones (whose blocks it proves free of candidates)."""
+    stretches and plateaus, and on smooth ones (whose blocks it proves free of candidates); all ranks' blocks at
+    once or a group of ranks at a time."""
     from telemetrain.analysis.findings_sql import candidates_sql
 
     smooth = [[(i, 1.0 / (i + 1) + 0.001 * (i % 5)) for i in range(400)], [(i, 5.0 - i / 100) for i in range(400)]]
     con = table([series(seed) for seed in range(12)] + smooth)
     every = con.execute(f"SELECT k, rank, fi FROM {spike_points_sql('pts', 'name', th)} WHERE cand "
                         "ORDER BY k, rank, fi").fetchall()
-    found = [row for query in candidates_sql(Connection(con), "pts", "name", th, block_lines)
+    found = [row for query in candidates_sql(Connection(con), "pts", "name", th, block_lines, groups)
              for row in con.execute(query).fetchall()]
     assert sorted(found) == every and len(every) > 50  # (each query ordered; the series holding NaN last)
     flagged, blocks = con.execute("SELECT count(*) FILTER (WHERE flagged), count(*) FROM findings_blocks "

@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from ..store.rank_groups import rank_groups as engine_rank_groups
@@ -32,6 +33,9 @@ __all__ = ["WINDOW_POINT_KEYS", "candidates_sql", "feed_memory_series_sql", "fee
            "window_values_sql"]
 
 BLOCK_LINES = 2048  # the spike pre-filter's blocks: a series' points within this many lines of a segment
+# records (of every kind) of the ranks whose blocks are aggregated at once: the table of blocks grows with the points
+# (68,000 blocks, ~9 MiB, on 64 ranks x 1M iterations, all at once); ~7 ranks of 1M iterations a group
+BLOCK_RECORDS_AT_ONCE = 16_000_000
 EXACT_AT_ONCE = 1 << 20  # flagged points up to which the candidates of every rank are found in one query
 _INTEGERS = WINDOW_POINT_KEYS[:3]  # current_iteration, window_iterations, train_iterations_start
 
@@ -47,7 +51,7 @@ def feed_value_series_sql(builder: InputBuilder, engine: Any, relation: str, key
     th = thresholds if thresholds is not None else DEFAULT_THRESHOLDS
     h = th.spike_history
     ranges: list[list[Any]] = []  # [k, rank, first fi, last fi], merged
-    for query in candidates_sql(engine, relation, key, th, block_lines):
+    for query in candidates_sql(engine, relation, key, th, block_lines, _record_groups(engine)):
         for _, batch in engine.stream(query):
             for k, rank, fi in batch:
                 last = ranges[-1] if ranges else None
@@ -107,12 +111,24 @@ def feed_value_series_sql(builder: InputBuilder, engine: Any, relation: str, key
     return given
 
 
+def _record_groups(engine: Any) -> list[str] | None:
+    """The ranks of ``engine``'s runs in groups of at most ``BLOCK_RECORDS_AT_ONCE`` records (its per-process
+    counts, read when it opened the runs); None (all at once) for an engine without them."""
+    counts: dict[int, int] = {}
+    for (_, agent, rank, _), c in (getattr(engine, "process_counts", None) or {}).items():
+        if not agent:
+            counts[int(rank)] = counts.get(int(rank), 0) + int(c.records)
+    return engine_rank_groups(sorted(counts.items()), BLOCK_RECORDS_AT_ONCE) if len(counts) > 1 else None
+
+
 def candidates_sql(engine: Any, relation: str, key: str, th: Thresholds,
-                   block_lines: int = BLOCK_LINES) -> list[str]:
+                   block_lines: int = BLOCK_LINES, groups: list[str] | None = None) -> Iterator[str]:
     """Queries of the spike candidates (k, rank, fi) of the value series in ``relation`` (``feed_value_series_sql``'s
     columns), each ordered by (k, rank, fi): exactly those of ``values.spike_candidates_sql`` (and of
     ``spike_points_sql`` for a series holding NaN/inf), without sorting every point. Leaves the tables
-    ``findings_blocks`` and ``findings_needed`` for the caller to drop.
+    ``findings_blocks`` and ``findings_needed`` for the caller to drop. ``groups``: SQL lists of ranks whose blocks
+    are made and queried together (None: every rank at once), a group's queries yielded once its tables are made:
+    the caller runs each before asking for the next.
 
     **Blocks.** One hash aggregate (no sort) gives each series' blocks, (pid, segment, line // ``block_lines``) in
     file order: their points, smallest and largest value, and whether one is NaN/inf. A point's ``spike_history``
@@ -122,51 +138,58 @@ def candidates_sql(engine: Any, relation: str, key: str, th: Thresholds,
     loosens it; rounding is monotone), no point of the block can pass ``_candidate``: its ``lo`` is positive and
     the point below ``spike_ratio x lo``. The other blocks are *flagged*; only they (with the blocks before them that
     hold their predecessors) are sorted, their points numbered from the points of the blocks before (``fi``), and
-    ``_candidate`` applied as ``spike_candidates_sql`` applies it: in one query for all ranks when they are few,
+    ``_candidate`` applied as ``spike_candidates_sql`` applies it: in one query for the group's ranks when few,
     else one rank at a time (as DuckDB sorted every point before, rank by rank: 64 ranks x 1M at once outgrew its
     memory). A series holding NaN/inf takes ``spike_points_sql`` (its finite index skips them)."""
     h = th.spike_history
     ratio = float(th.spike_ratio)
-    engine.execute(f"""CREATE OR REPLACE TEMP TABLE findings_blocks AS
-        SELECT *, bool_or(bad) OVER (PARTITION BY k, rank) AS unclean,
-               sum(n) OVER (PARTITION BY k, rank ORDER BY pid, segment, blk ROWS UNBOUNDED PRECEDING) - n AS off,
-               min(lo) OVER (PARTITION BY k, rank ORDER BY pid, segment, blk ROWS BETWEEN {h} PRECEDING AND CURRENT
-                             ROW) AS bound,
-               row_number() OVER (PARTITION BY k, rank ORDER BY pid, segment, blk) AS b
-        FROM (SELECT {key} AS k, rank, pid, segment, line // {int(block_lines)} AS blk, count(*) AS n,
-                     min(value) AS lo, max(value) AS hi, bool_or(NOT isfinite(value)) AS bad
-              FROM {relation} GROUP BY ALL)""")
-    engine.execute(f"""CREATE OR REPLACE TEMP TABLE findings_blocks AS
-        SELECT *, NOT unclean AND (bound <= 0 OR hi >= {ratio!r} * bound * (1 - 1e-9)) AS flagged
-        FROM findings_blocks""")
-    # the flagged blocks and the spike_history blocks before each (their points are the flagged ones' predecessors)
-    engine.execute(f"""CREATE OR REPLACE TEMP TABLE findings_needed AS
-        SELECT DISTINCT x.k, x.rank, x.pid, x.segment, x.blk, x.off, x.flagged FROM findings_blocks x
-        JOIN findings_blocks f ON f.flagged AND x.k = f.k AND x.rank = f.rank AND x.b BETWEEN f.b - {h} AND f.b""")
-    segments = engine.rows("SELECT DISTINCT segment FROM findings_needed ORDER BY ALL LIMIT 65")
-    # (the segments' numbers as constants, for DuckDB to skip the other segments' row groups)
-    only = "" if len(segments) > 64 or any(g is None for g, in segments) else \
-        f" AND segment IN ({', '.join(str(int(g)) for g, in segments)})"
-    exact = f"""SELECT k, rank, fi FROM (
-        SELECT p.k, p.rank, p.value, q.flagged,
-               q.off + row_number() OVER (PARTITION BY p.k, p.rank, p.pid, p.segment, q.blk ORDER BY p.line) - 1 AS fi,
-               min(p.value) OVER (PARTITION BY p.k, p.rank ORDER BY p.pid, p.segment, p.line
-                                  ROWS BETWEEN {h} PRECEDING AND 1 PRECEDING) AS lo
-        FROM (SELECT {key} AS k, rank, value, pid, segment, line, line // {int(block_lines)} AS blk FROM {relation}
-              WHERE rank IN {{ranks}}{only}) p
-        JOIN findings_needed q ON p.k = q.k AND p.rank = q.rank AND p.pid IS NOT DISTINCT FROM q.pid
-          AND p.segment IS NOT DISTINCT FROM q.segment AND p.blk IS NOT DISTINCT FROM q.blk)
-        WHERE flagged AND {_candidate(th)} ORDER BY k, rank, fi"""
-    those = f"(SELECT * FROM {relation} WHERE ({key}, rank) IN (SELECT k, rank FROM findings_blocks WHERE unclean))"
-    unclean = f"SELECT k, rank, fi FROM {spike_points_sql(those, key, th)} WHERE cand ORDER BY k, rank, fi"
-    flagged = engine.rows("SELECT rank, sum(n) FROM findings_blocks WHERE flagged GROUP BY rank ORDER BY rank")
-    if sum(int(n) for _, n in flagged) <= EXACT_AT_ONCE:  # few: one scan for all ranks
-        queries = [exact.replace("{ranks}", "(" + ", ".join(str(int(r)) for r, _ in flagged) + ")")] if flagged else []
-    else:  # many (a series where most points are candidates): one rank at a time
-        queries = [exact.replace("{ranks}", f"({int(r)})") for r, _ in flagged]
-    if engine.rows("SELECT bool_or(unclean) FROM findings_blocks")[0][0]:
-        queries.append(unclean)
-    return queries
+    every: list[str | None] = [None]
+    for ranks in groups or every:
+        group = relation if ranks is None else f"(SELECT * FROM {relation} WHERE rank IN {ranks})"
+        engine.execute(f"""CREATE OR REPLACE TEMP TABLE findings_blocks AS
+            SELECT *, bool_or(bad) OVER (PARTITION BY k, rank) AS unclean,
+                   sum(n) OVER (PARTITION BY k, rank ORDER BY pid, segment, blk ROWS UNBOUNDED PRECEDING) - n AS off,
+                   min(lo) OVER (PARTITION BY k, rank ORDER BY pid, segment, blk ROWS BETWEEN {h} PRECEDING AND CURRENT
+                                 ROW) AS bound,
+                   row_number() OVER (PARTITION BY k, rank ORDER BY pid, segment, blk) AS b
+            FROM (SELECT {key} AS k, rank, pid, segment, line // {int(block_lines)} AS blk, count(*) AS n,
+                         min(value) AS lo, max(value) AS hi, bool_or(NOT isfinite(value)) AS bad
+                  FROM {group} GROUP BY ALL)""")
+        engine.execute(f"""CREATE OR REPLACE TEMP TABLE findings_blocks AS
+            SELECT *, NOT unclean AND (bound <= 0 OR hi >= {ratio!r} * bound * (1 - 1e-9)) AS flagged
+            FROM findings_blocks""")
+        # the flagged blocks and the spike_history blocks before each (their points are the flagged ones'
+        # predecessors)
+        engine.execute(f"""CREATE OR REPLACE TEMP TABLE findings_needed AS
+            SELECT DISTINCT x.k, x.rank, x.pid, x.segment, x.blk, x.off, x.flagged FROM findings_blocks x
+            JOIN findings_blocks f ON f.flagged AND x.k = f.k AND x.rank = f.rank AND x.b BETWEEN f.b - {h} AND f.b""")
+        segments = engine.rows("SELECT DISTINCT segment FROM findings_needed ORDER BY ALL LIMIT 65")
+        # (the segments' numbers as constants, for DuckDB to skip the other segments' row groups)
+        only = "" if len(segments) > 64 or any(g is None for g, in segments) else \
+            f" AND segment IN ({', '.join(str(int(g)) for g, in segments)})"
+        exact = f"""SELECT k, rank, fi FROM (
+            SELECT p.k, p.rank, p.value, q.flagged,
+                   q.off + row_number() OVER (PARTITION BY p.k, p.rank, p.pid, p.segment, q.blk
+                                              ORDER BY p.line) - 1 AS fi,
+                   min(p.value) OVER (PARTITION BY p.k, p.rank ORDER BY p.pid, p.segment, p.line
+                                      ROWS BETWEEN {h} PRECEDING AND 1 PRECEDING) AS lo
+            FROM (SELECT {key} AS k, rank, value, pid, segment, line, line // {int(block_lines)} AS blk
+                  FROM {relation} WHERE rank IN {{ranks}}{only}) p
+            JOIN findings_needed q ON p.k = q.k AND p.rank = q.rank AND p.pid IS NOT DISTINCT FROM q.pid
+              AND p.segment IS NOT DISTINCT FROM q.segment AND p.blk IS NOT DISTINCT FROM q.blk)
+            WHERE flagged AND {_candidate(th)} ORDER BY k, rank, fi"""
+        those = (f"(SELECT * FROM {relation} WHERE ({key}, rank) IN "
+                 "(SELECT k, rank FROM findings_blocks WHERE unclean))")
+        unclean = f"SELECT k, rank, fi FROM {spike_points_sql(those, key, th)} WHERE cand ORDER BY k, rank, fi"
+        flagged = engine.rows("SELECT rank, sum(n) FROM findings_blocks WHERE flagged GROUP BY rank ORDER BY rank")
+        if sum(int(n) for _, n in flagged) <= EXACT_AT_ONCE:  # few: one scan for all ranks
+            queries = [exact.replace("{ranks}", "(" + ", ".join(str(int(r)) for r, _ in flagged) + ")")] \
+                if flagged else []
+        else:  # many (a series where most points are candidates): one rank at a time
+            queries = [exact.replace("{ranks}", f"({int(r)})") for r, _ in flagged]
+        if engine.rows("SELECT bool_or(unclean) FROM findings_blocks")[0][0]:
+            queries.append(unclean)
+        yield from queries
 
 
 def _whole(engine: Any, relation: str, key: str, name: str, rank: int) -> list[tuple[int, float]]:
