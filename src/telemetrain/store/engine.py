@@ -58,7 +58,6 @@ def memory_limit(default: str) -> str:
     return os.environ.get(MEMORY_ENV) or default
 
 
-
 class ColumnarWarning(UserWarning):
     """A columnar copy that cannot be trusted was ignored (its JSONL was read instead)."""
 
