@@ -38,10 +38,11 @@ from .columnar import (
     SCHEMA_VERSION,
     TABLES,
 )
-from .convert import _sql_str, convert_segment, drop_converted, header_rows
+from .convert import convert_segment, drop_converted, header_rows
 from .manifest import SEGMENTS_DIR, Manifest, manifest_is_valid, manifest_path, partition_dir, read_manifest
 from .reader import fallback_identity, find_runs, list_processes, read_run_meta
 from .report_rows import REPORT, REPORTS_TABLE, report_rows_sql
+from .views import sql_str
 
 __all__ = ["COLUMNAR_DIR", "CompactResult", "Manifest", "compact", "manifest_path", "read_manifest"]
 
@@ -87,7 +88,7 @@ def _write_parquet(con: Any, query: str, target: Path, table: str) -> int:
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     meta = f"{{telemetrain_schema_version: '{SCHEMA_VERSION}', telemetrain_table: '{table}'}}"
     rows = ROW_GROUP_ROWS.get(table, ROW_GROUP_ROWS_DEFAULT)
-    con.execute(f"COPY ({query}) TO '{_sql_str(str(tmp))}' (FORMAT parquet, COMPRESSION zstd, "
+    con.execute(f"COPY ({query}) TO {sql_str(str(tmp))} (FORMAT parquet, COMPRESSION zstd, "
                 f"COMPRESSION_LEVEL {ZSTD_LEVEL}, PARQUET_VERSION v2, "
                 f"ROW_GROUP_SIZE {rows}, KV_METADATA {meta})")
     os.replace(tmp, target)
@@ -122,13 +123,13 @@ def _compact_segment(con: Any, path: Path, prefix: Path, fallback: Identity, ses
         order = "" if kind == "metric" and scan.metrics_in_order else "ORDER BY line"
         size = _write_parquet(
             con, f"SELECT {columns} FROM {seg} WHERE kind = '{kind}' AND session = $s AND run = $r AND rank = $k "
-                 f"{order}".replace("$s", f"'{_sql_str(p_session)}'").replace("$r", f"'{_sql_str(p_run)}'")
+                 f"{order}".replace("$s", sql_str(p_session)).replace("$r", sql_str(p_run))
                  .replace("$k", str(int(p_rank))),
             prefix / rel, table)
         files.append({"table": table, "path": rel, "bytes": size, "rows": rows})
         records[table] = records.get(table, 0) + rows
         if kind == "event":  # the reports among the events, typed (report_rows; derived rows, not records)
-            where = (f"kind = 'event' AND session = '{_sql_str(p_session)}' AND run = '{_sql_str(p_run)}' AND "
+            where = (f"kind = 'event' AND session = {sql_str(p_session)} AND run = {sql_str(p_run)} AND "
                      f"rank = {int(p_rank)}")
             reports = con.execute(f"SELECT count(*) FROM {seg} WHERE {where} AND group_name = '{REPORT[0]}' AND "
                                   f"name = '{REPORT[1]}'").fetchone()[0]

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..identity import Identity
 from .columnar import IDENTITY_COLUMNS, Prescan, fast_metric_rows_sql, fast_span_rows_sql, prescan, typed_rows_sql
+from .views import sql_str
 
 __all__ = ["CHUNK_BYTES", "convert_segment", "drop_converted", "header_rows", "replace_lone_surrogates", "split_lines"]
 
@@ -269,14 +270,10 @@ def _utf8_or_blank(line: bytes) -> str:
         return "\x01"  # a line that is not UTF-8 is corrupt, as the Python reader finds it
 
 
-def _sql_str(text: str) -> str:
-    return text.replace("'", "''")
-
-
 def _sql_value(value: Any) -> str:
     """A constant of an identity column, typed as its column is."""
     if isinstance(value, str):
-        return f"'{_sql_str(value)}'::VARCHAR"
+        return f"{sql_str(value)}::VARCHAR"
     return f"{int(value)}::BIGINT"
 
 
