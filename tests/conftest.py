@@ -97,9 +97,16 @@ def read_run() -> Callable[..., list[Any]]:
 
     def read(t: telemetrain.Telemetry, kinds: str | None = None) -> list[Any]:
         assert t.flush(), "flush did not finish"
-        return open_run(t.run_dir).records(kinds)
+        return open_run(run_dir_of(t)).records(kinds)
 
     return read
+
+
+def run_dir_of(t: telemetrain.Telemetry) -> Path:
+    """``t.run_dir`` of a Telemetry that has a run store (typed ``Path``: ``Telemetry.run_dir`` is ``Path | None``)."""
+    run_dir = t.run_dir
+    assert run_dir is not None, "this Telemetry has no run store"
+    return run_dir
 
 
 def norm_type(tp: Any) -> Any:
@@ -135,7 +142,7 @@ class ListHandler(logging.Handler):
 def recorder(base: type) -> Any:
     """A MetricHandler (of torchelastic's or our base class) that keeps what it is given."""
 
-    class Recorder(base):  # type: ignore[misc, valid-type]
+    class Recorder(base):  # type: ignore[misc]
         def __init__(self) -> None:
             self.data: list[Any] = []
 

@@ -25,10 +25,10 @@ from typing import Any
 
 import pytest
 
-from conftest import as_default, helper_env
+from conftest import as_default, helper_env, run_dir_of
 from telemetrain import Identity, Telemetry, TelemetryWarning, cli, identity_from_env, monitor
 from telemetrain.collector import collector
-from telemetrain.records import Diagnostic, Event, MetricPoint, SpanEnd, SpanStart, StatWindow
+from telemetrain.records import Diagnostic, Event, MetricPoint, Record, SpanEnd, SpanStart, StatWindow
 from telemetrain.sinks import Sink
 from telemetrain.spans import tracer
 from telemetrain.stats import Gauge
@@ -44,7 +44,8 @@ def _run_script(
     """Run ``code`` in a fresh interpreter with the run store under ``tmp_path``; it prints ``ready`` when it wants
     a SIGTERM (``sigterm=True``). Returns (exit status or None if it hung and was killed, stdout, stderr, run dir)."""
     run_id = f"r-{uuid.uuid4().hex[:8]}"
-    environ = helper_env(run_id, SESSION, TELEMETRAIN_DIR=str(tmp_path), **(env or {}))
+    environ = helper_env(run_id, SESSION, TELEMETRAIN_DIR=str(tmp_path))
+    environ.update(env or {})
     proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), *map(str, args)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=environ, cwd=tmp_path)
     try:
@@ -207,7 +208,7 @@ def test_a_gauge_raising_a_base_exception_never_reaches_flush_or_close(tmp_path:
         assert t.flush()
     assert t.close()
     assert gauge.errors == 2  # read at the flush and at the close
-    run = open_run(t.run_dir)
+    run = open_run(run_dir_of(t))
     assert [r.value for r in run.records("metric") if r.name == "seq"] == list(range(1000))
     assert [r.name for r in run.records("diagnostic")] == ["gauge_error"]
 
@@ -225,7 +226,7 @@ def test_a_keyboard_interrupt_on_the_main_thread_propagates_and_loses_nothing(tm
     with pytest.raises(KeyboardInterrupt):
         t.close()
     assert t.close()  # done already: the sinks were closed before the interrupt was raised
-    assert [r.value for r in open_run(t.run_dir).records("metric")] == list(range(100))
+    assert [r.value for r in open_run(run_dir_of(t)).records("metric")] == list(range(100))
 
 
 def test_a_keyboard_interrupt_raised_in_a_background_thread_is_contained(tmp_path: Path) -> None:
@@ -297,7 +298,7 @@ def test_a_torch_monitor_handler_calling_sys_exit_does_not_kill_the_collector(tm
     assert len(seen) >= 3, "the collector stopped closing windows after the handler's first exit"
     assert collector.running
     assert t.close()
-    assert len(open_run(t.run_dir).records("stat")) >= 3
+    assert len(open_run(run_dir_of(t)).records("stat")) >= 3
 
 
 class BadRepr:
@@ -320,7 +321,7 @@ def test_an_attribute_whose_repr_raises_costs_one_record_not_the_batch(tmp_path:
         t.metric("seq", i, "train")
     assert t.close()
     assert t.health()["failed"] == 0
-    run = open_run(t.run_dir)
+    run = open_run(run_dir_of(t))
     assert [r.value for r in run.records("metric")] == list(range(100))
     [diagnostic] = run.records("diagnostic")
     assert diagnostic.name == "unencodable" and "event 'events'/'bad'" in diagnostic.message
@@ -453,7 +454,7 @@ def test_a_name_that_becomes_a_directory_is_refused_at_the_call(field: str, bad:
         identity_from_env({}, **{field: bad})
     t = Telemetry(store=False)
     with pytest.raises(ValueError, match=f"Identity.{field}"):
-        t.set_identity(**{field: bad})
+        t.set_identity(None, **{field: bad})
     t.close()
 
 
@@ -499,7 +500,7 @@ def test_event_attribute_keys_that_are_not_strings_are_refused(tmp_path: Path, k
         with pytest.raises(TypeError, match="attributes keys must be str"):
             tracer(t).start("s", attributes={key: 1})
         t.event("kept", {Color.RED: 1})
-    [event] = open_run(t.run_dir).records("event")
+    [event] = open_run(run_dir_of(t)).records("event")
     assert event.name == "kept" and event.attributes == {"red": 1}
 
 
@@ -536,23 +537,23 @@ def test_a_torchelastic_event_of_the_wrong_shape_is_refused_at_the_call(
         with pytest.raises(error, match=match):
             events.record(events.Event(source=events.EventSource.WORKER, **event))
         events.record(events.Event("fine", events.EventSource.WORKER, metadata={"loss": float("nan")}))
-    lines = _all_lines_valid(t.run_dir)
+    lines = _all_lines_valid(run_dir_of(t))
     assert [line["name"] for line in lines if line["kind"] == "event"] == ["fine"]
-    [fine] = open_run(t.run_dir).records("event")
+    [fine] = open_run(run_dir_of(t)).records("event")
     assert math.isnan(fine.attributes["loss"])  # NaN in a value is data
 
 
 def _typed(t: Telemetry, kind: str, **changes: Any) -> Any:
     mono, wall = t.now()
-    base = {
+    bases: dict[str, Record] = {
         "metric": MetricPoint(mono, wall, t.identity, "g", "m", 1.0, "", 3),
         "event": Event(mono, wall, t.identity, "g", "e", "info", {"k": 1}, "", ""),
         "span_start": SpanStart(mono, wall, t.identity, "g", "s", "00000000000000ab", "", "0" * 32, None),
         "span_end": SpanEnd(mono, wall, t.identity, "g", "s", "00000000000000ab", 1000, "ok", None, ""),
         "stat": StatWindow(mono, wall, t.identity, "g", "w", mono - 10, 3, {"mean": 1.0}, "s", None),
         "diagnostic": Diagnostic(mono, wall, t.identity, "g", "d", "sink", 1, "message"),
-    }[kind]
-    return base._replace(**changes)
+    }
+    return bases[kind]._replace(**changes)
 
 
 @pytest.mark.parametrize(
@@ -583,9 +584,9 @@ def test_a_typed_record_with_a_bad_field_is_refused_by_emit_naming_it(
             t.emit(_typed(t, good))
         t.emit(_typed(t, "metric", value=float("inf")))  # NaN and infinities as values are data
         t.emit(_typed(t, "stat", values={"mean": float("nan")}))
-    lines = _all_lines_valid(t.run_dir)
+    lines = _all_lines_valid(run_dir_of(t))
     assert len(lines) == 1 + 6 + 2  # the header and every good record, nothing else
-    run = open_run(t.run_dir)
+    run = open_run(run_dir_of(t))
     assert run.corrupt == 0 and len(run.records()) == 8
 
 
@@ -597,9 +598,9 @@ def test_the_writer_never_writes_an_invalid_line_whatever_reaches_it(tmp_path: P
         route(("metric", time.monotonic_ns(), t._token, "g", float("nan"), 1.0))
         t.route("span_end", "g")(("span_end", time.monotonic_ns(), t._token, "g", "s", 1, float("nan"), "ok", ""))
         route(("metric", time.monotonic_ns(), t._token, "g", "fine", 1.0))
-    lines = _all_lines_valid(t.run_dir)
+    lines = _all_lines_valid(run_dir_of(t))
     assert [line["name"] for line in lines[1:]] == ["unencodable", "unencodable", "fine"]
-    assert open_run(t.run_dir).corrupt == 0
+    assert open_run(run_dir_of(t)).corrupt == 0
 
 
 # -- 16. memory stays bounded whatever the number of producer threads ----------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -304,9 +305,9 @@ def test_show_with_no_runs_under_default_root(
 def test_demo_without_torch_says_how_to_install_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_find_spec = cli.importlib.util.find_spec
+    real_find_spec = importlib.util.find_spec  # (the module cli looks torch up with)
     monkeypatch.setattr(
-        cli.importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real_find_spec(name, *a)
+        importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real_find_spec(name, *a)
     )
     assert cli.main(["demo", "--root", str(tmp_path)]) == 2
     err = capsys.readouterr().err

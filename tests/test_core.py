@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 import telemetrain
-from conftest import IDENTITY_ENV, as_default, telemetrain_threads
+from conftest import IDENTITY_ENV, as_default, run_dir_of, telemetrain_threads
 from telemetrain import Diagnostic, Event, Identity, MetricPoint, SpanEnd, SpanStart, StatWindow, identity_from_env
-from telemetrain.records import KINDS
+from telemetrain.records import KINDS, Record
 from telemetrain.sinks import Sink
 from telemetrain.store import NotARunError, find_runs, open_run
 from telemetrain.store.codec import decode_line, encode
@@ -146,7 +146,7 @@ def same(a: Any, b: Any) -> bool:
         return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
         return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
-    return a == b
+    return bool(a == b)
 
 
 ATTRS = {
@@ -158,7 +158,7 @@ ATTRS = {
     "nested": {"x": [NAN, 1, "NaN"]},
 }
 
-RECORDS = [
+RECORDS: list[Record] = [
     MetricPoint(10, 20, IDENT, "g", "loss", 0.25, "ratio", 7),
     MetricPoint(10, 20, IDENT, "g", "count", 3),
     MetricPoint(10, 20, IDENT, "g", "nan", NAN),
@@ -466,7 +466,7 @@ def test_close_is_idempotent_and_later_emits_are_ignored(tmp_path: Path) -> None
     assert not t.listening("metric", "default")
     assert t.flush()
     assert sink.names() == ["before"] and sink.closed
-    assert [r.name for r in open_run(t.run_dir).records()] == ["before"]
+    assert [r.name for r in open_run(run_dir_of(t)).records()] == ["before"]
     with pytest.raises(RuntimeError, match="closed"):
         t.add_sink(ListSink())
     with telemetrain.Telemetry(store=False) as ctx:
@@ -537,7 +537,7 @@ def test_reader_orders_processes_by_wall_time(tmp_path: Path) -> None:
     finally:
         ta.close()
         tb.close()
-    run = open_run(ta.run_dir)
+    run = open_run(run_dir_of(ta))
     assert ta.run_dir == tb.run_dir
     assert [r.name for r in run.records()] == ["1@50", "0@100", "1@200", "0@300", "1@400", "0@500"]
     assert [r.name for r in run.records("event")] == ["1@50"]
@@ -572,10 +572,10 @@ def test_reader_skips_a_torn_last_line(tmp_path: Path) -> None:
     with telemetrain.Telemetry(_ident(1), store=tmp_path) as t:
         t.metric("x", 1)
         t.metric("y", 2)
-    (path,) = t.run_dir.glob("rank-*.jsonl")
+    (path,) = run_dir_of(t).glob("rank-*.jsonl")
     with open(path, "a") as fh:
         fh.write('{"v":1,"kind":"metric","mono_ns":1')
-    run = open_run(t.run_dir)
+    run = open_run(run_dir_of(t))
     assert [r.name for r in run.records()] == ["x", "y"]
     assert run.torn == 1 and run.corrupt == 0
 
@@ -583,11 +583,11 @@ def test_reader_skips_a_torn_last_line(tmp_path: Path) -> None:
 def test_find_runs(tmp_path: Path) -> None:
     assert find_runs(tmp_path / "missing") == []
     assert find_runs(tmp_path) == []
-    dirs = []
+    dirs: list[Path] = []
     for run_id in ("zzz-first", "aaa-second"):
         with telemetrain.Telemetry(_ident(1, run_id=run_id), store=tmp_path) as t:
             t.metric("x", 1)
-        dirs.append(t.run_dir)
+        dirs.append(run_dir_of(t))
     assert find_runs(tmp_path) == dirs  # oldest first, not by name
     assert find_runs(tmp_path / "sess") == dirs
     assert find_runs(dirs[1]) == [dirs[1]]
@@ -601,7 +601,7 @@ def test_run_json_is_written_once_with_identity(tmp_path: Path) -> None:
         assert not (tmp_path / "sess").exists()  # nothing written before the first record
         t1.metric("a", 1)
         assert t1.flush()
-        meta_path = t1.run_dir / "run.json"
+        meta_path = run_dir_of(t1) / "run.json"
         written = meta_path.read_bytes()
         meta = json.loads(written)
         assert meta["format"] == "telemetrain-run" and meta["v"] == 1
@@ -612,11 +612,13 @@ def test_run_json_is_written_once_with_identity(tmp_path: Path) -> None:
         t2.metric("b", 2)
         assert t2.flush()
         assert meta_path.read_bytes() == written
-        assert sorted(p.name for p in t1.run_dir.iterdir()) == ["rank-0.1001.jsonl", "rank-0.1002.jsonl", "run.json"]
+        assert sorted(p.name for p in run_dir_of(t1).iterdir()) == [
+            "rank-0.1001.jsonl", "rank-0.1002.jsonl", "run.json"
+        ]
     finally:
         t1.close()
         t2.close()
-    run = open_run(t1.run_dir)
+    run = open_run(run_dir_of(t1))
     assert run.meta["created_by"]["pid"] == 1001
     assert [(p.pid, [r.name for r in p.records]) for p in run.processes] == [(1001, ["a"]), (1002, ["b"])]
     assert run.processes[1].identity == first.replace(pid=1002)
@@ -649,7 +651,7 @@ def test_prof_pairs_count_as_two_records_everywhere(tmp_path: Path) -> None:
         assert stats["jsonl"]["delivered"] == 20 and stats["collect"]["delivered"] == 20
     key = "test_prof_pairs_count_as_two_records_everywhere.<locals>.work"  # torchelastic's rule: the qualname
     assert seen == [f"{key}.success", f"{key}.duration.ms"] * 10
-    names = [r.name for r in open_run(t.run_dir).records("metric")]
+    names = [r.name for r in open_run(run_dir_of(t)).records("metric")]
     assert names == seen
 
 
@@ -716,7 +718,7 @@ def test_a_handler_that_emits_into_its_own_group_is_not_called_again(tmp_path: P
         assert t.flush()
         health = t.health()
     assert seen == ["x"]
-    assert [r.name for r in open_run(t.run_dir).records()] == ["x", "x.echo"]
+    assert [r.name for r in open_run(run_dir_of(t)).records()] == ["x", "x.echo"]
     assert health["failed"] == 0
 
 
@@ -730,7 +732,7 @@ def test_reader_orders_records_that_carry_their_own_wall_time(tmp_path: Path) ->
         assert t.flush()
     finally:
         t.close()
-    assert [r.name for r in open_run(t.run_dir).records()] == ["replayed.a.second.ago", "now"]
+    assert [r.name for r in open_run(run_dir_of(t)).records()] == ["replayed.a.second.ago", "now"]
 
 
 def test_flush_after_close_is_a_harmless_no_op(tmp_path: Path) -> None:
@@ -740,7 +742,7 @@ def test_flush_after_close_is_a_harmless_no_op(tmp_path: Path) -> None:
     assert t.flush()
     t.metric("after", 2)  # recorded nowhere, raises nothing
     assert t.health()["failed"] == 0
-    assert [r.name for r in open_run(t.run_dir).records()] == ["x"]
+    assert [r.name for r in open_run(run_dir_of(t)).records()] == ["x"]
 
 
 def test_numpy_scalars_are_numbers(tmp_path: Path) -> None:
@@ -753,7 +755,7 @@ def test_numpy_scalars_are_numbers(tmp_path: Path) -> None:
         assert t.flush()
     finally:
         t.close()
-    got = [r.value for r in open_run(t.run_dir).records()]
+    got = [r.value for r in open_run(run_dir_of(t)).records()]
     assert [type(v) for v in got] == [float, float, int, int, bool]
     assert got[0] == 1.5 and math.isnan(got[1]) and got[2:] == [3, 7, True]
 
@@ -769,4 +771,4 @@ def test_a_tensor_value_is_refused_with_a_hint_and_never_synchronised(tmp_path: 
         assert t.flush()
     finally:
         t.close()
-    assert [r.value for r in open_run(t.run_dir).records()] == [0.5]
+    assert [r.value for r in open_run(run_dir_of(t)).records()] == [0.5]

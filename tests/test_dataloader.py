@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import telemetrain
-from conftest import as_default
+from conftest import as_default, run_dir_of
 from telemetrain import metrics
 from telemetrain.store import open_run
 
@@ -50,7 +50,7 @@ def test_dataloader_workers_write_their_own_files(tmp_path: Path, persistent_wor
         del loader  # persistent workers are shut down here (their iterator is dropped)
         assert t.flush()
     assert seen == list(range(n))
-    run = open_run(t.run_dir)
+    run = open_run(run_dir_of(t))
     parent = os.getpid()
     workers = [p for p in run.processes if p.pid != parent]
     assert len(workers) == 2 and run.torn == 0 and run.corrupt == 0

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import telemetrain
-from conftest import IDENTITY_ENV
+from conftest import IDENTITY_ENV, run_dir_of
 from telemetrain import TelemetryWarning, training
 from telemetrain.stats import Stat
 from telemetrain.store import find_runs, open_run
@@ -79,7 +79,7 @@ def test_the_first_open_instance_becomes_the_default_when_needed(tmp_path: Path)
         stat.add(1.0)
         assert telemetrain.get_telemetry() is t
         assert t.flush()
-        assert [r.name for r in open_run(t.run_dir).records()] == ["s"]
+        assert [r.name for r in open_run(run_dir_of(t)).records()] == ["s"]
     finally:
         telemetrain.reset()
     assert t.closed

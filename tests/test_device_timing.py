@@ -18,8 +18,10 @@ from typing import Any
 import pytest
 
 from _device_sim import SimClock, skip_if_cuda_in_use
+from conftest import run_dir_of
 from telemetrain import Telemetry, TelemetryWarning
-from telemetrain.spans import _current, span, tracer
+from telemetrain.span_lifecycle import _current
+from telemetrain.spans import span, tracer
 from telemetrain.store import open_run
 from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
 from telemetrain.training import device_timing as dt
@@ -244,7 +246,7 @@ def test_device_spans_inside_and_outside_iterations(
     ups = _updates(read_run, telemetry)
     assert _sum(ups, "avg_forward_device_time_sec") == pytest.approx(4 * 3 * MS / 1e9)
     telemetry.close()  # the stats' last (10 s) window closes
-    stats = {(s.group, s.name): s.values for s in open_run(telemetry.run_dir).records("stat")}
+    stats = {(s.group, s.name): s.values for s in open_run(run_dir_of(telemetry)).records("stat")}
     attention = stats[("model", "attention.device_time")]
     assert attention["count"] == 4 and attention["mean"] == pytest.approx(2 * MS / 1e9)
     evaluate = stats[("spans", "evaluate.device_time")]

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 import telemetrain
+from conftest import run_dir_of
 from telemetrain.distributed.stragglers import StragglerDetector, phases_of
 from telemetrain.sinks.console import ConsoleSink
 from telemetrain.store.reader import Run, find_runs, open_run
@@ -270,7 +271,7 @@ def test_chatty_sinks_attach_on_rank_zero_only_unless_asked(tmp_path: Path) -> N
         t.add_sink(ConsoleSink(), ranks="first")
     t.metric("x", 1.0)
     t.close()
-    assert [r.value for r in open_run(t.run_dir).records("metric")] == [1.0]  # the run store is on every rank
+    assert [r.value for r in open_run(run_dir_of(t)).records("metric")] == [1.0]  # the run store is on every rank
     zero = telemetrain.Telemetry(telemetrain.identity_from_env({}, rank=0, world_size=2), store=False)
     sink = ConsoleSink()
     zero.add_sink(sink)

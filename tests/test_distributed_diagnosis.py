@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 import telemetrain
+from conftest import run_dir_of
 from telemetrain.distributed.comm import CommMonitor, CommOp, comm_monitor, window_figures
 from telemetrain.distributed.comm_timing import HOST
 from telemetrain.distributed.late_rank import LateRankAttributor, compute_times
@@ -276,7 +277,7 @@ def test_the_monitor_reports_per_window_with_the_recorders_phase(tmp_path: Path)
     rec.on_train_end()
     rec.on_app_end()
     t.close()
-    updates = [r.attributes for r in open_run(t.run_dir).records("event") if r.name == "training_metrics_update"]
+    updates = [r.attributes for r in open_run(run_dir_of(t)).records("event") if r.name == "training_metrics_update"]
     assert [u["comm_all_reduce_count"] for u in updates[:2]] == [2, 2]
     assert all(u["avg_h2d_time_sec"] > 0 for u in updates)  # the host-to-device phase of the iteration split
     assert all(u["avg_backward_comm_wait_sec"] >= 0.002 for u in updates[:2])
@@ -523,7 +524,7 @@ def test_the_watchdog_writes_evidence_of_a_stall_and_notes_its_end(tmp_path: Pat
     rec.on_train_end()
     rec.on_app_end()
     t.close()
-    records = open_run(t.run_dir).records("event")
+    records = open_run(run_dir_of(t)).records("event")
     (ev,) = [r.attributes for r in records if r.name == "stall_evidence"]
     assert (ev["reason"], ev["phase"], ev["step"], ev["collective_state"]) == ("stall", "backward", 9, "unknown")
     assert ev["stalled_for_s"] >= 0.5 and ev["phase_for_s"] > 0 and "test_distributed_diagnosis.py" in ev["stacks"]
@@ -553,7 +554,7 @@ def test_no_evidence_while_training_advances_or_pauses_in_a_checkpoint(tmp_path:
     rec.on_app_end()
     t.close()
     assert watchdog.evidence_written == 0 and watchdog.wakeups > 10
-    assert not [r for r in open_run(t.run_dir).records("event") if r.group == "watchdog"]
+    assert not [r for r in open_run(run_dir_of(t)).records("event") if r.group == "watchdog"]
 
 
 def test_the_stall_clock_restarts_when_a_checkpoint_save_ends(tmp_path: Path) -> None:

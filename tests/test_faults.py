@@ -24,7 +24,7 @@ from typing import Any
 import psutil
 import pytest
 
-from conftest import ListSink, helper_env
+from conftest import ListSink, helper_env, run_dir_of
 from telemetrain import FailurePolicy, Identity, StatWindow, Telemetry, TelemetryWarning, identity_from_env
 from telemetrain.sinks import RunStoreSink, Sink
 from telemetrain.store import open_run, run_dir
@@ -215,7 +215,7 @@ def test_failing_sink_is_contained_counted_warned_once_and_suspended(tmp_path: P
 
     # every other sink got every record
     assert _values(collect.records, "seq") == list(range(emitted))
-    run = open_run(t.run_dir)
+    run = open_run(run_dir_of(t))
     assert _values(run.records(), "seq") == list(range(emitted))
     assert run.corrupt == 0 and run.torn == 0
     for other in ("jsonl", "collect"):
@@ -278,7 +278,7 @@ def test_failing_sink_is_contained_when_warnings_are_errors(tmp_path: Path, back
             t.close(HANG_S)
     assert flushed == [True] * ROUNDS
     assert stats["failures"] == MAX_CONSECUTIVE and stats["suspended"] is True
-    run = open_run(t.run_dir)
+    run = open_run(run_dir_of(t))
     assert _values(run.records(), "seq") == list(range(ROUNDS * PER_ROUND))
     assert len([r for r in run.records("diagnostic") if r.name == "sink_error"]) == MAX_CONSECUTIVE
 
@@ -710,5 +710,5 @@ def test_drops_a_failing_sink_reports_while_closing_reach_the_run_store(tmp_path
     for i in range(5):
         t.metric("later", float(i))  # offered to the suspended sink: dropped, counted at its final drain
     assert t.close()
-    dropped = [r for r in open_run(t.run_dir).records("diagnostic") if r.name == "dropped" and r.sink == "broken"]
+    dropped = [r for r in open_run(run_dir_of(t)).records("diagnostic") if r.name == "dropped" and r.sink == "broken"]
     assert sum(r.record_count for r in dropped) == 5

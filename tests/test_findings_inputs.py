@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import run_dir_of
 from telemetrain import Telemetry, identity_from_env
 from telemetrain.analysis.findings import InputBuilder, analyse, run_findings, window_point
 from telemetrain.spans import tracer
@@ -53,7 +54,7 @@ def test_each_report_window_carries_the_process_cpu_time_and_wait(tmp_path: Path
     r = _started(t)
     _busy_loop(r, 15, 0.004)  # 4 ms of CPU per iteration
     assert t.close()
-    updates = _updates(t.run_dir)
+    updates = _updates(run_dir_of(t))
     assert len(updates) == 3
     for a in updates:
         assert isinstance(a["cpu_time_sec"], float) and isinstance(a["cpu_wait_sec"], float)
@@ -103,7 +104,7 @@ def test_a_sleeping_thread_adds_no_cpu_and_the_thread_figures_are_its_own(tmp_pa
         worker.join()
     r.on_app_end()
     assert t.close()
-    updates = _updates(t.run_dir)
+    updates = _updates(run_dir_of(t))
     assert len(updates) == 2
     # a window whose reading came too late for its wall time carries no CPU figures (Reporter.cpu_figures): the
     # others carry both the process's and the thread's
@@ -137,7 +138,7 @@ def test_a_thread_that_ends_in_a_window_takes_only_its_own_increment_out(tmp_pat
     worker.join()
     _busy_loop(r, 5, 0.01)  # 10 ms of CPU per iteration
     assert t.close()
-    (update,) = _updates(t.run_dir)
+    (update,) = _updates(run_dir_of(t))
     # the loop's 50 ms, less what schedstat had not yet added for the running thread (up to a tick)
     assert update["cpu_time_sec"] >= 0.02, update  # type: ignore[operator]
 
@@ -164,7 +165,7 @@ def test_a_simulated_window_carries_no_cpu_figures(tmp_path: Path) -> None:
         r.on_training_single_iteration_end(base + 1000 * k + 900)
     r.on_train_end(base + 10_000)
     assert t.close()
-    assert all("cpu_time_sec" not in a and "cpu_wait_sec" not in a for a in _updates(t.run_dir))
+    assert all("cpu_time_sec" not in a and "cpu_wait_sec" not in a for a in _updates(run_dir_of(t)))
 
 
 def test_a_failed_iteration_is_not_counted_as_completed(tmp_path: Path) -> None:
@@ -184,7 +185,7 @@ def test_a_failed_iteration_is_not_counted_as_completed(tmp_path: Path) -> None:
     r.on_train_end()
     r.on_app_end()
     assert t.close()
-    last = _updates(t.run_dir)[-1]
+    last = _updates(run_dir_of(t))[-1]
     assert (last["num_iterations"], last["num_train_samples"]) == (7, 14)
 
 

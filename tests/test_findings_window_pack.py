@@ -15,6 +15,7 @@ import pytest
 from telemetrain.analysis.findings import InputBuilder, WindowPoint
 from telemetrain.analysis.findings import window_budget as wb
 from telemetrain.analysis.findings.builder import WINDOW_POINT_KEYS, window_point_of_values
+from telemetrain.analysis.findings.window_merge import _Sums
 
 _SUMS_FIELDS = ("rank", "step", "iterations", "windows", "time", "phases", "max", "p50", "wall", "cpu_wait", "cpu",
                 "thread_cpu_wait", "thread_cpu", "comm", "comm_wait_by_phase", "phase_iteration_time", "time_s",
@@ -33,7 +34,7 @@ def _bits(v: Any) -> Any:
 
 def _piece_bits(piece: list[Any]) -> Any:
     first, last, wall, w = piece
-    names = _SUMS_FIELDS if type(w) is wb._Sums else _POINT_FIELDS
+    names = _SUMS_FIELDS if type(w) is _Sums else _POINT_FIELDS
     return (first, last, wall, type(w).__name__, [(n, _bits(getattr(w, n))) for n in names])
 
 
@@ -66,7 +67,7 @@ def test_a_packed_piece_comes_back_to_the_last_bit() -> None:
         w = _window(rng)
         value: Any = w
         if rng.random() < 0.4:  # a merged window's sums, as the store merges them in place
-            value = wb._Sums(w)
+            value = _Sums(w)
             if rng.random() < 0.5:
                 value.add(w)
         piece = [rng.randrange(0, 10**6), rng.randrange(0, 10**6), rng.randrange(0, 2**63), value]
@@ -93,7 +94,7 @@ def test_what_cannot_be_packed_exactly_is_held_as_it_is() -> None:
     for odd in ({"step": Step(99)}, {"iterations": True}, {"step": 2**70}, {"iteration_time": 1},
                 {"phases": MappingProxyType({"forward": 0.1})}, {"comm_wait_by_phase": {"other": 1}},
                 {"phase_clock": None}):
-        v = WindowPoint(**{**{n: getattr(w, n) for n in _POINT_FIELDS}, **odd})  # type: ignore[arg-type]
+        v = WindowPoint(**{**{n: getattr(w, n) for n in _POINT_FIELDS}, **odd})
         piece = [0, 0, 1, v]
         assert wb._pack(piece) is piece and wb._unpack(piece) is piece, odd
     assert type(wb._pack([2**31, 0, 1, w])) is list  # a position out of range

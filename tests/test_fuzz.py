@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import telemetrain
-from conftest import as_default
+from conftest import as_default, run_dir_of
 from telemetrain import metrics
 from telemetrain.store import open_run
 
@@ -79,7 +79,7 @@ def test_any_metric_round_trips_exactly(
         assert t.health()["failed"] == 0
     finally:
         t.close()
-    records = open_run(t.run_dir).records()
+    records = open_run(run_dir_of(t)).records()
     assert [r.name for r in records] == ["before", name, "after"]
     got = records[1]
     assert (got.group, got.step) == (group, step)
@@ -98,7 +98,7 @@ def test_any_event_round_trips_exactly(
         assert t.flush()
     finally:
         t.close()
-    records = open_run(t.run_dir).records()
+    records = open_run(run_dir_of(t)).records()
     assert [r.kind for r in records] == ["event", "metric"]
     got = records[0]
     assert (got.name, got.severity) == (name, severity)
@@ -141,7 +141,7 @@ def test_put_metric_accepts_numbers_and_rejects_the_rest_clearly(
         and isinstance(value, (int, float))  # bool is an int
     )
     assert accepted == valid, (name, value, group)
-    recorded = [r.name for r in open_run(t.run_dir).records()]
+    recorded = [r.name for r in open_run(run_dir_of(t)).records()]
     assert recorded == ([name, "after"] if valid else ["after"])
 
 
@@ -156,7 +156,7 @@ def test_an_unencodable_value_costs_only_itself(tmp_path: Path) -> None:
         assert t.health()["failed"] == 0
     finally:
         t.close()
-    records = open_run(t.run_dir).records()
+    records = open_run(run_dir_of(t)).records()
     assert [(r.kind, r.name) for r in records] == [
         ("metric", "before"),
         ("diagnostic", "unencodable"),
@@ -174,5 +174,5 @@ def test_a_dict_that_only_looks_like_a_nan_tag_is_kept(tmp_path: Path) -> None:
         assert t.flush()
     finally:
         t.close()
-    [got] = open_run(t.run_dir).records()
+    [got] = open_run(run_dir_of(t)).records()
     assert same(got.attributes, odd)

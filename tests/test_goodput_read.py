@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from telemetrain.training.goodput import _warmup_seconds
-from telemetrain.training.goodput_read import _Loop, _Process, _Span, _Window, read_records
+from telemetrain.training.goodput_read import _Loop, _Process, _Span, read_records
+from telemetrain.training.goodput_windows import _Window
 
 LOOP, ITER, DATA, SAVE = "training_loop", "training_single_iteration", "data_loading", "checkpoint_save_sync"
 

@@ -24,8 +24,9 @@ if not torch.cuda.is_available():
                 "on a simulated stream in tests/test_device_timing.py; run this module and bench/bench_gpu.py on a GPU",
                 allow_module_level=True)
 
+from conftest import run_dir_of  # noqa: E402
 from telemetrain import Telemetry  # noqa: E402
-from telemetrain.spans import _current  # noqa: E402
+from telemetrain.span_lifecycle import _current  # noqa: E402
 from telemetrain.store import open_run  # noqa: E402
 from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig  # noqa: E402
 from telemetrain.training.device_clock import CudaClock  # noqa: E402
@@ -82,7 +83,7 @@ def test_cuda_marks_time_real_kernels_phase_by_phase(t: Telemetry) -> None:
     torch.cuda.synchronize()
     r.on_train_end()
     t.flush()  # the final report is in the store after it
-    updates = [e.attributes for e in open_run(t.run_dir).records("event") if e.name == "training_metrics_update"]
+    updates = [e.attributes for e in open_run(run_dir_of(t)).records("event") if e.name == "training_metrics_update"]
     n = sum(u["device_timed_iterations"] for u in updates)
     assert n == 21 and sum(u["device_unresolved_iterations"] for u in updates) == 0
     # (a window in which the device finished no iteration has no averages)
@@ -255,7 +256,7 @@ def test_a_loop_ending_on_a_report_puts_its_last_device_times_in_the_tail(t: Tel
         r.on_training_single_iteration_end()
     r.on_train_end()
     t.flush()
-    events = list(open_run(t.run_dir).records("event"))
+    events = list(open_run(run_dir_of(t)).records("event"))
     updates = [e.attributes for e in events if e.name == "training_metrics_update"]
     tails = [e.attributes for e in events if e.name == "device_timing" and e.attributes.get("tail")]
     counted = sum(u["device_timed_iterations"] + u["device_unresolved_iterations"] for u in updates + tails)

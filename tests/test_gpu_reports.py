@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 import pytest
 
 from _device_sim import skip_if_cuda_in_use
+from conftest import run_dir_of
 from telemetrain import Telemetry, identity_from_env
 from telemetrain.analysis.compare import compare_runs
 from telemetrain.cli import summarize
@@ -28,7 +29,7 @@ from telemetrain.records import Event, MetricPoint
 from telemetrain.report.gpu_health import build_gpu_health, gpu_findings
 from telemetrain.report.html import render
 from telemetrain.report.model import build_model
-from telemetrain.spans import _current
+from telemetrain.span_lifecycle import _current
 from telemetrain.store import open_run
 from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
 from telemetrain.training.goodput import goodput
@@ -104,7 +105,7 @@ def test_the_report_splits_phases_by_device_time(tmp_path: Path) -> None:
     assert seconds["other"] == 0.0  # the device iteration is the phases
     page = render(model)
     assert "iteration time by phase, per rank: device time (CUDA events)" in page
-    show = "\n".join(summarize(open_run(s.t.run_dir)))
+    show = "\n".join(summarize(open_run(run_dir_of(s.t))))
     assert "last window, device time)" in show and "forward 30%" in show and "backward 60%" in show
 
 

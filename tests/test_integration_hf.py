@@ -23,7 +23,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from telemetrain import Telemetry  # noqa: E402
-from telemetrain.spans import _current  # noqa: E402
+from telemetrain.span_lifecycle import _current  # noqa: E402
 from telemetrain.training import TrainingTelemetryConfig  # noqa: E402
 
 hf = pytest.importorskip("telemetrain.integrations.hf")

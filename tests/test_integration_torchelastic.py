@@ -14,6 +14,7 @@ from torch.distributed.elastic.events import handlers as te_handlers
 from torch.distributed.elastic.metrics import api as te_metrics_api
 
 import telemetrain
+from conftest import run_dir_of
 from telemetrain.integrations.torchelastic import install
 from telemetrain.store.reader import open_run
 
@@ -27,7 +28,7 @@ def telemetry(tmp_path: Path) -> Any:
 
 def records(t: telemetrain.Telemetry, kind: str) -> list[Any]:
     t.flush()
-    return open_run(t.run_dir).records(kind)
+    return open_run(run_dir_of(t)).records(kind)
 
 
 def test_put_metric_and_prof_reach_the_store(telemetry: telemetrain.Telemetry) -> None:

@@ -28,7 +28,7 @@ V1_STORE = Path(__file__).parent / "data" / "v1_store"
 
 def _records(t: telemetrain.Telemetry, kind: str = "metric") -> list[Any]:
     assert t.flush() and t.run_dir is not None
-    return list(open_run(t.run_dir).records(kind))  # type: ignore[arg-type]
+    return list(open_run(t.run_dir).records(kind))
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import torch.distributed.elastic.metrics as tmetrics
 import torch.distributed.elastic.metrics.api as tapi
 
 import telemetrain
-from conftest import norm_type, recorder
+from conftest import norm_type, recorder, run_dir_of
 from telemetrain import metrics
 
 # -- helpers ---------------------------------------------------------------------------------------------------------
@@ -744,4 +744,4 @@ def test_closed_default_records_nothing(telemetry: telemetrain.Telemetry, read_r
 
 
 def open_run_records(t: telemetrain.Telemetry) -> list[Any]:
-    return telemetrain.store.open_run(t.run_dir).records()
+    return telemetrain.store.open_run(run_dir_of(t)).records()

@@ -30,6 +30,7 @@ import pytest
 import torch.monitor as tm
 
 import telemetrain
+from conftest import run_dir_of
 from telemetrain import monitor
 from telemetrain.dispatch import TelemetryWarning
 from telemetrain.store import open_run
@@ -773,7 +774,7 @@ def test_close_reports_the_open_window(telemetry: telemetrain.Telemetry) -> None
     s = monitor.Stat("at_close", [monitor.SUM, monitor.COUNT], datetime.timedelta(hours=100))
     s.add(4)
     assert telemetry.close()
-    recs = [r for r in open_run(telemetry.run_dir).records("stat") if r.name == "at_close"]
+    recs = [r for r in open_run(run_dir_of(telemetry)).records("stat") if r.name == "at_close"]
     assert [(r.group, r.sample_count, r.values) for r in recs] == [("torch.monitor", 1, {"sum": 4, "count": 1})]
 
 

@@ -14,6 +14,7 @@ import pytest
 
 import telemetrain
 from _onelogger import Clock, Recording, clock_fixture, configure, provider_fixture, training_config  # noqa: F401
+from conftest import run_dir_of
 from telemetrain import TelemetryWarning
 from telemetrain.store import open_run
 from telemetrain.training import callbacks as cb
@@ -29,7 +30,7 @@ from telemetrain.training.training_telemetry_provider import TrainingTelemetryPr
 
 def _records(t: telemetrain.Telemetry) -> list[Any]:
     assert t.flush()
-    return open_run(t.run_dir).records()  # type: ignore[arg-type]
+    return open_run(run_dir_of(t)).records()
 
 
 def _attrs(obj: Any) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import pytest
 
 import telemetrain
 from _onelogger import base_config, provider_fixture, training_config  # noqa: F401
+from conftest import run_dir_of
 from telemetrain.report.model import build_model
 from telemetrain.store import open_run
 from telemetrain.training import callbacks as cb
@@ -36,7 +37,7 @@ def _file(path: Path) -> Counter[tuple[str, str]]:
 
 def _store(t: telemetrain.Telemetry) -> tuple[Counter[tuple[str, str]], Any]:
     assert t.flush()
-    run = open_run(t.run_dir)  # type: ignore[arg-type]
+    run = open_run(run_dir_of(t))
     return Counter((r.kind, r.name) for r in run.records()), build_model(run)
 
 

@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import telemetrain  # noqa: E402
 from _onelogger import Recording, base_config, provider_fixture, training_config  # noqa: E402, F401
+from conftest import run_dir_of  # noqa: E402
 from telemetrain.integrations import lightning as tl  # noqa: E402
 from telemetrain.integrations import lightning_trainer as lt  # noqa: E402
 from telemetrain.store import open_run  # noqa: E402
@@ -90,7 +91,7 @@ def test_a_configured_provider_receives_the_run(provider: TrainingTelemetryProvi
     assert exporter.named("export_start").count("validation_loop") == 2  # the sanity check is not one
     assert exporter.methods()[-1] == "close"
     assert telemetry.flush()
-    records = open_run(telemetry.run_dir).records()  # type: ignore[arg-type]
+    records = open_run(run_dir_of(telemetry)).records()
     assert sum(1 for r in records if r.kind == "span_end" and r.name == "checkpoint_save_sync") == 2
     assert any(r.kind == "span_end" and r.name == "application" for r in records)
 
@@ -102,6 +103,6 @@ def test_without_a_provider_the_callback_records_to_telemetrains_recorder(tmp_pa
         warnings.simplefilter("ignore", UserWarning)
         trainer.fit(Tiny(), _loader(16), _loader(4))
     assert telemetry.flush()
-    records = open_run(telemetry.run_dir).records()  # type: ignore[arg-type]
+    records = open_run(run_dir_of(telemetry)).records()
     assert sum(1 for r in records if r.kind == "span_end" and r.name == "training_single_iteration") >= 1
     assert sum(1 for r in records if r.kind == "span_end" and r.name == "application") == 1

@@ -14,6 +14,7 @@ import pytest
 
 import telemetrain
 from _onelogger import Recording, base_config, configure, provider_fixture, training_config  # noqa: F401
+from conftest import run_dir_of
 from telemetrain import TelemetryWarning
 from telemetrain.store import open_run
 from telemetrain.training import callbacks as cb
@@ -58,7 +59,7 @@ def test_once_only_rules_are_recorded_and_warned_never_raised(provider: Training
     assert first.named("export_start") == ["application"]  # the first customization (training_loop filtered)
     assert second.calls == []
     assert telemetry.flush()
-    errors = [r for r in open_run(telemetry.run_dir).records() if r.kind == "event" and r.name == "error"]  # type: ignore[arg-type]
+    errors = [r for r in open_run(run_dir_of(telemetry)).records() if r.kind == "event" and r.name == "error"]
     assert len(errors) >= 6
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from conftest import run_dir_of
 from telemetrain import Telemetry, identity_from_env
 from telemetrain.analysis import ConfigMismatch, PerfTagMismatch, compare_runs
 from telemetrain.cli import main
@@ -107,7 +108,7 @@ def test_the_configs_tag_wins_over_the_environment(tmp_path: Path, monkeypatch: 
     r.on_app_start()
     r.on_app_end()
     assert t.close()
-    assert t.identity.perf_tag == "gpt-tiny" and open_run(t.run_dir).perf_tag == "gpt-tiny"
+    assert t.identity.perf_tag == "gpt-tiny" and open_run(run_dir_of(t)).perf_tag == "gpt-tiny"
 
 
 def test_run_json_records_the_workload(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 import telemetrain
-from conftest import ListSink
+from conftest import ListSink, run_dir_of
 from telemetrain import MetricPoint, Telemetry, TelemetryWarning, events, metrics
 from telemetrain.sinks.base import Sink
 from telemetrain.store import open_run
@@ -526,7 +526,7 @@ def test_reader_counts_a_wrongly_typed_line_as_corrupt(tmp_path: Path) -> None:
     assert t.store is not None and t.store.path is not None
     with open(t.store.path, "a") as fh:
         fh.write('{"v":1,"kind":"metric","mono_ns":null,"wall_ns":1,"group":"train","name":"b","value":2}\n')
-    run = open_run(t.run_dir)  # type: ignore[arg-type]
+    run = open_run(run_dir_of(t))
     assert [r.name for r in run.records()] == ["a"]
     assert run.corrupt == 1
 

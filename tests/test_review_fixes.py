@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from telemetrain import Telemetry
-from telemetrain.spans import _current, tracer
+from telemetrain.span_lifecycle import _current
+from telemetrain.spans import tracer
 from telemetrain.stats import Gauge, Stat, registry
 from telemetrain.store import open_run
 from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig

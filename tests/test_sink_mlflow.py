@@ -18,6 +18,7 @@ pytest.importorskip("mlflow")
 from mlflow.tracking import MlflowClient
 
 import telemetrain
+from conftest import run_dir_of
 from telemetrain.hparams import log_hyperparams
 from telemetrain.records import StatWindow
 from telemetrain.semconv import series_key
@@ -95,7 +96,7 @@ def test_metrics_params_and_run_status_read_back(tmp_path: Path, store_uri: str)
 
     want: dict[str, list[tuple[int, int, str]]] = {}
     global_step = 0
-    for r in open_run(t.run_dir).records():
+    for r in open_run(run_dir_of(t)).records():
         ms = r.wall_ns // 1_000_000
         if r.kind == "metric":
             global_step = max(global_step, r.step or 0)
@@ -168,7 +169,7 @@ def test_an_unreachable_tracking_server_is_contained_and_counted(
     s = health_of(t)
     assert s["failed"] == 3 and s["failures"] >= 1 and s["delivered"] == 0 and s["last_error"]
     t.close()
-    records = open_run(t.run_dir).records()
+    records = open_run(run_dir_of(t)).records()
     assert [r.value for r in records if r.kind == "metric"] == [0.0, 1.0, 2.0]  # the run store got everything
     assert any(r.kind == "diagnostic" and r.name == "sink_error" and r.sink == "mlflow" for r in records)
 

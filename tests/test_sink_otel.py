@@ -25,6 +25,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, Sp
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
+from conftest import run_dir_of
 from telemetrain import Telemetry
 from telemetrain.records import Event, SpanEnd, SpanStart, StatWindow
 from telemetrain.sinks.otel import OTelSink, otel_resource
@@ -55,7 +56,7 @@ class Otel:
 
     def stored(self, kind: str) -> list[Any]:
         assert self.t.flush()
-        return open_run(self.t.run_dir).records(kind)  # type: ignore[arg-type]
+        return open_run(run_dir_of(self.t)).records(kind)
 
     def metrics(self) -> dict[str, Any]:
         assert self.t.flush()
@@ -365,8 +366,8 @@ def test_a_failing_exporter_is_counted_and_training_goes_on(tmp_path: Path) -> N
     assert "failed" in health["last_error"] or "collector down" in health["last_error"]
     t.close()
     # the run store is whole: training and its other sink never saw the failure
-    assert len(open_run(t.run_dir).records("span_end")) == 3  # type: ignore[arg-type]
-    assert len(open_run(t.run_dir).records("metric")) == 3  # type: ignore[arg-type]
+    assert len(open_run(run_dir_of(t)).records("span_end")) == 3
+    assert len(open_run(run_dir_of(t)).records("metric")) == 3
 
 
 def test_without_the_sdk_one_import_error_names_the_extra() -> None:

@@ -27,6 +27,7 @@ pytest.importorskip("prometheus_client", reason="needs the prometheus extra: pip
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from conftest import run_dir_of
 from telemetrain import Telemetry
 from telemetrain.identity import identity_from_env
 from telemetrain.records import MetricPoint
@@ -350,7 +351,7 @@ def test_a_taken_port_is_contained_and_served_once_free(tmp_path: Path) -> None:
         assert stats["failures"] == 1 and stats["failed"] == 1
         assert f"127.0.0.1:{port}" in stats["last_error"]
         assert t.flush()  # the diagnostic went to the run store's queue after the store's own flush
-        diagnostics = open_run(t.run_dir).records("diagnostic")
+        diagnostics = open_run(run_dir_of(t)).records("diagnostic")
         assert [d.name for d in diagnostics if d.sink == "prometheus"] == ["sink_error"]
         blocker.close()  # the port is free again: the next write binds it
         t.metric("acc", 0.9)
@@ -434,7 +435,9 @@ def test_a_real_prometheus_scrapes_metrics_stats_and_the_training_report(tmp_pat
             recorder.on_training_single_iteration_start(base + 100 * it)
             recorder.on_training_single_iteration_end(base + 100 * it + 80)
         assert t.flush()
-        reports = [e.attributes for e in open_run(t.run_dir).records("event") if e.name == "training_metrics_update"]
+        reports = [
+            e.attributes for e in open_run(run_dir_of(t)).records("event") if e.name == "training_metrics_update"
+        ]
         report = reports[-1]
 
         with prometheus_server(tmp_path, sink.port or 0) as prom:
@@ -676,7 +679,7 @@ def test_a_pushgateway_that_is_down_is_counted_and_training_goes_on(tmp_path: Pa
         assert f"prometheus push to http://127.0.0.1:{port}" in stats["last_error"]
         assert isinstance(sink.push_error, OSError)
         assert t.flush()  # the diagnostic went to the run store's queue after the store's own flush
-        diagnostics = open_run(t.run_dir).records("diagnostic")
+        diagnostics = open_run(run_dir_of(t)).records("diagnostic")
         assert "sink_error" in [d.name for d in diagnostics if d.sink == "prometheus"]
         t.metric("acc", 0.9)  # still taken, still counted
         assert t.flush()

@@ -21,6 +21,7 @@ from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2
 from tensorboard.util import tensor_util
 
 import telemetrain
+from conftest import run_dir_of
 from telemetrain.hparams import log_hyperparams
 from telemetrain.records import StatWindow
 from telemetrain.semconv import series_key
@@ -106,7 +107,7 @@ def test_every_scalar_reads_back_with_its_step_value_and_wall_time(tmp_path: Pat
     t.close()
 
     got = scalars(rank_dir(logdir, t))
-    records = open_run(t.run_dir).records()
+    records = open_run(run_dir_of(t)).records()
     want: dict[str, list[tuple[int, float, float]]] = {}
     global_step = 0
     for r in records:
@@ -218,7 +219,7 @@ def test_an_unwritable_logdir_is_contained_and_counted(tmp_path: Path) -> None:
     assert tb["failed"] == 3 and tb["failures"] >= 1 and tb["delivered"] == 0
     assert "NotADirectoryError" in tb["last_error"] or "FileExistsError" in tb["last_error"]
     t.close()
-    records = open_run(t.run_dir).records()
+    records = open_run(run_dir_of(t)).records()
     assert [r.value for r in records if r.kind == "metric"] == [0.0, 1.0, 2.0]  # the run store got everything
     assert any(r.kind == "diagnostic" and r.name == "sink_error" and r.sink == "tensorboard" for r in records)
 

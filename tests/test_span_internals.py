@@ -31,12 +31,13 @@ from typing import Any
 import pytest
 
 import telemetrain
-from conftest import ListSink, helper_env, telemetrain_threads
+from conftest import ListSink, helper_env, run_dir_of, telemetrain_threads
 from telemetrain import SpanEnd, SpanStart, Telemetry
 from telemetrain.identity import Identity
 from telemetrain.records import SPAN_PAIR, PackedSource, split_span_pair, unpack_all
 from telemetrain.sinks import Sink
-from telemetrain.spans import Span, _current, current_span, span, tracer
+from telemetrain.span_lifecycle import _current
+from telemetrain.spans import Span, current_span, span, tracer
 from telemetrain.store import open_run
 from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig, reports
 
@@ -491,7 +492,7 @@ def test_a_with_span_open_in_another_thread_ends_terminated_at_close(
         assert t.close()
         assert s.status == "terminated" and s.ended
         end_ns = s.end_ns
-        records = open_run(t.run_dir).records()  # type: ignore[arg-type]
+        records = open_run(run_dir_of(t)).records()
         start, end = _one_pair(records, s)
         assert end.status == "terminated" and "still open" in end.error
         assert end.duration_ns == end_ns - s.start_ns and start.mono_ns == s.start_ns
@@ -501,7 +502,7 @@ def test_a_with_span_open_in_another_thread_ends_terminated_at_close(
     assert not th.is_alive()
     assert "raised" not in got, got.get("raised")
     assert got["end_ns_after_exit"] == end_ns and s.status == "terminated"  # its exit changed nothing
-    records = open_run(t.run_dir).records()  # type: ignore[arg-type]
+    records = open_run(run_dir_of(t)).records()
     assert len(_for_id(records, s.span_id_hex)[0]) == 1 and len(_for_id(records, s.span_id_hex)[1]) == 1
     assert tracer(t).open_spans == []
 
@@ -796,7 +797,7 @@ def test_a_flush_mid_training_makes_every_report_so_far_visible(
     assert len(r._reporter._pending) == 9
     assert t.flush()
     assert not r._reporter._pending
-    reps = _reports(open_run(t.run_dir).records("event"))  # type: ignore[arg-type]
+    reps = _reports(open_run(run_dir_of(t)).records("event"))
     assert [a["current_iteration"] for a in reps] == list(range(9, 95, 10))
     for _ in range(5):
         r.on_training_single_iteration_start()

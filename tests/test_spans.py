@@ -23,9 +23,10 @@ from typing import Any
 import pytest
 
 import telemetrain
-from conftest import run_helper_process
+from conftest import run_dir_of, run_helper_process
 from telemetrain import Telemetry, TelemetryWarning
-from telemetrain.spans import Span, _current, current_span, span, tracer
+from telemetrain.span_lifecycle import _current
+from telemetrain.spans import Span, current_span, span, tracer
 from telemetrain.store import open_run
 
 HANG_S = 20.0  # only a hang gets near it
@@ -506,7 +507,7 @@ def test_spans_open_when_the_telemetry_closes_end_terminated(tmp_path: Path) -> 
         with tr.span("inner") as inner:
             t.close()
             assert (inner.status, outer.status, started.status) == ("terminated",) * 3
-    records = open_run(t.run_dir).records("span_end")  # type: ignore[arg-type]
+    records = open_run(run_dir_of(t)).records("span_end")
     assert [(r.name, r.status) for r in records] == [
         ("inner", "terminated"), ("outer", "terminated"), ("started", "terminated")]  # innermost first
     assert all("still open" in r.error for r in records)
@@ -552,4 +553,4 @@ def test_the_default_instance_serves_module_level_spans(tmp_path: Path) -> None:
     finally:
         telemetrain.reset()
         t.close()
-    assert [r.name for r in open_run(t.run_dir).records("span_end")] == ["on_default"]  # type: ignore[arg-type]
+    assert [r.name for r in open_run(run_dir_of(t)).records("span_end")] == ["on_default"]

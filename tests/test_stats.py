@@ -29,7 +29,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import ListSink, run_helper_process
+from conftest import ListSink, run_dir_of, run_helper_process
 from telemetrain import Diagnostic, StatWindow, Telemetry, TelemetryWarning, identity_from_env
 from telemetrain.stats import (
     RAW_LIMIT,
@@ -83,7 +83,7 @@ def _stat_records(records: Sequence[Any], name: str) -> list[StatWindow]:
 
 def _stored(t: Telemetry, name: str | None = None) -> list[StatWindow]:
     assert t.flush(HANG_S)
-    records = open_run(t.run_dir).records("stat")
+    records = open_run(run_dir_of(t)).records("stat")
     return records if name is None else [r for r in records if r.name == name]
 
 
@@ -568,7 +568,7 @@ def _not_near_a_boundary(window_s: float, margin_s: float = 0.05) -> None:
 
 
 def _stored_after_close(t: Telemetry, name: str) -> list[StatWindow]:
-    return [r for r in open_run(t.run_dir).records("stat") if r.name == name]
+    return [r for r in open_run(run_dir_of(t)).records("stat") if r.name == name]
 
 
 def test_timedelta_window(tmp_path: Path) -> None:
@@ -988,7 +988,7 @@ def _wait_child(pid: int) -> int:
 
 
 def _by_process(t: Telemetry) -> dict[int, list[StatWindow]]:
-    run = open_run(t.run_dir)
+    run = open_run(run_dir_of(t))
     return {p.pid: [r for r in p.records if r.kind == "stat"] for p in run.processes}
 
 
@@ -1123,7 +1123,7 @@ def test_gauge_is_read_on_its_interval_and_at_flush(tmp_path: Path) -> None:
         assert values == sorted(values) and values[0] >= 1
         assert {(r.group, r.unit) for r in sink.records if r.name == "queue.depth"} == {("gauges", "items")}
         assert on_demand.read() == 2.5 and on_demand.last_value == 2.5
-    stored = [r for r in open_run(t.run_dir).records("metric") if r.name == "on.demand"]
+    stored = [r for r in open_run(run_dir_of(t)).records("metric") if r.name == "on.demand"]
     assert [r.value for r in stored] == [2.5, 2.5, 2.5]  # two flushes and the close
 
 
@@ -1151,7 +1151,7 @@ def test_failing_gauge_is_counted_warned_once_recorded_and_absent(tmp_path: Path
         state["fail"] = False  # it reads again
         assert t.flush()
         assert [r.value for r in sink.records if r.kind == "metric" and r.name == "temp"] == [1.25]
-    stored = open_run(t.run_dir).records("diagnostic")
+    stored = open_run(run_dir_of(t)).records("diagnostic")
     assert [r.sink for r in stored if r.name == "gauge_error"] == ["temp"]
 
 

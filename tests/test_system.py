@@ -25,7 +25,7 @@ import pytest
 
 import telemetrain
 from _device_sim import skip_if_cuda_in_use
-from conftest import helper_env, run_helper_process
+from conftest import helper_env, run_dir_of, run_helper_process
 from telemetrain import TelemetryWarning
 from telemetrain.store import open_run
 
@@ -53,12 +53,12 @@ def t(tmp_path: Path) -> Iterator[telemetrain.Telemetry]:
 
 def _metrics(t: telemetrain.Telemetry, name: str, group: str = "system") -> list[Any]:
     assert t.flush()
-    return [r for r in open_run(t.run_dir).records("metric") if r.name == name and r.group == group]
+    return [r for r in open_run(run_dir_of(t)).records("metric") if r.name == name and r.group == group]
 
 
 def _events(t: telemetrain.Telemetry, name: str) -> list[Any]:
     assert t.flush()
-    return [r for r in open_run(t.run_dir).records("event") if r.name == name]
+    return [r for r in open_run(run_dir_of(t)).records("event") if r.name == name]
 
 
 def _cpu_count() -> int:
@@ -221,7 +221,7 @@ def test_records_carry_the_conventions_names_and_attributes(t: telemetrain.Telem
     (memory,) = _metrics(t, "system.memory.usage")
     assert memory.attributes == {"system.memory.state": "used"}
     assert _metrics(t, "system.memory.limit")[0].attributes is None
-    (filesystem,) = [r for r in open_run(t.run_dir).records("metric") if r.name == "system.filesystem.usage"]
+    (filesystem,) = [r for r in open_run(run_dir_of(t)).records("metric") if r.name == "system.filesystem.usage"]
     assert filesystem.attributes["system.filesystem.state"] == "used"
     mountpoint = Path(filesystem.attributes["system.filesystem.mountpoint"])
     assert os.path.ismount(mountpoint) and mountpoint in (tmp_path, *tmp_path.parents)
@@ -712,7 +712,7 @@ def test_a_failing_read_is_counted_warned_once_recorded_and_the_rest_goes_on(
         assert ("system.filesystem./", "system.filesystem.usage") in got  # the others are read
         assert not [k for k in got if k[0] == f"system.filesystem.{missing}"]  # absent, not 0
     assert t.flush()
-    diagnostics = [r for r in open_run(t.run_dir).records("diagnostic") if r.name == "sampler_error"]
+    diagnostics = [r for r in open_run(run_dir_of(t)).records("diagnostic") if r.name == "sampler_error"]
     assert len(diagnostics) == 1 and diagnostics[0].sink == "system.sampler"
     assert "FileNotFoundError" in diagnostics[0].message
 
@@ -831,7 +831,7 @@ def test_show_summarises_cpu_memory_gpus_and_run_energy(tmp_path: Path) -> None:
     for value in (0.5, 1.0):
         t.metric("hw.gpu.utilization", value, "system.gpu.0", unit="1")
     t.close()
-    lines = summarize(open_run(t.run_dir))
+    lines = summarize(open_run(run_dir_of(t)))
     text = "\n".join(lines)
     assert "system      sampled by 1 process(es) every 60 s" in text
 
@@ -889,7 +889,7 @@ def test_device_series_carry_the_devices_attributes(t: telemetrain.Telemetry, mo
     s = Sampler(t, interval=60, host=False, gpus=[], cuda_allocator=False)
     s.sample_now()
     assert s.latest()[("system.gpu.1", "hw.errors.uncorrected")] == 2  # keyed by series, as before
-    records = {(r.group, r.name): r for r in open_run(t.run_dir).records("metric")} if t.flush() else {}
+    records = {(r.group, r.name): r for r in open_run(run_dir_of(t)).records("metric")} if t.flush() else {}
     power = records[("system.gpu.1", "hw.power")]
     assert (power.unit, power.attributes) == ("W", {"hw.id": "1", "hw.type": "gpu"})
     errors = records[("system.gpu.1", "hw.errors")]

@@ -9,6 +9,7 @@ import logging
 import pytest
 
 import telemetrain
+from conftest import run_dir_of
 from telemetrain import events, metrics, monitor
 from telemetrain.events import api as events_api
 from telemetrain.events import handlers
@@ -41,7 +42,7 @@ def test_wait_counter_records_each_guarded_block(telemetry: telemetrain.Telemetr
     with counter.guard():  # disabled, as in torch
         pass
     assert telemetry.flush()
-    found = [r for r in open_run(telemetry.run_dir).records() if r.kind == "metric"  # type: ignore[arg-type]
+    found = [r for r in open_run(run_dir_of(telemetry)).records() if r.kind == "metric"
              and r.name == "checkpoint_wait"]
     assert len(found) == 1 and found[0].group == "torch.monitor.wait_counter" and found[0].value >= 0
     with pytest.raises(ValueError):

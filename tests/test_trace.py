@@ -21,8 +21,10 @@ import pytest
 
 from telemetrain import Telemetry, TelemetryWarning
 from telemetrain.identity import Identity
-from telemetrain.spans import _current, tracer
-from telemetrain.trace import OPEN_STATUS, build_trace, export_trace, load_runs
+from telemetrain.span_lifecycle import _current
+from telemetrain.spans import tracer
+from telemetrain.trace import build_trace, export_trace, load_runs
+from telemetrain.trace_spans import OPEN_STATUS
 from telemetrain.training import TrainingContexts, TrainingRecorder, TrainingTelemetryConfig
 
 SESSION = "sess"

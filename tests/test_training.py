@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conftest import run_helper_process
+from conftest import run_dir_of, run_helper_process
 from telemetrain import Telemetry, TelemetryWarning, training
-from telemetrain.spans import _current
+from telemetrain.span_lifecycle import _current
 from telemetrain.stats import relative_error
 from telemetrain.store import open_run
 from telemetrain.training import (
@@ -627,7 +627,7 @@ def test_close_while_training_reports_the_last_iterations(tmp_path: Path) -> Non
         r.on_training_single_iteration_start()
         r.on_training_single_iteration_end()
     t.close()
-    records = open_run(t.run_dir).records()  # type: ignore[arg-type]
+    records = open_run(run_dir_of(t)).records()
     reports = _attrs(records, "training_metrics_update")
     assert [(a["current_iteration"], a["window_iterations"], a["final"]) for a in reports] == [
         (3, 4, False), (5, 2, True)]
@@ -1268,7 +1268,7 @@ def test_on_exception_ends_the_open_spans_as_failed_without_a_misuse_error(tmp_p
     with pytest.raises(TypeError, match="exc"):
         rec.on_exception("not an exception")  # type: ignore[arg-type]
     t.close()
-    records = open_run(t.run_dir).records()
+    records = open_run(run_dir_of(t)).records()
     (loop,) = _spans(records, "span_end", "training_loop")
     assert loop.status == "error" and "RuntimeError: peer rank died" in (loop.error or "")
     (app,) = _spans(records, "span_end", "application")
@@ -1294,6 +1294,6 @@ def test_open_span_and_abandon_iteration_for_integrations(tmp_path: Path) -> Non
     rec.on_app_end()
     assert rec.open_span("application") is None
     t.close()
-    records = open_run(t.run_dir).records()
+    records = open_run(run_dir_of(t)).records()
     assert _attrs(records, "training_metrics_update")[-1]["num_iterations"] == 1  # the abandoned one is not counted
     assert not [e for e in _events(records, "error")]  # and no misuse

@@ -21,7 +21,9 @@ from pathlib import Path
 import pytest
 
 import telemetrain
-from telemetrain.spans import _current, span
+from conftest import run_dir_of
+from telemetrain.span_lifecycle import _current
+from telemetrain.spans import span
 from telemetrain.store import open_run
 
 HAS_PSUTIL = importlib.util.find_spec("psutil") is not None
@@ -82,7 +84,7 @@ def test_the_sampler_without_nvidia_ml_py_records_one_info_event_and_stays_silen
             assert s.errors == 0 and s.error_counts == {}
             s.stop()
         assert t.flush()
-        run = open_run(t.run_dir)
+        run = open_run(run_dir_of(t))
         unavailable = [e for e in run.records("event") if e.name == "system.gpu.unavailable"]
         assert len(unavailable) == 1 and unavailable[0].severity == "info"
         assert "nvidia-ml-py is not installed" in unavailable[0].attributes["reason"]
@@ -135,7 +137,7 @@ def test_device_timing_and_gpu_energy_fall_back_to_the_host_silently(tmp_path: P
             r.on_train_end()
             r.on_app_end()
         assert t.flush()
-        events = list(open_run(t.run_dir).records("event"))
+        events = list(open_run(run_dir_of(t)).records("event"))
         (info,) = [e for e in events if e.name == "device_timing" and "for" not in e.attributes]
         assert info.severity == "info" and info.attributes["mode"] == "host" and info.attributes["reason"]
         assert info.attributes["energy"] == "none" and info.attributes["energy_reason"]
