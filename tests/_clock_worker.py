@@ -36,11 +36,14 @@ def main() -> None:
         return time.time_ns() + (SKEW_NS if rank == 1 else 0)
 
     result: dict[str, object] = {}
+    errors: list[str] = []
     for bad in ({"rounds": 0}, {"rounds": 4, "max_rounds": 2}):
         try:
             ex.clock_offset(now_ns, **bad)  # type: ignore[arg-type]
         except ValueError as exc:
-            result.setdefault("errors", []).append(str(exc))  # type: ignore[union-attr]
+            errors.append(str(exc))
+    if errors:
+        result["errors"] = errors
     found = ex.clock_offset(now_ns, rounds, max_rounds=max_rounds)
     result["found"] = list(found) if found is not None else None
     result["round_trips"] = reads // 2 if rank == 1 else None

@@ -14,7 +14,6 @@ event not yet reached raises: a timer that read a result it would have had to wa
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 
 def skip_if_cuda_in_use() -> None:
@@ -78,7 +77,7 @@ class SimClock:
     def begin(self) -> bool:
         return not self.capturing
 
-    def record(self, event: Any) -> None:
+    def record(self, event: SimEvent) -> None:
         if self.fail_record is not None:
             raise self.fail_record
         self.records += 1
@@ -86,10 +85,10 @@ class SimClock:
         event.t = max(self.host_ns, self.device_free_ns) + self.latency_ns
         self.device_free_ns = event.t
 
-    def done(self, event: Any) -> bool:
+    def done(self, event: SimEvent) -> bool:
         return 0 <= event.t <= self.host_ns
 
-    def elapsed_s(self, start: Any, end: Any) -> float:
+    def elapsed_s(self, start: SimEvent, end: SimEvent) -> float:
         if self.fail_reads:
             self.fail_reads -= 1
             raise RuntimeError("operation not permitted on an event last recorded in a capturing stream")

@@ -60,10 +60,11 @@ def main() -> None:
         enable_cross_rank(telemetry, every=env_int("CROSS_EVERY", 50), timeout_s=float(os.environ["CROSS_TIMEOUT"]),
                           detector=detector)
     timeout = env_int("PG_TIMEOUT", 0)
-    dist.init_process_group("gloo", **({"timeout": timedelta(seconds=timeout)} if timeout else {}))
+    dist.init_process_group("gloo", timeout=timedelta(seconds=timeout) if timeout else None)  # None: the default
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
-    model: torch.nn.Module = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    model: torch.nn.Module = net
     if fsdp:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -71,7 +72,7 @@ def main() -> None:
         from telemetrain.distributed import instrument_fsdp
 
         mesh = init_device_mesh("cpu", (world,))
-        fully_shard(model[0], mesh=mesh)
+        fully_shard(net[0], mesh=mesh)
         fully_shard(model, mesh=mesh)
         instrument_fsdp(model, telemetry=telemetry)
     elif not no_ddp:

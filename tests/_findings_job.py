@@ -70,13 +70,14 @@ def main() -> None:
     else:
         rank, world = 0, 1
     torch.manual_seed(0)
-    model: torch.nn.Module = torch.nn.Sequential(torch.nn.Linear(DIM, 512), torch.nn.ReLU(),
-                                                 torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 1))
+    net = torch.nn.Sequential(torch.nn.Linear(DIM, 512), torch.nn.ReLU(),
+                              torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 1))
+    model: torch.nn.Module = net  # net: the model itself, which DDP wraps when distributed
     if distributed:
-        model = torch.nn.parallel.DistributedDataParallel(model)
+        model = torch.nn.parallel.DistributedDataParallel(net)
     opt = torch.optim.SGD(model.parameters(), lr=0.002)
     # planted extra work runs on a copy: the training itself (weights, gradients, loss) is the same in every scenario
-    shadow = copy.deepcopy(model.module if distributed else model)
+    shadow = copy.deepcopy(net)
     shadow_opt = torch.optim.SGD(shadow.parameters(), lr=0.0)
     rec = TrainingRecorder(TrainingTelemetryConfig(
         global_batch_size_or_fn=BATCH * world, perf_tag_or_fn=os.environ.get("PERF_TAG", "planted"),
@@ -89,7 +90,7 @@ def main() -> None:
     if ckpt and os.path.exists(ckpt):
         rec.on_load_checkpoint_start()
         state = torch.load(ckpt, weights_only=True)
-        (model.module if distributed else model).load_state_dict(state["model"])
+        net.load_state_dict(state["model"])
         start = int(state["step"])
         rec.on_load_checkpoint_end(path=ckpt)
     generator = torch.Generator().manual_seed(1000 + rank)
@@ -159,8 +160,7 @@ def main() -> None:
         if ckpt and ckpt_every and (step + 1) % ckpt_every == 0:
             rec.on_save_checkpoint_start(global_step=step + 1)
             if rank == 0:
-                module = model.module if distributed else model
-                torch.save({"model": module.state_dict(), "step": step + 1}, ckpt + ".tmp")
+                torch.save({"model": net.state_dict(), "step": step + 1}, ckpt + ".tmp")
                 os.replace(ckpt + ".tmp", ckpt)
             if ckpt_slow:
                 time.sleep(ckpt_slow)

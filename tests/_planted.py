@@ -26,7 +26,7 @@ class Expect:
 
     kind: str
     what: str  # for people: "straggler rank 2 forward"
-    check: Callable[[Any], bool] = lambda f: True
+    check: Callable[[Any], object] = lambda f: True  # its truth value counts (a match, a bool)
 
     def matches(self, f: Any) -> bool:
         try:
@@ -89,7 +89,7 @@ SCENARIOS = {s.name: s for s in (
 )}
 
 # compare: (candidate, baseline, the regressions it must name, the regressions it may also name)
-COMPARISONS = (
+COMPARISONS: tuple[tuple[str, str, set[str], set[str]], ...] = (
     ("clean-again", "clean", set(), set()),
     ("cpu-hog", "clean", set(), set()),
     # each save sleeps 100 ms: the core idles (its clock and caches cool, other processes take it), and on a quiet
