@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 import io
 import json
 import logging
@@ -13,7 +14,7 @@ import typing
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch.distributed.elastic.events as tevents
@@ -89,7 +90,10 @@ def make_event(**kw: Any) -> events.Event:
 
 
 def test_enums_match_torchelastic() -> None:
-    for ours, theirs in [(events.EventSource, tevents.EventSource), (events.NodeState, tevents.NodeState)]:
+    pairs: list[tuple[type[enum.Enum], type[enum.Enum]]] = [
+        (events.EventSource, tevents.EventSource), (events.NodeState, tevents.NodeState)
+    ]
+    for ours, theirs in pairs:
         assert [(m.name, m.value) for m in ours] == [(m.name, m.value) for m in theirs]
         assert issubclass(ours, str)
     assert events.NodeState.FAILED == "FAILED" and events.EventSource.AGENT == "AGENT"
@@ -118,7 +122,9 @@ def test_event_equality_ignores_id_and_mono_ns() -> None:
 
 # -- serialize / deserialize -------------------------------------------------------------------------------------------
 
-METADATA = {"run_id": "job", "global_rank": 11, "total_run_time": 5.5, "ok": True, "raw_error": None}
+METADATA: dict[str, events.EventMetadataValue] = {
+    "run_id": "job", "global_rank": 11, "total_run_time": 5.5, "ok": True, "raw_error": None
+}
 
 
 def test_event_round_trip() -> None:
@@ -162,7 +168,7 @@ def test_deserialize_reads_torchelastic_style_json() -> None:
     ev = events.Event.deserialize(line)
     assert ev.source is events.EventSource.WORKER
     assert ev.metadata["global_rank"] == 11 and ev.metadata["raw_error"] is None
-    assert json.loads(ev.metadata["metadata"]) == {"group_world_size": 1}
+    assert json.loads(cast(str, ev.metadata["metadata"])) == {"group_world_size": 1}
     assert tevents.Event.deserialize(line) == tevents.Event(ev.name, tevents.EventSource.WORKER, 0, ev.metadata)
 
 
@@ -438,7 +444,7 @@ def test_rdzv_event_matches_torchelastic(
     telemetry: telemetrain.Telemetry, torch_rdzv_handler: ListHandler, destination: Callable[..., str], read_run: Any
 ) -> None:
     ours_log = ListHandler()
-    kw = {"run_id": "job-9", "message": "m", "hostname": "host-a", "pid": 99, "rank": 1, "local_id": 4}
+    kw: dict[str, Any] = {"run_id": "job-9", "message": "m", "hostname": "host-a", "pid": 99, "rank": 1, "local_id": 4}
     try:
         raise TimeoutError("rendezvous timed out")
     except TimeoutError:

@@ -34,9 +34,9 @@ def records(t: telemetrain.Telemetry, kind: str) -> list[Any]:
 def test_put_metric_and_prof_reach_the_store(telemetry: telemetrain.Telemetry) -> None:
     with install(telemetry):
         te_metrics.put_metric("batches", 3, "loader")
-        te_metrics.put_metric("lr", 0.5)  # torch's default group
+        te_metrics.put_metric("lr", 0.5)  # type: ignore[arg-type]  # torch's default group (torch annotates an int)
 
-        @te_metrics.prof(group="trainer")
+        @te_metrics.prof(group="trainer")  # type: ignore[untyped-decorator]  # (torch's: unannotated)
         def step() -> int:
             return 1
 
@@ -79,7 +79,7 @@ def test_events_are_structured_and_levels_cannot_drop_them(telemetry: telemetrai
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LOGLEVEL", "WARNING")  # torch's event loggers would drop INFO events
     with install(telemetry, rendezvous=True):
-        meta = {"state": "FAILED", "global_rank": 3,
+        meta: dict[str, te_events.EventMetadataValue] = {"state": "FAILED", "global_rank": 3,
                 "metadata": '{"local_rank": [1], "role_world_size": [4], "entry_point": "train.py"}'}
         te_events.record(te_events.Event("torchelastic.worker.status.FAILED", te_events.EventSource.WORKER,
                                          metadata=meta))  # the default "null" destination

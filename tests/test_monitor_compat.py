@@ -132,7 +132,9 @@ def run_with_timeout(fn: Callable[[], None], timeout: float = 10.0) -> None:
 def pybind_params(fn: Any) -> list[tuple[str, str | None]]:
     """(name, default text) of each parameter in a pybind11 signature line (``__init__(self: X, a: T = 1) -> None``),
     ``self`` left out."""
-    first = inspect.getdoc(fn).splitlines()[0]
+    doc = inspect.getdoc(fn)
+    assert doc is not None, fn
+    first = doc.splitlines()[0]
     inner = first[first.index("(") + 1 : first.rindex(")")]
     parts, depth, cur = [], 0, ""
     for ch in inner:
@@ -223,7 +225,7 @@ def test_event_handler(mon: types.ModuleType, register: Registrar) -> None:
 
 def test_tensorboard_event_handler(mon: types.ModuleType, register: Registrar, tmp_path: Path) -> None:
     """TestMonitorTensorboard.test_event_handler, with a real SummaryWriter read back by tensorboard's reader."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # type: ignore[import-untyped]
     from torch.utils.tensorboard import SummaryWriter
 
     logdir = tmp_path / "tb"
@@ -282,7 +284,8 @@ def test_aggregation_members_and_module_aliases() -> None:
         "MAX": 5,
         "MIN": 6,
     }
-    assert {n: int(tm.Aggregation.__members__[n]) for n in TORCH_AGGS if n != "VALUE"} == {
+    # (torch stubs its pybind enum as an Enum, without the __int__ it has)
+    assert {n: int(tm.Aggregation.__members__[n]) for n in TORCH_AGGS if n != "VALUE"} == {  # type: ignore[call-overload]
         "MEAN": 2,
         "COUNT": 3,
         "SUM": 4,
@@ -408,10 +411,11 @@ def test_value_records_last_value(telemetry: telemetrain.Telemetry, register: Re
     """Fix: Aggregation.VALUE records the last value (torch binds it to NONE: it records nothing)."""
     theirs: list[Any] = []
     register(theirs.append, tm)
-    ts = tm.Stat("v", [tm.Aggregation.VALUE, tm.Aggregation.SUM], datetime.timedelta(hours=100), 2)
+    # (torch's stub types Stat's window_size as an int; the binding takes a timedelta)
+    ts = tm.Stat("v", [tm.Aggregation.VALUE, tm.Aggregation.SUM], datetime.timedelta(hours=100), 2)  # type: ignore[arg-type]
     ts.add(3)
     ts.add(4)
-    assert int(tm.Aggregation.VALUE) == 0
+    assert int(tm.Aggregation.VALUE) == 0  # type: ignore[call-overload]
     assert tm.Aggregation.VALUE not in ts.get()  # torch: no value at all
     assert ts.get() == {tm.Aggregation.SUM: 7.0}
     assert stat_events(theirs) == [{"v.sum": 7.0}]
@@ -430,7 +434,7 @@ def test_window_closes_on_time_without_another_add(telemetry: telemetrain.Teleme
     # torch: a 1 ms window that has long ended is reported only by the next add()
     theirs: list[Any] = []
     register(theirs.append, tm)
-    ts = tm.Stat("t", [tm.Aggregation.SUM, tm.Aggregation.COUNT], datetime.timedelta(milliseconds=10))
+    ts = tm.Stat("t", [tm.Aggregation.SUM, tm.Aggregation.COUNT], datetime.timedelta(milliseconds=10))  # type: ignore[arg-type]
     ts.add(1)  # a first add never closes anything (the window before it is empty)
     time.sleep(0.05)
     assert stat_events(theirs) == []  # its window ended 40+ ms ago: nothing reported
@@ -454,7 +458,7 @@ def test_max_samples_drops_nothing(telemetry: telemetrain.Telemetry, register: R
     """Fix: max_samples closes the window and starts the next; no sample is dropped."""
     theirs: list[Any] = []
     register(theirs.append, tm)
-    ts = tm.Stat("m", [tm.Aggregation.SUM, tm.Aggregation.COUNT], datetime.timedelta(hours=100), 5)
+    ts = tm.Stat("m", [tm.Aggregation.SUM, tm.Aggregation.COUNT], datetime.timedelta(hours=100), 5)  # type: ignore[arg-type]
     for i in range(23):
         ts.add(i)
     assert ts.count == 0  # torch: 18 of the 23 samples dropped
@@ -528,7 +532,7 @@ def test_bad_max_samples_is_value_error(telemetry: telemetrain.Telemetry, max_sa
 
 def test_torch_max_samples_minus_one_keeps_one_sample() -> None:
     """What the ValueError above protects from: torch's stub documents -1, which keeps the first sample per window."""
-    ts = tm.Stat("m", [tm.Aggregation.SUM, tm.Aggregation.COUNT], datetime.timedelta(hours=100), -1)
+    ts = tm.Stat("m", [tm.Aggregation.SUM, tm.Aggregation.COUNT], datetime.timedelta(hours=100), -1)  # type: ignore[arg-type]
     for v in (1, 2, 3):
         ts.add(v)
     assert ts.count == 0
@@ -577,7 +581,7 @@ def test_event_data_mutation_sticks(telemetry: telemetrain.Telemetry, register: 
 def test_event_data_mutation_is_still_checked(telemetry: telemetrain.Telemetry) -> None:
     e = monitor.Event("m", now(), {"a": 1})
     with pytest.raises(TypeError, match="'k'"):
-        e.data["k"] = [1, 2]
+        e.data["k"] = [1, 2]  # type: ignore[assignment]
         monitor.log_event(e)
 
 
@@ -893,7 +897,7 @@ def test_log_event_of_non_event_is_type_error(mon: types.ModuleType) -> None:
 
 def test_log_event_of_non_event_names_the_argument(telemetry: telemetrain.Telemetry) -> None:
     with pytest.raises(TypeError, match="event must be"):
-        monitor.log_event({"name": "x"})
+        monitor.log_event({"name": "x"})  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("callback", [42, "print", object()], ids=repr)
@@ -906,7 +910,7 @@ def test_register_none_is_type_error(telemetry: telemetrain.Telemetry) -> None:
     # torch accepts None (an empty std::function) and every later log_event then raises RuntimeError
     # "bad_function_call"; never run there, it would poison torch's process-global handler list
     with pytest.raises(TypeError, match="callable"):
-        monitor.register_event_handler(None)
+        monitor.register_event_handler(None)  # type: ignore[arg-type]
 
 
 def test_tensorboard_handler_needs_a_writer(telemetry: telemetrain.Telemetry) -> None:

@@ -128,7 +128,7 @@ def test_record_accepts_a_torchelastic_event(telemetry: telemetrain.Telemetry, r
     where torchelastic's ``record`` takes them."""
     ev = tevents.Event("torchelastic.worker.status.SUCCEEDED", tevents.EventSource.AGENT, metadata={"k": 1})
     tevents.record(ev)
-    events.record(ev)
+    events.record(ev)  # type: ignore[arg-type]  # (documented to take torchelastic's Event; annotated ours only)
     (rec,) = read_run(telemetry, "event")
     assert (rec.group, rec.name) == ("torchelastic", ev.name)
     assert rec.attributes == {"k": 1, "torchelastic.source": "AGENT", "torchelastic.timestamp": ev.timestamp}
@@ -137,7 +137,7 @@ def test_record_accepts_a_torchelastic_event(telemetry: telemetrain.Telemetry, r
 def test_record_rdzv_event_accepts_a_torchelastic_rdzv_event(telemetry: telemetrain.Telemetry, read_run: Any) -> None:
     ev = tevents.RdzvEvent("h.py:join", "job", "joined", "host", 42, tevents.NodeState.RUNNING)
     tevents.record_rdzv_event(ev)
-    events.record_rdzv_event(ev)
+    events.record_rdzv_event(ev)  # type: ignore[arg-type]  # (the same, for RdzvEvent)
     (rec,) = read_run(telemetry, "event")
     assert (rec.group, rec.name, rec.attributes["node_state"]) == ("torchelastic.rdzv", "h.py:join", "RUNNING")
 
