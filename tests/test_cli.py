@@ -344,7 +344,7 @@ def test_demo_backend_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     pytest.importorskip("prometheus_client")
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # for this process's MlflowClient (MLflow 3)
     from mlflow.tracking import MlflowClient
-    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
+    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator  # type: ignore[import-untyped]
 
     tb, trace = tmp_path / "tb", tmp_path / "trace.json"
     mlruns = f"file://{tmp_path / 'mlruns'}"

@@ -258,7 +258,7 @@ def s3_server() -> Any:
 
 def test_compact_to_an_s3_compatible_server(tmp_path: Path, s3_server: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A real S3 API (moto's server, on loopback): the Hive tree lands in the bucket, DuckDB reads it back."""
-    import fsspec
+    import fsspec  # type: ignore[import-untyped]
 
     for key, value in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
                        "AWS_ENDPOINT_URL": s3_server, "AWS_ENDPOINT_URL_S3": s3_server}.items():

@@ -41,7 +41,8 @@ def history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, int,
 
 
 def health_of(t: telemetrain.Telemetry) -> dict[str, Any]:
-    (s,) = [s for s in t.health()["sinks"] if s["sink"] == "mlflow"]
+    sinks: list[dict[str, Any]] = t.health()["sinks"]
+    (s,) = [s for s in sinks if s["sink"] == "mlflow"]
     return s
 
 

@@ -39,7 +39,7 @@ from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
 PROMETHEUS = shutil.which("prometheus") or ("/usr/bin/prometheus" if os.path.exists("/usr/bin/prometheus") else None)
 WAIT_S = 30.0
 OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # local servers: never through a proxy
-IDENTITY = {"run_id": "run-a", "session_tag": "sess-a", "perf_tag": "bs32", "rank": 0, "local_rank": 0}
+IDENTITY: dict[str, Any] = {"run_id": "run-a", "session_tag": "sess-a", "perf_tag": "bs32", "rank": 0, "local_rank": 0}
 
 
 def free_port() -> int:
@@ -179,7 +179,7 @@ def test_bad_arguments_raise_at_once() -> None:
     with pytest.raises(ValueError, match="local_rank"):
         PrometheusSink(local_rank=-1)
     with pytest.raises(TypeError, match="addr"):
-        PrometheusSink(port=0, addr="")  # type: ignore[arg-type]
+        PrometheusSink(port=0, addr="")
     with pytest.raises(ValueError, match="max_series"):
         PrometheusSink(port=0, max_series=0)
 
@@ -317,7 +317,7 @@ def test_a_scrape_sees_whole_batches() -> None:
 
     thread = threading.Thread(target=writer)
     thread.start()
-    seen = set()
+    seen: set[float] = set()
     try:
         deadline = time.monotonic() + 10
         while len(seen) < 20 and time.monotonic() < deadline:

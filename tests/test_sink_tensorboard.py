@@ -15,10 +15,10 @@ import pytest
 
 pytest.importorskip("tensorboard")
 
-from tensorboard.backend.event_processing import event_accumulator
-from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
-from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2
-from tensorboard.util import tensor_util
+from tensorboard.backend.event_processing import event_accumulator  # type: ignore[import-untyped]
+from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator  # type: ignore[import-untyped]
+from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2  # type: ignore[import-untyped]
+from tensorboard.util import tensor_util  # type: ignore[import-untyped]
 
 import telemetrain
 from conftest import run_dir_of
@@ -46,9 +46,9 @@ def scalars(directory: Path) -> dict[str, list[tuple[int, float, float]]]:
 def hparams_dashboard(logdir: Path) -> list[Any]:
     """The session groups TensorBoard's HParams dashboard shows for ``logdir``: the plugin's own request handlers
     (GetExperiment, then ListSessionGroups with every hparam and metric as a column) over a data provider."""
-    from tensorboard import context
+    from tensorboard import context  # type: ignore[import-untyped]
     from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
-    from tensorboard.plugins import base_plugin
+    from tensorboard.plugins import base_plugin  # type: ignore[import-untyped]
     from tensorboard.plugins.hparams import backend_context, get_experiment, list_session_groups
 
     mux = plugin_event_multiplexer.EventMultiplexer()
@@ -133,7 +133,7 @@ def test_every_scalar_reads_back_with_its_step_value_and_wall_time(tmp_path: Pat
     assert [s for s, _, _ in got["system/system.cpu.utilization"]] == [80, 80, 80, 149]  # the global step
     assert [v for _, v, _ in got["system/gpu.0/hw.gpu.utilization"]] == [0.125, 0.25, 0.375]
     assert [v for _, v, _ in got["system/system.disk.io.read"]] == [10] and "system/system.disk.io" not in got
-    assert got["training/train.phase.duration/forward"][0][:2] == (99, pytest.approx(0.02))
+    assert got["training/train.phase.duration/forward"][0][:2] == (99, pytest.approx(0.02))  # type: ignore[comparison-overlap]
     assert got["val_loss"][0][:2] == (99, 0.5) and [s for s, _, _ in got["latency/mean"]] == [99, 99]
     assert not any(tag.startswith("training_metrics_update/") for tag in got)  # one tag per series: no copies
 
@@ -238,7 +238,7 @@ def test_two_processes_of_a_run_get_their_own_directories(tmp_path: Path) -> Non
 
 
 def test_records_are_framed_byte_for_byte_as_tensorboards_record_writer() -> None:
-    from tensorboard.summary.writer.record_writer import RecordWriter
+    from tensorboard.summary.writer.record_writer import RecordWriter  # type: ignore[import-untyped]
 
     from telemetrain.sinks import tensorboard as tb
 
