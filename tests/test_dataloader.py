@@ -17,7 +17,7 @@ from telemetrain.store import open_run
 torch = pytest.importorskip("torch", reason="torch is needed for a real DataLoader")
 
 
-class RecordingDataset(torch.utils.data.Dataset):  # type: ignore[misc]
+class RecordingDataset(torch.utils.data.Dataset):  # type: ignore[misc, name-defined]  # (a base from pytest.importorskip's module object: Any to mypy)
     """Each item fetched is recorded where it was fetched, with the pid that fetched it."""
 
     def __init__(self, n: int) -> None:

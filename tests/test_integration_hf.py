@@ -44,7 +44,7 @@ def _offline_and_no_current_span(monkeypatch: pytest.MonkeyPatch) -> Iterator[No
     _current.reset(token)
 
 
-class Tokens(torch.utils.data.Dataset):  # type: ignore[misc]
+class Tokens(torch.utils.data.Dataset):  # type: ignore[misc, name-defined]  # (a base from pytest.importorskip's module object: Any to mypy)
     """``n`` fixed random token sequences; each is its own label (causal LM)."""
 
     def __init__(self, n: int, seed: int = 0) -> None:
@@ -58,7 +58,7 @@ class Tokens(torch.utils.data.Dataset):  # type: ignore[misc]
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
-class FlakyGPT2(transformers.GPT2LMHeadModel):  # type: ignore[misc]
+class FlakyGPT2(transformers.GPT2LMHeadModel):  # type: ignore[misc, name-defined]  # (a base from pytest.importorskip's module object: Any to mypy)
     """A GPT-2 whose forward raises on its ``fail_on_call``-th call (None: never)."""
 
     fail_on_call: int | None = None

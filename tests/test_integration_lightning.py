@@ -21,6 +21,7 @@ torch = pytest.importorskip("torch")
 
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 from lightning.pytorch.plugins.io import AsyncCheckpointIO  # noqa: E402
+from torch import Tensor  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import telemetrain  # noqa: E402
@@ -36,7 +37,7 @@ EPOCHS, BATCH, ACCUMULATE, TRAIN_SAMPLES, VAL_SAMPLES = 2, 2, 2, 16, 4
 STEPS_PER_EPOCH = TRAIN_SAMPLES // BATCH // ACCUMULATE
 
 
-class Tiny(pl.LightningModule):
+class Tiny(pl.LightningModule):  # type: ignore[misc, name-defined]  # (a base from pytest.importorskip's module object: Any to mypy)
     """A linear regression; ``fail_at_step``: training_step raises at that global step."""
 
     def __init__(self, fail_at_step: int | None = None) -> None:
@@ -61,7 +62,7 @@ class Tiny(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-def loader(n: int, seed: int = 0) -> DataLoader:
+def loader(n: int, seed: int = 0) -> DataLoader[tuple[Tensor, ...]]:
     g = torch.Generator().manual_seed(seed)
     return DataLoader(TensorDataset(torch.randn(n, 4, generator=g), torch.randn(n, 1, generator=g)), batch_size=BATCH)
 

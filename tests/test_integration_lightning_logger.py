@@ -13,6 +13,7 @@ import pytest
 pl = pytest.importorskip("lightning.pytorch")
 torch = pytest.importorskip("torch")
 
+from torch import Tensor  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import telemetrain  # noqa: E402
@@ -28,7 +29,7 @@ EPOCHS, BATCH, TRAIN_SAMPLES, VAL_SAMPLES = 2, 4, 16, 8
 STEPS = EPOCHS * TRAIN_SAMPLES // BATCH
 
 
-class Logged(pl.LightningModule):
+class Logged(pl.LightningModule):  # type: ignore[misc, name-defined]  # (a base from pytest.importorskip's module object: Any to mypy)
     """A linear regression that logs what users log: a loss per step, a validation loss and accuracy per epoch, and
     its hyperparameters."""
 
@@ -55,7 +56,7 @@ class Logged(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
 
 
-def _loader(n: int, seed: int) -> DataLoader:
+def _loader(n: int, seed: int) -> DataLoader[tuple[Tensor, ...]]:
     g = torch.Generator().manual_seed(seed)
     return DataLoader(TensorDataset(torch.randn(n, 4, generator=g), torch.randn(n, 1, generator=g)), batch_size=BATCH)
 
@@ -84,7 +85,7 @@ def test_a_real_lightning_logger() -> None:
         lightning_logger.logger_class("keras")
     with pytest.raises(TypeError, match="telemetry"):
         lightning_logger.TelemetrainLogger(telemetry="nope")
-    logger.experiment.close()
+    logger.experiment.close()  # type: ignore[attr-defined]  # (the type() check above narrowed it to object)
 
 
 def test_self_log_and_save_hyperparameters_reach_the_store_and_the_report(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ pl = pytest.importorskip("lightning.pytorch")
 torch = pytest.importorskip("torch")
 
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
+from torch import Tensor  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import telemetrain  # noqa: E402
@@ -31,7 +32,7 @@ pytestmark = [pytest.mark.filterwarnings("ignore:.*LeafSpec"), pytest.mark.filte
               pytest.mark.filterwarnings("ignore:.*(num_workers|does not have many workers)")]
 
 
-class Tiny(pl.LightningModule):
+class Tiny(pl.LightningModule):  # type: ignore[misc, name-defined]  # (a base from pytest.importorskip's module object: Any to mypy)
     def __init__(self) -> None:
         super().__init__()
         self.layer = torch.nn.Linear(4, 1)
@@ -47,7 +48,7 @@ class Tiny(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-def _loader(n: int) -> DataLoader:
+def _loader(n: int) -> DataLoader[tuple[Tensor, ...]]:
     g = torch.Generator().manual_seed(0)
     return DataLoader(TensorDataset(torch.randn(n, 4, generator=g), torch.randn(n, 1, generator=g)), batch_size=2)
 
@@ -68,7 +69,7 @@ def test_the_trainer_subclass_adds_the_callback_and_patches_nothing(tmp_path: Pa
     assert not hasattr(pl.Trainer, "nv_one_logger_callback")  # Lightning's class is not touched
     assert any(isinstance(c, ModelCheckpoint) for c in trainer.callbacks)
     with pytest.raises(TypeError, match="trainer_config"):
-        lt.OneLoggerPTLTrainer(trainer_config=[("max_epochs", 1)])  # type: ignore[arg-type]
+        lt.OneLoggerPTLTrainer(trainer_config=[("max_epochs", 1)])
 
 
 def test_a_configured_provider_receives_the_run(provider: TrainingTelemetryProvider, tmp_path: Path,
