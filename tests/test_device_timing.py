@@ -63,7 +63,8 @@ def _updates(read_run: Callable[..., Any], t: Telemetry) -> list[dict[str, Any]]
 def _sum(updates: list[dict[str, Any]], key: str) -> float:
     """Sum over windows of a per-iteration average x the window's device-timed iterations (windows may split the
     iterations differently: the collector thread resolves some before a report asks)."""
-    return sum(u.get(key, 0.0) * u["device_timed_iterations"] for u in updates)
+    total: float = sum(u.get(key, 0.0) * u["device_timed_iterations"] for u in updates)
+    return total
 
 
 def _step(r: TrainingRecorder, sim: SimClock, fwd: int, bwd: int, opt: int, *, sync: bool = True) -> None:
@@ -181,7 +182,7 @@ def test_the_final_wait_is_bounded_when_the_device_never_finishes(
         sleeps.append(seconds)
         original(seconds)
 
-    dt._sleep = counted_sleep  # (restored by the fixture's monkeypatch)
+    dt._sleep = counted_sleep  # type: ignore[assignment]  # (time.sleep's stand-in; restored by the fixture's monkeypatch)
     for _ in range(3):
         _step(r, sim, 1 * MS, 1 * MS, 1 * MS)
     r.on_training_single_iteration_start()
@@ -352,9 +353,9 @@ def test_config_checks_device_timing_and_gpu_energy() -> None:
 def test_span_device_flag_keeps_a_device_attribute_as_before(telemetry: Telemetry,
                                                               read_run: Callable[..., Any]) -> None:
     """``device=True`` is the flag; any other value is an attribute named device, as before the flag existed."""
-    with span("copy", device="cuda:0") as s:
+    with span("copy", device="cuda:0") as s:  # type: ignore[arg-type]  # (annotated bool: the flag)
         assert type(s) is span
-    with tracer(telemetry).span("copy2", device="cuda:1") as s2:
+    with tracer(telemetry).span("copy2", device="cuda:1") as s2:  # type: ignore[arg-type]
         pass
     ends = {e.name: e for e in read_run(telemetry, "span_start")}
     assert s.start_attributes == {"device": "cuda:0"} and s2.start_attributes == {"device": "cuda:1"}
@@ -443,7 +444,7 @@ def test_device_timing_every_times_one_iteration_in_n(telemetry: Telemetry, read
     assert info["every"] == 3
     for bad in (0, 1.5, True, "8", "always", None):
         with pytest.raises(ValueError, match="device_timing_every"):
-            TrainingTelemetryConfig(global_batch_size_or_fn=1, device_timing_every=bad)
+            TrainingTelemetryConfig(global_batch_size_or_fn=1, device_timing_every=bad)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("report_every", "every"), [(1000, 8), (50, 8), (3, 3), (1, 1)])

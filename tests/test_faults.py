@@ -26,6 +26,7 @@ import pytest
 
 from conftest import ListSink, helper_env, run_dir_of
 from telemetrain import FailurePolicy, Identity, StatWindow, Telemetry, TelemetryWarning, identity_from_env
+from telemetrain.dispatch import BackgroundRunner
 from telemetrain.sinks import RunStoreSink, Sink
 from telemetrain.store import open_run, run_dir
 
@@ -53,7 +54,8 @@ def _run_path(root: Path, run_id: str) -> Path:
 
 
 def _stats(t: Telemetry, name: str) -> dict[str, Any]:
-    [stats] = [s for s in t.health()["sinks"] if s["sink"] == name]
+    sinks: list[dict[str, Any]] = t.health()["sinks"]
+    [stats] = [s for s in sinks if s["sink"] == name]
     return stats
 
 
@@ -271,7 +273,9 @@ def test_failing_sink_is_contained_when_warnings_are_errors(tmp_path: Path, back
                 pytest.fail(f"a contained sink failure reached the caller: {exc!r}")
             stats = _stats(t, "failing")
             if background:
-                assert attachment.runner.running, "the sink's writer thread died of the warning"
+                runner = attachment.runner
+                assert isinstance(runner, BackgroundRunner)
+                assert runner.running, "the sink's writer thread died of the warning"
     finally:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", TelemetryWarning)
@@ -295,6 +299,8 @@ def test_blocked_sink_never_blocks_the_caller(tmp_path: Path) -> None:
     t.add_sink(collect)
     blocked = BlockingSink(gate)
     blocked_attachment = t.add_sink(blocked)
+    blocked_runner = blocked_attachment.runner
+    assert isinstance(blocked_runner, BackgroundRunner)
     try:
         errors: list[BaseException] = []
 
@@ -343,7 +349,7 @@ def test_blocked_sink_never_blocks_the_caller(tmp_path: Path) -> None:
             warnings.simplefilter("ignore", TelemetryWarning)  # the released sink reports its drops now
             gate.set()
             t.close(HANG_S)
-            _wait_until(lambda: not blocked_attachment.runner.running, what="the released writer thread to stop")
+            _wait_until(lambda: not blocked_runner.running, what="the released writer thread to stop")
 
 
 # -- 3. SIGTERM mid-stream -------------------------------------------------------------------------------------------

@@ -227,7 +227,7 @@ def test_raw_driver_marks_time_what_torch_marks_time() -> None:
     _matmuls(x, 1)
     side = torch.cuda.Stream()
     for stream in (torch.cuda.current_stream(), side):
-        took = {}
+        took: dict[bool, list[float]] = {}
         with torch.cuda.stream(stream):
             for clock in (raw, plain, raw, plain):  # interleaved: the clocks' turns see the same device
                 a, b = clock.event(), clock.event()

@@ -299,7 +299,12 @@ def test_remove_sink_does_not_block_other_producers(quiet: None) -> None:
     slow_runner = _runner(t, slow)
     stepped = threading.Event()
     remover = threading.Thread(target=t.remove_sink, args=(slow, HANG_S))
-    trainer = threading.Thread(target=lambda: (t.metric("loss", 1.0, "train"), stepped.set()))
+
+    def train() -> None:
+        t.metric("loss", 1.0, "train")
+        stepped.set()
+
+    trainer = threading.Thread(target=train)
     try:
         t.metric("x", 0, "slow")
         t.metric("loss", 0.5, "train")  # resolved and cached before the removal
@@ -390,7 +395,7 @@ def test_emit_of_a_bad_record_is_refused_and_never_costs_other_records(tmp_path:
             t.metric("good", i, "train")
         t.flush()
         health = t.health()
-        run_dir = t.run_dir
+        run_dir = run_dir_of(t)
     finally:
         t.close()
     good = sorted(r.value for r in open_run(run_dir).records("metric") if r.name == "good")
@@ -502,7 +507,12 @@ def test_fork_while_default_is_being_built_does_not_hang_the_child(monkeypatch: 
             code = 7
             try:
                 done = threading.Event()
-                threading.Thread(target=lambda: (metrics.put_metric("x", 1, "train"), done.set()), daemon=True).start()
+
+                def put() -> None:
+                    metrics.put_metric("x", 1, "train")
+                    done.set()
+
+                threading.Thread(target=put, daemon=True).start()
                 code = 0 if done.wait(5.0) else 7
             finally:
                 os._exit(code)
@@ -539,13 +549,13 @@ def test_a_report_computed_while_the_training_thread_submits_is_not_lost() -> No
 
     errors: list[BaseException] = []
     reporter = Reporter(lambda snap, values: None, errors.append)
-    reporter._pending.extend(object() for _ in range(200_000))  # (not Snapshots: only read, never computed)
+    reporter._pending.extend(object() for _ in range(200_000))  # type: ignore[misc]  # (not Snapshots: only read, never computed)
     snap = object.__new__(Snapshot)
     stop = threading.Event()
 
     def submitting() -> None:
         while not stop.is_set():
-            reporter._pending.append(object())
+            reporter._pending.append(object())  # type: ignore[arg-type]
             reporter._pending.popleft()
 
     thread = threading.Thread(target=submitting)

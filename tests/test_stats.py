@@ -22,7 +22,7 @@ import uuid
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -105,10 +105,10 @@ def _distribution(name: str, n: int, seed: int) -> list[float]:
     elif name == "mixed":
         x = rng.normal(0.0, 10.0, n)
     elif name == "integers":
-        return rng.integers(-500, 500, n).tolist()
+        return cast(list[float], rng.integers(-500, 500, n).tolist())  # (numpy types tolist() as Any)
     else:
         raise ValueError(name)
-    return x.tolist()
+    return cast(list[float], x.tolist())
 
 
 DISTRIBUTIONS = ["uniform", "lognormal", "bimodal", "outliers", "negative", "mixed", "integers"]
@@ -334,6 +334,7 @@ def test_exphistogram_from_dict_round_trip_and_rejects_malformed() -> None:
     h.record([-3.0, -0.5, 0.0, 0.0, 1e-3, 1.0, 2.0, 7.5, 1e6])
     back = ExpHistogram.from_dict(json.loads(json.dumps(h.to_dict())))
     assert back == h and back.count == 9 and back.zero_count == 2
+    bad: object
     for bad in (None, [], {"scale": "x"}, {"scale": 6, "zero_count": -1},
                 {"scale": 6, "positive": {"offset": 0, "counts": "ab"}},
                 {"scale": 6, "positive": {"offset": 1.5, "counts": [1]}},
@@ -361,6 +362,7 @@ def _otel_point(values: Sequence[float]) -> Any:
         data = reader.get_metrics_data()
     finally:
         provider.shutdown()
+    assert data is not None
     [resource_metrics] = data.resource_metrics
     [scope_metrics] = resource_metrics.scope_metrics
     [metric] = scope_metrics.metrics
@@ -764,8 +766,8 @@ def test_add_refuses_what_is_not_a_number(tmp_path: Path) -> None:
             stat.add(torch.tensor([2.0]))  # type: ignore[arg-type]
         assert stat.count == 0
         # numbers of other types are fine: numpy scalars, bools (as 0/1)
-        stat.add(np.float32(1.5))
-        stat.add(np.int64(2))
+        stat.add(np.float32(1.5))  # type: ignore[arg-type]  # (Stat.add is annotated float)
+        stat.add(np.int64(2))  # type: ignore[arg-type]
         stat.add(True)
         assert stat.count == 3
         stat.flush()
@@ -969,7 +971,7 @@ def test_time_decorators_sync_async_and_exceptions(tmp_path: Path) -> None:
         assert got["count"] == 4  # the failing calls were timed too
         assert got["min"] >= 10  # ms
         with pytest.raises(TypeError):
-            stat.time()(42)  # type: ignore[arg-type]
+            stat.time()(42)  # type: ignore[type-var]
 
 
 # -- 9. fork -----------------------------------------------------------------------------------------------------------
@@ -1067,7 +1069,7 @@ def test_dataloader_workers_report_their_own_windows(tmp_path: Path) -> None:
         for _ in range(5):
             fetched.add(-1000)  # pending in the parent while the workers fork
 
-        class Items(torch.utils.data.Dataset):  # type: ignore[misc]
+        class Items(torch.utils.data.Dataset):  # type: ignore[misc, name-defined]  # (a base from pytest.importorskip's module object: Any to mypy)
             def __len__(self) -> int:
                 return n
 

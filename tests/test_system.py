@@ -33,7 +33,7 @@ psutil = pytest.importorskip("psutil", reason="telemetrain.system needs psutil (
 
 from telemetrain import system  # noqa: E402 - after the skip: it needs psutil
 from telemetrain.cli import summarize  # noqa: E402
-from telemetrain.stats import registry  # noqa: E402
+from telemetrain.stats import Gauge, registry  # noqa: E402
 from telemetrain.system import Sampler, devices, names, units  # noqa: E402
 from telemetrain.system.nvml import NvmlSource  # noqa: E402
 
@@ -576,7 +576,7 @@ def test_samples_are_gauges_in_the_registry_without_extra_records(t: telemetrain
     s = Sampler(t, interval=3600, gpus=[]).start()
     assert s.first_sample.wait(30)
     gauge = registry(t).get("process.memory.usage")
-    assert gauge is not None and gauge.unit == "By" and gauge.group == "system"
+    assert isinstance(gauge, Gauge) and gauge.unit == "By" and gauge.group == "system"
     assert gauge.read() == s.latest()[("system", "process.memory.usage")]
     n = len(_metrics(t, "process.memory.usage"))
     assert t.flush() and len(_metrics(t, "process.memory.usage")) == n  # a flush adds no copies
@@ -782,7 +782,7 @@ def test_the_default_instance_starts_the_sampler_the_environment_asks_for(tmp_pa
     for flag in ("0.5", None):
         run_id = f"env-{flag}-{uuid.uuid4().hex[:8]}"
         extra = {"TELEMETRAIN_DIR": str(tmp_path)} | ({system.sampler.ENV: flag} if flag else {})
-        proc = subprocess.run([sys.executable, "-c", code], env=helper_env(run_id, SESSION, **extra),
+        proc = subprocess.run([sys.executable, "-c", code], env=helper_env(run_id, SESSION, pythonpath=None, **extra),
                               capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr
         records = open_run(tmp_path / SESSION / run_id).records()

@@ -332,7 +332,7 @@ def test_the_context_managers_are_decorators(telemetry: Telemetry, read_run: Cal
                          telemetry=telemetry)
     ctx = TrainingContexts(lambda: r)
 
-    @ctx.training_iteration()
+    @ctx.training_iteration()  # type: ignore[untyped-decorator]  # (TrainingContexts.training_iteration: -> Any)
     def step(k: int) -> int:
         assert r.current_span is not None and r.current_span.name == "training_single_iteration"
         return k * 2
@@ -910,7 +910,8 @@ def _end_callbacks_without_start(r: TrainingRecorder) -> None:
     r.on_app_end()
 
 
-MISUSE = {  # scenario: (driver, the error events expected: (callback, part of the message, context))
+# scenario: (driver, the error events expected: (callback, part of the message, context))
+MISUSE: dict[str, tuple[Callable[[TrainingRecorder], None], list[tuple[str, str, dict[str, Any]]]]] = {
     "iteration end without start": (_iteration_end_without_start, [
         ("on_training_single_iteration_end", "not started", {"span": "training_single_iteration"})]),
     "on_train_start twice": (_train_start_twice, [("on_train_start", "already open", {})]),
