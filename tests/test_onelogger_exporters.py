@@ -151,7 +151,7 @@ try:  # an exporter written for one-logger, against its own base class (which en
 except ImportError:  # pragma: no cover - the bench extra installs nv-one-logger
     Theirs: Any = None
 else:
-    class Theirs(OneLoggerExporter):  # type: ignore[no-redef]
+    class Theirs(OneLoggerExporter):  # type: ignore[no-redef, misc]
         def __init__(self) -> None:
             self.seen: list[tuple[str, str]] = []
 

@@ -161,7 +161,7 @@ def test_one_logger_model_objects() -> None:
     with pytest.raises(TypeError, match="'bad'"):
         Attributes({"bad": {"a": "dict"}})  # type: ignore[dict-item]
     with pytest.raises(TypeError, match="one primitive type"):
-        Attribute("mixed", [1, "a"])  # type: ignore[list-item]
+        Attribute("mixed", [1, "a"])
     loop = TrainingLoopAttributes.create(train_iterations_start=3, train_samples_start=96)
     assert loop.train_iterations_start == 3 and loop.train_iterations_target is None
     with pytest.raises(OneLoggerError, match="must be an integer"):

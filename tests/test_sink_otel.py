@@ -6,7 +6,7 @@ import subprocess
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -123,7 +123,7 @@ def test_ids_parents_times_and_attributes_equal_the_run_store(otel: Otel) -> Non
     fwd_attrs = dict(spans["model_forward"].attributes or {})
     assert fwd_attrs["micro"] == 1 and fwd_attrs["tokens"] == 4096
     loop_attrs = dict(spans["training_loop"].attributes or {})
-    assert loop_attrs["epochs"] == 2 and tuple(loop_attrs["tags"]) == ("a", "b")
+    assert loop_attrs["epochs"] == 2 and tuple(cast(Sequence[str], loop_attrs["tags"])) == ("a", "b")
     assert loop_attrs["cfg"] == repr({"lr": 0.1}) and loop_attrs["big"] == str(2**70)
     assert dict(spans["application"].attributes or {})["job"] == "demo"
 
