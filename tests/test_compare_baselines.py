@@ -85,7 +85,7 @@ class Page(HTMLParser):
             self.tables += 1
         elif tag == "svg" and a.get("class") in ("ci", "axis"):
             self._in = a["class"]
-            (self.bars if self._in == "ci" else self.axes).append([])  # type: ignore[arg-type]
+            (self.bars if self._in == "ci" else self.axes).append([])
             if self._in == "ci":
                 self.bars[-1].append(("svg", a))
         elif tag == "g" and a.get("class") == "run":

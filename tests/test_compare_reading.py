@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -199,7 +200,8 @@ def test_run_sums_of_groups_with_different_iterations_and_missing_values() -> No
     from telemetrain.analysis.samples_sums import RunSums
     from telemetrain.store.engine import Engine
 
-    groups = [  # (iteration, share, a, b): one window each
+    # (iteration, share, a, b): one window each
+    groups: list[list[tuple[int, float | None, float | None, float | None]]] = [
         [(1, 0.1, 1.5, None), (2, 0.0, 2.25, None), (3, None, 0.125, None)],
         [(2, 0.3, 3.0, 7.0), (3, 0.2, None, 5.5), (4, 0.05, 1e-3, 2.0)],
         [(3, 0.0, 0.5, 1.25), (5, None, 4.0, None)],
@@ -220,7 +222,7 @@ def test_run_sums_of_groups_with_different_iterations_and_missing_values() -> No
                     at = [r for rows in groups for r in rows if r[0] == it and r[2 + k] is not None]
                     if not at:
                         continue
-                    mean = statistics.fmean(r[2 + k] for r in at)
+                    mean = statistics.fmean(cast(float, r[2 + k]) for r in at)  # (not None: filtered above)
                     if busy_free:
                         mean *= 1.0 - min(max(r[1] or 0.0 for r in at), 0.999)
                     expected.append(mean)

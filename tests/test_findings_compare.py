@@ -10,12 +10,20 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from telemetrain import Telemetry, cli, identity_from_env
 from telemetrain.analysis import compare_runs
-from telemetrain.analysis.compare import INCONCLUSIVE, NO_CHANGE, ONE_VALUE, REGRESSION, compare_samples
+from telemetrain.analysis.compare import (
+    INCONCLUSIVE,
+    NO_CHANGE,
+    ONE_VALUE,
+    REGRESSION,
+    CandidateComparison,
+    compare_samples,
+)
 from telemetrain.analysis.compare_html import comparison_html
 from telemetrain.analysis.compare_text import format_comparison
 from telemetrain.analysis.findings.noise import Contention, explained_factor, history_min_effect, steal_factor
@@ -47,12 +55,12 @@ def samples(name: str, *, scale: float = 1.0, wait: float | None = None, ranks: 
                       contention=contention or {}, cpu_count=2, goodput=goodput)
 
 
-def fast(candidate: RunSamples, baseline: RunSamples, **kwargs: object) -> object:
-    return compare_samples(candidate, baseline, resamples=400, **kwargs)  # type: ignore[arg-type]
+def fast(candidate: RunSamples, baseline: RunSamples, **kwargs: Any) -> CandidateComparison:
+    return compare_samples(candidate, baseline, resamples=400, **kwargs)
 
 
-def verdicts(c: object) -> dict[str, str]:
-    return {m.label: m.verdict for m in c.metrics}  # type: ignore[attr-defined]
+def verdicts(c: CandidateComparison) -> dict[str, str]:
+    return {m.label: m.verdict for m in c.metrics}
 
 
 def test_a_slower_run_on_a_busier_machine_is_inconclusive_not_a_regression() -> None:
@@ -110,13 +118,13 @@ def test_on_a_quiet_machine_a_small_regression_is_a_regression() -> None:
 def test_a_verdict_on_short_runs_says_they_are_one_draw_of_the_machine() -> None:
     # 40 windows of 10 iterations of ~0.1 s: 40 s of training, under a minute
     short = fast(samples("c", scale=1.12, wait=0.0), samples("base", wait=0.0))
-    (note,) = [n for n in short.notes if "one draw of the machine" in n]  # type: ignore[attr-defined]
+    (note,) = [n for n in short.notes if "one draw of the machine" in n]
     assert note.startswith("the shorter run trained 40 s")
     long = fast(samples("c", scale=1.12, wait=0.0, windows=200), samples("base", wait=0.0, windows=200))
     assert verdicts(long)["iteration time"] == REGRESSION
-    assert not [n for n in long.notes if "one draw" in n]  # type: ignore[attr-defined]
+    assert not [n for n in long.notes if "one draw" in n]
     same = fast(samples("c", wait=0.0, seed=1), samples("base", wait=0.0))  # nothing significant: nothing to doubt
-    assert not same.regressions and not [n for n in same.notes if "one draw" in n]  # type: ignore[attr-defined]
+    assert not same.regressions and not [n for n in same.notes if "one draw" in n]
 
 
 def test_earlier_runs_set_the_effect_a_change_needs() -> None:
@@ -156,8 +164,8 @@ def test_a_few_spans_cannot_make_a_regression() -> None:
     # 3 validation loops against 3, each loop twice as long: a rank-sum test of 3 against 3 cannot reach p < 0.05
     # (every value above every other gives 0.1), so the row is "insufficient data", never a regression
     three = fast(samples("c", saves=[0.40, 0.44, 0.42]), samples("b", saves=[0.20, 0.21, 0.22]))
-    row = three.metric("checkpoint_save")  # type: ignore[attr-defined]
-    assert row.verdict == "insufficient data" and "too few" in row.note
+    row = three.metric("checkpoint_save")
+    assert row is not None and row.verdict == "insufficient data" and "too few" in row.note
     # the same doubling over 12 saves a side is one; 12 against 12 interleaved is not
     many = fast(samples("c", saves=[0.40 + i / 1000 for i in range(12)]), samples("b", saves=[0.20] * 12))
     assert verdicts(many)["checkpoint save"] == REGRESSION
@@ -166,8 +174,8 @@ def test_a_few_spans_cannot_make_a_regression() -> None:
     # 12 saves of 3 ms against 12 of 3.3 ms, every one slower: significant, but 0.3 ms against the 3.3 s of training
     # between two saves (40 windows x 10 iterations x 100 ms / 12) is not 3% of it: what clean runs differ by
     tiny = fast(samples("c", saves=[0.0033 + i * 1e-6 for i in range(12)]), samples("b", saves=[0.0030] * 12))
-    row = tiny.metric("checkpoint_save")  # type: ignore[attr-defined]
-    assert row.ci_low > 1.03 and row.verdict == NO_CHANGE and "training time between" in row.note
+    row = tiny.metric("checkpoint_save")
+    assert row is not None and row.ci_low > 1.03 and row.verdict == NO_CHANGE and "training time between" in row.note
 
 
 def test_a_small_phase_must_add_a_share_of_the_step_to_be_a_regression() -> None:
@@ -178,9 +186,9 @@ def test_a_small_phase_must_add_a_share_of_the_step_to_be_a_regression() -> None
 
     base = samples("b", cv=0.01)
     small = fast(loader(1.2), base)
-    row = small.metric("dataloader")  # type: ignore[attr-defined]
-    assert row.ci_low > 1.03 and row.verdict == NO_CHANGE and "of the iteration time" in row.note
-    assert small.metric("dataloader", rank=0).verdict == NO_CHANGE  # type: ignore[attr-defined]
+    row = small.metric("dataloader")
+    assert row is not None and row.ci_low > 1.03 and row.verdict == NO_CHANGE and "of the iteration time" in row.note
+    assert small.metric("dataloader", rank=0).verdict == NO_CHANGE  # type: ignore[union-attr]
     assert verdicts(fast(loader(1.6), base))["dataloader phase"] == REGRESSION
 
 

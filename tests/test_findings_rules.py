@@ -104,7 +104,8 @@ def test_a_mid_run_slowdown_is_named_once_with_its_step_and_phases() -> None:
     (f,) = analyse(data).findings
     assert f.kind == "slowdown" and f.title == "slowdown: 2.00x from step 300"
     assert "on every rank (job-wide)" in f.detail and "spread over phases" in f.detail
-    assert f.evidence is not None and f.evidence.steps == (300, 599) and f.evidence.confidence > 0.999
+    assert f.evidence is not None and f.evidence.steps == (300, 599)
+    assert f.evidence.confidence is not None and f.evidence.confidence > 0.999
     assert f.evidence.effect == pytest.approx(2.0, rel=0.05) and f.evidence.ranks == (0, 1, 2, 3)
 
 
@@ -216,7 +217,8 @@ def test_ranks_sharing_cores_a_job_computing_twice_as_much_is_a_slowdown() -> No
     steady = {k: 0.8 for k in range(60)}
     slower = measured(windows(ranks=4, scale={k: 2.0 for k in range(30, 60)}, wait=steady))
     (f,) = analyse(FindingsInput(windows=slower)).findings
-    assert f.kind == "slowdown" and f.evidence is not None and f.evidence.steps[0] == 300
+    assert f.kind == "slowdown" and f.evidence is not None and f.evidence.steps is not None
+    assert f.evidence.steps[0] == 300
     assert "the CPU work per iteration" in f.evidence.test and "computes more" in f.detail
     assert analyse(FindingsInput(windows=measured(windows(ranks=4, wait=steady)))).findings == ()  # no change
 
@@ -291,7 +293,8 @@ def test_one_rank_slow_in_one_phase_twice_far_apart_is_one_finding() -> None:
     ws = [s if 10 <= s.step // 10 < 20 or 380 <= s.step // 10 < 390 else p for s, p in zip(slow, plain, strict=True)]
     (f,) = [f for f in analyse(FindingsInput(windows=ws)).findings if f.kind == "straggler"]
     assert f.title == "straggler: rank 1 (dataloader)" and f.evidence is not None
-    assert f.evidence.steps == (100, 3899) and f.evidence.windows == 20 and f.evidence.confidence > 0.99
+    assert f.evidence.steps == (100, 3899) and f.evidence.windows == 20
+    assert f.evidence.confidence is not None and f.evidence.confidence > 0.99
     assert "in 20 of 20 windows (its episodes 360 window(s) apart, those not counted)" in f.detail
 
 
@@ -303,7 +306,7 @@ def test_a_straggler_from_mid_run_explains_the_job_slowdown_in_one_finding() -> 
         for w in windows(ranks=4, steps=30, seed=4, rank_phase=slow)]
     (f,) = analyse(FindingsInput(windows=ws)).findings
     assert f.title == "straggler: rank 2 (forward)" and "it made the whole job slower" in f.detail
-    assert f.evidence is not None and f.evidence.steps[0] == 300
+    assert f.evidence is not None and f.evidence.steps is not None and f.evidence.steps[0] == 300
 
 
 def test_a_rank_descheduled_by_a_busy_machine_is_not_a_straggler() -> None:
@@ -473,7 +476,8 @@ def test_a_loss_spike_is_named_with_its_step_once_across_ranks() -> None:
     series = [ValueSeries("train.loss", "loss", r, loss_curve(seed=r, spike={250: 8.0})) for r in range(4)]
     (f,) = analyse(FindingsInput(values=series)).findings
     assert f.title == "loss spike: train.loss at step 250" and f.evidence is not None
-    assert f.evidence.ranks == (0, 1, 2, 3) and f.evidence.effect > 4 and f.evidence.confidence > 0.99
+    assert f.evidence.ranks == (0, 1, 2, 3) and f.evidence.effect is not None and f.evidence.effect > 4
+    assert f.evidence.confidence is not None and f.evidence.confidence > 0.99
 
 
 def test_non_finite_values_are_named_per_metric() -> None:
@@ -502,7 +506,7 @@ def test_thresholds_are_checked() -> None:
     for kwargs in ({"slowdown_effect": 1.0}, {"straggler_alpha": 0}, {"straggler_patience": 0},
                    {"changepoint_penalty": -1}, {"straggler_gap": -1}):
         with pytest.raises(ValueError, match=next(iter(kwargs))):
-            Thresholds(**kwargs)  # type: ignore[arg-type]
+            Thresholds(**kwargs)
     with pytest.raises(TypeError, match="thresholds"):
         analyse(FindingsInput(), thresholds="strict")  # type: ignore[arg-type]
 
@@ -530,15 +534,19 @@ def test_late_rank_attribution_sees_slow_compute_in_the_phase_holding_the_collec
 def test_stragglers_read_device_phase_times_when_the_windows_have_them() -> None:
     """On CUDA the host's phase times are kernel launches and the phase holding the sync takes the rest: rank 2's
     slow forward is invisible in them. The windows' device times (avg_<phase>_device_time_sec) name it, labelled."""
-    device, host = [], []
+    device: list[WindowPoint] = []
+    host: list[WindowPoint] = []
     for w in windows(ranks=4, rank_phase={(2, "forward"): 0.008}):
         a = {"current_iteration": w.step, "window_iterations": w.iterations, "avg_iteration_time_sec": w.iteration_time,
              **{f"avg_{p}_time_sec": 0.0005 for p in PHASES}}
         a["avg_optimizer_time_sec"] = w.iteration_time - 0.0015  # the sync (a loss.item()) waits there
-        host.append(window_point(w.rank, a, warmup=w.warmup))
-        device.append(window_point(w.rank, {**a, "avg_iteration_device_time_sec": w.iteration_time,
-                                            **{f"avg_{p}_device_time_sec": v for p, v in w.phases.items()}},
-                                   warmup=w.warmup))
+        on_host = window_point(w.rank, a, warmup=w.warmup)
+        on_device = window_point(w.rank, {**a, "avg_iteration_device_time_sec": w.iteration_time,
+                                          **{f"avg_{p}_device_time_sec": v for p, v in w.phases.items()}},
+                                 warmup=w.warmup)
+        assert on_host is not None and on_device is not None
+        host.append(on_host)
+        device.append(on_device)
     assert {w.phase_clock for w in host} == {"host"} and {w.phase_clock for w in device} == {"device"}
     assert kinds(FindingsInput(windows=host)) == []
     (f,) = analyse(FindingsInput(windows=device)).findings

@@ -8,12 +8,16 @@ from __future__ import annotations
 import math
 import random
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from telemetrain.analysis.findings import FindingsInput, InputBuilder, WindowPoint, analyse, window_point
 from telemetrain.analysis.findings import window_budget as wb
 from telemetrain.analysis.findings.window_budget import WindowStore, merge_windows, mergeable
+
+if TYPE_CHECKING:
+    from duckdb import DuckDBPyConnection
 
 PHASES = {"dataloader": 0.01, "forward": 0.03, "backward": 0.05, "optimizer": 0.01}
 
@@ -237,9 +241,11 @@ def test_a_planted_slowdown_and_straggler_are_found_on_merged_windows() -> None:
         found = {f.kind: f for f in analyse(FindingsInput(windows=data)).findings}
         assert set(found) == {"slowdown", "straggler"}, found
         slow, late = found["slowdown"], found["straggler"]
-        assert slow.evidence is not None and abs(slow.evidence.steps[0] - 25_000) <= 80
+        assert slow.evidence is not None and slow.evidence.steps is not None
+        assert abs(slow.evidence.steps[0] - 25_000) <= 80
         assert slow.evidence.effect == pytest.approx(1.6, rel=0.05)
         assert late.evidence is not None and late.evidence.ranks == (2,) and late.evidence.phase == "forward"
+        assert late.evidence.steps is not None
         assert abs(late.evidence.steps[0] - 10_000) <= 80 and abs(late.evidence.steps[1] - 16_000) <= 80
 
 
@@ -436,7 +442,7 @@ def test_the_level_of_regular_loops_follows_from_their_counts() -> None:
         assert WindowStore(budget, floor).regular_level(loops) == store.level, (trial, budget, floor, loops)
 
 
-def _sql_reports(loops: list[tuple[int, int, int, list[list[object]]]]) -> object:
+def _sql_reports(loops: list[tuple[int, int, int, list[list[object]]]]) -> DuckDBPyConnection:
     """A DuckDB table ``reps`` of reports (the engine's ``reports`` rows: events typed by ``store.report_rows``):
     loops as (rank, pid, start, values), values in ``WINDOW_POINT_KEYS``' order (None: no such attribute)."""
     duckdb = pytest.importorskip("duckdb")
@@ -446,9 +452,9 @@ def _sql_reports(loops: list[tuple[int, int, int, list[list[object]]]]) -> objec
     from telemetrain.store.columnar import COLUMNS, PARTITIONS
     from telemetrain.store.report_rows import report_rows_sql
 
-    con = duckdb.connect()
+    con: DuckDBPyConnection = duckdb.connect()
     con.execute("CREATE TABLE raw (" + ", ".join(f'"{n}" {t}' for n, t in COLUMNS["events"] + PARTITIONS) + ")")
-    rows = []
+    rows: list[tuple[int, int, int, int, int, str, str]] = []
     for rank, pid, _, reports in loops:
         for k, v in enumerate(reports):
             text = json.dumps({key: x for key, x in zip(WINDOW_POINT_KEYS, v, strict=True) if x is not None})
@@ -517,7 +523,7 @@ def test_windows_merged_by_sql_are_the_stores_to_the_last_bit() -> None:
                 builder.origin(0)
             elif trial % 3 == 1:
                 builder.seen(10**9 - 12_345)
-        ordered = con.execute(  # type: ignore[attr-defined]
+        ordered = con.execute(
             "SELECT rank, pid, wall_ns, attributes FROM raw ORDER BY rank, pid, segment, line")
         for rank, pid, wall, text in ordered.fetchall():
             python.window(rank, pid, wall, json.loads(text))  # the pure-Python reader's path

@@ -211,9 +211,9 @@ def test_the_slow_phase_and_the_slow_rank_are_located(session: tuple[Path, Path]
     assert any("live cross-rank detector reported it too" in n for n in late.evidence.notes)  # the planted events
     assert [rank for rank, _ in model.slow_ranks] == [SLOW_RANK]
     assert model.slow_ranks[0][1] == pytest.approx(SLOW_RANK_FACTOR, rel=0.1)
-    [slow] = model.slow_windows
-    assert (slow.rank, slow.iteration) == (0, 49)
-    assert slow.max == pytest.approx((sum(PHASE_MS.values()) + SLOW_ITERATION_MS) / 1e3, abs=1e-3)
+    [slow_window] = model.slow_windows
+    assert (slow_window.rank, slow_window.iteration) == (0, 49)
+    assert slow_window.max == pytest.approx((sum(PHASE_MS.values()) + SLOW_ITERATION_MS) / 1e3, abs=1e-3)
 
 
 def test_time_by_phase_adds_up_the_planted_phase_times(session: tuple[Path, Path]) -> None:
