@@ -147,8 +147,13 @@ def test_compactions_two_steps_give_the_general_paths_rows(tmp_path: Path, monke
         monkeypatch.setattr(convert, "ARROW_SPLIT_AFTER_BYTES", 0)
         monkeypatch.setattr(convert, "ARROW_SPLIT_MIN_BYTES", 0)
         real_split = convert.split_lines
-        used = []
-        monkeypatch.setattr(convert, "split_lines", lambda data: used.append(1) or real_split(data))
+        used: list[int] = []
+
+        def counted_split(data: bytes) -> Any:
+            used.append(1)
+            return real_split(data)
+
+        monkeypatch.setattr(convert, "split_lines", counted_split)
     else:
         monkeypatch.setattr(convert, "split_lines", lambda data: None)
     for way in ("two steps", "general"):

@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import pytest
@@ -150,7 +151,12 @@ def test_goodput_of_every_rank_is_the_same_by_sql(session: tuple[Path, Path], sp
         monkeypatch.setattr(goodput_sql, "SEGMENT_ROWS_AT_ONCE", 5)
     queries: list[str] = []
     execute = Engine.execute
-    monkeypatch.setattr(Engine, "execute", lambda self, q, p=None: queries.append(q) or execute(self, q, p))
+
+    def logged_execute(self: Engine, q: str, p: Any = None) -> Any:
+        queries.append(q)
+        return execute(self, q, p)
+
+    monkeypatch.setattr(Engine, "execute", logged_execute)
     sql = goodput_by_rank(session[0].parent)
     assert sorted(python) == sorted(sql) == [0, 1, 2, 3]
     for rank in python:
@@ -168,7 +174,7 @@ def _lifecycle_lines(rank: int, pid: int, spans: list[tuple[str, str, int | None
     """A process file's lines (of a run of 3 ranks): its header, then each span (name, id, start wall, end wall) as
     a start and an end line in the order of their walls (an end before its start when its wall is earlier: the
     tracer's late start); None: that line is not written."""
-    rows = []
+    rows: list[tuple[int, int, dict[str, Any], str, str]] = []
     for name, span_id, start, end in spans:
         if start is not None:
             rows.append((start, 0, {"kind": "span_start", "parent_id": "", "trace_id": "", "attributes": {}},
@@ -192,7 +198,7 @@ def test_goodput_bounds_are_the_exact_stamps(tmp_path: Path, monkeypatch: pytest
     second = 10**9
     iterations = [("training_single_iteration", f"it{i}", s + (10 + i) * second, s + (11 + i) * second)
                   for i in range(10)]
-    spans = {
+    spans: dict[int, list[tuple[str, str, int | None, int | None]]] = {
         0: [("application", "app", s, None), ("training_loop", "loop", s + 5 * second, None), *iterations,
             ("data_loading", "dl", s + 25 * second, None)],
         1: [("application", "app", s, s + 30 * second), *iterations, ("data_loading", "orphan", None, s + 40 * second)],
@@ -209,7 +215,12 @@ def test_goodput_bounds_are_the_exact_stamps(tmp_path: Path, monkeypatch: pytest
                  engine.rows(goodput_sql._exact_stamps_sql(where))}
         queries: list[str] = []
         execute = Engine.execute
-        monkeypatch.setattr(Engine, "execute", lambda self, q, p=None: queries.append(q) or execute(self, q, p))
+
+        def logged_execute(self: Engine, q: str, p: Any = None) -> Any:
+            queries.append(q)
+            return execute(self, q, p)
+
+        monkeypatch.setattr(Engine, "execute", logged_execute)
         bounds = goodput_sql._process_bounds(engine, where)
     assert bounds == exact
     assert exact[("s", "c", 1, 401)] == (s, s + 30 * second)  # (the orphan end is no stamp)
@@ -328,8 +339,10 @@ class warnings_as_errors:
         self._catch.__enter__()
         warnings.simplefilter("error", ColumnarWarning)
 
-    def __exit__(self, *exc: object) -> None:
-        self._catch.__exit__(*exc)
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._catch.__exit__(exc_type, exc, tb)
 
 
 def test_a_segments_line_ranges_cover_its_lines_once() -> None:
@@ -456,7 +469,8 @@ def test_windows_merged_at_scale_are_the_same_by_sql(tmp_path: Path, monkeypatch
         # the heatmap's rows went through a Parquet file per group in the engine's own directory, removed after
         assert not [f for f in os.listdir(engine.scratch) if f.startswith("report_heat")]
         assert not engine.rows("SELECT table_name FROM duckdb_tables() WHERE table_name LIKE 'report_%'")
-    assert sql.heatmap is not None and sql.heatmap.cells == python.heatmap.cells  # (python's: from every window)
+    assert sql.heatmap is not None and python.heatmap is not None
+    assert sql.heatmap.cells == python.heatmap.cells  # (python's: from every window)
     assert [len(python.windows[r]) for r in range(3)] == [834, 100, 100]  # ceil(2500 / 1000) = 3 per point
     assert python.window_counts == {0: 2500, 1: 1200, 2: 1200}
     python.processes = python.agents = sql.processes = sql.agents = []
@@ -730,7 +744,12 @@ def test_the_earliest_checkpoint_spans_keep_their_attributes_by_both_paths(tmp_p
         (run / f"rank-{rank}.{300 + rank}.jsonl").write_text("\n".join(lines) + "\n")
     decoded: list[str] = []
     decode = model_sql._attrs
-    monkeypatch.setattr(model_sql, "_attrs", lambda text: decoded.append(text) or decode(text))
+
+    def logged_decode(text: str) -> dict[str, Any]:
+        decoded.append(text)
+        return decode(text)
+
+    monkeypatch.setattr(model_sql, "_attrs", logged_decode)
     (python, _), (sql, _), read = _python_and_sql(run, monkeypatch)
     assert not read
     assert sum("current_iteration" in text for text in decoded if text) == 6  # the first 5 and the tie

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -15,9 +17,9 @@ from telemetrain.store.engine import Engine  # noqa: E402
 
 
 @pytest.fixture
-def engine() -> Engine:
+def engine() -> Iterator[Engine]:
     e = Engine([])
-    yield e  # type: ignore[misc]
+    yield e
     e.close()
 
 
@@ -32,7 +34,7 @@ def test_every_rank_asked_for_is_the_sorted_value(engine: Engine, seed: int, mon
     monkeypatch.setattr(quantiles_sql, "FETCH_AT_MOST", 50)  # several narrowing passes on small tables
     monkeypatch.setattr(quantiles_sql, "BUCKETS", 8)
     rng = random.Random(seed)
-    shapes = [
+    shapes: list[Callable[[], int]] = [
         lambda: rng.randint(0, 10 ** 10),  # spread
         lambda: rng.choice([5, 5, 5, 7, 10 ** 12]),  # heavy ties and an outlier
         lambda: rng.randint(-2 ** 63, 2 ** 63 - 1),  # the whole BIGINT range
@@ -53,7 +55,12 @@ def test_one_value_repeated_is_found_without_reading_the_rows(engine: Engine, mo
     source = _table(engine, [42] * 5000)
     calls: list[str] = []
     rows = engine.rows
-    monkeypatch.setattr(engine, "rows", lambda q, p=None: calls.append(q) or rows(q, p))
+
+    def logged_rows(q: str, p: Any = None) -> list[tuple[Any, ...]]:
+        calls.append(q)
+        return rows(q, p)
+
+    monkeypatch.setattr(engine, "rows", logged_rows)
     n = 5000 - len(range(3, 5000, 7))
     assert kth_smallest(engine, "d", source, [0, n // 2, n - 1]) == {0: 42, n // 2: 42, n - 1: 42}
     assert calls == []  # min = max: no histogram, no rows fetched

@@ -7,8 +7,12 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from duckdb import DuckDBPyConnection
 
 duckdb = pytest.importorskip("duckdb")
 
@@ -20,10 +24,10 @@ needs_jemalloc = pytest.mark.skipif(allocator.freed_held() is None,
                                            "wheels do): there is nothing to purge")
 
 
-def _free_a_hash_table(con: object) -> None:
+def _free_a_hash_table(con: DuckDBPyConnection) -> None:
     # a grouped aggregate over 2M distinct keys: its hash table (tens of MB) is freed when the query ends
     con.execute("SELECT count(*) FROM (SELECT i % 2000003 AS k, sum(i) FROM range(4000000) t(i) GROUP BY k)"
-                ).fetchall()  # type: ignore[attr-defined]
+                ).fetchall()
 
 
 @needs_jemalloc
@@ -132,7 +136,12 @@ def test_a_trim_hands_back_the_c_heaps_free_pages() -> None:
 @needs_glibc
 def test_the_engine_trims_before_each_of_its_queries(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int | None] = []
-    monkeypatch.setattr("telemetrain.store.engine.trim_freed", lambda past=None: calls.append(past) or False)
+
+    def trim_freed(past: int | None = None) -> bool:
+        calls.append(past)
+        return False
+
+    monkeypatch.setattr("telemetrain.store.engine.trim_freed", trim_freed)
     engine = Engine([])
     try:
         assert engine.scalar("SELECT 1") == 1
