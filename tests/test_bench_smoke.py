@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,7 +24,7 @@ BENCH_STATS = BENCH.with_name("bench_stats.py")
 
 def _quick_run(
     script: Path, tmp_path: Path, header: str, rows: Sequence[str], may_skip: tuple[str, ...]
-) -> tuple[str, dict]:
+) -> tuple[str, dict[str, Any]]:
     """Run ``script --quick --quiet --json`` from ``tmp_path`` (not from the checkout, so the script's sibling import
     must work from anywhere); check that it succeeds, prints the table ``header`` and every one of ``rows``, skips only
     the sections named in ``may_skip`` and writes finite medians. Returns stdout and the JSON results."""

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 import telemetrain
+import telemetrain.distributed
 from conftest import run_dir_of
 from telemetrain.distributed.stragglers import StragglerDetector, phases_of
 from telemetrain.sinks.console import ConsoleSink
@@ -242,7 +243,7 @@ def test_a_job_wide_slowdown_is_no_rank_s_straggler() -> None:
 def test_detector_arguments_are_checked() -> None:
     for kwargs in ({"relative_threshold": 1.0}, {"individual_threshold": "2"}, {"min_share": -1}, {"patience": 0}):
         with pytest.raises(ValueError, match=next(iter(kwargs))):
-            StragglerDetector(**kwargs)  # type: ignore[arg-type]
+            StragglerDetector(**kwargs)
     with pytest.raises(ValueError, match="every"):
         telemetrain.distributed.CrossRankAggregator(telemetrain.Telemetry(store=False), every=0)
     with pytest.raises(ValueError, match="record_on"):

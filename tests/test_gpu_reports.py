@@ -73,7 +73,7 @@ class Store:
         return self.t.run_dir
 
 
-def _device_phases(forward: float, backward: float, optimizer: float) -> dict[str, float]:
+def _device_phases(forward: float, backward: float, optimizer: float) -> dict[str, float | str]:
     """A GPU job's window: host phase times are launches, the optimizer's holds the sync; device times are real."""
     return {"avg_forward_time_sec": 0.002, "avg_backward_time_sec": 0.003,
             "avg_optimizer_time_sec": forward + backward + optimizer - 0.005,
