@@ -55,7 +55,7 @@ from ..training.reports import REPORT_SOURCES
 from .comm import add_failure_listener
 from .evidence import collective_state, dump_flight_recorder, open_spans, phase_state, thread_stacks
 from .watchdog_config import WatchdogConfig, parse_config
-from .watchdog_signals import FATAL_DIR as FATAL_DIR  # (a public name of this module before)
+from .watchdog_signals import FATAL_DIR as FATAL_DIR  # (still importable from here)
 from .watchdog_signals import WatchdogSignals
 
 __all__ = ["ENV", "StallWatchdog", "WatchdogConfig", "enable_from_env", "enable_watchdog", "parse_config"]

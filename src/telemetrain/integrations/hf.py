@@ -78,7 +78,7 @@ from ..training.config import TrainingTelemetryConfig, config_overrides
 from ..training.default import check_recorder_target, get_recorder
 from ..training.names import S
 from ..training.recorder import TrainingRecorder
-from .hf_eval_checkpoints import CHECKPOINT_PREFIX as CHECKPOINT_PREFIX  # (a public name of this module before)
+from .hf_eval_checkpoints import CHECKPOINT_PREFIX as CHECKPOINT_PREFIX  # (still importable from here)
 from .hf_eval_checkpoints import HFEvalCheckpointHooks
 
 __all__ = ["TelemetrainHFCallback"]
