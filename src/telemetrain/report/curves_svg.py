@@ -2,9 +2,9 @@
 
 One chart per metric: per line (one per rank where the ranks differ, else one) the raw values -- a thin line through
 each bucket's mean, shaded from the bucket's min to its max when a bucket holds several values -- and the smoothed
-line over it (``curve_scale.smooth``: a centered rolling median). Log y when the values span two decades; spikes above the
-robust range are red triangles at the top edge; NaN/inf values are black crosses at the bottom edge and a gap in the
-line. Several runs (``compare``) overlay on one chart, one colour per run.
+line over it (``curve_scale.smooth``: a centered rolling median). Log y when the values span two decades; spikes
+above the robust range are red triangles at the top edge; NaN/inf values are black crosses at the bottom edge and a
+gap in the line. Several runs (``compare``) overlay on one chart, one colour per run.
 """
 
 from __future__ import annotations
