@@ -4,31 +4,28 @@
 pipeline (run store, console, ...) and, for a destination other than ``"null"``, logs its JSON to the
 ``torchelastic-events-<destination>`` logger as torchelastic does. An unknown destination is warned about once and
 does not raise. Differences from torchelastic are listed in docs/compat.md.
-
-As in torch, the event types are in ``api`` and the logging destinations in ``handlers``; this module exports them.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from enum import Enum
 from itertools import count
-from typing import Any
+from typing import Any, Union
 
 from ..dispatch import is_interrupt, warn_safely
 from ..records import check_attribute_keys
 from ..telemetry import _default, get_telemetry
-from .api import Event, EventMetadataValue, EventSource, NodeState, RdzvEvent
-from .handlers import _events_loggers as _events_loggers  # (torchelastic's package has it too)
-from .handlers import _get_or_create_logger as _get_or_create_logger  # (and this)
-from .handlers import _log_handlers as _log_handlers  # the one table, also at events.handlers
-from .handlers import _log_to, get_logging_handler, register_logging_handler
 
 _monotonic_ns = time.monotonic_ns
 
@@ -49,6 +46,8 @@ __all__ = [
     "register_logging_handler",
 ]
 
+EventMetadataValue = Union[str, int, float, bool, None]  # noqa: UP007 - torchelastic's alias, kept as written
+
 ELASTIC_GROUP = "torchelastic"
 RDZV_GROUP = "torchelastic.rdzv"
 _id_prefix = f"{os.getpid():x}-{time.monotonic_ns() & 0xFFFFFF:06x}"
@@ -60,13 +59,225 @@ def _next_event_id() -> str:
 
 
 def _reset_ids_after_fork() -> None:
-    global _id_prefix, _id_counter
+    global _id_prefix, _id_counter, _lock
     _id_prefix = f"{os.getpid():x}-{time.monotonic_ns() & 0xFFFFFF:06x}"
     _id_counter = count(1)
+    _lock = threading.Lock()  # a fork while another thread held it must not leave the child stuck
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_ids_after_fork)
+
+
+class EventSource(str, Enum):
+    """Known identifiers of the event producers."""
+
+    AGENT = "AGENT"
+    WORKER = "WORKER"
+
+
+class NodeState(str, Enum):
+    """The states that a node can be in rendezvous."""
+
+    INIT = "INIT"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+
+
+@dataclass
+class Event:
+    """torchelastic's event, plus ``id`` (unique per process) and ``mono_ns`` (monotonic time, set at record time).
+
+    ``timestamp`` is milliseconds since the epoch; ``record`` sets it when the caller left it 0.
+    """
+
+    name: str
+    source: EventSource
+    timestamp: int = 0
+    metadata: dict[str, EventMetadataValue] = field(default_factory=dict)
+    id: str = field(default="", compare=False)
+    mono_ns: int = field(default=0, compare=False)
+
+    def __str__(self) -> str:
+        return self.serialize()
+
+    @staticmethod
+    def deserialize(data: str | Event) -> Event:
+        if isinstance(data, Event):
+            return data
+        if not isinstance(data, str):
+            raise TypeError(f"data must be a str or an Event, got {type(data).__name__}")
+        data_dict = json.loads(data)
+        data_dict["source"] = EventSource[data_dict["source"]]
+        return Event(**data_dict)
+
+    def serialize(self) -> str:
+        return json.dumps(asdict(self))
+
+
+@dataclass
+class RdzvEvent:
+    """A rendezvous event, as torchelastic's."""
+
+    name: str
+    run_id: str
+    message: str
+    hostname: str
+    pid: int
+    node_state: NodeState
+    master_endpoint: str = ""
+    rank: int | None = None
+    local_id: int | None = None
+    error_trace: str = ""
+
+    def __str__(self) -> str:
+        return self.serialize()
+
+    @staticmethod
+    def deserialize(data: str | RdzvEvent) -> RdzvEvent:
+        if isinstance(data, RdzvEvent):
+            return data
+        if not isinstance(data, str):
+            raise TypeError(f"data must be a str or an RdzvEvent, got {type(data).__name__}")
+        data_dict = json.loads(data)
+        data_dict["node_state"] = NodeState[data_dict["node_state"]]
+        return RdzvEvent(**data_dict)
+
+    def serialize(self) -> str:
+        return json.dumps(asdict(self))
+
+
+# -- destinations (torchelastic's logging handlers) ------------------------------------------------------------------
+
+_log_handlers: dict[str, logging.Handler] = {
+    "console": logging.StreamHandler(),
+    "dynamic_rendezvous": logging.NullHandler(),
+    "null": logging.NullHandler(),
+}
+_events_loggers: dict[str, logging.Logger] = {}
+_attached: dict[str, logging.Handler] = {}  # the handler we attached to each destination's logger
+_warned_destinations: set[str] = set()
+_lock = threading.Lock()
+
+
+def get_logging_handler(destination: str = "null") -> logging.Handler:
+    """The logging handler of a destination (``console``, ``dynamic_rendezvous``, ``null`` or registered)."""
+    try:
+        return _log_handlers[destination]
+    except KeyError:
+        raise KeyError(
+            f"unknown event destination {destination!r}; known: {', '.join(sorted(_log_handlers))} "
+            "(add one with register_logging_handler)"
+        ) from None
+
+
+def register_logging_handler(destination: str, handler: logging.Handler) -> None:
+    """Add or replace a destination. The logger of a destination already used is re-pointed too."""
+    if not isinstance(destination, str) or not destination:
+        raise TypeError("destination must be a non-empty str")
+    if not isinstance(handler, logging.Handler):
+        raise TypeError(f"handler must be a logging.Handler, got {type(handler).__name__}")
+    with _lock:
+        _log_handlers[destination] = handler
+        logger = _events_loggers.get(destination)
+        if logger is not None:
+            attached = _attached.pop(destination, None)
+            if attached is not None:
+                logger.removeHandler(attached)
+            _attached[destination] = _shared_builtin_handler(destination)
+            logger.addHandler(_attached[destination])
+
+
+_BUILTIN_HANDLERS = dict(_log_handlers)
+
+
+def _torch_handler(destination: str) -> logging.Handler | None:
+    """torchelastic's own handler object for a destination, if its events module is loaded."""
+    torch_handlers = sys.modules.get("torch.distributed.elastic.events.handlers")
+    theirs = getattr(torch_handlers, "_log_handlers", {}).get(destination) if torch_handlers is not None else None
+    return theirs if isinstance(theirs, logging.Handler) else None
+
+
+class _YieldToTorch(logging.Handler):
+    """Our built-in handler on the logger torchelastic shares with us (``torchelastic-events-<destination>``): if
+    torchelastic attaches its own handler there too (its module imported after we logged), ours stands aside, so
+    each event, theirs and ours, is printed once."""
+
+    def __init__(self, destination: str, inner: logging.Handler) -> None:
+        super().__init__()
+        self.destination = destination
+        self.inner = inner
+
+    def handle(self, record: logging.LogRecord) -> bool:
+        theirs = _torch_handler(self.destination)
+        logger = _events_loggers.get(self.destination)
+        if theirs is not None and logger is not None and theirs in logger.handlers:
+            return False
+        return bool(self.inner.handle(record))
+
+    def emit(self, record: logging.LogRecord) -> None:  # handle() above does the work
+        self.inner.emit(record)
+
+
+def _shared_builtin_handler(destination: str) -> logging.Handler:
+    """The handler to attach for a destination: torchelastic's own object for a built-in destination when its
+    module is loaded (so the shared logger has one), else ours (standing aside if torchelastic comes later)."""
+    handler = get_logging_handler(destination)
+    if handler is not _BUILTIN_HANDLERS.get(destination):
+        return handler  # registered by the user: theirs to keep
+    theirs = _torch_handler(destination)
+    return theirs if theirs is not None else _YieldToTorch(destination, handler)
+
+
+def _get_or_create_logger(destination: str = "null") -> logging.Logger:
+    logger = _events_loggers.get(destination)
+    if logger is not None:
+        return logger
+    with _lock:
+        logger = _events_loggers.get(destination)
+        if logger is None:
+            handler = _attached[destination] = _shared_builtin_handler(destination)
+            logger = logging.getLogger(f"torchelastic-events-{destination}")
+            logger.setLevel(os.environ.get("LOGLEVEL", "INFO"))
+            logger.propagate = False
+            logger.addHandler(handler)
+            _events_loggers[destination] = logger
+    return logger
+
+
+def _elastic_json(event: Any) -> str:
+    """What torchelastic logs: its own four keys for an Event (so its ``Event.deserialize`` reads our lines), the
+    event's own ``serialize()`` otherwise."""
+    if isinstance(event, Event):
+        source = getattr(event.source, "_value_", event.source)
+        return json.dumps(
+            {"name": event.name, "source": source, "timestamp": event.timestamp, "metadata": event.metadata}
+        )
+    return str(event.serialize())
+
+
+def _log_to(destination: str, event: Any) -> None:
+    """Log the event's JSON to a destination, unless it is null. Never raises."""
+    handler = _log_handlers.get(destination)
+    if handler is None:
+        if destination not in _warned_destinations:
+            _warned_destinations.add(destination)
+            warn_safely(
+                f"telemetrain.events: unknown destination {destination!r}; the event is kept in telemetrain's own "
+                "sinks only (register one with register_logging_handler)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return
+    if isinstance(handler, logging.NullHandler):
+        return
+    try:
+        _get_or_create_logger(destination).info(_elastic_json(event))
+    except Exception as exc:  # noqa: BLE001 - a logging failure must not reach the caller
+        if destination not in _warned_destinations:
+            _warned_destinations.add(destination)
+            warn_safely(f"telemetrain.events: logging to {destination!r} failed: {exc!r}", RuntimeWarning, stacklevel=3)
 
 
 # -- handlers (the API the TorchElastic customization doc describes) -------------------------------------------------
