@@ -456,8 +456,10 @@ def bookkeeping_cost(blocks: int, n: int) -> int:
     import telemetrain
     from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
 
+    store = tempfile.mkdtemp(prefix="bench_gpu-")
+
     def make(mode: Any, every: int | str) -> Any:
-        t = telemetrain.Telemetry(store=tempfile.mkdtemp(prefix="bench_gpu-"))
+        t = telemetrain.Telemetry(store=store)
         config = TrainingTelemetryConfig(global_batch_size_or_fn=8, log_every_n_train_iterations=1000,
                                          device_timing=mode, device_timing_every=every, gpu_energy=False)
         r = TrainingRecorder(config, telemetry=t)
@@ -467,7 +469,12 @@ def bookkeeping_cost(blocks: int, n: int) -> int:
 
     rows = {"off": make("host", 1), "every 1": make(FreeClock(), 1), "auto (1 in 8)": make(FreeClock(), "auto"),
             "untimed (1 in 10^9)": make(FreeClock(), 10**9)}
-    times = interleaved_blocks(rows, blocks, n)
+    try:
+        times = interleaved_blocks(rows, blocks, n)
+    finally:
+        for r in rows.values():
+            r.telemetry.close()
+        shutil.rmtree(store, ignore_errors=True)
     for k, v in times.items():
         added = statistics.median(a - b for a, b in zip(v, times["off"], strict=True))
         print(f"{k:20s} {statistics.median(v):7.2f} us an iteration, +{added:.2f} us")

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import types
@@ -54,6 +55,24 @@ IDENTITY_ENV = (
 
 def telemetrain_threads() -> list[threading.Thread]:
     return [th for th in threading.enumerate() if th.name.startswith("telemetrain-") and th.is_alive()]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _temporary_files_under_pytests_base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The tests and the processes they start make their temporary files under pytest's base directory, which pytest
+    prunes (it keeps the last three): torch's elastic agent makes a log directory for every job it runs
+    (``torchelastic_*``) and never removes it."""
+    base = tmp_path_factory.mktemp("tmp", numbered=False)
+    saved_env, saved_dir = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"] = tempfile.tempdir = str(base)
+    try:
+        yield
+    finally:
+        tempfile.tempdir = saved_dir
+        if saved_env is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = saved_env
 
 
 @pytest.fixture(autouse=True)

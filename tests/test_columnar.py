@@ -368,6 +368,30 @@ def test_one_segment_is_never_converted_by_two_compactors_at_once(tmp_path: Path
     assert json.loads(manifest.read_text())["compacted_wall_ns"] == made  # valid already: left as it was
 
 
+def test_a_run_deleted_under_its_compactor_stays_deleted(tmp_path: Path) -> None:
+    """A job that removes its store at exit (a temporary directory) while the writer's compactor starts or runs: the
+    compactor makes no directory above the run's ``_columnar`` (it made the run's whole tree again, with its lock
+    files), and a vanished run is not an error."""
+    from telemetrain.store.compact import make_dirs_under
+
+    run = _write_run(tmp_path / "store", ranks=1, n=200)
+    segment = next(run.glob("rank-*.jsonl"))
+    shutil.rmtree(tmp_path / "store")
+    argv = [PY, "-m", "telemetrain.store.compact", "--segments", str(segment), "--include-last"]
+    done = subprocess.run(argv, timeout=120, capture_output=True, text=True)
+    assert done.returncode == 0 and done.stderr == ""
+    assert not (tmp_path / "store").exists()
+    # mid-conversion: the directories of each Parquet file, manifest and lock are made below the prefix only
+    prefix = tmp_path / "prefix"
+    with pytest.raises(FileNotFoundError):
+        make_dirs_under(prefix, prefix / "metrics" / "session=s")
+    assert not prefix.exists()
+    prefix.mkdir()
+    make_dirs_under(prefix, prefix / "metrics" / "session=s")
+    make_dirs_under(prefix, prefix / "metrics" / "session=s")  # already there: fine
+    assert (prefix / "metrics" / "session=s").is_dir()
+
+
 def _compactors_of(run: Path) -> list[int]:
     """Processes running `python -m telemetrain.store.compact` on this run's files."""
     found = []

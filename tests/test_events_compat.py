@@ -330,6 +330,16 @@ def test_get_logging_handler(destination: Callable[..., str]) -> None:
         tevents.get_logging_handler("nope")
 
 
+def test_the_packages_get_logging_handler_is_the_one_the_loggers_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As in torch, ``_get_or_create_logger`` looks ``get_logging_handler`` up in the package, so a test (torch's own
+    ``lib_test.py``) that patches ``events.get_logging_handler`` gives a destination the logger of its choice."""
+    for module in (events, tevents):
+        chosen = logging.NullHandler()
+        monkeypatch.setattr(module, "get_logging_handler", lambda destination="null", h=chosen: h)
+        logger = module._get_or_create_logger(f"patched-{uuid.uuid4().hex}")
+        assert logger.handlers == [chosen]
+
+
 def test_register_logging_handler_adds_and_replaces_a_destination(
     telemetry: telemetrain.Telemetry, destination: Callable[..., str]
 ) -> None:

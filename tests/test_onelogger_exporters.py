@@ -61,6 +61,37 @@ def test_an_exporter_that_raises_is_contained_counted_told_once_and_disabled(
     assert healthy.methods()[-1] == "close" and "close" in raising.methods()
 
 
+def test_an_exporter_its_owner_closed_gets_nothing_more_when_the_recorder_closes(
+        provider: TrainingTelemetryProvider, tmp_path: Path, telemetry: telemetrain.Telemetry) -> None:
+    """A teardown (nv-one-logger's own tests) or a program's shutdown closes its exporter while the application span
+    is still open: the recorder's close (a reset, exit, SIGTERM) stops that span without sending it there (it raised
+    "Exporter is closed" and was warned about). An export to it while the recorder runs is still an error."""
+    path = tmp_path / "telemetry.json"
+    exporter, healthy = FileExporter(file_path=path), Recording()
+    configure(provider, exporter, healthy, training=training_config())
+    cb.on_app_start()
+    exporter.close()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        TrainingTelemetryProvider.reset()
+    assert [str(w.message) for w in caught if issubclass(w.category, TelemetryWarning)] == []
+    assert [r["type"] for r in _lines(path) if r.get("name") == "application"] == ["start"]
+    assert healthy.named("export_stop")[-1:] == ["application"] and healthy.methods()[-1] == "close"
+    telemetry.flush()
+    ends = [r for r in telemetrain.store.open_run(telemetry.run_dir).records()
+            if r.kind == "span_end" and r.name == "application"]
+    assert len(ends) == 1  # the run store has the span's end all the same
+
+    TrainingTelemetryProvider.reset()
+    p = TrainingTelemetryProvider.instance().with_telemetry(telemetry)
+    closed_early = FileExporter(file_path=tmp_path / "early.json")
+    configure(p, closed_early, training=training_config())
+    cb.on_app_start()
+    closed_early.close()
+    with pytest.warns(TelemetryWarning, match="closed"):
+        cb.on_model_init_start()
+
+
 class Blocking(Recording):
     def __init__(self) -> None:
         super().__init__()

@@ -16,7 +16,8 @@ import pytest
 
 from telemetrain import Telemetry, identity_from_env
 from telemetrain.report import write_report
-from telemetrain.report.curves import CurveBuilder, is_user_group, pick_loss, smooth, y_scale
+from telemetrain.report.curve_scale import smooth, y_scale
+from telemetrain.report.curves import CurveBuilder, is_user_group, pick_loss
 from telemetrain.report.curves_svg import curve_chart, overlay_chart
 from telemetrain.report.model import build_model
 from telemetrain.store import open_run

@@ -23,7 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..report.curves import Curve, CurveLine, is_eval, pick_loss, smooth, smoothing_window
+from ..report.curve_scale import smooth, smoothing_window
+from ..report.curves import Curve, CurveLine, is_eval, pick_loss
 from .samples import RunSamples
 
 __all__ = ["QualityComparison", "compare_quality", "quality_lines", "quality_series"]

@@ -13,7 +13,8 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..report.curves import Curve, log_allowed, y_scale
+from ..report.curve_scale import log_allowed, y_scale
+from ..report.curves import Curve
 
 __all__ = ["BLOCKS", "Pace", "format_eta", "loss_line", "sparkline", "target_of"]
 

@@ -31,22 +31,19 @@ the ranks' evidence and writes one ``stall`` event naming the ranks stuck elsewh
 (``stall_view``).
 
 Enable with ``enable_watchdog(telemetry, ...)`` or ``$TELEMETRAIN_WATCHDOG`` (``1``, or ``floor=5,k=10,...``;
-``telemetrain launch`` sets ``1``). Fork: a forked child (a DataLoader worker) has no watchdog.
+``telemetrain launch`` sets ``1``). Fork: a forked child (a DataLoader worker) has no watchdog. The settings are
+``watchdog_config``'s; the wakeup pipe, the signal wakeup fd and the fatal-signal stacks, ``watchdog_signals``'.
 """
 
 from __future__ import annotations
 
-import contextlib
 import faulthandler
 import math
 import os
-import select
-import signal
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import Any, TextIO
 
 from .. import process_hooks
@@ -57,6 +54,9 @@ from ..training.recorder import CURRENT
 from ..training.reports import REPORT_SOURCES
 from .comm import add_failure_listener
 from .evidence import collective_state, dump_flight_recorder, open_spans, phase_state, thread_stacks
+from .watchdog_config import WatchdogConfig, parse_config
+from .watchdog_signals import FATAL_DIR as FATAL_DIR  # (still importable from here)
+from .watchdog_signals import WatchdogSignals
 
 __all__ = ["ENV", "StallWatchdog", "WatchdogConfig", "enable_from_env", "enable_watchdog", "parse_config"]
 
@@ -64,69 +64,9 @@ ENV = "TELEMETRAIN_WATCHDOG"
 GROUP = "watchdog"
 _EXTENSION = "distributed.watchdog"
 _COMM = "distributed.comm"
-FATAL_DIR = "fatal-stacks"
 
 
-@dataclass(frozen=True)
-class WatchdogConfig:
-    """``k`` x p99 iteration time, at least ``floor_s``, is a stall; ``startup_s`` until the first report gives a
-    p99. ``poll_s``: how often to look (default: a tenth of the threshold, 0.1 to 1 s). ``heartbeat_s``: progress
-    records (0: none). ``flight_recorder``: dump torch's Flight Recorder with the evidence when it is on.
-    ``on_signal``: evidence on SIGTERM through a signal wakeup fd (only when enabled from the main thread and no one
-    else uses the wakeup fd). ``fatal_stacks``: faulthandler's stacks on SIGABRT/SIGSEGV, unless faulthandler is
-    already on."""
-
-    k: float = 10.0
-    floor_s: float = 60.0
-    startup_s: float = 300.0
-    poll_s: float | None = None
-    heartbeat_s: float = 30.0
-    flight_recorder: bool = True
-    on_signal: bool = True
-    fatal_stacks: bool = True
-    stacks_limit: int = 64_000
-
-    def __post_init__(self) -> None:
-        for name in ("k", "floor_s", "startup_s"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"{name} must be a number > 0, got {value!r}")
-        if self.poll_s is not None and (isinstance(self.poll_s, bool) or not isinstance(self.poll_s, (int, float))
-                                        or not self.poll_s > 0):
-            raise ValueError(f"poll_s must be a number > 0 (or None), got {self.poll_s!r}")
-        if isinstance(self.heartbeat_s, bool) or not isinstance(self.heartbeat_s, (int, float)) or \
-                self.heartbeat_s < 0:
-            raise ValueError(f"heartbeat_s must be a number >= 0, got {self.heartbeat_s!r}")
-        if type(self.stacks_limit) is not int or self.stacks_limit < 1000:
-            raise ValueError(f"stacks_limit must be an int >= 1000, got {self.stacks_limit!r}")
-
-
-_KEYS = {"k": "k", "floor": "floor_s", "startup": "startup_s", "poll": "poll_s", "heartbeat": "heartbeat_s",
-         "flight_recorder": "flight_recorder", "signal": "on_signal", "fatal_stacks": "fatal_stacks"}
-
-
-def parse_config(text: str) -> WatchdogConfig:
-    """``$TELEMETRAIN_WATCHDOG``'s value: ``1``/``on`` (defaults) or ``key=value`` pairs separated by commas (keys:
-    k, floor, startup, poll, heartbeat in seconds; flight_recorder, signal, fatal_stacks 0/1)."""
-    text = text.strip().lower()
-    if text in ("1", "on", "true", "yes", ""):
-        return WatchdogConfig()
-    values: dict[str, Any] = {}
-    names = {f.name for f in fields(WatchdogConfig)}
-    for part in text.split(","):
-        key, sep, raw = part.partition("=")
-        field_name = _KEYS.get(key.strip())
-        if not sep or field_name is None or field_name not in names:
-            raise ValueError(f"unknown watchdog setting {part.strip()!r} (keys: {', '.join(_KEYS)})")
-        raw = raw.strip()
-        if field_name in ("flight_recorder", "on_signal", "fatal_stacks"):
-            values[field_name] = raw in ("1", "on", "true", "yes")
-        else:
-            values[field_name] = float(raw)
-    return WatchdogConfig(**values)
-
-
-class StallWatchdog:
+class StallWatchdog(WatchdogSignals):
     """See the module docstring. Build it with ``enable_watchdog``."""
 
     def __init__(self, telemetry: Telemetry, config: WatchdogConfig | None = None) -> None:
@@ -197,16 +137,7 @@ class StallWatchdog:
         with self._lock:
             if self.thread is not None:
                 return self
-            self._pipe = os.pipe()
-            for fd in self._pipe:
-                os.set_blocking(fd, False)
-            if self.config.on_signal and threading.current_thread() is threading.main_thread():
-                with contextlib.suppress(ValueError, OSError):
-                    old = signal.set_wakeup_fd(self._pipe[1], warn_on_full_buffer=False)
-                    if old != -1:  # someone else's (asyncio's): theirs stays
-                        signal.set_wakeup_fd(old)
-                    else:
-                        self._old_wakeup = -2  # ours is installed
+            self._open_pipe(self.config.on_signal)
             # the tracer before us: producers are collected newest first, and at close our evidence must see the
             # spans still open, before the tracer ends them
             tracer(self.telemetry)
@@ -218,19 +149,6 @@ class StallWatchdog:
             self.thread.start()
         return self
 
-    def _enable_fatal_stacks(self) -> None:
-        run_dir = self.telemetry.run_dir
-        if run_dir is None:
-            return
-        try:
-            identity = self.telemetry.identity
-            folder = Path(run_dir) / FATAL_DIR
-            folder.mkdir(parents=True, exist_ok=True)
-            self._fatal = open(folder / f"rank-{identity.rank}.{identity.pid}.txt", "w")
-            faulthandler.enable(file=self._fatal, all_threads=True)
-        except OSError as exc:
-            self._warn(f"no fatal-signal stacks: {describe(exc)}")
-
     def stop(self) -> None:
         """Stop the thread (without waiting long for it), give back the wakeup fd and faulthandler."""
         self._stop = True
@@ -238,22 +156,8 @@ class StallWatchdog:
         thread = self.thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=1.0)
-        if self._old_wakeup == -2 and threading.current_thread() is threading.main_thread():
-            with contextlib.suppress(ValueError, OSError):
-                current = signal.set_wakeup_fd(-1)
-                if self._pipe is None or current != self._pipe[1]:
-                    signal.set_wakeup_fd(current)  # someone installed theirs after us: leave it
-            self._old_wakeup = -1
-        if self._fatal is not None:
-            with contextlib.suppress(Exception):
-                faulthandler.disable()
-                path = Path(self._fatal.name)
-                self._fatal.close()
-                if path.stat().st_size == 0:
-                    path.unlink()
-                    with contextlib.suppress(OSError):
-                        path.parent.rmdir()
-            self._fatal = None
+        self._give_back_wakeup()
+        self._disable_fatal_stacks()
 
     # the Telemetry producer protocol. The watchdog is a producer newer than the tracer (see start), and registers
     # itself again once the recorder exists, so that at close it is collected before the tracer ends the open spans:
@@ -281,18 +185,7 @@ class StallWatchdog:
         """A forked child (a DataLoader worker) has no watchdog: no thread, and the parent's wakeup fd let go."""
         self._stop = True
         self.thread = None
-        self._fatal = None
-        if self._old_wakeup == -2 and threading.current_thread() is threading.main_thread():
-            with contextlib.suppress(ValueError, OSError):
-                current = signal.set_wakeup_fd(-1)
-                if self._pipe is None or current != self._pipe[1]:
-                    signal.set_wakeup_fd(current)
-        self._old_wakeup = -1
-        if self._pipe is not None:
-            for fd in self._pipe:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-        self._pipe = None
+        self._signals_after_fork()
 
     # -- the thread ------------------------------------------------------------------------------------------------
 
@@ -307,33 +200,6 @@ class StallWatchdog:
             except Exception as exc:  # noqa: BLE001 - the watchdog never takes the job down
                 self._warn(f"the stall watchdog failed: {describe(exc)}")
                 time.sleep(1.0)
-
-    def _wait(self, timeout: float) -> None:
-        pipe = self._pipe
-        if pipe is None:
-            time.sleep(timeout)
-            return
-        with contextlib.suppress(OSError, ValueError):
-            ready, _, _ = select.select([pipe[0]], [], [], timeout)
-            if ready:
-                self._read_pipe()
-
-    def _read_pipe(self) -> None:
-        pipe = self._pipe
-        if pipe is None:
-            return
-        try:
-            data = os.read(pipe[0], 4096)
-        except (BlockingIOError, OSError):
-            return
-        if int(signal.SIGTERM) in data and not self._signal_reported:
-            self._signal = "SIGTERM"
-
-    def _wake(self) -> None:
-        pipe = self._pipe
-        if pipe is not None:
-            with contextlib.suppress(OSError):
-                os.write(pipe[1], b"\0")
 
     def _on_failure(self, op: Any) -> None:
         if self._same_outage(self._failure):

@@ -44,6 +44,7 @@ from ..training.default import check_recorder_target
 from ..training.names import S
 from ..training.recorder import GROUP, TrainingRecorder
 from .lightning_checkpoints import LightningCheckpointHooks, _is_async_io
+from .lightning_eval_loops import LightningEvalLoopHooks
 
 __all__ = ["PACKAGES", "TelemetrainCallback", "callback_class"]
 
@@ -55,7 +56,7 @@ def _wall_ms() -> float:
     return time.time() * 1000.0
 
 
-class _LightningTelemetry(LightningCheckpointHooks):
+class _LightningTelemetry(LightningCheckpointHooks, LightningEvalLoopHooks):
     """The hooks (the Lightning-free half of the callback; ``callback_class`` puts a ``Callback`` base under it)."""
 
     def __init__(
@@ -359,87 +360,7 @@ class _LightningTelemetry(LightningCheckpointHooks):
         except Exception as exc:  # noqa: BLE001
             self._failed("on_train_end", exc)
 
-    # -- validation and testing ------------------------------------------------------------------------------------
-
-    def on_sanity_check_start(self, trainer: Any, pl_module: Any) -> None:
-        try:
-            self._check_load(trainer)
-        except Exception as exc:  # noqa: BLE001
-            self._failed("on_sanity_check_start", exc)
-
-    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
-        try:
-            if trainer.sanity_checking:
-                return
-            self._settle_save(trainer)
-            self._check_load(trainer)
-            self._eval["validation_loop"] = self.recorder.on_validation_start()
-        except Exception as exc:  # noqa: BLE001
-            self._failed("on_validation_start", exc)
-
-    def on_validation_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int,
-                                  dataloader_idx: int = 0) -> None:
-        try:
-            if trainer.sanity_checking:
-                return
-            self._eval["validation_single_iteration"] = self.recorder.on_validation_single_iteration_start()
-        except Exception as exc:  # noqa: BLE001
-            self._failed("on_validation_batch_start", exc)
-
-    def on_validation_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int,
-                                dataloader_idx: int = 0) -> None:
-        try:
-            if trainer.sanity_checking:
-                return
-            if self._eval.pop("validation_single_iteration", False) is not False:
-                self.recorder.on_validation_single_iteration_end()
-        except Exception as exc:  # noqa: BLE001
-            self._failed("on_validation_batch_end", exc)
-
-    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
-        try:
-            if trainer.sanity_checking:
-                return
-            self._settle_save(trainer)
-            if self._eval.pop("validation_loop", False) is not False:
-                self.recorder.on_validation_end()
-        except Exception as exc:  # noqa: BLE001
-            self._failed("on_validation_end", exc)
-
-    def on_test_start(self, trainer: Any, pl_module: Any) -> None:
-        try:
-            self._check_load(trainer)
-            self._eval["testing_loop"] = self.recorder.on_testing_start()
-        except Exception as exc:  # noqa: BLE001
-            self._failed("on_test_start", exc)
-
-    def on_test_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int,
-                            dataloader_idx: int = 0) -> None:
-        try:
-            self._eval["testing_single_iteration"] = self.recorder.on_testing_single_iteration_start()
-        except Exception as exc:  # noqa: BLE001
-            self._failed("on_test_batch_start", exc)
-
-    def on_test_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int,
-                          dataloader_idx: int = 0) -> None:
-        try:
-            if self._eval.pop("testing_single_iteration", False) is not False:
-                self.recorder.on_testing_single_iteration_end()
-        except Exception as exc:  # noqa: BLE001
-            self._failed("on_test_batch_end", exc)
-
-    def on_test_end(self, trainer: Any, pl_module: Any) -> None:
-        try:
-            if self._eval.pop("testing_loop", False) is not False:
-                self.recorder.on_testing_end()
-        except Exception as exc:  # noqa: BLE001
-            self._failed("on_test_end", exc)
-
-    def on_predict_start(self, trainer: Any, pl_module: Any) -> None:
-        try:
-            self._check_load(trainer)
-        except Exception as exc:  # noqa: BLE001
-            self._failed("on_predict_start", exc)
+    # (the validation, test and predict hooks: lightning_eval_loops.LightningEvalLoopHooks)
 
 
 # -- Trainer facts, each read defensively (a Trainer subclass or another version may lack one) -------------------------

@@ -2,9 +2,9 @@
 
 One chart per metric: per line (one per rank where the ranks differ, else one) the raw values -- a thin line through
 each bucket's mean, shaded from the bucket's min to its max when a bucket holds several values -- and the smoothed
-line over it (``curves.smooth``: a centered rolling median). Log y when the values span two decades; spikes above the
-robust range are red triangles at the top edge; NaN/inf values are black crosses at the bottom edge and a gap in the
-line. Several runs (``compare``) overlay on one chart, one colour per run.
+line over it (``curve_scale.smooth``: a centered rolling median). Log y when the values span two decades; spikes
+above the robust range are red triangles at the top edge; NaN/inf values are black crosses at the bottom edge and a
+gap in the line. Several runs (``compare``) overlay on one chart, one colour per run.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from .curves import Curve, CurveLine, YScale, log_allowed, smooth, smoothing_window, y_scale
+from .curve_scale import YScale, log_allowed, smooth, smoothing_window, y_scale
+from .curves import Curve, CurveLine
 from .svg import PALETTE, esc, fmt_unit, nice_ticks
 
 __all__ = ["curve_chart", "overlay_chart"]

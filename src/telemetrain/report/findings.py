@@ -17,7 +17,8 @@ from ..analysis.findings.slowdown import slow_iteration_windows
 from .gpu_health import gpu_findings
 
 if TYPE_CHECKING:
-    from .model import ReportModel, _Collector
+    from .model import ReportModel
+    from .model_pass import _Collector
 
 __all__ = ["model_torn_corrupt", "report_findings"]
 

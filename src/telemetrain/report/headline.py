@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 from .gpu_health import gpu_headline
 
 if TYPE_CHECKING:
-    from .model import ReportModel, _Collector
+    from .model import ReportModel
+    from .model_pass import _Collector
 
 __all__ = ["headline"]
 

@@ -17,7 +17,8 @@ from .. import __version__
 from ..phase_times import LABELS
 from .curves_html import curves_section
 from .gpu_html import gpu_section
-from .model import MAX_CHECKPOINT_SPANS, PHASES, ReportModel, Window
+from .model import ReportModel
+from .model_pass import MAX_CHECKPOINT_SPANS, PHASES, Window
 from .svg import esc, fmt_unit, heatmap, line_chart, stacked_bars, timeline
 
 __all__ = ["render"]

@@ -1,6 +1,6 @@
-"""The report's collection by SQL (``store.engine``): what ``model._Collector`` gathers in one Python pass over every
-record, DuckDB computes over the columnar copy and the JSONL tail, so that memory follows the size of the report, not
-of the run. Big things are reduced in SQL to what the report keeps: counts and sums, the first 300 events, each
+"""The report's collection by SQL (``store.engine``): what ``model_pass._Collector`` gathers in one Python pass over
+every record, DuckDB computes over the columnar copy and the JSONL tail, so that memory follows the size of the report,
+not of the run. Big things are reduced in SQL to what the report keeps: counts and sums, the first 300 events, each
 rank's windows merged to at most 1,000 (``windows.py``), every k-th point of a series.
 
 The rules are ``_Collector``'s, line for line; where the Python pass depends on the order it meets records in (the
@@ -31,7 +31,7 @@ from ..store.codec import untag_nonfinite
 from ..store.engine import Engine
 from ..store.reader import Run
 from .curves_sql import curve_extent_sql, feed_curves
-from .model import (
+from .model_pass import (
     _ENERGY_NAMES,
     CHECKPOINT_SPANS,
     ITERATION_CHART_POINTS,

@@ -12,7 +12,7 @@ import struct
 from collections.abc import Iterable, Iterator, Sequence
 from typing import overload
 
-from .model import PHASES, Window
+from .model_pass import PHASES, Window
 
 __all__ = ["PackedWindows"]
 

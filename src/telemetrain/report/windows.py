@@ -59,7 +59,7 @@ class Heatmap:
 @dataclasses.dataclass
 class WindowFigures:
     counts: dict[int, int]  # rank -> windows
-    # rank -> its windows, merged to at most MAX_WINDOWS_PER_RANK (report.model.Window; packed on the SQL path)
+    # rank -> its windows, merged to at most MAX_WINDOWS_PER_RANK (report.model_pass.Window; packed on the SQL path)
     merged: dict[int, Sequence[Any]]
     medians: dict[int, float | None]  # rank -> median of its finite window means
     slow_windows: list[Any]  # windows whose slowest iteration took > 3x the rank's median p50 (iteration, rank order)

@@ -20,7 +20,7 @@ from typing import Any
 from ..analysis.findings_sql import REPORTS_AT_ONCE, rank_groups
 from ..analysis.quantiles_sql import median
 from ..store.engine import Engine
-from .model import PHASES, Window
+from .model_pass import PHASES, Window
 from .packed_windows import PackedWindows
 from .windows import MAX_HEATMAP_COLUMNS, SLOW_ITERATION_FACTOR, Heatmap, WindowFigures, window_limit
 

@@ -3,7 +3,8 @@
 The hot path only appends: ``add`` puts the sample on a list (atomic under the GIL, so concurrent threads lose
 nothing) and checks its length. Every ``BATCH`` samples, or at the N-th sample of a count window, the list is folded
 into the open window's ``Summary`` (C-level ``sum``/``min``/``max``, ~2-5 ns a sample); quantile stats keep their
-samples until a window has more than ``RAW_LIMIT`` (exact quantiles) and fold them into the histogram beyond.
+samples until a window has more than ``RAW_LIMIT`` (exact quantiles) and fold them into the histogram beyond. The
+folding and the closing of windows are ``Stat``'s base class, ``stat_windows.StatWindows``.
 
 Windows close:
 - by count at the N-th sample (``samples=N``); no sample is ever dropped, the next window starts at once;
@@ -41,20 +42,18 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar, overload
 
 from ..collector import collector
-from ..dispatch import describe, is_interrupt, warn_safely
 from ..records import StatWindow
 from ..telemetry import Telemetry, check_name, check_value, get_telemetry
 from .aggregations import DEFAULT_AGGREGATIONS, parse_aggregations, tracking
+from .stat_windows import BATCH, StatWindows
 from .summary import Summary
 
 __all__ = ["BATCH", "MIN_WINDOW_S", "Stat"]
 
-BATCH = 2048
 MIN_WINDOW_S = 0.001
 _mono = time.monotonic_ns
 _TIME_SCALE = {"s": 1e-9, "ms": 1e-6, "us": 1e-3, "µs": 1e-3, "ns": 1}
@@ -81,7 +80,7 @@ def _number(value: Any) -> int | float:
     return int(checked) if type(checked) is bool else checked
 
 
-class Stat:
+class Stat(StatWindows):
     """A stat: ``add(v)`` samples, read closed windows with ``get()``, time code with ``time()``.
 
     ``aggregations``: names among value, count, sum, mean, min, max, stddev, rate, histogram and quantiles ``pNN``
@@ -89,30 +88,19 @@ class Stat:
     Neither: cumulative. ``group`` routes the records (mute it to silence them; the stat still aggregates).
     """
 
-    __slots__ = (
+    __slots__ = (  # (and the open window's, in StatWindows)
         "__weakref__",
-        "_active",
         "_aggregations",
-        "_buf",
-        "_busy",
         "_closed",
-        "_deadline",
         "_emitted_count",
-        "_last_summary",
-        "_last_values",
-        "_limit",
         "_listeners",
-        "_lock",
         "_name",
-        "_pending",
         "_pid",
-        "_start",
         "_telemetry",
         "_time_scale",
         "_track",
         "_unit",
         "_wall_phase",
-        "_window",
         "_window_ns",
         "group",
         "help",
@@ -299,127 +287,6 @@ class Stat:
                     self._close(now_ns)
         self._emit_pending()
         return self._deadline
-
-    def _full(self) -> None:
-        """The batch is full, or a count window reached its N-th sample: fold, and close what is due. (``_guard``
-        spelled out: with small count windows this runs every few samples.)"""
-        with self._lock:
-            if not self._busy:
-                self._busy = True
-                try:
-                    self._drain()
-                    if self._window_ns:
-                        now = _mono()
-                        if now >= self._deadline:  # the collector is late (busy interpreter): close on its behalf
-                            self._close(now)
-                finally:
-                    self._busy = False
-        if self._pending:
-            self._emit_pending()
-
-    @contextmanager
-    def _guard(self) -> Iterator[bool]:
-        """The stat's lock. Yields False when this thread already holds it: a signal handler (SIGTERM's flush) that
-        interrupted this stat's own fold must not fold again on top of it; the exit flush reports the rest."""
-        with self._lock:
-            if self._busy:
-                yield False
-                return
-            self._busy = True
-            try:
-                yield True
-            finally:
-                self._busy = False
-
-    def _drain(self) -> None:
-        """Under the lock: fold the pending samples into the open window, closing count windows as they fill."""
-        buf = self._buf
-        samples = self.samples
-        window = self._window
-        left = len(buf)  # what is there now: samples another thread appends meanwhile wait for the next drain
-        while left > 0:
-            # at most a batch at a time, so that folding a backlog needs no more than a batch of extra memory
-            take = min(left, BATCH) if not samples else min(left, samples - window.count, BATCH)
-            chunk = buf[:take]  # two steps, each atomic: what is appended meanwhile stays at the end
-            del buf[:take]
-            left -= take
-            window.fold(chunk)
-            if samples and window.count >= samples:
-                self._close(_mono())
-                window = self._window
-        self._set_limit()
-
-    def _set_limit(self) -> None:
-        self._limit = min(BATCH, self.samples - self._window.count) if self.samples else BATCH
-
-    def _close(self, now: int) -> None:
-        """Under the lock: end the open window at ``now`` and start the next."""
-        window = self._window
-        if window.count:
-            self._active = True
-        if window.count or (self.report_empty and self._active):
-            self._report(window, self._start, now)
-            self._last_summary = window
-        self._window = Summary(self._track)
-        self._start = now
-        if self._window_ns and now >= self._deadline:
-            self._deadline = self._next_boundary(now)
-        self._set_limit()
-
-    def _report(self, window: Summary, start: int, end: int) -> None:
-        values = window.values(self._aggregations, (end - start) / 1e9)
-        self._last_values = values
-        histogram = window.histogram_dict() if "histogram" in self._aggregations else None
-        self._pending.append((start, end, window.count, values, histogram))
-
-    def _emit_pending(self) -> None:
-        pending = self._pending
-        while pending:
-            try:
-                start, end, count, values, histogram = pending.popleft()
-            except IndexError:  # another thread emitted it
-                return
-            if self._closed:
-                continue
-            telemetry = self._telemetry
-            record = StatWindow(
-                end,
-                end + telemetry.wall_offset_ns,
-                telemetry.identity,
-                self.group,
-                self.name,
-                start,
-                count,
-                values,
-                self._unit,
-                histogram,
-            )
-            try:
-                telemetry.emit(record)
-            except BaseException as exc:  # a closed or broken pipeline must not reach add()
-                if is_interrupt(exc):
-                    raise
-                warn_safely(f"telemetrain: stat {self.name!r} could not report a window: {describe(exc)}")
-            for listener in self._listeners:
-                try:
-                    listener(self, record)
-                except BaseException as exc:  # sys.exit in a torch.monitor handler, say
-                    if is_interrupt(exc):
-                        raise
-                    warn_safely(f"telemetrain: a listener of stat {self.name!r} failed: {describe(exc)}")
-
-    def _report_snapshot(self) -> None:
-        """Report the open window and the pending samples without changing either (they are being folded below this
-        frame): the batch in the fold's hands at that instant may be missing, the rest of the window is not."""
-        snapshot = self._window.copy()
-        snapshot.fold(list(self._buf))
-        if snapshot.count:
-            self._report(snapshot, self._start, _mono())
-
-    def _next_boundary(self, now: int) -> int:
-        size = self._window_ns
-        phase = self._wall_phase
-        return ((now + phase) // size + 1) * size - phase
 
     # -- process lifecycle -----------------------------------------------------------------------------------------
 

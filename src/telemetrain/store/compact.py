@@ -83,8 +83,20 @@ ROW_GROUP_ROWS_DEFAULT = 8_192
 ZSTD_LEVEL = 1
 
 
-def _write_parquet(con: Any, query: str, target: Path, table: str) -> int:
-    target.parent.mkdir(parents=True, exist_ok=True)
+def make_dirs_under(prefix: Path, directory: Path) -> None:
+    """``directory`` and its parents below ``prefix``, never ``prefix`` itself or above it: a run deleted while its
+    compactor works stays deleted (the conversion fails with ``FileNotFoundError``) instead of coming back as a tree
+    of empty directories."""
+    current = prefix
+    for part in directory.relative_to(prefix).parts:
+        current = current / part
+        with contextlib.suppress(FileExistsError):
+            current.mkdir()
+
+
+def _write_parquet(con: Any, query: str, prefix: Path, rel: str, table: str) -> int:
+    target = prefix / rel
+    make_dirs_under(prefix, target.parent)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     meta = f"{{telemetrain_schema_version: '{SCHEMA_VERSION}', telemetrain_table: '{table}'}}"
     rows = ROW_GROUP_ROWS.get(table, ROW_GROUP_ROWS_DEFAULT)
@@ -125,7 +137,7 @@ def _compact_segment(con: Any, path: Path, prefix: Path, fallback: Identity, ses
             con, f"SELECT {columns} FROM {seg} WHERE kind = '{kind}' AND session = $s AND run = $r AND rank = $k "
                  f"{order}".replace("$s", sql_str(p_session)).replace("$r", sql_str(p_run))
                  .replace("$k", str(int(p_rank))),
-            prefix / rel, table)
+            prefix, rel, table)
         files.append({"table": table, "path": rel, "bytes": size, "rows": rows})
         records[table] = records.get(table, 0) + rows
         if kind == "event":  # the reports among the events, typed (report_rows; derived rows, not records)
@@ -135,7 +147,7 @@ def _compact_segment(con: Any, path: Path, prefix: Path, fallback: Identity, ses
                                   f"name = '{REPORT[1]}'").fetchone()[0]
             if reports:
                 rel = f"{partition_dir(REPORTS_TABLE, p_session, p_run, p_rank)}/{stem}.parquet"
-                size = _write_parquet(con, f"{report_rows_sql(seg, where)} ORDER BY line", prefix / rel,
+                size = _write_parquet(con, f"{report_rows_sql(seg, where)} ORDER BY line", prefix, rel,
                                       REPORTS_TABLE)
                 files.append({"table": REPORTS_TABLE, "path": rel, "bytes": size, "rows": int(reports)})
     if scan.headers:
@@ -148,7 +160,7 @@ def _compact_segment(con: Any, path: Path, prefix: Path, fallback: Identity, ses
             con.execute("DELETE FROM hdr")
             con.executemany(f"INSERT INTO hdr VALUES ({', '.join('?' for _ in COLUMNS[PROCESS_TABLE])})", rows)
             rel = f"{partition_dir(PROCESS_TABLE, p_session, p_run, p_rank)}/{stem}.parquet"
-            size = _write_parquet(con, "SELECT * FROM hdr ORDER BY line", prefix / rel, PROCESS_TABLE)
+            size = _write_parquet(con, "SELECT * FROM hdr ORDER BY line", prefix, rel, PROCESS_TABLE)
             files.append({"table": PROCESS_TABLE, "path": rel, "bytes": size, "rows": len(rows)})
             records[PROCESS_TABLE] = records.get(PROCESS_TABLE, 0) + len(rows)
     last = scan.identities[-1][1]
@@ -158,7 +170,7 @@ def _compact_segment(con: Any, path: Path, prefix: Path, fallback: Identity, ses
                         records=records, files=files, last_identity=last.as_dict(),
                         compacted_wall_ns=time.time_ns(), seconds=time.perf_counter() - t0)
     target = prefix / manifest_path(session, run, path.name)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs_under(prefix, target.parent)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(manifest.as_dict(), separators=(",", ":")))
     os.replace(tmp, target)
@@ -177,10 +189,12 @@ def _session_run(run_dir: Path, meta: dict[str, Any]) -> tuple[str, str]:
 
 def compact_process(con: Any, run_dir: Path, paths: Sequence[Path], meta: dict[str, Any], prefix: Path,
                     result: CompactResult, *, include_last: bool = True, force: bool = False,
-                    lock: bool = True) -> None:
+                    lock: bool = True, prefix_parents: bool = True) -> None:
     """Compact the segments of one process (in order) that have no valid copy under ``prefix``. With ``lock``, each
     segment is converted under an exclusive lock (``segment_lock``), its manifest checked again once the lock is held:
-    two compactors never convert one segment at the same time."""
+    two compactors never convert one segment at the same time. ``prefix_parents``: whether ``prefix``'s missing
+    parents may be created (a destination the user named), or only ``prefix`` itself (``<run>/_columnar``: a run
+    deleted meanwhile is not made again)."""
     from .segments import parse_segment_name
 
     session, run = _session_run(run_dir, meta)
@@ -199,7 +213,8 @@ def compact_process(con: Any, run_dir: Path, paths: Sequence[Path], meta: dict[s
             break
         fallback = identity or fallback_identity(path, meta)
         try:
-            with segment_lock(mpath, enabled=lock):
+            prefix.mkdir(parents=prefix_parents, exist_ok=True)
+            with segment_lock(mpath, enabled=lock, prefix=prefix):
                 existing = read_manifest(mpath)  # another compactor may have done it while we waited
                 if existing is not None and not force and not manifest_is_valid(existing, prefix, path):
                     result.skipped += 1
@@ -223,10 +238,12 @@ LOCK_TIMEOUT_S = 600.0  # a compactor that holds a segment longer than this is t
 
 
 @contextlib.contextmanager
-def segment_lock(manifest: Path, *, enabled: bool = True, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
+def segment_lock(manifest: Path, *, enabled: bool = True, timeout: float = LOCK_TIMEOUT_S,
+                 prefix: Path | None = None) -> Iterator[None]:
     """An exclusive ``flock`` on ``<manifest>.lock`` for as long as the block runs. The kernel releases it when its
     holder dies (SIGKILL included), so a killed compactor never blocks the next. Raises ``TimeoutError`` after
-    ``timeout`` seconds of waiting."""
+    ``timeout`` seconds of waiting. With ``prefix``, the lock's directories are made below it only
+    (``make_dirs_under``)."""
     try:
         import fcntl
     except ImportError:  # not POSIX: no lock (one compactor at a time is then the user's to ensure)
@@ -235,7 +252,10 @@ def segment_lock(manifest: Path, *, enabled: bool = True, timeout: float = LOCK_
         yield
         return
     lock_path = manifest.with_name(f".{manifest.name}.lock")
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    if prefix is None:
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+    else:
+        make_dirs_under(prefix, lock_path.parent)
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0),
                  0o644)
     try:
@@ -290,7 +310,7 @@ def compact(path: str | os.PathLike[str], dest: str | None = None, *, force: boo
                 prefix = Path(dest.removeprefix("file://")) if dest is not None else run_dir / COLUMNAR_DIR
                 for _, paths, meta in segment_plan(run_dir):
                     compact_process(con, run_dir, paths, meta, prefix, result, include_last=include_last,
-                                    force=force)
+                                    force=force, prefix_parents=dest is not None)
     finally:
         con.close()
     result.seconds = time.perf_counter() - t0
@@ -336,7 +356,11 @@ def compact_segments(paths: Iterable[Path], *, include_last: bool) -> CompactRes
                     found = {}
                 current = found.get((name.agent, name.rank, name.pid), paths)
             before = (result.segments, len(result.errors))
-            compact_process(con, run_dir, current, meta, run_dir / COLUMNAR_DIR, result, include_last=include_last)
+            compact_process(con, run_dir, current, meta, run_dir / COLUMNAR_DIR, result, include_last=include_last,
+                            prefix_parents=False)
+            if not run_dir.is_dir():  # the run was deleted meanwhile (its store cleaned up): nothing is wrong
+                result.errors.clear()
+                break
             if (result.segments, len(result.errors)) == before or result.errors:
                 break
     finally:

@@ -14,30 +14,35 @@ Why a thread of its own rather than the stats collector's: NVML calls can block 
 Failures never reach the program: a source or value that raises is counted (``errors``, ``error_counts``), warned
 about once per sampler (``TelemetryWarning``) and recorded once per kind as a ``Diagnostic("sampler_error")``; that
 value is absent from the data until it reads again. Arguments are checked at the call (``TypeError``/``ValueError``).
-What a cycle's values become (records, gauges, events) and the failure accounting are in ``sampler_output``.
+What a cycle's values become (records, gauges, events) and the failure accounting are in ``sampler_output``; the
+arguments' checks and the sources they make, in ``sampler_sources``.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 import time
 import weakref
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from ..dispatch import describe, warn_safely
 from ..stats.gauge import Gauge
 from ..telemetry import Telemetry, get_telemetry
 from .base import Cycle, Source
-from .cuda_allocator import CudaAllocatorSource
-from .host import HostSource
 from .names import GROUP
 from .nvml import NvmlSource
-from .process import ProcessTreeSource
 from .sampler_output import SamplerOutput
+from .sampler_sources import (
+    MIN_INTERVAL_S,
+    GpuRequest,
+    SamplerSources,
+    _check_bool,
+    _check_gpus,
+    _check_interval,
+    _check_paths,
+)
 
 __all__ = [
     "DEFAULT_INTERVAL_S",
@@ -51,72 +56,9 @@ __all__ = [
 ]
 
 DEFAULT_INTERVAL_S = 10.0  # W&B samples every 15 s, MLflow every 10 s
-MIN_INTERVAL_S = 0.01
 CLOSE_TIMEOUT_S = 2.0  # of the exit/SIGTERM budget, what stopping the sampler may take
 _EXTENSION = "system.sampler"
 _mono = time.monotonic_ns
-
-GpuRequest = str | Sequence[int | str] | None
-
-
-# -- argument checks ---------------------------------------------------------------------------------------------------
-
-
-def _check_interval(interval: Any) -> float:
-    if isinstance(interval, bool) or not isinstance(interval, (int, float)):
-        raise TypeError(f"interval must be a number of seconds, got {type(interval).__name__}")
-    if not math.isfinite(interval) or interval < MIN_INTERVAL_S:
-        raise ValueError(f"interval must be a finite number of seconds >= {MIN_INTERVAL_S}, got {interval!r}")
-    return float(interval)
-
-
-def _check_gpus(gpus: Any) -> GpuRequest:
-    if gpus is None or gpus == "all":
-        return gpus  # type: ignore[no-any-return]
-    if isinstance(gpus, (str, bytes)) or not isinstance(gpus, Sequence):
-        raise TypeError(
-            "gpus must be None (this rank's GPUs), 'all', or a list of CUDA device ordinals (int) and GPU UUIDs "
-            f"(str), got {gpus!r:.80}"
-        )
-    out: list[int | str] = []
-    for item in gpus:
-        if isinstance(item, bool) or not isinstance(item, (int, str)):
-            raise TypeError(f"gpus entries must be CUDA device ordinals (int) or UUIDs (str), got {item!r:.80}")
-        if isinstance(item, int) and item < 0:
-            raise ValueError(f"gpus entries must be >= 0, got {item}")
-        if isinstance(item, str) and not item.strip():
-            raise ValueError("gpus entries must be non-empty UUIDs")
-        out.append(item)
-    return tuple(out)
-
-
-def _check_paths(paths: Any) -> tuple[str, ...] | None:
-    if paths is None:
-        return None
-    if isinstance(paths, (str, bytes, os.PathLike)) or not isinstance(paths, Sequence):
-        raise TypeError(f"disk_paths must be a list of paths, got {type(paths).__name__}")
-    out = []
-    for p in paths:
-        if not isinstance(p, (str, os.PathLike)):
-            raise TypeError(f"disk_paths entries must be paths, got {type(p).__name__}")
-        out.append(os.fspath(p))
-    return tuple(out)
-
-
-def _check_bool(value: Any, arg: str, allow_none: bool = False) -> bool | None:
-    if value is None and allow_none:
-        return None
-    if not isinstance(value, bool):
-        raise TypeError(f"{arg} must be {'None or ' if allow_none else ''}a bool, got {type(value).__name__}")
-    return value
-
-
-def _existing(path: Path) -> str:
-    """``path``, or its nearest existing ancestor (a run store not written yet)."""
-    for candidate in (path, *path.parents):
-        if candidate.exists():
-            return str(candidate)
-    return str(path.anchor or "/")
 
 
 # -- the sampler -----------------------------------------------------------------------------------------------------
@@ -153,7 +95,7 @@ class _TelemetryHook:
         pass
 
 
-class Sampler(SamplerOutput):
+class Sampler(SamplerOutput, SamplerSources):
     """Samples host, process tree, GPUs and the torch.cuda allocator every ``interval`` seconds into ``telemetry``
     (default: the default instance).
 
@@ -216,41 +158,6 @@ class Sampler(SamplerOutput):
         self.cpu_ns = 0  # thread CPU time spent in sampling cycles
         self.sessions = 0
         self.first_sample = threading.Event()
-
-    # -- configuration --------------------------------------------------------------------------------------------
-
-    @property
-    def telemetry(self) -> Telemetry:
-        return self._telemetry
-
-    def config(self) -> tuple[Any, ...]:
-        """What ``start_sampler`` compares to decide whether a running sampler already does what is asked."""
-        return (self.interval, self._host, self._process_tree, self._gpus, self._disk_paths, self._cuda_allocator)
-
-    def _records_host(self) -> bool:
-        return self._host if self._host is not None else self._telemetry.identity.local_rank == 0
-
-    def _paths(self) -> list[str]:
-        if self._disk_paths is not None:
-            return list(self._disk_paths)
-        paths = ["/" if os.name != "nt" else os.path.abspath(os.sep)]
-        store = self._telemetry.store
-        if store is not None:
-            paths.append(_existing(store.root))
-        return paths
-
-    def _build_sources(self) -> list[Source]:
-        sources: list[Source] = [ProcessTreeSource(self._process_tree)]  # first: the GPU source uses its pids
-        if self._records_host():
-            sources.append(HostSource(self._paths()))
-        if self._gpus is None or self._gpus == "all" or len(self._gpus) > 0:
-            identity = self._telemetry.identity
-            distributed = "LOCAL_RANK" in os.environ or identity.world_size > 1
-            self._nvml = NvmlSource(self._gpus, identity.local_rank if distributed else None)
-            sources.append(self._nvml)
-        if self._cuda_allocator:
-            sources.append(CudaAllocatorSource(self._nvml.cuda_indices if self._nvml is not None else []))
-        return sources
 
     # -- lifecycle --------------------------------------------------------------------------------------------------
 

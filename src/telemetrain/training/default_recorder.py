@@ -307,10 +307,13 @@ class DefaultRecorder(Recorder):
         self._export_all(TELEMETRY_DATA_ERROR, message, attributes)
 
     def close(self) -> None:
-        """Stop every active span (newest first, now), then close the exporters (waiting up to 5 s for each)."""
+        """Stop every active span (newest first, now), then close the exporters (waiting up to 5 s for each). An
+        exporter its owner closed already gets neither."""
         with self._lock:
             if self._closed:
                 return
+            for channel in self._channels:
+                channel.retire_if_closed()
             for span in reversed(list(self._spans.values())):
                 self.stop(span)
             self._spans.clear()

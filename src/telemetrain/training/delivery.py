@@ -67,6 +67,7 @@ class ExporterChannel:
         self.waits_timed_out = 0
         self._drop_reported = False
         self._closing = False
+        self._retired = False  # closed by its owner: sent nothing more (retire_if_closed)
         self._warned = False
         self._after_fork_in_child()
         _channels.add(self)
@@ -83,6 +84,8 @@ class ExporterChannel:
     def submit(self, method: str, *args: Any) -> int:
         """Queue ``exporter.<method>(*args)``; returns its sequence number (0: not queued)."""
         with self._cond:
+            if self._retired:
+                return 0
             if method != _CLOSE and (self.force_disabled or self._closing):
                 return 0  # (a disabled exporter is still closed, as one-logger closes every exporter)
             if len(self._queue) >= self.capacity:
@@ -127,6 +130,20 @@ class ExporterChannel:
                             "for it (its calls still run, in order, on its own thread)", stacklevel=3)
             return False
 
+    def retire_if_closed(self) -> bool:
+        """When the exporter says it is closed (its ``closed`` property, one-logger's and ours): nothing more is sent
+        to it, its close included, and True. Its owner closed it before the recorder closes (a test's teardown, a
+        program's own shutdown), so the spans the recorder then stops are not this exporter's errors."""
+        try:
+            closed = getattr(self.exporter, "closed", False) is True
+        except Exception:  # noqa: BLE001 - a property that raises: the exporter is not known to be closed
+            closed = False
+        if closed:
+            with self._cond:
+                self._closing = self._retired = True
+                self._cond.notify_all()
+        return closed
+
     def close(self, timeout: float = 5.0) -> bool:
         """Queue ``exporter.close()``, then wait up to ``timeout`` for everything queued to run (and the thread to
         end)."""
@@ -152,6 +169,10 @@ class ExporterChannel:
         while True:
             with cond:
                 while not self._queue:
+                    if self._retired:  # nothing more will come (close waits for this thread)
+                        self._thread = None
+                        cond.notify_all()
+                        return
                     if self._drop_pending():
                         break
                     if not cond.wait(_IDLE_EXIT_S) and not self._queue:

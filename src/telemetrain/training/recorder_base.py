@@ -1,8 +1,8 @@
 """``RecorderBase``: the state every group of ``TrainingRecorder``'s callbacks shares (declared here, set in
 ``TrainingRecorder.__init__``) and the helpers they all use: opening and ending the recorder's named spans, turning a
 misuse into an ``error`` event instead of an exception, the config's sizes evaluated without raising. The callback
-groups (``checkpoint_callbacks``, ``eval_loops``, ``report_capture``, ``phase_spans``) subclass it;
-``TrainingRecorder`` combines them and keeps the per-iteration hot path in its own class body."""
+groups (``application_callbacks``, ``checkpoint_callbacks``, ``eval_loops``, ``report_capture``, ``phase_spans``)
+subclass it; ``TrainingRecorder`` combines them and keeps the per-iteration hot path in its own class body."""
 
 from __future__ import annotations
 
