@@ -695,7 +695,7 @@ def test_the_earliest_checkpoint_successes_are_the_same_by_sql(tmp_path: Path,
     """A run with more save_checkpoint_success events than the report lists (``MAX_CHECKPOINT_ROWS``): both paths keep
     the earliest, ties in time in the collection order (rank, pid, file order), as the stable sort of every event did;
     the SQL path reads no more than those from DuckDB."""
-    from telemetrain.report.model import MAX_CHECKPOINT_ROWS
+    from telemetrain.report.model_pass import MAX_CHECKPOINT_ROWS
 
     run = _two_ranks(tmp_path)
     for rank in (1, 0):

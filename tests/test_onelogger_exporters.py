@@ -17,7 +17,9 @@ import pytest
 
 import telemetrain
 from _onelogger import Recording, configure, provider_fixture, training_config  # noqa: F401
+from conftest import run_dir_of
 from telemetrain import TelemetryWarning
+from telemetrain.store import open_run
 from telemetrain.training import callbacks as cb
 from telemetrain.training import context as ctx
 from telemetrain.training.errors import ExportError
@@ -78,7 +80,7 @@ def test_an_exporter_its_owner_closed_gets_nothing_more_when_the_recorder_closes
     assert [r["type"] for r in _lines(path) if r.get("name") == "application"] == ["start"]
     assert healthy.named("export_stop")[-1:] == ["application"] and healthy.methods()[-1] == "close"
     telemetry.flush()
-    ends = [r for r in telemetrain.store.open_run(telemetry.run_dir).records()
+    ends = [r for r in open_run(run_dir_of(telemetry)).records()
             if r.kind == "span_end" and r.name == "application"]
     assert len(ends) == 1  # the run store has the span's end all the same
 
