@@ -296,8 +296,9 @@ def _lifecycle(
     rss = Gauge("process.max_rss", _max_rss_bytes, unit="bytes", interval=1.0, telemetry=t)
     width = len(str(cfg.steps))
     best = math.inf
-    val_loss, val_acc = _evaluate_and_record(t, net, val_loader, cfg, step=0, recorder=rec)
-    print(f"  eval at step 0: val loss {val_loss:.4f}  accuracy {val_acc:.1%}", file=out, flush=True)
+    # the model as it starts: step 0, or the checkpoint's step on a restart (the curve must not go back to step 0)
+    val_loss, val_acc = _evaluate_and_record(t, net, val_loader, cfg, step=start_step, recorder=rec)
+    print(f"  eval at step {start_step}: val loss {val_loss:.4f}  accuracy {val_acc:.1%}", file=out, flush=True)
     window_loss, window_samples, window_time = 0.0, 0, 0.0
     step = start_step
     batches = _batches(loader)
