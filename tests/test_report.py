@@ -242,6 +242,11 @@ def test_the_restarted_run_shows_the_crash_the_restart_and_the_session_goodput(s
     assert [r.run_id for r in model.goodput.runs] == ["job.0", "job.1"]
     page = write_report(session[1], tmp_path / "r.html").read_text()
     assert "restarts and checkpoints" in page and "job.0" in page and "interrupted" in page
+    # a lane per attempt, named so that it fits, the report's own run marked (the bars' tooltips name the runs)
+    timeline = re.search(r'<svg[^>]*class="chart timeline".*?</svg>', page, re.S)
+    assert timeline is not None
+    lanes = re.findall(r'text-anchor="end"[^>]*>([^<]*)<title>', timeline.group(0))
+    assert lanes == ["attempt 1 (.0)", "&gt; attempt 2 (.1)"] and "<title>run job.1: finished" in timeline.group(0)
 
 
 def test_the_launcher_agents_events_are_shown_apart_from_the_ranks(session: tuple[Path, Path]) -> None:

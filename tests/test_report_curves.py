@@ -4,6 +4,7 @@ report page of real runs written through the pipeline (HTML parsed; the demo's r
 from __future__ import annotations
 
 import math
+import random
 import re
 import shutil
 import subprocess
@@ -20,6 +21,7 @@ from telemetrain.report.curve_scale import smooth, y_scale
 from telemetrain.report.curves import CurveBuilder, is_user_group, pick_loss
 from telemetrain.report.curves_svg import curve_chart, overlay_chart
 from telemetrain.report.model import build_model
+from telemetrain.report.svg import axis_labels, nice_ticks
 from telemetrain.store import open_run
 
 HOSTILE = '<script>alert("m")</script>&'
@@ -183,6 +185,37 @@ def test_axis_log_for_decades_and_a_spike_does_not_flatten_the_curve() -> None:
     assert scale is not None and not scale.log
     assert scale.hi < 3 and scale.spikes == ((150.0, 1e4),)  # the range is the curve's; the spike is a marker
     assert curve_chart(s).count('class="spike"') == 1
+
+
+def test_the_ordinary_maxima_of_a_bucketed_metric_are_not_spikes() -> None:
+    # a metric that alternates (two kinds of batch): 4 steps per drawn point, so every bucket's maximum is the high
+    # value while the bucket means lie flat. The maxima's usual reach is not a spike; a real one still is.
+    rng = random.Random(0)
+    b = CurveBuilder()
+    for step in range(800):
+        value = (0.18 if step % 2 else 0.14) + rng.gauss(0, 0.002)
+        b.add(0, "train", "grad_norm", step, 1.5 if step == 601 else value, step)
+    (c,) = b.curves()
+    assert c.lines[0].points[0].n == 4
+    scale = y_scale(c.lines)
+    assert scale is not None and scale.spikes == ((601.0, 1.5),)
+    assert 0.18 < scale.hi < 0.25 and curve_chart(c).count('class="spike"') == 1
+
+
+def test_axis_labels_tell_every_tick_apart_in_plain_digits() -> None:
+    assert axis_labels(nice_ticks(0.59, 0.607, 4), "1") == ["59.0%", "59.5%", "60.0%", "60.5%"]  # not 60% twice
+    assert axis_labels(nice_ticks(2000, 4100, 4), "1/s") == ["2,000", "3,000", "4,000"]  # not 2e+03
+    assert axis_labels([0.15, 0.175, 0.2], "") == ["0.150", "0.175", "0.200"]
+    assert axis_labels([0.0, 5e5, 1e6, 1.5e6], "") == ["0", "0.5M", "1.0M", "1.5M"]
+    assert axis_labels([0.0, 1e-5, 2e-5], "") == ["0", "1e-05", "2e-05"]  # tiny values keep an exponent
+    assert axis_labels([0.0123, 0.01235, 0.0124], "s") == ["12.3 ms", "12.35 ms", "12.4 ms"]
+    assert axis_labels([3 * 2**20, 4 * 2**20], "bytes") == ["3 MiB", "4 MiB"]
+    b = CurveBuilder()
+    for step in range(40):
+        b.add(0, "val", "val.accuracy", step, 0.595 + step * 0.0002, step, unit="1")
+    (c,) = b.curves()
+    labels = re.findall(r'text-anchor="end"[^>]*>([^<]+)</text>', curve_chart(c))
+    assert len(labels) >= 3 and len(set(labels)) == len(labels) and all(t.endswith("%") for t in labels)
 
 
 def test_smooth_is_a_centered_median() -> None:

@@ -66,10 +66,12 @@ def log_allowed(name: str) -> bool:
 
 def y_scale(lines: Sequence[CurveLine], *, zero: bool = False, allow_log: bool = True) -> YScale | None:
     """The y range of a chart: the bucket means and minima, and the maxima unless a few of them would flatten the
-    rest. A maximum is a spike when it lies beyond the line's own smoothed value by more than 8 robust deviations of
-    the means around it; when the spikes would stretch the range by more than half, the range stops at the
-    non-spike values and the spikes are marked at its top edge. Log when every value is positive and the range spans
-    at least two decades (a loss falling from 10 to 0.01)."""
+    rest. A maximum is a spike when it lies beyond the line's own smoothed value by more than the maxima usually do
+    (their median excess) plus 8 robust deviations -- of the means around the smoothed line, or of the maxima's
+    excesses where those vary more: a bucket of several values reaches further than its mean, and a noisy metric's
+    ordinary maxima are not spikes. When the spikes would stretch the range by more than half, the range stops at
+    the non-spike values and the spikes are marked at its top edge. Log when every value is positive and the range
+    spans at least two decades (a loss falling from 10 to 0.01)."""
     kept: list[float] = []
     spikes: list[tuple[float, float]] = []
     for line in lines:
@@ -80,13 +82,17 @@ def y_scale(lines: Sequence[CurveLine], *, zero: bool = False, allow_log: bool =
         center = smooth(means, smoothing_window(len(means)))
         resid = sorted(abs(m - c) for m, c in zip(means, center, strict=True))
         scale = max(1.4826 * _quantile(resid, 0.5), 1e-12)
+        excess = sorted(p.hi - c for p, c in zip(pts, center, strict=True) if p.hi == p.hi)
+        usual = max(_quantile(excess, 0.5), 0.0) if excess else 0.0
+        spread = 1.4826 * _quantile(sorted(abs(e - usual) for e in excess), 0.5) if excess else 0.0
+        limit = usual + 8 * max(scale, spread)
         for p, c in zip(pts, center, strict=True):
-            if p.hi - c > 8 * scale and len(pts) >= 8:  # a spike: its bucket counts at the smoothed value
+            if p.hi - c > limit and len(pts) >= 8:  # a spike: its bucket counts at the smoothed value
                 spikes.append((p.hi_x, p.hi))
                 kept.append(c)
                 if p.n > 1:
                     kept.append(p.lo)
-                    if p.mean - c <= 8 * scale:
+                    if p.mean - c <= limit:
                         kept.append(p.mean)
             else:
                 kept += (p.lo, p.mean, p.hi)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from .curve_scale import YScale, log_allowed, smooth, smoothing_window, y_scale
 from .curves import Curve, CurveLine
-from .svg import PALETTE, esc, fmt_unit, nice_ticks
+from .svg import PALETTE, axis_labels, esc, nice_ticks
 
 __all__ = ["curve_chart", "overlay_chart"]
 
@@ -55,11 +55,10 @@ class _Plot:
                 ticks = [self.y.lo, self.y.hi]
         else:
             ticks = nice_ticks(self.y.lo, self.y.hi, 4)
-        for t in ticks:
+        for t, text in zip(ticks, axis_labels(ticks, unit, log=self.y.log), strict=True):
             y = self.py(t)
             out.append(f'<line x1="{self.left}" x2="{self.right}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>'
-                       f'<text x="{self.left - 4}" y="{y + 4:.1f}" text-anchor="end" {_FONT}>'
-                       f"{esc(fmt_unit(t, unit) if unit in ('s', '1', 'By') else f'{t:.3g}')}</text>")
+                       f'<text x="{self.left - 4}" y="{y + 4:.1f}" text-anchor="end" {_FONT}>{esc(text)}</text>')
         for t in nice_ticks(self.x0, self.x1, 6):
             x = self.px(t)
             out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{self.bottom}" y2="{self.bottom + 4}" stroke="#999"/>'

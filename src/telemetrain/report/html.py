@@ -322,6 +322,18 @@ def _system(m: ReportModel) -> str:
     return '<div class="cols">' + "".join(out) + "</div>" + gpu_section(m.gpu)
 
 
+def _attempt_labels(run_ids: list[str]) -> list[str]:
+    """Short lane names for a session's runs: ``attempt 2 (.1)``, what tells ``<session>.1`` from its siblings (run
+    ids share the session's long prefix, which would fill the lane's room); one run keeps its id."""
+    if len(run_ids) < 2:
+        return list(run_ids)
+    lo, hi = min(run_ids), max(run_ids)  # the common prefix of all is that of these two
+    common = lo[:next((i for i, (a, b) in enumerate(zip(lo, hi, strict=False)) if a != b), len(lo))]
+    cut = max(common.rfind(c) for c in ".-_/")  # the distinct tails start at a separator, kept in them
+    return [f"attempt {i + 1} ({rid[cut:] if cut > 0 and len(rid) > cut else rid})"
+            for i, rid in enumerate(run_ids)]
+
+
 def _checkpoints(m: ReportModel) -> str:
     body = ""
     lanes: list[tuple[str, list[tuple[float, float, str, str]]]] = []
@@ -332,6 +344,7 @@ def _checkpoints(m: ReportModel) -> str:
     if g is not None and g.runs:
         origin = min(r.start_time_sec for r in g.runs if r.start_time_sec is not None) if any(
             r.start_time_sec is not None for r in g.runs) else origin
+        labels = _attempt_labels([r.run_id for r in g.runs])
         for i, r in enumerate(g.runs):
             bars = []
             if r.start_time_sec is not None and r.end_time_sec is not None:
@@ -339,7 +352,7 @@ def _checkpoints(m: ReportModel) -> str:
                        f"checkpoint at step {r.last_checkpoint_step}")
                 bars.append((r.start_time_sec - origin, r.end_time_sec - origin,
                              STATUS_COLOURS.get(r.status, "#999"), tip))
-            lanes.append((f"{'> ' if r.run_id == m.run_id else ''}{r.run_id}", bars))
+            lanes.append((f"{'> ' if r.run_id == m.run_id else ''}{labels[i]}", bars))
             if r.run_id == m.run_id:
                 this_lane = i
     else:

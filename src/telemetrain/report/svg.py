@@ -8,10 +8,12 @@ show on hover without any script.
 from __future__ import annotations
 
 import html
+import itertools
 import math
 from collections.abc import Callable, Sequence
 
-__all__ = ["PALETTE", "esc", "fmt_unit", "heatmap", "line_chart", "nice_ticks", "stacked_bars", "timeline"]
+__all__ = ["PALETTE", "axis_labels", "esc", "fmt_unit", "heatmap", "line_chart", "nice_ticks", "stacked_bars",
+           "timeline"]
 
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
            "#17becf")
@@ -23,24 +25,55 @@ def esc(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-def fmt_unit(value: float, unit: str) -> str:
-    """A value for an axis or a tooltip: seconds as ms/s, fractions as %, bytes in IEC units."""
+def fmt_unit(value: float, unit: str, digits: int = 3) -> str:
+    """A value for an axis or a tooltip: seconds as ms/s, fractions as %, bytes in IEC units; ``digits``
+    significant digits (a percentage: ``digits - 3`` decimals, so 3 gives ``60%``)."""
     if not math.isfinite(value):
         return str(value)
     if unit == "s":
         if abs(value) < 1:
-            return f"{value * 1e3:.3g} ms"
-        return f"{value:.3g} s" if abs(value) < 1000 else f"{value:,.0f} s"
+            return f"{value * 1e3:.{digits}g} ms"
+        return f"{value:.{digits}g} s" if abs(value) < 1000 else f"{value:,.{max(0, digits - 4)}f} s"
     if unit == "1":
-        return f"{value:.0%}" if abs(value) >= 0.1 or value == 0 else f"{value:.1%}"
-    if unit == "By":
+        if abs(value) >= 0.1 or value == 0:
+            return f"{value:.{max(0, digits - 3)}%}"
+        return f"{value:.{digits - 2}%}"
+    if unit in ("By", "bytes"):
         for suffix in ("B", "KiB", "MiB", "GiB", "TiB"):
             if abs(value) < 1024 or suffix == "TiB":
-                return f"{value:.3g} {suffix}"
+                return f"{value:.{digits}g} {suffix}"
             value /= 1024
     if unit == "Cel":
-        return f"{value:.3g} °C"
-    return f"{value:.3g}" + (f" {unit}" if unit else "")
+        return f"{value:.{digits}g} °C"
+    return f"{value:.{digits}g}" + (f" {unit}" if unit else "")
+
+
+_UNIT_TICKS = ("s", "1", "By", "bytes", "Cel")  # units fmt_unit writes out; other units are named beside the chart
+_SI = ((1e12, "T"), (1e9, "G"), (1e6, "M"))
+
+
+def axis_labels(ticks: Sequence[float], unit: str = "", *, log: bool = False) -> list[str]:
+    """Labels for an axis's ticks that tell every tick from its neighbours (``59.5%``, ``60%``, ``60.5%``, never
+    ``60%`` twice), with plain digits for everyday magnitudes (``4,000``, ``0.175``; ``2.5M`` past a million), not
+    ``4e+03``. Units ``fmt_unit`` knows are written with the value; any other unit is left to the chart's caption."""
+    if unit in _UNIT_TICKS or log or len(ticks) < 2:
+        labels: list[str] = []
+        for digits in range(3, 10):  # the fewest digits that tell the ticks apart
+            labels = [fmt_unit(t, unit if unit in _UNIT_TICKS else "", digits) for t in ticks]
+            if len(set(labels)) == len(labels):
+                break
+        return labels
+    finite = [t for t in ticks if math.isfinite(t)]
+    top = max((abs(t) for t in finite), default=0.0)
+    gaps = [b - a for a, b in itertools.pairwise(finite) if b > a]
+    if not gaps or top < 1e-3:
+        return axis_labels(ticks, unit, log=True)
+    scale, suffix = next(((f, n) for f, n in _SI if top >= f), (1.0, ""))
+    step = min(gaps) / scale
+    decimals = max(0, -math.floor(math.log10(step)))
+    while decimals < 12 and abs(step * 10 ** decimals - round(step * 10 ** decimals)) > 1e-6:
+        decimals += 1  # a step of 2.5 x 10^k needs one digit more than its power of ten
+    return ["0" if t == 0 else f"{t / scale:,.{decimals}f}{suffix}" if math.isfinite(t) else str(t) for t in ticks]
 
 
 def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
@@ -72,13 +105,14 @@ class _Frame:
     def py(self, y: float) -> float:
         return self.bottom - (y - self.y0) / (self.y1 - self.y0) * (self.bottom - self.top)
 
-    def axes(self, x_fmt: Callable[[float], str], y_fmt: Callable[[float], str], x_label: str) -> list[str]:
+    def axes(self, x_fmt: Callable[[float], str], y_unit: str, x_label: str) -> list[str]:
         out = [f'<rect x="{self.left}" y="{self.top}" width="{self.right - self.left}" '
                f'height="{self.bottom - self.top}" fill="#fff" stroke="#ccc"/>']
-        for t in nice_ticks(self.y0, self.y1, 4):
+        ticks = nice_ticks(self.y0, self.y1, 4)
+        for t, text in zip(ticks, axis_labels(ticks, y_unit), strict=True):
             y = self.py(t)
             out.append(f'<line x1="{self.left}" x2="{self.right}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>')
-            out.append(f'<text x="{self.left - 4}" y="{y + 4:.1f}" text-anchor="end" {_FONT}>{esc(y_fmt(t))}</text>')
+            out.append(f'<text x="{self.left - 4}" y="{y + 4:.1f}" text-anchor="end" {_FONT}>{esc(text)}</text>')
         for t in nice_ticks(self.x0, self.x1, 6):
             x = self.px(t)
             out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{self.bottom}" y2="{self.bottom + 4}" stroke="#999"/>')
@@ -130,7 +164,7 @@ def line_chart(
     y_hi = max(ys) * 1.05 if max(ys) > 0 else max(ys) + 1
     frame = _Frame(width, height, (min(xs), max(xs)), (y_lo, y_hi))
     out = [_open(width, height + 18, label, "line-chart"), f"<title>{esc(label)}</title>"]
-    out += frame.axes(x_fmt, lambda v: fmt_unit(v, unit), x_label)
+    out += frame.axes(x_fmt, unit, x_label)
     legend: list[tuple[str, str, float]] = []
     for i, (name, lower, upper) in enumerate(bands):
         lo, hi = _finite(lower), _finite(upper)
@@ -284,6 +318,15 @@ def stacked_bars(
     return "".join(out)
 
 
+def _lane_label(name: str, room: int = 22) -> str:
+    """What fits left of a lane (150 px of 11 px text): the end of a long name after an ellipsis, keeping a
+    leading ``"> "`` (the lane a caption points at)."""
+    if len(name) <= room:
+        return name
+    head = "> " if name.startswith("> ") else ""
+    return head + "…" + name[len(name) - (room - len(head) - 1):]
+
+
 def timeline(
     label: str,
     lanes: Sequence[tuple[str, Sequence[tuple[float, float, str, str]]]],
@@ -308,7 +351,7 @@ def timeline(
                f'{_FONT} fill="#555">{esc(x_label)}</text>')
     for i, (name, bars) in enumerate(lanes):
         y = frame.top + i * lane_h
-        out.append(f'<text x="{frame.left - 6}" y="{y + 17}" text-anchor="end" {_FONT}>{esc(name[-24:])}'
+        out.append(f'<text x="{frame.left - 6}" y="{y + 17}" text-anchor="end" {_FONT}>{esc(_lane_label(name))}'
                    f"<title>{esc(name)}</title></text>")
         for a, b, colour, tip in bars:
             x0, x1 = frame.px(a), frame.px(b)
