@@ -20,6 +20,7 @@ from telemetrain.analysis import compare_runs
 from telemetrain.analysis.compare import IMPROVEMENT, REGRESSION
 from telemetrain.analysis.compare_html import comparison_html, multi_html
 from telemetrain.analysis.compare_multi import compare_baselines
+from telemetrain.analysis.compare_text import format_quantity
 from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
 
 BASE_MS = 1_700_000_000_000
@@ -246,3 +247,10 @@ def test_the_library_reads_each_run_as_compare_runs_does(runs: dict[str, Path]) 
     for baseline, got in zip((runs["b1"], runs["b2"]), multi.comparisons, strict=True):
         alone = compare_runs(runs["c"], baseline, resamples=200)
         assert got.as_dict() == alone.as_dict()
+
+
+def test_quantities_read_as_people_write_them() -> None:
+    assert format_quantity(22970.4, "samples/s") == "22,970 samples/s"  # not 2.297e+04
+    assert format_quantity(0.2849, "1") == "28.5%"  # goodput, a fraction
+    assert format_quantity(0.0123, "s") == "12.30 ms" and format_quantity(0.2849, "") == "0.2849"
+    assert format_quantity(3.5e13, "FLOP/s") == "3.5e+13 FLOP/s" and format_quantity(float("nan"), "s") == "-"

@@ -308,7 +308,7 @@ def _goodput_row(candidate: RunSamples, baseline: RunSamples) -> MetricCompariso
     c, b = candidate.goodput, baseline.goodput
     if c is None or b is None or not b > 0:
         return None
-    return MetricComparison(metric="goodput", scope="run", label="goodput", unit="", higher_is_better=True,
+    return MetricComparison(metric="goodput", scope="run", label="goodput", unit="1", higher_is_better=True,
                             baseline_median=b, candidate_median=c, baseline_windows=1, candidate_windows=1,
                             ratio=c / b, ci_low=math.nan, ci_high=math.nan, verdict=ONE_VALUE,
                             note="one value per run: shown, not tested")

@@ -13,7 +13,8 @@ __all__ = ["format_change", "format_comparison", "format_multi", "format_quantit
 
 
 def format_quantity(value: float, unit: str) -> str:
-    """Seconds in s/ms/us, anything else to 4 significant digits."""
+    """Seconds in s/ms/us, a fraction (unit ``1``) as a percentage, anything else to 4 significant digits in plain
+    digits (``22,970 samples/s``, not ``2.297e+04``) unless it is tiny or huge."""
     if not math.isfinite(value):
         return "-"
     if unit == "s":
@@ -22,7 +23,12 @@ def format_quantity(value: float, unit: str) -> str:
         if abs(value) >= 1e-3:
             return f"{value * 1e3:.2f} ms"
         return f"{value * 1e6:.1f} us"
-    return f"{value:.4g} {unit}"
+    if unit == "1":
+        return f"{value:.1%}"
+    suffix = f" {unit}" if unit else ""
+    if value == 0 or not 1e-3 <= abs(value) < 1e12:
+        return f"{value:.4g}{suffix}"
+    return f"{value:,.{max(0, 3 - math.floor(math.log10(abs(value))))}f}{suffix}"
 
 
 def format_change(ratio: float) -> str:
