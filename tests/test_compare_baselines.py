@@ -7,6 +7,7 @@ and a logged loss), 120 iterations each: 11 steady-state report windows, enough 
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import re
@@ -18,7 +19,7 @@ import pytest
 from telemetrain import Telemetry, cli, identity_from_env
 from telemetrain.analysis import compare_runs
 from telemetrain.analysis.compare import IMPROVEMENT, REGRESSION
-from telemetrain.analysis.compare_html import comparison_html, multi_html
+from telemetrain.analysis.compare_html import RatioAxis, comparison_html, multi_html
 from telemetrain.analysis.compare_multi import compare_baselines
 from telemetrain.analysis.compare_text import format_quantity
 from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
@@ -254,3 +255,17 @@ def test_quantities_read_as_people_write_them() -> None:
     assert format_quantity(0.2849, "1") == "28.5%"  # goodput, a fraction
     assert format_quantity(0.0123, "s") == "12.30 ms" and format_quantity(0.2849, "") == "0.2849"
     assert format_quantity(3.5e13, "FLOP/s") == "3.5e+13 FLOP/s" and format_quantity(float("nan"), "s") == "-"
+
+
+@pytest.mark.parametrize("ratios", [[0.001, 500.0], [0.5, 2.0], [0.97, 1.04], [1.0, 250.0]])
+def test_the_ratio_axis_labels_do_not_overlap(ratios: list[float]) -> None:
+    svg = RatioAxis(ratios, 0.03).svg()
+    texts = re.findall(r'<text x="([0-9.]+)"[^>]*text-anchor="(\w+)"[^>]*>([^<]+)</text>', svg)
+    assert len(texts) >= 3 and "0" in [t for _, _, t in texts] and not any("e+" in t for _, _, t in texts)
+    spans = []
+    for x, anchor, text in texts:  # 10 px text: at most 6 px a character
+        w = 6.0 * len(text)
+        left = float(x) - {"start": 0.0, "middle": w / 2, "end": w}[anchor]
+        spans.append((left, left + w))
+    spans.sort()
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))

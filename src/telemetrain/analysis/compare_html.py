@@ -21,6 +21,7 @@ h1 { font-size: 1.4em; } h2 { font-size: 1.15em; margin-top: 2em; }
 table { border-collapse: collapse; margin: .5em 0; }
 th, td { padding: .25em .7em; border-bottom: 1px solid #ddd; text-align: right; white-space: nowrap; }
 th:first-child, td:first-child, td.verdict { text-align: left; }
+td.verdict { white-space: normal; min-width: 20em; max-width: 40em; }
 tr.regression td.verdict { color: #b00020; font-weight: bold; }
 tr.improvement td.verdict { color: #1b7f3b; font-weight: bold; }
 tr.insufficient td { color: #888; }
@@ -64,13 +65,26 @@ class RatioAxis:
         return _PAD + (f + self.half) / (2 * self.half) * (self.width - 2 * _PAD)
 
     def ticks(self, min_gap: float = 36.0) -> list[float]:
-        """No change, and the changes from the outermost inwards that keep ``min_gap`` pixels from the others."""
+        """No change, and the changes from the outermost inwards that keep ``min_gap`` pixels from the others and
+        whose labels do not touch theirs."""
         inside = [r for r in _TICKS if abs(self._f(r)) <= self.half]
         chosen = [1.0]
         for r in sorted(inside, key=lambda r: -abs(self._f(r))):
-            if all(abs(self.x(r) - self.x(c)) >= min_gap for c in chosen):
+            lo, hi = self._label_extent(r)
+            if all(abs(self.x(r) - self.x(c)) >= min_gap and (hi + 4 <= self._label_extent(c)[0]
+                                                              or self._label_extent(c)[1] + 4 <= lo)
+                   for c in chosen):
                 chosen.append(r)
         return sorted(chosen)
+
+    def _anchor(self, x: float) -> str:
+        return "start" if x < 20 else "end" if x > self.width - 20 else "middle"
+
+    def _label_extent(self, ratio: float) -> tuple[float, float]:
+        """The pixels a tick's label covers (10 px text: about 6 px a character)."""
+        x, w = self.x(ratio), 6.0 * len(_tick_label(ratio))
+        anchor = self._anchor(x)
+        return (x, x + w) if anchor == "start" else (x - w, x) if anchor == "end" else (x - w / 2, x + w / 2)
 
     def svg(self) -> str:
         """The axis itself, with its tick labels (in the table's header)."""
@@ -78,7 +92,7 @@ class RatioAxis:
                f'aria-label="change, candidate against baseline">']
         for r in self.ticks():
             x = self.x(r)
-            anchor = "start" if x < 20 else "end" if x > self.width - 20 else "middle"
+            anchor = self._anchor(x)
             out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{_AXIS_H - 6}" y2="{_AXIS_H}" stroke="#999"/>'
                        f'<text x="{x:.1f}" y="{_AXIS_H - 9}" font-size="10" text-anchor="{anchor}" '
                        f'fill="#555">{_e(_tick_label(r))}</text>')
@@ -87,7 +101,10 @@ class RatioAxis:
 
 
 def _tick_label(ratio: float) -> str:
+    """A change in percent (``+50%``, ``-99.9%``); from 10 times on, the factor (``101x``, not ``+1e+04%``)."""
     change = (ratio - 1) * 100
+    if ratio >= 10:
+        return f"{ratio:.3g}x"
     return "0" if abs(change) < 1e-9 else f"{change:+.3g}%"
 
 
