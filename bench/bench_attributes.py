@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 OURS = HERE.parent / "src"
@@ -80,7 +81,7 @@ print(json.dumps({"ns": out, "dropped": health["dropped"], "failed": health["fai
 """
 
 
-def child(tree: Path, n: int, repeats: int, attributes: bool) -> dict:
+def child(tree: Path, n: int, repeats: int, attributes: bool) -> dict[str, Any]:
     args = [sys.executable, "-c", CHILD, str(tree), str(n), str(repeats), "1" if attributes else "0",
             json.dumps(OPS), json.dumps(A1), json.dumps(A3), json.dumps(D4)]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": ""})
@@ -129,8 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.rounds, args.n, args.repeats = 2, 50_000, 3
-    ours_runs: list[dict] = []
-    base_runs: list[dict] = []
+    ours_runs: list[dict[str, Any]] = []
+    base_runs: list[dict[str, Any]] = []
     for r in range(args.rounds):
         order = [(OURS, ours_runs, True)]
         if args.baseline is not None:  # alternate which goes first: the second of a pair may find warmer caches

@@ -47,6 +47,7 @@ from collections.abc import Callable
 from itertools import repeat
 from pathlib import Path
 from time import monotonic_ns, perf_counter_ns
+from typing import Any
 
 import _method
 from _method import NOTES, RESULTS, difference_row, measure, new_row, progress, row_of
@@ -54,7 +55,7 @@ from _method import NOTES, RESULTS, difference_row, measure, new_row, progress, 
 warnings.filterwarnings("ignore")  # torch's "Failed to initialize NumPy", telemetrain's drop warning in the flood
 
 ARGS: argparse.Namespace
-EXTRA: dict[str, dict] = {}  # throughput / flood measurements
+EXTRA: dict[str, dict[str, Any]] = {}  # throughput / flood measurements
 SHORT_N = 10_000  # ops per repeat of the "short queue" rows
 DISTS = ("torch", "prometheus-client", "opentelemetry-sdk", "telemetrain", "psutil")  # versions reported
 
@@ -66,12 +67,12 @@ def bench(
     lib: str,
     op: str,
     stmt: str,
-    names: dict | None = None,
+    names: dict[str, Any] | None = None,
     *,
     between: Callable[[], None] | None = None,
     gc_off: bool = False,
     max_n: int | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """Measure ``stmt``; ``between()`` runs after calibration and after every repeat, outside the timed region."""
     samples, n = measure(stmt, names, between=between, gc_off=gc_off, max_n=max_n)
     row = new_row(lib, op, samples, n)
@@ -80,7 +81,7 @@ def bench(
     return row
 
 
-def derived(lib: str, op: str, a: dict, b: dict) -> dict:
+def derived(lib: str, op: str, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     """Row ``a - b`` (median - median, best - best; repeats: the differences of the paired repeats)."""
     row = difference_row(lib, op, a, b)
     RESULTS.append(row)
@@ -293,7 +294,7 @@ def section_telemetrain(tmpdir: str) -> None:
     telemetrain.set_telemetry(telemetrain.Telemetry(store=False))  # leave no closed instance as the default
 
 
-def _capture(routes: dict, group: str, call: Callable[[], None]) -> tuple:
+def _capture(routes: dict[str, Any], group: str, call: Callable[[], None]) -> tuple:
     """The packed record a hot path hands to its route, captured by swapping the cached route for a moment (so
     these rows follow whatever layout ``src`` uses today)."""
     real, got = routes[group], []
@@ -576,7 +577,7 @@ def section_flood(tmpdir: str) -> None:
 # -- checks and output ----------------------------------------------------------------------------------------------
 
 
-def checks() -> list[dict]:
+def checks() -> list[dict[str, Any]]:
     out = []
 
     def med(lib, op):

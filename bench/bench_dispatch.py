@@ -43,6 +43,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 
@@ -52,7 +53,7 @@ def _lines(path: Path, needle: bytes = b'"kind":"metric"') -> int:
         return sum(1 for line in fh if needle in line)
 
 
-def scenario_offered(rate: int, seconds: float) -> dict:
+def scenario_offered(rate: int, seconds: float) -> dict[str, Any]:
     import telemetrain
 
     with tempfile.TemporaryDirectory(prefix="bench_dispatch_") as tmp:
@@ -94,7 +95,7 @@ def scenario_offered(rate: int, seconds: float) -> dict:
     }
 
 
-def scenario_producers(threads: int, per_thread: int, capacity: int) -> dict:
+def scenario_producers(threads: int, per_thread: int, capacity: int) -> dict[str, Any]:
     import telemetrain
     from telemetrain.sinks import Sink
 
@@ -145,7 +146,7 @@ def scenario_producers(threads: int, per_thread: int, capacity: int) -> dict:
     }
 
 
-def scenario_idle(idle_s: float) -> dict:
+def scenario_idle(idle_s: float) -> dict[str, Any]:
     import telemetrain
 
     with tempfile.TemporaryDirectory(prefix="bench_dispatch_") as tmp:
@@ -160,7 +161,7 @@ def scenario_idle(idle_s: float) -> dict:
     return {"idle_s": wall, "cpu_ms_per_s": cpu / wall * 1000, "core_percent": cpu / wall * 100}
 
 
-def scenario_calls() -> dict:
+def scenario_calls() -> dict[str, Any]:
     import gc
 
     import telemetrain
@@ -203,7 +204,7 @@ def scenario_calls() -> dict:
     return out
 
 
-def run_one(name: str, args: list[str]) -> dict:
+def run_one(name: str, args: list[str]) -> dict[str, Any]:
     proc = subprocess.run([sys.executable, __file__, "--scenario", name, *args], capture_output=True, text=True,
                           timeout=900)
     if proc.returncode != 0:
@@ -239,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if ns.quick:
         ns.rates, ns.seconds, ns.runs, ns.per_thread, ns.idle_s = "300000", 1.0, 1, 100_000, 1.0
-    results: dict[str, list[dict]] = {"offered": [], "producers": [], "idle": [], "calls": []}
+    results: dict[str, list[dict[str, Any]]] = {"offered": [], "producers": [], "idle": [], "calls": []}
     wanted = set(ns.scenarios.split(","))
     for rate in (int(r) for r in ns.rates.split(",")) if "offered" in wanted else ():
         for _ in range(ns.runs):

@@ -63,11 +63,11 @@ ACCUM = 2
 _record = _method.record_with_peer
 
 
-def _row(lib: str, op: str, samples: list[float], n: object, peer: dict | None = None) -> dict:
+def _row(lib: str, op: str, samples: list[float], n: object, peer: dict[str, Any] | None = None) -> dict[str, Any]:
     return _record(new_row(lib, op, samples, n), peer)
 
 
-def bench(lib: str, op: str, stmt: str, names: dict, *, peer: dict | None = None) -> dict:
+def bench(lib: str, op: str, stmt: str, names: dict[str, Any], *, peer: dict[str, Any] | None = None) -> dict[str, Any]:
     samples, n = measure(stmt, names, collect=ARGS.collect)
     return _row(lib, op, samples, n, peer)
 
@@ -87,7 +87,7 @@ def _parts() -> Any:
         def __len__(self) -> int:
             return int(self.ids.shape[0])
 
-        def __getitem__(self, i: int) -> dict:
+        def __getitem__(self, i: int) -> dict[str, Any]:
             return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
     class Clock(transformers.TrainerCallback):
@@ -208,7 +208,7 @@ def section_training(tmpdir: str) -> None:
         _train(trainer)
         return clock.end - clock.begin, clock.cpu_end - clock.cpu_begin
 
-    stores: list[dict] = []
+    stores: list[dict[str, Any]] = []
 
     def telemetry(k: int) -> tuple[int, int]:
         t = Telemetry(store=os.path.join(tmpdir, f"t{k}"))
@@ -301,8 +301,8 @@ def section_training(tmpdir: str) -> None:
 # -- checks -------------------------------------------------------------------------------------------------------
 
 
-def checks() -> list[dict]:
-    out: list[dict] = []
+def checks() -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
     tr = EXTRA.get("training")
     if tr is None:
         out.append({"id": "1", "status": "SKIP", "title": "training run", "text": "section not run"})
@@ -333,7 +333,7 @@ def checks() -> list[dict]:
 
 
 def render_table() -> str:
-    def cells(r: dict) -> list[str]:
+    def cells(r: dict[str, Any]) -> list[str]:
         ratio = "" if r.get("ratio") is None else f"{r['ratio']:.3f}x"
         return [ratio, r.get("peer") or ""]
 

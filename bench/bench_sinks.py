@@ -240,7 +240,7 @@ def burst(metric: Callable[..., None], blocks: int, calls: int, first_step: int)
 # -- one variant, one round -----------------------------------------------------------------------------------------
 
 
-def run_once(v: Variant, mode: str, tmpdir: str) -> dict:
+def run_once(v: Variant, mode: str, tmpdir: str) -> dict[str, Any]:
     """A fresh Telemetry (and sink) for ``v``, a warm-up block delivered, the timed block, then flush, close and the
     delivery counts. ns per call."""
     import telemetrain
@@ -294,7 +294,7 @@ def run_once(v: Variant, mode: str, tmpdir: str) -> dict:
 
 
 def section(mode: str, variants: list[Variant], tmpdir: str) -> None:
-    rounds: dict[str, list[dict]] = {v.key: [] for v in variants}
+    rounds: dict[str, list[dict[str, Any]]] = {v.key: [] for v in variants}
     for r in range(ARGS.repeats):
         k = r % len(variants)
         order = variants[k:] + variants[:k]
@@ -329,8 +329,8 @@ def section(mode: str, variants: list[Variant], tmpdir: str) -> None:
 # -- checks and output ----------------------------------------------------------------------------------------------
 
 
-def checks(variants: list[Variant]) -> list[dict]:
-    out: list[dict] = []
+def checks(variants: list[Variant]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
     measured = EXTRA.get("rounds", {})
     present = {v.key for v in variants}
     for v in VARIANTS:
@@ -352,7 +352,7 @@ def checks(variants: list[Variant]) -> list[dict]:
         out.append({"id": v.check, "title": title, "status": "FAIL" if bad else "PASS", "instances": len(runs),
                     "delivered": delivered, "dropped": dropped, "failed": failed, "text": text})
 
-    def row(key: str, mode: str, measure: str) -> dict | None:
+    def row(key: str, mode: str, measure: str) -> dict[str, Any] | None:
         return next((r for r in RESULTS if r["variant"] == key and r["mode"] == mode and r["measure"] == measure),
                     None)
 
@@ -389,7 +389,7 @@ def render_table() -> str:
     def fmt(x: float | None) -> str:
         return "" if x is None else f"{x:.3f}x"
 
-    def cells(r: dict) -> list[str]:
+    def cells(r: dict[str, Any]) -> list[str]:
         return [fmt(r.get("ratio_control")), fmt(r.get("ratio_store"))]
 
     order = {(m, k): i for i, (m, k, _) in enumerate(MEASURES)}

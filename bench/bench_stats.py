@@ -73,6 +73,7 @@ from itertools import cycle
 from pathlib import Path
 from string import ascii_lowercase
 from time import perf_counter_ns
+from typing import Any
 
 import _method
 from _method import NOTES, RESULTS, calibrated_n, compile_stmt, difference_row, measure, new_row, progress, row_of, skip
@@ -97,7 +98,7 @@ QUANTILES_HIST = [*QUANTILES, "histogram"]
 _record = _method.record_with_peer
 
 
-def _row(lib: str, op: str, samples: list[float], n: object, peer: dict | None) -> dict:
+def _row(lib: str, op: str, samples: list[float], n: object, peer: dict[str, Any] | None) -> dict[str, Any]:
     return _record(new_row(lib, op, samples, n), peer)
 
 
@@ -105,25 +106,35 @@ def bench(
     lib: str,
     op: str,
     stmt: str,
-    names: dict | None = None,
+    names: dict[str, Any] | None = None,
     *,
-    peer: dict | None = None,
+    peer: dict[str, Any] | None = None,
     between: Callable[[], None] | None = None,
     gc_off: bool = False,
     max_n: int | None = None,
     warm: int = 2000,
-) -> dict:
+) -> dict[str, Any]:
     """Measure ``stmt``; ``between()`` runs after calibration and after every repeat, outside the timed region."""
     samples, n = measure(stmt, names, between=between, gc_off=gc_off, max_n=max_n, warm=warm, collect=ARGS.collect)
     return _row(lib, op, samples, n, peer)
 
 
-def derived(lib: str, op: str, a: dict, b: dict, *, peer: dict | None = None) -> dict:
+def derived(
+    lib: str, op: str, a: dict[str, Any], b: dict[str, Any], *, peer: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Row ``a - b`` (median - median, best - best; repeats: the differences of the paired repeats)."""
     return _record(difference_row(lib, op, a, b), peer)
 
 
-def paired(lib: str, op: str, stmt: str, names: dict, peer: dict, peer_stmt: str, peer_names: dict) -> dict:
+def paired(
+    lib: str,
+    op: str,
+    stmt: str,
+    names: dict[str, Any],
+    peer: dict[str, Any],
+    peer_stmt: str,
+    peer_names: dict[str, Any],
+) -> dict[str, Any]:
     """``stmt`` and its peer's statement timed in adjacent repeats (2 x ``--repeats`` pairs, the order alternating), so
     that a slow spell of the machine hits both sides of a pair: the row's ratio is the median of the per-pair ratios."""
     ours, theirs = compile_stmt(stmt, names), compile_stmt(peer_stmt, peer_names)
@@ -369,10 +380,10 @@ def thread_bench(
     lib: str,
     op: str,
     make: Callable[[int], object],
-    check: Callable[[object, int], dict],
+    check: Callable[[object, int], dict[str, Any]],
     *,
-    peer: tuple[dict, dict] | None = None,
-) -> tuple[dict, dict, dict]:
+    peer: tuple[dict[str, Any], dict[str, Any]] | None = None,
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """2 threads x ``n`` ``s.add(1.0)`` on one fresh stat per repeat (``make(repeat)``); ``check(stat, expected)``
     returns the exactness verdict of that repeat."""
     n = ARGS.thread_n
@@ -422,7 +433,7 @@ def section_threads(t) -> None:
 
         return make
 
-    def check_windows(s, expected: int, full: int | None = None) -> dict:
+    def check_windows(s, expected: int, full: int | None = None) -> dict[str, Any]:
         open_count = s.count  # all samples are in the open window (unless a 600 s boundary passed meanwhile)
         s.flush()
         counts = windows.pop(id(s))
@@ -441,7 +452,7 @@ def section_threads(t) -> None:
         out["exact"] = exact
         return out
 
-    def torch_check(s, expected: int) -> dict:
+    def torch_check(s, expected: int) -> dict[str, Any]:
         return {"expected": expected, "count": s.count, "exact": s.count == expected}
 
     lib2 = "threads (2)"
@@ -752,7 +763,9 @@ def section_close(t) -> None:
     lib = "telemetrain.stats"
     windows = ARGS.close_windows
 
-    def close_cost(label: str, aggs: list[str], values: list, per_window: int, peer: dict | None) -> dict:
+    def close_cost(
+        label: str, aggs: list[str], values: list, per_window: int, peer: dict[str, Any] | None
+    ) -> dict[str, Any]:
         s = _stat(Stat, f"bench.close.{len(EXTRA['window_close'])}", aggs, window=600, telemetry=t)  # type: ignore
         add = s.add
         mask = len(values) - 1
@@ -942,7 +955,7 @@ def section_pieces(t) -> None:
 # -- the run store: every reported window is there --------------------------------------------------------------------
 
 
-def check_store(t) -> dict:
+def check_store(t) -> dict[str, Any]:
     path = t.store.path
     windows: Counter[str] = Counter()
     samples: Counter[str] = Counter()
@@ -973,11 +986,11 @@ def check_store(t) -> dict:
 # -- checks and output ------------------------------------------------------------------------------------------------
 
 
-def checks() -> list[dict]:
-    out: list[dict] = []
+def checks() -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
 
     def ratio_check(
-        cid: str, title: str, row: dict | None, limit: float | None, shared: dict | None = None
+        cid: str, title: str, row: dict[str, Any] | None, limit: float | None, shared: dict[str, Any] | None = None
     ) -> None:
         """``shared``: a baseline row whose cost both sides include (producing the value): the ratio that is checked
         is then of the costs net of it, i.e. of the add itself; the raw ratio is shown too."""
@@ -1125,7 +1138,7 @@ def checks() -> list[dict]:
     return out
 
 
-def best_ratio(row: dict) -> float:
+def best_ratio(row: dict[str, Any]) -> float:
     """best / best of a row and its peer row."""
     for p in RESULTS:
         if f"{p['library']} | {p['operation']}" == row["peer"]:
@@ -1134,7 +1147,7 @@ def best_ratio(row: dict) -> float:
 
 
 def render_table() -> str:
-    def cells(r: dict) -> list[str]:
+    def cells(r: dict[str, Any]) -> list[str]:
         ratio = "" if r["ratio"] is None else f"{r['ratio']:.3f}x"
         return [ratio, "" if r["peer"] is None else r["peer"].replace("|", "\\|")]
 

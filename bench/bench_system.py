@@ -58,7 +58,7 @@ CORE_SHARE_LIMIT = 0.005  # target 1b: < 0.5% of one core at a 1 s interval
 TRAIN_LIMIT = 1.01  # target 2
 
 
-def _record(row: dict, peer: dict | None = None) -> dict:
+def _record(row: dict[str, Any], peer: dict[str, Any] | None = None) -> dict[str, Any]:
     return _method.record_with_peer(row, peer)
 
 
@@ -241,8 +241,8 @@ def section_training(tmpdir: str) -> None:
 # -- checks and output ----------------------------------------------------------------------------------------------
 
 
-def checks() -> list[dict]:
-    out: list[dict] = []
+def checks() -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
     cycle = row_of("telemetrain.system", "one cycle: host + process tree + disk + net, thread CPU")
     allin = row_of("telemetrain.system", "same, all-in process CPU")
     if cycle is None or allin is None:
@@ -270,7 +270,7 @@ def checks() -> list[dict]:
 
 
 def render_table() -> str:
-    def cells(r: dict) -> list[str]:
+    def cells(r: dict[str, Any]) -> list[str]:
         return ["" if r.get("ratio") is None else f"{r['ratio']:.4f}x",
                 "" if r.get("peer") is None else r["peer"].replace("|", "\\|")]
 

@@ -120,7 +120,7 @@ ONE_LOGGER_MODULE = "nv_one_logger.training_telemetry.api.training_telemetry_pro
 _record = _method.record_with_peer
 
 
-def _row(lib: str, op: str, samples: list[float], n: object, peer: dict | None = None) -> dict:
+def _row(lib: str, op: str, samples: list[float], n: object, peer: dict[str, Any] | None = None) -> dict[str, Any]:
     return _record(new_row(lib, op, samples, n), peer)
 
 
@@ -128,18 +128,20 @@ def bench(
     lib: str,
     op: str,
     stmt: str,
-    names: dict | None = None,
+    names: dict[str, Any] | None = None,
     *,
-    peer: dict | None = None,
+    peer: dict[str, Any] | None = None,
     between: Callable[[], None] | None = None,
     max_n: int | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """Measure ``stmt``; ``between()`` runs after calibration and after every repeat, outside the timed region."""
     samples, n = measure(stmt, names, between=between, max_n=max_n, collect=ARGS.collect)
     return _row(lib, op, samples, n, peer)
 
 
-def derived(lib: str, op: str, a: dict, b: dict, *, peer: dict | None = None) -> dict:
+def derived(
+    lib: str, op: str, a: dict[str, Any], b: dict[str, Any], *, peer: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Row ``a - b`` (median - median, best - best; repeats: the differences of the paired repeats)."""
     return _record(difference_row(lib, op, a, b), peer)
 
@@ -148,12 +150,12 @@ def paired(
     lib: str,
     op: str,
     stmt: str,
-    names: dict,
-    peer: dict,
+    names: dict[str, Any],
+    peer: dict[str, Any],
     peer_stmt: str,
-    peer_names: dict,
+    peer_names: dict[str, Any],
     between: Callable[[], None] | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """``stmt`` and its peer's statement timed in adjacent repeats (2 x ``--repeats`` pairs, the order alternating), so
     that a slow spell of the machine hits both sides of a pair: the row's ratio is the median of the per-pair ratios."""
     ours, theirs = compile_stmt(stmt, names), compile_stmt(peer_stmt, peer_names)
@@ -212,7 +214,7 @@ def _training_config(*, log_every: int = LOG_EVERY, device_name: str | None = No
 # -- child processes ---------------------------------------------------------------------------------------------------
 
 
-def _run_child(mode: str, spec: dict, tmpdir: str, timeout: float = 600) -> dict:
+def _run_child(mode: str, spec: dict[str, Any], tmpdir: str, timeout: float = 600) -> dict[str, Any]:
     d = tempfile.mkdtemp(prefix=f"child_{mode}_", dir=tmpdir)
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--child", mode, "--child-dir", d, "--child-spec", json.dumps(spec)],
@@ -226,7 +228,7 @@ def _run_child(mode: str, spec: dict, tmpdir: str, timeout: float = 600) -> dict
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _child_main(mode: str, spec: dict, tmpdir: str) -> dict:
+def _child_main(mode: str, spec: dict[str, Any], tmpdir: str) -> dict[str, Any]:
     if mode == "one-logger":
         return _one_logger_child(spec, tmpdir)
     if mode in ("recorder", "callbacks", "first-report"):
@@ -234,7 +236,7 @@ def _child_main(mode: str, spec: dict, tmpdir: str) -> dict:
     raise ValueError(f"unknown child mode {mode!r}")
 
 
-def _one_logger_child(spec: dict, tmpdir: str) -> dict:
+def _one_logger_child(spec: dict[str, Any], tmpdir: str) -> dict[str, Any]:
     """nv-one-logger configured as its README shows; blocks of iterations at 0 and at ``late`` of one loop."""
     from nv_one_logger.api.config import LoggerConfig, OneLoggerConfig
     from nv_one_logger.exporter.file_exporter import FileExporter
@@ -270,7 +272,7 @@ def _one_logger_child(spec: dict, tmpdir: str) -> dict:
     cb.on_train_start(train_iterations_start=0)
     pair = _pair_timer(cb.on_training_single_iteration_start, cb.on_training_single_iteration_end)
     first, late = spec["first"], spec["late"]
-    out: dict = {"blocks": {}, "blocks_wall": {}}
+    out: dict[str, Any] = {"blocks": {}, "blocks_wall": {}}
     cpu, wall = pair(first)  # iterations [0, first): first calls, no warm-up on purpose
     out["blocks"]["0"], out["blocks_wall"]["0"] = cpu / first, wall / first
     cpu, _ = pair(late - first)
@@ -330,7 +332,7 @@ def _iteration_pair(api) -> Callable[[int], tuple[int, int]]:
     return _pair_timer(api.on_training_single_iteration_start, api.on_training_single_iteration_end)
 
 
-def _finish_loop(api, recorder, t, done: int) -> dict:
+def _finish_loop(api, recorder, t, done: int) -> dict[str, Any]:
     api.on_train_end()
     api.on_app_end()
     ok = t.close(timeout=120)
@@ -349,7 +351,7 @@ def _finish_loop(api, recorder, t, done: int) -> dict:
     }
 
 
-def _ours_child(mode: str, spec: dict, tmpdir: str) -> dict:
+def _ours_child(mode: str, spec: dict[str, Any], tmpdir: str) -> dict[str, Any]:
     """One training loop on a TrainingRecorder (or the module-level callbacks): iterations 0-1k timed first; then, at
     each position, ``pairs`` blocks of ``block`` iterations, each interleaved with the same block of a fresh reference
     loop at iterations 1k..1k+block (same process, adjacent in time: a slow spell of the machine hits both); then the
@@ -363,7 +365,7 @@ def _ours_child(mode: str, spec: dict, tmpdir: str) -> dict:
         except ImportError:
             pass
     api, recorder, t = _new_loop(mode, tmpdir, "store", torch_loaded)
-    out: dict = {"torch_loaded": torch_loaded, "positions": [], "advances": []}
+    out: dict[str, Any] = {"torch_loaded": torch_loaded, "positions": [], "advances": []}
     if mode == "first-report":  # each of the first iterations timed alone: the first report's cost, torch not loaded
         start, end = api.on_training_single_iteration_start, api.on_training_single_iteration_end
         times = []
@@ -427,7 +429,7 @@ def _cumulative_buckets(recorder) -> int | None:
         return None
 
 
-def _count_store(path) -> dict:
+def _count_store(path) -> dict[str, Any]:
     """Records of a run store file by kind and name (a substring scan: the file of a 1M-iteration run is ~40 MB)."""
     counts: Counter[str] = Counter()
     if path is None or not os.path.exists(path):
@@ -646,7 +648,7 @@ def section_iteration(tmpdir: str) -> None:
     )
 
 
-def _store_verdict(r: dict) -> dict:
+def _store_verdict(r: dict[str, Any]) -> dict[str, Any]:
     store = r["store"]
     got_updates = store.get("event:training_metrics_update", 0)
     got_spans = store.get("span_end:training_single_iteration", 0)
@@ -690,7 +692,7 @@ class _SpanStore:
         for t in (self.caller, self.awake):
             t.flush(120)
 
-    def close(self) -> dict:
+    def close(self) -> dict[str, Any]:
         import telemetrain
 
         if self.previous is not None:
@@ -982,7 +984,7 @@ class _Trainer:
                             with tm.checkpoint_save(step + 1, path=self.ckpt):
                                 torch.save(model.state_dict(), self.ckpt)
 
-        def close() -> dict:
+        def close() -> dict[str, Any]:
             ok = t.close(60)
             if run < 0:  # warm-up and calls-only runs: not checked
                 return {"ok": ok}
@@ -1159,7 +1161,7 @@ def section_pieces(tmpdir: str) -> None:
     with_reports = _ItPieces(tmpdir, LOG_EVERY)
     without = _ItPieces(tmpdir, 10**9)
     try:
-        def cpu_row(op: str, r: Any) -> dict:
+        def cpu_row(op: str, r: Any) -> dict[str, Any]:
             timer = _pair_timer(r.on_training_single_iteration_start, r.on_training_single_iteration_end)
             n = 50_000
             timer(2000)
@@ -1262,10 +1264,10 @@ def section_pieces(tmpdir: str) -> None:
 # -- checks and output ----------------------------------------------------------------------------------------------
 
 
-def checks() -> list[dict]:
-    out: list[dict] = []
+def checks() -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
 
-    def ratio_check(cid: str, title: str, row: dict | None, limit: float, text_extra: str = "") -> None:
+    def ratio_check(cid: str, title: str, row: dict[str, Any] | None, limit: float, text_extra: str = "") -> None:
         if row is None or row.get("ratio") is None:
             out.append({"id": cid, "title": title, "status": "SKIP", "text": "not measured"})
             return
@@ -1407,7 +1409,7 @@ def _paired_text(which: str) -> str:
 
 
 def render_table() -> str:
-    def cells(r: dict) -> list[str]:
+    def cells(r: dict[str, Any]) -> list[str]:
         ratio = "" if r.get("ratio") is None else f"{r['ratio']:.4f}x"
         return [ratio, "" if r.get("peer") is None else r["peer"].replace("|", "\\|")]
 
