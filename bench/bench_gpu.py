@@ -89,8 +89,9 @@ def guarded(name: str, run: Any) -> None:
 
 
 def build_gpt(torch: Any, layers: int, d: int, heads: int, vocab: int, seq: int) -> Any:
-    nn = torch.nn
-    F = torch.nn.functional
+    # the same modules as torch.nn and torch.nn.functional of the ``torch`` passed in, imported for their types
+    from torch import nn
+    from torch.nn import functional as F
 
     class Block(nn.Module):
         def __init__(self) -> None:
@@ -526,7 +527,7 @@ def check_d(torch: Any, telemetry: Any) -> None:
     from telemetrain.system import Sampler
 
     sampler = Sampler(telemetry, interval=3600, gpus=[torch.cuda.current_device()])
-    rows = []
+    rows: list[dict[str, Any]] = []
     ok = True
     for state in ("idle", "busy"):
         if state == "busy":
@@ -676,7 +677,7 @@ def main(argv: list[str] | None = None) -> int:
     from telemetrain.training.device_spans import timer_of
     from telemetrain.training.flops import flops_per_sample
 
-    torch.cuda.init()
+    torch.cuda.init()  # type: ignore[no-untyped-call]  # unannotated in torch
     device_name = torch.cuda.get_device_name()
     props = torch.cuda.get_device_properties(0)
     out_dir = Path(tempfile.mkdtemp(prefix="bench_gpu-"))
@@ -740,6 +741,7 @@ def main(argv: list[str] | None = None) -> int:
     t.flush()
     from telemetrain.store import open_run
 
+    assert t.run_dir is not None  # made with store=
     updates = [e.attributes for e in open_run(t.run_dir).records("event") if e.name == "training_metrics_update"]
     last = updates[-1]
     log(f"training: {args.steps} steps in {steady_s:.2f} s; last report: device iteration "
