@@ -26,7 +26,12 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from telemetrain import Telemetry
 
 HERE = Path(__file__).resolve().parent
 OURS = HERE.parent / "src"
@@ -97,7 +102,7 @@ def record_sizes() -> list[tuple[str, int]]:
     sys.path.insert(0, str(OURS))
     import telemetrain
 
-    shapes = [
+    shapes: list[tuple[str, Callable[[Telemetry], None]]] = [
         ("metric, no unit/step/attributes", lambda t: t.metric("loss", 0.123456789, "default")),
         ("metric, unit + step", lambda t: t.metric("loss", 0.123456789, "default", unit="s", step=1234)),
         ("metric + 1 attribute (system.disk.io)", lambda t: t.metric(
@@ -107,13 +112,14 @@ def record_sizes() -> list[tuple[str, int]]:
         ("metric + 1 attribute + step (train.phase.duration)", lambda t: t.metric(
             "train.phase.duration", 0.0123, "training", unit="s", step=1234, attributes={"train.phase": "forward"})),
     ]
-    out = []
+    out: list[tuple[str, int]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for label, emit in shapes:
             with telemetrain.Telemetry(store=Path(tmp) / label.split()[0] / str(len(out))) as t:
                 emit(t)
                 assert t.flush() and t.store is not None
                 path = t.store.path
+                assert path is not None  # the record opened the file
             lines = Path(path).read_bytes().splitlines(keepends=True)
             out.append((label, len(lines[-1])))
     return out

@@ -80,7 +80,8 @@ def run_scale(world: int, rounds: int, work: Path) -> dict[str, Any]:
     ranks = [json.loads((out / f"rank-{r}.json").read_text()) for r in range(world)]
 
     def med(key: str) -> float:
-        return statistics.median(statistics.median(r[key]) for r in ranks)
+        m: float = statistics.median(statistics.median(r[key]) for r in ranks)
+        return m
 
     return {"world": world, "allgather_ms": med("allgather_wall") * 1e3, "allgather_cpu_ms": med("allgather_cpu") * 1e3,
             "clock_ms": max(statistics.median(r["clock_wall"]) for r in ranks) * 1e3,
