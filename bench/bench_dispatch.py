@@ -42,6 +42,7 @@ import tempfile
 import threading
 import time
 import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,7 @@ def scenario_offered(rate: int, seconds: float) -> dict[str, Any]:
         cpu = time.process_time() - cpu0
         health = t.health()
         # every segment of this process (a 64 MiB segment rolls every ~0.6 M records here), less the warm-up record
+        assert t.store is not None and t.store.path is not None  # made with store=; the warm-up record opened it
         path = t.store.path
         written = sum(_lines(f) for f in path.parent.glob(path.name.split(".")[0] + ".*jsonl")) - 1
     return {
@@ -105,8 +107,8 @@ def scenario_producers(threads: int, per_thread: int, capacity: int) -> dict[str
         def __init__(self) -> None:
             self.metrics = 0
 
-        def write(self, records: object) -> None:
-            self.metrics += sum(1 for r in records if r.kind == "metric")  # type: ignore[attr-defined]
+        def write(self, records: Sequence[Any]) -> None:
+            self.metrics += sum(1 for r in records if r.kind == "metric")
             time.sleep(0.05)
 
     warnings.simplefilter("ignore")  # the drop warning: the counts are reported
@@ -173,16 +175,16 @@ def scenario_calls() -> dict[str, Any]:
         put, event, record = metrics.put_metric, t.event, events.record
         attributes = {"k": "v", "step": 1, "loss": 0.5}
         prebuilt = events.Event(name="bench", source=events.EventSource.WORKER, metadata={"k": "v", "step": 1})
-        calls = {
+        calls: dict[str, Callable[[], object]] = {
             'put_metric("m", 1, "grp")': lambda: put("m", 1, "grp"),
             'Telemetry.event("e")': lambda: event("e"),
             'Telemetry.event("e", {3 keys})': lambda: event("e", attributes),
             "events.record(Event, 2 metadata keys)": lambda: record(prebuilt),
         }
-        out = {}
+        out: dict[str, Any] = {}
         n = 50_000
         for name, call in calls.items():
-            samples = []
+            samples: list[float] = []
             for _ in range(7):
                 gc.collect()
                 c0 = time.thread_time_ns()
@@ -193,7 +195,7 @@ def scenario_calls() -> dict[str, Any]:
             out[name] = sorted(samples)[3]
         # the loop and the lambda, to subtract
         samples = []
-        nothing = lambda: None  # noqa: E731
+        nothing: Callable[[], None] = lambda: None  # noqa: E731
         for _ in range(7):
             c0 = time.thread_time_ns()
             for _ in range(n):
@@ -209,7 +211,8 @@ def run_one(name: str, args: list[str]) -> dict[str, Any]:
                           timeout=900)
     if proc.returncode != 0:
         raise RuntimeError(f"scenario {name} failed: {proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.splitlines()[-1])
+    result: dict[str, Any] = json.loads(proc.stdout.splitlines()[-1])
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
