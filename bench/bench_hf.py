@@ -80,7 +80,7 @@ def _parts() -> Any:
     import torch
     import transformers
 
-    class Tokens(torch.utils.data.Dataset):
+    class Tokens(torch.utils.data.Dataset[dict[str, Any]]):
         def __init__(self, n: int) -> None:
             self.ids = torch.randint(0, 256, (n, ARGS.seq), generator=torch.Generator().manual_seed(0))
 
@@ -119,7 +119,7 @@ def _train(trainer: Any) -> None:
         trainer.train()
 
 
-def _trainer(parts: Any, out: str, callbacks: list) -> Any:
+def _trainer(parts: Any, out: str, callbacks: list[Any]) -> Any:
     _, transformers, template, data, _ = parts
     args = transformers.TrainingArguments(
         output_dir=out, max_steps=ARGS.steps, per_device_train_batch_size=ARGS.batch,
@@ -222,6 +222,7 @@ def section_training(tmpdir: str) -> None:
         _train(trainer)
         elapsed = clock.end - clock.begin, clock.cpu_end - clock.cpu_begin
         t.flush()
+        assert t.run_dir is not None  # made with store=
         records = open_run(t.run_dir).records()
         loops = [x for x in records if x.kind == "span_end" and x.name == "training_loop"]
         reports = [x.attributes for x in records if x.kind == "event" and x.name == "training_metrics_update"]

@@ -130,7 +130,7 @@ def _lightning_parts() -> Any:
         dataset = torch.utils.data.TensorDataset(x, y)
         return torch.utils.data.DataLoader(dataset, batch_size=ARGS.batch)
 
-    def trainer(callbacks: list) -> Any:
+    def trainer(callbacks: list[Any]) -> Any:
         return pl.Trainer(accelerator="cpu", devices=1, max_steps=ARGS.steps, accumulate_grad_batches=ACCUM,
                           logger=False, enable_checkpointing=False, enable_progress_bar=False,
                           enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
@@ -284,7 +284,7 @@ def section_lightning(tmpdir: str) -> None:
     empty_cls = Empty
     stores: list[bool] = EXTRA.setdefault("stores", [])
 
-    def fit(callbacks: list) -> None:
+    def fit(callbacks: list[Any]) -> None:
         tr = trainer(callbacks)
         model, data = regressor(), loader()
         if ARGS.collect:
@@ -373,7 +373,8 @@ def section_loop(tmpdir: str) -> None:
 
 
 def _noise(tr: dict[str, Any]) -> float:
-    return statistics.median(abs(c - 1.0) for c in tr["cpu_control_ratios"])
+    noise: float = statistics.median(abs(c - 1.0) for c in tr["cpu_control_ratios"])
+    return noise
 
 
 def checks() -> list[dict[str, Any]]:
