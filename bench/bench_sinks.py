@@ -249,6 +249,7 @@ def run_once(v: Variant, mode: str, tmpdir: str) -> dict[str, Any]:
     n = ARGS.steps * calls if mode == "paced" else ARGS.burst_blocks * calls
     d = tempfile.mkdtemp(dir=tmpdir)
     t = cleanup = None
+    metric: Callable[..., None]  # Telemetry.metric, or the no-op call of the same shape
     try:
         if v.telemetry:
             kw = {"flush_interval": ARGS.burst_interval} if mode == "burst" else {}  # paced: the default, 0.2 s
@@ -362,14 +363,18 @@ def checks(variants: list[Variant]) -> list[dict[str, Any]]:
                     "text": "not measured"})
     else:
         b = row("do-nothing", "burst", "cpu")
+        store = row("store", "paced", "cpu")
+        assert store is not None  # the control's ratio_store is to it
         burst_text = "" if b is None else f"; burst training-thread CPU {b['ratio_store']:.3f}x"
         out.append({"id": "2b", "title": "a second sink's cost (do-nothing sink / store alone)", "status": "INFO",
                     "ratio": control["ratio_store"],
                     "text": f"paced training-thread CPU {control['median_ns']:.0f} vs "
-                    f"{row('store', 'paced', 'cpu')['median_ns']:.0f} ns/call: {control['ratio_store']:.3f}x"
+                    f"{store['median_ns']:.0f} ns/call: {control['ratio_store']:.3f}x"
                     + burst_text})
     for key in BACKENDS:
-        cid = "2" + next(v.check for v in VARIANTS if v.key == key)[1]
+        check = next(v.check for v in VARIANTS if v.key == key)
+        assert check is not None  # a backend has its delivery check
+        cid = "2" + check[1]
         title = f"{key}: paced training-thread CPU <= {CPU_LIMIT:.2f}x the do-nothing sink's"
         r = row(key, "paced", "cpu")
         if r is None or r.get("ratio_control") is None:
