@@ -89,11 +89,10 @@ def guarded(name: str, run: Any) -> None:
 
 
 def build_gpt(torch: Any, layers: int, d: int, heads: int, vocab: int, seq: int) -> Any:
-    # the same modules as torch.nn and torch.nn.functional of the ``torch`` passed in, imported for their types
-    from torch import nn
-    from torch.nn import functional as F
+    nn = torch.nn
+    F = torch.nn.functional
 
-    class Block(nn.Module):
+    class Block(nn.Module):  # type: ignore[misc, name-defined]  # (a base from the torch passed in: Any to mypy)
         def __init__(self) -> None:
             super().__init__()
             self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
@@ -108,7 +107,7 @@ def build_gpt(torch: Any, layers: int, d: int, heads: int, vocab: int, seq: int)
             x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
             return x + self.out(F.gelu(self.fc(self.ln2(x))))
 
-    class GPT(nn.Module):
+    class GPT(nn.Module):  # type: ignore[misc, name-defined]  # (a base from the torch passed in: Any to mypy)
         def __init__(self) -> None:
             super().__init__()
             self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(seq, d)
