@@ -25,9 +25,10 @@ from collections.abc import Callable, Iterable, Sequence
 from itertools import repeat
 from pathlib import Path
 from time import perf_counter_ns
+from typing import Any
 
 ARGS: argparse.Namespace  # set by parse_args()
-RESULTS: list[dict] = []
+RESULTS: list[dict[str, Any]] = []
 NOTES: list[str] = []
 SKIPPED: list[str] = []
 
@@ -67,21 +68,23 @@ def timed(n, _clock=_clock, _repeat=_repeat):
 """
 
 
-def compile_stmt(stmt: str, names: dict) -> Callable[[int], int]:
+def compile_stmt(stmt: str, names: dict[str, Any]) -> Callable[[int], int]:
     """``stmt`` (one line) in its own function ``timed(n) -> elapsed ns``, with ``names`` as its globals."""
     scope = dict(names, _clock=perf_counter_ns, _repeat=repeat)
     exec(compile(_LOOP.format(stmt=stmt), f"<bench {stmt[:50]}>", "exec"), scope)
-    return scope["timed"]
+    timed: Callable[[int], int] = scope["timed"]
+    return timed
 
 
 def calibrated_n(per_ns: float, max_n: int | None = None) -> int:
     """Operations per repeat for about ``--target-ms`` at ``per_ns`` each, within ``--min-n`` .. ``max_n``."""
-    return max(ARGS.min_n, min(max_n or ARGS.max_n, int(ARGS.target_ms * 1e6 / per_ns)))
+    min_n: int = ARGS.min_n
+    return max(min_n, min(max_n or ARGS.max_n, int(ARGS.target_ms * 1e6 / per_ns)))
 
 
 def measure(
     stmt: str,
-    names: dict | None = None,
+    names: dict[str, Any] | None = None,
     *,
     between: Callable[[], None] | None = None,
     gc_off: bool = False,
@@ -111,7 +114,7 @@ def measure(
     return samples, n
 
 
-def new_row(lib: str, op: str, samples: list[float], n: object) -> dict:
+def new_row(lib: str, op: str, samples: list[float], n: object) -> dict[str, Any]:
     """A result row (not yet in ``RESULTS``): the median and the best of ``samples``."""
     return {
         "library": lib,
@@ -123,7 +126,7 @@ def new_row(lib: str, op: str, samples: list[float], n: object) -> dict:
     }
 
 
-def difference_row(lib: str, op: str, a: dict, b: dict) -> dict:
+def difference_row(lib: str, op: str, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     """Row ``a - b`` (not yet in ``RESULTS``): median - median, best - best; its repeats are the differences of
     the paired repeats."""
     row = new_row(lib, op, [x - y for x, y in zip(a["repeats"], b["repeats"], strict=True)], "-")
@@ -132,7 +135,7 @@ def difference_row(lib: str, op: str, a: dict, b: dict) -> dict:
     return row
 
 
-def record_with_peer(row: dict, peer: dict | None) -> dict:
+def record_with_peer(row: dict[str, Any], peer: dict[str, Any] | None) -> dict[str, Any]:
     """``row`` with its peer row and the ratio to it (medians), added to RESULTS."""
     row["peer"] = None if peer is None else f"{peer['library']} | {peer['operation']}"
     row["peer_median_ns"] = None if peer is None else peer["median_ns"]
@@ -143,7 +146,7 @@ def record_with_peer(row: dict, peer: dict | None) -> dict:
     return row
 
 
-def row_of(lib: str, op_prefix: str) -> dict | None:
+def row_of(lib: str, op_prefix: str) -> dict[str, Any] | None:
     for r in RESULTS:
         if r["library"] == lib and r["operation"].startswith(op_prefix):
             return r
@@ -196,10 +199,10 @@ def run_sections(
 def run_framework_bench(
     prefix: str,
     sections_in: Callable[[str], list[tuple[str, Callable[[], None]]]],
-    checks: Callable[[], list[dict]],
+    checks: Callable[[], list[dict[str, Any]]],
     table: Callable[[], str],
     dists: Sequence[str],
-    extra: dict,
+    extra: dict[str, Any],
 ) -> int:
     """The whole run of a framework benchmark (bench_hf, bench_lightning): its sections in a temporary directory
     (``sections_in(tmpdir)``), then the header, the method line, the table, the checks and the JSON. Exit status 1
@@ -286,7 +289,7 @@ def print_header(dists: Sequence[str], load_before: str, load_after: str) -> Non
     print(f"load average (1, 5, 15 min) before: {load_before}; after: {load_after}")
 
 
-def render_table(extra: Sequence[tuple[str, str]], cells: Callable[[dict], Sequence[str]]) -> str:
+def render_table(extra: Sequence[tuple[str, str]], cells: Callable[[dict[str, Any]], Sequence[str]]) -> str:
     """RESULTS as a markdown table: library, operation, median, best, then the script's ``extra`` columns (title,
     alignment; ``cells(row)`` gives a row's), then n."""
     lines = [
@@ -311,8 +314,8 @@ def print_notes() -> None:
         print(f"- SKIPPED {s}")
 
 
-def print_report(table: str, checks: list[dict], json_path: str | None, dists: Sequence[str], load: tuple[str, str],
-                 args: object, extra: dict) -> None:
+def print_report(table: str, checks: list[dict[str, Any]], json_path: str | None, dists: Sequence[str],
+                 load: tuple[str, str], args: object, extra: dict[str, Any]) -> None:
     """After the header and method lines: the table, the notes, the checks; the JSON when asked for."""
     print()
     print(table)
@@ -323,14 +326,14 @@ def print_report(table: str, checks: list[dict], json_path: str | None, dists: S
     write_run_json(json_path, dists, load, args, extra, checks)
 
 
-def print_checks(checks: list[dict]) -> None:
+def print_checks(checks: list[dict[str, Any]]) -> None:
     print("checks (medians of this run):")
     for c in checks:
         print(f"check {c['id']}: {c['status']}: {c.get('title', '')}: {c['text']}")
 
 
-def write_run_json(path: str | None, dists: Sequence[str], load: tuple[str, str], args: object, extra: dict,
-                   checks: list[dict]) -> None:
+def write_run_json(path: str | None, dists: Sequence[str], load: tuple[str, str], args: object, extra: dict[str, Any],
+                   checks: list[dict[str, Any]]) -> None:
     """``write_json`` with the fields every script writes (source, load, arguments, rows) and its ``extra``; nothing
     when ``path`` is None (no ``--json``)."""
     if path:
@@ -339,7 +342,7 @@ def write_run_json(path: str | None, dists: Sequence[str], load: tuple[str, str]
         write_json(path, dists, fields, checks)
 
 
-def write_json(path: str, dists: Sequence[str], fields: dict, checks: list[dict]) -> None:
+def write_json(path: str, dists: Sequence[str], fields: dict[str, Any], checks: list[dict[str, Any]]) -> None:
     """The raw results: the machine, ``fields`` (the script's), then the checks, notes and skipped sections."""
     data = {
         "python": platform.python_version(),

@@ -26,6 +26,12 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from telemetrain import Telemetry
 
 HERE = Path(__file__).resolve().parent
 OURS = HERE.parent / "src"
@@ -80,7 +86,7 @@ print(json.dumps({"ns": out, "dropped": health["dropped"], "failed": health["fai
 """
 
 
-def child(tree: Path, n: int, repeats: int, attributes: bool) -> dict:
+def child(tree: Path, n: int, repeats: int, attributes: bool) -> dict[str, Any]:
     args = [sys.executable, "-c", CHILD, str(tree), str(n), str(repeats), "1" if attributes else "0",
             json.dumps(OPS), json.dumps(A1), json.dumps(A3), json.dumps(D4)]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": ""})
@@ -96,7 +102,7 @@ def record_sizes() -> list[tuple[str, int]]:
     sys.path.insert(0, str(OURS))
     import telemetrain
 
-    shapes = [
+    shapes: list[tuple[str, Callable[[Telemetry], None]]] = [
         ("metric, no unit/step/attributes", lambda t: t.metric("loss", 0.123456789, "default")),
         ("metric, unit + step", lambda t: t.metric("loss", 0.123456789, "default", unit="s", step=1234)),
         ("metric + 1 attribute (system.disk.io)", lambda t: t.metric(
@@ -106,13 +112,14 @@ def record_sizes() -> list[tuple[str, int]]:
         ("metric + 1 attribute + step (train.phase.duration)", lambda t: t.metric(
             "train.phase.duration", 0.0123, "training", unit="s", step=1234, attributes={"train.phase": "forward"})),
     ]
-    out = []
+    out: list[tuple[str, int]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for label, emit in shapes:
             with telemetrain.Telemetry(store=Path(tmp) / label.split()[0] / str(len(out))) as t:
                 emit(t)
                 assert t.flush() and t.store is not None
                 path = t.store.path
+                assert path is not None  # the record opened the file
             lines = Path(path).read_bytes().splitlines(keepends=True)
             out.append((label, len(lines[-1])))
     return out
@@ -129,8 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.rounds, args.n, args.repeats = 2, 50_000, 3
-    ours_runs: list[dict] = []
-    base_runs: list[dict] = []
+    ours_runs: list[dict[str, Any]] = []
+    base_runs: list[dict[str, Any]] = []
     for r in range(args.rounds):
         order = [(OURS, ours_runs, True)]
         if args.baseline is not None:  # alternate which goes first: the second of a pair may find warmer caches

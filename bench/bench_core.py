@@ -47,14 +47,18 @@ from collections.abc import Callable
 from itertools import repeat
 from pathlib import Path
 from time import monotonic_ns, perf_counter_ns
+from typing import TYPE_CHECKING, Any
 
 import _method
 from _method import NOTES, RESULTS, difference_row, measure, new_row, progress, row_of
 
+if TYPE_CHECKING:
+    from telemetrain import Telemetry
+
 warnings.filterwarnings("ignore")  # torch's "Failed to initialize NumPy", telemetrain's drop warning in the flood
 
 ARGS: argparse.Namespace
-EXTRA: dict[str, dict] = {}  # throughput / flood measurements
+EXTRA: dict[str, dict[str, Any]] = {}  # throughput / flood measurements
 SHORT_N = 10_000  # ops per repeat of the "short queue" rows
 DISTS = ("torch", "prometheus-client", "opentelemetry-sdk", "telemetrain", "psutil")  # versions reported
 
@@ -66,12 +70,12 @@ def bench(
     lib: str,
     op: str,
     stmt: str,
-    names: dict | None = None,
+    names: dict[str, Any] | None = None,
     *,
     between: Callable[[], None] | None = None,
     gc_off: bool = False,
     max_n: int | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """Measure ``stmt``; ``between()`` runs after calibration and after every repeat, outside the timed region."""
     samples, n = measure(stmt, names, between=between, gc_off=gc_off, max_n=max_n)
     row = new_row(lib, op, samples, n)
@@ -80,7 +84,7 @@ def bench(
     return row
 
 
-def derived(lib: str, op: str, a: dict, b: dict) -> dict:
+def derived(lib: str, op: str, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     """Row ``a - b`` (median - median, best - best; repeats: the differences of the paired repeats)."""
     row = difference_row(lib, op, a, b)
     RESULTS.append(row)
@@ -154,7 +158,7 @@ def section_otel() -> None:
 # -- telemetrain: caller-side cost ----------------------------------------------------------------------------------
 
 
-def _caller_side_telemetry(tmpdir: str):
+def _caller_side_telemetry(tmpdir: str) -> Telemetry:
     import telemetrain
 
     # The prof row emits 2 records per call: room for 2 full repeats' worth, nothing is dropped within a repeat.
@@ -165,7 +169,7 @@ def _caller_side_telemetry(tmpdir: str):
     return t
 
 
-def _flusher(t) -> Callable[[], None]:
+def _flusher(t: Telemetry) -> Callable[[], None]:
     def between() -> None:
         if not t.flush(timeout=300):
             raise RuntimeError("telemetrain flush timed out")
@@ -271,6 +275,7 @@ def section_telemetrain(tmpdir: str) -> None:
         flush()
         health = t.health()
         jsonl = next(s for s in health["sinks"] if s["sink"] == "jsonl")
+        assert t.store is not None and t.store.path is not None  # made with store=; records written
         lines = _count_lines(t.store.path)
         EXTRA["caller_side"] = {
             "dropped": health["dropped"],
@@ -293,9 +298,10 @@ def section_telemetrain(tmpdir: str) -> None:
     telemetrain.set_telemetry(telemetrain.Telemetry(store=False))  # leave no closed instance as the default
 
 
-def _capture(routes: dict, group: str, call: Callable[[], None]) -> tuple:
+def _capture(routes: dict[str, Any], group: str, call: Callable[[], None]) -> tuple[Any, ...]:
     """The packed record a hot path hands to its route, captured by swapping the cached route for a moment (so
     these rows follow whatever layout ``src`` uses today)."""
+    got: list[tuple[Any, ...]]
     real, got = routes[group], []
     routes[group] = got.append
     try:
@@ -305,7 +311,7 @@ def _capture(routes: dict, group: str, call: Callable[[], None]) -> tuple:
     return got[0]
 
 
-def _tracked_after_gc(rec: tuple) -> str:
+def _tracked_after_gc(rec: tuple[Any, ...]) -> str:
     """CPython creates every tuple GC-tracked and untracks it at a collection if no item can hold a reference
     cycle; a record that stays tracked is traversed again by every later collection while it is queued."""
     when_built = gc.is_tracked(rec)
@@ -316,7 +322,7 @@ def _tracked_after_gc(rec: tuple) -> str:
     )
 
 
-def _clock_slots(rec: tuple) -> tuple[set[int], set[int]]:
+def _clock_slots(rec: tuple[Any, ...]) -> tuple[set[int], set[int]]:
     """Positions of the monotonic and the wall-clock readings in a packed record (ints within a minute of now)."""
     from time import time_ns
 
@@ -362,7 +368,7 @@ def section_pieces(tmpdir: str) -> None:
             f"{sorted(mono_at)}, wall clock at {sorted(wall_at)}); {_tracked_after_gc(rec)}"
         )
 
-        def f3(a, b, c) -> None:
+        def f3(a: object, b: object, c: object) -> None:
             pass
 
         bench(lib, 'call of an empty 3-argument function `f3("m", 1, "grp")`', 'f3("m", 1, "grp")', {"f3": f3})
@@ -388,7 +394,7 @@ def section_pieces(tmpdir: str) -> None:
             {"route": route, "rec": rec},
             between=flush,
         )
-        q: deque = deque()  # a private queue: its append is a C call, whatever the real route is today
+        q: deque[tuple[Any, ...]] = deque()  # a private queue: its append is a C call, whatever the real route is today
         names = dict(fields, enqueue=q.append, mono=monotonic_ns)
         bench(
             lib,
@@ -441,7 +447,7 @@ def section_pieces(tmpdir: str) -> None:
 # -- telemetrain: writer throughput and flood ---------------------------------------------------------------------
 
 
-def _segments(path) -> list:
+def _segments(path: str | os.PathLike[str]) -> list[Path]:
     """Every segment file of the process that writes ``path`` (the writer rolls to a new segment past 64 MiB)."""
     from telemetrain.store.segments import parse_segment_name, process_segments
 
@@ -450,7 +456,7 @@ def _segments(path) -> list:
     return groups.get((name.agent, name.rank, name.pid), [Path(path)]) if name is not None else [Path(path)]
 
 
-def _count_lines(path) -> int:
+def _count_lines(path: str | os.PathLike[str]) -> int:
     """Lines of the process's segments, less the header each segment after the first begins with."""
     total, files = 0, _segments(path)
     for f in files:
@@ -459,7 +465,7 @@ def _count_lines(path) -> int:
     return total - (len(files) - 1)
 
 
-def _count_kind(path, kind: str) -> int:
+def _count_kind(path: str | os.PathLike[str], kind: str) -> int:
     needle = f'"kind":"{kind}"'.encode()
     total = 0
     for f in _segments(path):
@@ -468,8 +474,8 @@ def _count_kind(path, kind: str) -> int:
     return total
 
 
-def _emit_loop(put_metric) -> Callable[[int], None]:
-    def emit(n: int, pm=put_metric, _repeat=repeat) -> None:
+def _emit_loop(put_metric: Callable[[str, float, str], None]) -> Callable[[int], None]:
+    def emit(n: int, pm: Callable[[str, float, str], None] = put_metric, _repeat: type[repeat[None]] = repeat) -> None:
         for _ in _repeat(None, n):
             pm("m", 1, "grp")
 
@@ -486,6 +492,7 @@ def section_throughput(tmpdir: str) -> None:
     for i in range(ARGS.throughput_runs):
         t = telemetrain.Telemetry(store=os.path.join(tmpdir, f"tput{i}"), queue_capacity=n + 10_000, flush_interval=0.2)
         telemetrain.set_telemetry(t)
+        assert t.store is not None  # made with store=
         try:
             t.metric("warm", 0.0, "warm")  # open the file, start the writer, outside the timed region
             t.flush()
@@ -497,6 +504,7 @@ def section_throughput(tmpdir: str) -> None:
             ok = t.flush(timeout=600)
             t2 = perf_counter_ns()
             health = t.health()
+            assert t.store.path is not None  # the warm-up record opened the file
             lines = _count_lines(t.store.path)
             metric_lines = _count_kind(t.store.path, "metric") - 1  # minus the warm-up record
             runs.append(
@@ -555,7 +563,9 @@ def section_flood(tmpdir: str) -> None:
         health = t.health()
     finally:
         t.close()  # also writes the last "dropped" diagnostic record
+    assert t.store is not None  # made with store=
     path = t.store.path
+    assert path is not None  # the warm-up record opened the file
     written = _count_kind(path, "metric") - 1  # minus the warm-up record
     EXTRA["flood"] = {
         "offered": m,
@@ -576,14 +586,16 @@ def section_flood(tmpdir: str) -> None:
 # -- checks and output ----------------------------------------------------------------------------------------------
 
 
-def checks() -> list[dict]:
-    out = []
+def checks() -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
 
-    def med(lib, op):
+    def med(lib: str, op: str) -> float | None:
         r = row_of(lib, op)
         return r["median_ns"] if r else None
 
-    def ratio_check(num, title, ours, peer, limit, peer_name, limit_txt):
+    def ratio_check(
+        num: int, title: str, ours: float | None, peer: float | None, limit: float, peer_name: str, limit_txt: str
+    ) -> None:
         if ours is None or peer is None:
             out.append({"num": num, "title": title, "status": "SKIP", "text": f"{peer_name} not measured"})
             return

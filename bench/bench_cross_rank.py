@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import _method
 
@@ -38,7 +39,7 @@ WORKER = HERE / "_cross_rank_worker.py"
 MODES = ("off", "ours", "inline")
 
 
-def run_mode(mode: str, steps: int, every: int, work: Path) -> dict:
+def run_mode(mode: str, steps: int, every: int, work: Path) -> dict[str, Any]:
     out = work / f"{mode}-{os.urandom(3).hex()}"
     out.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TELEMETRAIN_", "TORCHELASTIC_"))}
@@ -66,7 +67,7 @@ def run_mode(mode: str, steps: int, every: int, work: Path) -> dict:
 SCALE_WORKER = HERE / "_cross_rank_scale_worker.py"
 
 
-def run_scale(world: int, rounds: int, work: Path) -> dict:
+def run_scale(world: int, rounds: int, work: Path) -> dict[str, Any]:
     out = work / f"scale-{world}-{os.urandom(3).hex()}"
     out.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TELEMETRAIN_", "TORCHELASTIC_"))}
@@ -79,7 +80,8 @@ def run_scale(world: int, rounds: int, work: Path) -> dict:
     ranks = [json.loads((out / f"rank-{r}.json").read_text()) for r in range(world)]
 
     def med(key: str) -> float:
-        return statistics.median(statistics.median(r[key]) for r in ranks)
+        m: float = statistics.median(statistics.median(r[key]) for r in ranks)
+        return m
 
     return {"world": world, "allgather_ms": med("allgather_wall") * 1e3, "allgather_cpu_ms": med("allgather_cpu") * 1e3,
             "clock_ms": max(statistics.median(r["clock_wall"]) for r in ranks) * 1e3,
@@ -160,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         return main_scale(args)
     steps, rounds = (300, 1) if args.quick else (args.steps, args.rounds)
     load_before = _method.loadavg()
-    by_mode: dict[str, list[dict]] = {m: [] for m in MODES}
+    by_mode: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
     with tempfile.TemporaryDirectory(prefix="bench-cross-rank-") as tmp:
         for i in range(rounds):
             order = MODES[i % 3:] + MODES[:i % 3]

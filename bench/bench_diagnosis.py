@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import _method
 
@@ -41,7 +42,7 @@ DISTS = ("torch", "telemetrain")
 MODES = ("builtin", "torch_hook", "ours")
 
 
-def hook_cost(steps: int, blocks: int) -> dict:
+def hook_cost(steps: int, blocks: int) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -151,7 +152,7 @@ def thread_cpu_s(native_id: int) -> float:
     return int(Path(f"/proc/self/task/{native_id}/schedstat").read_text().split()[0]) / 1e9
 
 
-def watchdog_idle(seconds: float, poll_s: float | None) -> dict:
+def watchdog_idle(seconds: float, poll_s: float | None) -> dict[str, Any]:
     import telemetrain
     from telemetrain.distributed.watchdog import enable_watchdog
     from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
@@ -204,7 +205,7 @@ with rec.forward():
 """
 
 
-def stall_to_evidence(floor_s: float) -> dict:
+def stall_to_evidence(floor_s: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-diag-") as tmp:
         env = {k: v for k, v in os.environ.items() if not k.startswith("TELEMETRAIN_")}
         proc = subprocess.Popen([sys.executable, "-c", _STALLER, tmp, str(floor_s)], stdout=subprocess.PIPE,

@@ -42,7 +42,9 @@ import tempfile
 import threading
 import time
 import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 
@@ -52,7 +54,7 @@ def _lines(path: Path, needle: bytes = b'"kind":"metric"') -> int:
         return sum(1 for line in fh if needle in line)
 
 
-def scenario_offered(rate: int, seconds: float) -> dict:
+def scenario_offered(rate: int, seconds: float) -> dict[str, Any]:
     import telemetrain
 
     with tempfile.TemporaryDirectory(prefix="bench_dispatch_") as tmp:
@@ -78,6 +80,7 @@ def scenario_offered(rate: int, seconds: float) -> dict:
         cpu = time.process_time() - cpu0
         health = t.health()
         # every segment of this process (a 64 MiB segment rolls every ~0.6 M records here), less the warm-up record
+        assert t.store is not None and t.store.path is not None  # made with store=; the warm-up record opened it
         path = t.store.path
         written = sum(_lines(f) for f in path.parent.glob(path.name.split(".")[0] + ".*jsonl")) - 1
     return {
@@ -94,7 +97,7 @@ def scenario_offered(rate: int, seconds: float) -> dict:
     }
 
 
-def scenario_producers(threads: int, per_thread: int, capacity: int) -> dict:
+def scenario_producers(threads: int, per_thread: int, capacity: int) -> dict[str, Any]:
     import telemetrain
     from telemetrain.sinks import Sink
 
@@ -104,8 +107,8 @@ def scenario_producers(threads: int, per_thread: int, capacity: int) -> dict:
         def __init__(self) -> None:
             self.metrics = 0
 
-        def write(self, records: object) -> None:
-            self.metrics += sum(1 for r in records if r.kind == "metric")  # type: ignore[attr-defined]
+        def write(self, records: Sequence[Any]) -> None:
+            self.metrics += sum(1 for r in records if r.kind == "metric")
             time.sleep(0.05)
 
     warnings.simplefilter("ignore")  # the drop warning: the counts are reported
@@ -145,7 +148,7 @@ def scenario_producers(threads: int, per_thread: int, capacity: int) -> dict:
     }
 
 
-def scenario_idle(idle_s: float) -> dict:
+def scenario_idle(idle_s: float) -> dict[str, Any]:
     import telemetrain
 
     with tempfile.TemporaryDirectory(prefix="bench_dispatch_") as tmp:
@@ -160,7 +163,7 @@ def scenario_idle(idle_s: float) -> dict:
     return {"idle_s": wall, "cpu_ms_per_s": cpu / wall * 1000, "core_percent": cpu / wall * 100}
 
 
-def scenario_calls() -> dict:
+def scenario_calls() -> dict[str, Any]:
     import gc
 
     import telemetrain
@@ -172,16 +175,16 @@ def scenario_calls() -> dict:
         put, event, record = metrics.put_metric, t.event, events.record
         attributes = {"k": "v", "step": 1, "loss": 0.5}
         prebuilt = events.Event(name="bench", source=events.EventSource.WORKER, metadata={"k": "v", "step": 1})
-        calls = {
+        calls: dict[str, Callable[[], object]] = {
             'put_metric("m", 1, "grp")': lambda: put("m", 1, "grp"),
             'Telemetry.event("e")': lambda: event("e"),
             'Telemetry.event("e", {3 keys})': lambda: event("e", attributes),
             "events.record(Event, 2 metadata keys)": lambda: record(prebuilt),
         }
-        out = {}
+        out: dict[str, Any] = {}
         n = 50_000
         for name, call in calls.items():
-            samples = []
+            samples: list[float] = []
             for _ in range(7):
                 gc.collect()
                 c0 = time.thread_time_ns()
@@ -192,7 +195,7 @@ def scenario_calls() -> dict:
             out[name] = sorted(samples)[3]
         # the loop and the lambda, to subtract
         samples = []
-        nothing = lambda: None  # noqa: E731
+        nothing: Callable[[], None] = lambda: None  # noqa: E731
         for _ in range(7):
             c0 = time.thread_time_ns()
             for _ in range(n):
@@ -203,12 +206,13 @@ def scenario_calls() -> dict:
     return out
 
 
-def run_one(name: str, args: list[str]) -> dict:
+def run_one(name: str, args: list[str]) -> dict[str, Any]:
     proc = subprocess.run([sys.executable, __file__, "--scenario", name, *args], capture_output=True, text=True,
                           timeout=900)
     if proc.returncode != 0:
         raise RuntimeError(f"scenario {name} failed: {proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.splitlines()[-1])
+    result: dict[str, Any] = json.loads(proc.stdout.splitlines()[-1])
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -239,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if ns.quick:
         ns.rates, ns.seconds, ns.runs, ns.per_thread, ns.idle_s = "300000", 1.0, 1, 100_000, 1.0
-    results: dict[str, list[dict]] = {"offered": [], "producers": [], "idle": [], "calls": []}
+    results: dict[str, list[dict[str, Any]]] = {"offered": [], "producers": [], "idle": [], "calls": []}
     wanted = set(ns.scenarios.split(","))
     for rate in (int(r) for r in ns.rates.split(",")) if "offered" in wanted else ():
         for _ in range(ns.runs):

@@ -235,9 +235,9 @@ def calibrate(n: int, planted: bool = False) -> int:
     print("\nBetween two clean runs of one kind, ratio of their median iteration times (max over pairs):\n")
     print("| runs | raw | contention taken out |")
     print("|---|---|---|")
-    for kind, values in pairs.items():
-        if values:
-            print(f"| {kind} | {max(r for r, _ in values):.3f} | {max(b for _, b in values):.3f} |")
+    for kind, ratios in pairs.items():
+        if ratios:
+            print(f"| {kind} | {max(r for r, _ in ratios):.3f} | {max(b for _, b in ratios):.3f} |")
     return 0
 
 

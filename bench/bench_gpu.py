@@ -92,7 +92,7 @@ def build_gpt(torch: Any, layers: int, d: int, heads: int, vocab: int, seq: int)
     nn = torch.nn
     F = torch.nn.functional
 
-    class Block(nn.Module):
+    class Block(nn.Module):  # type: ignore[misc, name-defined]  # (a base from the torch passed in: Any to mypy)
         def __init__(self) -> None:
             super().__init__()
             self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
@@ -107,7 +107,7 @@ def build_gpt(torch: Any, layers: int, d: int, heads: int, vocab: int, seq: int)
             x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
             return x + self.out(F.gelu(self.fc(self.ln2(x))))
 
-    class GPT(nn.Module):
+    class GPT(nn.Module):  # type: ignore[misc, name-defined]  # (a base from the torch passed in: Any to mypy)
         def __init__(self) -> None:
             super().__init__()
             self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(seq, d)
@@ -526,7 +526,7 @@ def check_d(torch: Any, telemetry: Any) -> None:
     from telemetrain.system import Sampler
 
     sampler = Sampler(telemetry, interval=3600, gpus=[torch.cuda.current_device()])
-    rows = []
+    rows: list[dict[str, Any]] = []
     ok = True
     for state in ("idle", "busy"):
         if state == "busy":
@@ -676,7 +676,7 @@ def main(argv: list[str] | None = None) -> int:
     from telemetrain.training.device_spans import timer_of
     from telemetrain.training.flops import flops_per_sample
 
-    torch.cuda.init()
+    torch.cuda.init()  # type: ignore[no-untyped-call]  # unannotated in torch
     device_name = torch.cuda.get_device_name()
     props = torch.cuda.get_device_properties(0)
     out_dir = Path(tempfile.mkdtemp(prefix="bench_gpu-"))
@@ -740,6 +740,7 @@ def main(argv: list[str] | None = None) -> int:
     t.flush()
     from telemetrain.store import open_run
 
+    assert t.run_dir is not None  # made with store=
     updates = [e.attributes for e in open_run(t.run_dir).records("event") if e.name == "training_metrics_update"]
     last = updates[-1]
     log(f"training: {args.steps} steps in {steady_s:.2f} s; last report: device iteration "

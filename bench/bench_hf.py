@@ -63,11 +63,11 @@ ACCUM = 2
 _record = _method.record_with_peer
 
 
-def _row(lib: str, op: str, samples: list[float], n: object, peer: dict | None = None) -> dict:
+def _row(lib: str, op: str, samples: list[float], n: object, peer: dict[str, Any] | None = None) -> dict[str, Any]:
     return _record(new_row(lib, op, samples, n), peer)
 
 
-def bench(lib: str, op: str, stmt: str, names: dict, *, peer: dict | None = None) -> dict:
+def bench(lib: str, op: str, stmt: str, names: dict[str, Any], *, peer: dict[str, Any] | None = None) -> dict[str, Any]:
     samples, n = measure(stmt, names, collect=ARGS.collect)
     return _row(lib, op, samples, n, peer)
 
@@ -80,14 +80,14 @@ def _parts() -> Any:
     import torch
     import transformers
 
-    class Tokens(torch.utils.data.Dataset):
+    class Tokens(torch.utils.data.Dataset[dict[str, Any]]):
         def __init__(self, n: int) -> None:
             self.ids = torch.randint(0, 256, (n, ARGS.seq), generator=torch.Generator().manual_seed(0))
 
         def __len__(self) -> int:
             return int(self.ids.shape[0])
 
-        def __getitem__(self, i: int) -> dict:
+        def __getitem__(self, i: int) -> dict[str, Any]:
             return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
     class Clock(transformers.TrainerCallback):
@@ -119,7 +119,7 @@ def _train(trainer: Any) -> None:
         trainer.train()
 
 
-def _trainer(parts: Any, out: str, callbacks: list) -> Any:
+def _trainer(parts: Any, out: str, callbacks: list[Any]) -> Any:
     _, transformers, template, data, _ = parts
     args = transformers.TrainingArguments(
         output_dir=out, max_steps=ARGS.steps, per_device_train_batch_size=ARGS.batch,
@@ -208,7 +208,7 @@ def section_training(tmpdir: str) -> None:
         _train(trainer)
         return clock.end - clock.begin, clock.cpu_end - clock.cpu_begin
 
-    stores: list[dict] = []
+    stores: list[dict[str, Any]] = []
 
     def telemetry(k: int) -> tuple[int, int]:
         t = Telemetry(store=os.path.join(tmpdir, f"t{k}"))
@@ -222,6 +222,7 @@ def section_training(tmpdir: str) -> None:
         _train(trainer)
         elapsed = clock.end - clock.begin, clock.cpu_end - clock.cpu_begin
         t.flush()
+        assert t.run_dir is not None  # made with store=
         records = open_run(t.run_dir).records()
         loops = [x for x in records if x.kind == "span_end" and x.name == "training_loop"]
         reports = [x.attributes for x in records if x.kind == "event" and x.name == "training_metrics_update"]
@@ -301,8 +302,8 @@ def section_training(tmpdir: str) -> None:
 # -- checks -------------------------------------------------------------------------------------------------------
 
 
-def checks() -> list[dict]:
-    out: list[dict] = []
+def checks() -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
     tr = EXTRA.get("training")
     if tr is None:
         out.append({"id": "1", "status": "SKIP", "title": "training run", "text": "section not run"})
@@ -333,7 +334,7 @@ def checks() -> list[dict]:
 
 
 def render_table() -> str:
-    def cells(r: dict) -> list[str]:
+    def cells(r: dict[str, Any]) -> list[str]:
         ratio = "" if r.get("ratio") is None else f"{r['ratio']:.3f}x"
         return [ratio, r.get("peer") or ""]
 

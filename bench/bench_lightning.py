@@ -64,11 +64,11 @@ ACCUM = 2
 _record = _method.record_with_peer
 
 
-def _row(lib: str, op: str, samples: list[float], n: object, peer: dict | None = None) -> dict:
+def _row(lib: str, op: str, samples: list[float], n: object, peer: dict[str, Any] | None = None) -> dict[str, Any]:
     return _record(new_row(lib, op, samples, n), peer)
 
 
-def bench(lib: str, op: str, stmt: str, names: dict, *, peer: dict | None = None) -> dict:
+def bench(lib: str, op: str, stmt: str, names: dict[str, Any], *, peer: dict[str, Any] | None = None) -> dict[str, Any]:
     samples, n = measure(stmt, names, collect=ARGS.collect)
     return _row(lib, op, samples, n, peer)
 
@@ -130,7 +130,7 @@ def _lightning_parts() -> Any:
         dataset = torch.utils.data.TensorDataset(x, y)
         return torch.utils.data.DataLoader(dataset, batch_size=ARGS.batch)
 
-    def trainer(callbacks: list) -> Any:
+    def trainer(callbacks: list[Any]) -> Any:
         return pl.Trainer(accelerator="cpu", devices=1, max_steps=ARGS.steps, accumulate_grad_batches=ACCUM,
                           logger=False, enable_checkpointing=False, enable_progress_bar=False,
                           enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
@@ -284,7 +284,7 @@ def section_lightning(tmpdir: str) -> None:
     empty_cls = Empty
     stores: list[bool] = EXTRA.setdefault("stores", [])
 
-    def fit(callbacks: list) -> None:
+    def fit(callbacks: list[Any]) -> None:
         tr = trainer(callbacks)
         model, data = regressor(), loader()
         if ARGS.collect:
@@ -372,12 +372,13 @@ def section_loop(tmpdir: str) -> None:
 # -- checks -------------------------------------------------------------------------------------------------------
 
 
-def _noise(tr: dict) -> float:
-    return statistics.median(abs(c - 1.0) for c in tr["cpu_control_ratios"])
+def _noise(tr: dict[str, Any]) -> float:
+    noise: float = statistics.median(abs(c - 1.0) for c in tr["cpu_control_ratios"])
+    return noise
 
 
-def checks() -> list[dict]:
-    out: list[dict] = []
+def checks() -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
     tr = EXTRA.get("lightning")
     title = ("Lightning fit with TelemetrainCallback / with an empty Callback (what the callback adds beyond "
              "Lightning's dispatch of any callback), process CPU time, <= 1.01 (+ the control's noise)")
@@ -419,7 +420,7 @@ def checks() -> list[dict]:
 
 
 def render_table() -> str:
-    def cells(r: dict) -> list[str]:
+    def cells(r: dict[str, Any]) -> list[str]:
         ratio = "" if r.get("ratio") is None else f"{r['ratio']:.3f}x"
         return [ratio, r.get("peer") or ""]
 

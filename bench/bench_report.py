@@ -111,7 +111,7 @@ def write_run(root: Path, ranks: int, iterations: int, log_every: int) -> Path:
     return root / "bench-report" / "bench"
 
 
-def timed(label: str, fn: Any, reference: dict | None = None) -> dict:
+def timed(label: str, fn: Any, reference: dict[str, Any] | None = None) -> dict[str, Any]:
     """Wall and process CPU time of ``fn()``, ``--repeats`` times. The work is single-threaded, so on an idle core
     the two agree; on a shared machine the wall time also holds the waits for a CPU, and CPU time is the cost."""
     samples, cpu = [], []
@@ -154,7 +154,7 @@ def section(run_dir: Path, out: Path) -> None:
 RUN_INFO: dict[str, Any] = {}
 
 
-def checks() -> list[dict]:
+def checks() -> list[dict[str, Any]]:
     total = next((r for r in RESULTS if r["operation"].startswith("report, total")), None)
     if total is None:
         return [{"id": "1", "status": "SKIP", "text": "not measured"}]

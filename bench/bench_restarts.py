@@ -119,12 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache", default=str(Path(tempfile.gettempdir()) / "telemetrain-restarts"))
     args = ap.parse_args(argv)
     root = Path(args.cache)
-    rows = []
+    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-restarts-") as out:
         for attempts in (int(a) for a in args.attempts.split(",")):
             session = write_session(root, attempts, args.ranks, args.iterations, args.jobs)
             last = session / f"attempt-{attempts - 1}"
-            row = {"attempts": attempts,
+            row: dict[str, Any] = {"attempts": attempts,
                    "report": measure(["report", str(last), "-o", str(Path(out) / "r.html"), "--no-progress"],
                                      args.engine, args.repeats),
                    "goodput": measure(["goodput", str(session)], args.engine, args.repeats)}

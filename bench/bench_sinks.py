@@ -240,7 +240,7 @@ def burst(metric: Callable[..., None], blocks: int, calls: int, first_step: int)
 # -- one variant, one round -----------------------------------------------------------------------------------------
 
 
-def run_once(v: Variant, mode: str, tmpdir: str) -> dict:
+def run_once(v: Variant, mode: str, tmpdir: str) -> dict[str, Any]:
     """A fresh Telemetry (and sink) for ``v``, a warm-up block delivered, the timed block, then flush, close and the
     delivery counts. ns per call."""
     import telemetrain
@@ -249,6 +249,7 @@ def run_once(v: Variant, mode: str, tmpdir: str) -> dict:
     n = ARGS.steps * calls if mode == "paced" else ARGS.burst_blocks * calls
     d = tempfile.mkdtemp(dir=tmpdir)
     t = cleanup = None
+    metric: Callable[..., None]  # Telemetry.metric, or the no-op call of the same shape
     try:
         if v.telemetry:
             kw = {"flush_interval": ARGS.burst_interval} if mode == "burst" else {}  # paced: the default, 0.2 s
@@ -294,7 +295,7 @@ def run_once(v: Variant, mode: str, tmpdir: str) -> dict:
 
 
 def section(mode: str, variants: list[Variant], tmpdir: str) -> None:
-    rounds: dict[str, list[dict]] = {v.key: [] for v in variants}
+    rounds: dict[str, list[dict[str, Any]]] = {v.key: [] for v in variants}
     for r in range(ARGS.repeats):
         k = r % len(variants)
         order = variants[k:] + variants[:k]
@@ -329,8 +330,8 @@ def section(mode: str, variants: list[Variant], tmpdir: str) -> None:
 # -- checks and output ----------------------------------------------------------------------------------------------
 
 
-def checks(variants: list[Variant]) -> list[dict]:
-    out: list[dict] = []
+def checks(variants: list[Variant]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
     measured = EXTRA.get("rounds", {})
     present = {v.key for v in variants}
     for v in VARIANTS:
@@ -352,7 +353,7 @@ def checks(variants: list[Variant]) -> list[dict]:
         out.append({"id": v.check, "title": title, "status": "FAIL" if bad else "PASS", "instances": len(runs),
                     "delivered": delivered, "dropped": dropped, "failed": failed, "text": text})
 
-    def row(key: str, mode: str, measure: str) -> dict | None:
+    def row(key: str, mode: str, measure: str) -> dict[str, Any] | None:
         return next((r for r in RESULTS if r["variant"] == key and r["mode"] == mode and r["measure"] == measure),
                     None)
 
@@ -362,14 +363,18 @@ def checks(variants: list[Variant]) -> list[dict]:
                     "text": "not measured"})
     else:
         b = row("do-nothing", "burst", "cpu")
+        store = row("store", "paced", "cpu")
+        assert store is not None  # the control's ratio_store is to it
         burst_text = "" if b is None else f"; burst training-thread CPU {b['ratio_store']:.3f}x"
         out.append({"id": "2b", "title": "a second sink's cost (do-nothing sink / store alone)", "status": "INFO",
                     "ratio": control["ratio_store"],
                     "text": f"paced training-thread CPU {control['median_ns']:.0f} vs "
-                    f"{row('store', 'paced', 'cpu')['median_ns']:.0f} ns/call: {control['ratio_store']:.3f}x"
+                    f"{store['median_ns']:.0f} ns/call: {control['ratio_store']:.3f}x"
                     + burst_text})
     for key in BACKENDS:
-        cid = "2" + next(v.check for v in VARIANTS if v.key == key)[1]
+        check = next(v.check for v in VARIANTS if v.key == key)
+        assert check is not None  # a backend has its delivery check
+        cid = "2" + check[1]
         title = f"{key}: paced training-thread CPU <= {CPU_LIMIT:.2f}x the do-nothing sink's"
         r = row(key, "paced", "cpu")
         if r is None or r.get("ratio_control") is None:
@@ -389,7 +394,7 @@ def render_table() -> str:
     def fmt(x: float | None) -> str:
         return "" if x is None else f"{x:.3f}x"
 
-    def cells(r: dict) -> list[str]:
+    def cells(r: dict[str, Any]) -> list[str]:
         return [fmt(r.get("ratio_control")), fmt(r.get("ratio_store"))]
 
     order = {(m, k): i for i, (m, k, _) in enumerate(MEASURES)}

@@ -67,20 +67,29 @@ import time
 import tracemalloc
 import warnings
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from itertools import cycle
 from pathlib import Path
 from string import ascii_lowercase
 from time import perf_counter_ns
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import _method
 from _method import NOTES, RESULTS, calibrated_n, compile_stmt, difference_row, measure, new_row, progress, row_of, skip
 
+if TYPE_CHECKING:
+    import torch.monitor
+
+    from telemetrain import Telemetry
+    from telemetrain.records import StatWindow
+    from telemetrain.stats import Stat as AnyStat
+    from telemetrain.stats import Summary
+
 warnings.filterwarnings("ignore")  # torch's "Failed to initialize NumPy" where numpy is absent
 
 ARGS: argparse.Namespace
-EXTRA: dict[str, object] = {"threads": [], "memory": [], "window_close": []}
+EXTRA: dict[str, Any] = {"threads": [], "memory": [], "window_close": []}
 EMITTED: Counter[str] = Counter()  # windows reported per stat name (listener), checked against the run store
 EMITTED_SAMPLES: Counter[str] = Counter()
 DISTS = ("torch", "telemetrain")  # versions reported
@@ -90,6 +99,10 @@ MEAN_COUNT = ["mean", "count"]
 QUANTILES = ["count", "mean", "p50", "p90", "p99"]
 QUANTILES_HIST = [*QUANTILES, "histogram"]
 
+P = ParamSpec("P")
+S = TypeVar("S")
+StatT = TypeVar("StatT", bound="AnyStat")
+
 
 # -- harness (the peers method: _method.py) --------------------------------------------------------------------------
 
@@ -97,7 +110,7 @@ QUANTILES_HIST = [*QUANTILES, "histogram"]
 _record = _method.record_with_peer
 
 
-def _row(lib: str, op: str, samples: list[float], n: object, peer: dict | None) -> dict:
+def _row(lib: str, op: str, samples: list[float], n: object, peer: dict[str, Any] | None) -> dict[str, Any]:
     return _record(new_row(lib, op, samples, n), peer)
 
 
@@ -105,25 +118,35 @@ def bench(
     lib: str,
     op: str,
     stmt: str,
-    names: dict | None = None,
+    names: dict[str, Any] | None = None,
     *,
-    peer: dict | None = None,
+    peer: dict[str, Any] | None = None,
     between: Callable[[], None] | None = None,
     gc_off: bool = False,
     max_n: int | None = None,
     warm: int = 2000,
-) -> dict:
+) -> dict[str, Any]:
     """Measure ``stmt``; ``between()`` runs after calibration and after every repeat, outside the timed region."""
     samples, n = measure(stmt, names, between=between, gc_off=gc_off, max_n=max_n, warm=warm, collect=ARGS.collect)
     return _row(lib, op, samples, n, peer)
 
 
-def derived(lib: str, op: str, a: dict, b: dict, *, peer: dict | None = None) -> dict:
+def derived(
+    lib: str, op: str, a: dict[str, Any], b: dict[str, Any], *, peer: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Row ``a - b`` (median - median, best - best; repeats: the differences of the paired repeats)."""
     return _record(difference_row(lib, op, a, b), peer)
 
 
-def paired(lib: str, op: str, stmt: str, names: dict, peer: dict, peer_stmt: str, peer_names: dict) -> dict:
+def paired(
+    lib: str,
+    op: str,
+    stmt: str,
+    names: dict[str, Any],
+    peer: dict[str, Any],
+    peer_stmt: str,
+    peer_names: dict[str, Any],
+) -> dict[str, Any]:
     """``stmt`` and its peer's statement timed in adjacent repeats (2 x ``--repeats`` pairs, the order alternating), so
     that a slow spell of the machine hits both sides of a pair: the row's ratio is the median of the per-pair ratios."""
     ours, theirs = compile_stmt(stmt, names), compile_stmt(peer_stmt, peer_names)
@@ -157,7 +180,7 @@ WIDE = [_RNG.choice((-1.0, 1.0)) * 2.0 ** _RNG.uniform(-32.0, 32.0) for _ in ran
 INTS = [_RNG.randrange(10**6, 10**9) for _ in range(1 << 16)]  # e.g. durations in ns: one-digit ints
 
 
-def _nx(values: list) -> Callable[[], float]:
+def _nx(values: Sequence[float]) -> Callable[[], float]:
     return cycle(values).__next__
 
 
@@ -165,11 +188,11 @@ def _empty() -> None:
     pass
 
 
-def _stat(cls, *args, **kwargs):
+def _stat(cls: Callable[P, StatT], *args: P.args, **kwargs: P.kwargs) -> StatT:
     """A stat whose reported windows are counted (by name) for the final check against the run store."""
     s = cls(*args, **kwargs)
 
-    def count(stat, record) -> None:
+    def count(stat: AnyStat, record: StatWindow) -> None:
         EMITTED[record.name] += 1
         EMITTED_SAMPLES[record.name] += record.sample_count
 
@@ -194,7 +217,7 @@ def section_baseline() -> None:
 # -- 1. add -----------------------------------------------------------------------------------------------------------
 
 
-def section_add(t) -> None:
+def section_add(t: Telemetry) -> None:
     import torch.monitor as tm
 
     from telemetrain import monitor as tmon
@@ -203,17 +226,18 @@ def section_add(t) -> None:
     lib_t = "torch.monitor"
     agg_t = [tm.Aggregation.MEAN, tm.Aggregation.COUNT]
     w600 = timedelta(seconds=600)
-    st = tm.Stat("bench.add", agg_t, w600)
+    # torch's stub (_C/_monitor.pyi) types window_size as int; the binding takes a timedelta, as documented
+    st = tm.Stat("bench.add", agg_t, w600)  # type: ignore[arg-type]
     t_const = bench(lib_t, "Stat([MEAN,COUNT], 600s).add(1.0), no handler", "s.add(1.0)", {"s": st})
     t_vary = bench(lib_t, "Stat([MEAN,COUNT], 600s).add(nx()), no handler", "s.add(nx())", {"s": st, "nx": _nx(LOGN)})
     calls = [0]
 
-    def noop_handler(event) -> None:
+    def noop_handler(event: torch.monitor.Event) -> None:
         calls[0] += 1
 
     h = tm.register_event_handler(noop_handler)
     try:
-        st_h = tm.Stat("bench.add.h", agg_t, w600)
+        st_h = tm.Stat("bench.add.h", agg_t, w600)  # type: ignore[arg-type]
         bench(lib_t, "Stat([MEAN,COUNT], 600s).add(1.0), no-op handler registered", "s.add(1.0)", {"s": st_h})
         bench(
             lib_t,
@@ -222,7 +246,7 @@ def section_add(t) -> None:
             {"s": st_h, "nx": _nx(LOGN)},
         )
         calls[0] = 0
-        st_1ms = tm.Stat("bench.add.1ms", agg_t, timedelta(milliseconds=1))
+        st_1ms = tm.Stat("bench.add.1ms", agg_t, timedelta(milliseconds=1))  # type: ignore[arg-type]
         t_1ms = bench(
             lib_t,
             "Stat([MEAN,COUNT], 1ms).add(1.0), no-op handler (window closes ~every ms)",
@@ -288,7 +312,7 @@ def section_add(t) -> None:
 # -- 2. quantile stats ------------------------------------------------------------------------------------------------
 
 
-def section_quantiles(t) -> None:
+def section_quantiles(t: Telemetry) -> None:
     from telemetrain.stats import Stat
 
     lib = "telemetrain.stats"
@@ -368,11 +392,11 @@ def _run_threads(timed: list[Callable[[int], int]], n: int) -> tuple[list[float]
 def thread_bench(
     lib: str,
     op: str,
-    make: Callable[[int], object],
-    check: Callable[[object, int], dict],
+    make: Callable[[int], S],
+    check: Callable[[S, int], dict[str, Any]],
     *,
-    peer: tuple[dict, dict] | None = None,
-) -> tuple[dict, dict, dict]:
+    peer: tuple[dict[str, Any], dict[str, Any]] | None = None,
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """2 threads x ``n`` ``s.add(1.0)`` on one fresh stat per repeat (``make(repeat)``); ``check(stat, expected)``
     returns the exactness verdict of that repeat."""
     n = ARGS.thread_n
@@ -400,12 +424,12 @@ def thread_bench(
     b = _row(lib, f"{op}: aggregate (wall / all ops)", aggregate, n, None if peer is None else peer[1])
     exact = all(v["exact"] for v in verdicts)
     summary = {"library": lib, "operation": op, "n_per_thread": n, "repeats": verdicts, "exact": exact}
-    EXTRA["threads"].append(summary)  # type: ignore[union-attr]
+    EXTRA["threads"].append(summary)
     progress(f"{lib} {op}: exact={exact} {verdicts[-1]}")
     return a, b, summary
 
 
-def section_threads(t) -> None:
+def section_threads(t: Telemetry) -> None:
     import torch.monitor as tm
 
     from telemetrain import monitor as tmon
@@ -413,8 +437,8 @@ def section_threads(t) -> None:
 
     windows: dict[int, list[int]] = {}  # the sample counts of the windows each stat reported, by id(stat)
 
-    def make_native(cls, name: str, *args, **kwargs) -> Callable[[int], object]:
-        def make(r: int):
+    def make_native(cls: Callable[..., AnyStat], name: str, *args: Any, **kwargs: Any) -> Callable[[int], AnyStat]:
+        def make(r: int) -> AnyStat:
             s = _stat(cls, f"{name}.r{r}", *args, telemetry=t, **kwargs)
             windows[id(s)] = got = []
             s.add_listener(lambda _s, rec: got.append(rec.sample_count))
@@ -422,7 +446,7 @@ def section_threads(t) -> None:
 
         return make
 
-    def check_windows(s, expected: int, full: int | None = None) -> dict:
+    def check_windows(s: AnyStat, expected: int, full: int | None = None) -> dict[str, Any]:
         open_count = s.count  # all samples are in the open window (unless a 600 s boundary passed meanwhile)
         s.flush()
         counts = windows.pop(id(s))
@@ -441,7 +465,7 @@ def section_threads(t) -> None:
         out["exact"] = exact
         return out
 
-    def torch_check(s, expected: int) -> dict:
+    def torch_check(s: torch.monitor.Stat, expected: int) -> dict[str, Any]:
         return {"expected": expected, "count": s.count, "exact": s.count == expected}
 
     lib2 = "threads (2)"
@@ -461,7 +485,7 @@ def section_threads(t) -> None:
     tp, ta, _ = thread_bench(
         "torch.monitor",
         "2 threads x Stat([MEAN,COUNT], 600s).add(1.0), one Stat",
-        lambda r: tm.Stat(f"bench.thr.torch.r{r}", agg_t, timedelta(seconds=600)),
+        lambda r: tm.Stat(f"bench.thr.torch.r{r}", agg_t, timedelta(seconds=600)),  # type: ignore[arg-type]
         torch_check,
     )
     thread_bench(
@@ -495,7 +519,7 @@ def section_threads(t) -> None:
 # -- 4. time() --------------------------------------------------------------------------------------------------------
 
 
-def section_time(t) -> None:
+def section_time(t: Telemetry) -> None:
     from telemetrain.stats import Stat
 
     lib = "telemetrain.stats"
@@ -559,14 +583,14 @@ def section_time(t) -> None:
 # -- 5. memory --------------------------------------------------------------------------------------------------------
 
 
-def _feed(add: Callable[[object], None], values: list, n: int, offset: int = 0) -> None:
+def _feed(add: Callable[[float], None], values: Sequence[float], n: int, offset: int = 0) -> None:
     """``n`` fresh objects (``v * 1`` makes a new float or int, as a measured value would be), cycling ``values``."""
     mask = len(values) - 1
     for i in range(offset, offset + n):
         add(values[i & mask] * 1)
 
 
-def _measure_memory(make: Callable[[], object], steps: Callable[[object], None]) -> tuple[int, int, object]:
+def _measure_memory(make: Callable[[], S], steps: Callable[[S], None]) -> tuple[int, int, S]:
     gc.collect()  # cheap: the section runs with everything older frozen (gc.freeze)
     tracemalloc.start()
     try:
@@ -580,7 +604,7 @@ def _measure_memory(make: Callable[[], object], steps: Callable[[object], None])
     return held - base, peak - base, s
 
 
-def section_memory(t) -> None:
+def section_memory(t: Telemetry) -> None:
     from telemetrain.stats import Stat
 
     group = "bench.mem"
@@ -592,7 +616,7 @@ def section_memory(t) -> None:
         gc.unfreeze()
 
 
-def _memory_scenarios(t, Stat, group: str) -> None:
+def _memory_scenarios(t: Telemetry, Stat: type[AnyStat], group: str) -> None:
     t.mute(group)  # closed windows (the worst cases flush once) are not queued: only what the stat holds counts
     n_big = ARGS.mem_n
     # Built first and kept open to the end: the registry exists and the collector thread keeps running (it exits when
@@ -603,7 +627,7 @@ def _memory_scenarios(t, Stat, group: str) -> None:
     def scenario(
         label: str,
         aggs: list[str],
-        values: list,
+        values: Sequence[float],
         n: int,
         *,
         flush_then: int | None = None,
@@ -614,10 +638,10 @@ def _memory_scenarios(t, Stat, group: str) -> None:
         expected_open = n if flush_then is None else flush_then
         for _attempt in range(2):  # a 600 s window that closes at its wall-clock boundary mid-scenario: once more
 
-            def make(aggs=aggs):
+            def make(aggs: list[str] = aggs) -> AnyStat:
                 return Stat("bench.mem", aggs, window=600, group=group, telemetry=t)
 
-            def steps(s, values=values, n=n):
+            def steps(s: AnyStat, values: Sequence[float] = values, n: int = n) -> None:
                 _feed(s.add, values, n)
                 if flush_then is not None:
                     s.flush()
@@ -627,7 +651,10 @@ def _memory_scenarios(t, Stat, group: str) -> None:
             pending_bound = len(s._buf) * per_pending  # the documented bound leaves pending samples apart
             window = s._window  # internals, for the description only (s.count would fold what is pending)
             last = s.last_summary
-            ok_window = window.count + len(s._buf) == expected_open and (flush_then is None or last.count == n)
+            ok_window = window.count + len(s._buf) == expected_open
+            if flush_then is not None:
+                assert last is not None  # flush() closed the window of the first n samples
+                ok_window = ok_window and last.count == n
             info = {
                 "scenario": label,
                 "aggregations": aggs,
@@ -646,12 +673,12 @@ def _memory_scenarios(t, Stat, group: str) -> None:
             del s
             if ok_window:
                 break
-        EXTRA["memory"].append(info)  # type: ignore[union-attr]
+        EXTRA["memory"].append(info)
         progress(f"memory {label}: held {held:,} B, peak {peak:,} B, bound {bound:,} B ({info['open_window']})")
 
     big = f"{n_big:,}"
     whole = -(-n_big // 2048) * 2048  # a multiple of 2048: with 2047 more, 2047 samples are pending
-    no_quantiles = {"bound": 3 * KIB, "bound_text": "3 KiB (no quantiles)"}
+    no_quantiles: dict[str, Any] = {"bound": 3 * KIB, "bound_text": "3 KiB (no quantiles)"}
     scenario("(a) mean/count, 1e3 lognormal floats", MEAN_COUNT, LOGN, 1000, **no_quantiles)
     scenario(f"(a) mean/count, {big} lognormal floats", MEAN_COUNT, LOGN, n_big, **no_quantiles)
     scenario(
@@ -704,13 +731,13 @@ def _memory_scenarios(t, Stat, group: str) -> None:
     keep.close()
 
 
-def _payload_bytes(s) -> int:
+def _payload_bytes(s: AnyStat) -> int:
     """sys.getsizeof of what the documented bound counts: the pending list, the kept samples and the histogram
     arrays of the open and of the last closed window, each sample object once."""
     seen: set[int] = set()
     total = 0
 
-    def of_list(items: list) -> None:
+    def of_list(items: Sequence[object]) -> None:
         nonlocal total
         total += sys.getsizeof(items)
         for x in items:
@@ -731,12 +758,13 @@ def _payload_bytes(s) -> int:
     return total
 
 
-def _describe_summary(summary) -> str:
+def _describe_summary(summary: Summary) -> str:
     if summary.raw is None and summary.histogram is None:
         return "no distribution kept"
     if summary.raw is not None:
         return f"exact, {len(summary.raw):,} kept samples"
     h = summary.histogram
+    assert h is not None  # neither raw nor None: a histogram
     return (
         f"histogram scale {h.scale}, {len(h._positive.counts):,}+{len(h._negative.counts):,} buckets "
         f"(arrays {h._positive.counts.buffer_info()[1] * 8 + h._negative.counts.buffer_info()[1] * 8:,} B)"
@@ -746,17 +774,19 @@ def _describe_summary(summary) -> str:
 # -- 6. window close --------------------------------------------------------------------------------------------------
 
 
-def section_close(t) -> None:
+def section_close(t: Telemetry) -> None:
     from telemetrain.stats import Stat
 
     lib = "telemetrain.stats"
     windows = ARGS.close_windows
 
-    def close_cost(label: str, aggs: list[str], values: list, per_window: int, peer: dict | None) -> dict:
-        s = _stat(Stat, f"bench.close.{len(EXTRA['window_close'])}", aggs, window=600, telemetry=t)  # type: ignore
+    def close_cost(
+        label: str, aggs: list[str], values: Sequence[float], per_window: int, peer: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        s = _stat(Stat, f"bench.close.{len(EXTRA['window_close'])}", aggs, window=600, telemetry=t)
         add = s.add
         mask = len(values) - 1
-        samples = []
+        samples: list[float] = []
         offset = 0
         gc.collect()  # once: a collection right before each close would leave it cold (fresh arenas)
         for i in range(windows + 3):
@@ -773,7 +803,7 @@ def section_close(t) -> None:
         EXTRA["window_close"].append(
             {
                 "window": label,
-                "median_us": row["median_ns"] / 1e3,  # type: ignore
+                "median_us": row["median_ns"] / 1e3,
                 "best_us": row["best_ns"] / 1e3,
                 "windows": windows,
             }
@@ -835,7 +865,7 @@ class _Append:
             buf.clear()
 
 
-def section_pieces(t) -> None:
+def section_pieces(t: Telemetry) -> None:
     from telemetrain.stats import Stat, Summary
     from telemetrain.stats.aggregations import tracking
 
@@ -942,7 +972,8 @@ def section_pieces(t) -> None:
 # -- the run store: every reported window is there --------------------------------------------------------------------
 
 
-def check_store(t) -> dict:
+def check_store(t: Telemetry) -> dict[str, Any]:
+    assert t.store is not None  # main() made it with store=
     path = t.store.path
     windows: Counter[str] = Counter()
     samples: Counter[str] = Counter()
@@ -973,11 +1004,11 @@ def check_store(t) -> dict:
 # -- checks and output ------------------------------------------------------------------------------------------------
 
 
-def checks() -> list[dict]:
-    out: list[dict] = []
+def checks() -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
 
     def ratio_check(
-        cid: str, title: str, row: dict | None, limit: float | None, shared: dict | None = None
+        cid: str, title: str, row: dict[str, Any] | None, limit: float | None, shared: dict[str, Any] | None = None
     ) -> None:
         """``shared``: a baseline row whose cost both sides include (producing the value): the ratio that is checked
         is then of the costs net of it, i.e. of the add itself; the raw ratio is shown too."""
@@ -1056,7 +1087,7 @@ def checks() -> list[dict]:
         None,
     )
 
-    for i, th in enumerate(EXTRA["threads"]):  # type: ignore[union-attr]
+    for i, th in enumerate(EXTRA["threads"]):
         cid = f"3{ascii_lowercase[i]}"
         per = row_of(th["library"], f"{th['operation']}: per thread")
         ratio = f"; per thread {per['median_ns']:.1f} ns/op" if per else ""
@@ -1088,7 +1119,7 @@ def checks() -> list[dict]:
         None,
     )
 
-    for i, mem in enumerate(EXTRA["memory"]):  # type: ignore[union-attr]
+    for i, mem in enumerate(EXTRA["memory"]):
         out.append(
             {
                 "id": f"5{ascii_lowercase[i]}",
@@ -1100,7 +1131,7 @@ def checks() -> list[dict]:
                 f"peak {mem['peak_bytes']:,} B; bound {mem['bound']}",
             }
         )
-    for i, wc in enumerate(EXTRA["window_close"]):  # type: ignore[union-attr]
+    for i, wc in enumerate(EXTRA["window_close"]):
         out.append(
             {
                 "id": f"6{ascii_lowercase[i]}",
@@ -1125,16 +1156,17 @@ def checks() -> list[dict]:
     return out
 
 
-def best_ratio(row: dict) -> float:
+def best_ratio(row: dict[str, Any]) -> float:
     """best / best of a row and its peer row."""
     for p in RESULTS:
         if f"{p['library']} | {p['operation']}" == row["peer"]:
-            return row["best_ns"] / p["best_ns"]
+            ratio: float = row["best_ns"] / p["best_ns"]
+            return ratio
     return math.nan
 
 
 def render_table() -> str:
-    def cells(r: dict) -> list[str]:
+    def cells(r: dict[str, Any]) -> list[str]:
         ratio = "" if r["ratio"] is None else f"{r['ratio']:.3f}x"
         return [ratio, "" if r["peer"] is None else r["peer"].replace("|", "\\|")]
 
@@ -1147,7 +1179,7 @@ def render_memory() -> str:
         "| samples + buckets bytes (getsizeof) | peak bytes | bound |",
         "|---|---:|---:|---|---|---:|---:|---:|---|",
     ]
-    for m in EXTRA["memory"]:  # type: ignore[union-attr]
+    for m in EXTRA["memory"]:
         lines.append(
             f"| {m['scenario']} | {m['samples']:,} | {m['pending']:,} | {m['open_window']} | "
             f"{m['last_closed_window'] or '-'} | {m['held_bytes']:,} | {m['samples_and_buckets_bytes']:,} | "

@@ -43,10 +43,14 @@ import time
 import warnings
 from pathlib import Path
 from time import perf_counter_ns, process_time_ns, thread_time_ns
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import _method
 from _method import NOTES, RESULTS, new_row, progress, row_of
+
+if TYPE_CHECKING:
+    from telemetrain.system.nvml import NvmlSource
+    from telemetrain.system.process import ProcessTreeSource
 
 warnings.filterwarnings("ignore")  # torch's "Failed to initialize NumPy" where numpy is absent
 
@@ -58,7 +62,7 @@ CORE_SHARE_LIMIT = 0.005  # target 1b: < 0.5% of one core at a 1 s interval
 TRAIN_LIMIT = 1.01  # target 2
 
 
-def _record(row: dict, peer: dict | None = None) -> dict:
+def _record(row: dict[str, Any], peer: dict[str, Any] | None = None) -> dict[str, Any]:
     return _method.record_with_peer(row, peer)
 
 
@@ -100,17 +104,21 @@ def section_cycle(tmpdir: str) -> None:
         lib = "telemetrain.system"
         issue = Sampler(t, interval=1.0, host=True, gpus=[], cuda_allocator=False)
         issue.sample_now()  # sources built, first readings taken
+        assert issue._sources is not None
         what = f"{ARGS.children} child processes, {_host_processes()} processes on the host"
         thread_ns, process_ns = _cycle_cpu(issue, ARGS.cycles)
         _record(new_row(lib, f"one cycle: host + process tree + disk + net, thread CPU ({what})", thread_ns,
                         ARGS.cycles))
         _record(new_row(lib, "same, all-in process CPU (the store's writer included)", process_ns, ARGS.cycles))
         EXTRA["records_per_cycle"] = len(issue.latest())
-        EXTRA["tree_scan_ns"] = next(s.scan_cost_ns for s in issue._sources if s.name == "process")
+        EXTRA["tree_scan_ns"] = next(
+            cast("ProcessTreeSource", s).scan_cost_ns for s in issue._sources if s.name == "process"
+        )
         full = Sampler(t, interval=1.0, host=True)
         full.sample_now()
+        assert full._sources is not None
         thread_full, _ = _cycle_cpu(full, ARGS.cycles)
-        nvml = next((s for s in full._sources if s.name == "nvml"), None)
+        nvml = cast("NvmlSource | None", next((s for s in full._sources if s.name == "nvml"), None))
         gpus = f"{len(nvml.devices)} GPU(s)" if nvml is not None else "no NVML source"
         reason = f": {nvml.reason}" if nvml is not None and nvml.reason else ""
         _record(new_row(lib, f"one cycle: the default sampler (+ NVML, allocator; {gpus}{reason}), thread CPU",
@@ -241,8 +249,8 @@ def section_training(tmpdir: str) -> None:
 # -- checks and output ----------------------------------------------------------------------------------------------
 
 
-def checks() -> list[dict]:
-    out: list[dict] = []
+def checks() -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
     cycle = row_of("telemetrain.system", "one cycle: host + process tree + disk + net, thread CPU")
     allin = row_of("telemetrain.system", "same, all-in process CPU")
     if cycle is None or allin is None:
@@ -270,7 +278,7 @@ def checks() -> list[dict]:
 
 
 def render_table() -> str:
-    def cells(r: dict) -> list[str]:
+    def cells(r: dict[str, Any]) -> list[str]:
         return ["" if r.get("ratio") is None else f"{r['ratio']:.4f}x",
                 "" if r.get("peer") is None else r["peer"].replace("|", "\\|")]
 

@@ -80,15 +80,23 @@ import sys
 import tempfile
 import warnings
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from itertools import repeat
 from pathlib import Path
 from time import monotonic_ns, perf_counter_ns, process_time_ns, thread_time_ns
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import _method
 from _method import NOTES, RESULTS, calibrated_n, compile_stmt, difference_row, measure, new_row, progress, row_of
+
+if TYPE_CHECKING:
+    import torch
+    from opentelemetry.sdk.trace import ReadableSpan
+    from torch import Tensor
+
+    from telemetrain import Telemetry
+    from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
 
 warnings.filterwarnings("ignore")  # torch's "Failed to initialize NumPy" where numpy is absent
 
@@ -120,7 +128,7 @@ ONE_LOGGER_MODULE = "nv_one_logger.training_telemetry.api.training_telemetry_pro
 _record = _method.record_with_peer
 
 
-def _row(lib: str, op: str, samples: list[float], n: object, peer: dict | None = None) -> dict:
+def _row(lib: str, op: str, samples: list[float], n: object, peer: dict[str, Any] | None = None) -> dict[str, Any]:
     return _record(new_row(lib, op, samples, n), peer)
 
 
@@ -128,18 +136,20 @@ def bench(
     lib: str,
     op: str,
     stmt: str,
-    names: dict | None = None,
+    names: dict[str, Any] | None = None,
     *,
-    peer: dict | None = None,
+    peer: dict[str, Any] | None = None,
     between: Callable[[], None] | None = None,
     max_n: int | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """Measure ``stmt``; ``between()`` runs after calibration and after every repeat, outside the timed region."""
     samples, n = measure(stmt, names, between=between, max_n=max_n, collect=ARGS.collect)
     return _row(lib, op, samples, n, peer)
 
 
-def derived(lib: str, op: str, a: dict, b: dict, *, peer: dict | None = None) -> dict:
+def derived(
+    lib: str, op: str, a: dict[str, Any], b: dict[str, Any], *, peer: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Row ``a - b`` (median - median, best - best; repeats: the differences of the paired repeats)."""
     return _record(difference_row(lib, op, a, b), peer)
 
@@ -148,12 +158,12 @@ def paired(
     lib: str,
     op: str,
     stmt: str,
-    names: dict,
-    peer: dict,
+    names: dict[str, Any],
+    peer: dict[str, Any],
     peer_stmt: str,
-    peer_names: dict,
+    peer_names: dict[str, Any],
     between: Callable[[], None] | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """``stmt`` and its peer's statement timed in adjacent repeats (2 x ``--repeats`` pairs, the order alternating), so
     that a slow spell of the machine hits both sides of a pair: the row's ratio is the median of the per-pair ratios."""
     ours, theirs = compile_stmt(stmt, names), compile_stmt(peer_stmt, peer_names)
@@ -197,7 +207,7 @@ def _torch_available() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
-def _training_config(*, log_every: int = LOG_EVERY, device_name: str | None = None):
+def _training_config(*, log_every: int = LOG_EVERY, device_name: str | None = None) -> TrainingTelemetryConfig:
     from telemetrain.training import TrainingTelemetryConfig
 
     return TrainingTelemetryConfig(
@@ -212,7 +222,7 @@ def _training_config(*, log_every: int = LOG_EVERY, device_name: str | None = No
 # -- child processes ---------------------------------------------------------------------------------------------------
 
 
-def _run_child(mode: str, spec: dict, tmpdir: str, timeout: float = 600) -> dict:
+def _run_child(mode: str, spec: dict[str, Any], tmpdir: str, timeout: float = 600) -> dict[str, Any]:
     d = tempfile.mkdtemp(prefix=f"child_{mode}_", dir=tmpdir)
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--child", mode, "--child-dir", d, "--child-spec", json.dumps(spec)],
@@ -223,10 +233,11 @@ def _run_child(mode: str, spec: dict, tmpdir: str, timeout: float = 600) -> dict
     )
     if proc.returncode != 0:
         raise RuntimeError(f"child {mode} failed (rc {proc.returncode}): {proc.stderr.strip()[-1500:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
 
 
-def _child_main(mode: str, spec: dict, tmpdir: str) -> dict:
+def _child_main(mode: str, spec: dict[str, Any], tmpdir: str) -> dict[str, Any]:
     if mode == "one-logger":
         return _one_logger_child(spec, tmpdir)
     if mode in ("recorder", "callbacks", "first-report"):
@@ -234,7 +245,7 @@ def _child_main(mode: str, spec: dict, tmpdir: str) -> dict:
     raise ValueError(f"unknown child mode {mode!r}")
 
 
-def _one_logger_child(spec: dict, tmpdir: str) -> dict:
+def _one_logger_child(spec: dict[str, Any], tmpdir: str) -> dict[str, Any]:
     """nv-one-logger configured as its README shows; blocks of iterations at 0 and at ``late`` of one loop."""
     from nv_one_logger.api.config import LoggerConfig, OneLoggerConfig
     from nv_one_logger.exporter.file_exporter import FileExporter
@@ -270,7 +281,7 @@ def _one_logger_child(spec: dict, tmpdir: str) -> dict:
     cb.on_train_start(train_iterations_start=0)
     pair = _pair_timer(cb.on_training_single_iteration_start, cb.on_training_single_iteration_end)
     first, late = spec["first"], spec["late"]
-    out: dict = {"blocks": {}, "blocks_wall": {}}
+    out: dict[str, Any] = {"blocks": {}, "blocks_wall": {}}
     cpu, wall = pair(first)  # iterations [0, first): first calls, no warm-up on purpose
     out["blocks"]["0"], out["blocks_wall"]["0"] = cpu / first, wall / first
     cpu, _ = pair(late - first)
@@ -283,7 +294,7 @@ def _one_logger_child(spec: dict, tmpdir: str) -> dict:
     return out
 
 
-def _new_loop(mode: str, tmpdir: str, name: str, torch_loaded: bool):
+def _new_loop(mode: str, tmpdir: str, name: str, torch_loaded: bool) -> tuple[Any, TrainingRecorder, Telemetry]:
     """A Telemetry with a run store under ``tmpdir`` and a recorder (or the module-level callbacks on the default
     recorder) with an application and a training loop started: returns (api, recorder, telemetry)."""
     import telemetrain
@@ -321,16 +332,17 @@ def _pair_timer(start: Callable[[], Any], end: Callable[[], Any]) -> Callable[[i
     """``timed(n) -> (cpu_ns, wall_ns)`` of n ``start(); end()`` pairs: the calling thread's CPU time (the caller
     side: what the training thread spends; the writer and the reporter work in other threads, as the GPU would let
     them) and the wall time (all-in on this CPU-only machine: their work shares the GIL with the loop)."""
-    scope = {"s": start, "e": end, "_cpu": thread_time_ns, "_wall": perf_counter_ns, "_repeat": repeat}
+    scope: dict[str, Any] = {"s": start, "e": end, "_cpu": thread_time_ns, "_wall": perf_counter_ns, "_repeat": repeat}
     exec(compile(_PAIR_LOOP, "<bench iteration pair>", "exec"), scope)
-    return scope["timed"]  # type: ignore[no-any-return]
+    timed: Callable[[int], tuple[int, int]] = scope["timed"]
+    return timed
 
 
-def _iteration_pair(api) -> Callable[[int], tuple[int, int]]:
+def _iteration_pair(api: Any) -> Callable[[int], tuple[int, int]]:
     return _pair_timer(api.on_training_single_iteration_start, api.on_training_single_iteration_end)
 
 
-def _finish_loop(api, recorder, t, done: int) -> dict:
+def _finish_loop(api: Any, recorder: TrainingRecorder, t: Telemetry, done: int) -> dict[str, Any]:
     api.on_train_end()
     api.on_app_end()
     ok = t.close(timeout=120)
@@ -349,7 +361,7 @@ def _finish_loop(api, recorder, t, done: int) -> dict:
     }
 
 
-def _ours_child(mode: str, spec: dict, tmpdir: str) -> dict:
+def _ours_child(mode: str, spec: dict[str, Any], tmpdir: str) -> dict[str, Any]:
     """One training loop on a TrainingRecorder (or the module-level callbacks): iterations 0-1k timed first; then, at
     each position, ``pairs`` blocks of ``block`` iterations, each interleaved with the same block of a fresh reference
     loop at iterations 1k..1k+block (same process, adjacent in time: a slow spell of the machine hits both); then the
@@ -363,7 +375,7 @@ def _ours_child(mode: str, spec: dict, tmpdir: str) -> dict:
         except ImportError:
             pass
     api, recorder, t = _new_loop(mode, tmpdir, "store", torch_loaded)
-    out: dict = {"torch_loaded": torch_loaded, "positions": [], "advances": []}
+    out: dict[str, Any] = {"torch_loaded": torch_loaded, "positions": [], "advances": []}
     if mode == "first-report":  # each of the first iterations timed alone: the first report's cost, torch not loaded
         start, end = api.on_training_single_iteration_start, api.on_training_single_iteration_end
         times = []
@@ -418,7 +430,7 @@ def _ours_child(mode: str, spec: dict, tmpdir: str) -> dict:
     return out
 
 
-def _cumulative_buckets(recorder) -> int | None:
+def _cumulative_buckets(recorder: TrainingRecorder) -> int | None:
     """Occupied buckets of the recorder's cumulative iteration-time histogram (internals; None if they change)."""
     try:
         hist = recorder._reporter.cumulative.histogram
@@ -427,7 +439,7 @@ def _cumulative_buckets(recorder) -> int | None:
         return None
 
 
-def _count_store(path) -> dict:
+def _count_store(path: str | os.PathLike[str] | None) -> dict[str, Any]:
     """Records of a run store file by kind and name (a substring scan: the file of a 1M-iteration run is ~40 MB)."""
     counts: Counter[str] = Counter()
     if path is None or not os.path.exists(path):
@@ -646,7 +658,7 @@ def section_iteration(tmpdir: str) -> None:
     )
 
 
-def _store_verdict(r: dict) -> dict:
+def _store_verdict(r: dict[str, Any]) -> dict[str, Any]:
     store = r["store"]
     got_updates = store.get("event:training_metrics_update", 0)
     got_spans = store.get("span_end:training_single_iteration", 0)
@@ -690,7 +702,7 @@ class _SpanStore:
         for t in (self.caller, self.awake):
             t.flush(120)
 
-    def close(self) -> dict:
+    def close(self) -> dict[str, Any]:
         import telemetrain
 
         if self.previous is not None:
@@ -772,7 +784,7 @@ def section_otel_spans(tmpdir: str) -> None:
     from telemetrain.spans import span
 
     class NoopExporter(SpanExporter):
-        def export(self, spans):
+        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
             return SpanExportResult.SUCCESS
 
         def shutdown(self) -> None:
@@ -862,17 +874,20 @@ class _Trainer:
         nparams = 2 * (self.hidden * self.hidden + self.hidden) + self.hidden * self.classes + self.classes
         self.flops_per_sample = 6.0 * nparams
 
-    def _model(self):
+    def _model(self) -> torch.nn.Sequential:
         nn = self.torch.nn
         self.torch.manual_seed(0)
         h = self.hidden
-        return nn.Sequential(nn.Linear(h, h), nn.ReLU(), nn.Linear(h, h), nn.ReLU(), nn.Linear(h, self.classes))
+        model: torch.nn.Sequential = nn.Sequential(
+            nn.Linear(h, h), nn.ReLU(), nn.Linear(h, h), nn.ReLU(), nn.Linear(h, self.classes)
+        )
+        return model
 
-    def _data(self):
+    def _data(self) -> Callable[[], tuple[Tensor, Tensor]]:
         g = self.torch.Generator().manual_seed(1)
         torch = self.torch
 
-        def next_batch():
+        def next_batch() -> tuple[Tensor, Tensor]:
             return torch.randn(self.batch, self.hidden, generator=g), torch.randint(
                 0, self.classes, (self.batch,), generator=g
             )
@@ -901,7 +916,9 @@ class _Trainer:
                 model.train()
                 torch.save(model.state_dict(), self.ckpt)
 
-    def telemetry(self, run: int, steps: int | None = None, *, calls_only: bool = False):
+    def telemetry(
+        self, run: int, steps: int | None = None, *, calls_only: bool = False
+    ) -> tuple[Callable[[], None], Callable[[], dict[str, Any]]]:
         """Build a fresh Telemetry + TrainingRecorder (outside the timed region); returns (the timed run, closer).
         ``calls_only``: the same telemetry calls around empty bodies (no torch work): telemetry's own cost."""
         import telemetrain
@@ -982,7 +999,7 @@ class _Trainer:
                             with tm.checkpoint_save(step + 1, path=self.ckpt):
                                 torch.save(model.state_dict(), self.ckpt)
 
-        def close() -> dict:
+        def close() -> dict[str, Any]:
             ok = t.close(60)
             if run < 0:  # warm-up and calls-only runs: not checked
                 return {"ok": ok}
@@ -1159,7 +1176,7 @@ def section_pieces(tmpdir: str) -> None:
     with_reports = _ItPieces(tmpdir, LOG_EVERY)
     without = _ItPieces(tmpdir, 10**9)
     try:
-        def cpu_row(op: str, r: Any) -> dict:
+        def cpu_row(op: str, r: Any) -> dict[str, Any]:
             timer = _pair_timer(r.on_training_single_iteration_start, r.on_training_single_iteration_end)
             n = 50_000
             timer(2000)
@@ -1177,9 +1194,10 @@ def section_pieces(tmpdir: str) -> None:
         # the report computed (in the collector thread normally): here in this thread, on captured snapshots
         reporter = with_reports.r._reporter  # internals: the recorder's Reporter
         reporter.drain()
-        queued: list = []
+        queued: list[Any] = []
         submit = reporter.submit
-        reporter.submit = queued.append  # type: ignore[method-assign]  # capture only, compute below
+        # capture only, compute below (assignment: list.append's parameter is positional-only, submit's is not)
+        reporter.submit = queued.append  # type: ignore[method-assign, assignment]
         try:
             s, e = with_reports.r.on_training_single_iteration_start, with_reports.r.on_training_single_iteration_end
             for _ in range(LOG_EVERY * 200):
@@ -1249,7 +1267,7 @@ def section_pieces(tmpdir: str) -> None:
         "reset(set_(x))",
         {"reset": cv.reset, "set_": cv.set, "x": 1},
     )
-    q: deque = deque()
+    q: deque[tuple[Any, ...]] = deque()
     bench(
         lib,
         "`q.append((kind, t, tok, group, name, sid, pid, tid))` (one packed record; a short span writes one)",
@@ -1262,10 +1280,10 @@ def section_pieces(tmpdir: str) -> None:
 # -- checks and output ----------------------------------------------------------------------------------------------
 
 
-def checks() -> list[dict]:
-    out: list[dict] = []
+def checks() -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
 
-    def ratio_check(cid: str, title: str, row: dict | None, limit: float, text_extra: str = "") -> None:
+    def ratio_check(cid: str, title: str, row: dict[str, Any] | None, limit: float, text_extra: str = "") -> None:
         if row is None or row.get("ratio") is None:
             out.append({"id": cid, "title": title, "status": "SKIP", "text": "not measured"})
             return
@@ -1366,24 +1384,24 @@ def checks() -> list[dict]:
                 "title": "training run with full lifecycle telemetry <= 1.01x without",
                 "status": "PASS" if ratio <= 1.01 else "FAIL",
                 "ratio": ratio,
-                "cpu_ratio": tr["median_cpu_ratio"],  # type: ignore[index]
-                "control": tr["median_control"],  # type: ignore[index]
-                "calls_only_fraction": tr["calls_only_fraction"],  # type: ignore[index]
+                "cpu_ratio": tr["median_cpu_ratio"],
+                "control": tr["median_control"],
+                "calls_only_fraction": tr["calls_only_fraction"],
                 "text": f"median over {len(tel['pair_ratios'])} rounds of T / mean(P, Q) = {ratio:.4f}x (rounds "
                 f"{min(tel['pair_ratios']):.4f}-{max(tel['pair_ratios']):.4f}); plain step "
                 f"{tel['peer_median_ns'] / 1e6:.3f} ms, with telemetry {tel['median_ns'] / 1e6:.3f} ms; process CPU "
-                f"time ratio {tr['median_cpu_ratio']:.4f}x; control Q/P {tr['median_control']:.4f}x (median "  # type: ignore[index]
-                f"|Q/P - 1| {tr['control_abs_dev_median']:.2%}: the method's resolution here); the telemetry calls "  # type: ignore[index]
-                f"alone cost {tr['calls_only_fraction']:.2%} of a plain step",  # type: ignore[index]
+                f"time ratio {tr['median_cpu_ratio']:.4f}x; control Q/P {tr['median_control']:.4f}x (median "
+                f"|Q/P - 1| {tr['control_abs_dev_median']:.2%}: the method's resolution here); the telemetry calls "
+                f"alone cost {tr['calls_only_fraction']:.2%} of a plain step",
             }
         )
     # 4: the run stores
     verdicts = []
-    for v in EXTRA.get("ours_store", []):  # type: ignore[union-attr]
+    for v in EXTRA.get("ours_store", []):
         verdicts.append(("iteration child", v["ok"], v))
-    for label, v in (EXTRA.get("span_store") or {}).items():  # type: ignore[union-attr]
+    for label, v in (EXTRA.get("span_store") or {}).items():
         verdicts.append((f"spans {label}", v["ok"], v))
-    for v in (EXTRA.get("training") or {}).get("stores", []):  # type: ignore[union-attr]
+    for v in (EXTRA.get("training") or {}).get("stores", []):
         verdicts.append(("training run", v["ok"], v))
     if verdicts:
         bad = [f"{label}: {v}" for label, ok, v in verdicts if not ok]
@@ -1407,7 +1425,7 @@ def _paired_text(which: str) -> str:
 
 
 def render_table() -> str:
-    def cells(r: dict) -> list[str]:
+    def cells(r: dict[str, Any]) -> list[str]:
         ratio = "" if r.get("ratio") is None else f"{r['ratio']:.4f}x"
         return [ratio, "" if r.get("peer") is None else r["peer"].replace("|", "\\|")]
 
