@@ -144,6 +144,9 @@ def test_windows_by_groups_of_ranks_are_the_whole_and_the_python_paths(tmp_path:
         assert (sql.ranks, sql.window_count, sql.skipped_windows, sql.wait_fraction(), sql.phase_source) == \
             (whole.ranks, whole.window_count, whole.skipped_windows, whole.wait_fraction(), whole.phase_source)
     assert whole.wait_fraction() == python.wait_fraction() and whole.skipped_windows == python.skipped_windows
+    # the training time behind compare's short-run note (the SQL path read it as 0 iterations: "trained 0 s")
+    assert python.steady_iterations() > 0
+    assert [sql.steady_iterations() for sql in (whole, apart, every)] == [python.steady_iterations()] * 3
 
 
 def test_goodput_of_a_rank_in_several_segments_is_the_same_by_sql(tmp_path: Path,

@@ -234,11 +234,10 @@ class _Noise:
 def _training_seconds(run: RunSamples) -> float:
     """Seconds of training in ``run``: its median iteration time times its iterations (the lowest rank's windows);
     NaN when unknown."""
-    ranks = run.ranks
     times = run.series("iteration_time")
-    if not ranks or not times:
+    if not run.ranks or not times:
         return math.nan
-    return _median(times) * sum(w.iterations for w in run.windows if w.rank == ranks[0])
+    return _median(times) * run.steady_iterations()
 
 
 def _training_per_span(run: RunSamples, spans: int) -> float:

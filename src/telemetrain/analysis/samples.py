@@ -92,6 +92,7 @@ class RunSamples:
     precomputed: Mapping[tuple[str, int | None, bool], Sequence[float]] | None = None
     precomputed_ranks: list[int] = field(default_factory=list)
     precomputed_windows: int = 0
+    precomputed_iterations: int = 0  # the lowest rank's, in its steady-state windows
     precomputed_percentiles: tuple[float, float] | None = None
     precomputed_phase_source: str = ""
     precomputed_waits_known: bool = False
@@ -107,6 +108,13 @@ class RunSamples:
     @property
     def window_count(self) -> int:
         return self.precomputed_windows if self.precomputed is not None else len(self.windows)
+
+    def steady_iterations(self) -> int:
+        """The iterations in the lowest rank's steady-state windows (what the comparison's windows cover)."""
+        if self.precomputed is not None:
+            return self.precomputed_iterations
+        ranks = self.ranks
+        return sum(w.iterations for w in self.windows if w.rank == ranks[0]) if ranks else 0
 
     @property
     def phase_source(self) -> str:

@@ -100,7 +100,7 @@ WITH w AS (
          row_number() OVER (PARTITION BY session, run, rank, pid, coalesce(train_iterations_start, -1)
                             ORDER BY segment, line) AS nth
   FROM windows{f" WHERE rank IN {ranks}" if ranks else ""})
-SELECT rank, iteration, mean, sps, dev, {", ".join(PHASES)}, share FROM w WHERE nth > 1 AND mean IS NOT NULL AND isfinite(mean) AND mean > 0 AND iteration IS NOT NULL
+SELECT rank, iteration, n, mean, sps, dev, {", ".join(PHASES)}, share FROM w WHERE nth > 1 AND mean IS NOT NULL AND isfinite(mean) AND mean > 0 AND iteration IS NOT NULL
   AND n IS NOT NULL AND n >= 1"""  # noqa: E501
 # (the table keeps only what the series read)
 
@@ -272,6 +272,7 @@ def samples_sql(engine: Engine, run: Run, curves: Callable[[str], bool] | None =
     finally:
         shutil.rmtree(shares, ignore_errors=True)
     source = ("device" if next(iter(clocks)) else "host") if len(clocks) == 1 else ("mixed" if clocks else "")
+    iterations = engine.scalar(f"SELECT sum(n) FROM ({_windows_sql(f'({ranks[0]})')})") if ranks else 0
     percentiles = _iteration_percentiles(engine)
     builder = CurveBuilder()
     _feed_curves(engine, builder, curves)
@@ -306,6 +307,7 @@ def samples_sql(engine: Engine, run: Run, curves: Callable[[str], bool] | None =
                       is_baseline=baseline or meta.get("is_baseline_run") is True,
                       cpu_count=cpus if isinstance(cpus, int) and not isinstance(cpus, bool) and cpus > 0 else None,
                       precomputed=precomputed, precomputed_ranks=ranks, precomputed_windows=int(count),
+                      precomputed_iterations=int(iterations or 0),
                       precomputed_percentiles=percentiles,
                       precomputed_phase_source=source, precomputed_waits_known=bool(known),
                       precomputed_wait_fraction=None if fraction is None else float(fraction), curves=builder)
