@@ -379,3 +379,22 @@ def test_demo_backend_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     # Perfetto: a trace of the session with the training loop on it
     events = json.loads(trace.read_text())["traceEvents"]
     assert any(e.get("name") == "training_loop" and e.get("ph") == "X" for e in events)
+
+
+def test_goodput_and_trace_without_argument_take_the_newest_runs_session(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for session, run_id in (("s-old", "old.0"), ("s-new", "new.0"), ("s-new", "new.1")):
+        identity = telemetrain.identity_from_env({}, run_id=run_id, session_tag=session)
+        with telemetrain.Telemetry(identity, store=tmp_path / "runs") as t:
+            t.metric("a", 1.0, "m")
+    monkeypatch.setenv("TELEMETRAIN_DIR", str(tmp_path / "runs"))
+    monkeypatch.chdir(tmp_path)
+    # runs without a training lifecycle: goodput's error names the session it read, the newest run's
+    assert cli.main(["goodput"]) == 2
+    err = capsys.readouterr().err
+    assert "s-new: empty session, its 2 run(s)" in err and "s-old" not in err
+    assert cli.main(["trace", "-o", "t.json"]) == 0
+    assert "2 process(es)" in capsys.readouterr().out
+    trace = json.loads((tmp_path / "t.json").read_text())
+    assert trace["otherData"]["telemetrain"]["runs"] == ["new.0", "new.1"]

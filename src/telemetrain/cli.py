@@ -16,7 +16,7 @@ from typing import TextIO
 
 from ._version import __version__
 from .analysis import commands as analysis_commands
-from .cli_common import CLIError, fmt_value, quoted
+from .cli_common import CLIError, fmt_value, quoted, resolve_run
 from .distributed import commands as launch_commands
 from .report import commands as report_commands
 from .show import _cmd_show, summarize
@@ -90,7 +90,8 @@ def _cmd_trace(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from .trace import export_trace
 
     try:
-        result = export_trace(args.run_dir, args.output, max_per_name=args.max_per_name, all_metrics=args.all_metrics)
+        source = args.run_dir if args.run_dir is not None else resolve_run(None, err).parent
+        result = export_trace(source, args.output, max_per_name=args.max_per_name, all_metrics=args.all_metrics)
     except (OSError, NotARunError) as exc:
         raise CLIError(str(exc)) from None
     dropped = sum(n for kinds in result.dropped.values() for names in kinds.values() for n in names.values())
@@ -188,7 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
             "https://ui.perfetto.dev or chrome://tracing."
         ),
     )
-    trace.add_argument("run_dir", metavar="RUN_DIR", help="a run directory, or a directory holding runs")
+    trace.add_argument("run_dir", nargs="?", metavar="RUN_DIR",
+                       help="a run directory, or a directory holding runs; default: the newest run's session (its "
+                       "restarts side by side)")
     trace.add_argument("-o", "--output", default="trace.json", help="output file (default: %(default)s)")
     trace.add_argument("--max-per-name", type=_positive_int, default=5000,
                        help="at most this many spans, counter points and instants per name and process, evenly "

@@ -114,11 +114,12 @@ def register(sub: Any) -> None:
         description=(
             "Goodput of a session (every restart of one job): productive time against each badput category "
             "(initialization, checkpoint load and save, data wait, lost progress, validation, idle), and one row per "
-            "attempt. SESSION_DIR is <root>/<session_tag>; a run directory stands for its session. See "
-            "docs/goodput.md."
+            "attempt. SESSION_DIR is <root>/<session_tag>; a run directory stands for its session; without it, the "
+            "session of the newest run under $TELEMETRAIN_DIR (default ./telemetrain-runs). See docs/goodput.md."
         ),
     )
-    goodput.add_argument("session_dir", metavar="SESSION_DIR", help="a session directory (or one of its runs)")
+    goodput.add_argument("session_dir", nargs="?", metavar="SESSION_DIR",
+                         help="a session directory (or one of its runs); default: the newest run's session")
     goodput.add_argument("--rank", type=int, default=0, metavar="R", help="whose timeline (default: %(default)s)")
     goodput.add_argument("--by-rank", action="store_true", help="also one row per rank's view")
     goodput.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -355,7 +356,7 @@ def _cmd_goodput(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from ..training.goodput import goodput, goodput_by_rank
     from .goodput_view import format_goodput, format_goodput_by_rank
 
-    session = _session_of(args.session_dir)
+    session = _session_of(args.session_dir) if args.session_dir is not None else resolve_run(None, err).parent
     try:
         with _progress(err, sum(run_bytes(run) for run in find_runs(session)), "reading the session"):
             report = goodput(session, rank=args.rank)
