@@ -330,15 +330,17 @@ def render(state: TailState, now_ns: int | None = None) -> Any:
                          _ms(s.p50), _ms(s.p99), "-" if s.samples_per_second is None
                          else f"{s.samples_per_second:,.1f}", _ago(s.wall_ns, now_ns) + ended)
     result = state.findings()
-    findings = Table(title=f"findings ({len(result.findings)}; docs/report.md, Findings)", title_justify="left")
-    for column in ("severity", "finding", "evidence"):
-        findings.add_column(column)
-    for f in result.findings[:10]:
-        style = "red" if f.severity in ("error", "critical") else ("yellow" if f.severity == "warning" else "")
-        findings.add_row(Text(f.severity, style=style), Text(printable(f.title)),
-                         Text(printable(f.evidence.summary() if f.evidence else "")))
-    for n in result.notes[:3]:
-        findings.add_row("note", Text(printable(n.text)), "")
+    findings: Any = Text("findings: none so far (docs/report.md, Findings, says what each rule looks for)")
+    if result.findings or result.notes:  # (an empty table would be a header and nothing)
+        findings = Table(title=f"findings ({len(result.findings)}; docs/report.md, Findings)", title_justify="left")
+        for column in ("severity", "finding", "evidence"):
+            findings.add_column(column)
+        for f in result.findings[:10]:
+            style = "red" if f.severity in ("error", "critical") else ("yellow" if f.severity == "warning" else "")
+            findings.add_row(Text(f.severity, style=style), Text(printable(f.title)),
+                             Text(printable(f.evidence.summary() if f.evidence else "")))
+        for n in result.notes[:3]:
+            findings.add_row("note", Text(printable(n.text)), "")
     events = Table(title="recent events", title_justify="left")
     for column in ("when", "rank", "severity", "event", "attributes"):
         events.add_column(column)
