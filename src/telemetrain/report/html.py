@@ -324,9 +324,9 @@ def _system(m: ReportModel) -> str:
 
 def _attempt_labels(run_ids: list[str]) -> list[str]:
     """Short lane names for a session's runs: ``attempt 2 (.1)``, what tells ``<session>.1`` from its siblings (run
-    ids share the session's long prefix, which would fill the lane's room); one run keeps its id."""
+    ids share the session's long prefix, which would fill the lane's room); a session of one run: "this run"."""
     if len(run_ids) < 2:
-        return list(run_ids)
+        return ["this run"] * len(run_ids)  # (the bar's tooltip names it)
     lo, hi = min(run_ids), max(run_ids)  # the common prefix of all is that of these two
     common = lo[:next((i for i, (a, b) in enumerate(zip(lo, hi, strict=False)) if a != b), len(lo))]
     cut = max(common.rfind(c) for c in ".-_/")  # the distinct tails start at a separator, kept in them
@@ -356,7 +356,8 @@ def _checkpoints(m: ReportModel) -> str:
             if r.run_id == m.run_id:
                 this_lane = i
     else:
-        lanes.append((m.run_id, [(0.0, (m.end_ns - m.start_ns) / 1e9, STATUS_COLOURS["this run"], "this run")]))
+        lanes.append(("> this run", [(0.0, (m.end_ns - m.start_ns) / 1e9, STATUS_COLOURS["this run"],
+                                      f"run {m.run_id}")]))
         origin = m.start_ns / 1e9
     for span in m.checkpoints:
         colour = "#2ca02c" if span.name.startswith("checkpoint_save") else "#1f77b4"

@@ -318,7 +318,7 @@ def stacked_bars(
     return "".join(out)
 
 
-def _lane_label(name: str, room: int = 22) -> str:
+def _lane_label(name: str, room: int = 19) -> str:
     """What fits left of a lane (150 px of 11 px text): the end of a long name after an ellipsis, keeping a
     leading ``"> "`` (the lane a caption points at)."""
     if len(name) <= room:
