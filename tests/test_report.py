@@ -414,6 +414,27 @@ def test_a_run_without_training_still_reports(tmp_path: Path) -> None:
     assert "No iteration timing in this run." in page and "work" in page
 
 
+def test_a_run_that_never_checkpointed_shows_dashes_not_none(tmp_path: Path) -> None:
+    identity = identity_from_env({}, run_id="nockpt", session_tag="s", rank=0, world_size=1)
+    t = Telemetry(identity, store=tmp_path)
+    r = TrainingRecorder(TrainingTelemetryConfig(global_batch_size_or_fn=4, log_every_n_train_iterations=5),
+                         telemetry=t)
+    r.on_app_start()
+    r.on_train_start(0)
+    for _ in range(12):
+        r.on_training_single_iteration_start()
+        r.on_training_single_iteration_end()
+    r.on_train_end()
+    r.on_app_end()
+    assert t.close()
+    model = build_model(open_run(tmp_path / "s" / "nockpt"))
+    assert model.goodput is not None and model.goodput.runs[0].last_checkpoint_step is None
+    page = write_report(tmp_path / "s" / "nockpt", tmp_path / "p.html").read_text()
+    row = re.search(r"<h3>runs of the session</h3><table>.*?</table>", page)
+    assert row is not None and '<td class="num">-</td>' in row.group(0)
+    assert ">None<" not in page
+
+
 def test_without_metrics_windows_the_exported_iteration_spans_are_charted(tmp_path: Path) -> None:
     identity = identity_from_env({}, run_id="spans", session_tag="s", rank=0, world_size=1)
     t = Telemetry(identity, store=tmp_path)

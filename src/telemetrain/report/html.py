@@ -68,7 +68,8 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[Any]], numeric: Sequen
         cells = []
         for i, cell in enumerate(row):
             cls = ' class="num"' if i in numeric else ""
-            cells.append(f"<td{cls}>{cell if isinstance(cell, _Raw) else esc(cell)}</td>")
+            text = cell if isinstance(cell, _Raw) else "-" if cell is None else esc(cell)  # None: not known
+            cells.append(f"<td{cls}>{text}</td>")
         out.append("<tr>" + "".join(cells) + "</tr>")
     out.append("</table>")
     return "".join(out)
