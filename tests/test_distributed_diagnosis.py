@@ -29,6 +29,7 @@ from telemetrain.distributed.late_rank import LateRankAttributor, compute_times
 from telemetrain.distributed.stall_view import classify
 from telemetrain.distributed.stragglers import StragglerDetector
 from telemetrain.distributed.watchdog import StallWatchdog, WatchdogConfig, enable_watchdog, parse_config
+from telemetrain.distributed.worker_exits import describe_exit, exit_finding_text, first_failures, worker_exits
 from telemetrain.report.model import build_model
 from telemetrain.spans import span
 from telemetrain.store.reader import Run, find_runs, open_run
@@ -168,6 +169,13 @@ def test_a_rank_killed_mid_step_leaves_survivors_evidence_naming_their_collectiv
     assert a["reason"] in ("collective_failed", "stall", "signal", "exit")
     failures = {e.attributes["rank"]: e.attributes["exitcode"] for e in events(run, "launcher", "worker_failed")}
     assert failures[1] == -9
+    # the cause comes first: the killed rank, torchelastic's first observed failure, and what a SIGKILL means
+    firsts = [e.attributes["rank"] for e in events(run, "launcher", "worker_failed") if e.attributes["first_failure"]]
+    assert firsts == [1]
+    crash = build_model(run).findings[0]
+    assert crash.title == "crash: rank 1 died of SIGKILL (exit code -9) first" and crash.evidence is not None
+    assert crash.evidence.ranks == (1,) and "out-of-memory killer" in crash.detail
+    assert "exit        rank 1 died of SIGKILL (exit code -9)" in show(run)
 
 
 def test_clocks_off_by_seconds_are_realigned_in_the_trace_within_a_millisecond(tmp_path: Path) -> None:
@@ -648,3 +656,38 @@ def test_a_heartbeat_bounds_the_progress_of_a_run_killed_between_reports(tmp_pat
     assert run.status == "killed" and run.last_iteration == 26
     assert any("heartbeat" in note for note in run.notes)
     t.close()
+
+
+# -- why the workers ended (distributed.worker_exits) ----------------------------------------------------------------
+
+
+def test_the_first_failure_is_the_cause_and_the_agents_sigterms_follow_it() -> None:
+    events: list[dict[str, Any]] = [{"rank": 0, "exitcode": -15, "pid": 10, "first_failure": False},
+              {"rank": 2, "exitcode": 1, "pid": 12, "message": "ValueError: bad batch", "first_failure": True},
+              {"rank": 1, "exitcode": -15, "pid": 11, "first_failure": False},
+              {"rank": "x", "exitcode": 1}]  # malformed: left out
+    exits = worker_exits(events)
+    assert [e.rank for e in exits] == [0, 1, 2] and [e.rank for e in first_failures(exits)] == [2]
+    found = exit_finding_text(exits)
+    assert found is not None
+    title, text = found
+    assert title == "crash: rank 2 exited with code 1 first"
+    assert text.startswith("rank 2 exited with code 1 (pid 12): the program ended with an error: ValueError: bad batch")
+    assert "Then rank(s) 0, 1 were stopped by the agent (SIGTERM)" in text
+    assert exit_finding_text([]) is None
+
+
+def test_without_the_agents_word_the_exits_that_are_not_its_sigterm_come_first() -> None:
+    # a run recorded before the launcher kept the first failure: a SIGSEGV among SIGTERMs is the cause
+    exits = worker_exits([{"rank": 0, "exitcode": -15}, {"rank": 1, "exitcode": -11}])
+    assert [e.rank for e in first_failures(exits)] == [1]
+    assert describe_exit(exits[1]) == "died of SIGSEGV (exit code -11)"
+    found = exit_finding_text(exits)
+    assert found is not None and "native code" in found[1]
+    # every worker got SIGTERM: the job itself was stopped (a scheduler), nobody is blamed over the others
+    stopped = worker_exits([{"rank": 0, "exitcode": -15}, {"rank": 1, "exitcode": -15}])
+    assert first_failures(stopped) == stopped
+    found = exit_finding_text(stopped)
+    assert found is not None and found[0] == "crash: rank 0, 1 died of SIGTERM (exit code -15)"
+    assert "scheduler" in found[1]
+    assert describe_exit(worker_exits([{"rank": 0, "exitcode": -64}])[0]) == "died of signal 64 (exit code -64)"

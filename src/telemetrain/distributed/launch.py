@@ -133,6 +133,15 @@ def main(argv: Sequence[str]) -> int:
         return _launch(args, max_nodes)
 
 
+def _first_failure(exc: Any) -> int | None:
+    """The global rank of the failure torchelastic observed first (its "root cause"), None if it cannot say."""
+    try:
+        rank, _ = exc.get_first_failure()
+        return int(rank)
+    except Exception:  # noqa: BLE001 - an explanation, never a reason to lose the failures themselves
+        return None
+
+
 def _launch(args: Any, max_nodes: int) -> int:
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -175,11 +184,13 @@ def _launch(args: Any, max_nodes: int) -> int:
         torchrun.run(args)  # type: ignore[no-untyped-call]
         outcome, status = "succeeded", 0
     except ChildFailedError as exc:
+        first_rank = _first_failure(exc)
         for global_rank, failure in sorted(exc.failures.items()):
             telemetry.event("worker_failed", {
                 "rank": global_rank, "local_rank": failure.local_rank, "exitcode": failure.exitcode,
                 "pid": failure.pid, "message": str(failure.message)[:2000], "error_file": str(failure.error_file),
-            }, group=GROUP, severity="error")
+                "first_failure": global_rank == first_rank, "timestamp": failure.timestamp,
+            }, group=GROUP, severity="error")  # (distributed.worker_exits reads them: the cause, then the rest)
         print(exc.format_msg(), file=sys.stderr)  # type: ignore[no-untyped-call]
     except BaseException as exc:  # a signal (torchelastic's SignalException), an interrupt: recorded, then re-raised
         outcome = type(exc).__name__

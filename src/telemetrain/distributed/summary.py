@@ -1,5 +1,6 @@
 """The multi-rank diagnosis of a run as text lines, for ``telemetrain show``: communication per iteration, the late
-ranks (``straggler`` events), stalls (the agent's ``stall`` events, else the ranks' evidence) and clock offsets."""
+ranks (``straggler`` events), stalls (the agent's ``stall`` events, else the ranks' evidence), why the workers
+ended when the job failed (the agent's ``worker_failed`` events) and clock offsets."""
 
 from __future__ import annotations
 
@@ -7,7 +8,13 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from .worker_exits import GROUP as _EXIT_GROUP
+from .worker_exits import NAME as _EXIT_NAME
+from .worker_exits import exit_finding_text, worker_exits
+
 __all__ = ["diagnosis_lines"]
+
+WORKER_FAILED = (_EXIT_GROUP, _EXIT_NAME)
 
 
 def _ms(value: Any) -> str:
@@ -28,7 +35,7 @@ def diagnosis_lines(records: Sequence[Any]) -> list[str]:
     """Lines (possibly none) naming what the distributed diagnosis found in ``records`` (a run's, agents' included)."""
     lines: list[str] = []
     last_update: dict[int, dict[str, Any]] = {}
-    stragglers, stalls, evidence, clocks = [], [], [], {}
+    stragglers, stalls, evidence, clocks, exits = [], [], [], {}, []
     for r in records:
         if r.kind != "event":
             continue
@@ -39,6 +46,8 @@ def diagnosis_lines(records: Sequence[Any]) -> list[str]:
             stragglers.append(a)
         elif r.group == "launcher" and r.name == "stall":
             stalls.append(a)
+        elif r.group == WORKER_FAILED[0] and r.name == WORKER_FAILED[1]:
+            exits.append(a)
         elif r.group == "watchdog" and r.name == "stall_evidence":
             evidence.append((r.identity.rank, a))
         elif r.group == "clock" and r.name == "clock_offset" and r.identity.rank != 0:
@@ -72,6 +81,9 @@ def diagnosis_lines(records: Sequence[Any]) -> list[str]:
             where = f" in {a['collective']} #{a.get('collective_seq')} ({a['collective_state']})" \
                 if a.get("collective_state") in ("waiting", "failed") else ""
             lines.append(f"stall       rank {rank}: {a.get('reason')} evidence, phase {a.get('phase')}{where}")
+    found = exit_finding_text(worker_exits(exits))
+    if found is not None:
+        lines.append(f"exit        {found[1]}")
     for rank, a in sorted(clocks.items()):
         offset, error = a.get("offset_ns"), a.get("error_ns")
         if isinstance(offset, int) and isinstance(error, int):

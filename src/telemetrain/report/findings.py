@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING
 
 from ..analysis.findings import Finding, Note, Thresholds, analyse
 from ..analysis.findings.fmt import ranges
+from ..analysis.findings.model import Evidence
 from ..analysis.findings.run import attempts_of
 from ..analysis.findings.slowdown import slow_iteration_windows
+from ..distributed.worker_exits import exit_finding_text, first_failures, worker_exits
 from .gpu_health import gpu_findings
 
 if TYPE_CHECKING:
@@ -41,6 +43,18 @@ def _engine_findings(model: ReportModel, c: _Collector, thresholds: Thresholds |
     return list(result.findings), list(result.notes)
 
 
+def _exit_findings(c: _Collector) -> list[Finding]:
+    """The cause of a failed job, from the agent's worker exits: the first failure, then what followed."""
+    exits = worker_exits(c.worker_exits)
+    found = exit_finding_text(exits)
+    if found is None:
+        return []
+    first = first_failures(exits)
+    return [Finding("error", "crash", found[0], found[1],
+                    Evidence(ranks=tuple(e.rank for e in first), test="the agent's worker exits (its first observed "
+                                                                       "failure)"))]
+
+
 def _stall_findings(c: _Collector) -> list[Finding]:
     """The agent's stall events (which ranks were stuck where); without an agent, the ranks' own evidence."""
     found = [Finding("error", "stall", "stall: rank(s) " + (ranges(sorted(s["ranks"])) if s.get("ranks") else "?")
@@ -57,7 +71,7 @@ def _stall_findings(c: _Collector) -> list[Finding]:
 
 def report_findings(model: ReportModel, c: _Collector, thresholds: Thresholds | None) -> list[Finding]:
     found, model.notes = _engine_findings(model, c, thresholds)
-    found += _stall_findings(c)
+    found = _exit_findings(c) + found + _stall_findings(c)
     found += [Finding(*f) for f in gpu_findings(model.gpu)]
     if c.dropped:
         found.append(Finding("warning", "dropped records", f"dropped records: {c.dropped}",

@@ -131,6 +131,7 @@ class _Collector:
         self.problems: list[EventRow] = []
         self.stragglers: list[dict[str, Any]] = []
         self.stalls: list[dict[str, Any]] = []  # the launcher agent's stall events (distributed.stall_view)
+        self.worker_exits: list[dict[str, Any]] = []  # its worker_failed events (distributed.worker_exits)
         self.evidence: list[tuple[int, dict[str, Any]]] = []  # (rank, stall_evidence attributes)
         self.system: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)  # (name, who) -> points
         self.energy: dict[tuple[str, str, str], float] = {}  # (host, group, name) -> largest value
@@ -297,6 +298,8 @@ class _Collector:
                     continue
                 if group == "launcher" and name == "stall":
                     self.stalls.append(attributes)
+                elif group == "launcher" and name == "worker_failed" and agent:
+                    self.worker_exits.append(attributes)
                 elif group == "watchdog" and name == "stall_evidence" and not agent:
                     self.evidence.append((rank, attributes))
                 row = EventRow(wall, source, group, name, r.severity, attributes)

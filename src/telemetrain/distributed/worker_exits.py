@@ -1,0 +1,113 @@
+"""Why a launched job's workers ended, read as a cause to act on: the launcher's ``worker_failed`` events (one per
+failed worker, from torchelastic's ``ChildFailedError`` when the agent gives up) name each worker's exit code and which
+failure the agent observed first. The first failure is the cause; the others usually follow from it (a collective
+that lost its peer, the agent stopping the rest with SIGTERM). Standard library only: ``show`` and the report read it.
+
+A negative exit code is the signal that ended the process; each common one has its usual meaning in a training job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["WorkerExit", "describe_exit", "exit_finding_text", "first_failures", "meaning", "worker_exits"]
+
+GROUP, NAME = "launcher", "worker_failed"
+
+_SIGNALS = {1: "SIGHUP", 2: "SIGINT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL",
+            11: "SIGSEGV", 13: "SIGPIPE", 15: "SIGTERM"}
+_MEANINGS = {
+    "SIGKILL": "sent from outside the program, which cannot catch it: most often the kernel's out-of-memory killer "
+               "(`dmesg` on its host says so) or the scheduler",
+    "SIGTERM": "a request to stop: the scheduler (a preemption, a time limit) or an operator",
+    "SIGINT": "an interrupt (Ctrl-C)",
+    "SIGHUP": "its terminal or session went away",
+    "SIGABRT": "an abort in native code (a failed C++/CUDA assertion, NCCL's watchdog): the rank's stderr has the "
+               "message",
+    "SIGSEGV": "a crash in native code (a C/C++/CUDA extension): the rank's stderr or a core dump has the stack",
+    "SIGBUS": "a bad memory access, often a full /dev/shm (DataLoader workers share batches there) or a "
+              "memory-mapped file truncated under it",
+    "SIGILL": "an instruction this CPU lacks (a binary built for another machine)",
+    "SIGFPE": "an arithmetic fault in native code",
+    "SIGPIPE": "it wrote to a pipe whose reader had gone",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerExit:
+    """A failed worker as the agent saw it end."""
+
+    rank: int
+    exitcode: int
+    pid: int | None = None
+    message: str = ""
+    first: bool | None = None  # the agent's first observed failure (None: recorded before the launcher kept it)
+
+    @property
+    def signal(self) -> str | None:
+        """The signal's name when a signal ended the process (a negative exit code)."""
+        return _SIGNALS.get(-self.exitcode, f"signal {-self.exitcode}") if self.exitcode < 0 else None
+
+
+def worker_exits(events: Iterable[Mapping[str, Any]]) -> list[WorkerExit]:
+    """The exits of ``events`` (the attributes of ``launcher/worker_failed`` events), by rank; malformed ones left
+    out (a store is read as found)."""
+    out = []
+    for a in events:
+        rank, code, pid = a.get("rank"), a.get("exitcode"), a.get("pid")
+        if type(rank) is not int or type(code) is not int:
+            continue
+        first = a.get("first_failure")
+        out.append(WorkerExit(rank, code, pid if type(pid) is int else None, str(a.get("message") or ""),
+                              first if isinstance(first, bool) else None))
+    return sorted(out, key=lambda e: e.rank)
+
+
+def first_failures(exits: list[WorkerExit]) -> list[WorkerExit]:
+    """The failures that came first: the one the agent observed first; for a run recorded without that, the exits
+    that are not the agent's SIGTERM to the survivors (all of them when every worker got SIGTERM: the job itself
+    was stopped)."""
+    if any(e.first for e in exits):
+        return [e for e in exits if e.first]
+    others = [e for e in exits if e.signal != "SIGTERM"]
+    return others or list(exits)
+
+
+def describe_exit(e: WorkerExit) -> str:
+    """``died of SIGKILL (exit code -9)``, ``exited with code 1``."""
+    if e.signal is not None:
+        return f"died of {e.signal} (exit code {e.exitcode})"
+    return f"exited with code {e.exitcode}"
+
+
+def meaning(e: WorkerExit) -> str:
+    """What such an exit usually means in a training job."""
+    if e.signal is not None:
+        return _MEANINGS.get(e.signal, "a signal ended it")
+    detail = e.message if e.message and not e.message.startswith("To enable traceback") else ""
+    return "the program ended with an error" + (f": {detail}" if detail else " (the rank's traceback is in its "
+                                                                           "stderr or its error file)")
+
+
+def exit_finding_text(exits: list[WorkerExit]) -> tuple[str, str] | None:
+    """The title and text of the finding naming the cause, or None without exits."""
+    if not exits:
+        return None
+    first = first_failures(exits)
+    lead = first[0]
+    who = "rank " + ", ".join(str(e.rank) for e in first) if len(first) > 1 else f"rank {lead.rank}"
+    title = f"crash: {who} {describe_exit(lead)}" + (" first" if len(first) < len(exits) else "")
+    text = (f"{who} {describe_exit(lead)}" + (f" (pid {lead.pid})" if lead.pid is not None else "")
+            + f": {meaning(lead)}.")
+    rest = [e for e in exits if e not in first]
+    if rest:
+        stopped = [e for e in rest if e.signal == "SIGTERM"]
+        other = [e for e in rest if e.signal != "SIGTERM"]
+        if stopped:
+            text += (f" Then rank(s) {', '.join(str(e.rank) for e in stopped)} were stopped by the agent (SIGTERM), "
+                     "as it stops every worker once one fails.")
+        if other:
+            text += " Then " + "; ".join(f"rank {e.rank} {describe_exit(e)}" for e in other) + "."
+    return title, text
