@@ -46,7 +46,7 @@ def test_context_manager_flow(provider: TrainingTelemetryProvider, telemetry: te
     out = tmp_path / "training_telemetry.json"
     provider.with_base_config(base_config()).with_exporter(FileExporter(file_path=out)).configure_provider()
 
-    @ctx.application()  # type: ignore[untyped-decorator]  # (TrainingContexts.application: -> Any)
+    @ctx.application()
     def main() -> None:
         TrainingTelemetryProvider.instance().set_training_telemetry_config(training_config())
         with ctx.training_loop(train_iterations_start=0):
@@ -122,7 +122,7 @@ def test_the_example_programs_shape_with_torch(provider: TrainingTelemetryProvid
     optimizer = torch.optim.Adam(model.parameters())
     loss_fn = torch.nn.BCELoss()
 
-    @ctx.application()  # type: ignore[untyped-decorator]  # (TrainingContexts.application: -> Any)
+    @ctx.application()
     def main() -> None:
         TrainingTelemetryProvider.instance().set_training_telemetry_config(config)
         with ctx.training_loop(train_iterations_start=0) as training_span:

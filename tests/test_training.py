@@ -332,7 +332,7 @@ def test_the_context_managers_are_decorators(telemetry: Telemetry, read_run: Cal
                          telemetry=telemetry)
     ctx = TrainingContexts(lambda: r)
 
-    @ctx.training_iteration()  # type: ignore[untyped-decorator]  # (TrainingContexts.training_iteration: -> Any)
+    @ctx.training_iteration()
     def step(k: int) -> int:
         assert r.current_span is not None and r.current_span.name == "training_single_iteration"
         return k * 2

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from contextlib import ContextDecorator, contextmanager
+from contextlib import AbstractContextManager, ContextDecorator, contextmanager
 from typing import Any
 
 from ..dispatch import describe
@@ -29,22 +29,22 @@ class TrainingContexts:
     def _pair(self, start: str, end: str, name: str, *args: Any, **end_kwargs: Any) -> _Pair:
         return _Pair(self._recorder, start, end, name, args, end_kwargs)
 
-    def application(self) -> Any:
+    def application(self) -> _Pair:
         return self._pair("on_app_start", "on_app_end", S.APPLICATION)
 
-    def distributed_init(self) -> Any:
+    def distributed_init(self) -> _Pair:
         return self._pair("on_distributed_init_start", "on_distributed_init_end", S.DIST_INIT)
 
-    def model_init(self) -> Any:
+    def model_init(self) -> _Pair:
         return self._pair("on_model_init_start", "on_model_init_end", S.MODEL_INIT)
 
-    def dataloader_init(self) -> Any:
+    def dataloader_init(self) -> _Pair:
         return self._pair("on_dataloader_init_start", "on_dataloader_init_end", S.DATA_LOADER_INIT)
 
-    def optimizer_init(self) -> Any:
+    def optimizer_init(self) -> _Pair:
         return self._pair("on_optimizer_init_start", "on_optimizer_init_end", S.OPTIMIZER_INIT)
 
-    def checkpoint_load(self, path: str | os.PathLike[str] | None = None) -> Any:
+    def checkpoint_load(self, path: str | os.PathLike[str] | None = None) -> _Pair:
         return self._pair("on_load_checkpoint_start", "on_load_checkpoint_end", S.CHECKPOINT_LOAD, path=path)
 
     def training_loop(
@@ -53,24 +53,24 @@ class TrainingContexts:
         train_samples_start: int | None = None,
         train_iterations_target_or_fn: Any = None,
         train_samples_target_or_fn: Any = None,
-    ) -> Any:
+    ) -> _Pair:
         return self._pair("on_train_start", "on_train_end", S.TRAINING_LOOP, train_iterations_start,
                           train_samples_start, train_iterations_target_or_fn, train_samples_target_or_fn)
 
-    def training_iteration(self) -> Any:
+    def training_iteration(self) -> _Iteration:
         return _Iteration(self._recorder)
 
-    def validation_loop(self) -> Any:
+    def validation_loop(self) -> _Pair:
         return self._pair("on_validation_start", "on_validation_end", S.VALIDATION_LOOP)
 
-    def validation_iteration(self) -> Any:
+    def validation_iteration(self) -> _Pair:
         return self._pair("on_validation_single_iteration_start", "on_validation_single_iteration_end",
                           S.VALIDATION_SINGLE_ITERATION)
 
-    def testing_loop(self) -> Any:
+    def testing_loop(self) -> _Pair:
         return self._pair("on_testing_start", "on_testing_end", S.TESTING_LOOP)
 
-    def testing_iteration(self) -> Any:
+    def testing_iteration(self) -> _Pair:
         return self._pair("on_testing_single_iteration_start", "on_testing_single_iteration_end",
                           S.TESTING_SINGLE_ITERATION)
 
@@ -99,20 +99,25 @@ class TrainingContexts:
             target.on_save_checkpoint_success(global_step, path=path)
         target.on_save_checkpoint_end(path=path)
 
-    def data_loading(self) -> Any:
-        return self._recorder().data_loading()
+    def data_loading(self) -> AbstractContextManager[Any]:
+        ours: AbstractContextManager[Any] = self._recorder().data_loading()
+        return ours
 
-    def forward(self) -> Any:
-        return self._recorder().forward()
+    def forward(self) -> AbstractContextManager[Any]:
+        ours: AbstractContextManager[Any] = self._recorder().forward()
+        return ours
 
-    def backward(self) -> Any:
-        return self._recorder().backward()
+    def backward(self) -> AbstractContextManager[Any]:
+        ours: AbstractContextManager[Any] = self._recorder().backward()
+        return ours
 
-    def optimizer_update(self) -> Any:
-        return self._recorder().optimizer_update()
+    def optimizer_update(self) -> AbstractContextManager[Any]:
+        ours: AbstractContextManager[Any] = self._recorder().optimizer_update()
+        return ours
 
-    def zero_grad(self) -> Any:
-        return self._recorder().zero_grad()
+    def zero_grad(self) -> AbstractContextManager[Any]:
+        ours: AbstractContextManager[Any] = self._recorder().zero_grad()
+        return ours
 
 
 class _Pair(ContextDecorator):
@@ -196,12 +201,12 @@ validation_loop = _default.validation_loop
 validation_iteration = _default.validation_iteration
 
 
-def testing_loop() -> Any:
+def testing_loop() -> _Pair:
     """(A function, not a bound method as the others: pytest collects a ``test*`` name a test module imports.)"""
     return _default.testing_loop()
 
 
-def testing_iteration() -> Any:
+def testing_iteration() -> _Pair:
     return _default.testing_iteration()
 
 

@@ -6,8 +6,6 @@ iterations' tail reported at the loop end (``_device_tail``)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..spans import Span
 from .device_spans import DeviceSpan
 from .names import PHASES, S
@@ -27,7 +25,7 @@ class PhaseSpans(RecorderBase):
             phases = self._window.phases
             phases[phase] = phases.get(phase, 0.0) + s.duration_ns / 1e9
 
-    def data_loading(self) -> Any:
+    def data_loading(self) -> Span:
         """A sub-phase of the current iteration (its time goes into the iteration split; timed on the device too
         while device timing is on)."""
         self.phase = (S.DATA_LOADING, _mono())
@@ -35,30 +33,30 @@ class PhaseSpans(RecorderBase):
             return self.tracer.span(S.DATA_LOADING, group=GROUP)
         return DeviceSpan(self.tracer, S.DATA_LOADING, GROUP, None)
 
-    def host_to_device(self) -> Any:
+    def host_to_device(self) -> Span:
         """Copying the batch to the device (phase ``h2d``; ours: one-logger has no such span)."""
         self.phase = (S.HOST_TO_DEVICE, _mono())
         return self.tracer.span(S.HOST_TO_DEVICE, group=GROUP)
 
-    def forward(self) -> Any:
+    def forward(self) -> Span:
         self.phase = (S.MODEL_FORWARD, _mono())
         if self._device is None or self._device.sampled_out:
             return self.tracer.span(S.MODEL_FORWARD, group=GROUP)
         return DeviceSpan(self.tracer, S.MODEL_FORWARD, GROUP, None)
 
-    def backward(self) -> Any:
+    def backward(self) -> Span:
         self.phase = (S.MODEL_BACKWARD, _mono())
         if self._device is None or self._device.sampled_out:
             return self.tracer.span(S.MODEL_BACKWARD, group=GROUP)
         return DeviceSpan(self.tracer, S.MODEL_BACKWARD, GROUP, None)
 
-    def optimizer_update(self) -> Any:
+    def optimizer_update(self) -> Span:
         self.phase = (S.OPTIMIZER_UPDATE, _mono())
         if self._device is None or self._device.sampled_out:
             return self.tracer.span(S.OPTIMIZER_UPDATE, group=GROUP)
         return DeviceSpan(self.tracer, S.OPTIMIZER_UPDATE, GROUP, None)
 
-    def zero_grad(self) -> Any:
+    def zero_grad(self) -> Span:
         self.phase = (S.ZERO_GRAD, _mono())
         if self._device is None or self._device.sampled_out:
             return self.tracer.span(S.ZERO_GRAD, group=GROUP)
