@@ -19,6 +19,7 @@ from telemetrain import Telemetry, identity_from_env
 from telemetrain.report import write_report
 from telemetrain.report.curve_scale import smooth, y_scale
 from telemetrain.report.curves import CurveBuilder, is_user_group, pick_loss
+from telemetrain.report.curves_html import constant_value, curves_section
 from telemetrain.report.curves_svg import curve_chart, overlay_chart
 from telemetrain.report.model import build_model
 from telemetrain.report.svg import axis_labels, nice_ticks
@@ -216,6 +217,22 @@ def test_axis_labels_tell_every_tick_apart_in_plain_digits() -> None:
     (c,) = b.curves()
     labels = re.findall(r'text-anchor="end"[^>]*>([^<]+)</text>', curve_chart(c))
     assert len(labels) >= 3 and len(set(labels)) == len(labels) and all(t.endswith("%") for t in labels)
+
+
+def test_a_constant_metric_is_a_number_not_a_chart_but_a_flat_loss_is_charted() -> None:
+    b = CurveBuilder()
+    for rank in range(2):
+        for step in range(30):
+            b.add(rank, "train", "epoch", step, 0, step)
+            b.add(rank, "train", "loss", step, 2.5, step)  # stuck: still the chart a reader looks for first
+            b.add(rank, "train", "lr", step, 0.1 if step < 20 else 0.01, step)
+            b.add(rank, "train", "odd", step, math.nan if step == 3 else 1.0, step)  # NaN is data: charted
+    curves = b.curves()
+    assert [constant_value(c) for c in curves] == [0, 2.5, None, None]  # (by group and name)
+    page = curves_section(curves)
+    charted = re.findall(r'<figure class="curve[^"]*" data-metric="([^"]+)"', page)
+    assert charted == ["train/loss", "train/lr", "train/odd"]
+    assert "Constant, so not charted: train/epoch = 0." in page
 
 
 def test_smooth_is_a_centered_median() -> None:

@@ -10,7 +10,7 @@ from .curves import MIN_POINTS, Curve, is_user_group, pick_loss
 from .curves_svg import curve_chart
 from .svg import esc
 
-__all__ = ["MAX_CURVE_CHARTS", "curves_section"]
+__all__ = ["MAX_CURVE_CHARTS", "constant_value", "curves_section"]
 
 MAX_CURVE_CHARTS = 60
 
@@ -29,6 +29,15 @@ def _order(curves: Sequence[Curve]) -> list[Curve]:
     return sorted(curves, key=rank)
 
 
+def constant_value(c: Curve) -> float | None:
+    """The one value every point of ``c`` holds, on every rank (None: it varies, or has NaN/inf)."""
+    if c.nonfinite:
+        return None
+    values = {v for line in c.lines for p in line.points if p.n for v in (p.lo, p.hi)}
+    values.update(v for line in c.lines for pair in line.band for v in pair)
+    return values.pop() if len(values) == 1 else None
+
+
 def curves_section(curves: Sequence[Curve],
                    metric_stats: Mapping[tuple[str, str], Sequence[Any]] | None = None) -> str:
     """The charts; ``metric_stats`` (the report's table, keyed (group, name)) to count the user metrics with too few
@@ -39,7 +48,10 @@ def curves_section(curves: Sequence[Curve],
         return ('<p class="note">No user metrics with at least '
                 f"{MIN_POINTS} values (Telemetry.log / metric, put_metric): nothing to chart. Every metric is in the "
                 "table under Metrics and spans.</p>")
-    shown = _order(curves)[:MAX_CURVE_CHARTS]
+    loss = pick_loss([(c.group, c.name) for c in curves])
+    constant = {(c.group, c.name): value for c in curves if (c.group, c.name) != loss
+                and (value := constant_value(c)) is not None}  # a flat line says nothing a number does not
+    shown = _order([c for c in curves if (c.group, c.name) not in constant])[:MAX_CURVE_CHARTS]
     out = ['<p class="note">Each metric you recorded (not the training lifecycle\'s or the system sampler\'s) with '
            f"at least {MIN_POINTS} values, by step when it was logged with one (else by time). Thin line: the raw "
            "values (the mean of each bucket when there are more points than the chart draws; shaded: the bucket's "
@@ -58,9 +70,13 @@ def curves_section(curves: Sequence[Curve],
         out.append(f'<figure class="curve {kind}" data-metric="{esc(c.title)}"><h3>{esc(c.title)}</h3>'
                    + curve_chart(c) + f'<figcaption class="note">{esc("; ".join(facts))}</figcaption></figure>')
     out.append("</div>")
-    if len(curves) > len(shown):
-        out.append(f'<p class="note">{len(curves) - len(shown)} more metrics not charted (the table below has '
-                   "them).</p>")
+    if constant:
+        values = ", ".join(f"{title} = {value:g}" for title, value in sorted(
+            (c.title, constant[(c.group, c.name)]) for c in curves if (c.group, c.name) in constant))
+        out.append(f'<p class="note constant">Constant, so not charted: {esc(values)}.</p>')
+    if len(curves) - len(constant) > len(shown):
+        out.append(f'<p class="note">{len(curves) - len(constant) - len(shown)} more metrics not charted (the table '
+                   "below has them).</p>")
     if left_out:
         out.append(f'<p class="note">{left_out} user metric(s) with fewer than {MIN_POINTS} values: in the '
                    "table only.</p>")
