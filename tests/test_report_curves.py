@@ -22,7 +22,7 @@ from telemetrain.report.curves import CurveBuilder, is_user_group, pick_loss
 from telemetrain.report.curves_html import constant_value, curves_section
 from telemetrain.report.curves_svg import curve_chart, overlay_chart
 from telemetrain.report.model import build_model
-from telemetrain.report.svg import axis_labels, nice_ticks
+from telemetrain.report.svg import axis_labels, axis_ticks, nice_ticks
 from telemetrain.store import open_run
 
 HOSTILE = '<script>alert("m")</script>&'
@@ -211,6 +211,8 @@ def test_axis_labels_tell_every_tick_apart_in_plain_digits() -> None:
     assert axis_labels([0.0, 1e-5, 2e-5], "") == ["0", "1e-05", "2e-05"]  # tiny values keep an exponent
     assert axis_labels([0.0123, 0.01235, 0.0124], "s") == ["12.3 ms", "12.35 ms", "12.4 ms"]
     assert axis_labels([3 * 2**20, 4 * 2**20], "bytes") == ["3 MiB", "4 MiB"]
+    ticks = axis_ticks(0.0, 3.1e8, 4, "By")  # bytes tick at round MiB, not at round decimal byte counts
+    assert axis_labels(ticks, "By") == ["0 B", "100 MiB", "200 MiB"] and axis_ticks(0.0, 1.0, 4) == nice_ticks(0, 1, 4)
     b = CurveBuilder()
     for step in range(40):
         b.add(0, "val", "val.accuracy", step, 0.595 + step * 0.0002, step, unit="1")

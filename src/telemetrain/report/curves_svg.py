@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from .curve_scale import YScale, log_allowed, smooth, smoothing_window, y_scale
 from .curves import Curve, CurveLine
-from .svg import PALETTE, axis_labels, esc, nice_ticks
+from .svg import PALETTE, axis_labels, axis_ticks, esc, nice_ticks
 
 __all__ = ["curve_chart", "overlay_chart"]
 
@@ -54,7 +54,7 @@ class _Plot:
             if len(ticks) < 2:
                 ticks = [self.y.lo, self.y.hi]
         else:
-            ticks = nice_ticks(self.y.lo, self.y.hi, 4)
+            ticks = axis_ticks(self.y.lo, self.y.hi, 4, unit)
         for t, text in zip(ticks, axis_labels(ticks, unit, log=self.y.log), strict=True):
             y = self.py(t)
             out.append(f'<line x1="{self.left}" x2="{self.right}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>'

@@ -12,8 +12,8 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 
-__all__ = ["PALETTE", "axis_labels", "esc", "fmt_unit", "heatmap", "line_chart", "nice_ticks", "stacked_bars",
-           "timeline"]
+__all__ = ["PALETTE", "axis_labels", "axis_ticks", "esc", "fmt_unit", "heatmap", "line_chart", "nice_ticks",
+           "stacked_bars", "timeline"]
 
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
            "#17becf")
@@ -76,6 +76,16 @@ def axis_labels(ticks: Sequence[float], unit: str = "", *, log: bool = False) ->
     return ["0" if t == 0 else f"{t / scale:,.{decimals}f}{suffix}" if math.isfinite(t) else str(t) for t in ticks]
 
 
+def axis_ticks(lo: float, hi: float, n: int, unit: str = "") -> list[float]:
+    """``nice_ticks``, in the axis's own unit: bytes at round MiB/GiB (binary), not at round decimal byte counts
+    (``95.4 MiB``, ``191 MiB``)."""
+    top = max(abs(lo), abs(hi)) if math.isfinite(lo) and math.isfinite(hi) else 0.0
+    if unit in ("By", "bytes") and top >= 1024:
+        scale = 1024.0 ** min(4, int(math.log(top, 1024)))
+        return [t * scale for t in nice_ticks(lo / scale, hi / scale, n)]
+    return nice_ticks(lo, hi, n)
+
+
 def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     """About ``n`` round tick values (1, 2, 2.5, 5 x a power of ten apart) from ``lo`` to ``hi``."""
     if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo:
@@ -108,7 +118,7 @@ class _Frame:
     def axes(self, x_fmt: Callable[[float], str], y_unit: str, x_label: str) -> list[str]:
         out = [f'<rect x="{self.left}" y="{self.top}" width="{self.right - self.left}" '
                f'height="{self.bottom - self.top}" fill="#fff" stroke="#ccc"/>']
-        ticks = nice_ticks(self.y0, self.y1, 4)
+        ticks = axis_ticks(self.y0, self.y1, 4, y_unit)
         for t, text in zip(ticks, axis_labels(ticks, y_unit), strict=True):
             y = self.py(t)
             out.append(f'<line x1="{self.left}" x2="{self.right}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>')
