@@ -401,11 +401,26 @@ def test_missing_and_foreign_directories_are_one_line_errors(tmp_path: Path,
     foreign.mkdir()
     (foreign / "cat.jpg").write_bytes(b"\xff\xd8")
     for argv in (["compare", str(tmp_path / "nope")], ["compare", str(foreign)], ["goodput", str(tmp_path / "nope")],
-                 ["goodput", str(foreign)], ["tail", "--once", str(foreign)], ["tail", "--once", str(tmp_path / "x")]):
-        code, _, err = run_cli(*argv, capsys=capsys)
-        assert code == 2, argv
-        assert err.startswith("telemetrain: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
-        assert "no such directory" in err or "not a telemetrain" in err
+                 ["goodput", str(foreign)]):
+        _assert_one_line_directory_error(argv, capsys)
+
+
+def test_tail_on_missing_and_foreign_directories_is_a_one_line_error(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """(Without rich, tail says that first: test_tail_without_rich_says_how_to_install.)"""
+    pytest.importorskip("rich", reason="tail draws its view with rich (the [report] extra)")
+    foreign = tmp_path / "photos"
+    foreign.mkdir()
+    (foreign / "cat.jpg").write_bytes(b"\xff\xd8")
+    for argv in (["tail", "--once", str(foreign)], ["tail", "--once", str(tmp_path / "x")]):
+        _assert_one_line_directory_error(argv, capsys)
+
+
+def _assert_one_line_directory_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(*argv, capsys=capsys)
+    assert code == 2, argv
+    assert err.startswith("telemetrain: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    assert "no such directory" in err or "not a telemetrain" in err, err
 
 
 def test_bad_settings_are_usage_errors(store: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
@@ -523,6 +538,7 @@ def test_follower_holds_back_a_torn_line(tmp_path: Path) -> None:
 
 def test_tail_once_follows_a_live_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A thread trains (real time) and flushes; ``tail --once`` shows its progress while it runs, then its end."""
+    pytest.importorskip("rich", reason="tail draws its view with rich (the [report] extra)")
     identity = identity_from_env({}, run_id="live", session_tag="s", perf_tag="live-tag", rank=0, local_rank=0,
                                  world_size=1)
     t = Telemetry(identity, store=tmp_path)
@@ -574,6 +590,7 @@ def test_tail_once_follows_a_live_run(tmp_path: Path, capsys: pytest.CaptureFixt
 
 def test_tail_refreshes_until_interrupted(tmp_path: Path) -> None:
     """The live loop: between refreshes the job trains on; the view shows the new reports; Ctrl-C ends it with 0."""
+    pytest.importorskip("rich", reason="tail draws its view with rich (the [report] extra)")
     sim = RankSim(tmp_path, "live", rank=0, world_size=1, perf_tag="p", session="s", log_every=10).start()
     rng = random.Random(0)
 

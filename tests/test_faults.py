@@ -21,7 +21,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from conftest import ListSink, helper_env, run_dir_of
@@ -578,6 +577,7 @@ def test_concurrent_processes_share_one_run_directory(tmp_path: Path) -> None:
 
 
 def test_flood_into_a_stuck_sink_keeps_memory_flat(tmp_path: Path) -> None:
+    psutil = pytest.importorskip("psutil", reason="the process's RSS is read with psutil (the [system] extra)")
     n, capacity, warmup = 2_000_000, 10_000, 20_000
     gate = threading.Event()
     sink = BlockingSink(gate)

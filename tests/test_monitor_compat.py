@@ -225,6 +225,7 @@ def test_event_handler(mon: types.ModuleType, register: Registrar) -> None:
 
 def test_tensorboard_event_handler(mon: types.ModuleType, register: Registrar, tmp_path: Path) -> None:
     """TestMonitorTensorboard.test_event_handler, with a real SummaryWriter read back by tensorboard's reader."""
+    pytest.importorskip("tensorboard", reason="the writer and reader are tensorboard's (the [tensorboard] extra)")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # type: ignore[import-untyped]
     from torch.utils.tensorboard import SummaryWriter
 

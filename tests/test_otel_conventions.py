@@ -2,7 +2,10 @@
 receives what ``OTelSink`` exports through the SDK's own OTLP exporters. The system sampler's names, attributes and
 units are checked against the ``opentelemetry-semantic-conventions`` package's own constants (and its instrument
 factories: units and instrument kinds); root spans carry random W3C trace ids, which a ``TraceIdRatioBased`` sampler
-splits; the run's config is in the resource."""
+splits; the run's config is in the resource.
+
+The checks of the sampler's names and samples need the [system] extra (psutil) too, and skip without it; the rest
+runs with the [otel] extra alone (CI runs this module in a venv that has only that extra)."""
 
 from __future__ import annotations
 
@@ -18,7 +21,6 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("psutil", reason="needs the system extra")
 pytest.importorskip("opentelemetry.exporter.otlp.proto.http", reason="needs the otel extra")
 pytest.importorskip("opentelemetry.semconv._incubating.metrics", reason="needs opentelemetry-semantic-conventions")
 
@@ -49,8 +51,6 @@ from opentelemetry.semconv.attributes import error_attributes
 from telemetrain import Telemetry, semconv
 from telemetrain.sinks.otel import OTelSink
 from telemetrain.spans import Tracer
-from telemetrain.system import Sampler
-from telemetrain.system.names import CATALOGUE, device_attributes, record_series
 
 SPANS = 400
 
@@ -189,8 +189,6 @@ def test_our_convention_strings_are_the_packages() -> None:
         for key, value in attributes.items():
             if key in enums:
                 assert value in {member.value for member in enums[key]}, (key, value)
-    gpu = device_attributes("system.gpu.3")
-    assert gpu == {hw_attributes.HW_ID: "3", hw_attributes.HW_TYPE: hw_attributes.HwTypeValues.GPU.value}
     # every convention metric we name: defined by the package, not deprecated, with the package's unit and kind
     package = _package_metrics()
     for name in semconv.SEMCONV_METRICS:
@@ -200,6 +198,15 @@ def test_our_convention_strings_are_the_packages() -> None:
         ours = ("sum", True) if name in semconv.SEMCONV_COUNTERS else ("sum", False) if (
             name in semconv.SEMCONV_UPDOWN) else ("gauge", None)
         assert (kind, monotonic) == ours, name
+
+
+def test_the_system_samplers_names_are_the_packages() -> None:
+    pytest.importorskip("psutil", reason="the system sampler's names: telemetrain.system needs the [system] extra")
+    from telemetrain.system.names import CATALOGUE, device_attributes, record_series
+
+    gpu = device_attributes("system.gpu.3")
+    assert gpu == {hw_attributes.HW_ID: "3", hw_attributes.HW_TYPE: hw_attributes.HwTypeValues.GPU.value}
+    package = _package_metrics()
     for key, (unit, _) in CATALOGUE.items():
         name, record_unit, _ = record_series("system", key)
         assert record_unit == unit
@@ -211,29 +218,22 @@ def test_our_convention_strings_are_the_packages() -> None:
     assert "process.open_file_descriptor.count" not in {record_series("system", k)[0] for k in CATALOGUE}
 
 
-def test_an_otlp_receiver_sees_the_conventions_the_config_and_random_trace_ids(tmp_path: Path,
-                                                                               receiver: _Receiver) -> None:
-    config = {"lr": 3e-4, "model": {"layers": 12}}
-    t = Telemetry(store=tmp_path, config=config)
+def test_an_otlp_receiver_sees_the_system_samples_under_the_conventions(tmp_path: Path,
+                                                                        receiver: _Receiver) -> None:
+    pytest.importorskip("psutil", reason="the system sampler: telemetrain.system needs the [system] extra")
+    from telemetrain.system import Sampler
+
+    t = Telemetry(store=tmp_path)
     t.add_sink(OTelSink(span_exporter=OTLPSpanExporter(endpoint=f"{receiver.base}/v1/traces"),
                         metric_exporter=OTLPMetricExporter(endpoint=f"{receiver.base}/v1/metrics")))
-    # the application's own provider, sampling half of the traces by trace id, exporting to the same receiver
-    sampled = TracerProvider(sampler=TraceIdRatioBased(0.5), resource=Resource.create({"service.name": "sampled"}))
-    sampled.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"{receiver.base}/v1/traces")))
-    t.add_sink(OTelSink(tracer_provider=sampled, meter_provider=MeterProvider()))
     sampler = Sampler(t, interval=60.0, host=True, disk_paths=[str(tmp_path)])
     try:
         sampler.sample_now()
         sampler.sample_now()  # the second sample has utilisations (deltas) too
-        tracer = Tracer(t)
-        for i in range(SPANS):
-            with tracer.span("step", i=i):
-                pass
         assert t.flush()
     finally:
         sampler.stop()
         t.close()
-        sampled.shutdown()
 
     # metrics: the conventions' names, kinds, units and attributes, as the package defines them
     package = _package_metrics()
@@ -262,6 +262,28 @@ def test_an_otlp_receiver_sees_the_conventions_the_config_and_random_trace_ids(t
     assert "process.unix.file_descriptor.count" in points and "process.open_file_descriptor.count" not in points
     assert "telemetrain.process.tree.memory.usage" in points  # ours: prefixed, out of the reserved namespace
     assert not any("telemetrain.group" in p[2] for e in points.values() for p in e if p[0].name.startswith("system"))
+
+
+def test_an_otlp_receiver_sees_the_config_and_random_trace_ids(tmp_path: Path, receiver: _Receiver) -> None:
+    config = {"lr": 3e-4, "model": {"layers": 12}}
+    t = Telemetry(store=tmp_path, config=config)
+    t.add_sink(OTelSink(span_exporter=OTLPSpanExporter(endpoint=f"{receiver.base}/v1/traces"),
+                        metric_exporter=OTLPMetricExporter(endpoint=f"{receiver.base}/v1/metrics")))
+    # the application's own provider, sampling half of the traces by trace id, exporting to the same receiver
+    sampled = TracerProvider(sampler=TraceIdRatioBased(0.5), resource=Resource.create({"service.name": "sampled"}))
+    sampled.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"{receiver.base}/v1/traces")))
+    t.add_sink(OTelSink(tracer_provider=sampled, meter_provider=MeterProvider()))
+    try:
+        t.metric("loss", 0.5, "train", step=1)  # a metric export, which carries the resource
+        tracer = Tracer(t)
+        for i in range(SPANS):
+            with tracer.span("step", i=i):
+                pass
+        assert t.flush()
+    finally:
+        t.close()
+        sampled.shutdown()
+
     (resource,) = {tuple(sorted(r.items())) for r in receiver.resources()}
     assert dict(resource)["telemetrain.config.lr"] == pytest.approx(3e-4)
     assert dict(resource)["telemetrain.config.model.layers"] == 12

@@ -348,6 +348,7 @@ def test_exphistogram_from_dict_round_trip_and_rejects_malformed() -> None:
 
 def _otel_point(values: Sequence[float]) -> Any:
     """The SDK's own exponential histogram of ``values`` (max 4096 buckets, starting at scale 6, like ours)."""
+    pytest.importorskip("opentelemetry.sdk.metrics", reason="the reference is OpenTelemetry's SDK (the [otel] extra)")
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import ExponentialHistogramDataPoint, InMemoryMetricReader
     from opentelemetry.sdk.metrics.view import ExponentialBucketHistogramAggregation, View

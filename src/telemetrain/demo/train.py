@@ -292,8 +292,9 @@ def _lifecycle(
         "train.step_time", ["count", "mean", "p50", "p90", "p99", "max"], samples=report_every, unit="s", telemetry=t
     )
     data_wait = Stat("train.data_wait", ["mean", "p99", "max"], samples=report_every, unit="s", telemetry=t)
-    loss_stat = monitor.Stat("train.loss", [monitor.MEAN, monitor.MIN, monitor.VALUE], 2.0, telemetry=t)
-    rss = Gauge("process.max_rss", _max_rss_bytes, unit="bytes", interval=1.0, telemetry=t)
+    # (a name of its own: train.loss is the per-step metric, and a backend such as Prometheus has one series a name)
+    loss_stat = monitor.Stat("train.loss_2s", [monitor.MEAN, monitor.MIN, monitor.VALUE], 2.0, telemetry=t)
+    rss = Gauge("process.max_rss", _max_rss_bytes, unit="By", interval=1.0, telemetry=t)  # UCUM, as every unit
     width = len(str(cfg.steps))
     best = math.inf
     # the model as it starts: step 0, or the checkpoint's step on a restart (the curve must not go back to step 0)
