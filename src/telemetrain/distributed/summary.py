@@ -8,13 +8,10 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from .worker_exits import GROUP as _EXIT_GROUP
-from .worker_exits import NAME as _EXIT_NAME
+from .worker_exits import EVENT as WORKER_FAILED
 from .worker_exits import exit_finding_text, worker_exits
 
 __all__ = ["diagnosis_lines"]
-
-WORKER_FAILED = (_EXIT_GROUP, _EXIT_NAME)
 
 
 def _ms(value: Any) -> str:
@@ -46,7 +43,7 @@ def diagnosis_lines(records: Sequence[Any]) -> list[str]:
             stragglers.append(a)
         elif r.group == "launcher" and r.name == "stall":
             stalls.append(a)
-        elif r.group == WORKER_FAILED[0] and r.name == WORKER_FAILED[1]:
+        elif (r.group, r.name) == WORKER_FAILED:
             exits.append(a)
         elif r.group == "watchdog" and r.name == "stall_evidence":
             evidence.append((r.identity.rank, a))

@@ -12,9 +12,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["WorkerExit", "describe_exit", "exit_finding_text", "first_failures", "meaning", "worker_exits"]
+__all__ = ["EVENT", "WorkerExit", "describe_exit", "exit_finding_text", "first_failures", "meaning", "worker_exits"]
 
-GROUP, NAME = "launcher", "worker_failed"
+EVENT = ("launcher", "worker_failed")  # (group, name) of the events read here
 
 _SIGNALS = {1: "SIGHUP", 2: "SIGINT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL",
             11: "SIGSEGV", 13: "SIGPIPE", 15: "SIGTERM"}

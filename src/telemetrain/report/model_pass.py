@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..analysis.findings import InputBuilder
+from ..distributed.worker_exits import EVENT as WORKER_FAILED
 from ..phase_times import iteration_time, phase_times
 from ..semconv import series_key
 from ..store.reader import ProcessLog, Run
@@ -298,7 +299,7 @@ class _Collector:
                     continue
                 if group == "launcher" and name == "stall":
                     self.stalls.append(attributes)
-                elif group == "launcher" and name == "worker_failed" and agent:
+                elif (group, name) == WORKER_FAILED and agent:
                     self.worker_exits.append(attributes)
                 elif group == "watchdog" and name == "stall_evidence" and not agent:
                     self.evidence.append((rank, attributes))
