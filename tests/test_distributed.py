@@ -16,6 +16,7 @@ import telemetrain
 import telemetrain.distributed
 from conftest import run_dir_of
 from telemetrain.distributed.stragglers import StragglerDetector, phases_of
+from telemetrain.report.model import build_model
 from telemetrain.sinks.console import ConsoleSink
 from telemetrain.store.reader import Run, find_runs, open_run
 from telemetrain.training.goodput import goodput
@@ -119,6 +120,12 @@ def test_a_killed_worker_is_restarted_and_the_session_goodput_counts_the_lost_it
     assert restart.attributes["attempt"] == 1 and restart.identity.restart_count == 1
     failed = [r for r in first.agents[0].records if r.kind == "metric" and r.name == "workers.default.failed"]
     assert failed and failed[0].identity.run_id == f"{job}.0"
+    # why the first attempt ended, in its own folder: rank 1's SIGKILL first, the cause its report names first
+    exits = {e.attributes["rank"]: e.attributes for e in events(first, "launcher", "worker_failed")}
+    assert exits[1]["exitcode"] == -9 and exits[1]["first_failure"] is True
+    assert not any(a["first_failure"] for rank, a in exits.items() if rank != 1)
+    assert build_model(first).findings[0].title.startswith("crash: rank 1 died of SIGKILL (exit code -9)")
+    assert not events(second, "launcher", "worker_failed")  # the second attempt succeeded
     (end,) = events(second, "launcher", "launch_end")
     assert (end.attributes["outcome"], end.attributes["attempts"]) == ("succeeded", 2)
     # goodput over the session: the second attempt resumed at the checkpoint of step 50, so 50..64 were lost

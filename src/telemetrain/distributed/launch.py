@@ -31,6 +31,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from ..dispatch import warn_safely
 from ..identity import identity_from_env, new_run_id
 from ..store.layout import AGENT_ROLE
 from ..telemetry import Telemetry
@@ -133,13 +134,56 @@ def main(argv: Sequence[str]) -> int:
         return _launch(args, max_nodes)
 
 
-def _first_failure(exc: Any) -> int | None:
-    """The global rank of the failure torchelastic observed first (its "root cause"), None if it cannot say."""
+def _record_failures(telemetry: Telemetry, failures: Mapping[int, Any]) -> None:
+    """One ``worker_failed`` event per failed worker (global rank -> torchelastic's ``ProcessFailure``), marking the
+    one torchelastic names the root cause: the earliest timestamp, the first found on a tie, as
+    ``ChildFailedError.get_first_failure`` picks it (``distributed.worker_exits`` reads them: the cause, then the
+    rest)."""
     try:
-        rank, _ = exc.get_first_failure()
-        return int(rank)
+        first: int | None = min(failures, key=lambda r: failures[r].timestamp)
     except Exception:  # noqa: BLE001 - an explanation, never a reason to lose the failures themselves
-        return None
+        first = None
+    for global_rank, failure in sorted(failures.items()):
+        telemetry.event("worker_failed", {
+            "rank": global_rank, "local_rank": failure.local_rank, "exitcode": failure.exitcode,
+            "pid": failure.pid, "message": str(failure.message)[:2000], "error_file": str(failure.error_file),
+            "first_failure": global_rank == first, "timestamp": failure.timestamp,
+        }, group=GROUP, severity="error")
+
+
+@contextlib.contextmanager
+def _restarted_attempt_failures(telemetry: Telemetry) -> Iterator[None]:
+    """While the agent runs: the failed workers of each attempt the agent restarts from, as that attempt's
+    ``worker_failed`` events (torchelastic only logs them; the last attempt's come with its ``ChildFailedError``).
+    The agent's monitor call is wrapped, in this process only, while the job runs; where torch has no such method the
+    job runs as it would, without these events."""
+    from torch.distributed.elastic.agent.server.api import WorkerState
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    original = getattr(LocalElasticAgent, "_monitor_workers", None)
+    if original is None:
+        yield
+        return
+    failed = 0
+
+    def monitor(agent: Any, worker_group: Any) -> Any:
+        nonlocal failed
+        result = original(agent, worker_group)
+        try:  # before the agent's metrics move its records to the next attempt: this attempt's folder
+            if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY) and result.failures and \
+                    getattr(agent, "_remaining_restarts", 0) > 0:
+                _record_failures(telemetry, result.failures)
+        except Exception as exc:  # noqa: BLE001 - telemetry never breaks the job
+            failed += 1
+            if failed == 1:
+                warn_safely(f"telemetrain launch: recording a restarted attempt's failures failed ({exc!r})")
+        return result
+
+    LocalElasticAgent._monitor_workers = monitor  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        LocalElasticAgent._monitor_workers = original  # type: ignore[method-assign]
 
 
 def _launch(args: Any, max_nodes: int) -> int:
@@ -181,16 +225,11 @@ def _launch(args: Any, max_nodes: int) -> int:
                     group=GROUP)
     outcome, status = "failed", 1
     try:
-        torchrun.run(args)  # type: ignore[no-untyped-call]
+        with _restarted_attempt_failures(telemetry):
+            torchrun.run(args)  # type: ignore[no-untyped-call]
         outcome, status = "succeeded", 0
     except ChildFailedError as exc:
-        first_rank = _first_failure(exc)
-        for global_rank, failure in sorted(exc.failures.items()):
-            telemetry.event("worker_failed", {
-                "rank": global_rank, "local_rank": failure.local_rank, "exitcode": failure.exitcode,
-                "pid": failure.pid, "message": str(failure.message)[:2000], "error_file": str(failure.error_file),
-                "first_failure": global_rank == first_rank, "timestamp": failure.timestamp,
-            }, group=GROUP, severity="error")  # (distributed.worker_exits reads them: the cause, then the rest)
+        _record_failures(telemetry, exc.failures)
         print(exc.format_msg(), file=sys.stderr)  # type: ignore[no-untyped-call]
     except BaseException as exc:  # a signal (torchelastic's SignalException), an interrupt: recorded, then re-raised
         outcome = type(exc).__name__
