@@ -7,8 +7,10 @@ and a logged loss), 120 iterations each: 11 steady-state report windows, enough 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
+import math
 import random
 import re
 from html.parser import HTMLParser
@@ -18,10 +20,10 @@ import pytest
 
 from telemetrain import Telemetry, cli, identity_from_env
 from telemetrain.analysis import compare_runs
-from telemetrain.analysis.compare import IMPROVEMENT, REGRESSION
+from telemetrain.analysis.compare import IMPROVEMENT, REGRESSION, MetricComparison
 from telemetrain.analysis.compare_html import RatioAxis, comparison_html, multi_html
 from telemetrain.analysis.compare_multi import compare_baselines
-from telemetrain.analysis.compare_text import format_quantity
+from telemetrain.analysis.compare_text import format_quantity, row_change
 from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
 
 BASE_MS = 1_700_000_000_000
@@ -255,6 +257,11 @@ def test_quantities_read_as_people_write_them() -> None:
     assert format_quantity(0.2849, "1") == "28.5%"  # goodput, a fraction
     assert format_quantity(0.0123, "s") == "12.30 ms" and format_quantity(0.2849, "") == "0.2849"
     assert format_quantity(3.5e13, "FLOP/s") == "3.5e+13 FLOP/s" and format_quantity(float("nan"), "s") == "-"
+    goodput = MetricComparison(metric="goodput", scope="run", label="goodput", unit="1", higher_is_better=True,
+                               baseline_median=0.285, candidate_median=0.81, baseline_windows=1, candidate_windows=1,
+                               ratio=0.81 / 0.285, ci_low=math.nan, ci_high=math.nan, verdict="not tested")
+    assert row_change(goodput) == "+52.5 pp"  # a fraction's change in points, not +184.2%
+    assert row_change(dataclasses.replace(goodput, unit="s")) == "+184.2%"
 
 
 @pytest.mark.parametrize("ratios", [[0.001, 500.0], [0.5, 2.0], [0.97, 1.04], [1.0, 250.0]])

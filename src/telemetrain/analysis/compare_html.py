@@ -11,7 +11,7 @@ import math
 from ..report.curves import Curve
 from .compare import IMPROVEMENT, INCONCLUSIVE, REGRESSION, CandidateComparison, Comparison, MetricComparison, RunRef
 from .compare_multi import MultiComparison
-from .compare_text import format_change, format_interval, format_quantity, speed_of, tally_text, where_lines
+from .compare_text import format_change, format_interval, format_quantity, row_change, speed_of, tally_text, where_lines
 
 __all__ = ["RatioAxis", "comparison_html", "multi_html"]
 
@@ -153,7 +153,7 @@ def _candidate_section(c: CandidateComparison, comparison: Comparison, overlays:
         verdict = f"{m.verdict} ({m.note})" if m.note else m.verdict
         rows.append(
             f"<tr class='{css}'><td>{_e(m.label)}</td><td>{_e(format_quantity(m.baseline_median, m.unit))}</td>"
-            f"<td>{_e(format_quantity(m.candidate_median, m.unit))}</td><td>{_e(format_change(m.ratio))}</td>"
+            f"<td>{_e(format_quantity(m.candidate_median, m.unit))}</td><td>{_e(row_change(m))}</td>"
             f"<td>{_e(format_interval(m))}</td><td>{_ci_bar(m, comparison.min_effect, axis)}</td>"
             f"<td class=verdict>{_e(verdict)}</td><td>{m.candidate_windows} / {m.baseline_windows}</td></tr>")
     regressions = c.regressions

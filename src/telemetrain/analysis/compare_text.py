@@ -9,7 +9,7 @@ from .compare import INCONCLUSIVE, REGRESSION, CandidateComparison, Comparison, 
 from .compare_multi import MetricTally, MultiComparison
 from .compare_quality import quality_lines
 
-__all__ = ["format_change", "format_comparison", "format_multi", "format_quantity"]
+__all__ = ["format_change", "format_comparison", "format_multi", "format_quantity", "row_change"]
 
 
 def format_quantity(value: float, unit: str) -> str:
@@ -33,6 +33,15 @@ def format_quantity(value: float, unit: str) -> str:
 
 def format_change(ratio: float) -> str:
     return "-" if not math.isfinite(ratio) else f"{(ratio - 1) * 100:+.1f}%"
+
+
+def row_change(m: MetricComparison) -> str:
+    """A table row's change: relative (``+15.0%``), but in percentage points for a fraction (goodput 28.5% ->
+    81.0% is ``+52.5 pp``, not ``+184.2%``)."""
+    if m.unit == "1":
+        diff = m.candidate_median - m.baseline_median
+        return "-" if not math.isfinite(diff) else f"{diff * 100:+.1f} pp"
+    return format_change(m.ratio)
 
 
 def format_interval(m: MetricComparison) -> str:
@@ -98,7 +107,7 @@ def _candidate_lines(c: CandidateComparison, comparison: Comparison) -> list[str
             continue
         verdict = m.verdict.upper() if m.significant else m.verdict
         rows.append((m.label, format_quantity(m.baseline_median, m.unit), format_quantity(m.candidate_median, m.unit),
-                     format_change(m.ratio), format_interval(m), verdict))
+                     row_change(m), format_interval(m), verdict))
     lines += _table(rows)
     if quiet:
         lines.append(f"  ({quiet} per-rank phase row(s) with no significant change not shown; --json has them)")

@@ -1,7 +1,8 @@
 """Why a launched job's workers ended, read as a cause to act on: the launcher's ``worker_failed`` events (one per
 failed worker of a failed attempt: the one the agent restarts from, or torchelastic's ``ChildFailedError`` when it
-gives up) name each worker's exit code and which failure the agent observed first. The first failure is the cause; the others usually follow from it (a collective
-that lost its peer, the agent stopping the rest with SIGTERM). Standard library only: ``show`` and the report read it.
+gives up) name each worker's exit code and which failure the agent observed first. The first failure is the cause;
+the others usually follow from it (a collective that lost its peer, the agent stopping the rest with SIGTERM).
+Standard library only: ``show`` and the report read it.
 
 A negative exit code is the signal that ended the process; each common one has its usual meaning in a training job.
 """
