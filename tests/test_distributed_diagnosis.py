@@ -691,3 +691,12 @@ def test_without_the_agents_word_the_exits_that_are_not_its_sigterm_come_first()
     assert found is not None and found[0] == "crash: rank 0, 1 died of SIGTERM (exit code -15)"
     assert "scheduler" in found[1]
     assert describe_exit(worker_exits([{"rank": 0, "exitcode": -64}])[0]) == "died of signal 64 (exit code -64)"
+    # two first failures of different kinds are each named as they ended, with their own meaning
+    mixed = worker_exits([{"rank": 0, "exitcode": -15}, {"rank": 1, "exitcode": -11}, {"rank": 2, "exitcode": 1},
+                          {"rank": 3, "exitcode": -11}])
+    found = exit_finding_text(mixed)
+    assert found is not None
+    assert found[0] == "crash: rank 1, 3 died of SIGSEGV (exit code -11); rank 2 exited with code 1 first"
+    assert "native code" in found[1] and "the program ended with an error" in found[1]
+    assert found[1].endswith("Then rank(s) 0 were stopped by the agent (SIGTERM), as it stops every worker once one "
+                             "fails.")

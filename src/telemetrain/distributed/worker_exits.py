@@ -97,18 +97,21 @@ def exit_finding_text(exits: list[WorkerExit]) -> tuple[str, str] | None:
     if not exits:
         return None
     first = first_failures(exits)
-    lead = first[0]
-    who = "rank " + ", ".join(str(e.rank) for e in first) if len(first) > 1 else f"rank {lead.rank}"
-    title = f"crash: {who} {describe_exit(lead)}" + (" first" if len(first) < len(exits) else "")
-    text = (f"{who} {describe_exit(lead)}" + (f" (pid {lead.pid})" if lead.pid is not None else "")
-            + f": {meaning(lead)}.")
+    by_code: dict[int, list[WorkerExit]] = {}
+    for e in first:
+        by_code.setdefault(e.exitcode, []).append(e)
+    causes = [(f"rank {', '.join(str(e.rank) for e in group)} {describe_exit(group[0])}", group[0])
+              for group in by_code.values()]
+    title = "crash: " + "; ".join(who for who, _ in causes) + (" first" if len(first) < len(exits) else "")
+    pids = {e.rank: e.pid for e in first if e.pid is not None}
+    text = " ".join(f"{who}" + (f" (pid {pids[lead.rank]})" if len(first) == 1 and lead.rank in pids else "")
+                    + f": {meaning(lead)}." for who, lead in causes)
     rest = [e for e in exits if e not in first]
-    if rest:
-        stopped = [e for e in rest if e.signal == "SIGTERM"]
-        other = [e for e in rest if e.signal != "SIGTERM"]
-        if stopped:
-            text += (f" Then rank(s) {', '.join(str(e.rank) for e in stopped)} were stopped by the agent (SIGTERM), "
-                     "as it stops every worker once one fails.")
-        if other:
-            text += " Then " + "; ".join(f"rank {e.rank} {describe_exit(e)}" for e in other) + "."
+    stopped = [e for e in rest if e.signal == "SIGTERM"]
+    other = [e for e in rest if e.signal != "SIGTERM"]
+    if stopped:
+        text += (f" Then rank(s) {', '.join(str(e.rank) for e in stopped)} were stopped by the agent (SIGTERM), "
+                 "as it stops every worker once one fails.")
+    if other:
+        text += " Then " + "; ".join(f"rank {e.rank} {describe_exit(e)}" for e in other) + "."
     return title, text
