@@ -100,6 +100,7 @@ def test_the_first_attempt_of_the_crashed_job_shows_its_crash(runs: dict[str, li
     titles = sorted(f.title for f in report_findings(first))
     assert [t.split(" on rank")[0] for t in titles if t.startswith("crash:")] == [
         "crash: application was killed (started, never ended)",
+        "crash: rank 0 died of SIGKILL (exit code -9)",  # the cause: the agent restarted from it and recorded it
         "crash: training_loop was killed (started, never ended)"]
     restarted = runs["crash-restart"][1].name
     assert [t for t in titles if not t.startswith("crash:")] == [f"restart: run {restarted} after {first.name}"]

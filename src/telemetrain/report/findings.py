@@ -15,6 +15,7 @@ from ..analysis.findings.fmt import ranges
 from ..analysis.findings.model import Evidence
 from ..analysis.findings.run import attempts_of
 from ..analysis.findings.slowdown import slow_iteration_windows
+from ..distributed.worker_exits import EVENT as WORKER_FAILED
 from ..distributed.worker_exits import exit_finding_text, first_failures, worker_exits
 from .gpu_health import gpu_findings
 
@@ -94,7 +95,8 @@ def report_findings(model: ReportModel, c: _Collector, thresholds: Thresholds | 
         found.append(Finding("warning", "missing ranks", f"missing ranks: {len(missing)}",
                              f"world_size is {world} but rank(s) {ranges(missing)} wrote nothing in this run"))
     failed_spans = [e for e in model.problems if "span status" in e.attributes]
-    errors = [e for e in model.problems if e.severity in ("error", "critical") and "span status" not in e.attributes]
+    errors = [e for e in model.problems if e.severity in ("error", "critical") and "span status" not in e.attributes
+              and (e.group, e.name) != WORKER_FAILED]  # (the agent's worker exits: the crash finding says them)
     if errors:
         names = Counter(e.name for e in errors)
         found.append(Finding("error", "errors", f"error events: {len(errors)}",
