@@ -121,6 +121,22 @@ def read_run() -> Callable[..., list[Any]]:
     return read
 
 
+def train_empty_iterations(t: telemetrain.Telemetry, iterations: int, *, batch: int, log_every: int) -> None:
+    """A whole training lifecycle on ``t`` whose iterations do nothing: the application, one loop of
+    ``iterations``, reports every ``log_every``; ``t`` is left open."""
+    from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
+
+    r = TrainingRecorder(TrainingTelemetryConfig(global_batch_size_or_fn=batch, log_every_n_train_iterations=log_every),
+                         telemetry=t)
+    r.on_app_start()
+    r.on_train_start(0)
+    for _ in range(iterations):
+        r.on_training_single_iteration_start()
+        r.on_training_single_iteration_end()
+    r.on_train_end()
+    r.on_app_end()
+
+
 def run_dir_of(t: telemetrain.Telemetry) -> Path:
     """``t.run_dir`` of a Telemetry that has a run store (typed ``Path``: ``Telemetry.run_dir`` is ``Path | None``)."""
     run_dir = t.run_dir

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import pytest
 
 from _device_sim import skip_if_cuda_in_use
-from conftest import run_dir_of
+from conftest import run_dir_of, train_empty_iterations
 from telemetrain import Telemetry, identity_from_env
 from telemetrain.analysis.compare import compare_runs
 from telemetrain.cli import summarize
@@ -308,15 +308,7 @@ def test_goodput_of_a_cpu_job_has_no_energy(tmp_path: Path) -> None:
     skip_if_cuda_in_use()
     identity = identity_from_env({}, run_id="cpu", session_tag=SESSION, perf_tag="gpt")
     t = Telemetry(identity, store=tmp_path)
-    r = TrainingRecorder(TrainingTelemetryConfig(global_batch_size_or_fn=4, log_every_n_train_iterations=2),
-                         telemetry=t)
-    r.on_app_start()
-    r.on_train_start(0)
-    for _ in range(4):
-        r.on_training_single_iteration_start()
-        r.on_training_single_iteration_end()
-    r.on_train_end()
-    r.on_app_end()
+    train_empty_iterations(t, 4, batch=4, log_every=2)
     assert t.close()
     report = goodput(tmp_path / SESSION)
     assert report.energy is None and "energy" not in report.as_dict()

@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import IDENTITY_ENV
+from conftest import IDENTITY_ENV, train_empty_iterations
 from telemetrain import Telemetry, identity_from_env
 from telemetrain.cli import main
-from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
 
 
 @pytest.mark.parametrize(("statement", "blocked", "extra"), [
@@ -47,15 +46,7 @@ def test_a_missing_extra_is_one_clear_error(statement: str, blocked: list[str], 
 @pytest.fixture
 def trained_run(tmp_path: Path) -> Path:
     t = Telemetry(identity_from_env({}, run_id="r", session_tag="s"), store=tmp_path / "runs")
-    r = TrainingRecorder(TrainingTelemetryConfig(global_batch_size_or_fn=8, log_every_n_train_iterations=2),
-                         telemetry=t)
-    r.on_app_start()
-    r.on_train_start(0)
-    for _ in range(4):
-        r.on_training_single_iteration_start()
-        r.on_training_single_iteration_end()
-    r.on_train_end()
-    r.on_app_end()
+    train_empty_iterations(t, 4, batch=8, log_every=2)
     assert t.close()
     assert t.run_dir is not None
     return t.run_dir

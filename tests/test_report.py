@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from conftest import train_empty_iterations
 from telemetrain import Telemetry, identity_from_env
 from telemetrain.cli import main
 from telemetrain.dispatch import FailurePolicy
@@ -417,15 +418,7 @@ def test_a_run_without_training_still_reports(tmp_path: Path) -> None:
 def test_a_run_that_never_checkpointed_shows_dashes_not_none(tmp_path: Path) -> None:
     identity = identity_from_env({}, run_id="nockpt", session_tag="s", rank=0, world_size=1)
     t = Telemetry(identity, store=tmp_path)
-    r = TrainingRecorder(TrainingTelemetryConfig(global_batch_size_or_fn=4, log_every_n_train_iterations=5),
-                         telemetry=t)
-    r.on_app_start()
-    r.on_train_start(0)
-    for _ in range(12):
-        r.on_training_single_iteration_start()
-        r.on_training_single_iteration_end()
-    r.on_train_end()
-    r.on_app_end()
+    train_empty_iterations(t, 12, batch=4, log_every=5)
     assert t.close()
     model = build_model(open_run(tmp_path / "s" / "nockpt"))
     assert model.goodput is not None and model.goodput.runs[0].last_checkpoint_step is None
