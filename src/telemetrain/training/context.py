@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ContextDecorator, contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 from ..dispatch import describe
 from ..spans import Span
@@ -20,11 +20,22 @@ from .recorder import TrainingRecorder
 __all__ = ["TrainingContexts"]
 
 
+class _Phases(Protocol):
+    """What the phase context managers need of a recorder (ours, or one a one-logger recorder drives)."""
+
+    def data_loading(self) -> AbstractContextManager[Any]: ...
+    def forward(self) -> AbstractContextManager[Any]: ...
+    def backward(self) -> AbstractContextManager[Any]: ...
+    def optimizer_update(self) -> AbstractContextManager[Any]: ...
+    def zero_grad(self) -> AbstractContextManager[Any]: ...
+
+
 class TrainingContexts:
     """The context managers of one recorder (``training.application()`` etc. use the default one)."""
 
     def __init__(self, recorder: Callable[[], Any]) -> None:
         self._recorder = recorder
+        self._phases: Callable[[], _Phases] = recorder  # the same, as the phases' typed view of it
 
     def _pair(self, start: str, end: str, name: str, *args: Any, **end_kwargs: Any) -> _Pair:
         return _Pair(self._recorder, start, end, name, args, end_kwargs)
@@ -100,24 +111,19 @@ class TrainingContexts:
         target.on_save_checkpoint_end(path=path)
 
     def data_loading(self) -> AbstractContextManager[Any]:
-        ours: AbstractContextManager[Any] = self._recorder().data_loading()
-        return ours
+        return self._phases().data_loading()
 
     def forward(self) -> AbstractContextManager[Any]:
-        ours: AbstractContextManager[Any] = self._recorder().forward()
-        return ours
+        return self._phases().forward()
 
     def backward(self) -> AbstractContextManager[Any]:
-        ours: AbstractContextManager[Any] = self._recorder().backward()
-        return ours
+        return self._phases().backward()
 
     def optimizer_update(self) -> AbstractContextManager[Any]:
-        ours: AbstractContextManager[Any] = self._recorder().optimizer_update()
-        return ours
+        return self._phases().optimizer_update()
 
     def zero_grad(self) -> AbstractContextManager[Any]:
-        ours: AbstractContextManager[Any] = self._recorder().zero_grad()
-        return ours
+        return self._phases().zero_grad()
 
 
 class _Pair(ContextDecorator):
