@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -23,13 +24,13 @@ import pytest
 
 import telemetrain
 from conftest import run_dir_of
+from telemetrain.analysis.findings.worker_exits import describe_exit, exit_finding_text, first_failures, worker_exits
 from telemetrain.distributed.comm import CommMonitor, CommOp, comm_monitor, window_figures
 from telemetrain.distributed.comm_timing import HOST
 from telemetrain.distributed.late_rank import LateRankAttributor, compute_times
 from telemetrain.distributed.stall_view import classify
 from telemetrain.distributed.stragglers import StragglerDetector
 from telemetrain.distributed.watchdog import StallWatchdog, WatchdogConfig, enable_watchdog, parse_config
-from telemetrain.distributed.worker_exits import describe_exit, exit_finding_text, first_failures, worker_exits
 from telemetrain.report.model import build_model
 from telemetrain.spans import span
 from telemetrain.store.reader import Run, find_runs, open_run
@@ -67,6 +68,29 @@ def show(run: Run) -> str:
     out = subprocess.run([sys.executable, "-m", "telemetrain.cli", "show", str(run.path)], capture_output=True,
                          text=True, timeout=120, check=True)
     return out.stdout
+
+
+def findings_everywhere(run: Run) -> dict[str, list[str]]:
+    """The findings' titles as each reader gives them: the report, `show` (its lines, without and with DuckDB) and
+    `tail` (polling the files, and caught up by SQL)."""
+    from telemetrain.analysis.tail import TailState
+    from telemetrain.show import summarize
+    from telemetrain.store.engine import Engine
+
+    def shown(lines: list[str]) -> list[str]:
+        start = next(i for i, line in enumerate(lines) if line.startswith("findings"))
+        return [line.split(None, 1)[1] for line in lines[start + 1:] if re.match(r"  (error|warning|info) ", line)]
+
+    polled = TailState(run.path)
+    polled.poll()
+    caught = TailState(run.path)
+    with Engine([run.path]) as engine:
+        caught.catch_up(engine)
+        by_sql = shown(summarize(open_run(run.path), engine))
+    return {"report": [f.title for f in build_model(open_run(run.path)).findings],
+            "show": shown(summarize(open_run(run.path))), "show by SQL": by_sql,
+            "tail": [f.title for f in polled.findings().findings],
+            "tail by SQL": [f.title for f in caught.findings().findings]}
 
 
 # -- the launch tests ------------------------------------------------------------------------------------------------
@@ -142,8 +166,11 @@ def test_a_rank_blocked_before_the_all_reduce_is_named_by_every_ranks_evidence(t
     a = stall.attributes
     assert (a["ranks"], a["rank"], a["phase"], a["waiting_ranks"]) == ([1], 1, "forward", [0, 2])
     assert a["waiting_in"].startswith("all_reduce #") and a["silent_ranks"] == [] and stall.severity == "error"
-    assert "stall: rank(s) 1 (forward)" in [f.title for f in build_model(run).findings]
-    assert "stall       stuck: rank 1 in forward while rank(s) 0,2 wait in all_reduce" in show(run)
+    for reader, titles in findings_everywhere(run).items():  # the report, show and a live tail all say it
+        assert "stall: rank(s) 1 (forward)" in titles, reader
+    text = show(run)
+    assert "  error    stall: rank(s) 1 (forward)\n           stuck: rank 1 in forward while rank(s) 0,2 wait in " \
+           "all_reduce" in text
     # the job's exit is not held up: the blocked rank wrote its SIGTERM evidence and died of the SIGTERM (torchelastic
     # would SIGKILL it 30 s later), soon before the launcher ended
     (signalled,) = [e for e in events(run, "watchdog", "stall_evidence") if e.identity.rank == 1
@@ -175,7 +202,10 @@ def test_a_rank_killed_mid_step_leaves_survivors_evidence_naming_their_collectiv
     crash = build_model(run).findings[0]
     assert crash.title == "crash: rank 1 died of SIGKILL (exit code -9) first" and crash.evidence is not None
     assert crash.evidence.ranks == (1,) and "out-of-memory killer" in crash.detail
-    assert "exit        rank 1 died of SIGKILL (exit code -9)" in show(run)
+    for reader, titles in findings_everywhere(run).items():  # the cause first in the report, show and a live tail
+        assert titles[0] == "crash: rank 1 died of SIGKILL (exit code -9) first", reader
+    died = "rank 1 died of SIGKILL (exit code -9)"
+    assert f"  error    crash: {died} first\n           {died} (pid " in show(run)
 
 
 def test_clocks_off_by_seconds_are_realigned_in_the_trace_within_a_millisecond(tmp_path: Path) -> None:
@@ -658,7 +688,7 @@ def test_a_heartbeat_bounds_the_progress_of_a_run_killed_between_reports(tmp_pat
     t.close()
 
 
-# -- why the workers ended (distributed.worker_exits) ----------------------------------------------------------------
+# -- why the workers ended (analysis.findings.worker_exits) ---------------------------------------------------------
 
 
 def test_the_first_failure_is_the_cause_and_the_agents_sigterms_follow_it() -> None:

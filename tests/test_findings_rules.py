@@ -28,6 +28,7 @@ from telemetrain.analysis.findings import (
 )
 from telemetrain.analysis.findings.slowdown import _episodes, job_series
 from telemetrain.analysis.findings.stragglers import window_outliers
+from telemetrain.analysis.findings.worker_exits import worker_exits
 
 PHASES = {"dataloader": 0.002, "forward": 0.006, "backward": 0.009, "optimizer": 0.003}  # 20 ms an iteration
 
@@ -500,6 +501,39 @@ def test_crashes_and_restarts() -> None:
     assert titles == ["crash: training_loop ended terminated on rank(s) 0..1",
                       "crash: application was killed (started, never ended) on rank(s) 0", "crash: run job.0 killed",
                       "restart: run job.1 after job.0"]
+
+
+def test_a_loop_and_its_application_ending_alike_are_one_crash_and_the_agents_cause_comes_first() -> None:
+    failures = [SpanFailure("application", r, "error", "RuntimeError: peer gone") for r in (0, 2)] + \
+        [SpanFailure("training_loop", r, "error", "RuntimeError: peer gone") for r in (2, 0)] + \
+        [SpanFailure("training_loop", 1, "never ended"), SpanFailure("application", 3, "never ended")]
+    exits = worker_exits([{"rank": 1, "exitcode": -9, "pid": 11, "first_failure": True},
+                          {"rank": 0, "exitcode": -15, "first_failure": False}])
+    found = analyse(FindingsInput(span_failures=failures, worker_exits=exits)).findings
+    assert [f.title for f in found] == [
+        "crash: rank 1 died of SIGKILL (exit code -9) first",
+        "crash: training_loop and application ended error on rank(s) 0, 2",
+        "crash: training_loop was killed (started, never ended) on rank(s) 1",  # the same status, other ranks: apart
+        "crash: application was killed (started, never ended) on rank(s) 3"]
+    cause, both = found[0], found[1]
+    assert cause.evidence is not None and cause.evidence.ranks == (1,) and "out-of-memory killer" in cause.detail
+    assert "rank(s) 0 were stopped by the agent" in cause.detail
+    assert both.detail == "training_loop and application ended error on 2 rank(s): RuntimeError: peer gone"
+    assert both.evidence is not None and both.evidence.ranks == (0, 2)
+
+
+def test_stalls_are_the_agents_events_else_the_ranks_evidence() -> None:
+    evidence = [(r, {"phase": "backward", "collective": "all_reduce", "collective_seq": 7,
+                     "collective_state": "waiting"}) for r in (0, 2)] + [(1, {"phase": "forward"})]
+    (f,) = analyse(FindingsInput(stall_evidence=evidence)).findings
+    assert (f.severity, f.title) == ("error", "stall evidence: 3 rank(s)")
+    assert f.detail.endswith("rank 0: backward, in all_reduce #7; rank 1: forward; rank 2: backward, in all_reduce #7")
+    agent = {"ranks": [1], "phase": "forward", "message": "stuck: rank 1 in forward while rank(s) 0,2 wait"}
+    found = analyse(FindingsInput(stalls=[agent, {"ranks": "?"}], stall_evidence=evidence)).findings
+    assert [(f.title, f.detail) for f in found] == [("stall: rank(s) 1 (forward)", agent["message"])]
+    many = [(r, {"phase": "forward"}) for r in range(30)]
+    (f,) = analyse(FindingsInput(stall_evidence=many)).findings
+    assert f.title == "stall evidence: 30 rank(s)" and f.detail.endswith("; and 10 more")
 
 
 def test_thresholds_are_checked() -> None:

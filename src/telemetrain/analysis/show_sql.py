@@ -22,10 +22,12 @@ from .findings.builder import (
     HOST_MEMORY_USAGE,
     REPORT,
     RSS,
+    STALL_EVIDENCE,
     STRAGGLER,
     InputBuilder,
     value_series_kind,
 )
+from .findings.run import feed_agent_events
 from .findings_sql import (
     feed_memory_series_sql,
     feed_value_series_sql,
@@ -85,10 +87,11 @@ class _Span(NamedTuple):
 
 def feed_builder_sql(builder: InputBuilder, engine: Any, w: str, *, span_tables: tuple[str, ...],
                      span_names: frozenset[str] = CRASH_SPANS, stats: bool) -> None:
-    """Feed ``builder`` the reports, straggler events, crash spans (``span_names`` from ``span_tables``) and,
-    with ``stats``, the stats with non-finite samples of the rows ``w`` selects, each kind in the Python path's order
-    (process by process, file order): by narrow rows, so that DuckDB sorts little (whole rows of a long run's reports
-    would outgrow its memory). The kinds are fed apart: the builder's state of one kind never depends on another's."""
+    """Feed ``builder`` the reports, straggler events, stall evidence, crash spans (``span_names`` from
+    ``span_tables``) and, with ``stats``, the stats with non-finite samples of the rows ``w`` selects, each kind in
+    the Python path's order (process by process, file order): by narrow rows, so that DuckDB sorts little (whole rows
+    of a long run's reports would outgrow its memory). The kinds are fed apart: the builder's state of one kind never
+    depends on another's."""
     # (each rank's reports, typed: the engine's ``reports`` table, store.report_rows; a group of ranks at a time,
     # sorted by DuckDB)
     counts = engine.rows(f"SELECT rank, count(*) FROM reports WHERE {w} GROUP BY rank ORDER BY rank")
@@ -105,6 +108,10 @@ def feed_builder_sql(builder: InputBuilder, engine: Any, w: str, *, span_tables:
     for _, batch in engine.stream(f"SELECT attributes FROM events WHERE {w} AND {straggler} ORDER BY {ORDER}"):
         for (text,) in batch:
             builder.straggler(_attributes(text))
+    evidence = f"group_name = '{STALL_EVIDENCE[0]}' AND name = '{STALL_EVIDENCE[1]}'"
+    for _, batch in engine.stream(f"SELECT rank, attributes FROM events WHERE {w} AND {evidence} ORDER BY {ORDER}"):
+        for rank, text in batch:
+            builder.stall_evidence(rank, _attributes(text))
     crash = "(" + ", ".join(f"'{n}'" for n in sorted(span_names)) + ")"
     parts = " UNION ALL ".join(
         f"SELECT '{'span_start' if table == 'span_starts' else 'span_end'}' AS kind, {ORDER}, host, name, span_id, "
@@ -183,18 +190,18 @@ def findings_builder_sql(engine: Any, run: Run) -> InputBuilder:
             f"(SELECT name, rank, step, value, pid, segment, line FROM metrics WHERE {w} AND {number} "
             "AND (group_name, name) IN (SELECT group_name, name FROM show_value_series))", "name")
     feed_memory_series_sql(builder, engine, gauges_relation("metrics", "name", w))  # (after the reports)
+    feed_agent_events(builder, run)
     return builder
 
 
 def diagnosis_events_sql(engine: Any, run: Run) -> list[Any]:
     """The events ``distributed.summary.diagnosis_lines`` reads, in ``Run.records()``'s order (agents' included,
-    read in Python: a few records each): each rank's last report with communication times, stragglers, the
-    launcher's stalls, stall evidence and clock offsets."""
+    read in Python: a few records each): each rank's last report with communication times, stragglers and clock
+    offsets."""
     engine.attach(run)
     w = _where(run)
     report = f"group_name = '{REPORT[0]}' AND name = '{REPORT[1]}'"
-    wanted = (f"(group_name = '{STRAGGLER[0]}' AND name = '{STRAGGLER[1]}') OR (group_name = 'launcher' AND "
-              "name = 'stall') OR (group_name = 'watchdog' AND name = 'stall_evidence') OR (group_name = 'clock' AND "
+    wanted = (f"(group_name = '{STRAGGLER[0]}' AND name = '{STRAGGLER[1]}') OR (group_name = 'clock' AND "
               "name = 'clock_offset')")
     # (a text test first: the reports without the key, a job without communication times, are not parsed)
     comm = "contains(attributes, 'avg_comm_time_sec') AND json_exists(attributes, '$.avg_comm_time_sec')"

@@ -126,12 +126,15 @@ class TailState:
     run_id: str = ""
     perf_tag: str = ""
     ranks: dict[int, RankState] = field(default_factory=dict)
-    recent: deque[tuple[int, int, str, str, str]] = field(default_factory=lambda: deque(maxlen=RECENT_EVENTS))
+    # (wall_ns, who: a rank or "agent N", severity, group/name, text)
+    recent: deque[tuple[int, int | str, str, str, str]] = field(default_factory=lambda: deque(maxlen=RECENT_EVENTS))
     errors: int = 0
     warnings: int = 0
     diagnostics: int = 0
     records: int = 0
     followers: dict[Path, FileFollower] = field(default_factory=dict)
+    # the launcher agents' files, for their events (worker exits, stalls: the findings'; restarts): few, read whole
+    agents: dict[Path, FileFollower] = field(default_factory=dict)
     corrupt_before: int = 0  # counted by the SQL catch-up
     inputs: InputBuilder = field(default_factory=lambda: InputBuilder(limit=FINDINGS_HISTORY))
     loss: str | None = None  # the loss metric's name (or group/name); None: picked by name (curves.pick_loss)
@@ -149,12 +152,11 @@ class TailState:
         self.run_id = str(meta.get("run_id") or self.path.name)
         self.perf_tag = str(meta.get("perf_tag") or self.perf_tag)
         try:
-            names = sorted((f for f in self.path.iterdir() if is_process_file(f.name) and not is_agent_file(f.name)),
-                           key=_file_order)
+            files = [f for f in self.path.iterdir() if is_process_file(f.name)]
         except OSError:
-            names = []
+            files = []
         new = 0
-        for f in names:
+        for f in sorted((f for f in files if not is_agent_file(f.name)), key=_file_order):
             follower = self.followers.get(f)
             if follower is None:
                 words = _METRIC_WORDS + ((self.loss.rsplit("/", 1)[-1].encode(),) if self.loss else ())
@@ -162,7 +164,27 @@ class TailState:
             for rec in follower.poll():
                 self._add(rec)
                 new += 1
+        new += self.poll_agents(meta, files)
         self.records += new
+        return new
+
+    def poll_agents(self, meta: dict[str, Any], files: list[Path] | None = None) -> int:
+        """Read what the launcher agents appended (``files``: the run folder's process files, else listed here);
+        returns the number of new records (not added to ``records``: the caller does)."""
+        if files is None:
+            try:
+                files = [f for f in self.path.iterdir() if is_process_file(f.name)]
+            except OSError:
+                files = []
+        new = 0
+        for f in sorted(f for f in files if is_agent_file(f.name)):
+            follower = self.agents.get(f)
+            if follower is None:
+                follower = self.agents[f] = FileFollower(f, meta, metric_words=())
+            for rec in follower.poll():
+                if rec.kind == "event":
+                    self._agent_event(rec)
+                new += 1
         return new
 
     def catch_up(self, engine: Any) -> None:
@@ -202,12 +224,23 @@ class TailState:
         if r.group == "training":
             self.target = target_of(r.attributes or {}) or self.target
         severity = r.severity
+        self._count(severity)
+        if severity in _NOTABLE_SEVERITIES or (r.group == "training" and r.name in _NOTABLE_TRAINING):
+            self.recent.append((r.wall_ns, rank, severity, f"{r.group}/{r.name}", _brief(r.attributes)))
+
+    def _agent_event(self, r: Any) -> None:
+        """An event of a launcher agent: the findings' (its worker exits and stalls), and a notable one shown."""
+        self.inputs.add(r)
+        if r.severity in _NOTABLE_SEVERITIES:
+            self._count(r.severity)
+            self.recent.append((r.wall_ns, f"agent {r.identity.group_rank}", r.severity, f"{r.group}/{r.name}",
+                                _brief(r.attributes)))
+
+    def _count(self, severity: str) -> None:
         if severity in ("error", "critical"):
             self.errors += 1
         elif severity == "warning":
             self.warnings += 1
-        if severity in _NOTABLE_SEVERITIES or (r.group == "training" and r.name in _NOTABLE_TRAINING):
-            self.recent.append((r.wall_ns, rank, severity, f"{r.group}/{r.name}", _brief(r.attributes)))
 
     def _rank(self, rank: int) -> RankState:
         s = self.ranks.get(rank)

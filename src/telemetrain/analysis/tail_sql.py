@@ -86,6 +86,7 @@ def catch_up(state: TailState, engine: Any) -> None:
         follower = state.followers[path] = FileFollower(path, meta)
         follower.offset = offset
         follower.identity = identity
+    state.records += state.poll_agents(meta)  # (the agents' few records: read whole, as polling does)
 
 
 def _feed_findings(state: TailState, engine: Any, w: str) -> int:

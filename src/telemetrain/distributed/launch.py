@@ -137,7 +137,7 @@ def main(argv: Sequence[str]) -> int:
 def _record_failures(telemetry: Telemetry, failures: Mapping[int, Any]) -> None:
     """One ``worker_failed`` event per failed worker (global rank -> torchelastic's ``ProcessFailure``), marking the
     one torchelastic names the root cause: the earliest timestamp, the first found on a tie, as
-    ``ChildFailedError.get_first_failure`` picks it (``distributed.worker_exits`` reads them: the cause, then the
+    ``ChildFailedError.get_first_failure`` picks it (``analysis.findings.worker_exits`` reads them: the cause, then the
     rest)."""
     try:
         first: int | None = min(failures, key=lambda r: failures[r].timestamp)

@@ -1,15 +1,12 @@
 """The multi-rank diagnosis of a run as text lines, for ``telemetrain show``: communication per iteration, the late
-ranks (``straggler`` events), stalls (the agent's ``stall`` events, else the ranks' evidence), why the workers
-ended when the job failed (the agent's ``worker_failed`` events) and clock offsets."""
+ranks (``straggler`` events) and clock offsets. Stalls and why the workers ended are findings (``analysis.findings``:
+``stalls``, ``crashes``), which ``show`` prints after these lines."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
 from typing import Any
-
-from .worker_exits import EVENT as WORKER_FAILED
-from .worker_exits import exit_finding_text, worker_exits
 
 __all__ = ["diagnosis_lines"]
 
@@ -32,7 +29,8 @@ def diagnosis_lines(records: Sequence[Any]) -> list[str]:
     """Lines (possibly none) naming what the distributed diagnosis found in ``records`` (a run's, agents' included)."""
     lines: list[str] = []
     last_update: dict[int, dict[str, Any]] = {}
-    stragglers, stalls, evidence, clocks, exits = [], [], [], {}, []
+    stragglers: list[dict[str, Any]] = []
+    clocks: dict[int, dict[str, Any]] = {}
     for r in records:
         if r.kind != "event":
             continue
@@ -41,12 +39,6 @@ def diagnosis_lines(records: Sequence[Any]) -> list[str]:
             last_update[r.identity.rank] = a
         elif r.group == "cross_rank" and r.name == "straggler":
             stragglers.append(a)
-        elif r.group == "launcher" and r.name == "stall":
-            stalls.append(a)
-        elif (r.group, r.name) == WORKER_FAILED:
-            exits.append(a)
-        elif r.group == "watchdog" and r.name == "stall_evidence":
-            evidence.append((r.identity.rank, a))
         elif r.group == "clock" and r.name == "clock_offset" and r.identity.rank != 0:
             clocks[r.identity.rank] = a
     if last_update:
@@ -71,16 +63,6 @@ def diagnosis_lines(records: Sequence[Any]) -> list[str]:
             lines.append(f"straggler   rank {a.get('rank')} ({a.get('host')}) slow in {a.get('phase')}, "
                          f"{a.get('kind')} x{score:.2f}" if isinstance(score, (int, float)) else
                          f"straggler   rank {a.get('rank')} slow in {a.get('phase')}")
-    for a in stalls:
-        lines.append(f"stall       {a.get('message', '')}")
-    if evidence and not stalls:
-        for rank, a in sorted(evidence, key=lambda x: x[0]):
-            where = f" in {a['collective']} #{a.get('collective_seq')} ({a['collective_state']})" \
-                if a.get("collective_state") in ("waiting", "failed") else ""
-            lines.append(f"stall       rank {rank}: {a.get('reason')} evidence, phase {a.get('phase')}{where}")
-    found = exit_finding_text(worker_exits(exits))
-    if found is not None:
-        lines.append(f"exit        {found[1]}")
     for rank, a in sorted(clocks.items()):
         offset, error = a.get("offset_ns"), a.get("error_ns")
         if isinstance(offset, int) and isinstance(error, int):

@@ -1,5 +1,5 @@
 """The report's findings: the findings engine (``analysis.findings``) over what the report's pass collected (it also
-picks the chart's slow windows and the heatmap's slow ranks by the same rules), the stall findings, the GPU findings,
+picks the chart's slow windows and the heatmap's slow ranks by the same rules), the GPU findings,
 and the run store's health findings (dropped records, sink failures, damaged lines, missing ranks, error events,
 failed spans), errors first. docs/report.md, Findings.
 """
@@ -12,11 +12,9 @@ from typing import TYPE_CHECKING
 
 from ..analysis.findings import Finding, Note, Thresholds, analyse
 from ..analysis.findings.fmt import ranges
-from ..analysis.findings.model import Evidence
 from ..analysis.findings.run import attempts_of
 from ..analysis.findings.slowdown import slow_iteration_windows
-from ..distributed.worker_exits import EVENT as WORKER_FAILED
-from ..distributed.worker_exits import exit_finding_text, first_failures, worker_exits
+from ..analysis.findings.worker_exits import EVENT as WORKER_FAILED
 from .gpu_health import gpu_findings
 
 if TYPE_CHECKING:
@@ -44,35 +42,8 @@ def _engine_findings(model: ReportModel, c: _Collector, thresholds: Thresholds |
     return list(result.findings), list(result.notes)
 
 
-def _exit_findings(c: _Collector) -> list[Finding]:
-    """The cause of a failed job, from the agent's worker exits: the first failure, then what followed."""
-    exits = worker_exits(c.worker_exits)
-    found = exit_finding_text(exits)
-    if found is None:
-        return []
-    first = first_failures(exits)
-    return [Finding("error", "crash", found[0], found[1],
-                    Evidence(ranks=tuple(e.rank for e in first), test="the agent's worker exits (its first observed "
-                                                                       "failure)"))]
-
-
-def _stall_findings(c: _Collector) -> list[Finding]:
-    """The agent's stall events (which ranks were stuck where); without an agent, the ranks' own evidence."""
-    found = [Finding("error", "stall", "stall: rank(s) " + (ranges(sorted(s["ranks"])) if s.get("ranks") else "?")
-                     + (f" ({s.get('phase')})" if s.get("phase") else ""), str(s.get("message", "")))
-             for s in c.stalls if isinstance(s.get("ranks"), list)]
-    if not found and c.evidence:
-        where = sorted({f"rank {r}: {a.get('phase', '?')}" + (f", in {a['collective']} #{a.get('collective_seq')}"
-                                                               if a.get("collective_state") in ("waiting", "failed")
-                                                               else "") for r, a in c.evidence})
-        found.append(Finding("error", "stall", f"stall evidence: {len({r for r, _ in c.evidence})} rank(s)",
-                             "stall_evidence records (distributed.watchdog): " + "; ".join(where[:20])))
-    return found
-
-
 def report_findings(model: ReportModel, c: _Collector, thresholds: Thresholds | None) -> list[Finding]:
     found, model.notes = _engine_findings(model, c, thresholds)
-    found = _exit_findings(c) + found + _stall_findings(c)
     found += [Finding(*f) for f in gpu_findings(model.gpu)]
     if c.dropped:
         found.append(Finding("warning", "dropped records", f"dropped records: {c.dropped}",

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..analysis.findings import InputBuilder
-from ..distributed.worker_exits import EVENT as WORKER_FAILED
+from ..analysis.findings.builder import STALL, STALL_EVIDENCE
+from ..analysis.findings.worker_exits import EVENT as WORKER_FAILED
 from ..phase_times import iteration_time, phase_times
 from ..semconv import series_key
 from ..store.reader import ProcessLog, Run
@@ -131,9 +132,6 @@ class _Collector:
         self.event_counts: Counter[tuple[str, str, str]] = Counter()
         self.problems: list[EventRow] = []
         self.stragglers: list[dict[str, Any]] = []
-        self.stalls: list[dict[str, Any]] = []  # the launcher agent's stall events (distributed.stall_view)
-        self.worker_exits: list[dict[str, Any]] = []  # its worker_failed events (distributed.worker_exits)
-        self.evidence: list[tuple[int, dict[str, Any]]] = []  # (rank, stall_evidence attributes)
         self.system: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)  # (name, who) -> points
         self.energy: dict[tuple[str, str, str], float] = {}  # (host, group, name) -> largest value
         self.dropped = 0
@@ -297,12 +295,12 @@ class _Collector:
                     self.stragglers.append({**attributes, "reported_by": rank, "wall_ns": wall})
                     inputs.straggler(attributes)
                     continue
-                if group == "launcher" and name == "stall":
-                    self.stalls.append(attributes)
+                if (group, name) == STALL:
+                    inputs.stall(attributes)
                 elif (group, name) == WORKER_FAILED and agent:
-                    self.worker_exits.append(attributes)
-                elif group == "watchdog" and name == "stall_evidence" and not agent:
-                    self.evidence.append((rank, attributes))
+                    inputs.worker_failed(attributes)
+                elif (group, name) == STALL_EVIDENCE and not agent:
+                    inputs.stall_evidence(rank, attributes)
                 row = EventRow(wall, source, group, name, r.severity, attributes)
                 if name == "save_checkpoint_success":
                     self.successes.append(row)

@@ -173,7 +173,7 @@ class SqlCollector(_Collector):
         for rank, attributes in self.rows(
                 f"SELECT rank, attributes FROM events WHERE {{w}} AND group_name = 'watchdog' AND "
                 f"name = 'stall_evidence' ORDER BY {ORDER}"):
-            self.evidence.append((rank, _attrs(attributes)))
+            self.inputs.stall_evidence(rank, _attrs(attributes))
         routine = _names(ROUTINE_EVENTS)
         base = ("FROM events WHERE {w} AND NOT (group_name = 'training' AND name = 'training_metrics_update') AND "
                 "NOT (group_name = 'cross_rank' AND name = 'straggler')")

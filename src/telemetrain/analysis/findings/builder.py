@@ -28,11 +28,16 @@ from .inputs import (
 )
 from .values import value_kind
 from .window_budget import Held, WindowStore
+from .worker_exits import EVENT as WORKER_FAILED
+from .worker_exits import worker_exits
 
-__all__ = ["WINDOW_POINT_KEYS", "InputBuilder", "value_series_kind", "window_point", "window_point_of_values"]
+__all__ = ["STALL", "STALL_EVIDENCE", "WINDOW_POINT_KEYS", "InputBuilder", "value_series_kind", "window_point",
+           "window_point_of_values"]
 
 REPORT = ("training", "training_metrics_update")
 STRAGGLER = ("cross_rank", "straggler")
+STALL = ("launcher", "stall")  # the launcher agent's (distributed.stall_view)
+STALL_EVIDENCE = ("watchdog", "stall_evidence")  # a rank's (distributed.watchdog)
 RSS = "process.memory.usage"
 CUDA_ALLOCATED = "torch.cuda.memory.allocated"
 GPU_MEMORY_LIMIT = "hw.gpu.memory.limit"
@@ -147,6 +152,9 @@ class InputBuilder:
         self._hosts: dict[int, str] = {}
         self._open: dict[tuple[int, str], tuple[str, int]] = {}  # (pid, span id) -> (name, rank)
         self._failures: list[SpanFailure] = []
+        self._exits: deque[Mapping[str, Any]] = deque(maxlen=limit)
+        self._stalls: deque[Mapping[str, Any]] = deque(maxlen=limit)
+        self._evidence: deque[tuple[int, Mapping[str, Any]]] = deque(maxlen=limit)
         self._first_ns: int | None = None
 
     def _deque(self) -> deque[Any]:
@@ -274,6 +282,18 @@ class InputBuilder:
     def straggler(self, attributes: Mapping[str, Any]) -> None:
         self._stragglers.append(dict(attributes))
 
+    def worker_failed(self, attributes: Mapping[str, Any]) -> None:
+        """A ``launcher/worker_failed`` event of the agent (``worker_exits``)."""
+        self._exits.append(dict(attributes))
+
+    def stall(self, attributes: Mapping[str, Any]) -> None:
+        """A ``launcher/stall`` event of the agent."""
+        self._stalls.append(dict(attributes))
+
+    def stall_evidence(self, rank: int, attributes: Mapping[str, Any]) -> None:
+        """A rank's ``watchdog/stall_evidence`` event."""
+        self._evidence.append((rank, dict(attributes)))
+
     def span_failure(self, name: str, rank: int, status: str, error: str = "") -> None:
         if name in CRASH_SPANS and status != "ok":
             self._failures.append(SpanFailure(name, rank, status, error))
@@ -291,6 +311,12 @@ class InputBuilder:
                 self.window(ident.rank, ident.pid, r.wall_ns, r.attributes or {})
             elif key == STRAGGLER:
                 self.straggler(r.attributes or {})
+            elif key == WORKER_FAILED:
+                self.worker_failed(r.attributes or {})
+            elif key == STALL:
+                self.stall(r.attributes or {})
+            elif key == STALL_EVIDENCE and ident.role != "agent":
+                self.stall_evidence(ident.rank, r.attributes or {})
         elif kind == "span_start":
             if r.name in CRASH_SPANS:
                 self._open[(ident.pid, r.span_id)] = (r.name, ident.rank)
@@ -337,4 +363,5 @@ class InputBuilder:
             failures += [SpanFailure(name, rank, "never ended") for name, rank in self._open.values()]
         return FindingsInput(windows=windows, values=values, memory=memory, hosts_memory=hosts, nonfinite=nonfinite,
                              straggler_events=list(self._stragglers), hosts=dict(self._hosts),
-                             span_failures=failures, attempts=attempts)
+                             span_failures=failures, attempts=attempts, worker_exits=worker_exits(self._exits),
+                             stalls=list(self._stalls), stall_evidence=list(self._evidence))

@@ -1,6 +1,8 @@
-"""Crashes and restarts: facts, no statistics. A ``training_loop`` or ``application`` span of this run that ended
-``error`` or ``terminated``, or never ended (the process was killed); any other run of the session that goodput
-classifies ``interrupted`` or ``killed``; and each later run of the session, with where it resumed."""
+"""Crashes and restarts: facts, no statistics. First the cause of a launched job's failure, from the agent's worker
+exits (``worker_exits``); then each ``training_loop`` or ``application`` span of this run that ended ``error`` or
+``terminated``, or never ended (the process was killed) -- one finding when both spans of the same ranks ended alike;
+any other run of the session that goodput classifies ``interrupted`` or ``killed``; and each later run of the
+session, with where it resumed."""
 
 from __future__ import annotations
 
@@ -9,19 +11,28 @@ from collections.abc import Sequence
 from .fmt import ranges
 from .inputs import Attempt, SpanFailure
 from .model import Evidence, Finding
+from .worker_exits import WorkerExit, exit_finding_text, first_failures
 
 __all__ = ["crashes"]
 
 
-def crashes(failures: Sequence[SpanFailure], attempts: Sequence[Attempt]) -> list[Finding]:
+def crashes(failures: Sequence[SpanFailure], attempts: Sequence[Attempt],
+            exits: Sequence[WorkerExit] = ()) -> list[Finding]:
+    findings = exit_findings(exits)
     ended: dict[tuple[str, str, str], set[int]] = {}
     for f in failures:
-        what = "was killed (started, never ended)" if f.status == "never ended" else f"ended {f.status}"
+        what = "killed (started, never ended)" if f.status == "never ended" else f"ended {f.status}"
         ended.setdefault((f.name, what, f.error), set()).add(f.rank)
-    findings = [Finding("error", "crash", f"crash: {name} {what} on rank(s) {ranges(sorted(ranks))}",
-                        f"{name} {what} on {len(ranks)} rank(s)" + (f": {error}" if error else ""),
-                        Evidence(ranks=tuple(sorted(ranks)), test="lifecycle span status"))
-                for (name, what, error), ranks in sorted(ended.items(), key=lambda kv: kv[0][0] != "training_loop")]
+    # the training loop and the application it runs in end together: one finding says both
+    spans: dict[tuple[str, str, tuple[int, ...]], list[str]] = {}
+    for (name, what, error), on in sorted(ended.items(), key=lambda kv: kv[0][0] != "training_loop"):
+        spans.setdefault((what, error, tuple(sorted(on))), []).append(name)
+    for (what, error, ranks), names in spans.items():
+        verb = ("were " if len(names) > 1 else "was ") if what.startswith("killed") else ""
+        said = f"{' and '.join(names)} {verb}{what}"
+        findings.append(Finding("error", "crash", f"crash: {said} on rank(s) {ranges(list(ranks))}",
+                                f"{said} on {len(ranks)} rank(s)" + (f": {error}" if error else ""),
+                                Evidence(ranks=ranks, test="lifecycle span status")))
     runs = sorted(attempts, key=lambda a: a.restart_order)
     for i, r in enumerate(runs):
         if r.status in ("interrupted", "killed") and not r.current:
@@ -39,3 +50,14 @@ def crashes(failures: Sequence[SpanFailure], attempts: Sequence[Attempt]) -> lis
                 f"attempt {r.restart_order + 1} ({r.run_id}, {r.status}) started at iteration {r.first_iteration} "
                 f"after {prev.run_id} ({prev.status}) stopped at {prev.last_iteration}"))
     return findings
+
+
+def exit_findings(exits: Sequence[WorkerExit]) -> list[Finding]:
+    """The cause of a failed job, from the agent's worker exits: the first failure, then what followed."""
+    found = exit_finding_text(list(exits))
+    if found is None:
+        return []
+    first = first_failures(list(exits))
+    return [Finding("error", "crash", found[0], found[1],
+                    Evidence(ranks=tuple(e.rank for e in first),
+                             test="the agent's worker exits (its first observed failure)"))]

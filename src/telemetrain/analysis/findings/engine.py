@@ -14,6 +14,7 @@ from .inputs import FindingsInput
 from .memory import memory_growth
 from .model import Evidence, Finding, Findings, Note, sort_findings
 from .slowdown import slow_iterations, slowdowns
+from .stalls import stalls as stall_findings
 from .stragglers import stragglers
 from .thresholds import DEFAULT_THRESHOLDS, Thresholds
 from .values import nonfinite, spikes
@@ -27,7 +28,8 @@ def analyse(data: FindingsInput, thresholds: Thresholds | None = None) -> Findin
     if not isinstance(th, Thresholds):
         raise TypeError(f"thresholds must be a Thresholds, got {type(th).__name__}")
     notes: list[Note] = []
-    found = crashes(data.span_failures, data.attempts)
+    found = crashes(data.span_failures, data.attempts, data.worker_exits)
+    found += stall_findings(data.stalls, data.stall_evidence)
     slow, more = slowdowns(data.windows, th)
     notes += more
     late, more = stragglers(data.windows, data.straggler_events, th, data.hosts)

@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .worker_exits import WorkerExit
+
 __all__ = [
     "Attempt",
     "FindingsInput",
@@ -199,3 +201,6 @@ class FindingsInput:
     hosts: Mapping[int, str] = field(default_factory=dict)  # rank -> host
     span_failures: Sequence[SpanFailure] = ()
     attempts: Sequence[Attempt] = ()  # the session's runs in restart order (empty: not known)
+    worker_exits: Sequence[WorkerExit] = ()  # the launcher agent's failed workers (its ``worker_failed`` events)
+    stalls: Sequence[Mapping[str, Any]] = ()  # the launcher agent's ``stall`` events' attributes
+    stall_evidence: Sequence[tuple[int, Mapping[str, Any]]] = ()  # (rank, a ``stall_evidence`` event's attributes)

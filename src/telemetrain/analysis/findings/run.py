@@ -12,7 +12,15 @@ from .inputs import Attempt
 from .model import Findings
 from .thresholds import Thresholds
 
-__all__ = ["attempts_of", "run_findings"]
+__all__ = ["attempts_of", "feed_agent_events", "run_findings"]
+
+
+def feed_agent_events(builder: InputBuilder, run: Run) -> None:
+    """The launcher agents' events (a few per agent: read in Python by every reader)."""
+    for log in run.agents:
+        for record in log.records:
+            if record.kind == "event":
+                builder.add(record)
 
 
 def attempts_of(report: Any, run_id: str) -> tuple[Attempt, ...]:
@@ -24,10 +32,12 @@ def attempts_of(report: Any, run_id: str) -> tuple[Attempt, ...]:
 
 
 def run_findings(run: Run, *, goodput_report: Any = None, thresholds: Thresholds | None = None) -> Findings:
-    """The findings of ``run`` (its training processes; the launcher's agents hold no training figures). Pass the
-    session's goodput report to get its crashes and restarts."""
+    """The findings of ``run``: its training processes' records, and the launcher's agents' events (their worker
+    exits and stalls; they hold no training figures). Pass the session's goodput report to get its crashes and
+    restarts."""
     builder = InputBuilder()
     for log in run.processes:
         for record in log.records:
             builder.add(record)
+    feed_agent_events(builder, run)
     return analyse(builder.build(attempts=attempts_of(goodput_report, run.run_id)), thresholds)
