@@ -91,3 +91,30 @@ def test_tail_without_a_target_has_no_eta(tmp_path: Path) -> None:
     state = TailState(run)
     state.poll()
     assert state.target is None and state.eta().startswith("- (no train_iterations_target")
+
+
+def test_recent_events_are_the_latest_of_all_ranks_by_time_both_ways(tmp_path: Path) -> None:
+    """The first frame reads rank after rank: the recent events must still be the latest by time, not the last
+    rank's. Ranks 0..3 write warnings in turn (rank 0 the latest ones), polling and the SQL catch-up agree."""
+    pytest.importorskip("duckdb", reason="the SQL catch-up needs the columnar extra (duckdb)")
+    from telemetrain.store.engine import Engine
+
+    writers = [Telemetry(identity_from_env({}, run_id="ev", session_tag="ev", rank=r, world_size=4), store=tmp_path)
+               for r in range(4)]
+    for i in range(6):
+        for rank in (3, 2, 1, 0):  # rank 0 writes last in each round
+            writers[rank].event("odd", {"i": i}, group="check", severity="warning")
+            time.sleep(0.002)
+    for t in writers:
+        assert t.close()
+    run_dir = next(p for p in (tmp_path / "ev").iterdir() if p.is_dir())
+    polled = TailState(run_dir)
+    polled.poll()
+    caught = TailState(run_dir)
+    with Engine([run_dir]) as engine:
+        caught.catch_up(engine)
+    for state in (polled, caught):
+        shown = [(rank, text) for _, rank, _, _, text in state.recent]
+        # the last 10 of 24 by time: rounds 4 and 5 (8 events) and rank 1 and rank 0 of round 3, oldest first
+        assert shown == [(1, "i=3"), (0, "i=3")] + [(r, f"i={i}") for i in (4, 5) for r in (3, 2, 1, 0)]
+        assert state.warnings == 24

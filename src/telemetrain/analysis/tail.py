@@ -8,10 +8,10 @@ the last few notable events. ``rich`` is imported when the view is drawn (the ``
 
 from __future__ import annotations
 
+import heapq
 import json
 import time
-from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -102,6 +102,33 @@ class FileFollower:
         return self.identity
 
 
+RecentEvent = tuple[int, int | str, str, str, str]  # wall_ns, who (a rank, or "agent N"), severity, event, text
+
+
+class RecentEvents:
+    """The latest ``size`` notable events by wall time, whatever order the files are read in: the first frame reads
+    the ranks one after another, and keeping the last ones read would show a job of many ranks as its last ranks'
+    events. Ties are broken by the event's text, so every reader keeps the same ones."""
+
+    def __init__(self, size: int = RECENT_EVENTS) -> None:
+        self.size = size
+        self._heap: list[tuple[tuple[int, str, str, str, str], RecentEvent]] = []
+
+    def add(self, event: RecentEvent) -> None:
+        key = (event[0], str(event[1]), event[2], event[3], event[4])
+        if len(self._heap) < self.size:
+            heapq.heappush(self._heap, (key, event))
+        elif key > self._heap[0][0]:
+            heapq.heapreplace(self._heap, (key, event))
+
+    def __iter__(self) -> Iterator[RecentEvent]:
+        """Oldest first."""
+        return iter([event for _, event in sorted(self._heap)])
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+
 @dataclass
 class RankState:
     """The latest training report of one rank."""
@@ -126,8 +153,7 @@ class TailState:
     run_id: str = ""
     perf_tag: str = ""
     ranks: dict[int, RankState] = field(default_factory=dict)
-    # (wall_ns, who: a rank or "agent N", severity, group/name, text)
-    recent: deque[tuple[int, int | str, str, str, str]] = field(default_factory=lambda: deque(maxlen=RECENT_EVENTS))
+    recent: RecentEvents = field(default_factory=lambda: RecentEvents())
     errors: int = 0
     warnings: int = 0
     diagnostics: int = 0
@@ -216,7 +242,7 @@ class TailState:
             return
         if r.kind == "diagnostic":
             self.diagnostics += 1
-            self.recent.append((r.wall_ns, rank, "diagnostic", f"{r.name} {r.sink}", r.message))
+            self.recent.add((r.wall_ns, rank, "diagnostic", f"{r.name} {r.sink}", r.message))
             return
         if r.group == "training" and r.name == "training_metrics_update":
             self._report(rank, r)
@@ -226,14 +252,14 @@ class TailState:
         severity = r.severity
         self._count(severity)
         if severity in _NOTABLE_SEVERITIES or (r.group == "training" and r.name in _NOTABLE_TRAINING):
-            self.recent.append((r.wall_ns, rank, severity, f"{r.group}/{r.name}", _brief(r.attributes)))
+            self.recent.add((r.wall_ns, rank, severity, f"{r.group}/{r.name}", _brief(r.attributes)))
 
     def _agent_event(self, r: Any) -> None:
         """An event of a launcher agent: the findings' (its worker exits and stalls), and a notable one shown."""
         self.inputs.add(r)
         if r.severity in _NOTABLE_SEVERITIES:
             self._count(r.severity)
-            self.recent.append((r.wall_ns, f"agent {r.identity.group_rank}", r.severity, f"{r.group}/{r.name}",
+            self.recent.add((r.wall_ns, f"agent {r.identity.group_rank}", r.severity, f"{r.group}/{r.name}",
                                 _brief(r.attributes)))
 
     def _count(self, severity: str) -> None:

@@ -67,18 +67,21 @@ def catch_up(state: TailState, engine: Any) -> None:
         state._rank(rank).loop_status = status
     names = "(" + ", ".join(f"'{n}'" for n in _NOTABLE_TRAINING) + ")"
     severities = "(" + ", ".join(f"'{s}'" for s in _NOTABLE_SEVERITIES) + ")"
+    # the latest notable events by wall time: every row at or after the RECENT_EVENTS-th latest time (ties
+    # included), which RecentEvents narrows as polling does
     recent = engine.rows(
-        f"""SELECT * FROM (
-              SELECT 0 AS src, rank, pid, segment, line, wall_ns, severity, group_name || '/' || name AS what,
-                     attributes, NULL AS message FROM events
+        f"""WITH notable AS (
+              SELECT 0 AS src, rank, wall_ns, severity, group_name || '/' || name AS what, attributes,
+                     NULL AS message FROM events
               WHERE {w} AND NOT ({update})
                 AND (severity IN {severities} OR (group_name = 'training' AND name IN {names}))
               UNION ALL
-              SELECT 1, rank, pid, segment, line, wall_ns, 'diagnostic', name || ' ' || sink, NULL, message
-              FROM diagnostics WHERE {w})
-            ORDER BY rank DESC, pid DESC, segment DESC, line DESC LIMIT {RECENT_EVENTS}""")
-    for src, rank, _, _, _, wall, severity, what, attributes, message in reversed(recent):
-        state.recent.append((wall, rank, severity, what, message if src == 1 else _brief(_attrs(attributes))))
+              SELECT 1, rank, wall_ns, 'diagnostic', name || ' ' || sink, NULL, message FROM diagnostics WHERE {w})
+            SELECT src, rank, wall_ns, severity, what, attributes, message FROM notable
+            WHERE wall_ns >= (SELECT min(wall_ns) FROM (SELECT wall_ns FROM notable ORDER BY wall_ns DESC
+                                                         LIMIT {RECENT_EVENTS}))""")
+    for src, rank, wall, severity, what, attributes, message in recent:
+        state.recent.add((wall, rank, severity, what, message if src == 1 else _brief(_attrs(attributes))))
     state.records += _feed_findings(state, engine, w)
     for path, (offset, identity) in engine.read_to.items():
         if path.parent.resolve() != state.path.resolve() or path.name.startswith("agent-"):
