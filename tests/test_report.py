@@ -188,6 +188,7 @@ def test_the_report_names_each_planted_problem(session: tuple[Path, Path], crash
     assert kinds["slow iterations"] == ["slow iterations: 1 window(s)"]
     # the loop and the application it ran in ended together on the same ranks: one finding
     assert kinds["crash"] == [f"crash: training_loop and application ended terminated on rank(s) 0..{WORLD - 1}"]
+    assert "failed spans" not in kinds  # (the loop's and the application's are that crash finding, not said twice)
     assert kinds["nan/inf"] == ["non-finite values: train.loss"]
     assert any(t.startswith("sink failure: broken") for t in kinds["sink failure"])
     assert kinds["dropped records"]

@@ -11,6 +11,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from ..analysis.findings import Finding, Note, Thresholds, analyse
+from ..analysis.findings.builder import CRASH_SPANS
 from ..analysis.findings.fmt import ranges
 from ..analysis.findings.run import attempts_of
 from ..analysis.findings.slowdown import slow_iteration_windows
@@ -65,7 +66,8 @@ def report_findings(model: ReportModel, c: _Collector, thresholds: Thresholds | 
         missing = sorted(set(range(world)) - set(model.ranks))
         found.append(Finding("warning", "missing ranks", f"missing ranks: {len(missing)}",
                              f"world_size is {world} but rank(s) {ranges(missing)} wrote nothing in this run"))
-    failed_spans = [e for e in model.problems if "span status" in e.attributes]
+    # (the training loop's and the application's are the crash findings')
+    failed_spans = [e for e in model.problems if "span status" in e.attributes and e.name not in CRASH_SPANS]
     errors = [e for e in model.problems if e.severity in ("error", "critical") and "span status" not in e.attributes
               and (e.group, e.name) != WORKER_FAILED]  # (the agent's worker exits: the crash finding says them)
     if errors:
