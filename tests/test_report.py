@@ -476,3 +476,13 @@ def test_odd_records_do_not_break_the_report(tmp_path: Path) -> None:
     page = write_report(tmp_path / "s" / "odd", tmp_path / "p.html").read_text()
     assert "<td>two</td>" in page and "rank(s) 1..2 wrote nothing" in page
     assert "Context: 2 live straggler event(s)" in page
+
+
+def test_attribute_cells_keep_a_timestamps_digits() -> None:
+    from telemetrain.report.html import attribute_value
+
+    assert attribute_value(1795870920.5123456) == "1795870920.512"  # was 1.79587e+09: the second lost
+    assert attribute_value(453771264.0) == "453771264" and attribute_value(-2.5e6) == "-2500000"
+    assert attribute_value(0.000123456789) == "0.000123457" and attribute_value(3.14159265) == "3.14159"
+    assert attribute_value(1e20) == "1e+20" and attribute_value(float("nan")) == "nan"
+    assert attribute_value(None) == "-" and attribute_value(7) == "7" and attribute_value("x") == "x"

@@ -82,17 +82,23 @@ class _Raw(str):
 def _attrs(attributes: dict[str, Any] | None, limit: int = 240) -> _Raw:
     if not attributes:
         return _Raw("")
-    text = ", ".join(f"{k}={_value(v)}" for k, v in attributes.items())
+    text = ", ".join(f"{k}={attribute_value(v)}" for k, v in attributes.items())
     if len(text) > limit:
         text = text[:limit] + " ..."
     return _Raw(f'<span class="attrs">{esc(text)}</span>')
 
 
-def _value(v: Any) -> str:
+def attribute_value(v: Any) -> str:
+    """An attribute or config value as a cell shows it: six significant digits, except that large numbers (a Unix
+    timestamp in seconds, a byte count) keep every integer digit and up to three decimals, not 1.79587e+09."""
     if v is None:
         return "-"
     if isinstance(v, float):
-        return f"{v:.6g}" if math.isfinite(v) else str(v)
+        if not math.isfinite(v):
+            return str(v)
+        if 1e6 <= abs(v) < 1e16:
+            return f"{v:.3f}".rstrip("0").rstrip(".")
+        return f"{v:.6g}"
     return str(v)
 
 
@@ -105,7 +111,7 @@ def _flatten(prefix: str, value: Any, out: list[tuple[str, str]]) -> None:
         for k, v in value.items():
             _flatten(f"{prefix}.{k}" if prefix else str(k), v, out)
     else:
-        out.append((prefix, _value(value)))
+        out.append((prefix, attribute_value(value)))
 
 
 # -- sections --------------------------------------------------------------------------------------------------------
@@ -426,7 +432,7 @@ def _records(m: ReportModel) -> str:
     if m.metric_stats:
         rows = []
         for (group, name), (count, last, lo, hi, unit) in sorted(m.metric_stats.items())[:2000]:
-            rows.append((group, name, count, _value(last), _value(lo), _value(hi), unit))
+            rows.append((group, name, count, attribute_value(last), attribute_value(lo), attribute_value(hi), unit))
         body += "<h3>metrics</h3>" + _table(("group", "name", "count", "last", "min", "max", "unit"), rows,
                                             numeric=(2, 3, 4, 5))
         if len(m.metric_stats) > 2000:
