@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
+from . import guides
 from ._version import __version__
 from .analysis import commands as analysis_commands
 from .cli_common import CLIError, fmt_value, quoted, resolve_run
@@ -125,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     report_commands.register(sub)
     analysis_commands.register(sub)
     store_commands.register(sub)
+    guides.register(sub)
 
     demo = sub.add_parser(
         "demo",
