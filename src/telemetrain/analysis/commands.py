@@ -115,7 +115,8 @@ def register(sub: Any) -> None:
             "Goodput of a session (every restart of one job): productive time against each badput category "
             "(initialization, checkpoint load and save, data wait, lost progress, validation, idle), and one row per "
             "attempt. SESSION_DIR is <root>/<session_tag>; a run directory stands for its session; without it, the "
-            "session of the newest run under $TELEMETRAIN_DIR (default ./telemetrain-runs). See docs/goodput.md."
+            "session of the newest run under $TELEMETRAIN_DIR (default ./telemetrain-runs). "
+            "See `telemetrain docs goodput`."
         ),
     )
     goodput.add_argument("session_dir", nargs="?", metavar="SESSION_DIR",

@@ -142,7 +142,7 @@ def _method_line(comparison: Comparison) -> str:
     return (f"method: median of per-window means, bootstrap {comparison.resamples} resamples (seed "
             f"{comparison.seed}), {comparison.confidence:.0%} percentile CI of candidate/baseline; a change is "
             f"significant when the whole CI lies beyond +/-{comparison.min_effect:.0%} (or the spread of earlier "
-            "runs), and inconclusive when a busier machine explains it (docs/compare.md)")
+            "runs), and inconclusive when a busier machine explains it (`telemetrain docs compare`)")
 
 
 def _body_lines(comparison: Comparison) -> list[str]:

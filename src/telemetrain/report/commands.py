@@ -22,7 +22,8 @@ def register(sub: Any) -> None:
             "and config, throughput, MFU, goodput, energy, time by phase, iteration time, a per-rank heatmap with "
             "stragglers, system samples, checkpoints and restarts, events and errors, and the anomalies found. "
             "RUN_DIR may also be a session directory or a store root: the newest run under it is reported; "
-            "without RUN_DIR, the newest run under $TELEMETRAIN_DIR (else ./telemetrain-runs). See docs/report.md."
+            "without RUN_DIR, the newest run under $TELEMETRAIN_DIR (else ./telemetrain-runs). "
+            "See `telemetrain docs report`."
         ),
     )
     report.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="a run directory, or a directory holding runs")

@@ -98,7 +98,7 @@ def headline(model: ReportModel, c: _Collector) -> list[tuple[str, str, str]]:
     if g is not None:
         rows.append(("goodput", f"{g.goodput:.1%}" + (" (approx.)" if g.approximate else ""),
                      f"productive seconds / wall seconds of session {g.session_tag} ({len(g.runs)} run(s), rank "
-                     f"{g.rank}'s timeline; docs/goodput.md)"))
+                     f"{g.rank}'s timeline; `telemetrain docs goodput`)"))
     else:
         rows.append(("goodput", "n/a", model.goodput_error or "not computed"))
     value, how = _energy_headline(c.energy)

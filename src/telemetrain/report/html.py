@@ -128,7 +128,7 @@ def _findings(m: ReportModel) -> str:
     if not m.findings:
         return '<p class="note">No anomaly found: no crash, stall, slowdown, straggler, slow iteration, memory ' \
                "growth, NaN/inf value or spike, GPU throttling or memory pressure, dropped record, sink failure or " \
-               "damaged line (docs/report.md, Findings).</p>" \
+               "damaged line (`telemetrain docs report findings`).</p>" \
                + notes
     return "".join(f'<div class="finding {esc(f.severity)}" data-kind="{esc(f.kind)}"><b>{esc(f.title)}</b>'
                    f"{esc(f.detail)}" + (f'<div class="evidence">evidence: {esc(f.evidence.summary())}</div>'
@@ -247,7 +247,7 @@ def _iteration_chart(m: ReportModel) -> str:
         count = m.window_counts.get(rank, len(m.windows[rank]))
         note = (f"Rank {rank}'s training_metrics_update windows ({count}): the window's p50 and mean "
                 "iteration time, shaded from p50 to p90 and p90 to p99; red: the windows of the 'slow iterations' "
-                "finding (docs/report.md, Findings). Other ranks: the heatmap below.")
+                "finding (`telemetrain docs report findings`). Other ranks: the heatmap below.")
         if len(buckets) < count:
             note += (f" Drawn as {len(buckets)} points of {math.ceil(count / len(buckets))} windows "
                      "each (mean of p50 and mean, max of p90 and p99).")

@@ -25,7 +25,7 @@ def register(sub: Any) -> None:
             "diagnostics, processes, reports (the training reports' figures, typed), windows (the training "
             "processes' reports) and damage (torn and corrupt lines). "
             "The columnar copy and the JSONL not yet compacted are read together. Anything but a SELECT, and any file "
-            "outside the run, is refused. See docs/format.md for the columns and a cookbook. "
+            "outside the run, is refused. See `telemetrain docs format` for the columns and a cookbook. "
             'Needs pip install "telemetrain[columnar]".'
         ),
     )
