@@ -5,7 +5,8 @@
 Each rank trains a small MLP on synthetic data with DistributedDataParallel over gloo (CPU), instrumented with
 telemetrain's training lifecycle (nv-one-logger's model). The launcher puts the elastic agent's telemetry in the same
 run folder and turns on cross-rank aggregation; ``--slow-rank R`` makes rank R slow in data loading, so the run
-shows a ``straggler`` event naming it (``telemetrain show`` / ``telemetrain report``).
+shows a ``straggler`` event naming it (``telemetrain show`` / ``telemetrain report``). Each rank logs its loss every
+step (``train.loss``, as the demo does: the report's loss chart, one line per rank when they differ).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+import telemetrain
 from telemetrain import training
 
 
@@ -42,7 +44,7 @@ def main() -> None:
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         gen = torch.Generator().manual_seed(rank)  # each rank its own data
         with training.training_loop(train_iterations_start=0):
-            for _ in range(args.steps):
+            for step in range(args.steps):
                 with training.training_iteration():
                     with training.data_loading():
                         if rank == args.slow_rank:
@@ -57,6 +59,9 @@ def main() -> None:
                         loss.backward()
                     with training.optimizer_update():
                         optimizer.step()
+                # at the iteration's step (zero-based, as the recorder counts): the report charts it by step;
+                # telemetrain takes numbers, not tensors: .item() is the caller's (it waits for a GPU; here a CPU)
+                telemetrain.log({"train.loss": loss.item()}, step=step, group="train")
         if rank == 0:
             print(f"rank 0: final loss {loss.item():.4f} after {args.steps} steps on {world} ranks")
     dist.destroy_process_group()

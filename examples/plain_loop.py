@@ -6,7 +6,8 @@
 Each phase is a context manager of ``telemetrain.training`` (nv-one-logger's names): the iteration and its data
 loading, zero_grad, forward, backward and optimizer step; a checkpoint save every ``--save-every`` steps. From them
 come the derived metrics (iteration time percentiles, samples/s, TFLOP/s, the phase split) every ``--log-every``
-steps and at the end. ``--no-telemetry`` runs the same loop bare (the comparison in bench/bench_lightning.py).
+steps and at the end; the loop logs its loss every step (``train.loss``, as the demo does: the report's loss chart).
+``--no-telemetry`` runs the same loop bare (the comparison in bench/bench_lightning.py).
 """
 
 from __future__ import annotations
@@ -65,6 +66,9 @@ def train(steps: int, batch: int, width: int, log_every: int, save_every: int, c
                     loss.backward()
                 with tm.optimizer_update():
                     optimizer.step()
+            if telemetry:  # at the iteration's step (zero-based, as the recorder counts): the report charts it by step
+                # telemetrain takes numbers, not tensors: .item() is the caller's (it waits for a GPU; here a CPU)
+                telemetrain.log({"train.loss": loss.item()}, step=step, group="train")
             if save_every and (step + 1) % save_every == 0:
                 path = ckpt_dir / f"step-{step + 1}.pt"
                 with tm.checkpoint_save(global_step=step, path=path):

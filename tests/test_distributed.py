@@ -301,6 +301,9 @@ def test_the_launch_example_writes_one_run_folder_and_names_its_slow_rank(tmp_pa
     assert {p.identity.perf_tag for p in run.processes} == {"launch_ddp"}
     stragglers = events(run, "cross_rank", "straggler")
     assert {(e.attributes["rank"], e.attributes["phase"]) for e in stragglers} == {(1, "dataloader")}
+    for p in run.processes:  # every rank's loss at every step, for the report's loss chart
+        losses = [r for r in p.records if r.kind == "metric" and (r.group, r.name) == ("train", "train.loss")]
+        assert [r.step for r in losses] == list(range(150)) and all(math.isfinite(r.value) for r in losses)
 
 
 def test_the_launchers_environment_is_restored_for_an_in_process_caller(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -430,3 +430,7 @@ def test_the_plain_loop_example_runs(tmp_path: Path) -> None:
     out = run_example("plain_loop.py", tmp_path, "--steps", "20", "--log-every", "10", "--save-every", "10")
     assert "iterations 20" in out and "checkpoint saves that succeeded: 2" in out
     assert "model_forward x" in out and "training_single_iteration x" in out
+    (run_dir,) = [line.split(";")[0].removeprefix("wrote ") for line in out.splitlines() if line.startswith("wrote ")]
+    losses = [r for r in open_run(run_dir).records("metric") if r.group == "train"]  # the report's loss chart
+    assert [(r.name, r.step) for r in losses] == [("train.loss", step) for step in range(20)]
+    assert f"20 steps, final loss {losses[-1].value:.4f}" in out
