@@ -5,9 +5,10 @@ timed with ``time.perf_counter_ns``; ``n`` is calibrated to about ``--target-ms`
 ``--max-n``); ``--repeats`` repeats, median and best reported; the GC stays enabled and ``gc.collect()`` runs before
 each repeat; a busy loop (``--warmup-s``) warms the CPU up first. Numbers include the loop overhead.
 
-Also here: what a run has measured (``RESULTS``), noted (``NOTES``) and skipped (``SKIPPED``), the options every
-script has, progress on stderr, and the description of the machine and of the source a run measured. A script runs
-alone in its process and imports this module as a sibling (its own folder is first on ``sys.path``).
+Also here: ``paired`` (a statement and its peer's timed in adjacent repeats), what a run has measured (``RESULTS``),
+noted (``NOTES``) and skipped (``SKIPPED``), the options every script has, progress on stderr, and the description of
+the machine and of the source a run measured. A script runs alone in its process and imports this module as a sibling
+(its own folder is first on ``sys.path``).
 """
 
 from __future__ import annotations
@@ -143,6 +144,47 @@ def record_with_peer(row: dict[str, Any], peer: dict[str, Any] | None) -> dict[s
     RESULTS.append(row)
     ratio = "" if row["ratio"] is None else f"  {row['ratio']:.3f}x peer"
     progress(f"{row['library']:<24} {row['operation'][:84]:<84} {row['median_ns']:11.1f} ns{ratio}  (n={row['n']})")
+    return row
+
+
+def paired(
+    lib: str,
+    op: str,
+    stmt: str,
+    names: dict[str, Any],
+    peer: dict[str, Any],
+    peer_stmt: str,
+    peer_names: dict[str, Any],
+    between: Callable[[], None] | None = None,
+    *,
+    collect: bool = True,
+) -> dict[str, Any]:
+    """``stmt`` and its peer's statement timed in adjacent repeats (2 x ``--repeats`` pairs, the order alternating), so
+    that a slow spell of the machine hits both sides of a pair: the row's ratio is the median of the per-pair ratios.
+    ``between()`` runs before every pair and after the last, outside the timed region; ``collect``: ``gc.collect()``
+    before each pair. The row is added to RESULTS with ``peer`` as its peer."""
+    ours, theirs = compile_stmt(stmt, names), compile_stmt(peer_stmt, peer_names)
+    for f in (ours, theirs):
+        f(2000)
+    n = calibrated_n(max(ours(2000) / 2000, theirs(2000) / 2000, 1.0))
+    mine, ratios = [], []
+    for k in range(2 * ARGS.repeats):
+        if between is not None:
+            between()
+        if collect:
+            gc.collect()
+        if k % 2:
+            a, b = ours(n) / n, theirs(n) / n
+        else:
+            b, a = theirs(n) / n, ours(n) / n
+        mine.append(a)
+        ratios.append(a / b)
+    if between is not None:
+        between()
+    row = record_with_peer(new_row(lib, op, mine, n), peer)
+    row["ratio"] = statistics.median(ratios)
+    row["pair_ratios"] = ratios
+    progress(f"{'':<24} paired ratio {row['ratio']:.4f} (pairs: {', '.join(f'{r:.3f}' for r in ratios)})")
     return row
 
 

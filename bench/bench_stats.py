@@ -59,7 +59,6 @@ import math
 import os
 import random
 import shutil
-import statistics
 import sys
 import tempfile
 import threading
@@ -76,7 +75,7 @@ from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import _method
-from _method import NOTES, RESULTS, calibrated_n, compile_stmt, difference_row, measure, new_row, progress, row_of, skip
+from _method import NOTES, RESULTS, compile_stmt, difference_row, measure, new_row, paired, progress, row_of, skip
 
 if TYPE_CHECKING:
     import torch.monitor
@@ -136,38 +135,6 @@ def derived(
 ) -> dict[str, Any]:
     """Row ``a - b`` (median - median, best - best; repeats: the differences of the paired repeats)."""
     return _record(difference_row(lib, op, a, b), peer)
-
-
-def paired(
-    lib: str,
-    op: str,
-    stmt: str,
-    names: dict[str, Any],
-    peer: dict[str, Any],
-    peer_stmt: str,
-    peer_names: dict[str, Any],
-) -> dict[str, Any]:
-    """``stmt`` and its peer's statement timed in adjacent repeats (2 x ``--repeats`` pairs, the order alternating), so
-    that a slow spell of the machine hits both sides of a pair: the row's ratio is the median of the per-pair ratios."""
-    ours, theirs = compile_stmt(stmt, names), compile_stmt(peer_stmt, peer_names)
-    for f in (ours, theirs):
-        f(2000)
-    n = calibrated_n(max(ours(2000) / 2000, theirs(2000) / 2000, 1.0))
-    mine, ratios = [], []
-    for k in range(2 * ARGS.repeats):
-        if ARGS.collect:
-            gc.collect()
-        if k % 2:
-            a, b = ours(n) / n, theirs(n) / n
-        else:
-            b, a = theirs(n) / n, ours(n) / n
-        mine.append(a)
-        ratios.append(a / b)
-    row = _row(lib, op, mine, n, peer)
-    row["ratio"] = statistics.median(ratios)
-    row["pair_ratios"] = ratios
-    progress(f"{'':<20} paired ratio {row['ratio']:.3f} (pairs: {', '.join(f'{r:.2f}' for r in ratios)})")
-    return row
 
 
 # -- values -----------------------------------------------------------------------------------------------------------
@@ -290,6 +257,7 @@ def section_add(t: Telemetry) -> None:
             t_const,
             "s.add(1.0)",
             {"s": st},
+            collect=ARGS.collect,
         )
         paired(
             "paired",
@@ -299,6 +267,7 @@ def section_add(t: Telemetry) -> None:
             t_vary,
             "s.add(nx())",
             {"s": st, "nx": _nx(LOGN)},
+            collect=ARGS.collect,
         )
     NOTES.append(
         "paired rows: our add and torch's in adjacent repeats (2 x repeats pairs, alternating order); ratio = median "

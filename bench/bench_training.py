@@ -88,7 +88,7 @@ from time import monotonic_ns, perf_counter_ns, process_time_ns, thread_time_ns
 from typing import TYPE_CHECKING, Any
 
 import _method
-from _method import NOTES, RESULTS, calibrated_n, compile_stmt, difference_row, measure, new_row, progress, row_of
+from _method import NOTES, RESULTS, difference_row, measure, new_row, paired, progress, row_of
 
 if TYPE_CHECKING:
     import torch
@@ -152,43 +152,6 @@ def derived(
 ) -> dict[str, Any]:
     """Row ``a - b`` (median - median, best - best; repeats: the differences of the paired repeats)."""
     return _record(difference_row(lib, op, a, b), peer)
-
-
-def paired(
-    lib: str,
-    op: str,
-    stmt: str,
-    names: dict[str, Any],
-    peer: dict[str, Any],
-    peer_stmt: str,
-    peer_names: dict[str, Any],
-    between: Callable[[], None] | None = None,
-) -> dict[str, Any]:
-    """``stmt`` and its peer's statement timed in adjacent repeats (2 x ``--repeats`` pairs, the order alternating), so
-    that a slow spell of the machine hits both sides of a pair: the row's ratio is the median of the per-pair ratios."""
-    ours, theirs = compile_stmt(stmt, names), compile_stmt(peer_stmt, peer_names)
-    for f in (ours, theirs):
-        f(2000)
-    n = calibrated_n(max(ours(2000) / 2000, theirs(2000) / 2000, 1.0))
-    mine, ratios = [], []
-    for k in range(2 * ARGS.repeats):
-        if between is not None:
-            between()
-        if ARGS.collect:
-            gc.collect()
-        if k % 2:
-            a, b = ours(n) / n, theirs(n) / n
-        else:
-            b, a = theirs(n) / n, ours(n) / n
-        mine.append(a)
-        ratios.append(a / b)
-    if between is not None:
-        between()
-    row = _row(lib, op, mine, n, peer)
-    row["ratio"] = statistics.median(ratios)
-    row["pair_ratios"] = ratios
-    progress(f"{'':<24} paired ratio {row['ratio']:.4f} (pairs: {', '.join(f'{r:.3f}' for r in ratios)})")
-    return row
 
 
 def _empty() -> None:
@@ -831,6 +794,7 @@ def section_otel_spans(tmpdir: str) -> None:
                 stmt,
                 {"t": tr},
                 between=flush,
+                collect=ARGS.collect,
             )
             with tr.start_as_current_span("parent"):
                 parent = span("parent")
@@ -845,6 +809,7 @@ def section_otel_spans(tmpdir: str) -> None:
                         stmt,
                         {"t": tr},
                         between=flush,
+                        collect=ARGS.collect,
                     )
                 finally:
                     parent.__exit__(None, None, None)
