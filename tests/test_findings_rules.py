@@ -120,6 +120,16 @@ def test_a_small_or_short_change_is_not_a_slowdown() -> None:
     assert kinds(FindingsInput(windows=windows(scale={k: 3.0 for k in range(30, 32)}))) == []  # 2 windows
 
 
+def test_a_brief_slowdown_is_a_note_naming_the_floor_it_missed_not_a_busy_machine() -> None:
+    # 1.8x for 4 windows of 10 iterations: 1.4 s of iterations, under the 2 s a finding needs; no CPU wait at all
+    result = analyse(FindingsInput(windows=windows(scale={k: 1.8 for k in range(30, 34)})))
+    assert result.findings == ()
+    (note,) = result.notes
+    assert note.kind == "brief" and note.text.startswith("a brief slowdown at steps 300..339: iteration time 1.8")
+    assert "s of iterations (a finding needs 2 s)" in note.text and "busy" not in note.text
+    assert note.evidence is not None and note.evidence.steps == (300, 339)
+
+
 def test_a_busy_machine_is_a_note_not_a_slowdown() -> None:
     data = FindingsInput(windows=windows(wait={k: 0.5 for k in range(30, 60)}))  # 2x slower, all of it waiting
     result = analyse(data)

@@ -389,9 +389,10 @@ def render(state: TailState, now_ns: int | None = None) -> Any:
                          _ms(s.p50), _ms(s.p99), "-" if s.samples_per_second is None
                          else f"{s.samples_per_second:,.1f}", _ago(s.wall_ns, now_ns) + ended)
     result = state.findings()
-    findings: Any = Text("findings: none so far (docs/report.md, Findings, says what each rule looks for)")
+    findings: Any = Text("findings: none so far (`telemetrain docs report findings` says what each rule looks for)")
     if result.findings or result.notes:  # (an empty table would be a header and nothing)
-        findings = Table(title=f"findings ({len(result.findings)}; docs/report.md, Findings)", title_justify="left")
+        findings = Table(title=f"findings ({len(result.findings)}; `telemetrain docs report findings`)",
+                         title_justify="left")
         for column in ("severity", "finding", "evidence"):
             findings.add_column(column)
         for f in result.findings[:10]:

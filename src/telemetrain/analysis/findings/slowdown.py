@@ -40,9 +40,11 @@ the series searched; and the iteration time's own ratio over the same steps, whi
   a quieter machine, the net series rises while every step got faster).
 
 **Slower, or a busy machine?** An episode of the raw iteration time (the same tests, bar the noise and added-time
-floors) that the net series does not confirm is a ``contention`` note: the machine was busy, not a finding. Each
-slowdown is one finding for the job, with whether the CPU work per iteration grew (the job computes more) or not (it
-waits more: I/O, data, a peer, a sleep), and the phases whose time grew.
+floors) that the net series does not confirm is a note, not a finding: ``contention`` (the machine was busy) when
+the CPU wait explains it, else ``brief`` (it missed the floors above: too little added time, too short, or within
+the run's noise; the note says which). Each slowdown is one finding for the job, with whether the CPU work per
+iteration grew (the job computes more) or not (it waits more: I/O, data, a peer, a sleep), and the phases whose time
+grew.
 """
 
 from __future__ import annotations
@@ -316,15 +318,39 @@ def slowdowns(windows: Sequence[WindowPoint], th: Thresholds) -> tuple[list[Find
         cb = _median_of([p.contention for p in points[ep.before:ep.start]]) or 0.0
         cd = _median_of([p.contention for p in points[ep.start:ep.end]]) or 0.0
         net_ratio = median(net[ep.start:ep.end]) / max(median(net[ep.before:ep.start]), 1e-12)
+        change = f"iteration time {ep.ratio:.2f}x ({seconds(ep.reference)} -> {seconds(ep.level)})"
+        rise = _rise(points, (ep.before, ep.start), (ep.start, ep.end))
+        if net_ratio >= th.slowdown_effect * (1 + th.contention_inflation * rise):
+            # the busier machine explains none of it: the floors kept it from a finding
+            notes.append(Note("brief", f"a brief slowdown at steps {first}..{last}: {change}, net of the CPU wait "
+                                       f"{net_ratio:.2f}x; {_below_floors(points, ep, net, th)}: not counted as a "
+                                       "finding", Evidence(
+                effect=ep.ratio, confidence=1 - ep.p, steps=(first, last), value=ep.level, reference=ep.reference,
+                windows=ep.end - ep.start, test="change point on iteration times")))
+            continue
         notes.append(Note("contention", (
-            f"the machine was busy at steps {first}..{last}: iteration time {ep.ratio:.2f}x "
-            f"({seconds(ep.reference)} -> {seconds(ep.level)}) while the ranks' threads waited for a CPU {cd:.0%} "
-            f"of their runnable time (against {cb:.0%} before); net of that wait {net_ratio:.2f}x: not counted as "
-            "a finding"),
+            f"the machine was busy at steps {first}..{last}: {change} while the ranks' threads waited for a CPU "
+            f"{cd:.0%} of their runnable time (against {cb:.0%} before); net of that wait {net_ratio:.2f}x: not "
+            "counted as a finding"),
             Evidence(effect=ep.ratio, confidence=1 - ep.p, steps=(first, last), value=ep.level,
                      reference=ep.reference, windows=ep.end - ep.start, test="change point on iteration times",
                      notes=(f"net of the CPU wait {net_ratio:.2f}x",))))
     return findings, notes
+
+
+def _below_floors(points: Sequence[StepPoint], ep: _Episode, net: Sequence[float], th: Thresholds) -> str:
+    """Which of a finding's floors an episode of the raw series missed (the busy-machine notes' other case)."""
+    missed = []
+    if ep.level - ep.reference < th.slowdown_min_added_s:
+        missed.append(f"{seconds(ep.level - ep.reference)} more per iteration (a finding needs "
+                      f"{seconds(th.slowdown_min_added_s)})")
+    wall = _wall_seconds(points, ep.start, ep.end)
+    if wall < th.slowdown_min_seconds:
+        missed.append(f"{seconds(wall)} of iterations (a finding needs {seconds(th.slowdown_min_seconds)})")
+    if not missed:
+        sigma = max(noise_scale([math.log(max(v, 1e-12)) for v in net]), SPREAD_FLOOR)
+        missed.append(f"within the run's own noise (a finding needs {math.exp(th.slowdown_noise_z * sigma):.2f}x)")
+    return "; ".join(missed)
 
 
 def _finding(points: Sequence[StepPoint], ep: _Episode, ranks: list[int], th: Thresholds, *, net: bool,

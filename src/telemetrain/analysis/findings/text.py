@@ -17,8 +17,9 @@ def findings_lines(result: Findings, *, limit: int = 20) -> list[str]:
     """``findings  N (...)`` then one line per finding (severity, title), its detail and its evidence, then the
     notes."""
     found = result.findings
-    lines = [f"findings    {len(found)}" + (" (most severe first; docs/report.md, Findings)" if found else
-                                            ": none (docs/report.md, Findings, says what each rule looks for)")]
+    cite = "`telemetrain docs report findings`"
+    lines = [f"findings    {len(found)}" + (f" (most severe first; {cite})" if found else
+                                            f": none ({cite} says what each rule looks for)")]
     for f in found[:limit]:
         lines.append(f"  {f.severity:<7}  {f.title}")
         lines.append(f"           {f.detail}")
