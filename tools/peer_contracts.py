@@ -230,7 +230,11 @@ class PeerSource:
             capture_output=True, text=True, check=False,
         )
         if shown.returncode != 0:
-            raise SetupError(f"{self.git_dir}: cannot read {peer_file.rev}:{peer_file.path}: {shown.stderr.strip()}")
+            raise SetupError(
+                f"{self.git_dir}: cannot read {peer_file.rev}:{peer_file.path}: {shown.stderr.strip()} (a shallow "
+                "clone lacks the pinned revisions: fetch them, choose one with --pytorch-rev/--one-logger-rev, or "
+                "give a plain directory tree holding the files at their repository paths)"
+            )
         return shown.stdout
 
 
