@@ -153,7 +153,7 @@ class TailState:
     run_id: str = ""
     perf_tag: str = ""
     ranks: dict[int, RankState] = field(default_factory=dict)
-    recent: RecentEvents = field(default_factory=lambda: RecentEvents())
+    recent: RecentEvents = field(default_factory=RecentEvents)
     errors: int = 0
     warnings: int = 0
     diagnostics: int = 0
@@ -177,10 +177,7 @@ class TailState:
         meta = open_run_meta(self.path)
         self.run_id = str(meta.get("run_id") or self.path.name)
         self.perf_tag = str(meta.get("perf_tag") or self.perf_tag)
-        try:
-            files = [f for f in self.path.iterdir() if is_process_file(f.name)]
-        except OSError:
-            files = []
+        files = self._process_files()
         new = 0
         for f in sorted((f for f in files if not is_agent_file(f.name)), key=_file_order):
             follower = self.followers.get(f)
@@ -197,13 +194,8 @@ class TailState:
     def poll_agents(self, meta: dict[str, Any], files: list[Path] | None = None) -> int:
         """Read what the launcher agents appended (``files``: the run folder's process files, else listed here);
         returns the number of new records (not added to ``records``: the caller does)."""
-        if files is None:
-            try:
-                files = [f for f in self.path.iterdir() if is_process_file(f.name)]
-            except OSError:
-                files = []
         new = 0
-        for f in sorted(f for f in files if is_agent_file(f.name)):
+        for f in sorted(f for f in (files if files is not None else self._process_files()) if is_agent_file(f.name)):
             follower = self.agents.get(f)
             if follower is None:
                 follower = self.agents[f] = FileFollower(f, meta, metric_words=())
@@ -212,6 +204,12 @@ class TailState:
                     self._agent_event(rec)
                 new += 1
         return new
+
+    def _process_files(self) -> list[Path]:
+        try:
+            return [f for f in self.path.iterdir() if is_process_file(f.name)]
+        except OSError:
+            return []
 
     def catch_up(self, engine: Any) -> None:
         """The run as it stands, by SQL (``store.engine``, over this run): the same state as polling every file from
