@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from telemetrain import Telemetry, identity_from_env
-from telemetrain import show as show_module
+from telemetrain import Telemetry, identity_from_env, show_list
 from telemetrain.cli import main
 from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
 
@@ -105,6 +104,38 @@ def test_show_list_gives_status_duration_and_a_key_figure(tmp_path: Path, capsys
     # a loop that never ended, in a run written within the last minute: still running
     assert re.search(r"Z +running +\S+ s +8 iterations, 640 samples/s +", rows[str(killed)])
     assert re.search(r"Z +no training +\S+ s +1 records +", rows[str(tmp_path / "c-plain" / "c-plain")])
-    monkeypatch.setattr(show_module, "RUNNING_WITHIN_S", 0.0)  # as if read later: it was killed
+    monkeypatch.setattr(show_list, "RUNNING_WITHIN_S", 0.0)  # as if read later: it was killed
     lines = show("--list", str(tmp_path), capsys=capsys).splitlines()
     assert re.search(r"Z +killed +\S+ s +8 iterations", {line.split()[-1]: line for line in lines}[str(killed)])
+
+
+def test_show_of_many_ranks_lists_the_first_and_the_outliers_and_all_with_all(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """40 ranks on 20 hosts: show keeps 8 rows of each kind plus the outliers (the rank that wrote the most records,
+    the process with the largest resident set, the busiest host) and says what it left out; --all lists each."""
+    for rank in range(40):
+        identity = identity_from_env({}, run_id="wide", session_tag="wide", rank=rank, world_size=40,
+                                     host=f"node{rank // 2:02d}")
+        t = Telemetry(identity, store=tmp_path)
+        for step in range(30 if rank == 23 else 10):  # rank 23 writes the most
+            t.metric("loss", 1.0 / (step + 1), "train", step=step)
+        t.metric("process.memory.usage", 5e8 if rank == 31 else 1e8 + rank, "system", unit="By")
+        if rank % 2 == 0:  # one sampler per host: node17 the busiest
+            t.metric("system.cpu.utilization", 0.95 if rank == 34 else 0.2, "system", unit="1")
+        assert t.close()
+    run_dir = next(p for p in (tmp_path / "wide").iterdir() if p.is_dir())
+    assert main(["show", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "ranks       40 (0..39), 40 process(es) on 20 host(s)" in out
+    process_rows = re.findall(r"^  rank (\d+) +pid \d+ +host", out, re.M)
+    assert process_rows == [str(r) for r in range(8)] + ["23"]  # the first 8 and the one that wrote the most
+    assert re.search(r"  \.\.\. and 31 more process\(es\); records per process min 11 \(rank 1\), median 12, "
+                     r"max 31 \(rank 23\); `telemetrain show --all` lists every one", out)
+    sampled = re.findall(r"^  (host node\d+|rank \d+ pid \d+) ", out, re.M)
+    assert [w for w in sampled if w.startswith("host")] == [f"host node{n:02d}" for n in range(8)] + ["host node17"]
+    assert [w.split(" pid")[0] for w in sampled if w.startswith("rank")] == [f"rank {r}" for r in (*range(8), 31)]
+    assert "  ... and 11 host(s) and 31 process(es) more, sampled alike" in out
+    assert main(["show", "--all", str(run_dir)]) == 0
+    every = capsys.readouterr().out
+    assert len(re.findall(r"^  rank \d+ +pid \d+ +host", every, re.M)) == 40 and "more process(es)" not in every
+    assert len({w for w in re.findall(r"^  (host node\d+|rank \d+ pid \d+) ", every, re.M)}) == 60

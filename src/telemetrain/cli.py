@@ -181,6 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     show.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="a run directory, or a directory holding runs")
     show.add_argument("--list", action="store_true", help="list the runs under RUN_DIR (oldest first) instead")
+    show.add_argument("--all", action="store_true",
+                      help="a row for every process, agent and sampled host (default: the first ones and the "
+                           "outliers when there are more than 16)")
 
     trace = sub.add_parser(
         "trace",

@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import math
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeGuard, TypeVar
 
 from .store.layout import default_root
 from .store.reader import find_runs
 from .text import printable
 
-__all__ = ["CLIError", "fmt_config", "fmt_duration", "fmt_value", "iso", "quoted", "resolve_run", "table"]
+__all__ = ["SHOWN_ROWS", "CLIError", "few", "fmt_config", "fmt_duration", "fmt_value", "is_number", "iso", "quoted",
+           "resolve_run", "table"]
+
+T = TypeVar("T")
+SHOWN_ROWS = 16  # per-process (per-host) rows a summary prints before it keeps only the first and the outliers
 
 
 class CLIError(Exception):
@@ -81,6 +85,22 @@ def table(rows: Sequence[tuple[Any, ...]], indent: str = "  ") -> list[str]:
         return []
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     return [indent + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1] for r in rows]
+
+
+def few(items: Sequence[T], *, keep: Callable[[T], bool], every: bool = False) -> tuple[list[T], int]:
+    """The items a summary lists, in their order: all of them up to ``SHOWN_ROWS`` (or with ``every``), else the
+    first ``SHOWN_ROWS // 2`` and those ``keep`` marks (the outliers, the damaged); and how many it left out. A job
+    of thousands of ranks would otherwise print thousands of lines."""
+    if every or len(items) <= SHOWN_ROWS:
+        return list(items), 0
+    shown = [x for i, x in enumerate(items) if i < SHOWN_ROWS // 2 or keep(x)]
+    return shown, len(items) - len(shown)
+
+
+def is_number(value: object) -> TypeGuard[float]:
+    """An int or a float, not a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
 
 def quoted(path: Path | str) -> str:
     return shlex.quote(str(path))

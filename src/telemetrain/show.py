@@ -1,29 +1,30 @@
 """``telemetrain show``: a run's summary (per rank: metrics, stats, system samples, training figures, goodput,
-findings), and the listing of the runs under a folder. ``analysis.summary`` gathers the figures; this formats them."""
+findings). ``analysis.summary`` gathers the figures; this formats them (the system lines: ``show_system``; ``show
+--list``: ``show_list``)."""
 
 from __future__ import annotations
 
 import argparse
 import math
-import time
-from collections import Counter
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, TextIO, TypeGuard
+from collections.abc import Sequence
+from typing import Any, TextIO
 
+from .analysis.findings.fmt import ranges
 from .analysis.findings.text import GoodputOf, goodput_once, run_findings_lines
-from .cli_common import CLIError, fmt_config, fmt_duration, fmt_value, iso, resolve_run, table
+from .cli_common import CLIError, few, fmt_config, fmt_duration, fmt_value, is_number, iso, resolve_run, table
 from .phase_times import DEVICE, iteration_time, phase_times
-from .store.layout import default_root
-from .store.reader import NotARunError, Run, find_runs, open_run
+from .show_list import list_runs
+from .show_system import system_lines
+from .store.reader import NotARunError, ProcessLog, Run, open_run
 from .text import printable
 
 __all__ = ["summarize"]
 
 
-def summarize(run: Run, engine: Any = None) -> list[str]:
+def summarize(run: Run, engine: Any = None, *, every_process: bool = False) -> list[str]:
     """The ``show`` report of a run, as lines. ``engine``: a ``store.engine.Engine`` over the run, to compute the
-    figures by SQL (``analysis.summary``) instead of reading every record here."""
+    figures by SQL (``analysis.summary``) instead of reading every record here. ``every_process``: a row for each
+    process, agent and sampled host however many (else the first and the outliers, ``cli_common.few``)."""
     from .analysis.summary import summarize_run, summarize_sql
 
     lines = [
@@ -50,14 +51,10 @@ def summarize(run: Run, engine: Any = None) -> list[str]:
         builder = findings_builder_sql(engine, run)
     summary = summarize_sql(engine, run) if engine is not None else summarize_run(run)
     ranks = run.ranks
-    lines.append(f"ranks       {len(ranks)} ({', '.join(map(str, ranks)) or 'none'}), {len(run.processes)} process(es)")
-    proc_rows = []
-    for p in run.processes:
-        extra = "".join(f", {n} {k}" for k, n in (("torn", p.torn), ("corrupt", p.corrupt)) if n)
-        proc_rows.append(
-            (f"rank {p.rank}", f"pid {p.pid}", f"host {p.identity.host}", f"{p.record_count} records{extra}")
-        )
-    lines += table(proc_rows)
+    hosts = {p.identity.host for p in run.processes}
+    lines.append(f"ranks       {len(ranks)} ({ranges(ranks) if ranks else 'none'}), {len(run.processes)} process(es)"
+                 f" on {len(hosts)} host(s)")
+    lines += _process_rows(run.processes, every_process)
     if run.agents:  # `telemetrain launch`: the elastic agent of each node, beside its workers
         agent_rows = []
         for p in run.agents:
@@ -68,8 +65,11 @@ def summarize(run: Run, engine: Any = None) -> list[str]:
             outcome = f", job {(end.attributes or {}).get('outcome')}" if end is not None else ""
             agent_rows.append((f"node {p.identity.group_rank}", f"pid {p.pid}", f"host {p.identity.host}",
                                f"{len(p.records)} records, {len(events)} events, {restarts} restart(s){outcome}"))
-        lines.append(f"agents      {len(run.agents)} (" + "; ".join(" ".join(r[:2]) for r in agent_rows) + ")")
-        lines += table(agent_rows)
+        shown, hidden = few(agent_rows, keep=lambda row: "job " in row[3] and "job succeeded" not in row[3],
+                            every=every_process)
+        lines.append(f"agents      {len(run.agents)} (" + "; ".join(" ".join(r[:2]) for r in shown) +
+                     (f"; ... {hidden} more" if hidden else "") + ")")
+        lines += table(shown)
 
     walls = ([summary.start_ns, summary.end_ns] if summary.start_ns is not None and summary.end_ns is not None
              else [p.header["wall_ns"] for p in run.processes if "wall_ns" in p.header])
@@ -87,7 +87,7 @@ def summarize(run: Run, engine: Any = None) -> list[str]:
 
     lines += _metric_lines(summary.metrics)
     lines += _stat_lines(summary)
-    lines += _system_lines(summary)
+    lines += system_lines(summary, every_process=every_process)
     lines += _training_lines(summary)
     # the session's goodput once per (folder, rank): the goodput line's (rank 0) is the findings' restarts' (the
     # run's lowest rank)
@@ -137,9 +137,31 @@ def _across_ranks(series: Any, value: Any) -> str:
     """``2 ranks: min .. max`` of the ranks' last values, when more than one rank recorded the series."""
     if len(series.last_by_rank) < 2:
         return ""
-    values = [v for v in (value(r) for r in series.last_by_rank.values()) if _is_number(v) and math.isfinite(v)]
+    values = [v for v in (value(r) for r in series.last_by_rank.values()) if is_number(v) and math.isfinite(v)]
     spread = f": {fmt_value(min(values))}..{fmt_value(max(values))}" if values else ""
     return f"; last on {len(series.last_by_rank)} ranks{spread}"
+
+
+def _process_rows(processes: Sequence[ProcessLog], every: bool) -> list[str]:
+    """A row per process: the first ones, those with damaged lines and those that wrote the fewest and the most
+    records (``cli_common.few``), then what the others wrote."""
+    if not processes:
+        return []
+    fewest = min(processes, key=lambda p: p.record_count)
+    most = max(processes, key=lambda p: p.record_count)
+    shown, hidden = few(processes, keep=lambda p: bool(p.torn or p.corrupt) or p is fewest or p is most,
+                        every=every)
+    rows = []
+    for p in shown:
+        extra = "".join(f", {n} {k}" for k, n in (("torn", p.torn), ("corrupt", p.corrupt)) if n)
+        rows.append((f"rank {p.rank}", f"pid {p.pid}", f"host {p.identity.host}", f"{p.record_count} records{extra}"))
+    lines = table(rows)
+    if hidden:
+        counts = sorted(p.record_count for p in processes)
+        lines.append(f"  ... and {hidden} more process(es); records per process min {counts[0]} (rank {fewest.rank}), "
+                     f"median {counts[len(counts) // 2]}, max {counts[-1]} (rank {most.rank}); "
+                     "`telemetrain show --all` lists every one")
+    return lines
 
 
 def _metric_lines(metrics: dict[tuple[str, str], Any]) -> list[str]:
@@ -179,112 +201,6 @@ def _stat_lines(summary: Any) -> list[str]:
     return lines + table(rows)
 
 
-def _iec(n: float) -> str:
-    """Bytes for people: 1.5 GiB."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
-def _system_lines(summary: Any) -> list[str]:
-    """What the system sampler recorded (``telemetrain.system``): host, processes, GPUs, allocator, run energy."""
-    series = summary.system
-    starts = summary.sampler_starts
-    if not series and not starts:
-        return []
-    intervals = sorted({float(a["interval_s"]) for a in (r.attributes or {} for r in starts)
-                        if _is_number(a.get("interval_s"))})
-    cpus = {f"rank {r.identity.rank} pid {r.identity.pid}": (r.attributes or {}).get("process.cpu_count")
-            for r in starts}
-    samplers = {(r.identity.host, r.identity.pid) for r in starts}
-    lines = [f"system      sampled by {len(samplers) or '?'} process(es) every "
-             f"{', '.join(f'{i:g}' for i in intervals) or '?'} s (telemetrain.system)"]
-    rows: list[tuple[str, ...]] = []
-    for (who, group), m in sorted(series.items()):
-        rows += _system_rows(who, group, m, cpus.get(who))
-    lines += table(rows)
-    # the run's energy: per device, the most that one of the processes sampling it saw (two ranks that both sample a
-    # GPU must not count it twice)
-    energy: dict[tuple[str, str, str], float] = {}
-    for (who, group, name, _), joules in summary.energy_last.items():
-        energy[(who, group, name)] = max(energy.get((who, group, name), 0.0), joules)
-    if energy:
-        total = sum(energy.values())
-        how = Counter("integrated from power" if k[2].endswith("integrated") else "energy counter" for k in energy)
-        lines.append(f"  energy      {total:,.1f} J = {total / 3.6e6:.6g} kWh from {len(energy)} GPU(s) while "
-                     "sampled (" + ", ".join(f"{n} {s}" for s, n in sorted(how.items())) + ")")
-    lines += [f"  gpu         none sampled: {reason}" for reason in summary.gpu_unavailable]
-    return lines
-
-
-def _system_rows(who: str, group: str, m: dict[str, Any], n_cpu: Any) -> list[tuple[str, ...]]:
-    """The show rows of one (host or process, group) of system metrics (``m``: name -> ``summary.SystemSeries``)."""
-
-    def mean(v: Any) -> float:
-        return float(v.mean)
-
-    def top(v: Any) -> float:
-        return float(v.max)
-
-    def last(name: str) -> float:
-        v = m.get(name)
-        return float(v.last) if v else 0.0
-
-    rows: list[tuple[str, ...]] = []
-    if group == "system":
-        if m.get("system.cpu.utilization"):
-            v = m["system.cpu.utilization"]
-            rows.append((who, "cpu", f"mean {mean(v):.1%}  max {top(v):.1%} of all CPUs"))
-        if m.get("system.memory.usage"):
-            v = m["system.memory.usage"]
-            swap = m.get("system.paging.usage")
-            rows.append((who, "memory", f"mean {_iec(mean(v))}  max {_iec(top(v))} of "
-                         f"{_iec(last('system.memory.limit'))}" + (f"; swap max {_iec(top(swap))}" if swap else "")))
-        if m.get("system.disk.io.read") or m.get("system.network.io.receive"):
-            rows.append((who, "i/o", f"disk read {_iec(last('system.disk.io.read'))} write "
-                         f"{_iec(last('system.disk.io.write'))}; network receive "
-                         f"{_iec(last('system.network.io.receive'))} transmit "
-                         f"{_iec(last('system.network.io.transmit'))} (host-wide, while sampled)"))
-        if m.get("process.memory.usage"):
-            text = f"rss max {_iec(top(m['process.memory.usage']))}"
-            if m.get("process.tree.memory.usage"):
-                children = top(m["process.children.count"]) if m.get("process.children.count") else 0
-                text += (f", with descendants max {_iec(top(m['process.tree.memory.usage']))} "
-                         f"({children:.0f} at most)")
-            for label, name in (("cpu", "process.cpu.utilization"),
-                                ("with descendants", "process.tree.cpu.utilization")):
-                if m.get(name):
-                    cores = f" = {mean(m[name]) * n_cpu:.2f} cores" if isinstance(n_cpu, int) else ""
-                    text += f"; {label} mean {mean(m[name]):.1%}{cores}, max {top(m[name]):.1%}"
-            rows.append((who, "process", text))
-    elif group.startswith("system.filesystem.") and m.get("system.filesystem.usage"):
-        rows.append((who, f"filesystem {group.removeprefix('system.filesystem.')}",
-                     f"used max {_iec(top(m['system.filesystem.usage']))} of {_iec(last('system.filesystem.limit'))}"))
-    elif group.startswith("system.gpu."):
-        parts = []
-        if m.get("hw.gpu.utilization"):
-            parts.append(f"util mean {mean(m['hw.gpu.utilization']):.0%} max {top(m['hw.gpu.utilization']):.0%}")
-        if m.get("hw.gpu.memory.usage"):
-            parts.append(f"memory max {_iec(top(m['hw.gpu.memory.usage']))} of {_iec(last('hw.gpu.memory.limit'))}")
-        if m.get("hw.power"):
-            parts.append(f"power mean {mean(m['hw.power']):.0f} W max {top(m['hw.power']):.0f} W")
-        if m.get("hw.temperature"):
-            parts.append(f"temperature max {top(m['hw.temperature']):.0f} C")
-        for name in ("hw.gpu.throttle.power", "hw.gpu.throttle.thermal"):
-            if m.get(name) and top(m[name]) > 0:
-                parts.append(f"{name.rsplit('.', 1)[1]} throttling in {mean(m[name]):.0%} of samples")
-        if parts:
-            rows.append((who, f"gpu {group.removeprefix('system.gpu.')}", "; ".join(parts)))
-    elif group.startswith("system.cuda.") and m.get("torch.cuda.memory.allocated.peak"):
-        rows.append((who, f"cuda {group.removeprefix('system.cuda.')} allocator",
-                     f"allocated peak {_iec(last('torch.cuda.memory.allocated.peak'))}, reserved peak "
-                     f"{_iec(last('torch.cuda.memory.reserved.peak'))}, {last('torch.cuda.alloc_retries'):.0f} alloc "
-                     f"retries, {last('torch.cuda.ooms'):.0f} OOMs"))
-    return rows
-
-
 def _training_lines(summary: Any) -> list[str]:
     """The derived training metrics of one rank (named: rank 0's, else the lowest rank's), the spread across ranks,
     and the lifecycle."""
@@ -297,7 +213,7 @@ def _training_lines(summary: Any) -> list[str]:
 
     def ms(key: str) -> str:
         value = last.get(key)
-        return f"{value * 1e3:.2f} ms" if _is_number(value) else "-"
+        return f"{value * 1e3:.2f} ms" if is_number(value) else "-"
 
     ranks_note = f" from {len(updates)} ranks" if len(updates) > 1 else ""
     lines = [f"training    {last.get('num_iterations', '?')} iterations this run (global step "
@@ -312,7 +228,7 @@ def _training_lines(summary: Any) -> list[str]:
     rows.append((f"throughput ({on})", "  ".join(_throughput(last)) or "-"))
     split = [f"{phase} {last[f'{phase}_time_fraction']:.0%}" for phase in
              ("dataloader", "forward", "backward", "optimizer", "zero_grad")
-             if _is_number(last.get(f"{phase}_time_fraction"))]
+             if is_number(last.get(f"{phase}_time_fraction"))]
     label = ""
     device, clock = phase_times(last)
     device_total = iteration_time(last, clock)
@@ -323,7 +239,7 @@ def _training_lines(summary: Any) -> list[str]:
         rows.append((f"time split ({on}{label})", "  ".join(split)))
     if len(lasts) > 1:
         rows += _spread_rows(lasts)
-    if _is_number(last.get("time_to_first_iteration_sec")):
+    if is_number(last.get("time_to_first_iteration_sec")):
         rows.append((f"time to first iteration (rank {rank})", f"{last['time_to_first_iteration_sec']:.3f} s"))
     saves, validations = summary.saves.get(rank, 0), summary.validations.get(rank, 0)
     rows.append((f"checkpoints / validations (rank {rank})", f"{saves} saved  {validations} validation loops  "
@@ -335,8 +251,8 @@ def _throughput(a: dict[str, Any]) -> list[str]:
     """samples/s, tokens/s, TFLOP/s per GPU and MFU (as a percentage) of one report."""
     parts = [f"{fmt_value(a[key])} {label}" for key, label in (
         ("samples_per_second", "samples/s"), ("tokens_per_second", "tokens/s"),
-        ("train_throughput_per_gpu", "TFLOP/s per GPU")) if _is_number(a.get(key))]
-    if _is_number(a.get("mfu")):
+        ("train_throughput_per_gpu", "TFLOP/s per GPU")) if is_number(a.get(key))]
+    if is_number(a.get("mfu")):
         parts.append(f"MFU {a['mfu']:.1%}")
     return parts
 
@@ -347,19 +263,15 @@ def _spread_rows(lasts: dict[int, dict[str, Any]]) -> list[tuple[str, str]]:
     rows = []
     # by rank: among ranks equally fast (or slow) the lowest is named, whichever order the ranks were read in
     means = {k: lasts[k]["avg_iteration_time_sec"] for k in sorted(lasts)
-             if _is_number(lasts[k].get("avg_iteration_time_sec"))}
+             if is_number(lasts[k].get("avg_iteration_time_sec"))}
     if means:
         fast, slow = min(means, key=means.__getitem__), max(means, key=means.__getitem__)
         rows.append((f"across {len(lasts)} ranks (last window)", f"mean iteration time min {means[fast] * 1e3:.2f} ms "
                      f"(rank {fast})  max {means[slow] * 1e3:.2f} ms (rank {slow})"))
-    rates = [a["samples_per_second"] for a in lasts.values() if _is_number(a.get("samples_per_second"))]
+    rates = [a["samples_per_second"] for a in lasts.values() if is_number(a.get("samples_per_second"))]
     if rates:
         rows.append(("", f"samples/s min {fmt_value(min(rates))}  max {fmt_value(max(rates))}"))
     return rows
-
-
-def _is_number(value: object) -> TypeGuard[float]:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _goodput_lines(run: Run, goodput_of: GoodputOf) -> list[str]:
@@ -390,92 +302,9 @@ def _goodput_lines(run: Run, goodput_of: GoodputOf) -> list[str]:
 
 
 
-@dataclass(frozen=True)
-class _Listed:
-    """One run of ``show --list``: what the listing says of it."""
-
-    path: Path
-    created_wall_ns: int | None
-    status: str  # finished, interrupted, killed, running, no training, unreadable: ...
-    start_ns: int | None
-    end_ns: int | None
-    iterations: int | None  # the last report of the lowest rank
-    samples_per_second: float | None
-    records: int
-
-
-RUNNING_WITHIN_S = 60.0  # a run whose training loop never ended but which wrote this recently is still running
-
-
-def _listed(path: Path, run: Run, now_ns: int, engine: Any = None) -> _Listed:
-    """The listing's figures of a run, from its summary (``analysis.summary``: by SQL with ``engine``)."""
-    from .analysis.summary import summarize_run, summarize_sql
-
-    summary = summarize_sql(engine, run) if engine is not None else summarize_run(run)
-    # the duration: from the first span to the last (the lifecycle's own timestamps), else of all records
-    start, end = summary.span_start_ns, summary.span_end_ns
-    if start is None:
-        start, end = summary.start_ns, summary.end_ns
-    statuses = [status for ended in summary.loop_states.values() for status in ended]
-    if not statuses:
-        status = "no training"
-    elif "" in statuses:  # a loop that never ended: SIGKILL, OOM, a lost node -- or still going
-        recent = summary.end_ns or 0
-        status = "running" if now_ns - recent < RUNNING_WITHIN_S * 1e9 else "killed"
-    elif any(s != "ok" for s in statuses):
-        status = "interrupted"
-    else:
-        status = "finished"
-    created = run.meta.get("created_wall_ns")
-    last_update = summary.updates_by_rank[min(summary.updates_by_rank)][1] if summary.updates_by_rank else {}
-    iterations = last_update.get("num_iterations")
-    rate = last_update.get("samples_per_second")
-    return _Listed(path, created if isinstance(created, int) else None, status, start, end,
-                   int(iterations) if _is_number(iterations) else None,
-                   float(rate) if _is_number(rate) else None, summary.records)
-
-
-def _listing_row(item: _Listed) -> tuple[str, ...]:
-    when = iso(item.created_wall_ns) if item.created_wall_ns is not None else "?"
-    took = (fmt_duration((item.end_ns - item.start_ns) / 1e9)
-            if item.start_ns is not None and item.end_ns is not None else "-")
-    if item.iterations is not None:
-        figure = f"{item.iterations:,} iterations" + (
-            f", {item.samples_per_second:,.4g} samples/s" if item.samples_per_second is not None else "")
-    else:
-        figure = f"{item.records:,} records"
-    return (when, item.status, took, figure, str(item.path))
-
-
-def _list_runs(target: str | None, out: TextIO) -> int:
-    from .store.engine import engine_for
-
-    base = Path(target) if target is not None else default_root()
-    if not base.is_dir():
-        raise CLIError(f"no such directory: {base}")
-    runs = find_runs(base)
-    if not runs:
-        raise CLIError(f"no telemetrain runs under {base}")
-    now = time.time_ns()
-    rows: list[tuple[str, ...]] = [("created", "status", "duration", "last report (lowest rank)", "run")]
-    engine = engine_for(runs)  # with DuckDB the listing's figures come by SQL, the runs are not read
-    try:
-        for path in runs:
-            try:
-                run = open_run(path)
-                rows.append(_listing_row(_listed(path, run, now, engine)))
-            except (OSError, NotARunError) as exc:
-                rows.append(("?", "unreadable", "-", str(exc), str(path)))
-    finally:
-        if engine is not None:
-            engine.close()
-    print("\n".join(printable(line) for line in table(rows, indent="")), file=out)
-    return 0
-
-
 def _cmd_show(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.list:
-        return _list_runs(args.run_dir, out)
+        return list_runs(args.run_dir, out)
     from .store.engine import engine_for
 
     path = resolve_run(args.run_dir, err)
@@ -485,7 +314,7 @@ def _cmd_show(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         raise CLIError(str(exc)) from None
     engine = engine_for([path])  # DuckDB when installed (the columnar extra): the run is not read into Python
     try:
-        lines = summarize(run, engine)
+        lines = summarize(run, engine, every_process=args.all)
     finally:
         if engine is not None:
             engine.close()

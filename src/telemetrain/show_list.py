@@ -1,0 +1,99 @@
+"""``telemetrain show --list``: the runs under a folder, oldest first, each with its status, duration and last
+report (``analysis.summary``'s figures: by SQL when DuckDB is installed)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from .cli_common import CLIError, fmt_duration, is_number, iso, table
+from .store.layout import default_root
+from .store.reader import NotARunError, Run, find_runs, open_run
+from .text import printable
+
+__all__ = ["list_runs"]
+
+
+@dataclass(frozen=True)
+class _Listed:
+    """One run of ``show --list``: what the listing says of it."""
+
+    path: Path
+    created_wall_ns: int | None
+    status: str  # finished, interrupted, killed, running, no training, unreadable: ...
+    start_ns: int | None
+    end_ns: int | None
+    iterations: int | None  # the last report of the lowest rank
+    samples_per_second: float | None
+    records: int
+
+
+RUNNING_WITHIN_S = 60.0  # a run whose training loop never ended but which wrote this recently is still running
+
+
+def _listed(path: Path, run: Run, now_ns: int, engine: Any = None) -> _Listed:
+    """The listing's figures of a run, from its summary (``analysis.summary``: by SQL with ``engine``)."""
+    from .analysis.summary import summarize_run, summarize_sql
+
+    summary = summarize_sql(engine, run) if engine is not None else summarize_run(run)
+    # the duration: from the first span to the last (the lifecycle's own timestamps), else of all records
+    start, end = summary.span_start_ns, summary.span_end_ns
+    if start is None:
+        start, end = summary.start_ns, summary.end_ns
+    statuses = [status for ended in summary.loop_states.values() for status in ended]
+    if not statuses:
+        status = "no training"
+    elif "" in statuses:  # a loop that never ended: SIGKILL, OOM, a lost node -- or still going
+        recent = summary.end_ns or 0
+        status = "running" if now_ns - recent < RUNNING_WITHIN_S * 1e9 else "killed"
+    elif any(s != "ok" for s in statuses):
+        status = "interrupted"
+    else:
+        status = "finished"
+    created = run.meta.get("created_wall_ns")
+    last_update = summary.updates_by_rank[min(summary.updates_by_rank)][1] if summary.updates_by_rank else {}
+    iterations = last_update.get("num_iterations")
+    rate = last_update.get("samples_per_second")
+    return _Listed(path, created if isinstance(created, int) else None, status, start, end,
+                   int(iterations) if is_number(iterations) else None,
+                   float(rate) if is_number(rate) else None, summary.records)
+
+
+def _listing_row(item: _Listed) -> tuple[str, ...]:
+    when = iso(item.created_wall_ns) if item.created_wall_ns is not None else "?"
+    took = (fmt_duration((item.end_ns - item.start_ns) / 1e9)
+            if item.start_ns is not None and item.end_ns is not None else "-")
+    if item.iterations is not None:
+        figure = f"{item.iterations:,} iterations" + (
+            f", {item.samples_per_second:,.4g} samples/s" if item.samples_per_second is not None else "")
+    else:
+        figure = f"{item.records:,} records"
+    return (when, item.status, took, figure, str(item.path))
+
+
+def list_runs(target: str | None, out: TextIO) -> int:
+    from .store.engine import engine_for
+
+    base = Path(target) if target is not None else default_root()
+    if not base.is_dir():
+        raise CLIError(f"no such directory: {base}")
+    runs = find_runs(base)
+    if not runs:
+        raise CLIError(f"no telemetrain runs under {base}")
+    now = time.time_ns()
+    rows: list[tuple[str, ...]] = [("created", "status", "duration", "last report (lowest rank)", "run")]
+    engine = engine_for(runs)  # with DuckDB the listing's figures come by SQL, the runs are not read
+    try:
+        for path in runs:
+            try:
+                run = open_run(path)
+                rows.append(_listing_row(_listed(path, run, now, engine)))
+            except (OSError, NotARunError) as exc:
+                rows.append(("?", "unreadable", "-", str(exc), str(path)))
+    finally:
+        if engine is not None:
+            engine.close()
+    print("\n".join(printable(line) for line in table(rows, indent="")), file=out)
+    return 0
