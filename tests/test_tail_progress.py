@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import io
 import math
+import re
 import time
 from pathlib import Path
 
 import pytest
 
 from telemetrain import Telemetry, identity_from_env
-from telemetrain.analysis.tail import TailState, run_tail
+from telemetrain.analysis.tail import TailState, render, run_tail
 from telemetrain.analysis.tail_progress import BLOCKS, Pace, format_eta, sparkline
 from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
 
@@ -118,3 +119,29 @@ def test_recent_events_are_the_latest_of_all_ranks_by_time_both_ways(tmp_path: P
         # the last 10 of 24 by time: rounds 4 and 5 (8 events) and rank 1 and rank 0 of round 3, oldest first
         assert shown == [(1, "i=3"), (0, "i=3")] + [(r, f"i={i}") for i in (4, 5) for r in (3, 2, 1, 0)]
         assert state.warnings == 24
+
+
+def test_the_ranks_table_of_many_ranks_keeps_the_first_and_the_outliers(tmp_path: Path) -> None:
+    """40 ranks: the table shows 8 rows, the rank furthest behind, the slowest, the longest silent and one whose loop
+    failed, then how many it left out; 16 ranks or fewer are all shown."""
+    pytest.importorskip("rich", reason="tail draws its view with rich (the [report] extra)")
+    from rich.console import Console
+
+    from telemetrain.analysis.tail import RankState
+
+    def frame(n: int) -> str:
+        state = TailState(tmp_path)
+        now = time.time_ns()
+        for r in range(n):
+            state.ranks[r] = RankState(r, iteration=1000 - (37 if r == 17 else 0), wall_ns=now - (60 if r == 30 else 1)
+                                       * 1_000_000_000, mean=0.02 * (3 if r == 25 else 1), reports=10,
+                                       loop_status="error" if r == 33 else None)
+        console = Console(width=160, record=True, file=io.StringIO())
+        console.print(render(state, now))
+        return console.export_text()
+
+    text = frame(40)
+    rows = [int(m) for m in re.findall(r"^│ +(\d+) │", text, re.M)]
+    assert rows == [*range(8), 17, 25, 30, 33]
+    assert "+28 │" in text and "more ranks" in text and "the first and the outliers of 40" in text
+    assert [int(m) for m in re.findall(r"^│ +(\d+) │", frame(16), re.M)] == list(range(16))

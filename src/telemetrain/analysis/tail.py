@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from ..cli_common import few
 from ..identity import Identity
 from ..report.curves import CurveBuilder, pick_loss
 from ..store.codec import decode_line
@@ -377,15 +378,20 @@ def render(state: TailState, now_ns: int | None = None) -> Any:
     model = Table.grid(padding=(0, 2))  # the model's side: the loss so far, the way to the target
     model.add_row("loss", Text(printable(state.loss_summary())))
     model.add_row("ETA", state.eta())
-    per_rank = Table(title="ranks (latest report)", title_justify="left")
+    shown, hidden = few(ranks, keep=_outliers(ranks))
+    per_rank = Table(title="ranks (latest report" + (f"; the first and the outliers of {len(ranks)}: the furthest "
+                                                      "behind, the slowest, the longest silent, a loop that failed"
+                                                      if hidden else "") + ")", title_justify="left")
     for column in ("rank", "iteration", "behind", "mean", "p50", "p99", "samples/s", "updated"):
         per_rank.add_column(column, justify="right")
-    for s in ranks:
+    for s in shown:
         behind = "-" if top is None or s.iteration is None else str(top - s.iteration)
         ended = "" if s.loop_status is None else f" (loop {s.loop_status})"
         per_rank.add_row(str(s.rank), "-" if s.iteration is None else str(s.iteration), behind, _ms(s.mean),
                          _ms(s.p50), _ms(s.p99), "-" if s.samples_per_second is None
                          else f"{s.samples_per_second:,.1f}", _ago(s.wall_ns, now_ns) + ended)
+    if hidden:
+        per_rank.add_row(f"+{hidden}", "", "", "", "", "", "", "more ranks")
     result = state.findings()
     findings: Any = Text("findings: none so far (`telemetrain docs report findings` says what each rule looks for)")
     if result.findings or result.notes:  # (an empty table would be a header and nothing)
@@ -407,6 +413,17 @@ def render(state: TailState, now_ns: int | None = None) -> Any:
         events.add_row(_ago(wall_ns, now_ns), str(rank), Text(severity, style=style), Text(printable(name)),
                        Text(printable(text)))
     return Group(head, summary, model, per_rank, findings, events)
+
+
+def _outliers(ranks: list[RankState]) -> Callable[[RankState], bool]:
+    """Which ranks a long table keeps besides its first rows: the one furthest behind, the slowest (mean iteration
+    time), the one silent the longest, and any whose loop ended other than ok."""
+    reported = [s for s in ranks if s.iteration is not None]
+    picked = {id(s) for s in (
+        min(reported, key=lambda s: s.iteration or 0, default=None),
+        max((s for s in reported if s.mean is not None), key=lambda s: s.mean or 0.0, default=None),
+        min(ranks, key=lambda s: s.wall_ns, default=None)) if s is not None}
+    return lambda s: id(s) in picked or s.loop_status not in (None, "ok")
 
 
 def run_tail(path: Path, out: TextIO, *, interval: float, once: bool,
