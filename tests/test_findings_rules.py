@@ -541,9 +541,10 @@ def test_stalls_are_the_agents_events_else_the_ranks_evidence() -> None:
     agent = {"ranks": [1], "phase": "forward", "message": "stuck: rank 1 in forward while rank(s) 0,2 wait"}
     found = analyse(FindingsInput(stalls=[agent, {"ranks": "?"}], stall_evidence=evidence)).findings
     assert [(f.title, f.detail) for f in found] == [("stall: rank(s) 1 (forward)", agent["message"])]
-    many = [(r, {"phase": "forward"}) for r in range(30)]
+    many = [(r, {"phase": "forward"}) for r in reversed(range(30))]
     (f,) = analyse(FindingsInput(stall_evidence=many)).findings
     assert f.title == "stall evidence: 30 rank(s)" and f.detail.endswith("; and 10 more")
+    assert "rank 9: forward; rank 10: forward" in f.detail  # by rank
 
 
 def test_thresholds_are_checked() -> None:

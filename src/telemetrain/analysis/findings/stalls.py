@@ -28,9 +28,10 @@ def stalls(events: Sequence[Mapping[str, Any]], evidence: Sequence[tuple[int, Ma
                              + (f" ({phase})" if phase else ""), str(s.get("message", ""))))
     if found or not evidence:
         return found
-    where = sorted({f"rank {r}: {a.get('phase', '?')}" + (f", in {a['collective']} #{a.get('collective_seq')}"
-                                                         if a.get("collective_state") in ("waiting", "failed")
-                                                         else "") for r, a in evidence})
+    said = {(r, f"rank {r}: {a.get('phase', '?')}" + (f", in {a['collective']} #{a.get('collective_seq')}"
+                                                      if a.get("collective_state") in ("waiting", "failed") else ""))
+            for r, a in evidence}
+    where = [text for _, text in sorted(said)]  # by rank (rank 2 before rank 10)
     shown = "; ".join(where[:_EVIDENCE_SHOWN]) + (f"; and {len(where) - _EVIDENCE_SHOWN} more"
                                                   if len(where) > _EVIDENCE_SHOWN else "")
     return [Finding("error", "stall", f"stall evidence: {len({r for r, _ in evidence})} rank(s)",
