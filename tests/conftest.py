@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import os
 import signal
@@ -53,6 +54,9 @@ IDENTITY_ENV = (
 )
 
 
+HAVE_DUCKDB = importlib.util.find_spec("duckdb") is not None
+
+
 def telemetrain_threads() -> list[threading.Thread]:
     return [th for th in threading.enumerate() if th.name.startswith("telemetrain-") and th.is_alive()]
 
@@ -80,6 +84,11 @@ def _clean_env_and_no_leaks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Clear the identity variables; after the test, fail if it left a default instance or a dispatcher thread."""
     for name in IDENTITY_ENV:
         monkeypatch.delenv(name, raising=False)
+    if HAVE_DUCKDB and not os.environ.get("TELEMETRAIN_ENGINE"):
+        # the readers take the Python path for small runs (store.engine.SMALL_RUN_BYTES), and the tests' runs are
+        # small: with DuckDB installed they ask for it, so the SQL readers stay under test (a test of the Python path,
+        # or of the choice, sets or removes the variable itself)
+        monkeypatch.setenv("TELEMETRAIN_ENGINE", "duckdb")
     leaked_before = telemetrain_threads()
     yield
     problems = []

@@ -127,7 +127,7 @@ def _both_paths(run_dir: Path, compacted: bool | str, monkeypatch: pytest.Monkey
     assert not differences(polled.findings(), caught.findings())
     monkeypatch.setenv("TELEMETRAIN_ENGINE", "python")
     python_trace = build_trace(load_runs(run_dir))
-    monkeypatch.delenv("TELEMETRAIN_ENGINE")
+    monkeypatch.setenv("TELEMETRAIN_ENGINE", "duckdb")
     runs = load_runs(run_dir)
     with Engine([r.path for r in runs]) as engine:
         assert build_trace(runs, engine=engine) == python_trace

@@ -58,7 +58,7 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def python_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv("TELEMETRAIN_ENGINE", "python")
     yield
-    monkeypatch.delenv("TELEMETRAIN_ENGINE")
+    monkeypatch.setenv("TELEMETRAIN_ENGINE", "duckdb")
 
 
 def differences(a: Any, b: Any, path: str = "") -> list[str]:
@@ -93,7 +93,7 @@ def _python_and_sql(run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any
     monkeypatch.setenv("TELEMETRAIN_ENGINE", "python")
     run = open_run(run_dir)
     python = (build_model(run), summarize(open_run(run_dir)))
-    monkeypatch.delenv("TELEMETRAIN_ENGINE")
+    monkeypatch.setenv("TELEMETRAIN_ENGINE", "duckdb")
     run = open_run(run_dir)
     with Engine([run_dir]) as engine:
         sql = (build_model(run, engine=engine), summarize(run, engine))
@@ -123,7 +123,7 @@ def test_report_and_show_are_the_same_by_sql(session: tuple[Path, Path], compact
             by_sql = summarize_sql(engine, open_run(run_dir))
         monkeypatch.setenv("TELEMETRAIN_ENGINE", "python")
         by_python = summarize_run(open_run(run_dir))
-        monkeypatch.delenv("TELEMETRAIN_ENGINE")
+        monkeypatch.setenv("TELEMETRAIN_ENGINE", "duckdb")
         assert not [d for d in differences(by_python, by_sql) if not d.startswith((".metrics", ".stats",
                                                                                    ".sampler_starts"))]
         assert {k: {r: tuple(rec) for r, rec in v.last_by_rank.items()} for k, v in by_python.metrics.items()} == \
@@ -142,7 +142,7 @@ def test_goodput_of_every_rank_is_the_same_by_sql(session: tuple[Path, Path], sp
     of its lines of ~5 rows."""
     monkeypatch.setenv("TELEMETRAIN_ENGINE", "python")
     python = goodput_by_rank(session[0].parent)
-    monkeypatch.delenv("TELEMETRAIN_ENGINE")
+    monkeypatch.setenv("TELEMETRAIN_ENGINE", "duckdb")
     if spans_at_once is not None:
         monkeypatch.setattr(goodput_sql, "_settled", lambda *a: False)
         monkeypatch.setattr(goodput_sql, "SPANS_AT_ONCE", spans_at_once)
@@ -233,7 +233,7 @@ def test_goodput_bounds_are_the_exact_stamps(tmp_path: Path, monkeypatch: pytest
 def test_compare_series_are_the_same_by_sql(session: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TELEMETRAIN_ENGINE", "python")
     python = read_samples(session[1])
-    monkeypatch.delenv("TELEMETRAIN_ENGINE")
+    monkeypatch.setenv("TELEMETRAIN_ENGINE", "duckdb")
     sql = read_samples(session[1])
     assert sql.precomputed is not None and python.precomputed is None
     assert python.ranks == sql.ranks and python.window_count == sql.window_count
@@ -463,7 +463,7 @@ def test_windows_merged_at_scale_are_the_same_by_sql(tmp_path: Path, monkeypatch
         (run / f"rank-{rank}.{100 + rank}.jsonl").write_text("\n".join(lines) + "\n")
     monkeypatch.setenv("TELEMETRAIN_ENGINE", "python")
     python = build_model(open_run(run))
-    monkeypatch.delenv("TELEMETRAIN_ENGINE")
+    monkeypatch.setenv("TELEMETRAIN_ENGINE", "duckdb")
     with Engine([run]) as engine:
         sql = build_model(open_run(run), engine=engine)
         # the heatmap's rows went through a Parquet file per group in the engine's own directory, removed after
@@ -510,7 +510,7 @@ def test_the_model_metric_curves_are_the_same_by_sql(tmp_path: Path, monkeypatch
     py_model, py_samples = build_model(open_run(run_dir)), read_samples(run_dir)
     polled = TailState(run_dir)
     polled.poll()
-    monkeypatch.delenv("TELEMETRAIN_ENGINE")
+    monkeypatch.setenv("TELEMETRAIN_ENGINE", "duckdb")
     with Engine([run_dir]) as engine:
         sql_model = build_model(open_run(run_dir), engine=engine)
     sql_samples = read_samples(run_dir)
@@ -590,7 +590,7 @@ def test_goodput_rank_by_rank_keeps_a_rank_without_lifecycle_spans(session: tupl
         f.write_text("".join(line for line in lines if '"kind":"span_start"' not in line))
     monkeypatch.setenv("TELEMETRAIN_ENGINE", "python")
     python = goodput_by_rank(copy)
-    monkeypatch.delenv("TELEMETRAIN_ENGINE")
+    monkeypatch.setenv("TELEMETRAIN_ENGINE", "duckdb")
     monkeypatch.setattr(goodput_sql, "SPANS_AT_ONCE", 1)
     sql = goodput_by_rank(copy)
     assert sorted(python) == sorted(sql) and python
@@ -666,7 +666,7 @@ def test_show_last_records_are_the_same_a_rank_at_a_time(session: tuple[Path, Pa
             by_sql = summarize_sql(engine, open_run(run_dir))
         monkeypatch.setenv("TELEMETRAIN_ENGINE", "python")
         by_python = summarize_run(open_run(run_dir))
-        monkeypatch.delenv("TELEMETRAIN_ENGINE")
+        monkeypatch.setenv("TELEMETRAIN_ENGINE", "duckdb")
         for kind in ("metrics", "stats"):
             python, sql = getattr(by_python, kind), getattr(by_sql, kind)
             assert {k: {r: tuple(rec) for r, rec in v.last_by_rank.items()} for k, v in python.items()} == \
@@ -765,3 +765,43 @@ def test_the_earliest_checkpoint_spans_keep_their_attributes_by_both_paths(tmp_p
     assert not differences(python.checkpoints, sql.checkpoints)
     assert _page(python) == _page(sql)
     assert "rank_saved" in _page(sql) and _page(sql).count("current_iteration") == 5  # the table: the earliest 5
+
+
+def test_small_runs_take_the_python_path_unless_duckdb_is_asked_for(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """``engine_for`` without TELEMETRAIN_ENGINE: the Python path for a run of few small files or of many tiny ones
+    (DuckDB's cost is per file), DuckDB past that; TELEMETRAIN_ENGINE=duckdb takes DuckDB whatever the size."""
+    from telemetrain.store import engine as engine_module
+    from telemetrain.store.engine import engine_for
+
+    def write(run_id: str, ranks: int, values: int) -> Path:
+        for rank in range(ranks):
+            t = Telemetry(identity_from_env({}, run_id=run_id, session_tag=run_id, rank=rank, world_size=ranks),
+                          store=tmp_path)
+            for step in range(values):
+                t.metric("loss", 1.0 / (step + 1), "train", step=step)
+            assert t.close()
+        return next(p for p in (tmp_path / run_id).iterdir() if p.is_dir())
+
+    few, many = write("few", 2, 400), write("many", 40, 20)  # ~60 KiB in 2 files; ~150 KiB in 40 files
+    monkeypatch.delenv("TELEMETRAIN_ENGINE")
+    assert engine_for([few]) is None and engine_for([many]) is None
+    monkeypatch.setattr(engine_module, "SMALL_RUN_BYTES", 16 << 10)  # as if both were larger than "small"
+    monkeypatch.setattr(engine_module, "_PER_FILE_BYTES", 8 << 10)
+    for run, python in ((few, False), (many, True)):  # many files of 4 KiB: still under 8 KiB a file
+        engine = engine_for([run])
+        assert (engine is None) == python, run
+        if engine is not None:
+            engine.close()
+    monkeypatch.setattr(engine_module, "SMALL_FILES_BYTES", 64 << 10)  # but not past the cap
+    engine = engine_for([many])
+    assert engine is not None
+    engine.close()
+    monkeypatch.setattr(engine_module, "SMALL_RUN_BYTES", 16 << 20)
+    monkeypatch.setenv("TELEMETRAIN_ENGINE", "duckdb")
+    engine = engine_for([few])
+    assert isinstance(engine, Engine)
+    engine.close()
+    monkeypatch.setenv("TELEMETRAIN_ENGINE", "python")
+    monkeypatch.setattr(engine_module, "SMALL_RUN_BYTES", 0)
+    assert engine_for([few]) is None

@@ -13,8 +13,9 @@ to a temporary directory), not the run's size.
 ``Engine.query`` runs a user's SQL read-only: one SELECT statement (anything else is refused before it runs), on a
 connection whose external access is off except to the runs' own columnar directories, with its configuration locked.
 
-``engine_for`` returns None when DuckDB is not installed (or ``TELEMETRAIN_ENGINE=python``): the readers then use
-the pure-Python path, which gives the same numbers.
+``engine_for`` returns None when DuckDB is not installed, ``TELEMETRAIN_ENGINE=python``, or the runs are small
+(``SMALL_RUN_BYTES``; ``TELEMETRAIN_ENGINE=duckdb`` uses DuckDB whatever their size): the readers then use the
+pure-Python path, which gives the same numbers.
 """
 
 from __future__ import annotations
@@ -80,11 +81,43 @@ def engine_available() -> bool:
     return True
 
 
+# Runs this small are read by the pure-Python path even with DuckDB installed: it reads them before DuckDB has
+# started, converted their files and planned its statements, in less memory (BENCHMARKS.md, "Small runs"): show of
+# the demo's run (1 MiB) 0.35 s and 33 MiB against 1.1 s and 115 MiB; of 1,024 ranks of 2 KiB each 0.7 s against
+# 94 s (DuckDB pays ~90 ms for each file it converts); of 2 ranks x 25,000 iterations (17 MiB, compacted) 2.4 s
+# against 1.4 s, past the crossover. Up to SMALL_RUN_BYTES, or 1 MiB a file up to SMALL_FILES_BYTES (many small
+# files, which the writer does not compact: DuckDB's cost is per file; the Python path's peak is ~3x the JSONL).
+SMALL_RUN_BYTES = 8 << 20
+SMALL_FILES_BYTES = 64 << 20
+_PER_FILE_BYTES = 1 << 20
+
+
+def _small(paths: Sequence[str | os.PathLike[str]]) -> bool:
+    """Whether the runs' process files are few and small enough for the Python path (see ``SMALL_RUN_BYTES``)."""
+    total = files = 0
+    for path in paths:
+        try:
+            groups = list_processes(Path(path))
+        except OSError:
+            return False  # (let the engine say what is wrong with it)
+        for segments in groups.values():
+            for f in segments:
+                files += 1
+                total += _size(f)
+                if total > SMALL_FILES_BYTES:
+                    return False
+    return total <= max(SMALL_RUN_BYTES, min(SMALL_FILES_BYTES, files * _PER_FILE_BYTES))
+
+
 def engine_for(paths: Sequence[str | os.PathLike[str]], progress: Any = None) -> Engine | None:
-    """An engine over these run directories, or None when the pure-Python path is to be used. ``progress(what, done,
-    total)`` is told how far reading the runs is (bytes)."""
+    """An engine over these run directories, or None when the pure-Python path is to be used: DuckDB is not installed,
+    ``TELEMETRAIN_ENGINE=python``, or the runs are small (``SMALL_RUN_BYTES``) and ``TELEMETRAIN_ENGINE`` is not
+    ``duckdb``. ``progress(what, done, total)`` is told how far reading the runs is (bytes)."""
+    forced = os.environ.get(ENGINE_ENV, "").lower() == "duckdb"
+    if not forced and _small(paths):  # (before DuckDB is imported: loading it alone costs ~16 MiB)
+        return None
     if not engine_available():
-        if os.environ.get(ENGINE_ENV, "").lower() == "duckdb":
+        if forced:
             raise EngineUnavailable('TELEMETRAIN_ENGINE=duckdb but duckdb is not installed: '
                                     'pip install "telemetrain[columnar]"')
         return None
