@@ -65,8 +65,11 @@ def _same(a: Any, b: Any) -> bool:
 def test_sql_and_python_readers_keep_and_skip_the_same_lines(tmp_path: Path, chunk: int,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     import telemetrain.store.convert as convert_module
+    import telemetrain.store.tails as tails_module
 
     monkeypatch.setattr(convert_module, "CHUNK_BYTES", chunk)  # a segment converted in pieces: the same rows
+    if chunk < 1000:  # (by the engine too: a tail converted alone, not with others)
+        monkeypatch.setattr(tails_module, "BATCH_FILE_BYTES", 0)
     run = _write_run(tmp_path, ranks=1, n=20)
     f = next(run.glob("rank-*.jsonl"))
     with open(f, "a") as fh:
@@ -88,6 +91,58 @@ def test_sql_and_python_readers_keep_and_skip_the_same_lines(tmp_path: Path, chu
         assert engine.tail_segments == 0
         assert engine.execute("SELECT sum(torn), sum(corrupt) FROM damage").fetchone() == (1, 16)
     assert all(_same(a, b) for a, b in zip(python, _records_sql(run), strict=True))
+
+
+@pytest.mark.parametrize("batch_bytes", [8 << 20, 1], ids=["one-batch", "a-batch-per-tail"])
+def test_small_tails_read_together_keep_each_files_identity_lines_and_damage(
+        tmp_path: Path, batch_bytes: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine converts small tails together (``store.tails``): each record keeps its own process, identity,
+    segment and line, and each process its own counts, whatever shares its batch: damage and a second header in one
+    file, a line that is not UTF-8 in another, a file that grew after its copy (its tail starts mid-file), and a
+    file too large to wait (converted alone, between the batched ones)."""
+    import telemetrain.store.tails as tails_module
+
+    monkeypatch.setattr(tails_module, "BATCH_BYTES", batch_bytes)
+    monkeypatch.setattr(tails_module, "BATCH_FILE_BYTES", 64 << 10)
+    run = _write_run(tmp_path, ranks=5, n=20)
+    files = sorted(run.glob("rank-*.jsonl"))
+    compact(run)
+    for copy in (run / COLUMNAR_DIR).rglob("rank-[1-4].*"):  # rank 0's copy only
+        copy.unlink()
+    with open(files[0], "a") as fh:  # grown after its copy: only the new lines are read from the JSONL
+        fh.write('{"v":1,"kind":"metric","mono_ns":9,"wall_ns":1,"group":"g","name":"grown","value":2}\n')
+    header = files[1].read_text().splitlines()[0]
+    moved = header.replace('"host":"', '"host":"moved-')
+    assert moved != header
+    with open(files[1], "a") as fh:  # damage, then the process's identity changes mid-file
+        fh.write("\n".join(DAMAGED) + "\n" + moved + "\n"
+                 + '{"v":1,"kind":"metric","mono_ns":5,"wall_ns":1,"group":"g","name":"after","value":1}\n')
+    with open(files[2], "ab") as fh:  # a line that is not UTF-8, and a torn last line
+        fh.write(b'{"v":1,"kind":"metric","mono_ns":5,"wall_ns":1,"group":"g","name":"\xff","value":1}\n{"v":1,')
+    with open(files[3], "a") as fh:  # larger than a tail that waits
+        for i in range(2000):
+            fh.write(f'{{"v":1,"kind":"metric","mono_ns":{i},"wall_ns":1,"group":"g","name":"big","value":{i}}}\n')
+    python = open_run(run)
+    with Engine([run]) as engine:
+        assert engine.tail_segments == 5
+        damage = {rank: (torn, corrupt) for rank, torn, corrupt in engine.rows(
+            "SELECT rank, torn, corrupt FROM damage")}
+        assert damage == {log.rank: (log.torn, log.corrupt) for log in python.processes}
+        assert damage[1][1] == 16 and damage[2] == (1, 1)
+        hosts = dict(engine.rows("SELECT name, host FROM metrics WHERE name IN ('after', 'loss') AND rank = 1"))
+        assert hosts["after"].startswith("moved-") and not hosts["loss"].startswith("moved-")
+        lines = {f: f.read_bytes().split(b"\n") for f in files}
+        positions = engine.rows("SELECT rank, pid, segment, line, name FROM metrics")
+        assert len(positions) == sum(1 for log in python.processes for r in log.records if r.kind == "metric")
+        for rank, pid, segment, line, name in positions:
+            f = next(f for f in files if f.name.startswith(f"rank-{rank}."))
+            assert segment == 0 and str(pid) in f.name
+            assert json.loads(lines[f][line])["name"] == name  # the line it came from, in its own file
+    # (identities apart: _records_sql gives every row one process's, less its rank and pid; the hosts were compared)
+    python_records, sql_records = (sorted((r[:2] + r[3:] for r in rs), key=repr)
+                                   for rs in (_records_python(run), _records_sql(run)))
+    assert len(sql_records) == len(python_records) > 2000
+    assert all(_same(a, b) for a, b in zip(python_records, sql_records, strict=True))
 
 
 def test_truncated_parquet_is_ignored_with_a_warning_and_nothing_double_counted(tmp_path: Path) -> None:

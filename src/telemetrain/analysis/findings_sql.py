@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..store.rank_groups import rank_groups as engine_rank_groups
+from ..store.views import insert_rows
 from .findings.builder import CUDA_ALLOCATED, RSS, WINDOW_POINT_KEYS, InputBuilder
 from .findings.inputs import SpikeSelection, ValueSeries
 from .findings.memory import MAX_POINTS, thin_indices
@@ -64,7 +65,7 @@ def feed_value_series_sql(builder: InputBuilder, engine: Any, relation: str, key
     if not ranges:
         return 0
     engine.execute("CREATE OR REPLACE TEMP TABLE findings_ranges (k VARCHAR, rank BIGINT, a BIGINT, b BIGINT)")
-    engine.con.executemany("INSERT INTO findings_ranges VALUES (?, ?, ?, ?)", ranges)
+    insert_rows(engine.con, "findings_ranges", ranges)
     del ranges
     selected = f"(SELECT * FROM {relation} WHERE ({key}, rank) IN (SELECT DISTINCT k, rank FROM findings_ranges))"
     given = 0
@@ -225,7 +226,7 @@ def feed_memory_series_sql(builder: InputBuilder, engine: Any, relation: str) ->
     if whole:
         engine.execute("CREATE OR REPLACE TEMP TABLE findings_whole_gauges (kind VARCHAR, rank BIGINT, host VARCHAR, "
                        "device VARCHAR)")
-        engine.con.executemany("INSERT INTO findings_whole_gauges VALUES (?, ?, ?, ?)", whole)
+        insert_rows(engine.con, "findings_whole_gauges", whole)
         for _, batch in engine.stream(f"SELECT {key}, wall_ns, value FROM {relation} JOIN findings_whole_gauges "
                                       f"USING ({key})"):
             for kind, rank, host, device, wall, value in batch:
@@ -237,8 +238,7 @@ def feed_memory_series_sql(builder: InputBuilder, engine: Any, relation: str) ->
     if thin:
         engine.execute("CREATE OR REPLACE TEMP TABLE findings_thin_gauges (kind VARCHAR, rank BIGINT, host VARCHAR, "
                        "device VARCHAR, i BIGINT)")
-        engine.con.executemany("INSERT INTO findings_thin_gauges VALUES (?, ?, ?, ?, ?)",
-                               [(*k, i) for *k, n in thin for i in thin_indices(n)])
+        insert_rows(engine.con, "findings_thin_gauges", [(*k, i) for *k, n in thin for i in thin_indices(n)])
         picked: dict[tuple[str, int, str, str], list[tuple[int, float]]] = {}
         for _, batch in engine.stream(
                 f"SELECT {key}, wall_ns, value FROM (SELECT {key}, wall_ns, value, row_number() OVER (PARTITION BY "

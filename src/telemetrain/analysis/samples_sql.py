@@ -21,6 +21,7 @@ from ..store.codec import untag_nonfinite
 from ..store.engine import Engine
 from ..store.rank_groups import rank_groups
 from ..store.reader import Run
+from ..store.views import insert_rows
 from .quantiles_sql import median, ranked
 from .samples import _CONTENTION, DURATIONS, OTHER, PHASES, RunSamples, interpolate, quantile_positions
 from .samples_sums import RunSums
@@ -166,11 +167,10 @@ def _feed_curves(engine: Engine, curves: CurveBuilder, wanted: Callable[[str], b
     pairs = [(name, text, key) for (name, text), key in keys.items() if key in fed]
     if pairs:
         engine.execute("CREATE OR REPLACE TEMP TABLE compare_series (name VARCHAR, attributes VARCHAR, skey VARCHAR)")
-        engine.con.executemany("INSERT INTO compare_series VALUES (?, ?, ?)", pairs)
+        insert_rows(engine.con, "compare_series", pairs)
         engine.execute("CREATE OR REPLACE TEMP TABLE compare_extents (group_name VARCHAR, skey VARCHAR, rank BIGINT, "
                        "c_by_step BOOLEAN, c_s0 BIGINT, c_s1 BIGINT, c_w0 BIGINT, c_w1 BIGINT)")
-        engine.con.executemany("INSERT INTO compare_extents VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                               [(*k, *v) for k, v in extents.items()])
+        insert_rows(engine.con, "compare_extents", [(*k, *v) for k, v in extents.items()])
         listed = ", ".join("'" + n.replace("'", "''") + "'" for n in sorted({n for n, _, _ in pairs}))
         feed_curves(engine, curves, "(SELECT m.*, k.skey FROM metrics m JOIN compare_series k ON m.name = k.name AND "
                     f"m.attributes IS NOT DISTINCT FROM k.attributes WHERE m.role <> 'agent' AND m.name IN ({listed}))",

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 from ..store.codec import untag_nonfinite
 from ..store.reader import Run
+from ..store.views import insert_rows
 from .findings.builder import (
     CRASH_SPANS,
     CUDA_ALLOCATED,
@@ -148,7 +149,7 @@ def findings_builder_sql(engine: Any, run: Run) -> InputBuilder:
             and (n, g) not in gauges and not (n == CUDA_ALLOCATED and g.startswith("system.cuda."))]
     values = [(g, n) for g, n in pairs if value_series_kind(g, n) is not None]
     if kept:
-        engine.con.executemany("INSERT INTO show_findings_series VALUES (?, ?)", kept)
+        insert_rows(engine.con, "show_findings_series", kept)
     number = "value_bool IS NULL AND value IS NOT NULL"
     report = f"group_name = '{REPORT[0]}' AND name = '{REPORT[1]}'"
     # the builder's time origin (its first record: the earliest numeric metric or report) and each rank's host (of
@@ -184,7 +185,7 @@ def findings_builder_sql(engine: Any, run: Run) -> InputBuilder:
                    series=False)
     if values:  # the loss and gradient-norm series: the points that settle their spikes
         engine.execute("CREATE OR REPLACE TEMP TABLE show_value_series (group_name VARCHAR, name VARCHAR)")
-        engine.con.executemany("INSERT INTO show_value_series VALUES (?, ?)", values)
+        insert_rows(engine.con, "show_value_series", values)
         feed_value_series_sql(
             builder, engine,
             f"(SELECT name, rank, step, value, pid, segment, line FROM metrics WHERE {w} AND {number} "

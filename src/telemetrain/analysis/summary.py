@@ -15,6 +15,7 @@ import math
 from collections import Counter
 from typing import Any
 
+from ..cli_common import is_number
 from ..semconv import series_key
 from ..store.codec import untag_nonfinite
 from ..store.reader import Run
@@ -102,10 +103,6 @@ def _who(group: str, name: str, identity: Any) -> str:
     return f"host {identity.host}" if host_wide else f"rank {identity.rank} pid {identity.pid}"
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def summarize_run(run: Run) -> RunSummary:
     """The summary from the records in memory."""
     s = RunSummary()
@@ -127,7 +124,7 @@ def summarize_run(run: Run) -> RunSummary:
             if kind == "stat":
                 series.samples += r.sample_count
             if kind == "metric" and (group == "system" or group.startswith("system.")) and \
-                    _is_number(r.value) and math.isfinite(r.value):
+                    is_number(r.value) and math.isfinite(r.value):
                 who = _who(group, name, r.identity)
                 s.system.setdefault((who, group), {}).setdefault(name, SystemSeries()).add(float(r.value))
                 if name in ENERGY_NAMES:

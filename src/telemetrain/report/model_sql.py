@@ -30,6 +30,7 @@ from ..analysis.findings_windows_sql import feed_windows_sql
 from ..store.codec import untag_nonfinite
 from ..store.engine import Engine
 from ..store.reader import Run
+from ..store.views import insert_rows
 from .curves_sql import curve_extent_sql, feed_curves
 from .model_pass import (
     _ENERGY_NAMES,
@@ -316,8 +317,8 @@ class SqlCollector(_Collector):
             return
         self.engine.execute("CREATE OR REPLACE TEMP TABLE report_metric_ranks (group_name VARCHAR, skey VARCHAR, "
                             "hi BIGINT, lo BIGINT)")
-        self.engine.con.executemany("INSERT INTO report_metric_ranks VALUES (?, ?, ?, ?)",
-                                    [(g, n, hi, lo) for g, n, _, _, _, _, _, hi, lo in stats])
+        insert_rows(self.engine.con, "report_metric_ranks",
+                    [(g, n, hi, lo) for g, n, _, _, _, _, _, hi, lo in stats])
         last = {(g, n): v for g, n, v in self.rows(
             f"""SELECT m.group_name, m.skey, arg_max_null(struct_pack(m.value, m.value_int, m.value_bool),
                        (m.pid, m.segment, m.line))

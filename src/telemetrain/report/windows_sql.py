@@ -20,6 +20,7 @@ from typing import Any
 from ..analysis.findings_sql import REPORTS_AT_ONCE, rank_groups
 from ..analysis.quantiles_sql import median
 from ..store.engine import Engine
+from ..store.views import insert_rows
 from .model_pass import PHASES, Window
 from .packed_windows import PackedWindows
 from .windows import MAX_HEATMAP_COLUMNS, SLOW_ITERATION_FACTOR, Heatmap, WindowFigures, window_limit
@@ -134,7 +135,7 @@ class WindowsSql:
         if not typical:
             return []
         self.engine.execute("CREATE OR REPLACE TEMP TABLE report_typical (rank BIGINT, t DOUBLE)")
-        self.engine.con.executemany("INSERT INTO report_typical VALUES (?, ?)", list(typical.items()))
+        insert_rows(self.engine.con, "report_typical", list(typical.items()))
         rows = self.engine.rows(
             f"SELECT {COLUMNS}, i FROM {TABLE} JOIN report_typical USING (rank) WHERE mx IS NOT NULL "
             f"AND NOT isnan(mx) AND mx > {SLOW_ITERATION_FACTOR} * t")
@@ -181,8 +182,7 @@ class WindowsSql:
         if not held:
             return
         self.engine.execute("CREATE OR REPLACE TEMP TABLE report_limits (rank BIGINT, lim BIGINT)")
-        self.engine.con.executemany("INSERT INTO report_limits VALUES (?, ?)",
-                                    [(rank, window_limit(rank, ranks)) for rank in held])
+        insert_rows(self.engine.con, "report_limits", [(rank, window_limit(rank, ranks)) for rank in held])
         w = f"(SELECT * FROM {TABLE} JOIN report_limits USING (rank))"
         for row in self.engine.rows(f"SELECT {COLUMNS} FROM {w} WHERE n <= lim ORDER BY rank, i"):
             _packed(whole, row[0]).append(window_of(row))
@@ -211,7 +211,7 @@ class WindowsSql:
         wanted = {rank for rank, _, _ in flagged}
         out: list[tuple[tuple[int, int, int], Window]] = []
         e.execute("CREATE OR REPLACE TEMP TABLE report_flagged (rank BIGINT, a BIGINT, b BIGINT)")
-        e.con.executemany("INSERT INTO report_flagged VALUES (?, ?, ?)", sorted(flagged))
+        insert_rows(e.con, "report_flagged", sorted(flagged))
         try:
             for ranks in rank_groups([(r, n) for r, n in self.counts if r in wanted], WINDOWS_AT_ONCE):
                 self._build(ranks)

@@ -42,7 +42,7 @@ from .convert import convert_segment, drop_converted, header_rows
 from .manifest import SEGMENTS_DIR, Manifest, manifest_is_valid, manifest_path, partition_dir, read_manifest
 from .reader import fallback_identity, find_runs, list_processes, read_run_meta
 from .report_rows import REPORT, REPORTS_TABLE, report_rows_sql
-from .views import sql_str
+from .views import insert_rows, sql_str
 
 __all__ = ["COLUMNAR_DIR", "CompactResult", "Manifest", "compact", "manifest_path", "read_manifest"]
 
@@ -158,7 +158,7 @@ def _compact_segment(con: Any, path: Path, prefix: Path, fallback: Identity, ses
                     + ")")
         for (p_session, p_run, p_rank), rows in rows_by_part.items():
             con.execute("DELETE FROM hdr")
-            con.executemany(f"INSERT INTO hdr VALUES ({', '.join('?' for _ in COLUMNS[PROCESS_TABLE])})", rows)
+            insert_rows(con, "hdr", rows)
             rel = f"{partition_dir(PROCESS_TABLE, p_session, p_run, p_rank)}/{stem}.parquet"
             size = _write_parquet(con, "SELECT * FROM hdr ORDER BY line", prefix, rel, PROCESS_TABLE)
             files.append({"table": PROCESS_TABLE, "path": rel, "bytes": size, "rows": len(rows)})

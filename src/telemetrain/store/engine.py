@@ -36,12 +36,12 @@ from .allocator import flush_freed_in_queries, purge_freed, trim_freed
 from .codec import untag_nonfinite
 from .columnar import PARTITIONS, PROCESS_TABLE, READABLE_SINCE, SCHEMA_VERSION, TABLES
 from .compact import COLUMNAR_DIR, connect
-from .convert import convert_segment, header_rows
 from .manifest import manifest_is_valid, manifest_path, read_manifest
 from .reader import fallback_identity, list_processes, read_run_meta
-from .report_rows import ALL_COLUMNS, REPORTS_TABLE, report_rows_sql
+from .report_rows import ALL_COLUMNS
 from .segments import parse_segment_name
-from .views import ALL_TABLES, create_tail_tables, create_views, sql_list, sql_str
+from .tails import ProcessCounts, TailLoader
+from .views import ALL_TABLES, create_tail_tables, create_views, insert_rows, sql_list
 
 __all__ = ["ColumnarWarning", "Engine", "EngineUnavailable", "ReadOnlyQueryError", "engine_for", "open_engine"]
 
@@ -134,14 +134,6 @@ def open_engine(paths: Sequence[str | os.PathLike[str]]) -> Engine:
 
 
 @dataclass
-class ProcessCounts:
-    records: int = 0
-    torn: int = 0
-    corrupt: int = 0
-    header: dict[str, Any] | None = None
-
-
-@dataclass
 class RunInfo:
     path: Path
     session: str
@@ -179,8 +171,7 @@ class Engine:
         # the events files of version-2 copies, which have no reports table: their reports are typed at read time
         self.untyped_reports: list[str] = []
         self.ignored: list[str] = []  # copies not trusted, with why
-        self.tail_segments = 0  # segments (or the grown part of one) read from their JSONL
-        self.tail_bytes = 0
+        self._tails = TailLoader(self.con)
         # (run directory, agent, rank, pid) of the file names -> records, torn, corrupt, first header
         self.process_counts: dict[tuple[Path, bool, int, int], ProcessCounts] = {}
         # segment file -> (the offset up to which it was read, the identity in force there): where to follow it from
@@ -188,7 +179,7 @@ class Engine:
         # (table, session, run, pid, segment number) -> the Parquet files of the segments with that pid and number
         # (``fetch``; two ranks of one process share a pid: the rank filter tells their rows apart)
         self.segment_files: dict[tuple[str, str, str, int | None, int], list[str]] = {}  # pid None: any
-        self._damage: list[tuple[Any, ...]] = []
+        self._damage: list[tuple[Any, ...]] = []  # (session, run, rank, pid, agent, ProcessCounts, segments)
         self._locked = False
         create_tail_tables(self.con)
         self.add_runs(run_dirs)
@@ -277,22 +268,22 @@ class Engine:
                     warnings.warn(f"ignoring the columnar copy of {path} ({why}); reading the JSONL instead",
                                   ColumnarWarning, stacklevel=4)
                 try:
-                    identity, scan, records, corrupt = self._add_tail(info, path, identity, start, first_line)
+                    scan = self._tails.add(path, identity or fallback_identity(path, info.meta), info.session,
+                                           info.run, counts, start=start, first_line=first_line)
                 except OSError:
                     continue  # the file went away meanwhile
-                counts.records += records
+                identity = scan.identities[-1][1]
                 counts.torn += scan.torn
                 self.read_to[path] = (scan.size, identity)
-                counts.corrupt += corrupt
                 if n == 0 and counts.header is None and scan.first_header:
                     counts.header = scan.first_header
             self.process_counts[(info.path.resolve(), agent, rank, pid)] = counts
-            self._damage.append((info.session, info.run, rank, pid, agent, counts.torn, counts.corrupt, len(paths)))
+            self._damage.append((info.session, info.run, rank, pid, agent, counts, len(paths)))
+        self._tails.flush()  # (the counts are complete from here)
         if self._progress is not None:
             self._progress("read", total, total)
-        if self._damage:
-            self.con.executemany("INSERT INTO damage VALUES (?, ?, ?, ?, ?, ?, ?, ?)", self._damage)
-            self._damage = []
+        insert_rows(self.con, "damage", [(*key, c.torn, c.corrupt, segments) for *key, c, segments in self._damage])
+        self._damage = []
 
     def _first_header(self, prefix: Path, manifest: Any) -> dict[str, Any] | None:
         files = [str(prefix / str(f["path"])) for f in manifest.files if f.get("table") == PROCESS_TABLE]
@@ -305,30 +296,6 @@ class Engine:
         except ValueError:
             return None
         return header if isinstance(header, dict) else None
-
-    def _add_tail(self, info: RunInfo, path: Path, identity: Identity | None, start: int = 0,
-                  first_line: int = 0) -> tuple[Identity, Any, int, int]:
-        name = parse_segment_name(path.name)
-        segment = name.segment if name is not None else 0
-        fallback = identity or fallback_identity(path, info.meta)
-        scan, seg = convert_segment(self.con, path, fallback, info.session, info.run, segment, start=start,
-                                    first_line=first_line)
-        for kind, table in TABLES.items():
-            cols = ", ".join(f'"{n}"' for n, _ in ALL_COLUMNS[table] + PARTITIONS)
-            self.con.execute(f"INSERT INTO tail_{table} ({cols}) SELECT {cols} FROM {seg} WHERE kind = '{kind}'")
-        cols = ", ".join(f'"{n}"' for n, _ in ALL_COLUMNS[REPORTS_TABLE] + PARTITIONS)
-        typed = report_rows_sql(seg, "kind = 'event'", partitions=True)
-        self.con.execute(f"INSERT INTO tail_{REPORTS_TABLE} ({cols}) {typed}")
-        records, corrupt = self.con.execute(
-            f"SELECT count(kind), count(*) - count(kind) FROM {seg}").fetchone() or (0, 0)
-        self.con.execute(f"DROP TABLE {seg}")
-        rows = [(*row, *part) for part, row in header_rows(scan, segment)]
-        if rows:
-            marks = ", ".join("?" for _ in ALL_COLUMNS[PROCESS_TABLE] + PARTITIONS)
-            self.con.executemany(f"INSERT INTO tail_{PROCESS_TABLE} VALUES ({marks})", rows)
-        self.tail_segments += 1
-        self.tail_bytes += scan.size - scan.start
-        return scan.identities[-1][1], scan, int(records), int(corrupt) + scan.bad_headers
 
     def attach(self, run: Any) -> None:
         """Give the ``ProcessLog``s of ``run`` (a ``store.Run`` this engine reads) their record, torn and corrupt
@@ -354,7 +321,12 @@ class Engine:
             keyed.append((name, text, series_key(name, attributes) if isinstance(attributes, dict) and attributes
                           else name))
         if keyed:
-            self.con.executemany(f"INSERT INTO {table} VALUES (?, ?, ?)", keyed)
+            insert_rows(self.con, table, keyed)
+
+    @property
+    def tail_segments(self) -> int:
+        """How many segments (or grown parts of one) were read from their JSONL rather than a columnar copy."""
+        return self._tails.segments
 
     @property
     def scratch(self) -> str:
@@ -427,19 +399,35 @@ class Engine:
         columns = [n for n, _ in ALL_COLUMNS[table] + PARTITIONS]
         cols = ", ".join(f'"{n}"' for n in columns)
         hive = "{" + ", ".join(f"'{n}': {t}" for n, t in PARTITIONS) + "}"
+        # the JSONL tail's rows by one query for every segment (a query per segment cost ~1 ms each: 2 s for a
+        # 1,024-rank run's last values)
+        tail: dict[tuple[str, str, int, int, int], list[Any]] = {}
+        if self.tail_segments and by_segment:
+            self.execute("CREATE OR REPLACE TEMP TABLE fetch_keys (session VARCHAR, run VARCHAR, rank BIGINT, "
+                         "pid BIGINT, segment INTEGER, line INTEGER)")
+            insert_rows(self.con, "fetch_keys", [(*key, line) for key, lines in by_segment.items()
+                                                 for line in sorted(set(lines))])
+            at = [columns.index(n) for n in ("session", "run", "rank", "pid", "segment")]
+            for row in self.con.execute(
+                    f"SELECT {cols} FROM tail_{table} WHERE (session, run, rank, pid, segment, line) IN "
+                    "(SELECT (session, run, rank, pid, segment, line) FROM fetch_keys) "
+                    "ORDER BY session, run, rank, pid, segment, line").fetchall():
+                session, run, rank, pid, segment = (row[i] for i in at)
+                tail.setdefault((session, run, int(rank), int(pid), int(segment)), []).append(row)
+            self.execute("DROP TABLE fetch_keys")
         rows: list[Any] = []
-        for (session, run, rank, pid, segment), lines in sorted(by_segment.items()):
-            where = (f"rank = {rank} AND pid = {pid} AND segment = {segment} AND "
-                     f"line IN ({', '.join(map(str, sorted(set(lines))))})")
+        for key, lines in sorted(by_segment.items()):
+            session, run, rank, pid, segment = key
             # by the file's name; a row whose header names another pid than its file (a renamed file): any file of
             # that segment number in the run (the query below keeps the row's own rank, pid and line)
             files = self.segment_files.get((table, session, run, pid, segment)) or \
                 self.segment_files.get((table, session, run, None, segment))
             if files:
+                where = (f"rank = {rank} AND pid = {pid} AND segment = {segment} AND "
+                         f"line IN ({', '.join(map(str, sorted(set(lines))))})")
                 rows += self.con.execute(f"SELECT {cols} FROM read_parquet({sql_list(files)}, "
                                          f"hive_partitioning = true, hive_types = {hive}) WHERE {where}").fetchall()
-            rows += self.con.execute(f"SELECT {cols} FROM tail_{table} WHERE session = {sql_str(session)} AND "
-                                     f"run = {sql_str(run)} AND {where}").fetchall()
+            rows += tail.get(key, [])
         return columns, rows
 
     def table(self, name: str) -> Any:

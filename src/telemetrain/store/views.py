@@ -5,13 +5,13 @@ reports) and the ``damage`` table (torn and corrupt lines per process)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .columnar import PARTITIONS, PROCESS_TABLE, TABLES
 from .report_rows import ALL_COLUMNS, REPORT_FIELDS, REPORTS_TABLE, report_rows_sql
 
-__all__ = ["ALL_TABLES", "create_tail_tables", "create_views", "sql_list", "sql_str"]
+__all__ = ["ALL_TABLES", "create_tail_tables", "create_views", "insert_rows", "sql_list", "sql_str"]
 
 ALL_TABLES = (*TABLES.values(), PROCESS_TABLE, REPORTS_TABLE)
 
@@ -24,6 +24,16 @@ def sql_str(text: str) -> str:
 def sql_list(items: Iterable[str]) -> str:
     """``items`` as an SQL list of string literals."""
     return "[" + ", ".join(map(sql_str, items)) + "]"
+
+
+def insert_rows(con: Any, table: str, rows: Sequence[Sequence[Any]]) -> None:
+    """``rows`` (each with ``table``'s columns, in order) into ``table`` in one statement, a list per column: DuckDB's
+    ``executemany`` runs one INSERT per row, ~0.6 ms each (0.6 s for the damage rows of a 1,024-rank run; this takes
+    ~7 ms for 1,000 rows)."""
+    if not rows:
+        return
+    columns = [list(column) for column in zip(*rows, strict=True)]
+    con.execute(f"INSERT INTO {table} SELECT " + ", ".join("unnest(?)" for _ in columns), columns)
 
 
 def create_tail_tables(con: Any) -> None:

@@ -21,6 +21,7 @@ from ..store.codec import untag_nonfinite
 from ..store.engine import Engine
 from ..store.rank_groups import rank_groups
 from ..store.reader import Run
+from ..store.views import insert_rows
 from .goodput_read import (
     _LIFECYCLE,
     _TRACKED,
@@ -249,7 +250,7 @@ def _latest_spans(engine: Engine, where: str, spans: list[tuple[_Key, str]]) -> 
         return {}
     engine.execute("CREATE OR REPLACE TEMP TABLE goodput_latest (session VARCHAR, run VARCHAR, rank BIGINT, "
                    "pid BIGINT, span_id VARCHAR)")
-    engine.con.executemany("INSERT INTO goodput_latest VALUES (?, ?, ?, ?, ?)", [(*key, i) for key, i in spans])
+    insert_rows(engine.con, "goodput_latest", [(*key, i) for key, i in spans])
     pos, lifecycle, tracked = _position_sql(), _names(_LIFECYCLE), _names(_TRACKED)
     firsts: dict[tuple[_Key, str], list[Any]] = {}  # -> [start pos, start wall, end pos, end wall, lifecycle]
     for s, r, rank, pid, span_id, k, at, wall, life in engine.rows(f"""
