@@ -83,10 +83,10 @@ def engine_available() -> bool:
 
 # Runs this small are read by the pure-Python path even with DuckDB installed: it reads them before DuckDB has
 # started, converted their files and planned its statements, in less memory (BENCHMARKS.md, "Small runs"): show of
-# the demo's run (1 MiB) 0.35 s and 33 MiB against 1.1 s and 115 MiB; of 1,024 ranks of 2 KiB each 0.7 s against
-# 94 s (DuckDB pays ~90 ms for each file it converts); of 2 ranks x 25,000 iterations (17 MiB, compacted) 2.4 s
-# against 1.4 s, past the crossover. Up to SMALL_RUN_BYTES, or 1 MiB a file up to SMALL_FILES_BYTES (many small
-# files, which the writer does not compact: DuckDB's cost is per file; the Python path's peak is ~3x the JSONL).
+# the demo's run (1 MiB) 0.35 s and 33 MiB against 1.1 s and 115 MiB; of 1,024 ranks of 2 KiB each 0.6 s against
+# 1.2 s; of 2 ranks x 25,000 iterations (17 MiB, compacted) 2.4 s against 1.4 s, past the crossover. Up to
+# SMALL_RUN_BYTES, or 1 MiB a file up to SMALL_FILES_BYTES (many small files, which the writer does not compact:
+# DuckDB converts them itself, at about the Python reader's speed; the Python path's peak is ~3x the JSONL).
 SMALL_RUN_BYTES = 8 << 20
 SMALL_FILES_BYTES = 64 << 20
 _PER_FILE_BYTES = 1 << 20
