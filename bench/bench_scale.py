@@ -16,8 +16,9 @@ written once, marked done, and a rank left half-written by an interrupted run is
 telemetrain is installed; each command in a fresh process, ``python -m telemetrain.cli ...``, as a user runs it;
 wall time and CPU time from ``wait4``, peak RSS as the process's own ``VmHWM``): ``report RUN``,
 ``compare RUN --baseline COPY`` (against a hard-linked copy of itself: both are read), ``goodput SESSION``,
-``show RUN``; ``--repeats`` times, median. With DuckDB (the ``columnar`` extra) and, where ``--python-up-to``
-allows, the pure-Python path (``TELEMETRAIN_ENGINE=python``) for comparison.
+``show RUN``, and when asked (``--commands``) ``trace RUN`` and ``tail RUN --once``; ``--repeats`` times, median.
+With DuckDB (the ``columnar`` extra) and, where ``--python-up-to`` allows, the pure-Python path
+(``TELEMETRAIN_ENGINE=python``) for comparison.
 
 **Compaction**: ``telemetrain.store.compact.compact(run, dest=<temp dir>)`` of one rank's segments in this process
 (DuckDB on one thread), records per second. **Bytes**: JSONL and Parquet bytes of the run over ranks x iterations.
@@ -48,6 +49,10 @@ from pathlib import Path
 from typing import Any
 
 CHECKS = {"report": 60.0, "compare": 60.0, "goodput": 60.0, "show": 60.0}  # seconds on 64 x 1M
+# readers timed when asked (--commands): the Perfetto trace (a process's records at a time) and tail's first frame
+# (``--once``); the checks above time the four readers issue 17 set a goal for, these carry the same 1 GiB and
+# flat-memory checks
+MORE_COMMANDS = ("trace", "tail")
 SMALL_LIMIT_S = 2.0  # on 8 x 100k
 RSS_LIMIT = 1 << 30
 COMPACT_RATE = 300_000  # records/s per process
@@ -236,6 +241,8 @@ def measure(run: Path, engine: str, repeats: int, timeout: float, out: Path,
         "compare": ["compare", str(run), "--baseline", str(baseline_of(run))] if "compare" in only else [],
         "goodput": ["goodput", str(run.parent)],
         "show": ["show", str(run)],
+        "trace": ["trace", str(run), "-o", str(out / "trace.json")],
+        "tail": ["tail", str(run), "--once"],
     }
     results = {}
     for name, argv in commands.items():
@@ -309,7 +316,7 @@ def extrapolate(sizes: list[dict[str, Any]]) -> dict[str, Any]:
         out["compaction_cpu_s"] = (big["records"] / (big["ranks"] * big["iterations"]) * target_iterations
                                    / max(big["compaction"]["records_per_cpu_s"], 1.0))
     fitted = sorted(sizes, key=lambda s: s["records"])[-2:]
-    for cmd in CHECKS:
+    for cmd in (*CHECKS, *MORE_COMMANDS):
         points = [(s["records"], s["duckdb"][cmd]["wall_s"]) for s in fitted if cmd in s.get("duckdb", {})]
         if len(points) == 2 and points[1][0] != points[0][0]:
             (x0, y0), (x1, y1) = points
@@ -350,7 +357,7 @@ def checks(sizes: list[dict[str, Any]]) -> list[str]:
             lines.append(f"Parquet / JSONL on {label}: {d['parquet_share']:.1%}: "
                          f"{verdict(d['parquet_share'] <= PARQUET_SHARE)} (<= 20%)")
     if len(sizes) >= 2:
-        for cmd in CHECKS:
+        for cmd in (*CHECKS, *MORE_COMMANDS):
             peaks = [s["duckdb"][cmd]["peak_rss"] for s in sizes if cmd in s.get("duckdb", {})]
             if len(peaks) >= 2:
                 spread = max(peaks) / min(peaks) - 1
@@ -370,7 +377,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=1800.0, help="per command, seconds")
     ap.add_argument("--python-up-to", type=int, default=2_000_000,
                     help="also time the pure-Python path on runs of at most this many iterations in all")
-    ap.add_argument("--commands", default=",".join(CHECKS), help="the readers timed (default: %(default)s)")
+    ap.add_argument("--commands", default=",".join(CHECKS),
+                    help=f"the readers timed, of {', '.join((*CHECKS, *MORE_COMMANDS))} (default: %(default)s)")
     ap.add_argument("--no-compaction-rate", action="store_true", help="do not time compaction")
     ap.add_argument("--json", metavar="FILE", help="also write the raw results to FILE")
     ap.add_argument("--clean", action="store_true", help="delete the cached runs and exit")
@@ -399,9 +407,9 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_compaction_rate:
             entry["compaction"] = compaction_rate(run)
         only = tuple(c for c in args.commands.split(",") if c)
-        unknown = set(only) - set(CHECKS)
+        unknown = set(only) - {*CHECKS, *MORE_COMMANDS}
         if unknown:
-            ap.error(f"--commands: unknown {sorted(unknown)} (known: {', '.join(CHECKS)})")
+            ap.error(f"--commands: unknown {sorted(unknown)} (known: {', '.join((*CHECKS, *MORE_COMMANDS))})")
         with tempfile.TemporaryDirectory(prefix="bench-scale-out-") as out:
             entry["duckdb"] = measure(run, "duckdb", args.repeats, args.timeout, Path(out), only)
             if ranks * iterations <= args.python_up_to:

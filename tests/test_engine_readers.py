@@ -378,13 +378,15 @@ def test_lone_surrogates_keep_their_record_on_both_paths(tmp_path: Path) -> None
             assert engine.scalar("SELECT sum(corrupt) FROM damage") == 0
 
 
-def test_trace_and_tail_are_the_same_by_sql(session: tuple[Path, Path]) -> None:
+def test_trace_and_tail_are_the_same_by_sql(session: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     """The Perfetto trace (a run, and the session's two runs) and tail's first frame, both ways, the SQL path reading
-    each process only when it is drawn."""
+    each group of processes only when its first is drawn (the run's processes together, and one at a time)."""
+    import telemetrain.store.trace_sql as trace_sql
     from telemetrain.analysis.tail import TailState
     from telemetrain.trace import build_trace, load_runs
 
-    for source in (session[0], session[0].parent):
+    for source, group_rows in itertools.product((session[0], session[0].parent), (trace_sql.GROUP_ROWS, 1)):
+        monkeypatch.setattr(trace_sql, "GROUP_ROWS", group_rows)
         python = build_trace(load_runs(source))
         runs = load_runs(source)
         with Engine([r.path for r in runs]) as engine:

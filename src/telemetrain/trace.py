@@ -286,7 +286,7 @@ def build_trace(
     ``otherData``). ``ts``/``dur`` are integer µs from the earliest record (``otherData.telemetrain.origin_wall_ns``),
     so every rank and run shares one clock. ``all_metrics``: every numeric metric record is a counter, not only the
     throughput and the main system samples. ``engine``: a ``store.engine.Engine`` over the runs, to read each process's
-    records by SQL when it is drawn (memory: one process at a time) instead of from the loaded runs."""
+    records by SQL when it is drawn (memory: a bounded group of processes at a time) instead of from the loaded runs."""
     if type(max_per_name) is not int or max_per_name < 1:
         raise ValueError(f"max_per_name must be an int >= 1, got {max_per_name!r}")
     procs = _processes(runs) if engine is None else _processes_sql(runs, engine, all_metrics)
