@@ -31,6 +31,7 @@ from telemetrain.spans import tracer
 from telemetrain.store import open_run
 from telemetrain.training import SpanName, TrainingRecorder, TrainingTelemetryConfig
 from telemetrain.training.goodput import goodput
+from test_reader_damage import ENGINES
 
 pytestmark = pytest.mark.filterwarnings("ignore:telemetrain. sink 'broken' failed")
 
@@ -486,3 +487,40 @@ def test_attribute_cells_keep_a_timestamps_digits() -> None:
     assert attribute_value(0.000123456789) == "0.000123457" and attribute_value(3.14159265) == "3.14159"
     assert attribute_value(1e20) == "1e+20" and attribute_value(float("nan")) == "nan"
     assert attribute_value(None) == "-" and attribute_value(7) == "7" and attribute_value("x") == "x"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_many_ranks_chart_their_envelope_and_list_the_first_and_the_outlier_processes(
+        tmp_path: Path, engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """40 ranks on 5 hosts: each host's CPU a line (5 series, node5 before node10), the ranks' resident memory as
+    their envelope (the band and the median) with the 3 highest peaks drawn alone; the processes table lists the
+    first 8 ranks and the outliers (a damaged file, the fewest and the most records), all 40 folded below."""
+    monkeypatch.setenv("TELEMETRAIN_ENGINE", engine)
+    for rank in range(40):
+        t = Telemetry(identity_from_env({}, run_id="many", session_tag="s", rank=rank, world_size=40,
+                                        host=f"node{rank // 8 * 5}"), store=tmp_path)
+        for i in range(3 if rank == 25 else 20 if rank == 33 else 6):  # rank 25 the fewest records, 33 the most
+            t.metric("process.memory.usage", 1e9 + 1e6 * rank + i, "system", unit="By")
+            if rank % 8 == 0:
+                t.metric("system.cpu.utilization", 0.1 * (rank // 8), "system", unit="1")
+        assert t.close()
+    run = tmp_path / "s" / "many"
+    with open(next(run.glob("rank-17.*.jsonl")), "a") as fh:
+        fh.write('{"v":1,"kind":"metr\n')  # a damaged line
+    page = write_report(run, tmp_path / "p.html").read_text()
+    memory = page[page.index("<h3>process resident memory (per rank)</h3>"):]
+    memory = memory[:memory.index("</div>")]
+    legend = re.findall(r"<text[^>]*>([^<]*)</text>", memory.split("</title>", 1)[1])
+    assert {"range of 40", "median", "rank 39", "rank 38", "rank 37"} <= set(legend)
+    assert not [name for name in legend if re.fullmatch(r"rank ([0-9]|[12][0-9]|3[0-6])", name)]
+    assert "40 series" in memory and "(rank 39, rank 38, rank 37)" in memory
+    cpu = page[page.index("<h3>host CPU utilization</h3>"):]
+    cpu = cpu[:cpu.index("</div>")]
+    assert re.findall(r">(node\d+)</text>", cpu) == ["node0", "node5", "node10", "node15", "node20"]  # in order
+    processes = page[page.index("<h3>processes</h3>"):]
+    listed, folded = processes.split("<details>", 1)
+    ranks = [int(r) for r in re.findall(r'<tr><td class="num">(\d+)</td>', listed)]
+    assert ranks == [0, 1, 2, 3, 4, 5, 6, 7, 17, 25, 33]
+    assert "29 more not listed" in listed and "all 40 processes" in folded
+    assert [int(r) for r in re.findall(r'<tr><td class="num">(\d+)</td>', folded.split("</details>")[0])] == \
+        list(range(40))

@@ -17,6 +17,7 @@ from .. import __version__
 from ..phase_times import LABELS
 from .curves_html import curves_section
 from .gpu_html import gpu_section
+from .many_ranks import envelope, few_processes
 from .model import ReportModel
 from .model_pass import MAX_CHECKPOINT_SPANS, PHASES, Window
 from .svg import esc, fmt_unit, heatmap, line_chart, stacked_bars, timeline
@@ -52,7 +53,7 @@ th{background:#f1f3f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .finding.info{border-color:#1f77b4;background:#f0f6fc}.finding b{display:block}
 .finding .evidence{color:#555;font-size:12px;margin-top:2px}
 .note{color:#666;font-size:12px}.attrs{font-family:ui-monospace,monospace;font-size:11px;word-break:break-all}
-.cols{display:flex;flex-wrap:wrap;gap:0 28px;align-items:flex-start}
+.cols{display:flex;flex-wrap:wrap;gap:0 28px;align-items:flex-start}.cols>div>p.note{max-width:640px}
 svg.chart{display:block;margin:6px 0;max-width:100%;height:auto}
 figure.curve{margin:0}figure.curve h3{margin:10px 0 2px}
 """
@@ -161,9 +162,15 @@ def _identity(m: ReportModel) -> str:
         argv = p.header.get("argv")
         procs.append((i.rank, i.local_rank, i.host, i.pid, i.role, p.record_count, p.torn, p.corrupt, p.path.name,
                       " ".join(map(str, argv))[:200] if isinstance(argv, list) else ""))
-    body += "<h3>processes</h3>" + _table(
-        ("rank", "local rank", "host", "pid", "role", "records", "torn", "corrupt", "file", "argv"), procs,
-        numeric=(0, 1, 3, 5, 6, 7))
+    header, numeric = ("rank", "local rank", "host", "pid", "role", "records", "torn", "corrupt", "file", "argv"), (
+        0, 1, 3, 5, 6, 7)
+    shown, left = few_processes(procs, records=5, damage=(6, 7))
+    body += "<h3>processes</h3>" + _table(header, shown, numeric=numeric)
+    if left:  # thousands of ranks: the first and the outliers, then every one folded
+        body += (f'<p class="note">{left:,} more not listed above (listed: the first ranks, those with the fewest '
+                 "and the most records, any with damaged lines).</p>"
+                 f"<details><summary>all {len(procs):,} processes</summary>"
+                 + _table(header, procs, numeric=numeric) + "</details>")
     if m.agents:
         body += "<h3>launcher agents</h3>" + _table(
             ("host", "pid", "records", "file"),
@@ -323,9 +330,10 @@ def _system(m: ReportModel) -> str:
                 + gpu_section(m.gpu))
     out = []
     for title, unit, series in m.system:
+        lines, bands, note = envelope(series)  # (past 8 ranks or hosts: their envelope and the highest peaks)
         out.append(f"<div><h3>{esc(title)}</h3>" + line_chart(
-            title, [(s.label, s.points) for s in series], unit=unit, x_label="seconds since the run's start",
-            height=170, width=640) + "</div>")
+            title, lines, bands=bands, unit=unit, x_label="seconds since the run's start", height=170, width=640)
+            + (f'<p class="note">{esc(note)}</p>' if note else "") + "</div>")
     return '<div class="cols">' + "".join(out) + "</div>" + gpu_section(m.gpu)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -115,11 +116,17 @@ def _goodput(run: Run, rank: int, engine: Any = None) -> tuple[Any, str]:
     return None, error
 
 
+def _natural(label: str) -> tuple[Any, ...]:
+    """A sort key that puts ``rank 2`` before ``rank 10`` (and ``node9`` before ``node10``)."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", label))
+
+
 def _system(model: ReportModel, c: _Collector) -> list[tuple[str, str, list[Series]]]:
     charts = []
+    points_by = sorted(c.system_points().items(), key=lambda kv: (kv[0][0], _natural(kv[0][1])))
     for name, title, unit in SYSTEM_CHARTS:
         series = [Series(who, [(model.seconds(w), v) for w, v in points])
-                  for (metric, who), points in sorted(c.system_points().items()) if metric == name]
+                  for (metric, who), points in points_by if metric == name]
         if series:
             charts.append((title, unit, series))
     return charts

@@ -1,0 +1,73 @@
+"""What the page shows of a job of many ranks (or hosts), where a line or a row each would not be read: a chart of
+more than ``MAX_LINES`` series as their envelope (the band from the lowest to the highest value at each moment and
+their median) with the few of the highest peaks drawn alone, and a table of more than ``cli_common.SHOWN_ROWS``
+processes as its first rows and outliers, as ``show`` prints them, the whole table folded below (``<details>``: no
+script)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from ..cli_common import few
+from .model import Series
+
+__all__ = ["BUCKETS", "MAX_LINES", "OUTLIERS", "envelope", "few_processes"]
+
+MAX_LINES = 8  # series drawn one line each; past this, their envelope
+OUTLIERS = 3  # series drawn alone beside the envelope: the highest peaks
+BUCKETS = 200  # steps of time the envelope is taken over
+
+Point = tuple[float, float]
+
+
+def envelope(series: Sequence[Series]) -> tuple[list[tuple[str, list[Point]]],
+                                                list[tuple[str, list[Point], list[Point]]], str]:
+    """The lines, bands and note of a chart of ``series``: each series a line up to ``MAX_LINES``; past that, in each
+    of ``BUCKETS`` steps of time, the lowest, median and highest of the series' values there (a series' mean over
+    the step), and the ``OUTLIERS`` series of the highest peaks, drawn alone."""
+    if len(series) <= MAX_LINES:
+        return [(s.label, s.points) for s in series], [], ""
+    finite = [[(x, y) for x, y in s.points if math.isfinite(x) and math.isfinite(y)] for s in series]
+    xs = [x for pts in finite for x, _ in pts]
+    if not xs:
+        return [], [], ""
+    lo, hi = min(xs), max(xs)
+    step = (hi - lo) / BUCKETS or 1.0
+    by_bucket: dict[int, list[float]] = {}
+    for pts in finite:
+        sums: dict[int, list[float]] = {}
+        for x, y in pts:
+            acc = sums.setdefault(min(int((x - lo) / step), BUCKETS - 1), [0.0, 0.0])
+            acc[0] += y
+            acc[1] += 1
+        for b, (total, n) in sums.items():
+            by_bucket.setdefault(b, []).append(total / n)
+    lower, middle, upper = [], [], []
+    for b in sorted(by_bucket):
+        x, values = lo + (b + 0.5) * step, by_bucket[b]
+        lower.append((x, min(values)))
+        middle.append((x, statistics.median(values)))
+        upper.append((x, max(values)))
+    peaks = sorted(((max(y for _, y in pts), i) for i, pts in enumerate(finite) if pts), reverse=True)[:OUTLIERS]
+    n = len(series)
+    lines = [("median", middle)] + [(series[i].label, finite[i]) for _, i in peaks]
+    note = (f"{n:,} series: the band spans their lowest to highest value at each moment ({BUCKETS} steps of time, "
+            f"each series' mean over a step), the first line is their median; drawn alone, the {len(peaks)} with "
+            f"the highest peaks ({', '.join(series[i].label for _, i in peaks)}).")
+    return lines, [(f"range of {n:,}", lower, upper)], note
+
+
+def few_processes(rows: Sequence[Sequence[Any]], *, records: int, damage: Sequence[int]) -> tuple[list[Any], int]:
+    """The processes table's rows a page lists first (``cli_common.few``): all up to ``SHOWN_ROWS``, else the first
+    and the outliers: the fewest and the most records (column ``records``), any torn or corrupt line (``damage``).
+    Returns them and how many were left out."""
+    counted = [r for r in rows if isinstance(r[records], int)]
+    ends = {id(pick(counted, key=lambda r: r[records])) for pick in (min, max)} if counted else set()
+
+    def keep(row: Sequence[Any]) -> bool:
+        return id(row) in ends or any(isinstance(row[i], int) and row[i] > 0 for i in damage)
+
+    return few(rows, keep=keep)
