@@ -71,8 +71,10 @@ def process_loaders(runs: Sequence[Any], engine: Any, all_metrics: bool, counter
     def load_group(group: list[tuple[int, int, int, int]]) -> None:
         n, agent = group[0][:2]
         pairs = ", ".join(f"({int(rank)}, {int(pid)})" for _, _, rank, pid in group)
+        ranks = ", ".join(sorted({str(int(rank)) for _, _, rank, _ in group}))
+        # (rank IN: the partition filter, which a pair does not give DuckDB to prune files with)
         where = (f"{found[group[0]][0]} AND ({'' if agent else 'NOT '}role = '{AGENT_ROLE}') "
-                 f"AND (rank, pid) IN ({pairs})")
+                 f"AND rank IN ({ranks}) AND (rank, pid) IN ({pairs})")
         records: dict[tuple[int, int, int, int], list[tuple[tuple[Any, ...], Any]]] = {key: [] for key in group}
         for kind, table in TABLES.items():
             extra = metric_filter if kind == "metric" else ""
