@@ -9,6 +9,7 @@ after a checkpoint) followed by a restart from that checkpoint. The page is open
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import shutil
@@ -524,3 +525,23 @@ def test_many_ranks_chart_their_envelope_and_list_the_first_and_the_outlier_proc
     assert "29 more not listed" in listed and "all 40 processes" in folded
     assert [int(r) for r in re.findall(r'<tr><td class="num">(\d+)</td>', folded.split("</details>")[0])] == \
         list(range(40))
+
+
+def test_a_heatmap_of_many_ranks_names_every_nth_row_and_each_slow_rank_and_the_table_lists_the_outliers() -> None:
+    from telemetrain.report.html_tables import few_table
+    from telemetrain.report.svg import heatmap
+
+    rows = [f"rank {r}" + (" slow" if r == 77 else "") for r in range(256)]
+    cells = [[0.02 * (1.75 if r == 77 else 1.0)] * 4 for r in range(256)]
+    svg = heatmap("h", rows, cells, typical=0.02, columns=[(0, 9), (10, 19), (20, 29), (30, 39)])
+    named = re.findall(r'text-anchor="end"[^>]*>(rank [^<]*)</text>', svg)
+    assert "rank 77 slow" in named and "rank 0" in named and "rank 252" in named
+    assert "rank 76" not in named and "rank 1" not in named  # (3 px a row: every 4th, none beside the slow one)
+    y = {name: float(m) for m, name in re.findall(r'<text x="\d+" y="([\d.]+)" text-anchor="end"[^>]*>([^<]*)<', svg)}
+    assert min(abs(a - b) for a, b in itertools.combinations(sorted(y.values()), 2)) >= 12  # no two overlap
+    table_rows = [(r, 20 - (r == 200), "1.75x" if r == 77 else "") for r in range(256)]  # rank 200: fewest windows
+    page = few_table(("rank", "windows", "slow"), table_rows, numeric=(0, 1), counted=1,
+                     marked=lambda row: bool(row[2]), what="ranks", outliers="the slow")
+    listed, folded = page.split("<details>")
+    assert [int(r) for r in re.findall(r'<tr><td class="num">(\d+)</td>', listed)] == [*range(8), 77, 200]
+    assert "246 more not listed" in listed and folded.count("<tr>") == 257

@@ -3,24 +3,15 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
 from typing import Any
 
 from .gpu_health import RISE, GpuHealth, GpuWindow
-from .svg import esc, fmt_unit
+from .html_tables import table
+from .svg import fmt_unit
 
 __all__ = ["gpu_section"]
 
 MAX_ROWS = 40
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], numeric: Sequence[int] = ()) -> str:
-    out = ["<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>"]
-    num = ' class="num"'
-    for row in rows:
-        out.append("<tr>" + "".join(f"<td{num if i in numeric else ''}>{esc(c)}</td>"
-                                    for i, c in enumerate(row)) + "</tr>")
-    return "".join(out) + "</table>"
 
 
 def _mhz(hz: float | None) -> str:
@@ -55,13 +46,13 @@ def gpu_section(health: GpuHealth | None) -> str:
                         sum(1 for w in ws if w.flagged),
                         f"{min(clocks) / 1e6:.0f}-{max(clocks) / 1e6:.0f} MHz" if clocks else "-",
                         f"{sum(powers) / len(powers):.0f} W" if powers else "-"))
-    body = "<h3>GPU health by window</h3>" + _table(
+    body = "<h3>GPU health by window</h3>" + table(
         ("rank", "windows", "with GPU samples", "throttled", "slowed while throttled", "SM clock (window means)",
          "mean power"), summary, numeric=(1, 2, 3, 4))
     notable = sorted((w for w in health.windows if w.throttles or w.alloc_retries),
                      key=lambda w: (not w.flagged, w.iteration, w.rank))
     if notable:
-        body += _table(("rank", "iteration", "iteration time", "vs median", "device time", "throttle",
+        body += table(("rank", "iteration", "iteration time", "vs median", "device time", "throttle",
                         "SM clock min", "power", "GPU memory", "alloc retries", "energy / sample"),
                        [_row(w) for w in notable[:MAX_ROWS]], numeric=(1, 2, 3, 4, 6, 7, 8, 9, 10))
         if len(notable) > MAX_ROWS:

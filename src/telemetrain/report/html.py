@@ -10,14 +10,15 @@ import datetime as _dt
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from .. import __version__
 from ..phase_times import LABELS
 from .curves_html import curves_section
 from .gpu_html import gpu_section
-from .many_ranks import envelope, few_processes
+from .html_tables import Raw, few_table, table
+from .many_ranks import envelope
 from .model import ReportModel
 from .model_pass import MAX_CHECKPOINT_SPANS, PHASES, Window
 from .svg import esc, fmt_unit, heatmap, line_chart, stacked_bars, timeline
@@ -63,30 +64,13 @@ def _iso(wall_ns: int) -> str:
     return _dt.datetime.fromtimestamp(wall_ns / 1e9, tz=_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
 
 
-def _table(header: Sequence[str], rows: Iterable[Sequence[Any]], numeric: Sequence[int] = ()) -> str:
-    out = ["<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>"]
-    for row in rows:
-        cells = []
-        for i, cell in enumerate(row):
-            cls = ' class="num"' if i in numeric else ""
-            text = cell if isinstance(cell, _Raw) else "-" if cell is None else esc(cell)  # None: not known
-            cells.append(f"<td{cls}>{text}</td>")
-        out.append("<tr>" + "".join(cells) + "</tr>")
-    out.append("</table>")
-    return "".join(out)
-
-
-class _Raw(str):
-    """Markup built here (already escaped), to put in a table cell as is."""
-
-
-def _attrs(attributes: dict[str, Any] | None, limit: int = 240) -> _Raw:
+def _attrs(attributes: dict[str, Any] | None, limit: int = 240) -> Raw:
     if not attributes:
-        return _Raw("")
+        return Raw("")
     text = ", ".join(f"{k}={attribute_value(v)}" for k, v in attributes.items())
     if len(text) > limit:
         text = text[:limit] + " ..."
-    return _Raw(f'<span class="attrs">{esc(text)}</span>')
+    return Raw(f'<span class="attrs">{esc(text)}</span>')
 
 
 def attribute_value(v: Any) -> str:
@@ -146,7 +130,7 @@ def _identity(m: ReportModel) -> str:
         rows.append(("created", _iso(created)))
     if m.end_ns > m.start_ns:
         rows.append(("records from", f"{_iso(m.start_ns)} to {_iso(m.end_ns)}"))
-    body = '<div class="cols"><div>' + _table(("field", "value"), rows) + "</div>"
+    body = '<div class="cols"><div>' + table(("field", "value"), rows) + "</div>"
     sections = (("config", meta.get("config")), ("hyperparameters", m.hyperparameters),
                 ("training config", m.training_config), ("versions", meta.get("versions")),
                 ("hardware", meta.get("hardware")))
@@ -154,7 +138,7 @@ def _identity(m: ReportModel) -> str:
         flat: list[tuple[str, str]] = []
         _flatten("", values or {}, flat)
         if flat:
-            body += f"<div><h3>{esc(key)}</h3>" + _table(("key", "value"), flat) + "</div>"
+            body += f"<div><h3>{esc(key)}</h3>" + table(("key", "value"), flat) + "</div>"
     body += "</div>"
     procs = []
     for p in m.processes:
@@ -162,17 +146,12 @@ def _identity(m: ReportModel) -> str:
         argv = p.header.get("argv")
         procs.append((i.rank, i.local_rank, i.host, i.pid, i.role, p.record_count, p.torn, p.corrupt, p.path.name,
                       " ".join(map(str, argv))[:200] if isinstance(argv, list) else ""))
-    header, numeric = ("rank", "local rank", "host", "pid", "role", "records", "torn", "corrupt", "file", "argv"), (
-        0, 1, 3, 5, 6, 7)
-    shown, left = few_processes(procs, records=5, damage=(6, 7))
-    body += "<h3>processes</h3>" + _table(header, shown, numeric=numeric)
-    if left:  # thousands of ranks: the first and the outliers, then every one folded
-        body += (f'<p class="note">{left:,} more not listed above (listed: the first ranks, those with the fewest '
-                 "and the most records, any with damaged lines).</p>"
-                 f"<details><summary>all {len(procs):,} processes</summary>"
-                 + _table(header, procs, numeric=numeric) + "</details>")
+    body += "<h3>processes</h3>" + few_table(
+        ("rank", "local rank", "host", "pid", "role", "records", "torn", "corrupt", "file", "argv"), procs,
+        numeric=(0, 1, 3, 5, 6, 7), counted=5, marked=lambda row: bool(row[6] or row[7]),
+        what="processes", outliers="the fewest and the most records, any with damaged lines")
     if m.agents:
-        body += "<h3>launcher agents</h3>" + _table(
+        body += "<h3>launcher agents</h3>" + table(
             ("host", "pid", "records", "file"),
             [(p.identity.host, p.identity.pid, len(p.records), p.path.name) for p in m.agents], numeric=(1, 2))
     return body
@@ -192,7 +171,7 @@ def _phases(m: ReportModel) -> str:
             total = sum(seconds.values()) or 1.0
             table_rows.append((rank, *(f"{fmt_unit(seconds.get(p, 0.0), 's')} ({seconds.get(p, 0.0) / total:.0%})"
                                        for p in (*PHASES, "other"))))
-        body += _table(("rank", *PHASES, "other"), table_rows, numeric=tuple(range(7)))
+        body += table(("rank", *PHASES, "other"), table_rows, numeric=tuple(range(7)))
         body += ('<p class="note">From the training_metrics_update events: avg_&lt;phase&gt;_time_sec x '
                  "window_iterations, summed over the windows; other = avg_iteration_time_sec x window_iterations "
                  "minus the phases (a loop's warm-up iteration taken at its window's mean). "
@@ -206,7 +185,7 @@ def _phases(m: ReportModel) -> str:
         if span.rank == rank0 and span.duration_s is not None:
             lifecycle[span.name].append(span.duration_s)
     if lifecycle:
-        body += f"<h3>lifecycle spans (rank {rank0})</h3>" + _table(
+        body += f"<h3>lifecycle spans (rank {rank0})</h3>" + table(
             ("span", "count", "total", "mean"),
             [(name, len(d), fmt_unit(sum(d), "s"), fmt_unit(sum(d) / len(d), "s")) for name, d in lifecycle.items()],
             numeric=(1, 2, 3))
@@ -216,7 +195,7 @@ def _phases(m: ReportModel) -> str:
         body += f"<h3>where the session's time went (goodput, rank {g.rank})</h3>" + stacked_bars(
             "session time by category", [("session", segments)],
             colours=GOODPUT_COLOURS)
-        body += _table(("category", "seconds", "share"),
+        body += table(("category", "seconds", "share"),
                        [(name, f"{s:.3f}", f"{s / g.wall_seconds:.1%}" if g.wall_seconds else "-")
                         for name, s in segments], numeric=(1, 2))
     return body or '<p class="note">No training phases recorded (no TrainingRecorder spans or events).</p>'
@@ -303,7 +282,9 @@ def _heatmap(m: ReportModel) -> str:
         rank_rows.append((rank, m.window_counts.get(rank, 0), fmt_unit(med, "s") if med is not None else "-",
                           f"{slow[rank]:.2f}x" if rank in slow else ""))
     return (chart + f'<p class="note">{esc(note)}</p>' +
-            _table(("rank", "windows", "median window mean", "slow"), rank_rows, numeric=(0, 1, 2)) +
+            few_table(("rank", "windows", "median window mean", "slow"), rank_rows, numeric=(0, 1, 2), counted=1,
+                       marked=lambda row: bool(row[3]), what="ranks", outliers="the fewest and the most windows, "
+                       "the slow ranks") +
             _stragglers_table(m))
 
 
@@ -320,7 +301,7 @@ def _stragglers_table(m: ReportModel) -> str:
         thresholds = {s.get("threshold") for s in items}
         rows.append((*key, len(items), f"{max(scores):.2f}" if scores else "-",
                      ", ".join(str(t) for t in thresholds), f"{min(steps)}..{max(steps)}" if steps else "-"))
-    return "<h3>straggler reports</h3>" + _table(
+    return "<h3>straggler reports</h3>" + table(
         ("rank", "host", "phase", "kind", "reports", "max score", "threshold", "steps"), rows, numeric=(4, 5))
 
 
@@ -388,19 +369,19 @@ def _checkpoints(m: ReportModel) -> str:
              "goodput's per-run timeline; the run of this report is marked &gt;. Ticks: this run's checkpoint saves "
              "(green), loads (blue), failures (red).</p>")
     if g is not None:
-        body += "<h3>runs of the session</h3>" + _table(
+        body += "<h3>runs of the session</h3>" + table(
             ("run", "status", "iterations", "last checkpoint step", "checkpointed", "productive", "lost", "notes"),
             [(r.run_id, r.status, f"{r.first_iteration}..{r.last_iteration}", r.last_checkpoint_step,
               r.checkpointed_iterations, r.productive_iterations, r.lost_iterations, "; ".join(r.notes))
              for r in g.runs], numeric=(3, 4, 5, 6))
     if m.checkpoints:
-        body += "<h3>checkpoint spans</h3>" + _table(
+        body += "<h3>checkpoint spans</h3>" + table(
             ("start (s)", "rank", "span", "duration", "status", "attributes"),
             [(f"{(s.start_ns - m.start_ns) / 1e9:.3f}", s.rank, s.name,
               fmt_unit(s.duration_s, "s") if s.duration_s is not None else "never ended", s.status,
               _attrs(s.attributes)) for s in m.checkpoints[:500]], numeric=(0, 1, 3))
     if m.checkpoint_successes:
-        body += "<h3>save_checkpoint_success</h3>" + _table(
+        body += "<h3>save_checkpoint_success</h3>" + table(
             ("time (s)", "source", "productive iterations", "attributes"),
             [(f"{m.seconds(e.wall_ns):.3f}", e.source, e.attributes.get("productive_train_iterations", ""),
               _attrs(e.attributes)) for e in m.checkpoint_successes], numeric=(0, 2))
@@ -412,7 +393,7 @@ def _checkpoints(m: ReportModel) -> str:
 def _events(m: ReportModel) -> str:
     body = "<h3>warnings, errors, failed spans, diagnostics</h3>"
     if m.problems:
-        body += _table(("time (s)", "source", "group", "name", "severity", "attributes"),
+        body += table(("time (s)", "source", "group", "name", "severity", "attributes"),
                        [(f"{m.seconds(e.wall_ns):.3f}", e.source, e.group, e.name, e.severity, _attrs(e.attributes))
                         for e in m.problems[:500]], numeric=(0,))
         if len(m.problems) > 500:
@@ -421,7 +402,7 @@ def _events(m: ReportModel) -> str:
         body += '<p class="note">None.</p>'
     body += "<h3>events</h3>"
     if m.events:
-        body += _table(("time (s)", "source", "group", "name", "severity", "attributes"),
+        body += table(("time (s)", "source", "group", "name", "severity", "attributes"),
                        [(f"{m.seconds(e.wall_ns):.3f}", e.source, e.group, e.name, e.severity, _attrs(e.attributes))
                         for e in m.events], numeric=(0,))
         if m.events_left_out:
@@ -429,7 +410,7 @@ def _events(m: ReportModel) -> str:
     else:
         body += '<p class="note">None besides the training metrics updates.</p>'
     if m.event_counts:
-        body += "<h3>events by name</h3>" + _table(
+        body += "<h3>events by name</h3>" + table(
             ("source", "group", "name", "count"),
             [(*key, n) for key, n in sorted(m.event_counts.items())], numeric=(3,))
     return body
@@ -441,14 +422,14 @@ def _records(m: ReportModel) -> str:
         rows = []
         for (group, name), (count, last, lo, hi, unit) in sorted(m.metric_stats.items())[:2000]:
             rows.append((group, name, count, attribute_value(last), attribute_value(lo), attribute_value(hi), unit))
-        body += "<h3>metrics</h3>" + _table(("group", "name", "count", "last", "min", "max", "unit"), rows,
+        body += "<h3>metrics</h3>" + table(("group", "name", "count", "last", "min", "max", "unit"), rows,
                                             numeric=(2, 3, 4, 5))
         if len(m.metric_stats) > 2000:
             body += f'<p class="note">{len(m.metric_stats) - 2000} more metric names not shown.</p>'
     if m.span_stats:
         span_rows = [(group, name, count, fmt_unit(seconds, "s"), fmt_unit(seconds / count, "s"), bad)
                 for (group, name), (count, seconds, bad) in sorted(m.span_stats.items())[:2000]]
-        body += "<h3>spans (ended)</h3>" + _table(("group", "name", "count", "total", "mean", "not ok"), span_rows,
+        body += "<h3>spans (ended)</h3>" + table(("group", "name", "count", "total", "mean", "not ok"), span_rows,
                                                   numeric=(2, 3, 4, 5))
     return body or '<p class="note">No metrics or spans.</p>'
 

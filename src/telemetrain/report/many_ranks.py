@@ -1,20 +1,20 @@
 """What the page shows of a job of many ranks (or hosts), where a line or a row each would not be read: a chart of
 more than ``MAX_LINES`` series as their envelope (the band from the lowest to the highest value at each moment and
-their median) with the few of the highest peaks drawn alone, and a table of more than ``cli_common.SHOWN_ROWS``
-processes as its first rows and outliers, as ``show`` prints them, the whole table folded below (``<details>``: no
-script)."""
+their median) with the few of the highest peaks drawn alone, and a per-rank table of more than ``cli_common.SHOWN_ROWS``
+rows (the processes, the ranks' windows) as its first rows and outliers, as ``show`` prints them, the whole table
+folded below (``<details>``: no script)."""
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..cli_common import few
 from .model import Series
 
-__all__ = ["BUCKETS", "MAX_LINES", "OUTLIERS", "envelope", "few_processes"]
+__all__ = ["BUCKETS", "MAX_LINES", "OUTLIERS", "envelope", "few_rows"]
 
 MAX_LINES = 8  # series drawn one line each; past this, their envelope
 OUTLIERS = 3  # series drawn alone beside the envelope: the highest peaks
@@ -60,14 +60,11 @@ def envelope(series: Sequence[Series]) -> tuple[list[tuple[str, list[Point]]],
     return lines, [(f"range of {n:,}", lower, upper)], note
 
 
-def few_processes(rows: Sequence[Sequence[Any]], *, records: int, damage: Sequence[int]) -> tuple[list[Any], int]:
-    """The processes table's rows a page lists first (``cli_common.few``): all up to ``SHOWN_ROWS``, else the first
-    and the outliers: the fewest and the most records (column ``records``), any torn or corrupt line (``damage``).
-    Returns them and how many were left out."""
-    counted = [r for r in rows if isinstance(r[records], int)]
-    ends = {id(pick(counted, key=lambda r: r[records])) for pick in (min, max)} if counted else set()
-
-    def keep(row: Sequence[Any]) -> bool:
-        return id(row) in ends or any(isinstance(row[i], int) and row[i] > 0 for i in damage)
-
-    return few(rows, keep=keep)
+def few_rows(rows: Sequence[Sequence[Any]], *, counted: int,
+             marked: Callable[[Sequence[Any]], bool] = lambda row: False) -> tuple[list[Any], int]:
+    """The rows of a per-rank table a page lists first (``cli_common.few``): all up to ``SHOWN_ROWS``, else the first
+    and the outliers: the fewest and the most of column ``counted`` (records, windows), and those ``marked`` (a
+    damaged file, a slow rank). Returns them and how many were left out."""
+    numbered = [r for r in rows if isinstance(r[counted], int)]
+    ends = {id(pick(numbered, key=lambda r: r[counted])) for pick in (min, max)} if numbered else set()
+    return few(rows, keep=lambda row: id(row) in ends or marked(row))

@@ -246,9 +246,12 @@ def heatmap(
     col_w = plot_w / len(columns)
     height = top + row_h * len(rows) + 56
     out = [_open(width, height, label, "heatmap"), f"<title>{esc(label)}</title>"]
+    # too many rows for a name each: each marked slow, and every n-th where it does not overlap one of those
+    every = max(1, math.ceil(12 / row_h))
+    slow = [i for i, name in enumerate(rows) if name.endswith(" slow")]
     for i, name in enumerate(rows):
         y = top + i * row_h
-        if row_h >= 9:
+        if i in slow or (i % every == 0 and not any(abs(i - k) < every for k in slow)):
             out.append(f'<text x="{left - 4}" y="{y + row_h / 2 + 4:.1f}" text-anchor="end" {_FONT}>'
                        f"{esc(name)}</text>")
         for j, value in enumerate(cells[i]):

@@ -1,0 +1,43 @@
+"""The report page's tables: cells escaped (``Raw`` markup excepted), a per-rank table of many rows shortened to its
+first rows and outliers with the whole table folded (``many_ranks.few_rows``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from .many_ranks import few_rows
+from .svg import esc
+
+__all__ = ["Raw", "few_table", "table"]
+
+
+class Raw(str):
+    """Markup built by the page's own code (already escaped), to put in a table cell as is."""
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[Any]], numeric: Sequence[int] = ()) -> str:
+    """A table; the cells of the columns ``numeric`` right-aligned; None is shown as "-" (not known)."""
+    out = ["<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>"]
+    for row in rows:
+        cells = []
+        for i, cell in enumerate(row):
+            cls = ' class="num"' if i in numeric else ""
+            text = cell if isinstance(cell, Raw) else "-" if cell is None else esc(cell)
+            cells.append(f"<td{cls}>{text}</td>")
+        out.append("<tr>" + "".join(cells) + "</tr>")
+    out.append("</table>")
+    return "".join(out)
+
+
+def few_table(header: Sequence[str], rows: Sequence[Sequence[Any]], *, numeric: Sequence[int], counted: int,
+              marked: Callable[[Sequence[Any]], bool], what: str, outliers: str) -> str:
+    """A per-rank table: past 16 rows, the first and the outliers (the fewest and the most of column ``counted``,
+    the rows ``marked``; ``outliers`` says which), then every row folded (``<details>``: no script)."""
+    shown, left = few_rows(rows, counted=counted, marked=marked)
+    if not left:
+        return table(header, rows, numeric=numeric)
+    return (table(header, shown, numeric=numeric)
+            + f'<p class="note">{left:,} more not listed above (listed: the first ranks, {esc(outliers)}).</p>'
+            f"<details><summary>all {len(rows):,} {esc(what)}</summary>" + table(header, rows, numeric=numeric)
+            + "</details>")
