@@ -495,7 +495,8 @@ def test_many_ranks_chart_their_envelope_and_list_the_first_and_the_outlier_proc
         tmp_path: Path, engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """40 ranks on 5 hosts: each host's CPU a line (5 series, node5 before node10), the ranks' resident memory as
     their envelope (the band and the median) with the 3 highest peaks drawn alone; the processes table lists the
-    first 8 ranks and the outliers (a damaged file, the fewest and the most records), all 40 folded below."""
+    first 8 ranks and the outliers (a damaged file, the fewest and the most records), all 40 folded below; the events
+    list holds 16 of each name, so that another name's event is not crowded out."""
     monkeypatch.setenv("TELEMETRAIN_ENGINE", engine)
     for rank in range(40):
         t = Telemetry(identity_from_env({}, run_id="many", session_tag="s", rank=rank, world_size=40,
@@ -504,6 +505,9 @@ def test_many_ranks_chart_their_envelope_and_list_the_first_and_the_outlier_proc
             t.metric("process.memory.usage", 1e9 + 1e6 * rank + i, "system", unit="By")
             if rank % 8 == 0:
                 t.metric("system.cpu.utilization", 0.1 * (rank // 8), "system", unit="1")
+        t.event("ready", {"rank": rank}, group="job")
+        if rank == 39:
+            t.event("late", {"rank": rank}, group="job")
         assert t.close()
     run = tmp_path / "s" / "many"
     with open(next(run.glob("rank-17.*.jsonl")), "a") as fh:
@@ -525,6 +529,9 @@ def test_many_ranks_chart_their_envelope_and_list_the_first_and_the_outlier_proc
     assert "29 more not listed" in listed and "all 40 processes" in folded
     assert [int(r) for r in re.findall(r'<tr><td class="num">(\d+)</td>', folded.split("</details>")[0])] == \
         list(range(40))
+    events = page[page.index("<h3>events</h3>"):page.index("<h3>events by name</h3>")]
+    assert events.count("<td>ready</td>") == 16 and events.count("<td>late</td>") == 1  # 16 of a name, then others
+    assert "24 more events not shown" in events
 
 
 def test_a_heatmap_of_many_ranks_names_every_nth_row_and_each_slow_rank_and_the_table_lists_the_outliers() -> None:

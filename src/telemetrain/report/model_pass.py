@@ -51,6 +51,9 @@ _SYSTEM_NAMES = frozenset(name for name, _, _ in SYSTEM_CHARTS)
 _ENERGY_NAMES = ("hw.energy", "hw.energy.integrated")
 
 MAX_EVENT_ROWS = 300
+# of one (group, name), the events listed: a job of many ranks would otherwise fill the list with each rank's start
+# events (the events by name table counts them all)
+MAX_EVENT_ROWS_PER_NAME = 16
 MAX_CHECKPOINT_ROWS = 500  # the save_checkpoint_success events the report lists (the earliest)
 # the checkpoint spans the report shows (the timeline's ticks; its table, the first 500), the earliest: the others are
 # counted and timed (the lifecycle table), their attributes not held (6,400 spans of 64 ranks held ~5 MiB of them)
@@ -129,6 +132,7 @@ class _Collector:
         self.successes: list[EventRow] = []
         self.events: list[EventRow] = []
         self.events_left_out = 0
+        self._listed_by_name: Counter[tuple[str, str]] = Counter()
         self.event_counts: Counter[tuple[str, str, str]] = Counter()
         self.problems: list[EventRow] = []
         self.stragglers: list[dict[str, Any]] = []
@@ -200,8 +204,10 @@ class _Collector:
         return {key: downsample(sorted(points)) for key, points in self.system.items()}
 
     def _note_event(self, row: EventRow) -> None:
-        if len(self.events) < MAX_EVENT_ROWS:
+        listed = self._listed_by_name[(row.group, row.name)]
+        if len(self.events) < MAX_EVENT_ROWS and listed < MAX_EVENT_ROWS_PER_NAME:
             self.events.append(row)
+            self._listed_by_name[(row.group, row.name)] = listed + 1
         else:
             self.events_left_out += 1
 

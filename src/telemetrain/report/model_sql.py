@@ -40,6 +40,7 @@ from .model_pass import (
     MAX_CHECKPOINT_ROWS,
     MAX_CHECKPOINT_SPANS,
     MAX_EVENT_ROWS,
+    MAX_EVENT_ROWS_PER_NAME,
     MAX_SERIES_POINTS,
     PHASE_SPANS,
     ROUTINE_EVENTS,
@@ -187,7 +188,8 @@ class SqlCollector(_Collector):
             self.successes.append(EventRow(wall, f"rank {rank}", group, name, severity, _attrs(attributes)))
         notable = f"{base} AND NOT {problem} AND name NOT IN {routine}"
         for rank, wall, group, name, severity, attributes in self.rows(
-                f"SELECT rank, wall_ns, group_name, name, severity, attributes {notable} ORDER BY {ORDER} "
+                f"SELECT rank, wall_ns, group_name, name, severity, attributes {notable} QUALIFY row_number() OVER "
+                f"(PARTITION BY group_name, name ORDER BY {ORDER}) <= {MAX_EVENT_ROWS_PER_NAME} ORDER BY {ORDER} "
                 f"LIMIT {MAX_EVENT_ROWS}"):
             self.events.append(EventRow(wall, f"rank {rank}", group, name, severity, _attrs(attributes)))
         total = self.rows(f"SELECT count(*) {notable}")[0][0]
