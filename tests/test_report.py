@@ -506,6 +506,12 @@ def test_many_ranks_chart_their_envelope_and_list_the_first_and_the_outlier_proc
             if rank % 8 == 0:
                 t.metric("system.cpu.utilization", 0.1 * (rank // 8), "system", unit="1")
         t.event("ready", {"rank": rank}, group="job")
+        for window in range(1, 4):  # its report windows, with the time by phase (rank 30 the slowest, 12 the fastest)
+            t.event("training_metrics_update", {
+                "current_iteration": 10 * window, "window_iterations": 10, "train_iterations_start": 0,
+                "avg_iteration_time_sec": 0.1 + 0.05 * (rank == 30) - 0.001 * (rank == 12),
+                "avg_forward_time_sec": 0.03, "avg_backward_time_sec": 0.05 + 0.05 * (rank == 30),
+                "window_seconds": 1.0}, group="training")
         if rank == 39:
             t.event("late", {"rank": rank}, group="job")
         assert t.close()
@@ -529,6 +535,12 @@ def test_many_ranks_chart_their_envelope_and_list_the_first_and_the_outlier_proc
     assert "29 more not listed" in listed and "all 40 processes" in folded
     assert [int(r) for r in re.findall(r'<tr><td class="num">(\d+)</td>', folded.split("</details>")[0])] == \
         list(range(40))
+    phases = page[page.index("<h3>iteration time by phase, per rank"):]
+    phases = phases[:phases.index("</section>")]
+    bars = re.findall(r'text-anchor="end"[^>]*>([^<]*)</text>', phases.split("<table>")[0])
+    assert bars[0] == "median of 40" and bars[1:] == [f"rank {r}" for r in (*range(8), 12, 30)]
+    listed = phases.split("<details>")[0]
+    assert [int(r) for r in re.findall(r'<tr><td class="num">(\d+)</td>', listed)] == [*range(8), 12, 30]
     events = page[page.index("<h3>events</h3>"):page.index("<h3>events by name</h3>")]
     assert events.count("<td>ready</td>") == 16 and events.count("<td>late</td>") == 1  # 16 of a name, then others
     assert "24 more events not shown" in events
@@ -547,7 +559,7 @@ def test_a_heatmap_of_many_ranks_names_every_nth_row_and_each_slow_rank_and_the_
     y = {name: float(m) for m, name in re.findall(r'<text x="\d+" y="([\d.]+)" text-anchor="end"[^>]*>([^<]*)<', svg)}
     assert min(abs(a - b) for a, b in itertools.combinations(sorted(y.values()), 2)) >= 12  # no two overlap
     table_rows = [(r, 20 - (r == 200), "1.75x" if r == 77 else "") for r in range(256)]  # rank 200: fewest windows
-    page = few_table(("rank", "windows", "slow"), table_rows, numeric=(0, 1), counted=1,
+    page = few_table(("rank", "windows", "slow"), table_rows, numeric=(0, 1), key=lambda row: row[1],
                      marked=lambda row: bool(row[2]), what="ranks", outliers="the slow")
     listed, folded = page.split("<details>")
     assert [int(r) for r in re.findall(r'<tr><td class="num">(\d+)</td>', listed)] == [*range(8), 77, 200]

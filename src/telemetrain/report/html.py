@@ -18,7 +18,7 @@ from ..phase_times import LABELS
 from .curves_html import curves_section
 from .gpu_html import gpu_section
 from .html_tables import Raw, few_table, table
-from .many_ranks import envelope
+from .many_ranks import envelope, few_rows
 from .model import ReportModel
 from .model_pass import MAX_CHECKPOINT_SPANS, PHASES, Window
 from .svg import esc, fmt_unit, heatmap, line_chart, stacked_bars, timeline
@@ -148,7 +148,7 @@ def _identity(m: ReportModel) -> str:
                       " ".join(map(str, argv))[:200] if isinstance(argv, list) else ""))
     body += "<h3>processes</h3>" + few_table(
         ("rank", "local rank", "host", "pid", "role", "records", "torn", "corrupt", "file", "argv"), procs,
-        numeric=(0, 1, 3, 5, 6, 7), counted=5, marked=lambda row: bool(row[6] or row[7]),
+        numeric=(0, 1, 3, 5, 6, 7), key=lambda row: row[5], marked=lambda row: bool(row[6] or row[7]),
         what="processes", outliers="the fewest and the most records, any with damaged lines")
     if m.agents:
         body += "<h3>launcher agents</h3>" + table(
@@ -160,18 +160,25 @@ def _identity(m: ReportModel) -> str:
 def _phases(m: ReportModel) -> str:
     body = ""
     if m.phase_seconds:
-        rows = []
-        for rank, seconds in sorted(m.phase_seconds.items()):
-            rows.append((f"rank {rank}", [(p, seconds.get(p, 0.0)) for p in (*PHASES, "other")]))
-        clocks = " and ".join(sorted({LABELS.get(v, v) for v in m.phase_source.values()})) or LABELS["host"]
-        body += f"<h3>iteration time by phase, per rank: {esc(clocks)}</h3>" + stacked_bars(
-            "iteration time by phase per rank", rows, colours=PHASE_COLOURS)
+        names, slow = (*PHASES, "other"), dict(m.slow_ranks)
+        totals = {rank: sum(seconds.values()) for rank, seconds in m.phase_seconds.items()}
         table_rows = []
         for rank, seconds in sorted(m.phase_seconds.items()):
-            total = sum(seconds.values()) or 1.0
+            total = totals[rank] or 1.0
             table_rows.append((rank, *(f"{fmt_unit(seconds.get(p, 0.0), 's')} ({seconds.get(p, 0.0) / total:.0%})"
-                                       for p in (*PHASES, "other"))))
-        body += table(("rank", *PHASES, "other"), table_rows, numeric=tuple(range(7)))
+                                       for p in names)))
+        # past 16 ranks the bars of the first, the least and the most time, the slow ranks, after the ranks' median
+        shown, left = few_rows(table_rows, key=lambda row: totals[row[0]], marked=lambda row: row[0] in slow)
+        bars = [(f"rank {row[0]}", [(p, m.phase_seconds[row[0]].get(p, 0.0)) for p in names]) for row in shown]
+        if left:
+            bars.insert(0, (f"median of {len(table_rows):,}", [(p, statistics.median(
+                s.get(p, 0.0) for s in m.phase_seconds.values())) for p in names]))
+        clocks = " and ".join(sorted({LABELS.get(v, v) for v in m.phase_source.values()})) or LABELS["host"]
+        body += f"<h3>iteration time by phase, per rank: {esc(clocks)}</h3>" + stacked_bars(
+            "iteration time by phase per rank", bars, colours=PHASE_COLOURS)
+        body += few_table(("rank", *names), table_rows, numeric=tuple(range(7)), key=lambda row: totals[row[0]],
+                          marked=lambda row: row[0] in slow, what="ranks",
+                          outliers="the least and the most time, the slow ranks")
         body += ('<p class="note">From the training_metrics_update events: avg_&lt;phase&gt;_time_sec x '
                  "window_iterations, summed over the windows; other = avg_iteration_time_sec x window_iterations "
                  "minus the phases (a loop's warm-up iteration taken at its window's mean). "
@@ -282,9 +289,9 @@ def _heatmap(m: ReportModel) -> str:
         rank_rows.append((rank, m.window_counts.get(rank, 0), fmt_unit(med, "s") if med is not None else "-",
                           f"{slow[rank]:.2f}x" if rank in slow else ""))
     return (chart + f'<p class="note">{esc(note)}</p>' +
-            few_table(("rank", "windows", "median window mean", "slow"), rank_rows, numeric=(0, 1, 2), counted=1,
-                       marked=lambda row: bool(row[3]), what="ranks", outliers="the fewest and the most windows, "
-                       "the slow ranks") +
+            few_table(("rank", "windows", "median window mean", "slow"), rank_rows, numeric=(0, 1, 2),
+                      key=lambda row: row[1], marked=lambda row: bool(row[3]), what="ranks",
+                      outliers="the fewest and the most windows, the slow ranks") +
             _stragglers_table(m))
 
 

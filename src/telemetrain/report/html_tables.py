@@ -30,11 +30,12 @@ def table(header: Sequence[str], rows: Iterable[Sequence[Any]], numeric: Sequenc
     return "".join(out)
 
 
-def few_table(header: Sequence[str], rows: Sequence[Sequence[Any]], *, numeric: Sequence[int], counted: int,
-              marked: Callable[[Sequence[Any]], bool], what: str, outliers: str) -> str:
-    """A per-rank table: past 16 rows, the first and the outliers (the fewest and the most of column ``counted``,
-    the rows ``marked``; ``outliers`` says which), then every row folded (``<details>``: no script)."""
-    shown, left = few_rows(rows, counted=counted, marked=marked)
+def few_table(header: Sequence[str], rows: Sequence[Sequence[Any]], *, numeric: Sequence[int],
+              key: Callable[[Sequence[Any]], float | None], marked: Callable[[Sequence[Any]], bool], what: str,
+              outliers: str) -> str:
+    """A per-rank table: past 16 rows, the first and the outliers (the lowest and the highest ``key``, the rows
+    ``marked``; ``outliers`` says which), then every row folded (``<details>``: no script)."""
+    shown, left = few_rows(rows, key=key, marked=marked)
     if not left:
         return table(header, rows, numeric=numeric)
     return (table(header, shown, numeric=numeric)
