@@ -53,8 +53,8 @@ def gpu_section(health: GpuHealth | None) -> str:
                      key=lambda w: (not w.flagged, w.iteration, w.rank))
     if notable:
         body += table(("rank", "iteration", "iteration time", "vs median", "device time", "throttle",
-                        "SM clock min", "power", "GPU memory", "alloc retries", "energy / sample"),
-                       [_row(w) for w in notable[:MAX_ROWS]], numeric=(1, 2, 3, 4, 6, 7, 8, 9, 10))
+                       "SM clock min", "power", "GPU memory", "alloc retries", "energy / sample"),
+                      [_row(w) for w in notable[:MAX_ROWS]], numeric=(1, 2, 3, 4, 6, 7, 8, 9, 10))
         if len(notable) > MAX_ROWS:
             body += f'<p class="note">{len(notable) - MAX_ROWS} more window(s) not shown.</p>'
     body += ('<p class="note">Each window is joined with the GPU samples of its own rank (the system sampler\'s '

@@ -203,8 +203,8 @@ def _phases(m: ReportModel) -> str:
             "session time by category", [("session", segments)],
             colours=GOODPUT_COLOURS)
         body += table(("category", "seconds", "share"),
-                       [(name, f"{s:.3f}", f"{s / g.wall_seconds:.1%}" if g.wall_seconds else "-")
-                        for name, s in segments], numeric=(1, 2))
+                      [(name, f"{s:.3f}", f"{s / g.wall_seconds:.1%}" if g.wall_seconds else "-")
+                       for name, s in segments], numeric=(1, 2))
     return body or '<p class="note">No training phases recorded (no TrainingRecorder spans or events).</p>'
 
 
@@ -401,8 +401,8 @@ def _events(m: ReportModel) -> str:
     body = "<h3>warnings, errors, failed spans, diagnostics</h3>"
     if m.problems:
         body += table(("time (s)", "source", "group", "name", "severity", "attributes"),
-                       [(f"{m.seconds(e.wall_ns):.3f}", e.source, e.group, e.name, e.severity, _attrs(e.attributes))
-                        for e in m.problems[:500]], numeric=(0,))
+                      [(f"{m.seconds(e.wall_ns):.3f}", e.source, e.group, e.name, e.severity, _attrs(e.attributes))
+                       for e in m.problems[:500]], numeric=(0,))
         if len(m.problems) > 500:
             body += f'<p class="note">{len(m.problems) - 500} more not shown.</p>'
     else:
@@ -410,8 +410,8 @@ def _events(m: ReportModel) -> str:
     body += "<h3>events</h3>"
     if m.events:
         body += table(("time (s)", "source", "group", "name", "severity", "attributes"),
-                       [(f"{m.seconds(e.wall_ns):.3f}", e.source, e.group, e.name, e.severity, _attrs(e.attributes))
-                        for e in m.events], numeric=(0,))
+                      [(f"{m.seconds(e.wall_ns):.3f}", e.source, e.group, e.name, e.severity, _attrs(e.attributes))
+                       for e in m.events], numeric=(0,))
         if m.events_left_out:
             body += f'<p class="note">{m.events_left_out} more events not shown (counts below).</p>'
     else:
@@ -430,14 +430,14 @@ def _records(m: ReportModel) -> str:
         for (group, name), (count, last, lo, hi, unit) in sorted(m.metric_stats.items())[:2000]:
             rows.append((group, name, count, attribute_value(last), attribute_value(lo), attribute_value(hi), unit))
         body += "<h3>metrics</h3>" + table(("group", "name", "count", "last", "min", "max", "unit"), rows,
-                                            numeric=(2, 3, 4, 5))
+                                           numeric=(2, 3, 4, 5))
         if len(m.metric_stats) > 2000:
             body += f'<p class="note">{len(m.metric_stats) - 2000} more metric names not shown.</p>'
     if m.span_stats:
         span_rows = [(group, name, count, fmt_unit(seconds, "s"), fmt_unit(seconds / count, "s"), bad)
                 for (group, name), (count, seconds, bad) in sorted(m.span_stats.items())[:2000]]
         body += "<h3>spans (ended)</h3>" + table(("group", "name", "count", "total", "mean", "not ok"), span_rows,
-                                                  numeric=(2, 3, 4, 5))
+                                                 numeric=(2, 3, 4, 5))
     return body or '<p class="note">No metrics or spans.</p>'
 
 
