@@ -151,9 +151,11 @@ def _identity(m: ReportModel) -> str:
         numeric=(0, 1, 3, 5, 6, 7), key=lambda row: row[5], marked=lambda row: bool(row[6] or row[7]),
         what="processes", outliers="the fewest and the most records, any with damaged lines")
     if m.agents:
-        body += "<h3>launcher agents</h3>" + table(
+        body += "<h3>launcher agents</h3>" + few_table(
             ("host", "pid", "records", "file"),
-            [(p.identity.host, p.identity.pid, len(p.records), p.path.name) for p in m.agents], numeric=(1, 2))
+            [(p.identity.host, p.identity.pid, len(p.records), p.path.name) for p in m.agents], numeric=(1, 2),
+            key=lambda row: row[2], marked=lambda row: False, what="agents",
+            outliers="the fewest and the most records")
     return body
 
 

@@ -39,6 +39,6 @@ def few_table(header: Sequence[str], rows: Sequence[Sequence[Any]], *, numeric: 
     if not left:
         return table(header, rows, numeric=numeric)
     return (table(header, shown, numeric=numeric)
-            + f'<p class="note">{left:,} more not listed above (listed: the first ranks, {esc(outliers)}).</p>'
+            + f'<p class="note">{left:,} more not listed above (listed: the first {esc(what)}, {esc(outliers)}).</p>'
             f"<details><summary>all {len(rows):,} {esc(what)}</summary>" + table(header, rows, numeric=numeric)
             + "</details>")
