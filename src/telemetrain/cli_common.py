@@ -87,13 +87,20 @@ def table(rows: Sequence[tuple[Any, ...]], indent: str = "  ") -> list[str]:
     return [indent + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1] for r in rows]
 
 
-def few(items: Sequence[T], *, keep: Callable[[T], bool], every: bool = False) -> tuple[list[T], int]:
+def few(items: Sequence[T], *, keep: Callable[[T], bool] = lambda item: False, every: bool = False,
+        extremes: Callable[[T], float | None] | None = None) -> tuple[list[T], int]:
     """The items a summary lists, in their order: all of them up to ``SHOWN_ROWS`` (or with ``every``), else the
-    first ``SHOWN_ROWS // 2`` and those ``keep`` marks (the outliers, the damaged); and how many it left out. A job
-    of thousands of ranks would otherwise print thousands of lines."""
+    first ``SHOWN_ROWS // 2``, those ``keep`` marks (the outliers, the damaged) and, with ``extremes``, the first item
+    of its lowest and the first of its highest value (None: not known); and how many it left out. A job of thousands
+    of ranks would otherwise print thousands of lines."""
     if every or len(items) <= SHOWN_ROWS:
         return list(items), 0
-    shown = [x for i, x in enumerate(items) if i < SHOWN_ROWS // 2 or keep(x)]
+    ends: set[int] = set()
+    if extremes is not None:
+        known = [(value, i) for i, x in enumerate(items) if (value := extremes(x)) is not None]
+        if known:
+            ends = {min(known)[1], max(known, key=lambda vi: (vi[0], -vi[1]))[1]}
+    shown = [x for i, x in enumerate(items) if i < SHOWN_ROWS // 2 or i in ends or keep(x)]
     return shown, len(items) - len(shown)
 
 

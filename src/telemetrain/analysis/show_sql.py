@@ -148,8 +148,7 @@ def findings_builder_sql(engine: Any, run: Run) -> InputBuilder:
     kept = [(g, n) for g, n in pairs if _read_by_builder(g, n) and value_series_kind(g, n) is None
             and (n, g) not in gauges and not (n == CUDA_ALLOCATED and g.startswith("system.cuda."))]
     values = [(g, n) for g, n in pairs if value_series_kind(g, n) is not None]
-    if kept:
-        insert_rows(engine.con, "show_findings_series", kept)
+    insert_rows(engine.con, "show_findings_series", kept)
     number = "value_bool IS NULL AND value IS NOT NULL"
     report = f"group_name = '{REPORT[0]}' AND name = '{REPORT[1]}'"
     # the builder's time origin (its first record: the earliest numeric metric or report) and each rank's host (of

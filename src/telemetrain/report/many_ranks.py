@@ -65,7 +65,4 @@ def few_rows(rows: Sequence[Sequence[Any]], *, key: Callable[[Sequence[Any]], fl
     """The rows of a per-rank table a page lists first (``cli_common.few``): all up to ``SHOWN_ROWS``, else the first
     and the outliers: the rows of the lowest and the highest ``key`` (records, windows, time; None: not known), and
     those ``marked`` (a damaged file, a slow rank). Returns them and how many were left out."""
-    known = [(value, i) for i, r in enumerate(rows) if (value := key(r)) is not None]
-    # (the first of equal ones)
-    ends = {id(rows[min(known)[1]]), id(rows[max(known, key=lambda vi: (vi[0], -vi[1]))[1]])} if known else set()
-    return few(rows, keep=lambda row: id(row) in ends or marked(row))
+    return few(rows, keep=marked, extremes=key)

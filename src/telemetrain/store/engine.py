@@ -320,8 +320,7 @@ class Engine:
             attributes = untag_nonfinite(json.loads(text)) if text is not None else None
             keyed.append((name, text, series_key(name, attributes) if isinstance(attributes, dict) and attributes
                           else name))
-        if keyed:
-            insert_rows(self.con, table, keyed)
+        insert_rows(self.con, table, keyed)
 
     @property
     def tail_segments(self) -> int:
