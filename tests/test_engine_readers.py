@@ -723,10 +723,10 @@ def test_the_earliest_checkpoint_spans_keep_their_attributes_by_both_paths(tmp_p
     """More checkpoint spans than the report shows (``MAX_CHECKPOINT_SPANS``, 5 here): both paths keep every span
     (the lifecycle table counts and times them all) and the attributes of the earliest 5 by (start, rank) alone. The
     5th and 6th tie (one rank, one start): the SQL path reads both, then the 6th's are left out as the Python path's
-    stable sort leaves them (file order); no later span's attributes are read."""
-    from telemetrain.report import html, model, model_sql
+    stable sort leaves them (file order); no later span's attributes are read, but every span's step is."""
+    from telemetrain.report import model, model_sql
 
-    for module in (model, model_sql, html):
+    for module in (model, model_sql):
         monkeypatch.setattr(module, "MAX_CHECKPOINT_SPANS", 5)
     run = _two_ranks(tmp_path)
     for rank in (1, 0):
@@ -763,6 +763,7 @@ def test_the_earliest_checkpoint_spans_keep_their_attributes_by_both_paths(tmp_p
         assert [(s.start_ns, s.rank) for s in m.checkpoints] == sorted((s.start_ns, s.rank) for s in m.checkpoints)
         assert (shown[4].start_ns, shown[4].rank) == (rest[0].start_ns, rest[0].rank)  # the tie
         assert sum(s.duration_s is None for s in m.checkpoints) == 1 and sum(s.status == "error" for s in rest) == 2
+        assert sorted(s.step for s in m.checkpoints if s.step is not None) == sorted(100 * (i % 10) for i in range(20))
     assert not differences(python.lifecycle, sql.lifecycle)
     assert not differences(python.checkpoints, sql.checkpoints)
     assert _page(python) == _page(sql)

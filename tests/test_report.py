@@ -481,7 +481,7 @@ def test_odd_records_do_not_break_the_report(tmp_path: Path) -> None:
 
 
 def test_attribute_cells_keep_a_timestamps_digits() -> None:
-    from telemetrain.report.html import attribute_value
+    from telemetrain.report.html_tables import attribute_value
 
     assert attribute_value(1795870920.5123456) == "1795870920.512"  # was 1.79587e+09: the second lost
     assert attribute_value(453771264.0) == "453771264" and attribute_value(-2.5e6) == "-2500000"
@@ -564,3 +564,41 @@ def test_a_heatmap_of_many_ranks_names_every_nth_row_and_each_slow_rank_and_the_
     listed, folded = page.split("<details>")
     assert [int(r) for r in re.findall(r'<tr><td class="num">(\d+)</td>', listed)] == [*range(8), 77, 200]
     assert "246 more not listed" in listed and folded.count("<tr>") == 257
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_checkpoints_of_many_ranks_are_one_row_a_step_naming_the_slowest_rank(
+        tmp_path: Path, engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """20 ranks load a checkpoint (no step named) then save at iterations 10, 20 and 30: one row a checkpoint, with
+    its ranks, median and slowest rank (rank 7 2.4 times the median at 20; rank 3's save at 30 failed), every span
+    folded below. The steps are known for every span, also past those whose attributes the report keeps."""
+    monkeypatch.setenv("TELEMETRAIN_ENGINE", engine)
+    monkeypatch.setattr("telemetrain.report.model.MAX_CHECKPOINT_SPANS", 10)
+    monkeypatch.setattr("telemetrain.report.model_sql.MAX_CHECKPOINT_SPANS", 10)
+    for rank in range(20):
+        t = Telemetry(identity_from_env({}, run_id="ckpt", session_tag="s", rank=rank, world_size=20), store=tmp_path)
+        tr, at = tracer(t), time.monotonic_ns() - 100 * 10**9
+        tr.start("checkpoint_load", group="training", start_ns=at).end(end_ns=at + 10**9)
+        for step in (10, 20, 30):
+            at += 20 * 10**9
+            seconds = 3.0 if (rank, step) == (7, 20) else 1.0 + 0.5 * (rank % 2)
+            span = tr.start("checkpoint_save_sync", group="training", start_ns=at + rank * 10**6,
+                            attributes={"current_iteration": step, "save_checkpoint_attempt_count": step // 10})
+            failed = (rank, step) == (3, 30)
+            span.end("error" if failed else None, end_ns=at + rank * 10**6 + round(seconds * 1e9))
+        assert t.close()
+    model = build_model(open_run(tmp_path / "s" / "ckpt"))
+    assert len(model.checkpoints) == 80 and not model.checkpoints[-1].attributes  # (past the kept attributes)
+    assert sorted((s.name, s.step) for s in model.checkpoints) == sorted(
+        [("checkpoint_load", None)] * 20 + [("checkpoint_save_sync", s) for s in (10, 20, 30) for _ in range(20)])
+    page = write_report(tmp_path / "s" / "ckpt", tmp_path / "p.html").read_text()
+    section = page[page.index("<h3>checkpoints by step</h3>"):page.index("<h3>checkpoint spans</h3>")]
+    rows = [re.findall(r"<td[^>]*>([^<]*)</td>", row) for row in re.findall(r"<tr><td.*?</tr>", section)]
+    assert [row[1:] for row in rows] == [
+        ["checkpoint_load", "-", "20", "1 s", "1 s", "0", "1.00x", "0"],
+        ["checkpoint_save_sync", "10", "20", "1.25 s", "1.5 s", "1", "1.20x", "0"],
+        ["checkpoint_save_sync", "20", "20", "1.25 s", "3 s", "7", "2.40x", "0"],
+        ["checkpoint_save_sync", "30", "20", "1.25 s", "1.5 s", "1", "1.20x", "1"]]
+    spans = page[page.index("<h3>checkpoint spans</h3>"):]
+    assert spans.index("<details><summary>every span (80)</summary>") < spans.index("<table>")
+    assert "<td>None" not in page  # (the session's one run trained no iteration: a dash, not None..None)

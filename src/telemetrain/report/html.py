@@ -15,19 +15,18 @@ from typing import Any
 
 from .. import __version__
 from ..phase_times import LABELS
+from .checkpoints_html import checkpoints_section
 from .curves_html import curves_section
 from .gpu_html import gpu_section
-from .html_tables import Raw, few_table, table
+from .html_tables import attribute_value, attributes_cell, few_table, table
 from .many_ranks import envelope, few_rows
 from .model import ReportModel
-from .model_pass import MAX_CHECKPOINT_SPANS, PHASES, Window
-from .svg import esc, fmt_unit, heatmap, line_chart, stacked_bars, timeline
+from .model_pass import PHASES, Window
+from .svg import esc, fmt_unit, heatmap, line_chart, stacked_bars
 
 __all__ = ["render"]
 
 MAX_CHART_POINTS = 1000
-STATUS_COLOURS = {"finished": "#2ca02c", "interrupted": "#ff7f0e", "killed": "#d62728", "no_training": "#9e9e9e",
-                  "absent": "#e0e0e0", "this run": "#1f77b4"}
 GOODPUT_COLOURS = {"productive": "#2ca02c", "initialization": "#ff7f0e", "checkpoint_load": "#17becf",
                    "checkpoint_save": "#1f77b4", "data_wait": "#bcbd22", "lost_progress": "#d62728",
                    "validation": "#9467bd", "idle": "#bbbbbb"}
@@ -62,29 +61,6 @@ figure.curve{margin:0}figure.curve h3{margin:10px 0 2px}
 
 def _iso(wall_ns: int) -> str:
     return _dt.datetime.fromtimestamp(wall_ns / 1e9, tz=_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
-
-
-def _attrs(attributes: dict[str, Any] | None, limit: int = 240) -> Raw:
-    if not attributes:
-        return Raw("")
-    text = ", ".join(f"{k}={attribute_value(v)}" for k, v in attributes.items())
-    if len(text) > limit:
-        text = text[:limit] + " ..."
-    return Raw(f'<span class="attrs">{esc(text)}</span>')
-
-
-def attribute_value(v: Any) -> str:
-    """An attribute or config value as a cell shows it: six significant digits, except that large numbers (a Unix
-    timestamp in seconds, a byte count) keep every integer digit and up to three decimals, not 1.79587e+09."""
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        if not math.isfinite(v):
-            return str(v)
-        if 1e6 <= abs(v) < 1e16:
-            return f"{v:.3f}".rstrip("0").rstrip(".")
-        return f"{v:.6g}"
-    return str(v)
 
 
 def _section(anchor: str, title: str, body: str) -> str:
@@ -327,83 +303,12 @@ def _system(m: ReportModel) -> str:
     return '<div class="cols">' + "".join(out) + "</div>" + gpu_section(m.gpu)
 
 
-def _attempt_labels(run_ids: list[str]) -> list[str]:
-    """Short lane names for a session's runs: ``attempt 2 (.1)``, what tells ``<session>.1`` from its siblings (run
-    ids share the session's long prefix, which would fill the lane's room); a session of one run: "this run"."""
-    if len(run_ids) < 2:
-        return ["this run"] * len(run_ids)  # (the bar's tooltip names it)
-    lo, hi = min(run_ids), max(run_ids)  # the common prefix of all is that of these two
-    common = lo[:next((i for i, (a, b) in enumerate(zip(lo, hi, strict=False)) if a != b), len(lo))]
-    cut = max(common.rfind(c) for c in ".-_/")  # the distinct tails start at a separator, kept in them
-    return [f"attempt {i + 1} ({rid[cut:] if cut > 0 and len(rid) > cut else rid})"
-            for i, rid in enumerate(run_ids)]
-
-
-def _checkpoints(m: ReportModel) -> str:
-    body = ""
-    lanes: list[tuple[str, list[tuple[float, float, str, str]]]] = []
-    markers: list[tuple[int, float, str, str]] = []
-    g = m.goodput
-    this_lane = 0
-    origin = m.start_ns / 1e9
-    if g is not None and g.runs:
-        origin = min(r.start_time_sec for r in g.runs if r.start_time_sec is not None) if any(
-            r.start_time_sec is not None for r in g.runs) else origin
-        labels = _attempt_labels([r.run_id for r in g.runs])
-        for i, r in enumerate(g.runs):
-            bars = []
-            if r.start_time_sec is not None and r.end_time_sec is not None:
-                tip = (f"run {r.run_id}: {r.status}, iterations {r.first_iteration}..{r.last_iteration}, last "
-                       f"checkpoint at step {r.last_checkpoint_step}")
-                bars.append((r.start_time_sec - origin, r.end_time_sec - origin,
-                             STATUS_COLOURS.get(r.status, "#999"), tip))
-            lanes.append((f"{'> ' if r.run_id == m.run_id else ''}{labels[i]}", bars))
-            if r.run_id == m.run_id:
-                this_lane = i
-    else:
-        lanes.append(("> this run", [(0.0, (m.end_ns - m.start_ns) / 1e9, STATUS_COLOURS["this run"],
-                                      f"run {m.run_id}")]))
-        origin = m.start_ns / 1e9
-    for span in m.checkpoints:
-        colour = "#2ca02c" if span.name.startswith("checkpoint_save") else "#1f77b4"
-        if span.status != "ok":
-            colour = "#d62728"
-        step = span.attributes.get("global_step", span.attributes.get("current_iteration", ""))
-        markers.append((this_lane, span.start_ns / 1e9 - origin, colour,
-                        f"rank {span.rank} {span.name} step {step}: {span.status}, "
-                        f"{fmt_unit(span.duration_s, 's') if span.duration_s is not None else 'never ended'}"))
-    body += timeline("restarts and checkpoints", lanes, markers=markers[:MAX_CHECKPOINT_SPANS],
-                     x_label="seconds since the session's start")
-    body += ('<p class="note">Bars: the session\'s runs (green finished, orange interrupted, red killed), from '
-             "goodput's per-run timeline; the run of this report is marked &gt;. Ticks: this run's checkpoint saves "
-             "(green), loads (blue), failures (red).</p>")
-    if g is not None:
-        body += "<h3>runs of the session</h3>" + table(
-            ("run", "status", "iterations", "last checkpoint step", "checkpointed", "productive", "lost", "notes"),
-            [(r.run_id, r.status, f"{r.first_iteration}..{r.last_iteration}", r.last_checkpoint_step,
-              r.checkpointed_iterations, r.productive_iterations, r.lost_iterations, "; ".join(r.notes))
-             for r in g.runs], numeric=(3, 4, 5, 6))
-    if m.checkpoints:
-        body += "<h3>checkpoint spans</h3>" + table(
-            ("start (s)", "rank", "span", "duration", "status", "attributes"),
-            [(f"{(s.start_ns - m.start_ns) / 1e9:.3f}", s.rank, s.name,
-              fmt_unit(s.duration_s, "s") if s.duration_s is not None else "never ended", s.status,
-              _attrs(s.attributes)) for s in m.checkpoints[:500]], numeric=(0, 1, 3))
-    if m.checkpoint_successes:
-        body += "<h3>save_checkpoint_success</h3>" + table(
-            ("time (s)", "source", "productive iterations", "attributes"),
-            [(f"{m.seconds(e.wall_ns):.3f}", e.source, e.attributes.get("productive_train_iterations", ""),
-              _attrs(e.attributes)) for e in m.checkpoint_successes], numeric=(0, 2))
-    if not m.checkpoints and not m.checkpoint_successes:
-        body += '<p class="note">No checkpoint spans or events in this run.</p>'
-    return body
-
-
 def _events(m: ReportModel) -> str:
     body = "<h3>warnings, errors, failed spans, diagnostics</h3>"
     if m.problems:
         body += table(("time (s)", "source", "group", "name", "severity", "attributes"),
-                      [(f"{m.seconds(e.wall_ns):.3f}", e.source, e.group, e.name, e.severity, _attrs(e.attributes))
+                      [(f"{m.seconds(e.wall_ns):.3f}", e.source, e.group, e.name, e.severity,
+                        attributes_cell(e.attributes))
                        for e in m.problems[:500]], numeric=(0,))
         if len(m.problems) > 500:
             body += f'<p class="note">{len(m.problems) - 500} more not shown.</p>'
@@ -412,7 +317,8 @@ def _events(m: ReportModel) -> str:
     body += "<h3>events</h3>"
     if m.events:
         body += table(("time (s)", "source", "group", "name", "severity", "attributes"),
-                      [(f"{m.seconds(e.wall_ns):.3f}", e.source, e.group, e.name, e.severity, _attrs(e.attributes))
+                      [(f"{m.seconds(e.wall_ns):.3f}", e.source, e.group, e.name, e.severity,
+                        attributes_cell(e.attributes))
                        for e in m.events], numeric=(0,))
         if m.events_left_out:
             body += f'<p class="note">{m.events_left_out} more events not shown (counts below).</p>'
@@ -465,9 +371,8 @@ SECTIONS = (
 def render(m: ReportModel) -> str:
     """The whole page."""
     builders = {"headline": _headline, "anomalies": _findings, "identity": _identity, "phases": _phases,
-                "iterations": _iteration_chart, "ranks": _heatmap, "system": _system, "checkpoints": _checkpoints,
-                "events": _events, "records": _records,
-                "curves": _curves}
+                "iterations": _iteration_chart, "ranks": _heatmap, "system": _system,
+                "checkpoints": checkpoints_section, "events": _events, "records": _records, "curves": _curves}
     sections = "".join(_section(anchor, title, builders[anchor](m)) for anchor, title in SECTIONS)
     nav = "".join(f'<a href="#{anchor}">{esc(title)}</a>' for anchor, title in SECTIONS)
     now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")

@@ -1,15 +1,16 @@
 """The report page's tables: cells escaped (``Raw`` markup excepted), a per-rank table of many rows shortened to its
-first rows and outliers with the whole table folded (``many_ranks.few_rows``)."""
+first rows and outliers with the whole table folded (``many_ranks.few_rows``), attributes as a cell shows them."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from .many_ranks import few_rows
 from .svg import esc
 
-__all__ = ["Raw", "few_table", "table"]
+__all__ = ["Raw", "attribute_value", "attributes_cell", "few_table", "folded", "table"]
 
 
 class Raw(str):
@@ -40,5 +41,33 @@ def few_table(header: Sequence[str], rows: Sequence[Sequence[Any]], *, numeric: 
         return table(header, rows, numeric=numeric)
     return (table(header, shown, numeric=numeric)
             + f'<p class="note">{left:,} more not listed above (listed: the first {esc(what)}, {esc(outliers)}).</p>'
-            f"<details><summary>all {len(rows):,} {esc(what)}</summary>" + table(header, rows, numeric=numeric)
-            + "</details>")
+            + folded(f"all {len(rows):,} {what}", table(header, rows, numeric=numeric)))
+
+
+def folded(summary: str, body: str) -> str:
+    """``body`` folded under the line ``summary`` (``<details>``: opened by a click, no script)."""
+    return f"<details><summary>{esc(summary)}</summary>{body}</details>"
+
+
+def attributes_cell(attributes: dict[str, Any] | None, limit: int = 240) -> Raw:
+    """A record's attributes in one cell, ``key=value`` each, cut after ``limit`` characters."""
+    if not attributes:
+        return Raw("")
+    text = ", ".join(f"{k}={attribute_value(v)}" for k, v in attributes.items())
+    if len(text) > limit:
+        text = text[:limit] + " ..."
+    return Raw(f'<span class="attrs">{esc(text)}</span>')
+
+
+def attribute_value(v: Any) -> str:
+    """An attribute or config value as a cell shows it: six significant digits, except that large numbers (a Unix
+    timestamp in seconds, a byte count) keep every integer digit and up to three decimals, not 1.79587e+09."""
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return str(v)
+        if 1e6 <= abs(v) < 1e16:
+            return f"{v:.3f}".rstrip("0").rstrip(".")
+        return f"{v:.6g}"
+    return str(v)

@@ -44,6 +44,7 @@ from .model_pass import (
     MAX_SERIES_POINTS,
     PHASE_SPANS,
     ROUTINE_EVENTS,
+    STEP_KEYS,
     SYSTEM_CHARTS,
     EventRow,
     SpanRow,
@@ -63,6 +64,14 @@ def _attrs(text: Any) -> dict[str, Any]:
         return {}
     value = untag_nonfinite(json.loads(text))
     return value if isinstance(value, dict) else {}
+
+
+def _step(attributes: str) -> str:
+    """SQL of a checkpoint span's iteration in its ``attributes`` (``model_pass.checkpoint_step``): the first key of
+    ``STEP_KEYS`` that holds an integer."""
+    return "coalesce(" + ", ".join(
+        f"CASE WHEN json_type({attributes}, '$.{key}') IN ('BIGINT', 'UBIGINT') THEN "
+        f"TRY_CAST(json_extract_string({attributes}, '$.{key}') AS BIGINT) END" for key in STEP_KEYS) + ")"
 
 
 def _names(names: Any) -> str:
@@ -250,17 +259,20 @@ class SqlCollector(_Collector):
             f"""SELECT e.rank, e.pid, any_value(e.name), any_value(e.wall_ns), any_value(e.duration_ns),
                    any_value(e.status), any_value(e.attributes) FILTER (WHERE {end_shown}), any_value(e.error),
                    arg_max_null(s.attributes, (s.segment, s.line)) FILTER (WHERE {end_shown}) AS start_attributes,
+                   CASE WHEN any_value(e.name) IN {checkpoint} THEN coalesce({_step("any_value(e.attributes)")},
+                     {_step("arg_max_null(s.attributes, (s.segment, s.line))")}) END AS step,
                    0 AS k, e.segment, e.line
                 FROM report_lifecycle_ends e LEFT JOIN report_lifecycle_starts s ON {same}
                 GROUP BY e.session, e.run, e.rank, e.pid, e.segment, e.line
             UNION ALL
             SELECT s.rank, s.pid, s.name, s.wall_ns, NULL, NULL, NULL, NULL,
-                   CASE WHEN {start_shown} THEN s.attributes END, 1, s.segment, s.line
+                   CASE WHEN {start_shown} THEN s.attributes END,
+                   CASE WHEN s.name IN {checkpoint} THEN {_step("s.attributes")} END, 1, s.segment, s.line
                 FROM report_lifecycle_starts s ANTI JOIN report_lifecycle_ends e ON {same}
             ORDER BY rank, pid, k, segment, line""")
         strings: dict[str, str] = {}  # one object for each span name and status (DuckDB gives one a row)
         for _, batch in ended:
-            for rank, _, name, wall, duration_ns, status, attributes, error, start_attributes, k, _, _ in batch:
+            for rank, _, name, wall, duration_ns, status, attributes, error, start_attributes, step, k, _, _ in batch:
                 name = strings.setdefault(name, name)
                 if status is not None:
                     status = strings.setdefault(status, status)
@@ -268,9 +280,10 @@ class SqlCollector(_Collector):
                     merged = _attrs(start_attributes)
                     merged.update(_attrs(attributes))
                     self.lifecycle.append(SpanRow(rank, name, wall - duration_ns, duration_ns / 1e9, status, merged,
-                                                  error))
+                                                  error, step))
                 else:
-                    self.lifecycle.append(SpanRow(rank, name, wall, None, "never ended", _attrs(attributes)))
+                    self.lifecycle.append(SpanRow(rank, name, wall, None, "never ended", _attrs(attributes),
+                                                  step=step))
         self.engine.execute("DROP TABLE report_lifecycle_starts")
         self.engine.execute("DROP TABLE report_lifecycle_ends")
         failed = ("SELECT 1, rank, pid, segment, line, wall_ns, group_name, name, NULL, NULL, status, error, "
