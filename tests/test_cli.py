@@ -16,8 +16,10 @@ import pytest
 import telemetrain
 from telemetrain import cli
 from telemetrain.records import Diagnostic
+from telemetrain.spans import tracer
 from telemetrain.store import open_run
 from telemetrain.store.reader import find_runs
+from test_reader_damage import ENGINES
 
 
 def _run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -254,9 +256,17 @@ def test_show_without_argument_uses_the_newest_run_under_the_default_root(
     assert header.startswith("created") and [str(older) in listing[0], str(newer) in listing[1]] == [True, True]
 
 
-def test_show_prints_nan_inf_problems_and_diagnostics(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    identity = telemetrain.identity_from_env({}, run_id="odd", session_tag="s")
+@pytest.mark.parametrize("engine", ENGINES)
+def test_show_prints_nan_inf_problems_and_diagnostics(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                      engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NaN and inf values, a damaged and a torn line, a sink's diagnostic and spans that did not end ok (a failed
+    checkpoint save twice, a terminated span) are each said, by both reader paths."""
+    monkeypatch.setenv("TELEMETRAIN_ENGINE", engine)
+    identity = telemetrain.identity_from_env({}, run_id="odd", session_tag="s", rank=2, world_size=4)
     with telemetrain.Telemetry(identity, store=tmp_path, config={"bad": math.inf}) as t:
+        spans = tracer(t)
+        for status in ("error", "ok", "error", "terminated"):
+            spans.start("checkpoint_save_sync" if status != "terminated" else "step", group="training").end(status)
         t.metric("nan", math.nan, "m")
         t.metric("inf", math.inf, "m")
         t.metric("neg", -math.inf, "m", step=7)
@@ -271,11 +281,13 @@ def test_show_prints_nan_inf_problems_and_diagnostics(tmp_path: Path, capsys: py
     assert cli.main(["show", str(run_dir)]) == 0
     out = capsys.readouterr().out
     assert re.search(r"\n  m +nan += nan ", out) and re.search(r"\n  m +inf += inf ", out)
-    assert re.search(r"\n  m +neg += -inf +\(rank 0, 1 point, step 7\)", out)
+    assert re.search(r"\n  m +neg += -inf +\(rank 2, 1 point, step 7\)", out)
     assert "config      bad=inf" in out
-    assert "torn lines 1, corrupt lines 1, diagnostics 1" in out
+    assert "torn lines 1, corrupt lines 1, diagnostics 1, spans not ok 3" in out
     assert "sink_error  sink mysink  x1  count 3  boom" in out
-    assert "rank 0  pid" in out and "torn" in out.split("rank 0", 1)[1].splitlines()[0]
+    assert re.search(r"\n  span training checkpoint_save_sync +error +x2 +rank\(s\) 2\n", out)
+    assert re.search(r"\n  span training step +terminated +x1 +rank\(s\) 2\n", out)
+    assert "rank 2  pid" in out and "torn" in out.split("rank 2", 1)[1].splitlines()[0]
 
 
 @pytest.mark.parametrize("kind", ["missing", "empty", "file"])

@@ -115,7 +115,11 @@ def summarize(run: Run, engine: Any = None, *, every_process: bool = False) -> l
     if summary.severities:
         lines.append("  by severity: " + ", ".join(f"{s} {n}" for s, n in sorted(summary.severities.items())))
 
-    lines.append(f"problems    torn lines {run.torn}, corrupt lines {run.corrupt}, diagnostics {summary.diagnostics}")
+    failed = sum(n for n, _ in summary.failed_spans.values())
+    lines.append(f"problems    torn lines {run.torn}, corrupt lines {run.corrupt}, diagnostics {summary.diagnostics}, "
+                 f"spans not ok {failed}")
+    lines += table([(f"span {group} {name}", status, f"x{n}", f"rank(s) {ranges(sorted(ranks))}")
+                    for (group, name, status), (n, ranks) in sorted(summary.failed_spans.items())])
     diag_rows = []
     for (name, sink), (count, records, message) in sorted(summary.diagnostic_groups.items()):
         message = message.replace("\n", " ")[:160]

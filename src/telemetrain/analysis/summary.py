@@ -80,6 +80,8 @@ class RunSummary:
     sampler_starts: list[Any] = dataclasses.field(default_factory=list)  # system.sampler.start events
     gpu_unavailable: list[str] = dataclasses.field(default_factory=list)  # their reasons, sorted, unique
     diagnostics: int = 0
+    # (group, name, status) -> [spans that ended not ok, their ranks]: a failed checkpoint save, a crashed loop
+    failed_spans: dict[tuple[str, str, str], tuple[int, set[int]]] = dataclasses.field(default_factory=dict)
     # (name, sink) -> [diagnostics, records concerned, the last one's message]
     diagnostic_groups: dict[tuple[str, str], list[Any]] = dataclasses.field(default_factory=dict)
     # for a listing of runs: (rank, pid) -> how each training loop ended ("" while open), and the spans' time bounds
@@ -161,6 +163,10 @@ def summarize_run(run: Run) -> RunSummary:
             s.span_end_ns = wall if s.span_end_ns is None or wall > s.span_end_ns else s.span_end_ns
             if group == "training" and name == "training_loop":
                 s.note_loop((r.identity.rank, r.identity.pid), r.status if kind == "span_end" else None)
+            if kind == "span_end" and r.status != "ok":
+                n, ranks = s.failed_spans.get((group, name, r.status), (0, set()))
+                ranks.add(r.identity.rank)
+                s.failed_spans[(group, name, r.status)] = (n + 1, ranks)
     s.gpu_unavailable = sorted(set(s.gpu_unavailable))
     return s
 
@@ -352,6 +358,10 @@ def summarize_sql(engine: Any, run: Run) -> RunSummary:
             f"WHERE {w} GROUP BY ALL ORDER BY ALL"):
         s.diagnostics += n
         s.diagnostic_groups[(name, sink)] = [int(n), int(total), message]
+    for group, name, status, n, ranks in engine.rows(
+            f"SELECT group_name, name, status, count(*), list(DISTINCT rank) FROM span_ends WHERE {w} AND "
+            "status <> 'ok' GROUP BY ALL ORDER BY ALL"):
+        s.failed_spans[(group, name, status)] = (int(n), set(ranks))
     for lo, hi in engine.rows(f"SELECT min(lo), max(hi) FROM (SELECT min(wall_ns) AS lo, max(wall_ns) AS hi FROM "
                               f"span_starts WHERE {w} UNION ALL SELECT min(wall_ns), max(wall_ns) FROM span_ends "
                               f"WHERE {w})"):
