@@ -106,6 +106,21 @@ COMPARISONS: tuple[tuple[str, str, set[str], set[str]], ...] = (
 )
 
 
+class PlantedRuns(dict[str, list[Path]]):
+    """The scenarios' run folders, each job run on first use; ``fresh`` runs one again in a folder of its own."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__()
+        self.root = root
+
+    def __missing__(self, name: str) -> list[Path]:
+        self[name] = found = run_scenario(SCENARIOS[name], self.root / name)
+        return found
+
+    def fresh(self, name: str, attempt: int) -> Path:
+        return run_scenario(SCENARIOS[name], self.root / f"{name}-{attempt}")[-1]
+
+
 def run_scenario(s: Scenario, workdir: Path) -> list[Path]:
     """Run the scenario's job in ``workdir``; its run folders, in restart order."""
     from telemetrain.store.reader import find_runs

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 import telemetrain
+from _planted import PlantedRuns
 from telemetrain.sinks import Sink
 from telemetrain.store import open_run
 from telemetrain.telemetry import _default
@@ -105,6 +106,28 @@ def _clean_env_and_no_leaks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         problems.append(f"dispatcher threads left running: {[th.name for th in threads]}")
     if problems:
         pytest.fail("; ".join(problems), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def launched_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """The default demo, ``telemetrain demo --steps 40 --seed 1`` (two ranks under ``telemetrain launch``, rank 1
+    preempted, the agent restarting the job), run once for the tests that read it: its store root and the process.
+    Its readers only read the session (a test that changed it would copy it first)."""
+    pytest.importorskip("torch")
+    root = tmp_path_factory.mktemp("launched-demo")
+    env = {k: v for k, v in os.environ.items() if k not in IDENTITY_ENV}
+    if HAVE_DUCKDB and "TELEMETRAIN_ENGINE" not in env:
+        env["TELEMETRAIN_ENGINE"] = "duckdb"  # (as the tests' own environment asks, _clean_env_and_no_leaks)
+    proc = subprocess.run([sys.executable, "-m", "telemetrain.cli", "demo", "--steps", "40", "--root", str(root),
+                           "--seed", "1"], capture_output=True, text=True, timeout=240, env=env)
+    return root, proc
+
+
+@pytest.fixture(scope="session")
+def planted_runs(tmp_path_factory: pytest.TempPathFactory) -> PlantedRuns:
+    """The planted-problem jobs (``_planted.PlantedRuns``), each run once a session, for the tests that read them (a
+    test that changes a run, compacting it, works on a copy)."""
+    return PlantedRuns(tmp_path_factory.mktemp("planted"))
 
 
 @pytest.fixture

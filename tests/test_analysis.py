@@ -491,12 +491,12 @@ def test_compare_across_a_restart(tmp_path: Path) -> None:
 # -- the demo's runs ---------------------------------------------------------------------------------------------------
 
 
-def test_compare_and_goodput_on_the_demo(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_compare_and_goodput_on_the_demo(launched_demo: tuple[Path, subprocess.CompletedProcess[str]],
+                                         capsys: pytest.CaptureFixture[str]) -> None:
     """``telemetrain demo`` writes a session of two attempts (a simulated preemption, then a restart)."""
-    proc = subprocess.run([sys.executable, "-m", "telemetrain.cli", "demo", "--steps", "40", "--root", str(tmp_path)],
-                          capture_output=True, text=True, timeout=240)
+    root, proc = launched_demo
     assert proc.returncode == 0, proc.stderr[-3000:]
-    [session] = [p for p in tmp_path.iterdir() if p.is_dir()]
+    [session] = [p for p in root.iterdir() if p.is_dir()]
     first, second = sorted(p for p in session.iterdir() if p.is_dir())
     code, out, err = run_cli("compare", str(second), "--baseline", str(first), "--json", capsys=capsys)
     assert code == 0, err

@@ -59,12 +59,12 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess
     return _printed_run_dir(proc.stdout), proc
 
 
-def test_default_demo_is_a_launched_two_rank_job_restarted_by_the_agent(tmp_path: Path) -> None:
+def test_default_demo_is_a_launched_two_rank_job_restarted_by_the_agent(
+        launched_demo: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
     """The default demo runs under `telemetrain launch --nproc-per-node 2`: rank 1 of the first attempt is preempted
     (SIGTERM) at 60% of the steps, the elastic agent restarts the job, the second attempt resumes from the last
     checkpoint; each attempt's folder holds both ranks and the agent; the demo ends by writing the report."""
-    pytest.importorskip("torch")
-    proc = _run_cli("demo", "--steps", "40", "--root", str(tmp_path), "--seed", "1")
+    _, proc = launched_demo
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "will be preempted (SIGTERM) at step 24" in proc.stdout
     assert "resumed from the checkpoint of step 20" in proc.stdout

@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 
+from _planted import PlantedRuns
+
 pytest.importorskip("duckdb")
 
-from _planted import SCENARIOS, run_scenario
 from telemetrain import Telemetry, identity_from_env
 from telemetrain.analysis.tail import TailState
 from telemetrain.store import open_run
@@ -154,8 +155,12 @@ def test_v2_attributes_device_times_and_comm_are_the_same_by_sql(v2_run: Path, c
 
 
 @pytest.fixture(scope="module")
-def planted_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return run_scenario(SCENARIOS["leak-spike-nan"], tmp_path_factory.mktemp("planted"))[-1]
+def planted_run(planted_runs: PlantedRuns, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the leak-spike-nan job's session (the tests compact it; the planted suite reads the original)."""
+    run = planted_runs["leak-spike-nan"][-1]
+    copy = tmp_path_factory.mktemp("planted-copy") / run.parent.name
+    shutil.copytree(run.parent, copy)
+    return copy / run.name
 
 
 @pytest.mark.parametrize("compacted", [False, True, "v2"], ids=["from-jsonl", "from-parquet", "from-parquet-v2"])

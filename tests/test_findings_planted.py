@@ -5,7 +5,7 @@ and nothing else; the clean and CPU-hog runs must give no finding at all.
 
 The jobs are ``_findings_job.py``; the scenarios and their expectations ``_planted.py`` (shared with
 ``bench/bench_findings.py``, which repeats them and scores precision and recall: BENCHMARKS.md). Each job runs once
-per test session and serves every assertion about it."""
+per test session (``conftest.planted_runs``) and serves every assertion about it."""
 
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ pytest.importorskip("psutil")
 from _planted import (
     COMPARISONS,
     SCENARIOS,
+    PlantedRuns,
     Scenario,
     record,
     report_findings,
-    run_scenario,
     score,
     score_comparison,
     show_findings,
@@ -33,24 +33,9 @@ from _planted import (
 )
 
 
-class PlantedRuns(dict[str, list[Path]]):
-    """The scenarios' run folders, each job run on first use; ``fresh`` runs one again in a folder of its own."""
-
-    def __init__(self, root: Path) -> None:
-        super().__init__()
-        self.root = root
-
-    def __missing__(self, name: str) -> list[Path]:
-        self[name] = found = run_scenario(SCENARIOS[name], self.root / name)
-        return found
-
-    def fresh(self, name: str, attempt: int) -> Path:
-        return run_scenario(SCENARIOS[name], self.root / f"{name}-{attempt}")[-1]
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> PlantedRuns:
-    return PlantedRuns(tmp_path_factory.mktemp("planted"))
+@pytest.fixture
+def runs(planted_runs: PlantedRuns) -> PlantedRuns:
+    return planted_runs
 
 
 def _check(name: str, surface: str, found: list[object], s: Scenario) -> str:
