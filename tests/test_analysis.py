@@ -584,7 +584,7 @@ def test_tail_once_follows_a_live_run(tmp_path: Path, capsys: pytest.CaptureFixt
     assert not errors
     code, out, _ = run_cli("tail", "--once", str(tmp_path), capsys=capsys)  # a root: its newest run
     assert code == 0 and "live-tag  finished" in out and "data/slow_batch" in out and "batch=7" in out
-    assert "0 errors, 1 warnings" in out
+    assert "0 errors, 1 warnings, 0 spans not ok" in out
     if "findings: none so far" not in out:  # the first tail, in this process, can slow the loop briefly: a note
         assert "findings (0;" in out and ("│ note     │ a brief slowdown" in out or "│ note     │ the machine" in out)
     else:

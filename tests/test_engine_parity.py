@@ -123,7 +123,7 @@ def _both_paths(run_dir: Path, compacted: bool | str, monkeypatch: pytest.Monkey
     caught = TailState(run_dir)
     with Engine([run_dir]) as engine:
         caught.catch_up(engine)
-    for name in ("ranks", "errors", "warnings", "diagnostics", "records"):
+    for name in ("ranks", "errors", "warnings", "spans_not_ok", "diagnostics", "records"):
         assert getattr(polled, name) == getattr(caught, name), name
     assert not differences(polled.findings(), caught.findings())
     monkeypatch.setenv("TELEMETRAIN_ENGINE", "python")

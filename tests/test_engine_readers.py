@@ -400,9 +400,11 @@ def test_trace_and_tail_are_the_same_by_sql(session: tuple[Path, Path], monkeypa
         with Engine([run]) as engine:
             caught.catch_up(engine)
         assert caught.poll() == 0  # the followers start where SQL stopped: nothing new, nothing twice
-        for name in ("run_id", "perf_tag", "ranks", "errors", "warnings", "diagnostics", "records"):
+        for name in ("run_id", "perf_tag", "ranks", "errors", "warnings", "spans_not_ok", "diagnostics", "records"):
             assert getattr(polled, name) == getattr(caught, name), name
         assert list(polled.recent) == list(caught.recent) and polled.ranks
+        if run == session[0]:  # the crashed run: each of its 4 ranks' loop and application span ended terminated
+            assert polled.spans_not_ok == 8 and sum(e[3] == "span training/training_loop" for e in polled.recent) == 4
         assert not differences(polled.findings(), caught.findings())
         assert polled.loss_summary() == caught.loss_summary() and polled.eta() == caught.eta()  # sparkline, ETA
 

@@ -35,7 +35,8 @@ _NOTABLE_SEVERITIES = ("warning", "error", "critical")
 _NOTABLE_TRAINING = ("save_checkpoint_success", "validation_metrics_update", "testing_metrics_update",
                      "one_logger_initialization")
 _WANTED = (b'"event"', b'"diagnostic"', b'"process"')
-_LOOP_END = b'"name":"training_loop"'  # of the span_end lines, only the training loop's are decoded
+_LOOP_END = b'"name":"training_loop"'  # of the span_end lines, the training loop's are decoded, and those not ok
+_SPAN_OK = b'"status":"ok"'
 # of the metric lines, only those the findings engine reads: memory gauges, losses and gradient norms
 _METRIC_WORDS = (b"memory", b"loss", b"grad")
 FINDINGS_HISTORY = 2000  # windows per rank and points per series the live findings look back over
@@ -73,7 +74,8 @@ class FileFollower:
                 if self._header(raw):
                     continue
             head = raw[:40]
-            if not any(w in head for w in _WANTED) and not (b'"span_end"' in head and _LOOP_END in raw) and \
+            if not any(w in head for w in _WANTED) and \
+                    not (b'"span_end"' in head and (_LOOP_END in raw or _SPAN_OK not in raw)) and \
                     not (b'"metric"' in head and any(w in raw for w in self.metric_words)):
                 continue
             try:
@@ -158,6 +160,7 @@ class TailState:
     errors: int = 0
     warnings: int = 0
     diagnostics: int = 0
+    spans_not_ok: int = 0  # spans that ended in error or terminated (a failed checkpoint save, a crashed loop)
     records: int = 0
     followers: dict[Path, FileFollower] = field(default_factory=dict)
     # the launcher agents' files, for their events (worker exits, stalls: the findings'; restarts): few, read whole
@@ -231,13 +234,12 @@ class TailState:
 
     def _add(self, r: Any) -> None:
         rank = r.identity.rank
+        if r.kind == "span_end":
+            self._span_end(rank, r)
+            return
         self.inputs.add(r)
         if r.kind == "metric":
             self.curves.add(rank, r.group, r.name, r.step, r.value, r.wall_ns, r.unit)
-            return
-        if r.kind == "span_end":
-            if r.name == "training_loop" and r.group == "training":
-                self._rank(rank).loop_status = r.status
             return
         if r.kind == "diagnostic":
             self.diagnostics += 1
@@ -252,6 +254,16 @@ class TailState:
         self._count(severity)
         if severity in _NOTABLE_SEVERITIES or (r.group == "training" and r.name in _NOTABLE_TRAINING):
             self.recent.add((r.wall_ns, rank, severity, f"{r.group}/{r.name}", _brief(r.attributes)))
+
+    def _span_end(self, rank: int, r: Any) -> None:
+        """A training loop's end (the rank's loop status, the findings' input) or a span that ended not ok."""
+        if r.name == "training_loop" and r.group == "training":
+            self._rank(rank).loop_status = r.status
+            self.inputs.add(r)  # (the findings take the loops' ends alone, as the SQL catch-up feeds them)
+        if r.status != "ok":
+            self.spans_not_ok += 1
+            self.recent.add((r.wall_ns, rank, "error" if r.status == "error" else "warning",
+                             f"span {r.group}/{r.name}", f"{r.status}: {r.error}" if r.error else r.status))
 
     def _agent_event(self, r: Any) -> None:
         """An event of a launcher agent: the findings' (its worker exits and stalls), and a notable one shown."""
@@ -373,8 +385,8 @@ def render(state: TailState, now_ns: int | None = None) -> Any:
                     "throughput", "-" if latest is None or latest.samples_per_second is None
                     else f"{latest.samples_per_second:,.1f} samples/s")
     summary.add_row("iteration time", "-" if latest is None else f"p50 {_ms(latest.p50)}  p99 {_ms(latest.p99)}",
-                    "problems", f"{state.errors} errors, {state.warnings} warnings, {state.diagnostics} diagnostics, "
-                    f"{state.corrupt} corrupt lines")
+                    "problems", f"{state.errors} errors, {state.warnings} warnings, {state.spans_not_ok} spans not ok, "
+                    f"{state.diagnostics} diagnostics, {state.corrupt} corrupt lines")
     model = Table.grid(padding=(0, 2))  # the model's side: the loss so far, the way to the target
     model.add_row("loss", Text(printable(state.loss_summary())))
     model.add_row("ETA", state.eta())

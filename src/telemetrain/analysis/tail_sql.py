@@ -33,12 +33,14 @@ def catch_up(state: TailState, engine: Any) -> None:
     update = "group_name = 'training' AND name = 'training_metrics_update'"
     counts = engine.rows(f"""SELECT
         (SELECT count(*) FROM events WHERE {w}), (SELECT count(*) FROM diagnostics WHERE {w}),
-        (SELECT count(*) FROM span_ends WHERE {w} AND name = 'training_loop'),
+        (SELECT count(*) FROM span_ends WHERE {w} AND (name = 'training_loop' OR status <> 'ok')),
+        (SELECT count(*) FROM span_ends WHERE {w} AND status <> 'ok'),
         (SELECT count(*) FROM events WHERE {w} AND severity IN ('error', 'critical')),
         (SELECT count(*) FROM events WHERE {w} AND severity = 'warning'),
         (SELECT coalesce(sum(corrupt), 0) FROM damage WHERE NOT agent)""")[0]
-    events, diagnostics, loops, errors, warnings, corrupt = (int(v) for v in counts)
-    state.records += events + diagnostics + loops
+    events, diagnostics, span_ends, not_ok, errors, warnings, corrupt = (int(v) for v in counts)
+    state.records += events + diagnostics + span_ends  # (the span ends polling decodes: loops', those not ok)
+    state.spans_not_ok += not_ok
     state.errors += errors
     state.warnings += warnings
     state.diagnostics += diagnostics
@@ -76,7 +78,12 @@ def catch_up(state: TailState, engine: Any) -> None:
               WHERE {w} AND NOT ({update})
                 AND (severity IN {severities} OR (group_name = 'training' AND name IN {names}))
               UNION ALL
-              SELECT 1, rank, wall_ns, 'diagnostic', name || ' ' || sink, NULL, message FROM diagnostics WHERE {w})
+              SELECT 1, rank, wall_ns, 'diagnostic', name || ' ' || sink, NULL, message FROM diagnostics WHERE {w}
+              UNION ALL
+              SELECT 1, rank, wall_ns, CASE WHEN status = 'error' THEN 'error' ELSE 'warning' END,
+                     'span ' || group_name || '/' || name, NULL,
+                     CASE WHEN coalesce(error, '') = '' THEN status ELSE status || ': ' || error END
+                FROM span_ends WHERE {w} AND status <> 'ok')
             SELECT src, rank, wall_ns, severity, what, attributes, message FROM notable
             WHERE wall_ns >= (SELECT min(wall_ns) FROM (SELECT wall_ns FROM notable ORDER BY wall_ns DESC
                                                          LIMIT {RECENT_EVENTS}))""")
