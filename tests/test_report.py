@@ -586,6 +586,8 @@ def test_checkpoints_of_many_ranks_are_one_row_a_step_naming_the_slowest_rank(
                             attributes={"current_iteration": step, "save_checkpoint_attempt_count": step // 10})
             failed = (rank, step) == (3, 30)
             span.end("error" if failed else None, end_ns=at + rank * 10**6 + round(seconds * 1e9))
+            if not failed:
+                t.event("save_checkpoint_success", {"current_iteration": step}, group="training")
         assert t.close()
     model = build_model(open_run(tmp_path / "s" / "ckpt"))
     assert len(model.checkpoints) == 80 and not model.checkpoints[-1].attributes  # (past the kept attributes)
@@ -602,3 +604,5 @@ def test_checkpoints_of_many_ranks_are_one_row_a_step_naming_the_slowest_rank(
     spans = page[page.index("<h3>checkpoint spans</h3>"):]
     assert spans.index("<details><summary>every span (80)</summary>") < spans.index("<table>")
     assert "<td>None" not in page  # (the session's one run trained no iteration: a dash, not None..None)
+    successes = page[page.index("<h3>save_checkpoint_success</h3>"):]
+    assert successes.index("<details><summary>every event (59)</summary>") < successes.index("<table>")

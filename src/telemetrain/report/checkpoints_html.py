@@ -174,10 +174,17 @@ def checkpoints_section(m: ReportModel) -> str:
             spans = folded(f"every span ({len(m.checkpoints):,})", spans)
         body += by_step + "<h3>checkpoint spans</h3>" + spans
     if m.checkpoint_successes:
-        body += "<h3>save_checkpoint_success</h3>" + table(
-            ("time (s)", "source", "productive iterations", "attributes"),
-            [(f"{m.seconds(e.wall_ns):.3f}", e.source, e.attributes.get("productive_train_iterations", ""),
-              attributes_cell(e.attributes)) for e in m.checkpoint_successes], numeric=(0, 2))
+        successes = table(("time (s)", "source", "productive iterations", "attributes"),
+                          [(f"{m.seconds(e.wall_ns):.3f}", e.source,
+                            e.attributes.get("productive_train_iterations", ""), attributes_cell(e.attributes))
+                           for e in m.checkpoint_successes], numeric=(0, 2))
+        total = max(len(m.checkpoint_successes), m.event_counts[("ranks", "training", "save_checkpoint_success")])
+        if total > len(m.checkpoint_successes):
+            successes += (f'<p class="note">{total - len(m.checkpoint_successes):,} more not listed (listed: the '
+                          f"earliest {len(m.checkpoint_successes):,}).</p>")
+        if len({e.source for e in m.checkpoint_successes}) > 1 and len(m.checkpoint_successes) > SHOWN_ROWS:
+            successes = folded(f"every event ({total:,})", successes)  # (one a rank and checkpoint)
+        body += "<h3>save_checkpoint_success</h3>" + successes
     if not m.checkpoints and not m.checkpoint_successes:
         body += '<p class="note">No checkpoint spans or events in this run.</p>'
     return body
