@@ -99,8 +99,10 @@ def _by_step(m: ReportModel, steps: list[CheckpointStep]) -> str:
         rows.append(row)
     return ("<h3>checkpoints by step</h3>"
             '<p class="note">One row per checkpoint (a span name and the iteration it saved or loaded) across the '
-            "ranks: how many ranks wrote it, their median time and the slowest rank's. A rank far above the median is "
-            "slow to write (its storage, its share of the state) and holds the others at the next collective.</p>"
+            "ranks: how many ranks wrote it, their median time and the slowest rank's. Where every rank writes its "
+            "share (a sharded checkpoint), a rank far above the median is slow to write (its storage, its share of "
+            "the state) and holds the others at the next collective; where one rank writes for all, it is that "
+            "rank.</p>"
             + few_table(("start (s)", "span", "step", "ranks", "median", "slowest", "slowest rank", "slowest / median",
                          "failed or never ended"), rows, numeric=(0, 2, 3, 4, 5, 6, 7, 8),
                         key=lambda r: slowest_s.get(id(r)), marked=lambda r: bool(r[8]), what="checkpoints",
