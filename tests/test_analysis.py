@@ -8,6 +8,7 @@ problem -- a slow phase, a slow rank, a 15% regression -- is known exactly while
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import math
@@ -513,6 +514,34 @@ def test_compare_and_goodput_on_the_demo(launched_demo: tuple[Path, subprocess.C
 
 
 # -- tail --------------------------------------------------------------------------------------------------------------
+
+
+def test_tail_counts_the_spans_that_ended_not_ok_by_their_own_status(tmp_path: Path) -> None:
+    """A span's own status decides, not an attribute named ``status``: polling reads the failed save whose
+    attributes say ok and skips the ok one whose attributes say error; the SQL catch-up counts the same."""
+    from telemetrain.spans import tracer
+
+    t = Telemetry(identity_from_env({}, run_id="spans", session_tag="s"), store=tmp_path)
+    spans = tracer(t)
+    for own, attribute in (("error", "ok"), ("ok", "error")):
+        span = spans.start("checkpoint_save_sync", group="training")
+        span.set_attribute("status", attribute)  # (an end attribute: on the span end's line)
+        span.end(own, "disk full" if own == "error" else "")
+    spans.start("step", group="user").end("terminated")
+    assert t.close()
+    polled = TailState(tmp_path / "s" / "spans")
+    polled.poll()
+    assert polled.spans_not_ok == 2
+    assert [(e[2], e[3], e[4]) for e in polled.recent] == [
+        ("error", "span training/checkpoint_save_sync", "error: disk full"),
+        ("warning", "span user/step", "terminated")]
+    if importlib.util.find_spec("duckdb") is not None:
+        from telemetrain.store.engine import Engine
+
+        caught = TailState(tmp_path / "s" / "spans")
+        with Engine([caught.path]) as engine:
+            caught.catch_up(engine)
+        assert (caught.spans_not_ok, caught.records, list(caught.recent)) == (2, polled.records, list(polled.recent))
 
 
 def test_follower_holds_back_a_torn_line(tmp_path: Path) -> None:

@@ -36,7 +36,7 @@ _NOTABLE_TRAINING = ("save_checkpoint_success", "validation_metrics_update", "te
                      "one_logger_initialization")
 _WANTED = (b'"event"', b'"diagnostic"', b'"process"')
 _LOOP_END = b'"name":"training_loop"'  # of the span_end lines, the training loop's are decoded, and those not ok
-_SPAN_OK = b'"status":"ok"'
+_STATUS = b'"status":"'  # a span end's own status: the first (the writer puts it before the attributes)
 # of the metric lines, only those the findings engine reads: memory gauges, losses and gradient norms
 _METRIC_WORDS = (b"memory", b"loss", b"grad")
 FINDINGS_HISTORY = 2000  # windows per rank and points per series the live findings look back over
@@ -75,7 +75,7 @@ class FileFollower:
                     continue
             head = raw[:40]
             if not any(w in head for w in _WANTED) and \
-                    not (b'"span_end"' in head and (_LOOP_END in raw or _SPAN_OK not in raw)) and \
+                    not (b'"span_end"' in head and (_LOOP_END in raw or not _ended_ok(raw))) and \
                     not (b'"metric"' in head and any(w in raw for w in self.metric_words)):
                 continue
             try:
@@ -106,6 +106,12 @@ class FileFollower:
 
 
 RecentEvent = tuple[int, int | str, str, str, str]  # wall_ns, who (a rank, or "agent N"), severity, event, text
+
+
+def _ended_ok(raw: bytes) -> bool:
+    """Whether a span end's line says status ok (a line of another layout is decoded and its status read)."""
+    at = raw.find(_STATUS)
+    return at >= 0 and raw.startswith(b'ok"', at + len(_STATUS))
 
 
 class RecentEvents:
