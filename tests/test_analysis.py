@@ -13,6 +13,7 @@ import io
 import json
 import math
 import random
+import re
 import subprocess
 import sys
 import threading
@@ -26,6 +27,7 @@ from telemetrain import Telemetry, cli, identity_from_env, span_lifecycle
 from telemetrain.analysis import PerfTagMismatch, bootstrap_ratio, commands, compare_runs, run_samples
 from telemetrain.analysis.compare import IMPROVEMENT, INCONCLUSIVE, NO_CHANGE, ONE_VALUE, REGRESSION, decide
 from telemetrain.analysis.compare_html import comparison_html
+from telemetrain.analysis.compare_text import format_comparison
 from telemetrain.analysis.tail import FileFollower, TailState, run_tail
 from telemetrain.training import SpanName, TrainingRecorder, TrainingTelemetryConfig
 
@@ -487,6 +489,25 @@ def test_compare_across_a_restart(tmp_path: Path) -> None:
     restarted, killed = comparison.candidates
     assert restarted.candidate.windows == 19 and killed.candidate.windows >= 12
     assert not comparison.regressions
+
+
+def test_compare_of_many_ranks_lists_the_ranks_that_changed_and_counts_the_others(tmp_path: Path) -> None:
+    """40 ranks, the same iterations in both runs but rank 7's, 30% slower in the candidate: the run lines name the
+    ranks as a range, the table and the page list rank 7's row and count the 39 that did not change (a row each
+    would be 40 rows here, 1,024 on a big job), and the slower-ranks line names rank 7 alone."""
+    base = make_run(tmp_path, "b40", seed=11, ranks=40, iterations=60)
+    slow = make_run(tmp_path, "c40", seed=11, ranks=40, iterations=60, rank_scale={7: 1.3})
+    comparison = compare_runs([slow], base)
+    [candidate] = comparison.candidates
+    assert sum(m.scope == "rank" for m in candidate.metrics) == 40  # every rank compared: --json has them all
+    text = "\n".join(format_comparison(comparison))
+    assert "ranks 0..39" in text and "ranks 0, 1" not in text
+    assert "rank 7 iteration time" in text and "rank 8 iteration time" not in text
+    assert "(39 per-rank row(s) with no significant change not shown; --json has them)" in text
+    assert re.search(r"slower ranks: rank 7 \+\d+(\.\d+)?% \(the other 39 rank\(s\): no regression\)", text), text
+    page = comparison_html(comparison)
+    assert "ranks 0..39" in page and "<td>rank 7 iteration time</td>" in page
+    assert "<td>rank 8 iteration time</td>" not in page and "39 per-rank row(s) with no significant change" in page
 
 
 # -- the demo's runs ---------------------------------------------------------------------------------------------------

@@ -9,9 +9,28 @@ import html
 import math
 
 from ..report.curves import Curve
-from .compare import IMPROVEMENT, INCONCLUSIVE, REGRESSION, CandidateComparison, Comparison, MetricComparison, RunRef
+from .compare import (
+    IMPROVEMENT,
+    INCONCLUSIVE,
+    MAX_RANK_PHASES,
+    REGRESSION,
+    CandidateComparison,
+    Comparison,
+    MetricComparison,
+    RunRef,
+)
 from .compare_multi import MultiComparison
-from .compare_text import format_change, format_interval, format_quantity, row_change, speed_of, tally_text, where_lines
+from .compare_text import (
+    format_change,
+    format_interval,
+    format_quantity,
+    quiet_row,
+    row_change,
+    speed_of,
+    tally_text,
+    where_lines,
+)
+from .findings.fmt import ranges
 
 __all__ = ["RatioAxis", "comparison_html", "multi_html"]
 
@@ -139,14 +158,19 @@ def _run_block(role: str, ref: RunRef) -> str:
                  f"p99 {_e(format_quantity(ref.iteration_p99, 's'))}")
     return (f"<p><b>{_e(role)}</b> <span class=run>{_e(ref.run_id)}</span> (perf_tag "
             f"<span class=run>{_e(ref.perf_tag)}</span>, {ref.windows} windows, ranks "
-            f"{_e(', '.join(map(str, ref.ranks)) or 'none')}{spans})<br>"
+            f"{_e(ranges(ref.ranks) or 'none')}{spans})<br>"
             f"<span class='run note'>{_e(ref.path)}</span></p>")
 
 
 def _candidate_section(c: CandidateComparison, comparison: Comparison, overlays: bool = True) -> str:
     rows = []
     axis = _axis_for(list(c.metrics), comparison.min_effect)
+    many = sum(m.scope == "rank" for m in c.metrics) > MAX_RANK_PHASES
+    quiet = 0
     for m in c.metrics:
+        if quiet_row(m, many):
+            quiet += 1
+            continue
         css = {REGRESSION: "regression", IMPROVEMENT: "improvement", INCONCLUSIVE: "inconclusive"}.get(m.verdict, "")
         if m.verdict == "insufficient data":
             css = "insufficient"
@@ -159,7 +183,9 @@ def _candidate_section(c: CandidateComparison, comparison: Comparison, overlays:
     regressions = c.regressions
     summary = (f"{len(regressions)} regression(s): " + ", ".join(_e(m.label) for m in regressions)
                if regressions else "no regression")
-    notes = "".join(f"<p>{_e(line)}</p>" for line in where_lines(c))
+    notes = (f"<p class=note>{quiet} per-rank row(s) with no significant change not shown (`--json` has "
+             "them).</p>" if quiet else "")
+    notes += "".join(f"<p>{_e(line)}</p>" for line in where_lines(c))
     notes += _quality(c, comparison.baseline.run_id, overlays)
     notes += "".join(f"<p class=note>note: {_e(n)}</p>" for n in c.notes)
     return (f"<h2>{_e(c.candidate.run_id)}: {summary}</h2>{_run_block('candidate', c.candidate)}"

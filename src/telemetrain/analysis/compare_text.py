@@ -5,11 +5,22 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from .compare import INCONCLUSIVE, REGRESSION, CandidateComparison, Comparison, MetricComparison, RunRef
+from .compare import (
+    INCONCLUSIVE,
+    MAX_RANK_PHASES,
+    REGRESSION,
+    CandidateComparison,
+    Comparison,
+    MetricComparison,
+    RunRef,
+)
 from .compare_multi import MetricTally, MultiComparison
 from .compare_quality import quality_lines
+from .findings.fmt import ranges
 
-__all__ = ["format_change", "format_comparison", "format_multi", "format_quantity", "row_change"]
+__all__ = ["format_change", "format_comparison", "format_multi", "format_quantity", "quiet_row", "row_change"]
+
+MAX_LISTED = 8  # the slower ranks (rank phases) a line names, the most slowed first
 
 
 def format_quantity(value: float, unit: str) -> str:
@@ -65,26 +76,37 @@ def where_lines(c: CandidateComparison) -> list[str]:
         lines.append("slower phases, by time added per iteration: " + ", ".join(
             f"{m.metric} +{format_quantity(m.candidate_median - m.baseline_median, m.unit)}" for m in phases))
     ranks = [m for m in c.metrics if m.scope == "rank"]
-    slow = [m for m in ranks if m.verdict == REGRESSION]
+    slow = sorted((m for m in ranks if m.verdict == REGRESSION), key=lambda m: -(m.ratio or 0.0))
     if slow and len(slow) < len(ranks):
-        lines.append("slower ranks: " + ", ".join(f"rank {m.rank} {format_change(m.ratio)}" for m in slow)
-                     + f" (the other {len(ranks) - len(slow)} rank(s): no regression)")
+        more = f", +{len(slow) - MAX_LISTED} more" if len(slow) > MAX_LISTED else ""
+        lines.append("slower ranks: " + ", ".join(f"rank {m.rank} {format_change(m.ratio)}"
+                                                  for m in slow[:MAX_LISTED])
+                     + f"{more} (the other {len(ranks) - len(slow)} rank(s): no regression)")
     by_rank = sorted((m for m in c.regressions if m.scope == "rank phase"),
                      key=lambda m: m.candidate_median - m.baseline_median, reverse=True)
     if by_rank:
         lines.append("slower rank phases, by time added per iteration: " + ", ".join(
             f"rank {m.rank} {m.metric} +{format_quantity(m.candidate_median - m.baseline_median, m.unit)}"
-            for m in by_rank[:8]) + (f" (+{len(by_rank) - 8} more)" if len(by_rank) > 8 else ""))
+            for m in by_rank[:MAX_LISTED]) + (f" (+{len(by_rank) - MAX_LISTED} more)" if len(by_rank) > MAX_LISTED
+                                              else ""))
     return lines
 
 
 def _run_line(role: str, ref: RunRef) -> str:
-    ranks = ", ".join(map(str, ref.ranks)) or "none"
+    ranks = ranges(ref.ranks) or "none"
     spans = ""
     if ref.iteration_p50 is not None and ref.iteration_p99 is not None:
         spans = (f"; sampled iterations p50 {format_quantity(ref.iteration_p50, 's')} "
                  f"p99 {format_quantity(ref.iteration_p99, 's')}")
     return f"{role:<10} {ref.run_id}  perf_tag {ref.perf_tag}, {ref.windows} windows, ranks {ranks}{spans}"
+
+
+def quiet_row(m: MetricComparison, many_ranks: bool) -> bool:
+    """A per-rank row a table leaves out: one that says nothing (no regression, not inconclusive, no significant
+    change) of a rank's phase, or of a rank's iteration time when more than ``MAX_RANK_PHASES`` ranks are compared."""
+    if m.scope != "rank phase" and not (m.scope == "rank" and many_ranks):
+        return False
+    return m.verdict not in (REGRESSION, INCONCLUSIVE) and not m.significant
 
 
 def _run_lines(role: str, ref: RunRef) -> list[str]:
@@ -101,16 +123,17 @@ def _candidate_lines(c: CandidateComparison, comparison: Comparison) -> list[str
     header = ("metric", "baseline", "candidate", "change", f"{comparison.confidence:.0%} CI", "verdict")
     rows = [header]
     quiet = 0
+    many = sum(m.scope == "rank" for m in c.metrics) > MAX_RANK_PHASES
     for m in c.metrics:
-        if m.scope == "rank phase" and m.verdict not in (REGRESSION, INCONCLUSIVE) and not m.significant:
-            quiet += 1  # per-rank phases: only the rows that say something
+        if quiet_row(m, many):
+            quiet += 1
             continue
         verdict = m.verdict.upper() if m.significant else m.verdict
         rows.append((m.label, format_quantity(m.baseline_median, m.unit), format_quantity(m.candidate_median, m.unit),
                      row_change(m), format_interval(m), verdict))
     lines += _table(rows)
     if quiet:
-        lines.append(f"  ({quiet} per-rank phase row(s) with no significant change not shown; --json has them)")
+        lines.append(f"  ({quiet} per-rank row(s) with no significant change not shown; --json has them)")
     regressions, improvements = c.regressions, c.improvements
     for what, found in (("regression(s)", regressions), ("improvement(s)", improvements)):
         if found:
