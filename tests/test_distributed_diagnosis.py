@@ -169,7 +169,7 @@ def test_a_rank_blocked_before_the_all_reduce_is_named_by_every_ranks_evidence(t
     for reader, titles in findings_everywhere(run).items():  # the report, show and a live tail all say it
         assert "stall: rank(s) 1 (forward)" in titles, reader
     text = show(run)
-    assert "  error    stall: rank(s) 1 (forward)\n           stuck: rank 1 in forward while rank(s) 0,2 wait in " \
+    assert "  error    stall: rank(s) 1 (forward)\n           stuck: rank 1 in forward while rank(s) 0, 2 wait in " \
            "all_reduce" in text
     # the job's exit is not held up: the blocked rank wrote its SIGTERM evidence and died of the SIGTERM (torchelastic
     # would SIGKILL it 30 s later), soon before the launcher ended
@@ -456,9 +456,14 @@ def test_the_rank_not_in_the_collective_the_others_wait_in_is_stuck() -> None:
                   3: evidence("backward", 84)}, 4)
     assert (a["ranks"], a["rank"], a["phase"], a["waiting_ranks"]) == ([1], 1, "dataloader", [0, 2, 3])
     assert a["waiting_in"] == "all_reduce #84 (backward)" and a["silent_ranks"] == []
-    assert a["message"] == "stuck: rank 1 in dataloader while rank(s) 0,2,3 wait in all_reduce #84 (backward)"
+    assert a["message"] == "stuck: rank 1 in dataloader while rank(s) 0, 2..3 wait in all_reduce #84 (backward)"
     behind = classify({0: evidence("backward", 84), 1: evidence("backward", 83)}, 2)  # an earlier collective
     assert behind["ranks"] == [1]
+    # a job of 1,024 ranks: one line however many wait (the ranks as ranges), the lists whole in the attributes
+    many = classify({r: evidence("dataloader") if r == 700 else evidence("backward", 84) for r in range(1000)}, 1024)
+    assert many["message"] == ("stuck: rank 700 in dataloader while rank(s) 0..699, 701..999 wait in all_reduce #84 "
+                               "(backward); no evidence from rank(s) 1000..1023")
+    assert len(many["waiting_ranks"]) == 999 and many["silent_ranks"] == list(range(1000, 1024))
 
 
 def test_without_collectives_the_odd_phase_out_is_stuck_and_alike_ranks_name_nobody_or_the_silent() -> None:

@@ -271,7 +271,7 @@ def test_multiple_ranks(tmp_path: Path) -> None:
     [run1] = rep1.runs
     assert (run1.checkpointed_iterations, run1.last_iteration) == (10, 12)
     assert any("another rank" in n for n in run1.notes)
-    with pytest.raises(ValueError, match=r"rank 2 wrote no training lifecycle record.*0, 1"):
+    with pytest.raises(ValueError, match=r"rank 2 wrote no training lifecycle record.*records: 0\.\.1\)"):
         goodput(tmp_path / SESSION, rank=2)
 
 

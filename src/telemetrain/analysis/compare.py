@@ -42,6 +42,7 @@ from .compare_model import NO_CHANGE as NO_CHANGE
 from .compare_model import ONE_VALUE as ONE_VALUE
 from .compare_model import REGRESSION as REGRESSION
 from .compare_model import CandidateComparison, Comparison, MetricComparison, RunRef
+from .findings.fmt import ranges
 from .findings.noise import BUSY_RESIDUAL, Contention, explained_factor, history_min_effect, steal_factor
 from .findings.stats import min_rank_sum_p, rank_sum_p
 from .samples import OTHER, PHASES, RunSamples, read_samples, run_samples, with_goodput
@@ -299,7 +300,7 @@ def _metrics(candidate: RunSamples, baseline: RunSamples, phases: bool, ranks: b
                 notes.append(f"per-rank phases not compared: more than {MAX_RANK_PHASES} ranks")
         missing = sorted(set(candidate.ranks) ^ set(baseline.ranks))
         if missing:
-            notes.append(f"ranks in only one of the runs, not compared per rank: {', '.join(map(str, missing))}")
+            notes.append(f"ranks in only one of the runs, not compared per rank: {ranges(missing)}")
     return out
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from ..training.goodput import BADPUT_CATEGORIES, GoodputReport
+from .findings.fmt import ranges
 
 __all__ = ["format_goodput", "format_goodput_by_rank"]
 
@@ -37,7 +38,7 @@ def format_goodput(report: GoodputReport) -> list[str]:
     wall = report.wall_seconds
     lines = [
         f"session     {report.session_tag}  ({report.session_dir})",
-        f"rank        {report.rank} (ranks in the session: {', '.join(map(str, report.ranks)) or 'none'})",
+        f"rank        {report.rank} (ranks in the session: {ranges(report.ranks) or 'none'})",
         f"goodput     {report.goodput:.1%}: {_seconds(report.productive_seconds)} productive of "
         f"{_seconds(wall)} wall time" + ("  (approximate)" if report.approximate else ""),
         f"iterations  {report.productive_iterations} productive, {report.lost_iterations} lost (redone or never "

@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..analysis.findings.fmt import ranges
 from ..dispatch import describe, warn_safely
 from ..store.codec import untag_nonfinite
 from ..store.layout import is_agent_file, is_process_file
@@ -98,7 +99,7 @@ class _EvidenceFollower:
 
 
 def _rank_list(ranks: list[int]) -> str:
-    return ",".join(map(str, ranks)) or "none"
+    return ranges(ranks) or "none"  # (``0..1022``: a hang of a thousand ranks is one line)
 
 
 def classify(evidence: Mapping[int, Mapping[str, Any]], world_size: int) -> dict[str, Any]:

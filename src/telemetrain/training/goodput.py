@@ -246,9 +246,11 @@ def _report(session: _Session, rank: int) -> GoodputReport:
     ranks = sorted({p.rank for d in session.runs for p in d.processes})
     processes = [p for d in session.runs for p in d.processes if p.rank == rank and p.first_ns is not None]
     if not processes:
+        from ..analysis.findings.fmt import ranges  # (a formatting helper of the readers': ``0..1023``)
+
         raise ValueError(
             f"{session.path}: rank {rank} wrote no training lifecycle record in this session (ranks with records: "
-            f"{', '.join(map(str, sorted({p.rank for d in session.runs for p in d.processes if p.first_ns})))})"
+            f"{ranges([p.rank for d in session.runs for p in d.processes if p.first_ns]) or 'none'})"
         )
     notes = list(session.notes)
     run_saves = [[s for p in d.processes for s in p.saves] for d in session.runs]
