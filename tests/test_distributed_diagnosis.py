@@ -708,7 +708,7 @@ def test_the_first_failure_is_the_cause_and_the_agents_sigterms_follow_it() -> N
     title, text = found
     assert title == "crash: rank 2 exited with code 1 first"
     assert text.startswith("rank 2 exited with code 1 (pid 12): the program ended with an error: ValueError: bad batch")
-    assert "Then rank(s) 0, 1 were stopped by the agent (SIGTERM)" in text
+    assert "Then rank(s) 0..1 were stopped by the agent (SIGTERM)" in text
     assert exit_finding_text([]) is None
 
 
@@ -723,7 +723,7 @@ def test_without_the_agents_word_the_exits_that_are_not_its_sigterm_come_first()
     stopped = worker_exits([{"rank": 0, "exitcode": -15}, {"rank": 1, "exitcode": -15}])
     assert first_failures(stopped) == stopped
     found = exit_finding_text(stopped)
-    assert found is not None and found[0] == "crash: rank 0, 1 died of SIGTERM (exit code -15)"
+    assert found is not None and found[0] == "crash: rank 0..1 died of SIGTERM (exit code -15)"
     assert "scheduler" in found[1]
     assert describe_exit(worker_exits([{"rank": 0, "exitcode": -64}])[0]) == "died of signal 64 (exit code -64)"
     # two first failures of different kinds are each named as they ended, with their own meaning

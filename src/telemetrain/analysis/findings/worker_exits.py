@@ -13,6 +13,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .fmt import ranges
+
 __all__ = ["EVENT", "WorkerExit", "describe_exit", "exit_finding_text", "first_failures", "meaning", "worker_exits"]
 
 EVENT = ("launcher", "worker_failed")  # (group, name) of the events read here
@@ -100,7 +102,7 @@ def exit_finding_text(exits: list[WorkerExit]) -> tuple[str, str] | None:
     by_code: dict[int, list[WorkerExit]] = {}
     for e in first:
         by_code.setdefault(e.exitcode, []).append(e)
-    causes = [(f"rank {', '.join(str(e.rank) for e in group)} {describe_exit(group[0])}", group[0])
+    causes = [(f"rank {ranges([e.rank for e in group])} {describe_exit(group[0])}", group[0])
               for group in by_code.values()]
     title = "crash: " + "; ".join(who for who, _ in causes) + (" first" if len(first) < len(exits) else "")
     pids = {e.rank: e.pid for e in first if e.pid is not None}
@@ -110,7 +112,7 @@ def exit_finding_text(exits: list[WorkerExit]) -> tuple[str, str] | None:
     stopped = [e for e in rest if e.signal == "SIGTERM"]
     other = [e for e in rest if e.signal != "SIGTERM"]
     if stopped:
-        text += (f" Then rank(s) {', '.join(str(e.rank) for e in stopped)} were stopped by the agent (SIGTERM), "
+        text += (f" Then rank(s) {ranges([e.rank for e in stopped])} were stopped by the agent (SIGTERM), "
                  "as it stops every worker once one fails.")
     if other:
         text += " Then " + "; ".join(f"rank {e.rank} {describe_exit(e)}" for e in other) + "."
