@@ -9,23 +9,14 @@ import html
 import math
 
 from ..report.curves import Curve
-from .compare import (
-    IMPROVEMENT,
-    INCONCLUSIVE,
-    MAX_RANK_PHASES,
-    REGRESSION,
-    CandidateComparison,
-    Comparison,
-    MetricComparison,
-    RunRef,
-)
+from .compare import IMPROVEMENT, INCONCLUSIVE, REGRESSION, CandidateComparison, Comparison, MetricComparison, RunRef
 from .compare_multi import MultiComparison
 from .compare_text import (
     format_change,
     format_interval,
     format_quantity,
-    quiet_row,
     row_change,
+    shown_rows,
     speed_of,
     tally_text,
     where_lines,
@@ -164,13 +155,9 @@ def _run_block(role: str, ref: RunRef) -> str:
 
 def _candidate_section(c: CandidateComparison, comparison: Comparison, overlays: bool = True) -> str:
     rows = []
-    axis = _axis_for(list(c.metrics), comparison.min_effect)
-    many = sum(m.scope == "rank" for m in c.metrics) > MAX_RANK_PHASES
-    quiet = 0
-    for m in c.metrics:
-        if quiet_row(m, many):
-            quiet += 1
-            continue
+    shown, quiet = shown_rows(c)
+    axis = _axis_for(shown, comparison.min_effect)  # (fits the rows drawn)
+    for m in shown:
         css = {REGRESSION: "regression", IMPROVEMENT: "improvement", INCONCLUSIVE: "inconclusive"}.get(m.verdict, "")
         if m.verdict == "insufficient data":
             css = "insufficient"

@@ -18,7 +18,7 @@ from .compare_multi import MetricTally, MultiComparison
 from .compare_quality import quality_lines
 from .findings.fmt import ranges
 
-__all__ = ["format_change", "format_comparison", "format_multi", "format_quantity", "quiet_row", "row_change"]
+__all__ = ["format_change", "format_comparison", "format_multi", "format_quantity", "row_change", "shown_rows"]
 
 MAX_LISTED = 8  # the slower ranks (rank phases) a line names, the most slowed first
 
@@ -101,6 +101,13 @@ def _run_line(role: str, ref: RunRef) -> str:
     return f"{role:<10} {ref.run_id}  perf_tag {ref.perf_tag}, {ref.windows} windows, ranks {ranks}{spans}"
 
 
+def shown_rows(c: CandidateComparison) -> tuple[list[MetricComparison], int]:
+    """The rows a candidate's table lists, and how many per-rank rows it leaves out (``quiet_row``)."""
+    many = sum(m.scope == "rank" for m in c.metrics) > MAX_RANK_PHASES
+    shown = [m for m in c.metrics if not quiet_row(m, many)]
+    return shown, len(c.metrics) - len(shown)
+
+
 def quiet_row(m: MetricComparison, many_ranks: bool) -> bool:
     """A per-rank row a table leaves out: one that says nothing (no regression, not inconclusive, no significant
     change) of a rank's phase, or of a rank's iteration time when more than ``MAX_RANK_PHASES`` ranks are compared."""
@@ -122,12 +129,8 @@ def _candidate_lines(c: CandidateComparison, comparison: Comparison) -> list[str
     lines = _run_lines("candidate", c.candidate)
     header = ("metric", "baseline", "candidate", "change", f"{comparison.confidence:.0%} CI", "verdict")
     rows = [header]
-    quiet = 0
-    many = sum(m.scope == "rank" for m in c.metrics) > MAX_RANK_PHASES
-    for m in c.metrics:
-        if quiet_row(m, many):
-            quiet += 1
-            continue
+    shown, quiet = shown_rows(c)
+    for m in shown:
         verdict = m.verdict.upper() if m.significant else m.verdict
         rows.append((m.label, format_quantity(m.baseline_median, m.unit), format_quantity(m.candidate_median, m.unit),
                      row_change(m), format_interval(m), verdict))
