@@ -19,11 +19,12 @@ from ..analysis.findings.worker_exits import EVENT as WORKER_FAILED
 from ..phase_times import iteration_time, phase_times
 from ..semconv import series_key
 from ..store.reader import ProcessLog, Run
+from ..training.names import checkpoint_step
 from .curves import CurveBuilder
 from .headline import _num
 from .windows import WindowFigures, window_figures
 
-__all__ = ["PHASES", "EventRow", "SpanRow", "Window", "checkpoint_step", "downsample", "stride"]
+__all__ = ["PHASES", "EventRow", "SpanRow", "Window", "downsample", "stride"]
 
 PHASES = ("dataloader", "forward", "backward", "optimizer", "zero_grad")
 # the sub-phase spans of an iteration -> the phase their time is reported under (avg_<phase>_time_sec)
@@ -33,7 +34,6 @@ LIFECYCLE_SPANS = ("application", "distributed_code_initialization", "data_loade
                    "model_initialization", "optimizer_initialization", "checkpoint_load", "checkpoint_save_sync",
                    "checkpoint_save_async", "training_loop", "validation_loop", "testing_loop")
 CHECKPOINT_SPANS = ("checkpoint_load", "checkpoint_save_sync", "checkpoint_save_async")
-STEP_KEYS = ("current_iteration", "global_step")  # a checkpoint span's iteration, the first that is an int
 # events whose figures have their own sections: left out of the events table (they would flood it)
 ROUTINE_EVENTS = frozenset({"training_metrics_update", "sync_checkpoint_metrics_update", "validation_metrics_update",
                             "testing_metrics_update", "straggler", "training_progress", "clock_offset"})
@@ -97,16 +97,6 @@ class SpanRow:
     def __post_init__(self) -> None:
         if self.step is None and self.name in CHECKPOINT_SPANS:
             self.step = checkpoint_step(self.attributes)
-
-
-def checkpoint_step(attributes: dict[str, Any]) -> int | None:
-    """The iteration a checkpoint span saved or loaded: its ``current_iteration`` (``global_step`` in the records of
-    other writers); None when it names none."""
-    for key in STEP_KEYS:
-        value = attributes.get(key)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    return None
 
 
 @dataclasses.dataclass

@@ -31,6 +31,7 @@ from ..store.codec import untag_nonfinite
 from ..store.engine import Engine
 from ..store.reader import Run
 from ..store.views import insert_rows
+from ..training.names import CHECKPOINT_STEP_KEYS
 from .curves_sql import curve_extent_sql, feed_curves
 from .model_pass import (
     _ENERGY_NAMES,
@@ -44,7 +45,6 @@ from .model_pass import (
     MAX_SERIES_POINTS,
     PHASE_SPANS,
     ROUTINE_EVENTS,
-    STEP_KEYS,
     SYSTEM_CHARTS,
     EventRow,
     SpanRow,
@@ -67,11 +67,11 @@ def _attrs(text: Any) -> dict[str, Any]:
 
 
 def _step(attributes: str) -> str:
-    """SQL of a checkpoint span's iteration in its ``attributes`` (``model_pass.checkpoint_step``): the first key of
-    ``STEP_KEYS`` that holds an integer."""
+    """SQL of a checkpoint span's iteration in its ``attributes`` (``training.names.checkpoint_step``): the first key
+    of ``CHECKPOINT_STEP_KEYS`` that holds an integer."""
     return "coalesce(" + ", ".join(
         f"CASE WHEN json_type({attributes}, '$.{key}') IN ('BIGINT', 'UBIGINT') THEN "
-        f"TRY_CAST(json_extract_string({attributes}, '$.{key}') AS BIGINT) END" for key in STEP_KEYS) + ")"
+        f"TRY_CAST(json_extract_string({attributes}, '$.{key}') AS BIGINT) END" for key in CHECKPOINT_STEP_KEYS) + ")"
 
 
 def _names(names: Any) -> str:

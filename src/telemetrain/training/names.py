@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
+from typing import Any
 
-__all__ = ["EventName", "SpanName"]
+__all__ = ["CHECKPOINT_STEP_KEYS", "EventName", "SpanName", "checkpoint_step"]
+
+# the attributes that name the iteration a checkpoint span saved or loaded: one-logger's, then other writers'
+CHECKPOINT_STEP_KEYS = ("current_iteration", "global_step")
 
 
 class SpanName(str, enum.Enum):
@@ -101,3 +106,13 @@ class E:
     SAVE_CHECKPOINT_SUCCESS = EventName.SAVE_CHECKPOINT_SUCCESS.value
     SYNC_CHECKPOINT_METRICS_UPDATE = EventName.SYNC_CHECKPOINT_METRICS_UPDATE.value
     ERROR = EventName.ERROR.value
+
+
+def checkpoint_step(attributes: Mapping[str, Any]) -> int | None:
+    """The iteration a checkpoint span saved or loaded: the first of ``CHECKPOINT_STEP_KEYS`` that holds an int (not
+    a bool); None when none does."""
+    for key in CHECKPOINT_STEP_KEYS:
+        value = attributes.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
