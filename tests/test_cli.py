@@ -287,6 +287,8 @@ def test_show_prints_nan_inf_problems_and_diagnostics(tmp_path: Path, capsys: py
     assert "sink_error  sink mysink  x1  count 3  boom" in out
     assert re.search(r"\n  span training checkpoint_save_sync +error +x2 +rank\(s\) 2\n", out)
     assert re.search(r"\n  span training step +terminated +x1 +rank\(s\) 2\n", out)
+    assert re.search(r"\ncheckpoints 1 save\(s\), 3 span\(s\) on the ranks, mean \d+\.\d+ s; the longest: a save "
+                     r"naming no step on rank 2, \d+\.\d+ s \(that save's mean \d+\.\d+ s\); 2 not ok\n", out)
     assert "rank 2  pid" in out and "torn" in out.split("rank 2", 1)[1].splitlines()[0]
 
 

@@ -129,6 +129,8 @@ def test_report_and_show_are_the_same_by_sql(session: tuple[Path, Path], compact
         assert {k: {r: tuple(rec) for r, rec in v.last_by_rank.items()} for k, v in by_python.metrics.items()} == \
             {k: {r: tuple(rec) for r, rec in v.last_by_rank.items()} for k, v in by_sql.metrics.items()}
         assert py_model.findings and py_model.windows and py_model.heatmap is not None  # something was compared
+        # each checkpoint saved by the 4 ranks, its step read from the spans' starts (compared above, both paths)
+        assert by_python.saves_by_step and {c.spans for c in by_python.saves_by_step.values()} == {4}
 
 
 @pytest.mark.parametrize("spans_at_once", [None, goodput_sql.SPANS_AT_ONCE, 1],

@@ -568,10 +568,11 @@ def test_a_heatmap_of_many_ranks_names_every_nth_row_and_each_slow_rank_and_the_
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_checkpoints_of_many_ranks_are_one_row_a_step_naming_the_slowest_rank(
-        tmp_path: Path, engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, engine: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """20 ranks load a checkpoint (no step named) then save at iterations 10, 20 and 30: one row a checkpoint, with
     its ranks, median and slowest rank (rank 7 2.4 times the median at 20; rank 3's save at 30 failed), every span
-    folded below. The steps are known for every span, also past those whose attributes the report keeps."""
+    folded below. The steps are known for every span, also past those whose attributes the report keeps. ``show``
+    names the longest save in a line."""
     monkeypatch.setenv("TELEMETRAIN_ENGINE", engine)
     monkeypatch.setattr("telemetrain.report.model.MAX_CHECKPOINT_SPANS", 10)
     monkeypatch.setattr("telemetrain.report.model_sql.MAX_CHECKPOINT_SPANS", 10)
@@ -606,3 +607,6 @@ def test_checkpoints_of_many_ranks_are_one_row_a_step_naming_the_slowest_rank(
     assert "<td>None" not in page  # (the session's one run trained no iteration: a dash, not None..None)
     successes = page[page.index("<h3>save_checkpoint_success</h3>"):]
     assert successes.index("<details><summary>every event (59)</summary>") < successes.index("<table>")
+    assert main(["show", str(tmp_path / "s" / "ckpt")]) == 0  # show says the same in one line
+    assert ("\ncheckpoints 3 save(s), 60 span(s) on the ranks, mean 1.275 s; the longest: step 20 on rank 7, 3.000 s "
+            "(that save's mean 1.325 s); 1 not ok\n") in capsys.readouterr().out

@@ -174,10 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="summarise a run",
         description=(
             "Summarise a run: identity, processes, time span, records per kind and group, the last value of every "
-            "metric, every stat's last window, events by name, and problems (torn or corrupt lines, diagnostics, "
-            "spans that ended not ok). RUN_DIR may also be a session directory or a store root: the newest run under "
-            "it is shown, with a note on stderr. Without RUN_DIR, the newest run under $TELEMETRAIN_DIR (else "
-            "./telemetrain-runs)."
+            "metric, every stat's last window, the checkpoint saves across the ranks, events by name, and problems "
+            "(torn or corrupt lines, diagnostics, spans that ended not ok). RUN_DIR may also be a session directory "
+            "or a store root: the newest run under it is shown, with a note on stderr. Without RUN_DIR, the newest "
+            "run under $TELEMETRAIN_DIR (else ./telemetrain-runs)."
         ),
     )
     show.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="a run directory, or a directory holding runs")

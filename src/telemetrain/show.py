@@ -89,6 +89,7 @@ def summarize(run: Run, engine: Any = None, *, every_process: bool = False) -> l
     lines += _stat_lines(summary)
     lines += system_lines(summary, every_process=every_process)
     lines += _training_lines(summary)
+    lines += _checkpoint_lines(summary)
     # the session's goodput once per (folder, rank): the goodput line's (rank 0) is the findings' restarts' (the
     # run's lowest rank)
     goodput_of = goodput_once(run, engine)
@@ -249,6 +250,24 @@ def _training_lines(summary: Any) -> list[str]:
     rows.append((f"checkpoints / validations (rank {rank})", f"{saves} saved  {validations} validation loops  "
                  f"{summary.errors} telemetry misuse errors (all ranks)"))
     return lines + table(rows)
+
+
+def _checkpoint_lines(summary: Any) -> list[str]:
+    """The checkpoint saves of every rank: how many, the mean span, and the save that took longest on some rank
+    (which rank, against that save's mean: a rank slow to write holds the others at the next collective)."""
+    saves = summary.saves_by_step
+    if not saves:
+        return []
+    spans = sum(c.spans for c in saves.values())
+    mean = sum(c.total_ns for c in saves.values()) / spans / 1e9
+    (_, step), worst = max(saves.items(), key=lambda kv: (kv[1].slowest_ns, -(kv[0][1] or 0)))
+    failed = sum(c.not_ok for c in saves.values())
+    at = f"step {step}" if step is not None else "a save naming no step"
+    line = (f"checkpoints {len(saves)} save(s), {spans} span(s) on the ranks, mean {fmt_duration(mean)}; the longest: "
+            f"{at} on rank {worst.slowest_rank}, {fmt_duration(worst.slowest_ns / 1e9)}")
+    if worst.spans > 1:
+        line += f" (that save's mean {fmt_duration(worst.mean_s)})"
+    return [line + (f"; {failed} not ok" if failed else "")]
 
 
 def _throughput(a: dict[str, Any]) -> list[str]:

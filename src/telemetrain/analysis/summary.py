@@ -19,11 +19,35 @@ from ..cli_common import is_number
 from ..semconv import series_key
 from ..store.codec import untag_nonfinite
 from ..store.reader import Run
+from ..training.names import CHECKPOINT_STEP_KEYS, checkpoint_step
 
-__all__ = ["RunSummary", "SeriesSummary", "SystemSeries", "summarize_run", "summarize_sql"]
+__all__ = ["CheckpointSaves", "RunSummary", "SeriesSummary", "SystemSeries", "summarize_run", "summarize_sql"]
 
 UPDATE = "training_metrics_update"
 ENERGY_NAMES = ("hw.energy", "hw.energy.integrated")
+SAVE_SPANS = ("checkpoint_save_sync", "checkpoint_save_async")
+
+
+@dataclasses.dataclass
+class CheckpointSaves:
+    """One checkpoint's save spans that ended (a span name and the iteration saved), across the ranks."""
+
+    spans: int = 0
+    total_ns: int = 0
+    slowest_ns: int = -1
+    slowest_rank: int = -1  # the lowest rank of a tie
+    not_ok: int = 0
+
+    def add(self, rank: int, duration_ns: int, ok: bool) -> None:
+        self.spans += 1
+        self.total_ns += duration_ns
+        if duration_ns > self.slowest_ns or (duration_ns == self.slowest_ns and rank < self.slowest_rank):
+            self.slowest_ns, self.slowest_rank = duration_ns, rank
+        self.not_ok += not ok
+
+    @property
+    def mean_s(self) -> float:
+        return self.total_ns / self.spans / 1e9 if self.spans else 0.0
 
 
 @dataclasses.dataclass
@@ -80,6 +104,8 @@ class RunSummary:
     sampler_starts: list[Any] = dataclasses.field(default_factory=list)  # system.sampler.start events
     gpu_unavailable: list[str] = dataclasses.field(default_factory=list)  # their reasons, sorted, unique
     diagnostics: int = 0
+    # (span name, iteration) -> that checkpoint's saves across the ranks (the iteration: None when none is named)
+    saves_by_step: dict[tuple[str, int | None], CheckpointSaves] = dataclasses.field(default_factory=dict)
     # (group, name, status) -> [spans that ended not ok, their ranks]: a failed checkpoint save, a crashed loop
     failed_spans: dict[tuple[str, str, str], tuple[int, set[int]]] = dataclasses.field(default_factory=dict)
     # (name, sink) -> [diagnostics, records concerned, the last one's message]
@@ -108,6 +134,7 @@ def _who(group: str, name: str, identity: Any) -> str:
 def summarize_run(run: Run) -> RunSummary:
     """The summary from the records in memory."""
     s = RunSummary()
+    open_saves: dict[tuple[int, int, str], int | None] = {}  # a save span's step from its start, until its end
     for r in run.iter_records():
         kind, group, name = r.kind, r.group, r.name
         s.records += 1
@@ -163,6 +190,15 @@ def summarize_run(run: Run) -> RunSummary:
             s.span_end_ns = wall if s.span_end_ns is None or wall > s.span_end_ns else s.span_end_ns
             if group == "training" and name == "training_loop":
                 s.note_loop((r.identity.rank, r.identity.pid), r.status if kind == "span_end" else None)
+            if name in SAVE_SPANS:
+                key = (r.identity.rank, r.identity.pid, r.span_id)
+                if kind == "span_start":
+                    open_saves[key] = checkpoint_step(r.attributes or {})
+                else:
+                    started = open_saves.pop(key, None)
+                    step = checkpoint_step(r.attributes or {})  # (the end's attributes first, as the report's)
+                    saves = s.saves_by_step.setdefault((name, started if step is None else step), CheckpointSaves())
+                    saves.add(r.identity.rank, r.duration_ns, r.status == "ok")
             if kind == "span_end" and r.status != "ok":
                 n, ranks = s.failed_spans.get((group, name, r.status), (0, set()))
                 ranks.add(r.identity.rank)
@@ -358,6 +394,7 @@ def summarize_sql(engine: Any, run: Run) -> RunSummary:
             f"WHERE {w} GROUP BY ALL ORDER BY ALL"):
         s.diagnostics += n
         s.diagnostic_groups[(name, sink)] = [int(n), int(total), message]
+    _saves_sql(s, engine, _where(run, "e"))
     for group, name, status, n, ranks in engine.rows(
             f"SELECT group_name, name, status, count(*), list(DISTINCT rank) FROM span_ends WHERE {w} AND "
             "status <> 'ok' GROUP BY ALL ORDER BY ALL"):
@@ -372,3 +409,30 @@ def summarize_sql(engine: Any, run: Run) -> RunSummary:
             f"WHERE {w} AND group_name = 'training' AND name = 'training_loop') ORDER BY {ORDER}"):
         s.note_loop((rank, pid), status)
     return s
+
+
+def _step_sql(attributes: str) -> str:
+    """A checkpoint span's iteration in SQL, as ``checkpoint_step`` takes it (the first key holding an integer)."""
+    return "coalesce(" + ", ".join(
+        f"CASE WHEN json_type({attributes}, '$.{key}') IN ('BIGINT', 'UBIGINT') THEN "
+        f"TRY_CAST(json_extract_string({attributes}, '$.{key}') AS BIGINT) END" for key in CHECKPOINT_STEP_KEYS) + ")"
+
+
+def _saves_sql(s: RunSummary, engine: Any, where: str) -> None:
+    """Each checkpoint's save spans across the ranks (``where``: the run's span ends, alias ``e``): an end's step from
+    its attributes, else its start's."""
+    names = "(" + ", ".join(f"'{n}'" for n in SAVE_SPANS) + ")"
+    same = ("s.session = e.session AND s.run = e.run AND s.rank = e.rank AND s.pid = e.pid AND "
+            "s.span_id = e.span_id AND (s.segment, s.line) < (e.segment, e.line)")
+    for name, step, n, total, slowest, rank, not_ok in engine.rows(
+            f"""WITH ends AS (
+                  SELECT e.name, e.rank, e.duration_ns, e.status, coalesce(any_value({_step_sql("e.attributes")}),
+                         arg_max_null({_step_sql("s.attributes")}, (s.segment, s.line))) AS step
+                  FROM span_ends e LEFT JOIN span_starts s ON {same}
+                  WHERE {where} AND e.name IN {names}
+                  GROUP BY e.session, e.run, e.rank, e.pid, e.segment, e.line, e.name, e.duration_ns, e.status)
+                SELECT name, step, count(*), sum(duration_ns), max(duration_ns), arg_max(rank, (duration_ns, -rank)),
+                       count(*) FILTER (WHERE status <> 'ok')
+                FROM ends GROUP BY name, step"""):
+        s.saves_by_step[(name, None if step is None else int(step))] = CheckpointSaves(
+            int(n), int(total), int(slowest), int(rank), int(not_ok))
