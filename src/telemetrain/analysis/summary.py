@@ -428,7 +428,7 @@ def _saves_sql(s: RunSummary, engine: Any, where: str) -> None:
             f"""WITH ends AS (
                   SELECT e.name, e.rank, e.duration_ns, e.status, coalesce(any_value({_step_sql("e.attributes")}),
                          arg_max_null({_step_sql("s.attributes")}, (s.segment, s.line))) AS step
-                  FROM span_ends e LEFT JOIN span_starts s ON {same}
+                  FROM span_ends e LEFT JOIN span_starts s ON {same} AND s.name = e.name
                   WHERE {where} AND e.name IN {names}
                   GROUP BY e.session, e.run, e.rank, e.pid, e.segment, e.line, e.name, e.duration_ns, e.status)
                 SELECT name, step, count(*), sum(duration_ns), max(duration_ns), arg_max(rank, (duration_ns, -rank)),
