@@ -19,6 +19,7 @@ from ..cli_common import is_number
 from ..semconv import series_key
 from ..store.codec import untag_nonfinite
 from ..store.reader import Run
+from ..store.views import first_int_sql
 from ..training.names import CHECKPOINT_STEP_KEYS, checkpoint_step
 
 __all__ = ["CheckpointSaves", "RunSummary", "SeriesSummary", "SystemSeries", "summarize_run", "summarize_sql"]
@@ -411,23 +412,17 @@ def summarize_sql(engine: Any, run: Run) -> RunSummary:
     return s
 
 
-def _step_sql(attributes: str) -> str:
-    """A checkpoint span's iteration in SQL, as ``checkpoint_step`` takes it (the first key holding an integer)."""
-    return "coalesce(" + ", ".join(
-        f"CASE WHEN json_type({attributes}, '$.{key}') IN ('BIGINT', 'UBIGINT') THEN "
-        f"TRY_CAST(json_extract_string({attributes}, '$.{key}') AS BIGINT) END" for key in CHECKPOINT_STEP_KEYS) + ")"
-
-
 def _saves_sql(s: RunSummary, engine: Any, where: str) -> None:
     """Each checkpoint's save spans across the ranks (``where``: the run's span ends, alias ``e``): an end's step from
     its attributes, else its start's."""
     names = "(" + ", ".join(f"'{n}'" for n in SAVE_SPANS) + ")"
+    end_step, start_step = (first_int_sql(f"{t}.attributes", CHECKPOINT_STEP_KEYS) for t in "es")
     same = ("s.session = e.session AND s.run = e.run AND s.rank = e.rank AND s.pid = e.pid AND "
             "s.span_id = e.span_id AND (s.segment, s.line) < (e.segment, e.line)")
     for name, step, n, total, slowest, rank, not_ok in engine.rows(
             f"""WITH ends AS (
-                  SELECT e.name, e.rank, e.duration_ns, e.status, coalesce(any_value({_step_sql("e.attributes")}),
-                         arg_max_null({_step_sql("s.attributes")}, (s.segment, s.line))) AS step
+                  SELECT e.name, e.rank, e.duration_ns, e.status, coalesce(any_value({end_step}),
+                         arg_max_null({start_step}, (s.segment, s.line))) AS step
                   FROM span_ends e LEFT JOIN span_starts s ON {same} AND s.name = e.name
                   WHERE {where} AND e.name IN {names}
                   GROUP BY e.session, e.run, e.rank, e.pid, e.segment, e.line, e.name, e.duration_ns, e.status)

@@ -30,7 +30,7 @@ from ..analysis.findings_windows_sql import feed_windows_sql
 from ..store.codec import untag_nonfinite
 from ..store.engine import Engine
 from ..store.reader import Run
-from ..store.views import insert_rows
+from ..store.views import first_int_sql, insert_rows
 from ..training.names import CHECKPOINT_STEP_KEYS
 from .curves_sql import curve_extent_sql, feed_curves
 from .model_pass import (
@@ -67,11 +67,8 @@ def _attrs(text: Any) -> dict[str, Any]:
 
 
 def _step(attributes: str) -> str:
-    """SQL of a checkpoint span's iteration in its ``attributes`` (``training.names.checkpoint_step``): the first key
-    of ``CHECKPOINT_STEP_KEYS`` that holds an integer."""
-    return "coalesce(" + ", ".join(
-        f"CASE WHEN json_type({attributes}, '$.{key}') IN ('BIGINT', 'UBIGINT') THEN "
-        f"TRY_CAST(json_extract_string({attributes}, '$.{key}') AS BIGINT) END" for key in CHECKPOINT_STEP_KEYS) + ")"
+    """SQL of a checkpoint span's iteration in its ``attributes``, as ``training.names.checkpoint_step`` takes it."""
+    return first_int_sql(attributes, CHECKPOINT_STEP_KEYS)
 
 
 def _names(names: Any) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 from .columnar import PARTITIONS, PROCESS_TABLE, TABLES
 from .report_rows import ALL_COLUMNS, REPORT_FIELDS, REPORTS_TABLE, report_rows_sql
 
-__all__ = ["ALL_TABLES", "create_tail_tables", "create_views", "insert_rows", "sql_list", "sql_str"]
+__all__ = ["ALL_TABLES", "create_tail_tables", "create_views", "first_int_sql", "insert_rows", "sql_list", "sql_str"]
 
 ALL_TABLES = (*TABLES.values(), PROCESS_TABLE, REPORTS_TABLE)
 
@@ -24,6 +24,14 @@ def sql_str(text: str) -> str:
 def sql_list(items: Iterable[str]) -> str:
     """``items`` as an SQL list of string literals."""
     return "[" + ", ".join(map(sql_str, items)) + "]"
+
+
+def first_int_sql(attributes: str, keys: Sequence[str]) -> str:
+    """SQL of the first of ``keys`` whose value in the JSON object ``attributes`` is an integer (not a bool, not a
+    float, not a string of digits), else NULL: what a Python reader's ``isinstance(value, int)`` takes."""
+    return "coalesce(" + ", ".join(
+        f"CASE WHEN json_type({attributes}, '$.{key}') IN ('BIGINT', 'UBIGINT') THEN "
+        f"TRY_CAST(json_extract_string({attributes}, '$.{key}') AS BIGINT) END" for key in keys) + ")"
 
 
 def insert_rows(con: Any, table: str, rows: Sequence[Sequence[Any]]) -> None:
