@@ -260,7 +260,9 @@ def _checkpoint_lines(summary: Any) -> list[str]:
         return []
     spans = sum(c.spans for c in saves.values())
     mean = sum(c.total_ns for c in saves.values()) / spans / 1e9
-    (_, step), worst = max(saves.items(), key=lambda kv: (kv[1].slowest_ns, -(kv[0][1] or 0)))
+    # the longest span; of a tie, the earliest step (then the name): the same line whichever reader
+    (_, step), worst = max(saves.items(), key=lambda kv: (kv[1].slowest_ns, -(-1 if kv[0][1] is None else kv[0][1]),
+                                                         kv[0][0]))
     failed = sum(c.not_ok for c in saves.values())
     at = f"step {step}" if step is not None else "a save naming no step"
     line = (f"checkpoints {len(saves)} save(s), {spans} span(s) on the ranks, mean {fmt_duration(mean)}; the longest: "
