@@ -102,13 +102,13 @@ def _run_line(role: str, ref: RunRef) -> str:
 
 
 def shown_rows(c: CandidateComparison) -> tuple[list[MetricComparison], int]:
-    """The rows a candidate's table lists, and how many per-rank rows it leaves out (``quiet_row``)."""
+    """The rows a candidate's table lists, and how many per-rank rows it leaves out (``_quiet_row``)."""
     many = sum(m.scope == "rank" for m in c.metrics) > MAX_RANK_PHASES
-    shown = [m for m in c.metrics if not quiet_row(m, many)]
+    shown = [m for m in c.metrics if not _quiet_row(m, many)]
     return shown, len(c.metrics) - len(shown)
 
 
-def quiet_row(m: MetricComparison, many_ranks: bool) -> bool:
+def _quiet_row(m: MetricComparison, many_ranks: bool) -> bool:
     """A per-rank row a table leaves out: one that says nothing (no regression, not inconclusive, no significant
     change) of a rank's phase, or of a rank's iteration time when more than ``MAX_RANK_PHASES`` ranks are compared."""
     if m.scope != "rank phase" and not (m.scope == "rank" and many_ranks):

@@ -147,7 +147,6 @@ def checkpoints_section(m: ReportModel) -> str:
     else:
         lanes.append(("> this run", [(0.0, (m.end_ns - m.start_ns) / 1e9, STATUS_COLOURS["this run"],
                                       f"run {m.run_id}")]))
-        origin = m.start_ns / 1e9
     steps = checkpoint_steps(m.checkpoints)
     for c in steps:  # a tick a checkpoint, not a span: a job of many ranks saves each on every rank
         colour = "#d62728" if c.not_ok else "#2ca02c" if c.name.startswith("checkpoint_save") else "#1f77b4"

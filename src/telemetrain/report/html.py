@@ -130,7 +130,7 @@ def _identity(m: ReportModel) -> str:
         body += "<h3>launcher agents</h3>" + few_table(
             ("host", "pid", "records", "file"),
             [(p.identity.host, p.identity.pid, len(p.records), p.path.name) for p in m.agents], numeric=(1, 2),
-            key=lambda row: row[2], marked=lambda row: False, what="agents",
+            key=lambda row: row[2], what="agents",
             outliers="the fewest and the most records")
     return body
 

@@ -32,8 +32,8 @@ def table(header: Sequence[str], rows: Iterable[Sequence[Any]], numeric: Sequenc
 
 
 def few_table(header: Sequence[str], rows: Sequence[Sequence[Any]], *, numeric: Sequence[int],
-              key: Callable[[Sequence[Any]], float | None], marked: Callable[[Sequence[Any]], bool], what: str,
-              outliers: str) -> str:
+              key: Callable[[Sequence[Any]], float | None], what: str, outliers: str,
+              marked: Callable[[Sequence[Any]], bool] = lambda row: False) -> str:
     """A per-rank table: past 16 rows, the first and the outliers (the lowest and the highest ``key``, the rows
     ``marked``; ``outliers`` says which), then every row folded (``<details>``: no script)."""
     shown, left = few_rows(rows, key=key, marked=marked)
