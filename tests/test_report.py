@@ -605,6 +605,8 @@ def test_checkpoints_of_many_ranks_are_one_row_a_step_naming_the_slowest_rank(
     spans = page[page.index("<h3>checkpoint spans</h3>"):]
     assert spans.index("<details><summary>every span (80)</summary>") < spans.index("<table>")
     assert "<td>None" not in page  # (the session's one run trained no iteration: a dash, not None..None)
+    bars = re.findall(r"<rect [^>]*><title>(run [^<]*)</title>", page)  # the session's runs' bars' tooltips
+    assert len(bars) == 1 and bars[0] == "run ckpt: no_training, no iteration", bars
     successes = page[page.index("<h3>save_checkpoint_success</h3>"):]
     assert successes.index("<details><summary>every event (59)</summary>") < successes.index("<table>")
     assert main(["show", str(tmp_path / "s" / "ckpt")]) == 0  # show says the same in one line

@@ -137,8 +137,11 @@ def checkpoints_section(m: ReportModel) -> str:
         for i, r in enumerate(g.runs):
             bars = []
             if r.start_time_sec is not None and r.end_time_sec is not None:
-                tip = (f"run {r.run_id}: {r.status}, iterations {r.first_iteration}..{r.last_iteration}, last "
-                       f"checkpoint at step {r.last_checkpoint_step}")
+                trained = _iterations(r.first_iteration, r.last_iteration)
+                saved = r.last_checkpoint_step
+                tip = (f"run {r.run_id}: {r.status}, "  # (goodput's last checkpoint: unknown is left out)
+                       + (f"iterations {trained}" if trained is not None else "no iteration")
+                       + (f", last checkpoint at step {saved}" if saved is not None else ""))
                 bars.append((r.start_time_sec - origin, r.end_time_sec - origin,
                              STATUS_COLOURS.get(r.status, "#999"), tip))
             lanes.append((f"{'> ' if r.run_id == m.run_id else ''}{labels[i]}", bars))
