@@ -16,7 +16,8 @@ written once, marked done, and a rank left half-written by an interrupted run is
 telemetrain is installed; each command in a fresh process, ``python -m telemetrain.cli ...``, as a user runs it;
 wall time and CPU time from ``wait4``, peak RSS as the process's own ``VmHWM``): ``report RUN``,
 ``compare RUN --baseline COPY`` (against a hard-linked copy of itself: both are read), ``goodput SESSION``,
-``show RUN``, and when asked (``--commands``) ``trace RUN`` and ``tail RUN --once``; ``--repeats`` times, median.
+``show RUN``, and when asked (``--commands``) ``trace RUN``, ``tail RUN --once`` and ``query RUN SQL`` (the loss
+metric's rows counted and averaged per rank: a scan of the largest table); ``--repeats`` times, median.
 With DuckDB (the ``columnar`` extra) and, where ``--python-up-to`` allows, the pure-Python path
 (``TELEMETRAIN_ENGINE=python``) for comparison.
 
@@ -52,7 +53,11 @@ CHECKS = {"report": 60.0, "compare": 60.0, "goodput": 60.0, "show": 60.0}  # sec
 # readers timed when asked (--commands): the Perfetto trace (a process's records at a time) and tail's first frame
 # (``--once``); the checks above time the four readers issue 17 set a goal for, these carry the same 1 GiB and
 # flat-memory checks
-MORE_COMMANDS = ("trace", "tail")
+MORE_COMMANDS = ("trace", "tail", "query")
+# ``query``: the run's largest table scanned whole, aggregated per rank (a few rows printed: the reading is timed,
+# not the printing); DuckDB only, so never on the pure-Python path
+QUERY = ("SELECT rank, count(*) AS n, avg(value) AS mean_loss FROM metrics WHERE name = 'loss' "
+         "GROUP BY rank ORDER BY rank")
 SMALL_LIMIT_S = 2.0  # on 8 x 100k
 RSS_LIMIT = 1 << 30
 COMPACT_RATE = 300_000  # records/s per process
@@ -243,10 +248,11 @@ def measure(run: Path, engine: str, repeats: int, timeout: float, out: Path,
         "show": ["show", str(run)],
         "trace": ["trace", str(run), "-o", str(out / "trace.json")],
         "tail": ["tail", str(run), "--once"],
+        "query": ["query", str(run), QUERY, "--max-rows", "0"],
     }
     results = {}
     for name, argv in commands.items():
-        if name not in only:
+        if name not in only or (name == "query" and engine == "python"):
             continue
         timed_command(argv, env, timeout)  # warm: bytecode and the OS's file cache
         samples = [timed_command(argv, env, timeout) for _ in range(repeats)]
