@@ -453,12 +453,12 @@ def test_bench_attributes_smoke(tmp_path: Path) -> None:
 
 def test_bench_scale_quick(tmp_path: Path) -> None:
     """bench_scale.py --quick: writes a small run through the real writer (cached), times the four readers by both
-    paths and reports every number the issue asks for (the bounds themselves are for the big sizes)."""
+    paths and ``query`` by DuckDB, and reports every number the issue asks for (the bounds are for the big sizes)."""
     pytest.importorskip("duckdb")
     script = BENCH.with_name("bench_scale.py")
     out_json = tmp_path / "scale.json"
     argv = [sys.executable, str(script), "--quick", "--repeats", "1", "--cache", str(tmp_path / "cache"),
-            "--json", str(out_json)]
+            "--commands", "report,compare,goodput,show,query", "--json", str(out_json)]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads(out_json.read_text())
@@ -467,6 +467,9 @@ def test_bench_scale_quick(tmp_path: Path) -> None:
         for command in ("report", "compare", "goodput", "show"):
             r = size[engine][command]
             assert r["ok"] and r["wall_s"] > 0 and r["peak_rss"] > 10 << 20, (engine, command, r)
+    # the user's SQL: DuckDB only (query has no pure-Python path), and it answered
+    assert size["duckdb"]["query"]["ok"] and "query" not in size["python"]
+    assert any("query on 2 x 5,000" in line for line in data["checks"])
     assert size["compaction"]["records_per_s"] > 0 and 0 < size["disk"]["parquet_share"] < 1
     assert data["extrapolation_1024x1M"]["jsonl_bytes"] > data["extrapolation_1024x1M"]["parquet_bytes"] > 0
     rerun = subprocess.run([*argv[:-2], "--write-only"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
