@@ -92,3 +92,26 @@ def test_trace_report_and_compare_files_get_the_umasks_permissions(trained_run: 
     os.umask(0o077)  # a private umask is respected too
     assert main(["trace", str(trained_run), "-o", str(tmp_path / "private.json")]) == 0
     assert stat.S_IMODE((tmp_path / "private.json").stat().st_mode) == 0o600
+
+
+def test_compact_to_an_unusable_url_is_one_clear_error(trained_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A mistyped protocol fails before any run is compacted; a backend's own failure (here not an OSError, as
+    botocore's missing credentials are not) is one line naming the URL, not a traceback."""
+    pytest.importorskip("duckdb")
+    pytest.importorskip("fsspec")
+    import fsspec  # type: ignore[import-untyped]
+
+    class Refusing(fsspec.AbstractFileSystem):  # type: ignore[misc]
+        protocol = "refusing"
+
+        def put_file(self, lpath: str, rpath: str, **kwargs: object) -> None:
+            raise RuntimeError("no credentials here")
+
+    fsspec.register_implementation("refusing", Refusing, clobber=True)
+    assert main(["compact", str(trained_run), "--to", "nosuchprotocol://bucket/x"]) == 2
+    err = capsys.readouterr().err
+    assert err == "telemetrain: error: cannot write to nosuchprotocol://bucket/x: Protocol not known: nosuchprotocol\n"
+    assert main(["compact", str(trained_run), "--to", "refusing://bucket/x"]) == 2
+    err = capsys.readouterr().err
+    assert err == "telemetrain: error: cannot upload to refusing://bucket/x: RuntimeError: no credentials here\n"
+    assert not (trained_run / "_columnar").exists()  # the run is left as it was
