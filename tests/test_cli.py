@@ -413,3 +413,15 @@ def test_goodput_and_trace_without_argument_take_the_newest_runs_session(
     assert "2 process(es)" in capsys.readouterr().out
     trace = json.loads((tmp_path / "t.json").read_text())
     assert trace["otherData"]["telemetrain"]["runs"] == ["new.0", "new.1"]
+
+
+def test_query_refuses_a_negative_row_limit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """0 means every row; -1 is a typo, not a second spelling of it."""
+    pytest.importorskip("duckdb")
+    run_dir = _synthetic_run(tmp_path, "q", loss=1.0)
+    assert cli.main(["query", str(run_dir), "SELECT name FROM metrics", "--max-rows", "0"]) == 0
+    capsys.readouterr()
+    assert cli.main(["query", str(run_dir), "SELECT name FROM metrics", "--max-rows", "-1"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "argument --max-rows: must be >= 0 (0: all rows), got -1" in captured.err

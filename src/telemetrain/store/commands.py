@@ -33,7 +33,7 @@ def register(sub: Any) -> None:
     query.add_argument("sql", metavar="SQL", help='the query, e.g. "SELECT name, count(*) FROM metrics GROUP BY 1"')
     query.add_argument("--format", choices=("table", "csv", "json"), default="table",
                        help="output format (default: %(default)s)")
-    query.add_argument("--max-rows", type=int, default=1000, metavar="N",
+    query.add_argument("--max-rows", type=_row_limit, default=1000, metavar="N",
                        help="print at most N rows (default: %(default)s; 0: all)")
     query.set_defaults(run=_cmd_query)
 
@@ -52,6 +52,17 @@ def register(sub: Any) -> None:
     compact.add_argument("--to", metavar="URL", help="where to write the copy (default: <run>/_columnar)")
     compact.add_argument("--force", action="store_true", help="rewrite copies that are already valid")
     compact.set_defaults(run=_cmd_compact)
+
+
+def _row_limit(text: str) -> int:
+    """--max-rows: 0 means all, so a negative number (a typo) must not mean all too."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 (0: all rows), got {value}")
+    return value
 
 
 def _cell(value: Any) -> str:
