@@ -115,3 +115,25 @@ def test_compact_to_an_unusable_url_is_one_clear_error(trained_run: Path, capsys
     err = capsys.readouterr().err
     assert err == "telemetrain: error: cannot upload to refusing://bucket/x: RuntimeError: no credentials here\n"
     assert not (trained_run / "_columnar").exists()  # the run is left as it was
+
+
+def test_compare_with_a_loss_no_run_has_is_one_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A mistyped --loss was compared as another metric (the first evaluation one) without a word."""
+    runs = []
+    for run_id in ("a", "b"):
+        t = Telemetry(identity_from_env({}, run_id=run_id, session_tag=run_id), store=tmp_path / "runs")
+        for step in range(6):
+            t.metric("train.loss", 2.0 - step / 10, "train", step=step)
+            t.metric("val.accuracy", step / 10, "val", step=step)
+        train_empty_iterations(t, 8, batch=8, log_every=2)
+        assert t.close() and t.run_dir is not None
+        runs.append(str(t.run_dir))
+    argv = ["compare", runs[0], "--baseline", runs[1], "--no-goodput", "--json"]
+    for named in ("train/train.loss", "train.loss"):  # GROUP/NAME and NAME alike
+        assert main([*argv, "--loss", named]) == 0
+    capsys.readouterr()
+    assert main([*argv, "--loss", "train.los"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == ("telemetrain: error: --loss 'train.los': no run compared has a metric so named (NAME or "
+                            "GROUP/NAME, as `telemetrain show` lists them)\n")

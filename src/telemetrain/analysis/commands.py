@@ -12,6 +12,7 @@ from typing import Any, TextIO
 
 from ..cli_common import CLIError, resolve_run
 from ..output_file import write_output
+from ..report.curves import pick_loss
 from ..report.progress import TextProgress
 from ..store.reader import NotARunError, find_runs
 from ..text import printable
@@ -299,6 +300,10 @@ def _cmd_compare(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             history = _same_tag(tag, root, exclude)[:args.history]
     # each run once, whatever it is compared with; of the user's curves only those the quality comparison reads
     loaded = _load_all([*candidates, *baselines], err, quality_series(args.loss), goodput=not args.no_goodput)
+    if args.loss and all(pick_loss(run.curves.names(), args.loss) is None for run in loaded):
+        # a mistyped name would otherwise be compared as another metric (the first evaluation one), unannounced
+        raise CLIError(f"--loss {args.loss!r}: no run compared has a metric so named (NAME or GROUP/NAME, as "
+                       "`telemetrain show` lists them)")
     cand_samples, base_samples = loaded[:len(candidates)], loaded[len(candidates):]
     earlier = _load_all(history, err, lambda name: False) if history else []  # (their series only)
     settings: dict[str, Any] = dict(confidence=args.confidence, min_effect=args.min_effect, resamples=args.resamples,
