@@ -425,3 +425,12 @@ def test_query_refuses_a_negative_row_limit(tmp_path: Path, capsys: pytest.Captu
     captured = capsys.readouterr()
     assert captured.out == ""
     assert "argument --max-rows: must be >= 0 (0: all rows), got -1" in captured.err
+
+
+@pytest.mark.parametrize("command", ["show", "report", "goodput", "trace", "docs"])
+def test_a_stray_argument_shows_the_commands_own_usage(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Not the top-level usage, which hides the flags the user was looking for."""
+    assert cli.main([command, "--no-such-flag"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: telemetrain {command} ")
+    assert err.endswith(f"telemetrain {command}: error: unrecognized arguments: --no-such-flag\n")

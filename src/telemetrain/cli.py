@@ -204,6 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "spaced (default: %(default)s)")
     trace.add_argument("--all-metrics", action="store_true",
                        help="every numeric metric as a counter track, not only throughput and the main system samples")
+    for command in sub.choices.values():  # so that main can report a stray argument with the command's own usage
+        command.set_defaults(command_parser=command)
     return parser
 
 
@@ -231,7 +233,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, stray = parser.parse_known_args(argv)
+        if stray:  # parse_args would print the top-level usage, which does not show the command's flags
+            getattr(args, "command_parser", parser).error(f"unrecognized arguments: {' '.join(stray)}")
     except SystemExit as exc:  # --help, --version and usage errors: argparse has printed what it had to
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     out, err = sys.stdout, sys.stderr
