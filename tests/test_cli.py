@@ -311,9 +311,13 @@ def test_show_with_no_runs_under_default_root(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("TELEMETRAIN_DIR", str(tmp_path / "nothing-here"))
-    assert cli.main(["show"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "telemetrain demo" in err
+    for argv in (["show"], ["show", "--list"]):  # a newcomer's first commands say alike what to do
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "telemetrain demo" in err, argv
+    (tmp_path / "a-file").write_text("")
+    assert cli.main(["show", "--list", str(tmp_path / "a-file")]) == 2
+    assert "a-file is a file" in capsys.readouterr().err  # it exists: not "no such directory"
 
 
 def test_demo_without_torch_says_how_to_install_it(
