@@ -438,3 +438,18 @@ def test_a_stray_argument_shows_the_commands_own_usage(command: str, capsys: pyt
     err = capsys.readouterr().err
     assert err.startswith(f"usage: telemetrain {command} ")
     assert err.endswith(f"telemetrain {command}: error: unrecognized arguments: --no-such-flag\n")
+
+
+def test_query_json_is_strict_json_with_nan_and_infinities(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A diverged loss is data: --format json must still parse (jq and strict parsers reject bare NaN)."""
+    pytest.importorskip("duckdb")
+    run_dir = _synthetic_run(tmp_path, "n", loss=math.nan, peak=math.inf)
+
+    def no_bare_constants(literal: str) -> None:
+        raise AssertionError(f"bare {literal} in the output")
+
+    sql = "SELECT name, value, [value] AS listed FROM metrics WHERE group_name = 'm' ORDER BY name"
+    assert cli.main(["query", str(run_dir), sql, "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out, parse_constant=no_bare_constants)
+    assert rows == [{"name": "loss", "value": "NaN", "listed": ["NaN"]},
+                    {"name": "peak", "value": "Infinity", "listed": ["Infinity"]}]

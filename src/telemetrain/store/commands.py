@@ -73,6 +73,18 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+def _json_value(value: Any) -> Any:
+    """A cell for --format json: NaN and infinities as the strings the store's numeric fields use (a bare ``NaN`` is
+    not JSON: jq and strict parsers reject the whole output), inside lists and structs too."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: _json_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_value(v) for v in value]
+    return value
+
+
 def _cmd_query(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
         import duckdb
@@ -100,7 +112,8 @@ def _cmd_query(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     more = args.max_rows > 0 and len(rows) > args.max_rows
     rows = rows[: args.max_rows] if more else rows
     if args.format == "json":
-        print(json.dumps([dict(zip(names, r, strict=True)) for r in rows], default=str, allow_nan=True), file=out)
+        rows_out = [{name: _json_value(v) for name, v in zip(names, r, strict=True)} for r in rows]
+        print(json.dumps(rows_out, default=str, allow_nan=False), file=out)
     elif args.format == "csv":
         import csv
 
