@@ -453,3 +453,16 @@ def test_query_json_is_strict_json_with_nan_and_infinities(tmp_path: Path, capsy
     rows = json.loads(capsys.readouterr().out, parse_constant=no_bare_constants)
     assert rows == [{"name": "loss", "value": "NaN", "listed": ["NaN"]},
                     {"name": "peak", "value": "Infinity", "listed": ["Infinity"]}]
+
+
+def test_show_says_when_run_json_is_damaged_or_missing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Without it the config and workload lines were just absent, and the problems line said nothing."""
+    run_dir = _synthetic_run(tmp_path, "j", loss=1.0)
+    assert cli.main(["show", str(run_dir)]) == 0
+    assert "run.json" not in capsys.readouterr().out
+    (run_dir / "run.json").write_text('{"run_id": "j", "config": {')  # cut off mid-write
+    assert cli.main(["show", str(run_dir)]) == 0
+    assert "run.json    unreadable: the run's config and workload are not known" in capsys.readouterr().out
+    (run_dir / "run.json").unlink()
+    assert cli.main(["show", str(run_dir)]) == 0
+    assert "run.json    missing: the run's config and workload are not known" in capsys.readouterr().out
