@@ -466,3 +466,15 @@ def test_show_says_when_run_json_is_damaged_or_missing(tmp_path: Path, capsys: p
     (run_dir / "run.json").unlink()
     assert cli.main(["show", str(run_dir)]) == 0
     assert "run.json    missing: the run's config and workload are not known" in capsys.readouterr().out
+
+
+def test_compare_of_runs_without_report_windows_does_not_say_no_change(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two runs with no training reports: every row is "insufficient data", so the summary must not read as a pass."""
+    candidate, baseline = _synthetic_run(tmp_path, "c", loss=1.0), _synthetic_run(tmp_path, "b", loss=1.0)
+    assert cli.main(["compare", str(candidate), "--baseline", str(baseline), "--no-goodput"]) == 0
+    out = capsys.readouterr().out
+    assert "insufficient data" in out
+    assert "nothing tested: no metric had enough data in both runs (see the notes)" in out
+    assert "no significant change" not in out
