@@ -478,3 +478,13 @@ def test_compare_of_runs_without_report_windows_does_not_say_no_change(
     assert "insufficient data" in out
     assert "nothing tested: no metric had enough data in both runs (see the notes)" in out
     assert "no significant change" not in out
+
+
+def test_compare_refuses_a_candidate_given_twice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """As a baseline given twice is: it would be compared, and counted in the result line, twice."""
+    candidate, baseline = _synthetic_run(tmp_path, "c", loss=1.0), _synthetic_run(tmp_path, "b", loss=1.0)
+    assert cli.main(["compare", str(candidate), str(tmp_path / "synthetic" / ".." / "synthetic" / "c"),
+                     "--baseline", str(baseline), "--no-goodput"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("telemetrain: error: the candidate ") and "is given twice" in captured.err

@@ -290,6 +290,9 @@ def _cmd_compare(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.history < 0:
         raise CLIError(f"--history must be >= 0, got {args.history}")
     candidates = [resolve_run(target, err) for target in args.run_dirs]
+    for n, candidate in enumerate(candidates):  # (it would be compared, and counted, twice)
+        if any(candidate.resolve() == c.resolve() for c in candidates[:n]):
+            raise CLIError(f"the candidate {candidate} is given twice")
     baselines = _baselines(args, candidates, err)
     exclude = {c.resolve() for c in candidates} | {b.resolve() for b in baselines}
     history: list[Path] = []
