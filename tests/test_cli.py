@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import math
@@ -488,3 +489,16 @@ def test_compare_refuses_a_candidate_given_twice(tmp_path: Path, capsys: pytest.
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err.startswith("telemetrain: error: the candidate ") and "is given twice" in captured.err
+
+
+def test_each_commands_description_names_only_its_own_placeholders() -> None:
+    """A description that says PATH where the usage line says RUN_DIR|SESSION_DIR leaves the reader guessing."""
+    parser = cli.build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    wrong = []
+    for name, command in commands.items():
+        usage = command.format_usage()
+        for word in re.findall(r"(?<![$\w])[A-Z][A-Z_]{2,}\b", command.description or ""):
+            if ("DIR" in word or word in ("PATH", "FILE", "URL", "NAME", "TOPIC", "SECTION")) and word not in usage:
+                wrong.append(f"telemetrain {name}: {word}")
+    assert wrong == []

@@ -41,9 +41,10 @@ def register(sub: Any) -> None:
         "compact",
         help="write (or repair) the columnar Parquet copy of runs",
         description=(
-            "Convert every JSONL segment of the runs under PATH (a run, a session directory or a store root) that has "
-            "no valid columnar copy into Parquet (zstd), Hive-partitioned by session, run and rank: for runs written "
-            "without the extra, or cut off by SIGKILL (every complete line is kept). The JSONL files are not changed. "
+            "Convert every JSONL segment of the runs under RUN_DIR|SESSION_DIR (a run, a session directory or a store "
+            "root) that has no valid columnar copy into Parquet (zstd), Hive-partitioned by session, run and rank: for "
+            "runs written without the extra, or cut off by SIGKILL (every complete line is kept). The JSONL files are "
+            "not changed. "
             "--to writes the same tree to another directory or an object store URL (s3://bucket/prefix, via fsspec). "
             'Needs pip install "telemetrain[columnar]".'
         ),
