@@ -502,3 +502,16 @@ def test_each_commands_description_names_only_its_own_placeholders() -> None:
             if ("DIR" in word or word in ("PATH", "FILE", "URL", "NAME", "TOPIC", "SECTION")) and word not in usage:
                 wrong.append(f"telemetrain {name}: {word}")
     assert wrong == []
+
+
+def test_goodput_of_a_store_root_of_one_session_names_the_session_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from conftest import train_empty_iterations
+
+    t = telemetrain.Telemetry(telemetrain.identity_from_env({}, run_id="r", session_tag="s"), store=tmp_path / "root")
+    train_empty_iterations(t, 4, batch=8, log_every=2)
+    assert t.close()
+    assert cli.main(["goodput", str(tmp_path / "root")]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert header == f"session     s  ({tmp_path / 'root' / 's'})"  # not the root, which is no session's folder

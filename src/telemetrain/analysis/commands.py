@@ -115,8 +115,9 @@ def register(sub: Any) -> None:
         description=(
             "Goodput of a session (every restart of one job): productive time against each badput category "
             "(initialization, checkpoint load and save, data wait, lost progress, validation, idle), and one row per "
-            "attempt. SESSION_DIR is <root>/<session_tag>; a run directory stands for its session; without it, the "
-            "session of the newest run under $TELEMETRAIN_DIR (default ./telemetrain-runs). "
+            "attempt. SESSION_DIR is <root>/<session_tag>; a run directory stands for its session, a store root of "
+            "one session for that session; without it, the session of the newest run under $TELEMETRAIN_DIR "
+            "(default ./telemetrain-runs). "
             "See `telemetrain docs goodput`."
         ),
     )
@@ -358,7 +359,10 @@ def _session_of(target: str) -> Path:
         return path.parent
     if not runs:
         raise CLIError(f"{path} is not a telemetrain session directory: it holds no runs")
-    return path
+    sessions = {run.parent for run in runs}
+    if len(sessions) == 1:  # a store root of one session: that session's folder is the one to name
+        return sessions.pop()
+    return path  # several sessions: goodput says which and asks for one
 
 
 def _cmd_goodput(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
