@@ -515,3 +515,13 @@ def test_goodput_of_a_store_root_of_one_session_names_the_session_folder(
     assert cli.main(["goodput", str(tmp_path / "root")]) == 0
     header = capsys.readouterr().out.splitlines()[0]
     assert header == f"session     s  ({tmp_path / 'root' / 's'})"  # not the root, which is no session's folder
+
+
+def test_query_with_a_syntax_error_is_one_readable_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """DuckDB's parser message goes on over lines (LINE 1: ..., a caret); escaped into one line they read as \\n\\n."""
+    pytest.importorskip("duckdb")
+    run_dir = _synthetic_run(tmp_path, "s", loss=1.0)
+    assert cli.main(["query", str(run_dir), "SELEC name FROM metrics"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("telemetrain: error: query refused: cannot parse the query: ") and "SELEC" in err
+    assert err.count("\n") == 1 and "\\n" not in err

@@ -104,8 +104,8 @@ def _cmd_query(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             result = engine.query(args.sql)
             names = list(result.columns)
             rows = result.fetchall() if args.max_rows <= 0 else result.limit(args.max_rows + 1).fetchall()
-        except ReadOnlyQueryError as exc:
-            raise CLIError(f"query refused: {exc}") from None
+        except ReadOnlyQueryError as exc:  # (DuckDB's parser error goes on with a caret drawing: its first line)
+            raise CLIError(f"query refused: {str(exc).splitlines()[0]}") from None
         except duckdb.Error as exc:
             raise CLIError(f"query failed: {printable(str(exc).splitlines()[0])}") from None
     finally:
