@@ -525,3 +525,18 @@ def test_query_with_a_syntax_error_is_one_readable_line(tmp_path: Path, capsys: 
     err = capsys.readouterr().err
     assert err.startswith("telemetrain: error: query refused: cannot parse the query: ") and "SELEC" in err
     assert err.count("\n") == 1 and "\\n" not in err
+
+
+def test_demo_with_a_root_that_is_a_file_is_one_error_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It was a traceback (in process) or the launcher's failure banner, after the model had started training."""
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("the demo checks for torch first")
+    root = tmp_path / "not-a-dir"
+    root.write_text("mine\n")
+    assert cli.main(["demo", "--root", str(root), "--steps", "2", "--in-process", "--no-crash"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == f"telemetrain: error: {root} is a file; the run store is a directory (--root DIR)\n"
+    assert root.read_text() == "mine\n"

@@ -37,9 +37,23 @@ TORCH_PIN = "torch==2.13.0"
 # -- demo --------------------------------------------------------------------------------------------------------------
 
 
+def _demo_root(args: argparse.Namespace) -> Path:
+    """The run store the demo writes to, created now: a root that cannot be (a file, no permission) is one error line
+    here, not a traceback, or a launcher's failure banner, after the training started."""
+    root = Path(args.root) if args.root is not None else default_root()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise CLIError(f"{root} is a file; the run store is a directory (--root DIR)") from None
+    except OSError as exc:
+        raise CLIError(f"cannot create the run store {root}: {exc.strerror or exc}") from None
+    return root
+
+
 def _cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if importlib.util.find_spec("torch") is None:
         raise CLIError(f"the demo needs PyTorch, which is not installed: pip install {TORCH_PIN}")
+    root = _demo_root(args)
     with warnings.catch_warnings():
         # A CPU torch without numpy warns at import; the demo never uses numpy.
         warnings.filterwarnings("ignore", message=".*Failed to initialize NumPy.*")
@@ -48,7 +62,6 @@ def _cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         from .demo.session import run_demo
         from .demo.train import DemoConfig
 
-    root = Path(args.root) if args.root is not None else default_root()
     backends = Backends(prometheus=args.prometheus, otel=args.otel, tensorboard=args.tensorboard, mlflow=args.mlflow,
                         trace=args.trace)
     cfg = DemoConfig(steps=args.steps, seed=args.seed)
