@@ -540,3 +540,18 @@ def test_demo_with_a_root_that_is_a_file_is_one_error_before_training(
     assert captured.out == ""
     assert captured.err == f"telemetrain: error: {root} is a file; the run store is a directory (--root DIR)\n"
     assert root.read_text() == "mine\n"
+
+
+def test_demo_with_a_trace_path_it_cannot_write_fails_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The trace is written once the demo ends: a missing directory was a traceback after the whole training."""
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("the demo checks for torch first")
+    target = tmp_path / "missing" / "t.json"
+    argv = ["demo", "--root", str(tmp_path / "runs"), "--steps", "2", "--in-process", "--no-crash"]
+    assert cli.main([*argv, "--trace", str(target)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == f"telemetrain: error: cannot write {target}: the directory {target.parent} does not exist\n"
+    assert find_runs(tmp_path / "runs") == []  # nothing trained

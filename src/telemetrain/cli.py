@@ -54,6 +54,12 @@ def _cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if importlib.util.find_spec("torch") is None:
         raise CLIError(f"the demo needs PyTorch, which is not installed: pip install {TORCH_PIN}")
     root = _demo_root(args)
+    if args.trace is not None:  # written at the end: a path that cannot be must not cost the whole demo first
+        target = Path(args.trace)
+        if not target.parent.is_dir():
+            raise CLIError(f"cannot write {target}: the directory {target.parent} does not exist")
+        if target.is_dir():
+            raise CLIError(f"cannot write {target}: it is a directory")
     with warnings.catch_warnings():
         # A CPU torch without numpy warns at import; the demo never uses numpy.
         warnings.filterwarnings("ignore", message=".*Failed to initialize NumPy.*")
