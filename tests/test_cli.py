@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import math
@@ -311,9 +312,13 @@ def test_show_with_no_runs_under_default_root(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("TELEMETRAIN_DIR", str(tmp_path / "nothing-here"))
-    assert cli.main(["show"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "telemetrain demo" in err
+    for argv in (["show"], ["show", "--list"]):  # a newcomer's first commands say alike what to do
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "telemetrain demo" in err, argv
+    (tmp_path / "a-file").write_text("")
+    assert cli.main(["show", "--list", str(tmp_path / "a-file")]) == 2
+    assert "a-file is a file" in capsys.readouterr().err  # it exists: not "no such directory"
 
 
 def test_demo_without_torch_says_how_to_install_it(
@@ -413,3 +418,69 @@ def test_goodput_and_trace_without_argument_take_the_newest_runs_session(
     assert "2 process(es)" in capsys.readouterr().out
     trace = json.loads((tmp_path / "t.json").read_text())
     assert trace["otherData"]["telemetrain"]["runs"] == ["new.0", "new.1"]
+
+
+def test_query_json_is_strict_json_with_nan_and_infinities(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A diverged loss is data: --format json must still parse (jq and strict parsers reject bare NaN)."""
+    pytest.importorskip("duckdb")
+    run_dir = _synthetic_run(tmp_path, "n", loss=math.nan, peak=math.inf)
+
+    def no_bare_constants(literal: str) -> None:
+        raise AssertionError(f"bare {literal} in the output")
+
+    sql = "SELECT name, value, [value] AS listed FROM metrics WHERE group_name = 'm' ORDER BY name"
+    assert cli.main(["query", str(run_dir), sql, "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out, parse_constant=no_bare_constants)
+    assert rows == [{"name": "loss", "value": "NaN", "listed": ["NaN"]},
+                    {"name": "peak", "value": "Infinity", "listed": ["Infinity"]}]
+
+
+def test_show_says_when_run_json_is_damaged_or_missing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Without it the config and workload lines were just absent, and the problems line said nothing."""
+    run_dir = _synthetic_run(tmp_path, "j", loss=1.0)
+    assert cli.main(["show", str(run_dir)]) == 0
+    assert "run.json" not in capsys.readouterr().out
+    (run_dir / "run.json").write_text('{"run_id": "j", "config": {')  # cut off mid-write
+    assert cli.main(["show", str(run_dir)]) == 0
+    assert "run.json    unreadable: the run's config and workload are not known" in capsys.readouterr().out
+    (run_dir / "run.json").unlink()
+    assert cli.main(["show", str(run_dir)]) == 0
+    assert "run.json    missing: the run's config and workload are not known" in capsys.readouterr().out
+
+
+def test_compare_of_runs_without_report_windows_does_not_say_no_change(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two runs with no training reports: every row is "insufficient data", so the summary must not read as a pass."""
+    candidate, baseline = _synthetic_run(tmp_path, "c", loss=1.0), _synthetic_run(tmp_path, "b", loss=1.0)
+    assert cli.main(["compare", str(candidate), "--baseline", str(baseline), "--no-goodput"]) == 0
+    out = capsys.readouterr().out
+    assert "insufficient data" in out
+    assert "nothing tested: no metric had enough data in both runs (see the notes)" in out
+    assert "no significant change" not in out
+
+
+def test_each_commands_description_names_only_its_own_placeholders() -> None:
+    """A description that says PATH where the usage line says RUN_DIR|SESSION_DIR leaves the reader guessing."""
+    parser = cli.build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    wrong = []
+    for name, command in commands.items():
+        usage = command.format_usage()
+        for word in re.findall(r"(?<![$\w])[A-Z][A-Z_]{2,}\b", command.description or ""):
+            if ("DIR" in word or word in ("PATH", "FILE", "URL", "NAME", "TOPIC", "SECTION")) and word not in usage:
+                wrong.append(f"telemetrain {name}: {word}")
+    assert wrong == []
+
+
+def test_goodput_of_a_store_root_of_one_session_names_the_session_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from conftest import train_empty_iterations
+
+    t = telemetrain.Telemetry(telemetrain.identity_from_env({}, run_id="r", session_tag="s"), store=tmp_path / "root")
+    train_empty_iterations(t, 4, batch=8, log_every=2)
+    assert t.close()
+    assert cli.main(["goodput", str(tmp_path / "root")]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert header == f"session     s  ({tmp_path / 'root' / 's'})"  # not the root, which is no session's folder

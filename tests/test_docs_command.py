@@ -3,6 +3,7 @@ and the guides inside the built package (a user who did ``pip install telemetrai
 
 from __future__ import annotations
 
+import argparse
 import ast
 import importlib.metadata
 import os
@@ -135,6 +136,52 @@ def test_every_citation_in_the_commands_text_names_a_guide_and_section(capsys: p
     for at, citation in cited:
         code, out, err = _docs(capsys, *shlex.split(citation))
         assert code == 0 and out, f"{at}: `telemetrain docs {citation}`: {err}"
+
+
+# a command line the guides show: inline code that starts with it, or a line of a code block (after a "$ " prompt)
+SHOWN_COMMAND = re.compile(r"`telemetrain ([a-z]+)([^`]*)`|^\s*(?:\$ )?telemetrain ([a-z]+)(.*)$")
+
+
+def _shown_commands(text: str) -> list[tuple[int, str, str]]:
+    """(line, command, the rest) of each command line shown in a Markdown text, outside Python code blocks."""
+    found, fence = [], ""
+    for n, line in enumerate(text.splitlines(), 1):
+        stripped = line.lstrip()
+        if stripped.startswith("```"):
+            fence = "" if fence else (stripped[3:].strip() or "text")
+            continue
+        if fence == "python":
+            continue
+        for m in SHOWN_COMMAND.finditer(line):
+            if fence and m.group(3) is not None:
+                found.append((n, m.group(3), m.group(4)))
+            elif not fence and m.group(1) is not None:
+                found.append((n, m.group(1), m.group(2)))
+    return found
+
+
+def test_every_command_and_flag_the_guides_show_exists() -> None:
+    """README.md and the guides show commands with their flags: each command must be one, and each flag one of its
+    own (a renamed or removed flag would otherwise live on in the docs). Flags after `|` belong to a pipe's next
+    command."""
+    parser = cli.build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    checked, wrong = 0, []
+    for path in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]:
+        for n, command, rest in _shown_commands(path.read_text(encoding="utf-8")):
+            where = f"{path.relative_to(ROOT)}:{n}"
+            if command not in commands:
+                wrong.append(f"{where}: no command `telemetrain {command}`")
+                continue
+            if command == "launch":  # torchrun's flags, parsed by torchrun
+                continue
+            flags = {o for a in commands[command]._actions for o in a.option_strings}
+            for flag in re.findall(r"(?<![\w/.-])(--?[a-zA-Z][\w-]*)", rest.split(" | ")[0]):
+                checked += 1
+                if flag not in flags:
+                    wrong.append(f"{where}: `telemetrain {command}` has no {flag}")
+    assert wrong == []
+    assert checked > 20  # the scan sees the command lines
 
 
 def _setuptools_builds() -> bool:

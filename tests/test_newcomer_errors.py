@@ -3,6 +3,7 @@ to do, output files written alike by every command."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import stat
 import subprocess
@@ -15,6 +16,8 @@ import pytest
 from conftest import IDENTITY_ENV, train_empty_iterations
 from telemetrain import Telemetry, identity_from_env
 from telemetrain.cli import main
+from telemetrain.store.reader import find_runs
+from test_cli import _synthetic_run
 
 
 @pytest.mark.parametrize(("statement", "blocked", "extra"), [
@@ -92,3 +95,119 @@ def test_trace_report_and_compare_files_get_the_umasks_permissions(trained_run: 
     os.umask(0o077)  # a private umask is respected too
     assert main(["trace", str(trained_run), "-o", str(tmp_path / "private.json")]) == 0
     assert stat.S_IMODE((tmp_path / "private.json").stat().st_mode) == 0o600
+
+
+def test_compact_to_an_unusable_url_is_one_clear_error(trained_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A mistyped protocol fails before any run is compacted; a backend's own failure (here not an OSError, as
+    botocore's missing credentials are not) is one line naming the URL, not a traceback."""
+    pytest.importorskip("duckdb")
+    pytest.importorskip("fsspec")
+    import fsspec  # type: ignore[import-untyped]
+
+    class Refusing(fsspec.AbstractFileSystem):  # type: ignore[misc]
+        protocol = "refusing"
+
+        def put_file(self, lpath: str, rpath: str, **kwargs: object) -> None:
+            raise RuntimeError("no credentials here")
+
+    fsspec.register_implementation("refusing", Refusing, clobber=True)
+    assert main(["compact", str(trained_run), "--to", "nosuchprotocol://bucket/x"]) == 2
+    err = capsys.readouterr().err
+    assert err == "telemetrain: error: cannot write to nosuchprotocol://bucket/x: Protocol not known: nosuchprotocol\n"
+    assert main(["compact", str(trained_run), "--to", "refusing://bucket/x"]) == 2
+    err = capsys.readouterr().err
+    assert err == "telemetrain: error: cannot upload to refusing://bucket/x: RuntimeError: no credentials here\n"
+    assert not (trained_run / "_columnar").exists()  # the run is left as it was
+
+
+def test_compare_with_a_loss_no_run_has_is_one_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A mistyped --loss was compared as another metric (the first evaluation one) without a word."""
+    runs = []
+    for run_id in ("a", "b"):
+        t = Telemetry(identity_from_env({}, run_id=run_id, session_tag=run_id), store=tmp_path / "runs")
+        for step in range(6):
+            t.metric("train.loss", 2.0 - step / 10, "train", step=step)
+            t.metric("val.accuracy", step / 10, "val", step=step)
+        train_empty_iterations(t, 8, batch=8, log_every=2)
+        assert t.close() and t.run_dir is not None
+        runs.append(str(t.run_dir))
+    argv = ["compare", runs[0], "--baseline", runs[1], "--no-goodput", "--json"]
+    for named in ("train/train.loss", "train.loss"):  # GROUP/NAME and NAME alike
+        assert main([*argv, "--loss", named]) == 0
+    capsys.readouterr()
+    assert main([*argv, "--loss", "train.los"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == ("telemetrain: error: --loss 'train.los': no run compared has a metric so named (NAME or "
+                            "GROUP/NAME, as `telemetrain show` lists them)\n")
+
+
+def test_query_refuses_a_negative_row_limit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """0 means every row; -1 is a typo, not a second spelling of it."""
+    pytest.importorskip("duckdb")
+    run_dir = _synthetic_run(tmp_path, "q", loss=1.0)
+    assert main(["query", str(run_dir), "SELECT name FROM metrics", "--max-rows", "0"]) == 0
+    capsys.readouterr()
+    assert main(["query", str(run_dir), "SELECT name FROM metrics", "--max-rows", "-1"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "argument --max-rows: must be >= 0 (0: all rows), got -1" in captured.err
+
+
+@pytest.mark.parametrize("command", ["show", "report", "goodput", "trace", "docs"])
+def test_a_stray_argument_shows_the_commands_own_usage(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Not the top-level usage, which hides the flags the user was looking for."""
+    assert main([command, "--no-such-flag"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: telemetrain {command} ")
+    assert err.endswith(f"telemetrain {command}: error: unrecognized arguments: --no-such-flag\n")
+
+
+def test_compare_refuses_a_candidate_given_twice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """As a baseline given twice is: it would be compared, and counted in the result line, twice."""
+    candidate, baseline = _synthetic_run(tmp_path, "c", loss=1.0), _synthetic_run(tmp_path, "b", loss=1.0)
+    assert main(["compare", str(candidate), str(tmp_path / "synthetic" / ".." / "synthetic" / "c"),
+                     "--baseline", str(baseline), "--no-goodput"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("telemetrain: error: the candidate ") and "is given twice" in captured.err
+
+
+def test_query_with_a_syntax_error_is_one_readable_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """DuckDB's parser message goes on over lines (LINE 1: ..., a caret); escaped into one line they read as \\n\\n."""
+    pytest.importorskip("duckdb")
+    run_dir = _synthetic_run(tmp_path, "s", loss=1.0)
+    assert main(["query", str(run_dir), "SELEC name FROM metrics"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("telemetrain: error: query refused: cannot parse the query: ") and "SELEC" in err
+    assert err.count("\n") == 1 and "\\n" not in err
+
+
+def test_demo_with_a_root_that_is_a_file_is_one_error_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It was a traceback (in process) or the launcher's failure banner, after the model had started training."""
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("the demo checks for torch first")
+    root = tmp_path / "not-a-dir"
+    root.write_text("mine\n")
+    assert main(["demo", "--root", str(root), "--steps", "2", "--in-process", "--no-crash"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == f"telemetrain: error: {root} is a file; the run store is a directory (--root DIR)\n"
+    assert root.read_text() == "mine\n"
+
+
+def test_demo_with_a_trace_path_it_cannot_write_fails_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The trace is written once the demo ends: a missing directory was a traceback after the whole training."""
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("the demo checks for torch first")
+    target = tmp_path / "missing" / "t.json"
+    argv = ["demo", "--root", str(tmp_path / "runs"), "--steps", "2", "--in-process", "--no-crash"]
+    assert main([*argv, "--trace", str(target)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == f"telemetrain: error: cannot write {target}: the directory {target.parent} does not exist\n"
+    assert find_runs(tmp_path / "runs") == []  # nothing trained

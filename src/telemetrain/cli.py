@@ -37,9 +37,29 @@ TORCH_PIN = "torch==2.13.0"
 # -- demo --------------------------------------------------------------------------------------------------------------
 
 
+def _demo_root(args: argparse.Namespace) -> Path:
+    """The run store the demo writes to, created now: a root that cannot be (a file, no permission) is one error line
+    here, not a traceback, or a launcher's failure banner, after the training started."""
+    root = Path(args.root) if args.root is not None else default_root()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise CLIError(f"{root} is a file; the run store is a directory (--root DIR)") from None
+    except OSError as exc:
+        raise CLIError(f"cannot create the run store {root}: {exc.strerror or exc}") from None
+    return root
+
+
 def _cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if importlib.util.find_spec("torch") is None:
         raise CLIError(f"the demo needs PyTorch, which is not installed: pip install {TORCH_PIN}")
+    root = _demo_root(args)
+    if args.trace is not None:  # written at the end: a path that cannot be must not cost the whole demo first
+        target = Path(args.trace)
+        if not target.parent.is_dir():
+            raise CLIError(f"cannot write {target}: the directory {target.parent} does not exist")
+        if target.is_dir():
+            raise CLIError(f"cannot write {target}: it is a directory")
     with warnings.catch_warnings():
         # A CPU torch without numpy warns at import; the demo never uses numpy.
         warnings.filterwarnings("ignore", message=".*Failed to initialize NumPy.*")
@@ -48,7 +68,6 @@ def _cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         from .demo.session import run_demo
         from .demo.train import DemoConfig
 
-    root = Path(args.root) if args.root is not None else default_root()
     backends = Backends(prometheus=args.prometheus, otel=args.otel, tensorboard=args.tensorboard, mlflow=args.mlflow,
                         trace=args.trace)
     cfg = DemoConfig(steps=args.steps, seed=args.seed)
@@ -204,6 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "spaced (default: %(default)s)")
     trace.add_argument("--all-metrics", action="store_true",
                        help="every numeric metric as a counter track, not only throughput and the main system samples")
+    for command in sub.choices.values():  # so that main can report a stray argument with the command's own usage
+        command.set_defaults(command_parser=command)
     return parser
 
 
@@ -231,7 +252,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, stray = parser.parse_known_args(argv)
+        if stray:  # parse_args would print the top-level usage, which does not show the command's flags
+            getattr(args, "command_parser", parser).error(f"unrecognized arguments: {' '.join(stray)}")
     except SystemExit as exc:  # --help, --version and usage errors: argparse has printed what it had to
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     out, err = sys.stdout, sys.stderr

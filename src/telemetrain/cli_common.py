@@ -14,8 +14,8 @@ from .store.layout import default_root
 from .store.reader import find_runs
 from .text import printable
 
-__all__ = ["SHOWN_ROWS", "CLIError", "few", "fmt_config", "fmt_duration", "fmt_value", "is_number", "iso", "quoted",
-           "resolve_run", "table"]
+__all__ = ["SHOWN_ROWS", "CLIError", "existing_dir", "few", "fmt_config", "fmt_duration", "fmt_value", "is_number",
+           "iso", "quoted", "resolve_run", "table"]
 
 T = TypeVar("T")
 SHOWN_ROWS = 16  # per-process (per-host) rows a summary prints before it keeps only the first and the outliers
@@ -25,8 +25,8 @@ class CLIError(Exception):
     """A problem to report as one line on stderr, exit status 2, without a traceback."""
 
 
-def resolve_run(target: str | None, err: TextIO) -> Path:
-    """The run directory to show: ``target`` itself when it is a run, else the newest run under it."""
+def existing_dir(target: str | None) -> Path:
+    """``target`` (None: the default store root) when it is a directory; else a CLIError saying what to do."""
     base = Path(target) if target is not None else default_root()
     if not base.exists():
         if target is None:
@@ -34,6 +34,12 @@ def resolve_run(target: str | None, err: TextIO) -> Path:
         raise CLIError(f"no such directory: {base}")
     if not base.is_dir():
         raise CLIError(f"{base} is a file; a run is a directory holding run.json and rank-<R>.<pid>.jsonl files")
+    return base
+
+
+def resolve_run(target: str | None, err: TextIO) -> Path:
+    """The run directory to show: ``target`` itself when it is a run, else the newest run under it."""
+    base = existing_dir(target)
     runs = find_runs(base)
     if base in runs:
         return base

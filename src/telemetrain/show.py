@@ -15,6 +15,7 @@ from .cli_common import CLIError, few, fmt_config, fmt_duration, fmt_value, is_n
 from .phase_times import DEVICE, iteration_time, phase_times
 from .show_list import list_runs
 from .show_system import system_lines
+from .store.layout import RUN_META
 from .store.reader import NotARunError, ProcessLog, Run, open_run
 from .text import printable
 
@@ -33,6 +34,9 @@ def summarize(run: Run, engine: Any = None, *, every_process: bool = False) -> l
         f"session     {run.session_tag}",
         f"perf_tag    {run.perf_tag}",
     ]
+    if not run.meta:  # else the config and workload lines are simply absent, and nothing says why
+        state = "unreadable" if (run.path / RUN_META).exists() else "missing"
+        lines.append(f"run.json    {state}: the run's config and workload are not known")
     config = run.meta.get("config")
     if isinstance(config, dict) and config:
         lines.append("config      " + " ".join(f"{k}={fmt_config(v)}" for k, v in config.items()))

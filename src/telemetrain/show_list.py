@@ -8,8 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from .cli_common import CLIError, fmt_duration, is_number, iso, table
-from .store.layout import default_root
+from .cli_common import CLIError, existing_dir, fmt_duration, is_number, iso, table
 from .store.reader import NotARunError, Run, find_runs, open_run
 from .text import printable
 
@@ -76,9 +75,7 @@ def _listing_row(item: _Listed) -> tuple[str, ...]:
 def list_runs(target: str | None, out: TextIO) -> int:
     from .store.engine import engine_for
 
-    base = Path(target) if target is not None else default_root()
-    if not base.is_dir():
-        raise CLIError(f"no such directory: {base}")
+    base = existing_dir(target)
     runs = find_runs(base)
     if not runs:
         raise CLIError(f"no telemetrain runs under {base}")

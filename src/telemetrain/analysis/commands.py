@@ -12,6 +12,7 @@ from typing import Any, TextIO
 
 from ..cli_common import CLIError, resolve_run
 from ..output_file import write_output
+from ..report.curves import pick_loss
 from ..report.progress import TextProgress
 from ..store.reader import NotARunError, find_runs
 from ..text import printable
@@ -114,8 +115,9 @@ def register(sub: Any) -> None:
         description=(
             "Goodput of a session (every restart of one job): productive time against each badput category "
             "(initialization, checkpoint load and save, data wait, lost progress, validation, idle), and one row per "
-            "attempt. SESSION_DIR is <root>/<session_tag>; a run directory stands for its session; without it, the "
-            "session of the newest run under $TELEMETRAIN_DIR (default ./telemetrain-runs). "
+            "attempt. SESSION_DIR is <root>/<session_tag>; a run directory stands for its session, a store root of "
+            "one session for that session; without it, the session of the newest run under $TELEMETRAIN_DIR "
+            "(default ./telemetrain-runs). "
             "See `telemetrain docs goodput`."
         ),
     )
@@ -289,6 +291,9 @@ def _cmd_compare(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.history < 0:
         raise CLIError(f"--history must be >= 0, got {args.history}")
     candidates = [resolve_run(target, err) for target in args.run_dirs]
+    for n, candidate in enumerate(candidates):  # (it would be compared, and counted, twice)
+        if any(candidate.resolve() == c.resolve() for c in candidates[:n]):
+            raise CLIError(f"the candidate {candidate} is given twice")
     baselines = _baselines(args, candidates, err)
     exclude = {c.resolve() for c in candidates} | {b.resolve() for b in baselines}
     history: list[Path] = []
@@ -299,6 +304,10 @@ def _cmd_compare(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             history = _same_tag(tag, root, exclude)[:args.history]
     # each run once, whatever it is compared with; of the user's curves only those the quality comparison reads
     loaded = _load_all([*candidates, *baselines], err, quality_series(args.loss), goodput=not args.no_goodput)
+    if args.loss and all(pick_loss(run.curves.names(), args.loss) is None for run in loaded):
+        # a mistyped name would otherwise be compared as another metric (the first evaluation one), unannounced
+        raise CLIError(f"--loss {args.loss!r}: no run compared has a metric so named (NAME or GROUP/NAME, as "
+                       "`telemetrain show` lists them)")
     cand_samples, base_samples = loaded[:len(candidates)], loaded[len(candidates):]
     earlier = _load_all(history, err, lambda name: False) if history else []  # (their series only)
     settings: dict[str, Any] = dict(confidence=args.confidence, min_effect=args.min_effect, resamples=args.resamples,
@@ -350,7 +359,10 @@ def _session_of(target: str) -> Path:
         return path.parent
     if not runs:
         raise CLIError(f"{path} is not a telemetrain session directory: it holds no runs")
-    return path
+    sessions = {run.parent for run in runs}
+    if len(sessions) == 1:  # a store root of one session: that session's folder is the one to name
+        return sessions.pop()
+    return path  # several sessions: goodput says which and asks for one
 
 
 def _cmd_goodput(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

@@ -33,7 +33,7 @@ def register(sub: Any) -> None:
     query.add_argument("sql", metavar="SQL", help='the query, e.g. "SELECT name, count(*) FROM metrics GROUP BY 1"')
     query.add_argument("--format", choices=("table", "csv", "json"), default="table",
                        help="output format (default: %(default)s)")
-    query.add_argument("--max-rows", type=int, default=1000, metavar="N",
+    query.add_argument("--max-rows", type=_row_limit, default=1000, metavar="N",
                        help="print at most N rows (default: %(default)s; 0: all)")
     query.set_defaults(run=_cmd_query)
 
@@ -41,9 +41,10 @@ def register(sub: Any) -> None:
         "compact",
         help="write (or repair) the columnar Parquet copy of runs",
         description=(
-            "Convert every JSONL segment of the runs under PATH (a run, a session directory or a store root) that has "
-            "no valid columnar copy into Parquet (zstd), Hive-partitioned by session, run and rank: for runs written "
-            "without the extra, or cut off by SIGKILL (every complete line is kept). The JSONL files are not changed. "
+            "Convert every JSONL segment of the runs under RUN_DIR|SESSION_DIR (a run, a session directory or a store "
+            "root) that has no valid columnar copy into Parquet (zstd), Hive-partitioned by session, run and rank: for "
+            "runs written without the extra, or cut off by SIGKILL (every complete line is kept). The JSONL files are "
+            "not changed. "
             "--to writes the same tree to another directory or an object store URL (s3://bucket/prefix, via fsspec). "
             'Needs pip install "telemetrain[columnar]".'
         ),
@@ -54,12 +55,35 @@ def register(sub: Any) -> None:
     compact.set_defaults(run=_cmd_compact)
 
 
+def _row_limit(text: str) -> int:
+    """--max-rows: 0 means all, so a negative number (a typo) must not mean all too."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 (0: all rows), got {value}")
+    return value
+
+
 def _cell(value: Any) -> str:
     if value is None:
         return "NULL"
     if isinstance(value, float):
         return repr(value) if math.isfinite(value) else str(value)
     return str(value)
+
+
+def _json_value(value: Any) -> Any:
+    """A cell for --format json: NaN and infinities as the strings the store's numeric fields use (a bare ``NaN`` is
+    not JSON: jq and strict parsers reject the whole output), inside lists and structs too."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: _json_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_value(v) for v in value]
+    return value
 
 
 def _cmd_query(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -80,8 +104,8 @@ def _cmd_query(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             result = engine.query(args.sql)
             names = list(result.columns)
             rows = result.fetchall() if args.max_rows <= 0 else result.limit(args.max_rows + 1).fetchall()
-        except ReadOnlyQueryError as exc:
-            raise CLIError(f"query refused: {exc}") from None
+        except ReadOnlyQueryError as exc:  # (DuckDB's parser error goes on with a caret drawing: its first line)
+            raise CLIError(f"query refused: {str(exc).splitlines()[0]}") from None
         except duckdb.Error as exc:
             raise CLIError(f"query failed: {printable(str(exc).splitlines()[0])}") from None
     finally:
@@ -89,7 +113,8 @@ def _cmd_query(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     more = args.max_rows > 0 and len(rows) > args.max_rows
     rows = rows[: args.max_rows] if more else rows
     if args.format == "json":
-        print(json.dumps([dict(zip(names, r, strict=True)) for r in rows], default=str, allow_nan=True), file=out)
+        rows_out = [{name: _json_value(v) for name, v in zip(names, r, strict=True)} for r in rows]
+        print(json.dumps(rows_out, default=str, allow_nan=False), file=out)
     elif args.format == "csv":
         import csv
 

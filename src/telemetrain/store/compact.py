@@ -296,16 +296,17 @@ def compact(path: str | os.PathLike[str], dest: str | None = None, *, force: boo
     t0 = time.perf_counter()
     result = CompactResult()
     remote = dest is not None and "://" in dest and not dest.startswith("file://")
+    target = _remote_fs(str(dest)) if remote else None  # a URL that cannot be used fails before any work
     con = connect()
     try:
         for run_dir in runs:
-            if remote:
+            if target is not None:
                 with tempfile.TemporaryDirectory(prefix="telemetrain-compact-") as tmp:
                     prefix = Path(tmp)
                     for _, paths, meta in segment_plan(run_dir):
                         compact_process(con, run_dir, paths, meta, prefix, result, include_last=include_last,
                                         force=True)
-                    _upload(prefix, str(dest))
+                    _upload(prefix, str(dest), *target)
             else:
                 prefix = Path(dest.removeprefix("file://")) if dest is not None else run_dir / COLUMNAR_DIR
                 for _, paths, meta in segment_plan(run_dir):
@@ -317,15 +318,29 @@ def compact(path: str | os.PathLike[str], dest: str | None = None, *, force: boo
     return result
 
 
-def _upload(local: Path, url: str) -> None:
-    """The local tree under ``local`` to ``url`` (fsspec), data files first and the manifests last."""
-    import fsspec  # type: ignore[import-untyped]
+def _remote_fs(url: str) -> tuple[Any, str]:
+    """The fsspec filesystem of ``url`` and the path in it; an OSError naming the URL when it cannot be had (fsspec,
+    or the protocol's package, not installed; an unknown protocol)."""
+    try:
+        import fsspec  # type: ignore[import-untyped]
+    except ImportError:
+        raise OSError(f'cannot write to {url}: fsspec is not installed: pip install "telemetrain[s3]"') from None
+    try:
+        fs, root = fsspec.core.url_to_fs(url)
+    except (ImportError, ValueError) as exc:
+        raise OSError(f"cannot write to {url}: {exc}") from None
+    return fs, str(root)
 
-    fs, root = fsspec.core.url_to_fs(url)
+
+def _upload(local: Path, url: str, fs: Any, root: str) -> None:
+    """The local tree under ``local`` to ``root`` on ``fs`` (``url``'s), data files first and the manifests last."""
     files = sorted(p for p in local.rglob("*") if p.is_file() and not p.name.startswith("."))
     for p in sorted(files, key=lambda p: p.parts[len(local.parts)] == SEGMENTS_DIR):
         rel = p.relative_to(local).as_posix()
-        fs.put_file(str(p), f"{root.rstrip('/')}/{rel}")
+        try:
+            fs.put_file(str(p), f"{root.rstrip('/')}/{rel}")
+        except Exception as exc:  # each fsspec backend raises its own kinds (botocore's: no credentials, ...)
+            raise OSError(f"cannot upload to {url}: {type(exc).__name__}: {exc}") from exc
 
 
 # -- the writer's compaction process ---------------------------------------------------------------------------------
