@@ -792,3 +792,47 @@ def test_report_prints_a_hostile_run_path_escaped(tmp_path: Path, capsys: Any) -
     captured = capsys.readouterr()
     _no_control(captured.out + captured.err)
     assert "for run" in captured.out and "\\x1b" in captured.out
+
+
+# -- a fork while the writer thread opens the run's first file --------------------------------------------------------
+
+FORK_WHILE_OPENING = """
+import os, platform, sys, threading, time
+from telemetrain import Telemetry
+
+entered, release = threading.Event(), threading.Event()
+real_get = platform._Processor.get
+
+
+def slow_get():  # `uname -p`, held up in any thread but the main one until the parent has forked
+    if threading.current_thread() is not threading.main_thread():
+        entered.set()
+        release.wait()
+    return real_get()
+
+
+platform._Processor.get = staticmethod(slow_get)
+t = Telemetry(flush_interval=0.01)
+t.metric("parent", 0, "train")
+while not entered.is_set() and not (t.store.path and os.path.getsize(t.store.path)):
+    time.sleep(0.001)  # the writer thread is inside uname -p, or opened its file without it
+pid = os.fork()
+if pid == 0:
+    t.metric("child", 1, "train")
+    os._exit(0 if t.close(10) else 3)
+release.set()
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status))
+assert t.close()
+"""
+
+
+def test_a_fork_while_the_writer_opens_its_first_file_leaves_the_child_able_to_write(tmp_path: Path) -> None:
+    """A DataLoader worker forked as the first records are written: the writer thread read the host's platform for
+    run.json then, and the child inherited the lock it held (functools.cached_property's, until Python 3.12), so the
+    child's writer blocked for good and its records were lost."""
+    returncode, out, err, run_dir = _run_script(tmp_path, FORK_WHILE_OPENING)
+    assert returncode == 0, err[-3000:]
+    assert out.split() == ["0"], "the child's close did not finish"
+    names = sorted(r.name for r in open_run(run_dir).records("metric"))
+    assert names == ["child", "parent"]

@@ -53,6 +53,25 @@ def _versions() -> dict[str, str]:
     return versions
 
 
+_hardware_facts: dict[str, Any] | None = None
+
+
+def _hardware() -> dict[str, Any]:
+    """The host's facts for ``run.json``, read once per process. ``RunStoreSink()`` reads them in the caller's
+    thread: ``platform.platform()`` runs ``uname -p`` under a lock (``functools.cached_property``'s, before Python
+    3.12), and a fork while the writer thread held it (a DataLoader worker started as the first records are written)
+    left the child's writer blocked on it for good."""
+    global _hardware_facts
+    if _hardware_facts is None:
+        _hardware_facts = {
+            "host": socket.gethostname(),
+            "cpu_count": os.cpu_count(),
+            "machine": platform.machine(),
+            "platform": platform.platform(),
+        }
+    return _hardware_facts
+
+
 def write_run_meta(directory: RunDir, identity: Identity, config: Mapping[str, Any] | None,
                    facts: Mapping[str, Any] | None = None) -> bool:
     """Create ``run.json`` once per run; the first process to get there wins, atomically, and nothing already there
@@ -69,12 +88,7 @@ def write_run_meta(directory: RunDir, identity: Identity, config: Mapping[str, A
         "created_wall_ns": time.time_ns(),
         "created_by": identity.as_dict(),
         "versions": _versions(),
-        "hardware": {
-            "host": socket.gethostname(),
-            "cpu_count": os.cpu_count(),
-            "machine": platform.machine(),
-            "platform": platform.platform(),
-        },
+        "hardware": dict(_hardware()),
         "config": dict(config or {}),
         **(facts or {}),
     }
@@ -143,6 +157,7 @@ class RunStoreSink(Sink):
         self._segment_bytes = 0
         self._segment_started = 0.0
         self.compactor = BackgroundCompactor(compact)  # closed segments -> the columnar copy, in another process
+        _hardware()  # here, not first in the writer thread (see _hardware)
 
     def set_run_meta(self, **facts: Any) -> None:
         """Fields for ``run.json`` known after the sink was made (the workload): in it when this process creates it,
