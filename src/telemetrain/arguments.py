@@ -8,6 +8,10 @@ import numbers
 from collections.abc import Mapping
 from typing import Any
 
+# The run store's integer fields are 64-bit (the reader and the columnar copy refuse the rest): one past it, accepted
+# at the call, was written and then skipped by every reader as a corrupt line.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
 
 def check_value(value: Any, arg: str) -> int | float | bool:
     """The slow path of every numeric argument: accept real numbers (numpy scalars too), refuse the rest."""
@@ -38,11 +42,15 @@ def check_step(step: Any) -> int:
     if isinstance(step, bool) or not isinstance(step, numbers.Real):
         raise TypeError(f"step must be an int, got {type(step).__name__}")
     if isinstance(step, numbers.Integral):
-        return int(step)
-    as_float = float(step)
-    if not as_float.is_integer():
-        raise ValueError(f"step must be a whole number, got {step!r}")
-    return int(as_float)
+        whole = int(step)
+    else:
+        as_float = float(step)
+        if not as_float.is_integer():
+            raise ValueError(f"step must be a whole number, got {step!r}")
+        whole = int(as_float)
+    if not INT64_MIN <= whole <= INT64_MAX:
+        raise ValueError(f"step is out of the signed 64-bit range ({whole.bit_length()}-bit magnitude)")
+    return whole
 
 
 _ATTRIBUTE_VALUE_TYPES = (str, int, float, bool)
