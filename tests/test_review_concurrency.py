@@ -525,6 +525,35 @@ def test_bad_optional_arguments_are_clear_errors(call: Callable[[Telemetry], Non
         t.close()
 
 
+class ReprRaises:
+    """A wrong argument whose repr raises (a CUDA tensor's after a device error, say)."""
+
+    def __repr__(self) -> str:
+        raise RuntimeError("repr of this object fails")
+
+
+@pytest.mark.parametrize(
+    ("call", "arg"),
+    [
+        pytest.param(lambda t: t.metric("x", ReprRaises(), "train"), "value", id="metric-value"),
+        pytest.param(lambda t: t.metric("x", 1.0, "train", attributes={"k": ReprRaises()}), "attributes",
+                     id="metric-attribute"),
+        pytest.param(lambda t: t.log({"x": ReprRaises()}), "metrics", id="log-value"),
+    ],
+)
+def test_a_wrong_argument_whose_repr_raises_is_still_a_type_error_naming_it(
+    call: Callable[[Telemetry], None], arg: str, tmp_path: Path
+) -> None:
+    """The TypeError's message showed the value's repr: one that raised replaced the TypeError naming the
+    argument with its own error."""
+    t = Telemetry(store=tmp_path)
+    try:
+        with pytest.raises(TypeError, match=arg):
+            call(t)
+    finally:
+        t.close()
+
+
 # -- 11. fork while another thread builds the default instance ---------------------------------------------------------
 
 
