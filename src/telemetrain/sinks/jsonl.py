@@ -367,6 +367,10 @@ class RunStoreSink(Sink):
         self._identity = None
         self._token = -1
         self.path = None
+        # this process's own counts: the parent's bytes made every forked child (a DataLoader worker) that wrote a
+        # line compact its small file at close, a DuckDB process each
+        self.bytes_written = 0
+        self.unencodable = 0
         self._meta_lock = threading.Lock()
         self._meta_dir = None  # the parent's run.json stays the parent's
         self._meta_identity = None
