@@ -779,6 +779,41 @@ def test_a_full_disk_counts_a_partly_written_batch_exactly(tmp_path: Path, how: 
     assert on_disk + result["failed"] == result["emitted"], (on_disk, result)
 
 
+REOPEN_AFTER_A_CUT_LINE = """
+import os, resource, signal, sys, warnings
+from telemetrain import FailurePolicy, Telemetry
+
+warnings.simplefilter("ignore")  # the store's failure: counted, checked below
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+t = Telemetry(store=sys.argv[1], flush_interval=3600, failure_policy=FailurePolicy(max_consecutive=10**9))
+t.metric("seq", 0, "train")
+assert t.flush()
+limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+resource.setrlimit(resource.RLIMIT_FSIZE, (os.path.getsize(t.store.path) + 250, limit[1]))
+for i in range(1, 100):
+    t.metric("seq", i, "train")
+t.flush()  # cut mid-line by the limit (a full disk)
+resource.setrlimit(resource.RLIMIT_FSIZE, limit)  # space is back
+t.set_identity(perf_tag="after")  # the config's perf tag: a new header in the same file
+for i in range(100, 110):
+    t.metric("seq", i, "train")
+assert t.close()
+print(t.run_dir)
+"""
+
+
+def test_a_file_reopened_after_a_cut_line_keeps_its_new_header(tmp_path: Path) -> None:
+    """A new identity reopens the process's file (the perf tag arrives); if a full disk had cut its last line, the
+    new header was glued to that line and lost with it, and the later records were read with the old identity."""
+    returncode, out, err, _ = _run_script(tmp_path, REOPEN_AFTER_A_CUT_LINE, tmp_path / "store")
+    assert returncode == 0, err[-3000:]
+    run = open_run(out.split()[-1])
+    later = [r for r in run.records("metric") if r.value >= 100]
+    assert [r.value for r in later] == list(range(100, 110))
+    assert {r.identity.perf_tag for r in later} == {"after"}
+    assert run.corrupt == 1 and run.torn == 0  # only the cut line
+
+
 HOSTILE = "evil\x1b]0;pwned\x07\x1b[2J\rdir"  # retitle the terminal, clear it, return the cursor
 
 

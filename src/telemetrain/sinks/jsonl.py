@@ -207,6 +207,9 @@ class RunStoreSink(Sink):
         self._identity = identity
         self.path = directory.path / name
         self._segment_bytes = os.fstat(self._fd).st_size
+        # A file this process reopens (a new identity in the same file, the perf tag's) may end in a line a full
+        # disk cut: end it first, or the header would be glued to it and lost with it.
+        self._torn_tail = directory.ends_mid_line(name, self._segment_bytes)
         self._segment_started = time.monotonic()
         extra = {"versions": _versions(), "argv": list(sys.argv)}
         self._write_all(encode_header(identity, time.monotonic_ns(), time.time_ns(), extra).encode(), lines=False)
