@@ -248,6 +248,35 @@ def test_a_keyboard_interrupt_raised_in_a_background_thread_is_contained(tmp_pat
     assert t.close()
 
 
+class ClosesWithKeyboardInterrupt(Sink):
+    name = "closes-with-ki"
+    background = False  # its flush and close run in a helper thread, bounded by close()'s timeout
+
+    def write(self, records: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        raise KeyboardInterrupt
+
+
+def test_a_keyboard_interrupt_an_inline_sinks_close_raises_in_its_helper_thread_is_contained(tmp_path: Path) -> None:
+    """close() waits for an inline sink's close in a helper thread: a KeyboardInterrupt raised there is no Ctrl-C
+    (that reaches the main thread's wait), yet it was raised into the caller because the check ran on the main
+    thread."""
+    t = Telemetry(store=tmp_path)
+    t.add_sink(ClosesWithKeyboardInterrupt())
+    t.metric("seq", 1, "train")
+    with pytest.warns(TelemetryWarning, match="closes-with-ki"):
+        try:
+            t.close()
+        except KeyboardInterrupt:  # (caught: a KeyboardInterrupt would end the whole test session)
+            t.close()
+            pytest.fail("the helper thread's KeyboardInterrupt reached the caller of close()")
+    [stats] = [s for s in t.health()["sinks"] if s["sink"] == "closes-with-ki"]
+    assert stats["failures"] == 1 and stats["last_error"].startswith("KeyboardInterrupt")
+    assert [r.value for r in open_run(run_dir_of(t)).records("metric")] == [1]
+
+
 GAUGE_EXITS_AT_EXIT = """
 from telemetrain import Telemetry
 from telemetrain.stats import Gauge

@@ -143,10 +143,10 @@ class _Runner:
 
         if getattr(type(self.sink), what, None) is getattr(Sink, what):
             return True
-        done, exc = call_bounded(getattr(self.sink, what), timeout, f"{self.sink.name}-{what}")
+        done, exc, interrupt = call_bounded(getattr(self.sink, what), timeout, f"{self.sink.name}-{what}")
         if exc is not None:
             self._on_failure(exc, 0)
-            if is_interrupt(exc):  # only when it ran on this (main) thread
+            if interrupt:  # only when it ran on this (main) thread: in the helper thread it is no Ctrl-C
                 raise exc
         if not done:
             self._abandoned(f"{what}()", timeout, 0)
