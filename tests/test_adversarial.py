@@ -809,7 +809,7 @@ def test_a_full_disk_counts_a_partly_written_batch_exactly(tmp_path: Path, how: 
 
 
 REOPEN_AFTER_A_CUT_LINE = """
-import os, resource, signal, sys, warnings
+import json, os, resource, signal, sys, warnings
 from telemetrain import FailurePolicy, Telemetry
 
 warnings.simplefilter("ignore")  # the store's failure: counted, checked below
@@ -827,7 +827,8 @@ t.set_identity(perf_tag="after")  # the config's perf tag: a new header in the s
 for i in range(100, 110):
     t.metric("seq", i, "train")
 assert t.close()
-print(t.run_dir)
+[stats] = t.health()["sinks"]
+print(json.dumps({"run_dir": str(t.run_dir), "failed": stats["failed"]}))
 """
 
 
@@ -836,11 +837,23 @@ def test_a_file_reopened_after_a_cut_line_keeps_its_new_header(tmp_path: Path) -
     new header was glued to that line and lost with it, and the later records were read with the old identity."""
     returncode, out, err, _ = _run_script(tmp_path, REOPEN_AFTER_A_CUT_LINE, tmp_path / "store")
     assert returncode == 0, err[-3000:]
-    run = open_run(out.split()[-1])
+    run = open_run(json.loads(out.splitlines()[-1])["run_dir"])
     later = [r for r in run.records("metric") if r.value >= 100]
     assert [r.value for r in later] == list(range(100, 110))
     assert {r.identity.perf_tag for r in later} == {"after"}
     assert run.corrupt == 1 and run.torn == 0  # only the cut line
+
+
+def test_the_run_store_records_what_a_full_disk_cost_it_once_space_is_back(tmp_path: Path) -> None:
+    """A failing sink's sink_error diagnostics go to the other sinks only, so the run store, the one sink the
+    readers see, never recorded the records a full disk cost it: report and show said nothing of them. Once it
+    writes again it records their sum."""
+    returncode, out, err, _ = _run_script(tmp_path, REOPEN_AFTER_A_CUT_LINE, tmp_path / "store")
+    assert returncode == 0, err[-3000:]
+    result = json.loads(out.splitlines()[-1])
+    assert result["failed"] > 0
+    errors = [d for d in open_run(result["run_dir"]).records("diagnostic") if d.name == "sink_error"]
+    assert [(d.sink, d.record_count) for d in errors] == [("jsonl", result["failed"])]
 
 
 HOSTILE = "evil\x1b]0;pwned\x07\x1b[2J\rdir"  # retitle the terminal, clear it, return the cursor
