@@ -248,6 +248,35 @@ def test_a_keyboard_interrupt_raised_in_a_background_thread_is_contained(tmp_pat
     assert t.close()
 
 
+class ClosesWithKeyboardInterrupt(Sink):
+    name = "closes-with-ki"
+    background = False  # its flush and close run in a helper thread, bounded by close()'s timeout
+
+    def write(self, records: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        raise KeyboardInterrupt
+
+
+def test_a_keyboard_interrupt_an_inline_sinks_close_raises_in_its_helper_thread_is_contained(tmp_path: Path) -> None:
+    """close() waits for an inline sink's close in a helper thread: a KeyboardInterrupt raised there is no Ctrl-C
+    (that reaches the main thread's wait), yet it was raised into the caller because the check ran on the main
+    thread."""
+    t = Telemetry(store=tmp_path)
+    t.add_sink(ClosesWithKeyboardInterrupt())
+    t.metric("seq", 1, "train")
+    with pytest.warns(TelemetryWarning, match="closes-with-ki"):
+        try:
+            t.close()
+        except KeyboardInterrupt:  # (caught: a KeyboardInterrupt would end the whole test session)
+            t.close()
+            pytest.fail("the helper thread's KeyboardInterrupt reached the caller of close()")
+    [stats] = [s for s in t.health()["sinks"] if s["sink"] == "closes-with-ki"]
+    assert stats["failures"] == 1 and stats["last_error"].startswith("KeyboardInterrupt")
+    assert [r.value for r in open_run(run_dir_of(t)).records("metric")] == [1]
+
+
 GAUGE_EXITS_AT_EXIT = """
 from telemetrain import Telemetry
 from telemetrain.stats import Gauge
@@ -603,6 +632,27 @@ def test_the_writer_never_writes_an_invalid_line_whatever_reaches_it(tmp_path: P
     assert open_run(run_dir_of(t)).corrupt == 0
 
 
+def test_an_integer_past_64_bits_is_refused_at_the_call_or_replaced_never_written(tmp_path: Path) -> None:
+    """The reader (and the columnar copy) take 64-bit integers only: a step or duration past them was accepted,
+    written, and then skipped by every reader as a corrupt line."""
+    with Telemetry(store=tmp_path) as t:
+        with pytest.raises(ValueError, match="step"):
+            t.metric("x", 1.0, "g", step=1e30)  # type: ignore[arg-type]  # a whole float: accepted, but too big
+        with pytest.raises(ValueError, match="step"):
+            t.log({"x": 1.0}, step=float(2**64))  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match=r"record\.step\b"):
+            t.emit(_typed(t, "metric", step=2**64))
+        with pytest.raises(ValueError, match=r"record\.duration_ns\b"):
+            t.emit(_typed(t, "span_end", duration_ns=-(2**63) - 1))
+        t.metric("x", 1.0, "g", step=2**63)  # a plain int on the hot path is not range-checked: the encoder is
+        t.metric("x", 2.0, "g", step=2**63 - 1)
+    run = open_run(run_dir_of(t))
+    assert run.corrupt == 0
+    assert [r.step for r in run.records("metric")] == [2**63 - 1]
+    [diagnostic] = run.records("diagnostic")
+    assert diagnostic.name == "unencodable" and "64-bit" in diagnostic.message
+
+
 # -- 16. memory stays bounded whatever the number of producer threads ----------------------------------------------
 
 MANY_PRODUCERS = """
@@ -758,6 +808,54 @@ def test_a_full_disk_counts_a_partly_written_batch_exactly(tmp_path: Path, how: 
     assert on_disk + result["failed"] == result["emitted"], (on_disk, result)
 
 
+REOPEN_AFTER_A_CUT_LINE = """
+import json, os, resource, signal, sys, warnings
+from telemetrain import FailurePolicy, Telemetry
+
+warnings.simplefilter("ignore")  # the store's failure: counted, checked below
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+t = Telemetry(store=sys.argv[1], flush_interval=3600, failure_policy=FailurePolicy(max_consecutive=10**9))
+t.metric("seq", 0, "train")
+assert t.flush()
+limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+resource.setrlimit(resource.RLIMIT_FSIZE, (os.path.getsize(t.store.path) + 250, limit[1]))
+for i in range(1, 100):
+    t.metric("seq", i, "train")
+t.flush()  # cut mid-line by the limit (a full disk)
+resource.setrlimit(resource.RLIMIT_FSIZE, limit)  # space is back
+t.set_identity(perf_tag="after")  # the config's perf tag: a new header in the same file
+for i in range(100, 110):
+    t.metric("seq", i, "train")
+assert t.close()
+[stats] = t.health()["sinks"]
+print(json.dumps({"run_dir": str(t.run_dir), "failed": stats["failed"]}))
+"""
+
+
+def test_a_file_reopened_after_a_cut_line_keeps_its_new_header(tmp_path: Path) -> None:
+    """A new identity reopens the process's file (the perf tag arrives); if a full disk had cut its last line, the
+    new header was glued to that line and lost with it, and the later records were read with the old identity."""
+    returncode, out, err, _ = _run_script(tmp_path, REOPEN_AFTER_A_CUT_LINE, tmp_path / "store")
+    assert returncode == 0, err[-3000:]
+    run = open_run(json.loads(out.splitlines()[-1])["run_dir"])
+    later = [r for r in run.records("metric") if r.value >= 100]
+    assert [r.value for r in later] == list(range(100, 110))
+    assert {r.identity.perf_tag for r in later} == {"after"}
+    assert run.corrupt == 1 and run.torn == 0  # only the cut line
+
+
+def test_the_run_store_records_what_a_full_disk_cost_it_once_space_is_back(tmp_path: Path) -> None:
+    """A failing sink's sink_error diagnostics go to the other sinks only, so the run store, the one sink the
+    readers see, never recorded the records a full disk cost it: report and show said nothing of them. Once it
+    writes again it records their sum."""
+    returncode, out, err, _ = _run_script(tmp_path, REOPEN_AFTER_A_CUT_LINE, tmp_path / "store")
+    assert returncode == 0, err[-3000:]
+    result = json.loads(out.splitlines()[-1])
+    assert result["failed"] > 0
+    errors = [d for d in open_run(result["run_dir"]).records("diagnostic") if d.name == "sink_error"]
+    assert [(d.sink, d.record_count) for d in errors] == [("jsonl", result["failed"])]
+
+
 HOSTILE = "evil\x1b]0;pwned\x07\x1b[2J\rdir"  # retitle the terminal, clear it, return the cursor
 
 
@@ -792,3 +890,47 @@ def test_report_prints_a_hostile_run_path_escaped(tmp_path: Path, capsys: Any) -
     captured = capsys.readouterr()
     _no_control(captured.out + captured.err)
     assert "for run" in captured.out and "\\x1b" in captured.out
+
+
+# -- a fork while the writer thread opens the run's first file --------------------------------------------------------
+
+FORK_WHILE_OPENING = """
+import os, platform, sys, threading, time
+from telemetrain import Telemetry
+
+entered, release = threading.Event(), threading.Event()
+real_get = platform._Processor.get
+
+
+def slow_get():  # `uname -p`, held up in any thread but the main one until the parent has forked
+    if threading.current_thread() is not threading.main_thread():
+        entered.set()
+        release.wait()
+    return real_get()
+
+
+platform._Processor.get = staticmethod(slow_get)
+t = Telemetry(flush_interval=0.01)
+t.metric("parent", 0, "train")
+while not entered.is_set() and not (t.store.path and os.path.getsize(t.store.path)):
+    time.sleep(0.001)  # the writer thread is inside uname -p, or opened its file without it
+pid = os.fork()
+if pid == 0:
+    t.metric("child", 1, "train")
+    os._exit(0 if t.close(10) else 3)
+release.set()
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status))
+assert t.close()
+"""
+
+
+def test_a_fork_while_the_writer_opens_its_first_file_leaves_the_child_able_to_write(tmp_path: Path) -> None:
+    """A DataLoader worker forked as the first records are written: the writer thread read the host's platform for
+    run.json then, and the child inherited the lock it held (functools.cached_property's, until Python 3.12), so the
+    child's writer blocked for good and its records were lost."""
+    returncode, out, err, run_dir = _run_script(tmp_path, FORK_WHILE_OPENING)
+    assert returncode == 0, err[-3000:]
+    assert out.split() == ["0"], "the child's close did not finish"
+    names = sorted(r.name for r in open_run(run_dir).records("metric"))
+    assert names == ["child", "parent"]

@@ -496,3 +496,29 @@ def test_compactors_are_reaped_and_a_forked_child_forgets_them(tmp_path: Path,
     assert sink.compactor.running == 0 and sink.compactor.failures == 0
     assert not _zombie_children()
     assert t.close(30)
+
+
+def test_a_forked_child_compacts_only_what_it_wrote_itself(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The close compacts the last segment when the process wrote COMPACT_MIN_BYTES: a forked child counted its
+    parent's bytes, so every DataLoader worker that wrote a line started a compaction process at its close."""
+    import telemetrain.sinks.jsonl as jsonl
+
+    monkeypatch.setattr(jsonl, "COMPACT_MIN_BYTES", 20_000)
+    t = Telemetry(identity_from_env({}, run_id="forked", session_tag="s"), store=tmp_path)
+    for i in range(1000):
+        t.metric("loss", float(i), step=i)
+    assert t.flush(30)
+    sink = t.store
+    assert sink is not None and sink.bytes_written >= 20_000 and sink.compactor.enabled
+    pid = os.fork()
+    if pid == 0:  # the child writes one line: far from the threshold
+        code = 1
+        try:
+            before = sink.compactor.started
+            t.metric("child", 1.0)
+            if t.close(10):
+                code = 2 if sink.compactor.started > before else 0
+        finally:
+            os._exit(code)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0, "the child compacted its one-line file"
+    assert t.close(30)

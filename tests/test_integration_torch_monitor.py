@@ -192,6 +192,50 @@ def test_threads_logging_at_once_do_not_deadlock(tmp_path: Path) -> None:
         (i, k) for i in range(4) for k in range(300)]
 
 
+FORK_WHILE_DRAINING = """
+import os, signal, sys, threading
+import telemetrain
+from telemetrain.integrations import torch_monitor
+
+t = telemetrain.Telemetry(store=sys.argv[1])
+bridge = torch_monitor.install(t)
+entered, release = threading.Event(), threading.Event()
+
+
+class SlowEvent:  # an event the collector thread is converting when the fork comes
+    @property
+    def name(self):
+        entered.set()
+        release.wait()
+        return "slow"
+
+
+bridge._pending.append(SlowEvent())
+assert entered.wait(30), "the collector did not drain"
+pid = os.fork()
+if pid == 0:
+    signal.alarm(20)  # a hang dies of SIGALRM
+    t.flush()
+    t.close()
+    os._exit(0)
+release.set()
+print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+t.close()
+"""
+
+
+def test_a_child_forked_while_the_collector_drains_does_not_hang(tmp_path: Path) -> None:
+    """The collector drains the bridge under its lock every 100 ms: a child forked meanwhile (a DataLoader worker)
+    inherited the lock held, and its flush, its close and so its exit waited for it for good."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", FORK_WHILE_DRAINING, str(tmp_path)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["0"], "the child hung in flush() or close()"
+
+
 def test_the_example_runs(tmp_path: Path) -> None:
     import os
     import subprocess

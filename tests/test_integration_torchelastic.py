@@ -118,6 +118,26 @@ def test_monitor_loop_metrics_are_kept_on_change_and_heartbeat(telemetry: teleme
     assert [v for n, v in got if n == "workers.default.run_total"] == [1, 1]
 
 
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("str() of this exception fails")
+
+
+def test_a_bridge_failure_whose_str_fails_never_reaches_torch(telemetry: telemetrain.Telemetry) -> None:
+    """The once-only warning formatted the exception with ``{exc}`` inside the containment: a listener's exception
+    whose str() raises reached torch's put_metric."""
+    def listener(group: str, name: str, value: Any) -> None:
+        raise _Unprintable()
+
+    bridge = install(telemetry, on_metric=listener)
+    try:
+        with pytest.warns(telemetrain.TelemetryWarning, match="_Unprintable: <unprintable>"):
+            te_metrics.put_metric("x", 1)  # must not raise
+        assert bridge.metric_handler.contained.failures == 1
+    finally:
+        bridge.uninstall()
+
+
 def test_a_failing_bridge_never_reaches_torch(telemetry: telemetrain.Telemetry) -> None:
     def listener(group: str, name: str, value: Any) -> None:
         raise RuntimeError("listener bug")

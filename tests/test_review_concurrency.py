@@ -182,6 +182,50 @@ def test_sink_exception_with_failing_str_is_contained(background: bool, quiet: N
         t.close()
 
 
+class UnprintableEverywhereError(Exception):
+    """``str()`` raises and ``repr()`` returns a non-string: a warning that formats either fails."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("str() of this exception fails")
+
+    def __repr__(self) -> Any:
+        return 42
+
+
+class UnprintableEventHandler(events.EventHandler):
+    def record(self, event: events.Event) -> None:
+        raise UnprintableEverywhereError()
+
+
+class UnprintableMetricHandler(metrics.MetricHandler):
+    def emit(self, metric_data: Any) -> None:
+        raise UnprintableEverywhereError()
+
+
+def test_compatible_api_handler_exception_with_failing_repr_is_contained(telemetry: Telemetry, quiet: None) -> None:
+    """events.record() and a hand-built MetricStream warned with ``{exc!r}`` inside their containment: a handler's
+    exception whose repr fails (or is not a str) reached the caller instead of being warned about."""
+    events.configure(UnprintableEventHandler())
+    try:
+        events.record(events.Event("handler_fails", events.EventSource.WORKER))  # must not raise
+    finally:
+        events.configure(events.NullEventHandler())
+    metrics.MetricStream("train", UnprintableMetricHandler()).add_value("x", 1.0)  # must not raise
+
+
+class InterruptedMetricHandler(metrics.MetricHandler):
+    def emit(self, metric_data: Any) -> None:
+        raise KeyboardInterrupt
+
+
+def test_ctrl_c_in_a_hand_built_metric_streams_handler_reaches_the_main_thread(telemetry: Telemetry,
+                                                                                quiet: None) -> None:
+    """containment.is_interrupt: the main thread's KeyboardInterrupt is the user's Ctrl-C and is never swallowed;
+    a hand-built MetricStream's handler swallowed it."""
+    with pytest.raises(KeyboardInterrupt):
+        metrics.MetricStream("train", InterruptedMetricHandler()).add_value("x", 1.0)
+
+
 # -- 3. close() of a stuck sink forgets its queue without counting it --------------------------------------------------
 
 
@@ -477,6 +521,35 @@ def test_bad_optional_arguments_are_clear_errors(call: Callable[[Telemetry], Non
         with pytest.raises((TypeError, ValueError)) as info:
             call(t)
         assert not isinstance(info.value, OverflowError)
+    finally:
+        t.close()
+
+
+class ReprRaises:
+    """A wrong argument whose repr raises (a CUDA tensor's after a device error, say)."""
+
+    def __repr__(self) -> str:
+        raise RuntimeError("repr of this object fails")
+
+
+@pytest.mark.parametrize(
+    ("call", "arg"),
+    [
+        pytest.param(lambda t: t.metric("x", ReprRaises(), "train"), "value", id="metric-value"),
+        pytest.param(lambda t: t.metric("x", 1.0, "train", attributes={"k": ReprRaises()}), "attributes",
+                     id="metric-attribute"),
+        pytest.param(lambda t: t.log({"x": ReprRaises()}), "metrics", id="log-value"),
+    ],
+)
+def test_a_wrong_argument_whose_repr_raises_is_still_a_type_error_naming_it(
+    call: Callable[[Telemetry], None], arg: str, tmp_path: Path
+) -> None:
+    """The TypeError's message showed the value's repr: one that raised replaced the TypeError naming the
+    argument with its own error."""
+    t = Telemetry(store=tmp_path)
+    try:
+        with pytest.raises(TypeError, match=arg):
+            call(t)
     finally:
         t.close()
 

@@ -8,6 +8,18 @@ import numbers
 from collections.abc import Mapping
 from typing import Any
 
+# The run store's integer fields are 64-bit (the reader and the columnar copy refuse the rest): one past it, accepted
+# at the call, was written and then skipped by every reader as a corrupt line.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _short(value: Any) -> str:
+    """A wrong argument's repr for the message: a repr that raises must not replace the TypeError naming it."""
+    try:
+        return f"{value!r:.80}"
+    except Exception:  # noqa: BLE001 - only for the message
+        return "<unprintable>"
+
 
 def check_value(value: Any, arg: str) -> int | float | bool:
     """The slow path of every numeric argument: accept real numbers (numpy scalars too), refuse the rest."""
@@ -20,7 +32,7 @@ def check_value(value: Any, arg: str) -> int | float | bool:
     hint = ""
     if hasattr(value, "item") and hasattr(value, "dim"):
         hint = " (a tensor: pass tensor.item() yourself; telemetrain never calls it because it syncs the device)"
-    raise TypeError(f"{arg} must be an int or float, got {type(value).__name__}: {value!r:.80}{hint}")
+    raise TypeError(f"{arg} must be an int or float, got {type(value).__name__}: {_short(value)}{hint}")
 
 
 def check_name(name: Any, arg: str) -> str:
@@ -38,11 +50,15 @@ def check_step(step: Any) -> int:
     if isinstance(step, bool) or not isinstance(step, numbers.Real):
         raise TypeError(f"step must be an int, got {type(step).__name__}")
     if isinstance(step, numbers.Integral):
-        return int(step)
-    as_float = float(step)
-    if not as_float.is_integer():
-        raise ValueError(f"step must be a whole number, got {step!r}")
-    return int(as_float)
+        whole = int(step)
+    else:
+        as_float = float(step)
+        if not as_float.is_integer():
+            raise ValueError(f"step must be a whole number, got {step!r}")
+        whole = int(as_float)
+    if not INT64_MIN <= whole <= INT64_MAX:
+        raise ValueError(f"step is out of the signed 64-bit range ({whole.bit_length()}-bit magnitude)")
+    return whole
 
 
 _ATTRIBUTE_VALUE_TYPES = (str, int, float, bool)
@@ -56,7 +72,7 @@ def check_metric_attributes(attributes: Any) -> None:
         raise TypeError(f"attributes must be a mapping, got {type(attributes).__name__}")
     for key, value in attributes.items():
         if type(key) is not str or not key:
-            raise TypeError(f"attributes keys must be non-empty str, got {key!r:.80}")
+            raise TypeError(f"attributes keys must be non-empty str, got {_short(key)}")
         if type(value) not in _ATTRIBUTE_VALUE_TYPES:
             raise TypeError(f"attributes[{key!r}] must be a str, int, float or bool (a dimension label), got "
-                            f"{type(value).__name__}: {value!r:.80}")
+                            f"{type(value).__name__}: {_short(value)}")

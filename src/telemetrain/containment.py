@@ -55,19 +55,21 @@ class PartialWriteError(OSError):
         return f"{self.cause} (after {self.written} records were written)"
 
 
-def call_bounded(fn: Callable[[], None], timeout: float | None, name: str) -> tuple[bool, BaseException | None]:
-    """Run ``fn`` in a daemon thread and wait at most ``timeout`` seconds: (finished, what it raised). A call that
-    does not finish is left behind (it can hold nothing of ours). Inline when no thread can be started (interpreter
-    shutdown) or when there is no timeout."""
-    outcome: list[BaseException | None] = []
+def call_bounded(fn: Callable[[], None], timeout: float | None,
+                 name: str) -> tuple[bool, BaseException | None, bool]:
+    """Run ``fn`` in a daemon thread and wait at most ``timeout`` seconds: (finished, what it raised, whether that
+    is the user's Ctrl-C: ``is_interrupt`` where it was raised, so never one raised in the helper thread). A call
+    that does not finish is left behind (it can hold nothing of ours). Inline when no thread can be started
+    (interpreter shutdown) or when there is no timeout."""
+    outcome: list[tuple[BaseException | None, bool]] = []
 
     def run() -> None:
         try:
             fn()
         except BaseException as exc:  # noqa: BLE001 - handed to the caller, who contains it
-            outcome.append(exc)
+            outcome.append((exc, is_interrupt(exc)))
         else:
-            outcome.append(None)
+            outcome.append((None, False))
 
     thread = threading.Thread(target=run, name=f"telemetrain-{name}", daemon=True) if timeout is not None else None
     try:
@@ -76,9 +78,9 @@ def call_bounded(fn: Callable[[], None], timeout: float | None, name: str) -> tu
         thread.start()
     except RuntimeError:  # "can't create new thread at interpreter shutdown", or no timeout: the caller's thread
         run()
-        return True, outcome[0]
+        return (True, *outcome[0])
     thread.join(timeout)
-    return (True, outcome[0]) if outcome else (False, None)
+    return (True, *outcome[0]) if outcome else (False, None, False)
 
 
 def describe(exc: BaseException) -> str:

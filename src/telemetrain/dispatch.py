@@ -398,6 +398,9 @@ class BackgroundRunner(_Runner):
                 self.trim()
         if self.stats.dropped != self._reported_drops:
             self._report_drops()
+        if diagnostics:  # reported to this sink while it wrote (its own drops, its recovery): the close's drain is
+            # the last one, so they are written now rather than at a next one
+            self._deliver([diagnostics.popleft() for _ in range(len(diagnostics))], counted=False)
         if flush_sink:
             self._contained(self.sink.flush)
 

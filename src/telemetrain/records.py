@@ -33,6 +33,7 @@ import numbers
 from collections.abc import Mapping
 from typing import Any, ClassVar, NamedTuple, Protocol
 
+from .arguments import INT64_MAX, INT64_MIN
 from .identity import Identity
 
 __all__ = [
@@ -380,6 +381,9 @@ def check_record(record: Any) -> None:
             elif want == "severity":
                 if value in SEVERITIES:
                     continue
+            elif want == "int" or want == "int?":
+                if value is None or INT64_MIN <= value <= INT64_MAX:
+                    continue
             elif want == "attrs" or want == "values":
                 if not value or (want == "attrs" and _str_keys(value)) or (
                         want == "values" and _str_keys(value) and all(type(v) in (int, float) for v in value.values())):
@@ -405,6 +409,9 @@ def _check_field(field: str, want: str, value: Any) -> None:
             return
         if not isinstance(value, numbers.Integral) or isinstance(value, bool):
             raise _kind_error(field, "an int", value)
+        if not INT64_MIN <= int(value) <= INT64_MAX:
+            bits = int(value).bit_length()
+            raise ValueError(f"record.{field} is out of the signed 64-bit range ({bits}-bit magnitude)")
     elif want == "real":
         if not isinstance(value, numbers.Real):
             raise _kind_error(field, "an int or float", value)

@@ -76,6 +76,7 @@ class _Runner:
         self._report = report
         self.stats = SinkStats(sink=sink.name, background=self._background)
         self._consecutive = 0
+        self._failed_before_outage = 0  # stats.failed when the current run of failures began
         self._suspended_until = 0.0
         self._backoff = policy.backoff_s
         self._warned = False
@@ -115,9 +116,14 @@ class _Runner:
                 if stats.suspended:
                     stats.suspended = False
                     self._report("sink_resumed", self, 0, "")
+                lost = stats.failed - self._failed_before_outage
+                if lost:  # the sink itself heard none of its sink_error records: it gets their sum now
+                    self._report("sink_outage", self, lost, f"while it failed ({stats.last_error})")
 
     def _on_failure(self, exc: BaseException, n: int) -> None:
         stats = self.stats
+        if not self._consecutive:
+            self._failed_before_outage = stats.failed
         stats.failures += 1
         stats.failed += n
         stats.last_error = describe(exc)
@@ -143,10 +149,10 @@ class _Runner:
 
         if getattr(type(self.sink), what, None) is getattr(Sink, what):
             return True
-        done, exc = call_bounded(getattr(self.sink, what), timeout, f"{self.sink.name}-{what}")
+        done, exc, interrupt = call_bounded(getattr(self.sink, what), timeout, f"{self.sink.name}-{what}")
         if exc is not None:
             self._on_failure(exc, 0)
-            if is_interrupt(exc):  # only when it ran on this (main) thread
+            if interrupt:  # only when it ran on this (main) thread: in the helper thread it is no Ctrl-C
                 raise exc
         if not done:
             self._abandoned(f"{what}()", timeout, 0)

@@ -149,9 +149,14 @@ class TelemetryDelivery:
             return  # a sink failing while we report another failure: counted, not reported again
         self._reporting.active = True
         try:
-            record = ("diagnostic", _monotonic_ns(), self._token, "telemetrain", what, runner.sink.name, count, message)
+            # "sink_outage": a sink that works again hears the sum of the sink_error records the others got (the
+            # run store records its own full disk that way), and only it.
+            own = what == "sink_outage"
+            name = "sink_error" if own else what
+            record = ("diagnostic", _monotonic_ns(), self._token, "telemetrain", name, runner.sink.name, count, message)
             for a in list(self._router.attachments):
-                if a.runner.stats.suspended or (a.runner is runner and what != "dropped"):
+                if (a.runner is not runner) if own else (
+                        a.runner.stats.suspended or (a.runner is runner and what != "dropped")):
                     continue  # a failing sink does not hear about its own failures
                 if a.listens("diagnostic", "telemetrain"):
                     a.runner.enqueue_diagnostic(record)

@@ -23,7 +23,7 @@ from enum import Enum
 from itertools import count
 from typing import Any, Union
 
-from ..dispatch import is_interrupt, warn_safely
+from ..dispatch import describe, is_interrupt, warn_safely
 from ..records import check_attribute_keys
 from ..telemetry import _default, get_telemetry
 
@@ -277,7 +277,8 @@ def _log_to(destination: str, event: Any) -> None:
     except Exception as exc:  # noqa: BLE001 - a logging failure must not reach the caller
         if destination not in _warned_destinations:
             _warned_destinations.add(destination)
-            warn_safely(f"telemetrain.events: logging to {destination!r} failed: {exc!r}", RuntimeWarning, stacklevel=3)
+            warn_safely(f"telemetrain.events: logging to {destination!r} failed: {describe(exc)}", RuntimeWarning,
+                        stacklevel=3)
 
 
 # -- handlers (the API the TorchElastic customization doc describes) -------------------------------------------------
@@ -322,8 +323,8 @@ def _call_handler(handler: EventHandler, ev: Any) -> None:
         if id(handler) not in _warned_handlers:
             _warned_handlers.add(id(handler))
             warn_safely(
-                f"telemetrain.events: handler {type(handler).__name__} raised {exc!r}; the event is kept, further "
-                "failures of this handler are not warned",
+                f"telemetrain.events: handler {type(handler).__name__} raised {describe(exc)}; the event is kept, "
+                "further failures of this handler are not warned",
                 RuntimeWarning,
                 stacklevel=4,
             )

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import collections
 import math
+import os
 import threading
 import time
 from typing import Any
@@ -66,6 +67,7 @@ class TorchMonitorBridge:
         self._monitor = torch.monitor
         self._pending: collections.deque[Any] = collections.deque(maxlen=MAX_PENDING)
         self._drain_lock = threading.Lock()
+        self._pid = os.getpid()
         self._handle: Any = torch.monitor.register_event_handler(self._pending.append)
         collector.schedule(self, time.monotonic_ns() + DRAIN_EVERY_NS)
 
@@ -101,6 +103,12 @@ class TorchMonitorBridge:
     def drain(self) -> None:
         """Turn the events received so far into records, in order."""
         pending = self._pending
+        if self._pid != os.getpid():
+            # A forked child (a DataLoader worker): the parent's collector thread may have held the lock at the fork,
+            # and what was pending is the parent's to record.
+            self._pid = os.getpid()
+            self._drain_lock = threading.Lock()
+            pending.clear()
         with self._drain_lock:
             while pending:
                 try:

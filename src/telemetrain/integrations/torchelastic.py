@@ -33,7 +33,7 @@ from torch.distributed.elastic.events import handlers as te_handlers
 from torch.distributed.elastic.metrics import api as te_metrics_api
 from torch.distributed.elastic.metrics.api import MetricHandler
 
-from ..dispatch import warn_safely
+from ..dispatch import describe, warn_safely
 from ..telemetry import Telemetry, get_telemetry
 
 __all__ = ["ElasticBridge", "ElasticEventHandler", "ElasticMetricHandler", "install"]
@@ -65,7 +65,7 @@ class _Contained:
     def failed(self, exc: BaseException) -> None:
         self.failures += 1
         if self.failures == 1:
-            warn_safely(f"telemetrain: the torchelastic {self.what} bridge failed ({type(exc).__name__}: {exc}); "
+            warn_safely(f"telemetrain: the torchelastic {self.what} bridge failed ({describe(exc)}); "
                         "further failures are counted, not shown")
 
 

@@ -17,7 +17,7 @@ from collections import namedtuple
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast, overload
 
-from ..dispatch import warn_safely
+from ..dispatch import describe, is_interrupt, warn_safely
 from ..records import METRIC_PAIR
 from ..sinks.base import Sink
 from ..telemetry import Telemetry, _default, check_name, check_value, get_telemetry
@@ -146,8 +146,12 @@ class MetricStream:
         if not _is_null(self.handler):
             try:
                 self.handler.emit(MetricData(wall / 1e9, self.group_name, metric_name, metric_value))
-            except BaseException as exc:  # noqa: BLE001 - contained as the configured handlers are
-                warn_safely(f"telemetrain.metrics: handler {type(self.handler).__name__} raised {exc!r}", stacklevel=2)
+            except BaseException as exc:  # contained as the configured handlers are
+                if is_interrupt(exc):  # the user's Ctrl-C (containment.is_interrupt)
+                    raise
+                # describe: the exception's own __repr__/__str__ may raise, inside this containment
+                warn_safely(f"telemetrain.metrics: handler {type(self.handler).__name__} raised {describe(exc)}",
+                            stacklevel=2)
 
 
 def getStream(group: str) -> MetricStream:

@@ -53,6 +53,25 @@ def _versions() -> dict[str, str]:
     return versions
 
 
+_hardware_facts: dict[str, Any] | None = None
+
+
+def _hardware() -> dict[str, Any]:
+    """The host's facts for ``run.json``, read once per process. ``RunStoreSink()`` reads them in the caller's
+    thread: ``platform.platform()`` runs ``uname -p`` under a lock (``functools.cached_property``'s, before Python
+    3.12), and a fork while the writer thread held it (a DataLoader worker started as the first records are written)
+    left the child's writer blocked on it for good."""
+    global _hardware_facts
+    if _hardware_facts is None:
+        _hardware_facts = {
+            "host": socket.gethostname(),
+            "cpu_count": os.cpu_count(),
+            "machine": platform.machine(),
+            "platform": platform.platform(),
+        }
+    return _hardware_facts
+
+
 def write_run_meta(directory: RunDir, identity: Identity, config: Mapping[str, Any] | None,
                    facts: Mapping[str, Any] | None = None) -> bool:
     """Create ``run.json`` once per run; the first process to get there wins, atomically, and nothing already there
@@ -69,12 +88,7 @@ def write_run_meta(directory: RunDir, identity: Identity, config: Mapping[str, A
         "created_wall_ns": time.time_ns(),
         "created_by": identity.as_dict(),
         "versions": _versions(),
-        "hardware": {
-            "host": socket.gethostname(),
-            "cpu_count": os.cpu_count(),
-            "machine": platform.machine(),
-            "platform": platform.platform(),
-        },
+        "hardware": dict(_hardware()),
         "config": dict(config or {}),
         **(facts or {}),
     }
@@ -143,6 +157,7 @@ class RunStoreSink(Sink):
         self._segment_bytes = 0
         self._segment_started = 0.0
         self.compactor = BackgroundCompactor(compact)  # closed segments -> the columnar copy, in another process
+        _hardware()  # here, not first in the writer thread (see _hardware)
 
     def set_run_meta(self, **facts: Any) -> None:
         """Fields for ``run.json`` known after the sink was made (the workload): in it when this process creates it,
@@ -192,6 +207,9 @@ class RunStoreSink(Sink):
         self._identity = identity
         self.path = directory.path / name
         self._segment_bytes = os.fstat(self._fd).st_size
+        # A file this process reopens (a new identity in the same file, the perf tag's) may end in a line a full
+        # disk cut: end it first, or the header would be glued to it and lost with it.
+        self._torn_tail = directory.ends_mid_line(name, self._segment_bytes)
         self._segment_started = time.monotonic()
         extra = {"versions": _versions(), "argv": list(sys.argv)}
         self._write_all(encode_header(identity, time.monotonic_ns(), time.time_ns(), extra).encode(), lines=False)
@@ -352,6 +370,10 @@ class RunStoreSink(Sink):
         self._identity = None
         self._token = -1
         self.path = None
+        # this process's own counts: the parent's bytes made every forked child (a DataLoader worker) that wrote a
+        # line compact its small file at close, a DuckDB process each
+        self.bytes_written = 0
+        self.unencodable = 0
         self._meta_lock = threading.Lock()
         self._meta_dir = None  # the parent's run.json stays the parent's
         self._meta_identity = None

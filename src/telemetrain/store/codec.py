@@ -62,14 +62,19 @@ def _s(value: str) -> str:
 
 
 def _int(value: Any) -> str:
-    """An integer field (a time, a count, a step, a duration): an int, never a float, NaN or bool."""
+    """An integer field (a time, a count, a step, a duration): a 64-bit int, never a float, NaN or bool (the reader
+    skips a line holding a larger one as corrupt)."""
     if type(value) is int:
-        return int.__repr__(value)
+        if -0x8000000000000000 <= value <= 0x7FFFFFFFFFFFFFFF:
+            return int.__repr__(value)
+        raise ValueError(f"an integer field is out of the signed 64-bit range ({value.bit_length()}-bit magnitude)")
     if not isinstance(value, (bool, float)):
         try:
-            return int.__repr__(operator.index(value))  # an int subclass, a numpy integer
+            index = operator.index(value)  # an int subclass, a numpy integer
         except TypeError:
             pass
+        else:
+            return _int(index)
     raise TypeError(f"an integer field holds {type(value).__name__}: {value!r:.80}")
 
 

@@ -137,6 +137,22 @@ class RunDir:
             os.close(fd)
         raise _refused(self.path / name, f"file (nor were {MAX_ALTERNATIVES} other names free)")
 
+    def ends_mid_line(self, name: str, size: int) -> bool:
+        """Whether ``name``, ``size`` bytes long, ends inside a line (a write a full disk cut). Read through a
+        descriptor of its own: the writer's is write-only. Unreadable: taken as ending a line."""
+        if size <= 0:
+            return False
+        try:
+            fd = self._open(name, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | _NONBLOCK)
+        except OSError:
+            return False
+        try:
+            return os.pread(fd, 1, size - 1) not in (b"\n", b"")
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+
     def _write_temp(self, stem: str, data: bytes) -> str:
         """``data`` in a new file with an unpredictable name (no one can plant a link there in advance): its name."""
         while True:
