@@ -7,7 +7,9 @@ from collections.abc import Sequence
 
 from .compare import (
     INCONCLUSIVE,
+    INSUFFICIENT,
     MAX_RANK_PHASES,
+    ONE_VALUE,
     REGRESSION,
     CandidateComparison,
     Comparison,
@@ -148,7 +150,10 @@ def _candidate_lines(c: CandidateComparison, comparison: Comparison) -> list[str
         if len(c.inconclusive) > 6:
             lines.append(f"    ... and {len(c.inconclusive) - 6} more")
     lines += [f"  {line}" for line in where_lines(c)]
-    if not regressions and not improvements:
+    if not any(m.verdict not in (INSUFFICIENT, ONE_VALUE) for m in c.metrics):
+        # nothing was tested: "no change with 95% confidence" would claim a test that never ran
+        lines.append("  nothing tested: every row had too little data (the notes say what is missing)")
+    elif not regressions and not improvements:
         lines.append(f"  no significant change (none beyond +/-{comparison.min_effect:.0%} with "
                      f"{comparison.confidence:.0%} confidence)")
     lines += quality_lines(c.quality, speed_of(c))
