@@ -115,6 +115,16 @@ def test_on_a_quiet_machine_a_small_regression_is_a_regression() -> None:
     assert verdicts(c)["iteration time"] == REGRESSION
 
 
+def test_a_few_percent_of_cpu_wait_is_not_a_busy_machine() -> None:
+    # both runs waited a little (2-3%: below BUSY_WAIT), so their wait factor is 0.99, not exactly 1: that alone
+    # must not grant the busy machine's 60% allowance (a real HF-example run read "busy machine (waited 2%)")
+    c = fast(samples("c", scale=1.12, wait=0.02), samples("base", wait=0.03))
+    assert verdicts(c)["iteration time"] == REGRESSION
+    # a busy one still gets it
+    assert verdicts(fast(samples("c", scale=1.12, wait=0.3), samples("base", wait=0.3)))["iteration time"] == \
+        INCONCLUSIVE
+
+
 def test_a_verdict_on_short_runs_says_they_are_one_draw_of_the_machine() -> None:
     # 40 windows of 10 iterations of ~0.1 s: 40 s of training, under a minute
     short = fast(samples("c", scale=1.12, wait=0.0), samples("base", wait=0.0))
