@@ -156,11 +156,13 @@ def _compare_series(candidate: Sequence[float], baseline: Sequence[float], what:
     if not settings.resamples:
         return result(_median(c) / _median(b), math.nan, math.nan, NO_CHANGE)
     alpha = 1 - settings.confidence
-    if not what.windowed and min_rank_sum_p(len(c), len(b)) > alpha:
-        # one value per span: a handful cannot be told apart from a noisy machine at this confidence, whatever
-        # their spread (3 against 3 gives p >= 0.1)
+    if min_rank_sum_p(len(c), len(b)) > alpha:
+        # a handful (of spans, or of report windows) cannot be told apart from a noisy machine at this confidence,
+        # whatever their spread (3 against 3 gives p >= 0.1); a percentile bootstrap of 3 values' median would
+        # still give an interval that excludes 1 whenever one side lies above the other
         return dataclasses.replace(result(_median(c) / _median(b), math.nan, math.nan, INSUFFICIENT), note=(
-            f"{len(c)} against {len(b)} spans: too few for a test at {settings.confidence:.0%}"))
+            f"{len(c)} against {len(b)} {'windows' if what.windowed else 'spans'}: too few for a test at "
+            f"{settings.confidence:.0%}"))
     ratio, low, high = bootstrap_ratio(c, b, confidence=settings.confidence, resamples=settings.resamples,
                                        seed=settings.seed)
     verdict = decide(low, high, higher_is_better=what.higher_is_better, min_effect=settings.min_effect)
