@@ -132,6 +132,7 @@ def test_three_windows_a_side_are_too_few_for_a_verdict() -> None:
     c = fast(samples("c", scale=1.4, ranks=1, windows=3), samples("base", ranks=1, windows=3))
     (m,) = [m for m in c.metrics if m.label == "iteration time"]
     assert m.verdict == INSUFFICIENT and "3 against 3 windows" in m.note and not c.regressions
+    assert any(n.endswith("only 3 report windows; too few for a test against the other run's") for n in c.notes)
     # one more window a side reaches it (2 / C(8, 4) = 0.029)
     assert verdicts(fast(samples("c", scale=1.4, ranks=1, windows=4), samples("base", ranks=1, windows=4)))[
         "iteration time"] == REGRESSION

@@ -378,7 +378,10 @@ def compare_samples(candidate: RunSamples, baseline: RunSamples, *, confidence: 
                          f"first); at least {MIN_WINDOWS} are needed: a longer run or a smaller "
                          "log_every_n_train_iterations")
         elif n < FEW_WINDOWS:
-            notes.append(f"{role} {run.run_id}: only {n} report windows; the interval is coarse")
+            untested = any(m.metric == "iteration_time" and m.scope == "run" and m.verdict == INSUFFICIENT
+                           for m in metrics)  # the rank-sum floor: no interval was computed
+            notes.append(f"{role} {run.run_id}: only {n} report windows; "
+                         + ("too few for a test against the other run's" if untested else "the interval is coarse"))
     shorter = min(_training_seconds(candidate), _training_seconds(baseline))
     if not history and shorter < SHORT_RUN_S and any(m.significant for m in metrics):
         notes.append(f"the shorter run trained {shorter:.2g} s: a run that short is one draw of the machine's state "
