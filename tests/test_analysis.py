@@ -265,6 +265,10 @@ def test_too_few_windows_is_said_not_guessed(tmp_path: Path, store: dict[str, Pa
     assert any("0 steady-state report window(s)" in n for n in empty.notes)
     assert any("only 5 report windows; the interval is coarse" in n for n in few.notes)
     assert not comparison.regressions
+    text = "\n".join(format_comparison(comparison)).split("\ncandidate  ")
+    assert "nothing tested: every row had too little data" in text[1]  # no claim of a test that never ran
+    assert "no significant change (none beyond" not in text[1]
+    assert "nothing tested" not in text[2] and "no significant change (none beyond" in text[2]
 
 
 # -- compare: the command ----------------------------------------------------------------------------------------------

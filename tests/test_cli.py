@@ -456,7 +456,7 @@ def test_compare_of_runs_without_report_windows_does_not_say_no_change(
     assert cli.main(["compare", str(candidate), "--baseline", str(baseline), "--no-goodput"]) == 0
     out = capsys.readouterr().out
     assert "insufficient data" in out
-    assert "nothing tested: no metric had enough data in both runs (see the notes)" in out
+    assert "nothing tested: every row had too little data (the notes say what is missing)" in out
     assert "no significant change" not in out
 
 

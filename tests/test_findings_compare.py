@@ -18,6 +18,7 @@ from telemetrain import Telemetry, cli, identity_from_env
 from telemetrain.analysis import compare_runs
 from telemetrain.analysis.compare import (
     INCONCLUSIVE,
+    INSUFFICIENT,
     NO_CHANGE,
     ONE_VALUE,
     REGRESSION,
@@ -113,6 +114,28 @@ def test_the_hypervisors_steal_explains_a_slowdown_nothing_in_the_guest_shows() 
 def test_on_a_quiet_machine_a_small_regression_is_a_regression() -> None:
     c = fast(samples("c", scale=1.12, wait=0.0), samples("base", wait=0.0))
     assert verdicts(c)["iteration time"] == REGRESSION
+
+
+def test_a_few_percent_of_cpu_wait_is_not_a_busy_machine() -> None:
+    # both runs waited a little (2-3%: below BUSY_WAIT), so their wait factor is 0.99, not exactly 1: that alone
+    # must not grant the busy machine's 60% allowance (a real HF-example run read "busy machine (waited 2%)")
+    c = fast(samples("c", scale=1.12, wait=0.02), samples("base", wait=0.03))
+    assert verdicts(c)["iteration time"] == REGRESSION
+    # a busy one still gets it
+    assert verdicts(fast(samples("c", scale=1.12, wait=0.3), samples("base", wait=0.3)))["iteration time"] == \
+        INCONCLUSIVE
+
+
+def test_three_windows_a_side_are_too_few_for_a_verdict() -> None:
+    # 3 against 3 windows, every candidate window slower: no distribution-free test reaches 95% (p >= 0.1), though a
+    # bootstrap of 3 values' median excludes 1 (two 20-step HF-example runs read REGRESSION +39% this way)
+    c = fast(samples("c", scale=1.4, ranks=1, windows=3), samples("base", ranks=1, windows=3))
+    (m,) = [m for m in c.metrics if m.label == "iteration time"]
+    assert m.verdict == INSUFFICIENT and "3 against 3 windows" in m.note and not c.regressions
+    assert any(n.endswith("only 3 report windows; too few for a test against the other run's") for n in c.notes)
+    # one more window a side reaches it (2 / C(8, 4) = 0.029)
+    assert verdicts(fast(samples("c", scale=1.4, ranks=1, windows=4), samples("base", ranks=1, windows=4)))[
+        "iteration time"] == REGRESSION
 
 
 def test_a_verdict_on_short_runs_says_they_are_one_draw_of_the_machine() -> None:

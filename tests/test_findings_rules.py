@@ -513,6 +513,16 @@ def test_crashes_and_restarts() -> None:
                       "restart: run job.1 after job.0"]
 
 
+def test_a_restart_after_a_run_without_iterations_names_no_none() -> None:
+    # a run of the session that wrote no training lifecycle (goodput's "absent") has no last iteration: the restart's
+    # detail said "stopped at None" (seen on a session holding a metrics-only run and a training run)
+    attempts = [Attempt("bare", 0, "absent", None, None, None, 0, False),
+                Attempt("trained", 1, "finished", 0, 11, None, 0, True)]
+    (f,) = analyse(FindingsInput(attempts=attempts)).findings
+    assert f.title == "restart: run trained after bare" and "None" not in f.detail
+    assert f.detail.endswith("started at iteration 0 after bare (absent) had recorded no iteration")
+
+
 def test_a_loop_and_its_application_ending_alike_are_one_crash_and_the_agents_cause_comes_first() -> None:
     failures = [SpanFailure("application", r, "error", "RuntimeError: peer gone") for r in (0, 2)] + \
         [SpanFailure("training_loop", r, "error", "RuntimeError: peer gone") for r in (2, 0)] + \

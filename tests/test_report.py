@@ -418,6 +418,25 @@ def test_a_run_without_training_still_reports(tmp_path: Path) -> None:
     assert "No iteration timing in this run." in page and "work" in page
 
 
+def test_no_anomaly_says_which_rules_had_nothing_to_read(tmp_path: Path) -> None:
+    """'No slowdown, straggler...' on a run with no report windows (a bridge writing only metrics) claims checks
+    that could not run: the page says so; a single rank's says stragglers need two."""
+    identity = identity_from_env({}, run_id="bare", session_tag="s", rank=0, world_size=1)
+    t = Telemetry(identity, store=tmp_path)
+    for step in range(5):
+        t.metric("loss", 1.0 / (step + 1), "train", step=step)
+    assert t.close()
+    page = write_report(tmp_path / "s" / "bare", tmp_path / "bare.html").read_text()
+    assert "No anomaly found" in page and "could not be looked for" in page
+    identity = identity_from_env({}, run_id="trained", session_tag="s2", rank=0, world_size=1)
+    t = Telemetry(identity, store=tmp_path)
+    train_empty_iterations(t, 12, batch=4, log_every=5)
+    assert t.close()
+    page = write_report(tmp_path / "s2" / "trained", tmp_path / "trained.html").read_text()
+    assert "No anomaly found" in page and "could not be looked for" not in page
+    assert "Report windows of one rank only: stragglers need two or more ranks" in page
+
+
 def test_a_run_that_never_checkpointed_shows_dashes_not_none(tmp_path: Path) -> None:
     identity = identity_from_env({}, run_id="nockpt", session_tag="s", rank=0, world_size=1)
     t = Telemetry(identity, store=tmp_path)

@@ -351,6 +351,28 @@ def _loss_run(root: Path, run_id: str, factor: float, noise_seed: int) -> Path:
     return root / "q" / run_id
 
 
+def test_compare_reach_is_against_the_baselines_own_reach_step(tmp_path: Path) -> None:
+    """A flat, noisy loss dips to its final level early: the baseline's step in "(baseline: N)" is where the baseline
+    itself first got there, not its last step (two identical runs must read the same step twice)."""
+    from telemetrain.analysis.compare_quality import compare_quality
+    from telemetrain.analysis.samples import read_samples
+
+    def flat(run_id: str) -> Path:
+        rng = random.Random(7)  # the same noise in both runs
+        identity = identity_from_env({}, run_id=run_id, session_tag="q", perf_tag="p", rank=0, world_size=1)
+        t = Telemetry(identity, store=tmp_path)
+        for step in range(300):
+            t.log({"loss": 1.0 + 0.2 * rng.gauss(0, 1)}, step=step, group="train")
+        assert t.close()
+        return tmp_path / "q" / run_id
+
+    q = compare_quality(read_samples(flat("cand")), read_samples(flat("base")))
+    assert q is not None and q.reach_step is not None
+    assert q.reach_step < q.baseline_final_step  # the case: reached well before the end
+    assert f"at step {q.reach_step:,.0f} (baseline: {q.reach_step:,.0f})" in q.sentence()
+    assert q.as_dict()["baseline_reach_step"] == q.reach_step
+
+
 def test_compare_overlays_the_runs_and_compares_the_loss(tmp_path: Path) -> None:
     from telemetrain.analysis import compare_runs
     from telemetrain.analysis.compare_html import comparison_html

@@ -156,11 +156,13 @@ def _compare_series(candidate: Sequence[float], baseline: Sequence[float], what:
     if not settings.resamples:
         return result(_median(c) / _median(b), math.nan, math.nan, NO_CHANGE)
     alpha = 1 - settings.confidence
-    if not what.windowed and min_rank_sum_p(len(c), len(b)) > alpha:
-        # one value per span: a handful cannot be told apart from a noisy machine at this confidence, whatever
-        # their spread (3 against 3 gives p >= 0.1)
+    if min_rank_sum_p(len(c), len(b)) > alpha:
+        # a handful (of spans, or of report windows) cannot be told apart from a noisy machine at this confidence,
+        # whatever their spread (3 against 3 gives p >= 0.1); a percentile bootstrap of 3 values' median would
+        # still give an interval that excludes 1 whenever one side lies above the other
         return dataclasses.replace(result(_median(c) / _median(b), math.nan, math.nan, INSUFFICIENT), note=(
-            f"{len(c)} against {len(b)} spans: too few for a test at {settings.confidence:.0%}"))
+            f"{len(c)} against {len(b)} {'windows' if what.windowed else 'spans'}: too few for a test at "
+            f"{settings.confidence:.0%}"))
     ratio, low, high = bootstrap_ratio(c, b, confidence=settings.confidence, resamples=settings.resamples,
                                        seed=settings.seed)
     verdict = decide(low, high, higher_is_better=what.higher_is_better, min_effect=settings.min_effect)
@@ -216,7 +218,10 @@ class _Noise:
         else:
             m_net = m
         busier = self.contention[0] if slower else self.contention[1]
-        if self.history or not (busier.busy or self.factor != 1.0 or self.steal != 1.0):
+        # with the CPU waits known the net series above took the factor out: a wait ratio a hair off 1 (2% against
+        # 3%) says nothing of a busy machine, so only the busier run's own signals (or the steal) grant the allowance
+        explained = self.factor != 1.0 and not self.busy_free
+        if self.history or not (busier.busy or explained or self.steal != 1.0):
             return m
         factor = (self.factor if not self.busy_free else 1.0) * self.steal
         factor = factor if slower else 1 / factor
@@ -373,7 +378,10 @@ def compare_samples(candidate: RunSamples, baseline: RunSamples, *, confidence: 
                          f"first); at least {MIN_WINDOWS} are needed: a longer run or a smaller "
                          "log_every_n_train_iterations")
         elif n < FEW_WINDOWS:
-            notes.append(f"{role} {run.run_id}: only {n} report windows; the interval is coarse")
+            untested = any(m.metric == "iteration_time" and m.scope == "run" and m.verdict == INSUFFICIENT
+                           for m in metrics)  # the rank-sum floor: no interval was computed
+            notes.append(f"{role} {run.run_id}: only {n} report windows; "
+                         + ("too few for a test against the other run's" if untested else "the interval is coarse"))
     shorter = min(_training_seconds(candidate), _training_seconds(baseline))
     if not history and shorter < SHORT_RUN_S and any(m.significant for m in metrics):
         notes.append(f"the shorter run trained {shorter:.2g} s: a run that short is one draw of the machine's state "

@@ -57,6 +57,7 @@ class QualityComparison:
     reach_step: float | None  # where the candidate first reaches ``target`` (None: it does not)
     reach_seconds: float | None
     baseline_reach_seconds: float | None  # when the baseline itself first reached its final level
+    baseline_reach_step: float | None = None  # where it did: a noisy loss dips to its final level long before its end
     overlays: tuple[tuple[str, Curve, Curve], ...] = ()  # (title, baseline, candidate) to draw over each other
 
     @property
@@ -74,8 +75,9 @@ class QualityComparison:
             reach = f"does not reach the baseline's final {self.metric} ({self.target:.4g})"
         else:
             where = f"step {self.reach_step:,.0f}" if self.step is not None else f"{self.reach_step:.3g} s"
-            reach = (f"reaches the baseline's final {self.metric} ({self.target:.4g}) at {where} (baseline: "
-                     f"{self.baseline_final_step:,.0f})")
+            own = self.baseline_reach_step if self.baseline_reach_step is not None else self.baseline_final_step
+            own_where = f"{own:,.0f}" if self.step is not None else f"{own:.3g} s"
+            reach = f"reaches the baseline's final {self.metric} ({self.target:.4g}) at {where} (baseline: {own_where})"
             if self.reach_seconds is not None and self.baseline_reach_seconds is not None:
                 reach += f", {self.reach_seconds:.3g} s in (baseline: {self.baseline_reach_seconds:.3g} s)"
         return f"{candidate} {reach}; {level}"
@@ -87,7 +89,8 @@ class QualityComparison:
         return {"metric": self.metric, "higher_is_better": self.higher_is_better, "step": f(self.step),
                 "baseline_value": f(self.baseline_value), "candidate_value": f(self.candidate_value),
                 "change": f(self.change), "noise": f(self.noise), "verdict": self.verdict, "target": f(self.target),
-                "baseline_final_step": f(self.baseline_final_step), "reach_step": f(self.reach_step),
+                "baseline_final_step": f(self.baseline_final_step), "baseline_reach_step": f(self.baseline_reach_step),
+                "reach_step": f(self.reach_step),
                 "reach_seconds": f(self.reach_seconds), "baseline_reach_seconds": f(self.baseline_reach_seconds),
                 "overlaid": [title for title, _, _ in self.overlays]}
 
@@ -210,7 +213,8 @@ def compare_quality(candidate: RunSamples, baseline: RunSamples, loss: str | Non
         baseline_value=b_level[0], candidate_value=c_level[0], noise=noise, verdict=verdict, target=target,
         baseline_final_step=max(bx), reach_step=reach[0] if reach else None,
         reach_seconds=reach[1] if reach and math.isfinite(reach[1]) else None,
-        baseline_reach_seconds=own[1] if own and math.isfinite(own[1]) else None, overlays=tuple(overlays))
+        baseline_reach_seconds=own[1] if own and math.isfinite(own[1]) else None,
+        baseline_reach_step=own[0] if own else None, overlays=tuple(overlays))
 
 
 def quality_lines(q: QualityComparison | None, speed: str = "") -> list[str]:

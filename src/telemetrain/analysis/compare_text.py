@@ -150,9 +150,9 @@ def _candidate_lines(c: CandidateComparison, comparison: Comparison) -> list[str
         if len(c.inconclusive) > 6:
             lines.append(f"    ... and {len(c.inconclusive) - 6} more")
     lines += [f"  {line}" for line in where_lines(c)]
-    if all(m.verdict in (INSUFFICIENT, ONE_VALUE) for m in c.metrics):
-        # "no significant change" would read as a pass where nothing could be tested (a CI gate's reader)
-        lines.append("  nothing tested: no metric had enough data in both runs (see the notes)")
+    if not any(m.verdict not in (INSUFFICIENT, ONE_VALUE) for m in c.metrics):
+        # nothing was tested: "no change with 95% confidence" would claim a test that never ran
+        lines.append("  nothing tested: every row had too little data (the notes say what is missing)")
     elif not regressions and not improvements:
         lines.append(f"  no significant change (none beyond +/-{comparison.min_effect:.0%} with "
                      f"{comparison.confidence:.0%} confidence)")

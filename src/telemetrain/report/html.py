@@ -87,10 +87,15 @@ def _headline(m: ReportModel) -> str:
 def _findings(m: ReportModel) -> str:
     notes = "".join(f'<p class="note" data-note="{esc(n.kind)}">Context: {esc(n.text)}</p>' for n in m.notes)
     if not m.findings:
+        # "no slowdown" is only news where the rules had report windows to read: say which could not look
+        blind = ("No report windows (training_metrics_update: no TrainingRecorder in this run): slowdowns, "
+                 "stragglers, slow iterations and memory growth could not be looked for." if not m.windows else
+                 "Report windows of one rank only: stragglers need two or more ranks to compare."
+                 if len(m.windows) == 1 else "")
         return '<p class="note">No anomaly found: no crash, stall, slowdown, straggler, slow iteration, memory ' \
                "growth, NaN/inf value or spike, GPU throttling or memory pressure, dropped record, sink failure or " \
                "damaged line (`telemetrain docs report findings`).</p>" \
-               + notes
+               + (f'<p class="note" data-note="blind">{esc(blind)}</p>' if blind else "") + notes
     return "".join(f'<div class="finding {esc(f.severity)}" data-kind="{esc(f.kind)}"><b>{esc(f.title)}</b>'
                    f"{esc(f.detail)}" + (f'<div class="evidence">evidence: {esc(f.evidence.summary())}</div>'
                                          if f.evidence is not None and f.evidence.summary() else "") + "</div>"

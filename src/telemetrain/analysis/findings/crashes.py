@@ -45,10 +45,15 @@ def crashes(failures: Sequence[SpanFailure], attempts: Sequence[Attempt],
                          and r.last_iteration is not None else None, test="goodput's run status")))
         if i > 0:
             prev = runs[i - 1]
+            # a run that recorded no iteration (absent: no training lifecycle; killed in its set-up) has no step to
+            # name, and one that recorded none of its own starts nowhere: never "iteration None"
+            start = f"at iteration {r.first_iteration}" if r.first_iteration is not None else "with no iteration"
+            stop = (f"stopped at {prev.last_iteration}" if prev.last_iteration is not None
+                    else "had recorded no iteration")
             findings.append(Finding(
                 "info", "restart", f"restart: run {r.run_id} after {prev.run_id}",
-                f"attempt {r.restart_order + 1} ({r.run_id}, {r.status}) started at iteration {r.first_iteration} "
-                f"after {prev.run_id} ({prev.status}) stopped at {prev.last_iteration}"))
+                f"attempt {r.restart_order + 1} ({r.run_id}, {r.status}) started {start} "
+                f"after {prev.run_id} ({prev.status}) {stop}"))
     return findings
 
 
