@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,7 +119,10 @@ class PlantedRuns(dict[str, list[Path]]):
         return found
 
     def fresh(self, name: str, attempt: int) -> Path:
-        return run_scenario(SCENARIOS[name], self.root / f"{name}-{attempt}")[-1]
+        # a folder per call: two comparisons that retry with the same baseline ("clean") each run it afresh, and the
+        # second must not find the first's run in its folder
+        workdir = Path(tempfile.mkdtemp(prefix=f"{name}-{attempt}-", dir=self.root))
+        return run_scenario(SCENARIOS[name], workdir)[-1]
 
 
 def run_scenario(s: Scenario, workdir: Path) -> list[Path]:

@@ -207,10 +207,12 @@ def test_compatible_api_handler_exception_with_failing_repr_is_contained(telemet
     exception whose repr fails (or is not a str) reached the caller instead of being warned about."""
     events.configure(UnprintableEventHandler())
     try:
-        events.record(events.Event("handler_fails", events.EventSource.WORKER))  # must not raise
+        with pytest.warns(RuntimeWarning, match="handler UnprintableEventHandler raised UnprintableEverywhereError"):
+            events.record(events.Event("handler_fails", events.EventSource.WORKER))  # must not raise
     finally:
         events.configure(events.NullEventHandler())
-    metrics.MetricStream("train", UnprintableMetricHandler()).add_value("x", 1.0)  # must not raise
+    with pytest.warns(Warning, match="handler UnprintableMetricHandler raised UnprintableEverywhereError"):
+        metrics.MetricStream("train", UnprintableMetricHandler()).add_value("x", 1.0)  # must not raise
 
 
 class InterruptedMetricHandler(metrics.MetricHandler):

@@ -145,7 +145,7 @@ def _ci_bar(m: MetricComparison, min_effect: float, axis: RatioAxis) -> str:
 def _run_block(role: str, ref: RunRef) -> str:
     spans = ""
     if ref.iteration_p50 is not None and ref.iteration_p99 is not None:
-        spans = (f", sampled iterations p50 {_e(format_quantity(ref.iteration_p50, 's'))}, "
+        spans = (f", {ref.iteration_spans} sampled iterations, p50 {_e(format_quantity(ref.iteration_p50, 's'))}, "
                  f"p99 {_e(format_quantity(ref.iteration_p99, 's'))}")
     return (f"<p><b>{_e(role)}</b> <span class=run>{_e(ref.run_id)}</span> (perf_tag "
             f"<span class=run>{_e(ref.perf_tag)}</span>, {ref.windows} windows, ranks "

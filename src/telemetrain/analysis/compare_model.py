@@ -92,18 +92,19 @@ class RunRef:
     ranks: tuple[int, ...]
     iteration_p50: float | None = None  # of the sampled iteration spans, seconds
     iteration_p99: float | None = None
+    iteration_spans: int = 0  # how many sampled spans the two are of
 
     @classmethod
     def of(cls, s: RunSamples) -> RunRef:
         pct = s.iteration_percentiles()
         return cls(path=str(s.path), run_id=s.run_id, session_tag=s.session_tag, perf_tag=s.perf_tag,
                    windows=s.window_count, ranks=tuple(s.ranks), iteration_p50=pct[0] if pct else None,
-                   iteration_p99=pct[1] if pct else None)
+                   iteration_p99=pct[1] if pct else None, iteration_spans=pct[2] if pct else 0)
 
     def as_dict(self) -> dict[str, Any]:
         return {"path": self.path, "run_id": self.run_id, "session_tag": self.session_tag, "perf_tag": self.perf_tag,
                 "windows": self.windows, "ranks": list(self.ranks), "iteration_p50": self.iteration_p50,
-                "iteration_p99": self.iteration_p99}
+                "iteration_p99": self.iteration_p99, "iteration_spans": self.iteration_spans}
 
 
 @dataclass(frozen=True)

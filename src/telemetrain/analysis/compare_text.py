@@ -9,6 +9,7 @@ from .compare import (
     INCONCLUSIVE,
     INSUFFICIENT,
     MAX_RANK_PHASES,
+    NO_CHANGE,
     ONE_VALUE,
     REGRESSION,
     CandidateComparison,
@@ -98,7 +99,7 @@ def _run_line(role: str, ref: RunRef) -> str:
     ranks = ranges(ref.ranks) or "none"
     spans = ""
     if ref.iteration_p50 is not None and ref.iteration_p99 is not None:
-        spans = (f"; sampled iterations p50 {format_quantity(ref.iteration_p50, 's')} "
+        spans = (f"; {ref.iteration_spans} sampled iterations, p50 {format_quantity(ref.iteration_p50, 's')} "
                  f"p99 {format_quantity(ref.iteration_p99, 's')}")
     return f"{role:<10} {ref.run_id}  perf_tag {ref.perf_tag}, {ref.windows} windows, ranks {ranks}{spans}"
 
@@ -134,6 +135,8 @@ def _candidate_lines(c: CandidateComparison, comparison: Comparison) -> list[str
     shown, quiet = shown_rows(c)
     for m in shown:
         verdict = m.verdict.upper() if m.significant else m.verdict
+        if m.note and m.verdict in (NO_CHANGE, INSUFFICIENT):  # why a change whose interval clears the threshold
+            verdict += f" ({m.note})"  # is none (a small phase), or why nothing was tested: as the page says it
         rows.append((m.label, format_quantity(m.baseline_median, m.unit), format_quantity(m.candidate_median, m.unit),
                      row_change(m), format_interval(m), verdict))
     lines += _table(rows)

@@ -93,7 +93,7 @@ class RunSamples:
     precomputed_ranks: list[int] = field(default_factory=list)
     precomputed_windows: int = 0
     precomputed_iterations: int = 0  # the lowest rank's, in its steady-state windows
-    precomputed_percentiles: tuple[float, float] | None = None
+    precomputed_percentiles: tuple[float, float, int] | None = None
     precomputed_phase_source: str = ""
     precomputed_waits_known: bool = False
     precomputed_wait_fraction: float | None = None
@@ -175,14 +175,15 @@ class RunSamples:
             by_index.setdefault(k, []).append(seconds)
         return [statistics.fmean(v) for _, v in sorted(by_index.items())]
 
-    def iteration_percentiles(self) -> tuple[float, float] | None:
-        """p50 and p99 of the sampled iteration spans of all ranks (None without any)."""
+    def iteration_percentiles(self) -> tuple[float, float, int] | None:
+        """p50 and p99 of the sampled iteration spans of all ranks, and how many there are (None without any): a
+        short run's handful, its first (warm-up) iteration among them, is no p99 to read as one."""
         if self.precomputed is not None:
             return self.precomputed_percentiles
         times = sorted(t for ts in self.iteration_spans.values() for t in ts)
         if not times:
             return None
-        return _quantile(times, 0.5), _quantile(times, 0.99)
+        return _quantile(times, 0.5), _quantile(times, 0.99), len(times)
 
 
 def quantile_positions(n: int, q: float) -> tuple[int, int, float]:

@@ -243,7 +243,7 @@ def _windows_by_group(engine: Engine, metrics: list[tuple[str, str]], run_metric
     return total, count, ranks, clocks, known
 
 
-def _iteration_percentiles(engine: Engine) -> tuple[float, float] | None:
+def _iteration_percentiles(engine: Engine) -> tuple[float, float, int] | None:
     """p50 and p99 of the sampled iteration spans' seconds, as ``RunSamples.iteration_percentiles`` computes them: the
     ordered values each needs found by ``quantiles_sql`` (a ``quantile_cont`` held every span's duration)."""
     source = ("FROM span_ends WHERE group_name = 'training' AND name = 'training_single_iteration' AND status = 'ok' "
@@ -255,7 +255,7 @@ def _iteration_percentiles(engine: Engine) -> tuple[float, float] | None:
     if not n:
         return None
     p50, p99 = (interpolate(ns[low] / 1e9, ns[high] / 1e9, weight) for low, high, weight in positions(n))
-    return p50, p99
+    return p50, p99, n
 
 
 def samples_sql(engine: Engine, run: Run, curves: Callable[[str], bool] | None = None) -> RunSamples:
