@@ -17,7 +17,7 @@ from typing import TextIO
 from . import guides
 from ._version import __version__
 from .analysis import commands as analysis_commands
-from .cli_common import CLIError, fmt_value, quoted, resolve_run
+from .cli_common import CLIError, fmt_value, int_at_least, quoted, resolve_run
 from .distributed import commands as launch_commands
 from .report import commands as report_commands
 from .show import _cmd_show, summarize
@@ -124,14 +124,7 @@ def _cmd_trace(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 # -- entry point -----------------------------------------------------------------------------------------------------
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+_positive_int = int_at_least(1)
 
 
 def build_parser() -> argparse.ArgumentParser:

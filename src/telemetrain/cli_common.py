@@ -3,6 +3,7 @@ formatting of values, durations, tables and paths in their text."""
 
 from __future__ import annotations
 
+import argparse
 import math
 import shlex
 from collections.abc import Callable, Sequence
@@ -14,8 +15,8 @@ from .store.layout import default_root
 from .store.reader import find_runs
 from .text import printable
 
-__all__ = ["SHOWN_ROWS", "CLIError", "existing_dir", "few", "fmt_config", "fmt_duration", "fmt_value", "is_number",
-           "iso", "quoted", "resolve_run", "table"]
+__all__ = ["SHOWN_ROWS", "CLIError", "existing_dir", "few", "fmt_config", "fmt_duration", "fmt_value",
+           "int_at_least", "is_number", "iso", "quoted", "resolve_run", "table"]
 
 T = TypeVar("T")
 SHOWN_ROWS = 16  # per-process (per-host) rows a summary prints before it keeps only the first and the outliers
@@ -23,6 +24,20 @@ SHOWN_ROWS = 16  # per-process (per-host) rows a summary prints before it keeps 
 
 class CLIError(Exception):
     """A problem to report as one line on stderr, exit status 2, without a traceback."""
+
+
+def int_at_least(minimum: int, meaning: str = "") -> Callable[[str], int]:
+    """An argparse ``type``: an integer of at least ``minimum`` (``meaning`` says what the bound means: "0: all
+    rows", so that a negative number, a typo, is not taken as a second way to ask for all)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}{f' ({meaning})' if meaning else ''}, got {value}")
+        return value
+    return parse
 
 
 def existing_dir(target: str | None) -> Path:

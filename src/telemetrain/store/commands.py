@@ -7,7 +7,7 @@ import json
 import math
 from typing import Any, TextIO
 
-from ..cli_common import CLIError, resolve_run
+from ..cli_common import CLIError, int_at_least, resolve_run
 from ..text import printable
 
 __all__ = ["register"]
@@ -55,15 +55,7 @@ def register(sub: Any) -> None:
     compact.set_defaults(run=_cmd_compact)
 
 
-def _row_limit(text: str) -> int:
-    """--max-rows: 0 means all, so a negative number (a typo) must not mean all too."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0 (0: all rows), got {value}")
-    return value
+_row_limit = int_at_least(0, "0: all rows")  # --max-rows: a negative number (a typo) must not mean all too
 
 
 def _cell(value: Any) -> str:
