@@ -460,6 +460,23 @@ def test_compare_of_runs_without_report_windows_does_not_say_no_change(
     assert "no significant change" not in out
 
 
+def test_fail_on_regression_does_not_pass_a_comparison_that_tested_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A CI gate over runs that recorded no iterations (a broken benchmark) exited 0, as if nothing had regressed."""
+    candidate, baseline = _synthetic_run(tmp_path, "c", loss=1.0), _synthetic_run(tmp_path, "b", loss=1.0)
+    other = _synthetic_run(tmp_path, "o", loss=1.0)
+    for baselines in (["--baseline", str(baseline)], ["--baseline", str(baseline), "--baseline", str(other)]):
+        argv = ["compare", str(candidate), *baselines, "--no-goodput", "--fail-on-regression"]
+        assert cli.main(argv) == 2
+        captured = capsys.readouterr()
+        assert "insufficient data" in captured.out  # the comparison is still printed
+        assert "--fail-on-regression: nothing could be tested of" in captured.err
+        assert str(candidate) in captured.err
+        assert cli.main(argv[:-1]) == 0  # without the gate, a comparison of little data is not an error
+        capsys.readouterr()
+
+
 def test_each_commands_description_names_only_its_own_placeholders() -> None:
     """A description that says PATH where the usage line says RUN_DIR|SESSION_DIR leaves the reader guessing."""
     parser = cli.build_parser()

@@ -23,6 +23,7 @@ from .compare import (
     WorkloadMismatch,
     compare_runs,
 )
+from .compare_model import RunRef
 from .compare_multi import compare_baselines
 from .compare_quality import quality_series
 from .samples import RunSamples, open_run_meta, read_samples, run_bytes
@@ -106,7 +107,7 @@ def register(sub: Any) -> None:
     compare.add_argument("--fail-on-regression", action="store_true",
                          help="exit with status 1 when a regression is found (for CI); with several baselines, "
                          "when a metric regressed against every baseline (a change one noisy baseline cannot "
-                         "explain)")
+                         "explain); with status 2 when nothing could be tested of a candidate")
     compare.set_defaults(run=_cmd_compare)
 
     goodput = sub.add_parser(
@@ -320,17 +321,17 @@ def _cmd_compare(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         if len(base_samples) == 1:
             one = compare_runs(cand_samples, base_samples[0], **settings)
             return _emit(args, out, err, one.as_dict(), format_comparison(one), lambda: comparison_html(one),
-                         bool(one.regressions))
+                         bool(one.regressions), one.untested)
         # several baselines: fail only on a metric that regressed against every one
         multi = compare_baselines(cand_samples, base_samples, **settings)
         return _emit(args, out, err, multi.as_dict(), format_multi(multi), lambda: multi_html(multi),
-                     bool(multi.regressions))
+                     bool(multi.regressions), multi.untested)
     except WorkloadMismatch as exc:
         raise CLIError(f"{exc.reason}; pass --force to compare anyway") from None
 
 
 def _emit(args: argparse.Namespace, out: TextIO, err: TextIO, data: dict[str, Any], lines: list[str],
-          page: Callable[[], str], regressed: bool) -> int:
+          page: Callable[[], str], regressed: bool, untested: list[RunRef]) -> int:
     """The comparison as JSON or text on ``out``, the page to --html; the exit status."""
     if args.json:
         print(json.dumps(data, indent=2, allow_nan=False), file=out)
@@ -342,7 +343,16 @@ def _emit(args: argparse.Namespace, out: TextIO, err: TextIO, data: dict[str, An
         except OSError as exc:
             raise CLIError(str(exc)) from None
         print(f"wrote {printable(str(args.html))}", file=err)
-    return 1 if args.fail_on_regression and regressed else 0
+    if not args.fail_on_regression:
+        return 0
+    if regressed:
+        return 1
+    if untested:  # a CI gate that passes because the runs had no data to test would hide a broken benchmark
+        names = ", ".join(printable(ref.path) for ref in untested)
+        print(f"telemetrain: error: --fail-on-regression: nothing could be tested of {names} (too little "
+              "data; the notes say what is missing)", file=err)
+        return 2
+    return 0
 
 
 # -- goodput -----------------------------------------------------------------------------------------------------------

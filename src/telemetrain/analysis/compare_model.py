@@ -128,6 +128,11 @@ class CandidateComparison:
     def inconclusive(self) -> list[MetricComparison]:
         return [m for m in self.metrics if m.verdict == INCONCLUSIVE]
 
+    @property
+    def tested(self) -> bool:
+        """Whether any row was decided (every row short of data means no regression could have been found)."""
+        return any(m.verdict not in (INSUFFICIENT, ONE_VALUE) for m in self.metrics)
+
     def metric(self, metric: str, rank: int | None = None) -> MetricComparison | None:
         """A metric by name: ``iteration_time``, ``samples_per_second``, a phase, ``checkpoint_save``,
         ``checkpoint_load``, ``validation``, ``goodput``; with ``rank``, that rank's (iteration time or phase)."""
@@ -164,6 +169,11 @@ class Comparison:
     @property
     def improvements(self) -> list[tuple[RunRef, MetricComparison]]:
         return [(c.candidate, m) for c in self.candidates for m in c.improvements]
+
+    @property
+    def untested(self) -> list[RunRef]:
+        """The candidates of which nothing was tested."""
+        return [c.candidate for c in self.candidates if not c.tested]
 
     def as_dict(self) -> dict[str, Any]:
         return {"baseline": self.baseline.as_dict(), "candidates": [c.as_dict() for c in self.candidates],

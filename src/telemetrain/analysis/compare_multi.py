@@ -98,6 +98,13 @@ class MultiComparison:
         return out
 
     @property
+    def untested(self) -> list[RunRef]:
+        """The candidates of which nothing was tested against at least one baseline (then no metric of theirs can
+        have regressed against every baseline)."""
+        return [ref for i, ref in enumerate(self.candidates)
+                if any(not comparison.candidates[i].tested for comparison in self.comparisons)]
+
+    @property
     def regressions(self) -> list[MetricTally]:
         """The metrics that regressed against every baseline (what ``--fail-on-regression`` fails on)."""
         return [t for t in self.tallies() if t.regressed_against_all]

@@ -153,7 +153,7 @@ def _candidate_lines(c: CandidateComparison, comparison: Comparison) -> list[str
         if len(c.inconclusive) > 6:
             lines.append(f"    ... and {len(c.inconclusive) - 6} more")
     lines += [f"  {line}" for line in where_lines(c)]
-    if not any(m.verdict not in (INSUFFICIENT, ONE_VALUE) for m in c.metrics):
+    if not c.tested:
         # nothing was tested: "no change with 95% confidence" would claim a test that never ran
         lines.append("  nothing tested: every row had too little data (the notes say what is missing)")
     elif not regressions and not improvements:
