@@ -10,7 +10,6 @@ from .compare import (
     INSUFFICIENT,
     MAX_RANK_PHASES,
     NO_CHANGE,
-    ONE_VALUE,
     REGRESSION,
     CandidateComparison,
     Comparison,
