@@ -233,3 +233,18 @@ def test_run_sums_of_groups_with_different_iterations_and_missing_values() -> No
         sums.close()
     finally:
         engine.close()
+
+
+def test_a_loss_named_but_missing_in_one_run_is_not_swapped_for_another_metric(run_dir: Path) -> None:
+    """``--loss lr`` with a baseline that has no ``lr``: the quality comparison used to compare the first evaluation
+    metric instead, unannounced; now it compares nothing and a note says which run lacks the metric."""
+    from telemetrain.analysis.compare import compare_samples
+
+    candidate = read_samples(run_dir, curves=quality_series("lr"))
+    baseline = read_samples(run_dir, curves=quality_series())  # (the same run, read without its lr series)
+    assert ("train", "lr") not in baseline.curves.names() and ("val", "val_accuracy") in baseline.curves.names()
+    assert compare_quality(candidate, baseline, "lr") is None
+    assert compare_quality(candidate, baseline) is not None  # without a name asked for, the fallback stands
+    result = compare_samples(candidate, baseline, loss="lr", resamples=100)
+    assert result.quality is None
+    assert f"quality not compared: no metric 'lr' in the baseline {baseline.run_id}" in result.notes

@@ -391,7 +391,14 @@ def compare_samples(candidate: RunSamples, baseline: RunSamples, *, confidence: 
         notes.append(f"the shorter run trained {shorter:.2g} s: a run that short is one draw of the machine's state "
                      "(in a VM another tenant on the same physical core shows nowhere: two clean 2 s runs on a CI VM "
                      "differed 10.6%); compare a second candidate, or against earlier runs of the perf_tag (--history)")
+    from ..report.curves import pick_loss
     from .compare_quality import compare_quality
+
+    if loss:
+        lacking = [f"{role} {run.run_id}" for role, run in (("candidate", candidate), ("baseline", baseline))
+                   if pick_loss(run.curves.names(), loss) is None]
+        if lacking:
+            notes.append(f"quality not compared: no metric {loss!r} in the {' nor the '.join(lacking)}")
 
     return CandidateComparison(candidate=RunRef.of(candidate), metrics=tuple(metrics), notes=tuple(notes),
                                quality=compare_quality(candidate, baseline, loss))

@@ -163,7 +163,7 @@ def _curve(run: RunSamples, key: tuple[str, str]) -> Curve | None:
 def _pair(candidate: RunSamples, baseline: RunSamples, loss: str | None) -> tuple[tuple[str, str], Curve, Curve] | None:
     names = sorted(set(candidate.curves.names()) & set(baseline.curves.names()))
     picked = pick_loss(names, loss)
-    if picked is None:
+    if picked is None and loss is None:  # (a metric asked for by name is never swapped for another, unannounced)
         picked = next((n for n in names if is_eval(n[1])), None)
     if picked is None:
         return None
@@ -174,8 +174,9 @@ def _pair(candidate: RunSamples, baseline: RunSamples, loss: str | None) -> tupl
 
 
 def compare_quality(candidate: RunSamples, baseline: RunSamples, loss: str | None = None) -> QualityComparison | None:
-    """The loss (``loss``: its name, else picked by name; else the first evaluation metric both runs have) of
-    ``candidate`` against ``baseline``; None when they share no such metric with at least 3 values."""
+    """The loss (``loss``: its name, else picked by name, else the first evaluation metric both runs have) of
+    ``candidate`` against ``baseline``; None when they share no such metric with at least 3 values (with ``loss``
+    given, when they do not both have it)."""
     pair = _pair(candidate, baseline, loss)
     if pair is None:
         return None
