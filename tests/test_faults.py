@@ -339,6 +339,10 @@ def test_blocked_sink_never_blocks_the_caller(tmp_path: Path) -> None:
             closer.join(HANG_S)
         assert not closer.is_alive(), "close() hung on a stuck sink"
         assert result == [False]
+        # every record offered is accounted for: the batch the sink is stuck on is in flight, not lost from the counts
+        mine = _stats(t, "blocked")
+        assert mine["abandoned"] and mine["in_flight"] == blocked.received > 0
+        assert mine["delivered"] + mine["dropped"] + mine["failed"] + mine["in_flight"] == n
 
         run = open_run(run_dir(tmp_path, t.identity))
         _assert_gap_free(_values(run.records(), "seq"), "run store")

@@ -43,6 +43,7 @@ class SinkStats:
     dropped_suspended: int = 0  # the part of ``dropped`` offered while the sink was suspended after failures
     failed: int = 0  # records in batches whose write raised
     failures: int = 0  # write calls that raised
+    in_flight: int = 0  # records in the batch the sink is writing now (a stuck sink's: neither delivered nor dropped)
     suspended: bool = False
     abandoned: bool = False  # the sink did not finish within close()'s timeout: left behind, its queue dropped
     last_error: str = ""
@@ -96,10 +97,12 @@ class _Runner:
                     stats.dropped_suspended += n
                 return
             self._suspended_until = 0.0
+        n = count_records(batch) if counted else 0
+        stats.in_flight = n
         try:
             self.sink.write_packed(batch, self.source)
         except BaseException as exc:  # nothing a sink raises may reach training
-            n = count_records(batch) if counted else 0
+            stats.in_flight = 0
             if counted and isinstance(exc, PartialWriteError):  # part of the batch is stored: only the rest failed
                 written = min(max(exc.written, 0), n)
                 stats.delivered += written
@@ -108,8 +111,8 @@ class _Runner:
             if is_interrupt(exc):
                 raise
         else:
-            if counted:
-                stats.delivered += count_records(batch)
+            stats.in_flight = 0
+            stats.delivered += n
             if self._consecutive:
                 self._consecutive = 0
                 self._backoff = self.policy.backoff_s
