@@ -604,6 +604,29 @@ def test_follower_holds_back_a_torn_line(tmp_path: Path) -> None:
     assert follower.identity is not None and follower.identity.rank == 0
 
 
+def test_follower_counts_a_cut_line_of_a_kind_it_does_not_decode(tmp_path: Path) -> None:
+    """A line cut short (the writer killed mid-line, the file reopened after it) was counted as corrupt only when its
+    kind was one tail decodes; the SQL catch-up counts every one."""
+    run = make_run(tmp_path, "r", seed=1, ranks=1, iterations=30)
+    [src] = run.glob("rank-*.jsonl")
+    data = src.read_bytes()
+    start = data.index(b'{"v":2,"kind":"span_start"')
+    cut = data[:start + 40] + b"\n" + data[start:]  # the span_start line, cut, then written whole
+    target = tmp_path / "copy" / "s" / "r" / src.name
+    target.parent.mkdir(parents=True)
+    target.write_bytes(cut)
+    follower = FileFollower(target, {})
+    follower.poll()
+    assert follower.corrupt == 1
+    if importlib.util.find_spec("duckdb") is not None:
+        from telemetrain.store.engine import Engine
+
+        caught = TailState(target.parent)
+        with Engine([caught.path]) as engine:
+            caught.catch_up(engine)
+        assert caught.corrupt == 1
+
+
 def test_tail_once_follows_a_live_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A thread trains (real time) and flushes; ``tail --once`` shows its progress while it runs, then its end."""
     pytest.importorskip("rich", reason="tail draws its view with rich (the [report] extra)")

@@ -77,6 +77,8 @@ class FileFollower:
             if not any(w in head for w in _WANTED) and \
                     not (b'"span_end"' in head and (_LOOP_END in raw or not _ended_ok(raw))) and \
                     not (b'"metric"' in head and any(w in raw for w in self.metric_words)):
+                if not raw.rstrip().endswith(b"}"):  # a line cut short (a kill or a full disk mid-write), of a kind
+                    self.corrupt += 1  # not decoded here: counted all the same, as the SQL catch-up counts it
                 continue
             try:
                 rec = decode_line(raw, self._identity())
@@ -225,7 +227,7 @@ class TailState:
         """The run as it stands, by SQL (``store.engine``, over this run): the same state as polling every file from
         its start, without reading the files in Python; the followers then start where the engine stopped reading
         each file, so nothing is missed or counted twice. The corrupt lines counted are all the run's (polling counts
-        those among the lines it decodes)."""
+        those among the lines it decodes, and every line cut short)."""
         from .tail_sql import catch_up
 
         catch_up(self, engine)
