@@ -197,6 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--all", action="store_true",
                       help="a row for every process, agent and sampled host (default: the first ones and the "
                            "outliers when there are more than 16)")
+    show.add_argument("--json", action="store_true",
+                      help="print the summary (with --list: the listing) as one JSON object: every figure, the "
+                           "last report window as recorded, the goodput, the findings (for scripts and CI)")
 
     trace = sub.add_parser(
         "trace",

@@ -16,7 +16,7 @@ from .store.reader import find_runs
 from .text import printable
 
 __all__ = ["SHOWN_ROWS", "CLIError", "existing_dir", "few", "fmt_config", "fmt_duration", "fmt_value",
-           "int_at_least", "is_number", "iso", "quoted", "resolve_run", "table"]
+           "int_at_least", "is_number", "iso", "json_value", "quoted", "resolve_run", "table"]
 
 T = TypeVar("T")
 SHOWN_ROWS = 16  # per-process (per-host) rows a summary prints before it keeps only the first and the outliers
@@ -123,6 +123,18 @@ def few(items: Sequence[T], *, keep: Callable[[T], bool] = lambda item: False, e
             ends = {min(known)[1], max(known, key=lambda vi: (vi[0], -vi[1]))[1]}
     shown = [x for i, x in enumerate(items) if i < SHOWN_ROWS // 2 or i in ends or keep(x)]
     return shown, len(items) - len(shown)
+
+
+def json_value(value: Any) -> Any:
+    """``value`` for ``--json`` output: NaN and infinities as the strings the store's numeric fields use (a bare
+    ``NaN`` is not JSON: jq and strict parsers reject the whole output), inside dicts, lists and tuples too."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: json_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_value(v) for v in value]
+    return value
 
 
 def is_number(value: object) -> TypeGuard[float]:

@@ -5,14 +5,18 @@ findings). ``analysis.summary`` gathers the figures; this formats them (the syst
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import math
 from collections.abc import Sequence
 from typing import Any, TextIO
 
 from .analysis.findings.fmt import ranges
-from .analysis.findings.text import GoodputOf, goodput_once, run_findings_lines
+from .analysis.findings.run import run_findings
+from .analysis.findings.text import GoodputOf, findings_lines, goodput_once, session_goodput
 from .cli_common import CLIError, few, fmt_config, fmt_duration, fmt_value, is_number, iso, resolve_run, table
 from .phase_times import DEVICE, iteration_time, phase_times
+from .show_json import show_dict
 from .show_list import list_runs
 from .show_system import system_lines
 from .store.layout import RUN_META
@@ -26,8 +30,6 @@ def summarize(run: Run, engine: Any = None, *, every_process: bool = False) -> l
     """The ``show`` report of a run, as lines. ``engine``: a ``store.engine.Engine`` over the run, to compute the
     figures by SQL (``analysis.summary``) instead of reading every record here. ``every_process``: a row for each
     process, agent and sampled host however many (else the first and the outliers, ``cli_common.few``)."""
-    from .analysis.summary import summarize_run, summarize_sql
-
     lines = [
         f"run         {run.run_id}",
         f"directory   {run.path}",
@@ -45,15 +47,8 @@ def summarize(run: Run, engine: Any = None, *, every_process: bool = False) -> l
         lines.append("workload    " + " ".join(f"{k}={fmt_value(v)}" for k, v in workload.items())
                      + (f" (fingerprint {run.meta['fingerprint']})" if run.meta.get("fingerprint") else ""))
 
-    # by SQL, the findings' input first: its report windows merged by groups of ranks are the statements that parse
-    # most JSON, run here while least is held in Python (the summary's figures and goodput's report grow with the
-    # ranks; goodput's per-rank queries, streamed by segments since m17b, peak no higher over the windows held)
-    builder = None
-    if engine is not None:
-        from .analysis.show_sql import findings_builder_sql
-
-        builder = findings_builder_sql(engine, run)
-    summary = summarize_sql(engine, run) if engine is not None else summarize_run(run)
+    read = read_for_show(run, engine)
+    summary = read.summary
     ranks = run.ranks
     hosts = {p.identity.host for p in run.processes}
     lines.append(f"ranks       {len(ranks)} ({ranges(ranks) if ranks else 'none'}), {len(run.processes)} process(es)"
@@ -94,26 +89,10 @@ def summarize(run: Run, engine: Any = None, *, every_process: bool = False) -> l
     lines += system_lines(summary, every_process=every_process)
     lines += _training_lines(summary)
     lines += _checkpoint_lines(summary)
-    # the session's goodput once per (folder, rank): the goodput line's (rank 0) is the findings' restarts' (the
-    # run's lowest rank)
-    goodput_of = goodput_once(run, engine)
     if summary.training_events:
-        lines += _goodput_lines(run, goodput_of)
-    from .distributed.summary import diagnosis_lines  # (standard library only: no torch)
-
-    if engine is None:
-        lines += diagnosis_lines(run.records("event", agents=True))
-        lines += run_findings_lines(run, goodput_of=goodput_of)  # the findings engine's, as the report shows them
-    else:  # the same, from the few rows they read, selected by SQL
-        from .analysis.findings import analyse
-        from .analysis.findings.run import attempts_of
-        from .analysis.findings.text import findings_lines, session_goodput
-        from .analysis.show_sql import diagnosis_events_sql
-
-        assert builder is not None
-        lines += diagnosis_lines(diagnosis_events_sql(engine, run))
-        attempts = attempts_of(session_goodput(run, goodput_of=goodput_of), run.run_id)
-        lines += findings_lines(analyse(builder.build(attempts=attempts)))
+        lines += _goodput_lines(run, read.goodput_of)
+    lines += read.diagnosis
+    lines += findings_lines(read.findings)  # the findings engine's, as the report shows them
 
     lines.append(f"events      {sum(summary.event_counts.values())}")
     lines += table([(g, n, str(c)) for (g, n), c in sorted(summary.event_counts.items())])
@@ -131,6 +110,48 @@ def summarize(run: Run, engine: Any = None, *, every_process: bool = False) -> l
         diag_rows.append((name, f"sink {sink or '?'}", f"x{count}", f"count {records}", message))
     lines += table(diag_rows)
     return lines
+
+
+@dataclasses.dataclass(frozen=True)
+class ShowRead:
+    """What ``show`` reads of a run, as text (``summarize``) or JSON (``show_json``)."""
+
+    summary: Any  # analysis.summary.RunSummary
+    goodput_of: GoodputOf  # the session's goodput, computed once per (folder, rank)
+    diagnosis: list[str]  # what the distributed diagnosis found (hangs, late ranks, stragglers, clocks)
+    findings: Any  # analysis.findings.Findings
+
+
+def read_for_show(run: Run, engine: Any = None) -> ShowRead:
+    """The summary, goodput, diagnosis and findings of ``run``; by SQL with ``engine`` (``summarize``'s)."""
+    from .analysis.summary import summarize_run, summarize_sql
+    from .distributed.summary import diagnosis_lines  # (standard library only: no torch)
+
+    # by SQL, the findings' input first: its report windows merged by groups of ranks are the statements that parse
+    # most JSON, run here while least is held in Python (the summary's figures and goodput's report grow with the
+    # ranks; goodput's per-rank queries, streamed by segments since m17b, peak no higher over the windows held)
+    builder = None
+    if engine is not None:
+        from .analysis.show_sql import findings_builder_sql
+
+        builder = findings_builder_sql(engine, run)
+    summary = summarize_sql(engine, run) if engine is not None else summarize_run(run)
+    # the session's goodput once per (folder, rank): the goodput line's (rank 0) is the findings' restarts' (the
+    # run's lowest rank)
+    goodput_of = goodput_once(run, engine)
+    if engine is None:
+        diagnosis = diagnosis_lines(run.records("event", agents=True))
+        findings = run_findings(run, goodput_report=session_goodput(run, goodput_of=goodput_of))
+    else:  # the same, from the few rows they read, selected by SQL
+        from .analysis.findings import analyse
+        from .analysis.findings.run import attempts_of
+        from .analysis.show_sql import diagnosis_events_sql
+
+        assert builder is not None
+        diagnosis = diagnosis_lines(diagnosis_events_sql(engine, run))
+        attempts = attempts_of(session_goodput(run, goodput_of=goodput_of), run.run_id)
+        findings = analyse(builder.build(attempts=attempts))
+    return ShowRead(summary, goodput_of, diagnosis, findings)
 
 
 def _plural(n: int, word: str) -> str:
@@ -264,9 +285,7 @@ def _checkpoint_lines(summary: Any) -> list[str]:
         return []
     spans = sum(c.spans for c in saves.values())
     mean = sum(c.total_ns for c in saves.values()) / spans / 1e9
-    # the longest span; of a tie, the earliest step (then the name): the same line whichever reader
-    (_, step), worst = max(saves.items(), key=lambda kv: (kv[1].slowest_ns, -(-1 if kv[0][1] is None else kv[0][1]),
-                                                         kv[0][0]))
+    (_, step), worst = longest_save(saves)
     failed = sum(c.not_ok for c in saves.values())
     at = f"step {step}" if step is not None else "a save naming no step"
     line = (f"checkpoints {len(saves)} save(s), {spans} span(s) on the ranks, mean {fmt_duration(mean)}; the longest: "
@@ -274,6 +293,23 @@ def _checkpoint_lines(summary: Any) -> list[str]:
     if worst.spans > 1:
         line += f" (that save's mean {fmt_duration(worst.mean_s)})"
     return [line + (f"; {failed} not ok" if failed else "")]
+
+
+def longest_save(saves: dict[tuple[str, int | None], Any]) -> tuple[tuple[str, int | None], Any]:
+    """The checkpoint whose save took longest on some rank; of a tie, the earliest step (then the span name): the
+    same answer whichever reader read the run."""
+    return max(saves.items(), key=lambda kv: (kv[1].slowest_ns, -(-1 if kv[0][1] is None else kv[0][1]), kv[0][0]))
+
+
+def session_report(run: Run, goodput_of: GoodputOf) -> Any:
+    """The session's goodput report on rank 0's timeline; None when there is none to compute (no training), an
+    ``Exception`` when odd records made it fail (said, not raised: the rest of the summary stands)."""
+    try:
+        return goodput_of(run.path.parent if run.path.parent != run.path else run.path, 0)
+    except (ValueError, OSError):
+        return None
+    except Exception as exc:  # noqa: BLE001 - odd records must not take the whole summary down
+        return exc
 
 
 def _throughput(a: dict[str, Any]) -> list[str]:
@@ -306,12 +342,11 @@ def _spread_rows(lasts: dict[int, dict[str, Any]]) -> list[tuple[str, str]]:
 def _goodput_lines(run: Run, goodput_of: GoodputOf) -> list[str]:
     """Goodput of the session the run belongs to (its restarts together), when it trained, on rank 0's timeline
     (``goodput_of``: ``analysis.findings.text.goodput_once`` of the run)."""
-    try:
-        report = goodput_of(run.path.parent if run.path.parent != run.path else run.path, 0)
-    except (ValueError, OSError):
+    report = session_report(run, goodput_of)
+    if report is None:
         return []
-    except Exception as exc:  # noqa: BLE001 - odd records must not take the whole summary down
-        return [f"goodput     not computed: {type(exc).__name__}: {exc}"]
+    if isinstance(report, Exception):
+        return [f"goodput     not computed: {type(report).__name__}: {report}"]
     runs = report.runs
     lines = [f"goodput     {report.goodput:.1%} of {fmt_duration(report.wall_seconds)} productive "
              f"({report.productive_iterations} iterations kept, {report.lost_iterations} lost) over {len(runs)} "
@@ -333,7 +368,7 @@ def _goodput_lines(run: Run, goodput_of: GoodputOf) -> list[str]:
 
 def _cmd_show(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.list:
-        return list_runs(args.run_dir, out)
+        return list_runs(args.run_dir, out, as_json=args.json)
     from .store.engine import engine_for
 
     path = resolve_run(args.run_dir, err)
@@ -343,6 +378,9 @@ def _cmd_show(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         raise CLIError(str(exc)) from None
     engine = engine_for([path])  # DuckDB when installed (the columnar extra): the run is not read into Python
     try:
+        if args.json:  # (strict JSON: no terminal can be fooled by it, json.dumps escapes control characters)
+            print(json.dumps(show_dict(run, engine), indent=2, allow_nan=False, default=str), file=out)
+            return 0
         lines = summarize(run, engine, every_process=args.all)
     finally:
         if engine is not None:

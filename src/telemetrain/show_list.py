@@ -3,12 +3,13 @@ report (``analysis.summary``'s figures: by SQL when DuckDB is installed)."""
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from .cli_common import CLIError, existing_dir, fmt_duration, is_number, iso, table
+from .cli_common import CLIError, existing_dir, fmt_duration, is_number, iso, json_value, table
 from .store.reader import NotARunError, Run, find_runs, open_run
 from .text import printable
 
@@ -72,7 +73,16 @@ def _listing_row(item: _Listed) -> tuple[str, ...]:
     return (when, item.status, took, figure, str(item.path))
 
 
-def list_runs(target: str | None, out: TextIO) -> int:
+def _listing_dict(item: _Listed) -> dict[str, Any]:
+    return {"run": str(item.path), "created": iso(item.created_wall_ns) if item.created_wall_ns is not None else None,
+            "status": item.status, "start": iso(item.start_ns) if item.start_ns is not None else None,
+            "end": iso(item.end_ns) if item.end_ns is not None else None,
+            "duration_s": (item.end_ns - item.start_ns) / 1e9
+            if item.start_ns is not None and item.end_ns is not None else None,
+            "iterations": item.iterations, "samples_per_second": item.samples_per_second, "records": item.records}
+
+
+def list_runs(target: str | None, out: TextIO, *, as_json: bool = False) -> int:
     from .store.engine import engine_for
 
     base = existing_dir(target)
@@ -81,16 +91,22 @@ def list_runs(target: str | None, out: TextIO) -> int:
         raise CLIError(f"no telemetrain runs under {base}")
     now = time.time_ns()
     rows: list[tuple[str, ...]] = [("created", "status", "duration", "last report (lowest rank)", "run")]
+    listed: list[dict[str, Any]] = []
     engine = engine_for(runs)  # with DuckDB the listing's figures come by SQL, the runs are not read
     try:
         for path in runs:
             try:
-                run = open_run(path)
-                rows.append(_listing_row(_listed(path, run, now, engine)))
+                item = _listed(path, open_run(path), now, engine)
+                rows.append(_listing_row(item))
+                listed.append(_listing_dict(item))
             except (OSError, NotARunError) as exc:
                 rows.append(("?", "unreadable", "-", str(exc), str(path)))
+                listed.append({"run": str(path), "status": "unreadable", "error": str(exc)})
     finally:
         if engine is not None:
             engine.close()
-    print("\n".join(printable(line) for line in table(rows, indent="")), file=out)
+    if as_json:
+        print(json.dumps(json_value(listed), indent=2, allow_nan=False), file=out)
+    else:
+        print("\n".join(printable(line) for line in table(rows, indent="")), file=out)
     return 0

@@ -7,7 +7,7 @@ import json
 import math
 from typing import Any, TextIO
 
-from ..cli_common import CLIError, int_at_least, resolve_run
+from ..cli_common import CLIError, int_at_least, json_value, resolve_run
 from ..text import printable
 
 __all__ = ["register"]
@@ -66,18 +66,6 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def _json_value(value: Any) -> Any:
-    """A cell for --format json: NaN and infinities as the strings the store's numeric fields use (a bare ``NaN`` is
-    not JSON: jq and strict parsers reject the whole output), inside lists and structs too."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
-    if isinstance(value, dict):
-        return {k: _json_value(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_value(v) for v in value]
-    return value
-
-
 def _cmd_query(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
         import duckdb
@@ -105,7 +93,7 @@ def _cmd_query(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     more = args.max_rows > 0 and len(rows) > args.max_rows
     rows = rows[: args.max_rows] if more else rows
     if args.format == "json":
-        rows_out = [{name: _json_value(v) for name, v in zip(names, r, strict=True)} for r in rows]
+        rows_out = [{name: json_value(v) for name, v in zip(names, r, strict=True)} for r in rows]
         print(json.dumps(rows_out, default=str, allow_nan=False), file=out)
     elif args.format == "csv":
         import csv
