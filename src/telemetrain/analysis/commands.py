@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..cli_common import CLIError, resolve_run
+from ..cli_common import CLIError, json_value, resolve_run
 from ..output_file import write_output
 from ..report.curves import pick_loss
 from ..report.progress import TextProgress
@@ -390,7 +390,7 @@ def _cmd_goodput(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         data = report.as_dict()
         if by_rank is not None:
             data["by_rank"] = {str(rank): r.as_dict() for rank, r in by_rank.items()}
-        print(json.dumps(data, indent=2), file=out)
+        print(json.dumps(json_value(data), indent=2, allow_nan=False), file=out)
         return 0
     lines = format_goodput(report)
     if by_rank is not None:
