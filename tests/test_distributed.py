@@ -171,6 +171,12 @@ def test_launch_help_is_torchruns_and_bad_flags_are_torchruns_errors(tmp_path: P
     cmd = [sys.executable, "-m", "telemetrain.cli", "launch", "--help"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0 and "telemetrain launch" in out.stdout and "--nproc-per-node" in out.stdout
+    help_text = " ".join(out.stdout.split())  # (argparse wraps it)
+    # torchrun's help alone did not say what the launcher adds, nor what it sets for the workers
+    assert "agent's metrics and events written into the job's run store" in help_text
+    for variable in ("TELEMETRAIN_PERF_TAG", "TELEMETRAIN_CROSS_RANK=1", "TELEMETRAIN_WATCHDOG=1",
+                     "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"):
+        assert variable in help_text, variable
     bad = subprocess.run([*cmd[:-1], "--no-such-flag", WORKER], capture_output=True, text=True, timeout=60,
                          check=False)
     assert bad.returncode == 2 and "--no-such-flag" in bad.stderr

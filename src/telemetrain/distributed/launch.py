@@ -124,6 +124,16 @@ def main(argv: Sequence[str]) -> int:
 
     parser = torchrun.get_args_parser()
     parser.prog = "telemetrain launch"
+    parser.description = (  # torchrun's parser, so the help is torchrun's: it also says what the launcher adds
+        "torchrun (its flags, its elastic agent and rendezvous), with the agent's metrics and events written into "
+        "the job's run store beside the workers' ($TELEMETRAIN_DIR, default ./telemetrain-runs). Where torchrun "
+        "would make up a random rendezvous id (--standalone, one node without an endpoint), the job gets a sortable "
+        "one, the session of every attempt. See `telemetrain docs distributed`.")
+    parser.epilog = (
+        "Set for the workers unless already set: TELEMETRAIN_PERF_TAG (the script's name), TELEMETRAIN_CROSS_RANK=1 "
+        "(cross-rank aggregation), TELEMETRAIN_WATCHDOG=1 (the stall watchdog; the agent then writes one `stall` "
+        "event naming the ranks stuck elsewhere than the others) and, with --max-restarts above 0, "
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (a restarted worker must not read the dead attempt's addresses).")
     args = parser.parse_args(list(argv))
     _, max_nodes = torchrun.parse_min_max_nnodes(args.nnodes)
     _choose_rendezvous(args, max_nodes)
