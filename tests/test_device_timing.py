@@ -491,3 +491,23 @@ def test_a_loop_ending_right_after_a_report_keeps_its_last_device_times(
     r.on_train_end()
     tails = [e for e in read_run(telemetry, "event") if e.name == "device_timing" and e.attributes.get("tail")]
     assert len(tails) == 1
+
+
+def test_the_simulated_events_answer_as_cuda_events_do() -> None:
+    """The simulation is only evidence if its events behave as ``torch.cuda.Event``'s: never recorded, an event is
+    done (cudaEventQuery has no work to wait for) and has no time (elapsed_time raises); recorded behind queued work,
+    it is done once the device gets there; recorded again, it answers for its latest record."""
+    clock = SimClock(launch_ns=0)
+    never, a, b = clock.event(), clock.event(), clock.event()
+    assert clock.done(never)
+    clock.record(a)
+    with pytest.raises(ValueError, match="recorded"):
+        clock.elapsed_s(never, a)
+    clock.launch(1_000)
+    clock.record(b)
+    assert clock.done(a) and not clock.done(b)
+    clock.sync()
+    assert clock.done(b) and clock.elapsed_s(a, b) == pytest.approx(1e-6)
+    clock.launch(5_000)
+    clock.record(a)  # re-recorded behind new work: not done until the device reaches it
+    assert not clock.done(a)

@@ -261,3 +261,23 @@ def test_a_loop_ending_on_a_report_puts_its_last_device_times_in_the_tail(t: Tel
     tails = [e.attributes for e in events if e.name == "device_timing" and e.attributes.get("tail")]
     counted = sum(u["device_timed_iterations"] + u["device_unresolved_iterations"] for u in updates + tails)
     assert counted == 10 and len(tails) == 1, (updates, tails)
+
+
+def test_cuda_events_answer_as_the_simulation_assumes() -> None:
+    """tests/_device_sim.py is evidence only while its events behave as these do: never recorded, done and without a
+    time; recorded behind queued work, not done until the device gets there (checked without waiting for it first)."""
+    torch.cuda.init()
+    clock = CudaClock(torch)
+    never = torch.cuda.Event(enable_timing=True)
+    assert clock.done(never)
+    a, b = clock.event(), clock.event()
+    torch.cuda.synchronize()
+    clock.record(a)
+    with pytest.raises((ValueError, RuntimeError), match="recorded"):
+        clock.elapsed_s(never, a)
+    x = torch.randn(8192, 8192, device="cuda")
+    _matmuls(x, 20)  # ~0.3 s of device work in float32: far longer than the host takes to the query below
+    clock.record(b)
+    assert not clock.done(b)
+    torch.cuda.synchronize()
+    assert clock.done(a) and clock.done(b) and clock.elapsed_s(a, b) > 0
