@@ -29,11 +29,12 @@ def skip_if_cuda_in_use() -> None:
 
 
 class SimEvent:
-    __slots__ = ("records", "t")
+    __slots__ = ("captured", "records", "t")
 
     def __init__(self) -> None:
         self.t = -1  # device time (on the host clock) at which the device reaches it; -1: never recorded
         self.records = 0
+        self.captured = False  # last recorded while the stream was capturing: CUDA refuses to query or time it
 
 
 class SimClock:
@@ -83,16 +84,21 @@ class SimClock:
             raise self.fail_record
         self.records += 1
         event.records += 1
+        event.captured = self.capturing
         event.t = max(self.host_ns, self.device_free_ns) + self.latency_ns
         self.device_free_ns = event.t
 
     def done(self, event: SimEvent) -> bool:
+        if event.captured:  # cudaErrorCapturedEvent, which torch's Event.query raises
+            raise RuntimeError("operation not permitted on an event last recorded in a capturing stream")
         # as cudaEventQuery (and torch's Event.query): an event never recorded has no work to wait for, so it is done
         return event.t <= self.host_ns
 
     def elapsed_s(self, start: SimEvent, end: SimEvent) -> float:
         if self.fail_reads:
             self.fail_reads -= 1
+            raise RuntimeError("operation not permitted on an event last recorded in a capturing stream")
+        if start.captured or end.captured:
             raise RuntimeError("operation not permitted on an event last recorded in a capturing stream")
         if start.t < 0 or end.t < 0:  # torch's Event.elapsed_time raises so (ValueError)
             raise ValueError("Both events must be recorded before calculating elapsed time.")

@@ -511,3 +511,32 @@ def test_the_simulated_events_answer_as_cuda_events_do() -> None:
     clock.launch(5_000)
     clock.record(a)  # re-recorded behind new work: not done until the device reaches it
     assert not clock.done(a)
+
+
+def test_a_device_span_outside_iterations_records_no_mark_while_capturing(
+    telemetry: Telemetry, read_run: Callable[..., Any], sim: SimClock
+) -> None:
+    """``span(device=True)`` with no iteration open, inside a CUDA graph capture (a captured eval step): no mark on
+    the capturing stream, whose events CUDA would refuse to read -- three such spans used to turn device timing off
+    for the process. Spans and iterations after the capture are timed."""
+    r = _recorder(telemetry, sim)
+    timer = r._device
+    assert timer is not None
+    records = sim.records
+    sim.capturing = True
+    for _ in range(3):
+        with span("captured_eval", device=True):
+            sim.launch(MS)
+    sim.capturing = False
+    assert sim.records == records
+    sim.sync()
+    timer.resolve()
+    assert timer.enabled, timer.failure
+    with span("evaluate", device=True):
+        sim.launch(2 * MS)
+        sim.sync()
+    _step(r, sim, MS, MS, MS)
+    r.on_train_end()
+    assert timer.enabled, timer.failure
+    ups = _updates(read_run, telemetry)
+    assert sum(u["device_timed_iterations"] for u in ups) == 1
