@@ -281,3 +281,35 @@ def test_cuda_events_answer_as_the_simulation_assumes() -> None:
     assert not clock.done(b)
     torch.cuda.synchronize()
     assert clock.done(a) and clock.done(b) and clock.elapsed_s(a, b) > 0
+
+
+def test_a_device_span_inside_a_graph_capture_leaves_device_timing_on(t: Telemetry) -> None:
+    """A captured eval step wrapped in ``span(device=True)`` (no iteration open): no mark on the capturing stream,
+    the capture and its replays work, and device timing stays on for the iterations after it."""
+    from telemetrain.spans import span
+
+    torch.cuda.init()
+    r = _recorder(t, log_every_n_train_iterations=1000)
+    timer = timer_of(t)[0]
+    assert timer is not None
+    x = torch.randn(2048, 2048, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        _matmuls(x, 3)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(3):
+            with span("captured_eval", device=True):
+                y = _matmuls(x, 2)
+    g.replay()
+    for _ in range(3):
+        r.on_training_single_iteration_start()
+        with r.forward():
+            _matmuls(x, 2)
+        r.on_training_single_iteration_end()
+    torch.cuda.synchronize()
+    timer.resolve(1.0)
+    assert timer.enabled, timer.failure
+    assert torch.isfinite(y).all() and timer.take_window().iterations == 3
