@@ -111,6 +111,12 @@ def test_energy_counter_differences_wraps_and_resets() -> None:
     assert c.update(400) == pytest.approx(250.9)
     assert (c.wraps, c.resets) == (0, 1)
     assert c.update(1_400) == pytest.approx(251.9) and c.joules == pytest.approx(251.9)
+    # a step back that is no restart from 0 (a glitch): nothing added, and the next reading counts from the higher one
+    g = units.EnergyCounter()
+    g.update(9_000_000_000)  # 9 MJ since the driver loaded
+    g.update(9_000_010_000)
+    assert g.update(9_000_009_000) == pytest.approx(10.0) and (g.glitches, g.resets) == (1, 0)
+    assert g.update(9_000_012_000) == pytest.approx(12.0)
 
 
 def test_power_integration_is_trapezoidal_and_breaks_at_gaps() -> None:
