@@ -267,9 +267,12 @@ def check_b(torch: Any, job: Job, timer: Any) -> None:
     finally:
         torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()
-    check("B1_no_sync_debug_mode", armed and not error,
+    # the mode is process-wide: a sync in the collector thread's resolution would raise there, contained, and turn
+    # device timing off
+    check("B1_no_sync_debug_mode", armed and not error and timer.enabled,
           "20 instrumented steps under set_sync_debug_mode('error'): " + (f"raised {error!r}" if error else "no sync")
-          + ("" if armed else "; the control .item() did NOT raise: the mode is not armed"), armed=armed)
+          + ("" if armed else "; the control .item() did NOT raise: the mode is not armed")
+          + ("" if timer.enabled else f"; device timing turned OFF: {timer.failure}"), armed=armed)
     # an instrumented step captured into a CUDA graph: the capture fails on a sync, and the timer records nothing
     x = torch.randn(1024, 1024, device="cuda")
     w = torch.randn(1024, 1024, device="cuda")

@@ -113,6 +113,10 @@ def test_no_sync_on_the_instrumented_step(t: Telemetry) -> None:
     finally:
         torch.cuda.set_sync_debug_mode(0)
     r.on_train_end()
+    # the mode is process-wide: a sync in the collector thread's resolution would have raised there, contained, and
+    # turned device timing off
+    timer = t.extensions.get("device_timer")
+    assert isinstance(timer, DeviceTimer) and timer.enabled, getattr(timer, "failure", "")
 
 
 def test_graph_capture_is_not_broken_by_marks_or_by_resolution(t: Telemetry) -> None:
