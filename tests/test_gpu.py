@@ -317,3 +317,35 @@ def test_a_device_span_inside_a_graph_capture_leaves_device_timing_on(t: Telemet
     timer.resolve(1.0)
     assert timer.enabled, timer.failure
     assert torch.isfinite(y).all() and timer.take_window().iterations == 3
+
+
+_CPU_JOB = """
+import sys, torch, telemetrain
+from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
+t = telemetrain.Telemetry(store=sys.argv[1])
+r = TrainingRecorder(TrainingTelemetryConfig(global_batch_size_or_fn=8, flops_per_sample_or_fn=1e9,
+                                             log_every_n_train_iterations=5, warmup_iterations=0), telemetry=t)
+r.on_app_start(); r.on_train_start(0)
+for _ in range(10):
+    r.on_training_single_iteration_start()
+    torch.ones(64, 64) @ torch.ones(64, 64)
+    r.on_training_single_iteration_end()
+r.on_train_end(); r.on_app_end(); t.flush()
+print(torch.cuda.is_initialized())
+print(t.run_dir)
+"""
+
+
+def test_a_cpu_job_on_a_gpu_machine_gets_no_mfu_and_no_cuda_context(tmp_path: Path) -> None:
+    """torch imported, CUDA never initialised by the program: no MFU against the GPU it does not use, and the report
+    does not initialise CUDA to look the GPU's name up (a fresh process: this one has CUDA initialised)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _CPU_JOB, str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    initialised, run = out.stdout.split()
+    assert initialised == "False"
+    updates = [e.attributes for e in open_run(run).records("event") if e.name == "training_metrics_update"]
+    assert updates and all("mfu" not in u and "peak_tflops_per_gpu" not in u for u in updates)
+    assert all("train_throughput_per_gpu" in u for u in updates)
