@@ -540,3 +540,26 @@ def test_a_device_span_outside_iterations_records_no_mark_while_capturing(
     assert timer.enabled, timer.failure
     ups = _updates(read_run, telemetry)
     assert sum(u["device_timed_iterations"] for u in ups) == 1
+
+
+def test_the_host_to_device_phase_has_its_device_metric_as_its_host_one_does(
+    telemetry: Telemetry, read_run: Callable[..., Any], sim: SimClock
+) -> None:
+    """``host_to_device()`` (phase ``h2d``) is device-timed like the others: its attribute and its
+    ``train.phase.device_duration`` series, as the host's ``train.phase.duration`` has one for h2d."""
+    r = _recorder(telemetry, sim)
+    for _ in range(5):
+        r.on_training_single_iteration_start()
+        with r.host_to_device():
+            sim.launch(2 * MS)
+        with r.forward():
+            sim.launch(MS)
+            sim.sync()
+        r.on_training_single_iteration_end()
+    r.on_train_end()
+    ups = _updates(read_run, telemetry)
+    assert _sum(ups, "avg_h2d_device_time_sec") == pytest.approx(5 * 2 * MS / 1e9)
+    metrics = read_run(telemetry, "metric")
+    host = {m.attributes["train.phase"] for m in metrics if m.name == "train.phase.duration"}
+    device = {m.attributes["train.phase"] for m in metrics if m.name == "train.phase.device_duration"}
+    assert "h2d" in host and device == {"h2d", "forward"}
