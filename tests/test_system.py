@@ -488,7 +488,9 @@ def test_nvml_metrics_on_a_real_gpu(t: telemetrain.Telemetry) -> None:
         values = {name: v for (group, name), v in got.items() if group == g}
         if "hw.gpu.utilization" in values:
             assert 0.0 <= values["hw.gpu.utilization"] <= 1.0
-        assert 0 < values["hw.gpu.memory.usage"] <= values["hw.gpu.memory.limit"]
+        # (0 is right on an idle GPU: NVML's v2 "used", as nvidia-smi's, leaves out the driver's reserve, and this
+        # test may run in a process that has no CUDA context)
+        assert 0 <= values["hw.gpu.memory.usage"] <= values["hw.gpu.memory.limit"] and values["hw.gpu.memory.limit"] > 0
         if "hw.power" in values:
             assert 1.0 < values["hw.power"] < 2000.0  # W, not mW
             assert values["hw.power"] <= values.get("hw.gpu.power.limit", 2000.0) * 1.5
