@@ -7,8 +7,9 @@ The model: the host has a virtual clock (``host_ns``, patched in as the marks' c
 ``work`` ns of device work after everything queued so far and costs the host ``launch_ns``; ``host(ns)`` is CPU work;
 ``sync()`` is a synchronising call (``loss.item()``): the host waits until the device has finished. An event
 recorded now completes when the device has executed what was queued before it; ``done`` says whether that moment
-has passed on the host clock. Nothing in the simulation advances the host clock on its own, and ``elapsed_s`` on an
-event not yet reached raises: a timer that read a result it would have had to wait for fails the test.
+has passed on the host clock; as on CUDA, an event never recorded is done, and ``elapsed_s`` on it raises. Nothing in
+the simulation advances the host clock on its own, and ``elapsed_s`` on an event not yet reached raises: a timer that
+read a result it would have had to wait for fails the test.
 """
 
 from __future__ import annotations
@@ -28,11 +29,12 @@ def skip_if_cuda_in_use() -> None:
 
 
 class SimEvent:
-    __slots__ = ("records", "t")
+    __slots__ = ("captured", "records", "t")
 
     def __init__(self) -> None:
         self.t = -1  # device time (on the host clock) at which the device reaches it; -1: never recorded
         self.records = 0
+        self.captured = False  # last recorded while the stream was capturing: CUDA refuses to query or time it
 
 
 class SimClock:
@@ -82,16 +84,24 @@ class SimClock:
             raise self.fail_record
         self.records += 1
         event.records += 1
+        event.captured = self.capturing
         event.t = max(self.host_ns, self.device_free_ns) + self.latency_ns
         self.device_free_ns = event.t
 
     def done(self, event: SimEvent) -> bool:
-        return 0 <= event.t <= self.host_ns
+        if event.captured:  # cudaErrorCapturedEvent, which torch's Event.query raises
+            raise RuntimeError("operation not permitted on an event last recorded in a capturing stream")
+        # as cudaEventQuery (and torch's Event.query): an event never recorded has no work to wait for, so it is done
+        return event.t <= self.host_ns
 
     def elapsed_s(self, start: SimEvent, end: SimEvent) -> float:
         if self.fail_reads:
             self.fail_reads -= 1
             raise RuntimeError("operation not permitted on an event last recorded in a capturing stream")
+        if start.captured or end.captured:
+            raise RuntimeError("operation not permitted on an event last recorded in a capturing stream")
+        if start.t < 0 or end.t < 0:  # torch's Event.elapsed_time raises so (ValueError)
+            raise ValueError("Both events must be recorded before calculating elapsed time.")
         if not (self.done(start) and self.done(end)):
             raise RuntimeError("elapsed_s on an event not completed: the timer would have had to wait")
         return (end.t - start.t) / 1e9

@@ -491,3 +491,75 @@ def test_a_loop_ending_right_after_a_report_keeps_its_last_device_times(
     r.on_train_end()
     tails = [e for e in read_run(telemetry, "event") if e.name == "device_timing" and e.attributes.get("tail")]
     assert len(tails) == 1
+
+
+def test_the_simulated_events_answer_as_cuda_events_do() -> None:
+    """The simulation is only evidence if its events behave as ``torch.cuda.Event``'s: never recorded, an event is
+    done (cudaEventQuery has no work to wait for) and has no time (elapsed_time raises); recorded behind queued work,
+    it is done once the device gets there; recorded again, it answers for its latest record."""
+    clock = SimClock(launch_ns=0)
+    never, a, b = clock.event(), clock.event(), clock.event()
+    assert clock.done(never)
+    clock.record(a)
+    with pytest.raises(ValueError, match="recorded"):
+        clock.elapsed_s(never, a)
+    clock.launch(1_000)
+    clock.record(b)
+    assert clock.done(a) and not clock.done(b)
+    clock.sync()
+    assert clock.done(b) and clock.elapsed_s(a, b) == pytest.approx(1e-6)
+    clock.launch(5_000)
+    clock.record(a)  # re-recorded behind new work: not done until the device reaches it
+    assert not clock.done(a)
+
+
+def test_a_device_span_outside_iterations_records_no_mark_while_capturing(
+    telemetry: Telemetry, read_run: Callable[..., Any], sim: SimClock
+) -> None:
+    """``span(device=True)`` with no iteration open, inside a CUDA graph capture (a captured eval step): no mark on
+    the capturing stream, whose events CUDA would refuse to read -- three such spans used to turn device timing off
+    for the process. Spans and iterations after the capture are timed."""
+    r = _recorder(telemetry, sim)
+    timer = r._device
+    assert timer is not None
+    records = sim.records
+    sim.capturing = True
+    for _ in range(3):
+        with span("captured_eval", device=True):
+            sim.launch(MS)
+    sim.capturing = False
+    assert sim.records == records
+    sim.sync()
+    timer.resolve()
+    assert timer.enabled, timer.failure
+    with span("evaluate", device=True):
+        sim.launch(2 * MS)
+        sim.sync()
+    _step(r, sim, MS, MS, MS)
+    r.on_train_end()
+    assert timer.enabled, timer.failure
+    ups = _updates(read_run, telemetry)
+    assert sum(u["device_timed_iterations"] for u in ups) == 1
+
+
+def test_the_host_to_device_phase_has_its_device_metric_as_its_host_one_does(
+    telemetry: Telemetry, read_run: Callable[..., Any], sim: SimClock
+) -> None:
+    """``host_to_device()`` (phase ``h2d``) is device-timed like the others: its attribute and its
+    ``train.phase.device_duration`` series, as the host's ``train.phase.duration`` has one for h2d."""
+    r = _recorder(telemetry, sim)
+    for _ in range(5):
+        r.on_training_single_iteration_start()
+        with r.host_to_device():
+            sim.launch(2 * MS)
+        with r.forward():
+            sim.launch(MS)
+            sim.sync()
+        r.on_training_single_iteration_end()
+    r.on_train_end()
+    ups = _updates(read_run, telemetry)
+    assert _sum(ups, "avg_h2d_device_time_sec") == pytest.approx(5 * 2 * MS / 1e9)
+    metrics = read_run(telemetry, "metric")
+    host = {m.attributes["train.phase"] for m in metrics if m.name == "train.phase.duration"}
+    device = {m.attributes["train.phase"] for m in metrics if m.name == "train.phase.device_duration"}
+    assert "h2d" in host and device == {"h2d", "forward"}

@@ -113,6 +113,10 @@ def test_no_sync_on_the_instrumented_step(t: Telemetry) -> None:
     finally:
         torch.cuda.set_sync_debug_mode(0)
     r.on_train_end()
+    # the mode is process-wide: a sync in the collector thread's resolution would have raised there, contained, and
+    # turned device timing off
+    timer = t.extensions.get("device_timer")
+    assert isinstance(timer, DeviceTimer) and timer.enabled, getattr(timer, "failure", "")
 
 
 def test_graph_capture_is_not_broken_by_marks_or_by_resolution(t: Telemetry) -> None:
@@ -261,3 +265,87 @@ def test_a_loop_ending_on_a_report_puts_its_last_device_times_in_the_tail(t: Tel
     tails = [e.attributes for e in events if e.name == "device_timing" and e.attributes.get("tail")]
     counted = sum(u["device_timed_iterations"] + u["device_unresolved_iterations"] for u in updates + tails)
     assert counted == 10 and len(tails) == 1, (updates, tails)
+
+
+def test_cuda_events_answer_as_the_simulation_assumes() -> None:
+    """tests/_device_sim.py is evidence only while its events behave as these do: never recorded, done and without a
+    time; recorded behind queued work, not done until the device gets there (checked without waiting for it first)."""
+    torch.cuda.init()
+    clock = CudaClock(torch)
+    never = torch.cuda.Event(enable_timing=True)
+    assert clock.done(never)
+    a, b = clock.event(), clock.event()
+    torch.cuda.synchronize()
+    clock.record(a)
+    with pytest.raises((ValueError, RuntimeError), match="recorded"):
+        clock.elapsed_s(never, a)
+    x = torch.randn(8192, 8192, device="cuda")
+    _matmuls(x, 20)  # ~0.3 s of device work in float32: far longer than the host takes to the query below
+    clock.record(b)
+    assert not clock.done(b)
+    torch.cuda.synchronize()
+    assert clock.done(a) and clock.done(b) and clock.elapsed_s(a, b) > 0
+
+
+def test_a_device_span_inside_a_graph_capture_leaves_device_timing_on(t: Telemetry) -> None:
+    """A captured eval step wrapped in ``span(device=True)`` (no iteration open): no mark on the capturing stream,
+    the capture and its replays work, and device timing stays on for the iterations after it."""
+    from telemetrain.spans import span
+
+    torch.cuda.init()
+    r = _recorder(t, log_every_n_train_iterations=1000)
+    timer = timer_of(t)[0]
+    assert timer is not None
+    x = torch.randn(2048, 2048, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        _matmuls(x, 3)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(3):
+            with span("captured_eval", device=True):
+                y = _matmuls(x, 2)
+    g.replay()
+    for _ in range(3):
+        r.on_training_single_iteration_start()
+        with r.forward():
+            _matmuls(x, 2)
+        r.on_training_single_iteration_end()
+    torch.cuda.synchronize()
+    timer.resolve(1.0)
+    assert timer.enabled, timer.failure
+    assert torch.isfinite(y).all() and timer.take_window().iterations == 3
+
+
+_CPU_JOB = """
+import sys, torch, telemetrain
+from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
+t = telemetrain.Telemetry(store=sys.argv[1])
+r = TrainingRecorder(TrainingTelemetryConfig(global_batch_size_or_fn=8, flops_per_sample_or_fn=1e9,
+                                             log_every_n_train_iterations=5, warmup_iterations=0), telemetry=t)
+r.on_app_start(); r.on_train_start(0)
+for _ in range(10):
+    r.on_training_single_iteration_start()
+    torch.ones(64, 64) @ torch.ones(64, 64)
+    r.on_training_single_iteration_end()
+r.on_train_end(); r.on_app_end(); t.flush()
+print(torch.cuda.is_initialized())
+print(t.run_dir)
+"""
+
+
+def test_a_cpu_job_on_a_gpu_machine_gets_no_mfu_and_no_cuda_context(tmp_path: Path) -> None:
+    """torch imported, CUDA never initialised by the program: no MFU against the GPU it does not use, and the report
+    does not initialise CUDA to look the GPU's name up (a fresh process: this one has CUDA initialised)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _CPU_JOB, str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    initialised, run = out.stdout.split()
+    assert initialised == "False"
+    updates = [e.attributes for e in open_run(run).records("event") if e.name == "training_metrics_update"]
+    assert updates and all("mfu" not in u and "peak_tflops_per_gpu" not in u for u in updates)
+    assert all("train_throughput_per_gpu" in u for u in updates)

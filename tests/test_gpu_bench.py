@@ -5,6 +5,8 @@ are right. The bench itself is the GPU check (BENCHMARKS.md, "GPU truth")."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -73,3 +75,29 @@ def test_datasheet_peaks_by_device_name() -> None:
     assert b.datasheet_peak("NVIDIA H100 NVL") == 835.5
     assert b.datasheet_peak("NVIDIA H200") == 989.5
     assert b.datasheet_peak("NVIDIA A100-SXM4-80GB") is None
+
+
+def test_without_cuda_the_json_says_why_nothing_was_measured(tmp_path: Path) -> None:
+    """A script that collects ``--json`` finds the reason in it, not a missing file (exit status 2 as before)."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: run the bench itself (python bench/bench_gpu.py)")
+    out_json = tmp_path / "gpu.json"
+    out = subprocess.run([sys.executable, str(BENCH), "--steps", "150", "--cost-blocks", "5", "--json", str(out_json)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and out.stdout == ""
+    got = json.loads(out_json.read_text())
+    assert list(got) == ["skipped"] and "needs a CUDA device" in got["skipped"]
+
+
+def test_nvidia_smi_fields_are_parsed_one_by_one() -> None:
+    """nvidia-smi prints "[N/A]" for a value a board does not report: that value is NaN (a mismatch), the others are
+    still compared; a line with the wrong number of values, or no line (an unknown -i), gives nothing."""
+    b = _bench()
+    got = b.parse_smi("4593, 81559, 685.52, 700.00, 1980, 48\n")
+    assert got == {"memory.used": 4593.0, "memory.total": 81559.0, "power.draw": 685.52, "power.limit": 700.0,
+                   "clocks.sm": 1980.0, "temperature.gpu": 48.0}
+    partial = b.parse_smi("4593, 81559, [N/A], 700.00, 1980, 48")
+    assert partial is not None and math.isnan(partial["power.draw"]) and partial["memory.used"] == 4593.0
+    assert b.parse_smi("4593, 81559") is None and b.parse_smi("") is None
+    assert b.parse_smi("1, 2, 3, 4, 5, 6\n1, 2, 3, 4, 5, 6\n") is None  # two GPUs: not the one asked for

@@ -96,9 +96,10 @@ class GpuEnergy:
         handles, uuids = listed
         choices, reason = select_gpus(uuids, requested=wanted, cuda_visible=os.environ.get("CUDA_VISIBLE_DEVICES"),
                                       local_rank=None, torch_device=None)
-        self.gpus = [_Gpu(handles[c.nvml_index], c.uuid) for c in choices]
+        self.gpus = [_Gpu(handles[c.nvml_index], c.uuid) for c in choices if handles[c.nvml_index] is not None]
         if not self.gpus:
-            self.reason = reason or "no GPU selected"
+            self.reason = reason or ("NVML cannot open this process's GPU (lost, or not this process's to read)"
+                                     if choices else "no GPU selected")
 
     @property
     def uuids(self) -> list[str]:

@@ -35,9 +35,11 @@ _SW_THERMAL = 0x20
 _HW_THERMAL = 0x40
 _HW_POWER_BRAKE = 0x80
 
-# NVML return codes after which a call is not repeated on that device
+# NVML return codes after which a call is not repeated on that device (FUNCTION_NOT_FOUND: nvidia-ml-py is newer than
+# the driver, whose libnvidia-ml lacks the function)
 _NOT_SUPPORTED = 3
 _NO_PERMISSION = 4
+_FUNCTION_NOT_FOUND = 13
 
 _MISSING = object()
 
@@ -47,13 +49,25 @@ def _text(value: Any) -> str:
 
 
 def list_gpus(nvml: Any) -> tuple[list[Any], list[str]] | str:
-    """Every GPU NVML sees: (handles, UUIDs) in NVML's order, or why they could not be listed."""
+    """Every GPU NVML sees: (handles, UUIDs) in NVML's order, or why they could not be listed. A GPU NVML counts and
+    cannot open (fallen off the bus, ``NVML_ERROR_GPU_IS_LOST``; not this job's under a cgroup device limit,
+    ``NVML_ERROR_NO_PERMISSION``: nvidia-smi prints "Unable to determine the device handle" for it) keeps its place
+    with handle None and UUID "", so that the others -- this rank's among them -- are still sampled."""
     try:
         count = int(nvml.nvmlDeviceGetCount())
-        handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-        return handles, [_text(nvml.nvmlDeviceGetUUID(h)) for h in handles]
     except Exception as exc:  # noqa: BLE001
         return f"NVML could not list the GPUs ({type(exc).__name__}: {exc})"
+    handles: list[Any] = []
+    uuids: list[str] = []
+    for i in range(count):
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(i)
+            uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+        except Exception:  # noqa: BLE001 - that one GPU is not readable; the choice of GPUs says so if it is ours
+            handle, uuid = None, ""
+        handles.append(handle)
+        uuids.append(uuid)
+    return handles, uuids
 
 
 class _Device:
@@ -85,6 +99,7 @@ class NvmlSource:
         # has no GPU must sample nothing rather than fail (issue 15 item 1: a warning on every newcomer's first demo)
         self._nv: Any = None
         self._memory_v1 = False  # nvmlDeviceGetMemoryInfo_v2 failed once: v1 from then on
+        self._throttle_old = False  # the driver has no nvmlDeviceGetCurrentClocksEventReasons: the deprecated name
         if nvml is _MISSING:
             try:
                 nvml = importlib.import_module("pynvml")
@@ -120,6 +135,9 @@ class NvmlSource:
             torch_device=current_device(),
         )
         for choice in choices:
+            if handles[choice.nvml_index] is None:
+                self.reason = f"NVML cannot open GPU {choice.nvml_index} (lost, or not this process's to read)"
+                continue
             device = _Device(choice, handles[choice.nvml_index])
             for attr, fn in (("name", nvml.nvmlDeviceGetName), ("pci_bus_id", self._bus_id)):
                 try:
@@ -162,7 +180,7 @@ class NvmlSource:
         try:
             return fn(device.handle)
         except Exception as exc:  # noqa: BLE001 - contained: absent this cycle (or for good, if unsupported)
-            if getattr(exc, "value", None) in (_NOT_SUPPORTED, _NO_PERMISSION):
+            if getattr(exc, "value", None) in (_NOT_SUPPORTED, _NO_PERMISSION, _FUNCTION_NOT_FOUND):
                 device.unsupported.add(what)
             else:
                 cycle.fail(f"nvml.{what} gpu {device.choice.nvml_index}", exc)
@@ -252,8 +270,18 @@ class NvmlSource:
         return self._nv.nvmlDeviceGetClockInfo(handle, self._nv.NVML_CLOCK_MEM)
 
     def _throttle(self, handle: Any) -> Any:
-        fn = getattr(self._nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
-        return (fn or self._nv.nvmlDeviceGetCurrentClocksThrottleReasons)(handle)
+        """``nvmlDeviceGetCurrentClocksEventReasons`` (driver 535 and later), else its deprecated name: nvidia-ml-py
+        has the new function whatever the driver, and an older driver's library answers it FUNCTION_NOT_FOUND."""
+        nv = self._nv
+        fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        if fn is not None and not self._throttle_old:
+            try:
+                return fn(handle)
+            except Exception as exc:
+                if getattr(exc, "value", None) != _FUNCTION_NOT_FOUND:
+                    raise
+                self._throttle_old = True
+        return nv.nvmlDeviceGetCurrentClocksThrottleReasons(handle)
 
     def _ecc_corrected(self, handle: Any) -> Any:
         nv = self._nv

@@ -70,18 +70,22 @@ def ratio(part: float | None, whole: float | None) -> float | None:
 class EnergyCounter:
     """Joules consumed since the first reading of a cumulative mJ counter (NVML's total energy since driver load).
 
-    The counter can go backwards in two ways. A wrap of the unsigned 64-bit counter (a reading just above 0 after one
-    near 2**64) adds the distance through the wrap. A reset (driver reload, GPU reset: the counter restarts from 0)
-    adds the new reading itself, the energy since the reset; what was consumed between the last reading and the reset
-    is lost, and ``resets`` counts such events. A decrease that is neither (a glitch) is counted as a reset too."""
+    The counter can go backwards in three ways. A wrap of the unsigned 64-bit counter (a reading just above 0 after one
+    near 2**64) adds the distance through the wrap. A reset (driver reload, GPU reset: the counter restarts from 0,
+    so the reading is far below the last: under half of it) adds the new reading itself, the energy since the reset;
+    what was consumed between the last reading and the reset is lost, and ``resets`` counts such events. A small step
+    back (a glitch: above half the last reading) adds nothing and is counted in ``glitches``; the last reading stays
+    the reference, so the next one counts from it -- adding the whole counter (energy since the driver loaded, often
+    megajoules) as a reset would have been a spike of that size."""
 
-    __slots__ = ("_last_mj", "_total_mj", "resets", "wraps")
+    __slots__ = ("_last_mj", "_total_mj", "glitches", "resets", "wraps")
 
     def __init__(self) -> None:
         self._last_mj: int | None = None
         self._total_mj = 0
         self.resets = 0
         self.wraps = 0
+        self.glitches = 0
 
     def update(self, reading_mj: int) -> float:
         """Feed one reading (mJ); returns joules since the first reading."""
@@ -92,6 +96,9 @@ class EnergyCounter:
             elif last > COUNTER_WRAP // 2 and reading_mj < COUNTER_WRAP // 2:
                 self.wraps += 1
                 self._total_mj += COUNTER_WRAP - last + reading_mj
+            elif reading_mj > last // 2:
+                self.glitches += 1
+                return self._total_mj / 1000.0
             else:
                 self.resets += 1
                 self._total_mj += reading_mj

@@ -36,7 +36,8 @@ The device clock is an interface (``device_clock.DeviceClock``) so that the book
 class that records marks, and which timer a Telemetry uses, are in ``device_spans``; a slot, its reading and the
 window are in ``device_slots``. Streams other than the current one at each mark are out of scope: work a program
 queues on a side stream is timed only as far as the current stream waits for it. Marks are not recorded while the
-current stream is being captured into a CUDA graph (that iteration counts as unresolved).
+current stream is being captured into a CUDA graph (that iteration counts as unresolved; a device span begun outside
+any iteration then is timed on the host only).
 
 Failures never reach training: a clock call that raises is counted, warned about once, recorded as an ``error``
 event (group ``training``) and turns device timing off for the rest of the process.
@@ -309,6 +310,8 @@ class DeviceTimer:
             if stack:
                 slot = stack[-1]
             else:
+                if not self._begin():  # capturing a CUDA graph (a captured eval step): CUDA could not read a mark
+                    return  # recorded now, and would refuse to for the rest of the slot
                 taken = self._take()
                 if taken is None:
                     return

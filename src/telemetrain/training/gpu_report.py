@@ -10,11 +10,11 @@ import sys
 from typing import Any, Protocol
 
 from ..dispatch import describe
-from ..phase_times import PHASES
 from ..semconv import TRAIN_PHASE
 from ..telemetry import Telemetry
 from .device_spans import timer_of
 from .device_timing import FINAL_WAIT_S, DeviceTimer
+from .names import PHASES
 
 __all__ = ["METRICS", "EnergySource", "GpuReport", "start_gpu_report"]
 
@@ -22,7 +22,8 @@ __all__ = ["METRICS", "EnergySource", "GpuReport", "start_gpu_report"]
 # one series per ``train.phase``, like the host's ``train.phase.duration``
 METRICS: dict[str, tuple[str, str, dict[str, str] | None, float]] = {
     "avg_iteration_device_time_sec": ("train.iteration_time.device.mean", "s", None, 1.0),
-    **{f"avg_{p}_device_time_sec": ("train.phase.device_duration", "s", {TRAIN_PHASE: p}, 1.0) for p in PHASES},
+    **{f"avg_{p}_device_time_sec": ("train.phase.device_duration", "s", {TRAIN_PHASE: p}, 1.0)
+       for p in PHASES.values()},
     "avg_stall_time_sec": ("train.stall_time", "s", None, 1.0),
     "window_energy_J": ("train.energy_J", "J", None, 1.0),
     "energy_per_sample_J": ("train.energy_per_sample_J", "J", None, 1.0),

@@ -34,9 +34,12 @@ class PhaseSpans(RecorderBase):
         return DeviceSpan(self.tracer, S.DATA_LOADING, GROUP, None)
 
     def host_to_device(self) -> Span:
-        """Copying the batch to the device (phase ``h2d``; ours: one-logger has no such span)."""
+        """Copying the batch to the device (phase ``h2d``; ours: one-logger has no such span). Timed on the device too:
+        a ``non_blocking`` copy returns at once on the host, and its transfer would otherwise be in no phase."""
         self.phase = (S.HOST_TO_DEVICE, _mono())
-        return self.tracer.span(S.HOST_TO_DEVICE, group=GROUP)
+        if self._device is None or self._device.sampled_out:
+            return self.tracer.span(S.HOST_TO_DEVICE, group=GROUP)
+        return DeviceSpan(self.tracer, S.HOST_TO_DEVICE, GROUP, None)
 
     def forward(self) -> Span:
         self.phase = (S.MODEL_FORWARD, _mono())

@@ -46,8 +46,14 @@ class ReportCapture(RecorderBase):
         if config is not None and config.peak_tflops_per_gpu:
             return explicit_peak(config.peak_tflops_per_gpu, config.device_name or "explicit")
         device = config.device_name if config else None
-        if device is None and sys.modules.get("torch") is None:
-            return None  # no torch loaded, so no CUDA device to look up: no MFU (importing torch here would stall)
+        if device is None:
+            torch = sys.modules.get("torch")
+            if torch is None:
+                return None  # no torch loaded, so no CUDA device to look up: no MFU (importing torch here would stall)
+            if not torch.cuda.is_initialized():
+                # the program runs on no GPU (a CPU job on a GPU machine): no MFU against a GPU it does not use, and
+                # no CUDA context made here (get_device_name initialises CUDA: device memory, and a fork hazard)
+                return None
         return peak_tflops(device, config.dtype if config else "bfloat16")
 
     def _schedule_report(self) -> None:
