@@ -326,9 +326,10 @@ t = telemetrain.Telemetry(store=sys.argv[1])
 r = TrainingRecorder(TrainingTelemetryConfig(global_batch_size_or_fn=8, flops_per_sample_or_fn=1e9,
                                              log_every_n_train_iterations=5, warmup_iterations=0), telemetry=t)
 r.on_app_start(); r.on_train_start(0)
+device = sys.argv[2]
 for _ in range(10):
     r.on_training_single_iteration_start()
-    torch.ones(64, 64) @ torch.ones(64, 64)
+    torch.ones(64, 64, device=device) @ torch.ones(64, 64, device=device)  # (CUDA initialised only in the loop)
     r.on_training_single_iteration_end()
 r.on_train_end(); r.on_app_end(); t.flush()
 print(torch.cuda.is_initialized())
@@ -342,10 +343,23 @@ def test_a_cpu_job_on_a_gpu_machine_gets_no_mfu_and_no_cuda_context(tmp_path: Pa
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-c", _CPU_JOB, str(tmp_path)], capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", _CPU_JOB, str(tmp_path / "cpu"), "cpu"], capture_output=True,
+                         text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     initialised, run = out.stdout.split()
     assert initialised == "False"
     updates = [e.attributes for e in open_run(run).records("event") if e.name == "training_metrics_update"]
     assert updates and all("mfu" not in u and "peak_tflops_per_gpu" not in u for u in updates)
     assert all("train_throughput_per_gpu" in u for u in updates)
+    # the same job whose work reaches the GPU only after on_train_start: the peak is looked up again, MFU comes
+    from telemetrain.training.flops import peak_tflops
+
+    if peak_tflops(torch.cuda.get_device_name(0), "bfloat16") is None:
+        return  # a GPU the peak table does not hold: no MFU either way
+    out = subprocess.run([sys.executable, "-c", _CPU_JOB, str(tmp_path / "gpu"), "cuda"], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    initialised, run = out.stdout.split()
+    assert initialised == "True"
+    updates = [e.attributes for e in open_run(run).records("event") if e.name == "training_metrics_update"]
+    assert updates and all("mfu" in u and u["peak_tflops_per_gpu"] > 0 for u in updates)

@@ -52,7 +52,9 @@ class ReportCapture(RecorderBase):
                 return None  # no torch loaded, so no CUDA device to look up: no MFU (importing torch here would stall)
             if not torch.cuda.is_initialized():
                 # the program runs on no GPU (a CPU job on a GPU machine): no MFU against a GPU it does not use, and
-                # no CUDA context made here (get_device_name initialises CUDA: device memory, and a fork hazard)
+                # no CUDA context made here (get_device_name initialises CUDA: device memory, and a fork hazard).
+                # Asked again at the next report: a model moved to the GPU after on_train_start initialises it then.
+                self._peak_resolved = False
                 return None
         return peak_tflops(device, config.dtype if config else "bfloat16")
 
