@@ -11,7 +11,6 @@ unit test).
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -179,16 +178,14 @@ def test_the_host_never_waits_for_a_lagging_device(t: Telemetry) -> None:
     r = _recorder(t, log_every_n_train_iterations=1000)
     x = torch.randn(8192, 8192, device="cuda")
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
     for _ in range(12):
         r.on_training_single_iteration_start()
         with r.forward():
             x = _matmuls(x, 10)
         r.on_training_single_iteration_end()
-    host_s = time.perf_counter() - t0
+    # the host ran ahead: the device still has the loop's work queued (a sync in the loop would have drained it)
+    assert not torch.cuda.current_stream().query()
     torch.cuda.synchronize()
-    device_s = time.perf_counter() - t0
-    assert host_s < device_s / 2  # the host ran ahead: nothing in the loop waited for the device
     timer.resolve()
     w = timer.take_window()
     assert w.unresolved == 8 and w.iterations == 4
