@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -368,6 +370,40 @@ def test_a_failing_exporter_is_counted_and_training_goes_on(tmp_path: Path) -> N
     # the run store is whole: training and its other sink never saw the failure
     assert len(open_run(run_dir_of(t)).records("span_end")) == 3
     assert len(open_run(run_dir_of(t)).records("metric")) == 3
+
+
+def test_a_collector_that_never_answers_does_not_outlast_close(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # The default OTLP exporters, against a collector that takes the connection and never answers: each export gives
+    # up at export_timeout, 1 s (the exporters' own default, 10 s, would keep the final flush past close's 5 s, and the
+    # sink would be abandoned with its thread still running).
+    pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
+    for var in ("", "_TRACES", "_METRICS"):
+        monkeypatch.delenv(f"OTEL_EXPORTER_OTLP{var}_TIMEOUT", raising=False)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)  # connections complete in the kernel's backlog; nothing reads or answers them
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{silent.getsockname()[1]}")
+        t = Telemetry(store=tmp_path)
+        sink = OTelSink()
+        assert sink.export_timeout == 1.0
+        t.add_sink(sink)
+        tr = Tracer(t)
+        with pytest.warns(RuntimeWarning, match="otel"):
+            for step in range(3):
+                with tr.span("iteration"):
+                    t.metric("loss", 1.0 / (step + 1), group="train")
+            t.close()
+    health = next(s for s in t.health()["sinks"] if s["sink"] == "otel")
+    assert health["abandoned"] is False and health["failures"] >= 1
+    assert "OTLPSpanExporter failed" in health["last_error"] or "OTLPMetricExporter failed" in health["last_error"]
+    assert [th.name for th in threading.enumerate() if th.name.startswith("telemetrain-otel")] == []
+    assert len(open_run(run_dir_of(t)).records("span_end")) == 3
+
+
+def test_export_timeout_is_checked() -> None:
+    with pytest.raises(ValueError, match="export_timeout"):
+        OTelSink(span_exporter=InMemorySpanExporter(), metric_exporter=_CapturingMetrics(), export_timeout=0)
 
 
 def test_without_the_sdk_one_import_error_names_the_extra() -> None:
