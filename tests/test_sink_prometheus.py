@@ -67,15 +67,17 @@ def only(samples: dict[str, list[Any]], name: str) -> float:
 
 
 @contextlib.contextmanager
-def prometheus_server(tmp_path: Path, *target_ports: int) -> Iterator[str]:
-    """Start Debian's ``prometheus`` scraping 127.0.0.1:<each target port> every second; yield its base URL."""
+def prometheus_server(tmp_path: Path, *target_ports: int, honor_labels: bool = False) -> Iterator[str]:
+    """Start Debian's ``prometheus`` scraping 127.0.0.1:<each target port> every second; yield its base URL.
+    ``honor_labels``: as the docs configure a Pushgateway's scrape."""
     assert PROMETHEUS is not None
     config = tmp_path / "prometheus.yml"
     targets = ", ".join(f"'127.0.0.1:{port}'" for port in target_ports)
     config.write_text(
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-        "scrape_configs:\n  - job_name: telemetrain\n    static_configs:\n"
-        f"      - targets: [{targets}]\n"
+        "scrape_configs:\n  - job_name: telemetrain\n"
+        + ("    honor_labels: true\n" if honor_labels else "")
+        + f"    static_configs:\n      - targets: [{targets}]\n"
     )
     port = free_port()
     with _serve([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
@@ -447,7 +449,7 @@ def test_a_real_prometheus_scrapes_metrics_stats_and_the_training_report(tmp_pat
             assert labels == {"__name__": "telemetrain_loss", "rank": "0", "job": "telemetrain",
                               "instance": f"127.0.0.1:{sink.port}"}  # no identity labels, no step: constant series
             # the identity, joined in by the info metric
-            join = "telemetrain_loss * on(instance) group_left(run_id, perf_tag) telemetrain_run_info"
+            join = "telemetrain_loss * on(instance, rank) group_left(run_id, perf_tag) telemetrain_run_info"
             (joined,) = wait_for(prom, join)
             assert (joined["metric"]["run_id"], joined["metric"]["perf_tag"]) == ("run-a", "bs32")
 
@@ -487,6 +489,32 @@ def test_a_real_prometheus_scrapes_metrics_stats_and_the_training_report(tmp_pat
                            for n in names), names
             kinds = {r["metric"]["kind"] for r in wait_for(prom, "telemetrain_records_total")}
             assert {"metric", "stat", "event", "span_start", "span_end"} <= kinds
+    finally:
+        t.close()
+
+
+@pytest.mark.skipif(PROMETHEUS is None, reason="the prometheus binary is absent (Debian: apt-get install prometheus)")
+def test_the_documented_info_join_works_when_the_rank_is_set_after_start(tmp_path: Path) -> None:
+    """A process whose rank is set once the process group is up (``set_identity(rank=...)``) serves an info series
+    per identity; the join the docs show must match each series with its own, not fail as many-to-many."""
+    join = "* on(instance, rank) group_left(run_id, perf_tag) telemetrain_run_info"
+    doc = (Path(__file__).parents[1] / "docs" / "backends" / "prometheus.md").read_text()
+    assert f"telemetrain_train_mfu_ratio {join}" in doc
+    t = Telemetry(identity_from_env(**IDENTITY), store=False)
+    sink = PrometheusSink(port=0)
+    t.add_sink(sink)
+    try:
+        t.metric("loss", 3.0)
+        t.set_identity(rank=1, world_size=2, perf_tag="bs64")
+        t.metric("loss", 2.0)
+        assert t.flush()
+        assert len(scrape(sink.port or 0)["telemetrain_run_info"]) == 2
+        with prometheus_server(tmp_path, sink.port or 0) as prom:
+            wait_for(prom, "telemetrain_run_info")
+            joined = wait_for(prom, f"telemetrain_loss {join}")
+            got = {(r["metric"]["rank"], r["metric"]["perf_tag"], r["metric"]["run_id"], float(r["value"][1]))
+                   for r in joined}
+            assert got == {("0", "bs32", "run-a", 3.0), ("1", "bs64", "run-a", 2.0)}
     finally:
         t.close()
 
@@ -662,6 +690,29 @@ def test_each_rank_is_its_own_group_and_the_endpoint_still_serves(tmp_path: Path
         finally:
             t.close()
         assert sink.push_error is None and not sink.serving
+
+
+@needs_pushgateway
+@pytest.mark.skipif(PROMETHEUS is None, reason="the prometheus binary is absent (Debian: apt-get install prometheus)")
+def test_the_documented_info_join_through_a_pushgateway(tmp_path: Path) -> None:
+    """Scraped from the gateway (``honor_labels: true``, as documented), two runs' rank 0 groups: every series has
+    ``instance=""``, so the join the docs give for the gateway matches on ``run_id`` and ``rank``."""
+    join = "* on(run_id, rank) group_left(perf_tag) telemetrain_run_info"
+    doc = (Path(__file__).parents[1] / "docs" / "backends" / "prometheus.md").read_text()
+    assert "join `on(run_id, rank) group_left(perf_tag)` there" in doc
+    with pushgateway(tmp_path) as gateway:
+        for run_id, perf_tag, loss in (("run-a", "bs32", 3.0), ("run-b", "bs64", 2.0)):  # a run, then its restart
+            t = Telemetry(identity_from_env(**{**IDENTITY, "run_id": run_id, "perf_tag": perf_tag}), store=False)
+            t.add_sink(PrometheusSink(push_to=gateway, serve=False))
+            t.metric("loss", loss)
+            t.close()
+        gateway_port = int(gateway.rsplit(":", 1)[1])
+        with prometheus_server(tmp_path, gateway_port, honor_labels=True) as prom:
+            wait_for(prom, "telemetrain_run_info")
+            joined = wait_for(prom, f"telemetrain_loss {join}")
+            got = {(m["run_id"], m["perf_tag"], m.get("instance", ""), float(r["value"][1]))
+                   for r in joined for m in [r["metric"]]}
+            assert got == {("run-a", "bs32", "", 3.0), ("run-b", "bs64", "", 2.0)}
 
 
 def test_a_pushgateway_that_is_down_is_counted_and_training_goes_on(tmp_path: Path) -> None:

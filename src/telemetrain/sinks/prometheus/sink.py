@@ -84,9 +84,10 @@ class PrometheusSink(Sink):
     series are refused and counted (``telemetrain_prometheus_dropped_series_total``, one warning).
 
     Series carry the label ``rank`` and the record's attributes; the rest of the run identity is in the info metric
-    ``telemetrain_run_info{run_id=..., session_tag=..., ...} 1`` (join on ``instance`` or ``rank``), so a restart
-    does not start a new set of every series. Stats are histograms (with the ``histogram`` aggregation) or
-    summaries; values are served in base units (``ms`` -> seconds); a unit that is not UCUM is warned about once.
+    ``telemetrain_run_info{run_id=..., session_tag=..., ...} 1`` (join ``on(instance, rank)``: a rank set after
+    start leaves one info series per identity), so a restart does not start a new set of every series. Stats are
+    histograms (with the ``histogram`` aggregation) or summaries; values are served in base units (``ms`` ->
+    seconds); a unit that is not UCUM is warned about once.
 
     The server starts here. If it cannot bind (the port is taken), nothing is raised here: each ``write`` retries the
     bind and raises while it fails, so the dispatcher counts the failure, reports it and backs off (training goes
@@ -239,7 +240,7 @@ class PrometheusSink(Sink):
         table = self._table
         label_id = self._label_ids[identity] = table.label_id({"rank": str(identity.rank)}, group)
         info = table.label_id(_info_labels(identity), group)
-        table.set(RUN_INFO, "info", "the run identity of this process (join on instance or rank)", info, 1.0)
+        table.set(RUN_INFO, "info", "the run identity of this process (join on instance and rank)", info, 1.0)
         return label_id
 
     def _attribute_labels(self, identity: Identity, attributes: dict[str, Any]) -> int:
