@@ -164,6 +164,8 @@ def wait_for(base: str, promql: str) -> list[Any]:
 )
 def test_metric_names(name: str, unit: str, expected: str) -> None:
     assert metric_name(name, unit) == expected
+    if expected.startswith("telemetrain_"):  # (a semantic convention's name with _total is another, ours, name)
+        assert metric_name(name + "_total", unit, counter=True) == expected  # a counter's _total: once, added last
     assert re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", expected)
 
 
@@ -258,6 +260,31 @@ def test_mapping_on_the_endpoint(tmp_path: Path) -> None:
     finally:
         t.close()
     assert not sink.serving
+
+
+def test_a_counter_whose_name_ends_in_total_gets_one_total() -> None:
+    """Names that end in ``_total`` are counters (``cumulative.is_cumulative``); the suffix is not doubled, with or
+    without a unit suffix between (``io.bytes_total`` in ``By``: ``telemetrain_io_bytes_total``)."""
+    t = Telemetry(identity_from_env(**IDENTITY), store=False)
+    sink = PrometheusSink(port=0, counters=["my_requests_total"])
+    t.add_sink(sink)
+    try:
+        t.metric("tokens_total", 4096, unit="{token}")
+        t.metric("requests.total", 7)
+        t.metric("io.bytes_total", 2, unit="KiBy")
+        t.metric("my_requests_total", 3)
+        assert t.flush()
+        text = OPENER.open(f"http://127.0.0.1:{sink.port}/metrics", timeout=10).read().decode()
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        expected = {"telemetrain_tokens": 4096, "telemetrain_requests": 7, "telemetrain_io_bytes": 2048,
+                    "telemetrain_my_requests": 3}
+        for family, value in expected.items():
+            assert families[family].type == "counter", family
+            assert [(s.name, s.value) for s in families[family].samples] == [(family + "_total", value)]
+            assert f"# TYPE {family}_total counter" in text  # (the text format names a counter by its sample)
+        assert "_total_" not in text
+    finally:
+        t.close()
 
 
 def test_a_stat_with_a_histogram_is_a_cumulative_classic_histogram() -> None:

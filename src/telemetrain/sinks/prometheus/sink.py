@@ -276,8 +276,8 @@ class PrometheusSink(Sink):
             self._check_unit(name, unit)
             counter = name in self.counters or is_cumulative(name, unit)
             doc = f"{name} ({unit})" if unit else name
-            spec = self._specs[(name, unit)] = (metric_name(name, unit), "counter" if counter else "gauge", doc,
-                                                unit_of(unit)[1])
+            spec = self._specs[(name, unit)] = (metric_name(name, unit, counter=counter),
+                                                "counter" if counter else "gauge", doc, unit_of(unit)[1])
         return spec
 
     def _put(self, name: str, unit: str, label_id: int, value: float) -> None:
