@@ -274,7 +274,11 @@ def test_metric_points_become_gauges_and_counters(otel: Otel) -> None:
                                                                                          "hw.type": "gpu"})
     otel.t.metric("nan_seen", True, group="train")
     otel.t.metric("train.phase.duration", 0.1, group="training", unit="s", attributes={"train.phase": "forward"})
+    otel.t.metric("node.energy", 1.5, group="power", unit="kWh")  # joules in another scale: a counter too
     metrics = otel.metrics()
+    node_energy = metrics["telemetrain.node.energy"]
+    assert node_energy.unit == "kWh" and node_energy.data.is_monotonic
+    assert _point(node_energy, "power").value == 1.5
     loss = metrics["telemetrain.loss"]
     assert _point(loss, "train").value == 0.5
     assert set(_point(loss, "train").attributes) == {"telemetrain.group"}  # no step label

@@ -223,6 +223,7 @@ def test_mapping_on_the_endpoint(tmp_path: Path) -> None:
         t.metric("system.disk.io", 10, group="system", unit="By", attributes={"disk.io.direction": "read"})
         t.metric("system.disk.io", 30, group="system", unit="By", attributes={"disk.io.direction": "write"})
         t.metric("data.wait", 250.0, unit="ms")  # served in seconds
+        t.metric("node.energy", 1.5, unit="kWh")  # joules in another scale: in joules, a counter as J is
         t.metric("nan.metric", math.nan)
         t.metric("inf.metric", -math.inf, unit="s")
         stat = Stat("step.time", ("mean", "p50", "max", "p99.9"), samples=4, unit="s", telemetry=t)
@@ -239,6 +240,7 @@ def test_mapping_on_the_endpoint(tmp_path: Path) -> None:
         disk = {lab["disk_io_direction"]: v for lab, v in samples["system_disk_io_bytes_total"]}
         assert disk == {"read": 10, "write": 30}  # one family, a series per direction, a counter
         assert only(samples, "telemetrain_data_wait_seconds") == 0.25
+        assert only(samples, "telemetrain_node_energy_joules_total") == 1.5 * 3.6e6
         # the identity: rank on every series, the rest once, in the info metric
         (labels, value), = samples["telemetrain_loss"]
         assert labels == {"rank": "0"}
@@ -256,7 +258,7 @@ def test_mapping_on_the_endpoint(tmp_path: Path) -> None:
         assert "telemetrain_step_time_seconds_mean" not in samples  # rate(_sum) / rate(_count)
         assert not any("mfu" in name or "final" in name for name in samples)  # events are not series
         kinds = {lab["kind"]: v for lab, v in samples["telemetrain_records_total"]}
-        assert kinds["metric"] == 10 and kinds["stat"] == 1 and kinds["event"] == 1
+        assert kinds["metric"] == 11 and kinds["stat"] == 1 and kinds["event"] == 1
     finally:
         t.close()
     assert not sink.serving
