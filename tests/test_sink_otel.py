@@ -308,7 +308,8 @@ def test_stat_windows_become_gauges_per_aggregation(otel: Otel) -> None:
     assert _point(metrics["telemetrain.step_time.p99"], "stats").value == 0.02
     assert metrics["telemetrain.step_time.p99"].unit == "s"
     assert metrics["telemetrain.step_time.count"].unit == "{sample}"
-    assert metrics["telemetrain.step_time.rate"].unit == "s/s"
+    rate = metrics["telemetrain.step_time.rate"]  # samples per second of the window: not seconds per second
+    assert rate.unit == "{sample}/s" and _point(rate, "stats").value == 100.0
 
 
 # -- own providers, failures, packaging --------------------------------------------------------------------------

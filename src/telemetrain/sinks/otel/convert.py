@@ -52,11 +52,12 @@ def point_attributes(group: str, labels: Mapping[str, Any] | None) -> dict[str, 
 
 
 def stat_unit(aggregation: str, unit: str) -> str:
-    """The unit of one aggregation of a stat whose samples are in ``unit``."""
+    """The unit of one aggregation of a stat whose samples are in ``unit``: counts are of samples, and so is
+    ``rate`` (samples per second of the window, ``stats.aggregations``), whatever the samples measure."""
     if aggregation in ("count", "nan_count", "inf_count"):
         return "{sample}"
     if aggregation == "rate":
-        return f"{unit}/s" if unit and unit != "1" else "1/s"
+        return "{sample}/s"
     return unit
 
 
