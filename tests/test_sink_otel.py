@@ -479,3 +479,28 @@ def test_a_stat_histogram_is_an_otel_exponential_histogram(tmp_path: Path) -> No
         assert point.time_unix_nano == window.wall_ns
     assert encode_metrics(exporter.exported[-1]).resource_metrics  # OTLP protobuf
     t.close()
+
+
+def test_a_histogram_without_min_and_max_leaves_them_unset_in_otlp(tmp_path: Path) -> None:
+    """A stat that keeps no min or max: OTLP's optional min/max are left unset (not NaN, which a backend would show
+    as the minimum), as the OTLP encoder writes them and opentelemetry-proto reads them back."""
+    from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    from telemetrain.stats import Stat
+
+    exporter = _CapturingMetrics()
+    t = Telemetry(store=tmp_path)
+    t.add_sink(OTelSink(TracerProvider(), metric_exporter=exporter))
+    stat = Stat("step_time", ["histogram", "sum"], samples=10, unit="s", telemetry=t)
+    for k in range(10):
+        stat.add(0.01 * (k + 1))
+    assert t.flush()
+    t.close()
+    wire = [ExportMetricsServiceRequest.FromString(encode_metrics(data).SerializeToString())
+            for data in exporter.exported]
+    (point,) = [p for request in wire for rm in request.resource_metrics for sm in rm.scope_metrics
+                for m in sm.metrics if m.WhichOneof("data") == "exponential_histogram"
+                for p in m.exponential_histogram.data_points]
+    assert point.count == 10 and point.sum == pytest.approx(0.55)
+    assert not point.HasField("min") and not point.HasField("max")

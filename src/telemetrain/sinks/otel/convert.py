@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import math
 import operator
 import os
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from opentelemetry.sdk.metrics.export import Buckets, ExponentialHistogramDataPoint
 from opentelemetry.sdk.resources import Resource
@@ -166,6 +165,12 @@ def histogram_point(record: Any, attrs: Mapping[str, Any]) -> ExponentialHistogr
         positive=Buckets(int(positive.get("offset", 0)), list(positive.get("counts", ()))),
         negative=Buckets(int(negative.get("offset", 0)), list(negative.get("counts", ()))),
         flags=0,
-        min=float(values.get("min", math.nan)),
-        max=float(values.get("max", math.nan)),
+        min=_optional(values.get("min")),
+        max=_optional(values.get("max")),
     )
+
+
+def _optional(value: Any) -> float:
+    """A window's min or max; unknown (the stat does not keep it) stays None, which OTLP's optional field leaves
+    unset, where NaN would reach the backend as the minimum (the SDK annotates float; its encoder passes None on)."""
+    return cast(float, None) if value is None else float(value)
