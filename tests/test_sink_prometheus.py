@@ -240,6 +240,10 @@ def test_mapping_on_the_endpoint(tmp_path: Path) -> None:
         disk = {lab["disk_io_direction"]: v for lab, v in samples["system_disk_io_bytes_total"]}
         assert disk == {"read": 10, "write": 30}  # one family, a series per direction, a counter
         assert only(samples, "telemetrain_data_wait_seconds") == 0.25
+        text = OPENER.open(f"http://127.0.0.1:{sink.port}/metrics", timeout=10).read().decode()
+        helps = {f.name: f.documentation for f in text_string_to_metric_families(text)}
+        assert helps["telemetrain_data_wait_seconds"] == "data.wait (ms, served in s)"  # HELP: not "(ms)" alone
+        assert helps["process_cpu_time_seconds"] == "process.cpu.time (s)" and helps["telemetrain_loss"] == "loss"
         assert only(samples, "telemetrain_node_energy_joules_total") == 1.5 * 3.6e6
         # the identity: rank on every series, the rest once, in the info metric
         (labels, value), = samples["telemetrain_loss"]

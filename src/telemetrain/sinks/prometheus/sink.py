@@ -275,9 +275,11 @@ class PrometheusSink(Sink):
                 self._specs.clear()
             self._check_unit(name, unit)
             counter = name in self.counters or is_cumulative(name, unit)
-            doc = f"{name} ({unit})" if unit else name
+            base, factor = unit_of(unit)
+            # the record's name and unit; a converted value says so, or HELP "(ms)" would sit over seconds
+            doc = name if not unit else f"{name} ({unit})" if base == unit else f"{name} ({unit}, served in {base})"
             spec = self._specs[(name, unit)] = (metric_name(name, unit, counter=counter),
-                                                "counter" if counter else "gauge", doc, unit_of(unit)[1])
+                                                "counter" if counter else "gauge", doc, factor)
         return spec
 
     def _put(self, name: str, unit: str, label_id: int, value: float) -> None:
