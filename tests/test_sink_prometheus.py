@@ -528,28 +528,39 @@ def test_a_real_prometheus_scrapes_metrics_stats_and_the_training_report(tmp_pat
 
 @pytest.mark.skipif(PROMETHEUS is None, reason="the prometheus binary is absent (Debian: apt-get install prometheus)")
 def test_the_documented_info_join_works_when_the_rank_is_set_after_start(tmp_path: Path) -> None:
-    """A process whose rank is set once the process group is up (``set_identity(rank=...)``) serves an info series
-    per identity; the join the docs show must match each series with its own, not fail as many-to-many."""
+    """Identities set once the process group is up (``set_identity(...)``): a process whose rank changed serves an
+    info series per rank; one whose rank stayed (rank 0 learning the world size) serves only its current identity.
+    The join the docs show matches each series with one info series, and does not fail as many-to-many."""
     join = "* on(instance, rank) group_left(run_id, perf_tag) telemetrain_run_info"
     doc = (Path(__file__).parents[1] / "docs" / "backends" / "prometheus.md").read_text()
     assert f"telemetrain_train_mfu_ratio {join}" in doc
-    t = Telemetry(identity_from_env(**IDENTITY), store=False)
-    sink = PrometheusSink(port=0)
-    t.add_sink(sink)
+    ranks = [Telemetry(identity_from_env(**{**IDENTITY, "rank": 0, "local_rank": 0}), store=False),
+             Telemetry(identity_from_env(**{**IDENTITY, "rank": 0, "local_rank": 1}), store=False)]
+    sinks = [PrometheusSink(port=0) for _ in ranks]
     try:
-        t.metric("loss", 3.0)
-        t.set_identity(rank=1, world_size=2, perf_tag="bs64")
-        t.metric("loss", 2.0)
-        assert t.flush()
-        assert len(scrape(sink.port or 0)["telemetrain_run_info"]) == 2
-        with prometheus_server(tmp_path, sink.port or 0) as prom:
-            wait_for(prom, "telemetrain_run_info")
+        for t, sink in zip(ranks, sinks, strict=True):
+            t.add_sink(sink)
+            t.metric("loss", 3.0)
+        # rank 0 stays 0 and learns the world size; the other process learns its rank
+        ranks[0].set_identity(world_size=2, perf_tag="bs64")
+        ranks[1].set_identity(rank=1, world_size=2, perf_tag="bs64")
+        for t in ranks:
+            t.metric("loss", 2.0 + t.identity.rank)
+            assert t.flush()
+        info = scrape(sinks[0].port or 0)["telemetrain_run_info"]  # the current identity only, for rank 0
+        assert [labels["world_size"] for labels, _ in info] == ["2"]
+        assert len(scrape(sinks[1].port or 0)["telemetrain_run_info"]) == 2  # one per rank it had
+        with prometheus_server(tmp_path, *(sink.port or 0 for sink in sinks)) as prom:
+            for sink in sinks:
+                wait_for(prom, f'telemetrain_run_info{{instance="127.0.0.1:{sink.port}"}}')
             joined = wait_for(prom, f"telemetrain_loss {join}")
-            got = {(r["metric"]["rank"], r["metric"]["perf_tag"], r["metric"]["run_id"], float(r["value"][1]))
-                   for r in joined}
-            assert got == {("0", "bs32", "run-a", 3.0), ("1", "bs64", "run-a", 2.0)}
+            got = {(m["instance"] == f"127.0.0.1:{sinks[0].port}", m["rank"], m["perf_tag"], float(r["value"][1]))
+                   for r in joined for m in [r["metric"]]}
+            # the first process: its one series; the second: rank 0's series joined with the identity it had then
+            assert got == {(True, "0", "bs64", 2.0), (False, "0", "bs32", 3.0), (False, "1", "bs64", 3.0)}
     finally:
-        t.close()
+        for t in ranks:
+            t.close()
 
 
 @pytest.mark.skipif(PROMETHEUS is None, reason="the prometheus binary is absent (Debian: apt-get install prometheus)")

@@ -163,6 +163,7 @@ class PrometheusSink(Sink):
         self.non_ucum_units: set[str] = set()  # units seen that are not UCUM (served without a unit suffix)
         # the names and labels already worked out (the dispatcher thread's work per record stays a few lookups)
         self._label_ids: dict[Identity, int] = {}  # identity -> its label set (no attributes)
+        self._info_ids: dict[tuple[str, str], int] = {}  # run_id/rank -> the label set of its info series
         self._attr_label_ids: dict[tuple[Any, ...], int] = {}  # (identity, attributes) -> label set
         self._specs: dict[tuple[str, str], tuple[str, str, str, float]] = {}
         self.port: int | None = None  # the bound port; None while not serving
@@ -240,6 +241,12 @@ class PrometheusSink(Sink):
         table = self._table
         label_id = self._label_ids[identity] = table.label_id({"rank": str(identity.rank)}, group)
         info = table.label_id(_info_labels(identity), group)
+        replaced = self._info_ids.get(group)
+        if replaced is not None and replaced != info:
+            # the identity changed but not its run_id/rank (world_size set once the process group is up): one info
+            # series per run_id/rank, the current one, or a join on(instance, rank) finds two and fails
+            table.discard(RUN_INFO, replaced)
+        self._info_ids[group] = info
         table.set(RUN_INFO, "info", "the run identity of this process (join on instance and rank)", info, 1.0)
         return label_id
 
@@ -369,6 +376,8 @@ class PrometheusSink(Sink):
         self._table.lock = threading.Lock()
         self._table.clear()
         self._label_ids.clear()
+        self._attr_label_ids.clear()  # (their ids point into the table just cleared)
+        self._info_ids.clear()
         # The push groups are keyed by run_id/rank, which a child shares with its parent: a push from here would
         # replace the parent's series with the child's. The child does not push.
         self.push_to = None
