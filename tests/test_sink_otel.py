@@ -406,9 +406,17 @@ def test_a_collector_that_never_answers_does_not_outlast_close(tmp_path: Path,
     assert len(open_run(run_dir_of(t)).records("span_end")) == 3
 
 
-def test_export_timeout_is_checked() -> None:
+def test_export_timeout_is_checked_and_the_standard_variables_win(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="export_timeout"):
         OTelSink(span_exporter=InMemorySpanExporter(), metric_exporter=_CapturingMetrics(), export_timeout=0)
+    for var in ("", "_TRACES", "_METRICS"):
+        monkeypatch.delenv(f"OTEL_EXPORTER_OTLP{var}_TIMEOUT", raising=False)
+    sink = OTelSink(span_exporter=InMemorySpanExporter(), metric_exporter=_CapturingMetrics(), export_timeout=2.5)
+    assert (sink._otlp_timeout("TRACES"), sink._otlp_timeout("METRICS")) == (2.5, 2.5)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "7")  # the exporter reads it (None: not overridden)
+    assert (sink._otlp_timeout("TRACES"), sink._otlp_timeout("METRICS")) == (None, 2.5)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "7")
+    assert sink._otlp_timeout("METRICS") is None
 
 
 def test_without_the_sdk_one_import_error_names_the_extra() -> None:
