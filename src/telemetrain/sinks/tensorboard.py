@@ -151,10 +151,11 @@ class _EventFile:
         """The process's identity changed, not its run or rank (rank 0 learning the world size once the process
         group is up): the same file and global step; the new identity in the HParams (or, once the session start
         is written, in the run/hparams text) and in the run/identity text."""
-        self.identity = identity
+        old, self.identity = self.identity, identity
         ident = {f: getattr(identity, f) for f in _IDENTITY_FIELDS}
-        self.add_hparams({f"identity.{k}": v for k, v in ident.items()}, wall_s)
-        self.add_summary(text_pb("run/identity", _markdown_table(ident)), self.step, wall_s)
+        if ident != {f: getattr(old, f) for f in _IDENTITY_FIELDS}:  # (not for a field not shown: the pid)
+            self.add_hparams({f"identity.{k}": v for k, v in ident.items()}, wall_s)
+            self.add_summary(text_pb("run/identity", _markdown_table(ident)), self.step, wall_s)
 
     def add(self, event: Any) -> None:
         self.parts.append(tfrecord(event.SerializeToString()))

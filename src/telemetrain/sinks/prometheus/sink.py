@@ -85,7 +85,7 @@ class PrometheusSink(Sink):
 
     Series carry the label ``rank`` and the record's attributes; the rest of the run identity is in the info metric
     ``telemetrain_run_info{run_id=..., session_tag=..., ...} 1`` (join ``on(instance, rank)``: a rank set after
-    start leaves one info series per identity), so a restart does not start a new set of every series. Stats are
+    start leaves one info series per rank), so a restart does not start a new set of every series. Stats are
     histograms (with the ``histogram`` aggregation) or summaries; values are served in base units (``ms`` ->
     seconds); a unit that is not UCUM is warned about once.
 
