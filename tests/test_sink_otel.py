@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import subprocess
 import sys
@@ -377,8 +378,8 @@ def test_a_failing_exporter_is_counted_and_training_goes_on(tmp_path: Path) -> N
     assert len(open_run(run_dir_of(t)).records("metric")) == 3
 
 
-def test_a_collector_that_never_answers_does_not_outlast_close(tmp_path: Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_collector_that_never_answers_does_not_outlast_close(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
     # The default OTLP exporters, against a collector that takes the connection and never answers: each export gives
     # up at export_timeout, 1 s (the exporters' own default, 10 s, would keep the final flush past close's 5 s, and the
     # sink would be abandoned with its thread still running).
@@ -404,6 +405,11 @@ def test_a_collector_that_never_answers_does_not_outlast_close(tmp_path: Path,
     assert "OTLPSpanExporter failed" in health["last_error"] or "OTLPMetricExporter failed" in health["last_error"]
     assert [th.name for th in threading.enumerate() if th.name.startswith("telemetrain-otel")] == []
     assert len(open_run(run_dir_of(t)).records("span_end")) == 3
+    # warned once (above), not once more per retry and per batch by the exporters' own logging
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("opentelemetry.exporter")] == []
+    logging.getLogger("opentelemetry.exporter.otlp.proto.http.trace_exporter").warning("the application's own")
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("opentelemetry.exporter")] == [
+        "the application's own"]  # only the sink's exports are quiet
 
 
 def test_export_timeout_is_checked_and_the_standard_variables_win(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -60,7 +60,7 @@ from .convert import (
     prefixed,
     stat_unit,
 )
-from .export import DirectSpanExport, GivenIds, OTelExportError, PushMetricReader
+from .export import DirectSpanExport, GivenIds, OTelExportError, PushMetricReader, quiet_own_exports
 
 __all__ = ["OTelExportError", "OTelSink"]
 
@@ -242,6 +242,7 @@ class OTelSink(Sink):
             if provider is None:
                 exporter = self._span_exporter or _otlp("trace_exporter", "OTLPSpanExporter")(
                     timeout=self._otlp_timeout("TRACES"))
+                quiet_own_exports()
                 self._direct = DirectSpanExport(exporter)
                 resource = otel_resource(identity, self.run_config)
                 own = SdkTracerProvider(resource=resource, id_generator=self._ids, shutdown_on_exit=False)
@@ -338,6 +339,7 @@ class OTelSink(Sink):
             if provider is None:
                 exporter = self._metric_exporter or _otlp("metric_exporter", "OTLPMetricExporter")(
                     timeout=self._otlp_timeout("METRICS"))
+                quiet_own_exports()
                 self._reader = PushMetricReader(exporter)
                 resource = otel_resource(identity, self.run_config)
                 self._reader.extra = (InstrumentationScope(SCOPE, __version__), resource, self._take_histograms)
