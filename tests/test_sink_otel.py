@@ -403,6 +403,7 @@ def test_a_collector_that_never_answers_does_not_outlast_close(tmp_path: Path, m
     health = next(s for s in t.health()["sinks"] if s["sink"] == "otel")
     assert health["abandoned"] is False and health["failures"] >= 1
     assert "OTLPSpanExporter failed" in health["last_error"] or "OTLPMetricExporter failed" in health["last_error"]
+    assert "timeout" in health["last_error"].lower()  # why, from the exporter's own first complaint
     assert [th.name for th in threading.enumerate() if th.name.startswith("telemetrain-otel")] == []
     assert len(open_run(run_dir_of(t)).records("span_end")) == 3
     # warned once (above), not once more per retry and per batch by the exporters' own logging

@@ -48,7 +48,11 @@ _exporting = threading.local()
 
 class _OwnExports(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        return not getattr(_exporting, "on", False)
+        if not getattr(_exporting, "on", False):
+            return True
+        if record.levelno >= logging.WARNING and not getattr(_exporting, "cause", ""):
+            _exporting.cause = record.getMessage()  # the first says why (refused, timed out): the error names it
+        return False
 
 
 _FILTER = _OwnExports()
@@ -64,11 +68,17 @@ def quiet_own_exports() -> None:
 
 @contextmanager
 def _own_export() -> Iterator[None]:
-    _exporting.on = True
+    _exporting.on, _exporting.cause = True, ""
     try:
         yield
     finally:
         _exporting.on = False
+
+
+def _cause() -> str:
+    """What the exporter first logged about the export just made (its reason), as ``: <line>``, or nothing."""
+    cause = str(getattr(_exporting, "cause", "")).split("\n", 1)[0]
+    return f": {cause[:300]}" if cause else ""
 
 
 class DirectSpanExport(SpanProcessor):
@@ -91,7 +101,8 @@ class DirectSpanExport(SpanProcessor):
         with _own_export():
             result = self.exporter.export(batch)
         if result is not SpanExportResult.SUCCESS:
-            raise OTelExportError(f"span exporter {type(self.exporter).__name__} failed ({len(batch)} spans lost)")
+            raise OTelExportError(
+                f"span exporter {type(self.exporter).__name__} failed ({len(batch)} spans lost){_cause()}")
 
     def shutdown(self) -> None:
         self._ended = []
@@ -132,7 +143,7 @@ class PushMetricReader(MetricReader):
         with _own_export():
             result = self.exporter.export(metrics_data, timeout_millis=timeout_millis)
         if result is not MetricExportResult.SUCCESS:
-            raise OTelExportError(f"metric exporter {type(self.exporter).__name__} failed")
+            raise OTelExportError(f"metric exporter {type(self.exporter).__name__} failed{_cause()}")
 
     def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
         self.exporter.shutdown(timeout_millis=timeout_millis)
