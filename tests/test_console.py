@@ -93,6 +93,18 @@ def test_console_env_switch_on_the_default_instance(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_int_readings_are_grouped_as_floats_are_and_int_attributes_are_not() -> None:
+    from telemetrain.identity import identity_from_env
+    from telemetrain.records import MetricPoint
+    from telemetrain.sinks.console import format_record
+
+    ident = identity_from_env()
+    memory = MetricPoint(0, 0, ident, "system", "process.memory.usage", 239_640_576, unit="By",
+                         attributes={"process.pid": 24656})
+    assert format_record(memory) == ("metric", "system/process.memory.usage = 239,640,576 By process.pid=24656")
+    assert format_record(MetricPoint(0, 0, ident, "g", "n", 7, step=3)) == ("metric", "g/n = 7 step=3")
+
+
 def test_the_default_console_is_a_readable_progress_view(tmp_path: Path) -> None:
     """Rounded numbers, never a float's repr; one progress line per metrics report; what it says, or what is as
     frequent as iterations, left out; a failed iteration still shown."""

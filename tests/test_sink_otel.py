@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -272,7 +275,11 @@ def test_metric_points_become_gauges_and_counters(otel: Otel) -> None:
                                                                                          "hw.type": "gpu"})
     otel.t.metric("nan_seen", True, group="train")
     otel.t.metric("train.phase.duration", 0.1, group="training", unit="s", attributes={"train.phase": "forward"})
+    otel.t.metric("node.energy", 1.5, group="power", unit="kWh")  # joules in another scale: a counter too
     metrics = otel.metrics()
+    node_energy = metrics["telemetrain.node.energy"]
+    assert node_energy.unit == "kWh" and node_energy.data.is_monotonic
+    assert _point(node_energy, "power").value == 1.5
     loss = metrics["telemetrain.loss"]
     assert _point(loss, "train").value == 0.5
     assert set(_point(loss, "train").attributes) == {"telemetrain.group"}  # no step label
@@ -302,7 +309,8 @@ def test_stat_windows_become_gauges_per_aggregation(otel: Otel) -> None:
     assert _point(metrics["telemetrain.step_time.p99"], "stats").value == 0.02
     assert metrics["telemetrain.step_time.p99"].unit == "s"
     assert metrics["telemetrain.step_time.count"].unit == "{sample}"
-    assert metrics["telemetrain.step_time.rate"].unit == "s/s"
+    rate = metrics["telemetrain.step_time.rate"]  # samples per second of the window: not seconds per second
+    assert rate.unit == "{sample}/s" and _point(rate, "stats").value == 100.0
 
 
 # -- own providers, failures, packaging --------------------------------------------------------------------------
@@ -368,6 +376,54 @@ def test_a_failing_exporter_is_counted_and_training_goes_on(tmp_path: Path) -> N
     # the run store is whole: training and its other sink never saw the failure
     assert len(open_run(run_dir_of(t)).records("span_end")) == 3
     assert len(open_run(run_dir_of(t)).records("metric")) == 3
+
+
+def test_a_collector_that_never_answers_does_not_outlast_close(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    # The default OTLP exporters, against a collector that takes the connection and never answers: each export gives
+    # up at export_timeout, 1 s (the exporters' own default, 10 s, would keep the final flush past close's 5 s, and the
+    # sink would be abandoned with its thread still running).
+    pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
+    for var in ("", "_TRACES", "_METRICS"):
+        monkeypatch.delenv(f"OTEL_EXPORTER_OTLP{var}_TIMEOUT", raising=False)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)  # connections complete in the kernel's backlog; nothing reads or answers them
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{silent.getsockname()[1]}")
+        t = Telemetry(store=tmp_path)
+        sink = OTelSink()
+        assert sink.export_timeout == 1.0
+        t.add_sink(sink)
+        tr = Tracer(t)
+        with pytest.warns(RuntimeWarning, match="otel"):
+            for step in range(3):
+                with tr.span("iteration"):
+                    t.metric("loss", 1.0 / (step + 1), group="train")
+            t.close()
+    health = next(s for s in t.health()["sinks"] if s["sink"] == "otel")
+    assert health["abandoned"] is False and health["failures"] >= 1
+    assert "OTLPSpanExporter failed" in health["last_error"] or "OTLPMetricExporter failed" in health["last_error"]
+    assert "timeout" in health["last_error"].lower()  # why, from the exporter's own first complaint
+    assert [th.name for th in threading.enumerate() if th.name.startswith("telemetrain-otel")] == []
+    assert len(open_run(run_dir_of(t)).records("span_end")) == 3
+    # warned once (above), not once more per retry and per batch by the exporters' own logging
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("opentelemetry.exporter")] == []
+    logging.getLogger("opentelemetry.exporter.otlp.proto.http.trace_exporter").warning("the application's own")
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("opentelemetry.exporter")] == [
+        "the application's own"]  # only the sink's exports are quiet
+
+
+def test_export_timeout_is_checked_and_the_standard_variables_win(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match="export_timeout"):
+        OTelSink(span_exporter=InMemorySpanExporter(), metric_exporter=_CapturingMetrics(), export_timeout=0)
+    for var in ("", "_TRACES", "_METRICS"):
+        monkeypatch.delenv(f"OTEL_EXPORTER_OTLP{var}_TIMEOUT", raising=False)
+    sink = OTelSink(span_exporter=InMemorySpanExporter(), metric_exporter=_CapturingMetrics(), export_timeout=2.5)
+    assert (sink._otlp_timeout("TRACES"), sink._otlp_timeout("METRICS")) == (2.5, 2.5)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "7")  # the exporter reads it (None: not overridden)
+    assert (sink._otlp_timeout("TRACES"), sink._otlp_timeout("METRICS")) == (None, 2.5)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "7")
+    assert sink._otlp_timeout("METRICS") is None
 
 
 def test_without_the_sdk_one_import_error_names_the_extra() -> None:
@@ -438,3 +494,28 @@ def test_a_stat_histogram_is_an_otel_exponential_histogram(tmp_path: Path) -> No
         assert point.time_unix_nano == window.wall_ns
     assert encode_metrics(exporter.exported[-1]).resource_metrics  # OTLP protobuf
     t.close()
+
+
+def test_a_histogram_without_min_and_max_leaves_them_unset_in_otlp(tmp_path: Path) -> None:
+    """A stat that keeps no min or max: OTLP's optional min/max are left unset (not NaN, which a backend would show
+    as the minimum), as the OTLP encoder writes them and opentelemetry-proto reads them back."""
+    from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    from telemetrain.stats import Stat
+
+    exporter = _CapturingMetrics()
+    t = Telemetry(store=tmp_path)
+    t.add_sink(OTelSink(TracerProvider(), metric_exporter=exporter))
+    stat = Stat("step_time", ["histogram", "sum"], samples=10, unit="s", telemetry=t)
+    for k in range(10):
+        stat.add(0.01 * (k + 1))
+    assert t.flush()
+    t.close()
+    wire = [ExportMetricsServiceRequest.FromString(encode_metrics(data).SerializeToString())
+            for data in exporter.exported]
+    (point,) = [p for request in wire for rm in request.resource_metrics for sm in rm.scope_metrics
+                for m in sm.metrics if m.WhichOneof("data") == "exponential_histogram"
+                for p in m.exponential_histogram.data_points]
+    assert point.count == 10 and point.sum == pytest.approx(0.55)
+    assert not point.HasField("min") and not point.HasField("max")

@@ -67,15 +67,17 @@ def only(samples: dict[str, list[Any]], name: str) -> float:
 
 
 @contextlib.contextmanager
-def prometheus_server(tmp_path: Path, *target_ports: int) -> Iterator[str]:
-    """Start Debian's ``prometheus`` scraping 127.0.0.1:<each target port> every second; yield its base URL."""
+def prometheus_server(tmp_path: Path, *target_ports: int, honor_labels: bool = False) -> Iterator[str]:
+    """Start Debian's ``prometheus`` scraping 127.0.0.1:<each target port> every second; yield its base URL.
+    ``honor_labels``: as the docs configure a Pushgateway's scrape."""
     assert PROMETHEUS is not None
     config = tmp_path / "prometheus.yml"
     targets = ", ".join(f"'127.0.0.1:{port}'" for port in target_ports)
     config.write_text(
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-        "scrape_configs:\n  - job_name: telemetrain\n    static_configs:\n"
-        f"      - targets: [{targets}]\n"
+        "scrape_configs:\n  - job_name: telemetrain\n"
+        + ("    honor_labels: true\n" if honor_labels else "")
+        + f"    static_configs:\n      - targets: [{targets}]\n"
     )
     port = free_port()
     with _serve([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
@@ -162,6 +164,8 @@ def wait_for(base: str, promql: str) -> list[Any]:
 )
 def test_metric_names(name: str, unit: str, expected: str) -> None:
     assert metric_name(name, unit) == expected
+    if expected.startswith("telemetrain_"):  # (a semantic convention's name with _total is another, ours, name)
+        assert metric_name(name + "_total", unit, counter=True) == expected  # a counter's _total: once, added last
     assert re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", expected)
 
 
@@ -219,6 +223,7 @@ def test_mapping_on_the_endpoint(tmp_path: Path) -> None:
         t.metric("system.disk.io", 10, group="system", unit="By", attributes={"disk.io.direction": "read"})
         t.metric("system.disk.io", 30, group="system", unit="By", attributes={"disk.io.direction": "write"})
         t.metric("data.wait", 250.0, unit="ms")  # served in seconds
+        t.metric("node.energy", 1.5, unit="kWh")  # joules in another scale: in joules, a counter as J is
         t.metric("nan.metric", math.nan)
         t.metric("inf.metric", -math.inf, unit="s")
         stat = Stat("step.time", ("mean", "p50", "max", "p99.9"), samples=4, unit="s", telemetry=t)
@@ -235,6 +240,11 @@ def test_mapping_on_the_endpoint(tmp_path: Path) -> None:
         disk = {lab["disk_io_direction"]: v for lab, v in samples["system_disk_io_bytes_total"]}
         assert disk == {"read": 10, "write": 30}  # one family, a series per direction, a counter
         assert only(samples, "telemetrain_data_wait_seconds") == 0.25
+        text = OPENER.open(f"http://127.0.0.1:{sink.port}/metrics", timeout=10).read().decode()
+        helps = {f.name: f.documentation for f in text_string_to_metric_families(text)}
+        assert helps["telemetrain_data_wait_seconds"] == "data.wait (ms, served in s)"  # HELP: not "(ms)" alone
+        assert helps["process_cpu_time_seconds"] == "process.cpu.time (s)" and helps["telemetrain_loss"] == "loss"
+        assert only(samples, "telemetrain_node_energy_joules_total") == 1.5 * 3.6e6
         # the identity: rank on every series, the rest once, in the info metric
         (labels, value), = samples["telemetrain_loss"]
         assert labels == {"rank": "0"}
@@ -252,10 +262,35 @@ def test_mapping_on_the_endpoint(tmp_path: Path) -> None:
         assert "telemetrain_step_time_seconds_mean" not in samples  # rate(_sum) / rate(_count)
         assert not any("mfu" in name or "final" in name for name in samples)  # events are not series
         kinds = {lab["kind"]: v for lab, v in samples["telemetrain_records_total"]}
-        assert kinds["metric"] == 10 and kinds["stat"] == 1 and kinds["event"] == 1
+        assert kinds["metric"] == 11 and kinds["stat"] == 1 and kinds["event"] == 1
     finally:
         t.close()
     assert not sink.serving
+
+
+def test_a_counter_whose_name_ends_in_total_gets_one_total() -> None:
+    """Names that end in ``_total`` are counters (``cumulative.is_cumulative``); the suffix is not doubled, with or
+    without a unit suffix between (``io.bytes_total`` in ``By``: ``telemetrain_io_bytes_total``)."""
+    t = Telemetry(identity_from_env(**IDENTITY), store=False)
+    sink = PrometheusSink(port=0, counters=["my_requests_total"])
+    t.add_sink(sink)
+    try:
+        t.metric("tokens_total", 4096, unit="{token}")
+        t.metric("requests.total", 7)
+        t.metric("io.bytes_total", 2, unit="KiBy")
+        t.metric("my_requests_total", 3)
+        assert t.flush()
+        text = OPENER.open(f"http://127.0.0.1:{sink.port}/metrics", timeout=10).read().decode()
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        expected = {"telemetrain_tokens": 4096, "telemetrain_requests": 7, "telemetrain_io_bytes": 2048,
+                    "telemetrain_my_requests": 3}
+        for family, value in expected.items():
+            assert families[family].type == "counter", family
+            assert [(s.name, s.value) for s in families[family].samples] == [(family + "_total", value)]
+            assert f"# TYPE {family}_total counter" in text  # (the text format names a counter by its sample)
+        assert "_total_" not in text
+    finally:
+        t.close()
 
 
 def test_a_stat_with_a_histogram_is_a_cumulative_classic_histogram() -> None:
@@ -447,7 +482,7 @@ def test_a_real_prometheus_scrapes_metrics_stats_and_the_training_report(tmp_pat
             assert labels == {"__name__": "telemetrain_loss", "rank": "0", "job": "telemetrain",
                               "instance": f"127.0.0.1:{sink.port}"}  # no identity labels, no step: constant series
             # the identity, joined in by the info metric
-            join = "telemetrain_loss * on(instance) group_left(run_id, perf_tag) telemetrain_run_info"
+            join = "telemetrain_loss * on(instance, rank) group_left(run_id, perf_tag) telemetrain_run_info"
             (joined,) = wait_for(prom, join)
             assert (joined["metric"]["run_id"], joined["metric"]["perf_tag"]) == ("run-a", "bs32")
 
@@ -489,6 +524,43 @@ def test_a_real_prometheus_scrapes_metrics_stats_and_the_training_report(tmp_pat
             assert {"metric", "stat", "event", "span_start", "span_end"} <= kinds
     finally:
         t.close()
+
+
+@pytest.mark.skipif(PROMETHEUS is None, reason="the prometheus binary is absent (Debian: apt-get install prometheus)")
+def test_the_documented_info_join_works_when_the_rank_is_set_after_start(tmp_path: Path) -> None:
+    """Identities set once the process group is up (``set_identity(...)``): a process whose rank changed serves an
+    info series per rank; one whose rank stayed (rank 0 learning the world size) serves only its current identity.
+    The join the docs show matches each series with one info series, and does not fail as many-to-many."""
+    join = "* on(instance, rank) group_left(run_id, perf_tag) telemetrain_run_info"
+    doc = (Path(__file__).parents[1] / "docs" / "backends" / "prometheus.md").read_text()
+    assert f"telemetrain_train_mfu_ratio {join}" in doc
+    ranks = [Telemetry(identity_from_env(**{**IDENTITY, "rank": 0, "local_rank": 0}), store=False),
+             Telemetry(identity_from_env(**{**IDENTITY, "rank": 0, "local_rank": 1}), store=False)]
+    sinks = [PrometheusSink(port=0) for _ in ranks]
+    try:
+        for t, sink in zip(ranks, sinks, strict=True):
+            t.add_sink(sink)
+            t.metric("loss", 3.0)
+        # rank 0 stays 0 and learns the world size; the other process learns its rank
+        ranks[0].set_identity(world_size=2, perf_tag="bs64")
+        ranks[1].set_identity(rank=1, world_size=2, perf_tag="bs64")
+        for t in ranks:
+            t.metric("loss", 2.0 + t.identity.rank)
+            assert t.flush()
+        info = scrape(sinks[0].port or 0)["telemetrain_run_info"]  # the current identity only, for rank 0
+        assert [labels["world_size"] for labels, _ in info] == ["2"]
+        assert len(scrape(sinks[1].port or 0)["telemetrain_run_info"]) == 2  # one per rank it had
+        with prometheus_server(tmp_path, *(sink.port or 0 for sink in sinks)) as prom:
+            for sink in sinks:
+                wait_for(prom, f'telemetrain_run_info{{instance="127.0.0.1:{sink.port}"}}')
+            joined = wait_for(prom, f"telemetrain_loss {join}")
+            got = {(m["instance"] == f"127.0.0.1:{sinks[0].port}", m["rank"], m["perf_tag"], float(r["value"][1]))
+                   for r in joined for m in [r["metric"]]}
+            # the first process: its one series; the second: rank 0's series joined with the identity it had then
+            assert got == {(True, "0", "bs64", 2.0), (False, "0", "bs32", 3.0), (False, "1", "bs64", 3.0)}
+    finally:
+        for t in ranks:
+            t.close()
 
 
 @pytest.mark.skipif(PROMETHEUS is None, reason="the prometheus binary is absent (Debian: apt-get install prometheus)")
@@ -662,6 +734,29 @@ def test_each_rank_is_its_own_group_and_the_endpoint_still_serves(tmp_path: Path
         finally:
             t.close()
         assert sink.push_error is None and not sink.serving
+
+
+@needs_pushgateway
+@pytest.mark.skipif(PROMETHEUS is None, reason="the prometheus binary is absent (Debian: apt-get install prometheus)")
+def test_the_documented_info_join_through_a_pushgateway(tmp_path: Path) -> None:
+    """Scraped from the gateway (``honor_labels: true``, as documented), two runs' rank 0 groups: every series has
+    ``instance=""``, so the join the docs give for the gateway matches on ``run_id`` and ``rank``."""
+    join = "* on(run_id, rank) group_left(perf_tag) telemetrain_run_info"
+    doc = (Path(__file__).parents[1] / "docs" / "backends" / "prometheus.md").read_text()
+    assert "join `on(run_id, rank) group_left(perf_tag)` there" in doc
+    with pushgateway(tmp_path) as gateway:
+        for run_id, perf_tag, loss in (("run-a", "bs32", 3.0), ("run-b", "bs64", 2.0)):  # a run, then its restart
+            t = Telemetry(identity_from_env(**{**IDENTITY, "run_id": run_id, "perf_tag": perf_tag}), store=False)
+            t.add_sink(PrometheusSink(push_to=gateway, serve=False))
+            t.metric("loss", loss)
+            t.close()
+        gateway_port = int(gateway.rsplit(":", 1)[1])
+        with prometheus_server(tmp_path, gateway_port, honor_labels=True) as prom:
+            wait_for(prom, "telemetrain_run_info")
+            joined = wait_for(prom, f"telemetrain_loss {join}")
+            got = {(m["run_id"], m["perf_tag"], m.get("instance", ""), float(r["value"][1]))
+                   for r in joined for m in [r["metric"]]}
+            assert got == {("run-a", "bs32", "", 3.0), ("run-b", "bs64", "", 2.0)}
 
 
 def test_a_pushgateway_that_is_down_is_counted_and_training_goes_on(tmp_path: Path) -> None:

@@ -237,6 +237,34 @@ def test_two_processes_of_a_run_get_their_own_directories(tmp_path: Path) -> Non
     assert scalars(run / "rank0")["x"][0][1] == 1.0 and scalars(run / "rank1")["x"][0][1] == 2.0
 
 
+def test_an_identity_set_after_start_keeps_its_file_and_shows_in_the_hparams(tmp_path: Path) -> None:
+    """Rank 0 learns the world size once the process group is up (``set_identity``): still one event file (one
+    session start, which TensorBoard would otherwise take from the first, stale, file), the world size the
+    HParams show is the new one, and a record without a step stays on the global step."""
+    t = telemetrain.Telemetry(store=False)
+    t.add_sink(TensorBoardSink(tmp_path))
+    t.metric("system.cpu.utilization", 0.5, "system", unit="1")  # before the process group: world size 1
+    assert t.flush()
+    t.set_identity(world_size=2)
+    for step in range(3):
+        t.metric("loss", 1.0 / (step + 1), step=step)
+    t.metric("system.cpu.utilization", 0.25, "system", unit="1")
+    assert t.flush()
+    t.set_identity(world_size=4)  # after the session start: in the texts
+    t.metric("system.cpu.utilization", 0.75, "system", unit="1")
+    t.close()
+    directory = rank_dir(tmp_path, t)
+    assert len(list(directory.iterdir())) == 1
+    assert session_start(directory).hparams["identity.world_size"].number_value == 2
+    cpu = scalars(directory)["system/system.cpu.utilization"]
+    assert [(step, value) for step, value, _ in cpu] == [(0, 0.5), (2, 0.25), (2, 0.75)]
+    ea = load(directory)
+    identities = [tensor_util.make_ndarray(e.tensor_proto).item().decode() for e in ea.Tensors("run/identity")]
+    assert "| world\\_size | 4 |" in identities[-1]
+    texts = [tensor_util.make_ndarray(e.tensor_proto).item().decode() for e in ea.Tensors("run/hparams")]
+    assert "| identity.world\\_size | 4 |" in texts[-1]
+
+
 def test_records_are_framed_byte_for_byte_as_tensorboards_record_writer() -> None:
     from tensorboard.summary.writer.record_writer import RecordWriter  # type: ignore[import-untyped]
 

@@ -273,7 +273,22 @@ def test_counters_for_throughput(session: Path) -> None:
             assert all(e["args"]["value"] > 0 for e in counters[(pid, name)])
     assert not any(name == "crash.marker" for _, name in counters)  # not a default counter...
     everything = build_trace(load_runs(session), all_metrics=True)
-    assert any(e["name"] == "crash.marker" and e["pid"] == 3 for e in _events(everything, "C"))  # ...but with all
+    assert any(e["name"] == "test/crash.marker" and e["pid"] == 3 for e in _events(everything, "C"))  # ...with all
+
+
+def test_one_name_in_two_groups_is_two_counter_tracks(tmp_path: Path) -> None:
+    """With all metrics, ``loss`` of group ``train`` and of group ``val`` are two tracks (named as TensorBoard's tags
+    and MLflow's keys), not one track zigzagging between the two series."""
+    t = Telemetry(store=tmp_path)
+    for step in range(3):
+        t.metric("loss", 1.0 + step, group="train", step=step)
+        t.metric("loss", 5.0 + step, group="val", step=step)
+        t.metric("lr", 0.1, step=step)  # group default: the name alone
+    t.close()
+    tracks: dict[str, list[float]] = {}
+    for e in _events(build_trace(load_runs(tmp_path), all_metrics=True), "C"):
+        tracks.setdefault(e["name"], []).append(e["args"]["value"])
+    assert tracks == {"train/loss": [1.0, 2.0, 3.0], "val/loss": [5.0, 6.0, 7.0], "lr": [0.1, 0.1, 0.1]}
 
 
 @pytest.mark.skipif(not HAS_PSUTIL, reason="the system sampler needs psutil (the [system] extra)")

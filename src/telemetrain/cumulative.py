@@ -8,6 +8,8 @@ rate (https://prometheus.io/docs/practices/naming/: "export a joules counter"). 
 
 from __future__ import annotations
 
+from .ucum import base_unit
+
 __all__ = ["CUMULATIVE_METRICS", "CUMULATIVE_UNITS", "is_cumulative"]
 
 # cumulative metrics of docs/system.md (v2 names, and the v1 names for records read back from old runs) and the
@@ -40,5 +42,7 @@ CUMULATIVE_UNITS = frozenset({"J"})
 
 
 def is_cumulative(name: str, unit: str) -> bool:
-    """A running total: a known cumulative metric, a quantity in joules, or a name that says so."""
-    return unit in CUMULATIVE_UNITS or name in CUMULATIVE_METRICS or name.endswith((".total", "_total"))
+    """A running total: a known cumulative metric, a quantity in joules (``J``, or ``kJ``, ``Wh``, ``kWh``: joules
+    in another scale), or a name that says so."""
+    return (name in CUMULATIVE_METRICS or name.endswith((".total", "_total")) or unit in CUMULATIVE_UNITS
+            or base_unit(unit)[0] in CUMULATIVE_UNITS)

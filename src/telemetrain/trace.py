@@ -107,14 +107,18 @@ def _number(value: Any) -> float | None:
 
 def _counter_name(r: Any) -> str:
     """A metric's counter: its series (semconv.series_key: ``system.disk.io.read`` for a v1 and a v2 record), with the
-    device of per-device groups (system.gpu.0 -> ``hw.power gpu 0``)."""
+    device of per-device groups (system.gpu.0 -> ``hw.power gpu 0``), and the group of any other group but
+    ``default`` (``val/loss``, as TensorBoard's tag and MLflow's key: a name in two groups is two tracks, not one
+    that zigzags between them)."""
     name = series_key(r.name, r.attributes)
     for prefix, label in (("system.gpu.", "gpu"), ("system.cuda.", "cuda")):
         if r.group.startswith(prefix):
             return f"{name} {label} {r.group[len(prefix):]}"
     if r.group.startswith("system.filesystem."):
         return f"{name} {r.group[len('system.filesystem.'):]}"
-    return name
+    if r.group == "default" or r.group == "system" or r.group.startswith("system."):
+        return name
+    return f"{r.group}/{name}"
 
 
 # -- the trace ---------------------------------------------------------------------------------------------------------

@@ -71,8 +71,13 @@ def _value(v: Any) -> str:
 
 
 def _with_unit(v: Any, unit: str) -> str:
-    if unit == "s" and isinstance(v, (int, float)) and not isinstance(v, bool):
-        return _seconds(float(v))
+    """A measured value: an int reading is a number for people too (``239,640,576 By``), unlike an int attribute
+    (a pid, an id), which stays as it is."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        if unit == "s":
+            return _seconds(float(v))
+        if type(v) is not float and abs(v) < 2**53:
+            v = float(v)
     return _value(v) + (f" {printable(unit)}" if unit else "")
 
 

@@ -139,12 +139,23 @@ class _EventFile:
         self.start_s = wall_s
         self.last_s = wall_s
         self.trial = f"{identity.run_id}/rank{identity.rank}"
+        self.identity = identity
         self.hparams: dict[str, Any] = {f"identity.{f}": getattr(identity, f) for f in _IDENTITY_FIELDS}
         self.hparams.update(run_config)
         self.session_started = False
         self.add(event_pb2.Event(wall_time=wall_s, file_version="brain.Event:2"))
         ident = {f: getattr(identity, f) for f in _IDENTITY_FIELDS}
         self.add_summary(text_pb("run/identity", _markdown_table(ident)), 0, wall_s)
+
+    def set_identity(self, identity: Identity, wall_s: float) -> None:
+        """The process's identity changed, not its run or rank (rank 0 learning the world size once the process
+        group is up): the same file and global step; the new identity in the HParams (or, once the session start
+        is written, in the run/hparams text) and in the run/identity text."""
+        old, self.identity = self.identity, identity
+        ident = {f: getattr(identity, f) for f in _IDENTITY_FIELDS}
+        if ident != {f: getattr(old, f) for f in _IDENTITY_FIELDS}:  # (not for a field not shown: the pid)
+            self.add_hparams({f"identity.{k}": v for k, v in ident.items()}, wall_s)
+            self.add_summary(text_pb("run/identity", _markdown_table(ident)), self.step, wall_s)
 
     def add(self, event: Any) -> None:
         self.parts.append(tfrecord(event.SerializeToString()))
@@ -214,15 +225,19 @@ class TensorBoardSink(Sink):
             raise TypeError(f"logdir must be a path, got {type(logdir).__name__}")
         self.logdir = Path(logdir)
         self.run_subdirs = bool(run_subdirs)
-        self._files: dict[Identity, _EventFile] = {}
+        # one file per run and rank: an identity that changes otherwise keeps its file (and its global step)
+        self._files: dict[tuple[str, int], _EventFile] = {}
         self._tags: dict[tuple[str, str, Any], str] = {}  # (group, name, attributes) -> tag
 
     def _file(self, record: Any) -> _EventFile:
-        f = self._files.get(record.identity)
+        ident: Identity = record.identity
+        key = (ident.run_id, ident.rank)
+        f = self._files.get(key)
         if f is None:
-            ident: Identity = record.identity
             directory = self.logdir / ident.run_id / f"rank{ident.rank}" if self.run_subdirs else self.logdir
-            f = self._files[ident] = _EventFile(directory, ident, record.wall_ns / 1e9, self.run_config or {})
+            f = self._files[key] = _EventFile(directory, ident, record.wall_ns / 1e9, self.run_config or {})
+        elif f.identity is not ident and f.identity != ident:
+            f.set_identity(ident, record.wall_ns / 1e9)
         return f
 
     def _tag(self, group: str, name: str, attributes: Mapping[str, Any] | None) -> str:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import math
 import operator
 import os
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from opentelemetry.sdk.metrics.export import Buckets, ExponentialHistogramDataPoint
 from opentelemetry.sdk.resources import Resource
@@ -52,11 +51,12 @@ def point_attributes(group: str, labels: Mapping[str, Any] | None) -> dict[str, 
 
 
 def stat_unit(aggregation: str, unit: str) -> str:
-    """The unit of one aggregation of a stat whose samples are in ``unit``."""
+    """The unit of one aggregation of a stat whose samples are in ``unit``: counts are of samples, and so is
+    ``rate`` (samples per second of the window, ``stats.aggregations``), whatever the samples measure."""
     if aggregation in ("count", "nan_count", "inf_count"):
         return "{sample}"
     if aggregation == "rate":
-        return f"{unit}/s" if unit and unit != "1" else "1/s"
+        return "{sample}/s"
     return unit
 
 
@@ -165,6 +165,12 @@ def histogram_point(record: Any, attrs: Mapping[str, Any]) -> ExponentialHistogr
         positive=Buckets(int(positive.get("offset", 0)), list(positive.get("counts", ()))),
         negative=Buckets(int(negative.get("offset", 0)), list(negative.get("counts", ()))),
         flags=0,
-        min=float(values.get("min", math.nan)),
-        max=float(values.get("max", math.nan)),
+        min=_optional(values.get("min")),
+        max=_optional(values.get("max")),
     )
+
+
+def _optional(value: Any) -> float:
+    """A window's min or max; unknown (the stat does not keep it) stays None, which OTLP's optional field leaves
+    unset, where NaN would reach the backend as the minimum (the SDK annotates float; its encoder passes None on)."""
+    return cast(float, None) if value is None else float(value)

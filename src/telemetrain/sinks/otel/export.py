@@ -8,8 +8,10 @@ providers export synchronously in that thread instead, and a failed export raise
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from opentelemetry.context import Context
@@ -33,6 +35,52 @@ class OTelExportError(RuntimeError):
     """An exporter reported a failure (the dispatcher counts it)."""
 
 
+# The OTLP exporters log every failed attempt (a warning per retry, an error per batch): from the sink's own exports,
+# which the dispatcher already counts, reports and warns about once, those records are dropped. Only while this
+# module's export runs in this thread: the application's own exporters, in their threads, still log.
+QUIET_LOGGERS = (
+    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+    "opentelemetry.exporter.otlp.proto.http.metric_exporter",
+    "opentelemetry.exporter.otlp.proto.http._common",
+)
+_exporting = threading.local()
+
+
+class _OwnExports(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not getattr(_exporting, "on", False):
+            return True
+        if record.levelno >= logging.WARNING and not getattr(_exporting, "cause", ""):
+            _exporting.cause = record.getMessage()  # the first says why (refused, timed out): the error names it
+        return False
+
+
+_FILTER = _OwnExports()
+
+
+def quiet_own_exports() -> None:
+    """Install the filter on the OTLP exporters' loggers (once; idempotent)."""
+    for name in QUIET_LOGGERS:
+        logger = logging.getLogger(name)
+        if _FILTER not in logger.filters:
+            logger.addFilter(_FILTER)
+
+
+@contextmanager
+def _own_export() -> Iterator[None]:
+    _exporting.on, _exporting.cause = True, ""
+    try:
+        yield
+    finally:
+        _exporting.on = False
+
+
+def _cause() -> str:
+    """What the exporter first logged about the export just made (its reason), as ``: <line>``, or nothing."""
+    cause = str(getattr(_exporting, "cause", "")).split("\n", 1)[0]
+    return f": {cause[:300]}" if cause else ""
+
+
 class DirectSpanExport(SpanProcessor):
     """Collects ended spans; ``export()`` hands them to the exporter in the calling thread."""
 
@@ -48,8 +96,13 @@ class DirectSpanExport(SpanProcessor):
 
     def export(self) -> None:
         batch, self._ended = self._ended, []
-        if batch and self.exporter.export(batch) is not SpanExportResult.SUCCESS:
-            raise OTelExportError(f"span exporter {type(self.exporter).__name__} failed ({len(batch)} spans lost)")
+        if not batch:
+            return
+        with _own_export():
+            result = self.exporter.export(batch)
+        if result is not SpanExportResult.SUCCESS:
+            raise OTelExportError(
+                f"span exporter {type(self.exporter).__name__} failed ({len(batch)} spans lost){_cause()}")
 
     def shutdown(self) -> None:
         self._ended = []
@@ -87,8 +140,10 @@ class PushMetricReader(MetricReader):
                     metrics_data = MetricsData([ResourceMetrics(resource, [ours], "")])
         if metrics_data is None:
             return
-        if self.exporter.export(metrics_data, timeout_millis=timeout_millis) is not MetricExportResult.SUCCESS:
-            raise OTelExportError(f"metric exporter {type(self.exporter).__name__} failed")
+        with _own_export():
+            result = self.exporter.export(metrics_data, timeout_millis=timeout_millis)
+        if result is not MetricExportResult.SUCCESS:
+            raise OTelExportError(f"metric exporter {type(self.exporter).__name__} failed{_cause()}")
 
     def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
         self.exporter.shutdown(timeout_millis=timeout_millis)

@@ -15,6 +15,7 @@ sampler's groups, ``telemetrain.group``; the run identity and config are in the 
 from __future__ import annotations
 
 import importlib
+import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -59,7 +60,7 @@ from .convert import (
     prefixed,
     stat_unit,
 )
-from .export import DirectSpanExport, GivenIds, OTelExportError, PushMetricReader
+from .export import DirectSpanExport, GivenIds, OTelExportError, PushMetricReader, quiet_own_exports
 
 __all__ = ["OTelExportError", "OTelSink"]
 
@@ -69,6 +70,10 @@ _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 # One for all sinks: providers cache their tracer per scope, so sinks sharing a provider share a tracer (per thread)
 _IDS = GivenIds()
 _CONFIG_DONE = ""  # a key of _root_attrs: the run's config is in it
+# The OTLP exporters retry a failed export until their timeout (the spec's default: 10 s). Ours must give up well
+# inside Telemetry.close(timeout=5.0), which may see two exports (the last spans, the last metrics) to a dead
+# collector; past it the sink is abandoned and its thread left running.
+DEFAULT_EXPORT_TIMEOUT_S = 1.0
 
 
 def _otlp(module: str, cls: str) -> Any:
@@ -97,7 +102,9 @@ class OTelSink(Sink):
     resource of the first record's identity (``otel_resource``) and ``span_exporter`` / ``metric_exporter``
     (default: OTLP over HTTP, configured by the standard ``OTEL_EXPORTER_OTLP_*`` variables). The sink's own
     providers export in the sink's thread, spans after every batch and metrics every ``metric_interval`` seconds and
-    on flush; a failed export raises, so the dispatcher counts it.
+    on flush; a failed export raises, so the dispatcher counts it. The default OTLP exporters give up after
+    ``export_timeout`` seconds (unless ``OTEL_EXPORTER_OTLP_*TIMEOUT`` says otherwise), so a dead collector cannot
+    keep ``Telemetry.close()`` waiting past its timeout.
     """
 
     name = "otel"
@@ -115,9 +122,12 @@ class OTelSink(Sink):
         metric_prefix: str = "telemetrain.",
         max_pending_events: int = 10_000,
         flush_timeout: float = 10.0,
+        export_timeout: float = DEFAULT_EXPORT_TIMEOUT_S,
     ) -> None:
         if not metric_interval > 0 or not flush_timeout > 0:
             raise ValueError("metric_interval and flush_timeout must be > 0 seconds")
+        if type(export_timeout) not in (int, float) or not 0 < export_timeout < float("inf"):
+            raise ValueError(f"export_timeout must be a positive number of seconds, got {export_timeout!r}")
         if type(max_pending_events) is not int or max_pending_events < 0:
             raise ValueError(f"max_pending_events must be an int >= 0, got {max_pending_events!r}")
         if tracer_provider is None and span_exporter is None:
@@ -132,6 +142,7 @@ class OTelSink(Sink):
         self.metric_prefix = metric_prefix
         self.max_pending_events = max_pending_events
         self._timeout_ms = int(flush_timeout * 1000)
+        self.export_timeout = float(export_timeout)
         self._ids = _IDS
         self._handlers: dict[str, Callable[[Any], None]] = {
             "metric": self._metric,
@@ -216,13 +227,22 @@ class OTelSink(Sink):
             for values in self._counters.values():
                 values.clear()
 
+    def _otlp_timeout(self, signal: str) -> float | None:
+        """The default exporter's timeout: ``export_timeout``, unless the standard variables set one (None: the
+        exporter reads them)."""
+        if os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_TIMEOUT") or os.environ.get("OTEL_EXPORTER_OTLP_TIMEOUT"):
+            return None
+        return self.export_timeout
+
     # -- spans -----------------------------------------------------------------------------------------------------
 
     def _tracer_for(self, identity: Identity) -> Tracer:
         if self._tracer is None:
             provider = self._user_tp
             if provider is None:
-                exporter = self._span_exporter or _otlp("trace_exporter", "OTLPSpanExporter")()
+                exporter = self._span_exporter or _otlp("trace_exporter", "OTLPSpanExporter")(
+                    timeout=self._otlp_timeout("TRACES"))
+                quiet_own_exports()
                 self._direct = DirectSpanExport(exporter)
                 resource = otel_resource(identity, self.run_config)
                 own = SdkTracerProvider(resource=resource, id_generator=self._ids, shutdown_on_exit=False)
@@ -317,7 +337,9 @@ class OTelSink(Sink):
         if self._meter is None:
             provider = self._user_mp
             if provider is None:
-                exporter = self._metric_exporter or _otlp("metric_exporter", "OTLPMetricExporter")()
+                exporter = self._metric_exporter or _otlp("metric_exporter", "OTLPMetricExporter")(
+                    timeout=self._otlp_timeout("METRICS"))
+                quiet_own_exports()
                 self._reader = PushMetricReader(exporter)
                 resource = otel_resource(identity, self.run_config)
                 self._reader.extra = (InstrumentationScope(SCOPE, __version__), resource, self._take_histograms)

@@ -51,12 +51,16 @@ def unit_of(unit: str) -> tuple[str, float]:
     return base_unit(unit)
 
 
-def metric_name(name: str, unit: str = "") -> str:
+def metric_name(name: str, unit: str = "", *, counter: bool = False) -> str:
     """The Prometheus name of a metric (without ``_total``): dots to underscores, the ``telemetrain_`` prefix unless
     the name is one of OpenTelemetry's semantic conventions (``system_disk_io_bytes``, as OpenTelemetry's own
     Prometheus exporter writes it), the suffix of the unit's base unit unless the name already ends with it (``ms``
-    -> ``_seconds``: the value is converted, see ``unit_of``)."""
+    -> ``_seconds``: the value is converted, see ``unit_of``). A ``counter``'s own ``_total`` is dropped (the
+    sample adds it back after the unit: ``tokens_total`` -> ``telemetrain_tokens_total``, not ``..._total_total``),
+    as prometheus_client's ``Counter`` and OpenTelemetry's Prometheus exporter do."""
     base = sanitise(name)
+    if counter and base.endswith("_total") and len(base) > len("_total"):
+        base = base[: -len("_total")]
     if name not in SEMCONV_METRICS and not base.startswith(PREFIX):
         base = PREFIX + base
     suffix = _unit_suffix(unit_of(unit)[0])

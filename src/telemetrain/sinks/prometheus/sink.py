@@ -84,9 +84,10 @@ class PrometheusSink(Sink):
     series are refused and counted (``telemetrain_prometheus_dropped_series_total``, one warning).
 
     Series carry the label ``rank`` and the record's attributes; the rest of the run identity is in the info metric
-    ``telemetrain_run_info{run_id=..., session_tag=..., ...} 1`` (join on ``instance`` or ``rank``), so a restart
-    does not start a new set of every series. Stats are histograms (with the ``histogram`` aggregation) or
-    summaries; values are served in base units (``ms`` -> seconds); a unit that is not UCUM is warned about once.
+    ``telemetrain_run_info{run_id=..., session_tag=..., ...} 1`` (join ``on(instance, rank)``: a rank set after
+    start leaves one info series per rank), so a restart does not start a new set of every series. Stats are
+    histograms (with the ``histogram`` aggregation) or summaries; values are served in base units (``ms`` ->
+    seconds); a unit that is not UCUM is warned about once.
 
     The server starts here. If it cannot bind (the port is taken), nothing is raised here: each ``write`` retries the
     bind and raises while it fails, so the dispatcher counts the failure, reports it and backs off (training goes
@@ -162,6 +163,7 @@ class PrometheusSink(Sink):
         self.non_ucum_units: set[str] = set()  # units seen that are not UCUM (served without a unit suffix)
         # the names and labels already worked out (the dispatcher thread's work per record stays a few lookups)
         self._label_ids: dict[Identity, int] = {}  # identity -> its label set (no attributes)
+        self._info_ids: dict[tuple[str, str], int] = {}  # run_id/rank -> the label set of its info series
         self._attr_label_ids: dict[tuple[Any, ...], int] = {}  # (identity, attributes) -> label set
         self._specs: dict[tuple[str, str], tuple[str, str, str, float]] = {}
         self.port: int | None = None  # the bound port; None while not serving
@@ -239,7 +241,13 @@ class PrometheusSink(Sink):
         table = self._table
         label_id = self._label_ids[identity] = table.label_id({"rank": str(identity.rank)}, group)
         info = table.label_id(_info_labels(identity), group)
-        table.set(RUN_INFO, "info", "the run identity of this process (join on instance or rank)", info, 1.0)
+        replaced = self._info_ids.get(group)
+        if replaced is not None and replaced != info:
+            # the identity changed but not its run_id/rank (world_size set once the process group is up): one info
+            # series per run_id/rank, the current one, or a join on(instance, rank) finds two and fails
+            table.discard(RUN_INFO, replaced)
+        self._info_ids[group] = info
+        table.set(RUN_INFO, "info", "the run identity of this process (join on instance and rank)", info, 1.0)
         return label_id
 
     def _attribute_labels(self, identity: Identity, attributes: dict[str, Any]) -> int:
@@ -274,9 +282,11 @@ class PrometheusSink(Sink):
                 self._specs.clear()
             self._check_unit(name, unit)
             counter = name in self.counters or is_cumulative(name, unit)
-            doc = f"{name} ({unit})" if unit else name
-            spec = self._specs[(name, unit)] = (metric_name(name, unit), "counter" if counter else "gauge", doc,
-                                                unit_of(unit)[1])
+            base, factor = unit_of(unit)
+            # the record's name and unit; a converted value says so, or HELP "(ms)" would sit over seconds
+            doc = name if not unit else f"{name} ({unit})" if base == unit else f"{name} ({unit}, served in {base})"
+            spec = self._specs[(name, unit)] = (metric_name(name, unit, counter=counter),
+                                                "counter" if counter else "gauge", doc, factor)
         return spec
 
     def _put(self, name: str, unit: str, label_id: int, value: float) -> None:
@@ -366,6 +376,8 @@ class PrometheusSink(Sink):
         self._table.lock = threading.Lock()
         self._table.clear()
         self._label_ids.clear()
+        self._attr_label_ids.clear()  # (their ids point into the table just cleared)
+        self._info_ids.clear()
         # The push groups are keyed by run_id/rank, which a child shares with its parent: a push from here would
         # replace the parent's series with the child's. The child does not push.
         self.push_to = None

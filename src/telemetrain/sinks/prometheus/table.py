@@ -135,6 +135,12 @@ class Table:
         if self._admit(family, label_id):
             family.samples[label_id] = value
 
+    def discard(self, name: str, label_id: int) -> None:
+        """Remove one series (it is no longer true)."""
+        family = self.families.get(name)
+        if family is not None and family.samples.pop(label_id, None) is not None:
+            self.series -= 1
+
     def add(self, name: str, doc: str, label_id: int, amount: float) -> None:
         family = self._family(name, "counter", doc)
         if self._admit(family, label_id):
