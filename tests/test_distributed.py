@@ -14,7 +14,7 @@ import pytest
 
 import telemetrain
 import telemetrain.distributed
-from conftest import run_dir_of
+from conftest import ListSink, run_dir_of
 from telemetrain.distributed.stragglers import StragglerDetector, phases_of
 from telemetrain.report.model import build_model
 from telemetrain.sinks.console import ConsoleSink
@@ -291,6 +291,25 @@ def test_chatty_sinks_attach_on_rank_zero_only_unless_asked(tmp_path: Path) -> N
     zero.add_sink(sink)
     assert sink in zero.sinks
     zero.close()
+
+
+def test_a_rank_set_after_the_chatty_sinks_attached_detaches_them(tmp_path: Path) -> None:
+    """``mp.spawn``: the Telemetry is made before the process knows its rank (rank 0 by default), then told it. The
+    ``ranks="zero"`` sinks were attached on every rank, so every rank wrote TensorBoard, MLflow and the console."""
+    t = telemetrain.Telemetry(telemetrain.identity_from_env({}), store=tmp_path)
+    chatty, everywhere = ListSink("chatty"), ListSink("everywhere")
+    t.add_sink(chatty, ranks="zero")
+    t.add_sink(everywhere)
+    t.metric("before", 1.0)
+    t.set_identity(world_size=2)  # still rank 0: nothing changes
+    assert chatty in t.sinks and t.skipped_sinks == []
+    t.set_identity(rank=1)
+    assert chatty not in t.sinks and t.skipped_sinks == [chatty]
+    t.metric("after", 2.0)
+    t.close()
+    assert [r.name for r in chatty.records if r.kind == "metric"] == ["before"]  # what it had is delivered
+    assert [r.name for r in everywhere.records if r.kind == "metric"] == ["before", "after"]
+    assert [r.name for r in open_run(run_dir_of(t)).records("metric")] == ["before", "after"]
 
 
 def test_the_launch_example_writes_one_run_folder_and_names_its_slow_rank(tmp_path: Path) -> None:

@@ -88,6 +88,7 @@ class Telemetry(TelemetryDelivery):
         self.extensions: dict[str, Any] = {}  # per-instance state of compatible APIs and integrations
         self._producers: list[Any] = []
         self.skipped_sinks: list[Sink] = []  # "zero" sinks not attached because this process is not rank 0
+        self._rank_zero_only: list[Attachment] = []  # "zero" sinks attached while the rank was 0 (set_identity)
         self._final_collect_done = False
         self.refresh_clock()
         self.config: dict[str, Any] = dict(config or {})  # the run's config (run.json; Sink.run_config)
@@ -114,7 +115,21 @@ class Telemetry(TelemetryDelivery):
         base = identity if identity is not None else self._identity
         if not isinstance(base, Identity):
             raise TypeError(f"identity must be an Identity, got {type(base).__name__}")
-        return self._install_identity(base.replace(**changes) if changes else base)
+        installed = self._install_identity(base.replace(**changes) if changes else base)
+        if installed.rank != 0 and self._rank_zero_only:
+            self._skip_rank_zero_sinks()
+        return installed
+
+    def _skip_rank_zero_sinks(self) -> None:
+        """A rank other than 0, set after the ``ranks="zero"`` sinks were attached (``mp.spawn``): they are detached,
+        closed and listed in ``skipped_sinks``, as ``add_sink`` does (what they received before is delivered)."""
+        with self._lock:
+            leaving, self._rank_zero_only = self._rank_zero_only, []
+            for a in leaving:
+                self._router.detach(a)
+            self.skipped_sinks.extend(a.sink for a in leaving)
+        for a in leaving:  # outside the lock, as remove_sink
+            a.runner.close(5.0)
 
     def _install_identity(self, identity: Identity) -> Identity:
         # token first: a record built between the two stores carries the old pair, whose token stays valid
@@ -198,6 +213,8 @@ class Telemetry(TelemetryDelivery):
             if self._closed:
                 raise RuntimeError("this Telemetry is closed")
             self._router.attach(attachment)
+            if rank_policy == "zero":
+                self._rank_zero_only.append(attachment)
         return attachment
 
     def remove_sink(self, sink_or_attachment: Sink | Attachment, timeout: float | None = 5.0) -> None:
@@ -206,6 +223,7 @@ class Telemetry(TelemetryDelivery):
             removed = [a for a in self._router.attachments if a is sink_or_attachment or a.sink is sink_or_attachment]
             for a in removed:
                 self._router.detach(a)
+            self._rank_zero_only = [a for a in self._rank_zero_only if a not in removed]
         for a in removed:  # outside the lock: producers re-resolving their routes must not wait for this drain
             a.runner.close(timeout)
 
