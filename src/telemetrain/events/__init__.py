@@ -499,3 +499,8 @@ def event(
 ) -> None:
     """Record a native event on the default ``Telemetry``: a name, attributes and a severity."""
     (_default.telemetry or get_telemetry()).event(name, attributes, severity=severity, group=group)
+
+
+# torch's package imports ``api`` and ``handlers``, so ``events.api.Event`` and ``events.handlers`` work after
+# ``import ...events`` alone; imported last because both re-export the names defined above.
+from . import api, handlers  # noqa: E402, F401
