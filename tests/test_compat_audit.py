@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch.monitor as tm
@@ -44,3 +45,62 @@ def test_aggregation_prints_as_its_name(mod: object) -> None:
     assert str(agg) == "Aggregation.SUM"
     assert f"{agg}" == "Aggregation.SUM"
     assert agg.name == "SUM" and int(agg.value) == 4
+
+
+# -- nv-one-logger ---------------------------------------------------------------------------------------------------
+
+
+def test_one_logger_errors_take_message_by_keyword_and_assert_that_exists() -> None:
+    from telemetrain.training.errors import OneLoggerError, assert_that
+    from telemetrain.training.exporters import ExportError
+
+    # one-logger's signature is ``__init__(self, message)``; exporters written for it raise with message=...
+    assert str(OneLoggerError(message="bad state")) == "bad state"
+    assert str(ExportError(message="closed")) == "closed"
+    assert_that(1, "never raised")
+    with pytest.raises(OneLoggerError, match=r"^invariant broken$"):
+        assert_that([], "invariant broken")
+
+
+def test_config_values_from_the_environment_convert_as_one_loggers_pydantic_models_do() -> None:
+    from telemetrain.training.config import TrainingTelemetryConfig
+    from telemetrain.training.errors import InvalidConfigError
+    from telemetrain.training.one_logger_config import OneLoggerConfig, OneLoggerErrorHandlingStrategy
+
+    # values read from os.environ are str: typed Any here, as they are where a config file or a launcher gives them
+    env: dict[str, Any] = {"WORLD_SIZE": "4", "GBS": " 32 ", "LOG_EVERY": "10", "THROUGHPUT": "false",
+                           "BASELINE": "yes", "ENABLED": "0", "FLOPS": "6000000000", "FOUR": 4.0, "ZERO": 0}
+    tt = TrainingTelemetryConfig(global_batch_size_or_fn=env["GBS"], log_every_n_train_iterations=env["LOG_EVERY"],
+                                 world_size_or_fn=env["FOUR"], is_log_throughput_enabled_or_fn=env["THROUGHPUT"],
+                                 flops_per_sample_or_fn=env["FLOPS"], is_save_checkpoint_enabled_or_fn=env["ZERO"])
+    assert (tt.global_batch_size, tt.log_every_n_train_iterations, tt.world_size) == (32, 10, 4)
+    assert tt.is_log_throughput_enabled is False  # a non-empty str was truthy: throughput on, silently
+    assert tt.is_save_checkpoint_enabled is False
+    assert tt.flops_per_sample == 6e9
+    config = OneLoggerConfig(application_name="app", session_tag_or_fn="s", world_size_or_fn=env["WORLD_SIZE"],
+                             is_baseline_run_or_fn=env["BASELINE"], enable_for_current_rank=env["ENABLED"])
+    assert (config.world_size, config.is_baseline_run, config.enable_for_current_rank) == (4, True, False)
+    # a disabled rank gets one-logger's quiet strategy, decided from the converted flag
+    assert config.error_handling_strategy is OneLoggerErrorHandlingStrategy.DISABLE_QUIETLY_AND_REPORT_METRIC_ERROR
+    # what pydantic rejects is still an error naming the field
+    bad: dict[str, Any] = {"half": "4.5", "word": "eight", "maybe": "maybe", "exp": "1e12"}
+    with pytest.raises(InvalidConfigError, match="world_size"):
+        OneLoggerConfig(application_name="app", session_tag_or_fn="s", world_size_or_fn=bad["half"])
+    with pytest.raises(InvalidConfigError, match="global_batch_size_or_fn"):
+        TrainingTelemetryConfig(global_batch_size_or_fn=bad["word"])
+    with pytest.raises(InvalidConfigError, match="flops_per_sample_or_fn"):
+        TrainingTelemetryConfig(global_batch_size_or_fn=8, flops_per_sample_or_fn=bad["exp"])
+    with pytest.raises(InvalidConfigError, match="is_log_throughput_enabled_or_fn"):
+        TrainingTelemetryConfig(global_batch_size_or_fn=8, is_log_throughput_enabled_or_fn=bad["maybe"],
+                                flops_per_sample_or_fn=1)
+
+
+def test_throughput_logging_without_flops_per_sample_is_a_config_error() -> None:
+    from telemetrain.training.config import TrainingTelemetryConfig
+    from telemetrain.training.errors import OneLoggerError
+
+    # one-logger's validator: throughput figures need the FLOPs per sample; without it they were silently absent
+    with pytest.raises(OneLoggerError, match="flops_per_sample"):
+        TrainingTelemetryConfig(global_batch_size_or_fn=8, is_log_throughput_enabled_or_fn=True)
+    assert TrainingTelemetryConfig(global_batch_size_or_fn=8, is_log_throughput_enabled_or_fn=True,
+                                   flops_per_sample_or_fn=lambda: 100).flops_per_sample == 100
