@@ -7,13 +7,18 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch.monitor as tm
 
+import telemetrain
+from _onelogger import Recording, configure, provider_fixture, training_config  # noqa: F401
 from telemetrain import monitor
+from telemetrain.training import callbacks as cb
+from telemetrain.training.training_telemetry_provider import TrainingTelemetryProvider
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -104,3 +109,31 @@ def test_throughput_logging_without_flops_per_sample_is_a_config_error() -> None
         TrainingTelemetryConfig(global_batch_size_or_fn=8, is_log_throughput_enabled_or_fn=True)
     assert TrainingTelemetryConfig(global_batch_size_or_fn=8, is_log_throughput_enabled_or_fn=True,
                                    flops_per_sample_or_fn=lambda: 100).flops_per_sample == 100
+
+
+def test_callbacks_given_times_export_exactly_their_durations(provider: TrainingTelemetryProvider,
+                                                               telemetry: telemetrain.Telemetry) -> None:
+    # a job that passes its own *_time_msec (replayed or measured elsewhere): a span started at t and finished at
+    # t + d ms lasts d ms. Each explicit time's perf counter used to come from a fresh pair of clock readings, so
+    # the exported durations were truncated from d - a few microseconds: d - 1 about half the time
+    seen = Recording()
+    configure(provider, seen, training=training_config())
+    t = float(int(time.time() * 1000) - 60_000)
+    cb.on_app_start(start_time_msec=t)
+    cb.on_train_start(train_iterations_start=0, start_time_msec=t + 1)
+    t += 2
+    expected = []
+    for d in range(1, 41):
+        cb.on_validation_start(start_time_msec=t)
+        cb.on_validation_single_iteration_start(start_time_msec=t)
+        cb.on_validation_single_iteration_end(finish_time_msec=t + d)
+        cb.on_validation_end(finish_time_msec=t + d)
+        expected.append(d)
+        t += d + 3
+    cb.on_train_end(finish_time_msec=t)
+    cb.on_app_end(finish_time_msec=t + 1)
+    durations = [span.duration_msec() for span in seen.spans("export_stop", "validation_loop")]
+    assert durations == expected
+    updates = seen.events("validation_metrics_update")
+    assert [round(e.attributes["max_iteration_time_sec"].value * 1000, 3) for e in updates] == [
+        float(max(expected[: i + 1])) for i in range(40)]
