@@ -16,7 +16,9 @@ import torch.monitor as tm
 
 import telemetrain
 from _onelogger import Recording, configure, provider_fixture, training_config  # noqa: F401
+from conftest import run_dir_of
 from telemetrain import monitor
+from telemetrain.store.reader import open_run
 from telemetrain.training import callbacks as cb
 from telemetrain.training.training_telemetry_provider import TrainingTelemetryProvider
 
@@ -137,3 +139,23 @@ def test_callbacks_given_times_export_exactly_their_durations(provider: Training
     updates = seen.events("validation_metrics_update")
     assert [round(e.attributes["max_iteration_time_sec"].value * 1000, 3) for e in updates] == [
         float(max(expected[: i + 1])) for i in range(40)]
+
+
+def test_bridge_keeps_metadata_keys_named_like_its_own(telemetry: telemetrain.Telemetry) -> None:
+    # torch's own events module, bridged: a metadata key "source" (the job's data source, say) is data and must
+    # survive; the event's own source and time are also under the drop-in's keys, so both routes share a schema
+    from torch.distributed.elastic import events as te_events
+
+    from telemetrain.integrations.torchelastic import install
+
+    with install(telemetry):
+        te_events.record(te_events.Event("ingest", te_events.EventSource.WORKER, timestamp=1234,
+                                         metadata={"source": "s3://bucket", "timestamp_ms": 7, "n": 2}))
+        te_events.record(te_events.Event("plain", te_events.EventSource.AGENT, timestamp=99))
+    telemetry.flush()
+    by_name = {r.name: r for r in open_run(run_dir_of(telemetry)).records("event")}
+    ingest = by_name["ingest"].attributes
+    assert (ingest["source"], ingest["timestamp_ms"], ingest["n"]) == ("s3://bucket", 7, 2)
+    assert (ingest["torchelastic.source"], ingest["torchelastic.timestamp"]) == ("WORKER", 1234)
+    plain = by_name["plain"].attributes
+    assert (plain["source"], plain["timestamp_ms"], plain["torchelastic.source"]) == ("AGENT", 99, "AGENT")
