@@ -159,3 +159,23 @@ def test_bridge_keeps_metadata_keys_named_like_its_own(telemetry: telemetrain.Te
     assert (ingest["torchelastic.source"], ingest["torchelastic.timestamp"]) == ("WORKER", 1234)
     plain = by_name["plain"].attributes
     assert (plain["source"], plain["timestamp_ms"], plain["torchelastic.source"]) == ("AGENT", 99, "AGENT")
+
+
+def test_deserialize_takes_torchelastics_own_event_objects() -> None:
+    # torch's deserialize returns an Event object as it is; code that switched imports still gets torch's objects
+    # from torch's agent, and ours used to refuse them with a TypeError
+    from torch.distributed.elastic import events as te_events
+
+    from telemetrain import events
+
+    theirs = te_events.Event("n", te_events.EventSource.AGENT, 5, {"k": 1})
+    ours = events.Event.deserialize(theirs)
+    assert isinstance(ours, events.Event)
+    assert ours == events.Event("n", events.EventSource.AGENT, 5, {"k": 1})
+    assert events.Event.deserialize(theirs.serialize()) == ours
+    rdzv = te_events.RdzvEvent("r", "run", "msg", "host", 7, te_events.NodeState.FAILED, rank=2, error_trace="tb")
+    mine = events.RdzvEvent.deserialize(rdzv)
+    assert isinstance(mine, events.RdzvEvent) and mine.node_state is events.NodeState.FAILED
+    assert mine.serialize() == rdzv.serialize()
+    with pytest.raises(TypeError, match="data"):
+        events.Event.deserialize({"name": "n"})
