@@ -174,9 +174,9 @@ def test_deserialize_reads_torchelastic_style_json() -> None:
 
 def test_deserialize_rejects_other_types() -> None:
     with pytest.raises(TypeError):
-        events.Event.deserialize(42)  # type: ignore[arg-type]
+        events.Event.deserialize(42)
     with pytest.raises(TypeError):
-        events.RdzvEvent.deserialize(None)  # type: ignore[arg-type]
+        events.RdzvEvent.deserialize(None)
 
 
 def _rdzv(lib: Any, **kw: Any) -> Any:

@@ -82,6 +82,13 @@ class Aggregation(enum.IntEnum):
     RATE = 12
     HISTOGRAM = 13
 
+    # torch's pybind11 enum prints as "Aggregation.SUM"; an IntEnum would print "4" (log lines, f-strings, dict keys)
+    def __str__(self) -> str:
+        return f"Aggregation.{self.name}"
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
 
 VALUE, MEAN, COUNT, SUM, MAX, MIN = (Aggregation.VALUE, Aggregation.MEAN, Aggregation.COUNT, Aggregation.SUM,
                                      Aggregation.MAX, Aggregation.MIN)

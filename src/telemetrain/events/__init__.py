@@ -8,6 +8,7 @@ does not raise. Differences from torchelastic are listed in docs/compat.md.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -103,9 +104,12 @@ class Event:
         return self.serialize()
 
     @staticmethod
-    def deserialize(data: str | Event) -> Event:
+    def deserialize(data: Any) -> Event:  # a str, ours, or torchelastic's Event
         if isinstance(data, Event):
             return data
+        if not isinstance(data, str) and _looks_like(data, _EVENT_FIELDS):
+            source = EventSource(getattr(data.source, "_value_", data.source))
+            return Event(data.name, source, data.timestamp, dict(data.metadata or {}))
         if not isinstance(data, str):
             raise TypeError(f"data must be a str or an Event, got {type(data).__name__}")
         data_dict = json.loads(data)
@@ -135,9 +139,13 @@ class RdzvEvent:
         return self.serialize()
 
     @staticmethod
-    def deserialize(data: str | RdzvEvent) -> RdzvEvent:
+    def deserialize(data: Any) -> RdzvEvent:  # a str, ours, or torchelastic's RdzvEvent
         if isinstance(data, RdzvEvent):
             return data
+        if not isinstance(data, str) and _looks_like(data, _RDZV_FIELDS):
+            fields = {f.name: getattr(data, f.name) for f in dataclasses.fields(RdzvEvent)}
+            fields["node_state"] = NodeState(getattr(data.node_state, "_value_", data.node_state))
+            return RdzvEvent(**fields)
         if not isinstance(data, str):
             raise TypeError(f"data must be a str or an RdzvEvent, got {type(data).__name__}")
         data_dict = json.loads(data)
@@ -499,3 +507,7 @@ def event(
 ) -> None:
     """Record a native event on the default ``Telemetry``: a name, attributes and a severity."""
     (_default.telemetry or get_telemetry()).event(name, attributes, severity=severity, group=group)
+
+
+# as torch's package: ``events.api``/``events.handlers`` work after ``import ...events`` (last: they re-export it)
+from . import api, handlers  # noqa: E402, F401

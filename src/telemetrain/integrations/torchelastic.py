@@ -198,9 +198,14 @@ class ElasticEventHandler(logging.Handler):
             return
         name = str(data["name"])
         attributes = event_attributes(data.get("metadata") or {})
-        attributes["source"] = str(data.get("source", ""))
+        # the event's own fields under the drop-in's namespaced keys (telemetrain.events), and under the short ones
+        # unless the metadata has a key of that name: a metadata "source" or "timestamp_ms" was overwritten
+        source = str(data.get("source", ""))
+        attributes["torchelastic.source"] = source
+        attributes.setdefault("source", source)
         if data.get("timestamp"):  # torch leaves it 0; keep it when someone set it
-            attributes["timestamp_ms"] = data["timestamp"]
+            attributes["torchelastic.timestamp"] = data["timestamp"]
+            attributes.setdefault("timestamp_ms", data["timestamp"])
         state = str(attributes.get("state", ""))
         severity = _SEVERITY_OF_STATE.get(state, "info")
         self.telemetry.event(name, attributes, group=EVENT_GROUP, severity=severity)

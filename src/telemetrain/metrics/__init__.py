@@ -285,3 +285,8 @@ def profile(group: str | None = None) -> Callable[[F], F]:
 
 def initialize_metrics(cfg: MetricsConfig | None = None) -> None:
     """A no-op, as in torchelastic."""
+
+
+# torch's package imports its ``api`` module, so ``metrics.api.put_metric`` works after ``import ...metrics`` alone;
+# imported last because api.py re-exports the names defined above.
+from . import api  # noqa: E402, F401

@@ -18,6 +18,7 @@ import copy
 import dataclasses
 import enum
 import math
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -31,6 +32,8 @@ __all__ = [
     "TrainingTelemetryConfig",
     "config_overrides",
     "evaluate",
+    "lax_bool",
+    "lax_int",
 ]
 
 
@@ -50,6 +53,35 @@ class ApplicationType(str, enum.Enum):
 def evaluate(value_or_fn: Any) -> Any:
     """A ``*_or_fn`` value: call it if it is callable."""
     return value_or_fn() if callable(value_or_fn) else value_or_fn
+
+
+_TRUE_TEXT = frozenset({"1", "on", "t", "true", "y", "yes"})
+_FALSE_TEXT = frozenset({"0", "off", "f", "false", "n", "no"})
+
+
+# one-logger's configs are pydantic models, which convert in "lax" mode: ``world_size_or_fn=os.environ["WORLD_SIZE"]``
+# is 4 there, and ``is_log_throughput_enabled_or_fn="false"`` is False (a non-empty str would be truthy here)
+def lax_int(value: Any) -> Any:
+    """pydantic's lax int: an integral float or a str holding an integer becomes an int; anything else unchanged
+    (the field's own check names what is wrong)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+(\.0*)?\s*", value):
+        return int(value.strip().split(".")[0])
+    return value
+
+
+def lax_bool(value: Any, name: str) -> Any:
+    """pydantic's lax bool: "true"/"false", "yes"/"no", "on"/"off", "1"/"0" (any case) and the numbers 0 and 1
+    become bools; another str is an error naming the field."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in _TRUE_TEXT or text in _FALSE_TEXT:
+            return text in _TRUE_TEXT
+        raise InvalidConfigError(f"{name} must be a bool (or a function returning one), got {value!r}")
+    if not isinstance(value, bool) and isinstance(value, (int, float)) and value in (0, 1):
+        return bool(value)
+    return value
 
 
 def _positive_int(value: Any, name: str, *, allow_none: bool = True) -> None:
@@ -100,6 +132,12 @@ class TrainingTelemetryConfig:
     gpu_energy: Any = True
 
     def __post_init__(self) -> None:
+        for name in _INT_FIELDS:
+            setattr(self, name, lax_int(getattr(self, name)))
+        for name in _BOOL_FIELDS:
+            setattr(self, name, lax_bool(getattr(self, name), name))
+        if isinstance(self.flops_per_sample_or_fn, str):  # an int in one-logger: "1e12" is refused there too
+            self.flops_per_sample_or_fn = lax_int(self.flops_per_sample_or_fn)
         _positive_int(self.global_batch_size_or_fn, "global_batch_size_or_fn", allow_none=False)
         for name in ("micro_batch_size_or_fn", "seq_length_or_fn", "train_iterations_target_or_fn",
                      "train_samples_target_or_fn", "world_size_or_fn"):
@@ -108,6 +146,9 @@ class TrainingTelemetryConfig:
         if fps is not None and not callable(fps):
             if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not fps > 0 or math.isinf(fps):
                 raise InvalidConfigError(f"flops_per_sample_or_fn must be > 0, got {fps!r}")
+        if fps is None and self.is_log_throughput_enabled_or_fn is True:  # one-logger's rule (no figures without it)
+            raise InvalidConfigError("flops_per_sample_or_fn must be set to a positive value when "
+                                     "is_log_throughput_enabled_or_fn is True")
         perf = self.perf_tag_or_fn
         if not callable(perf) and not isinstance(perf, (str, list)):
             raise TypeError(f"perf_tag_or_fn must be a str, a list of str or a function, got {type(perf).__name__}")
@@ -253,6 +294,13 @@ class TrainingTelemetryConfig:
         if self.custom_metadata:
             out["custom_metadata"] = [f"{k}:{v}" for k, v in self.custom_metadata.items()]
         return {k: v for k, v in out.items() if v is not None}
+
+
+_INT_FIELDS = ("global_batch_size_or_fn", "micro_batch_size_or_fn", "seq_length_or_fn", "train_iterations_target_or_fn",
+               "train_samples_target_or_fn", "world_size_or_fn", "log_every_n_train_iterations")
+_BOOL_FIELDS = ("is_log_throughput_enabled_or_fn", "is_train_iterations_enabled_or_fn",
+                "is_validation_iterations_enabled_or_fn", "is_test_iterations_enabled_or_fn",
+                "is_save_checkpoint_enabled_or_fn", "is_baseline_run_or_fn")
 
 
 def _opt_int(value: Any) -> int | None:

@@ -6,11 +6,16 @@ as an ``error`` event, counted and warned once, and the call returns normally.""
 
 from __future__ import annotations
 
-__all__ = ["ExportError", "InvalidConfigError", "OneLoggerError"]
+from typing import Any
+
+__all__ = ["ExportError", "InvalidConfigError", "OneLoggerError", "assert_that"]
 
 
 class OneLoggerError(Exception):
     """An error of the one-logger-compatible API (one-logger's own base class, same name)."""
+
+    def __init__(self, message: str) -> None:  # one-logger's signature: ``OneLoggerError(message=...)`` works
+        super().__init__(message)
 
 
 class ExportError(OneLoggerError):
@@ -20,3 +25,10 @@ class ExportError(OneLoggerError):
 class InvalidConfigError(OneLoggerError, ValueError):
     """An invalid configuration value: a ``ValueError`` (the project's rule for bad input) that one-logger code
     catching ``OneLoggerError`` also catches."""
+
+
+def assert_that(condition: Any, message: str) -> None:
+    """one-logger's invariant check (exporters written for it import it): raise ``OneLoggerError(message)`` unless
+    ``condition`` holds."""
+    if not condition:
+        raise OneLoggerError(message)

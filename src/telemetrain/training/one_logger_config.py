@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from .attributes import AttributeValue
-from .config import ApplicationType, TrainingTelemetryConfig, evaluate
+from .config import ApplicationType, TrainingTelemetryConfig, evaluate, lax_bool, lax_int
 from .errors import InvalidConfigError
 
 __all__ = ["ApplicationType", "LoggerConfig", "OneLoggerConfig", "OneLoggerErrorHandlingStrategy", "TelemetryConfig"]
@@ -92,6 +92,10 @@ class OneLoggerConfig:
             raise InvalidConfigError("application_name cannot be empty or whitespace-only")
         if isinstance(self.logger_config, Mapping):
             self.logger_config = LoggerConfig(**self.logger_config)
+        # converted as one-logger's pydantic model does (see config.lax_int): a value read from the environment
+        self.world_size_or_fn = lax_int(self.world_size_or_fn)
+        self.is_baseline_run_or_fn = lax_bool(self.is_baseline_run_or_fn, "is_baseline_run_or_fn")
+        self.enable_for_current_rank = lax_bool(self.enable_for_current_rank, "enable_for_current_rank")
         if self.error_handling_strategy is None:
             # one-logger's "auto-quiet": a rank that does not log does not raise either
             self.error_handling_strategy = (OneLoggerErrorHandlingStrategy.PROPAGATE_EXCEPTIONS

@@ -208,7 +208,9 @@ class Span:
         self._events.append(stop)
         self._active = False
         seconds = stop.timestamp.perf_counter_seconds - self._events[0].timestamp.perf_counter_seconds
-        self._updated_attributes[_DURATION] = Attribute(_DURATION, int(seconds * 1000))
+        # whole ms, truncated, after rounding to the microsecond: times given in ms since the epoch, as seconds, carry
+        # ~0.2 us of float error, and 50 ms apart must not truncate to 49
+        self._updated_attributes[_DURATION] = Attribute(_DURATION, int(round(seconds * 1000, 3)))
 
     def add_event(self, event: Event) -> Event:
         if not isinstance(event, Event):
