@@ -8,7 +8,6 @@ does not raise. Differences from torchelastic are listed in docs/compat.md.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import logging
@@ -19,14 +18,18 @@ import threading
 import time
 import traceback
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
-from enum import Enum
 from itertools import count
-from typing import Any, Union
+from typing import Any
 
 from ..dispatch import describe, is_interrupt, warn_safely
 from ..records import check_attribute_keys
 from ..telemetry import _default, get_telemetry
+from .api import _EVENT_FIELDS, _RDZV_FIELDS, _looks_like
+from .api import Event as Event
+from .api import EventMetadataValue as EventMetadataValue
+from .api import EventSource as EventSource
+from .api import NodeState as NodeState
+from .api import RdzvEvent as RdzvEvent
 
 _monotonic_ns = time.monotonic_ns
 
@@ -47,7 +50,6 @@ __all__ = [
     "register_logging_handler",
 ]
 
-EventMetadataValue = Union[str, int, float, bool, None]  # noqa: UP007 - torchelastic's alias, kept as written
 
 ELASTIC_GROUP = "torchelastic"
 RDZV_GROUP = "torchelastic.rdzv"
@@ -68,92 +70,6 @@ def _reset_ids_after_fork() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_ids_after_fork)
-
-
-class EventSource(str, Enum):
-    """Known identifiers of the event producers."""
-
-    AGENT = "AGENT"
-    WORKER = "WORKER"
-
-
-class NodeState(str, Enum):
-    """The states that a node can be in rendezvous."""
-
-    INIT = "INIT"
-    RUNNING = "RUNNING"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-
-
-@dataclass
-class Event:
-    """torchelastic's event, plus ``id`` (unique per process) and ``mono_ns`` (monotonic time, set at record time).
-
-    ``timestamp`` is milliseconds since the epoch; ``record`` sets it when the caller left it 0.
-    """
-
-    name: str
-    source: EventSource
-    timestamp: int = 0
-    metadata: dict[str, EventMetadataValue] = field(default_factory=dict)
-    id: str = field(default="", compare=False)
-    mono_ns: int = field(default=0, compare=False)
-
-    def __str__(self) -> str:
-        return self.serialize()
-
-    @staticmethod
-    def deserialize(data: Any) -> Event:  # a str, ours, or torchelastic's Event
-        if isinstance(data, Event):
-            return data
-        if not isinstance(data, str) and _looks_like(data, _EVENT_FIELDS):
-            source = EventSource(getattr(data.source, "_value_", data.source))
-            return Event(data.name, source, data.timestamp, dict(data.metadata or {}))
-        if not isinstance(data, str):
-            raise TypeError(f"data must be a str or an Event, got {type(data).__name__}")
-        data_dict = json.loads(data)
-        data_dict["source"] = EventSource[data_dict["source"]]
-        return Event(**data_dict)
-
-    def serialize(self) -> str:
-        return json.dumps(asdict(self))
-
-
-@dataclass
-class RdzvEvent:
-    """A rendezvous event, as torchelastic's."""
-
-    name: str
-    run_id: str
-    message: str
-    hostname: str
-    pid: int
-    node_state: NodeState
-    master_endpoint: str = ""
-    rank: int | None = None
-    local_id: int | None = None
-    error_trace: str = ""
-
-    def __str__(self) -> str:
-        return self.serialize()
-
-    @staticmethod
-    def deserialize(data: Any) -> RdzvEvent:  # a str, ours, or torchelastic's RdzvEvent
-        if isinstance(data, RdzvEvent):
-            return data
-        if not isinstance(data, str) and _looks_like(data, _RDZV_FIELDS):
-            fields = {f.name: getattr(data, f.name) for f in dataclasses.fields(RdzvEvent)}
-            fields["node_state"] = NodeState(getattr(data.node_state, "_value_", data.node_state))
-            return RdzvEvent(**fields)
-        if not isinstance(data, str):
-            raise TypeError(f"data must be a str or an RdzvEvent, got {type(data).__name__}")
-        data_dict = json.loads(data)
-        data_dict["node_state"] = NodeState[data_dict["node_state"]]
-        return RdzvEvent(**data_dict)
-
-    def serialize(self) -> str:
-        return json.dumps(asdict(self))
 
 
 # -- destinations (torchelastic's logging handlers) ------------------------------------------------------------------
@@ -338,15 +254,6 @@ def _call_handler(handler: EventHandler, ev: Any) -> None:
             )
 
 
-def _looks_like(obj: Any, fields: tuple[str, ...]) -> bool:
-    """A torchelastic event object (same fields, another class) is accepted where ours is."""
-    return all(hasattr(obj, f) for f in fields)
-
-
-_EVENT_FIELDS = ("name", "source", "timestamp", "metadata")
-_RDZV_FIELDS = ("name", "run_id", "message", "hostname", "pid", "node_state")
-
-
 def record(event: Event, destination: str = "null") -> None:
     """Record a torchelastic ``Event`` (ours, or torchelastic's own class): stamp it, send it to telemetrain's sinks,
     the configured handler and the logging destination.
@@ -509,5 +416,5 @@ def event(
     (_default.telemetry or get_telemetry()).event(name, attributes, severity=severity, group=group)
 
 
-# as torch's package: ``events.api``/``events.handlers`` work after ``import ...events`` (last: they re-export it)
+# as torch's package: ``events.handlers`` works after ``import ...events`` (last: it re-exports this module's names)
 from . import api, handlers  # noqa: E402, F401
