@@ -13,6 +13,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 GUIDES = [ROOT / "README.md", *(ROOT / "docs" / f"{n}.md" for n in (
     "training", "system", "distributed", "goodput", "report", "format", "integrations", "scale"))]
@@ -172,3 +174,36 @@ def test_the_lifecycle_snippets_run_and_their_run_reads_back_with_the_reading_sn
         assert f"'{name}'" in names
     assert (tmp_path / "out.html").is_file() and (run.parent / "report.html").is_file()
 
+
+
+@pytest.mark.filterwarnings("ignore::telemetrain.TelemetryWarning")  # the two failures are planted
+def test_the_diagnostics_a_run_store_gets_are_the_ones_format_md_names(tmp_path: Path) -> None:
+    import threading
+
+    import telemetrain
+    from telemetrain.sinks.base import Sink
+    from telemetrain.stats import Gauge
+    from telemetrain.store import open_run
+
+    release = threading.Event()
+
+    class Stuck(Sink):
+        name = "stuck"
+
+        def write(self, records: object) -> None:
+            release.wait(30)
+
+    t = telemetrain.Telemetry(store=tmp_path, default=False)
+    try:
+        Gauge("broken", lambda: 1 / 0, interval=None, telemetry=t).read()  # gauge_error
+        t.add_sink(Stuck())
+        t.metric("x", 1.0)
+        assert t.close(timeout=0.5) is False  # the stuck sink is abandoned: sink_abandoned
+    finally:
+        release.set()
+    (run,) = tmp_path.glob("*/*/run.json")
+    written = {r.name for r in open_run(run.parent).records(kinds="diagnostic")}
+    assert {"gauge_error", "sink_abandoned"} <= written
+    row = next(line for line in (ROOT / "docs" / "format.md").read_text(encoding="utf-8").splitlines()
+               if line.startswith("| `diagnostic` |"))
+    assert [name for name in sorted(written) if f"`{name}`" not in row] == []
