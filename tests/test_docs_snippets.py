@@ -207,3 +207,18 @@ def test_the_diagnostics_a_run_store_gets_are_the_ones_format_md_names(tmp_path:
     row = next(line for line in (ROOT / "docs" / "format.md").read_text(encoding="utf-8").splitlines()
                if line.startswith("| `diagnostic` |"))
     assert [name for name in sorted(written) if f"`{name}`" not in row] == []
+
+
+def test_format_md_lists_every_column_of_the_reports_table() -> None:
+    from telemetrain.store.report_rows import REPORT_FIELDS
+
+    text = (ROOT / "docs" / "format.md").read_text(encoding="utf-8")
+    section = text[text.index("**`reports`** (schema version"):text.index("Attribute JSON keeps")]
+    section = re.sub(r"\s+", " ", section)
+    listed = set(re.findall(r"`(\w+)`", section))
+    for aggs, suffix in re.findall(r"`((?:\w+/)+[a-z0-9]+)_(\w+)`", section):  # `avg/p50/..._iteration_time_sec`
+        listed |= {f"{agg}_{suffix}" for agg in aggs.split("/")}
+    phases = ("dataloader", "h2d", "forward", "backward", "optimizer", "zero_grad")
+    for pattern in re.findall(r"`(avg_<phase>_\w+)`", section):
+        listed |= {pattern.replace("<phase>", p) for p in phases}
+    assert [name for name, _ in REPORT_FIELDS if name not in listed] == []
