@@ -222,3 +222,18 @@ def test_format_md_lists_every_column_of_the_reports_table() -> None:
     for pattern in re.findall(r"`(avg_<phase>_\w+)`", section):
         listed |= {pattern.replace("<phase>", p) for p in phases}
     assert [name for name, _ in REPORT_FIELDS if name not in listed] == []
+
+
+def test_the_training_names_the_guides_use_resolve_from_a_fresh_import(tmp_path: Path) -> None:
+    # `training.flops.flops_per_sample(model, batch)` after `from telemetrain import training`, in a process that has
+    # imported nothing else: a submodule the package had not loaded yet must still be reachable
+    names = set()
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        names |= set(re.findall(r"`(training(?:\.[A-Za-z_]\w*)+)", path.read_text(encoding="utf-8")))
+    names = {n for n in names if not n.endswith(".md")}
+    assert "training.flops.flops_per_sample" in names
+    code = ("import functools\nfrom telemetrain import training\n"
+            f"for name in {sorted(names)!r}:\n"
+            "    functools.reduce(getattr, name.split('.')[1:], training)\n"
+            "assert not hasattr(training, 'no_such_module')\n")
+    _run(tmp_path, code)
