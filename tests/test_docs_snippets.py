@@ -154,7 +154,7 @@ def test_the_lifecycle_snippets_run_and_their_run_reads_back_with_the_reading_sn
         _snippet("docs/goodput.md", "import json\nfrom telemetrain.training.goodput import"),
         _snippet("docs/report.md", "from telemetrain.report import write_report"),
         _snippet("docs/report.md", "from telemetrain.analysis.findings import"),
-        "import telemetrain.store\n" + _snippet("docs/format.md", "run = telemetrain.store.open_run("),
+        "import telemetrain\n" + _snippet("docs/format.md", "run = telemetrain.store.open_run("),
     ]
     code = "\n".join(read)
     for placeholder in ("<session>/<run_id>", "<session>/<run>"):
