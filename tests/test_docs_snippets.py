@@ -166,8 +166,12 @@ def test_the_lifecycle_snippets_run_and_their_run_reads_back_with_the_reading_sn
                "data = FindingsInput(windows=[WindowPoint(rank=0, step=99, iterations=10, iteration_time=0.02)])\n")
     out = _run(tmp_path, prelude + code + "\nprint('goodput', report.goodput, report.runs[0].productive_iterations)"
                "\nprint('saves', sum(r.name == 'save_checkpoint_success' for r in run.records(kinds='event')))"
+               "\nprint('reports', [r.attributes['current_iteration'] for r in run.records(kinds='event')"
+               " if r.name == 'training_metrics_update'])"
                "\nprint('names', sorted({r.name for r in run.records(kinds='metric')}))")
     assert "goodput" in out and " 60\n" in out  # the loop's 60 iterations, all productive
+    # log_every_n_train_iterations=50 over 60 iterations: at 50 completed (current_iteration 49), then the final one
+    assert "reports [49, 59]\n" in out
     assert "saves 1\n" in out  # step 0 only: the loop's own step, not one every iteration
     names = out.split("names ", 1)[1]
     for name in ("loss", "batches", "train.samples_per_second", "train.iterations"):
