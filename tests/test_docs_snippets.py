@@ -168,16 +168,19 @@ def test_the_lifecycle_snippets_run_and_their_run_reads_back_with_the_reading_sn
                "\nprint('saves', sum(r.name == 'save_checkpoint_success' for r in run.records(kinds='event')))"
                "\nprint('reports', [r.attributes['current_iteration'] for r in run.records(kinds='event')"
                " if r.name == 'training_metrics_update'])"
+               "\nprint('events', sorted({r.name for r in run.records(kinds='event')}))"
                "\nprint('names', sorted({r.name for r in run.records(kinds='metric')}))")
     assert "goodput" in out and " 60\n" in out  # the loop's 60 iterations, all productive
     # log_every_n_train_iterations=50 over 60 iterations: at 50 completed (current_iteration 49), then the final one
     assert "reports [49, 59]\n" in out
     assert "saves 1\n" in out  # step 0 only: the loop's own step, not one every iteration
+    events = out.split("events ", 1)[1].split("\n", 1)[0]
+    for name in ("checkpoint.saved", "ckpt", "epoch"):  # events.record, torchelastic's record, torch.monitor's
+        assert f"'{name}'" in events
     names = out.split("names ", 1)[1]
     for name in ("loss", "batches", "train.samples_per_second", "train.iterations"):
         assert f"'{name}'" in names
     assert (tmp_path / "out.html").is_file() and (run.parent / "report.html").is_file()
-
 
 
 @pytest.mark.filterwarnings("ignore::telemetrain.TelemetryWarning")  # the two failures are planted
