@@ -244,3 +244,19 @@ def test_the_training_names_the_guides_use_resolve_from_a_fresh_import(tmp_path:
             "    functools.reduce(getattr, name.split('.')[1:], training)\n"
             "assert not hasattr(training, 'no_such_module')\n")
     _run(tmp_path, code)
+
+
+def test_the_bridge_and_sampler_snippets_run(tmp_path: Path) -> None:
+    code = "\n".join([
+        "import telemetrain\nfrom torch.distributed.elastic import events, metrics",  # torch's, as the guide says
+        _snippet("docs/distributed.md", "from telemetrain.integrations.torchelastic import install"),
+        "t = telemetrain.get_telemetry()",
+        _snippet("README.md", "from telemetrain.system import start_sampler"),
+        _snippet("docs/system.md", "from telemetrain.system import start_sampler"),  # the same arguments: the same one
+        "telemetrain.close()",
+    ])
+    _run(tmp_path, code)
+    (run,) = (tmp_path / "telemetrain-runs").glob("*/*/run.json")
+    text = "".join(f.read_text() for f in run.parent.glob("rank-*.jsonl"))
+    assert '"name":"batches"' in text and '"name":"ckpt"' in text
+    assert text.count('"name":"system.sampler.start"') == 1 and '"name":"system.sampler.stop"' in text
