@@ -43,8 +43,10 @@ class Telemetry(TelemetryDelivery):
     """Routing, sinks and identity for one process (or one test).
 
     ``store``: ``True`` writes the run store under ``$TELEMETRAIN_DIR`` or ``./telemetrain-runs``; a path writes it
-    there; ``False`` writes none. ``console``: also print one line per record to stderr. Nothing is opened, and no
-    thread starts, until the first record is emitted.
+    there; ``False`` writes none. ``console``: also print a progress view to stderr, on rank 0 only: a line per
+    training report (step of target, throughput, iteration time, MFU) and per other record, less what that line
+    already says (``ConsoleSink(verbose=True)``: every record). Nothing is opened, and no thread starts, until the
+    first record is emitted.
 
     ``default``: ``True`` makes this instance the process default at once (what ``training.*``, ``Stat``,
     ``metrics.put_metric``... write to); ``None`` (the default) makes it the default if it is the first instance

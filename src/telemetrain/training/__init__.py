@@ -95,11 +95,16 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
+    import importlib
+    import importlib.util
+
     module = _LAZY.get(name)
     if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
+        # a submodule not imported yet (``training.flops.flops_per_sample``, one-logger's ``training.attributes``):
+        # what ``import telemetrain.training.<name>`` would give, without loading every module up front
+        if name.startswith("_") or importlib.util.find_spec(f"{__name__}.{name}") is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        return importlib.import_module(f"{__name__}.{name}")
     value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
     globals()[name] = value  # (the next access is an ordinary module attribute)
     return value
