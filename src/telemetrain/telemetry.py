@@ -122,17 +122,6 @@ class Telemetry(TelemetryDelivery):
             self._skip_rank_zero_sinks()
         return installed
 
-    def _skip_rank_zero_sinks(self) -> None:
-        """A rank other than 0, set after the ``ranks="zero"`` sinks were attached (``mp.spawn``): they are detached,
-        closed and listed in ``skipped_sinks``, as ``add_sink`` does (what they received before is delivered)."""
-        with self._lock:
-            leaving, self._rank_zero_only = self._rank_zero_only, []
-            for a in leaving:
-                self._router.detach(a)
-            self.skipped_sinks.extend(a.sink for a in leaving)
-        for a in leaving:  # outside the lock, as remove_sink
-            a.runner.close(5.0)
-
     def _install_identity(self, identity: Identity) -> Identity:
         # token first: a record built between the two stores carries the old pair, whose token stays valid
         self._token = token_for(identity)
@@ -218,16 +207,6 @@ class Telemetry(TelemetryDelivery):
             if rank_policy == "zero":
                 self._rank_zero_only.append(attachment)
         return attachment
-
-    def remove_sink(self, sink_or_attachment: Sink | Attachment, timeout: float | None = 5.0) -> None:
-        """Detach a sink, delivering what it has queued first, and close it."""
-        with self._lock:
-            removed = [a for a in self._router.attachments if a is sink_or_attachment or a.sink is sink_or_attachment]
-            for a in removed:
-                self._router.detach(a)
-            self._rank_zero_only = [a for a in self._rank_zero_only if a not in removed]
-        for a in removed:  # outside the lock: producers re-resolving their routes must not wait for this drain
-            a.runner.close(timeout)
 
     @property
     def sinks(self) -> list[Sink]:

@@ -1,5 +1,6 @@
 """The delivery half of ``Telemetry`` (its base class): the producers that hold data until a flush (``add_producer``,
-collected newest first), ``flush``, ``close`` (the other sinks drain in parallel, the run store closes last with its
+collected newest first), detaching sinks (``remove_sink``; the rank-0-only ones when the rank turns out not to be 0),
+``flush``, ``close`` (the other sinks drain in parallel, the run store closes last with its
 own share of the timeout, a stuck sink is abandoned), ``health``, and the ``diagnostic`` records a failing sink
 causes. ``telemetry`` holds the rest: identity, routing, sinks, and the emitting hot path.
 """
@@ -12,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from . import process_hooks
 from .dispatch import BackgroundRunner, InlineRunner, describe, is_interrupt, warn_safely
-from .router import Router
+from .router import Attachment, Router
+from .sinks.base import Sink
 from .sinks.jsonl import RunStoreSink
 
 __all__ = ["STORE_CLOSE_BUDGET_S", "TelemetryDelivery"]
@@ -34,6 +36,8 @@ class TelemetryDelivery:
     _hook_runners: dict[tuple[str, str | None], InlineRunner]
     _reporting: threading.local
     _token: int
+    skipped_sinks: list[Sink]
+    _rank_zero_only: list[Attachment]  # "zero" sinks attached while the rank was 0 (see _skip_rank_zero_sinks)
 
     if TYPE_CHECKING:  # (Telemetry's; process_hooks tracks a Telemetry by these methods)
         def _after_fork_in_child(self) -> None: ...
@@ -56,6 +60,29 @@ class TelemetryDelivery:
                 if is_interrupt(exc):  # the user's Ctrl-C on the main thread: theirs (see containment.is_interrupt)
                     raise
                 warn_safely(f"telemetrain: collecting from {type(producer).__name__} failed: {describe(exc)}")
+
+    # -- detaching sinks --------------------------------------------------------------------------------------------
+
+    def remove_sink(self, sink_or_attachment: Sink | Attachment, timeout: float | None = 5.0) -> None:
+        """Detach a sink, delivering what it has queued first, and close it."""
+        with self._lock:
+            removed = [a for a in self._router.attachments if a is sink_or_attachment or a.sink is sink_or_attachment]
+            for a in removed:
+                self._router.detach(a)
+            self._rank_zero_only = [a for a in self._rank_zero_only if a not in removed]
+        for a in removed:  # outside the lock: producers re-resolving their routes must not wait for this drain
+            a.runner.close(timeout)
+
+    def _skip_rank_zero_sinks(self) -> None:
+        """A rank other than 0, set after the ``ranks="zero"`` sinks were attached (``mp.spawn``): they are detached,
+        closed and listed in ``skipped_sinks``, as ``add_sink`` does (what they received before is delivered)."""
+        with self._lock:
+            leaving, self._rank_zero_only = self._rank_zero_only, []
+            for a in leaving:
+                self._router.detach(a)
+            self.skipped_sinks.extend(a.sink for a in leaving)
+        for a in leaving:  # outside the lock, as remove_sink
+            a.runner.close(5.0)
 
     # -- delivery control ------------------------------------------------------------------------------------------
 
