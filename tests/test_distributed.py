@@ -104,6 +104,10 @@ def test_four_ranks_a_planted_straggler_is_named_with_its_phase(tmp_path: Path) 
     max_rank = [r.value for r in run.processes[0].records if r.kind == "metric"
                 and r.name == "cross_rank.dataloader.max_rank"]
     assert max_rank and set(max_rank) == {2}
+    units = {r.name: r.unit for r in run.processes[0].records if r.kind == "metric" and r.group == "cross_rank"}
+    # in the units of the figures they spread (train.samples_per_second is {sample}/s, not 1/s)
+    assert units["cross_rank.samples_per_second.max"] == "{sample}/s"
+    assert units["cross_rank.dataloader.max"] == "s"
 
 
 def test_a_killed_worker_is_restarted_and_the_session_goodput_counts_the_lost_iterations(tmp_path: Path) -> None:

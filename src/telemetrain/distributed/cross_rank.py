@@ -239,7 +239,7 @@ class CrossRankAggregator(Sink):
             present = {r: v[phase] for r, v in values.items() if math.isfinite(v[phase])}
             if not present:
                 continue
-            unit = "1/s" if phase == "samples_per_second" else "s"
+            unit = "{sample}/s" if phase == "samples_per_second" else "s"  # (as train.samples_per_second)
             low = min(present, key=lambda r: (present[r], r))
             high = max(present, key=lambda r: (present[r], -r))
             metric(f"cross_rank.{phase}.min", present[low], GROUP, unit=unit, step=step)
