@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
@@ -90,6 +91,7 @@ def engine_available() -> bool:
 SMALL_RUN_BYTES = 8 << 20
 SMALL_FILES_BYTES = 64 << 20
 _PER_FILE_BYTES = 1 << 20
+_RANK_PARTITION = re.compile(r"[/\\]rank=(\d+)[/\\]")  # a Parquet file's rank partition
 
 
 def _small(paths: Sequence[str | os.PathLike[str]]) -> bool:
@@ -179,6 +181,10 @@ class Engine:
         # (table, session, run, pid, segment number) -> the Parquet files of the segments with that pid and number
         # (``fetch``; two ranks of one process share a pid: the rank filter tells their rows apart)
         self.segment_files: dict[tuple[str, str, str, int | None, int], list[str]] = {}  # pid None: any
+        # the same by the rank of the file's partition too: ranks in containers (or on different hosts) often share
+        # a pid, and a lookup by pid alone read every such rank's file for each row (2,048 ranks of one pid: 2,048
+        # queries of 2,048 files each, minutes for the report's last values)
+        self.rank_segment_files: dict[tuple[str, str, str, int, int, int], list[str]] = {}
         self._damage: list[tuple[Any, ...]] = []  # (session, run, rank, pid, agent, ProcessCounts, segments)
         self._locked = False
         create_tail_tables(self.con)
@@ -245,6 +251,11 @@ class Engine:
                                                           []).append(file)
                             self.segment_files.setdefault((table, info.session, info.run, None, number.segment),
                                                           []).append(file)
+                            part = _RANK_PARTITION.search(file)
+                            if part is not None:
+                                self.rank_segment_files.setdefault(
+                                    (table, info.session, info.run, int(part.group(1)), pid, number.segment),
+                                    []).append(file)
                     counts.records += sum(int(v) for t, v in manifest.records.items() if t != PROCESS_TABLE)
                     counts.corrupt += int(manifest.corrupt)
                     if isinstance(manifest.last_identity, dict):
@@ -419,7 +430,8 @@ class Engine:
             session, run, rank, pid, segment = key
             # by the file's name; a row whose header names another pid than its file (a renamed file): any file of
             # that segment number in the run (the query below keeps the row's own rank, pid and line)
-            files = self.segment_files.get((table, session, run, pid, segment)) or \
+            files = self.rank_segment_files.get((table, session, run, rank, pid, segment)) or \
+                self.segment_files.get((table, session, run, pid, segment)) or \
                 self.segment_files.get((table, session, run, None, segment))
             if files:
                 where = (f"rank = {rank} AND pid = {pid} AND segment = {segment} AND "
