@@ -40,3 +40,21 @@ def test_fetch_reads_only_the_files_of_the_rows_rank(tmp_path: Path, monkeypatch
         names, rows = engine.fetch("events", [keys[0]])
     got = [dict(zip(names, row, strict=True)) for row in rows]
     assert [(r["rank"], r["name"]) for r in got] == [(0, "marker")]
+
+
+@pytest.mark.parametrize("apart", [0, 64], ids=["one-query", "a-query-a-segment"])
+def test_fetch_of_many_segments_in_one_query_gives_the_same_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  apart: int) -> None:
+    """Past FETCH_APART segments the rows come from one query over their files (the positions joined): the same
+    rows, each rank's own, as a query per segment gives."""
+    monkeypatch.setenv("TELEMETRAIN_COMPACT", "0")
+    run = _write(tmp_path)
+    assert not compact(run).errors
+    monkeypatch.setattr("telemetrain.store.engine.FETCH_APART", apart)
+    with Engine([run]) as engine:
+        keys = engine.rows("SELECT session, run, rank, pid, segment, line FROM events WHERE name = 'marker' "
+                           "ORDER BY rank")
+        names, rows = engine.fetch("events", [keys[2], keys[0]])
+    got = [dict(zip(names, row, strict=True)) for row in rows]
+    assert [(r["rank"], r["name"], r["line"]) for r in got] == [(0, "marker", keys[0][5]), (2, "marker", keys[2][5])]
+    assert [r["attributes"] for r in got] == ['{"who":0}', '{"who":2}']
