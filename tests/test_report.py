@@ -609,6 +609,11 @@ def test_a_heatmap_of_more_ranks_than_rows_draws_groups_of_ranks_at_their_highes
     rows_y = [float(y) for y in re.findall(r'<rect x="[\d.]+" y="(\d+)"[^>]*><title>ranks 2\.\.3', svg)]
     assert {float(y) for y, _ in flags} and min(rows_y) <= min(float(y) for y, _ in flags)  # on the second row
     assert "each row is 2 consecutive ranks" in page
+    # a group's longer name is not cut at the chart's left edge (an 11 px font: ~6 px a character at least)
+    wide = html.heatmap("h", ["ranks 0..63", "ranks 2016..2047 slow"], [[0.1], [0.2]], typical=0.1,
+                        columns=[(0, 49)])
+    x = {name: float(x) for x, name in re.findall(r'<text x="([\d.]+)"[^>]*text-anchor="end"[^>]*>([^<]*)<', wide)}
+    assert x["ranks 2016..2047 slow"] >= 6 * len("ranks 2016..2047 slow")
     monkeypatch.undo()  # up to MAX_HEATMAP_ROWS ranks: a row each
     page = html.render(model)
     svg = page[page.index('class="chart heatmap"'):]
