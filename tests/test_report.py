@@ -591,6 +591,7 @@ def test_a_heatmap_of_more_ranks_than_rows_draws_groups_of_ranks_at_their_highes
     past MAX_HEATMAP_ROWS, each row is a group of consecutive ranks coloured by its highest mean, so that the slow
     rank's group shows it; the straggler marks land on that group's row; the table still lists every rank."""
     from telemetrain.report import html, many_ranks
+    from telemetrain.report.svg import heatmap as svg_heatmap
 
     model = build_model(open_run(session[0]))
     heat = model.heatmap
@@ -610,8 +611,8 @@ def test_a_heatmap_of_more_ranks_than_rows_draws_groups_of_ranks_at_their_highes
     assert {float(y) for y, _ in flags} and min(rows_y) <= min(float(y) for y, _ in flags)  # on the second row
     assert "each row is 2 consecutive ranks" in page
     # a group's longer name is not cut at the chart's left edge (an 11 px font: ~6 px a character at least)
-    wide = html.heatmap("h", ["ranks 0..63", "ranks 2016..2047 slow"], [[0.1], [0.2]], typical=0.1,
-                        columns=[(0, 49)])
+    wide = svg_heatmap("h", ["ranks 0..63", "ranks 2016..2047 slow"], [[0.1], [0.2]], typical=0.1,
+                       columns=[(0, 49)])
     x = {name: float(x) for x, name in re.findall(r'<text x="([\d.]+)"[^>]*text-anchor="end"[^>]*>([^<]*)<', wide)}
     assert x["ranks 2016..2047 slow"] >= 6 * len("ranks 2016..2047 slow")
     monkeypatch.undo()  # up to MAX_HEATMAP_ROWS ranks: a row each
