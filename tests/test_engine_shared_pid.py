@@ -50,7 +50,7 @@ def test_fetch_of_many_segments_in_one_query_gives_the_same_rows(tmp_path: Path,
     monkeypatch.setenv("TELEMETRAIN_COMPACT", "0")
     run = _write(tmp_path)
     assert not compact(run).errors
-    monkeypatch.setattr("telemetrain.store.engine.FETCH_APART", apart)
+    monkeypatch.setattr("telemetrain.store.fetch.FETCH_APART", apart)
     with Engine([run]) as engine:
         keys = engine.rows("SELECT session, run, rank, pid, segment, line FROM events WHERE name = 'marker' "
                            "ORDER BY rank")
