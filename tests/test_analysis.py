@@ -277,6 +277,9 @@ def test_too_few_windows_is_said_not_guessed(tmp_path: Path, store: dict[str, Pa
     empty, few = comparison.candidates
     assert {m.verdict for m in empty.metrics} == {"insufficient data"} and empty.metrics[0].candidate_windows == 0
     assert any("0 steady-state report window(s)" in n for n in empty.notes)
+    # no window at all: global_batch_size is not why throughput went uncompared (the note above says why)
+    assert not any("global_batch_size" in n for n in empty.notes)
+    assert not any("global_batch_size" in n for n in few.notes)  # (its windows carry samples_per_second)
     assert any("only 5 report windows; the interval is coarse" in n for n in few.notes)
     assert not comparison.regressions
     text = "\n".join(format_comparison(comparison)).split("\ncandidate  ")
