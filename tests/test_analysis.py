@@ -497,8 +497,9 @@ def test_goodput_of_a_crash_and_restart(tmp_path: Path, capsys: pytest.CaptureFi
     assert data["productive_seconds"] + data["badput_seconds"] == pytest.approx(data["wall_seconds"])
     code, _, err = run_cli("goodput", str(session), "--rank", "3", capsys=capsys)
     assert code == 2 and "rank" in err
-    code, _, err = run_cli("goodput", str(tmp_path.parent), capsys=capsys)  # a folder of several sessions
-    assert code == 2
+    make_run(session.parent, "other.0", seed=1, session="other", ranks=1, iterations=20)
+    code, _, err = run_cli("goodput", str(session.parent), capsys=capsys)  # a folder of two sessions
+    assert code == 2 and "2 sessions" in err
 
 
 def test_goodput_by_rank_lists_the_lowest_ranks_past_max_rows(tmp_path: Path,
