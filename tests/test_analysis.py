@@ -277,6 +277,9 @@ def test_too_few_windows_is_said_not_guessed(tmp_path: Path, store: dict[str, Pa
     empty, few = comparison.candidates
     assert {m.verdict for m in empty.metrics} == {"insufficient data"} and empty.metrics[0].candidate_windows == 0
     assert any("0 steady-state report window(s)" in n for n in empty.notes)
+    # no window at all: global_batch_size is not why throughput went uncompared (the note above says why)
+    assert not any("global_batch_size" in n for n in empty.notes)
+    assert not any("global_batch_size" in n for n in few.notes)  # (its windows carry samples_per_second)
     assert any("only 5 report windows; the interval is coarse" in n for n in few.notes)
     assert not comparison.regressions
     text = "\n".join(format_comparison(comparison)).split("\ncandidate  ")
@@ -494,8 +497,34 @@ def test_goodput_of_a_crash_and_restart(tmp_path: Path, capsys: pytest.CaptureFi
     assert data["productive_seconds"] + data["badput_seconds"] == pytest.approx(data["wall_seconds"])
     code, _, err = run_cli("goodput", str(session), "--rank", "3", capsys=capsys)
     assert code == 2 and "rank" in err
-    code, _, err = run_cli("goodput", str(tmp_path.parent), capsys=capsys)  # a folder of several sessions
-    assert code == 2
+    make_run(session.parent, "other.0", seed=1, session="other", ranks=1, iterations=20)
+    code, _, err = run_cli("goodput", str(session.parent), capsys=capsys)  # a folder of two sessions
+    assert code == 2 and "2 sessions" in err
+
+
+def test_goodput_by_rank_lists_the_lowest_ranks_past_max_rows(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Thousands of ranks must not print thousands of rows: past --max-rows the ranks of lowest goodput, and the
+    spread of all; --max-rows 0 and --json keep every rank."""
+    run = make_run(tmp_path, "wide", seed=7, ranks=5, iterations=40, rank_scale={3: 1.4})
+    code, out, err = run_cli("goodput", str(run), "--json", "--by-rank", capsys=capsys)
+    assert code == 0, err
+    by_rank = {int(r): v["goodput"] for r, v in json.loads(out)["by_rank"].items()}
+    assert len(by_rank) == 5
+    lowest = sorted(by_rank, key=lambda r: (by_rank[r], r))[:2]
+    code, out, err = run_cli("goodput", str(run), "--by-rank", "--max-rows", "2", capsys=capsys)
+    assert code == 0, err
+    section = out[out.index("by rank"):].splitlines()
+    assert "the 2 lowest of 5 ranks" in section[0]
+    listed = [int(line.split()[0]) for line in section[2:] if line.split() and line.split()[0].isdigit()]
+    assert listed == sorted(lowest)
+    assert f"lowest: rank {lowest[0]} at {by_rank[lowest[0]]:.1%}" in out and "over 5 ranks" in out
+    code, out, _ = run_cli("goodput", str(run), "--by-rank", "--max-rows", "0", capsys=capsys)
+    section = out[out.index("by rank"):].splitlines()
+    assert [int(line.split()[0]) for line in section[2:] if line.split() and line.split()[0].isdigit()] == \
+        list(range(5))
+    code, _, err = run_cli("goodput", str(run), "--by-rank", "--max-rows", "-1", capsys=capsys)
+    assert code == 2 and "--max-rows" in err
 
 
 def test_compare_across_a_restart(tmp_path: Path) -> None:

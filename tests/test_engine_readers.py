@@ -140,8 +140,8 @@ def test_goodput_of_every_rank_is_the_same_by_sql(session: tuple[Path, Path], sp
     """The restarted session: two runs, a crash and a restart, checkpoints on another rank. Each process's first and
     last timestamps from its bounds (no span grouped but its latest ends'), and by the exact query (every process
     made unsettled): its lifecycle spans grouped for all ranks in one query, and a rank at a time (as a long run's
-    are). A rank's lifecycle rows fetched in batches that split its processes' rows too, each segment read in ranges
-    of its lines of ~5 rows."""
+    are). The ranks' lifecycle rows in one query (short ranks), or a rank at a time in batches that split its
+    processes' rows too, each segment read in ranges of its lines of ~5 rows."""
     monkeypatch.setenv("TELEMETRAIN_ENGINE", "python")
     python = goodput_by_rank(session[0].parent)
     monkeypatch.setenv("TELEMETRAIN_ENGINE", "duckdb")
@@ -151,6 +151,7 @@ def test_goodput_of_every_rank_is_the_same_by_sql(session: tuple[Path, Path], sp
     if spans_at_once == 1:
         monkeypatch.setattr(goodput_sql, "ROWS_AT_ONCE", 3)
         monkeypatch.setattr(goodput_sql, "SEGMENT_ROWS_AT_ONCE", 5)
+        monkeypatch.setattr(goodput_sql, "BATCH_ROWS", 5)  # a rank at a time, its segments apart
     queries: list[str] = []
     execute = Engine.execute
 
@@ -168,7 +169,11 @@ def test_goodput_of_every_rank_is_the_same_by_sql(session: tuple[Path, Path], sp
     assert len(grouped) == {None: 0, 1: 4}.get(spans_at_once, 1)
     assert sum("arg_max(span_id" in q for q in queries) == 1
     ranges = sum("line >= $first" in q for q in queries)
-    assert ranges >= 4 * (10 if spans_at_once == 1 else 1)  # (one per segment, or far more in ranges of 5 rows)
+    batched = sum("ORDER BY rank, session, run, pid, segment, line" in q for q in queries)
+    if spans_at_once == 1:  # a rank at a time: each segment in ranges of 5 rows
+        assert ranges >= 4 * 10 and batched == 0
+    else:  # the ranks' few rows together: one query for all, not two per rank
+        assert ranges == 0 and batched == 1
     assert len(python[0].runs) == 2 and python[0].lost_iterations > 0
 
 

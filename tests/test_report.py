@@ -585,6 +585,44 @@ def test_a_heatmap_of_many_ranks_names_every_nth_row_and_each_slow_rank_and_the_
     assert "246 more not listed" in listed and folded.count("<tr>") == 257
 
 
+def test_a_heatmap_of_more_ranks_than_rows_draws_groups_of_ranks_at_their_highest_mean(
+        session: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Thousands of ranks are not thousands of rows (a row each drew ~800,000 cells at 4,096 ranks x 200 columns):
+    past MAX_HEATMAP_ROWS, each row is a group of consecutive ranks coloured by its highest mean, so that the slow
+    rank's group shows it; the straggler marks land on that group's row; the table still lists every rank."""
+    from telemetrain.report import html, many_ranks
+    from telemetrain.report.svg import heatmap as svg_heatmap
+
+    model = build_model(open_run(session[0]))
+    heat = model.heatmap
+    assert heat is not None and heat.ranks == list(range(WORLD))
+    monkeypatch.setattr(many_ranks, "MAX_HEATMAP_ROWS", 2)
+    page = html.render(model)
+    svg = page[page.index('class="chart heatmap"'):]
+    svg = svg[:svg.index("</svg>")]
+    assert re.findall(r'text-anchor="end"[^>]*>([^<]*)</text>', svg) == ["ranks 0..1", "ranks 2..3 slow"]
+    cells = [float(v) for v in re.findall(r"ranks \d\.\.\d(?: slow)?, iterations [^:]*: ([\d.]+) ms", svg)]
+    expected = [max(v for v in col if v is not None) * 1000 for pair in (heat.cells[0:2], heat.cells[2:4])
+                for col in zip(*pair, strict=True) if any(v is not None for v in col)]
+    assert cells == pytest.approx(expected, rel=5e-3)  # (the cell's tooltip: 3 significant digits)
+    flags = re.findall(r'class="flag" d="M[\d.]+,([\d.]+)L[^"]*"[^>]*><title>([^<]*)</title>', svg)
+    assert flags and all(t.startswith(f"rank {SLOW_RANK}:") for _, t in flags)
+    rows_y = [float(y) for y in re.findall(r'<rect x="[\d.]+" y="(\d+)"[^>]*><title>ranks 2\.\.3', svg)]
+    assert {float(y) for y, _ in flags} and min(rows_y) <= min(float(y) for y, _ in flags)  # on the second row
+    assert "each row is 2 consecutive ranks" in page
+    # a group's longer name is not cut at the chart's left edge (an 11 px font: ~6 px a character at least)
+    wide = svg_heatmap("h", ["ranks 0..63", "ranks 2016..2047 slow"], [[0.1], [0.2]], typical=0.1,
+                       columns=[(0, 49)])
+    x = {name: float(x) for x, name in re.findall(r'<text x="([\d.]+)"[^>]*text-anchor="end"[^>]*>([^<]*)<', wide)}
+    assert x["ranks 2016..2047 slow"] >= 6 * len("ranks 2016..2047 slow")
+    monkeypatch.undo()  # up to MAX_HEATMAP_ROWS ranks: a row each
+    page = html.render(model)
+    svg = page[page.index('class="chart heatmap"'):]
+    assert re.findall(r'text-anchor="end"[^>]*>([^<]*)</text>', svg[:svg.index("</svg>")])[:4] == \
+        ["rank 0", "rank 1", f"rank {SLOW_RANK} slow", "rank 3"]
+    assert "each row is" not in page
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 def test_checkpoints_of_many_ranks_are_one_row_a_step_naming_the_slowest_rank(
         tmp_path: Path, engine: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..cli_common import CLIError, json_value, resolve_run
+from ..cli_common import CLIError, int_at_least, json_value, resolve_run
 from ..output_file import write_output
 from ..report.curves import pick_loss
 from ..report.progress import TextProgress
@@ -126,6 +126,10 @@ def register(sub: Any) -> None:
                          help="a session directory (or one of its runs); default: the newest run's session")
     goodput.add_argument("--rank", type=int, default=0, metavar="R", help="whose timeline (default: %(default)s)")
     goodput.add_argument("--by-rank", action="store_true", help="also one row per rank's view")
+    goodput.add_argument("--max-rows", type=int_at_least(0, "0: all ranks"), metavar="N",
+                         default=20,  # goodput_view.BY_RANK_ROWS (importing it loads the training package)
+                         help="--by-rank lists the N ranks of lowest goodput, and the spread of all (0: every rank; "
+                              "default: %(default)s)")
     goodput.add_argument("--json", action="store_true", help="print the report as JSON")
     goodput.set_defaults(run=_cmd_goodput)
 
@@ -394,7 +398,7 @@ def _cmd_goodput(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return 0
     lines = format_goodput(report)
     if by_rank is not None:
-        lines += ["", *format_goodput_by_rank(by_rank)]
+        lines += ["", *format_goodput_by_rank(by_rank, args.max_rows)]
     print("\n".join(printable(line) for line in lines), file=out)
     return 0
 

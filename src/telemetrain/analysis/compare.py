@@ -271,7 +271,8 @@ def _metrics(candidate: RunSamples, baseline: RunSamples, phases: bool, ranks: b
     if candidate.series("samples_per_second") and baseline.series("samples_per_second"):
         out.append((_Metric("samples_per_second", "run", "throughput", "samples/s", True),
                     _window_series("samples_per_second")))
-    else:
+    elif candidate.series("iteration_time") and baseline.series("iteration_time"):
+        # (without any steady window either, the notes on the windows say why; global_batch_size is not the cause)
         notes.append("throughput not compared: no samples_per_second (global_batch_size not configured?)")
     clock, other = candidate.phase_source, baseline.phase_source
     on_device = " (device time)" if clock == "device" else ""

@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 from ..training.goodput import BADPUT_CATEGORIES, GoodputReport
 from .findings.fmt import ranges
 
+BY_RANK_ROWS = 20  # ranks `goodput --by-rank` lists by default: the lowest
+
 __all__ = ["format_goodput", "format_goodput_by_rank"]
 
 
@@ -74,16 +76,33 @@ def format_goodput(report: GoodputReport) -> list[str]:
     return lines
 
 
-def format_goodput_by_rank(reports: Mapping[int, GoodputReport]) -> list[str]:
-    """One row per rank's view: goodput and its largest badput category."""
+def format_goodput_by_rank(reports: Mapping[int, GoodputReport], max_rows: int = BY_RANK_ROWS) -> list[str]:
+    """One row per rank's view: goodput and its largest badput category. Past ``max_rows`` ranks (0: no limit) only
+    the ``max_rows`` lowest are listed, with the spread of all: 4,096 rows would hide the few that matter."""
+    items = sorted(reports.items())
+    shown = items
+    if max_rows and len(items) > max_rows:
+        lowest = sorted(items, key=lambda kv: (kv[1].goodput, kv[0]))[:max_rows]
+        shown = sorted(lowest)
     rows = [("rank", "goodput", "productive", "lost it", "largest badput")]
-    for rank, report in sorted(reports.items()):
+    for rank, report in shown:
         badput = report.badput.as_dict()
         worst = max(BADPUT_CATEGORIES, key=lambda name: badput[name])
         rows.append((str(rank), f"{report.goodput:.1%}", _seconds(report.productive_seconds),
                      str(report.lost_iterations), f"{worst} {_seconds(badput[worst])}"))
-    lowest = min(reports.items(), key=lambda kv: kv[1].goodput) if reports else None
-    lines = ["by rank (each rank's own timeline):", *_table(rows)]
-    if lowest is not None and len(reports) > 1:
-        lines.append(f"  lowest: rank {lowest[0]} at {lowest[1].goodput:.1%}")
+    lowest_item = min(items, key=lambda kv: (kv[1].goodput, kv[0])) if items else None
+    title = "by rank (each rank's own timeline):"
+    if len(shown) < len(items):
+        title = (f"by rank (each rank's own timeline): the {len(shown)} lowest of {len(items)} ranks "
+                 "(--max-rows 0: all, --json: every rank)")
+    lines = [title, *_table(rows)]
+    if lowest_item is not None and len(items) > 1:
+        values = sorted(r.goodput for _, r in items)
+        lines.append(f"  lowest: rank {lowest_item[0]} at {lowest_item[1].goodput:.1%}; median "
+                     f"{_median(values):.1%}, highest {values[-1]:.1%} over {len(items)} ranks")
     return lines
+
+
+def _median(values: Sequence[float]) -> float:
+    n = len(values)
+    return values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2

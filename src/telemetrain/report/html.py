@@ -19,7 +19,7 @@ from .checkpoints_html import checkpoints_section
 from .curves_html import curves_section
 from .gpu_html import gpu_section
 from .html_tables import attribute_value, attributes_cell, few_table, table
-from .many_ranks import envelope, few_rows
+from .many_ranks import envelope, few_rows, heatmap_rows
 from .model import ReportModel
 from .model_pass import PHASES, Window
 from .svg import esc, fmt_unit, heatmap, line_chart, stacked_bars
@@ -245,8 +245,9 @@ def _heatmap(m: ReportModel) -> str:
         return '<p class="note">No per-rank iteration windows (training_metrics_update events).</p>' + \
             _stragglers_table(m)
     ranks = heat.ranks
+    slow = dict(m.slow_ranks)
+    labels, cells, row_of, per_row = heatmap_rows(ranks, heat.cells, slow)
     flags_by_cell: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
-    row_of = {rank: i for i, rank in enumerate(ranks)}
     for s in m.stragglers:
         who, step = s.get("rank"), s.get("step")
         if isinstance(who, int) and who in row_of and isinstance(step, int):
@@ -255,17 +256,20 @@ def _heatmap(m: ReportModel) -> str:
     for (i, j), items in flags_by_cell.items():
         scores = [float(s["score"]) for s in items if isinstance(s.get("score"), (int, float))]
         phases = sorted({str(s.get("phase")) for s in items})
-        flags.append((i, j, f"rank {ranks[i]}: {len(items)} straggler report(s) ({', '.join(phases)})"
+        who = ", ".join(f"rank {r}" for r in sorted({s["rank"] for s in items})[:8])
+        flags.append((i, j, f"{who}: {len(items)} straggler report(s) ({', '.join(phases)})"
                       + (f", score up to {max(scores):.2f}" if scores else "")))
-    slow = dict(m.slow_ranks)
-    labels = [f"rank {r}" + (" slow" if r in slow else "") for r in ranks]
     width = heat.width
     columns = [(heat.lo + j * width, heat.lo + (j + 1) * width - 1) for j in range(heat.ncols)]
-    chart = heatmap("per-rank mean iteration time", labels, heat.cells, typical=heat.typical, columns=columns,
+    chart = heatmap("per-rank mean iteration time", labels, cells, typical=heat.typical, columns=columns,
                     flags=flags)
+    grouping = (f" {len(ranks):,} ranks: each row is {per_row} consecutive ranks, coloured by the highest of their "
+                "means (a slow rank shows in its group's row); the table below lists the ranks." if per_row > 1
+                else "")
     note = (f"Colour: each rank's mean iteration time (avg_iteration_time_sec of its windows) against the median of "
             f"all windows ({fmt_unit(heat.typical, 's')}). Triangles: straggler events (group cross_rank). A rank is "
-            "marked slow when the findings name it a straggler (its slowdown against the other ranks shown).")
+            "marked slow when the findings name it a straggler (its slowdown against the other ranks shown)."
+            + grouping)
     rank_rows = []
     for rank in ranks:
         med = heat.medians.get(rank)

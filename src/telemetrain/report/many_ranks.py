@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from typing import Any
 
 from ..cli_common import few
 from .model import Series
 
-__all__ = ["BUCKETS", "MAX_LINES", "OUTLIERS", "envelope", "few_rows"]
+__all__ = ["BUCKETS", "MAX_HEATMAP_ROWS", "MAX_LINES", "OUTLIERS", "envelope", "few_rows", "heatmap_rows"]
 
 MAX_LINES = 8  # series drawn one line each; past this, their envelope
 OUTLIERS = 3  # series drawn alone beside the envelope: the highest peaks
@@ -66,3 +66,26 @@ def few_rows(rows: Sequence[Sequence[Any]], *, key: Callable[[Sequence[Any]], fl
     and the outliers: the rows of the lowest and the highest ``key`` (records, windows, time; None: not known), and
     those ``marked`` (a damaged file, a slow rank). Returns them and how many were left out."""
     return few(rows, keep=marked, extremes=key)
+
+
+MAX_HEATMAP_ROWS = 64  # the heatmap's rows; past this many ranks, each row is a group of consecutive ranks
+
+
+def heatmap_rows(ranks: Sequence[int], cells: Sequence[Sequence[float | None]], slow: Container[int]
+                 ) -> tuple[list[str], list[list[float | None]], dict[int, int], int]:
+    """The heatmap's (labels, cells, rank -> row, ranks per row). Up to ``MAX_HEATMAP_ROWS`` ranks, one row each;
+    past that, groups of consecutive ranks, a cell holding the highest of its ranks' means (a slow rank still shows;
+    a row each of 4,096 ranks drew ~800,000 cells, tens of MB that no browser draws usably). A label ends in
+    " slow" when the findings name a rank of it a straggler."""
+    size = max(1, math.ceil(len(ranks) / MAX_HEATMAP_ROWS))
+    if size == 1:
+        return ([f"rank {r}" + (" slow" if r in slow else "") for r in ranks], [list(row) for row in cells],
+                {r: i for i, r in enumerate(ranks)}, 1)
+    labels, grouped, row_of = [], [], {}
+    for start in range(0, len(ranks), size):
+        members = ranks[start:start + size]
+        rows = cells[start:start + size]
+        grouped.append([max((v for v in column if v is not None), default=None) for column in zip(*rows, strict=True)])
+        labels.append(f"ranks {members[0]}..{members[-1]}" + (" slow" if any(r in slow for r in members) else ""))
+        row_of.update({r: len(labels) - 1 for r in members})
+    return labels, grouped, row_of, size

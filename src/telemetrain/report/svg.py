@@ -241,7 +241,8 @@ def heatmap(
     if not rows or not columns:
         return ""
     row_h = max(3, min(22, 360 // len(rows)))
-    left, top = 96, 6
+    # room for the longest name (~6.5 px a character at the chart's 11 px): "ranks 2016..2047" was cut at 96
+    left, top = max(96, 12 + math.ceil(6.5 * max(len(r) for r in rows))), 6
     plot_w = width - left - 16
     col_w = plot_w / len(columns)
     height = top + row_h * len(rows) + 56

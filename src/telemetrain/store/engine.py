@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
@@ -34,11 +35,11 @@ from ..identity import Identity
 from ..semconv import series_key
 from .allocator import flush_freed_in_queries, purge_freed, trim_freed
 from .codec import untag_nonfinite
-from .columnar import PARTITIONS, PROCESS_TABLE, READABLE_SINCE, SCHEMA_VERSION, TABLES
+from .columnar import PROCESS_TABLE, READABLE_SINCE, SCHEMA_VERSION, TABLES
 from .compact import COLUMNAR_DIR, connect
+from .fetch import fetch as fetch_rows
 from .manifest import manifest_is_valid, manifest_path, read_manifest
 from .reader import fallback_identity, list_processes, read_run_meta
-from .report_rows import ALL_COLUMNS
 from .segments import parse_segment_name
 from .tails import ProcessCounts, TailLoader
 from .views import ALL_TABLES, create_tail_tables, create_views, insert_rows, sql_list
@@ -90,6 +91,7 @@ def engine_available() -> bool:
 SMALL_RUN_BYTES = 8 << 20
 SMALL_FILES_BYTES = 64 << 20
 _PER_FILE_BYTES = 1 << 20
+_RANK_PARTITION = re.compile(r"[/\\]rank=(\d+)[/\\]")  # a Parquet file's rank partition
 
 
 def _small(paths: Sequence[str | os.PathLike[str]]) -> bool:
@@ -179,6 +181,10 @@ class Engine:
         # (table, session, run, pid, segment number) -> the Parquet files of the segments with that pid and number
         # (``fetch``; two ranks of one process share a pid: the rank filter tells their rows apart)
         self.segment_files: dict[tuple[str, str, str, int | None, int], list[str]] = {}  # pid None: any
+        # the same by the rank of the file's partition too: ranks in containers (or on different hosts) often share
+        # a pid, and a lookup by pid alone read every such rank's file for each row (2,048 ranks of one pid: 2,048
+        # queries of 2,048 files each, minutes for the report's last values)
+        self.rank_segment_files: dict[tuple[str, str, str, int, int, int], list[str]] = {}
         self._damage: list[tuple[Any, ...]] = []  # (session, run, rank, pid, agent, ProcessCounts, segments)
         self._locked = False
         create_tail_tables(self.con)
@@ -245,6 +251,11 @@ class Engine:
                                                           []).append(file)
                             self.segment_files.setdefault((table, info.session, info.run, None, number.segment),
                                                           []).append(file)
+                            part = _RANK_PARTITION.search(file)
+                            if part is not None:
+                                self.rank_segment_files.setdefault(
+                                    (table, info.session, info.run, int(part.group(1)), pid, number.segment),
+                                    []).append(file)
                     counts.records += sum(int(v) for t, v in manifest.records.items() if t != PROCESS_TABLE)
                     counts.corrupt += int(manifest.corrupt)
                     if isinstance(manifest.last_identity, dict):
@@ -390,44 +401,10 @@ class Engine:
 
     def fetch(self, table: str, keys: Iterable[tuple[str, str, int, int, int, int]]) -> tuple[list[str], list[Any]]:
         """The rows of ``table`` at these positions, (session, run, rank, pid, segment, line): each from the Parquet
-        file of its segment (or the JSONL tail), one small query per segment, so that finding a few rows costs
-        reading a few row groups, not the table. Returns (column names, rows), partitions included."""
-        by_segment: dict[tuple[str, str, int, int, int], list[int]] = {}
-        for session, run, rank, pid, segment, line in keys:
-            by_segment.setdefault((session, run, int(rank), int(pid), int(segment)), []).append(int(line))
-        columns = [n for n, _ in ALL_COLUMNS[table] + PARTITIONS]
-        cols = ", ".join(f'"{n}"' for n in columns)
-        hive = "{" + ", ".join(f"'{n}': {t}" for n, t in PARTITIONS) + "}"
-        # the JSONL tail's rows by one query for every segment (a query per segment cost ~1 ms each: 2 s for a
-        # 1,024-rank run's last values)
-        tail: dict[tuple[str, str, int, int, int], list[Any]] = {}
-        if self.tail_segments and by_segment:
-            self.execute("CREATE OR REPLACE TEMP TABLE fetch_keys (session VARCHAR, run VARCHAR, rank BIGINT, "
-                         "pid BIGINT, segment INTEGER, line INTEGER)")
-            insert_rows(self.con, "fetch_keys", [(*key, line) for key, lines in by_segment.items()
-                                                 for line in sorted(set(lines))])
-            at = [columns.index(n) for n in ("session", "run", "rank", "pid", "segment")]
-            for row in self.con.execute(
-                    f"SELECT {cols} FROM tail_{table} WHERE (session, run, rank, pid, segment, line) IN "
-                    "(SELECT (session, run, rank, pid, segment, line) FROM fetch_keys) "
-                    "ORDER BY session, run, rank, pid, segment, line").fetchall():
-                session, run, rank, pid, segment = (row[i] for i in at)
-                tail.setdefault((session, run, int(rank), int(pid), int(segment)), []).append(row)
-            self.execute("DROP TABLE fetch_keys")
-        rows: list[Any] = []
-        for key, lines in sorted(by_segment.items()):
-            session, run, rank, pid, segment = key
-            # by the file's name; a row whose header names another pid than its file (a renamed file): any file of
-            # that segment number in the run (the query below keeps the row's own rank, pid and line)
-            files = self.segment_files.get((table, session, run, pid, segment)) or \
-                self.segment_files.get((table, session, run, None, segment))
-            if files:
-                where = (f"rank = {rank} AND pid = {pid} AND segment = {segment} AND "
-                         f"line IN ({', '.join(map(str, sorted(set(lines))))})")
-                rows += self.con.execute(f"SELECT {cols} FROM read_parquet({sql_list(files)}, "
-                                         f"hive_partitioning = true, hive_types = {hive}) WHERE {where}").fetchall()
-            rows += tail.get(key, [])
-        return columns, rows
+        file of its segment (or the JSONL tail), a small query per segment up to ``fetch.FETCH_APART`` segments (so
+        that finding a few rows costs reading a few row groups, not the table), one query for all past that.
+        Returns (column names, rows), partitions included."""
+        return fetch_rows(self, table, keys)
 
     def table(self, name: str) -> Any:
         if name not in (*ALL_TABLES, "windows", "damage"):

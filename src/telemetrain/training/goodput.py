@@ -436,4 +436,10 @@ def goodput_by_rank(session_dir: str | os.PathLike[str], *, engine: Any = None) 
     """``goodput`` for every rank that wrote training lifecycle records in the session (the store is read once)."""
     session = _load(session_dir, engine=engine)
     ranks = sorted({p.rank for d in session.runs for p in d.processes if p.first_ns is not None})
-    return {rank: _report(session, rank) for rank in ranks}
+    if session.load_rank is None or session.rank_batches is None:
+        return {rank: _report(session, rank) for rank in ranks}
+    out: dict[int, GoodputReport] = {}
+    for batch in session.rank_batches(ranks):  # by SQL: short ranks loaded together (a query a batch)
+        session.load_rank(session, batch)
+        out.update((rank, _report(session, rank)) for rank in batch)
+    return out

@@ -139,7 +139,9 @@ class _Session:
     notes: list[str]
     # the SQL path reads every process's figures but only one rank's whole lifecycle at a time: this loads the
     # lifecycle of a rank's processes into ``runs`` (and lets the previous rank's go)
-    load_rank: Callable[[_Session, int], None] | None = None
+    load_rank: Callable[[_Session, int | Sequence[int]], None] | None = None
+    # the SQL path: ranks in batches that ``load_rank`` loads at once (short ranks together: a query a batch)
+    rank_batches: Callable[[Sequence[int]], list[list[int]]] | None = None
     energy: bool = False  # the SQL path: the reports carry energy (``_energy`` then loads every rank in turn)
 
 
@@ -365,7 +367,7 @@ def _load(session_dir: str | os.PathLike[str], opened: Sequence[Run] = (), engin
         )
     notes: list[str] = []
     datas: list[_RunData] = []
-    load_rank = None
+    load_rank = rank_batches = None
     energy = False
     if engine is None:
         from ..store.engine import engine_for
@@ -374,7 +376,7 @@ def _load(session_dir: str | os.PathLike[str], opened: Sequence[Run] = (), engin
     if engine is not None:
         from .goodput_sql import load_session
 
-        datas, load_rank, energy = load_session(engine, runs)
+        datas, load_rank, rank_batches, energy = load_session(engine, runs)
     for i, run in enumerate(runs):
         if engine is None:
             processes = [_read_process(log, i) for log in run.processes]
@@ -404,4 +406,4 @@ def _load(session_dir: str | os.PathLike[str], opened: Sequence[Run] = (), engin
     start = min(d.first_ns for d in timed if d.first_ns is not None)
     end = max(d.last_ns for d in timed if d.last_ns is not None)
     return _Session(path=path, tag=tags[0], runs=datas, start_ns=start, end_ns=end, notes=notes,
-                    load_rank=load_rank, energy=energy)
+                    load_rank=load_rank, rank_batches=rank_batches, energy=energy)

@@ -53,6 +53,9 @@ LATEST_ENDS = 8
 # parsed, the rows sorted by line) grew with the segment, +21 MiB for a segment of 11,700 rows (64 x 1M), +14 for a
 # quarter of it
 SEGMENT_ROWS_AT_ONCE = 4_096
+# lifecycle rows of the ranks ``goodput_by_rank`` loads together when they are short: one query a batch, its rows
+# sorted (as a segment's, SEGMENT_ROWS_AT_ONCE, in bounded memory); ~500 ranks of 200 iterations
+BATCH_ROWS = 8_192
 
 
 def _names(names: Any) -> str:
@@ -282,9 +285,10 @@ def _span_counts(engine: Engine, where: str) -> list[tuple[Any, ...]]:
         GROUP BY rank ORDER BY rank""")
 
 
-def load_session(engine: Engine, runs: Sequence[Run]) -> tuple[list[Any], Any, bool]:
-    """The ``_RunData`` of each run (in ``runs`` order) with every process's light figures, the loader of one
-    rank's whole lifecycle (``_Session.load_rank``), and whether the reports carry energy."""
+def load_session(engine: Engine, runs: Sequence[Run]) -> tuple[list[Any], Any, Any, bool]:
+    """The ``_RunData`` of each run (in ``runs`` order) with every process's light figures, the loader of ranks'
+    whole lifecycles (``_Session.load_rank``), their batches (``_Session.rank_batches``), and whether the reports
+    carry energy."""
     engine.add_runs([r.path for r in runs])
     for run in runs:
         engine.attach(run)
@@ -319,56 +323,79 @@ def load_session(engine: Engine, runs: Sequence[Run]) -> tuple[list[Any], Any, b
         lasts = [p.last_ns for p in processes if p.last_ns is not None]
         datas.append(_RunData(run, processes, min(firsts) if firsts else None, max(lasts) if lasts else None))
 
-    def load_rank(session: _Session, rank: int) -> None:
-        """Replace the light processes of ``rank`` by their whole lifecycle (and the other ranks' by light ones)."""
-        # the other ranks' lifecycles are let go first; this rank's rows are streamed into ``read_records`` (in the
+    def lifecycle_rows(attributes: str) -> str:
+        return f"""
+              SELECT session, run, rank, pid, segment, line, 'span_start' AS kind, name, wall_ns, span_id,
+                     parent_id, NULL AS status, CASE WHEN name = '{_LOOP}' THEN {attributes} END AS attributes
+              FROM span_starts WHERE {where} AND name IN {tracked}
+              UNION ALL
+              SELECT session, run, rank, pid, segment, line, 'span_end', name, wall_ns, span_id, NULL, status,
+                     NULL FROM span_ends WHERE {where} AND name IN {tracked}
+              UNION ALL
+              SELECT session, run, rank, pid, segment, line, 'event', name, wall_ns, NULL, NULL, NULL,
+                     {attributes} FROM events WHERE {where}
+                AND name IN ('{_UPDATE}', '{_SAVE}', '{_PROGRESS}')"""
+
+
+    loaded: set[int] = set()  # the ranks whose lifecycle is in ``session.runs`` now
+
+    def load_rank(session: _Session, ranks: int | Sequence[int]) -> None:
+        """Replace the light processes of ``ranks`` (one rank, or a batch of ``rank_batches``) by their whole
+        lifecycle (and the other ranks' by light ones); nothing to do for ranks loaded already."""
+        want = {ranks} if isinstance(ranks, int) else set(ranks)
+        if want <= loaded:
+            return
+        loaded.clear()
+        # the other ranks' lifecycles are let go first; these ranks' rows are streamed into ``read_records`` (in the
         # query's order, a process's rows follow on), not held as a whole: memory is the lifecycle read, once
-        wanted: dict[tuple[str, str, int], list[tuple[_RunData, int, _Process]]] = {}
+        wanted: dict[tuple[int, str, str, int], list[tuple[_RunData, int, _Process]]] = {}
         for d in session.runs:
             for n, p in enumerate(d.processes):
-                if p.rank == rank:
+                if p.rank in want:
                     tag, run_id = d.run.session_tag, d.run.run_id
-                    wanted.setdefault((tag, run_id, row_pid.get((tag, run_id, p.rank, p.pid), p.pid)), []).append(
-                        (d, n, p))
+                    wanted.setdefault((p.rank, tag, run_id, row_pid.get((tag, run_id, p.rank, p.pid), p.pid)),
+                                      []).append((d, n, p))
                 elif p.spans or p.loops:
                     d.processes[n] = _Process(run=p.run, rank=p.rank, pid=p.pid, spans=[], loops=[],
                                                 saves=p.saves, first_ns=p.first_ns, last_ns=p.last_ns,
                                                 data_outside=False)
-        # one segment of one process at a time (in the order of the whole: session, run, pid, segment, line), so that
-        # DuckDB sorts one segment's rows, not the rank's: a rank of 1M iterations held ~50 MiB while sorted whole
-        def lifecycle_rows(attributes: str) -> str:
-            return f"""
-                  SELECT session, run, rank, pid, segment, line, 'span_start' AS kind, name, wall_ns, span_id,
-                         parent_id, NULL AS status, CASE WHEN name = '{_LOOP}' THEN {attributes} END AS attributes
-                  FROM span_starts WHERE {where} AND name IN {tracked}
-                  UNION ALL
-                  SELECT session, run, rank, pid, segment, line, 'span_end', name, wall_ns, span_id, NULL, status,
-                         NULL FROM span_ends WHERE {where} AND name IN {tracked}
-                  UNION ALL
-                  SELECT session, run, rank, pid, segment, line, 'event', name, wall_ns, NULL, NULL, NULL,
-                         {attributes} FROM events WHERE {where}
-                    AND name IN ('{_UPDATE}', '{_SAVE}', '{_PROGRESS}')"""
-
-        # and a segment of more than SEGMENT_ROWS_AT_ONCE rows in even ranges of its lines, in order
-        parts = [(session, run_id, pid, segment, first, end)
-                 for session, run_id, pid, segment, n, lo, hi in engine.rows(
-                     f"SELECT session, run, pid, segment, count(*), min(line), max(line) FROM "
-                     f"({lifecycle_rows('NULL')}) WHERE rank = $rank GROUP BY ALL ORDER BY session, run, pid, segment",
-                     {"rank": rank})
-                 for first, end in _line_ranges(int(lo), int(hi), int(n))]
-        query = f"""
-                SELECT session, run, pid, kind, name, wall_ns, span_id, parent_id, status, attributes FROM (
-                  {lifecycle_rows(f"json_extract(attributes, {_KEY_PATHS})")})
-                WHERE rank = $rank AND session = $session AND run = $run AND pid = $pid AND segment = $segment
-                  AND line >= $first AND line < $end
-                ORDER BY line"""
-        rows = ((s, r, pid, _Row(kind, name, wall, span_id or "", parent_id or "", status or "", attributes))
-                for session, run_id, pid_, segment, first, end in parts
-                for _, batch in engine.stream(query, {"rank": rank, "session": session, "run": run_id, "pid": pid_,
-                                                      "segment": segment, "first": first, "end": end}, ROWS_AT_ONCE)
-                for s, r, pid, kind, name, wall, span_id, parent_id, status, attributes in batch)
-        for key, group in groupby(rows, key=lambda row: row[:3]):
-            records: Iterable[_Row] = (row[3] for row in group)
+        among = f"rank IN ({', '.join(str(int(r)) for r in sorted(want))})"
+        segments = engine.rows(
+            f"SELECT rank, session, run, pid, segment, count(*), min(line), max(line) FROM "
+            f"({lifecycle_rows('NULL')}) WHERE {among} GROUP BY ALL ORDER BY rank, session, run, pid, segment")
+        attributes = lifecycle_rows(f"json_extract(attributes, {_KEY_PATHS})")
+        rows: Iterable[tuple[Any, ...]]
+        if len(want) > 1 and sum(int(row[5]) for row in segments) <= BATCH_ROWS:
+            # a batch of short ranks: one query sorts their rows; two queries per rank cost ~1 s a rank at 2,048
+            # ranks, whatever its size (each plans over every file of the run)
+            stream = engine.stream(f"""
+                SELECT rank, session, run, pid, kind, name, wall_ns, span_id, parent_id, status, attributes
+                FROM ({attributes}) WHERE {among} ORDER BY rank, session, run, pid, segment, line""", None,
+                                   ROWS_AT_ONCE)
+            rows = ((rank_, s, r, pid, _Row(kind, name, wall, span_id or "", parent_id or "", status or "", attrs))
+                    for _, batch in stream
+                    for rank_, s, r, pid, kind, name, wall, span_id, parent_id, status, attrs in batch)
+        else:
+            # one segment of one process at a time (in the order of the whole: rank, session, run, pid, segment,
+            # line), so that DuckDB sorts one segment's rows, not the rank's: a rank of 1M iterations held ~50 MiB
+            # while sorted whole; and a segment of more than SEGMENT_ROWS_AT_ONCE rows in even ranges of its lines
+            parts = [(rank, session_, run_id, pid, segment, first, end)
+                     for rank, session_, run_id, pid, segment, n, lo, hi in segments
+                     for first, end in _line_ranges(int(lo), int(hi), int(n))]
+            query = f"""
+                    SELECT rank, session, run, pid, kind, name, wall_ns, span_id, parent_id, status, attributes FROM (
+                      {attributes})
+                    WHERE rank = $rank AND session = $session AND run = $run AND pid = $pid AND segment = $segment
+                      AND line >= $first AND line < $end
+                    ORDER BY line"""
+            rows = ((rank_, s, r, pid, _Row(kind, name, wall, span_id or "", parent_id or "", status or "", attrs))
+                    for rank, session_, run_id, pid_, segment, first, end in parts
+                    for _, batch in engine.stream(query, {"rank": rank, "session": session_, "run": run_id,
+                                                          "pid": pid_, "segment": segment, "first": first,
+                                                          "end": end}, ROWS_AT_ONCE)
+                    for rank_, s, r, pid, kind, name, wall, span_id, parent_id, status, attrs in batch)
+        for key, group in groupby(rows, key=lambda row: row[:4]):
+            records: Iterable[_Row] = (row[4] for row in group)
             processes = wanted.pop(key, [])
             if len(processes) > 1:  # two files of one process (a renamed file): each reads its rows
                 records = list(records)
@@ -383,6 +410,23 @@ def load_session(engine: Engine, runs: Sequence[Run]) -> tuple[list[Any], Any, b
                 full = read_records([], p.rank, p.pid, p.run)
                 full.first_ns, full.last_ns = p.first_ns, p.last_ns
                 d.processes[n] = full
+        loaded.update(want)
+
+    def rank_batches(ranks: Sequence[int]) -> list[list[int]]:
+        """``ranks`` in batches of consecutive ranks of at most ``BATCH_ROWS`` lifecycle rows together (a rank of
+        more: alone), for ``goodput_by_rank``: one count over the run, then a query per batch, not two per rank."""
+        counts = dict(engine.rows(f"SELECT rank, count(*) FROM ({lifecycle_rows('NULL')}) GROUP BY rank"))
+        batches: list[list[int]] = []
+        total = 0
+        for rank in ranks:
+            n = int(counts.get(rank, 0))
+            if batches and total + n <= BATCH_ROWS:
+                batches[-1].append(rank)
+                total += n
+            else:
+                batches.append([rank])
+                total = n
+        return batches
 
     # a GPU job's reports carry their window's energy: goodput's energy account then reads every rank's loops, one
     # rank at a time (``goodput._energy``)
@@ -390,4 +434,4 @@ def load_session(engine: Engine, runs: Sequence[Run]) -> tuple[list[Any], Any, b
     energy = bool(engine.scalar(f"SELECT count(*) > 0 FROM events WHERE {where} AND name = '{_UPDATE}' AND "
                                 "contains(attributes, 'window_energy_J') AND "
                                 "json_exists(attributes, '$.window_energy_J')"))
-    return datas, load_rank, energy
+    return datas, load_rank, rank_batches, energy
