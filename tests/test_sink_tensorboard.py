@@ -227,7 +227,7 @@ def test_an_unwritable_logdir_is_contained_and_counted(tmp_path: Path) -> None:
 def test_two_processes_of_a_run_get_their_own_directories(tmp_path: Path) -> None:
     t = telemetrain.Telemetry(store=False)
     sink = TensorBoardSink(tmp_path)
-    t.add_sink(sink)
+    t.add_sink(sink, ranks="all")  # (by default rank 1 would detach it: the sink is rank 0's only)
     t.metric("x", 1.0, step=0)
     t.set_identity(rank=1, world_size=2)
     t.metric("x", 2.0, step=0)
