@@ -169,6 +169,34 @@ def train_empty_iterations(t: telemetrain.Telemetry, iterations: int, *, batch: 
     r.on_app_end()
 
 
+def write_odd_run(root: Path) -> Path:
+    """Rank 2 of 4 of run "odd": NaN and infinite metrics (``neg`` at step 7), an infinite config value, a sink's
+    diagnostic, checkpoint saves that ended in error twice and a terminated span, then a line that is not JSON and
+    a line cut mid-write (``show``'s problems, in text and JSON)."""
+    import math
+
+    from telemetrain.records import Diagnostic
+    from telemetrain.spans import tracer
+
+    identity = telemetrain.identity_from_env({}, run_id="odd", session_tag="s", rank=2, world_size=4)
+    with telemetrain.Telemetry(identity, store=root, config={"bad": math.inf}) as t:
+        spans = tracer(t)
+        for status in ("error", "ok", "error", "terminated"):
+            spans.start("checkpoint_save_sync" if status != "terminated" else "step", group="training").end(status)
+        t.metric("nan", math.nan, "m")
+        t.metric("inf", math.inf, "m")
+        t.metric("neg", -math.inf, "m", step=7)
+        mono, wall = t.now()
+        t.emit(Diagnostic(mono, wall, t.identity, "telemetrain", "sink_error", "mysink", 3, "boom"))
+        run_dir = t.run_dir
+    assert run_dir is not None
+    (log,) = run_dir.glob("rank-*.jsonl")
+    with open(log, "a") as fh:
+        fh.write("this is not json\n")
+        fh.write('{"v":1,"kind":"metric","mo')  # a crash mid-line
+    return run_dir
+
+
 def run_dir_of(t: telemetrain.Telemetry) -> Path:
     """``t.run_dir`` of a Telemetry that has a run store (typed ``Path``: ``Telemetry.run_dir`` is ``Path | None``)."""
     run_dir = t.run_dir

@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 
 import telemetrain
+from conftest import write_odd_run
 from telemetrain import cli
-from telemetrain.records import Diagnostic
-from telemetrain.spans import tracer
 from telemetrain.store import open_run
 from telemetrain.store.reader import find_runs
 from test_reader_damage import ENGINES
@@ -263,22 +262,7 @@ def test_show_prints_nan_inf_problems_and_diagnostics(tmp_path: Path, capsys: py
     """NaN and inf values, a damaged and a torn line, a sink's diagnostic and spans that did not end ok (a failed
     checkpoint save twice, a terminated span) are each said, by both reader paths."""
     monkeypatch.setenv("TELEMETRAIN_ENGINE", engine)
-    identity = telemetrain.identity_from_env({}, run_id="odd", session_tag="s", rank=2, world_size=4)
-    with telemetrain.Telemetry(identity, store=tmp_path, config={"bad": math.inf}) as t:
-        spans = tracer(t)
-        for status in ("error", "ok", "error", "terminated"):
-            spans.start("checkpoint_save_sync" if status != "terminated" else "step", group="training").end(status)
-        t.metric("nan", math.nan, "m")
-        t.metric("inf", math.inf, "m")
-        t.metric("neg", -math.inf, "m", step=7)
-        mono, wall = t.now()
-        t.emit(Diagnostic(mono, wall, t.identity, "telemetrain", "sink_error", "mysink", 3, "boom"))
-        run_dir = t.run_dir
-    assert run_dir is not None
-    (log,) = run_dir.glob("rank-*.jsonl")
-    with open(log, "a") as fh:
-        fh.write("this is not json\n")
-        fh.write('{"v":1,"kind":"metric","mo')  # a crash mid-line
+    run_dir = write_odd_run(tmp_path)
     assert cli.main(["show", str(run_dir)]) == 0
     out = capsys.readouterr().out
     assert re.search(r"\n  m +nan += nan ", out) and re.search(r"\n  m +inf += inf ", out)

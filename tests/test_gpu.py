@@ -118,7 +118,9 @@ def test_no_sync_on_the_instrumented_step(t: Telemetry) -> None:
     assert isinstance(timer, DeviceTimer) and timer.enabled, getattr(timer, "failure", "")
 
 
-def test_graph_capture_is_not_broken_by_marks_or_by_resolution(t: Telemetry) -> None:
+def _ready_to_capture(t: Telemetry) -> tuple[Any, Any, Any]:
+    """A recorder with its device timer, and a tensor whose kernels were warmed up on a side stream (as CUDA graph
+    capture needs)."""
     torch.cuda.init()
     r = _recorder(t, log_every_n_train_iterations=1000)
     timer = timer_of(t)[0]
@@ -129,6 +131,11 @@ def test_graph_capture_is_not_broken_by_marks_or_by_resolution(t: Telemetry) -> 
     with torch.cuda.stream(side):
         _matmuls(x, 3)
     torch.cuda.current_stream().wait_stream(side)
+    return r, timer, x
+
+
+def test_graph_capture_is_not_broken_by_marks_or_by_resolution(t: Telemetry) -> None:
+    r, timer, x = _ready_to_capture(t)
     # 1. an instrumented iteration captured into a graph: no mark is recorded on the capturing stream
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
@@ -289,16 +296,7 @@ def test_a_device_span_inside_a_graph_capture_leaves_device_timing_on(t: Telemet
     the capture and its replays work, and device timing stays on for the iterations after it."""
     from telemetrain.spans import span
 
-    torch.cuda.init()
-    r = _recorder(t, log_every_n_train_iterations=1000)
-    timer = timer_of(t)[0]
-    assert timer is not None
-    x = torch.randn(2048, 2048, device="cuda")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        _matmuls(x, 3)
-    torch.cuda.current_stream().wait_stream(side)
+    r, timer, x = _ready_to_capture(t)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         for _ in range(3):

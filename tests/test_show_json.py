@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import math
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import telemetrain
+from conftest import write_odd_run
 from telemetrain import cli
-from telemetrain.records import Diagnostic
-from telemetrain.spans import tracer
 from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
 
 ENGINES = ["python"] + (["duckdb"] if importlib.util.find_spec("duckdb") is not None else [])
@@ -58,26 +56,12 @@ def _trained(root: Path, run_id: str, steps: int = 40) -> Path:
 def test_nan_inf_problems_and_diagnostics_are_strict_json(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                           engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TELEMETRAIN_ENGINE", engine)
-    identity = telemetrain.identity_from_env({}, run_id="odd", session_tag="s", rank=2, world_size=4)
-    with telemetrain.Telemetry(identity, store=tmp_path, config={"bad": math.inf, "lr": 0.5}) as t:
-        spans = tracer(t)
-        for status in ("error", "ok", "error", "terminated"):
-            spans.start("checkpoint_save_sync" if status != "terminated" else "step", group="training").end(status)
-        t.metric("nan", math.nan, "m")
-        t.metric("neg", -math.inf, "m", step=7)
-        mono, wall = t.now()
-        t.emit(Diagnostic(mono, wall, t.identity, "telemetrain", "sink_error", "mysink", 3, "boom"))
-        run_dir = t.run_dir
-    assert run_dir is not None
-    (log,) = run_dir.glob("rank-*.jsonl")
-    with open(log, "a") as fh:
-        fh.write("this is not json\n")
-        fh.write('{"v":1,"kind":"metric","mo')  # a crash mid-line
+    run_dir = write_odd_run(tmp_path)
     data = _show(capsys, str(run_dir))
     assert (data["run_id"], data["session_tag"], data["ranks"], data["run_json"]) == ("odd", "s", [2], "ok")
-    assert data["config"] == {"bad": "Infinity", "lr": 0.5}
+    assert data["config"] == {"bad": "Infinity"}
     metrics = {m["name"]: m for m in data["metrics"] if m["group"] == "m"}
-    assert metrics["nan"]["last"] == "NaN" and metrics["nan"]["rank"] == 2
+    assert metrics["nan"]["last"] == "NaN" and metrics["nan"]["rank"] == 2 and metrics["inf"]["last"] == "Infinity"
     assert (metrics["neg"]["last"], metrics["neg"]["step"], metrics["neg"]["count"]) == ("-Infinity", 7, 1)
     problems = data["problems"]
     assert (problems["torn_lines"], problems["corrupt_lines"], problems["diagnostics"], problems["spans_not_ok"]) == (
