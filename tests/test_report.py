@@ -669,3 +669,20 @@ def test_checkpoints_of_many_ranks_are_one_row_a_step_naming_the_slowest_rank(
     assert main(["show", str(tmp_path / "s" / "ckpt")]) == 0  # show says the same in one line
     assert ("\ncheckpoints 3 save(s), 60 span(s) on the ranks, mean 1.275 s; the longest: step 20 on rank 7, 3.000 s "
             "(that save's mean 1.325 s); 1 not ok\n") in capsys.readouterr().out
+
+
+def test_the_straggler_reports_of_many_ranks_list_the_first_and_the_outliers_then_fold() -> None:
+    """A slow node of many ranks (or thousands of ranks) was a row per (rank, phase) in the page, in string order."""
+    from telemetrain.report import html
+    from telemetrain.report.model import ReportModel
+
+    model = ReportModel(path=Path("r"), meta={}, run_id="r", session_tag="s", perf_tag="p", start_ns=0, end_ns=1,
+                        processes=[], agents=[])
+    model.stragglers = [{"rank": r, "host": f"node{r // 8}", "phase": "backward", "kind": "relative",
+                         "score": 1.5 + r / 100, "step": step, "threshold": 1.3}
+                        for r in range(40) for step in range(1 + (r == 33))]  # rank 33: two reports
+    section = html._stragglers_table(model)
+    listed, folded = section.split("<details>")
+    assert [int(r) for r in re.findall(r"<tr><td>(\d+)</td>", listed)] == [*range(8), 33]
+    assert "31 more not listed above" in listed
+    assert [int(r) for r in re.findall(r"<tr><td>(\d+)</td>", folded)] == list(range(40))  # by rank, as numbers

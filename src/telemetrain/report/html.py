@@ -289,14 +289,18 @@ def _stragglers_table(m: ReportModel) -> str:
     for s in m.stragglers:
         groups[tuple(str(s.get(k)) for k in ("rank", "host", "phase", "kind"))].append(s)
     rows = []
-    for key, items in sorted(groups.items()):
+    # by rank as a number (rank 10 after rank 9), then host, phase and kind
+    for key, items in sorted(groups.items(), key=lambda kv: (len(kv[0][0]), kv[0])):
         scores = [float(s["score"]) for s in items if isinstance(s.get("score"), (int, float))]
         steps = [s["step"] for s in items if isinstance(s.get("step"), int)]
         thresholds = {s.get("threshold") for s in items}
         rows.append((*key, len(items), f"{max(scores):.2f}" if scores else "-",
                      ", ".join(str(t) for t in thresholds), f"{min(steps)}..{max(steps)}" if steps else "-"))
-    return "<h3>straggler reports</h3>" + table(
-        ("rank", "host", "phase", "kind", "reports", "max score", "threshold", "steps"), rows, numeric=(4, 5))
+    # a row per (rank, host, phase, kind): past 16 (a slow node of many ranks, thousands of ranks), the first and the
+    # outliers, every row folded
+    return "<h3>straggler reports</h3>" + few_table(
+        ("rank", "host", "phase", "kind", "reports", "max score", "threshold", "steps"), rows, numeric=(4, 5),
+        key=lambda row: row[4], what="(rank, phase) rows", outliers="the fewest and the most reports")
 
 
 def _system(m: ReportModel) -> str:
