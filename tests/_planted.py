@@ -78,7 +78,9 @@ SCENARIOS = {s.name: s for s in (
         Expect("nan/inf", "NaN grad norm at 400",
                lambda f: f.title.endswith("train.grad_norm") and f.evidence.steps[0] == 400))),
     Scenario("crash-restart", 1, {"STEPS": "400", "CKPT_EVERY": "100", "CRASH_AT": "250"}, (
-        Expect("crash", "the first attempt killed", lambda f: re.fullmatch(r"crash: run \S+\.0 killed", f.title)),
+        # (and why, from the first attempt's agent: the planted SIGKILL)
+        Expect("crash", "the first attempt killed", lambda f: re.fullmatch(
+            r"crash: run \S+\.0 killed; rank 0 died of SIGKILL \(exit code -9\)", f.title)),
         Expect("restart", "the restart", lambda f: re.fullmatch(r"restart: run \S+\.1 after \S+\.0", f.title))),
         launch_args=("--max-restarts", "1"), attempts=2, tail_expect=()),
     Scenario("clean-4-ranks", 4, FOUR),

@@ -513,6 +513,20 @@ def test_crashes_and_restarts() -> None:
                       "restart: run job.1 after job.0"]
 
 
+def test_an_earlier_attempts_crash_names_its_cause_from_its_agents_worker_exits() -> None:
+    """Read from the last attempt, the first one's crash said "interrupted" and not why (the agent's worker exits are
+    in the first attempt's folder); a killed attempt that recorded no iteration does not say "after iteration None"."""
+    exits = tuple(worker_exits([{"rank": 3, "exitcode": -9, "first_failure": True},
+                                {"rank": 1, "exitcode": -15, "first_failure": False}]))
+    attempts = [Attempt("job.0", 0, "killed", None, None, None, 0, False, exits),
+                Attempt("job.1", 1, "finished", 0, 99, 99, 0, True)]
+    (crash, _) = analyse(FindingsInput(attempts=attempts)).findings
+    assert crash.title == "crash: run job.0 killed; rank 3 died of SIGKILL (exit code -9)"
+    assert crash.detail.startswith("run job.0 (attempt 1 of the session) was killed before any iteration; rank 3 died "
+                                   "of SIGKILL (exit code -9), sent from outside the program")
+    assert "out-of-memory killer" in crash.detail and "rank 1" not in crash.detail  # the cause, not what followed
+
+
 def test_a_restart_after_a_run_without_iterations_names_no_none() -> None:
     # a run of the session that wrote no training lifecycle (goodput's "absent") has no last iteration: the restart's
     # detail said "stopped at None" (seen on a session holding a metrics-only run and a training run)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from .fmt import ranges
 from .inputs import Attempt, SpanFailure
 from .model import Evidence, Finding
-from .worker_exits import WorkerExit, exit_finding_text, first_failures
+from .worker_exits import WorkerExit, exit_finding_text, first_causes, first_failures, meaning
 
 __all__ = ["crashes"]
 
@@ -36,11 +36,14 @@ def crashes(failures: Sequence[SpanFailure], attempts: Sequence[Attempt],
     runs = sorted(attempts, key=lambda a: a.restart_order)
     for i, r in enumerate(runs):
         if r.status in ("interrupted", "killed") and not r.current:
+            # its cause, when its launcher agent saw its workers end: the first failure, with what it usually means
+            causes = first_causes(first_failures(list(r.exits))) if r.exits else []
+            after = f"after iteration {r.last_iteration}" if r.last_iteration is not None else "before any iteration"
             findings.append(Finding(
-                "error", "crash", f"crash: run {r.run_id} {r.status}",
-                f"run {r.run_id} (attempt {r.restart_order + 1} of the session) was {r.status} after iteration "
-                f"{r.last_iteration}; its last checkpoint held {r.checkpointed_iterations} iteration(s); "
-                f"{r.lost_iterations} iteration(s) lost",
+                "error", "crash", f"crash: run {r.run_id} {r.status}" + "".join(f"; {who}" for who, _ in causes),
+                f"run {r.run_id} (attempt {r.restart_order + 1} of the session) was {r.status} {after}"
+                + "".join(f"; {who}, {meaning(lead)}" for who, lead in causes) + f"; its last checkpoint held "
+                f"{r.checkpointed_iterations} iteration(s); {r.lost_iterations} iteration(s) lost",
                 Evidence(steps=(r.first_iteration, r.last_iteration) if r.first_iteration is not None
                          and r.last_iteration is not None else None, test="goodput's run status")))
         if i > 0:

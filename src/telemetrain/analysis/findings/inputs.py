@@ -166,6 +166,7 @@ class Attempt:
     checkpointed_iterations: int | None
     lost_iterations: int
     current: bool  # the run being reported
+    exits: tuple[Any, ...] = ()  # an earlier attempt's worker exits (worker_exits.WorkerExit), as its agent saw them
 
 
 def contention_share(cpu: float | None, wait: float | None) -> float | None:

@@ -3,14 +3,16 @@ goodput, then ``analyse``."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from ...store.reader import Run
+from ...store.reader import ProcessLog, Run, list_processes
 from .builder import InputBuilder
 from .engine import analyse
 from .inputs import Attempt
 from .model import Findings
 from .thresholds import Thresholds
+from .worker_exits import EVENT, worker_exits
 
 __all__ = ["attempts_of", "feed_agent_events", "run_findings"]
 
@@ -24,11 +26,30 @@ def feed_agent_events(builder: InputBuilder, run: Run) -> None:
 
 
 def attempts_of(report: Any, run_id: str) -> tuple[Attempt, ...]:
-    """The runs of a ``training.goodput.GoodputReport`` as attempts (``run_id`` marks the one being reported)."""
+    """The runs of a ``training.goodput.GoodputReport`` as attempts (``run_id`` marks the one being reported); an
+    earlier attempt that failed carries its cause, from its launcher agents' worker exits."""
     if report is None:
         return ()
     return tuple(Attempt(r.run_id, r.restart_order, r.status, r.first_iteration, r.last_iteration,
-                         r.checkpointed_iterations, r.lost_iterations, r.run_id == run_id) for r in report.runs)
+                         r.checkpointed_iterations, r.lost_iterations, r.run_id == run_id,
+                         _exits(Path(report.session_dir) / r.run_id)
+                         if r.status in ("interrupted", "killed") and r.run_id != run_id else ())
+                 for r in report.runs)
+
+
+def _exits(run_dir: Path) -> tuple[Any, ...]:
+    """What ended an earlier attempt's workers, from its agents' ``worker_failed`` events (small files, read here
+    by every reader; the run itself is not read)."""
+    try:
+        processes = list_processes(run_dir)
+    except OSError:
+        return ()
+    events: list[Any] = []
+    for (agent, _, _), paths in sorted(processes.items()):
+        if agent:
+            events += [r.attributes or {} for r in ProcessLog(paths).records
+                       if r.kind == "event" and (r.group, r.name) == EVENT]
+    return tuple(worker_exits(events))
 
 
 def run_findings(run: Run, *, goodput_report: Any = None, thresholds: Thresholds | None = None) -> Findings:

@@ -15,7 +15,8 @@ from typing import Any
 
 from .fmt import ranges
 
-__all__ = ["EVENT", "WorkerExit", "describe_exit", "exit_finding_text", "first_failures", "meaning", "worker_exits"]
+__all__ = ["EVENT", "WorkerExit", "describe_exit", "exit_finding_text", "first_causes", "first_failures", "meaning",
+           "worker_exits"]
 
 EVENT = ("launcher", "worker_failed")  # (group, name) of the events read here
 
@@ -94,16 +95,21 @@ def meaning(e: WorkerExit) -> str:
                                                                            "stderr or its error file)")
 
 
+def first_causes(first: list[WorkerExit]) -> list[tuple[str, WorkerExit]]:
+    """The first failures by exit code: ("rank 1 died of SIGTERM (exit code -15)", one of them), ranks as ranges."""
+    by_code: dict[int, list[WorkerExit]] = {}
+    for e in first:
+        by_code.setdefault(e.exitcode, []).append(e)
+    return [(f"rank {ranges([e.rank for e in group])} {describe_exit(group[0])}", group[0])
+            for group in by_code.values()]
+
+
 def exit_finding_text(exits: list[WorkerExit]) -> tuple[str, str] | None:
     """The title and text of the finding naming the cause, or None without exits."""
     if not exits:
         return None
     first = first_failures(exits)
-    by_code: dict[int, list[WorkerExit]] = {}
-    for e in first:
-        by_code.setdefault(e.exitcode, []).append(e)
-    causes = [(f"rank {ranges([e.rank for e in group])} {describe_exit(group[0])}", group[0])
-              for group in by_code.values()]
+    causes = first_causes(first)
     title = "crash: " + "; ".join(who for who, _ in causes) + (" first" if len(first) < len(exits) else "")
     pids = {e.rank: e.pid for e in first if e.pid is not None}
     text = " ".join(f"{who}" + (f" (pid {pids[lead.rank]})" if len(first) == 1 and lead.rank in pids else "")
