@@ -48,11 +48,16 @@ def _busy_loop(r: TrainingRecorder, iterations: int, cpu_s: float) -> None:
     r.on_app_end()
 
 
+CPU_S = 0.02
+
+
 @linux_only
 def test_each_report_window_carries_the_process_cpu_time_and_wait(tmp_path: Path) -> None:
     t = Telemetry(store=tmp_path)
     r = _started(t)
-    _busy_loop(r, 15, 0.004)  # 4 ms of CPU per iteration
+    # 20 ms of CPU per iteration: a read lags the running thread's time by up to a scheduler tick (below), so the
+    # windows must be many ticks long (at 4 ms an iteration, 26 ms of 60 were counted once in CI)
+    _busy_loop(r, 15, CPU_S)
     assert t.close()
     updates = _updates(run_dir_of(t))
     assert len(updates) == 3
@@ -65,14 +70,14 @@ def test_each_report_window_carries_the_process_cpu_time_and_wait(tmp_path: Path
     # every iteration's CPU, less what the kernel had not yet added: schedstat's time on a CPU of a thread that is
     # running is brought up to date at scheduler ticks, so a read taken while it runs lags by up to a tick (measured
     # on this 2-vCPU VM: 15 ms of a window's 20, in 2 runs of 3)
-    assert sum(a["cpu_time_sec"] for a in updates) >= 0.5 * 15 * 0.004  # type: ignore[misc]
+    assert sum(a["cpu_time_sec"] for a in updates) >= 0.5 * 15 * CPU_S  # type: ignore[misc]
     # the training thread's own: part of the process's (give or take the counts of a thread that ended between two
     # readings, which leave the process's sum: the collector thread ends when it has nothing to do), and most of
     # this loop's CPU is this thread's
     for a in updates:
         assert 0 <= a["train_thread_cpu_time_sec"] <= a["cpu_time_sec"] + 0.01  # type: ignore[operator]
         assert 0 <= a["train_thread_cpu_wait_sec"] <= a["cpu_wait_sec"] + 0.01  # type: ignore[operator]
-    assert sum(a["train_thread_cpu_time_sec"] for a in updates) >= 0.5 * 15 * 0.004  # type: ignore[misc]
+    assert sum(a["train_thread_cpu_time_sec"] for a in updates) >= 0.5 * 15 * CPU_S  # type: ignore[misc]
     cpu, wait, thread_cpu, thread_wait = cpu_wait.read(threading.get_native_id()) or (0, 0, 0, 0)
     assert cpu >= thread_cpu > 0 and wait >= thread_wait >= 0
     assert (cpu_wait.read() or (0, 0, 0, 0))[2:] == (-1, -1)  # no thread asked for
