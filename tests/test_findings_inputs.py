@@ -56,8 +56,8 @@ CPU_S = 0.02
 @linux_only
 def test_each_report_window_carries_the_process_cpu_time_and_wait(tmp_path: Path) -> None:
     # in a fresh process: the accounting of one process's threads, not of the suite's (in the full suite's process,
-    # thousands of threads started and ended by earlier tests, the windows twice added up to half the loop's CPU --
-    # not seen in a process of its own, loaded or not; left to investigate)
+    # thousands of threads started and ended by earlier tests, the windows twice added up to half the loop's CPU; in
+    # a process of its own only after thousands of threads, under load, and not every time: left to investigate)
     script = ("import sys, test_findings_inputs as m; from telemetrain import Telemetry; "
               "t = Telemetry(store=sys.argv[1]); m._busy_loop(m._started(t), 15, m.CPU_S); assert t.close(); "
               "print(t.run_dir)")
