@@ -70,11 +70,13 @@ def show_dict(run: Run, engine: Any = None) -> dict[str, Any]:
 def _series(series: dict[tuple[str, str], Any], last: Any) -> list[dict[str, Any]]:
     """Each (group, name): how many points (windows), and the last record of the lowest rank that recorded it (rank 0
     when it did, as show prints), with how many ranks recorded it."""
+    from .show import _shown_rank
+
     out = []
     for (group, name), s in sorted(series.items()):
         if not s.last_by_rank:
             continue
-        rank = int(min(s.last_by_rank))
+        rank = _shown_rank(s)
         out.append({"group": group, "name": name, "count": s.count, "samples": s.samples or None, "rank": rank,
                     "ranks": len(s.last_by_rank), **last(s.last_by_rank[rank])})
     return out

@@ -31,18 +31,9 @@ def fetch(engine: Engine, table: str,
     # 1,024-rank run's last values)
     tail: dict[tuple[str, str, int, int, int], list[Any]] = {}
     if engine.tail_segments and by_segment:
-        engine.execute("CREATE OR REPLACE TEMP TABLE fetch_keys (session VARCHAR, run VARCHAR, rank BIGINT, "
-                       "pid BIGINT, segment INTEGER, line INTEGER)")
-        insert_rows(engine.con, "fetch_keys", [(*key, line) for key, lines in by_segment.items()
-                                               for line in sorted(set(lines))])
-        at = [columns.index(n) for n in ("session", "run", "rank", "pid", "segment")]
-        for row in engine.con.execute(
-                f"SELECT {cols} FROM tail_{table} WHERE (session, run, rank, pid, segment, line) IN "
-                "(SELECT (session, run, rank, pid, segment, line) FROM fetch_keys) "
-                "ORDER BY session, run, rank, pid, segment, line").fetchall():
-            session, run, rank, pid, segment = (row[i] for i in at)
-            tail.setdefault((session, run, int(rank), int(pid), int(segment)), []).append(row)
-        engine.execute("DROP TABLE fetch_keys")
+        tail = _joined(engine, columns, f"SELECT {cols} FROM tail_{table}",
+                       [(*key, line) for key, lines in by_segment.items() for line in sorted(set(lines))],
+                       "session, run, rank, pid, segment, line")
     found: dict[tuple[str, str, int, int, int], tuple[list[str], list[int]]] = {}
     for key, lines in sorted(by_segment.items()):
         session, run, rank, pid, segment = key
@@ -57,18 +48,10 @@ def fetch(engine: Engine, table: str,
     if len(found) > FETCH_APART:
         # many segments (a row of each of thousands of ranks): one query over their files, the positions joined;
         # a query per segment cost ~3-10 ms each, whatever it read (20 s of `show` at 2,048 ranks)
-        engine.execute("CREATE OR REPLACE TEMP TABLE fetch_keys (session VARCHAR, run VARCHAR, rank BIGINT, "
-                       "pid BIGINT, segment INTEGER, line INTEGER)")
-        insert_rows(engine.con, "fetch_keys", [(*key, line) for key, (_, lines) in found.items() for line in lines])
         files = sorted({f for fs, _ in found.values() for f in fs})
-        at = [columns.index(n) for n in ("session", "run", "rank", "pid", "segment")]
-        for row in engine.con.execute(
-                f"SELECT {cols} FROM read_parquet({sql_list(files)}, hive_partitioning = true, "
-                f"hive_types = {hive}) WHERE (session, run, rank, pid, segment, line) IN "
-                "(SELECT (session, run, rank, pid, segment, line) FROM fetch_keys) ORDER BY line").fetchall():
-            session, run, rank, pid, segment = (row[i] for i in at)
-            parquet.setdefault((session, run, int(rank), int(pid), int(segment)), []).append(row)
-        engine.execute("DROP TABLE fetch_keys")
+        parquet = _joined(engine, columns, f"SELECT {cols} FROM read_parquet({sql_list(files)}, "
+                          f"hive_partitioning = true, hive_types = {hive})",
+                          [(*key, line) for key, (_, lines) in found.items() for line in lines], "line")
     else:
         for key, (files, lines) in found.items():
             session, run, rank, pid, segment = key
@@ -81,3 +64,21 @@ def fetch(engine: Engine, table: str,
     for key in sorted(by_segment):
         rows += parquet.get(key, []) + tail.get(key, [])
     return columns, rows
+
+
+def _joined(engine: Engine, columns: list[str], source: str, positions: list[tuple[Any, ...]],
+            order: str) -> dict[tuple[str, str, int, int, int], list[Any]]:
+    """The rows of ``source`` (a SELECT of ``columns``) at ``positions`` (session, run, rank, pid, segment, line),
+    by one query joined to a temporary table of them, grouped by their segment."""
+    engine.execute("CREATE OR REPLACE TEMP TABLE fetch_keys (session VARCHAR, run VARCHAR, rank BIGINT, "
+                   "pid BIGINT, segment INTEGER, line INTEGER)")
+    insert_rows(engine.con, "fetch_keys", positions)
+    at = [columns.index(n) for n in ("session", "run", "rank", "pid", "segment")]
+    out: dict[tuple[str, str, int, int, int], list[Any]] = {}
+    for row in engine.con.execute(
+            f"{source} WHERE (session, run, rank, pid, segment, line) IN "
+            f"(SELECT (session, run, rank, pid, segment, line) FROM fetch_keys) ORDER BY {order}").fetchall():
+        session, run, rank, pid, segment = (row[i] for i in at)
+        out.setdefault((session, run, int(rank), int(pid), int(segment)), []).append(row)
+    engine.execute("DROP TABLE fetch_keys")
+    return out
