@@ -149,6 +149,45 @@ def test_a_changed_config_keeps_the_first_value_and_warns_once(tmp_path: Path, s
     assert params["config.global_batch_size"] == "256" and params["config.seq_length"] == "8"
 
 
+def test_a_later_identity_renames_the_run_and_updates_its_tags(tmp_path: Path, store_uri: str) -> None:
+    # rank 0 of a job whose world size is learned after the first record (set_identity after init_process_group)
+    t = telemetrain.Telemetry(store=False)
+    sink = MLflowSink(store_uri)
+    t.add_sink(sink)
+    t.metric("x", 1.0, step=0)
+    assert t.flush()
+    first = t.identity
+    assert sink.run_id is not None
+    assert MlflowClient(store_uri).get_run(sink.run_id).data.tags["identity.world_size"] == "1"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        t.set_identity(world_size=8, local_rank=0)
+        t.metric("x", 2.0, step=1)
+        t.close()
+    assert not [w for w in caught if "mlflow" in str(w.message).lower()], [str(w.message) for w in caught]
+    assert health_of(t)["failed"] == 0
+    run = MlflowClient(store_uri).get_run(sink.run_id)
+    assert run.info.run_name == f"{first.run_id}-rank0"  # named as a run of 8 ranks is
+    assert run.data.tags["identity.world_size"] == "8" and run.data.tags["identity.rank"] == "0"
+    assert run.data.params["identity.world_size"] == "1"  # MLflow params cannot change: the first value stays
+    assert [m.value for m in MlflowClient(store_uri).get_metric_history(sink.run_id, "x")] == [1.0, 2.0]
+
+
+def test_a_given_run_name_stays_when_the_identity_changes(tmp_path: Path, store_uri: str) -> None:
+    t = telemetrain.Telemetry(store=False)
+    sink = MLflowSink(store_uri, run_name="mine", tags={"team": "a"})
+    t.add_sink(sink)
+    t.metric("x", 1.0)
+    assert t.flush()
+    t.set_identity(world_size=4)
+    t.metric("x", 2.0)
+    t.close()
+    assert sink.run_id is not None
+    run = MlflowClient(store_uri).get_run(sink.run_id)
+    assert run.info.run_name == "mine" and run.data.tags["team"] == "a"
+    assert run.data.tags["identity.world_size"] == "4"
+
+
 def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -29,7 +29,7 @@ from typing import Any
 from ..extras import missing_extra
 
 try:
-    from mlflow.entities import Metric, Param
+    from mlflow.entities import Metric, Param, RunTag
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the tests
@@ -68,6 +68,10 @@ def metric_key(group: str, name: str) -> str:
     else:
         key = f"{group}/{name}"
     return _clean_key(key)
+
+
+def _identity_tags(identity: Identity) -> dict[str, str]:
+    return {f"identity.{f}": str(getattr(identity, f))[:_MAX_PARAM_VALUE] for f in _IDENTITY_FIELDS}
 
 
 class MLflowSink(Sink):
@@ -114,6 +118,7 @@ class MLflowSink(Sink):
         self._params: dict[str, str] = {}  # logged
         self._pending_params: dict[str, str] = {}
         self._changed_warned = False
+        self._identity: Identity | None = None  # the one the run's name and identity tags were last given for
 
     # -- the run ---------------------------------------------------------------------------------------------------
 
@@ -126,11 +131,29 @@ class MLflowSink(Sink):
                 run_id = client.get_run(self._given_run_id).info.run_id  # fails here if there is no such run
             else:
                 run_id = client.create_run(self._experiment_id(client), run_name=self._name(identity),
-                                           tags=self.tags or None).info.run_id
+                                           tags={**_identity_tags(identity), **self.tags}).info.run_id
             self.run_id = run_id
+            self._identity = identity
             self._add_params(self.run_config or {})
             self._add_params({f"identity.{f}": getattr(identity, f) for f in _IDENTITY_FIELDS})
+            if self._given_run_id is not None:
+                client.log_batch(run_id, tags=[RunTag(k, v) for k, v in _identity_tags(identity).items()])
+        elif identity is not self._identity:
+            self._follow_identity(client, self.run_id, identity)
         return client, self.run_id
+
+    def _follow_identity(self, client: MlflowClient, run_id: str, identity: Identity) -> None:
+        """A later ``set_identity`` (the rank and world size learned after the first record): MLflow params cannot
+        change, so the ``identity.*`` params keep the first values, while the ``identity.*`` tags and the name of a
+        run this sink named follow the new identity."""
+        old, self._identity = self._identity, identity
+        tags = _identity_tags(identity)
+        if old is not None and _identity_tags(old) == tags:
+            return
+        client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+        if self._given_run_id is None and not self.run_name and old is not None and self._name(old) != self._name(
+                identity):
+            client.update_run(run_id, name=self._name(identity))
 
     def _experiment_id(self, client: MlflowClient) -> str:
         name = self.experiment_name or os.environ.get("MLFLOW_EXPERIMENT_NAME")
@@ -233,5 +256,6 @@ class MLflowSink(Sink):
         if self._given_run_id is None:
             self.run_id = None
             self._params.clear()
+            self._identity = None
         self._pending_params.clear()
         self._step = 0
