@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--throughput-n", type=int, default=1_000_000)
     ap.add_argument("--throughput-runs", type=int, default=3)
     ap.add_argument("--flood-n", type=int, default=3_000_000)
-    args = state.ARGS = _method.parse_args(ap, argv)
+    args = state.ARGS = _method.parse_args(ap, argv)  # the sections read state.ARGS
     if args.quick:
         args.repeats, args.target_ms, args.min_n, args.max_n = 2, 20.0, 500, 200_000
         args.warmup_s, args.throughput_n, args.throughput_runs, args.flood_n = 0.2, 100_000, 1, 300_000
