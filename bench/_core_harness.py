@@ -36,8 +36,5 @@ def derived(lib: str, op: str, a: dict[str, Any], b: dict[str, Any]) -> dict[str
     return row
 
 
-# -- baseline and peers -------------------------------------------------------------------------------------------
-
-
 def _empty() -> None:
     pass

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from _core_harness import _empty, bench, derived
 
+# -- baseline and peers -------------------------------------------------------------------------------------------
+
 
 def section_baseline() -> None:
     bench("baseline", "empty loop (`pass`)", "pass")
