@@ -234,6 +234,23 @@ def test_a_thread_that_ends_in_a_window_takes_only_its_own_increment_out(tmp_pat
     assert update["cpu_time_sec"] >= 0.02, update  # type: ignore[operator]
 
 
+def test_a_loop_driven_from_another_thread_has_no_training_thread_cpu_time(tmp_path: Path) -> None:
+    """The loop started on this thread, its iterations run on another: the capture's thread CPU clock is not the
+    training thread's, so the window carries the process's CPU time but no thread CPU time (a difference of two
+    threads' clocks is no thread's figure)."""
+    t = Telemetry(store=tmp_path)
+    r = _started(t)
+    worker = threading.Thread(target=_busy_loop_iterations, args=(r, 5, 0.01))
+    worker.start()
+    worker.join()
+    r.on_train_end()
+    r.on_app_end()
+    assert t.close()
+    (update,) = _updates(run_dir_of(t))
+    assert update["cpu_time_sec"] >= 0.04, update  # type: ignore[operator]
+    assert "train_thread_cpu_time_sec" not in update
+
+
 def test_since_counts_each_threads_own_increment() -> None:
     last = {"10": (1_000, 50), "11": (9_000, 900), "12": (500, 5)}
     now = {"10": (1_400, 70), "12": (100, 1), "13": (300, 30)}  # 11 ended, 12's id reused, 13 started

@@ -37,6 +37,7 @@ carry no wait.
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 __all__ = ["Counts", "clocks", "read", "read_threads", "since"]
@@ -48,9 +49,10 @@ Counts = dict[str, tuple[int, int]]
 """A reading: native thread id (as ``/proc`` names it) -> (ns on a CPU, ns waiting for one)."""
 
 
-def clocks() -> tuple[int, int, int]:
-    """(monotonic ns, the process's CPU ns, the calling thread's CPU ns): what a window's CPU time is taken from."""
-    return time.monotonic_ns(), time.process_time_ns(), time.thread_time_ns()
+def clocks() -> tuple[int, int, int, int]:
+    """(monotonic ns, the process's CPU ns, the calling thread's CPU ns, its native id): what a window's CPU time is
+    taken from."""
+    return time.monotonic_ns(), time.process_time_ns(), time.thread_time_ns(), threading.get_native_id()
 
 
 def read_threads() -> Counts | None:

@@ -151,8 +151,8 @@ class Snapshot:
     span_id: str  # the training loop's (the event is linked to it)
     extras: Callable[[Snapshot, dict[str, Any]], None] | None = None  # adds device times, energy (gpu_report)
     extra: tuple[Callable[[Mapping[str, Any]], Mapping[str, Any]], ...] = ()  # report sources' captures (capture)
-    # (monotonic ns, process CPU ns, training thread CPU ns) at the capture: the window's CPU time (cpu_wait.clocks)
-    clocks: tuple[int, int, int] | None = None
+    # (monotonic ns, process CPU ns, capturing thread's CPU ns, its id) at the capture: the window's CPU time
+    clocks: tuple[int, int, int, int] | None = None
     # set by ``compute``: the window's iteration-time aggregates and histogram (the ``train.iteration_time`` stat)
     iteration_times: tuple[dict[str, Any], dict[str, Any] | None] | None = None
 
@@ -359,7 +359,8 @@ class Reporter:
             self.clocks = clocks
             if last_clocks is not None and wall_s > 0 and _matches((clocks[0] - last_clocks[0]) / 1e9, wall_s):
                 figures["cpu_time_sec"] = max(clocks[1] - last_clocks[1], 0) / 1e9
-                figures["train_thread_cpu_time_sec"] = max(clocks[2] - last_clocks[2], 0) / 1e9
+                if clocks[3] == last_clocks[3] == self.thread:  # both read on the training thread
+                    figures["train_thread_cpu_time_sec"] = max(clocks[2] - last_clocks[2], 0) / 1e9
         waits = self._waits(snap, wall_s)
         if waits is not None:
             figures["cpu_wait_sec"] = waits[0]
