@@ -617,7 +617,7 @@ def test_reader_counts_a_wrongly_typed_line_as_corrupt(tmp_path: Path) -> None:
 
 
 def test_a_report_computed_while_the_training_thread_submits_is_not_lost() -> None:
-    """The collector reads the reporter's pending items (``Reporter.cpu_figures``: the batch sharing one CPU reading)
+    """The collector reads the reporter's pending items (``Reporter._waits``: the batch sharing one CPU reading)
     while the training thread appends to them: reading them must not fail ('deque mutated during iteration' lost a
     report in a 64-rank run)."""
     from telemetrain.training.reports import Reporter, Snapshot
@@ -638,7 +638,7 @@ def test_a_report_computed_while_the_training_thread_submits_is_not_lost() -> No
     try:
         for _ in range(30):
             try:
-                reporter.cpu_figures(snap, 1.0)
+                reporter._waits(snap, 1.0)
             except RuntimeError as exc:
                 errors.append(exc)
     finally:

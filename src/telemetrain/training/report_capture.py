@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..dispatch import describe
+from . import cpu_wait
 from .names import E, S
 from .recorder_base import GROUP, RecorderBase, _mono
 from .reports import REPORT_SOURCES, Snapshot, Window, capture, emit_derived
@@ -109,6 +110,7 @@ class ReportCapture(RecorderBase):
             span_id=self._loop_hex if loop is self._loop else (loop.span_id_hex if loop is not None else ""),
             extras=self._gpu,
             extra=capture(self.telemetry.extensions.get(REPORT_SOURCES)),
+            clocks=cpu_wait.clocks(),
         )
 
     def _emit_report(self, snap: Snapshot, attributes: Mapping[str, Any]) -> None:

@@ -151,6 +151,8 @@ class Snapshot:
     span_id: str  # the training loop's (the event is linked to it)
     extras: Callable[[Snapshot, dict[str, Any]], None] | None = None  # adds device times, energy (gpu_report)
     extra: tuple[Callable[[Mapping[str, Any]], Mapping[str, Any]], ...] = ()  # report sources' captures (capture)
+    # (monotonic ns, process CPU ns, capturing thread's CPU ns, its id) at the capture: the window's CPU time
+    clocks: tuple[int, int, int, int] | None = None
     # set by ``compute``: the window's iteration-time aggregates and histogram (the ``train.iteration_time`` stat)
     iteration_times: tuple[dict[str, Any], dict[str, Any] | None] | None = None
 
@@ -254,12 +256,9 @@ def compute(snap: Snapshot, state: Reporter, behind: bool = False) -> dict[str, 
         attributes["time_to_first_iteration_sec"] = snap.time_to_first_iteration
     attributes.update(snap.saves)
     attributes.update(snap.loads)
-    # the process's CPU time and wait for a CPU in the window (cpu_wait.py; Reporter.cpu_figures says when)
-    cpu = state.cpu_figures(snap, wall_s)
-    if cpu is not None:
-        attributes["cpu_time_sec"], attributes["cpu_wait_sec"] = cpu[0], cpu[1]
-        if len(cpu) == 4:  # the training thread's own (cpu_wait.py: what the straggler rule reads)
-            attributes["train_thread_cpu_time_sec"], attributes["train_thread_cpu_wait_sec"] = cpu[2], cpu[3]
+    # the process's and the training thread's CPU time and wait for a CPU in the window (cpu_wait.py;
+    # Reporter.cpu_figures says when)
+    attributes.update(state.cpu_figures(snap, wall_s))
     if snap.extras is not None:
         snap.extras(snap, attributes)
     for finish in snap.extra:
@@ -302,6 +301,11 @@ def _items(pending: deque[Any]) -> list[Any]:
             continue
 
 
+def _matches(elapsed: float, wall: float) -> bool:
+    """Whether an interval of the clock (seconds) is a window's wall time, within 25% + 50 ms."""
+    return abs(elapsed - wall) <= 0.25 * max(elapsed, wall) + 0.05
+
+
 class Reporter:
     """Computes and emits the snapshots handed to it, in order, in the collector thread (or in the caller's, in
     ``drain``). Owns the cumulative state of one training loop."""
@@ -335,16 +339,38 @@ class Reporter:
             # each thread's (CPU ns, wait ns) at the previous report (the loop's start)
             self.cpu = cpu_wait.read_threads()
             self.cpu_ns = time.monotonic_ns()  # and when it was read
+            self.clocks = cpu_wait.clocks()  # the CPU clocks at the previous capture (the loop's start)
             self._cpu_allotted.clear()
 
-    def cpu_figures(self, snap: Snapshot, wall_s: float) -> tuple[float, ...] | None:
-        """(CPU seconds, seconds waiting for a CPU) of the process in the window being computed (``wall_s`` long),
-        then the same two of the training thread when it was alive at both readings, or None. Read off the
-        training thread, when the report is computed: the delta since the previous reading.
+    def cpu_figures(self, snap: Snapshot, wall_s: float) -> dict[str, float]:
+        """The CPU figures of the window being computed (``wall_s`` long): ``cpu_time_sec`` and
+        ``train_thread_cpu_time_sec`` from the CPU clocks the training thread read at the window's capture and the
+        previous one (exact, whatever the reporter's delay), ``cpu_wait_sec`` and ``train_thread_cpu_wait_sec``
+        from the threads' schedstat read here, off the training thread, when the report is computed (the delta
+        since the previous reading; the thread's when it was alive at both readings).
         Reports computed together (the collector drains every ``TICK_NS``: windows shorter than that come in
-        batches) share one reading, split by their windows' wall time -- the process's CPU use taken as even over
-        the batch. Given only when the readings' interval matches the windows' (within 25% + 50 ms): not when the
-        window's times were given explicitly (``*_time_msec``: a replay, a simulation) and do not match the clock."""
+        batches) share one schedstat reading, split by their windows' wall time -- the waits taken as even over
+        the batch. Each pair is given only when its interval matches the window's wall time (within 25% + 50 ms):
+        not when the window's times were given explicitly (``*_time_msec``: a replay, a simulation) and do not
+        match the clock, and the waits not when the reading came too late for the window (a loaded machine)."""
+        figures: dict[str, float] = {}
+        clocks, last_clocks = snap.clocks, self.clocks
+        if clocks is not None:
+            self.clocks = clocks
+            if last_clocks is not None and wall_s > 0 and _matches((clocks[0] - last_clocks[0]) / 1e9, wall_s):
+                figures["cpu_time_sec"] = max(clocks[1] - last_clocks[1], 0) / 1e9
+                if clocks[3] == last_clocks[3] == self.thread:  # both read on the training thread
+                    figures["train_thread_cpu_time_sec"] = max(clocks[2] - last_clocks[2], 0) / 1e9
+        waits = self._waits(snap, wall_s)
+        if waits is not None:
+            figures["cpu_wait_sec"] = waits[0]
+            if len(waits) == 2:
+                figures["train_thread_cpu_wait_sec"] = waits[1]
+        return figures
+
+    def _waits(self, snap: Snapshot, wall_s: float) -> tuple[float, ...] | None:
+        """(the process's threads' wait for a CPU, then the training thread's when it was alive at both readings)
+        in the window, or None: see ``cpu_figures``."""
         allotted = self._cpu_allotted.pop(id(snap), None)
         if allotted is not None and allotted[0] is snap:
             return allotted[1]  # shared out by the batch's first report
@@ -357,11 +383,10 @@ class Reporter:
         batch = [s for s in _items(self._pending) if isinstance(s, Snapshot)]
         walls = [wall_s] + [(s.end_ns - s.window.start_ns) / 1e9 if s.window.start_ns else 0.0 for s in batch]
         total = sum(w for w in walls if w > 0)
-        elapsed = (now - last_ns) / 1e9
-        if not total > 0 or abs(elapsed - total) > 0.25 * max(elapsed, total) + 0.05:
+        if not total > 0 or not _matches((now - last_ns) / 1e9, total):
             self._cpu_allotted.update((id(s), (s, None)) for s in batch)
             return None
-        seconds = [max(c, 0) / 1e9 for c in cpu_wait.since(last, cpu, self.thread)]
+        seconds = [max(c, 0) / 1e9 for c in cpu_wait.since(last, cpu, self.thread)[1::2]]
         shares = [tuple(s * w / total for s in seconds) if w > 0 else None for w in walls]
         self._cpu_allotted.update((id(s), (s, share)) for s, share in zip(batch, shares[1:], strict=True))
         return shares[0]
