@@ -335,6 +335,20 @@ def test_a_given_config_is_used_as_is(tmp_path: Path, telemetry: Telemetry, read
     assert report["num_train_samples"] == 3 * 123
 
 
+def test_epoch_logging_reports_the_derived_metrics_with_each_epoch_log(tmp_path: Path, telemetry: Telemetry,
+                                                                      read_run: Callable[..., Any]) -> None:
+    """``logging_strategy="epoch"``: the reports come with the Trainer's epoch logs (``logging_steps``, 500 by
+    default, is not the interval then). 16 batches, accumulation 3: 6 steps an epoch (the last one short)."""
+    cb = hf.TelemetrainHFCallback(telemetry=telemetry)
+    _trainer(tmp_path, cb, max_steps=-1, num_train_epochs=2, gradient_accumulation_steps=3,
+             logging_strategy="epoch", eval_strategy="no", save_strategy="no").train()
+    records = read_run(telemetry)
+    assert [step for step, _ in _metrics(records, "loss")] == [5, 11]
+    reports = _events(records, "training_metrics_update")
+    assert [r["current_iteration"] for r in reports] == [5, 11]
+    assert _events(records, "update_training_telemetry_config")[-1]["log_every_n_train_iterations"] == 6
+
+
 def test_overrides_go_on_top_of_the_derived_config(tmp_path: Path, telemetry: Telemetry,
                                                    read_run: Callable[..., Any]) -> None:
     cb = hf.TelemetrainHFCallback(telemetry=telemetry, seq_length=99, flops_per_sample=1e6, peak_tflops_per_gpu=1.0)

@@ -283,6 +283,23 @@ def test_validate_and_test_calls(tmp_path: Path, t: telemetrain.Telemetry) -> No
     assert not ends(recs, "training_loop")
 
 
+def test_a_test_call_after_fit_keeps_the_training_workload(tmp_path: Path, t: telemetrain.Telemetry) -> None:
+    """The application start of ``trainer.test()`` sends the config again: it still describes the fit's batches
+    (the global batch was 0 and the micro-batch gone, erasing the workload from run.json)."""
+    import json
+
+    callback = tl.TelemetrainCallback(telemetry=t)
+    tr = fit(tmp_path, t, callback, max_epochs=1, enable_checkpointing=False, callbacks=[callback])
+    tr.test(tr.lightning_module, loader(4, seed=2), verbose=False)
+    configs = events(records(t), "update_training_telemetry_config")
+    assert len(configs) >= 2
+    assert [c.attributes["global_batch_size"] for c in configs] == [BATCH * ACCUMULATE] * len(configs)
+    assert configs[-1].attributes["micro_batch_size"] == BATCH
+    assert t.run_dir is not None
+    workload = json.loads((t.run_dir / "run.json").read_text())["workload"]
+    assert workload["global_batch_size"] == BATCH * ACCUMULATE and workload["micro_batch_size"] == BATCH
+
+
 def test_phases_split_each_iteration(tmp_path: Path, t: telemetrain.Telemetry) -> None:
     """phases=True: forward, zero_grad and backward per micro-batch, the optimizer update per step, inside it."""
     callback = tl.TelemetrainCallback(telemetry=t, phases=True)

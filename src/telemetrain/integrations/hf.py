@@ -49,7 +49,8 @@ catches it and retries would leave its spans open.)
 Config: a given ``TrainingTelemetryConfig`` is used as is; else it is derived at each ``on_train_begin``:
 ``global_batch_size`` = train batch per device x gradient accumulation x ``world_size``; ``micro_batch_size`` and
 ``seq_length`` from the first batch's ``input_ids`` (a forward pre-hook on the model, removed after one batch);
-``log_every_n_train_iterations`` = ``state.logging_steps``; ``train_iterations_target`` = ``state.max_steps``;
+``log_every_n_train_iterations`` = ``state.logging_steps`` (with ``logging_strategy="epoch"``: the steps of an
+epoch); ``train_iterations_target`` = ``state.max_steps``;
 keyword arguments override any field (``flops_per_sample=...`` for TFLOP/s and MFU). Telemetry never breaks
 training: a failure inside a hook is recorded as an ``error`` event (counted in ``failures``, warned once) and the
 hook returns normally.
@@ -169,7 +170,8 @@ class TelemetrainHFCallback(HFEvalCheckpointHooks, TrainerCallback):  # (ours fi
             recorder = self.recorder
             config = self.config
             if config is None and (recorder.config is None or recorder.config is self._derived):
-                config = self._derived = self._derive(args, state)  # (a config the user set is left alone)
+                # (a config the user set is left alone)
+                config = self._derived = self._derive(args, state, kwargs.get("train_dataloader"))
             if config is not None:
                 recorder.set_training_telemetry_config(config)
             self._start_app()
@@ -206,15 +208,16 @@ class TelemetrainHFCallback(HFEvalCheckpointHooks, TrainerCallback):  # (ours fi
         if self.recorder.open_span(S.APPLICATION) is None:
             self._app = self.recorder.on_app_start(self._ms(self._origin_ns))
 
-    def _derive(self, args: TrainingArguments, state: TrainerState) -> TrainingTelemetryConfig:
+    def _derive(self, args: TrainingArguments, state: TrainerState, loader: Any) -> TrainingTelemetryConfig:
         per_device = int(state.train_batch_size or args.train_batch_size)  # (x GPUs of a DataParallel)
         world = max(int(args.world_size), 1)
+        accumulation = max(int(args.gradient_accumulation_steps), 1)
         fields: dict[str, Any] = {
-            "global_batch_size_or_fn": per_device * max(int(args.gradient_accumulation_steps), 1) * world,
+            "global_batch_size_or_fn": per_device * accumulation * world,
             "micro_batch_size_or_fn": self.micro_batch_size,
             "seq_length_or_fn": self.seq_length,
             "train_iterations_target_or_fn": state.max_steps or None,
-            "log_every_n_train_iterations": max(int(state.logging_steps or 50), 1),
+            "log_every_n_train_iterations": _log_every(args, state, loader, accumulation),
             "world_size_or_fn": world,
         }
         return TrainingTelemetryConfig(**{**fields, **self._overrides})
@@ -408,3 +411,17 @@ class TelemetrainHFCallback(HFEvalCheckpointHooks, TrainerCallback):  # (ours fi
             recorder.on_train_end(self._ms(finish_ns))
         self._boundary_ns = 0
         self._end_app("error", error, finish_ns)
+
+
+def _log_every(args: TrainingArguments, state: TrainerState, loader: Any, accumulation: int) -> int:
+    """The Trainer's logging interval in optimizer steps: ``state.logging_steps`` (a ratio already made absolute),
+    or with ``logging_strategy="epoch"`` the steps of an epoch, as the Trainer counts them (a short last step
+    included), so the derived metrics are reported with the Trainer's logs."""
+    if getattr(args.logging_strategy, "value", args.logging_strategy) == "epoch":
+        try:
+            batches = len(loader)
+        except TypeError:  # (no loader, or one without a length: the interval below)
+            batches = 0
+        if batches > 0:
+            return max(-(-batches // accumulation), 1)
+    return max(int(state.logging_steps or 50), 1)

@@ -85,6 +85,11 @@ class _LightningTelemetry(LightningCheckpointHooks, LightningEvalLoopHooks):
         self.failures = 0  # exceptions inside this callback's hooks (contained: training goes on)
         self.micro_batches = 0  # training batches seen over this callback's life
         self.optimizer_steps = 0  # training iterations ended (= optimizer steps)
+        # the batch facts of the last fit, read by the derived config's functions: kept across the resets, so a
+        # validate/test/predict after fit (its application start sends the config again) keeps the training's
+        self._micro_batch_size: int | None = None
+        self._accumulate = 1
+        self._world = 1
         self._reset()
 
     def _reset(self) -> None:
@@ -97,9 +102,6 @@ class _LightningTelemetry(LightningCheckpointHooks, LightningEvalLoopHooks):
         self._loop_micro = 0
         self._eval: dict[str, Span | None] = {}  # open validation/testing loop and iteration spans, by name
         self._reset_checkpoints()
-        self._micro_batch_size: int | None = None
-        self._accumulate = 1
-        self._world = 1
         self._learn_from_batch = False  # no batch size known at the loop start: take the first batch's
 
     # -- plumbing --------------------------------------------------------------------------------------------------
