@@ -33,6 +33,7 @@ class RecorderBase:
     config: TrainingTelemetryConfig | None
     errors: int
     warn_misuse: bool
+    app_defaults: dict[str, Any]
     phase: tuple[str, int] | None
     _lock: threading.RLock
     _spans: dict[str, Span]
