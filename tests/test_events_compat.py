@@ -413,7 +413,7 @@ def test_construct_and_record_rdzv_event(telemetry: telemetrain.Telemetry, read_
     events.construct_and_record_rdzv_event(run_id="job-1", message="joined", node_state=events.NodeState.RUNNING)
     (rec,) = read_run(telemetry, "event")
     assert rec.name == "test_events_compat.py:test_construct_and_record_rdzv_event"
-    assert rec.group == "torchelastic.rdzv"
+    assert rec.group == "torchelastic.rendezvous"
     assert rec.severity == "info"
     assert rec.attributes == {
         "run_id": "job-1",
@@ -477,7 +477,7 @@ def test_record_rdzv_event(telemetry: telemetrain.Telemetry, read_run: Any) -> N
     ev = _rdzv(events)
     events.record_rdzv_event(ev)
     (rec,) = read_run(telemetry, "event")
-    assert (rec.group, rec.name, rec.severity) == ("torchelastic.rdzv", ev.name, "info")
+    assert (rec.group, rec.name, rec.severity) == ("torchelastic.rendezvous", ev.name, "info")
     expected = dataclasses.asdict(ev)
     del expected["name"]
     expected["node_state"] = "RUNNING"

@@ -186,3 +186,23 @@ def test_the_example_routes_torchs_calls_into_the_store(tmp_path: Path) -> None:
     names = {(r.group, r.name) for r in run.records("metric")}
     assert {("trainer", "loss"), ("trainer", "__main__.train_step.success")} <= names
     assert [e.name for e in run.records("event")] == ["checkpoint.saved"]
+
+
+def test_a_rendezvous_event_is_one_record_whichever_module_records_it(telemetry: telemetrain.Telemetry) -> None:
+    """The launcher's agent records rendezvous events through torch's module (bridged), a program through the drop-in:
+    dashboards key on one group, and the fields torch leaves empty are kept the same way by both."""
+    from telemetrain import events
+
+    fields: dict[str, Any] = {"name": "h.py:join", "run_id": "job", "message": "joined", "hostname": "host-a",
+                              "pid": 7, "master_endpoint": "", "rank": None, "local_id": 2, "error_trace": ""}
+    with install(telemetry, events=False, metrics=False, rendezvous=True):
+        te_events.record_rdzv_event(te_events.RdzvEvent(node_state=te_events.NodeState.FAILED, **fields))
+    telemetrain.set_telemetry(telemetry)  # the drop-in records on the default instance
+    try:
+        events.record_rdzv_event(events.RdzvEvent(node_state=events.NodeState.FAILED, **fields))
+        bridged, dropped_in = [(e.group, e.name, e.severity, e.attributes) for e in records(telemetry, "event")]
+    finally:
+        telemetrain.reset()
+    assert bridged == dropped_in
+    assert bridged[:3] == ("torchelastic.rendezvous", "h.py:join", "error")
+    assert bridged[3]["rank"] is None and bridged[3]["master_endpoint"] == "" and bridged[3]["node_state"] == "FAILED"

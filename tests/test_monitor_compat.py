@@ -196,6 +196,24 @@ def test_fixed_count_stat(mon: types.ModuleType) -> None:
     assert s.get() == {mon.Aggregation.SUM: 6.0, mon.Aggregation.COUNT: 3}
 
 
+def test_non_finite_samples_reach_handlers_as_counts(mon: types.ModuleType, register: Registrar) -> None:
+    """compat.md's row: torch's arithmetic turns a window's sum and mean into NaN/inf; ours keeps the finite samples'
+    aggregates and hands the non-finite ones to handlers as ``<name>.nan_count``/``<name>.inf_count``."""
+    events: list[Any] = []
+    register(events.append, mon)
+    agg = mon.Aggregation
+    s = mon.Stat("loss", (agg.SUM, agg.MEAN, agg.MAX, agg.COUNT), datetime.timedelta(hours=1), 4)
+    for value in (1.0, float("inf"), 2.0, float("nan")):
+        s.add(value)
+    (data,) = [e.data for e in events if e.name == "torch.monitor.Stat"]
+    if is_ours(mon):
+        assert data == {"loss.sum": 3.0, "loss.mean": 1.5, "loss.max": 2.0, "loss.count": 4.0,
+                        "loss.nan_count": 1.0, "loss.inf_count": 1.0}
+    else:
+        assert math.isnan(data["loss.sum"]) and math.isnan(data["loss.mean"]) and data["loss.count"] == 4.0
+        assert set(data) == {"loss.sum", "loss.mean", "loss.max", "loss.count"}
+
+
 def test_log_event(mon: types.ModuleType) -> None:
     e = mon.Event(
         name="torch.monitor.TestEvent",

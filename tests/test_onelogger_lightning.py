@@ -107,3 +107,53 @@ def test_without_a_provider_the_callback_records_to_telemetrains_recorder(tmp_pa
     records = open_run(run_dir_of(telemetry)).records()
     assert sum(1 for r in records if r.kind == "span_end" and r.name == "training_single_iteration") >= 1
     assert sum(1 for r in records if r.kind == "span_end" and r.name == "application") == 1
+
+
+class _ReadmeModel(Tiny):
+    """one-logger's Lightning README: the optimizer's initialisation timed through the trainer's callback."""
+
+    def configure_optimizers(self) -> Any:
+        callback = self.trainer.nv_one_logger_callback
+        callback.on_optimizer_init_start()
+        optimizer = super().configure_optimizers()
+        callback.on_optimizer_init_end()
+        return optimizer
+
+
+def test_hook_trainer_cls_and_the_explicit_calls_as_one_loggers_readme_writes_them(
+        provider: TrainingTelemetryProvider, tmp_path: Path, telemetry: telemetrain.Telemetry) -> None:
+    exporter = Recording()
+    provider.with_base_config(base_config(telemetry_config=training_config(log_every_n_train_iterations=2)))
+    provider.with_exporter(exporter).with_delivery_wait(10).configure_provider()
+    hooked, callback = lt.hook_trainer_cls(pl.Trainer, provider)
+    assert issubclass(hooked, pl.Trainer) and not hasattr(pl.Trainer, "nv_one_logger_callback")  # nothing patched
+    callback.on_model_init_start()
+    model = _ReadmeModel()
+    callback.on_model_init_end()
+    trainer = hooked(**_config(tmp_path))
+    assert trainer.nv_one_logger_callback is callback is trainer.callbacks[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        trainer.fit(model, _loader(8), _loader(4))
+    callback.on_testing_start()
+    callback.on_testing_end()
+    callback.on_app_end()
+    assert exporter.methods()[-1] == "close" and "export_error" not in exporter.methods()
+    stopped = exporter.named("export_stop")
+    assert {"model_initialization", "optimizer_initialization", "testing_loop", "application"} <= set(stopped), stopped
+    assert provider.errors == 0 and provider.recorder.errors == 0 and callback.failures == 0
+    with pytest.raises(TypeError, match="cls"):
+        lt.hook_trainer_cls(dict, provider)
+
+
+def test_the_explicit_on_app_end_after_fit_without_a_provider_records_no_misuse(
+        tmp_path: Path, telemetry: telemetrain.Telemetry) -> None:
+    hooked, callback = lt.hook_trainer_cls(pl.Trainer, telemetry_callback=tl.TelemetrainCallback(telemetry=telemetry))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        hooked(**_config(tmp_path)).fit(Tiny(), _loader(8), _loader(4))
+    callback.on_app_end()  # the callback ended its application at teardown: nothing left to end
+    assert telemetry.flush()
+    records = open_run(run_dir_of(telemetry)).records()
+    assert not [r for r in records if r.kind == "event" and r.severity == "error"]
+    assert sum(1 for r in records if r.kind == "span_end" and r.name == "application") == 1

@@ -182,3 +182,23 @@ def test_one_logger_model_objects() -> None:
         error = ErrorEvent.create("failed", exc)
     assert error.exception_type == "KeyError" and "raise KeyError" in (error.exception_traceback or "")
     assert Event.from_json(error.to_json()) == error
+
+
+def test_the_run_store_initialization_event_has_the_application_config_when_the_training_config_comes_late(
+        provider: TrainingTelemetryProvider, telemetry: telemetrain.Telemetry) -> None:
+    """one-logger's README sets the training config after on_app_start: the run store's one_logger_initialization
+    still carries the application config's session tag, world size, baseline flag and metadata, as the exported
+    event does (not the run id and the launcher's world size)."""
+    exported = Recording()
+    configure(provider, exported, session_tag_or_fn=lambda: "session-7", world_size_or_fn=5, is_baseline_run_or_fn=True,
+              custom_metadata={"team": "x"})
+    cb.on_app_start()
+    provider.set_training_telemetry_config(training_config())
+    cb.on_app_end()
+    telemetry.flush()
+    [stored] = [r.attributes for r in open_run(run_dir_of(telemetry)).records("event")
+                if r.name == "one_logger_initialization"]
+    [sent] = [e.attributes.to_json() for e in exported.events("one_logger_initialization")]
+    keys = ("session_tag", "world_size", "is_baseline_run", "custom_metadata")
+    assert {k: stored[k] for k in keys} == {k: sent[k] for k in keys} == {
+        "session_tag": "session-7", "world_size": 5, "is_baseline_run": True, "custom_metadata": ["team:x"]}

@@ -139,7 +139,7 @@ def test_record_rdzv_event_accepts_a_torchelastic_rdzv_event(telemetry: telemetr
     tevents.record_rdzv_event(ev)
     events.record_rdzv_event(ev)  # type: ignore[arg-type]  # (the same, for RdzvEvent)
     (rec,) = read_run(telemetry, "event")
-    assert (rec.group, rec.name, rec.attributes["node_state"]) == ("torchelastic.rdzv", "h.py:join", "RUNNING")
+    assert (rec.group, rec.name, rec.attributes["node_state"]) == ("torchelastic.rendezvous", "h.py:join", "RUNNING")
 
 
 def test_record_an_event_without_metadata(telemetry: telemetrain.Telemetry, read_run: Any) -> None:

@@ -271,6 +271,23 @@ def test_cumulative_percentiles_when_fresh(telemetry: Telemetry, read_run: Calla
                 float(np.percentile(seconds[:n], 90)), rel=relative_error(6) + 1e-5)
 
 
+def test_explicit_epoch_times_give_exact_durations(telemetry: Telemetry, read_run: Callable[..., Any]) -> None:
+    """Iterations 250 ms apart given as fractional epoch milliseconds (``time.time() * 1000``, as a job replaying its
+    own timestamps passes them): the spans last exactly 250 ms, not 249.999872 (the float ns product's grain)."""
+    r = TrainingRecorder(TrainingTelemetryConfig(global_batch_size_or_fn=1, log_every_n_train_iterations=4,
+                                                 warmup_iterations=0), telemetry=telemetry)
+    base = time.time() * 1000 - 60_000.123
+    r.on_app_start(base)
+    r.on_train_start(0, start_time_msec=base)
+    _iterate(r, base, [250.0] * 4, gap_ms=50.0)
+    r.on_train_end()
+    records = read_run(telemetry)
+    assert {s.duration_ns for s in _spans(records, "span_end", "training_single_iteration")} == {250_000_000}
+    (report,) = _attrs(records, "training_metrics_update")
+    assert report["avg_iteration_time_sec"] == report["max_iteration_time_sec"] == 0.25
+    assert report["window_seconds"] == 1.2
+
+
 def test_sub_phase_split_from_explicit_span_times(telemetry: Telemetry, read_run: Callable[..., Any]) -> None:
     r = TrainingRecorder(TrainingTelemetryConfig(global_batch_size_or_fn=2, log_every_n_train_iterations=2),
                          telemetry=telemetry)

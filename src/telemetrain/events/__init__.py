@@ -52,7 +52,10 @@ __all__ = [
 
 
 ELASTIC_GROUP = "torchelastic"
-RDZV_GROUP = "torchelastic.rdzv"
+# torch gives events no group; it sends rendezvous events to its "dynamic_rendezvous" destination, from the
+# torch.distributed.elastic.rendezvous package. One group for them, whether they come through this drop-in or through
+# torch's own module bridged by integrations.torchelastic (the launcher's agent).
+RDZV_GROUP = "torchelastic.rendezvous"
 _id_prefix = f"{os.getpid():x}-{time.monotonic_ns() & 0xFFFFFF:06x}"
 _id_counter = count(1)
 
@@ -322,7 +325,7 @@ def record(event: Event, destination: str = "null") -> None:
 
 def record_rdzv_event(event: RdzvEvent) -> None:
     """Record a rendezvous event (ours, or torchelastic's own class): telemetrain's sinks (group
-    ``torchelastic.rdzv``, severity ``error`` for ``FAILED``) and the ``dynamic_rendezvous`` destination."""
+    ``torchelastic.rendezvous``, severity ``error`` for ``FAILED``) and the ``dynamic_rendezvous`` destination."""
     if not isinstance(event, RdzvEvent) and not _looks_like(event, _RDZV_FIELDS):
         raise TypeError(f"event must be an RdzvEvent, got {type(event).__name__}")
     t = _default.telemetry or get_telemetry()

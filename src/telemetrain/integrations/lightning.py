@@ -45,6 +45,7 @@ from ..training.names import S
 from ..training.recorder import GROUP, TrainingRecorder
 from .lightning_checkpoints import LightningCheckpointHooks, _is_async_io
 from .lightning_eval_loops import LightningEvalLoopHooks
+from .lightning_explicit import LightningExplicitCalls
 
 __all__ = ["PACKAGES", "TelemetrainCallback", "callback_class"]
 
@@ -56,7 +57,7 @@ def _wall_ms() -> float:
     return time.time() * 1000.0
 
 
-class _LightningTelemetry(LightningCheckpointHooks, LightningEvalLoopHooks):
+class _LightningTelemetry(LightningCheckpointHooks, LightningEvalLoopHooks, LightningExplicitCalls):
     """The hooks (the Lightning-free half of the callback; ``callback_class`` puts a ``Callback`` base under it)."""
 
     def __init__(

@@ -28,7 +28,7 @@ from ..training.singleton import SingletonMeta
 from ..training.training_telemetry_provider import TrainingTelemetryProvider
 from .lightning import PACKAGES, callback_class
 
-__all__ = ["OneLoggerPTLTrainer", "TelemetrainTrainer", "trainer_class"]
+__all__ = ["OneLoggerPTLTrainer", "TelemetrainTrainer", "hook_trainer_cls", "trainer_class"]
 
 TelemetrainTrainer: type  # (declared only: made on first access by __getattr__, on the installed package)
 OneLoggerPTLTrainer: type
@@ -60,13 +60,7 @@ class _TelemetryTrainerMixin:
             callbacks = [callbacks]  # Lightning accepts a single callback too
         cls = callback_class(self._telemetry_package)
         if telemetry_callback is None:
-            target = _one_logger_target(training_telemetry_provider)
-            if target is None:
-                telemetry_callback = cls()
-            else:
-                if target.recorder._get_active_span("application") is None:
-                    target.on_app_start()  # one-logger's TimeEventCallback(call_on_app_start=True)
-                telemetry_callback = cls(recorder=target, application=False)
+            telemetry_callback = _make_callback(self._telemetry_package, training_telemetry_provider)
         elif not isinstance(telemetry_callback, cls):
             raise TypeError(f"telemetry_callback must be a TelemetrainCallback for {self._telemetry_package}, got "
                             f"{type(telemetry_callback).__name__}")
@@ -82,6 +76,53 @@ class _TelemetryTrainerMixin:
     def nv_one_logger_callback(self) -> Any:
         """one-logger's name for ``telemetry_callback``."""
         return self._telemetry_callback
+
+
+def _make_callback(package: str, provider: TrainingTelemetryProvider | None) -> Any:
+    """The callback a trainer adds: driving the provider's one-logger callbacks (the application started now, as
+    one-logger's ``TimeEventCallback(call_on_app_start=True)``), else telemetrain's own recorder."""
+    cls = callback_class(package)
+    target = _one_logger_target(provider)
+    if target is None:
+        return cls()
+    if target.recorder._get_active_span("application") is None:
+        target.on_app_start()
+    return cls(recorder=target, application=False)
+
+
+def hook_trainer_cls(cls: type, training_telemetry_provider: TrainingTelemetryProvider | None = None,
+                     telemetry_callback: Any = None) -> tuple[type, Any]:
+    """one-logger's ``hook_trainer_cls(Trainer, provider)``, without patching ``cls``: a subclass of it whose
+    instances (built with the ``Trainer``'s keyword arguments) have ``telemetry_callback`` first in their callbacks
+    and as ``nv_one_logger_callback``, and that callback (made here when not given, one for every instance, as in
+    one-logger). Checkpoint saves are timed from Lightning's hooks, so ``save_checkpoint`` is not wrapped."""
+    package = next((p for p in PACKAGES if _is_trainer_class(cls, p)), None)
+    if package is None:
+        raise TypeError(f"cls must be a Lightning Trainer class ({' or '.join(PACKAGES)}), got {cls!r}")
+    if training_telemetry_provider is not None and not isinstance(training_telemetry_provider,
+                                                                      TrainingTelemetryProvider):
+        raise TypeError("training_telemetry_provider must be a TrainingTelemetryProvider, got "
+                        f"{type(training_telemetry_provider).__name__}")
+    callback = telemetry_callback if telemetry_callback is not None \
+        else _make_callback(package, training_telemetry_provider)
+
+    def __init__(self: Any, **trainer_kwargs: Any) -> None:
+        _TelemetryTrainerMixin.__init__(self, telemetry_callback=callback, **trainer_kwargs)
+
+    hooked = type(cls.__name__, (_TelemetryTrainerMixin, cls), {
+        "__module__": __name__, "__qualname__": cls.__qualname__, "__init__": __init__,
+        "_telemetry_package": package,
+        "__doc__": f"{cls.__qualname__} with telemetrain's callback first in its callbacks (hook_trainer_cls).",
+    })
+    return hooked, callback
+
+
+def _is_trainer_class(cls: Any, package: str) -> bool:
+    try:
+        trainer = importlib.import_module(package).Trainer
+    except ImportError:
+        return False
+    return isinstance(cls, type) and issubclass(cls, trainer)
 
 
 def _one_logger_target(provider: TrainingTelemetryProvider | None) -> Any:

@@ -34,13 +34,13 @@ from torch.distributed.elastic.metrics import api as te_metrics_api
 from torch.distributed.elastic.metrics.api import MetricHandler
 
 from ..dispatch import describe, warn_safely
+from ..events import ELASTIC_GROUP as EVENT_GROUP
+from ..events import RDZV_GROUP as RENDEZVOUS_GROUP
 from ..telemetry import Telemetry, get_telemetry
 
 __all__ = ["ElasticBridge", "ElasticEventHandler", "ElasticMetricHandler", "install"]
 
 DESTINATION = "telemetrain"
-EVENT_GROUP = "torchelastic"
-RENDEZVOUS_GROUP = "torchelastic.rendezvous"
 # the agent's monitor loop: workers.<role>.remaining_restarts, workers.<role>.<state>, LocalElasticAgent._monitor_*
 _MONITOR_STATES = frozenset({"healthy", "unhealthy", "failed", "succeeded", "unknown", "init", "stopped"})
 _SEVERITY_OF_STATE = {"FAILED": "error", "TERMINATED": "warning", "UNHEALTHY": "warning"}
@@ -192,7 +192,8 @@ class ElasticEventHandler(logging.Handler):
         if "node_state" in data:  # an RdzvEvent
             name = str(data.pop("name"))
             state = str(data.get("node_state", ""))
-            attributes = {k: _unwrap(v) for k, v in data.items() if v not in ("", None)}
+            # every field, empty or None ones too: the record is the one the drop-in's record_rdzv_event makes
+            attributes = {k: _unwrap(v) for k, v in data.items()}
             severity = "error" if state == "FAILED" else "info"
             self.telemetry.event(name, attributes, group=RENDEZVOUS_GROUP, severity=severity)
             return

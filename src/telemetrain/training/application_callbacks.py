@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from .. import __version__
 from ..dispatch import describe
 from ..spans import Span
-from .config import TrainingTelemetryConfig
+from .config import TrainingTelemetryConfig, evaluate
 from .names import E, S
 from .recorder_base import RecorderBase
 from .workload import apply_perf_tag, publish_workload
@@ -96,18 +96,22 @@ class ApplicationCallbacks(RecorderBase):
     def _emit_initialization(self) -> None:
         identity = self.telemetry.identity
         config = self.config
+        app = self.app_defaults  # where no training config is set yet (one-logger's README sets it after app start)
+        metadata = (config.custom_metadata if config else None) or app.get("custom_metadata")
         attributes: dict[str, Any] = {
-            "world_size": (config.world_size if config else None) or identity.world_size,
+            "world_size": (config.world_size if config else None) or evaluate(app.get("world_size_or_fn"))
+            or identity.world_size,
             "one_logger_training_telemetry_version": f"telemetrain {__version__}",
             "enable_for_current_rank": True,
-            "session_tag": (config.session_tag if config else None) or identity.session_tag,
-            "is_baseline_run": config.is_baseline_run if config else False,
+            "session_tag": (config.session_tag if config else None) or evaluate(app.get("session_tag_or_fn"))
+            or identity.session_tag,
+            "is_baseline_run": config.is_baseline_run if config else bool(evaluate(app.get("is_baseline_run_or_fn"))),
             "summary_data_schema_version": "1.0.0",
             "node_name": identity.host,
             "rank": identity.rank,
         }
-        if config is not None and config.custom_metadata:
-            attributes["custom_metadata"] = [f"{k}:{v}" for k, v in config.custom_metadata.items()]
+        if metadata:
+            attributes["custom_metadata"] = [f"{k}:{v}" for k, v in metadata.items()]
         self._event(E.ONE_LOGGER_INITIALIZATION, attributes, S.APPLICATION)
 
     def on_app_end(self, finish_time_msec: float | None = None) -> None:

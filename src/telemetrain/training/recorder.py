@@ -58,6 +58,9 @@ class TrainingRecorder(ApplicationCallbacks, CheckpointCallbacks, EvalLoopCallba
         self.config: TrainingTelemetryConfig | None = None
         self.errors = 0
         self.warn_misuse = True  # False when a one-logger recorder drives this one (it warns the caller itself)
+        # a one-logger recorder driving this one: its application config's session tag, world size, baseline flag and
+        # custom metadata (``*_or_fn``), for one_logger_initialization when no training config gives them
+        self.app_defaults: dict[str, Any] = {}
         self._lock = threading.RLock()
         self._spans: dict[str, Span] = {}
         # the hot path's state, apart from _spans: the open loop and iteration, and the config values it reads

@@ -6,6 +6,7 @@ subclass it; ``TrainingRecorder`` combines them and keeps the per-iteration hot 
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -33,6 +34,7 @@ class RecorderBase:
     config: TrainingTelemetryConfig | None
     errors: int
     warn_misuse: bool
+    app_defaults: dict[str, Any]
     phase: tuple[str, int] | None
     _lock: threading.RLock
     _spans: dict[str, Span]
@@ -79,7 +81,10 @@ class RecorderBase:
             return None
         if isinstance(time_msec, bool) or not isinstance(time_msec, (int, float)):
             raise TypeError(f"time_msec must be milliseconds since the epoch, got {type(time_msec).__name__}")
-        return round(time_msec * 1e6) - self.telemetry.wall_offset_ns
+        # whole ms and the fraction apart: ``time_msec * 1e6`` near 1.8e18 is a float 256 ns apart from its
+        # neighbours, so a 250 ms iteration given as two epoch times came out 249.999872 ms
+        whole = math.floor(time_msec)
+        return whole * 1_000_000 + round((time_msec - whole) * 1e6) - self.telemetry.wall_offset_ns
 
     def _misuse(self, callback: str, message: str, **context: Any) -> None:
         self.errors += 1

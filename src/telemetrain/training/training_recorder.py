@@ -76,6 +76,11 @@ class OneLoggerTrainingRecorder(OneLoggerCheckpointCallbacks):
         if drives_lifecycle:  # this recorder warns (once) for both: the caller calls it, not that one
             training.warn_misuse = False
         self._config = config
+        self._drives_lifecycle = drives_lifecycle
+        if drives_lifecycle:  # its one_logger_initialization in the run store carries this config's values, as the
+            training.app_defaults = {  # exported one does, also before a training config is set
+                "session_tag_or_fn": config.session_tag_or_fn, "world_size_or_fn": config.world_size_or_fn,
+                "is_baseline_run_or_fn": config.is_baseline_run_or_fn, "custom_metadata": config.custom_metadata}
         self._training_state = _TrainingState()
         if config.telemetry_config is not None and training.config is None:
             self._set_telemetrain_config(config.telemetry_config)
@@ -119,6 +124,8 @@ class OneLoggerTrainingRecorder(OneLoggerCheckpointCallbacks):
             self._ours("on_app_end")
         super().close()
         self.training.warn_misuse = True  # telemetrain's recorder is on its own again
+        if self._drives_lifecycle:
+            self.training.app_defaults = {}
         self._guard("close", lambda: self.telemetry.flush())
 
     # -- application and initialisation ----------------------------------------------------------------------------
