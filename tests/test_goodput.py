@@ -144,6 +144,22 @@ def badput(report: GoodputReport, **expected: float) -> None:
 # -- the scenarios -----------------------------------------------------------------------------------------------------
 
 
+def test_the_last_checkpoint_is_the_later_of_two_saves_holding_the_same_work(tmp_path: Path) -> None:
+    # a periodic save at step 10, then an end-of-epoch save of the same 10 iterations under the next step
+    s = Sim(tmp_path, "r0").app_start()
+    s.train_start(0)
+    s.iterations(10, 1000).save(500)
+    s.r.on_save_checkpoint_start(11, s.ms(s.now))
+    s.r.on_save_checkpoint_success(11, s.ms(s.now + 500))
+    s.r.on_save_checkpoint_end(s.ms(s.now + 500))
+    s.now += 500
+    s.train_end().app_end()
+    [run] = goodput(tmp_path / SESSION).runs
+    assert (run.last_checkpoint_step, run.checkpointed_iterations) == (11, 10)
+    [by_rank] = goodput_by_rank(tmp_path / SESSION)[0].runs
+    assert by_rank.last_checkpoint_step == 11
+
+
 def test_clean_single_run(tmp_path: Path) -> None:
     """Init phases, iterations with data loading inside them and gaps between them, a validation, a checkpoint, more
     iterations, a clean end: every category exact, the run finished and all its iterations productive."""

@@ -131,6 +131,12 @@ def _warmup_seconds(loop: _Loop, warm: int) -> tuple[float, str | None]:
             f"only warm-up iterations were reported ({warm}); their time is estimated by the windows' wall time")
 
 
+def _last_save(saves: list[_Save]) -> _Save | None:
+    """The save that holds the most work; of saves holding the same (a second save with no iteration between, under
+    another step: an end-of-epoch save after a periodic one), the later one."""
+    return max(reversed(saves), key=lambda s: s.completed or 0) if saves else None
+
+
 def _figures(loop: _Loop, process: _Process, run_saves: list[_Save], later_start: int | None) -> _Figures:
     notes: list[str] = []
     approximate = False
@@ -176,7 +182,7 @@ def _figures(loop: _Loop, process: _Process, run_saves: list[_Save], later_start
     end = max(n for n, _ in c_points)
     # the checkpoint that holds this loop's work: its own saves, else the run's (another rank reported them)
     candidates = own or [s for s in run_saves if s.completed is not None and s.completed >= start]
-    checkpoint = max(candidates, key=lambda s: s.completed or 0) if candidates else None
+    checkpoint = _last_save(candidates)
     if not own and checkpoint is not None:
         notes.append("its checkpoints are known from another rank of the run")
     if status == "finished":
@@ -328,7 +334,7 @@ def _report(session: _Session, rank: int) -> GoodputReport:
             status = "absent"
             run_notes.append(f"rank {rank} wrote no training lifecycle record in this run: its time is idle here")
         checkpoints = [f.checkpoint for f in mine if f.checkpoint is not None]
-        last_ckpt = max(checkpoints, key=lambda s: s.completed or 0) if checkpoints else None
+        last_ckpt = _last_save(checkpoints)
         ends = [f.end for f in mine]
         first = mine[0].start if mine else None
         last = max(ends) - 1 if mine and max(ends) > min(f.start for f in mine) else None
