@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .checkpoints import CheckpointSave
 from .worker_exits import WorkerExit
 
 __all__ = [
@@ -205,3 +206,4 @@ class FindingsInput:
     worker_exits: Sequence[WorkerExit] = ()  # the launcher agent's failed workers (its ``worker_failed`` events)
     stalls: Sequence[Mapping[str, Any]] = ()  # the launcher agent's ``stall`` events' attributes
     stall_evidence: Sequence[tuple[int, Mapping[str, Any]]] = ()  # (rank, a ``stall_evidence`` event's attributes)
+    checkpoint_saves: Sequence[CheckpointSave] = ()  # every rank's checkpoint saves that ended ok
