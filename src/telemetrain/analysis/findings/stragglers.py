@@ -26,11 +26,12 @@ flagged (counted in a note).
 
 **Over windows.** Flags of one (rank, phase) form episodes (flagged windows, gaps of up to ``straggler_gap``); an
 episode with at least ``straggler_patience`` flagged windows is tested: over its ``n`` windows, the rank was the
-slowest ``k`` times; if ranks were exchangeable that would happen with ``p = P(Binomial(n, 1/ranks) >= k)``; it is a
-straggler when ``p < straggler_alpha``. Two episodes of one rank and phase are one when the test still holds over
-both and the lull between them; episodes of one rank and phase further apart are still one finding (its test over
-their windows, the lulls left out). The episodes of one rank that overlap are one finding, named by its costliest
-phase; the cost is the excess time summed over the flagged windows (what the other ranks waited).
+slowest ``k`` times; if ranks were exchangeable some rank would be that often with ``p <= ranks x P(Binomial(n,
+1/ranks) >= k)`` (the union bound: every rank is tested); it is a straggler when ``p < straggler_alpha``. Two
+episodes of one rank and phase are one when the test still holds over both and the lull between them; episodes of
+one rank and phase further apart are still one finding (its test over their windows, the lulls left out). The
+episodes of one rank that overlap are one finding, named by its costliest phase; the cost is the excess time summed
+over the flagged windows (what the other ranks waited).
 """
 
 from __future__ import annotations
@@ -162,9 +163,14 @@ def stragglers(windows: Sequence[WindowPoint], events: Sequence[Mapping[str, obj
             flags.setdefault((o.rank, o.phase), []).append(_Flag(index, o, ranks[o.rank].iterations, slowest_rank))
     episodes: dict[int, list[tuple[str, list[_Flag], int, float]]] = {}
 
+    def family(k: int, n: int) -> float:
+        # any of ``world`` ranks could have been the slowest this often: the union bound over them (at 1,024 ranks
+        # "the slowest once in 3 windows" is p = 0.003 for one rank, and some rank of a clean job always is)
+        return min(1.0, world * binomial_tail(k, n, 1 / world))
+
     def test(flagged: list[_Flag]) -> tuple[int, float]:
         n = flagged[-1].index - flagged[0].index + 1
-        return n, binomial_tail(sum(f.slowest for f in flagged), n, 1 / world)
+        return n, family(sum(f.slowest for f in flagged), n)
 
     for (rank, phase), fl in flags.items():
         kept: list[list[_Flag]] = []
@@ -178,8 +184,7 @@ def stragglers(windows: Sequence[WindowPoint], events: Sequence[Mapping[str, obj
         if kept:  # one finding per rank and phase: episodes apart are tested over their own windows, not the lull
             flagged = [f for episode in kept for f in episode]
             n = sum(episode[-1].index - episode[0].index + 1 for episode in kept)
-            episodes.setdefault(rank, []).append((phase, flagged, n, binomial_tail(sum(f.slowest for f in flagged),
-                                                                                   n, 1 / world)))
+            episodes.setdefault(rank, []).append((phase, flagged, n, family(sum(f.slowest for f in flagged), n)))
     findings = []
     for rank, eps in sorted(episodes.items()):
         for group in _overlapping(eps):
