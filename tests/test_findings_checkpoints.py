@@ -45,6 +45,7 @@ def test_a_rank_that_saves_slowly_is_named_with_its_time_the_median_and_the_cost
     assert e.cost_seconds == pytest.approx((9.0 - 2.0) + (8.0 - 2.1) + (10.0 - 1.95) + (9.5 - 2.05))
     assert f.severity == "warning" and "rank 5" in f.title
     assert "node-b" in f.detail and "4 of its 4 checkpoint(s)" in f.detail and "storage" in f.detail
+    assert "lowest rank" not in f.detail
 
 
 def test_ranks_that_save_in_similar_times_are_no_finding() -> None:
@@ -58,6 +59,10 @@ def test_rank_0_writing_for_all_is_not_a_slow_rank() -> None:
     # torch.save on rank 0 while the others' saves return at once (they wait at the barrier after it)
     times = {0: [30.0, 31.0, 29.0], **{r: [0.001, 0.002, 0.001] for r in range(1, 8)}}
     assert _slow(_saves(times)) == []
+    # rank 0 writing more than the others, who save a little of their own: named, saying what it may be
+    times = {0: [6.0, 6.2, 5.9], **{r: [0.5, 0.5, 0.5] for r in range(1, 8)}}
+    (f,) = _slow(_saves(times))
+    assert f.evidence.ranks == (0,) and "lowest rank" in f.detail and "sharding the save" in f.detail
     # and saves that only rank 0 records are not compared at all
     assert _slow(_saves({0: [30.0, 31.0, 29.0]})) == []
 

@@ -47,6 +47,7 @@ class _Flag:
     step: int | None
     seconds: float
     reference: float  # the other ranks' median
+    lowest: bool  # the lowest rank that saved it (rank 0, which often writes what the others do not)
 
 
 def _groups(saves: Sequence[CheckpointSave]) -> list[list[CheckpointSave]]:
@@ -91,7 +92,7 @@ def _flags(group: list[CheckpointSave], th: Thresholds) -> tuple[dict[int, _Flag
         scale = max(MAD_TO_SD * spread, th.checkpoint_scale_floor * center)
         if (excess >= th.checkpoint_min_s and s.seconds >= th.checkpoint_ratio * center
                 and (scale <= 0 or excess / scale >= th.checkpoint_z)):
-            flagged[rank] = _Flag(s.step, s.seconds, center)
+            flagged[rank] = _Flag(s.step, s.seconds, center, rank == lowest)
     return flagged, set(by_rank)
 
 
@@ -124,7 +125,10 @@ def slow_checkpoint_ranks(saves: Sequence[CheckpointSave], th: Thresholds,
             f"the other ranks{f' ({ratio:.3g}x)' if reference > 0 else ''} at {len(fs)} of its {n} checkpoint(s)"
             f"{where}: every other rank waited for it at the next collective, {seconds(cost)} in all. Check that "
             "rank's storage path and host (a slow or shared filesystem, a full disk, a larger share of the state) and "
-            "time its save alone",
+            "time its save alone" + (
+                "; it is the lowest rank: if it writes state the others do not (the model, the optimizer, the data "
+                "loader's), that is its extra time, and sharding the save or writing it asynchronously spreads it"
+                if all(f.lowest for f in fs) else ""),
             Evidence(effect=ratio, ranks=(rank,), value=value, reference=reference,
                      steps=(steps[0], steps[-1]) if steps else None, cost_seconds=cost,
                      test=f"its save >= {th.checkpoint_ratio:g}x and {seconds(th.checkpoint_min_s)} over the other "
