@@ -640,3 +640,39 @@ def test_stragglers_read_device_phase_times_when_the_windows_have_them() -> None
     (f,) = analyse(FindingsInput(windows=device)).findings
     assert f.title == "straggler: rank 2 (forward)" and "in forward (device time) in" in f.detail
     assert f.evidence is not None and f.evidence.value == pytest.approx(PHASES["forward"] + 0.008, rel=0.1)
+
+
+def _after_saves(*, bump: float, windows_slow: int, stays_from: int | None = None, cpu: bool = True,
+                 ranks: int = 1) -> list[WindowPoint]:
+    """600 windows of one 1 s iteration each; a save every 100 (its window's wall time 5 s longer), the
+    ``windows_slow`` iterations after each ``bump`` times slower; from window ``stays_from`` on, every one 2x."""
+    rng = random.Random(0)
+    out = []
+    for k in range(600):
+        slow = bump if 100 <= k and k % 100 < windows_slow else 1.0
+        if stays_from is not None and k >= stays_from:
+            slow = 2.0
+        for r in range(ranks):
+            x = rng.lognormvariate(0, 0.01) * slow
+            out.append(WindowPoint(rank=r, step=k, iterations=1, iteration_time=x, warmup=k == 0, time_s=float(k),
+                                   wall_seconds=x + (5.0 if k % 100 == 0 else 0.0), p50=x, max_iteration_time=x,
+                                   cpu_seconds=0.9 * x if cpu else None, cpu_wait_seconds=0.001 if cpu else None))
+    return out
+
+
+@pytest.mark.parametrize("cpu", [True, False], ids=["cpu-figures", "no-cpu-figures"])
+def test_the_slower_iterations_after_each_save_are_a_note_not_slowdowns(cpu: bool) -> None:
+    # 3 iterations of 1 s at 2x after every save: 3 s each time, over every floor; but the time goes back each time
+    for ranks in (1, 4):
+        result = analyse(FindingsInput(windows=_after_saves(bump=2.0, windows_slow=3, cpu=cpu, ranks=ranks)))
+        assert result.kinds() == [], (ranks, [f.title for f in result.findings])
+        (note,) = [n for n in result.notes if "checkpoint" in n.text]
+        assert note.kind == "brief" and "after 5 checkpoint(s)" in note.text and "100..102" in note.text
+    # a slowdown that starts after a save and stays is one
+    result = analyse(FindingsInput(windows=_after_saves(bump=1.0, windows_slow=0, stays_from=300, cpu=cpu)))
+    assert [(f.kind, f.evidence.steps[0] if f.evidence and f.evidence.steps else None)
+            for f in result.findings] == [("slowdown", 300)]
+    # and one that ends, away from any save, too
+    ws = [dataclasses.replace(w, iteration_time=w.iteration_time * 2, wall_seconds=(w.wall_seconds or 0) * 2)
+          if 340 <= w.step < 380 else w for w in _after_saves(bump=1.0, windows_slow=0, cpu=cpu)]
+    assert [f.kind for f in analyse(FindingsInput(windows=ws)).findings] == ["slowdown"]
