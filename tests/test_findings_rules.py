@@ -9,6 +9,8 @@ import dataclasses
 import math
 import random
 import re
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -676,3 +678,27 @@ def test_the_slower_iterations_after_each_save_are_a_note_not_slowdowns(cpu: boo
     ws = [dataclasses.replace(w, iteration_time=w.iteration_time * 2, wall_seconds=(w.wall_seconds or 0) * 2)
           if 340 <= w.step < 380 else w for w in _after_saves(bump=1.0, windows_slow=0, cpu=cpu)]
     assert [f.kind for f in analyse(FindingsInput(windows=ws)).findings] == ["slowdown"]
+
+
+def test_a_rank_slower_for_a_while_after_each_save_is_a_note_not_a_straggler() -> None:
+    """Rank 0 writes the checkpoint: its forward 2x for 5 iterations after each save (every 100), then back. Each
+    stretch passes the straggler test (4 ranks, the slowest 5 times in 5 windows: p = 4 x 4^-5 = 0.004); it is the
+    work between iterations, one note. Slow from a save on to the end, it is a straggler."""
+    def run(slow: Callable[[int], bool]) -> Any:
+        rng = random.Random(0)
+        out = []
+        for k in range(600):
+            for r in range(4):
+                phases = {"forward": 0.3 * rng.lognormvariate(0, 0.01) * (2.0 if r == 0 and slow(k) else 1.0),
+                          "backward": 0.5 * rng.lognormvariate(0, 0.01)}
+                x = sum(phases.values())
+                out.append(WindowPoint(rank=r, step=k, iterations=1, iteration_time=x, phases=phases,
+                                       warmup=k == 0, time_s=float(k), wall_seconds=x + 5.0 * (k % 100 == 0),
+                                       cpu_seconds=0.9 * x, cpu_wait_seconds=0.001))
+        return analyse(FindingsInput(windows=out))
+
+    result = run(lambda k: k >= 100 and k % 100 < 5)
+    assert result.kinds() == []
+    assert [n.text.split(" slower")[0] for n in result.notes if n.kind == "brief"] == ["rank(s) 0"]
+    assert [(f.kind, f.evidence.ranks if f.evidence else None) for f in run(lambda k: k >= 300).findings] \
+        == [("straggler", (0,))]

@@ -29,6 +29,9 @@ __all__ = [
 ]
 
 
+OUTSIDE_SHARE = 1.5  # a window whose wall time is this many times its iterations' ran something else inside it
+
+
 @dataclass(frozen=True, slots=True)
 class WindowPoint:
     """One rank's report window (a ``training_metrics_update``): the iterations since its previous report."""
@@ -64,6 +67,13 @@ class WindowPoint:
     def phase_total(self) -> float:
         """The iteration time the phases split: on the phases' clock."""
         return self.phase_iteration_time if self.phase_iteration_time is not None else self.iteration_time
+
+    @property
+    def ran_outside(self) -> bool:
+        """Whether the window ran something else than its iterations (a checkpoint, a validation loop, an
+        evaluation): its wall time is ``OUTSIDE_SHARE`` times its iterations' time, at least."""
+        return (self.wall_seconds is not None
+                and self.wall_seconds > OUTSIDE_SHARE * max(self.iterations, 1) * self.iteration_time)
 
     @property
     def first_step(self) -> int:

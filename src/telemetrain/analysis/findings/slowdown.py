@@ -91,18 +91,10 @@ class StepPoint:
     outside: bool = False  # a rank's window ran something else between its iterations (a checkpoint, a validation)
 
 
-OUTSIDE_SHARE = 1.5  # a window whose wall time is this many times its iterations' ran something else inside it
-
-
-def _outside(w: WindowPoint) -> bool:
-    """Whether the window ran something else than its iterations (a checkpoint, a validation loop, an evaluation)."""
-    return w.wall_seconds is not None and w.wall_seconds > OUTSIDE_SHARE * max(w.iterations, 1) * w.iteration_time
-
-
 def _window_contention(w: WindowPoint) -> float | None:
-    """The window's contention, unless its CPU figures cover more than its iterations (``_outside``: their CPU and
-    sleep are not the iterations')."""
-    return None if _outside(w) else w.wait_fraction
+    """The window's contention, unless its CPU figures cover more than its iterations (``ran_outside``: their CPU
+    and sleep are not the iterations')."""
+    return None if w.ran_outside else w.wait_fraction
 
 
 def job_series(windows: Sequence[WindowPoint]) -> list[StepPoint]:
@@ -126,7 +118,7 @@ def job_series(windows: Sequence[WindowPoint]) -> list[StepPoint]:
             contention=max(known) if len(known) == len(ws) else None, phases=phases,
             by_rank={w.rank: w.iteration_time for w in ws}, phase_total=median([w.phase_total for w in ws]),
             phase_clock="device" if any(w.phase_clock == "device" for w in ws) else "host",
-            outside=any(map(_outside, ws))))
+            outside=any(w.ran_outside for w in ws)))
     return _reduce(points)
 
 

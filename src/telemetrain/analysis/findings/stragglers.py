@@ -31,7 +31,9 @@ slowest ``k`` times; if ranks were exchangeable some rank would be that often wi
 episodes of one rank and phase are one when the test still holds over both and the lull between them; episodes of
 one rank and phase further apart are still one finding (its test over their windows, the lulls left out). The
 episodes of one rank that overlap are one finding, named by its costliest phase; the cost is the excess time summed
-over the flagged windows (what the other ranks waited).
+over the flagged windows (what the other ranks waited). An episode that starts in or just after a window that ran a
+checkpoint or a validation (``WindowPoint.ran_outside``) and ends before the run does is the aftermath of that work
+(the rank that wrote the checkpoint runs slower for a while): a note, not a straggler.
 """
 
 from __future__ import annotations
@@ -172,10 +174,21 @@ def stragglers(windows: Sequence[WindowPoint], events: Sequence[Mapping[str, obj
         n = flagged[-1].index - flagged[0].index + 1
         return n, family(sum(f.slowest for f in flagged), n)
 
+    def aftermath(episode: list[_Flag]) -> bool:
+        # it starts in or just after a window that ran a checkpoint or a validation and ends before the run does:
+        # that rank's iterations after the work between them (rank 0 wrote the checkpoint), not a straggler
+        first, last = episode[0].index, episode[-1].index
+        return last + 1 < len(steps) and any(w.ran_outside for k in (first - 1, first) if k >= 0
+                                             for w in steps[k].values())
+
+    after: set[int] = set()
     for (rank, phase), fl in flags.items():
         kept: list[list[_Flag]] = []
         for episode in _episodes(fl, th.straggler_gap):
             if len(episode) < th.straggler_patience or test(episode)[1] >= th.straggler_alpha:
+                continue
+            if aftermath(episode):
+                after.add(rank)
                 continue
             if kept and test(kept[-1] + episode)[1] < th.straggler_alpha:  # one straggler with a lull inside
                 kept[-1] = kept[-1] + episode
@@ -190,6 +203,10 @@ def stragglers(windows: Sequence[WindowPoint], events: Sequence[Mapping[str, obj
         for group in _overlapping(eps):
             findings.append(_finding(rank, group, steps, events, hosts or {}))
     notes = _unconfirmed(events, findings)
+    if after - set(episodes):
+        notes.append(Note("brief", f"rank(s) {ranges(sorted(after - set(episodes)))} slower than the other ranks for "
+                          "a while after checkpoints or validations, then back: the work between iterations (a rank "
+                          "that writes the checkpoint), not counted as stragglers"))
     if busy:
         notes.append(Note("contention", f"{busy} rank-window(s) slower than the other ranks came with as much extra "
                           "CPU wait on that rank (descheduled by a busy machine): not counted as stragglers"))
