@@ -702,3 +702,24 @@ def test_a_rank_slower_for_a_while_after_each_save_is_a_note_not_a_straggler() -
     assert [n.text.split(" slower")[0] for n in result.notes if n.kind == "brief"] == ["rank(s) 0"]
     assert [(f.kind, f.evidence.ranks if f.evidence else None) for f in run(lambda k: k >= 300).findings] \
         == [("straggler", (0,))]
+
+
+def test_a_straggler_of_microseconds_is_none() -> None:
+    """The same job at a thousandth of the time (empty iterations of ~20 us): rank 1 slower by 4 us an iteration,
+    window after window, is 1.2x and far out of the others' spread, but no rank waits for 4 us
+    (``straggler_min_added_s``)."""
+    ws = windows(ranks=4, steps=20, rank_phase={(1, "dataloader"): 0.004})
+    assert [(f.kind, f.evidence.ranks if f.evidence else None) for f in analyse(FindingsInput(windows=ws)).findings] \
+        == [("straggler", (1,))]
+
+    def tiny(w: WindowPoint) -> WindowPoint:
+        def k(v: float | None) -> float | None:
+            return None if v is None else v * 1e-3
+        return dataclasses.replace(w, iteration_time=w.iteration_time * 1e-3,
+                                   phases={p: v * 1e-3 for p, v in w.phases.items()},
+                                   max_iteration_time=k(w.max_iteration_time), p50=k(w.p50),
+                                   wall_seconds=k(w.wall_seconds), cpu_seconds=k(w.cpu_seconds),
+                                   cpu_wait_seconds=k(w.cpu_wait_seconds))
+    assert kinds(FindingsInput(windows=[tiny(w) for w in ws])) == []
+    with pytest.raises(ValueError, match="straggler_min_added_s"):
+        Thresholds(straggler_min_added_s=-1.0)

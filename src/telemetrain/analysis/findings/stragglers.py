@@ -4,10 +4,10 @@
 time outside them as ``other``, or the iteration itself when no phase is timed) each rank is compared with the other
 ranks of that window, leave-one-out: ``z = (x - median(others)) / max(1.4826 MAD(others), floor x median)``. It is
 flagged when ``z >= straggler_z``, ``x / median >= straggler_ratio`` and the excess is at least
-``straggler_min_share`` of the window's iteration time. A job-wide slowdown moves every rank together and so flags
-nobody: it is the change-point rule's. With synchronous data parallelism the ranks waiting for a late one wait in the
-collective (backward), so *they* look slow there: the comparison is per phase, and the late rank is the outlier in
-the phase that made it late.
+``straggler_min_share`` of the window's iteration time and ``straggler_min_added_s``. A job-wide slowdown moves
+every rank together and so flags nobody: it is the change-point rule's. With synchronous data parallelism the ranks
+waiting for a late one wait in the collective (backward), so *they* look slow there: the comparison is per phase,
+and the late rank is the outlier in the phase that made it late.
 
 **Late-rank attribution.** When every rank's communication wait is known (``avg_comm_wait_time_sec`` and, per
 phase, ``avg_<phase>_comm_wait_sec``: distributed.comm), the rank that waited least arrived last; if the others
@@ -82,12 +82,13 @@ def window_outliers(values: Mapping[int, float], iteration_time: float, phase: s
     shared_mad = mad(ordered) if n > EXACT_BELOW else None
     # a necessary condition first: without any one rank, the median is at least this
     low = ordered[(n - 2) // 2]
-    cut = max(low + th.straggler_min_share * iteration_time, low * th.straggler_ratio if low > 0 else low)
+    cut = max(low + max(th.straggler_min_share * iteration_time, th.straggler_min_added_s),
+              low * th.straggler_ratio if low > 0 else low)
     for rank, x in values.items():
         if x < cut:
             continue
         reference = _median_without(ordered, x)
-        if x - reference < th.straggler_min_share * iteration_time or x - reference <= 0:
+        if x - reference < max(th.straggler_min_share * iteration_time, th.straggler_min_added_s) or x <= reference:
             continue
         if shared_mad is None:
             spread = mad([v for r, v in values.items() if r != rank], reference)
@@ -235,7 +236,7 @@ def _late(ranks: Mapping[int, WindowPoint], typical: float, th: Thresholds) -> l
     known = {r: float(v) for r, v in waits.items() if v is not None}
     first = min(known, key=lambda r: (known[r], r))
     cost = median([v for r, v in known.items() if r != first]) - known[first]
-    if cost < th.straggler_min_share * typical or cost <= 0:
+    if cost < max(th.straggler_min_share * typical, th.straggler_min_added_s) or cost <= 0:
         return []
     late = [r for r, v in known.items() if v - known[first] < 0.5 * cost]
     waiting = [r for r in known if r not in late]

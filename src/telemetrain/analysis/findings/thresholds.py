@@ -31,6 +31,9 @@ class Thresholds:
     straggler_z: float = 4.0  # robust z against the other ranks' median and MAD, at least
     straggler_ratio: float = 1.25  # value / the other ranks' median, at least
     straggler_min_share: float = 0.05  # excess over the others, as a share of the window's iteration time
+    # and at least this many seconds per iteration: microsecond steps (a loop of empty iterations) differ by a
+    # microsecond between processes and cores, 1.7x, window after window -- no rank waits for that
+    straggler_min_added_s: float = 1e-4
     straggler_scale_floor: float = 0.05  # the MAD scale is at least this share of the reference (identical ranks)
     straggler_patience: int = 3  # flagged windows in an episode, at least
     straggler_gap: int = 1  # unflagged windows an episode may skip
@@ -82,7 +85,8 @@ class Thresholds:
         if isinstance(self.changepoint_penalty, bool) or not isinstance(self.changepoint_penalty, (int, float)) \
                 or not self.changepoint_penalty > 0:
             raise ValueError(f"changepoint_penalty must be > 0, got {self.changepoint_penalty!r}")
-        for name in ("slowdown_noise_z", "slowdown_min_added_s", "slowdown_min_seconds", "checkpoint_min_s",
+        for name in ("slowdown_noise_z", "slowdown_min_added_s", "slowdown_min_seconds", "straggler_min_added_s",
+                     "checkpoint_min_s",
                      "checkpoint_z", "checkpoint_scale_floor"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
