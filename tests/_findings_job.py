@@ -12,6 +12,8 @@ the system every ``SAMPLER_S`` seconds. Planted (all optional):
 - ``SPIKE_AT``: the batch of that step is scaled 30x (a real loss and gradient spike); ``NAN_AT``: that batch holds a
   NaN (loss and gradient norm NaN; the optimizer step is skipped, as a gradient scaler does);
 - ``CKPT_EVERY``/``CKPT_SLOW_S``: save every N steps, each save taking that much longer (a slow filesystem);
+  ``CKPT_SLOW_RANK``: ``rank:seconds``: that rank's saves alone take that much longer (its storage), and the ranks
+  meet at a barrier after their save spans (every rank saving its share) rather than inside them;
 - ``VAL_EVERY``: a short validation loop every N steps;
 - ``HOG_AT``/``HOG_PROCS``/``HOG_S``: at that step (rank 0) start that many busy processes for that many seconds;
 - ``CRASH_AT``: rank 0 SIGKILLs itself at that step in the first attempt (with ``--max-restarts`` the job restarts
@@ -49,6 +51,8 @@ def main() -> None:
     slow_from, slow_factor = env_int("SLOW_FROM", -1), env_int("SLOW_FACTOR", 1)
     leak_mb, spike_at, nan_at = env_int("LEAK_MB", 0), env_int("SPIKE_AT", -1), env_int("NAN_AT", -1)
     ckpt_every, ckpt_slow = env_int("CKPT_EVERY", 0), env_float("CKPT_SLOW_S", 0.0)
+    slow_rank_text, _, slow_rank_seconds = os.environ.get("CKPT_SLOW_RANK", "-1:0").partition(":")
+    slow_rank, slow_rank_s = int(slow_rank_text), float(slow_rank_seconds)
     val_every = env_int("VAL_EVERY", 0)
     hog_at, hog_procs, hog_s = env_int("HOG_AT", -1), env_int("HOG_PROCS", 2), env_float("HOG_S", 5.0)
     crash_at = env_int("CRASH_AT", -1)
@@ -164,10 +168,14 @@ def main() -> None:
                 os.replace(ckpt + ".tmp", ckpt)
             if ckpt_slow:
                 time.sleep(ckpt_slow)
-            if distributed:
+            if rank == slow_rank:
+                time.sleep(slow_rank_s)
+            if distributed and slow_rank < 0:
                 dist.barrier()
             rec.on_save_checkpoint_success(global_step=step + 1)
             rec.on_save_checkpoint_end()
+            if distributed and slow_rank >= 0:
+                dist.barrier()  # (the next collective: the other ranks wait here for the slow one)
     for h in hogs:
         h.kill()
         h.wait()

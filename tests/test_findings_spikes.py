@@ -31,10 +31,12 @@ def textbook(points: list[tuple[int, float]], th: Thresholds) -> list[tuple[int,
             continue
         if len(history) >= th.spike_min_history:
             recent = history[-th.spike_history:]
-            center = median(recent)
-            scale = max(MAD_TO_SD * mad(recent, center), 0.01 * abs(center), 1e-12)
-            z = (value - center) / scale
-            if z >= th.spike_z and (center <= 0 or value >= th.spike_ratio * center):
+            center, top = median(recent), max(recent)
+            floor = 0.01 * abs(center) if center != 0 else 0.01 * max(abs(v) for v in recent)
+            scale = max(MAD_TO_SD * mad(recent, center), floor)
+            z = (value - center) / scale if scale > 0 else -math.inf
+            ratio_ok = value >= th.spike_ratio * center if center > 0 else top <= 0 or value >= th.spike_ratio * top
+            if z >= th.spike_z and ratio_ok:
                 out.append((step, value, z, center))
                 continue
         history.append(value)
@@ -206,3 +208,23 @@ def test_the_block_prefilter_finds_exactly_the_candidates_of_every_point(th: Thr
                                   "WHERE rank >= 12").fetchone()
     if block_lines >= 64:
         assert flagged < blocks  # some of the smooth series' blocks are proven free of candidates
+
+
+def test_a_loss_at_exactly_zero_is_no_spike_for_its_float_dust_but_a_jump_off_it_is() -> None:
+    """A loss that reaches exactly 0 (a memorised batch, a satisfied margin): the median of its reference is 0, so
+    every positive value was infinitely many times it and a robust z of 1e-7 / 1e-12. Its float dust is no spike; a
+    jump far above everything in the reference still is; against a reference of exact zeros there is no scale."""
+    from telemetrain.analysis.findings_sql import feed_value_series_sql
+
+    th = Thresholds()
+    dust = [(i, max(0.0, 1.0 - i / 100) if i < 150 or i % 37 else 1e-7) for i in range(400)]
+    jump = [(i, 5.0 if i == 300 else v) for i, v in dust]
+    zeros = [(i, 0.0 if i != 300 else 5.0) for i in range(400)]
+    expected = {0: [], 1: [(300, 5.0)], 2: []}
+    for rank, points in enumerate((dust, jump, zeros)):
+        assert [(s, v) for s, v, _, _ in _series_spikes(ValueSeries("train.loss", "loss", rank, points), th)] \
+            == expected[rank], rank
+    builder = InputBuilder()  # the SQL reader's selection gives the same
+    feed_value_series_sql(builder, Connection(table([dust, jump, zeros])), "pts", "name", th)
+    given = {s.rank: [(step, v) for step, v, _, _ in _series_spikes(s, th)] for s in builder.build().values}
+    assert {r: given.get(r, []) for r in expected} == expected

@@ -14,7 +14,8 @@ from typing import Any, NamedTuple
 
 from ..store.codec import untag_nonfinite
 from ..store.reader import Run
-from ..store.views import insert_rows
+from ..store.views import first_int_sql, insert_rows
+from ..training.names import CHECKPOINT_STEP_KEYS
 from .findings.builder import (
     CRASH_SPANS,
     CUDA_ALLOCATED,
@@ -28,6 +29,7 @@ from .findings.builder import (
     InputBuilder,
     value_series_kind,
 )
+from .findings.checkpoints import CHECKPOINT_SAVES
 from .findings.run import feed_agent_events
 from .findings_sql import (
     feed_memory_series_sql,
@@ -132,6 +134,22 @@ def feed_builder_sql(builder: InputBuilder, engine: Any, w: str, *, span_tables:
                 builder.stat(rank, group, name, {k: number_of(v) for k, v in values.items()})
 
 
+def feed_checkpoint_saves_sql(builder: InputBuilder, engine: Any, w: str) -> None:
+    """The checkpoint saves that ended ok, each with the iteration its end or else its start named, in the Python
+    path's order (``InputBuilder.add`` of their span records)."""
+    names = "(" + ", ".join(f"'{n}'" for n in sorted(CHECKPOINT_SAVES)) + ")"
+    same = "s.rank = e.rank AND s.pid = e.pid AND s.span_id = e.span_id AND (s.segment, s.line) < (e.segment, e.line)"
+    for _, batch in engine.stream(
+            f"""SELECT e.rank, any_value(e.name), any_value(e.duration_ns),
+                   coalesce({first_int_sql("any_value(e.attributes)", CHECKPOINT_STEP_KEYS)},
+                            {first_int_sql("arg_max_null(s.attributes, (s.segment, s.line))", CHECKPOINT_STEP_KEYS)})
+                FROM (SELECT * FROM span_ends WHERE {w} AND name IN {names} AND status = 'ok') e
+                LEFT JOIN (SELECT * FROM span_starts WHERE {w} AND name IN {names}) s ON {same}
+                GROUP BY e.rank, e.pid, e.segment, e.line ORDER BY e.rank, e.pid, e.segment, e.line"""):
+        for rank, name, duration_ns, step in batch:
+            builder.checkpoint_save(rank, name, step, duration_ns / 1e9)
+
+
 def _attributes(text: Any) -> dict[str, Any]:
     value = untag_nonfinite(json.loads(text)) if text is not None else None
     return value if isinstance(value, dict) else {}
@@ -174,6 +192,7 @@ def findings_builder_sql(engine: Any, run: Run) -> InputBuilder:
             f"SELECT arg_min(host, (pid, segment, line)) FROM {rows} WHERE rank = {int(rank)}")
         builder.host(int(rank), str(host))
     feed_builder_sql(builder, engine, w, span_tables=("span_starts", "span_ends"), stats=True)
+    feed_checkpoint_saves_sql(builder, engine, w)
     metric = builder.metric
     for _, batch in engine.stream(
             f"SELECT rank, host, group_name, name, step, value, value_int, wall_ns FROM metrics WHERE {w} AND {number} "

@@ -31,6 +31,7 @@ def _engine_findings(model: ReportModel, c: _Collector, thresholds: Thresholds |
     ranks from the same rules."""
     for span in model.lifecycle:
         c.inputs.span_failure(span.name, span.rank, span.status, span.error)
+        c.inputs.checkpoint_save(span.rank, span.name, span.step, span.duration_s, span.status)
     hosts = {p.rank: p.identity.host for p in model.processes}
     data = c.inputs.build(start_ns=model.start_ns, open_spans_crashed=False,
                           attempts=attempts_of(model.goodput, model.run_id))

@@ -1,10 +1,11 @@
 """What the report computes from a run and its session: plain data, no HTML (``html.py`` lays it out).
 
 One pass over each process's records (``model_pass.py``) collects what every section needs, and feeds the findings
-engine (``analysis.findings``: slowdowns, stragglers, memory growth, spikes, crashes) the series it reads; the findings,
-the run-store health findings (dropped records, damaged lines, ...) among them, are made by ``findings.py``. What the
-charts draw of the windows (each rank's windows merged, the heatmap, the time by phase) is computed from the per-rank
-windows afterwards (``windows.py``).
+engine (``analysis.findings``: slowdowns, stragglers, slow checkpoint ranks, memory growth, spikes, crashes) the series
+it reads (the checkpoint saves: from the lifecycle spans, ``findings.py``); the findings, the run-store health
+findings (dropped records, damaged lines, ...) among them, are made by ``findings.py``. What the charts draw of the
+windows (each rank's windows merged, the heatmap, the time by phase) is computed from the per-rank windows afterwards
+(``windows.py``).
 With the ``columnar`` extra the same collection is done by SQL (``model_sql.py``); both give the same model.
 docs/report.md defines each number.
 """

@@ -1,12 +1,14 @@
 """The findings engine: what went wrong in a run, each with its evidence, from plain series.
 
-``analyse(FindingsInput(...))`` runs every rule (``slowdown``, ``stragglers``, ``memory``, ``values``, ``crashes``)
-and returns ``Findings``: problems most severe first, and notes (a busy machine, live events not confirmed).
+``analyse(FindingsInput(...))`` runs every rule (``slowdown``, ``stragglers``, ``checkpoints``, ``memory``,
+``values``, ``crashes``) and returns ``Findings``: problems most severe first, and notes (a busy machine, live
+events not confirmed).
 ``InputBuilder`` makes the input from typed records; ``run_findings(run)`` does both for a loaded run. The report,
 ``show``, ``tail`` and ``compare`` all use it; docs/report.md ("Findings") documents each rule.
 """
 
 from .builder import InputBuilder, window_point
+from .checkpoints import CheckpointSave
 from .engine import analyse
 from .inputs import (
     Attempt,
@@ -25,6 +27,7 @@ from .thresholds import DEFAULT_THRESHOLDS, Thresholds
 __all__ = [
     "DEFAULT_THRESHOLDS",
     "Attempt",
+    "CheckpointSave",
     "Evidence",
     "Finding",
     "Findings",

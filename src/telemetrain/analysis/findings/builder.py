@@ -15,6 +15,8 @@ from types import MappingProxyType
 from typing import Any
 
 from ...phase_times import DEVICE, HOST, iteration_time, phase_times
+from ...training.names import checkpoint_step
+from .checkpoints import CHECKPOINT_SAVES, CheckpointSave
 from .inputs import (
     Attempt,
     FindingsInput,
@@ -156,6 +158,9 @@ class InputBuilder:
         self._stalls: deque[Mapping[str, Any]] = deque(maxlen=limit)
         self._evidence: deque[tuple[int, Mapping[str, Any]]] = deque(maxlen=limit)
         self._first_ns: int | None = None
+        # checkpoint saves: those open, (pid, span id) -> the iteration their start named; those that ended ok
+        self._saving: dict[tuple[int, str], int | None] = {}
+        self._saves: list[CheckpointSave] = []
 
     def _deque(self) -> deque[Any]:
         return deque(maxlen=self.limit)
@@ -298,6 +303,13 @@ class InputBuilder:
         if name in CRASH_SPANS and status != "ok":
             self._failures.append(SpanFailure(name, rank, status, error))
 
+    def checkpoint_save(self, rank: int, name: str, step: int | None, seconds: float | None,
+                        status: str = "ok") -> None:
+        """A checkpoint save span that ended (``checkpoint_save_sync``/``_async``): the slow checkpoint rank rule's
+        input. Other names, saves not ok and durations that are not finite and >= 0 are left out."""
+        if name in CHECKPOINT_SAVES and status == "ok" and (value := finite(seconds)) is not None and value >= 0:
+            self._saves.append(CheckpointSave(rank, name, step, value))
+
     def add(self, r: Any) -> None:
         """One typed record (``store.reader``'s): whatever of it the rules read."""
         kind = r.kind
@@ -320,7 +332,14 @@ class InputBuilder:
         elif kind == "span_start":
             if r.name in CRASH_SPANS:
                 self._open[(ident.pid, r.span_id)] = (r.name, ident.rank)
+            elif r.name in CHECKPOINT_SAVES and self.limit is None:  # (a live view does not read the saves)
+                self._saving[(ident.pid, r.span_id)] = checkpoint_step(r.attributes or {})
         elif kind == "span_end":
+            if r.name in CHECKPOINT_SAVES and self.limit is None:
+                started = self._saving.pop((ident.pid, r.span_id), None)
+                end_step = checkpoint_step(r.attributes or {})
+                self.checkpoint_save(ident.rank, r.name, end_step if end_step is not None else started,
+                                     r.duration_ns / 1e9, r.status)
             if r.name in CRASH_SPANS:
                 self._open.pop((ident.pid, r.span_id), None)
                 self.span_failure(r.name, ident.rank, r.status, r.error or "")
@@ -364,4 +383,5 @@ class InputBuilder:
         return FindingsInput(windows=windows, values=values, memory=memory, hosts_memory=hosts, nonfinite=nonfinite,
                              straggler_events=list(self._stragglers), hosts=dict(self._hosts),
                              span_failures=failures, attempts=attempts, worker_exits=worker_exits(self._exits),
-                             stalls=list(self._stalls), stall_evidence=list(self._evidence))
+                             stalls=list(self._stalls), stall_evidence=list(self._evidence),
+                             checkpoint_saves=list(self._saves))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from .checkpoints import slow_checkpoint_ranks
 from .crashes import crashes
 from .inputs import FindingsInput
 from .memory import memory_growth
@@ -41,6 +42,7 @@ def analyse(data: FindingsInput, thresholds: Thresholds | None = None) -> Findin
     steady = min((w.time_s for w in data.windows if not w.warmup), default=None)
     if steady is not None:  # without a steady report window, warm-up cannot be told from a leak
         found += memory_growth(data.memory, data.hosts_memory, steady, th)
+    found += slow_checkpoint_ranks(data.checkpoint_saves, th, data.hosts)
     found += nonfinite(data.nonfinite)
     found += spikes(data.values, th)
     return Findings(tuple(sort_findings(found)), tuple(notes))

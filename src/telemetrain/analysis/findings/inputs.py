@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .checkpoints import CheckpointSave
 from .worker_exits import WorkerExit
 
 __all__ = [
@@ -26,6 +27,9 @@ __all__ = [
     "WindowPoint",
     "contention_share",
 ]
+
+
+OUTSIDE_SHARE = 1.5  # a window whose wall time is this many times its iterations' ran something else inside it
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +67,13 @@ class WindowPoint:
     def phase_total(self) -> float:
         """The iteration time the phases split: on the phases' clock."""
         return self.phase_iteration_time if self.phase_iteration_time is not None else self.iteration_time
+
+    @property
+    def ran_outside(self) -> bool:
+        """Whether the window ran something else than its iterations (a checkpoint, a validation loop, an
+        evaluation): its wall time is ``OUTSIDE_SHARE`` times its iterations' time, at least."""
+        return (self.wall_seconds is not None
+                and self.wall_seconds > OUTSIDE_SHARE * max(self.iterations, 1) * self.iteration_time)
 
     @property
     def first_step(self) -> int:
@@ -205,3 +216,4 @@ class FindingsInput:
     worker_exits: Sequence[WorkerExit] = ()  # the launcher agent's failed workers (its ``worker_failed`` events)
     stalls: Sequence[Mapping[str, Any]] = ()  # the launcher agent's ``stall`` events' attributes
     stall_evidence: Sequence[tuple[int, Mapping[str, Any]]] = ()  # (rank, a ``stall_evidence`` event's attributes)
+    checkpoint_saves: Sequence[CheckpointSave] = ()  # every rank's checkpoint saves that ended ok

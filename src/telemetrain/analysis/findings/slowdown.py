@@ -45,6 +45,11 @@ the CPU wait explains it, else ``brief`` (it missed the floors above: too little
 the run's noise; the note says which). Each slowdown is one finding for the job, with whether the CPU work per
 iteration grew (the job computes more) or not (it waits more: I/O, data, a peer, a sleep), and the phases whose time
 grew.
+
+**After a checkpoint or a validation.** An episode that starts in or just after a window that ran something else
+between its iterations (its wall time half again its iterations': a checkpoint, a validation loop) and ends (the time
+goes back) is the aftermath of that work -- cold caches, an asynchronous save still writing -- which recurs at every
+save: one ``brief`` note, not findings. A slowdown that starts there and stays is still one.
 """
 
 from __future__ import annotations
@@ -83,17 +88,13 @@ class StepPoint:
     by_rank: dict[int, float] = field(default_factory=dict)
     phase_total: float | None = None  # median over ranks of the iteration time on the phases' clock
     phase_clock: str = "host"  # "device" when a rank's phases are device times (WindowPoint.phase_clock)
-
-
-OUTSIDE_SHARE = 1.5  # a window whose wall time is this many times its iterations' ran something else inside it
+    outside: bool = False  # a rank's window ran something else between its iterations (a checkpoint, a validation)
 
 
 def _window_contention(w: WindowPoint) -> float | None:
-    """The window's contention, unless its CPU figures cover more than its iterations (a checkpoint, a validation
-    loop, an evaluation inside the window: their CPU and sleep are not the iterations')."""
-    if w.wall_seconds is not None and w.wall_seconds > OUTSIDE_SHARE * max(w.iterations, 1) * w.iteration_time:
-        return None
-    return w.wait_fraction
+    """The window's contention, unless its CPU figures cover more than its iterations (``ran_outside``: their CPU
+    and sleep are not the iterations')."""
+    return None if w.ran_outside else w.wait_fraction
 
 
 def job_series(windows: Sequence[WindowPoint]) -> list[StepPoint]:
@@ -116,7 +117,8 @@ def job_series(windows: Sequence[WindowPoint]) -> list[StepPoint]:
             work=median(work) if len(work) == len(ws) and len(known) == len(ws) else None,
             contention=max(known) if len(known) == len(ws) else None, phases=phases,
             by_rank={w.rank: w.iteration_time for w in ws}, phase_total=median([w.phase_total for w in ws]),
-            phase_clock="device" if any(w.phase_clock == "device" for w in ws) else "host"))
+            phase_clock="device" if any(w.phase_clock == "device" for w in ws) else "host",
+            outside=any(w.ran_outside for w in ws)))
     return _reduce(points)
 
 
@@ -140,7 +142,8 @@ def _reduce(points: list[StepPoint]) -> list[StepPoint]:
             contention=median(shares) if len(shares) == len(block) else None, phases=phases,
             by_rank={r: median([p.by_rank[r] for p in block if r in p.by_rank]) for r in ranks},
             phase_total=median([p.phase_total if p.phase_total is not None else p.raw for p in block]),
-            phase_clock="device" if any(p.phase_clock == "device" for p in block) else "host"))
+            phase_clock="device" if any(p.phase_clock == "device" for p in block) else "host",
+            outside=any(p.outside for p in block)))
     return out
 
 
@@ -289,7 +292,10 @@ def slowdowns(windows: Sequence[WindowPoint], th: Thresholds) -> tuple[list[Find
     raw = [p.raw for p in points]
     net = net_series(points)
     if net is None:
-        return [_finding(points, ep, ranks, th, net=False) for ep in _episodes(raw, points, th)], []
+        eps = _episodes(raw, points, th)
+        after = [ep for ep in eps if _aftermath(points, ep)]
+        return ([_finding(points, ep, ranks, th, net=False) for ep in eps if ep not in after],
+                [_aftermath_note(points, after)] if after else [])
     # a slowdown is slower: the iteration time itself must have grown too (net of a wait that fell, a quieter machine
     # makes the net series rise while every step got faster)
     found = [(ep, NET_BASIS) for ep in _episodes(net, points, th)
@@ -307,9 +313,11 @@ def slowdowns(windows: Sequence[WindowPoint], th: Thresholds) -> tuple[list[Find
         if sum(f[0].end - f[0].start for f in overlapping) < ep.end - ep.start:
             found = [f for f in found if f not in overlapping] + [(ep, WORK_BASIS)]
     found.sort(key=lambda f: f[0].start)
-    findings = [_finding(points, ep, ranks, th, net=True, basis=basis) for ep, basis in found]
     taken = {i for ep, _ in found for i in range(ep.start, ep.end)}
-    notes = []
+    after = [ep for ep, _ in found if _aftermath(points, ep)]
+    found = [f for f in found if f[0] not in after]
+    findings = [_finding(points, ep, ranks, th, net=True, basis=basis) for ep, basis in found]
+    notes = [_aftermath_note(points, after)] if after else []
     for ep in _episodes(raw, points, th, floors=False):
         span = range(ep.start, ep.end)
         if sum(i in taken for i in span) >= len(span) / 2:
@@ -336,6 +344,27 @@ def slowdowns(windows: Sequence[WindowPoint], th: Thresholds) -> tuple[list[Find
                      reference=ep.reference, windows=ep.end - ep.start, test="change point on iteration times",
                      notes=(f"net of the CPU wait {net_ratio:.2f}x",))))
     return findings, notes
+
+
+def _aftermath(points: Sequence[StepPoint], ep: _Episode) -> bool:
+    """A slowdown that starts in or just after a window that ran a checkpoint or a validation, and ends (the time went
+    back): the iterations after a save or an evaluation run slower for a while (cold caches, an asynchronous save
+    still writing, the allocator), periodically -- the work between iterations, not a slowdown of the job."""
+    return ep.end < len(points) and any(points[k].outside for k in (ep.start - 1, ep.start) if k >= 0)
+
+
+def _aftermath_note(points: Sequence[StepPoint], eps: list[_Episode]) -> Note:
+    where = ", ".join(f"{points[ep.start].first_step}..{points[ep.end - 1].step}" for ep in eps[:6])
+    worst = max(eps, key=lambda ep: ep.ratio)
+    return Note("brief", (
+        f"slower for a while after {len(eps)} checkpoint(s) or validation(s) (steps {where}"
+        f"{', ...' if len(eps) > 6 else ''}): up to {worst.ratio:.2f}x ({seconds(worst.reference)} -> "
+        f"{seconds(worst.level)}), then back: the work between iterations leaves them slower (cold caches, an "
+        "asynchronous save still writing), not counted as a finding; compare shows the checkpoints' cost"),
+        Evidence(effect=worst.ratio, confidence=1 - worst.p, steps=(points[eps[0].start].first_step,
+                                                                     points[eps[-1].end - 1].step),
+                 value=worst.level, reference=worst.reference, windows=sum(ep.end - ep.start for ep in eps),
+                 test="change point on iteration times"))
 
 
 def _below_floors(points: Sequence[StepPoint], ep: _Episode, net: Sequence[float], th: Thresholds) -> str:

@@ -4,10 +4,10 @@
 time outside them as ``other``, or the iteration itself when no phase is timed) each rank is compared with the other
 ranks of that window, leave-one-out: ``z = (x - median(others)) / max(1.4826 MAD(others), floor x median)``. It is
 flagged when ``z >= straggler_z``, ``x / median >= straggler_ratio`` and the excess is at least
-``straggler_min_share`` of the window's iteration time. A job-wide slowdown moves every rank together and so flags
-nobody: it is the change-point rule's. With synchronous data parallelism the ranks waiting for a late one wait in the
-collective (backward), so *they* look slow there: the comparison is per phase, and the late rank is the outlier in
-the phase that made it late.
+``straggler_min_share`` of the window's iteration time and ``straggler_min_added_s``. A job-wide slowdown moves
+every rank together and so flags nobody: it is the change-point rule's. With synchronous data parallelism the ranks
+waiting for a late one wait in the collective (backward), so *they* look slow there: the comparison is per phase,
+and the late rank is the outlier in the phase that made it late.
 
 **Late-rank attribution.** When every rank's communication wait is known (``avg_comm_wait_time_sec`` and, per
 phase, ``avg_<phase>_comm_wait_sec``: distributed.comm), the rank that waited least arrived last; if the others
@@ -26,11 +26,14 @@ flagged (counted in a note).
 
 **Over windows.** Flags of one (rank, phase) form episodes (flagged windows, gaps of up to ``straggler_gap``); an
 episode with at least ``straggler_patience`` flagged windows is tested: over its ``n`` windows, the rank was the
-slowest ``k`` times; if ranks were exchangeable that would happen with ``p = P(Binomial(n, 1/ranks) >= k)``; it is a
-straggler when ``p < straggler_alpha``. Two episodes of one rank and phase are one when the test still holds over
-both and the lull between them; episodes of one rank and phase further apart are still one finding (its test over
-their windows, the lulls left out). The episodes of one rank that overlap are one finding, named by its costliest
-phase; the cost is the excess time summed over the flagged windows (what the other ranks waited).
+slowest ``k`` times; if ranks were exchangeable some rank would be that often with ``p <= ranks x P(Binomial(n,
+1/ranks) >= k)`` (the union bound: every rank is tested); it is a straggler when ``p < straggler_alpha``. Two
+episodes of one rank and phase are one when the test still holds over both and the lull between them; episodes of
+one rank and phase further apart are still one finding (its test over their windows, the lulls left out). The
+episodes of one rank that overlap are one finding, named by its costliest phase; the cost is the excess time summed
+over the flagged windows (what the other ranks waited). An episode that starts in or just after a window that ran a
+checkpoint or a validation (``WindowPoint.ran_outside``) and ends before the run does is the aftermath of that work
+(the rank that wrote the checkpoint runs slower for a while): a note, not a straggler.
 """
 
 from __future__ import annotations
@@ -79,12 +82,13 @@ def window_outliers(values: Mapping[int, float], iteration_time: float, phase: s
     shared_mad = mad(ordered) if n > EXACT_BELOW else None
     # a necessary condition first: without any one rank, the median is at least this
     low = ordered[(n - 2) // 2]
-    cut = max(low + th.straggler_min_share * iteration_time, low * th.straggler_ratio if low > 0 else low)
+    cut = max(low + max(th.straggler_min_share * iteration_time, th.straggler_min_added_s),
+              low * th.straggler_ratio if low > 0 else low)
     for rank, x in values.items():
         if x < cut:
             continue
         reference = _median_without(ordered, x)
-        if x - reference < th.straggler_min_share * iteration_time or x - reference <= 0:
+        if x - reference < max(th.straggler_min_share * iteration_time, th.straggler_min_added_s) or x <= reference:
             continue
         if shared_mad is None:
             spread = mad([v for r, v in values.items() if r != rank], reference)
@@ -162,14 +166,30 @@ def stragglers(windows: Sequence[WindowPoint], events: Sequence[Mapping[str, obj
             flags.setdefault((o.rank, o.phase), []).append(_Flag(index, o, ranks[o.rank].iterations, slowest_rank))
     episodes: dict[int, list[tuple[str, list[_Flag], int, float]]] = {}
 
+    def family(k: int, n: int) -> float:
+        # any of ``world`` ranks could have been the slowest this often: the union bound over them (at 1,024 ranks
+        # "the slowest once in 3 windows" is p = 0.003 for one rank, and some rank of a clean job always is)
+        return min(1.0, world * binomial_tail(k, n, 1 / world))
+
     def test(flagged: list[_Flag]) -> tuple[int, float]:
         n = flagged[-1].index - flagged[0].index + 1
-        return n, binomial_tail(sum(f.slowest for f in flagged), n, 1 / world)
+        return n, family(sum(f.slowest for f in flagged), n)
 
+    def aftermath(episode: list[_Flag]) -> bool:
+        # it starts in or just after a window that ran a checkpoint or a validation and ends before the run does:
+        # that rank's iterations after the work between them (rank 0 wrote the checkpoint), not a straggler
+        first, last = episode[0].index, episode[-1].index
+        return last + 1 < len(steps) and any(w.ran_outside for k in (first - 1, first) if k >= 0
+                                             for w in steps[k].values())
+
+    after: set[int] = set()
     for (rank, phase), fl in flags.items():
         kept: list[list[_Flag]] = []
         for episode in _episodes(fl, th.straggler_gap):
             if len(episode) < th.straggler_patience or test(episode)[1] >= th.straggler_alpha:
+                continue
+            if aftermath(episode):
+                after.add(rank)
                 continue
             if kept and test(kept[-1] + episode)[1] < th.straggler_alpha:  # one straggler with a lull inside
                 kept[-1] = kept[-1] + episode
@@ -178,13 +198,16 @@ def stragglers(windows: Sequence[WindowPoint], events: Sequence[Mapping[str, obj
         if kept:  # one finding per rank and phase: episodes apart are tested over their own windows, not the lull
             flagged = [f for episode in kept for f in episode]
             n = sum(episode[-1].index - episode[0].index + 1 for episode in kept)
-            episodes.setdefault(rank, []).append((phase, flagged, n, binomial_tail(sum(f.slowest for f in flagged),
-                                                                                   n, 1 / world)))
+            episodes.setdefault(rank, []).append((phase, flagged, n, family(sum(f.slowest for f in flagged), n)))
     findings = []
     for rank, eps in sorted(episodes.items()):
         for group in _overlapping(eps):
             findings.append(_finding(rank, group, steps, events, hosts or {}))
     notes = _unconfirmed(events, findings)
+    if after - set(episodes):
+        notes.append(Note("brief", f"rank(s) {ranges(sorted(after - set(episodes)))} slower than the other ranks for "
+                          "a while after checkpoints or validations, then back: the work between iterations (a rank "
+                          "that writes the checkpoint), not counted as stragglers"))
     if busy:
         notes.append(Note("contention", f"{busy} rank-window(s) slower than the other ranks came with as much extra "
                           "CPU wait on that rank (descheduled by a busy machine): not counted as stragglers"))
@@ -213,7 +236,7 @@ def _late(ranks: Mapping[int, WindowPoint], typical: float, th: Thresholds) -> l
     known = {r: float(v) for r, v in waits.items() if v is not None}
     first = min(known, key=lambda r: (known[r], r))
     cost = median([v for r, v in known.items() if r != first]) - known[first]
-    if cost < th.straggler_min_share * typical or cost <= 0:
+    if cost < max(th.straggler_min_share * typical, th.straggler_min_added_s) or cost <= 0:
         return []
     late = [r for r, v in known.items() if v - known[first] < 0.5 * cost]
     waiting = [r for r in known if r not in late]

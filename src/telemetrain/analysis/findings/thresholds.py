@@ -31,6 +31,9 @@ class Thresholds:
     straggler_z: float = 4.0  # robust z against the other ranks' median and MAD, at least
     straggler_ratio: float = 1.25  # value / the other ranks' median, at least
     straggler_min_share: float = 0.05  # excess over the others, as a share of the window's iteration time
+    # and at least this many seconds per iteration: microsecond steps (a loop of empty iterations) differ by a
+    # microsecond between processes and cores, 1.7x, window after window -- no rank waits for that
+    straggler_min_added_s: float = 1e-4
     straggler_scale_floor: float = 0.05  # the MAD scale is at least this share of the reference (identical ranks)
     straggler_patience: int = 3  # flagged windows in an episode, at least
     straggler_gap: int = 1  # unflagged windows an episode may skip
@@ -45,6 +48,14 @@ class Thresholds:
     # -- slow single iterations -----------------------------------------------------------------------------------
     slow_iteration_factor: float = 10.0  # a window's slowest iteration / the rank's median p50, at least
     slow_iteration_min_s: float = 1.0  # and at least this many seconds more
+    # -- slow checkpoint ranks: a rank's save against the other ranks' saves of the same checkpoint --------------------
+    checkpoint_ratio: float = 2.0  # its save / the other ranks' median, at least
+    checkpoint_min_s: float = 1.0  # and at least this many seconds more (what each other rank waited)
+    checkpoint_z: float = 4.0  # robust z against the other ranks' median and MAD, at least
+    checkpoint_scale_floor: float = 0.1  # the MAD scale is at least this share of their median (identical saves)
+    checkpoint_share: float = 0.5  # flagged at this share of the checkpoints it saved with others, at least
+    # the lowest rank whose other ranks' saves are under this share of its own wrote the checkpoint for all
+    checkpoint_writer_share: float = 0.05
     # -- memory growth ----------------------------------------------------------------------------------------------
     memory_alpha: float = 1e-3  # Mann-Kendall p of the upward trend, at most
     memory_tail_alpha: float = 0.01  # ... and of the trend over the last half (still growing, not a plateau)
@@ -58,7 +69,7 @@ class Thresholds:
     spike_min_history: int = 20  # points before the first test
 
     def __post_init__(self) -> None:
-        for name in ("slowdown_effect", "straggler_ratio", "slow_iteration_factor", "spike_ratio"):
+        for name in ("slowdown_effect", "straggler_ratio", "checkpoint_ratio", "slow_iteration_factor", "spike_ratio"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 1:
                 raise ValueError(f"{name} must be a ratio > 1, got {value!r}")
@@ -74,10 +85,16 @@ class Thresholds:
         if isinstance(self.changepoint_penalty, bool) or not isinstance(self.changepoint_penalty, (int, float)) \
                 or not self.changepoint_penalty > 0:
             raise ValueError(f"changepoint_penalty must be > 0, got {self.changepoint_penalty!r}")
-        for name in ("slowdown_noise_z", "slowdown_min_added_s", "slowdown_min_seconds"):
+        for name in ("slowdown_noise_z", "slowdown_min_added_s", "slowdown_min_seconds", "straggler_min_added_s",
+                     "checkpoint_min_s",
+                     "checkpoint_z", "checkpoint_scale_floor"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
                 raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+        for name in ("checkpoint_share", "checkpoint_writer_share"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+                raise ValueError(f"{name} must be a share in [0, 1], got {value!r}")
         if type(self.straggler_gap) is not int or self.straggler_gap < 0:
             raise ValueError(f"straggler_gap must be an int >= 0, got {self.straggler_gap!r}")
 

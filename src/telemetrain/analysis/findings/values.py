@@ -6,7 +6,9 @@ with the count and the first step: a fact, no test.
 **Spikes** (series named like a loss -- a name part containing ``loss`` -- or a gradient norm -- ``grad_norm``,
 ``gradnorm``, ``grad-norm``, ``gradient_norm``): each finite point is compared with the median and MAD of the
 ``spike_history`` finite, non-spike points before it (after ``spike_min_history`` of them): a spike when its robust z
-is at least ``spike_z`` and it is at least ``spike_ratio`` times that median. A loss falls as training goes; the
+is at least ``spike_z`` and it is at least ``spike_ratio`` times that median (a median of 0 or below: times the
+largest of those points, when positive; the scale at least 1% of the median, or of the largest magnitude when the
+median is 0: a reference of exact zeros has none, and nothing is a spike against it). A loss falls as training goes; the
 running reference follows it, a global one would not. Spikes of one name close together (any rank) are one episode;
 the confidence is Chebyshev's distribution-free bound ``1 - 1/z^2``. Only upward jumps; a slow divergence is not a
 spike.
@@ -94,9 +96,17 @@ class _Reference:
         n = len(o)
         mid = n // 2
         center = o[mid] if n % 2 else (o[mid - 1] + o[mid]) / 2
-        if center > 0 and not value >= th.spike_ratio * center:
+        if center > 0:
+            if not value >= th.spike_ratio * center:
+                return None
+        elif o[-1] > 0 and not value >= th.spike_ratio * o[-1]:
+            # a median of 0 or below (a loss that reached exactly 0): the ratio against the reference's largest value,
+            # else its float dust (1e-7 among zeros) is infinitely many times its median
             return None
-        scale = max(MAD_TO_SD * median([abs(v - center) for v in o]), 0.01 * abs(center), 1e-12)
+        floor = 0.01 * abs(center) if center != 0 else 0.01 * max(-o[0], o[-1])
+        scale = max(MAD_TO_SD * median([abs(v - center) for v in o]), floor)
+        if scale <= 0:
+            return None  # a reference of exact zeros has no scale: a loss leaving 0 is no spike against it
         z = (value - center) / scale
         return (z, center) if z >= th.spike_z else None
 
