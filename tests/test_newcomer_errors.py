@@ -211,3 +211,22 @@ def test_demo_with_a_trace_path_it_cannot_write_fails_before_training(
     assert captured.out == ""
     assert captured.err == f"telemetrain: error: cannot write {target}: the directory {target.parent} does not exist\n"
     assert find_runs(tmp_path / "runs") == []  # nothing trained
+
+
+def test_compare_passes_over_a_run_that_died_before_its_first_record(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """A launch that failed at start leaves run.json alone; as the newest run of the perf_tag it was picked as the
+    baseline, and as history it failed every compare of that perf_tag: 'holds no process files'."""
+    runs = []
+    for run_id in ("a", "b", "c"):
+        t = Telemetry(identity_from_env({}, run_id=run_id, session_tag=run_id, perf_tag="job"),
+                      store=tmp_path / "runs")
+        train_empty_iterations(t, 8, batch=8, log_every=2)
+        assert t.close() and t.run_dir is not None
+        runs.append(t.run_dir)
+    dead = tmp_path / "runs" / "d" / "d"
+    dead.mkdir(parents=True)
+    (dead / "run.json").write_bytes((runs[2] / "run.json").read_bytes())  # as new as the newest
+    assert main(["compare", str(runs[2]), "--no-goodput", "--json"]) == 0
+    assert f"baseline: {runs[1]} (newest other run" in capsys.readouterr().err
+    assert main(["compare", str(runs[2]), "--baseline", str(runs[1]), "--no-goodput", "--json"]) == 0
