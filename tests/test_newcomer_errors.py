@@ -230,3 +230,22 @@ def test_compare_passes_over_a_run_that_died_before_its_first_record(tmp_path: P
     assert main(["compare", str(runs[2]), "--no-goodput", "--json"]) == 0
     assert f"baseline: {runs[1]} (newest other run" in capsys.readouterr().err
     assert main(["compare", str(runs[2]), "--baseline", str(runs[1]), "--no-goodput", "--json"]) == 0
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--nproc-per-node", "x"], "argument --nproc-per-node: Unsupported nproc_per_node value: x"),
+    (["--nproc-per-node", "0"], "argument --nproc-per-node: expected a number >= 1, or auto, cpu, gpu, got 0"),
+    (["--nnodes", "x"], "argument --nnodes: expected N or MIN:MAX, got 'x'"),
+    (["--nnodes", "2:1"], "argument --nnodes: expected 0 < MIN <= MAX, got '2:1'"),
+])
+def test_launch_with_a_bad_size_is_a_usage_error(flags: list[str], message: str, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """torchrun raised a traceback (a ValueError, or a bare AssertionError for 0) for these; nothing is started."""
+    pytest.importorskip("torch")
+    script = tmp_path / "train.py"
+    script.write_text("raise SystemExit('must not run')\n")
+    assert main(["launch", *flags, str(script)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.splitlines()[-1] == f"telemetrain launch: error: {message}"
+    assert "Traceback" not in captured.err

@@ -246,6 +246,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except CLIError as exc:
             print(f"telemetrain: error: {printable(str(exc))}", file=sys.stderr)
             return 2
+        except SystemExit as exc:  # torchrun's parser: --help, usage errors (it has printed them)
+            return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     parser = build_parser()
     try:
         args, stray = parser.parse_known_args(argv)
