@@ -249,3 +249,15 @@ def test_launch_with_a_bad_size_is_a_usage_error(flags: list[str], message: str,
     assert captured.out == ""
     assert captured.err.splitlines()[-1] == f"telemetrain launch: error: {message}"
     assert "Traceback" not in captured.err
+
+
+def test_launch_of_a_script_that_is_not_there_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not each worker's "can't open file", torchrun's 20-line failure banner and a failed job in the run store."""
+    pytest.importorskip("torch")
+    monkeypatch.setenv("TELEMETRAIN_DIR", str(tmp_path / "runs"))
+    assert main(["launch", "--nproc-per-node", "1", str(tmp_path / "trian.py")]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.splitlines()[-1] == f"telemetrain launch: error: argument training_script: no such file: " \
+                                            f"{str(tmp_path / 'trian.py')!r}"
+    assert not (tmp_path / "runs").exists()

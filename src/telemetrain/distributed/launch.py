@@ -147,7 +147,8 @@ def main(argv: Sequence[str]) -> int:
 
 def _check_sizes(parser: argparse.ArgumentParser, args: Any) -> int:
     """--nnodes and --nproc-per-node as torchrun reads them, a usage error naming the flag where torchrun would
-    raise a traceback (a ValueError, or a bare AssertionError for 0); the maximum number of nodes."""
+    raise a traceback (a ValueError, or a bare AssertionError for 0), and a script that is not there; the maximum
+    number of nodes."""
     from torch.distributed import run as torchrun
 
     try:
@@ -162,6 +163,9 @@ def _check_sizes(parser: argparse.ArgumentParser, args: Any) -> int:
         parser.error(f"argument --nproc-per-node: {exc}")
     if nproc < 1:
         parser.error(f"argument --nproc-per-node: expected a number >= 1, or auto, cpu, gpu, got {nproc}")
+    if not args.module and not args.no_python and not os.path.isfile(args.training_script):
+        # else each worker's python says it, then torchrun's failure banner: 20 lines, and a failed job in the store
+        parser.error(f"argument training_script: no such file: {args.training_script!r}")
     return int(max_nodes)
 
 
