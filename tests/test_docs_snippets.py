@@ -18,7 +18,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDES = [ROOT / "README.md", *(ROOT / "docs" / f"{n}.md" for n in (
-    "training", "system", "distributed", "goodput", "report", "format", "integrations", "scale"))]
+    "training", "system", "distributed", "goodput", "report", "format", "integrations", "scale", "compare", "compat")),
+    *sorted((ROOT / "docs" / "backends").glob("*.md"))]
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 
 
