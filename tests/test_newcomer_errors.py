@@ -261,3 +261,26 @@ def test_launch_of_a_script_that_is_not_there_is_one_line(tmp_path: Path, capsys
     assert captured.err.splitlines()[-1] == f"telemetrain launch: error: argument training_script: no such file: " \
                                             f"{str(tmp_path / 'trian.py')!r}"
     assert not (tmp_path / "runs").exists()
+
+
+def test_an_output_path_that_cannot_be_is_refused_before_the_runs_are_read(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """report, compare --html and trace read the runs first (minutes on a large job), then failed on a mistyped
+    output directory; compare had printed its whole table by then, under a failing exit status."""
+    runs = []
+    for run_id in ("a", "b"):
+        t = Telemetry(identity_from_env({}, run_id=run_id, session_tag=run_id, perf_tag="job"),
+                      store=tmp_path / "runs")
+        train_empty_iterations(t, 8, batch=8, log_every=2)
+        assert t.close() and t.run_dir is not None
+        runs.append(str(t.run_dir))
+    missing = tmp_path / "no-such-dir" / "out.html"
+    expected = f"telemetrain: error: cannot write {missing}: the directory {missing.parent} does not exist\n"
+    for argv in (["report", runs[1], "-o", str(missing), "--progress"],
+                 ["compare", runs[1], "--baseline", runs[0], "--no-goodput", "--html", str(missing)],
+                 ["trace", runs[1], "-o", str(missing)]):
+        assert main(argv) == 2
+        captured = capsys.readouterr()
+        assert (captured.out, captured.err) == ("", expected), argv
+    assert main(["report", runs[1], "-o", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"telemetrain: error: cannot write {tmp_path}: Is a directory\n"

@@ -19,6 +19,7 @@ from ._version import __version__
 from .analysis import commands as analysis_commands
 from .cli_common import CLIError, fmt_value, int_at_least, quoted, resolve_run
 from .distributed import commands as launch_commands
+from .output_file import check_output
 from .report import commands as report_commands
 from .show import _cmd_show, summarize
 from .store import commands as store_commands
@@ -111,6 +112,7 @@ def _cmd_trace(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
     try:
         source = args.run_dir if args.run_dir is not None else resolve_run(None, err).parent
+        check_output(args.output)
         result = export_trace(source, args.output, max_per_name=args.max_per_name, all_metrics=args.all_metrics)
     except (OSError, NotARunError) as exc:
         raise CLIError(str(exc)) from None

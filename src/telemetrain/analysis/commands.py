@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..cli_common import CLIError, int_at_least, json_value, resolve_run
-from ..output_file import write_output
+from ..output_file import check_output, write_output
 from ..report.curves import pick_loss
 from ..report.progress import TextProgress
 from ..store.reader import NotARunError, find_runs
@@ -305,6 +305,11 @@ def _cmd_compare(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         raise CLIError(f"--resamples must be at least 100, got {args.resamples}")
     if args.history < 0:
         raise CLIError(f"--history must be >= 0, got {args.history}")
+    if args.html:
+        try:
+            check_output(args.html)
+        except OSError as exc:
+            raise CLIError(str(exc)) from None
     candidates = [resolve_run(target, err) for target in args.run_dirs]
     for n, candidate in enumerate(candidates):  # (it would be compared, and counted, twice)
         if any(candidate.resolve() == c.resolve() for c in candidates[:n]):
