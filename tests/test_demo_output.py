@@ -50,3 +50,13 @@ def test_a_planned_preemption_is_announced_and_the_broken_all_reduce_is_no_crash
     assert announced < resumed and noted < resumed
     assert "Traceback" not in proc.stderr and "Error:" not in proc.stderr
     assert "Warning:" not in proc.stderr  # neither a Python warning of ours nor torch's
+
+
+def test_a_one_rank_demo_announces_no_other_ranks(tmp_path: Path) -> None:
+    """With --nproc 1 the agent has no other rank to stop: the plan said it would send them a closing SIGTERM."""
+    proc = subprocess.run([sys.executable, "-m", "telemetrain.cli", "demo", "--nproc", "1", "--steps", "8", "--root",
+                           str(tmp_path)], capture_output=True, text=True, timeout=240, env=_env(), check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (plan,) = [line for line in proc.stdout.splitlines() if line.startswith("planned: ")]
+    assert "logs its exit (exitcode -15) and restarts the job" in plan and "other ranks" not in plan
+    assert "closing signal" not in proc.stderr  # (torchelastic has none to send)
