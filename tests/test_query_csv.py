@@ -54,3 +54,16 @@ def test_a_null_string_that_csv_would_quote_is_a_usage_error(tmp_path: Path,
     captured = capsys.readouterr()
     assert captured.out == ""
     assert "argument --null: must not hold a comma, a double quote or a line break, got 'a,b'" in captured.err
+
+
+def test_a_table_of_no_rows_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A header alone (a metric name mistyped in WHERE) read like a cut-off output."""
+    pytest.importorskip("duckdb")
+    run_dir = _synthetic_run(tmp_path, "q", loss=1.0)
+    assert main(["query", str(run_dir), "SELECT name FROM metrics WHERE name = 'los'"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.splitlines() == ["name", "----"] and captured.err == "(0 rows)\n"
+    assert main(["query", str(run_dir), "SELECT name FROM metrics WHERE name = 'loss'"]) == 0
+    assert capsys.readouterr().err == ""
+    assert main(["query", str(run_dir), "SELECT name FROM metrics WHERE name = 'los'", "--format", "csv"]) == 0
+    assert capsys.readouterr() == ("name\r\n", "")  # (csv and json stay as they are, for scripts)

@@ -131,6 +131,8 @@ def _cmd_query(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 print("  ".join("-" * w for w in widths), file=out)
     if more:
         print(f"(first {args.max_rows} rows; --max-rows 0 for all)", file=err)
+    elif not rows and args.format == "table":  # a header alone reads like a cut-off output (psql says "(0 rows)")
+        print("(0 rows)", file=err)
     return 0
 
 
