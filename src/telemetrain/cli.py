@@ -84,6 +84,10 @@ def _cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     else:
         launched = run_launched_demo(cfg, root=root, nproc=args.nproc, crash=args.crash, console=args.console,
                                      backends=backends, out=out)
+        if launched.status > 128:  # a signal (Ctrl-C): the launcher has said which, and stopped the ranks
+            where = f"; its run so far: {quoted(launched.run_dir)}" if launched.run_dir is not None else ""
+            print(f"telemetrain demo: interrupted{where}", file=err)
+            return launched.status
         if launched.run_dir is None:
             raise CLIError(f"the launched demo wrote no run under {launched.session_dir}")
         run_dir = launched.run_dir.absolute()

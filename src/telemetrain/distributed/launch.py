@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -141,8 +142,16 @@ def main(argv: Sequence[str]) -> int:
     defaults = {"TELEMETRAIN_PERF_TAG": _entry_stem(args), "TELEMETRAIN_CROSS_RANK": "1", "TELEMETRAIN_WATCHDOG": "1"}
     if int(args.max_restarts) > 0:
         defaults["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    with environment(defaults=defaults):  # the workers inherit it; a caller in-process gets its own back after
-        return _launch(args, max_nodes)
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    try:
+        with environment(defaults=defaults):  # the workers inherit it; a caller in-process gets its own back after
+            return _launch(args, max_nodes)
+    except SignalException as exc:  # Ctrl-C or a kill: torchelastic has stopped the workers; no traceback
+        name = signal.Signals(exc.sigval).name
+        print(f"telemetrain launch: stopped by {name}; the workers were stopped, the run store has the job so far",
+              file=sys.stderr)
+        return 128 + int(exc.sigval)
 
 
 def _check_sizes(parser: argparse.ArgumentParser, args: Any) -> int:
