@@ -736,6 +736,9 @@ def test_tail_refreshes_until_interrupted(tmp_path: Path) -> None:
     assert refreshes == [0.5, 0.5, 0.5]
     row = next(line for line in out.getvalue().splitlines()[::-1] if line.startswith("│    0 │"))
     assert int(row.split("│")[2]) == 59  # the last frame: the report after 60 iterations
+    # not a terminal (`telemetrain tail > log`): every frame is written as it is drawn, not the last one at exit
+    rows = [int(line.split("│")[2]) for line in out.getvalue().splitlines() if line.startswith("│    0 │")]
+    assert rows == [19, 39, 59]
     sim.finish()
 
 

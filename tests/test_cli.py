@@ -86,6 +86,11 @@ def test_default_demo_is_a_launched_two_rank_job_restarted_by_the_agent(
     # the plan said before it happens; rank 0's broken all-reduce (when it sees it first) is no traceback
     assert "[rank 1] step 24: SIGTERM (simulated preemption), as planned" in proc.stdout
     assert "Traceback" not in proc.stderr
+    # what torchelastic's agent logs on stderr is what the plan announced, nothing else
+    assert "logs its exit (exitcode -15), sends the other ranks a closing SIGTERM" in proc.stdout
+    logged = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert all("failed (exitcode: -15) local_rank: 1" in line or "closing signal SIGTERM" in line
+               for line in logged), proc.stderr
     shown = _run_cli("show", str(run_dir))
     assert shown.returncode == 0, shown.stderr
     assert re.search(r"goodput +\d+\.\d% of .* productive \(40 iterations kept, [1-9]\d* lost\) over 2 run\(s\)",

@@ -4,8 +4,10 @@ expected failure looks like a crash, and a torch without numpy does not warn."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -50,3 +52,31 @@ def test_a_planned_preemption_is_announced_and_the_broken_all_reduce_is_no_crash
     assert announced < resumed and noted < resumed
     assert "Traceback" not in proc.stderr and "Error:" not in proc.stderr
     assert "Warning:" not in proc.stderr  # neither a Python warning of ours nor torch's
+
+
+def test_a_one_rank_demo_announces_no_other_ranks(tmp_path: Path) -> None:
+    """With --nproc 1 the agent has no other rank to stop: the plan said it would send them a closing SIGTERM."""
+    proc = subprocess.run([sys.executable, "-m", "telemetrain.cli", "demo", "--nproc", "1", "--steps", "8", "--root",
+                           str(tmp_path)], capture_output=True, text=True, timeout=240, env=_env(), check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (plan,) = [line for line in proc.stdout.splitlines() if line.startswith("planned: ")]
+    assert "logs its exit (exitcode -15) and restarts the job" in plan and "other ranks" not in plan
+    assert "closing signal" not in proc.stderr  # (torchelastic has none to send)
+
+
+def test_ctrl_c_stops_the_demo_without_a_traceback(tmp_path: Path) -> None:
+    """Ctrl-C reaches the agent and every rank (one process group): the agent raised torchelastic's SignalException
+    and each rank its KeyboardInterrupt, all as tracebacks."""
+    proc = subprocess.Popen([sys.executable, "-m", "telemetrain.cli", "demo", "--root", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+                            start_new_session=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:  # the job started: the ranks are loading torch or training
+        if line.startswith("planned: "):
+            break
+    time.sleep(2)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGINT, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert "telemetrain launch: stopped by SIGINT" in err and "telemetrain demo: interrupted" in err

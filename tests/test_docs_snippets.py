@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import json
 import os
 import re
 import subprocess
@@ -17,7 +18,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDES = [ROOT / "README.md", *(ROOT / "docs" / f"{n}.md" for n in (
-    "training", "system", "distributed", "goodput", "report", "format", "integrations", "scale"))]
+    "training", "system", "distributed", "goodput", "report", "format", "integrations", "scale", "compare", "compat")),
+    *sorted((ROOT / "docs" / "backends").glob("*.md"))]
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 
 
@@ -260,3 +262,25 @@ def test_the_bridge_and_sampler_snippets_run(tmp_path: Path) -> None:
     text = "".join(f.read_text() for f in run.parent.glob("rank-*.jsonl"))
     assert '"name":"batches"' in text and '"name":"ckpt"' in text
     assert text.count('"name":"system.sampler.start"') == 1 and '"name":"system.sampler.stop"' in text
+
+
+def test_the_query_examples_return_rows_on_the_demos_run(
+        launched_demo: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    """A newcomer pastes README's query and format.md's cookbook onto the demo's run: each must find rows there, not
+    an empty table (they named a loss 'loss' the demo does not write: its series is train.loss)."""
+    pytest.importorskip("duckdb")
+    from telemetrain.store.reader import find_runs
+
+    root, proc = launched_demo
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    first = find_runs(root)[0]  # the preempted attempt: windows, a loss, and a span that did not end ok
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    (example,) = re.findall(r'^telemetrain query RUN_DIR "(.*)"$', readme, re.M)
+    cookbook = FENCE.findall((ROOT / "docs" / "format.md").read_text(encoding="utf-8"))
+    queries = [example, *(code for lang, code in cookbook if lang == "sql")]
+    assert len(queries) == 5
+    for sql in queries:
+        out = subprocess.run([sys.executable, "-m", "telemetrain.cli", "query", str(first), sql, "--format", "json"],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout), f"no rows on the demo's run: {sql}"

@@ -211,3 +211,76 @@ def test_demo_with_a_trace_path_it_cannot_write_fails_before_training(
     assert captured.out == ""
     assert captured.err == f"telemetrain: error: cannot write {target}: the directory {target.parent} does not exist\n"
     assert find_runs(tmp_path / "runs") == []  # nothing trained
+
+
+def test_compare_passes_over_a_run_that_died_before_its_first_record(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """A launch that failed at start leaves run.json alone; as the newest run of the perf_tag it was picked as the
+    baseline, and as history it failed every compare of that perf_tag: 'holds no process files'."""
+    runs = []
+    for run_id in ("a", "b", "c"):
+        t = Telemetry(identity_from_env({}, run_id=run_id, session_tag=run_id, perf_tag="job"),
+                      store=tmp_path / "runs")
+        train_empty_iterations(t, 8, batch=8, log_every=2)
+        assert t.close() and t.run_dir is not None
+        runs.append(t.run_dir)
+    dead = tmp_path / "runs" / "d" / "d"
+    dead.mkdir(parents=True)
+    (dead / "run.json").write_bytes((runs[2] / "run.json").read_bytes())  # as new as the newest
+    assert main(["compare", str(runs[2]), "--no-goodput", "--json"]) == 0
+    assert f"baseline: {runs[1]} (newest other run" in capsys.readouterr().err
+    assert main(["compare", str(runs[2]), "--baseline", str(runs[1]), "--no-goodput", "--json"]) == 0
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--nproc-per-node", "x"], "argument --nproc-per-node: Unsupported nproc_per_node value: x"),
+    (["--nproc-per-node", "0"], "argument --nproc-per-node: expected a number >= 1, or auto, cpu, gpu, got 0"),
+    (["--nnodes", "x"], "argument --nnodes: expected N or MIN:MAX, got 'x'"),
+    (["--nnodes", "2:1"], "argument --nnodes: expected 0 < MIN <= MAX, got '2:1'"),
+])
+def test_launch_with_a_bad_size_is_a_usage_error(flags: list[str], message: str, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """torchrun raised a traceback (a ValueError, or a bare AssertionError for 0) for these; nothing is started."""
+    pytest.importorskip("torch")
+    script = tmp_path / "train.py"
+    script.write_text("raise SystemExit('must not run')\n")
+    assert main(["launch", *flags, str(script)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.splitlines()[-1] == f"telemetrain launch: error: {message}"
+    assert "Traceback" not in captured.err
+
+
+def test_launch_of_a_script_that_is_not_there_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not each worker's "can't open file", torchrun's 20-line failure banner and a failed job in the run store."""
+    pytest.importorskip("torch")
+    monkeypatch.setenv("TELEMETRAIN_DIR", str(tmp_path / "runs"))
+    assert main(["launch", "--nproc-per-node", "1", str(tmp_path / "trian.py")]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.splitlines()[-1] == f"telemetrain launch: error: argument training_script: no such file: " \
+                                            f"{str(tmp_path / 'trian.py')!r}"
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_output_path_that_cannot_be_is_refused_before_the_runs_are_read(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """report, compare --html and trace read the runs first (minutes on a large job), then failed on a mistyped
+    output directory; compare had printed its whole table by then, under a failing exit status."""
+    runs = []
+    for run_id in ("a", "b"):
+        t = Telemetry(identity_from_env({}, run_id=run_id, session_tag=run_id, perf_tag="job"),
+                      store=tmp_path / "runs")
+        train_empty_iterations(t, 8, batch=8, log_every=2)
+        assert t.close() and t.run_dir is not None
+        runs.append(str(t.run_dir))
+    missing = tmp_path / "no-such-dir" / "out.html"
+    expected = f"telemetrain: error: cannot write {missing}: the directory {missing.parent} does not exist\n"
+    for argv in (["report", runs[1], "-o", str(missing), "--progress"],
+                 ["compare", runs[1], "--baseline", runs[0], "--no-goodput", "--html", str(missing)],
+                 ["trace", runs[1], "-o", str(missing)]):
+        assert main(argv) == 2
+        captured = capsys.readouterr()
+        assert (captured.out, captured.err) == ("", expected), argv
+    assert main(["report", runs[1], "-o", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"telemetrain: error: cannot write {tmp_path}: Is a directory\n"

@@ -853,8 +853,8 @@ def test_show_summarises_cpu_memory_gpus_and_run_energy(tmp_path: Path) -> None:
     assert re.search(r"mean [\d.]+ [KMG]iB +max [\d.]+ [KMG]iB of [\d.]+ GiB", row(host, "memory"))
     assert "used max" in row(host, "filesystem /")
     process = row(f"rank 0 pid {os.getpid()}", "process")
-    assert re.search(r"rss max [\d.]+ MiB, with descendants max [\d.]+ MiB \(\d+ at most\); cpu mean [\d.]+% = "
-                     r"[\d.]+ cores", process), process
+    assert re.search(r"rss max [\d.]+ MiB, with descendants max [\d.]+ MiB \(\d+ descendant process\(es\) at most\); "
+                     r"cpu mean [\d.]+% = [\d.]+ cores", process), process
     assert row(host, "gpu 0").endswith("util mean 75% max 100%")
     assert "energy      5,400,000.0 J = 1.5 kWh from 2 GPU(s)" in text
     assert "1 energy counter" in text and "1 integrated from power" in text

@@ -19,6 +19,7 @@ from ._version import __version__
 from .analysis import commands as analysis_commands
 from .cli_common import CLIError, fmt_value, int_at_least, quoted, resolve_run
 from .distributed import commands as launch_commands
+from .output_file import check_output
 from .report import commands as report_commands
 from .show import _cmd_show, summarize
 from .store import commands as store_commands
@@ -83,6 +84,10 @@ def _cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     else:
         launched = run_launched_demo(cfg, root=root, nproc=args.nproc, crash=args.crash, console=args.console,
                                      backends=backends, out=out)
+        if launched.status > 128:  # a signal (Ctrl-C): the launcher has said which, and stopped the ranks
+            where = f"; its run so far: {quoted(launched.run_dir)}" if launched.run_dir is not None else ""
+            print(f"telemetrain demo: interrupted{where}", file=err)
+            return launched.status
         if launched.run_dir is None:
             raise CLIError(f"the launched demo wrote no run under {launched.session_dir}")
         run_dir = launched.run_dir.absolute()
@@ -111,6 +116,7 @@ def _cmd_trace(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
     try:
         source = args.run_dir if args.run_dir is not None else resolve_run(None, err).parent
+        check_output(args.output)
         result = export_trace(source, args.output, max_per_name=args.max_per_name, all_metrics=args.all_metrics)
     except (OSError, NotARunError) as exc:
         raise CLIError(str(exc)) from None
@@ -246,6 +252,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except CLIError as exc:
             print(f"telemetrain: error: {printable(str(exc))}", file=sys.stderr)
             return 2
+        except SystemExit as exc:  # torchrun's parser: --help, usage errors (it has printed them)
+            return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     parser = build_parser()
     try:
         args, stray = parser.parse_known_args(argv)

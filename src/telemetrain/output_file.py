@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
-__all__ = ["OutputFileError", "atomic_output", "write_output"]
+__all__ = ["OutputFileError", "atomic_output", "check_output", "write_output"]
 
 
 class OutputFileError(OSError):
@@ -22,14 +22,24 @@ def _reason(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
-@contextlib.contextmanager
-def atomic_output(path: str | os.PathLike[str]) -> Iterator[TextIO]:
-    """A text stream whose content becomes ``path`` when the ``with`` block ends without an exception."""
+def check_output(path: str | os.PathLike[str]) -> None:
+    """Raise the OutputFileError writing ``path`` would end with, where it can be told now: a command checks its
+    output path before it reads runs for minutes, not after."""
     target = Path(path)
     parent = target.parent
     if not parent.is_dir():
         why = "is not a directory" if parent.exists() else "does not exist"
         raise OutputFileError(f"cannot write {target}: the directory {parent} {why}")
+    if target.is_dir():
+        raise OutputFileError(f"cannot write {target}: Is a directory")
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike[str]) -> Iterator[TextIO]:
+    """A text stream whose content becomes ``path`` when the ``with`` block ends without an exception."""
+    target = Path(path)
+    parent = target.parent
+    check_output(target)
     tmp = parent / f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     try:
         # 0o666 and the umask, as open() gives a new file (mkstemp's 0600 would hide the page from a web server)

@@ -113,7 +113,7 @@ def _system_rows(who: str, group: str, m: dict[str, Any], n_cpu: Any) -> list[tu
             if m.get("process.tree.memory.usage"):
                 children = top(m["process.children.count"]) if m.get("process.children.count") else 0
                 text += (f", with descendants max {_iec(top(m['process.tree.memory.usage']))} "
-                         f"({children:.0f} at most)")
+                         f"({children:.0f} descendant process(es) at most)")
             for label, name in (("cpu", "process.cpu.utilization"),
                                 ("with descendants", "process.tree.cpu.utilization")):
                 if m.get(name):

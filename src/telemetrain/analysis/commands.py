@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..cli_common import CLIError, int_at_least, json_value, resolve_run
-from ..output_file import write_output
+from ..output_file import check_output, write_output
 from ..report.curves import pick_loss
 from ..report.progress import TextProgress
 from ..store.reader import NotARunError, find_runs
@@ -233,11 +233,21 @@ def _is_baseline(path: Path) -> bool:
     return False
 
 
+def _has_workers(run: Path) -> bool:
+    """Whether a training process wrote a file in ``run``: a job that died before its first record leaves its
+    run.json alone, which has nothing to compare (and, picked as a baseline or read as history, failed the compare)."""
+    try:
+        return any(p.name.startswith("rank-") and p.name.endswith(".jsonl") for p in run.iterdir())
+    except OSError:
+        return False
+
+
 def _same_tag(tag: str, root: Path, exclude: set[Path]) -> list[Path]:
-    """The runs under ``root`` with ``tag``, newest first, but those in ``exclude``."""
+    """The runs under ``root`` with ``tag`` and a training process's file, newest first, but those in ``exclude``."""
     if not root.is_dir():
         raise CLIError(f"no such directory: {root} (where to look for a baseline with perf_tag {tag!r})")
-    return [p for p in reversed(find_runs(root)) if p.resolve() not in exclude and _perf_tag_of(p) == tag]
+    return [p for p in reversed(find_runs(root))
+            if p.resolve() not in exclude and _perf_tag_of(p) == tag and _has_workers(p)]
 
 
 def _find_baselines(tag: str, root: Path, exclude: set[Path], count: int) -> list[tuple[Path, str]]:
@@ -295,6 +305,11 @@ def _cmd_compare(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         raise CLIError(f"--resamples must be at least 100, got {args.resamples}")
     if args.history < 0:
         raise CLIError(f"--history must be >= 0, got {args.history}")
+    if args.html:
+        try:
+            check_output(args.html)
+        except OSError as exc:
+            raise CLIError(str(exc)) from None
     candidates = [resolve_run(target, err) for target in args.run_dirs]
     for n, candidate in enumerate(candidates):  # (it would be compared, and counted, twice)
         if any(candidate.resolve() == c.resolve() for c in candidates[:n]):

@@ -449,7 +449,8 @@ def _outliers(ranks: list[RankState]) -> Callable[[RankState], bool]:
 def run_tail(path: Path, out: TextIO, *, interval: float, once: bool,
              sleep: Callable[[float], None] = time.sleep, loss: str | None = None) -> int:
     """Draw the view of ``path`` on ``out``: one frame with ``once``, else refreshed every ``interval`` seconds until
-    interrupted; ``loss``: the metric the loss sparkline shows (default: picked by name)."""
+    interrupted (on a file or a pipe, one frame after the other); ``loss``: the metric the loss sparkline shows
+    (default: picked by name)."""
     from rich.console import Console
     from rich.live import Live
 
@@ -467,6 +468,16 @@ def run_tail(path: Path, out: TextIO, *, interval: float, once: bool,
         Console(file=out, width=120).print(render(state))
         return 0
     console = Console(file=out)
+    if not console.is_terminal:  # (rich's Live draws a file or a pipe once, at exit: `tail > log` stayed empty)
+        console = Console(file=out, width=120)
+        try:
+            while True:
+                console.print(render(state))
+                out.flush()
+                sleep(interval)
+                state.poll()
+        except KeyboardInterrupt:
+            return 0
     try:
         with Live(render(state), console=console, auto_refresh=False, transient=False) as live:
             while True:

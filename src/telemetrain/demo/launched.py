@@ -52,8 +52,10 @@ def run_launched_demo(
         argv += ["--mlflow", backends.mlflow]
     print(f"telemetrain launch --nproc-per-node {nproc}: job {job}, {nproc} gloo rank(s) on this CPU", file=out)
     if fail_at is not None:  # said before it happens, so that what the agent logs then reads as planned
+        others = ", sends the other ranks a closing SIGTERM" if nproc > 1 else ""
         print(f"planned: rank {nproc - 1} will be preempted (SIGTERM) at step {fail_at}, as a scheduler would; the "
-              "elastic agent logs its exit and restarts the job, which resumes from the last checkpoint", file=out)
+              f"elastic agent logs its exit (exitcode -15){others} and restarts the job, which resumes from the last "
+              "checkpoint", file=out)
     out.flush()
     sys.stdout.flush()
     # the agent's own store beside the workers'; torchrun's default thread count for workers, without its warning

@@ -17,14 +17,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..store.reader import find_runs
-from .backends import Backends
-from .session import _demo_identity, _run
-from .train import CHECKPOINT_NAME, DemoConfig
 
 __all__ = ["main"]
 
 
 def _latest_checkpoint(session_dir: Path, this_run: Path) -> Path | None:
+    from .train import CHECKPOINT_NAME
+
     earlier = [run for run in find_runs(session_dir) if run != this_run and (run / CHECKPOINT_NAME).exists()]
     if not earlier:
         return None
@@ -49,9 +48,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tensorboard")
     parser.add_argument("--mlflow")
     args = parser.parse_args(argv)
-    import torch.distributed as dist  # here: .train imported torch first, without its numpy warning
+    # here, not at import: a Ctrl-C while torch loads is then this rank's one line (below), not a traceback
+    from .backends import Backends
+    from .session import _demo_identity, _run
+    from .train import DemoConfig
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    import torch.distributed as dist  # here: .train imported torch first, without its numpy warning
+
     if world > 1:
         dist.init_process_group("gloo")
     identity = _demo_identity()
@@ -85,4 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except KeyboardInterrupt:  # Ctrl-C reaches every rank of the terminal's job: the agent says it once
+        raise SystemExit(130) from None

@@ -24,8 +24,10 @@ agent, with no rendezvous of our own -- after three changes in the agent process
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
+import signal
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -135,13 +137,45 @@ def main(argv: Sequence[str]) -> int:
         "event naming the ranks stuck elsewhere than the others) and, with --max-restarts above 0, "
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (a restarted worker must not read the dead attempt's addresses).")
     args = parser.parse_args(list(argv))
-    _, max_nodes = torchrun.parse_min_max_nnodes(args.nnodes)
+    max_nodes = _check_sizes(parser, args)
     _choose_rendezvous(args, max_nodes)
     defaults = {"TELEMETRAIN_PERF_TAG": _entry_stem(args), "TELEMETRAIN_CROSS_RANK": "1", "TELEMETRAIN_WATCHDOG": "1"}
     if int(args.max_restarts) > 0:
         defaults["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    with environment(defaults=defaults):  # the workers inherit it; a caller in-process gets its own back after
-        return _launch(args, max_nodes)
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    try:
+        with environment(defaults=defaults):  # the workers inherit it; a caller in-process gets its own back after
+            return _launch(args, max_nodes)
+    except SignalException as exc:  # Ctrl-C or a kill: torchelastic has stopped the workers; no traceback
+        name = signal.Signals(exc.sigval).name
+        print(f"telemetrain launch: stopped by {name}; the workers were stopped, the run store has the job so far",
+              file=sys.stderr)
+        return 128 + int(exc.sigval)
+
+
+def _check_sizes(parser: argparse.ArgumentParser, args: Any) -> int:
+    """--nnodes and --nproc-per-node as torchrun reads them, a usage error naming the flag where torchrun would
+    raise a traceback (a ValueError, or a bare AssertionError for 0), and a script that is not there; the maximum
+    number of nodes."""
+    from torch.distributed import run as torchrun
+
+    try:
+        min_nodes, max_nodes = torchrun.parse_min_max_nnodes(args.nnodes)
+    except (ValueError, RuntimeError):
+        parser.error(f"argument --nnodes: expected N or MIN:MAX, got {args.nnodes!r}")
+    if not 0 < min_nodes <= max_nodes:
+        parser.error(f"argument --nnodes: expected 0 < MIN <= MAX, got {args.nnodes!r}")
+    try:
+        nproc = torchrun.determine_local_world_size(args.nproc_per_node)
+    except ValueError as exc:
+        parser.error(f"argument --nproc-per-node: {exc}")
+    if nproc < 1:
+        parser.error(f"argument --nproc-per-node: expected a number >= 1, or auto, cpu, gpu, got {nproc}")
+    if not args.module and not args.no_python and not os.path.isfile(args.training_script):
+        # else each worker's python says it, then torchrun's failure banner: 20 lines, and a failed job in the store
+        parser.error(f"argument training_script: no such file: {args.training_script!r}")
+    return int(max_nodes)
 
 
 def _record_failures(telemetry: Telemetry, failures: Mapping[int, Any]) -> None:

@@ -6,6 +6,7 @@ import argparse
 from typing import Any, TextIO
 
 from ..cli_common import CLIError, resolve_run
+from ..output_file import check_output
 from ..store.reader import NotARunError
 from ..text import printable
 
@@ -40,6 +41,10 @@ def _cmd_report(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from .progress import TextProgress
 
     path = resolve_run(args.run_dir, err)
+    try:
+        check_output(args.output)
+    except OSError as exc:
+        raise CLIError(str(exc)) from None
     show = args.progress if args.progress is not None else bool(getattr(err, "isatty", lambda: False)())
     bar = TextProgress(err) if show else None
     try:

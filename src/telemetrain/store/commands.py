@@ -35,6 +35,10 @@ def register(sub: Any) -> None:
                        help="output format (default: %(default)s)")
     query.add_argument("--max-rows", type=_row_limit, default=1000, metavar="N",
                        help="print at most N rows (default: %(default)s; 0: all)")
+    query.add_argument("--null", type=_null_string, metavar="STR",
+                       help="how csv and table output write SQL NULL (default: csv an empty field, table NULL); a "
+                       "string equal to it is quoted in csv, so that the two stay distinct (an empty string is "
+                       "written \"\"), as DuckDB's COPY and PostgreSQL's CSV do; json writes null")
     query.set_defaults(run=_cmd_query)
 
     compact = sub.add_parser(
@@ -58,12 +62,30 @@ def register(sub: Any) -> None:
 _row_limit = int_at_least(0, "0: all rows")  # --max-rows: a negative number (a typo) must not mean all too
 
 
-def _cell(value: Any) -> str:
+def _null_string(text: str) -> str:
+    """An argparse ``type`` for --null: written unquoted in csv, it must not hold what would need quoting."""
+    if any(c in text for c in ',"\r\n'):
+        raise argparse.ArgumentTypeError(f"must not hold a comma, a double quote or a line break, got {text!r}")
+    return text
+
+
+def _cell(value: Any, null: str = "NULL") -> str:
     if value is None:
-        return "NULL"
+        return null
     if isinstance(value, float):
         return repr(value) if math.isfinite(value) else str(value)
     return str(value)
+
+
+def _csv_field(value: Any, null: str) -> str:
+    """One RFC 4180 field: NULL as ``null`` unquoted, and any text equal to ``null`` quoted (Python's csv module
+    cannot quote one field alone), so that a reader told the null string tells the two apart."""
+    if value is None:
+        return null
+    text = _cell(value)
+    if text == null or any(c in text for c in ',"\r\n'):
+        return '"' + text.replace('"', '""') + '"'
+    return text
 
 
 def _cmd_query(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -96,13 +118,12 @@ def _cmd_query(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         rows_out = [{name: json_value(v) for name, v in zip(names, r, strict=True)} for r in rows]
         print(json.dumps(rows_out, default=str, allow_nan=False), file=out)
     elif args.format == "csv":
-        import csv
-
-        writer = csv.writer(out)
-        writer.writerow(names)
-        writer.writerows([[_cell(v) for v in r] for r in rows])
+        null = "" if args.null is None else args.null
+        for line in [names, *rows]:
+            out.write(",".join(_csv_field(v, null) for v in line) + "\r\n")
     else:
-        cells = [names] + [[printable(_cell(v)) for v in r] for r in rows]
+        null = "NULL" if args.null is None else args.null
+        cells = [names] + [[printable(_cell(v, null)) for v in r] for r in rows]
         widths = [max(len(c[i]) for c in cells) for i in range(len(names))]
         for n, line in enumerate(cells):
             print("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip(), file=out)
@@ -110,6 +131,8 @@ def _cmd_query(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 print("  ".join("-" * w for w in widths), file=out)
     if more:
         print(f"(first {args.max_rows} rows; --max-rows 0 for all)", file=err)
+    elif not rows and args.format == "table":  # a header alone reads like a cut-off output (psql says "(0 rows)")
+        print("(0 rows)", file=err)
     return 0
 
 
