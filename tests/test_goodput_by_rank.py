@@ -106,3 +106,32 @@ def test_by_rank_loads_each_batch_once_by_sql_with_energy(session: Path, batch_r
     loads = [q for q in queries if "count(*), min(line), max(line)" in q]  # one a ``load_rank`` that reads rows
     # the four short ranks together: loaded once; a rank at a time: once for the energy, once for the reports
     assert len(loads) == (1 if batch_rows > 5 else 2 * 4)
+
+
+@pytest.mark.parametrize("engine", ["python", "duckdb"])
+def test_the_cli_reads_the_session_once_with_by_rank(session: Path, engine: str, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """``goodput --by-rank`` read (and converted) the session twice: once for the chosen rank, once for every rank.
+    Its top report is the chosen rank's all the same, and a rank without records gets goodput's own error."""
+    from telemetrain import cli
+
+    monkeypatch.setenv("TELEMETRAIN_ENGINE", engine)
+    module = sys.modules["telemetrain.training.goodput"]
+    load = module._load
+    loads: list[Any] = []
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        loads.append(args)
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(module, "_load", counted)
+    assert cli.main(["goodput", str(session), "--rank", "2", "--json"]) == 0
+    alone = json.loads(capsys.readouterr().out)
+    loads.clear()
+    assert cli.main(["goodput", str(session), "--rank", "2", "--by-rank", "--json"]) == 0
+    both = json.loads(capsys.readouterr().out)
+    assert len(loads) == 1
+    by_rank = both.pop("by_rank")
+    assert both == alone == by_rank["2"] and sorted(by_rank) == ["0", "1", "2", "3"]
+    assert cli.main(["goodput", str(session), "--rank", "9", "--by-rank"]) == 2
+    assert "rank 9 wrote no training lifecycle record" in capsys.readouterr().err
