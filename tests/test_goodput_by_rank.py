@@ -135,3 +135,27 @@ def test_the_cli_reads_the_session_once_with_by_rank(session: Path, engine: str,
     assert both == alone == by_rank["2"] and sorted(by_rank) == ["0", "1", "2", "3"]
     assert cli.main(["goodput", str(session), "--rank", "9", "--by-rank"]) == 2
     assert "rank 9 wrote no training lifecycle record" in capsys.readouterr().err
+
+
+def test_the_by_rank_json_is_written_a_rank_at_a_time_as_one_document(session: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """The text is exactly one ``json.dumps`` of the whole (written a rank at a time: the whole at 2,048 ranks held
+    ~1 GiB)."""
+    from telemetrain import cli
+    from telemetrain.cli_common import json_value
+
+    dumps = json.dumps
+    whole: list[bool] = []
+
+    def watched(obj: Any, **kwargs: Any) -> str:
+        whole.append(isinstance(obj, dict) and "by_rank" in obj)
+        return dumps(obj, **kwargs)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(json, "dumps", watched)
+        assert cli.main(["goodput", str(session), "--by-rank", "--json"]) == 0
+    text = capsys.readouterr().out
+    assert whole and not any(whole)  # never the whole document as one object
+    data = goodput(session).as_dict()
+    data["by_rank"] = {str(rank): r.as_dict() for rank, r in goodput_by_rank(session).items()}
+    assert text == json.dumps(json_value(data), indent=2, allow_nan=False) + "\n"
