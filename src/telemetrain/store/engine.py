@@ -165,7 +165,11 @@ class Engine:
         self._progress = progress
         self._tmp = tempfile.TemporaryDirectory(prefix="telemetrain-duckdb-")
         self.threads = threads
-        self.con = connect(memory_limit=memory or memory_limit(READER_MEMORY), threads=threads)
+        limit = memory or memory_limit(READER_MEMORY)
+        # the JSONL is converted under the readers' limit whatever the queries get afterwards (a user's query: 512
+        # MB): converting thousands of small files under 512 MB held ~100 MiB more at the peak, no faster
+        building = _smaller(limit, memory_limit(READER_MEMORY))
+        self.con = connect(memory_limit=building, threads=threads)
         self.con.execute(f"SET temp_directory = '{self._tmp.name}'")
         flush_freed_in_queries(self.con)
         _no_file_cache(self.con)
@@ -189,6 +193,8 @@ class Engine:
         self._locked = False
         create_tail_tables(self.con)
         self.add_runs(run_dirs)
+        if building != limit:
+            self.con.execute(f"SET memory_limit = '{limit}'")
         self._progress = None  # runs added later (a session's, for goodput) are not part of the bar
 
     # -- building ------------------------------------------------------------------------------------------------
@@ -451,6 +457,21 @@ class Engine:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?)B?\s*", re.IGNORECASE)
+
+
+def _smaller(a: str, b: str) -> str:
+    """The smaller of two DuckDB memory sizes ("512MB", "1GiB"); ``a`` when either is not such a size."""
+    sizes = []
+    for text in (a, b):
+        m = _SIZE.fullmatch(text)
+        if m is None:
+            return a
+        base = 1024 if m.group(3) else 1000
+        sizes.append(float(m.group(1)) * base ** " KMGT".index(m.group(2).upper()) if m.group(2) else float(m.group(1)))
+    return b if sizes[1] < sizes[0] else a
 
 
 def _size(path: Path) -> int:

@@ -246,11 +246,49 @@ def _sweep(intervals: list[tuple[int, int, int, object]], start: int, end: int) 
     return totals
 
 
-def _report(session: _Session, rank: int) -> GoodputReport:
+@dataclass
+class _Shared:
+    """What every rank's report reads of the whole session, gathered once for ``goodput_by_rank``: each report
+    walking every process of the session made thousands of ranks cost ~ranks^2."""
+
+    ranks: tuple[int, ...]
+    slots: dict[int, list[tuple[int, int]]]  # rank -> (run index, position in its run's processes), session order
+    run_saves: list[list[_Save]]
+    run_ranks: list[tuple[int, ...]]  # each run's ``Run.ranks`` (a sort of its processes per call)
+    batches: list[list[int]]  # the ranks as ``load_rank`` loads them together (SQL), or all in one (Python)
+    energy: EnergyAccount | None
+
+
+def _slots(session: _Session) -> dict[int, list[tuple[int, int]]]:
+    """rank -> (run index, position in the run's processes) of each of its processes, in session order."""
+    slots: dict[int, list[tuple[int, int]]] = {}
+    for i, d in enumerate(session.runs):
+        for n, p in enumerate(d.processes):
+            slots.setdefault(p.rank, []).append((i, n))
+    return slots
+
+
+def _shared(session: _Session) -> _Shared:
+    slots = _slots(session)
+    run_saves = [[s for p in d.processes for s in p.saves] for d in session.runs]
+    ranks = sorted(slots)
+    batches = session.rank_batches(ranks) if session.rank_batches is not None else [ranks]
+    # the job's energy, not one rank's: one account (on the SQL path it loads each batch once, not every rank once
+    # per report)
+    energy = _energy(session, run_saves, None, slots, batches)
+    return _Shared(tuple(ranks), slots, run_saves, [tuple(d.run.ranks) for d in session.runs], batches, energy)
+
+
+def _report(session: _Session, rank: int, shared: _Shared | None = None) -> GoodputReport:
     if session.load_rank is not None:
         session.load_rank(session, rank)
-    ranks = sorted({p.rank for d in session.runs for p in d.processes})
-    processes = [p for d in session.runs for p in d.processes if p.rank == rank and p.first_ns is not None]
+    if shared is None:
+        ranks: Sequence[int] = sorted({p.rank for d in session.runs for p in d.processes})
+        processes = [p for d in session.runs for p in d.processes if p.rank == rank and p.first_ns is not None]
+    else:  # (the processes themselves are read now: ``load_rank`` replaced the rank's light ones by whole ones)
+        ranks = shared.ranks
+        processes = [p for i, n in shared.slots.get(rank, ()) if (p := session.runs[i].processes[n]).first_ns
+                     is not None]
     if not processes:
         from ..analysis.findings.fmt import ranges  # (a formatting helper of the readers': ``0..1023``)
 
@@ -259,7 +297,8 @@ def _report(session: _Session, rank: int) -> GoodputReport:
             f"{ranges([p.rank for d in session.runs for p in d.processes if p.first_ns]) or 'none'})"
         )
     notes = list(session.notes)
-    run_saves = [[s for p in d.processes for s in p.saves] for d in session.runs]
+    run_saves = shared.run_saves if shared is not None else \
+        [[s for p in d.processes for s in p.saves] for d in session.runs]
     loops = sorted(((loop, p) for p in processes for loop in p.loops), key=lambda lp: lp[0].span.start_ns)
     figures: list[_Figures] = []
     for i, (loop, p) in enumerate(loops):
@@ -343,7 +382,7 @@ def _report(session: _Session, rank: int) -> GoodputReport:
             run_id=d.run.run_id,
             restart_order=i,
             restart_count=restart_count if isinstance(restart_count, int) else None,
-            ranks=tuple(d.run.ranks),
+            ranks=shared.run_ranks[i] if shared is not None else tuple(d.run.ranks),
             status=status,
             finished=status == "finished",
             start_time_sec=d.first_ns / 1e9 if d.first_ns is not None else None,
@@ -369,7 +408,7 @@ def _report(session: _Session, rank: int) -> GoodputReport:
     if any(len(p.loops) > 1 for p in processes):
         notes.append("a process ran several training loops: each is counted on its own")
     wall = (session.end_ns - session.start_ns) / 1e9
-    energy = _energy(session, run_saves, rank)
+    energy = shared.energy if shared is not None else _energy(session, run_saves, rank)
     return GoodputReport(
         session_tag=session.tag,
         session_dir=str(session.path),
@@ -390,25 +429,34 @@ def _report(session: _Session, rank: int) -> GoodputReport:
     )
 
 
-def _energy(session: _Session, run_saves: list[list[_Save]], reported: int) -> EnergyAccount | None:
+def _energy(session: _Session, run_saves: list[list[_Save]], reported: int | None,
+            slots: Mapping[int, list[tuple[int, int]]] | None = None,
+            batches: Sequence[Sequence[int]] | None = None) -> EnergyAccount | None:
     """Every rank's loops, kept and lost as goodput counts them (energy is the job's, not one rank's). On the SQL
-    path (one rank's lifecycle in memory at a time) each rank is loaded in turn when the reports carry energy, then
-    ``reported`` (the rank being reported) again; the windows kept are those with energy's figures."""
+    path (a batch of ranks' lifecycles in memory at a time) each batch is loaded in turn when the reports carry
+    energy, then ``reported`` (the rank being reported, if any) again; the windows kept are those with energy's
+    figures."""
     if session.load_rank is not None and not session.energy:
         return None
     loops = []
-    for rank in sorted({p.rank for d in session.runs for p in d.processes}):
+    if slots is None:
+        slots = _slots(session)
+    if batches is None:
+        batches = session.rank_batches(sorted(slots)) if session.rank_batches is not None else [sorted(slots)]
+    for batch in batches:  # (consecutive ranks: the loops in rank order)
         if session.load_rank is not None:
-            session.load_rank(session, rank)
-        mine = sorted(((loop, p) for d in session.runs for p in d.processes if p.rank == rank for loop in p.loops),
-                      key=lambda lp: lp[0].span.start_ns)
-        if not any(w.energy_J is not None for loop, _ in mine for w in loop.windows):
-            continue
-        for i, (loop, p) in enumerate(mine):
-            later = [other.start for other, _ in mine[i + 1:]]
-            f = _figures(loop, p, run_saves[p.run], min(later) if later else None)
-            loops.append((session.runs[p.run].run.run_id, p.run, loop.windows, f.start, f.kept, f.end))
-    if session.load_rank is not None:
+            session.load_rank(session, batch)
+        for rank in batch:
+            # (read after ``load_rank``: it replaced the rank's light processes by whole ones)
+            procs = [session.runs[i].processes[n] for i, n in slots[rank]]
+            mine = sorted(((loop, p) for p in procs for loop in p.loops), key=lambda lp: lp[0].span.start_ns)
+            if not any(w.energy_J is not None for loop, _ in mine for w in loop.windows):
+                continue
+            for i, (loop, p) in enumerate(mine):
+                later = [other.start for other, _ in mine[i + 1:]]
+                f = _figures(loop, p, run_saves[p.run], min(later) if later else None)
+                loops.append((session.runs[p.run].run.run_id, p.run, loop.windows, f.start, f.kept, f.end))
+    if session.load_rank is not None and reported is not None:
         session.load_rank(session, reported)
     return energy_account(loops, [d.run.run_id for d in session.runs])
 
@@ -442,10 +490,12 @@ def goodput_by_rank(session_dir: str | os.PathLike[str], *, engine: Any = None) 
     """``goodput`` for every rank that wrote training lifecycle records in the session (the store is read once)."""
     session = _load(session_dir, engine=engine)
     ranks = sorted({p.rank for d in session.runs for p in d.processes if p.first_ns is not None})
+    shared = _shared(session)
     if session.load_rank is None or session.rank_batches is None:
-        return {rank: _report(session, rank) for rank in ranks}
+        return {rank: _report(session, rank, shared) for rank in ranks}
     out: dict[int, GoodputReport] = {}
-    for batch in session.rank_batches(ranks):  # by SQL: short ranks loaded together (a query a batch)
+    wanted = set(ranks)
+    for batch in shared.batches:  # by SQL: short ranks loaded together (a query a batch)
         session.load_rank(session, batch)
-        out.update((rank, _report(session, rank)) for rank in batch)
+        out.update((rank, _report(session, rank, shared)) for rank in batch if rank in wanted)
     return out
