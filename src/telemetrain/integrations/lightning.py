@@ -21,6 +21,8 @@ The mapping (docs/integrations.md has the details and the limits):
   sub-phase spans (the derived metrics' phase split);
 - ``on_exception`` ends what is open with status ``error`` (a pending save without success), and the next call on
   the same ``Trainer`` and callback starts afresh.
+- under Lightning's own DDP launcher (no ``RANK``), the first ``setup`` gives every rank rank 0's run and the
+  Trainer's ranks (``lightning_ranks``).
 The configuration (``TrainingTelemetryConfig``) is derived from the ``Trainer`` at ``on_train_start``: the global batch
 (the loader's batch size, else the first batch's, x ``accumulate_grad_batches`` x ``world_size``), the world size,
 the iteration target (``max_steps``, else ``estimated_stepping_batches``), ``log_every_n_train_iterations``
