@@ -54,7 +54,9 @@ SCRIPT = textwrap.dedent(f"""
 """)
 
 
-def test_lightnings_own_ddp_launcher_writes_one_run_with_both_ranks(tmp_path: Path) -> None:
+@pytest.mark.parametrize("launcher", ["lightning", "torchrun"])
+def test_lightnings_own_ddp_launcher_writes_one_run_with_both_ranks(launcher: str, tmp_path: Path) -> None:
+    """Lightning's launcher: the ranks agree at setup. torchrun: the identity its environment gives is kept."""
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     launched = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
@@ -62,12 +64,18 @@ def test_lightnings_own_ddp_launcher_writes_one_run_with_both_ranks(tmp_path: Pa
                 "OMPI_COMM_WORLD_RANK", "TELEMETRAIN_RUN_ID", "TELEMETRAIN_SESSION_TAG")
     env = {k: v for k, v in os.environ.items() if k not in launched}
     env.update(TELEMETRAIN_DIR=str(tmp_path / "store"), OMP_NUM_THREADS="1", PL_DISABLE_FORK="1")
-    proc = subprocess.run([sys.executable, str(script)], env=env, cwd=tmp_path, capture_output=True, text=True,
+    command = [sys.executable, str(script)]
+    if launcher == "torchrun":
+        command[1:1] = ["-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2", "--rdzv-backend=c10d",
+                        "--rdzv-endpoint=localhost:0", "--rdzv-id=ddp-test"]
+    proc = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     (run_dir,) = find_runs(tmp_path / "store")  # one run, not one per process
     run = open_run(run_dir)
+    if launcher == "torchrun":
+        assert (run.run_id, run.session_tag) == ("ddp-test.0", "ddp-test")  # torchrun's, as before
     assert run.ranks == [0, 1]
     identities = {(p.identity.rank, p.identity.local_rank, p.identity.world_size) for p in run.processes}
     assert identities == {(0, 0, 2), (1, 1, 2)}
