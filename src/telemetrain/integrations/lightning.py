@@ -21,6 +21,8 @@ The mapping (docs/integrations.md has the details and the limits):
   sub-phase spans (the derived metrics' phase split);
 - ``on_exception`` ends what is open with status ``error`` (a pending save without success), and the next call on
   the same ``Trainer`` and callback starts afresh.
+- under Lightning's own DDP launcher (no ``RANK``), the first ``setup`` gives every rank rank 0's run and the
+  Trainer's ranks (``lightning_ranks``).
 The configuration (``TrainingTelemetryConfig``) is derived from the ``Trainer`` at ``on_train_start``: the global batch
 (the loader's batch size, else the first batch's, x ``accumulate_grad_batches`` x ``world_size``), the world size,
 the iteration target (``max_steps``, else ``estimated_stepping_batches``), ``log_every_n_train_iterations``
@@ -38,7 +40,7 @@ from typing import Any
 
 from ..dispatch import describe, warn_safely
 from ..spans import Span
-from ..telemetry import Telemetry
+from ..telemetry import Telemetry, get_telemetry
 from ..training.config import CheckpointStrategy, TrainingTelemetryConfig, config_overrides
 from ..training.default import check_recorder_target
 from ..training.names import S
@@ -46,6 +48,7 @@ from ..training.recorder import GROUP, TrainingRecorder
 from .lightning_checkpoints import LightningCheckpointHooks, _is_async_io
 from .lightning_eval_loops import LightningEvalLoopHooks
 from .lightning_explicit import LightningExplicitCalls
+from .lightning_ranks import adopt_trainer_ranks
 
 __all__ = ["PACKAGES", "TelemetrainCallback", "callback_class"]
 
@@ -91,6 +94,7 @@ class _LightningTelemetry(LightningCheckpointHooks, LightningEvalLoopHooks, Ligh
         self._micro_batch_size: int | None = None
         self._accumulate = 1
         self._world = 1
+        self._ranks_adopted = False  # (lightning_ranks: at the first setup, on every rank alike)
         self._reset()
 
     def _reset(self) -> None:
@@ -114,6 +118,12 @@ class _LightningTelemetry(LightningCheckpointHooks, LightningEvalLoopHooks, Ligh
             self._recorder = TrainingRecorder(self._config, telemetry=self._telemetry)
         return self._recorder
 
+    def _target_telemetry(self) -> Telemetry:
+        """The Telemetry the recorder records into (without making the recorder)."""
+        if self._recorder is not None:
+            return self._recorder.telemetry
+        return self._telemetry if self._telemetry is not None else get_telemetry()
+
     def _failed(self, hook: str, exc: BaseException) -> None:
         """A bug of ours or an unexpected Trainer: counted, warned about once, never raised into training."""
         self.failures += 1
@@ -124,6 +134,12 @@ class _LightningTelemetry(LightningCheckpointHooks, LightningEvalLoopHooks, Ligh
     # -- application -----------------------------------------------------------------------------------------------
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if not self._ranks_adopted:
+            self._ranks_adopted = True
+            try:  # before anything is recorded: the ranks of Lightning's own launcher, rank 0's run
+                adopt_trainer_ranks(trainer, self._target_telemetry())
+            except Exception as exc:  # noqa: BLE001
+                self._failed("setup (ranks)", exc)
         try:
             self._reset()
             recorder = self.recorder

@@ -1,0 +1,88 @@
+"""Lightning's own DDP launcher (``strategy="ddp"``, ``devices=2`` under a plain ``python train.py``): one run with
+ranks 0 and 1 and world size 2, not two runs of a rank 0 each. Real processes, real gloo, the real run store."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lightning.pytorch")
+
+from telemetrain.cli import main
+from telemetrain.report.model import build_model
+from telemetrain.store import open_run
+from telemetrain.store.reader import find_runs
+
+STEPS = 3
+
+SCRIPT = textwrap.dedent(f"""
+    import lightning.pytorch as pl
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from telemetrain.integrations.lightning import TelemetrainCallback
+    from telemetrain.integrations.lightning_logger import TelemetrainLogger
+
+
+    class Tiny(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(self.layer(x), y)
+            self.log("loss", loss)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+    if __name__ == "__main__":
+        torch.manual_seed(0)
+        data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+        trainer = pl.Trainer(strategy="ddp", devices=2, accelerator="cpu", max_steps={STEPS}, log_every_n_steps=1,
+                             logger=TelemetrainLogger(), callbacks=[TelemetrainCallback()],
+                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+        trainer.fit(Tiny(), DataLoader(data, batch_size=8))
+""")
+
+
+@pytest.mark.parametrize("launcher", ["lightning", "torchrun"])
+def test_lightnings_own_ddp_launcher_writes_one_run_with_both_ranks(launcher: str, tmp_path: Path) -> None:
+    """Lightning's launcher: the ranks agree at setup. torchrun: the identity its environment gives is kept."""
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    launched = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+                "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_NTASKS",
+                "OMPI_COMM_WORLD_RANK", "TELEMETRAIN_RUN_ID", "TELEMETRAIN_SESSION_TAG")
+    env = {k: v for k, v in os.environ.items() if k not in launched}
+    env.update(TELEMETRAIN_DIR=str(tmp_path / "store"), OMP_NUM_THREADS="1", PL_DISABLE_FORK="1")
+    command = [sys.executable, str(script)]
+    if launcher == "torchrun":
+        command[1:1] = ["-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2", "--rdzv-backend=c10d",
+                        "--rdzv-endpoint=localhost:0", "--rdzv-id=ddp-test"]
+    proc = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    (run_dir,) = find_runs(tmp_path / "store")  # one run, not one per process
+    run = open_run(run_dir)
+    if launcher == "torchrun":
+        assert (run.run_id, run.session_tag) == ("ddp-test.0", "ddp-test")  # torchrun's, as before
+    assert run.ranks == [0, 1]
+    identities = {(p.identity.rank, p.identity.local_rank, p.identity.world_size) for p in run.processes}
+    assert identities == {(0, 0, 2), (1, 1, 2)}
+    ends = [r for r in run.records("span_end") if r.name == "training_single_iteration"]
+    assert sorted(r.identity.rank for r in ends) == [0] * STEPS + [1] * STEPS
+    losses = [r for r in run.records("metric") if r.name == "loss"]
+    assert {r.identity.rank for r in losses} == {0, 1}
+    assert build_model(run).findings == []  # a clean run: no finding (a missing rank would be one)
+    assert main(["report", str(run_dir), "-o", str(tmp_path / "report.html")]) == 0
+
