@@ -289,8 +289,8 @@ class Run:
         return [f for p in self.processes + self.agents for f in p.paths]
 
     def records(self, kinds: Iterable[str] | str | None = None, *, agents: bool = False) -> list[Any]:
-        """All records of all processes (and of the agents, with ``agents=True``), ordered by wall time (ties: rank,
-        then pid, then file order)."""
+        """All records of all processes (and of the agents, with ``agents=True``): each process in monotonic-time
+        order, the processes merged by wall time (ties: rank, then pid, then file order)."""
         return list(self.iter_records(kinds, agents=agents))
 
     def iter_records(self, kinds: Iterable[str] | str | None = None, *, agents: bool = False) -> Iterator[Any]:
@@ -299,10 +299,12 @@ class Run:
         streams = []
         for i, p in enumerate(self.processes + self.agents if agents else self.processes):
             recs = p.records if wanted is None else [r for r in p.records if r.kind in wanted]
-            # Within a process, threads may enqueue a hair out of order, and a record emitted with its own wall time
-            # may come late: sort each process by wall time (monotonic time breaking ties; stable), then merge. The
-            # merge key (wall, rank, pid, stream, position) is total, so two records are never compared themselves.
-            recs = sorted(recs, key=lambda r: (r[1], r[0]))
+            # Within a process, threads may enqueue a hair out of order, and a record emitted with its own time may
+            # come late: sort each process by monotonic time (stable), not wall time, which a clock step moves back.
+            # Its monotonic clock is one per host and boot: a file that another host (or a later attempt) appended to
+            # under the same rank and pid keeps their records in the order they first appear. Then merge. The merge
+            # key (wall, rank, pid, stream, position) is total, so two records are never compared themselves.
+            recs = _in_process_order(recs)
             lists.append(recs)
             streams.append(_keys(recs, p.rank, p.pid, i))
         for key in heapq.merge(*streams):
@@ -336,6 +338,13 @@ class Run:
 
     def __repr__(self) -> str:
         return f"Run({str(self.path)!r}, processes={len(self.processes)})"
+
+
+def _in_process_order(recs: list[Any]) -> list[Any]:
+    """One process's records in monotonic-time order, each (host, attempt) kept together in file order."""
+    epochs: dict[tuple[str, int], int] = {}
+    return sorted(recs, key=lambda r: (epochs.setdefault((r.identity.host, r.identity.restart_count), len(epochs)),
+                                       r[0]))
 
 
 def _keys(recs: list[Any], rank: int, pid: int, i: int) -> Iterator[tuple[int, int, int, int, int]]:

@@ -1,0 +1,29 @@
+"""The run store under hostile conditions a training job meets: a wall clock stepped back mid-run, and more (issue:
+the store's durability audit). Real writer, real files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from telemetrain import Telemetry, identity_from_env
+from telemetrain.clock import CLOCK_SKEW_ENV
+from telemetrain.store import open_run
+
+
+def test_wall_clock_stepped_back_keeps_a_process_in_monotonic_order(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """NTP stepping the wall clock back 10 s between two metrics: the reader must still give them in the order they
+    were recorded (the monotonic clock's), not the stepped wall clock's."""
+    ident = identity_from_env({}, run_id="r", session_tag="s", perf_tag="p", rank=0, world_size=1)
+    t = Telemetry(ident, store=tmp_path, default=False)
+    t.metric("loss", 1.0, step=1)
+    t.flush()
+    monkeypatch.setenv(CLOCK_SKEW_ENV, str(-10 * 10**9))  # the test hook that offsets this process's wall clock
+    t.refresh_clock()
+    t.metric("loss", 2.0, step=2)
+    assert t.close(timeout=30)
+    recs = open_run(tmp_path / "s" / "r").records("metric")
+    assert [r.step for r in recs] == [1, 2]
+    assert recs[1].wall_ns < recs[0].wall_ns  # the step really is in the file: the order came from mono_ns
