@@ -3,6 +3,7 @@ the store's durability audit). Real writer, real files."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -27,3 +28,23 @@ def test_wall_clock_stepped_back_keeps_a_process_in_monotonic_order(tmp_path: Pa
     recs = open_run(tmp_path / "s" / "r").records("metric")
     assert [r.step for r in recs] == [1, 2]
     assert recs[1].wall_ns < recs[0].wall_ns  # the step really is in the file: the order came from mono_ns
+
+
+def test_run_dir_deleted_mid_run_is_started_again_not_written_into_the_void(tmp_path: Path) -> None:
+    """A cleanup removing the run directory while training runs: the writer's descriptor still accepted writes into
+    the deleted file, so every later record was lost while counted as delivered."""
+    ident = identity_from_env({}, run_id="r", session_tag="s", perf_tag="p", rank=0, world_size=1)
+    t = Telemetry(ident, store=tmp_path, default=False)
+    t.metric("loss", 1.0, step=1)
+    assert t.flush()
+    shutil.rmtree(tmp_path / "s")
+    t.metric("loss", 2.0, step=2)
+    assert t.flush()
+    t.metric("loss", 3.0, step=3)
+    assert t.close(timeout=30)
+    run = open_run(tmp_path / "s" / "r")
+    assert [r.step for r in run.records("metric")] == [2, 3]
+    assert run.meta["run_id"] == "r"  # run.json written again
+    [diag] = run.records("diagnostic")
+    assert diag.name == "file_deleted" and "deleted" in diag.message
+    assert run.torn == run.corrupt == 0
