@@ -20,16 +20,51 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from .._version import __version__
 from ..identity import Identity
-from .codec import INT64_MAX, decode_identity, decode_line, untag_nonfinite
-from .layout import RUN_META, is_agent_file
+from .codec import INT64_MAX, READ_VERSIONS, decode_identity, decode_line, untag_nonfinite
+from .layout import FORMAT_VERSION, RUN_META, is_agent_file
 from .segments import SegmentName, parse_segment_name, process_segments
 
-__all__ = ["NotARunError", "ProcessLog", "Run", "find_runs", "open_run", "read_run_meta"]
+__all__ = ["FormatVersionError", "NotARunError", "ProcessLog", "Run", "check_run_format", "find_runs", "open_run",
+           "read_run_meta"]
 
 
 class NotARunError(ValueError):
     """The directory exists but holds no telemetrain run."""
+
+
+class FormatVersionError(NotARunError):
+    """The run was written by a newer telemetrain, in a format version this one does not read."""
+
+
+def check_run_format(path: Path) -> None:
+    """``check_format_version`` for the run directory ``path`` (for readers that do not go through ``open_run``)."""
+    groups = list_processes(path) if path.is_dir() else {}
+    check_format_version(path, read_run_meta(path), min((paths[0] for paths in groups.values()), default=None))
+
+
+def check_format_version(path: Path, meta: dict[str, Any], first_file: Path | None) -> None:
+    """Raise ``FormatVersionError`` when ``run.json`` (``meta``) or the header of ``first_file`` says a format version
+    newer than this telemetrain reads: else every line would read as "corrupt", and the run as empty."""
+    found: list[tuple[str, int, int]] = []
+    version = meta.get("v")
+    if type(version) is int and version > FORMAT_VERSION:
+        found.append((RUN_META, version, FORMAT_VERSION))
+    if first_file is not None:
+        try:
+            with open(first_file, "rb") as fh:
+                header = json.loads(fh.readline(1 << 20))
+        except (OSError, ValueError, RecursionError):
+            header = None
+        line_version = header.get("v") if type(header) is dict and header.get("kind") == "process" else None
+        if type(line_version) is int and line_version > max(READ_VERSIONS):
+            found.append((first_file.name, line_version, max(READ_VERSIONS)))
+    if found:
+        name, version, newest = found[0]
+        raise FormatVersionError(f"{path} was written by a newer telemetrain: {name} has format version {version}, "
+                                 f"this telemetrain ({__version__}) reads up to {newest}; upgrade telemetrain to read "
+                                 "it")
 
 
 class ProcessLog:
@@ -392,7 +427,8 @@ def list_processes(p: Path) -> dict[tuple[bool, int, int], list[Path]]:
 
 def open_run(path: str | os.PathLike[str]) -> Run:
     """Open a run directory (its records are read when first asked for). Raises ``FileNotFoundError`` for a missing
-    path and ``NotARunError`` for a directory that holds no run (the message names what was expected)."""
+    path and ``NotARunError`` for a directory that holds no run (the message names what was expected), or
+    ``FormatVersionError`` (a ``NotARunError``) for one written by a newer telemetrain."""
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"no such run directory: {p}")
@@ -406,6 +442,7 @@ def open_run(path: str | os.PathLike[str]) -> Run:
         if nested:
             hint = f"; it contains {len(nested)} run(s), e.g. {nested[-1]}"
         raise NotARunError(f"{p} is not a telemetrain run directory (no run.json, no rank-*.jsonl){hint}")
+    check_format_version(p, meta, min((paths[0] for paths in groups.values()), default=None))
     logs = [ProcessLog(paths, meta) for _, paths in sorted(groups.items())]
     return Run(p, meta, [log for log in logs if not log.agent], [log for log in logs if log.agent])
 
