@@ -728,7 +728,8 @@ def test_reader_orders_records_that_carry_their_own_wall_time(tmp_path: Path) ->
     try:
         t.metric("now", 1)
         mono, wall = t.now()
-        t.emit(MetricPoint(mono, wall - 10**9, ident, "g", "replayed.a.second.ago", 2))  # later in the file
+        # its own times, both clocks (as every producer stamps them: the reader orders a process by mono_ns)
+        t.emit(MetricPoint(mono - 10**9, wall - 10**9, ident, "g", "replayed.a.second.ago", 2))  # later in the file
         assert t.flush()
     finally:
         t.close()

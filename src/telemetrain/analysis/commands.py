@@ -436,6 +436,12 @@ def _cmd_tail(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         import rich  # noqa: F401 - the view is drawn with it
     except ImportError:
         raise CLIError(f"telemetrain tail {_RICH_MISSING}") from None
+    from ..store.reader import NotARunError, check_run_format
     from .tail import run_tail
 
-    return run_tail(resolve_run(args.run_dir, err), out, interval=args.interval, once=args.once, loss=args.loss)
+    path = resolve_run(args.run_dir, err)
+    try:
+        check_run_format(path)
+    except NotARunError as exc:  # (a run of a newer format: every line would read as corrupt)
+        raise CLIError(str(exc)) from None
+    return run_tail(path, out, interval=args.interval, once=args.once, loss=args.loss)

@@ -276,11 +276,31 @@ class RunStoreSink(Sink):
         self._lines_written = 0
         self._odd = {}
         try:
+            self._reopen_if_deleted(source.wall_offset_ns)
             self._write_packed(packed, source)
         except OSError as exc:
             if self._lines_written:  # part of the batch is in the file, whole: say how much (see dispatch)
                 raise PartialWriteError(self._records_in(packed, self._lines_written), exc) from exc
             raise
+
+    def _reopen_if_deleted(self, offset: int) -> None:
+        """A file deleted under the writer (the run directory removed by a cleanup mid-run) still takes writes, into
+        an inode no one can read: every record after that was lost, counted as delivered. One ``fstat`` per batch
+        sees it; the writer then starts the file again (the run directory, run.json and a header included) with a
+        diagnostic line saying so. What the deleted file held is gone."""
+        identity = self._identity
+        if self._fd < 0 or identity is None:
+            return
+        try:
+            if os.fstat(self._fd).st_nlink > 0:
+                return
+        except OSError:
+            return
+        lost = self.path
+        self._open(identity)
+        what = f"{lost.name if lost is not None else 'the file'} was deleted while written; started again"
+        record = ("diagnostic", time.monotonic_ns(), self._token, "telemetrain", "file_deleted", self.name, 0, what)
+        self._write_all(ENCODERS["diagnostic"](record, offset).encode(), lines=False)
 
     def _records_in(self, packed: Sequence[tuple[Any, ...]], lines: int) -> int:
         """Records of this batch that its first ``lines`` lines stand for, whole: one line per record, a pair's two

@@ -95,11 +95,13 @@ def _cmd_query(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         raise CLIError(f"telemetrain query {_EXTRA}") from None
     from .columnar import ColumnarVersionError
     from .engine import QUERY_MEMORY, Engine, ReadOnlyQueryError, memory_limit
+    from .reader import NotARunError, check_run_format
 
     path = resolve_run(args.run_dir, err)
     try:
+        check_run_format(path)
         engine = Engine([path], memory=memory_limit(QUERY_MEMORY))
-    except ColumnarVersionError as exc:
+    except (ColumnarVersionError, NotARunError) as exc:
         raise CLIError(str(exc)) from None
     try:
         try:

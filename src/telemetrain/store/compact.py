@@ -40,7 +40,7 @@ from .columnar import (
 )
 from .convert import convert_segment, drop_converted, header_rows
 from .manifest import SEGMENTS_DIR, Manifest, manifest_is_valid, manifest_path, partition_dir, read_manifest
-from .reader import fallback_identity, find_runs, list_processes, read_run_meta
+from .reader import FormatVersionError, check_run_format, fallback_identity, find_runs, list_processes, read_run_meta
 from .report_rows import REPORT, REPORTS_TABLE, report_rows_sql
 from .views import insert_rows, sql_str
 
@@ -300,6 +300,11 @@ def compact(path: str | os.PathLike[str], dest: str | None = None, *, force: boo
     con = connect()
     try:
         for run_dir in runs:
+            try:  # a run of a newer format would read as empty, and its empty copy be trusted
+                check_run_format(run_dir)
+            except FormatVersionError as exc:
+                result.errors.append(str(exc))
+                continue
             if target is not None:
                 with tempfile.TemporaryDirectory(prefix="telemetrain-compact-") as tmp:
                     prefix = Path(tmp)

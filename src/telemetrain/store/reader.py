@@ -20,16 +20,51 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from .._version import __version__
 from ..identity import Identity
-from .codec import INT64_MAX, decode_identity, decode_line, untag_nonfinite
-from .layout import RUN_META, is_agent_file
+from .codec import INT64_MAX, READ_VERSIONS, decode_identity, decode_line, untag_nonfinite
+from .layout import FORMAT_VERSION, RUN_META, is_agent_file
 from .segments import SegmentName, parse_segment_name, process_segments
 
-__all__ = ["NotARunError", "ProcessLog", "Run", "find_runs", "open_run", "read_run_meta"]
+__all__ = ["FormatVersionError", "NotARunError", "ProcessLog", "Run", "check_run_format", "find_runs", "open_run",
+           "read_run_meta"]
 
 
 class NotARunError(ValueError):
     """The directory exists but holds no telemetrain run."""
+
+
+class FormatVersionError(NotARunError):
+    """The run was written by a newer telemetrain, in a format version this one does not read."""
+
+
+def check_run_format(path: Path) -> None:
+    """``check_format_version`` for the run directory ``path`` (for readers that do not go through ``open_run``)."""
+    groups = list_processes(path) if path.is_dir() else {}
+    check_format_version(path, read_run_meta(path), min((paths[0] for paths in groups.values()), default=None))
+
+
+def check_format_version(path: Path, meta: dict[str, Any], first_file: Path | None) -> None:
+    """Raise ``FormatVersionError`` when ``run.json`` (``meta``) or the header of ``first_file`` says a format version
+    newer than this telemetrain reads: else every line would read as "corrupt", and the run as empty."""
+    found: list[tuple[str, int, int]] = []
+    version = meta.get("v")
+    if type(version) is int and version > FORMAT_VERSION:
+        found.append((RUN_META, version, FORMAT_VERSION))
+    if first_file is not None:
+        try:
+            with open(first_file, "rb") as fh:
+                header = json.loads(fh.readline(1 << 20))
+        except (OSError, ValueError, RecursionError):
+            header = None
+        line_version = header.get("v") if type(header) is dict and header.get("kind") == "process" else None
+        if type(line_version) is int and line_version > max(READ_VERSIONS):
+            found.append((first_file.name, line_version, max(READ_VERSIONS)))
+    if found:
+        name, version, newest = found[0]
+        raise FormatVersionError(f"{path} was written by a newer telemetrain: {name} has format version {version}, "
+                                 f"this telemetrain ({__version__}) reads up to {newest}; upgrade telemetrain to read "
+                                 "it")
 
 
 class ProcessLog:
@@ -289,8 +324,8 @@ class Run:
         return [f for p in self.processes + self.agents for f in p.paths]
 
     def records(self, kinds: Iterable[str] | str | None = None, *, agents: bool = False) -> list[Any]:
-        """All records of all processes (and of the agents, with ``agents=True``), ordered by wall time (ties: rank,
-        then pid, then file order)."""
+        """All records of all processes (and of the agents, with ``agents=True``): each process in monotonic-time
+        order, the processes merged by wall time (ties: rank, then pid, then file order)."""
         return list(self.iter_records(kinds, agents=agents))
 
     def iter_records(self, kinds: Iterable[str] | str | None = None, *, agents: bool = False) -> Iterator[Any]:
@@ -299,10 +334,12 @@ class Run:
         streams = []
         for i, p in enumerate(self.processes + self.agents if agents else self.processes):
             recs = p.records if wanted is None else [r for r in p.records if r.kind in wanted]
-            # Within a process, threads may enqueue a hair out of order, and a record emitted with its own wall time
-            # may come late: sort each process by wall time (monotonic time breaking ties; stable), then merge. The
-            # merge key (wall, rank, pid, stream, position) is total, so two records are never compared themselves.
-            recs = sorted(recs, key=lambda r: (r[1], r[0]))
+            # Within a process, threads may enqueue a hair out of order, and a record emitted with its own time may
+            # come late: sort each process by monotonic time (stable), not wall time, which a clock step moves back.
+            # Its monotonic clock is one per host and boot: a file that another host (or a later attempt) appended to
+            # under the same rank and pid keeps their records in the order they first appear. Then merge. The merge
+            # key (wall, rank, pid, stream, position) is total, so two records are never compared themselves.
+            recs = _in_process_order(recs)
             lists.append(recs)
             streams.append(_keys(recs, p.rank, p.pid, i))
         for key in heapq.merge(*streams):
@@ -336,6 +373,13 @@ class Run:
 
     def __repr__(self) -> str:
         return f"Run({str(self.path)!r}, processes={len(self.processes)})"
+
+
+def _in_process_order(recs: list[Any]) -> list[Any]:
+    """One process's records in monotonic-time order, each (host, attempt) kept together in file order."""
+    epochs: dict[tuple[str, int], int] = {}
+    return sorted(recs, key=lambda r: (epochs.setdefault((r.identity.host, r.identity.restart_count), len(epochs)),
+                                       r[0]))
 
 
 def _keys(recs: list[Any], rank: int, pid: int, i: int) -> Iterator[tuple[int, int, int, int, int]]:
@@ -383,7 +427,8 @@ def list_processes(p: Path) -> dict[tuple[bool, int, int], list[Path]]:
 
 def open_run(path: str | os.PathLike[str]) -> Run:
     """Open a run directory (its records are read when first asked for). Raises ``FileNotFoundError`` for a missing
-    path and ``NotARunError`` for a directory that holds no run (the message names what was expected)."""
+    path and ``NotARunError`` for a directory that holds no run (the message names what was expected), or
+    ``FormatVersionError`` (a ``NotARunError``) for one written by a newer telemetrain."""
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"no such run directory: {p}")
@@ -397,6 +442,7 @@ def open_run(path: str | os.PathLike[str]) -> Run:
         if nested:
             hint = f"; it contains {len(nested)} run(s), e.g. {nested[-1]}"
         raise NotARunError(f"{p} is not a telemetrain run directory (no run.json, no rank-*.jsonl){hint}")
+    check_format_version(p, meta, min((paths[0] for paths in groups.values()), default=None))
     logs = [ProcessLog(paths, meta) for _, paths in sorted(groups.items())]
     return Run(p, meta, [log for log in logs if not log.agent], [log for log in logs if log.agent])
 
