@@ -105,3 +105,40 @@ def psutil_cpu(pid: int) -> tuple[float, float]:
 
     times = psutil.Process(pid).cpu_times()
     return times.user, times.system
+
+
+DATALOADER_JOB = """
+import torch.utils.data as tud
+import telemetrain
+from telemetrain.system import get_sampler
+
+
+class Probe(tud.Dataset[int]):
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i: int) -> int:
+        telemetrain.metric("worker.item", float(i), "data")  # builds the worker's default instance from the env
+        s = get_sampler()
+        return int(s is not None and s.running)
+
+
+if __name__ == "__main__":
+    telemetrain.metric("main.x", 1.0, "train")
+    s = get_sampler()
+    print("parent", int(s is not None and s.running))
+    loader = tud.DataLoader(Probe(), num_workers=1, multiprocessing_context="spawn", batch_size=None)
+    print("workers", sum(loader))
+"""
+
+
+def test_a_spawned_dataloader_worker_starts_no_sampler_of_its_own(tmp_path: Path) -> None:
+    """$TELEMETRAIN_SYSTEM is inherited: a spawn/forkserver worker would sample the host again and its own tree,
+    which its parent's tree already counts."""
+    pytest.importorskip("torch")
+    script = tmp_path / "job.py"
+    script.write_text(DATALOADER_JOB, encoding="utf-8")
+    env = {**os.environ, "TELEMETRAIN_SYSTEM": "1", "TELEMETRAIN_STORE": str(tmp_path / "runs"), "LOCAL_RANK": "0"}
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "parent 1" in done.stdout and "workers 0" in done.stdout, done.stdout + done.stderr
