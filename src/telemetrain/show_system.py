@@ -36,12 +36,16 @@ def system_lines(summary: Any, *, every_process: bool = False) -> list[str]:
              f"{', '.join(f'{i:g}' for i in intervals) or '?'} s (telemetrain.system)"]
     shown, hidden = _shown_whos(series, every_process)
     rows: list[tuple[str, ...]] = []
-    for (who, group), m in sorted(series.items(), key=lambda kv: (_natural(kv[0][0]), kv[0][1])):
-        if who in shown:
-            rows += _system_rows(who, group, m, cpus.get(who))
+    # GPU 2 before GPU 10: groups compared by their numbers too
+    keys = sorted((k for k in series if k[0] in shown), key=lambda k: (_natural(k[0]), _natural(k[1])))
+    keys, devices_hidden = _shown_devices(keys, series, every_process)
+    for who, group in keys:
+        rows += _system_rows(who, group, series[(who, group)], cpus.get(who))
     lines += table(rows)
     if hidden:
         lines.append(f"  ... and {' and '.join(hidden)} more, sampled alike; `telemetrain show --all` lists every one")
+    lines += [f"  ... and {n} more {what} (the least and the most used are shown); `telemetrain show --all` lists "
+              "every one" for n, what in devices_hidden]
     # the run's energy: per device, the most that one of the processes sampling it saw (two ranks that both sample a
     # GPU must not count it twice)
     energy: dict[tuple[str, str, str], float] = {}
@@ -59,6 +63,38 @@ def system_lines(summary: Any, *, every_process: bool = False) -> list[str]:
 def _natural(who: str) -> tuple[tuple[int, int | str], ...]:
     """``rank 2 pid 7`` before ``rank 10 pid 3``: the numbers in a name compared as numbers."""
     return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", who))
+
+
+def _shown_devices(keys: list[tuple[str, str]], series: dict[tuple[str, str], dict[str, Any]],
+                   every: bool) -> tuple[list[tuple[str, str]], list[tuple[int, str]]]:
+    """``keys`` less, per host or process and kind of device (GPU, filesystem, allocator), those past the first ones
+    (``cli_common.few``: a node of 64 GPUs would print 64 rows), keeping the least and the most used; and what was
+    left out: (56, "GPU(s) of host a")."""
+    by_kind: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for who, group in keys:
+        kind = group.split(".")[1] if group.count(".") >= 2 else ""
+        by_kind.setdefault((who, kind), []).append((who, group))
+    usage = {"gpu": "hw.gpu.utilization", "filesystem": "system.filesystem.utilization",
+             "cuda": "torch.cuda.memory.allocated.peak"}
+    out: set[tuple[str, str]] = set()
+    hidden: list[tuple[int, str]] = []
+    for (who, kind), members in by_kind.items():
+        if not kind:
+            out.update(members)
+            continue
+
+        def used(key: tuple[str, str], name: str = usage.get(kind, "")) -> float | None:
+            v = series[key].get(name)
+            return float(v.mean) if v else None
+
+        shown, more = few(members, every=every, extremes=used)
+        out.update(shown)
+        if more:
+            hidden.append((more, f"{_KINDS.get(kind, kind)}(s) of {who}"))
+    return [k for k in keys if k in out], hidden
+
+
+_KINDS = {"gpu": "GPU", "filesystem": "filesystem", "cuda": "CUDA allocator"}
 
 
 def _shown_whos(series: dict[tuple[str, str], dict[str, Any]], every: bool) -> tuple[set[str], list[str]]:

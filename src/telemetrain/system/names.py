@@ -70,8 +70,11 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "process.tree.memory.usage": ("By", "resident set sizes of this process and its descendants, summed"),
     "process.children.count": ("{process}", "live descendants (DataLoader workers, compile workers, ...)"),
     # NVIDIA GPUs (group "system.gpu.<i>")
-    "hw.gpu.utilization": ("1", "fraction of the last sample period in which a kernel ran (NVML 'gpu')"),
-    "hw.gpu.memory_controller.utilization": ("1", "fraction of the period device memory was read or written"),
+    # NVML's own sample period (1/6 s to 1 s by product), not the sampler's interval: each value is a snapshot
+    "hw.gpu.utilization": ("1", "fraction of NVML's last sample period (1/6 s to 1 s, not the sampler's interval) "
+                           "in which a kernel ran (NVML 'gpu')"),
+    "hw.gpu.memory_controller.utilization": ("1", "fraction of NVML's last sample period (1/6 s to 1 s) in which "
+                                             "device memory was read or written"),
     "hw.gpu.memory.usage": ("By", "device memory used (all processes)"),
     "hw.gpu.memory.limit": ("By", "device memory total"),
     "hw.gpu.memory.utilization": ("1", "usage / limit"),

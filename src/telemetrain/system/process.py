@@ -7,8 +7,11 @@ process; a sampler that watches one pid misses their CPU and memory, which is wh
   affinity), OpenTelemetry's ``process.cpu.utilization``: 1.0 means every allowed CPU busy. Per process the previous
   CPU time is kept, keyed by (pid, start time) so a reused pid is a new process. A descendant first seen now counts
   with all its CPU time if it was born after the previous sample (the normal case: the tree is scanned every cycle),
-  else from now on. A descendant that exits between two samples takes its CPU time since the previous sample with it
-  (it is not in the parent's ``children_*`` times until reaped, and those would count earlier intervals again).
+  else from now on. Born when: on Linux its start in clock ticks since boot against ``CLOCK_BOOTTIME`` at that
+  sample (a wall-clock step moves neither; psutil's create time can read up to 1 s early: /proc/stat's boot time is
+  whole seconds), elsewhere psutil's create time against the wall clock. A descendant that exits between two
+  samples takes its CPU time since the previous sample with it (it is not in the parent's ``children_*`` times until
+  reaped, and those would count earlier intervals again).
 - Tree memory is the sum of resident set sizes. Pages a forked worker still shares with its parent (copy-on-write)
   count once per process, as ``top`` shows them: an upper bound of the tree's real footprint.
 - Finding descendants needs every process's parent. psutil's ``children(recursive=True)`` reads
@@ -100,6 +103,15 @@ def _cpu_count() -> int:
         return psutil.cpu_count() or 1
 
 
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _boot_s() -> float | None:
+    """Seconds since boot on the clock /proc's start times use (Linux), None elsewhere."""
+    clock = getattr(time, "CLOCK_BOOTTIME", None)
+    return None if clock is None else time.clock_gettime(clock)
+
+
 class ProcessTreeSource:
     name = "process"
 
@@ -113,7 +125,7 @@ class ProcessTreeSource:
         self._starts: dict[int, int] = {}  # members' start times, as the scanner read them
         self._cpu: dict[_Key, float] = {}  # CPU seconds at the previous sample
         self._last_mono: int | None = None
-        self._last_scan_wall = 0.0
+        self._last_sample_at: tuple[float, float | None] | None = None  # (wall, boot-clock) s at the previous sample
         self._scanned_last_cycle = False
         self._next_scan_ns = 0
         self.scan_cost_ns = 0
@@ -159,10 +171,18 @@ class ProcessTreeSource:
                     continue
                 members[proc.pid] = known if same and known is not None else proc
         self._members = members
-        self._last_scan_wall = time.time()
         self.scans += 1
         self.scan_cost_ns = time.thread_time_ns() - t0
         self._next_scan_ns = cycle.mono_ns + self.scan_cost_ns * SCAN_COST_FACTOR
+
+    def _born_since(self, previous: tuple[float, float | None] | None, pid: int, create_time: float) -> bool:
+        """Whether a descendant found now started after the previous sample (None: there was none)."""
+        if previous is None:
+            return False
+        start = self._starts.get(pid)
+        if start is not None and previous[1] is not None:
+            return (start + 1) / _CLK_TCK >= previous[1]  # a start is truncated to its tick: born in that tick counts
+        return create_time >= previous[0]
 
     def sample(self, cycle: Cycle) -> None:
         add = cycle.add
@@ -171,7 +191,8 @@ class ProcessTreeSource:
         elapsed_s = None if self._last_mono is None else (cycle.mono_ns - self._last_mono) / 1e9
         capacity = elapsed_s * cpu_count if elapsed_s is not None and elapsed_s > 0 else None
         first_seen_counts = self._scanned_last_cycle  # a newcomer was born after the previous sample
-        previous_scan_wall = self._last_scan_wall
+        sampled_before = self._last_sample_at
+        self._last_sample_at = (time.time(), _boot_s())
         scanned = False
         if self._tree and (cycle.thorough or cycle.mono_ns >= self._next_scan_ns):
             self._scan(cycle)
@@ -221,7 +242,7 @@ class ProcessTreeSource:
                 previous = self._cpu.get(key)
                 if previous is not None:
                     delta: float | None = max(0.0, seconds - previous)
-                elif first_seen_counts or key[1] >= previous_scan_wall:
+                elif first_seen_counts or self._born_since(sampled_before, pid, key[1]):
                     delta = seconds  # born since the previous sample: all its CPU time is in this interval
                 else:
                     delta = None  # found late (the scan was skipped): counted from now on

@@ -21,6 +21,7 @@ arguments' checks and the sources they make, in ``sampler_sources``.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 import weakref
@@ -387,7 +388,7 @@ def enable_from_env(telemetry: Telemetry | None = None) -> Sampler | None:
     and job scripts. A value that is neither is warned about and ignored (it comes from the environment, not from a
     call the program made); so is a sampler that cannot start."""
     raw = os.environ.get(ENV, "").strip().lower()
-    if raw in _OFF:
+    if raw in _OFF or _in_dataloader_worker():
         return None
     try:
         interval = DEFAULT_INTERVAL_S if raw in _ON else _check_interval(float(raw))
@@ -400,6 +401,18 @@ def enable_from_env(telemetry: Telemetry | None = None) -> Sampler | None:
     except Exception as exc:  # noqa: BLE001 - a closed Telemetry, say: the job goes on without samples
         warn_safely(f"telemetrain: the system sampler asked for by ${ENV} did not start: {describe(exc)}")
         return None
+
+
+def _in_dataloader_worker() -> bool:
+    """Whether this is a torch DataLoader worker: a spawned or forkserver worker inherits ``$TELEMETRAIN_SYSTEM`` and,
+    through any telemetrain call, would start a sampler of its own -- host metrics again (it inherits ``LOCAL_RANK``)
+    and CPU and memory its parent's process tree already counts. (A forked one inherits no running sampler.)"""
+    data = sys.modules.get("torch.utils.data")  # never imported here: a worker has it already
+    info = getattr(data, "get_worker_info", None)
+    try:
+        return info is not None and info() is not None
+    except Exception:  # noqa: BLE001 - not knowing is not being one
+        return False
 
 
 def get_sampler() -> Sampler | None:
