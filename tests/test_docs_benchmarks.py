@@ -1,5 +1,5 @@
-"""The benchmark commands the docs give still run as written: each script they name exists, answers ``--help``
-(argparse, not a run or a traceback), and defines every flag they show it with."""
+"""The benchmark and example commands the docs give still run as written: each script they name exists, answers
+``--help`` (argparse, not a run or a traceback), and defines every flag they show it with."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
 PAGES = [ROOT / "BENCHMARKS.md", ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-COMMAND = re.compile(r"bench/(\w+\.py)((?: +--?[a-z][\w-]*(?: +[^ #`|)\n-][^ #`|)\n]*)?)*)")
+COMMAND = re.compile(r"((?:bench|examples)/\w+\.py)((?: +--?[a-z][\w-]*(?: +[^ #`|)\n-][^ #`|)\n]*)?)*)")
 
 
 @functools.cache
 def _modules(script: Path) -> tuple[ast.Module, ...]:
-    """The script's syntax tree and those of the bench modules it imports (the harnesses split out of it)."""
+    """The script's syntax tree and those of the modules beside it that it imports (the harnesses split out of it)."""
     seen, todo, trees = set(), [script], []
     while todo:
         path = todo.pop()
@@ -29,7 +29,7 @@ def _modules(script: Path) -> tuple[ast.Module, ...]:
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 names = [node.module]
-            todo += [BENCH / f"{n.split('.')[0]}.py" for n in names]
+            todo += [script.parent / f"{n.split('.')[0]}.py" for n in names]
     return tuple(trees)
 
 
@@ -46,7 +46,7 @@ def _parses_arguments(script: Path) -> bool:
 
 
 def test_every_bench_script_answers_help() -> None:
-    scripts = [p for p in sorted(BENCH.glob("*.py")) if not p.name.startswith("_")]
+    scripts = [p for p in sorted(BENCH.glob("*.py")) if not p.name.startswith("_")]  # examples take no flags or few
     assert len(scripts) > 15
     assert [p.name for p in scripts if not _parses_arguments(p)] == []
 
@@ -57,12 +57,12 @@ def test_every_bench_command_in_the_docs_names_a_script_and_its_flags() -> None:
     assert len(commands) > 40
     wrong = []
     for page, name, args in commands:
-        script = BENCH / name
+        script = ROOT / name
         if not script.exists():
-            wrong.append(f"{page}: bench/{name}")
+            wrong.append(f"{page}: {name}")
             continue
-        if name.startswith("_"):
+        if script.name.startswith("_"):
             continue  # a worker or helper module, named, not run
         flags = _flags(script)
-        wrong += [f"{page}: bench/{name} {f}" for f in re.findall(r"(?<!\S)(--?[a-z][\w-]*)", args) if f not in flags]
+        wrong += [f"{page}: {name} {f}" for f in re.findall(r"(?<!\S)(--?[a-z][\w-]*)", args) if f not in flags]
     assert wrong == []
