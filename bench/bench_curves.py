@@ -10,6 +10,7 @@ build the charts' curves from it.
 
 from __future__ import annotations
 
+import argparse
 import math
 import time
 import tracemalloc
@@ -55,4 +56,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()  # no options; --help answers
     main()

@@ -10,9 +10,9 @@ the columnar copy when wanted). 2,048 x 200 takes ~30 s and 145 MiB of JSONL."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import random
-import sys
 import time
 
 os.environ["TELEMETRAIN_COMPACT"] = "0"
@@ -48,4 +48,10 @@ def main(root: str, ranks: int, iterations: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("root", help="run store root; the run is ROOT/scale/run")
+    parser.add_argument("ranks", type=int, help="ranks, written one after another by this process")
+    parser.add_argument("iterations", type=int, help="training iterations per rank")
+    args = parser.parse_args()
+    main(args.root, args.ranks, args.iterations)

@@ -184,6 +184,17 @@ def test_every_command_and_flag_the_guides_show_exists() -> None:
     assert checked > 20  # the scan sees the command lines
 
 
+def test_every_flag_of_every_command_is_in_the_docs() -> None:
+    """The other way round: a flag added to a command is named in README.md or a guide (by one of its spellings)."""
+    parser = cli.build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    text = "\n".join(p.read_text(encoding="utf-8") for p in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))])
+    missing = [f"telemetrain {name} {'/'.join(action.option_strings)}" for name, command in commands.items()
+               for action in command._actions if action.option_strings and "--help" not in action.option_strings
+               and not any(re.search(rf"(?<![\w-]){re.escape(o)}(?![\w-])", text) for o in action.option_strings)]
+    assert missing == []
+
+
 def _setuptools_builds() -> bool:
     try:
         major = int(importlib.metadata.version("setuptools").split(".")[0])

@@ -102,8 +102,9 @@ class Finding:
 
 @dataclass(frozen=True)
 class Note:
-    """Context, not a problem of the job: ``kind`` ``contention`` (the machine was busy), ``skipped`` (a rule could
-    not run: too few windows), ``unconfirmed`` (a live detector's event that the offline rule did not confirm)."""
+    """Context, not a problem of the job: ``kind`` ``contention`` (the machine was busy), ``brief`` (a change short of
+    a finding's floors, or a slowdown or straggler for a while after each checkpoint or validation), ``unconfirmed``
+    (a live detector's event that the offline rule did not confirm)."""
 
     kind: str
     text: str
