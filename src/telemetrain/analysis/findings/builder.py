@@ -158,9 +158,10 @@ class InputBuilder:
         self._stalls: deque[Mapping[str, Any]] = deque(maxlen=limit)
         self._evidence: deque[tuple[int, Mapping[str, Any]]] = deque(maxlen=limit)
         self._first_ns: int | None = None
-        # checkpoint saves: those open, (pid, span id) -> the iteration their start named; those that ended ok
+        # checkpoint saves: those open, (pid, span id) -> the iteration their start named; those that ended ok, per
+        # rank (with a limit, its last ones, as the windows)
         self._saving: dict[tuple[int, str], int | None] = {}
-        self._saves: list[CheckpointSave] = []
+        self._saves: dict[int, deque[CheckpointSave]] = {}
 
     def _deque(self) -> deque[Any]:
         return deque(maxlen=self.limit)
@@ -308,7 +309,7 @@ class InputBuilder:
         """A checkpoint save span that ended (``checkpoint_save_sync``/``_async``): the slow checkpoint rank rule's
         input. Other names, saves not ok and durations that are not finite and >= 0 are left out."""
         if name in CHECKPOINT_SAVES and status == "ok" and (value := finite(seconds)) is not None and value >= 0:
-            self._saves.append(CheckpointSave(rank, name, step, value))
+            self._saves.setdefault(rank, self._deque()).append(CheckpointSave(rank, name, step, value))
 
     def add(self, r: Any) -> None:
         """One typed record (``store.reader``'s): whatever of it the rules read."""
@@ -332,10 +333,10 @@ class InputBuilder:
         elif kind == "span_start":
             if r.name in CRASH_SPANS:
                 self._open[(ident.pid, r.span_id)] = (r.name, ident.rank)
-            elif r.name in CHECKPOINT_SAVES and self.limit is None:  # (a live view does not read the saves)
+            elif r.name in CHECKPOINT_SAVES:
                 self._saving[(ident.pid, r.span_id)] = checkpoint_step(r.attributes or {})
         elif kind == "span_end":
-            if r.name in CHECKPOINT_SAVES and self.limit is None:
+            if r.name in CHECKPOINT_SAVES:
                 started = self._saving.pop((ident.pid, r.span_id), None)
                 end_step = checkpoint_step(r.attributes or {})
                 self.checkpoint_save(ident.rank, r.name, end_step if end_step is not None else started,
@@ -384,4 +385,4 @@ class InputBuilder:
                              straggler_events=list(self._stragglers), hosts=dict(self._hosts),
                              span_failures=failures, attempts=attempts, worker_exits=worker_exits(self._exits),
                              stalls=list(self._stalls), stall_evidence=list(self._evidence),
-                             checkpoint_saves=list(self._saves))
+                             checkpoint_saves=[s for saves in self._saves.values() for s in saves])
