@@ -128,9 +128,10 @@ def window_point(rank: int, attributes: Mapping[str, Any], *, warmup: bool,
 
 class InputBuilder:
     """Collects what the rules read. ``limit``: keep at most this many windows and checkpoint saves per rank (the last
-    ones, as they were written) and points per series (a live view that runs for days); None keeps every series' points and the
-    report windows within ``window_budget`` windows for all ranks (``window_budget.WINDOW_BUDGET`` by default): past
-    it, consecutive windows are merged (``window_budget``), the same whichever reader feeds them."""
+    ones, as they were written) and points per series (a live view that runs for days); None keeps every series'
+    points and every save, and the report windows within ``window_budget`` windows for all ranks
+    (``window_budget.WINDOW_BUDGET`` by default): past it, consecutive windows are merged (``window_budget``), the
+    same whichever reader feeds them."""
 
     def __init__(self, limit: int | None = None, *, window_budget: int | None = None) -> None:
         self.limit = limit
