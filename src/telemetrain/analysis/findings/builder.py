@@ -163,6 +163,7 @@ class InputBuilder:
         # rank (with a limit, its last ones, as the windows)
         self._saving: dict[tuple[int, str], int | None] = {}
         self._saves: dict[int, deque[CheckpointSave]] = {}
+        self._families: dict[str, tuple[int, int]] = {}
 
     def _deque(self) -> deque[Any]:
         return deque(maxlen=self.limit)
@@ -261,6 +262,11 @@ class InputBuilder:
         """A value series read apart (whole, or the points a ``SpikeSelection`` names), for a reader that does not
         feed its points to ``metric``."""
         self._selected.append(series)
+
+    def value_family(self, name: str, ranks: int, points: int) -> None:
+        """How many ranks have finite points of a value series ``name`` and the most of one rank: from a reader that
+        gives only some series (``value_series``), for the spike rule's correction over ranks."""
+        self._families[name] = (ranks, points)
 
     def memory_series(self, kind: str, rank: int, host: str, device: str, points: list[tuple[int, float]],
                       thinned: tuple[int, int] | None = None) -> None:
@@ -386,4 +392,5 @@ class InputBuilder:
                              straggler_events=list(self._stragglers), hosts=dict(self._hosts),
                              span_failures=failures, attempts=attempts, worker_exits=worker_exits(self._exits),
                              stalls=list(self._stalls), stall_evidence=list(self._evidence),
-                             checkpoint_saves=[s for saves in self._saves.values() for s in saves])
+                             checkpoint_saves=[s for saves in self._saves.values() for s in saves],
+                             value_families=dict(self._families))
