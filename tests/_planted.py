@@ -199,6 +199,8 @@ class Score:
     found: int = 0  # expected and found
     extra: list[str] = field(default_factory=list)  # found, not expected (false positives)
     missed: list[str] = field(default_factory=list)
+    # when wrong: every finding's detail and evidence (a flake's cause, kept in the scores file)
+    evidence: list[str] = field(default_factory=list)
 
     @property
     def false_positives(self) -> int:
@@ -209,6 +211,7 @@ class Score:
         self.found += other.found
         self.extra += other.extra
         self.missed += other.missed
+        self.evidence += other.evidence
 
 
 def score(findings: Sequence[Any], expect: Sequence[Expect]) -> Score:
@@ -223,6 +226,8 @@ def score(findings: Sequence[Any], expect: Sequence[Expect]) -> Score:
             s.found += 1
             left.remove(hit)
     s.extra = [f"{f.kind}: {f.title}" for f in left]
+    if s.extra or s.missed:
+        s.evidence = [f"{f.kind}: {f.title} -- {f.detail} -- {f.evidence}" for f in findings]
     return s
 
 
@@ -237,7 +242,7 @@ def record(scenario: str, surface: str, s: Score) -> None:
     import json
 
     line = {"scenario": scenario, "surface": surface, "expected": s.expected, "found": s.found, "extra": s.extra,
-            "missed": s.missed}
+            "missed": s.missed, "evidence": s.evidence}
     with open(path, "a", encoding="utf-8") as fh:
         fh.write(json.dumps(line) + "\n")
 
