@@ -1,7 +1,7 @@
 """The slow checkpoint rank rule (``analysis/findings/checkpoints.py``): a rank whose checkpoint saves take much
 longer than the other ranks' is named with its save time, the others' median and what it cost the job; ranks that
 save in similar times, a rank that writes for all, a checkpoint saved by one rank and a one-off hiccup are not
-findings. The rule on plain saves, then on real runs written by the training recorder, read by report and show (in
+findings. The rule on plain saves, then on real runs written by the training recorder, read by report, show and tail (in
 Python and by SQL)."""
 
 from __future__ import annotations
@@ -132,7 +132,9 @@ def _job(root: Path, save_s: dict[int, float | None], *, ranks: int = 4, checkpo
 
 
 def _every_reader(run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
-    """The findings of the report (Python and SQL), ``show`` (Python and SQL) and ``run_findings``."""
+    """The findings of the report (Python and SQL), ``show`` (Python and SQL), ``tail`` (polling and its SQL
+    catch-up) and ``run_findings``."""
+    from telemetrain.analysis.tail import TailState
     from telemetrain.report.model import build_model
     from telemetrain.show import read_for_show
     from telemetrain.store.engine import Engine
@@ -147,6 +149,14 @@ def _every_reader(run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, l
         out["report sql"] = list(build_model(open_run(run_dir), engine=engine).findings)
     with Engine([run_dir]) as engine:
         out["show sql"] = list(read_for_show(open_run(run_dir), engine).findings.findings)
+    polled = TailState(run_dir)
+    polled.poll()
+    out["tail"] = list(polled.findings().findings)
+    caught = TailState(run_dir)
+    with Engine([run_dir]) as engine:
+        caught.catch_up(engine)
+    out["tail sql"] = list(caught.findings().findings)
+    assert caught.records == polled.records  # the catch-up counts the save spans polling decodes
     return out
 
 

@@ -43,7 +43,8 @@ def _check(name: str, surface: str, found: list[object], s: Scenario) -> str:
     expect = s.expect if surface != "tail" or s.tail_expect is None else s.tail_expect
     result = score(found, expect)
     record(name, surface, result)
-    return f"{surface}: missed {result.missed}, not planted {result.extra}" if result.missed or result.extra else ""
+    return f"{surface}: missed {result.missed}, not planted {result.extra}; all it found: {result.evidence}" \
+        if result.missed or result.extra else ""
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))

@@ -51,6 +51,11 @@ def feed_value_series_sql(builder: InputBuilder, engine: Any, relation: str, key
     their finite points within ``spike_history`` before and twice that after each."""
     th = thresholds if thresholds is not None else DEFAULT_THRESHOLDS
     h = th.spike_history
+    # every series counts in the spike rule's correction over ranks, those without candidates too
+    for name, ranks, most in engine.rows(
+            f"SELECT k, count(*), max(n) FROM (SELECT {key} AS k, rank, count(*) AS n FROM {relation} "
+            "WHERE isfinite(value) GROUP BY ALL) GROUP BY k ORDER BY k"):
+        builder.value_family(name, int(ranks), int(most))
     ranges: list[list[Any]] = []  # [k, rank, first fi, last fi], merged
     for query in candidates_sql(engine, relation, key, th, block_lines, _record_groups(engine)):
         for _, batch in engine.stream(query):

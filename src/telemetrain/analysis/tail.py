@@ -24,6 +24,7 @@ from ..store.layout import is_agent_file, is_process_file
 from ..store.segments import parse_segment_name
 from ..text import printable
 from .findings import Findings, InputBuilder, analyse
+from .findings.checkpoints import CHECKPOINT_SAVES
 from .samples import open_run_meta
 from .tail_progress import Pace, format_eta, loss_line, target_of
 
@@ -36,6 +37,8 @@ _NOTABLE_TRAINING = ("save_checkpoint_success", "validation_metrics_update", "te
                      "one_logger_initialization")
 _WANTED = (b'"event"', b'"diagnostic"', b'"process"')
 _LOOP_END = b'"name":"training_loop"'  # of the span_end lines, the training loop's are decoded, and those not ok
+# and the checkpoint saves' starts (the iteration saved) and ends: the slow checkpoint rank rule's input
+_SAVES = tuple(f'"name":"{n}"'.encode() for n in sorted(CHECKPOINT_SAVES))
 _STATUS = b'"status":"'  # a span end's own status: the first (the writer puts it before the attributes)
 # of the metric lines, only those the findings engine reads: memory gauges, losses and gradient norms
 _METRIC_WORDS = (b"memory", b"loss", b"grad")
@@ -76,6 +79,7 @@ class FileFollower:
             head = raw[:40]
             if not any(w in head for w in _WANTED) and \
                     not (b'"span_end"' in head and (_LOOP_END in raw or not _ended_ok(raw))) and \
+                    not ((b'"span_end"' in head or b'"span_start"' in head) and any(n in raw for n in _SAVES)) and \
                     not (b'"metric"' in head and any(w in raw for w in self.metric_words)):
                 if not raw.rstrip().endswith(b"}"):  # a line cut short (a kill or a full disk mid-write), of a kind
                     self.corrupt += 1  # not decoded here: counted all the same, as the SQL catch-up counts it
@@ -245,6 +249,9 @@ class TailState:
         if r.kind == "span_end":
             self._span_end(rank, r)
             return
+        if r.kind == "span_start":  # (a checkpoint save's: the iteration it saves)
+            self.inputs.add(r)
+            return
         self.inputs.add(r)
         if r.kind == "metric":
             self.curves.add(rank, r.group, r.name, r.step, r.value, r.wall_ns, r.unit)
@@ -267,7 +274,9 @@ class TailState:
         """A training loop's end (the rank's loop status, the findings' input) or a span that ended not ok."""
         if r.name == "training_loop" and r.group == "training":
             self._rank(rank).loop_status = r.status
-            self.inputs.add(r)  # (the findings take the loops' ends alone, as the SQL catch-up feeds them)
+            self.inputs.add(r)  # (the findings take the loops' and saves' ends alone, as the SQL catch-up feeds them)
+        elif r.name in CHECKPOINT_SAVES:
+            self.inputs.add(r)
         if r.status != "ok":
             self.spans_not_ok += 1
             self.recent.add((r.wall_ns, rank, "error" if r.status == "error" else "warning",

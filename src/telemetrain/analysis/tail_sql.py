@@ -10,6 +10,7 @@ from typing import Any
 
 from ..store.codec import untag_nonfinite
 from ..store.rank_groups import rank_groups
+from .findings.checkpoints import CHECKPOINT_SAVES
 from .tail import _NOTABLE_SEVERITIES, _NOTABLE_TRAINING, RECENT_EVENTS, FileFollower, TailState, _brief, _number
 from .tail_progress import target_of
 
@@ -33,15 +34,18 @@ def catch_up(state: TailState, engine: Any) -> None:
     w = "role <> 'agent'"
     loop = "group_name = 'training' AND name = 'training_loop'"
     update = "group_name = 'training' AND name = 'training_metrics_update'"
+    saves = "name IN (" + ", ".join(f"'{n}'" for n in sorted(CHECKPOINT_SAVES)) + ")"
     counts = engine.rows(f"""SELECT
         (SELECT count(*) FROM events WHERE {w}), (SELECT count(*) FROM diagnostics WHERE {w}),
-        (SELECT count(*) FROM span_ends WHERE {w} AND (name = 'training_loop' OR status <> 'ok')),
+        (SELECT count(*) FROM span_ends WHERE {w} AND (name = 'training_loop' OR status <> 'ok' OR {saves}))
+          + (SELECT count(*) FROM span_starts WHERE {w} AND {saves}),
         (SELECT count(*) FROM span_ends WHERE {w} AND status <> 'ok'),
         (SELECT count(*) FROM events WHERE {w} AND severity IN ('error', 'critical')),
         (SELECT count(*) FROM events WHERE {w} AND severity = 'warning'),
         (SELECT coalesce(sum(corrupt), 0) FROM damage WHERE NOT agent)""")[0]
     events, diagnostics, span_ends, not_ok, errors, warnings, corrupt = (int(v) for v in counts)
-    state.records += events + diagnostics + span_ends  # (the span ends polling decodes: loops', those not ok)
+    # (the spans polling decodes: loops' ends, those not ok, checkpoint saves' starts and ends)
+    state.records += events + diagnostics + span_ends
     state.spans_not_ok += not_ok
     state.errors += errors
     state.warnings += warnings
@@ -103,20 +107,21 @@ def catch_up(state: TailState, engine: Any) -> None:
 
 def _feed_findings(state: TailState, engine: Any, w: str) -> int:
     """The findings engine's input (``state.inputs``) from the records polling would have decoded and fed it: the
-    reports and straggler events, the training loops' ends, and the metric lines holding one of the words polling
-    looks for (memory gauges, losses, gradient norms), in the order polling meets them. One query sorted by DuckDB
-    (it spills to disk past its memory limit) and read in batches: Python holds a batch, and the input keeps the
-    last ``FINDINGS_HISTORY`` windows and points per series (``InputBuilder(limit=...)``). Returns how many metric
-    records were fed (polling counts them among its records)."""
+    reports and straggler events, the training loops' ends, the checkpoint saves, and the metric lines holding one of
+    the words polling looks for (memory gauges, losses, gradient norms), in the order polling meets them. One query
+    sorted by DuckDB (it spills to disk past its memory limit) and read in batches: Python holds a batch, and the
+    input keeps the last ``FINDINGS_HISTORY`` windows and points per series (``InputBuilder(limit=...)``). Returns
+    how many metric records were fed (polling counts them among its records)."""
     from .tail import _METRIC_WORDS
 
     loss_word = (state.loss.rsplit("/", 1)[-1].encode(),) if state.loss else ()  # as polling's metric filter
     words = " OR ".join(f"contains(group_name || name || coalesce(unit, '') || coalesce(attributes, ''), "
                         f"'{word.decode().replace(chr(39), chr(39) * 2)}')" for word in _METRIC_WORDS + loss_word)
-    from .show_sql import feed_builder_sql
+    from .show_sql import feed_builder_sql, feed_checkpoint_saves_sql
 
     feed_builder_sql(state.inputs, engine, w, span_tables=("span_ends",), span_names=frozenset({"training_loop"}),
                      stats=False)
+    feed_checkpoint_saves_sql(state.inputs, engine, w)
     _feed_pace(state, engine, w)
     metrics = 0
     metric, curve = state.inputs.metric, state.curves.add

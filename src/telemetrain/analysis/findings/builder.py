@@ -127,10 +127,11 @@ def window_point(rank: int, attributes: Mapping[str, Any], *, warmup: bool,
 
 
 class InputBuilder:
-    """Collects what the rules read. ``limit``: keep at most this many windows per rank (the last ones, as they
-    were written) and points per series (a live view that runs for days); None keeps every series' points and the
-    report windows within ``window_budget`` windows for all ranks (``window_budget.WINDOW_BUDGET`` by default): past
-    it, consecutive windows are merged (``window_budget``), the same whichever reader feeds them."""
+    """Collects what the rules read. ``limit``: keep at most this many windows and checkpoint saves per rank (the last
+    ones, as they were written) and points per series (a live view that runs for days); None keeps every series'
+    points and every save, and the report windows within ``window_budget`` windows for all ranks
+    (``window_budget.WINDOW_BUDGET`` by default): past it, consecutive windows are merged (``window_budget``), the
+    same whichever reader feeds them."""
 
     def __init__(self, limit: int | None = None, *, window_budget: int | None = None) -> None:
         self.limit = limit
@@ -158,9 +159,11 @@ class InputBuilder:
         self._stalls: deque[Mapping[str, Any]] = deque(maxlen=limit)
         self._evidence: deque[tuple[int, Mapping[str, Any]]] = deque(maxlen=limit)
         self._first_ns: int | None = None
-        # checkpoint saves: those open, (pid, span id) -> the iteration their start named; those that ended ok
+        # checkpoint saves: those open, (pid, span id) -> the iteration their start named; those that ended ok, per
+        # rank (with a limit, its last ones, as the windows)
         self._saving: dict[tuple[int, str], int | None] = {}
-        self._saves: list[CheckpointSave] = []
+        self._saves: dict[int, deque[CheckpointSave]] = {}
+        self._families: dict[str, tuple[int, int]] = {}
 
     def _deque(self) -> deque[Any]:
         return deque(maxlen=self.limit)
@@ -260,6 +263,11 @@ class InputBuilder:
         feed its points to ``metric``."""
         self._selected.append(series)
 
+    def value_family(self, name: str, ranks: int, points: int) -> None:
+        """How many ranks have finite points of a value series ``name`` and the most of one rank: from a reader that
+        gives only some series (``value_series``), for the spike rule's correction over ranks."""
+        self._families[name] = (ranks, points)
+
     def memory_series(self, kind: str, rank: int, host: str, device: str, points: list[tuple[int, float]],
                       thinned: tuple[int, int] | None = None) -> None:
         """A memory gauge read apart: its (wall_ns, bytes) points, all of them, or (``thinned``: (the steady
@@ -308,7 +316,7 @@ class InputBuilder:
         """A checkpoint save span that ended (``checkpoint_save_sync``/``_async``): the slow checkpoint rank rule's
         input. Other names, saves not ok and durations that are not finite and >= 0 are left out."""
         if name in CHECKPOINT_SAVES and status == "ok" and (value := finite(seconds)) is not None and value >= 0:
-            self._saves.append(CheckpointSave(rank, name, step, value))
+            self._saves.setdefault(rank, self._deque()).append(CheckpointSave(rank, name, step, value))
 
     def add(self, r: Any) -> None:
         """One typed record (``store.reader``'s): whatever of it the rules read."""
@@ -332,10 +340,10 @@ class InputBuilder:
         elif kind == "span_start":
             if r.name in CRASH_SPANS:
                 self._open[(ident.pid, r.span_id)] = (r.name, ident.rank)
-            elif r.name in CHECKPOINT_SAVES and self.limit is None:  # (a live view does not read the saves)
+            elif r.name in CHECKPOINT_SAVES:
                 self._saving[(ident.pid, r.span_id)] = checkpoint_step(r.attributes or {})
         elif kind == "span_end":
-            if r.name in CHECKPOINT_SAVES and self.limit is None:
+            if r.name in CHECKPOINT_SAVES:
                 started = self._saving.pop((ident.pid, r.span_id), None)
                 end_step = checkpoint_step(r.attributes or {})
                 self.checkpoint_save(ident.rank, r.name, end_step if end_step is not None else started,
@@ -384,4 +392,5 @@ class InputBuilder:
                              straggler_events=list(self._stragglers), hosts=dict(self._hosts),
                              span_failures=failures, attempts=attempts, worker_exits=worker_exits(self._exits),
                              stalls=list(self._stalls), stall_evidence=list(self._evidence),
-                             checkpoint_saves=list(self._saves))
+                             checkpoint_saves=[s for saves in self._saves.values() for s in saves],
+                             value_families=dict(self._families))

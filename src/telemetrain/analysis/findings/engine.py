@@ -44,7 +44,7 @@ def analyse(data: FindingsInput, thresholds: Thresholds | None = None) -> Findin
         found += memory_growth(data.memory, data.hosts_memory, steady, th)
     found += slow_checkpoint_ranks(data.checkpoint_saves, th, data.hosts)
     found += nonfinite(data.nonfinite)
-    found += spikes(data.values, th)
+    found += spikes(data.values, th, data.value_families)
     return Findings(tuple(sort_findings(found)), tuple(notes))
 
 

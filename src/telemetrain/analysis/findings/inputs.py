@@ -217,3 +217,6 @@ class FindingsInput:
     stalls: Sequence[Mapping[str, Any]] = ()  # the launcher agent's ``stall`` events' attributes
     stall_evidence: Sequence[tuple[int, Mapping[str, Any]]] = ()  # (rank, a ``stall_evidence`` event's attributes)
     checkpoint_saves: Sequence[CheckpointSave] = ()  # every rank's checkpoint saves that ended ok
+    # loss/grad-norm name -> (ranks with a finite point of it, the most finite points of one rank): from a reader that
+    # gives only some series (SQL: those with spike candidates); the spike rule counts the series it has otherwise
+    value_families: Mapping[str, tuple[int, int]] = field(default_factory=dict)

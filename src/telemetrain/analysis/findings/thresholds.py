@@ -67,13 +67,16 @@ class Thresholds:
     spike_ratio: float = 3.0  # value / that median, at least
     spike_history: int = 20  # points in the running reference
     spike_min_history: int = 20  # points before the first test
+    # several ranks' series of one name: a spike on few ranks is kept past the union bound over the ranks, or when
+    # that many ranks spiking at one step by chance has p below this (values.py)
+    spike_alpha: float = 0.01
 
     def __post_init__(self) -> None:
         for name in ("slowdown_effect", "straggler_ratio", "checkpoint_ratio", "slow_iteration_factor", "spike_ratio"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 1:
                 raise ValueError(f"{name} must be a ratio > 1, got {value!r}")
-        for name in ("slowdown_alpha", "straggler_alpha", "memory_alpha", "memory_tail_alpha"):
+        for name in ("slowdown_alpha", "straggler_alpha", "memory_alpha", "memory_tail_alpha", "spike_alpha"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < 1:
                 raise ValueError(f"{name} must be a probability in (0, 1), got {value!r}")

@@ -12,19 +12,31 @@ median is 0: a reference of exact zeros has none, and nothing is a spike against
 running reference follows it, a global one would not. Spikes of one name close together (any rank) are one episode;
 the confidence is Chebyshev's distribution-free bound ``1 - 1/z^2``. Only upward jumps; a slow divergence is not a
 spike.
+
+**Many ranks.** Each rank's series of a name is tested at every point: with ``m`` ranks, some rank's noisy loss
+crosses ``spike_z`` by chance (per-rank losses with heavy tails: 1,024 ranks x 300 steps of a clean run gave dozens).
+Chebyshev's bound makes each point's chance of ``z >= spike_z`` at most ``1/spike_z^2``; the union bound over the
+ranks (as the straggler rule's) keeps a spike of few ranks when ``z >= spike_z x sqrt(m)``: the family-wise level of
+one rank at ``spike_z``. When the family crossed ``spike_z`` only ``a`` times at steps of few ranks (this spike
+included), fewer tests could have made it: with a tail beyond ``spike_z`` no lighter than Chebyshev's, ``z >=
+spike_z x sqrt(a / spike_alpha)`` has a chance of ``spike_alpha``; the smaller of the two bounds is the cut. A spike
+of the whole job (every rank's loss jumps at one step) is kept on its coincidence instead: ``k`` of the ``m`` ranks
+spiking at one step has, by chance, ``p <= n x P(Binomial(m, 1/spike_z^2) >= k)`` over the ``n`` steps; kept when
+``p < spike_alpha``.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from bisect import bisect_left, insort
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from .fmt import ranges
 from .inputs import NonFinite, ValueSeries
 from .model import Evidence, Finding
-from .stats import MAD_TO_SD, chebyshev_confidence, median
+from .stats import MAD_TO_SD, binomial_tail, chebyshev_confidence, median
 from .thresholds import Thresholds
 
 __all__ = ["nonfinite", "selected_spikes", "spike_candidates_sql", "spike_points_sql", "spikes", "value_kind"]
@@ -215,15 +227,65 @@ def selected_spikes(s: ValueSeries, th: Thresholds) -> list[tuple[int, float, fl
     return out
 
 
-def spikes(series: Sequence[ValueSeries], th: Thresholds) -> list[Finding]:
-    by_name: dict[tuple[str, str], list[tuple[int, int, float, float, float]]] = {}
+def _families(series: Sequence[ValueSeries],
+              given: Mapping[str, tuple[int, int]] | None) -> dict[str, tuple[int, int]]:
+    """name -> (ranks with a finite point of it, the most finite points of one rank): of the series here, or a
+    reader's count where it gave only some (``FindingsInput.value_families``), whichever is more."""
+    ranks: dict[str, set[int]] = {}
+    most: dict[str, int] = {}
+    for s in series:
+        n = s.selection.finite if s.selection is not None else \
+            sum(1 for _, v in s.points if v == v and v not in (_INF, -_INF))
+        if n:
+            ranks.setdefault(s.name, set()).add(s.rank)
+            most[s.name] = max(most.get(s.name, 0), n)
+    out = {name: (len(r), most[name]) for name, r in ranks.items()}
+    for name, (m, n) in (given or {}).items():
+        mine = out.get(name, (0, 0))
+        out[name] = (max(m, mine[0]), max(n, mine[1]))
+    return out
+
+
+Hit = tuple[int, int, float, float, float]  # step, rank, value, z, reference
+
+
+def _beyond_chance(hits: list[Hit], ranks: int, steps: int, th: Thresholds) -> list[Hit]:
+    """The spikes of one name that ``ranks`` ranks' series do not make by chance (module docstring): at a step where
+    so many ranks spike that chance would not, or z past the union bound over the ranks -- or over the family's own
+    other spikes, when it has few."""
+    if ranks <= 1:
+        return hits
+    # a point's chance of z >= spike_z: at most 1/spike_z^2 (Chebyshev), unless the family crossed it more often (the
+    # robust scale, a MAD, can be under the standard deviation)
+    p = max(1 / th.spike_z ** 2, len(hits) / max(ranks * steps, 1))
+    at_step: dict[int, set[int]] = {}
+    for h in hits:
+        at_step.setdefault(h[0], set()).add(h[1])
+    together = {step for step, r in at_step.items()
+                if max(steps, 1) * binomial_tail(len(r), ranks, p) < th.spike_alpha}
+    alone = sum(1 for h in hits if h[0] not in together)
+    # the tests that could have made it: every rank's (the union bound), or -- fewer, when the family crossed spike_z
+    # only this and ``others`` times -- a tail beyond spike_z no lighter than Chebyshev's, P(z >= t) ~ (spike_z/t)^2
+    tests = min(ranks, alone / th.spike_alpha)  # (others + 1) / alpha, for a spike that is not together
+    cut = th.spike_z * math.sqrt(max(tests, 1.0))
+    return [h for h in hits if h[0] in together or h[3] >= cut]
+
+
+def spikes(series: Sequence[ValueSeries], th: Thresholds,
+           families: Mapping[str, tuple[int, int]] | None = None) -> list[Finding]:
+    """The spike findings, one per name; ``families``: a reader's count of each name's series
+    (``FindingsInput.value_families``), for the correction over ranks."""
+    by_name: dict[tuple[str, str], list[Hit]] = {}
     for s in series:
         for step, value, z, ref in _series_spikes(s, th):
             by_name.setdefault((s.kind, s.name), []).append((step, s.rank, value, z, ref))
+    family = _families(series, families) if by_name else {}
     findings = []
-    for (kind, name), hits in sorted(by_name.items()):
-        hits.sort()
-        episodes: list[list[tuple[int, int, float, float, float]]] = []
+    for (kind, name), found in sorted(by_name.items()):
+        hits = _beyond_chance(sorted(found), *family.get(name, (1, 0)), th)
+        if not hits:
+            continue
+        episodes: list[list[Hit]] = []
         for h in hits:  # spikes within a few steps of each other (any rank) are one episode
             if episodes and h[0] - episodes[-1][-1][0] <= 3:
                 episodes[-1].append(h)
