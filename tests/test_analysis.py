@@ -197,7 +197,7 @@ def test_the_text_says_how_many_spans_the_percentiles_are_of_and_why_a_small_pha
     assert out.count("ranks 0..1; 60 sampled iterations, p50 ") == 2, out
     [row] = [line for line in out.splitlines() if line.strip().startswith("dataloader phase")]
     assert row.endswith("no significant change (changed by less than 3% of the iteration time)"), row
-    # the simulated phases sum to the step: its rest is float residue (1e-17 s) in both runs, not a -100% change
+    # the simulated phases sum to the step: its rest is rounding residue (a few ns) in both runs, not a change
     assert "rest of the step" not in out
 
 

@@ -69,7 +69,9 @@ DEFAULT_MIN_EFFECT = 0.03
 DEFAULT_RESAMPLES = 2000
 MIN_WINDOWS = 3  # per side: fewer and resampling tells nothing
 FEW_WINDOWS = 10  # below this, a percentile bootstrap of a median is coarse: said in a note
-CLOCK_RESOLUTION_S = 1e-9  # the spans' and reports' times are integer nanoseconds
+# a rest of the step below this per iteration is the rounding of its boundaries (whole nanoseconds, each rounded on
+# its own: phases given as float milliseconds sum to the step within a few ns), not time spent outside the phases
+REST_RESIDUE_S = 1e-6
 SHORT_RUN_S = 60.0  # a shorter run's typical window is one draw of the machine's state: said in a note
 MAX_RANK_PHASES = 16  # per-rank phase rows up to this many ranks (a row per rank and phase beyond is too many)
 
@@ -285,9 +287,9 @@ def _metrics(candidate: RunSamples, baseline: RunSamples, phases: bool, ranks: b
             if candidate.series(phase) and baseline.series(phase):
                 out.append((_Metric(phase, "phase", f"{phase} phase{on_device}", "s", False), _window_series(phase)))
         rest = candidate.series(OTHER), baseline.series(OTHER)  # the step's time outside the phases, compared too,
-        # unless it is float residue in both runs (phases that sum to the step exactly): below the clocks' 1 ns, a
-        # ratio of two residues would read as "-100%"
-        if all(rest) and max(abs(_median(r)) for r in rest) >= CLOCK_RESOLUTION_S:
+        # unless it is rounding residue in both runs (phases that sum to the step): a ratio of two residues would
+        # read as "+222%" of nothing
+        if all(rest) and max(abs(_median(r)) for r in rest) >= REST_RESIDUE_S:
             out.append((_Metric(OTHER, "phase", "rest of the step", "s", False), _window_series(OTHER)))
     for kind, label in (("checkpoint_save", "checkpoint save"), ("checkpoint_load", "checkpoint load"),
                         ("validation", "validation loop")):
