@@ -594,7 +594,10 @@ def test_stalls_are_the_agents_events_else_the_ranks_evidence() -> None:
 
 def test_thresholds_are_checked() -> None:
     for kwargs in ({"slowdown_effect": 1.0}, {"straggler_alpha": 0}, {"straggler_patience": 0},
-                   {"changepoint_penalty": -1}, {"straggler_gap": -1}):
+                   {"changepoint_penalty": -1}, {"straggler_gap": -1},
+                   # the ones no narrower check names: still a finite number >= 0
+                   {"straggler_z": "4"}, {"straggler_min_share": -0.1}, {"contention_share": float("nan")},
+                   {"slow_iteration_min_s": float("inf")}, {"memory_min_growth_bytes": None}, {"spike_z": True}):
         with pytest.raises(ValueError, match=next(iter(kwargs))):
             Thresholds(**kwargs)
     with pytest.raises(TypeError, match="thresholds"):

@@ -9,7 +9,8 @@ steps) (``bench/bench_findings.py --calibrate``; the measured noise and the marg
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, fields
 
 __all__ = ["DEFAULT_THRESHOLDS", "Thresholds"]
 
@@ -72,6 +73,11 @@ class Thresholds:
     spike_alpha: float = 0.01
 
     def __post_init__(self) -> None:
+        for f in fields(self):  # every one a finite number >= 0; the checks below narrow some
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or value < 0:
+                raise ValueError(f"{f.name} must be a finite number >= 0, got {value!r}")
         for name in ("slowdown_effect", "straggler_ratio", "checkpoint_ratio", "slow_iteration_factor", "spike_ratio"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 1:
