@@ -197,6 +197,21 @@ def write_odd_run(root: Path) -> Path:
     return run_dir
 
 
+def logged_queries(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every SQL statement the DuckDB engine executes from now on (the test's monkeypatch undoes it), in order."""
+    from telemetrain.store.engine import Engine  # here: conftest loads without the columnar extra
+
+    queries: list[str] = []
+    execute = Engine.execute
+
+    def logged(self: Engine, q: str, p: Any = None) -> Any:
+        queries.append(q)
+        return execute(self, q, p)
+
+    monkeypatch.setattr(Engine, "execute", logged)
+    return queries
+
+
 def run_dir_of(t: telemetrain.Telemetry) -> Path:
     """``t.run_dir`` of a Telemetry that has a run store (typed ``Path``: ``Telemetry.run_dir`` is ``Path | None``)."""
     run_dir = t.run_dir

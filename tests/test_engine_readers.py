@@ -23,6 +23,7 @@ import pytest
 
 duckdb = pytest.importorskip("duckdb")
 
+from conftest import logged_queries  # noqa: E402
 from telemetrain import Telemetry, identity_from_env  # noqa: E402
 from telemetrain.analysis.samples import read_samples  # noqa: E402
 from telemetrain.analysis.summary import summarize_run, summarize_sql  # noqa: E402
@@ -152,14 +153,7 @@ def test_goodput_of_every_rank_is_the_same_by_sql(session: tuple[Path, Path], sp
         monkeypatch.setattr(goodput_sql, "ROWS_AT_ONCE", 3)
         monkeypatch.setattr(goodput_sql, "SEGMENT_ROWS_AT_ONCE", 5)
         monkeypatch.setattr(goodput_sql, "BATCH_ROWS", 5)  # a rank at a time, its segments apart
-    queries: list[str] = []
-    execute = Engine.execute
-
-    def logged_execute(self: Engine, q: str, p: Any = None) -> Any:
-        queries.append(q)
-        return execute(self, q, p)
-
-    monkeypatch.setattr(Engine, "execute", logged_execute)
+    queries = logged_queries(monkeypatch)
     sql = goodput_by_rank(session[0].parent)
     assert sorted(python) == sorted(sql) == [0, 1, 2, 3]
     for rank in python:

@@ -15,8 +15,8 @@ import pytest
 
 pytest.importorskip("duckdb")
 
+from conftest import logged_queries
 from telemetrain.store.compact import COLUMNAR_DIR
-from telemetrain.store.engine import Engine
 from telemetrain.training import goodput_sql
 from telemetrain.training.goodput import goodput, goodput_by_rank
 from test_report import _write_session  # (two runs: a crash after a checkpoint, then a resume)
@@ -94,14 +94,7 @@ def test_by_rank_loads_each_batch_once_by_sql_with_energy(session: Path, batch_r
     reports; each report loaded every other batch's ranks again (~ranks^2 queries over every file of the run)."""
     monkeypatch.setenv("TELEMETRAIN_ENGINE", "duckdb")
     monkeypatch.setattr(goodput_sql, "BATCH_ROWS", batch_rows)
-    queries: list[str] = []
-    execute = Engine.execute
-
-    def logged(self: Engine, q: str, p: Any = None) -> Any:
-        queries.append(q)
-        return execute(self, q, p)
-
-    monkeypatch.setattr(Engine, "execute", logged)
+    queries = logged_queries(monkeypatch)
     assert len(goodput_by_rank(session)) == 4
     loads = [q for q in queries if "count(*), min(line), max(line)" in q]  # one a ``load_rank`` that reads rows
     # the four short ranks together: loaded once; a rank at a time: once for the energy, once for the reports

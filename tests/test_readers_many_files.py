@@ -12,6 +12,7 @@ import pytest
 
 pytest.importorskip("duckdb")
 
+from conftest import logged_queries
 from telemetrain import Telemetry, identity_from_env
 from telemetrain.analysis import tail_sql
 from telemetrain.analysis.tail import TailState
@@ -53,14 +54,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_tail_catch_up_by_groups_of_ranks_is_polling(run_dir: Path, at_once: int,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tail_sql, "METRICS_AT_ONCE", at_once)
-    queries: list[str] = []
-    execute = Engine.execute
-
-    def logged(self: Engine, q: str, p: Any = None) -> Any:
-        queries.append(q)
-        return execute(self, q, p)
-
-    monkeypatch.setattr(Engine, "execute", logged)
+    queries = logged_queries(monkeypatch)
     polled = TailState(run_dir)
     polled.poll()
     caught = TailState(run_dir)
