@@ -142,8 +142,9 @@ def test_the_cpu_of_threads_that_start_and_end_between_reports_is_counted(tmp_pa
 @linux_only
 def test_a_window_reported_late_keeps_its_cpu_time(tmp_path: Path) -> None:
     """The collector computes a window's report 300 ms after it ended (held up: a loaded machine). Its CPU time is
-    still the window's own, from the clocks the training thread read at the capture; only the waits, read when the
-    report is computed, are left out (the reading covers the next window too). Before, the window lost both."""
+    still the window's own, from the clocks the training thread read at the capture. Before, the window lost it (the
+    waits, read when the report is computed, are left out when the reading came too late for the window's wall time:
+    whether 300 ms is too late depends on how long the loaded machine made the window, so not asserted here)."""
     t = Telemetry(store=tmp_path)
     r = _started(t)
     lock = r._reporter._lock
@@ -169,7 +170,7 @@ def test_a_window_reported_late_keeps_its_cpu_time(tmp_path: Path) -> None:
     for a in (first, second):
         assert 0.04 <= a["cpu_time_sec"] <= a["window_seconds"] * (os.cpu_count() or 1) + 0.01, a  # type: ignore[operator]
         assert 0.04 <= a["train_thread_cpu_time_sec"] <= a["cpu_time_sec"], a  # type: ignore[operator]
-    assert "cpu_wait_sec" not in first and "train_thread_cpu_wait_sec" not in first
+        assert a.get("cpu_wait_sec", 0.0) >= 0, a  # type: ignore[operator]
 
 
 @linux_only
