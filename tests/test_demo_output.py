@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -71,10 +70,9 @@ def test_ctrl_c_stops_the_demo_without_a_traceback(tmp_path: Path) -> None:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
                             start_new_session=True)
     assert proc.stdout is not None
-    for line in proc.stdout:  # the job started: the ranks are loading torch or training
-        if line.startswith("planned: "):
+    for line in proc.stdout:  # the first eval: every rank is training, inside its main (past the process group's
+        if "eval at step" in line:  # rendezvous); a fixed wait could land in a rank's interpreter start-up instead
             break
-    time.sleep(2)
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGINT, err[-3000:]
