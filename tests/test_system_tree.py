@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,22 +29,13 @@ sys.stdin.read()
 """
 
 
-@pytest.fixture
-def t(tmp_path: Path) -> Iterator[telemetrain.Telemetry]:
-    telemetry = telemetrain.Telemetry(store=tmp_path)
-    try:
-        yield telemetry
-    finally:
-        telemetry.close()
-
-
 def _tree(s: Sampler) -> Any:
     return next(source for source in s._sources or () if source.name == "process")
 
 
 @pytest.mark.parametrize("scan", ["proc", "psutil"])
-def test_a_worker_found_late_does_not_bring_its_earlier_cpu(t: telemetrain.Telemetry, scan: str) -> None:
-    s = Sampler(t, interval=60, host=False, gpus=[], cuda_allocator=False)
+def test_a_worker_found_late_does_not_bring_its_earlier_cpu(telemetry: telemetrain.Telemetry, scan: str) -> None:
+    s = Sampler(telemetry, interval=60, host=False, gpus=[], cuda_allocator=False)
     s.sample_now()  # scans: no descendant yet
     tree = _tree(s)
     if scan == "psutil":
@@ -77,8 +67,8 @@ def test_a_worker_found_late_does_not_bring_its_earlier_cpu(t: telemetrain.Telem
     assert tree_extra * ncpu * (elapsed + 0.2) < BURN_S / 2, (tree_extra, elapsed)
 
 
-def test_a_worker_born_after_a_skipped_scan_brings_all_its_cpu(t: telemetrain.Telemetry) -> None:
-    s = Sampler(t, interval=60, host=False, gpus=[], cuda_allocator=False)
+def test_a_worker_born_after_a_skipped_scan_brings_all_its_cpu(telemetry: telemetrain.Telemetry) -> None:
+    s = Sampler(telemetry, interval=60, host=False, gpus=[], cuda_allocator=False)
     s.sample_now()
     tree = _tree(s)
     if tree._descendants is None:
