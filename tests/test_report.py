@@ -276,15 +276,15 @@ def test_headline_numbers_come_from_the_last_metrics_update(session: tuple[Path,
 
 
 def test_gpu_energy_counts_each_device_once(tmp_path: Path) -> None:
-    """Two ranks of one host record the same GPU's counter: the largest value counts, once; another GPU adds."""
-    for rank, (gpu0, gpu1) in enumerate(((1000.0, 0.0), (3600.0, 500.0))):
-        identity = identity_from_env({}, run_id="e", session_tag="s", rank=rank, world_size=2)
-        t = Telemetry(identity, store=tmp_path)
-        t.metric("hw.energy", gpu0 / 2, "system.gpu.0", unit="J")
-        t.metric("hw.energy", gpu0, "system.gpu.0", unit="J")
-        if gpu1:
-            t.metric("hw.energy.integrated", gpu1, "system.gpu.1", unit="J")
-        assert t.close()
+    """Two ranks of one host record the same GPU's counter over the same time: the largest value counts, once;
+    another GPU adds."""
+    ts = [Telemetry(identity_from_env({}, run_id="e", session_tag="s", rank=rank, world_size=2), store=tmp_path)
+          for rank in range(2)]
+    for half in (0.5, 1.0):  # both ranks sampling at once
+        for t, gpu0 in zip(ts, (1000.0, 3600.0), strict=True):
+            t.metric("hw.energy", gpu0 * half, "system.gpu.0", unit="J")
+    ts[1].metric("hw.energy.integrated", 500.0, "system.gpu.1", unit="J")
+    assert all(t.close() for t in ts)
     [(_, value, how)] = [h for h in build_model(open_run(tmp_path / "s" / "e")).headline if h[0] == "GPU energy"]
     assert value == f"{4100 / 3.6e6:.3g} kWh (4,100 J)"
     assert "2 GPU(s)" in how and "1 from the energy counter, 1 integrated" in how

@@ -40,17 +40,15 @@ def system_lines(summary: Any, *, every_process: bool = False) -> list[str]:
     keys = sorted((k for k in series if k[0] in shown), key=lambda k: (_natural(k[0]), _natural(k[1])))
     keys, devices_hidden = _shown_devices(keys, series, every_process)
     for who, group in keys:
-        rows += _system_rows(who, group, series[(who, group)], cpus.get(who))
+        rows += _system_rows(who, group, series[(who, group)], cpus.get(who), summary.counter_totals)
     lines += table(rows)
     if hidden:
         lines.append(f"  ... and {' and '.join(hidden)} more, sampled alike; `telemetrain show --all` lists every one")
     lines += [f"  ... and {n} more {what} (the least and the most used are shown); `telemetrain show --all` lists "
               "every one" for n, what in devices_hidden]
-    # the run's energy: per device, the most that one of the processes sampling it saw (two ranks that both sample a
-    # GPU must not count it twice)
-    energy: dict[tuple[str, str, str], float] = {}
-    for (who, group, name, _), joules in summary.energy_last.items():
-        energy[(who, group, name)] = max(energy.get((who, group, name), 0.0), joules)
+    # the run's energy: per device, its counter's total over the sampler's lifetimes (a restart adds; two ranks that
+    # sample a GPU at once count it once: analysis.counter_totals)
+    energy = {k: j for k, j in summary.counter_totals.items() if k[2] in ("hw.energy", "hw.energy.integrated")}
     if energy:
         total = sum(energy.values())
         how = Counter("integrated from power" if k[2].endswith("integrated") else "energy counter" for k in energy)
@@ -116,8 +114,10 @@ def _shown_whos(series: dict[tuple[str, str], dict[str, Any]], every: bool) -> t
     return set(shown_hosts) | set(shown_processes), hidden
 
 
-def _system_rows(who: str, group: str, m: dict[str, Any], n_cpu: Any) -> list[tuple[str, ...]]:
-    """The show rows of one (host or process, group) of system metrics (``m``: name -> ``summary.SystemSeries``)."""
+def _system_rows(who: str, group: str, m: dict[str, Any], n_cpu: Any,
+                 counters: dict[tuple[str, str, str], float]) -> list[tuple[str, ...]]:
+    """The show rows of one (host or process, group) of system metrics (``m``: name -> ``summary.SystemSeries``;
+    ``counters``: ``summary.counter_totals``)."""
 
     def mean(v: Any) -> float:
         return float(v.mean)
@@ -128,6 +128,9 @@ def _system_rows(who: str, group: str, m: dict[str, Any], n_cpu: Any) -> list[tu
     def last(name: str) -> float:
         v = m.get(name)
         return float(v.last) if v else 0.0
+
+    def total(name: str) -> float:  # a counter: over the sampler's lifetimes, not the last one's
+        return counters.get((who, group, name), 0.0)
 
     rows: list[tuple[str, ...]] = []
     if group == "system":
@@ -140,10 +143,10 @@ def _system_rows(who: str, group: str, m: dict[str, Any], n_cpu: Any) -> list[tu
             rows.append((who, "memory", f"mean {_iec(mean(v))}  max {_iec(top(v))} of "
                          f"{_iec(last('system.memory.limit'))}" + (f"; swap max {_iec(top(swap))}" if swap else "")))
         if m.get("system.disk.io.read") or m.get("system.network.io.receive"):
-            rows.append((who, "i/o", f"disk read {_iec(last('system.disk.io.read'))} write "
-                         f"{_iec(last('system.disk.io.write'))}; network receive "
-                         f"{_iec(last('system.network.io.receive'))} transmit "
-                         f"{_iec(last('system.network.io.transmit'))} (host-wide, while sampled)"))
+            rows.append((who, "i/o", f"disk read {_iec(total('system.disk.io.read'))} write "
+                         f"{_iec(total('system.disk.io.write'))}; network receive "
+                         f"{_iec(total('system.network.io.receive'))} transmit "
+                         f"{_iec(total('system.network.io.transmit'))} (host-wide, while sampled)"))
         if m.get("process.memory.usage"):
             text = f"rss max {_iec(top(m['process.memory.usage']))}"
             if m.get("process.tree.memory.usage"):

@@ -21,11 +21,11 @@ from ..store.codec import untag_nonfinite
 from ..store.reader import Run
 from ..store.views import first_int_sql
 from ..training.names import CHECKPOINT_STEP_KEYS, checkpoint_step
+from .counter_totals import COUNTER_NAMES, CounterTotals, lifetimes_sql, merge_lifetimes
 
 __all__ = ["CheckpointSaves", "RunSummary", "SeriesSummary", "SystemSeries", "summarize_run", "summarize_sql"]
 
 UPDATE = "training_metrics_update"
-ENERGY_NAMES = ("hw.energy", "hw.energy.integrated")
 SAVE_SPANS = ("checkpoint_save_sync", "checkpoint_save_async")
 
 
@@ -101,7 +101,8 @@ class RunSummary:
     errors: int = 0  # training/error events (telemetry misuse)
     # (who, group) -> name -> samples; who: "host H" for host-wide and GPU series, else "rank R pid P"
     system: dict[tuple[str, str], dict[str, SystemSeries]] = dataclasses.field(default_factory=dict)
-    energy_last: dict[tuple[str, str, str, int], float] = dataclasses.field(default_factory=dict)  # J, per pid
+    # (who, group, name) -> the counter's total over the sampler's lifetimes (``counter_totals``): I/O bytes, GPU J
+    counter_totals: dict[tuple[str, str, str], float] = dataclasses.field(default_factory=dict)
     sampler_starts: list[Any] = dataclasses.field(default_factory=list)  # system.sampler.start events
     gpu_unavailable: list[str] = dataclasses.field(default_factory=list)  # their reasons, sorted, unique
     diagnostics: int = 0
@@ -135,6 +136,7 @@ def _who(group: str, name: str, identity: Any) -> str:
 def summarize_run(run: Run) -> RunSummary:
     """The summary from the records in memory."""
     s = RunSummary()
+    counters: CounterTotals[tuple[str, str, str]] = CounterTotals()
     open_saves: dict[tuple[int, int, str], int | None] = {}  # a save span's step from its start, until its end
     for r in run.iter_records():
         kind, group, name = r.kind, r.group, r.name
@@ -157,8 +159,9 @@ def summarize_run(run: Run) -> RunSummary:
                     is_number(r.value) and math.isfinite(r.value):
                 who = _who(group, name, r.identity)
                 s.system.setdefault((who, group), {}).setdefault(name, SystemSeries()).add(float(r.value))
-                if name in ENERGY_NAMES:
-                    s.energy_last[(who, group, name, r.identity.pid)] = float(r.value)
+                if name in COUNTER_NAMES:
+                    counters.add((who, group, name), (r.identity.rank, r.identity.pid, r.identity.restart_count), r.wall_ns,
+                                 float(r.value))
         elif kind == "event":
             s.event_counts[(group, name)] += 1
             if r.severity in ("warning", "error", "critical"):
@@ -205,6 +208,7 @@ def summarize_run(run: Run) -> RunSummary:
                 ranks.add(r.identity.rank)
                 s.failed_spans[(group, name, r.status)] = (n + 1, ranks)
     s.gpu_unavailable = sorted(set(s.gpu_unavailable))
+    s.counter_totals = counters.totals()
     return s
 
 
@@ -358,10 +362,10 @@ def summarize_sql(engine: Any, run: Run) -> RunSummary:
             f"FROM {keyed} WHERE {finite} GROUP BY ALL ORDER BY ALL"):
         s.system.setdefault((label, group), {})[name] = SystemSeries(count=int(n), total=float(total),
                                                                      max=float(top), last=float(last))
-    for label, group, name, pid, last in engine.rows(
-            f"SELECT {who} AS who, group_name, name, pid, arg_max_null(value, {key}) FROM {keyed} WHERE {finite} "
-            f"AND name IN {tuple(ENERGY_NAMES)!r} GROUP BY ALL ORDER BY ALL"):
-        s.energy_last[(label, group, name, pid)] = float(last)
+    lifetimes: dict[tuple[str, str, str], list[tuple[int, int, float]]] = {}
+    for label, group, name, first, last, increase in engine.rows(lifetimes_sql(keyed, who, "name", "true")):
+        lifetimes.setdefault((label, group, name), []).append((int(first), int(last), float(increase)))
+    s.counter_totals = {k: merge_lifetimes(lives) for k, lives in lifetimes.items()}
     for group, name, severity, n in engine.rows(f"SELECT group_name, name, severity, count(*) FROM events WHERE {w} "
                                                 "GROUP BY ALL ORDER BY ALL"):
         s.event_counts[(group, name)] += n

@@ -46,7 +46,7 @@ def _energy_headline(energy: dict[tuple[str, str, str], float]) -> tuple[str, st
     total = sum(j for j, _ in per_device.values())
     counters = sum(1 for _, n in per_device.values() if n == "hw.energy")
     return (f"{total / 3.6e6:.3g} kWh ({total:,.0f} J)",
-            f"sum over {len(per_device)} GPU(s) of the largest energy any process recorded for it "
+            f"sum over {len(per_device)} GPU(s) of the energy recorded for it, sampler restarts added up "
             f"({counters} from the energy counter, {len(per_device) - counters} integrated from power)")
 
 

@@ -13,6 +13,7 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any
 
+from ..analysis.counter_totals import CounterTotals
 from ..analysis.findings import InputBuilder
 from ..analysis.findings.builder import STALL, STALL_EVIDENCE
 from ..analysis.findings.worker_exits import EVENT as WORKER_FAILED
@@ -143,7 +144,9 @@ class _Collector:
         self.problems: list[EventRow] = []
         self.stragglers: list[dict[str, Any]] = []
         self.system: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)  # (name, who) -> points
-        self.energy: dict[tuple[str, str, str], float] = {}  # (host, group, name) -> largest value
+        # (host, group, name) -> a GPU's joules over the sampler's lifetimes (analysis.counter_totals), by collect()
+        self.energy: dict[tuple[str, str, str], float] = {}
+        self._energy: CounterTotals[tuple[str, str, str]] = CounterTotals()
         self.dropped = 0
         self.sink_failures: Counter[tuple[str, str]] = Counter()  # (sink, what) -> records concerned
         self.unencodable = 0
@@ -161,6 +164,7 @@ class _Collector:
             self._process(log, f"rank {log.rank}", agent=False)
         for log in self.run.agents:
             self._process(log, f"agent {log.identity.host}", agent=True)
+        self.energy = self._energy.totals()
         self.events.sort(key=lambda e: e.wall_ns)
         self.problems.sort(key=lambda e: e.wall_ns)
 
@@ -258,8 +262,8 @@ class _Collector:
                         who = f"{host} {r.group.removeprefix('system.')}"
                     self.system[(name, who)].append((wall, float(value)))
                 elif name in _ENERGY_NAMES and isinstance(value, (int, float)) and math.isfinite(value):
-                    device = (host, r.group, name)
-                    self.energy[device] = max(self.energy.get(device, 0.0), float(value))
+                    self._energy.add((host, r.group, name), (rank, r.identity.pid, r.identity.restart_count), wall,
+                                     float(value))
             elif kind == "span_start":
                 if r.name in LIFECYCLE_SPANS:
                     open_spans[r.span_id] = (r.name, wall, dict(r.attributes or {}))

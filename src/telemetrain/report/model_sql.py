@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..analysis.counter_totals import lifetimes_sql, merge_lifetimes
 from ..analysis.findings.builder import GPU_MEMORY_LIMIT, HOST_MEMORY_LIMIT, HOST_MEMORY_USAGE
 from ..analysis.findings.thresholds import Thresholds
 from ..analysis.findings.values import value_kind
@@ -360,10 +361,11 @@ class SqlCollector(_Collector):
                 SELECT skey, who, wall_ns, value FROM p
                 WHERE i % greatest(1, n // {MAX_SERIES_POINTS}) = 0 OR i = n - 1 ORDER BY skey, who, i"""):
             self._system.setdefault((name, label), []).append((wall, value))
-        for host, group, name, joules in self.rows(
-                f"SELECT host, group_name, skey, greatest(max(value), 0.0) FROM {m} WHERE skey IN "
-                f"{_names(_ENERGY_NAMES)} AND isfinite(value) GROUP BY ALL ORDER BY ALL"):
-            self.energy[(host, group, name)] = float(joules)
+        lifetimes: dict[tuple[str, str, str], list[tuple[int, int, float]]] = {}
+        for host, group, name, first, last, joules in self.rows(
+                lifetimes_sql(m, "host", "skey", f"skey IN {_names(_ENERGY_NAMES)}")):
+            lifetimes.setdefault((host, group, name), []).append((int(first), int(last), float(joules)))
+        self.energy = {k: merge_lifetimes(lives) for k, lives in lifetimes.items()}  # over the sampler's lifetimes
 
     def _findings_metrics(self) -> None:
         """The metric records the findings engine reads (``InputBuilder.metric``: memory limits and every non-finite
