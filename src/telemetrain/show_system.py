@@ -156,7 +156,7 @@ def _system_rows(who: str, group: str, m: dict[str, Any], n_cpu: Any,
             for label, name in (("cpu", "process.cpu.utilization"),
                                 ("with descendants", "process.tree.cpu.utilization")):
                 if m.get(name):
-                    cores = f" = {mean(m[name]) * n_cpu:.2f} cores" if isinstance(n_cpu, int) else ""
+                    cores = f" = {mean(m[name]) * n_cpu:.2f} cores" if is_number(n_cpu) else ""
                     text += f"; {label} mean {mean(m[name]):.1%}{cores}, max {top(m[name]):.1%}"
             rows.append((who, "process", text))
     elif group.startswith("system.filesystem.") and m.get("system.filesystem.usage"):

@@ -4,8 +4,8 @@ lifetimes: what ``telemetrain show`` and the report print.
 Each counter counts from 0 at its sampler's start (docs/system.md, "Counters"), so a restarted process, or a sampler
 stopped and started again, begins a new segment: the last value is only the last lifetime's. The total of a series is
 the sum of its segments' increases, as Prometheus' ``increase()`` reads a counter reset
-(https://prometheus.io/docs/prometheus/latest/querying/functions/#resets): within one process (rank, pid and attempt), in
-its own order, a value below the previous one starts a new segment, counted from 0. Processes that sampled the same
+(https://prometheus.io/docs/prometheus/latest/querying/functions/#resets): within one process (rank, pid, attempt),
+in its own order, a value below the previous one starts a new segment, counted from 0. Processes that sampled the same
 device at the same time (two ranks sampling one GPU, host metrics asked of two ranks) measured the same thing: of
 lifetimes that overlap in time the largest counts, once; lifetimes one after another add up.
 """

@@ -160,8 +160,8 @@ def summarize_run(run: Run) -> RunSummary:
                 who = _who(group, name, r.identity)
                 s.system.setdefault((who, group), {}).setdefault(name, SystemSeries()).add(float(r.value))
                 if name in COUNTER_NAMES:
-                    counters.add((who, group, name), (r.identity.rank, r.identity.pid, r.identity.restart_count), r.wall_ns,
-                                 float(r.value))
+                    process = (r.identity.rank, r.identity.pid, r.identity.restart_count)
+                    counters.add((who, group, name), process, r.wall_ns, float(r.value))
         elif kind == "event":
             s.event_counts[(group, name)] += 1
             if r.severity in ("warning", "error", "critical"):

@@ -3,15 +3,16 @@
 DataLoader workers, torch.compile workers and any ``subprocess`` the job starts are descendants of the training
 process; a sampler that watches one pid misses their CPU and memory, which is where input pipelines spend theirs.
 
-- CPU utilisation is CPU seconds (user + system) in the interval / (interval x CPUs this process may run on, its
-  affinity), OpenTelemetry's ``process.cpu.utilization``: 1.0 means every allowed CPU busy. Per process the previous
-  CPU time is kept, keyed by (pid, start time) so a reused pid is a new process. A descendant first seen now counts
-  with all its CPU time if it was born after the previous sample (the normal case: the tree is scanned every cycle),
-  else from now on. Born when: on Linux its start in clock ticks since boot against ``CLOCK_BOOTTIME`` at that
+- CPU utilisation is CPU seconds (user + system) in the interval / (interval x CPUs this process may run on: its
+  affinity's, or its cgroup's CPU quota where that is less, ``cgroup.py``), OpenTelemetry's
+  ``process.cpu.utilization``: 1.0 means every allowed CPU busy (a container at its ``--cpus`` limit). Per process the
+  previous CPU time is kept, keyed by (pid, start time) so a reused pid is a new process. A descendant first seen now
+  counts with all its CPU time if it was born after the previous sample (the normal case: the tree is scanned every
+  cycle), else from now on. Born when: on Linux its start in clock ticks since boot against ``CLOCK_BOOTTIME`` at that
   sample (a wall-clock step moves neither; psutil's create time can read up to 1 s early: /proc/stat's boot time is
-  whole seconds), elsewhere psutil's create time against the wall clock. A descendant that exits between two
-  samples takes its CPU time since the previous sample with it (it is not in the parent's ``children_*`` times until
-  reaped, and those would count earlier intervals again).
+  whole seconds), elsewhere psutil's create time against the wall clock. A descendant that exits between two samples
+  takes its CPU time since the previous sample with it (it is not in the parent's ``children_*`` times until reaped,
+  and those would count earlier intervals again).
 - Tree memory is the sum of resident set sizes. Pages a forked worker still shares with its parent (copy-on-write)
   count once per process, as ``top`` shows them: an upper bound of the tree's real footprint.
 - Finding descendants needs every process's parent. psutil's ``children(recursive=True)`` reads
@@ -34,6 +35,7 @@ from typing import Any
 import psutil
 
 from .base import Cycle
+from .cgroup import CGROUP_ROOT, SELF_CGROUP, cgroup_cpu_limit
 from .names import GROUP
 
 __all__ = ["ProcessTreeSource"]
@@ -96,11 +98,21 @@ class _ProcDescendants:
         return list(out.items())
 
 
-def _cpu_count() -> int:
+def _affinity_cpus() -> int:
     try:
         return len(os.sched_getaffinity(0)) or 1
     except (AttributeError, OSError):  # not on macOS or Windows
         return psutil.cpu_count() or 1
+
+
+def _cpu_count(cgroup_root: str = CGROUP_ROOT, self_cgroup: str = SELF_CGROUP) -> int | float:
+    """CPUs this process may use: its affinity's, or its cgroup's CPU quota where that is less (a container's
+    ``--cpus``; ``cgroup.cgroup_cpu_limit``), a fraction where the quota is one."""
+    cpus = _affinity_cpus()
+    limit = cgroup_cpu_limit(cgroup_root, self_cgroup)
+    if limit is None or limit >= cpus:
+        return cpus
+    return int(limit) if limit == int(limit) else limit
 
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -115,7 +127,8 @@ def _boot_s() -> float | None:
 class ProcessTreeSource:
     name = "process"
 
-    def __init__(self, tree: bool = True) -> None:
+    def __init__(self, tree: bool = True, *, cgroup_root: str = CGROUP_ROOT, self_cgroup: str = SELF_CGROUP) -> None:
+        self._cgroup = (cgroup_root, self_cgroup)  # where the CPU quota is read (cgroup.cgroup_cpu_limit)
         self._root = psutil.Process(os.getpid())
         self._root_key: _Key = (self._root.pid, self._root.create_time())
         self._tree = tree
@@ -132,7 +145,8 @@ class ProcessTreeSource:
         self.scans = 0
 
     def describe(self) -> dict[str, Any]:
-        return {"process.pid": self._root.pid, "process.tree": self._tree, "process.cpu_count": _cpu_count()}
+        return {"process.pid": self._root.pid, "process.tree": self._tree,
+                "process.cpu_count": _cpu_count(*self._cgroup)}
 
     @property
     def pids(self) -> frozenset[int]:
@@ -187,7 +201,7 @@ class ProcessTreeSource:
     def sample(self, cycle: Cycle) -> None:
         add = cycle.add
         root = self._root
-        cpu_count = _cpu_count()
+        cpu_count = _cpu_count(*self._cgroup)  # read each cycle: a container's quota can be resized while it runs
         elapsed_s = None if self._last_mono is None else (cycle.mono_ns - self._last_mono) / 1e9
         capacity = elapsed_s * cpu_count if elapsed_s is not None and elapsed_s > 0 else None
         first_seen_counts = self._scanned_last_cycle  # a newcomer was born after the previous sample
