@@ -36,6 +36,7 @@ from telemetrain.cli import summarize  # noqa: E402
 from telemetrain.stats import Gauge, registry  # noqa: E402
 from telemetrain.system import Sampler, devices, names, units  # noqa: E402
 from telemetrain.system.nvml import NvmlSource  # noqa: E402
+from telemetrain.system.process import _cpu_count as process_cpus  # noqa: E402
 
 MiB = 1 << 20
 SESSION = "system-tests"
@@ -61,8 +62,9 @@ def _events(t: telemetrain.Telemetry, name: str) -> list[Any]:
     return [r for r in open_run(run_dir_of(t)).records("event") if r.name == name]
 
 
-def _cpu_count() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+def _cpu_count() -> float:
+    """The CPUs the sampler's utilisations are relative to: the affinity's, or a container's CPU quota where less."""
+    return process_cpus()
 
 
 def _nvml_gpus() -> tuple[int, str]:

@@ -17,6 +17,7 @@ import telemetrain
 pytest.importorskip("psutil", reason="telemetrain.system needs psutil (the [system] extra)")
 
 from telemetrain.system import Sampler  # after the skip: it needs psutil
+from telemetrain.system.process import _cpu_count as process_cpus
 
 BURN_S = 0.4
 WORKER = f"""
@@ -61,7 +62,7 @@ def test_a_worker_found_late_does_not_bring_its_earlier_cpu(telemetry: telemetra
             worker.stdin.close()
         worker.wait(30)
     assert found[("system", "process.children.count")] == 1 and s.errors == 0, s.error_counts
-    ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    ncpu = process_cpus()  # the affinity's CPUs, or a container's quota where less: what the figures divide by
     # the measured interval is at least `elapsed`: an upper bound of the CPU seconds the tree's figure stands for
     tree_extra = (found[("system", "process.tree.cpu.utilization")] - found[("system", "process.cpu.utilization")])
     assert tree_extra * ncpu * (elapsed + 0.2) < BURN_S / 2, (tree_extra, elapsed)
