@@ -36,6 +36,7 @@ from telemetrain.cli import summarize  # noqa: E402
 from telemetrain.stats import Gauge, registry  # noqa: E402
 from telemetrain.system import Sampler, devices, names, units  # noqa: E402
 from telemetrain.system.nvml import NvmlSource  # noqa: E402
+from telemetrain.system.process import MIN_RATE_S  # noqa: E402
 from telemetrain.system.process import _cpu_count as process_cpus  # noqa: E402
 
 MiB = 1 << 20
@@ -171,7 +172,7 @@ def test_gpu_selection_follows_cuda_visible_devices_and_local_rank() -> None:
 def test_host_and_process_metrics_have_base_units_and_sane_values(t: telemetrain.Telemetry, tmp_path: Path) -> None:
     s = Sampler(t, interval=60, host=True, disk_paths=["/", tmp_path])
     first = s.sample_now()
-    _burn(0.05)
+    _burn(MIN_RATE_S)  # a rate needs that long an interval (CPU times are counted in ticks)
     second = s.sample_now()
     assert ("system", "process.cpu.utilization") not in first  # a rate needs two samples: absent, not 0
     for key in ("system.cpu.utilization", "process.cpu.utilization", "process.tree.cpu.utilization"):
@@ -831,7 +832,7 @@ def test_show_summarises_cpu_memory_gpus_and_run_energy(tmp_path: Path) -> None:
     t = telemetrain.Telemetry(store=tmp_path)
     s = Sampler(t, interval=60, host=True, gpus=[])
     s.sample_now()
-    _burn(0.05)
+    _burn(MIN_RATE_S)  # a rate needs that long an interval (CPU times are counted in ticks)
     s.sample_now()
     # two GPUs' energy as the NVML source records it (J since the sampler started); GPU 1 sampled by two processes
     # would be counted once: here one process, rising values, the last one counts

@@ -129,6 +129,9 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 sampler = start_sampler(t, interval=0.01, host=True, gpus=[])
             _train(t, rank=rank)
             if HAS_PSUTIL:
+                from telemetrain.system.process import MIN_RATE_S
+
+                time.sleep(MIN_RATE_S)  # CPU rates need that long an interval (CPU times are counted in ticks)
                 sampler.stop()
         finally:
             _current.reset(token)

@@ -4,12 +4,14 @@ Host metrics describe the whole machine, so by default only local rank 0 of a no
 
 Choices, each to avoid a number that looks right and is not:
 
-- CPU utilisation is computed from ``psutil.cpu_times()`` deltas kept here, not ``psutil.cpu_percent()``, whose
-  state is global to the process (another caller of it would shorten our interval) and whose first call returns a
-  meaningless 0. The first sample has no utilisation (absent); guest time is already inside user time on Linux and is
-  not counted twice. On Linux the hypervisor's steal (time a virtual CPU wanted to run while another guest had the
-  physical one) is also given on its own, ``system.cpu.steal``, a share of all CPU time like the utilisation (which
-  counts it as busy): nothing else inside a guest shows it, and ``compare`` takes it as contention.
+- CPU utilisation is computed from ``psutil.cpu_times()`` deltas kept here, not ``psutil.cpu_percent()``, whose state
+  is global to the process (another caller of it would shorten our interval) and whose first call returns a
+  meaningless 0. The first sample has no utilisation (absent), nor one closer than ``process.MIN_RATE_S`` to the
+  previous one (CPU times are counted in 10 ms ticks: that interval is measured with the next sample instead); guest
+  time is already inside user time on Linux and is not counted twice. On Linux the hypervisor's steal (time a virtual
+  CPU wanted to run while another guest had the physical one) is also given on its own, ``system.cpu.steal``, a share
+  of all CPU time like the utilisation (which counts it as busy): nothing else inside a guest shows it, and
+  ``compare`` takes it as contention.
 - Disk and network I/O are bytes since the sampler started, summed per device from per-device deltas: a device that
   appears, disappears or whose counter goes backwards is re-based instead of producing a negative or a jump. Only
   physical devices are summed where Linux says which are (``/sys/block/X/device``, ``/sys/class/net/X/device``), so a
@@ -29,6 +31,7 @@ import psutil
 
 from .base import Cycle
 from .names import GROUP, filesystem_group
+from .process import MIN_RATE_S
 from .units import ratio
 
 __all__ = ["HostSource", "resolve_paths"]
@@ -105,13 +108,16 @@ class HostSource:
             total = sum(times) - getattr(times, "guest", 0.0) - getattr(times, "guest_nice", 0.0)
             busy = total - times.idle - getattr(times, "iowait", 0.0)
             steal = getattr(times, "steal", None)  # Linux only
-            if self._cpu is not None:
-                d_total = total - self._cpu[1]
-                if d_total > 0:  # iowait can go backwards on Linux: clamp to the possible range
-                    add(GROUP, "system.cpu.utilization", min(1.0, max(0.0, (busy - self._cpu[0]) / d_total)))
-                    if steal is not None and self._cpu[2] is not None:
-                        add(GROUP, "system.cpu.steal", min(1.0, max(0.0, (steal - self._cpu[2]) / d_total)))
-            self._cpu = (busy, total, steal)
+            last = self._cpu
+            d_total = 0.0 if last is None else total - last[1]
+            if last is None or d_total < 0:  # the first, or counters that went back (CPUs offlined): start again
+                self._cpu = (busy, total, steal)
+            elif d_total >= MIN_RATE_S * (psutil.cpu_count() or 1):  # else measured with the next sample: too short
+                # iowait can go backwards on Linux: clamp to the possible range
+                add(GROUP, "system.cpu.utilization", min(1.0, max(0.0, (busy - last[0]) / d_total)))
+                if steal is not None and last[2] is not None:
+                    add(GROUP, "system.cpu.steal", min(1.0, max(0.0, (steal - last[2]) / d_total)))
+                self._cpu = (busy, total, steal)
 
         vm = cycle.read("host.memory", psutil.virtual_memory)
         if vm is not None:

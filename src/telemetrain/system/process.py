@@ -124,6 +124,35 @@ def _boot_s() -> float | None:
     return None if clock is None else time.clock_gettime(clock)
 
 
+# CPU times are counted in clock ticks (10 ms at Linux's USER_HZ of 100): over a short interval a difference of two
+# readings is off by up to a tick, so that 5 ms after the previous sample a process burning one CPU reads 0 or 2. A
+# rate is given once its interval (its cycles', summed) is at least this long: off by at most 5% of one CPU.
+MIN_RATE_S = 20 / _CLK_TCK
+
+
+class _Rate:
+    """CPU seconds / (seconds x CPUs), summed over cycles until they span ``MIN_RATE_S``."""
+
+    __slots__ = ("capacity", "cpu", "elapsed")
+
+    def __init__(self) -> None:
+        self.cpu = self.capacity = self.elapsed = 0.0
+
+    def add(self, cpu_s: float | None, elapsed_s: float | None, cpus: float) -> float | None:
+        """This cycle's CPU seconds over its interval: the rate, or None while too short (or unknown: starts over)."""
+        if cpu_s is None or elapsed_s is None or elapsed_s <= 0:
+            self.cpu = self.capacity = self.elapsed = 0.0
+            return None
+        self.cpu += cpu_s
+        self.capacity += elapsed_s * cpus
+        self.elapsed += elapsed_s
+        if self.elapsed < MIN_RATE_S:
+            return None  # carried over to the next cycle's
+        value = self.cpu / self.capacity
+        self.cpu = self.capacity = self.elapsed = 0.0
+        return value
+
+
 class ProcessTreeSource:
     name = "process"
 
@@ -138,6 +167,7 @@ class ProcessTreeSource:
         self._starts: dict[int, int] = {}  # members' start times, as the scanner read them
         self._cpu: dict[_Key, float] = {}  # CPU seconds at the previous sample
         self._last_mono: int | None = None
+        self._rate, self._tree_rate = _Rate(), _Rate()
         self._last_sample_at: tuple[float, float | None] | None = None  # (wall, boot-clock) s at the previous sample
         self._scanned_last_cycle = False
         self._next_scan_ns = 0
@@ -203,7 +233,6 @@ class ProcessTreeSource:
         root = self._root
         cpu_count = _cpu_count(*self._cgroup)  # read each cycle: a container's quota can be resized while it runs
         elapsed_s = None if self._last_mono is None else (cycle.mono_ns - self._last_mono) / 1e9
-        capacity = elapsed_s * cpu_count if elapsed_s is not None and elapsed_s > 0 else None
         first_seen_counts = self._scanned_last_cycle  # a newcomer was born after the previous sample
         sampled_before = self._last_sample_at
         self._last_sample_at = (time.time(), _boot_s())
@@ -229,8 +258,7 @@ class ProcessTreeSource:
             previous = self._cpu.get(self._root_key)
             if previous is not None:
                 root_delta = max(0.0, seconds - previous)
-                if capacity is not None:
-                    add(GROUP, "process.cpu.utilization", root_delta / capacity)
+        add(GROUP, "process.cpu.utilization", self._rate.add(root_delta, elapsed_s, cpu_count))
 
         if self._tree:
             tree_delta = root_delta
@@ -266,8 +294,7 @@ class ProcessTreeSource:
                     tree_rss += int(rss)
             add(GROUP, "process.children.count", live)
             add(GROUP, "process.tree.memory.usage", tree_rss)
-            if tree_delta is not None and capacity is not None:
-                add(GROUP, "process.tree.cpu.utilization", tree_delta / capacity)
+            add(GROUP, "process.tree.cpu.utilization", self._tree_rate.add(tree_delta, elapsed_s, cpu_count))
         self._cpu = cpu_now
         self._last_mono = cycle.mono_ns
         self._scanned_last_cycle = scanned

@@ -1,6 +1,7 @@
-"""``process.cpu.utilization`` is relative to the CPUs the process may use: in a container with a CPU quota (cgroup
-v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``) the quota, not the host's CPUs. Fake cgroup trees in a tmp dir, the real
-process's CPU time."""
+"""CPU utilisations: relative to the CPUs the process may use (in a container with a CPU quota, cgroup v2 ``cpu.max``
+or v1 ``cpu.cfs_quota_us``, the quota; fake cgroup trees in a tmp dir), and given only over intervals long enough for
+CPU times counted in clock ticks. The real process's CPU time.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ pytest.importorskip("psutil", reason="telemetrain.system needs psutil (the [syst
 
 from telemetrain.system.base import Cycle
 from telemetrain.system.cgroup import cgroup_cpu_limit
-from telemetrain.system.process import ProcessTreeSource
+from telemetrain.system.process import MIN_RATE_S, ProcessTreeSource
 
 
 def _tree(root: Path, files: dict[str, str], self_cgroup: str) -> tuple[str, str]:
@@ -93,3 +94,42 @@ def test_show_gives_cores_for_a_fractional_cpu_count(tmp_path: Path) -> None:
     t.close()
     text = "\n".join(summarize(open_run(run_dir_of(t))))
     assert re.search(r"cpu mean 75\.0% = 1\.12 cores, max 100\.0%", text), text
+
+
+def test_cpu_rates_over_short_intervals_wait_for_enough_ticks(tmp_path: Path) -> None:
+    """CPU times are counted in 10 ms ticks: cycles 3 ms apart each read 0 or 3 ticks. The rate is given once the
+    cycles span ``MIN_RATE_S``, then right within a tick over that span. The cycles' clock is this process's CPU
+    clock (exact), so a process that is all CPU reads one CPU busy."""
+    root, self_cgroup = _tree(tmp_path, {}, "0::/\n")  # no quota: the affinity's CPUs
+    source = ProcessTreeSource(tree=False, cgroup_root=root, self_cgroup=self_cgroup)
+    cpus = source.describe()["process.cpu_count"]
+
+    def fail(what: str, exc: BaseException) -> None:
+        raise AssertionError(what) from exc
+
+    rates = []
+    for _ in range(int(3 * MIN_RATE_S / 0.003)):
+        cycle = Cycle(time.process_time_ns(), fail, thorough=True)
+        source.sample(cycle)
+        rates += [value for _, name, value in cycle.values if name == "process.cpu.utilization"]
+        _burn(0.003)
+    assert 2 <= len(rates) <= 5, rates  # not one a cycle
+    for rate in rates:  # one CPU busy, off by at most a tick over MIN_RATE_S: 5% of a CPU
+        assert rate * cpus == pytest.approx(1.0, abs=0.06), rates
+
+
+def test_host_cpu_utilization_is_not_given_over_a_few_ticks(tmp_path: Path) -> None:
+    from telemetrain.system.host import HostSource
+
+    source = HostSource([str(tmp_path)])
+
+    def cpu(burn_s: float) -> list[float]:
+        _burn(burn_s)
+        cycle = Cycle(time.monotonic_ns(), lambda what, exc: None, thorough=True)
+        source.sample(cycle)
+        return [value for _, name, value in cycle.values if name == "system.cpu.utilization"]
+
+    assert cpu(0) == []  # the first: no interval
+    assert cpu(0.02) == []  # 2 ticks of one CPU: 0, 50% or 100% by where the ticks fell
+    time.sleep(MIN_RATE_S)  # now the interval is long enough
+    assert len(cpu(0)) == 1
