@@ -15,6 +15,7 @@ from conftest import helper_env
 from telemetrain.analysis.counter_totals import CounterTotals, merge_lifetimes
 from telemetrain.cli import summarize
 from telemetrain.report.model import build_model
+from telemetrain.show_json import show_dict
 from telemetrain.store import open_run
 from telemetrain.store.engine import Engine
 
@@ -78,6 +79,9 @@ def test_a_restart_adds_to_the_io_and_energy_totals(tmp_path: Path) -> None:
             text = "\n".join(lines)
             assert re.search(r"i/o +disk read 375\.0 MiB ", text), text  # not the last lifetime's 25 MiB
             assert "energy      375.0 J" in text, text  # not the largest lifetime's 300 J
+        for got in (show_dict(run), show_dict(run, engine)):  # --json: the total beside the last lifetime's value
+            (disk,) = [s for s in got["system"] if s["name"] == "system.disk.io.read"]
+            assert (disk["total"], disk["last"]) == (375 * MiB, 25 * MiB)
         for model in (build_model(run), build_model(run, engine=engine)):
             energy = {label: value for label, value, _ in model.headline}["GPU energy"]
             assert energy.endswith("(375 J)"), energy

@@ -41,8 +41,10 @@ def show_dict(run: Run, engine: Any = None) -> dict[str, Any]:
         "records": {"total": summary.records, "by_kind": dict(sorted(summary.by_kind.items()))},
         "metrics": _series(summary.metrics, lambda r: {"last": r.value, "step": r.step, "unit": r.unit or None}),
         "stats": _series(summary.stats, lambda r: {"last": dict(r.values), "unit": r.unit or None}),
+        # a counter's total over the sampler's lifetimes besides its last value (the last lifetime's: counter_totals)
         "system": [{"who": who, "group": group, "name": name, "samples": s.count, "mean": s.mean, "max": s.max,
-                    "last": s.last}
+                    "last": s.last, **({"total": summary.counter_totals[(who, group, name)]}
+                                       if (who, group, name) in summary.counter_totals else {})}
                    for (who, group), by_name in sorted(summary.system.items()) for name, s in sorted(by_name.items())],
         "training": _training(summary),
         "checkpoints": _checkpoints(summary),
