@@ -97,8 +97,8 @@ def test_show_gives_cores_for_a_fractional_cpu_count(tmp_path: Path) -> None:
 
 
 def test_cpu_rates_over_short_intervals_wait_for_enough_ticks(tmp_path: Path) -> None:
-    """CPU times are counted in 10 ms ticks: cycles 3 ms apart each read 0 or 3 ticks. The rate is given once the
-    cycles span ``MIN_RATE_S``, then right within a tick over that span. The cycles' clock is this process's CPU
+    """CPU times are counted in 10 ms ticks: cycles 3 ms apart each read 0 or a few ticks. The rate is given once the
+    cycles span ``MIN_RATE_S``, then right within two ticks over that span. The cycles' clock is this process's CPU
     clock (exact), so a process that is all CPU reads one CPU busy."""
     root, self_cgroup = _tree(tmp_path, {}, "0::/\n")  # no quota: the affinity's CPUs
     source = ProcessTreeSource(tree=False, cgroup_root=root, self_cgroup=self_cgroup)
@@ -114,8 +114,8 @@ def test_cpu_rates_over_short_intervals_wait_for_enough_ticks(tmp_path: Path) ->
         rates += [value for _, name, value in cycle.values if name == "process.cpu.utilization"]
         _burn(0.003)
     assert 2 <= len(rates) <= 5, rates  # not one a cycle
-    for rate in rates:  # one CPU busy, off by at most a tick over MIN_RATE_S: 5% of a CPU
-        assert rate * cpus == pytest.approx(1.0, abs=0.06), rates
+    for rate in rates:  # one CPU busy, off by at most two ticks (user, system) over MIN_RATE_S: 10% of a CPU
+        assert rate * cpus == pytest.approx(1.0, abs=0.11), rates
 
 
 def test_host_cpu_utilization_is_not_given_over_a_few_ticks(tmp_path: Path) -> None:

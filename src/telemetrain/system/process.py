@@ -124,9 +124,10 @@ def _boot_s() -> float | None:
     return None if clock is None else time.clock_gettime(clock)
 
 
-# CPU times are counted in clock ticks (10 ms at Linux's USER_HZ of 100): over a short interval a difference of two
-# readings is off by up to a tick, so that 5 ms after the previous sample a process burning one CPU reads 0 or 2. A
-# rate is given once its interval (its cycles', summed) is at least this long: off by at most 5% of one CPU.
+# CPU times are counted in clock ticks (10 ms at Linux's USER_HZ of 100; user and system time each truncated): over a
+# short interval a difference of two readings is off by up to two ticks, so that 5 ms after the previous sample a
+# process burning one CPU reads 0 or 2 or more. A rate is given once its interval (its cycles', summed) is at least
+# this long: off by at most 10% of one CPU then, 2% over 1 s.
 MIN_RATE_S = 20 / _CLK_TCK
 
 
