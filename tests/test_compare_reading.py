@@ -14,6 +14,7 @@ pytest.importorskip("duckdb")
 from telemetrain import Telemetry, identity_from_env
 from telemetrain.analysis import samples_sql
 from telemetrain.analysis.compare_quality import compare_quality, quality_series
+from telemetrain.analysis.findings.noise import Contention
 from telemetrain.analysis.samples import read_samples
 from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
 from telemetrain.training.goodput import goodput
@@ -248,3 +249,23 @@ def test_a_loss_named_but_missing_in_one_run_is_not_swapped_for_another_metric(r
     result = compare_samples(candidate, baseline, loss="lr", resamples=100)
     assert result.quality is None
     assert f"quality not compared: no metric 'lr' in the baseline {baseline.run_id}" in result.notes
+
+
+@pytest.mark.parametrize("engine", ["python", "duckdb"])
+def test_process_cpu_in_cores_uses_the_cpus_the_sampler_divided_by(tmp_path: Path, engine: str,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # a container limited to half a CPU on a host of many: process.cpu.utilization is a share of the half CPU (the
+    # sampler's divisor, in its start event), so "cores" multiplies by that, not by the host's CPU count
+    if engine == "python":
+        monkeypatch.setenv("TELEMETRAIN_ENGINE", "python")
+    for rank, cpus in ((0, 0.5), (1, 1.5)):
+        t = Telemetry(identity_from_env({}, run_id="quota", session_tag="quota", rank=rank, world_size=2),
+                      store=tmp_path)
+        t.event("system.sampler.start", {"interval_s": 1.0, "process.cpu_count": cpus}, group="system")
+        t.metric("process.cpu.utilization", 0.8, "system", unit="1")
+        assert t.close()
+    samples = read_samples(tmp_path / "quota" / "quota")
+    assert samples.cpu_count == pytest.approx(1.0)  # the ranks' mean divisor
+    assert samples.contention["process_cpu"] == pytest.approx(0.8)
+    described = Contention.of(None, samples.contention, samples.cpu_count).describe()
+    assert "process CPU 80% = 0.80 cores" in described, described

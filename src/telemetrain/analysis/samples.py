@@ -42,6 +42,7 @@ _CONTENTION = {"process.cpu.utilization": "process_cpu", "system.cpu.utilization
 _CONTENTION_BYTES = (b'"process.cpu.utilization"', b'"system.cpu.utilization"', b'"system.cpu.steal"',
                      b'"hw.gpu.throttle.')
 _INIT_BYTES = b'"name":"one_logger_initialization"'
+_SAMPLER_START_BYTES = b'"name":"system.sampler.start"'
 _NOT_USER_BYTES = (b'"group":"system', b'"group":"training"', b'"group":"cross_rank"')  # curves.is_user_group's
 
 
@@ -84,7 +85,7 @@ class RunSamples:
     contention: dict[str, float] = field(default_factory=dict)
     is_baseline: bool = False  # the config's is_baseline_run (one_logger_initialization)
     goodput: float | None = None  # the run's own goodput, when compare computed it (``with_goodput``)
-    cpu_count: int | None = None  # run.json's hardware
+    cpu_count: float | None = None  # the CPUs the sampler divided process CPU by (a quota), else run.json's hardware
     # Filled by the SQL path instead of ``windows`` (whose size grows with the run): the series (keyed by metric,
     # rank, busy_free), the ranks, the window count, the sampled spans' percentiles and the windows' aggregates
     # computed by DuckDB (8 bytes a value: a run's per-rank series hold one value per window of every rank, kept in
@@ -222,6 +223,11 @@ def _finite(value: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def hardware_cpu_count(value: Any) -> float | None:
+    """run.json's ``hardware.cpu_count`` (the host's CPUs), if a positive int."""
+    return float(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 def open_run_meta(path: Path) -> dict[str, Any]:
     """``run.json`` of a run directory (empty if missing or unreadable; damaged fields dropped)."""
     return read_run_meta(path)
@@ -253,6 +259,7 @@ class _Collector:
         self.durations: dict[str, list[tuple[int, float]]] = {}
         self.signals: dict[str, list[float]] = {}
         self.is_baseline = False
+        self.sampler_cpus: list[float] = []  # each sampler's divisor of process.cpu.utilization (at its start)
         self.curves = CurveBuilder()
 
     def feed(self, records: Iterable[Any]) -> None:
@@ -280,6 +287,11 @@ class _Collector:
                 elif type(r.value) is not bool and isinstance(r.value, (int, float)) and is_user_group(r.group) \
                         and (self.first_wall_ns is None or r.wall_ns < self.first_wall_ns):
                     self.first_wall_ns = r.wall_ns  # a point CurveBuilder.add would have taken
+                continue
+            if r.kind == "event" and r.name == "system.sampler.start":
+                cpus = _finite((r.attributes or {}).get("process.cpu_count"))
+                if cpus is not None and cpus > 0:
+                    self.sampler_cpus.append(cpus)
                 continue
             if r.kind == "event" and r.name == "one_logger_initialization":
                 self.is_baseline = self.is_baseline or (r.attributes or {}).get("is_baseline_run") is True
@@ -328,7 +340,7 @@ class _Collector:
             durations=self.durations,
             contention={k: statistics.fmean(v) for k, v in self.signals.items() if v},
             is_baseline=self.is_baseline or meta.get("is_baseline_run") is True,
-            cpu_count=cpus if isinstance(cpus, int) and not isinstance(cpus, bool) and cpus > 0 else None,
+            cpu_count=statistics.fmean(self.sampler_cpus) if self.sampler_cpus else hardware_cpu_count(cpus),
             curves=self.curves,
         )
 
@@ -346,7 +358,7 @@ def _wanted(raw: bytes) -> bool:
         return _ITERATION_BYTES in raw or any(name in raw for name in _DURATION_BYTES)
     if b'"metric"' in head:  # the contention signals, and the user's metrics (curves)
         return any(name in raw for name in _CONTENTION_BYTES) or not any(g in raw for g in _NOT_USER_BYTES)
-    return _INIT_BYTES in raw
+    return _INIT_BYTES in raw or _SAMPLER_START_BYTES in raw
 
 
 def read_samples(path: str | Path, on_file: Callable[[int], None] | None = None, *,

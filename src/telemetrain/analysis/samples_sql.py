@@ -23,7 +23,16 @@ from ..store.rank_groups import rank_groups
 from ..store.reader import Run
 from ..store.views import insert_rows
 from .quantiles_sql import median, ranked
-from .samples import _CONTENTION, DURATIONS, OTHER, PHASES, RunSamples, interpolate, quantile_positions
+from .samples import (
+    _CONTENTION,
+    DURATIONS,
+    OTHER,
+    PHASES,
+    RunSamples,
+    hardware_cpu_count,
+    interpolate,
+    quantile_positions,
+)
 from .samples_sums import RunSums
 
 __all__ = ["samples_sql"]
@@ -305,9 +314,17 @@ def samples_sql(engine: Engine, run: Run, curves: Callable[[str], bool] | None =
                       workload=dict(meta["workload"]) if isinstance(meta.get("workload"), dict) else {},
                       durations=durations, contention=contention,
                       is_baseline=baseline or meta.get("is_baseline_run") is True,
-                      cpu_count=cpus if isinstance(cpus, int) and not isinstance(cpus, bool) and cpus > 0 else None,
+                      cpu_count=_sampler_cpus(engine) or hardware_cpu_count(cpus),
                       precomputed=precomputed, precomputed_ranks=ranks, precomputed_windows=int(count),
                       precomputed_iterations=int(iterations or 0),
                       precomputed_percentiles=percentiles,
                       precomputed_phase_source=source, precomputed_waits_known=bool(known),
                       precomputed_wait_fraction=None if fraction is None else float(fraction), curves=builder)
+
+
+def _sampler_cpus(engine: Engine) -> float | None:
+    """The mean of the CPUs each system sampler divided process CPU by (its start event), as the file reader's."""
+    value = engine.scalar(
+        "SELECT avg(c) FROM (SELECT TRY_CAST(json_extract(attributes, '$.\"process.cpu_count\"') AS DOUBLE) AS c "
+        "FROM events WHERE role <> 'agent' AND name = 'system.sampler.start') WHERE isfinite(c) AND c > 0")
+    return float(value) if isinstance(value, (int, float)) else None

@@ -55,7 +55,7 @@ class Contention:
     process_cpu: float | None = None  # mean process.cpu.utilization (share of the CPUs it may use)
     host_cpu: float | None = None  # mean system.cpu.utilization
     gpu_throttled: float | None = None  # share of GPU samples with a throttle flag
-    cpu_count: int | None = None
+    cpu_count: float | None = None  # the CPUs process_cpu is a share of
     steal: float | None = None  # mean system.cpu.steal (share of all the host's CPU time)
 
     @property
@@ -76,7 +76,7 @@ class Contention:
             (self.host_cpu is not None and self.host_cpu >= BUSY_HOST) or (stolen is not None and stolen >= BUSY_STEAL)
 
     @classmethod
-    def of(cls, wait_fraction: float | None, signals: Mapping[str, float], cpu_count: int | None) -> Contention:
+    def of(cls, wait_fraction: float | None, signals: Mapping[str, float], cpu_count: float | None) -> Contention:
         return cls(wait_fraction, signals.get("process_cpu"), signals.get("host_cpu"), signals.get("gpu_throttled"),
                    cpu_count, signals.get("steal"))
 
