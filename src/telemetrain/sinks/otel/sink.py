@@ -70,10 +70,12 @@ _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 # One for all sinks: providers cache their tracer per scope, so sinks sharing a provider share a tracer (per thread)
 _IDS = GivenIds()
 _CONFIG_DONE = ""  # a key of _root_attrs: the run's config is in it
-# The OTLP exporters retry a failed export until their timeout (the spec's default: 10 s). Ours must give up well
-# inside Telemetry.close(timeout=5.0), which may see two exports (the last spans, the last metrics) to a dead
-# collector; past it the sink is abandoned and its thread left running.
-DEFAULT_EXPORT_TIMEOUT_S = 1.0
+# The OTLP exporters retry a failed export (with backoff, on retryable codes) until their timeout: the spec's
+# default, 10 s, so a slow collector still gets every batch. While exports fail, the sink's default exporters are
+# replaced by twins that give up after QUICK_EXPORT_TIMEOUT_S: a collector that is down costs the sink's thread a
+# second per try, not ten, and the last exports of a close (spans, metrics) stay inside Telemetry.close(timeout=5.0).
+DEFAULT_EXPORT_TIMEOUT_S = 10.0
+QUICK_EXPORT_TIMEOUT_S = 1.0
 
 
 def _otlp(module: str, cls: str) -> Any:
@@ -102,9 +104,11 @@ class OTelSink(Sink):
     resource of the first record's identity (``otel_resource``) and ``span_exporter`` / ``metric_exporter``
     (default: OTLP over HTTP, configured by the standard ``OTEL_EXPORTER_OTLP_*`` variables). The sink's own
     providers export in the sink's thread, spans after every batch and metrics every ``metric_interval`` seconds and
-    on flush; a failed export raises, so the dispatcher counts it. The default OTLP exporters give up after
-    ``export_timeout`` seconds (unless ``OTEL_EXPORTER_OTLP_*TIMEOUT`` says otherwise), so a dead collector cannot
-    keep ``Telemetry.close()`` waiting past its timeout.
+    on flush; a failed export raises, so the dispatcher counts it, and its spans (and stats' histogram points) are
+    sent again with the next export (at most ``MAX_KEPT_SPANS``; beyond, the oldest are dropped and counted in
+    ``dropped_spans``). The default OTLP exporters give up after ``export_timeout`` seconds (unless
+    ``OTEL_EXPORTER_OTLP_*TIMEOUT`` says otherwise), and after ``QUICK_EXPORT_TIMEOUT_S`` while exports fail, so a
+    dead collector cannot keep ``Telemetry.close()`` waiting past its timeout.
     """
 
     name = "otel"
@@ -187,27 +191,53 @@ class OTelSink(Sink):
                 handler(record)
         if self._latest:
             self._set_latest()
-        if self._direct is not None:
-            self._direct.export()
-        if self._reader is not None and time.monotonic() - self._last_collect >= self.metric_interval:
-            self._collect()
+        self._export(self._reader is not None and time.monotonic() - self._last_collect >= self.metric_interval)
 
     def flush(self) -> None:
-        if self._direct is not None:
-            self._direct.export()
-        elif self._tracer is not None:
+        if self._direct is None and self._tracer is not None:
             _force_flush(self._user_tp, self._timeout_ms)
-        if self._reader is not None:
-            self._collect()
-        elif self._meter is not None:
+        if self._reader is None and self._meter is not None:
             _force_flush(self._user_mp, self._timeout_ms)
+        self._export(self._reader is not None)
+
+    def _export(self, metrics: bool) -> None:
+        """The own providers' spans, then (``metrics``) metrics: the metrics go out even when the spans fail (kept
+        spans fail every export until the collector is back), and the first failure is raised after both."""
+        failed: OTelExportError | None = None
+        if self._direct is not None:
+            try:
+                self._direct.export()
+            except OTelExportError as exc:
+                failed = exc
+        if metrics:
+            try:
+                self._collect()
+            except OTelExportError as exc:
+                failed = failed or exc
+        if failed is not None:
+            raise failed
+
+    @property
+    def dropped_spans(self) -> int:
+        """Spans of failed exports that were never delivered: over ``MAX_KEPT_SPANS``, or still waiting at close."""
+        return self._direct.dropped if self._direct is not None else 0
+
+    @property
+    def dropped_histograms(self) -> int:
+        """Stats' histogram points of failed exports that were never delivered (as ``dropped_spans``)."""
+        return self._reader.dropped if self._reader is not None else 0
 
     def close(self) -> None:
         # our own providers only: the application's are its own to shut down
+        before = self.dropped_spans, self.dropped_histograms
         if self._own_tp is not None:
             self._own_tp.shutdown()
         if self._own_mp is not None:
             self._own_mp.shutdown(timeout_millis=self._timeout_ms)
+        spans, histograms = self.dropped_spans - before[0], self.dropped_histograms - before[1]
+        if spans or histograms:  # the final flush failed too: raised, so the dispatcher counts and reports the loss
+            raise OTelExportError(f"{spans} spans and {histograms} histogram points of failed exports were never "
+                                  "delivered (the collector still failed at close)")
 
     def after_fork_in_child(self) -> None:
         # the parent's open spans and buffered events are the parent's; its own providers' exporters (HTTP sessions)
@@ -234,16 +264,23 @@ class OTelSink(Sink):
             return None
         return self.export_timeout
 
+    def _default_exporters(self, signal: str, module: str, cls: str) -> tuple[Any, Any]:
+        """The default OTLP exporter and its quick twin (used while exports fail)."""
+        make = _otlp(module, cls)
+        timeout = self._otlp_timeout(signal)
+        quick = QUICK_EXPORT_TIMEOUT_S if timeout is None else min(QUICK_EXPORT_TIMEOUT_S, timeout)
+        return make(timeout=timeout), make(timeout=quick)
+
     # -- spans -----------------------------------------------------------------------------------------------------
 
     def _tracer_for(self, identity: Identity) -> Tracer:
         if self._tracer is None:
             provider = self._user_tp
             if provider is None:
-                exporter = self._span_exporter or _otlp("trace_exporter", "OTLPSpanExporter")(
-                    timeout=self._otlp_timeout("TRACES"))
+                exporter, quick = (self._span_exporter, None) if self._span_exporter is not None else \
+                    self._default_exporters("TRACES", "trace_exporter", "OTLPSpanExporter")
                 quiet_own_exports()
-                self._direct = DirectSpanExport(exporter)
+                self._direct = DirectSpanExport(exporter, quick)
                 resource = otel_resource(identity, self.run_config)
                 own = SdkTracerProvider(resource=resource, id_generator=self._ids, shutdown_on_exit=False)
                 own.add_span_processor(self._direct)
@@ -337,10 +374,10 @@ class OTelSink(Sink):
         if self._meter is None:
             provider = self._user_mp
             if provider is None:
-                exporter = self._metric_exporter or _otlp("metric_exporter", "OTLPMetricExporter")(
-                    timeout=self._otlp_timeout("METRICS"))
+                mexporter, mquick = (self._metric_exporter, None) if self._metric_exporter is not None else \
+                    self._default_exporters("METRICS", "metric_exporter", "OTLPMetricExporter")
                 quiet_own_exports()
-                self._reader = PushMetricReader(exporter)
+                self._reader = PushMetricReader(mexporter, mquick)
                 resource = otel_resource(identity, self.run_config)
                 self._reader.extra = (InstrumentationScope(SCOPE, __version__), resource, self._take_histograms)
                 self._own_mp = provider = SdkMeterProvider(
