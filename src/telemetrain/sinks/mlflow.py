@@ -128,7 +128,11 @@ class MLflowSink(Sink):
         client = self._client
         if self.run_id is None:
             if self._given_run_id is not None:
-                run_id = client.get_run(self._given_run_id).info.run_id  # fails here if there is no such run
+                run = client.get_run(self._given_run_id)  # fails here if there is no such run
+                run_id = run.info.run_id
+                # its params (a resumed job's, an earlier attempt's identity.*): the same value is not sent again, a
+                # different one is warned about (MLflow keeps the first) rather than failing every batch that has it
+                self._params.update({str(k): str(v) for k, v in run.data.params.items()})
             else:
                 run_id = client.create_run(self._experiment_id(client), run_name=self._name(identity),
                                            tags={**_identity_tags(identity), **self.tags}).info.run_id
