@@ -1032,3 +1032,24 @@ def test_the_sign_of_infinite_samples(mon: types.ModuleType, register: Registrar
     else:
         assert data == {"grad.sum": float("-inf"), "grad.mean": float("-inf"), "grad.max": float("-inf"),
                         "grad.min": float("-inf"), "grad.count": 2.0}
+
+
+def test_a_tensor_sample_is_refused_rather_than_synchronised(mon: types.ModuleType, register: Registrar) -> None:
+    """compat.md's row: torch converts a 0-d tensor itself (on CUDA, a device sync inside ``add``); ours refuses it
+    with the hint to call ``.item()``, and takes numpy scalars, bools and ints as torch does."""
+    import torch
+
+    events: list[Any] = []
+    register(events.append, mon)
+    agg = mon.Aggregation
+    s = mon.Stat("loss", (agg.SUM, agg.COUNT), datetime.timedelta(hours=1), 4)
+    for value in (np.float32(2.0), True, 3):
+        s.add(value)
+    if is_ours(mon):
+        with pytest.raises(TypeError, match=r"\.item\(\)"):
+            s.add(torch.tensor(1.5))
+        s.add(torch.tensor(1.5).item())
+    else:
+        s.add(torch.tensor(1.5))
+    (data,) = [e.data for e in events if e.name == "torch.monitor.Stat"]
+    assert data == {"loss.sum": 7.5, "loss.count": 4.0}
