@@ -40,7 +40,7 @@ from ..dispatch import warn_safely
 from ..hparams import is_hyperparameters
 from ..identity import Identity
 from ..semconv import series_key
-from .base import Sink
+from .base import Sink, as_float
 
 __all__ = ["MLflowSink", "metric_key"]
 
@@ -216,11 +216,11 @@ class MLflowSink(Sink):
                     step = self._step
                 elif step > self._step:
                     self._step = step
-                add(Metric(key=key, value=float(r.value), timestamp=ms, step=step))
+                add(Metric(key=key, value=as_float(r.value), timestamp=ms, step=step))
             elif kind == "stat":
                 base = self._key(r.group, r.name)
                 for agg, value in r.values.items():
-                    add(Metric(key=_clean_key(f"{base}/{agg}"), value=float(value), timestamp=ms, step=self._step))
+                    add(Metric(key=_clean_key(f"{base}/{agg}"), value=as_float(value), timestamp=ms, step=self._step))
             elif kind == "event" and r.attributes:
                 if is_hyperparameters(r):
                     self._add_params(r.attributes)

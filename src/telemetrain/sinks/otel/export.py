@@ -8,6 +8,7 @@ providers export synchronously in that thread instead, and a failed export raise
 
 from __future__ import annotations
 
+import importlib
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -29,6 +30,8 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+_OTLP = "opentelemetry.exporter.otlp.proto.http"
 
 
 class OTelExportError(RuntimeError):
@@ -238,3 +241,21 @@ class GivenIds(IdGenerator):
 
     def is_trace_id_random(self) -> bool:
         return True  # ours are 128 random bits too (span_lifecycle._new_trace_id), as W3C asks
+
+
+def otlp_exporter(module: str, cls: str) -> Any:
+    """An OTLP/HTTP exporter class (the default exporters), or one ImportError naming the extra."""
+    try:
+        return getattr(importlib.import_module(f"{_OTLP}.{module}"), cls)
+    except ImportError as exc:
+        raise ImportError(
+            "OTelSink's default exporters need opentelemetry-exporter-otlp-proto-http: pip install "
+            "'telemetrain[otel]' (or pass tracer_provider/meter_provider or span_exporter/metric_exporter)"
+        ) from exc
+
+
+def force_flush_provider(provider: Any, timeout_ms: int) -> None:
+    """Force-flush the application's provider (the API's providers have no ``force_flush``; the SDK's do)."""
+    force_flush = getattr(provider, "force_flush", None)
+    if force_flush is not None:
+        force_flush(timeout_millis=timeout_ms)
