@@ -416,7 +416,9 @@ class OTelSink(Sink):
         return known
 
     def _metric(self, record: Any) -> None:
-        value = otel_number(record.value)
+        value = record.value
+        if type(value) is not float:  # (the common case costs no call)
+            value = otel_number(value)
         name, kind = self._name(record.name, record.unit)
         point = self._point(record.group, record.attributes)
         if kind != "gauge":
@@ -429,7 +431,7 @@ class OTelSink(Sink):
         point = self._point(record.group, None)
         for aggregation, value in record.values.items():
             self._latest[(f"{base}.{aggregation}", stat_unit(aggregation, record.unit), point)] = (
-                record.identity, otel_number(value))
+                record.identity, value if type(value) is float else otel_number(value))
         if record.histogram is not None and self._user_mp is None:
             self._meter_for(record.identity)  # builds the sink's own reader, which exports these
             hist = histogram_point(record, self._attrs_of(point))
