@@ -119,3 +119,28 @@ def test_a_rejected_batch_is_dropped_and_counted_not_sent_again(tmp_path: Path, 
     assert t.close(timeout=30)
     assert [span.name for _, span in receiver.spans()] == ["after"]
     assert sink.dropped_spans == 1
+
+
+def test_a_slow_collector_after_a_transient_error_gets_the_full_timeout_again(
+        tmp_path: Path, receiver: _Receiver, monkeypatch: pytest.MonkeyPatch) -> None:
+    # One 503 puts the sink on its 1 s exporters; a collector that answers in 1.5 s would then fail every export for
+    # good. The full timeout is tried again every FULL_RETRY_S (0 here: at once).
+    monkeypatch.setattr("telemetrain.sinks.otel.export.FULL_RETRY_S", 0.0)
+    receiver.delay_s, receiver.unavailable = 1.5, True
+    t = Telemetry(store=tmp_path)
+    sink = OTelSink(export_timeout=3.0)
+    t.add_sink(sink)
+    tr = Tracer(t)
+    with pytest.warns(RuntimeWarning, match="otel"):
+        with tr.span("during-the-error"):
+            pass
+        t.flush(timeout=30)
+    assert _otel_health(t)["failures"] >= 1
+    receiver.unavailable = False
+    with tr.span("after"):
+        pass
+    assert t.close(timeout=30)
+    # at least once: a request the collector took but answered after the client's timeout is sent again (the same
+    # span ids, which a backend can deduplicate)
+    assert {span.name for _, span in receiver.spans()} == {"during-the-error", "after"}
+    assert sink.dropped_spans == 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -99,6 +100,25 @@ def _cause() -> str:
 MAX_KEPT_SPANS = 20_000
 MAX_KEPT_HISTOGRAMS = 10_000
 CHUNK_SPANS = 512
+# While exports fail, the full-timeout exporter is still tried this often: a collector that is up but slower than the
+# quick twin's timeout (a transient error put the sink on the twin) gets its data again.
+FULL_RETRY_S = 60.0
+
+
+class _Failover:
+    """Which exporter the next export uses: ``quick`` while exports fail, but ``full`` at least every FULL_RETRY_S."""
+
+    def __init__(self, full: Any, quick: Any) -> None:
+        self.full, self.quick = full, quick
+        self.failing = False
+        self._last_full = 0.0
+
+    def pick(self) -> Any:
+        now = time.monotonic()
+        if self.failing and self.quick is not None and now - self._last_full < FULL_RETRY_S:
+            return self.quick
+        self._last_full = now
+        return self.full
 
 
 class DirectSpanExport(SpanProcessor):
@@ -106,13 +126,14 @@ class DirectSpanExport(SpanProcessor):
 
     ``quick``: the same exporter with a short timeout, used instead while exports fail (a collector that is down or
     restarting costs the sink's thread ~1 s per try, not the full timeout, and the final flush of ``close()`` stays
-    inside its timeout); the first success goes back to ``exporter``."""
+    inside its timeout), but for one try with ``exporter`` every FULL_RETRY_S; the first success goes back to
+    ``exporter``."""
 
     def __init__(self, exporter: SpanExporter, quick: SpanExporter | None = None,
                  max_kept: int | None = None) -> None:
         self.exporter = exporter
         self.quick = quick
-        self.failing = False
+        self.route = _Failover(exporter, quick)
         self.max_kept = MAX_KEPT_SPANS if max_kept is None else max_kept
         self.kept: list[ReadableSpan] = []  # spans of failed exports, oldest first, for the next export
         self.dropped = 0  # spans dropped from ``kept`` (over ``max_kept``, or still there at shutdown)
@@ -128,11 +149,11 @@ class DirectSpanExport(SpanProcessor):
         pending = self.kept + self._ended if self.kept else self._ended
         self.kept, self._ended = [], []
         for start in range(0, len(pending), CHUNK_SPANS):
-            exporter = self.quick if self.failing and self.quick is not None else self.exporter
+            exporter = self.route.pick()
             with _own_export():
                 result = exporter.export(pending[start:start + CHUNK_SPANS])
             if result is not SpanExportResult.SUCCESS:
-                self.failing = True
+                self.route.failing = True
                 if getattr(_exporting, "permanent", False):  # the collector rejected it: sending it again cannot help
                     self.dropped += len(pending[start:start + CHUNK_SPANS])
                     start += CHUNK_SPANS
@@ -140,7 +161,7 @@ class DirectSpanExport(SpanProcessor):
                 raise OTelExportError(
                     f"span exporter {type(exporter).__name__} failed ({len(self.kept)} spans kept for the next "
                     f"export, {self.dropped} dropped so far){_cause()}")
-            self.failing = False
+            self.route.failing = False
 
     def _keep(self, spans: list[ReadableSpan]) -> None:
         over = len(spans) - self.max_kept
@@ -173,7 +194,7 @@ class PushMetricReader(MetricReader):
         )
         self.exporter = exporter
         self.quick = quick
-        self.failing = False
+        self.route = _Failover(exporter, quick)
         # metrics the SDK cannot build from instruments (our stats' exponential histograms, already aggregated),
         # added to each export: (scope, resource, take the pending ones)
         self.extra: tuple[InstrumentationScope, Resource, Callable[[], list[Metric]]] | None = None
@@ -195,11 +216,11 @@ class PushMetricReader(MetricReader):
                     metrics_data = MetricsData([ResourceMetrics(resource, [ours], "")])
         if metrics_data is None:
             return
-        exporter = self.quick if self.failing and self.quick is not None else self.exporter
+        exporter = self.route.pick()
         with _own_export():
             result = exporter.export(metrics_data, timeout_millis=timeout_millis)
-        self.failing = result is not MetricExportResult.SUCCESS
-        if self.failing:
+        self.route.failing = result is not MetricExportResult.SUCCESS
+        if self.route.failing:
             if getattr(_exporting, "permanent", False):
                 self.dropped += len(extra)
                 extra = []
