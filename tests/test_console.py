@@ -103,6 +103,12 @@ def test_int_readings_are_grouped_as_floats_are_and_int_attributes_are_not() -> 
                          attributes={"process.pid": 24656})
     assert format_record(memory) == ("metric", "system/process.memory.usage = 239,640,576 By process.pid=24656")
     assert format_record(MetricPoint(0, 0, ident, "g", "n", 7, step=3)) == ("metric", "g/n = 7 step=3")
+    # beyond a float's precision: no grouped binary noise (1e30 printed 1,000,000,000,000,000,019,884,624,838,656),
+    # while an int stays exact however large
+    assert format_record(MetricPoint(0, 0, ident, "g", "big", 1e30)) == ("metric", "g/big = 1e+30")
+    assert format_record(MetricPoint(0, 0, ident, "g", "neg", -2.5e21)) == ("metric", "g/neg = -2.5e+21")
+    huge = MetricPoint(0, 0, ident, "g", "n", 10**20 + 1, unit="By")
+    assert format_record(huge) == ("metric", "g/n = 100,000,000,000,000,000,001 By")
 
 
 def test_the_default_console_is_a_readable_progress_view(tmp_path: Path) -> None:

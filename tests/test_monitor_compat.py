@@ -1012,3 +1012,44 @@ def test_report_empty_gives_count_zero_windows(
     recs = read_run(telemetry, "stat")
     assert any(r.name == "loud" and r.sample_count == 0 for r in recs)
     assert not any(r.name == "quiet" and r.sample_count == 0 for r in recs)
+
+
+def test_the_sign_of_infinite_samples(mon: types.ModuleType, register: Registrar) -> None:
+    """compat.md's row: torch's arithmetic keeps an infinity's sign in max/min/sum/mean; ours counts +inf and -inf
+    alike in ``inf_count`` and leaves them out of the aggregates, so a window of -inf only reports its counts (and
+    the sum of its finite samples: 0);
+    VALUE (broken in torch: it records nothing) keeps the last sample as it is."""
+    events: list[Any] = []
+    register(events.append, mon)
+    agg = mon.Aggregation
+    s = mon.Stat("grad", (agg.VALUE, agg.SUM, agg.MEAN, agg.MAX, agg.MIN, agg.COUNT), datetime.timedelta(hours=1), 2)
+    for value in (float("-inf"), float("-inf")):
+        s.add(value)
+    (data,) = [e.data for e in events if e.name == "torch.monitor.Stat"]
+    if is_ours(mon):
+        # sum: that of the finite samples (none), as in a window that mixes them
+        assert data == {"grad.value": float("-inf"), "grad.sum": 0.0, "grad.count": 2.0, "grad.inf_count": 2.0}
+    else:
+        assert data == {"grad.sum": float("-inf"), "grad.mean": float("-inf"), "grad.max": float("-inf"),
+                        "grad.min": float("-inf"), "grad.count": 2.0}
+
+
+def test_a_tensor_sample_is_refused_rather_than_synchronised(mon: types.ModuleType, register: Registrar) -> None:
+    """compat.md's row: torch converts a 0-d tensor itself (on CUDA, a device sync inside ``add``); ours refuses it
+    with the hint to call ``.item()``, and takes numpy scalars, bools and ints as torch does."""
+    import torch
+
+    events: list[Any] = []
+    register(events.append, mon)
+    agg = mon.Aggregation
+    s = mon.Stat("loss", (agg.SUM, agg.COUNT), datetime.timedelta(hours=1), 4)
+    for value in (np.float32(2.0), True, 3):
+        s.add(value)
+    if is_ours(mon):
+        with pytest.raises(TypeError, match=r"\.item\(\)"):
+            s.add(torch.tensor(1.5))
+        s.add(torch.tensor(1.5).item())
+    else:
+        s.add(torch.tensor(1.5))
+    (data,) = [e.data for e in events if e.name == "torch.monitor.Stat"]
+    assert data == {"loss.sum": 7.5, "loss.count": 4.0}

@@ -14,6 +14,7 @@ import importlib
 import inspect
 import pkgutil
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -69,6 +70,9 @@ class _Receiver(ThreadingHTTPServer):
         self.traces: list[Any] = []
         self.metrics: list[Any] = []
         self.lock = threading.Lock()
+        self.delay_s = 0.0  # a slow collector: each answer waits this long
+        self.unavailable = False  # a collector restarting: 503, which the OTLP exporters retry
+        self.rejecting = False  # a collector that rejects what it gets: 400, which no one sends again
 
     @property
     def base(self) -> str:
@@ -111,6 +115,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if self.server.delay_s:
+            time.sleep(self.server.delay_s)
+        if self.server.unavailable or self.server.rejecting:
+            self.send_error(503 if self.server.unavailable else 400)
+            return
         if self.headers.get("Content-Encoding") == "gzip":
             body = gzip.decompress(body)
         if self.path == "/v1/traces":

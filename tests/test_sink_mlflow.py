@@ -130,6 +130,30 @@ def test_attached_run_gets_the_data_and_is_left_running(tmp_path: Path, store_ur
     assert got.data.params["identity.run_id"] == t.identity.run_id
 
 
+def test_a_resumed_job_attaching_to_its_run_is_not_a_sink_failure(tmp_path: Path, store_uri: str) -> None:
+    # The run an earlier attempt of the job wrote (MLFLOW_RUN_ID resumed): its identity.* params and config differ
+    # from this process's. MLflow refuses to change a param, so sending them again failed a batch (counted, warned as
+    # a sink failure) on every resume; they are now the first values, kept, and the change is warned about once.
+    client = MlflowClient(store_uri)
+    first = telemetrain.Telemetry(store=False, config={"lr": 0.2})
+    first_sink = MLflowSink(store_uri, experiment_name="resume", end_run=False)
+    first.add_sink(first_sink)
+    first.metric("loss", 2.0, step=1)
+    first.close()
+    assert first_sink.run_id is not None
+    t = telemetrain.Telemetry(store=False, config={"lr": 0.1, "warmup": 100})
+    t.add_sink(MLflowSink(store_uri, run_id=first_sink.run_id))
+    with pytest.warns(RuntimeWarning, match="identity.run_id|lr") as caught:
+        t.metric("loss", 1.0, step=2)
+        t.close()
+    assert not [w for w in caught if "failed" in str(w.message)]
+    assert health_of(t)["failures"] == 0
+    params = client.get_run(first_sink.run_id).data.params
+    assert params["lr"] == "0.2" and params["warmup"] == "100"  # the first value kept, the new one logged
+    assert params["identity.run_id"] == first.identity.run_id
+    assert [(m.step, m.value) for m in client.get_metric_history(first_sink.run_id, "loss")] == [(1, 2.0), (2, 1.0)]
+
+
 def test_a_changed_config_keeps_the_first_value_and_warns_once(tmp_path: Path, store_uri: str) -> None:
     t = telemetrain.Telemetry(store=False)
     sink = MLflowSink(store_uri)

@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..records import PackedSource, unpack_batch
+
+
+def as_float(value: Any) -> float:
+    """A record's value as the float a backend takes: an int beyond a float's range (the run store keeps it exact)
+    becomes +-inf, as a float beyond it would be, instead of an ``OverflowError`` that fails the whole batch."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
 
 
 class Sink:

@@ -44,11 +44,14 @@ _QUIET_SPANS = frozenset({
 
 
 def _number(v: float) -> str:
-    """4 significant digits; thousands grouped from 10,000; nan/inf spelled so."""
+    """4 significant digits; thousands grouped from 10,000 to 1e15 (beyond, 4 significant digits again:
+    ``1.181e+21``); nan/inf spelled so."""
     if not math.isfinite(v):
         return "nan" if v != v else ("inf" if v > 0 else "-inf")
     if v == 0:
         return "0"
+    if abs(v) >= 1e15:  # grouped digits past a float's 15-16 would print its binary noise (1e30 -> ...019,884,...)
+        return f"{v:.4g}"
     if abs(v) >= 1e4:
         return f"{v:,.0f}"
     text = f"{v:.4g}"
@@ -76,7 +79,9 @@ def _with_unit(v: Any, unit: str) -> str:
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         if unit == "s":
             return _seconds(float(v))
-        if type(v) is not float and abs(v) < 2**53:
+        if type(v) is not float:
+            if abs(v) >= 2**53:  # exact, grouped: a float would round it
+                return f"{int(v):,}" + (f" {printable(unit)}" if unit else "")
             v = float(v)
     return _value(v) + (f" {printable(unit)}" if unit else "")
 

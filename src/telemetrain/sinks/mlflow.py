@@ -40,7 +40,7 @@ from ..dispatch import warn_safely
 from ..hparams import is_hyperparameters
 from ..identity import Identity
 from ..semconv import series_key
-from .base import Sink
+from .base import Sink, as_float
 
 __all__ = ["MLflowSink", "metric_key"]
 
@@ -128,7 +128,11 @@ class MLflowSink(Sink):
         client = self._client
         if self.run_id is None:
             if self._given_run_id is not None:
-                run_id = client.get_run(self._given_run_id).info.run_id  # fails here if there is no such run
+                run = client.get_run(self._given_run_id)  # fails here if there is no such run
+                run_id = run.info.run_id
+                # its params (a resumed job's, an earlier attempt's identity.*): the same value is not sent again, a
+                # different one is warned about (MLflow keeps the first) rather than failing every batch that has it
+                self._params.update({str(k): str(v) for k, v in run.data.params.items()})
             else:
                 run_id = client.create_run(self._experiment_id(client), run_name=self._name(identity),
                                            tags={**_identity_tags(identity), **self.tags}).info.run_id
@@ -212,11 +216,11 @@ class MLflowSink(Sink):
                     step = self._step
                 elif step > self._step:
                     self._step = step
-                add(Metric(key=key, value=float(r.value), timestamp=ms, step=step))
+                add(Metric(key=key, value=as_float(r.value), timestamp=ms, step=step))
             elif kind == "stat":
                 base = self._key(r.group, r.name)
                 for agg, value in r.values.items():
-                    add(Metric(key=_clean_key(f"{base}/{agg}"), value=float(value), timestamp=ms, step=self._step))
+                    add(Metric(key=_clean_key(f"{base}/{agg}"), value=as_float(value), timestamp=ms, step=self._step))
             elif kind == "event" and r.attributes:
                 if is_hyperparameters(r):
                     self._add_params(r.attributes)

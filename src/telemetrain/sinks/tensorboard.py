@@ -27,7 +27,7 @@ SIGTERM). The HParams dashboard shows each metric's last value beside them. Hype
 session start are in the ``run/hparams`` text (TensorBoard keeps the first session start of a run).
 
 Wall time is the record's. Values are float32, as every TensorBoard scalar is: NaN and +-inf are kept, a finite
-value beyond float32's range becomes +-inf (the run store keeps the exact value).
+value beyond float32's range (an int beyond float64's too) becomes +-inf (the run store keeps the exact value).
 
 The records are encoded with TensorBoard's own protos, framed as TFRecords (the framing of TensorBoard's
 ``RecordWriter``) and written to the file in the dispatcher's thread, once per batch: no second writer thread, an I/O
@@ -66,7 +66,7 @@ from .. import process_hooks
 from ..hparams import finite_or_text, is_hyperparameters
 from ..identity import Identity
 from ..semconv import series_key
-from .base import Sink
+from .base import Sink, as_float
 
 _crc32c: Callable[[bytes], int] | None
 try:
@@ -278,10 +278,10 @@ class TensorBoardSink(Sink):
                     f.step = step
                 f.start_session()  # a record with a step: a job that logs hyperparameters has logged them by now
             tag = self._tag(record.group, record.name, record.attributes)
-            f.add_scalars([f.scalar(tag, float(record.value))], step, wall_s)
+            f.add_scalars([f.scalar(tag, as_float(record.value))], step, wall_s)
         elif kind == "stat":
             base = metric_tag(record.group, record.name)
-            values = [f.scalar(f"{base}/{agg}", float(v)) for agg, v in record.values.items()]
+            values = [f.scalar(f"{base}/{agg}", as_float(v)) for agg, v in record.values.items()]
             f.add_scalars(values, f.step, wall_s)
         elif kind == "event" and record.attributes:
             if is_hyperparameters(record):

@@ -15,6 +15,7 @@ from opentelemetry.util.types import AttributeValue
 from ...cumulative import is_cumulative
 from ...identity import Identity
 from ...semconv import SEMCONV_METRICS
+from ..base import as_float
 
 # The semantic conventions' metrics (semconv.SEMCONV_METRICS) keep their name, and so do torch's allocator metrics
 # (``torch.cuda.*``); every other name gets a prefix, as the conventions ask of application-specific names -- the
@@ -40,6 +41,16 @@ def metric_name(name: str, prefix: str) -> str:
 
 
 is_counter = is_cumulative
+
+
+def otel_number(value: Any) -> Any:
+    """A value as OTLP carries it: a bool as 0/1, an int beyond int64 as a float (+-inf beyond a float's range: it
+    failed the batch, or every later export of its gauge), the rest as it is."""
+    if type(value) is bool:
+        return int(value)
+    if type(value) is int and not -_INT64 <= value < _INT64:
+        return as_float(value)
+    return value
 
 
 def point_attributes(group: str, labels: Mapping[str, Any] | None) -> dict[str, Any]:

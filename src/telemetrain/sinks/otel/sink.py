@@ -14,7 +14,6 @@ sampler's groups, ``telemetrain.group``; the run identity and config are in the 
 
 from __future__ import annotations
 
-import importlib
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -55,36 +54,35 @@ from .convert import (
     histogram_point,
     is_counter,
     metric_name,
+    otel_number,
     otel_resource,
     point_attributes,
     prefixed,
     stat_unit,
 )
-from .export import DirectSpanExport, GivenIds, OTelExportError, PushMetricReader, quiet_own_exports
+from .export import (
+    DirectSpanExport,
+    GivenIds,
+    OTelExportError,
+    PushMetricReader,
+    force_flush_provider,
+    otlp_exporter,
+    quiet_own_exports,
+)
 
 __all__ = ["OTelExportError", "OTelSink"]
 
 SCOPE = "telemetrain"
-_OTLP = "opentelemetry.exporter.otlp.proto.http"
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 # One for all sinks: providers cache their tracer per scope, so sinks sharing a provider share a tracer (per thread)
 _IDS = GivenIds()
 _CONFIG_DONE = ""  # a key of _root_attrs: the run's config is in it
-# The OTLP exporters retry a failed export until their timeout (the spec's default: 10 s). Ours must give up well
-# inside Telemetry.close(timeout=5.0), which may see two exports (the last spans, the last metrics) to a dead
-# collector; past it the sink is abandoned and its thread left running.
-DEFAULT_EXPORT_TIMEOUT_S = 1.0
-
-
-def _otlp(module: str, cls: str) -> Any:
-    """An OTLP/HTTP exporter class (the default exporters), or one ImportError naming the extra."""
-    try:
-        return getattr(importlib.import_module(f"{_OTLP}.{module}"), cls)
-    except ImportError as exc:
-        raise ImportError(
-            "OTelSink's default exporters need opentelemetry-exporter-otlp-proto-http: pip install "
-            "'telemetrain[otel]' (or pass tracer_provider/meter_provider or span_exporter/metric_exporter)"
-        ) from exc
+# The OTLP exporters retry a failed export (with backoff, on retryable codes) until their timeout: the spec's
+# default, 10 s, so a slow collector still gets every batch. While exports fail, the sink's default exporters are
+# replaced by twins that give up after QUICK_EXPORT_TIMEOUT_S: a collector that is down costs the sink's thread a
+# second per try, not ten, and the last exports of a close (spans, metrics) stay inside Telemetry.close(timeout=5.0).
+DEFAULT_EXPORT_TIMEOUT_S = 10.0
+QUICK_EXPORT_TIMEOUT_S = 1.0
 
 
 def _hex(value: str) -> int:
@@ -102,9 +100,11 @@ class OTelSink(Sink):
     resource of the first record's identity (``otel_resource``) and ``span_exporter`` / ``metric_exporter``
     (default: OTLP over HTTP, configured by the standard ``OTEL_EXPORTER_OTLP_*`` variables). The sink's own
     providers export in the sink's thread, spans after every batch and metrics every ``metric_interval`` seconds and
-    on flush; a failed export raises, so the dispatcher counts it. The default OTLP exporters give up after
-    ``export_timeout`` seconds (unless ``OTEL_EXPORTER_OTLP_*TIMEOUT`` says otherwise), so a dead collector cannot
-    keep ``Telemetry.close()`` waiting past its timeout.
+    on flush; a failed export raises, so the dispatcher counts it, and its spans (and stats' histogram points) are
+    sent again with the next export (at most ``MAX_KEPT_SPANS``; beyond, the oldest are dropped and counted in
+    ``dropped_spans``). The default OTLP exporters give up after ``export_timeout`` seconds (unless
+    ``OTEL_EXPORTER_OTLP_*TIMEOUT`` says otherwise), and after ``QUICK_EXPORT_TIMEOUT_S`` while exports fail, so a
+    dead collector cannot keep ``Telemetry.close()`` waiting past its timeout.
     """
 
     name = "otel"
@@ -131,9 +131,9 @@ class OTelSink(Sink):
         if type(max_pending_events) is not int or max_pending_events < 0:
             raise ValueError(f"max_pending_events must be an int >= 0, got {max_pending_events!r}")
         if tracer_provider is None and span_exporter is None:
-            _otlp("trace_exporter", "OTLPSpanExporter")  # fail here, not at the first record
+            otlp_exporter("trace_exporter", "OTLPSpanExporter")  # fail here, not at the first record
         if meter_provider is None and metric_exporter is None:
-            _otlp("metric_exporter", "OTLPMetricExporter")
+            otlp_exporter("metric_exporter", "OTLPMetricExporter")
         self._user_tp = tracer_provider
         self._user_mp = meter_provider
         self._span_exporter = span_exporter
@@ -176,6 +176,9 @@ class OTelSink(Sink):
         # what could not be exported (also in docs/backends/opentelemetry.md)
         self.dropped_events = 0  # span events whose span never started here (buffer full)
         self.unmatched_ends = 0  # end records whose start this sink never saw (attached mid-span)
+        self.non_finite_values = 0  # NaN/inf values, which the SDK's instruments refuse: counted, not set
+        self._non_finite: dict[str, int] = {}  # OTel name -> its count, the telemetrain.non_finite counter's
+        self._non_finite_made = False
 
     # -- the Sink interface ----------------------------------------------------------------------------------------
 
@@ -187,27 +190,53 @@ class OTelSink(Sink):
                 handler(record)
         if self._latest:
             self._set_latest()
-        if self._direct is not None:
-            self._direct.export()
-        if self._reader is not None and time.monotonic() - self._last_collect >= self.metric_interval:
-            self._collect()
+        self._export(self._reader is not None and time.monotonic() - self._last_collect >= self.metric_interval)
 
     def flush(self) -> None:
+        if self._direct is None and self._tracer is not None:
+            force_flush_provider(self._user_tp, self._timeout_ms)
+        if self._reader is None and self._meter is not None:
+            force_flush_provider(self._user_mp, self._timeout_ms)
+        self._export(self._reader is not None)
+
+    def _export(self, metrics: bool) -> None:
+        """The own providers' spans, then (``metrics``) metrics: the metrics go out even when the spans fail (kept
+        spans fail every export until the collector is back), and the first failure is raised after both."""
+        failed: OTelExportError | None = None
         if self._direct is not None:
-            self._direct.export()
-        elif self._tracer is not None:
-            _force_flush(self._user_tp, self._timeout_ms)
-        if self._reader is not None:
-            self._collect()
-        elif self._meter is not None:
-            _force_flush(self._user_mp, self._timeout_ms)
+            try:
+                self._direct.export()
+            except OTelExportError as exc:
+                failed = exc
+        if metrics:
+            try:
+                self._collect()
+            except OTelExportError as exc:
+                failed = failed or exc
+        if failed is not None:
+            raise failed
+
+    @property
+    def dropped_spans(self) -> int:
+        """Spans of failed exports that were never delivered: over ``MAX_KEPT_SPANS``, or still waiting at close."""
+        return self._direct.dropped if self._direct is not None else 0
+
+    @property
+    def dropped_histograms(self) -> int:
+        """Stats' histogram points of failed exports that were never delivered (as ``dropped_spans``)."""
+        return self._reader.dropped if self._reader is not None else 0
 
     def close(self) -> None:
         # our own providers only: the application's are its own to shut down
+        before = self.dropped_spans, self.dropped_histograms
         if self._own_tp is not None:
             self._own_tp.shutdown()
         if self._own_mp is not None:
             self._own_mp.shutdown(timeout_millis=self._timeout_ms)
+        spans, histograms = self.dropped_spans - before[0], self.dropped_histograms - before[1]
+        if spans or histograms:  # the final flush failed too: raised, so the dispatcher counts and reports the loss
+            raise OTelExportError(f"{spans} spans and {histograms} histogram points of failed exports were never "
+                                  "delivered (the collector still failed at close)")
 
     def after_fork_in_child(self) -> None:
         # the parent's open spans and buffered events are the parent's; its own providers' exporters (HTTP sessions)
@@ -223,6 +252,7 @@ class OTelSink(Sink):
             self._meter = self._own_mp = self._reader = None
             self._gauges = {}
             self._counters = {}
+            self._non_finite, self._non_finite_made = {}, False
         else:
             for values in self._counters.values():
                 values.clear()
@@ -234,16 +264,23 @@ class OTelSink(Sink):
             return None
         return self.export_timeout
 
+    def _default_exporters(self, signal: str, module: str, cls: str) -> tuple[Any, Any]:
+        """The default OTLP exporter and its quick twin (used while exports fail)."""
+        make = otlp_exporter(module, cls)
+        timeout = self._otlp_timeout(signal)
+        quick = QUICK_EXPORT_TIMEOUT_S if timeout is None else min(QUICK_EXPORT_TIMEOUT_S, timeout)
+        return make(timeout=timeout), make(timeout=quick)
+
     # -- spans -----------------------------------------------------------------------------------------------------
 
     def _tracer_for(self, identity: Identity) -> Tracer:
         if self._tracer is None:
             provider = self._user_tp
             if provider is None:
-                exporter = self._span_exporter or _otlp("trace_exporter", "OTLPSpanExporter")(
-                    timeout=self._otlp_timeout("TRACES"))
+                exporter, quick = (self._span_exporter, None) if self._span_exporter is not None else \
+                    self._default_exporters("TRACES", "trace_exporter", "OTLPSpanExporter")
                 quiet_own_exports()
-                self._direct = DirectSpanExport(exporter)
+                self._direct = DirectSpanExport(exporter, quick)
                 resource = otel_resource(identity, self.run_config)
                 own = SdkTracerProvider(resource=resource, id_generator=self._ids, shutdown_on_exit=False)
                 own.add_span_processor(self._direct)
@@ -337,10 +374,10 @@ class OTelSink(Sink):
         if self._meter is None:
             provider = self._user_mp
             if provider is None:
-                exporter = self._metric_exporter or _otlp("metric_exporter", "OTLPMetricExporter")(
-                    timeout=self._otlp_timeout("METRICS"))
+                mexporter, mquick = (self._metric_exporter, None) if self._metric_exporter is not None else \
+                    self._default_exporters("METRICS", "metric_exporter", "OTLPMetricExporter")
                 quiet_own_exports()
-                self._reader = PushMetricReader(exporter)
+                self._reader = PushMetricReader(mexporter, mquick)
                 resource = otel_resource(identity, self.run_config)
                 self._reader.extra = (InstrumentationScope(SCOPE, __version__), resource, self._take_histograms)
                 self._own_mp = provider = SdkMeterProvider(
@@ -380,8 +417,8 @@ class OTelSink(Sink):
 
     def _metric(self, record: Any) -> None:
         value = record.value
-        if type(value) is bool:
-            value = int(value)
+        if type(value) is not float:  # (the common case costs no call)
+            value = otel_number(value)
         name, kind = self._name(record.name, record.unit)
         point = self._point(record.group, record.attributes)
         if kind != "gauge":
@@ -394,7 +431,7 @@ class OTelSink(Sink):
         point = self._point(record.group, None)
         for aggregation, value in record.values.items():
             self._latest[(f"{base}.{aggregation}", stat_unit(aggregation, record.unit), point)] = (
-                record.identity, value)
+                record.identity, value if type(value) is float else otel_number(value))
         if record.histogram is not None and self._user_mp is None:
             self._meter_for(record.identity)  # builds the sink's own reader, which exports these
             hist = histogram_point(record, self._attrs_of(point))
@@ -412,7 +449,10 @@ class OTelSink(Sink):
             gauge = self._gauges.get((name, unit))
             if gauge is None:
                 gauge = self._gauges[(name, unit)] = self._meter_for(identity).create_gauge(name, unit=unit)
-            gauge.set(value, self._attrs_of(point))
+            if value != value or value in _INFINITIES:
+                self._refused(identity, name)
+            else:
+                gauge.set(value, self._attrs_of(point))
 
     def _count(self, identity: Identity, name: str, unit: str, point: Any, total: float, monotonic: bool) -> None:
         """A cumulative reading: an observable counter (monotonic), or an up-down counter (a usage the conventions
@@ -423,7 +463,27 @@ class OTelSink(Sink):
             meter = self._meter_for(identity)
             create = meter.create_observable_counter if monotonic else meter.create_observable_up_down_counter
             create(name, callbacks=[self._observer(values)], unit=unit)
-        values[point] = total
+        if total != total or total in _INFINITIES:
+            self._refused(identity, name)
+        else:
+            values[point] = total
+
+    def _refused(self, identity: Identity, name: str) -> None:
+        """A NaN or infinite value: the SDK's instruments drop it (with a log line each), so the series would keep
+        showing its last finite value with no sign of a diverged loss. Counted, per series, in the counter
+        ``<prefix>non_finite`` (attribute ``telemetrain.metric``) a dashboard can alert on; warned about once."""
+        self.non_finite_values += 1
+        if self.non_finite_values == 1:
+            warn_safely(f"telemetrain: metric {name!r} had a NaN or infinite value, which OpenTelemetry's SDK refuses: "
+                        f"such values are counted in {self.metric_prefix}non_finite{{telemetrain.metric=...}} instead "
+                        "(the gauge keeps its last finite value; further ones are not warned about)")
+        if not self._non_finite_made:
+            self._non_finite_made = True
+            counts = self._non_finite
+            self._meter_for(identity).create_observable_counter(
+                f"{self.metric_prefix}non_finite", unit="{value}",
+                callbacks=[lambda _: [Observation(n, {"telemetrain.metric": k}) for k, n in list(counts.items())]])
+        self._non_finite[name] = self._non_finite.get(name, 0) + 1
 
     def _observer(self, values: dict[Any, float]) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def observe(options: CallbackOptions) -> Iterable[Observation]:
@@ -438,15 +498,11 @@ class OTelSink(Sink):
         self._reader.collect(timeout_millis=self._timeout_ms)
 
 
+_INFINITIES = (float("inf"), float("-inf"))
+
+
 def _add_event(span: Span, record: Any) -> None:
     extra: dict[str, Any] = {"telemetrain.severity": record.severity, GROUP_KEY: record.group}
     if record.event_id:
         extra["telemetrain.event_id"] = record.event_id
     span.add_event(record.name, attributes(record.attributes, extra), timestamp=record.wall_ns)
-
-
-def _force_flush(provider: Any, timeout_ms: int) -> None:
-    """Force-flush the application's provider (the API's providers have no ``force_flush``; the SDK's do)."""
-    force_flush = getattr(provider, "force_flush", None)
-    if force_flush is not None:
-        force_flush(timeout_millis=timeout_ms)

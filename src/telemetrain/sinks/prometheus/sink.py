@@ -28,7 +28,7 @@ from ...dispatch import warn_safely
 from ...identity import Identity, identity_from_env
 from ...stats.aggregations import quantile_of
 from ...ucum import is_ucum
-from ..base import Sink
+from ..base import Sink, as_float
 from .names import labels_of, metric_name, unit_of
 from .table import DEFAULT_RANGE, RANGES, Table
 
@@ -291,7 +291,7 @@ class PrometheusSink(Sink):
 
     def _put(self, name: str, unit: str, label_id: int, value: float) -> None:
         prom, type_, doc, factor = self._spec(name, unit)
-        self._table.set(prom, type_, doc, label_id, float(value) * factor if factor != 1.0 else float(value))
+        self._table.set(prom, type_, doc, label_id, as_float(value) * factor if factor != 1.0 else as_float(value))
 
     def _put_stat(self, record: Any, label_id: int) -> None:
         """A stat window: its histogram into a classic histogram, else its quantiles into a summary (count and sum
@@ -306,7 +306,7 @@ class PrometheusSink(Sink):
             for agg, value in values.items():
                 q = quantile_of(agg)
                 if q is not None and type(value) in (int, float):
-                    quantiles[round(q, 9)] = float(value)  # p99.9 -> 0.999, not 0.9990000000000001
+                    quantiles[round(q, 9)] = as_float(value)  # p99.9 -> 0.999, not 0.9990000000000001
         base = unit_of(record.unit)[0]
         table = self._table
         table.observe(prom, f"{doc}: the samples of every window", label_id, record.sample_count, total,
@@ -315,7 +315,7 @@ class PrometheusSink(Sink):
             value = values.get(agg)
             if type(value) in (int, float):
                 table.set(f"{prom}_{suffix}", "gauge", f"{doc}: {agg} of the last window", label_id,
-                          float(value) * factor)
+                          as_float(value) * factor)
 
     # -- the push --------------------------------------------------------------------------------------------------
 

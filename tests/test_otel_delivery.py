@@ -1,0 +1,146 @@
+"""OTelSink's delivery to a collector that is slow, restarting or gone: the SDK's own OTLP/HTTP exporters against a
+receiver built on ``opentelemetry-proto`` (``test_otel_conventions._Receiver``) that answers late or with 503."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("opentelemetry.exporter.otlp.proto.http", reason="needs the otel extra")
+pytest.importorskip("opentelemetry.semconv._incubating.metrics", reason="needs opentelemetry-semantic-conventions")
+
+from telemetrain import Telemetry
+from telemetrain.sinks.otel import OTelSink
+from telemetrain.spans import Tracer
+from test_otel_conventions import _Receiver
+
+
+@pytest.fixture
+def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Receiver]:
+    for var in ("", "_TRACES", "_METRICS"):
+        monkeypatch.delenv(f"OTEL_EXPORTER_OTLP{var}_TIMEOUT", raising=False)
+    server = _Receiver()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", server.base)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _otel_health(t: Telemetry) -> dict[str, Any]:
+    return next(s for s in t.health()["sinks"] if s["sink"] == "otel")
+
+
+def test_a_slow_collector_gets_every_batch(tmp_path: Path, receiver: _Receiver) -> None:
+    # A collector that takes 1.5 s to answer: within the OTLP exporters' own default timeout (10 s), so nothing is
+    # lost (the former 1 s default failed every export and dropped every batch).
+    receiver.delay_s = 1.5
+    t = Telemetry(store=tmp_path)
+    sink = OTelSink()
+    assert sink.export_timeout == 10.0
+    t.add_sink(sink)
+    tr = Tracer(t)
+    for step in range(3):
+        with tr.span(f"iteration-{step}"):
+            t.metric("loss", 1.0 / (step + 1), group="train")
+    assert t.close(timeout=30)
+    health = _otel_health(t)
+    assert health["failures"] == 0, health["last_error"]
+    assert sorted(span.name for _, span in receiver.spans()) == ["iteration-0", "iteration-1", "iteration-2"]
+    assert "telemetrain.loss" in receiver.metric_points()
+
+
+def test_a_restarting_collector_gets_the_spans_of_its_outage(tmp_path: Path, receiver: _Receiver) -> None:
+    # 503 while the collector restarts: the exports fail (counted, warned once) but their spans are kept and sent
+    # with the first export after it is back, in order; nothing is dropped.
+    receiver.unavailable = True
+    t = Telemetry(store=tmp_path)
+    sink = OTelSink(export_timeout=2.0)
+    t.add_sink(sink)
+    tr = Tracer(t)
+    with pytest.warns(RuntimeWarning, match="otel"):
+        for step in range(2):
+            with tr.span(f"down-{step}"):
+                pass
+        t.flush(timeout=30)
+    down = _otel_health(t)
+    assert down["failures"] >= 1 and "2 spans kept" in str(down["last_error"])
+    receiver.unavailable = False
+    with tr.span("up"):
+        pass
+    assert t.close(timeout=30)
+    assert [span.name for _, span in receiver.spans()] == ["down-0", "down-1", "up"]
+    assert sink.dropped_spans == 0 and _otel_health(t)["abandoned"] is False
+
+
+def test_kept_spans_are_bounded_and_the_loss_at_close_is_counted(tmp_path: Path, receiver: _Receiver,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("telemetrain.sinks.otel.export.MAX_KEPT_SPANS", 3)
+    receiver.unavailable = True
+    t = Telemetry(store=tmp_path)
+    sink = OTelSink(export_timeout=2.0)
+    t.add_sink(sink)
+    tr = Tracer(t)
+    with pytest.warns(RuntimeWarning, match="otel"):
+        for step in range(5):
+            with tr.span(f"down-{step}"):
+                pass
+        t.flush(timeout=30)
+        assert sink.dropped_spans == 2  # the two oldest: the bound holds while the collector is down
+        assert t.close(timeout=30)  # the collector never came back: the three kept spans are lost, and counted
+    assert sink.dropped_spans == 5
+    health = _otel_health(t)
+    assert health["abandoned"] is False and "3 spans and 0 histogram points" in str(health["last_error"])
+    assert receiver.spans() == []
+
+
+def test_a_rejected_batch_is_dropped_and_counted_not_sent_again(tmp_path: Path, receiver: _Receiver) -> None:
+    # 400: the collector will never take that batch, so keeping it would block every later span behind it
+    receiver.rejecting = True
+    t = Telemetry(store=tmp_path)
+    sink = OTelSink(export_timeout=2.0)
+    t.add_sink(sink)
+    tr = Tracer(t)
+    with pytest.warns(RuntimeWarning, match="otel"):
+        with tr.span("rejected"):
+            pass
+        t.flush(timeout=30)
+    assert sink.dropped_spans == 1 and "code: 400" in _otel_health(t)["last_error"]
+    receiver.rejecting = False
+    with tr.span("after"):
+        pass
+    assert t.close(timeout=30)
+    assert [span.name for _, span in receiver.spans()] == ["after"]
+    assert sink.dropped_spans == 1
+
+
+def test_a_slow_collector_after_a_transient_error_gets_the_full_timeout_again(
+        tmp_path: Path, receiver: _Receiver, monkeypatch: pytest.MonkeyPatch) -> None:
+    # One 503 puts the sink on its 1 s exporters; a collector that answers in 1.5 s would then fail every export for
+    # good. The full timeout is tried again every FULL_RETRY_S (0 here: at once).
+    monkeypatch.setattr("telemetrain.sinks.otel.export.FULL_RETRY_S", 0.0)
+    receiver.delay_s, receiver.unavailable = 1.5, True
+    t = Telemetry(store=tmp_path)
+    sink = OTelSink(export_timeout=3.0)
+    t.add_sink(sink)
+    tr = Tracer(t)
+    with pytest.warns(RuntimeWarning, match="otel"):
+        with tr.span("during-the-error"):
+            pass
+        t.flush(timeout=30)
+    assert _otel_health(t)["failures"] >= 1
+    receiver.unavailable = False
+    with tr.span("after"):
+        pass
+    assert t.close(timeout=30)
+    # at least once: a request the collector took but answered after the client's timeout is sent again (the same
+    # span ids, which a backend can deduplicate)
+    assert {span.name for _, span in receiver.spans()} == {"during-the-error", "after"}
+    assert sink.dropped_spans == 0
