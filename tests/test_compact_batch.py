@@ -113,3 +113,17 @@ def test_compacting_many_small_segments_writes_each_table_once_a_batch(tmp_path:
               for f in json.loads(m.read_text())["files"]}
     assert len(copies) == len(tables) and len(tables) >= 5
     assert len(list((run / COLUMNAR_DIR).rglob("*.parquet"))) == ranks * len(tables)  # the same layout
+
+
+def test_a_batch_that_fails_is_compacted_a_segment_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch whose conversion fails (a DuckDB error) leaves no segment behind: each is then converted alone, with
+    its own error if it has one."""
+    run = _write_run(tmp_path, ranks=4, n=20)
+
+    def failing(*args: Any) -> Any:
+        raise duckdb.InvalidInputError("planted")
+
+    monkeypatch.setattr(compact_batch, "_compact_batch", failing)
+    result = compact(run)
+    assert not result.errors and result.segments == 4
+    assert compact(run).skipped == 4
