@@ -811,9 +811,10 @@ def test_small_runs_take_the_python_path_unless_duckdb_is_asked_for(tmp_path: Pa
 @pytest.mark.parametrize("compacted", [False, True], ids=["from-jsonl", "from-parquet"])
 def test_show_last_values_follow_each_process_clock_after_a_wall_clock_step(tmp_path: Path, compacted: bool,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    """An NTP step sets rank 0's wall clock back an hour mid-run: its last loss, and its last stat window, are the
-    ones written last (monotonic time, as ``Run.records()`` orders a process), not those of the latest wall time.
-    Both ranks' and the run's last value are the same by SQL, from the JSONL or the Parquet copy."""
+    """An NTP step sets rank 0's wall clock back an hour mid-run: its last loss, its last stat window and its
+    process's last CPU sample are the ones written last (monotonic time, as ``Run.records()`` orders a process),
+    not those of the latest wall time. Both ranks' and the run's last value are the same by SQL, from the JSONL or
+    the Parquet copy."""
     run = _two_ranks(tmp_path)
     s, hour = 10**18, 3600 * 10**9
     for rank in (0, 1):
@@ -826,6 +827,8 @@ def test_show_last_values_follow_each_process_clock_after_a_wall_clock_step(tmp_
             lines.append(json.dumps({"v": 2, "kind": "stat", "mono_ns": 100 + i, "wall_ns": wall, "group": "train",
                                      "name": "lat", "start_mono_ns": 99 + i, "count": 1,
                                      "values": {"mean": float(100 * rank + i)}, "unit": "s"}))
+            lines.append(json.dumps({"v": 2, "kind": "metric", "mono_ns": 100 + i, "wall_ns": wall,  # a process's
+                                     "group": "system", "name": "process.cpu.utilization", "value": i / 100}))
         (run / f"rank-{rank}.{300 + rank}.jsonl").write_text("\n".join(lines) + "\n")
     if compacted:
         assert not compact(run).errors
@@ -839,5 +842,6 @@ def test_show_last_values_follow_each_process_clock_after_a_wall_clock_step(tmp_
         assert {r: rec.value for r, rec in loss.last_by_rank.items()} == {0: 19.0, 1: 119.0}
         assert {r: rec.values["mean"] for r, rec in lat.last_by_rank.items()} == {0: 19.0, 1: 119.0}
         assert loss.last.value == 119.0 and lat.last.values["mean"] == 119.0  # rank 1's is the latest in wall time
+        assert summary.system[("rank 0 pid 300", "system")]["process.cpu.utilization"].last == 0.19
     for key in (("train", "loss"),):
         assert tuple(by_python.metrics[key].last) == tuple(by_sql.metrics[key].last)

@@ -319,13 +319,15 @@ def summarize_sql(engine: Any, run: Run) -> RunSummary:
             series = into[_series(rec)]
             series.last_by_rank[rec.identity.rank] = rec
             series.last = rec  # in records() order: the last one set is the last of all ranks
-    who = ("CASE WHEN starts_with(name, 'system.') OR starts_with(group_name, 'system.gpu.') THEN 'host ' || host "
-           "ELSE 'rank ' || rank || ' pid ' || pid END")
+    host_wide = "starts_with(name, 'system.') OR starts_with(group_name, 'system.gpu.')"
+    who = f"CASE WHEN {host_wide} THEN 'host ' || host ELSE 'rank ' || rank || ' pid ' || pid END"
+    # a process's own series: its last in monotonic time; a host's, of several processes: records() order
+    latest = f"(CASE WHEN {host_wide} THEN wall_ns ELSE mono_ns END, {ORDER})"
     finite = f"{w} AND (group_name = 'system' OR starts_with(group_name, 'system.')) AND value_bool IS NULL AND " \
              "isfinite(value)"
     finite = finite.replace(w, "true")
     for label, group, name, n, total, top, last in engine.rows(
-            f"SELECT {who} AS who, group_name, name, count(*), sum(value), max(value), arg_max_null(value, {key}) "
+            f"SELECT {who} AS who, group_name, name, count(*), sum(value), max(value), arg_max_null(value, {latest}) "
             f"FROM {keyed} WHERE {finite} GROUP BY ALL ORDER BY ALL"):
         s.system.setdefault((label, group), {})[name] = SystemSeries(count=int(n), total=float(total),
                                                                      max=float(top), last=float(last))
