@@ -659,13 +659,8 @@ def test_show_computes_the_session_goodput_once(session: tuple[Path, Path], by_s
     assert any("restart" in line for line in once if line.startswith("  ")), "the findings' restarts were not read"
 
 
-def test_show_last_records_are_the_same_a_rank_at_a_time(session: tuple[Path, Path],
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each rank's last record of each series, selected by its latest wall times a group of ranks at a time
-    (``summary.LATEST_AT_ONCE`` of 1: each rank alone), is the Python path's."""
-    import telemetrain.analysis.summary as summary_module
-
-    monkeypatch.setattr(summary_module, "LATEST_AT_ONCE", 1)
+def test_show_last_records_are_the_same_by_sql(session: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each rank's last record of each series (each process's last in monotonic time) is the Python path's."""
     for run_dir in session:
         with Engine([run_dir]) as engine:
             by_sql = summarize_sql(engine, open_run(run_dir))
@@ -811,3 +806,42 @@ def test_small_runs_take_the_python_path_unless_duckdb_is_asked_for(tmp_path: Pa
     monkeypatch.setenv("TELEMETRAIN_ENGINE", "python")
     monkeypatch.setattr(engine_module, "SMALL_RUN_BYTES", 0)
     assert engine_for([few]) is None
+
+
+@pytest.mark.parametrize("compacted", [False, True], ids=["from-jsonl", "from-parquet"])
+def test_show_last_values_follow_each_process_clock_after_a_wall_clock_step(tmp_path: Path, compacted: bool,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """An NTP step sets rank 0's wall clock back an hour mid-run: its last loss, its last stat window and its
+    process's last CPU sample are the ones written last (monotonic time, as ``Run.records()`` orders a process),
+    not those of the latest wall time. Both ranks' and the run's last value are the same by SQL, from the JSONL or
+    the Parquet copy."""
+    run = _two_ranks(tmp_path)
+    s, hour = 10**18, 3600 * 10**9
+    for rank in (0, 1):
+        lines = [_process_line(rank, 300 + rank, 2)]
+        for i in range(20):
+            stepped = rank == 0 and i >= 10  # rank 0's clock stepped back before its 11th step
+            wall = s + i * 10**9 - (hour if stepped else 0) + rank
+            lines.append(json.dumps({"v": 2, "kind": "metric", "mono_ns": 100 + i, "wall_ns": wall,
+                                     "group": "train", "name": "loss", "value": float(100 * rank + i), "step": i}))
+            lines.append(json.dumps({"v": 2, "kind": "stat", "mono_ns": 100 + i, "wall_ns": wall, "group": "train",
+                                     "name": "lat", "start_mono_ns": 99 + i, "count": 1,
+                                     "values": {"mean": float(100 * rank + i)}, "unit": "s"}))
+            lines.append(json.dumps({"v": 2, "kind": "metric", "mono_ns": 100 + i, "wall_ns": wall,  # a process's
+                                     "group": "system", "name": "process.cpu.utilization", "value": i / 100}))
+        (run / f"rank-{rank}.{300 + rank}.jsonl").write_text("\n".join(lines) + "\n")
+    if compacted:
+        assert not compact(run).errors
+    monkeypatch.setenv("TELEMETRAIN_ENGINE", "python")
+    by_python = summarize_run(open_run(run))
+    monkeypatch.setenv("TELEMETRAIN_ENGINE", "duckdb")
+    with Engine([run]) as engine:
+        by_sql = summarize_sql(engine, open_run(run))
+    for summary in (by_python, by_sql):
+        loss, lat = summary.metrics[("train", "loss")], summary.stats[("train", "lat")]
+        assert {r: rec.value for r, rec in loss.last_by_rank.items()} == {0: 19.0, 1: 119.0}
+        assert {r: rec.values["mean"] for r, rec in lat.last_by_rank.items()} == {0: 19.0, 1: 119.0}
+        assert loss.last.value == 119.0 and lat.last.values["mean"] == 119.0  # rank 1's is the latest in wall time
+        assert summary.system[("rank 0 pid 300", "system")]["process.cpu.utilization"].last == 0.19
+    for key in (("train", "loss"),):
+        assert tuple(by_python.metrics[key].last) == tuple(by_sql.metrics[key].last)

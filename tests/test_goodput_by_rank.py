@@ -16,6 +16,7 @@ import pytest
 pytest.importorskip("duckdb")
 
 from conftest import logged_queries
+from telemetrain.analysis.goodput_view import by_rank_entry, full_by_rank_entry
 from telemetrain.store.compact import COLUMNAR_DIR
 from telemetrain.training import goodput_sql
 from telemetrain.training.goodput import goodput, goodput_by_rank
@@ -125,7 +126,7 @@ def test_the_cli_reads_the_session_once_with_by_rank(session: Path, engine: str,
     both = json.loads(capsys.readouterr().out)
     assert len(loads) == 1
     by_rank = both.pop("by_rank")
-    assert both == alone == by_rank["2"] and sorted(by_rank) == ["0", "1", "2", "3"]
+    assert both == alone == full_by_rank_entry(by_rank["2"], both) and sorted(by_rank) == ["0", "1", "2", "3"]
     assert cli.main(["goodput", str(session), "--rank", "9", "--by-rank"]) == 2
     assert "rank 9 wrote no training lifecycle record" in capsys.readouterr().err
 
@@ -133,7 +134,7 @@ def test_the_cli_reads_the_session_once_with_by_rank(session: Path, engine: str,
 def test_the_by_rank_json_is_written_a_rank_at_a_time_as_one_document(session: Path,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
     """The text is exactly one ``json.dumps`` of the whole (written a rank at a time: the whole at 2,048 ranks held
-    ~1 GiB)."""
+    ~1 GiB), each rank's report less the session's ranks and energy (``by_rank_entry``)."""
     from telemetrain import cli
     from telemetrain.cli_common import json_value
 
@@ -150,5 +151,39 @@ def test_the_by_rank_json_is_written_a_rank_at_a_time_as_one_document(session: P
     text = capsys.readouterr().out
     assert whole and not any(whole)  # never the whole document as one object
     data = goodput(session).as_dict()
-    data["by_rank"] = {str(rank): r.as_dict() for rank, r in goodput_by_rank(session).items()}
+    data["by_rank"] = {str(rank): by_rank_entry(r.as_dict(), data) for rank, r in goodput_by_rank(session).items()}
+    assert all("ranks" not in e and "energy" not in e and all("ranks" not in run for run in e["runs"])
+               for e in data["by_rank"].values()) and "energy" in data
     assert text == json.dumps(json_value(data), indent=2, allow_nan=False) + "\n"
+
+
+def _scalars(value: Any) -> int:
+    """The numbers, strings, bools and nulls a JSON value holds."""
+    if isinstance(value, dict):
+        return sum(_scalars(v) for v in value.values())
+    if isinstance(value, list):
+        return sum(_scalars(v) for v in value)
+    return 1
+
+
+def test_the_by_rank_json_grows_linearly_with_the_ranks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``goodput --by-rank --json`` of generated runs of 16 and 64 ranks: each rank's entry holds as many values at 64
+    ranks as at 16 (it listed the session's ranks, and each run's: ~ranks^2 in all), and with the top level it is
+    that rank's whole report."""
+    import subprocess
+
+    from telemetrain import cli
+
+    sizes = {}
+    for ranks in (16, 64):
+        root = tmp_path / str(ranks)
+        subprocess.run([sys.executable, str(Path(__file__).parents[1] / "bench" / "gen_many_ranks.py"), str(root),
+                        str(ranks), "60"], check=True, capture_output=True)
+        assert cli.main(["goodput", str(root / "scale"), "--by-rank", "--json"]) == 0
+        data = json.loads(capsys.readouterr().out)
+        entries = data.pop("by_rank")
+        assert len(entries) == ranks and len(data["ranks"]) == ranks
+        sizes[ranks] = {_scalars(e) for e in entries.values()}
+        whole = {str(rank): r.as_dict() for rank, r in goodput_by_rank(root / "scale").items()}
+        assert {rank: full_by_rank_entry(e, data) for rank, e in entries.items()} == whole
+    assert sizes[16] == sizes[64] and len(sizes[16]) == 1

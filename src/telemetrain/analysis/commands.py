@@ -396,7 +396,7 @@ def _session_of(target: str) -> Path:
 
 def _cmd_goodput(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from ..training.goodput import goodput, goodput_by_rank
-    from .goodput_view import format_goodput, format_goodput_by_rank
+    from .goodput_view import by_rank_entry, format_goodput, format_goodput_by_rank
 
     session = _session_of(args.session_dir) if args.session_dir is not None else resolve_run(None, err).parent
     try:
@@ -413,11 +413,13 @@ def _cmd_goodput(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         if by_rank is None:
             print(head, file=out)
             return 0
-        # the same text as one json.dumps of it all, written a rank at a time: each report lists the session's
-        # ranks, so the whole held as one object peaked at ~1 GiB at 2,048 ranks
+        # written a rank at a time (the whole as one object held ~1 GiB at 2,048 ranks), each rank's report less
+        # the session's ranks and energy the top level holds (by_rank_entry: the document grew as ranks^2)
+        top = json_value(report.as_dict())
         out.write(head[:-2] + ',\n  "by_rank": {')
         for n, (rank, r) in enumerate(by_rank.items()):
-            text = json.dumps(json_value(r.as_dict()), indent=2, allow_nan=False).replace("\n", "\n    ")
+            text = json.dumps(by_rank_entry(json_value(r.as_dict()), top), indent=2,
+                              allow_nan=False).replace("\n", "\n    ")
             out.write(f'{"," if n else ""}\n    {json.dumps(str(rank))}: {text}')
         print("\n  }\n}" if by_rank else "}\n}", file=out)
         return 0

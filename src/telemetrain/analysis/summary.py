@@ -236,32 +236,8 @@ def _where(run: Run, alias: str = "") -> str:
     return f"{a}session = '{session}' AND {a}run = '{run_id}' AND {a}role <> 'agent'"
 
 
-LATEST_AT_ONCE = 1024  # latest wall times tested in one scan (each rank's last record of each series)
-
-
-def _rank_groups(rows: list[tuple[int, int]]) -> list[tuple[list[int], list[int]]]:
-    """(rank, wall time) rows, in rank order, as groups of whole ranks with their distinct wall times, at most
-    ``LATEST_AT_ONCE`` of them a group (a rank holding more is a group alone)."""
-    groups: list[tuple[list[int], list[int]]] = []
-    by_rank: dict[int, list[int]] = {}
-    for rank, wall in rows:
-        by_rank.setdefault(int(rank), []).append(int(wall))
-    walls: set[int] = set()
-    ranks: list[int] = []
-    for rank, own in by_rank.items():
-        if ranks and len(walls | set(own)) > LATEST_AT_ONCE:
-            groups.append((ranks, sorted(walls)))
-            walls, ranks = set(), []
-        ranks.append(rank)
-        walls |= set(own)
-    if ranks:
-        groups.append((ranks, sorted(walls)))
-    return groups
-
-
 def summarize_sql(engine: Any, run: Run) -> RunSummary:
     """The summary by SQL (``store.engine.Engine`` over the run)."""
-    from ..store.columnar import COLUMNS
     from ..store.row_records import identity_of_row, record_from_row
 
     engine.attach(run)
@@ -277,11 +253,21 @@ def summarize_sql(engine: Any, run: Run) -> RunSummary:
     for kind, table in tables.items():  # one pass per table: counts and time bounds (per series and rank for metrics
         per_series = kind in ("metric", "stat")  # and stats, kept for their last records below)
         source = f"{keyed} WHERE true" if kind == "metric" else f"{table} WHERE {w}"
-        select = (f"SELECT group_name, {'name, rank' if per_series else 'NULL, NULL'}, count(*) AS n, min(wall_ns), "
-                  f"max(wall_ns) AS wall, {'sum(sample_count)' if kind == 'stat' else '0'} FROM {source} GROUP BY ALL")
+        samples = "sum(sample_count)" if kind == "stat" else "0"
+        select = (f"SELECT group_name, NULL, NULL, count(*) AS n, min(wall_ns), max(wall_ns), {samples} FROM {source} "
+                  "GROUP BY ALL")
         if per_series:
-            engine.execute(f"CREATE OR REPLACE TEMP TABLE summary_{table} AS {select}")
-            select = f"SELECT * FROM summary_{table}"
+            # per series and process attempt (a file another host or attempt appended to under the same rank and
+            # pid: its monotonic clock is another one): where it starts in the file, and its last record in
+            # monotonic time (ties: file order), for the last records below
+            engine.execute(
+                f"""CREATE OR REPLACE TEMP TABLE summary_{table} AS SELECT group_name, name, rank, pid, host,
+                      restart_count, any_value(session) AS session, any_value(run) AS run, count(*) AS n,
+                      min(wall_ns) AS lo, max(wall_ns) AS hi, {samples} AS samples, min((segment, line)) AS first,
+                      max((mono_ns, segment, line)) AS latest
+                    FROM {source} GROUP BY group_name, name, rank, pid, host, restart_count""")
+            select = (f"SELECT group_name, name, rank, sum(n), min(lo), max(hi), sum(samples) FROM summary_{table} "
+                      "GROUP BY group_name, name, rank")
         for group, name, _, n, lo, hi, samples in engine.rows(f"{select} ORDER BY ALL"):
             s.records += n
             s.by_kind[kind] += n
@@ -305,31 +291,16 @@ def summarize_sql(engine: Any, run: Run) -> RunSummary:
 
     key = f"({ORDER})"
     for kind, table, into in (("metric", "metrics", s.metrics), ("stat", "stats", s.stats)):
-        # each rank's last record of each series: one streaming aggregate (arg_max), not a sort of the table
-        columns = [name for name, _ in COLUMNS[table]] + ["session", "run", "rank"]
-        row = "struct_pack(" + ", ".join(f'"{c}" := t."{c}"' for c in columns) + ")"
-        # each rank's last record of each series, by streaming aggregates (no sort of the table): the latest wall
-        # time (the pass above), then the full order among the records at that time, then the rows themselves, read
-        # from the files of their segments only. The latest times select the few rows at them before the series' key
-        # is joined: a list of values DuckDB tests in its scan, a group of ranks at a time (LATEST_AT_ONCE values)
+        # each process's last record of each series: the latest in monotonic time of its last attempt (as
+        # ``Run.records()`` orders a process: wall time steps back with the clock, NTP's or an operator's), from the
+        # per-process pass above; then the rows themselves, read from the files of their segments only
         rows = keyed if kind == "metric" else f"(SELECT * FROM {table} WHERE {w})"
         latest = f"summary_{table}"
-        a = "m." if kind == "metric" else ""
-        positions = []
-        for ranks, walls in _rank_groups(engine.rows(f"SELECT DISTINCT rank, wall FROM {latest} WHERE rank IS NOT NULL "
-                                                     "AND wall IS NOT NULL ORDER BY ALL")):
-            at_latest = (f"{a}rank IN ({', '.join(map(str, ranks))}) AND "
-                         f"{a}wall_ns IN ({', '.join(map(str, walls))})")
-            source = (keyed.replace(f"WHERE {_where(run, 'm')})", f"WHERE {_where(run, 'm')} AND {at_latest})")
-                      if kind == "metric" else f"(SELECT * FROM {table} WHERE {w} AND {at_latest})")
-            positions += engine.rows(
-                f"""SELECT any_value(t.session), any_value(t.run), t.rank, max((t.pid, t.mono_ns, t.segment, t.line))
-                FROM {source} t JOIN {latest} l ON t.group_name = l.group_name AND t.name = l.name
-                  AND t.rank = l.rank AND t.wall_ns = l.wall
-                GROUP BY t.group_name, t.name, t.rank""")
+        positions = engine.rows(f"SELECT any_value(session), any_value(run), rank, pid, arg_max(latest, first) "
+                                f"FROM {latest} GROUP BY group_name, name, rank, pid")
         engine.execute(f"DROP TABLE {latest}")
-        names, fetched = engine.fetch(table, [(session_, run_, rank, k[0], k[2], k[3])  # (pid, mono, segment, line)
-                                              for session_, run_, rank, k in positions])
+        names, fetched = engine.fetch(table, [(session_, run_, rank, pid, k[1], k[2])  # k: (mono, segment, line)
+                                              for session_, run_, rank, pid, k in positions])
         lasts = []
         for row in fetched:
             r = dict(zip(names, row, strict=True))
@@ -352,13 +323,15 @@ def summarize_sql(engine: Any, run: Run) -> RunSummary:
             series = into[_series(rec)]
             series.last_by_rank[rec.identity.rank] = rec
             series.last = rec  # in records() order: the last one set is the last of all ranks
-    who = ("CASE WHEN starts_with(name, 'system.') OR starts_with(group_name, 'system.gpu.') THEN 'host ' || host "
-           "ELSE 'rank ' || rank || ' pid ' || pid END")
+    host_wide = "starts_with(name, 'system.') OR starts_with(group_name, 'system.gpu.')"
+    who = f"CASE WHEN {host_wide} THEN 'host ' || host ELSE 'rank ' || rank || ' pid ' || pid END"
+    # a process's own series: its last in monotonic time; a host's, of several processes: records() order
+    latest = f"(CASE WHEN {host_wide} THEN wall_ns ELSE mono_ns END, {ORDER})"
     finite = f"{w} AND (group_name = 'system' OR starts_with(group_name, 'system.')) AND value_bool IS NULL AND " \
              "isfinite(value)"
     finite = finite.replace(w, "true")
     for label, group, name, n, total, top, last in engine.rows(
-            f"SELECT {who} AS who, group_name, name, count(*), sum(value), max(value), arg_max_null(value, {key}) "
+            f"SELECT {who} AS who, group_name, name, count(*), sum(value), max(value), arg_max_null(value, {latest}) "
             f"FROM {keyed} WHERE {finite} GROUP BY ALL ORDER BY ALL"):
         s.system.setdefault((label, group), {})[name] = SystemSeries(count=int(n), total=float(total),
                                                                      max=float(top), last=float(last))

@@ -307,20 +307,30 @@ def compact(path: str | os.PathLike[str], dest: str | None = None, *, force: boo
                 continue
             if target is not None:
                 with tempfile.TemporaryDirectory(prefix="telemetrain-compact-") as tmp:
-                    prefix = Path(tmp)
-                    for _, paths, meta in segment_plan(run_dir):
-                        compact_process(con, run_dir, paths, meta, prefix, result, include_last=include_last,
-                                        force=True)
-                    _upload(prefix, str(dest), *target)
+                    _compact_run(con, run_dir, Path(tmp), result, include_last=include_last, force=True)
+                    _upload(Path(tmp), str(dest), *target)
             else:
                 prefix = Path(dest.removeprefix("file://")) if dest is not None else run_dir / COLUMNAR_DIR
-                for _, paths, meta in segment_plan(run_dir):
-                    compact_process(con, run_dir, paths, meta, prefix, result, include_last=include_last,
-                                    force=force, prefix_parents=dest is not None)
+                _compact_run(con, run_dir, prefix, result, include_last=include_last, force=force,
+                             prefix_parents=dest is not None)
     finally:
         con.close()
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def _compact_run(con: Any, run_dir: Path, prefix: Path, result: CompactResult, *, include_last: bool, force: bool,
+                 prefix_parents: bool = True) -> None:
+    """The segments of a run without a valid copy: those of processes whose segments are all small together
+    (``compact_batch``: thousands of ranks of a segment or two each), the others a process at a time."""
+    from .compact_batch import BatchPool
+
+    pool = BatchPool(con, prefix, result, force=force, prefix_parents=prefix_parents)
+    for _, paths, meta in segment_plan(run_dir):
+        if not pool.take(run_dir, paths, meta, include_last=include_last):
+            compact_process(con, run_dir, paths, meta, prefix, result, include_last=include_last, force=force,
+                            prefix_parents=prefix_parents)
+    pool.flush()
 
 
 def _remote_fs(url: str) -> tuple[Any, str]:

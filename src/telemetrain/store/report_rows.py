@@ -53,10 +53,10 @@ def _json_double(x: str) -> str:
             f"CAST(json_extract_string({x}, '$.\"$float\"') AS DOUBLE) END)")
 
 
-def report_rows_sql(source: str, where: str = "true", *, partitions: bool = False) -> str:
+def report_rows_sql(source: str, where: str = "true", *, partitions: bool = False, extra: str = "") -> str:
     """SQL: the ``reports`` rows (``REPORT_COLUMNS``, in that order; then ``session``, ``run``, ``rank`` with
-    ``partitions``) of the event rows of ``source`` that ``where`` selects: each report's attributes parsed once (one
-    ``json_extract`` of every path), then typed."""
+    ``partitions``; then the columns ``extra`` names, ", a, b") of the event rows of ``source`` that ``where`` selects:
+    each report's attributes parsed once (one ``json_extract`` of every path), then typed."""
     wanted = [n for n, _ in REPORT_FIELDS if n != "train_iterations_start_bool"]
     index = {n: i for i, n in enumerate(wanted, start=1)}
     paths = "[" + ", ".join(f"'$.{n}'" for n in wanted) + "]"
@@ -72,6 +72,6 @@ def report_rows_sql(source: str, where: str = "true", *, partitions: bool = Fals
         else:
             fields.append(f"{_json_double(f'j[{index[name]}]')} AS {name}")
     head = ", ".join(f'"{n}"' for n, _ in (*IDENTITY_COLUMNS, *POSITION_COLUMNS, *COMMON))
-    tail = ", session, run, rank" if partitions else ""
+    tail = (", session, run, rank" if partitions else "") + extra
     return (f"SELECT {head}, {', '.join(fields)}{tail} FROM (SELECT *, json_extract(attributes, {paths}) AS j "
             f"FROM {source} WHERE group_name = '{REPORT[0]}' AND name = '{REPORT[1]}' AND ({where}))")

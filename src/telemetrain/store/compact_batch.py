@@ -1,0 +1,261 @@
+"""Compaction of many small segments together (``telemetrain compact`` of a run of thousands of ranks, one or a few
+small segments each): the same copy, file for file, as ``compact.compact_segment`` writes one segment at a time, in a
+few statements per batch rather than ~10 per segment.
+
+A segment converted alone cost ~0.17 s whatever its size (BENCHMARKS.md, "Many ranks, few iterations"): DuckDB
+planning its conversion (~60 ms), a ``COPY`` per Parquet file (~8 ms each, seven files) and the typed reports' query
+(~45 ms of planning). Here the segments of a batch are converted by one statement (``convert.convert_batch``, as the
+engine converts JSONL tails), and each table is written by one ``COPY ... PARTITION_BY`` whose partitions are the
+(segment, rank partition) pairs: DuckDB writes every segment's file of that table in one pass, to a temporary
+directory under the prefix. Each file is then renamed to the name ``compact_segment`` gives it, and each segment's
+manifest written last, as before: the layout, the manifests and what makes a copy trusted are unchanged (a crash
+leaves files without a manifest, which the next compaction replaces). Each segment of a batch is locked
+(``compact.segment_lock``) and its manifest checked again once the lock is held, as ``compact_process`` does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..identity import Identity
+from .columnar import COLUMNS, PROCESS_TABLE, SCHEMA_VERSION, TABLES, Prescan, prescan
+from .convert import convert_batch, header_rows
+from .manifest import Manifest, manifest_is_valid, manifest_path, partition_dir, read_manifest
+from .report_rows import REPORT, REPORTS_TABLE, report_rows_sql
+from .views import insert_rows, sql_str
+
+__all__ = ["BATCH_BYTES", "BATCH_SEGMENTS", "SMALL_SEGMENT_BYTES", "BatchPool"]
+
+SMALL_SEGMENT_BYTES = 4 << 20  # a process whose segments to convert are all this small goes to a batch
+# JSONL converted by one statement (the lines are held in memory meanwhile): 256 segments of 70 KiB compacted in 5.3 s
+# of CPU and 150 MiB at the peak by 4 MiB, 5.2 s and 181 MiB by 8, 4.2 s and 283 MiB all at once (105 MiB a segment
+# at a time, in 39 s)
+BATCH_BYTES = 4 << 20
+BATCH_SEGMENTS = 512  # segments a batch (its locks held together; its files written by one COPY a table)
+
+
+@dataclass
+class _Pending:
+    path: Path
+    manifest: Path  # its manifest's path
+    session: str
+    run: str
+    segment: int
+    file_size: int
+    scan: Prescan
+
+
+class BatchPool:
+    """Segments of small processes gathered (``take``) and compacted a batch at a time (``flush``) under ``prefix``."""
+
+    def __init__(self, con: Any, prefix: Path, result: Any, *, force: bool = False, lock: bool = True,
+                 prefix_parents: bool = True) -> None:
+        self.con, self.prefix, self.result = con, prefix, result
+        self.force, self.lock, self.prefix_parents = force, lock, prefix_parents
+        self.pending: list[_Pending] = []
+        self.bytes = 0
+
+    def take(self, run_dir: Path, paths: Sequence[Path], meta: dict[str, Any], *, include_last: bool) -> bool:
+        """Add the segments of one process that have no valid copy, when each is small; False (nothing added, nothing
+        counted) when one is not: ``compact_process`` converts that process alone."""
+        from .compact import _identity_from, _session_run
+        from .reader import fallback_identity
+        from .segments import parse_segment_name
+
+        session, run = _session_run(run_dir, meta)
+        plan: list[tuple[int, Path, Path, Manifest | None, int]] = []
+        for i, path in enumerate(paths):
+            mpath = self.prefix / manifest_path(session, run, path.name)
+            existing = read_manifest(mpath)
+            if existing is not None and not self.force and not manifest_is_valid(existing, self.prefix, path):
+                plan.append((i, path, mpath, existing, 0))
+                continue
+            if i == len(paths) - 1 and not include_last:
+                break
+            try:
+                size = path.stat().st_size
+            except OSError:
+                return False  # (compact_process says what is wrong with it)
+            if size > SMALL_SEGMENT_BYTES:
+                return False
+            plan.append((i, path, mpath, None, size))
+        identity: Identity | None = None
+        for i, path, mpath, existing, size in plan:
+            if existing is not None:
+                self.result.skipped += 1
+                identity = _identity_from(existing.last_identity) or identity
+                continue
+            parsed = parse_segment_name(path.name)
+            try:
+                scan = prescan(path, identity or fallback_identity(path, meta), size, keep=True)
+            except OSError as exc:
+                self.result.errors.append(f"{path}: {exc}")
+                continue
+            identity = scan.identities[-1][1]
+            self.pending.append(_Pending(path, mpath, session, run, parsed.segment if parsed is not None else i,
+                                         size, scan))
+            self.bytes += len(scan.body)
+            if self.bytes >= BATCH_BYTES or len(self.pending) >= BATCH_SEGMENTS:
+                self.flush()
+        return True
+
+    def flush(self) -> None:
+        """Compact the segments gathered."""
+        batch, self.pending, self.bytes = self.pending, [], 0
+        if not batch:
+            return
+        with contextlib.ExitStack() as locks:
+            todo = []
+            try:
+                self.prefix.mkdir(parents=self.prefix_parents, exist_ok=True)
+            except OSError as exc:
+                self.result.errors += [f"{p.path}: {exc}" for p in batch]
+                return
+            for p in batch:
+                from .compact import segment_lock
+
+                try:
+                    locks.enter_context(segment_lock(p.manifest, enabled=self.lock, prefix=self.prefix))
+                except (OSError, TimeoutError) as exc:
+                    self.result.errors.append(f"{p.path}: {exc}")
+                    continue
+                existing = read_manifest(p.manifest)  # another compactor may have done it while we gathered
+                if existing is not None and not self.force and not manifest_is_valid(existing, self.prefix, p.path):
+                    self.result.skipped += 1
+                    continue
+                todo.append(p)
+            if not todo:
+                return
+            try:
+                manifests = _compact_batch(self.con, todo, self.prefix)
+            except Exception:  # noqa: BLE001 - one bad segment must not stop the others: each alone, as before
+                manifests = self._one_at_a_time(todo)
+        for manifest in manifests:
+            self.result.segments += 1
+            self.result.records += sum(n for t, n in manifest.records.items() if t != PROCESS_TABLE)
+            self.result.bytes_in += manifest.file_size
+            self.result.bytes_out += sum(int(f["bytes"]) for f in manifest.files)
+
+
+    def _one_at_a_time(self, todo: list[_Pending]) -> list[Manifest]:
+        """The segments of a batch that failed, each converted alone (``compact_segment``; their locks are held): the
+        errors are each segment's own."""
+        from .compact import compact_segment
+
+        manifests = []
+        for p in todo:
+            fallback = p.scan.identities[0][1]  # (what it was prescanned with)
+            try:
+                manifests.append(compact_segment(self.con, p.path, self.prefix, fallback, p.session, p.run, p.segment))
+            except (OSError, ValueError) as exc:
+                self.result.errors.append(f"{p.path}: {exc}")
+            except Exception as exc:  # noqa: BLE001 - DuckDB's errors: that segment's
+                self.result.errors.append(f"{p.path}: {type(exc).__name__}: {exc}")
+        return manifests
+
+
+def _columns(table: str) -> str:
+    return ", ".join(f'"{name}"' for name, _ in COLUMNS[table])
+
+
+def _compact_batch(con: Any, todo: list[_Pending], prefix: Path) -> list[Manifest]:
+    from .compact import ROW_GROUP_ROWS, ROW_GROUP_ROWS_DEFAULT, ZSTD_LEVEL, make_dirs_under
+
+    t0 = time.perf_counter()
+    corrupt = [p.scan.bad_headers for p in todo]
+    lines_scanned = [(p.scan.size, p.scan.lines, p.scan.torn, p.scan.identities[-1][1]) for p in todo]
+    headers = [header_rows(p.scan, p.segment) for p in todo]  # (before convert_batch takes the scans' lines)
+    seg = convert_batch(con, [(p.scan, p.session, p.run, p.segment) for p in todo], arrow=False)
+    tmp = prefix / f".batch-{os.getpid()}.tmp"
+    try:
+        counts = con.execute(f"SELECT batch_file, kind, session, run, rank, count(*), "
+                             f"count(*) FILTER (WHERE kind = 'event' AND group_name = '{REPORT[0]}' AND "
+                             f"name = '{REPORT[1]}') FROM {seg} GROUP BY ALL ORDER BY ALL").fetchall()
+        parts: dict[tuple[int, str, str, int], int] = {}  # (segment in the batch, session, run, rank) -> partition
+        for k, kind, session, run, rank, _, _ in counts:
+            if kind is not None:
+                parts.setdefault((int(k), session, run, int(rank)), len(parts))
+        for k, found in enumerate(headers):
+            for (session, run, rank), _ in found:
+                parts.setdefault((k, session, run, int(rank)), len(parts))
+        con.execute("CREATE OR REPLACE TEMP TABLE batch_parts (batch_file INTEGER, session VARCHAR, run VARCHAR, "
+                    "rank BIGINT, pk INTEGER)")
+        insert_rows(con, "batch_parts", [(*key, pk) for key, pk in parts.items()])
+        joined = f"(SELECT s.*, p.pk FROM {seg} s JOIN batch_parts p USING (batch_file, session, run, rank))"
+        rows: dict[tuple[str, int], int] = {}  # (table, partition) -> rows
+        for k, kind, session, run, rank, n, reports in counts:
+            if kind is None:
+                corrupt[int(k)] += int(n)
+                continue
+            pk = parts[(int(k), session, run, int(rank))]
+            rows[(TABLES[kind], pk)] = int(n)
+            if reports:
+                rows[(REPORTS_TABLE, pk)] = int(reports)
+        queries = {table: f"SELECT {_columns(table)}, pk FROM {joined} WHERE kind = '{kind}' ORDER BY pk, line"
+                   for kind, table in TABLES.items()}
+        queries[REPORTS_TABLE] = f"{report_rows_sql(joined, extra=', pk')} ORDER BY pk, line"
+        if any(headers):
+            con.execute("CREATE OR REPLACE TEMP TABLE batch_hdr (" + ", ".join(
+                f"{n} {t}" for n, t in COLUMNS[PROCESS_TABLE]) + ", pk INTEGER)")
+            insert_rows(con, "batch_hdr", [(*row, parts[(k, s, r, int(rank))]) for k, found in enumerate(headers)
+                                           for (s, r, rank), row in found])
+            queries[PROCESS_TABLE] = "SELECT * FROM batch_hdr ORDER BY pk, line"
+            for (k, s, r, rank), pk in parts.items():
+                n = sum(1 for part, _ in headers[k] if part == (s, r, rank))
+                if n:
+                    rows[(PROCESS_TABLE, pk)] = n
+        tables = {table for table, _ in rows}
+        for table, query in queries.items():
+            if table not in tables:
+                continue
+            meta = f"{{telemetrain_schema_version: '{SCHEMA_VERSION}', telemetrain_table: '{table}'}}"
+            out = tmp / table
+            make_dirs_under(prefix, out)
+            con.execute(f"COPY ({query}) TO {sql_str(str(out))} (FORMAT parquet, "
+                        f"COMPRESSION zstd, COMPRESSION_LEVEL {ZSTD_LEVEL}, PARQUET_VERSION v2, "
+                        f"ROW_GROUP_SIZE {ROW_GROUP_ROWS.get(table, ROW_GROUP_ROWS_DEFAULT)}, KV_METADATA {meta}, "
+                        "PARTITION_BY (pk), FILENAME_PATTERN 'f', OVERWRITE_OR_IGNORE)")
+        files: list[list[dict[str, Any]]] = [[] for _ in todo]
+        records: list[dict[str, int]] = [{} for _ in todo]
+        for (k, session, run, rank), pk in parts.items():  # each file to its place, as compact_segment names it
+            stem = todo[k].path.name.removesuffix(".jsonl")
+            for table in (*TABLES.values(), REPORTS_TABLE, PROCESS_TABLE):
+                n = rows.get((table, pk))
+                if not n:
+                    continue
+                written = list((tmp / table / f"pk={pk}").iterdir())
+                if len(written) != 1:
+                    raise ValueError(f"expected one Parquet file of {table} in partition {pk}, found {len(written)}")
+                rel = f"{partition_dir(table, session, run, rank)}/{stem}.parquet"
+                make_dirs_under(prefix, (prefix / rel).parent)
+                os.replace(written[0], prefix / rel)
+                files[k].append({"table": table, "path": rel, "bytes": (prefix / rel).stat().st_size, "rows": n})
+                if table != REPORTS_TABLE:
+                    records[k][table] = records[k].get(table, 0) + n
+    finally:
+        for name in ("batch_parts", "batch_hdr", seg):
+            con.execute(f"DROP TABLE IF EXISTS {name}")
+        shutil.rmtree(tmp, ignore_errors=True)
+    seconds = (time.perf_counter() - t0) / len(todo)
+    manifests = []
+    for k, p in enumerate(todo):  # each segment's manifest last
+        size, lines, torn, last = lines_scanned[k]
+        manifest = Manifest(schema_version=SCHEMA_VERSION, segment=p.path.name, session=p.session, run=p.run,
+                            file_size=p.file_size, covered_bytes=size, lines=lines, torn=torn, corrupt=corrupt[k],
+                            records=records[k], files=files[k], last_identity=last.as_dict(),
+                            compacted_wall_ns=time.time_ns(), seconds=seconds)
+        target = prefix / manifest_path(p.session, p.run, p.path.name)
+        make_dirs_under(prefix, target.parent)
+        part = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        part.write_text(json.dumps(manifest.as_dict(), separators=(",", ":")))
+        os.replace(part, target)
+        manifests.append(manifest)
+    return manifests

@@ -1,0 +1,129 @@
+"""Compaction of many small segments together (``store.compact_batch``): the copy is the one a segment at a time
+writes, file for file and row for row (damaged lines, an identity change inside a file, a restarted session of four
+ranks, reports, headers), and the number of statements does not grow with the segments."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+duckdb = pytest.importorskip("duckdb")
+
+from telemetrain.store import compact as compact_module  # noqa: E402
+from telemetrain.store import compact_batch  # noqa: E402
+from telemetrain.store.compact import COLUMNAR_DIR, compact  # noqa: E402
+from telemetrain.store.manifest import SEGMENTS_DIR  # noqa: E402
+from test_reader_damage import DAMAGED, _write_run  # noqa: E402
+from test_report import _write_session  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:telemetrain. sink 'broken' failed")
+
+
+def _runs(root: Path) -> list[Path]:
+    """A restarted session of four ranks, and a run of two ranks with damaged lines and a second identity in a file."""
+    runs = list(_write_session(root / "a"))
+    damaged = _write_run(root / "b", ranks=3, n=50)
+    f = sorted(damaged.glob("rank-1.*.jsonl"))[0]
+    header = json.loads(f.read_text().splitlines()[0])
+    header["identity"]["rank"] = 7  # a header naming another rank mid-file: rows of two rank partitions
+    f.write_text(f.read_text() + "\n".join(DAMAGED) + "\n" + json.dumps(header) + "\n" + "\n".join(DAMAGED[:7])
+                 + "\n" + '{"v":2,"kind":"metric","mono_ns":9,"wall_ns":9,"group":"g","name":"n","value":2}\n'
+                 + '{"v":2,"kind":"met')  # a torn last line
+    return [*runs, damaged]
+
+
+def _copy(run: Path) -> dict[str, Any]:
+    """Every manifest (less when and how long) and every Parquet file's rows and key-value metadata of a run's copy."""
+    base = run / COLUMNAR_DIR
+    out: dict[str, Any] = {}
+    con = duckdb.connect()
+    for f in sorted(base.rglob("*")):
+        rel = f.relative_to(base).as_posix()
+        if f.name.startswith(".") or f.is_dir():
+            continue
+        if rel.startswith(SEGMENTS_DIR):
+            manifest = json.loads(f.read_text())
+            for key in ("compacted_wall_ns", "seconds"):
+                manifest.pop(key)
+            manifest["files"] = sorted(manifest["files"], key=lambda e: e["path"])
+            for entry in manifest["files"]:
+                entry.pop("bytes")  # (the same rows: a byte or two of the encoder's statistics may differ)
+            out[rel] = manifest
+        else:
+            # (by repr: a NaN is not equal to itself)
+            out[rel] = (repr(con.execute(f"SELECT * FROM read_parquet('{f}', hive_partitioning = false)").fetchall()),
+                        sorted(con.execute(f"SELECT key, value FROM parquet_kv_metadata('{f}')").fetchall()))
+    con.close()
+    return out
+
+
+def test_a_batch_writes_the_copy_a_segment_at_a_time_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    runs = _runs(tmp_path)
+    alone = {}
+    for run in runs:
+        with monkeypatch.context() as m:
+            m.setattr(compact_batch, "SMALL_SEGMENT_BYTES", -1)  # no segment small enough: each process alone
+            result = compact(run)
+        assert not result.errors and result.segments
+        alone[run] = (_copy(run), result.records, result.segments)
+        shutil.rmtree(run / COLUMNAR_DIR)
+    monkeypatch.setattr(compact_batch, "BATCH_SEGMENTS", 3)  # batches of three segments: several, and what is left
+    for run in runs:
+        result = compact(run)
+        assert not result.errors
+        copy, records, segments = alone[run]
+        assert (result.records, result.segments) == (records, segments)
+        assert _copy(run) == copy
+        assert not [p for p in (run / COLUMNAR_DIR).rglob("*") if ".tmp" in p.name]  # nothing left behind
+        again = compact(run)  # idempotent: every copy valid, nothing converted again
+        assert again.segments == 0 and again.skipped == segments
+
+
+class _Counted:
+    """A DuckDB connection that counts the COPY statements run through it."""
+
+    def __init__(self, con: Any, copies: list[str]) -> None:
+        self._con, self._copies = con, copies
+
+    def execute(self, query: str, *args: Any) -> Any:
+        if query.lstrip().upper().startswith("COPY"):
+            self._copies.append(query)
+        return self._con.execute(query, *args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._con, name)
+
+
+@pytest.mark.parametrize("ranks", [8, 32])
+def test_compacting_many_small_segments_writes_each_table_once_a_batch(tmp_path: Path, ranks: int,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run of many ranks of one small segment each: a COPY per table for the whole batch, not per segment (seven
+    files a segment, each by its own statement, made ~0.17 s a segment)."""
+    run = _write_run(tmp_path, ranks=ranks, n=20)
+    copies: list[str] = []
+    connect = compact_module.connect
+    monkeypatch.setattr(compact_module, "connect", lambda *a, **k: _Counted(connect(*a, **k), copies))
+    result = compact(run)
+    assert not result.errors and result.segments == ranks
+    tables = {f["table"] for m in (run / COLUMNAR_DIR / SEGMENTS_DIR).rglob("*.json")
+              for f in json.loads(m.read_text())["files"]}
+    assert len(copies) == len(tables) and len(tables) >= 5
+    assert len(list((run / COLUMNAR_DIR).rglob("*.parquet"))) == ranks * len(tables)  # the same layout
+
+
+def test_a_batch_that_fails_is_compacted_a_segment_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch whose conversion fails (a DuckDB error) leaves no segment behind: each is then converted alone, with
+    its own error if it has one."""
+    run = _write_run(tmp_path, ranks=4, n=20)
+
+    def failing(*args: Any) -> Any:
+        raise duckdb.InvalidInputError("planted")
+
+    monkeypatch.setattr(compact_batch, "_compact_batch", failing)
+    result = compact(run)
+    assert not result.errors and result.segments == 4
+    assert compact(run).skipped == 4
