@@ -127,3 +127,23 @@ def test_a_batch_that_fails_is_compacted_a_segment_at_a_time(tmp_path: Path, mon
     result = compact(run)
     assert not result.errors and result.segments == 4
     assert compact(run).skipped == 4
+
+
+def test_a_killed_compactors_batch_folder_is_swept_and_a_live_ones_kept(tmp_path: Path) -> None:
+    """A SIGKILL mid-batch leaves its working folder: the next compaction of the run removes it once it is old
+    enough that no live compactor can still be writing it (a batch takes seconds), and leaves a recent one alone."""
+    import os
+    import time
+
+    run = _write_run(tmp_path, ranks=2, n=10)
+    base = run / COLUMNAR_DIR
+    stale, recent = base / ".batch-4242.tmp", base / ".batch-4343-0a1b2c3d.tmp"
+    for folder in (stale, recent):
+        (folder / "metrics" / "pk=0").mkdir(parents=True)
+        (folder / "metrics" / "pk=0" / "f.parquet").write_bytes(b"half a file")
+    old = time.time() - compact_batch.STALE_BATCH_S - 60
+    os.utime(stale, (old, old))
+    result = compact(run)
+    assert not result.errors and result.segments == 2
+    assert not stale.exists() and recent.exists()
+    assert not [p for p in base.glob(".batch-*.tmp") if p != recent]  # its own batch's folder went too

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import time
 from collections.abc import Sequence
@@ -40,6 +41,7 @@ SMALL_SEGMENT_BYTES = 4 << 20  # a process whose segments to convert are all thi
 # at a time, in 39 s)
 BATCH_BYTES = 4 << 20
 BATCH_SEGMENTS = 512  # segments a batch (its locks held together; its files written by one COPY a table)
+STALE_BATCH_S = 3600.0  # a batch folder this old belongs to a compactor that was killed
 
 
 @dataclass
@@ -62,6 +64,7 @@ class BatchPool:
         self.force, self.lock, self.prefix_parents = force, lock, prefix_parents
         self.pending: list[_Pending] = []
         self.bytes = 0
+        _sweep_stale_batches(prefix)
 
     def take(self, run_dir: Path, paths: Sequence[Path], meta: dict[str, Any], *, include_last: bool) -> bool:
         """Add the segments of one process that have no valid copy, when each is small; False (nothing added, nothing
@@ -162,6 +165,19 @@ class BatchPool:
         return manifests
 
 
+def _sweep_stale_batches(prefix: Path) -> None:
+    """Remove the working folders of batches a killed compactor left (SIGKILL, power loss): readers go by manifests
+    and never see them, but they hold disk. Only old ones: a batch of another live compactor takes seconds."""
+    try:
+        leftovers = list(prefix.glob(".batch-*.tmp"))
+    except OSError:
+        return
+    for folder in leftovers:
+        with contextlib.suppress(OSError):
+            if time.time() - folder.stat().st_mtime > STALE_BATCH_S:
+                shutil.rmtree(folder, ignore_errors=True)
+
+
 def _columns(table: str) -> str:
     return ", ".join(f'"{name}"' for name, _ in COLUMNS[table])
 
@@ -174,7 +190,8 @@ def _compact_batch(con: Any, todo: list[_Pending], prefix: Path) -> list[Manifes
     lines_scanned = [(p.scan.size, p.scan.lines, p.scan.torn, p.scan.identities[-1][1]) for p in todo]
     headers = [header_rows(p.scan, p.segment) for p in todo]  # (before convert_batch takes the scans' lines)
     seg = convert_batch(con, [(p.scan, p.session, p.run, p.segment) for p in todo], arrow=False)
-    tmp = prefix / f".batch-{os.getpid()}.tmp"
+    # (a token besides the pid: two hosts compacting runs of one shared filesystem can have the same pid)
+    tmp = prefix / f".batch-{os.getpid()}-{secrets.token_hex(4)}.tmp"
     try:
         counts = con.execute(f"SELECT batch_file, kind, session, run, rank, count(*), "
                              f"count(*) FILTER (WHERE kind = 'event' AND group_name = '{REPORT[0]}' AND "
