@@ -115,17 +115,13 @@ class GpuReport:
         if seconds > 0:
             attributes["avg_gpu_power_W"] = gpu_joules / seconds
         world = max(int(snap.world or 1), 1)
-        samples = snap.window_iterations * snap.gbs
-        if samples > 0:
-            per_sample = share * world / samples
-            attributes["energy_per_sample_J"] = per_sample
-            if snap.seq:
-                attributes["energy_per_token_J"] = per_sample / snap.seq
-        done = snap.iterations * snap.gbs
-        if done > 0:
-            attributes["cumulative_energy_per_sample_J"] = self._cumulative * world / done
-            if snap.seq:
-                attributes["cumulative_energy_per_token_J"] = self._cumulative * world / done / snap.seq
+        # per global sample and token, as the iterations counted them (a short last batch, packed sequences)
+        for key, count, joules in (("energy_per_sample_J", snap.window_samples, share),
+                                   ("energy_per_token_J", snap.window_tokens, share),
+                                   ("cumulative_energy_per_sample_J", snap.samples, self._cumulative),
+                                   ("cumulative_energy_per_token_J", snap.tokens, self._cumulative)):
+            if count:
+                attributes[key] = joules * world / count
 
 
 def _energy_source(setting: Any) -> tuple[EnergySource | None, str]:

@@ -44,6 +44,15 @@ class RecorderBase:
     _every: int
     _warmup: int
     _fixed: tuple[int, int | None, float | None] | None
+    _batch: int | None
+    _samples: int
+    _uncounted: int
+    _tokens: int
+    _untokened: int
+    _tokens_lost: int
+    _steady_samples: int
+    _window_counts: tuple[int, int, int, int, int]
+    _report_tokens: int | None
     _reporter: Reporter
     _window: Window
     _window_begin: int

@@ -83,6 +83,7 @@ class ReportCapture(RecorderBase):
         config = self.config
         loop = self._spans.get(S.TRAINING_LOOP)
         gbs, seq, fps = self._fixed or self._sizes()
+        samples, window_samples, tokens, window_tokens = self._counts(seq)
         return Snapshot(
             final=final,
             window=window,
@@ -102,6 +103,11 @@ class ReportCapture(RecorderBase):
             gbs=gbs,
             seq=seq,
             fps=fps,
+            samples=samples,
+            window_samples=window_samples,
+            tokens=tokens,
+            window_tokens=window_tokens,
+            steady_samples=None if samples is None else samples - self._steady_samples,
             world=self._world_size(),
             peak=self.peak(),
             saves=self._saves.as_attributes("save_checkpoint"),
@@ -112,6 +118,19 @@ class ReportCapture(RecorderBase):
             extra=capture(self.telemetry.extensions.get(REPORT_SOURCES)),
             clocks=cpu_wait.clocks(),
         )
+
+    def _counts(self, seq: int | None) -> tuple[int | None, int | None, int | None, int | None]:
+        """The samples and tokens this job and in the window (None where an iteration's count is unknown: no global
+        batch size, no seq_length), from what each iteration counted (``TrainingRecorder.iteration_size``); the
+        samples of iterations given no token count are x ``seq_length`` as it is at this report."""
+        begin = self._window_counts
+        now = self._window_counts = (self._samples, self._uncounted, self._tokens, self._untokened, self._tokens_lost)
+        untokened = now[3] - begin[3]
+        lost = now[4] > begin[4] or (untokened > 0 and not seq)
+        from_seq = 0 if lost else untokened * (seq or 0)
+        done = self._report_tokens = None if lost or self._report_tokens is None else self._report_tokens + from_seq
+        return (None if now[1] else now[0], None if now[1] > begin[1] else now[0] - begin[0],
+                None if done is None else done + now[2], None if lost else now[2] - begin[2] + from_seq)
 
     def _emit_report(self, snap: Snapshot, attributes: Mapping[str, Any]) -> None:
         """The reporter's output: the event (linked to the loop), then each metric as a record."""

@@ -143,6 +143,12 @@ class Snapshot:
     gbs: int
     seq: int | None
     fps: float | None
+    # samples and tokens this job and in the window, as the iterations counted them (None: unknown)
+    samples: int | None
+    window_samples: int | None
+    tokens: int | None
+    window_tokens: int | None
+    steady_samples: int | None  # since the end of warm-up
     world: int
     peak: Any
     saves: dict[str, Any]
@@ -165,7 +171,9 @@ def compute(snap: Snapshot, state: Reporter, behind: bool = False) -> dict[str, 
     if window.times:
         window.summary.fold(window.times)
         window.times = []
-    gbs, seq, fps, world = snap.gbs, snap.seq, snap.fps, snap.world
+    gbs, fps, world = snap.gbs, snap.fps, snap.world
+    samples, window_samples, steady_samples = snap.samples, snap.window_samples, snap.steady_samples
+    window_tokens = snap.window_tokens
     end_ns = snap.end_ns
     current = snap.iterations_start + snap.iterations
     attributes: dict[str, Any] = {
@@ -173,7 +181,7 @@ def compute(snap: Snapshot, state: Reporter, behind: bool = False) -> dict[str, 
         "current_iteration": current - 1,
         "num_iterations": snap.iterations,
         "train_samples_start": snap.samples_start,
-        "num_train_samples": snap.iterations * gbs,
+        "num_train_samples": snap.samples or 0,  # (one-logger's required field: 0 when unknown, as it has)
         "interval": snap.interval,
         "window_iterations": snap.window_iterations,
         "final": snap.final,
@@ -206,25 +214,25 @@ def compute(snap: Snapshot, state: Reporter, behind: bool = False) -> dict[str, 
             attributes.update({f"cumulative_{k}_iteration_time_sec": q[k] for k in QUANTILES if k in q})
     # throughput over the window's wall time
     wall_s = (end_ns - window.start_ns) / 1e9 if window.start_ns else 0.0
-    samples = snap.window_iterations * gbs
     attributes["window_seconds"] = wall_s
-    if gbs:
-        attributes["window_samples"] = samples
-    if seq:
-        attributes["train_tokens"] = snap.iterations * gbs * seq
-    if wall_s > 0 and gbs:
-        attributes["samples_per_second"] = samples / wall_s
-        if seq:
-            attributes["tokens_per_second"] = attributes["avg_tokens_per_second"] = samples * seq / wall_s
+    if window_samples is not None:
+        attributes["window_samples"] = window_samples
+    if snap.tokens is not None:
+        attributes["train_tokens"] = snap.tokens
+    if wall_s > 0 and window_samples is not None:
+        attributes["samples_per_second"] = window_samples / wall_s
+    if wall_s > 0 and window_tokens is not None:
+        attributes["tokens_per_second"] = attributes["avg_tokens_per_second"] = window_tokens / wall_s
     steady_s = (end_ns - snap.steady_start_ns) / 1e9 if snap.steady_start_ns else 0.0
-    if steady_s > 0 and gbs:
-        attributes["cumulative_samples_per_second"] = snap.steady_iterations * gbs / steady_s
-    if fps and gbs:
-        total_flops = snap.iterations * gbs * fps
+    if steady_s > 0 and steady_samples is not None:
+        attributes["cumulative_samples_per_second"] = steady_samples / steady_s
+    if fps and samples is not None:
+        total_flops = samples * fps
         attributes["total_flops"] = total_flops
         attributes["completed_floating_point_operations_overall"] = snap.iterations_start * gbs * fps + total_flops
+    if fps and window_samples is not None:
         if wall_s > 0:
-            tflops = samples * fps / wall_s / world / 1e12
+            tflops = window_samples * fps / wall_s / world / 1e12
             attributes["train_throughput_per_gpu"] = attributes["avg_tflops"] = tflops
             high, low = state.throughput_max, state.throughput_min
             state.throughput_max = tflops if high is None else max(high, tflops)
@@ -236,11 +244,11 @@ def compute(snap: Snapshot, state: Reporter, behind: bool = False) -> dict[str, 
                 attributes["mfu"] = tflops / peak.tflops
                 attributes["peak_tflops_per_gpu"] = peak.tflops
                 attributes["peak_source"] = f"{peak.device} {peak.dtype}: {peak.source}"
-        if steady_s > 0:
-            attributes["cumulative_train_throughput_per_gpu"] = (
-                snap.steady_iterations * gbs * fps / steady_s / world / 1e12)
-    if gbs:
-        attributes["avg_batch_size"] = gbs
+        if steady_s > 0 and steady_samples is not None:
+            attributes["cumulative_train_throughput_per_gpu"] = steady_samples * fps / steady_s / world / 1e12
+    if window_samples is not None and snap.window_iterations:
+        n = snap.window_iterations
+        attributes["avg_batch_size"] = window_samples // n if window_samples % n == 0 else window_samples / n
     # the split between the sub-phases, when used
     if window.phases and snap.window_iterations:
         for phase, seconds in list(window.phases.items()):
