@@ -173,3 +173,58 @@ def test_a_count_that_is_no_count_is_refused(telemetry: Telemetry, kwargs: dict[
         r.on_training_single_iteration_end(**kwargs)
     r.on_training_single_iteration_end()
     r.on_train_end()
+
+
+def test_checkpoint_saves_and_validation_are_left_out_of_the_rates(telemetry: Telemetry,
+                                                                  read_run: Callable[..., Any]) -> None:
+    """Training is paused during a save or a validation loop (each its own badput): a window's throughput, FLOP/s
+    and MFU are over the time it trained, so they do not dip in the windows that hold one."""
+    gbs, fps, peak, world = 8, 2e12, 100.0, 2
+    r = TrainingRecorder(TrainingTelemetryConfig(global_batch_size_or_fn=gbs, flops_per_sample_or_fn=fps,
+                                                 log_every_n_train_iterations=4, world_size_or_fn=world,
+                                                 peak_tflops_per_gpu=peak), telemetry=telemetry)
+    base = _base_ms()
+    r.on_app_start(base)
+    r.on_train_start(0, start_time_msec=base)
+    now = base
+
+    def iterations(n: int) -> None:
+        nonlocal now
+        for _ in range(n):
+            r.on_training_single_iteration_start(now)
+            now += 100.0
+            r.on_training_single_iteration_end(now)
+
+    def pause(kind: str, ms: float) -> None:
+        nonlocal now
+        if kind == "save":
+            r.on_save_checkpoint_start(0, now)
+            r.on_save_checkpoint_success(0, now + ms)
+            r.on_save_checkpoint_end(now + ms)
+        else:
+            r.on_validation_start(now)
+            r.on_validation_end(now + ms)
+        now += ms
+
+    iterations(2)
+    pause("save", 500.0)
+    pause("validation", 300.0)
+    iterations(2)  # report 1: 4 x 0.1 s trained in 1.2 s of wall time
+    iterations(4)  # report 2: no pause
+    pause("save", 200.0)  # after report 2's last iteration: report 3's
+    iterations(2)
+    r.on_train_end(now)
+    r.on_app_end(now)
+    reports = _reports(read_run(telemetry))
+    walls, paused, trained = [1.2, 0.4, 0.4], [0.8, 0.0, 0.2], [0.4, 0.4, 0.2]
+    samples = [4 * gbs, 4 * gbs, 2 * gbs]
+    for rep, wall, off, busy, n in zip(reports, walls, paused, trained, samples, strict=True):
+        assert rep["window_seconds"] == pytest.approx(wall)
+        assert rep["samples_per_second"] == pytest.approx(n / busy)
+        assert rep["window_paused_seconds"] == pytest.approx(off)
+        tflops = n * fps / busy / world / 1e12
+        assert rep["train_throughput_per_gpu"] == pytest.approx(tflops)
+        assert rep["mfu"] == pytest.approx(tflops / peak)
+    # since the end of the warm-up iteration: 9 iterations, 0.9 s of training, all three pauses after it
+    assert reports[-1]["cumulative_samples_per_second"] == pytest.approx(9 * gbs / 0.9)
+    assert reports[-1]["cumulative_train_throughput_per_gpu"] == pytest.approx(9 * gbs * fps / 0.9 / world / 1e12)

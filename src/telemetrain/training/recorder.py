@@ -143,6 +143,7 @@ class TrainingRecorder(ApplicationCallbacks, CheckpointCallbacks, EvalLoopCallba
         self._tokens_lost = 0  # iterations with neither count
         self._steady_samples = 0  # samples counted by the end of warm-up
         self._window_counts = (0, 0, 0, 0, 0)  # those five when the window began
+        self._steady_paused_ns = 0  # the pauses since the end of warm-up (report_capture._paused)
         self._report_tokens: int | None = 0  # samples x seq_length of the reports so far (None: some were unknown)
         self._reporter.new_loop()
         self._window = Window()

@@ -106,7 +106,7 @@ class Window:
     """The iterations since the last metrics update. The training thread appends to ``times`` and moves every
     ``FOLD_EVERY`` of them to ``chunks``; only the reporter folds (under its lock)."""
 
-    __slots__ = ("chunks", "phases", "start_ns", "summary", "times", "warmup_times")
+    __slots__ = ("chunks", "pauses", "phases", "start_ns", "summary", "times", "warmup_times")
 
     def __init__(self, start_ns: int = 0) -> None:
         self.times: list[float] = []  # iteration seconds, warm-up excluded
@@ -115,6 +115,8 @@ class Window:
         self.summary = Summary()
         self.start_ns = start_ns  # end of the previous window's last iteration (or the loop's start)
         self.phases: dict[str, float] = {}  # phase -> seconds
+        # (start, end) monotonic ns of the checkpoint saves, validation and testing loops between its iterations
+        self.pauses: list[tuple[int, int]] = []
 
     def fold_chunks(self) -> None:
         chunks = self.chunks
@@ -149,6 +151,9 @@ class Snapshot:
     tokens: int | None
     window_tokens: int | None
     steady_samples: int | None  # since the end of warm-up
+    # ns of the window (and since the end of warm-up) training paused in a checkpoint save, validation, testing
+    paused_ns: int
+    steady_paused_ns: int
     world: int
     peak: Any
     saves: dict[str, Any]
@@ -215,15 +220,20 @@ def compute(snap: Snapshot, state: Reporter, behind: bool = False) -> dict[str, 
     # throughput over the window's wall time
     wall_s = (end_ns - window.start_ns) / 1e9 if window.start_ns else 0.0
     attributes["window_seconds"] = wall_s
+    # the rates are over the time training ran: the wall time less its pauses (saves, validation: their own badput)
+    paused_s = snap.paused_ns / 1e9
+    if wall_s > 0:
+        attributes["window_paused_seconds"] = paused_s
+    run_s = wall_s - paused_s if wall_s > paused_s else 0.0
     if window_samples is not None:
         attributes["window_samples"] = window_samples
     if snap.tokens is not None:
         attributes["train_tokens"] = snap.tokens
-    if wall_s > 0 and window_samples is not None:
-        attributes["samples_per_second"] = window_samples / wall_s
-    if wall_s > 0 and window_tokens is not None:
-        attributes["tokens_per_second"] = attributes["avg_tokens_per_second"] = window_tokens / wall_s
-    steady_s = (end_ns - snap.steady_start_ns) / 1e9 if snap.steady_start_ns else 0.0
+    if run_s > 0 and window_samples is not None:
+        attributes["samples_per_second"] = window_samples / run_s
+    if run_s > 0 and window_tokens is not None:
+        attributes["tokens_per_second"] = attributes["avg_tokens_per_second"] = window_tokens / run_s
+    steady_s = (end_ns - snap.steady_start_ns - snap.steady_paused_ns) / 1e9 if snap.steady_start_ns else 0.0
     if steady_s > 0 and steady_samples is not None:
         attributes["cumulative_samples_per_second"] = steady_samples / steady_s
     if fps and samples is not None:
@@ -231,8 +241,8 @@ def compute(snap: Snapshot, state: Reporter, behind: bool = False) -> dict[str, 
         attributes["total_flops"] = total_flops
         attributes["completed_floating_point_operations_overall"] = snap.iterations_start * gbs * fps + total_flops
     if fps and window_samples is not None:
-        if wall_s > 0:
-            tflops = window_samples * fps / wall_s / world / 1e12
+        if run_s > 0:
+            tflops = window_samples * fps / run_s / world / 1e12
             attributes["train_throughput_per_gpu"] = attributes["avg_tflops"] = tflops
             high, low = state.throughput_max, state.throughput_min
             state.throughput_max = tflops if high is None else max(high, tflops)
