@@ -25,10 +25,11 @@ METRICS: dict[str, tuple[str, str, dict[str, str] | None, float]] = {
     **{f"avg_{p}_device_time_sec": ("train.phase.device_duration", "s", {TRAIN_PHASE: p}, 1.0)
        for p in PHASES.values()},
     "avg_stall_time_sec": ("train.stall_time", "s", None, 1.0),
-    "window_energy_J": ("train.energy_J", "J", None, 1.0),
-    "energy_per_sample_J": ("train.energy_per_sample_J", "J", None, 1.0),
-    "energy_per_token_J": ("train.energy_per_token_J", "J", None, 1.0),
-    "avg_gpu_power_W": ("train.gpu_power_W", "W", None, 1.0),
+    # (the unit is the record's, not the name's: Prometheus and OpenTelemetry add their own suffix to the name)
+    "cumulative_energy_J": ("train.energy", "J", None, 1.0),  # a running total: a joules counter (cumulative.py)
+    "energy_per_sample_J": ("train.energy_per_sample", "J", None, 1.0),
+    "energy_per_token_J": ("train.energy_per_token", "J", None, 1.0),
+    "avg_gpu_power_W": ("train.gpu_power", "W", None, 1.0),
 }
 
 

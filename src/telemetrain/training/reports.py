@@ -68,6 +68,8 @@ OLD_METRICS = frozenset({
     "train.iteration_time.mean", "train.iteration_time.p50", "train.iteration_time.p90", "train.iteration_time.p99",
     "train.iteration_time.max", "train.tflops_per_gpu", "train.phase.dataloader", "train.phase.forward",
     "train.phase.backward", "train.phase.optimizer", "train.phase.zero_grad",
+    # and, until the energy series' names lost their unit (the record carries it), v2's energy names
+    "train.energy_J", "train.energy_per_sample_J", "train.energy_per_token_J", "train.gpu_power_W",
 })
 
 # Telemetry.extensions key: a list of report sources, each a callable run on the training thread when a report is
