@@ -1,6 +1,7 @@
-"""What an iteration processed: samples and tokens counted per step, not steps x a batch size read at the report.
+"""The derived training numbers, checked by hand against the loop's own inputs.
 
-A short last batch (``drop_last=False``), a batch size that changes mid-run (a curriculum, given as a function), and
+What an iteration processed: samples and tokens counted per step, not steps x a batch size read at the report. A
+short last batch (``drop_last=False``), a batch size that changes mid-run (a curriculum, given as a function), and
 packed sequences (tokens per step) must give the samples, tokens, throughput and FLOP/s a user computes by hand from
 the loop's own inputs.
 """
@@ -228,3 +229,19 @@ def test_checkpoint_saves_and_validation_are_left_out_of_the_rates(telemetry: Te
     # since the end of the warm-up iteration: 9 iterations, 0.9 s of training, all three pauses after it
     assert reports[-1]["cumulative_samples_per_second"] == pytest.approx(9 * gbs / 0.9)
     assert reports[-1]["cumulative_train_throughput_per_gpu"] == pytest.approx(9 * gbs * fps / 0.9 / world / 1e12)
+
+
+@pytest.mark.parametrize("dtype", ["bf17", "float64", ""])
+def test_an_unknown_dtype_is_refused_by_the_config(dtype: str) -> None:
+    """The MFU's peak is looked up for ``dtype`` at the loop's start: a typo was an error event there and no MFU."""
+    with pytest.raises(ValueError, match="dtype"):
+        TrainingTelemetryConfig(global_batch_size_or_fn=2, dtype=dtype)
+
+
+def test_a_dtype_alias_is_taken(telemetry: Telemetry) -> None:
+    # the A100 datasheet's dense figures: BF16 and FP16 312, TF32 156 TFLOP/s
+    for dtype, tflops in (("bf16", 312.0), ("half", 312.0), ("tf32", 156.0)):
+        config = TrainingTelemetryConfig(global_batch_size_or_fn=2, dtype=dtype, device_name="NVIDIA A100-SXM4-80GB")
+        r = TrainingRecorder(config, telemetry=telemetry)
+        peak = r.peak()
+        assert peak is not None and peak.tflops == tflops and r.errors == 0
