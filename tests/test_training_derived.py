@@ -245,3 +245,31 @@ def test_a_dtype_alias_is_taken(telemetry: Telemetry) -> None:
         r = TrainingRecorder(config, telemetry=telemetry)
         peak = r.peak()
         assert peak is not None and peak.tflops == tflops and r.errors == 0
+
+
+def test_a_checkpoint_holds_the_samples_the_iterations_counted(telemetry: Telemetry,
+                                                               read_run: Callable[..., Any]) -> None:
+    """save_checkpoint_success's productive samples and TFLOPs: resumed at step 10 of 8-sample steps, then steps
+    of 8, 8 and a short one of 3, saved after the curriculum moved the batch size function on to 64."""
+    fps = 1e12
+    current = {"gbs": 8}
+    r = TrainingRecorder(TrainingTelemetryConfig(global_batch_size_or_fn=lambda: current["gbs"],
+                                                 flops_per_sample_or_fn=fps, world_size_or_fn=1),
+                         telemetry=telemetry)
+    r.on_app_start()
+    r.on_train_start(10)  # train_samples_start: 10 x 8
+    for samples in (None, None, 3):
+        r.on_training_single_iteration_start()
+        r.on_training_single_iteration_end(samples=samples)
+    current["gbs"] = 64
+    r.on_save_checkpoint_start(13)
+    r.on_save_checkpoint_success(13)
+    r.on_save_checkpoint_end()
+    r.on_train_end()
+    r.on_app_end()
+    (success,) = [dict(e.attributes or {}) for e in read_run(telemetry)
+                  if e.kind == "event" and e.name == "save_checkpoint_success"]
+    expected = 10 * 8 + 8 + 8 + 3
+    assert success["productive_train_iterations"] == 13
+    assert success["productive_train_samples"] == expected
+    assert success["productive_train_tflops"] == pytest.approx(expected * fps / 1e12)
