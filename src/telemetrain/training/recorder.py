@@ -132,7 +132,7 @@ class TrainingRecorder(ApplicationCallbacks, CheckpointCallbacks, EvalLoopCallba
         self._samples_start = 0
         self._iterations = 0  # completed this job
         self._iteration_total_sec = 0.0  # all iterations this job (for productive time)
-        # what the iterations processed (report_capture.counts): each counts the samples and tokens given for it
+        # what the iterations processed (report_capture._counts): each counts the samples and tokens given for it
         # (iteration_size, or on_training_single_iteration_end's), else the global batch size at its end and
         # samples x seq_length at the report
         self._size: tuple[int | None, int | None] = (None, None)  # given for the open iteration
