@@ -207,17 +207,20 @@ def test_checkpoint_saves_and_validation_are_left_out_of_the_rates(telemetry: Te
             r.on_validation_end(now + ms)
         now += ms
 
+    r.on_load_checkpoint_start(now)  # a resume inside the loop, before its first iteration
+    r.on_load_checkpoint_end(now + 400.0)
+    now += 400.0
     iterations(2)
     pause("save", 500.0)
     pause("validation", 300.0)
-    iterations(2)  # report 1: 4 x 0.1 s trained in 1.2 s of wall time
+    iterations(2)  # report 1: 4 x 0.1 s trained in 1.6 s of wall time
     iterations(4)  # report 2: no pause
     pause("save", 200.0)  # after report 2's last iteration: report 3's
     iterations(2)
     r.on_train_end(now)
     r.on_app_end(now)
     reports = _reports(read_run(telemetry))
-    walls, paused, trained = [1.2, 0.4, 0.4], [0.8, 0.0, 0.2], [0.4, 0.4, 0.2]
+    walls, paused, trained = [1.6, 0.4, 0.4], [1.2, 0.0, 0.2], [0.4, 0.4, 0.2]
     samples = [4 * gbs, 4 * gbs, 2 * gbs]
     for rep, wall, off, busy, n in zip(reports, walls, paused, trained, samples, strict=True):
         assert rep["window_seconds"] == pytest.approx(wall)

@@ -24,7 +24,8 @@ from .reports import Reporter, Window
 _mono = time.monotonic_ns
 GROUP = "training"
 # spans during which training pauses between iterations: their time is left out of the throughput's denominator
-PAUSES = frozenset({S.CHECKPOINT_SAVE_SYNC, S.CHECKPOINT_SAVE_ASYNC, S.VALIDATION_LOOP, S.TESTING_LOOP})
+PAUSES = frozenset({S.CHECKPOINT_SAVE_SYNC, S.CHECKPOINT_SAVE_ASYNC, S.CHECKPOINT_LOAD, S.VALIDATION_LOOP,
+                    S.TESTING_LOOP})
 CURRENT = "training.current"  # Telemetry.extensions key: the recorder built last on it (watchdogs read progress())
 
 

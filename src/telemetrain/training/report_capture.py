@@ -9,7 +9,7 @@ Derived metrics (``training_metrics_update``; docs/training.md defines each):
   the time statistics): iteration time count/mean/min/max/p50/p90/p99 (seconds);
 - samples and tokens as the iterations counted them; samples/s and tokens/s over the window's wall time (end of the
   previous window's last iteration to this window's last; so time between iterations -- data loading outside the
-  iteration, logging -- counts) less the checkpoint saves and validation/testing loops in it (``_paused``);
+  iteration, logging -- counts) less the checkpoint saves/loads, validation and testing loops in it (``_paused``);
 - TFLOP/s per GPU = FLOPs per sample x samples / that time / world size / 1e12, and MFU against an explicit peak or
   the device's peak from ``flops.PEAK_TFLOPS`` (an unknown device gives no MFU; the peak used is reported);
 - the split of iteration time between data loading, forward, backward, optimizer and zero_grad when those sub-spans
@@ -126,8 +126,8 @@ class ReportCapture(RecorderBase):
 
     def _paused(self, window: Window, end_ns: int, steady_start: int) -> tuple[int, int]:
         """The ns of ``window`` (ending at ``end_ns``) and of the time since the end of warm-up that training paused
-        in a checkpoint save, a validation or testing loop between iterations (overlaps merged). A pause that ends
-        after the window (a save after its last iteration) is the next window's."""
+        in a checkpoint save or load, a validation or testing loop between iterations (overlaps merged). A pause
+        that ends after the window (a save after its last iteration) is the next window's."""
         later = [p for p in window.pauses if p[1] > end_ns]
         self._window.pauses.extend(later)
         paused = steady = 0
