@@ -320,6 +320,29 @@ def test_the_energy_series_on_a_prometheus_endpoint_carry_their_unit_once(tmp_pa
     assert not [n for n in served if "per_sample" in n and n.endswith("_total")]
 
 
+def test_energy_per_sample_and_token_use_what_the_iterations_counted(tmp_path: Path) -> None:
+    """A short last batch and packed sequences (iteration_size): joules per sample and per token divide by the counts
+    given, not by steps x batch size (x seq_length)."""
+    gpu = SharedGpu(100.0, sharers=1)
+    t, r = _rank(tmp_path, "packed", 0, gpu, world=1)
+    sizes = [(16, 9000), (16, 12000), (16, 16384), (16, 7000), (5, 2500)]  # (samples, tokens): a short last batch
+    r.on_train_start(0)
+    for samples, tokens in sizes:
+        r.on_training_single_iteration_start()
+        gpu.iterations += 1
+        r.on_training_single_iteration_end(samples=samples, tokens=tokens)
+    t.flush()
+    r.on_train_end()
+    r.on_app_end()
+    assert t.close()
+    (update,) = [e.attributes for e in open_run(tmp_path / SESSION / "packed").records("event")
+                 if e.name == "training_metrics_update"]
+    assert update["window_energy_J"] == pytest.approx(500.0)
+    assert update["energy_per_sample_J"] == pytest.approx(500.0 / sum(s for s, _ in sizes))
+    assert update["energy_per_token_J"] == pytest.approx(500.0 / sum(k for _, k in sizes))
+    assert update["cumulative_energy_per_token_J"] == pytest.approx(500.0 / sum(k for _, k in sizes))
+
+
 def test_goodput_counts_the_energy_of_lost_work_as_wasted(tmp_path: Path) -> None:
     """Attempt 1 runs 20 iterations, checkpoints at 10 and dies; attempt 2 resumes at 10 and runs to 30. 100 J per
     iteration on one GPU per rank (2 ranks): 4000 J in attempt 1, of which iterations 10-19 (2000 J) were lost; 4000 J
