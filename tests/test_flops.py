@@ -446,6 +446,21 @@ def test_cpu_attention_limit_is_real() -> None:
         assert measure_flops(sdpa, q, q, q) == 2 * (2 * (2 * 3) * 8 * 8 * 4)  # QK^T and PV, 2 FLOPs per MAC each
 
 
+def test_a_transformer_measures_the_documented_formula() -> None:
+    """docs/training.md: a dense transformer of N matmul parameters, L layers of width d, on sequences of T tokens:
+    6 x N x T + 12 x L x T^2 x d per sample (attention in full), computed here from the model's own shapes."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    d, layers, seq, batch = 32, 3, 16, 2
+    model = nn.Sequential(*[nn.TransformerEncoderLayer(d, 4, 4 * d, dropout=0.0, batch_first=True)
+                            for _ in range(layers)])
+    n = sum(p.numel() for p in model.parameters() if p.dim() == 2)  # the weights of the matmuls, no bias or norm
+    x = torch.randn(batch, seq, d, requires_grad=True)
+    with sdpa_kernel(SDPBackend.MATH):
+        measured = flops_per_sample(model, x)
+    assert measured == 6 * n * seq + 12 * layers * seq**2 * d
+
+
 # ------------------------------------------------------------------------------------------------- import isolation
 
 def test_import_does_not_import_torch() -> None:

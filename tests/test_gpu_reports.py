@@ -10,7 +10,9 @@ of NVML. NVML itself runs here only for real: this machine has no driver (and th
 
 from __future__ import annotations
 
+import re
 import time
+import urllib.request
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +34,7 @@ from telemetrain.report.model import build_model
 from telemetrain.span_lifecycle import _current
 from telemetrain.store import open_run
 from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
+from telemetrain.training import reports as reports_module
 from telemetrain.training.goodput import goodput
 from telemetrain.training.gpu_report import _energy_source
 
@@ -271,12 +274,73 @@ def test_energy_per_sample_counts_a_shared_gpu_once(tmp_path: Path) -> None:
         assert ups[-1]["cumulative_energy_J"] == pytest.approx(1000.0) and ups[-1]["energy_gpu_sharers"] == 2
         assert ups[-1]["energy_gpus"] == "GPU-test-0" and ups[-1]["energy_source"] == "counter"
     metrics = {m.name for m in run.records("metric")}
-    assert {"train.energy_per_sample_J", "train.energy_per_token_J", "train.energy_J"} <= metrics
+    assert {"train.energy_per_sample", "train.energy_per_token", "train.energy", "train.gpu_power"} <= metrics
     health = build_gpu_health(run)
     assert health.energy_J == pytest.approx(2000.0)  # 20 iterations x 100 J: the GPU once
     assert health.energy_per_sample == pytest.approx(2000.0 / (20 * 16))
     headline = {label: value for label, value, _ in build_model(run).headline}
     assert headline["energy per sample"] == "6.25 J"
+
+
+def test_the_energy_series_on_a_prometheus_endpoint_carry_their_unit_once(tmp_path: Path) -> None:
+    """Each derived series is a dotted lowercase name with its unit on the record; the backend adds the unit's
+    suffix once (v2 named them train.energy_J...: served as telemetrain_train_energy_J_joules_total). The loop's
+    joules are a counter, the joules per sample or token gauges (they were counters, as anything in joules)."""
+    parser = pytest.importorskip("prometheus_client.parser", reason="the [prometheus] extra is not installed")
+    from telemetrain.sinks.prometheus import PrometheusSink
+    from telemetrain.sinks.prometheus.names import metric_name
+
+    for name, unit, _, _ in reports_module.METRICS.values():
+        assert name == name.lower() and re.fullmatch(r"[a-z0-9_.]+", name), name
+        prom_name = metric_name(name, unit)
+        suffix = prom_name.rsplit("_", 1)[-1]
+        assert prom_name.count(suffix) == 1 or suffix == "second", (name, prom_name)
+    gpu = SharedGpu(100.0, sharers=1)
+    t, r = _rank(tmp_path, "prom", 0, gpu, world=1)
+    sink = PrometheusSink(port=0)
+    t.add_sink(sink)
+    try:
+        _train([(t, r)], gpu, 0, 10)
+        assert t.flush()
+        text = urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
+            f"http://127.0.0.1:{sink.port}/metrics", timeout=10).read().decode()
+        served = {sample.name: sample.value for family in parser.text_string_to_metric_families(text)
+                  for sample in family.samples}
+    finally:
+        r.on_train_end()
+        r.on_app_end()
+        assert t.close()
+    # 10 iterations x 100 J on one GPU, one process: 1000 J so far, a counter; per window: 500 J, 80 samples,
+    # 80 x 1024 tokens, gauges (they go down as well as up: as counters, a rate() over them would be wrong)
+    assert served["telemetrain_train_energy_joules_total"] == pytest.approx(1000.0)
+    assert served["telemetrain_train_energy_per_sample_joules"] == pytest.approx(500.0 / 80)
+    assert served["telemetrain_train_energy_per_token_joules"] == pytest.approx(500.0 / 80 / 1024)
+    assert "telemetrain_train_gpu_power_watts" in served
+    assert not [n for n in served if n.endswith(("_J_joules", "_W_watts", "_J_joules_total"))]
+    assert not [n for n in served if "per_sample" in n and n.endswith("_total")]
+
+
+def test_energy_per_sample_and_token_use_what_the_iterations_counted(tmp_path: Path) -> None:
+    """A short last batch and packed sequences (iteration_size): joules per sample and per token divide by the counts
+    given, not by steps x batch size (x seq_length)."""
+    gpu = SharedGpu(100.0, sharers=1)
+    t, r = _rank(tmp_path, "packed", 0, gpu, world=1)
+    sizes = [(16, 9000), (16, 12000), (16, 16384), (16, 7000), (5, 2500)]  # (samples, tokens): a short last batch
+    r.on_train_start(0)
+    for samples, tokens in sizes:
+        r.on_training_single_iteration_start()
+        gpu.iterations += 1
+        r.on_training_single_iteration_end(samples=samples, tokens=tokens)
+    t.flush()
+    r.on_train_end()
+    r.on_app_end()
+    assert t.close()
+    (update,) = [e.attributes for e in open_run(tmp_path / SESSION / "packed").records("event")
+                 if e.name == "training_metrics_update"]
+    assert update["window_energy_J"] == pytest.approx(500.0)
+    assert update["energy_per_sample_J"] == pytest.approx(500.0 / sum(s for s, _ in sizes))
+    assert update["energy_per_token_J"] == pytest.approx(500.0 / sum(k for _, k in sizes))
+    assert update["cumulative_energy_per_token_J"] == pytest.approx(500.0 / sum(k for _, k in sizes))
 
 
 def test_goodput_counts_the_energy_of_lost_work_as_wasted(tmp_path: Path) -> None:

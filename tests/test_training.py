@@ -1218,7 +1218,9 @@ def test_a_late_config_emits_update_training_telemetry_config(
         (32, "late"), (64, "later")]
     app = _spans(records, "span_start", "application")[0]
     assert {e.span_id for e in updates} == {app.span_id}
-    assert _attrs(records, "training_metrics_update")[0]["num_train_samples"] == 64  # the config now in force
+    # the iteration ran under the first config: its samples are that batch size (as one-logger counts them, at the
+    # iteration's end), not the size of a config set after it
+    assert _attrs(records, "training_metrics_update")[0]["num_train_samples"] == 32
     assert recorder.errors == 0 and _telemetry_warnings(caught) == []
 
 

@@ -3,14 +3,15 @@ with ``_total``, OpenTelemetry observable counters) share this one list.
 
 A total is a value that only grows from a start (the system sampler's I/O bytes since it started, a process's CPU
 time, error counts) or anything in joules: energy is exported as a counter and the backend derives watts from its
-rate (https://prometheus.io/docs/practices/naming/: "export a joules counter"). Everything else is a gauge.
+rate (https://prometheus.io/docs/practices/naming/: "export a joules counter") -- except the few derived values in
+joules that are no totals (``GAUGE_METRICS``: joules per sample). Everything else is a gauge.
 """
 
 from __future__ import annotations
 
 from .ucum import base_unit
 
-__all__ = ["CUMULATIVE_METRICS", "CUMULATIVE_UNITS", "is_cumulative"]
+__all__ = ["CUMULATIVE_METRICS", "CUMULATIVE_UNITS", "GAUGE_METRICS", "is_cumulative"]
 
 # cumulative metrics of docs/system.md (v2 names, and the v1 names for records read back from old runs) and the
 # derived training totals of docs/training.md
@@ -40,9 +41,16 @@ CUMULATIVE_METRICS = frozenset(
 
 CUMULATIVE_UNITS = frozenset({"J"})
 
+# in joules but not running totals: the derived energy per sample/token of a window (docs/training.md, "Energy"),
+# and the window energy older runs wrote (train.energy is now the loop's running total, a counter)
+GAUGE_METRICS = frozenset({"train.energy_per_sample", "train.energy_per_token", "train.energy_J",
+                           "train.energy_per_sample_J", "train.energy_per_token_J"})
+
 
 def is_cumulative(name: str, unit: str) -> bool:
     """A running total: a known cumulative metric, a quantity in joules (``J``, or ``kJ``, ``Wh``, ``kWh``: joules
     in another scale), or a name that says so."""
+    if name in GAUGE_METRICS:
+        return False
     return (name in CUMULATIVE_METRICS or name.endswith((".total", "_total")) or unit in CUMULATIVE_UNITS
             or base_unit(unit)[0] in CUMULATIVE_UNITS)

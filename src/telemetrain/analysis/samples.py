@@ -55,7 +55,7 @@ class Window:
     iteration: int  # global zero-based iteration at the window's end
     iterations: int  # iterations in the window
     iteration_time: float  # mean iteration time over the window, seconds
-    samples_per_second: float | None  # the window's throughput (global batch x iterations / wall seconds)
+    samples_per_second: float | None  # the window's throughput (its samples / the seconds it trained)
     phases: Mapping[str, float]  # mean seconds per iteration of each timed sub-phase
     final: bool = False
     phase_source: str = "host"  # the clock of `phases`: "device" where the window has device times (phase_times)

@@ -35,7 +35,8 @@ RISE = 0.10  # a window this much slower than the rank's median window, while th
 THROTTLES = {"hw.gpu.throttle.power": "power", "hw.gpu.throttle.thermal": "thermal",
              "hw.gpu.throttle.hw_slowdown": "hw_slowdown"}
 _SERIES = (*THROTTLES, "hw.gpu.clock.sm", "hw.power", "hw.gpu.memory.utilization", "torch.cuda.alloc_retries")
-_RELEVANT = frozenset((*_SERIES, "train.energy_J"))  # a run without any of these has nothing to join
+# a run without any of these has nothing to join (train.energy_J: its name in runs written before)
+_RELEVANT = frozenset((*_SERIES, "train.energy", "train.energy_J"))
 
 
 @dataclasses.dataclass

@@ -71,7 +71,8 @@ def headline(model: ReportModel, c: _Collector) -> list[tuple[str, str, str]]:
         rows.append(("iterations", f"{done:,.0f} (to step {step})" if done is not None else "n/a",
                      f"num_iterations of {who}"))
         rows.append(("throughput", _fmt_num(_num(last, "cumulative_samples_per_second"), " samples/s"),
-                     f"cumulative_samples_per_second of {who}: samples since warm-up / seconds since then"))
+                     f"cumulative_samples_per_second of {who}: samples since warm-up / seconds since then, less the "
+                     "checkpoint saves and validation"))
         tokens = _num(last, "tokens_per_second")
         if tokens:
             rows.append(("tokens/s (last window)", _fmt_num(tokens), f"tokens_per_second of {who}"))

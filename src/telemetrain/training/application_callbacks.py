@@ -56,6 +56,8 @@ class ApplicationCallbacks(RecorderBase):
             self._warmup = config.warmup_iterations
             lazy = (config.global_batch_size_or_fn, config.seq_length_or_fn, config.flops_per_sample_or_fn)
             self._fixed = None if any(callable(v) for v in lazy) else self._sizes()  # else evaluated per report
+            # an iteration's default sample count: a lazy global batch size is read at each iteration's end
+            self._batch = None if callable(config.global_batch_size_or_fn) else self._gbs() or 0
             self._schedule_report()
             self._peak_resolved = False
             every = config.export_iteration_spans_every or config.log_every_n_train_iterations

@@ -167,11 +167,16 @@ def on_training_single_iteration_start(start_time_msec: float | None = None) -> 
     return get_recorder().on_training_single_iteration_start(start_time_msec)
 
 
-def on_training_single_iteration_end(finish_time_msec: float | None = None) -> None:
+def on_training_single_iteration_end(finish_time_msec: float | None = None, *, samples: int | None = None,
+                                     tokens: int | None = None) -> None:
+    """``samples``/``tokens``: what this step processed, when not the global batch size (and x seq_length):
+    ``TrainingRecorder.iteration_size``. (A one-logger provider's exporters keep one-logger's count.)"""
     if _registry and (ol := _one_logger()) is not None:
+        if samples is not None or tokens is not None:
+            ol.recorder.training.iteration_size(samples, tokens)
         ol.on_training_single_iteration_end(finish_time_msec)
         return
-    get_recorder().on_training_single_iteration_end(finish_time_msec)
+    get_recorder().on_training_single_iteration_end(finish_time_msec, samples=samples, tokens=tokens)
 
 
 def on_validation_start(start_time_msec: float | None = None) -> Any:

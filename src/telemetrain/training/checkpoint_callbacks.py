@@ -49,17 +49,17 @@ class CheckpointCallbacks(RecorderBase):
                 "save_checkpoint_attempt_count": self._save_attempts,
             }
             s = self._start("on_save_checkpoint_start", name, start_time_msec, attributes, parent=self._outer())
-            # what this checkpoint will hold once it is saved: the productive work up to now
-            gbs = self._gbs() or 0
+            # what this checkpoint will hold once it is saved: the productive work up to now, the samples as the
+            # iterations counted them (TrainingRecorder.iteration_size: not steps x the batch size of this moment)
             config = self.config
             fps = self._guarded("flops_per_sample", lambda: config.flops_per_sample) if config is not None else None
-            completed = self._iterations_start + self._iterations
+            samples = self._samples_start + self._samples
             self._snapshots[global_step] = {
-                "productive_train_iterations": completed,
-                "productive_train_samples": self._samples_start + self._iterations * gbs,
+                "productive_train_iterations": self._iterations_start + self._iterations,
+                "productive_train_samples": samples,
                 "productive_train_iterations_sec": self._iteration_total_sec,
                 "productive_validation_iterations_sec": self._validation_total_sec,
-                **({"productive_train_tflops": completed * gbs * fps / 1e12} if fps and gbs else {}),
+                **({"productive_train_tflops": samples * fps / 1e12} if fps and samples else {}),
             }
             return s
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from .checkpoint import CheckPointStrategy, CheckpointStrategy
 from .errors import InvalidConfigError
+from .flops import normalize_dtype
 
 __all__ = [
     "ApplicationType",
@@ -173,6 +174,10 @@ class TrainingTelemetryConfig:
         if peak is not None and (isinstance(peak, bool) or not isinstance(peak, (int, float)) or not peak > 0
                                  or math.isinf(peak)):
             raise InvalidConfigError(f"peak_tflops_per_gpu must be > 0, got {peak!r}")
+        try:  # the peak (MFU) is looked up for it at the loop's start: a typo is the caller's, shown now
+            normalize_dtype(self.dtype)
+        except ValueError as exc:
+            raise InvalidConfigError(f"dtype: {exc}") from None
         timing = self.device_timing
         if isinstance(timing, str):
             if timing not in ("auto", "cuda", "host"):

@@ -71,6 +71,11 @@ class TrainingContexts:
     def training_iteration(self) -> _Iteration:
         return _Iteration(self._recorder)
 
+    def iteration_size(self, samples: int | None = None, tokens: int | None = None) -> None:
+        """What the open training iteration processes (``TrainingRecorder.iteration_size``): a short last batch, a
+        batch size that changes, packed sequences; call it inside ``training_iteration()``."""
+        _telemetrain_recorder(self._recorder()).iteration_size(samples, tokens)
+
     def validation_loop(self) -> _Pair:
         return self._pair("on_validation_start", "on_validation_end", S.VALIDATION_LOOP)
 
@@ -203,6 +208,7 @@ checkpoint_load = _default.checkpoint_load
 checkpoint_save = _default.checkpoint_save
 training_loop = _default.training_loop
 training_iteration = _default.training_iteration
+iteration_size = _default.iteration_size
 validation_loop = _default.validation_loop
 validation_iteration = _default.validation_iteration
 

@@ -25,10 +25,11 @@ METRICS: dict[str, tuple[str, str, dict[str, str] | None, float]] = {
     **{f"avg_{p}_device_time_sec": ("train.phase.device_duration", "s", {TRAIN_PHASE: p}, 1.0)
        for p in PHASES.values()},
     "avg_stall_time_sec": ("train.stall_time", "s", None, 1.0),
-    "window_energy_J": ("train.energy_J", "J", None, 1.0),
-    "energy_per_sample_J": ("train.energy_per_sample_J", "J", None, 1.0),
-    "energy_per_token_J": ("train.energy_per_token_J", "J", None, 1.0),
-    "avg_gpu_power_W": ("train.gpu_power_W", "W", None, 1.0),
+    # (the unit is the record's, not the name's: Prometheus and OpenTelemetry add their own suffix to the name)
+    "cumulative_energy_J": ("train.energy", "J", None, 1.0),  # a running total: a joules counter (cumulative.py)
+    "energy_per_sample_J": ("train.energy_per_sample", "J", None, 1.0),
+    "energy_per_token_J": ("train.energy_per_token", "J", None, 1.0),
+    "avg_gpu_power_W": ("train.gpu_power", "W", None, 1.0),
 }
 
 
@@ -115,17 +116,13 @@ class GpuReport:
         if seconds > 0:
             attributes["avg_gpu_power_W"] = gpu_joules / seconds
         world = max(int(snap.world or 1), 1)
-        samples = snap.window_iterations * snap.gbs
-        if samples > 0:
-            per_sample = share * world / samples
-            attributes["energy_per_sample_J"] = per_sample
-            if snap.seq:
-                attributes["energy_per_token_J"] = per_sample / snap.seq
-        done = snap.iterations * snap.gbs
-        if done > 0:
-            attributes["cumulative_energy_per_sample_J"] = self._cumulative * world / done
-            if snap.seq:
-                attributes["cumulative_energy_per_token_J"] = self._cumulative * world / done / snap.seq
+        # per global sample and token, as the iterations counted them (a short last batch, packed sequences)
+        for key, count, joules in (("energy_per_sample_J", snap.window_samples, share),
+                                   ("energy_per_token_J", snap.window_tokens, share),
+                                   ("cumulative_energy_per_sample_J", snap.samples, self._cumulative),
+                                   ("cumulative_energy_per_token_J", snap.tokens, self._cumulative)):
+            if count:
+                attributes[key] = joules * world / count
 
 
 def _energy_source(setting: Any) -> tuple[EnergySource | None, str]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from numbers import Integral
 from typing import Any
 
 from ..spans import Span, _current_get, _current_set, current_span, tracer
@@ -70,6 +71,7 @@ class TrainingRecorder(ApplicationCallbacks, CheckpointCallbacks, EvalLoopCallba
         self._every = 50
         self._warmup = 0
         self._fixed: tuple[int, int | None, float | None] | None = None
+        self._batch: int | None = 0  # samples an iteration counts by default: the fixed global batch (None: lazy)
         self._export_every = 50
         self._quiet: Span | None = None  # the loop's reusable span for sampled-out iterations (Tracer.quiet)
         self._iterations_begun = 0
@@ -130,6 +132,19 @@ class TrainingRecorder(ApplicationCallbacks, CheckpointCallbacks, EvalLoopCallba
         self._samples_start = 0
         self._iterations = 0  # completed this job
         self._iteration_total_sec = 0.0  # all iterations this job (for productive time)
+        # what the iterations processed (report_capture._counts): each counts the samples and tokens given for it
+        # (iteration_size, or on_training_single_iteration_end's), else the global batch size at its end and
+        # samples x seq_length at the report
+        self._size: tuple[int | None, int | None] = (None, None)  # given for the open iteration
+        self._samples = 0  # samples counted this job
+        self._uncounted = 0  # iterations with no sample count (no global batch size)
+        self._tokens = 0  # tokens given explicitly this job
+        self._untokened = 0  # samples of the iterations without a token count (x seq_length at the report)
+        self._tokens_lost = 0  # iterations with neither count
+        self._steady_samples = 0  # samples counted by the end of warm-up
+        self._window_counts = (0, 0, 0, 0, 0)  # those five when the window began
+        self._steady_paused_ns = 0  # the pauses since the end of warm-up (report_capture._paused)
+        self._report_tokens: int | None = 0  # samples x seq_length of the reports so far (None: some were unknown)
         self._reporter.new_loop()
         self._window = Window()
         self._window_begin = 0  # self._iterations when the window began
@@ -162,6 +177,13 @@ class TrainingRecorder(ApplicationCallbacks, CheckpointCallbacks, EvalLoopCallba
                 self._device.abandon_iteration()
             _deactivate(it)
             it.end("error", error, end_ns=end_ns)
+
+    def iteration_size(self, samples: int | None = None, tokens: int | None = None) -> None:
+        """What the open training iteration processes, for the derived metrics: ``samples``, the global samples of
+        this step (all ranks, as ``global_batch_size``: a short last batch, a batch size that changes), ``tokens``
+        its tokens (sequence packing, variable lengths). Either may be left out: the default is the global batch
+        size, and samples x ``seq_length``. Also ``on_training_single_iteration_end(samples=, tokens=)``."""
+        self._size = (_count("samples", samples), _count("tokens", tokens))
 
     # -- training loop and iterations ------------------------------------------------------------------------------
 
@@ -242,6 +264,7 @@ class TrainingRecorder(ApplicationCallbacks, CheckpointCallbacks, EvalLoopCallba
         if start_time_msec is None and self._iteration is None and loop is not None and not loop.end_ns:
             k = self._iterations_begun
             self._iterations_begun = k + 1
+            self._size = (None, None)  # (a count given outside an iteration is not this one's)
             if k % self._export_every:  # sampled out: only timed, on the loop's reusable quiet span
                 q = self._quiet
                 if q is None or q.end_ns or q.parent is not loop:
@@ -278,6 +301,7 @@ class TrainingRecorder(ApplicationCallbacks, CheckpointCallbacks, EvalLoopCallba
             start_ns = self._mono_of(start_time_msec)
             k = self._iterations_begun
             self._iterations_begun = k + 1
+            self._size = (None, None)
             if self._device is not None:
                 self._device.begin_iteration(k < self._warmup)
             if k % self._export_every and loop is not None:  # sampled out, as on the fast path (a fresh span)
@@ -291,7 +315,12 @@ class TrainingRecorder(ApplicationCallbacks, CheckpointCallbacks, EvalLoopCallba
             self._iteration = s
             return s
 
-    def on_training_single_iteration_end(self, finish_time_msec: float | None = None) -> None:
+    def on_training_single_iteration_end(self, finish_time_msec: float | None = None, *, samples: int | None = None,
+                                         tokens: int | None = None) -> None:
+        if samples is not None or tokens is not None:  # (see iteration_size)
+            given = self._size
+            self._size = (given[0] if samples is None else _count("samples", samples),
+                          given[1] if tokens is None else _count("tokens", tokens))
         if self._device is not None:
             self._device.end_iteration()
         s = self._iteration
@@ -325,8 +354,21 @@ class TrainingRecorder(ApplicationCallbacks, CheckpointCallbacks, EvalLoopCallba
             _deactivate(s)
             s.end()
             end_ns = s.end_ns
+        given, self._size = self._size, (None, None)
         if s.status == "error":  # it failed (an exception inside it): ended, but not a completed iteration
             return
+        count, tokens = given
+        if count is None:
+            count = self._batch if self._batch is not None else self._gbs() or 0
+            if not count:
+                self._uncounted += 1
+        self._samples += count
+        if tokens is not None:
+            self._tokens += tokens
+        elif count or given[0] is not None:
+            self._untokened += count
+        else:
+            self._tokens_lost += 1
         seconds = (end_ns - s.start_ns) / 1e9
         self._iterations = n = self._iterations + 1
         self._iteration_total_sec += seconds
@@ -342,6 +384,7 @@ class TrainingRecorder(ApplicationCallbacks, CheckpointCallbacks, EvalLoopCallba
             self._window.warmup_times.append(seconds)
             if n == self._warmup:
                 self._steady_start_ns = end_ns
+                self._steady_samples = self._samples
         if n == 1:
             self._first_iteration_end_ns = end_ns
             origin = self._app_start_ns or self._loop_start_ns
@@ -386,6 +429,18 @@ def _deactivate(s: Span) -> None:
             restore._active = None
     elif _current_get() is s:
         _current_set(None)
+
+
+def _count(name: str, value: Any) -> int | None:
+    """A sample or token count given by the caller: None, or an int >= 0 (a tensor is refused: reading it would
+    wait for the device)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise TypeError(f"{name} must be an int >= 0 or None, got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{name} must be an int >= 0 or None, got {value!r}")
+    return int(value)
 
 
 def _value(value_or_fn: Any, default: Any) -> Any:

@@ -23,6 +23,9 @@ from .reports import Reporter, Window
 
 _mono = time.monotonic_ns
 GROUP = "training"
+# spans during which training pauses between iterations: their time is left out of the throughput's denominator
+PAUSES = frozenset({S.CHECKPOINT_SAVE_SYNC, S.CHECKPOINT_SAVE_ASYNC, S.CHECKPOINT_LOAD, S.VALIDATION_LOOP,
+                    S.TESTING_LOOP})
 CURRENT = "training.current"  # Telemetry.extensions key: the recorder built last on it (watchdogs read progress())
 
 
@@ -44,6 +47,16 @@ class RecorderBase:
     _every: int
     _warmup: int
     _fixed: tuple[int, int | None, float | None] | None
+    _batch: int | None
+    _samples: int
+    _uncounted: int
+    _tokens: int
+    _untokened: int
+    _tokens_lost: int
+    _steady_samples: int
+    _window_counts: tuple[int, int, int, int, int]
+    _report_tokens: int | None
+    _steady_paused_ns: int
     _reporter: Reporter
     _window: Window
     _window_begin: int
@@ -147,6 +160,9 @@ class RecorderBase:
         if status is not None:
             s.set_status(status, error)
         s.end(end_ns=end_ns)
+        if name in PAUSES and self._loop is not None and self._iteration is None:
+            # training paused between iterations: left out of the window's throughput (report_capture.paused)
+            self._window.pauses.append((s.start_ns, s.end_ns))
         return s
 
     # -- the config's sizes, evaluated guarded (a ``*_or_fn`` that raises is a misuse, not an exception) ----------

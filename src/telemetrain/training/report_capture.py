@@ -7,9 +7,10 @@ capture; the arithmetic runs in the collector thread (``reports``).
 Derived metrics (``training_metrics_update``; docs/training.md defines each):
 - per window (the iterations since the previous update) and cumulative (this job, warm-up iterations excluded from
   the time statistics): iteration time count/mean/min/max/p50/p90/p99 (seconds);
-- samples, tokens, samples/s and tokens/s over the window's wall time (end of the previous window's last iteration to
-  this window's last; so time between iterations -- data loading outside the iteration, logging -- counts);
-- TFLOP/s per GPU = FLOPs per sample x samples / wall time / world size / 1e12, and MFU against an explicit peak or
+- samples and tokens as the iterations counted them; samples/s and tokens/s over the window's wall time (end of the
+  previous window's last iteration to this window's last; so time between iterations -- data loading outside the
+  iteration, logging -- counts) less the checkpoint saves/loads, validation and testing loops in it (``_paused``);
+- TFLOP/s per GPU = FLOPs per sample x samples / that time / world size / 1e12, and MFU against an explicit peak or
   the device's peak from ``flops.PEAK_TFLOPS`` (an unknown device gives no MFU; the peak used is reported);
 - the split of iteration time between data loading, forward, backward, optimizer and zero_grad when those sub-spans
   are used; checkpoint save and load times (count/total/min/max/mean) and sizes; time to the first iteration.
@@ -79,10 +80,14 @@ class ReportCapture(RecorderBase):
         window = self._window
         end_ns = self._last_iteration_end_ns or _mono()
         self._window = Window(start_ns=end_ns)
-        begin, self._window_begin = self._window_begin, self._iterations
         config = self.config
+        steady_start = self._steady_start_ns or (
+            self._loop_start_ns if config is not None and config.warmup_iterations == 0 else 0)
+        paused, steady_paused = self._paused(window, end_ns, steady_start)
+        begin, self._window_begin = self._window_begin, self._iterations
         loop = self._spans.get(S.TRAINING_LOOP)
         gbs, seq, fps = self._fixed or self._sizes()
+        samples, window_samples, tokens, window_tokens = self._counts(seq)
         return Snapshot(
             final=final,
             window=window,
@@ -92,8 +97,7 @@ class ReportCapture(RecorderBase):
             iterations_start=self._iterations_start,
             samples_start=self._samples_start,
             iteration_total_sec=self._iteration_total_sec,
-            steady_start_ns=self._steady_start_ns or (
-                self._loop_start_ns if config is not None and config.warmup_iterations == 0 else 0),
+            steady_start_ns=steady_start,
             steady_iterations=max(self._iterations - self._warmup, 0),
             first_iteration_end_ns=self._first_iteration_end_ns,
             last_iteration_end_ns=self._last_iteration_end_ns,
@@ -102,6 +106,13 @@ class ReportCapture(RecorderBase):
             gbs=gbs,
             seq=seq,
             fps=fps,
+            samples=samples,
+            window_samples=window_samples,
+            tokens=tokens,
+            window_tokens=window_tokens,
+            steady_samples=None if samples is None else samples - self._steady_samples,
+            paused_ns=paused,
+            steady_paused_ns=steady_paused,
             world=self._world_size(),
             peak=self.peak(),
             saves=self._saves.as_attributes("save_checkpoint"),
@@ -112,6 +123,37 @@ class ReportCapture(RecorderBase):
             extra=capture(self.telemetry.extensions.get(REPORT_SOURCES)),
             clocks=cpu_wait.clocks(),
         )
+
+    def _paused(self, window: Window, end_ns: int, steady_start: int) -> tuple[int, int]:
+        """The ns of ``window`` (ending at ``end_ns``) and of the time since the end of warm-up that training paused
+        in a checkpoint save or load, a validation or testing loop between iterations (overlaps merged). A pause
+        that ends after the window (a save after its last iteration) is the next window's."""
+        later = [p for p in window.pauses if p[1] > end_ns]
+        self._window.pauses.extend(later)
+        paused = steady = 0
+        last = window.start_ns
+        for start, end in sorted(p for p in window.pauses if p[1] <= end_ns):
+            start = max(start, last)
+            if end > start:
+                paused += end - start
+                if steady_start:
+                    steady += end - max(start, steady_start) if end > steady_start else 0
+                last = end
+        self._steady_paused_ns += steady
+        return paused, self._steady_paused_ns
+
+    def _counts(self, seq: int | None) -> tuple[int | None, int | None, int | None, int | None]:
+        """The samples and tokens this job and in the window (None where an iteration's count is unknown: no global
+        batch size, no seq_length), from what each iteration counted (``TrainingRecorder.iteration_size``); the
+        samples of iterations given no token count are x ``seq_length`` as it is at this report."""
+        begin = self._window_counts
+        now = self._window_counts = (self._samples, self._uncounted, self._tokens, self._untokened, self._tokens_lost)
+        untokened = now[3] - begin[3]
+        lost = now[4] > begin[4] or (untokened > 0 and not seq)
+        from_seq = 0 if lost else untokened * (seq or 0)
+        done = self._report_tokens = None if lost or self._report_tokens is None else self._report_tokens + from_seq
+        return (None if now[1] else now[0], None if now[1] > begin[1] else now[0] - begin[0],
+                None if done is None else done + now[2], None if lost else now[2] - begin[2] + from_seq)
 
     def _emit_report(self, snap: Snapshot, attributes: Mapping[str, Any]) -> None:
         """The reporter's output: the event (linked to the loop), then each metric as a record."""

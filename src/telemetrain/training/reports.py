@@ -68,6 +68,8 @@ OLD_METRICS = frozenset({
     "train.iteration_time.mean", "train.iteration_time.p50", "train.iteration_time.p90", "train.iteration_time.p99",
     "train.iteration_time.max", "train.tflops_per_gpu", "train.phase.dataloader", "train.phase.forward",
     "train.phase.backward", "train.phase.optimizer", "train.phase.zero_grad",
+    # and, until the energy series' names lost their unit (the record carries it), v2's energy names
+    "train.energy_J", "train.energy_per_sample_J", "train.energy_per_token_J", "train.gpu_power_W",
 })
 
 # Telemetry.extensions key: a list of report sources, each a callable run on the training thread when a report is
@@ -106,7 +108,7 @@ class Window:
     """The iterations since the last metrics update. The training thread appends to ``times`` and moves every
     ``FOLD_EVERY`` of them to ``chunks``; only the reporter folds (under its lock)."""
 
-    __slots__ = ("chunks", "phases", "start_ns", "summary", "times", "warmup_times")
+    __slots__ = ("chunks", "pauses", "phases", "start_ns", "summary", "times", "warmup_times")
 
     def __init__(self, start_ns: int = 0) -> None:
         self.times: list[float] = []  # iteration seconds, warm-up excluded
@@ -115,6 +117,8 @@ class Window:
         self.summary = Summary()
         self.start_ns = start_ns  # end of the previous window's last iteration (or the loop's start)
         self.phases: dict[str, float] = {}  # phase -> seconds
+        # (start, end) monotonic ns of the checkpoint saves, validation and testing loops between its iterations
+        self.pauses: list[tuple[int, int]] = []
 
     def fold_chunks(self) -> None:
         chunks = self.chunks
@@ -143,6 +147,15 @@ class Snapshot:
     gbs: int
     seq: int | None
     fps: float | None
+    # samples and tokens this job and in the window, as the iterations counted them (None: unknown)
+    samples: int | None
+    window_samples: int | None
+    tokens: int | None
+    window_tokens: int | None
+    steady_samples: int | None  # since the end of warm-up
+    # ns of the window (and since the end of warm-up) training paused in a checkpoint save, validation, testing
+    paused_ns: int
+    steady_paused_ns: int
     world: int
     peak: Any
     saves: dict[str, Any]
@@ -165,7 +178,9 @@ def compute(snap: Snapshot, state: Reporter, behind: bool = False) -> dict[str, 
     if window.times:
         window.summary.fold(window.times)
         window.times = []
-    gbs, seq, fps, world = snap.gbs, snap.seq, snap.fps, snap.world
+    gbs, fps, world = snap.gbs, snap.fps, snap.world
+    samples, window_samples, steady_samples = snap.samples, snap.window_samples, snap.steady_samples
+    window_tokens = snap.window_tokens
     end_ns = snap.end_ns
     current = snap.iterations_start + snap.iterations
     attributes: dict[str, Any] = {
@@ -173,7 +188,7 @@ def compute(snap: Snapshot, state: Reporter, behind: bool = False) -> dict[str, 
         "current_iteration": current - 1,
         "num_iterations": snap.iterations,
         "train_samples_start": snap.samples_start,
-        "num_train_samples": snap.iterations * gbs,
+        "num_train_samples": snap.samples or 0,  # (one-logger's required field: 0 when unknown, as it has)
         "interval": snap.interval,
         "window_iterations": snap.window_iterations,
         "final": snap.final,
@@ -206,25 +221,30 @@ def compute(snap: Snapshot, state: Reporter, behind: bool = False) -> dict[str, 
             attributes.update({f"cumulative_{k}_iteration_time_sec": q[k] for k in QUANTILES if k in q})
     # throughput over the window's wall time
     wall_s = (end_ns - window.start_ns) / 1e9 if window.start_ns else 0.0
-    samples = snap.window_iterations * gbs
     attributes["window_seconds"] = wall_s
-    if gbs:
-        attributes["window_samples"] = samples
-    if seq:
-        attributes["train_tokens"] = snap.iterations * gbs * seq
-    if wall_s > 0 and gbs:
-        attributes["samples_per_second"] = samples / wall_s
-        if seq:
-            attributes["tokens_per_second"] = attributes["avg_tokens_per_second"] = samples * seq / wall_s
-    steady_s = (end_ns - snap.steady_start_ns) / 1e9 if snap.steady_start_ns else 0.0
-    if steady_s > 0 and gbs:
-        attributes["cumulative_samples_per_second"] = snap.steady_iterations * gbs / steady_s
-    if fps and gbs:
-        total_flops = snap.iterations * gbs * fps
+    # the rates are over the time training ran: the wall time less its pauses (saves, validation: their own badput)
+    paused_s = snap.paused_ns / 1e9
+    if wall_s > 0:
+        attributes["window_paused_seconds"] = paused_s
+    run_s = wall_s - paused_s if wall_s > paused_s else 0.0
+    if window_samples is not None:
+        attributes["window_samples"] = window_samples
+    if snap.tokens is not None:
+        attributes["train_tokens"] = snap.tokens
+    if run_s > 0 and window_samples is not None:
+        attributes["samples_per_second"] = window_samples / run_s
+    if run_s > 0 and window_tokens is not None:
+        attributes["tokens_per_second"] = attributes["avg_tokens_per_second"] = window_tokens / run_s
+    steady_s = (end_ns - snap.steady_start_ns - snap.steady_paused_ns) / 1e9 if snap.steady_start_ns else 0.0
+    if steady_s > 0 and steady_samples is not None:
+        attributes["cumulative_samples_per_second"] = steady_samples / steady_s
+    if fps and samples is not None:
+        total_flops = samples * fps
         attributes["total_flops"] = total_flops
         attributes["completed_floating_point_operations_overall"] = snap.iterations_start * gbs * fps + total_flops
-        if wall_s > 0:
-            tflops = samples * fps / wall_s / world / 1e12
+    if fps and window_samples is not None:
+        if run_s > 0:
+            tflops = window_samples * fps / run_s / world / 1e12
             attributes["train_throughput_per_gpu"] = attributes["avg_tflops"] = tflops
             high, low = state.throughput_max, state.throughput_min
             state.throughput_max = tflops if high is None else max(high, tflops)
@@ -236,11 +256,11 @@ def compute(snap: Snapshot, state: Reporter, behind: bool = False) -> dict[str, 
                 attributes["mfu"] = tflops / peak.tflops
                 attributes["peak_tflops_per_gpu"] = peak.tflops
                 attributes["peak_source"] = f"{peak.device} {peak.dtype}: {peak.source}"
-        if steady_s > 0:
-            attributes["cumulative_train_throughput_per_gpu"] = (
-                snap.steady_iterations * gbs * fps / steady_s / world / 1e12)
-    if gbs:
-        attributes["avg_batch_size"] = gbs
+        if steady_s > 0 and steady_samples is not None:
+            attributes["cumulative_train_throughput_per_gpu"] = steady_samples * fps / steady_s / world / 1e12
+    if window_samples is not None and snap.window_iterations:
+        n = snap.window_iterations
+        attributes["avg_batch_size"] = window_samples // n if window_samples % n == 0 else window_samples / n
     # the split between the sub-phases, when used
     if window.phases and snap.window_iterations:
         for phase, seconds in list(window.phases.items()):
