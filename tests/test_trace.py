@@ -271,9 +271,15 @@ def test_counters_for_throughput(session: Path) -> None:
     trace = build_trace(load_runs(session))
     counters = _counters(trace)
     for pid in (1, 2):
-        for name in ("train.samples_per_second", "train.tokens_per_second", "train.tflops_per_gpu", "train.mfu"):
+        for name in ("train.samples_per_second", "train.tokens_per_second", "train.flops_per_gpu", "train.mfu"):
             assert counters.get((pid, name)), (pid, name, sorted(counters))
             assert all(e["args"]["value"] > 0 for e in counters[(pid, name)])
+    # each counter is named and scaled as the run's own metric record: FLOP/s, not the event's TFLOP/s
+    recorded = [float(r.value) for run in load_runs(session) for r in run.records()
+                if r.kind == "metric" and r.group == "training" and r.name == "train.flops_per_gpu"]
+    drawn = [e["args"]["value"] for (_, name), es in counters.items() if name == "train.flops_per_gpu" for e in es]
+    assert recorded and drawn and not any(name == "train.tflops_per_gpu" for _, name in counters)
+    assert all(min(abs(v / r - 1) for r in recorded) < 1e-9 for v in drawn), (drawn, recorded)
     assert not any(name == "crash.marker" for _, name in counters)  # not a default counter...
     everything = build_trace(load_runs(session), all_metrics=True)
     assert any(e["name"] == "test/crash.marker" and e["pid"] == 3 for e in _events(everything, "C"))  # ...with all

@@ -45,9 +45,10 @@ DEFAULT_MAX_PER_NAME = 5000  # ~10 span names x 5000 x ~200 bytes: ~10 MB per pr
 _THROUGHPUT = {
     "samples_per_second": "train.samples_per_second",
     "tokens_per_second": "train.tokens_per_second",
-    "train_throughput_per_gpu": "train.tflops_per_gpu",
+    "train_throughput_per_gpu": "train.flops_per_gpu",  # the event's TFLOP/s, drawn in FLOP/s as the metric is
     "mfu": "train.mfu",
 }
+_SCALE = {"train_throughput_per_gpu": 1e12}  # to the metric record's unit
 
 # system samples drawn as counters by default (docs/system.md); the rest with all_metrics=True
 _SYSTEM_COUNTERS = frozenset({
@@ -367,9 +368,10 @@ def _counters(proc: _Process, pid: int, origin: int, all_metrics: bool) -> Itera
             for key, name in _THROUGHPUT.items():
                 value = _number(attributes.get(key))
                 if value is not None:
+                    value *= _SCALE.get(key, 1.0)
                     yield {"ph": "C", "pid": pid, "name": name, "ts": ts, "args": {"value": value}}
         elif r.kind == "metric":
-            if r.group == "training" and (r.name in _THROUGHPUT.values() or r.name == "train.flops_per_gpu"):
+            if r.group == "training" and r.name in _THROUGHPUT.values():
                 continue  # drawn from the event above
             if not all_metrics and series_key(r.name, r.attributes) not in _SYSTEM_COUNTERS:
                 continue
