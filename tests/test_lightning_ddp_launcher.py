@@ -45,18 +45,22 @@ SCRIPT = textwrap.dedent(f"""
 
 
     if __name__ == "__main__":
+        import sys
+        callbacks = [] if "--logger-only" in sys.argv else [TelemetrainCallback()]
         torch.manual_seed(0)
         data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
         trainer = pl.Trainer(strategy="ddp", devices=2, accelerator="cpu", max_steps={STEPS}, log_every_n_steps=1,
-                             logger=TelemetrainLogger(), callbacks=[TelemetrainCallback()],
+                             logger=TelemetrainLogger(), callbacks=callbacks,
                              enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
         trainer.fit(Tiny(), DataLoader(data, batch_size=8))
 """)
 
 
-@pytest.mark.parametrize("launcher", ["lightning", "torchrun"])
-def test_lightnings_own_ddp_launcher_writes_one_run_with_both_ranks(launcher: str, tmp_path: Path) -> None:
-    """Lightning's launcher: the ranks agree at setup. torchrun: the identity its environment gives is kept."""
+@pytest.mark.parametrize(("launcher", "callback"), [("lightning", True), ("torchrun", True), ("lightning", False)])
+def test_lightnings_own_ddp_launcher_writes_one_run_with_both_ranks(launcher: str, callback: bool,
+                                                                    tmp_path: Path) -> None:
+    """Lightning's launcher: the ranks agree at the callback's setup, or at the logger's first use when it is alone.
+    torchrun: the identity its environment gives is kept."""
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     launched = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
@@ -64,7 +68,7 @@ def test_lightnings_own_ddp_launcher_writes_one_run_with_both_ranks(launcher: st
                 "OMPI_COMM_WORLD_RANK", "TELEMETRAIN_RUN_ID", "TELEMETRAIN_SESSION_TAG")
     env = {k: v for k, v in os.environ.items() if k not in launched}
     env.update(TELEMETRAIN_DIR=str(tmp_path / "store"), OMP_NUM_THREADS="1", PL_DISABLE_FORK="1")
-    command = [sys.executable, str(script)]
+    command = [sys.executable, str(script)] + ([] if callback else ["--logger-only"])
     if launcher == "torchrun":
         command[1:1] = ["-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2", "--rdzv-backend=c10d",
                         "--rdzv-endpoint=localhost:0", "--rdzv-id=ddp-test"]
@@ -80,9 +84,9 @@ def test_lightnings_own_ddp_launcher_writes_one_run_with_both_ranks(launcher: st
     identities = {(p.identity.rank, p.identity.local_rank, p.identity.world_size) for p in run.processes}
     assert identities == {(0, 0, 2), (1, 1, 2)}
     ends = [r for r in run.records("span_end") if r.name == "training_single_iteration"]
-    assert sorted(r.identity.rank for r in ends) == [0] * STEPS + [1] * STEPS
+    assert sorted(r.identity.rank for r in ends) == ([0] * STEPS + [1] * STEPS if callback else [])
     losses = [r for r in run.records("metric") if r.name == "loss"]
-    assert {r.identity.rank for r in losses} == {0, 1}
+    assert sorted((r.identity.rank, r.step) for r in losses) == [(rank, s) for rank in (0, 1) for s in range(STEPS)]
     assert build_model(run).findings == []  # a clean run: no finding (a missing rank would be one)
     assert main(["report", str(run_dir), "-o", str(tmp_path / "report.html")]) == 0
 

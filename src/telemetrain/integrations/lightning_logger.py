@@ -15,7 +15,8 @@
 
 Usable alone (values and hyperparameters only) or with ``TelemetrainCallback`` (the training lifecycle, derived
 metrics, checkpoints); both record into the default ``Telemetry`` unless given one. Every rank records its own
-values (each rank has its own run-store file). ``experiment`` is the ``Telemetry``.
+values (each rank has its own run-store file). ``experiment`` is the ``Telemetry``. Under Lightning's own DDP
+launcher the ranks join rank 0's run at the logger's first use once the process group is up (``lightning_ranks``).
 
 ``TelemetrainLogger`` subclasses ``lightning.pytorch.loggers.Logger`` (``pytorch_lightning.loggers.Logger`` when only
 the older package is installed); ``logger_class("pytorch_lightning")`` gives the class for the other package.
@@ -28,8 +29,10 @@ from argparse import Namespace
 from collections.abc import Mapping
 from typing import Any
 
+from ..dispatch import describe, warn_safely
 from ..hparams import log_hyperparams
 from ..telemetry import Telemetry, check_name, get_telemetry
+from .lightning_ranks import adopt_process_group_ranks
 
 __all__ = ["PACKAGES", "TelemetrainLogger", "logger_class"]
 
@@ -52,13 +55,25 @@ class _LoggerMethods:
             raise TypeError(f"prefix must be a str, got {type(prefix).__name__}")
         self._prefix = prefix
         self._telemetry = telemetry
+        self._ranks_settled = False  # (lightning_ranks: at the first use once the process group is up)
         super().__init__()
 
     @property
     def telemetry(self) -> Telemetry:
         if self._telemetry is None:
             self._telemetry = get_telemetry()
+        if not self._ranks_settled:
+            self._settle_ranks(self._telemetry)
         return self._telemetry
+
+    def _settle_ranks(self, telemetry: Telemetry) -> None:
+        """Under Lightning's own DDP launcher, rank 0's run and the group's ranks (lightning_ranks)."""
+        try:
+            self._ranks_settled = adopt_process_group_ranks(telemetry) is not None
+        except Exception as exc:  # noqa: BLE001 - telemetry never breaks training: each rank keeps a run of its own
+            self._ranks_settled = True
+            warn_safely(f"telemetrain.integrations.lightning_logger: the ranks of Lightning's launcher were not "
+                        f"adopted: {describe(exc)}", stacklevel=3)
 
     # -- Lightning's Logger interface ------------------------------------------------------------------------------
 
