@@ -11,7 +11,8 @@
 - ``save_hyperparameters()`` (and the datamodule's) reach ``log_hyperparams`` at the start of ``fit``: a
   ``hyperparameters`` event (``telemetrain.hparams``), flattened to dotted keys: MLflow params, TensorBoard HParams,
   OpenTelemetry attributes and the report's config table;
-- ``finalize`` (the end of ``fit``/``validate``/``test``) flushes, so the store holds everything when the call returns.
+- ``finalize`` (the end of every ``fit``/``validate``/``test``/``predict``, and after an exception or Ctrl-C) flushes,
+  so the store holds everything when the call returns.
 
 Usable alone (values and hyperparameters only) or with ``TelemetrainCallback`` (the training lifecycle, derived
 metrics, checkpoints); both record into the default ``Telemetry`` unless given one. Every rank records its own
