@@ -17,7 +17,8 @@
 Usable alone (values and hyperparameters only) or with ``TelemetrainCallback`` (the training lifecycle, derived
 metrics, checkpoints); both record into the default ``Telemetry`` unless given one. Every rank records its own
 values (each rank has its own run-store file). ``experiment`` is the ``Telemetry``. Under Lightning's own DDP
-launcher the ranks join rank 0's run at the logger's first use once the process group is up (``lightning_ranks``).
+launcher the ranks join rank 0's run at the Trainer's first use of the logger once the process group is up
+(``lightning_ranks``).
 
 ``TelemetrainLogger`` subclasses ``lightning.pytorch.loggers.Logger`` (``pytorch_lightning.loggers.Logger`` when only
 the older package is installed); ``logger_class("pytorch_lightning")`` gives the class for the other package.
@@ -26,6 +27,8 @@ the older package is installed); ``logger_class("pytorch_lightning")`` gives the
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from argparse import Namespace
 from collections.abc import Mapping
 from typing import Any
@@ -33,7 +36,7 @@ from typing import Any
 from ..dispatch import describe, warn_safely
 from ..hparams import log_hyperparams
 from ..telemetry import Telemetry, check_name, get_telemetry
-from .lightning_ranks import adopt_process_group_ranks
+from .lightning_ranks import LAUNCHER_RANK_VARIABLES, adopt_trainer_ranks, calling_trainer
 
 __all__ = ["PACKAGES", "TelemetrainLogger", "logger_class"]
 
@@ -68,9 +71,21 @@ class _LoggerMethods:
         return self._telemetry
 
     def _settle_ranks(self, telemetry: Telemetry) -> None:
-        """Under Lightning's own DDP launcher, rank 0's run and the group's ranks (lightning_ranks)."""
+        """Under Lightning's own DDP launcher, rank 0's run and the Trainer's ranks (lightning_ranks), at the first
+        use by the Trainer once the process group is up. Not settled by other uses: a rank whose first use is its
+        own code (a ``prepare_data`` on local rank 0) still joins the others at the Trainer's next use."""
         try:
-            self._ranks_settled = adopt_process_group_ranks(telemetry) is not None
+            if any(os.environ.get(name) for name in LAUNCHER_RANK_VARIABLES):
+                self._ranks_settled = True  # torchrun, SLURM, telemetrain launch: the environment's identity
+                return
+            import torch.distributed as dist
+
+            if not (dist.is_available() and dist.is_initialized()):
+                return  # not yet: Lightning makes the group inside fit()
+            trainer = calling_trainer(sys._getframe(2))
+            if trainer is not None:
+                self._ranks_settled = True
+                adopt_trainer_ranks(trainer, telemetry)
         except Exception as exc:  # noqa: BLE001 - telemetry never breaks training: each rank keeps a run of its own
             self._ranks_settled = True
             warn_safely(f"telemetrain.integrations.lightning_logger: the ranks of Lightning's launcher were not "

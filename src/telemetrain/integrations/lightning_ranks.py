@@ -14,21 +14,23 @@ broadcast is decided alike on every rank (a collective that one rank skips would
 launcher named the ranks (no ``RANK``, ``SLURM_PROCID`` or ``OMPI_COMM_WORLD_RANK``), so torchrun, SLURM and
 ``telemetrain launch`` jobs are left as they were.
 
-``TelemetrainLogger`` alone gets no hook with the Trainer, so it agrees through the process group itself
-(``adopt_process_group_ranks``), at its first use once the group is up: Lightning's, on every rank (the profiler's
-``trainer.log_dir``, right after the group is made, which reads the first logger's ``save_dir``; else the
-``logger.experiment`` that ``setup`` reads on every rank before any user hook but ``prepare_data``).
+``TelemetrainLogger`` alone gets no hook with the Trainer, so it agrees at the Trainer's first use of it once the
+process group is up (``calling_trainer``: the Trainer found up the stack, through Lightning's own frames only). That
+use is on every rank: the profiler's ``trainer.log_dir`` right after the group is made (it reads the first logger's
+``save_dir``), else the ``logger.experiment`` that ``setup`` reads. A use from other code (a user's hook, as
+``prepare_data`` on local rank 0 only; Fabric) adopts nothing: a collective there would wait for the other ranks.
 """
 
 from __future__ import annotations
 
 import os
+from types import FrameType
 from typing import Any
 
 from ..identity import Identity
 from ..telemetry import Telemetry
 
-__all__ = ["LAUNCHER_RANK_VARIABLES", "adopt_process_group_ranks", "adopt_trainer_ranks"]
+__all__ = ["LAUNCHER_RANK_VARIABLES", "adopt_trainer_ranks", "calling_trainer"]
 
 LAUNCHER_RANK_VARIABLES = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")  # what identity_from_env reads a rank from
 
@@ -52,30 +54,28 @@ def adopt_trainer_ranks(trainer: Any, telemetry: Telemetry) -> Identity | None:
     )
 
 
-def adopt_process_group_ranks(telemetry: Telemetry) -> bool | None:
-    """The logger's way (no Trainer at hand): the same agreement through ``torch.distributed``'s default group, as
-    Lightning's ``strategy.broadcast`` does it. None while no process group is up (ask again later); else True when
-    the identity was replaced, False when there was nothing to do (a collective on every rank when True)."""
-    import torch.distributed as dist
+def calling_trainer(frame: FrameType | None, depth: int = 12) -> Any | None:
+    """The Lightning ``Trainer`` calling, from its own code, the logger whose frame is ``frame``: found in a frame of
+    Lightning's (its ``self``, or a ``trainer`` argument), walking up through the logger's and Lightning's frames
+    only. A frame of other code (a hook of the user's: ``prepare_data`` runs on one rank) ends the walk with None:
+    Lightning calls a hook with the Trainer up the stack, but what a hook does is no Trainer call. This is how a
+    logger, which Lightning never hands the Trainer, knows Lightning is calling it."""
+    while frame is not None and depth > 0:
+        module = str(frame.f_globals.get("__name__", ""))
+        if module.split(".")[0] in _LIGHTNING:
+            for name in ("self", "trainer"):
+                value = frame.f_locals.get(name)
+                if value is not None and _is_trainer(value):
+                    return value
+        elif module != _LOGGER_MODULE:
+            return None
+        frame, depth = frame.f_back, depth - 1
+    return None
 
-    if not (dist.is_available() and dist.is_initialized()):
-        return None
-    world_size = dist.get_world_size()
-    if world_size <= 1 or any(os.environ.get(name) for name in LAUNCHER_RANK_VARIABLES):
-        return False
-    own = telemetry.identity
-    shared: list[Any] = [(own.run_id, own.session_tag)]
-    dist.broadcast_object_list(shared, src=0)
-    rank = dist.get_rank()
-    # LOCAL_RANK/NODE_RANK: what Lightning's launcher gives its children (LightningEnvironment reads the same);
-    # ddp_spawn sets neither, and runs on one node: the local rank is the global one there
-    node_rank = int(os.environ.get("NODE_RANK") or os.environ.get("GROUP_RANK") or 0)
-    telemetry.set_identity(
-        run_id=shared[0][0],
-        session_tag=shared[0][1],
-        rank=rank,
-        local_rank=dist.get_node_local_rank(fallback_rank=rank),
-        world_size=world_size,
-        group_rank=node_rank,
-    )
-    return True
+
+_LIGHTNING = ("lightning", "pytorch_lightning")
+_LOGGER_MODULE = __name__.rsplit(".", 1)[0] + ".lightning_logger"
+
+
+def _is_trainer(value: Any) -> bool:
+    return any(c.__name__ == "Trainer" and c.__module__.split(".")[0] in _LIGHTNING for c in type(value).__mro__)
