@@ -5,6 +5,7 @@ lifecycle callback."""
 from __future__ import annotations
 
 import argparse
+import pickle
 import warnings
 from pathlib import Path
 from typing import Any
@@ -152,3 +153,23 @@ def test_log_hyperparams_takes_any_argparse_namespace(tmp_path: Path) -> None:
     finally:
         t.close()
     assert hparams.attributes == {"lr": 0.1, "optimizer.name": "sgd"}
+
+
+def test_a_logger_given_a_telemetry_refuses_pickling_naming_the_argument(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """What ddp_spawn does to loggers: a given Telemetry cannot go (a TypeError naming it); the default one is left
+    behind, to be made again where the logger is unpickled."""
+    t = telemetrain.Telemetry(store=False)
+    try:
+        with pytest.raises(TypeError, match="telemetry"):
+            pickle.dumps(lightning_logger.TelemetrainLogger(telemetry=t))
+    finally:
+        t.close()
+    monkeypatch.setenv("TELEMETRAIN_DIR", str(tmp_path))
+    try:
+        logger = lightning_logger.TelemetrainLogger()
+        assert logger.experiment is telemetrain.get_telemetry()  # made
+        copy = pickle.loads(pickle.dumps(logger))
+        assert copy._telemetry is None and copy.experiment is telemetrain.get_telemetry()
+    finally:
+        telemetrain.reset()

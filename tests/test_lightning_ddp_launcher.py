@@ -141,3 +141,26 @@ def test_a_first_use_outside_the_trainer_makes_no_collective(tmp_path: Path) -> 
     outputs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outputs]
     assert [out.split() for out, _ in outputs] == [["0", "1"], ["0", "1"]]  # each kept the identity it had
+
+
+def test_ddp_spawn_takes_a_logger_already_used_and_writes_one_run(tmp_path: Path) -> None:
+    """ddp_spawn pickles the loggers to its processes: a logger whose default Telemetry was already made (its
+    version read before fit) leaves it behind, and the spawned ranks share one run."""
+    script = tmp_path / "spawn.py"
+    text = SCRIPT.replace('strategy="ddp"', 'strategy="ddp_spawn"').replace(
+        "    loggers = [TelemetrainLogger()]\n",
+        "    loggers = [TelemetrainLogger()]\n    print(loggers[0].version)  # the default Telemetry, made\n")
+    assert "ddp_spawn" in text and "print(loggers[0].version)" in text
+    script.write_text(text)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "SLURM_PROCID",
+                                                             "OMPI_COMM_WORLD_RANK", "TELEMETRAIN_RUN_ID")}
+    env.update(TELEMETRAIN_DIR=str(tmp_path / "store"), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, str(script), "--logger-only"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = find_runs(tmp_path / "store")
+    spawned = [open_run(r) for r in runs if open_run(r).records("metric")]
+    (run,) = spawned  # the parent's own default Telemetry recorded nothing
+    assert run.ranks == [0, 1]
+    losses = [r for r in run.records("metric") if r.name == "loss"]
+    assert sorted((r.identity.rank, r.step) for r in losses) == [(rank, s) for rank in (0, 1) for s in range(STEPS)]

@@ -59,6 +59,7 @@ class _LoggerMethods:
             raise TypeError(f"prefix must be a str, got {type(prefix).__name__}")
         self._prefix = prefix
         self._telemetry = telemetry
+        self._given = telemetry is not None
         self._ranks_settled = False  # (lightning_ranks: at the first use once the process group is up)
         super().__init__()
 
@@ -90,6 +91,18 @@ class _LoggerMethods:
             self._ranks_settled = True
             warn_safely(f"telemetrain.integrations.lightning_logger: the ranks of Lightning's launcher were not "
                         f"adopted: {describe(exc)}", stacklevel=3)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """``ddp_spawn`` pickles the Trainer, loggers included, to its processes; a ``Telemetry`` (threads, open
+        files) cannot go. The default one is left behind: each spawned rank takes its own default, as Lightning's
+        ``TensorBoardLogger`` leaves its writer behind. A given one is refused, naming the argument (its sinks and
+        store would be lost unseen)."""
+        if self._given:
+            raise TypeError("telemetry: a TelemetrainLogger given a Telemetry cannot be pickled (ddp_spawn sends the "
+                            "loggers to new processes): leave telemetry unset there, or use strategy='ddp'")
+        state = self.__dict__.copy()
+        state.update(_telemetry=None, _ranks_settled=False)
+        return state
 
     # -- Lightning's Logger interface ------------------------------------------------------------------------------
 
