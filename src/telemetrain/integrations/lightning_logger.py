@@ -60,7 +60,7 @@ class _LoggerMethods:
         self._prefix = prefix
         self._telemetry = telemetry
         self._given = telemetry is not None
-        self._ranks_settled = False  # (lightning_ranks: at the first use once the process group is up)
+        self._ranks_settled = False  # (lightning_ranks: at the Trainer's first use once the process group is up)
         super().__init__()
 
     @property
