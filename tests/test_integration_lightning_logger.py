@@ -4,6 +4,8 @@ lifecycle callback."""
 
 from __future__ import annotations
 
+import argparse
+import pickle
 import warnings
 from pathlib import Path
 from typing import Any
@@ -131,3 +133,43 @@ def test_with_the_callback_the_lifecycle_and_the_values_share_one_run(tmp_path: 
     assert last_report == STEPS - 1 and _metrics(records, "train_loss")[-1].step == last_report
     assert [r for r in records if r.kind == "event" and r.name == "hyperparameters"]
     assert [r for r in records if r.kind == "span_end" and r.name == "training_loop"]
+
+
+class TypedArgs(argparse.Namespace):
+    """A typed namespace, as argparse users (and jsonargparse, LightningCLI's parser) subclass it."""
+
+    lr: float
+
+
+def test_log_hyperparams_takes_any_argparse_namespace(tmp_path: Path) -> None:
+    """Lightning's loggers take any argparse.Namespace (isinstance): a subclass, at the top or nested, too."""
+    t = telemetrain.Telemetry(store=tmp_path / "runs")
+    try:
+        logger = lightning_logger.TelemetrainLogger(telemetry=t)
+        logger.log_hyperparams(TypedArgs(lr=0.1, optimizer=TypedArgs(name="sgd")))
+        logger.finalize("success")
+        assert t.run_dir is not None
+        (hparams,) = [r for r in open_run(t.run_dir).records() if r.kind == "event" and r.name == "hyperparameters"]
+    finally:
+        t.close()
+    assert hparams.attributes == {"lr": 0.1, "optimizer.name": "sgd"}
+
+
+def test_a_logger_given_a_telemetry_refuses_pickling_naming_the_argument(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """What ddp_spawn does to loggers: a given Telemetry cannot go (a TypeError naming it); the default one is left
+    behind, to be made again where the logger is unpickled."""
+    t = telemetrain.Telemetry(store=False)
+    try:
+        with pytest.raises(TypeError, match="telemetry"):
+            pickle.dumps(lightning_logger.TelemetrainLogger(telemetry=t))
+    finally:
+        t.close()
+    monkeypatch.setenv("TELEMETRAIN_DIR", str(tmp_path))
+    try:
+        logger = lightning_logger.TelemetrainLogger()
+        assert logger.experiment is telemetrain.get_telemetry()  # made
+        copy = pickle.loads(pickle.dumps(logger))
+        assert copy._telemetry is None and copy.experiment is telemetrain.get_telemetry()
+    finally:
+        telemetrain.reset()

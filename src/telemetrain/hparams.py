@@ -27,7 +27,9 @@ MAX_VALUE_CHARS = 6000  # MLflow's limit on a param value; longer text is cut
 def _as_mapping(value: Any) -> Mapping[str, Any] | None:
     if isinstance(value, Mapping):
         return value
-    if type(value).__name__ == "Namespace" and type(value).__module__ == "argparse":  # (argparse not imported)
+    if any(c.__name__ == "Namespace" and c.__module__ == "argparse" for c in type(value).__mro__[:-1]):
+        # (argparse not imported) and its subclasses: typed namespaces, jsonargparse's (LightningCLI), as Lightning's
+        # loggers take any argparse.Namespace
         return dict(vars(value))
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
