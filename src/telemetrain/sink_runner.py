@@ -78,6 +78,7 @@ class _Runner:
         self.stats = SinkStats(sink=sink.name, background=self._background)
         self._consecutive = 0
         self._failed_before_outage = 0  # stats.failed when the current run of failures began
+        self._unheard_drops = 0  # "dropped" reported while this sink was suspended: the others heard it, it did not
         self._suspended_until = 0.0
         self._backoff = policy.backoff_s
         self._warned = False
@@ -122,6 +123,9 @@ class _Runner:
                 lost = stats.failed - self._failed_before_outage
                 if lost:  # the sink itself heard none of its sink_error records: it gets their sum now
                     self._report("sink_outage", self, lost, f"while it failed ({stats.last_error})")
+                unheard, self._unheard_drops = self._unheard_drops, 0
+                if unheard:  # and the records dropped while it was suspended (the run store: a full disk's backoff)
+                    self._report("outage_dropped", self, unheard, "sink suspended")
 
     def _on_failure(self, exc: BaseException, n: int) -> None:
         stats = self.stats

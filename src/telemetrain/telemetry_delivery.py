@@ -21,6 +21,7 @@ __all__ = ["STORE_CLOSE_BUDGET_S", "TelemetryDelivery"]
 
 _monotonic_ns = time.monotonic_ns
 STORE_CLOSE_BUDGET_S = 1.0  # the run store's share of close()'s timeout, after the other sinks (Telemetry.close)
+_OWN = {"sink_outage": "sink_error", "outage_dropped": "dropped"}  # reports only the recovered sink hears
 
 
 class TelemetryDelivery:
@@ -176,10 +177,11 @@ class TelemetryDelivery:
             return  # a sink failing while we report another failure: counted, not reported again
         self._reporting.active = True
         try:
-            # "sink_outage": a sink that works again hears the sum of the sink_error records the others got (the
-            # run store records its own full disk that way), and only it.
-            own = what == "sink_outage"
-            name = "sink_error" if own else what
+            # "sink_outage"/"outage_dropped": a sink that works again hears the sum of the sink_error/dropped records
+            # the others got while it failed or was suspended (the run store records its own full disk that way),
+            # and only it.
+            own = what in _OWN
+            name = _OWN.get(what, what)
             record = ("diagnostic", _monotonic_ns(), self._token, "telemetrain", name, runner.sink.name, count, message)
             for a in list(self._router.attachments):
                 if (a.runner is not runner) if own else (
