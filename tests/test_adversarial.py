@@ -896,6 +896,51 @@ def test_the_run_store_records_what_it_dropped_while_suspended_by_a_full_disk(tm
     assert sum(d.record_count for d in diagnostics if d.name == "dropped") == result["dropped"]
 
 
+FORKED_DURING_AN_OUTAGE = """
+import json, os, resource, signal, sys, warnings
+from telemetrain import FailurePolicy, Telemetry
+
+warnings.simplefilter("ignore")  # the store's failures: counted, checked below
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+t = Telemetry(store=sys.argv[1], flush_interval=3600, failure_policy=FailurePolicy(max_consecutive=10**9))
+t.metric("seq", 0, "train")
+assert t.flush()
+limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+
+
+def outage(i):
+    resource.setrlimit(resource.RLIMIT_FSIZE, (os.path.getsize(t.store.path), limit[1]))  # the disk is full
+    t.metric("seq", i, "train")
+    t.flush()
+    resource.setrlimit(resource.RLIMIT_FSIZE, limit)
+
+
+outage(1)
+t.metric("seq", 2, "train")
+assert t.flush()  # written again: the first outage is over
+outage(3)  # the second one is under way when a DataLoader worker forks
+pid = os.fork()
+if pid == 0:
+    t.metric("seq", 10, "train")
+    os._exit(0 if t.close() else 1)
+_, status = os.waitpid(pid, 0)
+assert status == 0
+assert t.close()
+print(json.dumps({"run_dir": str(t.run_dir), "child": pid}))
+"""
+
+
+def test_a_child_forked_during_a_store_outage_reports_no_loss_of_its_own(tmp_path: Path) -> None:
+    """The child's counters start at zero but it inherited the parent's outage: its first write reported the
+    recovery of the parent's outage as a sink_error of -1 records in the child's file."""
+    returncode, out, err, _ = _run_script(tmp_path, FORKED_DURING_AN_OUTAGE, tmp_path / "store")
+    assert returncode == 0, err[-3000:]
+    result = json.loads(out.splitlines()[-1])
+    [child] = [p for p in open_run(result["run_dir"]).processes if p.pid == result["child"]]
+    assert [r.value for r in child.records if r.kind == "metric"] == [10]
+    assert [(r.name, r.record_count) for r in child.records if r.kind == "diagnostic"] == []
+
+
 HOSTILE = "evil\x1b]0;pwned\x07\x1b[2J\rdir"  # retitle the terminal, clear it, return the cursor
 
 

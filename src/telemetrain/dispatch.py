@@ -332,7 +332,7 @@ class BackgroundRunner(_Runner):
 
     def after_fork_in_child(self) -> None:
         # What is queued belongs to the parent (its own thread writes it); the parent's thread does not exist here.
-        self.stats = SinkStats(sink=self.sink.name, background=True)
+        self._reset_failure_state()
         self._reported_drops = 0
         self._warned_drops = False
         self._reset_process_state()

@@ -75,12 +75,17 @@ class _Runner:
         self.source = source
         self.policy = policy
         self._report = report
-        self.stats = SinkStats(sink=sink.name, background=self._background)
+        self._reset_failure_state()
+
+    def _reset_failure_state(self) -> None:
+        """Fresh counters and failure state: at construction and in a forked child, whose counts start at zero (an
+        outage inherited from the parent made its first write report a negative loss)."""
+        self.stats = SinkStats(sink=self.sink.name, background=self._background)
         self._consecutive = 0
         self._failed_before_outage = 0  # stats.failed when the current run of failures began
         self._unheard_drops = 0  # "dropped" reported while this sink was suspended: the others heard it, it did not
         self._suspended_until = 0.0
-        self._backoff = policy.backoff_s
+        self._backoff = self.policy.backoff_s
         self._warned = False
 
     def _deliver(self, batch: list[Any], *, counted: bool = True) -> None:
@@ -251,4 +256,5 @@ class InlineRunner(_Runner):
 
     def after_fork_in_child(self) -> None:
         self._take_lock = threading.RLock()
+        self._reset_failure_state()
         self.sink.after_fork_in_child()
