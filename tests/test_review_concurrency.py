@@ -527,6 +527,44 @@ def test_bad_optional_arguments_are_clear_errors(call: Callable[[Telemetry], Non
         t.close()
 
 
+@pytest.mark.parametrize(("timeout", "error"), [("5", TypeError), (True, TypeError), (float("nan"), ValueError)])
+@pytest.mark.parametrize("method", ["flush", "close"])
+def test_a_bad_timeout_is_a_clear_error_naming_it(tmp_path: Path, method: str, timeout: Any,
+                                                  error: type[Exception]) -> None:
+    """A str timeout failed inside the arithmetic ("unsupported operand type(s) for +"), NaN was taken as 0."""
+    t = Telemetry(store=tmp_path)
+    try:
+        with pytest.raises(error, match="timeout"):
+            getattr(t, method)(timeout)
+    finally:
+        t.close()
+
+
+@pytest.mark.parametrize("timeout", [float("inf"), 1e30])
+def test_an_infinite_timeout_waits_without_a_limit(tmp_path: Path, timeout: float) -> None:
+    """``flush(math.inf)`` raised OverflowError out of a lock's wait: no TypeError or ValueError, and it reached the
+    training loop that asked to wait as long as it takes."""
+    t = Telemetry(store=tmp_path)
+    t.metric("x", 1.0, "train")
+    assert t.flush(timeout)
+    assert t.close(timeout)
+    assert [r.value for r in open_run(run_dir_of(t)).records("metric")] == [1.0]
+
+
+def test_an_infinite_flush_interval_keeps_the_writer_thread_alive(tmp_path: Path) -> None:
+    """``flush_interval=math.inf`` (write only on flush and close) was accepted, and the writer thread died at its
+    first wait with OverflowError, a traceback on stderr; every flush then wrote in the caller's thread."""
+    t = Telemetry(store=tmp_path, flush_interval=float("inf"))
+    try:
+        t.metric("x", 1.0, "train")
+        assert t.flush()
+        [runner] = [a.runner for a in t._router.attachments if a.sink is t.store]
+        assert runner.running, "the writer thread died"
+        assert [r.value for r in open_run(run_dir_of(t)).records("metric")] == [1.0]
+    finally:
+        assert t.close()
+
+
 class ReprRaises:
     """A wrong argument whose repr raises (a CUDA tensor's after a device error, say)."""
 

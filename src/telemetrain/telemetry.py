@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from . import process_hooks
-from .arguments import _ATTRIBUTE_VALUE_SET, check_metric_attributes, check_step
+from .arguments import _ATTRIBUTE_VALUE_SET, check_metric_attributes, check_seconds, check_step
 from .arguments import check_name as check_name  # (re-exported, as the two below: the APIs import them from here)
 from .arguments import check_value as check_value
 from .clock import CLOCK_SKEW_ENV as CLOCK_SKEW_ENV  # (re-exported: its old home)
@@ -52,6 +52,9 @@ class Telemetry(TelemetryDelivery):
     ``metrics.put_metric``... write to); ``None`` (the default) makes it the default if it is the first instance
     still open when a module-level API first needs one (so ``t = Telemetry(store=..., config=...)`` followed by
     ``training.*`` writes one run); ``False`` never (an isolated instance: a library's, a test's).
+
+    ``flush_interval``: seconds between the background sinks' writes (``math.inf``: only at ``flush()`` and close).
+    ``flush``/``close`` take a ``timeout`` in seconds; ``None`` or ``math.inf`` waits without a limit.
     """
 
     def __init__(
@@ -72,12 +75,12 @@ class Telemetry(TelemetryDelivery):
             raise TypeError(f"identity must be an Identity, got {type(identity).__name__}")
         if type(queue_capacity) is not int or queue_capacity < 1:
             raise ValueError(f"queue_capacity must be a positive int, got {queue_capacity!r}")
-        if not isinstance(flush_interval, (int, float)) or not flush_interval > 0:
+        if not check_seconds(flush_interval, "flush_interval") > 0:
             raise ValueError(f"flush_interval must be > 0 seconds, got {flush_interval!r}")
         self._pid = os.getpid()
         self._install_identity(identity if identity is not None else identity_from_env())
         self.queue_capacity = queue_capacity
-        self.flush_interval = float(flush_interval)
+        self.flush_interval = check_seconds(flush_interval, "flush_interval")  # inf: only flush() and close()
         self.failure_policy = failure_policy or FailurePolicy()
         self._router = Router()
         self._metric_routes = self._router.routes["metric"]

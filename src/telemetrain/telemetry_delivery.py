@@ -12,6 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from . import process_hooks
+from .arguments import check_timeout
 from .dispatch import BackgroundRunner, InlineRunner, describe, is_interrupt, warn_safely
 from .router import Attachment, Router
 from .sinks.base import Sink
@@ -91,6 +92,7 @@ class TelemetryDelivery:
         """Deliver and flush everything emitted so far. False if a sink did not finish within ``timeout`` (every wait
         on a sink is bounded by it). A ``KeyboardInterrupt`` on the main thread propagates at once; what is queued
         stays queued for the next flush or the close."""
+        timeout = check_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         if not self._closed:
             self._collect(final=False)
@@ -108,6 +110,7 @@ class TelemetryDelivery:
         diagnostic in the run store) and left behind, so a stuck sink never hangs the program, its exit or a
         SIGTERM. A ``KeyboardInterrupt`` on the main thread while producers report (a gauge, say) is raised after
         the sinks are closed, so nothing queued is lost to it."""
+        timeout = check_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         interrupted: BaseException | None = None
         if not self._final_collect_done:  # open stat windows and the like are reported while sinks still listen
