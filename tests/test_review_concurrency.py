@@ -24,6 +24,7 @@ import pytest
 import telemetrain
 from conftest import ListSink, run_dir_of
 from telemetrain import MetricPoint, Telemetry, TelemetryWarning, events, metrics
+from telemetrain.dispatch import BackgroundRunner
 from telemetrain.sinks.base import Sink
 from telemetrain.store import open_run
 from telemetrain.telemetry import _default
@@ -559,7 +560,7 @@ def test_an_infinite_flush_interval_keeps_the_writer_thread_alive(tmp_path: Path
         t.metric("x", 1.0, "train")
         assert t.flush()
         [runner] = [a.runner for a in t._router.attachments if a.sink is t.store]
-        assert runner.running, "the writer thread died"
+        assert isinstance(runner, BackgroundRunner) and runner.running, "the writer thread died"
         assert [r.value for r in open_run(run_dir_of(t)).records("metric")] == [1.0]
     finally:
         assert t.close()
