@@ -15,6 +15,7 @@ import json
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -939,6 +940,43 @@ def test_a_child_forked_during_a_store_outage_reports_no_loss_of_its_own(tmp_pat
     [child] = [p for p in open_run(result["run_dir"]).processes if p.pid == result["child"]]
     assert [r.value for r in child.records if r.kind == "metric"] == [10]
     assert [(r.name, r.record_count) for r in child.records if r.kind == "diagnostic"] == []
+
+
+HEADER_CUT_BY_A_FULL_DISK = """
+import dataclasses, json, resource, signal, sys, warnings
+from telemetrain import FailurePolicy, Telemetry, identity_from_env
+
+warnings.simplefilter("ignore")  # the store's failure: counted, checked below
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+identity = dataclasses.replace(identity_from_env(), world_size=2)
+first = Telemetry(store=sys.argv[1], identity=identity)  # rank 0 creates the run directory and run.json
+first.metric("seq", 0, "train")
+assert first.close()
+t = Telemetry(store=sys.argv[1], identity=dataclasses.replace(identity, rank=1),
+              failure_policy=FailurePolicy(max_consecutive=10**9))
+limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+resource.setrlimit(resource.RLIMIT_FSIZE, (20, limit[1]))  # the disk fills while rank 1 writes its header
+t.metric("seq", 1, "train")
+t.flush()
+resource.setrlimit(resource.RLIMIT_FSIZE, limit)  # space is back
+t.metric("seq", 2, "train")
+assert t.close()
+print(json.dumps({"run_dir": str(t.run_dir)}))
+"""
+
+
+def test_a_header_cut_by_a_full_disk_is_written_again_before_the_records(tmp_path: Path) -> None:
+    """The header's write failed and the file stayed open as if it had been written: the records that followed had
+    no header (the cut one was the file's first line), and readers gave the process the host "unknown", no versions
+    and no argv."""
+    returncode, out, err, _ = _run_script(tmp_path, HEADER_CUT_BY_A_FULL_DISK, tmp_path / "store")
+    assert returncode == 0, err[-3000:]
+    run = open_run(json.loads(out.splitlines()[-1])["run_dir"])
+    [log] = [p for p in run.processes if p.identity.rank == 1]
+    assert log.identity.host == socket.gethostname()
+    assert log.header["argv"] and log.header["versions"]["telemetrain"]
+    assert [r.value for r in log.records if r.kind == "metric"] == [2]
+    assert run.corrupt == 0 and run.torn == 0  # the cut header was taken back
 
 
 HOSTILE = "evil\x1b]0;pwned\x07\x1b[2J\rdir"  # retitle the terminal, clear it, return the cursor
