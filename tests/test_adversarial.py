@@ -979,6 +979,41 @@ def test_a_header_cut_by_a_full_disk_is_written_again_before_the_records(tmp_pat
     assert run.corrupt == 0 and run.torn == 0  # the cut header was taken back
 
 
+AT_EXIT = """
+import atexit, sys
+
+if sys.argv[1] == "before-import":
+    def last():
+        import telemetrain
+        telemetrain.event("job_end")
+
+    atexit.register(last)
+import telemetrain
+
+if sys.argv[1] == "after-import":
+    atexit.register(lambda: telemetrain.event("job_end"))  # before the first record, as a job's setup does
+telemetrain.metric("loss", 1.0, "train")
+"""
+
+
+def test_a_record_from_an_atexit_handler_registered_after_the_import_is_written(tmp_path: Path) -> None:
+    """telemetrain registered its exit close at the first record: an atexit handler the program registered before
+    that ran after the close (atexit runs the last registered first), and its records were silently lost."""
+    returncode, _, err, run = _run_script(tmp_path, AT_EXIT, "after-import")
+    assert returncode == 0, err[-3000:]
+    assert "TelemetryWarning" not in err
+    assert [(r.kind, r.name) for r in open_run(run).records()] == [("metric", "loss"), ("event", "job_end")]
+
+
+def test_a_record_emitted_after_the_exit_close_is_warned_about(tmp_path: Path) -> None:
+    """A handler registered before telemetrain was imported still runs after its close: its record cannot be
+    written, and that is said rather than silent."""
+    returncode, _, err, run = _run_script(tmp_path, AT_EXIT, "before-import")
+    assert returncode == 0, err[-3000:]
+    assert "record (event, group 'events') was emitted after telemetrain closed at exit" in err
+    assert [(r.kind, r.name) for r in open_run(run).records()] == [("metric", "loss")]
+
+
 HOSTILE = "evil\x1b]0;pwned\x07\x1b[2J\rdir"  # retitle the terminal, clear it, return the cursor
 
 

@@ -19,6 +19,7 @@ from .arguments import check_name as check_name  # (re-exported, as the two belo
 from .arguments import check_value as check_value
 from .clock import CLOCK_SKEW_ENV as CLOCK_SKEW_ENV  # (re-exported: its old home)
 from .clock import _read_offset
+from .containment import warn_safely
 from .default_instance import _claim_default, get_telemetry, reset, set_telemetry
 from .default_instance import _default as _default  # (re-exported: the module-level APIs read it from here)
 from .dispatch import BackgroundRunner, FailurePolicy, InlineRunner
@@ -95,6 +96,7 @@ class Telemetry(TelemetryDelivery):
         self.skipped_sinks: list[Sink] = []  # "zero" sinks not attached because this process is not rank 0
         self._rank_zero_only: list[Attachment] = []  # "zero" sinks attached while the rank was 0 (set_identity)
         self._final_collect_done = False
+        self._warned_after_exit = False  # a record emitted after the exit close was dropped (warned once)
         self.refresh_clock()
         self.config: dict[str, Any] = dict(config or {})  # the run's config (run.json; Sink.run_config)
         self.store: RunStoreSink | None = None
@@ -248,11 +250,20 @@ class Telemetry(TelemetryDelivery):
         with self._lock:
             if self._closed:  # closed (e.g. at exit): remember that nobody listens, so later calls stay cheap
                 self._router.routes[kind][group] = False
+                if process_hooks.exiting():
+                    self._warn_after_exit(kind, group)
                 return False
             route = self._router.resolve(kind, group)
         if route:
             process_hooks.install()
         return route
+
+    def _warn_after_exit(self, kind: str, group: str) -> None:
+        if not self._warned_after_exit:
+            self._warned_after_exit = True
+            warn_safely(f"telemetrain: a record ({kind}, group {group!r}) was emitted after telemetrain closed at "
+                        "exit (from an atexit handler registered before telemetrain was imported?) and was dropped, "
+                        "as are those after it", stacklevel=4)
 
     def route(self, kind: str, group: str) -> Any:
         """The delivery callable for packed records of (kind, group), or ``False`` when nobody listens."""
