@@ -566,6 +566,44 @@ def test_an_infinite_flush_interval_keeps_the_writer_thread_alive(tmp_path: Path
         assert t.close()
 
 
+class HandleOnly(Sink):
+    """An inline sink that implements only ``handle`` (as the base class allows), down for its first calls."""
+
+    name = "handle-only"
+    background = False
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.values: list[Any] = []
+
+    def handle(self, record: Any) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise RuntimeError("backend down")
+        self.values.append(record.value)
+
+
+def test_an_inline_sink_implementing_only_handle_recovers_after_its_backoff(tmp_path: Path, quiet: None) -> None:
+    """After the backoff, the first record went to ``write_packed`` (the batch path), which such a sink does not
+    implement: NotImplementedError, suspended again, every later record dropped."""
+    t = Telemetry(store=tmp_path, failure_policy=telemetrain.FailurePolicy(max_consecutive=2, backoff_s=0.01,
+                                                                           backoff_max_s=0.01))
+    sink = HandleOnly(failures=2)
+    t.add_sink(sink)
+    t.metric("x", 0, "train")
+    t.metric("x", 1, "train")  # the second failure in a row: suspended for 10 ms
+    time.sleep(0.05)  # the backoff is a time: let it pass
+    for i in range(2, 5):
+        t.metric("x", i, "train")
+    [stats] = [s for s in t.health()["sinks"] if s["sink"] == "handle-only"]
+    assert t.close()
+    assert sink.values == [2, 3, 4]
+    assert stats["failures"] == 2 and stats["dropped"] == 0 and not stats["suspended"]
+    told = [(d.name, d.sink) for d in open_run(run_dir_of(t)).records("diagnostic")]
+    assert told == [("sink_error", "handle-only")] * 2 + [("sink_suspended", "handle-only"),
+                                                          ("sink_resumed", "handle-only")]
+
+
 class ReprRaises:
     """A wrong argument whose repr raises (a CUDA tensor's after a device error, say)."""
 

@@ -120,17 +120,22 @@ class _Runner:
             stats.in_flight = 0
             stats.delivered += n
             if self._consecutive:
-                self._consecutive = 0
-                self._backoff = self.policy.backoff_s
-                if stats.suspended:
-                    stats.suspended = False
-                    self._report("sink_resumed", self, 0, "")
-                lost = stats.failed - self._failed_before_outage
-                if lost:  # the sink itself heard none of its sink_error records: it gets their sum now
-                    self._report("sink_outage", self, lost, f"while it failed ({stats.last_error})")
-                unheard, self._unheard_drops = self._unheard_drops, 0
-                if unheard:  # and the records dropped while it was suspended (the run store: a full disk's backoff)
-                    self._report("outage_dropped", self, unheard, "sink suspended")
+                self._recovered()
+
+    def _recovered(self) -> None:
+        """The first success after failures: the policy reset, the suspension lifted, what the outage cost told."""
+        stats = self.stats
+        self._consecutive = 0
+        self._backoff = self.policy.backoff_s
+        if stats.suspended:
+            stats.suspended = False
+            self._report("sink_resumed", self, 0, "")
+        lost = stats.failed - self._failed_before_outage
+        if lost:  # the sink itself heard none of its sink_error records: it gets their sum now
+            self._report("sink_outage", self, lost, f"while it failed ({stats.last_error})")
+        unheard, self._unheard_drops = self._unheard_drops, 0
+        if unheard:  # and the records dropped while it was suspended (the run store: a full disk's backoff)
+            self._report("outage_dropped", self, unheard, "sink suspended")
 
     def _on_failure(self, exc: BaseException, n: int) -> None:
         stats = self.stats
@@ -200,8 +205,12 @@ class InlineRunner(_Runner):
                     stats.dropped += count_records([packed])
                 return
             if self._suspended_until:
-                self._deliver([packed], counted=counted)
-                return
+                if time.monotonic() < self._suspended_until:
+                    self._deliver([packed], counted=counted)  # counted as dropped
+                    return
+                # The backoff is over: handle() again. (Through _deliver it was write_packed(), which a sink that
+                # implements only handle() does not have: it failed, and the sink stayed suspended for good.)
+                self._suspended_until = 0.0
             local.active = True
             try:
                 _deliver_now(packed, counted)
@@ -225,8 +234,7 @@ class InlineRunner(_Runner):
                     if counted:  # telemetrain's own diagnostics are not part of the record counts
                         stats.delivered += 1
                     if self._consecutive:
-                        self._consecutive = 0
-                        self._backoff = self.policy.backoff_s
+                        self._recovered()
 
         self.enqueue: Callable[[Any], None] = deliver_one
         self.enqueue_diagnostic: Callable[[Any], None] = lambda packed: deliver_one(packed, False)
