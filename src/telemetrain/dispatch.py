@@ -411,9 +411,9 @@ class BackgroundRunner(_Runner):
             if new <= 0:
                 return
             self._reported_drops = dropped
+            if self.stats.suspended:  # _report skips a suspended sink: it hears of these once it writes again
+                self._unheard_drops += new
         queue_full = dropped - self.stats.dropped_suspended
-        if self.stats.suspended:  # _report skips a suspended sink: it hears of these once it writes again
-            self._unheard_drops += new
         self._report("dropped", self, new, f"queue capacity {self.capacity}" if queue_full else "sink suspended")
         if queue_full and not self._warned_drops:
             self._warned_drops = True

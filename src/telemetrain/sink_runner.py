@@ -133,7 +133,8 @@ class _Runner:
         lost = stats.failed - self._failed_before_outage
         if lost:  # the sink itself heard none of its sink_error records: it gets their sum now
             self._report("sink_outage", self, lost, f"while it failed ({stats.last_error})")
-        unheard, self._unheard_drops = self._unheard_drops, 0
+        with self._take_lock:  # (the trimmer's thread adds to it)
+            unheard, self._unheard_drops = self._unheard_drops, 0
         if unheard:  # and the records dropped while it was suspended (the run store: a full disk's backoff)
             self._report("outage_dropped", self, unheard, "sink suspended")
 
