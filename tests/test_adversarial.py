@@ -1014,6 +1014,39 @@ def test_a_record_emitted_after_the_exit_close_is_warned_about(tmp_path: Path) -
     assert [(r.kind, r.name) for r in open_run(run).records()] == [("metric", "loss")]
 
 
+SUSPENDED_AT_CLOSE = """
+import json, os, resource, signal, sys, warnings
+from telemetrain import FailurePolicy, Telemetry
+
+warnings.simplefilter("ignore")  # the store's failure: counted, checked below
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+t = Telemetry(store=sys.argv[1], flush_interval=3600,
+              failure_policy=FailurePolicy(max_consecutive=1, backoff_s=3600, backoff_max_s=3600))
+t.metric("seq", 0, "train")
+assert t.flush()
+limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+resource.setrlimit(resource.RLIMIT_FSIZE, (os.path.getsize(t.store.path), limit[1]))  # the disk is full
+t.metric("seq", 1, "train")
+t.flush()  # fails: the store is suspended for an hour
+resource.setrlimit(resource.RLIMIT_FSIZE, limit)  # space is back
+t.event("job_end")  # the program's last record
+assert t.close()
+print(json.dumps({"run_dir": str(t.run_dir), "health": t.health()["sinks"][0]}))
+"""
+
+
+def test_a_store_suspended_at_close_gets_a_last_try(tmp_path: Path) -> None:
+    """The close drained a suspended store as any batch: the program's last records (the application's end, the
+    final report) were dropped though the disk had space again, and the outage was never recorded."""
+    returncode, out, err, _ = _run_script(tmp_path, SUSPENDED_AT_CLOSE, tmp_path / "store")
+    assert returncode == 0, err[-3000:]
+    result = json.loads(out.splitlines()[-1])
+    assert result["health"]["dropped"] == 0 and result["health"]["failed"] == 1
+    records = open_run(result["run_dir"]).records()
+    assert [(r.kind, r.name) for r in records if r.kind != "diagnostic"] == [("metric", "seq"), ("event", "job_end")]
+    assert [(d.name, d.record_count) for d in records if d.kind == "diagnostic"] == [("sink_error", 1)]
+
+
 HOSTILE = "evil\x1b]0;pwned\x07\x1b[2J\rdir"  # retitle the terminal, clear it, return the cursor
 
 

@@ -20,7 +20,8 @@ within ``close()``'s timeout is abandoned (counted, reported, warned). Whatever 
 Failure policy (``FailurePolicy``): a batch whose ``write`` raises is counted as failed and dropped; after
 ``max_consecutive`` failures in a row the sink is suspended for ``backoff_s`` seconds (doubling on each further
 failure up to ``backoff_max_s``), records offered meanwhile are dropped and counted, then the next batch is tried
-again. A success resets the backoff. The first failure is warned about once and every failure streak is reported.
+again (and the close's last one, whatever the backoff). A success resets the backoff. The first failure is warned
+about once and every failure streak is reported.
 
 The parts every runner shares and ``InlineRunner`` are in ``sink_runner``; the trimmer thread in ``queue_trimmer``.
 """
@@ -283,6 +284,7 @@ class BackgroundRunner(_Runner):
                 return not self.stats.abandoned
             if not self._sink_closed:  # no thread ran the close (interpreter shutdown, or called from the sink)
                 _trimmer.unwatch(self)
+                self._suspended_until = 0.0  # the last write (see _run)
                 self._drain_once(flush_sink=True)
                 self.trim()
                 self._close_sink()
@@ -357,6 +359,8 @@ class BackgroundRunner(_Runner):
             with self._cv:
                 requested = self._flush_requested
             stopping = self._stopping
+            if stopping:  # the last write: a suspended sink gets one try (the disk may be back), not a drop
+                self._suspended_until = 0.0
             try:
                 self._drain_once(flush_sink=requested > self._flush_done or stopping)
                 if stopping:
