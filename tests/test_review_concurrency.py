@@ -7,6 +7,7 @@ into a failure; no test asserts how long something took.
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import subprocess
@@ -674,6 +675,43 @@ def test_fork_while_default_is_being_built_does_not_hang_the_child(monkeypatch: 
     _, status = os.waitpid(pid, 0)
     telemetrain.reset()
     assert os.waitstatus_to_exitcode(status) == 0, "the forked child hung in put_metric on the inherited lock"
+
+
+def test_fork_while_timed_span_builds_its_recorder_does_not_hang_the_child() -> None:
+    """one-logger's ``timed_span`` builds its recorder under a module lock that was not re-created after a fork: a
+    child forked while another thread held it (a DataLoader worker) hung forever at its first ``timed_span``."""
+    timed_span_module = importlib.import_module("telemetrain.training.timed_span")
+    holding, release = threading.Event(), threading.Event()
+
+    def builder() -> None:
+        with timed_span_module._lock:  # where get_recorder() is while it builds the recorder
+            holding.set()
+            release.wait(HANG_S)
+
+    th = threading.Thread(target=builder)
+    th.start()
+    try:
+        assert holding.wait(HANG_S)
+        pid = os.fork()
+        if pid == 0:  # the child: report through the exit status only
+            code = 7
+            try:
+                done = threading.Event()
+
+                def use() -> None:
+                    with timed_span_module.timed_span("custom_span"):
+                        pass
+                    done.set()
+
+                threading.Thread(target=use, daemon=True).start()
+                code = 0 if done.wait(5.0) else 7
+            finally:
+                os._exit(code)
+    finally:
+        release.set()
+        th.join(HANG_S)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the forked child hung in timed_span on the inherited lock"
 
 
 # -- 12. reader: a well-formed JSON line with wrongly typed fields -----------------------------------------------------
