@@ -677,18 +677,16 @@ def test_fork_while_default_is_being_built_does_not_hang_the_child(monkeypatch: 
     assert os.waitstatus_to_exitcode(status) == 0, "the forked child hung in put_metric on the inherited lock"
 
 
-def test_fork_while_timed_span_builds_its_recorder_does_not_hang_the_child() -> None:
-    """one-logger's ``timed_span`` builds its recorder under a module lock that was not re-created after a fork: a
-    child forked while another thread held it (a DataLoader worker) hung forever at its first ``timed_span``."""
-    timed_span_module = importlib.import_module("telemetrain.training.timed_span")
+def _fork_while_held(lock: Any, use: Callable[[], None]) -> int:
+    """Fork while another thread holds ``lock``; the child's exit status: 0 if ``use()`` returned within 5 s."""
     holding, release = threading.Event(), threading.Event()
 
-    def builder() -> None:
-        with timed_span_module._lock:  # where get_recorder() is while it builds the recorder
+    def holder() -> None:
+        with lock:
             holding.set()
             release.wait(HANG_S)
 
-    th = threading.Thread(target=builder)
+    th = threading.Thread(target=holder)
     th.start()
     try:
         assert holding.wait(HANG_S)
@@ -698,12 +696,11 @@ def test_fork_while_timed_span_builds_its_recorder_does_not_hang_the_child() -> 
             try:
                 done = threading.Event()
 
-                def use() -> None:
-                    with timed_span_module.timed_span("custom_span"):
-                        pass
+                def run() -> None:
+                    use()
                     done.set()
 
-                threading.Thread(target=use, daemon=True).start()
+                threading.Thread(target=run, daemon=True).start()
                 code = 0 if done.wait(5.0) else 7
             finally:
                 os._exit(code)
@@ -711,7 +708,19 @@ def test_fork_while_timed_span_builds_its_recorder_does_not_hang_the_child() -> 
         release.set()
         th.join(HANG_S)
     _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, "the forked child hung in timed_span on the inherited lock"
+    return os.waitstatus_to_exitcode(status)
+
+
+def test_fork_while_timed_span_builds_its_recorder_does_not_hang_the_child() -> None:
+    """one-logger's ``timed_span`` builds its recorder under a module lock that was not re-created after a fork: a
+    child forked while another thread held it (a DataLoader worker) hung forever at its first ``timed_span``."""
+    module = importlib.import_module("telemetrain.training.timed_span")
+
+    def use() -> None:
+        with module.timed_span("custom_span"):
+            pass
+
+    assert _fork_while_held(module._lock, use) == 0, "the forked child hung in timed_span on the inherited lock"
 
 
 # -- 12. reader: a well-formed JSON line with wrongly typed fields -----------------------------------------------------
