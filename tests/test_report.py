@@ -137,6 +137,7 @@ def _write_session(root: Path) -> tuple[Path, Path]:
     ranks[3].t.flush()  # the broken sink fails and is suspended
     for r in ranks:
         r.iterations(50).save().iterations(100).save().iterations(130)
+    ranks[3].t.flush()  # what the suspended broken sink was offered: dropped (its close's last write would try it)
     for step in (20, 40, 60):
         ranks[0].t.event("straggler", {"rank": SLOW_RANK, "host": "node-b", "phase": "iteration", "kind": "relative",
                                        "score": SLOW_RANK_FACTOR, "threshold": 1.2, "step": step}, group="cross_rank")

@@ -7,6 +7,7 @@ into a failure; no test asserts how long something took.
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import subprocess
@@ -24,6 +25,7 @@ import pytest
 import telemetrain
 from conftest import ListSink, run_dir_of
 from telemetrain import MetricPoint, Telemetry, TelemetryWarning, events, metrics
+from telemetrain.dispatch import BackgroundRunner
 from telemetrain.sinks.base import Sink
 from telemetrain.store import open_run
 from telemetrain.telemetry import _default
@@ -527,6 +529,82 @@ def test_bad_optional_arguments_are_clear_errors(call: Callable[[Telemetry], Non
         t.close()
 
 
+@pytest.mark.parametrize(("timeout", "error"), [("5", TypeError), (True, TypeError), (float("nan"), ValueError)])
+@pytest.mark.parametrize("method", ["flush", "close"])
+def test_a_bad_timeout_is_a_clear_error_naming_it(tmp_path: Path, method: str, timeout: Any,
+                                                  error: type[Exception]) -> None:
+    """A str timeout failed inside the arithmetic ("unsupported operand type(s) for +"), NaN was taken as 0."""
+    t = Telemetry(store=tmp_path)
+    try:
+        with pytest.raises(error, match="timeout"):
+            getattr(t, method)(timeout)
+    finally:
+        t.close()
+
+
+@pytest.mark.parametrize("timeout", [float("inf"), 1e30])
+def test_an_infinite_timeout_waits_without_a_limit(tmp_path: Path, timeout: float) -> None:
+    """``flush(math.inf)`` raised OverflowError out of a lock's wait: no TypeError or ValueError, and it reached the
+    training loop that asked to wait as long as it takes."""
+    t = Telemetry(store=tmp_path)
+    t.metric("x", 1.0, "train")
+    assert t.flush(timeout)
+    assert t.close(timeout)
+    assert [r.value for r in open_run(run_dir_of(t)).records("metric")] == [1.0]
+
+
+def test_an_infinite_flush_interval_keeps_the_writer_thread_alive(tmp_path: Path) -> None:
+    """``flush_interval=math.inf`` (write only on flush and close) was accepted, and the writer thread died at its
+    first wait with OverflowError, a traceback on stderr; every flush then wrote in the caller's thread."""
+    t = Telemetry(store=tmp_path, flush_interval=float("inf"))
+    try:
+        t.metric("x", 1.0, "train")
+        assert t.flush()
+        [runner] = [a.runner for a in t._router.attachments if a.sink is t.store]
+        assert isinstance(runner, BackgroundRunner) and runner.running, "the writer thread died"
+        assert [r.value for r in open_run(run_dir_of(t)).records("metric")] == [1.0]
+    finally:
+        assert t.close()
+
+
+class HandleOnly(Sink):
+    """An inline sink that implements only ``handle`` (as the base class allows), down for its first calls."""
+
+    name = "handle-only"
+    background = False
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.values: list[Any] = []
+
+    def handle(self, record: Any) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise RuntimeError("backend down")
+        self.values.append(record.value)
+
+
+def test_an_inline_sink_implementing_only_handle_recovers_after_its_backoff(tmp_path: Path, quiet: None) -> None:
+    """After the backoff, the first record went to ``write_packed`` (the batch path), which such a sink does not
+    implement: NotImplementedError, suspended again, every later record dropped."""
+    t = Telemetry(store=tmp_path, failure_policy=telemetrain.FailurePolicy(max_consecutive=2, backoff_s=0.01,
+                                                                           backoff_max_s=0.01))
+    sink = HandleOnly(failures=2)
+    t.add_sink(sink)
+    t.metric("x", 0, "train")
+    t.metric("x", 1, "train")  # the second failure in a row: suspended for 10 ms
+    time.sleep(0.05)  # the backoff is a time: let it pass
+    for i in range(2, 5):
+        t.metric("x", i, "train")
+    [stats] = [s for s in t.health()["sinks"] if s["sink"] == "handle-only"]
+    assert t.close()
+    assert sink.values == [2, 3, 4]
+    assert stats["failures"] == 2 and stats["dropped"] == 0 and not stats["suspended"]
+    told = [(d.name, d.sink) for d in open_run(run_dir_of(t)).records("diagnostic")]
+    assert told == [("sink_error", "handle-only")] * 2 + [("sink_suspended", "handle-only"),
+                                                          ("sink_resumed", "handle-only")]
+
+
 class ReprRaises:
     """A wrong argument whose repr raises (a CUDA tensor's after a device error, say)."""
 
@@ -597,6 +675,52 @@ def test_fork_while_default_is_being_built_does_not_hang_the_child(monkeypatch: 
     _, status = os.waitpid(pid, 0)
     telemetrain.reset()
     assert os.waitstatus_to_exitcode(status) == 0, "the forked child hung in put_metric on the inherited lock"
+
+
+def _fork_while_held(lock: Any, use: Callable[[], None]) -> int:
+    """Fork while another thread holds ``lock``; the child's exit status: 0 if ``use()`` returned within 5 s."""
+    holding, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with lock:
+            holding.set()
+            release.wait(HANG_S)
+
+    th = threading.Thread(target=holder)
+    th.start()
+    try:
+        assert holding.wait(HANG_S)
+        pid = os.fork()
+        if pid == 0:  # the child: report through the exit status only
+            code = 7
+            try:
+                done = threading.Event()
+
+                def run() -> None:
+                    use()
+                    done.set()
+
+                threading.Thread(target=run, daemon=True).start()
+                code = 0 if done.wait(5.0) else 7
+            finally:
+                os._exit(code)
+    finally:
+        release.set()
+        th.join(HANG_S)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def test_fork_while_timed_span_builds_its_recorder_does_not_hang_the_child() -> None:
+    """one-logger's ``timed_span`` builds its recorder under a module lock that was not re-created after a fork: a
+    child forked while another thread held it (a DataLoader worker) hung forever at its first ``timed_span``."""
+    module = importlib.import_module("telemetrain.training.timed_span")
+
+    def use() -> None:
+        with module.timed_span("custom_span"):
+            pass
+
+    assert _fork_while_held(module._lock, use) == 0, "the forked child hung in timed_span on the inherited lock"
 
 
 # -- 12. reader: a well-formed JSON line with wrongly typed fields -----------------------------------------------------

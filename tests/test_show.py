@@ -4,6 +4,9 @@ MFU as a percentage; ``show --list`` gives each run's status, duration and a key
 from __future__ import annotations
 
 import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -107,6 +110,33 @@ def test_show_list_gives_status_duration_and_a_key_figure(tmp_path: Path, capsys
     monkeypatch.setattr(show_list, "RUNNING_WITHIN_S", 0.0)  # as if read later: it was killed
     lines = show("--list", str(tmp_path), capsys=capsys).splitlines()
     assert re.search(r"Z +killed +\S+ s +8 iterations", {line.split()[-1]: line for line in lines}[str(killed)])
+
+
+KILLED_IN_ITS_LOOP = """
+import os, signal, sys
+from telemetrain import Telemetry
+from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
+
+t = Telemetry(store=sys.argv[1])
+rec = TrainingRecorder(TrainingTelemetryConfig(global_batch_size_or_fn=8, log_every_n_train_iterations=2), telemetry=t)
+rec.on_app_start()
+rec.on_train_start(train_iterations_start=0)
+for _ in range(4):
+    rec.on_training_single_iteration_start()
+    rec.on_training_single_iteration_end()
+assert t.flush()
+os.kill(os.getpid(), signal.SIGKILL)  # an OOM kill: the loop never ends
+"""
+
+
+def test_show_list_says_killed_right_after_a_sigkill(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A loop that never ended, written within the last minute, was listed as "running" though its process was gone:
+    the processes of a run on this host are now looked up."""
+    proc = subprocess.run([sys.executable, "-c", KILLED_IN_ITS_LOOP, str(tmp_path)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    [row] = show("--list", str(tmp_path), capsys=capsys).splitlines()[1:]
+    assert re.search(r"Z +killed +\S+ s +4 iterations", row), row
 
 
 def test_show_of_many_ranks_lists_the_first_and_the_outliers_and_all_with_all(

@@ -4,7 +4,9 @@ inline and call these only for the rest."""
 
 from __future__ import annotations
 
+import math
 import numbers
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,6 +35,25 @@ def check_value(value: Any, arg: str) -> int | float | bool:
     if hasattr(value, "item") and hasattr(value, "dim"):
         hint = " (a tensor: pass tensor.item() yourself; telemetrain never calls it because it syncs the device)"
     raise TypeError(f"{arg} must be an int or float, got {type(value).__name__}: {_short(value)}{hint}")
+
+
+def check_seconds(value: Any, arg: str) -> float:
+    """A duration in seconds: a real number, not NaN. One past what a thread can wait (``inf`` included) becomes
+    ``threading.TIMEOUT_MAX``: the waits raised OverflowError (an interval's in the writer thread, which died)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{arg} must be a number of seconds, got {type(value).__name__}: {_short(value)}")
+    seconds = float(value)
+    if math.isnan(seconds):
+        raise ValueError(f"{arg} must be a number of seconds, got nan")
+    return min(seconds, threading.TIMEOUT_MAX)
+
+
+def check_timeout(timeout: Any, arg: str = "timeout") -> float | None:
+    """A timeout: None or ``inf`` (or more than a thread can wait) for none, else seconds (negative: don't wait)."""
+    if timeout is None:
+        return None
+    seconds = check_seconds(timeout, arg)
+    return None if seconds >= threading.TIMEOUT_MAX else seconds
 
 
 def check_name(name: Any, arg: str) -> str:

@@ -20,7 +20,8 @@ within ``close()``'s timeout is abandoned (counted, reported, warned). Whatever 
 Failure policy (``FailurePolicy``): a batch whose ``write`` raises is counted as failed and dropped; after
 ``max_consecutive`` failures in a row the sink is suspended for ``backoff_s`` seconds (doubling on each further
 failure up to ``backoff_max_s``), records offered meanwhile are dropped and counted, then the next batch is tried
-again. A success resets the backoff. The first failure is warned about once and every failure streak is reported.
+again (and the close's last one, whatever the backoff). A success resets the backoff. The first failure is warned
+about once and every failure streak is reported.
 
 The parts every runner shares and ``InlineRunner`` are in ``sink_runner``; the trimmer thread in ``queue_trimmer``.
 """
@@ -283,6 +284,7 @@ class BackgroundRunner(_Runner):
                 return not self.stats.abandoned
             if not self._sink_closed:  # no thread ran the close (interpreter shutdown, or called from the sink)
                 _trimmer.unwatch(self)
+                self._suspended_until = 0.0  # the last write (see _run)
                 self._drain_once(flush_sink=True)
                 self.trim()
                 self._close_sink()
@@ -332,7 +334,7 @@ class BackgroundRunner(_Runner):
 
     def after_fork_in_child(self) -> None:
         # What is queued belongs to the parent (its own thread writes it); the parent's thread does not exist here.
-        self.stats = SinkStats(sink=self.sink.name, background=True)
+        self._reset_failure_state()
         self._reported_drops = 0
         self._warned_drops = False
         self._reset_process_state()
@@ -357,6 +359,8 @@ class BackgroundRunner(_Runner):
             with self._cv:
                 requested = self._flush_requested
             stopping = self._stopping
+            if stopping:  # the last write: a suspended sink gets one try (the disk may be back), not a drop
+                self._suspended_until = 0.0
             try:
                 self._drain_once(flush_sink=requested > self._flush_done or stopping)
                 if stopping:
@@ -411,6 +415,8 @@ class BackgroundRunner(_Runner):
             if new <= 0:
                 return
             self._reported_drops = dropped
+            if self.stats.suspended:  # _report skips a suspended sink: it hears of these once it writes again
+                self._unheard_drops += new
         queue_full = dropped - self.stats.dropped_suspended
         self._report("dropped", self, new, f"queue capacity {self.capacity}" if queue_full else "sink suspended")
         if queue_full and not self._warned_drops:

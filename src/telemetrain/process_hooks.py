@@ -1,9 +1,10 @@
 """Process lifecycle: flush at exit and on SIGTERM/SIGINT, re-initialise in a forked child.
 
-Installed the first time a ``Telemetry`` starts a background runner (never at import). Signal handlers chain to the
-handler that was installed before ours: a Python handler is called after our flush; the default action is restored
-and the signal re-raised, so the process still dies of it (torchelastic reads the exit status); an ignored signal
-stays ignored. Handlers can only be installed from the main thread; from another thread we try again later.
+The exit close is registered at import (see the end of this module); the signal handlers the first time a
+``Telemetry`` starts a background runner. Signal handlers chain to the handler that was installed before ours: a
+Python handler is called after our flush; the default action is restored and the signal re-raised, so the process
+still dies of it (torchelastic reads the exit status); an ignored signal stays ignored. Handlers can only be
+installed from the main thread; from another thread we try again later.
 
 Every wait is bounded: the exit close has ``EXIT_FLUSH_TIMEOUT_S`` and a signal ``SIGNAL_FLUSH_TIMEOUT_S`` for all
 the live instances together (each gets at least ``MIN_SHARE_S``), and a sink that does not finish in that grace
@@ -166,12 +167,14 @@ def _after_fork_in_child() -> None:
         mp_util.register_after_fork(_MP_SENTINEL, _mp_child_started)
 
 
+def exiting() -> bool:
+    """Whether the exit close has run: a record emitted now (an atexit handler that runs after ours) is lost."""
+    return _exiting["now"]
+
+
 def install() -> None:
     """Idempotent; cheap after the first call in a process."""
     with _lock:
-        if not _installed["atexit"]:
-            atexit.register(_at_exit)
-            _installed["atexit"] = True
         _install_signals()
         _register_mp_finalizer_if_child()
 
@@ -188,3 +191,11 @@ def _register_mp_finalizer_if_child() -> None:
     if in_child:
         _installed["mp_pid"] = os.getpid()
         _mp_child_started(None)
+
+
+# Registered at import, not with the other hooks at the first record: atexit runs its handlers last registered
+# first, so an atexit handler that a program registered after importing telemetrain but before its first record
+# (a job-end event, a final metric) ran after our close and its records were lost. (No thread, no file: only a
+# callback.)
+atexit.register(_at_exit)
+_installed["atexit"] = True

@@ -4,6 +4,8 @@ report (``analysis.summary``'s figures: by SQL when DuckDB is installed)."""
 from __future__ import annotations
 
 import json
+import os
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +35,27 @@ class _Listed:
 RUNNING_WITHIN_S = 60.0  # a run whose training loop never ended but which wrote this recently is still running
 
 
+def _gone_here(run: Run) -> bool:
+    """Every process of the run ran on this host and none is alive: a loop that never ended was killed, though it
+    wrote within the last minute (right after a SIGKILL or an OOM kill). A pid taken since by another process still
+    reads as alive: "running", as before."""
+    host = socket.gethostname()
+    processes = run.processes
+    if not processes:
+        return False
+    for log in processes:
+        if log.identity.host != host:
+            return False  # another machine's: no telling
+        try:
+            os.kill(log.pid, 0)
+        except ProcessLookupError:
+            continue
+        except OSError:  # another user's process, alive
+            return False
+        return False
+    return True
+
+
 def _listed(path: Path, run: Run, now_ns: int, engine: Any = None) -> _Listed:
     """The listing's figures of a run, from its summary (``analysis.summary``: by SQL with ``engine``)."""
     from .analysis.summary import summarize_run, summarize_sql
@@ -47,7 +70,7 @@ def _listed(path: Path, run: Run, now_ns: int, engine: Any = None) -> _Listed:
         status = "no training"
     elif "" in statuses:  # a loop that never ended: SIGKILL, OOM, a lost node -- or still going
         recent = summary.end_ns or 0
-        status = "running" if now_ns - recent < RUNNING_WITHIN_S * 1e9 else "killed"
+        status = "running" if now_ns - recent < RUNNING_WITHIN_S * 1e9 and not _gone_here(run) else "killed"
     elif any(s != "ok" for s in statuses):
         status = "interrupted"
     else:

@@ -75,11 +75,17 @@ class _Runner:
         self.source = source
         self.policy = policy
         self._report = report
-        self.stats = SinkStats(sink=sink.name, background=self._background)
+        self._reset_failure_state()
+
+    def _reset_failure_state(self) -> None:
+        """Fresh counters and failure state: at construction and in a forked child, whose counts start at zero (an
+        outage inherited from the parent made its first write report a negative loss)."""
+        self.stats = SinkStats(sink=self.sink.name, background=self._background)
         self._consecutive = 0
         self._failed_before_outage = 0  # stats.failed when the current run of failures began
+        self._unheard_drops = 0  # "dropped" reported while this sink was suspended: the others heard it, it did not
         self._suspended_until = 0.0
-        self._backoff = policy.backoff_s
+        self._backoff = self.policy.backoff_s
         self._warned = False
 
     def _deliver(self, batch: list[Any], *, counted: bool = True) -> None:
@@ -114,14 +120,23 @@ class _Runner:
             stats.in_flight = 0
             stats.delivered += n
             if self._consecutive:
-                self._consecutive = 0
-                self._backoff = self.policy.backoff_s
-                if stats.suspended:
-                    stats.suspended = False
-                    self._report("sink_resumed", self, 0, "")
-                lost = stats.failed - self._failed_before_outage
-                if lost:  # the sink itself heard none of its sink_error records: it gets their sum now
-                    self._report("sink_outage", self, lost, f"while it failed ({stats.last_error})")
+                self._recovered()
+
+    def _recovered(self) -> None:
+        """The first success after failures: the policy reset, the suspension lifted, what the outage cost told."""
+        stats = self.stats
+        self._consecutive = 0
+        self._backoff = self.policy.backoff_s
+        if stats.suspended:
+            stats.suspended = False
+            self._report("sink_resumed", self, 0, "")
+        lost = stats.failed - self._failed_before_outage
+        if lost:  # the sink itself heard none of its sink_error records: it gets their sum now
+            self._report("sink_outage", self, lost, f"while it failed ({stats.last_error})")
+        with self._take_lock:  # (the trimmer's thread adds to it)
+            unheard, self._unheard_drops = self._unheard_drops, 0
+        if unheard:  # and the records dropped while it was suspended (the run store: a full disk's backoff)
+            self._report("outage_dropped", self, unheard, "sink suspended")
 
     def _on_failure(self, exc: BaseException, n: int) -> None:
         stats = self.stats
@@ -191,8 +206,12 @@ class InlineRunner(_Runner):
                     stats.dropped += count_records([packed])
                 return
             if self._suspended_until:
-                self._deliver([packed], counted=counted)
-                return
+                if time.monotonic() < self._suspended_until:
+                    self._deliver([packed], counted=counted)  # counted as dropped
+                    return
+                # The backoff is over: handle() again. (Through _deliver it was write_packed(), which a sink that
+                # implements only handle() does not have: it failed, and the sink stayed suspended for good.)
+                self._suspended_until = 0.0
             local.active = True
             try:
                 _deliver_now(packed, counted)
@@ -216,8 +235,7 @@ class InlineRunner(_Runner):
                     if counted:  # telemetrain's own diagnostics are not part of the record counts
                         stats.delivered += 1
                     if self._consecutive:
-                        self._consecutive = 0
-                        self._backoff = self.policy.backoff_s
+                        self._recovered()
 
         self.enqueue: Callable[[Any], None] = deliver_one
         self.enqueue_diagnostic: Callable[[Any], None] = lambda packed: deliver_one(packed, False)
@@ -247,4 +265,5 @@ class InlineRunner(_Runner):
 
     def after_fork_in_child(self) -> None:
         self._take_lock = threading.RLock()
+        self._reset_failure_state()
         self.sink.after_fork_in_child()

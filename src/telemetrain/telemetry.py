@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from . import process_hooks
-from .arguments import _ATTRIBUTE_VALUE_SET, check_metric_attributes, check_step
+from .arguments import _ATTRIBUTE_VALUE_SET, check_metric_attributes, check_seconds, check_step
 from .arguments import check_name as check_name  # (re-exported, as the two below: the APIs import them from here)
 from .arguments import check_value as check_value
 from .clock import CLOCK_SKEW_ENV as CLOCK_SKEW_ENV  # (re-exported: its old home)
 from .clock import _read_offset
+from .containment import warn_safely
 from .default_instance import _claim_default, get_telemetry, reset, set_telemetry
 from .default_instance import _default as _default  # (re-exported: the module-level APIs read it from here)
 from .dispatch import BackgroundRunner, FailurePolicy, InlineRunner
@@ -52,6 +53,9 @@ class Telemetry(TelemetryDelivery):
     ``metrics.put_metric``... write to); ``None`` (the default) makes it the default if it is the first instance
     still open when a module-level API first needs one (so ``t = Telemetry(store=..., config=...)`` followed by
     ``training.*`` writes one run); ``False`` never (an isolated instance: a library's, a test's).
+
+    ``flush_interval``: seconds between the background sinks' writes (``math.inf``: only at ``flush()`` and close).
+    ``flush``/``close`` take a ``timeout`` in seconds; ``None`` or ``math.inf`` waits without a limit.
     """
 
     def __init__(
@@ -72,12 +76,12 @@ class Telemetry(TelemetryDelivery):
             raise TypeError(f"identity must be an Identity, got {type(identity).__name__}")
         if type(queue_capacity) is not int or queue_capacity < 1:
             raise ValueError(f"queue_capacity must be a positive int, got {queue_capacity!r}")
-        if not isinstance(flush_interval, (int, float)) or not flush_interval > 0:
+        if not check_seconds(flush_interval, "flush_interval") > 0:
             raise ValueError(f"flush_interval must be > 0 seconds, got {flush_interval!r}")
         self._pid = os.getpid()
         self._install_identity(identity if identity is not None else identity_from_env())
         self.queue_capacity = queue_capacity
-        self.flush_interval = float(flush_interval)
+        self.flush_interval = check_seconds(flush_interval, "flush_interval")  # inf: only flush() and close()
         self.failure_policy = failure_policy or FailurePolicy()
         self._router = Router()
         self._metric_routes = self._router.routes["metric"]
@@ -92,6 +96,7 @@ class Telemetry(TelemetryDelivery):
         self.skipped_sinks: list[Sink] = []  # "zero" sinks not attached because this process is not rank 0
         self._rank_zero_only: list[Attachment] = []  # "zero" sinks attached while the rank was 0 (set_identity)
         self._final_collect_done = False
+        self._warned_after_exit = False  # a record emitted after the exit close was dropped (warned once)
         self.refresh_clock()
         self.config: dict[str, Any] = dict(config or {})  # the run's config (run.json; Sink.run_config)
         self.store: RunStoreSink | None = None
@@ -245,11 +250,20 @@ class Telemetry(TelemetryDelivery):
         with self._lock:
             if self._closed:  # closed (e.g. at exit): remember that nobody listens, so later calls stay cheap
                 self._router.routes[kind][group] = False
+                if process_hooks.exiting():
+                    self._warn_after_exit(kind, group)
                 return False
             route = self._router.resolve(kind, group)
         if route:
             process_hooks.install()
         return route
+
+    def _warn_after_exit(self, kind: str, group: str) -> None:
+        if not self._warned_after_exit:
+            self._warned_after_exit = True
+            warn_safely(f"telemetrain: a record ({kind}, group {group!r}) was emitted after telemetrain closed at "
+                        "exit (from an atexit handler registered before telemetrain was imported?) and was dropped, "
+                        "as are those after it", stacklevel=4)
 
     def route(self, kind: str, group: str) -> Any:
         """The delivery callable for packed records of (kind, group), or ``False`` when nobody listens."""

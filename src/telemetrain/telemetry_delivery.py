@@ -12,6 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from . import process_hooks
+from .arguments import check_timeout
 from .dispatch import BackgroundRunner, InlineRunner, describe, is_interrupt, warn_safely
 from .router import Attachment, Router
 from .sinks.base import Sink
@@ -21,6 +22,7 @@ __all__ = ["STORE_CLOSE_BUDGET_S", "TelemetryDelivery"]
 
 _monotonic_ns = time.monotonic_ns
 STORE_CLOSE_BUDGET_S = 1.0  # the run store's share of close()'s timeout, after the other sinks (Telemetry.close)
+_OWN = {"sink_outage": "sink_error", "outage_dropped": "dropped"}  # reports only the recovered sink hears
 
 
 class TelemetryDelivery:
@@ -90,6 +92,7 @@ class TelemetryDelivery:
         """Deliver and flush everything emitted so far. False if a sink did not finish within ``timeout`` (every wait
         on a sink is bounded by it). A ``KeyboardInterrupt`` on the main thread propagates at once; what is queued
         stays queued for the next flush or the close."""
+        timeout = check_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         if not self._closed:
             self._collect(final=False)
@@ -107,6 +110,7 @@ class TelemetryDelivery:
         diagnostic in the run store) and left behind, so a stuck sink never hangs the program, its exit or a
         SIGTERM. A ``KeyboardInterrupt`` on the main thread while producers report (a gauge, say) is raised after
         the sinks are closed, so nothing queued is lost to it."""
+        timeout = check_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         interrupted: BaseException | None = None
         if not self._final_collect_done:  # open stat windows and the like are reported while sinks still listen
@@ -176,10 +180,11 @@ class TelemetryDelivery:
             return  # a sink failing while we report another failure: counted, not reported again
         self._reporting.active = True
         try:
-            # "sink_outage": a sink that works again hears the sum of the sink_error records the others got (the
-            # run store records its own full disk that way), and only it.
-            own = what == "sink_outage"
-            name = "sink_error" if own else what
+            # "sink_outage"/"outage_dropped": a sink that works again hears the sum of the sink_error/dropped records
+            # the others got while it failed or was suspended (the run store records its own full disk that way),
+            # and only it.
+            own = what in _OWN
+            name = _OWN.get(what, what)
             record = ("diagnostic", _monotonic_ns(), self._token, "telemetrain", name, runner.sink.name, count, message)
             for a in list(self._router.attachments):
                 if (a.runner is not runner) if own else (

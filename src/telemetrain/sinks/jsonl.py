@@ -212,7 +212,22 @@ class RunStoreSink(Sink):
         self._torn_tail = directory.ends_mid_line(name, self._segment_bytes)
         self._segment_started = time.monotonic()
         extra = {"versions": _versions(), "argv": list(sys.argv)}
-        self._write_all(encode_header(identity, time.monotonic_ns(), time.time_ns(), extra).encode(), lines=False)
+        start = self._segment_bytes
+        try:
+            self._write_all(encode_header(identity, time.monotonic_ns(), time.time_ns(), extra).encode(), lines=False)
+        except OSError:
+            # A full disk: no record may follow in a file without its header (readers took them for host "unknown",
+            # without versions or argv). The part of the header written is taken back (only this process writes
+            # this file, and readers take its first line for the header) and the file closed: the next batch opens
+            # it again and writes the header first.
+            try:
+                os.ftruncate(self._fd, start)
+            except OSError:
+                pass  # then the cut line is ended on reopening, and skipped by readers
+            self._close_fd()
+            self._identity = None
+            self._token = -1
+            raise
 
     def _write_all(self, data: bytes, *, lines: bool = True) -> None:
         """Write ``data`` (whole lines) to the file. With ``lines`` (record lines, not a header), count the record

@@ -8,6 +8,7 @@ for custom spans and events); before any provider is configured it is a recorder
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,6 +25,15 @@ __all__ = ["get_recorder", "timed_span"]
 
 _lock = threading.Lock()
 _unconfigured: dict[int, OneLoggerTrainingRecorder] = {}
+
+
+def _after_fork_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()  # held by another thread (building a recorder) at the fork: the child's timed_span hung
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def get_recorder() -> DefaultRecorder:
