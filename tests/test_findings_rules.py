@@ -534,6 +534,27 @@ def test_crashes_and_restarts() -> None:
                       "restart: run job.1 after job.0"]
 
 
+def test_a_ctrl_c_is_an_interruption_not_a_crash() -> None:
+    """A KeyboardInterrupt through the loop's ``with`` block, or uncaught when telemetry closed the spans at exit, is
+    the user stopping the run: a warning that names it, not an error called a crash. SIGTERM and exceptions stay
+    crashes."""
+    failures = [SpanFailure("training_loop", 0, "error", "KeyboardInterrupt: "),
+                SpanFailure("application", 0, "error", "KeyboardInterrupt: "),
+                SpanFailure("training_loop", 1, "terminated",
+                            "still open when telemetry closed: the process exited on an uncaught KeyboardInterrupt"),
+                SpanFailure("training_loop", 2, "terminated",
+                            "still open when telemetry closed: the process was stopped by SIGTERM"),
+                SpanFailure("training_loop", 3, "terminated",
+                            "still open when telemetry closed: the process exited on an uncaught RuntimeError")]
+    found = analyse(FindingsInput(span_failures=failures)).findings
+    assert [(f.severity, f.title) for f in found] == [
+        ("error", "crash: training_loop ended terminated on rank(s) 2"),
+        ("error", "crash: training_loop ended terminated on rank(s) 3"),
+        ("warning", "interrupted: training_loop and application stopped by an interrupt (Ctrl-C) on rank(s) 0"),
+        ("warning", "interrupted: training_loop stopped by an interrupt (Ctrl-C) on rank(s) 1")]
+    assert "stopped by SIGTERM" in found[0].detail and "uncaught RuntimeError" in found[1].detail
+
+
 def test_an_earlier_attempts_crash_names_its_cause_from_its_agents_worker_exits() -> None:
     """Read from the last attempt, the first one's crash said "interrupted" and not why (the agent's worker exits are
     in the first attempt's folder); a killed attempt that recorded no iteration does not say "after iteration None"."""

@@ -98,6 +98,20 @@ def ending() -> str | None:
     return None
 
 
+def ending_cause() -> str | None:
+    """What is ending the process, for spans still open at close: ``"SIGTERM"``/``"SIGINT"`` while our handler
+    closes everything before dying of it, the type name of the uncaught exception at exit (``KeyboardInterrupt``: a
+    Ctrl-C Python's own handler raised), else None."""
+    signum = _dying_of.get("signal")
+    if signum is not None:
+        try:
+            return signal.Signals(signum).name
+        except ValueError:
+            return f"signal {signum}"
+    last = getattr(sys, "last_type", None) if _exiting["now"] else None
+    return last.__name__ if isinstance(last, type) else None
+
+
 _exiting = {"now": False}
 
 

@@ -38,6 +38,7 @@ from typing import Any
 
 from .collector import collector
 from .dispatch import describe, is_interrupt, warn_safely
+from .process_hooks import ending_cause
 from .records import check_attribute_keys
 from .span_lifecycle import (
     STATUS_OK,
@@ -264,9 +265,10 @@ class Tracer:
         for s in iter_ancestors(_current_get()):
             if s._tracer is self and not s.end_ns:
                 open_spans[id(s)] = s
+        why = _closed_because(ending_cause()) if open_spans else ""
         for s in sorted(open_spans.values(), key=lambda s: s.start_ns, reverse=True):
             s.status = STATUS_TERMINATED
-            s.error = s.error or "still open when telemetry closed (exit or signal)"
+            s.error = s.error or why
             token = s._token
             if token is None:  # started with Tracer.start: end() makes what was current at its start current again
                 s.end()
@@ -381,3 +383,13 @@ def iter_ancestors(s: Span | None) -> Iterator[Span]:
     while s is not None:
         yield s
         s = s.parent
+
+
+def _closed_because(cause: str | None) -> str:
+    """A span's error when telemetry closed it: what was ending the process, where known (the findings tell a user's
+    Ctrl-C from a crash by it)."""
+    if cause is None:
+        return "still open when telemetry closed (exit or signal)"
+    if cause.startswith("SIG") or cause.startswith("signal "):
+        return f"still open when telemetry closed: the process was stopped by {cause}"
+    return f"still open when telemetry closed: the process exited on an uncaught {cause}"

@@ -13,7 +13,7 @@ from .inputs import Attempt, SpanFailure
 from .model import Evidence, Finding
 from .worker_exits import WorkerExit, exit_finding_text, first_causes, first_failures, meaning
 
-__all__ = ["crashes"]
+__all__ = ["crashes", "is_user_interrupt"]
 
 
 def crashes(failures: Sequence[SpanFailure], attempts: Sequence[Attempt],
@@ -30,6 +30,12 @@ def crashes(failures: Sequence[SpanFailure], attempts: Sequence[Attempt],
     for (what, error, ranks), names in spans.items():
         verb = ("were " if len(names) > 1 else "was ") if what.startswith("killed") else ""
         said = f"{' and '.join(names)} {verb}{what}"
+        if is_user_interrupt(error):  # a Ctrl-C stopped it: the user's choice, not a crash (but work may be lost)
+            findings.append(Finding(
+                "warning", "interrupted", f"interrupted: {' and '.join(names)} stopped by an interrupt (Ctrl-C) on "
+                f"rank(s) {ranges(list(ranks))}", f"{said} on {len(ranks)} rank(s): {error}",
+                Evidence(ranks=ranks, test="lifecycle span status")))
+            continue
         findings.append(Finding("error", "crash", f"crash: {said} on rank(s) {ranges(list(ranks))}",
                                 f"{said} on {len(ranks)} rank(s)" + (f": {error}" if error else ""),
                                 Evidence(ranks=ranks, test="lifecycle span status")))
@@ -58,6 +64,12 @@ def crashes(failures: Sequence[SpanFailure], attempts: Sequence[Attempt],
                 f"attempt {r.restart_order + 1} ({r.run_id}, {r.status}) started {start} "
                 f"after {prev.run_id} ({prev.status}) {stop}"))
     return findings
+
+
+def is_user_interrupt(error: str) -> bool:
+    """A span's error saying a Ctrl-C ended it: a ``KeyboardInterrupt`` raised through its ``with`` block, one that
+    was uncaught when telemetry closed it at exit, or our handler dying of SIGINT (``spans._closed_because``)."""
+    return error.startswith("KeyboardInterrupt") or error.endswith(("uncaught KeyboardInterrupt", "stopped by SIGINT"))
 
 
 def exit_findings(exits: Sequence[WorkerExit]) -> list[Finding]:
