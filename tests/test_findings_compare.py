@@ -164,6 +164,23 @@ def test_earlier_runs_set_the_effect_a_change_needs() -> None:
     assert verdicts(big)["iteration time"] == REGRESSION
 
 
+def test_one_earlier_run_measures_no_spread_and_changes_nothing() -> None:
+    # the command reads up to --history earlier runs of the tag; one (with the baseline: 2 medians, MIN_HISTORY is 3)
+    # measures no spread, so the busy machine's allowance and the short-run note stand as without it (two clean
+    # 300-step CPU runs and one other run of the tag in the store read IMPROVEMENT -42%, with no note)
+    base, busy = samples("base", wait=0.3), samples("c", scale=1.12, wait=0.3)
+    one = [samples("h0")]
+    assert verdicts(fast(busy, base, history=one))["iteration time"] == INCONCLUSIVE
+    short = fast(samples("c", scale=1.12, wait=0.0), samples("base", wait=0.0), history=one)
+    assert verdicts(short)["iteration time"] == REGRESSION
+    assert [n for n in short.notes if n.startswith("the shorter run trained 40 s")]
+    assert not [n for n in short.notes if "between-run spread" in n]
+    # three earlier runs do measure it: then the spread, not the busy machine, sets the effect needed
+    measured = fast(busy, base, history=[samples(f"h{i}", scale=s) for i, s in enumerate((0.99, 1.0, 1.01))])
+    assert verdicts(measured)["iteration time"] == REGRESSION
+    assert not [n for n in measured.notes if "one draw" in n]
+
+
 def test_checkpoint_saves_per_rank_phases_and_goodput_are_compared() -> None:
     base = samples("base", ranks=4, saves=[0.20, 0.21, 0.19, 0.20], goodput=0.90)
     cand = samples("cand", ranks=4, saves=[0.95, 1.0, 0.98, 0.97], rank_phase={(2, "forward"): 1.6}, goodput=0.80)
