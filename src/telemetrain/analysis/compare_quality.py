@@ -220,35 +220,57 @@ def compare_quality(candidate: RunSamples, baseline: RunSamples, loss: str | Non
 
 def quality_lines(q: QualityComparison | None, speed: str = "") -> list[str]:
     """The text form: the sentence, with the speed change first (``speed``: e.g. 'is 12.0% slower'), and a compact
-    overlay (each run's smoothed curve as a sparkline, both on one scale)."""
+    overlay (each run's smoothed curve as a sparkline, both on one scale of values and one of steps)."""
     if q is None:
         return []
     lines = ["  quality: " + q.sentence("the candidate" + (f" {speed} and" if speed else ""))]
     for title, b, c in q.overlays:
-        values = [smooth([p.mean for p in line.points], smoothing_window(len(line.points))) for line in
-                  (b.lines[0], c.lines[0])]
-        base, cand = _shared_scale(values)
+        series = []
+        for line in (b.lines[0], c.lines[0]):
+            pts = [p for p in line.points if p.n]
+            series.append(list(zip([p.x for p in pts],
+                                   smooth([p.mean for p in pts], smoothing_window(len(pts))), strict=True)))
+        base, cand = _shared_scale(series)
         lines.append(f"  {title}: baseline  {base}")
         lines.append(f"  {' ' * len(title)}  candidate {cand}")
     return lines
 
 
-def _shared_scale(series: Sequence[Sequence[float]], width: int = 40) -> list[str]:
-    """Each series as a sparkline, all on one scale."""
+def _shared_scale(series: Sequence[Sequence[tuple[float, float]]], width: int = 40) -> list[str]:
+    """Each series of (x, value) as a sparkline, all on one scale of values and one of x: a run that stopped at a
+    third of the other's steps (a crash) fills a third of the cells, not all of them (stretched, the same curve would
+    read as another). A cell holds the mean of the values whose x falls in it; one with none inside the series' own
+    range repeats the cell before (sparse points); past its range it is blank."""
     from .tail_progress import BLOCKS
 
-    finite = [v for s in series for v in s if math.isfinite(v)]
-    if not finite:
+    finite = [v for s in series for _, v in s if math.isfinite(v)]
+    xs = [x for s in series for x, _ in s]
+    if not finite or not xs:
         return ["" for _ in series]
     lo, hi = min(finite), max(finite)
+    x_lo, x_hi = min(xs), max(xs)
+    cells_n = max(1, min(width, max(len(s) for s in series)))
+    step = (x_hi - x_lo) / cells_n or 1.0
     top = len(BLOCKS) - 1
     out = []
+
+    def cell_of(x: float) -> int:
+        return min(int((x - x_lo) / step), cells_n - 1)
+
     for s in series:
-        n = len(s)
-        cells = []
-        for i in range(min(width, n)):
-            share = [v for v in s[i * n // min(width, n):(i + 1) * n // min(width, n)] if math.isfinite(v)]
-            cells.append("!" if not share else BLOCKS[0 if hi == lo else
-                                                    round((sum(share) / len(share) - lo) / (hi - lo) * top)])
-        out.append("".join(cells))
+        cells: list[list[float]] = [[] for _ in range(cells_n)]
+        for x, v in s:
+            cells[cell_of(x)].append(v)
+        text, prev = [], " "
+        for i, cell in enumerate(cells):
+            if not s or not cell_of(s[0][0]) <= i <= cell_of(s[-1][0]):
+                text.append(" ")
+                continue
+            share = [v for v in cell if math.isfinite(v)]
+            if share:
+                prev = BLOCKS[0 if hi == lo else round((sum(share) / len(share) - lo) / (hi - lo) * top)]
+            elif cell:
+                prev = "!"  # only NaN/inf here
+            text.append(prev)
+        out.append("".join(text).rstrip())
     return out
