@@ -470,6 +470,12 @@ def compare_runs(candidates: RunSamples | Run | str | Path | Iterable[RunSamples
             raise ConfigMismatch(message + ": these are different workloads")
         notes.append(message + "; compared anyway (forced)")
     earlier = [comparison_samples(h, curves=False) for h in history]
+    other = [h for h in earlier if differences(h.workload, base.workload)]
+    if other:  # their medians would measure the workloads' difference as noise, and hide real changes
+        earlier = [h for h in earlier if not differences(h.workload, base.workload)]
+        notes.append(f"history: left out {len(other)} run(s) of another workload than the baseline's: "
+                     + ", ".join(f"{h.run_id} ({', '.join(differences(h.workload, base.workload))})"
+                                 for h in other[:4]) + (" ..." if len(other) > 4 else ""))
     if goodput:
         for run in (base, *cands):
             if run.goodput is None:
