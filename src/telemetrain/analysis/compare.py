@@ -43,7 +43,14 @@ from .compare_model import ONE_VALUE as ONE_VALUE
 from .compare_model import REGRESSION as REGRESSION
 from .compare_model import CandidateComparison, Comparison, MetricComparison, RunRef
 from .findings.fmt import ranges
-from .findings.noise import BUSY_RESIDUAL, Contention, explained_factor, history_min_effect, steal_factor
+from .findings.noise import (
+    BUSY_RESIDUAL,
+    SATURATED_WAIT,
+    Contention,
+    explained_factor,
+    history_min_effect,
+    steal_factor,
+)
 from .findings.stats import min_rank_sum_p, rank_sum_p
 from .samples import OTHER, PHASES, RunSamples, read_samples, run_samples, with_goodput
 
@@ -217,6 +224,11 @@ class _Noise:
         if not m.significant or what.metric == "goodput":
             return m
         slower = m.verdict == REGRESSION  # the candidate is the slower run (else the baseline is)
+        busier = self.contention[0] if slower else self.contention[1]
+        if busier.wait_fraction is not None and busier.wait_fraction > SATURATED_WAIT:
+            return dataclasses.replace(m, verdict=INCONCLUSIVE, note=(
+                f"the {'candidate' if slower else 'baseline'} got less than half the CPU it asked for "
+                f"({busier.describe()}): its times say little of its code"))
         if self.busy_free and what.windowed:
             net = _compare_series(series(self.candidate, True), series(self.baseline, True), what, settings)
             if net.verdict != m.verdict:
@@ -226,7 +238,6 @@ class _Noise:
             m_net = net
         else:
             m_net = m
-        busier = self.contention[0] if slower else self.contention[1]
         # with the CPU waits known the net series above took the factor out: a wait ratio a hair off 1 (2% against
         # 3%) says nothing of a busy machine, so only the busier run's own signals (or the steal) grant the allowance
         explained = self.factor != 1.0 and not self.busy_free
