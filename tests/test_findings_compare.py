@@ -164,6 +164,23 @@ def test_earlier_runs_set_the_effect_a_change_needs() -> None:
     assert verdicts(big)["iteration time"] == REGRESSION
 
 
+def test_one_earlier_run_measures_no_spread_and_changes_nothing() -> None:
+    # the command reads up to --history earlier runs of the tag; one (with the baseline: 2 medians, MIN_HISTORY is 3)
+    # measures no spread, so the busy machine's allowance and the short-run note stand as without it (two clean
+    # 300-step CPU runs and one other run of the tag in the store read IMPROVEMENT -42%, with no note)
+    base, busy = samples("base", wait=0.3), samples("c", scale=1.12, wait=0.3)
+    one = [samples("h0")]
+    assert verdicts(fast(busy, base, history=one))["iteration time"] == INCONCLUSIVE
+    short = fast(samples("c", scale=1.12, wait=0.0), samples("base", wait=0.0), history=one)
+    assert verdicts(short)["iteration time"] == REGRESSION
+    assert [n for n in short.notes if n.startswith("the shorter run trained 40 s")]
+    assert not [n for n in short.notes if "between-run spread" in n]
+    # three earlier runs do measure it: then the spread, not the busy machine, sets the effect needed
+    measured = fast(busy, base, history=[samples(f"h{i}", scale=s) for i, s in enumerate((0.99, 1.0, 1.01))])
+    assert verdicts(measured)["iteration time"] == REGRESSION
+    assert not [n for n in measured.notes if "one draw" in n]
+
+
 def test_checkpoint_saves_per_rank_phases_and_goodput_are_compared() -> None:
     base = samples("base", ranks=4, saves=[0.20, 0.21, 0.19, 0.20], goodput=0.90)
     cand = samples("cand", ranks=4, saves=[0.95, 1.0, 0.98, 0.97], rank_phase={(2, "forward"): 1.6}, goodput=0.80)
@@ -281,3 +298,18 @@ def test_without_a_marked_run_the_newest_other_run_is_the_baseline(tmp_path: Pat
     assert f"baseline: {older} (newest other run; none is marked is_baseline_run" in capsys.readouterr().err
     assert cli.main(["compare", str(newest), "--history", "-1"]) == 2
     assert "--history must be >= 0" in capsys.readouterr().err
+
+
+def test_a_run_that_got_less_than_half_its_cpu_is_inconclusive_however_slow() -> None:
+    # a clean CPU torch run still being written while other jobs held the 2-core VM: windows at 77-89% CPU wait ran
+    # 40x slower than the same job's quiet baseline, where the wait explains 4-5x: read as 5 regressions
+    base = samples("base", wait=0.03)
+    saturated = samples("c", scale=40 * 0.2, wait=0.8)  # 1/(1 - 0.8) = 5x of it from the wait, 8x beyond
+    c = fast(saturated, base)
+    (m,) = [m for m in c.metrics if m.label == "iteration time"]
+    assert m.verdict == INCONCLUSIVE and not c.regressions
+    assert m.note.startswith("the candidate got less than half the CPU it asked for (waited for a CPU 80% of")
+    back = fast(base, saturated)  # the baseline the saturated one: no improvement either
+    assert not back.improvements and verdicts(back)["iteration time"] == INCONCLUSIVE
+    # half of it and less keeps the net re-test: a change far beyond what the wait explains is still a regression
+    assert verdicts(fast(samples("c", scale=2.5, wait=0.5), base))["iteration time"] == REGRESSION

@@ -250,12 +250,27 @@ def _same_tag(tag: str, root: Path, exclude: set[Path]) -> list[Path]:
             if p.resolve() not in exclude and _perf_tag_of(p) == tag and _has_workers(p)]
 
 
-def _find_baselines(tag: str, root: Path, exclude: set[Path], count: int) -> list[tuple[Path, str]]:
-    """The ``count`` newest runs with the tag, those marked ``is_baseline_run`` first (newest first), then the
-    others (newest first); and how each was chosen."""
+def _workload_of(run: Path) -> dict[str, Any]:
+    workload = open_run_meta(run).get("workload")
+    return workload if isinstance(workload, dict) else {}
+
+
+def _same_workload(runs: list[Path], like: Path) -> list[Path]:
+    """Those of ``runs`` whose recorded workload (run.json) does not differ from ``like``'s: one perf_tag may cover a
+    sweep of batch sizes, and a run of another workload is neither a baseline nor a measure of the noise."""
+    from ..training.workload import differences
+
+    mine = _workload_of(like)
+    return [p for p in runs if not differences(_workload_of(p), mine)]
+
+
+def _find_baselines(tag: str, root: Path, exclude: set[Path], count: int, like: Path) -> list[tuple[Path, str]]:
+    """The ``count`` newest runs with the tag (of ``like``'s workload when any is), those marked
+    ``is_baseline_run`` first (newest first), then the others (newest first); and how each was chosen."""
     runs = _same_tag(tag, root, exclude)
     if not runs:
         raise CLIError(f"no other run with perf_tag {tag!r} under {root} to compare with (pass --baseline RUN_DIR)")
+    runs = _same_workload(runs, like) or runs  # (none alike: the comparison refuses, and says how they differ)
     marked = [p for p in runs if _is_baseline(p)]
     if count == 1:
         if marked:
@@ -287,7 +302,7 @@ def _baselines(args: argparse.Namespace, candidates: list[Path], err: TextIO) ->
     tag = args.perf_tag if args.perf_tag is not None else _perf_tag_of(candidates[0])
     root = Path(args.root) if args.root is not None else candidates[0].resolve().parent.parent
     count = args.baselines or 1
-    found = _find_baselines(tag, root, exclude, count)
+    found = _find_baselines(tag, root, exclude, count, candidates[0])
     for baseline, how in found:
         print(printable(f"baseline: {baseline} ({how}, perf_tag {tag!r}, under {root})"), file=err)
     if len(found) < count:
@@ -321,7 +336,7 @@ def _cmd_compare(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         tag = _perf_tag_of(baselines[0])
         root = Path(args.root) if args.root is not None else baselines[0].resolve().parent.parent
         if root.is_dir():
-            history = _same_tag(tag, root, exclude)[:args.history]
+            history = _same_workload(_same_tag(tag, root, exclude), baselines[0])[:args.history]
     # each run once, whatever it is compared with; of the user's curves only those the quality comparison reads
     loaded = _load_all([*candidates, *baselines], err, quality_series(args.loss), goodput=not args.no_goodput)
     if args.loss and all(pick_loss(run.curves.names(), args.loss) is None for run in loaded):

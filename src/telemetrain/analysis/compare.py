@@ -43,7 +43,14 @@ from .compare_model import ONE_VALUE as ONE_VALUE
 from .compare_model import REGRESSION as REGRESSION
 from .compare_model import CandidateComparison, Comparison, MetricComparison, RunRef
 from .findings.fmt import ranges
-from .findings.noise import BUSY_RESIDUAL, Contention, explained_factor, history_min_effect, steal_factor
+from .findings.noise import (
+    BUSY_RESIDUAL,
+    SATURATED_WAIT,
+    Contention,
+    explained_factor,
+    history_min_effect,
+    steal_factor,
+)
 from .findings.stats import min_rank_sum_p, rank_sum_p
 from .samples import OTHER, PHASES, RunSamples, read_samples, run_samples, with_goodput
 
@@ -190,6 +197,9 @@ class _Noise:
         self.steal, why = steal_factor(*self.contention)
         self.reason = "; ".join(r for r in (self.reason, why) if r)
         self.widened: list[str] = []
+        # the metrics whose between-run spread the history measured (it needs MIN_HISTORY run medians: one or two
+        # earlier runs measure nothing, and must not switch off the busy-machine allowance and the notes)
+        self.measured: set[str] = set()
 
     def settings_for(self, what: _Metric, series: _Series) -> _Settings:
         """The settings with ``min_effect`` raised to the between-run spread of the history, where it is larger."""
@@ -197,7 +207,10 @@ class _Noise:
             return self.settings
         medians = [_median(v) for v in (series(run, False) for run in (*self.history, self.baseline)) if v]
         spread = history_min_effect(medians, self.settings.confidence)
-        if spread is None or spread <= self.settings.min_effect:
+        if spread is None:
+            return self.settings
+        self.measured.add(what.label)
+        if spread <= self.settings.min_effect:
             return self.settings
         spread = min(spread, 0.99)
         self.widened.append(f"{what.label} +/-{spread:.0%}")
@@ -211,6 +224,11 @@ class _Noise:
         if not m.significant or what.metric == "goodput":
             return m
         slower = m.verdict == REGRESSION  # the candidate is the slower run (else the baseline is)
+        busier = self.contention[0] if slower else self.contention[1]
+        if busier.wait_fraction is not None and busier.wait_fraction > SATURATED_WAIT:
+            return dataclasses.replace(m, verdict=INCONCLUSIVE, note=(
+                f"the {'candidate' if slower else 'baseline'} got less than half the CPU it asked for "
+                f"({busier.describe()}): its times say little of its code"))
         if self.busy_free and what.windowed:
             net = _compare_series(series(self.candidate, True), series(self.baseline, True), what, settings)
             if net.verdict != m.verdict:
@@ -220,11 +238,10 @@ class _Noise:
             m_net = net
         else:
             m_net = m
-        busier = self.contention[0] if slower else self.contention[1]
         # with the CPU waits known the net series above took the factor out: a wait ratio a hair off 1 (2% against
         # 3%) says nothing of a busy machine, so only the busier run's own signals (or the steal) grant the allowance
         explained = self.factor != 1.0 and not self.busy_free
-        if self.history or not (busier.busy or explained or self.steal != 1.0):
+        if what.label in self.measured or not (busier.busy or explained or self.steal != 1.0):
             return m
         factor = (self.factor if not self.busy_free else 1.0) * self.steal
         factor = factor if slower else 1 / factor
@@ -375,7 +392,7 @@ def compare_samples(candidate: RunSamples, baseline: RunSamples, *, confidence: 
     c_busy, b_busy = noise.contention
     if any(m.verdict == INCONCLUSIVE for m in metrics) or noise.factor >= 1 + min_effect:
         notes.append(f"machine: candidate {c_busy.describe()}; baseline {b_busy.describe()}")
-    elif not noise.busy_free and not noise.reason and not history:
+    elif not noise.busy_free and not noise.reason and not noise.measured:
         notes.append("no contention signal (CPU wait per window, or the system sampler) and no earlier runs: a busy "
                      "machine cannot be told from a regression; the interval covers windows within each run only")
     for role, run in (("candidate", candidate), ("baseline", baseline)):
@@ -390,7 +407,7 @@ def compare_samples(candidate: RunSamples, baseline: RunSamples, *, confidence: 
             notes.append(f"{role} {run.run_id}: only {n} report windows; "
                          + ("too few for a test against the other run's" if untested else "the interval is coarse"))
     shorter = min(_training_seconds(candidate), _training_seconds(baseline))
-    if not history and shorter < SHORT_RUN_S and any(m.significant for m in metrics):
+    if not noise.measured and shorter < SHORT_RUN_S and any(m.significant for m in metrics):
         notes.append(f"the shorter run trained {shorter:.2g} s: a run that short is one draw of the machine's state "
                      "(in a VM another tenant on the same physical core shows nowhere: two clean 2 s runs on a CI VM "
                      "differed 10.6%); compare a second candidate, or against earlier runs of the perf_tag (--history)")
@@ -464,6 +481,12 @@ def compare_runs(candidates: RunSamples | Run | str | Path | Iterable[RunSamples
             raise ConfigMismatch(message + ": these are different workloads")
         notes.append(message + "; compared anyway (forced)")
     earlier = [comparison_samples(h, curves=False) for h in history]
+    other = [h for h in earlier if differences(h.workload, base.workload)]
+    if other:  # their medians would measure the workloads' difference as noise, and hide real changes
+        earlier = [h for h in earlier if not differences(h.workload, base.workload)]
+        notes.append(f"history: left out {len(other)} run(s) of another workload than the baseline's: "
+                     + ", ".join(f"{h.run_id} ({', '.join(differences(h.workload, base.workload))})"
+                                 for h in other[:4]) + (" ..." if len(other) > 4 else ""))
     if goodput:
         for run in (base, *cands):
             if run.goodput is None:

@@ -14,6 +14,9 @@ ranks' median, smoothed by the same centered rolling median as the report's char
   at the first bucket whose smoothed value is at or below it (at or above for a higher-is-better metric:
   accuracy). "Does not reach" when no bucket does; the time is that bucket's last wall time, seconds since the
   run's start.
+- **Diverged**: a run whose loss is NaN/inf from some step to its end (every value of its last buckets) diverged: the
+  verdict is *worse* when only the candidate did (*better* when only the baseline did), whatever the finite steps
+  before said, and the sentence names the step. NaN/inf are data: a run that blew up must not read "within the noise".
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ class QualityComparison:
     baseline_reach_seconds: float | None  # when the baseline itself first reached its final level
     baseline_reach_step: float | None = None  # where it did: a noisy loss dips to its final level long before its end
     overlays: tuple[tuple[str, Curve, Curve], ...] = ()  # (title, baseline, candidate) to draw over each other
+    candidate_diverged: float | None = None  # the step from which its values are all NaN/inf to its end
+    baseline_diverged: float | None = None
 
     @property
     def change(self) -> float:
@@ -80,7 +85,11 @@ class QualityComparison:
             reach = f"reaches the baseline's final {self.metric} ({self.target:.4g}) at {where} (baseline: {own_where})"
             if self.reach_seconds is not None and self.baseline_reach_seconds is not None:
                 reach += f", {self.reach_seconds:.3g} s in (baseline: {self.baseline_reach_seconds:.3g} s)"
-        return f"{candidate} {reach}; {level}"
+        diverged = [f"the {role}'s {self.metric} is NaN/inf from {'step ' if self.step is not None else ''}"
+                    f"{x:,.0f}{'' if self.step is not None else ' s'} to its end (diverged)"
+                    for role, x in (("candidate", self.candidate_diverged), ("baseline", self.baseline_diverged))
+                    if x is not None]
+        return f"{candidate} {reach}; {level}" + "".join(f"; {d}" for d in diverged)
 
     def as_dict(self) -> dict[str, Any]:
         def f(v: float | None) -> float | None:
@@ -90,7 +99,8 @@ class QualityComparison:
                 "baseline_value": f(self.baseline_value), "candidate_value": f(self.candidate_value),
                 "change": f(self.change), "noise": f(self.noise), "verdict": self.verdict, "target": f(self.target),
                 "baseline_final_step": f(self.baseline_final_step), "baseline_reach_step": f(self.baseline_reach_step),
-                "reach_step": f(self.reach_step),
+                "reach_step": f(self.reach_step), "candidate_diverged": f(self.candidate_diverged),
+                "baseline_diverged": f(self.baseline_diverged),
                 "reach_seconds": f(self.reach_seconds), "baseline_reach_seconds": f(self.baseline_reach_seconds),
                 "overlaid": [title for title, _, _ in self.overlays]}
 
@@ -123,6 +133,18 @@ def _detrended(xs: Sequence[float], ys: Sequence[float]) -> list[float]:
     sxx = sum((x - mx) ** 2 for x in xs)
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else 0.0
     return [y - (my + slope * (x - mx)) for x, y in zip(xs, ys, strict=True)]
+
+
+def _diverged(line: CurveLine) -> float | None:
+    """The x of the first NaN/inf of the line's trailing buckets that hold nothing else, or of the bucket before them
+    when it holds some (the divergence began within it); None when the line ends finite."""
+    pts = line.points
+    i = len(pts)
+    while i and not pts[i - 1].n and pts[i - 1].bad:
+        i -= 1
+    if i == len(pts):
+        return None
+    return pts[i - 1].bad_x if i and pts[i - 1].bad else pts[i].bad_x
 
 
 def _reach(line: CurveLine, target: float, higher: bool) -> tuple[float, float] | None:
@@ -199,6 +221,9 @@ def compare_quality(candidate: RunSamples, baseline: RunSamples, loss: str | Non
         verdict = SAME
     else:
         verdict = BETTER if (diff > 0) == higher else WORSE
+    c_diverged, b_diverged = _diverged(cl), _diverged(bl)
+    if (c_diverged is None) != (b_diverged is None):
+        verdict = WORSE if c_diverged is not None else BETTER
     target = b_final[0]
     reach = _reach(cl, target, higher)
     own = _reach(bl, target, higher)
@@ -215,40 +240,63 @@ def compare_quality(candidate: RunSamples, baseline: RunSamples, loss: str | Non
         baseline_final_step=max(bx), reach_step=reach[0] if reach else None,
         reach_seconds=reach[1] if reach and math.isfinite(reach[1]) else None,
         baseline_reach_seconds=own[1] if own and math.isfinite(own[1]) else None,
-        baseline_reach_step=own[0] if own else None, overlays=tuple(overlays))
+        baseline_reach_step=own[0] if own else None, overlays=tuple(overlays), candidate_diverged=c_diverged,
+        baseline_diverged=b_diverged)
 
 
 def quality_lines(q: QualityComparison | None, speed: str = "") -> list[str]:
     """The text form: the sentence, with the speed change first (``speed``: e.g. 'is 12.0% slower'), and a compact
-    overlay (each run's smoothed curve as a sparkline, both on one scale)."""
+    overlay (each run's smoothed curve as a sparkline, both on one scale of values and one of steps)."""
     if q is None:
         return []
     lines = ["  quality: " + q.sentence("the candidate" + (f" {speed} and" if speed else ""))]
     for title, b, c in q.overlays:
-        values = [smooth([p.mean for p in line.points], smoothing_window(len(line.points))) for line in
-                  (b.lines[0], c.lines[0])]
-        base, cand = _shared_scale(values)
+        series = []
+        for line in (b.lines[0], c.lines[0]):
+            pts = [p for p in line.points if p.n]
+            series.append(list(zip([p.x for p in pts],
+                                   smooth([p.mean for p in pts], smoothing_window(len(pts))), strict=True)))
+        base, cand = _shared_scale(series)
         lines.append(f"  {title}: baseline  {base}")
         lines.append(f"  {' ' * len(title)}  candidate {cand}")
     return lines
 
 
-def _shared_scale(series: Sequence[Sequence[float]], width: int = 40) -> list[str]:
-    """Each series as a sparkline, all on one scale."""
+def _shared_scale(series: Sequence[Sequence[tuple[float, float]]], width: int = 40) -> list[str]:
+    """Each series of (x, value) as a sparkline, all on one scale of values and one of x: a run that stopped at a
+    third of the other's steps (a crash) fills a third of the cells, not all of them (stretched, the same curve would
+    read as another). A cell holds the mean of the values whose x falls in it; one with none inside the series' own
+    range repeats the cell before (sparse points); past its range it is blank."""
     from .tail_progress import BLOCKS
 
-    finite = [v for s in series for v in s if math.isfinite(v)]
-    if not finite:
+    finite = [v for s in series for _, v in s if math.isfinite(v)]
+    xs = [x for s in series for x, _ in s]
+    if not finite or not xs:
         return ["" for _ in series]
     lo, hi = min(finite), max(finite)
+    x_lo, x_hi = min(xs), max(xs)
+    cells_n = max(1, min(width, max(len(s) for s in series)))
+    step = (x_hi - x_lo) / cells_n or 1.0
     top = len(BLOCKS) - 1
     out = []
+
+    def cell_of(x: float) -> int:
+        return min(int((x - x_lo) / step), cells_n - 1)
+
     for s in series:
-        n = len(s)
-        cells = []
-        for i in range(min(width, n)):
-            share = [v for v in s[i * n // min(width, n):(i + 1) * n // min(width, n)] if math.isfinite(v)]
-            cells.append("!" if not share else BLOCKS[0 if hi == lo else
-                                                    round((sum(share) / len(share) - lo) / (hi - lo) * top)])
-        out.append("".join(cells))
+        cells: list[list[float]] = [[] for _ in range(cells_n)]
+        for x, v in s:
+            cells[cell_of(x)].append(v)
+        text, prev = [], " "
+        for i, cell in enumerate(cells):
+            if not s or not cell_of(s[0][0]) <= i <= cell_of(s[-1][0]):
+                text.append(" ")
+                continue
+            share = [v for v in cell if math.isfinite(v)]
+            if share:
+                prev = BLOCKS[0 if hi == lo else round((sum(share) / len(share) - lo) / (hi - lo) * top)]
+            elif cell:
+                prev = "!"  # only NaN/inf here
+            text.append(prev)
+        out.append("".join(text).rstrip())
     return out

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from .stats import MAD_TO_SD, mad, normal_quantile
 
-__all__ = ["BUSY_HOST", "BUSY_RESIDUAL", "BUSY_STEAL", "BUSY_WAIT", "Contention", "explained_factor",
+__all__ = ["BUSY_HOST", "BUSY_RESIDUAL", "BUSY_STEAL", "BUSY_WAIT", "SATURATED_WAIT", "Contention", "explained_factor",
            "history_min_effect", "steal_factor"]
 
 BUSY_HOST = 0.9  # host CPU utilisation from which a lower process CPU share is taken as contention
@@ -44,6 +44,11 @@ BUSY_STEAL = 0.05  # ... or whose guest lost this share of its busy CPU time to 
 # between two clean runs by up to BUSY_RESIDUAL. Without earlier runs to measure the spread, a change within it on
 # a busy machine is inconclusive.
 BUSY_RESIDUAL = 0.6
+# A run whose threads waited for a CPU more than this share of their runnable time got less than half the CPU it
+# asked for, and its times say little of its code: threads that meet at barriers (an intra-op pool, a collective) stall
+# on the one descheduled, far beyond 1/(1 - wait). Measured on the loaded 2-core VM, clean CPU torch runs: windows
+# at 45-80% wait ran 7-40x slower than the same job's quiet windows, where 1/(1 - wait) explains 2-5x.
+SATURATED_WAIT = 0.5
 MIN_HISTORY = 3  # run medians needed for a between-run spread
 
 
