@@ -362,6 +362,31 @@ dist.destroy_process_group()
     assert [k[1] for k in kinds] == [32, 32, 32, 32, 0] and {k[2] for k in kinds} == {"done"}
 
 
+def test_explicit_collectives_count_the_bytes_of_tensors_passed_by_name() -> None:
+    code = """
+import json, warnings, torch, torch.distributed as dist, telemetrain
+from telemetrain.distributed import collectives
+from telemetrain.distributed.comm import comm_monitor
+warnings.simplefilter("ignore", FutureWarning)
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+t = telemetrain.Telemetry(store=False)
+c = collectives.using(t)
+x = torch.ones(8)
+c.all_reduce(tensor=x)
+c.broadcast(tensor=x, src=0)
+c.all_gather_into_tensor(output_tensor=torch.empty(8), input_tensor=x)
+c.reduce_scatter_tensor(output=torch.empty(8), input=x)
+c.all_gather(tensor_list=[torch.empty(8)], tensor=x)
+print(json.dumps([(o.kind, o.nbytes) for o in comm_monitor(t)._ops]))
+dist.destroy_process_group()
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    ops = json.loads(out.stdout.strip().splitlines()[-1])
+    assert [k[0] for k in ops] == ["all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor",
+                                   "all_gather"]
+    assert [k[1] for k in ops] == [32] * 5
+
+
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(),
                     reason="needs a CUDA device: collectives on GPU tensors (NCCL) are timed with CUDA events")
 def test_cuda_tensors_are_device_timed_with_events() -> None:  # pragma: no cover - no GPU on the CI machines

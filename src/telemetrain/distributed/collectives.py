@@ -34,8 +34,11 @@ __all__ = [
 ]
 
 
-def _timed(name: str, payload: int | None, other: int | None) -> Callable[..., Any]:
-    """A method calling ``torch.distributed.<name>`` timed; ``payload``/``other``: positions of its tensors."""
+_Arg = tuple[int, str] | None  # a tensor argument of a torch.distributed function: its position and its name
+
+
+def _timed(name: str, payload: _Arg, other: _Arg) -> Callable[..., Any]:
+    """A method calling ``torch.distributed.<name>`` timed; ``payload``/``other``: where its tensors are."""
 
     def call(self: _Collectives, *args: Any, **kwargs: Any) -> Any:
         return self._call(name, payload, other, *args, **kwargs)
@@ -51,26 +54,33 @@ class _Collectives:
     def __init__(self, monitor: CommMonitor | None) -> None:
         self._monitor = monitor
 
-    def _call(self, name: str, payload_arg: int | None, other_arg: int | None, *args: Any, **kwargs: Any) -> Any:
+    def _call(self, name: str, payload_arg: _Arg, other_arg: _Arg, *args: Any, **kwargs: Any) -> Any:
         import torch.distributed as dist
 
         fn: Callable[..., Any] = getattr(dist, name)
-        payload = args[payload_arg] if payload_arg is not None and len(args) > payload_arg else None
-        other = args[other_arg] if other_arg is not None and len(args) > other_arg else None
+        payload, other = _argument(payload_arg, args, kwargs), _argument(other_arg, args, kwargs)
         monitor = self._monitor if self._monitor is not None else comm_monitor()
         return _launch(monitor, name, payload, other, functools.partial(fn, *args, **kwargs))
 
-    # (the tensor arguments' positions follow torch.distributed's signatures: the payload, then the other side)
-    all_reduce = _timed("all_reduce", 0, None)
-    reduce = _timed("reduce", 0, None)
-    broadcast = _timed("broadcast", 0, None)
-    all_gather = _timed("all_gather", 0, 1)
-    all_gather_into_tensor = _timed("all_gather_into_tensor", 0, 1)
-    reduce_scatter = _timed("reduce_scatter", 1, 0)
-    reduce_scatter_tensor = _timed("reduce_scatter_tensor", 1, 0)
-    all_to_all = _timed("all_to_all", 1, 0)
-    all_to_all_single = _timed("all_to_all_single", 1, 0)
+    # (the tensor arguments follow torch.distributed's signatures, passed by position or by name: the payload, then
+    # the other side)
+    all_reduce = _timed("all_reduce", (0, "tensor"), None)
+    reduce = _timed("reduce", (0, "tensor"), None)
+    broadcast = _timed("broadcast", (0, "tensor"), None)
+    all_gather = _timed("all_gather", (0, "tensor_list"), (1, "tensor"))
+    all_gather_into_tensor = _timed("all_gather_into_tensor", (0, "output_tensor"), (1, "input_tensor"))
+    reduce_scatter = _timed("reduce_scatter", (1, "input_list"), (0, "output"))
+    reduce_scatter_tensor = _timed("reduce_scatter_tensor", (1, "input"), (0, "output"))
+    all_to_all = _timed("all_to_all", (1, "input_tensor_list"), (0, "output_tensor_list"))
+    all_to_all_single = _timed("all_to_all_single", (1, "input"), (0, "output"))
     barrier = _timed("barrier", None, None)
+
+
+def _argument(where: _Arg, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if where is None:
+        return None
+    position, name = where
+    return args[position] if len(args) > position else kwargs.get(name)
 
 
 _default = _Collectives(None)
