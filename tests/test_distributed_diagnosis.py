@@ -387,6 +387,55 @@ dist.destroy_process_group()
     assert [k[1] for k in ops] == [32] * 5
 
 
+_P2P_WORKER = """
+import json, sys, torch, torch.distributed as dist, torch.multiprocessing as mp, telemetrain
+from telemetrain.distributed import collectives
+from telemetrain.distributed.comm import comm_monitor
+
+def main(rank, folder):
+    dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank, world_size=2)
+    t = telemetrain.Telemetry(store=False)
+    c = collectives.using(t)
+    x = torch.ones(4)
+    if rank == 0:
+        c.send(x, 1)
+        c.isend(tensor=x, dst=1).wait()
+        sender = None
+    else:
+        sender = c.recv(torch.empty(4), 0)
+        c.irecv(torch.empty(4), src=0).wait()
+    c.gather(x, [torch.empty(4), torch.empty(4)] if rank == 0 else None, dst=0)
+    c.scatter(torch.empty(4), [x, x] if rank == 0 else None, src=0)
+    c.all_gather_single(torch.empty(8), x)
+    c.reduce_scatter_single(torch.empty(2), x)
+    sub = dist.new_group([0, 1])
+    c.all_reduce(x, group=sub, async_op=True).wait()
+    ops = [(o.kind, o.nbytes, o.state) for o in comm_monitor(t)._ops]
+    with open(f"{folder}/rank{rank}.json", "w") as f:
+        json.dump({"ops": ops, "sender": sender}, f)
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.spawn(main, args=(sys.argv[1],), nprocs=2)
+"""
+
+
+def test_point_to_point_rooted_and_subgroup_collectives_are_timed_between_two_gloo_ranks(tmp_path: Path) -> None:
+    script = tmp_path / "p2p.py"
+    script.write_text(_P2P_WORKER)
+    subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=120,
+                   check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    zero, one = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert one["sender"] == 0  # recv still returns torch's value
+    kinds = ["gather", "scatter", "all_gather_single", "reduce_scatter_single", "all_reduce"]
+    assert [o[0] for o in zero["ops"]] == ["send", "isend", *kinds]
+    assert [o[0] for o in one["ops"]] == ["recv", "irecv", *kinds]
+    # payload bytes: the tensor sent or received; gather/scatter on the root count its list (2 x 16)
+    assert [o[1] for o in zero["ops"]] == [16, 16, 32, 32, 32, 16, 16]
+    assert [o[1] for o in one["ops"]] == [16, 16, 16, 16, 32, 16, 16]
+    assert {o[2] for o in zero["ops"] + one["ops"]} == {"done"}
+
+
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(),
                     reason="needs a CUDA device: collectives on GPU tensors (NCCL) are timed with CUDA events")
 def test_cuda_tensors_are_device_timed_with_events() -> None:  # pragma: no cover - no GPU on the CI machines

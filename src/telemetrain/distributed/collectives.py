@@ -22,14 +22,22 @@ from .comm import CommMonitor, _launch, comm_monitor
 __all__ = [
     "all_gather",
     "all_gather_into_tensor",
+    "all_gather_single",
     "all_reduce",
     "all_to_all",
     "all_to_all_single",
     "barrier",
     "broadcast",
+    "gather",
+    "irecv",
+    "isend",
+    "recv",
     "reduce",
     "reduce_scatter",
+    "reduce_scatter_single",
     "reduce_scatter_tensor",
+    "scatter",
+    "send",
     "using",
 ]
 
@@ -74,6 +82,16 @@ class _Collectives:
     all_to_all = _timed("all_to_all", (1, "input_tensor_list"), (0, "output_tensor_list"))
     all_to_all_single = _timed("all_to_all_single", (1, "input"), (0, "output"))
     barrier = _timed("barrier", None, None)
+    # torch 2.13's names for the two above (which it deprecates), the rooted ones, and point-to-point: a pipeline's
+    # send/recv (``isend``/``irecv``: until the work completes; ``recv`` returns the sender's rank, as torch's)
+    all_gather_single = _timed("all_gather_single", (0, "output_tensor"), (1, "input_tensor"))
+    reduce_scatter_single = _timed("reduce_scatter_single", (1, "input"), (0, "output"))
+    gather = _timed("gather", (0, "tensor"), (1, "gather_list"))
+    scatter = _timed("scatter", (0, "tensor"), (1, "scatter_list"))
+    send = _timed("send", (0, "tensor"), None)
+    recv = _timed("recv", (0, "tensor"), None)
+    isend = _timed("isend", (0, "tensor"), None)
+    irecv = _timed("irecv", (0, "tensor"), None)
 
 
 def _argument(where: _Arg, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -94,6 +112,14 @@ reduce_scatter_tensor = _default.reduce_scatter_tensor
 all_to_all = _default.all_to_all
 all_to_all_single = _default.all_to_all_single
 barrier = _default.barrier
+all_gather_single = _default.all_gather_single
+reduce_scatter_single = _default.reduce_scatter_single
+gather = _default.gather
+scatter = _default.scatter
+send = _default.send
+recv = _default.recv
+isend = _default.isend
+irecv = _default.irecv
 
 
 def using(telemetry: Telemetry) -> _Collectives:
