@@ -582,6 +582,52 @@ def test_the_agent_follows_the_ranks_files_and_writes_one_stall_event(tmp_path: 
     assert stall.attributes["run_id"] == "job.0" and stall.attributes["waiting_in"] == "all_reduce #12 (backward)"
 
 
+def _agent_view(runs: Path, files: dict[int, tuple[str, int]], where: dict[int, dict[str, Any]],
+                agent_host: str) -> list[Any]:
+    """The agent (on ``agent_host``, launched with torchrun's default --node-rank 0: local ranks 0..1 of 2 nodes x 2)
+    following the rank files ``files`` (rank -> host, world size) of one run store; its ``stall`` events."""
+    from telemetrain.distributed.stall_view import StallWatcher
+
+    def ident(rank: int, host: str, world: int, role: str = "") -> telemetrain.Identity:
+        return telemetrain.identity_from_env({}, rank=rank, world_size=world, run_id="job.0", session_tag="job",
+                                             role=role, host=host)
+
+    ranks = {r: telemetrain.Telemetry(ident(r, host, world), store=runs) for r, (host, world) in files.items()}
+    agent = telemetrain.Telemetry(ident(0, agent_host, 4, "agent"), store=runs)
+    agent.event("launch_start", {}, group="launcher")
+    agent.flush()
+    watcher = StallWatcher(agent, 4, gather_s=60.0, local_ranks=frozenset({0, 1}))
+    for rank, t in ranks.items():
+        if rank in where:
+            t.event("stall_evidence", {"reason": "stall", **where[rank]}, group="watchdog", severity="error")
+        t.flush()
+    watcher.close()  # its last look decides
+    for t in ranks.values():
+        t.close()
+    agent.close()
+    run = open_run(runs / "job" / "job.0")
+    return [r for r in run.records("event", agents=True) if r.name == "stall" and r.identity.host == agent_host]
+
+
+def test_a_node_agent_names_no_other_nodes_ranks_it_cannot_see_and_one_agent_speaks_for_a_shared_store(
+        tmp_path: Path) -> None:
+    waiting = {r: evidence("backward", 12) for r in range(4)}
+    # a run store per node: node-b's agent sees ranks 2 and 3 only, both waiting; ranks 0..1 are not silent to it
+    (own,) = _agent_view(tmp_path / "b", {2: ("node-b", 4), 3: ("node-b", 4)}, waiting, "node-b")
+    assert own.attributes["silent_ranks"] == [] and own.attributes["ranks"] == [] and own.attributes["rank"] == -1
+    assert own.attributes["message"] == ("every rank that reported (2..3) is stalled in the same place: "
+                                         "all_reduce #12 (backward)")
+    # a shared run store: node-b's agent (torchrun's node rank 0 too) leaves it to rank 0's node: one event a job
+    files = {0: ("node-a", 4), 1: ("node-a", 4), 2: ("node-b", 4), 3: ("node-b", 4)}
+    stuck = {**waiting, 1: evidence("dataloader")}
+    assert _agent_view(tmp_path / "shared-b", files, stuck, "node-b") == []
+    (speaker,) = _agent_view(tmp_path / "shared-a", files, stuck, "node-a")
+    assert (speaker.attributes["ranks"], speaker.attributes["phase"]) == ([1], "dataloader")
+    # an elastic job (--nnodes 1:2) that ran on one node: the ranks' world size, not the launcher's largest
+    (alone,) = _agent_view(tmp_path / "one", {0: ("node-a", 2), 1: ("node-a", 2)}, waiting, "node-a")
+    assert alone.attributes["silent_ranks"] == [] and alone.attributes["rank"] == -1
+
+
 def test_the_agents_follower_holds_back_a_line_being_written(tmp_path: Path) -> None:
     from telemetrain.distributed.stall_view import _EvidenceFollower
 
