@@ -540,6 +540,28 @@ def test_the_rank_not_in_the_collective_the_others_wait_in_is_stuck() -> None:
     assert len(many["waiting_ranks"]) == 999 and many["silent_ranks"] == list(range(1000, 1024))
 
 
+def test_a_rank_that_skipped_a_collective_waits_in_another_one_at_the_same_number_and_is_named() -> None:
+    def at(kind: str, nbytes: int) -> dict[str, Any]:
+        return {**evidence("backward", 5, kind=kind), "collective_bytes": nbytes}
+
+    # rank 1 skipped the all-reduce #5 the others wait in: its next collective is its #5 too (gloo waits it out)
+    a = classify({0: at("all_reduce", 12), 1: at("broadcast", 400), 2: at("all_reduce", 12)}, 3)
+    assert (a["ranks"], a["rank"], a["waiting_ranks"]) == ([1], 1, [0, 2])
+    assert a["collective_mismatch"] == ["1:broadcast #5 (400 B)"]
+    assert a["message"] == ("stuck: rank 1 in broadcast #5 (backward), another collective while rank(s) 0, 2 wait in "
+                            "all_reduce #5 (backward)")
+    # the same kind, another size (a DDP bucket for the skipped all-reduce)
+    b = classify({r: at("all_reduce", 4096 if r == 3 else 12) for r in range(4)}, 4)
+    assert (b["ranks"], b["waiting_ranks"]) == ([3], [0, 1, 2])
+    # two ranks, two collectives: no majority says which one is off, so both are said, and nobody is named
+    c = classify({0: at("all_reduce", 12), 1: at("broadcast", 400)}, 2)
+    assert (c["ranks"], c["rank"]) == ([], -1)
+    assert c["message"] == ("the ranks wait in collectives that differ at #5: rank 0 in all_reduce #5 (12 B); rank 1 "
+                            "in broadcast #5 (400 B)")
+    # alike collectives are not a mismatch
+    assert classify({0: at("all_reduce", 12), 1: at("all_reduce", 12)}, 2)["collective_mismatch"] == []
+
+
 def test_without_collectives_the_odd_phase_out_is_stuck_and_alike_ranks_name_nobody_or_the_silent() -> None:
     a = classify({0: evidence("backward"), 1: evidence("forward"), 2: evidence("backward")}, 3)
     assert (a["ranks"], a["phase"]) == ([1], "forward")

@@ -11,7 +11,8 @@ error) per attempt:
 
 - ranks waiting in a collective: those in the collective with the highest sequence number are *waiting*; every
   other rank that reported is *stuck* -- it never got to that collective (a rank blocked in data loading while the
-  rest wait in the all-reduce);
+  rest wait in the all-reduce) -- and so is a rank at that number in another collective (kind or bytes) than most:
+  it skipped one or called one more (``collective_mismatch``; with no majority, nobody is named);
 - no rank in a collective: the ranks outside the largest group of ranks in the same phase are stuck;
 - all ranks that reported in one place (the same collective, or the same phase): the ranks that gave no evidence
   (``silent_ranks``: dead, hung without a watchdog) are the ones named; with none, nobody is, and the event says
@@ -117,9 +118,20 @@ def classify(evidence: Mapping[int, Mapping[str, Any]], world_size: int,
                      and isinstance(e.get("collective_seq"), int)}
     waiting: list[int] = []
     waiting_in = ""
+    mismatched: list[int] = []  # at the top sequence number, in another collective than most ranks
+    differ: list[str] = []
     if in_collective:
         top = max(e["collective_seq"] for e in in_collective.values())
-        waiting = sorted(r for r, e in in_collective.items() if e["collective_seq"] == top)
+        at_top = sorted(r for r, e in in_collective.items() if e["collective_seq"] == top)
+        # one sequence number, different collectives (kind or size): a rank skipped a collective, or called one
+        # more, and the ranks now wait in collectives that never match (gloo and NCCL wait out their timeout)
+        sig = {r: (str(in_collective[r].get("collective")), in_collective[r].get("collective_bytes")) for r in at_top}
+        groups = Counter(sig.values()).most_common()
+        if len(groups) > 1:
+            if groups[1][1] < groups[0][1]:
+                mismatched = [r for r in at_top if sig[r] != groups[0][0]]
+            differ = [f"{r}:{sig[r][0]} #{top} ({sig[r][1]} B)" for r in (mismatched or at_top)][:64]
+        waiting = [r for r in at_top if r not in mismatched]
         kinds = Counter(str(in_collective[r].get("collective")) for r in waiting)
         phases = Counter(str(in_collective[r].get("collective_phase") or "") for r in waiting)
         waiting_in = f"{kinds.most_common(1)[0][0]} #{top}"
@@ -145,6 +157,7 @@ def classify(evidence: Mapping[int, Mapping[str, Any]], world_size: int,
         "hosts": [str(evidence[r].get("host", "")) for r in stuck],
         "waiting_ranks": waiting,
         "waiting_in": waiting_in,
+        "collective_mismatch": differ,
         "silent_ranks": silent,
         "evidence_ranks": reported,
         "step": max((e["step"] for e in evidence.values() if isinstance(e.get("step"), int)), default=-1),
@@ -155,8 +168,15 @@ def classify(evidence: Mapping[int, Mapping[str, Any]], world_size: int,
     if stuck:
         first = stuck[0]
         out.update(rank=first, phase=str(evidence[first].get("phase", "unknown")), host=out["hosts"][0])
-        where = "; ".join(f"rank {r} in {evidence[r].get('phase', 'unknown')}" for r in stuck)
+        where = "; ".join(f"rank {r} in " + (f"{evidence[r].get('collective')} #{evidence[r].get('collective_seq')}"
+                                               f" ({evidence[r].get('phase', 'unknown')}), another collective"
+                                               if r in mismatched else str(evidence[r].get("phase", "unknown")))
+                          for r in stuck)
         message = f"stuck: {where}{others}"
+    elif differ:
+        out.update(rank=-1, phase="", host="")
+        message = f"the ranks wait in collectives that differ at #{top}: " + "; ".join(
+            f"rank {d.replace(':', ' in ', 1)}" for d in differ[:20])
     elif silent and waiting:
         out.update(ranks=silent, phases=[f"{r}:no evidence" for r in silent], hosts=[""] * len(silent),
                    rank=silent[0], phase="no evidence", host="")
