@@ -775,6 +775,9 @@ def test_watchdog_settings_are_checked_and_parsed() -> None:
     assert parse_config("1") == WatchdogConfig()
     with pytest.raises(ValueError, match="unknown watchdog setting"):
         parse_config("florr=2")
+    assert parse_config("signal=off,fatal_stacks=yes").on_signal is False
+    with pytest.raises(ValueError, match="signal must be 0/1"):
+        parse_config("signal=enabled")  # not silently off
     for kwargs in ({"k": 0}, {"floor_s": -1}, {"poll_s": 0}, {"heartbeat_s": -1}, {"stacks_limit": 10}):
         with pytest.raises(ValueError, match=next(iter(kwargs))):
             WatchdogConfig(**kwargs)  # type: ignore[arg-type]
