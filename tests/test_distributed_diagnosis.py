@@ -742,6 +742,32 @@ def test_no_evidence_while_training_advances_or_pauses_in_a_checkpoint(tmp_path:
     assert not [r for r in open_run(run_dir_of(t)).records("event") if r.group == "watchdog"]
 
 
+def test_a_checkpoint_save_in_the_window_does_not_raise_the_stall_threshold(tmp_path: Path) -> None:
+    t = telemetrain.Telemetry(store=tmp_path)
+    watchdog = enable_watchdog(t, floor_s=0.01, k=1.0, poll_s=600, heartbeat_s=0, on_signal=False,
+                               fatal_stacks=False)  # (its thread never looks here: only the reports' figures count)
+    rec = _training(t)
+    for i in range(5):  # one report: a save of 1 s among 5 iterations of microseconds
+        rec.on_training_single_iteration_start()
+        rec.on_training_single_iteration_end()
+        if i == 2:
+            rec.on_save_checkpoint_start(global_step=i)
+            time.sleep(1.0)
+            rec.on_save_checkpoint_success(global_step=i)
+            rec.on_save_checkpoint_end()
+    t.flush()
+    base_s = watchdog.base_s
+    rec.on_train_end()
+    rec.on_app_end()
+    t.close()
+    (report,) = [r.attributes for r in open_run(run_dir_of(t)).records("event") if r.name == "training_metrics_update"
+                 and r.attributes.get("window_iterations") == 5]
+    paused_per_iteration = report["window_paused_seconds"] / 5
+    assert paused_per_iteration >= 0.19
+    # the step interval is the time training ran: the save's 0.2 s per iteration is not in it
+    assert base_s is not None and base_s < paused_per_iteration / 2
+
+
 def test_the_stall_clock_restarts_when_a_checkpoint_save_ends(tmp_path: Path) -> None:
     """A save longer than the threshold, looked at just after it ended and before the next iteration: no stall (the
     clock ran from the last iteration before the save, and flagged one; CI caught the watchdog's poll in that gap).
