@@ -264,7 +264,7 @@ class StallWatcher:
                 # node under a dynamic (c10d) rendezvous, which assigns the nodes' ranks itself
                 mine = {f.host for f in files if f.host is not None} <= {self.telemetry.identity.host}
                 first = min(files, key=lambda f: f.rank or 0, default=None)
-                if not mine and first is not None and first.host != self.telemetry.identity.host:
+                if not mine and first is not None and first.host not in (None, self.telemetry.identity.host):
                     self.reported.add(run)  # a shared run store: the agent of the first rank's node speaks
                     continue
                 if mine and world > len(self.local_ranks):
