@@ -288,6 +288,26 @@ def test_failed_and_unfinished_collectives_are_counted_not_timed() -> None:
     assert f["comm_time_sec"] == pytest.approx(0.002)
 
 
+def test_an_interrupt_inside_a_collective_is_not_a_failed_collective() -> None:
+    t = telemetrain.Telemetry(store=False)
+    watchdog = StallWatchdog(t, WatchdogConfig(heartbeat_s=0, on_signal=False, fatal_stacks=False))
+    watchdog.start()
+    monitor = comm_monitor(t)
+    heard: list[CommOp] = []
+    monitor.on_failure(heard.append)
+    with pytest.raises(KeyboardInterrupt), monitor.timed("all_reduce", 64):
+        raise KeyboardInterrupt  # Ctrl-C, delivered as the blocking call returns
+    with pytest.raises(RuntimeError), monitor.timed("broadcast", 8):
+        raise RuntimeError("Connection closed by peer")  # a dead peer: a failure
+    assert [o.kind for o in heard] == ["broadcast"]
+    assert [o.state for o in monitor._ops] == ["interrupted", "failed"]
+    assert watchdog._failure is heard[0]  # the watchdog hears the failure only
+    f = window_figures(monitor._ops, {"window_iterations": 1})
+    assert (f["comm_failed"], f["comm_count"], f["comm_all_reduce_count"]) == (1, 2, 1) and "comm_open" not in f
+    watchdog.stop()
+    t.close()
+
+
 def test_the_monitor_reports_per_window_with_the_recorders_phase(tmp_path: Path) -> None:
     t = telemetrain.Telemetry(store=tmp_path)
     rec = TrainingRecorder(TrainingTelemetryConfig(global_batch_size_or_fn=4, log_every_n_train_iterations=2),

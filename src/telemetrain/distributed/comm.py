@@ -60,7 +60,8 @@ MAX_WINDOW_OPS = 100_000  # collectives kept per window when no report takes the
 
 
 class CommOp:
-    """One collective: entered (``state`` "open"), then "done" or "failed"."""
+    """One collective: entered (``state`` "open"), then "done", "failed", or "interrupted" (a KeyboardInterrupt or
+    SystemExit left the call: counted, not timed, not a failure)."""
 
     __slots__ = ("clock", "end", "error", "host_end_ns", "host_start_ns", "kind", "nbytes", "phase", "seq", "start",
                  "state")
@@ -137,6 +138,11 @@ class CommMonitor:
             self.last_done = op
             if op.seq > self.done_seq:
                 self.done_seq = op.seq
+            return
+        if isinstance(error, BaseException) and not isinstance(error, Exception):
+            # a KeyboardInterrupt/SystemExit raised while the call ran (Python runs a signal's handler once the C++
+            # call returns): this process stopping, not the collective failing -- no failure, no listener
+            op.state = "interrupted"
             return
         op.state = "failed"
         op.error = error if isinstance(error, str) else describe(error)
