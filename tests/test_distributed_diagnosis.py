@@ -276,6 +276,9 @@ def test_a_blocking_collective_is_all_wait_and_overlapping_buckets_wait_only_aft
     assert f["avg_forward_comm_wait_sec"] == pytest.approx(0.005) and f["avg_backward_comm_wait_sec"] == pytest.approx(
         0.015)
     assert f["comm_wait_fraction"] == pytest.approx(0.040 / 0.5) and f["avg_comm_time_sec"] == pytest.approx(0.030)
+    # a 10 s checkpoint save in the window: the share of the time training ran, not of the save
+    saved = window_figures(ops, {"window_iterations": 2, "window_seconds": 10.5, "window_paused_seconds": 10.0})
+    assert saved["comm_wait_fraction"] == pytest.approx(0.040 / 0.5)
 
 
 def test_failed_and_unfinished_collectives_are_counted_not_timed() -> None:
