@@ -276,6 +276,9 @@ def test_a_blocking_collective_is_all_wait_and_overlapping_buckets_wait_only_aft
     assert f["avg_forward_comm_wait_sec"] == pytest.approx(0.005) and f["avg_backward_comm_wait_sec"] == pytest.approx(
         0.015)
     assert f["comm_wait_fraction"] == pytest.approx(0.040 / 0.5) and f["avg_comm_time_sec"] == pytest.approx(0.030)
+    # a 10 s checkpoint save in the window: the share of the time training ran, not of the save
+    saved = window_figures(ops, {"window_iterations": 2, "window_seconds": 10.5, "window_paused_seconds": 10.0})
+    assert saved["comm_wait_fraction"] == pytest.approx(0.040 / 0.5)
 
 
 def test_failed_and_unfinished_collectives_are_counted_not_timed() -> None:
@@ -286,6 +289,26 @@ def test_failed_and_unfinished_collectives_are_counted_not_timed() -> None:
     assert (f["comm_failed"], f["comm_open"], f["comm_count"]) == (1, 1, 3)
     assert f["comm_broadcast_count"] == 1 and f["comm_broadcast_time_sec"] == 0.0
     assert f["comm_time_sec"] == pytest.approx(0.002)
+
+
+def test_an_interrupt_inside_a_collective_is_not_a_failed_collective() -> None:
+    t = telemetrain.Telemetry(store=False)
+    watchdog = StallWatchdog(t, WatchdogConfig(heartbeat_s=0, on_signal=False, fatal_stacks=False))
+    watchdog.start()
+    monitor = comm_monitor(t)
+    heard: list[CommOp] = []
+    monitor.on_failure(heard.append)
+    with pytest.raises(KeyboardInterrupt), monitor.timed("all_reduce", 64):
+        raise KeyboardInterrupt  # Ctrl-C, delivered as the blocking call returns
+    with pytest.raises(RuntimeError), monitor.timed("broadcast", 8):
+        raise RuntimeError("Connection closed by peer")  # a dead peer: a failure
+    assert [o.kind for o in heard] == ["broadcast"]
+    assert [o.state for o in monitor._ops] == ["interrupted", "failed"]
+    assert watchdog._failure is heard[0]  # the watchdog hears the failure only
+    f = window_figures(monitor._ops, {"window_iterations": 1})
+    assert (f["comm_failed"], f["comm_count"], f["comm_all_reduce_count"]) == (1, 2, 1) and "comm_open" not in f
+    watchdog.stop()
+    t.close()
 
 
 def test_the_monitor_reports_per_window_with_the_recorders_phase(tmp_path: Path) -> None:
@@ -360,6 +383,80 @@ dist.destroy_process_group()
     kinds = json.loads(out.stdout.strip().splitlines()[-1])
     assert [k[0] for k in kinds] == ["all_reduce", "all_reduce", "broadcast", "all_gather_into_tensor", "barrier"]
     assert [k[1] for k in kinds] == [32, 32, 32, 32, 0] and {k[2] for k in kinds} == {"done"}
+
+
+def test_explicit_collectives_count_the_bytes_of_tensors_passed_by_name() -> None:
+    code = """
+import json, warnings, torch, torch.distributed as dist, telemetrain
+from telemetrain.distributed import collectives
+from telemetrain.distributed.comm import comm_monitor
+warnings.simplefilter("ignore", FutureWarning)
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+t = telemetrain.Telemetry(store=False)
+c = collectives.using(t)
+x = torch.ones(8)
+c.all_reduce(tensor=x)
+c.broadcast(tensor=x, src=0)
+c.all_gather_into_tensor(output_tensor=torch.empty(8), input_tensor=x)
+c.reduce_scatter_tensor(output=torch.empty(8), input=x)
+c.all_gather(tensor_list=[torch.empty(8)], tensor=x)
+print(json.dumps([(o.kind, o.nbytes) for o in comm_monitor(t)._ops]))
+dist.destroy_process_group()
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    ops = json.loads(out.stdout.strip().splitlines()[-1])
+    assert [k[0] for k in ops] == ["all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor",
+                                   "all_gather"]
+    assert [k[1] for k in ops] == [32] * 5
+
+
+_P2P_WORKER = """
+import json, sys, torch, torch.distributed as dist, torch.multiprocessing as mp, telemetrain
+from telemetrain.distributed import collectives
+from telemetrain.distributed.comm import comm_monitor
+
+def main(rank, folder):
+    dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank, world_size=2)
+    t = telemetrain.Telemetry(store=False)
+    c = collectives.using(t)
+    x = torch.ones(4)
+    if rank == 0:
+        c.send(x, 1)
+        c.isend(tensor=x, dst=1).wait()
+        sender = None
+    else:
+        sender = c.recv(torch.empty(4), 0)
+        c.irecv(torch.empty(4), src=0).wait()
+    c.gather(x, [torch.empty(4), torch.empty(4)] if rank == 0 else None, dst=0)
+    c.scatter(torch.empty(4), [x, x] if rank == 0 else None, src=0)
+    c.all_gather_single(torch.empty(8), x)
+    c.reduce_scatter_single(torch.empty(2), x)
+    sub = dist.new_group([0, 1])
+    c.all_reduce(x, group=sub, async_op=True).wait()
+    ops = [(o.kind, o.nbytes, o.state) for o in comm_monitor(t)._ops]
+    with open(f"{folder}/rank{rank}.json", "w") as f:
+        json.dump({"ops": ops, "sender": sender}, f)
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.spawn(main, args=(sys.argv[1],), nprocs=2)
+"""
+
+
+def test_point_to_point_rooted_and_subgroup_collectives_are_timed_between_two_gloo_ranks(tmp_path: Path) -> None:
+    script = tmp_path / "p2p.py"
+    script.write_text(_P2P_WORKER)
+    subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=120,
+                   check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    zero, one = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert one["sender"] == 0  # recv still returns torch's value
+    kinds = ["gather", "scatter", "all_gather_single", "reduce_scatter_single", "all_reduce"]
+    assert [o[0] for o in zero["ops"]] == ["send", "isend", *kinds]
+    assert [o[0] for o in one["ops"]] == ["recv", "irecv", *kinds]
+    # payload bytes: the tensor sent or received; gather/scatter on the root count its list (2 x 16)
+    assert [o[1] for o in zero["ops"]] == [16, 16, 32, 32, 32, 16, 16]
+    assert [o[1] for o in one["ops"]] == [16, 16, 16, 16, 32, 16, 16]
+    assert {o[2] for o in zero["ops"] + one["ops"]} == {"done"}
 
 
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(),
@@ -466,6 +563,28 @@ def test_the_rank_not_in_the_collective_the_others_wait_in_is_stuck() -> None:
     assert len(many["waiting_ranks"]) == 999 and many["silent_ranks"] == list(range(1000, 1024))
 
 
+def test_a_rank_that_skipped_a_collective_waits_in_another_one_at_the_same_number_and_is_named() -> None:
+    def at(kind: str, nbytes: int) -> dict[str, Any]:
+        return {**evidence("backward", 5, kind=kind), "collective_bytes": nbytes}
+
+    # rank 1 skipped the all-reduce #5 the others wait in: its next collective is its #5 too (gloo waits it out)
+    a = classify({0: at("all_reduce", 12), 1: at("broadcast", 400), 2: at("all_reduce", 12)}, 3)
+    assert (a["ranks"], a["rank"], a["waiting_ranks"]) == ([1], 1, [0, 2])
+    assert a["collective_mismatch"] == ["1:broadcast #5 (400 B)"]
+    assert a["message"] == ("stuck: rank 1 in broadcast #5 (backward), another collective while rank(s) 0, 2 wait in "
+                            "all_reduce #5 (backward)")
+    # the same kind, another size (a DDP bucket for the skipped all-reduce)
+    b = classify({r: at("all_reduce", 4096 if r == 3 else 12) for r in range(4)}, 4)
+    assert (b["ranks"], b["waiting_ranks"]) == ([3], [0, 1, 2])
+    # two ranks, two collectives: no majority says which one is off, so both are said, and nobody is named
+    c = classify({0: at("all_reduce", 12), 1: at("broadcast", 400)}, 2)
+    assert (c["ranks"], c["rank"]) == ([], -1)
+    assert c["message"] == ("the ranks wait in collectives that differ at #5: rank 0 in all_reduce #5 (12 B); rank 1 "
+                            "in broadcast #5 (400 B)")
+    # alike collectives are not a mismatch
+    assert classify({0: at("all_reduce", 12), 1: at("all_reduce", 12)}, 2)["collective_mismatch"] == []
+
+
 def test_without_collectives_the_odd_phase_out_is_stuck_and_alike_ranks_name_nobody_or_the_silent() -> None:
     a = classify({0: evidence("backward"), 1: evidence("forward"), 2: evidence("backward")}, 3)
     assert (a["ranks"], a["phase"]) == ([1], "forward")
@@ -506,6 +625,52 @@ def test_the_agent_follows_the_ranks_files_and_writes_one_stall_event(tmp_path: 
     (stall,) = [r for r in open_run(runs / "job" / "job.0").records("event", agents=True) if r.name == "stall"]
     assert (stall.attributes["ranks"], stall.attributes["phase"], stall.identity.role) == ([1], "dataloader", "agent")
     assert stall.attributes["run_id"] == "job.0" and stall.attributes["waiting_in"] == "all_reduce #12 (backward)"
+
+
+def _agent_view(runs: Path, files: dict[int, tuple[str, int]], where: dict[int, dict[str, Any]],
+                agent_host: str) -> list[Any]:
+    """The agent (on ``agent_host``, launched with torchrun's default --node-rank 0: local ranks 0..1 of 2 nodes x 2)
+    following the rank files ``files`` (rank -> host, world size) of one run store; its ``stall`` events."""
+    from telemetrain.distributed.stall_view import StallWatcher
+
+    def ident(rank: int, host: str, world: int, role: str = "") -> telemetrain.Identity:
+        return telemetrain.identity_from_env({}, rank=rank, world_size=world, run_id="job.0", session_tag="job",
+                                             role=role, host=host)
+
+    ranks = {r: telemetrain.Telemetry(ident(r, host, world), store=runs) for r, (host, world) in files.items()}
+    agent = telemetrain.Telemetry(ident(0, agent_host, 4, "agent"), store=runs)
+    agent.event("launch_start", {}, group="launcher")
+    agent.flush()
+    watcher = StallWatcher(agent, 4, gather_s=60.0, local_ranks=frozenset({0, 1}))
+    for rank, t in ranks.items():
+        if rank in where:
+            t.event("stall_evidence", {"reason": "stall", **where[rank]}, group="watchdog", severity="error")
+        t.flush()
+    watcher.close()  # its last look decides
+    for t in ranks.values():
+        t.close()
+    agent.close()
+    run = open_run(runs / "job" / "job.0")
+    return [r for r in run.records("event", agents=True) if r.name == "stall" and r.identity.host == agent_host]
+
+
+def test_a_node_agent_names_no_other_nodes_ranks_it_cannot_see_and_one_agent_speaks_for_a_shared_store(
+        tmp_path: Path) -> None:
+    waiting = {r: evidence("backward", 12) for r in range(4)}
+    # a run store per node: node-b's agent sees ranks 2 and 3 only, both waiting; ranks 0..1 are not silent to it
+    (own,) = _agent_view(tmp_path / "b", {2: ("node-b", 4), 3: ("node-b", 4)}, waiting, "node-b")
+    assert own.attributes["silent_ranks"] == [] and own.attributes["ranks"] == [] and own.attributes["rank"] == -1
+    assert own.attributes["message"] == ("every rank that reported (2..3) is stalled in the same place: "
+                                         "all_reduce #12 (backward)")
+    # a shared run store: node-b's agent (torchrun's node rank 0 too) leaves it to rank 0's node: one event a job
+    files = {0: ("node-a", 4), 1: ("node-a", 4), 2: ("node-b", 4), 3: ("node-b", 4)}
+    stuck = {**waiting, 1: evidence("dataloader")}
+    assert _agent_view(tmp_path / "shared-b", files, stuck, "node-b") == []
+    (speaker,) = _agent_view(tmp_path / "shared-a", files, stuck, "node-a")
+    assert (speaker.attributes["ranks"], speaker.attributes["phase"]) == ([1], "dataloader")
+    # an elastic job (--nnodes 1:2) that ran on one node: the ranks' world size, not the launcher's largest
+    (alone,) = _agent_view(tmp_path / "one", {0: ("node-a", 2), 1: ("node-a", 2)}, waiting, "node-a")
+    assert alone.attributes["silent_ranks"] == [] and alone.attributes["rank"] == -1
 
 
 def test_the_agents_follower_holds_back_a_line_being_written(tmp_path: Path) -> None:
@@ -600,6 +765,32 @@ def test_no_evidence_while_training_advances_or_pauses_in_a_checkpoint(tmp_path:
     assert not [r for r in open_run(run_dir_of(t)).records("event") if r.group == "watchdog"]
 
 
+def test_a_checkpoint_save_in_the_window_does_not_raise_the_stall_threshold(tmp_path: Path) -> None:
+    t = telemetrain.Telemetry(store=tmp_path)
+    watchdog = enable_watchdog(t, floor_s=0.01, k=1.0, poll_s=600, heartbeat_s=0, on_signal=False,
+                               fatal_stacks=False)  # (its thread never looks here: only the reports' figures count)
+    rec = _training(t)
+    for i in range(5):  # one report: a save of 1 s among 5 iterations of microseconds
+        rec.on_training_single_iteration_start()
+        rec.on_training_single_iteration_end()
+        if i == 2:
+            rec.on_save_checkpoint_start(global_step=i)
+            time.sleep(1.0)
+            rec.on_save_checkpoint_success(global_step=i)
+            rec.on_save_checkpoint_end()
+    t.flush()
+    base_s = watchdog.base_s
+    rec.on_train_end()
+    rec.on_app_end()
+    t.close()
+    (report,) = [r.attributes for r in open_run(run_dir_of(t)).records("event") if r.name == "training_metrics_update"
+                 and r.attributes.get("window_iterations") == 5]
+    paused_per_iteration = report["window_paused_seconds"] / 5
+    assert paused_per_iteration >= 0.19
+    # the step interval is the time training ran: the save's 0.2 s per iteration is not in it
+    assert base_s is not None and base_s < paused_per_iteration / 2
+
+
 def test_the_stall_clock_restarts_when_a_checkpoint_save_ends(tmp_path: Path) -> None:
     """A save longer than the threshold, looked at just after it ended and before the next iteration: no stall (the
     clock ran from the last iteration before the save, and flagged one; CI caught the watchdog's poll in that gap).
@@ -633,6 +824,9 @@ def test_watchdog_settings_are_checked_and_parsed() -> None:
     assert parse_config("1") == WatchdogConfig()
     with pytest.raises(ValueError, match="unknown watchdog setting"):
         parse_config("florr=2")
+    assert parse_config("signal=off,fatal_stacks=yes").on_signal is False
+    with pytest.raises(ValueError, match="signal must be 0/1"):
+        parse_config("signal=enabled")  # not silently off
     for kwargs in ({"k": 0}, {"floor_s": -1}, {"poll_s": 0}, {"heartbeat_s": -1}, {"stacks_limit": 10}):
         with pytest.raises(ValueError, match=next(iter(kwargs))):
             WatchdogConfig(**kwargs)  # type: ignore[arg-type]

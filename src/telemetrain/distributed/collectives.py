@@ -22,20 +22,31 @@ from .comm import CommMonitor, _launch, comm_monitor
 __all__ = [
     "all_gather",
     "all_gather_into_tensor",
+    "all_gather_single",
     "all_reduce",
     "all_to_all",
     "all_to_all_single",
     "barrier",
     "broadcast",
+    "gather",
+    "irecv",
+    "isend",
+    "recv",
     "reduce",
     "reduce_scatter",
+    "reduce_scatter_single",
     "reduce_scatter_tensor",
+    "scatter",
+    "send",
     "using",
 ]
 
 
-def _timed(name: str, payload: int | None, other: int | None) -> Callable[..., Any]:
-    """A method calling ``torch.distributed.<name>`` timed; ``payload``/``other``: positions of its tensors."""
+_Arg = tuple[int, str] | None  # a tensor argument of a torch.distributed function: its position and its name
+
+
+def _timed(name: str, payload: _Arg, other: _Arg) -> Callable[..., Any]:
+    """A method calling ``torch.distributed.<name>`` timed; ``payload``/``other``: where its tensors are."""
 
     def call(self: _Collectives, *args: Any, **kwargs: Any) -> Any:
         return self._call(name, payload, other, *args, **kwargs)
@@ -51,26 +62,43 @@ class _Collectives:
     def __init__(self, monitor: CommMonitor | None) -> None:
         self._monitor = monitor
 
-    def _call(self, name: str, payload_arg: int | None, other_arg: int | None, *args: Any, **kwargs: Any) -> Any:
+    def _call(self, name: str, payload_arg: _Arg, other_arg: _Arg, *args: Any, **kwargs: Any) -> Any:
         import torch.distributed as dist
 
         fn: Callable[..., Any] = getattr(dist, name)
-        payload = args[payload_arg] if payload_arg is not None and len(args) > payload_arg else None
-        other = args[other_arg] if other_arg is not None and len(args) > other_arg else None
+        payload, other = _argument(payload_arg, args, kwargs), _argument(other_arg, args, kwargs)
         monitor = self._monitor if self._monitor is not None else comm_monitor()
         return _launch(monitor, name, payload, other, functools.partial(fn, *args, **kwargs))
 
-    # (the tensor arguments' positions follow torch.distributed's signatures: the payload, then the other side)
-    all_reduce = _timed("all_reduce", 0, None)
-    reduce = _timed("reduce", 0, None)
-    broadcast = _timed("broadcast", 0, None)
-    all_gather = _timed("all_gather", 0, 1)
-    all_gather_into_tensor = _timed("all_gather_into_tensor", 0, 1)
-    reduce_scatter = _timed("reduce_scatter", 1, 0)
-    reduce_scatter_tensor = _timed("reduce_scatter_tensor", 1, 0)
-    all_to_all = _timed("all_to_all", 1, 0)
-    all_to_all_single = _timed("all_to_all_single", 1, 0)
+    # (the tensor arguments follow torch.distributed's signatures, passed by position or by name: the payload, then
+    # the other side)
+    all_reduce = _timed("all_reduce", (0, "tensor"), None)
+    reduce = _timed("reduce", (0, "tensor"), None)
+    broadcast = _timed("broadcast", (0, "tensor"), None)
+    all_gather = _timed("all_gather", (0, "tensor_list"), (1, "tensor"))
+    all_gather_into_tensor = _timed("all_gather_into_tensor", (0, "output_tensor"), (1, "input_tensor"))
+    reduce_scatter = _timed("reduce_scatter", (1, "input_list"), (0, "output"))
+    reduce_scatter_tensor = _timed("reduce_scatter_tensor", (1, "input"), (0, "output"))
+    all_to_all = _timed("all_to_all", (1, "input_tensor_list"), (0, "output_tensor_list"))
+    all_to_all_single = _timed("all_to_all_single", (1, "input"), (0, "output"))
     barrier = _timed("barrier", None, None)
+    # torch 2.13's names for the two above (which it deprecates), the rooted ones, and point-to-point: a pipeline's
+    # send/recv (``isend``/``irecv``: until the work completes; ``recv`` returns the sender's rank, as torch's)
+    all_gather_single = _timed("all_gather_single", (0, "output_tensor"), (1, "input_tensor"))
+    reduce_scatter_single = _timed("reduce_scatter_single", (1, "input"), (0, "output"))
+    gather = _timed("gather", (0, "tensor"), (1, "gather_list"))
+    scatter = _timed("scatter", (0, "tensor"), (1, "scatter_list"))
+    send = _timed("send", (0, "tensor"), None)
+    recv = _timed("recv", (0, "tensor"), None)
+    isend = _timed("isend", (0, "tensor"), None)
+    irecv = _timed("irecv", (0, "tensor"), None)
+
+
+def _argument(where: _Arg, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if where is None:
+        return None
+    position, name = where
+    return args[position] if len(args) > position else kwargs.get(name)
 
 
 _default = _Collectives(None)
@@ -84,6 +112,14 @@ reduce_scatter_tensor = _default.reduce_scatter_tensor
 all_to_all = _default.all_to_all
 all_to_all_single = _default.all_to_all_single
 barrier = _default.barrier
+all_gather_single = _default.all_gather_single
+reduce_scatter_single = _default.reduce_scatter_single
+gather = _default.gather
+scatter = _default.scatter
+send = _default.send
+recv = _default.recv
+isend = _default.isend
+irecv = _default.irecv
 
 
 def using(telemetry: Telemetry) -> _Collectives:

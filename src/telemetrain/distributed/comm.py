@@ -25,8 +25,9 @@ without one the monitor keeps only the newest ``MAX_WINDOW_OPS`` -- into
   overlapped compute. For each stretch of time with collectives in flight, the part after the last collective of the
   stretch was launched: whatever launched it (the end of the backward pass for DDP's last bucket, a blocking call)
   had nothing left to overlap. Exact for blocking collectives and DDP's end-of-backward wait; an estimate otherwise;
-- ``comm_wait_fraction``: that wait over the window's wall time; ``avg_<phase>_comm_wait_sec``: where it was waited
-  (the recorder's sub-phase open when the collective was launched; ``other`` outside any);
+- ``comm_wait_fraction``: that wait over the window's wall time less its saves and validation;
+  ``avg_<phase>_comm_wait_sec``: where it was waited (the recorder's sub-phase open when the collective was
+  launched; ``other`` outside any);
 - ``comm_failed`` (collectives that ended in an error), ``comm_open`` (not finished when reported).
 
 The monitor also keeps what a stall watchdog needs: the collectives entered and not left, and the last one that
@@ -60,7 +61,8 @@ MAX_WINDOW_OPS = 100_000  # collectives kept per window when no report takes the
 
 
 class CommOp:
-    """One collective: entered (``state`` "open"), then "done" or "failed"."""
+    """One collective: entered (``state`` "open"), then "done", "failed", or "interrupted" (a KeyboardInterrupt or
+    SystemExit left the call: counted, not timed, not a failure)."""
 
     __slots__ = ("clock", "end", "error", "host_end_ns", "host_start_ns", "kind", "nbytes", "phase", "seq", "start",
                  "state")
@@ -137,6 +139,11 @@ class CommMonitor:
             self.last_done = op
             if op.seq > self.done_seq:
                 self.done_seq = op.seq
+            return
+        if isinstance(error, BaseException) and not isinstance(error, Exception):
+            # a KeyboardInterrupt/SystemExit raised while the call ran (Python runs a signal's handler once the C++
+            # call returns): this process stopping, not the collective failing -- no failure, no listener
+            op.state = "interrupted"
             return
         op.state = "failed"
         op.error = error if isinstance(error, str) else describe(error)
@@ -230,6 +237,9 @@ def window_figures(ops: list[CommOp], attributes: Mapping[str, Any]) -> dict[str
         out["avg_comm_wait_time_sec"] = wait / iterations
         for phase, seconds in sorted(by_phase.items()):
             out[f"avg_{phase}_comm_wait_sec"] = seconds / iterations
+    paused = attributes.get("window_paused_seconds")
+    if isinstance(paused, (int, float)) and 0 < paused < math.inf and isinstance(wall, (int, float)):
+        wall -= paused  # the time training ran, as the report's rates: a long save is not a share of the iterations
     if isinstance(wall, (int, float)) and wall > 0 and math.isfinite(wall):
         out["comm_wait_fraction"] = wait / wall
     failed = sum(op.state == "failed" for op in ops)

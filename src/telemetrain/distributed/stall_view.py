@@ -2,7 +2,8 @@
 elsewhere than the others.
 
 ``StallWatcher`` runs in the agent of ``telemetrain launch`` (its own daemon thread). It follows the workers' files of
-the current attempt's run folder (the agent's node; every node with a shared run store) and keeps each rank's first
+the current attempt's run folder (the agent's node; every node with a shared run store, where the agent on the
+lowest rank's host speaks) and keeps each rank's first
 ``stall_evidence`` of reason ``stall`` (evidence written because a collective failed, or at a SIGTERM, stays in the
 ranks' files: that is a failure, not a stall). Once a rank reported, it waits until every rank did (or
 ``gather_s``), then ``classify`` decides and the agent writes one ``stall`` event (group ``launcher``, severity
@@ -10,7 +11,8 @@ error) per attempt:
 
 - ranks waiting in a collective: those in the collective with the highest sequence number are *waiting*; every
   other rank that reported is *stuck* -- it never got to that collective (a rank blocked in data loading while the
-  rest wait in the all-reduce);
+  rest wait in the all-reduce) -- and so is a rank at that number in another collective (kind or bytes) than most:
+  it skipped one or called one more (``collective_mismatch``; with no majority, nobody is named);
 - no rank in a collective: the ranks outside the largest group of ranks in the same phase are stuck;
 - all ranks that reported in one place (the same collective, or the same phase): the ranks that gave no evidence
   (``silent_ranks``: dead, hung without a watchdog) are the ones named; with none, nobody is, and the event says
@@ -28,7 +30,7 @@ import json
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +58,8 @@ class _EvidenceFollower:
         self.offset = 0
         self.pending = b""
         self.rank: int | None = None
+        self.host: str | None = None  # from the header (None: no header)
+        self.world_size: int | None = None
 
     def poll(self) -> list[tuple[int, dict[str, Any]]]:
         try:
@@ -90,8 +94,10 @@ class _EvidenceFollower:
 
     def _rank_of(self, header: bytes) -> int | None:
         try:
-            obj = json.loads(header)
-            rank = obj["identity"]["rank"]
+            identity = json.loads(header)["identity"]
+            rank, host, world = identity["rank"], identity.get("host"), identity.get("world_size")
+            self.host = host if isinstance(host, str) else None
+            self.world_size = world if isinstance(world, int) and world > 0 else None
             return rank if isinstance(rank, int) else None
         except (ValueError, KeyError, TypeError):  # no header line: the file name says it (rank-<R>.<pid>.jsonl)
             name = self.path.name.removeprefix("rank-").split(".", 1)[0]
@@ -102,17 +108,30 @@ def _rank_list(ranks: list[int]) -> str:
     return ranges(ranks) or "none"  # (``0..1022``: a hang of a thousand ranks is one line)
 
 
-def classify(evidence: Mapping[int, Mapping[str, Any]], world_size: int) -> dict[str, Any]:
-    """The ``stall`` event's attributes from each rank's evidence (rank -> its ``stall_evidence`` attributes)."""
+def classify(evidence: Mapping[int, Mapping[str, Any]], world_size: int,
+             expected: Collection[int] | None = None) -> dict[str, Any]:
+    """The ``stall`` event's attributes from each rank's evidence (rank -> its ``stall_evidence`` attributes);
+    ``expected``: the ranks that could have reported (default: all ``world_size``), the others are not silent."""
     reported = sorted(evidence)
-    silent = sorted(set(range(world_size)) - set(reported))
+    silent = sorted(set(range(world_size) if expected is None else expected) - set(reported))
     in_collective = {r: e for r, e in evidence.items() if e.get("collective_state") in ("waiting", "failed")
                      and isinstance(e.get("collective_seq"), int)}
     waiting: list[int] = []
     waiting_in = ""
+    mismatched: list[int] = []  # at the top sequence number, in another collective than most ranks
+    differ: list[str] = []
     if in_collective:
         top = max(e["collective_seq"] for e in in_collective.values())
-        waiting = sorted(r for r, e in in_collective.items() if e["collective_seq"] == top)
+        at_top = sorted(r for r, e in in_collective.items() if e["collective_seq"] == top)
+        # one sequence number, different collectives (kind or size): a rank skipped a collective, or called one
+        # more, and the ranks now wait in collectives that never match (gloo and NCCL wait out their timeout)
+        sig = {r: (str(in_collective[r].get("collective")), in_collective[r].get("collective_bytes")) for r in at_top}
+        groups = Counter(sig.values()).most_common()
+        if len(groups) > 1:
+            if groups[1][1] < groups[0][1]:
+                mismatched = [r for r in at_top if sig[r] != groups[0][0]]
+            differ = [f"{r}:{sig[r][0]} #{top} ({sig[r][1]} B)" for r in (mismatched or at_top)][:64]
+        waiting = [r for r in at_top if r not in mismatched]
         kinds = Counter(str(in_collective[r].get("collective")) for r in waiting)
         phases = Counter(str(in_collective[r].get("collective_phase") or "") for r in waiting)
         waiting_in = f"{kinds.most_common(1)[0][0]} #{top}"
@@ -138,6 +157,7 @@ def classify(evidence: Mapping[int, Mapping[str, Any]], world_size: int) -> dict
         "hosts": [str(evidence[r].get("host", "")) for r in stuck],
         "waiting_ranks": waiting,
         "waiting_in": waiting_in,
+        "collective_mismatch": differ,
         "silent_ranks": silent,
         "evidence_ranks": reported,
         "step": max((e["step"] for e in evidence.values() if isinstance(e.get("step"), int)), default=-1),
@@ -148,8 +168,15 @@ def classify(evidence: Mapping[int, Mapping[str, Any]], world_size: int) -> dict
     if stuck:
         first = stuck[0]
         out.update(rank=first, phase=str(evidence[first].get("phase", "unknown")), host=out["hosts"][0])
-        where = "; ".join(f"rank {r} in {evidence[r].get('phase', 'unknown')}" for r in stuck)
+        where = "; ".join(f"rank {r} in " + (f"{evidence[r].get('collective')} #{evidence[r].get('collective_seq')}"
+                                               f" ({evidence[r].get('phase', 'unknown')}), another collective"
+                                               if r in mismatched else str(evidence[r].get("phase", "unknown")))
+                          for r in stuck)
         message = f"stuck: {where}{others}"
+    elif differ:
+        out.update(rank=-1, phase="", host="")
+        message = f"the ranks wait in collectives that differ at #{top}: " + "; ".join(
+            f"rank {d.replace(':', ' in ', 1)}" for d in differ[:20])
     elif silent and waiting:
         out.update(ranks=silent, phases=[f"{r}:no evidence" for r in silent], hosts=[""] * len(silent),
                    rank=silent[0], phase="no evidence", host="")
@@ -226,15 +253,25 @@ class StallWatcher:
         for run, evidence in self._evidence.items():
             if run in self.reported:
                 continue
-            complete = len(evidence) >= self.world_size
+            files = [f for f in self._followers.values() if f.path.parent.name == run and f.rank is not None]
+            world = max((f.world_size for f in files if f.world_size), default=self.world_size)
+            complete = len(evidence) >= world
             if not (complete or final or time.monotonic() - self._first_seen[run] >= self.gather_s):
                 continue
-            if self.local_ranks is not None and self.telemetry.identity.group_rank != 0 and \
-                    not set(evidence) <= self.local_ranks:
-                self.reported.add(run)  # a shared run store: node 0's agent speaks for the job
-                continue
+            expected: set[int] | None = None
+            if self.local_ranks is not None:
+                # which node this agent is comes from the ranks' own files: torchrun's --node-rank is 0 on every
+                # node under a dynamic (c10d) rendezvous, which assigns the nodes' ranks itself
+                mine = {f.host for f in files if f.host is not None} <= {self.telemetry.identity.host}
+                first = min(files, key=lambda f: f.rank or 0, default=None)
+                if not mine and first is not None and first.host not in (None, self.telemetry.identity.host):
+                    self.reported.add(run)  # a shared run store: the agent of the first rank's node speaks
+                    continue
+                if mine and world > len(self.local_ranks):
+                    # only this node's files (a run store per node): the other nodes' ranks could not be seen
+                    expected = {f.rank for f in files if f.rank is not None} | set(evidence)
             self.reported.add(run)
-            attributes = classify(evidence, self.world_size)
+            attributes = classify(evidence, world, expected)
             attributes["run_id"] = run
             self.telemetry.event("stall", attributes, group=GROUP, severity="error")
             self.telemetry.flush(timeout=5.0)

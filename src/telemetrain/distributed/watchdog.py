@@ -5,10 +5,11 @@ the training recorder's progress (``TrainingRecorder.progress()``: plain reads, 
 thread) and, while a training loop is open:
 
 - **stall**: when no iteration has completed for ``max(k x p99, floor_s)`` seconds -- p99 the iteration time's 99th
-  percentile so far (the recorder's cumulative one; the window's mean step interval if longer), taken from the
-  reports; ``startup_s`` until the first report -- it writes a ``stall_evidence`` event (group ``watchdog``,
-  severity error; warning for the SIGTERM and exit evidence below) and flushes the run store. Time inside a
-  checkpoint save/load or a validation/testing loop does not count (iterations stop advancing there by design).
+  percentile so far (the recorder's cumulative one; the window's mean step interval, less its saves and validation,
+  if longer), taken from the reports; ``startup_s`` until the first report -- it writes a ``stall_evidence`` event
+  (group ``watchdog``, severity error; warning for the SIGTERM and exit evidence below) and flushes the run store.
+  Time inside a checkpoint save/load or a validation/testing loop does not count (iterations stop advancing there by
+  design).
   When iterations advance again: ``stall_end``.
 - **a collective fails** (a peer died: gloo/NCCL raised; needs ``comm`` instrumentation): evidence at once -- the
   failure listener is registered at start (``comm.add_failure_listener``), and when the failure's exception ends the
@@ -123,6 +124,10 @@ class StallWatchdog(WatchdogSignals):
             if p99 is None:
                 p99 = _num(attributes.get("p99_iteration_time_sec"))
             seconds, n = _num(attributes.get("window_seconds")), attributes.get("window_iterations")
+            if seconds is not None:
+                # less the window's saves and validation: a 20-minute save in a 10-iteration window would otherwise
+                # make a 2-minute step interval, and a hang after it wait 20 minutes (past NCCL's timeout)
+                seconds = max(seconds - (_num(attributes.get("window_paused_seconds")) or 0.0), 0.0)
             interval = seconds / n if seconds is not None and isinstance(n, int) and n > 0 else None
             candidates = [x for x in (p99, interval) if x is not None and x > 0]
             if candidates:

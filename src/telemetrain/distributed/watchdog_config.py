@@ -43,13 +43,16 @@ class WatchdogConfig:
             raise ValueError(f"stacks_limit must be an int >= 1000, got {self.stacks_limit!r}")
 
 
+_TRUE = ("1", "on", "true", "yes")
+_FALSE = ("0", "off", "false", "no")
 _KEYS = {"k": "k", "floor": "floor_s", "startup": "startup_s", "poll": "poll_s", "heartbeat": "heartbeat_s",
          "flight_recorder": "flight_recorder", "signal": "on_signal", "fatal_stacks": "fatal_stacks"}
 
 
 def parse_config(text: str) -> WatchdogConfig:
     """``$TELEMETRAIN_WATCHDOG``'s value: ``1``/``on`` (defaults) or ``key=value`` pairs separated by commas (keys:
-    k, floor, startup, poll, heartbeat in seconds; flight_recorder, signal, fatal_stacks 0/1)."""
+    k, floor, startup, poll, heartbeat in seconds; flight_recorder, signal, fatal_stacks 0/1, on/off, true/false or
+    yes/no; anything else is refused)."""
     text = text.strip().lower()
     if text in ("1", "on", "true", "yes", ""):
         return WatchdogConfig()
@@ -62,7 +65,10 @@ def parse_config(text: str) -> WatchdogConfig:
             raise ValueError(f"unknown watchdog setting {part.strip()!r} (keys: {', '.join(_KEYS)})")
         raw = raw.strip()
         if field_name in ("flight_recorder", "on_signal", "fatal_stacks"):
-            values[field_name] = raw in ("1", "on", "true", "yes")
+            if raw not in _TRUE + _FALSE:  # (not silently off: "signal=enabled" would have turned it off)
+                raise ValueError(f"watchdog setting {key.strip()} must be 0/1, on/off, true/false or yes/no, "
+                                 f"got {raw!r}")
+            values[field_name] = raw in _TRUE
         else:
             values[field_name] = float(raw)
     return WatchdogConfig(**values)
