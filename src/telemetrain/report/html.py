@@ -44,7 +44,7 @@ section{background:#fff;border:1px solid #e2e5e9;border-radius:6px;margin:14px 0
 h2{font-size:17px;margin:6px 0 10px}h3{font-size:14px;margin:14px 0 6px;color:#333}
 table{border-collapse:collapse;font-size:12px;margin:4px 0 8px}
 td,th{border-bottom:1px solid #eee;padding:3px 8px;text-align:left;vertical-align:top}
-th{background:#f1f3f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
+th{background:#f1f3f5}td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 .cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(240px,1fr));gap:10px}
 .card{border:1px solid #e2e5e9;border-radius:6px;padding:8px 12px}
 .card .v{font-size:20px;font-weight:600}.card .l{font-size:12px;color:#555}.card .h{font-size:11px;color:#888}
@@ -56,6 +56,7 @@ th{background:#f1f3f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .cols{display:flex;flex-wrap:wrap;gap:0 28px;align-items:flex-start}.cols>div>p.note{max-width:640px}
 svg.chart{display:block;margin:6px 0;max-width:100%;height:auto}
 figure.curve{margin:0}figure.curve h3{margin:10px 0 2px}
+h1,h2,h3,p,li,summary,figcaption,.finding,td.wrap{overflow-wrap:anywhere}
 """
 
 

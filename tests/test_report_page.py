@@ -1,0 +1,40 @@
+"""The report page as a reader sees it in headless Chromium: its layout at 1280 px with names from the run that have
+no space to break at."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from telemetrain import Telemetry, identity_from_env
+from telemetrain.report import write_report
+from test_report import _chromium, needs_chromium
+
+LONG = "layer" + "_x" * 150 + ".grad_norm"  # 310 characters, no space
+
+
+def _long_names_run(root: Path) -> Path:
+    t = Telemetry(identity_from_env({}, run_id="long", session_tag="s", rank=0, world_size=1), store=root)
+    for step in range(30):
+        t.log({LONG: 1.0 + step, "loss": 2.0 / (step + 1)}, step=step, group="train")
+    assert t.close(30)
+    return root / "s" / "long"
+
+
+@needs_chromium
+def test_a_long_name_wraps_inside_the_page_at_1280_px(tmp_path: Path) -> None:
+    """A 310-character metric name (its chart's heading, its row of the metrics table) ran off the right edge of a
+    1280 px window: nothing may be drawn in the body's right margin, past the sections' border."""
+    image_module = pytest.importorskip("PIL.Image")
+    page = write_report(_long_names_run(tmp_path), tmp_path / "r.html")
+    assert f'<td class="wrap">{LONG}</td>' in page.read_text()  # (only cells of such names and paths may break)
+    shot = tmp_path / "shot.png"
+    proc = _chromium(page.as_uri(), f"--screenshot={shot}", "--window-size=1280,5000", "--hide-scrollbars")
+    assert proc.returncode == 0 and shot.exists(), proc.stderr[-2000:]
+    image = image_module.open(shot).convert("L")
+    width, height = image.size
+    header = 120  # the page's dark header band spans the whole width
+    dark = [(x, y) for y in range(header, height) for x in range(width - 20, width) if image.getpixel((x, y)) < 120]
+    assert dark == [], f"text past the right edge at {dark[:3]}"
+    assert len(image.getcolors(maxcolors=1_000_000) or []) > 50  # the page rendered (not blank)
