@@ -112,6 +112,19 @@ def test_nan_is_a_gap_and_a_marker_not_a_crash() -> None:
     assert raw is not None and raw.group(1).count("M") == 2  # the line breaks at the NaNs (no segment over them)
 
 
+def test_a_metric_that_is_nan_throughout_says_so_instead_of_an_empty_chart() -> None:
+    b = CurveBuilder()
+    for step in range(30):
+        b.add(0, "train", "loss", step, math.nan, step)
+        b.add(0, "train", "acc", step, step / 30, step)
+    page = curves_section(b.curves())
+    figures = re.findall(r'<figure class="curve[^"]*" data-metric="([^"]+)">(.*?)</figure>', page)
+    assert [name for name, _ in figures] == ["train/loss", "train/acc"]
+    loss = dict(figures)["train/loss"]
+    assert "<svg" not in loss and "Nothing to draw: all 30 values are NaN/inf" in loss  # was a heading alone
+    assert "<svg" in dict(figures)["train/acc"]
+
+
 def test_ranks_that_agree_are_one_line_ranks_that_differ_one_each_many_a_median_and_band() -> None:
     same, differ, many = CurveBuilder(), CurveBuilder(), CurveBuilder()
     for rank in range(3):
