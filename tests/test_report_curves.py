@@ -201,6 +201,28 @@ def test_axis_log_for_decades_and_a_spike_does_not_flatten_the_curve() -> None:
     assert curve_chart(s).count('class="spike"') == 1
 
 
+def test_a_falling_loss_drawn_in_buckets_has_no_spikes_and_a_real_one_still_shows() -> None:
+    """A loss falling fast at first, several steps to a drawn point: each early bucket's max (its first step) lies
+    far above its mean, which made the start of every clean loss curve a row of red "spikes" over a clipped axis
+    (the initial loss of an LM run, ~11, marked "above the axis")."""
+    for values in (lambda s: 1.0 / (s + 1), lambda s: 2.0 + 8.0 / (s + 1)):  # log axis; linear axis
+        b = CurveBuilder(capacity=64)
+        for step in range(1000):
+            b.add(0, "train", "loss", step, values(step), step)
+        (c,) = b.curves()
+        assert c.bucket_width > 1
+        scale = y_scale(c.lines)
+        assert scale is not None and scale.spikes == () and scale.hi >= values(0), scale
+        assert 'class="spike"' not in curve_chart(c)
+    # the same curve bucketed, with a one-step jump to 50 at step 600: still a marker above the range
+    b = CurveBuilder(capacity=64)
+    for step in range(1000):
+        b.add(0, "train", "loss", step, 50.0 if step == 600 else 2.0 + 8.0 / (step + 1), step)
+    (c,) = b.curves()
+    scale = y_scale(c.lines)
+    assert scale is not None and scale.spikes == ((600.0, 50.0),) and scale.hi >= 10.0
+
+
 def test_the_ordinary_maxima_of_a_bucketed_metric_are_not_spikes() -> None:
     # a metric that alternates (two kinds of batch): 4 steps per drawn point, so every bucket's maximum is the high
     # value while the bucket means lie flat. The maxima's usual reach is not a spike; a real one still is.
