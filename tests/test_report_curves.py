@@ -205,14 +205,14 @@ def test_a_falling_loss_drawn_in_buckets_has_no_spikes_and_a_real_one_still_show
     """A loss falling fast at first, several steps to a drawn point: each early bucket's max (its first step) lies
     far above its mean, which made the start of every clean loss curve a row of red "spikes" over a clipped axis
     (the initial loss of an LM run, ~11, marked "above the axis")."""
-    for values in (lambda s: 1.0 / (s + 1), lambda s: 2.0 + 8.0 / (s + 1)):  # log axis; linear axis
+    for offset, height in ((0.0, 1.0), (2.0, 8.0)):  # 1 -> 0.001 on a log axis; 10 -> 2 on a linear one
         b = CurveBuilder(capacity=64)
         for step in range(1000):
-            b.add(0, "train", "loss", step, values(step), step)
+            b.add(0, "train", "loss", step, offset + height / (step + 1), step)
         (c,) = b.curves()
         assert c.bucket_width > 1
         scale = y_scale(c.lines)
-        assert scale is not None and scale.spikes == () and scale.hi >= values(0), scale
+        assert scale is not None and scale.spikes == () and scale.hi >= offset + height, scale
         assert 'class="spike"' not in curve_chart(c)
     # the same curve bucketed, with a one-step jump to 50 at step 600: still a marker above the range
     b = CurveBuilder(capacity=64)
@@ -326,6 +326,17 @@ def test_report_charts_each_user_metric_per_rank_escaped(tmp_path: Path) -> None
     loss = next(c for c in model.curves if c.title == "train/loss")
     assert loss.ranks_differ and [line.label for line in loss.lines] == ["rank 0", "rank 1"]
     assert [f.kind for f in model.findings] == ["nan/inf"]  # the charts add no finding: the NaN's own only
+
+
+def test_each_chart_says_what_it_shows_in_words(tmp_path: Path) -> None:
+    """A chart's text alternative (aria-label, what a screen reader reads) was its name alone."""
+    page = write_report(_two_rank_run(tmp_path), tmp_path / "r.html").read_text()
+    found = re.findall(r'<svg[^>]*aria-label="([^"]+)" data-metric="([^"]+)"', page)
+    labels = {metric: label for label, metric in found}
+    # rank 0's loss is 3 / (step + 1), rank 1's 0.1 above it: the first line's ends, the lowest and highest of both
+    assert labels["train/loss"] == ("train/loss, 80 values by step: rank 0 from 3 at step 0 to 0.075 at step 39; "
+                                    "lowest 0.075, highest 3.1")
+    assert labels["train/grad_norm"].endswith("lowest 1, highest 1; 2 NaN/inf")
 
 
 def test_overlay_draws_each_run(tmp_path: Path) -> None:
