@@ -38,3 +38,11 @@ def test_a_long_name_wraps_inside_the_page_at_1280_px(tmp_path: Path) -> None:
     dark = [(x, y) for y in range(header, height) for x in range(width - 20, width) if image.getpixel((x, y)) < 120]
     assert dark == [], f"text past the right edge at {dark[:3]}"
     assert len(image.getcolors(maxcolors=1_000_000) or []) > 50  # the page rendered (not blank)
+
+
+def test_a_run_without_config_says_so_instead_of_empty_tables(tmp_path: Path) -> None:
+    """No config, hyperparameters or training config: each was a table of one row, no key and the value "{}"."""
+    page = write_report(_long_names_run(tmp_path), tmp_path / "r.html").read_text()
+    assert "<td>{}</td>" not in page and "<h3>hyperparameters</h3>" not in page
+    assert "Not recorded in this run: config, hyperparameters, training config." in page
+    assert "<h3>versions</h3>" in page  # what was recorded is still there

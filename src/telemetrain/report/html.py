@@ -116,12 +116,18 @@ def _identity(m: ReportModel) -> str:
     sections = (("config", meta.get("config")), ("hyperparameters", m.hyperparameters),
                 ("training config", m.training_config), ("versions", meta.get("versions")),
                 ("hardware", meta.get("hardware")))
+    absent = []
     for key, values in sections:
         flat: list[tuple[str, str]] = []
-        _flatten("", values or {}, flat)
+        if values:  # (an empty one was a table of one row: no key, value "{}")
+            _flatten("", values, flat)
         if flat:
             body += f"<div><h3>{esc(key)}</h3>" + table(("key", "value"), flat) + "</div>"
+        else:
+            absent.append(key)
     body += "</div>"
+    if absent:
+        body += f'<p class="note" data-note="absent">Not recorded in this run: {esc(", ".join(absent))}.</p>'
     procs = []
     for p in m.processes:
         i = p.identity
