@@ -286,6 +286,24 @@ def test_pick_loss_by_name() -> None:
     assert pick_loss(names, "nope") is None and pick_loss([("train", "lr")]) is None
 
 
+def test_pick_loss_prefers_the_training_groups_loss_to_an_evaluation_groups_of_the_same_name(tmp_path: Path) -> None:
+    """``train``/``loss`` and ``eval``/``loss``: "eval" sorts first, and was taken for the training loss (charted
+    first, and the loss ``compare`` and ``tail`` follow)."""
+    for evaluation in ("eval", "dev", "test"):
+        names = [(evaluation, "loss"), ("train", "loss")]
+        assert pick_loss(names) == ("train", "loss") and pick_loss(names, "loss") == ("train", "loss")
+        assert pick_loss(names, f"{evaluation}/loss") == (evaluation, "loss")
+    assert pick_loss([("eval", "ce_loss"), ("train", "ce_loss")]) == ("train", "ce_loss")
+    # on the page: the training loss's chart comes first
+    t = Telemetry(identity_from_env({}, run_id="ev", session_tag="s", rank=0, world_size=1), store=tmp_path)
+    for step in range(30):
+        t.log({"loss": 2.0 / (step + 1)}, step=step, group="train")
+        t.log({"loss": 3.0 / (step + 1)}, step=step, group="eval")
+    assert t.close(30)
+    page = write_report(tmp_path / "s" / "ev", tmp_path / "r.html").read_text()
+    assert list(_charts(page).charts)[:2] == ["train/loss", "eval/loss"]
+
+
 # -- the report of real runs -----------------------------------------------------------------------------------------
 
 
