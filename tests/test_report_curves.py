@@ -244,6 +244,15 @@ def test_axis_labels_tell_every_tick_apart_in_plain_digits() -> None:
     assert axis_labels([0.15, 0.175, 0.2], "") == ["0.150", "0.175", "0.200"]
     assert axis_labels([0.0, 5e5, 1e6, 1.5e6], "") == ["0", "0.5M", "1.0M", "1.5M"]
     assert axis_labels([0.0, 1e-5, 2e-5], "") == ["0", "1e-05", "2e-05"]  # tiny values keep an exponent
+    # a log axis (a perplexity from 20,000 down): its decades in plain digits too, not 1e+03, 1e+04
+    assert axis_labels([1.0, 10.0, 100.0, 1e3, 1e4, 1e5, 1e6, 1e7], "", log=True) == [
+        "1", "10", "100", "1,000", "10,000", "100,000", "1M", "10M"]
+    ppl = CurveBuilder()
+    for step in range(40):
+        ppl.add(0, "train", "perplexity", step, 20_000.0 * 0.8 ** step, step)
+    (c,) = ppl.curves()
+    labels = re.findall(r'text-anchor="end"[^>]*>([^<]+)</text>', curve_chart(c))
+    assert "(log y)" in curve_chart(c) and "10,000" in labels and not any("e+" in t for t in labels), labels
     assert axis_labels([0.0123, 0.01235, 0.0124], "s") == ["12.3 ms", "12.35 ms", "12.4 ms"]
     assert axis_labels([3 * 2**20, 4 * 2**20], "bytes") == ["3 MiB", "4 MiB"]
     ticks = axis_ticks(0.0, 3.1e8, 4, "By")  # bytes tick at round MiB, not at round decimal byte counts

@@ -45,7 +45,19 @@ def fmt_unit(value: float, unit: str, digits: int = 3) -> str:
             value /= 1024
     if unit == "Cel":
         return f"{value:.{digits}g} °C"
-    return f"{value:.{digits}g}" + (f" {unit}" if unit else "")
+    return _plain(value, digits) + (f" {unit}" if unit else "")
+
+
+def _plain(value: float, digits: int) -> str:
+    """``digits`` significant digits in plain digits for everyday magnitudes (``4,000``, ``25,000``; ``1M`` past a
+    million), not ``4e+03`` (a log axis's ticks, a tooltip); tiny values keep their exponent."""
+    rounded = float(f"{value:.{digits}g}")
+    if abs(rounded) >= 1e6:
+        scale, suffix = next((f, n) for f, n in _SI if abs(rounded) >= f)
+        return f"{rounded / scale:.{digits}g}{suffix}"
+    if abs(rounded) >= 1000:
+        return f"{rounded:,.0f}"
+    return f"{value:.{digits}g}"
 
 
 _UNIT_TICKS = ("s", "1", "By", "bytes", "Cel")  # units fmt_unit writes out; other units are named beside the chart
