@@ -3,6 +3,7 @@ no space to break at."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -46,3 +47,33 @@ def test_a_run_without_config_says_so_instead_of_empty_tables(tmp_path: Path) ->
     assert "<td>{}</td>" not in page and "<h3>hyperparameters</h3>" not in page
     assert "Not recorded in this run: config, hyperparameters, training config." in page
     assert "<h3>versions</h3>" in page  # what was recorded is still there
+
+
+def test_a_run_still_being_written_says_so_at_the_top(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A report of a run whose loop is still going: only "crash: ... killed (started, never ended)" before; the page
+    now says the run may still be running. Once the loop ends, it does not."""
+    from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
+
+    engines = ("python", "duckdb") if importlib.util.find_spec("duckdb") else ("python",)  # both readers
+    t = Telemetry(identity_from_env({}, run_id="live", session_tag="s", rank=0, world_size=1), store=tmp_path)
+    r = TrainingRecorder(TrainingTelemetryConfig(global_batch_size_or_fn=8, log_every_n_train_iterations=10),
+                         telemetry=t)
+    try:
+        r.on_app_start()
+        r.on_model_init_start()
+        r.on_model_init_end()
+        r.on_train_start(0)
+        for _ in range(25):
+            r.on_training_single_iteration_start()
+            r.on_training_single_iteration_end()
+        assert t.flush()
+        for engine in engines:
+            monkeypatch.setenv("TELEMETRAIN_ENGINE", engine)
+            page = write_report(tmp_path / "s" / "live", tmp_path / "live.html").read_text()
+            assert 'data-note="live"' in page and "may still be running" in page, engine
+        r.on_train_end()
+        r.on_app_end()
+    finally:
+        assert t.close(30)
+    page = write_report(tmp_path / "s" / "live", tmp_path / "done.html").read_text()
+    assert 'data-note="live"' not in page

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import statistics
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
@@ -388,12 +389,26 @@ SECTIONS = (
 )
 
 
+def _live(m: ReportModel) -> str:
+    """A run whose training loop (or application) has not ended and which wrote recently, as ``show --list`` calls
+    running: said at the top, since its crash finding cannot tell a run still being written from one just killed."""
+    from ..show_list import RUNNING_WITHIN_S
+
+    age_s = (time.time_ns() - m.end_ns) / 1e9
+    if not any(r.duration_s is None and r.name in ("training_loop", "application") for r in m.lifecycle) \
+            or age_s >= RUNNING_WITHIN_S:
+        return ""
+    return (f'<p class="finding info" data-note="live"><b>Still being written?</b>Its training loop has not ended and '
+            f"its last record is {max(age_s, 0.0):.0f} s old: the run may still be running (or was killed just now). "
+            "The page shows it as it stood when written; the crash finding below cannot tell the two apart.</p>")
+
+
 def render(m: ReportModel) -> str:
     """The whole page."""
     builders = {"headline": _headline, "anomalies": _findings, "identity": _identity, "phases": _phases,
                 "iterations": _iteration_chart, "ranks": _heatmap, "system": _system,
                 "checkpoints": checkpoints_section, "events": _events, "records": _records, "curves": _curves}
-    sections = "".join(_section(anchor, title, builders[anchor](m)) for anchor, title in SECTIONS)
+    sections = _live(m) + "".join(_section(anchor, title, builders[anchor](m)) for anchor, title in SECTIONS)
     nav = "".join(f'<a href="#{anchor}">{esc(title)}</a>' for anchor, title in SECTIONS)
     now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
     title = f"telemetrain report: {m.run_id}"
