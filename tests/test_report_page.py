@@ -77,3 +77,15 @@ def test_a_run_still_being_written_says_so_at_the_top(tmp_path: Path, monkeypatc
         assert t.close(30)
     page = write_report(tmp_path / "s" / "live", tmp_path / "done.html").read_text()
     assert 'data-note="live"' not in page
+
+
+def test_a_line_chart_says_what_it_shows_in_words() -> None:
+    """The iteration-time and system charts' text alternative (aria-label) was their title alone."""
+    from telemetrain.report.svg import line_chart
+
+    svg = line_chart("iteration time, rank 0", [("p50", [(0.0, 0.1), (10.0, 0.3), (20.0, 0.2)]),
+                                                ("mean", [(0.0, 0.12), (20.0, float("nan"))])],
+                     markers=[(10.0, 0.3, "slow")], unit="s")
+    label = svg.split('aria-label="', 1)[1].split('"', 1)[0]
+    assert label == ("iteration time, rank 0: p50 from 100 ms to 200 ms (lowest 100 ms, highest 300 ms); mean from "
+                     "120 ms to 120 ms (lowest 120 ms, highest 120 ms); 1 marked in red")

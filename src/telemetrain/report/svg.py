@@ -162,6 +162,22 @@ def _number(v: float) -> str:
     return f"{v:,.0f}" if abs(v) >= 100 or v == int(v) else f"{v:.3g}"
 
 
+def _in_words(label: str, lines: Sequence[tuple[str, Sequence[Point]]], unit: str, markers: int) -> str:
+    """A line chart's text alternative (its ``aria-label``): each line's first and last value, lowest and highest
+    (the first 8 lines), the red markers' count."""
+    said = []
+    for name, points in lines[:8]:
+        pts = _finite(points)
+        if pts:
+            ys = [y for _, y in pts]
+            said.append(f"{name} from {fmt_unit(pts[0][1], unit)} to {fmt_unit(pts[-1][1], unit)} (lowest "
+                        f"{fmt_unit(min(ys), unit)}, highest {fmt_unit(max(ys), unit)})")
+    text = label + (": " + "; ".join(said) if said else "")
+    if len(lines) > 8:
+        text += f"; and {len(lines) - 8} more lines"
+    return text + (f"; {markers} marked in red" if markers else "")
+
+
 def line_chart(
     label: str,
     lines: Sequence[tuple[str, Sequence[Point]]],
@@ -185,7 +201,8 @@ def line_chart(
     y_lo = 0.0 if y_zero and min(ys) >= 0 else min(ys)
     y_hi = max(ys) * 1.05 if max(ys) > 0 else max(ys) + 1
     frame = _Frame(width, height, (min(xs), max(xs)), (y_lo, y_hi))
-    out = [_open(width, height + 18, label, "line-chart"), f"<title>{esc(label)}</title>"]
+    out = [_open(width, height + 18, _in_words(label, lines, unit, len(markers)), "line-chart"),
+           f"<title>{esc(label)}</title>"]
     out += frame.axes(x_fmt, unit, x_label)
     legend: list[tuple[str, str, float]] = []
     for i, (name, lower, upper) in enumerate(bands):
