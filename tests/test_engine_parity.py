@@ -276,8 +276,8 @@ def test_a_copy_of_schema_version_2_is_read_and_compact_rewrites_it(v2_run: Path
 def test_spikes_by_the_sql_selection_are_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                   records_at_once: int | None) -> None:
     """The loss series reach the SQL path's rules as their spike candidates and neighbours (findings_sql): isolated
-    spikes, a jump that stays (that series read whole), a loss named alike in two groups (one series, as the Python
-    path merges them), a loss logged without steps, a gradient norm crossing zero, NaN; report, show and tail agree
+    spikes, a jump that stays (that series read whole), a loss named alike in two groups (a series each, named by its
+    group), a loss logged without steps, a gradient norm crossing zero, NaN; report, show and tail agree
     with the pure-Python path, the blocks of the spike pre-filter made for both ranks at once or rank by rank."""
     if records_at_once is not None:
         from telemetrain.analysis import findings_sql
@@ -308,7 +308,8 @@ def test_spikes_by_the_sql_selection_are_the_same(tmp_path: Path, monkeypatch: p
     assert not read and sql_show == py_show
     assert not differences(model.findings, sql_model.findings)
     spikes = [f for f in model.findings if f.kind == "spike"]
-    assert {f.title.split(": ")[1].split(" at ")[0] for f in spikes} == {"train.loss", "train.grad_norm", "loss"}
+    assert {f.title.split(": ")[1].split(" at ")[0] for f in spikes} == {"train.loss", "train.grad_norm", "eval/loss",
+                                                                         "val/loss"}
     from telemetrain.analysis.show_sql import findings_builder_sql
 
     with Engine([run_dir]) as engine:

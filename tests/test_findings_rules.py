@@ -520,6 +520,16 @@ def test_non_finite_values_are_named_per_metric() -> None:
     assert "first at step 118, rank 1" in f.detail
 
 
+def test_non_finite_values_of_one_name_in_two_groups_are_two_metrics() -> None:
+    """``train``'s loss NaN from step 500 and ``val``'s once: each counted and placed in its own group (one finding
+    said "3 NaN/inf value(s) of val/loss" of them all)."""
+    items = [NonFinite("train", "loss", 2, 500, 0, math.nan), NonFinite("val", "loss", 1, 400, 0, math.inf)]
+    found = analyse(FindingsInput(nonfinite=items)).findings
+    assert [(f.title, f.evidence.steps if f.evidence else None) for f in found] == [
+        ("non-finite values: train/loss", (500, 500)), ("non-finite values: val/loss", (400, 400))]
+    assert "2 NaN/inf value(s) of train/loss" in found[0].detail and "1 NaN/inf value(s) of val/loss" in found[1].detail
+
+
 # -- crashes and restarts ----------------------------------------------------------------------------------------------
 
 

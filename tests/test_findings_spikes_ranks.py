@@ -97,3 +97,34 @@ def test_one_rank_is_tested_as_before_and_ranks_logging_the_same_loss_spike_toge
     same = [ValueSeries("loss", "loss", r, small) for r in range(1024)]
     (f,) = spikes(same, th)
     assert f.evidence is not None and f.evidence.steps == (60, 60) and len(f.evidence.ranks) == 1024
+
+
+def test_a_loss_of_another_group_is_its_own_series_not_a_spike_of_the_training_loss(tmp_path: Path) -> None:
+    """``train``'s falling loss then ``val``'s loss, both named ``loss``: read as one series, val's first points (far
+    above the last training losses) were a "loss spike" of a clean run."""
+    pytest.importorskip("duckdb")
+    from telemetrain.report.model import build_model
+    from telemetrain.store.engine import Engine
+
+    t = Telemetry(identity_from_env({}, run_id="groups", session_tag="s", rank=0, world_size=1), store=tmp_path)
+    rng = random.Random(3)
+    for step in range(200):
+        t.log({"loss": 5.0 * math.exp(-step / 20) + 0.01 * (1 + 0.01 * rng.random())}, step=step, group="train")
+    for step in range(0, 200, 5):
+        t.log({"loss": 2.0 + 0.01 * rng.random()}, step=step, group="val")
+    assert t.close(30)
+    run_dir = run_dir_of(t)
+    found = _readers(run_dir)
+    found["report"] = [f for f in build_model(open_run(run_dir)).findings if f.kind == "spike"]
+    with Engine([run_dir]) as engine:
+        found["report sql"] = [f for f in build_model(open_run(run_dir), engine=engine).findings if f.kind == "spike"]
+    for reader, spikes_found in found.items():
+        assert [f.title for f in spikes_found] == [], reader
+    # and a spike of the validation loss is named by its group
+    t = Telemetry(identity_from_env({}, run_id="groups2", session_tag="s", rank=0, world_size=1), store=tmp_path)
+    for step in range(60):
+        t.log({"loss": 1.0 + 0.01 * rng.random()}, step=step, group="train")
+        t.log({"loss": (9.0 if step == 40 else 2.0) + 0.01 * rng.random()}, step=step, group="val")
+    assert t.close(30)
+    for reader, spikes_found in _readers(run_dir_of(t)).items():
+        assert [f.title for f in spikes_found] == ["loss spike: val/loss at step 40"], reader

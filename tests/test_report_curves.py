@@ -112,6 +112,19 @@ def test_nan_is_a_gap_and_a_marker_not_a_crash() -> None:
     assert raw is not None and raw.group(1).count("M") == 2  # the line breaks at the NaNs (no segment over them)
 
 
+def test_a_metric_that_is_nan_throughout_says_so_instead_of_an_empty_chart() -> None:
+    b = CurveBuilder()
+    for step in range(30):
+        b.add(0, "train", "loss", step, math.nan, step)
+        b.add(0, "train", "acc", step, step / 30, step)
+    page = curves_section(b.curves())
+    figures = re.findall(r'<figure class="curve[^"]*" data-metric="([^"]+)">(.*?)</figure>', page)
+    assert [name for name, _ in figures] == ["train/loss", "train/acc"]
+    loss = dict(figures)["train/loss"]
+    assert "<svg" not in loss and "Nothing to draw: all 30 values are NaN/inf" in loss  # was a heading alone
+    assert "<svg" in dict(figures)["train/acc"]
+
+
 def test_ranks_that_agree_are_one_line_ranks_that_differ_one_each_many_a_median_and_band() -> None:
     same, differ, many = CurveBuilder(), CurveBuilder(), CurveBuilder()
     for rank in range(3):
@@ -188,6 +201,28 @@ def test_axis_log_for_decades_and_a_spike_does_not_flatten_the_curve() -> None:
     assert curve_chart(s).count('class="spike"') == 1
 
 
+def test_a_falling_loss_drawn_in_buckets_has_no_spikes_and_a_real_one_still_shows() -> None:
+    """A loss falling fast at first, several steps to a drawn point: each early bucket's max (its first step) lies
+    far above its mean, which made the start of every clean loss curve a row of red "spikes" over a clipped axis
+    (the initial loss of an LM run, ~11, marked "above the axis")."""
+    for offset, height in ((0.0, 1.0), (2.0, 8.0)):  # 1 -> 0.001 on a log axis; 10 -> 2 on a linear one
+        b = CurveBuilder(capacity=64)
+        for step in range(1000):
+            b.add(0, "train", "loss", step, offset + height / (step + 1), step)
+        (c,) = b.curves()
+        assert c.bucket_width > 1
+        scale = y_scale(c.lines)
+        assert scale is not None and scale.spikes == () and scale.hi >= offset + height, scale
+        assert 'class="spike"' not in curve_chart(c)
+    # the same curve bucketed, with a one-step jump to 50 at step 600: still a marker above the range
+    b = CurveBuilder(capacity=64)
+    for step in range(1000):
+        b.add(0, "train", "loss", step, 50.0 if step == 600 else 2.0 + 8.0 / (step + 1), step)
+    (c,) = b.curves()
+    scale = y_scale(c.lines)
+    assert scale is not None and scale.spikes == ((600.0, 50.0),) and scale.hi >= 10.0
+
+
 def test_the_ordinary_maxima_of_a_bucketed_metric_are_not_spikes() -> None:
     # a metric that alternates (two kinds of batch): 4 steps per drawn point, so every bucket's maximum is the high
     # value while the bucket means lie flat. The maxima's usual reach is not a spike; a real one still is.
@@ -209,6 +244,15 @@ def test_axis_labels_tell_every_tick_apart_in_plain_digits() -> None:
     assert axis_labels([0.15, 0.175, 0.2], "") == ["0.150", "0.175", "0.200"]
     assert axis_labels([0.0, 5e5, 1e6, 1.5e6], "") == ["0", "0.5M", "1.0M", "1.5M"]
     assert axis_labels([0.0, 1e-5, 2e-5], "") == ["0", "1e-05", "2e-05"]  # tiny values keep an exponent
+    # a log axis (a perplexity from 20,000 down): its decades in plain digits too, not 1e+03, 1e+04
+    assert axis_labels([1.0, 10.0, 100.0, 1e3, 1e4, 1e5, 1e6, 1e7], "", log=True) == [
+        "1", "10", "100", "1,000", "10,000", "100,000", "1M", "10M"]
+    ppl = CurveBuilder()
+    for step in range(40):
+        ppl.add(0, "train", "perplexity", step, 20_000.0 * 0.8 ** step, step)
+    (c,) = ppl.curves()
+    labels = re.findall(r'text-anchor="end"[^>]*>([^<]+)</text>', curve_chart(c))
+    assert "(log y)" in curve_chart(c) and "10,000" in labels and not any("e+" in t for t in labels), labels
     assert axis_labels([0.0123, 0.01235, 0.0124], "s") == ["12.3 ms", "12.35 ms", "12.4 ms"]
     assert axis_labels([3 * 2**20, 4 * 2**20], "bytes") == ["3 MiB", "4 MiB"]
     ticks = axis_ticks(0.0, 3.1e8, 4, "By")  # bytes tick at round MiB, not at round decimal byte counts
@@ -251,6 +295,24 @@ def test_pick_loss_by_name() -> None:
     assert pick_loss(names, "nope") is None and pick_loss([("train", "lr")]) is None
 
 
+def test_pick_loss_prefers_the_training_groups_loss_to_an_evaluation_groups_of_the_same_name(tmp_path: Path) -> None:
+    """``train``/``loss`` and ``eval``/``loss``: "eval" sorts first, and was taken for the training loss (charted
+    first, and the loss ``compare`` and ``tail`` follow)."""
+    for evaluation in ("eval", "dev", "test"):
+        names = [(evaluation, "loss"), ("train", "loss")]
+        assert pick_loss(names) == ("train", "loss") and pick_loss(names, "loss") == ("train", "loss")
+        assert pick_loss(names, f"{evaluation}/loss") == (evaluation, "loss")
+    assert pick_loss([("eval", "ce_loss"), ("train", "ce_loss")]) == ("train", "ce_loss")
+    # on the page: the training loss's chart comes first
+    t = Telemetry(identity_from_env({}, run_id="ev", session_tag="s", rank=0, world_size=1), store=tmp_path)
+    for step in range(30):
+        t.log({"loss": 2.0 / (step + 1)}, step=step, group="train")
+        t.log({"loss": 3.0 / (step + 1)}, step=step, group="eval")
+    assert t.close(30)
+    page = write_report(tmp_path / "s" / "ev", tmp_path / "r.html").read_text()
+    assert list(_charts(page).charts)[:2] == ["train/loss", "eval/loss"]
+
+
 # -- the report of real runs -----------------------------------------------------------------------------------------
 
 
@@ -291,6 +353,17 @@ def test_report_charts_each_user_metric_per_rank_escaped(tmp_path: Path) -> None
     loss = next(c for c in model.curves if c.title == "train/loss")
     assert loss.ranks_differ and [line.label for line in loss.lines] == ["rank 0", "rank 1"]
     assert [f.kind for f in model.findings] == ["nan/inf"]  # the charts add no finding: the NaN's own only
+
+
+def test_each_chart_says_what_it_shows_in_words(tmp_path: Path) -> None:
+    """A chart's text alternative (aria-label, what a screen reader reads) was its name alone."""
+    page = write_report(_two_rank_run(tmp_path), tmp_path / "r.html").read_text()
+    found = re.findall(r'<svg[^>]*aria-label="([^"]+)" data-metric="([^"]+)"', page)
+    labels = {metric: label for label, metric in found}
+    # rank 0's loss is 3 / (step + 1), rank 1's 0.1 above it: the first line's ends, the lowest and highest of both
+    assert labels["train/loss"] == ("train/loss, 80 values by step: rank 0 from 3 at step 0 to 0.075 at step 39; "
+                                    "lowest 0.075, highest 3.1")
+    assert labels["train/grad_norm"].endswith("lowest 1, highest 1; 2 NaN/inf")
 
 
 def test_overlay_draws_each_run(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ from .findings.builder import (
     RSS,
     STALL_EVIDENCE,
     STRAGGLER,
+    VALUE_SERIES_NAME_SQL,
     InputBuilder,
     value_series_kind,
 )
@@ -206,8 +207,9 @@ def findings_builder_sql(engine: Any, run: Run) -> InputBuilder:
         insert_rows(engine.con, "show_value_series", values)
         feed_value_series_sql(
             builder, engine,
-            f"(SELECT name, rank, step, value, pid, segment, line FROM metrics WHERE {w} AND {number} "
-            "AND (group_name, name) IN (SELECT group_name, name FROM show_value_series))", "name")
+            f"(SELECT {VALUE_SERIES_NAME_SQL.format(name='name')} AS vkey, rank, step, value, pid, segment, line "
+            f"FROM metrics WHERE {w} AND {number} "
+            "AND (group_name, name) IN (SELECT group_name, name FROM show_value_series))", "vkey")
     feed_memory_series_sql(builder, engine, gauges_relation("metrics", "name", w))  # (after the reports)
     feed_agent_events(builder, run)
     return builder

@@ -86,8 +86,11 @@ def y_scale(lines: Sequence[CurveLine], *, zero: bool = False, allow_log: bool =
         usual = max(_quantile(excess, 0.5), 0.0) if excess else 0.0
         spread = 1.4826 * _quantile(sorted(abs(e - usual) for e in excess), 0.5) if excess else 0.0
         limit = usual + 8 * max(scale, spread)
-        for p, c in zip(pts, center, strict=True):
-            if p.hi - c > limit and len(pts) >= 8:  # a spike: its bucket counts at the smoothed value
+        for i, (p, c) in enumerate(zip(pts, center, strict=True)):
+            # a spike jumps above the buckets on either side; a falling curve's bucket holds its own highest value
+            # first (under the bucket before it), and its first bucket has nothing to jump from: neither is one
+            jump = i > 0 and p.hi > pts[i - 1].mean and (i + 1 == len(pts) or p.hi > pts[i + 1].mean)
+            if jump and p.hi - c > limit and len(pts) >= 8:  # a spike: its bucket counts at the smoothed value
                 spikes.append((p.hi_x, p.hi))
                 kept.append(c)
                 if p.n > 1:

@@ -400,9 +400,11 @@ def _median_line(aligned: dict[int, dict[int, list[float]]], scale: float, origi
 
 def pick_loss(names: Iterable[tuple[str, str]], wanted: str | None = None) -> tuple[str, str] | None:
     """The (group, name) of the run's training loss: ``wanted`` when given (a name, or group/name), else a metric
-    named ``loss``, ``train/loss``, ``train.loss``, ``train_loss``, else the first user metric whose name ends in
-    ``loss`` and is not an evaluation metric, else any ending in ``loss``."""
-    items = sorted(names)
+    named ``loss``, ``train/loss``, ``train.loss``, ``train_loss`` (in a group that is not an evaluation group's, when
+    there is one), else the first user metric whose name ends in ``loss`` and is not an evaluation metric, else any
+    ending in ``loss``."""
+    # a name logged in an evaluation group too (``eval``/``loss`` beside ``train``/``loss``): the other group's first
+    items = sorted(sorted(names), key=lambda item: is_eval(item[0]))
     if wanted:
         for group, name in items:
             if wanted in (name, f"{group}/{name}", f"{group}.{name}"):
@@ -413,6 +415,6 @@ def pick_loss(names: Iterable[tuple[str, str]], wanted: str | None = None) -> tu
             if name.lower() == preferred:
                 return group, name
     ending = [(g, n) for g, n in items if n.lower().endswith("loss") and is_user_group(g)]
-    training = [(g, n) for g, n in ending if not is_eval(n)]
+    training = [(g, n) for g, n in ending if not is_eval(n) and not is_eval(g)]
     found = training or ending
     return found[0] if found else None

@@ -67,8 +67,11 @@ def curves_section(curves: Sequence[Curve],
         if c.unit:
             facts.append(f"unit {c.unit}")
         kind = "evaluation" if c.evaluation else ""
+        # no finite value (a loss that was NaN from the start): no axis to draw on, said instead of an empty figure
+        chart = curve_chart(c) or (f'<p class="note nothing-to-draw">Nothing to draw: all {c.points:,} values are '
+                                   "NaN/inf (the nan/inf finding says from which step).</p>")
         out.append(f'<figure class="curve {kind}" data-metric="{esc(c.title)}"><h3>{esc(c.title)}</h3>'
-                   + curve_chart(c) + f'<figcaption class="note">{esc("; ".join(facts))}</figcaption></figure>')
+                   + chart + f'<figcaption class="note">{esc("; ".join(facts))}</figcaption></figure>')
     out.append("</div>")
     if constant:
         values = ", ".join(f"{title} = {value:g}" for title, value in sorted(

@@ -16,7 +16,7 @@ from .curve_scale import YScale, log_allowed, smooth, smoothing_window, y_scale
 from .curves import Curve, CurveLine
 from .svg import PALETTE, axis_labels, axis_ticks, esc, nice_ticks
 
-__all__ = ["curve_chart", "overlay_chart"]
+__all__ = ["curve_chart", "overlay_chart", "text_alternative"]
 
 SMOOTH_FROM = 20  # points of a line before a smoothed line is drawn over it
 _FONT = 'font-family="system-ui,sans-serif" font-size="11"'
@@ -167,6 +167,27 @@ def _svg_open(width: int, height: int, label: str, metric: str) -> str:
             f"<title>{esc(label)}</title>")
 
 
+def text_alternative(curve: Curve) -> str:
+    """What the chart shows, in words (its ``aria-label``: a screen reader's only access to it): the first line's
+    first and last values and where, the lowest and highest of every line, the NaN/inf count."""
+    def num(v: float) -> str:
+        return f"{v:.4g}" + (f" {curve.unit}" if curve.unit and curve.unit != "1" else "")
+
+    def at(v: float) -> str:
+        return f"step {v:,.0f}" if curve.by_step else f"{v:.3g} s"
+
+    text = f"{curve.title}, {curve.points:,} values by {curve.x_label}"
+    drawn = [p for p in curve.lines[0].points if p.n] if curve.lines else []
+    if drawn:
+        first, last = drawn[0], drawn[-1]
+        every = [p for line in curve.lines for p in line.points if p.n]
+        text += (f": {curve.lines[0].label} from {num(first.mean)} at {at(first.x)} to {num(last.mean)} at "
+                 f"{at(last.x)}; lowest {num(min(p.lo for p in every))}, highest {num(max(p.hi for p in every))}")
+    if curve.nonfinite:
+        text += f"; {curve.nonfinite:,} NaN/inf"
+    return text
+
+
 def curve_chart(curve: Curve, *, width: int = 600, height: int = 220) -> str:
     """One metric of one run."""
     x = _x_range(curve.lines)
@@ -174,7 +195,7 @@ def curve_chart(curve: Curve, *, width: int = 600, height: int = 220) -> str:
     if x is None or scale is None:
         return ""
     plot = _Plot(width, height, x, scale)
-    out = [_svg_open(width, height + 18, curve.title, curve.title)]
+    out = [_svg_open(width, height + 18, text_alternative(curve), curve.title)]
     out += plot.axes(curve.unit, curve.by_step, curve.x_label)
     legend = []
     for i, line in enumerate(curve.lines):

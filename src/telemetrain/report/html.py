@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import statistics
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
@@ -44,7 +45,7 @@ section{background:#fff;border:1px solid #e2e5e9;border-radius:6px;margin:14px 0
 h2{font-size:17px;margin:6px 0 10px}h3{font-size:14px;margin:14px 0 6px;color:#333}
 table{border-collapse:collapse;font-size:12px;margin:4px 0 8px}
 td,th{border-bottom:1px solid #eee;padding:3px 8px;text-align:left;vertical-align:top}
-th{background:#f1f3f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
+th{background:#f1f3f5}td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 .cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(240px,1fr));gap:10px}
 .card{border:1px solid #e2e5e9;border-radius:6px;padding:8px 12px}
 .card .v{font-size:20px;font-weight:600}.card .l{font-size:12px;color:#555}.card .h{font-size:11px;color:#888}
@@ -56,6 +57,7 @@ th{background:#f1f3f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .cols{display:flex;flex-wrap:wrap;gap:0 28px;align-items:flex-start}.cols>div>p.note{max-width:640px}
 svg.chart{display:block;margin:6px 0;max-width:100%;height:auto}
 figure.curve{margin:0}figure.curve h3{margin:10px 0 2px}
+h1,h2,h3,p,li,summary,figcaption,.finding,td.wrap{overflow-wrap:anywhere}
 """
 
 
@@ -115,12 +117,18 @@ def _identity(m: ReportModel) -> str:
     sections = (("config", meta.get("config")), ("hyperparameters", m.hyperparameters),
                 ("training config", m.training_config), ("versions", meta.get("versions")),
                 ("hardware", meta.get("hardware")))
+    absent = []
     for key, values in sections:
         flat: list[tuple[str, str]] = []
-        _flatten("", values or {}, flat)
+        if values:  # (an empty one was a table of one row: no key, value "{}")
+            _flatten("", values, flat)
         if flat:
             body += f"<div><h3>{esc(key)}</h3>" + table(("key", "value"), flat) + "</div>"
+        else:
+            absent.append(key)
     body += "</div>"
+    if absent:
+        body += f'<p class="note" data-note="absent">Not recorded in this run: {esc(", ".join(absent))}.</p>'
     procs = []
     for p in m.processes:
         i = p.identity
@@ -381,12 +389,26 @@ SECTIONS = (
 )
 
 
+def _live(m: ReportModel) -> str:
+    """A run whose training loop (or application) has not ended and which wrote recently, as ``show --list`` calls
+    running: said at the top, since its crash finding cannot tell a run still being written from one just killed."""
+    from ..show_list import RUNNING_WITHIN_S
+
+    age_s = (time.time_ns() - m.end_ns) / 1e9
+    if not any(r.duration_s is None and r.name in ("training_loop", "application") for r in m.lifecycle) \
+            or age_s >= RUNNING_WITHIN_S:
+        return ""
+    return (f'<p class="finding info" data-note="live"><b>Still being written?</b>Its training loop has not ended and '
+            f"its last record is {max(age_s, 0.0):.0f} s old: the run may still be running (or was killed just now). "
+            "The page shows it as it stood when written; the crash finding below cannot tell the two apart.</p>")
+
+
 def render(m: ReportModel) -> str:
     """The whole page."""
     builders = {"headline": _headline, "anomalies": _findings, "identity": _identity, "phases": _phases,
                 "iterations": _iteration_chart, "ranks": _heatmap, "system": _system,
                 "checkpoints": checkpoints_section, "events": _events, "records": _records, "curves": _curves}
-    sections = "".join(_section(anchor, title, builders[anchor](m)) for anchor, title in SECTIONS)
+    sections = _live(m) + "".join(_section(anchor, title, builders[anchor](m)) for anchor, title in SECTIONS)
     nav = "".join(f'<a href="#{anchor}">{esc(title)}</a>' for anchor, title in SECTIONS)
     now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
     title = f"telemetrain report: {m.run_id}"

@@ -4,6 +4,7 @@ first rows and outliers with the whole table folded (``many_ranks.few_rows``), a
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -11,6 +12,11 @@ from .many_ranks import few_rows
 from .svg import esc
 
 __all__ = ["Raw", "attribute_value", "attributes_cell", "few_table", "folded", "table"]
+
+
+# a cell with a run of this many characters without a space (a long metric name, a path) may break anywhere; only
+# such cells: every cell breakable lets the table squeeze its short words and numbers into stacks of letters
+_LONG_WORD = re.compile(r"\S{48}")
 
 
 class Raw(str):
@@ -23,8 +29,8 @@ def table(header: Sequence[str], rows: Iterable[Sequence[Any]], numeric: Sequenc
     for row in rows:
         cells = []
         for i, cell in enumerate(row):
-            cls = ' class="num"' if i in numeric else ""
             text = cell if isinstance(cell, Raw) else "-" if cell is None else esc(cell)
+            cls = ' class="num"' if i in numeric else ' class="wrap"' if _LONG_WORD.search(text) else ""
             cells.append(f"<td{cls}>{text}</td>")
         out.append("<tr>" + "".join(cells) + "</tr>")
     out.append("</table>")

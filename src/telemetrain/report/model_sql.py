@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 from ..analysis.counter_totals import lifetimes_sql, merge_lifetimes
-from ..analysis.findings.builder import GPU_MEMORY_LIMIT, HOST_MEMORY_LIMIT, HOST_MEMORY_USAGE
+from ..analysis.findings.builder import GPU_MEMORY_LIMIT, HOST_MEMORY_LIMIT, HOST_MEMORY_USAGE, VALUE_SERIES_NAME_SQL
 from ..analysis.findings.thresholds import Thresholds
 from ..analysis.findings.values import value_kind
 from ..analysis.findings_sql import (
@@ -387,9 +387,10 @@ class SqlCollector(_Collector):
             excluded = "('training', 'system', 'cross_rank')"
             feed_value_series_sql(
                 self.inputs, self.engine,
-                f"(SELECT skey, rank, step, value, pid, segment, line FROM {self._metrics_keyed()} WHERE skey IN "
-                f"{_names(values)} AND group_name NOT IN {excluded} AND NOT starts_with(group_name, 'system.') "
-                "AND value_bool IS NULL AND value IS NOT NULL)", "skey", self.thresholds)
+                f"(SELECT {VALUE_SERIES_NAME_SQL.format(name='skey')} AS vkey, rank, step, value, pid, segment, line "
+                f"FROM {self._metrics_keyed()} WHERE skey IN {_names(values)} AND group_name NOT IN {excluded} "
+                "AND NOT starts_with(group_name, 'system.') AND value_bool IS NULL AND value IS NOT NULL)", "vkey",
+                self.thresholds)
 
     def _stats(self) -> None:
         bad = ("coalesce(TRY_CAST(json_extract(\"values\", '$.nan_count') AS DOUBLE), 0) + "

@@ -45,7 +45,19 @@ def fmt_unit(value: float, unit: str, digits: int = 3) -> str:
             value /= 1024
     if unit == "Cel":
         return f"{value:.{digits}g} °C"
-    return f"{value:.{digits}g}" + (f" {unit}" if unit else "")
+    return _plain(value, digits) + (f" {unit}" if unit else "")
+
+
+def _plain(value: float, digits: int) -> str:
+    """``digits`` significant digits in plain digits for everyday magnitudes (``4,000``, ``25,000``; ``1M`` past a
+    million), not ``4e+03`` (a log axis's ticks, a tooltip); tiny values keep their exponent."""
+    rounded = float(f"{value:.{digits}g}")
+    if abs(rounded) >= 1e6:
+        scale, suffix = next((f, n) for f, n in _SI if abs(rounded) >= f)
+        return f"{rounded / scale:.{digits}g}{suffix}"
+    if abs(rounded) >= 1000:
+        return f"{rounded:,.0f}"
+    return f"{value:.{digits}g}"
 
 
 _UNIT_TICKS = ("s", "1", "By", "bytes", "Cel")  # units fmt_unit writes out; other units are named beside the chart
@@ -150,6 +162,22 @@ def _number(v: float) -> str:
     return f"{v:,.0f}" if abs(v) >= 100 or v == int(v) else f"{v:.3g}"
 
 
+def _in_words(label: str, lines: Sequence[tuple[str, Sequence[Point]]], unit: str, markers: int) -> str:
+    """A line chart's text alternative (its ``aria-label``): each line's first and last value, lowest and highest
+    (the first 8 lines), the red markers' count."""
+    said = []
+    for name, points in lines[:8]:
+        pts = _finite(points)
+        if pts:
+            ys = [y for _, y in pts]
+            said.append(f"{name} from {fmt_unit(pts[0][1], unit)} to {fmt_unit(pts[-1][1], unit)} (lowest "
+                        f"{fmt_unit(min(ys), unit)}, highest {fmt_unit(max(ys), unit)})")
+    text = label + (": " + "; ".join(said) if said else "")
+    if len(lines) > 8:
+        text += f"; and {len(lines) - 8} more lines"
+    return text + (f"; {markers} marked in red" if markers else "")
+
+
 def line_chart(
     label: str,
     lines: Sequence[tuple[str, Sequence[Point]]],
@@ -173,7 +201,8 @@ def line_chart(
     y_lo = 0.0 if y_zero and min(ys) >= 0 else min(ys)
     y_hi = max(ys) * 1.05 if max(ys) > 0 else max(ys) + 1
     frame = _Frame(width, height, (min(xs), max(xs)), (y_lo, y_hi))
-    out = [_open(width, height + 18, label, "line-chart"), f"<title>{esc(label)}</title>"]
+    out = [_open(width, height + 18, _in_words(label, lines, unit, len(markers)), "line-chart"),
+           f"<title>{esc(label)}</title>"]
     out += frame.axes(x_fmt, unit, x_label)
     legend: list[tuple[str, str, float]] = []
     for i, (name, lower, upper) in enumerate(bands):

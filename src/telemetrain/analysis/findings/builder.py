@@ -33,8 +33,8 @@ from .window_budget import Held, WindowStore
 from .worker_exits import EVENT as WORKER_FAILED
 from .worker_exits import worker_exits
 
-__all__ = ["STALL", "STALL_EVIDENCE", "WINDOW_POINT_KEYS", "InputBuilder", "value_series_kind", "window_point",
-           "window_point_of_values"]
+__all__ = ["STALL", "STALL_EVIDENCE", "VALUE_SERIES_NAME_SQL", "WINDOW_POINT_KEYS", "InputBuilder", "value_series_kind",
+           "value_series_name", "window_point", "window_point_of_values"]
 
 REPORT = ("training", "training_metrics_update")
 STRAGGLER = ("cross_rank", "straggler")
@@ -65,6 +65,16 @@ def value_series_kind(group: str, name: str) -> str | None:
     if group in _NOT_VALUES or group.startswith("system."):
         return None
     return value_kind(name)  # none of the memory gauges' names is a loss or a gradient norm
+
+
+def value_series_name(group: str, name: str) -> str:
+    """The name a value series is tested and reported by: ``group/name`` (as the report's charts title it), the bare
+    name in the default group -- so a ``val`` group's ``loss`` is not read as the next points of the training loss."""
+    return name if group in ("", "default") else f"{group}/{name}"
+
+
+# the same, in SQL over columns ``group_name`` and ``name``
+VALUE_SERIES_NAME_SQL = "CASE WHEN group_name IN ('', 'default') THEN {name} ELSE group_name || '/' || {name} END"
 
 
 _DEVICE_PHASES = slice(11, 11 + len(PHASES))  # of WINDOW_POINT_KEYS
@@ -254,7 +264,7 @@ class InputBuilder:
             entry2 = self._host.setdefault(host, [None, None])
             entry2[0 if name == HOST_MEMORY_LIMIT else 1] = float(value)
         elif series and value_series_kind(group, name) is not None:
-            points = self._values.setdefault((name, rank), self._deque())
+            points = self._values.setdefault((value_series_name(group, name), rank), self._deque())
             points.append((step if step is not None else len(points), float(value)))
         self._seen(wall_ns)
 

@@ -57,11 +57,17 @@ def value_kind(name: str) -> str | None:
 
 
 def nonfinite(items: Sequence[NonFinite]) -> list[Finding]:
-    merged: dict[str, list[NonFinite]] = {}
+    merged: dict[tuple[str, str], list[NonFinite]] = {}
     for item in items:
-        merged.setdefault(item.name, []).append(item)
+        merged.setdefault((item.name, item.group), []).append(item)
+    # one finding per metric (a group and a name): ``val``'s loss is not counted as ``train``'s; a name in several
+    # groups is titled by its group too
+    groups_of: dict[str, int] = {}
+    for name, _ in merged:
+        groups_of[name] = groups_of.get(name, 0) + 1
     findings = []
-    for name, group in sorted(merged.items()):
+    for (name, group_name), group in sorted(merged.items()):
+        title = f"{group_name}/{name}" if groups_of[name] > 1 else name
         count = sum(i.count for i in group)
         stepped = [i for i in group if i.first_step is not None]
         first = min(stepped, key=lambda i: i.first_step or 0) if stepped else group[0]
@@ -69,7 +75,7 @@ def nonfinite(items: Sequence[NonFinite]) -> list[Finding]:
                  else f" (first on rank {first.rank})")
         ranks = tuple(sorted({i.rank for i in group}))
         findings.append(Finding(
-            "warning", "nan/inf", f"non-finite values: {name}",
+            "warning", "nan/inf", f"non-finite values: {title}",
             f"{count} NaN/inf value(s) of {first.group}/{name}{where}, e.g. {first.example}"
             + (f"; on rank(s) {ranges(list(ranks))}" if len(ranks) > 1 else ""),
             Evidence(steps=(first.first_step, first.first_step) if first.first_step is not None else None,
