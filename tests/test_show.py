@@ -39,6 +39,7 @@ def rank_run(root: Path, run_id: str, rank: int, *, ms: float, last_value: float
             r.on_save_checkpoint_start(i + 1, now)
             r.on_save_checkpoint_success(i + 1, now + 1)
             r.on_save_checkpoint_end(now + 1)
+            now += 1  # (the next iteration starts after the save: a 1 ms pause the rates leave out)
     if last_value is not None:
         t.metric("loss", last_value, "train")
     r.on_train_end(now)
