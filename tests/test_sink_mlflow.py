@@ -267,6 +267,11 @@ _ENDING = textwrap.dedent(
     if how == "sigterm":
         os.kill(os.getpid(), signal.SIGTERM)  # our handler closes the Telemetry, then the process dies of it
         time.sleep(30)
+    if how == "sigint":
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C: Python's KeyboardInterrupt, uncaught
+        time.sleep(30)
+    if how in ("exit0", "exit3"):
+        sys.exit(int(how[4:]))
     if how == "exception":
         raise RuntimeError("the training job failed")
     """
@@ -274,11 +279,12 @@ _ENDING = textwrap.dedent(
 
 
 @pytest.mark.parametrize(("how", "status", "returncode"),
-                         [("exit", "FINISHED", 0), ("sigterm", "KILLED", -15), ("exception", "FAILED", 1)])
+                         [("exit", "FINISHED", 0), ("sigterm", "KILLED", -15), ("exception", "FAILED", 1),
+                          ("sigint", "KILLED", -2), ("exit0", "FINISHED", 0), ("exit3", "FAILED", 3)])
 def test_the_run_ends_with_the_process_fate(tmp_path: Path, store_uri: str, how: str, status: str,
                                             returncode: int) -> None:
     """A normal exit ends the run FINISHED; dying of SIGTERM (torchelastic stopping a worker), KILLED; an uncaught
-    exception, FAILED -- so MLflow's run list tells them apart."""
+    exception or a non-zero sys.exit, FAILED; a Ctrl-C, KILLED -- so MLflow's run list tells them apart."""
     proc = subprocess.run([sys.executable, "-c", _ENDING, store_uri, how], capture_output=True, text=True, timeout=60)
     assert proc.returncode == returncode, proc.stderr
     client = MlflowClient(store_uri)
