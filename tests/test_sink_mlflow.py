@@ -292,3 +292,28 @@ def test_the_run_ends_with_the_process_fate(tmp_path: Path, store_uri: str, how:
     (run,) = client.search_runs([experiment.experiment_id])
     assert run.info.run_name == how and run.info.status == status
     assert [m.value for m in client.get_metric_history(run.info.run_id, "train/loss")] == [0.5]
+
+
+def test_a_batch_whose_later_request_fails_counts_only_the_rest_as_failed(tmp_path: Path, store_uri: str) -> None:
+    """MLflow takes at most MAX_METRICS_PER_BATCH metrics a request: when a later request of a batch fails, the
+    metrics of the earlier ones are stored, and their records are delivered, not counted as lost."""
+    from mlflow.utils.validation import MAX_METRICS_PER_BATCH
+
+    t = telemetrain.Telemetry(store=False, flush_interval=math.inf)  # one batch per flush
+    sink = MLflowSink(store_uri, experiment_name="split")
+    t.add_sink(sink)
+    t.metric("a", 1.0, step=0)
+    assert t.flush()
+    # the file store keeps metric "a" as a file: "a/b" (a directory under it) is refused, a real failure
+    with pytest.warns(telemetrain.TelemetryWarning, match="sink 'mlflow' failed"):
+        for i in range(MAX_METRICS_PER_BATCH):
+            t.metric("x", float(i), step=i)
+        t.metric("a/b", 2.0, step=1)
+        t.metric("y", 3.0, step=1)
+        assert t.flush()
+    s = health_of(t)
+    client = MlflowClient(store_uri)
+    stored = len(client.get_metric_history(sink.run_id or "", "x"))
+    assert stored == MAX_METRICS_PER_BATCH  # the first request of the batch got through
+    assert s["delivered"] == 1 + stored and s["failed"] == 2, s
+    t.close()
