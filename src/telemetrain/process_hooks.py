@@ -123,21 +123,29 @@ def ending() -> str | None:
 
 def ending_cause() -> str | None:
     """What is ending the process, for spans still open at close: ``"SIGTERM"``/``"SIGINT"`` while our handler
-    closes everything before dying of it, the type name of the uncaught exception at exit (``KeyboardInterrupt``: a
-    Ctrl-C Python's own handler raised), else None."""
+    closes everything before dying of it, or at a non-zero ``sys.exit`` after one (Lightning's Ctrl-C); the type name
+    of the uncaught exception at exit (``KeyboardInterrupt``: a Ctrl-C Python's own handler raised); ``SystemExit(3)``
+    after a non-zero ``sys.exit``; else None."""
     signum = _dying_of.get("signal")
     if signum is not None:
-        try:
-            return signal.Signals(signum).name
-        except ValueError:
-            return f"signal {signum}"
+        return _signal_name(signum)
     if not _exiting["now"]:
         return None
     last = getattr(sys, "last_type", None)
     if isinstance(last, type):
         return last.__name__
     code = _exit_code.get("code")
-    return f"SystemExit({code!r})" if code is not None and code != 0 else None
+    if code is None or code == 0:
+        return None
+    received = _received.get("signal")
+    return _signal_name(received) if received is not None else f"SystemExit({code!r})"
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 _exiting = {"now": False}
