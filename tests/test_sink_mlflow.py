@@ -270,6 +270,11 @@ _ENDING = textwrap.dedent(
     if how == "sigint":
         os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C: Python's KeyboardInterrupt, uncaught
         time.sleep(30)
+    if how == "exit":  # a thread's sys.exit ends the thread alone: not how the process ended
+        import threading
+        thread = threading.Thread(target=sys.exit, args=(4,))
+        thread.start()
+        thread.join()
     if how in ("exit0", "exit3"):
         sys.exit(int(how[4:]))
     if how == "exception":

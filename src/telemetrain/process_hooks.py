@@ -92,7 +92,8 @@ _exit_code: dict[str, object] = {}  # "code": the argument of the last sys.exit 
 def _note_exit(code: str | int | None = None) -> NoReturn:
     """``sys.exit``, noting its code: Python's exit path keeps a SystemExit's code from atexit handlers, and a run
     that ends in ``sys.exit(3)`` (or Lightning's ``sys.exit(1)`` after a Ctrl-C) did not succeed."""
-    _exit_code["code"] = code
+    if threading.current_thread() is threading.main_thread():  # elsewhere it only ends that thread
+        _exit_code["code"] = code
     _real_exit(code)
 
 
