@@ -267,6 +267,16 @@ _ENDING = textwrap.dedent(
     if how == "sigterm":
         os.kill(os.getpid(), signal.SIGTERM)  # our handler closes the Telemetry, then the process dies of it
         time.sleep(30)
+    if how == "sigint":
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C: Python's KeyboardInterrupt, uncaught
+        time.sleep(30)
+    if how == "exit":  # a thread's sys.exit ends the thread alone: not how the process ended
+        import threading
+        thread = threading.Thread(target=sys.exit, args=(4,))
+        thread.start()
+        thread.join()
+    if how in ("exit0", "exit3"):
+        sys.exit(int(how[4:]))
     if how == "exception":
         raise RuntimeError("the training job failed")
     """
@@ -274,11 +284,12 @@ _ENDING = textwrap.dedent(
 
 
 @pytest.mark.parametrize(("how", "status", "returncode"),
-                         [("exit", "FINISHED", 0), ("sigterm", "KILLED", -15), ("exception", "FAILED", 1)])
+                         [("exit", "FINISHED", 0), ("sigterm", "KILLED", -15), ("exception", "FAILED", 1),
+                          ("sigint", "KILLED", -2), ("exit0", "FINISHED", 0), ("exit3", "FAILED", 3)])
 def test_the_run_ends_with_the_process_fate(tmp_path: Path, store_uri: str, how: str, status: str,
                                             returncode: int) -> None:
     """A normal exit ends the run FINISHED; dying of SIGTERM (torchelastic stopping a worker), KILLED; an uncaught
-    exception, FAILED -- so MLflow's run list tells them apart."""
+    exception or a non-zero sys.exit, FAILED; a Ctrl-C, KILLED -- so MLflow's run list tells them apart."""
     proc = subprocess.run([sys.executable, "-c", _ENDING, store_uri, how], capture_output=True, text=True, timeout=60)
     assert proc.returncode == returncode, proc.stderr
     client = MlflowClient(store_uri)
@@ -286,3 +297,28 @@ def test_the_run_ends_with_the_process_fate(tmp_path: Path, store_uri: str, how:
     (run,) = client.search_runs([experiment.experiment_id])
     assert run.info.run_name == how and run.info.status == status
     assert [m.value for m in client.get_metric_history(run.info.run_id, "train/loss")] == [0.5]
+
+
+def test_a_batch_whose_later_request_fails_counts_only_the_rest_as_failed(tmp_path: Path, store_uri: str) -> None:
+    """MLflow takes at most MAX_METRICS_PER_BATCH metrics a request: when a later request of a batch fails, the
+    metrics of the earlier ones are stored, and their records are delivered, not counted as lost."""
+    from mlflow.utils.validation import MAX_METRICS_PER_BATCH
+
+    t = telemetrain.Telemetry(store=False, flush_interval=math.inf)  # one batch per flush
+    sink = MLflowSink(store_uri, experiment_name="split")
+    t.add_sink(sink)
+    t.metric("a", 1.0, step=0)
+    assert t.flush()
+    # the file store keeps metric "a" as a file: "a/b" (a directory under it) is refused, a real failure
+    with pytest.warns(telemetrain.TelemetryWarning, match="sink 'mlflow' failed"):
+        for i in range(MAX_METRICS_PER_BATCH):
+            t.metric("x", float(i), step=i)
+        t.metric("a/b", 2.0, step=1)
+        t.metric("y", 3.0, step=1)
+        assert t.flush()
+    s = health_of(t)
+    client = MlflowClient(store_uri)
+    stored = len(client.get_metric_history(sink.run_id or "", "x"))
+    assert stored == MAX_METRICS_PER_BATCH  # the first request of the batch got through
+    assert s["delivered"] == 1 + stored and s["failed"] == 2, s
+    t.close()

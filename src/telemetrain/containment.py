@@ -43,11 +43,15 @@ def warn_safely(message: str, category: type[Warning] = TelemetryWarning, stackl
 
 
 class PartialWriteError(OSError):
-    """Raised by a sink whose write stopped part-way (a full disk): ``written`` of the batch's records are stored
-    whole, the rest are not. The runner counts the first as delivered and only the rest as failed."""
+    """Raised by a sink whose write stopped part-way (a full disk, a later request of a split batch): ``written`` of
+    the batch's records are stored whole, the rest are not. The runner counts the first as delivered and only the
+    rest as failed. ``cause``: what stopped it (an ``OSError``'s errno and strerror are kept)."""
 
-    def __init__(self, written: int, cause: OSError) -> None:
-        super().__init__(cause.errno, cause.strerror)
+    def __init__(self, written: int, cause: Exception) -> None:
+        if isinstance(cause, OSError):
+            super().__init__(cause.errno, cause.strerror)
+        else:
+            super().__init__(str(cause))
         self.written = written
         self.cause = cause
 

@@ -22,7 +22,7 @@ import threading
 import time
 import weakref
 from types import FrameType
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from .containment import is_interrupt
 
@@ -85,31 +85,68 @@ def _for_each_live(what: str, timeout: float) -> None:
 
 
 _dying_of: dict[str, int] = {}  # "signal": the signal this process is dying of, once our handler re-raises it
+_received: dict[str, int] = {}  # "signal": the last SIGTERM/SIGINT our handler passed on to a Python handler
+_exit_code: dict[str, object] = {}  # "code": the argument of the last sys.exit call
+
+
+def _note_exit(code: str | int | None = None) -> NoReturn:
+    """``sys.exit``, noting its code: Python's exit path keeps a SystemExit's code from atexit handlers, and a run
+    that ends in ``sys.exit(3)`` (or Lightning's ``sys.exit(1)`` after a Ctrl-C) did not succeed."""
+    if threading.current_thread() is threading.main_thread():  # elsewhere it only ends that thread
+        _exit_code["code"] = code
+    _real_exit(code)
+
+
+_real_exit = sys.exit
 
 
 def ending() -> str | None:
     """Why the process is ending, for a sink closing now (an MLflow run's final status): ``"killed"`` while our
-    handler closes everything before dying of SIGTERM/SIGINT, ``"failed"`` at exit after an uncaught exception
-    (``sys.last_type``, set when Python printed it), else None (a normal exit, or an explicit close)."""
+    handler closes everything before dying of SIGTERM/SIGINT, and at an exit after a Ctrl-C (an uncaught
+    ``KeyboardInterrupt``) or after a non-zero ``sys.exit`` that followed a SIGTERM/SIGINT (Lightning's Ctrl-C ends in
+    ``sys.exit(1)``, a user's SIGTERM handler in its own); ``"failed"`` at exit after an uncaught exception
+    (``sys.last_type``, set when Python printed it) or a non-zero ``sys.exit``; else None (a normal exit, or an
+    explicit close)."""
     if "signal" in _dying_of:
         return "killed"
-    if _exiting["now"] and getattr(sys, "last_type", None) is not None:
+    if not _exiting["now"]:
+        return None
+    last = getattr(sys, "last_type", None)
+    if isinstance(last, type) and issubclass(last, KeyboardInterrupt):
+        return "killed"
+    if last is not None:
         return "failed"
+    code = _exit_code.get("code")
+    if code is not None and code != 0:  # sys.exit's rule: None and 0 are a success, any other value a failure
+        return "killed" if "signal" in _received else "failed"
     return None
 
 
 def ending_cause() -> str | None:
     """What is ending the process, for spans still open at close: ``"SIGTERM"``/``"SIGINT"`` while our handler
-    closes everything before dying of it, the type name of the uncaught exception at exit (``KeyboardInterrupt``: a
-    Ctrl-C Python's own handler raised), else None."""
+    closes everything before dying of it, or at a non-zero ``sys.exit`` after one (Lightning's Ctrl-C); the type name
+    of the uncaught exception at exit (``KeyboardInterrupt``: a Ctrl-C Python's own handler raised); ``SystemExit(3)``
+    after a non-zero ``sys.exit``; else None."""
     signum = _dying_of.get("signal")
     if signum is not None:
-        try:
-            return signal.Signals(signum).name
-        except ValueError:
-            return f"signal {signum}"
-    last = getattr(sys, "last_type", None) if _exiting["now"] else None
-    return last.__name__ if isinstance(last, type) else None
+        return _signal_name(signum)
+    if not _exiting["now"]:
+        return None
+    last = getattr(sys, "last_type", None)
+    if isinstance(last, type):
+        return last.__name__
+    code = _exit_code.get("code")
+    if code is None or code == 0:
+        return None
+    received = _received.get("signal")
+    return _signal_name(received) if received is not None else f"SystemExit({code!r})"
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 _exiting = {"now": False}
@@ -123,6 +160,7 @@ def _at_exit() -> None:
 def _on_signal(signum: int, frame: FrameType | None) -> None:
     previous = _previous.get(signum, signal.SIG_DFL)
     if callable(previous):
+        _received["signal"] = signum
         _flush_all(SIGNAL_FLUSH_TIMEOUT_S)
         previous(signum, frame)
     elif previous == signal.SIG_DFL:
@@ -190,6 +228,8 @@ def install() -> None:
     """Idempotent; cheap after the first call in a process."""
     with _lock:
         _install_signals()
+        if sys.exit is _real_exit:
+            sys.exit = _note_exit
         _register_mp_finalizer_if_child()
 
 

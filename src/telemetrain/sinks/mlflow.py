@@ -14,13 +14,15 @@ Params: the run's config (``Telemetry(config=...)``, flattened: ``model.layers``
 (``hparams.log_hyperparams``: Lightning's ``save_hyperparameters()``, the HF Trainer's arguments, yours) under their
 own keys; ``identity.<field>``; ``config.<attribute>`` for the training config (``update_training_telemetry_config``).
 
-Everything talks to the tracking server from the dispatcher's thread, one ``log_batch`` call per batch of records
-(the client splits it into requests within MLflow's limits); the run is created (or attached) there on the first
+Everything talks to the tracking server from the dispatcher's thread, ``log_batch`` calls of at most
+``MAX_METRICS_PER_BATCH`` metrics per batch of records (a later call that fails: ``PartialWriteError``, the records the
+earlier ones stored are delivered); the run is created (or attached) there on the first
 batch. So a server that is down, or a bad URI, costs training nothing: the batch fails and the dispatcher counts it.
 """
 
 from __future__ import annotations
 
+import bisect
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -32,10 +34,12 @@ try:
     from mlflow.entities import Metric, Param, RunTag
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
+    from mlflow.utils.validation import MAX_METRICS_PER_BATCH
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the tests
     raise missing_extra("telemetrain.sinks.mlflow", "mlflow", "mlflow", exc) from None
 
 from .. import process_hooks
+from ..containment import PartialWriteError
 from ..dispatch import warn_safely
 from ..hparams import is_hyperparameters
 from ..identity import Identity
@@ -80,8 +84,9 @@ class MLflowSink(Sink):
 
     ``tracking_uri``: MLflow's (``http://host:5000``, ``file:///path``; default: ``MLFLOW_TRACKING_URI`` as MLflow
     reads it). ``run_name``: default ``<run_id>`` (``<run_id>-rank<rank>`` when several ranks). ``tags``: extra run
-    tags. A run this sink created is ended at close: FINISHED, or KILLED when the process is dying of SIGTERM/SIGINT,
-    or FAILED at an exit after an uncaught exception.
+    tags. A run this sink created is ended at close: FINISHED, or KILLED when the process is dying of SIGTERM/SIGINT
+    or after a Ctrl-C, or FAILED at an exit after an uncaught exception or a non-zero ``sys.exit``
+    (``process_hooks.ending``).
     """
 
     name = "mlflow"
@@ -206,7 +211,9 @@ class MLflowSink(Sink):
         client, run_id = self._run(records[0].identity)
         metrics: list[Metric] = []
         add = metrics.append
+        ends: list[int] = []  # per record: how many metrics the records up to it made
         for r in records:
+            ends.append(len(metrics))  # (the previous record's end, replaced below once this one's are added)
             kind = r.kind
             ms = r.wall_ns // 1_000_000
             if kind == "metric":
@@ -230,10 +237,22 @@ class MLflowSink(Sink):
                     current = r.attributes.get("current_iteration")
                     if type(current) is int and current > self._step:
                         self._step = current
-        if metrics:
-            client.log_batch(run_id, metrics=metrics)
+            ends[-1] = len(metrics)
+        self._log_metrics(client, run_id, metrics, ends)
         if self._pending_params:
             self._log_params(client, run_id)
+
+    @staticmethod
+    def _log_metrics(client: MlflowClient, run_id: str, metrics: list[Metric], ends: list[int]) -> None:
+        """One request per ``MAX_METRICS_PER_BATCH`` metrics, as ``log_batch`` splits them itself, but here: when a
+        later request fails, the records whose metrics the earlier ones stored are delivered, not failed."""
+        for start in range(0, len(metrics), MAX_METRICS_PER_BATCH):
+            try:
+                client.log_batch(run_id, metrics=metrics[start:start + MAX_METRICS_PER_BATCH])
+            except Exception as exc:
+                if start == 0:
+                    raise
+                raise PartialWriteError(bisect.bisect_right(ends, start), exc) from exc
 
     def _log_params(self, client: MlflowClient, run_id: str) -> None:
         pending = self._pending_params

@@ -338,7 +338,8 @@ class OTelSink(Sink):
         if record.status == "ok":
             span.set_status(Status(StatusCode.OK))
         elif record.status == "terminated":
-            span.set_status(Status(StatusCode.ERROR, "terminated"))
+            # with why (spans._closed_because: "... stopped by SIGINT"): a backend's only clue to how the job ended
+            span.set_status(Status(StatusCode.ERROR, f"terminated: {record.error}" if record.error else "terminated"))
         else:
             span.set_status(Status(StatusCode.ERROR, record.error or record.status))
         span.end(end_time=record.wall_ns)
