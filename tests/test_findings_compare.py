@@ -313,3 +313,6 @@ def test_a_run_that_got_less_than_half_its_cpu_is_inconclusive_however_slow() ->
     assert not back.improvements and verdicts(back)["iteration time"] == INCONCLUSIVE
     # half of it and less keeps the net re-test: a change far beyond what the wait explains is still a regression
     assert verdicts(fast(samples("c", scale=2.5, wait=0.5), base))["iteration time"] == REGRESSION
+    # both runs saturated alike (4 ranks on 2 cores, before and after a change): like for like, a 2.5x is still seen
+    both = samples("b2", wait=0.8)
+    assert verdicts(fast(samples("c", scale=2.5, wait=0.8), both))["iteration time"] == REGRESSION

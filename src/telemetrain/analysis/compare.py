@@ -224,8 +224,10 @@ class _Noise:
         if not m.significant or what.metric == "goodput":
             return m
         slower = m.verdict == REGRESSION  # the candidate is the slower run (else the baseline is)
-        busier = self.contention[0] if slower else self.contention[1]
-        if busier.wait_fraction is not None and busier.wait_fraction > SATURATED_WAIT:
+        busier, other = self.contention if slower else self.contention[::-1]
+        # (both saturated alike, as ranks sharing cores on both sides: like for like, the net re-test below decides)
+        if busier.wait_fraction is not None and busier.wait_fraction > SATURATED_WAIT and \
+                (other.wait_fraction is None or other.wait_fraction <= SATURATED_WAIT):
             return dataclasses.replace(m, verdict=INCONCLUSIVE, note=(
                 f"the {'candidate' if slower else 'baseline'} got less than half the CPU it asked for "
                 f"({busier.describe()}): its times say little of its code"))
