@@ -333,9 +333,16 @@ def _metrics(candidate: RunSamples, baseline: RunSamples, phases: bool, ranks: b
     return out
 
 
-def _goodput_row(candidate: RunSamples, baseline: RunSamples) -> MetricComparison | None:
+def _goodput_row(candidate: RunSamples, baseline: RunSamples, notes: list[str]) -> MetricComparison | None:
     c, b = candidate.goodput, baseline.goodput
+    open_loops = [f"{role} {r.run_id}" for role, r in (("candidate", candidate), ("baseline", baseline)) if r.loop_open]
+    notes += [f"{who}: its training loop has not ended (still running, or killed: SIGKILL, OOM kill, node failure); "
+              "its figures stop at its last report" for who in open_loops]
     if c is None or b is None or not b > 0:
+        return None
+    if open_loops:  # until its loop ends a run's work since its last checkpoint counts as lost: 0% while it trains
+        notes.append("goodput not compared: a run whose training loop has not ended counts its work since its last "
+                     "checkpoint as lost")
         return None
     return MetricComparison(metric="goodput", scope="run", label="goodput", unit="1", higher_is_better=True,
                             baseline_median=b, candidate_median=c, baseline_windows=1, candidate_windows=1,
@@ -382,7 +389,7 @@ def compare_samples(candidate: RunSamples, baseline: RunSamples, *, confidence: 
                 m = dataclasses.replace(m, verdict=NO_CHANGE, note=f"changed by less than {own.min_effect:.0%} of "
                                         "the training time between two of them")
         metrics.append(m)
-    goodput = _goodput_row(candidate, baseline)
+    goodput = _goodput_row(candidate, baseline, notes)
     if goodput is not None:
         metrics.append(goodput)
     if noise.widened:

@@ -1,0 +1,78 @@
+"""``compare`` on a run whose training process is still running, then once its loop has ended: while it runs the
+comparison says so and leaves goodput out (its work since its last checkpoint would count as lost: 0%)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import telemetrain
+from conftest import helper_env, train_empty_iterations
+from telemetrain.analysis import compare_runs
+
+# Trains 40 iterations, flushes, says "ready", waits for a line on stdin, then trains 10 more and ends its loop.
+TRAIN = """
+import sys
+from telemetrain import Telemetry
+from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
+t = Telemetry(store=sys.argv[1])
+r = TrainingRecorder(TrainingTelemetryConfig(global_batch_size_or_fn=32, log_every_n_train_iterations=5), telemetry=t)
+r.on_app_start()
+r.on_train_start(0)
+def train(n):
+    for _ in range(n):
+        r.on_training_single_iteration_start()
+        sum(range(20_000))
+        r.on_training_single_iteration_end()
+train(40)
+assert t.flush()
+print("ready", flush=True)
+sys.stdin.readline()
+train(10)
+r.on_train_end()
+r.on_app_end()
+t.close()
+"""
+
+
+def _notes(comparison: telemetrain.analysis.Comparison) -> list[str]:
+    return [n for c in comparison.candidates for n in c.notes]
+
+
+@pytest.mark.parametrize("engine", ["python", "duckdb"])
+def test_compare_live_run_notes_open_loop_and_leaves_goodput_out(tmp_path: Path, engine: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    if engine == "duckdb":
+        pytest.importorskip("duckdb")
+    monkeypatch.setenv("TELEMETRAIN_ENGINE", engine)
+    monkeypatch.setenv("TELEMETRAIN_RUN_ID", "base")
+    with telemetrain.Telemetry(store=tmp_path / "base") as t:
+        train_empty_iterations(t, 60, batch=32, log_every=5)
+    baseline = tmp_path / "base" / "base" / "base"
+    proc = subprocess.Popen([sys.executable, "-c", TRAIN, str(tmp_path / "live")], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True,
+                            env=helper_env("live", "s", pythonpath=Path(__file__).parent.parent / "src"))
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        assert proc.stdout.readline().strip() == "ready"
+        live = tmp_path / "live" / "s" / "live"
+        running = compare_runs(live, baseline, force=True)
+        assert any("training loop has not ended" in n for n in _notes(running)), _notes(running)
+        assert "goodput" not in [m.metric for m in running.candidates[0].metrics]
+        assert any(m.metric == "samples_per_second" for m in running.candidates[0].metrics)
+        proc.stdin.write("go\n")
+        proc.stdin.close()
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    ended = compare_runs(live, baseline, force=True)
+    assert not any("has not ended" in n for n in _notes(ended))
+    rows = {m.metric: m for m in ended.candidates[0].metrics}
+    assert rows["goodput"].candidate_median > 0
