@@ -1,8 +1,10 @@
-"""``compare`` on a run whose training process is still running, then once its loop has ended: while it runs the
-comparison says so and leaves goodput out (its work since its last checkpoint would count as lost: 0%)."""
+"""Readers on a run whose training process is still running (a subprocess that waits on its stdin), then once its
+loop has ended or it was killed: ``compare`` says the loop is open and leaves goodput out (its work since its last
+checkpoint would count as lost: 0%); the report calls it still running, not a crash -- and a crash once SIGKILLed."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +14,7 @@ import pytest
 import telemetrain
 from conftest import helper_env, train_empty_iterations
 from telemetrain.analysis import compare_runs
+from telemetrain.report import write_report
 
 # Trains 40 iterations, flushes, says "ready", waits for a line on stdin, then trains 10 more and ends its loop.
 TRAIN = """
@@ -36,6 +39,18 @@ r.on_train_end()
 r.on_app_end()
 t.close()
 """
+
+
+def _start(store: Path) -> subprocess.Popen[str]:
+    """The training process, once it has trained and flushed its first 40 iterations."""
+    proc = subprocess.Popen([sys.executable, "-c", TRAIN, str(store)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, env=helper_env("live", "s", pythonpath=Path(__file__).parent.parent / "src"))
+    assert proc.stdout is not None and proc.stdin is not None
+    if proc.stdout.readline().strip() != "ready":
+        proc.kill()
+        proc.wait()
+        pytest.fail("the training process did not start")
+    return proc
 
 
 def _notes(comparison: telemetrain.analysis.Comparison) -> list[str]:
@@ -76,3 +91,28 @@ def test_compare_live_run_notes_open_loop_and_leaves_goodput_out(tmp_path: Path,
     assert not any("has not ended" in n for n in _notes(ended))
     rows = {m.metric: m for m in ended.candidates[0].metrics}
     assert rows["goodput"].candidate_median > 0
+
+
+@pytest.mark.parametrize("engine", ["python", "duckdb"])
+def test_report_live_run_is_still_running_not_a_crash_until_killed(tmp_path: Path, engine: str,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    if engine == "duckdb":
+        pytest.importorskip("duckdb")
+    monkeypatch.setenv("TELEMETRAIN_ENGINE", engine)
+    proc = _start(tmp_path)
+    try:
+        live = write_report(tmp_path / "s" / "live", tmp_path / "live.html").read_text()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                pipe.close()
+    assert "<b>still running</b>" in live
+    assert "crash:" not in live
+    killed = write_report(tmp_path / "s" / "live", tmp_path / "killed.html").read_text()
+    assert "<b>still running</b>" not in killed
+    assert "crash: training_loop and application were killed" in killed
