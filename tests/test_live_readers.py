@@ -4,6 +4,7 @@ checkpoint would count as lost: 0%); the report calls it still running, not a cr
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import pytest
 import telemetrain
 from conftest import helper_env, train_empty_iterations
 from telemetrain.analysis import compare_runs
+from telemetrain.cli import main
 from telemetrain.report import write_report
 
 # Trains 40 iterations, flushes, says "ready", waits for a line on stdin, then trains 10 more and ends its loop.
@@ -116,3 +118,35 @@ def test_report_live_run_is_still_running_not_a_crash_until_killed(tmp_path: Pat
     killed = write_report(tmp_path / "s" / "live", tmp_path / "killed.html").read_text()
     assert "<b>still running</b>" not in killed
     assert "crash: training_loop and application were killed" in killed
+
+
+def _show(run: Path, capsys: pytest.CaptureFixture[str], *flags: str) -> str:
+    assert main(["show", *flags, str(run)]) == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("engine", ["python", "duckdb"])
+def test_show_live_run_is_still_running_not_a_crash_until_killed(tmp_path: Path, engine: str,
+                                                                 monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    if engine == "duckdb":
+        pytest.importorskip("duckdb")
+    monkeypatch.setenv("TELEMETRAIN_ENGINE", engine)
+    run = tmp_path / "s" / "live"
+    proc = _start(tmp_path)
+    try:
+        live = _show(run, capsys)
+        live_json = json.loads(_show(run, capsys, "--json"))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                pipe.close()
+    assert "still running" in live and "crash" not in live, live
+    assert live_json["running"] is True and not [f for f in live_json["findings"] if f["kind"] == "crash"]
+    killed = _show(run, capsys)
+    assert "crash: training_loop and application were killed" in killed and "still running (" not in killed, killed
