@@ -17,6 +17,7 @@ from conftest import helper_env, train_empty_iterations
 from telemetrain.analysis import compare_runs
 from telemetrain.cli import main
 from telemetrain.report import write_report
+from telemetrain.training.goodput import goodput
 
 # Trains 40 iterations, flushes, says "ready", waits for a line on stdin, then trains 10 more and ends its loop.
 TRAIN = """
@@ -59,9 +60,19 @@ def _notes(comparison: telemetrain.analysis.Comparison) -> list[str]:
     return [n for c in comparison.candidates for n in c.notes]
 
 
+def _kill(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL ``proc`` (if still there) and close its pipes."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(20)
+    for pipe in (proc.stdin, proc.stdout):
+        if pipe is not None:
+            pipe.close()
+
+
 @pytest.mark.parametrize("engine", ["python", "duckdb"])
-def test_compare_live_run_notes_open_loop_and_leaves_goodput_out(tmp_path: Path, engine: str,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_compare_and_goodput_live_run_so_far_then_killed(tmp_path: Path, engine: str,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     if engine == "duckdb":
         pytest.importorskip("duckdb")
     monkeypatch.setenv("TELEMETRAIN_ENGINE", engine)
@@ -69,30 +80,23 @@ def test_compare_live_run_notes_open_loop_and_leaves_goodput_out(tmp_path: Path,
     with telemetrain.Telemetry(store=tmp_path / "base") as t:
         train_empty_iterations(t, 60, batch=32, log_every=5)
     baseline = tmp_path / "base" / "base" / "base"
-    proc = subprocess.Popen([sys.executable, "-c", TRAIN, str(tmp_path / "live")], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True,
-                            env=helper_env("live", "s", pythonpath=Path(__file__).parent.parent / "src"))
+    live = tmp_path / "s" / "live"
+    proc = _start(tmp_path)
     try:
-        assert proc.stdout is not None and proc.stdin is not None
-        assert proc.stdout.readline().strip() == "ready"
-        live = tmp_path / "live" / "s" / "live"
         running = compare_runs(live, baseline, force=True)
-        assert any("training loop has not ended" in n for n in _notes(running)), _notes(running)
-        assert "goodput" not in [m.metric for m in running.candidates[0].metrics]
-        assert any(m.metric == "samples_per_second" for m in running.candidates[0].metrics)
-        proc.stdin.write("go\n")
-        proc.stdin.close()
-        assert proc.wait(20) == 0
+        so_far = goodput(live.parent)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
-    ended = compare_runs(live, baseline, force=True)
-    assert not any("has not ended" in n for n in _notes(ended))
-    rows = {m.metric: m for m in ended.candidates[0].metrics}
-    assert rows["goodput"].candidate_median > 0
+        _kill(proc)
+    assert any("has not ended (still running" in n for n in _notes(running)), _notes(running)
+    rows = {m.metric: m for m in running.candidates[0].metrics}
+    assert "samples_per_second" in rows and rows["goodput"].candidate_median > 0  # its 40 iterations so far
+    assert [r.status for r in so_far.runs] == ["running"] and so_far.productive_iterations == 40
+    assert so_far.goodput > 0 and so_far.badput.lost_progress == 0
+    killed = compare_runs(live, baseline, force=True)
+    assert any("has not ended (killed" in n for n in _notes(killed)), _notes(killed)
+    assert "goodput" not in [m.metric for m in killed.candidates[0].metrics]
+    after = goodput(live.parent)
+    assert [r.status for r in after.runs] == ["killed"] and after.lost_iterations == 40 and after.goodput == 0
 
 
 @pytest.mark.parametrize("engine", ["python", "duckdb"])

@@ -335,14 +335,14 @@ def _metrics(candidate: RunSamples, baseline: RunSamples, phases: bool, ranks: b
 
 def _goodput_row(candidate: RunSamples, baseline: RunSamples, notes: list[str]) -> MetricComparison | None:
     c, b = candidate.goodput, baseline.goodput
-    open_loops = [f"{role} {r.run_id}" for role, r in (("candidate", candidate), ("baseline", baseline)) if r.loop_open]
-    notes += [f"{who}: its training loop has not ended (still running, or killed: SIGKILL, OOM kill, node failure); "
-              "its figures stop at its last report" for who in open_loops]
+    runs = (("candidate", candidate), ("baseline", baseline))
+    notes += [f"{role} {r.run_id}: its training loop has not ended (" + ("still running: its figures so far)"
+              if r.open_loop == "running" else "killed: SIGKILL, OOM kill, node failure); its figures stop at its "
+              "last report") for role, r in runs if r.open_loop]
     if c is None or b is None or not b > 0:
         return None
-    if open_loops:  # until its loop ends a run's work since its last checkpoint counts as lost: 0% while it trains
-        notes.append("goodput not compared: a run whose training loop has not ended counts its work since its last "
-                     "checkpoint as lost")
+    if any(r.open_loop == "killed" for _, r in runs):  # its work since its last checkpoint is lost: often 0%
+        notes.append("goodput not compared: a killed run's work since its last checkpoint counts as lost")
         return None
     return MetricComparison(metric="goodput", scope="run", label="goodput", unit="1", higher_is_better=True,
                             baseline_median=b, candidate_median=c, baseline_windows=1, candidate_windows=1,
