@@ -76,7 +76,8 @@ def summarize(run: Run, engine: Any = None, *, every_process: bool = False) -> l
         walls = [run.meta["created_wall_ns"]]
     if walls:
         start, end = min(walls), max(walls)
-        lines.append(f"time        {iso(start)} -> {iso(end)} ({fmt_duration((end - start) / 1e9)})")
+        lines.append(f"time        {iso(start)} -> {iso(end)} ({fmt_duration((end - start) / 1e9)})"
+                     + ("  still running (its training loop has not ended)" if read.running else ""))
     else:
         lines.append("time        unknown (no records)")
 
@@ -120,12 +121,14 @@ class ShowRead:
     goodput_of: GoodputOf  # the session's goodput, computed once per (folder, rank)
     diagnosis: list[str]  # what the distributed diagnosis found (hangs, late ranks, stragglers, clocks)
     findings: Any  # analysis.findings.Findings
+    running: bool = False  # its training loop has not ended and it is still writing (``show --list``'s rule)
 
 
 def read_for_show(run: Run, engine: Any = None) -> ShowRead:
     """The summary, goodput, diagnosis and findings of ``run``; by SQL with ``engine`` (``summarize``'s)."""
     from .analysis.summary import summarize_run, summarize_sql
     from .distributed.summary import diagnosis_lines  # (standard library only: no torch)
+    from .show_list import still_running
 
     # by SQL, the findings' input first: its report windows merged by groups of ranks are the statements that parse
     # most JSON, run here while least is held in Python (the summary's figures and goodput's report grow with the
@@ -139,9 +142,12 @@ def read_for_show(run: Run, engine: Any = None) -> ShowRead:
     # the session's goodput once per (folder, rank): the goodput line's (rank 0) is the findings' restarts' (the
     # run's lowest rank)
     goodput_of = goodput_once(run, engine)
+    # a loop still open in a run still being written is no crash (as `tail` and the report read it)
+    running = any("" in states for states in summary.loop_states.values()) and still_running(run, summary.end_ns or 0)
     if engine is None:
         diagnosis = diagnosis_lines(run.records("event", agents=True))
-        findings = run_findings(run, goodput_report=session_goodput(run, goodput_of=goodput_of))
+        findings = run_findings(run, goodput_report=session_goodput(run, goodput_of=goodput_of),
+                                open_spans_crashed=not running)
     else:  # the same, from the few rows they read, selected by SQL
         from .analysis.findings import analyse
         from .analysis.findings.run import attempts_of
@@ -150,8 +156,8 @@ def read_for_show(run: Run, engine: Any = None) -> ShowRead:
         assert builder is not None
         diagnosis = diagnosis_lines(diagnosis_events_sql(engine, run))
         attempts = attempts_of(session_goodput(run, goodput_of=goodput_of), run.run_id)
-        findings = analyse(builder.build(attempts=attempts))
-    return ShowRead(summary, goodput_of, diagnosis, findings)
+        findings = analyse(builder.build(attempts=attempts, open_spans_crashed=not running))
+    return ShowRead(summary, goodput_of, diagnosis, findings, running)
 
 
 def _plural(n: int, word: str) -> str:

@@ -38,6 +38,7 @@ def show_dict(run: Run, engine: Any = None) -> dict[str, Any]:
         "agents": len(run.agents),
         "start": iso(start) if start is not None else None, "end": iso(end) if end is not None else None,
         "duration_s": (end - start) / 1e9 if start is not None and end is not None else None,
+        "running": read.running,  # its training loop has not ended and it is still writing
         "records": {"total": summary.records, "by_kind": dict(sorted(summary.by_kind.items()))},
         "metrics": _series(summary.metrics, lambda r: {"last": r.value, "step": r.step, "unit": r.unit or None}),
         "stats": _series(summary.stats, lambda r: {"last": dict(r.values), "unit": r.unit or None}),

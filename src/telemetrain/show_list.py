@@ -15,7 +15,7 @@ from .cli_common import CLIError, existing_dir, fmt_duration, is_number, iso, js
 from .store.reader import NotARunError, Run, find_runs, open_run
 from .text import printable
 
-__all__ = ["list_runs"]
+__all__ = ["list_runs", "still_running"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,13 @@ def _gone_here(run: Run) -> bool:
     return True
 
 
+def still_running(run: Run, last_ns: int, now_ns: int | None = None) -> bool:
+    """Whether a run whose training loop never ended is still going: it wrote within ``RUNNING_WITHIN_S`` and no
+    process of it is known gone (else it was killed: SIGKILL, OOM, a lost node)."""
+    now = time.time_ns() if now_ns is None else now_ns
+    return now - last_ns < RUNNING_WITHIN_S * 1e9 and not _gone_here(run)
+
+
 def _listed(path: Path, run: Run, now_ns: int, engine: Any = None) -> _Listed:
     """The listing's figures of a run, from its summary (``analysis.summary``: by SQL with ``engine``)."""
     from .analysis.summary import summarize_run, summarize_sql
@@ -69,8 +76,7 @@ def _listed(path: Path, run: Run, now_ns: int, engine: Any = None) -> _Listed:
     if not statuses:
         status = "no training"
     elif "" in statuses:  # a loop that never ended: SIGKILL, OOM, a lost node -- or still going
-        recent = summary.end_ns or 0
-        status = "running" if now_ns - recent < RUNNING_WITHIN_S * 1e9 and not _gone_here(run) else "killed"
+        status = "running" if still_running(run, summary.end_ns or 0, now_ns) else "killed"
     elif any(s != "ok" for s in statuses):
         status = "interrupted"
     else:

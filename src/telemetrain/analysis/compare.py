@@ -335,9 +335,16 @@ def _metrics(candidate: RunSamples, baseline: RunSamples, phases: bool, ranks: b
     return out
 
 
-def _goodput_row(candidate: RunSamples, baseline: RunSamples) -> MetricComparison | None:
+def _goodput_row(candidate: RunSamples, baseline: RunSamples, notes: list[str]) -> MetricComparison | None:
     c, b = candidate.goodput, baseline.goodput
+    runs = (("candidate", candidate), ("baseline", baseline))
+    notes += [f"{role} {r.run_id}: its training loop has not ended (" + ("still running: its figures so far)"
+              if r.open_loop == "running" else "killed: SIGKILL, OOM kill, node failure); its figures stop at its "
+              "last report") for role, r in runs if r.open_loop]
     if c is None or b is None or not b > 0:
+        return None
+    if any(r.open_loop == "killed" for _, r in runs):  # its work since its last checkpoint is lost: often 0%
+        notes.append("goodput not compared: a killed run's work since its last checkpoint counts as lost")
         return None
     return MetricComparison(metric="goodput", scope="run", label="goodput", unit="1", higher_is_better=True,
                             baseline_median=b, candidate_median=c, baseline_windows=1, candidate_windows=1,
@@ -384,7 +391,7 @@ def compare_samples(candidate: RunSamples, baseline: RunSamples, *, confidence: 
                 m = dataclasses.replace(m, verdict=NO_CHANGE, note=f"changed by less than {own.min_effect:.0%} of "
                                         "the training time between two of them")
         metrics.append(m)
-    goodput = _goodput_row(candidate, baseline)
+    goodput = _goodput_row(candidate, baseline, notes)
     if goodput is not None:
         metrics.append(goodput)
     if noise.widened:

@@ -101,7 +101,7 @@ def format_goodput(report: GoodputReport) -> list[str]:
                      _seconds(r.lost_seconds), _seconds(r.data_wait_seconds)))
     lines += _table(attempts)
     if any(r.approximate for r in report.runs):
-        lines.append("  ~ approximate: a killed attempt's figures stop at its last report")
+        lines.append("  ~ approximate: a killed (or running) attempt's figures stop at its last report")
     notes = list(report.notes) + [f"{r.run_id}: {n}" for r in report.runs for n in r.notes]
     lines += [f"note: {n}" for n in notes]
     return lines

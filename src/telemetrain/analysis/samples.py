@@ -85,6 +85,7 @@ class RunSamples:
     contention: dict[str, float] = field(default_factory=dict)
     is_baseline: bool = False  # the config's is_baseline_run (one_logger_initialization)
     goodput: float | None = None  # the run's own goodput, when compare computed it (``with_goodput``)
+    open_loop: str = ""  # "running" or "killed": a training loop of the run never ended (goodput's run status)
     cpu_count: float | None = None  # the CPUs the sampler divided process CPU by (a quota), else run.json's hardware
     # Filled by the SQL path instead of ``windows`` (whose size grows with the run): the series (keyed by metric,
     # rank, busy_free), the ranks, the window count, the sampled spans' percentiles and the windows' aggregates
@@ -430,7 +431,9 @@ def with_goodput(samples: RunSamples, engine: Any = None) -> RunSamples:
     from ..training.goodput import goodput
 
     try:
-        samples.goodput = goodput(samples.path, engine=engine).goodput
+        report = goodput(samples.path, engine=engine)
+        samples.goodput = report.goodput
+        samples.open_loop = next((r.status for r in report.runs if r.status in ("killed", "running")), "")
     except Exception:  # noqa: BLE001 - goodput is one row of a comparison; the rest stands without it
         samples.goodput = None
     return samples

@@ -30,6 +30,8 @@ def _engine_findings(model: ReportModel, c: _Collector, thresholds: Thresholds |
     """The findings engine over what the pass collected; also sets the chart's slow windows and the heatmap's slow
     ranks from the same rules."""
     for span in model.lifecycle:
+        if model.running and span.status == "never ended" and span.name in CRASH_SPANS:
+            continue  # still going: its loop is open, not killed (as `tail` reads it)
         c.inputs.span_failure(span.name, span.rank, span.status, span.error)
         c.inputs.checkpoint_save(span.rank, span.name, span.step, span.duration_s, span.status)
     hosts = {p.rank: p.identity.host for p in model.processes}

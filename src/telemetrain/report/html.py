@@ -419,6 +419,7 @@ def render(m: ReportModel) -> str:
         f"<meta name=\"viewport\" content=\"width=device-width\"><title>{esc(title)}</title><style>{_CSS}</style>"
         f"</head><body><header><h1>{esc(title)}</h1><p>session {esc(m.session_tag)} &middot; perf tag "
         f"{esc(m.perf_tag)} &middot; {len(m.ranks)} rank(s), {len(m.processes)} process(es) &middot; {esc(m.path)}"
-        f" &middot; generated {esc(now)} by telemetrain {esc(__version__)}</p></header><nav>{nav}</nav>"
+        + (" &middot; <b>still running</b> (its training loop has not ended)" if m.running else "")
+        + f" &middot; generated {esc(now)} by telemetrain {esc(__version__)}</p></header><nav>{nav}</nav>"
         f"<main>{sections}</main></body></html>\n"
     )

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from ..analysis.findings import Finding, Note, Thresholds
+from ..analysis.findings.builder import CRASH_SPANS
+from ..show_list import still_running
 from ..store.reader import ProcessLog, Run
 from .curves import Curve
 from .findings import model_torn_corrupt, report_findings
@@ -92,6 +94,7 @@ class ReportModel:
     hyperparameters: dict[str, Any] = dataclasses.field(default_factory=dict)
     training_config: dict[str, Any] = dataclasses.field(default_factory=dict)
     curves: list[Curve] = dataclasses.field(default_factory=list)  # the user's metrics as charts (curves.py)
+    running: bool = False  # its training loop has not ended and it is still writing: an open loop is no crash
 
     @property
     def ranks(self) -> list[int]:
@@ -193,6 +196,8 @@ def build_model(run: Run, thresholds: Thresholds | None = None, engine: Any = No
     c.release_charted()
     model.gpu = build_gpu_health(run, {name for _, name in c.metric_stats}, engine)
     model.goodput, model.goodput_error = goodput
+    model.running = (any(s.status == "never ended" and s.name in CRASH_SPANS for s in model.lifecycle)
+                     and still_running(run, end))
     model.headline = headline(model, c)
     model.findings = report_findings(model, c, thresholds)
     c.close()

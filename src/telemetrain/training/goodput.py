@@ -137,11 +137,30 @@ def _last_save(saves: list[_Save]) -> _Save | None:
     return max(reversed(saves), key=lambda s: s.completed or 0) if saves else None
 
 
-def _figures(loop: _Loop, process: _Process, run_saves: list[_Save], later_start: int | None) -> _Figures:
+def _running(session: _Session, i: int) -> bool:
+    """Whether run ``i`` is still being written (``show --list``'s rule), asked once; only the session's last run
+    can be: a later run started after it ended."""
+    d = session.runs[i]
+    if i != len(session.runs) - 1 or d.last_ns is None:
+        return False
+    if d.live is None:
+        from ..show_list import still_running
+
+        d.live = still_running(d.run, d.last_ns)
+    return d.live
+
+
+def _figures(loop: _Loop, process: _Process, run_saves: list[_Save], later_start: int | None,
+             running: bool = False) -> _Figures:
     notes: list[str] = []
     approximate = False
     span = loop.span
-    if span.end_ns is None:
+    if span.end_ns is None and running:
+        status = "running"
+        approximate = True
+        notes.append("still running: the figures are its progress to its last report, its work since its last "
+                     "checkpoint counted productive (a kill now would lose it)")
+    elif span.end_ns is None:
         status = "killed"
         approximate = True
         notes.append("its training loop never ended (SIGKILL, OOM kill, node failure, or still running): no final "
@@ -171,7 +190,7 @@ def _figures(loop: _Loop, process: _Process, run_saves: list[_Save], later_start
         warm_seen += max(w.iterations - w.timed, 0)
         c_pairs.append((w.completed, total + (warm_sec * warm_seen / warm if warm else 0.0)))
         d_pairs.append((w.completed, data))
-    if status == "killed" and loop.progress is not None and loop.progress[0] > c_pairs[-1][0]:
+    if status in ("killed", "running") and loop.progress is not None and loop.progress[0] > c_pairs[-1][0]:
         c_pairs.append(loop.progress)  # iterations it made after its last report, known from its heartbeat
         notes.append(f"its progress after its last report is known from a heartbeat (iteration "
                      f"{loop.progress[0] - 1}); iterations after the last heartbeat are not seen")
@@ -185,7 +204,7 @@ def _figures(loop: _Loop, process: _Process, run_saves: list[_Save], later_start
     checkpoint = _last_save(candidates)
     if not own and checkpoint is not None:
         notes.append("its checkpoints are known from another rank of the run")
-    if status == "finished":
+    if status in ("finished", "running"):  # (a running loop's work is not lost yet)
         kept = end
     else:
         kept = checkpoint.completed if checkpoint is not None and checkpoint.completed is not None else start
@@ -303,7 +322,8 @@ def _report(session: _Session, rank: int, shared: _Shared | None = None) -> Good
     figures: list[_Figures] = []
     for i, (loop, p) in enumerate(loops):
         later = [other.start for other, _ in loops[i + 1:]]
-        figures.append(_figures(loop, p, run_saves[p.run], min(later) if later else None))
+        figures.append(_figures(loop, p, run_saves[p.run], min(later) if later else None,
+                                loop.span.end_ns is None and _running(session, p.run)))
 
     intervals: list[tuple[int, int, int, object]] = []
     for p in processes:
@@ -454,7 +474,8 @@ def _energy(session: _Session, run_saves: list[list[_Save]], reported: int | Non
                 continue
             for i, (loop, p) in enumerate(mine):
                 later = [other.start for other, _ in mine[i + 1:]]
-                f = _figures(loop, p, run_saves[p.run], min(later) if later else None)
+                f = _figures(loop, p, run_saves[p.run], min(later) if later else None,
+                             loop.span.end_ns is None and _running(session, p.run))
                 loops.append((session.runs[p.run].run.run_id, p.run, loop.windows, f.start, f.kept, f.end))
     if session.load_rank is not None and reported is not None:
         session.load_rank(session, reported)

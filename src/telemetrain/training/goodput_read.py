@@ -127,6 +127,7 @@ class _RunData:
     processes: list[_Process]
     first_ns: int | None
     last_ns: int | None
+    live: bool | None = None  # still being written (``goodput._running``), once asked
 
 
 @dataclass

@@ -52,13 +52,15 @@ def _exits(run_dir: Path) -> tuple[Any, ...]:
     return tuple(worker_exits(events))
 
 
-def run_findings(run: Run, *, goodput_report: Any = None, thresholds: Thresholds | None = None) -> Findings:
+def run_findings(run: Run, *, goodput_report: Any = None, thresholds: Thresholds | None = None,
+                 open_spans_crashed: bool = True) -> Findings:
     """The findings of ``run``: its training processes' records, and the launcher's agents' events (their worker
     exits and stalls; they hold no training figures). Pass the session's goodput report to get its crashes and
-    restarts."""
+    restarts. ``open_spans_crashed``: False for a run still running (``InputBuilder.build``'s)."""
     builder = InputBuilder()
     for log in run.processes:
         for record in log.records:
             builder.add(record)
     feed_agent_events(builder, run)
-    return analyse(builder.build(attempts=attempts_of(goodput_report, run.run_id)), thresholds)
+    return analyse(builder.build(attempts=attempts_of(goodput_report, run.run_id),
+                                 open_spans_crashed=open_spans_crashed), thresholds)

@@ -1,0 +1,156 @@
+"""Readers on a run whose training process is still running (a subprocess that waits on its stdin), then once its
+loop has ended or it was killed: ``compare`` says the loop is open and leaves goodput out (its work since its last
+checkpoint would count as lost: 0%); the report calls it still running, not a crash -- and a crash once SIGKILLed."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import telemetrain
+from conftest import helper_env, train_empty_iterations
+from telemetrain.analysis import compare_runs
+from telemetrain.cli import main
+from telemetrain.report import write_report
+from telemetrain.training.goodput import goodput
+
+# Trains 40 iterations, flushes, says "ready", waits for a line on stdin, then trains 10 more and ends its loop.
+TRAIN = """
+import sys
+from telemetrain import Telemetry
+from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
+t = Telemetry(store=sys.argv[1])
+r = TrainingRecorder(TrainingTelemetryConfig(global_batch_size_or_fn=32, log_every_n_train_iterations=5), telemetry=t)
+r.on_app_start()
+r.on_train_start(0)
+def train(n):
+    for _ in range(n):
+        r.on_training_single_iteration_start()
+        sum(range(20_000))
+        r.on_training_single_iteration_end()
+train(40)
+assert t.flush()
+print("ready", flush=True)
+sys.stdin.readline()
+train(10)
+r.on_train_end()
+r.on_app_end()
+t.close()
+"""
+
+
+def _start(store: Path) -> subprocess.Popen[str]:
+    """The training process, once it has trained and flushed its first 40 iterations."""
+    proc = subprocess.Popen([sys.executable, "-c", TRAIN, str(store)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, env=helper_env("live", "s", pythonpath=Path(__file__).parent.parent / "src"))
+    assert proc.stdout is not None and proc.stdin is not None
+    if proc.stdout.readline().strip() != "ready":
+        proc.kill()
+        proc.wait()
+        pytest.fail("the training process did not start")
+    return proc
+
+
+def _notes(comparison: telemetrain.analysis.Comparison) -> list[str]:
+    return [n for c in comparison.candidates for n in c.notes]
+
+
+def _kill(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL ``proc`` (if still there) and close its pipes."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(20)
+    for pipe in (proc.stdin, proc.stdout):
+        if pipe is not None:
+            pipe.close()
+
+
+@pytest.mark.parametrize("engine", ["python", "duckdb"])
+def test_compare_and_goodput_live_run_so_far_then_killed(tmp_path: Path, engine: str,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    if engine == "duckdb":
+        pytest.importorskip("duckdb")
+    monkeypatch.setenv("TELEMETRAIN_ENGINE", engine)
+    monkeypatch.setenv("TELEMETRAIN_RUN_ID", "base")
+    with telemetrain.Telemetry(store=tmp_path / "base") as t:
+        train_empty_iterations(t, 60, batch=32, log_every=5)
+    baseline = tmp_path / "base" / "base" / "base"
+    live = tmp_path / "s" / "live"
+    proc = _start(tmp_path)
+    try:
+        running = compare_runs(live, baseline, force=True)
+        so_far = goodput(live.parent)
+    finally:
+        _kill(proc)
+    assert any("has not ended (still running" in n for n in _notes(running)), _notes(running)
+    rows = {m.metric: m for m in running.candidates[0].metrics}
+    assert "samples_per_second" in rows and rows["goodput"].candidate_median > 0  # its 40 iterations so far
+    assert [r.status for r in so_far.runs] == ["running"] and so_far.productive_iterations == 40
+    assert so_far.goodput > 0 and so_far.badput.lost_progress == 0
+    killed = compare_runs(live, baseline, force=True)
+    assert any("has not ended (killed" in n for n in _notes(killed)), _notes(killed)
+    assert "goodput" not in [m.metric for m in killed.candidates[0].metrics]
+    after = goodput(live.parent)
+    assert [r.status for r in after.runs] == ["killed"] and after.lost_iterations == 40 and after.goodput == 0
+
+
+@pytest.mark.parametrize("engine", ["python", "duckdb"])
+def test_report_live_run_is_still_running_not_a_crash_until_killed(tmp_path: Path, engine: str,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    if engine == "duckdb":
+        pytest.importorskip("duckdb")
+    monkeypatch.setenv("TELEMETRAIN_ENGINE", engine)
+    proc = _start(tmp_path)
+    try:
+        live = write_report(tmp_path / "s" / "live", tmp_path / "live.html").read_text()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                pipe.close()
+    assert "<b>still running</b>" in live
+    assert "crash:" not in live
+    killed = write_report(tmp_path / "s" / "live", tmp_path / "killed.html").read_text()
+    assert "<b>still running</b>" not in killed
+    assert "crash: training_loop and application were killed" in killed
+
+
+def _show(run: Path, capsys: pytest.CaptureFixture[str], *flags: str) -> str:
+    assert main(["show", *flags, str(run)]) == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("engine", ["python", "duckdb"])
+def test_show_live_run_is_still_running_not_a_crash_until_killed(tmp_path: Path, engine: str,
+                                                                 monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    if engine == "duckdb":
+        pytest.importorskip("duckdb")
+    monkeypatch.setenv("TELEMETRAIN_ENGINE", engine)
+    run = tmp_path / "s" / "live"
+    proc = _start(tmp_path)
+    try:
+        live = _show(run, capsys)
+        live_json = json.loads(_show(run, capsys, "--json"))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                pipe.close()
+    assert "still running" in live and "crash" not in live, live
+    assert live_json["running"] is True and not [f for f in live_json["findings"] if f["kind"] == "crash"]
+    killed = _show(run, capsys)
+    assert "crash: training_loop and application were killed" in killed and "still running (" not in killed, killed
