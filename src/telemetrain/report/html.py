@@ -390,17 +390,14 @@ SECTIONS = (
 
 
 def _live(m: ReportModel) -> str:
-    """A run whose training loop (or application) has not ended and which wrote recently, as ``show --list`` calls
-    running: said at the top, since its crash finding cannot tell a run still being written from one just killed."""
-    from ..show_list import RUNNING_WITHIN_S
-
-    age_s = (time.time_ns() - m.end_ns) / 1e9
-    if not any(r.duration_s is None and r.name in ("training_loop", "application") for r in m.lifecycle) \
-            or age_s >= RUNNING_WITHIN_S:
+    """A run still being written (``ReportModel.running``: its loop open, a recent record, no process of it known
+    dead): said at the top, since every figure is the run as it stood."""
+    if not m.running:
         return ""
-    return (f'<p class="finding info" data-note="live"><b>Still being written?</b>Its training loop has not ended and '
-            f"its last record is {max(age_s, 0.0):.0f} s old: the run may still be running (or was killed just now). "
-            "The page shows it as it stood when written; the crash finding below cannot tell the two apart.</p>")
+    age_s = (time.time_ns() - m.end_ns) / 1e9
+    return (f'<p class="finding info" data-note="live"><b>Still running.</b> Its training loop has not ended and its '
+            f"last record is {max(age_s, 0.0):.0f} s old: the page shows the run as it stood when written, and its "
+            "open loop is not read as a crash.</p>")
 
 
 def render(m: ReportModel) -> str:
