@@ -38,6 +38,21 @@ def _otel_health(t: Telemetry) -> dict[str, Any]:
     return next(s for s in t.health()["sinks"] if s["sink"] == "otel")
 
 
+def _while_down(tmp_path: Path, receiver: _Receiver) -> tuple[Telemetry, OTelSink, Tracer]:
+    """A Telemetry exporting to ``receiver``, which answers 503 (a collector restarting) until told otherwise."""
+    receiver.unavailable = True
+    t = Telemetry(store=tmp_path)
+    sink = OTelSink(export_timeout=2.0)
+    t.add_sink(sink)
+    return t, sink, Tracer(t)
+
+
+def _spans(tr: Tracer, n: int) -> None:
+    for step in range(n):
+        with tr.span(f"down-{step}"):
+            pass
+
+
 def test_a_slow_collector_gets_every_batch(tmp_path: Path, receiver: _Receiver) -> None:
     # A collector that takes 1.5 s to answer: within the OTLP exporters' own default timeout (10 s), so nothing is
     # lost (the former 1 s default failed every export and dropped every batch).
@@ -60,15 +75,9 @@ def test_a_slow_collector_gets_every_batch(tmp_path: Path, receiver: _Receiver) 
 def test_a_restarting_collector_gets_the_spans_of_its_outage(tmp_path: Path, receiver: _Receiver) -> None:
     # 503 while the collector restarts: the exports fail (counted, warned once) but their spans are kept and sent
     # with the first export after it is back, in order; nothing is dropped.
-    receiver.unavailable = True
-    t = Telemetry(store=tmp_path)
-    sink = OTelSink(export_timeout=2.0)
-    t.add_sink(sink)
-    tr = Tracer(t)
+    t, sink, tr = _while_down(tmp_path, receiver)
     with pytest.warns(RuntimeWarning, match="otel"):
-        for step in range(2):
-            with tr.span(f"down-{step}"):
-                pass
+        _spans(tr, 2)
         t.flush(timeout=30)
     down = _otel_health(t)
     assert down["failures"] >= 1 and "2 spans kept" in str(down["last_error"])
@@ -83,15 +92,9 @@ def test_a_restarting_collector_gets_the_spans_of_its_outage(tmp_path: Path, rec
 def test_kept_spans_are_bounded_and_the_loss_at_close_is_counted(tmp_path: Path, receiver: _Receiver,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("telemetrain.sinks.otel.export.MAX_KEPT_SPANS", 3)
-    receiver.unavailable = True
-    t = Telemetry(store=tmp_path)
-    sink = OTelSink(export_timeout=2.0)
-    t.add_sink(sink)
-    tr = Tracer(t)
+    t, sink, tr = _while_down(tmp_path, receiver)
     with pytest.warns(RuntimeWarning, match="otel"):
-        for step in range(5):
-            with tr.span(f"down-{step}"):
-                pass
+        _spans(tr, 5)
         t.flush(timeout=30)
         assert sink.dropped_spans == 2  # the two oldest: the bound holds while the collector is down
         assert t.close(timeout=30)  # the collector never came back: the three kept spans are lost, and counted
