@@ -108,15 +108,8 @@ def test_report_live_run_is_still_running_not_a_crash_until_killed(tmp_path: Pat
     proc = _start(tmp_path)
     try:
         live = write_report(tmp_path / "s" / "live", tmp_path / "live.html").read_text()
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(20)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for pipe in (proc.stdin, proc.stdout):
-            if pipe is not None:
-                pipe.close()
+        _kill(proc)
     assert "<b>still running</b>" in live
     assert "crash:" not in live
     killed = write_report(tmp_path / "s" / "live", tmp_path / "killed.html").read_text()
@@ -141,15 +134,8 @@ def test_show_live_run_is_still_running_not_a_crash_until_killed(tmp_path: Path,
     try:
         live = _show(run, capsys)
         live_json = json.loads(_show(run, capsys, "--json"))
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(20)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for pipe in (proc.stdin, proc.stdout):
-            if pipe is not None:
-                pipe.close()
+        _kill(proc)
     assert "still running" in live and "crash" not in live, live
     assert live_json["running"] is True and not [f for f in live_json["findings"] if f["kind"] == "crash"]
     killed = _show(run, capsys)
