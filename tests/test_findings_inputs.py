@@ -328,7 +328,9 @@ def test_the_builder_reads_windows_memory_values_events_and_failures(tmp_path: P
     assert w.busy_free(0.1) == pytest.approx(0.05)
     assert {(m.kind, m.device, m.limit) for m in data.memory} == {("rss", "", None), ("cuda", "cuda:0", 80.0)}
     assert [(h.total, h.available) for h in data.hosts_memory] == [(1000.0, 600.0)]
-    assert sorted((v.name, v.kind) for v in data.values) == [("model.grad_norm", "grad_norm"), ("train.loss", "loss")]
+    # (a series is its group and name: a val loss of the same name is another series)
+    assert sorted((v.name, v.kind) for v in data.values) == [("train/model.grad_norm", "grad_norm"),
+                                                            ("train/train.loss", "loss")]
     assert [(n.name, n.count, n.first_step) for n in data.nonfinite] == [("train.loss", 1, 1)]
     assert data.straggler_events == [{"rank": 0, "phase": "forward", "step": 9}]
     assert [(f.name, f.status) for f in data.span_failures] == [("training_loop", "never ended")]
