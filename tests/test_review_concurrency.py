@@ -644,37 +644,10 @@ def test_fork_while_default_is_being_built_does_not_hang_the_child(monkeypatch: 
     forever at its first put_metric."""
     monkeypatch.setenv("TELEMETRAIN_STORE", "0")
     Telemetry(store=False).close()  # any program that built one has the fork hooks registered
-    holding, release = threading.Event(), threading.Event()
-
-    def builder() -> None:
-        with _default.lock:  # where get_telemetry() is while it builds the default instance
-            holding.set()
-            release.wait(HANG_S)
-
-    th = threading.Thread(target=builder)
-    th.start()
-    try:
-        assert holding.wait(HANG_S)
-        pid = os.fork()
-        if pid == 0:  # the child: report through the exit status only
-            code = 7
-            try:
-                done = threading.Event()
-
-                def put() -> None:
-                    metrics.put_metric("x", 1, "train")
-                    done.set()
-
-                threading.Thread(target=put, daemon=True).start()
-                code = 0 if done.wait(5.0) else 7
-            finally:
-                os._exit(code)
-    finally:
-        release.set()
-        th.join(HANG_S)
-    _, status = os.waitpid(pid, 0)
+    # (_default.lock held: where get_telemetry() is while it builds the default instance)
+    code = _fork_while_held(_default.lock, lambda: metrics.put_metric("x", 1, "train"))
     telemetrain.reset()
-    assert os.waitstatus_to_exitcode(status) == 0, "the forked child hung in put_metric on the inherited lock"
+    assert code == 0, "the forked child hung in put_metric on the inherited lock"
 
 
 def _fork_while_held(lock: Any, use: Callable[[], None]) -> int:
