@@ -31,7 +31,7 @@ import psutil
 
 from .base import Cycle
 from .names import GROUP, filesystem_group
-from .process import MIN_RATE_S
+from .process import MIN_RATE_S, TICK_S
 from .units import ratio
 
 __all__ = ["HostSource", "resolve_paths"]
@@ -112,7 +112,9 @@ class HostSource:
             d_total = 0.0 if last is None else total - last[1]
             if last is None or d_total < 0:  # the first, or counters that went back (CPUs offlined): start again
                 self._cpu = (busy, total, steal)
-            elif d_total >= MIN_RATE_S * (psutil.cpu_count() or 1):  # else measured with the next sample: too short
+            # (the host's total CPU time also moves in ticks: over MIN_RATE_S of wall time, each CPU's can read a
+            # tick short; else measured with the next sample: too short)
+            elif d_total >= (MIN_RATE_S - TICK_S) * (psutil.cpu_count() or 1):
                 # iowait can go backwards on Linux: clamp to the possible range
                 add(GROUP, "system.cpu.utilization", min(1.0, max(0.0, (busy - last[0]) / d_total)))
                 if steal is not None and last[2] is not None:

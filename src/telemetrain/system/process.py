@@ -129,6 +129,7 @@ def _boot_s() -> float | None:
 # process burning one CPU reads 0 or 2 or more. A rate is given once its interval (its cycles', summed) is at least
 # this long: off by at most 10% of one CPU then, 2% over 1 s.
 MIN_RATE_S = 20 / _CLK_TCK
+TICK_S = 1 / _CLK_TCK  # one tick of the CPU time counters
 
 
 class _Rate:
