@@ -102,8 +102,8 @@ def format_goodput(report: GoodputReport) -> list[str]:
     lines += _table(attempts)
     if any(r.approximate for r in report.runs):
         lines.append("  ~ approximate: a killed (or running) attempt's figures stop at its last report")
-    notes = list(report.notes) + [f"{r.run_id}: {n}" for r in report.runs for n in r.notes]
-    lines += [f"note: {n}" for n in notes]
+    # the session's notes hold each run's already ("run <id>: ..."): listing the runs' again printed each twice
+    lines += [f"note: {n}" for n in report.notes]
     return lines
 
 
