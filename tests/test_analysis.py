@@ -486,7 +486,7 @@ def test_goodput_of_a_crash_and_restart(tmp_path: Path, capsys: pytest.CaptureFi
     assert code == 0, err
     assert "iterations  300 productive, 40 lost" in out
     rows = [line.split() for line in out.splitlines() if line.startswith("  0  ") or line.startswith("  1  ")]
-    assert rows[0][:5] == ["0", "job.0", "interrupted", "0..139", "step"]
+    assert rows[0][:5] == ["0", "job.0", "crash", "0..139", "step"]
     assert rows[1][:5] == ["1", "job.1", "finished", "100..299", "step"]
     assert "badput lost_progress" in out and "badput checkpoint_load" in out
     # a run directory stands for its session; --json is the library's report
@@ -578,7 +578,7 @@ def test_compare_and_goodput_on_the_demo(launched_demo: tuple[Path, subprocess.C
     assert next(m for m in result["metrics"] if m["label"] == "goodput")["verdict"] == ONE_VALUE
     code, out, err = run_cli("goodput", str(session), capsys=capsys)
     assert code == 0, err
-    assert "attempts (2, in restart order)" in out and "interrupted" in out and "finished" in out
+    assert "attempts (2, in restart order)" in out and "crash" in out and "finished" in out
 
 
 # -- tail --------------------------------------------------------------------------------------------------------------

@@ -214,7 +214,7 @@ def test_crash_after_checkpoint_then_resume(tmp_path: Path) -> None:
     assert not report.approximate  # the dying process reported its last iterations
     run_a, run_b = report.runs
     assert (run_a.run_id, run_a.restart_order, run_a.restart_count) == ("job.0", 0, 0)
-    assert (run_a.status, run_a.finished) == ("interrupted", False)
+    assert (run_a.status, run_a.finished) == ("crash", False)
     assert (run_a.first_iteration, run_a.last_iteration) == (0, 16)
     assert (run_a.last_checkpoint_step, run_a.checkpointed_iterations) == (10, 10)
     assert (run_a.productive_iterations, run_a.lost_iterations) == (10, 7)
@@ -246,7 +246,7 @@ def test_no_checkpoint(tmp_path: Path, ending: str) -> None:
     if ending == "crash":
         assert report.productive_seconds == 0.0 and report.goodput == 0.0
         badput(report, initialization=1.0, lost_progress=4.0, idle=1.0)
-        assert (run.status, run.productive_iterations, run.lost_iterations) == ("interrupted", 0, 8)
+        assert (run.status, run.productive_iterations, run.lost_iterations) == ("crash", 0, 8)
     else:
         assert report.productive_seconds == pytest.approx(4.0, abs=TOL)
         badput(report, initialization=1.0, idle=1.0)
@@ -393,7 +393,7 @@ def test_loop_ended_with_error_is_not_finished(tmp_path: Path) -> None:
     report = goodput(tmp_path / SESSION)
     check_identity(report)
     [run] = report.runs
-    assert (run.status, run.finished, run.approximate) == ("interrupted", False, False)
+    assert (run.status, run.finished, run.approximate) == ("crash", False, False)
     assert (run.productive_iterations, run.lost_iterations) == (5, 2)
     assert report.productive_seconds == pytest.approx(5.0, abs=TOL)
     badput(report, checkpoint_save=1.0, lost_progress=2.0)
@@ -542,7 +542,7 @@ def test_real_clocks_and_the_context_managers(tmp_path: Path) -> None:
     report = goodput(tmp_path / SESSION)
     check_identity(report)
     [run] = report.runs
-    assert (run.status, run.finished) == ("interrupted", False)
+    assert (run.status, run.finished) == ("crash", False)
     # the checkpoint (5) falls between two reports (3, 6): its iteration seconds are exact (the save carries them),
     # its data-loading seconds interpolated
     assert run.approximate and any("interpolated" in n for n in run.notes)
@@ -564,7 +564,7 @@ def test_report_is_frozen_and_json_able(tmp_path: Path) -> None:
     assert json.loads(json.dumps(data, allow_nan=False)) == data
     assert data["badput"] == report.badput.as_dict()
     assert data["badput_seconds"] == pytest.approx(report.badput_seconds)
-    assert data["runs"][0]["status"] == "interrupted"
+    assert data["runs"][0]["status"] == "crash"
     assert set(data["badput"]) == set(BADPUT_CATEGORIES)
     with pytest.raises(dataclasses.FrozenInstanceError):
         report.goodput = 1.0  # type: ignore[misc]

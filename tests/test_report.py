@@ -239,14 +239,14 @@ def test_the_restarted_run_shows_the_crash_the_restart_and_the_session_goodput(s
                                                                              tmp_path: Path) -> None:
     model = build_model(open_run(session[1]))
     titles = [f.title for f in model.findings]
-    assert "crash: run job.0 interrupted" in titles
+    assert "crash: run job.0 crashed" in titles
     assert "restart: run job.1 after job.0" in titles
     expected = goodput(session[1].parent)
     headline = {label: value for label, value, _ in model.headline}
     assert headline["goodput"] == f"{expected.goodput:.1%}"
     assert [r.run_id for r in model.goodput.runs] == ["job.0", "job.1"]
     page = write_report(session[1], tmp_path / "r.html").read_text()
-    assert "restarts and checkpoints" in page and "job.0" in page and "interrupted" in page
+    assert "restarts and checkpoints" in page and "job.0" in page and "crash" in page
     # a lane per attempt, named so that it fits, the report's own run marked (the bars' tooltips name the runs)
     timeline = re.search(r'<svg[^>]*class="chart timeline".*?</svg>', page, re.S)
     assert timeline is not None

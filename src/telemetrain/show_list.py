@@ -24,7 +24,7 @@ class _Listed:
 
     path: Path
     created_wall_ns: int | None
-    status: str  # finished, interrupted, killed, running, no training, unreadable: ...
+    status: str  # finished, crash, interrupted (Ctrl-C), killed, running, no training, unreadable: ...
     start_ns: int | None
     end_ns: int | None
     iterations: int | None  # the last report of the lowest rank
@@ -77,7 +77,9 @@ def _listed(path: Path, run: Run, now_ns: int, engine: Any = None) -> _Listed:
         status = "no training"
     elif "" in statuses:  # a loop that never ended: SIGKILL, OOM, a lost node -- or still going
         status = "running" if still_running(run, summary.end_ns or 0, now_ns) else "killed"
-    elif any(s != "ok" for s in statuses):
+    elif any(s not in ("ok", "interrupt") for s in statuses):  # goodput's and the findings' words
+        status = "crash"
+    elif "interrupt" in statuses:  # a Ctrl-C (span_lifecycle.end_status)
         status = "interrupted"
     else:
         status = "finished"

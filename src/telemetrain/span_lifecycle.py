@@ -26,7 +26,7 @@ from .records import SPAN_PAIR, span_hex, trace_hex
 if TYPE_CHECKING:
     from .spans import Tracer
 
-__all__ = ["STATUS_ERROR", "STATUS_OK", "STATUS_TERMINATED", "Span"]
+__all__ = ["STATUS_ERROR", "STATUS_OK", "STATUS_TERMINATED", "Span", "is_user_interrupt"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 _mono = time.monotonic_ns
@@ -40,6 +40,24 @@ STATUS_OK = "ok"
 STATUS_ERROR = "error"
 STATUS_TERMINATED = "terminated"
 _STATUSES = (STATUS_OK, STATUS_ERROR, STATUS_TERMINATED)
+
+
+def is_user_interrupt(error: str) -> bool:
+    """A span's error saying a Ctrl-C ended it: a ``KeyboardInterrupt`` raised through its ``with`` block, one that
+    was uncaught when telemetry closed it at exit, or our handler dying of SIGINT (``spans._closed_because``). The
+    findings and goodput call such a span's run interrupted, not a crash."""
+    return error.startswith("KeyboardInterrupt") or error.endswith(("uncaught KeyboardInterrupt", "stopped by SIGINT"))
+
+
+# ``is_user_interrupt`` in SQL, over a span end's ``status`` and ``error`` columns: the status, or ``interrupt`` for
+# one that did not end ok because of a Ctrl-C (the readers' SQL paths say what their Python paths say)
+END_STATUS_SQL = ("CASE WHEN status <> 'ok' AND (error LIKE 'KeyboardInterrupt%' OR error LIKE "
+                  "'%uncaught KeyboardInterrupt' OR error LIKE '%stopped by SIGINT') THEN 'interrupt' ELSE status END")
+
+
+def end_status(status: str, error: str | None) -> str:
+    """A span end's status, ``interrupt`` for one a Ctrl-C ended (``END_STATUS_SQL`` in Python)."""
+    return "interrupt" if status != STATUS_OK and is_user_interrupt(error or "") else status
 
 # -- ids: span ids a random 32-bit process salt above a 32-bit counter; trace ids random (W3C); redrawn after fork -----
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..cli_common import is_number
 from ..semconv import series_key
+from ..span_lifecycle import END_STATUS_SQL, end_status
 from ..store.codec import untag_nonfinite
 from ..store.reader import Run
 from ..store.views import first_int_sql
@@ -193,7 +194,8 @@ def summarize_run(run: Run) -> RunSummary:
             s.span_start_ns = wall if s.span_start_ns is None or wall < s.span_start_ns else s.span_start_ns
             s.span_end_ns = wall if s.span_end_ns is None or wall > s.span_end_ns else s.span_end_ns
             if group == "training" and name == "training_loop":
-                s.note_loop((r.identity.rank, r.identity.pid), r.status if kind == "span_end" else None)
+                s.note_loop((r.identity.rank, r.identity.pid),
+                            end_status(r.status, r.error) if kind == "span_end" else None)
             if name in SAVE_SPANS:
                 key = (r.identity.rank, r.identity.pid, r.span_id)
                 if kind == "span_start":
@@ -383,8 +385,8 @@ def summarize_sql(engine: Any, run: Run) -> RunSummary:
         s.span_start_ns, s.span_end_ns = lo, hi
     for rank, pid, status in engine.rows(
             f"SELECT rank, pid, status FROM (SELECT {ORDER}, NULL AS status FROM span_starts WHERE {w} AND "
-            f"group_name = 'training' AND name = 'training_loop' UNION ALL SELECT {ORDER}, status FROM span_ends "
-            f"WHERE {w} AND group_name = 'training' AND name = 'training_loop') ORDER BY {ORDER}"):
+            f"group_name = 'training' AND name = 'training_loop' UNION ALL SELECT {ORDER}, {END_STATUS_SQL} FROM "
+            f"span_ends WHERE {w} AND group_name = 'training' AND name = 'training_loop') ORDER BY {ORDER}"):
         s.note_loop((rank, pid), status)
     return s
 

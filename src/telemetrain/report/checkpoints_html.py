@@ -16,7 +16,8 @@ from .svg import fmt_unit, timeline
 
 __all__ = ["STATUS_COLOURS", "checkpoint_steps", "checkpoints_section"]
 
-STATUS_COLOURS = {"finished": "#2ca02c", "interrupted": "#ff7f0e", "killed": "#d62728", "running": "#17becf",
+STATUS_COLOURS = {"finished": "#2ca02c", "interrupted": "#ff7f0e", "crash": "#d62728", "killed": "#8c1c13",
+                  "running": "#17becf",
                   "no_training": "#9e9e9e", "absent": "#e0e0e0", "this run": "#1f77b4"}
 MAX_SPAN_ROWS = 500  # the checkpoint spans listed one a row, the earliest
 MAX_TICKS = 1000  # the checkpoints ticked on the timeline, the earliest
@@ -156,10 +157,10 @@ def checkpoints_section(m: ReportModel) -> str:
         markers.append((this_lane, c.start_ns / 1e9 - origin, colour, _describe(c)))
     body += timeline("restarts and checkpoints", lanes, markers=markers[:MAX_TICKS],
                      x_label="seconds since the session's start")
-    body += ('<p class="note">Bars: the session\'s runs (green finished, orange interrupted, red killed, teal '
-             "running), from goodput's per-run timeline; the run of this report is marked &gt;. Ticks: this run's "
-             "checkpoints, at the first rank's start (green saves, blue loads, red where a rank's span failed or never "
-             "ended).</p>")
+    body += ('<p class="note">Bars: the session\'s runs (green finished, orange interrupted by a Ctrl-C, red '
+             "crashed, dark red killed, teal running), from goodput's per-run timeline; the run of this report is "
+             "marked &gt;. Ticks: this run's checkpoints, at the first rank's start (green saves, blue loads, red "
+             "where a rank's span failed or never ended).</p>")
     if g is not None:
         body += "<h3>runs of the session</h3>" + table(
             ("run", "status", "iterations", "last checkpoint step", "checkpointed", "productive", "lost", "notes"),

@@ -167,8 +167,10 @@ def _figures(loop: _Loop, process: _Process, run_saves: list[_Save], later_start
                      "report, the figures stop at its last report and are approximate")
     elif span.status == "ok":
         status = "finished"
-    else:
+    elif span.status == "interrupt":  # a Ctrl-C (span_lifecycle.end_status): the user's choice, not a crash
         status = "interrupted"
+    else:  # an exception, an exit or a signal other than SIGINT ended the loop
+        status = "crash"
     start = loop.start
     windows = sorted(loop.windows, key=lambda w: w.completed)
     warm = sum(max(w.iterations - w.timed, 0) for w in windows)

@@ -48,13 +48,13 @@ class Badput:
 class RunGoodput:
     """One run (restart attempt) of the session, as the chosen rank saw it.
 
-    ``status``: ``finished`` (its training loop ended with status ok), ``interrupted`` (the loop ended with status
-    error or terminated: an exception, exit or SIGTERM; its last iterations were reported at close, so the figures are
-    exact), ``killed`` (the loop never ended: SIGKILL, OOM kill, node failure; the figures stop at its last report
-    and are approximate), ``running`` (the session's last run, its loop not ended and still being written: the
-    figures so far, its work since its last checkpoint not yet lost), ``no_training`` (the rank never started a
-    training loop in this run),
-    ``absent`` (the rank wrote no training lifecycle record in this run).
+    ``status``: ``finished`` (its training loop ended with status ok), ``crash`` (the loop ended with status error
+    or terminated: an exception, exit or SIGTERM; its last iterations were reported at close, so the figures are
+    exact), ``interrupted`` (the same, but a Ctrl-C ended it: a KeyboardInterrupt or SIGINT, as the findings say),
+    ``killed`` (the loop never ended: SIGKILL, OOM kill, node failure; the figures stop at its last report and are
+    approximate), ``running`` (the session's last run, its loop not ended and still being written: the figures so
+    far, its work since its last checkpoint not yet lost), ``no_training`` (the rank never started a training loop in
+    this run), ``absent`` (the rank wrote no training lifecycle record in this run).
 
     Iterations are global and zero-based, as in the recorder's events: the run ran iterations ``first_iteration`` to
     ``last_iteration``; ``checkpointed_iterations`` is the number of global iterations its last successful checkpoint

@@ -13,6 +13,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from ..span_lifecycle import end_status
 from ..store.reader import ProcessLog, Run, find_runs, open_run
 from .goodput_windows import WindowList, _Window
 from .names import EventName, SpanName
@@ -205,6 +206,12 @@ def _read_process(log: ProcessLog, run_index: int) -> _Process:
     return read_records(log.records, log.rank, log.pid, run_index)
 
 
+def _end_status(rec: Any) -> str:
+    """A span end's status, ``interrupt`` for one a Ctrl-C ended: goodput's ``interrupted``, not a crash (the SQL
+    path's rows, which have no error, come mapped by ``span_lifecycle.END_STATUS_SQL``)."""
+    return end_status(rec.status, getattr(rec, "error", None))
+
+
 def read_records(records: Iterable[Any], rank: int, pid: int, run_index: int) -> _Process:
     """``_read_process`` of a process's records in file order (any objects with the records' fields: the SQL path
     hands rows of the group ``training`` only).
@@ -272,7 +279,7 @@ def read_records(records: Iterable[Any], rank: int, pid: int, run_index: int) ->
             by_id[span_id] = s
             spans.append(s)
             if early is not None:
-                s.end_ns, s.status = max(early.wall_ns, start_ns), early.status
+                s.end_ns, s.status = max(early.wall_ns, start_ns), _end_status(early)
             if name == _TRAINING_LOOP:
                 start = _int(attributes, "train_iterations_start") or 0
                 loop = _Loop(span=s, start=max(start, 0), index=len(loops))
@@ -291,7 +298,7 @@ def read_records(records: Iterable[Any], rank: int, pid: int, run_index: int) ->
                     timed(found.loop, found.index, found.start_ns, end_ns)
             elif found.end_ns is None:
                 found.end_ns = max(rec.wall_ns, found.start_ns)
-                found.status = rec.status
+                found.status = _end_status(rec)
                 if found.name in _LIFECYCLE:
                     stamp(found.end_ns)
         elif kind == "event":

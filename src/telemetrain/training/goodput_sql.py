@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from itertools import groupby
 from typing import Any
 
+from ..span_lifecycle import END_STATUS_SQL
 from ..store.codec import untag_nonfinite
 from ..store.engine import Engine
 from ..store.rank_groups import rank_groups
@@ -329,8 +330,8 @@ def load_session(engine: Engine, runs: Sequence[Run]) -> tuple[list[Any], Any, A
                      parent_id, NULL AS status, CASE WHEN name = '{_LOOP}' THEN {attributes} END AS attributes
               FROM span_starts WHERE {where} AND name IN {tracked}
               UNION ALL
-              SELECT session, run, rank, pid, segment, line, 'span_end', name, wall_ns, span_id, NULL, status,
-                     NULL FROM span_ends WHERE {where} AND name IN {tracked}
+              SELECT session, run, rank, pid, segment, line, 'span_end', name, wall_ns, span_id, NULL,
+                     {END_STATUS_SQL}, NULL FROM span_ends WHERE {where} AND name IN {tracked}
               UNION ALL
               SELECT session, run, rank, pid, segment, line, 'event', name, wall_ns, NULL, NULL, NULL,
                      {attributes} FROM events WHERE {where}

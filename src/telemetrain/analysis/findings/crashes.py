@@ -1,13 +1,14 @@
 """Crashes and restarts: facts, no statistics. First the cause of a launched job's failure, from the agent's worker
 exits (``worker_exits``); then each ``training_loop`` or ``application`` span of this run that ended ``error`` or
 ``terminated``, or never ended (the process was killed) -- one finding when both spans of the same ranks ended alike;
-any other run of the session that goodput classifies ``interrupted`` or ``killed``; and each later run of the
-session, with where it resumed."""
+any other run of the session that goodput classifies ``crash``, ``killed`` or ``interrupted`` (a Ctrl-C: a warning);
+and each later run of the session, with where it resumed."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ...span_lifecycle import is_user_interrupt
 from .fmt import ranges
 from .inputs import Attempt, SpanFailure
 from .model import Evidence, Finding
@@ -41,13 +42,17 @@ def crashes(failures: Sequence[SpanFailure], attempts: Sequence[Attempt],
                                 Evidence(ranks=ranks, test="lifecycle span status")))
     runs = sorted(attempts, key=lambda a: a.restart_order)
     for i, r in enumerate(runs):
-        if r.status in ("interrupted", "killed") and not r.current:
+        if r.status in ("crash", "interrupted", "killed") and not r.current:
             # its cause, when its launcher agent saw its workers end: the first failure, with what it usually means
             causes = first_causes(first_failures(list(r.exits))) if r.exits else []
             after = f"after iteration {r.last_iteration}" if r.last_iteration is not None else "before any iteration"
+            # a Ctrl-C is the user's choice, as for the spans above: a warning, not a crash (work may be lost)
+            severity, kind = ("warning", "interrupted") if r.status == "interrupted" else ("error", "crash")
+            word = "crashed" if r.status == "crash" else r.status
             findings.append(Finding(
-                "error", "crash", f"crash: run {r.run_id} {r.status}" + "".join(f"; {who}" for who, _ in causes),
-                f"run {r.run_id} (attempt {r.restart_order + 1} of the session) was {r.status} {after}"
+                severity, kind, f"{kind}: run {r.run_id} {word}" + "".join(f"; {who}" for who, _ in causes),
+                f"run {r.run_id} (attempt {r.restart_order + 1} of the session) "
+                f"{'' if r.status == 'crash' else 'was '}{word} {after}"
                 + "".join(f"; {who}, {meaning(lead)}" for who, lead in causes) + f"; its last checkpoint held "
                 f"{r.checkpointed_iterations} iteration(s); {r.lost_iterations} iteration(s) lost",
                 Evidence(steps=(r.first_iteration, r.last_iteration) if r.first_iteration is not None
@@ -64,12 +69,6 @@ def crashes(failures: Sequence[SpanFailure], attempts: Sequence[Attempt],
                 f"attempt {r.restart_order + 1} ({r.run_id}, {r.status}) started {start} "
                 f"after {prev.run_id} ({prev.status}) {stop}"))
     return findings
-
-
-def is_user_interrupt(error: str) -> bool:
-    """A span's error saying a Ctrl-C ended it: a ``KeyboardInterrupt`` raised through its ``with`` block, one that
-    was uncaught when telemetry closed it at exit, or our handler dying of SIGINT (``spans._closed_because``)."""
-    return error.startswith("KeyboardInterrupt") or error.endswith(("uncaught KeyboardInterrupt", "stopped by SIGINT"))
 
 
 def exit_findings(exits: Sequence[WorkerExit]) -> list[Finding]:

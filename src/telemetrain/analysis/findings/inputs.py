@@ -171,7 +171,7 @@ class Attempt:
 
     run_id: str
     restart_order: int
-    status: str  # finished, interrupted, killed, no_training, absent
+    status: str  # finished, crash, interrupted (Ctrl-C), killed, running, no_training, absent
     first_iteration: int | None
     last_iteration: int | None
     checkpointed_iterations: int | None
