@@ -3,8 +3,10 @@
 The exit close is registered at import (see the end of this module); the signal handlers the first time a
 ``Telemetry`` starts a background runner. Signal handlers chain to the handler that was installed before ours: a
 Python handler is called after our flush; the default action is restored and the signal re-raised, so the process
-still dies of it (torchelastic reads the exit status); an ignored signal stays ignored. Handlers can only be
-installed from the main thread; from another thread we try again later.
+still dies of it (torchelastic reads the exit status); an ignored signal stays ignored. A handler the program sets
+after ours (``signal.signal``, wrapped at install: ``_chain_signal``) takes the place of the one we chain to, so it
+runs after our flush and ours stays. Handlers can only be installed from the main thread; from another thread we try
+again later.
 
 Every wait is bounded: the exit close has ``EXIT_FLUSH_TIMEOUT_S`` and a signal ``SIGNAL_FLUSH_TIMEOUT_S`` for all
 the live instances together (each gets at least ``MIN_SHARE_S``), and a sink that does not finish in that grace
@@ -167,7 +169,7 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
         # die of the signal, as the process would have without us
         _dying_of["signal"] = signum
         _close_all(SIGNAL_FLUSH_TIMEOUT_S)
-        signal.signal(signum, signal.SIG_DFL)
+        _real_signal(signum, signal.SIG_DFL)  # (signal.signal would keep ours: _chain_signal)
         os.kill(os.getpid(), signum)
     else:  # SIG_IGN: the signal was being ignored; keep ignoring it, but our data is safe either way
         _flush_all(SIGNAL_FLUSH_TIMEOUT_S)
@@ -181,13 +183,46 @@ def _install_signals() -> None:
         if signum is None or signum in _previous:
             continue
         try:
-            current = signal.getsignal(signum)
+            current = _real_getsignal(signum)
             if current is _on_signal:
                 continue
-            signal.signal(signum, _on_signal)
+            _real_signal(signum, _on_signal)
         except (ValueError, OSError):  # not the main interpreter, or not allowed here
             continue
-        _previous[signum] = current
+        _previous[signum] = _base[signum] = current
+    if _previous and signal.signal is _real_signal:
+        signal.signal, signal.getsignal = _chain_signal, _chained_getsignal
+
+
+_real_signal = signal.signal
+_real_getsignal = signal.getsignal
+_base: dict[int, Any] = {}  # per signal, the handler ours replaced at install
+
+
+def _chain_signal(signalnum: Any, handler: Any) -> Any:
+    """``signal.signal`` once ours are installed: a SIGTERM/SIGINT handler set after ours (yours, Lightning's,
+    torchelastic's) goes behind ours rather than replacing it, so the store is flushed before it runs, and a
+    ``sys.exit`` it makes is known to follow the signal (an MLflow run KILLED, not FAILED). It is still called, as is
+    SIG_DFL (ours then dies of the signal, after closing) and SIG_IGN (ignored, after a flush); ``signal.getsignal``
+    returns it. Without this a handler that reset SIG_DFL and re-raised the signal lost every record not yet flushed
+    and left the MLflow run RUNNING."""
+    if signalnum in _previous and _real_getsignal(signalnum) is _on_signal:
+        _real_signal(signalnum, _on_signal)  # raises as signal.signal would: another thread, a bad handler
+        if handler is not _on_signal and not callable(handler) and handler not in (signal.SIG_DFL, signal.SIG_IGN):
+            raise TypeError(f"signal handler must be signal.SIG_IGN, signal.SIG_DFL, or a callable object, "
+                            f"got {type(handler).__name__}")
+        old = _previous[signalnum]
+        _previous[signalnum] = _base[signalnum] if handler is _on_signal else handler
+        return old
+    return _real_signal(signalnum, handler)
+
+
+def _chained_getsignal(signalnum: Any) -> Any:
+    """``signal.getsignal``, which names the handler ours calls (``_chain_signal``) rather than ours."""
+    current = _real_getsignal(signalnum)
+    if current is _on_signal and signalnum in _previous:
+        return _previous[signalnum]
+    return current
 
 
 class _MpSentinel:
