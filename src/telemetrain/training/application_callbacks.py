@@ -139,7 +139,8 @@ class ApplicationCallbacks(RecorderBase):
     def on_exception(self, exc: BaseException) -> None:
         """An exception is leaving the training code: every open span of this recorder (the iteration, the loops, a
         save, the application) is marked ``error`` with it, so whatever ends them next (``on_app_end``, the
-        integrations' end hooks) ends them as failed, and goodput counts the run as interrupted."""
+        integrations' end hooks) ends them as failed, and goodput counts the run as a crash (interrupted, for a
+        KeyboardInterrupt)."""
         if not isinstance(exc, BaseException):
             raise TypeError(f"exc must be an exception, got {type(exc).__name__}")
         text = describe(exc)
