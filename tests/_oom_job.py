@@ -1,0 +1,64 @@
+"""A small training job that runs out of its container's memory, for ``tests/test_system_container.py``.
+
+It records its lifecycle with a ``TrainingRecorder`` and samples the system every 20 ms. ``MODE``:
+
+- ``real``: joins the real cgroup ``CGROUP_DIR`` (v1 memory hierarchy: its pid written to ``cgroup.procs``) and
+  keeps allocating until the kernel's OOM killer kills it; slowly once the cgroup's usage passes 90% of its limit,
+  so that samples near the limit reach the run store before the kill;
+- ``planted``: reads the planted cgroup tree ``CGROUP_ROOT`` (its ``/proc/self/cgroup`` is ``SELF_CGROUP``), whose
+  usage file it sets to ``USAGE`` bytes, and then SIGKILLs itself (``END=kill``) or ends normally (``END=ok``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from telemetrain import get_telemetry
+from telemetrain.system import cgroup_memory, start_sampler
+from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
+
+
+def main() -> None:
+    mode = os.environ["MODE"]
+    if mode == "real":
+        directory = os.environ["CGROUP_DIR"]
+        with open(os.path.join(directory, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+    else:
+        cgroup_memory.CGROUP_ROOT = os.environ["CGROUP_ROOT"]
+        cgroup_memory.SELF_CGROUP = os.environ["SELF_CGROUP"]
+    telemetry = get_telemetry()
+    start_sampler(telemetry, interval=0.02, cuda_allocator=False, gpus=[])
+    rec = TrainingRecorder(TrainingTelemetryConfig(
+        global_batch_size_or_fn=1, perf_tag_or_fn="oom", log_every_n_train_iterations=1,
+        train_iterations_target_or_fn=10**6, world_size_or_fn=1, is_baseline_run_or_fn=False), telemetry=telemetry)
+    rec.on_app_start()
+    rec.on_train_start(train_iterations_start=0)
+    held: list[bytes] = []
+    if mode == "real":
+        limit = int(open(os.path.join(directory, "memory.limit_in_bytes")).read())
+        for _ in range(10**6):
+            rec.on_training_single_iteration_start()
+            held.append(b"\x01" * (1 << 20))  # touched pages: charged to the cgroup
+            rec.on_training_single_iteration_end()
+            usage = int(open(os.path.join(directory, "memory.usage_in_bytes")).read())
+            time.sleep(0.1 if usage > 0.9 * limit else 0.005)
+        raise SystemExit("not killed")
+    usage_file = os.path.join(os.environ["CGROUP_DIR"], "memory.current")
+    with open(usage_file, "w") as f:
+        f.write(os.environ["USAGE"] + "\n")
+    for _ in range(5):
+        rec.on_training_single_iteration_start()
+        time.sleep(0.03)
+        rec.on_training_single_iteration_end()
+    telemetry.flush()
+    if os.environ["END"] == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    rec.on_train_end()
+    rec.on_app_end()
+
+
+if __name__ == "__main__":
+    main()
