@@ -6,7 +6,8 @@ It records its lifecycle with a ``TrainingRecorder`` and samples the system ever
   keeps allocating until the kernel's OOM killer kills it; slowly once the cgroup's usage passes 90% of its limit,
   so that samples near the limit reach the run store before the kill;
 - ``planted``: reads the planted cgroup tree ``CGROUP_ROOT`` (its ``/proc/self/cgroup`` is ``SELF_CGROUP``), whose
-  usage file it sets to ``USAGE`` bytes, and then SIGKILLs itself (``END=kill``) or ends normally (``END=ok``).
+  usage file it sets to ``USAGE`` bytes before the sampler starts, and then SIGKILLs itself (``END=kill``) or ends
+  normally (``END=ok``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ def main() -> None:
     else:
         cgroup_memory.CGROUP_ROOT = os.environ["CGROUP_ROOT"]
         cgroup_memory.SELF_CGROUP = os.environ["SELF_CGROUP"]
+        with open(os.path.join(os.environ["CGROUP_DIR"], "memory.current"), "w") as f:
+            f.write(os.environ["USAGE"] + "\n")
     telemetry = get_telemetry()
     start_sampler(telemetry, interval=0.02, cuda_allocator=False, gpus=[])
     rec = TrainingRecorder(TrainingTelemetryConfig(
@@ -46,9 +49,6 @@ def main() -> None:
             usage = int(open(os.path.join(directory, "memory.usage_in_bytes")).read())
             time.sleep(0.1 if usage > 0.9 * limit else 0.005)
         raise SystemExit("not killed")
-    usage_file = os.path.join(os.environ["CGROUP_DIR"], "memory.current")
-    with open(usage_file, "w") as f:
-        f.write(os.environ["USAGE"] + "\n")
     for _ in range(5):
         rec.on_training_single_iteration_start()
         time.sleep(0.03)

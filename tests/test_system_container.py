@@ -67,13 +67,18 @@ V1 = {
 def test_cgroup_v2_the_least_limit_along_the_ancestry_is_sampled_with_its_events_and_pressure(tmp_path: Path) -> None:
     cgroup = find_cgroup_memory(*_tree(tmp_path, V2, "0::/kubepods/pod1/ctr\n"))
     assert cgroup == CgroupMemory(2, str(tmp_path / "fs/kubepods/pod1"))
-    values, failed = _sample(CgroupMemorySource(cgroup))
+    source = CgroupMemorySource(cgroup)
+    values, failed = _sample(source)
     assert failed == []
     assert values == {
         "container.memory.usage": 384 * MiB, "container.memory.limit": 512 * MiB,
-        "container.memory.utilization": 0.75, "container.memory.oom_kills": 2, "container.memory.ooms": 3,
+        "container.memory.utilization": 0.75, "container.memory.oom_kills": 0, "container.memory.ooms": 0,
         "container.memory.pressure.some": 0.125, "container.memory.pressure.full": 0.02,
     }
+    # the event counts are the sampler's counters, from 0 at its start: the cgroup's kills before it are not the run's
+    (tmp_path / "fs/kubepods/pod1/memory.events").write_text("oom 5\noom_kill 4\n")
+    values, _ = _sample(source)
+    assert (values["container.memory.oom_kills"], values["container.memory.ooms"]) == (2, 2)
 
 
 def test_cgroup_v1_limit_usage_oom_kills_and_failcnt(tmp_path: Path) -> None:
@@ -84,7 +89,7 @@ def test_cgroup_v1_limit_usage_oom_kills_and_failcnt(tmp_path: Path) -> None:
     assert failed == []
     assert values == {
         "container.memory.usage": 64 * MiB, "container.memory.limit": 256 * MiB,
-        "container.memory.utilization": 0.25, "container.memory.oom_kills": 1, "container.memory.limit_hits": 7,
+        "container.memory.utilization": 0.25, "container.memory.oom_kills": 0, "container.memory.limit_hits": 0,
     }
 
 
@@ -239,3 +244,24 @@ def test_the_oom_kill_counter_rising_is_evidence_even_below_the_limit() -> None:
         clean.metric(0, "h", "system", "container.memory.limit", None, 1000, i)
         clean.metric(0, "h", "system", "container.memory.usage", None, 990, i)
     assert not [f for f in analyse(clean.build()).findings if f.kind == "oom kill"]
+
+
+def test_show_and_the_report_give_the_containers_memory_against_its_limit_by_python_and_by_sql(
+        tmp_path: Path) -> None:
+    from telemetrain.cli import summarize
+    from telemetrain.report.model import build_model
+    from telemetrain.store import open_run
+    from telemetrain.store.engine import Engine
+
+    found = _planted_job(tmp_path, 0.97, "ok")
+    assert not [f for fs in found.values() for f in fs if f.startswith("oom kill:")]
+    run = open_run(_run_dir(tmp_path))
+    with Engine([run.path]) as engine:
+        for lines in (summarize(run), summarize(run, engine)):
+            (row,) = [line for line in lines if " container " in line]
+            assert row.split(" container ", 1)[0].strip().startswith("host ")  # the container's, not a rank's
+            assert ("memory mean 496.6 MiB  max 496.6 MiB of its cgroup limit 512.0 MiB (97.0% at peak); 0 OOM "
+                    "kill(s) in the cgroup while sampled; memory pressure (some, 10 s) max 12%") in row, row
+        for model in (build_model(run), build_model(run, engine=engine)):
+            (chart,) = [series for title, _, series in model.system if title.startswith("container memory")]
+            assert len(chart) == 1 and all(v == pytest.approx(0.97, abs=1e-3) for _, v in chart[0].points)

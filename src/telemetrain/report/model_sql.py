@@ -357,7 +357,8 @@ class SqlCollector(_Collector):
                 units[(group, name)]]
         names = _names(name for name, _, _ in SYSTEM_CHARTS)
         who = ("CASE WHEN starts_with(skey, 'hw.') THEN host || ' ' || (CASE WHEN starts_with(group_name, 'system.') "
-               "THEN group_name[8:] ELSE group_name END) WHEN starts_with(skey, 'system.') THEN host "
+               "THEN group_name[8:] ELSE group_name END) WHEN starts_with(skey, 'system.') OR "
+               "starts_with(skey, 'container.') THEN host "
                "ELSE 'rank ' || rank END")
         for name, label, wall, value in self.rows(
                 f"""WITH p AS (SELECT skey, {who} AS who, wall_ns, value,

@@ -17,7 +17,8 @@ limits it -- resolved once at start:
 
 A limit of at least ``UNLIMITED`` bytes (2^60) is no limit: no series then, not a giant number. Paths are resolved
 once; each sample opens and reads each file (a cgroup file read is generated at open, ~10 us). The limit is read at
-every sample too (a container's limit can be resized while it runs). Standard library only.
+every sample too (a container's limit can be resized while it runs). The event counts are recorded as the sampler's
+other counters, from 0 at its start (the kills before it are not this run's). Standard library only.
 """
 
 from __future__ import annotations
@@ -141,6 +142,17 @@ class CgroupMemorySource:
         pressure, failcnt = os.path.join(c.directory, "memory.pressure"), os.path.join(c.directory, "memory.failcnt")
         self._pressure = pressure if c.version == 2 and os.path.exists(pressure) else None
         self._failcnt = failcnt if c.version == 1 and os.path.exists(failcnt) else None
+        self._since_start: dict[str, tuple[int, int]] = {}  # counter -> (previous reading, total since start)
+
+    def _counter(self, name: str, reading: int | None) -> int | None:
+        """Events since the sampler started, as the sampler's other counters (the cgroup's count since its creation
+        would credit this run with kills before it); a reading below the previous (a new cgroup) counts from 0."""
+        if reading is None:
+            return None
+        previous, total = self._since_start.get(name, (reading, 0))
+        total += reading - previous if reading >= previous else reading
+        self._since_start[name] = (reading, total)
+        return total
 
     def describe(self) -> dict[str, str | int]:
         return {"container.cgroup": self.cgroup.directory, "container.cgroup.version": self.cgroup.version}
@@ -158,12 +170,12 @@ class CgroupMemorySource:
                 add(GROUP, "container.memory.utilization", usage / limit)
         events = cycle.read("container.memory.events", lambda: _counts(_text(self._events)))
         if events is not None:
-            add(GROUP, "container.memory.oom_kills", events.get("oom_kill"))
+            add(GROUP, "container.memory.oom_kills", self._counter("oom_kills", events.get("oom_kill")))
             if self.cgroup.version == 2:
-                add(GROUP, "container.memory.ooms", events.get("oom"))
+                add(GROUP, "container.memory.ooms", self._counter("ooms", events.get("oom")))
         if self._failcnt is not None:
             failcnt = cycle.read("container.memory.failcnt", lambda: int(_text(self._failcnt or "")))
-            add(GROUP, "container.memory.limit_hits", failcnt)
+            add(GROUP, "container.memory.limit_hits", self._counter("limit_hits", failcnt))
         if self._pressure is not None:
             psi = cycle.read("container.memory.pressure", lambda: _avg10(_text(self._pressure or "")))
             if psi is not None:

@@ -62,10 +62,12 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                                "memory.usage_in_bytes: page cache included)"),
     "container.memory.limit": ("By", "the cgroup's memory limit (v2 memory.max, v1 memory.limit_in_bytes)"),
     "container.memory.utilization": ("1", "usage / limit: the cgroup's OOM killer acts at 1"),
-    "container.memory.oom_kills": ("{process}", "processes the cgroup's OOM killer killed since the cgroup was "
-                                   "created (v2 memory.events oom_kill, v1 memory.oom_control oom_kill)"),
-    "container.memory.ooms": ("{event}", "times usage hit the limit and reclaim failed (v2 memory.events oom)"),
-    "container.memory.limit_hits": ("{event}", "times usage hit the limit (v1 memory.failcnt)"),
+    "container.memory.oom_kills": ("{process}", "processes the cgroup's OOM killer killed since the sampler started "
+                                   "(v2 memory.events oom_kill, v1 memory.oom_control oom_kill)"),
+    "container.memory.ooms": ("{event}", "times usage hit the limit and reclaim failed since the sampler started "
+                              "(v2 memory.events oom)"),
+    "container.memory.limit_hits": ("{event}", "times usage hit the limit since the sampler started (v1 "
+                                    "memory.failcnt)"),
     "container.memory.pressure.some": ("1", "share of the last 10 s some of the cgroup's tasks stalled on memory "
                                        "(v2 memory.pressure some avg10)"),
     "container.memory.pressure.full": ("1", "share of the last 10 s all of the cgroup's tasks stalled on memory "
