@@ -6,8 +6,8 @@ It records its lifecycle with a ``TrainingRecorder`` and samples the system ever
   keeps allocating until the kernel's OOM killer kills it; slowly once the cgroup's usage passes 90% of its limit,
   so that samples near the limit reach the run store before the kill;
 - ``planted``: reads the planted cgroup tree ``CGROUP_ROOT`` (its ``/proc/self/cgroup`` is ``SELF_CGROUP``), whose
-  usage file it sets to ``USAGE`` bytes before the sampler starts, and then SIGKILLs itself (``END=kill``) or ends
-  normally (``END=ok``).
+  usage file it sets to ``USAGE`` bytes (``INACTIVE`` of them inactive file cache) before the sampler starts, and
+  then SIGKILLs itself (``END=kill``) or ends normally (``END=ok``).
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ def main() -> None:
         cgroup_memory.SELF_CGROUP = os.environ["SELF_CGROUP"]
         with open(os.path.join(os.environ["CGROUP_DIR"], "memory.current"), "w") as f:
             f.write(os.environ["USAGE"] + "\n")
+        with open(os.path.join(os.environ["CGROUP_DIR"], "memory.stat"), "w") as f:
+            f.write(f"anon 1000\nfile 2000\ninactive_file {os.environ.get('INACTIVE', '0')}\n")
     telemetry = get_telemetry()
     start_sampler(telemetry, interval=0.02, cuda_allocator=False, gpus=[])
     rec = TrainingRecorder(TrainingTelemetryConfig(

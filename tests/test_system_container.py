@@ -49,6 +49,8 @@ V2 = {
     "fs/kubepods/memory.max": "max",
     "fs/kubepods/pod1/memory.max": str(512 * MiB),
     "fs/kubepods/pod1/memory.current": str(384 * MiB),
+    "fs/kubepods/pod1/memory.stat": f"anon {200 * MiB}\nfile {184 * MiB}\nactive_file {56 * MiB}\n"
+                                    f"inactive_file {128 * MiB}\nslab 0\n",
     "fs/kubepods/pod1/memory.events": "low 0\nhigh 0\nmax 12\noom 3\noom_kill 2\noom_group_kill 0\n",
     "fs/kubepods/pod1/memory.pressure": "some avg10=12.50 avg60=3.00 avg300=1.00 total=123\n"
                                         "full avg10=2.00 avg60=0.50 avg300=0.10 total=45\n",
@@ -60,6 +62,7 @@ V1 = {
     "fs/memory/docker/memory.usage_in_bytes": str(64 * MiB),
     "fs/memory/docker/memory.oom_control": "oom_kill_disable 0\nunder_oom 0\noom_kill 1\n",
     "fs/memory/docker/memory.failcnt": "7",
+    "fs/memory/docker/memory.stat": f"cache 0\ninactive_file {4 * MiB}\ntotal_inactive_file {16 * MiB}\n",
     "fs/memory/docker/abc/memory.limit_in_bytes": V1_UNLIMITED,
 }
 
@@ -72,7 +75,8 @@ def test_cgroup_v2_the_least_limit_along_the_ancestry_is_sampled_with_its_events
     assert failed == []
     assert values == {
         "container.memory.usage": 384 * MiB, "container.memory.limit": 512 * MiB,
-        "container.memory.utilization": 0.75, "container.memory.oom_kills": 0, "container.memory.ooms": 0,
+        "container.memory.working_set": 256 * MiB,  # less the inactive file cache, which the kernel reclaims
+        "container.memory.utilization": 0.5, "container.memory.oom_kills": 0, "container.memory.ooms": 0,
         "container.memory.pressure.some": 0.125, "container.memory.pressure.full": 0.02,
     }
     # the event counts are the sampler's counters, from 0 at its start: the cgroup's kills before it are not the run's
@@ -89,7 +93,8 @@ def test_cgroup_v1_limit_usage_oom_kills_and_failcnt(tmp_path: Path) -> None:
     assert failed == []
     assert values == {
         "container.memory.usage": 64 * MiB, "container.memory.limit": 256 * MiB,
-        "container.memory.utilization": 0.25, "container.memory.oom_kills": 0, "container.memory.limit_hits": 0,
+        "container.memory.working_set": 48 * MiB,  # v1: the hierarchical total_inactive_file, as its usage is
+        "container.memory.utilization": 0.1875, "container.memory.oom_kills": 0, "container.memory.limit_hits": 0,
     }
 
 
@@ -112,6 +117,7 @@ def test_a_limit_lifted_while_running_gives_no_limit_series_and_a_file_gone_is_a
     (tmp_path / "fs/kubepods/pod1/memory.max").write_text("max\n")
     values, failed = _sample(source)
     assert "container.memory.limit" not in values and "container.memory.utilization" not in values
+    assert values["container.memory.working_set"] == 256 * MiB
     assert values["container.memory.usage"] == 384 * MiB
     (tmp_path / "fs/kubepods/pod1/memory.events").unlink()  # the cgroup removed under the job
     values, failed = _sample(source)
@@ -204,11 +210,12 @@ def test_a_job_killed_by_its_real_cgroups_oom_killer_gets_an_oom_kill_finding(
         assert "likely killed by the container's OOM killer" in oom[0] and "cgroup memory limit 96.0 MiB" in oom[0]
 
 
-def _planted_job(tmp_path: Path, usage_fraction: float, end: str) -> dict[str, list[str]]:
+def _planted_job(tmp_path: Path, usage_fraction: float, end: str, cache_fraction: float = 0.0) -> dict[str, list[str]]:
     root, self_cgroup = _tree(tmp_path, V2, "0::/kubepods/pod1\n")
     proc = _job(tmp_path, {"MODE": "planted", "CGROUP_ROOT": root, "SELF_CGROUP": self_cgroup, "END": end,
                            "CGROUP_DIR": str(tmp_path / "fs/kubepods/pod1"),
-                           "USAGE": str(int(usage_fraction * 512 * MiB))})
+                           "USAGE": str(int(usage_fraction * 512 * MiB)),
+                           "INACTIVE": str(int(cache_fraction * 512 * MiB))})
     assert proc.returncode == (-signal.SIGKILL if end == "kill" else 0), proc.stderr.decode()[-2000:]
     return _findings(_run_dir(tmp_path))
 
@@ -217,15 +224,20 @@ def test_a_killed_job_at_its_planted_cgroup_limit_gets_an_oom_kill_finding(tmp_p
     for surface, found in _planted_job(tmp_path, 0.97, "kill").items():
         oom = [f for f in found if f.startswith("oom kill:")]
         assert len(oom) == 1, (surface, found)
-        assert "last usage 496.6 MiB (97.0% of the limit" in oom[0] and "cgroup memory limit 512.0 MiB" in oom[0]
+        assert "last working set (usage less inactive file cache) 496.6 MiB (97.0% of the limit" in oom[0]
+        assert "cgroup memory limit 512.0 MiB" in oom[0]
         assert "oom_kill counter did not rise" in oom[0]
         assert any(f.startswith("crash:") for f in found)  # the crash is still said, with its likely cause apart
 
 
-@pytest.mark.parametrize(("fraction", "end"), [(0.40, "ok"), (0.97, "ok"), (0.40, "kill")])
+@pytest.mark.parametrize(("fraction", "end", "cache"), [
+    (0.40, "ok", 0.0), (0.97, "ok", 0.0),  # ended normally, near its limit or not
+    (0.40, "kill", 0.0),  # killed far from its limit (preempted, killed by hand)
+    (0.99, "kill", 0.50),  # killed with its limit full of page cache: the kernel would have reclaimed it first
+])
 def test_no_oom_kill_finding_on_a_run_that_ended_normally_or_was_killed_far_from_its_limit(
-        tmp_path: Path, fraction: float, end: str) -> None:
-    for surface, found in _planted_job(tmp_path, fraction, end).items():
+        tmp_path: Path, fraction: float, end: str, cache: float) -> None:
+    for surface, found in _planted_job(tmp_path, fraction, end, cache).items():
         assert not [f for f in found if f.startswith("oom kill:")], (surface, found)
 
 
@@ -238,7 +250,7 @@ def test_the_oom_kill_counter_rising_is_evidence_even_below_the_limit() -> None:
     b.host(0, "h")
     b.span_failure("training_loop", 0, "never ended")
     (oom,) = [f for f in analyse(b.build()).findings if f.kind == "oom kill"]
-    assert "rose by 1" in oom.detail and "last usage 250 B (25.0% of the limit" in oom.detail
+    assert "rose by 1" in oom.detail and "last usage 250 B (25.0% of the limit" in oom.detail  # no working set read
     clean = InputBuilder()
     for i in range(3):
         clean.metric(0, "h", "system", "container.memory.limit", None, 1000, i)
@@ -253,15 +265,17 @@ def test_show_and_the_report_give_the_containers_memory_against_its_limit_by_pyt
     from telemetrain.store import open_run
     from telemetrain.store.engine import Engine
 
-    found = _planted_job(tmp_path, 0.97, "ok")
+    found = _planted_job(tmp_path, 0.97, "ok", 0.50)
     assert not [f for fs in found.values() for f in fs if f.startswith("oom kill:")]
     run = open_run(_run_dir(tmp_path))
     with Engine([run.path]) as engine:
         for lines in (summarize(run), summarize(run, engine)):
             (row,) = [line for line in lines if " container " in line]
             assert row.split(" container ", 1)[0].strip().startswith("host ")  # the container's, not a rank's
-            assert ("memory mean 496.6 MiB  max 496.6 MiB of its cgroup limit 512.0 MiB (97.0% at peak); 0 OOM "
-                    "kill(s) in the cgroup while sampled; memory pressure (some, 10 s) max 12%") in row, row
+            assert ("memory mean 496.6 MiB  max 496.6 MiB of its cgroup limit 512.0 MiB (97.0% at peak); working "
+                    "set max 240.6 MiB (47.0% of the limit); 0 OOM kill(s) in the cgroup while sampled; memory "
+                    "pressure (some, 10 s) max 12%") in row, row
         for model in (build_model(run), build_model(run, engine=engine)):
             (chart,) = [series for title, _, series in model.system if title.startswith("container memory")]
-            assert len(chart) == 1 and all(v == pytest.approx(0.97, abs=1e-3) for _, v in chart[0].points)
+            # (the working set's share: the usage's page cache is reclaimed before a kill)
+            assert len(chart) == 1 and all(v == pytest.approx(0.47, abs=1e-3) for _, v in chart[0].points)

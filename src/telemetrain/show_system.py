@@ -196,6 +196,10 @@ def _container(m: dict[str, Any], oom_kills: float) -> str:
         text += f" of its cgroup limit {_iec(float(limit.last))} ({float(usage.max) / float(limit.last):.1%} at peak)"
     else:
         text += " (no cgroup limit)"
+    ws = m.get("container.memory.working_set")
+    if ws:  # (usage less the inactive file cache: what the kernel cannot reclaim before it kills)
+        text += f"; working set max {_iec(float(ws.max))}" + (
+            f" ({float(ws.max) / float(limit.last):.1%} of the limit)" if limit else "")
     if m.get("container.memory.oom_kills"):  # (its total over the sampler's lifetimes: counter_totals)
         text += f"; {oom_kills:.0f} OOM kill(s) in the cgroup while sampled"
     some = m.get("container.memory.pressure.some")

@@ -42,7 +42,7 @@ ROUTINE_EVENTS = frozenset({"training_metrics_update", "sync_checkpoint_metrics_
 SYSTEM_CHARTS = (
     ("system.cpu.utilization", "host CPU utilization", "1"),
     ("system.memory.utilization", "host memory utilization", "1"),
-    ("container.memory.utilization", "container memory, share of its cgroup limit (the OOM killer acts at 1)", "1"),
+    ("container.memory.utilization", "container memory working set, share of its cgroup limit", "1"),
     ("process.cpu.utilization", "process CPU utilization (per rank)", "1"),
     ("process.memory.usage", "process resident memory (per rank)", "By"),
     ("hw.gpu.utilization", "GPU utilization", "1"),

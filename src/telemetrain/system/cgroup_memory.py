@@ -8,12 +8,19 @@ limits it -- resolved once at start:
 
 - cgroup v2 (https://docs.kernel.org/admin-guide/cgroup-v2.html#memory-interface-files): ``memory.max`` (``max``:
   no limit), ``memory.current``, ``memory.events`` (``oom``: times the limit was hit and reclaim failed; ``oom_kill``:
-  processes the OOM killer killed in the cgroup and its descendants) and ``memory.pressure`` (PSI: ``some``/``full
+  processes the OOM killer killed in the cgroup and its descendants), ``memory.stat``'s ``inactive_file`` and
+  ``memory.pressure`` (PSI: ``some``/``full
   avg10``, the share of the last 10 s in which some/all tasks stalled on memory;
   https://docs.kernel.org/accounting/psi.html).
 - cgroup v1 (https://docs.kernel.org/admin-guide/cgroup-v1/memory.html): ``memory.limit_in_bytes`` (unlimited reads
   as a huge number, ``PAGE_COUNTER_MAX`` pages: 9223372036854771712 with 4 KiB pages), ``memory.usage_in_bytes``,
-  ``memory.oom_control``'s ``oom_kill`` (Linux 4.13+) and ``memory.failcnt`` (times usage hit the limit). No PSI.
+  ``memory.stat``'s ``total_inactive_file``, ``memory.oom_control``'s ``oom_kill`` (Linux 4.13+) and
+  ``memory.failcnt`` (times usage hit the limit). No PSI.
+
+The usage counts page cache, which the kernel reclaims before it kills: a job that reads its data set fills its limit
+with cache and runs on. The working set -- usage less the inactive file cache, as cAdvisor and the kubelet count it
+(OpenTelemetry's ``container.memory.working_set``) -- is what nears the limit before an OOM kill, so the utilization
+is the working set's share of the limit (``k8s.container.memory.limit_utilization``'s definition).
 
 A limit of at least ``UNLIMITED`` bytes (2^60) is no limit: no series then, not a giant number. Paths are resolved
 once; each sample opens and reads each file (a cgroup file read is generated at open, ~10 us). The limit is read at
@@ -66,6 +73,10 @@ class CgroupMemory:
     def events_file(self) -> str:
         return self._file("memory.events", "memory.oom_control")
 
+    @property
+    def stat_file(self) -> str:
+        return os.path.join(self.directory, "memory.stat")
+
 
 def _binding(dirs: list[str], limit_name: str) -> tuple[int, str] | None:
     limits = [(v, d) for d in dirs if (v := _limit(_read(os.path.join(d, limit_name)))) is not None]
@@ -109,6 +120,12 @@ def _counts(text: str) -> dict[str, int]:
     return out
 
 
+def _inactive_file(text: str, version: int) -> int | None:
+    """The inactive file cache of ``memory.stat`` (v1: the hierarchical ``total_`` one, as its usage is)."""
+    key = "inactive_file" if version == 2 else "total_inactive_file"
+    return _counts(text).get(key)
+
+
 def _avg10(text: str) -> dict[str, float]:
     """``some``/``full`` -> avg10 as a fraction, from a PSI file (``some avg10=1.50 avg60=...``)."""
     out = {}
@@ -124,7 +141,7 @@ def _text(path: str) -> str:
     """The file's text; raises (the cycle counts the failure) where ``cgroup._read`` would hide it."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        return os.read(fd, 4096).decode()
+        return os.read(fd, 65536).decode()  # (memory.stat: ~1.5 KiB)
     finally:
         os.close(fd)
 
@@ -137,7 +154,7 @@ class CgroupMemorySource:
     def __init__(self, cgroup: CgroupMemory) -> None:
         self.cgroup = cgroup
         c = cgroup
-        self._limit, self._usage, self._events = c.limit_file, c.usage_file, c.events_file
+        self._limit, self._usage, self._events, self._stat = c.limit_file, c.usage_file, c.events_file, c.stat_file
         # (absent files -- a kernel without PSI, booted psi=0 -- are not read, rather than failing every sample)
         pressure, failcnt = os.path.join(c.directory, "memory.pressure"), os.path.join(c.directory, "memory.failcnt")
         self._pressure = pressure if c.version == 2 and os.path.exists(pressure) else None
@@ -164,10 +181,16 @@ class CgroupMemorySource:
         limit = _limit(limit_text) if limit_text is not None else None
         usage = int(usage_text) if usage_text is not None and usage_text.strip().isdigit() else None
         add(GROUP, "container.memory.usage", usage)
+        working_set = None
+        if usage is not None:
+            stat = cycle.read("container.memory.stat", lambda: _text(self._stat))
+            inactive = _inactive_file(stat, self.cgroup.version) if stat is not None else None
+            working_set = max(0, usage - inactive) if inactive is not None else None
+            add(GROUP, "container.memory.working_set", working_set)
         if limit is not None:  # lifted while running: no limit series (not a giant number)
             add(GROUP, "container.memory.limit", limit)
-            if usage is not None:
-                add(GROUP, "container.memory.utilization", usage / limit)
+            if working_set is not None:
+                add(GROUP, "container.memory.utilization", working_set / limit)
         events = cycle.read("container.memory.events", lambda: _counts(_text(self._events)))
         if events is not None:
             add(GROUP, "container.memory.oom_kills", self._counter("oom_kills", events.get("oom_kill")))

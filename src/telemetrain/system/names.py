@@ -60,8 +60,10 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     # only where a cgroup memory limit applies: cgroup_memory.py)
     "container.memory.usage": ("By", "memory charged to the container's cgroup (cgroup v2 memory.current, v1 "
                                "memory.usage_in_bytes: page cache included)"),
+    "container.memory.working_set": ("By", "usage less the inactive file cache (memory.stat inactive_file, v1 "
+                                     "total_inactive_file): what the kernel cannot reclaim before an OOM kill"),
     "container.memory.limit": ("By", "the cgroup's memory limit (v2 memory.max, v1 memory.limit_in_bytes)"),
-    "container.memory.utilization": ("1", "usage / limit: the cgroup's OOM killer acts at 1"),
+    "container.memory.utilization": ("1", "working set / limit: the cgroup's OOM killer acts near 1"),
     "container.memory.oom_kills": ("{process}", "processes the cgroup's OOM killer killed since the sampler started "
                                    "(v2 memory.events oom_kill, v1 memory.oom_control oom_kill)"),
     "container.memory.ooms": ("{event}", "times usage hit the limit and reclaim failed since the sampler started "

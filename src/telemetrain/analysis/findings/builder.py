@@ -47,7 +47,8 @@ CUDA_ALLOCATED = "torch.cuda.memory.allocated"
 GPU_MEMORY_LIMIT = "hw.gpu.memory.limit"
 HOST_MEMORY_LIMIT = "system.memory.limit"
 HOST_MEMORY_USAGE = "system.memory.usage"
-CONTAINER_MEMORY = ("container.memory.usage", "container.memory.limit", "container.memory.oom_kills")
+CONTAINER_MEMORY = ("container.memory.usage", "container.memory.working_set", "container.memory.limit",
+                    "container.memory.oom_kills")
 CRASH_SPANS = frozenset({"training_loop", "application"})
 PHASES = ("dataloader", "h2d", "forward", "backward", "optimizer", "zero_grad")
 # of a report's attributes, those ``window_point`` and ``InputBuilder.window`` read, and no others (the SQL readers
@@ -163,7 +164,8 @@ class InputBuilder:
         self._memory: dict[tuple[str, int, str, str], deque[tuple[int, float]]] = {}
         self._gpu_limit: float | None = None
         self._host: dict[str, list[float | None]] = {}  # host -> [total, usage]
-        # host -> {"limit": (wall_ns, bytes) | None, "last": [(wall_ns, bytes)], "kills": (least, most) | None}
+        # host -> {"limit": (wall_ns, bytes) | None, usage and working set: [(wall_ns, bytes)] (the latest few),
+        # "kills": (least, most) | None}
         self._containers: dict[str, dict[str, Any]] = {}
         self._nonfinite: dict[tuple[str, str], list[Any]] = {}
         self._stragglers: deque[Mapping[str, Any]] = deque(maxlen=limit)
@@ -278,9 +280,10 @@ class InputBuilder:
     def _container_metric(self, host: str, name: str, value: float, wall_ns: int) -> None:
         """A container memory gauge (``findings.container``): the latest limit, the latest few usages, the
         OOM-kill counter's range (it only grows: order-free)."""
-        c = self._containers.setdefault(host, {"limit": None, "last": [], "kills": None})
-        if name == "container.memory.usage":
-            last = c["last"]
+        c = self._containers.setdefault(host, {"limit": None, "container.memory.usage": [],
+                                                "container.memory.working_set": [], "kills": None})
+        if name in ("container.memory.usage", "container.memory.working_set"):
+            last = c[name]
             last.append((wall_ns, value))
             if len(last) > 2 * LAST_SAMPLES:
                 last.sort()
@@ -422,8 +425,12 @@ class InputBuilder:
         failures = list(self._failures)
         if open_spans_crashed:
             failures += [SpanFailure(name, rank, "never ended") for name, rank in self._open.values()]
-        containers = [ContainerMemory(host, c["limit"][1], sorted(c["last"])[-LAST_SAMPLES:], c["kills"])
-                      for host, c in self._containers.items() if c["limit"] is not None]
+        # (the working set where it was read: the usage counts the page cache the kernel reclaims before a kill)
+        containers = [ContainerMemory(host, c["limit"][1], sorted(c[name])[-LAST_SAMPLES:], c["kills"],
+                                      working_set=name.endswith("working_set"))
+                      for host, c in self._containers.items() if c["limit"] is not None
+                      for name in [("container.memory.working_set" if c["container.memory.working_set"]
+                                    else "container.memory.usage")]]
         return FindingsInput(windows=windows, values=values, memory=memory, hosts_memory=hosts, nonfinite=nonfinite,
                              containers=containers,
                              straggler_events=list(self._stragglers), hosts=dict(self._hosts),

@@ -3,13 +3,15 @@ never ended: SIGKILL leaves no traceback and no exit code in the run) on a host 
 about to reach, or whose cgroup's OOM-kill counter rose while it ran.
 
 **The rule**: on a host with a killed rank (or, the rank's host unknown, any host), the cgroup's ``oom_kill``
-counter (``container.memory.oom_kills``) rose over the run, or one of its last ``LAST_SAMPLES`` usage samples was at
-least ``NEAR_LIMIT`` of the limit. A run that ended normally gets no such finding, however close to its limit it ran.
+counter (``container.memory.oom_kills``) rose over the run, or one of its last ``LAST_SAMPLES`` samples was at least
+``NEAR_LIMIT`` of the limit: of the working set where it was read (``container.memory.working_set``: usage less the
+inactive file cache, which the kernel reclaims before it kills), else of the usage. A run that ended normally gets no
+such finding, however close to its limit it ran.
 
 What it cannot see: the sampler runs in the training process, so the kill that ends it is rarely counted in the run
 (the counter rises when another process of the cgroup -- a DataLoader worker, another rank -- is killed first); memory
-that climbs to the limit within one sampling interval leaves no sample near it; usage includes page cache the kernel
-reclaims before it kills, so a killed job that had filled its limit with cache is reported as a likely OOM kill.
+that climbs to the limit within one sampling interval leaves no sample near it, and the last ~0.2 s of samples (the
+store's flush interval) die with the process.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ def oom_kills(failures: Sequence[SpanFailure], containers: Sequence[ContainerMem
         where = f" on {c.host}" if c.host else ""
         evidence = [f"cgroup memory limit {bytes_(c.limit)}"]
         if last:
-            evidence.append(f"last usage {bytes_(last[-1])} ({last[-1] / c.limit:.1%} of the limit; peak of the last "
+            what = "working set (usage less inactive file cache)" if c.working_set else "usage"
+            evidence.append(f"last {what} {bytes_(last[-1])} ({last[-1] / c.limit:.1%} of the limit; peak of the last "
                             f"{len(last)} sample(s) {peak / c.limit:.1%})")
         if c.oom_kills is not None:
             kills = c.oom_kills[1] - c.oom_kills[0]

@@ -145,12 +145,13 @@ class HostMemory:
 @dataclass(frozen=True, slots=True)
 class ContainerMemory:
     """A host's container memory against its cgroup limit (the sampler's ``container.memory.*``): the limit, the
-    last usage samples and the range of the cgroup's OOM-kill counter over the run."""
+    last working-set (else usage) samples and the range of the cgroup's OOM-kill counter over the run."""
 
     host: str
     limit: float
-    last: Sequence[tuple[int, float]]  # (wall_ns, bytes): the latest few usage samples, in time order
+    last: Sequence[tuple[int, float]]  # (wall_ns, bytes): the latest few samples, in time order
     oom_kills: tuple[float, float] | None = None  # (least, most) of the counter: it only grows
+    working_set: bool = False  # ``last`` is the working set (usage less inactive file cache), else the usage
 
 
 @dataclass(frozen=True, slots=True)
