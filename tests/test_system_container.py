@@ -85,6 +85,15 @@ def test_cgroup_v2_the_least_limit_along_the_ancestry_is_sampled_with_its_events
     assert (values["container.memory.oom_kills"], values["container.memory.ooms"]) == (2, 2)
 
 
+def test_the_event_counts_are_exported_as_counters_the_rest_as_gauges() -> None:
+    from telemetrain.cumulative import is_cumulative
+    from telemetrain.system.names import CATALOGUE
+
+    container = {name: unit for name, (unit, _) in CATALOGUE.items() if name.startswith("container.")}
+    assert {n for n, unit in container.items() if is_cumulative(n, unit)} == {
+        "container.memory.oom_kills", "container.memory.ooms", "container.memory.limit_hits"}
+
+
 def test_cgroup_v1_limit_usage_oom_kills_and_failcnt(tmp_path: Path) -> None:
     # the hybrid layout of this kind of host: v1 controllers, a v2 hierarchy with no controllers
     cgroup = find_cgroup_memory(*_tree(tmp_path, V1, "5:memory:/docker/abc\n4:cpu,cpuacct:/docker/abc\n0::/\n"))
