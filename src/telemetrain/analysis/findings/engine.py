@@ -43,7 +43,7 @@ def analyse(data: FindingsInput, thresholds: Thresholds | None = None) -> Findin
     notes += more
     steady = min((w.time_s for w in data.windows if not w.warmup), default=None)
     if steady is not None:  # without a steady report window, warm-up cannot be told from a leak
-        found += memory_growth(data.memory, data.hosts_memory, steady, th)
+        found += memory_growth(data.memory, data.hosts_memory, steady, th, data.containers)
     found += slow_checkpoint_ranks(data.checkpoint_saves, th, data.hosts)
     found += nonfinite(data.nonfinite)
     found += spikes(data.values, th, data.value_families)
