@@ -279,6 +279,7 @@ def test_the_oom_kill_counter_rising_is_evidence_even_below_the_limit() -> None:
 def test_show_and_the_report_give_the_containers_memory_against_its_limit_by_python_and_by_sql(
         tmp_path: Path) -> None:
     from telemetrain.cli import summarize
+    from telemetrain.report.html import render
     from telemetrain.report.model import build_model
     from telemetrain.store import open_run
     from telemetrain.store.engine import Engine
@@ -297,3 +298,6 @@ def test_show_and_the_report_give_the_containers_memory_against_its_limit_by_pyt
             (chart,) = [series for title, _, series in model.system if title.startswith("container memory")]
             # (the working set's share: the usage's page cache is reclaimed before a kill)
             assert len(chart) == 1 and all(v == pytest.approx(0.47, abs=1e-3) for _, v in chart[0].points)
+            assert ("Container memory: usage max 496.6 MiB of its cgroup limit 512.0 MiB (97.0%); working set (usage "
+                    "less inactive file cache) max 240.6 MiB (47.0% of the limit: the OOM killer acts near 100%).") \
+                in render(model)
