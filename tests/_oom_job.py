@@ -5,6 +5,8 @@ It records its lifecycle with a ``TrainingRecorder`` and samples the system ever
 - ``real``: joins the real cgroup ``CGROUP_DIR`` (v1 memory hierarchy: its pid written to ``cgroup.procs``) and
   keeps allocating until the kernel's OOM killer kills it; slowly once the cgroup's usage passes 90% of its limit,
   so that samples near the limit reach the run store before the kill;
+- ``worker``: joins it too, and starts a worker process that allocates until the OOM killer kills it (its
+  ``oom_score_adj`` at 1000: the killer's first choice), then ends normally;
 - ``planted``: reads the planted cgroup tree ``CGROUP_ROOT`` (its ``/proc/self/cgroup`` is ``SELF_CGROUP``), whose
   usage file it sets to ``USAGE`` bytes (``INACTIVE`` of them inactive file cache) before the sampler starts, and
   then SIGKILLs itself (``END=kill``) or ends normally (``END=ok``).
@@ -14,16 +16,27 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 from telemetrain import get_telemetry
 from telemetrain.system import cgroup_memory, start_sampler
 from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
 
+# the worker: first in line for the OOM killer (its own choice: raising oom_score_adj needs no privilege), then
+# allocating until killed
+WORKER = """
+open('/proc/self/oom_score_adj', 'w').write('1000')
+held = []
+while True:
+    held.append(b'\\x01' * (1 << 20))
+"""
+
 
 def main() -> None:
     mode = os.environ["MODE"]
-    if mode == "real":
+    if mode in ("real", "worker"):
         directory = os.environ["CGROUP_DIR"]
         with open(os.path.join(directory, "cgroup.procs"), "w") as f:
             f.write(str(os.getpid()))
@@ -42,6 +55,19 @@ def main() -> None:
     rec.on_app_start()
     rec.on_train_start(train_iterations_start=0)
     held: list[bytes] = []
+    if mode == "worker":  # a worker of the job's (a DataLoader worker, say) is the one the OOM killer picks
+        worker = subprocess.Popen([sys.executable, "-c", WORKER])
+        for _ in range(10**6):
+            rec.on_training_single_iteration_start()
+            time.sleep(0.01)
+            rec.on_training_single_iteration_end()
+            if worker.poll() is not None:
+                break
+        assert worker.returncode == -signal.SIGKILL, worker.returncode
+        time.sleep(0.2)  # samples after the kill
+        rec.on_train_end()
+        rec.on_app_end()
+        return
     if mode == "real":
         limit = int(open(os.path.join(directory, "memory.limit_in_bytes")).read())
         for _ in range(10**6):

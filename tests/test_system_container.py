@@ -228,6 +228,20 @@ def test_a_job_killed_by_its_real_cgroups_oom_killer_gets_an_oom_kill_finding(
         assert "likely killed by the container's OOM killer" in oom[0] and "cgroup memory limit 96.0 MiB" in oom[0]
 
 
+def test_a_worker_killed_by_the_real_cgroups_oom_killer_is_counted_and_a_run_that_ended_normally_gets_no_finding(
+        tmp_path: Path, limited_cgroup: str) -> None:
+    from telemetrain.cli import summarize
+    from telemetrain.store import open_run
+
+    proc = _job(tmp_path, {"MODE": "worker", "CGROUP_DIR": limited_cgroup})
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    assert "oom_kill 1" in Path(limited_cgroup, "memory.oom_control").read_text()
+    for surface, found in _findings(_run_dir(tmp_path)).items():
+        assert not [f for f in found if f.startswith(("oom kill:", "crash:"))], (surface, found)
+    (row,) = [line for line in summarize(open_run(_run_dir(tmp_path))) if " container " in line]
+    assert "of its cgroup limit 96.0 MiB" in row and "; 1 OOM kill(s) in the cgroup while sampled" in row, row
+
+
 def _planted_job(tmp_path: Path, usage_fraction: float, end: str, cache_fraction: float = 0.0) -> dict[str, list[str]]:
     root, self_cgroup = _tree(tmp_path, V2, "0::/kubepods/pod1\n")
     proc = _job(tmp_path, {"MODE": "planted", "CGROUP_ROOT": root, "SELF_CGROUP": self_cgroup, "END": end,
