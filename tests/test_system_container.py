@@ -107,6 +107,20 @@ def test_cgroup_v1_limit_usage_oom_kills_and_failcnt(tmp_path: Path) -> None:
     }
 
 
+@pytest.mark.parametrize(("files", "self_cgroup", "expected"), [
+    # a container that sees the host's cgroup path while its own cgroup is mounted at the root (Docker, v1 and v2)
+    ({"fs/memory/memory.limit_in_bytes": str(2 << 30)}, "7:memory:/docker/0123abcd\n", (1, "fs/memory")),
+    ({"fs/cgroup.controllers": "memory", "fs/memory.max": str(3 << 30)}, "0::/docker/0123abcd\n", (2, "fs")),
+    # v1 and v2 both limit (a hybrid host): the least binds
+    ({"fs/cgroup.controllers": "memory", "fs/x/memory.max": str(3 << 30), "fs/memory/x/memory.limit_in_bytes":
+      str(1 << 30)}, "4:memory:/x\n0::/x\n", (1, "fs/memory/x")),
+])
+def test_the_binding_cgroup_is_found_where_a_container_sees_it(
+        tmp_path: Path, files: dict[str, str], self_cgroup: str, expected: tuple[int, str]) -> None:
+    assert find_cgroup_memory(*_tree(tmp_path, files, self_cgroup)) == CgroupMemory(
+        expected[0], str(tmp_path / expected[1]))
+
+
 @pytest.mark.parametrize(("files", "self_cgroup"), [
     ({"fs/cgroup.controllers": "memory", "fs/x/memory.max": "max"}, "0::/x\n"),  # v2 unlimited
     ({"fs/memory/memory.limit_in_bytes": V1_UNLIMITED, "fs/memory/x/memory.limit_in_bytes": V1_UNLIMITED},
