@@ -132,6 +132,7 @@ def section_cycle(tmpdir: str) -> None:
                     source.sample(cycle)
                 samples.append((thread_time_ns() - t0) / ARGS.cycles)
             _record(new_row("pieces", f"source {source.name} alone, thread CPU per cycle", samples, ARGS.cycles))
+        _container_source_alone(tmpdir)
         for s in (issue, full):
             assert s.errors == 0, s.error_counts
         t.close()
@@ -139,6 +140,51 @@ def section_cycle(tmpdir: str) -> None:
         for child in children:
             child.kill()
             child.wait()
+
+
+def _container_source_alone(tmpdir: str) -> None:
+    """The container memory source (``cgroup_memory``) alone: on a real cgroup with a memory limit -- this process's
+    own where it has one; else a child of its v1 memory cgroup made for the measure (root) -- else on a planted v2
+    tree of plain files (which reads cheaper than the kernel's generated cgroup files: said in the row)."""
+    from telemetrain.system.base import Cycle
+    from telemetrain.system.cgroup_memory import CgroupMemory, CgroupMemorySource, find_cgroup_memory
+
+    cgroup, made, where = find_cgroup_memory(), None, "this process's cgroup (v{})"
+    if cgroup is None:
+        own = next((line.split(":", 2)[2] for line in Path("/proc/self/cgroup").read_text().splitlines()
+                    if "memory" in line.split(":", 2)[1].split(",")), None) if os.path.exists("/proc/self/cgroup") \
+            else None
+        path = os.path.join("/sys/fs/cgroup/memory", (own or "/").lstrip("/"), f"bench-{os.getpid()}")
+        try:
+            os.mkdir(path)
+            made = path
+            Path(path, "memory.limit_in_bytes").write_text(str(1 << 30))
+            cgroup, where = CgroupMemory(1, path), "a real v1 cgroup made for the measure"
+        except OSError:
+            root = Path(tmpdir, "cgroup")
+            (root / "c").mkdir(parents=True)
+            for name, text in (("memory.max", str(1 << 30)), ("memory.current", str(1 << 29)),
+                               ("memory.stat", "anon 1\nfile 2\ninactive_file 3\n" * 20),
+                               ("memory.events", "low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n"),
+                               ("memory.pressure", "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+                                                   "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")):
+                (root / "c" / name).write_text(text)
+            cgroup, where = CgroupMemory(2, str(root / "c")), "a planted v2 tree of plain files"
+    try:
+        source = CgroupMemorySource(cgroup)
+        failed: list[str] = []
+        samples = []
+        for _ in range(ARGS.repeats):
+            t0 = thread_time_ns()
+            for _ in range(ARGS.cycles):
+                source.sample(Cycle(time.monotonic_ns(), lambda what, exc: failed.append(what), thorough=True))
+            samples.append((thread_time_ns() - t0) / ARGS.cycles)
+        assert not failed, failed
+        _record(new_row("pieces", f"source container alone ({where.format(cgroup.version)}), thread CPU per cycle",
+                        samples, ARGS.cycles))
+    finally:
+        if made is not None:
+            os.rmdir(made)
 
 
 # -- 2. the live thread ---------------------------------------------------------------------------------------------

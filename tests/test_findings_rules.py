@@ -16,6 +16,7 @@ import pytest
 
 from telemetrain.analysis.findings import (
     Attempt,
+    ContainerMemory,
     FindingsInput,
     HostMemory,
     MemorySeries,
@@ -465,6 +466,19 @@ def test_a_leak_is_named_with_its_rate_and_time_to_oom() -> None:
     assert f.kind == "memory growth" and f.title.startswith("memory growth: resident memory (RSS) of rank 0 (+30")
     # 2 GiB left at 5 MiB/s: about 410 s
     assert "used up in about 6.78 min" in f.detail and f.evidence is not None and f.evidence.ranks == (0,)
+
+
+def test_a_leak_in_a_container_projects_against_its_cgroup_limit_not_the_hosts_memory() -> None:
+    series = [MemorySeries("rss", 0, "node-a", "", rss(5.0))]
+    host = [HostMemory("node-a", 512 * 2**30, 400 * 2**30)]  # the host has plenty; the container does not
+    limited = [ContainerMemory("node-a", 2 * 2**30, [(0, 1.5 * 2**30), (1, 1.75 * 2**30)])]
+    (f,) = analyse(FindingsInput(windows=STEADY, memory=series, hosts_memory=host, containers=limited)).findings
+    # 256 MiB left under the limit at ~5 MiB/s (the slope fitted: 5.04): about 51 s, not the host's 400 GiB (~23 h)
+    assert "the 256.0 MiB left under the container's 2.0 GiB cgroup memory limit on node-a is used up in about " \
+           "50.8 s" in f.detail, f.detail
+    (g,) = analyse(FindingsInput(windows=STEADY, memory=series, hosts_memory=host, containers=[
+        ContainerMemory("node-a", 1000 * 2**30, [(0, 2**30)])])).findings  # a limit above the host's: the host's
+    assert "the 400.0 GiB still available on node-a" in g.detail
 
 
 def test_memory_that_levels_off_or_stays_flat_is_not_a_leak() -> None:

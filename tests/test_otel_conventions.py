@@ -222,7 +222,7 @@ def test_the_system_samplers_names_are_the_packages() -> None:
         if name in package:
             assert name in semconv.SEMCONV_METRICS, f"{name}: a convention metric the backends would prefix"
             assert package[name].unit == unit, name
-        elif name.startswith(("system.", "process.", "hw.")):
+        elif name.startswith(("system.", "process.", "hw.", "container.")):
             assert name not in semconv.SEMCONV_METRICS  # ours, in a reserved namespace: the backends prefix it
     assert "process.open_file_descriptor.count" not in {record_series("system", k)[0] for k in CATALOGUE}
 

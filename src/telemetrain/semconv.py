@@ -69,7 +69,7 @@ SEMCONV_COUNTERS = frozenset({"system.disk.io", "system.network.io", "process.cp
 SEMCONV_UPDOWN = frozenset({
     "system.memory.usage", "system.memory.limit", "system.paging.usage", "system.filesystem.usage",
     "system.filesystem.limit", "process.memory.usage", "process.thread.count", "process.unix.file_descriptor.count",
-    "hw.gpu.memory.usage", "hw.gpu.memory.limit",
+    "hw.gpu.memory.usage", "hw.gpu.memory.limit", "container.memory.usage", "container.memory.working_set",
 })
 SEMCONV_GAUGES = frozenset({
     "system.cpu.utilization", "system.memory.utilization", "system.paging.utilization",

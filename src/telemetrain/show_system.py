@@ -142,6 +142,8 @@ def _system_rows(who: str, group: str, m: dict[str, Any], n_cpu: Any,
             swap = m.get("system.paging.usage")
             rows.append((who, "memory", f"mean {_iec(mean(v))}  max {_iec(top(v))} of "
                          f"{_iec(last('system.memory.limit'))}" + (f"; swap max {_iec(top(swap))}" if swap else "")))
+        if m.get("container.memory.usage"):
+            rows.append((who, "container", _container(m, total("container.memory.oom_kills"))))
         if m.get("system.disk.io.read") or m.get("system.network.io.receive"):
             rows.append((who, "i/o", f"disk read {_iec(total('system.disk.io.read'))} write "
                          f"{_iec(total('system.disk.io.write'))}; network receive "
@@ -183,3 +185,24 @@ def _system_rows(who: str, group: str, m: dict[str, Any], n_cpu: Any,
                      f"{_iec(last('torch.cuda.memory.reserved.peak'))}, {last('torch.cuda.alloc_retries'):.0f} alloc "
                      f"retries, {last('torch.cuda.ooms'):.0f} OOMs"))
     return rows
+
+
+def _container(m: dict[str, Any], oom_kills: float) -> str:
+    """The container's memory against its cgroup limit (``container.memory.*``): the peak and its share of the
+    limit, the OOM kills and the memory pressure seen."""
+    usage, limit = m["container.memory.usage"], m.get("container.memory.limit")
+    text = f"memory mean {_iec(float(usage.mean))}  max {_iec(float(usage.max))}"
+    if limit:
+        text += f" of its cgroup limit {_iec(float(limit.last))} ({float(usage.max) / float(limit.last):.1%} at peak)"
+    else:
+        text += " (no cgroup limit)"
+    ws = m.get("container.memory.working_set")
+    if ws:  # (usage less the inactive file cache: what the kernel cannot reclaim before it kills)
+        text += f"; working set max {_iec(float(ws.max))}" + (
+            f" ({float(ws.max) / float(limit.last):.1%} of the limit)" if limit else "")
+    if m.get("container.memory.oom_kills"):  # (its total over the sampler's lifetimes: counter_totals)
+        text += f"; {oom_kills:.0f} OOM kill(s) in the cgroup while sampled"
+    some = m.get("container.memory.pressure.some")
+    if some:
+        text += f"; memory pressure (some, 10 s) max {float(some.max):.0%}"
+    return text

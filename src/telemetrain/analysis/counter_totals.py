@@ -19,7 +19,8 @@ __all__ = ["COUNTER_NAMES", "CounterTotals", "lifetimes_sql", "merge_lifetimes"]
 
 # the series keys (v1 names) of the sampler's counters that count from its start
 COUNTER_NAMES = ("system.disk.io.read", "system.disk.io.write", "system.network.io.receive",
-                 "system.network.io.transmit", "hw.energy", "hw.energy.integrated")
+                 "system.network.io.transmit", "hw.energy", "hw.energy.integrated", "container.memory.oom_kills",
+                 "container.memory.ooms", "container.memory.limit_hits")
 
 K = TypeVar("K", bound=Hashable)
 

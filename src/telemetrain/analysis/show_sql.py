@@ -17,6 +17,7 @@ from ..store.reader import Run
 from ..store.views import first_int_sql, insert_rows
 from ..training.names import CHECKPOINT_STEP_KEYS
 from .findings.builder import (
+    CONTAINER_MEMORY,
     CRASH_SPANS,
     CUDA_ALLOCATED,
     GPU_MEMORY_LIMIT,
@@ -57,7 +58,7 @@ def _read_by_builder(group: str, name: str) -> bool:
         return True
     if name == GPU_MEMORY_LIMIT:
         return True
-    if name in (HOST_MEMORY_LIMIT, HOST_MEMORY_USAGE) and group == "system":
+    if name in (HOST_MEMORY_LIMIT, HOST_MEMORY_USAGE, *CONTAINER_MEMORY) and group == "system":
         return True
     return value_series_kind(group, name) is not None
 

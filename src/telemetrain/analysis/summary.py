@@ -130,7 +130,7 @@ class RunSummary:
 
 
 def _who(group: str, name: str, identity: Any) -> str:
-    host_wide = name.startswith("system.") or group.startswith("system.gpu.")
+    host_wide = name.startswith(("system.", "container.")) or group.startswith("system.gpu.")
     return f"host {identity.host}" if host_wide else f"rank {identity.rank} pid {identity.pid}"
 
 
@@ -325,7 +325,8 @@ def summarize_sql(engine: Any, run: Run) -> RunSummary:
             series = into[_series(rec)]
             series.last_by_rank[rec.identity.rank] = rec
             series.last = rec  # in records() order: the last one set is the last of all ranks
-    host_wide = "starts_with(name, 'system.') OR starts_with(group_name, 'system.gpu.')"
+    host_wide = ("starts_with(name, 'system.') OR starts_with(name, 'container.') OR "
+                 "starts_with(group_name, 'system.gpu.')")
     who = f"CASE WHEN {host_wide} THEN 'host ' || host ELSE 'rank ' || rank || ' pid ' || pid END"
     # a process's own series: its last in monotonic time; a host's, of several processes: records() order
     latest = f"(CASE WHEN {host_wide} THEN wall_ns ELSE mono_ns END, {ORDER})"

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import __version__
+from ..analysis.findings.fmt import bytes_
 from ..phase_times import LABELS
 from .checkpoints_html import checkpoints_section
 from .curves_html import curves_section
@@ -321,7 +322,24 @@ def _system(m: ReportModel) -> str:
         out.append(f"<div><h3>{esc(title)}</h3>" + line_chart(
             title, lines, bands=bands, unit=unit, x_label="seconds since the run's start", height=170, width=640)
             + (f'<p class="note">{esc(note)}</p>' if note else "") + "</div>")
-    return '<div class="cols">' + "".join(out) + "</div>" + gpu_section(m.gpu)
+    return _container_note(m) + '<div class="cols">' + "".join(out) + "</div>" + gpu_section(m.gpu)
+
+
+def _container_note(m: ReportModel) -> str:
+    """The container's memory against its cgroup limit, from the metrics table (over every host: each host's share
+    is its line in the chart)."""
+    usage, ws, limit = (m.metric_stats.get(("system", f"container.memory.{name}"))
+                        for name in ("usage", "working_set", "limit"))
+    if not usage or usage[3] is None:
+        return ""
+    text = f"Container memory: usage max {bytes_(usage[3])}"
+    cap = float(limit[1]) if limit and isinstance(limit[1], (int, float)) and limit[1] > 0 else None
+    if cap is not None:
+        text += f" of its cgroup limit {bytes_(cap)} ({usage[3] / cap:.1%})"
+    if ws and ws[3] is not None:
+        text += f"; working set (usage less inactive file cache) max {bytes_(ws[3])}" + (
+            f" ({ws[3] / cap:.1%} of the limit: the OOM killer acts near 100%)" if cap is not None else "")
+    return f'<p class="note">{esc(text)}.</p>'
 
 
 def _events(m: ReportModel) -> str:

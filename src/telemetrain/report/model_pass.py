@@ -42,6 +42,7 @@ ROUTINE_EVENTS = frozenset({"training_metrics_update", "sync_checkpoint_metrics_
 SYSTEM_CHARTS = (
     ("system.cpu.utilization", "host CPU utilization", "1"),
     ("system.memory.utilization", "host memory utilization", "1"),
+    ("container.memory.utilization", "container memory working set, share of its cgroup limit", "1"),
     ("process.cpu.utilization", "process CPU utilization (per rank)", "1"),
     ("process.memory.usage", "process resident memory (per rank)", "By"),
     ("hw.gpu.utilization", "GPU utilization", "1"),
@@ -257,7 +258,7 @@ class _Collector:
                     if st[3] is None or value > st[3]:
                         st[3] = value
                 if name in _SYSTEM_NAMES and not isinstance(value, bool):
-                    who = host if name.startswith("system.") else f"rank {rank}"
+                    who = host if name.startswith(("system.", "container.")) else f"rank {rank}"
                     if name.startswith("hw."):
                         who = f"{host} {r.group.removeprefix('system.')}"
                     self.system[(name, who)].append((wall, float(value)))

@@ -15,7 +15,13 @@ import json
 from typing import Any
 
 from ..analysis.counter_totals import lifetimes_sql, merge_lifetimes
-from ..analysis.findings.builder import GPU_MEMORY_LIMIT, HOST_MEMORY_LIMIT, HOST_MEMORY_USAGE, VALUE_SERIES_NAME_SQL
+from ..analysis.findings.builder import (
+    CONTAINER_MEMORY,
+    GPU_MEMORY_LIMIT,
+    HOST_MEMORY_LIMIT,
+    HOST_MEMORY_USAGE,
+    VALUE_SERIES_NAME_SQL,
+)
 from ..analysis.findings.thresholds import Thresholds
 from ..analysis.findings.values import value_kind
 from ..analysis.findings_sql import (
@@ -351,7 +357,8 @@ class SqlCollector(_Collector):
                 units[(group, name)]]
         names = _names(name for name, _, _ in SYSTEM_CHARTS)
         who = ("CASE WHEN starts_with(skey, 'hw.') THEN host || ' ' || (CASE WHEN starts_with(group_name, 'system.') "
-               "THEN group_name[8:] ELSE group_name END) WHEN starts_with(skey, 'system.') THEN host "
+               "THEN group_name[8:] ELSE group_name END) WHEN starts_with(skey, 'system.') OR "
+               "starts_with(skey, 'container.') THEN host "
                "ELSE 'rank ' || rank END")
         for name, label, wall, value in self.rows(
                 f"""WITH p AS (SELECT skey, {who} AS who, wall_ns, value,
@@ -373,7 +380,7 @@ class SqlCollector(_Collector):
         spikes (``analysis.findings_sql``; the memory gauges after the reports, in ``_windows``); the rest are not
         read."""
         keys = {k for k in self._skeys.values()}
-        wanted = {k for k in keys if k in (GPU_MEMORY_LIMIT, HOST_MEMORY_LIMIT, HOST_MEMORY_USAGE)}
+        wanted = {k for k in keys if k in (GPU_MEMORY_LIMIT, HOST_MEMORY_LIMIT, HOST_MEMORY_USAGE, *CONTAINER_MEMORY)}
         nonfinite = "(value_int IS NULL AND value_bool IS NULL AND NOT isfinite(value))"
         where = f"(skey IN {_names(sorted(wanted))} OR {nonfinite})" if wanted else nonfinite
         metric = self.inputs.metric

@@ -56,6 +56,24 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "system.disk.io.write": ("By", "bytes written to all disks since the sampler started (host-wide)"),
     "system.network.io.receive": ("By", "bytes received on all interfaces but loopback since the sampler started"),
     "system.network.io.transmit": ("By", "bytes sent on all interfaces but loopback since the sampler started"),
+    # this process's container: its cgroup's memory limit and what is charged against it (group "system", host only;
+    # only where a cgroup memory limit applies: cgroup_memory.py)
+    "container.memory.usage": ("By", "memory charged to the container's cgroup (cgroup v2 memory.current, v1 "
+                               "memory.usage_in_bytes: page cache included)"),
+    "container.memory.working_set": ("By", "usage less the inactive file cache (memory.stat inactive_file, v1 "
+                                     "total_inactive_file): what the kernel cannot reclaim before an OOM kill"),
+    "container.memory.limit": ("By", "the cgroup's memory limit (v2 memory.max, v1 memory.limit_in_bytes)"),
+    "container.memory.utilization": ("1", "working set / limit: the cgroup's OOM killer acts near 1"),
+    "container.memory.oom_kills": ("{process}", "processes the cgroup's OOM killer killed since the sampler started "
+                                   "(v2 memory.events oom_kill, v1 memory.oom_control oom_kill)"),
+    "container.memory.ooms": ("{event}", "times usage hit the limit and reclaim failed since the sampler started "
+                              "(v2 memory.events oom)"),
+    "container.memory.limit_hits": ("{event}", "times usage hit the limit since the sampler started (v1 "
+                                    "memory.failcnt)"),
+    "container.memory.pressure.some": ("1", "share of the last 10 s some of the cgroup's tasks stalled on memory "
+                                       "(v2 memory.pressure some avg10)"),
+    "container.memory.pressure.full": ("1", "share of the last 10 s all of the cgroup's tasks stalled on memory "
+                                       "(v2 memory.pressure full avg10)"),
     # filesystems (group "system.filesystem.<path>")
     "system.filesystem.usage": ("By", "bytes used on the filesystem"),
     "system.filesystem.limit": ("By", "filesystem size"),
@@ -106,6 +124,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
 SET_ON_CHANGE = frozenset(
     {
         "system.memory.limit",
+        "container.memory.limit",
         "system.filesystem.limit",
         "hw.gpu.memory.limit",
         "hw.gpu.power.limit",

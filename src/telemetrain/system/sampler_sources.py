@@ -1,7 +1,7 @@
 """What a system ``Sampler`` samples (a base class of it): its arguments, checked at the call (``TypeError`` /
 ``ValueError``: the interval, the GPUs asked for, the disk paths, the flags), and the sources they make -- the process
-tree, the host (only on local rank 0 by default), NVIDIA GPUs and the torch.cuda allocator -- with the filesystems
-whose usage it records (``/`` and the run store's by default)."""
+tree, the host and its container's memory against a cgroup limit (only on local rank 0 by default), NVIDIA GPUs and
+the torch.cuda allocator -- with the filesystems whose usage it records (``/`` and the run store's by default)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 
 from ..telemetry import Telemetry
 from .base import Source
+from .cgroup_memory import CgroupMemorySource, find_cgroup_memory
 from .cuda_allocator import CudaAllocatorSource
 from .host import HostSource
 from .nvml import NvmlSource
@@ -121,6 +122,9 @@ class SamplerSources:
         sources: list[Source] = [ProcessTreeSource(self._process_tree)]  # first: the GPU source uses its pids
         if self._records_host():
             sources.append(HostSource(self._paths()))
+            cgroup = find_cgroup_memory()  # a container's memory limit: shared by its ranks, as the host's
+            if cgroup is not None:
+                sources.append(CgroupMemorySource(cgroup))
         if self._gpus is None or self._gpus == "all" or len(self._gpus) > 0:
             identity = self._telemetry.identity
             distributed = "LOCAL_RANK" in os.environ or identity.world_size > 1

@@ -12,6 +12,7 @@ from .checkpoints import CheckpointSave
 from .engine import analyse
 from .inputs import (
     Attempt,
+    ContainerMemory,
     FindingsInput,
     HostMemory,
     MemorySeries,
@@ -28,6 +29,7 @@ __all__ = [
     "DEFAULT_THRESHOLDS",
     "Attempt",
     "CheckpointSave",
+    "ContainerMemory",
     "Evidence",
     "Finding",
     "Findings",

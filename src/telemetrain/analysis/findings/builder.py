@@ -17,8 +17,10 @@ from typing import Any
 from ...phase_times import DEVICE, HOST, iteration_time, phase_times
 from ...training.names import checkpoint_step
 from .checkpoints import CHECKPOINT_SAVES, CheckpointSave
+from .container import LAST_SAMPLES
 from .inputs import (
     Attempt,
+    ContainerMemory,
     FindingsInput,
     HostMemory,
     MemorySeries,
@@ -45,6 +47,8 @@ CUDA_ALLOCATED = "torch.cuda.memory.allocated"
 GPU_MEMORY_LIMIT = "hw.gpu.memory.limit"
 HOST_MEMORY_LIMIT = "system.memory.limit"
 HOST_MEMORY_USAGE = "system.memory.usage"
+CONTAINER_MEMORY = ("container.memory.usage", "container.memory.working_set", "container.memory.limit",
+                    "container.memory.oom_kills")
 CRASH_SPANS = frozenset({"training_loop", "application"})
 PHASES = ("dataloader", "h2d", "forward", "backward", "optimizer", "zero_grad")
 # of a report's attributes, those ``window_point`` and ``InputBuilder.window`` read, and no others (the SQL readers
@@ -160,6 +164,9 @@ class InputBuilder:
         self._memory: dict[tuple[str, int, str, str], deque[tuple[int, float]]] = {}
         self._gpu_limit: float | None = None
         self._host: dict[str, list[float | None]] = {}  # host -> [total, usage]
+        # host -> {"limit": (wall_ns, bytes) | None, usage and working set: [(wall_ns, bytes)] (the latest few),
+        # "kills": (least, most) | None}
+        self._containers: dict[str, dict[str, Any]] = {}
         self._nonfinite: dict[tuple[str, str], list[Any]] = {}
         self._stragglers: deque[Mapping[str, Any]] = deque(maxlen=limit)
         self._hosts: dict[int, str] = {}
@@ -260,6 +267,8 @@ class InputBuilder:
             self._memory.setdefault(("cuda", rank, host, device), self._deque()).append((wall_ns, float(value)))
         elif name == GPU_MEMORY_LIMIT:
             self._gpu_limit = float(value)
+        elif name in CONTAINER_MEMORY and group == "system":
+            self._container_metric(host, name, float(value), wall_ns)
         elif name in (HOST_MEMORY_LIMIT, HOST_MEMORY_USAGE) and group == "system":
             entry2 = self._host.setdefault(host, [None, None])
             entry2[0 if name == HOST_MEMORY_LIMIT else 1] = float(value)
@@ -267,6 +276,24 @@ class InputBuilder:
             points = self._values.setdefault((value_series_name(group, name), rank), self._deque())
             points.append((step if step is not None else len(points), float(value)))
         self._seen(wall_ns)
+
+    def _container_metric(self, host: str, name: str, value: float, wall_ns: int) -> None:
+        """A container memory gauge (``findings.container``): the latest limit, the latest few usages, the
+        OOM-kill counter's range (it only grows: order-free)."""
+        c = self._containers.setdefault(host, {"limit": None, "container.memory.usage": [],
+                                                "container.memory.working_set": [], "kills": None})
+        if name in ("container.memory.usage", "container.memory.working_set"):
+            last = c[name]
+            last.append((wall_ns, value))
+            if len(last) > 2 * LAST_SAMPLES:
+                last.sort()
+                del last[:-LAST_SAMPLES]
+        elif name == "container.memory.limit":
+            if c["limit"] is None or wall_ns >= c["limit"][0]:
+                c["limit"] = (wall_ns, value)
+        else:
+            k = c["kills"]
+            c["kills"] = (value, value) if k is None else (min(k[0], value), max(k[1], value))
 
     def value_series(self, series: ValueSeries) -> None:
         """A value series read apart (whole, or the points a ``SpikeSelection`` names), for a reader that does not
@@ -398,7 +425,14 @@ class InputBuilder:
         failures = list(self._failures)
         if open_spans_crashed:
             failures += [SpanFailure(name, rank, "never ended") for name, rank in self._open.values()]
+        # (the working set where it was read: the usage counts the page cache the kernel reclaims before a kill)
+        containers = [ContainerMemory(host, c["limit"][1], sorted(c[name])[-LAST_SAMPLES:], c["kills"],
+                                      working_set=name.endswith("working_set"))
+                      for host, c in self._containers.items() if c["limit"] is not None
+                      for name in [("container.memory.working_set" if c["container.memory.working_set"]
+                                    else "container.memory.usage")]]
         return FindingsInput(windows=windows, values=values, memory=memory, hosts_memory=hosts, nonfinite=nonfinite,
+                             containers=containers,
                              straggler_events=list(self._stragglers), hosts=dict(self._hosts),
                              span_failures=failures, attempts=attempts, worker_exits=worker_exits(self._exits),
                              stalls=list(self._stalls), stall_evidence=list(self._evidence),

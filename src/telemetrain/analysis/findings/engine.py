@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from .checkpoints import slow_checkpoint_ranks
+from .container import oom_kills
 from .crashes import crashes
 from .inputs import FindingsInput
 from .memory import memory_growth
@@ -30,6 +31,7 @@ def analyse(data: FindingsInput, thresholds: Thresholds | None = None) -> Findin
         raise TypeError(f"thresholds must be a Thresholds, got {type(th).__name__}")
     notes: list[Note] = []
     found = crashes(data.span_failures, data.attempts, data.worker_exits)
+    found += oom_kills(data.span_failures, data.containers, data.hosts)
     found += stall_findings(data.stalls, data.stall_evidence)
     slow, more = slowdowns(data.windows, th)
     notes += more
@@ -41,7 +43,7 @@ def analyse(data: FindingsInput, thresholds: Thresholds | None = None) -> Findin
     notes += more
     steady = min((w.time_s for w in data.windows if not w.warmup), default=None)
     if steady is not None:  # without a steady report window, warm-up cannot be told from a leak
-        found += memory_growth(data.memory, data.hosts_memory, steady, th)
+        found += memory_growth(data.memory, data.hosts_memory, steady, th, data.containers)
     found += slow_checkpoint_ranks(data.checkpoint_saves, th, data.hosts)
     found += nonfinite(data.nonfinite)
     found += spikes(data.values, th, data.value_families)

@@ -143,6 +143,18 @@ class HostMemory:
 
 
 @dataclass(frozen=True, slots=True)
+class ContainerMemory:
+    """A host's container memory against its cgroup limit (the sampler's ``container.memory.*``): the limit, the
+    last working-set (else usage) samples and the range of the cgroup's OOM-kill counter over the run."""
+
+    host: str
+    limit: float
+    last: Sequence[tuple[int, float]]  # (wall_ns, bytes): the latest few samples, in time order
+    oom_kills: tuple[float, float] | None = None  # (least, most) of the counter: it only grows
+    working_set: bool = False  # ``last`` is the working set (usage less inactive file cache), else the usage
+
+
+@dataclass(frozen=True, slots=True)
 class NonFinite:
     """NaN or inf values of one metric (or NaN/inf counts of a stat window)."""
 
@@ -206,6 +218,7 @@ class FindingsInput:
     values: Sequence[ValueSeries] = ()
     memory: Sequence[MemorySeries] = ()
     hosts_memory: Sequence[HostMemory] = ()
+    containers: Sequence[ContainerMemory] = ()  # per host, where a cgroup memory limit applied
     nonfinite: Sequence[NonFinite] = ()
     # the live detectors' events (group cross_rank, name straggler: the cross-rank detector's, and late-rank
     # attribution's), as attribute dicts with "rank", "phase" (or "cause"), "step"

@@ -9,8 +9,10 @@ slope at least a quarter of the whole): memory that grew and levelled off (a cac
 of the ranks that grow are one finding per kind (RSS, CUDA).
 
 **Time to out-of-memory**: for RSS, the host's available memory at the end of the run over the summed slopes of the
-growing ranks on that host; for CUDA, the device's total less the last value, over the slope. A projection at a
-constant rate; the sampler's interval bounds how fast a growth it can see.
+growing ranks on that host, or where a container's cgroup memory limit applies and leaves less, what is left under
+it (the limit less the last working set, else usage: its OOM killer acts there, long before the host runs out); for
+CUDA, the device's total less the last value, over the slope. A projection at a constant rate; the sampler's
+interval bounds how fast a growth it can see.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .fmt import bytes_, ranges, seconds
-from .inputs import HostMemory, MemorySeries
+from .inputs import ContainerMemory, HostMemory, MemorySeries
 from .model import Evidence, Finding
 from .stats import mann_kendall, median, theil_sen
 from .thresholds import Thresholds
@@ -85,19 +87,20 @@ def _growth(s: MemorySeries, steady_from: float, th: Thresholds) -> _Growth | No
 
 
 def memory_growth(memory: Sequence[MemorySeries], hosts: Sequence[HostMemory], steady_from: float,
-                  th: Thresholds) -> list[Finding]:
+                  th: Thresholds, containers: Sequence[ContainerMemory] = ()) -> list[Finding]:
     growing: dict[str, list[_Growth]] = {}
     for s in memory:
         g = _growth(s, steady_from, th)
         if g is not None:
             growing.setdefault(s.kind, []).append(g)
     available = {h.host: h for h in hosts}
+    limited = {c.host: c for c in containers if c.last}
     findings = []
     for kind, gs in sorted(growing.items()):
         gs.sort(key=lambda g: g.series.rank)
         ranks = [g.series.rank for g in gs]
         worst = max(gs, key=lambda g: g.tail_slope)
-        oom = _time_to_oom(kind, gs, available)
+        oom = _time_to_oom(kind, gs, available, limited)
         rate = worst.tail_slope * 60
         who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranges(ranks)}"
         device = f" {worst.series.device}" if worst.series.device else ""
@@ -116,17 +119,25 @@ def memory_growth(memory: Sequence[MemorySeries], hosts: Sequence[HostMemory], s
     return findings
 
 
-def _time_to_oom(kind: str, gs: Sequence[_Growth], hosts: dict[str, HostMemory]) -> tuple[float, str] | None:
+def _time_to_oom(kind: str, gs: Sequence[_Growth], hosts: dict[str, HostMemory],
+                 containers: dict[str, ContainerMemory]) -> tuple[float, str] | None:
     if kind == "rss":
         best: tuple[float, str] | None = None
         for host in {g.series.host for g in gs}:
-            h = hosts.get(host)
             rate = sum(g.tail_slope for g in gs if g.series.host == host)
-            if h is None or rate <= 0:
+            if rate <= 0:
                 continue
-            left = h.available / rate
-            if best is None or left < best[0]:
-                best = (left, f"the {bytes_(h.available)} still available on {host or 'the host'}")
+            room: list[tuple[float, str]] = []
+            if (h := hosts.get(host)) is not None:
+                room.append((h.available, f"the {bytes_(h.available)} still available on {host or 'the host'}"))
+            if (c := containers.get(host)) is not None:
+                left_c = max(0.0, c.limit - sorted(c.last)[-1][1])
+                room.append((left_c, f"the {bytes_(left_c)} left under the container's {bytes_(c.limit)} cgroup "
+                                     f"memory limit on {host or 'the host'}"))
+            if room:
+                bytes_left, what = min(room)
+                if best is None or bytes_left / rate < best[0]:
+                    best = (bytes_left / rate, what)
         return best
     options = [((g.series.limit - g.last) / g.tail_slope, f"{g.series.device or 'the device'}'s "
                 f"{bytes_(g.series.limit)}") for g in gs if g.series.limit and g.tail_slope > 0]
