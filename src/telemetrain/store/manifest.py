@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,9 @@ __all__ = ["SEGMENTS_DIR", "Manifest", "hive_value", "manifest_is_valid", "manif
            "read_manifest"]
 
 SEGMENTS_DIR = "_segments"
+# A copy's file, as the compactor names it (partition_dir + "/<stem>.parquet"): a manifest naming anything else (an
+# absolute path, "../", another shape) is not one we wrote, and the reader must not read what it points to.
+_COPY_FILE = re.compile(r"(?P<table>[a-z_]+)/session=[^/]+/run=[^/]+/rank=-?[0-9]+/[^/]+\.parquet")
 
 
 def hive_value(value: str | int) -> str:
@@ -90,8 +94,15 @@ def manifest_is_valid(manifest: Manifest, prefix: Path, jsonl: Path, *, grown_ok
         return f"cannot read {jsonl.name}: {exc}"
     if size != manifest.file_size and not (grown_ok and size > manifest.file_size):
         return f"{jsonl.name} is {size} bytes now, its copy was made from {manifest.file_size}"
+    root = os.path.realpath(prefix)
     for f in manifest.files:
-        target = os.path.join(prefix, str(f.get("path", "")))  # text, not a Path: its parts are not interned
+        rel = str(f.get("path", ""))
+        shape = _COPY_FILE.fullmatch(rel)
+        if shape is None or shape.group("table") != f.get("table") or "\0" in rel:
+            return f"its manifest names {rel!r}, not a file of the copy"
+        target = os.path.join(prefix, rel)  # text, not a Path: its parts are not interned
+        if not os.path.realpath(target).startswith(root + os.sep):  # a link planted in the copy
+            return f"{target} leads out of {prefix}"
         try:
             st = os.stat(target)
             if st.st_size != f.get("bytes"):
