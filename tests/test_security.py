@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -58,3 +60,25 @@ def test_a_manifest_naming_a_file_outside_the_store_is_not_read(tmp_path: Path, 
         names = {row[0] for row in engine.rows("SELECT DISTINCT name FROM metrics")}
         assert MARKER not in names and "loss" in names
         assert engine.scalar("SELECT count(*) FROM metrics WHERE name = 'loss'") == 20
+
+
+# -- terminal ----------------------------------------------------------------------------------------------------------
+
+OSC52 = "\x1b]52;c;SGk=\x07"  # "set the clipboard", in a name that becomes a directory
+
+
+def test_a_warning_quoting_a_hostile_path_reaches_the_terminal_escaped(tmp_path: Path) -> None:
+    """A damaged copy is warned about with its path; the session's directory name carries an escape sequence, which
+    the command prints as ``\\x1b`` (``telemetrain`` on stderr, as a user's terminal gets it)."""
+    run = _write_run(tmp_path, ranks=1, n=20, session=f"s{OSC52}")
+    compact(run)
+    victim = next((run / COLUMNAR_DIR / "metrics").rglob("*.parquet"))
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    proc = subprocess.run([sys.executable, "-m", "telemetrain.cli", "query", str(run),
+                           "SELECT count(*) AS n FROM metrics WHERE name = 'loss'"],
+                          capture_output=True, timeout=300, env={**os.environ, "PYTHONWARNINGS": "default"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert b"ColumnarWarning: ignoring the columnar copy" in proc.stderr  # the warning was shown
+    assert b"\x1b" not in proc.stderr and b"\x07" not in proc.stderr
+    assert b"s\\x1b]52;c;SGk=\\x07" in proc.stderr
+    assert b"20" in proc.stdout
