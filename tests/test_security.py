@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from telemetrain import Telemetry, identity_from_env
+from telemetrain.cli import main as cli_main
 from test_reader_damage import _write_run
 
 duckdb = pytest.importorskip("duckdb")
@@ -82,3 +84,19 @@ def test_a_warning_quoting_a_hostile_path_reaches_the_terminal_escaped(tmp_path:
     assert b"\x1b" not in proc.stderr and b"\x07" not in proc.stderr
     assert b"s\\x1b]52;c;SGk=\\x07" in proc.stderr
     assert b"20" in proc.stdout
+
+
+def test_show_prints_line_separators_and_bidi_overrides_escaped(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """U+2028 breaks a line for ``str.splitlines`` and many viewers; U+202E shows what follows reversed (a name
+    that reads as another). ``show`` writes them as ``\\u2028``/``\\u202e``, one line per metric."""
+    t = Telemetry(identity_from_env({}, run_id="r", session_tag="s"), store=tmp_path)
+    t.metric("loss\u2028fake line", 1.0, "train")
+    t.metric("ssol\u202e\u2066x\u2069", 2.0, "train")
+    assert t.close()
+    assert cli_main(["show", str(tmp_path / "s" / "r")]) == 0
+    out = capsys.readouterr().out
+    assert not {"\u2028", "\u2029", "\u202e", "\u2066", "\u2069"} & set(out)
+    [line] = [line for line in out.splitlines() if "fake line" in line]
+    assert "loss\\u2028fake line" in line and "= 1" in line
+    assert "ssol\\u202e\\u2066x\\u2069" in out
