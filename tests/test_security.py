@@ -18,8 +18,9 @@ from test_reader_damage import _write_run
 
 duckdb = pytest.importorskip("duckdb")
 
-from telemetrain.store.compact import COLUMNAR_DIR, compact  # noqa: E402
+from telemetrain.store.compact import COLUMNAR_DIR, compact, compact_segments  # noqa: E402
 from telemetrain.store.engine import ColumnarWarning, Engine  # noqa: E402
+from telemetrain.store.manifest import manifest_path  # noqa: E402
 
 MARKER = "read-from-outside-the-store"
 
@@ -62,6 +63,38 @@ def test_a_manifest_naming_a_file_outside_the_store_is_not_read(tmp_path: Path, 
         names = {row[0] for row in engine.rows("SELECT DISTINCT name FROM metrics")}
         assert MARKER not in names and "loss" in names
         assert engine.scalar("SELECT count(*) FROM metrics WHERE name = 'loss'") == 20
+
+
+@pytest.mark.parametrize("where", ["_columnar", "_columnar/metrics", "_columnar/_segments"])
+def test_compaction_does_not_write_through_a_link_planted_in_the_store(tmp_path: Path, where: str) -> None:
+    """Someone who can write the store links the run's copy (or a directory of it) to a directory of yours: the
+    compactor, yours or the training job's, writes nothing there and says why; the readers read the JSONL."""
+    run = _write_run(tmp_path / "store", ranks=1, n=20)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    planted = run / where
+    planted.parent.mkdir(parents=True, exist_ok=True)
+    planted.symlink_to(victim, target_is_directory=True)
+    for result in (compact(run), compact_segments(sorted(run.glob("rank-*.jsonl")), include_last=True)):
+        assert list(victim.iterdir()) == []
+        assert result.errors and "link" in " ".join(result.errors) and result.segments == 0
+    with Engine([run]) as engine:
+        assert engine.scalar("SELECT count(*) FROM metrics WHERE name = 'loss'") == 20
+
+
+def test_a_link_planted_at_the_old_temporary_name_is_not_written_through(tmp_path: Path) -> None:
+    """The manifest went through ``.<name>.<pid>.tmp``: a link planted there (the compactor's pid is easy to guess
+    when it is the reader's own) had the manifest written into its target."""
+    run = _write_run(tmp_path / "store", ranks=1, n=20)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    segment = next(run.glob("rank-*.jsonl"))
+    manifest = run / COLUMNAR_DIR / manifest_path("s", "r1", segment.name)
+    manifest.parent.mkdir(parents=True)
+    manifest.with_name(f".{manifest.name}.{os.getpid()}.tmp").symlink_to(victim)
+    assert compact(run).segments == 1
+    assert victim.read_text() == "precious"
+    assert json.loads(manifest.read_text())["segment"] == segment.name
 
 
 # -- terminal ----------------------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from urllib.parse import quote
 from .columnar import SCHEMA_VERSION, ColumnarVersionError
 
 __all__ = ["SEGMENTS_DIR", "Manifest", "hive_value", "manifest_is_valid", "manifest_path", "partition_dir",
-           "read_manifest"]
+           "private_tmp", "read_manifest", "write_manifest"]
 
 SEGMENTS_DIR = "_segments"
 # A copy's file, as the compactor names it (partition_dir + "/<stem>.parquet"): a manifest naming anything else (an
@@ -82,6 +83,26 @@ def read_manifest(path: Path, oldest: int = SCHEMA_VERSION) -> Manifest | None:
     if not isinstance(manifest.files, list) or not all(isinstance(f, dict) for f in manifest.files):
         return None
     return manifest
+
+
+def private_tmp(target: Path) -> Path:
+    """A temporary name beside ``target`` that nobody can guess, so nobody can plant a link there beforehand (a
+    pid-based name could be, and the write would go through it)."""
+    return target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(8)}.tmp")
+
+
+def write_manifest(target: Path, manifest: Manifest) -> None:
+    """Write ``manifest`` to ``target`` atomically, through a new file (never an existing file or a link)."""
+    tmp = private_tmp(target)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) |
+                 getattr(os, "O_CLOEXEC", 0), 0o666)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(manifest.as_dict(), separators=(",", ":")))
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def manifest_is_valid(manifest: Manifest, prefix: Path, jsonl: Path, *, grown_ok: bool = False) -> str:
