@@ -97,6 +97,23 @@ def test_a_link_planted_at_the_old_temporary_name_is_not_written_through(tmp_pat
     assert json.loads(manifest.read_text())["segment"] == segment.name
 
 
+DEEP = ('{"v":1,"kind":"event","mono_ns":5,"wall_ns":1,"group":"g","name":"deep","severity":"error","attributes":'
+        + '{"a":' * 100_000 + "1" + "}" * 100_000 + ',"event_id":"","span_id":""}\n')
+
+
+@pytest.mark.parametrize("command", [["report", "-o", "{out}/r.html"], ["show"]])
+def test_json_nested_too_deep_for_python_does_not_crash_the_engine_readers(
+        tmp_path: Path, command: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """An event whose attributes nest 100,000 deep: DuckDB's JSON reader keeps the line (Python's counts it corrupt),
+    and each reader then decoded its attributes in Python: a RecursionError traceback instead of a report."""
+    run = _write_run(tmp_path / "store", ranks=1, n=20)
+    with next(run.glob("rank-*.jsonl")).open("a") as fh:
+        fh.write(DEEP)
+    monkeypatch.setenv("TELEMETRAIN_ENGINE", "duckdb")
+    argv = [command[0], str(run), *(a.format(out=tmp_path) for a in command[1:])]
+    assert cli_main(argv) == 0
+
+
 # -- terminal ----------------------------------------------------------------------------------------------------------
 
 OSC52 = "\x1b]52;c;SGk=\x07"  # "set the clipboard", in a name that becomes a directory
