@@ -3,10 +3,15 @@ outside it, and what it holds must reach the terminal as text."""
 
 from __future__ import annotations
 
+import contextlib
+import html
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +19,8 @@ import pytest
 
 from telemetrain import Telemetry, identity_from_env
 from telemetrain.cli import main as cli_main
+from telemetrain.spans import Tracer
+from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
 from test_reader_damage import _write_run
 
 duckdb = pytest.importorskip("duckdb")
@@ -150,3 +157,69 @@ def test_show_prints_line_separators_and_bidi_overrides_escaped(tmp_path: Path,
     [line] = [line for line in out.splitlines() if "fake line" in line]
     assert "loss\\u2028fake line" in line and "= 1" in line
     assert "ssol\\u202e\\u2066x\\u2069" in out
+
+
+# -- HTML --------------------------------------------------------------------------------------------------------------
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+PAYLOAD = ('<script>console.error("xss-ran")</script>"><img src=x onerror=console.error("xss-img")>\u2028'
+           "</script><a href=javascript:console.error('xss-href')>x</a>")
+PATH_PAYLOAD = '"><img src=x onerror=console.error("xss-path")>'  # no "/": it becomes a directory name
+
+
+def _hostile_run(root: Path, run_id: str) -> Path:
+    """A run whose every string a page shows carries PAYLOAD (PATH_PAYLOAD for the names that become paths)."""
+    ident = identity_from_env({}, run_id=run_id, session_tag=f"s{PATH_PAYLOAD}", perf_tag=f"p{PATH_PAYLOAD}",
+                              host=f"h{PAYLOAD}")
+    t = Telemetry(ident, store=root, config={f"k{PAYLOAD}": f"v{PAYLOAD}", "lr": 0.1})
+    r = TrainingRecorder(TrainingTelemetryConfig(global_batch_size_or_fn=8, log_every_n_train_iterations=1),
+                         telemetry=t)
+    now = int(time.time() * 1000) - 20_000
+    r.on_app_start(now)
+    r.on_train_start(0, start_time_msec=now)
+    for i in range(20):
+        r.on_training_single_iteration_start(now + i * 100)
+        r.on_training_single_iteration_end(now + i * 100 + 90)
+        t.metric(f"loss{PAYLOAD}", 1.0 / (i + 1), f"train{PAYLOAD}", {f"tag{PAYLOAD}": f"val{PAYLOAD}"},
+                 unit=f"u{PAYLOAD}", step=i)
+        t.metric("loss", 1.0 / (i + 1), "train", step=i)
+    t.event(f"ev{PAYLOAD}", {f"key{PAYLOAD}": f"val{PAYLOAD}"}, severity="error")
+    with Tracer(t).span(f"sp{PAYLOAD}", group=f"user{PAYLOAD}"):
+        pass
+    with contextlib.suppress(RuntimeError), Tracer(t).span("boom", group="user"):
+        raise RuntimeError(f"exc{PAYLOAD}")
+    r.on_train_end(now + 3000)
+    r.on_app_end(now + 3100)
+    assert t.close()
+    return root / f"s{PATH_PAYLOAD}" / run_id
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
+def test_hostile_strings_in_the_report_and_comparison_pages_show_as_text_and_run_nothing(tmp_path: Path) -> None:
+    """Names, tags, values, host, config and exception text carrying script, an ``onerror`` attribute, a
+    ``javascript:`` link and U+2028: in headless Chromium nothing runs -- also with the page's Content-Security-Policy
+    taken out, so that the escaping is what is tested -- and the text is there as written."""
+    assert CHROMIUM is not None
+    base, cand = _hostile_run(tmp_path / "store", f"b{PATH_PAYLOAD}"), _hostile_run(tmp_path / "store", "c")
+    pages = [tmp_path / "report.html", tmp_path / "compare.html"]
+    assert cli_main(["report", str(base), "-o", str(pages[0])]) == 0
+    assert cli_main(["compare", str(cand), "--baseline", str(base), "--resamples", "200", "--html",
+                     str(pages[1])]) == 0
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        assert html.escape(f"loss{PAYLOAD}") in text or html.escape(f"b{PATH_PAYLOAD}") in text
+        bare = page.with_name(f"bare-{page.name}")
+        bare.write_text(re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "", text), encoding="utf-8")
+        assert "Content-Security-Policy" not in bare.read_text(encoding="utf-8")
+        for shown in (page, bare):
+            proc = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
+                                   "--v=0", "--no-first-run", "--disable-extensions", "--dump-dom", shown.as_uri()],
+                                  capture_output=True, text=True, timeout=120)
+            assert proc.returncode == 0, proc.stderr[-2000:]
+            assert [line for line in proc.stderr.splitlines() if ":CONSOLE" in line] == []
+            dom = proc.stdout
+            assert not re.search(r"<(script|img)\b|<a\s[^>]*href=\"?javascript", dom, re.IGNORECASE), page.name
+            assert html.escape(f"b{PATH_PAYLOAD}", quote=False) in dom  # the run id, as written
+    report = pages[0].read_text(encoding="utf-8")
+    for written in (f"loss{PAYLOAD}", f"ev{PAYLOAD}", f"sp{PAYLOAD}", f"exc{PAYLOAD}", f"k{PAYLOAD}", f"h{PAYLOAD}"):
+        assert html.escape(written) in report, written
