@@ -223,3 +223,26 @@ def test_hostile_strings_in_the_report_and_comparison_pages_show_as_text_and_run
     report = pages[0].read_text(encoding="utf-8")
     for written in (f"loss{PAYLOAD}", f"ev{PAYLOAD}", f"sp{PAYLOAD}", f"exc{PAYLOAD}", f"k{PAYLOAD}", f"h{PAYLOAD}"):
         assert html.escape(written) in report, written
+
+
+def test_query_csv_is_escaped_on_a_terminal_and_verbatim_to_a_pipe(tmp_path: Path) -> None:
+    """``query --format csv`` is data: to a pipe, each value exactly as stored; on a terminal, its escape sequences
+    would act, so they are shown escaped there, as ``ls`` does."""
+    t = Telemetry(identity_from_env({}, run_id="r", session_tag="s"), store=tmp_path)
+    t.metric(f"loss{OSC52}\x1b[2J", 1.0, "train")
+    assert t.close()
+    argv = [sys.executable, "-m", "telemetrain.cli", "query", str(tmp_path / "s" / "r"),
+            "SELECT name FROM metrics WHERE group_name = 'train'", "--format", "csv"]
+    piped = subprocess.run(argv, capture_output=True, timeout=300, check=True).stdout
+    assert piped == f"name\r\nloss{OSC52}\x1b[2J\r\n".encode()
+    main_fd, child_fd = os.openpty()
+    with subprocess.Popen(argv, stdout=child_fd, stderr=subprocess.PIPE) as proc:
+        os.close(child_fd)
+        shown = b""
+        with contextlib.suppress(OSError):  # EIO once the child has closed its end
+            while chunk := os.read(main_fd, 4096):
+                shown += chunk
+        assert proc.wait(timeout=300) == 0
+    os.close(main_fd)
+    assert b"\x1b" not in shown and b"\x07" not in shown
+    assert b"loss\\x1b]52;c;SGk=\\x07\\x1b[2J" in shown
