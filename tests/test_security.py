@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -246,3 +247,29 @@ def test_query_csv_is_escaped_on_a_terminal_and_verbatim_to_a_pipe(tmp_path: Pat
     os.close(main_fd)
     assert b"\x1b" not in shown and b"\x07" not in shown
     assert b"loss\\x1b]52;c;SGk=\\x07\\x1b[2J" in shown
+
+
+@pytest.mark.parametrize("planted", ["open directory", "link"])
+def test_compaction_spills_into_a_directory_of_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      planted: str) -> None:
+    """DuckDB spilled the rows it compacts into ``<temp>/telemetrain-duckdb-<pid>``: under a shared ``/tmp``,
+    someone else could make that directory first (open to all, or a link to theirs) and read the rows."""
+    from telemetrain.store.compact import connect
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    for name in (f"telemetrain-duckdb-{os.getpid()}", f"telemetrain-duckdb-{os.getuid()}"):
+        if planted == "link":
+            (tmp_path / name).symlink_to(theirs)
+        else:
+            (tmp_path / name).mkdir()
+            (tmp_path / name).chmod(0o777)
+    con = connect()
+    try:
+        spill = Path(con.execute("SELECT current_setting('temp_directory')").fetchone()[0])
+    finally:
+        con.close()
+    owner = spill.parent
+    assert owner.parent == tmp_path and not owner.is_symlink() and owner.stat().st_mode & 0o777 == 0o700
+    assert theirs not in (spill, owner) and (tmp_path / f"telemetrain-duckdb-{os.getpid()}") not in (spill, owner)

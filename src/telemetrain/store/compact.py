@@ -39,6 +39,7 @@ from .columnar import (
     TABLES,
 )
 from .convert import convert_segment, drop_converted, header_rows
+from .files import private_temp_dir
 from .manifest import (
     SEGMENTS_DIR,
     Manifest,
@@ -75,7 +76,7 @@ def connect(memory_limit: str = MEMORY_LIMIT, threads: int = 1) -> Any:
 
     # spilled rows go under the system's temp dir: DuckDB's default for an in-memory database is ".tmp" in the
     # current directory, which a background compaction would leave in the user's working directory
-    spill = os.path.join(tempfile.gettempdir(), f"telemetrain-duckdb-{os.getpid()}")
+    spill = os.path.join(private_temp_dir(), str(os.getpid()))
     con = duckdb.connect(":memory:", config={"memory_limit": memory_limit, "threads": threads,
                                              "preserve_insertion_order": True, "autoinstall_known_extensions": False,
                                              "autoload_known_extensions": False, "temp_directory": spill})
