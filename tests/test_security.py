@@ -273,3 +273,25 @@ def test_compaction_spills_into_a_directory_of_its_own(tmp_path: Path, monkeypat
     owner = spill.parent
     assert owner.parent == tmp_path and not owner.is_symlink() and owner.stat().st_mode & 0o777 == 0o700
     assert theirs not in (spill, owner) and (tmp_path / f"telemetrain-duckdb-{os.getpid()}") not in (spill, owner)
+
+
+# -- SQL ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT * FROM glob('/etc/*')", "SELECT * FROM read_blob('/etc/hostname')",
+    "SELECT * FROM sniff_csv('/etc/passwd')", "SELECT * FROM read_json_auto('{run}/run.json')",
+    "SELECT * FROM query('COPY (SELECT 1) TO ''{out}''')",
+    "LOAD httpfs", "EXPORT DATABASE '{out}'", "PRAGMA enable_profiling", "CREATE TEMP TABLE t AS SELECT 1",
+    "SELECT * FROM duckdb_secrets()", "RESET lock_configuration",
+])
+def test_run_sql_refuses_files_outside_the_copy_and_every_write(tmp_path: Path, sql: str) -> None:
+    """``Run.sql``, the Python entry point: the run's own JSONL and run.json are outside what a query may open, as
+    is any other file; a ``query()`` table function cannot smuggle another statement in."""
+    from telemetrain.store import open_run
+
+    run = _write_run(tmp_path / "store", ranks=1, n=5)
+    out = tmp_path / "out"
+    with pytest.raises(Exception, match=r"(?i)permission|only SELECT|expected a single SELECT|not allowed|disabled"):
+        open_run(run).sql(sql.format(run=run, out=out)).fetchall()
+    assert not out.exists()
