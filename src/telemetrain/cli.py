@@ -10,7 +10,7 @@ import importlib.util
 import os
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -243,6 +243,17 @@ def console() -> int:
     return main()
 
 
+def _printable_warnings(shown: Callable[..., str]) -> Callable[..., str]:
+    """``formatwarning`` with the message's control characters escaped: a warning may quote a path or a name from a
+    run store someone else wrote (recorders, ``-W error`` and ``pytest.warns`` see the warning itself)."""
+
+    def format_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                       line: str | None = None) -> str:
+        return shown(printable(str(message)), category, filename, lineno, line)
+
+    return format_warning
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (2 for a usage or input error)."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -262,6 +273,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help, --version and usage errors: argparse has printed what it had to
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     out, err = sys.stdout, sys.stderr
+    shown = warnings.formatwarning
+    warnings.formatwarning = _printable_warnings(shown)
+    try:
+        return _run_command(args, parser, out, err)
+    finally:
+        warnings.formatwarning = shown
+
+
+def _run_command(args: argparse.Namespace, parser: argparse.ArgumentParser, out: TextIO, err: TextIO) -> int:
     try:
         if args.command == "demo":
             return _cmd_demo(args, out, err)

@@ -6,7 +6,6 @@ series."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -17,7 +16,7 @@ from typing import Any
 from ..report.curves import CurveBuilder, is_user_group
 from ..report.curves_sql import feed_curves
 from ..semconv import series_key
-from ..store.codec import untag_nonfinite
+from ..store.codec import loads_column
 from ..store.engine import Engine
 from ..store.rank_groups import rank_groups
 from ..store.reader import Run
@@ -158,7 +157,7 @@ def _feed_curves(engine: Engine, curves: CurveBuilder, wanted: Callable[[str], b
         first = w0 if first is None else min(first, w0)
         key = keys.get((name, text))
         if key is None:
-            attributes = untag_nonfinite(json.loads(text)) if text is not None else None
+            attributes = loads_column(text)
             key = keys[(name, text)] = (series_key(name, attributes) if isinstance(attributes, dict) and attributes
                                         else name)
         if wanted is not None and not wanted(key):

@@ -9,10 +9,9 @@ the Python path (``findings.window_budget``): see docs/scale.md.
 
 from __future__ import annotations
 
-import json
 from typing import Any, NamedTuple
 
-from ..store.codec import untag_nonfinite
+from ..store.codec import loads_column
 from ..store.reader import Run
 from ..store.views import first_int_sql, insert_rows
 from ..training.names import CHECKPOINT_STEP_KEYS
@@ -153,7 +152,7 @@ def feed_checkpoint_saves_sql(builder: InputBuilder, engine: Any, w: str) -> Non
 
 
 def _attributes(text: Any) -> dict[str, Any]:
-    value = untag_nonfinite(json.loads(text)) if text is not None else None
+    value = loads_column(text)
     return value if isinstance(value, dict) else {}
 
 

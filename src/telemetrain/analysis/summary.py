@@ -10,7 +10,6 @@ agents (a few records each) are read in Python on both paths.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections import Counter
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 from ..cli_common import is_number
 from ..semconv import series_key
 from ..span_lifecycle import END_STATUS_SQL, end_status
-from ..store.codec import untag_nonfinite
+from ..store.codec import loads_column
 from ..store.reader import Run
 from ..store.views import first_int_sql
 from ..training.names import CHECKPOINT_STEP_KEYS, checkpoint_step
@@ -227,7 +226,7 @@ ORDER = "wall_ns, rank, pid, mono_ns, segment, line"  # Run.records()'s order
 
 
 def _attrs(text: Any) -> dict[str, Any]:
-    value = untag_nonfinite(json.loads(text)) if text is not None else None
+    value = loads_column(text)
     return value if isinstance(value, dict) else {}
 
 

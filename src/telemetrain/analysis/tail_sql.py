@@ -5,10 +5,9 @@ then line."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from ..store.codec import untag_nonfinite
+from ..store.codec import loads_column
 from ..store.rank_groups import rank_groups
 from .findings.checkpoints import CHECKPOINT_SAVES
 from .tail import _NOTABLE_SEVERITIES, _NOTABLE_TRAINING, RECENT_EVENTS, FileFollower, TailState, _brief, _number
@@ -21,7 +20,7 @@ METRICS_AT_ONCE = 65_536  # the findings' metric rows one query sorts (a group o
 
 
 def _attrs(text: Any) -> dict[str, Any]:
-    value = untag_nonfinite(json.loads(text)) if text is not None else None
+    value = loads_column(text)
     return value if isinstance(value, dict) else {}
 
 

@@ -172,9 +172,8 @@ def _processes_sql(engine: Any, run: Run) -> Iterator[tuple[int, Iterator[Any]]]
     """(rank, records) of each process of ``run``, by SQL: only the rows read here (the ``_SERIES`` metrics and the
     reports) and only their fields read here (narrow rows: a sort of whole rows would outgrow DuckDB's memory), in
     file order, process by process (rank, pid), streamed in batches."""
-    import json
 
-    from ..store.codec import untag_nonfinite
+    from ..store.codec import loads_column
 
     engine.attach(run)
     session, run_id = (v.replace("'", "''") for v in (run.session_tag, run.run_id))
@@ -193,7 +192,7 @@ def _processes_sql(engine: Any, run: Run) -> Iterator[tuple[int, Iterator[Any]]]
                     value = bool(value_bool)
                 elif value_int is not None:
                     value = int(value_int)
-                attributes = untag_nonfinite(json.loads(text)) if text is not None else None
+                attributes = loads_column(text)
                 yield (rank, pid), _Row(kind, group, name, value, wall,
                                         attributes if isinstance(attributes, dict) else None)
 

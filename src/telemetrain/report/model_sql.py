@@ -11,7 +11,6 @@ The launcher's agents write a few records each: they go through ``_Collector`` i
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from ..analysis.counter_totals import lifetimes_sql, merge_lifetimes
@@ -34,7 +33,7 @@ from ..analysis.findings_sql import (
     window_values_sql,
 )
 from ..analysis.findings_windows_sql import feed_windows_sql
-from ..store.codec import untag_nonfinite
+from ..store.codec import loads_column
 from ..store.engine import Engine
 from ..store.reader import Run
 from ..store.views import first_int_sql, insert_rows
@@ -69,7 +68,7 @@ def _attrs(text: Any) -> dict[str, Any]:
     """An attributes column (JSON text) as the reader gives it: an object, non-finite floats untagged."""
     if text is None:
         return {}
-    value = untag_nonfinite(json.loads(text))
+    value = loads_column(text)
     return value if isinstance(value, dict) else {}
 
 

@@ -77,15 +77,23 @@ def _cell(value: Any, null: str = "NULL") -> str:
     return str(value)
 
 
-def _csv_field(value: Any, null: str) -> str:
+def _csv_field(value: Any, null: str, escape: bool = False) -> str:
     """One RFC 4180 field: NULL as ``null`` unquoted, and any text equal to ``null`` quoted (Python's csv module
-    cannot quote one field alone), so that a reader told the null string tells the two apart."""
+    cannot quote one field alone), so that a reader told the null string tells the two apart. ``escape``: control
+    characters written as escapes (``printable``), for a terminal."""
     if value is None:
         return null
-    text = _cell(value)
+    text = printable(_cell(value)) if escape else _cell(value)
     if text == null or any(c in text for c in ',"\r\n'):
         return '"' + text.replace('"', '""') + '"'
     return text
+
+
+def _is_terminal(out: TextIO) -> bool:
+    try:
+        return out.isatty()
+    except (AttributeError, ValueError):  # a stream without one, or closed
+        return False
 
 
 def _cmd_query(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -121,8 +129,11 @@ def _cmd_query(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         print(json.dumps(rows_out, default=str, allow_nan=False), file=out)
     elif args.format == "csv":
         null = "" if args.null is None else args.null
+        # the values as they are to a file or a pipe; on a terminal, escaped as ls does (a value's escape sequences
+        # would otherwise reach the terminal)
+        escape = _is_terminal(out)
         for line in [names, *rows]:
-            out.write(",".join(_csv_field(v, null) for v in line) + "\r\n")
+            out.write(",".join(_csv_field(v, null, escape) for v in line) + "\r\n")
     else:
         null = "NULL" if args.null is None else args.null
         cells = [names] + [[printable(_cell(v, null)) for v in r] for r in rows]

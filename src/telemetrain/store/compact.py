@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
+import errno
 import os
 import shutil
 import sys
@@ -39,7 +39,17 @@ from .columnar import (
     TABLES,
 )
 from .convert import convert_segment, drop_converted, header_rows
-from .manifest import SEGMENTS_DIR, Manifest, manifest_is_valid, manifest_path, partition_dir, read_manifest
+from .files import private_temp_dir
+from .manifest import (
+    SEGMENTS_DIR,
+    Manifest,
+    manifest_is_valid,
+    manifest_path,
+    partition_dir,
+    private_tmp,
+    read_manifest,
+    write_manifest,
+)
 from .reader import FormatVersionError, check_run_format, fallback_identity, find_runs, list_processes, read_run_meta
 from .report_rows import REPORT, REPORTS_TABLE, report_rows_sql
 from .views import insert_rows, sql_str
@@ -66,7 +76,7 @@ def connect(memory_limit: str = MEMORY_LIMIT, threads: int = 1) -> Any:
 
     # spilled rows go under the system's temp dir: DuckDB's default for an in-memory database is ".tmp" in the
     # current directory, which a background compaction would leave in the user's working directory
-    spill = os.path.join(tempfile.gettempdir(), f"telemetrain-duckdb-{os.getpid()}")
+    spill = os.path.join(private_temp_dir(), str(os.getpid()))
     con = duckdb.connect(":memory:", config={"memory_limit": memory_limit, "threads": threads,
                                              "preserve_insertion_order": True, "autoinstall_known_extensions": False,
                                              "autoload_known_extensions": False, "temp_directory": spill})
@@ -92,12 +102,14 @@ def make_dirs_under(prefix: Path, directory: Path) -> None:
         current = current / part
         with contextlib.suppress(FileExistsError):
             current.mkdir()
+        if current.is_symlink():  # planted by someone who can write the store: what we write would land elsewhere
+            raise OSError(errno.ELOOP, "a link in the columnar copy, not followed", str(current))
 
 
 def _write_parquet(con: Any, query: str, prefix: Path, rel: str, table: str) -> int:
     target = prefix / rel
     make_dirs_under(prefix, target.parent)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp = private_tmp(target)
     meta = f"{{telemetrain_schema_version: '{SCHEMA_VERSION}', telemetrain_table: '{table}'}}"
     rows = ROW_GROUP_ROWS.get(table, ROW_GROUP_ROWS_DEFAULT)
     con.execute(f"COPY ({query}) TO {sql_str(str(tmp))} (FORMAT parquet, COMPRESSION zstd, "
@@ -171,9 +183,7 @@ def _compact_segment(con: Any, path: Path, prefix: Path, fallback: Identity, ses
                         compacted_wall_ns=time.time_ns(), seconds=time.perf_counter() - t0)
     target = prefix / manifest_path(session, run, path.name)
     make_dirs_under(prefix, target.parent)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(manifest.as_dict(), separators=(",", ":")))
-    os.replace(tmp, target)
+    write_manifest(target, manifest)
     return manifest
 
 
@@ -197,6 +207,9 @@ def compact_process(con: Any, run_dir: Path, paths: Sequence[Path], meta: dict[s
     deleted meanwhile is not made again)."""
     from .segments import parse_segment_name
 
+    if not prefix_parents and prefix.is_symlink():  # the store's own copy: a link there was planted, not followed
+        result.errors.append(f"{prefix}: a link, not followed")
+        return
     session, run = _session_run(run_dir, meta)
     identity: Identity | None = None
     for i, path in enumerate(paths):
@@ -311,6 +324,9 @@ def compact(path: str | os.PathLike[str], dest: str | None = None, *, force: boo
                     _upload(Path(tmp), str(dest), *target)
             else:
                 prefix = Path(dest.removeprefix("file://")) if dest is not None else run_dir / COLUMNAR_DIR
+                if dest is None and prefix.is_symlink():  # the store's own copy; a --to link is the user's choice
+                    result.errors.append(f"{prefix}: a link, not followed")
+                    continue
                 _compact_run(con, run_dir, prefix, result, include_last=include_last, force=force,
                              prefix_parents=dest is not None)
     finally:

@@ -16,7 +16,6 @@ leaves files without a manifest, which the next compaction replaces). Each segme
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import secrets
 import shutil
@@ -29,7 +28,7 @@ from typing import Any
 from ..identity import Identity
 from .columnar import COLUMNS, PROCESS_TABLE, SCHEMA_VERSION, TABLES, Prescan, prescan
 from .convert import convert_batch, header_rows
-from .manifest import Manifest, manifest_is_valid, manifest_path, partition_dir, read_manifest
+from .manifest import Manifest, manifest_is_valid, manifest_path, partition_dir, read_manifest, write_manifest
 from .report_rows import REPORT, REPORTS_TABLE, report_rows_sql
 from .views import insert_rows, sql_str
 
@@ -271,8 +270,6 @@ def _compact_batch(con: Any, todo: list[_Pending], prefix: Path) -> list[Manifes
                             compacted_wall_ns=time.time_ns(), seconds=seconds)
         target = prefix / manifest_path(p.session, p.run, p.path.name)
         make_dirs_under(prefix, target.parent)
-        part = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        part.write_text(json.dumps(manifest.as_dict(), separators=(",", ":")))
-        os.replace(part, target)
+        write_manifest(target, manifest)
         manifests.append(manifest)
     return manifests

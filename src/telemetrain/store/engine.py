@@ -34,7 +34,7 @@ from typing import Any
 from ..identity import Identity
 from ..semconv import series_key
 from .allocator import flush_freed_in_queries, purge_freed, trim_freed
-from .codec import untag_nonfinite
+from .codec import loads_column
 from .columnar import PROCESS_TABLE, READABLE_SINCE, SCHEMA_VERSION, TABLES
 from .compact import COLUMNAR_DIR, connect
 from .fetch import fetch as fetch_rows
@@ -334,7 +334,7 @@ class Engine:
         self.execute(f"CREATE OR REPLACE TEMP TABLE {table} (name VARCHAR, attributes VARCHAR, skey VARCHAR)")
         keyed = []
         for name, text in pairs:
-            attributes = untag_nonfinite(json.loads(text)) if text is not None else None
+            attributes = loads_column(text)
             keyed.append((name, text, series_key(name, attributes) if isinstance(attributes, dict) and attributes
                           else name))
         insert_rows(self.con, table, keyed)

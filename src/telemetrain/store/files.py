@@ -14,13 +14,15 @@ through it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import secrets
 import stat
+import tempfile
 from pathlib import Path
 
-__all__ = ["RunDir", "SymlinkRefused", "open_run_dir"]
+__all__ = ["RunDir", "SymlinkRefused", "open_run_dir", "private_temp_dir"]
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -215,3 +217,19 @@ def _write_all(fd: int, data: bytes) -> None:
             view = view[os.write(fd, view) :]
     finally:
         os.close(fd)
+
+
+def private_temp_dir() -> str:
+    """``<temp>/telemetrain-duckdb-<uid>``, a directory of this user's alone (0700), for DuckDB's spilled rows: under
+    a shared ``/tmp`` a name others can guess may already be theirs, and a run's rows would be written into it for
+    them to read. Made if missing; one that is a link, another user's or open to others gives a fresh ``mkdtemp``."""
+    if not hasattr(os, "getuid"):  # not POSIX: no owner to check
+        return tempfile.mkdtemp(prefix="telemetrain-duckdb-")
+    uid = os.getuid()
+    path = os.path.join(tempfile.gettempdir(), f"telemetrain-duckdb-{uid}")
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    st = os.lstat(path)
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o077:
+        return path
+    return tempfile.mkdtemp(prefix="telemetrain-duckdb-")

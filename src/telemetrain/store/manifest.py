@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,9 +15,12 @@ from urllib.parse import quote
 from .columnar import SCHEMA_VERSION, ColumnarVersionError
 
 __all__ = ["SEGMENTS_DIR", "Manifest", "hive_value", "manifest_is_valid", "manifest_path", "partition_dir",
-           "read_manifest"]
+           "private_tmp", "read_manifest", "write_manifest"]
 
 SEGMENTS_DIR = "_segments"
+# A copy's file, as the compactor names it (partition_dir + "/<stem>.parquet"): a manifest naming anything else (an
+# absolute path, "../", another shape) is not one we wrote, and the reader must not read what it points to.
+_COPY_FILE = re.compile(r"(?P<table>[a-z_]+)/session=[^/]+/run=[^/]+/rank=-?[0-9]+/[^/]+\.parquet")
 
 
 def hive_value(value: str | int) -> str:
@@ -80,6 +85,26 @@ def read_manifest(path: Path, oldest: int = SCHEMA_VERSION) -> Manifest | None:
     return manifest
 
 
+def private_tmp(target: Path) -> Path:
+    """A temporary name beside ``target`` that nobody can guess, so nobody can plant a link there beforehand (a
+    pid-based name could be, and the write would go through it)."""
+    return target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(8)}.tmp")
+
+
+def write_manifest(target: Path, manifest: Manifest) -> None:
+    """Write ``manifest`` to ``target`` atomically, through a new file (never an existing file or a link)."""
+    tmp = private_tmp(target)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) |
+                 getattr(os, "O_CLOEXEC", 0), 0o666)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(manifest.as_dict(), separators=(",", ":")))
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def manifest_is_valid(manifest: Manifest, prefix: Path, jsonl: Path, *, grown_ok: bool = False) -> str:
     """"" when the copy of ``jsonl`` under ``prefix`` can be trusted, else why not. With ``grown_ok``, a JSONL file
     that grew since (a run still being written) keeps its copy valid for the part it was made from: the reader takes
@@ -90,8 +115,15 @@ def manifest_is_valid(manifest: Manifest, prefix: Path, jsonl: Path, *, grown_ok
         return f"cannot read {jsonl.name}: {exc}"
     if size != manifest.file_size and not (grown_ok and size > manifest.file_size):
         return f"{jsonl.name} is {size} bytes now, its copy was made from {manifest.file_size}"
+    root = os.path.realpath(prefix)
     for f in manifest.files:
-        target = os.path.join(prefix, str(f.get("path", "")))  # text, not a Path: its parts are not interned
+        rel = str(f.get("path", ""))
+        shape = _COPY_FILE.fullmatch(rel)
+        if shape is None or shape.group("table") != f.get("table") or "\0" in rel:
+            return f"its manifest names {rel!r}, not a file of the copy"
+        target = os.path.join(prefix, rel)  # text, not a Path: its parts are not interned
+        if not os.path.realpath(target).startswith(root + os.sep):  # a link planted in the copy
+            return f"{target} leads out of {prefix}"
         try:
             st = os.stat(target)
             if st.st_size != f.get("bytes"):

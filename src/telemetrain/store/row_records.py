@@ -16,7 +16,10 @@ __all__ = ["identity_of_row", "record_from_row"]
 
 
 def _json(text: Any) -> Any:
-    return None if text is None else json.loads(text)
+    try:
+        return None if text is None else json.loads(text)
+    except RecursionError:  # nested deeper than Python decodes (codec.loads_column): kept by DuckDB, not here
+        return None
 
 
 def record_from_row(kind: str, identity: Identity, row: Sequence[Any], names: Sequence[str]) -> Any:

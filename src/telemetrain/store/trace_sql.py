@@ -117,14 +117,13 @@ def process_loaders(runs: Sequence[Any], engine: Any, all_metrics: bool, counter
 def clock_offset_events(engine: Any, runs: Iterable[Any]) -> Iterable[tuple[str, int, int, dict[str, Any]]]:
     """(run id, rank, wall ns, attributes) of the ranks' ``clock_offset`` events (group ``clock``) of ``runs``: the
     few records the trace's clock alignment reads, without loading the processes."""
-    import json
 
-    from .codec import untag_nonfinite
+    from .codec import loads_column
 
     for run in runs:
         session, run_id = (v.replace("'", "''") for v in (run.session_tag, run.run_id))
         for rank, wall, text in engine.rows(
                 f"SELECT rank, wall_ns, attributes FROM events WHERE session = '{session}' AND run = '{run_id}' AND "
                 f"role <> '{AGENT_ROLE}' AND group_name = 'clock' AND name = 'clock_offset' ORDER BY {_ORDER}"):
-            attributes = untag_nonfinite(json.loads(text)) if text is not None else None
+            attributes = loads_column(text)
             yield run.run_id, rank, wall, attributes if isinstance(attributes, dict) else {}

@@ -12,13 +12,12 @@ them.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from itertools import groupby
 from typing import Any
 
 from ..span_lifecycle import END_STATUS_SQL
-from ..store.codec import untag_nonfinite
+from ..store.codec import loads_column
 from ..store.engine import Engine
 from ..store.rank_groups import rank_groups
 from ..store.reader import Run
@@ -112,7 +111,7 @@ class _Row:
         self.kind, self.group, self.name, self.wall_ns = kind, GROUP, name, wall_ns
         self.span_id, self.parent_id, self.status = span_id, parent_id, status
         self.attributes = None if values is None else {
-            k: untag_nonfinite(json.loads(v)) for k, v in zip(KEYS, values, strict=True) if v is not None}
+            k: loads_column(v) for k, v in zip(KEYS, values, strict=True) if v is not None}
 
 
 def _line_ranges(lo: int, hi: int, n: int, most: int | None = None) -> list[tuple[int, int]]:
