@@ -27,14 +27,18 @@ from typing import Any
 from ..identity import Identity
 from .codec import decode_identity
 
-__all__ = ["COLUMNS", "READABLE_SINCE", "SCHEMA_VERSION", "TABLES", "ColumnarVersionError", "Prescan",
-           "fast_metric_rows_sql", "fast_span_rows_sql", "prescan", "typed_rows_sql"]
+__all__ = ["COLUMNS", "KEPT_SINCE", "READABLE_SINCE", "REPORTS_SINCE", "SCHEMA_VERSION", "TABLES",
+           "ColumnarVersionError", "Prescan", "fast_metric_rows_sql", "fast_span_rows_sql", "prescan", "typed_rows_sql"]
 
 # 2: metric rows carry format v2's attributes (JSON text, as events'); v1 lines read as before. 3: the derived table
 # ``reports`` (``report_rows``), the training reports' figures typed; a version-2 copy is still read (its reports typed
-# at read time), and ``telemetrain compact`` rewrites it.
-SCHEMA_VERSION = 3
+# at read time), and ``telemetrain compact`` rewrites it. 4: a manifest's file may be shared by the segments of a batch
+# (``compact_batch``: one file a table for many tiny segments, their rows told apart by ``source``); a version-3 copy
+# is the same layout without shared files, read and kept as it is.
+SCHEMA_VERSION = 4
 READABLE_SINCE = 2
+REPORTS_SINCE = 3  # copies from this version on have the typed ``reports`` table
+KEPT_SINCE = 3  # ``telemetrain compact`` keeps a valid copy of this version or newer (rewrites older ones)
 PARTITIONS = (("session", "VARCHAR"), ("run", "VARCHAR"), ("rank", "BIGINT"))
 
 # The identity fields stored as columns in every record table (session, run and rank are the partitions).

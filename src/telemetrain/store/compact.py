@@ -34,6 +34,7 @@ from typing import Any
 from ..identity import Identity
 from .columnar import (
     COLUMNS,
+    KEPT_SINCE,
     PROCESS_TABLE,
     SCHEMA_VERSION,
     TABLES,
@@ -204,7 +205,7 @@ def compact_process(con: Any, run_dir: Path, paths: Sequence[Path], meta: dict[s
         parsed = parse_segment_name(name)
         segment = parsed.segment if parsed is not None else i
         mpath = prefix / manifest_path(session, run, name)
-        existing = read_manifest(mpath)
+        existing = read_manifest(mpath, KEPT_SINCE)
         if existing is not None and not force and not manifest_is_valid(existing, prefix, path):
             result.skipped += 1
             identity = _identity_from(existing.last_identity) or identity
@@ -215,7 +216,7 @@ def compact_process(con: Any, run_dir: Path, paths: Sequence[Path], meta: dict[s
         try:
             prefix.mkdir(parents=prefix_parents, exist_ok=True)
             with segment_lock(mpath, enabled=lock, prefix=prefix):
-                existing = read_manifest(mpath)  # another compactor may have done it while we waited
+                existing = read_manifest(mpath, KEPT_SINCE)  # another compactor may have done it while we waited
                 if existing is not None and not force and not manifest_is_valid(existing, prefix, path):
                     result.skipped += 1
                     identity = _identity_from(existing.last_identity) or identity

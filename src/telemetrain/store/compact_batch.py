@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from ..identity import Identity
-from .columnar import COLUMNS, PROCESS_TABLE, SCHEMA_VERSION, TABLES, Prescan, prescan
+from .columnar import COLUMNS, KEPT_SINCE, PROCESS_TABLE, SCHEMA_VERSION, TABLES, ColumnarVersionError, Prescan, prescan
 from .convert import convert_batch, header_rows
-from .manifest import Manifest, manifest_is_valid, manifest_path, partition_dir, read_manifest
+from .manifest import SEGMENTS_DIR, SHARED_DIR, Manifest, manifest_is_valid, manifest_path, read_manifest, shared_dir
 from .report_rows import REPORT, REPORTS_TABLE, report_rows_sql
 from .views import insert_rows, sql_str
 
@@ -65,6 +65,7 @@ class BatchPool:
         self.pending: list[_Pending] = []
         self.bytes = 0
         _sweep_stale_batches(prefix)
+        _sweep_unreferenced(prefix)
 
     def take(self, run_dir: Path, paths: Sequence[Path], meta: dict[str, Any], *, include_last: bool) -> bool:
         """Add the segments of one process that have no valid copy, when each is small; False (nothing added, nothing
@@ -77,7 +78,7 @@ class BatchPool:
         plan: list[tuple[int, Path, Path, Manifest | None, int]] = []
         for i, path in enumerate(paths):
             mpath = self.prefix / manifest_path(session, run, path.name)
-            existing = read_manifest(mpath)
+            existing = read_manifest(mpath, KEPT_SINCE)
             if existing is not None and not self.force and not manifest_is_valid(existing, self.prefix, path):
                 plan.append((i, path, mpath, existing, 0))
                 continue
@@ -130,7 +131,7 @@ class BatchPool:
                 except (OSError, TimeoutError) as exc:
                     self.result.errors.append(f"{p.path}: {exc}")
                     continue
-                existing = read_manifest(p.manifest)  # another compactor may have done it while we gathered
+                existing = read_manifest(p.manifest, KEPT_SINCE)  # another compactor may have done it while we gathered
                 if existing is not None and not self.force and not manifest_is_valid(existing, self.prefix, p.path):
                     self.result.skipped += 1
                     continue
@@ -178,6 +179,32 @@ def _sweep_stale_batches(prefix: Path) -> None:
                 shutil.rmtree(folder, ignore_errors=True)
 
 
+def _sweep_unreferenced(prefix: Path) -> None:
+    """Remove the shared files no manifest names any more: a batch killed before its manifests, or whose segments
+    were all compacted again since (their JSONL grew, ``--force``). Only old ones: a live compactor renames a batch's
+    files into place seconds before writing its manifests, and a reader that read the manifests before they were
+    replaced may still be reading the files they named."""
+    try:
+        old = [f for f in (prefix / SHARED_DIR).rglob("*.parquet")
+               if time.time() - f.stat().st_mtime > STALE_BATCH_S]
+    except OSError:
+        return
+    if not old:
+        return
+    referenced: set[str] = set()
+    try:
+        for path in (prefix / SEGMENTS_DIR).rglob("*.json"):
+            manifest = read_manifest(path, 0)
+            if manifest is not None:
+                referenced.update(os.path.normpath(prefix / str(f.get("path", ""))) for f in manifest.files)
+    except (OSError, ColumnarVersionError):
+        return  # a manifest unreadable or of a newer version: keep every file rather than guess
+    for f in old:
+        if os.path.normpath(f) not in referenced:
+            with contextlib.suppress(OSError):
+                f.unlink()
+
+
 def _columns(table: str) -> str:
     return ", ".join(f'"{name}"' for name, _ in COLUMNS[table])
 
@@ -203,10 +230,13 @@ def _compact_batch(con: Any, todo: list[_Pending], prefix: Path) -> list[Manifes
         for k, found in enumerate(headers):
             for (session, run, rank), _ in found:
                 parts.setdefault((k, session, run, int(rank)), len(parts))
-        con.execute("CREATE OR REPLACE TEMP TABLE batch_parts (batch_file INTEGER, session VARCHAR, run VARCHAR, "
-                    "rank BIGINT, pk INTEGER)")
-        insert_rows(con, "batch_parts", [(*key, pk) for key, pk in parts.items()])
-        joined = f"(SELECT s.*, p.pk FROM {seg} s JOIN batch_parts p USING (batch_file, session, run, rank))"
+        # one file a table for each (session, run) of the batch, its segments told apart by ``source``
+        groups: dict[tuple[str, str], int] = {}
+        for p in todo:
+            groups.setdefault((p.session, p.run), len(groups))
+        con.execute("CREATE OR REPLACE TEMP TABLE batch_parts (batch_file INTEGER, source VARCHAR, g INTEGER)")
+        insert_rows(con, "batch_parts", [(k, p.path.name, groups[(p.session, p.run)]) for k, p in enumerate(todo)])
+        joined = f"(SELECT s.*, p.source, p.g FROM {seg} s JOIN batch_parts p USING (batch_file))"
         rows: dict[tuple[str, int], int] = {}  # (table, partition) -> rows
         for k, kind, session, run, rank, n, reports in counts:
             if kind is None:
@@ -216,15 +246,19 @@ def _compact_batch(con: Any, todo: list[_Pending], prefix: Path) -> list[Manifes
             rows[(TABLES[kind], pk)] = int(n)
             if reports:
                 rows[(REPORTS_TABLE, pk)] = int(reports)
-        queries = {table: f"SELECT {_columns(table)}, pk FROM {joined} WHERE kind = '{kind}' ORDER BY pk, line"
-                   for kind, table in TABLES.items()}
-        queries[REPORTS_TABLE] = f"{report_rows_sql(joined, extra=', pk')} ORDER BY pk, line"
+        shared = ", session, run, rank, source"  # the Hive partitions of a segment's own files, as columns
+        queries = {table: f"SELECT {_columns(table)}{shared}, g FROM {joined} WHERE kind = '{kind}' "
+                          f"ORDER BY g, batch_file, line" for kind, table in TABLES.items()}
+        queries[REPORTS_TABLE] = (f"{report_rows_sql(joined, extra=shared + ', g, batch_file')} "
+                                  "ORDER BY g, batch_file, line")
         if any(headers):
             con.execute("CREATE OR REPLACE TEMP TABLE batch_hdr (" + ", ".join(
-                f"{n} {t}" for n, t in COLUMNS[PROCESS_TABLE]) + ", pk INTEGER)")
-            insert_rows(con, "batch_hdr", [(*row, parts[(k, s, r, int(rank))]) for k, found in enumerate(headers)
-                                           for (s, r, rank), row in found])
-            queries[PROCESS_TABLE] = "SELECT * FROM batch_hdr ORDER BY pk, line"
+                f"{n} {t}" for n, t in COLUMNS[PROCESS_TABLE]) + ", session VARCHAR, run VARCHAR, rank BIGINT, "
+                "source VARCHAR, g INTEGER, batch_file INTEGER)")
+            insert_rows(con, "batch_hdr", [(*row, s, r, int(rank), todo[k].path.name,
+                                            groups[(todo[k].session, todo[k].run)], k)
+                                           for k, found in enumerate(headers) for (s, r, rank), row in found])
+            queries[PROCESS_TABLE] = "SELECT * EXCLUDE (batch_file) FROM batch_hdr ORDER BY g, batch_file, line"
             for (k, s, r, rank), pk in parts.items():
                 n = sum(1 for part, _ in headers[k] if part == (s, r, rank))
                 if n:
@@ -236,25 +270,36 @@ def _compact_batch(con: Any, todo: list[_Pending], prefix: Path) -> list[Manifes
             meta = f"{{telemetrain_schema_version: '{SCHEMA_VERSION}', telemetrain_table: '{table}'}}"
             out = tmp / table
             make_dirs_under(prefix, out)
+            if table == REPORTS_TABLE:
+                query = f"SELECT * EXCLUDE (batch_file) FROM ({query})"
             con.execute(f"COPY ({query}) TO {sql_str(str(out))} (FORMAT parquet, "
                         f"COMPRESSION zstd, COMPRESSION_LEVEL {ZSTD_LEVEL}, PARQUET_VERSION v2, "
                         f"ROW_GROUP_SIZE {ROW_GROUP_ROWS.get(table, ROW_GROUP_ROWS_DEFAULT)}, KV_METADATA {meta}, "
-                        "PARTITION_BY (pk), FILENAME_PATTERN 'f', OVERWRITE_OR_IGNORE)")
-        files: list[list[dict[str, Any]]] = [[] for _ in todo]
-        records: list[dict[str, int]] = [{} for _ in todo]
-        for (k, session, run, rank), pk in parts.items():  # each file to its place, as compact_segment names it
-            stem = todo[k].path.name.removesuffix(".jsonl")
+                        "PARTITION_BY (g), FILENAME_PATTERN 'f', OVERWRITE_OR_IGNORE)")
+        # each (table, group)'s file to its place: rows, segments and ranks of each segment in it
+        per_file: dict[tuple[str, int], dict[int, tuple[int, set[int]]]] = {}
+        for (k, _, _, rank), pk in parts.items():
             for table in (*TABLES.values(), REPORTS_TABLE, PROCESS_TABLE):
                 n = rows.get((table, pk))
-                if not n:
-                    continue
-                written = list((tmp / table / f"pk={pk}").iterdir())
-                if len(written) != 1:
-                    raise ValueError(f"expected one Parquet file of {table} in partition {pk}, found {len(written)}")
-                rel = f"{partition_dir(table, session, run, rank)}/{stem}.parquet"
-                make_dirs_under(prefix, (prefix / rel).parent)
-                os.replace(written[0], prefix / rel)
-                files[k].append({"table": table, "path": rel, "bytes": (prefix / rel).stat().st_size, "rows": n})
+                if n:
+                    seen = per_file.setdefault((table, groups[(todo[k].session, todo[k].run)]), {})
+                    total, ranks = seen.get(k, (0, set()))
+                    seen[k] = (total + n, ranks | {int(rank)})
+        files: list[list[dict[str, Any]]] = [[] for _ in todo]
+        records: list[dict[str, int]] = [{} for _ in todo]
+        names = {g: key for key, g in groups.items()}
+        batch = tmp.name.removesuffix(".tmp").removeprefix(".")
+        for (table, g), segments in sorted(per_file.items()):
+            written = list((tmp / table / f"g={g}").iterdir())
+            if len(written) != 1:
+                raise ValueError(f"expected one Parquet file of {table} in group {g}, found {len(written)}")
+            rel = f"{shared_dir(table, *names[g])}/{batch}.parquet"
+            make_dirs_under(prefix, (prefix / rel).parent)
+            os.replace(written[0], prefix / rel)
+            size = (prefix / rel).stat().st_size
+            for k, (n, ranks) in segments.items():
+                files[k].append({"table": table, "path": rel, "bytes": size, "rows": n, "source": todo[k].path.name,
+                                 "segments": len(segments), "ranks": sorted(ranks)})
                 if table != REPORTS_TABLE:
                     records[k][table] = records[k].get(table, 0) + n
     finally:

@@ -12,10 +12,13 @@ from urllib.parse import quote
 
 from .columnar import SCHEMA_VERSION, ColumnarVersionError
 
-__all__ = ["SEGMENTS_DIR", "Manifest", "hive_value", "manifest_is_valid", "manifest_path", "partition_dir",
-           "read_manifest"]
+__all__ = ["SEGMENTS_DIR", "SHARED_DIR", "Manifest", "hive_value", "manifest_is_valid", "manifest_path",
+           "partition_dir", "read_manifest", "shared_dir"]
 
 SEGMENTS_DIR = "_segments"
+# the files a batch of segments shares (schema version 4): ``_shared/<table>/session=S/run=R/<batch>.parquet``, apart
+# from the Hive tree of one file a segment, whose partition columns they hold as columns instead (with ``source``)
+SHARED_DIR = "_shared"
 
 
 def hive_value(value: str | int) -> str:
@@ -25,6 +28,10 @@ def hive_value(value: str | int) -> str:
 
 def partition_dir(table: str, session: str, run: str, rank: int) -> str:
     return f"{table}/session={hive_value(session)}/run={hive_value(run)}/rank={rank}"
+
+
+def shared_dir(table: str, session: str, run: str) -> str:
+    return f"{SHARED_DIR}/{table}/session={hive_value(session)}/run={hive_value(run)}"
 
 
 def manifest_path(session: str, run: str, segment_name: str) -> str:
@@ -45,7 +52,10 @@ class Manifest:
     torn: int
     corrupt: int
     records: dict[str, int]  # table -> rows
-    files: list[dict[str, Any]]  # {"table", "path" (relative to the prefix), "bytes", "rows"}
+    # {"table", "path" (relative to the prefix), "bytes", "rows"}; a file shared by a batch's segments also has
+    # "source" (its rows' value of the column ``source``: this segment's file name), "segments" (how many segments'
+    # rows the file holds) and "ranks" (the ranks of this segment's rows in it)
+    files: list[dict[str, Any]]
     last_identity: dict[str, Any] | None  # the identity in force at the segment's end (for the next one)
     compacted_wall_ns: int = 0
     seconds: float = 0.0
