@@ -1,6 +1,7 @@
-"""Compaction of many small segments together (``store.compact_batch``): the copy holds the rows a segment at a time
-writes, segment for segment and row for row, in one file a table for the batch (damaged lines, an identity change inside a file, a restarted session of four
-ranks, reports, headers), and the number of statements does not grow with the segments."""
+"""Compaction of many small segments together (``store.compact_batch``): the copy holds the rows a segment at a
+time writes, segment for segment and row for row, in one file a table for the batch (damaged lines, an identity
+change inside a file, a restarted session of four ranks, reports, headers), and the number of statements does not
+grow with the segments."""
 
 from __future__ import annotations
 

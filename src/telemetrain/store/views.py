@@ -75,12 +75,12 @@ Shared = dict[str, list[Any]]
 
 
 def create_shared_keep(con: Any, shared: dict[str, Shared]) -> None:
-    """The temporary table ``shared_keep`` (tbl, session, run, source): the trusted segments of the shared files
-    not trusted whole."""
-    con.execute("CREATE OR REPLACE TEMP TABLE shared_keep (tbl VARCHAR, session VARCHAR, run VARCHAR, "
-                "source VARCHAR)")
-    insert_rows(con, "shared_keep", [(table, *key) for table, files in shared.items()
-                                     for total, keys in files.values() if len(set(keys)) < total
+    """The temporary table ``shared_keep`` (tbl, filename, session, run, source): the trusted segments of each
+    shared file not trusted whole."""
+    con.execute("CREATE OR REPLACE TEMP TABLE shared_keep (tbl VARCHAR, filename VARCHAR, session VARCHAR, "
+                "run VARCHAR, source VARCHAR)")
+    insert_rows(con, "shared_keep", [(table, file, *key) for table, files in shared.items()
+                                     for file, (total, keys) in files.items() if len(set(keys)) < total
                                      for key in set(keys)])
 
 
@@ -103,9 +103,11 @@ def parquet_sql(con: Any, table: str, plain: list[str], shared: Shared, variable
     if whole:
         out.append(f"SELECT {cols} FROM read_parquet({listed('_shared', whole)}, hive_partitioning = false)")
     if part:
-        out.append(f"SELECT {cols} FROM read_parquet({listed('_part', part)}, hive_partitioning = false) "
-                   f"WHERE (session, run, source) IN (SELECT (session, run, source) FROM shared_keep "
-                   f"WHERE tbl = {sql_str(table)})")
+        # by file too: two files of one run may each hold some rows of a segment (a kill between the manifests of
+        # a batch that replaced an older one: some segments trust the old file, the others the new one)
+        out.append(f"SELECT {cols} FROM read_parquet({listed('_part', part)}, hive_partitioning = false, "
+                   f"filename = true) WHERE (filename, session, run, source) IN (SELECT (filename, session, run, "
+                   f"source) FROM shared_keep WHERE tbl = {sql_str(table)})")
     return out
 
 
