@@ -129,6 +129,10 @@ def test_compacting_many_small_segments_writes_each_table_once_a_batch(tmp_path:
     # one file a table for the batch, not one a table for each segment (14,336 small files for 2,048 ranks made
     # every query over the copy list and open them all)
     assert len(list((run / COLUMNAR_DIR).rglob("*.parquet"))) == len(tables)
+    # a tree for other engines (--to) keeps the Hive layout whole: a segment's own files, none shared
+    tree = tmp_path / "tree"
+    assert compact(run, str(tree)).segments == ranks
+    assert len(list(tree.rglob("*.parquet"))) == ranks * len(tables) and not (tree / SHARED_DIR).exists()
 
 
 def test_a_batch_that_fails_is_compacted_a_segment_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -308,12 +308,13 @@ def compact(path: str | os.PathLike[str], dest: str | None = None, *, force: boo
                 continue
             if target is not None:
                 with tempfile.TemporaryDirectory(prefix="telemetrain-compact-") as tmp:
-                    _compact_run(con, run_dir, Path(tmp), result, include_last=include_last, force=True)
+                    _compact_run(con, run_dir, Path(tmp), result, include_last=include_last, force=True,
+                                 share=False)
                     _upload(Path(tmp), str(dest), *target)
             else:
                 prefix = Path(dest.removeprefix("file://")) if dest is not None else run_dir / COLUMNAR_DIR
                 _compact_run(con, run_dir, prefix, result, include_last=include_last, force=force,
-                             prefix_parents=dest is not None)
+                             prefix_parents=dest is not None, share=dest is None)
     finally:
         con.close()
     result.seconds = time.perf_counter() - t0
@@ -321,12 +322,14 @@ def compact(path: str | os.PathLike[str], dest: str | None = None, *, force: boo
 
 
 def _compact_run(con: Any, run_dir: Path, prefix: Path, result: CompactResult, *, include_last: bool, force: bool,
-                 prefix_parents: bool = True) -> None:
+                 prefix_parents: bool = True, share: bool = True) -> None:
     """The segments of a run without a valid copy: those of processes whose segments are all small together
-    (``compact_batch``: thousands of ranks of a segment or two each), the others a process at a time."""
+    (``compact_batch``: thousands of ranks of a segment or two each), the others a process at a time. ``share``:
+    a batch's segments share a file per table (the run's own copy, which telemetrain's readers read by its
+    manifests), else each has its own files (a ``--to`` tree, for engines that read its Hive layout as it is)."""
     from .compact_batch import BatchPool
 
-    pool = BatchPool(con, prefix, result, force=force, prefix_parents=prefix_parents)
+    pool = BatchPool(con, prefix, result, force=force, prefix_parents=prefix_parents, share=share)
     for _, paths, meta in segment_plan(run_dir):
         if not pool.take(run_dir, paths, meta, include_last=include_last):
             compact_process(con, run_dir, paths, meta, prefix, result, include_last=include_last, force=force,

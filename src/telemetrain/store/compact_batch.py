@@ -29,7 +29,16 @@ from typing import Any
 from ..identity import Identity
 from .columnar import COLUMNS, KEPT_SINCE, PROCESS_TABLE, SCHEMA_VERSION, TABLES, ColumnarVersionError, Prescan, prescan
 from .convert import convert_batch, header_rows
-from .manifest import SEGMENTS_DIR, SHARED_DIR, Manifest, manifest_is_valid, manifest_path, read_manifest, shared_dir
+from .manifest import (
+    SEGMENTS_DIR,
+    SHARED_DIR,
+    Manifest,
+    manifest_is_valid,
+    manifest_path,
+    partition_dir,
+    read_manifest,
+    shared_dir,
+)
 from .report_rows import REPORT, REPORTS_TABLE, report_rows_sql
 from .views import insert_rows, sql_str
 
@@ -59,8 +68,8 @@ class BatchPool:
     """Segments of small processes gathered (``take``) and compacted a batch at a time (``flush``) under ``prefix``."""
 
     def __init__(self, con: Any, prefix: Path, result: Any, *, force: bool = False, lock: bool = True,
-                 prefix_parents: bool = True) -> None:
-        self.con, self.prefix, self.result = con, prefix, result
+                 prefix_parents: bool = True, share: bool = True) -> None:
+        self.con, self.prefix, self.result, self.share = con, prefix, result, share
         self.force, self.lock, self.prefix_parents = force, lock, prefix_parents
         self.pending: list[_Pending] = []
         self.bytes = 0
@@ -139,7 +148,7 @@ class BatchPool:
             if not todo:
                 return
             try:
-                manifests = _compact_batch(self.con, todo, self.prefix)
+                manifests = _compact_batch(self.con, todo, self.prefix, self.share)
             except Exception:  # noqa: BLE001 - one bad segment must not stop the others: each alone, as before
                 manifests = self._one_at_a_time(todo)
         for manifest in manifests:
@@ -209,7 +218,64 @@ def _columns(table: str) -> str:
     return ", ".join(f'"{name}"' for name, _ in COLUMNS[table])
 
 
-def _compact_batch(con: Any, todo: list[_Pending], prefix: Path) -> list[Manifest]:
+_TABLES_ALL = (*TABLES.values(), REPORTS_TABLE, PROCESS_TABLE)
+
+
+def _place_own(prefix: Path, tmp: Path, todo: list[_Pending], parts: dict[tuple[int, str, str, int], int],
+               rows: dict[tuple[str, int], int], files: list[list[dict[str, Any]]],
+               records: list[dict[str, int]]) -> None:
+    """Each (segment, rank partition)'s file of each table to the place ``compact_segment`` gives it."""
+    from .compact import make_dirs_under
+
+    for (k, session, run, rank), pk in parts.items():
+        stem = todo[k].path.name.removesuffix(".jsonl")
+        for table in _TABLES_ALL:
+            n = rows.get((table, pk))
+            if not n:
+                continue
+            written = list((tmp / table / f"pk={pk}").iterdir())
+            if len(written) != 1:
+                raise ValueError(f"expected one Parquet file of {table} in partition {pk}, found {len(written)}")
+            rel = f"{partition_dir(table, session, run, rank)}/{stem}.parquet"
+            make_dirs_under(prefix, (prefix / rel).parent)
+            os.replace(written[0], prefix / rel)
+            files[k].append({"table": table, "path": rel, "bytes": (prefix / rel).stat().st_size, "rows": n})
+            if table != REPORTS_TABLE:
+                records[k][table] = records[k].get(table, 0) + n
+
+
+def _place_shared(prefix: Path, tmp: Path, todo: list[_Pending], parts: dict[tuple[int, str, str, int], int],
+                  rows: dict[tuple[str, int], int], groups: dict[tuple[str, str], int],
+                  files: list[list[dict[str, Any]]], records: list[dict[str, int]]) -> None:
+    """Each (table, session and run)'s shared file to its place, named by the batch; each segment's entry for it."""
+    from .compact import make_dirs_under
+
+    per_file: dict[tuple[str, int], dict[int, tuple[int, set[int]]]] = {}  # -> segment -> (rows, ranks)
+    for (k, _, _, rank), pk in parts.items():
+        for table in _TABLES_ALL:
+            n = rows.get((table, pk))
+            if n:
+                seen = per_file.setdefault((table, groups[(todo[k].session, todo[k].run)]), {})
+                total, ranks = seen.get(k, (0, set()))
+                seen[k] = (total + n, ranks | {int(rank)})
+    names = {g: key for key, g in groups.items()}
+    batch = tmp.name.removesuffix(".tmp").removeprefix(".")
+    for (table, g), segments in sorted(per_file.items()):
+        written = list((tmp / table / f"g={g}").iterdir())
+        if len(written) != 1:
+            raise ValueError(f"expected one Parquet file of {table} in group {g}, found {len(written)}")
+        rel = f"{shared_dir(table, *names[g])}/{batch}.parquet"
+        make_dirs_under(prefix, (prefix / rel).parent)
+        os.replace(written[0], prefix / rel)
+        size = (prefix / rel).stat().st_size
+        for k, (n, ranks) in segments.items():
+            files[k].append({"table": table, "path": rel, "bytes": size, "rows": n, "source": todo[k].path.name,
+                             "segments": len(segments), "ranks": sorted(ranks)})
+            if table != REPORTS_TABLE:
+                records[k][table] = records[k].get(table, 0) + n
+
+
+def _compact_batch(con: Any, todo: list[_Pending], prefix: Path, share: bool = True) -> list[Manifest]:
     from .compact import ROW_GROUP_ROWS, ROW_GROUP_ROWS_DEFAULT, ZSTD_LEVEL, make_dirs_under
 
     t0 = time.perf_counter()
@@ -230,13 +296,17 @@ def _compact_batch(con: Any, todo: list[_Pending], prefix: Path) -> list[Manifes
         for k, found in enumerate(headers):
             for (session, run, rank), _ in found:
                 parts.setdefault((k, session, run, int(rank)), len(parts))
-        # one file a table for each (session, run) of the batch, its segments told apart by ``source``
+        # shared: one file a table for each (session, run) of the batch, its segments told apart by ``source``;
+        # else one file a table for each (segment, rank partition), named as ``compact_segment`` names it
         groups: dict[tuple[str, str], int] = {}
         for p in todo:
             groups.setdefault((p.session, p.run), len(groups))
-        con.execute("CREATE OR REPLACE TEMP TABLE batch_parts (batch_file INTEGER, source VARCHAR, g INTEGER)")
-        insert_rows(con, "batch_parts", [(k, p.path.name, groups[(p.session, p.run)]) for k, p in enumerate(todo)])
-        joined = f"(SELECT s.*, p.source, p.g FROM {seg} s JOIN batch_parts p USING (batch_file))"
+        con.execute("CREATE OR REPLACE TEMP TABLE batch_parts (batch_file INTEGER, session VARCHAR, run VARCHAR, "
+                    "rank BIGINT, pk INTEGER, source VARCHAR, g INTEGER)")
+        insert_rows(con, "batch_parts", [(k, s, r, rank, pk, todo[k].path.name, groups[(todo[k].session, todo[k].run)])
+                                         for (k, s, r, rank), pk in parts.items()])
+        joined = (f"(SELECT s.*, p.pk, p.source, p.g FROM {seg} s "
+                  "JOIN batch_parts p USING (batch_file, session, run, rank))")
         rows: dict[tuple[str, int], int] = {}  # (table, partition) -> rows
         for k, kind, session, run, rank, n, reports in counts:
             if kind is None:
@@ -246,19 +316,21 @@ def _compact_batch(con: Any, todo: list[_Pending], prefix: Path) -> list[Manifes
             rows[(TABLES[kind], pk)] = int(n)
             if reports:
                 rows[(REPORTS_TABLE, pk)] = int(reports)
-        shared = ", session, run, rank, source"  # the Hive partitions of a segment's own files, as columns
-        queries = {table: f"SELECT {_columns(table)}{shared}, g FROM {joined} WHERE kind = '{kind}' "
-                          f"ORDER BY g, batch_file, line" for kind, table in TABLES.items()}
-        queries[REPORTS_TABLE] = (f"{report_rows_sql(joined, extra=shared + ', g, batch_file')} "
-                                  "ORDER BY g, batch_file, line")
+        # (a shared file holds the Hive partitions of a segment's own files as columns)
+        extra, key, order = (", session, run, rank, source", "g", "g, batch_file, line") if share else \
+            ("", "pk", "pk, line")
+        queries = {table: f"SELECT {_columns(table)}{extra}, {key} FROM {joined} WHERE kind = '{kind}' "
+                          f"ORDER BY {order}" for kind, table in TABLES.items()}
+        queries[REPORTS_TABLE] = (f"SELECT * EXCLUDE (batch_file) FROM ("
+                                  f"{report_rows_sql(joined, extra=f'{extra}, {key}, batch_file')} ORDER BY {order})")
         if any(headers):
             con.execute("CREATE OR REPLACE TEMP TABLE batch_hdr (" + ", ".join(
                 f"{n} {t}" for n, t in COLUMNS[PROCESS_TABLE]) + ", session VARCHAR, run VARCHAR, rank BIGINT, "
-                "source VARCHAR, g INTEGER, batch_file INTEGER)")
+                "source VARCHAR, g INTEGER, batch_file INTEGER, pk INTEGER)")
             insert_rows(con, "batch_hdr", [(*row, s, r, int(rank), todo[k].path.name,
-                                            groups[(todo[k].session, todo[k].run)], k)
+                                            groups[(todo[k].session, todo[k].run)], k, parts[(k, s, r, int(rank))])
                                            for k, found in enumerate(headers) for (s, r, rank), row in found])
-            queries[PROCESS_TABLE] = "SELECT * EXCLUDE (batch_file) FROM batch_hdr ORDER BY g, batch_file, line"
+            queries[PROCESS_TABLE] = f"SELECT {_columns(PROCESS_TABLE)}{extra}, {key} FROM batch_hdr ORDER BY {order}"
             for (k, s, r, rank), pk in parts.items():
                 n = sum(1 for part, _ in headers[k] if part == (s, r, rank))
                 if n:
@@ -270,38 +342,16 @@ def _compact_batch(con: Any, todo: list[_Pending], prefix: Path) -> list[Manifes
             meta = f"{{telemetrain_schema_version: '{SCHEMA_VERSION}', telemetrain_table: '{table}'}}"
             out = tmp / table
             make_dirs_under(prefix, out)
-            if table == REPORTS_TABLE:
-                query = f"SELECT * EXCLUDE (batch_file) FROM ({query})"
             con.execute(f"COPY ({query}) TO {sql_str(str(out))} (FORMAT parquet, "
                         f"COMPRESSION zstd, COMPRESSION_LEVEL {ZSTD_LEVEL}, PARQUET_VERSION v2, "
                         f"ROW_GROUP_SIZE {ROW_GROUP_ROWS.get(table, ROW_GROUP_ROWS_DEFAULT)}, KV_METADATA {meta}, "
-                        "PARTITION_BY (g), FILENAME_PATTERN 'f', OVERWRITE_OR_IGNORE)")
-        # each (table, group)'s file to its place: rows, segments and ranks of each segment in it
-        per_file: dict[tuple[str, int], dict[int, tuple[int, set[int]]]] = {}
-        for (k, _, _, rank), pk in parts.items():
-            for table in (*TABLES.values(), REPORTS_TABLE, PROCESS_TABLE):
-                n = rows.get((table, pk))
-                if n:
-                    seen = per_file.setdefault((table, groups[(todo[k].session, todo[k].run)]), {})
-                    total, ranks = seen.get(k, (0, set()))
-                    seen[k] = (total + n, ranks | {int(rank)})
+                        f"PARTITION_BY ({key}), FILENAME_PATTERN 'f', OVERWRITE_OR_IGNORE)")
         files: list[list[dict[str, Any]]] = [[] for _ in todo]
         records: list[dict[str, int]] = [{} for _ in todo]
-        names = {g: key for key, g in groups.items()}
-        batch = tmp.name.removesuffix(".tmp").removeprefix(".")
-        for (table, g), segments in sorted(per_file.items()):
-            written = list((tmp / table / f"g={g}").iterdir())
-            if len(written) != 1:
-                raise ValueError(f"expected one Parquet file of {table} in group {g}, found {len(written)}")
-            rel = f"{shared_dir(table, *names[g])}/{batch}.parquet"
-            make_dirs_under(prefix, (prefix / rel).parent)
-            os.replace(written[0], prefix / rel)
-            size = (prefix / rel).stat().st_size
-            for k, (n, ranks) in segments.items():
-                files[k].append({"table": table, "path": rel, "bytes": size, "rows": n, "source": todo[k].path.name,
-                                 "segments": len(segments), "ranks": sorted(ranks)})
-                if table != REPORTS_TABLE:
-                    records[k][table] = records[k].get(table, 0) + n
+        if share:
+            _place_shared(prefix, tmp, todo, parts, rows, groups, files, records)
+        else:
+            _place_own(prefix, tmp, todo, parts, rows, files, records)
     finally:
         for name in ("batch_parts", "batch_hdr", seg):
             con.execute(f"DROP TABLE IF EXISTS {name}")
