@@ -1,16 +1,20 @@
 """Compaction of many small segments together (``telemetrain compact`` of a run of thousands of ranks, one or a few
-small segments each): the same copy, file for file, as ``compact.compact_segment`` writes one segment at a time, in a
-few statements per batch rather than ~10 per segment.
+small segments each): the rows ``compact.compact_segment`` writes one segment at a time, in a few statements per
+batch rather than ~10 per segment, and in a few files.
 
 A segment converted alone cost ~0.17 s whatever its size (BENCHMARKS.md, "Many ranks, few iterations"): DuckDB
 planning its conversion (~60 ms), a ``COPY`` per Parquet file (~8 ms each, seven files) and the typed reports' query
 (~45 ms of planning). Here the segments of a batch are converted by one statement (``convert.convert_batch``, as the
-engine converts JSONL tails), and each table is written by one ``COPY ... PARTITION_BY`` whose partitions are the
-(segment, rank partition) pairs: DuckDB writes every segment's file of that table in one pass, to a temporary
-directory under the prefix. Each file is then renamed to the name ``compact_segment`` gives it, and each segment's
-manifest written last, as before: the layout, the manifests and what makes a copy trusted are unchanged (a crash
-leaves files without a manifest, which the next compaction replaces). Each segment of a batch is locked
-(``compact.segment_lock``) and its manifest checked again once the lock is held, as ``compact_process`` does.
+engine converts JSONL tails), and each table is written by one ``COPY ... PARTITION_BY``, to a temporary directory
+under the prefix. In a run's own copy (``share``) its partitions are the batch's runs: one file per table and run,
+shared by the segments (schema version 4, ``_shared/``), their rows told apart by the column ``source``: 2,048 ranks
+of one segment each made 14,336 small files, which every query listed and opened (3-4x slower than reading the
+JSONL). Otherwise (a ``--to`` tree, read by other engines as Hive) its partitions are the (segment, rank partition)
+pairs, each file renamed to the name ``compact_segment`` gives it. Either way each segment's manifest is written
+last, naming its files: a crash leaves files no manifest names (a later compaction replaces the segments' copies and
+sweeps such shared files once old), and a reader trusts a segment's rows of a shared file only through its manifest
+(``views.parquet_sql``). Each segment of a batch is locked (``compact.segment_lock``) and its manifest checked again
+once the lock is held, as ``compact_process`` does.
 """
 
 from __future__ import annotations
