@@ -1,7 +1,7 @@
 """A batch's shared files under a real SIGKILL: a compactor killed at any point of a batch (before its files are in
 place, between them, between its segments' manifests) leaves a run every reader reads as its JSONL, whether the run
 had no copy or an older one (``--force``); the next compaction finishes the copy, and the files no manifest names
-any more are swept once old."""
+any more are swept once old. And a run still being written: a segment that grew moves to a new file, the others stay."""
 
 from __future__ import annotations
 
@@ -88,4 +88,26 @@ def test_a_compactor_killed_mid_batch_leaves_a_run_read_as_its_jsonl(tmp_path: P
         os.utime(p, (old, old))
     assert compact(run).skipped == 4
     assert sorted(os.path.normpath(p) for p in (run / COLUMNAR_DIR / SHARED_DIR).rglob("*.parquet")) == sorted(named)
+    assert _tables(run) == expected
+
+
+def test_a_segment_that_grew_is_read_once_from_its_shared_file_and_then_from_its_own(tmp_path: Path) -> None:
+    """A run still being written: a segment of a batch grows after compaction. Its shared file still serves the lines
+    it covered (the rest from the JSONL); compacted again, the segment moves to a new batch's file while the others
+    keep the old one, which is then read for their rows only."""
+    run = _write_run(tmp_path, ranks=4, n=30)
+    assert compact(run).segments == 4
+    grown = sorted(run.glob("rank-1.*.jsonl"))[0]
+    with open(grown, "a") as fh:
+        fh.write('{"v":2,"kind":"metric","mono_ns":9,"wall_ns":9,"group":"g","name":"late","value":2}\n')
+    jsonl = tmp_path / "jsonl"
+    shutil.copytree(run, jsonl / "s" / "r1", ignore=shutil.ignore_patterns(COLUMNAR_DIR))
+    expected = _tables(jsonl / "s" / "r1")
+    assert _tables(run) == expected  # the copy's rows and the new line, once each
+    assert compact(run).segments == 1
+    with Engine([run]) as engine:
+        assert engine.tail_segments == 0
+        partial = [f for f, (total, keys) in engine.shared["metrics"].items() if len(set(keys)) < total]
+        assert len(partial) == 1 and len(engine.shared["metrics"]) == 2
+        assert engine.scalar("SELECT count(*) FROM metrics WHERE name = 'late'") == 1
     assert _tables(run) == expected
