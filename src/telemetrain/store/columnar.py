@@ -1,15 +1,17 @@
-"""The columnar copy of the run store: its schema (version 2), and JSONL segments -> typed rows, in DuckDB SQL.
+"""The columnar copy of the run store: its schema (version 4), and JSONL segments -> typed rows, in DuckDB SQL.
 
 docs/format.md ("Columnar copy") documents every table and column; this module is the one place that defines them.
 One table per record kind, partitioned Hive-style by the identity every engine groups by::
 
     <prefix>/<table>/session=<session_tag>/run=<run_id>/rank=<rank>/<segment stem>.parquet
+    <prefix>/_shared/<table>/session=<session_tag>/run=<run_id>/<batch>.parquet   a batch's segments (version 4)
     <prefix>/_segments/<segment file name>.json          the manifest of one compacted segment (written last)
 
 ``<prefix>`` is ``<run_dir>/_columnar`` for the copy kept beside a run, or any directory or object-store URL given to
 ``telemetrain compact --to``. The partition columns (``session``, ``run``, ``rank``) live only in the paths, as Hive
-and every engine reading its layout expect; the other identity fields are columns (constant per file, so they cost
-a few bytes after dictionary and run-length encoding).
+and every engine reading its layout expect (a shared file, ``compact_batch``, holds them as columns, with
+``source``); the other identity fields are columns (constant per file, so they cost a few bytes after dictionary
+and run-length encoding).
 
 Conversion rules are ``codec.decode_line``'s, expressed in SQL (``typed_rows_sql``): a line with a field of the wrong
 type is corrupt and skipped, a last line without its newline is torn; the same lines are kept as the Python reader
