@@ -1,6 +1,7 @@
-"""Compaction of many small segments together (``store.compact_batch``): the copy is the one a segment at a time
-writes, file for file and row for row (damaged lines, an identity change inside a file, a restarted session of four
-ranks, reports, headers), and the number of statements does not grow with the segments."""
+"""Compaction of many small segments together (``store.compact_batch``): the copy holds the rows a segment at a
+time writes, segment for segment and row for row, in one file a table for the batch (damaged lines, an identity
+change inside a file, a restarted session of four ranks, reports, headers), and the number of statements does not
+grow with the segments."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ duckdb = pytest.importorskip("duckdb")
 from telemetrain.store import compact as compact_module  # noqa: E402
 from telemetrain.store import compact_batch  # noqa: E402
 from telemetrain.store.compact import COLUMNAR_DIR, compact  # noqa: E402
-from telemetrain.store.manifest import SEGMENTS_DIR  # noqa: E402
+from telemetrain.store.manifest import SEGMENTS_DIR, SHARED_DIR  # noqa: E402
 from test_reader_damage import DAMAGED, _write_run  # noqa: E402
 from test_report import _write_session  # noqa: E402
 
@@ -37,31 +38,41 @@ def _runs(root: Path) -> list[Path]:
 
 
 def _copy(run: Path) -> dict[str, Any]:
-    """Every manifest (less when and how long) and every Parquet file's rows and key-value metadata of a run's copy."""
+    """Every manifest (less when and how long, and where its files are) with each of its segment's rows and
+    key-value metadata by table: a segment's own files (one a rank partition) and a batch's shared files (their rows
+    of the segment's ``source``) give the same rows."""
     base = run / COLUMNAR_DIR
     out: dict[str, Any] = {}
     con = duckdb.connect()
-    for f in sorted(base.rglob("*")):
-        rel = f.relative_to(base).as_posix()
-        if f.name.startswith(".") or f.is_dir():
-            continue
-        if rel.startswith(SEGMENTS_DIR):
-            manifest = json.loads(f.read_text())
-            for key in ("compacted_wall_ns", "seconds"):
-                manifest.pop(key)
-            manifest["files"] = sorted(manifest["files"], key=lambda e: e["path"])
-            for entry in manifest["files"]:
-                entry.pop("bytes")  # (the same rows: a byte or two of the encoder's statistics may differ)
-            out[rel] = manifest
-        else:
-            # (by repr: a NaN is not equal to itself)
-            out[rel] = (repr(con.execute(f"SELECT * FROM read_parquet('{f}', hive_partitioning = false)").fetchall()),
-                        sorted(con.execute(f"SELECT key, value FROM parquet_kv_metadata('{f}')").fetchall()))
+    for f in sorted((base / SEGMENTS_DIR).rglob("*.json")):
+        manifest = json.loads(f.read_text())
+        for key in ("compacted_wall_ns", "seconds", "schema_version"):
+            manifest.pop(key)
+        rows: dict[str, list[Any]] = {}
+        meta: dict[str, set[Any]] = {}
+        entries = manifest.pop("files")
+        for entry in entries:
+            path = base / entry["path"]
+            if "source" in entry:
+                assert (entry["source"], path.parent.parent.parent.name) == (manifest["segment"], entry["table"])
+                query = (f"SELECT * EXCLUDE (session, run, rank, source) FROM read_parquet('{path}', "
+                         f"hive_partitioning = false) WHERE source = '{manifest['segment']}'")
+            else:
+                query = f"SELECT * FROM read_parquet('{path}', hive_partitioning = false)"
+            found = con.execute(query).fetchall()
+            assert len(found) == entry["rows"]
+            rows.setdefault(entry["table"], []).extend(found)
+            meta.setdefault(entry["table"], set()).update(
+                con.execute(f"SELECT key, value FROM parquet_kv_metadata('{path}')").fetchall())
+        # (by repr: a NaN is not equal to itself; in line order: a segment's own files are one a rank)
+        manifest["rows"] = {t: repr(sorted(r, key=repr)) for t, r in rows.items()}
+        manifest["meta"] = meta
+        out[f.relative_to(base).as_posix()] = manifest
     con.close()
     return out
 
 
-def test_a_batch_writes_the_copy_a_segment_at_a_time_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_batch_writes_the_rows_a_segment_at_a_time_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     runs = _runs(tmp_path)
     alone = {}
     for run in runs:
@@ -69,6 +80,7 @@ def test_a_batch_writes_the_copy_a_segment_at_a_time_writes(tmp_path: Path, monk
             m.setattr(compact_batch, "SMALL_SEGMENT_BYTES", -1)  # no segment small enough: each process alone
             result = compact(run)
         assert not result.errors and result.segments
+        assert not list((run / COLUMNAR_DIR).glob(f"{SHARED_DIR}/*"))
         alone[run] = (_copy(run), result.records, result.segments)
         shutil.rmtree(run / COLUMNAR_DIR)
     monkeypatch.setattr(compact_batch, "BATCH_SEGMENTS", 3)  # batches of three segments: several, and what is left
@@ -78,6 +90,8 @@ def test_a_batch_writes_the_copy_a_segment_at_a_time_writes(tmp_path: Path, monk
         copy, records, segments = alone[run]
         assert (result.records, result.segments) == (records, segments)
         assert _copy(run) == copy
+        shared = list((run / COLUMNAR_DIR / SHARED_DIR).rglob("*.parquet"))
+        assert shared and not [p for p in (run / COLUMNAR_DIR).rglob("*.parquet") if p not in shared]
         assert not [p for p in (run / COLUMNAR_DIR).rglob("*") if ".tmp" in p.name]  # nothing left behind
         again = compact(run)  # idempotent: every copy valid, nothing converted again
         assert again.segments == 0 and again.skipped == segments
@@ -112,7 +126,13 @@ def test_compacting_many_small_segments_writes_each_table_once_a_batch(tmp_path:
     tables = {f["table"] for m in (run / COLUMNAR_DIR / SEGMENTS_DIR).rglob("*.json")
               for f in json.loads(m.read_text())["files"]}
     assert len(copies) == len(tables) and len(tables) >= 5
-    assert len(list((run / COLUMNAR_DIR).rglob("*.parquet"))) == ranks * len(tables)  # the same layout
+    # one file a table for the batch, not one a table for each segment (14,336 small files for 2,048 ranks made
+    # every query over the copy list and open them all)
+    assert len(list((run / COLUMNAR_DIR).rglob("*.parquet"))) == len(tables)
+    # a tree for other engines (--to) keeps the Hive layout whole: a segment's own files, none shared
+    tree = tmp_path / "tree"
+    assert compact(run, str(tree)).segments == ranks
+    assert len(list(tree.rglob("*.parquet"))) == ranks * len(tables) and not (tree / SHARED_DIR).exists()
 
 
 def test_a_batch_that_fails_is_compacted_a_segment_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

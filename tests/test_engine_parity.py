@@ -7,6 +7,7 @@ model and page, ``show``'s lines, tail's first frame and findings, and the trace
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import shutil
 import time
@@ -21,9 +22,10 @@ pytest.importorskip("duckdb")
 
 from telemetrain import Telemetry, identity_from_env
 from telemetrain.analysis.tail import TailState
-from telemetrain.store import open_run
+from telemetrain.store import compact_batch, open_run
 from telemetrain.store.compact import COLUMNAR_DIR, compact
 from telemetrain.store.engine import Engine
+from telemetrain.store.manifest import SEGMENTS_DIR, SHARED_DIR
 from telemetrain.trace import build_trace, load_runs
 from test_engine_readers import _page, _python_and_sql, differences
 
@@ -102,11 +104,25 @@ def _both_paths(run_dir: Path, compacted: bool | str, monkeypatch: pytest.Monkey
     """Everything compared on one run; returns the Python model (for the callers' own checks). ``compacted``:
     False (read from the JSONL), True (from the copy), "v2" (from a copy of schema version 2)."""
     if compacted:
-        assert not compact(run_dir, force=True).errors
+        with monkeypatch.context() as m:
+            if compacted in ("v2", "v3"):  # copies of those versions had one file a table for each segment
+                m.setattr(compact_batch, "SMALL_SEGMENT_BYTES", -1)
+            assert not compact(run_dir, force=True).errors
+        named = {f["path"] for m in (run_dir / COLUMNAR_DIR / SEGMENTS_DIR).rglob("*.json")
+                 for f in json.loads(m.read_text())["files"]}
+        if compacted is not True:
+            assert not [p for p in named if p.startswith(SHARED_DIR)]
         if compacted == "v2":
             assert _as_schema_2(run_dir)
             with Engine([run_dir]) as engine:
                 assert engine.tail_segments == 0 and engine.untyped_reports  # read from that copy
+        if compacted == "v3":  # what schema version 3 wrote: the same files, manifests of version 3
+            for manifest in (run_dir / COLUMNAR_DIR / SEGMENTS_DIR).rglob("*.json"):
+                manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "schema_version": 3}))
+            again = compact(run_dir)  # kept as it is, not rewritten
+            assert again.segments == 0 and again.skipped and not again.errors
+            with Engine([run_dir]) as engine:
+                assert engine.tail_segments == 0 and not engine.untyped_reports and not engine.ignored
     else:
         shutil.rmtree(run_dir / COLUMNAR_DIR, ignore_errors=True)
     (py_model, py_show), (sql_model, sql_show), read = _python_and_sql(run_dir, monkeypatch)
@@ -140,7 +156,8 @@ def v2_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _v2_session(tmp_path_factory.mktemp("v2"))
 
 
-@pytest.mark.parametrize("compacted", [False, True, "v2"], ids=["from-jsonl", "from-parquet", "from-parquet-v2"])
+@pytest.mark.parametrize("compacted", [False, True, "v2", "v3"],
+                         ids=["from-jsonl", "from-parquet", "from-parquet-v2", "from-parquet-v3"])
 def test_v2_attributes_device_times_and_comm_are_the_same_by_sql(v2_run: Path, compacted: bool | str,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     model, show = _both_paths(v2_run, compacted, monkeypatch)
@@ -163,7 +180,8 @@ def planted_run(planted_runs: PlantedRuns, tmp_path_factory: pytest.TempPathFact
     return copy / run.name
 
 
-@pytest.mark.parametrize("compacted", [False, True, "v2"], ids=["from-jsonl", "from-parquet", "from-parquet-v2"])
+@pytest.mark.parametrize("compacted", [False, True, "v2", "v3"],
+                         ids=["from-jsonl", "from-parquet", "from-parquet-v2", "from-parquet-v3"])
 def test_planted_findings_are_the_same_by_sql(planted_run: Path, compacted: bool | str,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """A real job (a leak, a loss and gradient spike at step 200, a NaN at 400): report, show and tail find the
@@ -242,7 +260,8 @@ def test_a_copy_of_schema_version_1_counts_as_no_copy(tmp_path: Path) -> None:
         assert engine.tail_segments == 0 and engine.scalar("SELECT count(*) FROM metrics") == 50
 
 
-def test_a_copy_of_schema_version_2_is_read_and_compact_rewrites_it(v2_run: Path, tmp_path: Path) -> None:
+def test_a_copy_of_schema_version_2_is_read_and_compact_rewrites_it(v2_run: Path, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """A copy written before the typed reports (schema version 2) is still read from its Parquet files, its reports
     typed at read time into the same ``reports`` rows the current copy holds (and the JSONL gives); ``compact``
     rewrites it in the current version, ``reports`` files included."""
@@ -257,7 +276,9 @@ def test_a_copy_of_schema_version_2_is_read_and_compact_rewrites_it(v2_run: Path
     with Engine([run]) as engine:
         from_jsonl = engine.rows(query)
     assert len(from_jsonl) == 2 * STEPS // 10 and any(r is not None for r in from_jsonl[0])
-    assert compact(run).segments == 2
+    with monkeypatch.context() as m:
+        m.setattr(compact_batch, "SMALL_SEGMENT_BYTES", -1)  # a version-2 copy had one file a table a segment
+        assert compact(run).segments == 2
     with Engine([run]) as engine:
         assert engine.tail_segments == 0 and not engine.untyped_reports and engine.rows(query) == from_jsonl
     assert _as_schema_2(run) == 2

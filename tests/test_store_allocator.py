@@ -251,6 +251,19 @@ def test_the_views_read_their_file_lists_from_variables(tmp_path: Path) -> None:
     assert t.close(30)
     run = tmp_path / "s" / "vars"
     compact(run)
+    with Engine([run]) as engine:  # (a small segment: compacted in a batch, its files shared)
+        assert engine.tail_segments == 0 and engine.shared["metrics"] and not engine.parquet["metrics"]
+        assert engine.scalar("SELECT getvariable('files_metrics_shared')") == list(engine.shared["metrics"])
+        view = engine.scalar("SELECT sql FROM duckdb_views() WHERE view_name = 'metrics'")
+        assert "getvariable('files_metrics_shared')" in view and ".parquet" not in view
+        assert engine.rows("SELECT count(*), sum(step) FROM metrics") == [(300, sum(range(300)))]
+    from telemetrain.store import compact_batch
+
+    compact_batch.SMALL_SEGMENT_BYTES, small = -1, compact_batch.SMALL_SEGMENT_BYTES  # a segment's own files
+    try:
+        compact(run, force=True)
+    finally:
+        compact_batch.SMALL_SEGMENT_BYTES = small
     with Engine([run]) as engine:
         assert engine.tail_segments == 0 and engine.parquet["metrics"]
         assert engine.scalar("SELECT getvariable('files_metrics')") == engine.parquet["metrics"]

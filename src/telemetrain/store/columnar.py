@@ -1,15 +1,17 @@
-"""The columnar copy of the run store: its schema (version 2), and JSONL segments -> typed rows, in DuckDB SQL.
+"""The columnar copy of the run store: its schema (version 4), and JSONL segments -> typed rows, in DuckDB SQL.
 
 docs/format.md ("Columnar copy") documents every table and column; this module is the one place that defines them.
 One table per record kind, partitioned Hive-style by the identity every engine groups by::
 
     <prefix>/<table>/session=<session_tag>/run=<run_id>/rank=<rank>/<segment stem>.parquet
+    <prefix>/_shared/<table>/session=<session_tag>/run=<run_id>/<batch>.parquet   a batch's segments (version 4)
     <prefix>/_segments/<segment file name>.json          the manifest of one compacted segment (written last)
 
 ``<prefix>`` is ``<run_dir>/_columnar`` for the copy kept beside a run, or any directory or object-store URL given to
 ``telemetrain compact --to``. The partition columns (``session``, ``run``, ``rank``) live only in the paths, as Hive
-and every engine reading its layout expect; the other identity fields are columns (constant per file, so they cost
-a few bytes after dictionary and run-length encoding).
+and every engine reading its layout expect (a shared file, ``compact_batch``, holds them as columns, with
+``source``); the other identity fields are columns (constant per file, so they cost a few bytes after dictionary
+and run-length encoding).
 
 Conversion rules are ``codec.decode_line``'s, expressed in SQL (``typed_rows_sql``): a line with a field of the wrong
 type is corrupt and skipped, a last line without its newline is torn; the same lines are kept as the Python reader
@@ -27,14 +29,18 @@ from typing import Any
 from ..identity import Identity
 from .codec import decode_identity
 
-__all__ = ["COLUMNS", "READABLE_SINCE", "SCHEMA_VERSION", "TABLES", "ColumnarVersionError", "Prescan",
-           "fast_metric_rows_sql", "fast_span_rows_sql", "prescan", "typed_rows_sql"]
+__all__ = ["COLUMNS", "KEPT_SINCE", "READABLE_SINCE", "REPORTS_SINCE", "SCHEMA_VERSION", "TABLES",
+           "ColumnarVersionError", "Prescan", "fast_metric_rows_sql", "fast_span_rows_sql", "prescan", "typed_rows_sql"]
 
 # 2: metric rows carry format v2's attributes (JSON text, as events'); v1 lines read as before. 3: the derived table
 # ``reports`` (``report_rows``), the training reports' figures typed; a version-2 copy is still read (its reports typed
-# at read time), and ``telemetrain compact`` rewrites it.
-SCHEMA_VERSION = 3
+# at read time), and ``telemetrain compact`` rewrites it. 4: a manifest's file may be shared by the segments of a batch
+# (``compact_batch``: one file a table for many tiny segments, their rows told apart by ``source``); a version-3 copy
+# is the same layout without shared files, read and kept as it is.
+SCHEMA_VERSION = 4
 READABLE_SINCE = 2
+REPORTS_SINCE = 3  # copies from this version on have the typed ``reports`` table
+KEPT_SINCE = 3  # ``telemetrain compact`` keeps a valid copy of this version or newer (rewrites older ones)
 PARTITIONS = (("session", "VARCHAR"), ("run", "VARCHAR"), ("rank", "BIGINT"))
 
 # The identity fields stored as columns in every record table (session, run and rank are the partitions).

@@ -34,6 +34,7 @@ from typing import Any
 from ..identity import Identity
 from .columnar import (
     COLUMNS,
+    KEPT_SINCE,
     PROCESS_TABLE,
     SCHEMA_VERSION,
     TABLES,
@@ -217,7 +218,7 @@ def compact_process(con: Any, run_dir: Path, paths: Sequence[Path], meta: dict[s
         parsed = parse_segment_name(name)
         segment = parsed.segment if parsed is not None else i
         mpath = prefix / manifest_path(session, run, name)
-        existing = read_manifest(mpath)
+        existing = read_manifest(mpath, KEPT_SINCE)
         if existing is not None and not force and not manifest_is_valid(existing, prefix, path):
             result.skipped += 1
             identity = _identity_from(existing.last_identity) or identity
@@ -228,7 +229,7 @@ def compact_process(con: Any, run_dir: Path, paths: Sequence[Path], meta: dict[s
         try:
             prefix.mkdir(parents=prefix_parents, exist_ok=True)
             with segment_lock(mpath, enabled=lock, prefix=prefix):
-                existing = read_manifest(mpath)  # another compactor may have done it while we waited
+                existing = read_manifest(mpath, KEPT_SINCE)  # another compactor may have done it while we waited
                 if existing is not None and not force and not manifest_is_valid(existing, prefix, path):
                     result.skipped += 1
                     identity = _identity_from(existing.last_identity) or identity
@@ -320,7 +321,8 @@ def compact(path: str | os.PathLike[str], dest: str | None = None, *, force: boo
                 continue
             if target is not None:
                 with tempfile.TemporaryDirectory(prefix="telemetrain-compact-") as tmp:
-                    _compact_run(con, run_dir, Path(tmp), result, include_last=include_last, force=True)
+                    _compact_run(con, run_dir, Path(tmp), result, include_last=include_last, force=True,
+                                 share=False)
                     _upload(Path(tmp), str(dest), *target)
             else:
                 prefix = Path(dest.removeprefix("file://")) if dest is not None else run_dir / COLUMNAR_DIR
@@ -328,7 +330,7 @@ def compact(path: str | os.PathLike[str], dest: str | None = None, *, force: boo
                     result.errors.append(f"{prefix}: a link, not followed")
                     continue
                 _compact_run(con, run_dir, prefix, result, include_last=include_last, force=force,
-                             prefix_parents=dest is not None)
+                             prefix_parents=dest is not None, share=dest is None)
     finally:
         con.close()
     result.seconds = time.perf_counter() - t0
@@ -336,12 +338,14 @@ def compact(path: str | os.PathLike[str], dest: str | None = None, *, force: boo
 
 
 def _compact_run(con: Any, run_dir: Path, prefix: Path, result: CompactResult, *, include_last: bool, force: bool,
-                 prefix_parents: bool = True) -> None:
+                 prefix_parents: bool = True, share: bool = True) -> None:
     """The segments of a run without a valid copy: those of processes whose segments are all small together
-    (``compact_batch``: thousands of ranks of a segment or two each), the others a process at a time."""
+    (``compact_batch``: thousands of ranks of a segment or two each), the others a process at a time. ``share``:
+    a batch's segments share a file per table (the run's own copy, which telemetrain's readers read by its
+    manifests), else each has its own files (a ``--to`` tree, for engines that read its Hive layout as it is)."""
     from .compact_batch import BatchPool
 
-    pool = BatchPool(con, prefix, result, force=force, prefix_parents=prefix_parents)
+    pool = BatchPool(con, prefix, result, force=force, prefix_parents=prefix_parents, share=share)
     for _, paths, meta in segment_plan(run_dir):
         if not pool.take(run_dir, paths, meta, include_last=include_last):
             compact_process(con, run_dir, paths, meta, prefix, result, include_last=include_last, force=force,

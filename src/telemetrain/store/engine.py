@@ -35,14 +35,14 @@ from ..identity import Identity
 from ..semconv import series_key
 from .allocator import flush_freed_in_queries, purge_freed, trim_freed
 from .codec import loads_column
-from .columnar import PROCESS_TABLE, READABLE_SINCE, SCHEMA_VERSION, TABLES
+from .columnar import PROCESS_TABLE, READABLE_SINCE, REPORTS_SINCE, TABLES
 from .compact import COLUMNAR_DIR, connect
 from .fetch import fetch as fetch_rows
 from .manifest import manifest_is_valid, manifest_path, read_manifest
 from .reader import fallback_identity, list_processes, read_run_meta
 from .segments import parse_segment_name
 from .tails import ProcessCounts, TailLoader
-from .views import ALL_TABLES, create_tail_tables, create_views, insert_rows, sql_list
+from .views import ALL_TABLES, Shared, create_tail_tables, create_views, insert_rows, sql_list, sql_str
 
 __all__ = ["ColumnarWarning", "Engine", "EngineUnavailable", "ReadOnlyQueryError", "engine_for", "open_engine"]
 
@@ -174,6 +174,8 @@ class Engine:
         flush_freed_in_queries(self.con)
         _no_file_cache(self.con)
         self.parquet: dict[str, list[str]] = {t: [] for t in ALL_TABLES}
+        # table -> the files shared by a batch's segments (schema version 4; ``views.Shared``)
+        self.shared: dict[str, Shared] = {}
         # the events files of version-2 copies, which have no reports table: their reports are typed at read time
         self.untyped_reports: list[str] = []
         self.ignored: list[str] = []  # copies not trusted, with why
@@ -214,7 +216,7 @@ class Engine:
             self._add_run(info)
             added = True
         if added or not run_dirs:
-            create_views(self.con, self.parquet, self.untyped_reports)
+            create_views(self.con, self.parquet, self.untyped_reports, self.shared)
 
     def has_run(self, path: Path) -> bool:
         return any(info.path.resolve() == Path(path).resolve() for info in self.runs)
@@ -249,8 +251,13 @@ class Engine:
                         # one string per file, shared by the lists below, joined as text: a Path per file would
                         # intern each of its parts (a 64-rank run has ~2,700 files; 1,024 ranks, ~43,000)
                         table, file = str(f["table"]), os.path.join(base, str(f["path"]))
-                        self.parquet.setdefault(table, []).append(file)
-                        if manifest.schema_version < SCHEMA_VERSION and table == TABLES["event"]:
+                        source = f.get("source")
+                        if isinstance(source, str):  # a file the segments of a batch share
+                            entry = self.shared.setdefault(table, {}).setdefault(file, [int(f.get("segments", 0)), []])
+                            entry[1].append((manifest.session, manifest.run, source))
+                        else:
+                            self.parquet.setdefault(table, []).append(file)
+                        if manifest.schema_version < REPORTS_SINCE and table == TABLES["event"]:
                             self.untyped_reports.append(file)
                         if number is not None:
                             self.segment_files.setdefault((table, info.session, info.run, pid, number.segment),
@@ -258,10 +265,11 @@ class Engine:
                             self.segment_files.setdefault((table, info.session, info.run, None, number.segment),
                                                           []).append(file)
                             part = _RANK_PARTITION.search(file)
-                            if part is not None:
+                            ranks = [int(part.group(1))] if part is not None and not isinstance(source, str) \
+                                else [int(r) for r in f.get("ranks", ())] if isinstance(source, str) else []
+                            for r in ranks:
                                 self.rank_segment_files.setdefault(
-                                    (table, info.session, info.run, int(part.group(1)), pid, number.segment),
-                                    []).append(file)
+                                    (table, info.session, info.run, r, pid, number.segment), []).append(file)
                     counts.records += sum(int(v) for t, v in manifest.records.items() if t != PROCESS_TABLE)
                     counts.corrupt += int(manifest.corrupt)
                     if isinstance(manifest.last_identity, dict):
@@ -303,11 +311,13 @@ class Engine:
         self._damage = []
 
     def _first_header(self, prefix: Path, manifest: Any) -> dict[str, Any] | None:
-        files = [str(prefix / str(f["path"])) for f in manifest.files if f.get("table") == PROCESS_TABLE]
+        files = [f for f in manifest.files if f.get("table") == PROCESS_TABLE]
         if not files:
             return None
-        row = self.con.execute(f"SELECT header FROM read_parquet({sql_list(files[:1])}) ORDER BY line LIMIT 1"
-                               ).fetchone()
+        source = files[0].get("source")
+        where = f"WHERE source = {sql_str(source)}" if isinstance(source, str) else ""  # (a shared file)
+        row = self.con.execute(f"SELECT header FROM read_parquet({sql_list([str(prefix / str(files[0]['path']))])}, "
+                               f"hive_partitioning = false) {where} ORDER BY line LIMIT 1").fetchone()
         try:
             header = json.loads(row[0]) if row else None
         except ValueError:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from .columnar import PARTITIONS
 from .report_rows import ALL_COLUMNS
-from .views import insert_rows, sql_list
+from .views import insert_rows, parquet_sql
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -26,7 +26,6 @@ def fetch(engine: Engine, table: str,
         by_segment.setdefault((session, run, int(rank), int(pid), int(segment)), []).append(int(line))
     columns = [n for n, _ in ALL_COLUMNS[table] + PARTITIONS]
     cols = ", ".join(f'"{n}"' for n in columns)
-    hive = "{" + ", ".join(f"'{n}': {t}" for n, t in PARTITIONS) + "}"
     # the JSONL tail's rows by one query for every segment (a query per segment cost ~1 ms each: 2 s for a
     # 1,024-rank run's last values)
     tail: dict[tuple[str, str, int, int, int], list[Any]] = {}
@@ -49,8 +48,7 @@ def fetch(engine: Engine, table: str,
         # many segments (a row of each of thousands of ranks): one query over their files, the positions joined;
         # a query per segment cost ~3-10 ms each, whatever it read (20 s of `show` at 2,048 ranks)
         files = sorted({f for fs, _ in found.values() for f in fs})
-        parquet = _joined(engine, columns, f"SELECT {cols} FROM read_parquet({sql_list(files)}, "
-                          f"hive_partitioning = true, hive_types = {hive})",
+        parquet = _joined(engine, columns, f"SELECT {cols} FROM ({_source(engine, table, files)})",
                           [(*key, line) for key, (_, lines) in found.items() for line in lines], "line")
     else:
         for key, (files, lines) in found.items():
@@ -58,12 +56,19 @@ def fetch(engine: Engine, table: str,
             where = (f"rank = {rank} AND pid = {pid} AND segment = {segment} AND "
                      f"line IN ({', '.join(map(str, lines))})")
             parquet[key] = engine.con.execute(
-                f"SELECT {cols} FROM read_parquet({sql_list(files)}, hive_partitioning = true, "
-                f"hive_types = {hive}) WHERE {where}").fetchall()
+                f"SELECT {cols} FROM ({_source(engine, table, files)}) WHERE {where}").fetchall()
     rows: list[Any] = []
     for key in sorted(by_segment):
         rows += parquet.get(key, []) + tail.get(key, [])
     return columns, rows
+
+
+def _source(engine: Engine, table: str, files: list[str]) -> str:
+    """SQL of the rows of ``table`` in ``files``: a segment's own files, or files shared by a batch's segments (of
+    which only the trusted segments' rows)."""
+    shared = engine.shared.get(table, {})
+    return " UNION ALL ".join(parquet_sql(engine.con, table, [f for f in files if f not in shared],
+                                          {f: shared[f] for f in files if f in shared}))
 
 
 def _joined(engine: Engine, columns: list[str], source: str, positions: list[tuple[Any, ...]],

@@ -14,13 +14,18 @@ from urllib.parse import quote
 
 from .columnar import SCHEMA_VERSION, ColumnarVersionError
 
-__all__ = ["SEGMENTS_DIR", "Manifest", "hive_value", "manifest_is_valid", "manifest_path", "partition_dir",
-           "private_tmp", "read_manifest", "write_manifest"]
+__all__ = ["SEGMENTS_DIR", "SHARED_DIR", "Manifest", "hive_value", "manifest_is_valid", "manifest_path",
+           "partition_dir", "private_tmp", "read_manifest", "shared_dir", "write_manifest"]
 
 SEGMENTS_DIR = "_segments"
-# A copy's file, as the compactor names it (partition_dir + "/<stem>.parquet"): a manifest naming anything else (an
-# absolute path, "../", another shape) is not one we wrote, and the reader must not read what it points to.
-_COPY_FILE = re.compile(r"(?P<table>[a-z_]+)/session=[^/]+/run=[^/]+/rank=-?[0-9]+/[^/]+\.parquet")
+# the files a batch of segments shares (schema version 4): ``_shared/<table>/session=S/run=R/<batch>.parquet``, apart
+# from the Hive tree of one file a segment, whose partition columns they hold as columns instead (with ``source``)
+SHARED_DIR = "_shared"
+# A copy's file, as the compactor names it (partition_dir + "/<stem>.parquet", or a batch's shared file under
+# shared_dir): a manifest naming anything else (an absolute path, "../", another shape) is not one we wrote, and the
+# reader must not read what it points to.
+_COPY_FILE = re.compile(r"(?:(?P<table>[a-z_]+)/session=[^/]+/run=[^/]+/rank=-?[0-9]+"
+                        r"|_shared/(?P<shared>[a-z_]+)/session=[^/]+/run=[^/]+)/[^/]+\.parquet")
 
 
 def hive_value(value: str | int) -> str:
@@ -30,6 +35,10 @@ def hive_value(value: str | int) -> str:
 
 def partition_dir(table: str, session: str, run: str, rank: int) -> str:
     return f"{table}/session={hive_value(session)}/run={hive_value(run)}/rank={rank}"
+
+
+def shared_dir(table: str, session: str, run: str) -> str:
+    return f"{SHARED_DIR}/{table}/session={hive_value(session)}/run={hive_value(run)}"
 
 
 def manifest_path(session: str, run: str, segment_name: str) -> str:
@@ -50,7 +59,10 @@ class Manifest:
     torn: int
     corrupt: int
     records: dict[str, int]  # table -> rows
-    files: list[dict[str, Any]]  # {"table", "path" (relative to the prefix), "bytes", "rows"}
+    # {"table", "path" (relative to the prefix), "bytes", "rows"}; a file shared by a batch's segments also has
+    # "source" (its rows' value of the column ``source``: this segment's file name), "segments" (how many segments'
+    # rows the file holds) and "ranks" (the ranks of this segment's rows in it)
+    files: list[dict[str, Any]]
     last_identity: dict[str, Any] | None  # the identity in force at the segment's end (for the next one)
     compacted_wall_ns: int = 0
     seconds: float = 0.0
@@ -119,7 +131,7 @@ def manifest_is_valid(manifest: Manifest, prefix: Path, jsonl: Path, *, grown_ok
     for f in manifest.files:
         rel = str(f.get("path", ""))
         shape = _COPY_FILE.fullmatch(rel)
-        if shape is None or shape.group("table") != f.get("table") or "\0" in rel:
+        if shape is None or (shape.group("table") or shape.group("shared")) != f.get("table") or "\0" in rel:
             return f"its manifest names {rel!r}, not a file of the copy"
         target = os.path.join(prefix, rel)  # text, not a Path: its parts are not interned
         if not os.path.realpath(target).startswith(root + os.sep):  # a link planted in the copy

@@ -11,7 +11,8 @@ from typing import Any
 from .columnar import PARTITIONS, PROCESS_TABLE, TABLES
 from .report_rows import ALL_COLUMNS, REPORT_FIELDS, REPORTS_TABLE, report_rows_sql
 
-__all__ = ["ALL_TABLES", "create_tail_tables", "create_views", "first_int_sql", "insert_rows", "sql_list", "sql_str"]
+__all__ = ["ALL_TABLES", "Shared", "create_shared_keep", "create_tail_tables", "create_views", "first_int_sql",
+           "insert_rows", "parquet_sql", "sql_list", "sql_str"]
 
 ALL_TABLES = (*TABLES.values(), PROCESS_TABLE, REPORTS_TABLE)
 
@@ -67,17 +68,61 @@ def _files(con: Any, name: str, files: list[str]) -> str:
     return f"getvariable('{name}')"
 
 
-def create_views(con: Any, parquet: dict[str, list[str]], untyped_reports: list[str]) -> None:
-    """(Re)create the views: each table's Parquet files (``parquet``: table -> files) and its tail; the reports of
-    version-2 copies (``untyped_reports``: their events files, which have no reports table) typed at read time."""
+# A file shared by a batch's segments (schema version 4) -> [how many segments' rows it holds, the (session, run,
+# source) of those the engine trusts]: a file whose every segment is trusted is read whole, the others through
+# ``shared_keep`` (a kill between a batch's manifests, a segment whose JSONL changed since: read from its JSONL).
+Shared = dict[str, list[Any]]
+
+
+def create_shared_keep(con: Any, shared: dict[str, Shared]) -> None:
+    """The temporary table ``shared_keep`` (tbl, filename, session, run, source): the trusted segments of each
+    shared file not trusted whole."""
+    con.execute("CREATE OR REPLACE TEMP TABLE shared_keep (tbl VARCHAR, filename VARCHAR, session VARCHAR, "
+                "run VARCHAR, source VARCHAR)")
+    insert_rows(con, "shared_keep", [(table, file, *key) for table, files in shared.items()
+                                     for file, (total, keys) in files.items() if len(set(keys)) < total
+                                     for key in set(keys)])
+
+
+def parquet_sql(con: Any, table: str, plain: list[str], shared: Shared, variable: str | None = None) -> list[str]:
+    """SELECTs of ``table``'s columns, partitions included, from ``plain`` files (one a segment, the partitions in
+    their Hive paths) and from ``shared`` ones (the partitions as columns); the lists held in DuckDB variables
+    named after ``variable`` when given (``_files``), else written into the text."""
     hive = "{" + ", ".join(f"'{n}': {t}" for n, t in PARTITIONS) + "}"
+    cols = ", ".join(f'"{n}"' for n, _ in ALL_COLUMNS[table] + PARTITIONS)
+
+    def listed(suffix: str, files: list[str]) -> str:
+        return _files(con, f"{variable}{suffix}", files) if variable else sql_list(files)
+
+    out = []
+    if plain:
+        out.append(f"SELECT {cols} FROM read_parquet({listed('', plain)}, hive_partitioning = true, "
+                   f"hive_types = {hive})")
+    whole = [f for f, (total, keys) in shared.items() if len(set(keys)) >= total]
+    part = [f for f, (total, keys) in shared.items() if len(set(keys)) < total]
+    if whole:
+        out.append(f"SELECT {cols} FROM read_parquet({listed('_shared', whole)}, hive_partitioning = false)")
+    if part:
+        # by file too: two files of one run may each hold some rows of a segment (a kill between the manifests of
+        # a batch that replaced an older one: some segments trust the old file, the others the new one)
+        out.append(f"SELECT {cols} FROM read_parquet({listed('_part', part)}, hive_partitioning = false, "
+                   f"filename = true) WHERE (filename, session, run, source) IN (SELECT (filename, session, run, "
+                   f"source) FROM shared_keep WHERE tbl = {sql_str(table)})")
+    return out
+
+
+def create_views(con: Any, parquet: dict[str, list[str]], untyped_reports: list[str],
+                 shared: dict[str, Shared] | None = None) -> None:
+    """(Re)create the views: each table's Parquet files (``parquet``: table -> files; ``shared``: table -> the files
+    a batch's segments share) and its tail; the reports of version-2 copies (``untyped_reports``: their events
+    files, which have no reports table) typed at read time."""
+    hive = "{" + ", ".join(f"'{n}': {t}" for n, t in PARTITIONS) + "}"
+    shared = shared or {}
+    create_shared_keep(con, shared)
     for table in ALL_TABLES:
         cols = ", ".join(f'"{n}"' for n, _ in ALL_COLUMNS[table] + PARTITIONS)
-        files = parquet.get(table, [])
-        parts = [f"SELECT {cols} FROM tail_{table}"]
-        if files:
-            parts.insert(0, f"SELECT {cols} FROM read_parquet({_files(con, f'files_{table}', files)}, "
-                            f"hive_partitioning = true, hive_types = {hive})")
+        parts = [*parquet_sql(con, table, parquet.get(table, []), shared.get(table, {}), f"files_{table}"),
+                 f"SELECT {cols} FROM tail_{table}"]
         if table == REPORTS_TABLE and untyped_reports:
             untyped = _files(con, "files_untyped_reports", untyped_reports)
             parts.insert(0, report_rows_sql(f"read_parquet({untyped}, hive_partitioning = true, "
