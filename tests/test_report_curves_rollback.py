@@ -18,8 +18,18 @@ from telemetrain.report import write_report
 from telemetrain.report.curves import MAX_ROLLBACKS, Curve, CurveBuilder, Rollback
 from telemetrain.report.model import build_model
 from telemetrain.store import open_run
+from telemetrain.store.engine import engine_for
 
 GOOD, DIVERGED = 1.0, 10.0
+
+@pytest.fixture
+def engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The record-by-record pass or the SQL path (the readers' choice: ``store.engine.engine_for``)."""
+    name = str(request.param)
+    if name == "duckdb":
+        pytest.importorskip("duckdb")
+    monkeypatch.setenv("TELEMETRAIN_ENGINE", name)
+    return name
 
 
 def _attempt(root: Path, steps: range, value: float, run_id: str = "rb") -> None:
@@ -40,11 +50,19 @@ assert t.close()
 
 
 def _loss(run_dir: Path) -> tuple[dict[float, float], Curve]:
-    curve = next(c for c in build_model(open_run(run_dir)).curves if c.title == "train/loss")
+    """The report's train/loss curve, by the path ``TELEMETRAIN_ENGINE`` asks for."""
+    sql = engine_for([run_dir])
+    try:
+        model = build_model(open_run(run_dir), engine=sql)
+    finally:
+        if sql is not None:
+            sql.close()
+    curve = next(c for c in model.curves if c.title == "train/loss")
     return {p.x: p.mean for p in curve.lines[0].points}, curve
 
 
-def test_a_restart_that_rolls_back_is_followed_not_averaged(tmp_path: Path) -> None:
+@pytest.mark.parametrize("engine", ["python", "duckdb"], indirect=True)
+def test_a_restart_that_rolls_back_is_followed_not_averaged(tmp_path: Path, engine: str) -> None:
     """Attempt 1 logs steps 0-59 and diverges from step 40; the job restarts (another process, same run) from the
     checkpoint at step 40 and logs 40-79. The chart averaged steps 40-59 of both attempts (5.5)."""
     _attempt(tmp_path, range(40), GOOD)
@@ -54,6 +72,10 @@ def test_a_restart_that_rolls_back_is_followed_not_averaged(tmp_path: Path) -> N
                    env={"PYTHONPATH": src, "PATH": "/usr/bin:/bin"})
     run_dir = tmp_path / "s" / "rb"
     assert len(open_run(run_dir).processes) == 2
+    sql = engine_for([run_dir])
+    assert (sql is None) == (engine == "python")
+    if sql is not None:
+        sql.close()
     by_step, curve = _loss(run_dir)
     assert sorted(by_step) == [float(s) for s in range(80)]
     assert set(by_step.values()) == {GOOD}  # the latest attempt of every step
@@ -70,7 +92,8 @@ def test_a_restart_that_rolls_back_is_followed_not_averaged(tmp_path: Path) -> N
     assert loss is not None and {p.mean for p in loss.lines[0].points} == {GOOD}
 
 
-def test_an_in_process_rollback_is_the_same(tmp_path: Path) -> None:
+@pytest.mark.parametrize("engine", ["python", "duckdb"], indirect=True)
+def test_an_in_process_rollback_is_the_same(tmp_path: Path, engine: str) -> None:
     """One process that goes back to step 20 (an in-job restart from its checkpoint) and logs on."""
     t = Telemetry(identity_from_env({}, run_id="rb", session_tag="s", rank=0, world_size=1), store=tmp_path)
     for step in range(30):
@@ -83,7 +106,8 @@ def test_an_in_process_rollback_is_the_same(tmp_path: Path) -> None:
     assert curve.rollbacks == (Rollback(0, 29, 20),)
 
 
-def test_micro_batches_at_one_step_are_that_steps_values_not_rollbacks(tmp_path: Path) -> None:
+@pytest.mark.parametrize("engine", ["python", "duckdb"], indirect=True)
+def test_micro_batches_at_one_step_are_that_steps_values_not_rollbacks(tmp_path: Path, engine: str) -> None:
     """Gradient accumulation logging each of 4 micro-batches at the same step: no rollback, each step the mean of its
     four values (min..max kept), nothing dimmed."""
     t = Telemetry(identity_from_env({}, run_id="rb", session_tag="s", rank=0, world_size=1), store=tmp_path)

@@ -68,22 +68,23 @@ WITH s AS (
          CASE WHEN c_by_step THEN c_s1 - c_s0 + 1 ELSE (c_w1 - c_w0) // {WALL_WIDTH_NS} + 1 END AS span
   FROM {extents} WHERE c_by_step IS NOT NULL)
 SELECT rank, g, name, by_step, CASE WHEN by_step THEN {width} ELSE {width} * {WALL_WIDTH_NS} END AS w,
-       CASE WHEN by_step THEN span ELSE 0 END AS steps FROM s""")
+       CASE WHEN by_step THEN span ELSE 0 END AS steps, row_number() OVER () AS sid FROM s""")
     add = builder.add_bucket
     for ranks in rank_groups(engine.rows("SELECT rank, count(*), sum(steps) FROM curves_widths GROUP BY rank "
                                          "ORDER BY rank"), SERIES_AT_ONCE, POINTS_AT_ONCE):
         src = f"(SELECT * FROM {metrics} WHERE {numeric} AND rank IN {ranks})"
-        # each process's start: the order of its points among the rank's processes (a restart's come after)
-        starts = f"(SELECT rank, pid, min(wall_ns) AS start FROM {src} GROUP BY rank, pid)"
+        # each process's place among the rank's processes, by its start: a restart's points come after
+        starts = (f"(SELECT rank, pid, row_number() OVER (PARTITION BY rank ORDER BY min(wall_ns), pid) AS ix "
+                  f"FROM {src} GROUP BY rank, pid)")
         went_back = _rollbacks(engine, src, starts)
         for rank, group, name, from_step, to_step in went_back:
             builder.note_rollback(int(rank), group, name, int(from_step), int(to_step))
         gone = "FALSE"
         if went_back:
-            later = ("q.start > p.start OR (q.start = p.start AND (q.pid > m.pid OR (q.pid = m.pid AND "
-                     "(q.segment > m.segment OR (q.segment = m.segment AND q.line > m.line)))))")
-            gone = (f"s.by_step AND EXISTS (SELECT 1 FROM curves_rollbacks q WHERE q.rank = m.rank AND "
-                    f"q.g = m.group_name AND q.name = m.skey AND q.to_step <= m.step AND ({later}))")
+            later = ("q.ix > p.ix OR (q.ix = p.ix AND (q.segment > m.segment OR (q.segment = m.segment AND "
+                     "q.line > m.line)))")
+            gone = (f"s.by_step AND EXISTS (SELECT 1 FROM curves_rollbacks q WHERE q.sid = s.sid AND "
+                    f"q.to_step <= m.step AND ({later}))")
         query = f"""
 WITH x AS (
   SELECT m.rank, s.g, s.name, s.by_step, s.w, m.wall_ns, m.unit,
@@ -117,15 +118,18 @@ def _rollbacks(engine: Any, src: str, starts: str) -> list[tuple[Any, ...]]:
     """The rollbacks of the stepped series of these points (``src``), kept in ``curves_rollbacks`` with where each
     was written: (rank, group, series, from step, to step) each, in order. Past ``MAX_ROLLBACKS`` in a series:
     none (its step is not training progress)."""
+    # (the window sorts every stepped point of the group: only a series number and the order's integers travel
+    # with it, not the names -- docs/scale.md)
     engine.execute(f"""CREATE OR REPLACE TEMP TABLE curves_rollbacks AS
 WITH o AS (
-  SELECT m.rank, s.g, s.name, m.step, p.start, m.pid, m.segment, m.line,
-         lag(m.step) OVER (PARTITION BY m.rank, s.g, s.name ORDER BY p.start, m.pid, m.segment, m.line) AS prev
+  SELECT s.sid, m.step, p.ix, m.segment, m.line,
+         lag(m.step) OVER (PARTITION BY s.sid ORDER BY p.ix, m.segment, m.line) AS prev
   FROM {src} m
   JOIN curves_widths s ON m.rank = s.rank AND m.group_name = s.g AND m.skey = s.name AND s.by_step
   JOIN {starts} p ON p.rank = m.rank AND p.pid = m.pid
   WHERE m.step IS NOT NULL)
-SELECT rank, g, name, prev AS from_step, step AS to_step, start, pid, segment, line FROM o WHERE step < prev
-QUALIFY count(*) OVER (PARTITION BY rank, g, name) <= {MAX_ROLLBACKS}""")
-    return list(engine.rows("SELECT rank, g, name, from_step, to_step FROM curves_rollbacks "
-                            "ORDER BY rank, g, name, start, pid, segment, line"))
+SELECT sid, prev AS from_step, step AS to_step, ix, segment, line FROM o WHERE step < prev
+QUALIFY count(*) OVER (PARTITION BY sid) <= {MAX_ROLLBACKS}""")
+    return list(engine.rows("SELECT s.rank, s.g, s.name, q.from_step, q.to_step FROM curves_rollbacks q "
+                            "JOIN curves_widths s ON q.sid = s.sid ORDER BY s.rank, s.g, s.name, q.ix, q.segment, "
+                            "q.line"))

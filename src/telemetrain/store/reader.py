@@ -435,9 +435,9 @@ _read_meta = read_run_meta
 
 
 def in_start_order(logs: Iterable[ProcessLog]) -> list[ProcessLog]:
-    """``logs`` by their start (``ProcessLog.start_wall_ns``), then rank and pid: the order their records were
-    written in, per rank."""
-    return sorted(logs, key=lambda log: (log.start_wall_ns, log.rank, log.pid))
+    """``logs`` by rank (as listed), then each rank's by their start (``ProcessLog.start_wall_ns``) and pid: the
+    order each rank's records were written in."""
+    return sorted(logs, key=lambda log: (log.rank, log.start_wall_ns, log.pid))
 
 
 def list_processes(p: Path) -> dict[tuple[bool, int, int], list[Path]]:
