@@ -20,21 +20,33 @@ change their spread explains; and a significant change of a time that the candid
 same test on the windows' times net of the CPU wait no longer finds it, or, without per-window waits, the process's
 lower CPU share on a busy host covers it -- is ``inconclusive: the machine was busy``, not a regression. Checkpoint
 saves and loads and validation loops are compared as one observation per span (the ranks' k-th averaged), goodput is
-shown (one value per run: not tested). What a comparison returns is in ``compare_model.py``.
+shown (one value per run: not tested). What a comparison returns is in ``compare_model.py``; one metric's test is in
+``compare_metric.py``, the noise between runs in ``compare_noise.py``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from ..store.reader import Run
-from .compare_bootstrap import blocks as _blocks
 from .compare_bootstrap import bootstrap_ratio
 from .compare_bootstrap import median as _median
+from .compare_metric import MIN_WINDOWS as MIN_WINDOWS  # (the one metric's test: re-exported, as before the split)
+from .compare_metric import (
+    _compare_series,
+    _duration_series,
+    _median_or_nan,
+    _Metric,
+    _Series,
+    _Settings,
+    _window_series,
+    _within,
+)
+from .compare_metric import decide as decide
+from .compare_metric import format_ratio as format_ratio
 from .compare_model import IMPROVEMENT as IMPROVEMENT  # (the verdicts: re-exported, callers import them from here)
 from .compare_model import INCONCLUSIVE as INCONCLUSIVE
 from .compare_model import INSUFFICIENT as INSUFFICIENT
@@ -42,16 +54,8 @@ from .compare_model import NO_CHANGE as NO_CHANGE
 from .compare_model import ONE_VALUE as ONE_VALUE
 from .compare_model import REGRESSION as REGRESSION
 from .compare_model import CandidateComparison, Comparison, MetricComparison, RunRef
+from .compare_noise import _Noise
 from .findings.fmt import ranges
-from .findings.noise import (
-    BUSY_RESIDUAL,
-    SATURATED_WAIT,
-    Contention,
-    explained_factor,
-    history_min_effect,
-    steal_factor,
-)
-from .findings.stats import min_rank_sum_p, rank_sum_p
 from .samples import OTHER, PHASES, RunSamples, read_samples, run_samples, with_goodput
 
 __all__ = [
@@ -74,7 +78,6 @@ DEFAULT_CONFIDENCE = 0.95
 # placement, data order), which a within-run interval cannot see; larger ones are worth a look.
 DEFAULT_MIN_EFFECT = 0.03
 DEFAULT_RESAMPLES = 2000
-MIN_WINDOWS = 3  # per side: fewer and resampling tells nothing
 FEW_WINDOWS = 10  # below this, a percentile bootstrap of a median is coarse: said in a note
 # a rest of the step below this per iteration is the rounding of its boundaries (whole nanoseconds, each rounded on
 # its own: phases given as float milliseconds sum to the step within a few ns), not time spent outside the phases
@@ -101,164 +104,6 @@ class ConfigMismatch(WorkloadMismatch):
     length, world size)."""
 
 
-# -- the statistics ----------------------------------------------------------------------------------------------------
-
-
-def decide(ci_low: float, ci_high: float, *, higher_is_better: bool, min_effect: float) -> str:
-    """The verdict for an interval of candidate/baseline."""
-    worse_above = not higher_is_better
-    if ci_low > 1 + min_effect:
-        return REGRESSION if worse_above else IMPROVEMENT
-    if ci_high < 1 - min_effect:
-        return IMPROVEMENT if worse_above else REGRESSION
-    return NO_CHANGE
-
-
-@dataclass(frozen=True)
-class _Settings:
-    confidence: float
-    min_effect: float
-    resamples: int
-    seed: int
-
-
-@dataclass(frozen=True)
-class _Metric:
-    metric: str
-    scope: str
-    label: str
-    unit: str
-    higher_is_better: bool
-    rank: int | None = None
-    windowed: bool = True  # a per-window series (a busy-free version exists), not one value per span
-
-
-# what each metric's series is, from a run: (run, busy_free) -> values
-_Series = Callable[[RunSamples, bool], list[float]]
-
-
-def _window_series(metric: str, rank: int | None = None) -> _Series:
-    return lambda run, busy_free: run.series(metric, rank, busy_free=busy_free)
-
-
-def _duration_series(kind: str) -> _Series:
-    return lambda run, busy_free: run.duration_series(kind)
-
-
-def _median_or_nan(values: Sequence[float]) -> float:
-    return _median(values) if values else math.nan
-
-
-def _compare_series(candidate: Sequence[float], baseline: Sequence[float], what: _Metric,
-                    settings: _Settings) -> MetricComparison:
-    c, b = _blocks(candidate), _blocks(baseline)
-
-    def result(ratio: float, low: float, high: float, verdict: str) -> MetricComparison:
-        return MetricComparison(
-            metric=what.metric, scope=what.scope, label=what.label, unit=what.unit,
-            higher_is_better=what.higher_is_better, rank=what.rank, baseline_median=_median_or_nan(b),
-            candidate_median=_median_or_nan(c), baseline_windows=len(baseline),
-            candidate_windows=len(candidate), ratio=ratio, ci_low=low, ci_high=high, verdict=verdict,
-            min_effect=settings.min_effect)
-
-    if len(c) < MIN_WINDOWS or len(b) < MIN_WINDOWS or _median(b) <= 0:
-        return result(math.nan, math.nan, math.nan, INSUFFICIENT)
-    if not settings.resamples:
-        return result(_median(c) / _median(b), math.nan, math.nan, NO_CHANGE)
-    alpha = 1 - settings.confidence
-    if min_rank_sum_p(len(c), len(b)) > alpha:
-        # a handful (of spans, or of report windows) cannot be told apart from a noisy machine at this confidence,
-        # whatever their spread (3 against 3 gives p >= 0.1); a percentile bootstrap of 3 values' median would
-        # still give an interval that excludes 1 whenever one side lies above the other
-        return dataclasses.replace(result(_median(c) / _median(b), math.nan, math.nan, INSUFFICIENT), note=(
-            f"{len(c)} against {len(b)} {'windows' if what.windowed else 'spans'}: too few for a test at "
-            f"{settings.confidence:.0%}"))
-    ratio, low, high = bootstrap_ratio(c, b, confidence=settings.confidence, resamples=settings.resamples,
-                                       seed=settings.seed)
-    verdict = decide(low, high, higher_is_better=what.higher_is_better, min_effect=settings.min_effect)
-    if verdict != NO_CHANGE and not what.windowed and rank_sum_p(c, b) >= alpha:
-        # spans are few: the bootstrap of their medians is coarse; the values must also tend to lie on one side
-        verdict = NO_CHANGE
-    return result(ratio, low, high, verdict)
-
-
-class _Noise:
-    """What a candidate's changes are judged against: the between-run spread of the perf tag's history (per metric)
-    and the candidate's and baseline's contention (``findings.noise``)."""
-
-    def __init__(self, candidate: RunSamples, baseline: RunSamples, history: Sequence[RunSamples],
-                 settings: _Settings) -> None:
-        self.candidate, self.baseline, self.history, self.settings = candidate, baseline, history, settings
-        self.busy_free = candidate.waits_known and baseline.waits_known
-        self.contention = (Contention.of(candidate.wait_fraction(), candidate.contention, candidate.cpu_count),
-                           Contention.of(baseline.wait_fraction(), baseline.contention, baseline.cpu_count))
-        self.factor, self.reason = explained_factor(*self.contention)
-        # the steal is in neither the CPU wait nor the CPU share: it multiplies what those explain
-        self.steal, why = steal_factor(*self.contention)
-        self.reason = "; ".join(r for r in (self.reason, why) if r)
-        self.widened: list[str] = []
-        # the metrics whose between-run spread the history measured (it needs MIN_HISTORY run medians: one or two
-        # earlier runs measure nothing, and must not switch off the busy-machine allowance and the notes)
-        self.measured: set[str] = set()
-
-    def settings_for(self, what: _Metric, series: _Series) -> _Settings:
-        """The settings with ``min_effect`` raised to the between-run spread of the history, where it is larger."""
-        if not self.history:
-            return self.settings
-        medians = [_median(v) for v in (series(run, False) for run in (*self.history, self.baseline)) if v]
-        spread = history_min_effect(medians, self.settings.confidence)
-        if spread is None:
-            return self.settings
-        self.measured.add(what.label)
-        if spread <= self.settings.min_effect:
-            return self.settings
-        spread = min(spread, 0.99)
-        self.widened.append(f"{what.label} +/-{spread:.0%}")
-        return dataclasses.replace(self.settings, min_effect=spread)
-
-    def judge(self, m: MetricComparison, what: _Metric, series: _Series, settings: _Settings) -> MetricComparison:
-        """A significant change of a time (or throughput) that the machine explains becomes inconclusive: the same
-        test on the windows' times net of the CPU wait no longer finds it; or the machine was busy, no earlier runs
-        measure the spread, and the change is within what a busy machine does to clean runs (``BUSY_RESIDUAL``,
-        times the process CPU share's factor when that is the only signal)."""
-        if not m.significant or what.metric == "goodput":
-            return m
-        slower = m.verdict == REGRESSION  # the candidate is the slower run (else the baseline is)
-        busier, other = self.contention if slower else self.contention[::-1]
-        # (both saturated alike, as ranks sharing cores on both sides: like for like, the net re-test below decides)
-        if busier.wait_fraction is not None and busier.wait_fraction > SATURATED_WAIT and \
-                (other.wait_fraction is None or other.wait_fraction <= SATURATED_WAIT):
-            return dataclasses.replace(m, verdict=INCONCLUSIVE, note=(
-                f"the {'candidate' if slower else 'baseline'} got less than half the CPU it asked for "
-                f"({busier.describe()}): its times say little of its code"))
-        if self.busy_free and what.windowed:
-            net = _compare_series(series(self.candidate, True), series(self.baseline, True), what, settings)
-            if net.verdict != m.verdict:
-                return dataclasses.replace(m, verdict=INCONCLUSIVE, note=(
-                    f"with the CPU wait taken out the change is {format_ratio(net.ratio)} ({net.verdict}): "
-                    + self.reason))
-            m_net = net
-        else:
-            m_net = m
-        # with the CPU waits known the net series above took the factor out: a wait ratio a hair off 1 (2% against
-        # 3%) says nothing of a busy machine, so only the busier run's own signals (or the steal) grant the allowance
-        explained = self.factor != 1.0 and not self.busy_free
-        if what.label in self.measured or not (busier.busy or explained or self.steal != 1.0):
-            return m
-        factor = (self.factor if not self.busy_free else 1.0) * self.steal
-        factor = factor if slower else 1 / factor
-        allowed = max(factor, 1.0) * (1 + BUSY_RESIDUAL)
-        # the bound of the (net) interval nearest "no change", as a slowdown factor of the busier run
-        low, high = m_net.ci_low, m_net.ci_high
-        nearest = (low if slower else 1 / high) if not what.higher_is_better else (1 / high if slower else low)
-        if nearest <= allowed:
-            return dataclasses.replace(m, verdict=INCONCLUSIVE, note=(
-                f"the {'candidate' if slower else 'baseline'} ran on a busy machine ({busier.describe()}); there "
-                f"busy-machine noise reaches {allowed - 1:.0%} between clean runs, and no earlier runs of this "
-                "perf_tag measure it better"))
-        return m
-
-
 def _training_seconds(run: RunSamples) -> float:
     """Seconds of training in ``run``: its median iteration time times its iterations (the lowest rank's windows);
     NaN when unknown."""
@@ -271,17 +116,6 @@ def _training_seconds(run: RunSamples) -> float:
 def _training_per_span(run: RunSamples, spans: int) -> float:
     """Seconds of training per span of a kind (``spans`` of them in ``run``); NaN when unknown."""
     return _training_seconds(run) / spans if spans >= 1 else math.nan
-
-
-def _within(candidate: Sequence[float], baseline: Sequence[float], min_effect: float) -> bool:
-    if len(candidate) < MIN_WINDOWS or len(baseline) < MIN_WINDOWS:
-        return False
-    b = _median(_blocks(baseline))
-    return b > 0 and abs(_median(_blocks(candidate)) / b - 1) <= min_effect
-
-
-def format_ratio(ratio: float) -> str:
-    return "-" if not math.isfinite(ratio) else f"{(ratio - 1) * 100:+.1f}%"
 
 
 def _metrics(candidate: RunSamples, baseline: RunSamples, phases: bool, ranks: bool,

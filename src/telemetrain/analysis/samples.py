@@ -21,7 +21,7 @@ from ..phase_times import phase_times
 from ..report.curves import CurveBuilder, is_user_group
 from ..semconv import series_key
 from ..store.layout import is_agent_file, is_process_file
-from ..store.reader import NotARunError, Run, open_run, read_run_meta, scan_process
+from ..store.reader import NotARunError, Run, in_start_order, open_run, read_run_meta, scan_process
 from .findings.inputs import contention_share
 
 __all__ = ["DURATIONS", "PHASES", "RunSamples", "Window", "read_samples", "run_samples", "with_goodput"]
@@ -390,7 +390,7 @@ def read_samples(path: str | Path, on_file: Callable[[int], None] | None = None,
             on_file(run_bytes(p))
         return result
     collector = _Collector(curves)
-    for log in run.processes:
+    for log in in_start_order(run.processes):  # (a series' steps in the order written: a restart's rollback)
         collector.feed(scan_process(log.paths, run.meta, _wanted))
         if on_file is not None:
             on_file(sum(f.stat().st_size for f in log.paths if f.exists()))
@@ -405,7 +405,7 @@ def run_samples(run: Run | str | Path) -> RunSamples:
     if not run.processes:
         raise NotARunError(f"{run.path} holds no process files")
     collector = _Collector()
-    for process in run.processes:
+    for process in in_start_order(run.processes):
         collector.feed(process.records)
     return collector.result(run.path, run.meta)
 

@@ -14,6 +14,16 @@ and a one-step spike still shows in its bucket's max.
 
 The x axis of a series is its ``step`` when its first point has one (``Telemetry.log(..., step=)``,
 ``metric(step=)``), else the wall time (seconds since the run's start): torchelastic's ``put_metric`` has no step.
+
+A stepped series whose step goes back (lower than the highest step of the current attempt, same rank and series, in
+the order the points are fed: a rollback to a checkpoint, in the process or after a restart writing to the same run)
+starts a new attempt: the buckets wholly at or past the step it went back to move to the series' *abandoned* buckets
+(drawn dimmed, the rollback marked), so the curve follows the latest attempt of each step, the steps the final model
+saw -- TensorBoard's ``purge_step`` and its reader's purge of orphaned events, and W&B's rewind, do the same. The same
+step again (gradient-accumulation micro-batches logged at one step) is not a rollback: those values are that step's.
+A bucket that straddles the step gone back to keeps both attempts' values (the curve's resolution is its bucket).
+Past ``MAX_ROLLBACKS`` rollbacks the series' step is not training progress (an index that restarts every epoch):
+the abandoned buckets merge back and every value counts, as without the rule.
 """
 
 from __future__ import annotations
@@ -40,39 +50,31 @@ from .curve_buckets import (
     pack_series,
     unpack,
 )
+from .curve_names import _SYSTEM_GROUPS as _SYSTEM_GROUPS  # (re-exported: curves_sql's filter)
+from .curve_names import EVAL_WORDS as EVAL_WORDS  # (the names: re-exported, callers import them from here)
+from .curve_names import is_eval as is_eval
+from .curve_names import is_user_group as is_user_group
+from .curve_names import pick_loss as pick_loss
 
 __all__ = [
     "EVAL_WORDS",
+    "MAX_ROLLBACKS",
     "MIN_POINTS",
     "BucketPoint",
     "Curve",
     "CurveBuilder",
     "CurveLine",
+    "Rollback",
     "is_eval",
     "is_user_group",
     "pick_loss",
 ]
 
 CAPACITY = 256  # buckets per (group, name, rank) series
+MAX_ROLLBACKS = 16  # per series and rank: more, and its step is not training progress (the module's docstring)
 MIN_POINTS = 4  # a metric with fewer values (on its busiest rank) is a table row, not a chart
 MAX_RANK_LINES = 8  # more ranks that differ: their median, and a min..max band across ranks
 WALL_WIDTH_NS = 1_000_000  # the first bucket width of a wall-time axis: 1 ms
-EVAL_WORDS = frozenset({"val", "valid", "validation", "eval", "evaluation", "test", "dev"})
-_SYSTEM_GROUPS = frozenset({"training", "system", "cross_rank", "telemetrain"})
-
-
-def is_user_group(group: str) -> bool:
-    """A metric the user recorded (``train``, ``val``, ``default``, ...), not one of the training lifecycle's derived
-    metrics (``training``), the system sampler's (``system``, ``system.*``) or the cross-rank aggregator's; the same
-    split as the findings engine's value series."""
-    return group not in _SYSTEM_GROUPS and not group.startswith("system.")
-
-
-def is_eval(name: str) -> bool:
-    """An evaluation metric: a part of its name (split on ``. / _ -``) is val, eval, test, ...: charted by step with
-    its points marked (they are few)."""
-    parts = name.lower().replace("/", ".").replace("_", ".").replace("-", ".").split(".")
-    return any(p in EVAL_WORDS for p in parts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +103,15 @@ class CurveLine:
 
 
 @dataclass(frozen=True, slots=True)
+class Rollback:
+    """A stepped series that went back: from ``from_step`` (the highest step of the attempt left) to ``to_step``."""
+
+    rank: int
+    from_step: int
+    to_step: int
+
+
+@dataclass(frozen=True, slots=True)
 class Curve:
     group: str
     name: str
@@ -112,6 +123,11 @@ class Curve:
     ranks: int  # ranks that recorded it
     ranks_differ: bool
     bucket_width: float  # steps (or seconds) per drawn point: 1 when every point is drawn
+    # the values of attempts a rollback left (one line per rank that has them, the first MAX_RANK_LINES), and the
+    # rollbacks (the first MAX_ROLLBACKS of each rank; one per (from, to) when ranks went back alike)
+    abandoned: tuple[CurveLine, ...] = ()
+    rollbacks: tuple[Rollback, ...] = ()
+    abandoned_points: int = 0
 
     @property
     def title(self) -> str:
@@ -135,6 +151,10 @@ class _Series:
     buckets: dict[int, Any] | PackedBuckets = field(default_factory=dict)
     last_step: int = 0
     points: int = 0
+    high: int | None = None  # the highest step of the current attempt
+    abandoned: dict[int, Any] = field(default_factory=dict)  # keyed as ``buckets``, at the same width
+    rollbacks: list[tuple[int, int]] = field(default_factory=list)  # (from, to), the first MAX_ROLLBACKS
+    went_back: int = 0  # rollbacks, all of them (past MAX_ROLLBACKS: none is applied)
 
 
 class CurveBuilder:
@@ -172,6 +192,10 @@ class CurveBuilder:
                 x = s.last_step  # a point without a step in a stepped series: at the last step seen
             else:
                 x = s.last_step = int(step)
+                if s.high is None or x > s.high:
+                    s.high = x
+                elif x < s.high:
+                    self._rollback(s, x)
         else:
             x = int(wall_ns)
         s.points += 1
@@ -209,11 +233,12 @@ class CurveBuilder:
         b[XN] += 1
 
     def add_bucket(self, rank: int, group: str, name: str, by_step: bool, x: int, stats: Sequence[Any],
-                   first_wall_ns: int, unit: str = "") -> None:
+                   first_wall_ns: int, unit: str = "", *, abandoned: bool = False) -> None:
         """Points aggregated elsewhere (``curves_sql``: DuckDB groups a series' points by ``x // w``, ``w`` a power
         of two), ``x`` the first x of their bucket; ``stats`` in the bucket slots' order (finite count, sum, min, max,
         x of the max, non-finite count, x of the first non-finite, last wall ns, sum of x, points). Merged as ``add``
-        merges points: the same buckets once this builder's width reaches ``w``, which its first widening does."""
+        merges points: the same buckets once this builder's width reaches ``w``, which its first widening does.
+        ``abandoned``: the points of attempts a rollback left (``note_rollback``), found by the SQL."""
         if not is_user_group(group) or not stats[XN]:
             return
         by_rank = self._series.get((group, name))
@@ -224,6 +249,8 @@ class CurveBuilder:
             by_rank[rank] = s = _Series(by_step, 1 if by_step else WALL_WIDTH_NS, unit)
         if s.by_step != by_step:  # (a rank whose points disagree on having a step: as ``add``, by its first)
             return
+        if unit and not s.unit:  # (a series ``note_rollback`` opened)
+            s.unit = unit
         s.points += int(stats[XN])
         if self.first_wall_ns is None or first_wall_ns < self.first_wall_ns:
             self.first_wall_ns = first_wall_ns
@@ -233,36 +260,71 @@ class CurveBuilder:
         if not b[BAD]:
             b[BAD_X] = math.nan
         buckets = _opened_series(s)
+        into_dict = s.abandoned if abandoned else buckets
         key = x // s.width
-        into = buckets.get(key)
+        into = into_dict.get(key)
         if into is not None:
             if type(into) is bytes:
-                into = buckets[key] = unpack(into)
+                into = into_dict[key] = unpack(into)
             merge(into, b)
             return
-        buckets[key] = b
-        if len(buckets) > self.capacity:
+        into_dict[key] = b
+        if len(into_dict) > self.capacity:
+            self._shrink(s, buckets)
+
+    def note_rollback(self, rank: int, group: str, name: str, from_step: int, to_step: int) -> None:
+        """A rollback found elsewhere (``curves_sql``), its points fed with ``add_bucket(..., abandoned=True)``."""
+        s = self._series.get((group, name), {}).get(rank)
+        if s is None:
+            s = self._series.setdefault((group, name), {})[rank] = _Series(True, 1, "")
+        s.went_back += 1
+        if len(s.rollbacks) < MAX_ROLLBACKS:
+            s.rollbacks.append((from_step, to_step))
+
+    def _rollback(self, s: _Series, to: int) -> None:
+        """The series went back to step ``to``: a new attempt; the buckets wholly at or past it are abandoned."""
+        s.went_back += 1
+        if s.went_back > MAX_ROLLBACKS:
+            if s.abandoned:  # not restarts: every value counts, the abandoned ones merged back
+                buckets = _opened_series(s)
+                for key, b in s.abandoned.items():
+                    into = buckets.get(key)
+                    if into is None:
+                        buckets[key] = b
+                    else:
+                        if type(into) is bytes:
+                            into = buckets[key] = unpack(into)
+                        merge(into, b)
+                s.abandoned = {}
+                if len(buckets) > self.capacity:
+                    self._shrink(s, buckets)
+            return
+        s.rollbacks.append((int(s.high if s.high is not None else to), to))
+        s.high = to
+        buckets = _opened_series(s)
+        first = -(-to // s.width)  # the first bucket whose steps all lie at or past ``to``
+        for key in [k for k in buckets if k >= first]:
+            b = opened(buckets.pop(key))
+            into = s.abandoned.get(key)
+            if into is None:
+                s.abandoned[key] = b
+            else:
+                merge(into, b)
+        if len(s.abandoned) > self.capacity:
             self._shrink(s, buckets)
 
     def _shrink(self, s: _Series, buckets: dict[int, Any]) -> dict[int, Any]:
-        """Widen the buckets (a power of two, enough to fit half the capacity) and merge neighbours; the series'
-        buckets now."""
-        keys = buckets.keys()
+        """Widen the buckets (a power of two, enough to fit half the capacity) and merge neighbours, the abandoned
+        ones too (the same width: the span of both counts); the series' buckets now."""
+        keys = [*buckets.keys(), *s.abandoned.keys()]
         span = max(keys) - min(keys) + 1
         factor = 2
         while span / factor > self.capacity // 2:
             factor *= 2
         s.width *= factor
-        merged: dict[int, Any] = {}
-        for key, b in buckets.items():
-            into = merged.get(key // factor)
-            if into is None:
-                merged[key // factor] = b
-            else:
-                if type(into) is bytes:
-                    into = merged[key // factor] = unpack(into)
-                merge(into, opened(b))
-        s.buckets = merged
+        s.buckets = merged = _widened(buckets, factor)
+        if s.abandoned:
+            s.abandoned = {k: opened(b) for k, b in _widened(s.abandoned, factor).items()}
         return merged
 
     def pack(self, ranks: Iterable[int]) -> None:
@@ -323,9 +385,37 @@ class CurveBuilder:
         else:
             lines = (_median_line(aligned, scale, origin, start_ns),)
         unit = next((s.unit for s in series.values() if s.unit), "")
+        left = [(rank, _align(s, width, True)) for rank, s in sorted(series.items()) if s.abandoned]
+        abandoned = tuple(
+            CurveLine(f"rank {rank}, abandoned", tuple(_point(k, b, scale, origin, start_ns)
+                                                       for k, b in sorted(buckets.items())), rank)
+            for rank, buckets in left[:MAX_RANK_LINES])
+        seen: set[tuple[int, int]] = set()
+        rollbacks = []
+        for rank, s in sorted(series.items()):
+            for went in s.rollbacks if s.went_back <= MAX_ROLLBACKS else ():  # (past it: merged back, none)
+                if went not in seen:  # (data-parallel ranks go back alike: once)
+                    seen.add(went)
+                    rollbacks.append(Rollback(rank, *went))
         return Curve(group=key[0], name=key[1], unit=unit, by_step=by_step, lines=lines, points=total,
                      nonfinite=nonfinite, ranks=len(aligned), ranks_differ=differ,
-                     bucket_width=width * scale if by_step else width * 1e-9)
+                     bucket_width=width * scale if by_step else width * 1e-9, abandoned=abandoned,
+                     rollbacks=tuple(rollbacks),
+                     abandoned_points=sum(int(b[XN]) for _, buckets in left for b in buckets.values()))
+
+
+def _widened(buckets: dict[int, Any], factor: int) -> dict[int, Any]:
+    """``buckets`` merged ``factor`` neighbours to one (the dict's own buckets, changed)."""
+    merged: dict[int, Any] = {}
+    for key, b in buckets.items():
+        into = merged.get(key // factor)
+        if into is None:
+            merged[key // factor] = b
+        else:
+            if type(into) is bytes:
+                into = merged[key // factor] = unpack(into)
+            merge(into, opened(b))
+    return merged
 
 
 def _opened_series(s: _Series) -> dict[int, Any]:
@@ -335,14 +425,16 @@ def _opened_series(s: _Series) -> dict[int, Any]:
     return s.buckets
 
 
-def _align(s: _Series, width: int) -> dict[int, list[float]]:
-    """The series' buckets at ``width`` (a power-of-two multiple of its own): at its own width, the builder's lists
-    (only read) and the packed ones unpacked; else merged copies (the builder keeps going)."""
+def _align(s: _Series, width: int, abandoned: bool = False) -> dict[int, list[float]]:
+    """The series' buckets (or its abandoned ones) at ``width`` (a power-of-two multiple of its own): at its own
+    width, the builder's lists (only read) and the packed ones unpacked; else merged copies (the builder keeps
+    going)."""
     factor = width // s.width
+    buckets = s.abandoned if abandoned else s.buckets
     if factor == 1:
-        return {k: opened(b) for k, b in s.buckets.items()}
+        return {k: opened(b) for k, b in buckets.items()}
     out: dict[int, list[float]] = {}
-    for key, b in s.buckets.items():
+    for key, b in buckets.items():
         into = out.get(key // factor)
         if into is None:
             out[key // factor] = unpack(b) if type(b) is bytes else list(b)
@@ -396,25 +488,3 @@ def _median_line(aligned: dict[int, dict[int, list[float]]], scale: float, origi
             band.append((math.nan, math.nan))
         points.append(p)
     return CurveLine(f"median of {len(aligned)} ranks", tuple(points), None, tuple(band))
-
-
-def pick_loss(names: Iterable[tuple[str, str]], wanted: str | None = None) -> tuple[str, str] | None:
-    """The (group, name) of the run's training loss: ``wanted`` when given (a name, or group/name), else a metric
-    named ``loss``, ``train/loss``, ``train.loss``, ``train_loss`` (in a group that is not an evaluation group's, when
-    there is one), else the first user metric whose name ends in ``loss`` and is not an evaluation metric, else any
-    ending in ``loss``."""
-    # a name logged in an evaluation group too (``eval``/``loss`` beside ``train``/``loss``): the other group's first
-    items = sorted(sorted(names), key=lambda item: is_eval(item[0]))
-    if wanted:
-        for group, name in items:
-            if wanted in (name, f"{group}/{name}", f"{group}.{name}"):
-                return group, name
-        return None
-    for preferred in ("loss", "train/loss", "train.loss", "train_loss", "training_loss", "train/loss_step"):
-        for group, name in items:
-            if name.lower() == preferred:
-                return group, name
-    ending = [(g, n) for g, n in items if n.lower().endswith("loss") and is_user_group(g)]
-    training = [(g, n) for g, n in ending if not is_eval(n) and not is_eval(g)]
-    found = training or ending
-    return found[0] if found else None

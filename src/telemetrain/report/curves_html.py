@@ -56,7 +56,9 @@ def curves_section(curves: Sequence[Curve],
            f"at least {MIN_POINTS} values, by step when it was logged with one (else by time). Thin line: the raw "
            "values (the mean of each bucket when there are more points than the chart draws; shaded: the bucket's "
            "min..max), thick line (from 20 points): smoothed by a centered rolling median. One line per rank where "
-           "the ranks' values differ. Red triangles: spikes above the axis; black crosses: NaN/inf values.</p>",
+           "the ranks' values differ. Red triangles: spikes above the axis; black crosses: NaN/inf values; dashed "
+           "grey: values of an attempt a rollback left (a step that went back), the dashed vertical line where it "
+           "went back to.</p>",
            '<div class="cols">']
     for c in shown:
         facts = [f"{c.points:,} value(s)", f"{c.ranks} rank(s)" + (", differing" if c.ranks_differ else "")]
@@ -64,6 +66,10 @@ def curves_section(curves: Sequence[Curve],
             facts.append(f"{c.bucket_width:,.0f} steps per point")
         if c.nonfinite:
             facts.append(f"{c.nonfinite} NaN/inf")
+        if c.rollbacks:
+            went = ", ".join(f"{r.from_step:,} to {r.to_step:,}" for r in c.rollbacks[:3])
+            facts.append(f"went back {len(c.rollbacks)} time(s) ({went}{', ...' if len(c.rollbacks) > 3 else ''}): "
+                         f"the line follows the latest attempt, {c.abandoned_points:,} abandoned value(s) dashed grey")
         if c.unit:
             facts.append(f"unit {c.unit}")
         kind = "evaluation" if c.evaluation else ""

@@ -8,6 +8,13 @@ it, after which its buckets are the ones it would have built from the points one
 the buckets are single steps and the curves are those of the record-by-record pass exactly; above, a drawn point may
 cover twice the steps it covers there (the same series, at the next resolution). A point without a step in a series
 whose first point had one is left out (the record pass puts it at the last step seen).
+
+Rollbacks (``curves``: a step lower than the one before it, same rank and series) are found per group of ranks in the
+order the points were written -- the processes by their first point's wall time, then pid, segment file and line --
+with one window (``lag``) over the group's stepped points; a series that went back more than ``MAX_ROLLBACKS`` times
+has none. A point is abandoned when a later rollback of its series went back to its step or below; the abandoned
+points are bucketed apart (exactly: a bucket that straddles the step gone back to is split here, where the record
+pass keeps it whole).
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..store.rank_groups import rank_groups
-from .curves import _SYSTEM_GROUPS, WALL_WIDTH_NS, CurveBuilder
+from .curves import _SYSTEM_GROUPS, MAX_ROLLBACKS, WALL_WIDTH_NS, CurveBuilder
 
 __all__ = ["feed_curves"]
 
@@ -61,32 +68,68 @@ WITH s AS (
          CASE WHEN c_by_step THEN c_s1 - c_s0 + 1 ELSE (c_w1 - c_w0) // {WALL_WIDTH_NS} + 1 END AS span
   FROM {extents} WHERE c_by_step IS NOT NULL)
 SELECT rank, g, name, by_step, CASE WHEN by_step THEN {width} ELSE {width} * {WALL_WIDTH_NS} END AS w,
-       CASE WHEN by_step THEN span ELSE 0 END AS steps FROM s""")
+       CASE WHEN by_step THEN span ELSE 0 END AS steps, row_number() OVER () AS sid FROM s""")
     add = builder.add_bucket
     for ranks in rank_groups(engine.rows("SELECT rank, count(*), sum(steps) FROM curves_widths GROUP BY rank "
                                          "ORDER BY rank"), SERIES_AT_ONCE, POINTS_AT_ONCE):
+        src = f"(SELECT * FROM {metrics} WHERE {numeric} AND rank IN {ranks})"
+        # each process's place among the rank's processes, by its start: a restart's points come after
+        starts = (f"(SELECT rank, pid, row_number() OVER (PARTITION BY rank ORDER BY min(wall_ns), pid) AS ix "
+                  f"FROM {src} GROUP BY rank, pid)")
+        went_back = _rollbacks(engine, src, starts)
+        for rank, group, name, from_step, to_step in went_back:
+            builder.note_rollback(int(rank), group, name, int(from_step), int(to_step))
+        gone = "FALSE"
+        if went_back:
+            later = ("q.ix > p.ix OR (q.ix = p.ix AND (q.segment > m.segment OR (q.segment = m.segment AND "
+                     "q.line > m.line)))")
+            gone = (f"s.by_step AND EXISTS (SELECT 1 FROM curves_rollbacks q WHERE q.sid = s.sid AND "
+                    f"q.to_step <= m.step AND ({later}))")
         query = f"""
 WITH x AS (
   SELECT m.rank, s.g, s.name, s.by_step, s.w, m.wall_ns, m.unit,
          CASE WHEN isfinite(m.value) THEN m.value END AS v,
-         CASE WHEN s.by_step THEN m.step ELSE m.wall_ns END AS x
-  FROM (SELECT * FROM {metrics} WHERE {numeric} AND rank IN {ranks}) m
+         CASE WHEN s.by_step THEN m.step ELSE m.wall_ns END AS x, {gone} AS gone
+  FROM {src} m
   JOIN curves_widths s ON m.rank = s.rank AND m.group_name = s.g AND m.skey = s.name
+  {f"JOIN {starts} p ON p.rank = m.rank AND p.pid = m.pid" if went_back else ""}
   WHERE NOT s.by_step OR m.step IS NOT NULL)
 SELECT rank, g, name, by_step, (x // w) * w AS x0,
        count(v), coalesce(fsum(v), 0.0), min(v), max(v), arg_max(x, CASE WHEN v IS NOT NULL THEN (v, -x) END),
        count(*) - count(v), min(x) FILTER (WHERE v IS NULL),
-       max(wall_ns), fsum(x::DOUBLE), count(*), min(wall_ns), max(unit)
-FROM x GROUP BY rank, g, name, by_step, x0 ORDER BY rank, g, name, x0"""
+       max(wall_ns), fsum(x::DOUBLE), count(*), min(wall_ns), max(unit), gone
+FROM x GROUP BY rank, g, name, by_step, x0, gone ORDER BY rank, g, name, x0, gone"""
         fed: set[int] = set()
         for _, batch in engine.stream(query):
-            for rank, group, name, by_step, x0, n, total, lo, hi, hi_x, bad, bad_x, wall, xsum, xn, first, unit \
-                    in batch:
+            for rank, group, name, by_step, x0, n, total, lo, hi, hi_x, bad, bad_x, wall, xsum, xn, first, unit, \
+                    abandoned in batch:
                 add(int(rank), group, name, bool(by_step), int(x0),
                     [n, float(total), lo if n else 0.0, hi if n else 0.0, hi_x if n else 0, bad, bad_x if bad else 0,
-                     wall, float(xsum), xn], int(first), unit or "")
+                     wall, float(xsum), xn], int(first), unit or "", abandoned=bool(abandoned))
                 fed.add(int(rank))
         # these ranks' buckets are complete (a rank is in one group): packed, 81 bytes each instead of ~430 as
         # lists of numbers, while the next groups are read and until the report is drawn (curve_buckets)
         builder.pack(fed)
     engine.execute("DROP TABLE curves_widths")
+    engine.execute("DROP TABLE IF EXISTS curves_rollbacks")
+
+
+def _rollbacks(engine: Any, src: str, starts: str) -> list[tuple[Any, ...]]:
+    """The rollbacks of the stepped series of these points (``src``), kept in ``curves_rollbacks`` with where each
+    was written: (rank, group, series, from step, to step) each, in order. Past ``MAX_ROLLBACKS`` in a series:
+    none (its step is not training progress)."""
+    # (the window sorts every stepped point of the group: only a series number and the order's integers travel
+    # with it, not the names -- docs/scale.md)
+    engine.execute(f"""CREATE OR REPLACE TEMP TABLE curves_rollbacks AS
+WITH o AS (
+  SELECT s.sid, m.step, p.ix, m.segment, m.line,
+         lag(m.step) OVER (PARTITION BY s.sid ORDER BY p.ix, m.segment, m.line) AS prev
+  FROM {src} m
+  JOIN curves_widths s ON m.rank = s.rank AND m.group_name = s.g AND m.skey = s.name AND s.by_step
+  JOIN {starts} p ON p.rank = m.rank AND p.pid = m.pid
+  WHERE m.step IS NOT NULL)
+SELECT sid, prev AS from_step, step AS to_step, ix, segment, line FROM o WHERE step < prev
+QUALIFY count(*) OVER (PARTITION BY sid) <= {MAX_ROLLBACKS}""")
+    return list(engine.rows("SELECT s.rank, s.g, s.name, q.from_step, q.to_step FROM curves_rollbacks q "
+                            "JOIN curves_widths s ON q.sid = s.sid ORDER BY s.rank, s.g, s.name, q.ix, q.segment, "
+                            "q.line"))

@@ -4,7 +4,9 @@ One chart per metric: per line (one per rank where the ranks differ, else one) t
 each bucket's mean, shaded from the bucket's min to its max when a bucket holds several values -- and the smoothed
 line over it (``curve_scale.smooth``: a centered rolling median). Log y when the values span two decades; spikes
 above the robust range are red triangles at the top edge; NaN/inf values are black crosses at the bottom edge and a
-gap in the line. Several runs (``compare``) overlay on one chart, one colour per run.
+gap in the line. Several runs (``compare``) overlay on one chart, one colour per run. The values of attempts a
+rollback left (``curves``: a step that went back) are a dashed grey line under the curve, and each rollback a dashed
+vertical line at the step it went back to; the y axis is the curve's (an attempt that diverged is clipped at it).
 """
 
 from __future__ import annotations
@@ -125,6 +127,22 @@ def _draw_line(plot: _Plot, line: CurveLine, colour: str, label: str) -> list[st
     return out
 
 
+def _abandoned(plot: _Plot, curve: Curve) -> list[str]:
+    out = []
+    for line in curve.abandoned:
+        raw = plot.path([p.x for p in line.points], [p.mean for p in line.points])
+        if raw:
+            out.append(f'<path class="abandoned" d="{raw}" fill="none" stroke="#888" stroke-width="1" '
+                       f'stroke-dasharray="3,2" stroke-opacity="0.7"><title>{esc(line.label)}: values of an attempt '
+                       "a rollback left (not the steps the final model saw)</title></path>")
+    for r in curve.rollbacks[:50]:
+        x = plot.px(r.to_step)
+        out.append(f'<line class="rollback" x1="{x:.1f}" x2="{x:.1f}" y1="{plot.top}" y2="{plot.bottom}" '
+                   f'stroke="#555" stroke-dasharray="4,3"><title>{esc(f"rank {r.rank}: went back from step ")}'
+                   f"{r.from_step:,} to {r.to_step:,} (a rollback: the curve follows the new attempt)</title></line>")
+    return out
+
+
 def _band(plot: _Plot, xs: Sequence[float], lo: Sequence[float], hi: Sequence[float], colour: str, tip: str,
           opacity: float) -> str:
     pairs = [(x, a, b) for x, a, b in zip(xs, lo, hi, strict=True) if math.isfinite(a) and math.isfinite(b)
@@ -185,23 +203,29 @@ def text_alternative(curve: Curve) -> str:
                  f"{at(last.x)}; lowest {num(min(p.lo for p in every))}, highest {num(max(p.hi for p in every))}")
     if curve.nonfinite:
         text += f"; {curve.nonfinite:,} NaN/inf"
+    if curve.rollbacks:
+        text += (f"; went back {len(curve.rollbacks)} time(s) (first from step {curve.rollbacks[0].from_step:,} to "
+                 f"{curve.rollbacks[0].to_step:,}): {curve.abandoned_points:,} values of abandoned attempts, dimmed")
     return text
 
 
 def curve_chart(curve: Curve, *, width: int = 600, height: int = 220) -> str:
     """One metric of one run."""
-    x = _x_range(curve.lines)
+    x = _x_range((*curve.lines, *curve.abandoned))
     scale = y_scale(curve.lines, allow_log=log_allowed(curve.name))
     if x is None or scale is None:
         return ""
     plot = _Plot(width, height, x, scale)
     out = [_svg_open(width, height + 18, text_alternative(curve), curve.title)]
     out += plot.axes(curve.unit, curve.by_step, curve.x_label)
+    out += _abandoned(plot, curve)
     legend = []
     for i, line in enumerate(curve.lines):
         colour = PALETTE[i % len(PALETTE)]
         out += _draw_line(plot, line, colour, line.label)
         legend.append((line.label, colour))
+    if curve.abandoned:
+        legend.append(("abandoned attempt", "#888"))
     out += _spikes(plot, scale.spikes, curve.title)
     out += _legend(legend, plot.left, height + 5, width)
     out.append("</svg>")

@@ -19,7 +19,7 @@ from ..analysis.findings.builder import STALL, STALL_EVIDENCE
 from ..analysis.findings.worker_exits import EVENT as WORKER_FAILED
 from ..phase_times import iteration_time, phase_times
 from ..semconv import series_key
-from ..store.reader import ProcessLog, Run
+from ..store.reader import ProcessLog, Run, in_start_order
 from ..training.names import checkpoint_step
 from .curves import CurveBuilder
 from .headline import _num
@@ -161,7 +161,7 @@ class _Collector:
         self.curves = CurveBuilder()  # the user's metrics, bucketed for the charts
 
     def collect(self) -> None:
-        for log in self.run.processes:
+        for log in in_start_order(self.run.processes):  # (the curves follow each series' steps as written)
             self._process(log, f"rank {log.rank}", agent=False)
         for log in self.run.agents:
             self._process(log, f"agent {log.identity.host}", agent=True)

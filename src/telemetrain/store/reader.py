@@ -26,8 +26,8 @@ from .codec import INT64_MAX, READ_VERSIONS, decode_identity, decode_line, untag
 from .layout import FORMAT_VERSION, RUN_META, is_agent_file
 from .segments import SegmentName, parse_segment_name, process_segments
 
-__all__ = ["FormatVersionError", "NotARunError", "ProcessLog", "Run", "check_run_format", "find_runs", "open_run",
-           "read_run_meta"]
+__all__ = ["FormatVersionError", "NotARunError", "ProcessLog", "Run", "check_run_format", "find_runs", "in_start_order",
+           "open_run", "read_run_meta"]
 
 
 class NotARunError(ValueError):
@@ -82,6 +82,7 @@ class ProcessLog:
         self._header: dict[str, Any] = {}
         self._torn = self._corrupt = 0
         self._count: int | None = None  # records, when known without reading them (set_counts)
+        self._start: int | None = None  # the first header's wall time (start_wall_ns)
 
     @property
     def agent(self) -> bool:
@@ -136,13 +137,26 @@ class ProcessLog:
     def pid(self) -> int:
         return self._name.pid if self._name is not None else self.identity.pid
 
+    @property
+    def start_wall_ns(self) -> int:
+        """The wall time of the process's first header (its start), read from the first line only; 0 when unknown.
+        Readers that follow a series' steps across the processes of a run (a restart that rolls back: the report's
+        curves) take them in this order: the file names' order is the pids', which a restart need not raise."""
+        if self._start is None:
+            self._first_identity()
+        return self._start or 0
+
     def _first_identity(self) -> Identity:
         """The identity of the first header, read without loading the file (the first line only)."""
+        self._start = 0
         try:
             with open(self.path, "rb") as fh:
                 first = fh.readline(1 << 20)
             if first.endswith(b"\n"):
-                return decode_identity(json.loads(first))
+                header = json.loads(first)
+                wall = header.get("wall_ns") if isinstance(header, dict) else None
+                self._start = wall if type(wall) is int else 0
+                return decode_identity(header)
         except (OSError, ValueError, RecursionError):
             pass
         return fallback_identity(self.path, self._meta)
@@ -418,6 +432,12 @@ def read_run_meta(path: Path) -> dict[str, Any]:
 
 
 _read_meta = read_run_meta
+
+
+def in_start_order(logs: Iterable[ProcessLog]) -> list[ProcessLog]:
+    """``logs`` by rank (as listed), then each rank's by their start (``ProcessLog.start_wall_ns``) and pid: the
+    order each rank's records were written in."""
+    return sorted(logs, key=lambda log: (log.rank, log.start_wall_ns, log.pid))
 
 
 def list_processes(p: Path) -> dict[tuple[bool, int, int], list[Path]]:
