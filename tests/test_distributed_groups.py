@@ -1,0 +1,147 @@
+"""Collectives beyond the default group: sequence numbers per process group (``new_group``, DeviceMesh dimensions),
+point-to-point pairs and ``batch_isend_irecv``, and the agent's view of a hang in a subgroup.
+
+The gloo tests run 4 real ranks (torch.multiprocessing): two data-parallel pairs, each all-reducing on its pair only
+(pair 0..1 twice a step, pair 2..3 once), and a global barrier.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from telemetrain.distributed.stall_view import classify
+
+_PAIRS_WORKER = """
+import json, os, sys, time, torch, torch.distributed as dist, torch.multiprocessing as mp, telemetrain
+from torch.distributed.device_mesh import init_device_mesh
+from telemetrain.distributed import collectives
+from telemetrain.distributed.comm import comm_monitor
+from telemetrain.distributed.evidence import collective_state
+
+def wait_file(path):
+    while not os.path.exists(path):
+        time.sleep(0.01)
+
+def main(rank, folder):
+    dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank, world_size=4)
+    t = telemetrain.Telemetry(store=False)
+    c, monitor = collectives.using(t), comm_monitor(t)
+    pair = [dist.new_group([0, 1]), dist.new_group([2, 3])][rank // 2]
+    x = torch.ones(4)
+    for step in range(3):  # a clean job: pair 0..1 all-reduces twice a step, pair 2..3 once
+        for _ in range(2 if rank < 2 else 1):
+            c.all_reduce(x, group=pair)
+        c.barrier()
+    clean = collective_state(monitor, time.monotonic_ns())
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    c.all_reduce(x, group=mesh.get_group("tp"))
+    tp = monitor.last_done
+    peer = rank ^ 1  # point-to-point within the pair: a pipeline's send/recv, batched
+    works = c.batch_isend_irecv([dist.P2POp(dist.isend, torch.ones(4), peer),
+                                 dist.P2POp(dist.irecv, torch.empty(4), peer)])
+    for w in works:
+        w.wait()
+    batch = monitor.last_done
+    # the hang: rank 1 stays out (in forward, say); rank 0 waits for it in the pair's all-reduce, ranks 2..3 in the
+    # global barrier (their pair's all-reduce done)
+    if rank == 1:
+        for r in (0, 2, 3):
+            wait_file(f"{folder}/ready{r}")
+        hang = {"phase": "forward", **collective_state(monitor, time.monotonic_ns())}
+    else:
+        if rank >= 2:
+            c.all_reduce(x, group=pair)
+        work = c.all_reduce(x, group=pair, async_op=True) if rank == 0 else c.barrier(async_op=True)
+        time.sleep(0.2)
+        hang = {"phase": "backward", **collective_state(monitor, time.monotonic_ns())}
+        open(f"{folder}/ready{rank}", "w").close()
+    if rank == 1:
+        c.all_reduce(x, group=pair)
+        c.barrier()
+    else:
+        work.wait()
+        if rank == 0:
+            c.barrier()
+    while monitor.open_ops():  # (an async_op work's completion callback runs in gloo's thread)
+        time.sleep(0.01)
+    out = {"clean": clean, "hang": hang, "tp": [tp.group, tp.group_ranks, tp.group_seq],
+           "batch": [batch.kind, batch.nbytes, batch.state, batch.group, batch.group_seq],
+           "states": sorted({o.state for o in monitor._ops})}
+    with open(f"{folder}/rank{rank}.json", "w") as f:
+        json.dump(out, f)
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.spawn(main, args=(sys.argv[1],), nprocs=4)
+"""
+
+
+def _pairs_job(tmp_path: Path) -> dict[int, dict[str, Any]]:
+    script = tmp_path / "pairs.py"
+    script.write_text(_PAIRS_WORKER)
+    subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=240,
+                   check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return {r: json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)}
+
+
+def test_subgroup_collectives_are_numbered_per_group_and_a_hang_in_a_pair_names_the_rank_that_stayed_out(
+        tmp_path: Path) -> None:
+    ranks = _pairs_job(tmp_path)
+    # a clean job: each rank's last collective is the global barrier #3, the same number on every rank, though
+    # pair 0..1 made 9 collectives and pair 2..3 made 6
+    clean = [ranks[r]["clean"] for r in range(4)]
+    assert {(c["last_completed_collective"], c["last_completed_seq"]) for c in clean} == {("barrier", 3)}
+    assert [c["collectives_total"] for c in clean] == [9, 9, 6, 6]
+    assert len({c["last_completed_group"] for c in clean}) == 1
+    # a DeviceMesh dimension is a group too: its members agree on its name and its count
+    tp = [ranks[r]["tp"] for r in range(4)]
+    assert tp[0] == tp[1] and tp[2] == tp[3] and tp[0][0] != tp[2][0]
+    assert (tp[0][1:], tp[2][1:]) == (["0..1", 1], ["2..3", 1])
+    # batch_isend_irecv: one operation, both tensors' bytes, done when both works are, counted for the pair
+    assert ranks[0]["batch"] == ranks[1]["batch"] == ["batch_isend_irecv", 32, "done", "p2p:0,1", 1]
+    assert ranks[2]["batch"][3:] == ["p2p:2,3", 1]
+    assert all(ranks[r]["states"] == ["done"] for r in range(4))
+    # the hang: compared per group, rank 1 is the one stuck (a count per process put rank 0 at #12, past the
+    # barrier's #10 of ranks 2..3, and named ranks 2..3 as stuck)
+    evidence = {r: {**ranks[r]["hang"], "step": 3} for r in range(4)}
+    assert evidence[0]["collective_group_ranks"] == "0..1" and evidence[2]["collective_group_size"] == 4
+    a = classify(evidence, 4)
+    assert (a["ranks"], a["rank"], a["phase"], a["waiting_ranks"]) == ([1], 1, "forward", [0, 2, 3])
+    assert a["waiting_in"] == "barrier #4 (other); all_reduce #7 (other) on ranks 0..1"
+    assert a["message"] == ("stuck: rank 1 in forward while rank(s) 2..3 wait in barrier #4 (other); rank(s) 0 "
+                            "wait in all_reduce #7 (other) on ranks 0..1")
+
+
+def evidence(phase: str, seq: int | None = None, group: str = "0", ranks: str = "0..3", size: int = 4,
+             kind: str = "all_reduce", nbytes: int = 16) -> dict[str, Any]:
+    e: dict[str, Any] = {"phase": phase, "step": 7, "stalled_for_s": 70.0}
+    if seq is not None:
+        e.update(collective=kind, collective_seq=seq, collective_state="waiting", collective_phase=phase,
+                 collective_group=group, collective_group_ranks=ranks, collective_group_size=size,
+                 collective_bytes=nbytes)
+    return e
+
+
+def test_ranks_of_different_groups_are_compared_only_within_their_group() -> None:
+    # two pairs each waiting in their own all-reduce (a network, not a rank): nobody is named, and counts of
+    # different groups that differ are no mismatch
+    a = classify({0: evidence("backward", 12, "1", "0..1", 2), 1: evidence("backward", 12, "1", "0..1", 2),
+                  2: evidence("backward", 5, "2", "2..3", 2), 3: evidence("backward", 5, "2", "2..3", 2)}, 4)
+    assert (a["ranks"], a["rank"], a["collective_mismatch"]) == ([], -1, [])
+    assert a["waiting_ranks"] == [0, 1, 2, 3]
+    # a skipped collective within one pair is still one: rank 3 is in a broadcast where rank 2 all-reduces, and
+    # with no majority in a pair, nobody is named
+    b = classify({0: evidence("backward", 12, "1", "0..1", 2), 1: evidence("backward", 12, "1", "0..1", 2),
+                  2: evidence("backward", 5, "2", "2..3", 2),
+                  3: evidence("backward", 5, "2", "2..3", 2, kind="broadcast")}, 4)
+    assert b["ranks"] == [] and b["collective_mismatch"] == ["2:all_reduce #5 (16 B)", "3:broadcast #5 (16 B)"]
+    assert b["message"].startswith("the ranks wait in collectives that differ at #5: rank 2 in all_reduce")
+    # a send meets a recv: point-to-point sides are not a mismatch
+    p = classify({0: evidence("forward", 3, "p2p:0,1", "0..1", 2, kind="send"),
+                  1: evidence("forward", 3, "p2p:0,1", "0..1", 2, kind="recv")}, 2)
+    assert p["collective_mismatch"] == [] and p["waiting_ranks"] == [0, 1]
