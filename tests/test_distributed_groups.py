@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -145,3 +146,39 @@ def test_ranks_of_different_groups_are_compared_only_within_their_group() -> Non
     p = classify({0: evidence("forward", 3, "p2p:0,1", "0..1", 2, kind="send"),
                   1: evidence("forward", 3, "p2p:0,1", "0..1", 2, kind="recv")}, 2)
     assert p["collective_mismatch"] == [] and p["waiting_ranks"] == [0, 1]
+
+
+def test_two_agents_of_a_c10d_job_name_the_late_rank_globally_and_their_own_nodes(tmp_path: Path) -> None:
+    """Two `telemetrain launch` agents (two "nodes" of 2 ranks on this machine, one run store, a c10d rendezvous:
+    torchrun's --node-rank stays 0 on both); rank 3, the second node's local rank 1, slow in forward."""
+    import socket
+
+    from telemetrain.store.reader import find_runs, open_run
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TELEMETRAIN_", "TORCHELASTIC_", "TORCH_FR"))}
+    env.update(TELEMETRAIN_DIR=str(tmp_path / "runs"), OMP_NUM_THREADS="1", STEPS="80", COMM="1", SLOW_RANK="3",
+               SLOW_PHASE="forward", SLOW_S="0.04", TELEMETRAIN_CROSS_RANK="0", CROSS_TIMEOUT="60",
+               CROSS_EVERY="10", MIN_SHARE="0.2")
+    cmd = [sys.executable, "-m", "telemetrain.cli", "launch", "--nnodes", "2", "--nproc-per-node", "2",
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{port}", "--rdzv-id", "twonodes",
+           "--monitor-interval", "0.1", str(Path(__file__).with_name("_dist_worker.py"))]
+    agents = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+              for _ in range(2)]
+    outs = [a.communicate(timeout=300) for a in agents]
+    assert [a.returncode for a in agents] == [0, 0], [err[-2000:] for _, err in outs]
+    (path,) = find_runs(tmp_path / "runs")
+    run = open_run(path)
+    assert sorted((p.rank, p.identity.local_rank) for p in run.processes) == [(0, 0), (1, 1), (2, 0), (3, 1)]
+    # the late rank by its global rank, on both kinds, and no other rank
+    found = [r.attributes for r in run.records("event") if r.group == "cross_rank" and r.name == "straggler"]
+    assert {(a["rank"], a["phase"]) for a in found if a["kind"] == "late"} == {(3, "forward")}
+    assert {a["rank"] for a in found} == {3}
+    shown = subprocess.run([sys.executable, "-m", "telemetrain.cli", "show", str(path)], capture_output=True,
+                           text=True, timeout=120, check=True, env=env).stdout
+    assert "straggler: rank 3 (forward)" in shown and "straggler   rank 3" in shown
+    # each agent is the node the rendezvous made it (the one of ranks 2..3 is node 1), not --node-rank's 0 twice
+    (agents_line,) = [line for line in shown.splitlines() if line.startswith("agents ")]
+    assert re.findall(r"node (\d+)", agents_line) and sorted(re.findall(r"node (\d+)", agents_line)) == ["0", "1"]

@@ -6,8 +6,11 @@
 
 Each call is timed by the ``CommMonitor`` of the default Telemetry (``comm.comm_monitor``; ``collectives.using(t)``
 for another one): a blocking call until it returns, an ``async_op=True`` call until its work's future completes. The
-kind is the function's name (``comm_all_reduce_count``...). Opt-in by design: patching ``torch.distributed`` for
-everyone would also time the collectives of libraries that do not expect it.
+kind is the function's name (``comm_all_reduce_count``...); ``batch_isend_irecv`` is one operation, until every
+work it returns completes. Each is numbered in its process group (the ``group`` argument; point-to-point: per pair
+of ranks). Opt-in by design: patching ``torch.distributed`` for everyone would also time the collectives of
+libraries that do not expect it -- so ``torch.distributed._functional_collectives`` (DTensor, tensor parallelism)
+is not timed.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ ranks' files: that is a failure, not a stall). Once a rank reported, it waits un
 ``gather_s``), then ``classify`` decides and the agent writes one ``stall`` event (group ``launcher``, severity
 error) per attempt:
 
-- ranks waiting in a collective: those in the collective with the highest sequence number are *waiting*; every
+- ranks waiting in a collective: per process group (sequence numbers count per group: a subgroup's collectives
+  advance only its members'), those in its collective with the highest sequence number are *waiting*; every
   other rank that reported is *stuck* -- it never got to that collective (a rank blocked in data loading while the
   rest wait in the all-reduce) -- and so is a rank at that number in another collective (kind or bytes) than most:
   it skipped one or called one more (``collective_mismatch``; with no majority, nobody is named);
