@@ -45,9 +45,14 @@ def main(rank, folder):
     peer = rank ^ 1  # point-to-point within the pair: a pipeline's send/recv, batched
     works = c.batch_isend_irecv([dist.P2POp(dist.isend, torch.ones(4), peer),
                                  dist.P2POp(dist.irecv, torch.empty(4), peer)])
+    launched = [monitor._ops[-1].state]  # gloo's P2P works have no future: done when waited, not at the launch
     for w in works:
         w.wait()
     batch = monitor.last_done
+    w = c.isend(torch.ones(4), peer) if rank % 2 == 0 else c.irecv(torch.empty(4), peer)
+    launched.append(monitor._ops[-1].state)
+    assert isinstance(w, dist.Work) and w.wait()
+    single = [monitor._ops[-1].kind, monitor._ops[-1].state, monitor._ops[-1].group_seq]
     # the hang: rank 1 stays out (in forward, say); rank 0 waits for it in the pair's all-reduce, ranks 2..3 in the
     # global barrier (their pair's all-reduce done)
     if rank == 1:
@@ -72,6 +77,7 @@ def main(rank, folder):
         time.sleep(0.01)
     out = {"clean": clean, "hang": hang, "tp": [tp.group, tp.group_ranks, tp.group_seq],
            "batch": [batch.kind, batch.nbytes, batch.state, batch.group, batch.group_seq],
+           "launched": launched, "single": single,
            "states": sorted({o.state for o in monitor._ops})}
     with open(f"{folder}/rank{rank}.json", "w") as f:
         json.dump(out, f)
@@ -106,6 +112,10 @@ def test_subgroup_collectives_are_numbered_per_group_and_a_hang_in_a_pair_names_
     # batch_isend_irecv: one operation, both tensors' bytes, done when both works are, counted for the pair
     assert ranks[0]["batch"] == ranks[1]["batch"] == ["batch_isend_irecv", 32, "done", "p2p:0,1", 1]
     assert ranks[2]["batch"][3:] == ["p2p:2,3", 1]
+    # gloo's point-to-point works have no future: open after the launch (they were 'done' at once, timed to the
+    # launch), done when waited; the work returned is still a torch Work
+    assert all(ranks[r]["launched"] == ["open", "open"] for r in range(4))
+    assert [ranks[r]["single"] for r in range(4)] == [["isend", "done", 2], ["irecv", "done", 2]] * 2
     assert all(ranks[r]["states"] == ["done"] for r in range(4))
     # the hang: compared per group, rank 1 is the one stuck (a count per process put rank 0 at #12, past the
     # barrier's #10 of ranks 2..3, and named ranks 2..3 as stuck)

@@ -52,6 +52,7 @@ from ..training.recorder import CURRENT
 from ..training.reports import REPORT_SOURCES
 from .comm_timing import HOST, IntervalClock
 from .groups import GroupCounter
+from .waited import waited_work
 
 __all__ = ["CommMonitor", "CommOp", "add_failure_listener", "comm_monitor", "instrument_ddp", "instrument_fsdp"]
 
@@ -431,48 +432,48 @@ def _launch(monitor: CommMonitor, kind: str, payload: Any, other: Any, call: Cal
         raise
     if isinstance(work, list):  # batch_isend_irecv's works: done when the last one is
         return _until_all(monitor, op, work)
-    get_future = getattr(work, "get_future", None)
-    if get_future is None:
+    if work is None:  # (torch returns None to a rank outside the group)
         monitor.end(op)
         return work
-    try:
-        future = get_future()
-    except Exception:  # noqa: BLE001 - a backend without futures: timed to the launch only
-        monitor.end(op)
-        return work
-
-    def done(f: Any) -> None:
-        try:
-            f.wait()
-        except BaseException as exc:  # noqa: BLE001 - recorded; the caller's own wait() raises it
-            monitor.end(op, exc)
-            return
-        monitor.end(op)
-
-    future.add_done_callback(done)
-    return work
+    return _until_all(monitor, op, [work])[0]
 
 
 def _until_all(monitor: CommMonitor, op: CommOp, works: list[Any]) -> list[Any]:
-    """``op`` ends when every work's future has completed (failed: at the first failure)."""
-    try:
-        futures = [w.get_future() for w in works]
-    except Exception:  # noqa: BLE001 - a backend without futures: timed to the launch only
-        futures = []
-    if not futures:
-        monitor.end(op)
-        return works
-    left = itertools.count(len(futures) - 1, -1).__next__  # (atomic: the callbacks run in the backend's threads)
+    """``op`` ends when every work has completed (failed: at the first failure): told by its future, or for a work
+    without one (gloo's point-to-point works) when the caller waits it -- which then gets a ``Work`` that says so
+    (``waited.waited_work``). Anything that is not a work: timed to the launch."""
+    left = itertools.count(len(works) - 1, -1).__next__  # (atomic: the callbacks run in the backend's threads)
 
-    def done(f: Any) -> None:
+    def done(error: BaseException | None) -> None:
+        if error is not None:
+            monitor.end(op, error)
+        elif left() == 0:
+            monitor.end(op)
+
+    def on_future(f: Any) -> None:
         try:
             f.wait()
         except BaseException as exc:  # noqa: BLE001 - recorded; the caller's own wait() raises it
-            monitor.end(op, exc)
+            done(exc)
             return
-        if left() == 0:
-            monitor.end(op)
+        done(None)
 
-    for future in futures:
-        future.add_done_callback(done)
-    return works
+    out = []
+    for work in works:
+        get_future = getattr(work, "get_future", None)
+        future = None
+        if get_future is not None:
+            try:
+                future = get_future()
+            except Exception:  # noqa: BLE001 - "Work::getFuture not implemented": seen when waited
+                out.append(waited_work(work, done))
+                continue
+        if future is None:  # not a work
+            done(None)
+            out.append(work)
+            continue
+        future.add_done_callback(on_future)
+        out.append(work)
+    if not works:
+        monitor.end(op)
+    return out
