@@ -192,3 +192,37 @@ def test_two_agents_of_a_c10d_job_name_the_late_rank_globally_and_their_own_node
     # each agent is the node the rendezvous made it (the one of ranks 2..3 is node 1), not --node-rank's 0 twice
     (agents_line,) = [line for line in shown.splitlines() if line.startswith("agents ")]
     assert re.findall(r"node (\d+)", agents_line) and sorted(re.findall(r"node (\d+)", agents_line)) == ["0", "1"]
+
+
+def _launch4(tmp_path: Path, **env: Any) -> subprocess.CompletedProcess[str]:
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("TELEMETRAIN_", "TORCHELASTIC_", "TORCH_FR"))}
+    full.update({"TELEMETRAIN_DIR": str(tmp_path / "runs"), "OMP_NUM_THREADS": "1", "PAIRS": "1", "COMM": "1"})
+    full.update({k: str(v) for k, v in env.items()})
+    cmd = [sys.executable, "-m", "telemetrain.cli", "launch", "--nproc-per-node", "4", "--monitor-interval", "0.1",
+           str(Path(__file__).with_name("_dist_worker.py"))]
+    return subprocess.run(cmd, env=full, capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_a_rank_blocked_in_a_pair_is_the_one_the_agent_names_and_a_clean_pairs_job_has_no_finding(
+        tmp_path: Path) -> None:
+    """The real launcher, watchdog and agent: 4 ranks in DDP pairs, ranks 0..1 with one more all-reduce a step,
+    a global barrier."""
+    from telemetrain.report.model import build_model
+    from telemetrain.store.reader import find_runs, open_run
+
+    clean = _launch4(tmp_path / "clean", STEPS=60, TELEMETRAIN_WATCHDOG="floor=5,startup=60")
+    assert clean.returncode == 0, clean.stderr[-3000:]
+    (path,) = find_runs(tmp_path / "clean" / "runs")
+    run = open_run(path)
+    named = [r.name for r in run.records("event", agents=True) if r.name in ("stall", "stall_evidence", "straggler")]
+    assert named == [] and [f.title for f in build_model(run).findings if "stall" in f.title] == []
+    # rank 1 blocks in forward at step 30: rank 0 waits in the pair's all-reduce, ranks 2..3 in the barrier
+    hung = _launch4(tmp_path / "hung", STEPS=400, BLOCK_RANK=1, BLOCK_AT=30, PG_TIMEOUT=8,
+                    TELEMETRAIN_WATCHDOG="floor=2,k=3,startup=30,poll=0.2")
+    assert hung.returncode == 1
+    (path,) = find_runs(tmp_path / "hung" / "runs")
+    run = open_run(path)
+    (stall,) = [r.attributes for r in run.records("event", agents=True) if r.name == "stall"]
+    assert (stall["ranks"], stall["phase"], stall["waiting_ranks"]) == ([1], "forward", [0, 2, 3])
+    # (a count per process put rank 0 at #91, past the barrier's #62 of ranks 2..3, and named them stuck)
+    assert stall["waiting_in"] == "barrier #31 (optimizer); all_reduce #61 (backward) on ranks 0..1"
