@@ -192,6 +192,10 @@ def test_two_agents_of_a_c10d_job_name_the_late_rank_globally_and_their_own_node
     # each agent is the node the rendezvous made it (the one of ranks 2..3 is node 1), not --node-rank's 0 twice
     (agents_line,) = [line for line in shown.splitlines() if line.startswith("agents ")]
     assert re.findall(r"node (\d+)", agents_line) and sorted(re.findall(r"node (\d+)", agents_line)) == ["0", "1"]
+    from telemetrain.trace import build_trace
+
+    names = [e["args"]["name"] for e in build_trace([open_run(path)])["traceEvents"] if e["name"] == "process_name"]
+    assert sorted(re.findall(r"agent of node (\d+)", " ".join(names))) == ["0", "1"]  # and the trace's
 
 
 def _launch4(tmp_path: Path, **env: Any) -> subprocess.CompletedProcess[str]:
