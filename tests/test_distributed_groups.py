@@ -46,8 +46,10 @@ def main(rank, folder):
     works = c.batch_isend_irecv([dist.P2POp(dist.isend, torch.ones(4), peer),
                                  dist.P2POp(dist.irecv, torch.empty(4), peer)])
     launched = [monitor._ops[-1].state]  # gloo's P2P works have no future: done when waited, not at the launch
-    for w in works:
-        w.wait()
+    works[0].wait()
+    works[0].is_completed()  # (asked again: still one work of two)
+    launched.append(monitor._ops[-1].state)
+    works[1].wait()
     batch = monitor.last_done
     w = c.isend(torch.ones(4), peer) if rank % 2 == 0 else c.irecv(torch.empty(4), peer)
     launched.append(monitor._ops[-1].state)
@@ -114,7 +116,7 @@ def test_subgroup_collectives_are_numbered_per_group_and_a_hang_in_a_pair_names_
     assert ranks[2]["batch"][3:] == ["p2p:2,3", 1]
     # gloo's point-to-point works have no future: open after the launch (they were 'done' at once, timed to the
     # launch), done when waited; the work returned is still a torch Work
-    assert all(ranks[r]["launched"] == ["open", "open"] for r in range(4))
+    assert all(ranks[r]["launched"] == ["open", "open", "open"] for r in range(4))
     assert [ranks[r]["single"] for r in range(4)] == [["isend", "done", 2], ["irecv", "done", 2]] * 2
     assert all(ranks[r]["states"] == ["done"] for r in range(4))
     # the hang: compared per group, rank 1 is the one stuck (a count per process put rank 0 at #12, past the

@@ -35,7 +35,12 @@ def _make() -> type:
         def __init__(self, inner: Any, done: Callable[[BaseException | None], None]) -> None:
             super().__init__()
             self._inner = inner
-            self._done = done
+            self._callback: Callable[[BaseException | None], None] | None = done
+
+        def _done(self, error: BaseException | None) -> None:
+            callback, self._callback = self._callback, None  # once: a work is waited again, or polled then waited
+            if callback is not None:
+                callback(error)
 
         def wait(self, *args: Any, **kwargs: Any) -> Any:
             try:
