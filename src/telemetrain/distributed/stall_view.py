@@ -20,7 +20,8 @@ error) per attempt:
   where all of them are (a network, or a peer outside the job).
 
 Attributes: ``ranks`` (stuck), ``rank``/``phase``/``host`` (the first stuck rank's), ``phases`` (``"<rank>:<phase>"``
-per stuck rank), ``waiting_ranks``, ``waiting_in`` (``"all_reduce #31 (backward)"``), ``silent_ranks``,
+per stuck rank), ``waiting_ranks``, ``waiting_in`` (``"all_reduce #31 (backward)"``; per group, ``; ``-separated,
+a subgroup's with ``on ranks 0..1``), ``silent_ranks``,
 ``evidence_ranks``, ``step``, ``stalled_for_s``, ``message``.
 """
 
