@@ -13,6 +13,9 @@ A tiny DDP model trained for ``STEPS`` iterations with the lifecycle recorded by
   all-gathers and reduce-scatters timed; ``SKEW_RANK``/``SKEW_NS``: that rank's wall clock reads ``SKEW_NS`` off
   (telemetry's test hook, ``TELEMETRAIN_TEST_CLOCK_SKEW_NS``);
 - ``CKPT_DIR``/``CKPT_EVERY``: save a checkpoint every N iterations, and resume from the newest at start;
+- ``PAIRS=1``: data parallelism within pairs of ranks (DDP on the pair's ``new_group``), ranks 0..1 also all-reduce
+  a scalar on their pair in the optimizer phase, and every rank enters a global barrier there (timed with
+  ``COMM=1``): collectives on subgroups, which advance only their members' sequence numbers;
 - ``NO_DDP=1``: no collectives in the training (each rank trains alone), ``EXIT_RANK``/``EXIT_AT``: that rank leaves
   early (exit 0), ``CROSS_TIMEOUT``: enable cross-rank aggregation in code with this exchange timeout (every
   ``CROSS_EVERY``; ``MIN_SHARE``: the detectors' smallest share of a step that counts).
@@ -25,6 +28,7 @@ import signal
 import sys
 import time
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -65,6 +69,7 @@ def main() -> None:
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
     model: torch.nn.Module = net
+    pair = None  # the DDP group: the default one, or with PAIRS=1 the rank's pair
     if fsdp:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -76,7 +81,9 @@ def main() -> None:
         fully_shard(model, mesh=mesh)
         instrument_fsdp(model, telemetry=telemetry)
     elif not no_ddp:
-        model = torch.nn.parallel.DistributedDataParallel(model)
+        if os.environ.get("PAIRS") == "1":
+            pair = [dist.new_group([r, r + 1]) for r in range(0, world, 2)][rank // 2]  # (every rank makes each)
+        model = torch.nn.parallel.DistributedDataParallel(model, process_group=pair)
         if comm:
             from telemetrain.distributed import instrument_ddp
 
@@ -124,6 +131,13 @@ def main() -> None:
         with rec.optimizer_update():
             opt.step()
             opt.zero_grad()
+            if os.environ.get("PAIRS") == "1":
+                from telemetrain.distributed import collectives
+
+                timed: Any = collectives.using(telemetry) if comm else dist
+                if rank < 2:
+                    timed.all_reduce(torch.ones(1), group=pair)
+                timed.barrier()
         rec.on_training_single_iteration_end()
         if ckpt is not None and ckpt_every and (step + 1) % ckpt_every == 0:
             rec.on_save_checkpoint_start(global_step=step + 1)

@@ -628,6 +628,11 @@ def test_stalls_are_the_agents_events_else_the_ranks_evidence() -> None:
     (f,) = analyse(FindingsInput(stall_evidence=evidence)).findings
     assert (f.severity, f.title) == ("error", "stall evidence: 3 rank(s)")
     assert f.detail.endswith("rank 0: backward, in all_reduce #7; rank 1: forward; rank 2: backward, in all_reduce #7")
+    # a collective numbered in a subgroup says which (its count is that group's)
+    pair = [(r, {**a, "collective_group_ranks": "0..1"}) if r == 0 else (r, a) for r, a in evidence]
+    (f,) = analyse(FindingsInput(stall_evidence=pair)).findings
+    assert "rank 0: backward, in all_reduce #7 on ranks 0..1; rank 1: forward; rank 2: backward, in all_reduce #7" \
+        in f.detail
     agent = {"ranks": [1], "phase": "forward", "message": "stuck: rank 1 in forward while rank(s) 0,2 wait"}
     found = analyse(FindingsInput(stalls=[agent, {"ranks": "?"}], stall_evidence=evidence)).findings
     assert [(f.title, f.detail) for f in found] == [("stall: rank(s) 1 (forward)", agent["message"])]

@@ -55,6 +55,8 @@ def summarize(run: Run, engine: Any = None, *, every_process: bool = False) -> l
                  f" on {len(hosts)} host(s)")
     lines += _process_rows(run.processes, every_process)
     if run.agents:  # `telemetrain launch`: the elastic agent of each node, beside its workers
+        from .distributed.summary import agent_node  # (standard library only: no torch)
+
         agent_rows = []
         for p in run.agents:
             events = [r for r in p.records if r.kind == "event"]
@@ -62,7 +64,8 @@ def summarize(run: Run, engine: Any = None, *, every_process: bool = False) -> l
                            and (r.attributes or {}).get("attempt"))
             end = next((r for r in events if r.group == "launcher" and r.name == "launch_end"), None)
             outcome = f", job {(end.attributes or {}).get('outcome')}" if end is not None else ""
-            agent_rows.append((f"node {p.identity.group_rank}", f"pid {p.pid}", f"host {p.identity.host}",
+            agent_rows.append((f"node {agent_node(p.records, p.identity.group_rank)}", f"pid {p.pid}",
+                               f"host {p.identity.host}",
                                f"{len(p.records)} records, {len(events)} events, {restarts} restart(s){outcome}"))
         shown, hidden = few(agent_rows, keep=lambda row: "job " in row[3] and "job succeeded" not in row[3],
                             every=every_process)

@@ -251,7 +251,10 @@ class _Process:
     def label(self) -> str:
         i = self.identity
         if i.role == AGENT_ROLE:  # telemetrain launch's elastic agent: its events (restarts, worker states) as marks
-            return f"agent of node {i.group_rank} @ {i.host} (run {i.run_id}, pid {i.pid})"
+            from .distributed.summary import agent_node  # (standard library only: no torch)
+
+            node = agent_node(self.records, i.group_rank)  # (an agent's few records: --node-rank is 0 on every node)
+            return f"agent of node {node} @ {i.host} (run {i.run_id}, pid {i.pid})"
         return f"rank {i.rank} @ {i.host} (run {i.run_id}, pid {i.pid})"
 
 

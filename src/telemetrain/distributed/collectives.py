@@ -6,18 +6,23 @@
 
 Each call is timed by the ``CommMonitor`` of the default Telemetry (``comm.comm_monitor``; ``collectives.using(t)``
 for another one): a blocking call until it returns, an ``async_op=True`` call until its work's future completes. The
-kind is the function's name (``comm_all_reduce_count``...). Opt-in by design: patching ``torch.distributed`` for
-everyone would also time the collectives of libraries that do not expect it.
+kind is the function's name (``comm_all_reduce_count``...); ``batch_isend_irecv`` is one operation, until every
+work it returns completes. Each is numbered in its process group (the ``group`` argument; point-to-point: per pair
+of ranks). Opt-in by design: patching ``torch.distributed`` for everyone would also time the collectives of
+libraries that do not expect it -- so ``torch.distributed._functional_collectives`` (DTensor, tensor parallelism)
+is not timed.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
 from ..telemetry import Telemetry
 from .comm import CommMonitor, _launch, comm_monitor
+from .groups import P2P_KINDS
 
 __all__ = [
     "all_gather",
@@ -27,6 +32,7 @@ __all__ = [
     "all_to_all",
     "all_to_all_single",
     "barrier",
+    "batch_isend_irecv",
     "broadcast",
     "gather",
     "irecv",
@@ -68,7 +74,26 @@ class _Collectives:
         fn: Callable[..., Any] = getattr(dist, name)
         payload, other = _argument(payload_arg, args, kwargs), _argument(other_arg, args, kwargs)
         monitor = self._monitor if self._monitor is not None else comm_monitor()
-        return _launch(monitor, name, payload, other, functools.partial(fn, *args, **kwargs))
+        where = _positions(name, fn)
+        group = _argument(where.get("group"), args, kwargs)
+        peers = None
+        if name in P2P_KINDS:  # counted per pair of ranks: the whole group does not take part
+            peers = _peer(dist, where, group, args, kwargs)
+        return _launch(monitor, name, payload, other, functools.partial(fn, *args, **kwargs), group=group,
+                       peers=peers)
+
+    def batch_isend_irecv(self, p2p_op_list: list[Any]) -> list[Any]:
+        """``torch.distributed.batch_isend_irecv`` (same argument, same result: the works), timed as one operation
+        (kind ``batch_isend_irecv``, the bytes of every op's tensor) until every returned work has completed."""
+        import torch.distributed as dist
+
+        ops = list(p2p_op_list) if isinstance(p2p_op_list, (list, tuple)) else []
+        monitor = self._monitor if self._monitor is not None else comm_monitor()
+        tensors = [getattr(op, "tensor", None) for op in ops]
+        peers = [p for op in ops if isinstance(p := getattr(op, "peer", None), int)]
+        group = getattr(ops[0], "group", None) if ops else None
+        return _launch(monitor, "batch_isend_irecv", tensors, None,  # type: ignore[no-any-return]
+                       functools.partial(dist.batch_isend_irecv, p2p_op_list), group=group, peers=peers)
 
     # (the tensor arguments follow torch.distributed's signatures, passed by position or by name: the payload, then
     # the other side)
@@ -92,6 +117,37 @@ class _Collectives:
     recv = _timed("recv", (0, "tensor"), None)
     isend = _timed("isend", (0, "tensor"), None)
     irecv = _timed("irecv", (0, "tensor"), None)
+
+
+_POSITIONS: dict[str, dict[str, tuple[int, str]]] = {}
+
+
+def _positions(name: str, fn: Callable[..., Any]) -> dict[str, tuple[int, str]]:
+    """Where ``fn`` takes its group and its peer (``dst``, ``src``, ``group_dst``, ``group_src``), read once from
+    its signature: the positions differ between functions and torch versions."""
+    found = _POSITIONS.get(name)
+    if found is None:
+        params = list(inspect.signature(fn).parameters)
+        found = _POSITIONS[name] = {p: (i, p) for i, p in enumerate(params)
+                                    if p in ("group", "dst", "src", "group_dst", "group_src")}
+    return found
+
+
+def _peer(dist: Any, where: dict[str, tuple[int, str]], group: Any, args: tuple[Any, ...],
+          kwargs: dict[str, Any]) -> list[int]:
+    """The other rank of a send/recv, global (``group_dst``/``group_src`` are ranks in ``group``); none for a recv
+    from any source."""
+    for key in ("dst", "src"):
+        value = _argument(where.get(key), args, kwargs)
+        if isinstance(value, int):
+            return [value]
+        value = _argument(where.get(f"group_{key}"), args, kwargs)
+        if isinstance(value, int):
+            try:
+                return [dist.get_global_rank(group if group is not None else dist.GroupMember.WORLD, value)]
+            except Exception:  # noqa: BLE001 - torch raises the call's own error when it runs
+                return []
+    return []
 
 
 def _argument(where: _Arg, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -120,6 +176,7 @@ send = _default.send
 recv = _default.recv
 isend = _default.isend
 irecv = _default.irecv
+batch_isend_irecv = _default.batch_isend_irecv
 
 
 def using(telemetry: Telemetry) -> _Collectives:

@@ -42,7 +42,7 @@ import contextlib
 import itertools
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from ..dispatch import describe, warn_safely
@@ -51,6 +51,8 @@ from ..training.names import PHASES
 from ..training.recorder import CURRENT
 from ..training.reports import REPORT_SOURCES
 from .comm_timing import HOST, IntervalClock
+from .groups import GroupCounter
+from .waited import waited_work
 
 __all__ = ["CommMonitor", "CommOp", "add_failure_listener", "comm_monitor", "instrument_ddp", "instrument_fsdp"]
 
@@ -64,11 +66,15 @@ class CommOp:
     """One collective: entered (``state`` "open"), then "done", "failed", or "interrupted" (a KeyboardInterrupt or
     SystemExit left the call: counted, not timed, not a failure)."""
 
-    __slots__ = ("clock", "end", "error", "host_end_ns", "host_start_ns", "kind", "nbytes", "phase", "seq", "start",
-                 "state")
+    __slots__ = ("clock", "end", "error", "group", "group_ranks", "group_seq", "group_size", "host_end_ns",
+                 "host_start_ns", "kind", "nbytes", "phase", "seq", "start", "state")
 
-    def __init__(self, seq: int, kind: str, nbytes: int, phase: str, clock: IntervalClock) -> None:
-        self.seq = seq
+    def __init__(self, seq: int, kind: str, nbytes: int, phase: str, clock: IntervalClock,
+                 group: tuple[str, str, int, int] = ("", "", 0, 0)) -> None:
+        self.seq = seq  # this process's count, every group together
+        # the process group (torch's name; "p2p:<a>,<b>" for a pair), its ranks ("0..3"), its size, and this
+        # collective's number in it: the one sequence number that is the same on every member
+        self.group, self.group_ranks, self.group_size, self.group_seq = group
         self.kind = kind
         self.nbytes = nbytes
         self.phase = phase
@@ -84,7 +90,8 @@ class CommOp:
         """Plain values for evidence records."""
         now = time.monotonic_ns() if now_ns is None else now_ns
         out: dict[str, Any] = {"kind": self.kind, "seq": self.seq, "bytes": self.nbytes, "phase": self.phase,
-                               "state": self.state}
+                               "state": self.state, "group": self.group, "group_ranks": self.group_ranks,
+                               "group_size": self.group_size, "group_seq": self.group_seq}
         if self.state == "open":
             out["open_for_s"] = (now - self.host_start_ns) / 1e9
         if self.error:
@@ -99,6 +106,7 @@ class CommMonitor:
     def __init__(self, telemetry: Telemetry) -> None:
         self.telemetry = telemetry
         self._seq = itertools.count(1).__next__
+        self._groups = GroupCounter()
         self._ops: list[CommOp] = []  # the window's collectives (swapped out at each report)
         self._open: dict[int, CommOp] = {}
         self.last_done: CommOp | None = None
@@ -112,12 +120,15 @@ class CommMonitor:
 
     # -- what the instrumentation calls ------------------------------------------------------------------------------
 
-    def begin(self, kind: str, nbytes: int, *, cuda: bool = False) -> CommOp:
-        """A collective starts (``cuda``: its tensors are on a CUDA device: device-timed)."""
+    def begin(self, kind: str, nbytes: int, *, cuda: bool = False, group: Any = None,
+              peers: Iterable[int] | None = None) -> CommOp:
+        """A collective starts (``cuda``: its tensors are on a CUDA device: device-timed) on ``group`` (a
+        ``ProcessGroup``; ``None``: the default group), or a point-to-point operation with ``peers`` (global ranks)."""
         recorder = self.telemetry.extensions.get(CURRENT)
         current = recorder.phase if recorder is not None else None
         phase = PHASES.get(current[0], OTHER) if current is not None else OTHER
-        op = CommOp(self._seq(), kind, nbytes, phase, self._cuda_clock() if cuda else HOST)
+        op = CommOp(self._seq(), kind, nbytes, phase, self._cuda_clock() if cuda else HOST,
+                    self._groups.next(group, peers))
         self._open[op.seq] = op
         ops = self._ops
         if len(ops) >= MAX_WINDOW_OPS:  # nobody reports (no recorder): keep memory bounded
@@ -155,13 +166,14 @@ class CommMonitor:
                 self._warn(f"a collective-failure listener failed: {describe(exc)}")
 
     @contextlib.contextmanager
-    def timed(self, kind: str, nbytes: int = 0, *, cuda: bool = False) -> Iterator[CommOp]:
-        """Time a blocking collective (or anything that waits on the other ranks) in a ``with`` block."""
+    def timed(self, kind: str, nbytes: int = 0, *, cuda: bool = False, group: Any = None) -> Iterator[CommOp]:
+        """Time a blocking collective (or anything that waits on the other ranks) in a ``with`` block; ``group``:
+        the process group it runs on (``None``: the default group), whose sequence numbers it advances."""
         if not isinstance(kind, str) or not kind:
             raise ValueError(f"kind must be a non-empty str, got {kind!r}")
         if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
             raise ValueError(f"nbytes must be an int >= 0, got {nbytes!r}")
-        op = self.begin(kind, nbytes, cuda=cuda)
+        op = self.begin(kind, nbytes, cuda=cuda, group=group)
         try:
             yield op
         except BaseException as exc:
@@ -308,11 +320,12 @@ def instrument_ddp(model: Any, *, hook: Callable[[Any, Any], Any] | None = None,
         raise TypeError(f"hook must be callable (state, bucket) -> Future, got {type(hook).__name__}")
     monitor = comm_monitor(telemetry)
     inner = hook if hook is not None else default_hooks.allreduce_hook
-    inner_state: Any = state if hook is not None else getattr(model, "process_group", None)
+    group = getattr(model, "process_group", None)  # (DDP's group: the buckets' all-reduces run on it)
+    inner_state: Any = state if hook is not None else group
 
     def timed_allreduce(state: Any, bucket: Any) -> Any:
         buffer = bucket.buffer()
-        op = monitor.begin("all_reduce", buffer.numel() * buffer.element_size(), cuda=buffer.is_cuda)
+        op = monitor.begin("all_reduce", buffer.numel() * buffer.element_size(), cuda=buffer.is_cuda, group=group)
         try:
             future = inner(inner_state, bucket)
         except BaseException as exc:
@@ -373,7 +386,8 @@ def _timed_comm(inner: Any, kind: str, monitor: CommMonitor) -> Any:
 
         def __call__(self, output_tensor: Any, input_tensor: Any, group: Any, *args: Any, **kwargs: Any) -> Any:
             return _launch(monitor, kind, input_tensor, output_tensor, lambda: inner(output_tensor, input_tensor,
-                                                                                      group, *args, **kwargs))
+                                                                                      group, *args, **kwargs),
+                           group=group)
 
     Timed.__name__ = f"Timed{type(inner).__name__}"
     return Timed()
@@ -404,33 +418,62 @@ def _is_cuda(*tensors: Any) -> bool:
     return False
 
 
-def _launch(monitor: CommMonitor, kind: str, payload: Any, other: Any, call: Callable[[], Any]) -> Any:
-    """Run ``call`` (a torch.distributed collective, blocking or ``async_op``) timed: a returned ``Work`` is timed to
-    its future's completion, anything else to the call's return (for NCCL the end mark is on the current stream,
-    which a blocking collective has made wait for the collective)."""
-    op = monitor.begin(kind, tensor_bytes(payload, other), cuda=_is_cuda(payload, other))
+def _launch(monitor: CommMonitor, kind: str, payload: Any, other: Any, call: Callable[[], Any], *, group: Any = None,
+            peers: Iterable[int] | None = None) -> Any:
+    """Run ``call`` (a torch.distributed collective on ``group``, or point-to-point with ``peers``, blocking or
+    ``async_op``) timed: a returned ``Work`` is timed to its future's completion, anything else to the call's return
+    (for NCCL the end mark is on the current stream, which a blocking collective has made wait for the
+    collective)."""
+    op = monitor.begin(kind, tensor_bytes(payload, other), cuda=_is_cuda(payload, other), group=group, peers=peers)
     try:
         work = call()
     except BaseException as exc:
         monitor.end(op, exc)
         raise
-    get_future = getattr(work, "get_future", None)
-    if get_future is None:
+    if isinstance(work, list):  # batch_isend_irecv's works: done when the last one is
+        return _until_all(monitor, op, work)
+    if work is None:  # (torch returns None to a rank outside the group)
         monitor.end(op)
         return work
-    try:
-        future = get_future()
-    except Exception:  # noqa: BLE001 - a backend without futures: timed to the launch only
-        monitor.end(op)
-        return work
+    return _until_all(monitor, op, [work])[0]
 
-    def done(f: Any) -> None:
+
+def _until_all(monitor: CommMonitor, op: CommOp, works: list[Any]) -> list[Any]:
+    """``op`` ends when every work has completed (failed: at the first failure): told by its future, or for a work
+    without one (gloo's point-to-point works) when the caller waits it -- which then gets a ``Work`` that says so
+    (``waited.waited_work``). Anything that is not a work: timed to the launch."""
+    left = itertools.count(len(works) - 1, -1).__next__  # (atomic: the callbacks run in the backend's threads)
+
+    def done(error: BaseException | None) -> None:
+        if error is not None:
+            monitor.end(op, error)
+        elif left() == 0:
+            monitor.end(op)
+
+    def on_future(f: Any) -> None:
         try:
             f.wait()
         except BaseException as exc:  # noqa: BLE001 - recorded; the caller's own wait() raises it
-            monitor.end(op, exc)
+            done(exc)
             return
-        monitor.end(op)
+        done(None)
 
-    future.add_done_callback(done)
-    return work
+    out = []
+    for work in works:
+        get_future = getattr(work, "get_future", None)
+        future = None
+        if get_future is not None:
+            try:
+                future = get_future()
+            except Exception:  # noqa: BLE001 - "Work::getFuture not implemented": seen when waited
+                out.append(waited_work(work, done))
+                continue
+        if future is None:  # not a work
+            done(None)
+            out.append(work)
+            continue
+        future.add_done_callback(on_future)
+        out.append(work)
+    if not works:
+        monitor.end(op)
+    return out

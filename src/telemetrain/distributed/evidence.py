@@ -85,8 +85,8 @@ def open_spans(tracer: Any, now_ns: int, limit: int = 50) -> list[str]:
 
 def collective_state(monitor: Any, now_ns: int, failed: Any = None) -> dict[str, Any]:
     """``failed`` (the failure being reported), else the last collective entered and not left (``collective_state``
-    "waiting"), else the last that failed ("failed"), with its kind, sequence number, bytes, phase and age; and the
-    last one that completed."""
+    "waiting"), else the last that failed ("failed"), with its kind, process group, sequence number in that group,
+    bytes, phase and age; and the last one that completed."""
     if monitor is None:
         return {"collective_state": "unknown"}
     out: dict[str, Any] = {}
@@ -94,8 +94,12 @@ def collective_state(monitor: Any, now_ns: int, failed: Any = None) -> dict[str,
     op = failed if failed is not None else ops[-1] if ops else monitor.last_failed
     if op is not None:
         d = op.describe(now_ns)
-        out.update({"collective": d["kind"], "collective_seq": d["seq"], "collective_bytes": d["bytes"],
-                    "collective_phase": d["phase"], "collective_state": "waiting" if op.state == "open" else "failed"})
+        # the sequence number in its group (the one every member agrees on), and the group: ranks of different
+        # groups have different counts in a clean job (stall_view compares them per group)
+        out.update({"collective": d["kind"], "collective_seq": d["group_seq"], "collective_bytes": d["bytes"],
+                    "collective_phase": d["phase"], "collective_state": "waiting" if op.state == "open" else "failed",
+                    "collective_group": d["group"], "collective_group_ranks": d["group_ranks"],
+                    "collective_group_size": d["group_size"]})
         if op.state == "open":
             out["collective_for_s"] = d.get("open_for_s", 0.0)
         if d.get("error"):
@@ -106,7 +110,8 @@ def collective_state(monitor: Any, now_ns: int, failed: Any = None) -> dict[str,
     done = monitor.last_done
     if done is not None:
         out["last_completed_collective"] = done.kind
-        out["last_completed_seq"] = done.seq
+        out["last_completed_seq"] = done.group_seq
+        out["last_completed_group"] = done.group
     out["collectives_total"] = monitor.count
     return out
 

@@ -9,7 +9,8 @@ ranks' files: that is a failure, not a stall). Once a rank reported, it waits un
 ``gather_s``), then ``classify`` decides and the agent writes one ``stall`` event (group ``launcher``, severity
 error) per attempt:
 
-- ranks waiting in a collective: those in the collective with the highest sequence number are *waiting*; every
+- ranks waiting in a collective: per process group (sequence numbers count per group: a subgroup's collectives
+  advance only its members'), those in its collective with the highest sequence number are *waiting*; every
   other rank that reported is *stuck* -- it never got to that collective (a rank blocked in data loading while the
   rest wait in the all-reduce) -- and so is a rank at that number in another collective (kind or bytes) than most:
   it skipped one or called one more (``collective_mismatch``; with no majority, nobody is named);
@@ -19,7 +20,8 @@ error) per attempt:
   where all of them are (a network, or a peer outside the job).
 
 Attributes: ``ranks`` (stuck), ``rank``/``phase``/``host`` (the first stuck rank's), ``phases`` (``"<rank>:<phase>"``
-per stuck rank), ``waiting_ranks``, ``waiting_in`` (``"all_reduce #31 (backward)"``), ``silent_ranks``,
+per stuck rank), ``waiting_ranks``, ``waiting_in`` (``"all_reduce #31 (backward)"``; per group, ``; ``-separated,
+a subgroup's with ``on ranks 0..1``), ``silent_ranks``,
 ``evidence_ranks``, ``step``, ``stalled_for_s``, ``message``.
 """
 
@@ -39,6 +41,7 @@ from ..dispatch import describe, warn_safely
 from ..store.codec import untag_nonfinite
 from ..store.layout import is_agent_file, is_process_file
 from ..telemetry import Telemetry
+from .groups import P2P_KINDS
 
 __all__ = ["StallWatcher", "classify"]
 
@@ -108,6 +111,43 @@ def _rank_list(ranks: list[int]) -> str:
     return ranges(ranks) or "none"  # (``0..1022``: a hang of a thousand ranks is one line)
 
 
+def _signature(e: Mapping[str, Any]) -> tuple[str, Any]:
+    """What must match between the members of a collective: its kind and bytes (a send meets a recv)."""
+    kind = str(e.get("collective"))
+    return ("p2p", None) if kind in P2P_KINDS else (kind, e.get("collective_bytes"))
+
+
+def _at_top(in_collective: Mapping[int, Mapping[str, Any]], members: list[int]
+            ) -> tuple[int, list[int], list[int], list[str]]:
+    """One group's ranks in a collective: its top sequence number, the ranks at it, those among them in another
+    collective than most (a rank skipped one, or called one more: the collectives never match, and gloo and NCCL
+    wait out their timeout), and what each of those waits in (all of them when no majority says which is off)."""
+    top = max(in_collective[r]["collective_seq"] for r in members)
+    at_top = sorted(r for r in members if in_collective[r]["collective_seq"] == top)
+    sig = {r: _signature(in_collective[r]) for r in at_top}
+    groups = Counter(sig.values()).most_common()
+    off: list[int] = []
+    said: list[str] = []
+    if len(groups) > 1:
+        if groups[1][1] < groups[0][1]:
+            off = [r for r in at_top if sig[r] != groups[0][0]]
+        said = [f"{r}:{in_collective[r].get('collective')} #{top} ({in_collective[r].get('collective_bytes')} B)"
+                for r in (off or at_top)]
+    return top, at_top, off, said
+
+
+def _place(in_collective: Mapping[int, Mapping[str, Any]], ranks: list[int], top: int, world_size: int) -> str:
+    """``all_reduce #41 (backward)``, and ``on ranks 0..1`` for a group that is not the whole job."""
+    kind = Counter(str(in_collective[r].get("collective")) for r in ranks).most_common(1)[0][0]
+    phase = Counter(str(in_collective[r].get("collective_phase") or "") for r in ranks).most_common(1)[0][0]
+    e = in_collective[ranks[0]]
+    place = f"{kind} #{top}" + (f" ({phase})" if phase else "")
+    size, members = e.get("collective_group_size"), e.get("collective_group_ranks")
+    if isinstance(size, int) and 0 < size < world_size and members:
+        place += f" on ranks {members}"
+    return place
+
+
 def classify(evidence: Mapping[int, Mapping[str, Any]], world_size: int,
              expected: Collection[int] | None = None) -> dict[str, Any]:
     """The ``stall`` event's attributes from each rank's evidence (rank -> its ``stall_evidence`` attributes);
@@ -118,26 +158,31 @@ def classify(evidence: Mapping[int, Mapping[str, Any]], world_size: int,
                      and isinstance(e.get("collective_seq"), int)}
     waiting: list[int] = []
     waiting_in = ""
-    mismatched: list[int] = []  # at the top sequence number, in another collective than most ranks
+    mismatched: list[int] = []  # at the top sequence number of their group, in another collective than most ranks
     differ: list[str] = []
+    differ_at = ""
     if in_collective:
-        top = max(e["collective_seq"] for e in in_collective.values())
-        at_top = sorted(r for r, e in in_collective.items() if e["collective_seq"] == top)
-        # one sequence number, different collectives (kind or size): a rank skipped a collective, or called one
-        # more, and the ranks now wait in collectives that never match (gloo and NCCL wait out their timeout)
-        sig = {r: (str(in_collective[r].get("collective")), in_collective[r].get("collective_bytes")) for r in at_top}
-        groups = Counter(sig.values()).most_common()
-        if len(groups) > 1:
-            if groups[1][1] < groups[0][1]:
-                mismatched = [r for r in at_top if sig[r] != groups[0][0]]
-            differ = [f"{r}:{sig[r][0]} #{top} ({sig[r][1]} B)" for r in (mismatched or at_top)][:64]
-        waiting = [r for r in at_top if r not in mismatched]
-        kinds = Counter(str(in_collective[r].get("collective")) for r in waiting)
-        phases = Counter(str(in_collective[r].get("collective_phase") or "") for r in waiting)
-        waiting_in = f"{kinds.most_common(1)[0][0]} #{top}"
-        phase = phases.most_common(1)[0][0]
-        if phase:
-            waiting_in += f" ({phase})"
+        # sequence numbers count per process group (a subgroup's collectives advance only its members' counts):
+        # compared within each group, whose members are waiting in its latest collective
+        by_group: dict[str, list[int]] = {}
+        for r, e in in_collective.items():
+            by_group.setdefault(str(e.get("collective_group") or ""), []).append(r)
+        places = []
+        for members in sorted(by_group.values(), key=lambda m: (-len(m), min(m))):
+            top, at_top, off, said = _at_top(in_collective, members)
+            mismatched += off
+            differ += said
+            if said and not differ_at:
+                differ_at = f"#{top}"
+            here = [r for r in at_top if r not in off]
+            if here:
+                waiting += here
+                places.append((here, _place(in_collective, here, top, world_size)))
+        waiting.sort()
+        mismatched.sort()
+        differ = differ[:64]
+        waiting_in = "; ".join(place for _, place in places)
+        others = "; ".join(f"rank(s) {_rank_list(here)} wait in {place}" for here, place in places)
         stuck = [r for r in reported if r not in waiting]
     else:
         by_phase: dict[str, list[int]] = {}
@@ -151,6 +196,7 @@ def classify(evidence: Mapping[int, Mapping[str, Any]], world_size: int,
             waiting_in = str(evidence[largest[0]].get("phase", ""))
         else:
             stuck = []
+        others = f"rank(s) {_rank_list(waiting)} wait in {waiting_in}" if waiting else ""
     out: dict[str, Any] = {
         "ranks": stuck,
         "phases": [f"{r}:{evidence[r].get('phase', 'unknown')}" for r in stuck],
@@ -164,7 +210,7 @@ def classify(evidence: Mapping[int, Mapping[str, Any]], world_size: int,
         "stalled_for_s": max((float(e["stalled_for_s"]) for e in evidence.values()
                               if isinstance(e.get("stalled_for_s"), (int, float))), default=0.0),
     }
-    others = f" while rank(s) {_rank_list(waiting)} wait in {waiting_in}" if waiting else ""
+    others = f" while {others}" if others else ""
     if stuck:
         first = stuck[0]
         out.update(rank=first, phase=str(evidence[first].get("phase", "unknown")), host=out["hosts"][0])
@@ -175,7 +221,7 @@ def classify(evidence: Mapping[int, Mapping[str, Any]], world_size: int,
         message = f"stuck: {where}{others}"
     elif differ:
         out.update(rank=-1, phase="", host="")
-        message = f"the ranks wait in collectives that differ at #{top}: " + "; ".join(
+        message = f"the ranks wait in collectives that differ at {differ_at}: " + "; ".join(
             f"rank {d.replace(':', ' in ', 1)}" for d in differ[:20])
     elif silent and waiting:
         out.update(ranks=silent, phases=[f"{r}:no evidence" for r in silent], hosts=[""] * len(silent),

@@ -5,10 +5,22 @@ ranks (``straggler`` events) and clock offsets. Stalls and why the workers ended
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-__all__ = ["diagnosis_lines"]
+__all__ = ["agent_node", "diagnosis_lines"]
+
+
+def agent_node(records: Iterable[Any], default: int) -> int:
+    """The node an agent of ``telemetrain launch`` ran: the ``group_rank`` torch's rendezvous gave it, as its
+    torchelastic events state it (``default``, its identity's, is torchrun's ``--node-rank``: 0 on every node under
+    a c10d rendezvous, which assigns the nodes' ranks itself)."""
+    for r in records:
+        if r.kind == "event" and r.group == "torchelastic":
+            group_rank = (r.attributes or {}).get("group_rank")
+            if type(group_rank) is int and group_rank >= 0:
+                return group_rank
+    return default
 
 
 def _ms(value: Any) -> str:

@@ -29,6 +29,7 @@ def stalls(events: Sequence[Mapping[str, Any]], evidence: Sequence[tuple[int, Ma
     if found or not evidence:
         return found
     said = {(r, f"rank {r}: {a.get('phase', '?')}" + (f", in {a['collective']} #{a.get('collective_seq')}"
+                                                      + _group(a)
                                                       if a.get("collective_state") in ("waiting", "failed") else ""))
             for r, a in evidence}
     where = [text for _, text in sorted(said)]  # by rank (rank 2 before rank 10)
@@ -36,3 +37,9 @@ def stalls(events: Sequence[Mapping[str, Any]], evidence: Sequence[tuple[int, Ma
                                                   if len(where) > _EVIDENCE_SHOWN else "")
     return [Finding("error", "stall", f"stall evidence: {len({r for r, _ in evidence})} rank(s)",
                     "stall_evidence records (distributed.watchdog): " + shown)]
+
+
+def _group(attributes: Mapping[str, Any]) -> str:
+    """`` on ranks 0..1``: the process group whose count the number is (evidence of this version on)."""
+    members = attributes.get("collective_group_ranks")
+    return f" on ranks {members}" if isinstance(members, str) and members else ""
