@@ -245,14 +245,22 @@ def _cumulative_buckets(recorder: TrainingRecorder) -> int | None:
 
 
 def _count_store(path: str | os.PathLike[str] | None) -> dict[str, Any]:
-    """Records of a run store file by kind and name (a substring scan: the file of a 1M-iteration run is ~40 MB)."""
+    """Records of a process's run store files by kind and name (a substring scan: a 1M-iteration run writes ~80 MB).
+    ``path`` is the store's current file; every segment of its process is read (the writer starts a new segment past
+    64 MiB: reading the last one alone missed most of a 1M-iteration run). Each segment's header counts as ``process:``.
+    """
     counts: Counter[str] = Counter()
     if path is None or not os.path.exists(path):
         return {}
-    with open(path, "rb") as fh:
-        for line in fh:
-            kind = line[line.find(b'"kind":"') + 8 :].split(b'"', 1)[0].decode()
-            i = line.find(b'"name":"')
-            name = line[i + 8 :].split(b'"', 1)[0].decode() if i >= 0 else ""
-            counts[f"{kind}:{name}"] += 1
+    from telemetrain.store.segments import process_segments
+
+    path = Path(path)
+    files = next((fs for fs in process_segments(path.parent.iterdir()).values() if path in fs), [path])
+    for f in files:
+        with open(f, "rb") as fh:
+            for line in fh:
+                kind = line[line.find(b'"kind":"') + 8 :].split(b'"', 1)[0].decode()
+                i = line.find(b'"name":"')
+                name = line[i + 8 :].split(b'"', 1)[0].decode() if i >= 0 else ""
+                counts[f"{kind}:{name}"] += 1
     return dict(counts)
