@@ -8,7 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # `shared/...` (the development team's notes) and the names of the notes in it
-PRIVATE = re.compile(r"shared/|\bDESIGN(\.md)?\b|landscape\.md|torch_apis\.md|one_logger\.md|peer_overheads\.md|"
+PRIVATE = re.compile(r"\bshared/|\bDESIGN(\.md)?\b|landscape\.md|torch_apis\.md|one_logger\.md|peer_overheads\.md|"
                      r"peers_bench\.py")
 
 
