@@ -497,3 +497,12 @@ def test_bench_restarts_small(tmp_path: Path) -> None:
     assert [r.status for r in g.runs] == ["killed", "finished"]
     # the killed attempt: 15,000 iterations, 5,000 past its checkpoint at 10,000 (lost); the restart redoes none
     assert g.runs[0].lost_iterations == 5000 and g.productive_iterations == 20000
+
+
+def test_bench_comm_quick(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    rows = ("CommMonitor.begin + end, a new_group", "tdist.all_reduce(x) (default group)",
+            "iteration, a program's handler chained behind ours", "signal.signal(SIGTERM, h) once ours are installed")
+    _, data = _quick_run(BENCH.with_name("bench_comm.py"), tmp_path, "| library | operation | median ns/op |", rows, ())
+    chained = [r for r in data["results"] if r["operation"].startswith("iteration, a program's handler")]
+    assert len(chained) == 1 and math.isfinite(chained[0]["ratio"]) and chained[0]["ratio"] > 0
