@@ -1,0 +1,79 @@
+"""Rollbacks beyond the report's curves: the findings' spikes of a run whose restart wrote to the same run, by the
+record-by-record readers and by SQL (a restart's pid need not be higher: pid namespaces, containers)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from telemetrain import Telemetry, identity_from_env
+from telemetrain.report.model import build_model
+from telemetrain.show import read_for_show
+from telemetrain.store import open_run
+from telemetrain.store.engine import engine_for
+
+
+@pytest.fixture
+def engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The record-by-record pass or the SQL path (the readers' choice: ``store.engine.engine_for``)."""
+    name = str(request.param)
+    if name == "duckdb":
+        pytest.importorskip("duckdb")
+    monkeypatch.setenv("TELEMETRAIN_ENGINE", name)
+    return name
+
+
+def _process(root: Path, pid: int, steps: range, spike_at: int | None = None) -> None:
+    """One process of run ``rb`` (rank 0), its file named by ``pid``: a flat, slightly noisy loss, ``spike_at`` 50x."""
+    t = Telemetry(identity_from_env({}, run_id="rb", session_tag="s", rank=0, world_size=1, pid=pid), store=root)
+    for step in steps:
+        t.log({"loss": 50.0 if step == spike_at else 1.0 + 0.01 * (step % 7)}, step=step, group="train")
+    assert t.close()
+
+
+def _spike_titles(run_dir: Path) -> tuple[list[str], list[str]]:
+    """The spike findings' titles of the report and of ``show``, by the path ``TELEMETRAIN_ENGINE`` asks for."""
+    sql = engine_for([run_dir])
+    try:
+        report = build_model(open_run(run_dir), engine=sql).findings
+        show = read_for_show(open_run(run_dir), sql).findings.findings
+    finally:
+        if sql is not None:
+            sql.close()
+    return [f.title for f in report if f.kind == "spike"], [f.title for f in show if f.kind == "spike"]
+
+
+@pytest.mark.parametrize("engine", ["python", "duckdb"], indirect=True)
+def test_a_restart_with_a_lower_pid_is_read_after_the_process_it_restarted(tmp_path: Path, engine: str) -> None:
+    """Attempt 1 (pid 9000) logs steps 0-59; the restart (pid 100, started later) goes back to 40 and spikes at 42,
+    its 3rd point. Read in start order the spike has the 60 points before it as its history; by pid (show's Python
+    path, and every SQL path) the restart came first and its spike had too few points before it to be tested."""
+    _process(tmp_path, 9000, range(60))
+    _process(tmp_path, 100, range(40, 100), spike_at=42)
+    run_dir = tmp_path / "s" / "rb"
+    assert sorted(p.pid for p in open_run(run_dir).processes) == [100, 9000]
+    report, show = _spike_titles(run_dir)
+    assert report == show == ["loss spike: train/loss at step 42"]
+
+
+@pytest.mark.parametrize("engine", ["python", "duckdb"], indirect=True)
+def test_the_first_nan_is_the_first_written_whatever_the_pids(tmp_path: Path, engine: str) -> None:
+    """The first attempt (pid 9000) logs a NaN at step 30, its restart (pid 100) one at step 45: the first is at step
+    30 (by pid, the restart's was met first: step 45)."""
+    for pid, steps, bad in ((9000, range(60), 30), (100, range(40, 100), 45)):
+        t = Telemetry(identity_from_env({}, run_id="rb", session_tag="s", rank=0, world_size=1, pid=pid),
+                      store=tmp_path)
+        for step in steps:
+            t.log({"accuracy": float("nan") if step == bad else 0.5}, step=step, group="eval")
+        assert t.close()
+    run_dir = tmp_path / "s" / "rb"
+    sql = engine_for([run_dir])
+    try:
+        found = [*build_model(open_run(run_dir), engine=sql).findings,
+                 *read_for_show(open_run(run_dir), sql).findings.findings]
+    finally:
+        if sql is not None:
+            sql.close()
+    nan = [f for f in found if f.kind == "nan/inf"]
+    assert len(nan) == 2 and {f.evidence.steps for f in nan} == {(30, 30)}
