@@ -3,6 +3,7 @@ record-by-record readers and by SQL (a restart's pid need not be higher: pid nam
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,60 @@ def test_the_first_nan_is_the_first_written_whatever_the_pids(tmp_path: Path, en
             sql.close()
     nan = [f for f in found if f.kind == "nan/inf"]
     assert len(nan) == 2 and {f.evidence.steps for f in nan} == {(30, 30)}
+
+
+def _loss_run(root: Path, run_id: str, attempts: list[tuple[range, float]]) -> Path:
+    """One process logging train/loss = 2 - slope x step over each (steps, slope) in turn; a NaN after step 50 of a
+    slope-0 attempt (it diverged: the reason it was rolled back)."""
+    t = Telemetry(identity_from_env({}, run_id=run_id, session_tag="s", rank=0, world_size=1), store=root)
+    for steps, slope in attempts:
+        for step in steps:
+            value = 2.0 - slope * step if slope else (float("nan") if step > 50 else 0.5)
+            t.log({"loss": value}, step=step, group="train")
+    assert t.close()
+    return root / "s" / run_id
+
+
+@pytest.mark.parametrize("engine", ["python", "duckdb"], indirect=True)
+def test_compare_reads_the_latest_attempt_of_a_run_that_rolled_back(tmp_path: Path, engine: str) -> None:
+    """The candidate's first attempt dropped to 0.5 at step 45 then went NaN; it rolled back to 40 and trained on to
+    100, reaching the baseline's final loss (~1.01) only near its end. compare's steps-to-reach, level and
+    divergence are the latest attempt's: the abandoned dip is not a reach at step 45, its NaN no divergence."""
+    from telemetrain.analysis.compare_quality import compare_quality
+    from telemetrain.analysis.samples import read_samples
+
+    baseline = _loss_run(tmp_path, "base", [(range(100), 0.01)])
+    candidate = _loss_run(tmp_path, "cand", [(range(45), 0.01), (range(45, 60), 0.0), (range(40, 100), 0.0101)])
+    q = compare_quality(read_samples(candidate), read_samples(baseline))
+    assert q is not None and q.step == 99.0
+    assert q.candidate_diverged is None and q.baseline_diverged is None
+    assert q.reach_step is not None and q.reach_step > 90  # (the abandoned attempt was below it from step 45)
+    assert 1.0 < q.candidate_value < q.baseline_value  # (its steep latest attempt: not the abandoned 0.5)
+
+
+def test_tail_follows_the_latest_attempt_whatever_the_pids(tmp_path: Path) -> None:
+    """tail's first frame of a run whose restart (pid 100) went back from step 59 to 40: polled file by file and
+    caught up by SQL, the loss line ends at the restart's step 79 with its value (by pid, the restart's points came
+    first and the abandoned attempt's were taken for the latest: 10 at step 59)."""
+    pytest.importorskip("duckdb")
+    from telemetrain.analysis.tail import TailState
+    from telemetrain.store.engine import Engine
+
+    for pid, steps, value in ((9000, range(60), 10.0), (100, range(40, 80), 1.0)):
+        t = Telemetry(identity_from_env({}, run_id="rb", session_tag="s", rank=0, world_size=1, pid=pid),
+                      store=tmp_path)
+        for step in steps:
+            t.log({"loss": 1.0 if step < 40 else value}, step=step, group="train")
+        assert t.close()
+    run_dir = tmp_path / "s" / "rb"
+    polled = TailState(run_dir)
+    polled.poll()
+    caught = TailState(run_dir)
+    with Engine([run_dir]) as engine:
+        caught.catch_up(engine)
+    caught.poll()
+    for state in (polled, caught):
+        # (the step: the last bucket's mean step, 2 steps a bucket at tail's 64 buckets a series)
+        assert re.search(r"  1 at step 7[6-9]  \(train/loss\)$", state.loss_summary())
+        curve = state.curves.curve("train", "loss")
+        assert curve is not None and [(r.from_step, r.to_step) for r in curve.rollbacks] == [(59, 40)]
