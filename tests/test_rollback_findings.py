@@ -135,3 +135,51 @@ def test_tail_follows_the_latest_attempt_whatever_the_pids(tmp_path: Path) -> No
         assert re.search(r"  1 at step 7[6-9]  \(train/loss\)$", state.loss_summary())
         curve = state.curves.curve("train", "loss")
         assert curve is not None and [(r.from_step, r.to_step) for r in curve.rollbacks] == [(59, 40)]
+
+
+_WRITER = """
+import pathlib, sys, time
+from telemetrain import Telemetry, identity_from_env
+root = pathlib.Path(sys.argv[1])
+t = Telemetry(identity_from_env({}, run_id="rb", session_tag="s", rank=0, world_size=1), store=root)
+for step in range(60):
+    t.log({"loss": 1.0 if step < 40 else 10.0}, step=step, group="train")
+assert t.flush()
+(root / "attempt-1").touch()
+while not (root / "go").exists():
+    time.sleep(0.01)
+for step in range(40, 80):  # back to the checkpoint at step 40
+    t.log({"loss": 1.0}, step=step, group="train")
+assert t.close()
+"""
+
+
+def test_tail_follows_a_run_that_rolls_back_while_it_polls(tmp_path: Path) -> None:
+    """A real writer goes back from step 59 to 40 between two of tail's polls: the loss line shows the diverged
+    attempt, then the latest one, the rollback marked once."""
+    import subprocess
+    import sys
+    import time
+
+    from telemetrain.analysis.tail import TailState
+
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path)], env={"PYTHONPATH": src, "PATH":
+                                                                                   "/usr/bin:/bin"})
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "attempt-1").exists():
+            assert writer.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        state = TailState(tmp_path / "s" / "rb")
+        state.poll()
+        assert re.search(r"  10 at step 5[6-9]  \(train/loss\)$", state.loss_summary())
+        (tmp_path / "go").touch()
+        assert writer.wait(timeout=120) == 0
+    finally:
+        writer.kill()
+    state.poll()
+    assert re.search(r"  1 at step 7[6-9]  \(train/loss\)$", state.loss_summary())
+    curve = state.curves.curve("train", "loss")
+    assert curve is not None and [(r.from_step, r.to_step) for r in curve.rollbacks] == [(59, 40)]
+    assert {p.mean for p in curve.lines[0].points} == {1.0} and curve.abandoned_points == 20
