@@ -183,3 +183,52 @@ def test_tail_follows_a_run_that_rolls_back_while_it_polls(tmp_path: Path) -> No
     curve = state.curves.curve("train", "loss")
     assert curve is not None and [(r.from_step, r.to_step) for r in curve.rollbacks] == [(59, 40)]
     assert {p.mean for p in curve.lines[0].points} == {1.0} and curve.abandoned_points == 20
+
+
+_LOOP = """
+import sys
+import telemetrain
+from telemetrain import Telemetry, identity_from_env, training
+pid, start, end, fail = (int(a) for a in sys.argv[2:])
+t = Telemetry(identity_from_env({}, run_id="rb", session_tag="s", rank=0, world_size=1, pid=pid), store=sys.argv[1])
+telemetrain.set_telemetry(t)
+training.configure(training.TrainingTelemetryConfig(global_batch_size_or_fn=4, log_every_n_train_iterations=5))
+try:
+    with training.application(), training.training_loop(train_iterations_start=start):
+        for i in range(start, end):
+            with training.training_iteration():
+                pass
+        if fail:
+            raise RuntimeError("diverged")
+except RuntimeError:
+    pass
+assert t.close()
+"""
+
+
+def test_tail_catch_up_and_polling_agree_on_a_restart_with_a_lower_pid(tmp_path: Path) -> None:
+    """The first process (pid 9000) trains to iteration 60 and its loop fails; the restart (pid 100) resumes at 40 and
+    trains on to 80, its loop ending ok. Polled and caught up by SQL, the rank is at the restart's last report (79) and
+    its loop ok (by pid, the SQL catch-up took the first process's last report, 59, and its failed
+    loop)."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("duckdb")
+    from telemetrain.analysis.tail import TailState
+    from telemetrain.store.engine import Engine
+
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    for args in (("9000", "0", "60", "1"), ("100", "40", "80", "0")):
+        subprocess.run([sys.executable, "-c", _LOOP, str(tmp_path), *args], check=True, timeout=120,
+                       env={"PYTHONPATH": src, "PATH": "/usr/bin:/bin"})
+    run_dir = tmp_path / "s" / "rb"
+    polled = TailState(run_dir)
+    polled.poll()
+    caught = TailState(run_dir)
+    with Engine([run_dir]) as engine:
+        caught.catch_up(engine)
+    caught.poll()
+    seen = [(s.ranks[0].iteration, s.ranks[0].loop_status, s.eta()) for s in (polled, caught)]
+    assert seen[0] == seen[1]
+    assert seen[0][:2] == (79, "ok")

@@ -67,11 +67,10 @@ def catch_up(state: TailState, engine: Any) -> None:
         s.final = bool(a.get("final"))
         s.reports = int(n)
     # how each rank's last training loop stands: its last loop end, unless a report came after it (open again)
+    ends = by_start_sql(f"""(SELECT rank, pid, segment, line, wall_ns, status FROM span_ends WHERE {w} AND {loop}
+                  UNION ALL SELECT rank, pid, segment, line, wall_ns, NULL FROM events WHERE {w} AND {update})""")
     for rank, status in engine.rows(
-            f"""SELECT rank, arg_max_null(status, k) FROM (
-                  SELECT rank, status, ({ORDER}) AS k FROM span_ends WHERE {w} AND {loop}
-                  UNION ALL SELECT rank, NULL, ({ORDER}) FROM events WHERE {w} AND {update})
-                GROUP BY rank ORDER BY rank"""):
+            f"SELECT rank, arg_max_null(status, ({ORDER})) FROM {ends} GROUP BY rank ORDER BY rank"):
         state._rank(rank).loop_status = status
     names = "(" + ", ".join(f"'{n}'" for n in _NOTABLE_TRAINING) + ")"
     severities = "(" + ", ".join(f"'{s}'" for s in _NOTABLE_SEVERITIES) + ")"
