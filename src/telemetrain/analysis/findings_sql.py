@@ -69,6 +69,7 @@ def feed_value_series_sql(builder: InputBuilder, engine: Any, relation: str, key
     engine.execute("DROP TABLE findings_blocks")
     engine.execute("DROP TABLE findings_needed")
     if not ranges:
+        engine.execute("DROP TABLE IF EXISTS findings_process_order")  # (by_start_sql's, when made)
         return 0
     engine.execute("CREATE OR REPLACE TEMP TABLE findings_ranges (k VARCHAR, rank BIGINT, a BIGINT, b BIGINT)")
     insert_rows(engine.con, "findings_ranges", ranges)
@@ -115,16 +116,22 @@ def feed_value_series_sql(builder: InputBuilder, engine: Any, relation: str, key
         whole = ValueSeries(name, value_kind(name) or "loss", rank, _whole(engine, relation, key, name, rank))
         builder.value_series(whole)
         given += len(whole.points)
+    engine.execute("DROP TABLE IF EXISTS findings_process_order")
     return given
 
 
-def by_start_sql(relation: str) -> str:
+def by_start_sql(relation: str, engine: Any = None) -> str:
     """``relation`` (with columns rank, pid, wall_ns) with ``pid`` replaced by the process's place among its rank's
     processes, by their first point's wall time, then pid: the order the Python readers take them in
     (``store.reader.in_start_order``). A restart's pid need not be higher (pid namespaces, containers): by pid, its
-    points came first, and a spike just after it was read without the history before it."""
-    return (f"(SELECT r.* REPLACE (o.ix AS pid) FROM {relation} r JOIN (SELECT rank, pid, row_number() OVER "
-            f"(PARTITION BY rank ORDER BY min(wall_ns), pid) AS ix FROM {relation} GROUP BY rank, pid) o "
+    points came first, and a spike just after it was read without the history before it. ``engine``: the order is
+    made once, in the temp table ``findings_process_order`` (a relation read by several queries: one scan for it)."""
+    order = (f"SELECT rank, pid, row_number() OVER (PARTITION BY rank ORDER BY min(wall_ns), pid) AS ix "
+             f"FROM {relation} GROUP BY rank, pid")
+    if engine is not None:
+        engine.execute(f"CREATE OR REPLACE TEMP TABLE findings_process_order AS {order}")
+        order = "SELECT * FROM findings_process_order"
+    return (f"(SELECT r.* REPLACE (o.ix AS pid) FROM {relation} r JOIN ({order}) o "
             "ON r.rank = o.rank AND r.pid IS NOT DISTINCT FROM o.pid)")
 
 

@@ -211,7 +211,7 @@ def findings_builder_sql(engine: Any, run: Run) -> InputBuilder:
             builder, engine, by_start_sql(
                 f"(SELECT {VALUE_SERIES_NAME_SQL.format(name='name')} AS vkey, rank, step, value, pid, segment, line, "
                 f"wall_ns FROM metrics WHERE {w} AND {number} "
-                "AND (group_name, name) IN (SELECT group_name, name FROM show_value_series))"), "vkey")
+                "AND (group_name, name) IN (SELECT group_name, name FROM show_value_series))", engine), "vkey")
     feed_memory_series_sql(builder, engine, gauges_relation("metrics", "name", w))  # (after the reports)
     feed_agent_events(builder, run)
     return builder

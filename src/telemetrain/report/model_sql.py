@@ -398,7 +398,7 @@ class SqlCollector(_Collector):
                     f"(SELECT {VALUE_SERIES_NAME_SQL.format(name='skey')} AS vkey, rank, step, value, pid, segment, "
                     f"line, wall_ns FROM {self._metrics_keyed()} WHERE skey IN {_names(values)} AND group_name NOT IN "
                     f"{excluded} AND NOT starts_with(group_name, 'system.') AND value_bool IS NULL AND value IS NOT "
-                    "NULL)"), "vkey", self.thresholds)
+                    "NULL)", self.engine), "vkey", self.thresholds)
 
     def _stats(self) -> None:
         bad = ("coalesce(TRY_CAST(json_extract(\"values\", '$.nan_count') AS DOUBLE), 0) + "
