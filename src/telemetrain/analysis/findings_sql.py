@@ -29,7 +29,7 @@ from .findings.memory import MAX_POINTS, thin_indices
 from .findings.thresholds import DEFAULT_THRESHOLDS, Thresholds
 from .findings.values import _candidate, selected_spikes, spike_points_sql, value_kind
 
-__all__ = ["WINDOW_POINT_KEYS", "candidates_sql", "feed_memory_series_sql", "feed_value_series_sql",
+__all__ = ["WINDOW_POINT_KEYS", "by_start_sql", "candidates_sql", "feed_memory_series_sql", "feed_value_series_sql",
            "gauges_relation", "loop_start_sql", "rank_groups", "reports_relation", "window_fields_sql",
            "window_values_sql"]
 
@@ -44,8 +44,9 @@ _INTEGERS = WINDOW_POINT_KEYS[:3]  # current_iteration, window_iterations, train
 def feed_value_series_sql(builder: InputBuilder, engine: Any, relation: str, key: str,
                           thresholds: Thresholds | None = None, *, block_lines: int = BLOCK_LINES) -> int:
     """Give ``builder`` the value series of ``relation`` (columns ``key``, rank, step, value, pid, segment, line;
-    the numeric points, non-finite included, of the series ``InputBuilder.metric`` keeps as values): each as the
-    points that settle its spikes for ``thresholds``, or whole where those do not. Returns the points given.
+    the numeric points, non-finite included, of the series ``InputBuilder.metric`` keeps as values; a series' points
+    are taken in (pid, segment, line) order: make ``pid`` the process's start order with ``by_start_sql``): each as
+    the points that settle its spikes for ``thresholds``, or whole where those do not. Returns the points given.
 
     Two passes: the candidates (``candidates_sql``: no sort of every point), then, for the series that have some,
     their finite points within ``spike_history`` before and twice that after each."""
@@ -68,6 +69,7 @@ def feed_value_series_sql(builder: InputBuilder, engine: Any, relation: str, key
     engine.execute("DROP TABLE findings_blocks")
     engine.execute("DROP TABLE findings_needed")
     if not ranges:
+        engine.execute("DROP TABLE IF EXISTS findings_process_order")  # (by_start_sql's, when made)
         return 0
     engine.execute("CREATE OR REPLACE TEMP TABLE findings_ranges (k VARCHAR, rank BIGINT, a BIGINT, b BIGINT)")
     insert_rows(engine.con, "findings_ranges", ranges)
@@ -114,7 +116,23 @@ def feed_value_series_sql(builder: InputBuilder, engine: Any, relation: str, key
         whole = ValueSeries(name, value_kind(name) or "loss", rank, _whole(engine, relation, key, name, rank))
         builder.value_series(whole)
         given += len(whole.points)
+    engine.execute("DROP TABLE IF EXISTS findings_process_order")
     return given
+
+
+def by_start_sql(relation: str, engine: Any = None) -> str:
+    """``relation`` (with columns rank, pid, wall_ns) with ``pid`` replaced by the process's place among its rank's
+    processes, by their first point's wall time, then pid: the order the Python readers take them in
+    (``store.reader.in_start_order``). A restart's pid need not be higher (pid namespaces, containers): by pid, its
+    points came first, and a spike just after it was read without the history before it. ``engine``: the order is
+    made once, in the temp table ``findings_process_order`` (a relation read by several queries: one scan for it)."""
+    order = (f"SELECT rank, pid, row_number() OVER (PARTITION BY rank ORDER BY min(wall_ns), pid) AS ix "
+             f"FROM {relation} GROUP BY rank, pid")
+    if engine is not None:
+        engine.execute(f"CREATE OR REPLACE TEMP TABLE findings_process_order AS {order}")
+        order = "SELECT * FROM findings_process_order"
+    return (f"(SELECT r.* REPLACE (o.ix AS pid) FROM {relation} r JOIN ({order}) o "
+            "ON r.rank = o.rank AND r.pid IS NOT DISTINCT FROM o.pid)")
 
 
 def _record_groups(engine: Any) -> list[str] | None:

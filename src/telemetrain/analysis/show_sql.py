@@ -33,6 +33,7 @@ from .findings.builder import (
 from .findings.checkpoints import CHECKPOINT_SAVES
 from .findings.run import feed_agent_events
 from .findings_sql import (
+    by_start_sql,
     feed_memory_series_sql,
     feed_value_series_sql,
     gauges_relation,
@@ -195,10 +196,11 @@ def findings_builder_sql(engine: Any, run: Run) -> InputBuilder:
     feed_builder_sql(builder, engine, w, span_tables=("span_starts", "span_ends"), stats=True)
     feed_checkpoint_saves_sql(builder, engine, w)
     metric = builder.metric
+    # a rank's processes by their start, as run_findings reads them (the first NaN's step)
+    read = by_start_sql(f"(SELECT * FROM metrics WHERE {w} AND {number} AND (NOT isfinite(value) OR (group_name, name) "
+                        "IN (SELECT group_name, name FROM show_findings_series)))")
     for _, batch in engine.stream(
-            f"SELECT rank, host, group_name, name, step, value, value_int, wall_ns FROM metrics WHERE {w} AND {number} "
-            "AND (NOT isfinite(value) OR (group_name, name) IN (SELECT group_name, name FROM show_findings_series)) "
-            f"ORDER BY {ORDER}"):
+            f"SELECT rank, host, group_name, name, step, value, value_int, wall_ns FROM {read} ORDER BY {ORDER}"):
         for rank, host, group, name, step, value, value_int, wall in batch:
             metric(rank, host, group, name, step, int(value_int) if value_int is not None else value, wall,
                    series=False)
@@ -206,10 +208,10 @@ def findings_builder_sql(engine: Any, run: Run) -> InputBuilder:
         engine.execute("CREATE OR REPLACE TEMP TABLE show_value_series (group_name VARCHAR, name VARCHAR)")
         insert_rows(engine.con, "show_value_series", values)
         feed_value_series_sql(
-            builder, engine,
-            f"(SELECT {VALUE_SERIES_NAME_SQL.format(name='name')} AS vkey, rank, step, value, pid, segment, line "
-            f"FROM metrics WHERE {w} AND {number} "
-            "AND (group_name, name) IN (SELECT group_name, name FROM show_value_series))", "vkey")
+            builder, engine, by_start_sql(
+                f"(SELECT {VALUE_SERIES_NAME_SQL.format(name='name')} AS vkey, rank, step, value, pid, segment, line, "
+                f"wall_ns FROM metrics WHERE {w} AND {number} "
+                "AND (group_name, name) IN (SELECT group_name, name FROM show_value_series))", engine), "vkey")
     feed_memory_series_sql(builder, engine, gauges_relation("metrics", "name", w))  # (after the reports)
     feed_agent_events(builder, run)
     return builder

@@ -21,12 +21,11 @@ from ..identity import Identity
 from ..report.curves import CurveBuilder, pick_loss
 from ..store.codec import decode_line
 from ..store.layout import is_agent_file, is_process_file
-from ..store.segments import parse_segment_name
 from ..text import printable
 from .findings import Findings, InputBuilder, analyse
 from .findings.checkpoints import CHECKPOINT_SAVES
 from .samples import open_run_meta
-from .tail_progress import Pace, format_eta, loss_line, target_of
+from .tail_progress import Pace, files_in_start_order, format_eta, loss_line, target_of
 
 __all__ = ["FileFollower", "RankState", "TailState", "render", "run_tail"]
 
@@ -183,6 +182,7 @@ class TailState:
     curves: CurveBuilder = field(default_factory=lambda: CurveBuilder(capacity=64))  # the loss-like series
     pace: Pace = field(default_factory=Pace)
     target: int | None = None  # train_iterations_target, from the config event or a report
+    starts: dict[Path, int] = field(default_factory=dict)  # a process file's first header's wall time (0: none yet)
 
     def findings(self) -> Findings:
         """The findings engine on what was read so far (a loop still open is not a crash)."""
@@ -195,7 +195,7 @@ class TailState:
         self.perf_tag = str(meta.get("perf_tag") or self.perf_tag)
         files = self._process_files()
         new = 0
-        for f in sorted((f for f in files if not is_agent_file(f.name)), key=_file_order):
+        for f in files_in_start_order([f for f in files if not is_agent_file(f.name)], self.starts):
             follower = self.followers.get(f)
             if follower is None:
                 words = _METRIC_WORDS + ((self.loss.rsplit("/", 1)[-1].encode(),) if self.loss else ())
@@ -348,12 +348,6 @@ class TailState:
         s.mean = _number(a.get("avg_iteration_time_sec"))
         s.final = bool(a.get("final"))
         s.reports += 1
-
-
-def _file_order(path: Path) -> tuple[int, int, int, str]:
-    """Process files by rank, pid, then segment (``rank-0.7.1.jsonl`` after ``rank-0.7.jsonl``)."""
-    name = parse_segment_name(path.name)
-    return (name.rank, name.pid, name.segment, path.name) if name is not None else (-1, -1, -1, path.name)
 
 
 def _number(value: Any) -> float | None:

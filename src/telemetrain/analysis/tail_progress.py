@@ -11,12 +11,15 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from ..report.curve_scale import log_allowed, y_scale
 from ..report.curves import Curve
+from ..store.reader import ProcessLog
+from ..store.segments import parse_segment_name
 
-__all__ = ["BLOCKS", "Pace", "format_eta", "loss_line", "sparkline", "target_of"]
+__all__ = ["BLOCKS", "Pace", "files_in_start_order", "format_eta", "loss_line", "sparkline", "target_of"]
 
 BLOCKS = "▁▂▃▄▅▆▇█"
 PACE_REPORTS = 10  # the pace is measured over this many recent reports of the most advanced rank
@@ -109,3 +112,24 @@ def format_eta(seconds: float | None, target: int | None, iteration: int | None,
     hours, rest = divmod(int(seconds), 3600)
     text = f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
     return f"{text} ({done})"
+
+
+def files_in_start_order(files: list[Path], starts: dict[Path, int]) -> list[Path]:
+    """Process files by rank, then each rank's processes by their start (``store.reader.in_start_order``), pid and
+    segment: a restart's records after those of the process it restarted, whatever its pid (pid namespaces,
+    containers), so the loss curve sees its rollback as written. ``starts``: each file's first header's wall time,
+    kept between polls (0 until it has one)."""
+    first: dict[tuple[int, int], int] = {}
+    for f in files:
+        name = parse_segment_name(f.name)
+        if name is not None:
+            if not starts.get(f):
+                starts[f] = ProcessLog([f]).start_wall_ns
+            first[(name.rank, name.pid)] = min(first.get((name.rank, name.pid), starts[f]), starts[f])
+
+    def order(path: Path) -> tuple[int, int, int, int, str]:
+        n = parse_segment_name(path.name)
+        return (-1, -1, -1, -1, path.name) if n is None else (n.rank, first[(n.rank, n.pid)], n.pid, n.segment,
+                                                              path.name)
+
+    return sorted(files, key=order)

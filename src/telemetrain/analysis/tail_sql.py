@@ -1,7 +1,7 @@
 """``telemetrain tail``'s first frame by SQL (``store.engine``): the state ``TailState.poll`` builds by reading every
 file from its start, computed by DuckDB over the columnar copy and the JSONL tail; then each file is followed from the
-offset where the engine stopped reading it. Records are taken in the order polling meets them: by rank, pid, segment,
-then line."""
+offset where the engine stopped reading it. Records are taken in the order polling meets them: by rank, process (by
+its start, ``findings_sql.by_start_sql``, for the reports, the loss and the findings' metrics), segment, then line."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 from ..store.codec import loads_column
 from ..store.rank_groups import rank_groups
 from .findings.checkpoints import CHECKPOINT_SAVES
+from .findings_sql import by_start_sql
 from .tail import _NOTABLE_SEVERITIES, _NOTABLE_TRAINING, RECENT_EVENTS, FileFollower, TailState, _brief, _number
 from .tail_progress import target_of
 
@@ -52,8 +53,8 @@ def catch_up(state: TailState, engine: Any) -> None:
     state.corrupt_before += corrupt
     key = f"({ORDER})"
     for rank, n, attributes, wall in engine.rows(
-            f"SELECT rank, count(*), arg_max_null(attributes, {key}), arg_max_null(wall_ns, {key}) FROM events "
-            f"WHERE {w} AND {update} GROUP BY rank ORDER BY rank"):
+            f"SELECT rank, count(*), arg_max_null(attributes, {key}), arg_max_null(wall_ns, {key}) FROM "
+            f"{by_start_sql(f'(SELECT * FROM events WHERE {w} AND {update})')} GROUP BY rank ORDER BY rank"):
         s = state._rank(rank)
         a = _attrs(attributes)
         iteration = a.get("current_iteration")
@@ -66,11 +67,10 @@ def catch_up(state: TailState, engine: Any) -> None:
         s.final = bool(a.get("final"))
         s.reports = int(n)
     # how each rank's last training loop stands: its last loop end, unless a report came after it (open again)
+    ends = by_start_sql(f"""(SELECT rank, pid, segment, line, wall_ns, status FROM span_ends WHERE {w} AND {loop}
+                  UNION ALL SELECT rank, pid, segment, line, wall_ns, NULL FROM events WHERE {w} AND {update})""")
     for rank, status in engine.rows(
-            f"""SELECT rank, arg_max_null(status, k) FROM (
-                  SELECT rank, status, ({ORDER}) AS k FROM span_ends WHERE {w} AND {loop}
-                  UNION ALL SELECT rank, NULL, ({ORDER}) FROM events WHERE {w} AND {update})
-                GROUP BY rank ORDER BY rank"""):
+            f"SELECT rank, arg_max_null(status, ({ORDER})) FROM {ends} GROUP BY rank ORDER BY rank"):
         state._rank(rank).loop_status = status
     names = "(" + ", ".join(f"'{n}'" for n in _NOTABLE_TRAINING) + ")"
     severities = "(" + ", ".join(f"'{s}'" for s in _NOTABLE_SEVERITIES) + ")"
@@ -130,8 +130,8 @@ def _feed_findings(state: TailState, engine: Any, w: str) -> int:
     # added ~110 MiB to the peak); groups of consecutive ranks, each sorted by ORDER: the same order as the whole
     for ranks in rank_groups(counts, METRICS_AT_ONCE):
         for _, batch in engine.stream(
-                f"SELECT rank, host, group_name, name, step, value, value_int, value_bool, wall_ns, unit FROM metrics "
-                f"WHERE {where} AND rank IN {ranks} ORDER BY {ORDER}"):
+                f"SELECT rank, host, group_name, name, step, value, value_int, value_bool, wall_ns, unit FROM "
+                f"{by_start_sql(f'(SELECT * FROM metrics WHERE {where} AND rank IN {ranks})')} ORDER BY {ORDER}"):
             for rank, host, group, name, step, value, value_int, value_bool, wall, unit in batch:
                 metrics += 1
                 value = bool(value_bool) if value_bool is not None else \
@@ -156,7 +156,8 @@ def _feed_pace(state: TailState, engine: Any, w: str) -> None:
             f"""SELECT rank, wall_ns, attributes FROM (
                   SELECT rank, pid, segment, line, wall_ns, attributes, row_number() OVER (
                     PARTITION BY rank ORDER BY pid DESC, segment DESC, line DESC) AS nth
-                  FROM events WHERE {w} AND group_name = 'training' AND name = 'training_metrics_update')
+                  FROM {by_start_sql(f"(SELECT * FROM events WHERE {w} AND group_name = 'training' AND name = "
+                                     "'training_metrics_update')")})
                 WHERE nth <= {PACE_REPORTS} ORDER BY {ORDER}"""):
         a = _attrs(attributes)
         iteration = a.get("current_iteration")

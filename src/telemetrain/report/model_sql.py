@@ -25,6 +25,7 @@ from ..analysis.findings.thresholds import Thresholds
 from ..analysis.findings.values import value_kind
 from ..analysis.findings_sql import (
     REPORTS_AT_ONCE,
+    by_start_sql,
     feed_memory_series_sql,
     feed_value_series_sql,
     gauges_relation,
@@ -375,7 +376,8 @@ class SqlCollector(_Collector):
 
     def _findings_metrics(self) -> None:
         """The metric records the findings engine reads (``InputBuilder.metric``: memory limits and every non-finite
-        value), streamed in collection order; the loss and gradient-norm series as the points that settle their
+        value), streamed in collection order (a rank's processes by their start: the first NaN's step is the
+        Python path's); the loss and gradient-norm series as the points that settle their
         spikes (``analysis.findings_sql``; the memory gauges after the reports, in ``_windows``); the rest are not
         read."""
         keys = {k for k in self._skeys.values()}
@@ -384,19 +386,19 @@ class SqlCollector(_Collector):
         where = f"(skey IN {_names(sorted(wanted))} OR {nonfinite})" if wanted else nonfinite
         metric = self.inputs.metric
         for _, batch in self.engine.stream(
-                f"SELECT rank, host, group_name, skey, step, value, value_int, value_bool, wall_ns "
-                f"FROM {self._metrics_keyed()} WHERE {where} ORDER BY {ORDER}"):
+                f"SELECT rank, host, group_name, skey, step, value, value_int, value_bool, wall_ns FROM "
+                f"{by_start_sql(f'(SELECT * FROM {self._metrics_keyed()} WHERE {where})')} ORDER BY {ORDER}"):
             for rank, host, group, name, step, value, value_int, value_bool, wall in batch:
                 metric(rank, host, group, name, step, _metric_value(value, value_int, value_bool), wall, series=False)
         values = sorted(k for k in keys if value_kind(k) is not None)
         if values:
             excluded = "('training', 'system', 'cross_rank')"
             feed_value_series_sql(
-                self.inputs, self.engine,
-                f"(SELECT {VALUE_SERIES_NAME_SQL.format(name='skey')} AS vkey, rank, step, value, pid, segment, line "
-                f"FROM {self._metrics_keyed()} WHERE skey IN {_names(values)} AND group_name NOT IN {excluded} "
-                "AND NOT starts_with(group_name, 'system.') AND value_bool IS NULL AND value IS NOT NULL)", "vkey",
-                self.thresholds)
+                self.inputs, self.engine, by_start_sql(
+                    f"(SELECT {VALUE_SERIES_NAME_SQL.format(name='skey')} AS vkey, rank, step, value, pid, segment, "
+                    f"line, wall_ns FROM {self._metrics_keyed()} WHERE skey IN {_names(values)} AND group_name NOT IN "
+                    f"{excluded} AND NOT starts_with(group_name, 'system.') AND value_bool IS NULL AND value IS NOT "
+                    "NULL)", self.engine), "vkey", self.thresholds)
 
     def _stats(self) -> None:
         bad = ("coalesce(TRY_CAST(json_extract(\"values\", '$.nan_count') AS DOUBLE), 0) + "

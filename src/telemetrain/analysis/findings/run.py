@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ...store.reader import ProcessLog, Run, list_processes
+from ...store.reader import ProcessLog, Run, in_start_order, list_processes
 from .builder import InputBuilder
 from .engine import analyse
 from .inputs import Attempt
@@ -58,7 +58,7 @@ def run_findings(run: Run, *, goodput_report: Any = None, thresholds: Thresholds
     exits and stalls; they hold no training figures). Pass the session's goodput report to get its crashes and
     restarts. ``open_spans_crashed``: False for a run still running (``InputBuilder.build``'s)."""
     builder = InputBuilder()
-    for log in run.processes:
+    for log in in_start_order(run.processes):  # (a series' points as written: a restart's after, whatever its pid)
         for record in log.records:
             builder.add(record)
     feed_agent_events(builder, run)
