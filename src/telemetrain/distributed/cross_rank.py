@@ -6,7 +6,8 @@ thread: the training thread pays only for handing one more sink the report it al
 global step reaches the next multiple of ``every``, the ranks all-gather one vector each (step, window iterations,
 mean iteration / data loading / host-to-device / forward / backward / optimizer / zero_grad time, samples per
 second, step interval, and -- with instrumented communication (``comm``) -- the time in and waiting in collectives,
-per phase) over their own gloo group (``exchange``), and the recording rank(s) write:
+per phase, and the wait in the collectives over every rank, which the late-rank attribution compares) over their
+own gloo group (``exchange``), and the recording rank(s) write:
 
 - metrics, group ``cross_rank``, step = the global step: ``cross_rank.<phase>.{min,median,max}`` and
   ``cross_rank.<phase>.{min_rank,max_rank}`` (which rank), also for ``comm_time`` and ``comm_wait``;
