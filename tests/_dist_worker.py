@@ -16,6 +16,9 @@ A tiny DDP model trained for ``STEPS`` iterations with the lifecycle recorded by
 - ``PAIRS=1``: data parallelism within pairs of ranks (DDP on the pair's ``new_group``), ranks 0..1 also all-reduce
   a scalar on their pair in the optimizer phase, and every rank enters a global barrier there (timed with
   ``COMM=1``): collectives on subgroups, which advance only their members' sequence numbers;
+- ``TOPO=pairs``: as ``PAIRS=1`` without the pair's scalar and the global barrier: the pairs never synchronise
+  together; ``TOPO=pipeline``: no DDP, a pipeline of send/recv (each rank receives from the one before it in forward
+  and from the one after it in backward, timed with ``COMM=1``), no collective over every rank;
 - ``NO_DDP=1``: no collectives in the training (each rank trains alone), ``EXIT_RANK``/``EXIT_AT``: that rank leaves
   early (exit 0), ``CROSS_TIMEOUT``: enable cross-rank aggregation in code with this exchange timeout (every
   ``CROSS_EVERY``; ``MIN_SHARE``: the detectors' smallest share of a step that counts).
@@ -41,6 +44,17 @@ def env_int(name: str, default: int) -> int:
     return int(os.environ.get(name, default))
 
 
+def pipe(telemetry: Any, comm: bool, rank: int, world: int, peer: int, send: bool = False) -> None:
+    """One pipeline hand-over with ``peer`` (none past either end): blocking, timed with ``comm``."""
+    if not 0 <= peer < world:
+        return
+    from telemetrain.distributed import collectives
+
+    timed: Any = collectives.using(telemetry) if comm else dist
+    buf = torch.ones(64)
+    (timed.send if send else timed.recv)(buf, peer)
+
+
 def main() -> None:
     steps, log_every = env_int("STEPS", 200), env_int("LOG_EVERY", 10)
     slow_rank, slow_phase, slow_s = env_int("SLOW_RANK", -1), os.environ.get("SLOW_PHASE", "dataloader"), float(
@@ -53,6 +67,8 @@ def main() -> None:
     slow_from, kill_phase = env_int("SLOW_FROM", 0), os.environ.get("KILL_PHASE", "")
     block_rank, block_at = env_int("BLOCK_RANK", -1), env_int("BLOCK_AT", -1)
     comm, fsdp = os.environ.get("COMM") == "1", os.environ.get("FSDP") == "1"
+    topo = os.environ.get("TOPO", "")
+    no_ddp = no_ddp or topo == "pipeline"
     if env_int("RANK", 0) == env_int("SKEW_RANK", -1):
         os.environ["TELEMETRAIN_TEST_CLOCK_SKEW_NS"] = os.environ["SKEW_NS"]
 
@@ -81,7 +97,7 @@ def main() -> None:
         fully_shard(model, mesh=mesh)
         instrument_fsdp(model, telemetry=telemetry)
     elif not no_ddp:
-        if os.environ.get("PAIRS") == "1":
+        if os.environ.get("PAIRS") == "1" or topo == "pairs":
             pair = [dist.new_group([r, r + 1]) for r in range(0, world, 2)][rank // 2]  # (every rank makes each)
         model = torch.nn.parallel.DistributedDataParallel(model, process_group=pair)
         if comm:
@@ -125,9 +141,17 @@ def main() -> None:
             if rank == block_rank and step == block_at:
                 while True:  # blocked for good: only a signal ends it
                     time.sleep(3600)
+            if topo == "pipeline":
+                pipe(telemetry, comm, rank, world, rank - 1)
             loss = model(x).pow(2).mean()
+            if topo == "pipeline":
+                pipe(telemetry, comm, rank, world, rank + 1, send=True)
         with rec.backward():
+            if topo == "pipeline":
+                pipe(telemetry, comm, rank, world, rank + 1)
             loss.backward()
+            if topo == "pipeline":
+                pipe(telemetry, comm, rank, world, rank - 1, send=True)
         with rec.optimizer_update():
             opt.step()
             opt.zero_grad()

@@ -512,6 +512,28 @@ def test_balanced_ranks_and_missing_waits_name_nobody() -> None:
     assert late.analyse(9, {0: rank_window(0.001)}) is None
 
 
+def test_waits_in_subgroups_name_nobody_only_the_jobs_collectives_compare() -> None:
+    # a pipeline: stage 0 waits least (nothing before it in forward), but no collective spans every rank
+    values = {r: {**rank_window(0.002 + 0.003 * r), "world_wait": 0.0} for r in range(4)}
+    late = LateRankAttributor(patience=1)
+    assert late.analyse(9, {r: {k: x for k, x in v.items() if k != "world_wait"} for r, v in values.items()}) \
+        is not None  # read as one synchronous job, stage 0 would be named
+    assert late.analyse(9, values) is None and late.update(9, values, 10)[0] == []
+    values[3]["world_wait"] = math.nan  # a rank without process group: unknown, not attributed on the rest
+    assert late.analyse(9, values) is None
+
+
+def test_a_rank_held_up_in_its_subgroup_is_not_late_with_the_rank_that_held_it_up() -> None:
+    # pairs (0,1) and (2,3) with a barrier over all: rank 2 is slow, rank 3 waits for it in the pair (8 ms), then
+    # both arrive last at the barrier, where ranks 0 and 1 wait 8 ms
+    values = {r: {**rank_window(0.008), "world_wait": 0.008} for r in (0, 1)}
+    values[2] = {**rank_window(0.0005, forward=0.011), "world_wait": 0.0005}
+    values[3] = {**rank_window(0.0085), "world_wait": 0.0005}
+    verdict = LateRankAttributor(patience=1).analyse(9, values)
+    assert verdict is not None and verdict.late == (2,) and verdict.causes == {2: "forward"}
+    assert verdict.evidence[2]["cost_per_iteration_sec"] == pytest.approx(0.0075)
+
+
 def test_two_slow_ranks_are_named_together_and_time_outside_any_phase_is_a_cause() -> None:
     values = {r: rank_window(0.010) for r in range(5)}
     values[1] = rank_window(0.0005, dataloader=0.0105)
@@ -930,3 +952,33 @@ def test_without_the_agents_word_the_exits_that_are_not_its_sigterm_come_first()
     assert "native code" in found[1] and "the program ended with an error" in found[1]
     assert found[1].endswith("Then rank(s) 0 were stopped by the agent (SIGTERM), as it stops every worker once one "
                              "fails.")
+
+
+def late_events(run: Run) -> list[tuple[int, str]]:
+    return sorted((e.attributes["rank"], e.attributes["phase"]) for e in events(run, "cross_rank", "straggler")
+                  if e.attributes["kind"] == "late" and not e.attributes.get("ended"))
+
+
+def test_a_clean_pipeline_of_send_recv_names_no_late_rank(tmp_path: Path) -> None:
+    # each stage waits for the stages before it in forward and after it in backward: whoever waits least was not
+    # holding up a job that never synchronises as a whole
+    result = launch(tmp_path, 4, STEPS=80, COMM=1, TOPO="pipeline", TELEMETRAIN_CROSS_RANK=0, CROSS_TIMEOUT=60,
+                    CROSS_EVERY=10)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = only_run(tmp_path)
+    windows = reports(run, 3)
+    assert windows and all(w["avg_comm_wait_time_sec"] > 0 and w["avg_comm_world_wait_time_sec"] == 0
+                           for w in windows)
+    assert events(run, "cross_rank", "straggler") == []
+    assert not [t for t in build_model(run).findings if t.title.startswith("straggler")]
+
+
+def test_a_rank_held_up_in_its_pair_is_not_named_with_the_rank_that_held_it_up(tmp_path: Path) -> None:
+    # DDP within pairs, a global barrier per step: rank 2 is slow, rank 3 waits for it in their pair's all-reduce,
+    # so both reach the barrier last; only rank 2 made anyone wait
+    result = launch(tmp_path, 4, STEPS=80, COMM=1, PAIRS=1, SLOW_RANK=2, SLOW_PHASE="forward", SLOW_S=0.04,
+                    TELEMETRAIN_CROSS_RANK=0, CROSS_TIMEOUT=60, CROSS_EVERY=10, MIN_SHARE=0.2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = only_run(tmp_path)
+    assert late_events(run) == [(2, "forward")]
+    assert all(w["avg_comm_world_wait_time_sec"] > 0.02 for w in reports(run, 0)[1:])

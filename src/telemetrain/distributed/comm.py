@@ -27,7 +27,8 @@ without one the monitor keeps only the newest ``MAX_WINDOW_OPS`` -- into
   had nothing left to overlap. Exact for blocking collectives and DDP's end-of-backward wait; an estimate otherwise;
 - ``comm_wait_fraction``: that wait over the window's wall time less its saves and validation;
   ``avg_<phase>_comm_wait_sec``: where it was waited (the recorder's sub-phase open when the collective was
-  launched; ``other`` outside any);
+  launched; ``other`` outside any); ``avg_comm_world_wait_time_sec``: the part of that wait in collectives that span
+  every rank of the job (not a subgroup, not send/recv), when there is a process group;
 - ``comm_failed`` (collectives that ended in an error), ``comm_open`` (not finished when reported).
 
 The monitor also keeps what a stall watchdog needs: the collectives entered and not left, and the last one that
@@ -41,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -217,9 +219,12 @@ def window_figures(ops: list[CommOp], attributes: Mapping[str, Any]) -> dict[str
     wall = attributes.get("window_seconds")
     out: dict[str, Any] = {"comm_count": len(ops), "comm_bytes": sum(op.nbytes for op in ops)}
     kinds: dict[str, list[float]] = {}  # kind -> [count, bytes, seconds]
-    busy = wait = 0.0
+    busy = wait = world_wait = 0.0
     by_phase: dict[str, float] = {}
     done = [op for op in ops if op.state == "done"]
+    # the wait in the collectives that span every rank (not a subgroup, not send/recv): the only waits that compare
+    # across all ranks (``late_rank``)
+    world = _world_size()
     for clock in {id(op.clock): op.clock for op in done}.values():
         mine = [op for op in done if op.clock is clock]
         marks = [m for op in mine for m in (op.start, op.end)]
@@ -229,6 +234,8 @@ def window_figures(ops: list[CommOp], attributes: Mapping[str, Any]) -> dict[str
         b, w = _sweep(intervals, by_phase)
         busy += b
         wait += w
+        world_wait += _sweep([x for x in intervals if x[2].group_size == world and
+                              not x[2].group.startswith("p2p:")], {})[1]
         for start, end, op in intervals:
             k = kinds.setdefault(op.kind, [0, 0, 0.0])
             k[0] += 1
@@ -247,6 +254,8 @@ def window_figures(ops: list[CommOp], attributes: Mapping[str, Any]) -> dict[str
     if isinstance(iterations, int) and iterations > 0:
         out["avg_comm_time_sec"] = busy / iterations
         out["avg_comm_wait_time_sec"] = wait / iterations
+        if world > 1:
+            out["avg_comm_world_wait_time_sec"] = world_wait / iterations
         for phase, seconds in sorted(by_phase.items()):
             out[f"avg_{phase}_comm_wait_sec"] = seconds / iterations
     paused = attributes.get("window_paused_seconds")
@@ -262,6 +271,15 @@ def window_figures(ops: list[CommOp], attributes: Mapping[str, Any]) -> dict[str
         out["comm_open"] = still_open
     out["comm_clock"] = "+".join(sorted({op.clock.name for op in ops}))
     return out
+
+
+def _world_size() -> int:
+    """The job's size (0: no process group): the collectives on a group this big span every rank."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        return int(dist.get_world_size()) if dist is not None and dist.is_initialized() else 0
+    except Exception:  # noqa: BLE001 - a process group torch has destroyed: unknown
+        return 0
 
 
 def _sweep(intervals: list[tuple[float, float, CommOp]], by_phase: dict[str, float]) -> tuple[float, float]:

@@ -11,6 +11,11 @@ arrives last waits least. So, per window (one exchanged report per rank):
 - **why**: the phase in which it spent the most more *compute* than the median other rank: ``dataloader``, ``h2d``,
   ``forward``, ``backward``, ``optimizer``, ``zero_grad`` (each phase's time minus the communication waited in it),
   or ``outside`` (outside any phase: the step interval less the phases and the waits);
+- **which waits**: only the waits in collectives that span every rank (``world_wait``:
+  ``avg_comm_world_wait_time_sec``). A wait in a subgroup (a pipeline's send/recv, a TP or DP pair) is a wait for
+  that group's peers, and the rank that waits least there is not late for the job: a job with no collective over
+  every rank in the window is not attributed at all. A rank that arrives late at the job's collective because it had
+  waited for a late peer in a subgroup (its wait elsewhere covers its lateness) is not named: it was held up;
 - it counts when the cost is at least ``min_share`` of the step interval, and becomes a finding after ``patience``
   windows in a row with the same rank and cause (a ``stragglers.Finding`` of kind ``late``, whose ``evidence``
   carries the figures above and every phase's excess).
@@ -57,6 +62,18 @@ def compute_times(v: Mapping[str, float]) -> dict[str, float]:
     return out
 
 
+def sync_waits(values: Mapping[int, Mapping[str, float]]) -> dict[int, float] | None:
+    """Each rank's wait in the collectives that span every rank (``world_wait``), or None where a rank lacks it.
+    Only those compare: in a subgroup or a send/recv, the rank that waits least waited for its peers, not for the
+    job (a pipeline's first stage always waits least). Values without ``world_wait`` at all (a caller that knows its
+    ranks all synchronise together) are read by their whole wait, ``comm_wait``."""
+    if len(values) < 2:
+        return None
+    key = "world_wait" if any("world_wait" in v for v in values.values()) else "comm_wait"
+    waits = {r: v.get(key, math.nan) for r, v in values.items()}
+    return {r: float(w) for r, w in waits.items()} if all(math.isfinite(w) for w in waits.values()) else None
+
+
 @dataclass(frozen=True)
 class Verdict:
     """One window: the late ranks, each one's cause, and the evidence."""
@@ -91,9 +108,9 @@ class LateRankAttributor:
 
     def analyse(self, step: int, values: Mapping[int, Mapping[str, float]]) -> Verdict | None:
         """The late ranks of one window, or None (no waits, or nobody made the others wait long enough)."""
-        if not has_waits(values):
+        waits = sync_waits(values)
+        if waits is None:
             return None
-        waits = {r: float(v["comm_wait"]) for r, v in values.items()}
         intervals = [v.get("interval", math.nan) for v in values.values()]
         intervals = [x for x in intervals if math.isfinite(x) and x > 0] or [
             _f(v.get("iteration")) for v in values.values()]
@@ -104,6 +121,11 @@ class LateRankAttributor:
         if not cost > 0 or cost < self.min_share * interval:
             return None
         late = tuple(sorted(r for r, w in waits.items() if w - waits[first] < self.group_share * cost))
+        # a rank that arrived late at the job's collective because it had waited for a late partner in a subgroup
+        # (its pair's all-reduce, a recv) was held up, not holding up: its wait elsewhere covers its lateness
+        late = tuple(r for r in late if _f(values[r].get("comm_wait")) - waits[r] < self.group_share * cost)
+        if not late:
+            return None  # every early arrival was itself waiting elsewhere: the cause is not among them
         waiting = [r for r in waits if r not in late]
         if not waiting:
             return None  # everyone waited alike: no one rank held the others up

@@ -178,25 +178,57 @@ def _check_sizes(parser: argparse.ArgumentParser, args: Any) -> int:
     return int(max_nodes)
 
 
-def _record_failures(telemetry: Telemetry, failures: Mapping[int, Any]) -> None:
+class OomKills:
+    """The OOM kills of the agent's memory cgroup (its workers' too: they inherit it), counted since it last looked.
+    A worker killed by the cgroup's OOM killer dies with its sampler, so its own records rarely show the kill; the
+    agent outlives it. Without a memory limit (no cgroup that binds) or a readable counter: None."""
+
+    def __init__(self) -> None:
+        try:
+            from ..system.cgroup_memory import find_cgroup_memory, oom_kill_count
+
+            self.cgroup = find_cgroup_memory()
+            self._last = oom_kill_count(self.cgroup) if self.cgroup is not None else None
+        except Exception:  # noqa: BLE001 - telemetry never breaks the launch: no count
+            self.cgroup, self._last = None, None
+
+    def since_last(self) -> int | None:
+        if self.cgroup is None or self._last is None:
+            return None
+        from ..system.cgroup_memory import oom_kill_count
+
+        now = oom_kill_count(self.cgroup)
+        if now is None:
+            return None
+        kills, self._last = (now - self._last if now >= self._last else now), now  # (below: a new cgroup)
+        return kills
+
+
+def _record_failures(telemetry: Telemetry, failures: Mapping[int, Any], oom: OomKills | None = None) -> None:
     """One ``worker_failed`` event per failed worker (global rank -> torchelastic's ``ProcessFailure``), marking the
     one torchelastic names the root cause: the earliest timestamp, the first found on a tie, as
     ``ChildFailedError.get_first_failure`` picks it (``analysis.findings.worker_exits`` reads them: the cause, then the
-    rest)."""
+    rest). A worker killed by SIGKILL also gets ``oom_kills`` (the agent's memory cgroup's OOM kills since it last
+    looked: at the launch, or at the previous attempt's failures) and ``cgroup`` (its directory), where readable."""
     try:
         first: int | None = min(failures, key=lambda r: failures[r].timestamp)
     except Exception:  # noqa: BLE001 - an explanation, never a reason to lose the failures themselves
         first = None
+    killed = oom is not None and any(f.exitcode == -signal.SIGKILL for f in failures.values())
+    kills = oom.since_last() if killed and oom is not None else None
     for global_rank, failure in sorted(failures.items()):
-        telemetry.event("worker_failed", {
+        attributes = {
             "rank": global_rank, "local_rank": failure.local_rank, "exitcode": failure.exitcode,
             "pid": failure.pid, "message": str(failure.message)[:2000], "error_file": str(failure.error_file),
             "first_failure": global_rank == first, "timestamp": failure.timestamp,
-        }, group=GROUP, severity="error")
+        }
+        if kills is not None and oom is not None and oom.cgroup is not None and failure.exitcode == -signal.SIGKILL:
+            attributes.update(oom_kills=kills, cgroup=oom.cgroup.directory)
+        telemetry.event("worker_failed", attributes, group=GROUP, severity="error")
 
 
 @contextlib.contextmanager
-def _restarted_attempt_failures(telemetry: Telemetry) -> Iterator[None]:
+def _restarted_attempt_failures(telemetry: Telemetry, oom: OomKills | None = None) -> Iterator[None]:
     """While the agent runs: the failed workers of each attempt the agent restarts from, as that attempt's
     ``worker_failed`` events (torchelastic only logs them; the last attempt's come with its ``ChildFailedError``).
     The agent's monitor call is wrapped, in this process only, while the job runs; where torch has no such method the
@@ -216,7 +248,7 @@ def _restarted_attempt_failures(telemetry: Telemetry) -> Iterator[None]:
         try:  # before the agent's metrics move its records to the next attempt: this attempt's folder
             if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY) and result.failures and \
                     getattr(agent, "_remaining_restarts", 0) > 0:
-                _record_failures(telemetry, result.failures)
+                _record_failures(telemetry, result.failures, oom)
         except Exception as exc:  # noqa: BLE001 - telemetry never breaks the job
             failed += 1
             if failed == 1:
@@ -268,12 +300,13 @@ def _launch(args: Any, max_nodes: int) -> int:
     telemetry.event("attempt_start", {"attempt": 0, "reason": "start", "remaining_restarts": int(args.max_restarts)},
                     group=GROUP)
     outcome, status = "failed", 1
+    oom = OomKills()
     try:
-        with _restarted_attempt_failures(telemetry):
+        with _restarted_attempt_failures(telemetry, oom):
             torchrun.run(args)  # type: ignore[no-untyped-call]
         outcome, status = "succeeded", 0
     except ChildFailedError as exc:
-        _record_failures(telemetry, exc.failures)
+        _record_failures(telemetry, exc.failures, oom)
         print(exc.format_msg(), file=sys.stderr)  # type: ignore[no-untyped-call]
     except BaseException as exc:  # a signal (torchelastic's SignalException), an interrupt: recorded, then re-raised
         outcome = type(exc).__name__

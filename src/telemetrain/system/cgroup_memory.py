@@ -37,7 +37,8 @@ from .base import Cycle
 from .cgroup import CGROUP_ROOT, SELF_CGROUP, _chain, _read
 from .names import GROUP
 
-__all__ = ["CGROUP_ROOT", "SELF_CGROUP", "UNLIMITED", "CgroupMemory", "CgroupMemorySource", "find_cgroup_memory"]
+__all__ = ["CGROUP_ROOT", "SELF_CGROUP", "UNLIMITED", "CgroupMemory", "CgroupMemorySource", "find_cgroup_memory",
+           "oom_kill_count"]
 
 UNLIMITED = 1 << 60  # bytes: a limit at or above this is none (v1's "unlimited" is ~2^63)
 
@@ -118,6 +119,13 @@ def _counts(text: str) -> dict[str, int]:
         if value.strip().lstrip("-").isdigit():
             out[key] = int(value)
     return out
+
+
+def oom_kill_count(cgroup: CgroupMemory) -> int | None:
+    """The processes the cgroup's OOM killer has killed since the cgroup was made (v2 ``memory.events``, v1
+    ``memory.oom_control``: Linux 4.13+); None where it cannot be read."""
+    text = _read(cgroup.events_file)
+    return None if text is None else _counts(text).get("oom_kill")
 
 
 def _inactive_file(text: str, version: int) -> int | None:

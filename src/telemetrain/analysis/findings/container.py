@@ -11,7 +11,8 @@ such finding, however close to its limit it ran.
 What it cannot see: the sampler runs in the training process, so the kill that ends it is rarely counted in the run
 (the counter rises when another process of the cgroup -- a DataLoader worker, another rank -- is killed first); memory
 that climbs to the limit within one sampling interval leaves no sample near it, and the last ~0.2 s of samples (the
-store's flush interval) die with the process.
+store's flush interval) die with the process. Under ``telemetrain launch`` the agent, which outlives its workers,
+reads the count at a worker's SIGKILL: the crash finding (``worker_exits``) names the container's OOM killer then.
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ the others usually follow from it (a collective that lost its peer, the agent st
 Standard library only: ``show`` and the report read it.
 
 A negative exit code is the signal that ended the process; each common one has its usual meaning in a training job.
+A SIGKILL has a known sender when the agent read its container's cgroup: the agent outlives its workers, and at a
+worker's SIGKILL it records how many processes the cgroup's OOM killer killed since it last looked (``oom_kills``,
+``cgroup``): more than none, the worker was killed by the container's OOM killer; none, it was not that killer.
 """
 
 from __future__ import annotations
@@ -48,6 +51,13 @@ class WorkerExit:
     pid: int | None = None
     message: str = ""
     first: bool | None = None  # the agent's first observed failure (None: recorded before the launcher kept it)
+    oom_kills: int | None = None  # the cgroup's OOM kills the agent counted at this SIGKILL (None: not read)
+    cgroup: str = ""
+
+    @property
+    def oom_killed(self) -> bool:
+        """Killed by its container's OOM killer: a SIGKILL while the cgroup's OOM-kill count rose."""
+        return self.signal == "SIGKILL" and bool(self.oom_kills)
 
     @property
     def signal(self) -> str | None:
@@ -63,9 +73,10 @@ def worker_exits(events: Iterable[Mapping[str, Any]]) -> list[WorkerExit]:
         rank, code, pid = a.get("rank"), a.get("exitcode"), a.get("pid")
         if type(rank) is not int or type(code) is not int:
             continue
-        first = a.get("first_failure")
+        first, kills = a.get("first_failure"), a.get("oom_kills")
         out.append(WorkerExit(rank, code, pid if type(pid) is int else None, str(a.get("message") or ""),
-                              first if isinstance(first, bool) else None))
+                              first if isinstance(first, bool) else None,
+                              kills if type(kills) is int and kills >= 0 else None, str(a.get("cgroup") or "")))
     return sorted(out, key=lambda e: e.rank)
 
 
@@ -81,6 +92,8 @@ def first_failures(exits: list[WorkerExit]) -> list[WorkerExit]:
 
 def describe_exit(e: WorkerExit) -> str:
     """``died of SIGKILL (exit code -9)``, ``exited with code 1``."""
+    if e.oom_killed:
+        return f"was killed by the container's OOM killer ({e.signal}, exit code {e.exitcode})"
     if e.signal is not None:
         return f"died of {e.signal} (exit code {e.exitcode})"
     return f"exited with code {e.exitcode}"
@@ -88,6 +101,15 @@ def describe_exit(e: WorkerExit) -> str:
 
 def meaning(e: WorkerExit) -> str:
     """What such an exit usually means in a training job."""
+    where = f" {e.cgroup}" if e.cgroup else ""
+    if e.oom_killed:
+        return (f"its container's memory cgroup{where} counted {e.oom_kills} OOM kill(s) as it died: the job's memory "
+                "reached the container's limit (raise the limit, or lower the job's host memory: DataLoader workers, "
+                "prefetch, pinned buffers)")
+    if e.signal == "SIGKILL" and e.oom_kills == 0:
+        return (f"sent from outside the program, which cannot catch it; not its container's OOM killer (the memory "
+                f"cgroup{where} counted no OOM kill): the host's OOM killer (`dmesg` on its host says so), the "
+                "scheduler or an operator")
     if e.signal is not None:
         return _MEANINGS.get(e.signal, "a signal ended it")
     detail = e.message if e.message and not e.message.startswith("To enable traceback") else ""
@@ -97,9 +119,9 @@ def meaning(e: WorkerExit) -> str:
 
 def first_causes(first: list[WorkerExit]) -> list[tuple[str, WorkerExit]]:
     """The first failures by exit code: ("rank 1 died of SIGTERM (exit code -15)", one of them), ranks as ranges."""
-    by_code: dict[int, list[WorkerExit]] = {}
+    by_code: dict[tuple[int, bool], list[WorkerExit]] = {}
     for e in first:
-        by_code.setdefault(e.exitcode, []).append(e)
+        by_code.setdefault((e.exitcode, e.oom_killed), []).append(e)
     return [(f"rank {ranges([e.rank for e in group])} {describe_exit(group[0])}", group[0])
             for group in by_code.values()]
 
