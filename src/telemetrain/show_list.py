@@ -77,6 +77,8 @@ def _listed(path: Path, run: Run, now_ns: int, engine: Any = None) -> _Listed:
         status = "no training"
     elif "" in statuses:  # a loop that never ended: SIGKILL, OOM, a lost node -- or still going
         status = "running" if still_running(run, summary.end_ns or 0, now_ns) else "killed"
+    elif "killed" in statuses:  # a SIGTERM ended a loop, whatever exit followed (span_lifecycle.end_status)
+        status = "killed"
     elif any(s not in ("ok", "interrupt") for s in statuses):  # goodput's and the findings' words
         status = "crash"
     elif "interrupt" in statuses:  # a Ctrl-C (span_lifecycle.end_status)
