@@ -34,8 +34,9 @@ for i in range(100):
     ("os.kill(os.getpid(), signal.SIGINT)", -signal.SIGINT, "warning",  # (Python dies of SIGINT after printing it)
      "interrupted: training_loop and application stopped by an interrupt (Ctrl-C) on rank(s) 0",
      "the process exited on an uncaught KeyboardInterrupt"),
-    ("os.kill(os.getpid(), signal.SIGTERM)", -signal.SIGTERM, "error",
-     "crash: training_loop and application ended terminated on rank(s) 0", "the process was stopped by SIGTERM"),
+    ("os.kill(os.getpid(), signal.SIGTERM)", -signal.SIGTERM, "error",  # a preemption: killed, as MLflow says
+     "crash: training_loop and application were killed by SIGTERM (preempted?) on rank(s) 0",
+     "the process was stopped by SIGTERM"),
     ("raise RuntimeError('boom')", 1, "error",
      "crash: training_loop and application ended terminated on rank(s) 0",
      "the process exited on an uncaught RuntimeError"),

@@ -28,7 +28,7 @@ from typing import Any, NoReturn, Protocol
 
 from .containment import is_interrupt
 
-__all__ = ["ending", "install", "track"]
+__all__ = ["ending", "ending_cause", "install", "received_signal", "track"]
 
 EXIT_FLUSH_TIMEOUT_S = 5.0
 SIGNAL_FLUSH_TIMEOUT_S = 3.0
@@ -104,15 +104,17 @@ _real_exit = sys.exit
 
 def ending() -> str | None:
     """Why the process is ending, for a sink closing now (an MLflow run's final status): ``"killed"`` while our
-    handler closes everything before dying of SIGTERM/SIGINT, and at an exit after a Ctrl-C (an uncaught
-    ``KeyboardInterrupt``) or after a non-zero ``sys.exit`` that followed a SIGTERM/SIGINT (Lightning's Ctrl-C ends in
-    ``sys.exit(1)``, a user's SIGTERM handler in its own); ``"failed"`` at exit after an uncaught exception
-    (``sys.last_type``, set when Python printed it) or a non-zero ``sys.exit``; else None (a normal exit, or an
-    explicit close)."""
+    handler closes everything before dying of SIGTERM/SIGINT, at any exit after a SIGTERM/SIGINT our handler passed
+    on to a Python handler (a preemption: Lightning's ``SIGTERMException`` is a ``SystemExit(0)``, a user's handler
+    may ``sys.exit(1)``; Lightning's Ctrl-C ends in ``sys.exit(1)``), and at an exit after an uncaught
+    ``KeyboardInterrupt``; ``"failed"`` at exit after an uncaught exception (``sys.last_type``, set when Python
+    printed it) or a non-zero ``sys.exit``; else None (a normal exit, or an explicit close)."""
     if "signal" in _dying_of:
         return "killed"
     if not _exiting["now"]:
         return None
+    if "signal" in _received:  # a preemption: Lightning's SIGTERMException is a SystemExit(0)
+        return "killed"
     last = getattr(sys, "last_type", None)
     if isinstance(last, type) and issubclass(last, KeyboardInterrupt):
         return "killed"
@@ -120,13 +122,13 @@ def ending() -> str | None:
         return "failed"
     code = _exit_code.get("code")
     if code is not None and code != 0:  # sys.exit's rule: None and 0 are a success, any other value a failure
-        return "killed" if "signal" in _received else "failed"
+        return "failed"
     return None
 
 
 def ending_cause() -> str | None:
     """What is ending the process, for spans still open at close: ``"SIGTERM"``/``"SIGINT"`` while our handler
-    closes everything before dying of it, or at a non-zero ``sys.exit`` after one (Lightning's Ctrl-C); the type name
+    closes everything before dying of it, or at any exit after one (Lightning's Ctrl-C, a preemption); the type name
     of the uncaught exception at exit (``KeyboardInterrupt``: a Ctrl-C Python's own handler raised); ``SystemExit(3)``
     after a non-zero ``sys.exit``; else None."""
     signum = _dying_of.get("signal")
@@ -135,13 +137,21 @@ def ending_cause() -> str | None:
     if not _exiting["now"]:
         return None
     last = getattr(sys, "last_type", None)
+    received = received_signal()
+    if received is not None and not (isinstance(last, type) and issubclass(last, KeyboardInterrupt)):
+        return received  # the signal decides, as for ``ending`` (an uncaught Ctrl-C names itself)
     if isinstance(last, type):
         return last.__name__
     code = _exit_code.get("code")
-    if code is None or code == 0:
-        return None
-    received = _received.get("signal")
-    return _signal_name(received) if received is not None else f"SystemExit({code!r})"
+    return None if code is None or code == 0 else f"SystemExit({code!r})"
+
+
+def received_signal() -> str | None:
+    """The SIGTERM/SIGINT our handler passed on to a Python handler (``"SIGTERM"``), once one was: that handler may
+    end the process by ``sys.exit`` or an exception (Lightning's ``SIGTERMException``, torchelastic's
+    ``SignalException``), and that exit is the signal's doing; else None."""
+    signum = _received.get("signal")
+    return None if signum is None else _signal_name(signum)
 
 
 def _signal_name(signum: int) -> str:

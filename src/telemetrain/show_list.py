@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .cli_common import CLIError, existing_dir, fmt_duration, is_number, iso, json_value, table
+from .liveness import same_process
 from .store.reader import NotARunError, Run, find_runs, open_run
 from .text import printable
 
-__all__ = ["list_runs", "still_running"]
+__all__ = ["list_runs", "liveness", "still_running"]
 
 
 @dataclass(frozen=True)
@@ -30,37 +31,47 @@ class _Listed:
     iterations: int | None  # the last report of the lowest rank
     samples_per_second: float | None
     records: int
+    no_news_s: float | None = None  # a loop never ended and no process of it could be checked: its silence
 
 
 RUNNING_WITHIN_S = 60.0  # a run whose training loop never ended but which wrote this recently is still running
 
 
-def _gone_here(run: Run) -> bool:
-    """Every process of the run ran on this host and none is alive: a loop that never ended was killed, though it
-    wrote within the last minute (right after a SIGKILL or an OOM kill). A pid taken since by another process still
-    reads as alive: "running", as before."""
+def liveness(run: Run, last_ns: int, now_ns: int | None = None) -> tuple[bool, bool]:
+    """Whether a run whose training loop never ended is still going, and whether that is known rather than guessed.
+    Known: a process of it alive on this host -- its pid held by the process that started when its header says
+    (``liveness.same_process``) -- is running however long it is silent (a long checkpoint save, a slow validation);
+    every process of it on this host and gone (a pid reused by another process counts gone) is killed. Guessed, for
+    a run of another host or written before headers held ``process_start``: running while it wrote within
+    ``RUNNING_WITHIN_S`` and no process of it is known gone (else killed: SIGKILL, OOM, a lost node)."""
+    now = time.time_ns() if now_ns is None else now_ns
     host = socket.gethostname()
-    processes = run.processes
-    if not processes:
-        return False
-    for log in processes:
+    states: list[bool | None] = []
+    for log in run.processes:
         if log.identity.host != host:
-            return False  # another machine's: no telling
-        try:
-            os.kill(log.pid, 0)
-        except ProcessLookupError:
+            states.append(None)  # another machine's: no telling
             continue
-        except OSError:  # another user's process, alive
-            return False
-        return False
-    return True
+        alive = same_process(log.process_start)
+        if alive is None:  # no start recorded (an older run): the pid's existence, as before
+            try:
+                os.kill(log.pid, 0)
+            except ProcessLookupError:
+                alive = False
+            except OSError:  # another user's process, alive
+                pass
+        elif alive and log.agent:
+            alive = None  # a launcher agent outlives its workers' runs: its life proves no run's
+        states.append(alive)
+    if any(state is True for state in states):
+        return True, True
+    if states and all(state is False for state in states):
+        return False, True
+    return now - last_ns < RUNNING_WITHIN_S * 1e9, False
 
 
 def still_running(run: Run, last_ns: int, now_ns: int | None = None) -> bool:
-    """Whether a run whose training loop never ended is still going: it wrote within ``RUNNING_WITHIN_S`` and no
-    process of it is known gone (else it was killed: SIGKILL, OOM, a lost node)."""
-    now = time.time_ns() if now_ns is None else now_ns
-    return now - last_ns < RUNNING_WITHIN_S * 1e9 and not _gone_here(run)
+    """Whether a run whose training loop never ended is still going (``liveness``)."""
+    return liveness(run, last_ns, now_ns)[0]
 
 
 def _listed(path: Path, run: Run, now_ns: int, engine: Any = None) -> _Listed:
@@ -73,10 +84,16 @@ def _listed(path: Path, run: Run, now_ns: int, engine: Any = None) -> _Listed:
     if start is None:
         start, end = summary.start_ns, summary.end_ns
     statuses = [status for ended in summary.loop_states.values() for status in ended]
+    no_news: float | None = None
     if not statuses:
         status = "no training"
     elif "" in statuses:  # a loop that never ended: SIGKILL, OOM, a lost node -- or still going
-        status = "running" if still_running(run, summary.end_ns or 0, now_ns) else "killed"
+        running, known = liveness(run, summary.end_ns or 0, now_ns)
+        status = "running" if running else "killed"
+        if not known:  # a guess from its silence (another host's run, or an older one): say how long
+            no_news = max(now_ns - (summary.end_ns or 0), 0) / 1e9
+    elif "killed" in statuses:  # a SIGTERM ended a loop, whatever exit followed (span_lifecycle.end_status)
+        status = "killed"
     elif any(s not in ("ok", "interrupt") for s in statuses):  # goodput's and the findings' words
         status = "crash"
     elif "interrupt" in statuses:  # a Ctrl-C (span_lifecycle.end_status)
@@ -89,7 +106,7 @@ def _listed(path: Path, run: Run, now_ns: int, engine: Any = None) -> _Listed:
     rate = last_update.get("samples_per_second")
     return _Listed(path, created if isinstance(created, int) else None, status, start, end,
                    int(iterations) if is_number(iterations) else None,
-                   float(rate) if is_number(rate) else None, summary.records)
+                   float(rate) if is_number(rate) else None, summary.records, no_news)
 
 
 def _listing_row(item: _Listed) -> tuple[str, ...]:
@@ -101,7 +118,8 @@ def _listing_row(item: _Listed) -> tuple[str, ...]:
             f", {item.samples_per_second:,.4g} samples/s" if item.samples_per_second is not None else "")
     else:
         figure = f"{item.records:,} records"
-    return (when, item.status, took, figure, str(item.path))
+    status = item.status if item.no_news_s is None else f"{item.status} (no news for {item.no_news_s:,.0f} s)"
+    return (when, status, took, figure, str(item.path))
 
 
 def _listing_dict(item: _Listed) -> dict[str, Any]:
@@ -110,7 +128,8 @@ def _listing_dict(item: _Listed) -> dict[str, Any]:
             "end": iso(item.end_ns) if item.end_ns is not None else None,
             "duration_s": (item.end_ns - item.start_ns) / 1e9
             if item.start_ns is not None and item.end_ns is not None else None,
-            "iterations": item.iterations, "samples_per_second": item.samples_per_second, "records": item.records}
+            "iterations": item.iterations, "samples_per_second": item.samples_per_second, "records": item.records,
+            "no_news_s": item.no_news_s}
 
 
 def list_runs(target: str | None, out: TextIO, *, as_json: bool = False) -> int:

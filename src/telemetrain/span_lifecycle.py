@@ -21,12 +21,14 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .dispatch import describe
+from .process_hooks import received_signal
 from .records import SPAN_PAIR, span_hex, trace_hex
 
 if TYPE_CHECKING:
     from .spans import Tracer
 
-__all__ = ["STATUS_ERROR", "STATUS_OK", "STATUS_TERMINATED", "Span", "is_user_interrupt"]
+__all__ = ["STATUS_ERROR", "STATUS_OK", "STATUS_TERMINATED", "Span", "describe_end", "is_signal_kill",
+           "is_user_interrupt"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 _mono = time.monotonic_ns
@@ -49,15 +51,36 @@ def is_user_interrupt(error: str) -> bool:
     return error.startswith("KeyboardInterrupt") or error.endswith(("uncaught KeyboardInterrupt", "stopped by SIGINT"))
 
 
-# ``is_user_interrupt`` in SQL, over a span end's ``status`` and ``error`` columns: the status, or ``interrupt`` for
-# one that did not end ok because of a Ctrl-C (the readers' SQL paths say what their Python paths say)
-END_STATUS_SQL = ("CASE WHEN status <> 'ok' AND (error LIKE 'KeyboardInterrupt%' OR error LIKE "
-                  "'%uncaught KeyboardInterrupt' OR error LIKE '%stopped by SIGINT') THEN 'interrupt' ELSE status END")
+def is_signal_kill(error: str) -> bool:
+    """A span's error saying a SIGTERM ended it (a preemption): our handler dying of it, or an exit or exception
+    after it (``describe_end``). Goodput, ``show --list`` and the findings call its run killed, as MLflow does."""
+    return error.endswith("stopped by SIGTERM")
+
+
+def describe_end(exc: BaseException) -> str:
+    """The error of a span an exception ended: ``describe``'s, and, after a SIGTERM/SIGINT that a Python handler
+    got (``process_hooks.received_signal``), ``...; the process was stopped by SIGTERM``: the ``sys.exit(1)`` of
+    a user's handler or Lightning's ``SIGTERMException`` is the signal's doing, not a crash."""
+    signal = received_signal()
+    text = describe(exc)
+    return text if signal is None else f"{text}; the process was stopped by {signal}"
+
+
+# ``end_status`` in SQL, over a span end's ``status`` and ``error`` columns (the readers' SQL paths say what their
+# Python paths say)
+END_STATUS_SQL = ("CASE WHEN status = 'ok' THEN status WHEN error LIKE 'KeyboardInterrupt%' OR error LIKE "
+                  "'%uncaught KeyboardInterrupt' OR error LIKE '%stopped by SIGINT' THEN 'interrupt' "
+                  "WHEN error LIKE '%stopped by SIGTERM' THEN 'killed' ELSE status END")
 
 
 def end_status(status: str, error: str | None) -> str:
-    """A span end's status, ``interrupt`` for one a Ctrl-C ended (``END_STATUS_SQL`` in Python)."""
-    return "interrupt" if status != STATUS_OK and is_user_interrupt(error or "") else status
+    """A span end's status: ``interrupt`` for one a Ctrl-C ended, ``killed`` for one a SIGTERM ended (a
+    preemption), else its own (``END_STATUS_SQL`` in Python)."""
+    if status == STATUS_OK:
+        return status
+    if is_user_interrupt(error or ""):
+        return "interrupt"
+    return "killed" if is_signal_kill(error or "") else status
 
 # -- ids: span ids a random 32-bit process salt above a 32-bit counter; trace ids random (W3C); redrawn after fork -----
 
@@ -248,7 +271,7 @@ class Span:
         self.end_ns = end
         if exc is not None and self.status == STATUS_OK:
             self.status = STATUS_ERROR
-            self.error = describe(exc)
+            self.error = describe_end(exc)
         route = self._route
         tracer = self._tracer
         if route:

@@ -39,6 +39,7 @@ import time
 from typing import Any
 
 from ..dispatch import describe, warn_safely
+from ..span_lifecycle import describe_end
 from ..spans import Span
 from ..telemetry import Telemetry, get_telemetry
 from ..training.config import CheckpointStrategy, TrainingTelemetryConfig, config_overrides
@@ -181,8 +182,9 @@ class _LightningTelemetry(LightningCheckpointHooks, LightningEvalLoopHooks, Ligh
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         """End everything open with status error, innermost first (the recorder's end callbacks: their figures and
-        events as usual); a save still waiting for its outcome failed."""
-        error = describe(exception)
+        events as usual); a save still waiting for its outcome failed. After a SIGTERM (Lightning's
+        ``SIGTERMException``) the error says so: the run was preempted, not crashed."""
+        error = describe_end(exception)
         recorder = self.recorder
         steps: list[tuple[str, Any]] = []
         save = self._save

@@ -27,6 +27,7 @@ from typing import Any
 from .._version import __version__
 from ..containment import PartialWriteError, describe, is_interrupt
 from ..identity import Identity
+from ..liveness import process_start
 from ..records import PAIRS, PackedSource
 from ..store.codec import ENCODERS, encode, encode_header, tag_nonfinite
 from ..store.compactor import BackgroundCompactor
@@ -211,7 +212,10 @@ class RunStoreSink(Sink):
         # disk cut: end it first, or the header would be glued to it and lost with it.
         self._torn_tail = directory.ends_mid_line(name, self._segment_bytes)
         self._segment_started = time.monotonic()
-        extra = {"versions": _versions(), "argv": list(sys.argv)}
+        extra: dict[str, Any] = {"versions": _versions(), "argv": list(sys.argv)}
+        started = process_start(os.getpid())  # (a reader tells this process, alive, from a later one of its pid)
+        if started is not None:
+            extra["process_start"] = started
         start = self._segment_bytes
         try:
             self._write_all(encode_header(identity, time.monotonic_ns(), time.time_ns(), extra).encode(), lines=False)

@@ -84,9 +84,9 @@ class MLflowSink(Sink):
 
     ``tracking_uri``: MLflow's (``http://host:5000``, ``file:///path``; default: ``MLFLOW_TRACKING_URI`` as MLflow
     reads it). ``run_name``: default ``<run_id>`` (``<run_id>-rank<rank>`` when several ranks). ``tags``: extra run
-    tags. A run this sink created is ended at close: FINISHED, or KILLED when the process is dying of SIGTERM/SIGINT
-    or after a Ctrl-C, or FAILED at an exit after an uncaught exception or a non-zero ``sys.exit``
-    (``process_hooks.ending``).
+    tags. A run this sink created is ended at close: FINISHED, or KILLED when the process is dying of SIGTERM/SIGINT,
+    or exits after one (a preemption, whatever its exit code) or after a Ctrl-C, or FAILED at an exit after an
+    uncaught exception or a non-zero ``sys.exit`` (``process_hooks.ending``).
     """
 
     name = "mlflow"

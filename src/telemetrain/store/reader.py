@@ -83,6 +83,7 @@ class ProcessLog:
         self._torn = self._corrupt = 0
         self._count: int | None = None  # records, when known without reading them (set_counts)
         self._start: int | None = None  # the first header's wall time (start_wall_ns)
+        self._process_start: Any = None  # the first header's process_start (liveness.same_process)
 
     @property
     def agent(self) -> bool:
@@ -146,6 +147,14 @@ class ProcessLog:
             self._first_identity()
         return self._start or 0
 
+    @property
+    def process_start(self) -> Any:
+        """The first header's ``process_start`` (the writer's start, ``liveness.process_start``), read from the first
+        line only; None when it has none (written before it was recorded, or not known where it ran)."""
+        if self._start is None:
+            self._first_identity()
+        return self._process_start
+
     def _first_identity(self) -> Identity:
         """The identity of the first header, read without loading the file (the first line only)."""
         self._start = 0
@@ -156,6 +165,7 @@ class ProcessLog:
                 header = json.loads(first)
                 wall = header.get("wall_ns") if isinstance(header, dict) else None
                 self._start = wall if type(wall) is int else 0
+                self._process_start = header.get("process_start") if isinstance(header, dict) else None
                 return decode_identity(header)
         except (OSError, ValueError, RecursionError):
             pass

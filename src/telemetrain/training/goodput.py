@@ -169,6 +169,9 @@ def _figures(loop: _Loop, process: _Process, run_saves: list[_Save], later_start
         status = "finished"
     elif span.status == "interrupt":  # a Ctrl-C (span_lifecycle.end_status): the user's choice, not a crash
         status = "interrupted"
+    elif span.status == "killed":  # a SIGTERM (a preemption), whatever exit followed it: as MLflow says
+        status = "killed"
+        notes.append("its training loop was stopped by SIGTERM (a preemption, or a kill)")
     else:  # an exception, an exit or a signal other than SIGINT ended the loop
         status = "crash"
     start = loop.start

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ...span_lifecycle import is_user_interrupt
+from ...span_lifecycle import is_signal_kill, is_user_interrupt
 from .fmt import ranges
 from .inputs import Attempt, SpanFailure
 from .model import Evidence, Finding
@@ -22,7 +22,8 @@ def crashes(failures: Sequence[SpanFailure], attempts: Sequence[Attempt],
     findings = exit_findings(exits)
     ended: dict[tuple[str, str, str], set[int]] = {}
     for f in failures:
-        what = "killed (started, never ended)" if f.status == "never ended" else f"ended {f.status}"
+        what = ("killed (started, never ended)" if f.status == "never ended"
+                else "killed by SIGTERM (preempted?)" if is_signal_kill(f.error) else f"ended {f.status}")
         ended.setdefault((f.name, what, f.error), set()).add(f.rank)
     # the training loop and the application it runs in end together: one finding says both
     spans: dict[tuple[str, str, tuple[int, ...]], list[str]] = {}
