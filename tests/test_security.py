@@ -295,3 +295,83 @@ def test_run_sql_refuses_files_outside_the_copy_and_every_write(tmp_path: Path, 
     with pytest.raises(Exception, match=r"(?i)permission|only SELECT|expected a single SELECT|not allowed|disabled"):
         open_run(run).sql(sql.format(run=run, out=out)).fetchall()
     assert not out.exists()
+
+
+# -- links planted at a run or session directory -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("level", ["run", "session"])
+def test_the_writers_compactor_does_not_write_through_a_run_directory_swapped_for_a_link(
+        tmp_path: Path, level: str) -> None:
+    """The writer refused a link at its session and run directories; one swapped in after it made them (by someone
+    who can write the session) had the background compactor write the copy into the link's target."""
+    run = _write_run(tmp_path / "store", ranks=1, n=20)
+    victim = tmp_path / "victim"
+    moved = run if level == "run" else run.parent
+    moved.rename(victim)
+    moved.symlink_to(victim, target_is_directory=True)
+    result = compact_segments(sorted(run.glob("rank-*.jsonl")), include_last=True)
+    assert result.segments == 0 and "link" in " ".join(result.errors)
+    assert not list(victim.rglob(COLUMNAR_DIR))
+
+
+def test_compact_of_a_store_does_not_follow_a_session_or_run_link_planted_in_it(tmp_path: Path) -> None:
+    """``compact`` of a store (or a session) walks no link below the directory it is given: a run elsewhere linked
+    in gets no copy written into it; the store's own run is compacted."""
+    store = tmp_path / "store"
+    own = _write_run(store, ranks=1, n=20)
+    elsewhere = _write_run(tmp_path / "elsewhere", ranks=1, n=20)
+    (store / "planted").symlink_to(elsewhere.parent, target_is_directory=True)
+    (own.parent / "planted").symlink_to(elsewhere, target_is_directory=True)
+    for path in (store, own.parent):
+        assert compact(path).errors == []
+    assert (own / COLUMNAR_DIR).is_dir() and not (elsewhere / COLUMNAR_DIR).exists()
+
+
+def test_the_compaction_process_prints_its_errors_escaped(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """``python -m telemetrain.store.compact``, run by hand, printed the paths of its errors as they are: an escape
+    sequence in a session name reached the terminal."""
+    from telemetrain.store.compact import main as compact_main
+
+    run = _write_run(tmp_path / "store", ranks=1, n=20)
+    hostile = run.parent.with_name(f"s{OSC52}")
+    run.parent.rename(hostile)
+    (hostile / "r1" / COLUMNAR_DIR).symlink_to(tmp_path, target_is_directory=True)
+    assert compact_main(["--segments", *map(str, sorted((hostile / "r1").glob("rank-*.jsonl")))]) == 1
+    err = capsys.readouterr().err
+    assert "link" in err and "\x1b" not in err and "\\x1b]52" in err
+
+
+def _planted_link(link: Path, target: Path) -> None:
+    """A link at ``link`` owned by another user (the nobody account), as one planted in a shared store is."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        pytest.skip("making a link of another user's takes root")
+    link.symlink_to(target, target_is_directory=True)
+    os.lchown(link, 65534, 65534)
+
+
+@pytest.mark.parametrize("level", ["run", "session"])
+def test_writers_refuse_a_run_path_through_another_users_link(tmp_path: Path, level: str) -> None:
+    """A run (or session) folder planted in the store as a link to a run-shaped folder of yours: ``compact`` of it
+    and ``write_report``'s default output wrote into the link's target. Both refuse, naming the link; the readers
+    still read through it, and a link of your own (runs moved to another disk) is followed by all."""
+    from telemetrain.output_file import OutputFileError
+    from telemetrain.report import write_report
+
+    victim = _write_run(tmp_path / "victim", ranks=1, n=20)
+    store = tmp_path / "store"
+    (store / "s").mkdir(parents=True)
+    named = store / "s" / "r1" if level == "run" else store / "planted" / "r1"
+    _planted_link(named if level == "run" else named.parent, victim if level == "run" else victim.parent)
+    result = compact(named)
+    assert result.segments == 0 and "another user's" in " ".join(result.errors)
+    with pytest.raises(OutputFileError, match="another user's"):
+        write_report(named)
+    assert sorted(p.name for p in victim.iterdir() if not p.name.startswith("rank-")) == ["run.json"]
+    with Engine([named]) as engine:
+        assert engine.scalar("SELECT count(*) FROM metrics WHERE name = 'loss'") == 20
+    assert write_report(named, tmp_path / "r.html").is_file()
+    own = tmp_path / "own"
+    own.symlink_to(victim, target_is_directory=True)
+    assert compact(own).segments == 1 and write_report(own).parent == own
