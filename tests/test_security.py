@@ -21,6 +21,7 @@ import pytest
 from telemetrain import Telemetry, identity_from_env
 from telemetrain.cli import main as cli_main
 from telemetrain.spans import Tracer
+from telemetrain.text import printable
 from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
 from test_reader_damage import _write_run
 
@@ -164,8 +165,13 @@ def test_show_prints_line_separators_and_bidi_overrides_escaped(tmp_path: Path,
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 PAYLOAD = ('<script>console.error("xss-ran")</script>"><img src=x onerror=console.error("xss-img")>\u2028'
-           "</script><a href=javascript:console.error('xss-href')>x</a>")
-PATH_PAYLOAD = '"><img src=x onerror=console.error("xss-path")>'  # no "/": it becomes a directory name
+           "</script><a href=javascript:console.error('xss-href')>x</a>\x1b[2J\u202e")
+PATH_PAYLOAD = '"><img src=x onerror=console.error("xss-path")>\x1b[31m'  # no "/": it becomes a directory name
+
+
+def _shown(text: str) -> str:
+    """``text`` as a page shows it: markup escaped, control characters as the terminal shows them."""
+    return html.escape(printable(text))
 
 
 def _hostile_run(root: Path, run_id: str) -> Path:
@@ -198,8 +204,9 @@ def _hostile_run(root: Path, run_id: str) -> Path:
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
 def test_hostile_strings_in_the_report_and_comparison_pages_show_as_text_and_run_nothing(tmp_path: Path) -> None:
     """Names, tags, values, host, config and exception text carrying script, an ``onerror`` attribute, a
-    ``javascript:`` link and U+2028: in headless Chromium nothing runs -- also with the page's Content-Security-Policy
-    taken out, so that the escaping is what is tested -- and the text is there as written."""
+    ``javascript:`` link, U+2028, an ESC sequence and a bidi override: in headless Chromium nothing runs -- also with
+    the page's Content-Security-Policy taken out, so that the escaping is what is tested -- and the text is there as
+    written, its control characters shown as escapes (they were in the page raw: invisible, or reversing the text)."""
     assert CHROMIUM is not None
     base, cand = _hostile_run(tmp_path / "store", f"b{PATH_PAYLOAD}"), _hostile_run(tmp_path / "store", "c")
     pages = [tmp_path / "report.html", tmp_path / "compare.html"]
@@ -208,7 +215,7 @@ def test_hostile_strings_in_the_report_and_comparison_pages_show_as_text_and_run
                      str(pages[1])]) == 0
     for page in pages:
         text = page.read_text(encoding="utf-8")
-        assert html.escape(f"loss{PAYLOAD}") in text or html.escape(f"b{PATH_PAYLOAD}") in text
+        assert _shown(f"loss{PAYLOAD}") in text or _shown(f"b{PATH_PAYLOAD}") in text
         bare = page.with_name(f"bare-{page.name}")
         bare.write_text(re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "", text), encoding="utf-8")
         assert "Content-Security-Policy" not in bare.read_text(encoding="utf-8")
@@ -220,10 +227,11 @@ def test_hostile_strings_in_the_report_and_comparison_pages_show_as_text_and_run
             assert [line for line in proc.stderr.splitlines() if ":CONSOLE" in line] == []
             dom = proc.stdout
             assert not re.search(r"<(script|img)\b|<a\s[^>]*href=\"?javascript", dom, re.IGNORECASE), page.name
-            assert html.escape(f"b{PATH_PAYLOAD}", quote=False) in dom  # the run id, as written
+            assert html.escape(printable(f"b{PATH_PAYLOAD}"), quote=False) in dom  # the run id, as written
+            assert not re.search("[\x00-\x08\x0b-\x1f\x7f\u2028\u202e]", dom), page.name
     report = pages[0].read_text(encoding="utf-8")
     for written in (f"loss{PAYLOAD}", f"ev{PAYLOAD}", f"sp{PAYLOAD}", f"exc{PAYLOAD}", f"k{PAYLOAD}", f"h{PAYLOAD}"):
-        assert html.escape(written) in report, written
+        assert _shown(written) in report, written
 
 
 def test_query_csv_is_escaped_on_a_terminal_and_verbatim_to_a_pipe(tmp_path: Path) -> None:
