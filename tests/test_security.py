@@ -123,6 +123,28 @@ def test_json_nested_too_deep_for_python_does_not_crash_the_engine_readers(
     assert cli_main(argv) == 0
 
 
+@pytest.mark.parametrize("compacted", [False, True])
+def test_both_readers_keep_a_line_nested_too_deep_for_python_with_empty_attributes(
+        tmp_path: Path, compacted: bool) -> None:
+    """DuckDB kept the deeply nested event (its attributes then shown empty) where the Python reader counted the line
+    corrupt: ``show`` of one run gave two answers. Both now keep it, its attributes empty, nothing corrupt; a line
+    nested as deep in a field that must be a string is corrupt to both."""
+    from telemetrain.store.reader import open_run
+
+    run = _write_run(tmp_path / "store", ranks=1, n=20)
+    with next(run.glob("rank-*.jsonl")).open("a") as fh:
+        fh.write(DEEP)
+        fh.write(DEEP.replace('"name":"deep"', '"name":' + "[" * 100_000 + "]" * 100_000))
+    python = open_run(run)
+    assert [(e.name, e.attributes or {}) for e in python.records("event") if e.name == "deep"] == [("deep", {})]
+    assert python.corrupt == 1
+    if compacted:
+        assert compact(run).segments == 1
+    with Engine([run]) as engine:
+        assert engine.rows("SELECT name FROM events WHERE name = 'deep'") == [("deep",)]
+        assert engine.scalar("SELECT sum(corrupt) FROM damage") == 1
+
+
 # -- terminal ----------------------------------------------------------------------------------------------------------
 
 OSC52 = "\x1b]52;c;SGk=\x07"  # "set the clipboard", in a name that becomes a directory
