@@ -405,3 +405,34 @@ def test_writers_refuse_a_run_path_through_another_users_link(tmp_path: Path, le
     own = tmp_path / "own"
     own.symlink_to(victim, target_is_directory=True)
     assert compact(own).segments == 1 and write_report(own).parent == own
+
+
+
+@pytest.mark.parametrize("planted", ["huge", "fifo"])
+def test_a_manifest_too_large_or_not_a_file_is_not_read(tmp_path: Path, planted: str) -> None:
+    """A manifest padded to a million files' worth was read whole into memory, and a FIFO planted as one blocked the
+    reader for ever: both are taken as no manifest (the JSONL is read), without reading them."""
+    import threading
+
+    from telemetrain.store.manifest import MAX_MANIFEST_BYTES, read_manifest
+
+    run = _write_run(tmp_path / "store", ranks=1, n=20)
+    compact(run)
+    manifest = next((run / COLUMNAR_DIR / "_segments").rglob("*.json"))
+    assert read_manifest(manifest) is not None
+    if planted == "huge":
+        text = manifest.read_text()
+        manifest.write_text(text[:-1] + " " * MAX_MANIFEST_BYTES + "}")
+    else:
+        manifest.unlink()
+        os.mkfifo(manifest)
+    got: list[object] = []
+    reader = threading.Thread(target=lambda: got.append(read_manifest(manifest)), daemon=True)
+    reader.start()
+    reader.join(60)
+    if reader.is_alive():  # unblock it, so the test ends
+        with open(manifest, "w"):
+            pass
+    assert got == [None]
+    with Engine([run]) as engine:
+        assert engine.scalar("SELECT count(*) FROM metrics WHERE name = 'loss'") == 20
