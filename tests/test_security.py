@@ -436,3 +436,25 @@ def test_a_manifest_too_large_or_not_a_file_is_not_read(tmp_path: Path, planted:
     assert got == [None]
     with Engine([run]) as engine:
         assert engine.scalar("SELECT count(*) FROM metrics WHERE name = 'loss'") == 20
+
+
+
+def test_a_fifo_planted_as_run_json_does_not_hold_the_readers(tmp_path: Path) -> None:
+    """``run.json`` was opened blocking: a FIFO planted in its place held ``show``, ``report`` and every reader for
+    ever. It reads as an unreadable run.json (``{}``), as a damaged one does."""
+    import threading
+
+    from telemetrain.store.reader import open_run
+
+    run = _write_run(tmp_path / "store", ranks=1, n=20)
+    (run / "run.json").unlink()
+    os.mkfifo(run / "run.json")
+    got: list[int] = []
+    reader = threading.Thread(target=lambda: got.append(len(open_run(run).records("metric"))), daemon=True)
+    reader.start()
+    reader.join(60)
+    blocked = reader.is_alive()
+    if blocked:  # unblock it, so the test ends
+        with open(run / "run.json", "w"):
+            pass
+    assert not blocked and got == [23]
