@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -458,3 +459,28 @@ def test_a_fifo_planted_as_run_json_does_not_hold_the_readers(tmp_path: Path) ->
         with open(run / "run.json", "w"):
             pass
     assert not blocked and got == [23]
+
+
+
+def test_a_fifo_swapped_in_for_run_json_does_not_hold_the_writer(tmp_path: Path) -> None:
+    """The writer re-reads its run.json to update it (``set_run_meta``, on the training thread): a FIFO swapped in
+    for it held the caller for ever. It is left alone, as an unreadable run.json is."""
+    import threading
+
+    from telemetrain.sinks.jsonl import update_run_meta
+    from telemetrain.store.files import open_run_dir
+
+    run = _write_run(tmp_path / "store", ranks=1, n=5)
+    (run / "run.json").unlink()
+    os.mkfifo(run / "run.json")
+    ident = identity_from_env({}, run_id="r1", session_tag="s", perf_tag="p", rank=0, world_size=1)
+    with open_run_dir(tmp_path / "store", "s", "r1") as directory:
+        writer = threading.Thread(target=update_run_meta, args=(directory, ident, {"k": 1}), daemon=True)
+        writer.start()
+        writer.join(60)
+        blocked = writer.is_alive()
+        if blocked:  # unblock it, so the test ends
+            with open(run / "run.json", "w"):
+                pass
+            writer.join(60)
+    assert not blocked and stat.S_ISFIFO((run / "run.json").lstat().st_mode)
