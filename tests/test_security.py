@@ -156,7 +156,7 @@ def test_a_warning_quoting_a_hostile_path_reaches_the_terminal_escaped(tmp_path:
     the command prints as ``\\x1b`` (``telemetrain`` on stderr, as a user's terminal gets it)."""
     run = _write_run(tmp_path, ranks=1, n=20, session=f"s{OSC52}")
     compact(run)
-    victim = next((run / COLUMNAR_DIR / "metrics").rglob("*.parquet"))
+    victim = next((run / COLUMNAR_DIR).rglob("metrics/**/*.parquet"))  # its own tree, or a batch's _shared one
     victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
     proc = subprocess.run([sys.executable, "-m", "telemetrain.cli", "query", str(run),
                            "SELECT count(*) AS n FROM metrics WHERE name = 'loss'"],
