@@ -58,6 +58,8 @@ DAMAGED = [
     '"event_id":"","span_id":""}',
     '{"v":1,"kind":"event","mono_ns":5,"wall_ns":1,"group":"g","name":"deep","severity":"info","attributes":'
     + '{"a":' * 50 + "1" + "}" * 50 + ',"event_id":"","span_id":""}',
+    '{"v":1,"kind":"event","mono_ns":5,"wall_ns":1,"group":"g","name":"deeper","severity":"info","attributes":'
+    + '{"a":' * 5000 + "1" + "}" * 5000 + ',"event_id":"","span_id":""}',  # deeper than Python decodes: kept, empty
     '{"v":1,"kind":"stat","mono_ns":5,"wall_ns":1,"group":"g","name":"n","start_mono_ns":1,"count":2,'
     '"values":{"mean":"bad"},"unit":"s"}',
     '{"v":1,"kind":"stat","mono_ns":5,"wall_ns":1,"group":"g","name":"st","start_mono_ns":1,"count":2,'

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -21,6 +22,7 @@ import pytest
 from telemetrain import Telemetry, identity_from_env
 from telemetrain.cli import main as cli_main
 from telemetrain.spans import Tracer
+from telemetrain.text import printable
 from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
 from test_reader_damage import _write_run
 
@@ -122,6 +124,28 @@ def test_json_nested_too_deep_for_python_does_not_crash_the_engine_readers(
     assert cli_main(argv) == 0
 
 
+@pytest.mark.parametrize("compacted", [False, True])
+def test_both_readers_keep_a_line_nested_too_deep_for_python_with_empty_attributes(
+        tmp_path: Path, compacted: bool) -> None:
+    """DuckDB kept the deeply nested event (its attributes then shown empty) where the Python reader counted the line
+    corrupt: ``show`` of one run gave two answers. Both now keep it, its attributes empty, nothing corrupt; a line
+    nested as deep in a field that must be a string is corrupt to both."""
+    from telemetrain.store.reader import open_run
+
+    run = _write_run(tmp_path / "store", ranks=1, n=20)
+    with next(run.glob("rank-*.jsonl")).open("a") as fh:
+        fh.write(DEEP)
+        fh.write(DEEP.replace('"name":"deep"', '"name":' + "[" * 100_000 + "]" * 100_000))
+    python = open_run(run)
+    assert [(e.name, e.attributes or {}) for e in python.records("event") if e.name == "deep"] == [("deep", {})]
+    assert python.corrupt == 1
+    if compacted:
+        assert compact(run).segments == 1
+    with Engine([run]) as engine:
+        assert engine.rows("SELECT name FROM events WHERE name = 'deep'") == [("deep",)]
+        assert engine.scalar("SELECT sum(corrupt) FROM damage") == 1
+
+
 # -- terminal ----------------------------------------------------------------------------------------------------------
 
 OSC52 = "\x1b]52;c;SGk=\x07"  # "set the clipboard", in a name that becomes a directory
@@ -132,7 +156,7 @@ def test_a_warning_quoting_a_hostile_path_reaches_the_terminal_escaped(tmp_path:
     the command prints as ``\\x1b`` (``telemetrain`` on stderr, as a user's terminal gets it)."""
     run = _write_run(tmp_path, ranks=1, n=20, session=f"s{OSC52}")
     compact(run)
-    victim = next((run / COLUMNAR_DIR / "metrics").rglob("*.parquet"))
+    victim = next((run / COLUMNAR_DIR).rglob("metrics/**/*.parquet"))  # its own tree, or a batch's _shared one
     victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
     proc = subprocess.run([sys.executable, "-m", "telemetrain.cli", "query", str(run),
                            "SELECT count(*) AS n FROM metrics WHERE name = 'loss'"],
@@ -164,8 +188,13 @@ def test_show_prints_line_separators_and_bidi_overrides_escaped(tmp_path: Path,
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 PAYLOAD = ('<script>console.error("xss-ran")</script>"><img src=x onerror=console.error("xss-img")>\u2028'
-           "</script><a href=javascript:console.error('xss-href')>x</a>")
-PATH_PAYLOAD = '"><img src=x onerror=console.error("xss-path")>'  # no "/": it becomes a directory name
+           "</script><a href=javascript:console.error('xss-href')>x</a>\x1b[2J\u202e")
+PATH_PAYLOAD = '"><img src=x onerror=console.error("xss-path")>\x1b[31m'  # no "/": it becomes a directory name
+
+
+def _shown(text: str) -> str:
+    """``text`` as a page shows it: markup escaped, control characters as the terminal shows them."""
+    return html.escape(printable(text))
 
 
 def _hostile_run(root: Path, run_id: str) -> Path:
@@ -198,8 +227,9 @@ def _hostile_run(root: Path, run_id: str) -> Path:
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
 def test_hostile_strings_in_the_report_and_comparison_pages_show_as_text_and_run_nothing(tmp_path: Path) -> None:
     """Names, tags, values, host, config and exception text carrying script, an ``onerror`` attribute, a
-    ``javascript:`` link and U+2028: in headless Chromium nothing runs -- also with the page's Content-Security-Policy
-    taken out, so that the escaping is what is tested -- and the text is there as written."""
+    ``javascript:`` link, U+2028, an ESC sequence and a bidi override: in headless Chromium nothing runs -- also with
+    the page's Content-Security-Policy taken out, so that the escaping is what is tested -- and the text is there as
+    written, its control characters shown as escapes (they were in the page raw: invisible, or reversing the text)."""
     assert CHROMIUM is not None
     base, cand = _hostile_run(tmp_path / "store", f"b{PATH_PAYLOAD}"), _hostile_run(tmp_path / "store", "c")
     pages = [tmp_path / "report.html", tmp_path / "compare.html"]
@@ -208,7 +238,7 @@ def test_hostile_strings_in_the_report_and_comparison_pages_show_as_text_and_run
                      str(pages[1])]) == 0
     for page in pages:
         text = page.read_text(encoding="utf-8")
-        assert html.escape(f"loss{PAYLOAD}") in text or html.escape(f"b{PATH_PAYLOAD}") in text
+        assert _shown(f"loss{PAYLOAD}") in text or _shown(f"b{PATH_PAYLOAD}") in text
         bare = page.with_name(f"bare-{page.name}")
         bare.write_text(re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "", text), encoding="utf-8")
         assert "Content-Security-Policy" not in bare.read_text(encoding="utf-8")
@@ -220,10 +250,11 @@ def test_hostile_strings_in_the_report_and_comparison_pages_show_as_text_and_run
             assert [line for line in proc.stderr.splitlines() if ":CONSOLE" in line] == []
             dom = proc.stdout
             assert not re.search(r"<(script|img)\b|<a\s[^>]*href=\"?javascript", dom, re.IGNORECASE), page.name
-            assert html.escape(f"b{PATH_PAYLOAD}", quote=False) in dom  # the run id, as written
+            assert html.escape(printable(f"b{PATH_PAYLOAD}"), quote=False) in dom  # the run id, as written
+            assert not re.search("[\x00-\x08\x0b-\x1f\x7f\u2028\u202e]", dom), page.name
     report = pages[0].read_text(encoding="utf-8")
     for written in (f"loss{PAYLOAD}", f"ev{PAYLOAD}", f"sp{PAYLOAD}", f"exc{PAYLOAD}", f"k{PAYLOAD}", f"h{PAYLOAD}"):
-        assert html.escape(written) in report, written
+        assert _shown(written) in report, written
 
 
 def test_query_csv_is_escaped_on_a_terminal_and_verbatim_to_a_pipe(tmp_path: Path) -> None:
@@ -295,3 +326,161 @@ def test_run_sql_refuses_files_outside_the_copy_and_every_write(tmp_path: Path, 
     with pytest.raises(Exception, match=r"(?i)permission|only SELECT|expected a single SELECT|not allowed|disabled"):
         open_run(run).sql(sql.format(run=run, out=out)).fetchall()
     assert not out.exists()
+
+
+# -- links planted at a run or session directory -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("level", ["run", "session"])
+def test_the_writers_compactor_does_not_write_through_a_run_directory_swapped_for_a_link(
+        tmp_path: Path, level: str) -> None:
+    """The writer refused a link at its session and run directories; one swapped in after it made them (by someone
+    who can write the session) had the background compactor write the copy into the link's target."""
+    run = _write_run(tmp_path / "store", ranks=1, n=20)
+    victim = tmp_path / "victim"
+    moved = run if level == "run" else run.parent
+    moved.rename(victim)
+    moved.symlink_to(victim, target_is_directory=True)
+    result = compact_segments(sorted(run.glob("rank-*.jsonl")), include_last=True)
+    assert result.segments == 0 and "link" in " ".join(result.errors)
+    assert not list(victim.rglob(COLUMNAR_DIR))
+
+
+def test_compact_of_a_store_does_not_follow_a_session_or_run_link_planted_in_it(tmp_path: Path) -> None:
+    """``compact`` of a store (or a session) walks no link below the directory it is given: a run elsewhere linked
+    in gets no copy written into it; the store's own run is compacted."""
+    store = tmp_path / "store"
+    own = _write_run(store, ranks=1, n=20)
+    elsewhere = _write_run(tmp_path / "elsewhere", ranks=1, n=20)
+    (store / "planted").symlink_to(elsewhere.parent, target_is_directory=True)
+    (own.parent / "planted").symlink_to(elsewhere, target_is_directory=True)
+    for path in (store, own.parent):
+        assert compact(path).errors == []
+    assert (own / COLUMNAR_DIR).is_dir() and not (elsewhere / COLUMNAR_DIR).exists()
+
+
+def test_the_compaction_process_prints_its_errors_escaped(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """``python -m telemetrain.store.compact``, run by hand, printed the paths of its errors as they are: an escape
+    sequence in a session name reached the terminal."""
+    from telemetrain.store.compact import main as compact_main
+
+    run = _write_run(tmp_path / "store", ranks=1, n=20)
+    hostile = run.parent.with_name(f"s{OSC52}")
+    run.parent.rename(hostile)
+    (hostile / "r1" / COLUMNAR_DIR).symlink_to(tmp_path, target_is_directory=True)
+    assert compact_main(["--segments", *map(str, sorted((hostile / "r1").glob("rank-*.jsonl")))]) == 1
+    err = capsys.readouterr().err
+    assert "link" in err and "\x1b" not in err and "\\x1b]52" in err
+
+
+def _planted_link(link: Path, target: Path) -> None:
+    """A link at ``link`` owned by another user (the nobody account), as one planted in a shared store is."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        pytest.skip("making a link of another user's takes root")
+    link.symlink_to(target, target_is_directory=True)
+    os.lchown(link, 65534, 65534)
+
+
+@pytest.mark.parametrize("level", ["run", "session"])
+def test_writers_refuse_a_run_path_through_another_users_link(tmp_path: Path, level: str) -> None:
+    """A run (or session) folder planted in the store as a link to a run-shaped folder of yours: ``compact`` of it
+    and ``write_report``'s default output wrote into the link's target. Both refuse, naming the link; the readers
+    still read through it, and a link of your own (runs moved to another disk) is followed by all."""
+    from telemetrain.output_file import OutputFileError
+    from telemetrain.report import write_report
+
+    victim = _write_run(tmp_path / "victim", ranks=1, n=20)
+    store = tmp_path / "store"
+    (store / "s").mkdir(parents=True)
+    named = store / "s" / "r1" if level == "run" else store / "planted" / "r1"
+    _planted_link(named if level == "run" else named.parent, victim if level == "run" else victim.parent)
+    result = compact(named)
+    assert result.segments == 0 and "another user's" in " ".join(result.errors)
+    with pytest.raises(OutputFileError, match="another user's"):
+        write_report(named)
+    assert sorted(p.name for p in victim.iterdir() if not p.name.startswith("rank-")) == ["run.json"]
+    with Engine([named]) as engine:
+        assert engine.scalar("SELECT count(*) FROM metrics WHERE name = 'loss'") == 20
+    assert write_report(named, tmp_path / "r.html").is_file()
+    own = tmp_path / "own"
+    own.symlink_to(victim, target_is_directory=True)
+    assert compact(own).segments == 1 and write_report(own).parent == own
+
+
+
+@pytest.mark.parametrize("planted", ["huge", "fifo"])
+def test_a_manifest_too_large_or_not_a_file_is_not_read(tmp_path: Path, planted: str) -> None:
+    """A manifest padded to a million files' worth was read whole into memory, and a FIFO planted as one blocked the
+    reader for ever: both are taken as no manifest (the JSONL is read), without reading them."""
+    import threading
+
+    from telemetrain.store.manifest import MAX_MANIFEST_BYTES, read_manifest
+
+    run = _write_run(tmp_path / "store", ranks=1, n=20)
+    compact(run)
+    manifest = next((run / COLUMNAR_DIR / "_segments").rglob("*.json"))
+    assert read_manifest(manifest) is not None
+    if planted == "huge":
+        text = manifest.read_text()
+        manifest.write_text(text[:-1] + " " * MAX_MANIFEST_BYTES + "}")
+    else:
+        manifest.unlink()
+        os.mkfifo(manifest)
+    got: list[object] = []
+    reader = threading.Thread(target=lambda: got.append(read_manifest(manifest)), daemon=True)
+    reader.start()
+    reader.join(60)
+    if reader.is_alive():  # unblock it, so the test ends
+        with open(manifest, "w"):
+            pass
+    assert got == [None]
+    with Engine([run]) as engine:
+        assert engine.scalar("SELECT count(*) FROM metrics WHERE name = 'loss'") == 20
+
+
+
+def test_a_fifo_planted_as_run_json_does_not_hold_the_readers(tmp_path: Path) -> None:
+    """``run.json`` was opened blocking: a FIFO planted in its place held ``show``, ``report`` and every reader for
+    ever. It reads as an unreadable run.json (``{}``), as a damaged one does."""
+    import threading
+
+    from telemetrain.store.reader import open_run
+
+    run = _write_run(tmp_path / "store", ranks=1, n=20)
+    (run / "run.json").unlink()
+    os.mkfifo(run / "run.json")
+    got: list[int] = []
+    reader = threading.Thread(target=lambda: got.append(len(open_run(run).records("metric"))), daemon=True)
+    reader.start()
+    reader.join(60)
+    blocked = reader.is_alive()
+    if blocked:  # unblock it, so the test ends
+        with open(run / "run.json", "w"):
+            pass
+    assert not blocked and got == [23]
+
+
+
+def test_a_fifo_swapped_in_for_run_json_does_not_hold_the_writer(tmp_path: Path) -> None:
+    """The writer re-reads its run.json to update it (``set_run_meta``, on the training thread): a FIFO swapped in
+    for it held the caller for ever. It is left alone, as an unreadable run.json is."""
+    import threading
+
+    from telemetrain.sinks.jsonl import update_run_meta
+    from telemetrain.store.files import open_run_dir
+
+    run = _write_run(tmp_path / "store", ranks=1, n=5)
+    (run / "run.json").unlink()
+    os.mkfifo(run / "run.json")
+    ident = identity_from_env({}, run_id="r1", session_tag="s", perf_tag="p", rank=0, world_size=1)
+    with open_run_dir(tmp_path / "store", "s", "r1") as directory:
+        writer = threading.Thread(target=update_run_meta, args=(directory, ident, {"k": 1}), daemon=True)
+        writer.start()
+        writer.join(60)
+        blocked = writer.is_alive()
+        if blocked:  # unblock it, so the test ends
+            with open(run / "run.json", "w"):
+                pass
+            writer.join(60)
+    assert not blocked and stat.S_ISFIFO((run / "run.json").lstat().st_mode)

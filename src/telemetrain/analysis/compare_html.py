@@ -1,6 +1,7 @@
 """A comparison as one self-contained HTML page: inline CSS and SVG, no script, nothing fetched.
 
-Every string that comes from a run (ids, paths, tags, labels) goes through ``html.escape``.
+Every string that comes from a run (ids, paths, tags, labels) goes through ``html.escape``, its control characters
+shown as escapes (``text.printable``).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import html
 import math
 
 from ..report.curves import Curve
+from ..text import printable
 from .compare import IMPROVEMENT, INCONCLUSIVE, REGRESSION, CandidateComparison, Comparison, MetricComparison, RunRef
 from .compare_multi import MultiComparison
 from .compare_text import (
@@ -49,7 +51,7 @@ _TICKS = sorted({1 + p / 100 for p in (1, 2, 3, 5, 10, 20, 30, 50, 100, 200, 300
 
 
 def _e(text: object) -> str:
-    return html.escape(str(text), quote=True)
+    return html.escape(printable(str(text)), quote=True)  # control characters visible, as in report.svg.esc
 
 
 class RatioAxis:

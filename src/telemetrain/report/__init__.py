@@ -10,7 +10,8 @@ import gc
 import os
 from pathlib import Path
 
-from ..output_file import write_output
+from ..output_file import OutputFileError, write_output
+from ..store.files import foreign_link
 from .load import Progress
 
 __all__ = ["Progress", "write_report"]
@@ -19,7 +20,8 @@ __all__ = ["Progress", "write_report"]
 def write_report(run_dir: str | os.PathLike[str], output: str | os.PathLike[str] | None = None, *,
                  progress: Progress | None = None) -> Path:
     """Write the report of the run in ``run_dir`` to ``output`` (default: ``<run_dir>/report.html``) and return its
-    path. The report also covers the run's session (goodput, restarts) when ``run_dir`` sits in one.
+    path; the default is refused (``OutputFileError``) where ``run_dir`` goes through another user's symbolic link
+    (docs/security.md). The report also covers the run's session (goodput, restarts) when ``run_dir`` sits in one.
 
     ``progress(what, done, total)`` is told how far loading and rendering are. Raises ``FileNotFoundError`` for a
     missing directory and ``store.NotARunError`` (a ``ValueError``) for a directory that holds no run.
@@ -29,6 +31,9 @@ def write_report(run_dir: str | os.PathLike[str], output: str | os.PathLike[str]
     from .load import load_run
     from .model import build_model
 
+    target = Path(output) if output is not None else Path(run_dir) / "report.html"
+    if output is None and (why := foreign_link(run_dir)) is not None:  # checked before minutes of reading
+        raise OutputFileError(f"cannot write {target}: {why} (or pass output=)")
     engine = engine_for([run_dir], progress) if Path(run_dir).is_dir() else None
     # Hundreds of thousands of records, none in a reference cycle: the cyclic collector would only re-walk them over
     # and over while they load (a fifth of the CPU time on a big run). Paused here, restored as it was.
@@ -48,7 +53,7 @@ def write_report(run_dir: str | os.PathLike[str], output: str | os.PathLike[str]
     if progress is not None:
         progress("rendering", 1, 2)
     page = render(model)
-    path = write_output(Path(output) if output is not None else Path(run_dir) / "report.html", page)
+    path = write_output(target, page)
     if progress is not None:
         progress("written", 2, 2)
     return path

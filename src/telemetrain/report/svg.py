@@ -12,6 +12,8 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 
+from ..text import printable
+
 __all__ = ["PALETTE", "axis_labels", "axis_ticks", "esc", "fmt_unit", "heatmap", "line_chart", "nice_ticks",
            "stacked_bars", "timeline"]
 
@@ -22,7 +24,9 @@ Point = tuple[float, float]
 
 
 def esc(text: object) -> str:
-    return html.escape(str(text), quote=True)
+    """Markup escaped, and control characters shown as the terminal shows them (``\\x1b``): in a page they are
+    invisible, or reorder the text around them (the bidi overrides)."""
+    return html.escape(printable(str(text)), quote=True)
 
 
 def fmt_unit(value: float, unit: str, digits: int = 3) -> str:

@@ -17,6 +17,7 @@ import json
 import os
 import platform
 import socket
+import stat
 import sys
 import threading
 import time
@@ -116,9 +117,13 @@ def update_run_meta(directory: RunDir, identity: Identity, facts: Mapping[str, A
     replaced, never written through), so a reader sees the old or the new one. A run.json that cannot be read or
     written is left as it is: the records matter more than their summary."""
     try:
-        fd = os.open(RUN_META, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0), dir_fd=directory.fd) \
-            if directory.fd is not None else os.open(directory.path / RUN_META, os.O_RDONLY)
+        # non-blocking, a plain file only: a FIFO swapped in would hold the caller (set_run_meta: the training thread)
+        flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
+        fd = os.open(RUN_META, flags | getattr(os, "O_NOFOLLOW", 0), dir_fd=directory.fd) \
+            if directory.fd is not None else os.open(directory.path / RUN_META, flags)
         with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return
             meta = json.loads(f.read())
         if not isinstance(meta, dict):
             return

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import operator
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -353,11 +354,44 @@ def decode_identity(header: Any) -> Identity:
 
 def loads(line: str | bytes) -> Any:
     """``json.loads`` as the readers use it: strict JSON (no NaN literals), ``ValueError`` for anything it cannot
-    take (too deep a nesting included)."""
+    take. A value of the line's object nested deeper than Python decodes reads as an empty one of its type
+    (``_emptied``), as the engine's readers show what DuckDB kept (``loads_column``): both readers keep the line."""
+    text = line if isinstance(line, str) else line.decode("utf-8")
     try:
-        return _loads(line if isinstance(line, str) else line.decode("utf-8"))
+        return _loads(text)
+    except RecursionError:
+        pass
+    try:
+        return _loads(_emptied(text))
     except RecursionError:
         raise ValueError("nested too deeply") from None
+
+
+# a JSON string (escapes included), or a bracket outside one
+_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+
+
+def _emptied(text: str) -> str:
+    """``text`` with each value of its top-level object that Python cannot decode for its depth replaced by ``{}`` or
+    ``[]``: a scan of brackets outside strings, linear in the line, run only for a line that failed so."""
+    out: list[str] = []
+    depth = start = done = 0
+    for token in _TOKEN.finditer(text):
+        char = token.group()
+        if char in "{[":
+            depth += 1
+            start = token.start() if depth == 2 else start
+        elif char in "}]":
+            if depth == 2:
+                try:
+                    json.loads(text[start:token.end()])
+                except RecursionError:
+                    out += (text[done:start], "{}" if char == "}" else "[]")
+                    done = token.end()
+                except ValueError:
+                    pass  # broken: the whole line's decoding says so
+            depth -= 1
+    return "".join(out) + text[done:]
 
 
 def loads_column(text: str | None) -> Any:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..identity import Identity
+from ..text import printable
 from .columnar import (
     COLUMNS,
     KEPT_SINCE,
@@ -40,7 +41,7 @@ from .columnar import (
     TABLES,
 )
 from .convert import convert_segment, drop_converted, header_rows
-from .files import private_temp_dir
+from .files import foreign_link, private_temp_dir
 from .manifest import (
     SEGMENTS_DIR,
     Manifest,
@@ -329,6 +330,9 @@ def compact(path: str | os.PathLike[str], dest: str | None = None, *, force: boo
                 if dest is None and prefix.is_symlink():  # the store's own copy; a --to link is the user's choice
                     result.errors.append(f"{prefix}: a link, not followed")
                     continue
+                if dest is None and (why := foreign_link(run_dir)) is not None:  # a run path through a planted link
+                    result.errors.append(why)
+                    continue
                 _compact_run(con, run_dir, prefix, result, include_last=include_last, force=force,
                              prefix_parents=dest is not None, share=dest is None)
     finally:
@@ -393,6 +397,9 @@ def compact_segments(paths: Iterable[Path], *, include_last: bool) -> CompactRes
     if not paths:
         return result
     run_dir = paths[0].parent
+    if run_dir.is_symlink() or run_dir.parent.is_symlink():  # the writer made directories there: swapped in since
+        result.errors.append(f"{run_dir}: its run or session directory is now a link, not followed")
+        return result
     name = parse_segment_name(paths[0].name)
     meta = read_run_meta(run_dir)
     con = connect(memory_limit="256MB")
@@ -486,7 +493,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with host_slot():
         result = compact_segments([Path(p) for p in args.segments], include_last=args.include_last)
     for error in result.errors:
-        print(f"telemetrain compact: {error}", file=sys.stderr)
+        print(f"telemetrain compact: {printable(error)}", file=sys.stderr)  # run by hand, it is a terminal
     return 1 if result.errors else 0
 
 

@@ -22,7 +22,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-__all__ = ["RunDir", "SymlinkRefused", "open_run_dir", "private_temp_dir"]
+__all__ = ["RunDir", "SymlinkRefused", "foreign_link", "open_run_dir", "private_temp_dir"]
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -233,3 +233,23 @@ def private_temp_dir() -> str:
     if stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o077:
         return path
     return tempfile.mkdtemp(prefix="telemetrain-duckdb-")
+
+
+def foreign_link(path: str | os.PathLike[str]) -> str | None:
+    """Why writing into ``path`` would follow a symbolic link someone else planted, else None: the first component
+    of it that is a link owned by neither this user nor root (the rule of Linux's ``fs.protected_symlinks``). A link
+    of one's own (runs moved to another disk) is followed; the readers follow any."""
+    if not hasattr(os, "geteuid"):  # not POSIX: no owner to check
+        return None
+    uid = os.geteuid()
+    current = Path(os.path.abspath(path))
+    for depth in range(1, len(current.parts) + 1):
+        part = Path(*current.parts[:depth])
+        try:
+            st = os.lstat(part)
+        except OSError:
+            return None
+        if stat.S_ISLNK(st.st_mode) and st.st_uid not in (uid, 0):
+            return (f"{part} is a symbolic link of another user's (uid {st.st_uid}), not followed to write there; "
+                    "name the directory it points to if you trust it")
+    return None

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import secrets
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,9 @@ __all__ = ["SEGMENTS_DIR", "SHARED_DIR", "Manifest", "hive_value", "manifest_is_
            "partition_dir", "private_tmp", "read_manifest", "shared_dir", "write_manifest"]
 
 SEGMENTS_DIR = "_segments"
+# A segment's manifest is a few kB (a handful of tables' files; a batch's, a list of ranks). One far larger was not
+# written by compaction: it is not read into memory (a manifest listing a million files is 100 MB of JSON).
+MAX_MANIFEST_BYTES = 16 << 20
 # the files a batch of segments shares (schema version 4): ``_shared/<table>/session=S/run=R/<batch>.parquet``, apart
 # from the Hive tree of one file a segment, whose partition columns they hold as columns instead (with ``source``)
 SHARED_DIR = "_shared"
@@ -72,11 +76,19 @@ class Manifest:
 
 
 def read_manifest(path: Path, oldest: int = SCHEMA_VERSION) -> Manifest | None:
-    """A manifest file, or None when it is missing or unreadable or older than schema version ``oldest`` (the
-    engine reads version 2 too: ``columnar.READABLE_SINCE``). Raises ``ColumnarVersionError`` for a manifest of a
+    """A manifest file, or None when it is missing, unreadable, not a plain file (a FIFO would block the reader), over
+    ``MAX_MANIFEST_BYTES`` or older than schema version ``oldest`` (the engine reads version 2 too:
+    ``columnar.READABLE_SINCE``). Raises ``ColumnarVersionError`` for a manifest of a
     schema version from the future."""
     try:
-        data = json.loads(path.read_bytes())
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            raw = fh.read(MAX_MANIFEST_BYTES + 1)
+        if len(raw) > MAX_MANIFEST_BYTES:
+            return None
+        data = json.loads(raw)
     except (OSError, ValueError, RecursionError):
         return None
     if type(data) is not dict:

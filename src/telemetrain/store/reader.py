@@ -16,6 +16,7 @@ from __future__ import annotations
 import heapq
 import json
 import os
+import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -418,9 +419,9 @@ def read_run_meta(path: Path) -> dict[str, Any]:
     """``run.json`` of a run directory, keeping only what is usable: a name that is not a non-empty string without
     ``/``, a count that is not a 64-bit integer (``world_size`` >= 1), a ``config`` that is not an object are dropped;
     an unreadable file (missing, not JSON, nested too deeply) reads as ``{}``."""
-    try:
-        with open(path / RUN_META, "rb") as fh:
-            data = fh.read(16 << 20)
+    try:  # non-blocking, a plain file only: a FIFO planted as run.json would hold every reader for ever
+        with os.fdopen(os.open(path / RUN_META, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as fh:
+            data = fh.read(16 << 20) if stat.S_ISREG(os.fstat(fh.fileno()).st_mode) else b""
         meta = untag_nonfinite(json.loads(data))
     except (OSError, ValueError, RecursionError):
         return {}
