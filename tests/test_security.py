@@ -30,7 +30,7 @@ duckdb = pytest.importorskip("duckdb")
 
 from telemetrain.store.compact import COLUMNAR_DIR, compact, compact_segments  # noqa: E402
 from telemetrain.store.engine import ColumnarWarning, Engine  # noqa: E402
-from telemetrain.store.manifest import manifest_path  # noqa: E402
+from telemetrain.store.manifest import SEGMENTS_DIR, manifest_path  # noqa: E402
 
 MARKER = "read-from-outside-the-store"
 
@@ -75,19 +75,30 @@ def test_a_manifest_naming_a_file_outside_the_store_is_not_read(tmp_path: Path, 
         assert engine.scalar("SELECT count(*) FROM metrics WHERE name = 'loss'") == 20
 
 
-@pytest.mark.parametrize("where", ["_columnar", "_columnar/metrics", "_columnar/_segments"])
+@pytest.mark.parametrize("where", ["_columnar", "_columnar/metrics", "_columnar/_shared", "_columnar/_segments"])
 def test_compaction_does_not_write_through_a_link_planted_in_the_store(tmp_path: Path, where: str) -> None:
     """Someone who can write the store links the run's copy (or a directory of it) to a directory of yours: the
-    compactor, yours or the training job's, writes nothing there and says why; the readers read the JSONL."""
+    compactor, yours or the training job's, writes nothing there and says why; the readers read the JSONL. (Your
+    ``compact`` of a small run writes its batch's shared files under ``_shared``, the writer's compactor a segment's
+    own under its table's folder: each refuses the link it would write through, or, the batch at a link in place of
+    ``_shared``, falls back to a segment's own files.)"""
     run = _write_run(tmp_path / "store", ranks=1, n=20)
     victim = tmp_path / "victim"
     victim.mkdir()
     planted = run / where
     planted.parent.mkdir(parents=True, exist_ok=True)
     planted.symlink_to(victim, target_is_directory=True)
-    for result in (compact(run), compact_segments(sorted(run.glob("rank-*.jsonl")), include_last=True)):
-        assert list(victim.iterdir()) == []
-        assert result.errors and "link" in " ".join(result.errors) and result.segments == 0
+    writes_under = {"batch": ("_columnar", "_columnar/_segments"),
+                    "writer": ("_columnar", "_columnar/metrics", "_columnar/_segments")}
+    for who, compactor in (("batch", lambda: compact(run)),
+                           ("writer", lambda: compact_segments(sorted(run.glob("rank-*.jsonl")), include_last=True))):
+        result = compactor()
+        assert list(victim.iterdir()) == [], who
+        if where in writes_under[who]:
+            assert result.errors and "link" in " ".join(result.errors) and result.segments == 0, who
+        else:
+            assert not result.errors and result.segments == 1, who
+            shutil.rmtree(run / COLUMNAR_DIR / SEGMENTS_DIR)  # (the next compactor does it again)
     with Engine([run]) as engine:
         assert engine.scalar("SELECT count(*) FROM metrics WHERE name = 'loss'") == 20
 
