@@ -10,13 +10,13 @@ import shlex
 import signal
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from _memory_cgroup import limited_memory_cgroup
 from telemetrain.analysis.findings.worker_exits import WorkerExit, exit_finding_text, meaning
 from telemetrain.report.model import build_model
 from telemetrain.store.reader import find_runs, open_run
@@ -25,38 +25,14 @@ HERE = Path(__file__).parent
 MiB = 1 << 20
 
 
-def _own_memory_cgroup() -> str | None:
-    try:
-        text = Path("/proc/self/cgroup").read_text()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        _, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(","):
-            d = os.path.join("/sys/fs/cgroup/memory", path.lstrip("/"))
-            return d if os.path.isfile(os.path.join(d, "memory.limit_in_bytes")) else None
-    return None
 
 
 @pytest.fixture
 def limited_cgroup() -> Iterator[str]:
     """A real child of this process's v1 memory cgroup, limited to 1.5 GiB: room for the agent (torch imported),
     not for a worker that allocates without end."""
-    own = _own_memory_cgroup()
-    if own is None:
-        pytest.skip("no v1 memory cgroup here")
-    child = os.path.join(own, f"telemetrain-launch-{uuid.uuid4().hex[:8]}")
-    try:
-        os.mkdir(child)
-        Path(child, "memory.limit_in_bytes").write_text(str(1536 * MiB))
-    except OSError as exc:
-        if os.path.isdir(child):
-            os.rmdir(child)
-        pytest.skip(f"cannot make a cgroup with a memory limit here: {exc}")
-    try:
+    with limited_memory_cgroup("telemetrain-launch", 1536 * MiB) as child:
         yield child
-    finally:
-        os.rmdir(child)  # (the launcher and its worker have ended: an empty cgroup)
 
 
 def _launch_in(cgroup: str, tmp_path: Path, end: str) -> list[dict[str, Any]]:

@@ -10,11 +10,12 @@ import os
 import signal
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from _memory_cgroup import limited_memory_cgroup, own_memory_cgroup
 
 pytest.importorskip("psutil")
 
@@ -148,25 +149,13 @@ def test_a_limit_lifted_while_running_gives_no_limit_series_and_a_file_gone_is_a
     assert "container.memory.oom_kills" not in values and values["container.memory.usage"] == 384 * MiB
 
 
-def _own_memory_cgroup() -> str | None:
-    """This process's v1 memory cgroup directory, where this machine has one."""
-    try:
-        text = Path("/proc/self/cgroup").read_text()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        _, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(","):
-            d = os.path.join("/sys/fs/cgroup/memory", path.lstrip("/"))
-            return d if os.path.isfile(os.path.join(d, "memory.limit_in_bytes")) else None
-    return None
 
 
 def test_this_machines_real_cgroup_files_agree_with_the_reader() -> None:
     if not os.path.exists("/proc/self/cgroup") or not os.path.isdir("/sys/fs/cgroup"):
         pytest.skip("no cgroups here")
     cgroup = find_cgroup_memory()
-    own = _own_memory_cgroup()
+    own = own_memory_cgroup()
     if cgroup is None:
         if own is None:
             pytest.skip("no v1 memory cgroup here (v2 alone, or none): the planted v2 trees stand for it")
@@ -185,21 +174,8 @@ def test_this_machines_real_cgroup_files_agree_with_the_reader() -> None:
 @pytest.fixture
 def limited_cgroup() -> Iterator[str]:
     """A real child of this process's v1 memory cgroup with a 96 MiB limit (root, v1 memory hierarchy writable)."""
-    own = _own_memory_cgroup()
-    if own is None:
-        pytest.skip("no v1 memory cgroup here")
-    child = os.path.join(own, f"telemetrain-test-{uuid.uuid4().hex[:8]}")
-    try:
-        os.mkdir(child)
-        Path(child, "memory.limit_in_bytes").write_text(str(96 * MiB))
-    except OSError as exc:
-        if os.path.isdir(child):
-            os.rmdir(child)
-        pytest.skip(f"cannot make a cgroup with a memory limit here: {exc}")
-    try:
+    with limited_memory_cgroup("telemetrain-test", 96 * MiB) as child:
         yield child
-    finally:
-        os.rmdir(child)  # (its one process is dead: an empty cgroup)
 
 
 def _job(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
