@@ -137,3 +137,123 @@ def test_a_lightning_job_preempted_by_sigterm_reads_killed(tmp_path: Path) -> No
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert _mlflow_status(uri, "lightning") == "KILLED"
     _readers_say_killed(store)
+
+
+_HF = textwrap.dedent(
+    """
+    import os, signal, sys
+    os.environ["HF_HUB_OFFLINE"] = os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    import torch, transformers
+    from telemetrain import Telemetry
+    from telemetrain.integrations.hf import TelemetrainHFCallback
+    from telemetrain.sinks.mlflow import MLflowSink
+
+    store, uri, out = sys.argv[1], sys.argv[2], sys.argv[3]
+    t = Telemetry(store=store)
+    t.add_sink(MLflowSink(uri, experiment_name="hf"))
+
+    class Tokens(torch.utils.data.Dataset):
+        def __init__(self):
+            self.ids = torch.randint(0, 64, (64, 16), generator=torch.Generator().manual_seed(0))
+        def __len__(self):
+            return 64
+        def __getitem__(self, i):
+            return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+    class Preempt(transformers.TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 3:
+                os.kill(os.getpid(), signal.SIGTERM)  # the scheduler preempts the job
+
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=64,
+                                                                 n_positions=32, bos_token_id=0, eos_token_id=0))
+    args = transformers.TrainingArguments(output_dir=out, max_steps=10, per_device_train_batch_size=4,
+                                          report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="no")
+    cb = TelemetrainHFCallback(telemetry=t)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=[cb, Preempt()])
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # a preemption handler: save, then exit
+    with cb.guard():
+        trainer.train()
+    """
+)
+
+
+@pytest.mark.usefixtures("mlflow_env")
+def test_a_hugging_face_job_preempted_by_sigterm_reads_killed(tmp_path: Path) -> None:
+    """The Trainer's ``guard()`` ended the open spans with ``SystemExit: 1``, the handler's exit after the SIGTERM:
+    goodput and the findings said crash where MLflow said KILLED."""
+    pytest.importorskip("transformers")
+    store, uri = tmp_path / "store", (tmp_path / "mlruns").as_uri()
+    proc = subprocess.run([sys.executable, "-c", _HF, str(store), uri, str(tmp_path / "out")], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "TELEMETRAIN_RUN_ID": "hf"})
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert _mlflow_status(uri, "hf") == "KILLED"
+    ends = [json.loads(line) for f in store.rglob("*.jsonl") for line in f.read_text().splitlines()]
+    errors = [r.get("error", "") for r in ends if r["kind"] == "span_end" and r["status"] != "ok"]
+    assert errors and all(is_signal_kill(e) for e in errors), errors
+    _readers_say_killed(store)
+
+
+_ON_EXCEPTION = textwrap.dedent(
+    """
+    import os, signal, sys
+    import telemetrain
+    from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
+
+    t = telemetrain.Telemetry(store=sys.argv[1])
+    rec = TrainingRecorder(TrainingTelemetryConfig(global_batch_size_or_fn=8, log_every_n_train_iterations=2),
+                           telemetry=t)
+    rec.on_app_start()
+    rec.on_train_start(train_iterations_start=0)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+    try:
+        for i in range(6):
+            rec.on_training_single_iteration_start()
+            if i == 4:
+                os.kill(os.getpid(), signal.SIGTERM)
+            rec.on_training_single_iteration_end()
+    except BaseException as exc:
+        rec.on_exception(exc)  # as an integration's exception hook does, before its end hooks
+        rec.on_train_end()
+        rec.on_app_end()
+        raise
+    """
+)
+
+
+_CONTEXTS = textwrap.dedent(
+    """
+    import os, signal, sys
+    import telemetrain
+    from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
+    from telemetrain.training.context import TrainingContexts
+
+    t = telemetrain.Telemetry(store=sys.argv[1])
+    rec = TrainingRecorder(TrainingTelemetryConfig(global_batch_size_or_fn=8, log_every_n_train_iterations=2),
+                           telemetry=t)
+    ctx = TrainingContexts(lambda: rec)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+    with ctx.application(), ctx.training_loop(0):
+        for i in range(6):
+            with ctx.training_iteration():
+                if i == 4:
+                    os.kill(os.getpid(), signal.SIGTERM)
+    """
+)
+
+
+@pytest.mark.parametrize("script", [_ON_EXCEPTION, _CONTEXTS], ids=["on_exception", "contexts"])
+def test_an_exception_hook_after_sigterm_says_the_signal(tmp_path: Path, script: str) -> None:
+    """``on_exception`` (the integrations' exception hook) and the training context managers marked the open spans
+    ``SystemExit: 1``: a crash to goodput, for a preempted job."""
+    store = tmp_path / "store"
+    proc = subprocess.run([sys.executable, "-c", script, str(store)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "TELEMETRAIN_RUN_ID": "exc"})
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    ends = [json.loads(line) for f in store.rglob("*.jsonl") for line in f.read_text().splitlines()]
+    errors = {r["name"]: r.get("error", "") for r in ends if r["kind"] == "span_end" and r["status"] != "ok"}
+    assert {"training_loop", "application"} <= set(errors), errors
+    assert all(is_signal_kill(e) for e in errors.values()), errors
+    (run_dir,) = {p.parent for p in store.rglob("run.json")}
+    assert [r.status for r in goodput(run_dir.parent).runs] == ["killed"]

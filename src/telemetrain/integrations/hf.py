@@ -73,6 +73,7 @@ except ImportError as exc:
 
 from ..dispatch import describe, warn_safely
 from ..hparams import log_hyperparams
+from ..span_lifecycle import describe_end
 from ..spans import Span
 from ..telemetry import Telemetry
 from ..training.config import TrainingTelemetryConfig, config_overrides
@@ -372,7 +373,7 @@ class TelemetrainHFCallback(HFEvalCheckpointHooks, TrainerCallback):  # (ours fi
             yield self
         except BaseException as exc:
             try:
-                self._abort(describe(exc), 0)
+                self._abort(describe_end(exc), 0)
             except Exception as inner:  # noqa: BLE001
                 self._failed("guard", inner)
             raise

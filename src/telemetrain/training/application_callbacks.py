@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
-from ..dispatch import describe
+from ..span_lifecycle import describe_end
 from ..spans import Span
 from .config import TrainingTelemetryConfig, evaluate
 from .names import E, S
@@ -143,7 +143,7 @@ class ApplicationCallbacks(RecorderBase):
         KeyboardInterrupt)."""
         if not isinstance(exc, BaseException):
             raise TypeError(f"exc must be an exception, got {type(exc).__name__}")
-        text = describe(exc)
+        text = describe_end(exc)
         with self._lock:
             iteration = self._iteration
             if iteration is not None and not iteration.ended:

@@ -11,6 +11,7 @@ from contextlib import AbstractContextManager, ContextDecorator, contextmanager
 from typing import Any, Protocol
 
 from ..dispatch import describe
+from ..span_lifecycle import describe_end
 from ..spans import Span
 from .checkpoint import CheckPointStrategy
 from .default import get_target
@@ -195,7 +196,7 @@ def _fail(target: Any, name: str, exc: BaseException) -> None:
     recorder = _telemetrain_recorder(target)
     s = recorder._iteration if name == S.TRAINING_SINGLE_ITERATION else recorder._spans.get(name)
     if s is not None and not s.ended:
-        s.set_status("error", describe(exc))
+        s.set_status("error", describe_end(exc))
 
 
 _default = TrainingContexts(get_target)  # the configured one-logger provider, else the default recorder
