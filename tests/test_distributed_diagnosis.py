@@ -982,3 +982,17 @@ def test_a_rank_held_up_in_its_pair_is_not_named_with_the_rank_that_held_it_up(t
     run = only_run(tmp_path)
     assert late_events(run) == [(2, "forward")]
     assert all(w["avg_comm_world_wait_time_sec"] > 0.02 for w in reports(run, 0)[1:])
+
+
+def test_show_names_a_relative_straggler_event_as_live() -> None:
+    """A relative straggler event comes from one window: `show` says so and where, and leaves the verdict to the
+    findings (a busy machine's descheduled rank raises such an event that the offline rule rightly discounts)."""
+    from types import SimpleNamespace
+
+    from telemetrain.distributed.summary import diagnosis_lines
+
+    event = SimpleNamespace(kind="event", group="cross_rank", name="straggler", identity=SimpleNamespace(rank=0),
+                            attributes={"kind": "relative", "rank": 1, "host": "h1", "phase": "forward",
+                                        "score": 2.914, "step": 639})
+    assert diagnosis_lines([event]) == [
+        "straggler   rank 1 (h1) slow in forward, relative x2.91 at step 639 (live event; see findings)"]

@@ -71,10 +71,12 @@ def diagnosis_lines(records: Sequence[Any]) -> list[str]:
                          f"others wait {_ms(a.get('cost_per_iteration_sec'))} per iteration for it (step "
                          f"{a.get('step')})")
         else:
+            # a live event from one window: the findings (which see the whole run and the CPU wait) confirm it or not
             score = a.get("score")
             lines.append(f"straggler   rank {a.get('rank')} ({a.get('host')}) slow in {a.get('phase')}, "
                          f"{a.get('kind')} x{score:.2f}" if isinstance(score, (int, float)) else
                          f"straggler   rank {a.get('rank')} slow in {a.get('phase')}")
+            lines[-1] += f" at step {a.get('step')} (live event; see findings)"
     for rank, a in sorted(clocks.items()):
         offset, error = a.get("offset_ns"), a.get("error_ns")
         if isinstance(offset, int) and isinstance(error, int):
