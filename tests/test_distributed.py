@@ -171,6 +171,59 @@ def test_the_exchange_times_out_when_a_rank_is_gone_and_training_goes_on(tmp_pat
     assert updates[-1].attributes["current_iteration"] == 159  # rank 0 trained to the end
 
 
+def test_aggregation_enabled_in_code_under_launch_replaces_the_environments(tmp_path: Path) -> None:
+    """`telemetrain launch` sets TELEMETRAIN_CROSS_RANK, so a worker that also enables aggregation in code (as
+    docs/distributed.md shows) had two aggregators building one exchange group on the same keys: one hung, was
+    abandoned at close, and a rank aborted at exit (the job failed). The explicit one takes the environment's place."""
+    result = launch(tmp_path, 2, STEPS=80, LOG_EVERY=10, TELEMETRAIN_CROSS_RANK=25, CROSS_TIMEOUT=20, CROSS_EVERY=20)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = runs_of(tmp_path)
+    steps = {r.step for r in run.processes[0].records if r.kind == "metric" and r.name == "cross_rank.iteration.max"}
+    assert steps == {19, 39, 59, 79}  # every 20 (the code's), not 25 (the environment's), and once each
+    problems = [r for p in run.processes for r in p.records if r.kind == "diagnostic"]
+    assert not problems and not events(run, "cross_rank", "cross_rank_stopped"), problems
+
+
+def test_one_cross_rank_aggregator_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The environment's aggregator gives way to one enabled in code before its first exchange, and never adds a
+    second; a second one in code, or after the environment's began exchanging, is a ValueError at once."""
+    pytest.importorskip("torch")
+    from telemetrain.containment import TelemetryWarning
+    from telemetrain.distributed import cross_rank
+
+    monkeypatch.setenv(cross_rank.ENV, "25")
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    a, b = (telemetrain.Telemetry(store=False, default=False) for _ in range(2))
+    try:
+        from_env = cross_rank.enable_from_env(a)
+        assert from_env is not None and from_env.from_env and cross_rank.enable_from_env(b) is None
+        mine = telemetrain.distributed.enable_cross_rank(b, every=20)
+        assert from_env.closed and from_env not in a.sinks and mine in b.sinks
+        assert cross_rank.enable_from_env(a) is None
+        with pytest.raises(ValueError, match=r"already runs in this process \(every=20, enabled in code"):
+            telemetrain.distributed.enable_cross_rank(a, every=20)
+    finally:
+        a.close()
+        b.close()
+    # one the environment enabled that began exchanging (here: no rendezvous store, so it stopped) stays
+    identity = telemetrain.identity_from_env({}, run_id="r", session_tag="s", rank=0, world_size=2)
+    c = telemetrain.Telemetry(identity, store=False, default=False)
+    d = telemetrain.Telemetry(store=False, default=False)
+    try:
+        started = cross_rank.enable_from_env(c)
+        assert started is not None
+        with pytest.warns(TelemetryWarning, match="cross-rank aggregation stopped at step 9: no rendezvous store"):
+            c.event("training_metrics_update", {"current_iteration": 9, "window_iterations": 10}, group="training")
+            assert c.flush()
+        with pytest.raises(ValueError, match=r"from \$TELEMETRAIN_CROSS_RANK, exchanging already"):
+            telemetrain.distributed.enable_cross_rank(d)
+        assert started in c.sinks
+    finally:
+        c.close()
+        d.close()
+
+
 def test_launch_help_is_torchruns_and_bad_flags_are_torchruns_errors(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "telemetrain.cli", "launch", "--help"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
