@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ from conftest import ListSink, run_dir_of
 from telemetrain.distributed.stragglers import StragglerDetector, phases_of
 from telemetrain.report.model import build_model
 from telemetrain.sinks.console import ConsoleSink
+from telemetrain.span_lifecycle import end_status
 from telemetrain.store.reader import Run, find_runs, open_run
 from telemetrain.training.goodput import goodput
 
@@ -25,12 +28,17 @@ WORKER = str(Path(__file__).with_name("_dist_worker.py"))
 LAUNCH_TIMEOUT_S = 240  # a hang fails the test instead of the suite
 
 
-def launch(tmp_path: Path, nproc: int, *extra: str, **env: Any) -> subprocess.CompletedProcess[str]:
+def launch_command(tmp_path: Path, nproc: int, *extra: str, **env: Any) -> tuple[list[str], dict[str, str]]:
+    """``telemetrain launch`` of the test worker on ``nproc`` ranks, and its environment (``env`` added)."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("TELEMETRAIN_", "TORCHELASTIC_"))}
     full_env.update({"TELEMETRAIN_DIR": str(tmp_path / "runs"), "OMP_NUM_THREADS": "1"})
     full_env.update({k: str(v) for k, v in env.items()})
-    cmd = [sys.executable, "-m", "telemetrain.cli", "launch", "--nproc-per-node", str(nproc), "--monitor-interval",
-           "0.1", *extra, WORKER]
+    return [sys.executable, "-m", "telemetrain.cli", "launch", "--nproc-per-node", str(nproc), "--monitor-interval",
+            "0.1", *extra, WORKER], full_env
+
+
+def launch(tmp_path: Path, nproc: int, *extra: str, **env: Any) -> subprocess.CompletedProcess[str]:
+    cmd, full_env = launch_command(tmp_path, nproc, *extra, **env)
     return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S, check=False)
 
 
@@ -222,6 +230,38 @@ def test_one_cross_rank_aggregator_per_process(monkeypatch: pytest.MonkeyPatch) 
     finally:
         c.close()
         d.close()
+
+
+def test_a_sigterm_to_the_launcher_is_a_kill_by_sigterm_in_its_records(tmp_path: Path) -> None:
+    """A scheduler's SIGTERM to the agent: torchelastic raises its SignalException and stops the ranks. The launcher's
+    launch_end says the signal as a worker's spans do ("...; the process was stopped by SIGTERM", killed), with the
+    exit status the launcher returns; show says it; it said only 'SignalException', exit code 1."""
+    cmd, env = launch_command(tmp_path, 2, STEPS=10**6, LOG_EVERY=10)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + LAUNCH_TIMEOUT_S / 2
+        while not any('"name":"training_metrics_update"' in f.read_text(errors="replace")
+                      for f in (tmp_path / "runs").glob("*/*/rank-*.jsonl")):  # both ranks train (DDP)
+            assert proc.poll() is None and time.monotonic() < deadline, "the job did not start training"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=LAUNCH_TIMEOUT_S / 2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "telemetrain launch: stopped by SIGTERM" in err and "Traceback" not in err, err[-3000:]
+    (run,) = runs_of(tmp_path)
+    (end,) = events(run, "launcher", "launch_end")
+    a = end.attributes
+    assert (a["outcome"], a["signal"], a["exitcode"]) == ("killed", "SIGTERM", 128 + signal.SIGTERM), a
+    assert a["error"].startswith("SignalException: ") and end_status("error", a["error"]) == "killed", a
+    loops = [r for p in run.processes for r in p.records if r.kind == "span_end" and r.name == "training_loop"]
+    assert len(loops) == 2 and {end_status(r.status, r.error) for r in loops} == {"killed"}, loops
+    shown = subprocess.run([sys.executable, "-m", "telemetrain.cli", "show", str(run.path)], capture_output=True,
+                           text=True, timeout=120, check=False)
+    assert "job killed by SIGTERM" in shown.stdout, shown.stdout + shown.stderr
 
 
 def test_launch_help_is_torchruns_and_bad_flags_are_torchruns_errors(tmp_path: Path) -> None:
