@@ -30,6 +30,7 @@ from telemetrain.analysis.compare_html import comparison_html
 from telemetrain.analysis.compare_text import format_comparison
 from telemetrain.analysis.tail import FileFollower, TailState, run_tail
 from telemetrain.training import SpanName, TrainingRecorder, TrainingTelemetryConfig
+from telemetrain.training.goodput import goodput_by_rank
 
 BASE_MS = 1_700_000_000_000
 PHASE_SPANS = {"dataloader": SpanName.DATA_LOADING.value, "forward": SpanName.MODEL_FORWARD.value,
@@ -562,7 +563,10 @@ def test_compare_of_many_ranks_lists_the_ranks_that_changed_and_counts_the_other
 
 def test_compare_and_goodput_on_the_demo(launched_demo: tuple[Path, subprocess.CompletedProcess[str]],
                                          capsys: pytest.CaptureFixture[str]) -> None:
-    """``telemetrain demo`` writes a session of two attempts (a simulated preemption, then a restart)."""
+    """``telemetrain demo`` writes a session of two attempts (a simulated preemption, then a restart). Rank 1's first
+    attempt is preempted (SIGTERM: killed); rank 0's ends by whichever comes first, gloo's lost peer (a crash) or the
+    agent's closing SIGTERM (killed: on a busy machine). Either way its loop ended and reported its last iterations:
+    compare shows goodput (only a loop that never ended, a SIGKILL, leaves it out)."""
     root, proc = launched_demo
     assert proc.returncode == 0, proc.stderr[-3000:]
     [session] = [p for p in root.iterdir() if p.is_dir()]
@@ -576,9 +580,13 @@ def test_compare_and_goodput_on_the_demo(launched_demo: tuple[Path, subprocess.C
     assert all(m["verdict"] in (REGRESSION, IMPROVEMENT, NO_CHANGE, INCONCLUSIVE, ONE_VALUE, "insufficient data")
                for m in result["metrics"])
     assert next(m for m in result["metrics"] if m["label"] == "goodput")["verdict"] == ONE_VALUE
+    assert not [n for n in result["notes"] if "has not ended" in n or "goodput not compared" in n], result["notes"]
     code, out, err = run_cli("goodput", str(session), capsys=capsys)
     assert code == 0, err
-    assert "attempts (2, in restart order)" in out and "crash" in out and "finished" in out
+    assert "attempts (2, in restart order)" in out and "finished" in out
+    statuses = {rank: [r.status for r in report.runs] for rank, report in goodput_by_rank(session).items()}
+    assert statuses[1] == ["killed", "finished"] and statuses[0][1] == "finished", statuses
+    assert statuses[0][0] in ("crash", "killed"), statuses
 
 
 # -- tail --------------------------------------------------------------------------------------------------------------

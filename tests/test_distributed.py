@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ from conftest import ListSink, run_dir_of
 from telemetrain.distributed.stragglers import StragglerDetector, phases_of
 from telemetrain.report.model import build_model
 from telemetrain.sinks.console import ConsoleSink
+from telemetrain.span_lifecycle import end_status
 from telemetrain.store.reader import Run, find_runs, open_run
 from telemetrain.training.goodput import goodput
 
@@ -25,12 +28,17 @@ WORKER = str(Path(__file__).with_name("_dist_worker.py"))
 LAUNCH_TIMEOUT_S = 240  # a hang fails the test instead of the suite
 
 
-def launch(tmp_path: Path, nproc: int, *extra: str, **env: Any) -> subprocess.CompletedProcess[str]:
+def launch_command(tmp_path: Path, nproc: int, *extra: str, **env: Any) -> tuple[list[str], dict[str, str]]:
+    """``telemetrain launch`` of the test worker on ``nproc`` ranks, and its environment (``env`` added)."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("TELEMETRAIN_", "TORCHELASTIC_"))}
     full_env.update({"TELEMETRAIN_DIR": str(tmp_path / "runs"), "OMP_NUM_THREADS": "1"})
     full_env.update({k: str(v) for k, v in env.items()})
-    cmd = [sys.executable, "-m", "telemetrain.cli", "launch", "--nproc-per-node", str(nproc), "--monitor-interval",
-           "0.1", *extra, WORKER]
+    return [sys.executable, "-m", "telemetrain.cli", "launch", "--nproc-per-node", str(nproc), "--monitor-interval",
+            "0.1", *extra, WORKER], full_env
+
+
+def launch(tmp_path: Path, nproc: int, *extra: str, **env: Any) -> subprocess.CompletedProcess[str]:
+    cmd, full_env = launch_command(tmp_path, nproc, *extra, **env)
     return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S, check=False)
 
 
@@ -169,6 +177,91 @@ def test_the_exchange_times_out_when_a_rank_is_gone_and_training_goes_on(tmp_pat
     rank0 = run.processes[0]
     updates = [r for r in rank0.records if r.kind == "event" and r.name == "training_metrics_update"]
     assert updates[-1].attributes["current_iteration"] == 159  # rank 0 trained to the end
+
+
+def test_aggregation_enabled_in_code_under_launch_replaces_the_environments(tmp_path: Path) -> None:
+    """`telemetrain launch` sets TELEMETRAIN_CROSS_RANK, so a worker that also enables aggregation in code (as
+    docs/distributed.md shows) had two aggregators building one exchange group on the same keys: one hung, was
+    abandoned at close, and a rank aborted at exit (the job failed). The explicit one takes the environment's place."""
+    result = launch(tmp_path, 2, STEPS=80, LOG_EVERY=10, TELEMETRAIN_CROSS_RANK=25, CROSS_TIMEOUT=20, CROSS_EVERY=20)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = runs_of(tmp_path)
+    steps = {r.step for r in run.processes[0].records if r.kind == "metric" and r.name == "cross_rank.iteration.max"}
+    assert steps == {19, 39, 59, 79}  # every 20 (the code's), not 25 (the environment's), and once each
+    problems = [r for p in run.processes for r in p.records if r.kind == "diagnostic"]
+    assert not problems and not events(run, "cross_rank", "cross_rank_stopped"), problems
+
+
+def test_one_cross_rank_aggregator_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The environment's aggregator gives way to one enabled in code before its first exchange, and never adds a
+    second; a second one in code, or after the environment's began exchanging, is a ValueError at once."""
+    pytest.importorskip("torch")
+    from telemetrain.containment import TelemetryWarning
+    from telemetrain.distributed import cross_rank
+
+    monkeypatch.setenv(cross_rank.ENV, "25")
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    a, b = (telemetrain.Telemetry(store=False, default=False) for _ in range(2))
+    try:
+        from_env = cross_rank.enable_from_env(a)
+        assert from_env is not None and from_env.from_env and cross_rank.enable_from_env(b) is None
+        mine = telemetrain.distributed.enable_cross_rank(b, every=20)
+        assert from_env.closed and from_env not in a.sinks and mine in b.sinks
+        assert cross_rank.enable_from_env(a) is None
+        with pytest.raises(ValueError, match=r"already runs in this process \(every=20, enabled in code"):
+            telemetrain.distributed.enable_cross_rank(a, every=20)
+    finally:
+        a.close()
+        b.close()
+    # one the environment enabled that began exchanging (here: no rendezvous store, so it stopped) stays
+    identity = telemetrain.identity_from_env({}, run_id="r", session_tag="s", rank=0, world_size=2)
+    c = telemetrain.Telemetry(identity, store=False, default=False)
+    d = telemetrain.Telemetry(store=False, default=False)
+    try:
+        started = cross_rank.enable_from_env(c)
+        assert started is not None
+        with pytest.warns(TelemetryWarning, match="cross-rank aggregation stopped at step 9: no rendezvous store"):
+            c.event("training_metrics_update", {"current_iteration": 9, "window_iterations": 10}, group="training")
+            assert c.flush()
+        with pytest.raises(ValueError, match=r"from \$TELEMETRAIN_CROSS_RANK, exchanging already"):
+            telemetrain.distributed.enable_cross_rank(d)
+        assert started in c.sinks
+    finally:
+        c.close()
+        d.close()
+
+
+def test_a_sigterm_to_the_launcher_is_a_kill_by_sigterm_in_its_records(tmp_path: Path) -> None:
+    """A scheduler's SIGTERM to the agent: torchelastic raises its SignalException and stops the ranks. The launcher's
+    launch_end says the signal as a worker's spans do ("...; the process was stopped by SIGTERM", killed), with the
+    exit status the launcher returns; show says it; it said only 'SignalException', exit code 1."""
+    cmd, env = launch_command(tmp_path, 2, STEPS=10**6, LOG_EVERY=10)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + LAUNCH_TIMEOUT_S / 2
+        while not any('"name":"training_metrics_update"' in f.read_text(errors="replace")
+                      for f in (tmp_path / "runs").glob("*/*/rank-*.jsonl")):  # both ranks train (DDP)
+            assert proc.poll() is None and time.monotonic() < deadline, "the job did not start training"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=LAUNCH_TIMEOUT_S / 2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "telemetrain launch: stopped by SIGTERM" in err and "Traceback" not in err, err[-3000:]
+    (run,) = runs_of(tmp_path)
+    (end,) = events(run, "launcher", "launch_end")
+    a = end.attributes
+    assert (a["outcome"], a["signal"], a["exitcode"]) == ("killed", "SIGTERM", 128 + signal.SIGTERM), a
+    assert a["error"].startswith("SignalException: ") and end_status("error", a["error"]) == "killed", a
+    loops = [r for p in run.processes for r in p.records if r.kind == "span_end" and r.name == "training_loop"]
+    assert len(loops) == 2 and {end_status(r.status, r.error) for r in loops} == {"killed"}, loops
+    shown = subprocess.run([sys.executable, "-m", "telemetrain.cli", "show", str(run.path)], capture_output=True,
+                           text=True, timeout=120, check=False)
+    assert "job killed by SIGTERM" in shown.stdout, shown.stdout + shown.stderr
 
 
 def test_launch_help_is_torchruns_and_bad_flags_are_torchruns_errors(tmp_path: Path) -> None:

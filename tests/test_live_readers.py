@@ -42,11 +42,14 @@ r.on_train_end()
 r.on_app_end()
 t.close()
 """
+# The same, with a checkpoint of its first 30 iterations saved before it says "ready".
+TRAIN_SAVED = TRAIN.replace("train(40)", "train(30)\nr.on_save_checkpoint_start(30)\n"
+                            "r.on_save_checkpoint_success(30)\nr.on_save_checkpoint_end()\ntrain(10)")
 
 
-def _start(store: Path) -> subprocess.Popen[str]:
+def _start(store: Path, script: str = TRAIN) -> subprocess.Popen[str]:
     """The training process, once it has trained and flushed its first 40 iterations."""
-    proc = subprocess.Popen([sys.executable, "-c", TRAIN, str(store)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-c", script, str(store)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             text=True, env=helper_env("live", "s", pythonpath=Path(__file__).parent.parent / "src"))
     assert proc.stdout is not None and proc.stdin is not None
     if proc.stdout.readline().strip() != "ready":
@@ -97,6 +100,37 @@ def test_compare_and_goodput_live_run_so_far_then_killed(tmp_path: Path, engine:
     assert "goodput" not in [m.metric for m in killed.candidates[0].metrics]
     after = goodput(live.parent)
     assert [r.status for r in after.runs] == ["killed"] and after.lost_iterations == 40 and after.goodput == 0
+
+
+@pytest.mark.parametrize("engine", ["python", "duckdb"])
+def test_compare_keeps_goodput_of_a_run_a_sigterm_ended(tmp_path: Path, engine: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGTERM (a preemption, an elastic agent's closing signal on a restart) ends the loop at close: goodput calls
+    the run killed, its figures exact, and compare shows its goodput (the loop ended; only a SIGKILLed one is open)."""
+    if engine == "duckdb":
+        pytest.importorskip("duckdb")
+    monkeypatch.setenv("TELEMETRAIN_ENGINE", engine)
+    monkeypatch.setenv("TELEMETRAIN_RUN_ID", "base")
+    with telemetrain.Telemetry(store=tmp_path / "base") as t:
+        train_empty_iterations(t, 60, batch=32, log_every=5)
+    baseline = tmp_path / "base" / "base" / "base"
+    live = tmp_path / "s" / "live"
+    proc = _start(tmp_path, TRAIN_SAVED)
+    try:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == -signal.SIGTERM
+    finally:
+        _kill(proc)
+    after = goodput(live.parent)
+    [run] = after.runs
+    assert (run.status, run.open_loop, run.productive_iterations, run.lost_iterations) == ("killed", False, 30, 10)
+    for candidate, base in ((live, baseline), (baseline, live)):
+        comparison = compare_runs(candidate, base, force=True)
+        assert not any("has not ended" in n or "goodput not compared" in n for n in _notes(comparison)), \
+            _notes(comparison)
+        rows = {m.metric: m for m in comparison.candidates[0].metrics}
+        assert rows["goodput"].verdict == "not tested"
+        assert (rows["goodput"].candidate_median if candidate == live else rows["goodput"].baseline_median) > 0
 
 
 @pytest.mark.parametrize("engine", ["python", "duckdb"])

@@ -133,7 +133,7 @@ def ending_cause() -> str | None:
     after a non-zero ``sys.exit``; else None."""
     signum = _dying_of.get("signal")
     if signum is not None:
-        return _signal_name(signum)
+        return signal_name(signum)
     if not _exiting["now"]:
         return None
     last = getattr(sys, "last_type", None)
@@ -151,10 +151,11 @@ def received_signal() -> str | None:
     end the process by ``sys.exit`` or an exception (Lightning's ``SIGTERMException``, torchelastic's
     ``SignalException``), and that exit is the signal's doing; else None."""
     signum = _received.get("signal")
-    return None if signum is None else _signal_name(signum)
+    return None if signum is None else signal_name(signum)
 
 
-def _signal_name(signum: int) -> str:
+def signal_name(signum: int) -> str:
+    """``"SIGTERM"`` for 15; ``"signal 99"`` for a number with no name here."""
     try:
         return signal.Signals(signum).name
     except ValueError:

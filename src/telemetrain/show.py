@@ -63,7 +63,9 @@ def summarize(run: Run, engine: Any = None, *, every_process: bool = False) -> l
             restarts = sum(1 for r in events if r.group == "launcher" and r.name == "attempt_start"
                            and (r.attributes or {}).get("attempt"))
             end = next((r for r in events if r.group == "launcher" and r.name == "launch_end"), None)
-            outcome = f", job {(end.attributes or {}).get('outcome')}" if end is not None else ""
+            ended = (end.attributes or {}) if end is not None else {}
+            by = f" by {ended['signal']}" if ended.get("signal") else ""  # (a signal stopped the agent)
+            outcome = f", job {ended.get('outcome')}{by}" if end is not None else ""
             agent_rows.append((f"node {agent_node(p.records, p.identity.group_rank)}", f"pid {p.pid}",
                                f"host {p.identity.host}",
                                f"{len(p.records)} records, {len(events)} events, {restarts} restart(s){outcome}"))

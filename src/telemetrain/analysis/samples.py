@@ -433,7 +433,9 @@ def with_goodput(samples: RunSamples, engine: Any = None) -> RunSamples:
     try:
         report = goodput(samples.path, engine=engine)
         samples.goodput = report.goodput
-        samples.open_loop = next((r.status for r in report.runs if r.status in ("killed", "running")), "")
+        # a loop that never ended, not every "killed": a SIGTERM-ended loop reported its last iterations at close
+        samples.open_loop = next(("running" if r.status == "running" else "killed" for r in report.runs
+                                  if r.open_loop), "")
     except Exception:  # noqa: BLE001 - goodput is one row of a comparison; the rest stands without it
         samples.goodput = None
     return samples

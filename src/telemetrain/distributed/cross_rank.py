@@ -26,6 +26,11 @@ round trips over the same group (``Exchange.clock_offset``) and record a ``clock
 ``offset_ns``, ``error_ns``, ``rtt_ns``; rank 0 records 0 each time), which ``telemetrain trace`` applies to put every
 rank on rank 0's clock.
 
+One aggregator per process: its exchange group is keyed by the run id, and a second one on the same ranks would
+build a second group on the same keys and hang (then abort the process at exit). A second one raises ``ValueError``
+when made, except that one the environment enabled (``TELEMETRAIN_CROSS_RANK``, set by ``telemetrain launch``) gives
+way to an explicit ``enable_cross_rank`` made before its first exchange; the environment never adds a second.
+
 Exchanges happen at the same steps on every rank because reports do. The final report of a loop is not exchanged:
 at a SIGTERM it may exist on some ranks only, and the survivors would wait out the timeout at exit.
 """
@@ -35,7 +40,9 @@ from __future__ import annotations
 import math
 import os
 import statistics
+import threading
 import time
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -63,6 +70,16 @@ _FIELDS = (*PHASES, "h2d", "zero_grad", "interval", "comm_time", "comm_wait", "w
 _SPREAD = (*PHASES, "comm_time", "comm_wait")
 _WAIT_OF = {"dataloader": "wait_dataloader", "h2d": "wait_h2d", "forward": "wait_forward",
             "backward": "wait_backward", "optimizer": "wait_optimizer", "zero_grad": "wait_zero_grad"}
+
+
+_PROCESS_LOCK = threading.Lock()
+_process_aggregator: weakref.ref[CrossRankAggregator] | None = None  # this process's, while open
+
+
+def _running_aggregator() -> CrossRankAggregator | None:
+    """This process's cross-rank aggregator, unless closed (callers hold ``_PROCESS_LOCK``)."""
+    found = _process_aggregator() if _process_aggregator is not None else None
+    return found if found is not None and not found.closed else None
 
 
 def _number(value: Any) -> float:
@@ -148,6 +165,44 @@ class CrossRankAggregator(Sink):
         self._hosts: list[str] = []
         self._next_due = every
         self._run_id = ""
+        self.from_env = False  # enabled by $TELEMETRAIN_CROSS_RANK: an explicit one may take its place
+        self.closed = False
+        self._state_lock = threading.Lock()
+        self._started = False  # it has begun an exchange: its group exists on the other ranks, it cannot give way
+        self._retired = False  # it gave way to another, before any exchange
+        self._claim()
+
+    def _claim(self) -> None:
+        """Become this process's aggregator, replacing one the environment enabled that has not exchanged yet."""
+        global _process_aggregator
+        with _PROCESS_LOCK:
+            old = _running_aggregator()
+            if old is not None and not (old.from_env and old._retire()):
+                raise ValueError(
+                    f"a cross-rank aggregator already runs in this process (every={old.every}, "
+                    f"{'from $' + ENV if old.from_env else 'enabled in code'}"
+                    f"{', exchanging already' if old.from_env else ''}): one per process, since a second one's "
+                    "exchange group would share the first's keys and hang. Enable it once: $TELEMETRAIN_CROSS_RANK "
+                    "(telemetrain launch sets it) or enable_cross_rank(), which replaces the environment's before "
+                    "training starts; or close the Telemetry it is on first")
+            _process_aggregator = weakref.ref(self)
+        if old is not None:  # retired: it will not exchange; what it has queued is delivered, then it is closed
+            old.telemetry.remove_sink(old)
+
+    def _retire(self) -> bool:
+        with self._state_lock:
+            if not self._started:
+                self._retired = True
+            return self._retired
+
+    def _begin(self) -> bool:
+        """Whether this aggregator may exchange (it has not given way to another); from now on it cannot."""
+        with self._state_lock:
+            self._started = not self._retired
+            return self._started
+
+    def close(self) -> None:
+        self.closed = True
 
     def write(self, records: Sequence[Any]) -> None:
         for record in records:
@@ -169,7 +224,7 @@ class CrossRankAggregator(Sink):
             self.wall_ns += time.perf_counter_ns() - wall
 
     def _exchange_report(self, identity: Any, step: int, report: dict[str, Any], due: bool = True) -> None:
-        if identity.world_size < 2:
+        if identity.world_size < 2 or not self._begin():
             return
         if identity.run_id != self._run_id:  # a new attempt (or a re-identified run): a new group
             self._exchange, self._run_id = None, identity.run_id
@@ -278,7 +333,9 @@ def enable_cross_rank(
     clock_sync: bool = True,
 ) -> CrossRankAggregator:
     """Attach a cross-rank aggregator to ``telemetry`` (default: the default Telemetry). Every rank must enable it
-    with the same ``every``; the exchange starts at the first report that reaches step ``every``."""
+    with the same ``every``; the exchange starts at the first report that reaches step ``every``. One per process:
+    ``ValueError`` if one runs already, unless the environment enabled it and it has not exchanged yet (then this
+    one replaces it)."""
     telemetry = telemetry if telemetry is not None else get_telemetry()
     aggregator = CrossRankAggregator(telemetry, every=every, timeout_s=timeout_s, record_on=record_on,
                                      detector=detector, clock_sync=clock_sync)
@@ -294,7 +351,16 @@ def enable_from_env(telemetry: Telemetry) -> CrossRankAggregator | None:
         return None
     try:
         every = DEFAULT_EVERY if raw in ("1", "on", "true", "yes") else int(raw)
-        return enable_cross_rank(telemetry, every=every)
     except ValueError as exc:
         warn_safely(f"telemetrain: ${ENV}={raw!r} is not on/off or a number of iterations: {exc}")
         return None
+    with _PROCESS_LOCK:
+        if _running_aggregator() is not None:  # (enabled in code, or for another Telemetry): that one goes on
+            return None
+    try:
+        aggregator = enable_cross_rank(telemetry, every=every)
+    except ValueError as exc:
+        warn_safely(f"telemetrain: ${ENV}={raw!r}: {exc}")
+        return None
+    aggregator.from_env = True
+    return aggregator

@@ -33,8 +33,11 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from .. import process_hooks
+from ..containment import describe
 from ..dispatch import warn_safely
 from ..identity import identity_from_env, new_run_id
+from ..span_lifecycle import describe_end
 from ..store.layout import AGENT_ROLE
 from ..telemetry import Telemetry
 
@@ -148,7 +151,7 @@ def main(argv: Sequence[str]) -> int:
         with environment(defaults=defaults):  # the workers inherit it; a caller in-process gets its own back after
             return _launch(args, max_nodes)
     except SignalException as exc:  # Ctrl-C or a kill: torchelastic has stopped the workers; no traceback
-        name = signal.Signals(exc.sigval).name
+        name = process_hooks.signal_name(int(exc.sigval))
         print(f"telemetrain launch: stopped by {name}; the workers were stopped, the run store has the job so far",
               file=sys.stderr)
         return 128 + int(exc.sigval)
@@ -262,6 +265,22 @@ def _restarted_attempt_failures(telemetry: Telemetry, oom: OomKills | None = Non
         LocalElasticAgent._monitor_workers = original  # type: ignore[method-assign]
 
 
+def _ended_by(exc: BaseException) -> tuple[str, int, dict[str, str]]:
+    """``launch_end``'s outcome, exit status and ``error`` (and ``signal``) for an exception that stopped the agent.
+    torchelastic's handler turns a SIGTERM/SIGINT/SIGHUP/SIGQUIT into its ``SignalException``: the launcher exits
+    128 + the signal (``main``), and the error ends "the process was stopped by SIGTERM", as ``describe_end`` says
+    for a worker's spans, so the readers call it killed (interrupted for SIGINT), not a crash."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    if isinstance(exc, SignalException):
+        name = process_hooks.signal_name(int(exc.sigval))
+        return ("interrupted" if exc.sigval == signal.SIGINT else "killed", 128 + int(exc.sigval),
+                {"signal": name, "error": f"{describe(exc)}; the process was stopped by {name}"})
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted", 128 + signal.SIGINT, {"error": describe(exc)}
+    return type(exc).__name__, 1, {"error": describe_end(exc)}
+
+
 def _launch(args: Any, max_nodes: int) -> int:
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -300,6 +319,7 @@ def _launch(args: Any, max_nodes: int) -> int:
     telemetry.event("attempt_start", {"attempt": 0, "reason": "start", "remaining_restarts": int(args.max_restarts)},
                     group=GROUP)
     outcome, status = "failed", 1
+    ended: dict[str, str] = {}  # what stopped the agent, when an exception did (_ended_by)
     oom = OomKills()
     try:
         with _restarted_attempt_failures(telemetry, oom):
@@ -309,13 +329,13 @@ def _launch(args: Any, max_nodes: int) -> int:
         _record_failures(telemetry, exc.failures, oom)
         print(exc.format_msg(), file=sys.stderr)  # type: ignore[no-untyped-call]
     except BaseException as exc:  # a signal (torchelastic's SignalException), an interrupt: recorded, then re-raised
-        outcome = type(exc).__name__
+        outcome, status, ended = _ended_by(exc)
         raise
     finally:
         if watcher is not None:
             watcher.close()  # the evidence written as the job ended, and the stall event, before launch_end
         telemetry.event("launch_end", {"outcome": outcome, "exitcode": status, "attempts": follower.attempt + 1,
-                                       "seconds": time.monotonic() - started}, group=GROUP,
+                                       "seconds": time.monotonic() - started, **ended}, group=GROUP,
                         severity="info" if status == 0 else "error")
         bridge.uninstall()
         telemetry.close()

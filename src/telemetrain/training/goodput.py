@@ -423,6 +423,7 @@ def _report(session: _Session, rank: int, shared: _Shared | None = None) -> Good
             lost_seconds=math.fsum(assigned[id(f.loop)][2] for f in mine),
             approximate=any(f.approximate for f in mine),
             notes=tuple(run_notes),
+            open_loop=bool(mine) and mine[-1].loop.span.end_ns is None,
         ))
         for n in run_notes:
             notes.append(f"run {d.run.run_id}: {n}")

@@ -49,12 +49,13 @@ class RunGoodput:
     """One run (restart attempt) of the session, as the chosen rank saw it.
 
     ``status``: ``finished`` (its training loop ended with status ok), ``crash`` (the loop ended with status error
-    or terminated: an exception, exit or SIGTERM; its last iterations were reported at close, so the figures are
-    exact), ``interrupted`` (the same, but a Ctrl-C ended it: a KeyboardInterrupt or SIGINT, as the findings say),
-    ``killed`` (the loop never ended: SIGKILL, OOM kill, node failure; the figures stop at its last report and are
-    approximate), ``running`` (the session's last run, its loop not ended and still being written: the figures so
-    far, its work since its last checkpoint not yet lost), ``no_training`` (the rank never started a training loop in
-    this run), ``absent`` (the rank wrote no training lifecycle record in this run).
+    or terminated: an exception or an exit; its last iterations were reported at close, so the figures are exact),
+    ``interrupted`` (the same, but a Ctrl-C ended it: a KeyboardInterrupt or SIGINT, as the findings say),
+    ``killed`` (a SIGTERM ended the loop, a preemption: exact figures too; or the loop never ended: SIGKILL, OOM
+    kill, node failure, ``open_loop`` set: the figures stop at its last report and are approximate), ``running``
+    (the session's last run, its loop not ended and still being written: the figures so far, its work since its last
+    checkpoint not yet lost; ``open_loop`` set), ``no_training`` (the rank never started a training loop in this
+    run), ``absent`` (the rank wrote no training lifecycle record in this run).
 
     Iterations are global and zero-based, as in the recorder's events: the run ran iterations ``first_iteration`` to
     ``last_iteration``; ``checkpointed_iterations`` is the number of global iterations its last successful checkpoint
@@ -80,6 +81,7 @@ class RunGoodput:
     lost_seconds: float
     approximate: bool
     notes: tuple[str, ...] = ()
+    open_loop: bool = False  # its last training loop never ended (killed before it could, or still running)
 
     def as_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
