@@ -72,6 +72,8 @@ class TrainingRecorder(ApplicationCallbacks, CheckpointCallbacks, EvalLoopCallba
         self._warmup = 0
         self._fixed: tuple[int, int | None, float | None] | None = None
         self._batch: int | None = 0  # samples an iteration counts by default: the fixed global batch (None: lazy)
+        self._world = 0  # the config's world size, when given as a value (0: none; _world_lazy: a function)
+        self._world_lazy = False
         self._export_every = 50
         self._quiet: Span | None = None  # the loop's reusable span for sampled-out iterations (Tracer.quiet)
         self._iterations_begun = 0
