@@ -129,3 +129,25 @@ def test_the_identity_s_world_size_is_read_at_each_report(telemetry: Telemetry,
 
     none = _config(None)
     assert _throughputs(telemetry, read_run, [none, none, none], before) == pytest.approx([40.0, 20.0, 10.0])
+
+
+def test_a_count_given_between_iterations_is_not_the_next_one_s(telemetry: Telemetry,
+                                                                 read_run: Callable[..., Any]) -> None:
+    r = TrainingRecorder(TrainingTelemetryConfig(global_batch_size_or_fn=4, seq_length_or_fn=10,
+                                                 log_every_n_train_iterations=3), telemetry=telemetry)
+    base = _base_ms()
+    r.on_app_start(base)
+    r.on_train_start(0, start_time_msec=base)
+    r.on_training_single_iteration_start()
+    r.on_training_single_iteration_end()  # 4 samples, 40 tokens (the defaults)
+    r.iteration_size(samples=100, tokens=7)  # outside an iteration: dropped at the next start
+    r.on_training_single_iteration_start()
+    r.on_training_single_iteration_end()  # 4, 40
+    r.on_training_single_iteration_start()
+    r.iteration_size(samples=2)
+    r.on_training_single_iteration_end()  # 2 samples, 20 tokens
+    r.on_train_end()
+    r.on_app_end()
+    (report,) = _reports(read_run(telemetry))
+    assert report["num_train_samples"] == 10 and report["window_samples"] == 10
+    assert report["train_tokens"] == 100
