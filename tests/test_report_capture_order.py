@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+import telemetrain
 from telemetrain import Telemetry
+from telemetrain.default_instance import _default
 from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
+from telemetrain.training import callbacks as training
+from telemetrain.training.default import configure, get_recorder
 
 
 def _reports(records: list[Any]) -> list[dict[str, Any]]:
@@ -151,3 +156,33 @@ def test_a_count_given_between_iterations_is_not_the_next_one_s(telemetry: Telem
     (report,) = _reports(read_run(telemetry))
     assert report["num_train_samples"] == 10 and report["window_samples"] == 10
     assert report["train_tokens"] == 100
+
+
+def test_the_module_callbacks_follow_the_default_instance(tmp_path: Path, read_run: Callable[..., Any]) -> None:
+    """The module-level iteration callbacks find the default instance's recorder at each call (inlined lookup): a
+    ``set_telemetry`` between two loops sends the second loop to the new instance, and with no default instance
+    yet one is made, as ``get_recorder()`` makes it."""
+    first, second = Telemetry(store=tmp_path / "a"), Telemetry(store=tmp_path / "b")
+    config = TrainingTelemetryConfig(global_batch_size_or_fn=2, log_every_n_train_iterations=100)
+    try:
+        for t, n in ((first, 3), (second, 5)):
+            telemetrain.set_telemetry(t)
+            configure(config)
+            training.on_app_start()
+            training.on_train_start(0)
+            for _ in range(n):
+                training.on_training_single_iteration_start()
+                training.on_training_single_iteration_end()
+            training.on_train_end()
+            training.on_app_end()
+        assert [_reports(read_run(t))[-1]["num_iterations"] for t in (first, second)] == [3, 5]
+        telemetrain.reset()
+        assert _default.telemetry is None
+        with pytest.warns(Warning, match="no training loop"):  # a misuse on a recorder made now, not an exception
+            training.on_training_single_iteration_start()
+        made = _default.telemetry
+        assert made is not None and get_recorder(made).errors == 1
+    finally:
+        telemetrain.reset()
+        first.close()
+        second.close()
