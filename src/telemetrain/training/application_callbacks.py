@@ -58,6 +58,9 @@ class ApplicationCallbacks(RecorderBase):
             self._fixed = None if any(callable(v) for v in lazy) else self._sizes()  # else evaluated per report
             # an iteration's default sample count: a lazy global batch size is read at each iteration's end
             self._batch = None if callable(config.global_batch_size_or_fn) else self._gbs() or 0
+            # the world size each report divides by: a value cannot change, a function is called at each report
+            self._world_lazy = callable(config.world_size_or_fn)
+            self._world = 0 if self._world_lazy else config.world_size or 0
             self._schedule_report()
             self._peak_resolved = False
             every = config.export_iteration_spans_every or config.log_every_n_train_iterations

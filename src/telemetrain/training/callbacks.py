@@ -12,8 +12,10 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from .default import get_recorder
+from ..default_instance import _default
+from .default import _EXTENSION, get_recorder
 from .one_logger_provider import OneLoggerProvider
+from .recorder import TrainingRecorder
 from .singleton import SingletonMeta
 
 _registry = SingletonMeta._instances  # empty unless a one-logger provider exists: one truth test on the hot path
@@ -164,7 +166,9 @@ def on_train_end(finish_time_msec: float | None = None) -> None:
 def on_training_single_iteration_start(start_time_msec: float | None = None) -> Any:
     if _registry and (ol := _one_logger()) is not None:
         return ol.on_training_single_iteration_start(start_time_msec)
-    return get_recorder().on_training_single_iteration_start(start_time_msec)
+    t = _default.telemetry  # get_recorder(), inlined for the found case: every step pays it, twice
+    recorder: TrainingRecorder | None = t.extensions.get(_EXTENSION) if t is not None else None
+    return (recorder or get_recorder()).on_training_single_iteration_start(start_time_msec)
 
 
 def on_training_single_iteration_end(finish_time_msec: float | None = None, *, samples: int | None = None,
@@ -176,7 +180,9 @@ def on_training_single_iteration_end(finish_time_msec: float | None = None, *, s
             ol.recorder.training.iteration_size(samples, tokens)
         ol.on_training_single_iteration_end(finish_time_msec)
         return
-    get_recorder().on_training_single_iteration_end(finish_time_msec, samples=samples, tokens=tokens)
+    t = _default.telemetry  # (get_recorder(), inlined)
+    recorder: TrainingRecorder | None = t.extensions.get(_EXTENSION) if t is not None else None
+    (recorder or get_recorder()).on_training_single_iteration_end(finish_time_msec, samples=samples, tokens=tokens)
 
 
 def on_validation_start(start_time_msec: float | None = None) -> Any:

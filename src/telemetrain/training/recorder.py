@@ -42,6 +42,7 @@ from .workload import publish_workload
 
 __all__ = ["TrainingRecorder"]
 
+_NO_SIZE: tuple[int | None, int | None] = (None, None)  # no count given for the open iteration (compared by identity)
 # open spans during which iterations legitimately stop advancing (a watchdog does not call that a stall)
 _PAUSES = (S.CHECKPOINT_SAVE_SYNC, S.CHECKPOINT_LOAD, S.VALIDATION_LOOP, S.TESTING_LOOP)
 
@@ -72,6 +73,8 @@ class TrainingRecorder(ApplicationCallbacks, CheckpointCallbacks, EvalLoopCallba
         self._warmup = 0
         self._fixed: tuple[int, int | None, float | None] | None = None
         self._batch: int | None = 0  # samples an iteration counts by default: the fixed global batch (None: lazy)
+        self._world = 0  # the config's world size, when given as a value (0: none; _world_lazy: a function)
+        self._world_lazy = False
         self._export_every = 50
         self._quiet: Span | None = None  # the loop's reusable span for sampled-out iterations (Tracer.quiet)
         self._iterations_begun = 0
@@ -135,7 +138,7 @@ class TrainingRecorder(ApplicationCallbacks, CheckpointCallbacks, EvalLoopCallba
         # what the iterations processed (report_capture._counts): each counts the samples and tokens given for it
         # (iteration_size, or on_training_single_iteration_end's), else the global batch size at its end and
         # samples x seq_length at the report
-        self._size: tuple[int | None, int | None] = (None, None)  # given for the open iteration
+        self._size: tuple[int | None, int | None] = _NO_SIZE  # given for the open iteration
         self._samples = 0  # samples counted this job
         self._uncounted = 0  # iterations with no sample count (no global batch size)
         self._tokens = 0  # tokens given explicitly this job
@@ -264,7 +267,7 @@ class TrainingRecorder(ApplicationCallbacks, CheckpointCallbacks, EvalLoopCallba
         if start_time_msec is None and self._iteration is None and loop is not None and not loop.end_ns:
             k = self._iterations_begun
             self._iterations_begun = k + 1
-            self._size = (None, None)  # (a count given outside an iteration is not this one's)
+            self._size = _NO_SIZE  # (a count given outside an iteration is not this one's)
             if k % self._export_every:  # sampled out: only timed, on the loop's reusable quiet span
                 q = self._quiet
                 if q is None or q.end_ns or q.parent is not loop:
@@ -301,7 +304,7 @@ class TrainingRecorder(ApplicationCallbacks, CheckpointCallbacks, EvalLoopCallba
             start_ns = self._mono_of(start_time_msec)
             k = self._iterations_begun
             self._iterations_begun = k + 1
-            self._size = (None, None)
+            self._size = _NO_SIZE
             if self._device is not None:
                 self._device.begin_iteration(k < self._warmup)
             if k % self._export_every and loop is not None:  # sampled out, as on the fast path (a fresh span)
@@ -354,21 +357,28 @@ class TrainingRecorder(ApplicationCallbacks, CheckpointCallbacks, EvalLoopCallba
             _deactivate(s)
             s.end()
             end_ns = s.end_ns
-        given, self._size = self._size, (None, None)
+        given = self._size
+        if given is not _NO_SIZE:
+            self._size = _NO_SIZE
         if s.status == "error":  # it failed (an exception inside it): ended, but not a completed iteration
             return
-        count, tokens = given
-        if count is None:
-            count = self._batch if self._batch is not None else self._gbs() or 0
-            if not count:
-                self._uncounted += 1
-        self._samples += count
-        if tokens is not None:
-            self._tokens += tokens
-        elif count or given[0] is not None:
+        count = self._batch
+        if given is _NO_SIZE and count:  # the usual iteration: the fixed global batch, tokens from seq_length
+            self._samples += count
             self._untokened += count
         else:
-            self._tokens_lost += 1
+            count, tokens = given
+            if count is None:
+                count = self._batch if self._batch is not None else self._gbs() or 0
+                if not count:
+                    self._uncounted += 1
+            self._samples += count
+            if tokens is not None:
+                self._tokens += tokens
+            elif count or given[0] is not None:
+                self._untokened += count
+            else:
+                self._tokens_lost += 1
         seconds = (end_ns - s.start_ns) / 1e9
         self._iterations = n = self._iterations + 1
         self._iteration_total_sec += seconds

@@ -48,6 +48,8 @@ class RecorderBase:
     _warmup: int
     _fixed: tuple[int, int | None, float | None] | None
     _batch: int | None
+    _world: int
+    _world_lazy: bool
     _samples: int
     _uncounted: int
     _tokens: int
@@ -180,6 +182,10 @@ class RecorderBase:
         return self._guarded("global_batch_size", lambda: config.global_batch_size) if config is not None else None
 
     def _world_size(self) -> int:
-        config = self.config
-        ws = self._guarded("world_size", lambda: config.world_size) if config is not None else None
+        """The config's world size (a value: read once when the config is set; a function: called now), else the
+        run identity's (which ``set_identity`` may change: read now)."""
+        ws: int | None = self._world
+        if self._world_lazy:
+            config = self.config
+            ws = self._guarded("world_size", lambda: config.world_size) if config is not None else None
         return int(ws or self.telemetry.identity.world_size or 1)

@@ -114,16 +114,21 @@ class Window:
         self.times: list[float] = []  # iteration seconds, warm-up excluded
         self.chunks: list[list[float]] = []  # full lists of times, waiting to be folded
         self.warmup_times: list[float] = []  # reported only when the window has nothing else
-        self.summary = Summary()
+        self.summary: Summary | None = None  # made by the reporter when it first folds (off the training thread)
         self.start_ns = start_ns  # end of the previous window's last iteration (or the loop's start)
         self.phases: dict[str, float] = {}  # phase -> seconds
         # (start, end) monotonic ns of the checkpoint saves, validation and testing loops between its iterations
         self.pauses: list[tuple[int, int]] = []
 
-    def fold_chunks(self) -> None:
+    def fold_chunks(self) -> Summary:
+        """Fold the full chunks into the window's summary (made now if it is the first fold) and return it."""
+        summary = self.summary
+        if summary is None:
+            summary = self.summary = Summary()
         chunks = self.chunks
         while chunks:
-            self.summary.fold(chunks.pop(0))
+            summary.fold(chunks.pop(0))
+        return summary
 
 
 @dataclass(slots=True)
@@ -174,9 +179,9 @@ def compute(snap: Snapshot, state: Reporter, behind: bool = False) -> dict[str, 
     """The ``training_metrics_update`` attributes of one snapshot (updates the cumulative state); ``behind``: more
     snapshots wait (see ``Reporter.add_window``)."""
     window = snap.window
-    window.fold_chunks()
+    summary = window.fold_chunks()
     if window.times:
-        window.summary.fold(window.times)
+        summary.fold(window.times)
         window.times = []
     gbs, fps, world = snap.gbs, snap.fps, snap.world
     samples, window_samples, steady_samples = snap.samples, snap.window_samples, snap.steady_samples
@@ -196,8 +201,8 @@ def compute(snap: Snapshot, state: Reporter, behind: bool = False) -> dict[str, 
         "cumulative_iteration_time_sec": snap.iteration_total_sec,
     }
     # iteration time: the window (one-logger documents per-window values; it computed them cumulatively)
-    fresh = state.add_window(window.summary, snap.final, behind)
-    times = window.summary
+    fresh = state.add_window(summary, snap.final, behind)
+    times = summary
     w = times.values(TIME_AGGS)
     if not w.get("count") and window.warmup_times:  # a window of warm-up only: its own times, flagged
         times = Summary.of(window.warmup_times)
