@@ -17,6 +17,7 @@ from typing import Any
 
 from ..identity import Identity
 from .columnar import IDENTITY_COLUMNS, Prescan, fast_metric_rows_sql, fast_span_rows_sql, prescan, typed_rows_sql
+from .layout import MAX_LINE_BYTES, skip_rest_of_line
 from .views import insert_rows, sql_str
 
 __all__ = ["CHUNK_BYTES", "convert_batch", "convert_segment", "drop_converted", "header_rows",
@@ -61,7 +62,7 @@ def convert_segment(con: Any, path: Path, fallback: Identity, session: str, run:
     row group it completes (122,880 rows), about a third of the conversion's time; tables of one chunk never complete
     one. Compaction reads the rows once; the engine keeps a table."""
     limit = size if size is not None else os.stat(path).st_size
-    chunk_bytes = chunk_bytes or CHUNK_BYTES
+    chunk_bytes = min(chunk_bytes or CHUNK_BYTES, MAX_LINE_BYTES + 1)  # no chunk holds a line over the cap
     total = Prescan(path=path, size=start, lines=0, torn=0, start=start, first_line=first_line)
     total.identities.append((0, fallback))
     pos, line, identity, created = start, first_line, fallback, False
@@ -73,9 +74,11 @@ def convert_segment(con: Any, path: Path, fallback: Identity, session: str, run:
     while True:
         end = min(pos + chunk_bytes, limit)
         scan = prescan(path, identity, end, start=pos, first_line=line, keep=True)
-        if scan.lines == 0 and end < limit:  # one line longer than a chunk: read further
-            chunk_bytes *= 2
-            continue
+        if scan.lines == 0 and end < limit:  # one line longer than a chunk: read further, up to the longest line
+            if chunk_bytes <= MAX_LINE_BYTES:
+                chunk_bytes = min(chunk_bytes * 2, MAX_LINE_BYTES + 1)
+                continue
+            scan = _overlong(path, identity, pos, line, limit)
         if chunk_tables:
             branches.append(_convert_chunk(con, path, scan, session, run, segment, create=True,
                                            table=f"seg_{len(branches)}", rest=rest, arrow=arrow))
@@ -103,6 +106,21 @@ def convert_segment(con: Any, path: Path, fallback: Identity, session: str, run:
                 con.execute("CREATE OR REPLACE TEMP VIEW seg AS "
                             + " UNION ALL BY NAME ".join(f"({b})" for b in branches))
             return total, "seg"
+
+
+def _overlong(path: Path, identity: Identity, pos: int, line: int, limit: int) -> Prescan:
+    """The line at ``pos``, longer than ``MAX_LINE_BYTES``, streamed past (never read whole): a chunk of one line that
+    the SQL side counts corrupt, as the reader counts it; or, when no newline ends it before ``limit``, nothing but
+    the torn last line."""
+    with open(path, "rb") as fh:
+        fh.seek(pos)
+        after = skip_rest_of_line(fh, limit)
+    if after is None:
+        scan = Prescan(path=path, size=pos, lines=0, torn=1, start=pos, first_line=line)
+    else:
+        scan = Prescan(path=path, size=after, lines=1, torn=0, start=pos, first_line=line, body=b"\x01\n")
+    scan.identities.append((0, identity))
+    return scan
 
 
 def drop_converted(con: Any) -> None:
