@@ -16,9 +16,9 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 # The longest str an event's attribute may hold, in characters: encoded (JSON escapes at most 6 bytes a character),
-# it still fits a run store line (``store.layout.MAX_LINE_BYTES``, 8 MiB). A longer one is refused at the call: the
-# writer thread could only drop the whole record (docs/format.md).
-MAX_ATTRIBUTE_CHARS = 1 << 20
+# it still fits a run store line (``store.layout.MAX_LINE_BYTES``, 4 MiB) with room for the rest. A longer one is
+# refused at the call: the writer thread could only drop the whole record (docs/format.md).
+MAX_ATTRIBUTE_CHARS = 512 << 10
 
 
 def check_attribute_lengths(attributes: Mapping[str, Any], arg: str) -> None:

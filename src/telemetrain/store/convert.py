@@ -62,7 +62,7 @@ def convert_segment(con: Any, path: Path, fallback: Identity, session: str, run:
     row group it completes (122,880 rows), about a third of the conversion's time; tables of one chunk never complete
     one. Compaction reads the rows once; the engine keeps a table."""
     limit = size if size is not None else os.stat(path).st_size
-    chunk_bytes = min(chunk_bytes or CHUNK_BYTES, MAX_LINE_BYTES + 1)  # no chunk holds a line over the cap
+    chunk_bytes = chunk_bytes or CHUNK_BYTES
     total = Prescan(path=path, size=start, lines=0, torn=0, start=start, first_line=first_line)
     total.identities.append((0, fallback))
     pos, line, identity, created = start, first_line, fallback, False
@@ -188,6 +188,9 @@ def _lines_source(con: Any, data: bytes, text: str | None, arrow: bool,
     enough for the metric fast path (``FAST_PATH_MAX_LINE``). With ``arrow``, the lines are split by pyarrow and
     registered as ``_ARROW_LINES`` (the caller unregisters it); else the text goes in ``params``, or, when it is not
     UTF-8, into the table ``seg_text`` line by line, so that only the bad lines are lost."""
+    data, blanked = _blank_overlong(data)
+    if blanked:
+        text = _decoded(data)
     split = split_lines(data) if text is not None and arrow else None
     if split is not None:
         import pyarrow.compute as pc  # type: ignore[import-untyped]
@@ -206,6 +209,20 @@ def _lines_source(con: Any, data: bytes, text: str | None, arrow: bool,
     good = "\n".join(_utf8_or_blank(line) for line in data.split(b"\n"))
     con.execute("INSERT INTO seg_text VALUES ($c)", {"c": good})
     return "seg_text", False, short
+
+
+def _blank_overlong(data: bytes) -> tuple[bytes, bool]:
+    """``data`` with each line longer than ``MAX_LINE_BYTES`` replaced by one the SQL side counts corrupt, as the
+    reader skips it (DuckDB needs ~10x a line's size to parse it: a line of 8 MiB ran the reader's 128 MB out); and
+    whether any was. Such a line holds a whole aligned block of half the cap without a newline, which a few
+    ``bytes.find`` rule out without splitting ``data``."""
+    half = MAX_LINE_BYTES // 2
+    if all(data.find(b"\n", i, i + half) >= 0 for i in range(0, len(data) - half + 1, half)):
+        return data, False
+    lines = data.split(b"\n")
+    if max(map(len, lines)) <= MAX_LINE_BYTES:
+        return data, False
+    return b"\n".join(line if len(line) <= MAX_LINE_BYTES else b"\x01" for line in lines), True
 
 
 def _decoded(data: bytes) -> str | None:

@@ -18,8 +18,9 @@ RUN_META = "run.json"
 DEFAULT_ROOT = "telemetrain-runs"
 # The longest line a segment may hold, in bytes, its newline not counted (docs/format.md). Readers skip a longer one
 # as a corrupt line without holding it (``skip_rest_of_line``): one line of gigabytes would otherwise be read whole.
-# The writer never writes one (``sinks.jsonl``); 8 MiB is the SQL converter's chunk, so any line fits one.
-MAX_LINE_BYTES = 8 << 20
+# The writer never writes one (``sinks.jsonl``). 4 MiB: DuckDB parses a line in ~10x its size, and the SQL readers'
+# memory limit is 128 MB (a line of 8 MiB ran it out).
+MAX_LINE_BYTES = 4 << 20
 
 
 NAME_MAX = 255  # bytes in one path component on the common file systems
