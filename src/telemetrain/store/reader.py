@@ -210,9 +210,6 @@ def fallback_identity(path: Path, meta: dict[str, Any]) -> Identity:
     )
 
 
-_fallback_identity = fallback_identity  # the name other modules imported
-
-
 def read_segment(path: Path, meta: dict[str, Any], into: list[Any],
                  identity: Identity | None = None) -> tuple[Identity | None, int, int, dict[str, Any]]:
     """Append the records of one segment file to ``into``; returns (the identity in force at its end, torn, corrupt,
@@ -248,11 +245,9 @@ class SegmentScan:
             # at most MAX_LINE_BYTES and its newline at a time: a longer line is never held whole
             for n, raw in enumerate(iter(partial(fh.readline, MAX_LINE_BYTES + 1), b"")):
                 if raw[-1:] != b"\n":  # the last line, cut short by a crash (or still being written), or too long
-                    if len(raw) > MAX_LINE_BYTES:
-                        first = False
-                        if skip_rest_of_line(fh) is not None:
-                            self.corrupt += 1
-                            continue
+                    if len(raw) > MAX_LINE_BYTES and skip_rest_of_line(fh) is not None:
+                        first, self.corrupt = False, self.corrupt + 1
+                        continue
                     if raw.strip():
                         self.torn = 1
                     break
@@ -447,9 +442,6 @@ def read_run_meta(path: Path) -> dict[str, Any]:
         if key in meta and type(meta[key]) is not dict:
             del meta[key]
     return meta
-
-
-_read_meta = read_run_meta
 
 
 def in_start_order(logs: Iterable[ProcessLog]) -> list[ProcessLog]:
