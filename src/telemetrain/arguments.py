@@ -15,6 +15,20 @@ from typing import Any
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
+# The longest str an event's attribute may hold, in characters: encoded (JSON escapes at most 6 bytes a character),
+# it still fits a run store line (``store.layout.MAX_LINE_BYTES``, 4 MiB) with room for the rest. A longer one is
+# refused at the call: the writer thread could only drop the whole record (docs/format.md).
+MAX_ATTRIBUTE_CHARS = 512 << 10
+
+
+def check_attribute_lengths(attributes: Mapping[str, Any], arg: str) -> None:
+    """ValueError naming the first str value of ``attributes`` longer than ``MAX_ATTRIBUTE_CHARS``."""
+    for key, value in attributes.items():
+        if isinstance(value, str) and len(value) > MAX_ATTRIBUTE_CHARS:
+            raise ValueError(f"{arg}[{key!r:.80}] is a str of {len(value)} characters, more than a run store line "
+                             f"holds ({MAX_ATTRIBUTE_CHARS}): record a summary or a path to the data instead")
+
+
 def _short(value: Any) -> str:
     """A wrong argument's repr for the message: a repr that raises must not replace the TypeError naming it."""
     try:

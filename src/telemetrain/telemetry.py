@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from . import process_hooks
-from .arguments import _ATTRIBUTE_VALUE_SET, check_metric_attributes, check_seconds, check_step
+from .arguments import _ATTRIBUTE_VALUE_SET, check_attribute_lengths, check_metric_attributes, check_seconds, check_step
 from .arguments import check_name as check_name  # (re-exported, as the two below: the APIs import them from here)
 from .arguments import check_value as check_value
 from .clock import CLOCK_SKEW_ENV as CLOCK_SKEW_ENV  # (re-exported: its old home)
@@ -436,6 +436,7 @@ class Telemetry(TelemetryDelivery):
         for key in attributes:  # keys must be str: the cheapest exact check measured (no allocation but the iterator)
             if type(key) is not str:
                 check_attribute_keys(attributes, "attributes")  # a str subclass passes; anything else raises
+        check_attribute_lengths(attributes, "attributes")
         # packed with the attributes flattened to the end, keys then values (see records.ATTRIBUTE_LAYOUT): a copy
         # the caller cannot change afterwards
         route(

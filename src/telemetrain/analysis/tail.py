@@ -20,7 +20,7 @@ from ..cli_common import few
 from ..identity import Identity
 from ..report.curves import CurveBuilder, pick_loss
 from ..store.codec import decode_line
-from ..store.layout import is_agent_file, is_process_file
+from ..store.layout import MAX_LINE_BYTES, is_agent_file, is_process_file
 from ..text import printable
 from .findings import Findings, InputBuilder, analyse
 from .findings.checkpoints import CHECKPOINT_SAVES
@@ -53,6 +53,7 @@ class FileFollower:
         self.metric_words = metric_words
         self.offset = 0
         self.pending = b""  # a line whose newline has not been written yet
+        self.skipping = False  # inside a line longer than the format's cap, dropped up to its newline
         self.identity: Identity | None = None
         self.corrupt = 0
 
@@ -68,6 +69,11 @@ class FileFollower:
             return []
         lines = (self.pending + data).split(b"\n")
         self.pending = lines.pop()
+        if self.skipping and lines:  # the end of a line past the cap, its start dropped already
+            lines[0], self.skipping = b"", False
+        if len(self.pending) > MAX_LINE_BYTES:  # a line no reader reads (the format's cap): not held until it ends
+            self.corrupt += 0 if self.skipping else 1
+            self.pending, self.skipping = b"", True
         records = []
         for raw in lines:
             if not raw.strip():

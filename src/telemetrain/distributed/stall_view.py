@@ -39,7 +39,7 @@ from typing import Any
 from ..analysis.findings.fmt import ranges
 from ..dispatch import describe, warn_safely
 from ..store.codec import untag_nonfinite
-from ..store.layout import is_agent_file, is_process_file
+from ..store.layout import MAX_LINE_BYTES, is_agent_file, is_process_file
 from ..telemetry import Telemetry
 from .groups import P2P_KINDS
 
@@ -60,6 +60,7 @@ class _EvidenceFollower:
         self.path = path
         self.offset = 0
         self.pending = b""
+        self.skipping = False  # inside a line longer than the format's cap, dropped up to its newline
         self.rank: int | None = None
         self.host: str | None = None  # from the header (None: no header)
         self.world_size: int | None = None
@@ -74,10 +75,16 @@ class _EvidenceFollower:
         self.offset += len(data)
         data = self.pending + data
         cut = data.rfind(b"\n")
+        if self.skipping and cut >= 0:  # the end of a line past the cap, its start dropped already
+            data, cut, self.skipping = data[data.index(b"\n") + 1:], cut - data.index(b"\n") - 1, False
         if cut < 0:
             self.pending = data
+            if len(data) > MAX_LINE_BYTES:  # a line no reader reads (the format's cap): not held until it ends
+                self.pending, self.skipping = b"", True
             return []
         complete, self.pending = data[:cut], data[cut + 1:]
+        if len(self.pending) > MAX_LINE_BYTES:
+            self.pending, self.skipping = b"", True
         if self.rank is None:
             self.rank = self._rank_of(complete.split(b"\n", 1)[0])
         if _MARK not in complete or self.rank is None:

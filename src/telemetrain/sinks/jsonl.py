@@ -33,7 +33,7 @@ from ..records import PAIRS, PackedSource
 from ..store.codec import ENCODERS, encode, encode_header, tag_nonfinite
 from ..store.compactor import BackgroundCompactor
 from ..store.files import RunDir, open_run_dir
-from ..store.layout import AGENT_ROLE, RUN_META, check_root, default_root, process_file_name, run_dir
+from ..store.layout import AGENT_ROLE, MAX_LINE_BYTES, RUN_META, check_root, default_root, process_file_name, run_dir
 from ..store.segments import parse_segment_name, segment_file_name
 from .base import Sink
 
@@ -102,6 +102,15 @@ def write_run_meta(directory: RunDir, identity: Identity, config: Mapping[str, A
         pass
     text = json.dumps(tag_nonfinite(meta), indent=1, default=repr, allow_nan=False) + "\n"
     return directory.create_once(RUN_META, text.encode())
+
+
+def _check_length(text: str) -> None:
+    """ValueError when a line of ``text`` (one record's encoding: a pair's is two lines) is longer than the format
+    allows: readers would skip it as corrupt, so the record is replaced by its ``unencodable`` diagnostic instead.
+    (The encoding is ASCII: characters are bytes.)"""
+    longest = max(map(len, text.split("\n")))
+    if longest > MAX_LINE_BYTES:
+        raise ValueError(f"its line would be {longest} bytes, over the format's {MAX_LINE_BYTES} (docs/format.md)")
 
 
 def _safe_repr(value: Any) -> str:
@@ -294,7 +303,13 @@ class RunStoreSink(Sink):
         """Typed records (the packed path below is the usual one)."""
         for record in records:
             self._switch_to(record.identity, -1)
-            self._write_all(encode(record).encode())
+            text = encode(record)
+            try:
+                _check_length(text)
+            except ValueError as exc:
+                offset = getattr(record, "wall_ns", record.mono_ns) - record.mono_ns
+                text = self._unencodable((record.kind, record.mono_ns, -1, record.group, record.name), offset, exc)
+            self._write_all(text.encode())
 
     def write_packed(self, packed: Sequence[tuple[Any, ...]], source: PackedSource) -> None:
         self._lines_written = 0
@@ -365,7 +380,10 @@ class RunStoreSink(Sink):
                 token = p[2]
                 self._switch_to(identity, token)
             try:
-                lines.append(encoders[p[0]](p, offset))
+                line = encoders[p[0]](p, offset)
+                if len(line) > MAX_LINE_BYTES:
+                    _check_length(line)
+                lines.append(line)
             except BaseException as exc:  # one record that cannot be written costs that record only
                 if is_interrupt(exc):  # whatever its values raise (a __repr__ raising SystemExit, say)
                     raise

@@ -4,57 +4,46 @@
 converted (a segment torn by SIGKILL included: every complete line is kept). The JSONL files stay as they are: they
 are the write-ahead log, the copy is derived and can be deleted and rebuilt at any time.
 
-Per segment: ``convert.convert_segment`` parses and type-checks every line into a temporary table (8 MiB at a time),
-and one Parquet file per record table is written under its Hive partition (and one of the reports among the events,
-typed: ``report_rows``), each to a temporary name first and renamed when complete. The segment's manifest
-(``_segments/.../<segment>.json``) is written last: a reader trusts a copy only when its manifest is there, names the
-JSONL size it was made from, and every file it lists is whole (docs/format.md). ``dest`` may be another directory or
-an object-store URL (``s3://bucket/prefix``, through fsspec): the files are written locally, then uploaded.
+This module decides what to convert: which runs, which segments have no valid copy (``compact_process``, under
+``compact_locks.segment_lock``), which small ones go together (``compact_batch``). One segment's copy is written by
+``segment_copy.compact_segment``: ``convert.convert_segment`` parses and type-checks every line into a temporary table
+(8 MiB at a time), a Parquet file per table is written, and the manifest (``_segments/.../<segment>.json``) last: a
+reader trusts a copy only when its manifest is there, names the JSONL size it was made from, and every file it lists
+is whole (docs/format.md). ``dest`` may be another directory or an object-store URL (``s3://bucket/prefix``, through
+fsspec): the files are written locally, then uploaded.
 
 The run store's writer runs this module as a separate, low-priority process when a segment is closed
 (``python -m telemetrain.store.compact --segments FILE...``), so compaction never runs on the training thread or in
-the training process.
+the training process (``compact_segments``, one at a time per host: ``compact_locks.host_slot``).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import errno
 import os
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..identity import Identity
 from ..text import printable
-from .columnar import (
-    COLUMNS,
-    KEPT_SINCE,
-    PROCESS_TABLE,
-    SCHEMA_VERSION,
-    TABLES,
-)
-from .convert import convert_segment, drop_converted, header_rows
+from .columnar import KEPT_SINCE, PROCESS_TABLE
+from .compact_locks import LOCK_TIMEOUT_S as LOCK_TIMEOUT_S  # (re-exported: imported from here before the split)
+from .compact_locks import host_slot
+from .compact_locks import segment_lock as segment_lock
 from .files import foreign_link, private_temp_dir
-from .manifest import (
-    SEGMENTS_DIR,
-    Manifest,
-    manifest_is_valid,
-    manifest_path,
-    partition_dir,
-    private_tmp,
-    read_manifest,
-    write_manifest,
-)
+from .files import make_dirs_under as make_dirs_under
+from .manifest import SEGMENTS_DIR, Manifest, manifest_is_valid, manifest_path, read_manifest
 from .reader import FormatVersionError, check_run_format, fallback_identity, find_runs, list_processes, read_run_meta
-from .report_rows import REPORT, REPORTS_TABLE, report_rows_sql
-from .views import insert_rows, sql_str
+from .segment_copy import ROW_GROUP_ROWS as ROW_GROUP_ROWS
+from .segment_copy import ROW_GROUP_ROWS_DEFAULT as ROW_GROUP_ROWS_DEFAULT
+from .segment_copy import ZSTD_LEVEL as ZSTD_LEVEL
+from .segment_copy import compact_segment
 
 __all__ = ["COLUMNAR_DIR", "CompactResult", "Manifest", "compact", "manifest_path", "read_manifest"]
 
@@ -83,110 +72,6 @@ def connect(memory_limit: str = MEMORY_LIMIT, threads: int = 1) -> Any:
                                              "preserve_insertion_order": True, "autoinstall_known_extensions": False,
                                              "autoload_known_extensions": False, "temp_directory": spill})
     return con
-
-
-# Rows per Parquet row group: a reader decompresses a row group's column at a time, so the tables whose rows carry
-# JSON text (events' attributes are about 1 KiB) get small groups, which bounds a query's memory, not the run's size.
-ROW_GROUP_ROWS = {"metrics": 122_880, "diagnostics": 16_384}
-ROW_GROUP_ROWS_DEFAULT = 8_192
-
-
-# zstd level 1 rather than DuckDB's default 3: 12% less time writing, files ~6% larger (still ~4% of the JSONL)
-ZSTD_LEVEL = 1
-
-
-def make_dirs_under(prefix: Path, directory: Path) -> None:
-    """``directory`` and its parents below ``prefix``, never ``prefix`` itself or above it: a run deleted while its
-    compactor works stays deleted (the conversion fails with ``FileNotFoundError``) instead of coming back as a tree
-    of empty directories."""
-    current = prefix
-    for part in directory.relative_to(prefix).parts:
-        current = current / part
-        with contextlib.suppress(FileExistsError):
-            current.mkdir()
-        if current.is_symlink():  # planted by someone who can write the store: what we write would land elsewhere
-            raise OSError(errno.ELOOP, "a link in the columnar copy, not followed", str(current))
-
-
-def _write_parquet(con: Any, query: str, prefix: Path, rel: str, table: str) -> int:
-    target = prefix / rel
-    make_dirs_under(prefix, target.parent)
-    tmp = private_tmp(target)
-    meta = f"{{telemetrain_schema_version: '{SCHEMA_VERSION}', telemetrain_table: '{table}'}}"
-    rows = ROW_GROUP_ROWS.get(table, ROW_GROUP_ROWS_DEFAULT)
-    con.execute(f"COPY ({query}) TO {sql_str(str(tmp))} (FORMAT parquet, COMPRESSION zstd, "
-                f"COMPRESSION_LEVEL {ZSTD_LEVEL}, PARQUET_VERSION v2, "
-                f"ROW_GROUP_SIZE {rows}, KV_METADATA {meta})")
-    os.replace(tmp, target)
-    return target.stat().st_size
-
-
-def compact_segment(con: Any, path: Path, prefix: Path, fallback: Identity, session: str, run: str,
-                    segment: int) -> Manifest:
-    """Write the columnar copy of one segment under ``prefix`` (a local directory) and its manifest, last."""
-    try:
-        return _compact_segment(con, path, prefix, fallback, session, run, segment)
-    finally:  # the converted rows are dropped whether the copy was written or not
-        drop_converted(con)
-
-
-def _compact_segment(con: Any, path: Path, prefix: Path, fallback: Identity, session: str, run: str,
-                     segment: int) -> Manifest:
-    t0 = time.perf_counter()
-    file_size = path.stat().st_size
-    scan, seg = convert_segment(con, path, fallback, session, run, segment, file_size, chunk_tables=True)
-    stem = path.name.removesuffix(".jsonl")
-    records: dict[str, int] = {}
-    files: list[dict[str, Any]] = []
-    parts = con.execute(f"SELECT kind, session, run, rank, count(*) FROM {seg} WHERE kind IS NOT NULL "
-                        "GROUP BY ALL ORDER BY ALL").fetchall()
-    corrupt = con.execute(f"SELECT count(*) FROM {seg} WHERE kind IS NULL").fetchone()[0] + scan.bad_headers
-    for kind, p_session, p_run, p_rank, rows in parts:
-        table = TABLES[kind]
-        columns = ", ".join(f'"{name}"' for name, _ in COLUMNS[table])
-        rel = f"{partition_dir(table, p_session, p_run, p_rank)}/{stem}.parquet"
-        # file order; the metric rows of the fast steps are in it already (a sort: ~20% of writing them)
-        order = "" if kind == "metric" and scan.metrics_in_order else "ORDER BY line"
-        size = _write_parquet(
-            con, f"SELECT {columns} FROM {seg} WHERE kind = '{kind}' AND session = $s AND run = $r AND rank = $k "
-                 f"{order}".replace("$s", sql_str(p_session)).replace("$r", sql_str(p_run))
-                 .replace("$k", str(int(p_rank))),
-            prefix, rel, table)
-        files.append({"table": table, "path": rel, "bytes": size, "rows": rows})
-        records[table] = records.get(table, 0) + rows
-        if kind == "event":  # the reports among the events, typed (report_rows; derived rows, not records)
-            where = (f"kind = 'event' AND session = {sql_str(p_session)} AND run = {sql_str(p_run)} AND "
-                     f"rank = {int(p_rank)}")
-            reports = con.execute(f"SELECT count(*) FROM {seg} WHERE {where} AND group_name = '{REPORT[0]}' AND "
-                                  f"name = '{REPORT[1]}'").fetchone()[0]
-            if reports:
-                rel = f"{partition_dir(REPORTS_TABLE, p_session, p_run, p_rank)}/{stem}.parquet"
-                size = _write_parquet(con, f"{report_rows_sql(seg, where)} ORDER BY line", prefix, rel,
-                                      REPORTS_TABLE)
-                files.append({"table": REPORTS_TABLE, "path": rel, "bytes": size, "rows": int(reports)})
-    if scan.headers:
-        rows_by_part: dict[tuple[str, str, int], list[tuple[Any, ...]]] = {}
-        for part, row in header_rows(scan, segment):
-            rows_by_part.setdefault(part, []).append(row)
-        con.execute("CREATE OR REPLACE TEMP TABLE hdr (" + ", ".join(f"{n} {t}" for n, t in COLUMNS[PROCESS_TABLE])
-                    + ")")
-        for (p_session, p_run, p_rank), rows in rows_by_part.items():
-            con.execute("DELETE FROM hdr")
-            insert_rows(con, "hdr", rows)
-            rel = f"{partition_dir(PROCESS_TABLE, p_session, p_run, p_rank)}/{stem}.parquet"
-            size = _write_parquet(con, "SELECT * FROM hdr ORDER BY line", prefix, rel, PROCESS_TABLE)
-            files.append({"table": PROCESS_TABLE, "path": rel, "bytes": size, "rows": len(rows)})
-            records[PROCESS_TABLE] = records.get(PROCESS_TABLE, 0) + len(rows)
-    last = scan.identities[-1][1]
-    manifest = Manifest(schema_version=SCHEMA_VERSION, segment=path.name, session=session, run=run,
-                        file_size=file_size, covered_bytes=scan.size, lines=scan.lines, torn=scan.torn,
-                        corrupt=int(corrupt),
-                        records=records, files=files, last_identity=last.as_dict(),
-                        compacted_wall_ns=time.time_ns(), seconds=time.perf_counter() - t0)
-    target = prefix / manifest_path(session, run, path.name)
-    make_dirs_under(prefix, target.parent)
-    write_manifest(target, manifest)
-    return manifest
 
 
 def segment_plan(run_dir: Path) -> list[tuple[Path, list[Path], dict[str, Any]]]:
@@ -247,45 +132,6 @@ def compact_process(con: Any, run_dir: Path, paths: Sequence[Path], meta: dict[s
         result.records += sum(n for t, n in manifest.records.items() if t != PROCESS_TABLE)
         result.bytes_in += manifest.file_size
         result.bytes_out += sum(int(f["bytes"]) for f in manifest.files)
-
-
-LOCK_TIMEOUT_S = 600.0  # a compactor that holds a segment longer than this is taken to be stuck
-
-
-@contextlib.contextmanager
-def segment_lock(manifest: Path, *, enabled: bool = True, timeout: float = LOCK_TIMEOUT_S,
-                 prefix: Path | None = None) -> Iterator[None]:
-    """An exclusive ``flock`` on ``<manifest>.lock`` for as long as the block runs. The kernel releases it when its
-    holder dies (SIGKILL included), so a killed compactor never blocks the next. Raises ``TimeoutError`` after
-    ``timeout`` seconds of waiting. With ``prefix``, the lock's directories are made below it only
-    (``make_dirs_under``)."""
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: no lock (one compactor at a time is then the user's to ensure)
-        enabled = False
-    if not enabled:
-        yield
-        return
-    lock_path = manifest.with_name(f".{manifest.name}.lock")
-    if prefix is None:
-        lock_path.parent.mkdir(parents=True, exist_ok=True)
-    else:
-        make_dirs_under(prefix, lock_path.parent)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0),
-                 0o644)
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{lock_path} held by another compactor for over {timeout:.0f} s") from None
-                time.sleep(0.05)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
 
 
 def _identity_from(data: Any) -> Identity | None:
@@ -432,56 +278,6 @@ def _lower_priority() -> None:
         os.nice(10)
     except OSError:
         pass
-
-
-JOBS_ENV = "TELEMETRAIN_COMPACT_JOBS"
-
-
-def host_jobs() -> int:
-    """How many writer compactions may run at once on this host: ``$TELEMETRAIN_COMPACT_JOBS``, else one per 16
-    CPUs (1 to 4)."""
-    try:
-        return max(1, int(os.environ[JOBS_ENV]))
-    except (KeyError, ValueError):
-        return max(1, min(4, (os.cpu_count() or 1) // 16))
-
-
-@contextlib.contextmanager
-def host_slot(jobs: int | None = None, wait_s: float = 3600.0) -> Iterator[None]:
-    """One of ``jobs`` slots shared by this user's compactors on this host (``flock`` on files in the temporary
-    directory; released by the kernel when the holder dies). Waits for a free one, at most ``wait_s`` seconds, then
-    runs anyway (a stuck holder must not stop compaction for good)."""
-    try:
-        import fcntl
-    except ImportError:
-        yield
-        return
-    jobs = host_jobs() if jobs is None else jobs
-    base = Path(tempfile.gettempdir())
-    uid = os.getuid() if hasattr(os, "getuid") else 0
-    fds = []
-    try:
-        for i in range(jobs):
-            try:
-                fds.append(os.open(base / f"telemetrain-compact-{uid}.{i}.lock",
-                                   os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0),
-                                   0o600))
-            except OSError:
-                continue
-        deadline = time.monotonic() + wait_s
-        while fds and time.monotonic() < deadline:
-            for fd in fds:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except OSError:
-                    continue
-                yield
-                return
-            time.sleep(0.2)
-        yield
-    finally:
-        for fd in fds:
-            os.close(fd)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

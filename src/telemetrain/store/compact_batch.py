@@ -1,5 +1,5 @@
 """Compaction of many small segments together (``telemetrain compact`` of a run of thousands of ranks, one or a few
-small segments each): the rows ``compact.compact_segment`` writes one segment at a time, in a few statements per
+small segments each): the rows ``segment_copy.compact_segment`` writes one segment at a time, in a few statements per
 batch rather than ~10 per segment, and in a few files.
 
 A segment converted alone cost ~0.17 s whatever its size (BENCHMARKS.md, "Many ranks, few iterations"): DuckDB
@@ -13,8 +13,8 @@ JSONL). Otherwise (a ``--to`` tree, read by other engines as Hive) its partition
 pairs, each file renamed to the name ``compact_segment`` gives it. Either way each segment's manifest is written
 last, naming its files: a crash leaves files no manifest names (a later compaction replaces the segments' copies and
 sweeps such shared files once old), and a reader trusts a segment's rows of a shared file only through its manifest
-(``views.parquet_sql``). Each segment of a batch is locked (``compact.segment_lock``) and its manifest checked again
-once the lock is held, as ``compact_process`` does.
+(``views.parquet_sql``). Each segment of a batch is locked (``compact_locks.segment_lock``) and its manifest checked
+again once the lock is held, as ``compact_process`` does.
 """
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ class BatchPool:
                 self.result.errors += [f"{p.path}: {exc}" for p in batch]
                 return
             for p in batch:
-                from .compact import segment_lock
+                from .compact_locks import segment_lock
 
                 try:
                     locks.enter_context(segment_lock(p.manifest, enabled=self.lock, prefix=self.prefix))
@@ -165,7 +165,7 @@ class BatchPool:
     def _one_at_a_time(self, todo: list[_Pending]) -> list[Manifest]:
         """The segments of a batch that failed, each converted alone (``compact_segment``; their locks are held): the
         errors are each segment's own."""
-        from .compact import compact_segment
+        from .segment_copy import compact_segment
 
         manifests = []
         for p in todo:
@@ -229,7 +229,7 @@ def _place_own(prefix: Path, tmp: Path, todo: list[_Pending], parts: dict[tuple[
                rows: dict[tuple[str, int], int], files: list[list[dict[str, Any]]],
                records: list[dict[str, int]]) -> None:
     """Each (segment, rank partition)'s file of each table to the place ``compact_segment`` gives it."""
-    from .compact import make_dirs_under
+    from .files import make_dirs_under
 
     for (k, session, run, rank), pk in parts.items():
         stem = todo[k].path.name.removesuffix(".jsonl")
@@ -252,7 +252,7 @@ def _place_shared(prefix: Path, tmp: Path, todo: list[_Pending], parts: dict[tup
                   rows: dict[tuple[str, int], int], groups: dict[tuple[str, str], int],
                   files: list[list[dict[str, Any]]], records: list[dict[str, int]]) -> None:
     """Each (table, session and run)'s shared file to its place, named by the batch; each segment's entry for it."""
-    from .compact import make_dirs_under
+    from .files import make_dirs_under
 
     per_file: dict[tuple[str, int], dict[int, tuple[int, set[int]]]] = {}  # -> segment -> (rows, ranks)
     for (k, _, _, rank), pk in parts.items():
@@ -280,7 +280,8 @@ def _place_shared(prefix: Path, tmp: Path, todo: list[_Pending], parts: dict[tup
 
 
 def _compact_batch(con: Any, todo: list[_Pending], prefix: Path, share: bool = True) -> list[Manifest]:
-    from .compact import ROW_GROUP_ROWS, ROW_GROUP_ROWS_DEFAULT, ZSTD_LEVEL, make_dirs_under
+    from .files import make_dirs_under
+    from .segment_copy import ROW_GROUP_ROWS, ROW_GROUP_ROWS_DEFAULT, ZSTD_LEVEL
 
     t0 = time.perf_counter()
     corrupt = [p.scan.bad_headers for p in todo]

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..identity import Identity
 from .columnar import IDENTITY_COLUMNS, Prescan, fast_metric_rows_sql, fast_span_rows_sql, prescan, typed_rows_sql
+from .layout import MAX_LINE_BYTES, skip_rest_of_line
 from .views import insert_rows, sql_str
 
 __all__ = ["CHUNK_BYTES", "convert_batch", "convert_segment", "drop_converted", "header_rows",
@@ -73,9 +74,11 @@ def convert_segment(con: Any, path: Path, fallback: Identity, session: str, run:
     while True:
         end = min(pos + chunk_bytes, limit)
         scan = prescan(path, identity, end, start=pos, first_line=line, keep=True)
-        if scan.lines == 0 and end < limit:  # one line longer than a chunk: read further
-            chunk_bytes *= 2
-            continue
+        if scan.lines == 0 and end < limit:  # one line longer than a chunk: read further, up to the longest line
+            if chunk_bytes <= MAX_LINE_BYTES:
+                chunk_bytes = min(chunk_bytes * 2, MAX_LINE_BYTES + 1)
+                continue
+            scan = _overlong(path, identity, pos, line, limit)
         if chunk_tables:
             branches.append(_convert_chunk(con, path, scan, session, run, segment, create=True,
                                            table=f"seg_{len(branches)}", rest=rest, arrow=arrow))
@@ -103,6 +106,21 @@ def convert_segment(con: Any, path: Path, fallback: Identity, session: str, run:
                 con.execute("CREATE OR REPLACE TEMP VIEW seg AS "
                             + " UNION ALL BY NAME ".join(f"({b})" for b in branches))
             return total, "seg"
+
+
+def _overlong(path: Path, identity: Identity, pos: int, line: int, limit: int) -> Prescan:
+    """The line at ``pos``, longer than ``MAX_LINE_BYTES``, streamed past (never read whole): a chunk of one line that
+    the SQL side counts corrupt, as the reader counts it; or, when no newline ends it before ``limit``, nothing but
+    the torn last line."""
+    with open(path, "rb") as fh:
+        fh.seek(pos)
+        after = skip_rest_of_line(fh, limit)
+    if after is None:
+        scan = Prescan(path=path, size=pos, lines=0, torn=1, start=pos, first_line=line)
+    else:
+        scan = Prescan(path=path, size=after, lines=1, torn=0, start=pos, first_line=line, body=b"\x01\n")
+    scan.identities.append((0, identity))
+    return scan
 
 
 def drop_converted(con: Any) -> None:
@@ -170,6 +188,9 @@ def _lines_source(con: Any, data: bytes, text: str | None, arrow: bool,
     enough for the metric fast path (``FAST_PATH_MAX_LINE``). With ``arrow``, the lines are split by pyarrow and
     registered as ``_ARROW_LINES`` (the caller unregisters it); else the text goes in ``params``, or, when it is not
     UTF-8, into the table ``seg_text`` line by line, so that only the bad lines are lost."""
+    data, blanked = _blank_overlong(data)
+    if blanked:
+        text = _decoded(data)
     split = split_lines(data) if text is not None and arrow else None
     if split is not None:
         import pyarrow.compute as pc  # type: ignore[import-untyped]
@@ -188,6 +209,20 @@ def _lines_source(con: Any, data: bytes, text: str | None, arrow: bool,
     good = "\n".join(_utf8_or_blank(line) for line in data.split(b"\n"))
     con.execute("INSERT INTO seg_text VALUES ($c)", {"c": good})
     return "seg_text", False, short
+
+
+def _blank_overlong(data: bytes) -> tuple[bytes, bool]:
+    """``data`` with each line longer than ``MAX_LINE_BYTES`` replaced by one the SQL side counts corrupt, as the
+    reader skips it (DuckDB needs ~10x a line's size to parse it: a line of 8 MiB ran the reader's 128 MB out); and
+    whether any was. Such a line holds a whole aligned block of half the cap without a newline, which a few
+    ``bytes.find`` rule out without splitting ``data``."""
+    half = MAX_LINE_BYTES // 2
+    if all(data.find(b"\n", i, i + half) >= 0 for i in range(0, len(data) - half + 1, half)):
+        return data, False
+    lines = data.split(b"\n")
+    if max(map(len, lines)) <= MAX_LINE_BYTES:
+        return data, False
+    return b"\n".join(line if len(line) <= MAX_LINE_BYTES else b"\x01" for line in lines), True
 
 
 def _decoded(data: bytes) -> str | None:

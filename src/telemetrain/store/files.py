@@ -253,3 +253,16 @@ def foreign_link(path: str | os.PathLike[str]) -> str | None:
             return (f"{part} is a symbolic link of another user's (uid {st.st_uid}), not followed to write there; "
                     "name the directory it points to if you trust it")
     return None
+
+
+def make_dirs_under(prefix: Path, directory: Path) -> None:
+    """``directory`` and its parents below ``prefix``, never ``prefix`` itself or above it: a run deleted while its
+    compactor works stays deleted (the conversion fails with ``FileNotFoundError``) instead of coming back as a tree
+    of empty directories."""
+    current = prefix
+    for part in directory.relative_to(prefix).parts:
+        current = current / part
+        with contextlib.suppress(FileExistsError):
+            current.mkdir()
+        if current.is_symlink():  # planted by someone who can write the store: what we write would land elsewhere
+            raise OSError(errno.ELOOP, "a link in the columnar copy, not followed", str(current))

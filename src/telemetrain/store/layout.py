@@ -9,15 +9,38 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import BinaryIO
 
 from ..identity import Identity
 
 FORMAT_VERSION = 1
 RUN_META = "run.json"
 DEFAULT_ROOT = "telemetrain-runs"
+# The longest line a segment may hold, in bytes, its newline not counted (docs/format.md). Readers skip a longer one
+# as a corrupt line without holding it (``skip_rest_of_line``): one line of gigabytes would otherwise be read whole.
+# The writer never writes one (``sinks.jsonl``). 4 MiB: DuckDB parses a line in ~10x its size, and the SQL readers'
+# memory limit is 128 MB (a line of 8 MiB ran it out).
+MAX_LINE_BYTES = 4 << 20
 
 
 NAME_MAX = 255  # bytes in one path component on the common file systems
+
+
+def skip_rest_of_line(fh: BinaryIO, limit: int | None = None) -> int | None:
+    """Read ``fh`` past the end of the line it is in, a block at a time (never the whole line), up to the file offset
+    ``limit`` when given. Returns the offset after the newline, or None when the file (or ``limit``) ends first: the
+    line is the torn last one."""
+    pos = fh.tell()
+    while limit is None or pos < limit:
+        block = fh.read(1 << 20 if limit is None else min(1 << 20, limit - pos))
+        if not block:
+            return None
+        at = block.find(b"\n")
+        if at >= 0:
+            fh.seek(pos + at + 1)
+            return pos + at + 1
+        pos += len(block)
+    return None
 
 
 def check_root(value: str | os.PathLike[str], arg: str) -> Path:

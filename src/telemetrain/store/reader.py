@@ -1,9 +1,9 @@
 """Read a run directory back: every rank and process, in time order, tolerating a crash and damage.
 
 A line cut short by a crash (no final newline) is skipped and counted as ``torn``; a complete line that does not
-decode -- broken JSON, or a field of the wrong type -- is skipped and counted as ``corrupt``; everything else is
-loaded. A damaged ``run.json`` is read for what is usable in it (``read_run_meta``). Nothing here executes or
-unpickles data.
+decode -- broken JSON, a field of the wrong type, or longer than ``layout.MAX_LINE_BYTES`` (streamed past, never
+held whole) -- is skipped and counted as ``corrupt``; everything else is loaded. A damaged ``run.json`` is read for
+what is usable in it (``read_run_meta``). Nothing here executes or unpickles data.
 
 A process's records may span several segment files (``store.segments``); a ``ProcessLog`` is one process, its
 segments read in order. Records are read when first asked for, so ``open_run`` itself only lists the files.
@@ -18,13 +18,14 @@ import json
 import os
 import stat
 from collections.abc import Iterable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from .._version import __version__
 from ..identity import Identity
 from .codec import INT64_MAX, READ_VERSIONS, decode_identity, decode_line, untag_nonfinite
-from .layout import FORMAT_VERSION, RUN_META, is_agent_file
+from .layout import FORMAT_VERSION, MAX_LINE_BYTES, RUN_META, is_agent_file, skip_rest_of_line
 from .segments import SegmentName, parse_segment_name, process_segments
 
 __all__ = ["FormatVersionError", "NotARunError", "ProcessLog", "Run", "check_run_format", "find_runs", "in_start_order",
@@ -209,9 +210,6 @@ def fallback_identity(path: Path, meta: dict[str, Any]) -> Identity:
     )
 
 
-_fallback_identity = fallback_identity  # the name other modules imported
-
-
 def read_segment(path: Path, meta: dict[str, Any], into: list[Any],
                  identity: Identity | None = None) -> tuple[Identity | None, int, int, dict[str, Any]]:
     """Append the records of one segment file to ``into``; returns (the identity in force at its end, torn, corrupt,
@@ -244,8 +242,12 @@ class SegmentScan:
         wanted = self.wanted
         first = True
         with open(self.path, "rb") as fh:
-            for n, raw in enumerate(fh):
-                if raw[-1:] != b"\n":  # the last line, cut short by a crash (or still being written)
+            # at most MAX_LINE_BYTES and its newline at a time: a longer line is never held whole
+            for n, raw in enumerate(iter(partial(fh.readline, MAX_LINE_BYTES + 1), b"")):
+                if raw[-1:] != b"\n":  # the last line, cut short by a crash (or still being written), or too long
+                    if len(raw) > MAX_LINE_BYTES and skip_rest_of_line(fh) is not None:
+                        first, self.corrupt = False, self.corrupt + 1
+                        continue
                     if raw.strip():
                         self.torn = 1
                     break
@@ -440,9 +442,6 @@ def read_run_meta(path: Path) -> dict[str, Any]:
         if key in meta and type(meta[key]) is not dict:
             del meta[key]
     return meta
-
-
-_read_meta = read_run_meta
 
 
 def in_start_order(logs: Iterable[ProcessLog]) -> list[ProcessLog]:
