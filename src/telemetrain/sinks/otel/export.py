@@ -207,13 +207,7 @@ class PushMetricReader(MetricReader):
             scope, resource, take = self.extra
             extra, self.kept = self.kept + take(), []
             if extra:
-                ours = ScopeMetrics(scope, extra, "")
-                if metrics_data is not None and metrics_data.resource_metrics:
-                    first, *rest = metrics_data.resource_metrics
-                    merged = ResourceMetrics(first.resource, [*first.scope_metrics, ours], first.schema_url)
-                    metrics_data = MetricsData([merged, *rest])
-                else:
-                    metrics_data = MetricsData([ResourceMetrics(resource, [ours], "")])
+                metrics_data = _with_extra(metrics_data, scope, resource, extra)
         if metrics_data is None:
             return
         exporter = self.route.pick()
@@ -237,6 +231,24 @@ class PushMetricReader(MetricReader):
         self.exporter.shutdown(timeout_millis=timeout_millis)
         if self.quick is not None:
             self.quick.shutdown(timeout_millis=timeout_millis)
+
+
+def _with_extra(data: MetricsData | None, scope: InstrumentationScope, resource: Resource,
+                extra: list[Metric]) -> MetricsData:
+    """``data`` with ``extra`` added to its first resource, in the ScopeMetrics of ``scope`` when the SDK's export
+    has one: the OTLP encoder keys scopes by their InstrumentationScope, so a second ScopeMetrics of the same scope
+    would replace the first on the wire (every gauge and counter of the export lost)."""
+    if data is None or not data.resource_metrics:
+        return MetricsData([ResourceMetrics(resource, [ScopeMetrics(scope, extra, "")], "")])
+    first, *rest = data.resource_metrics
+    scopes = list(first.scope_metrics)
+    for i, sm in enumerate(scopes):
+        if sm.scope == scope:
+            scopes[i] = ScopeMetrics(sm.scope, [*sm.metrics, *extra], sm.schema_url)
+            break
+    else:
+        scopes.append(ScopeMetrics(scope, extra, ""))
+    return MetricsData([ResourceMetrics(first.resource, scopes, first.schema_url), *rest])
 
 
 class GivenIds(IdGenerator):
