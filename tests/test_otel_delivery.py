@@ -3,6 +3,7 @@ receiver built on ``opentelemetry-proto`` (``test_otel_conventions._Receiver``) 
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -216,3 +217,27 @@ def test_a_batch_stored_but_answered_too_late_comes_again_with_the_same_ids(tmp_
     assert samples[-1].data_points[0].as_double == 40.0
     # the gauges go out with the histograms of the same export (one scope), not replaced by them
     assert len([d for name, _, d in _sent(receiver) if name == "telemetrain.loss"]) == len(receiver.metrics)
+
+
+def test_delta_counters_of_a_failed_export_are_sent_again(tmp_path: Path, receiver: _Receiver,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # A backend that asks for delta sums (OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE=delta): each export
+    # carries only the increase since the last, so the increase of an export that failed (503 while the collector
+    # restarts) was lost for good. It is kept and sent again, like the histogram points: the deltas received add up.
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta")
+    t, sink, _ = _while_down(tmp_path, receiver)
+    with pytest.warns(RuntimeWarning, match="otel"):
+        for step in range(3):
+            t.metric("train.samples", 8.0 * (step + 1), unit="{sample}", group="train")
+        t.flush(timeout=30)
+    assert _otel_health(t)["failures"] >= 1
+    receiver.unavailable = False
+    for step in range(3, 5):
+        t.metric("train.samples", 8.0 * (step + 1), unit="{sample}", group="train")
+    assert t.close(timeout=30)
+    samples = [d for name, _, d in _sent(receiver) if name == "telemetrain.train.samples"]
+    assert {d.aggregation_temporality for d in samples} == {1}  # delta, as asked
+    windows = sorted((p.start_time_unix_nano, p.time_unix_nano, p.as_double) for d in samples for p in d.data_points)
+    assert sum(value for _, _, value in windows) == 40.0
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(windows))  # adjacent windows, none twice
+    assert sink.dropped_histograms == 0
