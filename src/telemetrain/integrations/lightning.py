@@ -35,6 +35,7 @@ older package is installed); ``callback_class("pytorch_lightning")`` gives the c
 from __future__ import annotations
 
 import importlib
+import itertools
 import time
 from typing import Any
 
@@ -420,12 +421,14 @@ def _loader_batch_size(loader: Any) -> int | None:
 
 
 def _batch_size(batch: Any) -> int | None:
-    """The first tensor's leading dimension in a batch (a tensor, a sequence or a mapping of them)."""
+    """The first tensor's leading dimension in a batch (a tensor, a sequence or a mapping of them), looked for
+    among the first few items of each level (read at every micro-batch: a batch that holds a long list of strings
+    costs no walk through it)."""
     shape = getattr(batch, "shape", None)
     if shape is not None:
         return int(shape[0]) if len(shape) else None
     items = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
-    for item in items:
+    for item in itertools.islice(items, 8):
         size = _batch_size(item)
         if size:
             return size
