@@ -353,7 +353,10 @@ class TelemetrainHFCallback(HFEvalCheckpointHooks, TrainerCallback):  # (ours fi
         self.micro_batches += 1
         try:
             samples, tokens = self._step_size(state)
-            self.recorder.on_training_single_iteration_end(samples=samples, tokens=tokens)
+            if (samples is None and tokens is None) or not isinstance(self.recorder, TrainingRecorder):
+                self.recorder.on_training_single_iteration_end()  # (one-logger's callbacks take no sizes)
+            else:
+                self.recorder.on_training_single_iteration_end(samples=samples, tokens=tokens)
             if self._config_pending:
                 self._config_pending = False
                 self._set_batch_shape()

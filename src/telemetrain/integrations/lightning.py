@@ -310,7 +310,7 @@ class _LightningTelemetry(LightningCheckpointHooks, LightningEvalLoopHooks, Ligh
                 self.optimizer_steps += 1
                 if iteration.exported:
                     iteration.set_attribute("micro_batches", self._micro)
-                self.recorder.on_training_single_iteration_end(samples=self._short_step())
+                self._end_iteration(self.recorder)
         except Exception as exc:  # noqa: BLE001
             self._failed("on_train_batch_end", exc)
 
@@ -354,6 +354,15 @@ class _LightningTelemetry(LightningCheckpointHooks, LightningEvalLoopHooks, Ligh
             except Exception as exc:  # noqa: BLE001
                 self._failed("on_before_optimizer_step", exc)
 
+    def _end_iteration(self, recorder: Any) -> None:
+        """End the training iteration with its samples when they are not a global batch (``_short_step``); a
+        recorder without sizes (one-logger's callbacks, a provider's) is given none."""
+        samples = self._short_step()
+        if samples is None or not isinstance(recorder, TrainingRecorder):
+            recorder.on_training_single_iteration_end()
+        else:
+            recorder.on_training_single_iteration_end(samples=samples)
+
     def _short_step(self) -> int | None:
         """The samples of the step just ended when its micro-batches took other than a full step's (the short last
         batch or accumulation group of an epoch), scaled as the global batch is to a full step; None: a global
@@ -390,7 +399,7 @@ class _LightningTelemetry(LightningCheckpointHooks, LightningEvalLoopHooks, Ligh
             iteration, self._iteration = self._iteration, None
             if iteration is not None:  # batches after the last optimizer step (manual optimization): ended, flagged
                 iteration.set_attributes({"micro_batches": self._micro, "optimizer_step": False})
-                recorder.on_training_single_iteration_end(samples=self._short_step())
+                self._end_iteration(recorder)
             loop, self._loop = self._loop, None
             if loop is not None:
                 loop.set_attribute("micro_batches", self._loop_micro)
