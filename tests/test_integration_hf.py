@@ -79,7 +79,7 @@ def _model() -> Any:
     return FlakyGPT2(config)
 
 
-def _trainer(tmp_path: Path, cb: Any, model: Any | None = None, **overrides: Any) -> Any:
+def _trainer(tmp_path: Path, cb: Any, model: Any | None = None, *, train: Any = None, **overrides: Any) -> Any:
     settings: dict[str, Any] = dict(
         output_dir=str(tmp_path / "out"), max_steps=10, per_device_train_batch_size=BATCH,
         per_device_eval_batch_size=BATCH, gradient_accumulation_steps=ACCUM, eval_strategy="steps", eval_steps=5,
@@ -88,7 +88,8 @@ def _trainer(tmp_path: Path, cb: Any, model: Any | None = None, **overrides: Any
     settings.update(overrides)
     args = transformers.TrainingArguments(**settings)
     return transformers.Trainer(model=model if model is not None else _model(), args=args,
-                                train_dataset=Tokens(64), eval_dataset=Tokens(12, seed=1), callbacks=[cb])
+                                train_dataset=Tokens(64) if train is None else train, eval_dataset=Tokens(12, seed=1),
+                                callbacks=[cb])
 
 
 class Span(NamedTuple):
@@ -347,6 +348,66 @@ def test_epoch_logging_reports_the_derived_metrics_with_each_epoch_log(tmp_path:
     reports = _events(records, "training_metrics_update")
     assert [r["current_iteration"] for r in reports] == [5, 11]
     assert _events(records, "update_training_telemetry_config")[-1]["log_every_n_train_iterations"] == 6
+
+
+def test_a_short_last_batch_counts_its_own_samples(tmp_path: Path, telemetry: Telemetry,
+                                                   read_run: Callable[..., Any]) -> None:
+    """22 samples in batches of 4, accumulation 2: micro-batches of 4, 4, 4, 4, 4 and 2, so an epoch's steps take
+    8, 8 and 6 samples. Each epoch counts 22 samples (and 22 x SEQ tokens), not 3 full global batches (24), and the
+    samples/s of its report are over those 22."""
+    cb = hf.TelemetrainHFCallback(telemetry=telemetry)
+    trainer = _trainer(tmp_path, cb, train=Tokens(22), max_steps=-1, num_train_epochs=2, logging_steps=3,
+                       eval_strategy="no", save_strategy="no")
+    trainer.train()
+    assert trainer.state.global_step == 6 and cb.failures == 0
+    records = read_run(telemetry)
+    reports = _events(records, "training_metrics_update")
+    assert [r["current_iteration"] for r in reports] == [2, 5]
+    assert [r["num_train_samples"] for r in reports] == [22, 44]
+    assert [r["train_tokens"] for r in reports] == [22 * SEQ, 44 * SEQ]
+    assert _metrics(records, "train.samples", group="training") == [(2, 22), (5, 44)]
+    for report in reports:  # samples/s: the window's 22 samples over the time it ran
+        run_s = report["window_seconds"] - report["window_paused_seconds"]
+        assert report["window_samples"] == 22 and report["samples_per_second"] == pytest.approx(22 / run_s)
+    assert cb.micro_batches == 12
+
+
+def test_max_steps_mid_epoch_counts_the_short_step_before_it(tmp_path: Path, telemetry: Telemetry,
+                                                            read_run: Callable[..., Any]) -> None:
+    """max_steps=4 over epochs of 3 steps (8, 8 and 6 samples): the run ends one step into the second epoch,
+    22 + 8 samples."""
+    cb = hf.TelemetrainHFCallback(telemetry=telemetry)
+    trainer = _trainer(tmp_path, cb, train=Tokens(22), max_steps=4, logging_steps=4, eval_strategy="no",
+                       save_strategy="no")
+    trainer.train()
+    assert trainer.state.global_step == 4
+    (report,) = _events(read_run(telemetry), "training_metrics_update")
+    assert report["num_train_samples"] == 30 and report["train_tokens"] == 30 * SEQ
+
+
+class Padded(Tokens):
+    """Sequences whose last ``i % 4`` positions are padding (``attention_mask`` 0)."""
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        mask = torch.ones(SEQ, dtype=torch.long)
+        mask[SEQ - i % 4:] = 0
+        return {"input_ids": self.ids[i], "labels": self.ids[i], "attention_mask": mask}
+
+
+def test_the_trainers_own_token_count_is_the_tokens(tmp_path: Path, telemetry: Telemetry,
+                                                    read_run: Callable[..., Any]) -> None:
+    """``include_num_input_tokens_seen="non_padding"``: the Trainer counts the tokens that are not padding (all
+    ranks), and the derived metrics count those, not samples x the padded length."""
+    data = Padded(22)
+    cb = hf.TelemetrainHFCallback(telemetry=telemetry)
+    trainer = _trainer(tmp_path, cb, train=data, max_steps=-1, num_train_epochs=1, logging_steps=3,
+                       eval_strategy="no", save_strategy="no", include_num_input_tokens_seen="non_padding",
+                       remove_unused_columns=False)
+    trainer.train()
+    real = sum(int(data[i]["attention_mask"].sum()) for i in range(len(data)))
+    assert real < 22 * SEQ and trainer.state.num_input_tokens_seen == real
+    (report,) = _events(read_run(telemetry), "training_metrics_update")
+    assert report["num_train_samples"] == 22 and report["train_tokens"] == real
 
 
 def test_overrides_go_on_top_of_the_derived_config(tmp_path: Path, telemetry: Telemetry,

@@ -323,6 +323,20 @@ def test_phases_split_each_iteration(tmp_path: Path, t: telemetrain.Telemetry) -
     assert final["avg_forward_time_sec"] + final["avg_backward_time_sec"] < final["avg_iteration_time_sec"]
 
 
+def test_a_short_last_step_counts_the_samples_it_took(tmp_path: Path, t: telemetrain.Telemetry) -> None:
+    """11 samples in batches of 2 (the last one 1), accumulation 2: an epoch's steps take 4, 4 and 3 samples.
+    Two epochs count 22 samples, not 6 global batches (24)."""
+    callback = tl.TelemetrainCallback(telemetry=t)
+    tr = trainer(tmp_path, callback, enable_checkpointing=False, callbacks=[callback], num_sanity_val_steps=0)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*(num_workers|does not have many workers|LeafSpec).*")
+        tr.fit(Tiny(), loader(11))
+    assert tr.global_step == 6 and callback.failures == 0
+    reports = [e.attributes for e in events(records(t), "training_metrics_update")]
+    assert [r["num_train_samples"] for r in reports if not r["final"]] == [4, 8, 11, 15, 19, 22]
+    assert reports[-1]["num_train_samples"] == 22
+
+
 def test_manual_optimization_counts_optimizer_steps(tmp_path: Path, t: telemetrain.Telemetry) -> None:
     """Manual optimization stepping every third batch: an iteration is still an optimizer step."""
 

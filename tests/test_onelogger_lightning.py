@@ -97,6 +97,23 @@ def test_a_configured_provider_receives_the_run(provider: TrainingTelemetryProvi
     assert any(r.kind == "span_end" and r.name == "application" for r in records)
 
 
+def test_a_short_step_reaches_a_provider_that_takes_no_sizes(provider: TrainingTelemetryProvider, tmp_path: Path,
+                                                              telemetry: telemetrain.Telemetry) -> None:
+    # 15 samples in batches of 2: each epoch's last step takes 3 samples, not 4. telemetrain's recorder is told so;
+    # one-logger's callbacks take no sizes: they get the plain call, and the iteration still ends.
+    exporter = Recording()
+    provider.with_base_config(base_config(telemetry_config=training_config(log_every_n_train_iterations=2)))
+    provider.with_exporter(exporter).with_delivery_wait(10).configure_provider()
+    trainer = lt.OneLoggerPTLTrainer(trainer_config=_config(tmp_path), training_telemetry_provider=provider)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        trainer.fit(Tiny(), _loader(15), _loader(4))
+    cb.on_app_end()
+    assert trainer.global_step == 8 and trainer.telemetry_callback.failures == 0
+    assert [e.attributes.to_json()["current_iteration"] for e in exporter.events("training_metrics_update")] == \
+        [1, 3, 5, 7]
+
+
 def test_without_a_provider_the_callback_records_to_telemetrains_recorder(tmp_path: Path,
                                                                          telemetry: telemetrain.Telemetry) -> None:
     trainer = lt.OneLoggerPTLTrainer(_config(tmp_path), telemetry_callback=tl.TelemetrainCallback(telemetry=telemetry))

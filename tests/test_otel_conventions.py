@@ -73,6 +73,10 @@ class _Receiver(ThreadingHTTPServer):
         self.delay_s = 0.0  # a slow collector: each answer waits this long
         self.unavailable = False  # a collector restarting: 503, which the OTLP exporters retry
         self.rejecting = False  # a collector that rejects what it gets: 400, which no one sends again
+        # paths (/v1/traces, /v1/metrics) whose next request is stored, then answered only after late_s: the client
+        # has timed out meanwhile and sends it again (at-least-once delivery's duplicate)
+        self.late_once: set[str] = set()
+        self.late_s = 0.0
 
     @property
     def base(self) -> str:
@@ -135,6 +139,11 @@ class _Handler(BaseHTTPRequestHandler):
             return
         with self.server.lock:
             target.append(request)
+            late = self.path in self.server.late_once
+            self.server.late_once.discard(self.path)
+        if late:
+            time.sleep(self.server.late_s)
+            return  # the client gave up long ago: no one to answer
         payload = response.SerializeToString()
         self.send_response(200)
         self.send_header("Content-Type", "application/x-protobuf")

@@ -520,3 +520,26 @@ def test_a_histogram_without_min_and_max_leaves_them_unset_in_otlp(tmp_path: Pat
                 for p in m.exponential_histogram.data_points]
     assert point.count == 10 and point.sum == pytest.approx(0.55)
     assert not point.HasField("min") and not point.HasField("max")
+
+
+def test_the_gauges_of_an_export_with_histograms_reach_the_wire(tmp_path: Path) -> None:
+    """A stat's histogram points go out in the SDK's own scope of the same export: the OTLP encoder keys scopes by
+    name and version, so a second ``telemetrain`` scope replaced the first, and with it every gauge and counter."""
+    from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+
+    from telemetrain.stats import Stat
+
+    exporter = _CapturingMetrics()
+    t = Telemetry(store=tmp_path)
+    t.add_sink(OTelSink(TracerProvider(), metric_exporter=exporter))
+    stat = Stat("step_time", ["histogram", "sum"], samples=4, unit="s", telemetry=t)
+    t.metric("loss", 0.5, group="train")
+    t.metric("train.samples", 32, unit="{sample}", group="train")
+    for k in range(4):
+        stat.add(0.01 * (k + 1))
+    assert t.flush()
+    t.close()
+    wire = [sorted((sm.scope.name, m.name) for rm in encode_metrics(data).resource_metrics
+                   for sm in rm.scope_metrics for m in sm.metrics) for data in exporter.exported]
+    assert wire[0] == [("telemetrain", "telemetrain.loss"), ("telemetrain", "telemetrain.step_time"),
+                       ("telemetrain", "telemetrain.step_time.sum"), ("telemetrain", "telemetrain.train.samples")]

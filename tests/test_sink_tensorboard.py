@@ -224,6 +224,38 @@ def test_an_unwritable_logdir_is_contained_and_counted(tmp_path: Path) -> None:
     assert any(r.kind == "diagnostic" and r.name == "sink_error" and r.sink == "tensorboard" for r in records)
 
 
+def test_a_torn_write_does_not_hide_the_records_after_it(tmp_path: Path) -> None:
+    # A file size limit (as a full disk would) lets only part of a batch reach the file: that batch fails, and its
+    # torn record is cut off again, so TensorBoard still reads what is written once there is room (it stopped at the
+    # torn record before). In a subprocess: the limit is the process's.
+    code = textwrap.dedent(f"""
+        import glob, os, resource, signal
+        import telemetrain
+        from telemetrain.sinks.tensorboard import TensorBoardSink
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+        t = telemetrain.Telemetry(store=False)
+        t.add_sink(TensorBoardSink({str(tmp_path)!r}, run_subdirs=False))
+        t.metric("a", 1.0, step=1)
+        assert t.flush()
+        size = os.path.getsize(glob.glob({str(tmp_path)!r} + "/events*")[0])
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size + 20, hard))  # room for part of the next batch
+        for step in range(2, 5):
+            t.metric("a", float(step), step=step)
+        t.flush()
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        for step in range(5, 8):
+            t.metric("a", float(step), step=step)
+        t.close()
+        (tb,) = [s for s in t.health()["sinks"] if s["sink"] == "tensorboard"]
+        print(tb["failures"], tb["delivered"])
+    """)
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, check=True)
+    failures, delivered = map(int, out.stdout.split())
+    assert failures >= 1 and delivered == 4  # the torn batch failed (steps 2-4), the others were delivered
+    assert [p[:2] for p in scalars(tmp_path)["a"]] == [(1, 1.0), (5, 5.0), (6, 6.0), (7, 7.0)]
+
+
 def test_two_processes_of_a_run_get_their_own_directories(tmp_path: Path) -> None:
     t = telemetrain.Telemetry(store=False)
     sink = TensorBoardSink(tmp_path)

@@ -13,7 +13,9 @@ The mapping (read from ``Trainer._inner_training_loop``/``_run_epoch``/``_maybe_
 - An iteration is an optimizer step: ``on_step_begin`` (first micro-batch; the step's batches are already fetched)
   .. ``on_step_end`` (after ``optimizer.step``, the scheduler and ``zero_grad``). Micro-batches (``on_substep_end``
   and the step's last one) are counted: ``micro_batches``, a metric at each training log and an attribute of the
-  loop span.
+  loop span. A step counts a global batch of samples, or, when its micro-batches took fewer (the short last batch or
+  accumulation step of an epoch), what they took (a forward pre-hook adds up their sizes); its tokens are the
+  Trainer's ``num_input_tokens_seen`` when it keeps that count.
   ``on_pre_optimizer_step`` .. ``on_optimizer_step`` is the ``optimizer_update`` sub-phase.
 - Evaluation and prediction have no start hook, only ``on_prediction_step`` after each batch and ``on_evaluate`` /
   ``on_predict`` at the end, which alone say which it was. Their batch times are kept and written as a
@@ -48,7 +50,7 @@ catches it and retries would leave its spans open.)
 
 Config: a given ``TrainingTelemetryConfig`` is used as is; else it is derived at each ``on_train_begin``:
 ``global_batch_size`` = train batch per device x gradient accumulation x ``world_size``; ``micro_batch_size`` and
-``seq_length`` from the first batch's ``input_ids`` (a forward pre-hook on the model, removed after one batch);
+``seq_length`` from the first batch's main input (``input_ids``: the forward pre-hook on the model);
 ``log_every_n_train_iterations`` = ``state.logging_steps`` (with ``logging_strategy="epoch"``: the steps of an
 epoch); ``train_iterations_target`` = ``state.max_steps``;
 keyword arguments override any field (``flops_per_sample=...`` for TFLOP/s and MFU). Telemetry never breaks
@@ -120,7 +122,7 @@ class TelemetrainHFCallback(HFEvalCheckpointHooks, TrainerCallback):  # (ours fi
         self._log_hyperparams = bool(log_hyperparams)
         self.failures = 0  # exceptions inside this callback's hooks (each also an error event; training goes on)
         self.micro_batches = 0  # micro-batches of the current (or last) train() call
-        self.seq_length: int | None = None  # from the first batch's input_ids
+        self.seq_length: int | None = None  # from the first batch's main input (input_ids)
         self.micro_batch_size: int | None = None
         self._app: Span | None = None  # the application span this callback opened
         self._loop: Span | None = None
@@ -132,7 +134,11 @@ class TelemetrainHFCallback(HFEvalCheckpointHooks, TrainerCallback):  # (ours fi
         self._eval_start_ns = 0
         self._eval_ends: list[int] = []  # the end of each evaluation/prediction batch not yet written
         self._eval_untimed = 0
-        self._hook: Any = None  # the forward pre-hook handle reading the first batch's shape
+        self._hook: Any = None  # the model's forward pre-hook while train() runs: each micro-batch's size
+        self._step_inputs = 0  # samples of this rank's micro-batches of the open step (-1: unknown)
+        self._full_step = 0  # ... in a full step (the batch per device x accumulation)
+        self._per_input = 1.0  # global samples per sample of this rank (the global batch / _full_step)
+        self._tokens_seen: int | None = None  # state.num_input_tokens_seen at the last step's end (None: not kept)
         self._derived: TrainingTelemetryConfig | None = None  # the config derived at the last train()
         self._config_pending = False  # the derived config, with the first batch's shape, is to be set
         self._save_due = -1  # the global step of a save the Trainer is to make next (-1: none)
@@ -184,9 +190,7 @@ class TelemetrainHFCallback(HFEvalCheckpointHooks, TrainerCallback):  # (ours fi
             self._origin_ns = 0
             self.micro_batches = 0
             self._loop = recorder.on_train_start(state.global_step, None, state.max_steps or None)
-            model = kwargs.get("model")
-            if self.seq_length is None and self._hook is None and model is not None:
-                self._hook = model.register_forward_pre_hook(self._read_batch, with_kwargs=True)
+            self._count_steps(args, state, kwargs.get("model"))
             self._boundary_ns = self._last_hook_ns = _mono()
         except Exception as exc:  # noqa: BLE001 - telemetry never breaks training
             self._failed("on_train_begin", exc)
@@ -236,21 +240,54 @@ class TelemetrainHFCallback(HFEvalCheckpointHooks, TrainerCallback):  # (ours fi
                 self._derived = dataclasses.replace(derived, **shape)
                 self.recorder.set_training_telemetry_config(self._derived)
 
+    def _count_steps(self, args: TrainingArguments, state: TrainerState, model: Any) -> None:
+        """What each step's samples and tokens are counted from: the micro-batches' sizes, read by a forward
+        pre-hook on the model, scaled as the global batch is to a full step (a short last batch or accumulation
+        step of an epoch counts what it took, not a global batch); the tokens from the Trainer's own
+        ``num_input_tokens_seen`` (all ranks), when it keeps it (``include_num_input_tokens_seen``)."""
+        self._full_step = int(state.train_batch_size or args.train_batch_size) * max(
+            int(args.gradient_accumulation_steps), 1)
+        config = self.recorder.config
+        given = config.global_batch_size_or_fn if config is not None else None
+        self._per_input = given / self._full_step if type(given) is int and self._full_step else max(
+            int(args.world_size), 1)
+        self._step_inputs = 0
+        kept = getattr(args, "include_num_input_tokens_seen", "no") not in ("no", False, None)
+        self._tokens_seen = int(state.num_input_tokens_seen) if kept else None
+        if self._hook is None and model is not None:
+            self._hook = model.register_forward_pre_hook(self._read_batch, with_kwargs=True)
+
     def _read_batch(self, module: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
-        """The model's forward pre-hook, for one batch: its ``input_ids`` shape is the micro-batch and the sequence
-        length (padded). An evaluation batch (the model in eval mode: ``eval_on_start``) is passed over."""
+        """The model's forward pre-hook while train() runs: the micro-batch's size (its main input's first
+        dimension) is counted for the step; the first one's shape is also the micro-batch and the sequence length
+        (padded). An evaluation batch (the model in eval mode: ``eval_on_start``) is passed over."""
         if not getattr(module, "training", True):
             return
         try:
-            ids = kwargs.get("input_ids")
+            ids = kwargs.get(getattr(module, "main_input_name", None) or "input_ids")
             if ids is None and args:
                 ids = args[0]
             shape = getattr(ids, "shape", None)
-            if shape is not None and len(shape) >= 2:
+            if not shape or self._step_inputs < 0:
+                self._step_inputs = -1  # (a batch without a size: the step counts a global batch)
+                return
+            self._step_inputs += int(shape[0])
+            if self.seq_length is None and len(shape) >= 2:
                 self.micro_batch_size, self.seq_length = int(shape[0]), int(shape[-1])
                 self._config_pending = self._derived is not None  # set at this step's end, outside the forward
-        finally:
-            self._remove_hook()
+        except Exception as exc:  # noqa: BLE001 - inside the model's forward: telemetry never breaks training
+            self._failed("forward pre-hook", exc)
+
+    def _step_size(self, state: TrainerState) -> tuple[int | None, int | None]:
+        """The samples and tokens of the step just ended, where they are not the defaults (a global batch, and
+        samples x seq_length)."""
+        inputs, self._step_inputs = self._step_inputs, 0
+        samples = round(inputs * self._per_input) if 0 < inputs != self._full_step else None
+        tokens = None
+        if self._tokens_seen is not None:
+            seen = int(state.num_input_tokens_seen)
+            tokens, self._tokens_seen = max(seen - self._tokens_seen, 0), seen
+        return samples, tokens
 
     def _remove_hook(self) -> None:
         hook, self._hook = self._hook, None
@@ -315,7 +352,11 @@ class TelemetrainHFCallback(HFEvalCheckpointHooks, TrainerCallback):  # (ours fi
                     **kwargs: Any) -> None:
         self.micro_batches += 1
         try:
-            self.recorder.on_training_single_iteration_end()
+            samples, tokens = self._step_size(state)
+            if (samples is None and tokens is None) or not isinstance(self.recorder, TrainingRecorder):
+                self.recorder.on_training_single_iteration_end()  # (one-logger's callbacks take no sizes)
+            else:
+                self.recorder.on_training_single_iteration_end(samples=samples, tokens=tokens)
             if self._config_pending:
                 self._config_pending = False
                 self._set_batch_shape()

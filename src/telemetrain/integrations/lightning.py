@@ -35,6 +35,7 @@ older package is installed); ``callback_class("pytorch_lightning")`` gives the c
 from __future__ import annotations
 
 import importlib
+import itertools
 import time
 from typing import Any
 
@@ -105,6 +106,7 @@ class _LightningTelemetry(LightningCheckpointHooks, LightningEvalLoopHooks, Ligh
         self._phase: Span | None = None  # open sub-phase span of the iteration (phases=True)
         self._step_at_start = 0
         self._micro = 0  # micro-batches in the open iteration
+        self._step_inputs = 0  # this rank's samples of those micro-batches (-1: one had no size)
         self._loop_micro = 0
         self._eval: dict[str, Span | None] = {}  # open validation/testing loop and iteration spans, by name
         self._reset_checkpoints()
@@ -288,8 +290,11 @@ class _LightningTelemetry(LightningCheckpointHooks, LightningEvalLoopHooks, Ligh
                 if self._learn_from_batch:
                     self._learn_batch_size(batch)
                 self._micro = 1
+                self._step_inputs = 0
                 self._step_at_start = trainer.global_step
                 self._iteration = self.recorder.on_training_single_iteration_start()
+            size = _batch_size(batch) if self._step_inputs >= 0 else None
+            self._step_inputs = self._step_inputs + size if size else -1
             if self._phases:
                 self._phase_to(S.MODEL_FORWARD)
         except Exception as exc:  # noqa: BLE001
@@ -305,7 +310,7 @@ class _LightningTelemetry(LightningCheckpointHooks, LightningEvalLoopHooks, Ligh
                 self.optimizer_steps += 1
                 if iteration.exported:
                     iteration.set_attribute("micro_batches", self._micro)
-                self.recorder.on_training_single_iteration_end()
+                self._end_iteration(self.recorder)
         except Exception as exc:  # noqa: BLE001
             self._failed("on_train_batch_end", exc)
 
@@ -349,6 +354,27 @@ class _LightningTelemetry(LightningCheckpointHooks, LightningEvalLoopHooks, Ligh
             except Exception as exc:  # noqa: BLE001
                 self._failed("on_before_optimizer_step", exc)
 
+    def _end_iteration(self, recorder: Any) -> None:
+        """End the training iteration with its samples when they are not a global batch (``_short_step``); a
+        recorder without sizes (one-logger's callbacks, a provider's) is given none."""
+        samples = self._short_step()
+        if samples is None or not isinstance(recorder, TrainingRecorder):
+            recorder.on_training_single_iteration_end()
+        else:
+            recorder.on_training_single_iteration_end(samples=samples)
+
+    def _short_step(self) -> int | None:
+        """The samples of the step just ended when its micro-batches took other than a full step's (the short last
+        batch or accumulation group of an epoch), scaled as the global batch is to a full step; None: a global
+        batch (a full step, or sizes unknown: an explicit config, a batch without a tensor)."""
+        inputs, self._step_inputs = self._step_inputs, 0
+        full = (self._micro_batch_size or 0) * self._accumulate
+        if self._config is not None or not full or inputs <= 0 or inputs == full:
+            return None
+        config = self.recorder.config
+        given = config.global_batch_size_or_fn if config is not None else None
+        return round(inputs * (given / full if type(given) is int else self._world))
+
     def _learn_batch_size(self, batch: Any) -> None:
         """The first batch's size (no loader batch size was known): the config is sent again with it."""
         self._learn_from_batch = False
@@ -373,7 +399,7 @@ class _LightningTelemetry(LightningCheckpointHooks, LightningEvalLoopHooks, Ligh
             iteration, self._iteration = self._iteration, None
             if iteration is not None:  # batches after the last optimizer step (manual optimization): ended, flagged
                 iteration.set_attributes({"micro_batches": self._micro, "optimizer_step": False})
-                recorder.on_training_single_iteration_end()
+                self._end_iteration(recorder)
             loop, self._loop = self._loop, None
             if loop is not None:
                 loop.set_attribute("micro_batches", self._loop_micro)
@@ -404,12 +430,14 @@ def _loader_batch_size(loader: Any) -> int | None:
 
 
 def _batch_size(batch: Any) -> int | None:
-    """The first tensor's leading dimension in a batch (a tensor, a sequence or a mapping of them)."""
+    """The first tensor's leading dimension in a batch (a tensor, a sequence or a mapping of them), looked for
+    among the first few items of each level (read at every micro-batch: a batch that holds a long list of strings
+    costs no walk through it)."""
     shape = getattr(batch, "shape", None)
     if shape is not None:
         return int(shape[0]) if len(shape) else None
     items = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
-    for item in items:
+    for item in itertools.islice(items, 8):
         size = _batch_size(item)
         if size:
             return size

@@ -197,14 +197,24 @@ class _EventFile:
         self.add_summary(summary, self.step, self.last_s)
 
     def write_out(self) -> None:
-        """Write the buffered records; on an error they are dropped (the batch is counted as failed)."""
+        """Write the buffered records; on an error they are dropped (the batch is counted as failed), the part
+        already written too: a torn record (a full disk, a file size limit) would hide every later one from
+        TensorBoard's readers."""
         parts = self.parts
         if not parts or self.fd is None:
             return
         data = memoryview(b"".join(parts))
         parts.clear()
-        while data:
-            data = data[os.write(self.fd, data) :]
+        start = os.lseek(self.fd, 0, os.SEEK_END)
+        try:
+            while data:
+                data = data[os.write(self.fd, data) :]
+        except BaseException:
+            try:
+                os.ftruncate(self.fd, start)
+            except OSError:
+                pass  # (the error raised below is the one to report)
+            raise
 
     def close(self) -> None:
         fd, self.fd = self.fd, None

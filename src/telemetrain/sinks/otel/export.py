@@ -18,6 +18,7 @@ from typing import Any
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
     Metric,
     MetricExporter,
     MetricExportResult,
@@ -25,6 +26,7 @@ from opentelemetry.sdk.metrics.export import (
     MetricsData,
     ResourceMetrics,
     ScopeMetrics,
+    Sum,
 )
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
@@ -95,8 +97,8 @@ def _cause() -> str:
 
 # A failed export's spans are sent again with the next export, oldest first, in chunks of the SDK batch processor's
 # default size (so a backlog never becomes one request over the collector's size limit), up to this many spans: past
-# it the oldest are dropped and counted. A stats' histogram points likewise (gauges and counters need nothing: each
-# export carries their latest values).
+# it the oldest are dropped and counted. A stats' histogram points and delta sums likewise (gauges and cumulative
+# counters need nothing: each export carries their latest values).
 MAX_KEPT_SPANS = 20_000
 MAX_KEPT_HISTOGRAMS = 10_000
 CHUNK_SPANS = 512
@@ -184,7 +186,8 @@ class DirectSpanExport(SpanProcessor):
 class PushMetricReader(MetricReader):
     """A reader that exports when the sink calls ``collect()`` (every ``metric_interval`` seconds and on flush).
 
-    ``quick``: as ``DirectSpanExport``'s. The histogram points of a failed export are kept for the next one."""
+    ``quick``: as ``DirectSpanExport``'s. The histogram points and delta sums of a failed export are kept for the
+    next one."""
 
     def __init__(self, exporter: MetricExporter, quick: MetricExporter | None = None) -> None:
         # the exporter's preferences (OTLP: cumulative), as the SDK's periodic reader takes them
@@ -203,17 +206,12 @@ class PushMetricReader(MetricReader):
 
     def _receive_metrics(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> None:
         extra: list[Metric] = []
+        sdk_data = metrics_data
         if self.extra is not None:
             scope, resource, take = self.extra
             extra, self.kept = self.kept + take(), []
             if extra:
-                ours = ScopeMetrics(scope, extra, "")
-                if metrics_data is not None and metrics_data.resource_metrics:
-                    first, *rest = metrics_data.resource_metrics
-                    merged = ResourceMetrics(first.resource, [*first.scope_metrics, ours], first.schema_url)
-                    metrics_data = MetricsData([merged, *rest])
-                else:
-                    metrics_data = MetricsData([ResourceMetrics(resource, [ours], "")])
+                metrics_data = _with_extra(metrics_data, scope, resource, extra)
         if metrics_data is None:
             return
         exporter = self.route.pick()
@@ -221,6 +219,7 @@ class PushMetricReader(MetricReader):
             result = exporter.export(metrics_data, timeout_millis=timeout_millis)
         self.route.failing = result is not MetricExportResult.SUCCESS
         if self.route.failing:
+            extra += _delta_sums(sdk_data)  # their increase is in no later export: sent again too
             if getattr(_exporting, "permanent", False):
                 self.dropped += len(extra)
                 extra = []
@@ -237,6 +236,34 @@ class PushMetricReader(MetricReader):
         self.exporter.shutdown(timeout_millis=timeout_millis)
         if self.quick is not None:
             self.quick.shutdown(timeout_millis=timeout_millis)
+
+
+def _delta_sums(data: MetricsData | None) -> list[Metric]:
+    """The delta sums of an export (counters, when the exporter prefers delta: OTLP's
+    ``OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE``). Cumulative sums and gauges need nothing kept: the next
+    export carries their latest values."""
+    if data is None:
+        return []
+    return [m for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+            if isinstance(m.data, Sum) and m.data.aggregation_temporality is AggregationTemporality.DELTA]
+
+
+def _with_extra(data: MetricsData | None, scope: InstrumentationScope, resource: Resource,
+                extra: list[Metric]) -> MetricsData:
+    """``data`` with ``extra`` added to its first resource, in the ScopeMetrics of ``scope`` when the SDK's export
+    has one: the OTLP encoder keys scopes by their InstrumentationScope, so a second ScopeMetrics of the same scope
+    would replace the first on the wire (every gauge and counter of the export lost)."""
+    if data is None or not data.resource_metrics:
+        return MetricsData([ResourceMetrics(resource, [ScopeMetrics(scope, extra, "")], "")])
+    first, *rest = data.resource_metrics
+    scopes = list(first.scope_metrics)
+    for i, sm in enumerate(scopes):
+        if sm.scope == scope:
+            scopes[i] = ScopeMetrics(sm.scope, [*sm.metrics, *extra], sm.schema_url)
+            break
+    else:
+        scopes.append(ScopeMetrics(scope, extra, ""))
+    return MetricsData([ResourceMetrics(first.resource, scopes, first.schema_url), *rest])
 
 
 class GivenIds(IdGenerator):

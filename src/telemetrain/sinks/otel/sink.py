@@ -91,8 +91,8 @@ class OTelSink(MetricSide, Sink):
     resource of the first record's identity (``otel_resource``) and ``span_exporter`` / ``metric_exporter``
     (default: OTLP over HTTP, configured by the standard ``OTEL_EXPORTER_OTLP_*`` variables). The sink's own
     providers export in the sink's thread, spans after every batch and metrics every ``metric_interval`` seconds and
-    on flush; a failed export raises, so the dispatcher counts it, and its spans (and stats' histogram points) are
-    sent again with the next export (at most ``MAX_KEPT_SPANS``; beyond, the oldest are dropped and counted in
+    on flush; a failed export raises, so the dispatcher counts it, and its spans (and stats' histogram points, delta
+    sums) are sent again with the next export (at most ``MAX_KEPT_SPANS``; beyond, the oldest are dropped and counted in
     ``dropped_spans``). The default OTLP exporters give up after ``export_timeout`` seconds (unless
     ``OTEL_EXPORTER_OTLP_*TIMEOUT`` says otherwise), and after ``QUICK_EXPORT_TIMEOUT_S`` while exports fail, so a
     dead collector cannot keep ``Telemetry.close()`` waiting past its timeout.
@@ -214,7 +214,7 @@ class OTelSink(MetricSide, Sink):
 
     @property
     def dropped_histograms(self) -> int:
-        """Stats' histogram points of failed exports that were never delivered (as ``dropped_spans``)."""
+        """Stats' histogram points (and delta sums) of failed exports never delivered (as ``dropped_spans``)."""
         return self._reader.dropped if self._reader is not None else 0
 
     def close(self) -> None:
