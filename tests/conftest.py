@@ -23,6 +23,7 @@ import pytest
 import telemetrain
 from _planted import PlantedRuns
 from telemetrain.sinks import Sink
+from telemetrain.span_lifecycle import _current
 from telemetrain.store import open_run
 from telemetrain.telemetry import _default
 
@@ -108,6 +109,15 @@ def _clean_env_and_no_leaks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         pytest.fail("; ".join(problems), pytrace=False)
 
 
+@pytest.fixture(autouse=True)
+def _no_current_span_across_tests() -> Iterator[None]:
+    """Each test starts with no current span and leaves none behind: pytest runs every test in one context, where a
+    span a test leaves current (open at its Telemetry's close, say) would become the parent of the next test's."""
+    token = _current.set(None)  # private: there is no public way to reset the current span
+    yield
+    _current.reset(token)
+
+
 @pytest.fixture(scope="session")
 def launched_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
     """The default demo, ``telemetrain demo --steps 40 --seed 1`` (two ranks under ``telemetrain launch``, rank 1
@@ -128,6 +138,17 @@ def planted_runs(tmp_path_factory: pytest.TempPathFactory) -> PlantedRuns:
     """The planted-problem jobs (``_planted.PlantedRuns``), each run once a session, for the tests that read them (a
     test that changes a run, compacting it, works on a copy)."""
     return PlantedRuns(tmp_path_factory.mktemp("planted"))
+
+
+@pytest.fixture(params=["python", "duckdb"])
+def engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The test runs twice, by the record-by-record pass and by the SQL path (the readers' choice,
+    ``store.engine.engine_for``, made by ``TELEMETRAIN_ENGINE``): the name of the path of this run."""
+    name = str(request.param)
+    if name == "duckdb":
+        pytest.importorskip("duckdb")
+    monkeypatch.setenv("TELEMETRAIN_ENGINE", name)
+    return name
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -20,20 +20,12 @@ import pytest
 from _device_sim import SimClock, skip_if_cuda_in_use
 from conftest import run_dir_of
 from telemetrain import Telemetry, TelemetryWarning
-from telemetrain.span_lifecycle import _current
 from telemetrain.spans import span, tracer
 from telemetrain.store import open_run
 from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
 from telemetrain.training import device_timing as dt
 
 MS = 1_000_000  # ns
-
-
-@pytest.fixture(autouse=True)
-def _no_current_span_across_tests() -> Iterator[None]:
-    token = _current.set(None)
-    yield
-    _current.reset(token)
 
 
 @pytest.fixture

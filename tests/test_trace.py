@@ -16,7 +16,6 @@ import subprocess
 import sys
 import time
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,13 +32,6 @@ from telemetrain.training import TrainingContexts, TrainingRecorder, TrainingTel
 HAS_PSUTIL = importlib.util.find_spec("psutil") is not None
 SESSION = "sess"
 KNOWN_NS = 2_345_678  # the duration of one span written with explicit times
-
-
-@pytest.fixture(autouse=True)
-def _no_current_span() -> Iterator[None]:
-    token = _current.set(None)  # each test starts outside any span (pytest runs tests in one context)
-    yield
-    _current.reset(token)
 
 
 def _identity(run_id: str, rank: int, host: str) -> Identity:

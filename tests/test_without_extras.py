@@ -15,14 +15,12 @@ import os
 import subprocess
 import sys
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import telemetrain
 from conftest import run_dir_of
-from telemetrain.span_lifecycle import _current
 from telemetrain.spans import span
 from telemetrain.store import open_run
 
@@ -30,13 +28,6 @@ HAS_PSUTIL = importlib.util.find_spec("psutil") is not None
 HAS_NVML = importlib.util.find_spec("pynvml") is not None
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 ABSENCE = "genuine" if not HAS_NVML else "import blocked"
-
-
-@pytest.fixture(autouse=True)
-def _no_current_span_across_tests() -> Iterator[None]:
-    token = _current.set(None)
-    yield
-    _current.reset(token)
 
 
 @pytest.fixture
