@@ -134,6 +134,21 @@ def launched_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subpr
 
 
 @pytest.fixture(scope="session")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """``telemetrain demo --steps 30 --seed 3 --no-crash --in-process`` (one rank, no launcher, no preemption), run
+    once for the tests that read it: its run directory and the process. Its readers only read the run."""
+    pytest.importorskip("torch")
+    root = tmp_path_factory.mktemp("in-process-demo")
+    env = {k: v for k, v in os.environ.items() if k not in IDENTITY_ENV}
+    proc = subprocess.run([sys.executable, "-m", "telemetrain.cli", "demo", "--steps", "30", "--root", str(root),
+                           "--seed", "3", "--no-crash", "--in-process"], capture_output=True, text=True, timeout=240,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr
+    (run_json,) = root.glob("*/*/run.json")
+    return run_json.parent, proc
+
+
+@pytest.fixture(scope="session")
 def planted_runs(tmp_path_factory: pytest.TempPathFactory) -> PlantedRuns:
     """The planted-problem jobs (``_planted.PlantedRuns``), each run once a session, for the tests that read them (a
     test that changes a run, compacting it, works on a copy)."""

@@ -49,15 +49,6 @@ def _synthetic_run(root: Path, run_id: str, **metrics: float) -> Path:
     return run_dir
 
 
-@pytest.fixture(scope="module")
-def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
-    pytest.importorskip("torch")
-    root = tmp_path_factory.mktemp("store")
-    proc = _run_cli("demo", "--steps", "30", "--root", str(root), "--seed", "3", "--no-crash", "--in-process")
-    assert proc.returncode == 0, proc.stderr
-    return _printed_run_dir(proc.stdout), proc
-
-
 def test_default_demo_is_a_launched_two_rank_job_restarted_by_the_agent(
         launched_demo: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
     """The default demo runs under `telemetrain launch --nproc-per-node 2`: rank 1 of the first attempt is preempted
@@ -142,7 +133,7 @@ def test_bad_steps_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_demo_prints_progress_and_hint(demo_run: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
     run_dir, proc = demo_run
-    assert run_dir.is_absolute() and run_dir.is_dir()
+    assert run_dir.is_absolute() and run_dir.is_dir() and _printed_run_dir(proc.stdout) == run_dir
     assert f"telemetrain show {run_dir}" in proc.stdout
     progress = [line for line in proc.stdout.splitlines() if line.startswith("step ")]
     assert len(progress) == 10  # every 10% of 30 steps
