@@ -87,7 +87,7 @@ def test_the_sampler_without_nvidia_ml_py_records_one_info_event_and_stays_silen
 @pytest.mark.skipif(not (HAS_PSUTIL and HAS_TORCH), reason="the demo needs torch and psutil (the [demo] extra)")
 def test_the_first_demo_without_nvidia_ml_py_prints_no_telemetry_warning(tmp_path: Path) -> None:
     root = tmp_path / "runs"
-    out = subprocess.run([sys.executable, "-m", "telemetrain.cli", "demo", "--steps", "12", "--root", str(root),
+    out = subprocess.run([sys.executable, "-m", "telemetrain.cli", "demo", "--steps", "3", "--root", str(root),
                           "--in-process", "--no-crash"], capture_output=True, text=True, timeout=300,
                          env=_blocked_nvml_path(tmp_path))
     text = out.stdout + out.stderr
