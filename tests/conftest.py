@@ -23,6 +23,7 @@ import pytest
 import telemetrain
 from _planted import PlantedRuns
 from telemetrain.sinks import Sink
+from telemetrain.span_lifecycle import _current
 from telemetrain.store import open_run
 from telemetrain.telemetry import _default
 
@@ -108,6 +109,15 @@ def _clean_env_and_no_leaks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         pytest.fail("; ".join(problems), pytrace=False)
 
 
+@pytest.fixture(autouse=True)
+def _no_current_span_across_tests() -> Iterator[None]:
+    """Each test starts with no current span and leaves none behind: pytest runs every test in one context, where a
+    span a test leaves current (open at its Telemetry's close, say) would become the parent of the next test's."""
+    token = _current.set(None)  # private: there is no public way to reset the current span
+    yield
+    _current.reset(token)
+
+
 @pytest.fixture(scope="session")
 def launched_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
     """The default demo, ``telemetrain demo --steps 40 --seed 1`` (two ranks under ``telemetrain launch``, rank 1
@@ -124,10 +134,36 @@ def launched_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subpr
 
 
 @pytest.fixture(scope="session")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """``telemetrain demo --steps 30 --seed 3 --no-crash --in-process`` (one rank, no launcher, no preemption), run
+    once for the tests that read it: its run directory and the process. Its readers only read the run."""
+    pytest.importorskip("torch")
+    root = tmp_path_factory.mktemp("in-process-demo")
+    env = {k: v for k, v in os.environ.items() if k not in IDENTITY_ENV}
+    proc = subprocess.run([sys.executable, "-m", "telemetrain.cli", "demo", "--steps", "30", "--root", str(root),
+                           "--seed", "3", "--no-crash", "--in-process"], capture_output=True, text=True, timeout=240,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr
+    (run_json,) = root.glob("*/*/run.json")
+    return run_json.parent, proc
+
+
+@pytest.fixture(scope="session")
 def planted_runs(tmp_path_factory: pytest.TempPathFactory) -> PlantedRuns:
     """The planted-problem jobs (``_planted.PlantedRuns``), each run once a session, for the tests that read them (a
     test that changes a run, compacting it, works on a copy)."""
     return PlantedRuns(tmp_path_factory.mktemp("planted"))
+
+
+@pytest.fixture(params=["python", "duckdb"])
+def engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The test runs twice, by the record-by-record pass and by the SQL path (the readers' choice,
+    ``store.engine.engine_for``, made by ``TELEMETRAIN_ENGINE``): the name of the path of this run."""
+    name = str(request.param)
+    if name == "duckdb":
+        pytest.importorskip("duckdb")
+    monkeypatch.setenv("TELEMETRAIN_ENGINE", name)
+    return name
 
 
 @pytest.fixture

@@ -246,12 +246,7 @@ def test_an_improvement_is_not_a_regression(store: dict[str, Path]) -> None:
     assert it is not None and it.verdict == IMPROVEMENT and it.change == pytest.approx(-0.15, abs=0.02)
 
 
-@pytest.mark.parametrize("engine", ["python", "duckdb"])
-def test_windows_exclude_warmup_and_are_averaged_over_ranks(store: dict[str, Path], engine: str,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    if engine == "duckdb":
-        pytest.importorskip("duckdb")
-    monkeypatch.setenv("TELEMETRAIN_ENGINE", engine)
+def test_windows_exclude_warmup_and_are_averaged_over_ranks(store: dict[str, Path], engine: str) -> None:
     samples = run_samples(store["base"])
     # 300 iterations, a report every 10: 30 windows per rank, the first (warm-up) left out
     assert samples.skipped_windows == 2 and samples.window_count == 2 * 29

@@ -361,50 +361,51 @@ def test_without_a_recorder_the_monitor_keeps_only_the_newest_collectives(monkey
     t.close()
 
 
-def test_explicit_collectives_are_timed_with_torchs_signatures(tmp_path: Path) -> None:
-    code = """
-import json, torch, torch.distributed as dist, telemetrain
-from telemetrain.distributed import collectives
-from telemetrain.distributed.comm import comm_monitor
-dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-t = telemetrain.Telemetry(store=False)
-c = collectives.using(t)
-x = torch.ones(8)
-c.all_reduce(x)
-c.all_reduce(x, op=dist.ReduceOp.SUM, async_op=True).wait()
-c.broadcast(x, 0)
-c.all_gather_into_tensor(torch.empty(8), x)
-c.barrier()
-m = comm_monitor(t)
-print(json.dumps([(o.kind, o.nbytes, o.state) for o in m._ops]))
-dist.destroy_process_group()
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    kinds = json.loads(out.stdout.strip().splitlines()[-1])
-    assert [k[0] for k in kinds] == ["all_reduce", "all_reduce", "broadcast", "all_gather_into_tensor", "barrier"]
-    assert [k[1] for k in kinds] == [32, 32, 32, 32, 0] and {k[2] for k in kinds} == {"done"}
-
-
-def test_explicit_collectives_count_the_bytes_of_tensors_passed_by_name() -> None:
-    code = """
+_EXPLICIT = """
 import json, warnings, torch, torch.distributed as dist, telemetrain
 from telemetrain.distributed import collectives
 from telemetrain.distributed.comm import comm_monitor
 warnings.simplefilter("ignore", FutureWarning)
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-t = telemetrain.Telemetry(store=False)
-c = collectives.using(t)
 x = torch.ones(8)
+t = telemetrain.Telemetry(store=False)  # torch's signatures, positional arguments
+c = collectives.using(t)
+c.all_reduce(x)
+c.all_reduce(x, op=dist.ReduceOp.SUM, async_op=True).wait()
+c.broadcast(x, 0)
+c.all_gather_into_tensor(torch.empty(8), x)
+c.barrier()
+positional = [(o.kind, o.nbytes, o.state) for o in comm_monitor(t)._ops]
+t = telemetrain.Telemetry(store=False)  # tensors passed by name
+c = collectives.using(t)
 c.all_reduce(tensor=x)
 c.broadcast(tensor=x, src=0)
 c.all_gather_into_tensor(output_tensor=torch.empty(8), input_tensor=x)
 c.reduce_scatter_tensor(output=torch.empty(8), input=x)
 c.all_gather(tensor_list=[torch.empty(8)], tensor=x)
-print(json.dumps([(o.kind, o.nbytes) for o in comm_monitor(t)._ops]))
+by_name = [(o.kind, o.nbytes) for o in comm_monitor(t)._ops]
+print(json.dumps({"positional": positional, "by_name": by_name}))
 dist.destroy_process_group()
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    ops = json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def explicit_collectives() -> dict[str, list[list[Any]]]:
+    """The ops ``collectives.using`` recorded in one gloo process of world size 1 (one interpreter, one torch import,
+    for both tests): ``positional``, (kind, bytes, state); ``by_name``, (kind, bytes)."""
+    out = subprocess.run([sys.executable, "-c", _EXPLICIT], capture_output=True, text=True, timeout=120, check=True)
+    result: dict[str, list[list[Any]]] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_explicit_collectives_are_timed_with_torchs_signatures(explicit_collectives: dict[str, Any]) -> None:
+    kinds = explicit_collectives["positional"]
+    assert [k[0] for k in kinds] == ["all_reduce", "all_reduce", "broadcast", "all_gather_into_tensor", "barrier"]
+    assert [k[1] for k in kinds] == [32, 32, 32, 32, 0] and {k[2] for k in kinds} == {"done"}
+
+
+def test_explicit_collectives_count_the_bytes_of_tensors_passed_by_name(explicit_collectives: dict[str, Any]) -> None:
+    ops = explicit_collectives["by_name"]
     assert [k[0] for k in ops] == ["all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor",
                                    "all_gather"]
     assert [k[1] for k in ops] == [32] * 5

@@ -84,7 +84,9 @@ def test_median_shift_and_trend_and_tails() -> None:
     assert stats.median_shift([1.0, 1.1, 0.9], [1.0, 1.05, 0.95])[1] > 0.2
     z, p = stats.mann_kendall(list(range(30)))
     assert p < 1e-6 and stats.theil_sen(list(range(10)), [2 * x + 1 for x in range(10)]) == pytest.approx(2)
-    assert stats.mann_kendall([1, 1, 1, 1, 1])[1] == 1.0 - stats.normal_sf(0.0) or True
+    assert stats.mann_kendall([1, 1, 1, 1, 1]) == (0.0, 0.5)  # flat: no evidence either way
+    z, p = stats.mann_kendall(list(range(30, 0, -1)))
+    assert z < -5 and p > 1 - 1e-6  # one-sided: a falling series is no upward trend
     assert stats.binomial_tail(4, 4, 0.25) == pytest.approx(0.25 ** 4)
     assert stats.binomial_tail(0, 5, 0.3) == 1.0 and stats.binomial_tail(6, 5, 0.3) == 0.0
     assert stats.normal_quantile(0.975) == pytest.approx(1.959964, abs=1e-5)

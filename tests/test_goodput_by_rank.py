@@ -47,9 +47,7 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return runs[0].parent
 
 
-@pytest.mark.parametrize("engine", ["python", "duckdb"])
-def test_by_rank_is_each_ranks_goodput(session: Path, engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TELEMETRAIN_ENGINE", engine)
+def test_by_rank_is_each_ranks_goodput(session: Path, engine: str) -> None:
     by_rank = goodput_by_rank(session)
     assert sorted(by_rank) == [0, 1, 2, 3]
     for rank, report in by_rank.items():

@@ -25,19 +25,11 @@ if not torch.cuda.is_available():
 
 from conftest import run_dir_of  # noqa: E402
 from telemetrain import Telemetry  # noqa: E402
-from telemetrain.span_lifecycle import _current  # noqa: E402
 from telemetrain.store import open_run  # noqa: E402
 from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig  # noqa: E402
 from telemetrain.training.device_clock import CudaClock  # noqa: E402
 from telemetrain.training.device_spans import timer_of  # noqa: E402
 from telemetrain.training.device_timing import DeviceTimer  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def _no_current_span_across_tests() -> Iterator[None]:
-    token = _current.set(None)
-    yield
-    _current.reset(token)
 
 
 @pytest.fixture

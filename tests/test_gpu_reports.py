@@ -14,7 +14,6 @@ import re
 import time
 import urllib.request
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -31,7 +30,6 @@ from telemetrain.records import Event, MetricPoint
 from telemetrain.report.gpu_health import build_gpu_health, gpu_findings
 from telemetrain.report.html import render
 from telemetrain.report.model import build_model
-from telemetrain.span_lifecycle import _current
 from telemetrain.store import open_run
 from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
 from telemetrain.training import reports as reports_module
@@ -41,13 +39,6 @@ from telemetrain.training.gpu_report import _energy_source
 SESSION = "gpu"
 S = 1_000_000_000
 T0 = 1_700_000_000 * S  # wall ns of the simulated run's start
-
-
-@pytest.fixture(autouse=True)
-def _no_current_span_across_tests() -> Iterator[None]:
-    token = _current.set(None)
-    yield
-    _current.reset(token)
 
 
 class Store:

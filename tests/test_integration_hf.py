@@ -10,7 +10,7 @@ import os
 import re
 import runpy
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -23,7 +23,6 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from telemetrain import Telemetry  # noqa: E402
-from telemetrain.span_lifecycle import _current  # noqa: E402
 from telemetrain.training import TrainingTelemetryConfig  # noqa: E402
 
 hf = pytest.importorskip("telemetrain.integrations.hf")
@@ -35,13 +34,10 @@ COARSE_CLOCK_NS = 10_000_000
 
 
 @pytest.fixture(autouse=True)
-def _offline_and_no_current_span(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """No hub access; each test starts with no current span and leaves none behind (see test_training.py)."""
+def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No hub access."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
-    token = _current.set(None)
-    yield
-    _current.reset(token)
 
 
 class Tokens(torch.utils.data.Dataset):  # type: ignore[misc, name-defined]  # (a base from pytest.importorskip's module object: Any to mypy)

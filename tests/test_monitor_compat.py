@@ -537,8 +537,11 @@ def test_bad_window_size_is_value_error(telemetry: telemetrain.Telemetry, window
 
 
 def test_window_size_of_one_ms_is_accepted(telemetry: telemetrain.Telemetry) -> None:
-    monitor.Stat("w", [monitor.SUM], datetime.timedelta(milliseconds=1)).close()
-    monitor.Stat("w", [monitor.SUM], 0.001).close()
+    """The smallest window there is, as a ``timedelta`` or as seconds: taken as it is (not refused, not rounded)."""
+    for window in (datetime.timedelta(milliseconds=1), 0.001):
+        stat = monitor.Stat("w", [monitor.SUM], window)
+        stat.close()
+        assert stat.window == 0.001 and stat._window_ns == 1_000_000
 
 
 @pytest.mark.parametrize("max_samples", [0, -1])

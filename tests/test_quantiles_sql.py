@@ -17,20 +17,20 @@ from telemetrain.store.engine import Engine  # noqa: E402
 
 
 @pytest.fixture
-def engine() -> Iterator[Engine]:
+def sql() -> Iterator[Engine]:
     e = Engine([])
     yield e
     e.close()
 
 
-def _table(engine: Engine, values: list[int | None]) -> str:
-    engine.execute("CREATE OR REPLACE TEMP TABLE q (d BIGINT, keep BOOLEAN)")
-    engine.con.executemany("INSERT INTO q VALUES (?, ?)", [(v, i % 7 != 3) for i, v in enumerate(values)])
+def _table(sql: Engine, values: list[int | None]) -> str:
+    sql.execute("CREATE OR REPLACE TEMP TABLE q (d BIGINT, keep BOOLEAN)")
+    sql.con.executemany("INSERT INTO q VALUES (?, ?)", [(v, i % 7 != 3) for i, v in enumerate(values)])
     return "FROM q WHERE keep"
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_every_rank_asked_for_is_the_sorted_value(engine: Engine, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_rank_asked_for_is_the_sorted_value(sql: Engine, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(quantiles_sql, "FETCH_AT_MOST", 50)  # several narrowing passes on small tables
     monkeypatch.setattr(quantiles_sql, "BUCKETS", 8)
     rng = random.Random(seed)
@@ -42,36 +42,36 @@ def test_every_rank_asked_for_is_the_sorted_value(engine: Engine, seed: int, mon
     ]
     shape = shapes[seed % len(shapes)]
     values: list[int | None] = [shape() if rng.random() > 0.05 else None for _ in range(rng.randint(1, 3000))]
-    source = _table(engine, values)
+    source = _table(sql, values)
     kept = sorted(v for i, v in enumerate(values) if v is not None and i % 7 != 3)
     if not kept:
         return
     ks = sorted({0, len(kept) - 1, len(kept) // 2, *(rng.randrange(len(kept)) for _ in range(5))})
-    assert kth_smallest(engine, "d", source, ks) == {k: kept[k] for k in ks}
+    assert kth_smallest(sql, "d", source, ks) == {k: kept[k] for k in ks}
 
 
-def test_one_value_repeated_is_found_without_reading_the_rows(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_one_value_repeated_is_found_without_reading_the_rows(sql: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(quantiles_sql, "FETCH_AT_MOST", 10)
-    source = _table(engine, [42] * 5000)
+    source = _table(sql, [42] * 5000)
     calls: list[str] = []
-    rows = engine.rows
+    rows = sql.rows
 
     def logged_rows(q: str, p: Any = None) -> list[tuple[Any, ...]]:
         calls.append(q)
         return rows(q, p)
 
-    monkeypatch.setattr(engine, "rows", logged_rows)
+    monkeypatch.setattr(sql, "rows", logged_rows)
     n = 5000 - len(range(3, 5000, 7))
-    assert kth_smallest(engine, "d", source, [0, n // 2, n - 1]) == {0: 42, n // 2: 42, n - 1: 42}
+    assert kth_smallest(sql, "d", source, [0, n // 2, n - 1]) == {0: 42, n // 2: 42, n - 1: 42}
     assert calls == []  # min = max: no histogram, no rows fetched
 
 
-def test_ranks_outside_the_values_are_refused(engine: Engine) -> None:
-    source = _table(engine, [1, 2, 3])
+def test_ranks_outside_the_values_are_refused(sql: Engine) -> None:
+    source = _table(sql, [1, 2, 3])
     with pytest.raises(ValueError, match="ks must be ranks"):
-        kth_smallest(engine, "d", source, [3])
+        kth_smallest(sql, "d", source, [3])
     with pytest.raises(ValueError, match="ks must be ranks"):
-        kth_smallest(engine, "d", source, [-1])
+        kth_smallest(sql, "d", source, [-1])
 
 
 def test_the_percentiles_are_the_python_paths_formula_on_the_same_values() -> None:
@@ -84,7 +84,7 @@ def test_the_percentiles_are_the_python_paths_formula_on_the_same_values() -> No
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_the_median_of_doubles_is_duckdbs_to_the_bit(engine: Engine, seed: int,
+def test_the_median_of_doubles_is_duckdbs_to_the_bit(sql: Engine, seed: int,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(quantiles_sql, "FETCH_AT_MOST", 40)
     monkeypatch.setattr(quantiles_sql, "BUCKETS", 16)
@@ -96,16 +96,16 @@ def test_the_median_of_doubles_is_duckdbs_to_the_bit(engine: Engine, seed: int,
         lambda: rng.choice([-1e308, 1e308, 0.0, 1.0]),  # a range too wide for a bucket width: read in order
     ]
     values = [shapes[seed % len(shapes)]() for _ in range(rng.randint(1, 2500))]
-    engine.execute("CREATE OR REPLACE TEMP TABLE m (avg DOUBLE)")
-    engine.con.executemany("INSERT INTO m VALUES (?)", [(v,) for v in values])
-    expected = engine.scalar("SELECT median(avg) FROM m")
-    got = quantiles_sql.median(engine, "avg", "FROM m")
+    sql.execute("CREATE OR REPLACE TEMP TABLE m (avg DOUBLE)")
+    sql.con.executemany("INSERT INTO m VALUES (?)", [(v,) for v in values])
+    expected = sql.scalar("SELECT median(avg) FROM m")
+    got = quantiles_sql.median(sql, "avg", "FROM m")
     assert got == expected and type(got) is float, (got, expected)
     ordered = sorted(values)
     ks = sorted({0, len(values) - 1, rng.randrange(len(values))})
-    assert kth_smallest(engine, "avg", "FROM m", ks) == {k: ordered[k] for k in ks}
+    assert kth_smallest(sql, "avg", "FROM m", ks) == {k: ordered[k] for k in ks}
 
 
-def test_the_median_of_no_row_is_none(engine: Engine) -> None:
-    engine.execute("CREATE OR REPLACE TEMP TABLE m (avg DOUBLE)")
-    assert quantiles_sql.median(engine, "avg", "FROM m") is None
+def test_the_median_of_no_row_is_none(sql: Engine) -> None:
+    sql.execute("CREATE OR REPLACE TEMP TABLE m (avg DOUBLE)")
+    assert quantiles_sql.median(sql, "avg", "FROM m") is None

@@ -22,15 +22,6 @@ from telemetrain.store.engine import engine_for
 
 GOOD, DIVERGED = 1.0, 10.0
 
-@pytest.fixture
-def engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The record-by-record pass or the SQL path (the readers' choice: ``store.engine.engine_for``)."""
-    name = str(request.param)
-    if name == "duckdb":
-        pytest.importorskip("duckdb")
-    monkeypatch.setenv("TELEMETRAIN_ENGINE", name)
-    return name
-
 
 def _attempt(root: Path, steps: range, value: float, run_id: str = "rb") -> None:
     t = Telemetry(identity_from_env({}, run_id=run_id, session_tag="s", rank=0, world_size=1), store=root)
@@ -61,7 +52,6 @@ def _loss(run_dir: Path) -> tuple[dict[float, float], Curve]:
     return {p.x: p.mean for p in curve.lines[0].points}, curve
 
 
-@pytest.mark.parametrize("engine", ["python", "duckdb"], indirect=True)
 def test_a_restart_that_rolls_back_is_followed_not_averaged(tmp_path: Path, engine: str) -> None:
     """Attempt 1 logs steps 0-59 and diverges from step 40; the job restarts (another process, same run) from the
     checkpoint at step 40 and logs 40-79. The chart averaged steps 40-59 of both attempts (5.5)."""
@@ -92,7 +82,6 @@ def test_a_restart_that_rolls_back_is_followed_not_averaged(tmp_path: Path, engi
     assert loss is not None and {p.mean for p in loss.lines[0].points} == {GOOD}
 
 
-@pytest.mark.parametrize("engine", ["python", "duckdb"], indirect=True)
 def test_an_in_process_rollback_is_the_same(tmp_path: Path, engine: str) -> None:
     """One process that goes back to step 20 (an in-job restart from its checkpoint) and logs on."""
     t = Telemetry(identity_from_env({}, run_id="rb", session_tag="s", rank=0, world_size=1), store=tmp_path)
@@ -106,7 +95,6 @@ def test_an_in_process_rollback_is_the_same(tmp_path: Path, engine: str) -> None
     assert curve.rollbacks == (Rollback(0, 29, 20),)
 
 
-@pytest.mark.parametrize("engine", ["python", "duckdb"], indirect=True)
 def test_micro_batches_at_one_step_are_that_steps_values_not_rollbacks(tmp_path: Path, engine: str) -> None:
     """Gradient accumulation logging each of 4 micro-batches at the same step: no rollback, each step the mean of its
     four values (min..max kept), nothing dimmed."""

@@ -155,12 +155,15 @@ def test_record_an_event_without_metadata(telemetry: telemetrain.Telemetry, read
     }
 
 
-def test_record_rdzv_event_with_an_empty_name(telemetry: telemetrain.Telemetry) -> None:
-    """torchelastic records any RdzvEvent; telemetrain's ``record_rdzv_event`` sends it through
-    ``Telemetry.event``, whose name check raises ValueError/TypeError to the caller."""
+def test_record_rdzv_event_with_an_empty_name(telemetry: telemetrain.Telemetry, read_run: Any) -> None:
+    """torchelastic records any RdzvEvent, an empty or missing name included; so does ``record_rdzv_event`` (its
+    events are packed directly, not through ``Telemetry.event``, whose name check would refuse them): each is kept,
+    named "" in the run store."""
     for name in ("", None):
         tevents.record_rdzv_event(tevents.RdzvEvent(name, "job", "m", "host", 1, tevents.NodeState.INIT))  # type: ignore[arg-type]
         events.record_rdzv_event(events.RdzvEvent(name, "job", "m", "host", 1, events.NodeState.INIT))  # type: ignore[arg-type]
+    stored = [r for r in read_run(telemetry, "event") if r.group == "torchelastic.rendezvous"]
+    assert [(r.name, r.attributes["run_id"], r.attributes["node_state"]) for r in stored] == [("", "job", "INIT")] * 2
 
 
 def test_record_keeps_a_metadata_key_named_source(telemetry: telemetrain.Telemetry, read_run: Any) -> None:
@@ -189,21 +192,37 @@ class RaisingEventHandler(events.EventHandler):
         raise RuntimeError("handler is broken")
 
 
-def test_raising_event_handler_is_contained_under_warnings_as_errors(telemetry: telemetrain.Telemetry) -> None:
-    """compat.md: "a raising handler is contained". Under ``-W error`` the containment's own ``warnings.warn``
-    raises RuntimeWarning into ``record()``'s caller (the metrics hooks use ``warn_once_safely``; this does not)."""
+def test_raising_event_handler_is_contained_under_warnings_as_errors(telemetry: telemetrain.Telemetry,
+                                                                    read_run: Any,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """compat.md: "a raising handler is contained". Under ``-W error`` the containment's own warning must not raise
+    into ``record()``'s caller either; the events are kept, and the handler's failure is warned about once."""
+    monkeypatch.setattr(events, "_warned_handlers", set())  # keyed by id(): a dead handler's id may be reused
     events.configure(RaisingEventHandler())
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        events.record(events.Event("a", events.EventSource.AGENT))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            events.record(events.Event("a", events.EventSource.AGENT))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            events.record(events.Event("b", events.EventSource.AGENT))
+    finally:
+        events.configure(events.NullEventHandler())
+    assert caught == []  # warned once, for "a" (swallowed under -W error), not again for "b"
+    assert [r.name for r in read_run(telemetry, "event")] == ["a", "b"]
 
 
-def test_unknown_destination_does_not_raise_under_warnings_as_errors(telemetry: telemetrain.Telemetry) -> None:
+def test_unknown_destination_does_not_raise_under_warnings_as_errors(telemetry: telemetrain.Telemetry,
+                                                                     read_run: Any) -> None:
     """compat.md: an unknown destination "warns once, keeps the event ... never break the caller". Under
-    ``-W error`` the warning is raised into the caller."""
+    ``-W error`` the warning must not be raised into the caller; the event is in telemetrain's own sinks."""
+    destination = f"nope-{uuid.uuid4().hex[:8]}"
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        events.record(events.Event("a", events.EventSource.AGENT), f"nope-{uuid.uuid4().hex[:8]}")
+        events.record(events.Event("a", events.EventSource.AGENT), destination)
+    with pytest.warns(RuntimeWarning, match=destination):
+        events.record(events.Event("other", events.EventSource.AGENT), f"{destination}-2")
+    assert [r.name for r in read_run(telemetry, "event")] == ["a", "other"]
 
 
 # -- events: console destination next to torchelastic ---------------------------------------------------------------

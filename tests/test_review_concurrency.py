@@ -489,7 +489,7 @@ class RaisingEventHandler(events.EventHandler):
         raise RuntimeError("handler bug")
 
 
-def test_event_handler_failure_is_contained_when_warnings_are_errors(telemetry: Telemetry) -> None:
+def test_event_handler_failure_is_contained_when_warnings_are_errors(telemetry: Telemetry, read_run: Any) -> None:
     """architecture.md: nothing a sink or hook raises reaches the caller, and a warning cannot either (under
     ``-W error`` ours are swallowed). events.record() warns with a bare ``warnings.warn`` when a configured
     EventHandler raises (and for an unknown destination): under ``-W error`` that warning reaches the caller."""
@@ -501,6 +501,7 @@ def test_event_handler_failure_is_contained_when_warnings_are_errors(telemetry: 
             events.record(events.Event("unknown_destination", events.EventSource.WORKER), "no-such-destination-x1")
     finally:
         events.configure(events.NullEventHandler())
+    assert [r.name for r in read_run(telemetry, "event")] == ["handler_fails", "unknown_destination"]  # both kept
 
 
 # -- 10. bad arguments that are not a clear TypeError/ValueError -------------------------------------------------------

@@ -15,16 +15,6 @@ from telemetrain.store import open_run
 from telemetrain.store.engine import engine_for
 
 
-@pytest.fixture
-def engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The record-by-record pass or the SQL path (the readers' choice: ``store.engine.engine_for``)."""
-    name = str(request.param)
-    if name == "duckdb":
-        pytest.importorskip("duckdb")
-    monkeypatch.setenv("TELEMETRAIN_ENGINE", name)
-    return name
-
-
 def _process(root: Path, pid: int, steps: range, spike_at: int | None = None) -> None:
     """One process of run ``rb`` (rank 0), its file named by ``pid``: a flat, slightly noisy loss, ``spike_at`` 50x."""
     t = Telemetry(identity_from_env({}, run_id="rb", session_tag="s", rank=0, world_size=1, pid=pid), store=root)
@@ -45,7 +35,6 @@ def _spike_titles(run_dir: Path) -> tuple[list[str], list[str]]:
     return [f.title for f in report if f.kind == "spike"], [f.title for f in show if f.kind == "spike"]
 
 
-@pytest.mark.parametrize("engine", ["python", "duckdb"], indirect=True)
 def test_a_restart_with_a_lower_pid_is_read_after_the_process_it_restarted(tmp_path: Path, engine: str) -> None:
     """Attempt 1 (pid 9000) logs steps 0-59; the restart (pid 100, started later) goes back to 40 and spikes at 42,
     its 3rd point. Read in start order the spike has the 60 points before it as its history; by pid (show's Python
@@ -58,7 +47,6 @@ def test_a_restart_with_a_lower_pid_is_read_after_the_process_it_restarted(tmp_p
     assert report == show == ["loss spike: train/loss at step 42"]
 
 
-@pytest.mark.parametrize("engine", ["python", "duckdb"], indirect=True)
 def test_the_first_nan_is_the_first_written_whatever_the_pids(tmp_path: Path, engine: str) -> None:
     """The first attempt (pid 9000) logs a NaN at step 30, its restart (pid 100) one at step 45: the first is at step
     30 (by pid, the restart's was met first: step 45)."""
@@ -92,7 +80,6 @@ def _loss_run(root: Path, run_id: str, attempts: list[tuple[range, float]]) -> P
     return root / "s" / run_id
 
 
-@pytest.mark.parametrize("engine", ["python", "duckdb"], indirect=True)
 def test_compare_reads_the_latest_attempt_of_a_run_that_rolled_back(tmp_path: Path, engine: str) -> None:
     """The candidate's first attempt dropped to 0.5 at step 45 then went NaN; it rolled back to 40 and trained on to
     100, reaching the baseline's final loss (~1.01) only near its end. compare's steps-to-reach, level and

@@ -36,7 +36,6 @@ from telemetrain import SpanEnd, SpanStart, Telemetry
 from telemetrain.identity import Identity
 from telemetrain.records import SPAN_PAIR, PackedSource, split_span_pair, unpack_all
 from telemetrain.sinks import Sink
-from telemetrain.span_lifecycle import _current
 from telemetrain.spans import Span, current_span, span, tracer
 from telemetrain.store import open_run
 from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig, reports
@@ -47,14 +46,6 @@ ITERATION = "training_single_iteration"
 
 
 # -- fixtures and helpers ----------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(autouse=True)
-def _no_current_span_across_tests() -> Iterator[None]:
-    """pytest runs every test in one context: a span left current by one test must not parent the next one's."""
-    token = _current.set(None)
-    yield
-    _current.reset(token)
 
 
 @pytest.fixture

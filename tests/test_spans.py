@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,6 @@ import pytest
 import telemetrain
 from conftest import run_dir_of, run_helper_process
 from telemetrain import Telemetry, TelemetryWarning
-from telemetrain.span_lifecycle import _current
 from telemetrain.spans import Span, current_span, span, tracer
 from telemetrain.store import open_run
 
@@ -34,15 +33,6 @@ TESTS = Path(__file__).parent
 SESSION = "spans"
 SPAN_ID = re.compile(r"^[0-9a-f]{16}$")
 TRACE_ID = re.compile(r"^[0-9a-f]{32}$")
-
-
-@pytest.fixture(autouse=True)
-def _no_current_span_across_tests() -> Iterator[None]:
-    """Each test starts with no current span and leaves none behind: pytest runs every test in one context, where a
-    span a test leaves current (open at its Telemetry's close, say) would become the parent of the next test's."""
-    token = _current.set(None)  # private: there is no public way to reset the current span
-    yield
-    _current.reset(token)
 
 
 # -- helpers -----------------------------------------------------------------------------------------------------------

@@ -863,14 +863,8 @@ def test_show_summarises_cpu_memory_gpus_and_run_energy(tmp_path: Path) -> None:
     assert "1 energy counter" in text and "1 integrated from power" in text
 
 
-def test_the_demo_records_system_samples(tmp_path: Path) -> None:
-    pytest.importorskip("torch")
-    from telemetrain.cli import main
-
-    assert main(["demo", "--steps", "10", "--no-crash", "--in-process", "--root", str(tmp_path)]) == 0
-    system.stop_sampler()
-    (run_dir,) = [p.parent for p in tmp_path.glob("*/*/run.json")]
-    run = open_run(run_dir)
+def test_the_demo_records_system_samples(demo_run: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    run = open_run(demo_run[0])
     names_seen = {r.name for r in run.records("metric") if r.group == "system"}
     assert {"process.memory.usage", "process.tree.memory.usage", "system.memory.usage"} <= names_seen
     assert [r.name for r in run.records("event") if r.name.startswith("system.sampler.")] == [

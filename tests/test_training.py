@@ -24,7 +24,6 @@ import pytest
 
 from conftest import run_dir_of, run_helper_process
 from telemetrain import Telemetry, TelemetryWarning, training
-from telemetrain.span_lifecycle import _current
 from telemetrain.stats import relative_error
 from telemetrain.store import open_run
 from telemetrain.training import (
@@ -39,15 +38,6 @@ from telemetrain.training import reports as training_reports
 HANG_S = 20.0  # only a hang gets near it
 TESTS = Path(__file__).parent
 SESSION = "training"
-
-
-@pytest.fixture(autouse=True)
-def _no_current_span_across_tests() -> Iterator[None]:
-    """Each test starts with no current span and leaves none behind: pytest runs every test in one context, where a
-    span a test leaves current (open at its Telemetry's close, say) would become the parent of the next test's."""
-    token = _current.set(None)  # private: there is no public way to reset the current span
-    yield
-    _current.reset(token)
 
 
 # -- helpers -----------------------------------------------------------------------------------------------------------

@@ -15,14 +15,12 @@ import os
 import subprocess
 import sys
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import telemetrain
 from conftest import run_dir_of
-from telemetrain.span_lifecycle import _current
 from telemetrain.spans import span
 from telemetrain.store import open_run
 
@@ -30,13 +28,6 @@ HAS_PSUTIL = importlib.util.find_spec("psutil") is not None
 HAS_NVML = importlib.util.find_spec("pynvml") is not None
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 ABSENCE = "genuine" if not HAS_NVML else "import blocked"
-
-
-@pytest.fixture(autouse=True)
-def _no_current_span_across_tests() -> Iterator[None]:
-    token = _current.set(None)
-    yield
-    _current.reset(token)
 
 
 @pytest.fixture
@@ -96,7 +87,7 @@ def test_the_sampler_without_nvidia_ml_py_records_one_info_event_and_stays_silen
 @pytest.mark.skipif(not (HAS_PSUTIL and HAS_TORCH), reason="the demo needs torch and psutil (the [demo] extra)")
 def test_the_first_demo_without_nvidia_ml_py_prints_no_telemetry_warning(tmp_path: Path) -> None:
     root = tmp_path / "runs"
-    out = subprocess.run([sys.executable, "-m", "telemetrain.cli", "demo", "--steps", "12", "--root", str(root),
+    out = subprocess.run([sys.executable, "-m", "telemetrain.cli", "demo", "--steps", "3", "--root", str(root),
                           "--in-process", "--no-crash"], capture_output=True, text=True, timeout=300,
                          env=_blocked_nvml_path(tmp_path))
     text = out.stdout + out.stderr
