@@ -197,7 +197,7 @@ def test_raising_event_handler_is_contained_under_warnings_as_errors(telemetry: 
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """compat.md: "a raising handler is contained". Under ``-W error`` the containment's own warning must not raise
     into ``record()``'s caller either; the events are kept, and the handler's failure is warned about once."""
-    monkeypatch.setattr(events, "_warned_handlers", set())  # keyed by id(): a dead handler's id may be reused
+    monkeypatch.setattr(events, "_warned_handlers", {})
     events.configure(RaisingEventHandler())
     try:
         with warnings.catch_warnings():
@@ -293,3 +293,34 @@ def test_construct_and_record_rdzv_event_without_a_python_caller(
     assert errors == []
     (rec,) = recs
     assert rec.name == "no_file:"
+
+
+def test_a_new_raising_handler_is_warned_even_where_it_reuses_a_dead_ones_id(telemetry: telemetrain.Telemetry,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Handlers are warned about once each: a new one at a dead one's address (CPython reuses them) is a new one."""
+    monkeypatch.setattr(events, "_warned_handlers", {})
+    try:
+        with pytest.warns(RuntimeWarning, match="RaisingEventHandler raised RuntimeError"):
+            first = RaisingEventHandler()
+            events.configure(first)
+            events.record(events.Event("a", events.EventSource.AGENT))
+        dead = id(first)
+        events.configure(events.NullEventHandler())
+        del first
+        reused = None
+        for _ in range(10_000):  # find a new handler at the dead one's address
+            candidate = RaisingEventHandler()
+            if id(candidate) == dead:
+                reused = candidate
+                break
+        if reused is None:
+            pytest.skip("no new handler reused the dead one's address")
+        events.configure(reused)
+        with pytest.warns(RuntimeWarning, match="RaisingEventHandler raised RuntimeError"):
+            events.record(events.Event("b", events.EventSource.AGENT))
+        with warnings.catch_warnings(record=True) as caught:  # and once only
+            warnings.simplefilter("always")
+            events.record(events.Event("c", events.EventSource.AGENT))
+        assert caught == []
+    finally:
+        events.configure(events.NullEventHandler())

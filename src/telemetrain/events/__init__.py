@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Mapping
 from itertools import count
 from typing import Any
@@ -224,7 +225,20 @@ class NullEventHandler(EventHandler):
 
 
 _HANDLER_KEY = "telemetrain.events.handler"
-_warned_handlers: set[int] = set()
+# handlers whose failure was warned: id -> a weak reference (or the handler, if it takes none), so that a new handler
+# reusing a dead one's id is still warned about
+_warned_handlers: dict[int, Any] = {}
+
+
+def _first_failure(handler: EventHandler) -> bool:
+    seen = _warned_handlers.get(id(handler))
+    if seen is not None and (seen() if isinstance(seen, weakref.ref) else seen) is handler:
+        return False
+    try:
+        _warned_handlers[id(handler)] = weakref.ref(handler)
+    except TypeError:  # no weak references (``__slots__``): kept alive, as a configured handler is anyway
+        _warned_handlers[id(handler)] = handler
+    return True
 
 
 def configure(handler: EventHandler) -> None:
@@ -247,8 +261,7 @@ def _call_handler(handler: EventHandler, ev: Any) -> None:
     except BaseException as exc:  # contained like a sink's failure, whatever it is
         if is_interrupt(exc):  # the user's Ctrl-C (containment.is_interrupt)
             raise
-        if id(handler) not in _warned_handlers:
-            _warned_handlers.add(id(handler))
+        if _first_failure(handler):
             warn_safely(
                 f"telemetrain.events: handler {type(handler).__name__} raised {describe(exc)}; the event is kept, "
                 "further failures of this handler are not warned",
