@@ -423,7 +423,7 @@ def test_live_events_confirm_a_finding_or_become_one_note() -> None:
 
 def test_communication_wait_is_cited_when_known() -> None:
     ws = [WindowPoint(w.rank, w.step, w.iterations, w.iteration_time, w.phases, warmup=w.warmup,
-                      comm_wait=0.0005 if w.rank == 2 else 0.0085)
+                      comm_wait=0.0005 if w.rank == 2 else 0.0085, world_wait=0.0005 if w.rank == 2 else 0.0085)
           for w in windows(ranks=4, rank_phase={(2, "forward"): 0.008})]
     (f,) = analyse(FindingsInput(windows=ws)).findings
     assert f.evidence is not None and any("arrived last" in n for n in f.evidence.notes)
@@ -662,7 +662,7 @@ def test_late_rank_attribution_sees_slow_compute_in_the_phase_holding_the_collec
     for w in windows(ranks=4, rank_phase={(2, "backward"): 0.008}):
         wait = 0.0005 if w.rank == 2 else 0.0085
         ws.append(WindowPoint(w.rank, w.step, w.iterations, w.iteration_time, w.phases, warmup=w.warmup,
-                              comm_wait=wait, comm_wait_by_phase={"backward": wait}))
+                              comm_wait=wait, comm_wait_by_phase={"backward": wait}, world_wait=wait))
     plain = [WindowPoint(w.rank, w.step, w.iterations, w.iteration_time, w.phases, warmup=w.warmup) for w in ws]
     assert kinds(FindingsInput(windows=plain)) == []  # without the waits: invisible
     events = [{"rank": 2, "phase": "backward", "kind": "late", "step": 99, "cost_per_iteration_sec": 0.008}]
@@ -672,6 +672,45 @@ def test_late_rank_attribution_sees_slow_compute_in_the_phase_holding_the_collec
     assert any("arrived last" in n for n in f.evidence.notes)
     assert any("reported it too (1 event(s))" in n for n in f.evidence.notes)
     assert not [n for n in result.notes if n.kind == "unconfirmed"]
+
+
+def _pipeline(world_wait: bool, work: float = 0.010) -> list[WindowPoint]:
+    """A clean 4-stage pipeline of blocking send/recv, ``work`` s of compute per stage in forward and in backward:
+    stage r waits r x work in forward (for the stages before it) and (3 - r) x work in backward, plus the hand-overs
+    it waits for down the line: its total wait is 3 work + (3 - r) work, the last stage's least. No collective spans
+    every rank (``world_wait`` 0, when recorded)."""
+    out = []
+    for w in windows(ranks=4):
+        r = w.rank
+        fwd, bwd = 3 * work, (3 - r) * work
+        phases = {**w.phases, "forward": w.phases["forward"] + work + fwd, "backward": w.phases["backward"] + work
+                  + bwd}
+        out.append(WindowPoint(r, w.step, w.iterations, w.iteration_time + 2 * work + fwd + bwd, phases,
+                               warmup=w.warmup, comm_wait=fwd + bwd, comm_wait_by_phase={"forward": fwd,
+                                                                                        "backward": bwd},
+                               world_wait=0.0 if world_wait else None))
+    return out
+
+
+def test_a_clean_pipeline_names_no_late_stage_whether_or_not_its_windows_say_their_world_wait() -> None:
+    """The last stage waits least in all, for no one: the late-rank rule compares only the waits in collectives over
+    every rank (none here); a run recorded before that figure is not attributed at all."""
+    for world_wait in (True, False):
+        assert kinds(FindingsInput(windows=_pipeline(world_wait))) == [], world_wait
+
+
+def test_a_rank_held_up_by_its_pair_is_not_named_with_the_late_one() -> None:
+    """Pairs (0,1), (2,3), a collective over every rank per step: rank 2 computes 8 ms more in backward; rank 3
+    waits for it in their pair's all-reduce, so both reach the world collective last. Only rank 2 is late."""
+    ws = []
+    for w in windows(ranks=4, rank_phase={(2, "backward"): 0.008}):
+        world = 0.0005 if w.rank in (2, 3) else 0.0085
+        pair = 0.008 if w.rank == 3 else 0.0
+        ws.append(WindowPoint(w.rank, w.step, w.iterations, w.iteration_time, w.phases, warmup=w.warmup,
+                              comm_wait=world + pair, comm_wait_by_phase={"backward": world + pair},
+                              world_wait=world))
+    assert [(f.kind, f.evidence.ranks) for f in analyse(FindingsInput(windows=ws)).findings if f.evidence] == \
+        [("straggler", (2,))]
 
 
 def test_stragglers_read_device_phase_times_when_the_windows_have_them() -> None:

@@ -35,7 +35,7 @@ REPORT_FIELDS: tuple[tuple[str, str], ...] = (
         "avg_iteration_time_sec", "p50_iteration_time_sec", "p90_iteration_time_sec", "p99_iteration_time_sec",
         "max_iteration_time_sec", "total_iteration_time_sec", "samples_per_second", "window_seconds",
         "cpu_time_sec", "cpu_wait_sec", "train_thread_cpu_time_sec", "train_thread_cpu_wait_sec",
-        "avg_comm_wait_time_sec", "avg_iteration_device_time_sec",
+        "avg_comm_wait_time_sec", "avg_comm_world_wait_time_sec", "avg_iteration_device_time_sec",
         "last_logged_train_iterations_finish_timestamp_sec",
         *(f"avg_{p}_time_sec" for p in _PHASES), *(f"avg_{p}_device_time_sec" for p in _PHASES),
         *(f"avg_{p}_comm_wait_sec" for p in (*_PHASES, "other")))),
