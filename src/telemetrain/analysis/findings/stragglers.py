@@ -267,9 +267,9 @@ def _late(ranks: Mapping[int, WindowPoint], typical: float, th: Thresholds) -> l
 def _not_waiting(flags: list[tuple[Outlier, bool]], ranks: Mapping[int, WindowPoint],
                  th: Thresholds) -> list[tuple[Outlier, bool]]:
     """Drop the flags of ranks that were waiting for a late one, not late themselves: an excess mostly spent
-    waiting in communication (in that phase, when the ranks' waits by phase are known, else in all), or an excess in a phase holding the collective
-    (``SYNC_PHASES``) while another rank is flagged in a phase that does not (it is the cause; with two or three ranks
-    the waiting ones stand out too)."""
+    waiting in communication (in that phase, when the ranks' waits by phase are known, else in all), or an excess in a
+    phase holding the collective (``SYNC_PHASES``) while another rank is flagged in a phase that does not (it is the
+    cause; with two or three ranks the waiting ones stand out too)."""
     kept = []
     causes = {o.rank for o, _ in flags if o.phase not in SYNC_PHASES}
     waits = {r: w.comm_wait for r, w in ranks.items() if w.comm_wait is not None}
