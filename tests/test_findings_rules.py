@@ -815,3 +815,31 @@ def test_a_straggler_of_microseconds_is_none() -> None:
     assert kinds(FindingsInput(windows=[tiny(w) for w in ws])) == []
     with pytest.raises(ValueError, match="straggler_min_added_s"):
         Thresholds(straggler_min_added_s=-1.0)
+
+
+def _rolled_back(resume: int, slow_rank: int | None) -> list[WindowPoint]:
+    """Two ranks, windows of 10 iterations (20 ms each). The first attempt runs steps 0..199, slower from step 100
+    (both ranks 2x, or ``slow_rank`` alone, 8 ms more in forward); it is restarted from ``resume`` and the second
+    attempt runs clean to step 299, its windows later in time."""
+    if slow_rank is None:
+        slow = [dataclasses.replace(w, iteration_time=2 * w.iteration_time, wall_seconds=2 * (w.wall_seconds or 0),
+                                    phases={p: 2 * v for p, v in w.phases.items()}) for w in windows(ranks=2, steps=20)]
+    else:
+        slow = windows(ranks=2, steps=20, rank_phase={(slow_rank, "forward"): 0.008})
+    first = [c if c.step < 100 else s for c, s in zip(windows(ranks=2, steps=20, seed=3), slow, strict=True)]
+    second = windows(ranks=2, steps=(300 - resume) // 10, seed=7)
+    return first + [dataclasses.replace(w, step=w.step + resume, time_s=w.time_s + 100.0) for w in second]
+
+
+def test_the_latest_attempt_wins_the_steps_a_rollback_went_back_to() -> None:
+    """The first attempt got slow (every rank, or one rank) from step 100 before it was restarted from step 100, or
+    95; the second ran those steps clean. The job's history of those steps is the second attempt's: no slowdown, no
+    straggler -- the abandoned windows are not mixed into the steps (both attempts end windows at 109..199, or one at
+    104..194 and the other at 109..199)."""
+    for resume in (100, 95):
+        for slow_rank in (None, 1):
+            found = analyse(FindingsInput(windows=_rolled_back(resume, slow_rank))).findings
+            assert [f.title for f in found] == [], (resume, slow_rank)
+    # restarted from step 190: steps 100..189 are still the first attempt's, slow
+    (f,) = analyse(FindingsInput(windows=_rolled_back(190, None))).findings
+    assert f.kind == "slowdown" and f.evidence is not None and f.evidence.steps == (100, 189)
