@@ -131,9 +131,11 @@ def _both_paths(run_dir: Path, compacted: bool | str, monkeypatch: pytest.Monkey
                 for f in data["files"]:
                     if f["table"] == "reports":
                         path = run_dir / COLUMNAR_DIR / f["path"]
-                        old = duckdb.sql(f"SELECT * EXCLUDE (avg_comm_world_wait_time_sec) FROM "
-                                         f"read_parquet('{path}')").df()
-                        duckdb.sql(f"COPY (SELECT * FROM old) TO '{path}' (FORMAT parquet)")
+                        con = duckdb.connect()
+                        con.execute(f"CREATE TABLE old AS SELECT * EXCLUDE (avg_comm_world_wait_time_sec) FROM "
+                                    f"read_parquet('{path}')")
+                        con.execute(f"COPY old TO '{path}' (FORMAT parquet)")
+                        con.close()
                         f["bytes"] = path.stat().st_size
                 manifest.write_text(json.dumps({**data, "schema_version": 4}))
             with Engine([run_dir]) as engine:
