@@ -3,8 +3,8 @@
 A tiny DDP model trained for ``STEPS`` iterations with the lifecycle recorded by telemetrain's default Telemetry
 (identity from torchrun's environment). Behaviour planted through the environment:
 
-- ``SLOW_RANK``/``SLOW_PHASE``/``SLOW_S``: that rank sleeps in that phase (``dataloader`` or ``forward``), from
-  iteration ``SLOW_FROM`` (0);
+- ``SLOW_RANK``/``SLOW_PHASE``/``SLOW_S``: that rank sleeps in that phase (``dataloader``, ``forward`` or
+  ``backward``: there after a pipeline's receive, as a stage's own work), from iteration ``SLOW_FROM`` (0);
 - ``KILL_RANK``/``KILL_AT``/``KILL_ATTEMPT``: that rank SIGKILLs itself before iteration ``KILL_AT`` of that attempt
   (``TORCHELASTIC_RESTART_COUNT``; -1: every attempt); ``KILL_PHASE=forward``: inside that iteration's forward;
 - ``BLOCK_RANK``/``BLOCK_AT``: that rank blocks forever in the forward of iteration ``BLOCK_AT`` (before the
@@ -149,6 +149,8 @@ def main() -> None:
         with rec.backward():
             if topo == "pipeline":
                 pipe(telemetry, comm, rank, world, rank + 1)
+            if rank == slow_rank and slow_phase == "backward" and step >= slow_from:
+                time.sleep(slow_s)
             loss.backward()
             if topo == "pipeline":
                 pipe(telemetry, comm, rank, world, rank - 1, send=True)

@@ -997,3 +997,13 @@ def test_show_names_a_relative_straggler_event_as_live() -> None:
                                         "score": 2.914, "step": 639})
     assert diagnosis_lines([event]) == [
         "straggler   rank 1 (h1) slow in forward, relative x2.91 at step 639 (live event; see findings)"]
+
+
+def test_the_findings_name_the_rank_late_at_the_jobs_barrier_not_its_pair_partner(tmp_path: Path) -> None:
+    # DDP within pairs, a barrier over every rank per step: rank 2 computes 20 ms more in backward (the phase holding
+    # its pair's all-reduce), rank 3 waits for it there, ranks 0 and 1 at the barrier. Rank 3's backward is as long
+    # as rank 2's (it is often the slowest there, by a hair); only the waits at the barrier say who held the job up
+    result = launch(tmp_path, 4, STEPS=80, COMM=1, PAIRS=1, SLOW_RANK=2, SLOW_PHASE="backward", SLOW_S=0.02)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = only_run(tmp_path)
+    assert [f.title for f in build_model(run).findings if f.kind == "straggler"] == ["straggler: rank 2 (backward)"]

@@ -105,7 +105,7 @@ def _both_paths(run_dir: Path, compacted: bool | str, monkeypatch: pytest.Monkey
     False (read from the JSONL), True (from the copy), "v2" (from a copy of schema version 2)."""
     if compacted:
         with monkeypatch.context() as m:
-            if compacted in ("v2", "v3"):  # copies of those versions had one file a table for each segment
+            if compacted in ("v2", "v3", "v4"):  # (v4: one file a table for each segment, here)
                 m.setattr(compact_batch, "SMALL_SEGMENT_BYTES", -1)
             assert not compact(run_dir, force=True).errors
         named = {f["path"] for m in (run_dir / COLUMNAR_DIR / SEGMENTS_DIR).rglob("*.json")
@@ -123,6 +123,23 @@ def _both_paths(run_dir: Path, compacted: bool | str, monkeypatch: pytest.Monkey
             assert again.segments == 0 and again.skipped and not again.errors
             with Engine([run_dir]) as engine:
                 assert engine.tail_segments == 0 and not engine.untyped_reports and not engine.ignored
+        if compacted == "v4":  # what schema version 4 wrote: reports without the wait over every rank
+            import duckdb
+
+            for manifest in (run_dir / COLUMNAR_DIR / SEGMENTS_DIR).rglob("*.json"):
+                data = json.loads(manifest.read_text())
+                for f in data["files"]:
+                    if f["table"] == "reports":
+                        path = run_dir / COLUMNAR_DIR / f["path"]
+                        con = duckdb.connect()
+                        con.execute(f"CREATE TABLE old AS SELECT * EXCLUDE (avg_comm_world_wait_time_sec) FROM "
+                                    f"read_parquet('{path}')")
+                        con.execute(f"COPY old TO '{path}' (FORMAT parquet)")
+                        con.close()
+                        f["bytes"] = path.stat().st_size
+                manifest.write_text(json.dumps({**data, "schema_version": 4}))
+            with Engine([run_dir]) as engine:
+                assert engine.tail_segments == 0 and engine.older_reports and not engine.ignored
     else:
         shutil.rmtree(run_dir / COLUMNAR_DIR, ignore_errors=True)
     (py_model, py_show), (sql_model, sql_show), read = _python_and_sql(run_dir, monkeypatch)
@@ -156,8 +173,8 @@ def v2_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _v2_session(tmp_path_factory.mktemp("v2"))
 
 
-@pytest.mark.parametrize("compacted", [False, True, "v2", "v3"],
-                         ids=["from-jsonl", "from-parquet", "from-parquet-v2", "from-parquet-v3"])
+@pytest.mark.parametrize("compacted", [False, True, "v2", "v3", "v4"],
+                         ids=["from-jsonl", "from-parquet", "from-parquet-v2", "from-parquet-v3", "from-parquet-v4"])
 def test_v2_attributes_device_times_and_comm_are_the_same_by_sql(v2_run: Path, compacted: bool | str,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     model, show = _both_paths(v2_run, compacted, monkeypatch)
@@ -180,8 +197,8 @@ def planted_run(planted_runs: PlantedRuns, tmp_path_factory: pytest.TempPathFact
     return copy / run.name
 
 
-@pytest.mark.parametrize("compacted", [False, True, "v2", "v3"],
-                         ids=["from-jsonl", "from-parquet", "from-parquet-v2", "from-parquet-v3"])
+@pytest.mark.parametrize("compacted", [False, True, "v2", "v3", "v4"],
+                         ids=["from-jsonl", "from-parquet", "from-parquet-v2", "from-parquet-v3", "from-parquet-v4"])
 def test_planted_findings_are_the_same_by_sql(planted_run: Path, compacted: bool | str,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """A real job (a leak, a loss and gradient spike at step 200, a NaN at 400): report, show and tail find the

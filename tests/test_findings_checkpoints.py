@@ -67,6 +67,17 @@ def test_rank_0_writing_for_all_is_not_a_slow_rank() -> None:
     assert _slow(_saves({0: [30.0, 31.0, 29.0]})) == []
 
 
+def test_the_ranks_writing_for_all_are_compared_among_themselves() -> None:
+    # the first data-parallel replica's 4 ranks write the state, the other 12 ranks' saves are empty: no slow rank
+    times = {r: [5.0 + 0.2 * ((r + k) % 3) for k in range(4)] if r < 4 else [0.02, 0.03, 0.02, 0.02]
+             for r in range(16)}
+    assert _slow(_saves(times)) == []
+    # one of those writers takes 3x the others: named, against the writers' median
+    times[2] = [15.0, 16.0, 15.5, 15.0]
+    (f,) = _slow(_saves(times))
+    assert f.evidence.ranks == (2,) and 5.0 <= f.evidence.reference <= 5.4
+
+
 def test_a_one_off_slow_save_among_many_checkpoints_is_not_a_slow_rank() -> None:
     times = {r: [2.0] * 10 for r in range(4)}
     times[2] = [2.0] * 9 + [8.0]

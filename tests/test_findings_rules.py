@@ -425,7 +425,7 @@ def test_live_events_confirm_a_finding_or_become_one_note() -> None:
 
 def test_communication_wait_is_cited_when_known() -> None:
     ws = [WindowPoint(w.rank, w.step, w.iterations, w.iteration_time, w.phases, warmup=w.warmup,
-                      comm_wait=0.0005 if w.rank == 2 else 0.0085)
+                      comm_wait=0.0005 if w.rank == 2 else 0.0085, world_wait=0.0005 if w.rank == 2 else 0.0085)
           for w in windows(ranks=4, rank_phase={(2, "forward"): 0.008})]
     (f,) = analyse(FindingsInput(windows=ws)).findings
     assert f.evidence is not None and any("arrived last" in n for n in f.evidence.notes)
@@ -664,7 +664,7 @@ def test_late_rank_attribution_sees_slow_compute_in_the_phase_holding_the_collec
     for w in windows(ranks=4, rank_phase={(2, "backward"): 0.008}):
         wait = 0.0005 if w.rank == 2 else 0.0085
         ws.append(WindowPoint(w.rank, w.step, w.iterations, w.iteration_time, w.phases, warmup=w.warmup,
-                              comm_wait=wait, comm_wait_by_phase={"backward": wait}))
+                              comm_wait=wait, comm_wait_by_phase={"backward": wait}, world_wait=wait))
     plain = [WindowPoint(w.rank, w.step, w.iterations, w.iteration_time, w.phases, warmup=w.warmup) for w in ws]
     assert kinds(FindingsInput(windows=plain)) == []  # without the waits: invisible
     events = [{"rank": 2, "phase": "backward", "kind": "late", "step": 99, "cost_per_iteration_sec": 0.008}]
@@ -674,6 +674,45 @@ def test_late_rank_attribution_sees_slow_compute_in_the_phase_holding_the_collec
     assert any("arrived last" in n for n in f.evidence.notes)
     assert any("reported it too (1 event(s))" in n for n in f.evidence.notes)
     assert not [n for n in result.notes if n.kind == "unconfirmed"]
+
+
+def _pipeline(world_wait: bool, work: float = 0.010) -> list[WindowPoint]:
+    """A clean 4-stage pipeline of blocking send/recv, ``work`` s of compute per stage in forward and in backward:
+    stage r waits r x work in forward (for the stages before it) and (3 - r) x work in backward, plus the hand-overs
+    it waits for down the line: its total wait is 3 work + (3 - r) work, the last stage's least. No collective spans
+    every rank (``world_wait`` 0, when recorded)."""
+    out = []
+    for w in windows(ranks=4):
+        r = w.rank
+        fwd, bwd = 3 * work, (3 - r) * work
+        phases = {**w.phases, "forward": w.phases["forward"] + work + fwd, "backward": w.phases["backward"] + work
+                  + bwd}
+        out.append(WindowPoint(r, w.step, w.iterations, w.iteration_time + 2 * work + fwd + bwd, phases,
+                               warmup=w.warmup, comm_wait=fwd + bwd, comm_wait_by_phase={"forward": fwd,
+                                                                                        "backward": bwd},
+                               world_wait=0.0 if world_wait else None))
+    return out
+
+
+def test_a_clean_pipeline_names_no_late_stage_whether_or_not_its_windows_say_their_world_wait() -> None:
+    """The last stage waits least in all, for no one: the late-rank rule compares only the waits in collectives over
+    every rank (none here); a run recorded before that figure is not attributed at all."""
+    for world_wait in (True, False):
+        assert kinds(FindingsInput(windows=_pipeline(world_wait))) == [], world_wait
+
+
+def test_a_rank_held_up_by_its_pair_is_not_named_with_the_late_one() -> None:
+    """Pairs (0,1), (2,3), a collective over every rank per step: rank 2 computes 8 ms more in backward; rank 3
+    waits for it in their pair's all-reduce, so both reach the world collective last. Only rank 2 is late."""
+    ws = []
+    for w in windows(ranks=4, rank_phase={(2, "backward"): 0.008}):
+        world = 0.0005 if w.rank in (2, 3) else 0.0085
+        pair = 0.008 if w.rank == 3 else 0.0
+        ws.append(WindowPoint(w.rank, w.step, w.iterations, w.iteration_time, w.phases, warmup=w.warmup,
+                              comm_wait=world + pair, comm_wait_by_phase={"backward": world + pair},
+                              world_wait=world))
+    assert [(f.kind, f.evidence.ranks) for f in analyse(FindingsInput(windows=ws)).findings if f.evidence] == \
+        [("straggler", (2,))]
 
 
 def test_stragglers_read_device_phase_times_when_the_windows_have_them() -> None:
@@ -778,3 +817,31 @@ def test_a_straggler_of_microseconds_is_none() -> None:
     assert kinds(FindingsInput(windows=[tiny(w) for w in ws])) == []
     with pytest.raises(ValueError, match="straggler_min_added_s"):
         Thresholds(straggler_min_added_s=-1.0)
+
+
+def _rolled_back(resume: int, slow_rank: int | None) -> list[WindowPoint]:
+    """Two ranks, windows of 10 iterations (20 ms each). The first attempt runs steps 0..199, slower from step 100
+    (both ranks 2x, or ``slow_rank`` alone, 8 ms more in forward); it is restarted from ``resume`` and the second
+    attempt runs clean to step 299, its windows later in time."""
+    if slow_rank is None:
+        slow = [dataclasses.replace(w, iteration_time=2 * w.iteration_time, wall_seconds=2 * (w.wall_seconds or 0),
+                                    phases={p: 2 * v for p, v in w.phases.items()}) for w in windows(ranks=2, steps=20)]
+    else:
+        slow = windows(ranks=2, steps=20, rank_phase={(slow_rank, "forward"): 0.008})
+    first = [c if c.step < 100 else s for c, s in zip(windows(ranks=2, steps=20, seed=3), slow, strict=True)]
+    second = windows(ranks=2, steps=(300 - resume) // 10, seed=7)
+    return first + [dataclasses.replace(w, step=w.step + resume, time_s=w.time_s + 100.0) for w in second]
+
+
+def test_the_latest_attempt_wins_the_steps_a_rollback_went_back_to() -> None:
+    """The first attempt got slow (every rank, or one rank) from step 100 before it was restarted from step 100, or
+    95; the second ran those steps clean. The job's history of those steps is the second attempt's: no slowdown, no
+    straggler -- the abandoned windows are not mixed into the steps (both attempts end windows at 109..199, or one at
+    104..194 and the other at 109..199)."""
+    for resume in (100, 95):
+        for slow_rank in (None, 1):
+            found = analyse(FindingsInput(windows=_rolled_back(resume, slow_rank))).findings
+            assert [f.title for f in found] == [], (resume, slow_rank)
+    # restarted from step 190: steps 100..189 are still the first attempt's, slow
+    (f,) = analyse(FindingsInput(windows=_rolled_back(190, None))).findings
+    assert f.kind == "slowdown" and f.evidence is not None and f.evidence.steps == (100, 189)

@@ -57,7 +57,8 @@ def _window(rng: random.Random) -> WindowPoint:
         iteration_time=num(), phases=phases, max_iteration_time=opt(), p50=opt(), wall_seconds=opt(),
         cpu_wait_seconds=opt(), cpu_seconds=opt(), thread_cpu_wait_seconds=opt(), thread_cpu_seconds=opt(),
         comm_wait=opt(), comm_wait_by_phase=waits, warmup=rng.random() < 0.1, time_s=num(),
-        phase_clock=rng.choice(["host", "device"]), phase_iteration_time=opt(), windows=rng.choice([1, 2, 64]))
+        phase_clock=rng.choice(["host", "device"]), phase_iteration_time=opt(), windows=rng.choice([1, 2, 64]),
+        world_wait=opt())
 
 
 def test_a_packed_piece_comes_back_to_the_last_bit() -> None:

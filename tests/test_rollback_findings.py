@@ -219,3 +219,45 @@ def test_tail_catch_up_and_polling_agree_on_a_restart_with_a_lower_pid(tmp_path:
     seen = [(s.ranks[0].iteration, s.ranks[0].loop_status, s.eta()) for s in (polled, caught)]
     assert seen[0] == seen[1]
     assert seen[0][:2] == (79, "ok")
+
+
+def _attempt(root: Path, pid: int, steps: range, slow_from: int, start_ms: float) -> None:
+    """One process of run ``rw``, ranks 0 and 1 in turn (the same pid: ranks in containers): a report every 10
+    iterations of 100 ms, 250 ms from ``slow_from`` (the attempt that was restarted got slow)."""
+    from telemetrain.training import TrainingRecorder, TrainingTelemetryConfig
+
+    for rank in (0, 1):
+        t = Telemetry(identity_from_env({}, run_id="rw", session_tag="s", rank=rank, world_size=2, pid=pid),
+                      store=root)
+        r = TrainingRecorder(TrainingTelemetryConfig(global_batch_size_or_fn=8, log_every_n_train_iterations=10),
+                             telemetry=t)
+        now = start_ms
+        r.on_train_start(steps.start, start_time_msec=now)
+        for step in steps:
+            r.on_training_single_iteration_start(now)
+            now += (250.0 if step >= slow_from else 100.0) * (1 + 0.01 * ((step * 7 + rank) % 5))
+            r.on_training_single_iteration_end(now)
+            now += 1.0
+        r.on_train_end(now)
+        assert t.close()
+
+
+@pytest.mark.parametrize("engine", ["python", "duckdb"], indirect=True)
+def test_a_slow_attempt_that_was_rolled_back_is_no_slowdown_of_the_steps_its_restart_ran(tmp_path: Path,
+                                                                                          engine: str) -> None:
+    """The first attempt (pid 9000) got 2.5x slower from step 100 and was restarted from step 100 (pid 100, started
+    later, so read first by pid) which ran on clean to 300: the steps 100..199 the final model saw were fast."""
+    import time
+
+    base = time.time() * 1000 - 200_000
+    _attempt(tmp_path, 9000, range(200), 100, base)
+    _attempt(tmp_path, 100, range(100, 300), 10**9, base + 60_000)
+    run_dir = tmp_path / "s" / "rw"
+    sql = engine_for([run_dir])
+    try:
+        report = build_model(open_run(run_dir), engine=sql).findings
+        show = read_for_show(open_run(run_dir), sql).findings.findings
+    finally:
+        if sql is not None:
+            sql.close()
+    assert [f.title for f in report] == [f.title for f in show] == []

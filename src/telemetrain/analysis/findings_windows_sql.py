@@ -35,8 +35,9 @@ _HOST = [WINDOW_POINT_KEYS.index(f"avg_{p}_time_sec") for p in PHASES]
 _WAITS = [WINDOW_POINT_KEYS.index(f"avg_{p}_comm_wait_sec") for p in (*PHASES, "other")]
 _WAIT_NAMES = (*PHASES, "other")
 _THREAD = (WINDOW_POINT_KEYS.index("train_thread_cpu_wait_sec"), WINDOW_POINT_KEYS.index("train_thread_cpu_time_sec"))
+_WORLD = WINDOW_POINT_KEYS.index("avg_comm_world_wait_time_sec")
 _SUMMED = ["t", *(f"ph{i}" for i in range(len(PHASES))), "p50", "wall", "cwait", "cpu", "comm",
-           *(f"w{i}" for i in range(len(_WAIT_NAMES))), "pit", "tcwait", "tcpu"]
+           *(f"w{i}" for i in range(len(_WAIT_NAMES))), "pit", "tcwait", "tcpu", "world"]
 
 
 def _mask(indices: list[int]) -> str:
@@ -134,7 +135,7 @@ def _loop_windows(loop: tuple[Any, ...], blocks: dict[tuple[int, int, int], list
             "thread_cpu_wait": by["tcwait"], "thread_cpu": by["tcpu"],
             "phases": {p: by[f"ph{i}"] for i, p in enumerate(PHASES) if by[f"ph{i}"] is not None},
             "comm_wait_by_phase": {p: by[f"w{i}"] for i, p in enumerate(_WAIT_NAMES) if by[f"w{i}"] is not None},
-            "phase_iteration_time": by["pit"], "phase_clock": DEVICE if on_device else HOST}
+            "phase_iteration_time": by["pit"], "phase_clock": DEVICE if on_device else HOST, "world": by["world"]}
         windows.append(hold_sums(int(wall), last, figures))  # (packed: the loops are all given at the end)
     return ((rank, pid, start), rank, host, None if w0 is None else (int(wall0), w0), windows, n,
             None if steady is None else int(steady))
@@ -187,7 +188,7 @@ def _merge(engine: Any, level: int, blocks: dict[tuple[int, int, int], list[tupl
         SELECT rank, pid, start, pos, n, 1 AS windows, v0 AS step, wall_ns, v4 AS mx, v3 * n AS t, {phase},
                v5 * n AS p50, v6 AS wall, v7 AS cwait, v8 AS cpu, v9 * n AS comm, {wsum},
                CASE WHEN dm > 0 THEN coalesce(v10, v3) * n END AS pit,
-               v{_THREAD[0]} AS tcwait, v{_THREAD[1]} AS tcpu
+               v{_THREAD[0]} AS tcwait, v{_THREAD[1]} AS tcpu, v{_WORLD} * n AS world
         FROM (SELECT *, {dev} AS dm FROM {numbered} WHERE pos >= 0))"""]
     for lv in range(1, level + 1):
         below = f"l{lv - 1}"

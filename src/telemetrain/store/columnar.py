@@ -36,8 +36,9 @@ __all__ = ["COLUMNS", "KEPT_SINCE", "READABLE_SINCE", "REPORTS_SINCE", "SCHEMA_V
 # ``reports`` (``report_rows``), the training reports' figures typed; a version-2 copy is still read (its reports typed
 # at read time), and ``telemetrain compact`` rewrites it. 4: a manifest's file may be shared by the segments of a batch
 # (``compact_batch``: one file a table for many tiny segments, their rows told apart by ``source``); a version-3 copy
-# is the same layout without shared files, read and kept as it is.
-SCHEMA_VERSION = 4
+# is the same layout without shared files, read and kept as it is. 5: ``reports`` has the wait in collectives over
+# every rank (``avg_comm_world_wait_time_sec``); older copies read NULL there (``report_rows.REPORT_FIELDS_SINCE``).
+SCHEMA_VERSION = 5
 READABLE_SINCE = 2
 REPORTS_SINCE = 3  # copies from this version on have the typed ``reports`` table
 KEPT_SINCE = 3  # ``telemetrain compact`` keeps a valid copy of this version or newer (rewrites older ones)

@@ -40,6 +40,7 @@ from .compact import COLUMNAR_DIR, connect
 from .fetch import fetch as fetch_rows
 from .manifest import manifest_is_valid, manifest_path, read_manifest
 from .reader import fallback_identity, list_processes, read_run_meta
+from .report_rows import REPORT_FIELDS_SINCE, REPORTS_TABLE
 from .segments import parse_segment_name
 from .tails import ProcessCounts, TailLoader
 from .views import ALL_TABLES, Shared, create_tail_tables, create_views, insert_rows, sql_list, sql_str
@@ -178,6 +179,8 @@ class Engine:
         self.shared: dict[str, Shared] = {}
         # the events files of version-2 copies, which have no reports table: their reports are typed at read time
         self.untyped_reports: list[str] = []
+        # the reports files of copies older than a column of theirs (``report_rows.REPORT_FIELDS_SINCE``)
+        self.older_reports: set[str] = set()
         self.ignored: list[str] = []  # copies not trusted, with why
         self._tails = TailLoader(self.con)
         # (run directory, agent, rank, pid) of the file names -> records, torn, corrupt, first header
@@ -216,7 +219,7 @@ class Engine:
             self._add_run(info)
             added = True
         if added or not run_dirs:
-            create_views(self.con, self.parquet, self.untyped_reports, self.shared)
+            create_views(self.con, self.parquet, self.untyped_reports, self.shared, self.older_reports)
 
     def has_run(self, path: Path) -> bool:
         return any(info.path.resolve() == Path(path).resolve() for info in self.runs)
@@ -259,6 +262,8 @@ class Engine:
                             self.parquet.setdefault(table, []).append(file)
                         if manifest.schema_version < REPORTS_SINCE and table == TABLES["event"]:
                             self.untyped_reports.append(file)
+                        if table == REPORTS_TABLE and manifest.schema_version < max(REPORT_FIELDS_SINCE.values()):
+                            self.older_reports.add(file)
                         if number is not None:
                             self.segment_files.setdefault((table, info.session, info.run, pid, number.segment),
                                                           []).append(file)

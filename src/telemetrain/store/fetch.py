@@ -68,7 +68,7 @@ def _source(engine: Engine, table: str, files: list[str]) -> str:
     which only the trusted segments' rows)."""
     shared = engine.shared.get(table, {})
     return " UNION ALL ".join(parquet_sql(engine.con, table, [f for f in files if f not in shared],
-                                          {f: shared[f] for f in files if f in shared}))
+                                          {f: shared[f] for f in files if f in shared}, older=engine.older_reports))
 
 
 def _joined(engine: Engine, columns: list[str], source: str, positions: list[tuple[Any, ...]],

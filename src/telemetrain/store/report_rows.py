@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from .columnar import COLUMNS, COMMON, IDENTITY_COLUMNS, POSITION_COLUMNS
 
-__all__ = ["ALL_COLUMNS", "REPORT", "REPORTS_TABLE", "REPORT_FIELDS", "report_rows_sql"]
+__all__ = ["ALL_COLUMNS", "REPORT", "REPORTS_TABLE", "REPORT_FIELDS", "REPORT_FIELDS_SINCE", "report_rows_sql"]
 
 REPORTS_TABLE = "reports"
 REPORT = ("training", "training_metrics_update")  # (group, name) of the events typed here
@@ -35,11 +35,13 @@ REPORT_FIELDS: tuple[tuple[str, str], ...] = (
         "avg_iteration_time_sec", "p50_iteration_time_sec", "p90_iteration_time_sec", "p99_iteration_time_sec",
         "max_iteration_time_sec", "total_iteration_time_sec", "samples_per_second", "window_seconds",
         "cpu_time_sec", "cpu_wait_sec", "train_thread_cpu_time_sec", "train_thread_cpu_wait_sec",
-        "avg_comm_wait_time_sec", "avg_iteration_device_time_sec",
+        "avg_comm_wait_time_sec", "avg_comm_world_wait_time_sec", "avg_iteration_device_time_sec",
         "last_logged_train_iterations_finish_timestamp_sec",
         *(f"avg_{p}_time_sec" for p in _PHASES), *(f"avg_{p}_device_time_sec" for p in _PHASES),
         *(f"avg_{p}_comm_wait_sec" for p in (*_PHASES, "other")))),
 )
+# the figures added after the table was (the schema version whose copies have them): older copies read NULL there
+REPORT_FIELDS_SINCE = {"avg_comm_world_wait_time_sec": 5}
 REPORT_COLUMNS = (*IDENTITY_COLUMNS, *POSITION_COLUMNS, *COMMON, *REPORT_FIELDS)
 ALL_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {**COLUMNS, REPORTS_TABLE: REPORT_COLUMNS}
 

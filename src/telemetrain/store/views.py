@@ -5,11 +5,11 @@ reports) and the ``damage`` table (torn and corrupt lines per process)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from .columnar import PARTITIONS, PROCESS_TABLE, TABLES
-from .report_rows import ALL_COLUMNS, REPORT_FIELDS, REPORTS_TABLE, report_rows_sql
+from .report_rows import ALL_COLUMNS, REPORT_FIELDS, REPORT_FIELDS_SINCE, REPORTS_TABLE, report_rows_sql
 
 __all__ = ["ALL_TABLES", "Shared", "create_shared_keep", "create_tail_tables", "create_views", "first_int_sql",
            "insert_rows", "parquet_sql", "sql_list", "sql_str"]
@@ -84,12 +84,26 @@ def create_shared_keep(con: Any, shared: dict[str, Shared]) -> None:
                                      for key in set(keys)])
 
 
-def parquet_sql(con: Any, table: str, plain: list[str], shared: Shared, variable: str | None = None) -> list[str]:
+def parquet_sql(con: Any, table: str, plain: list[str], shared: Shared, variable: str | None = None,
+                older: Collection[str] = ()) -> list[str]:
     """SELECTs of ``table``'s columns, partitions included, from ``plain`` files (one a segment, the partitions in
     their Hive paths) and from ``shared`` ones (the partitions as columns); the lists held in DuckDB variables
-    named after ``variable`` when given (``_files``), else written into the text."""
+    named after ``variable`` when given (``_files``), else written into the text. ``older``: files of ``reports``
+    written before some of its columns (``REPORT_FIELDS_SINCE``), which read as NULL there."""
+    if table == REPORTS_TABLE and older:
+        old = set(older)
+        split = [([f for f in plain if f not in old], {f: v for f, v in shared.items() if f not in old}, ""),
+                 ([f for f in plain if f in old], {f: v for f, v in shared.items() if f in old}, "_older")]
+        return [q for p, s, suffix in split for q in _parquet_sql(con, table, p, s, variable and variable + suffix,
+                                                                  bool(suffix))]
+    return _parquet_sql(con, table, plain, shared, variable, False)
+
+
+def _parquet_sql(con: Any, table: str, plain: list[str], shared: Shared, variable: str | None,
+                 older: bool) -> list[str]:
     hive = "{" + ", ".join(f"'{n}': {t}" for n, t in PARTITIONS) + "}"
-    cols = ", ".join(f'"{n}"' for n, _ in ALL_COLUMNS[table] + PARTITIONS)
+    cols = ", ".join(f'NULL::{t} AS "{n}"' if older and n in REPORT_FIELDS_SINCE else f'"{n}"'
+                     for n, t in ALL_COLUMNS[table] + PARTITIONS)
 
     def listed(suffix: str, files: list[str]) -> str:
         return _files(con, f"{variable}{suffix}", files) if variable else sql_list(files)
@@ -112,7 +126,7 @@ def parquet_sql(con: Any, table: str, plain: list[str], shared: Shared, variable
 
 
 def create_views(con: Any, parquet: dict[str, list[str]], untyped_reports: list[str],
-                 shared: dict[str, Shared] | None = None) -> None:
+                 shared: dict[str, Shared] | None = None, older_reports: Collection[str] = ()) -> None:
     """(Re)create the views: each table's Parquet files (``parquet``: table -> files; ``shared``: table -> the files
     a batch's segments share) and its tail; the reports of version-2 copies (``untyped_reports``: their events
     files, which have no reports table) typed at read time."""
@@ -121,7 +135,8 @@ def create_views(con: Any, parquet: dict[str, list[str]], untyped_reports: list[
     create_shared_keep(con, shared)
     for table in ALL_TABLES:
         cols = ", ".join(f'"{n}"' for n, _ in ALL_COLUMNS[table] + PARTITIONS)
-        parts = [*parquet_sql(con, table, parquet.get(table, []), shared.get(table, {}), f"files_{table}"),
+        parts = [*parquet_sql(con, table, parquet.get(table, []), shared.get(table, {}), f"files_{table}",
+                              older_reports),
                  f"SELECT {cols} FROM tail_{table}"]
         if table == REPORTS_TABLE and untyped_reports:
             untyped = _files(con, "files_untyped_reports", untyped_reports)

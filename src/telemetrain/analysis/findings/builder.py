@@ -58,7 +58,7 @@ WINDOW_POINT_KEYS = (
     "max_iteration_time_sec", "p50_iteration_time_sec", "window_seconds", "cpu_wait_sec", "cpu_time_sec",
     "avg_comm_wait_time_sec", "avg_iteration_device_time_sec", *(f"avg_{p}_device_time_sec" for p in PHASES),
     *(f"avg_{p}_time_sec" for p in PHASES), *(f"avg_{p}_comm_wait_sec" for p in (*PHASES, "other")),
-    "train_thread_cpu_wait_sec", "train_thread_cpu_time_sec")
+    "train_thread_cpu_wait_sec", "train_thread_cpu_time_sec", "avg_comm_world_wait_time_sec")
 _NONE: Mapping[str, float] = MappingProxyType({})  # shared by the windows without phases or communication waits
 _NOT_VALUES = ("training", "system", "cross_rank")
 
@@ -86,6 +86,7 @@ _HOST_PHASES = slice(_DEVICE_PHASES.stop, _DEVICE_PHASES.stop + len(PHASES))
 _WAIT_PHASES = (*PHASES, "other")
 _WAITS = slice(_HOST_PHASES.stop, _HOST_PHASES.stop + len(_WAIT_PHASES))
 _THREAD = _WAITS.stop  # the training thread's CPU wait, then its CPU time
+_WORLD = _THREAD + 2  # the wait in collectives over every rank
 
 
 def window_point_of_values(rank: int, v: Any, *, warmup: bool, time_s: float = 0.0) -> WindowPoint | None:
@@ -109,7 +110,8 @@ def window_point_of_values(rank: int, v: Any, *, warmup: bool, time_s: float = 0
         rank=rank, step=step, iterations=n if n is not None and n > 0 else 1, iteration_time=mean,
         phases=phases or _NONE, max_iteration_time=v[4], p50=v[5], wall_seconds=v[6], cpu_wait_seconds=v[7],
         cpu_seconds=v[8], thread_cpu_wait_seconds=v[_THREAD], thread_cpu_seconds=v[_THREAD + 1], comm_wait=v[9],
-        comm_wait_by_phase=waits or _NONE, warmup=warmup, time_s=time_s, phase_clock=clock, phase_iteration_time=pit)
+        comm_wait_by_phase=waits or _NONE, warmup=warmup, time_s=time_s, phase_clock=clock, phase_iteration_time=pit,
+        world_wait=v[_WORLD])
 
 
 def window_point(rank: int, attributes: Mapping[str, Any], *, warmup: bool,
@@ -137,7 +139,8 @@ def window_point(rank: int, attributes: Mapping[str, Any], *, warmup: bool,
         thread_cpu_seconds=finite(a.get("train_thread_cpu_time_sec")),
         comm_wait=finite(a.get("avg_comm_wait_time_sec")),
         comm_wait_by_phase=waits or _NONE, warmup=warmup, time_s=time_s, phase_clock=clock,
-        phase_iteration_time=iteration_time(a, clock) if clock == DEVICE else None)
+        phase_iteration_time=iteration_time(a, clock) if clock == DEVICE else None,
+        world_wait=finite(a.get("avg_comm_world_wait_time_sec")))
 
 
 class InputBuilder:

@@ -12,6 +12,9 @@ at ``checkpoint_share`` of the checkpoints it saved with others, at least; its c
 **One rank writes for all** (``torch.save`` on rank 0 while the others wait at a barrier after their empty save):
 the lowest rank of a checkpoint whose other ranks' saves are under ``checkpoint_writer_share`` of its own did the
 work alone; that is the pattern, not a straggler (a checkpoint saved by one rank only is not compared at all).
+**Some ranks write for all** (the first data-parallel replica's ranks, or one rank a node, write the state while
+the others' saves are empty): the ranks whose save the median of all is under ``checkpoint_writer_share`` of, when
+there are two or more, are compared among themselves -- the others waited for them all alike.
 """
 
 from __future__ import annotations
@@ -77,6 +80,12 @@ def _flags(group: list[CheckpointSave], th: Thresholds) -> tuple[dict[int, _Flag
     if len(by_rank) < 2:
         return {}, set()
     values = [s.seconds for s in by_rank.values()]
+    # several ranks wrote for all (the first data-parallel replica's, one a node) while the others' saves were empty:
+    # everyone waited for the writers, which are compared among themselves
+    everyone = median(values)
+    writers = [s for s in by_rank.values() if everyone < th.checkpoint_writer_share * s.seconds]
+    if len(writers) >= 2:
+        return _flags(writers, th)[0], set(by_rank)
     shared = (median(values), mad(values)) if len(values) > EXACT_BELOW else None
     lowest = min(by_rank)
     flagged = {}

@@ -15,6 +15,7 @@ from .crashes import crashes
 from .inputs import FindingsInput
 from .memory import memory_growth
 from .model import Evidence, Finding, Findings, Note, sort_findings
+from .rollback import latest_attempt
 from .slowdown import slow_iterations, slowdowns
 from .stalls import stalls as stall_findings
 from .stragglers import stragglers
@@ -30,6 +31,7 @@ def analyse(data: FindingsInput, thresholds: Thresholds | None = None) -> Findin
     if not isinstance(th, Thresholds):
         raise TypeError(f"thresholds must be a Thresholds, got {type(th).__name__}")
     notes: list[Note] = []
+    data = dataclasses.replace(data, windows=latest_attempt(data.windows))  # the steps the final model saw
     found = crashes(data.span_failures, data.attempts, data.worker_exits)
     found += oom_kills(data.span_failures, data.containers, data.hosts)
     found += stall_findings(data.stalls, data.stall_evidence)

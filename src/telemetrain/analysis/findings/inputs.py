@@ -62,6 +62,9 @@ class WindowPoint:
     # the reports this window stands for: more than 1 when the run's windows were merged to fit the findings engine's
     # budget (window_budget.py; consecutive windows of one loop, their figures iteration-weighted)
     windows: int = 1
+    # the part of ``comm_wait`` in collectives that span every rank (avg_comm_world_wait_time_sec): the late-rank
+    # rule's basis (a wait in a pair or a pipeline's send/recv is a wait for that peer, not for the job)
+    world_wait: float | None = None
 
     @property
     def phase_total(self) -> float:

@@ -9,12 +9,16 @@ every rank together and so flags nobody: it is the change-point rule's. With syn
 waiting for a late one wait in the collective (backward), so *they* look slow there: the comparison is per phase,
 and the late rank is the outlier in the phase that made it late.
 
-**Late-rank attribution.** When every rank's communication wait is known (``avg_comm_wait_time_sec`` and, per
-phase, ``avg_<phase>_comm_wait_sec``: distributed.comm), the rank that waited least arrived last; if the others
+**Late-rank attribution.** When every rank's wait in the collectives that span every rank is known
+(``avg_comm_world_wait_time_sec``: distributed.comm), the rank that waited least there arrived last; if the others
 waited at least ``straggler_min_share`` of an iteration longer, it is flagged in the phase where it computed most
-more than them (a phase's time less the wait in it; ``other``: outside any phase). This sees what the per-phase
-comparison cannot: slow compute in the phase that holds the collective, which every rank leaves together. Its flags
-join the same episodes and test.
+more than them (a phase's time less the wait in it, ``avg_<phase>_comm_wait_sec``; ``other``: outside any phase).
+This sees what the per-phase comparison cannot: slow compute in the phase that holds the collective, which every rank
+leaves together. Its flags join the same episodes and test. Only those waits compare, as in the live attribution
+(distributed.late_rank): in a pair's all-reduce or a pipeline's send/recv the rank that waits least waited for its
+peers, not for the job (a clean pipeline's last stage always waits least), and a rank that reached the job's
+collective late because it had waited for a late peer in its subgroup was held up, not late. Windows without that
+figure (runs recorded before it) are not attributed: their whole wait cannot tell a pipeline from a late rank.
 
 **Waiting is not slowness.** A rank whose excess is mostly time waiting in communication (when the windows carry the
 ranks' communication wait, ``avg_comm_wait_time_sec``), or whose excess is in a phase that holds the collective
@@ -160,8 +164,12 @@ def stragglers(windows: Sequence[WindowPoint], events: Sequence[Mapping[str, obj
                     continue
                 window_flags.append((o, slowest == o.rank))
         confirmed = _not_waiting(window_flags, ranks, th)
+        # the rank the others waited for in the job's collectives held them up in this window, whichever rank's phase
+        # ran longest (a partner that waited for it in their subgroup can be, by a hair): that counts in its test
+        late = {(o.rank, o.phase): o for o in _late(ranks, typical, th)}
+        confirmed = [(o, slowest or (o.rank, o.phase) in late) for o, slowest in confirmed]
         seen = {(o.rank, o.phase) for o, _ in confirmed}
-        confirmed += [(o, True) for o in _late(ranks, typical, th) if (o.rank, o.phase) not in seen]
+        confirmed += [(o, True) for key, o in late.items() if key not in seen]
         for o, slowest_rank in confirmed:
             flags.setdefault((o.rank, o.phase), []).append(_Flag(index, o, ranks[o.rank].iterations, slowest_rank))
     episodes: dict[int, list[tuple[str, list[_Flag], int, float]]] = {}
@@ -225,12 +233,14 @@ def _compute(w: WindowPoint) -> dict[str, float]:
 
 
 def _late(ranks: Mapping[int, WindowPoint], typical: float, th: Thresholds) -> list[Outlier]:
-    """Late-rank attribution from the ranks' communication waits, when every rank reported its own: the rank that
-    waited least arrived last (the others waited for it); it counts when the others waited at least
-    ``straggler_min_share`` of an iteration longer. Ranks within half of that of it are late with it. Its cause is the
-    phase in which it computed the most more than the waiting ranks -- what the per-phase comparison cannot see when
-    the slow compute is in the phase that holds the collective (every rank leaves the all-reduce together)."""
-    waits = {r: w.comm_wait for r, w in ranks.items()}
+    """Late-rank attribution from the ranks' waits in the collectives over every rank (``world_wait``), when every
+    rank reported its own: the rank that waited least arrived last (the others waited for it); it counts when the
+    others waited at least ``straggler_min_share`` of an iteration longer. Ranks within half of that of it are late
+    with it, unless their wait elsewhere (a subgroup, a send/recv) covers their lateness: held up by a late peer. Its
+    cause is the phase in which it computed the most more than the waiting ranks -- what the per-phase comparison
+    cannot see when the slow compute is in the phase that holds the collective (every rank leaves the all-reduce
+    together)."""
+    waits = {r: w.world_wait for r, w in ranks.items()}
     if len(waits) < 2 or any(v is None for v in waits.values()):
         return []
     known = {r: float(v) for r, v in waits.items() if v is not None}
@@ -240,7 +250,8 @@ def _late(ranks: Mapping[int, WindowPoint], typical: float, th: Thresholds) -> l
         return []
     late = [r for r, v in known.items() if v - known[first] < 0.5 * cost]
     waiting = [r for r in known if r not in late]
-    if not waiting:
+    late = [r for r in late if (ranks[r].comm_wait or 0.0) - known[r] < 0.5 * cost]
+    if not waiting or not late:
         return []
     compute = {r: _compute(w) for r, w in ranks.items()}
     out = []
@@ -256,16 +267,20 @@ def _late(ranks: Mapping[int, WindowPoint], typical: float, th: Thresholds) -> l
 def _not_waiting(flags: list[tuple[Outlier, bool]], ranks: Mapping[int, WindowPoint],
                  th: Thresholds) -> list[tuple[Outlier, bool]]:
     """Drop the flags of ranks that were waiting for a late one, not late themselves: an excess mostly spent
-    waiting in communication (when the ranks' waits are known), or an excess in a phase holding the collective
-    (``SYNC_PHASES``) while another rank is flagged in a phase that does not (it is the cause; with two or three ranks
-    the waiting ones stand out too)."""
+    waiting in communication (in that phase, when the ranks' waits by phase are known, else in all), or an excess in a
+    phase holding the collective (``SYNC_PHASES``) while another rank is flagged in a phase that does not (it is the
+    cause; with two or three ranks the waiting ones stand out too)."""
     kept = []
     causes = {o.rank for o, _ in flags if o.phase not in SYNC_PHASES}
     waits = {r: w.comm_wait for r, w in ranks.items() if w.comm_wait is not None}
     for o, slowest in flags:
-        if o.rank in waits and len(waits) > 1:
-            others = median([v for r, v in waits.items() if r != o.rank])
-            if waits[o.rank] - others >= th.contention_share * (o.value - o.reference):
+        # the wait in the flagged phase where every rank says it (a partner waiting in its pair's all-reduce waited
+        # there, while the others waited elsewhere -- at the job's barrier), else the whole wait
+        mine = {r: w.comm_wait_by_phase.get(o.phase, 0.0) for r, w in ranks.items() if w.comm_wait_by_phase} \
+            if o.phase != "iteration" and all(w.comm_wait_by_phase for w in ranks.values()) else waits
+        if o.rank in mine and len(mine) > 1:
+            others = median([v for r, v in mine.items() if r != o.rank])
+            if mine[o.rank] - others >= th.contention_share * (o.value - o.reference):
                 continue
         if o.phase in SYNC_PHASES and causes - {o.rank}:
             continue
@@ -365,16 +380,18 @@ def _finding(rank: int, group: list[tuple[str, list[_Flag], int, float]], steps:
 
 
 def _comm_evidence(rank: int, steps: Sequence[dict[int, WindowPoint]]) -> str:
-    """With communication wait per rank (late-rank attribution's figure): the late rank waits least."""
+    """With the ranks' waits in the collectives over every rank (late-rank attribution's figure): the late rank waits
+    least."""
     less = []
     for ranks in steps:
         w = ranks.get(rank)
-        others = [o.comm_wait for r, o in ranks.items() if r != rank and o.comm_wait is not None]
-        if w is not None and w.comm_wait is not None and others:
-            less.append(median(others) - w.comm_wait)
+        others = [o.world_wait for r, o in ranks.items() if r != rank and o.world_wait is not None]
+        if w is not None and w.world_wait is not None and others:
+            less.append(median(others) - w.world_wait)
     if not less:
         return ""
-    return f"it waited {seconds(median(less))} per iteration less than the others in communication (it arrived last)"
+    return (f"it waited {seconds(median(less))} per iteration less than the others in the collectives over every rank "
+            "(it arrived last)")
 
 
 def _event_phase(e: Mapping[str, object]) -> str:

@@ -74,9 +74,10 @@ _HEAD_ID = struct.Struct("=I")
 # the floats of a window (a WindowPoint's, then the _Sums attributes that hold the same figure): the first two always
 # set, the others only where not None
 _POINT_FLOATS = ("iteration_time", "time_s", "max_iteration_time", "p50", "wall_seconds", "cpu_wait_seconds",
-                 "cpu_seconds", "thread_cpu_wait_seconds", "thread_cpu_seconds", "comm_wait", "phase_iteration_time")
+                 "cpu_seconds", "thread_cpu_wait_seconds", "thread_cpu_seconds", "comm_wait", "phase_iteration_time",
+                 "world_wait")
 _SUMS_FLOATS = ("time", "time_s", "max", "p50", "wall", "cpu_wait", "cpu", "thread_cpu_wait", "thread_cpu", "comm",
-                "phase_iteration_time")
+                "phase_iteration_time", "world")
 
 
 _GET = {WindowPoint: attrgetter(*_POINT_FLOATS), _Sums: attrgetter(*_SUMS_FLOATS)}
@@ -100,7 +101,7 @@ class _Shape:
         floats = [i for i, t in enumerate(types) if t is float]  # of _POINT_FLOATS: those packed
         self.n_floats, self.n_phases = len(floats), len(self.phase_keys)
         self.pick = itemgetter(*floats)  # (two at least: the mean and the time are always set)
-        # the 11 floats from the numbers unpacked with a None after them
+        # the 12 floats from the numbers unpacked with a None after them
         self.expand = itemgetter(*(floats.index(i) if i in floats else -1 for i in range(len(types))))
         self.empty = empty
         self.struct = struct.Struct(_HEAD + "d" * (len(floats) + len(self.phase_keys) + len(self.wait_keys)))
@@ -178,13 +179,13 @@ def _unpack(held: Held) -> _Piece:
         s = object.__new__(_Sums)
         s.rank, s.step, s.iterations, s.windows = rank, step, iterations, windows
         s.time, s.time_s, s.max, s.p50, s.wall, s.cpu_wait, s.cpu, s.thread_cpu_wait, s.thread_cpu, s.comm, \
-            s.phase_iteration_time = f
+            s.phase_iteration_time, s.world = f
         s.phases, s.comm_wait_by_phase, s.phase_clock = phases, waits, shape.clock
         return [first, last, wall, s]
-    it, time_s, mx, p50, wall_s, cpu_wait, cpu, tcw, tc, comm, pit = f
+    it, time_s, mx, p50, wall_s, cpu_wait, cpu, tcw, tc, comm, pit, world = f
     return [first, last, wall, WindowPoint(
         rank, step, iterations, it, phases, mx, p50, wall_s, cpu_wait, cpu, tcw, tc, comm, waits, shape.warmup,
-        time_s, shape.clock, pit, windows)]
+        time_s, shape.clock, pit, windows, world)]
 
 
 def hold(wall_ns: int, window: WindowPoint) -> Held:

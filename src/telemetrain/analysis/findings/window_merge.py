@@ -21,7 +21,7 @@ class _Sums:
 
     __slots__ = ("comm", "comm_wait_by_phase", "cpu", "cpu_wait", "iterations", "max", "p50", "phase_clock",
                  "phase_iteration_time", "phases", "rank", "step", "thread_cpu", "thread_cpu_wait", "time", "time_s",
-                 "wall", "windows")
+                 "wall", "windows", "world")
     warmup = False  # a warm-up window is never merged
 
     def __init__(self, w: WindowPoint) -> None:
@@ -34,6 +34,7 @@ class _Sums:
         self.wall, self.cpu_wait, self.cpu = w.wall_seconds, w.cpu_wait_seconds, w.cpu_seconds
         self.thread_cpu_wait, self.thread_cpu = w.thread_cpu_wait_seconds, w.thread_cpu_seconds
         self.comm = None if w.comm_wait is None else w.comm_wait * n
+        self.world = None if w.world_wait is None else w.world_wait * n
         self.comm_wait_by_phase = {k: v * n for k, v in w.comm_wait_by_phase.items()}
         self.phase_iteration_time = None if w.phase_iteration_time is None else w.phase_iteration_time * n
         self.time_s, self.phase_clock = w.time_s, w.phase_clock
@@ -56,6 +57,7 @@ class _Sums:
             time, p50, comm, pit = o.iteration_time * n, o.p50, o.comm_wait, o.phase_iteration_time
             p50 = None if p50 is None else p50 * n
             comm = None if comm is None else comm * n
+            world = None if o.world_wait is None else o.world_wait * n
             pit = None if pit is None else pit * n
             for k, v in o.phases.items():
                 self.phases[k] += v * n
@@ -64,7 +66,7 @@ class _Sums:
             wall, cpu_wait, cpu, slowest = o.wall_seconds, o.cpu_wait_seconds, o.cpu_seconds, o.max_iteration_time
             thread_cpu_wait, thread_cpu = o.thread_cpu_wait_seconds, o.thread_cpu_seconds
         else:
-            n, time, p50, comm, pit = o.iterations, o.time, o.p50, o.comm, o.phase_iteration_time
+            n, time, p50, comm, pit, world = o.iterations, o.time, o.p50, o.comm, o.phase_iteration_time, o.world
             for k, v in o.phases.items():
                 self.phases[k] += v
             for k, v in o.comm_wait_by_phase.items():
@@ -76,6 +78,7 @@ class _Sums:
         self.time += time
         self.p50 = None if self.p50 is None or p50 is None else self.p50 + p50
         self.comm = None if self.comm is None or comm is None else self.comm + comm
+        self.world = None if self.world is None or world is None else self.world + world
         pit0 = self.phase_iteration_time
         self.phase_iteration_time = None if pit0 is None or pit is None else pit0 + pit
         self.wall = None if self.wall is None or wall is None else self.wall + wall
@@ -99,14 +102,14 @@ class _Sums:
             comm_wait_by_phase={k: v / n for k, v in self.comm_wait_by_phase.items()} or _NONE, warmup=False,
             time_s=self.time_s, phase_clock=self.phase_clock,
             phase_iteration_time=None if self.phase_iteration_time is None else self.phase_iteration_time / n,
-            windows=self.windows)
+            windows=self.windows, world_wait=None if self.world is None else self.world / n)
 
 
 def _sums_of(w: WindowPoint, sums: Mapping[str, Any]) -> _Sums:
     """The ``_Sums`` of a block merged by another engine (``findings_windows_sql``'s SQL merge, pairwise as
     ``window_budget``'s tree merges): ``w``, the block's last window, gives what is not summed (rank, step, time,
     clock); ``sums`` the figures as ``_Sums`` holds them (iterations, windows, time, phases, max, p50, wall, cpu_wait,
-    cpu, thread_cpu_wait, thread_cpu, comm, comm_wait_by_phase, phase_iteration_time)."""
+    cpu, thread_cpu_wait, thread_cpu, comm, comm_wait_by_phase, phase_iteration_time, world)."""
     s = _Sums(w)
     for name, value in sums.items():
         setattr(s, name, value)
