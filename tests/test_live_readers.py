@@ -47,10 +47,11 @@ TRAIN_SAVED = TRAIN.replace("train(40)", "train(30)\nr.on_save_checkpoint_start(
                             "r.on_save_checkpoint_success(30)\nr.on_save_checkpoint_end()\ntrain(10)")
 
 
-def _start(store: Path, script: str = TRAIN) -> subprocess.Popen[str]:
-    """The training process, once it has trained and flushed its first 40 iterations."""
+def _start(store: Path, script: str = TRAIN, **rank: str) -> subprocess.Popen[str]:
+    """The training process, once it has trained and flushed its first 40 iterations (``rank``: RANK, WORLD_SIZE)."""
     proc = subprocess.Popen([sys.executable, "-c", script, str(store)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True, env=helper_env("live", "s", pythonpath=Path(__file__).parent.parent / "src"))
+                            text=True, env=helper_env("live", "s", pythonpath=Path(__file__).parent.parent / "src",
+                                                      **rank))
     assert proc.stdout is not None and proc.stdin is not None
     if proc.stdout.readline().strip() != "ready":
         proc.kill()
@@ -100,6 +101,38 @@ def test_compare_and_goodput_live_run_so_far_then_killed(tmp_path: Path, engine:
     assert "goodput" not in [m.metric for m in killed.candidates[0].metrics]
     after = goodput(live.parent)
     assert [r.status for r in after.runs] == ["killed"] and after.lost_iterations == 40 and after.goodput == 0
+
+
+@pytest.mark.parametrize("engine", ["python", "duckdb"])
+def test_compare_leaves_out_goodput_when_another_rank_was_killed(tmp_path: Path, engine: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 0 trains to its end; rank 1 of the same run is SIGKILLed mid-loop (its loop never ended): the run is not
+    complete, so goodput is not compared, and the note names rank 1 (rank 0's own goodput was shown as complete)."""
+    if engine == "duckdb":
+        pytest.importorskip("duckdb")
+    monkeypatch.setenv("TELEMETRAIN_ENGINE", engine)
+    monkeypatch.setenv("TELEMETRAIN_RUN_ID", "base")
+    with telemetrain.Telemetry(store=tmp_path / "base") as t:
+        train_empty_iterations(t, 60, batch=32, log_every=5)
+    baseline = tmp_path / "base" / "base" / "base"
+    live = tmp_path / "s" / "live"
+    killed = _start(tmp_path, RANK="1", LOCAL_RANK="1", WORLD_SIZE="2")
+    ended = _start(tmp_path, RANK="0", LOCAL_RANK="0", WORLD_SIZE="2")
+    try:
+        assert ended.stdin is not None
+        ended.stdin.write("\n")
+        ended.stdin.flush()
+        assert ended.wait(60) == 0
+    finally:
+        _kill(ended)
+        _kill(killed)
+    assert goodput(live.parent, rank=0).runs[0].open_loop is False  # rank 0's own view: complete
+    for candidate, base in ((live, baseline), (baseline, live)):
+        comparison = compare_runs(candidate, base, force=True)
+        notes = _notes(comparison)
+        assert "goodput" not in [m.metric for m in comparison.candidates[0].metrics], notes
+        assert any("rank 1" in n and "has not ended (killed" in n for n in notes), notes
+        assert any("goodput not compared" in n for n in notes), notes
 
 
 @pytest.mark.parametrize("engine", ["python", "duckdb"])

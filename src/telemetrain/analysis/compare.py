@@ -172,9 +172,9 @@ def _metrics(candidate: RunSamples, baseline: RunSamples, phases: bool, ranks: b
 def _goodput_row(candidate: RunSamples, baseline: RunSamples, notes: list[str]) -> MetricComparison | None:
     c, b = candidate.goodput, baseline.goodput
     runs = (("candidate", candidate), ("baseline", baseline))
-    notes += [f"{role} {r.run_id}: its training loop has not ended (" + ("still running: its figures so far)"
-              if r.open_loop == "running" else "killed: SIGKILL, OOM kill, node failure); its figures stop at its "
-              "last report") for role, r in runs if r.open_loop]
+    notes += [f"{role} {r.run_id}: {_whose_loop(r.open_ranks)} has not ended ("
+              + ("still running: its figures so far)" if r.open_loop == "running" else "killed: SIGKILL, OOM kill, "
+                 "node failure); its figures stop at its last report") for role, r in runs if r.open_loop]
     if c is None or b is None or not b > 0:
         return None
     if any(r.open_loop == "killed" for _, r in runs):  # its work since its last checkpoint is lost: often 0%
@@ -184,6 +184,14 @@ def _goodput_row(candidate: RunSamples, baseline: RunSamples, notes: list[str]) 
                             baseline_median=b, candidate_median=c, baseline_windows=1, candidate_windows=1,
                             ratio=c / b, ci_low=math.nan, ci_high=math.nan, verdict=ONE_VALUE,
                             note="one value per run: shown, not tested")
+
+
+def _whose_loop(ranks: Sequence[int]) -> str:
+    """Who the open-loop note is about: the run's own loop (rank 0, or unknown), else the ranks named."""
+    if not ranks or tuple(ranks) == (0,):
+        return "its training loop"
+    named = ", ".join(str(r) for r in ranks[:8]) + (f" (+{len(ranks) - 8} more)" if len(ranks) > 8 else "")
+    return f"the training loop of rank {named}"
 
 
 def compare_samples(candidate: RunSamples, baseline: RunSamples, *, confidence: float = DEFAULT_CONFIDENCE,

@@ -86,6 +86,7 @@ class RunSamples:
     is_baseline: bool = False  # the config's is_baseline_run (one_logger_initialization)
     goodput: float | None = None  # the run's own goodput, when compare computed it (``with_goodput``)
     open_loop: str = ""  # "running" or "killed": a training loop of the run never ended (goodput's run status)
+    open_ranks: tuple[int, ...] = ()  # the ranks whose loop never ended (``open_loop``)
     cpu_count: float | None = None  # the CPUs the sampler divided process CPU by (a quota), else run.json's hardware
     # Filled by the SQL path instead of ``windows`` (whose size grows with the run): the series (keyed by metric,
     # rank, busy_free), the ranks, the window count, the sampled spans' percentiles and the windows' aggregates
@@ -428,14 +429,18 @@ def with_goodput(samples: RunSamples, engine: Any = None) -> RunSamples:
     """``samples`` with the run's own goodput (the run folder read as a session of one run: its productive time
     over its wall time, docs/goodput.md); unchanged when it cannot be computed (no training, damaged records). Reads
     the whole run (``engine``: a ``store.engine.Engine`` that has read it already)."""
-    from ..training.goodput import goodput
+    from ..training.goodput import goodput_by_rank
 
     try:
-        report = goodput(samples.path, engine=engine)
-        samples.goodput = report.goodput
+        # every rank's loops: rank 0's goodput is the figure, but a run where another rank's loop never ended (a
+        # SIGKILLed rank, its peers ended by the lost collective or finished) is not a complete one
+        by_rank = goodput_by_rank(samples.path, engine=engine)
+        samples.goodput = by_rank[0].goodput  # (no rank 0: KeyError, no goodput, as goodput() raised before)
         # a loop that never ended, not every "killed": a SIGTERM-ended loop reported its last iterations at close
-        samples.open_loop = next(("running" if r.status == "running" else "killed" for r in report.runs
-                                  if r.open_loop), "")
+        open_runs = [(rank, r) for rank, report in sorted(by_rank.items()) for r in report.runs if r.open_loop]
+        samples.open_loop = next(("running" for _, r in open_runs if r.status == "running"),
+                                 "killed" if open_runs else "")
+        samples.open_ranks = tuple(sorted({rank for rank, _ in open_runs}))
     except Exception:  # noqa: BLE001 - goodput is one row of a comparison; the rest stands without it
         samples.goodput = None
     return samples
