@@ -5,6 +5,8 @@ a rollback. Runs written by the library, read back by the report and by compare'
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import subprocess
 import sys
 import tracemalloc
@@ -15,7 +17,7 @@ import pytest
 from telemetrain import Telemetry, identity_from_env
 from telemetrain.analysis.samples import read_samples
 from telemetrain.report import write_report
-from telemetrain.report.curves import MAX_ROLLBACKS, Curve, CurveBuilder, Rollback
+from telemetrain.report.curves import DETAIL_POINTS, MAX_ROLLBACKS, Curve, CurveBuilder, Rollback
 from telemetrain.report.model import build_model
 from telemetrain.store import open_run
 from telemetrain.store.engine import engine_for
@@ -93,6 +95,68 @@ def test_an_in_process_rollback_is_the_same(tmp_path: Path, engine: str) -> None
     by_step, curve = _loss(tmp_path / "s" / "rb")
     assert set(by_step.values()) == {GOOD} and len(by_step) == 40
     assert curve.rollbacks == (Rollback(0, 29, 20),)
+
+
+def test_a_bucket_that_straddles_the_rollback_step_keeps_only_the_latest_attempt(tmp_path: Path, engine: str) -> None:
+    """600 steps draw in buckets of 4; the job goes back from step 549 to 531, inside the bucket of steps 528-531:
+    that bucket keeps steps 528-530 of the first attempt and 531 of the second, its diverged 531 moves to the
+    abandoned line (the SQL path split it; the record pass kept both attempts' 531 in it)."""
+    t = Telemetry(identity_from_env({}, run_id="rb", session_tag="s", rank=0, world_size=1), store=tmp_path)
+    for step in range(550):
+        t.log({"loss": DIVERGED if step >= 531 else GOOD}, step=step, group="train")
+    for step in range(531, 600):
+        t.log({"loss": GOOD}, step=step, group="train")
+    assert t.close()
+    by_step, curve = _loss(tmp_path / "s" / "rb")
+    assert curve.bucket_width == 4 and curve.rollbacks == (Rollback(0, 549, 531),)
+    assert set(by_step.values()) == {GOOD}, {x: m for x, m in by_step.items() if m != GOOD}
+    straddling = next(p for p in curve.lines[0].points if 528 <= p.x < 532)
+    assert (straddling.x, straddling.n) == (529.5, 4)
+    abandoned = curve.abandoned[0].points
+    assert {p.mean for p in abandoned} == {DIVERGED} and curve.abandoned_points == 19 and curve.points == 619
+    assert sum(p.n for p in abandoned) == 19 and abandoned[0].x == 531.0
+
+
+def _fed(points: list[tuple[int, float]]) -> CurveBuilder:
+    b = CurveBuilder()
+    for wall, (step, value) in enumerate(points):
+        b.add(0, "train", "loss", step, value, 1_000 + wall)
+    return b
+
+
+def test_a_split_straddling_bucket_is_the_bucket_of_the_latest_attempts_points() -> None:
+    """Micro-batches (two values a step) and NaNs around the step gone back to (531, inside the bucket of 528-531):
+    the curve is the one of the latest attempt's points fed alone, slot for slot (count, sum, min, max, where the max
+    and the first NaN were, wall time); the abandoned points are the first attempt's 531-549."""
+    def value(attempt: int, step: int, micro: int) -> float:
+        return math.nan if step % 7 == 0 and micro else float(attempt * 100 + step % 13 + micro)
+
+    first = [(step, value(1, step, micro)) for step in range(550) for micro in range(2)]
+    second = [(step, value(2, step, micro)) for step in range(531, 600) for micro in range(2)]
+    rolled = _fed(first + second).curve("train", "loss")
+    kept = [(s, v) for s, v in first if s < 531] + second
+    alone = _fed(kept).curve("train", "loss")
+    assert rolled is not None and alone is not None and rolled.bucket_width == alone.bucket_width == 4
+    assert rolled.rollbacks == (Rollback(0, 549, 531),)
+    # (the wall times differ: the alone-fed points were fed earlier)
+    assert [dataclasses.replace(p, seconds=0) for p in rolled.lines[0].points] == \
+        [dataclasses.replace(p, seconds=0) for p in alone.lines[0].points]
+    assert rolled.abandoned_points == 38 and rolled.nonfinite == alone.nonfinite
+    left = [v for s, v in first if s >= 531]
+    assert sum(p.n for p in rolled.abandoned[0].points) == sum(1 for v in left if not math.isnan(v))
+
+
+def test_a_rollback_past_the_points_held_keeps_the_straddling_bucket_whole() -> None:
+    """A rollback further back than the points held one by one (2 x DETAIL_POINTS): the bucket holding the step gone
+    back to cannot be split and keeps both attempts' values (its resolution), the buckets past it are abandoned."""
+    back = 2 * DETAIL_POINTS + 100
+    b = _fed([(step, GOOD) for step in range(3_000)] + [(step, DIVERGED) for step in range(3_000 - back, 3_100)])
+    curve = b.curve("train", "loss")
+    assert curve is not None and curve.rollbacks == (Rollback(0, 2_999, 3_000 - back),)
+    width = int(curve.bucket_width)
+    assert (3_000 - back) % width  # (it straddles)
+    [straddling] = [p for p in curve.lines[0].points if p.lo <= GOOD < DIVERGED <= p.hi]
+    assert straddling.x // width == (3_000 - back) // width
 
 
 def test_micro_batches_at_one_step_are_that_steps_values_not_rollbacks(tmp_path: Path, engine: str) -> None:

@@ -21,7 +21,10 @@ starts a new attempt: the buckets wholly at or past the step it went back to mov
 (drawn dimmed, the rollback marked), so the curve follows the latest attempt of each step, the steps the final model
 saw -- TensorBoard's ``purge_step`` and its reader's purge of orphaned events, and W&B's rewind, do the same. The same
 step again (gradient-accumulation micro-batches logged at one step) is not a rollback: those values are that step's.
-A bucket that straddles the step gone back to keeps both attempts' values (the curve's resolution is its bucket).
+A bucket that straddles the step gone back to is split: its points before that step stay, the ones at or past it
+are abandoned -- exactly while its points are among the last ``DETAIL_POINTS`` fed (``curve_detail`` holds them, 24
+bytes each), as the SQL path always splits it (``curves_sql``); a rollback further back than that keeps the
+straddling bucket whole, both attempts' values (the curve's resolution is its bucket).
 Past ``MAX_ROLLBACKS`` rollbacks the series' step is not training progress (an index that restarts every epoch):
 the abandoned buckets merge back and every value counts, as without the rule.
 """
@@ -50,6 +53,8 @@ from .curve_buckets import (
     pack_series,
     unpack,
 )
+from .curve_detail import DETAIL_POINTS as DETAIL_POINTS
+from .curve_detail import StepDetail
 from .curve_names import _SYSTEM_GROUPS as _SYSTEM_GROUPS  # (re-exported: curves_sql's filter)
 from .curve_names import EVAL_WORDS as EVAL_WORDS  # (the names: re-exported, callers import them from here)
 from .curve_names import is_eval as is_eval
@@ -155,6 +160,9 @@ class _Series:
     abandoned: dict[int, Any] = field(default_factory=dict)  # keyed as ``buckets``, at the same width
     rollbacks: list[tuple[int, int]] = field(default_factory=list)  # (from, to), the first MAX_ROLLBACKS
     went_back: int = 0  # rollbacks, all of them (past MAX_ROLLBACKS: none is applied)
+    # ``add``'s stepped series: its last steps, to split a bucket that straddles a rollback's step (None: a series
+    # fed by ``add_bucket``, whose SQL split it, or past MAX_ROLLBACKS)
+    detail: StepDetail | None = None
 
 
 class CurveBuilder:
@@ -187,6 +195,8 @@ class CurveBuilder:
         if s is None:
             by_step = step is not None
             by_rank[rank] = s = _Series(by_step, 1 if by_step else WALL_WIDTH_NS, unit)
+            if by_step:
+                s.detail = StepDetail()
         if s.by_step:
             if step is None:
                 x = s.last_step  # a point without a step in a stepped series: at the last step seen
@@ -231,6 +241,8 @@ class CurveBuilder:
             b[WALL] = wall_ns
         b[XSUM] += x
         b[XN] += 1
+        if s.detail is not None:
+            s.detail.add(x, v, wall_ns)
 
     def add_bucket(self, rank: int, group: str, name: str, by_step: bool, x: int, stats: Sequence[Any],
                    first_wall_ns: int, unit: str = "", *, abandoned: bool = False) -> None:
@@ -285,6 +297,7 @@ class CurveBuilder:
         """The series went back to step ``to``: a new attempt; the buckets wholly at or past it are abandoned."""
         s.went_back += 1
         if s.went_back > MAX_ROLLBACKS:
+            s.detail = None  # (no split any more)
             if s.abandoned:  # not restarts: every value counts, the abandoned ones merged back
                 buckets = _opened_series(s)
                 for key, b in s.abandoned.items():
@@ -303,6 +316,8 @@ class CurveBuilder:
         s.high = to
         buckets = _opened_series(s)
         first = -(-to // s.width)  # the first bucket whose steps all lie at or past ``to``
+        if s.detail is not None:
+            s.detail.split(buckets, s.abandoned, s.width, to)
         for key in [k for k in buckets if k >= first]:
             b = opened(buckets.pop(key))
             into = s.abandoned.get(key)

@@ -13,8 +13,8 @@ Rollbacks (``curves``: a step lower than the one before it, same rank and series
 order the points were written -- the processes by their first point's wall time, then pid, segment file and line --
 with one window (``lag``) over the group's stepped points; a series that went back more than ``MAX_ROLLBACKS`` times
 has none. A point is abandoned when a later rollback of its series went back to its step or below; the abandoned
-points are bucketed apart (exactly: a bucket that straddles the step gone back to is split here, where the record
-pass keeps it whole).
+points are bucketed apart (exactly: a bucket that straddles the step gone back to is split here, as the record pass
+splits it when it lies within the last steps it holds one by one, ``curve_detail``).
 """
 
 from __future__ import annotations
