@@ -429,18 +429,23 @@ def with_goodput(samples: RunSamples, engine: Any = None) -> RunSamples:
     """``samples`` with the run's own goodput (the run folder read as a session of one run: its productive time
     over its wall time, docs/goodput.md); unchanged when it cannot be computed (no training, damaged records). Reads
     the whole run (``engine``: a ``store.engine.Engine`` that has read it already)."""
-    from ..training.goodput import goodput_by_rank
+    from ..training.goodput import goodput
+    from .open_loops import open_loop_ranks
 
     try:
-        # every rank's loops: rank 0's goodput is the figure, but a run where another rank's loop never ended (a
-        # SIGKILLed rank, its peers ended by the lost collective or finished) is not a complete one
-        by_rank = goodput_by_rank(samples.path, engine=engine)
-        samples.goodput = by_rank[0].goodput  # (no rank 0: KeyError, no goodput, as goodput() raised before)
+        report = goodput(samples.path, engine=engine)
+        samples.goodput = report.goodput
         # a loop that never ended, not every "killed": a SIGTERM-ended loop reported its last iterations at close
-        open_runs = [(rank, r) for rank, report in sorted(by_rank.items()) for r in report.runs if r.open_loop]
-        samples.open_loop = next(("running" for _, r in open_runs if r.status == "running"),
-                                 "killed" if open_runs else "")
-        samples.open_ranks = tuple(sorted({rank for rank, _ in open_runs}))
+        open_runs = [r for r in report.runs if r.open_loop]
+        # the goodput is rank 0's, but a run where another rank's loop never ended (a SIGKILLed rank, its peers
+        # ended by the lost collective or finished) is not complete: the first such rank's status is asked too
+        others = [rank for rank in open_loop_ranks(open_run(samples.path), engine) if rank != report.rank]
+        if others and not any(r.status == "running" for r in open_runs):
+            open_runs += [r for r in goodput(samples.path, rank=others[0], engine=engine).runs if r.open_loop]
+        samples.open_loop = next(("running" for r in open_runs if r.status == "running"),
+                                 "killed" if open_runs or others else "")
+        samples.open_ranks = tuple(sorted({*others, *([report.rank] if any(r.open_loop for r in report.runs)
+                                                      else [])}))
     except Exception:  # noqa: BLE001 - goodput is one row of a comparison; the rest stands without it
         samples.goodput = None
     return samples
