@@ -123,9 +123,12 @@ def test_compare_leaves_out_goodput_when_another_rank_was_killed(tmp_path: Path,
         ended.stdin.write("\n")
         ended.stdin.flush()
         assert ended.wait(60) == 0
+        running = compare_runs(live, baseline, force=True)  # rank 1 still trains: the goodput so far, said so
     finally:
         _kill(ended)
         _kill(killed)
+    assert any("rank 1" in n and "has not ended (still running" in n for n in _notes(running)), _notes(running)
+    assert "goodput" in [m.metric for m in running.candidates[0].metrics]
     assert goodput(live.parent, rank=0).runs[0].open_loop is False  # rank 0's own view: complete
     for candidate, base in ((live, baseline), (baseline, live)):
         comparison = compare_runs(candidate, base, force=True)
