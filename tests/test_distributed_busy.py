@@ -11,6 +11,7 @@ import pytest
 
 from telemetrain.distributed.cross_rank import window_values
 from telemetrain.distributed.stragglers import StragglerDetector
+from telemetrain.report.model import build_model
 from test_distributed import events, launch, runs_of
 
 
@@ -74,3 +75,7 @@ def test_a_rank_sharing_its_cpu_with_busy_processes_is_not_announced(tmp_path: P
     assert len(slow) * 2 > len(top), (top, low)
     found = [e.attributes for e in events(run, "cross_rank", "straggler")]
     assert found == [], found
+    # and the findings agree: no straggler, no live event they did not confirm
+    model = build_model(run)
+    assert not [f.title for f in model.findings if f.title.startswith("straggler")]
+    assert not [n.text for n in model.notes if n.kind == "unconfirmed"]
