@@ -21,14 +21,21 @@ A tiny DDP model trained for ``STEPS`` iterations with the lifecycle recorded by
   and from the one after it in backward, timed with ``COMM=1``), no collective over every rank;
 - ``NO_DDP=1``: no collectives in the training (each rank trains alone), ``EXIT_RANK``/``EXIT_AT``: that rank leaves
   early (exit 0), ``CROSS_TIMEOUT``: enable cross-rank aggregation in code with this exchange timeout (every
-  ``CROSS_EVERY``; ``MIN_SHARE``: the detectors' smallest share of a step that counts).
+  ``CROSS_EVERY``; ``MIN_SHARE``: the detectors' smallest share of a step that counts);
+- ``PIN_CPUS``: rank r runs on the r-th CPU of this comma-separated list (its threads too: set before any starts);
+  ``WORK_S``: every rank spins ``WORK_S`` seconds of its own CPU time in forward (work the same on every rank);
+  ``BUSY_RANK``/``BUSY_LOOPS``: that rank starts that many busy loops on its CPUs (its children: the same
+  scheduling group, where the kernel's autogroups share a CPU fairly between sessions) and runs its training thread
+  (only: telemetry's threads keep theirs) at niceness ``NICE`` (0): it waits for a CPU, descheduled.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
+import threading
 import time
 from datetime import timedelta
 from typing import Any
@@ -72,6 +79,9 @@ def main() -> None:
     if env_int("RANK", 0) == env_int("SKEW_RANK", -1):
         os.environ["TELEMETRAIN_TEST_CLOCK_SKEW_NS"] = os.environ["SKEW_NS"]
 
+    if os.environ.get("PIN_CPUS"):
+        os.sched_setaffinity(0, {int(os.environ["PIN_CPUS"].split(",")[env_int("RANK", 0)])})
+    work_s = float(os.environ.get("WORK_S", "0"))
     telemetry = get_telemetry()
     if os.environ.get("CROSS_TIMEOUT"):
         from telemetrain.distributed import StragglerDetector, enable_cross_rank
@@ -119,6 +129,10 @@ def main() -> None:
         start = int(state["step"])
         rec.on_load_checkpoint_end(path=ckpt)
     rec.on_train_start(train_iterations_start=start)
+    busy = []
+    if rank == env_int("BUSY_RANK", -1):
+        busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(env_int("BUSY_LOOPS", 1))]
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), env_int("NICE", 0))
     for step in range(start, steps):
         if rank == kill_rank and step == kill_at and kill_attempt in (-1, attempt) and not kill_phase:
             telemetry.flush()
@@ -136,6 +150,9 @@ def main() -> None:
         with rec.forward():
             if rank == slow_rank and slow_phase == "forward" and step >= slow_from:
                 time.sleep(slow_s)
+            spun = time.thread_time()
+            while time.thread_time() - spun < work_s:
+                pass
             if rank == kill_rank and step == kill_at and kill_phase == "forward" and kill_attempt in (-1, attempt):
                 os.kill(os.getpid(), signal.SIGKILL)
             if rank == block_rank and step == block_at:
@@ -174,6 +191,9 @@ def main() -> None:
                 dist.barrier()
             rec.on_save_checkpoint_success(global_step=step + 1)
             rec.on_save_checkpoint_end()
+    for loop in busy:
+        loop.kill()
+        loop.wait()
     rec.on_train_end()
     rec.on_app_end()
     dist.destroy_process_group()

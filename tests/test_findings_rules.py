@@ -339,6 +339,20 @@ def test_a_rank_descheduled_by_a_busy_machine_is_not_a_straggler() -> None:
     assert result.findings == () and any(n.kind == "contention" for n in result.notes)
 
 
+def test_the_rank_waiting_for_a_descheduled_one_in_the_all_reduce_is_not_a_straggler_either() -> None:
+    """Two data-parallel ranks: rank 1 is 5 ms slower in forward, waiting for a CPU; rank 0 waits those 5 ms in the
+    all-reduce (backward). Rank 1 was descheduled, rank 0 was waiting for it: no straggler."""
+    ws = []
+    for w in windows(ranks=2):
+        extra = 0.005 * w.iterations
+        phase = "forward" if w.rank == 1 else "backward"
+        ws.append(dataclasses.replace(
+            w, iteration_time=w.iteration_time + 0.005, phases={**w.phases, phase: w.phases[phase] + 0.005},
+            cpu_wait_seconds=(w.cpu_wait_seconds or 0) + (extra if w.rank == 1 else 0.0)))
+    result = analyse(FindingsInput(windows=ws))
+    assert result.findings == () and any(n.kind == "contention" for n in result.notes)
+
+
 @pytest.mark.parametrize("thread_waited", [False, True])
 def test_a_sleeping_rank_is_a_straggler_though_its_process_waited_for_a_cpu(thread_waited: bool) -> None:
     """A rank 10 ms slower in its data loader, every window, sleeping (no CPU): on a busy machine its process's

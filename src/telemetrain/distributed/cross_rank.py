@@ -6,8 +6,9 @@ thread: the training thread pays only for handing one more sink the report it al
 global step reaches the next multiple of ``every``, the ranks all-gather one vector each (step, window iterations,
 mean iteration / data loading / host-to-device / forward / backward / optimizer / zero_grad time, samples per
 second, step interval, and -- with instrumented communication (``comm``) -- the time in and waiting in collectives,
-per phase, and the wait in the collectives over every rank, which the late-rank attribution compares) over their
-own gloo group (``exchange``), and the recording rank(s) write:
+per phase, and the wait in the collectives over every rank, which the late-rank attribution compares; and the CPU
+wait and CPU time per iteration, with which the detector discounts a descheduled rank) over their own gloo group
+(``exchange``), and the recording rank(s) write:
 
 - metrics, group ``cross_rank``, step = the global step: ``cross_rank.<phase>.{min,median,max}`` and
   ``cross_rank.<phase>.{min_rank,max_rank}`` (which rank), also for ``comm_time`` and ``comm_wait``;
@@ -51,7 +52,7 @@ from ..sinks.base import Sink
 from ..telemetry import Telemetry, get_telemetry
 from .exchange import Exchange, ExchangeError
 from .late_rank import LateRankAttributor, has_waits
-from .stragglers import _WORK_PHASES, PHASES, Finding, StragglerDetector, phase_clock, phases_of
+from .stragglers import _WORK_PHASES, CPU_FIELDS, PHASES, Finding, StragglerDetector, phase_clock, phases_of
 
 __all__ = ["ENV", "CrossRankAggregator", "enable_cross_rank", "enable_from_env"]
 
@@ -66,7 +67,10 @@ CLOCK_PEERS = 64  # ... for this many ranks in turn: rank 0 answers ranks one af
 # clock work stays bounded at any world size; each rank's estimate is renewed every ceil((world-1)/64) exchanges
 # what each rank sends (after its step and window size): the detector's phases, then ours
 _FIELDS = (*PHASES, "h2d", "zero_grad", "interval", "comm_time", "comm_wait", "wait_dataloader", "wait_h2d",
-           "wait_forward", "wait_backward", "wait_optimizer", "wait_zero_grad", "wait_other", "world_wait")
+           "wait_forward", "wait_backward", "wait_optimizer", "wait_zero_grad", "wait_other", "world_wait", *CPU_FIELDS)
+# the training report's CPU figures of the window (totals), sent per iteration
+_CPU_OF = dict(zip(CPU_FIELDS, ("cpu_wait_sec", "cpu_time_sec", "train_thread_cpu_wait_sec",
+                                "train_thread_cpu_time_sec"), strict=True))
 _SPREAD = (*PHASES, "comm_time", "comm_wait")
 _WAIT_OF = {"dataloader": "wait_dataloader", "h2d": "wait_h2d", "forward": "wait_forward",
             "backward": "wait_backward", "optimizer": "wait_optimizer", "zero_grad": "wait_zero_grad"}
@@ -101,6 +105,9 @@ def window_values(report: dict[str, Any]) -> dict[str, float]:
         value = _number(report.get(f"avg_{phase}_comm_wait_sec"))
         out[key] = value if math.isfinite(value) else (0.0 if known else math.nan)
     out["world_wait"] = _number(report.get("avg_comm_world_wait_time_sec"))
+    for field, key in _CPU_OF.items():  # (the detector's busy-machine discount)
+        out[field] = (_number(report.get(key)) / iterations if isinstance(iterations, int) and iterations > 0
+                      else math.nan)
     return out
 
 

@@ -24,6 +24,13 @@ When every rank's communication wait is known (``late_rank``), the aggregator ca
 ``relative=False`` (the late-rank attribution, which measures the waiting itself, answers "who holds the others
 up") and ``waiting=`` the ranks that waited for a late rank: their iteration, throughput and sync-phase times grew
 because they waited, so no individual finding is raised on them there.
+
+A busy machine is not a straggler: when every rank's window carries its CPU wait and CPU time per iteration
+(``CPU_FIELDS``, the training report's ``train_thread_cpu_wait_sec`` / ``train_thread_cpu_time_sec``, else the
+process's ``cpu_wait_sec`` / ``cpu_time_sec``), a relative outlier whose excess is covered by extra CPU wait without
+as much extra CPU time was descheduled (``analysis.findings.stragglers.cpu_descheduled``, the findings' rule): it
+is not reported, and counted in ``descheduled``; it still explains the others' wait in a sync phase (as a cause
+above), so they are not reported either.
 """
 
 from __future__ import annotations
@@ -34,11 +41,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..analysis.findings.stragglers import window_outliers
+from ..analysis.findings.stragglers import cpu_descheduled, window_outliers
 from ..analysis.findings.thresholds import Thresholds
 from ..phase_times import DEVICE, phase_times
 
-__all__ = ["PHASES", "Episodes", "Finding", "StragglerDetector", "phase_clock", "phases_of"]
+__all__ = ["CPU_FIELDS", "PHASES", "Episodes", "Finding", "StragglerDetector", "phase_clock", "phases_of"]
 
 # phase -> higher is worse? (times are; a rate is the other way round)
 PHASES: dict[str, bool] = {
@@ -51,6 +58,8 @@ PHASES: dict[str, bool] = {
 }
 # the phases whose slowness is a cause (work a rank does alone), as opposed to the iteration or its rate
 _WORK_PHASES = frozenset({"dataloader", "forward", "backward", "optimizer"})
+# a rank's CPU wait and CPU time per iteration of the window: its process's, then its training thread's
+CPU_FIELDS = ("cpu_wait", "cpu_time", "thread_cpu_wait", "thread_cpu_time")
 
 
 @dataclass(frozen=True)
@@ -109,6 +118,8 @@ class StragglerDetector:
     sync_phases: tuple[str, ...] = ("backward", "optimizer")
     _best: dict[tuple[int, str], float] = field(default_factory=dict)
     _windows: dict[int, int] = field(default_factory=dict)
+    # relative outliers not reported: their rank was waiting for a CPU (a busy machine)
+    descheduled: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         for name in ("relative_threshold", "individual_threshold"):
@@ -162,7 +173,9 @@ class StragglerDetector:
         th = Thresholds(straggler_ratio=self.relative_threshold, straggler_min_share=self.min_share)
         iterations = [v["iteration"] for v in values.values() if _finite(v.get("iteration"))]
         typical = statistics.median(iterations) if iterations else math.nan
+        cpu = _cpu_figures(values)
         found: list[Finding] = []
+        held_up_by: set[int] = set()  # descheduled ranks: not reported, but the others waited for them all the same
         for phase, worse_high in PHASES.items():
             present = {r: float(v[phase]) for r, v in values.items() if _finite(v.get(phase)) and v[phase] > 0}
             if len(present) < 2 or not math.isfinite(typical):
@@ -170,9 +183,14 @@ class StragglerDetector:
             median = statistics.median(present.values())
             as_time = present if worse_high else {r: typical * median / x for r, x in present.items()}
             for o in window_outliers(as_time, typical, phase, th):
+                if cpu_descheduled(o.rank, o.value - o.reference, cpu, th):
+                    self.descheduled += 1
+                    if phase not in self.sync_phases and phase in _WORK_PHASES:
+                        held_up_by.add(o.rank)
+                    continue
                 found.append(Finding(o.rank, phase, "relative", o.ratio, self.relative_threshold, step, median,
                                      present[o.rank]))
-        causes = {f.rank for f in found if f.phase not in self.sync_phases and f.phase in _WORK_PHASES}
+        causes = {f.rank for f in found if f.phase not in self.sync_phases and f.phase in _WORK_PHASES} | held_up_by
         return [f for f in found if not (f.phase in self.sync_phases and causes - {f.rank})]
 
     def _individual(self, step: int, values: Mapping[int, Mapping[str, float]]) -> list[Finding]:
@@ -206,6 +224,15 @@ class StragglerDetector:
             per_phase[f.phase] = per_phase.get(f.phase, 0) + 1
         return [f for f in found if not (len(values) >= 2 and 2 * per_phase[f.phase] >= len(values))]
 
+
+
+def _cpu_figures(values: Mapping[int, Mapping[str, float]]) -> dict[int, tuple[float, float] | None]:
+    """Each rank's (CPU wait, CPU time) per iteration: the training thread's when every rank has them (as the
+    findings take them), else the process's; None where unknown."""
+    thread = all(_finite(v.get("thread_cpu_wait")) and _finite(v.get("thread_cpu_time")) for v in values.values())
+    wait, cpu = ("thread_cpu_wait", "thread_cpu_time") if thread else ("cpu_wait", "cpu_time")
+    return {r: (float(v[wait]), float(v[cpu])) if _finite(v.get(wait)) and _finite(v.get(cpu)) else None
+            for r, v in values.items()}
 
 
 def phases_of(report: Mapping[str, object]) -> dict[str, float]:

@@ -26,7 +26,7 @@ ranks' communication wait, ``avg_comm_wait_time_sec``), or whose excess is in a 
 
 **Busy machine.** A flagged rank whose CPU wait in that window exceeds the others' by ``contention_share`` of its
 excess, while its CPU time does not exceed theirs by ``contention_work_share`` of it, was descheduled, not slow: not
-flagged (counted in a note).
+flagged (counted in a note); the ranks that waited for it in a sync phase were waiting, not slow, all the same.
 
 **Over windows.** Flags of one (rank, phase) form episodes (flagged windows, gaps of up to ``straggler_gap``); an
 episode with at least ``straggler_patience`` flagged windows is tested: over its ``n`` windows, the rank was the
@@ -53,7 +53,7 @@ from .model import Evidence, Finding, Note
 from .stats import MAD_TO_SD, binomial_tail, mad, median
 from .thresholds import Thresholds
 
-__all__ = ["Outlier", "stragglers", "window_outliers", "window_phases"]
+__all__ = ["Outlier", "cpu_descheduled", "stragglers", "window_outliers", "window_phases"]
 
 WORK_PHASES = ("dataloader", "h2d", "forward", "backward", "optimizer", "zero_grad")
 SYNC_PHASES = frozenset({"backward", "optimizer"})  # where data-parallel collectives wait (DDP; sharded optimizers)
@@ -156,14 +156,17 @@ def stragglers(windows: Sequence[WindowPoint], events: Sequence[Mapping[str, obj
             for phase, value in window_phases(w).items():
                 per_phase.setdefault(phase, {})[rank] = value
         window_flags: list[tuple[Outlier, bool]] = []
+        held_up_by: set[int] = set()  # descheduled ranks: not stragglers, but the others waited for them all the same
         for phase, values in per_phase.items():
             slowest = max(values, key=lambda r: values[r])
             for o in window_outliers(values, typical, phase, th):
                 if _descheduled(o, ranks, th):
                     busy += 1
+                    if o.phase not in SYNC_PHASES:
+                        held_up_by.add(o.rank)
                     continue
                 window_flags.append((o, slowest == o.rank))
-        confirmed = _not_waiting(window_flags, ranks, th)
+        confirmed = _not_waiting(window_flags, ranks, th, held_up_by)
         # the rank the others waited for in the job's collectives held them up in this window, whichever rank's phase
         # ran longest (a partner that waited for it in their subgroup can be, by a hair): that counts in its test
         late = {(o.rank, o.phase): o for o in _late(ranks, typical, th)}
@@ -264,14 +267,15 @@ def _late(ranks: Mapping[int, WindowPoint], typical: float, th: Thresholds) -> l
     return out
 
 
-def _not_waiting(flags: list[tuple[Outlier, bool]], ranks: Mapping[int, WindowPoint],
-                 th: Thresholds) -> list[tuple[Outlier, bool]]:
+def _not_waiting(flags: list[tuple[Outlier, bool]], ranks: Mapping[int, WindowPoint], th: Thresholds,
+                 held_up_by: set[int] | frozenset[int] = frozenset()) -> list[tuple[Outlier, bool]]:
     """Drop the flags of ranks that were waiting for a late one, not late themselves: an excess mostly spent
     waiting in communication (in that phase, when the ranks' waits by phase are known, else in all), or an excess in a
-    phase holding the collective (``SYNC_PHASES``) while another rank is flagged in a phase that does not (it is the
-    cause; with two or three ranks the waiting ones stand out too)."""
+    phase holding the collective (``SYNC_PHASES``) while another rank is flagged in a phase that does not, or was
+    slow there but descheduled (``held_up_by``): it is the cause; with two or three ranks the waiting ones stand out
+    too."""
     kept = []
-    causes = {o.rank for o, _ in flags if o.phase not in SYNC_PHASES}
+    causes = {o.rank for o, _ in flags if o.phase not in SYNC_PHASES} | held_up_by
     waits = {r: w.comm_wait for r, w in ranks.items() if w.comm_wait is not None}
     for o, slowest in flags:
         # the wait in the flagged phase where every rank says it (a partner waiting in its pair's all-reduce waited
@@ -298,18 +302,25 @@ def _cpu_figures(w: WindowPoint, thread: bool) -> tuple[float, float] | None:
 
 
 def _descheduled(o: Outlier, ranks: Mapping[int, WindowPoint], th: Thresholds) -> bool:
-    """The rank's excess came from waiting for a CPU, not from doing more: its CPU wait per iteration exceeds the
-    other ranks' by ``contention_share`` of the excess, and its CPU time by less than ``contention_work_share`` of
-    it. (A rank given more work on an oversubscribed machine waits more too, but it also runs more: a straggler.)
-    The training thread's own figures when every rank has them (training/cpu_wait.py: a rank that sleeps or blocks
-    on I/O every iteration -- a slow data loader -- wakes its process's threads each time, and on a busy machine
-    their summed wait grows with the sleeping, the training thread's much less), else the process's."""
+    """``cpu_descheduled`` on the window's figures: the training thread's own when every rank has them
+    (training/cpu_wait.py: a rank that sleeps or blocks on I/O every iteration -- a slow data loader -- wakes its
+    process's threads each time, and on a busy machine their summed wait grows with the sleeping, the training
+    thread's much less), else the process's."""
     thread = all(r.thread_cpu_wait_seconds is not None and r.thread_cpu_seconds is not None for r in ranks.values())
-    mine = _cpu_figures(ranks[o.rank], thread)
-    others = [_cpu_figures(r, thread) for r in ranks.values() if r.rank != o.rank]
+    return cpu_descheduled(o.rank, o.value - o.reference, {r: _cpu_figures(w, thread) for r, w in ranks.items()}, th)
+
+
+def cpu_descheduled(rank: int, excess: float, figures: Mapping[int, tuple[float, float] | None],
+                    th: Thresholds) -> bool:
+    """The rank's ``excess`` (seconds per iteration) came from waiting for a CPU, not from doing more: its CPU wait
+    per iteration (``figures``: rank -> (CPU wait, CPU time) per iteration, None when unknown) exceeds the other
+    ranks' median by ``contention_share`` of the excess, and its CPU time by less than ``contention_work_share`` of
+    it. (A rank given more work on an oversubscribed machine waits more too, but it also runs more: a straggler.)
+    False when any rank's figures are unknown. The live detector (distributed.stragglers) applies it too."""
+    mine = figures.get(rank)
+    others = [f for r, f in figures.items() if r != rank]
     if mine is None or not others or any(f is None for f in others):
         return False
-    excess = o.value - o.reference
     extra_wait = mine[0] - median([f[0] for f in others if f is not None])
     extra_cpu = mine[1] - median([f[1] for f in others if f is not None])
     return extra_wait >= th.contention_share * excess and extra_cpu < th.contention_work_share * excess
