@@ -110,7 +110,8 @@ def _check_length(text: str) -> None:
     (The encoding is ASCII: characters are bytes.)"""
     longest = max(map(len, text.split("\n")))
     if longest > MAX_LINE_BYTES:
-        raise ValueError(f"its line would be {longest} bytes, over the format's {MAX_LINE_BYTES} (docs/format.md)")
+        raise ValueError(f"its line would be {longest} bytes, over the format's {MAX_LINE_BYTES} "
+                         "(`telemetrain docs format line length`)")
 
 
 def _safe_repr(value: Any) -> str:
