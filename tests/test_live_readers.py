@@ -74,16 +74,17 @@ def _kill(proc: subprocess.Popen[str]) -> None:
             pipe.close()
 
 
-@pytest.mark.parametrize("engine", ["python", "duckdb"])
-def test_compare_and_goodput_live_run_so_far_then_killed(tmp_path: Path, engine: str,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    if engine == "duckdb":
-        pytest.importorskip("duckdb")
-    monkeypatch.setenv("TELEMETRAIN_ENGINE", engine)
+def _baseline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A finished run of 60 iterations to compare a live one with."""
     monkeypatch.setenv("TELEMETRAIN_RUN_ID", "base")
     with telemetrain.Telemetry(store=tmp_path / "base") as t:
         train_empty_iterations(t, 60, batch=32, log_every=5)
-    baseline = tmp_path / "base" / "base" / "base"
+    return tmp_path / "base" / "base" / "base"
+
+
+def test_compare_and_goodput_live_run_so_far_then_killed(tmp_path: Path, engine: str,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    baseline = _baseline(tmp_path, monkeypatch)
     live = tmp_path / "s" / "live"
     proc = _start(tmp_path)
     try:
@@ -103,18 +104,11 @@ def test_compare_and_goodput_live_run_so_far_then_killed(tmp_path: Path, engine:
     assert [r.status for r in after.runs] == ["killed"] and after.lost_iterations == 40 and after.goodput == 0
 
 
-@pytest.mark.parametrize("engine", ["python", "duckdb"])
 def test_compare_leaves_out_goodput_when_another_rank_was_killed(tmp_path: Path, engine: str,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """Rank 0 trains to its end; rank 1 of the same run is SIGKILLed mid-loop (its loop never ended): the run is not
     complete, so goodput is not compared, and the note names rank 1 (rank 0's own goodput was shown as complete)."""
-    if engine == "duckdb":
-        pytest.importorskip("duckdb")
-    monkeypatch.setenv("TELEMETRAIN_ENGINE", engine)
-    monkeypatch.setenv("TELEMETRAIN_RUN_ID", "base")
-    with telemetrain.Telemetry(store=tmp_path / "base") as t:
-        train_empty_iterations(t, 60, batch=32, log_every=5)
-    baseline = tmp_path / "base" / "base" / "base"
+    baseline = _baseline(tmp_path, monkeypatch)
     live = tmp_path / "s" / "live"
     killed = _start(tmp_path, RANK="1", LOCAL_RANK="1", WORLD_SIZE="2")
     ended = _start(tmp_path, RANK="0", LOCAL_RANK="0", WORLD_SIZE="2")
@@ -138,18 +132,11 @@ def test_compare_leaves_out_goodput_when_another_rank_was_killed(tmp_path: Path,
         assert any("goodput not compared" in n for n in notes), notes
 
 
-@pytest.mark.parametrize("engine", ["python", "duckdb"])
 def test_compare_keeps_goodput_of_a_run_a_sigterm_ended(tmp_path: Path, engine: str,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """A SIGTERM (a preemption, an elastic agent's closing signal on a restart) ends the loop at close: goodput calls
     the run killed, its figures exact, and compare shows its goodput (the loop ended; only a SIGKILLed one is open)."""
-    if engine == "duckdb":
-        pytest.importorskip("duckdb")
-    monkeypatch.setenv("TELEMETRAIN_ENGINE", engine)
-    monkeypatch.setenv("TELEMETRAIN_RUN_ID", "base")
-    with telemetrain.Telemetry(store=tmp_path / "base") as t:
-        train_empty_iterations(t, 60, batch=32, log_every=5)
-    baseline = tmp_path / "base" / "base" / "base"
+    baseline = _baseline(tmp_path, monkeypatch)
     live = tmp_path / "s" / "live"
     proc = _start(tmp_path, TRAIN_SAVED)
     try:
@@ -169,12 +156,8 @@ def test_compare_keeps_goodput_of_a_run_a_sigterm_ended(tmp_path: Path, engine: 
         assert (rows["goodput"].candidate_median if candidate == live else rows["goodput"].baseline_median) > 0
 
 
-@pytest.mark.parametrize("engine", ["python", "duckdb"])
 def test_report_live_run_is_still_running_not_a_crash_until_killed(tmp_path: Path, engine: str,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    if engine == "duckdb":
-        pytest.importorskip("duckdb")
-    monkeypatch.setenv("TELEMETRAIN_ENGINE", engine)
     proc = _start(tmp_path)
     try:
         live = write_report(tmp_path / "s" / "live", tmp_path / "live.html").read_text()
@@ -192,13 +175,9 @@ def _show(run: Path, capsys: pytest.CaptureFixture[str], *flags: str) -> str:
     return capsys.readouterr().out
 
 
-@pytest.mark.parametrize("engine", ["python", "duckdb"])
 def test_show_live_run_is_still_running_not_a_crash_until_killed(tmp_path: Path, engine: str,
                                                                  monkeypatch: pytest.MonkeyPatch,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    if engine == "duckdb":
-        pytest.importorskip("duckdb")
-    monkeypatch.setenv("TELEMETRAIN_ENGINE", engine)
     run = tmp_path / "s" / "live"
     proc = _start(tmp_path)
     try:
