@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,15 +24,20 @@ def _process(root: Path, pid: int, steps: range, spike_at: int | None = None) ->
     assert t.close()
 
 
-def _spike_titles(run_dir: Path) -> tuple[list[str], list[str]]:
-    """The spike findings' titles of the report and of ``show``, by the path ``TELEMETRAIN_ENGINE`` asks for."""
+def _findings(run_dir: Path) -> tuple[list[Any], list[Any]]:
+    """The findings of the report and of ``show``, by the path ``TELEMETRAIN_ENGINE`` asks for."""
     sql = engine_for([run_dir])
     try:
-        report = build_model(open_run(run_dir), engine=sql).findings
-        show = read_for_show(open_run(run_dir), sql).findings.findings
+        return (list(build_model(open_run(run_dir), engine=sql).findings),
+                list(read_for_show(open_run(run_dir), sql).findings.findings))
     finally:
         if sql is not None:
             sql.close()
+
+
+def _spike_titles(run_dir: Path) -> tuple[list[str], list[str]]:
+    """The spike findings' titles of the report and of ``show``."""
+    report, show = _findings(run_dir)
     return [f.title for f in report if f.kind == "spike"], [f.title for f in show if f.kind == "spike"]
 
 
@@ -252,12 +258,5 @@ def test_a_slow_attempt_that_was_rolled_back_is_no_slowdown_of_the_steps_its_res
     base = time.time() * 1000 - 200_000
     _attempt(tmp_path, 9000, range(200), 100, base)
     _attempt(tmp_path, 100, range(100, 300), 10**9, base + 60_000)
-    run_dir = tmp_path / "s" / "rw"
-    sql = engine_for([run_dir])
-    try:
-        report = build_model(open_run(run_dir), engine=sql).findings
-        show = read_for_show(open_run(run_dir), sql).findings.findings
-    finally:
-        if sql is not None:
-            sql.close()
+    report, show = _findings(tmp_path / "s" / "rw")
     assert [f.title for f in report] == [f.title for f in show] == []
